@@ -1,0 +1,142 @@
+import datetime
+
+from cyclone.v1 import types_pb2 as _types_pb2
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ActionSpec(_message.Message):
+    __slots__ = ("name", "unsafe_to_repeat")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UNSAFE_TO_REPEAT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    unsafe_to_repeat: bool
+    def __init__(self, name: _Optional[str] = ..., unsafe_to_repeat: _Optional[bool] = ...) -> None: ...
+
+class ClaimRequest(_message.Message):
+    __slots__ = ("worker_id", "actions", "max_steps", "wait", "lease")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    actions: _containers.RepeatedCompositeFieldContainer[ActionSpec]
+    max_steps: int
+    wait: _duration_pb2.Duration
+    lease: _duration_pb2.Duration
+    def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ..., max_steps: _Optional[int] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ClaimResponse(_message.Message):
+    __slots__ = ("steps",)
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[ClaimedStep]
+    def __init__(self, steps: _Optional[_Iterable[_Union[ClaimedStep, _Mapping]]] = ...) -> None: ...
+
+class ClaimedStep(_message.Message):
+    __slots__ = ("run_id", "node", "action", "workflow", "attempt", "max_attempts", "input", "run_input", "upstream_outputs", "lease_token", "lease_expires_at", "deadline", "progress", "effect_uncertain")
+    class UpstreamOutputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _struct_pb2.Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    RUN_INPUT_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_UNCERTAIN_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    action: str
+    workflow: str
+    attempt: int
+    max_attempts: int
+    input: _struct_pb2.Value
+    run_input: _struct_pb2.Value
+    upstream_outputs: _containers.MessageMap[str, _struct_pb2.Value]
+    lease_token: str
+    lease_expires_at: _timestamp_pb2.Timestamp
+    deadline: _timestamp_pb2.Timestamp
+    progress: _struct_pb2.Value
+    effect_uncertain: bool
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., action: _Optional[str] = ..., workflow: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., run_input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., upstream_outputs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., lease_token: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("run_id", "node", "lease_token", "progress", "lease")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    lease_token: str
+    progress: _struct_pb2.Value
+    lease: _duration_pb2.Duration
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("lease_expires_at", "cancelled")
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    lease_expires_at: _timestamp_pb2.Timestamp
+    cancelled: bool
+    def __init__(self, lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancelled: _Optional[bool] = ...) -> None: ...
+
+class CompleteRequest(_message.Message):
+    __slots__ = ("run_id", "node", "lease_token", "output", "failure")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    lease_token: str
+    output: _struct_pb2.Value
+    failure: Failure
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ("message", "type", "details", "non_retryable", "retry_after")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    NON_RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    type: str
+    details: str
+    non_retryable: bool
+    retry_after: _duration_pb2.Duration
+    def __init__(self, message: _Optional[str] = ..., type: _Optional[str] = ..., details: _Optional[str] = ..., non_retryable: _Optional[bool] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class CompleteResponse(_message.Message):
+    __slots__ = ("status", "retry_at", "run_status", "duplicate")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AT_FIELD_NUMBER: _ClassVar[int]
+    RUN_STATUS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    status: _types_pb2.StepStatus
+    retry_at: _timestamp_pb2.Timestamp
+    run_status: _types_pb2.RunStatus
+    duplicate: bool
+    def __init__(self, status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., retry_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., run_status: _Optional[_Union[_types_pb2.RunStatus, str]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
