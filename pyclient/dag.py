@@ -1,0 +1,170 @@
+"""Workflow validation shared by the SDK and the server.
+
+The server imports this module too, so a definition refused before the network call
+is refused with the very message the server would give. Everything here works on
+plain values; the SDK's Workflow and the server's protobuf conversion both build
+:class:`NodeSpec` objects.
+"""
+
+from __future__ import annotations
+
+import graphlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Names of workflows, nodes and actions: a letter or underscore, then letters,
+#: digits and ``_ . : -``; 128 characters at most. Plain ASCII keeps names safe in
+#: logs, metrics labels, URLs and shell commands, and rules out look-alike names.
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
+MAX_NAME_LENGTH = 128
+MAX_NODES = 5_000
+MAX_DEPENDENCIES = 1_000
+MAX_ATTEMPTS = 100
+MAX_SUBMIT_KEY_LENGTH = 256
+MIN_TIMEOUT_S = 1.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_BACKOFF_S = 24 * 3600.0
+MAX_BACKOFF_MULTIPLIER = 10.0
+
+TRIGGER_RULES = ("all_success", "all_done", "one_failed")
+
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_INITIAL_BACKOFF_S = 1.0
+DEFAULT_MAX_BACKOFF_S = 300.0
+DEFAULT_BACKOFF_MULTIPLIER = 2.0
+
+
+class InvalidWorkflow(ValueError):
+    """The workflow definition is invalid."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One node as validated and stored; defaults already applied."""
+
+    name: str
+    action: str
+    depends_on: tuple[str, ...] = ()
+    trigger_rule: str = "all_success"
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    initial_backoff_s: float = DEFAULT_INITIAL_BACKOFF_S
+    max_backoff_s: float = DEFAULT_MAX_BACKOFF_S
+    backoff_multiplier: float = DEFAULT_BACKOFF_MULTIPLIER
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    input: Any = None
+    dependents: tuple[str, ...] = field(default=(), compare=False)
+
+
+def check_name(kind: str, value: str) -> None:
+    """Raise InvalidWorkflow unless ``value`` is a valid workflow, node or action name."""
+    if not value:
+        raise InvalidWorkflow(f"{kind} name is empty")
+    if len(value) > MAX_NAME_LENGTH:
+        raise InvalidWorkflow(
+            f"{kind} name {value[:40]!r}... is {len(value)} characters; the limit is "
+            f"{MAX_NAME_LENGTH}"
+        )
+    if not NAME_PATTERN.fullmatch(value):
+        raise InvalidWorkflow(
+            f"{kind} name {value!r} is invalid: use letters, digits and _ . : - "
+            "and start with a letter or _"
+        )
+
+
+def check_submit_key(key: str) -> None:
+    if not key:
+        raise InvalidWorkflow("submit key is empty")
+    if len(key) > MAX_SUBMIT_KEY_LENGTH:
+        raise InvalidWorkflow(
+            f"submit key is {len(key)} characters; the limit is {MAX_SUBMIT_KEY_LENGTH}"
+        )
+    if "\x00" in key:
+        raise InvalidWorkflow("submit key contains a NUL character")
+
+
+def _check_node_settings(node: NodeSpec) -> None:
+    where = f"node {node.name!r}"
+    if node.trigger_rule not in TRIGGER_RULES:
+        raise InvalidWorkflow(f"{where}: unknown trigger rule {node.trigger_rule!r}")
+    if not 1 <= node.max_attempts <= MAX_ATTEMPTS:
+        raise InvalidWorkflow(
+            f"{where}: max_attempts must be between 1 and {MAX_ATTEMPTS}, got {node.max_attempts}"
+        )
+    if not MIN_TIMEOUT_S <= node.timeout_s <= MAX_TIMEOUT_S:
+        raise InvalidWorkflow(
+            f"{where}: timeout must be between {MIN_TIMEOUT_S:g}s and {MAX_TIMEOUT_S:g}s, "
+            f"got {node.timeout_s:g}s"
+        )
+    if not 0 <= node.initial_backoff_s <= MAX_BACKOFF_S:
+        raise InvalidWorkflow(
+            f"{where}: initial_backoff must be between 0s and {MAX_BACKOFF_S:g}s, "
+            f"got {node.initial_backoff_s:g}s"
+        )
+    if not node.initial_backoff_s <= node.max_backoff_s <= MAX_BACKOFF_S:
+        raise InvalidWorkflow(
+            f"{where}: max_backoff must be between initial_backoff and {MAX_BACKOFF_S:g}s, "
+            f"got {node.max_backoff_s:g}s"
+        )
+    if not 1.0 <= node.backoff_multiplier <= MAX_BACKOFF_MULTIPLIER:
+        raise InvalidWorkflow(
+            f"{where}: backoff_multiplier must be between 1 and {MAX_BACKOFF_MULTIPLIER:g}, "
+            f"got {node.backoff_multiplier:g}"
+        )
+
+
+def validate_workflow(name: str, nodes: Sequence[NodeSpec]) -> list[NodeSpec]:
+    """Check a workflow and return its nodes in topological order with dependents filled.
+
+    Raises InvalidWorkflow with a message that names the offending node or limit:
+    bad names, duplicate nodes, unknown or repeated dependencies, self-edges, cycles,
+    settings out of range, more than MAX_NODES nodes or MAX_DEPENDENCIES upstreams.
+    """
+    check_name("workflow", name)
+    if not nodes:
+        raise InvalidWorkflow(f"workflow {name!r} has no nodes")
+    if len(nodes) > MAX_NODES:
+        raise InvalidWorkflow(f"workflow {name!r} has {len(nodes)} nodes; the limit is {MAX_NODES}")
+    by_name: dict[str, NodeSpec] = {}
+    for node in nodes:
+        check_name("node", node.name)
+        if node.name in by_name:
+            raise InvalidWorkflow(f"node {node.name!r} is defined twice")
+        check_name(f"node {node.name!r}: action", node.action)
+        _check_node_settings(node)
+        by_name[node.name] = node
+    dependents: dict[str, list[str]] = {n: [] for n in by_name}
+    for node in nodes:
+        if len(node.depends_on) > MAX_DEPENDENCIES:
+            raise InvalidWorkflow(
+                f"node {node.name!r} has {len(node.depends_on)} dependencies; "
+                f"the limit is {MAX_DEPENDENCIES}"
+            )
+        seen: set[str] = set()
+        for dep in node.depends_on:
+            if dep == node.name:
+                raise InvalidWorkflow(f"node {node.name!r} depends on itself")
+            if dep not in by_name:
+                raise InvalidWorkflow(f"node {node.name!r} depends on unknown node {dep!r}")
+            if dep in seen:
+                raise InvalidWorkflow(f"node {node.name!r} lists dependency {dep!r} twice")
+            seen.add(dep)
+            dependents[dep].append(node.name)
+    sorter = graphlib.TopologicalSorter({n.name: n.depends_on for n in nodes})
+    try:
+        order = list(sorter.static_order())
+    except graphlib.CycleError as exc:
+        cycle = exc.args[1]
+        raise InvalidWorkflow(
+            f"node {cycle[0]!r} is part of a cycle: {' -> '.join(cycle)}"
+        ) from None
+    return [
+        NodeSpec(**{**_as_dict(by_name[n]), "dependents": tuple(sorted(dependents[n]))})
+        for n in order
+    ]
+
+
+def _as_dict(node: NodeSpec) -> dict[str, Any]:
+    return {f: getattr(node, f) for f in NodeSpec.__dataclass_fields__}
