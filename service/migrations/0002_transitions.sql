@@ -340,7 +340,7 @@ BEGIN
             p_run_id, p_node, p_attempt, p_status
             USING ERRCODE = 'CY001', DETAIL = format('current_attempt=%s', p_attempt);
     END IF;
-    RAISE EXCEPTION 'lease lost: (%, %) has moved on to attempt % (step is %)',
+    RAISE EXCEPTION 'lease lost: this token does not hold (%, %), which is now at attempt % (%)',
         p_run_id, p_node, p_attempt, p_status
         USING ERRCODE = 'CY001', DETAIL = format('current_attempt=%s', p_attempt);
 END;

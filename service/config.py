@@ -1,0 +1,82 @@
+"""Server settings: flags, each with an environment variable as its default."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen: str = "127.0.0.1:50051"
+    database_url: str | None = None
+    data_dir: str = ".cyclone"
+    lease_s: float = 30.0
+    max_lease_s: float = 600.0
+    max_wait_s: float = 60.0
+    max_claim_batch: int = 1000
+    sweep_interval_s: float = 1.0
+    sweep_batch: int = 1000
+    pool_size: int = 10
+    statement_timeout_ms: int = 30_000
+    max_message_bytes: int = 16 << 20
+    max_payload_bytes: int = 1 << 20
+    max_json_depth: int = 64
+    grace_s: float = 10.0
+    log_level: str = "INFO"
+    log_json: bool = False
+    migrate_only: bool = False
+
+
+_HELP = {
+    "listen": "address to serve gRPC on",
+    "database_url": "Postgres URL; without it an embedded Postgres is started under --data-dir",
+    "data_dir": "where the embedded Postgres keeps its data",
+    "lease_s": "default lease length in seconds (workers heartbeat at about a third)",
+    "max_lease_s": "longest lease a worker may ask for, in seconds",
+    "max_wait_s": "longest long-poll a Claim may ask for, in seconds",
+    "max_claim_batch": "most steps one Claim may return",
+    "sweep_interval_s": "seconds between recovery sweeps (expired leases)",
+    "sweep_batch": "most expired leases one sweep reclaims",
+    "pool_size": "database connections kept per server process",
+    "statement_timeout_ms": "database statement timeout in ms (0: none)",
+    "max_message_bytes": "largest gRPC message accepted, in bytes",
+    "max_payload_bytes": "largest JSON payload (input, output, result), in bytes",
+    "max_json_depth": "deepest nesting of a JSON payload",
+    "grace_s": "seconds in-flight calls get to finish on SIGTERM",
+    "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "log_json": "log one JSON object per line",
+    "migrate_only": "apply migrations, then exit",
+}
+
+
+def env_name(field: str) -> str:
+    return "CYCLONE_" + field.upper().removesuffix("_S").removesuffix("_MS")
+
+
+def parse(argv: list[str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser(
+        prog="cyclone-server",
+        description="Cyclone: durable workflows over gRPC on Postgres. "
+        "Every flag can also be set by the environment variable shown.",
+    )
+    defaults = Settings()
+    for f in fields(Settings):
+        flag = "--" + f.name.replace("_", "-").removesuffix("-s").removesuffix("-ms")
+        env = env_name(f.name) if f.name != "database_url" else "CYCLONE_DATABASE_URL"
+        default = getattr(defaults, f.name)
+        raw = os.environ.get(env)
+        help_text = f"{_HELP[f.name]} (env {env})"
+        if f.type in (bool, "bool"):
+            value = raw.lower() in ("1", "true", "yes") if raw is not None else default
+            parser.add_argument(
+                flag, dest=f.name, action="store_true", default=value, help=help_text
+            )
+            continue
+        kind = {"float": float, "int": int}.get(str(f.type), str)
+        value = kind(raw) if raw is not None else default
+        parser.add_argument(
+            flag, dest=f.name, type=kind, default=value, help=f"{help_text}; default {default}"
+        )
+    return Settings(**vars(parser.parse_args(argv)))

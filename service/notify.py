@@ -1,0 +1,91 @@
+"""Wake-ups for long-polling claims, from Postgres LISTEN/NOTIFY.
+
+Every transition that makes a step claimable sends ``NOTIFY cyclone_ready, '<action>'``
+in its transaction; Postgres delivers it at commit to every server, each of which
+holds one LISTEN connection here and wakes the claims waiting for that action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Iterator
+
+import psycopg
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "cyclone_ready"
+
+
+class Dispatcher:
+    """One LISTEN connection per server, fanned out to waiting claims by action."""
+
+    def __init__(self, database_url: str) -> None:
+        self._url = database_url
+        self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="cyclone-listen")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.wake_all()
+
+    @contextlib.contextmanager
+    def subscribe(self, actions: list[str]) -> Iterator[asyncio.Event]:
+        """An event set whenever a step of one of these actions may have become ready.
+
+        Subscribe before looking for work, so that a notification sent between the
+        look and the wait is not lost.
+        """
+        event = asyncio.Event()
+        for action in actions:
+            self._waiters[action].add(event)
+        try:
+            yield event
+        finally:
+            for action in actions:
+                waiters = self._waiters.get(action)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._waiters[action]
+
+    def wake(self, action: str) -> None:
+        for event in self._waiters.get(action, ()):
+            event.set()
+
+    def wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for event in waiters:
+                event.set()
+
+    async def _listen(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._url, autocommit=True
+                ) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self.connected.set()
+                    delay = 0.1
+                    # Anything may have become ready while we were not listening.
+                    self.wake_all()
+                    async for notify in conn.notifies():
+                        self.wake(notify.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.connected.clear()
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)

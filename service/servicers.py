@@ -1,0 +1,539 @@
+"""The gRPC servicers: protobuf in, domain calls, protobuf out. No SQL here."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+from cyclone.v1 import (
+    admin_service_pb2 as admin_pb,
+)
+from cyclone.v1 import (
+    admin_service_pb2_grpc as admin_grpc,
+)
+from cyclone.v1 import (
+    types_pb2,
+)
+from cyclone.v1 import (
+    worker_service_pb2 as worker_pb,
+)
+from cyclone.v1 import (
+    worker_service_pb2_grpc as worker_grpc,
+)
+from cyclone.v1 import (
+    workflow_service_pb2 as workflow_pb,
+)
+from cyclone.v1 import (
+    workflow_service_pb2_grpc as workflow_grpc,
+)
+from google.protobuf import duration_pb2
+
+from pyclient import dag
+from service import convert, errors
+from service.config import Settings
+from service.errors import rpc
+from service.notify import Dispatcher
+from service.store import Store, parse_uuid
+
+log = logging.getLogger("cyclone")
+
+MAX_WORKER_ID = 200
+MAX_REASON = 2000
+MAX_ERROR_TEXT = 64 * 1024
+
+
+def _seconds(d: duration_pb2.Duration) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
+def _text(value: str, what: str, limit: int) -> str:
+    if len(value) > limit:
+        raise errors.InvalidArgument(f"{what} is {len(value)} characters; the limit is {limit}")
+    if "\x00" in value:
+        raise errors.InvalidArgument(f"{what} contains a NUL character")
+    return value
+
+
+def _actor(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == "cyclone-actor" and value:
+            return _text(str(value), "cyclone-actor metadata", 200)
+    return context.peer() or "unknown"
+
+
+def _node_name(value: str) -> str:
+    try:
+        dag.check_name("node", value)
+    except dag.InvalidWorkflow as exc:
+        raise errors.InvalidArgument(str(exc)) from None
+    return value
+
+
+def _run_proto(row: Any, *, with_steps: bool) -> types_pb2.Run:
+    run = types_pb2.Run(
+        run_id=str(row.run_id),
+        workflow=row.workflow,
+        status=convert.RUN_STATUS[row.status],
+        submit_key=row.submit_key or "",
+        created_at=convert.timestamp(row.created_at),
+        updated_at=convert.timestamp(row.updated_at),
+        finished_at=convert.timestamp(row.finished_at),
+    )
+    convert.set_json(run, "input", row.input)
+    if row.error:
+        e = row.error
+        run.error.CopyFrom(
+            types_pb2.RunError(
+                kind=e.get("kind", ""),
+                message=e.get("message", ""),
+                node=e.get("node", ""),
+                attempt=e.get("attempt") or 0,
+                started_at=convert.timestamp(e.get("started_at")),
+            )
+        )
+    if not with_steps:
+        for status, n in (row.step_counts or {}).items():
+            run.step_counts[status] = n
+        return run
+    errors_by_node: dict[str, list[types_pb2.StepError]] = {}
+    for e in row.errors:
+        errors_by_node.setdefault(e["node"], []).append(
+            types_pb2.StepError(
+                attempt=e["attempt"],
+                kind=e["kind"],
+                type=e["type"],
+                message=e["message"],
+                details=e["details"],
+                retryable=e["retryable"],
+                at=convert.timestamp(e["at"]),
+            )
+        )
+    for s in row.steps:
+        step = types_pb2.Step(
+            node=s["node"],
+            action=s["action"],
+            status=convert.STEP_STATUS[s["status"]],
+            attempt=s["attempt"],
+            max_attempts=s["max_attempts"],
+            depends_on=s["depends_on"],
+            trigger_rule=convert.TRIGGER_RULE_ENUM[s["trigger_rule"]],
+            errors=errors_by_node.get(s["node"], []),
+            worker_id=s["worker_id"] or "",
+            lease_expires_at=convert.timestamp(s["lease_expires_at"]),
+            available_at=convert.timestamp(s["available_at"]),
+            started_at=convert.timestamp(s["started_at"]),
+            finished_at=convert.timestamp(s["finished_at"]),
+            effect_uncertain=s["effect_uncertain"],
+        )
+        step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
+        for field in ("input", "output", "progress"):
+            convert.set_json(step, field, s[field])
+        run.steps.append(step)
+        run.step_counts[s["status"]] = run.step_counts[s["status"]] + 1
+    for a in row.audit:
+        entry = types_pb2.AuditEntry(
+            action=a["action"],
+            node=a["node"],
+            actor=a["actor"],
+            reason=a["reason"],
+            at=convert.timestamp(a["at"]),
+        )
+        convert.set_json(entry, "details", a["details"])
+        run.audit.append(entry)
+    return run
+
+
+def _node_spec(node: types_pb2.Node) -> dag.NodeSpec:
+    retry = node.retry
+    defaults = dag.NodeSpec(name=node.name, action=node.action)
+
+    def dur(msg: Any, field: str, default: float) -> float:
+        return _seconds(getattr(msg, field)) if msg.HasField(field) else default
+
+    return dag.NodeSpec(
+        name=node.name,
+        action=node.action,
+        depends_on=tuple(node.depends_on),
+        trigger_rule=convert.TRIGGER_RULE.get(node.trigger_rule, f"<{node.trigger_rule}>"),
+        max_attempts=retry.max_attempts or defaults.max_attempts,
+        initial_backoff_s=dur(retry, "initial_backoff", defaults.initial_backoff_s),
+        max_backoff_s=dur(retry, "max_backoff", defaults.max_backoff_s),
+        backoff_multiplier=retry.backoff_multiplier or defaults.backoff_multiplier,
+        timeout_s=dur(node, "timeout", defaults.timeout_s),
+        input=(
+            convert.value_to_python(node.input, f"node {node.name!r} input")
+            if node.HasField("input")
+            else None
+        ),
+    )
+
+
+def _validated(workflow: types_pb2.Workflow) -> list[dag.NodeSpec]:
+    if len(workflow.nodes) > dag.MAX_NODES:
+        raise errors.InvalidArgument(
+            f"workflow {workflow.name!r} has {len(workflow.nodes)} nodes; "
+            f"the limit is {dag.MAX_NODES}"
+        )
+    try:
+        # Names first, so that a bad name is reported before anything derived from it.
+        return dag.validate_workflow(workflow.name, [_node_spec(n) for n in workflow.nodes])
+    except dag.InvalidWorkflow as exc:
+        raise errors.InvalidArgument(str(exc)) from None
+
+
+class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+
+    async def _submit(self, request: Any, key: str | None) -> tuple[uuid.UUID, bool]:
+        if not request.HasField("workflow"):
+            raise errors.InvalidArgument("workflow is required")
+        nodes = _validated(request.workflow)
+        run_input = convert.optional_json(request, "input", "run input")
+        run_id, created = await self.store.run_submit(
+            workflow=request.workflow.name, nodes=nodes, input_json=run_input, submit_key=key
+        )
+        if created:
+            log.info(
+                "run %s submitted (workflow %s, %d nodes)",
+                run_id,
+                request.workflow.name,
+                len(nodes),
+                extra={"run_id": str(run_id), "workflow": request.workflow.name},
+            )
+        return run_id, created
+
+    @rpc
+    async def Submit(self, request, context):
+        run_id, _ = await self._submit(request, None)
+        return workflow_pb.SubmitResponse(run_id=str(run_id))
+
+    @rpc
+    async def SubmitOnce(self, request, context):
+        try:
+            dag.check_submit_key(request.key)
+        except dag.InvalidWorkflow as exc:
+            raise errors.InvalidArgument(str(exc)) from None
+        run_id, created = await self._submit(request, request.key)
+        return workflow_pb.SubmitOnceResponse(run_id=str(run_id), created=created)
+
+    @rpc
+    async def GetRun(self, request, context):
+        row = await self.store.run_get(parse_uuid(request.run_id))
+        return workflow_pb.GetRunResponse(run=_run_proto(row, with_steps=True))
+
+    @rpc
+    async def ListRuns(self, request, context):
+        size = request.page_size or 50
+        if not 1 <= size <= 1000:
+            raise errors.InvalidArgument(f"page_size must be between 1 and 1000, got {size}")
+        statuses = []
+        for s in request.statuses:
+            if s not in convert.RUN_STATUS_NAME:
+                raise errors.InvalidArgument(f"unknown run status {s} in statuses")
+            statuses.append(convert.RUN_STATUS_NAME[s])
+        if request.workflow:
+            try:
+                dag.check_name("workflow", request.workflow)
+            except dag.InvalidWorkflow as exc:
+                raise errors.InvalidArgument(str(exc)) from None
+        after = _decode_page_token(request.page_token) if request.page_token else None
+        rows = await self.store.runs_list(
+            workflow=request.workflow or None,
+            statuses=statuses or None,
+            created_after=(
+                request.created_after.ToDatetime(tzinfo=UTC)
+                if request.HasField("created_after")
+                else None
+            ),
+            created_before=(
+                request.created_before.ToDatetime(tzinfo=UTC)
+                if request.HasField("created_before")
+                else None
+            ),
+            after=after,
+            limit=size + 1,
+        )
+        page = rows[:size]
+        token = ""
+        if len(rows) > size:
+            last = page[-1]
+            token = _encode_page_token(last.created_at, last.run_id)
+        return workflow_pb.ListRunsResponse(
+            runs=[_run_proto(r, with_steps=False) for r in page], next_page_token=token
+        )
+
+    @rpc
+    async def CancelRun(self, request, context):
+        run_id = parse_uuid(request.run_id)
+        reason = _text(request.reason, "reason", MAX_REASON)
+        await self.store.run_cancel(run_id, actor=_actor(context), reason=reason)
+        log.info("run %s cancelled", run_id, extra={"run_id": str(run_id)})
+        row = await self.store.run_get(run_id)
+        return workflow_pb.CancelRunResponse(run=_run_proto(row, with_steps=True))
+
+
+def _encode_page_token(created_at: datetime, run_id: uuid.UUID) -> str:
+    raw = json.dumps([created_at.isoformat(), str(run_id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_page_token(token: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        created, run_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return datetime.fromisoformat(created), uuid.UUID(run_id)
+    except (ValueError, TypeError, UnicodeError):
+        raise errors.InvalidArgument("page_token is not one this server issued") from None
+
+
+class WorkerServicer(worker_grpc.WorkerServiceServicer):
+    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.settings = settings
+        self.stopping = asyncio.Event()
+
+    def _lease(self, requested: duration_pb2.Duration | None) -> float:
+        if requested is None:
+            return self.settings.lease_s
+        lease = _seconds(requested)
+        if not 1.0 <= lease <= self.settings.max_lease_s:
+            raise errors.InvalidArgument(
+                f"lease must be between 1s and {self.settings.max_lease_s:g}s, got {lease:g}s"
+            )
+        return lease
+
+    @rpc
+    async def Claim(self, request, context):
+        worker_id = _text(request.worker_id, "worker_id", MAX_WORKER_ID)
+        if not worker_id:
+            raise errors.InvalidArgument("worker_id is required")
+        if not request.actions:
+            raise errors.InvalidArgument("actions must name at least one action")
+        actions, unsafe = [], []
+        for spec in request.actions:
+            try:
+                dag.check_name("action", spec.name)
+            except dag.InvalidWorkflow as exc:
+                raise errors.InvalidArgument(str(exc)) from None
+            actions.append(spec.name)
+            if spec.unsafe_to_repeat:
+                unsafe.append(spec.name)
+        limit = request.max_steps or 1
+        if not 1 <= limit <= self.settings.max_claim_batch:
+            raise errors.InvalidArgument(
+                f"max_steps must be between 1 and {self.settings.max_claim_batch}, got {limit}"
+            )
+        wait = _seconds(request.wait) if request.HasField("wait") else 0.0
+        if not 0 <= wait <= self.settings.max_wait_s:
+            raise errors.InvalidArgument(
+                f"wait must be between 0s and {self.settings.max_wait_s:g}s, got {wait:g}s"
+            )
+        lease = self._lease(request.lease if request.HasField("lease") else None)
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            with self.dispatcher.subscribe(actions) as ready:
+                rows = await self.store.step_claim(
+                    worker_id=worker_id,
+                    actions=actions,
+                    unsafe=unsafe,
+                    limit=limit,
+                    lease_s=lease,
+                )
+                steps = [self._claimed(r) for r in rows if not _blocked(r)]
+                remaining = deadline - loop.time()
+                if steps or remaining <= 0 or self.stopping.is_set():
+                    return worker_pb.ClaimResponse(steps=steps)
+                due = await self.store.step_next_due(actions)
+                # The wake-up is the notification; the timeout only covers backoffs
+                # coming due and a notification lost while the listener reconnected.
+                timeout = min(remaining, 5.0 if due is None else max(due, 0.001))
+                stop = asyncio.ensure_future(self.stopping.wait())
+                woke = asyncio.ensure_future(ready.wait())
+                try:
+                    await asyncio.wait(
+                        {stop, woke}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    stop.cancel()
+                    woke.cancel()
+
+    def _claimed(self, r: Any) -> worker_pb.ClaimedStep:
+        step = worker_pb.ClaimedStep(
+            run_id=str(r.run_id),
+            node=r.node,
+            action=r.action,
+            workflow=r.workflow,
+            attempt=r.attempt,
+            max_attempts=r.max_attempts,
+            lease_token=str(r.lease_token),
+            lease_expires_at=convert.timestamp(r.lease_expires_at),
+            deadline=convert.timestamp(r.deadline_at),
+            effect_uncertain=r.effect_uncertain,
+        )
+        convert.set_json(step, "input", r.input)
+        convert.set_json(step, "run_input", r.run_input)
+        convert.set_json(step, "progress", r.progress)
+        for node, output in (r.upstream or {}).items():
+            step.upstream_outputs[node].CopyFrom(convert.python_to_value(output))
+        log.debug(
+            "claimed %s/%s attempt %d",
+            r.run_id,
+            r.node,
+            r.attempt,
+            extra={"run_id": str(r.run_id), "node": r.node, "attempt": r.attempt},
+        )
+        return step
+
+    def _step_key(self, request: Any) -> tuple[uuid.UUID, str, uuid.UUID]:
+        return (
+            parse_uuid(request.run_id),
+            _node_name(request.node),
+            parse_uuid(request.lease_token, "lease_token"),
+        )
+
+    @rpc
+    async def Heartbeat(self, request, context):
+        run_id, node, token = self._step_key(request)
+        lease = self._lease(request.lease if request.HasField("lease") else None)
+        progress = convert.optional_json(request, "progress", "progress")
+        row = await self.store.step_heartbeat(
+            run_id, node, token, lease_s=lease, progress_json=progress
+        )
+        return worker_pb.HeartbeatResponse(
+            lease_expires_at=convert.timestamp(row.lease_expires_at), cancelled=row.cancelled
+        )
+
+    @rpc
+    async def Complete(self, request, context):
+        run_id, node, token = self._step_key(request)
+        outcome = request.WhichOneof("outcome")
+        extra = {"run_id": str(run_id), "node": node}
+        if outcome == "output":
+            output = convert.value_to_json(request.output, "output")
+            done = await self.store.step_complete(run_id, node, token, output)
+            log.debug("completed %s/%s", run_id, node, extra=extra)
+        elif outcome == "failure":
+            f = request.failure
+            retry_after = _seconds(f.retry_after) if f.HasField("retry_after") else None
+            if retry_after is not None and not 0 <= retry_after <= dag.MAX_BACKOFF_S:
+                raise errors.InvalidArgument(
+                    f"retry_after must be between 0s and {dag.MAX_BACKOFF_S:g}s"
+                )
+            done = await self.store.step_fail(
+                run_id,
+                node,
+                token,
+                type_=_text(f.type, "failure.type", 200),
+                message=_text(f.message, "failure.message", MAX_ERROR_TEXT),
+                details=_text(f.details, "failure.details", MAX_ERROR_TEXT),
+                retryable=not f.non_retryable,
+                retry_after_s=retry_after,
+            )
+            if done.step_status == "discarded":
+                log.error(
+                    "step %s/%s discarded: %s: %s", run_id, node, f.type, f.message, extra=extra
+                )
+            else:
+                log.info(
+                    "step %s/%s failed, retry at %s: %s: %s",
+                    run_id,
+                    node,
+                    done.retry_at,
+                    f.type,
+                    f.message,
+                    extra=extra,
+                )
+        else:
+            raise errors.InvalidArgument("outcome is required: set output or failure")
+        response = worker_pb.CompleteResponse(
+            status=convert.STEP_STATUS[done.step_status],
+            run_status=convert.RUN_STATUS[done.run_status],
+            duplicate=done.duplicate,
+        )
+        if done.retry_at is not None:
+            response.retry_at.CopyFrom(convert.timestamp(done.retry_at))
+        return response
+
+
+def _blocked(row: Any) -> bool:
+    if row.blocked:
+        log.warning(
+            "run %s blocked: node %s (action %s) lost its lease at attempt %d with no "
+            "outcome and is unsafe to repeat; resolve it with `cyclone resolve`",
+            row.run_id,
+            row.node,
+            row.action,
+            row.attempt,
+            extra={"run_id": str(row.run_id), "node": row.node, "attempt": row.attempt},
+        )
+    return bool(row.blocked)
+
+
+class AdminServicer(admin_grpc.AdminServiceServicer):
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def _run(self, run_id: uuid.UUID) -> types_pb2.Run:
+        return _run_proto(await self.store.run_get(run_id), with_steps=True)
+
+    @rpc
+    async def Retry(self, request, context):
+        run_id = parse_uuid(request.run_id)
+        node = _node_name(request.node)
+        reason = _text(request.reason, "reason", MAX_REASON)
+        await self.store.step_retry(run_id, [node], actor=_actor(context), reason=reason)
+        log.info(
+            "node %s of run %s retried", node, run_id, extra={"run_id": str(run_id), "node": node}
+        )
+        return admin_pb.RetryResponse(run=await self._run(run_id))
+
+    @rpc
+    async def RetryAll(self, request, context):
+        run_id = parse_uuid(request.run_id)
+        reason = _text(request.reason, "reason", MAX_REASON)
+        nodes = await self.store.step_retry(run_id, None, actor=_actor(context), reason=reason)
+        log.info("run %s: retried %s", run_id, ", ".join(nodes), extra={"run_id": str(run_id)})
+        return admin_pb.RetryAllResponse(nodes=nodes, run=await self._run(run_id))
+
+    @rpc
+    async def Resolve(self, request, context):
+        run_id = parse_uuid(request.run_id)
+        node = _node_name(request.node)
+        reason = _text(request.reason, "reason", MAX_REASON)
+        if not reason.strip():
+            raise errors.InvalidArgument("reason is required: say what you checked")
+        choice = request.WhichOneof("resolution")
+        if choice == "result":
+            value = convert.value_to_json(request.result, "result")
+        elif choice == "error":
+            if not request.error:
+                raise errors.InvalidArgument("error must say what failed")
+            value = json.dumps(_text(request.error, "error", MAX_ERROR_TEXT))
+        elif choice == "discard":
+            if not request.discard:
+                raise errors.InvalidArgument("discard must be true to discard")
+            value = None
+        else:
+            raise errors.InvalidArgument("resolution is required: result, error or discard")
+        await self.store.step_resolve(
+            run_id, node, choice=choice, value_json=value, actor=_actor(context), reason=reason
+        )
+        log.warning(
+            "run %s: node %s resolved as %s (%s)",
+            run_id,
+            node,
+            choice,
+            reason,
+            extra={"run_id": str(run_id), "node": node},
+        )
+        return admin_pb.ResolveResponse(run=await self._run(run_id))

@@ -1,0 +1,312 @@
+"""The only module that talks SQL.
+
+Queries are the named blocks of ``service/sql/queries.sql``; transitions are the
+functions of the migrations. Every call runs as one statement in autocommit mode:
+each transition is one function call, so it is one transaction and one round trip.
+Database errors are translated here into domain errors (service.errors).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from pyclient.dag import NodeSpec
+from service import errors
+
+_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.M)
+
+
+def load_queries() -> dict[str, sa.TextClause]:
+    """Parse queries.sql into {name: statement}."""
+    source = resources.files("service.sql").joinpath("queries.sql").read_text()
+    parts = _NAME_LINE.split(source)
+    return {
+        name: sa.text(body.strip()) for name, body in zip(parts[1::2], parts[2::2], strict=True)
+    }
+
+
+Q = load_queries()
+
+# SQLSTATEs raised by the transition functions (see 0002_transitions.sql).
+_SQLSTATE_ERRORS: dict[str, type[errors.CycloneError]] = {
+    "CY001": errors.LeaseLost,
+    "CY002": errors.NotFound,
+    "CY003": errors.FailedPrecondition,
+    "CY004": errors.InvalidArgument,
+    "22P02": errors.InvalidArgument,  # invalid text representation (e.g. a bad UUID)
+    "22001": errors.InvalidArgument,  # string too long
+    "54001": errors.InvalidArgument,  # statement too complex
+    "57014": errors.Unavailable,  # statement timeout
+    "08006": errors.Unavailable,
+    "08001": errors.Unavailable,
+    "57P01": errors.Unavailable,  # admin shutdown
+    "57P03": errors.Unavailable,  # cannot connect now
+}
+
+
+def sql_url(database_url: str) -> str:
+    """A libpq URL as SQLAlchemy wants it for psycopg 3."""
+    for prefix in ("postgresql://", "postgres://"):
+        if database_url.startswith(prefix):
+            return "postgresql+psycopg://" + database_url[len(prefix) :]
+    return database_url
+
+
+def parse_uuid(value: str, what: str = "run_id") -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except (ValueError, TypeError, AttributeError):
+        raise errors.InvalidArgument(f"{what} {value!r} is not a UUID") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    step_status: str
+    run_status: str
+    duplicate: bool
+    retry_at: datetime | None
+
+
+class Store:
+    """Database access for the server: one method per named query."""
+
+    def __init__(self, database_url: str, *, pool_size: int = 10, statement_timeout_ms: int = 0):
+        options = "-c application_name=cyclone-server"
+        if statement_timeout_ms:
+            options += f" -c statement_timeout={int(statement_timeout_ms)}"
+        self.engine: AsyncEngine = create_async_engine(
+            sql_url(database_url),
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            pool_pre_ping=False,
+            isolation_level="AUTOCOMMIT",
+            connect_args={"options": options},
+        )
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    async def _all(self, name: str, **params: Any) -> Sequence[Row]:
+        try:
+            async with self.engine.connect() as conn:
+                result = await conn.execute(Q[name], params)
+                return result.fetchall() if result.returns_rows else []
+        except sa.exc.DBAPIError as exc:
+            raise _translate(exc) from exc
+        except OSError as exc:
+            raise errors.Unavailable(f"database unavailable: {exc}") from exc
+
+    async def _one(self, name: str, **params: Any) -> Row | None:
+        rows = await self._all(name, **params)
+        return rows[0] if rows else None
+
+    # Runs -------------------------------------------------------------------------
+
+    async def run_submit(
+        self,
+        *,
+        workflow: str,
+        nodes: Sequence[NodeSpec],
+        input_json: str | None,
+        submit_key: str | None,
+    ) -> tuple[uuid.UUID, bool]:
+        from uuid6 import uuid7
+
+        payload = [
+            {
+                **asdict(n),
+                "position": i,
+                "depends_on": list(n.depends_on),
+                "dependents": list(n.dependents),
+                "input": n.input,
+            }
+            for i, n in enumerate(nodes)
+        ]
+        row = await self._one(
+            "run_submit",
+            run_id=str(uuid7()),
+            workflow=workflow,
+            submit_key=submit_key,
+            input=input_json,
+            nodes=json.dumps(payload, separators=(",", ":")),
+        )
+        assert row is not None
+        return row.run_id, row.created
+
+    async def run_get(self, run_id: uuid.UUID) -> Row:
+        row = await self._one("run_get", run_id=str(run_id))
+        if row is None:
+            raise errors.NotFound(f"run {run_id} not found")
+        return row
+
+    async def runs_list(
+        self,
+        *,
+        workflow: str | None,
+        statuses: list[str] | None,
+        created_after: datetime | None,
+        created_before: datetime | None,
+        after: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> Sequence[Row]:
+        return await self._all(
+            "runs_list",
+            workflow=workflow,
+            statuses=statuses,
+            created_after=created_after,
+            created_before=created_before,
+            after_created=after[0] if after else None,
+            after_run_id=str(after[1]) if after else None,
+            limit=limit,
+        )
+
+    async def run_cancel(self, run_id: uuid.UUID, *, actor: str, reason: str) -> None:
+        await self._all("run_cancel", run_id=str(run_id), actor=actor, reason=reason)
+
+    # Steps ------------------------------------------------------------------------
+
+    async def step_claim(
+        self,
+        *,
+        worker_id: str,
+        actions: list[str],
+        unsafe: list[str],
+        limit: int,
+        lease_s: float,
+    ) -> Sequence[Row]:
+        return await self._all(
+            "step_claim",
+            worker_id=worker_id,
+            actions=actions,
+            unsafe=unsafe,
+            limit=limit,
+            lease_s=lease_s,
+        )
+
+    async def step_next_due(self, actions: list[str]) -> float | None:
+        row = await self._one("step_next_due", actions=actions)
+        return None if row is None or row.seconds is None else float(row.seconds)
+
+    async def step_heartbeat(
+        self,
+        run_id: uuid.UUID,
+        node: str,
+        lease_token: uuid.UUID,
+        *,
+        lease_s: float,
+        progress_json: str | None,
+    ) -> Row:
+        row = await self._one(
+            "step_heartbeat",
+            run_id=str(run_id),
+            node=node,
+            lease_token=str(lease_token),
+            lease_s=lease_s,
+            progress=progress_json,
+        )
+        assert row is not None
+        return row
+
+    async def step_complete(
+        self, run_id: uuid.UUID, node: str, lease_token: uuid.UUID, output_json: str | None
+    ) -> Completion:
+        row = await self._one(
+            "step_complete",
+            run_id=str(run_id),
+            node=node,
+            lease_token=str(lease_token),
+            output=output_json,
+        )
+        assert row is not None
+        return Completion(*row)
+
+    async def step_fail(
+        self,
+        run_id: uuid.UUID,
+        node: str,
+        lease_token: uuid.UUID,
+        *,
+        type_: str,
+        message: str,
+        details: str,
+        retryable: bool,
+        retry_after_s: float | None,
+    ) -> Completion:
+        row = await self._one(
+            "step_fail",
+            run_id=str(run_id),
+            node=node,
+            lease_token=str(lease_token),
+            type=type_,
+            message=message,
+            details=details,
+            retryable=retryable,
+            retry_after_s=retry_after_s,
+        )
+        assert row is not None
+        return Completion(*row)
+
+    async def step_retry(
+        self, run_id: uuid.UUID, nodes: list[str] | None, *, actor: str, reason: str
+    ) -> list[str]:
+        row = await self._one(
+            "step_retry", run_id=str(run_id), nodes=nodes, actor=actor, reason=reason
+        )
+        assert row is not None
+        return list(row.nodes)
+
+    async def step_resolve(
+        self,
+        run_id: uuid.UUID,
+        node: str,
+        *,
+        choice: str,
+        value_json: str | None,
+        actor: str,
+        reason: str,
+    ) -> None:
+        await self._all(
+            "step_resolve",
+            run_id=str(run_id),
+            node=node,
+            choice=choice,
+            value=value_json,
+            actor=actor,
+            reason=reason,
+        )
+
+    async def sweep(self, limit: int = 1000) -> int:
+        row = await self._one("sweep", limit=limit)
+        return int(row.reclaimed) if row else 0
+
+    async def clock_advance(self, seconds: float) -> None:
+        await self._all("clock_advance", seconds=seconds)
+
+
+def _translate(exc: sa.exc.DBAPIError) -> Exception:
+    orig = exc.orig
+    sqlstate = getattr(orig, "sqlstate", None)
+    diag = getattr(orig, "diag", None)
+    message = (diag.message_primary if diag else None) or str(orig)
+    cls = _SQLSTATE_ERRORS.get(sqlstate or "")
+    if cls is None:
+        if exc.connection_invalidated or sqlstate is None or sqlstate.startswith("08"):
+            return errors.Unavailable(f"database unavailable: {message}")
+        # Unexpected: becomes INTERNAL with an error id; the details stay in the log.
+        return RuntimeError(f"database error {sqlstate}: {message}")
+    metadata: tuple = ()
+    detail = diag.message_detail if diag else None
+    if cls is errors.LeaseLost and detail and detail.startswith("current_attempt="):
+        metadata = (("cyclone-current-attempt", detail.partition("=")[2]),)
+    return cls(message, metadata=metadata)
