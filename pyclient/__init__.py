@@ -1,0 +1,77 @@
+"""Cyclone's Python SDK: submit workflows, run workers, steer runs.
+
+    from pyclient import Client, Workflow, Worker
+
+The generated protobuf stubs import as ``cyclone.v1.*_pb2``; pyclient.dag holds the
+workflow validation shared with the server.
+"""
+
+from pyclient.actions import Action, InputMismatch
+from pyclient.client import AsyncClient, Client
+from pyclient.context import Context, current
+from pyclient.errors import (
+    CycloneError,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    LeaseLost,
+    NonRetryableError,
+    NotFound,
+    OutsideHandler,
+    PermissionDenied,
+    RetryAfter,
+    Unauthenticated,
+    Unavailable,
+    WaitTimeout,
+)
+from pyclient.models import (
+    AuditEntry,
+    Retried,
+    Run,
+    RunError,
+    RunPage,
+    RunStatus,
+    Step,
+    StepError,
+    StepStatus,
+    Submitted,
+)
+from pyclient.worker import HandlerTimeout, Worker
+from pyclient.workflow import Node, RetryPolicy, Workflow
+
+__all__ = [
+    "Action",
+    "AsyncClient",
+    "AuditEntry",
+    "Client",
+    "Context",
+    "CycloneError",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "HandlerTimeout",
+    "InputMismatch",
+    "InvalidArgument",
+    "LeaseLost",
+    "Node",
+    "NonRetryableError",
+    "NotFound",
+    "OutsideHandler",
+    "PermissionDenied",
+    "Retried",
+    "RetryAfter",
+    "RetryPolicy",
+    "Run",
+    "RunError",
+    "RunPage",
+    "RunStatus",
+    "Step",
+    "StepError",
+    "StepStatus",
+    "Submitted",
+    "Unauthenticated",
+    "Unavailable",
+    "WaitTimeout",
+    "Worker",
+    "Workflow",
+    "current",
+]

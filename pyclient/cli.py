@@ -1,0 +1,407 @@
+"""``cyclone``: the operator's command line. Every command is one RPC of the Client.
+
+Exit status: 0 on success, 1 when the server refused or failed the call (the message
+is printed on stderr), 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from pyclient.client import Client, default_address
+from pyclient.errors import CycloneError, InvalidArgument
+from pyclient.models import Run, RunStatus, Step
+from pyclient.workflow import Workflow
+
+DESCRIPTION = """\
+Operate Cyclone, the durable workflow service: submit workflows, inspect runs, and
+steer them (retry discarded nodes, resolve blocked runs, cancel).
+
+The server is --address (default $CYCLONE_ADDRESS or 127.0.0.1:50051); --token (default
+$CYCLONE_TOKEN) is sent as a bearer token; --actor (default $CYCLONE_ACTOR or your user
+name) is recorded in the audit trail of retry, resolve and cancel. --json prints
+machine-readable output. Options go before or after the command.
+"""
+
+SUBMIT_HELP = """\
+Start a run of the workflow described in FILE (YAML or JSON, '-' for stdin):
+
+  name: order
+  input: {order_id: o-1, amount: 42}      # the run input (optional)
+  nodes:
+    - name: charge
+      timeout: 30                          # seconds
+      retry: {max_attempts: 5, initial_backoff: 1, max_backoff: 60, multiplier: 2}
+    - name: send_receipt
+      depends_on: [charge]
+    - name: audit
+      depends_on: [send_receipt]
+      trigger_rule: all_done               # all_success | all_done | one_failed
+
+A node's action defaults to its name. Prints the run id. With --key, at most one run
+is made per (workflow name, key): a repeated submit prints the existing run's id.
+"""
+
+RESOLVE_HELP = """\
+Resolve the uncertain step of a blocked run, after checking the outside world:
+
+  --result JSON   the effect happened; JSON becomes the step's output
+  --error MSG     the effect happened and failed; the step is discarded, so
+                  failure-rule nodes run
+  --discard       the effect did not happen; the step runs again
+
+--reason is required and recorded in the audit trail.
+"""
+
+
+def _json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a command's options only override the top-level values when given.
+    s = argparse.SUPPRESS
+    common.add_argument("--address", default=s, help="server host:port")
+    common.add_argument("--token", default=s, help="bearer token")
+    common.add_argument("--actor", default=s, help="who you are, for the audit trail")
+    common.add_argument("--json", action="store_true", default=s, help="print JSON")
+
+    parser = argparse.ArgumentParser(
+        prog="cyclone",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--address", default=default_address(), help="server host:port")
+    parser.add_argument("--token", default=os.environ.get("CYCLONE_TOKEN"), help="bearer token")
+    parser.add_argument(
+        "--actor",
+        default=os.environ.get("CYCLONE_ACTOR") or _user(),
+        help="who you are, recorded in the audit trail",
+    )
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name,
+            help=help,
+            description=description or help,
+            parents=[common],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    p = command("submit", "start a run of a workflow file", SUBMIT_HELP)
+    p.add_argument("file", help="workflow file (YAML or JSON), '-' for stdin")
+    p.add_argument("--input", type=_json_arg, help="run input as JSON (overrides the file's)")
+    p.add_argument("--key", help="submit at most once per (workflow name, key)")
+    p.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="then wait up to SECONDS for the run to finish or block, and show it",
+    )
+    p.set_defaults(handler=_submit)
+
+    p = command("run", "inspect one run")
+    run_commands = p.add_subparsers(dest="run_command", required=True, metavar="SUBCOMMAND")
+    show = run_commands.add_parser(
+        "show",
+        help="show a run and its steps as a tree",
+        description="Show a run: status, error, and its steps as a tree (by dependency) "
+        "with status, attempt and the last error of each.",
+        parents=[common],
+    )
+    show.add_argument("run_id", metavar="RUN")
+    show.set_defaults(handler=_show)
+    wait = run_commands.add_parser(
+        "wait",
+        help="wait until a run is finished or blocked",
+        description="Poll a run until it is completed, failed, cancelled or blocked, then "
+        "show it. Exit status 1 when --timeout passes first.",
+        parents=[common],
+    )
+    wait.add_argument("run_id", metavar="RUN")
+    wait.add_argument("--timeout", type=float, default=None, help="seconds (default: no limit)")
+    wait.set_defaults(handler=_wait)
+
+    p = command("runs", "list runs")
+    runs_commands = p.add_subparsers(dest="runs_command", required=True, metavar="SUBCOMMAND")
+    lst = runs_commands.add_parser(
+        "list",
+        help="list runs, newest first",
+        description="List runs, newest first, with their step counts.",
+        parents=[common],
+    )
+    lst.add_argument("--workflow", help="only runs of this workflow")
+    lst.add_argument(
+        "--status",
+        action="append",
+        choices=[s.value for s in RunStatus],
+        help="only runs in this status (repeat for several)",
+    )
+    lst.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    lst.set_defaults(handler=_list)
+
+    p = command(
+        "retry",
+        "reopen a discarded node",
+        "Reopen a discarded node in place: same run and node (so the same idempotency "
+        "key), its next claim is the next attempt. Nodes skipped because of it run again.",
+    )
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("node", metavar="NODE")
+    p.add_argument("--reason", default="", help="recorded in the audit trail")
+    p.set_defaults(handler=_retry)
+
+    p = command("retry-all", "reopen every discarded node of a run")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--reason", default="", help="recorded in the audit trail")
+    p.set_defaults(handler=_retry_all)
+
+    p = command("resolve", "resolve the uncertain step of a blocked run", RESOLVE_HELP)
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("node", metavar="NODE")
+    choice = p.add_mutually_exclusive_group(required=True)
+    choice.add_argument(
+        "--result", type=_json_arg, default=s, metavar="JSON", help="the effect happened"
+    )
+    choice.add_argument("--error", metavar="MSG", help="the effect happened and failed")
+    choice.add_argument("--discard", action="store_true", help="the effect did not happen")
+    p.add_argument("--reason", required=True, help="why; recorded in the audit trail")
+    p.set_defaults(handler=_resolve)
+
+    p = command(
+        "cancel",
+        "cancel a run",
+        "Cancel a run that is not finished: its unfinished steps are cancelled and "
+        "running handlers are told to stop at their next heartbeat.",
+    )
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--reason", default="", help="recorded in the audit trail")
+    p.set_defaults(handler=_cancel)
+    return parser
+
+
+def _user() -> str | None:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment
+        return None
+
+
+def load_workflow_file(path: str, stdin: TextIO | None = None) -> tuple[Workflow, Any]:
+    """The workflow and run input (or None) described by a YAML or JSON file."""
+    if path == "-":
+        text = (stdin or sys.stdin).read()
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise InvalidArgument(f"{path} is not valid JSON or YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{path} must hold a mapping with 'name' and 'nodes'")
+    data = dict(data)
+    run_input = data.pop("input", None)
+    return Workflow.from_dict(data), run_input
+
+
+# -- commands: each returns what to print (a Run, a list of runs, or a message) -------
+
+
+def _submit(client: Client, args: argparse.Namespace) -> Any:
+    workflow, run_input = load_workflow_file(args.file)
+    if args.input is not None:
+        run_input = args.input
+    if args.key:
+        submitted = client.submit_once(workflow, args.key, run_input)
+        run_id, created = submitted.run_id, submitted.created
+    else:
+        run_id, created = client.submit(workflow, run_input), True
+    if args.wait is not None:
+        return client.wait(run_id, timeout=args.wait)
+    if args.json:
+        return {"run_id": run_id, "created": created}
+    return run_id if created else f"{run_id} (already submitted with this key)"
+
+
+def _show(client: Client, args: argparse.Namespace) -> Any:
+    return client.get_run(args.run_id)
+
+
+def _wait(client: Client, args: argparse.Namespace) -> Any:
+    return client.wait(args.run_id, timeout=args.timeout)
+
+
+def _list(client: Client, args: argparse.Namespace) -> Any:
+    page_size = max(1, min(args.limit, 1000))
+    runs = client.iter_runs(
+        workflow=args.workflow, status=args.status, page_size=page_size, limit=args.limit
+    )
+    return list(runs)
+
+
+def _retry(client: Client, args: argparse.Namespace) -> Any:
+    return client.retry(args.run_id, args.node, args.reason)
+
+
+def _retry_all(client: Client, args: argparse.Namespace) -> Any:
+    retried = client.retry_all(args.run_id, args.reason)
+    if args.json:
+        return {"nodes": list(retried.nodes), "run": retried.run.to_dict()}
+    return f"reopened {', '.join(retried.nodes)}\n\n{render_run(retried.run)}"
+
+
+def _resolve(client: Client, args: argparse.Namespace) -> Any:
+    # --result null is a valid result, so "not given" is the attribute's absence.
+    choice = {"result": args.result} if hasattr(args, "result") else {}
+    return client.resolve(
+        args.run_id,
+        args.node,
+        **choice,
+        error=args.error,
+        discard=args.discard,
+        reason=args.reason,
+    )
+
+
+def _cancel(client: Client, args: argparse.Namespace) -> Any:
+    return client.cancel(args.run_id, args.reason)
+
+
+# -- rendering ------------------------------------------------------------------------
+
+
+def _when(value: Any) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def render_run(run: Run) -> str:
+    """A run as text: a header, its error, its steps as a tree by dependency."""
+    lines = [
+        f"run {run.run_id}  workflow {run.workflow}  {run.status.upper()}",
+        f"  created {_when(run.created_at)}  updated {_when(run.updated_at)}"
+        + (f"  key {run.submit_key}" if run.submit_key else ""),
+    ]
+    if run.error is not None:
+        e = run.error
+        lines.append(f"  {e.kind}: {e.message} (node {e.node}, attempt {e.attempt})")
+    if run.steps:
+        lines.append("")
+        lines.extend(render_steps(run.steps))
+    if run.audit:
+        lines.append("")
+        for a in run.audit:
+            target = f" {a.node}" if a.node else ""
+            reason = f": {a.reason}" if a.reason else ""
+            lines.append(f"  {_when(a.at)}  {a.action}{target} by {a.actor or '?'}{reason}")
+    return "\n".join(lines)
+
+
+def render_steps(steps: Sequence[Step]) -> list[str]:
+    """Steps (in topological order) as a tree: each under its first upstream node."""
+    children: dict[str | None, list[Step]] = {}
+    for step in steps:
+        children.setdefault(step.depends_on[0] if step.depends_on else None, []).append(step)
+    width = max(len(s.node) for s in steps) + 2 * _depth(steps) + 4
+    lines: list[str] = []
+
+    def walk(parent: str | None, prefix: str) -> None:
+        kids = children.get(parent, [])
+        for i, step in enumerate(kids):
+            last = i == len(kids) - 1
+            branch = "" if parent is None else ("└─ " if last else "├─ ")
+            label = f"{prefix}{branch}{step.node}"
+            lines.append(f"  {label:<{width}} {_step_summary(step)}")
+            walk(step.node, prefix + ("" if parent is None else ("   " if last else "│  ")))
+
+    walk(None, "")
+    return lines
+
+
+def _depth(steps: Sequence[Step]) -> int:
+    depth: dict[str, int] = {}
+    for step in steps:
+        depth[step.node] = 1 + max((depth.get(d, 0) for d in step.depends_on), default=0)
+    return max(depth.values(), default=0)
+
+
+def _step_summary(step: Step) -> str:
+    parts = [f"{step.status:<10}", f"attempt {step.attempt}/{step.max_attempts}"]
+    if len(step.depends_on) > 1:
+        parts.append(f"after {', '.join(step.depends_on)}")
+    if step.trigger_rule != "all_success":
+        parts.append(step.trigger_rule)
+    if step.effect_uncertain:
+        parts.append("effect uncertain")
+    if step.last_error is not None:
+        e = step.last_error
+        parts.append(f"last error (attempt {e.attempt}): {e.type or e.kind}: {e.message}")
+    return "  ".join(parts)
+
+
+def render_runs(runs: Sequence[Run]) -> str:
+    if not runs:
+        return "no runs"
+    rows = [("RUN", "WORKFLOW", "STATUS", "CREATED", "STEPS")]
+    for r in runs:
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(r.step_counts.items()))
+        rows.append((r.run_id, r.workflow, str(r.status), _when(r.created_at), counts))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)) + "  " + row[4]
+        for row in rows
+    )
+
+
+def _print(result: Any, as_json: bool, out: TextIO) -> None:
+    if as_json:
+        if isinstance(result, Run):
+            result = result.to_dict()
+        elif isinstance(result, list):
+            result = [r.to_dict() for r in result]
+        elif isinstance(result, str):
+            result = {"message": result}
+        print(json.dumps(result, indent=2), file=out)
+    elif isinstance(result, Run):
+        print(render_run(result), file=out)
+    elif isinstance(result, list):
+        print(render_runs(result), file=out)
+    else:
+        print(result, file=out)
+
+
+def main(argv: Sequence[str] | None = None, *, client: Client | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    own = client is None
+    if client is None:
+        client = Client(args.address, token=args.token, actor=args.actor)
+    try:
+        _print(args.handler(client, args), args.json, sys.stdout)
+    except CycloneError as exc:
+        print(f"cyclone: error: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        if own:
+            client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

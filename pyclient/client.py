@@ -1,0 +1,442 @@
+"""Client and AsyncClient: submit workflows, inspect and steer runs.
+
+Both speak to the WorkflowService and the AdminService. Each method is described
+once (request, RPC, how to read the answer) by the functions of ``_calls``; the two
+classes only differ in how they wait. gRPC errors are raised as pyclient.errors
+exceptions that keep the server's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import grpc
+from cyclone.v1 import (
+    admin_service_pb2 as admin_pb,
+)
+from cyclone.v1 import (
+    admin_service_pb2_grpc as admin_grpc,
+)
+from cyclone.v1 import (
+    workflow_service_pb2 as wf_pb,
+)
+from cyclone.v1 import (
+    workflow_service_pb2_grpc as wf_grpc,
+)
+from google.protobuf import message as pb_message
+
+from pyclient import dag
+from pyclient._json import to_value
+from pyclient.errors import InvalidArgument, WaitTimeout, from_rpc_error
+from pyclient.models import Retried, Run, RunPage, RunStatus, Submitted
+from pyclient.workflow import Workflow
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+#: Per-call deadline, in seconds, unless the client is given another.
+DEFAULT_CALL_TIMEOUT = 30.0
+
+T = TypeVar("T")
+_UNSET: Any = object()
+
+
+def default_address() -> str:
+    """``$CYCLONE_ADDRESS`` or 127.0.0.1:50051."""
+    return os.environ.get("CYCLONE_ADDRESS") or DEFAULT_ADDRESS
+
+
+def call_metadata(token: str | None, actor: str | None) -> tuple[tuple[str, str], ...]:
+    """The metadata sent with every call: the bearer token and the audit actor."""
+    md: list[tuple[str, str]] = []
+    if token:
+        md.append(("authorization", f"Bearer {token}"))
+    if actor:
+        md.append(("cyclone-actor", actor))
+    return tuple(md)
+
+
+@dataclass(frozen=True, slots=True)
+class _Call(Generic[T]):
+    """One RPC to make: which service and method, the request, how to read the answer."""
+
+    service: str  # "workflow" or "admin"
+    method: str
+    request: pb_message.Message
+    parse: Callable[[Any], T]
+
+
+class _calls:
+    @staticmethod
+    def submit(workflow: Workflow, input: Any) -> _Call[str]:
+        req = wf_pb.SubmitRequest(workflow=workflow.to_proto())
+        _set_value(req, "input", input, "run input")
+        return _Call("workflow", "Submit", req, lambda r: r.run_id)
+
+    @staticmethod
+    def submit_once(workflow: Workflow, key: str, input: Any) -> _Call[Submitted]:
+        try:
+            dag.check_submit_key(key)
+        except dag.InvalidWorkflow as exc:
+            raise InvalidArgument(str(exc)) from None
+        req = wf_pb.SubmitOnceRequest(workflow=workflow.to_proto(), key=key)
+        _set_value(req, "input", input, "run input")
+        return _Call("workflow", "SubmitOnce", req, lambda r: Submitted(r.run_id, r.created))
+
+    @staticmethod
+    def get_run(run_id: str) -> _Call[Run]:
+        req = wf_pb.GetRunRequest(run_id=run_id)
+        return _Call("workflow", "GetRun", req, lambda r: Run.from_proto(r.run))
+
+    @staticmethod
+    def list_runs(
+        workflow: str | None,
+        status: str | Iterable[str] | None,
+        created_after: dt.datetime | None,
+        created_before: dt.datetime | None,
+        page_size: int | None,
+        page_token: str,
+    ) -> _Call[RunPage]:
+        statuses = [status] if isinstance(status, str) else list(status or ())
+        try:
+            codes = [RunStatus(s).to_proto() for s in statuses]
+        except ValueError:
+            raise InvalidArgument(
+                f"unknown run status in {statuses}; expected some of "
+                f"{', '.join(s.value for s in RunStatus)}"
+            ) from None
+        req = wf_pb.ListRunsRequest(
+            workflow=workflow or "",
+            statuses=codes,
+            page_size=page_size or 0,
+            page_token=page_token,
+        )
+        if created_after is not None:
+            req.created_after.FromDatetime(created_after)
+        if created_before is not None:
+            req.created_before.FromDatetime(created_before)
+
+        def parse(r: wf_pb.ListRunsResponse) -> RunPage:
+            return RunPage(tuple(Run.from_proto(p) for p in r.runs), r.next_page_token)
+
+        return _Call("workflow", "ListRuns", req, parse)
+
+    @staticmethod
+    def cancel(run_id: str, reason: str) -> _Call[Run]:
+        req = wf_pb.CancelRunRequest(run_id=run_id, reason=reason)
+        return _Call("workflow", "CancelRun", req, lambda r: Run.from_proto(r.run))
+
+    @staticmethod
+    def retry(run_id: str, node: str, reason: str) -> _Call[Run]:
+        req = admin_pb.RetryRequest(run_id=run_id, node=node, reason=reason)
+        return _Call("admin", "Retry", req, lambda r: Run.from_proto(r.run))
+
+    @staticmethod
+    def retry_all(run_id: str, reason: str) -> _Call[Retried]:
+        req = admin_pb.RetryAllRequest(run_id=run_id, reason=reason)
+        return _Call(
+            "admin", "RetryAll", req, lambda r: Retried(tuple(r.nodes), Run.from_proto(r.run))
+        )
+
+    @staticmethod
+    def resolve(
+        run_id: str, node: str, result: Any, error: str | None, discard: bool, reason: str
+    ) -> _Call[Run]:
+        chosen = [result is not _UNSET, error is not None, bool(discard)]
+        if sum(chosen) != 1:
+            raise InvalidArgument("resolve needs exactly one of result=, error= or discard=True")
+        if not reason:
+            raise InvalidArgument("resolve needs a reason")
+        req = admin_pb.ResolveRequest(run_id=run_id, node=node, reason=reason)
+        if result is not _UNSET:
+            _set_value(req, "result", result, "result", allow_null=True)
+        elif error is not None:
+            req.error = error
+        else:
+            req.discard = True
+        return _Call("admin", "Resolve", req, lambda r: Run.from_proto(r.run))
+
+
+def _set_value(
+    req: pb_message.Message, field: str, value: Any, what: str, allow_null: bool = False
+) -> None:
+    if value is None and not allow_null:
+        return
+    try:
+        getattr(req, field).CopyFrom(to_value(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{what} is not JSON: {exc}") from None
+
+
+class _Waiter:
+    """The polling schedule of wait(): 50 ms doubling up to ``cap``, until ``timeout``."""
+
+    def __init__(self, run_id: str, timeout: float | None, cap: float):
+        self.run_id, self.timeout, self.cap = run_id, timeout, cap
+        self.end = None if timeout is None else time.monotonic() + timeout
+        self.delay = 0.05
+
+    def pause_after(self, run: Run) -> float | None:
+        """None when ``run`` is done waiting for; else how long to sleep before the next poll."""
+        if run.status != RunStatus.RUNNING:
+            return None
+        delay, self.delay = self.delay, min(self.delay * 2, self.cap)
+        if self.end is None:
+            return delay
+        remaining = self.end - time.monotonic()
+        if remaining <= 0:
+            raise WaitTimeout(f"run {self.run_id} is still {run.status} after {self.timeout:g}s")
+        return min(delay, remaining)
+
+
+def _stubs(channel: Any) -> dict[str, Any]:
+    return {
+        "workflow": wf_grpc.WorkflowServiceStub(channel),
+        "admin": admin_grpc.AdminServiceStub(channel),
+    }
+
+
+class Client:
+    """A synchronous client. Use as a context manager, or call :meth:`close`.
+
+    ``token`` is sent as ``authorization: Bearer <token>``; ``actor`` as
+    ``cyclone-actor`` metadata, recorded in the audit trail of operator actions when
+    the server has no authenticated identity. ``credentials`` makes a TLS channel.
+    ``channel`` replaces the channel altogether (tests use a fake one).
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        token: str | None = None,
+        actor: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        timeout: float = DEFAULT_CALL_TIMEOUT,
+        channel: grpc.Channel | None = None,
+    ):
+        self.address = address or default_address()
+        if channel is None:
+            channel = (
+                grpc.secure_channel(self.address, credentials)
+                if credentials
+                else grpc.insecure_channel(self.address)
+            )
+        self._channel = channel
+        self._stubs = _stubs(channel)
+        self._metadata = call_metadata(token, actor)
+        self.timeout = timeout
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _invoke(self, call: _Call[T]) -> T:
+        rpc = getattr(self._stubs[call.service], call.method)
+        try:
+            response = rpc(call.request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        return call.parse(response)
+
+    def submit(self, workflow: Workflow, input: Any = None) -> str:
+        """Validate ``workflow``, start a new run with ``input``, return its run id."""
+        return self._invoke(_calls.submit(workflow, input))
+
+    def submit_once(self, workflow: Workflow, key: str, input: Any = None) -> Submitted:
+        """At most one run per (workflow name, key): the new run or the existing one."""
+        return self._invoke(_calls.submit_once(workflow, key, input))
+
+    def get_run(self, run_id: str) -> Run:
+        """The run with every step and its audit trail; NotFound for an unknown id."""
+        return self._invoke(_calls.get_run(run_id))
+
+    def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: str | Iterable[str] | None = None,
+        created_after: dt.datetime | None = None,
+        created_before: dt.datetime | None = None,
+        page_size: int | None = None,
+        page_token: str = "",
+    ) -> RunPage:
+        """One page of runs, newest first, without their steps."""
+        return self._invoke(
+            _calls.list_runs(workflow, status, created_after, created_before, page_size, page_token)
+        )
+
+    def iter_runs(self, *, limit: int | None = None, **filters: Any) -> Iterator[Run]:
+        """Every run matching the filters of :meth:`list_runs`, page after page."""
+        token, seen = "", 0
+        while True:
+            page = self.list_runs(page_token=token, **filters)
+            for run in page.runs:
+                if limit is not None and seen >= limit:
+                    return
+                seen += 1
+                yield run
+            token = page.next_page_token
+            if not token:
+                return
+
+    def cancel(self, run_id: str, reason: str = "") -> Run:
+        """Cancel an unfinished run; its running handlers learn it at their next heartbeat."""
+        return self._invoke(_calls.cancel(run_id, reason))
+
+    def retry(self, run_id: str, node: str, reason: str = "") -> Run:
+        """Reopen a discarded node in place (same run and node; next attempt)."""
+        return self._invoke(_calls.retry(run_id, node, reason))
+
+    def retry_all(self, run_id: str, reason: str = "") -> Retried:
+        """Reopen every discarded node of the run."""
+        return self._invoke(_calls.retry_all(run_id, reason))
+
+    def resolve(
+        self,
+        run_id: str,
+        node: str,
+        *,
+        result: Any = _UNSET,
+        error: str | None = None,
+        discard: bool = False,
+        reason: str,
+    ) -> Run:
+        """Resolve the uncertain step of a blocked run: exactly one of ``result=``
+        (the effect happened; this is its output), ``error=`` (it happened and
+        failed) or ``discard=True`` (it did not happen; run the step again)."""
+        return self._invoke(_calls.resolve(run_id, node, result, error, discard, reason))
+
+    def wait(self, run_id: str, timeout: float | None = None, *, poll_cap: float = 1.0) -> Run:
+        """Poll until the run is completed, failed, cancelled or blocked; return it.
+
+        A blocked run is returned too: it needs an operator, nothing else moves it.
+        Raises WaitTimeout after ``timeout`` seconds (None: wait for ever).
+        """
+        waiter = _Waiter(run_id, timeout, poll_cap)
+        while True:
+            run = self.get_run(run_id)
+            pause = waiter.pause_after(run)
+            if pause is None:
+                return run
+            time.sleep(pause)
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`Client`, on a ``grpc.aio`` channel."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        token: str | None = None,
+        actor: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        timeout: float = DEFAULT_CALL_TIMEOUT,
+        channel: grpc.aio.Channel | None = None,
+    ):
+        self.address = address or default_address()
+        if channel is None:
+            channel = (
+                grpc.aio.secure_channel(self.address, credentials)
+                if credentials
+                else grpc.aio.insecure_channel(self.address)
+            )
+        self._channel = channel
+        self._stubs = _stubs(channel)
+        self._metadata = call_metadata(token, actor)
+        self.timeout = timeout
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _invoke(self, call: _Call[T]) -> T:
+        rpc = getattr(self._stubs[call.service], call.method)
+        try:
+            response = await rpc(call.request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        return call.parse(response)
+
+    async def submit(self, workflow: Workflow, input: Any = None) -> str:
+        return await self._invoke(_calls.submit(workflow, input))
+
+    async def submit_once(self, workflow: Workflow, key: str, input: Any = None) -> Submitted:
+        return await self._invoke(_calls.submit_once(workflow, key, input))
+
+    async def get_run(self, run_id: str) -> Run:
+        return await self._invoke(_calls.get_run(run_id))
+
+    async def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: str | Iterable[str] | None = None,
+        created_after: dt.datetime | None = None,
+        created_before: dt.datetime | None = None,
+        page_size: int | None = None,
+        page_token: str = "",
+    ) -> RunPage:
+        return await self._invoke(
+            _calls.list_runs(workflow, status, created_after, created_before, page_size, page_token)
+        )
+
+    async def iter_runs(self, *, limit: int | None = None, **filters: Any) -> AsyncIterator[Run]:
+        token, seen = "", 0
+        while True:
+            page = await self.list_runs(page_token=token, **filters)
+            for run in page.runs:
+                if limit is not None and seen >= limit:
+                    return
+                seen += 1
+                yield run
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def cancel(self, run_id: str, reason: str = "") -> Run:
+        return await self._invoke(_calls.cancel(run_id, reason))
+
+    async def retry(self, run_id: str, node: str, reason: str = "") -> Run:
+        return await self._invoke(_calls.retry(run_id, node, reason))
+
+    async def retry_all(self, run_id: str, reason: str = "") -> Retried:
+        return await self._invoke(_calls.retry_all(run_id, reason))
+
+    async def resolve(
+        self,
+        run_id: str,
+        node: str,
+        *,
+        result: Any = _UNSET,
+        error: str | None = None,
+        discard: bool = False,
+        reason: str,
+    ) -> Run:
+        return await self._invoke(_calls.resolve(run_id, node, result, error, discard, reason))
+
+    async def wait(
+        self, run_id: str, timeout: float | None = None, *, poll_cap: float = 1.0
+    ) -> Run:
+        waiter = _Waiter(run_id, timeout, poll_cap)
+        while True:
+            run = await self.get_run(run_id)
+            pause = waiter.pause_after(run)
+            if pause is None:
+                return run
+            await asyncio.sleep(pause)

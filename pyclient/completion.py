@@ -1,0 +1,103 @@
+"""The completion transaction: a handler's Postgres effects commit with its completion.
+
+The worker keeps a psycopg pool of its own. A handler that calls
+``ctx.completion_tx()`` gets a connection from it in an open transaction; when the
+handler returns, :meth:`CompletionTx.commit` calls ``cyclone.step_complete`` in that
+transaction and commits. The SQL function checks the lease token and raises SQLSTATE
+CY001 when the lease was lost (the whole transaction, business writes included, rolls
+back) and CY002 for an unknown step. psycopg is an optional dependency (the
+``postgres`` extra), imported only when a worker is given a database URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import TYPE_CHECKING, Any
+
+from pyclient.errors import LeaseLost, NotFound
+
+if TYPE_CHECKING:
+    import psycopg
+    import psycopg_pool
+
+STEP_COMPLETE_SQL = "SELECT cyclone.step_complete(%s::uuid, %s, %s::uuid, %s::jsonb)"
+
+#: Custom SQLSTATEs raised by the Cyclone SQL functions.
+SQLSTATE_LEASE_LOST = "CY001"
+SQLSTATE_UNKNOWN_STEP = "CY002"
+
+
+def open_pool(database_url: str, max_size: int) -> psycopg_pool.ConnectionPool:
+    """A pool for completion transactions; ImportError names the extra to install."""
+    try:
+        import psycopg_pool
+    except ImportError as exc:
+        raise ImportError(
+            "Worker(database_url=...) needs psycopg: pip install 'cyclone[postgres]'"
+        ) from exc
+    return psycopg_pool.ConnectionPool(
+        database_url, min_size=0, max_size=max(1, max_size), open=True, name="cyclone-worker"
+    )
+
+
+class CompletionTx:
+    """One step's completion transaction, opened on first use."""
+
+    def __init__(self, pool: psycopg_pool.ConnectionPool, run_id: str, node: str, lease_token: str):
+        self._pool = pool
+        self._key = (run_id, node, lease_token)
+        self._conn: psycopg.Connection | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def opened(self) -> bool:
+        return self._conn is not None
+
+    def connection(self) -> psycopg.Connection:
+        with self._lock:
+            if self._conn is None:
+                self._conn = self._pool.getconn()
+            return self._conn
+
+    def commit(self, output_json: str) -> None:
+        """Complete the step in the transaction and commit; LeaseLost when refused."""
+        conn = self._take()
+        try:
+            conn.execute(STEP_COMPLETE_SQL, (*self._key, output_json))
+            conn.commit()
+        except Exception as exc:
+            _rollback(conn)
+            raise _translate(exc) from exc
+        finally:
+            self._pool.putconn(conn)  # the pool drops a broken connection
+
+    def rollback(self) -> None:
+        """Undo the handler's writes; a no-op when the handler never asked for them."""
+        if self._conn is None:
+            return
+        conn = self._take()
+        _rollback(conn)
+        self._pool.putconn(conn)
+
+    def _take(self) -> psycopg.Connection:
+        with self._lock:
+            conn, self._conn = self._conn, None
+        assert conn is not None
+        return conn
+
+
+def _rollback(conn: Any) -> None:
+    # A broken connection has nothing left to undo; the pool drops it.
+    with contextlib.suppress(Exception):
+        conn.rollback()
+
+
+def _translate(exc: Exception) -> Exception:
+    sqlstate = getattr(exc, "sqlstate", None)
+    message = getattr(getattr(exc, "diag", None), "message_primary", None) or str(exc)
+    if sqlstate == SQLSTATE_LEASE_LOST:
+        return LeaseLost(message)
+    if sqlstate == SQLSTATE_UNKNOWN_STEP:
+        return NotFound(message)
+    return exc

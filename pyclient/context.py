@@ -1,0 +1,173 @@
+"""The handler context: what a handler knows about the step it runs.
+
+A :class:`Context` is a frozen value handed to the handler and reachable anywhere in
+its call stack through :func:`current`. Its state that does change while the handler
+runs (cancellation, loss of the lease, the lease expiry, the completion transaction)
+lives in a :class:`StepControl` owned by the worker.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from pyclient.errors import OutsideHandler
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from pyclient.completion import CompletionTx
+
+_current: contextvars.ContextVar[Context] = contextvars.ContextVar("cyclone_context")
+
+
+class StepControl:
+    """The changing side of a running step, shared by the worker and the handler.
+
+    ``should_stop`` is set with ``cancelled`` or ``lease_lost`` and when the worker gives
+    up on the handler (deadline passed, shutdown grace over), so a handler can wait on
+    one event.
+    """
+
+    def __init__(
+        self,
+        *,
+        lease_expires_at: dt.datetime | None = None,
+        completion_tx: CompletionTx | None = None,
+        on_heartbeat: Callable[[], None] | None = None,
+    ):
+        self.cancelled = threading.Event()
+        self.lease_lost = threading.Event()
+        self.should_stop = threading.Event()
+        self.lease_expires_at = lease_expires_at
+        self.completion_tx = completion_tx
+        self.progress: Any = None
+        self.progress_set = False
+        self._on_heartbeat = on_heartbeat
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self.should_stop.set()
+
+    def lose_lease(self) -> None:
+        self.lease_lost.set()
+        self.should_stop.set()
+
+    def request_heartbeat(self, progress: Any, has_progress: bool) -> None:
+        if has_progress:
+            with self._lock:
+                self.progress, self.progress_set = progress, True
+        if self._on_heartbeat is not None:
+            self._on_heartbeat()
+
+    def take_progress(self) -> tuple[bool, Any]:
+        """The progress to send with the next heartbeat, once."""
+        with self._lock:
+            sent, value = self.progress_set, self.progress
+            self.progress_set = False
+            return sent, value
+
+
+_NO_PROGRESS: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """The step a handler runs. ``(run_id, node)`` is its idempotency key."""
+
+    run_id: str
+    node: str
+    action: str
+    workflow: str
+    #: This claim's attempt (first = 1). For logs and metrics only, never for a key.
+    attempt: int
+    max_attempts: int
+    #: The node's static input.
+    input: Any
+    #: The run's input.
+    run_input: Any
+    #: Outputs of the completed upstream nodes, by node name.
+    upstream: Mapping[str, Any]
+    #: The handler timeout: no heartbeat keeps the lease past it.
+    deadline: dt.datetime | None = None
+    #: Progress sent by an earlier attempt's heartbeat, if any.
+    progress: Any = None
+    #: An earlier attempt lost its lease with no outcome: its effect may have happened.
+    effect_uncertain: bool = False
+    worker_id: str = ""
+    _control: StepControl = field(default_factory=StepControl, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.upstream, MappingProxyType):
+            object.__setattr__(self, "upstream", MappingProxyType(dict(self.upstream)))
+
+    @property
+    def idempotency_key(self) -> str:
+        """``"run_id:node"``: the same on every attempt, retry and reclaim of this node."""
+        return f"{self.run_id}:{self.node}"
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the run was cancelled: stop, the outcome will be refused."""
+        return self._control.cancelled
+
+    @property
+    def lease_lost(self) -> threading.Event:
+        """Set when this attempt lost its lease: another attempt may run the node."""
+        return self._control.lease_lost
+
+    @property
+    def should_stop(self) -> threading.Event:
+        """Set when the handler should give up: cancelled, lease lost, or past its deadline."""
+        return self._control.should_stop
+
+    @property
+    def lease_expires_at(self) -> dt.datetime | None:
+        """The current lease expiry, moved forward by every heartbeat."""
+        return self._control.lease_expires_at
+
+    def heartbeat(self, progress: Any = _NO_PROGRESS) -> None:
+        """Ask for a heartbeat now, optionally recording ``progress`` (small JSON).
+
+        The worker heartbeats on its own; call this to store progress, which the next
+        attempt receives as ``ctx.progress`` if this one fails. Returns at once.
+        """
+        self._control.request_heartbeat(progress, progress is not _NO_PROGRESS)
+
+    def completion_tx(self) -> psycopg.Connection:
+        """A psycopg connection in the transaction that will complete this step.
+
+        Write your effects on it. When the handler returns, the SDK calls
+        ``cyclone.step_complete`` in this transaction and commits, so the effects and
+        the completion commit together or not at all; when the handler raises, it rolls
+        back. Do not commit it yourself. Every call returns the same connection. Needs
+        ``Worker(database_url=...)`` and the ``postgres`` extra.
+        """
+        if self._control.completion_tx is None:
+            raise RuntimeError(
+                "completion_tx() needs a database: create the Worker with database_url="
+            )
+        return self._control.completion_tx.connection()
+
+
+def current() -> Context:
+    """The context of the step running here; OutsideHandler when called elsewhere."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise OutsideHandler() from None
+
+
+def bind(ctx: Context) -> contextvars.Token[Context]:
+    """Make ``ctx`` current (used by the worker and pyclient.testing)."""
+    return _current.set(ctx)
+
+
+def unbind(token: contextvars.Token[Context]) -> None:
+    _current.reset(token)

@@ -1,0 +1,133 @@
+"""The SDK's exceptions, and the one place where gRPC errors become them.
+
+Every error the SDK raises derives from :class:`CycloneError`. Errors that come from
+the server keep the server's message and its status code; :func:`from_rpc_error` is
+the only translation, applied where a call leaves the SDK.
+
+Handlers raise two more exceptions, outside that hierarchy because they are not
+errors of Cyclone but instructions to it: :class:`NonRetryableError` and
+:class:`RetryAfter`.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class CycloneError(Exception):
+    """Cyclone call failed."""
+
+    #: The gRPC status code the server answered with, when the error came from it.
+    code: grpc.StatusCode | None = None
+
+    def __init__(self, message: str | None = None, *, code: grpc.StatusCode | None = None):
+        self.message = message or self.__doc__ or ""
+        if code is not None:
+            self.code = code
+        super().__init__(self.message)
+
+
+class InvalidArgument(CycloneError, ValueError):
+    """Invalid argument."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(CycloneError, LookupError):
+    """No such run or node."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class FailedPrecondition(CycloneError):
+    """The current state of the run forbids this transition."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class LeaseLost(CycloneError):
+    """The lease on this step was lost: another attempt holds it, or the run ended."""
+
+    code = grpc.StatusCode.ABORTED
+
+
+class Unavailable(CycloneError, ConnectionError):
+    """The Cyclone server is unavailable."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(Unavailable, TimeoutError):
+    """The call to the Cyclone server timed out."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Unauthenticated(CycloneError):
+    """Missing or invalid credentials."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(CycloneError):
+    """The caller may not do this."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class WaitTimeout(CycloneError, TimeoutError):
+    """The run did not finish in time."""
+
+
+class OutsideHandler(CycloneError, RuntimeError):
+    """No step is running here: the handler context exists only inside a handler."""
+
+
+_BY_CODE: dict[grpc.StatusCode, type[CycloneError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        FailedPrecondition,
+        LeaseLost,
+        Unavailable,
+        DeadlineExceeded,
+        Unauthenticated,
+        PermissionDenied,
+    )
+    if cls.code is not None
+}
+
+
+def from_rpc_error(exc: grpc.RpcError) -> CycloneError:
+    """The SDK exception for a failed gRPC call, with the server's message and code."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else None
+    cls = _BY_CODE.get(code, CycloneError) if code is not None else CycloneError
+    if cls is CycloneError and code is not None:
+        details = f"{code.name}: {details or cls.__doc__}"
+    error = cls(details or None, code=code)
+    error.__cause__ = exc
+    return error
+
+
+class NonRetryableError(Exception):
+    """Raised by a handler: the step failed for good, do not retry it.
+
+    The step is discarded at once, whatever attempts remain; nodes downstream are
+    skipped unless their trigger rule runs them on failure. Subclass it to report
+    your own error type.
+    """
+
+
+class RetryAfter(Exception):
+    """Raised by a handler: the step failed, retry it no sooner than ``seconds`` from now.
+
+    This replaces the node's backoff for this failure; the attempt still counts.
+    """
+
+    def __init__(self, seconds: float, message: str = ""):
+        if seconds < 0:
+            raise ValueError(f"RetryAfter needs seconds >= 0, got {seconds}")
+        super().__init__(message or f"retry after {seconds:g}s")
+        self.seconds = seconds

@@ -1,0 +1,264 @@
+"""What the client returns: runs and steps as small frozen values.
+
+Statuses are string enums (``run.status == "completed"`` holds), payloads are plain
+Python values, times are aware datetimes in UTC. ``to_dict()`` gives the JSON form the
+CLI prints with ``--json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from cyclone.v1 import types_pb2
+from google.protobuf import struct_pb2, timestamp_pb2
+
+from pyclient._json import from_value
+
+T = TypeVar("T")
+
+
+class RunStatus(enum.StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        """Nothing will change without an operator: completed, failed or cancelled."""
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+    def to_proto(self) -> types_pb2.RunStatus:
+        return types_pb2.RunStatus.Value(f"RUN_STATUS_{self.name}")
+
+    @classmethod
+    def from_proto(cls, number: int) -> RunStatus | str:
+        return _enum_of(cls, "RUN_STATUS_", number, types_pb2.RunStatus)
+
+
+class StepStatus(enum.StrEnum):
+    PENDING = "pending"
+    AVAILABLE = "available"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    DISCARDED = "discarded"
+    UNCERTAIN = "uncertain"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+def _enum_of(cls: type[enum.StrEnum], prefix: str, number: int, proto_enum: Any) -> Any:
+    name = proto_enum.Name(number).removeprefix(prefix).lower()
+    return cls(name) if name in cls._value2member_map_ else name
+
+
+def time_field(owner: Any, name: str) -> dt.datetime | None:
+    """A Timestamp field as an aware UTC datetime; None when unset."""
+    if not owner.HasField(name):
+        return None
+    return getattr(owner, name).ToDatetime(tzinfo=dt.UTC)
+
+
+def value_field(owner: Any, name: str) -> Any:
+    """A Value field as a Python value; None when unset."""
+    return from_value(getattr(owner, name)) if owner.HasField(name) else None
+
+
+def _build(cls: type[T], msg: Any, **given: Any) -> T:
+    """``cls`` from the same-named fields of ``msg``; ``given`` for the others.
+
+    Timestamps become datetimes, Values Python values, repeated fields tuples and
+    maps dicts; scalars are taken as they are.
+    """
+    values = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in given:
+            values[f.name] = given[f.name]
+            continue
+        raw = getattr(msg, f.name)
+        if isinstance(raw, timestamp_pb2.Timestamp):
+            values[f.name] = time_field(msg, f.name)
+        elif isinstance(raw, struct_pb2.Value):
+            values[f.name] = value_field(msg, f.name)
+        elif isinstance(raw, Mapping):
+            values[f.name] = dict(raw)
+        elif isinstance(raw, Sequence) and not isinstance(raw, str):
+            values[f.name] = tuple(raw)
+        else:
+            values[f.name] = raw
+    return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class StepError:
+    """One failure of a node."""
+
+    attempt: int
+    kind: str
+    type: str
+    message: str
+    details: str
+    retryable: bool
+    at: dt.datetime | None
+
+    @classmethod
+    def from_proto(cls, p: types_pb2.StepError) -> StepError:
+        return _build(cls, p)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The stored state of one ``(run_id, node)``."""
+
+    node: str
+    action: str
+    status: StepStatus
+    attempt: int
+    max_attempts: int
+    depends_on: tuple[str, ...]
+    trigger_rule: str
+    input: Any
+    output: Any
+    errors: tuple[StepError, ...]
+    worker_id: str
+    lease_expires_at: dt.datetime | None
+    available_at: dt.datetime | None
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    effect_uncertain: bool
+    timeout_s: float | None
+    progress: Any
+
+    @property
+    def last_error(self) -> StepError | None:
+        return self.errors[-1] if self.errors else None
+
+    @classmethod
+    def from_proto(cls, p: types_pb2.Step) -> Step:
+        return _build(
+            cls,
+            p,
+            status=_enum_of(StepStatus, "STEP_STATUS_", p.status, types_pb2.StepStatus),
+            trigger_rule=trigger_rule_name(p.trigger_rule),
+            errors=tuple(StepError.from_proto(e) for e in p.errors),
+            timeout_s=p.timeout.ToTimedelta().total_seconds() if p.HasField("timeout") else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunError:
+    """Why a run is failed (``StepDiscarded``) or blocked (``EffectUncertain``)."""
+
+    kind: str
+    message: str
+    node: str
+    attempt: int
+    started_at: dt.datetime | None
+
+    @classmethod
+    def from_proto(cls, p: types_pb2.RunError) -> RunError:
+        return _build(cls, p)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One operator action on a run."""
+
+    action: str
+    node: str
+    actor: str
+    reason: str
+    at: dt.datetime | None
+    details: Any
+
+    @classmethod
+    def from_proto(cls, p: types_pb2.AuditEntry) -> AuditEntry:
+        return _build(cls, p)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One execution of a workflow. ``steps`` and ``audit`` are filled by get_run only."""
+
+    run_id: str
+    workflow: str
+    status: RunStatus
+    input: Any
+    error: RunError | None
+    submit_key: str
+    created_at: dt.datetime | None
+    updated_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    steps: tuple[Step, ...] = ()
+    audit: tuple[AuditEntry, ...] = ()
+    step_counts: Mapping[str, int] = field(default_factory=dict)
+
+    def step(self, node: str) -> Step:
+        """The step of ``node``; KeyError when the run has none (or steps were not loaded)."""
+        for step in self.steps:
+            if step.node == node:
+                return step
+        raise KeyError(node)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: enums as strings, times in ISO 8601."""
+        return _jsonable(dataclasses.asdict(self))
+
+    @classmethod
+    def from_proto(cls, p: types_pb2.Run) -> Run:
+        return _build(
+            cls,
+            p,
+            status=RunStatus.from_proto(p.status),
+            error=RunError.from_proto(p.error) if p.HasField("error") else None,
+            steps=tuple(Step.from_proto(s) for s in p.steps),
+            audit=tuple(AuditEntry.from_proto(a) for a in p.audit),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    """One page of list_runs; pass ``next_page_token`` back for the next one."""
+
+    runs: tuple[Run, ...]
+    next_page_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Retried:
+    """What retry_all returns: the nodes reopened and the run after the retry."""
+
+    nodes: tuple[str, ...]
+    run: Run
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """What submit_once returns: the run for the key, and whether this call created it."""
+
+    run_id: str
+    created: bool
+
+
+def trigger_rule_name(number: int) -> str:
+    if number == types_pb2.TRIGGER_RULE_UNSPECIFIED:
+        return "all_success"
+    return types_pb2.TriggerRule.Name(number).removeprefix("TRIGGER_RULE_").lower()
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dt.datetime):
+        return obj.isoformat()
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    return obj

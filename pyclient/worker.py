@@ -1,0 +1,658 @@
+"""The worker: claims steps of the actions it serves, runs their handlers, reports outcomes.
+
+    worker = Worker("127.0.0.1:50051", concurrency=8)
+
+    @worker.action("charge", timeout=30)
+    def charge(ctx, order: Order) -> dict: ...
+
+    worker.run()   # until SIGTERM or SIGINT
+
+How it runs. An asyncio control loop does all the talking to the server: long-poll
+claims sized to the free handler slots, one heartbeat task per held step (every third
+of the lease), completions. Sync handlers run each in a thread of their own and async
+handlers on a second event loop in its own thread, so neither a CPU-bound handler nor
+a blocking async one can starve the heartbeats.
+
+Outcomes. A return value is the step's output. An exception is a retryable failure
+carrying its type, message and traceback; NonRetryableError discards the step,
+RetryAfter(seconds) sets the delay of the retry. When the handler used
+``ctx.completion_tx()``, success is committed by ``cyclone.step_complete`` in that
+transaction instead of the Complete RPC.
+
+Timeouts. A step's time budget ends at the node's deadline, or earlier at the
+action's own ``timeout``. An async handler is cancelled there and the step fails with
+HandlerTimeout. A sync handler cannot be stopped from outside: ``ctx.should_stop`` is
+set, its heartbeats stop, and its lease lapses so that another attempt can start; if it
+returns later its outcome is still sent and the server decides whether it counts.
+
+Losing the step. A heartbeat answered ABORTED sets ``ctx.lease_lost``; one that says
+the run was cancelled sets ``ctx.cancelled``. Both set ``ctx.should_stop``, cancel an
+async handler, and drop the outcome (the server would refuse it).
+
+Shutdown. SIGTERM or SIGINT (or :meth:`Worker.stop`) stops claiming and waits up to
+``shutdown_grace`` seconds for the handlers in flight; a second signal stops waiting.
+Handlers still running then are abandoned: their leases lapse and the steps run again
+elsewhere. Server unavailable: claims, heartbeats and completions retry with
+exponential backoff while the channel reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import datetime as dt
+import logging
+import math
+import os
+import random
+import secrets
+import signal
+import socket
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from cyclone.v1 import worker_service_pb2 as pb
+from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
+
+from pyclient._json import dumps, from_value, to_value
+from pyclient.actions import Action
+from pyclient.client import call_metadata, default_address
+from pyclient.completion import CompletionTx, open_pool
+from pyclient.context import Context, StepControl, bind, unbind
+from pyclient.errors import (
+    InvalidArgument,
+    LeaseLost,
+    NonRetryableError,
+    PermissionDenied,
+    RetryAfter,
+    Unauthenticated,
+    Unavailable,
+    from_rpc_error,
+)
+from pyclient.models import RunStatus, time_field, value_field
+from pyclient.workflow import duration
+
+log = logging.getLogger("pyclient.worker")
+
+#: Deadline of heartbeat-free calls (Complete).
+RPC_TIMEOUT = 10.0
+
+#: Errors of configuration: retrying the claim would only repeat them.
+_FATAL = (InvalidArgument, Unauthenticated, PermissionDenied)
+
+
+class HandlerTimeout(Exception):
+    """The handler ran past its timeout and was cancelled."""
+
+
+class _StepLog(logging.LoggerAdapter):
+    """Prefixes every message with run, node and attempt, and adds them as extras."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        e = self.extra or {}
+        kwargs["extra"] = {**e, **kwargs.get("extra", {})}
+        return f"run={e['run_id']} node={e['node']} attempt={e['attempt']}: {msg}", kwargs
+
+
+class Worker:
+    """Serves actions: ``concurrency`` handler slots, leases of ``lease`` seconds.
+
+    ``database_url`` gives the worker its own psycopg pool for ``ctx.completion_tx()``.
+    ``claim_wait`` is the long-poll of each claim; ``shutdown_grace`` how long a stop
+    waits for handlers in flight; ``reconnect_max_delay`` caps the backoff while the
+    server is unavailable.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 4,
+        database_url: str | None = None,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        lease: float = 30.0,
+        claim_wait: float = 10.0,
+        shutdown_grace: float = 30.0,
+        reconnect_max_delay: float = 10.0,
+    ):
+        if concurrency < 1:
+            raise InvalidArgument(f"concurrency must be at least 1, got {concurrency}")
+        if not 1.0 <= lease <= 600.0:
+            raise InvalidArgument(f"lease must be between 1s and 600s, got {lease:g}s")
+        if not 0.0 <= claim_wait <= 60.0:
+            raise InvalidArgument(f"claim_wait must be between 0s and 60s, got {claim_wait:g}s")
+        self.address = address or default_address()
+        self.worker_id = worker_id or (
+            f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+        )
+        self.concurrency = concurrency
+        self.database_url = database_url
+        self.lease = lease
+        self.claim_wait = claim_wait
+        self.shutdown_grace = shutdown_grace
+        self.reconnect_max_delay = reconnect_max_delay
+        self._token = token
+        self._credentials = credentials
+        self._actions: dict[str, Action] = {}
+        self._stop_requests = 0
+        self._runtime: _Runtime | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def actions(self) -> dict[str, Action]:
+        return dict(self._actions)
+
+    def action(
+        self,
+        name: str | None = None,
+        *,
+        timeout: float | None = None,
+        unsafe_to_repeat: bool = False,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator registering a handler for ``name`` (default: the function's name).
+
+        ``timeout`` (seconds) caps each call below the node's own timeout.
+        ``unsafe_to_repeat``: the effect must not happen twice; a step of this action
+        that lost its lease with no outcome blocks its run until an operator resolves
+        it, instead of running again.
+        """
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.register(
+                name or fn.__name__, fn, timeout=timeout, unsafe_to_repeat=unsafe_to_repeat
+            )
+            return fn
+
+        return register
+
+    def register(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        timeout: float | None = None,
+        unsafe_to_repeat: bool = False,
+    ) -> Action:
+        """Register ``fn`` for ``name``; see :meth:`action`."""
+        if name in self._actions:
+            raise InvalidArgument(f"action {name!r} is registered twice")
+        action = Action.of(name, fn, timeout=timeout, unsafe_to_repeat=unsafe_to_repeat)
+        self._actions[name] = action
+        return action
+
+    def run(self, *, handle_signals: bool = True) -> None:
+        """Serve until stopped: by SIGTERM/SIGINT (in the main thread) or :meth:`stop`."""
+        asyncio.run(self.run_async(handle_signals=handle_signals))
+
+    async def run_async(self, *, handle_signals: bool = False) -> None:
+        """:meth:`run` on the running event loop."""
+        if not self._actions:
+            raise InvalidArgument("the worker serves no action: register one first")
+        runtime = _Runtime(self, asyncio.get_running_loop())
+        with self._lock:
+            self._runtime = runtime
+            for _ in range(self._stop_requests):
+                runtime.request_stop()
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT)
+        handle_signals = handle_signals and threading.current_thread() is threading.main_thread()
+        if handle_signals:
+            for sig in signals:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            await runtime.serve()
+        finally:
+            if handle_signals:
+                for sig in signals:
+                    loop.remove_signal_handler(sig)
+            with self._lock:
+                self._runtime = None
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("worker %s: %s received", self.worker_id, sig.name)
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop claiming and finish the handlers in flight; a second call stops waiting.
+
+        Safe to call from any thread, also before :meth:`run`.
+        """
+        with self._lock:
+            self._stop_requests += 1
+            runtime = self._runtime
+        if runtime is not None:
+            runtime.loop.call_soon_threadsafe(runtime.request_stop)
+
+
+class _HandlerLoop:
+    """An event loop in a thread of its own, for async handlers."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="cyclone-async-handlers", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class _Runtime:
+    """One run of a worker: channel, handler slots, in-flight steps."""
+
+    def __init__(self, worker: Worker, loop: asyncio.AbstractEventLoop):
+        self.w = worker
+        self.loop = loop
+        self.stopping = asyncio.Event()
+        self.forced = asyncio.Event()
+        self.slot_freed = asyncio.Event()
+        self.inflight: set[asyncio.Task[None]] = set()
+        self.metadata = call_metadata(worker._token, None)
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: Any = None
+        self.pool: Any = None
+        self.handler_loop: _HandlerLoop | None = None
+
+    def request_stop(self) -> None:
+        if self.stopping.is_set():
+            self.forced.set()
+        self.stopping.set()
+
+    async def serve(self) -> None:
+        w = self.w
+        self.channel = (
+            grpc.aio.secure_channel(w.address, w._credentials)
+            if w._credentials
+            else grpc.aio.insecure_channel(w.address)
+        )
+        self.stub = pb_grpc.WorkerServiceStub(self.channel)
+        if w.database_url:
+            self.pool = await asyncio.to_thread(open_pool, w.database_url, w.concurrency)
+        if any(a.is_async for a in w._actions.values()):
+            self.handler_loop = _HandlerLoop()
+        log.info(
+            "worker %s: serving %s on %s with %d slots",
+            w.worker_id,
+            ", ".join(sorted(w._actions)),
+            w.address,
+            w.concurrency,
+        )
+        try:
+            await self._claim_loop()
+        finally:
+            await self._drain()
+            await self.channel.close()
+            if self.handler_loop is not None:
+                self.handler_loop.close()
+            if self.pool is not None:
+                await asyncio.to_thread(self.pool.close)
+            log.info("worker %s: stopped", w.worker_id)
+
+    # -- claiming -------------------------------------------------------------
+
+    def _claim_request(self, free: int) -> pb.ClaimRequest:
+        w = self.w
+        return pb.ClaimRequest(
+            worker_id=w.worker_id,
+            actions=[
+                pb.ActionSpec(name=a.name, unsafe_to_repeat=a.unsafe_to_repeat)
+                for a in sorted(w._actions.values(), key=lambda a: a.name)
+            ],
+            max_steps=free,
+            wait=duration(w.claim_wait),
+            lease=duration(w.lease),
+        )
+
+    async def _until_stopping(self, aw: Any, timeout: float | None = None) -> Any:
+        """Await ``aw`` unless a stop comes first (then cancel it and return None)."""
+        task = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        done, _ = await asyncio.wait({task, stop}, timeout=timeout, return_when="FIRST_COMPLETED")
+        stop.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
+            await task
+        return None
+
+    async def _claim_loop(self) -> None:
+        delay = 0.0
+        while not self.stopping.is_set():
+            free = self.w.concurrency - len(self.inflight)
+            if free <= 0:
+                self.slot_freed.clear()
+                await self._until_stopping(self.slot_freed.wait())
+                continue
+            call = self.stub.Claim(
+                self._claim_request(free),
+                timeout=self.w.claim_wait + 10.0,
+                metadata=self.metadata,
+            )
+            try:
+                response = await self._until_stopping(call)
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if isinstance(err, _FATAL):
+                    log.error("worker %s: claim refused: %s", self.w.worker_id, err)
+                    raise err from None
+                delay = min(max(delay * 2, 0.1), self.w.reconnect_max_delay)
+                log.warning(
+                    "worker %s: claim failed (%s); retrying in %.1fs",
+                    self.w.worker_id,
+                    err,
+                    delay,
+                )
+                await self._until_stopping(asyncio.sleep(delay * random.uniform(0.5, 1.0)))
+                continue
+            if response is None:
+                call.cancel()
+                break
+            if delay:
+                log.info("worker %s: connected to %s again", self.w.worker_id, self.w.address)
+            delay = 0.0
+            for step in response.steps:
+                task = asyncio.create_task(self._run_step(step))
+                self.inflight.add(task)
+                task.add_done_callback(self._release)
+
+    def _release(self, task: asyncio.Task[None]) -> None:
+        self.inflight.discard(task)
+        self.slot_freed.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker %s: step task crashed", self.w.worker_id, exc_info=task.exception())
+
+    async def _drain(self) -> None:
+        if not self.inflight:
+            return
+        grace = self.w.shutdown_grace
+        log.info(
+            "worker %s: waiting up to %gs for %d handler(s)",
+            self.w.worker_id,
+            grace,
+            len(self.inflight),
+        )
+        everything = asyncio.ensure_future(asyncio.wait(set(self.inflight)))
+        forced = asyncio.ensure_future(self.forced.wait())
+        await asyncio.wait({everything, forced}, timeout=grace, return_when="FIRST_COMPLETED")
+        everything.cancel()
+        forced.cancel()
+        left = set(self.inflight)
+        if left:
+            log.warning(
+                "worker %s: abandoning %d handler(s); their leases will lapse and the "
+                "steps run again",
+                self.w.worker_id,
+                len(left),
+            )
+            for task in left:
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+
+    # -- one step -------------------------------------------------------------
+
+    async def _run_step(self, step: pb.ClaimedStep) -> None:
+        slog = _StepLog(log, {"run_id": step.run_id, "node": step.node, "attempt": step.attempt})
+        action = self.w._actions.get(step.action)
+        if action is None:  # the server only hands out the actions we named
+            slog.error("no handler for action %r", step.action)
+            return
+        wake = asyncio.Event()
+        tx = (
+            CompletionTx(self.pool, step.run_id, step.node, step.lease_token)
+            if self.pool is not None
+            else None
+        )
+        control = StepControl(
+            lease_expires_at=time_field(step, "lease_expires_at"),
+            completion_tx=tx,
+            on_heartbeat=lambda: self.loop.call_soon_threadsafe(wake.set),
+        )
+        ctx = Context(
+            run_id=step.run_id,
+            node=step.node,
+            action=step.action,
+            workflow=step.workflow,
+            attempt=step.attempt,
+            max_attempts=step.max_attempts,
+            input=value_field(step, "input"),
+            run_input=value_field(step, "run_input"),
+            upstream={k: from_value(v) for k, v in step.upstream_outputs.items()},
+            deadline=time_field(step, "deadline"),
+            progress=value_field(step, "progress"),
+            effect_uncertain=step.effect_uncertain,
+            worker_id=self.w.worker_id,
+            _control=control,
+        )
+        budget = self._budget(step, action)
+        slog.info("running %s (budget %.1fs)", action.name, budget)
+        handler = self._start(action, ctx, budget)
+        # A sync handler cannot be interrupted: it watches ctx.should_stop instead.
+        abort = handler.cancel if action.is_async else _nothing
+        heartbeats = asyncio.create_task(self._heartbeat(step, control, wake, abort, slog))
+        # An async handler's own timeout fires first; a sync handler is given up on.
+        wait = None if budget == math.inf else budget + (1.0 if action.is_async else 0.0)
+        try:
+            done, _ = await asyncio.wait({handler}, timeout=wait)
+            if not done:
+                slog.warning(
+                    "handler ran past its %.1fs budget; heartbeats stop so its lease "
+                    "lapses and another attempt can start",
+                    budget,
+                )
+                heartbeats.cancel()
+                control.should_stop.set()
+            try:
+                output, error = await handler, None
+            except asyncio.CancelledError:
+                if not control.should_stop.is_set():
+                    raise  # the worker itself is being cancelled
+                output, error = None, None
+            except Exception as exc:
+                output, error = None, exc
+        finally:
+            heartbeats.cancel()
+            control.should_stop.set()
+            abort()
+        await self._report(step, control, output, error, slog)
+
+    def _budget(self, step: pb.ClaimedStep, action: Action) -> float:
+        """Seconds the handler may run: to the node's deadline, or the action's timeout.
+
+        Worked out from the server's own timestamps where possible (lease expiry and
+        deadline are read on one clock), so clock skew between hosts does not matter.
+        """
+        budget = math.inf
+        lease_end, deadline = time_field(step, "lease_expires_at"), time_field(step, "deadline")
+        if deadline is not None and lease_end is not None and lease_end < deadline:
+            budget = (deadline - lease_end).total_seconds() + self.w.lease
+        elif deadline is not None:
+            budget = min(self.w.lease, (deadline - dt.datetime.now(dt.UTC)).total_seconds())
+        if action.timeout is not None:
+            budget = min(budget, action.timeout)
+        return max(budget, 0.0)
+
+    def _start(self, action: Action, ctx: Context, budget: float) -> asyncio.Future[Any]:
+        """Start the handler: a thread for a sync one, the handler loop for an async one."""
+        if action.is_async:
+            assert self.handler_loop is not None
+            return asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(
+                    _call_async(action, ctx, budget), self.handler_loop.loop
+                )
+            )
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        threading.Thread(
+            target=_call_sync,
+            args=(future, action, ctx),
+            name=f"cyclone-{ctx.node}-{ctx.attempt}",
+            daemon=True,
+        ).start()
+        return asyncio.wrap_future(future)
+
+    async def _heartbeat(
+        self,
+        step: pb.ClaimedStep,
+        control: StepControl,
+        wake: asyncio.Event,
+        abort: Callable[[], Any],
+        slog: _StepLog,
+    ) -> None:
+        interval = self.w.lease / 3
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), interval)
+            wake.clear()
+            request = pb.HeartbeatRequest(
+                run_id=step.run_id,
+                node=step.node,
+                lease_token=step.lease_token,
+                lease=duration(self.w.lease),
+            )
+            has_progress, progress = control.take_progress()
+            if has_progress:
+                try:
+                    request.progress.CopyFrom(to_value(progress))
+                except (TypeError, ValueError) as exc:
+                    slog.warning("progress is not JSON, not sent: %s", exc)
+            try:
+                response = await self.stub.Heartbeat(
+                    request, timeout=max(interval, 1.0), metadata=self.metadata
+                )
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if isinstance(err, LeaseLost):
+                    slog.warning("lease lost: %s", err.message)
+                    control.lose_lease()
+                    abort()
+                    return
+                slog.warning("heartbeat failed: %s", err)
+                continue
+            control.lease_expires_at = time_field(response, "lease_expires_at")
+            if response.cancelled:
+                slog.info("run cancelled; stopping the handler")
+                control.cancel()
+                abort()
+                return
+
+    async def _report(
+        self,
+        step: pb.ClaimedStep,
+        control: StepControl,
+        output: Any,
+        error: BaseException | None,
+        slog: _StepLog,
+    ) -> None:
+        tx = control.completion_tx
+        if control.cancelled.is_set() or control.lease_lost.is_set():
+            why = "the run was cancelled" if control.cancelled.is_set() else "the lease was lost"
+            slog.info("outcome not reported: %s", why)
+            if tx is not None:
+                await asyncio.to_thread(tx.rollback)
+            return
+        output_json = None
+        if error is None:
+            try:
+                output_json = dumps(output)
+            except (TypeError, ValueError) as exc:
+                error = NonRetryableError(f"the handler's output is not JSON: {exc}")
+        request = pb.CompleteRequest(
+            run_id=step.run_id, node=step.node, lease_token=step.lease_token
+        )
+        if error is None and tx is not None and tx.opened:
+            try:
+                await asyncio.to_thread(tx.commit, output_json)
+            except LeaseLost as exc:
+                slog.warning("completion refused, effects rolled back: %s", exc.message)
+                return
+            except Exception as exc:
+                slog.warning("completion transaction failed: %r", exc)
+                error = exc
+            else:
+                slog.info("completed in the completion transaction")
+                return
+        if error is None:
+            request.output.CopyFrom(to_value(output))
+        else:
+            if tx is not None:
+                await asyncio.to_thread(tx.rollback)
+            request.failure.CopyFrom(_failure(error))
+            slog.warning("failed: %s: %s", request.failure.type, request.failure.message)
+        await self._complete(request, slog)
+
+    async def _complete(self, request: pb.CompleteRequest, slog: _StepLog) -> None:
+        delay, give_up = 0.1, self.loop.time() + self.w.lease
+        while True:
+            try:
+                response = await self.stub.Complete(
+                    request, timeout=RPC_TIMEOUT, metadata=self.metadata
+                )
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if isinstance(err, Unavailable) and self.loop.time() < give_up:
+                    slog.warning("complete failed (%s); retrying in %.1fs", err, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.w.reconnect_max_delay)
+                    continue
+                level = logging.WARNING if isinstance(err, LeaseLost) else logging.ERROR
+                slog.log(level, "completion refused: %s", err)
+                return
+            if request.HasField("output"):
+                slog.info("completed; the run is %s", _run_status(response.run_status))
+            return
+
+
+def _nothing() -> None:
+    pass
+
+
+def _run_status(number: int) -> str:
+    return str(RunStatus.from_proto(number)) if number else "unknown"
+
+
+def _failure(error: BaseException) -> pb.Failure:
+    failure = pb.Failure(
+        message=str(error) or type(error).__name__,
+        type=type(error).__qualname__,
+        details="".join(traceback.format_exception(error)),
+        non_retryable=isinstance(error, NonRetryableError),
+    )
+    if isinstance(error, RetryAfter):
+        failure.retry_after.CopyFrom(duration(error.seconds))
+    return failure
+
+
+def _call_sync(future: concurrent.futures.Future[Any], action: Action, ctx: Context) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    token = bind(ctx)
+    try:
+        result = action.fn(*action.arguments(ctx))
+    except BaseException as exc:  # reported as the step's failure, whatever it is
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+    finally:
+        unbind(token)
+
+
+async def _call_async(action: Action, ctx: Context, budget: float) -> Any:
+    bind(ctx)  # this task runs in a context of its own
+    timeout = asyncio.timeout(budget if budget != math.inf else None)
+    try:
+        async with timeout:
+            return await action.fn(*action.arguments(ctx))
+    except TimeoutError:
+        if timeout.expired():
+            raise HandlerTimeout(f"the handler ran past its timeout of {budget:g}s") from None
+        raise

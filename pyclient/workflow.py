@@ -1,0 +1,237 @@
+"""Workflow definitions in Python: a named DAG of nodes, built in code or from a dict.
+
+    wf = Workflow("order")
+    charge = wf.node("charge", timeout=30, retry=RetryPolicy(max_attempts=5))
+    receipt = wf.node("receipt", action="send_receipt", depends_on=[charge])
+    wf.node("audit", depends_on=[receipt], trigger_rule="all_done")
+
+A node's action defaults to its name. Durations are seconds (int or float) or
+``timedelta``. Settings left as ``None`` take the server's defaults. ``validate()``
+runs the checks the server runs (pyclient.dag), so an invalid definition is refused
+before the network call with the server's own message.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cyclone.v1 import types_pb2
+from google.protobuf import duration_pb2
+
+from pyclient import dag
+from pyclient._json import to_value
+from pyclient.errors import InvalidArgument
+
+Seconds = float | int | dt.timedelta
+
+_TRIGGER_RULES = {
+    "all_success": types_pb2.TRIGGER_RULE_ALL_SUCCESS,
+    "all_done": types_pb2.TRIGGER_RULE_ALL_DONE,
+    "one_failed": types_pb2.TRIGGER_RULE_ONE_FAILED,
+}
+
+
+def seconds(value: Seconds | None) -> float | None:
+    """``value`` in seconds; timedeltas are converted, None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"a duration must be seconds or a timedelta, got {value!r}")
+    return float(value)
+
+
+def duration(value: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(round(value * 1e9))
+    return d
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a node's failures are retried; ``None`` fields take the server's defaults."""
+
+    max_attempts: int | None = None
+    initial_backoff: float | None = None
+    max_backoff: float | None = None
+    multiplier: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "initial_backoff", seconds(self.initial_backoff))
+        object.__setattr__(self, "max_backoff", seconds(self.max_backoff))
+
+    def to_proto(self) -> types_pb2.RetryPolicy:
+        p = types_pb2.RetryPolicy()
+        if self.max_attempts is not None:
+            p.max_attempts = self.max_attempts
+        if self.initial_backoff is not None:
+            p.initial_backoff.CopyFrom(duration(self.initial_backoff))
+        if self.max_backoff is not None:
+            p.max_backoff.CopyFrom(duration(self.max_backoff))
+        if self.multiplier is not None:
+            p.backoff_multiplier = self.multiplier
+        return p
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A vertex of the DAG. Build it with :meth:`Workflow.node`."""
+
+    name: str
+    action: str
+    depends_on: tuple[str, ...] = ()
+    trigger_rule: str = "all_success"
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout: float | None = None
+    input: Any = None
+
+    def spec(self) -> dag.NodeSpec:
+        """The node with the server's defaults applied, as pyclient.dag checks it."""
+        r = self.retry
+        return dag.NodeSpec(
+            name=self.name,
+            action=self.action,
+            depends_on=self.depends_on,
+            trigger_rule=self.trigger_rule,
+            max_attempts=_or(r.max_attempts, dag.DEFAULT_MAX_ATTEMPTS),
+            initial_backoff_s=_or(r.initial_backoff, dag.DEFAULT_INITIAL_BACKOFF_S),
+            max_backoff_s=_or(r.max_backoff, dag.DEFAULT_MAX_BACKOFF_S),
+            backoff_multiplier=_or(r.multiplier, dag.DEFAULT_BACKOFF_MULTIPLIER),
+            timeout_s=_or(self.timeout, dag.DEFAULT_TIMEOUT_S),
+            input=self.input,
+        )
+
+    def to_proto(self) -> types_pb2.Node:
+        p = types_pb2.Node(
+            name=self.name,
+            action=self.action,
+            depends_on=self.depends_on,
+            trigger_rule=_TRIGGER_RULES[self.trigger_rule],
+            retry=self.retry.to_proto(),
+        )
+        if self.timeout is not None:
+            p.timeout.CopyFrom(duration(self.timeout))
+        if self.input is not None:
+            try:
+                p.input.CopyFrom(to_value(self.input))
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgument(f"node {self.name!r}: input is not JSON: {exc}") from None
+        return p
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+NodeRef = Node | str
+
+_NODE_KEYS = {"name", "action", "depends_on", "trigger_rule", "retry", "timeout", "input"}
+_RETRY_KEYS = {"max_attempts", "initial_backoff", "max_backoff", "multiplier"}
+
+
+class Workflow:
+    """A named DAG of nodes, sent whole with every submit."""
+
+    def __init__(self, name: str, nodes: Iterable[Node] = ()):
+        self.name = name
+        self._nodes: list[Node] = list(nodes)
+
+    def __repr__(self) -> str:
+        return f"Workflow({self.name!r}, nodes={[n.name for n in self._nodes]})"
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return tuple(self._nodes)
+
+    def node(
+        self,
+        name: str,
+        action: str | None = None,
+        *,
+        depends_on: Iterable[NodeRef] | NodeRef = (),
+        trigger_rule: str = "all_success",
+        retry: RetryPolicy | None = None,
+        timeout: Seconds | None = None,
+        input: Any = None,
+    ) -> Node:
+        """Add a node and return it, to name it in a later node's ``depends_on``.
+
+        ``action`` defaults to ``name``. ``trigger_rule`` is ``"all_success"`` (run
+        when every upstream completed), ``"all_done"`` (run once every upstream has
+        finished, whatever the outcome: cleanup) or ``"one_failed"`` (run only when an
+        upstream failed: compensation). ``timeout`` caps each attempt and its lease.
+        ``input`` is static JSON handed to the handler with the run input.
+        """
+        if isinstance(depends_on, Node | str):
+            depends_on = [depends_on]
+        node = Node(
+            name=name,
+            action=name if action is None else action,
+            depends_on=tuple(d.name if isinstance(d, Node) else d for d in depends_on),
+            trigger_rule=trigger_rule,
+            retry=retry or RetryPolicy(),
+            timeout=seconds(timeout),
+            input=input,
+        )
+        self._nodes.append(node)
+        return node
+
+    def validate(self) -> None:
+        """Raise InvalidArgument, with the server's message, when the DAG is invalid."""
+        try:
+            dag.validate_workflow(self.name, [n.spec() for n in self._nodes])
+        except dag.InvalidWorkflow as exc:
+            raise InvalidArgument(str(exc)) from None
+
+    def to_proto(self) -> types_pb2.Workflow:
+        """The protobuf Workflow, after :meth:`validate`."""
+        self.validate()
+        return types_pb2.Workflow(name=self.name, nodes=[n.to_proto() for n in self._nodes])
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Workflow:
+        """Build from ``{"name": ..., "nodes": [{"name": ..., "action": ..., ...}]}``.
+
+        Node keys are the arguments of :meth:`node`; ``retry`` is a mapping of
+        ``max_attempts``, ``initial_backoff``, ``max_backoff``, ``multiplier``.
+        """
+        if not isinstance(data, Mapping):
+            raise InvalidArgument("a workflow must be a mapping with 'name' and 'nodes'")
+        name = data.get("name")
+        nodes = data.get("nodes")
+        if not isinstance(name, str):
+            raise InvalidArgument("the workflow needs a 'name' string")
+        if not isinstance(nodes, list):
+            raise InvalidArgument(f"workflow {name!r} needs a 'nodes' list")
+        wf = cls(name)
+        for i, raw in enumerate(nodes):
+            if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
+                raise InvalidArgument(f"node #{i + 1} must be a mapping with a 'name' string")
+            where = f"node {raw['name']!r}"
+            _check_keys(where, raw, _NODE_KEYS)
+            retry = raw.get("retry") or {}
+            if not isinstance(retry, Mapping):
+                raise InvalidArgument(f"{where}: 'retry' must be a mapping")
+            _check_keys(f"{where}: retry", retry, _RETRY_KEYS)
+            wf.node(
+                raw["name"],
+                raw.get("action"),
+                depends_on=raw.get("depends_on") or (),
+                trigger_rule=raw.get("trigger_rule") or "all_success",
+                retry=RetryPolicy(**retry),
+                timeout=raw.get("timeout"),
+                input=raw.get("input"),
+            )
+        return wf
+
+
+def _check_keys(where: str, raw: Mapping[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise InvalidArgument(
+            f"{where}: unknown field {unknown[0]!r}; expected one of {sorted(allowed)}"
+        )
