@@ -1,0 +1,268 @@
+"""The cyclone command line: parsing, what it asks the client, what it prints."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from pyclient import NotFound, Run, RunStatus, Step, StepError, StepStatus, Submitted, cli
+from pyclient.models import Retried, RunError
+
+WORKFLOW_YAML = """\
+name: order
+input: {order_id: o-1, amount: 42}
+nodes:
+  - name: charge
+    timeout: 30
+    retry: {max_attempts: 5}
+  - name: send_receipt
+    depends_on: [charge]
+  - name: audit
+    depends_on: [send_receipt]
+    trigger_rule: all_done
+"""
+
+
+def _step(node: str, status: str, deps: tuple[str, ...] = (), **kw: Any) -> Step:
+    fields: dict[str, Any] = {
+        "node": node,
+        "action": node,
+        "status": StepStatus(status),
+        "attempt": 1,
+        "max_attempts": 3,
+        "depends_on": deps,
+        "trigger_rule": "all_success",
+        "input": None,
+        "output": None,
+        "errors": (),
+        "worker_id": "",
+        "lease_expires_at": None,
+        "available_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "effect_uncertain": False,
+        "timeout_s": 300.0,
+        "progress": None,
+    }
+    return Step(**{**fields, **kw})
+
+
+def _run(status: str = "failed", steps: tuple[Step, ...] = ()) -> Run:
+    return Run(
+        run_id="r1",
+        workflow="order",
+        status=RunStatus(status),
+        input=None,
+        error=RunError("StepDiscarded", "node charge was discarded", "charge", 3, None),
+        submit_key="",
+        created_at=None,
+        updated_at=None,
+        finished_at=None,
+        steps=steps,
+        step_counts={"discarded": 1, "skipped": 2},
+    )
+
+
+class FakeClient:
+    def __init__(self, run: Run | None = None, error: Exception | None = None):
+        self.calls: list[tuple[str, tuple, dict]] = []
+        self.run = run or _run()
+        self.error = error
+
+    def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self.calls.append((name, args, kwargs))
+        if self.error:
+            raise self.error
+
+    def submit(self, workflow, input=None):
+        self._record("submit", workflow.to_proto(), input)
+        return "r-new"
+
+    def submit_once(self, workflow, key, input=None):
+        self._record("submit_once", workflow.name, key, input)
+        return Submitted("r-old", False)
+
+    def get_run(self, run_id):
+        self._record("get_run", run_id)
+        return self.run
+
+    def iter_runs(self, **kwargs):
+        self._record("iter_runs", **kwargs)
+        return iter([self.run])
+
+    def retry(self, run_id, node, reason=""):
+        self._record("retry", run_id, node, reason)
+        return self.run
+
+    def retry_all(self, run_id, reason=""):
+        self._record("retry_all", run_id, reason)
+        return Retried(("charge",), self.run)
+
+    def resolve(self, run_id, node, **kwargs):
+        self._record("resolve", run_id, node, **kwargs)
+        return self.run
+
+    def cancel(self, run_id, reason=""):
+        self._record("cancel", run_id, reason)
+        return self.run
+
+
+@pytest.fixture
+def workflow_file(tmp_path):
+    path = tmp_path / "order.yaml"
+    path.write_text(WORKFLOW_YAML)
+    return str(path)
+
+
+def test_submit_reads_the_yaml_file_and_prints_the_run_id(workflow_file, capsys):
+    client = FakeClient()
+    assert cli.main(["submit", workflow_file], client=client) == 0
+    name, (proto, run_input), _ = client.calls[0]
+    assert name == "submit"
+    assert [n.name for n in proto.nodes] == ["charge", "send_receipt", "audit"]
+    assert proto.nodes[0].retry.max_attempts == 5
+    assert run_input == {"order_id": "o-1", "amount": 42}
+    assert capsys.readouterr().out == "r-new\n"
+
+
+def test_submit_with_a_key_says_when_the_run_already_existed(workflow_file, capsys):
+    client = FakeClient()
+    argv = ["submit", workflow_file, "--key", "o-1", "--input", '{"amount": 1}', "--json"]
+    assert cli.main(argv, client=client) == 0
+    assert client.calls[0] == ("submit_once", ("order", "o-1", {"amount": 1}), {})
+    assert json.loads(capsys.readouterr().out) == {"run_id": "r-old", "created": False}
+
+
+def test_an_invalid_workflow_file_is_an_error_with_the_reason(tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"name": "w", "nodes": [{"name": "a", "depends_on": ["b"]}]}))
+    assert cli.main(["submit", str(path)], client=FakeClient()) == 1
+    assert "node 'a' depends on unknown node 'b'" in capsys.readouterr().err
+
+
+def test_run_show_prints_steps_as_a_tree_with_status_attempt_and_last_error(capsys):
+    steps = (
+        _step(
+            "charge",
+            "discarded",
+            attempt=3,
+            errors=(StepError(3, "handler", "ValueError", "card declined", "", False, None),),
+        ),
+        _step("send_receipt", "skipped", ("charge",), attempt=0),
+        _step("refund", "completed", ("charge",), trigger_rule="one_failed"),
+        _step("audit", "completed", ("send_receipt", "refund"), trigger_rule="all_done"),
+    )
+    assert cli.main(["run", "show", "r1"], client=FakeClient(_run(steps=steps))) == 0
+    out = capsys.readouterr().out
+    assert "run r1  workflow order  FAILED" in out
+    assert "StepDiscarded: node charge was discarded (node charge, attempt 3)" in out
+    lines = out.splitlines()
+    charge = next(line for line in lines if line.strip().startswith("charge "))
+    assert "attempt 3/3" in charge
+    assert "last error (attempt 3): ValueError: card declined" in charge
+    assert any("├─ send_receipt" in line and "skipped" in line for line in lines)
+    assert any("└─ refund" in line and "one_failed" in line for line in lines)
+    assert any("└─ audit" in line and "after send_receipt, refund" in line for line in lines)
+
+
+def test_run_show_json_is_the_run_as_a_dict(capsys):
+    assert cli.main(["run", "show", "r1", "--json"], client=FakeClient()) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["run_id"], data["status"], data["error"]["kind"]) == (
+        "r1",
+        "failed",
+        "StepDiscarded",
+    )
+
+
+def test_runs_list_passes_filters_and_prints_a_table(capsys):
+    client = FakeClient()
+    argv = ["runs", "list", "--workflow", "order", "--status", "failed", "--status", "blocked"]
+    assert cli.main([*argv, "--limit", "5"], client=client) == 0
+    assert client.calls[0][2] == {
+        "workflow": "order",
+        "status": ["failed", "blocked"],
+        "page_size": 5,
+        "limit": 5,
+    }
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["RUN", "WORKFLOW", "STATUS", "CREATED", "STEPS"]
+    assert "1 discarded, 2 skipped" in out[1]
+
+
+def test_runs_list_refuses_an_unknown_status(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["runs", "list", "--status", "lost"], client=FakeClient())
+    assert info.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("flags", "kwargs"),
+    [
+        (["--result", '{"charge_id": "ch_1"}'], {"result": {"charge_id": "ch_1"}}),
+        (["--result", "null"], {"result": None}),
+        (["--error", "declined"], {"error": "declined"}),
+        (["--discard"], {"discard": True}),
+    ],
+)
+def test_resolve_sends_the_one_resolution_given(flags, kwargs):
+    client = FakeClient()
+    assert cli.main(["resolve", "r1", "charge", *flags, "--reason", "checked"], client=client) == 0
+    name, args, sent = client.calls[0]
+    assert (name, args, sent["reason"]) == ("resolve", ("r1", "charge"), "checked")
+    expected = {"error": None, "discard": False, **kwargs}
+    assert {k: v for k, v in sent.items() if k != "reason"} == expected
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["resolve", "r1", "charge", "--discard"],
+        ["resolve", "r1", "charge", "--reason", "x"],
+        ["resolve", "r1", "charge", "--discard", "--error", "e", "--reason", "x"],
+        ["resolve", "r1", "charge", "--result", "{oops", "--reason", "x"],
+    ],
+    ids=["no-reason", "no-choice", "two-choices", "bad-json"],
+)
+def test_resolve_usage_errors(argv):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv, client=FakeClient())
+    assert info.value.code == 2
+
+
+def test_retry_retry_all_and_cancel_call_the_client(capsys):
+    client = FakeClient()
+    assert cli.main(["retry", "r1", "charge", "--reason", "fixed"], client=client) == 0
+    assert cli.main(["retry-all", "r1"], client=client) == 0
+    assert cli.main(["cancel", "r1", "--reason", "dup"], client=client) == 0
+    assert [(c[0], c[1]) for c in client.calls] == [
+        ("retry", ("r1", "charge", "fixed")),
+        ("retry_all", ("r1", "")),
+        ("cancel", ("r1", "dup")),
+    ]
+    assert "reopened charge" in capsys.readouterr().out
+
+
+def test_server_errors_exit_1_with_the_message(capsys):
+    client = FakeClient(error=NotFound("run r9 not found"))
+    assert cli.main(["run", "show", "r9"], client=client) == 1
+    assert capsys.readouterr().err == "cyclone: error: run r9 not found\n"
+
+
+def test_options_after_the_command_override_the_environment(monkeypatch):
+    monkeypatch.setenv("CYCLONE_ADDRESS", "10.0.0.1:1")
+    monkeypatch.setenv("CYCLONE_TOKEN", "env-token")
+    args = cli.build_parser().parse_args(["run", "show", "r1", "--address", "h:2"])
+    assert (args.address, args.token, args.json) == ("h:2", "env-token", False)
+    args = cli.build_parser().parse_args(["--json", "cancel", "r1"])
+    assert (args.address, args.json) == ("10.0.0.1:1", True)
+
+
+def test_every_command_has_help(capsys):
+    for argv in (["--help"], ["submit", "--help"], ["resolve", "--help"], ["run", "show", "-h"]):
+        with pytest.raises(SystemExit) as info:
+            cli.main(argv, client=FakeClient())
+        assert info.value.code == 0
+    assert "--discard" in capsys.readouterr().out

@@ -1,0 +1,185 @@
+"""The handler context, typed inputs, and pyclient.testing."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from pyclient import (
+    InputMismatch,
+    InvalidArgument,
+    NonRetryableError,
+    OutsideHandler,
+    current,
+    testing,
+)
+from pyclient.actions import Action, handler_input
+
+
+@dataclasses.dataclass
+class Order:
+    order_id: str
+    amount: int
+    currency: str = "EUR"
+
+
+def test_current_raises_outside_a_handler():
+    with pytest.raises(OutsideHandler):
+        current()
+
+
+def test_idempotency_key_is_run_and_node_never_the_attempt():
+    first = testing.make_context(run_id="r1", node="charge", attempt=1)
+    later = dataclasses.replace(first, attempt=7)
+    assert first.idempotency_key == later.idempotency_key == "r1:charge"
+
+
+def test_context_is_frozen_and_its_upstream_read_only():
+    ctx = testing.make_context(upstream={"charge": {"id": 1}})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.attempt = 2  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        ctx.upstream["charge"] = None  # type: ignore[index]
+
+
+def test_handler_sees_its_context_through_current_in_sync_and_async_code():
+    def sync_handler(ctx):
+        return current() is ctx
+
+    async def async_handler(ctx):
+        await asyncio.sleep(0)
+        return current() is ctx
+
+    assert testing.run(sync_handler) is True
+    assert testing.run(async_handler) is True
+
+
+def test_typed_input_is_built_from_node_input_over_run_input():
+    def charge(ctx, order: Order):
+        return dataclasses.asdict(order)
+
+    out = testing.run(
+        charge,
+        run_input={"order_id": "o-1", "amount": 10, "email": "x@y"},
+        input={"amount": 42},
+    )
+    assert out == {"order_id": "o-1", "amount": 42, "currency": "EUR"}
+
+
+def test_untyped_input_gets_the_node_input_or_else_the_run_input():
+    assert handler_input(testing.make_context(input=[1], run_input={"a": 1})) == [1]
+    assert handler_input(testing.make_context(run_input={"a": 1})) == {"a": 1}
+
+
+def test_input_that_does_not_fit_the_dataclass_fails_for_good():
+    def charge(ctx, order: Order):
+        return order
+
+    with pytest.raises(InputMismatch, match="input does not fit Order") as info:
+        testing.run(charge, run_input={"order_id": "o-1"})
+    assert isinstance(info.value, NonRetryableError)
+    with pytest.raises(InputMismatch, match="needs a JSON object"):
+        testing.run(charge, run_input=[1, 2])
+
+
+def test_dataclass_outputs_are_stored_as_objects():
+    assert testing.run(lambda ctx: Order("o", 1)) == {
+        "order_id": "o",
+        "amount": 1,
+        "currency": "EUR",
+    }
+
+
+def test_non_json_output_is_refused():
+    with pytest.raises(TypeError):
+        testing.run(lambda ctx: object())
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [lambda: None, lambda ctx, a, b: None],
+    ids=["no-parameter", "three-parameters"],
+)
+def test_handlers_must_take_ctx_and_optionally_input(handler):
+    with pytest.raises(InvalidArgument, match=r"must take \(ctx\) or \(ctx, input\)"):
+        Action.of("a", handler)
+
+
+def test_action_names_follow_the_server_rules():
+    with pytest.raises(InvalidArgument, match="action name 'bad name' is invalid"):
+        Action.of("bad name", lambda ctx: None)
+
+
+def test_completion_tx_without_a_database_says_what_is_missing():
+    with pytest.raises(RuntimeError, match="database_url"):
+        testing.run(lambda ctx: ctx.completion_tx())
+
+
+def test_completion_tx_in_tests_is_the_given_connection():
+    conn = object()
+    assert testing.run(lambda ctx: ctx.completion_tx() is conn, completion_conn=conn) is True
+
+
+def test_heartbeat_records_progress_for_the_worker_to_send():
+    ctx = testing.make_context()
+    testing.run(lambda c: c.heartbeat({"done": 3}), ctx)
+    assert ctx._control.take_progress() == (True, {"done": 3})
+    assert ctx._control.take_progress() == (False, {"done": 3})
+
+
+class FakeMailer:
+    def __init__(self) -> None:
+        self.sent: dict[str, str] = {}
+        self.outbox: list[str] = []
+
+    def send_keyed(self, key: str, body: str) -> None:
+        self.sent.setdefault(key, body)
+
+    def send(self, body: str) -> None:
+        self.outbox.append(body)
+
+
+def test_run_twice_passes_a_handler_keyed_by_run_and_node():
+    mailer = FakeMailer()
+
+    def receipt(ctx):
+        mailer.send_keyed(ctx.idempotency_key, "thanks")
+        return {"key": ctx.idempotency_key}
+
+    report = testing.run_twice(receipt, state=lambda: dict(mailer.sent), node="receipt")
+    report.assert_safe_to_repeat()
+    assert report.safe_to_repeat
+    assert len(mailer.sent) == 1
+
+
+def test_run_twice_catches_a_key_that_includes_the_attempt():
+    mailer = FakeMailer()
+
+    def receipt(ctx):
+        mailer.send_keyed(f"{ctx.idempotency_key}:{ctx.attempt}", "thanks")
+
+    report = testing.run_twice(receipt, state=lambda: dict(mailer.sent))
+    assert not report.same_state
+    with pytest.raises(AssertionError, match="not safe to repeat"):
+        report.assert_safe_to_repeat()
+
+
+def test_run_twice_catches_an_unkeyed_effect_and_a_changing_output():
+    mailer = FakeMailer()
+
+    def receipt(ctx):
+        mailer.send("thanks")
+        return len(mailer.outbox)
+
+    report = testing.run_twice(receipt, state=lambda: list(mailer.outbox))
+    assert (report.first_output, report.second_output) == (1, 2)
+    assert not report.safe_to_repeat
+
+
+def test_run_twice_gives_the_second_call_the_next_attempt_and_the_same_key():
+    seen = []
+    testing.run_twice(lambda ctx: seen.append((ctx.idempotency_key, ctx.attempt)), run_id="r")
+    assert [key for key, _ in seen] == ["r:node", "r:node"]
+    assert [attempt for _, attempt in seen] == [1, 2]
