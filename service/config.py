@@ -22,7 +22,7 @@ class Settings:
     statement_timeout_ms: int = 30_000
     max_message_bytes: int = 16 << 20
     max_payload_bytes: int = 1 << 20
-    max_json_depth: int = 64
+    max_json_depth: int = 32
     grace_s: float = 10.0
     log_level: str = "INFO"
     log_json: bool = False

@@ -48,7 +48,7 @@ class PayloadLimits:
     """Size and nesting limits of JSON payloads (set from the server settings)."""
 
     max_bytes: int = 1 << 20
-    max_depth: int = 64
+    max_depth: int = 32
 
 
 def value_to_python(value: struct_pb2.Value, what: str) -> Any:

