@@ -81,43 +81,54 @@ def database_url(postgres_url: str, template_url: str) -> Iterator[str]:
 
 @dataclass
 class RunningServer:
-    """A Cyclone server running in a thread of the test process."""
+    """A Cyclone server running in a thread of the test process, on its own loop."""
 
     database_url: str
     settings: Settings
     address: str = ""
-    _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    _loop: asyncio.AbstractEventLoop | None = None
     _server: CycloneServer | None = None
     _thread: threading.Thread | None = None
     _channel: grpc.Channel | None = None
+    _started: threading.Event = field(default_factory=threading.Event)
+    _failure: BaseException | None = None
 
     def start(self) -> RunningServer:
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), daemon=True)
         self._thread.start()
-        self._server = self._call(self._create())
-        self._call(self._server.start())
-        self._call(asyncio.wait_for(self._server.dispatcher.connected.wait(), 10))
+        self._started.wait(30)
+        if self._failure or self._server is None:
+            raise RuntimeError("test server failed to start") from self._failure
         self.address = f"127.0.0.1:{self._server.port}"
         return self
 
-    async def _create(self) -> CycloneServer:
+    async def _main(self) -> None:
         # grpc.aio binds a server to the event loop it is created on.
-        return CycloneServer(self.settings, self.database_url)
-
-    def _call(self, coro: Any, timeout: float = 30) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            server = CycloneServer(self.settings, self.database_url)
+            await server.start()
+            await asyncio.wait_for(server.dispatcher.connected.wait(), 10)
+        except BaseException as exc:
+            self._failure = exc
+            self._started.set()
+            raise
+        self._server = server
+        self._started.set()
+        await self._stop.wait()
+        await server.stop(self._grace)
 
     def stop(self, grace: float = 0) -> None:
         if self._channel:
             self._channel.close()
             self._channel = None
-        if self._server:
-            self._call(self._server.stop(grace))
-            self._server = None
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._loop and self._server:
+            self._grace = grace
+            self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread:
-            self._thread.join(10)
-        self._loop.close()
+            self._thread.join(30)
+        self._server = None
 
     # Test helpers ---------------------------------------------------------------
 

@@ -1,0 +1,336 @@
+"""Workers against a real server: DAGs, concurrency, outcomes, timeouts, leases, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+
+import pytest
+
+from pyclient import (
+    AsyncClient,
+    NonRetryableError,
+    RetryAfter,
+    RetryPolicy,
+    Workflow,
+    current,
+)
+from tests.sdk.conftest import PATIENCE, eventually, running
+
+pytestmark = pytest.mark.usefixtures("cyclone_server")
+
+
+@dataclasses.dataclass
+class Order:
+    order_id: str
+    amount: int
+
+
+def order_workflow() -> Workflow:
+    wf = Workflow("order")
+    charge = wf.node("charge")
+    receipt = wf.node("send_receipt", depends_on=charge)
+    wf.node("audit", depends_on=receipt, trigger_rule="all_done")
+    return wf
+
+
+def test_worker_runs_a_dag_in_order_passing_inputs_and_upstream_outputs(client, make_worker):
+    worker = make_worker()
+    order: list[str] = []
+
+    @worker.action("charge")
+    def charge(ctx, o: Order):
+        order.append(ctx.node)
+        return {"charge_id": f"ch-{o.order_id}", "amount": o.amount}
+
+    @worker.action("send_receipt")
+    async def send_receipt(ctx, data: dict):
+        order.append(ctx.node)
+        assert current() is ctx
+        return {"to": data["email"], "charge": ctx.upstream["charge"]["charge_id"]}
+
+    @worker.action()
+    def audit(ctx):
+        order.append(ctx.node)
+        return sorted(ctx.upstream)
+
+    with running(worker):
+        run_id = client.submit(order_workflow(), {"order_id": "o-1", "amount": 42, "email": "a@b"})
+        run = client.wait(run_id, timeout=PATIENCE)
+    assert run.status == "completed"
+    assert order == ["charge", "send_receipt", "audit"]
+    assert run.step("charge").output == {"charge_id": "ch-o-1", "amount": 42}
+    assert run.step("send_receipt").output == {"to": "a@b", "charge": "ch-o-1"}
+    assert run.step("audit").output == ["send_receipt"]
+    assert {s.attempt for s in run.steps} == {1}
+
+
+def test_claims_fill_every_slot_and_never_more(client, make_worker):
+    worker = make_worker(concurrency=3)
+    lock = threading.Lock()
+    running_now, peak = [0], [0]
+    together = threading.Barrier(3, timeout=PATIENCE)
+
+    @worker.action("work")
+    def work(ctx):
+        with lock:
+            running_now[0] += 1
+            peak[0] = max(peak[0], running_now[0])
+        try:
+            if ctx.node in ("n0", "n1", "n2"):
+                together.wait()  # passes only if three handlers run at once
+        finally:
+            with lock:
+                running_now[0] -= 1
+
+    wf = Workflow("fan")
+    for i in range(6):
+        wf.node(f"n{i}", action="work")
+    with running(worker):
+        run = client.wait(client.submit(wf), timeout=PATIENCE)
+    assert run.status == "completed"
+    assert peak[0] == 3
+
+
+def test_handler_exceptions_are_retried_with_type_message_and_traceback(client, make_worker):
+    worker = make_worker()
+
+    @worker.action("flaky")
+    def flaky(ctx):
+        if ctx.attempt == 1:
+            raise ConnectionError("smtp down")
+        return "sent"
+
+    wf = Workflow("w")
+    wf.node("flaky", retry=RetryPolicy(initial_backoff=0, max_backoff=0))
+    with running(worker):
+        run = client.wait(client.submit(wf), timeout=PATIENCE)
+    step = run.step("flaky")
+    assert (run.status, step.attempt, step.output) == ("completed", 2, "sent")
+    (error,) = step.errors
+    assert (error.attempt, error.type, error.message, error.retryable) == (
+        1,
+        "ConnectionError",
+        "smtp down",
+        True,
+    )
+    assert "Traceback" in error.details and 'raise ConnectionError("smtp down")' in error.details
+
+
+def test_non_retryable_error_discards_at_once_and_failure_rules_run(client, make_worker):
+    worker = make_worker()
+    calls: list[str] = []
+
+    @worker.action("charge")
+    def charge(ctx):
+        calls.append(ctx.node)
+        raise NonRetryableError("card declined")
+
+    @worker.action("refund")
+    def refund(ctx):
+        calls.append(ctx.node)
+
+    wf = Workflow("w")
+    c = wf.node("charge", retry=RetryPolicy(max_attempts=5))
+    wf.node("refund", depends_on=c, trigger_rule="one_failed")
+    with running(worker):
+        run = client.wait(client.submit(wf), timeout=PATIENCE)
+    assert run.status == "failed"
+    assert run.step("charge").status == "discarded"
+    assert run.step("charge").errors[0].retryable is False
+    assert run.step("refund").status == "completed"
+    assert calls == ["charge", "refund"]
+
+
+def test_retry_after_sets_when_the_next_attempt_may_start(client, make_worker):
+    worker = make_worker()
+    seen = threading.Event()
+
+    @worker.action("rate_limited")
+    def rate_limited(ctx):
+        seen.set()
+        raise RetryAfter(3600, "429 from the API")
+
+    wf = Workflow("w")
+    wf.node("rate_limited")
+    with running(worker):
+        run_id = client.submit(wf)
+        assert seen.wait(PATIENCE)
+        step = eventually(
+            lambda: (s := client.get_run(run_id).step("rate_limited")).status == "available" and s,
+            "the step to wait for its retry",
+        )
+    assert step.errors[0].message == "429 from the API"
+    assert step.available_at is not None
+    assert (step.available_at - step.errors[0].at).total_seconds() == pytest.approx(3600, abs=5)
+
+
+def test_async_handler_is_cancelled_at_its_timeout_and_retried(client, make_worker):
+    worker = make_worker()
+    cancelled = threading.Event()
+
+    @worker.action("slow", timeout=0.3)
+    async def slow(ctx):
+        if ctx.attempt > 1:
+            return "fast enough"
+        try:
+            await asyncio.sleep(PATIENCE)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    wf = Workflow("w")
+    wf.node("slow", retry=RetryPolicy(initial_backoff=0, max_backoff=0))
+    with running(worker):
+        run = client.wait(client.submit(wf), timeout=PATIENCE)
+    step = run.step("slow")
+    assert cancelled.is_set()
+    assert (run.status, step.attempt, step.output) == ("completed", 2, "fast enough")
+    assert step.errors[0].type == "HandlerTimeout"
+    assert "timeout of 0.3s" in step.errors[0].message
+
+
+def test_sync_handler_past_its_deadline_loses_the_lease_and_a_second_attempt_runs(
+    cyclone_server, client, make_worker
+):
+    worker = make_worker(lease=1.0)
+    release = threading.Event()
+    first_told_to_stop = threading.Event()
+
+    @worker.action("stuck")
+    def stuck(ctx):
+        if ctx.attempt == 1:
+            if ctx.should_stop.wait(PATIENCE):
+                first_told_to_stop.set()
+            release.wait(PATIENCE)  # a non-cooperative handler keeps running
+            return "late"
+        return "second"
+
+    wf = Workflow("w")
+    wf.node("stuck", timeout=1)
+    with running(worker):
+        run_id = client.submit(wf)
+
+        def second_attempt_done():
+            cyclone_server.sweep()
+            return client.get_run(run_id).status == "completed"
+
+        eventually(second_attempt_done, "the second attempt to complete")
+        release.set()
+    run = client.get_run(run_id)
+    step = run.step("stuck")
+    assert first_told_to_stop.is_set()
+    assert (step.attempt, step.output) == (2, "second")
+    assert [e.kind for e in step.errors] == ["lease_expired"]
+
+
+def test_heartbeats_keep_a_long_handler_alive_past_its_first_lease(
+    cyclone_server, client, make_worker
+):
+    worker = make_worker(lease=1.0)
+    calls: list[int] = []
+
+    @worker.action("long")
+    def long(ctx):
+        calls.append(ctx.attempt)
+        leases = [ctx.lease_expires_at]
+        while len(leases) < 6:  # 5 heartbeats: well past the first 1s lease
+            if ctx.should_stop.wait(0.02):
+                return "stopped"
+            if ctx.lease_expires_at != leases[-1]:
+                leases.append(ctx.lease_expires_at)
+                cyclone_server.sweep()  # would reclaim an expired lease
+        return "done"
+
+    wf = Workflow("w")
+    wf.node("long", timeout=60)
+    with running(worker):
+        run = client.wait(client.submit(wf), timeout=PATIENCE)
+    step = run.step("long")
+    assert (run.status, step.output, step.attempt, calls) == ("completed", "done", 1, [1])
+    assert step.errors == ()
+
+
+def test_lost_lease_reaches_the_handler_and_its_outcome_is_dropped(
+    cyclone_server, client, make_worker
+):
+    worker = make_worker(lease=2.0)
+    started, lost = threading.Event(), threading.Event()
+
+    @worker.action("work")
+    def work(ctx):
+        if ctx.attempt == 1:
+            started.set()
+            if ctx.lease_lost.wait(PATIENCE):
+                lost.set()
+            return "first"
+        return "second"
+
+    wf = Workflow("w")
+    wf.node("work", timeout=60)
+    with running(worker):
+        run_id = client.submit(wf)
+        assert started.wait(PATIENCE)
+        cyclone_server.advance_clock(5)  # past the lease: as if heartbeats had stopped
+        cyclone_server.sweep()
+        run = client.wait(run_id, timeout=PATIENCE)
+    assert lost.is_set()
+    step = run.step("work")
+    assert (step.attempt, step.output) == (2, "second")
+    assert [e.kind for e in step.errors] == ["lease_expired"]
+
+
+def test_cancelling_a_run_reaches_sync_and_async_handlers(client, make_worker):
+    worker = make_worker(lease=1.0)
+    started = threading.Barrier(3, timeout=PATIENCE)
+    saw_cancel: list[str] = []
+
+    @worker.action("sync_wait")
+    def sync_wait(ctx):
+        started.wait()
+        if ctx.cancelled.wait(PATIENCE):
+            saw_cancel.append("sync")
+
+    @worker.action("async_wait")
+    async def async_wait(ctx):
+        await asyncio.to_thread(started.wait)
+        try:
+            await asyncio.sleep(PATIENCE)
+        except asyncio.CancelledError:
+            saw_cancel.append("async")
+            raise
+
+    wf = Workflow("w")
+    wf.node("a", action="sync_wait")
+    wf.node("b", action="async_wait")
+    with running(worker):
+        run_id = client.submit(wf)
+        started.wait()
+        run = client.cancel(run_id, reason="changed my mind")
+        eventually(lambda: len(saw_cancel) == 2, "both handlers to see the cancellation")
+    assert sorted(saw_cancel) == ["async", "sync"]
+    assert run.status == "cancelled"
+    assert {s.status for s in client.get_run(run_id).steps} == {"cancelled"}
+
+
+def test_async_client_submits_and_waits(cyclone_server, make_worker):
+    worker = make_worker()
+    worker.register("charge", lambda ctx: ctx.idempotency_key)
+
+    async def scenario():
+        async with AsyncClient(cyclone_server.address) as ac:
+            wf = Workflow("w")
+            wf.node("charge")
+            first = await ac.submit_once(wf, "order-1", {"n": 1})
+            again = await ac.submit_once(wf, "order-1", {"n": 2})
+            run = await ac.wait(first.run_id, timeout=PATIENCE)
+            listed = [r.run_id async for r in ac.iter_runs(workflow="w")]
+            return first, again, run, listed
+
+    with running(worker):
+        first, again, run, listed = asyncio.run(scenario())
+    assert first.created and not again.created and again.run_id == first.run_id
+    assert run.status == "completed"
+    assert run.step("charge").output == f"{run.run_id}:charge"
+    assert listed == [run.run_id]
