@@ -42,6 +42,9 @@ proto: $(VENV)/.stamp ## Regenerate the Python stubs from protos/
 	rm -rf $(GEN) && mkdir -p $(GEN)
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=$(GEN) --pyi_out=$(GEN) \
 		--grpc_python_out=$(GEN) $(PROTOS)
+	# The descriptor set keeps the proto comments, so reflection (grpcurl describe) shows them.
+	$(PY) -m grpc_tools.protoc -Iprotos --include_source_info --include_imports \
+		--descriptor_set_out=$(GEN)/cyclone/v1/cyclone.binpb $(PROTOS)
 	find $(GEN) -type d -exec touch {}/__init__.py \;
 
 .PHONY: verify

@@ -18,11 +18,12 @@ from cyclone.v1 import (
     workflow_service_pb2_grpc,
 )
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from service import convert, errors
 from service.config import Settings
 from service.notify import Dispatcher
+from service.reflection import DocumentedReflectionServicer
 from service.servicers import AdminServicer, WorkerServicer, WorkflowServicer
 from service.store import Store
 
@@ -38,8 +39,9 @@ SERVICE_NAMES = (
 def add_health_and_reflection(server: grpc.aio.Server) -> health.aio.HealthServicer:
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    names = (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+        DocumentedReflectionServicer(names), server
     )
     return health_servicer
 

@@ -204,6 +204,21 @@ class ServerProcess:
 
     process: subprocess.Popen
     address: str
+    output: list[str] = field(default_factory=list)
+    _reader: threading.Thread | None = None
+
+    def follow(self) -> None:
+        """Keep reading the process's output (so it never blocks on a full pipe)."""
+        stream = self.process.stdout
+        assert stream is not None
+
+        def read() -> None:
+            with stream:
+                for line in stream:
+                    self.output.append(line)
+
+        self._reader = threading.Thread(target=read, daemon=True)
+        self._reader.start()
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -213,6 +228,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self._reader:
+            self._reader.join(5)
 
 
 @pytest.fixture
@@ -231,14 +248,17 @@ def server_process(database_url: str) -> Iterator[Any]:
             cwd=ROOT,
         )
         assert proc.stdout is not None
+        lines = []
         for line in proc.stdout:
+            lines.append(line)
             match = re.search(r"Cyclone is serving on (\S+)\.", line)
             if match:
-                server = ServerProcess(proc, match.group(1))
+                server = ServerProcess(proc, match.group(1), lines)
                 started.append(server)
-                threading.Thread(target=proc.stdout.read, daemon=True).start()
+                server.follow()
                 return server
-        raise RuntimeError(f"cyclone-server exited with {proc.wait()}")
+        proc.stdout.close()
+        raise RuntimeError(f"cyclone-server exited with {proc.wait()}:\n{''.join(lines)}")
 
     yield start
     for server in started:
