@@ -6,9 +6,9 @@ import json
 from datetime import datetime
 from typing import Any
 
-from cyclone.v1 import types_pb2
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
+from cyclone.v1 import types_pb2
 from service import errors
 
 RUN_STATUS = {

@@ -38,9 +38,7 @@ class DocumentedReflectionServicer(_async.ReflectionServicer):
                 file.CopyToProto(proto)
                 serialized.append(proto.SerializeToString())
         return pb.ServerReflectionResponse(
-            file_descriptor_response=pb.FileDescriptorResponse(
-                file_descriptor_proto=serialized
-            ),
+            file_descriptor_response=pb.FileDescriptorResponse(file_descriptor_proto=serialized),
             original_request=request,
         )
 

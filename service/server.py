@@ -9,6 +9,9 @@ import logging
 import random
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+
 from cyclone.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -17,9 +20,6 @@ from cyclone.v1 import (
     workflow_service_pb2,
     workflow_service_pb2_grpc,
 )
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
-
 from service import convert, errors
 from service.config import Settings
 from service.notify import Dispatcher

@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
+from google.protobuf import duration_pb2
+
 from cyclone.v1 import (
     admin_service_pb2 as admin_pb,
 )
@@ -32,8 +34,6 @@ from cyclone.v1 import (
 from cyclone.v1 import (
     workflow_service_pb2_grpc as workflow_grpc,
 )
-from google.protobuf import duration_pb2
-
 from pyclient import dag
 from service import convert, errors
 from service.config import Settings

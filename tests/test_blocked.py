@@ -25,10 +25,16 @@ from tests.helpers import (
 
 def blocked_run(server):
     """A run whose 'charge' step lost its lease and met an unsafe worker."""
-    run_id = submit(server, workflow(
-        "order", node("charge", action="charge"), node("receipt", deps=["charge"]),
-        node("refund", action="refund", deps=["charge"], rule="one_failed"),
-        node("side", action="side")))
+    run_id = submit(
+        server,
+        workflow(
+            "order",
+            node("charge", action="charge"),
+            node("receipt", deps=["charge"]),
+            node("refund", action="refund", deps=["charge"], rule="one_failed"),
+            node("side", action="side"),
+        ),
+    )
     [step] = claim(server, "charge", unsafe=("charge",), lease=5)
     server.advance_clock(6)
     assert server.sweep() == 1
@@ -37,9 +43,12 @@ def blocked_run(server):
 
 
 def resolve(server, run_id, node_name="charge", **kw):
-    return server.admin.Resolve(admin_service_pb2.ResolveRequest(
-        run_id=run_id, node=node_name, reason=kw.pop("reason", "checked the PSP"), **kw),
-        metadata=[("cyclone-actor", "carol")])
+    return server.admin.Resolve(
+        admin_service_pb2.ResolveRequest(
+            run_id=run_id, node=node_name, reason=kw.pop("reason", "checked the PSP"), **kw
+        ),
+        metadata=[("cyclone-actor", "carol")],
+    )
 
 
 def test_unsafe_step_that_lost_its_lease_blocks_the_run(cyclone_server):
@@ -67,8 +76,11 @@ def test_resolve_result_records_the_output_and_releases_downstream(cyclone_serve
     assert receipt.upstream_outputs["charge"].struct_value["charge_id"] == "ch_9"
     assert [s.node for s in claim(cyclone_server, "side")] == ["side"]  # released
     [entry] = reply.run.audit
-    assert (entry.action, entry.actor, entry.reason) == ("resolve_result", "carol",
-                                                          "checked the PSP")
+    assert (entry.action, entry.actor, entry.reason) == (
+        "resolve_result",
+        "carol",
+        "checked the PSP",
+    )
 
 
 def test_resolve_error_fails_the_step_so_compensation_runs(cyclone_server):
@@ -90,7 +102,7 @@ def test_resolve_discard_runs_the_step_again_on_the_next_claim(cyclone_server):
     run_id, first = blocked_run(cyclone_server)
     resolve(cyclone_server, run_id, discard=True)
     [again] = claim(cyclone_server, "charge", unsafe=("charge",))
-    assert (again.run_id, again.node, again.attempt) == (run_id, "charge", 2)
+    assert (again.run_id, again.node, again.attempt) == (run_id, "charge", first.attempt + 1)
     assert not again.effect_uncertain
 
 
@@ -100,6 +112,7 @@ def test_removing_the_unsafe_mark_re_executes_the_step(cyclone_server):
     cyclone_server.advance_clock(6)
     cyclone_server.sweep()
     [again] = claim(cyclone_server, "charge")  # this worker's code no longer marks it
+    assert (again.run_id, again.node) == (first.run_id, first.node)
     assert again.attempt == 2 and again.effect_uncertain
 
 
@@ -132,7 +145,8 @@ def test_two_operators_resolving_at_once_one_wins(cyclone_server):
 
 def test_retry_all_refuses_a_blocked_run(cyclone_server):
     run_id, _ = blocked_run(cyclone_server)
-    error = rpc_error(cyclone_server.admin.RetryAll,
-                      admin_service_pb2.RetryAllRequest(run_id=run_id))
+    error = rpc_error(
+        cyclone_server.admin.RetryAll, admin_service_pb2.RetryAllRequest(run_id=run_id)
+    )
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "is blocked" in error.details()

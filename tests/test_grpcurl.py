@@ -25,23 +25,42 @@ def call(grpcurl, cyclone_server):
 
 def test_reflection_lists_every_service_and_rpc(call):
     services = call("list")
-    for service in ("cyclone.v1.WorkflowService", "cyclone.v1.WorkerService",
-                    "cyclone.v1.AdminService", "grpc.health.v1.Health"):
+    for service in (
+        "cyclone.v1.WorkflowService",
+        "cyclone.v1.WorkerService",
+        "cyclone.v1.AdminService",
+        "grpc.health.v1.Health",
+    ):
         assert service in services
 
 
-@pytest.mark.parametrize(("service", "rpcs", "comment"), [
-    ("cyclone.v1.WorkflowService", ["Submit", "SubmitOnce", "GetRun", "ListRuns", "CancelRun"],
-     "// Submit with a key: at most one run per (workflow name, key)"),
-    ("cyclone.v1.WorkerService", ["Claim", "Heartbeat", "Complete"],
-     "// Reports the outcome of a held step."),
-    ("cyclone.v1.AdminService", ["Retry", "RetryAll", "Resolve"],
-     "// Reopens one discarded node in place"),
-])
-def test_describe_shows_each_rpc_with_its_comment(grpcurl, cyclone_server, service, rpcs,
-                                                  comment):
-    out = subprocess.run([grpcurl, "-plaintext", cyclone_server.address, "describe", service],
-                         capture_output=True, text=True, check=True).stdout
+@pytest.mark.parametrize(
+    ("service", "rpcs", "comment"),
+    [
+        (
+            "cyclone.v1.WorkflowService",
+            ["Submit", "SubmitOnce", "GetRun", "ListRuns", "CancelRun"],
+            "// Submit with a key: at most one run per (workflow name, key)",
+        ),
+        (
+            "cyclone.v1.WorkerService",
+            ["Claim", "Heartbeat", "Complete"],
+            "// Reports the outcome of a held step.",
+        ),
+        (
+            "cyclone.v1.AdminService",
+            ["Retry", "RetryAll", "Resolve"],
+            "// Reopens one discarded node in place",
+        ),
+    ],
+)
+def test_describe_shows_each_rpc_with_its_comment(grpcurl, cyclone_server, service, rpcs, comment):
+    out = subprocess.run(
+        [grpcurl, "-plaintext", cyclone_server.address, "describe", service],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for rpc in rpcs:
         assert f"rpc {rpc} (" in out
     assert comment in out  # the proto comments travel with reflection
@@ -52,45 +71,88 @@ def test_health_check_says_serving(call):
 
 
 def test_a_three_node_workflow_worked_entirely_through_grpcurl(call):
-    submitted = call("cyclone.v1.WorkflowService/Submit", {
-        "workflow": {"name": "greet", "nodes": [
-            {"name": "fetch", "action": "fetch", "input": {"url": "https://example.com"}},
-            {"name": "render", "action": "render", "depends_on": ["fetch"]},
-            {"name": "send", "action": "send", "depends_on": ["render"],
-             "retry": {"max_attempts": 5}, "timeout": "30s"},
-        ]},
-        "input": {"to": "ops@example.com"},
-    })
+    submitted = call(
+        "cyclone.v1.WorkflowService/Submit",
+        {
+            "workflow": {
+                "name": "greet",
+                "nodes": [
+                    {"name": "fetch", "action": "fetch", "input": {"url": "https://example.com"}},
+                    {"name": "render", "action": "render", "depends_on": ["fetch"]},
+                    {
+                        "name": "send",
+                        "action": "send",
+                        "depends_on": ["render"],
+                        "retry": {"max_attempts": 5},
+                        "timeout": "30s",
+                    },
+                ],
+            },
+            "input": {"to": "ops@example.com"},
+        },
+    )
     run_id = submitted["runId"]  # replies use proto3 JSON names
     for expected in ("fetch", "render", "send"):
-        claimed = call("cyclone.v1.WorkerService/Claim", {
-            "worker_id": "grpcurl", "actions": [{"name": "fetch"}, {"name": "render"},
-                                                {"name": "send"}],
-            "max_steps": 5, "wait": "5s"})
+        claimed = call(
+            "cyclone.v1.WorkerService/Claim",
+            {
+                "worker_id": "grpcurl",
+                "actions": [{"name": "fetch"}, {"name": "render"}, {"name": "send"}],
+                "max_steps": 5,
+                "wait": "5s",
+            },
+        )
         [step] = claimed["steps"]
         assert (step["runId"], step["node"], step["attempt"]) == (run_id, expected, 1)
-        beat = call("cyclone.v1.WorkerService/Heartbeat", {
-            "run_id": run_id, "node": expected, "lease_token": step["leaseToken"]})
+        beat = call(
+            "cyclone.v1.WorkerService/Heartbeat",
+            {"run_id": run_id, "node": expected, "lease_token": step["leaseToken"]},
+        )
         assert "leaseExpiresAt" in beat
-        done = call("cyclone.v1.WorkerService/Complete", {
-            "run_id": run_id, "node": expected, "lease_token": step["leaseToken"],
-            "output": {"did": expected}})
+        done = call(
+            "cyclone.v1.WorkerService/Complete",
+            {
+                "run_id": run_id,
+                "node": expected,
+                "lease_token": step["leaseToken"],
+                "output": {"did": expected},
+            },
+        )
         assert done["status"] == "STEP_STATUS_COMPLETED"
     run = call("cyclone.v1.WorkflowService/GetRun", {"run_id": run_id})["run"]
     assert run["status"] == "RUN_STATUS_COMPLETED"
     assert [s["output"] for s in run["steps"]] == [
-        {"did": "fetch"}, {"did": "render"}, {"did": "send"}]
-    listed = call("cyclone.v1.WorkflowService/ListRuns",
-                  {"workflow": "greet", "statuses": ["RUN_STATUS_COMPLETED"]})
+        {"did": "fetch"},
+        {"did": "render"},
+        {"did": "send"},
+    ]
+    listed = call(
+        "cyclone.v1.WorkflowService/ListRuns",
+        {"workflow": "greet", "statuses": ["RUN_STATUS_COMPLETED"]},
+    )
     assert [r["runId"] for r in listed["runs"]] == [run_id]
 
 
 def test_grpcurl_sees_a_clear_error_for_bad_input(grpcurl, cyclone_server):
     out = subprocess.run(
-        [grpcurl, "-plaintext", "-d", json.dumps({"workflow": {"name": "w", "nodes": [
-            {"name": "a", "action": "x", "depends_on": ["b"]}]}}),
-         cyclone_server.address, "cyclone.v1.WorkflowService/Submit"],
-        capture_output=True, text=True)
+        [
+            grpcurl,
+            "-plaintext",
+            "-d",
+            json.dumps(
+                {
+                    "workflow": {
+                        "name": "w",
+                        "nodes": [{"name": "a", "action": "x", "depends_on": ["b"]}],
+                    }
+                }
+            ),
+            cyclone_server.address,
+            "cyclone.v1.WorkflowService/Submit",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode != 0
     assert "InvalidArgument" in out.stderr
     assert "node 'a' depends on unknown node 'b'" in out.stderr

@@ -32,8 +32,9 @@ def test_two_servers_on_one_database_share_the_work_and_sweep_without_fighting(
     server_process, database_url
 ):
     servers = [stubs(server_process("--sweep-interval", "0.05").address) for _ in range(2)]
-    runs = [submit(servers[i % 2], workflow("w", node("a"), node("b", deps=["a"])))
-            for i in range(60)]
+    runs = [
+        submit(servers[i % 2], workflow("w", node("a"), node("b", deps=["a"]))) for i in range(60)
+    ]
     # Half the first steps are claimed and abandoned: their leases expire and both
     # servers' sweeps race to reclaim them.
     abandoned = claim(servers[0], n=30, lease=1)
@@ -55,9 +56,11 @@ def test_two_servers_on_one_database_share_the_work_and_sweep_without_fighting(
         list(pool.map(work, servers * 2))
     with psycopg.connect(database_url) as conn:
         done = conn.execute(
-            "SELECT count(*) FROM cyclone.runs WHERE status = 'completed'").fetchone()[0]
+            "SELECT count(*) FROM cyclone.runs WHERE status = 'completed'"
+        ).fetchone()[0]
         reclaims = conn.execute(
-            "SELECT count(*) FROM cyclone.step_errors WHERE kind = 'lease_expired'").fetchone()[0]
+            "SELECT count(*) FROM cyclone.step_errors WHERE kind = 'lease_expired'"
+        ).fetchone()[0]
     assert done == len(runs)
     assert reclaims == 30  # each abandoned lease reclaimed exactly once
     # Every step ran once, except the abandoned ones which ran again as attempt 2.
@@ -92,7 +95,9 @@ def test_sigterm_releases_a_waiting_claim_and_exits_cleanly(server_process):
     s = stubs(server.address)
     waiting = s.workers.Claim.future(
         __import__("cyclone.v1.worker_service_pb2", fromlist=["x"]).ClaimRequest(
-            worker_id="w", actions=[{"name": "never"}], wait=seconds(50)))
+            worker_id="w", actions=[{"name": "never"}], wait=seconds(50)
+        )
+    )
     # Make sure the claim reached the server before the signal.
     threading.Event().wait(0.5)
     server.process.send_signal(signal.SIGTERM)
@@ -105,8 +110,9 @@ def test_help_lists_the_settings():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "service", "--help"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "service", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for flag in ("--listen", "--database-url", "--lease", "CYCLONE_DATABASE_URL"):
         assert flag in out
 

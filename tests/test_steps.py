@@ -38,8 +38,9 @@ def heartbeat(server, step, lease=None, progress=None):
 
 
 def test_chain_runs_in_order_and_completes_the_run(cyclone_server):
-    run_id = submit(cyclone_server, workflow("chain", node("a"), node("b", deps=["a"]),
-                                             node("c", deps=["b"])))
+    run_id = submit(
+        cyclone_server, workflow("chain", node("a"), node("b", deps=["a"]), node("c", deps=["b"]))
+    )
     assert drain(cyclone_server) == ["a", "b", "c"]
     run = get_run(cyclone_server, run_id)
     assert run_status(run) == "completed"
@@ -48,8 +49,16 @@ def test_chain_runs_in_order_and_completes_the_run(cyclone_server):
 
 
 def test_diamond_join_waits_for_both_branches_and_sees_their_outputs(cyclone_server):
-    submit(cyclone_server, workflow("diamond", node("a"), node("b", deps=["a"]),
-                                    node("c", deps=["a"]), node("d", deps=["b", "c"])))
+    submit(
+        cyclone_server,
+        workflow(
+            "diamond",
+            node("a"),
+            node("b", deps=["a"]),
+            node("c", deps=["a"]),
+            node("d", deps=["b", "c"]),
+        ),
+    )
     [a] = claim(cyclone_server)
     complete(cyclone_server, a, {"from": "a"})
     b, c = sorted(claim(cyclone_server), key=lambda s: s.node)
@@ -110,9 +119,7 @@ def test_concurrent_claims_never_hand_out_a_step_twice(cyclone_server):
 
 def test_waiting_claim_is_woken_by_a_submit(cyclone_server):
     result: list = []
-    waiter = threading.Thread(
-        target=lambda: result.extend(claim(cyclone_server, "late", wait=30))
-    )
+    waiter = threading.Thread(target=lambda: result.extend(claim(cyclone_server, "late", wait=30)))
     waiter.start()
     # Give the claim time to find nothing and start waiting; it is woken by NOTIFY.
     threading.Event().wait(0.5)
@@ -177,7 +184,11 @@ def test_retryable_failure_backs_off_then_runs_again_with_the_next_attempt(cyclo
     run = get_run(cyclone_server, run_id)
     [error] = run.steps[0].errors
     assert (error.attempt, error.message, error.type, error.retryable) == (
-        1, "flaky", "RuntimeError", True)
+        1,
+        "flaky",
+        "RuntimeError",
+        True,
+    )
 
 
 def test_backoff_grows_and_stays_under_the_maximum(cyclone_server):
@@ -207,9 +218,16 @@ def test_retry_after_overrides_the_backoff(cyclone_server):
 
 
 def test_out_of_attempts_discards_skips_dependents_and_fails_the_run(cyclone_server):
-    run_id = submit(cyclone_server, workflow(
-        "w", node("a", max_attempts=2, backoff=0), node("b", deps=["a"]),
-        node("c", deps=["b"]), node("side", action="other")))
+    run_id = submit(
+        cyclone_server,
+        workflow(
+            "w",
+            node("a", max_attempts=2, backoff=0),
+            node("b", deps=["a"]),
+            node("c", deps=["b"]),
+            node("side", action="other"),
+        ),
+    )
     for attempt in (1, 2):
         step = next(s for s in claim(cyclone_server) if s.node == "a")
         assert step.attempt == attempt
@@ -219,8 +237,7 @@ def test_out_of_attempts_discards_skips_dependents_and_fails_the_run(cyclone_ser
     [side] = claim(cyclone_server, "other")
     complete(cyclone_server, side)
     run = get_run(cyclone_server, run_id)
-    assert statuses(run) == {"a": "discarded", "b": "skipped", "c": "skipped",
-                             "side": "completed"}
+    assert statuses(run) == {"a": "discarded", "b": "skipped", "c": "skipped", "side": "completed"}
     assert run_status(run) == "failed"
     assert run.error.kind == "StepDiscarded" and run.error.node == "a"
     assert run.error.attempt == 2
@@ -299,7 +316,9 @@ def test_cancel_reaches_the_heartbeat_and_refuses_the_completion(cyclone_server)
     [step] = claim(cyclone_server)
     cyclone_server.workflows.CancelRun(
         __import__("cyclone.v1.workflow_service_pb2", fromlist=["x"]).CancelRunRequest(
-            run_id=run_id, reason="customer asked"))
+            run_id=run_id, reason="customer asked"
+        )
+    )
     assert heartbeat(cyclone_server, step).cancelled
     assert rpc_error(complete, cyclone_server, step).code() == grpc.StatusCode.ABORTED
     run = get_run(cyclone_server, run_id)
@@ -313,38 +332,61 @@ def test_complete_validates_its_input(cyclone_server):
     [step] = claim(cyclone_server)
     before = table_counts(cyclone_server)
     cases = [
-        (worker_service_pb2.CompleteRequest(run_id="nope", node="a", lease_token=step.lease_token,
-                                            output=value(1)), "run_id 'nope' is not a UUID"),
-        (worker_service_pb2.CompleteRequest(run_id=step.run_id, node="a", lease_token="x",
-                                            output=value(1)), "lease_token 'x' is not a UUID"),
-        (worker_service_pb2.CompleteRequest(run_id=step.run_id, node="a",
-                                            lease_token=step.lease_token),
-         "outcome is required"),
+        (
+            worker_service_pb2.CompleteRequest(
+                run_id="nope", node="a", lease_token=step.lease_token, output=value(1)
+            ),
+            "run_id 'nope' is not a UUID",
+        ),
+        (
+            worker_service_pb2.CompleteRequest(
+                run_id=step.run_id, node="a", lease_token="x", output=value(1)
+            ),
+            "lease_token 'x' is not a UUID",
+        ),
+        (
+            worker_service_pb2.CompleteRequest(
+                run_id=step.run_id, node="a", lease_token=step.lease_token
+            ),
+            "outcome is required",
+        ),
     ]
     for request, message in cases:
         error = rpc_error(cyclone_server.workers.Complete, request)
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert message in error.details()
     unknown = worker_service_pb2.CompleteRequest(
-        run_id=step.run_id, node="ghost", lease_token=step.lease_token, output=value(1))
+        run_id=step.run_id, node="ghost", lease_token=step.lease_token, output=value(1)
+    )
     assert rpc_error(cyclone_server.workers.Complete, unknown).code() == grpc.StatusCode.NOT_FOUND
     assert table_counts(cyclone_server) == before
 
 
 def test_claim_validates_its_input(cyclone_server):
     cases = [
-        (worker_service_pb2.ClaimRequest(actions=[worker_service_pb2.ActionSpec(name="a")]),
-         "worker_id is required"),
+        (
+            worker_service_pb2.ClaimRequest(actions=[worker_service_pb2.ActionSpec(name="a")]),
+            "worker_id is required",
+        ),
         (worker_service_pb2.ClaimRequest(worker_id="w"), "at least one action"),
-        (worker_service_pb2.ClaimRequest(worker_id="w", max_steps=5000,
-                                         actions=[worker_service_pb2.ActionSpec(name="a")]),
-         "max_steps must be between 1 and 1000"),
-        (worker_service_pb2.ClaimRequest(worker_id="w", wait=seconds(3600),
-                                         actions=[worker_service_pb2.ActionSpec(name="a")]),
-         "wait must be between"),
-        (worker_service_pb2.ClaimRequest(worker_id="w",
-                                         actions=[worker_service_pb2.ActionSpec(name="bad name")]),
-         "action name 'bad name' is invalid"),
+        (
+            worker_service_pb2.ClaimRequest(
+                worker_id="w", max_steps=5000, actions=[worker_service_pb2.ActionSpec(name="a")]
+            ),
+            "max_steps must be between 1 and 1000",
+        ),
+        (
+            worker_service_pb2.ClaimRequest(
+                worker_id="w", wait=seconds(3600), actions=[worker_service_pb2.ActionSpec(name="a")]
+            ),
+            "wait must be between",
+        ),
+        (
+            worker_service_pb2.ClaimRequest(
+                worker_id="w", actions=[worker_service_pb2.ActionSpec(name="bad name")]
+            ),
+            "action name 'bad name' is invalid",
+        ),
     ]
     for request, message in cases:
         error = rpc_error(cyclone_server.workers.Claim, request)
