@@ -270,10 +270,16 @@ class _Runtime:
 
     async def serve(self) -> None:
         w = self.w
+        # Reconnect as eagerly as the claim loop retries, not after gRPC's default backoff.
+        options = [
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", max(100, int(w.reconnect_max_delay * 1000))),
+        ]
         self.channel = (
-            grpc.aio.secure_channel(w.address, w._credentials)
+            grpc.aio.secure_channel(w.address, w._credentials, options=options)
             if w._credentials
-            else grpc.aio.insecure_channel(w.address)
+            else grpc.aio.insecure_channel(w.address, options=options)
         )
         self.stub = pb_grpc.WorkerServiceStub(self.channel)
         if w.database_url:
