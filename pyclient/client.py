@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import grpc
+from google.protobuf import message as pb_message
+
 from cyclone.v1 import (
     admin_service_pb2 as admin_pb,
 )
@@ -29,8 +31,6 @@ from cyclone.v1 import (
 from cyclone.v1 import (
     workflow_service_pb2_grpc as wf_grpc,
 )
-from google.protobuf import message as pb_message
-
 from pyclient import dag
 from pyclient._json import to_value
 from pyclient.errors import InvalidArgument, WaitTimeout, from_rpc_error

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from cyclone.v1 import types_pb2
 from google.protobuf import struct_pb2, timestamp_pb2
 
+from cyclone.v1 import types_pb2
 from pyclient._json import from_value
 
 T = TypeVar("T")

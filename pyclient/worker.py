@@ -55,9 +55,9 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+
 from cyclone.v1 import worker_service_pb2 as pb
 from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
-
 from pyclient._json import dumps, from_value, to_value
 from pyclient.actions import Action
 from pyclient.client import call_metadata, default_address

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cyclone.v1 import types_pb2
 from google.protobuf import duration_pb2
 
+from cyclone.v1 import types_pb2
 from pyclient import dag
 from pyclient._json import to_value
 from pyclient.errors import InvalidArgument

@@ -8,10 +8,10 @@ import datetime as dt
 import grpc
 import grpc_testing
 import pytest
+
 from cyclone.v1 import admin_service_pb2 as admin_pb
 from cyclone.v1 import types_pb2
 from cyclone.v1 import workflow_service_pb2 as wf_pb
-
 from pyclient import Client, FailedPrecondition, InvalidArgument, NotFound, WaitTimeout, Workflow
 from pyclient._json import from_value, to_value
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from cyclone.v1 import types_pb2
 
+from cyclone.v1 import types_pb2
 from pyclient import InvalidArgument, RetryPolicy, Workflow, dag
 from pyclient._json import from_value
 
