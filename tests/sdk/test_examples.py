@@ -1,0 +1,65 @@
+"""examples/python runs as its README says, against a real server."""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyclient import cli
+from tests.sdk.conftest import PATIENCE, eventually
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "python"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_order_example_charges_once_per_order(cyclone_server, client, capsys):
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            str(EXAMPLES / "worker.py"),
+            "--address",
+            cyclone_server.address,
+            "--database-url",
+            cyclone_server.database_url,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        submit = _load("submit")
+        eventually(
+            lambda: cyclone_server.sql("SELECT to_regclass('public.ledger') IS NOT NULL")[0][0],
+            "the worker to create its tables",
+        )
+        assert submit.main(["--address", cyclone_server.address, "o-1"]) == "completed"
+        assert submit.main(["--address", cyclone_server.address, "o-1"]) == "completed"
+        out = capsys.readouterr().out
+        assert out.count("submitted ") == 2 and "already submitted" in out
+        assert "└─ audit" in out
+
+        argv = ["--address", cyclone_server.address, "submit", str(EXAMPLES / "order.yaml")]
+        assert cli.main([*argv, "--wait", str(PATIENCE)]) == 0
+        assert "COMPLETED" in capsys.readouterr().out
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=PATIENCE)
+    assert worker.returncode == 0, stderr
+    ledger = cyclone_server.sql("SELECT node, amount FROM ledger ORDER BY amount")
+    assert ledger == [("charge", 1500), ("charge", 4200)]
+    assert cyclone_server.sql("SELECT count(*) FROM audit_log") == [(2,)]
+    assert "mail to ada@example.com" in stderr
