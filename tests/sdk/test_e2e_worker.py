@@ -334,3 +334,44 @@ def test_async_client_submits_and_waits(cyclone_server, make_worker):
     assert run.status == "completed"
     assert run.step("charge").output == f"{run.run_id}:charge"
     assert listed == [run.run_id]
+
+
+def test_unsafe_action_blocks_its_run_after_a_lost_lease_until_resolved(
+    cyclone_server, client, make_worker
+):
+    worker = make_worker(lease=2.0)
+    started = threading.Event()
+    calls: list[int] = []
+
+    @worker.action("charge", unsafe_to_repeat=True)
+    def charge(ctx):
+        calls.append(ctx.attempt)
+        if ctx.attempt == 1:
+            started.set()
+            ctx.should_stop.wait(PATIENCE)  # dies, as far as the server can tell
+            return "lost"
+        return "charged"
+
+    wf = Workflow("order")
+    wf.node("charge", timeout=60)
+    with running(worker):
+        run_id = client.submit(wf)
+        assert started.wait(PATIENCE)
+        cyclone_server.advance_clock(5)
+        cyclone_server.sweep()
+        blocked = client.wait(run_id, timeout=PATIENCE)
+        assert blocked.status == "blocked"
+        assert (blocked.error.kind, blocked.error.node, blocked.error.attempt) == (
+            "EffectUncertain",
+            "charge",
+            1,
+        )
+        assert blocked.step("charge").status == "uncertain"
+        client.resolve(run_id, "charge", discard=True, reason="no charge at the PSP")
+        run = client.wait(run_id, timeout=PATIENCE)
+    assert run.status == "completed"
+    assert run.step("charge").output == "charged"
+    assert calls == [1, 2]
+    assert [(a.action, a.actor, a.reason) for a in run.audit] == [
+        ("resolve_discard", "sdk-tests", "no charge at the PSP")
+    ]
