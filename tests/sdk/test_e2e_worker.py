@@ -228,14 +228,14 @@ def test_sync_handler_past_its_deadline_loses_the_lease_and_a_second_attempt_run
 def test_heartbeats_keep_a_long_handler_alive_past_its_first_lease(
     cyclone_server, client, make_worker
 ):
-    worker = make_worker(lease=1.0)
+    worker = make_worker(lease=1.5)
     calls: list[int] = []
 
     @worker.action("long")
     def long(ctx):
         calls.append(ctx.attempt)
         leases = [ctx.lease_expires_at]
-        while len(leases) < 6:  # 5 heartbeats: well past the first 1s lease
+        while len(leases) < 5:  # 4 heartbeats, 0.5s apart: past the first 1.5s lease
             if ctx.should_stop.wait(0.02):
                 return "stopped"
             if ctx.lease_expires_at != leases[-1]:
