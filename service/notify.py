@@ -1,8 +1,11 @@
 """Wake-ups for long-polling claims, from Postgres LISTEN/NOTIFY.
 
-Every transition that makes a step claimable sends ``NOTIFY cyclone_ready, '<action>'``
-in its transaction; Postgres delivers it at commit to every server, each of which
-holds one LISTEN connection here and wakes the claims waiting for that action.
+A transition made by this server reports the actions it made claimable
+(:meth:`Dispatcher.publish`): the claims waiting here are woken at once, and one
+coalesced ``NOTIFY cyclone_ready, '<action>'`` per action tells the other servers,
+sent from a connection that writes nothing, so it never holds up a commit (see
+0003_deferred_notify.sql). Transitions made elsewhere (a worker's own completion
+transaction) notify inline. Every server holds one LISTEN connection here.
 """
 
 from __future__ import annotations
@@ -26,18 +29,30 @@ class Dispatcher:
     def __init__(self, database_url: str) -> None:
         self._url = database_url
         self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._outbox: set[str] = set()
+        self._outbox_ready = asyncio.Event()
         self.connected = asyncio.Event()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._listen(), name="cyclone-listen")
+        self._tasks = [
+            asyncio.create_task(self._listen(), name="cyclone-listen"),
+            asyncio.create_task(self._notify(), name="cyclone-notify"),
+        ]
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         self.wake_all()
+
+    def publish(self, actions: set[str]) -> None:
+        """Steps of these actions became claimable through this server."""
+        for action in actions:
+            self.wake(action)
+        self._outbox |= actions
+        self._outbox_ready.set()
 
     @contextlib.contextmanager
     def subscribe(self, actions: list[str]) -> Iterator[asyncio.Event]:
@@ -67,6 +82,29 @@ class Dispatcher:
         for waiters in self._waiters.values():
             for event in waiters:
                 event.set()
+
+    async def _notify(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._url, autocommit=True
+                ) as conn:
+                    delay = 0.1
+                    while True:
+                        await self._outbox_ready.wait()
+                        self._outbox_ready.clear()
+                        actions, self._outbox = sorted(self._outbox), set()
+                        await conn.execute(
+                            f"SELECT pg_notify('{CHANNEL}', a) FROM unnest(%s::text[]) a",
+                            (actions,),
+                        )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("NOTIFY connection lost (%s); reconnecting in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _listen(self) -> None:
         delay = 0.1

@@ -53,12 +53,13 @@ class CycloneServer:
         self.settings = settings
         convert.PayloadLimits.max_bytes = settings.max_payload_bytes
         convert.PayloadLimits.max_depth = settings.max_json_depth
+        self.dispatcher = Dispatcher(database_url)
         self.store = Store(
             database_url,
             pool_size=settings.pool_size,
             statement_timeout_ms=settings.statement_timeout_ms,
+            on_ready=self.dispatcher.publish,
         )
-        self.dispatcher = Dispatcher(database_url)
         options = [
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),

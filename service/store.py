@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from importlib import resources
@@ -81,14 +81,25 @@ class Completion:
 class Store:
     """Database access for the server: one method per named query."""
 
-    def __init__(self, database_url: str, *, pool_size: int = 10, statement_timeout_ms: int = 0):
-        options = "-c application_name=cyclone-server"
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        pool_size: int = 10,
+        statement_timeout_ms: int = 0,
+        on_ready: Callable[[set[str]], None] | None = None,
+    ):
+        # Transitions report the actions they made ready instead of notifying inside
+        # their transaction (0003_deferred_notify.sql); on_ready hears of them.
+        self.on_ready = on_ready
+        options = "-c application_name=cyclone-server -c cyclone.defer_notify=on"
         if statement_timeout_ms:
             options += f" -c statement_timeout={int(statement_timeout_ms)}"
         self.engine: AsyncEngine = create_async_engine(
             sql_url(database_url),
             pool_size=pool_size,
-            max_overflow=pool_size,
+            # Overflow connections would be opened and closed under load; wait instead.
+            max_overflow=0,
             pool_pre_ping=False,
             isolation_level="AUTOCOMMIT",
             connect_args={"options": options},
@@ -101,11 +112,16 @@ class Store:
         try:
             async with self.engine.connect() as conn:
                 result = await conn.execute(Q[name], params)
-                return result.fetchall() if result.returns_rows else []
+                rows = result.fetchall() if result.returns_rows else []
         except sa.exc.DBAPIError as exc:
             raise _translate(exc) from exc
         except OSError as exc:
             raise errors.Unavailable(f"database unavailable: {exc}") from exc
+        if rows and self.on_ready and "ready" in rows[0]._fields:
+            ready = {a for row in rows if row.ready for a in row.ready.split(",")}
+            if ready:
+                self.on_ready(ready)
+        return rows
 
     async def _one(self, name: str, **params: Any) -> Row | None:
         rows = await self._all(name, **params)
@@ -229,7 +245,7 @@ class Store:
             output=output_json,
         )
         assert row is not None
-        return Completion(*row)
+        return Completion(row.step_status, row.run_status, row.duplicate, row.retry_at)
 
     async def step_fail(
         self,
@@ -255,7 +271,7 @@ class Store:
             retry_after_s=retry_after_s,
         )
         assert row is not None
-        return Completion(*row)
+        return Completion(row.step_status, row.run_status, row.duplicate, row.retry_at)
 
     async def step_retry(
         self, run_id: uuid.UUID, nodes: list[str] | None, *, actor: str, reason: str

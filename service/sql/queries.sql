@@ -2,8 +2,11 @@
 -- loaded by service.store; parameters are bound (:name), never formatted in.
 -- Transitions are functions (service/migrations); these are their calls and the reads.
 
+-- Transitions also return `ready`: the actions they made claimable (see
+-- 0003_deferred_notify.sql), read in the same statement.
+
 -- name: run_submit
-SELECT run_id, created
+SELECT run_id, created, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.run_submit(CAST(:run_id AS uuid), :workflow, :submit_key,
                           CAST(:input AS jsonb), CAST(:nodes AS jsonb));
 
@@ -24,30 +27,35 @@ SELECT lease_expires_at, cancelled
                               make_interval(secs => :lease_s), CAST(:progress AS jsonb));
 
 -- name: step_complete
-SELECT step_status, run_status, duplicate, retry_at
+SELECT step_status, run_status, duplicate, retry_at,
+       current_setting('cyclone.ready', true) AS ready
   FROM cyclone.step_complete(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid),
                              CAST(:output AS jsonb));
 
 -- name: step_fail
-SELECT step_status, run_status, duplicate, retry_at
+SELECT step_status, run_status, duplicate, retry_at,
+       current_setting('cyclone.ready', true) AS ready
   FROM cyclone.step_fail(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid), :type,
                          :message, :details, :retryable,
                          CASE WHEN CAST(:retry_after_s AS float8) IS NULL THEN NULL
                               ELSE make_interval(secs => :retry_after_s) END);
 
 -- name: step_retry
-SELECT cyclone.step_retry(CAST(:run_id AS uuid), CAST(:nodes AS text[]), :actor, :reason)
+SELECT nodes, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.step_retry(CAST(:run_id AS uuid), CAST(:nodes AS text[]), :actor, :reason)
        AS nodes;
 
 -- name: step_resolve
-SELECT cyclone.step_resolve(CAST(:run_id AS uuid), :node, :choice, CAST(:value AS jsonb),
+SELECT current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.step_resolve(CAST(:run_id AS uuid), :node, :choice, CAST(:value AS jsonb),
                             :actor, :reason);
 
 -- name: run_cancel
 SELECT cyclone.run_cancel(CAST(:run_id AS uuid), :actor, :reason);
 
 -- name: sweep
-SELECT cyclone.sweep(:limit) AS reclaimed;
+SELECT reclaimed, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.sweep(:limit) AS reclaimed;
 
 -- name: run_get
 -- A run with its steps, their errors and the audit trail, read in one statement so

@@ -1,0 +1,407 @@
+"""`make bench`: Cyclone's throughput, pickup latency and history sensitivity, each
+against a baseline measured in the same run on the same database.
+
+Scenarios (fixed counts, every loop bounded in count and time):
+  throughput  20,000 one-node runs drained by 2 worker processes through gRPC
+  baseline    the same 20,000 jobs drained by a minimal psycopg loop, 8 threads
+  dag         500 runs of a 20-node workflow (root, fan-out of 18, join)
+  pickup      200 single-node runs submitted one at a time to an idle worker
+  history     throughput again after 1,000,000 finished steps are in the tables
+  submit      runs submitted per second by 4 concurrent clients
+
+Writes bench/results/latest.json and prints a table. Durability settings stay at
+Postgres defaults (fsync, synchronous_commit on) throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import psycopg
+
+from cyclone.v1 import (
+    types_pb2,
+    worker_service_pb2,
+    worker_service_pb2_grpc,
+    workflow_service_pb2,
+    workflow_service_pb2_grpc,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+DEADLINE_S = 600  # no scenario may run longer than this
+
+
+# Setup ---------------------------------------------------------------------------
+
+
+def admin_url() -> str:
+    url = os.environ.get("CYCLONE_DATABASE_URL")
+    if url:
+        return url
+    from service import embedded
+
+    return embedded.start(ROOT / ".cyclone", database="postgres")
+
+
+def fresh_database(base: str, name: str) -> str:
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return re.sub(r"(postgres(?:ql)?://[^/]*/)([^?]*)", rf"\g<1>{name}", base, count=1)
+
+
+class Server:
+    def __init__(self, database_url: str) -> None:
+        env = {**os.environ, "CYCLONE_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "--listen", "127.0.0.1:0", "--log-level",
+             "WARNING", "--pool-size", "16"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for line in self.proc.stdout:
+            m = re.search(r"Cyclone is serving on (\S+)\.", line)
+            if m:
+                self.address = m.group(1)
+                break
+        else:
+            raise RuntimeError("server did not start")
+        threading.Thread(target=lambda: self.proc.stdout.read(), daemon=True).start()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def one_node(name: str, action: str) -> types_pb2.Workflow:
+    return types_pb2.Workflow(name=name, nodes=[types_pb2.Node(name="only", action=action)])
+
+
+def fan_workflow(action: str, width: int = 18) -> types_pb2.Workflow:
+    nodes = [types_pb2.Node(name="root", action=action)]
+    nodes += [types_pb2.Node(name=f"leaf{i}", action=action, depends_on=["root"])
+              for i in range(width)]
+    nodes.append(types_pb2.Node(name="join", action=action,
+                                depends_on=[f"leaf{i}" for i in range(width)]))
+    return types_pb2.Workflow(name="fan", nodes=nodes)
+
+
+def submit_many(address: str, workflows: list[types_pb2.Workflow], clients: int = 4,
+                once: bool = False) -> float:
+    """Submit every workflow; returns runs per second."""
+    chunks = [workflows[i::clients] for i in range(clients)]
+
+    def client(chunk: list[types_pb2.Workflow]) -> None:
+        with grpc.insecure_channel(address) as channel:
+            stub = workflow_service_pb2_grpc.WorkflowServiceStub(channel)
+            for wf in chunk:
+                if once:
+                    stub.SubmitOnce(workflow_service_pb2.SubmitOnceRequest(
+                        workflow=wf, key=uuid.uuid4().hex))
+                else:
+                    stub.Submit(workflow_service_pb2.SubmitRequest(workflow=wf))
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, chunks))
+    return len(workflows) / (time.perf_counter() - start)
+
+
+# Workers ---------------------------------------------------------------------------
+
+
+def worker_process(address: str, action: str, concurrency: int, stop_after_idle: float,
+                   pickup_file: str | None) -> None:
+    """A Python worker process: long-poll claims batched to free slots, no-op handler."""
+    import asyncio
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
+            spec = [worker_service_pb2.ActionSpec(name=action)]
+            idle_since = time.monotonic()
+            started = time.monotonic()
+            pickups = []
+
+            async def handle(step: worker_service_pb2.ClaimedStep) -> None:
+                if pickup_file:
+                    pickups.append((step.run_id, time.time()))
+                await stub.Complete(worker_service_pb2.CompleteRequest(
+                    run_id=step.run_id, node=step.node, lease_token=step.lease_token,
+                    output=struct_null()))
+
+            inflight: set[asyncio.Task] = set()
+            while time.monotonic() - started < DEADLINE_S:
+                free = concurrency - len(inflight)
+                if free <= 0:
+                    await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                request = worker_service_pb2.ClaimRequest(
+                    worker_id=f"bench-{os.getpid()}", actions=spec, max_steps=free)
+                request.wait.FromMilliseconds(500)
+                reply = await stub.Claim(request)
+                if not reply.steps:
+                    if not inflight and time.monotonic() - idle_since > stop_after_idle:
+                        break
+                    continue
+                idle_since = time.monotonic()
+                for step in reply.steps:
+                    task = asyncio.create_task(handle(step))
+                    inflight.add(task)
+                    task.add_done_callback(inflight.discard)
+            if inflight:
+                await asyncio.wait(inflight)
+            if pickup_file:
+                Path(pickup_file).write_text(json.dumps(pickups))
+
+    asyncio.run(main())
+
+
+def struct_null():
+    from google.protobuf import struct_pb2
+
+    return struct_pb2.Value(null_value=struct_pb2.NULL_VALUE)
+
+
+def start_workers(address: str, action: str, processes: int = 2, concurrency: int = 64,
+                  stop_after_idle: float = 2.0, pickup_file: str | None = None):
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=worker_process,
+                         args=(address, action, concurrency, stop_after_idle, pickup_file))
+             for _ in range(processes)]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def join(procs) -> None:
+    for p in procs:
+        p.join(DEADLINE_S)
+        if p.is_alive():
+            p.kill()
+            raise RuntimeError("worker did not finish in time")
+
+
+def steps_per_second(database_url: str, action: str) -> tuple[int, float]:
+    with psycopg.connect(database_url) as conn:
+        n, first, last = conn.execute(
+            "SELECT count(*), min(started_at), max(finished_at) FROM cyclone.steps "
+            "WHERE action = %s AND status = 'completed'", (action,)).fetchone()
+    return n, n / (last - first).total_seconds()
+
+
+# Scenarios -----------------------------------------------------------------------
+
+
+def scenario_throughput(address: str, database_url: str, runs: int, action: str) -> dict:
+    submit_many(address, [one_node("one", action)] * runs)
+    join(start_workers(address, action))
+    n, rate = steps_per_second(database_url, action)
+    assert n == runs, f"{n} of {runs} steps completed"
+    return {"steps": n, "steps_per_s": round(rate, 1)}
+
+
+def scenario_baseline(database_url: str, jobs: int, threads: int = 8) -> dict:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_jobs")
+        conn.execute("CREATE TABLE bench_jobs (id bigserial PRIMARY KEY, status text NOT NULL,"
+                     " payload jsonb, locked_at timestamptz, done_at timestamptz)")
+        conn.execute("CREATE INDEX ON bench_jobs (id) WHERE status = 'ready'")
+        conn.execute("INSERT INTO bench_jobs (status, payload) SELECT 'ready', '{}' "
+                     "FROM generate_series(1, %s)", (jobs,))
+    done = [0] * threads
+
+    def loop(i: int) -> None:
+        with psycopg.connect(database_url) as conn:
+            while True:
+                row = conn.execute(
+                    "UPDATE bench_jobs SET status = 'running', locked_at = now() WHERE id = ("
+                    " SELECT id FROM bench_jobs WHERE status = 'ready' ORDER BY id"
+                    " LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id").fetchone()
+                conn.commit()
+                if row is None:
+                    return
+                conn.execute("UPDATE bench_jobs SET status = 'done', done_at = now() "
+                             "WHERE id = %s", row)
+                conn.commit()
+                done[i] += 1
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(loop, range(threads)))
+    elapsed = time.perf_counter() - start
+    assert sum(done) == jobs
+    return {"jobs": jobs, "jobs_per_s": round(jobs / elapsed, 1)}
+
+
+def scenario_dag(address: str, database_url: str, runs: int, action: str) -> dict:
+    submit_many(address, [fan_workflow(action)] * runs)
+    join(start_workers(address, action))
+    n, rate = steps_per_second(database_url, action)
+    with psycopg.connect(database_url) as conn:
+        latencies = [float(r[0]) * 1000 for r in conn.execute(
+            "SELECT extract(epoch FROM finished_at - created_at) FROM cyclone.runs "
+            "WHERE workflow = 'fan' AND status = 'completed'")]
+    assert n == runs * 20
+    return {"steps": n, "steps_per_s": round(rate, 1),
+            "run_latency_ms": percentiles(latencies)}
+
+
+def scenario_pickup(address: str, runs: int, action: str, tmp: Path) -> dict:
+    pickup_file = str(tmp / "pickups.json")
+    procs = start_workers(address, action, processes=1, concurrency=1, stop_after_idle=3,
+                          pickup_file=pickup_file)
+    submitted = {}
+    with grpc.insecure_channel(address) as channel:
+        stub = workflow_service_pb2_grpc.WorkflowServiceStub(channel)
+        time.sleep(2)  # let the worker start and begin waiting
+        for _ in range(runs):
+            reply = stub.Submit(workflow_service_pb2.SubmitRequest(workflow=one_node("p", action)))
+            submitted[reply.run_id] = time.time()
+            time.sleep(0.05)  # an idle system: one run at a time
+    join(procs)
+    pickups = dict(json.loads(Path(pickup_file).read_text()))
+    latencies = [(pickups[r] - t) * 1000 for r, t in submitted.items()]
+    return percentiles(latencies)
+
+
+def scenario_history(database_url: str, finished: int) -> None:
+    """Load finished runs and steps straight into the tables, in batches."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        batch = 100_000
+        for start in range(0, finished, batch):
+            conn.execute("""
+                WITH r AS (
+                    INSERT INTO cyclone.runs (run_id, workflow, status, steps_total, steps_open,
+                                              created_at, updated_at, finished_at)
+                    SELECT gen_random_uuid(), 'old', 'completed', 1, 0,
+                           now() - interval '1 day', now(), now()
+                      FROM generate_series(1, %s)
+                    RETURNING run_id)
+                INSERT INTO cyclone.steps (run_id, node, position, action, status, trigger_rule,
+                    depends_on, dependents, deps_open, attempt, max_attempts, initial_backoff,
+                    max_backoff, backoff_multiplier, timeout, output, started_at, finished_at)
+                SELECT run_id, 'only', 0, 'old', 'completed', 'all_success', '{}', '{}', 0, 1,
+                       3, '1s', '5m', 2, '5m', 'null', now(), now() FROM r
+            """, (min(batch, finished - start),))
+        conn.execute("VACUUM ANALYZE cyclone.runs")
+        conn.execute("VACUUM ANALYZE cyclone.steps")
+
+
+def percentiles(values: list[float]) -> dict:
+    values = sorted(values)
+    q = statistics.quantiles(values, n=100)
+    return {"p50": round(q[49], 2), "p99": round(q[98], 2), "n": len(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=20_000)
+    parser.add_argument("--dag-runs", type=int, default=500)
+    parser.add_argument("--pickups", type=int, default=200)
+    parser.add_argument("--history", type=int, default=1_000_000)
+    parser.add_argument("--only", default="", help="comma-separated scenarios to run")
+    args = parser.parse_args()
+    only = set(filter(None, args.only.split(",")))
+
+    def wanted(name: str) -> bool:
+        return not only or name in only
+
+    base = admin_url()
+    database_url = fresh_database(base, "cyclone_bench")
+    from service.migrate import migrate
+
+    migrate(database_url)
+    with psycopg.connect(database_url) as conn:
+        pg_version = conn.execute("SHOW server_version").fetchone()[0]
+    server = Server(database_url)
+    results: dict = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "postgres": pg_version,
+    }
+    tmp = RESULTS / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        if wanted("submit"):
+            results["submit"] = {
+                "runs_per_s": round(submit_many(
+                    server.address, [one_node("s", "submit-only")] * 2000), 1),
+                "once_runs_per_s": round(submit_many(
+                    server.address, [one_node("s1", "submit-only")] * 2000, once=True), 1),
+            }
+            print("submit", results["submit"], flush=True)
+        if wanted("throughput"):
+            results["throughput"] = scenario_throughput(
+                server.address, database_url, args.runs, "noop")
+            base_result = scenario_baseline(database_url, args.runs)
+            results["throughput"]["baseline_jobs_per_s"] = base_result["jobs_per_s"]
+            results["throughput"]["ratio"] = round(
+                results["throughput"]["steps_per_s"] / base_result["jobs_per_s"], 2)
+            print("throughput", results["throughput"], flush=True)
+        if wanted("dag"):
+            results["dag"] = scenario_dag(server.address, database_url, args.dag_runs, "dagop")
+            print("dag", results["dag"], flush=True)
+        if wanted("pickup"):
+            results["pickup_ms"] = scenario_pickup(server.address, args.pickups, "pick", tmp)
+            print("pickup_ms", results["pickup_ms"], flush=True)
+        if wanted("history") and "throughput" in results:
+            scenario_history(database_url, args.history)
+            again = scenario_throughput(server.address, database_url, args.runs, "noop2")
+            results["history"] = {
+                "finished_steps_loaded": args.history,
+                "steps_per_s": again["steps_per_s"],
+                "ratio": round(again["steps_per_s"] / results["throughput"]["steps_per_s"], 2),
+            }
+            print("history", results["history"], flush=True)
+    finally:
+        server.stop()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
+    print_table(results)
+
+
+def print_table(r: dict) -> None:
+    rows = []
+    if "throughput" in r:
+        t = r["throughput"]
+        rows += [("throughput steps/s", t["steps_per_s"]),
+                 ("baseline jobs/s (psycopg loop)", t["baseline_jobs_per_s"]),
+                 ("throughput ratio (target >= 1.5)", t["ratio"])]
+    if "dag" in r:
+        rows += [("dag steps/s", r["dag"]["steps_per_s"]),
+                 ("dag run latency p50 / p99 ms",
+                  f'{r["dag"]["run_latency_ms"]["p50"]} / {r["dag"]["run_latency_ms"]["p99"]}')]
+    if "pickup_ms" in r:
+        rows.append(("pickup p50 / p99 ms (target 5 / 25)",
+                     f'{r["pickup_ms"]["p50"]} / {r["pickup_ms"]["p99"]}'))
+    if "history" in r:
+        rows.append(("history ratio (target >= 0.9)", r["history"]["ratio"]))
+    if "submit" in r:
+        rows.append(("submit runs/s (Submit / SubmitOnce)",
+                     f'{r["submit"]["runs_per_s"]} / {r["submit"]["once_runs_per_s"]}'))
+    width = max(len(k) for k, _ in rows)
+    print()
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}")
+    print(f"\n  Postgres {r['postgres']}, {r['machine']['cpus']} CPUs; "
+          "bench/results/latest.json written")
+
+
+if __name__ == "__main__":
+    main()
