@@ -9,7 +9,21 @@ TOOLS := $(CURDIR)/.tools
 BUF := $(TOOLS)/npm/node_modules/.bin/buf
 GRPCURL := $(TOOLS)/bin/grpcurl
 GEN := pyclient/_gen
+# Go and TypeScript code from the same protos, for examples/go and examples/ts. The
+# protoc plugins are pinned by examples/go/go.mod (tool directives) and
+# examples/ts/package-lock.json.
+GO_GEN := examples/go/gen
+GO_MODULE := cyclone/examples/go
+TS_GEN := examples/ts/src/gen
+PROTOC_GEN_GO := $(TOOLS)/bin/protoc-gen-go
+PROTOC_GEN_GO_GRPC := $(TOOLS)/bin/protoc-gen-go-grpc
+TS_NPM := examples/ts/node_modules
+PROTOC_GEN_ES := $(CURDIR)/$(TS_NPM)/.bin/protoc-gen-es
+GENERATED := $(GEN) $(GO_GEN) $(TS_GEN)
 PROTOS := $(shell find protos -name '*.proto' | sort)
+# The protos set no go_package: map each file to a Go package under $(GO_GEN), named
+# after its proto package (cyclone/v1/x.proto -> $(GO_MODULE)/gen/cyclone/v1, cyclonev1).
+GO_PACKAGES := $(foreach p,$(PROTOS:protos/%=%),'M$(p)=$(GO_MODULE)/gen/$(patsubst %/,%,$(dir $(p)));$(subst /,,$(dir $(p)))')
 ADDR ?= 127.0.0.1:50051
 
 export PATH := $(TOOLS)/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
@@ -34,11 +48,18 @@ $(BUF):
 $(GRPCURL):
 	GOBIN=$(TOOLS)/bin go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4
 
+$(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) &: examples/go/go.mod
+	cd examples/go && GOBIN=$(TOOLS)/bin go install tool
+
+# npm rewrites node_modules/.package-lock.json at every install: it dates the install.
+$(TS_NPM)/.package-lock.json: examples/ts/package-lock.json
+	cd examples/ts && npm ci --silent --no-audit --no-fund
+
 .PHONY: tools
-tools: $(BUF) $(GRPCURL) ## Install buf (npm) and grpcurl (go install) under .tools/
+tools: $(BUF) $(GRPCURL) $(PROTOC_GEN_GO) $(TS_NPM)/.package-lock.json ## Install buf, grpcurl, the Go and TS protoc plugins
 
 .PHONY: proto
-proto: $(VENV)/.stamp ## Regenerate the Python stubs from protos/
+proto: $(VENV)/.stamp $(PROTOC_GEN_GO) $(TS_NPM)/.package-lock.json ## Regenerate the Python, Go and TS code from protos/
 	rm -rf $(GEN) && mkdir -p $(GEN)
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=$(GEN) --pyi_out=$(GEN) \
 		--grpc_python_out=$(GEN) $(PROTOS)
@@ -46,16 +67,25 @@ proto: $(VENV)/.stamp ## Regenerate the Python stubs from protos/
 	$(PY) -m grpc_tools.protoc -Iprotos --include_source_info --include_imports \
 		--descriptor_set_out=$(GEN)/cyclone/v1/cyclone.binpb $(PROTOS)
 	find $(GEN) -type d -exec touch {}/__init__.py \;
+	rm -rf $(GO_GEN) && mkdir -p $(GO_GEN)
+	$(PY) -m grpc_tools.protoc -Iprotos \
+		--plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=$(GO_GEN) \
+		--go_opt=paths=source_relative $(GO_PACKAGES:%=--go_opt=%) \
+		--plugin=protoc-gen-go-grpc=$(PROTOC_GEN_GO_GRPC) --go-grpc_out=$(GO_GEN) \
+		--go-grpc_opt=paths=source_relative $(GO_PACKAGES:%=--go-grpc_opt=%) $(PROTOS)
+	rm -rf $(TS_GEN) && mkdir -p $(TS_GEN)
+	$(PY) -m grpc_tools.protoc -Iprotos --plugin=protoc-gen-es=$(PROTOC_GEN_ES) \
+		--es_out=$(TS_GEN) --es_opt=target=ts,import_extension=js $(PROTOS)
 
 .PHONY: verify
-verify: $(VENV)/.stamp $(BUF) ## buf lint, buf breaking against main, stubs up to date
+verify: $(VENV)/.stamp $(BUF) ## buf lint, buf breaking against main, generated code up to date
 	$(BUF) lint
 	@if git rev-parse -q --verify main >/dev/null && git cat-file -e main:buf.yaml 2>/dev/null; then \
 		echo "buf breaking against main"; $(BUF) breaking --against '.git#branch=main'; \
 	else echo "buf breaking: no protos on main yet"; fi
 	$(MAKE) --no-print-directory proto
-	git diff --exit-code -- $(GEN) || { echo "stubs differ from protos/: run make proto and commit"; exit 1; }
-	@test -z "$$(git status --porcelain -- $(GEN))" || { git status --porcelain -- $(GEN); echo "untracked generated files: run make proto and commit"; exit 1; }
+	git diff --exit-code -- $(GENERATED) || { echo "generated code differs from protos/: run make proto and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- $(GENERATED))" || { git status --porcelain -- $(GENERATED); echo "untracked generated files: run make proto and commit"; exit 1; }
 
 .PHONY: lint
 lint: $(VENV)/.stamp ## ruff over hand-written code
