@@ -140,3 +140,33 @@ class CompleteResponse(_message.Message):
     run_status: _types_pb2.RunStatus
     duplicate: bool
     def __init__(self, status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., retry_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., run_status: _Optional[_Union[_types_pb2.RunStatus, str]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class CompleteManyRequest(_message.Message):
+    __slots__ = ("completions",)
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    completions: _containers.RepeatedCompositeFieldContainer[CompleteRequest]
+    def __init__(self, completions: _Optional[_Iterable[_Union[CompleteRequest, _Mapping]]] = ...) -> None: ...
+
+class CompleteManyResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[CompleteResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[CompleteResult, _Mapping]]] = ...) -> None: ...
+
+class CompleteResult(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: CompleteResponse
+    error: CompleteError
+    def __init__(self, response: _Optional[_Union[CompleteResponse, _Mapping]] = ..., error: _Optional[_Union[CompleteError, _Mapping]] = ...) -> None: ...
+
+class CompleteError(_message.Message):
+    __slots__ = ("code", "message", "current_attempt")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    current_attempt: int
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., current_attempt: _Optional[int] = ...) -> None: ...

@@ -51,6 +51,11 @@ class WorkerServiceStub:
                 request_serializer=cyclone_dot_v1_dot_worker__service__pb2.CompleteRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.CompleteResponse.FromString,
                 _registered_method=True)
+        self.CompleteMany = channel.unary_unary(
+                '/cyclone.v1.WorkerService/CompleteMany',
+                request_serializer=cyclone_dot_v1_dot_worker__service__pb2.CompleteManyRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.CompleteManyResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -88,6 +93,17 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompleteMany(self, request, context):
+        """Complete for several held steps in one call and one transaction: each outcome is
+        applied as Complete would apply it, and all are durable before the reply. One
+        refused completion (a lost lease, say) does not affect the others: each has its
+        own result, in request order. Workers that finish many steps at once use it to
+        save round trips and commits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +121,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Complete,
                     request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.CompleteRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_worker__service__pb2.CompleteResponse.SerializeToString,
+            ),
+            'CompleteMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteMany,
+                    request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.CompleteManyRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_worker__service__pb2.CompleteManyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -190,6 +211,33 @@ class WorkerService:
             '/cyclone.v1.WorkerService/Complete',
             cyclone_dot_v1_dot_worker__service__pb2.CompleteRequest.SerializeToString,
             cyclone_dot_v1_dot_worker__service__pb2.CompleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkerService/CompleteMany',
+            cyclone_dot_v1_dot_worker__service__pb2.CompleteManyRequest.SerializeToString,
+            cyclone_dot_v1_dot_worker__service__pb2.CompleteManyResponse.FromString,
             options,
             channel_credentials,
             insecure,
