@@ -1,0 +1,96 @@
+package worker
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	cyclonev1 "cyclone/examples/go/gen/cyclone/v1"
+)
+
+// Step is one claimed step, as its handler sees it: the ClaimedStep of the protocol
+// (RunId, Node, Attempt, LeaseToken, ...) and helpers to read its JSON payloads.
+type Step struct {
+	*cyclonev1.ClaimedStep
+
+	// Set once CompleteInTx has committed: the outcome is recorded, nothing to report.
+	completedInTx bool
+}
+
+// Key is the step's idempotency key, "run_id:node": the same on every attempt, so an
+// outside system can use it to drop a repeated effect.
+func (s *Step) Key() string { return s.RunId + ":" + s.Node }
+
+// DecodeInput decodes the node's static input into v (a pointer, as for json.Unmarshal).
+func (s *Step) DecodeInput(v any) error { return decode(s.Input, v) }
+
+// DecodeRunInput decodes the run's input into v.
+func (s *Step) DecodeRunInput(v any) error { return decode(s.RunInput, v) }
+
+// DecodeUpstream decodes the output of the upstream node named node into v.
+func (s *Step) DecodeUpstream(node string, v any) error {
+	out, ok := s.UpstreamOutputs[node]
+	if !ok {
+		return fmt.Errorf("no output of upstream node %q", node)
+	}
+	return decode(out, v)
+}
+
+// Failure is a handler error with a class name (Failure.type in the protocol) and
+// whether retrying can help. Other errors are reported as retryable.
+type Failure struct {
+	Type         string
+	Message      string
+	NonRetryable bool
+}
+
+func (f *Failure) Error() string { return f.Type + ": " + f.Message }
+
+// NonRetryable makes err a failure that discards the step at once: another attempt
+// would fail the same way.
+func NonRetryable(typ string, err error) error {
+	return &Failure{Type: typ, Message: err.Error(), NonRetryable: true}
+}
+
+// Why a handler's context was cancelled before its deadline. The worker drops the
+// outcome of such a step: the server would refuse it.
+var (
+	// ErrLeaseLost: Heartbeat answered ABORTED (the lease expired and the step may
+	// already run elsewhere), or the completion SQL raised SQLSTATE CY001.
+	ErrLeaseLost = errors.New("lease lost")
+	// ErrRunCancelled: the run was cancelled (Heartbeat said so).
+	ErrRunCancelled = errors.New("run cancelled")
+)
+
+// leaseLost is ErrLeaseLost with the server's explanation as its message.
+type leaseLost struct{ reason string }
+
+func (e *leaseLost) Error() string        { return e.reason }
+func (e *leaseLost) Is(target error) bool { return target == ErrLeaseLost }
+
+// toValue turns any JSON-encodable Go value into a google.protobuf.Value.
+func toValue(v any) (*structpb.Value, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("output is not JSON: %w", err)
+	}
+	out := &structpb.Value{}
+	if err := protojson.Unmarshal(raw, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func decode(in *structpb.Value, v any) error {
+	if in == nil {
+		in = structpb.NewNullValue()
+	}
+	raw, err := protojson.Marshal(in)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(raw, v)
+}
