@@ -1,0 +1,40 @@
+// Unit tests of the pieces that need no server: `npm test` after `npm run build`.
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { create, toJson } from "@bufbuild/protobuf";
+
+import { checkoutWorkflow, parseItem } from "../src/checkout.js";
+import { parseRunStatus, runStatusName } from "../src/cyclone.js";
+import { RunStatus, WorkflowSchema } from "../src/gen/cyclone/v1/types_pb.js";
+
+test("the checkout workflow is the JSON a grpcurl user would send", () => {
+  assert.deepEqual(toJson(WorkflowSchema, create(WorkflowSchema, checkoutWorkflow)), {
+    name: "checkout",
+    nodes: [
+      { name: "price", action: "checkout.price", timeout: "30s" },
+      {
+        name: "charge",
+        action: "checkout.charge",
+        dependsOn: ["price"],
+        retry: { maxAttempts: 3 },
+        timeout: "60s",
+      },
+    ],
+  });
+});
+
+test("an item is SKU:QTY:UNIT_PRICE_CENTS", () => {
+  assert.deepEqual(parseItem("tea:2:450"), { sku: "tea", qty: 2, unit_price: 450 });
+  for (const bad of ["tea", "tea:0:450", "tea:two:450", ":1:1", "tea:1:4.5"]) {
+    assert.throws(() => parseItem(bad), /bad item/);
+  }
+});
+
+test("run statuses read and print as lower-case words", () => {
+  assert.equal(runStatusName(RunStatus.COMPLETED), "completed");
+  assert.equal(parseRunStatus("Failed"), RunStatus.FAILED);
+  assert.equal(parseRunStatus("unspecified"), undefined);
+  assert.equal(parseRunStatus("done"), undefined);
+});
