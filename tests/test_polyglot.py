@@ -1,0 +1,327 @@
+"""One workflow, three languages: the checkout of examples/ submitted from TypeScript,
+its `price` node handled by the Python worker, its `charge` node by the Go worker
+(a ledger row committed with the step's completion), and an operator inspecting and
+retrying it with grpcurl. The examples are built as their READMEs say, once per
+session; a missing go, node or npm fails these tests instead of skipping them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+GO_EXAMPLE = ROOT / "examples" / "go"
+TS_EXAMPLE = ROOT / "examples" / "ts"
+PRICE_WORKER = ROOT / "examples" / "polyglot" / "price_worker.py"
+#: Upper bound of any wait here; reached only when something is broken.
+PATIENCE = 30.0
+#: The default order of `cyclone-ts submit`: tea 2 x 450 + scone 3 x 300 cents.
+DEFAULT_TOTAL = 1800
+#: The Go worker's output for that order, when its ledger row was inserted.
+CHARGED = {"charged": DEFAULT_TOTAL, "currency": "EUR", "booked": True}
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    assert path, f"{name} is not installed: the polyglot tests need Go and Node.js"
+    return path
+
+
+def _build(*cmd: str, cwd: Path) -> None:
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}"
+
+
+@pytest.fixture(scope="session")
+def go_worker_binary() -> Path:
+    """examples/go's checkout-worker, built with the command of its README."""
+    _build(
+        _tool("go"), "build", "-o", "bin/checkout-worker", "./cmd/checkout-worker", cwd=GO_EXAMPLE
+    )
+    return GO_EXAMPLE / "bin" / "checkout-worker"
+
+
+@pytest.fixture(scope="session")
+def ts_cli() -> list[str]:
+    """examples/ts's CLI, installed and compiled with the commands of its README."""
+    npm, node = _tool("npm"), _tool("node")
+    installed = TS_EXAMPLE / "node_modules" / ".package-lock.json"
+    lock = TS_EXAMPLE / "package-lock.json"
+    # `make tools` may have installed exactly this lock file already.
+    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
+        _build(npm, "ci", "--no-audit", "--no-fund", cwd=TS_EXAMPLE)
+    _build(npm, "run", "build", cwd=TS_EXAMPLE)
+    return [node, str(TS_EXAMPLE / "dist" / "src" / "main.js")]
+
+
+@dataclass
+class Process:
+    """A worker process whose output goes to a file (so it never blocks on a pipe)."""
+
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        """SIGTERM, as a deployment would; the worker must finish cleanly."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(PATIENCE)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+                pytest.fail(f"{self.name} did not stop on SIGTERM:\n{self.log}")
+        assert self.popen.returncode == 0, (
+            f"{self.name} exited {self.popen.returncode}:\n{self.log}"
+        )
+
+
+@pytest.fixture
+def start_process(tmp_path: Path) -> Iterator[Callable[..., Process]]:
+    started: list[Process] = []
+
+    def start(name: str, *cmd: str | Path) -> Process:
+        log_path = tmp_path / f"{name}-{len(started)}.log"
+        with log_path.open("w") as log:
+            popen = subprocess.Popen(
+                [str(c) for c in cmd],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                cwd=ROOT,
+            )
+        process = Process(name, popen, log_path)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.popen.poll() is None:
+            process.popen.kill()
+            process.popen.wait()
+
+
+@pytest.fixture
+def python_worker(cyclone_server, start_process) -> Process:
+    return start_process(
+        "price-worker", sys.executable, PRICE_WORKER, "--address", cyclone_server.address
+    )
+
+
+@pytest.fixture
+def go_worker(cyclone_server, start_process, go_worker_binary) -> Callable[..., Process]:
+    """Start examples/go's worker on the test's server and database, with extra flags."""
+
+    def start(*flags: str) -> Process:
+        return start_process(
+            "go-worker",
+            go_worker_binary,
+            "-address",
+            cyclone_server.address,
+            "-database-url",
+            cyclone_server.database_url,
+            *flags,
+        )
+
+    return start
+
+
+@pytest.fixture
+def ts(cyclone_server, ts_cli) -> Callable[..., subprocess.CompletedProcess]:
+    """Run `cyclone-ts ARGS... --address SERVER`."""
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*ts_cli, *args, "--address", cyclone_server.address],
+            capture_output=True,
+            text=True,
+            timeout=PATIENCE + 30,
+        )
+
+    return run
+
+
+@pytest.fixture
+def grpcurl_call(grpcurl, cyclone_server) -> Callable[..., dict]:
+    """An operator's grpcurl call: grpcurl_call("cyclone.v1.WorkflowService/GetRun", {...})."""
+
+    def call(method: str, body: dict) -> dict:
+        out = subprocess.run(
+            [grpcurl, "-plaintext", "-d", json.dumps(body), cyclone_server.address, method],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    return call
+
+
+def _eventually(check: Callable[[], Any], what: str) -> Any:
+    end = time.monotonic() + PATIENCE
+    while not (value := check()):
+        if time.monotonic() > end:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+def _steps(run: dict) -> dict[str, dict]:
+    return {step["node"]: step for step in run["steps"]}
+
+
+def _ledger(server) -> list[tuple[str, str, int]]:
+    return [
+        (str(run_id), node, amount)
+        for run_id, node, amount in server.sql("SELECT run_id, node, amount FROM ledger")
+    ]
+
+
+def test_a_checkout_submitted_from_typescript_is_priced_in_python_and_charged_in_go(
+    cyclone_server, python_worker, go_worker, ts, grpcurl_call
+):
+    go = go_worker()
+    submitted = ts("submit", "--customer", "ada", "--wait", "--json")
+    assert submitted.returncode == 0, submitted.stderr + go.log + python_worker.log
+    first, waited = submitted.stdout.splitlines()
+    run_id = json.loads(first)["runId"]
+    assert json.loads(waited)["status"] == "RUN_STATUS_COMPLETED"
+
+    run = grpcurl_call("cyclone.v1.WorkflowService/GetRun", {"run_id": run_id})["run"]
+    assert run["status"] == "RUN_STATUS_COMPLETED"
+    assert run["input"]["customer"] == "ada"
+    steps = _steps(run)
+    assert [s["node"] for s in run["steps"]] == ["price", "charge"]
+    assert steps["price"]["status"] == "STEP_STATUS_COMPLETED"
+    assert steps["price"]["attempt"] == 1
+    assert steps["price"]["output"] == {"amount": DEFAULT_TOTAL, "currency": "EUR", "items": 2}
+    assert steps["charge"]["status"] == "STEP_STATUS_COMPLETED"
+    assert steps["charge"]["attempt"] == 1
+    assert steps["charge"]["output"] == CHARGED
+    assert "errors" not in steps["price"] and "errors" not in steps["charge"]
+    assert _ledger(cyclone_server) == [(run_id, "charge", DEFAULT_TOTAL)]
+    assert "step completed in its transaction" in go.log
+
+    listed = ts("list", "--workflow", "checkout", "--status", "completed", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [r["runId"] for r in json.loads(listed.stdout)] == [run_id]
+    go.stop()
+    python_worker.stop()
+
+
+def test_a_declined_charge_is_inspected_and_retried_with_grpcurl_and_booked_once(
+    cyclone_server, python_worker, go_worker, ts, grpcurl_call
+):
+    declining = go_worker("-limit", "1000")  # the order is 1800 cents
+    submitted = ts("submit", "--customer", "bob", "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = json.loads(submitted.stdout)["runId"]
+    waited = ts("wait", run_id, "--json")
+    assert waited.returncode == 1, waited.stderr  # settled, but not completed
+    assert json.loads(waited.stdout)["status"] == "RUN_STATUS_FAILED"
+
+    # The operator looks: the charge was declined for good, nothing was booked.
+    run = grpcurl_call("cyclone.v1.WorkflowService/GetRun", {"run_id": run_id})["run"]
+    assert run["status"] == "RUN_STATUS_FAILED"
+    assert run["error"]["kind"] == "StepDiscarded"
+    assert run["error"]["node"] == "charge"
+    steps = _steps(run)
+    assert steps["price"]["status"] == "STEP_STATUS_COMPLETED"
+    assert steps["charge"]["status"] == "STEP_STATUS_DISCARDED"
+    [error] = steps["charge"]["errors"]
+    assert error["type"] == "CardDeclined"
+    assert error["message"] == "1800 cents is over the card's limit of 1000"
+    assert error["kind"] == "handler" and "retryable" not in error  # false is omitted
+    assert _ledger(cyclone_server) == []
+    declining.stop()
+
+    # The limit is raised (a new worker is deployed), then the node is retried in place.
+    go = go_worker()
+    retried = grpcurl_call(
+        "cyclone.v1.AdminService/Retry",
+        {"run_id": run_id, "node": "charge", "reason": "card limit raised"},
+    )
+    assert retried["run"]["status"] == "RUN_STATUS_RUNNING"
+    waited = ts("wait", run_id, "--json")
+    assert waited.returncode == 0, waited.stderr + go.log
+
+    run = grpcurl_call("cyclone.v1.WorkflowService/GetRun", {"run_id": run_id})["run"]
+    assert run["status"] == "RUN_STATUS_COMPLETED"
+    assert "error" not in run
+    steps = _steps(run)
+    assert (steps["price"]["status"], steps["price"]["attempt"]) == ("STEP_STATUS_COMPLETED", 1)
+    assert (steps["charge"]["status"], steps["charge"]["attempt"]) == ("STEP_STATUS_COMPLETED", 2)
+    assert steps["charge"]["output"] == CHARGED
+    assert [e["type"] for e in steps["charge"]["errors"]] == ["CardDeclined"]
+    [audit] = run["audit"]
+    assert (audit["action"], audit["node"], audit["reason"]) == (
+        "retry",
+        "charge",
+        "card limit raised",
+    )
+    assert _ledger(cyclone_server) == [(run_id, "charge", DEFAULT_TOTAL)]
+    go.stop()
+    python_worker.stop()
+
+
+def test_a_charge_that_loses_its_lease_before_commit_rolls_back_and_is_booked_once(
+    cyclone_server, python_worker, go_worker, ts, grpcurl_call
+):
+    go = go_worker("-gateway-delay", "1.5s")
+    submitted = ts("submit", "--customer", "cy", "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = json.loads(submitted.stdout)["runId"]
+
+    # While the gateway answers, the ledger row is written but not committed: the
+    # lease ends under the handler (the clock jumps past it) and the sweep reclaims it.
+    _eventually(
+        lambda: cyclone_server.sql(
+            "SELECT 1 FROM cyclone.steps WHERE run_id = %s AND node = 'charge'"
+            " AND status = 'running'",
+            run_id,
+        ),
+        "the Go worker to claim the charge",
+    )
+    cyclone_server.advance_clock(120)
+    assert cyclone_server.sweep() == 1
+    _eventually(lambda: "lease lost" in go.log, "the Go worker to lose its lease")
+
+    waited = ts("wait", run_id, "--json")
+    assert waited.returncode == 0, waited.stderr + go.log
+    run = grpcurl_call("cyclone.v1.WorkflowService/GetRun", {"run_id": run_id})["run"]
+    steps = _steps(run)
+    assert (steps["charge"]["status"], steps["charge"]["attempt"]) == ("STEP_STATUS_COMPLETED", 2)
+    assert [e["kind"] for e in steps["charge"]["errors"]] == ["lease_expired"]
+    assert steps["charge"]["output"]["booked"] is True  # the first row was rolled back
+    assert _ledger(cyclone_server) == [(run_id, "charge", DEFAULT_TOTAL)]
+    go.stop()
+    python_worker.stop()
+
+
+def test_the_typescript_client_unit_tests_pass(ts_cli):
+    out = subprocess.run(
+        [_tool("npm"), "test"], cwd=TS_EXAMPLE, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "# fail 0" in out.stdout
