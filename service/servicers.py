@@ -39,7 +39,7 @@ from service import convert, errors
 from service.config import Settings
 from service.errors import rpc
 from service.notify import Dispatcher
-from service.store import Store, parse_uuid
+from service.store import Store, parse_uuid, sqlstate_error
 
 log = logging.getLogger("cyclone")
 
@@ -413,15 +413,13 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             lease_expires_at=convert.timestamp(row.lease_expires_at), cancelled=row.cancelled
         )
 
-    @rpc
-    async def Complete(self, request, context):
+    def _completion(self, request: worker_pb.CompleteRequest) -> dict[str, Any]:
+        """A validated completion: the step's key plus its output or failure."""
         run_id, node, token = self._step_key(request)
+        item: dict[str, Any] = {"run_id": run_id, "node": node, "lease_token": token}
         outcome = request.WhichOneof("outcome")
-        extra = {"run_id": str(run_id), "node": node}
         if outcome == "output":
-            output = convert.value_to_json(request.output, "output")
-            done = await self.store.step_complete(run_id, node, token, output)
-            log.debug("completed %s/%s", run_id, node, extra=extra)
+            item["output_json"] = convert.value_to_json(request.output, "output")
         elif outcome == "failure":
             f = request.failure
             retry_after = _seconds(f.retry_after) if f.HasField("retry_after") else None
@@ -429,40 +427,91 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 raise errors.InvalidArgument(
                     f"retry_after must be between 0s and {dag.MAX_BACKOFF_S:g}s"
                 )
-            done = await self.store.step_fail(
-                run_id,
-                node,
-                token,
-                type_=_text(f.type, "failure.type", 200),
-                message=_text(f.message, "failure.message", MAX_ERROR_TEXT),
-                details=_text(f.details, "failure.details", MAX_ERROR_TEXT),
-                retryable=not f.non_retryable,
-                retry_after_s=retry_after,
-            )
-            if done.step_status == "discarded":
-                log.error(
-                    "step %s/%s discarded: %s: %s", run_id, node, f.type, f.message, extra=extra
-                )
-            else:
-                log.info(
-                    "step %s/%s failed, retry at %s: %s: %s",
-                    run_id,
-                    node,
-                    done.retry_at,
-                    f.type,
-                    f.message,
-                    extra=extra,
-                )
+            item["failure"] = {
+                "type": _text(f.type, "failure.type", 200),
+                "message": _text(f.message, "failure.message", MAX_ERROR_TEXT),
+                "details": _text(f.details, "failure.details", MAX_ERROR_TEXT),
+                "retryable": not f.non_retryable,
+                "retry_after_s": retry_after,
+            }
         else:
             raise errors.InvalidArgument("outcome is required: set output or failure")
-        response = worker_pb.CompleteResponse(
-            status=convert.STEP_STATUS[done.step_status],
-            run_status=convert.RUN_STATUS[done.run_status],
-            duplicate=done.duplicate,
+        return item
+
+    @rpc
+    async def Complete(self, request, context):
+        item = self._completion(request)
+        key = (item["run_id"], item["node"], item["lease_token"])
+        if "failure" in item:
+            done = await self.store.step_fail(*key, item["failure"])
+        else:
+            done = await self.store.step_complete(*key, item["output_json"])
+        _log_outcome(item, done.step_status, done.retry_at)
+        return _complete_response(done)
+
+    @rpc
+    async def CompleteMany(self, request, context):
+        if not 1 <= len(request.completions) <= 1000:
+            raise errors.InvalidArgument(
+                f"completions must hold 1 to 1000 items, got {len(request.completions)}"
+            )
+        items = []
+        for i, completion in enumerate(request.completions):
+            try:
+                items.append(self._completion(completion))
+            except errors.CycloneError as exc:
+                raise type(exc)(f"completions[{i}]: {exc}") from None
+        results = []
+        for item, row in zip(items, await self.store.step_complete_many(items), strict=True):
+            if row.error_state:
+                error = worker_pb.CompleteError(
+                    code=sqlstate_error(row.error_state).code.value[0], message=row.error_message
+                )
+                if row.error_detail and row.error_detail.startswith("current_attempt="):
+                    error.current_attempt = int(row.error_detail.partition("=")[2])
+                results.append(worker_pb.CompleteResult(error=error))
+            else:
+                _log_outcome(item, row.step_status, row.retry_at)
+                results.append(worker_pb.CompleteResult(response=_complete_response(row)))
+        return worker_pb.CompleteManyResponse(results=results)
+
+
+def _complete_response(done: Any) -> worker_pb.CompleteResponse:
+    response = worker_pb.CompleteResponse(
+        status=convert.STEP_STATUS[done.step_status],
+        run_status=convert.RUN_STATUS[done.run_status],
+        duplicate=done.duplicate,
+    )
+    if done.retry_at is not None:
+        response.retry_at.CopyFrom(convert.timestamp(done.retry_at))
+    return response
+
+
+def _log_outcome(item: dict[str, Any], status: str, retry_at: Any) -> None:
+    run_id, node = item["run_id"], item["node"]
+    extra = {"run_id": str(run_id), "node": node}
+    failure = item.get("failure")
+    if failure is None:
+        log.debug("completed %s/%s", run_id, node, extra=extra)
+    elif status == "discarded":
+        log.error(
+            "step %s/%s discarded: %s: %s",
+            run_id,
+            node,
+            failure["type"],
+            failure["message"],
+            extra=extra,
         )
-        if done.retry_at is not None:
-            response.retry_at.CopyFrom(convert.timestamp(done.retry_at))
-        return response
+    else:
+        log.info(
+            "step %s/%s failed, retry at %s: %s: %s",
+            run_id,
+            node,
+            retry_at,
+            failure["type"],
+            failure["message"],
+            extra=extra,
+        )
 
 
 def _blocked(row: Any) -> bool:

@@ -248,30 +248,40 @@ class Store:
         return Completion(row.step_status, row.run_status, row.duplicate, row.retry_at)
 
     async def step_fail(
-        self,
-        run_id: uuid.UUID,
-        node: str,
-        lease_token: uuid.UUID,
-        *,
-        type_: str,
-        message: str,
-        details: str,
-        retryable: bool,
-        retry_after_s: float | None,
+        self, run_id: uuid.UUID, node: str, lease_token: uuid.UUID, failure: dict[str, Any]
     ) -> Completion:
+        """failure: type, message, details, retryable, retry_after_s (or None)."""
         row = await self._one(
             "step_fail",
             run_id=str(run_id),
             node=node,
             lease_token=str(lease_token),
-            type=type_,
-            message=message,
-            details=details,
-            retryable=retryable,
-            retry_after_s=retry_after_s,
+            **failure,
         )
         assert row is not None
         return Completion(row.step_status, row.run_status, row.duplicate, row.retry_at)
+
+    async def step_complete_many(self, items: list[dict[str, Any]]) -> Sequence[Row]:
+        """Apply several outcomes in one transaction; one row per item, in item order.
+
+        Each item is {run_id, node, lease_token} plus output_json (success) or the
+        step_fail arguments under "failure". A refused item has error_state/error_message set.
+        """
+        payload = []
+        for i, item in enumerate(items):
+            entry = {
+                "i": i,
+                "run_id": str(item["run_id"]),
+                "node": item["node"],
+                "lease_token": str(item["lease_token"]),
+            }
+            if "failure" in item:
+                entry["failure"] = item["failure"]
+            else:
+                entry["output"] = _RawJson(item["output_json"])
+            payload.append(entry)
+        rows = await self._all("step_complete_many", items=_dump_items(payload))
+        return sorted(rows, key=lambda r: r.i)
 
     async def step_retry(
         self, run_id: uuid.UUID, nodes: list[str] | None, *, actor: str, reason: str
@@ -308,6 +318,27 @@ class Store:
 
     async def clock_advance(self, seconds: float) -> None:
         await self._all("clock_advance", seconds=seconds)
+
+
+class _RawJson(str):
+    """JSON text to embed as is when dumping a batch."""
+
+
+def _dump_items(items: list[dict[str, Any]]) -> str:
+    # The outputs are already JSON text; splice them in rather than parse and re-dump.
+    parts = []
+    for item in items:
+        raw = item.pop("output", None)
+        text = json.dumps(item, separators=(",", ":"))
+        if raw is not None:
+            text = text[:-1] + ',"output":' + raw + "}"
+        parts.append(text)
+    return "[" + ",".join(parts) + "]"
+
+
+def sqlstate_error(sqlstate: str) -> type[errors.CycloneError]:
+    """The domain error class of one of the transition functions' SQLSTATEs."""
+    return _SQLSTATE_ERRORS.get(sqlstate, errors.CycloneError)
 
 
 def _translate(exc: sa.exc.DBAPIError) -> Exception:

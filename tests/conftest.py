@@ -32,7 +32,8 @@ from service.migrate import migrate
 from service.server import CycloneServer
 
 ROOT = Path(__file__).resolve().parent.parent
-TEMPLATE = "cyclone_test_template"
+# One template per pytest session, so that sessions sharing a Postgres do not collide.
+TEMPLATE = f"cyclone_test_template_{os.getpid()}"
 
 
 def _with_database(url: str, database: str) -> str:
@@ -59,13 +60,15 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def template_url(postgres_url: str) -> str:
+def template_url(postgres_url: str) -> Iterator[str]:
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{TEMPLATE}"')
     url = _with_database(postgres_url, TEMPLATE)
     migrate(url)
-    return url
+    yield url
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
 
 
 @pytest.fixture

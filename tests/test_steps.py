@@ -401,3 +401,79 @@ def test_background_sweep_reclaims_without_help(server_factory):
     server.advance_clock(6)
     [again] = claim(server, wait=20)  # woken by the sweep's notification
     assert (again.node, again.attempt) == (step.node, 2)
+
+
+def complete_many(server, *completions):
+    return server.workers.CompleteMany(
+        worker_service_pb2.CompleteManyRequest(completions=list(completions))
+    ).results
+
+
+def completion(step, output=None, failure=None):
+    request = worker_service_pb2.CompleteRequest(
+        run_id=step.run_id, node=step.node, lease_token=step.lease_token
+    )
+    if failure is not None:
+        request.failure.CopyFrom(failure)
+    else:
+        request.output.CopyFrom(value(output))
+    return request
+
+
+def test_complete_many_applies_each_outcome_and_reports_each_in_request_order(cyclone_server):
+    run_id = submit(
+        cyclone_server,
+        workflow("w", node("a"), node("b", backoff=60), node("c"), node("d", deps=["a"])),
+    )
+    steps = {s.node: s for s in claim(cyclone_server)}
+    stale = worker_service_pb2.ClaimedStep()
+    stale.CopyFrom(steps["c"])
+    stale.lease_token = "00000000-0000-4000-8000-000000000000"
+    results = complete_many(
+        cyclone_server,
+        completion(steps["a"], {"v": "a"}),
+        completion(steps["b"], failure=worker_service_pb2.Failure(message="flaky")),
+        completion(stale, {"v": "forged"}),
+        completion(steps["a"], {"v": "again"}),
+    )
+    assert [r.WhichOneof("result") for r in results] == [
+        "response",
+        "response",
+        "error",
+        "response",
+    ]
+    assert results[0].response.status == types_pb2.STEP_STATUS_COMPLETED
+    assert results[1].response.status == types_pb2.STEP_STATUS_AVAILABLE
+    assert results[1].response.HasField("retry_at")
+    assert results[2].error.code == grpc.StatusCode.ABORTED.value[0]
+    assert "lease lost" in results[2].error.message
+    assert results[2].error.current_attempt == 1
+    assert results[3].response.duplicate
+    run = get_run(cyclone_server, run_id)
+    assert statuses(run) == {"a": "completed", "b": "available", "c": "running", "d": "available"}
+    assert run.steps[0].output.struct_value["v"] == "a"
+    complete(cyclone_server, steps["c"])  # the refused item changed nothing
+
+
+def test_complete_many_refuses_an_invalid_item_and_writes_nothing(cyclone_server):
+    submit(cyclone_server, workflow("w", node("a"), node("b")))
+    a, b = claim(cyclone_server)
+    before = cyclone_server.sql("SELECT * FROM cyclone.steps ORDER BY node")
+    bad = worker_service_pb2.CompleteRequest(
+        run_id=b.run_id, node=b.node, lease_token="x", output=value(1)
+    )
+    error = rpc_error(complete_many, cyclone_server, completion(a, 1), bad)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "completions[1]: lease_token 'x' is not a UUID" in error.details()
+    assert cyclone_server.sql("SELECT * FROM cyclone.steps ORDER BY node") == before
+    error = rpc_error(complete_many, cyclone_server)
+    assert "completions must hold 1 to 1000 items" in error.details()
+
+
+def test_complete_many_across_runs_completes_each_run(cyclone_server):
+    run_ids = [submit(cyclone_server, workflow("w", node("a"))) for _ in range(20)]
+    steps = claim(cyclone_server, n=20)
+    results = complete_many(cyclone_server, *[completion(s, {"i": i}) for i, s in enumerate(steps)])
+    assert all(r.response.run_status == types_pb2.RUN_STATUS_COMPLETED for r in results)
+    done = cyclone_server.sql("SELECT count(*) FROM cyclone.runs WHERE status = 'completed'")
+    assert done == [(len(run_ids),)]

@@ -9,7 +9,8 @@
 -- retry_after_s}}; i is the item's index in the request, returned with its result.
 CREATE FUNCTION cyclone.step_complete_many(p_items jsonb)
 RETURNS TABLE (i integer, step_status text, run_status text, duplicate boolean,
-               retry_at timestamptz, sqlstate text, message text, detail text)
+               retry_at timestamptz, error_state text, error_message text,
+               error_detail text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -37,12 +38,13 @@ BEGIN
             run_status := v_done.run_status;
             duplicate := v_done.duplicate;
             retry_at := v_done.retry_at;
-            sqlstate := NULL;
-            message := NULL;
-            detail := NULL;
+            error_state := NULL;
+            error_message := NULL;
+            error_detail := NULL;
         EXCEPTION WHEN SQLSTATE 'CY001' OR SQLSTATE 'CY002' OR SQLSTATE 'CY003' THEN
-            GET STACKED DIAGNOSTICS sqlstate = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
-                                    detail = PG_EXCEPTION_DETAIL;
+            GET STACKED DIAGNOSTICS error_state = RETURNED_SQLSTATE,
+                                    error_message = MESSAGE_TEXT,
+                                    error_detail = PG_EXCEPTION_DETAIL;
             step_status := NULL;
             run_status := NULL;
             duplicate := NULL;

@@ -40,6 +40,12 @@ SELECT step_status, run_status, duplicate, retry_at,
                          CASE WHEN CAST(:retry_after_s AS float8) IS NULL THEN NULL
                               ELSE make_interval(secs => :retry_after_s) END);
 
+-- name: step_complete_many
+SELECT i, step_status, run_status, duplicate, retry_at, error_state, error_message,
+       error_detail,
+       current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.step_complete_many(CAST(:items AS jsonb));
+
 -- name: step_retry
 SELECT nodes, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.step_retry(CAST(:run_id AS uuid), CAST(:nodes AS text[]), :actor, :reason)
