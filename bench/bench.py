@@ -137,12 +137,30 @@ def worker_process(address: str, action: str, concurrency: int, stop_after_idle:
             started = time.monotonic()
             pickups = []
 
+            pending: list[tuple[worker_service_pb2.CompleteRequest, asyncio.Future]] = []
+            flusher: asyncio.Task | None = None
+
+            async def flush() -> None:
+                # One CompleteMany carries every completion that finished meanwhile.
+                while pending:
+                    batch = pending[:]
+                    del pending[:]
+                    await stub.CompleteMany(worker_service_pb2.CompleteManyRequest(
+                        completions=[request for request, _ in batch]))
+                    for _, future in batch:
+                        future.set_result(None)
+
             async def handle(step: worker_service_pb2.ClaimedStep) -> None:
+                nonlocal flusher
                 if pickup_file:
                     pickups.append((step.run_id, time.time()))
-                await stub.Complete(worker_service_pb2.CompleteRequest(
+                future = asyncio.get_running_loop().create_future()
+                pending.append((worker_service_pb2.CompleteRequest(
                     run_id=step.run_id, node=step.node, lease_token=step.lease_token,
-                    output=struct_null()))
+                    output=struct_null()), future))
+                if flusher is None or flusher.done():
+                    flusher = asyncio.create_task(flush())
+                await future
 
             inflight: set[asyncio.Task] = set()
             while time.monotonic() - started < DEADLINE_S:
