@@ -111,6 +111,13 @@ def from_rpc_error(exc: grpc.RpcError) -> CycloneError:
     return error
 
 
+def error_for_code(code: int, message: str) -> CycloneError:
+    """The SDK exception for a gRPC status code number (as CompleteMany reports them)."""
+    status = next((c for c in grpc.StatusCode if c.value[0] == code), None)
+    cls = _BY_CODE.get(status, CycloneError) if status is not None else CycloneError
+    return cls(message or None, code=status)
+
+
 class NonRetryableError(Exception):
     """Raised by a handler: the step failed for good, do not retry it.
 

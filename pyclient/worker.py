@@ -64,6 +64,7 @@ from pyclient.client import call_metadata, default_address
 from pyclient.completion import CompletionTx, open_pool
 from pyclient.context import Context, StepControl, bind, unbind
 from pyclient.errors import (
+    CycloneError,
     InvalidArgument,
     LeaseLost,
     NonRetryableError,
@@ -71,6 +72,7 @@ from pyclient.errors import (
     RetryAfter,
     Unauthenticated,
     Unavailable,
+    error_for_code,
     from_rpc_error,
 )
 from pyclient.models import RunStatus, time_field, value_field
@@ -80,6 +82,8 @@ log = logging.getLogger("pyclient.worker")
 
 #: Deadline of heartbeat-free calls (Complete).
 RPC_TIMEOUT = 10.0
+#: Most outcomes sent in one CompleteMany (the server accepts up to 1,000).
+MAX_COMPLETIONS = 500
 
 #: Errors of configuration: retrying the claim would only repeat them.
 _FATAL = (InvalidArgument, Unauthenticated, PermissionDenied)
@@ -262,6 +266,8 @@ class _Runtime:
         self.stub: Any = None
         self.pool: Any = None
         self.handler_loop: _HandlerLoop | None = None
+        self.outbox: list[tuple[pb.CompleteRequest, asyncio.Future[pb.CompleteResult]]] = []
+        self.flusher: asyncio.Task[None] | None = None
 
     def request_stop(self) -> None:
         if self.stopping.is_set():
@@ -597,25 +603,48 @@ class _Runtime:
         await self._complete(request, slog)
 
     async def _complete(self, request: pb.CompleteRequest, slog: _StepLog) -> None:
-        delay, give_up = 0.1, self.loop.time() + self.w.lease
-        while True:
-            try:
-                response = await self.stub.Complete(
-                    request, timeout=RPC_TIMEOUT, metadata=self.metadata
-                )
-            except grpc.RpcError as exc:
-                err = from_rpc_error(exc)
-                if isinstance(err, Unavailable) and self.loop.time() < give_up:
-                    slog.warning("complete failed (%s); retrying in %.1fs", err, delay)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self.w.reconnect_max_delay)
-                    continue
-                level = logging.WARNING if isinstance(err, LeaseLost) else logging.ERROR
-                slog.log(level, "completion refused: %s", err)
-                return
-            if request.HasField("output"):
-                slog.info("completed; the run is %s", _run_status(response.run_status))
+        """Report one outcome. Outcomes that finish while a report is on its way are
+        sent together in the next CompleteMany: one round trip and one commit."""
+        future: asyncio.Future[pb.CompleteResult] = self.loop.create_future()
+        self.outbox.append((request, future))
+        if self.flusher is None or self.flusher.done():
+            self.flusher = asyncio.create_task(self._flush())
+        try:
+            result = await future
+        except CycloneError as err:
+            slog.error("completion not delivered: %s", err)
             return
+        if result.HasField("error"):
+            err = error_for_code(result.error.code, result.error.message)
+            level = logging.WARNING if isinstance(err, LeaseLost) else logging.ERROR
+            slog.log(level, "completion refused: %s", err)
+        elif request.HasField("output"):
+            slog.info("completed; the run is %s", _run_status(result.response.run_status))
+
+    async def _flush(self) -> None:
+        while self.outbox:
+            batch = self.outbox[:MAX_COMPLETIONS]
+            del self.outbox[:MAX_COMPLETIONS]
+            request = pb.CompleteManyRequest(completions=[r for r, _ in batch])
+            delay, give_up = 0.1, self.loop.time() + self.w.lease
+            while True:
+                try:
+                    reply = await self.stub.CompleteMany(
+                        request, timeout=RPC_TIMEOUT, metadata=self.metadata
+                    )
+                except grpc.RpcError as exc:
+                    err = from_rpc_error(exc)
+                    if isinstance(err, Unavailable) and self.loop.time() < give_up:
+                        log.warning("complete failed (%s); retrying in %.1fs", err, delay)
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, self.w.reconnect_max_delay)
+                        continue
+                    for _, future in batch:
+                        future.set_exception(err)
+                    break
+                for (_, future), result in zip(batch, reply.results, strict=True):
+                    future.set_result(result)
+                break
 
 
 def _nothing() -> None:
