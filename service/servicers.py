@@ -7,6 +7,7 @@ import base64
 import json
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -342,13 +343,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         deadline = loop.time() + wait
         while True:
             with self.dispatcher.subscribe(actions) as ready:
-                rows = await self.store.step_claim(
-                    worker_id=worker_id,
-                    actions=actions,
-                    unsafe=unsafe,
-                    limit=limit,
-                    lease_s=lease,
-                )
+                rows = await self._claim(worker_id, actions, unsafe, limit, lease)
                 steps = [self._claimed(r) for r in rows if not _blocked(r)]
                 remaining = deadline - loop.time()
                 if steps or remaining <= 0 or self.stopping.is_set():
@@ -366,6 +361,25 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 finally:
                     stop.cancel()
                     woke.cancel()
+
+    async def _claim(
+        self, worker_id: str, actions: list[str], unsafe: list[str], limit: int, lease: float
+    ) -> Sequence[Any]:
+        """Claim, and if the caller goes away meanwhile, hand the steps back at once
+        rather than leave them leased to nobody until the lease runs out."""
+        claim = asyncio.ensure_future(
+            self.store.step_claim(
+                worker_id=worker_id, actions=actions, unsafe=unsafe, limit=limit, lease_s=lease
+            )
+        )
+        try:
+            return await asyncio.shield(claim)
+        except asyncio.CancelledError:
+            rows = [r for r in await claim if not r.blocked]
+            if rows:
+                released = await asyncio.shield(self.store.steps_release(rows))
+                log.info("claim cancelled by its caller: %d step(s) handed back", released)
+            raise
 
     def _claimed(self, r: Any) -> worker_pb.ClaimedStep:
         step = worker_pb.ClaimedStep(

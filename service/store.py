@@ -210,6 +210,17 @@ class Store:
             lease_s=lease_s,
         )
 
+    async def steps_release(self, claimed: Sequence[Row]) -> int:
+        """Hand back claimed steps that never reached their worker."""
+        rows = await self._all(
+            "steps_release",
+            run_ids=[str(r.run_id) for r in claimed],
+            nodes=[r.node for r in claimed],
+            tokens=[str(r.lease_token) for r in claimed],
+            uncertain=[r.effect_uncertain for r in claimed],
+        )
+        return len(rows)
+
     async def step_next_due(self, actions: list[str]) -> float | None:
         row = await self._one("step_next_due", actions=actions)
         return None if row is None or row.seconds is None else float(row.seconds)

@@ -477,3 +477,43 @@ def test_complete_many_across_runs_completes_each_run(cyclone_server):
     assert all(r.response.run_status == types_pb2.RUN_STATUS_COMPLETED for r in results)
     done = cyclone_server.sql("SELECT count(*) FROM cyclone.runs WHERE status = 'completed'")
     assert done == [(len(run_ids),)]
+
+
+def test_steps_a_cancelled_claim_took_are_handed_back_as_they_were(cyclone_server):
+    import asyncio
+    import uuid as uuid_mod
+    from types import SimpleNamespace
+
+    from service.store import Store
+
+    run_id = submit(cyclone_server, workflow("w", node("a"), node("b")))
+    first = claim(cyclone_server, "work", lease=5)
+    # b lost a lease once: its uncertainty must survive the hand-back.
+    cyclone_server.advance_clock(6)
+    cyclone_server.sweep()
+    taken = claim(cyclone_server, "work")
+    assert {s.node: s.attempt for s in taken} == {"a": 2, "b": 2}
+    rows = [
+        SimpleNamespace(
+            run_id=uuid_mod.UUID(s.run_id),
+            node=s.node,
+            lease_token=uuid_mod.UUID(s.lease_token),
+            effect_uncertain=s.effect_uncertain,
+        )
+        for s in taken
+    ]
+
+    async def release():
+        store = Store(cyclone_server.database_url)
+        try:
+            return await store.steps_release(rows)
+        finally:
+            await store.close()
+
+    assert asyncio.run(release()) == 2
+    again = {s.node: s for s in claim(cyclone_server, "work")}
+    assert {n: s.attempt for n, s in again.items()} == {"a": 2, "b": 2}
+    assert all(s.effect_uncertain for s in again.values())
+    assert {s.run_id for s in first} == {run_id}
+    # A stale hand-back (the steps were claimed again since) changes nothing.
+    assert asyncio.run(release()) == 0

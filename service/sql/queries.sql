@@ -15,6 +15,19 @@ SELECT *
   FROM cyclone.step_claim(:worker_id, CAST(:actions AS text[]), CAST(:unsafe AS text[]),
                           :limit, make_interval(secs => :lease_s));
 
+-- name: steps_release
+-- Hands back steps that a Claim took but could not deliver (its caller went away):
+-- available again as if never claimed, attempt and uncertainty as they were.
+UPDATE cyclone.steps s
+   SET status = 'available', attempt = s.attempt - 1, available_at = cyclone.now(),
+       lease_expires_at = NULL, effect_uncertain = r.uncertain
+  FROM unnest(CAST(:run_ids AS uuid[]), CAST(:nodes AS text[]), CAST(:tokens AS uuid[]),
+              CAST(:uncertain AS boolean[])) AS r(run_id, node, token, uncertain)
+ WHERE s.run_id = r.run_id AND s.node = r.node AND s.status = 'running'
+   AND s.lease_token = r.token
+   AND EXISTS (SELECT 1 FROM cyclone.runs u WHERE u.run_id = s.run_id AND u.status = 'running')
+RETURNING s.action AS ready;
+
 -- name: step_next_due
 -- Earliest time a ready step of these actions becomes claimable (backoff).
 SELECT extract(epoch FROM min(available_at) - cyclone.now()) AS seconds
