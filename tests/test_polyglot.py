@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# The first test also builds the examples: on a machine with cold Go caches, compiling
+# grpc-go and pgx takes minutes. Every wait inside a test is bounded far below this.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parent.parent
 GO_EXAMPLE = ROOT / "examples" / "go"
