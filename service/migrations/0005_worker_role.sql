@@ -1,4 +1,4 @@
--- The worker's database role, and the completion call's clock.
+-- The worker's database role, and a clock for completions made in a worker's transaction.
 --
 -- A worker that completes steps inside its own transaction (ctx.completion_tx() in
 -- Python, or one SQL call from any language: docs/exactly-once.md) logs in as a role
@@ -37,38 +37,13 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA cyclone REVOKE EXECUTE ON FUNCTIONS FROM PUBL
 GRANT USAGE ON SCHEMA cyclone TO cyclone_worker;
 GRANT EXECUTE ON FUNCTION cyclone.step_complete(uuid, text, uuid, jsonb) TO cyclone_worker;
 
--- The lease is checked at the time of the call. In a worker's own transaction, now()
--- is when that transaction began (its first business write), which can be long
--- before the handler returns: checked against it, a lease that ran out while the
--- handler was still working would pass until the sweep reclaimed the step. Same body
--- as in 0002 otherwise.
-CREATE OR REPLACE FUNCTION cyclone.step_complete(
-    p_run_id uuid, p_node text, p_lease_token uuid, p_output jsonb)
-RETURNS cyclone.completion
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    -- Cyclone's clock (cyclone.now(), which tests move) at the start of this call.
-    v_now    timestamptz := cyclone.now() + (statement_timestamp() - now());
-    v_status text := cyclone._run_lock(p_run_id);
-    v_step   record;
-BEGIN
-    UPDATE cyclone.steps s
-       SET status = 'completed', output = coalesce(p_output, 'null'::jsonb),
-           finished_at = v_now, lease_expires_at = NULL
-     WHERE s.run_id = p_run_id AND s.node = p_node AND s.status = 'running'
-       AND s.lease_token = p_lease_token AND s.lease_expires_at > v_now;
-    IF NOT FOUND THEN
-        SELECT s.status, s.lease_token, s.attempt INTO v_step
-          FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
-        IF v_step.status = 'completed' AND v_step.lease_token = p_lease_token THEN
-            RETURN ROW('completed', v_status, true, NULL)::cyclone.completion;
-        END IF;
-        PERFORM cyclone._lease_lost(p_run_id, p_node, p_lease_token, v_step.status,
-                                v_step.lease_token, v_step.attempt);
-    END IF;
-    PERFORM cyclone._settle(p_run_id, ARRAY[p_node], '{}', 1);
-    RETURN ROW('completed', (SELECT r.status FROM cyclone.runs r WHERE r.run_id = p_run_id),
-               false, NULL)::cyclone.completion;
-END;
+-- Cyclone's clock reads the time of the statement rather than of the transaction. The
+-- server runs each transition as one statement in autocommit, where the two are the
+-- same. A worker's completion transaction begins with its first business write, which
+-- can be long before the handler returns: on the transaction's clock, step_complete
+-- would take a lease that ran out meanwhile for a live one until the sweep reclaimed
+-- the step. On the statement's clock the lease is checked when the call is made.
+CREATE OR REPLACE FUNCTION cyclone.now() RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT statement_timestamp() + offset_by FROM cyclone.clock
 $$;
