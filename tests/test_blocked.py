@@ -8,10 +8,11 @@ from datetime import timedelta
 
 import grpc
 
-from cyclone.v1 import admin_service_pb2
+from cyclone.v1 import admin_service_pb2, types_pb2
 from tests.helpers import (
     claim,
     complete,
+    fail,
     get_run,
     node,
     rpc_error,
@@ -150,3 +151,28 @@ def test_retry_all_refuses_a_blocked_run(cyclone_server):
     )
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "is blocked" in error.details()
+
+
+def test_a_step_that_fails_while_its_run_is_blocked_is_held_not_retried(cyclone_server):
+    run_id = submit(
+        cyclone_server,
+        workflow("order", node("charge", action="charge"), node("side", action="side")),
+    )
+    claim(cyclone_server, "charge", unsafe=("charge",), lease=5)
+    cyclone_server.advance_clock(6)
+    assert cyclone_server.sweep() == 1
+    [side] = claim(cyclone_server, "side")  # still running when the run blocks
+    assert claim(cyclone_server, "charge", unsafe=("charge",)) == []
+    assert run_status(get_run(cyclone_server, run_id)) == "blocked"
+
+    # Its retryable failure is recorded, but no worker gets the step while blocked.
+    reply = fail(cyclone_server, side, retry_after=0)
+    assert reply.status == types_pb2.STEP_STATUS_PENDING
+    assert claim(cyclone_server, "side") == []
+    run = get_run(cyclone_server, run_id)
+    assert (run_status(run), statuses(run)["side"]) == ("blocked", "pending")
+    assert [e.kind for e in run.steps[1].errors] == ["handler"]
+
+    resolve(cyclone_server, run_id, discard=True)
+    [again] = claim(cyclone_server, "side")
+    assert (again.run_id, again.attempt) == (run_id, 2)
