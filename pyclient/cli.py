@@ -52,14 +52,23 @@ is made per (workflow name, key): a repeated submit prints the existing run's id
 """
 
 RESOLVE_HELP = """\
-Resolve the uncertain step of a blocked run, after checking the outside world:
+Resolve the uncertain step of a blocked run. A run is blocked when a step of an
+action marked unsafe_to_repeat lost its lease with no outcome: its effect may or may
+not have happened, and Cyclone will not guess. `cyclone run show RUN` names the step
+(EffectUncertain: node, attempt, when it started). Check the outside world, then
+give exactly one of:
 
-  --result JSON   the effect happened; JSON becomes the step's output
-  --error MSG     the effect happened and failed; the step is discarded, so
-                  failure-rule nodes run
-  --discard       the effect did not happen; the step runs again
+  --result JSON   the effect happened; JSON becomes the step's output and the
+                  nodes after it run
+  --error MSG     the effect happened and failed; the step is recorded failed
+                  (not retried), so one_failed and all_done nodes run
+  --discard       the effect did not happen; the step runs again on the next
+                  claim. Also the answer to a false alarm: a worker that died
+                  after its claim but before the effect blocks the run too
 
---reason is required and recorded in the audit trail.
+--reason is required and recorded in the audit trail with your --actor and the
+choice. Only the uncertain step of a blocked run can be resolved, while the run is
+blocked: when two operators resolve at once, the second is refused.
 """
 
 
@@ -172,15 +181,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_retry_all)
 
     p = command("resolve", "resolve the uncertain step of a blocked run", RESOLVE_HELP)
-    p.add_argument("run_id", metavar="RUN")
-    p.add_argument("node", metavar="NODE")
+    p.add_argument("run_id", metavar="RUN", help="the blocked run")
+    p.add_argument("node", metavar="NODE", help="its uncertain step (see run show)")
     choice = p.add_mutually_exclusive_group(required=True)
     choice.add_argument(
         "--result", type=_json_arg, default=s, metavar="JSON", help="the effect happened"
     )
     choice.add_argument("--error", metavar="MSG", help="the effect happened and failed")
     choice.add_argument("--discard", action="store_true", help="the effect did not happen")
-    p.add_argument("--reason", required=True, help="why; recorded in the audit trail")
+    p.add_argument(
+        "--reason", required=True, metavar="TEXT", help="what you checked; recorded in the audit"
+    )
     p.set_defaults(handler=_resolve)
 
     p = command(

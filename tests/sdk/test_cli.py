@@ -266,3 +266,15 @@ def test_every_command_has_help(capsys):
             cli.main(argv, client=FakeClient())
         assert info.value.code == 0
     assert "--discard" in capsys.readouterr().out
+
+
+def test_resolve_help_gives_the_shape_and_explains_each_choice(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["resolve", "--help"], client=FakeClient())
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(--result JSON | --error MSG | --discard) --reason TEXT RUN NODE" in text
+    assert "--result JSON the effect happened; JSON becomes the step's output" in text
+    assert "--error MSG the effect happened and failed; the step is recorded failed" in text
+    assert "--discard the effect did not happen; the step runs again" in text
+    assert "false alarm" in text and "--reason is required" in text
