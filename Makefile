@@ -109,6 +109,10 @@ migrate: $(VENV)/.stamp ## Apply migrations and exit
 test: $(VENV)/.stamp tools ## Run the test suite (real Postgres, real servers)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+.PHONY: bench
+bench: $(VENV)/.stamp ## Benchmarks with a same-run baseline; writes bench/results/latest.json
+	$(PY) bench/bench.py $(BENCH_ARGS)
+
 .PHONY: clean
 clean: ## Remove the venv, tools and the embedded database
 	rm -rf $(VENV) $(TOOLS) .cyclone
