@@ -36,8 +36,16 @@ def open_pool(database_url: str, max_size: int) -> psycopg_pool.ConnectionPool:
         raise ImportError(
             "Worker(database_url=...) needs psycopg: pip install 'cyclone[postgres]'"
         ) from exc
+    # check: a connection that died while idle in the pool (Postgres restarted, an
+    # idle timeout, a failover) is replaced before a handler gets it, instead of
+    # failing that handler's attempt.
     return psycopg_pool.ConnectionPool(
-        database_url, min_size=0, max_size=max(1, max_size), open=True, name="cyclone-worker"
+        database_url,
+        min_size=0,
+        max_size=max(1, max_size),
+        open=True,
+        name="cyclone-worker",
+        check=psycopg_pool.ConnectionPool.check_connection,
     )
 
 

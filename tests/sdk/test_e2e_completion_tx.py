@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from pyclient import RetryPolicy, Workflow
-from tests.sdk.conftest import PATIENCE, running
+from tests.sdk.conftest import PATIENCE, eventually, running
 
 LEDGER = """
 CREATE TABLE ledger (
@@ -117,3 +117,31 @@ def test_without_database_url_completion_tx_fails_the_step_with_a_clear_message(
         run = client.wait(client.submit(wf), timeout=PATIENCE)
     assert run.status == "failed"
     assert "database_url" in run.step("charge").errors[0].message
+
+
+def test_a_pooled_connection_the_database_dropped_is_replaced_before_a_handler_gets_it(
+    cyclone_server, client, make_worker, ledger
+):
+    # A Postgres restart leaves the worker's idle pooled connections dead; here the
+    # backend of the one idle connection is terminated, which looks the same to it.
+    url = f"{cyclone_server.database_url}&application_name=completion-pool"
+    worker = make_worker(database_url=url, concurrency=1)
+
+    @worker.action("charge")
+    def charge(ctx):
+        ctx.completion_tx().execute(INSERT, (ctx.run_id, ctx.node, 5, ctx.attempt))
+        return "ok"
+
+    pooled = "SELECT pid FROM pg_stat_activity WHERE application_name = 'completion-pool'"
+    with running(worker):
+        before = client.wait(client.submit(_charge_workflow()), timeout=PATIENCE)
+        [(pid,)] = cyclone_server.sql(pooled)
+        cyclone_server.sql("SELECT pg_terminate_backend(%s)", pid)
+        eventually(lambda: cyclone_server.sql(pooled) == [], "the backend to exit")
+        after = client.wait(client.submit(_charge_workflow()), timeout=PATIENCE)
+    assert (before.status, after.status) == ("completed", "completed")
+    assert after.step("charge").attempt == 1  # not a failed attempt on a dead connection
+    assert after.step("charge").errors == ()
+    assert sorted(ledger()) == sorted(
+        [(before.run_id, "charge", 5, 1), (after.run_id, "charge", 5, 1)]
+    )
