@@ -113,6 +113,10 @@ test: $(VENV)/.stamp tools ## Run the test suite (real Postgres, real servers)
 bench: $(VENV)/.stamp ## Benchmarks with a same-run baseline; writes bench/results/latest.json
 	$(PY) bench/bench.py $(BENCH_ARGS)
 
+.PHONY: chaos
+chaos: $(VENV)/.stamp ## Soak: 2,000 runs while workers, server and Postgres are killed (CHAOS_ARGS=--seed N)
+	$(PY) bench/chaos.py $(CHAOS_ARGS)
+
 .PHONY: clean
 clean: ## Remove the venv, tools and the embedded database
 	rm -rf $(VENV) $(TOOLS) .cyclone

