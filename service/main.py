@@ -36,7 +36,7 @@ async def _serve(settings: config.Settings, database_url: str) -> None:
     address = f"{host}:{server.port}"
     log.info("Cyclone serving on %s", address)
     print(
-        f"\nCyclone is serving on {address}. Try:\n"
+        f"\nCyclone is serving on {address}. Try (`make tools` puts grpcurl in .tools/bin):\n"
         f"  .tools/bin/grpcurl -plaintext {address} list\n"
         f'  .tools/bin/grpcurl -plaintext -d \'{{"workflow": {{"name": "hello", '
         f'"nodes": [{{"name": "greet", "action": "greet"}}]}}}}\' '

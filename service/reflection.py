@@ -49,7 +49,12 @@ class DocumentedReflectionServicer(_async.ReflectionServicer):
             return _base._not_found_error(request)
 
     def _file_containing_symbol(self, request, fully_qualified_name):  # type: ignore[no-untyped-def]
-        try:
-            return self._respond(self._pool.FindFileContainingSymbol(fully_qualified_name), request)
-        except KeyError:
-            return _base._not_found_error(request)
+        # The pool does not index methods: `describe Service.Method` asks for one, so
+        # fall back to the enclosing symbol.
+        name = fully_qualified_name
+        while name:
+            try:
+                return self._respond(self._pool.FindFileContainingSymbol(name), request)
+            except KeyError:
+                name = name.rpartition(".")[0]
+        return _base._not_found_error(request)

@@ -156,3 +156,20 @@ def test_grpcurl_sees_a_clear_error_for_bad_input(grpcurl, cyclone_server):
     assert out.returncode != 0
     assert "InvalidArgument" in out.stderr
     assert "node 'a' depends on unknown node 'b'" in out.stderr
+
+
+def test_describe_a_single_method(grpcurl, cyclone_server):
+    out = subprocess.run(
+        [
+            grpcurl,
+            "-plaintext",
+            cyclone_server.address,
+            "describe",
+            "cyclone.v1.WorkerService.Complete",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "rpc Complete ( .cyclone.v1.CompleteRequest )" in out
+    assert "// Reports the outcome of a held step." in out

@@ -99,9 +99,9 @@ class WorkflowServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CancelRun(self, request, context):
-        """Cancels a run that is not finished: unfinished steps become cancelled, running
-        handlers learn it from their next Heartbeat, and their late completions are
-        refused. FAILED_PRECONDITION when the run is already completed or cancelled.
+        """Cancels a run that is running, blocked or failed: unfinished steps become
+        cancelled, running handlers learn it from their next Heartbeat, and their late
+        completions are refused. FAILED_PRECONDITION when the run is already completed or cancelled.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

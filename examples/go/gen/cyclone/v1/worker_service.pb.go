@@ -713,8 +713,8 @@ func (x *Failure) GetRetryAfter() *durationpb.Duration {
 // Result of WorkerService.Complete.
 type CompleteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The step's status after this call: COMPLETED, AVAILABLE (a retry is scheduled)
-	// or DISCARDED.
+	// The step's status after this call: COMPLETED, AVAILABLE (a retry is scheduled),
+	// PENDING (a retry is held because the run is blocked) or DISCARDED.
 	Status StepStatus `protobuf:"varint,1,opt,name=status,proto3,enum=cyclone.v1.StepStatus" json:"status,omitempty"`
 	// When the retry may start, for AVAILABLE.
 	RetryAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`

@@ -44,9 +44,9 @@ type WorkflowServiceClient interface {
 	GetRun(ctx context.Context, in *GetRunRequest, opts ...grpc.CallOption) (*GetRunResponse, error)
 	// Runs filtered by workflow, status and creation time, newest first, paged.
 	ListRuns(ctx context.Context, in *ListRunsRequest, opts ...grpc.CallOption) (*ListRunsResponse, error)
-	// Cancels a run that is not finished: unfinished steps become cancelled, running
-	// handlers learn it from their next Heartbeat, and their late completions are
-	// refused. FAILED_PRECONDITION when the run is already completed or cancelled.
+	// Cancels a run that is running, blocked or failed: unfinished steps become
+	// cancelled, running handlers learn it from their next Heartbeat, and their late
+	// completions are refused. FAILED_PRECONDITION when the run is already completed or cancelled.
 	CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error)
 }
 
@@ -126,9 +126,9 @@ type WorkflowServiceServer interface {
 	GetRun(context.Context, *GetRunRequest) (*GetRunResponse, error)
 	// Runs filtered by workflow, status and creation time, newest first, paged.
 	ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error)
-	// Cancels a run that is not finished: unfinished steps become cancelled, running
-	// handlers learn it from their next Heartbeat, and their late completions are
-	// refused. FAILED_PRECONDITION when the run is already completed or cancelled.
+	// Cancels a run that is running, blocked or failed: unfinished steps become
+	// cancelled, running handlers learn it from their next Heartbeat, and their late
+	// completions are refused. FAILED_PRECONDITION when the run is already completed or cancelled.
 	CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error)
 	mustEmbedUnimplementedWorkflowServiceServer()
 }

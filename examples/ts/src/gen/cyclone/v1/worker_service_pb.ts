@@ -424,8 +424,8 @@ export const FailureSchema: GenMessage<Failure> = /*@__PURE__*/
  */
 export type CompleteResponse = Message<"cyclone.v1.CompleteResponse"> & {
   /**
-   * The step's status after this call: COMPLETED, AVAILABLE (a retry is scheduled)
-   * or DISCARDED.
+   * The step's status after this call: COMPLETED, AVAILABLE (a retry is scheduled),
+   * PENDING (a retry is held because the run is blocked) or DISCARDED.
    *
    * @generated from field: cyclone.v1.StepStatus status = 1;
    */

@@ -354,9 +354,9 @@ export const WorkflowService: GenService<{
     output: typeof ListRunsResponseSchema;
   },
   /**
-   * Cancels a run that is not finished: unfinished steps become cancelled, running
-   * handlers learn it from their next Heartbeat, and their late completions are
-   * refused. FAILED_PRECONDITION when the run is already completed or cancelled.
+   * Cancels a run that is running, blocked or failed: unfinished steps become
+   * cancelled, running handlers learn it from their next Heartbeat, and their late
+   * completions are refused. FAILED_PRECONDITION when the run is already completed or cancelled.
    *
    * @generated from rpc cyclone.v1.WorkflowService.CancelRun
    */
