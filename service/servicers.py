@@ -517,11 +517,13 @@ def _log_outcome(item: dict[str, Any], status: str, retry_at: Any) -> None:
             extra=extra,
         )
     else:
+        # A retry in a blocked run is held (pending) until the run is resolved.
+        when = "held until its blocked run is resolved" if status == "pending" else retry_at
         log.info(
             "step %s/%s failed, retry at %s: %s: %s",
             run_id,
             node,
-            retry_at,
+            when,
             failure["type"],
             failure["message"],
             extra=extra,

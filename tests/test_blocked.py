@@ -3,6 +3,7 @@ claim by a worker that marks the action unsafe, until an operator resolves it.""
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
@@ -153,7 +154,7 @@ def test_retry_all_refuses_a_blocked_run(cyclone_server):
     assert "is blocked" in error.details()
 
 
-def test_a_step_that_fails_while_its_run_is_blocked_is_held_not_retried(cyclone_server):
+def test_a_step_that_fails_while_its_run_is_blocked_is_held_not_retried(cyclone_server, caplog):
     run_id = submit(
         cyclone_server,
         workflow("order", node("charge", action="charge"), node("side", action="side")),
@@ -166,8 +167,11 @@ def test_a_step_that_fails_while_its_run_is_blocked_is_held_not_retried(cyclone_
     assert run_status(get_run(cyclone_server, run_id)) == "blocked"
 
     # Its retryable failure is recorded, but no worker gets the step while blocked.
-    reply = fail(cyclone_server, side, retry_after=0)
+    with caplog.at_level(logging.INFO, logger="cyclone"):
+        reply = fail(cyclone_server, side, retry_after=0)
     assert reply.status == types_pb2.STEP_STATUS_PENDING
+    assert not reply.HasField("retry_at")
+    assert any("held until its blocked run is resolved" in m for m in caplog.messages)
     assert claim(cyclone_server, "side") == []
     run = get_run(cyclone_server, run_id)
     assert (run_status(run), statuses(run)["side"]) == ("blocked", "pending")
