@@ -27,6 +27,12 @@ CREATE TABLE IF NOT EXISTS cyclone.schema_migrations (
 );
 """
 
+# Every function a migration creates is executable by PUBLIC, and 0005's per-schema
+# default privilege cannot take that back (a per-schema REVOKE only undoes a per-schema
+# GRANT). So after each migrate: no Cyclone function is for PUBLIC; cyclone_worker
+# keeps the one it was granted by name (step_complete).
+_PRIVATE = "REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA cyclone FROM PUBLIC"
+
 
 @dataclass(frozen=True)
 class Migration:
@@ -66,4 +72,7 @@ def migrate(database_url: str) -> list[int]:
                     (migration.version, migration.name),
                 )
                 applied_now.append(migration.version)
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            conn.execute(_PRIVATE)
     return applied_now
