@@ -48,7 +48,15 @@ def available() -> list[Migration]:
         if entry.name.endswith(".sql"):
             version, _, rest = entry.name.partition("_")
             found.append(Migration(int(version), rest.removesuffix(".sql"), entry.read_text()))
-    return sorted(found, key=lambda m: m.version)
+    found.sort(key=lambda m: m.version)
+    for before, after in zip(found, found[1:], strict=False):
+        if before.version == after.version:
+            # Two files with one number: the second would be skipped silently.
+            raise RuntimeError(
+                f"migrations {before.version:04d}_{before.name} and "
+                f"{after.version:04d}_{after.name} share a version number"
+            )
+    return found
 
 
 def migrate(database_url: str) -> list[int]:

@@ -122,3 +122,8 @@ def test_submit_through_a_process_is_visible_to_another(server_process):
     run_id = submit(a, workflow("w", node("a")))
     reply = b.workflows.GetRun(workflow_service_pb2.GetRunRequest(run_id=run_id))
     assert reply.run.run_id == run_id
+
+
+def test_migration_versions_are_unique_and_contiguous():
+    versions = [m.version for m in available()]
+    assert versions == list(range(1, len(versions) + 1))
