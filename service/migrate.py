@@ -7,6 +7,7 @@ start at once: the second waits, then finds the versions already recorded.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from importlib import resources
@@ -49,7 +50,7 @@ def available() -> list[Migration]:
             version, _, rest = entry.name.partition("_")
             found.append(Migration(int(version), rest.removesuffix(".sql"), entry.read_text()))
     found.sort(key=lambda m: m.version)
-    for before, after in zip(found, found[1:], strict=False):
+    for before, after in itertools.pairwise(found):
         if before.version == after.version:
             # Two files with one number: the second would be skipped silently.
             raise RuntimeError(
