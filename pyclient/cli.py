@@ -19,12 +19,13 @@ import yaml
 
 from pyclient.client import Client, default_address
 from pyclient.errors import CycloneError, InvalidArgument
-from pyclient.models import Run, RunStatus, Step
+from pyclient.models import Explanation, Run, RunStatus, Step
 from pyclient.workflow import Workflow
 
 DESCRIPTION = """\
-Operate Cyclone, the durable workflow service: submit workflows, inspect runs, and
-steer them (retry discarded nodes, resolve blocked runs, cancel).
+Operate Cyclone, the durable workflow service: submit workflows, inspect runs, ask
+why a node is not running (explain), and steer runs (retry discarded nodes, resolve
+blocked runs, cancel).
 
 The server is --address (default $CYCLONE_ADDRESS or 127.0.0.1:50051); --token (default
 $CYCLONE_TOKEN) is sent as a bearer token; --actor (default $CYCLONE_ACTOR or your user
@@ -69,6 +70,26 @@ give exactly one of:
 --reason is required and recorded in the audit trail with your --actor and the
 choice. Only the uncertain step of a blocked run can be resolved, while the run is
 blocked: when two operators resolve at once, the second is refused.
+"""
+
+
+EXPLAIN_HELP = """\
+Say why NODE of RUN is not running now, or what it is doing, in one line, then the
+facts behind it. The reason is one of:
+
+  waiting_on_upstream  upstream nodes have not finished (listed, with their status)
+  backing_off          a failed attempt is waiting out its backoff (until when, why)
+  ready                ready, and workers ask for its action: the next claim takes it
+  queued               ready, but steps of its action are ahead or its workers busy
+  no_worker            ready, but no worker has asked for its action lately
+  running              leased: by which worker, since when, last heartbeat, lease end
+  lease_expired        the lease ran out with no outcome; the sweep will reclaim it
+  blocked              its run is blocked (this step is uncertain, or held)
+  discarded            failed for good (the last error); `cyclone retry` reopens it
+  skipped              an upstream failure made it skip (which one, and why)
+  cancelled, completed
+
+Explain that node in turn to follow a chain of waits upstream.
 """
 
 
@@ -163,6 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lst.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     lst.set_defaults(handler=_list)
+
+    p = command("explain", "say why a node is not running", EXPLAIN_HELP)
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("node", metavar="NODE")
+    p.set_defaults(handler=_explain)
 
     p = command(
         "retry",
@@ -268,6 +294,10 @@ def _list(client: Client, args: argparse.Namespace) -> Any:
     return list(runs)
 
 
+def _explain(client: Client, args: argparse.Namespace) -> Any:
+    return client.explain(args.run_id, args.node)
+
+
 def _retry(client: Client, args: argparse.Namespace) -> Any:
     return client.retry(args.run_id, args.node, args.reason)
 
@@ -367,6 +397,41 @@ def _step_summary(step: Step) -> str:
     return "  ".join(parts)
 
 
+def render_explanation(e: Explanation) -> str:
+    """The reason and its sentence, then the step, its upstream and its workers."""
+    lines = [f"{e.reason.upper()}: {e.message}"]
+    step = e.step
+    if step is not None:
+        lines += ["", f"  step    {step.node}  {_step_summary(step)}"]
+        if step.worker_id:
+            lines.append(
+                f"  worker  {step.worker_id}  claimed {_when(step.started_at)}"
+                f"  last heartbeat {_when(step.last_heartbeat_at)}"
+            )
+        if step.progress is not None:
+            lines.append(f"  progress  {json.dumps(step.progress)}")
+    if e.run_error is not None:
+        lines.append(f"  run     {e.run_status}  {e.run_error.kind}: {e.run_error.message}")
+    for u in e.upstream:
+        error = (
+            f"  {u.last_error.type or u.last_error.kind}: {u.last_error.message}"
+            if (u.last_error)
+            else ""
+        )
+        lines.append(f"  upstream  {u.node}  {u.status}  attempt {u.attempt}{error}")
+    if e.action is not None:
+        a = e.action
+        polled = f"{_when(a.last_polled_at)} by {a.last_polled_by}" if a.last_polled_by else "never"
+        claimed = (
+            f"{_when(a.last_claimed_at)} by {a.last_claimed_by}" if a.last_claimed_by else "never"
+        )
+        lines.append(
+            f"  action  {a.action}  last asked for {polled}; last claimed {claimed}; "
+            f"{a.ready_ahead} ready ahead, {a.running} running"
+        )
+    return "\n".join(lines)
+
+
 def render_runs(runs: Sequence[Run]) -> str:
     if not runs:
         return "no runs"
@@ -383,7 +448,7 @@ def render_runs(runs: Sequence[Run]) -> str:
 
 def _print(result: Any, as_json: bool, out: TextIO) -> None:
     if as_json:
-        if isinstance(result, Run):
+        if isinstance(result, Run | Explanation):
             result = result.to_dict()
         elif isinstance(result, list):
             result = [r.to_dict() for r in result]
@@ -392,6 +457,8 @@ def _print(result: Any, as_json: bool, out: TextIO) -> None:
         print(json.dumps(result, indent=2), file=out)
     elif isinstance(result, Run):
         print(render_run(result), file=out)
+    elif isinstance(result, Explanation):
+        print(render_explanation(result), file=out)
     elif isinstance(result, list):
         print(render_runs(result), file=out)
     else:

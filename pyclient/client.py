@@ -34,7 +34,7 @@ from cyclone.v1 import (
 from pyclient import dag
 from pyclient._json import to_value
 from pyclient.errors import InvalidArgument, WaitTimeout, from_rpc_error
-from pyclient.models import Retried, Run, RunPage, RunStatus, Submitted
+from pyclient.models import Explanation, Retried, Run, RunPage, RunStatus, Submitted
 from pyclient.workflow import Workflow
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -129,6 +129,11 @@ class _calls:
     def cancel(run_id: str, reason: str) -> _Call[Run]:
         req = wf_pb.CancelRunRequest(run_id=run_id, reason=reason)
         return _Call("workflow", "CancelRun", req, lambda r: Run.from_proto(r.run))
+
+    @staticmethod
+    def explain(run_id: str, node: str) -> _Call[Explanation]:
+        req = wf_pb.ExplainRequest(run_id=run_id, node=node)
+        return _Call("workflow", "Explain", req, Explanation.from_proto)
 
     @staticmethod
     def retry(run_id: str, node: str, reason: str) -> _Call[Run]:
@@ -293,6 +298,12 @@ class Client:
         """Cancel an unfinished run; its running handlers learn it at their next heartbeat."""
         return self._invoke(_calls.cancel(run_id, reason))
 
+    def explain(self, run_id: str, node: str) -> Explanation:
+        """Why ``node`` is not running now: waiting on upstream nodes, backing off,
+        leased (to whom, last heartbeat), blocked, skipped (because of which failure),
+        or ready with no worker asking for its action. NotFound for an unknown node."""
+        return self._invoke(_calls.explain(run_id, node))
+
     def retry(self, run_id: str, node: str, reason: str = "") -> Run:
         """Reopen a discarded node in place (same run and node; next attempt)."""
         return self._invoke(_calls.retry(run_id, node, reason))
@@ -411,6 +422,9 @@ class AsyncClient:
 
     async def cancel(self, run_id: str, reason: str = "") -> Run:
         return await self._invoke(_calls.cancel(run_id, reason))
+
+    async def explain(self, run_id: str, node: str) -> Explanation:
+        return await self._invoke(_calls.explain(run_id, node))
 
     async def retry(self, run_id: str, node: str, reason: str = "") -> Run:
         return await self._invoke(_calls.retry(run_id, node, reason))

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from google.protobuf import struct_pb2, timestamp_pb2
 
-from cyclone.v1 import types_pb2
+from cyclone.v1 import types_pb2, workflow_service_pb2
 from pyclient._json import from_value
 
 T = TypeVar("T")
@@ -134,6 +134,8 @@ class Step:
     effect_uncertain: bool
     timeout_s: float | None
     progress: Any
+    #: When the holder of the lease last showed signs of life (claim or heartbeat).
+    last_heartbeat_at: dt.datetime | None = None
 
     @property
     def last_error(self) -> StepError | None:
@@ -244,6 +246,90 @@ class Submitted:
 
     run_id: str
     created: bool
+
+
+class ExplainReason(enum.StrEnum):
+    """Why a node is not running now (see Client.explain)."""
+
+    WAITING_ON_UPSTREAM = "waiting_on_upstream"
+    BACKING_OFF = "backing_off"
+    READY = "ready"
+    QUEUED = "queued"
+    NO_WORKER = "no_worker"
+    RUNNING = "running"
+    LEASE_EXPIRED = "lease_expired"
+    BLOCKED = "blocked"
+    DISCARDED = "discarded"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+    COMPLETED = "completed"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """An upstream node behind an explanation, with its last failure when discarded."""
+
+    node: str
+    status: StepStatus
+    attempt: int
+    last_error: StepError | None
+
+    @classmethod
+    def from_proto(cls, p: workflow_service_pb2.NodeState) -> NodeState:
+        return _build(
+            cls,
+            p,
+            status=_enum_of(StepStatus, "STEP_STATUS_", p.status, types_pb2.StepStatus),
+            last_error=StepError.from_proto(p.last_error) if p.HasField("last_error") else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ActionActivity:
+    """What the servers saw of the workers serving an action (a few seconds behind)."""
+
+    action: str
+    last_polled_at: dt.datetime | None
+    last_polled_by: str
+    last_claimed_at: dt.datetime | None
+    last_claimed_by: str
+    ready_ahead: int
+    running: int
+
+    @classmethod
+    def from_proto(cls, p: workflow_service_pb2.ActionActivity) -> ActionActivity:
+        return _build(cls, p)
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Why a node is not running now: a reason, a sentence, and the facts behind them."""
+
+    reason: ExplainReason
+    message: str
+    step: Step | None
+    run_status: RunStatus
+    run_error: RunError | None
+    upstream: tuple[NodeState, ...]
+    action: ActionActivity | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(dataclasses.asdict(self))
+
+    @classmethod
+    def from_proto(cls, p: workflow_service_pb2.ExplainResponse) -> Explanation:
+        return _build(
+            cls,
+            p,
+            reason=_enum_of(
+                ExplainReason, "EXPLAIN_REASON_", p.reason, workflow_service_pb2.ExplainReason
+            ),
+            step=Step.from_proto(p.step) if p.HasField("step") else None,
+            run_status=RunStatus.from_proto(p.run_status),
+            run_error=RunError.from_proto(p.run_error) if p.HasField("run_error") else None,
+            upstream=tuple(NodeState.from_proto(u) for u in p.upstream),
+            action=ActionActivity.from_proto(p.action) if p.HasField("action") else None,
+        )
 
 
 def trigger_rule_name(number: int) -> str:

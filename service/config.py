@@ -4,7 +4,35 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass, fields
+
+_AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
+_AGE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float | None:
+    """An age such as ``7d``, ``12h``, ``90m``, ``30s`` or ``3600`` (seconds), in
+    seconds; ``off`` or ``0`` is None (disabled)."""
+    text = text.strip().lower()
+    if text in ("off", "none", "never"):
+        return None
+    match = _AGE.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an age: use a number with s, m, h, d or w (e.g. 7d), or off"
+        )
+    seconds = float(match.group(1)) * _AGE_UNITS[match.group(2)]
+    return seconds or None
+
+
+def format_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "off"
+    for unit in ("d", "h", "m"):
+        if seconds % _AGE_UNITS[unit] == 0:
+            return f"{int(seconds // _AGE_UNITS[unit])}{unit}"
+    return f"{seconds:g}s"
 
 
 @dataclass(frozen=True)
@@ -24,6 +52,11 @@ class Settings:
     max_payload_bytes: int = 1 << 20
     max_json_depth: int = 32
     grace_s: float = 10.0
+    metrics_listen: str = "127.0.0.1:9464"
+    retention_s: float | None = 7 * 86400.0
+    retention_failed_s: float | None = None
+    retention_interval_s: float = 60.0
+    retention_batch: int = 100
     log_level: str = "INFO"
     log_json: bool = False
     migrate_only: bool = False
@@ -45,6 +78,13 @@ _HELP = {
     "max_payload_bytes": "largest JSON payload (input, output, result), in bytes",
     "max_json_depth": "deepest nesting of a JSON payload",
     "grace_s": "seconds in-flight calls get to finish on SIGTERM",
+    "metrics_listen": "host:port of the Prometheus metrics endpoint (/metrics); off to disable",
+    "retention_s": "delete completed and cancelled runs this long after they finished "
+    "(e.g. 7d, 12h; off keeps them)",
+    "retention_failed_s": "delete failed runs this long after they failed (off keeps them "
+    "until retried; blocked runs are always kept)",
+    "retention_interval_s": "seconds between retention passes (each jittered by ±50%%)",
+    "retention_batch": "most runs one retention statement deletes",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
     "log_json": "log one JSON object per line",
     "migrate_only": "apply migrations, then exit",
@@ -72,6 +112,16 @@ def parse(argv: list[str] | None = None) -> Settings:
             value = raw.lower() in ("1", "true", "yes") if raw is not None else default
             parser.add_argument(
                 flag, dest=f.name, action="store_true", default=value, help=help_text
+            )
+            continue
+        if str(f.type) == "float | None":
+            value = parse_age(raw) if raw is not None else default
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                type=parse_age,
+                default=value,
+                help=f"{help_text}; default {format_age(default)}",
             )
             continue
         kind = {"float": float, "int": int}.get(str(f.type), str)

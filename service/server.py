@@ -1,5 +1,6 @@
-"""Wiring only: the gRPC server, its servicers, health and reflection, and the
-background tasks (LISTEN dispatcher, recovery sweep)."""
+"""Wiring only: the gRPC server, its servicers, health and reflection, the metrics
+endpoint, and the background tasks (LISTEN dispatcher, recovery sweep, retention,
+reports of worker activity)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -21,13 +23,18 @@ from cyclone.v1 import (
     workflow_service_pb2_grpc,
 )
 from service import convert, errors
+from service.activity import ActionActivity, Handouts
 from service.config import Settings
+from service.metrics import Metrics
 from service.notify import Dispatcher
 from service.reflection import DocumentedReflectionServicer
 from service.servicers import AdminServicer, WorkerServicer, WorkflowServicer
 from service.store import Store
 
 log = logging.getLogger("cyclone")
+
+#: Seconds between reports of worker activity to cyclone.action_claims (Explain).
+ACTIVITY_REPORT_S = 5.0
 
 SERVICE_NAMES = (
     workflow_service_pb2.DESCRIPTOR.services_by_name["WorkflowService"].full_name,
@@ -53,22 +60,30 @@ class CycloneServer:
         self.settings = settings
         convert.PayloadLimits.max_bytes = settings.max_payload_bytes
         convert.PayloadLimits.max_depth = settings.max_json_depth
+        self.metrics = Metrics()
         self.dispatcher = Dispatcher(database_url)
         self.store = Store(
             database_url,
             pool_size=settings.pool_size,
             statement_timeout_ms=settings.statement_timeout_ms,
             on_ready=self.dispatcher.publish,
+            on_acquire=self.metrics.pool_wait.observe,
         )
+        self.metrics.watch_pool(self.store.pool_status, settings.pool_size)
+        self.activity = ActionActivity()
+        self.handouts = Handouts()
         options = [
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        self.grpc = grpc.aio.server(options=options)
-        self.worker = WorkerServicer(self.store, self.dispatcher, settings)
+        self.grpc = grpc.aio.server(options=options, interceptors=[self.metrics.interceptor()])
+        self.worker = WorkerServicer(
+            self.store, self.dispatcher, settings, self.metrics, self.activity, self.handouts
+        )
         workflow_service_pb2_grpc.add_WorkflowServiceServicer_to_server(
-            WorkflowServicer(self.store, settings), self.grpc
+            WorkflowServicer(self.store, settings, self.metrics, self.report_activity),
+            self.grpc,
         )
         worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(self.worker, self.grpc)
         admin_service_pb2_grpc.add_AdminServiceServicer_to_server(
@@ -78,11 +93,27 @@ class CycloneServer:
         self.port = self.grpc.add_insecure_port(settings.listen)
         if self.port == 0:
             raise RuntimeError(f"cannot listen on {settings.listen}")
+        self.metrics_port: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         self.dispatcher.start()
-        self._tasks.append(asyncio.create_task(self._sweep_loop(), name="cyclone-sweep"))
+        self.metrics.watch_database(self.store.metrics_gauges, asyncio.get_running_loop())
+        self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
+        if self.metrics_port is not None:
+            host = self.settings.metrics_listen.rpartition(":")[0]
+            log.info("metrics on http://%s:%d/metrics", host, self.metrics_port)
+        # Jitter keeps several servers from sweeping (or purging) in lockstep.
+        loops = [
+            ("sweep", self.sweep, self.settings.sweep_interval_s, 0.5),
+            ("report of worker activity", self.report_activity, ACTIVITY_REPORT_S, 0.0),
+        ]
+        if self.settings.retention_s or self.settings.retention_failed_s:
+            loops.append(("retention pass", self.purge, self.settings.retention_interval_s, 0.5))
+        for what, job, interval, jitter in loops:
+            self._tasks.append(
+                asyncio.create_task(_every(interval, jitter, job, what), name=f"cyclone-{what}")
+            )
         await self.grpc.start()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -98,23 +129,82 @@ class CycloneServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.dispatcher.stop()
+        self.metrics.close()
         await self.store.close()
 
     async def wait(self) -> None:
         await self.grpc.wait_for_termination()
 
-    async def _sweep_loop(self) -> None:
-        interval = self.settings.sweep_interval_s
-        while True:
-            # Jitter keeps several servers from sweeping in lockstep.
-            await asyncio.sleep(interval * random.uniform(0.5, 1.5))
-            try:
-                reclaimed = await self.store.sweep(self.settings.sweep_batch)
-            except errors.CycloneError as exc:
-                log.warning("sweep failed: %s", exc)
+    async def sweep(self) -> int:
+        """Reclaim expired leases once; returns how many."""
+        reclaimed = await self.store.sweep(self.settings.sweep_batch)
+        for step in reclaimed:
+            self.metrics.lease_expiries.labels(step.action).inc()
+            extra = {"run_id": str(step.run_id), "node": step.node, "attempt": step.attempt}
+            if step.status == "discarded":
+                self.metrics.discarded.labels("lease_expired").inc()
+                log.error(
+                    "step %s/%s discarded: the lease of worker %s expired at attempt %d, its last",
+                    step.run_id,
+                    step.node,
+                    step.worker_id,
+                    step.attempt,
+                    extra=extra,
+                )
+            else:
+                log.warning(
+                    "step %s/%s available again: the lease of worker %s expired at "
+                    "attempt %d with no outcome",
+                    step.run_id,
+                    step.node,
+                    step.worker_id,
+                    step.attempt,
+                    extra=extra,
+                )
+        if reclaimed:
+            log.info("sweep reclaimed %d expired lease(s)", len(reclaimed))
+        return len(reclaimed)
+
+    async def purge(self) -> int:
+        """One retention pass: delete runs past their age, a batch per statement, until
+        none is left; returns how many. Each batch skips what others hold locked."""
+        total = 0
+        policies = (
+            ("finished", self.settings.retention_s),
+            ("failed", self.settings.retention_failed_s),
+        )
+        for policy, age in policies:
+            if not age:
                 continue
-            except Exception:
-                log.exception("sweep failed")
-                continue
-            if reclaimed:
-                log.info("sweep reclaimed %d expired lease(s)", reclaimed)
+            while True:
+                deleted = await self.store.runs_purge(
+                    age_s=age, failed=policy == "failed", limit=self.settings.retention_batch
+                )
+                self.metrics.retention_deleted.labels(policy).inc(deleted)
+                total += deleted
+                if deleted < self.settings.retention_batch:
+                    break
+                await asyncio.sleep(0)  # let the calls in progress have the loop
+        if total:
+            log.info("retention deleted %d run(s)", total)
+        return total
+
+    async def report_activity(self) -> None:
+        """Write what this server saw of workers since the last report (for Explain),
+        and forget the handouts whose outcome can no longer come."""
+        self.handouts.prune()
+        await self.store.action_claims_note(self.activity.take())
+
+
+async def _every(
+    interval: float, jitter: float, job: Callable[[], Awaitable[object]], what: str
+) -> None:
+    """Run ``job`` every ``interval`` seconds (± ``jitter`` of it) until cancelled."""
+    while True:
+        await asyncio.sleep(interval * random.uniform(1 - jitter, 1 + jitter))
+        try:
+            await job()
+        except errors.CycloneError as exc:
+            log.warning("%s failed: %s", what, exc)
+        except Exception:
+            log.exception("%s failed", what)

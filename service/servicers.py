@@ -6,8 +6,9 @@ import asyncio
 import base64
 import json
 import logging
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,8 +38,11 @@ from cyclone.v1 import (
 )
 from pyclient import dag
 from service import convert, errors
+from service.activity import ActionActivity, Handouts
 from service.config import Settings
 from service.errors import rpc
+from service.explain import explain
+from service.metrics import Metrics
 from service.notify import Dispatcher
 from service.store import Store, parse_uuid, sqlstate_error
 
@@ -131,6 +135,7 @@ def _run_proto(row: Any, *, with_steps: bool) -> types_pb2.Run:
             started_at=convert.timestamp(s["started_at"]),
             finished_at=convert.timestamp(s["finished_at"]),
             effect_uncertain=s["effect_uncertain"],
+            last_heartbeat_at=convert.timestamp(s["last_heartbeat_at"]),
         )
         step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
         for field in ("input", "output", "progress"):
@@ -189,9 +194,19 @@ def _validated(workflow: types_pb2.Workflow) -> list[dag.NodeSpec]:
 
 
 class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
-    def __init__(self, store: Store, settings: Settings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        metrics: Metrics,
+        report_activity: Callable[[], Awaitable[None]],
+    ) -> None:
         self.store = store
         self.settings = settings
+        self.metrics = metrics
+        # Writes this server's latest news of workers first, so that Explain on a
+        # single server is exact; other servers' news is at most a few seconds old.
+        self.report_activity = report_activity
 
     async def _submit(self, request: Any, key: str | None) -> tuple[uuid.UUID, bool]:
         if not request.HasField("workflow"):
@@ -202,6 +217,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             workflow=request.workflow.name, nodes=nodes, input_json=run_input, submit_key=key
         )
         if created:
+            self.metrics.submitted.labels(request.workflow.name).inc()
             log.info(
                 "run %s submitted (workflow %s, %d nodes)",
                 run_id,
@@ -280,6 +296,60 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         row = await self.store.run_get(run_id)
         return workflow_pb.CancelRunResponse(run=_run_proto(row, with_steps=True))
 
+    @rpc
+    async def Explain(self, request, context):
+        run_id = parse_uuid(request.run_id)
+        node = _node_name(request.node)
+        await self.report_activity()
+        row = await self.store.step_explain(run_id, node)
+        why = explain(row)
+        run = await self.store.run_get(run_id, node)
+        response = workflow_pb.ExplainResponse(
+            reason=EXPLAIN_REASON[why.reason],
+            message=why.message,
+            run_status=convert.RUN_STATUS[row.run_status],
+        )
+        proto = _run_proto(run, with_steps=True)
+        response.step.CopyFrom(proto.steps[0])
+        if proto.HasField("error"):
+            response.run_error.CopyFrom(proto.error)
+        for u in why.upstream:
+            state = workflow_pb.NodeState(
+                node=u["node"], status=convert.STEP_STATUS[u["status"]], attempt=u["attempt"]
+            )
+            if u.get("error"):
+                e = u["error"]
+                state.last_error.CopyFrom(
+                    types_pb2.StepError(
+                        attempt=e["attempt"],
+                        kind=e["kind"],
+                        type=e["type"],
+                        message=e["message"],
+                        at=convert.timestamp(e["at"]),
+                    )
+                )
+            response.upstream.append(state)
+        if why.about_workers:
+            response.action.CopyFrom(
+                workflow_pb.ActionActivity(
+                    action=row.action,
+                    last_polled_at=convert.timestamp(row.polled_at),
+                    last_polled_by=row.polled_by or "",
+                    last_claimed_at=convert.timestamp(row.claimed_at),
+                    last_claimed_by=row.claimed_by or "",
+                    ready_ahead=row.ready_ahead or 0,
+                    running=row.action_running or 0,
+                )
+            )
+        return response
+
+
+EXPLAIN_REASON = {
+    name.removeprefix("EXPLAIN_REASON_").lower(): number
+    for name, number in workflow_pb.ExplainReason.items()
+    if number
+}
+
 
 def _encode_page_token(created_at: datetime, run_id: uuid.UUID) -> str:
     raw = json.dumps([created_at.isoformat(), str(run_id)]).encode()
@@ -295,10 +365,21 @@ def _decode_page_token(token: str) -> tuple[datetime, uuid.UUID]:
 
 
 class WorkerServicer(worker_grpc.WorkerServiceServicer):
-    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        dispatcher: Dispatcher,
+        settings: Settings,
+        metrics: Metrics,
+        activity: ActionActivity,
+        handouts: Handouts,
+    ) -> None:
         self.store = store
         self.dispatcher = dispatcher
         self.settings = settings
+        self.metrics = metrics
+        self.activity = activity
+        self.handouts = handouts
         self.stopping = asyncio.Event()
 
     def _lease(self, requested: duration_pb2.Duration | None) -> float:
@@ -341,26 +422,37 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        while True:
-            with self.dispatcher.subscribe(actions) as ready:
-                rows = await self._claim(worker_id, actions, unsafe, limit, lease)
-                steps = [self._claimed(r) for r in rows if not _blocked(r)]
-                remaining = deadline - loop.time()
-                if steps or remaining <= 0 or self.stopping.is_set():
-                    return worker_pb.ClaimResponse(steps=steps)
-                due = await self.store.step_next_due(actions)
-                # The wake-up is the notification; the timeout only covers backoffs
-                # coming due and a notification lost while the listener reconnected.
-                timeout = min(remaining, 5.0 if due is None else max(due, 0.001))
-                stop = asyncio.ensure_future(self.stopping.wait())
-                woke = asyncio.ensure_future(ready.wait())
-                try:
-                    await asyncio.wait(
-                        {stop, woke}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                    )
-                finally:
-                    stop.cancel()
-                    woke.cancel()
+        waiting = False
+        try:
+            while True:
+                with self.dispatcher.subscribe(actions) as ready:
+                    self.activity.polled(actions, worker_id)
+                    rows = await self._claim(worker_id, actions, unsafe, limit, lease)
+                    steps = [
+                        self._claimed(r, worker_id, lease) for r in rows if not self._blocked(r)
+                    ]
+                    remaining = deadline - loop.time()
+                    if steps or remaining <= 0 or self.stopping.is_set():
+                        return worker_pb.ClaimResponse(steps=steps)
+                    if not waiting:
+                        waiting = True
+                        self.metrics.waiting_claims.inc()
+                    due = await self.store.step_next_due(actions)
+                    # The wake-up is the notification; the timeout only covers backoffs
+                    # coming due and a notification lost while the listener reconnected.
+                    timeout = min(remaining, 5.0 if due is None else max(due, 0.001))
+                    stop = asyncio.ensure_future(self.stopping.wait())
+                    woke = asyncio.ensure_future(ready.wait())
+                    try:
+                        await asyncio.wait(
+                            {stop, woke}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                        )
+                    finally:
+                        stop.cancel()
+                        woke.cancel()
+        finally:
+            if waiting:
+                self.metrics.waiting_claims.dec()
 
     async def _claim(
         self, worker_id: str, actions: list[str], unsafe: list[str], limit: int, lease: float
@@ -381,7 +473,13 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 log.info("claim cancelled by its caller: %d step(s) handed back", released)
             raise
 
-    def _claimed(self, r: Any) -> worker_pb.ClaimedStep:
+    def _claimed(self, r: Any, worker_id: str, lease: float) -> worker_pb.ClaimedStep:
+        token = str(r.lease_token)
+        lifetime = (r.deadline_at - r.lease_expires_at).total_seconds() + lease
+        self.handouts.add(token, r.action, r.attempt, lifetime)
+        self.activity.claimed((r.action,), worker_id)
+        self.metrics.claimed.labels(r.action).inc()
+        self.metrics.claim_wait.labels(r.action).observe(r.waited_s)
         step = worker_pb.ClaimedStep(
             run_id=str(r.run_id),
             node=r.node,
@@ -389,7 +487,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             workflow=r.workflow,
             attempt=r.attempt,
             max_attempts=r.max_attempts,
-            lease_token=str(r.lease_token),
+            lease_token=token,
             lease_expires_at=convert.timestamp(r.lease_expires_at),
             deadline=convert.timestamp(r.deadline_at),
             effect_uncertain=r.effect_uncertain,
@@ -456,11 +554,15 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     async def Complete(self, request, context):
         item = self._completion(request)
         key = (item["run_id"], item["node"], item["lease_token"])
-        if "failure" in item:
-            done = await self.store.step_fail(*key, item["failure"])
-        else:
-            done = await self.store.step_complete(*key, item["output_json"])
-        _log_outcome(item, done.step_status, done.retry_at)
+        try:
+            if "failure" in item:
+                done = await self.store.step_fail(*key, item["failure"])
+            else:
+                done = await self.store.step_complete(*key, item["output_json"])
+        except (errors.LeaseLost, errors.NotFound):
+            self.metrics.refused.inc()
+            raise
+        await self._outcome(item, done)
         return _complete_response(done)
 
     @rpc
@@ -478,6 +580,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         results = []
         for item, row in zip(items, await self.store.step_complete_many(items), strict=True):
             if row.error_state:
+                self.metrics.refused.inc()
                 error = worker_pb.CompleteError(
                     code=sqlstate_error(row.error_state).code.value[0], message=row.error_message
                 )
@@ -485,9 +588,46 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     error.current_attempt = int(row.error_detail.partition("=")[2])
                 results.append(worker_pb.CompleteResult(error=error))
             else:
-                _log_outcome(item, row.step_status, row.retry_at)
+                await self._outcome(item, row)
                 results.append(worker_pb.CompleteResult(response=_complete_response(row)))
         return worker_pb.CompleteManyResponse(results=results)
+
+    async def _outcome(self, item: dict[str, Any], done: Any) -> None:
+        """Count, time and log an accepted outcome."""
+        if done.duplicate:
+            return
+        failure = item.get("failure")
+        m = self.metrics
+        if failure is None:
+            m.completed.inc()
+        else:
+            m.failed.labels(_FAILED_OUTCOME.get(done.step_status, done.step_status)).inc()
+            if done.step_status == "discarded":
+                m.discarded.labels("handler").inc()
+        if done.run_status in ("completed", "failed") and done.step_status in _FINAL:
+            m.finished.labels(done.run_status).inc()
+        handout = self.handouts.pop(str(item["lease_token"]))
+        if handout is not None:
+            m.step_seconds.labels(
+                handout.action, "completed" if failure is None else "failed"
+            ).observe(time.monotonic() - handout.claimed)
+            attempt = handout.attempt
+        elif failure is not None or log.isEnabledFor(logging.DEBUG):
+            # Handed out by another server: read the attempt for the log line (only
+            # when there is one to write).
+            attempt = await self.store.step_attempt(item["run_id"], item["node"])
+        else:
+            return
+        _log_outcome(item, done.step_status, done.retry_at, attempt)
+
+    def _blocked(self, row: Any) -> bool:
+        if row.blocked:
+            self.metrics.blocked.labels(row.action).inc()
+        return _blocked(row)
+
+
+_FAILED_OUTCOME = {"available": "retry", "pending": "held"}
+_FINAL = ("completed", "discarded")
 
 
 def _complete_response(done: Any) -> worker_pb.CompleteResponse:
@@ -501,17 +641,18 @@ def _complete_response(done: Any) -> worker_pb.CompleteResponse:
     return response
 
 
-def _log_outcome(item: dict[str, Any], status: str, retry_at: Any) -> None:
+def _log_outcome(item: dict[str, Any], status: str, retry_at: Any, attempt: int | None) -> None:
     run_id, node = item["run_id"], item["node"]
-    extra = {"run_id": str(run_id), "node": node}
+    extra = {"run_id": str(run_id), "node": node, "attempt": attempt}
     failure = item.get("failure")
     if failure is None:
-        log.debug("completed %s/%s", run_id, node, extra=extra)
+        log.debug("completed %s/%s attempt %s", run_id, node, attempt, extra=extra)
     elif status == "discarded":
         log.error(
-            "step %s/%s discarded: %s: %s",
+            "step %s/%s discarded at attempt %s: %s: %s",
             run_id,
             node,
+            attempt,
             failure["type"],
             failure["message"],
             extra=extra,
@@ -520,9 +661,10 @@ def _log_outcome(item: dict[str, Any], status: str, retry_at: Any) -> None:
         # A retry in a blocked run is held (pending) until the run is resolved.
         when = "held until its blocked run is resolved" if status == "pending" else retry_at
         log.info(
-            "step %s/%s failed, retry at %s: %s: %s",
+            "step %s/%s failed at attempt %s, retry at %s: %s: %s",
             run_id,
             node,
+            attempt,
             when,
             failure["type"],
             failure["message"],
@@ -544,6 +686,10 @@ def _blocked(row: Any) -> bool:
     return bool(row.blocked)
 
 
+def _attempt(run: types_pb2.Run, node: str) -> int:
+    return next(s.attempt for s in run.steps if s.node == node)
+
+
 class AdminServicer(admin_grpc.AdminServiceServicer):
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -557,10 +703,16 @@ class AdminServicer(admin_grpc.AdminServiceServicer):
         node = _node_name(request.node)
         reason = _text(request.reason, "reason", MAX_REASON)
         await self.store.step_retry(run_id, [node], actor=_actor(context), reason=reason)
+        run = await self._run(run_id)
+        attempt = _attempt(run, node)
         log.info(
-            "node %s of run %s retried", node, run_id, extra={"run_id": str(run_id), "node": node}
+            "node %s of run %s retried after attempt %d",
+            node,
+            run_id,
+            attempt,
+            extra={"run_id": str(run_id), "node": node, "attempt": attempt},
         )
-        return admin_pb.RetryResponse(run=await self._run(run_id))
+        return admin_pb.RetryResponse(run=run)
 
     @rpc
     async def RetryAll(self, request, context):
@@ -593,12 +745,15 @@ class AdminServicer(admin_grpc.AdminServiceServicer):
         await self.store.step_resolve(
             run_id, node, choice=choice, value_json=value, actor=_actor(context), reason=reason
         )
+        run = await self._run(run_id)
+        attempt = _attempt(run, node)
         log.warning(
-            "run %s: node %s resolved as %s (%s)",
+            "run %s: node %s resolved as %s at attempt %d (%s)",
             run_id,
             node,
             choice,
+            attempt,
             reason,
-            extra={"run_id": str(run_id), "node": node},
+            extra={"run_id": str(run_id), "node": node, "attempt": attempt},
         )
-        return admin_pb.ResolveResponse(run=await self._run(run_id))
+        return admin_pb.ResolveResponse(run=run)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -71,6 +72,18 @@ def parse_uuid(value: str, what: str = "run_id") -> uuid.UUID:
 
 
 @dataclass(frozen=True, slots=True)
+class ActionSeen:
+    """What a server saw of the workers serving one action: seconds since a Claim
+    last named it and by whom, and since one last got a step of it (None: not since)."""
+
+    action: str
+    polled_ago: float
+    polled_by: str
+    claimed_ago: float | None = None
+    claimed_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Completion:
     step_status: str
     run_status: str
@@ -88,10 +101,13 @@ class Store:
         pool_size: int = 10,
         statement_timeout_ms: int = 0,
         on_ready: Callable[[set[str]], None] | None = None,
+        on_acquire: Callable[[float], None] | None = None,
     ):
         # Transitions report the actions they made ready instead of notifying inside
         # their transaction (0003_deferred_notify.sql); on_ready hears of them.
         self.on_ready = on_ready
+        # Hears how long each statement waited for a pooled connection (a metric).
+        self.on_acquire = on_acquire
         options = "-c application_name=cyclone-server -c cyclone.defer_notify=on"
         if statement_timeout_ms:
             options += f" -c statement_timeout={int(statement_timeout_ms)}"
@@ -110,7 +126,10 @@ class Store:
 
     async def _all(self, name: str, **params: Any) -> Sequence[Row]:
         try:
+            asked = time.perf_counter()
             async with self.engine.connect() as conn:
+                if self.on_acquire is not None:
+                    self.on_acquire(time.perf_counter() - asked)
                 result = await conn.execute(Q[name], params)
                 rows = result.fetchall() if result.returns_rows else []
         except sa.exc.DBAPIError as exc:
@@ -160,8 +179,9 @@ class Store:
         assert row is not None
         return row.run_id, row.created
 
-    async def run_get(self, run_id: uuid.UUID) -> Row:
-        row = await self._one("run_get", run_id=str(run_id))
+    async def run_get(self, run_id: uuid.UUID, node: str | None = None) -> Row:
+        """The run with its steps (only ``node``'s when given), errors and audit trail."""
+        row = await self._one("run_get", run_id=str(run_id), node=node)
         if row is None:
             raise errors.NotFound(f"run {run_id} not found")
         return row
@@ -224,6 +244,10 @@ class Store:
     async def step_next_due(self, actions: list[str]) -> float | None:
         row = await self._one("step_next_due", actions=actions)
         return None if row is None or row.seconds is None else float(row.seconds)
+
+    async def step_attempt(self, run_id: uuid.UUID, node: str) -> int | None:
+        row = await self._one("step_attempt", run_id=str(run_id), node=node)
+        return None if row is None else int(row.attempt)
 
     async def step_heartbeat(
         self,
@@ -323,9 +347,45 @@ class Store:
             reason=reason,
         )
 
-    async def sweep(self, limit: int = 1000) -> int:
-        row = await self._one("sweep", limit=limit)
-        return int(row.reclaimed) if row else 0
+    async def sweep(self, limit: int = 1000) -> Sequence[Row]:
+        """Reclaim expired leases; one row per step (run_id, node, action, attempt,
+        worker_id, status)."""
+        return await self._all("sweep", limit=limit)
+
+    async def step_explain(self, run_id: uuid.UUID, node: str) -> Row:
+        """What Explain needs about one step; NotFound for an unknown run or node."""
+        row = await self._one("step_explain", run_id=str(run_id), node=node)
+        if row is None:
+            raise errors.NotFound(f"run {run_id} not found")
+        if row.node is None:
+            raise errors.NotFound(f"run {run_id} has no node {node!r}")
+        return row
+
+    async def action_claims_note(self, seen: Sequence[ActionSeen]) -> None:
+        """Record what this server saw of the workers serving each action."""
+        if not seen:
+            return
+        await self._all(
+            "action_claims_note",
+            actions=[a.action for a in seen],
+            polled_ago=[a.polled_ago for a in seen],
+            polled_by=[a.polled_by for a in seen],
+            claimed_ago=[a.claimed_ago for a in seen],
+            claimed_by=[a.claimed_by for a in seen],
+        )
+
+    async def runs_purge(self, *, age_s: float, failed: bool, limit: int) -> int:
+        """Delete up to ``limit`` runs finished more than ``age_s`` ago (see 0009)."""
+        row = await self._one("runs_purge", age_s=age_s, failed=failed, limit=limit)
+        return int(row.deleted) if row else 0
+
+    async def metrics_gauges(self) -> Sequence[Row]:
+        return await self._all("metrics_gauges")
+
+    def pool_status(self) -> tuple[int, int]:
+        """(connections in use, connections open) of this server's pool."""
+        pool = self.engine.pool
+        return pool.checkedout(), pool.checkedout() + pool.checkedin()  # type: ignore[attr-defined]
 
     async def clock_advance(self, seconds: float) -> None:
         await self._all("clock_advance", seconds=seconds)

@@ -170,11 +170,25 @@ class RunningServer:
         """Run the recovery sweep now; returns how many leases it reclaimed."""
         return self.sql("SELECT cyclone.sweep(1000)")[0][0]
 
+    def call(self, coroutine_function: Any, *args: Any) -> Any:
+        """Run ``coroutine_function(*args)`` on the server's event loop; its result."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coroutine_function(*args), self._loop).result(30)
+
+    @property
+    def server(self) -> CycloneServer:
+        assert self._server is not None
+        return self._server
+
 
 TEST_SETTINGS = Settings(
     listen="127.0.0.1:0",
-    # Tests run the sweep themselves (RunningServer.sweep) so that they decide when.
+    # Tests run the sweep themselves (RunningServer.sweep) so that they decide when;
+    # retention too.
     sweep_interval_s=3600,
+    retention_interval_s=3600,
+    # Metrics tests ask for an endpoint (metrics_listen="127.0.0.1:0").
+    metrics_listen="off",
     pool_size=4,
     grace_s=0,
 )
@@ -242,8 +256,19 @@ def server_process(database_url: str) -> Iterator[Any]:
 
     def start(*flags: str) -> ServerProcess:
         env = {**os.environ, "CYCLONE_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
+        # A free port for metrics, so that processes do not compete for the default;
+        # a flag given in `flags` comes later and wins.
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service", "--listen", "127.0.0.1:0", *flags],
+            [
+                sys.executable,
+                "-m",
+                "service",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                *flags,
+            ],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -34,6 +34,10 @@ SELECT extract(epoch FROM min(available_at) - cyclone.now()) AS seconds
   FROM cyclone.steps
  WHERE status = 'available' AND action = ANY (CAST(:actions AS text[]));
 
+-- name: step_attempt
+-- A step's attempt, for a log line about an outcome this server did not hand out.
+SELECT attempt FROM cyclone.steps WHERE run_id = CAST(:run_id AS uuid) AND node = :node;
+
 -- name: step_heartbeat
 SELECT lease_expires_at, cancelled
   FROM cyclone.step_heartbeat(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid),
@@ -73,12 +77,121 @@ SELECT current_setting('cyclone.ready', true) AS ready
 SELECT cyclone.run_cancel(CAST(:run_id AS uuid), :actor, :reason);
 
 -- name: sweep
-SELECT reclaimed, current_setting('cyclone.ready', true) AS ready
-  FROM cyclone.sweep(:limit) AS reclaimed;
+-- One row per expired lease reclaimed: run_id, node, action, attempt, worker_id, and
+-- the status the step was left in (available, or discarded when out of attempts).
+SELECT s.run_id, s.node, s.action, s.attempt, s.worker_id, s.status,
+       current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.sweep_steps(:limit) s;
+
+-- name: runs_purge
+-- Retention: deletes up to :limit runs finished more than :age_s seconds ago, failed
+-- ones when :failed, else completed and cancelled ones.
+SELECT cyclone.runs_purge(make_interval(secs => :age_s), :failed, :limit) AS deleted;
+
+-- name: action_claims_note
+-- What this server saw of workers since its last report: per action, how long ago a
+-- Claim last named it and by whom, and how long ago one last got a step of it (NULL:
+-- not since). Newer facts win, so servers reporting at once do not undo each other;
+-- rows are written in action order, so two reports cannot deadlock.
+INSERT INTO cyclone.action_claims AS c (action, polled_at, polled_by, claimed_at, claimed_by)
+SELECT a.action, cyclone.now() - make_interval(secs => a.polled_ago), a.polled_by,
+       cyclone.now() - make_interval(secs => a.claimed_ago), a.claimed_by
+  FROM unnest(CAST(:actions AS text[]), CAST(:polled_ago AS float8[]),
+              CAST(:polled_by AS text[]), CAST(:claimed_ago AS float8[]),
+              CAST(:claimed_by AS text[]))
+       AS a(action, polled_ago, polled_by, claimed_ago, claimed_by)
+ ORDER BY a.action
+    ON CONFLICT (action) DO UPDATE
+   SET polled_at = greatest(c.polled_at, excluded.polled_at),
+       polled_by = CASE WHEN excluded.polled_at >= c.polled_at THEN excluded.polled_by
+                        ELSE c.polled_by END,
+       claimed_at = greatest(c.claimed_at, excluded.claimed_at),
+       claimed_by = CASE WHEN excluded.claimed_at >= c.claimed_at OR c.claimed_at IS NULL
+                         THEN coalesce(excluded.claimed_by, c.claimed_by)
+                         ELSE c.claimed_by END;
+
+-- name: step_explain
+-- Everything Explain needs to say why one step is not running, read in one statement
+-- so that the picture is consistent. No step columns when the run has no such node.
+SELECT r.status AS run_status, r.error AS run_error, cyclone.now() AS now,
+       s.node, s.action, s.status, s.attempt, s.max_attempts, s.trigger_rule, s.deps_open,
+       s.available_at, s.lease_expires_at, s.deadline_at, s.worker_id, s.started_at,
+       s.last_heartbeat_at, s.finished_at, s.unsafe, s.effect_uncertain,
+       (SELECT jsonb_build_object('attempt', e.attempt, 'kind', e.kind, 'type', e.type,
+                                  'message', e.message, 'at', e.at)
+          FROM cyclone.step_errors e
+         WHERE e.run_id = s.run_id AND e.node = s.node
+         ORDER BY e.at DESC LIMIT 1) AS last_error,
+       -- The direct upstream nodes, in topological order.
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'node', u.node, 'status', u.status, 'attempt', u.attempt)
+                   ORDER BY u.position), '[]')
+          FROM cyclone.steps u
+         WHERE u.run_id = s.run_id AND u.node = ANY (s.depends_on)) AS upstream,
+       -- For a skipped step: the discarded nodes upstream of it, through skipped ones.
+       CASE WHEN s.status = 'skipped' THEN (
+           WITH RECURSIVE up(node) AS (
+               SELECT unnest(s.depends_on)
+               UNION
+               SELECT unnest(k.depends_on)
+                 FROM cyclone.steps k JOIN up ON k.node = up.node
+                WHERE k.run_id = s.run_id AND k.status = 'skipped')
+           SELECT coalesce(jsonb_agg(jsonb_build_object(
+                      'node', f.node, 'status', f.status, 'attempt', f.attempt,
+                      'error', (SELECT jsonb_build_object(
+                                    'attempt', e.attempt, 'kind', e.kind, 'type', e.type,
+                                    'message', e.message, 'at', e.at)
+                                  FROM cyclone.step_errors e
+                                 WHERE e.run_id = f.run_id AND e.node = f.node
+                                 ORDER BY e.at DESC LIMIT 1))
+                      ORDER BY f.position), '[]')
+             FROM cyclone.steps f JOIN up ON f.node = up.node
+            WHERE f.run_id = s.run_id AND f.status = 'discarded') END AS failed_upstream,
+       a.polled_at, a.polled_by, a.claimed_at, a.claimed_by,
+       -- For a ready step: how many ready steps of its action are ahead of it (at most
+       -- 10,000 are counted), and how many of its action are running.
+       CASE WHEN s.status = 'available' AND s.available_at <= cyclone.now() THEN (
+           SELECT count(*) FROM (
+               SELECT 1 FROM cyclone.steps q
+                WHERE q.status = 'available' AND q.action = s.action
+                  AND q.available_at < s.available_at
+                LIMIT 10000) ahead) END AS ready_ahead,
+       CASE WHEN s.status = 'available' THEN (
+           SELECT count(*) FROM cyclone.steps q
+            WHERE q.status = 'running' AND q.action = s.action) END AS action_running,
+       (SELECT jsonb_build_object('actor', c.actor, 'reason', c.reason, 'at', c.at)
+          FROM cyclone.audit c
+         WHERE c.run_id = r.run_id AND c.action = 'cancel'
+         ORDER BY c.id DESC LIMIT 1) AS cancel
+  FROM cyclone.runs r
+  LEFT JOIN cyclone.steps s ON s.run_id = r.run_id AND s.node = :node
+  LEFT JOIN cyclone.action_claims a ON a.action = s.action
+ WHERE r.run_id = CAST(:run_id AS uuid);
+
+-- name: metrics_gauges
+-- The gauges read from the database at a scrape: runs by status (completed runs are
+-- not counted: that would read the whole table; count completions with the
+-- cyclone_runs_finished_total counter), and per action the ready steps (with the age
+-- of the oldest), those waiting out a backoff, the running ones and the running ones
+-- whose lease expired without the sweep reclaiming them yet. Each part reads a
+-- partial index.
+SELECT 'runs' AS part, status AS label, count(*) AS n, NULL::float8 AS age_s, 0 AS extra
+  FROM cyclone.runs WHERE status <> 'completed' GROUP BY status
+UNION ALL
+SELECT 'available', action,
+       count(*) FILTER (WHERE available_at <= cyclone.now()),
+       extract(epoch FROM cyclone.now()
+                          - min(available_at) FILTER (WHERE available_at <= cyclone.now())),
+       count(*) FILTER (WHERE available_at > cyclone.now())
+  FROM cyclone.steps WHERE status = 'available' GROUP BY action
+UNION ALL
+SELECT 'running', action, count(*), NULL,
+       count(*) FILTER (WHERE lease_expires_at <= cyclone.now())
+  FROM cyclone.steps WHERE status = 'running' GROUP BY action;
 
 -- name: run_get
 -- A run with its steps, their errors and the audit trail, read in one statement so
--- that the picture is consistent.
+-- that the picture is consistent. With :node, only that node's step and errors.
 SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created_at,
        r.updated_at, r.finished_at,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
@@ -88,16 +201,21 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'input', s.input, 'output', s.output, 'progress', s.progress,
                    'worker_id', s.worker_id,
                    'lease_expires_at', CASE WHEN s.status = 'running' THEN s.lease_expires_at END,
+                   'last_heartbeat_at', s.last_heartbeat_at,
                    'available_at', CASE WHEN s.status = 'available' THEN s.available_at END,
                    'started_at', s.started_at, 'finished_at', s.finished_at,
                    'effect_uncertain', s.effect_uncertain,
                    'timeout_s', extract(epoch FROM s.timeout)) ORDER BY s.position), '[]')
-          FROM cyclone.steps s WHERE s.run_id = r.run_id) AS steps,
+          FROM cyclone.steps s
+         WHERE s.run_id = r.run_id
+           AND (CAST(:node AS text) IS NULL OR s.node = :node)) AS steps,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'node', e.node, 'attempt', e.attempt, 'kind', e.kind, 'type', e.type,
                    'message', e.message, 'details', e.details, 'retryable', e.retryable,
                    'at', e.at) ORDER BY e.at), '[]')
-          FROM cyclone.step_errors e WHERE e.run_id = r.run_id) AS errors,
+          FROM cyclone.step_errors e
+         WHERE e.run_id = r.run_id
+           AND (CAST(:node AS text) IS NULL OR e.node = :node)) AS errors,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'action', a.action, 'node', a.node, 'actor', a.actor, 'reason', a.reason,
                    'details', a.details, 'at', a.at) ORDER BY a.id), '[]')

@@ -4,12 +4,42 @@ from cyclone.v1 import types_pb2 as _types_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ExplainReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXPLAIN_REASON_UNSPECIFIED: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_WAITING_ON_UPSTREAM: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_BACKING_OFF: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_READY: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_QUEUED: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_NO_WORKER: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_RUNNING: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_LEASE_EXPIRED: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_BLOCKED: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_DISCARDED: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_SKIPPED: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_CANCELLED: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_COMPLETED: _ClassVar[ExplainReason]
+EXPLAIN_REASON_UNSPECIFIED: ExplainReason
+EXPLAIN_REASON_WAITING_ON_UPSTREAM: ExplainReason
+EXPLAIN_REASON_BACKING_OFF: ExplainReason
+EXPLAIN_REASON_READY: ExplainReason
+EXPLAIN_REASON_QUEUED: ExplainReason
+EXPLAIN_REASON_NO_WORKER: ExplainReason
+EXPLAIN_REASON_RUNNING: ExplainReason
+EXPLAIN_REASON_LEASE_EXPIRED: ExplainReason
+EXPLAIN_REASON_BLOCKED: ExplainReason
+EXPLAIN_REASON_DISCARDED: ExplainReason
+EXPLAIN_REASON_SKIPPED: ExplainReason
+EXPLAIN_REASON_CANCELLED: ExplainReason
+EXPLAIN_REASON_COMPLETED: ExplainReason
 
 class SubmitRequest(_message.Message):
     __slots__ = ("workflow", "input")
@@ -92,3 +122,59 @@ class CancelRunResponse(_message.Message):
     RUN_FIELD_NUMBER: _ClassVar[int]
     run: _types_pb2.Run
     def __init__(self, run: _Optional[_Union[_types_pb2.Run, _Mapping]] = ...) -> None: ...
+
+class ExplainRequest(_message.Message):
+    __slots__ = ("run_id", "node")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+
+class ExplainResponse(_message.Message):
+    __slots__ = ("reason", "message", "step", "run_status", "run_error", "upstream", "action")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RUN_STATUS_FIELD_NUMBER: _ClassVar[int]
+    RUN_ERROR_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    reason: ExplainReason
+    message: str
+    step: _types_pb2.Step
+    run_status: _types_pb2.RunStatus
+    run_error: _types_pb2.RunError
+    upstream: _containers.RepeatedCompositeFieldContainer[NodeState]
+    action: ActionActivity
+    def __init__(self, reason: _Optional[_Union[ExplainReason, str]] = ..., message: _Optional[str] = ..., step: _Optional[_Union[_types_pb2.Step, _Mapping]] = ..., run_status: _Optional[_Union[_types_pb2.RunStatus, str]] = ..., run_error: _Optional[_Union[_types_pb2.RunError, _Mapping]] = ..., upstream: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., action: _Optional[_Union[ActionActivity, _Mapping]] = ...) -> None: ...
+
+class NodeState(_message.Message):
+    __slots__ = ("node", "status", "attempt", "last_error")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    status: _types_pb2.StepStatus
+    attempt: int
+    last_error: _types_pb2.StepError
+    def __init__(self, node: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., attempt: _Optional[int] = ..., last_error: _Optional[_Union[_types_pb2.StepError, _Mapping]] = ...) -> None: ...
+
+class ActionActivity(_message.Message):
+    __slots__ = ("action", "last_polled_at", "last_polled_by", "last_claimed_at", "last_claimed_by", "ready_ahead", "running")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    LAST_POLLED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_POLLED_BY_FIELD_NUMBER: _ClassVar[int]
+    LAST_CLAIMED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_CLAIMED_BY_FIELD_NUMBER: _ClassVar[int]
+    READY_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    action: str
+    last_polled_at: _timestamp_pb2.Timestamp
+    last_polled_by: str
+    last_claimed_at: _timestamp_pb2.Timestamp
+    last_claimed_by: str
+    ready_ahead: int
+    running: int
+    def __init__(self, action: _Optional[str] = ..., last_polled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_polled_by: _Optional[str] = ..., last_claimed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_claimed_by: _Optional[str] = ..., ready_ahead: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...

@@ -60,6 +60,11 @@ class WorkflowServiceStub:
                 request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.CancelRunRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.CancelRunResponse.FromString,
                 _registered_method=True)
+        self.Explain = channel.unary_unary(
+                '/cyclone.v1.WorkflowService/Explain',
+                request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ExplainRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ExplainResponse.FromString,
+                _registered_method=True)
 
 
 class WorkflowServiceServicer:
@@ -107,6 +112,17 @@ class WorkflowServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Explain(self, request, context):
+        """Why a node is not running now, or what it is doing: one reason code, a sentence
+        for people, and the details behind it (the upstream nodes it waits on, the end of
+        its backoff, the worker holding its lease and its last heartbeat, why its run is
+        blocked, the failure that made it skip, whether any worker asks for its action).
+        Reads only. NOT_FOUND for an unknown run or node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -134,6 +150,11 @@ def add_WorkflowServiceServicer_to_server(servicer, server):
                     servicer.CancelRun,
                     request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.CancelRunRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.CancelRunResponse.SerializeToString,
+            ),
+            'Explain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Explain,
+                    request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ExplainRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ExplainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -272,6 +293,33 @@ class WorkflowService:
             '/cyclone.v1.WorkflowService/CancelRun',
             cyclone_dot_v1_dot_workflow__service__pb2.CancelRunRequest.SerializeToString,
             cyclone_dot_v1_dot_workflow__service__pb2.CancelRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Explain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkflowService/Explain',
+            cyclone_dot_v1_dot_workflow__service__pb2.ExplainRequest.SerializeToString,
+            cyclone_dot_v1_dot_workflow__service__pb2.ExplainResponse.FromString,
             options,
             channel_credentials,
             insecure,

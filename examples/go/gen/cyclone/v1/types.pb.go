@@ -729,9 +729,12 @@ type Step struct {
 	// The node's handler timeout.
 	Timeout *durationpb.Duration `protobuf:"bytes,17,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Last progress value sent with a heartbeat, if any.
-	Progress      *structpb.Value `protobuf:"bytes,18,opt,name=progress,proto3" json:"progress,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Progress *structpb.Value `protobuf:"bytes,18,opt,name=progress,proto3" json:"progress,omitempty"`
+	// When the holder of the current (or last) lease last showed signs of life: its
+	// claim, or its last Heartbeat since.
+	LastHeartbeatAt *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=last_heartbeat_at,json=lastHeartbeatAt,proto3" json:"last_heartbeat_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
@@ -886,6 +889,13 @@ func (x *Step) GetTimeout() *durationpb.Duration {
 func (x *Step) GetProgress() *structpb.Value {
 	if x != nil {
 		return x.Progress
+	}
+	return nil
+}
+
+func (x *Step) GetLastHeartbeatAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastHeartbeatAt
 	}
 	return nil
 }
@@ -1133,7 +1143,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12\x18\n" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x129\n" +
 	"\n" +
-	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xb5\x06\n" +
+	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xfd\x06\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12.\n" +
@@ -1156,7 +1166,8 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"finishedAt\x12)\n" +
 	"\x10effect_uncertain\x18\x10 \x01(\bR\x0feffectUncertain\x123\n" +
 	"\atimeout\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x122\n" +
-	"\bprogress\x18\x12 \x01(\v2\x16.google.protobuf.ValueR\bprogress\"\xcb\x01\n" +
+	"\bprogress\x18\x12 \x01(\v2\x16.google.protobuf.ValueR\bprogress\x12F\n" +
+	"\x11last_heartbeat_at\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastHeartbeatAt\"\xcb\x01\n" +
 	"\tStepError\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
@@ -1257,14 +1268,15 @@ var file_cyclone_v1_types_proto_depIdxs = []int32{
 	14, // 25: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
 	12, // 26: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
 	13, // 27: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
-	14, // 28: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
-	14, // 29: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	13, // 30: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
-	31, // [31:31] is the sub-list for method output_type
-	31, // [31:31] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	14, // 28: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	14, // 29: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
+	14, // 30: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	13, // 31: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
+	32, // [32:32] is the sub-list for method output_type
+	32, // [32:32] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_types_proto_init() }

@@ -23,6 +23,104 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Why a node is not running now (ExplainResponse.reason).
+type ExplainReason int32
+
+const (
+	// Never returned.
+	ExplainReason_EXPLAIN_REASON_UNSPECIFIED ExplainReason = 0
+	// Pending: upstream nodes have not finished (listed in upstream).
+	ExplainReason_EXPLAIN_REASON_WAITING_ON_UPSTREAM ExplainReason = 1
+	// Available after a failed attempt, but not before step.available_at (backoff).
+	ExplainReason_EXPLAIN_REASON_BACKING_OFF ExplainReason = 2
+	// Ready now, and workers ask for its action: the next claim of it takes this step.
+	ExplainReason_EXPLAIN_REASON_READY ExplainReason = 3
+	// Ready now, but other ready steps of its action are ahead of it, or every worker
+	// serving the action is busy.
+	ExplainReason_EXPLAIN_REASON_QUEUED ExplainReason = 4
+	// Ready now, but no Claim has named its action recently: no worker serves it.
+	ExplainReason_EXPLAIN_REASON_NO_WORKER ExplainReason = 5
+	// Leased to step.worker_id, which last heartbeated at step.last_heartbeat_at.
+	ExplainReason_EXPLAIN_REASON_RUNNING ExplainReason = 6
+	// Its lease ran out with no outcome; the recovery sweep is about to make it
+	// claimable again (or discard it when it is out of attempts).
+	ExplainReason_EXPLAIN_REASON_LEASE_EXPIRED ExplainReason = 7
+	// Its run is blocked (run_error): this step is the uncertain one, or it is held
+	// until an operator resolves the uncertain one.
+	ExplainReason_EXPLAIN_REASON_BLOCKED ExplainReason = 8
+	// Discarded: out of attempts or failed non-retryably (the last error is in
+	// step.errors). Retry reopens it.
+	ExplainReason_EXPLAIN_REASON_DISCARDED ExplainReason = 9
+	// Skipped: its trigger rule can no longer be met (the failures behind it are in
+	// upstream).
+	ExplainReason_EXPLAIN_REASON_SKIPPED ExplainReason = 10
+	// Its run was cancelled.
+	ExplainReason_EXPLAIN_REASON_CANCELLED ExplainReason = 11
+	// Completed.
+	ExplainReason_EXPLAIN_REASON_COMPLETED ExplainReason = 12
+)
+
+// Enum value maps for ExplainReason.
+var (
+	ExplainReason_name = map[int32]string{
+		0:  "EXPLAIN_REASON_UNSPECIFIED",
+		1:  "EXPLAIN_REASON_WAITING_ON_UPSTREAM",
+		2:  "EXPLAIN_REASON_BACKING_OFF",
+		3:  "EXPLAIN_REASON_READY",
+		4:  "EXPLAIN_REASON_QUEUED",
+		5:  "EXPLAIN_REASON_NO_WORKER",
+		6:  "EXPLAIN_REASON_RUNNING",
+		7:  "EXPLAIN_REASON_LEASE_EXPIRED",
+		8:  "EXPLAIN_REASON_BLOCKED",
+		9:  "EXPLAIN_REASON_DISCARDED",
+		10: "EXPLAIN_REASON_SKIPPED",
+		11: "EXPLAIN_REASON_CANCELLED",
+		12: "EXPLAIN_REASON_COMPLETED",
+	}
+	ExplainReason_value = map[string]int32{
+		"EXPLAIN_REASON_UNSPECIFIED":         0,
+		"EXPLAIN_REASON_WAITING_ON_UPSTREAM": 1,
+		"EXPLAIN_REASON_BACKING_OFF":         2,
+		"EXPLAIN_REASON_READY":               3,
+		"EXPLAIN_REASON_QUEUED":              4,
+		"EXPLAIN_REASON_NO_WORKER":           5,
+		"EXPLAIN_REASON_RUNNING":             6,
+		"EXPLAIN_REASON_LEASE_EXPIRED":       7,
+		"EXPLAIN_REASON_BLOCKED":             8,
+		"EXPLAIN_REASON_DISCARDED":           9,
+		"EXPLAIN_REASON_SKIPPED":             10,
+		"EXPLAIN_REASON_CANCELLED":           11,
+		"EXPLAIN_REASON_COMPLETED":           12,
+	}
+)
+
+func (x ExplainReason) Enum() *ExplainReason {
+	p := new(ExplainReason)
+	*p = x
+	return p
+}
+
+func (x ExplainReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ExplainReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_cyclone_v1_workflow_service_proto_enumTypes[0].Descriptor()
+}
+
+func (ExplainReason) Type() protoreflect.EnumType {
+	return &file_cyclone_v1_workflow_service_proto_enumTypes[0]
+}
+
+func (x ExplainReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ExplainReason.Descriptor instead.
+func (ExplainReason) EnumDescriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{0}
+}
+
 // Arguments of WorkflowService.Submit.
 type SubmitRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -582,6 +680,340 @@ func (x *CancelRunResponse) GetRun() *Run {
 	return nil
 }
 
+// Arguments of WorkflowService.Explain.
+type ExplainRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, by id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node to explain.
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainRequest) Reset() {
+	*x = ExplainRequest{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainRequest) ProtoMessage() {}
+
+func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainRequest.ProtoReflect.Descriptor instead.
+func (*ExplainRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ExplainRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ExplainRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+// Result of WorkflowService.Explain.
+type ExplainResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why the node is where it is, as a code for programs.
+	Reason ExplainReason `protobuf:"varint,1,opt,name=reason,proto3,enum=cyclone.v1.ExplainReason" json:"reason,omitempty"`
+	// The same for people, with the times and names that matter, e.g. "waiting on
+	// upstream node charge (running, attempt 2)".
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// The step as GetRun shows it: status, attempt, worker, lease, backoff, heartbeat,
+	// progress, error history.
+	Step *Step `protobuf:"bytes,3,opt,name=step,proto3" json:"step,omitempty"`
+	// The run's status.
+	RunStatus RunStatus `protobuf:"varint,4,opt,name=run_status,json=runStatus,proto3,enum=cyclone.v1.RunStatus" json:"run_status,omitempty"`
+	// Why the run is blocked or failed; unset otherwise.
+	RunError *RunError `protobuf:"bytes,5,opt,name=run_error,json=runError,proto3" json:"run_error,omitempty"`
+	// The upstream nodes behind the reason. WAITING_ON_UPSTREAM: the direct upstream
+	// nodes that are not finished. SKIPPED: the discarded nodes that made it skip
+	// (through skipped ones), each with its last error. Empty otherwise.
+	Upstream []*NodeState `protobuf:"bytes,6,rep,name=upstream,proto3" json:"upstream,omitempty"`
+	// For a ready step (READY, QUEUED, NO_WORKER): what the servers saw of the workers
+	// serving its action.
+	Action        *ActionActivity `protobuf:"bytes,7,opt,name=action,proto3" json:"action,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainResponse) Reset() {
+	*x = ExplainResponse{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainResponse) ProtoMessage() {}
+
+func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainResponse.ProtoReflect.Descriptor instead.
+func (*ExplainResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ExplainResponse) GetReason() ExplainReason {
+	if x != nil {
+		return x.Reason
+	}
+	return ExplainReason_EXPLAIN_REASON_UNSPECIFIED
+}
+
+func (x *ExplainResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ExplainResponse) GetStep() *Step {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
+func (x *ExplainResponse) GetRunStatus() RunStatus {
+	if x != nil {
+		return x.RunStatus
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
+}
+
+func (x *ExplainResponse) GetRunError() *RunError {
+	if x != nil {
+		return x.RunError
+	}
+	return nil
+}
+
+func (x *ExplainResponse) GetUpstream() []*NodeState {
+	if x != nil {
+		return x.Upstream
+	}
+	return nil
+}
+
+func (x *ExplainResponse) GetAction() *ActionActivity {
+	if x != nil {
+		return x.Action
+	}
+	return nil
+}
+
+// One node as Explain refers to it.
+type NodeState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's name.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Its status.
+	Status StepStatus `protobuf:"varint,2,opt,name=status,proto3,enum=cyclone.v1.StepStatus" json:"status,omitempty"`
+	// Its attempt (claims so far).
+	Attempt int32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// Its last failure, for a discarded node.
+	LastError     *StepError `protobuf:"bytes,4,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeState) Reset() {
+	*x = NodeState{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeState) ProtoMessage() {}
+
+func (x *NodeState) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeState.ProtoReflect.Descriptor instead.
+func (*NodeState) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *NodeState) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeState) GetStatus() StepStatus {
+	if x != nil {
+		return x.Status
+	}
+	return StepStatus_STEP_STATUS_UNSPECIFIED
+}
+
+func (x *NodeState) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *NodeState) GetLastError() *StepError {
+	if x != nil {
+		return x.LastError
+	}
+	return nil
+}
+
+// What the servers saw of the workers serving one action. Servers record it from
+// memory every few seconds, so it may be that much behind.
+type ActionActivity struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The action.
+	Action string `protobuf:"bytes,1,opt,name=action,proto3" json:"action,omitempty"`
+	// When a Claim last named this action; unset when none ever did.
+	LastPolledAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=last_polled_at,json=lastPolledAt,proto3" json:"last_polled_at,omitempty"`
+	// The worker_id of that Claim.
+	LastPolledBy string `protobuf:"bytes,3,opt,name=last_polled_by,json=lastPolledBy,proto3" json:"last_polled_by,omitempty"`
+	// When a Claim last got a step of this action; unset when none ever did.
+	LastClaimedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_claimed_at,json=lastClaimedAt,proto3" json:"last_claimed_at,omitempty"`
+	// The worker_id of that Claim.
+	LastClaimedBy string `protobuf:"bytes,5,opt,name=last_claimed_by,json=lastClaimedBy,proto3" json:"last_claimed_by,omitempty"`
+	// Ready steps of this action ahead of this one (counted up to 10,000).
+	ReadyAhead int32 `protobuf:"varint,6,opt,name=ready_ahead,json=readyAhead,proto3" json:"ready_ahead,omitempty"`
+	// Steps of this action running now.
+	Running       int32 `protobuf:"varint,7,opt,name=running,proto3" json:"running,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ActionActivity) Reset() {
+	*x = ActionActivity{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ActionActivity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ActionActivity) ProtoMessage() {}
+
+func (x *ActionActivity) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ActionActivity.ProtoReflect.Descriptor instead.
+func (*ActionActivity) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ActionActivity) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *ActionActivity) GetLastPolledAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastPolledAt
+	}
+	return nil
+}
+
+func (x *ActionActivity) GetLastPolledBy() string {
+	if x != nil {
+		return x.LastPolledBy
+	}
+	return ""
+}
+
+func (x *ActionActivity) GetLastClaimedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastClaimedAt
+	}
+	return nil
+}
+
+func (x *ActionActivity) GetLastClaimedBy() string {
+	if x != nil {
+		return x.LastClaimedBy
+	}
+	return ""
+}
+
+func (x *ActionActivity) GetReadyAhead() int32 {
+	if x != nil {
+		return x.ReadyAhead
+	}
+	return 0
+}
+
+func (x *ActionActivity) GetRunning() int32 {
+	if x != nil {
+		return x.Running
+	}
+	return 0
+}
+
 var File_cyclone_v1_workflow_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
@@ -619,14 +1051,57 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"6\n" +
 	"\x11CancelRunResponse\x12!\n" +
-	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run2\xf1\x02\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\";\n" +
+	"\x0eExplainRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\"\xd4\x02\n" +
+	"\x0fExplainResponse\x121\n" +
+	"\x06reason\x18\x01 \x01(\x0e2\x19.cyclone.v1.ExplainReasonR\x06reason\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12$\n" +
+	"\x04step\x18\x03 \x01(\v2\x10.cyclone.v1.StepR\x04step\x124\n" +
+	"\n" +
+	"run_status\x18\x04 \x01(\x0e2\x15.cyclone.v1.RunStatusR\trunStatus\x121\n" +
+	"\trun_error\x18\x05 \x01(\v2\x14.cyclone.v1.RunErrorR\brunError\x121\n" +
+	"\bupstream\x18\x06 \x03(\v2\x15.cyclone.v1.NodeStateR\bupstream\x122\n" +
+	"\x06action\x18\a \x01(\v2\x1a.cyclone.v1.ActionActivityR\x06action\"\x9f\x01\n" +
+	"\tNodeState\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12.\n" +
+	"\x06status\x18\x02 \x01(\x0e2\x16.cyclone.v1.StepStatusR\x06status\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\x05R\aattempt\x124\n" +
+	"\n" +
+	"last_error\x18\x04 \x01(\v2\x15.cyclone.v1.StepErrorR\tlastError\"\xb7\x02\n" +
+	"\x0eActionActivity\x12\x16\n" +
+	"\x06action\x18\x01 \x01(\tR\x06action\x12@\n" +
+	"\x0elast_polled_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\flastPolledAt\x12$\n" +
+	"\x0elast_polled_by\x18\x03 \x01(\tR\flastPolledBy\x12B\n" +
+	"\x0flast_claimed_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rlastClaimedAt\x12&\n" +
+	"\x0flast_claimed_by\x18\x05 \x01(\tR\rlastClaimedBy\x12\x1f\n" +
+	"\vready_ahead\x18\x06 \x01(\x05R\n" +
+	"readyAhead\x12\x18\n" +
+	"\arunning\x18\a \x01(\x05R\arunning*\x9a\x03\n" +
+	"\rExplainReason\x12\x1e\n" +
+	"\x1aEXPLAIN_REASON_UNSPECIFIED\x10\x00\x12&\n" +
+	"\"EXPLAIN_REASON_WAITING_ON_UPSTREAM\x10\x01\x12\x1e\n" +
+	"\x1aEXPLAIN_REASON_BACKING_OFF\x10\x02\x12\x18\n" +
+	"\x14EXPLAIN_REASON_READY\x10\x03\x12\x19\n" +
+	"\x15EXPLAIN_REASON_QUEUED\x10\x04\x12\x1c\n" +
+	"\x18EXPLAIN_REASON_NO_WORKER\x10\x05\x12\x1a\n" +
+	"\x16EXPLAIN_REASON_RUNNING\x10\x06\x12 \n" +
+	"\x1cEXPLAIN_REASON_LEASE_EXPIRED\x10\a\x12\x1a\n" +
+	"\x16EXPLAIN_REASON_BLOCKED\x10\b\x12\x1c\n" +
+	"\x18EXPLAIN_REASON_DISCARDED\x10\t\x12\x1a\n" +
+	"\x16EXPLAIN_REASON_SKIPPED\x10\n" +
+	"\x12\x1c\n" +
+	"\x18EXPLAIN_REASON_CANCELLED\x10\v\x12\x1c\n" +
+	"\x18EXPLAIN_REASON_COMPLETED\x10\f2\xb5\x03\n" +
 	"\x0fWorkflowService\x12?\n" +
 	"\x06Submit\x12\x19.cyclone.v1.SubmitRequest\x1a\x1a.cyclone.v1.SubmitResponse\x12K\n" +
 	"\n" +
 	"SubmitOnce\x12\x1d.cyclone.v1.SubmitOnceRequest\x1a\x1e.cyclone.v1.SubmitOnceResponse\x12?\n" +
 	"\x06GetRun\x12\x19.cyclone.v1.GetRunRequest\x1a\x1a.cyclone.v1.GetRunResponse\x12E\n" +
 	"\bListRuns\x12\x1b.cyclone.v1.ListRunsRequest\x1a\x1c.cyclone.v1.ListRunsResponse\x12H\n" +
-	"\tCancelRun\x12\x1c.cyclone.v1.CancelRunRequest\x1a\x1d.cyclone.v1.CancelRunResponseb\x06proto3"
+	"\tCancelRun\x12\x1c.cyclone.v1.CancelRunRequest\x1a\x1d.cyclone.v1.CancelRunResponse\x12B\n" +
+	"\aExplain\x12\x1a.cyclone.v1.ExplainRequest\x1a\x1b.cyclone.v1.ExplainResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_workflow_service_proto_rawDescOnce sync.Once
@@ -640,50 +1115,72 @@ func file_cyclone_v1_workflow_service_proto_rawDescGZIP() []byte {
 	return file_cyclone_v1_workflow_service_proto_rawDescData
 }
 
-var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_cyclone_v1_workflow_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_cyclone_v1_workflow_service_proto_goTypes = []any{
-	(*SubmitRequest)(nil),         // 0: cyclone.v1.SubmitRequest
-	(*SubmitResponse)(nil),        // 1: cyclone.v1.SubmitResponse
-	(*SubmitOnceRequest)(nil),     // 2: cyclone.v1.SubmitOnceRequest
-	(*SubmitOnceResponse)(nil),    // 3: cyclone.v1.SubmitOnceResponse
-	(*GetRunRequest)(nil),         // 4: cyclone.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 5: cyclone.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 6: cyclone.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 7: cyclone.v1.ListRunsResponse
-	(*CancelRunRequest)(nil),      // 8: cyclone.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 9: cyclone.v1.CancelRunResponse
-	(*Workflow)(nil),              // 10: cyclone.v1.Workflow
-	(*structpb.Value)(nil),        // 11: google.protobuf.Value
-	(*Run)(nil),                   // 12: cyclone.v1.Run
-	(RunStatus)(0),                // 13: cyclone.v1.RunStatus
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(ExplainReason)(0),            // 0: cyclone.v1.ExplainReason
+	(*SubmitRequest)(nil),         // 1: cyclone.v1.SubmitRequest
+	(*SubmitResponse)(nil),        // 2: cyclone.v1.SubmitResponse
+	(*SubmitOnceRequest)(nil),     // 3: cyclone.v1.SubmitOnceRequest
+	(*SubmitOnceResponse)(nil),    // 4: cyclone.v1.SubmitOnceResponse
+	(*GetRunRequest)(nil),         // 5: cyclone.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 6: cyclone.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 7: cyclone.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),      // 8: cyclone.v1.ListRunsResponse
+	(*CancelRunRequest)(nil),      // 9: cyclone.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 10: cyclone.v1.CancelRunResponse
+	(*ExplainRequest)(nil),        // 11: cyclone.v1.ExplainRequest
+	(*ExplainResponse)(nil),       // 12: cyclone.v1.ExplainResponse
+	(*NodeState)(nil),             // 13: cyclone.v1.NodeState
+	(*ActionActivity)(nil),        // 14: cyclone.v1.ActionActivity
+	(*Workflow)(nil),              // 15: cyclone.v1.Workflow
+	(*structpb.Value)(nil),        // 16: google.protobuf.Value
+	(*Run)(nil),                   // 17: cyclone.v1.Run
+	(RunStatus)(0),                // 18: cyclone.v1.RunStatus
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*Step)(nil),                  // 20: cyclone.v1.Step
+	(*RunError)(nil),              // 21: cyclone.v1.RunError
+	(StepStatus)(0),               // 22: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 23: cyclone.v1.StepError
 }
 var file_cyclone_v1_workflow_service_proto_depIdxs = []int32{
-	10, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
-	11, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
-	10, // 2: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
-	11, // 3: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
-	12, // 4: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
-	13, // 5: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
-	14, // 6: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
-	14, // 7: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
-	12, // 8: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
-	12, // 9: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
-	0,  // 10: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
-	2,  // 11: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
-	4,  // 12: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
-	6,  // 13: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
-	8,  // 14: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
-	1,  // 15: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
-	3,  // 16: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
-	5,  // 17: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
-	7,  // 18: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
-	9,  // 19: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	15, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
+	16, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
+	15, // 2: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
+	16, // 3: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
+	17, // 4: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
+	18, // 5: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
+	19, // 6: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
+	19, // 7: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
+	17, // 8: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
+	17, // 9: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
+	0,  // 10: cyclone.v1.ExplainResponse.reason:type_name -> cyclone.v1.ExplainReason
+	20, // 11: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
+	18, // 12: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
+	21, // 13: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
+	13, // 14: cyclone.v1.ExplainResponse.upstream:type_name -> cyclone.v1.NodeState
+	14, // 15: cyclone.v1.ExplainResponse.action:type_name -> cyclone.v1.ActionActivity
+	22, // 16: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
+	23, // 17: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
+	19, // 18: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
+	19, // 19: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
+	1,  // 20: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
+	3,  // 21: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
+	5,  // 22: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
+	7,  // 23: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
+	9,  // 24: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
+	11, // 25: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
+	2,  // 26: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
+	4,  // 27: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
+	6,  // 28: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
+	8,  // 29: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
+	10, // 30: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
+	12, // 31: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
+	26, // [26:32] is the sub-list for method output_type
+	20, // [20:26] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_workflow_service_proto_init() }
@@ -697,13 +1194,14 @@ func file_cyclone_v1_workflow_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_workflow_service_proto_rawDesc), len(file_cyclone_v1_workflow_service_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   10,
+			NumEnums:      1,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_cyclone_v1_workflow_service_proto_goTypes,
 		DependencyIndexes: file_cyclone_v1_workflow_service_proto_depIdxs,
+		EnumInfos:         file_cyclone_v1_workflow_service_proto_enumTypes,
 		MessageInfos:      file_cyclone_v1_workflow_service_proto_msgTypes,
 	}.Build()
 	File_cyclone_v1_workflow_service_proto = out.File

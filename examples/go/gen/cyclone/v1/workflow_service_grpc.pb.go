@@ -24,6 +24,7 @@ const (
 	WorkflowService_GetRun_FullMethodName     = "/cyclone.v1.WorkflowService/GetRun"
 	WorkflowService_ListRuns_FullMethodName   = "/cyclone.v1.WorkflowService/ListRuns"
 	WorkflowService_CancelRun_FullMethodName  = "/cyclone.v1.WorkflowService/CancelRun"
+	WorkflowService_Explain_FullMethodName    = "/cyclone.v1.WorkflowService/Explain"
 )
 
 // WorkflowServiceClient is the client API for WorkflowService service.
@@ -48,6 +49,12 @@ type WorkflowServiceClient interface {
 	// cancelled, running handlers learn it from their next Heartbeat, and their late
 	// completions are refused. FAILED_PRECONDITION when the run is already completed or cancelled.
 	CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error)
+	// Why a node is not running now, or what it is doing: one reason code, a sentence
+	// for people, and the details behind it (the upstream nodes it waits on, the end of
+	// its backoff, the worker holding its lease and its last heartbeat, why its run is
+	// blocked, the failure that made it skip, whether any worker asks for its action).
+	// Reads only. NOT_FOUND for an unknown run or node.
+	Explain(ctx context.Context, in *ExplainRequest, opts ...grpc.CallOption) (*ExplainResponse, error)
 }
 
 type workflowServiceClient struct {
@@ -108,6 +115,16 @@ func (c *workflowServiceClient) CancelRun(ctx context.Context, in *CancelRunRequ
 	return out, nil
 }
 
+func (c *workflowServiceClient) Explain(ctx context.Context, in *ExplainRequest, opts ...grpc.CallOption) (*ExplainResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExplainResponse)
+	err := c.cc.Invoke(ctx, WorkflowService_Explain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkflowServiceServer is the server API for WorkflowService service.
 // All implementations must embed UnimplementedWorkflowServiceServer
 // for forward compatibility.
@@ -130,6 +147,12 @@ type WorkflowServiceServer interface {
 	// cancelled, running handlers learn it from their next Heartbeat, and their late
 	// completions are refused. FAILED_PRECONDITION when the run is already completed or cancelled.
 	CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error)
+	// Why a node is not running now, or what it is doing: one reason code, a sentence
+	// for people, and the details behind it (the upstream nodes it waits on, the end of
+	// its backoff, the worker holding its lease and its last heartbeat, why its run is
+	// blocked, the failure that made it skip, whether any worker asks for its action).
+	// Reads only. NOT_FOUND for an unknown run or node.
+	Explain(context.Context, *ExplainRequest) (*ExplainResponse, error)
 	mustEmbedUnimplementedWorkflowServiceServer()
 }
 
@@ -154,6 +177,9 @@ func (UnimplementedWorkflowServiceServer) ListRuns(context.Context, *ListRunsReq
 }
 func (UnimplementedWorkflowServiceServer) CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelRun not implemented")
+}
+func (UnimplementedWorkflowServiceServer) Explain(context.Context, *ExplainRequest) (*ExplainResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Explain not implemented")
 }
 func (UnimplementedWorkflowServiceServer) mustEmbedUnimplementedWorkflowServiceServer() {}
 func (UnimplementedWorkflowServiceServer) testEmbeddedByValue()                         {}
@@ -266,6 +292,24 @@ func _WorkflowService_CancelRun_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkflowService_Explain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExplainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkflowServiceServer).Explain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkflowService_Explain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkflowServiceServer).Explain(ctx, req.(*ExplainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkflowService_ServiceDesc is the grpc.ServiceDesc for WorkflowService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -292,6 +336,10 @@ var WorkflowService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CancelRun",
 			Handler:    _WorkflowService_CancelRun_Handler,
+		},
+		{
+			MethodName: "Explain",
+			Handler:    _WorkflowService_Explain_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

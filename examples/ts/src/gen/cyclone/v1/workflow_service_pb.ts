@@ -2,9 +2,9 @@
 // @generated from file cyclone/v1/workflow_service.proto (package cyclone.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { Run, RunStatus, Workflow } from "./types_pb.js";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { Run, RunError, RunStatus, Step, StepError, StepStatus, Workflow } from "./types_pb.js";
 import { file_cyclone_v1_types } from "./types_pb.js";
 import type { Timestamp, Value } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/workflow_service.proto.
  */
 export const file_cyclone_v1_workflow_service: GenFile = /*@__PURE__*/
-  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEiXgoNU3VibWl0UmVxdWVzdBImCgh3b3JrZmxvdxgBIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiIAoOU3VibWl0UmVzcG9uc2USDgoGcnVuX2lkGAEgASgJIm8KEVN1Ym1pdE9uY2VSZXF1ZXN0EiYKCHdvcmtmbG93GAEgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRILCgNrZXkYAyABKAkiNQoSU3VibWl0T25jZVJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIIh8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIi4KDkdldFJ1blJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuItoBCg9MaXN0UnVuc1JlcXVlc3QSEAoId29ya2Zsb3cYASABKAkSJwoIc3RhdHVzZXMYAiADKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIxCg1jcmVhdGVkX2FmdGVyGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jcmVhdGVkX2JlZm9yZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkiSgoQTGlzdFJ1bnNSZXNwb25zZRIdCgRydW5zGAEgAygLMg8uY3ljbG9uZS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjIKEENhbmNlbFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSIxChFDYW5jZWxSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bjLxAgoPV29ya2Zsb3dTZXJ2aWNlEj8KBlN1Ym1pdBIZLmN5Y2xvbmUudjEuU3VibWl0UmVxdWVzdBoaLmN5Y2xvbmUudjEuU3VibWl0UmVzcG9uc2USSwoKU3VibWl0T25jZRIdLmN5Y2xvbmUudjEuU3VibWl0T25jZVJlcXVlc3QaHi5jeWNsb25lLnYxLlN1Ym1pdE9uY2VSZXNwb25zZRI/CgZHZXRSdW4SGS5jeWNsb25lLnYxLkdldFJ1blJlcXVlc3QaGi5jeWNsb25lLnYxLkdldFJ1blJlc3BvbnNlEkUKCExpc3RSdW5zEhsuY3ljbG9uZS52MS5MaXN0UnVuc1JlcXVlc3QaHC5jeWNsb25lLnYxLkxpc3RSdW5zUmVzcG9uc2USSAoJQ2FuY2VsUnVuEhwuY3ljbG9uZS52MS5DYW5jZWxSdW5SZXF1ZXN0Gh0uY3ljbG9uZS52MS5DYW5jZWxSdW5SZXNwb25zZWIGcHJvdG8z", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEiXgoNU3VibWl0UmVxdWVzdBImCgh3b3JrZmxvdxgBIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiIAoOU3VibWl0UmVzcG9uc2USDgoGcnVuX2lkGAEgASgJIm8KEVN1Ym1pdE9uY2VSZXF1ZXN0EiYKCHdvcmtmbG93GAEgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRILCgNrZXkYAyABKAkiNQoSU3VibWl0T25jZVJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIIh8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIi4KDkdldFJ1blJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuItoBCg9MaXN0UnVuc1JlcXVlc3QSEAoId29ya2Zsb3cYASABKAkSJwoIc3RhdHVzZXMYAiADKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIxCg1jcmVhdGVkX2FmdGVyGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jcmVhdGVkX2JlZm9yZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkiSgoQTGlzdFJ1bnNSZXNwb25zZRIdCgRydW5zGAEgAygLMg8uY3ljbG9uZS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjIKEENhbmNlbFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSIxChFDYW5jZWxSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biIuCg5FeHBsYWluUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCSKWAgoPRXhwbGFpblJlc3BvbnNlEikKBnJlYXNvbhgBIAEoDjIZLmN5Y2xvbmUudjEuRXhwbGFpblJlYXNvbhIPCgdtZXNzYWdlGAIgASgJEh4KBHN0ZXAYAyABKAsyEC5jeWNsb25lLnYxLlN0ZXASKQoKcnVuX3N0YXR1cxgEIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzEicKCXJ1bl9lcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISJwoIdXBzdHJlYW0YBiADKAsyFS5jeWNsb25lLnYxLk5vZGVTdGF0ZRIqCgZhY3Rpb24YByABKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5In0KCU5vZGVTdGF0ZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIPCgdhdHRlbXB0GAMgASgFEikKCmxhc3RfZXJyb3IYBCABKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvciLgAQoOQWN0aW9uQWN0aXZpdHkSDgoGYWN0aW9uGAEgASgJEjIKDmxhc3RfcG9sbGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5sYXN0X3BvbGxlZF9ieRgDIAEoCRIzCg9sYXN0X2NsYWltZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2xhc3RfY2xhaW1lZF9ieRgFIAEoCRITCgtyZWFkeV9haGVhZBgGIAEoBRIPCgdydW5uaW5nGAcgASgFKpoDCg1FeHBsYWluUmVhc29uEh4KGkVYUExBSU5fUkVBU09OX1VOU1BFQ0lGSUVEEAASJgoiRVhQTEFJTl9SRUFTT05fV0FJVElOR19PTl9VUFNUUkVBTRABEh4KGkVYUExBSU5fUkVBU09OX0JBQ0tJTkdfT0ZGEAISGAoURVhQTEFJTl9SRUFTT05fUkVBRFkQAxIZChVFWFBMQUlOX1JFQVNPTl9RVUVVRUQQBBIcChhFWFBMQUlOX1JFQVNPTl9OT19XT1JLRVIQBRIaChZFWFBMQUlOX1JFQVNPTl9SVU5OSU5HEAYSIAocRVhQTEFJTl9SRUFTT05fTEVBU0VfRVhQSVJFRBAHEhoKFkVYUExBSU5fUkVBU09OX0JMT0NLRUQQCBIcChhFWFBMQUlOX1JFQVNPTl9ESVNDQVJERUQQCRIaChZFWFBMQUlOX1JFQVNPTl9TS0lQUEVEEAoSHAoYRVhQTEFJTl9SRUFTT05fQ0FOQ0VMTEVEEAsSHAoYRVhQTEFJTl9SRUFTT05fQ09NUExFVEVEEAwytQMKD1dvcmtmbG93U2VydmljZRI/CgZTdWJtaXQSGS5jeWNsb25lLnYxLlN1Ym1pdFJlcXVlc3QaGi5jeWNsb25lLnYxLlN1Ym1pdFJlc3BvbnNlEksKClN1Ym1pdE9uY2USHS5jeWNsb25lLnYxLlN1Ym1pdE9uY2VSZXF1ZXN0Gh4uY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVzcG9uc2USPwoGR2V0UnVuEhkuY3ljbG9uZS52MS5HZXRSdW5SZXF1ZXN0GhouY3ljbG9uZS52MS5HZXRSdW5SZXNwb25zZRJFCghMaXN0UnVucxIbLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXF1ZXN0GhwuY3ljbG9uZS52MS5MaXN0UnVuc1Jlc3BvbnNlEkgKCUNhbmNlbFJ1bhIcLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVzcG9uc2USQgoHRXhwbGFpbhIaLmN5Y2xvbmUudjEuRXhwbGFpblJlcXVlc3QaGy5jeWNsb25lLnYxLkV4cGxhaW5SZXNwb25zZWIGcHJvdG8z", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * Arguments of WorkflowService.Submit.
@@ -304,6 +304,317 @@ export const CancelRunResponseSchema: GenMessage<CancelRunResponse> = /*@__PURE_
   messageDesc(file_cyclone_v1_workflow_service, 9);
 
 /**
+ * Arguments of WorkflowService.Explain.
+ *
+ * @generated from message cyclone.v1.ExplainRequest
+ */
+export type ExplainRequest = Message<"cyclone.v1.ExplainRequest"> & {
+  /**
+   * The run, by id.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The node to explain.
+   *
+   * @generated from field: string node = 2;
+   */
+  node: string;
+};
+
+/**
+ * Describes the message cyclone.v1.ExplainRequest.
+ * Use `create(ExplainRequestSchema)` to create a new message.
+ */
+export const ExplainRequestSchema: GenMessage<ExplainRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 10);
+
+/**
+ * Result of WorkflowService.Explain.
+ *
+ * @generated from message cyclone.v1.ExplainResponse
+ */
+export type ExplainResponse = Message<"cyclone.v1.ExplainResponse"> & {
+  /**
+   * Why the node is where it is, as a code for programs.
+   *
+   * @generated from field: cyclone.v1.ExplainReason reason = 1;
+   */
+  reason: ExplainReason;
+
+  /**
+   * The same for people, with the times and names that matter, e.g. "waiting on
+   * upstream node charge (running, attempt 2)".
+   *
+   * @generated from field: string message = 2;
+   */
+  message: string;
+
+  /**
+   * The step as GetRun shows it: status, attempt, worker, lease, backoff, heartbeat,
+   * progress, error history.
+   *
+   * @generated from field: cyclone.v1.Step step = 3;
+   */
+  step?: Step | undefined;
+
+  /**
+   * The run's status.
+   *
+   * @generated from field: cyclone.v1.RunStatus run_status = 4;
+   */
+  runStatus: RunStatus;
+
+  /**
+   * Why the run is blocked or failed; unset otherwise.
+   *
+   * @generated from field: cyclone.v1.RunError run_error = 5;
+   */
+  runError?: RunError | undefined;
+
+  /**
+   * The upstream nodes behind the reason. WAITING_ON_UPSTREAM: the direct upstream
+   * nodes that are not finished. SKIPPED: the discarded nodes that made it skip
+   * (through skipped ones), each with its last error. Empty otherwise.
+   *
+   * @generated from field: repeated cyclone.v1.NodeState upstream = 6;
+   */
+  upstream: NodeState[];
+
+  /**
+   * For a ready step (READY, QUEUED, NO_WORKER): what the servers saw of the workers
+   * serving its action.
+   *
+   * @generated from field: cyclone.v1.ActionActivity action = 7;
+   */
+  action?: ActionActivity | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.ExplainResponse.
+ * Use `create(ExplainResponseSchema)` to create a new message.
+ */
+export const ExplainResponseSchema: GenMessage<ExplainResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 11);
+
+/**
+ * One node as Explain refers to it.
+ *
+ * @generated from message cyclone.v1.NodeState
+ */
+export type NodeState = Message<"cyclone.v1.NodeState"> & {
+  /**
+   * The node's name.
+   *
+   * @generated from field: string node = 1;
+   */
+  node: string;
+
+  /**
+   * Its status.
+   *
+   * @generated from field: cyclone.v1.StepStatus status = 2;
+   */
+  status: StepStatus;
+
+  /**
+   * Its attempt (claims so far).
+   *
+   * @generated from field: int32 attempt = 3;
+   */
+  attempt: number;
+
+  /**
+   * Its last failure, for a discarded node.
+   *
+   * @generated from field: cyclone.v1.StepError last_error = 4;
+   */
+  lastError?: StepError | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.NodeState.
+ * Use `create(NodeStateSchema)` to create a new message.
+ */
+export const NodeStateSchema: GenMessage<NodeState> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 12);
+
+/**
+ * What the servers saw of the workers serving one action. Servers record it from
+ * memory every few seconds, so it may be that much behind.
+ *
+ * @generated from message cyclone.v1.ActionActivity
+ */
+export type ActionActivity = Message<"cyclone.v1.ActionActivity"> & {
+  /**
+   * The action.
+   *
+   * @generated from field: string action = 1;
+   */
+  action: string;
+
+  /**
+   * When a Claim last named this action; unset when none ever did.
+   *
+   * @generated from field: google.protobuf.Timestamp last_polled_at = 2;
+   */
+  lastPolledAt?: Timestamp | undefined;
+
+  /**
+   * The worker_id of that Claim.
+   *
+   * @generated from field: string last_polled_by = 3;
+   */
+  lastPolledBy: string;
+
+  /**
+   * When a Claim last got a step of this action; unset when none ever did.
+   *
+   * @generated from field: google.protobuf.Timestamp last_claimed_at = 4;
+   */
+  lastClaimedAt?: Timestamp | undefined;
+
+  /**
+   * The worker_id of that Claim.
+   *
+   * @generated from field: string last_claimed_by = 5;
+   */
+  lastClaimedBy: string;
+
+  /**
+   * Ready steps of this action ahead of this one (counted up to 10,000).
+   *
+   * @generated from field: int32 ready_ahead = 6;
+   */
+  readyAhead: number;
+
+  /**
+   * Steps of this action running now.
+   *
+   * @generated from field: int32 running = 7;
+   */
+  running: number;
+};
+
+/**
+ * Describes the message cyclone.v1.ActionActivity.
+ * Use `create(ActionActivitySchema)` to create a new message.
+ */
+export const ActionActivitySchema: GenMessage<ActionActivity> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 13);
+
+/**
+ * Why a node is not running now (ExplainResponse.reason).
+ *
+ * @generated from enum cyclone.v1.ExplainReason
+ */
+export enum ExplainReason {
+  /**
+   * Never returned.
+   *
+   * @generated from enum value: EXPLAIN_REASON_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Pending: upstream nodes have not finished (listed in upstream).
+   *
+   * @generated from enum value: EXPLAIN_REASON_WAITING_ON_UPSTREAM = 1;
+   */
+  WAITING_ON_UPSTREAM = 1,
+
+  /**
+   * Available after a failed attempt, but not before step.available_at (backoff).
+   *
+   * @generated from enum value: EXPLAIN_REASON_BACKING_OFF = 2;
+   */
+  BACKING_OFF = 2,
+
+  /**
+   * Ready now, and workers ask for its action: the next claim of it takes this step.
+   *
+   * @generated from enum value: EXPLAIN_REASON_READY = 3;
+   */
+  READY = 3,
+
+  /**
+   * Ready now, but other ready steps of its action are ahead of it, or every worker
+   * serving the action is busy.
+   *
+   * @generated from enum value: EXPLAIN_REASON_QUEUED = 4;
+   */
+  QUEUED = 4,
+
+  /**
+   * Ready now, but no Claim has named its action recently: no worker serves it.
+   *
+   * @generated from enum value: EXPLAIN_REASON_NO_WORKER = 5;
+   */
+  NO_WORKER = 5,
+
+  /**
+   * Leased to step.worker_id, which last heartbeated at step.last_heartbeat_at.
+   *
+   * @generated from enum value: EXPLAIN_REASON_RUNNING = 6;
+   */
+  RUNNING = 6,
+
+  /**
+   * Its lease ran out with no outcome; the recovery sweep is about to make it
+   * claimable again (or discard it when it is out of attempts).
+   *
+   * @generated from enum value: EXPLAIN_REASON_LEASE_EXPIRED = 7;
+   */
+  LEASE_EXPIRED = 7,
+
+  /**
+   * Its run is blocked (run_error): this step is the uncertain one, or it is held
+   * until an operator resolves the uncertain one.
+   *
+   * @generated from enum value: EXPLAIN_REASON_BLOCKED = 8;
+   */
+  BLOCKED = 8,
+
+  /**
+   * Discarded: out of attempts or failed non-retryably (the last error is in
+   * step.errors). Retry reopens it.
+   *
+   * @generated from enum value: EXPLAIN_REASON_DISCARDED = 9;
+   */
+  DISCARDED = 9,
+
+  /**
+   * Skipped: its trigger rule can no longer be met (the failures behind it are in
+   * upstream).
+   *
+   * @generated from enum value: EXPLAIN_REASON_SKIPPED = 10;
+   */
+  SKIPPED = 10,
+
+  /**
+   * Its run was cancelled.
+   *
+   * @generated from enum value: EXPLAIN_REASON_CANCELLED = 11;
+   */
+  CANCELLED = 11,
+
+  /**
+   * Completed.
+   *
+   * @generated from enum value: EXPLAIN_REASON_COMPLETED = 12;
+   */
+  COMPLETED = 12,
+}
+
+/**
+ * Describes the enum cyclone.v1.ExplainReason.
+ */
+export const ExplainReasonSchema: GenEnum<ExplainReason> = /*@__PURE__*/
+  enumDesc(file_cyclone_v1_workflow_service, 0);
+
+/**
  * Submitting and inspecting runs. This is what applications call.
  *
  * @generated from service cyclone.v1.WorkflowService
@@ -364,6 +675,20 @@ export const WorkflowService: GenService<{
     methodKind: "unary";
     input: typeof CancelRunRequestSchema;
     output: typeof CancelRunResponseSchema;
+  },
+  /**
+   * Why a node is not running now, or what it is doing: one reason code, a sentence
+   * for people, and the details behind it (the upstream nodes it waits on, the end of
+   * its backoff, the worker holding its lease and its last heartbeat, why its run is
+   * blocked, the failure that made it skip, whether any worker asks for its action).
+   * Reads only. NOT_FOUND for an unknown run or node.
+   *
+   * @generated from rpc cyclone.v1.WorkflowService.Explain
+   */
+  explain: {
+    methodKind: "unary";
+    input: typeof ExplainRequestSchema;
+    output: typeof ExplainResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_workflow_service, 0);

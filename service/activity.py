@@ -1,0 +1,109 @@
+"""What this server saw of its workers, kept in memory.
+
+- :class:`Handouts`: the steps this server handed out, by lease token, until their
+  outcome comes back, so that a completion can be timed (the step-duration histogram)
+  and logged with its attempt, neither of which the completion itself carries.
+- :class:`ActionActivity`: the actions workers asked for and got steps of, written to
+  ``cyclone.action_claims`` every few seconds (service.server) so that Explain can
+  tell a step nobody serves from one waiting its turn.
+
+Both cost a few dictionary operations per Claim and none per query: the claim and
+completion statements are left exactly as they are.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from service.store import ActionSeen
+
+#: Longest a handout is kept after its deadline (the lease cannot outlive the
+#: deadline, so an outcome arriving later is refused anyway).
+_SLACK_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Handout:
+    action: str
+    attempt: int
+    #: time.monotonic() of the claim.
+    claimed: float
+    #: time.monotonic() after which no outcome can count any more.
+    expires: float
+
+
+class Handouts:
+    """Steps handed out by this server, by lease token, until their outcome arrives.
+
+    A worker that vanishes never reports its step: its entry is dropped once the
+    step's deadline has passed (:meth:`prune`). Past ``limit`` entries new ones are not
+    kept; their outcomes are then neither timed nor logged with an attempt.
+    """
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self._by_token: dict[str, Handout] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_token)
+
+    def add(self, token: str, action: str, attempt: int, lifetime_s: float) -> None:
+        if len(self._by_token) >= self.limit:
+            return
+        now = time.monotonic()
+        self._by_token[token] = Handout(action, attempt, now, now + lifetime_s + _SLACK_S)
+
+    def pop(self, token: str) -> Handout | None:
+        return self._by_token.pop(token, None)
+
+    def prune(self) -> int:
+        """Forget handouts whose deadline passed; returns how many."""
+        now = time.monotonic()
+        gone = [t for t, h in self._by_token.items() if h.expires < now]
+        for token in gone:
+            del self._by_token[token]
+        return len(gone)
+
+
+class ActionActivity:
+    """Per action: the last Claim that named it, and the last one that got a step of it.
+
+    :meth:`take` hands over what was seen since the previous call, as ages in seconds,
+    for ``Store.action_claims_note``.
+    """
+
+    def __init__(self) -> None:
+        self._polled: dict[str, tuple[float, str]] = {}
+        self._claimed: dict[str, tuple[float, str]] = {}
+
+    def polled(self, actions: Iterable[str], worker_id: str) -> None:
+        seen = (time.monotonic(), worker_id)
+        for action in actions:
+            self._polled[action] = seen
+
+    def claimed(self, actions: Iterable[str], worker_id: str) -> None:
+        seen = (time.monotonic(), worker_id)
+        for action in actions:
+            self._claimed[action] = seen
+
+    def take(self) -> list[ActionSeen]:
+        polled, self._polled = self._polled, {}
+        claimed, self._claimed = self._claimed, {}
+        now = time.monotonic()
+        seen = []
+        for action in sorted(polled.keys() | claimed.keys()):
+            # A claim is a poll too.
+            p_at, p_by = max(polled.get(action, (-1.0, "")), claimed.get(action, (-1.0, "")))
+            c = claimed.get(action)
+            seen.append(
+                ActionSeen(
+                    action=action,
+                    polled_ago=now - p_at,
+                    polled_by=p_by,
+                    claimed_ago=None if c is None else now - c[0],
+                    claimed_by=None if c is None else c[1],
+                )
+            )
+        return seen

@@ -1,0 +1,345 @@
+"""Prometheus metrics of one server process, served over HTTP (``--metrics-listen``).
+
+Two kinds, with different costs (docs/metrics.md lists every metric):
+
+- Counters and histograms updated in memory on the request paths: RPCs by method and
+  code, steps claimed, completed, failed and discarded, lease expiries, claim wait and
+  step duration, pool waits. No query is made for them.
+- Gauges of the database's state (runs by status, ready and running steps per action),
+  read by one statement over partial indexes when Prometheus scrapes, at most once per
+  ``GAUGE_MAX_AGE_S``: several scrapers, or several servers each scraped, cost one
+  small query per interval each. They describe the whole database, so every server
+  reports the same values: aggregate them with max(), not sum().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+log = logging.getLogger("cyclone")
+
+#: Gauges read from the database are reused for this long.
+GAUGE_MAX_AGE_S = 5.0
+#: How long a scrape waits for the database before reporting cyclone_database_up 0.
+GAUGE_TIMEOUT_S = 5.0
+
+_FAST = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600)
+
+
+def parse_listen(value: str) -> tuple[str, int] | None:
+    """``host:port`` (``[::1]:9464`` for IPv6) as (host, port); None for ``off``."""
+    if value.strip().lower() in ("off", "", "none"):
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--metrics-listen {value!r} is not host:port or off")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class Metrics:
+    """The metrics of one server; ``registry`` is its own, so that several servers can
+    live in one process (the tests run them so)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.rpcs = Counter(
+            "cyclone_rpcs",
+            "RPCs answered, by method and status code",
+            ["method", "code"],
+            registry=r,
+        )
+        self.rpc_seconds = Histogram(
+            "cyclone_rpc_duration_seconds",
+            "Time to answer an RPC, by method (a Claim includes its long-poll wait)",
+            ["method"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self.submitted = Counter(
+            "cyclone_runs_submitted",
+            "Runs created by Submit and SubmitOnce",
+            ["workflow"],
+            registry=r,
+        )
+        self.finished = Counter(
+            "cyclone_runs_finished",
+            "Runs finished by an outcome reported to this server, by final status",
+            ["status"],
+            registry=r,
+        )
+        self.blocked = Counter(
+            "cyclone_runs_blocked",
+            "Runs blocked by a claim (EffectUncertain), by the uncertain step's action",
+            ["action"],
+            registry=r,
+        )
+        self.claimed = Counter(
+            "cyclone_steps_claimed", "Steps handed out by Claim", ["action"], registry=r
+        )
+        self.completed = Counter(
+            "cyclone_steps_completed",
+            "Steps completed through Complete or CompleteMany (not counting repeats)",
+            registry=r,
+        )
+        self.failed = Counter(
+            "cyclone_steps_failed",
+            "Failed attempts reported by workers, by what became of the step "
+            "(retry: available again after a backoff; discarded; held: pending in a "
+            "blocked run)",
+            ["outcome"],
+            registry=r,
+        )
+        self.discarded = Counter(
+            "cyclone_steps_discarded",
+            "Steps discarded, by cause (handler: a failure; lease_expired: out of "
+            "attempts when the sweep reclaimed it)",
+            ["cause"],
+            registry=r,
+        )
+        self.lease_expiries = Counter(
+            "cyclone_lease_expiries",
+            "Expired leases reclaimed by this server's sweep, by action",
+            ["action"],
+            registry=r,
+        )
+        self.refused = Counter(
+            "cyclone_completions_refused",
+            "Completions refused because the lease was lost or the step is unknown",
+            registry=r,
+        )
+        self.claim_wait = Histogram(
+            "cyclone_claim_wait_seconds",
+            "How long a step was ready before a claim took it, by action",
+            ["action"],
+            buckets=_SLOW,
+            registry=r,
+        )
+        self.step_seconds = Histogram(
+            "cyclone_step_duration_seconds",
+            "From claim to reported outcome, by action and outcome, for steps whose "
+            "outcome reached the server that handed them out",
+            ["action", "outcome"],
+            buckets=_SLOW,
+            registry=r,
+        )
+        self.retention_deleted = Counter(
+            "cyclone_retention_deleted_runs",
+            "Runs deleted by retention, by policy (finished: completed and cancelled; failed)",
+            ["policy"],
+            registry=r,
+        )
+        self.pool_wait = Histogram(
+            "cyclone_db_pool_wait_seconds",
+            "How long a statement waited for a pooled database connection",
+            buckets=_FAST,
+            registry=r,
+        )
+        self.waiting_claims = Gauge(
+            "cyclone_claims_waiting",
+            "Claims long-polling on this server for work (idle worker slots)",
+            registry=r,
+        )
+        #: How long gauges read from the database are reused (tests set 0).
+        self.gauge_max_age_s = GAUGE_MAX_AGE_S
+        self._http: Any = None
+
+    # -- wiring -------------------------------------------------------------------
+
+    def watch_pool(self, status: Callable[[], tuple[int, int]], size: int) -> None:
+        """Gauges of the database pool, read at each scrape from ``status()``:
+        (connections in use, connections open)."""
+        in_use = Gauge(
+            "cyclone_db_pool_connections",
+            "Database connections of this server's pool, by state",
+            ["state"],
+            registry=self.registry,
+        )
+        in_use.labels("in_use").set_function(lambda: status()[0])
+        in_use.labels("idle").set_function(lambda: status()[1] - status()[0])
+        limit = Gauge(
+            "cyclone_db_pool_size",
+            "Most connections the pool opens (--pool-size)",
+            registry=self.registry,
+        )
+        limit.set(size)
+
+    def watch_database(
+        self, read: Callable[[], Awaitable[Sequence[Any]]], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Gauges read from the database at a scrape, through ``read`` run on ``loop``."""
+        self.registry.register(_DatabaseGauges(read, loop, lambda: self.gauge_max_age_s))
+
+    def serve(self, listen: str) -> int | None:
+        """Serve /metrics on ``listen``; the port, or None when off or unavailable."""
+        address = parse_listen(listen)
+        if address is None:
+            return None
+        host, port = address
+        try:
+            self._http, _ = start_http_server(port, host, registry=self.registry)
+        except OSError as exc:
+            # Metrics are not worth refusing to serve for; say so loudly instead.
+            log.warning("metrics disabled: cannot listen on %s (%s)", listen, exc)
+            return None
+        return int(self._http.server_port)
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+    def interceptor(self) -> grpc.aio.ServerInterceptor:
+        return _RpcMetrics(self)
+
+
+class _RpcMetrics(grpc.aio.ServerInterceptor):
+    """Counts and times every unary RPC by method and status code."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        name = handler_call_details.method
+        known = self._handlers.get(name)
+        if known is not None:
+            return known
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        wrapped = self._timed(name.lstrip("/").rsplit(".", 1)[-1], handler)
+        self._handlers[name] = wrapped
+        return wrapped
+
+    def _timed(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        inner = handler.unary_unary
+        count = self.metrics.rpcs
+        seconds = self.metrics.rpc_seconds.labels(method)
+
+        async def timed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            start = time.perf_counter()
+            code = "UNKNOWN"
+            try:
+                response = await inner(request, context)
+                code = "OK"
+                return response
+            except asyncio.CancelledError:
+                code = "CANCELLED"
+                raise
+            finally:
+                seconds.observe(time.perf_counter() - start)
+                status = context.code()
+                if status is not None:
+                    code = status.name
+                count.labels(method, code).inc()
+
+        return grpc.unary_unary_rpc_method_handler(
+            timed,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class _DatabaseGauges:
+    """Gauges of the database's state, read at a scrape and kept GAUGE_MAX_AGE_S.
+
+    collect() runs in the HTTP server's thread; the statement runs on the server's
+    event loop, with its pool.
+    """
+
+    def __init__(
+        self,
+        read: Callable[[], Awaitable[Sequence[Any]]],
+        loop: asyncio.AbstractEventLoop,
+        max_age: Callable[[], float],
+    ) -> None:
+        self._read = read
+        self._loop = loop
+        self._max_age = max_age
+        self._lock = threading.Lock()
+        self._rows: Sequence[Any] = ()
+        self._read_at: float | None = None
+        self._up = 0
+
+    def _refresh(self) -> None:
+        if self._read_at is not None and time.monotonic() - self._read_at < self._max_age():
+            return
+        future = asyncio.run_coroutine_threadsafe(self._read(), self._loop)  # type: ignore[arg-type]
+        try:
+            self._rows = future.result(GAUGE_TIMEOUT_S)
+            self._up = 1
+        except Exception as exc:
+            future.cancel()
+            self._up = 0
+            log.warning("metrics: cannot read the database's gauges: %s", exc)
+        self._read_at = time.monotonic()
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families(())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            self._refresh()
+            rows, up = self._rows, self._up
+        yield from self._families(rows, up)
+
+    @staticmethod
+    def _families(rows: Sequence[Any], up: int = 0) -> Iterator[Metric]:
+        runs = GaugeMetricFamily(
+            "cyclone_runs",
+            "Runs by status, all servers (completed runs are not counted: see "
+            "cyclone_runs_finished_total)",
+            labels=["status"],
+        )
+        ready = GaugeMetricFamily(
+            "cyclone_steps_ready", "Steps ready to be claimed now, by action", labels=["action"]
+        )
+        oldest = GaugeMetricFamily(
+            "cyclone_steps_ready_oldest_seconds",
+            "How long the oldest ready step of each action has been waiting",
+            labels=["action"],
+        )
+        backing_off = GaugeMetricFamily(
+            "cyclone_steps_backing_off",
+            "Steps waiting out a retry backoff, by action",
+            labels=["action"],
+        )
+        running = GaugeMetricFamily(
+            "cyclone_steps_running", "Steps leased to a worker, by action", labels=["action"]
+        )
+        expired = GaugeMetricFamily(
+            "cyclone_steps_lease_expired",
+            "Running steps whose lease expired and that no sweep has reclaimed yet",
+            labels=["action"],
+        )
+        counts = {s: 0 for s in ("running", "blocked", "failed", "cancelled")}
+        for row in rows:
+            if row.part == "runs":
+                counts[row.label] = row.n
+            elif row.part == "available":
+                ready.add_metric([row.label], row.n)
+                backing_off.add_metric([row.label], row.extra)
+                if row.age_s is not None:
+                    oldest.add_metric([row.label], float(row.age_s))
+            else:
+                running.add_metric([row.label], row.n)
+                expired.add_metric([row.label], row.extra)
+        if rows or up:
+            for status, n in counts.items():
+                runs.add_metric([status], n)
+        up_family = GaugeMetricFamily(
+            "cyclone_database_up", "1 when the last read of the database's gauges succeeded"
+        )
+        up_family.add_metric([], up)
+        yield from (runs, ready, oldest, backing_off, running, expired, up_family)

@@ -1,0 +1,127 @@
+"""Retention: finished runs past their age are deleted in small batches, with their
+steps, errors and audit; failed and blocked runs are kept; claims never wait on it."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from cyclone.v1 import workflow_service_pb2
+from service.config import parse
+from tests.helpers import claim, complete, drain, fail, node, submit, table_counts, workflow
+
+DAY = 86400
+
+
+def run_statuses(server) -> dict[str, str]:
+    return {str(r): s for r, s in server.sql("SELECT run_id, status FROM cyclone.runs")}
+
+
+def purge(server) -> int:
+    return server.call(server.server.purge)
+
+
+def finished_runs(server, completed: int) -> dict[str, list[str]]:
+    """Runs in every final and unfinished status; their ids by status."""
+    ids: dict[str, list[str]] = {"completed": [], "cancelled": [], "failed": [], "blocked": []}
+    for _ in range(completed):
+        ids["completed"].append(submit(server, workflow("w", node("a"), node("b", deps=["a"]))))
+    drain(server, "work")
+    cancelled = submit(server, workflow("w", node("a", action="idle")))
+    server.workflows.CancelRun(
+        workflow_service_pb2.CancelRunRequest(run_id=cancelled, reason="not needed"),
+        metadata=[("cyclone-actor", "ops")],
+    )
+    ids["cancelled"].append(cancelled)
+    ids["failed"].append(submit(server, workflow("w", node("a", action="flaky"))))
+    [step] = claim(server, "flaky")
+    fail(server, step, "no", non_retryable=True)
+    ids["blocked"].append(submit(server, workflow("w", node("a", action="charge"))))
+    claim(server, "charge", unsafe=("charge",), lease=5)
+    server.advance_clock(6)
+    assert server.sweep() == 1
+    assert claim(server, "charge", unsafe=("charge",)) == []
+    return ids
+
+
+def test_finished_runs_past_the_age_go_with_their_steps_and_the_rest_stay(server_factory):
+    server = server_factory(retention_s=7 * DAY, retention_batch=2)
+    old = finished_runs(server, completed=5)
+    running = submit(server, workflow("w", node("a", action="idle")))
+    server.advance_clock(6 * DAY)
+    recent = submit(server, workflow("w", node("a")))
+    drain(server, "work")
+    assert purge(server) == 0  # nothing is 7 days old yet
+
+    server.advance_clock(1 * DAY + 60)
+    assert purge(server) == 6  # 5 completed + 1 cancelled, two per statement
+    left = run_statuses(server)
+    assert set(left) == {*old["failed"], *old["blocked"], running, recent}
+    assert left[running] == "running" and left[recent] == "completed"
+    # The cascades took the steps, errors and audit of the deleted runs.
+    counts = table_counts(server)
+    assert counts == {"runs": 4, "steps": 4, "step_errors": 2, "audit": 0}
+
+    # Failed runs go only under --retention-failed, and blocked runs never.
+    server.advance_clock(365 * DAY)
+    assert purge(server) == 1  # the recent completed run, now a year old
+    stricter = server_factory(retention_s=None, retention_failed_s=30 * DAY)
+    assert purge(stricter) == 1
+    assert set(run_statuses(server)) == {*old["blocked"], running}
+
+
+def test_claims_go_on_while_a_purge_holds_the_runs_it_deletes(server_factory, database_url):
+    server = server_factory(retention_s=DAY)
+    for _ in range(20):
+        submit(server, workflow("w", node("a")))
+    drain(server, "work")
+    server.advance_clock(2 * DAY)
+    fresh = [submit(server, workflow("w", node("a"))) for _ in range(5)]
+
+    with psycopg.connect(database_url) as conn:  # a purge in flight: not committed yet
+        deleting = conn.execute("SELECT cyclone.runs_purge(interval '1 day', false, 10)")
+        assert deleting.fetchone()[0] == 10
+        # Claims and completions of other runs do not wait for it (a wait would end in
+        # the claim's deadline, failing the test).
+        steps = claim(server, n=10)
+        for step in steps:
+            complete(server, step)
+        assert sorted(s.run_id for s in steps) == sorted(fresh)
+        # A second purger (another server) skips the locked runs and takes the others.
+        assert purge(server) == 10
+        conn.commit()
+    assert run_statuses(server) == dict.fromkeys(fresh, "completed")
+
+
+def test_the_server_purges_on_its_own_while_new_runs_are_claimed(server_factory):
+    server = server_factory(retention_s=3600, retention_interval_s=0.05, retention_batch=3)
+    old = [submit(server, workflow("w", node("a"))) for _ in range(10)]
+    drain(server, "work")
+    server.advance_clock(7200)
+    new = []
+    deadline = time.monotonic() + 20
+    while True:
+        new.append(submit(server, workflow("w", node("a"))))
+        assert drain(server, "work") == ["a"]  # claimed and completed at once
+        if not set(old) & set(run_statuses(server)):
+            break
+        assert time.monotonic() < deadline, "retention did not delete the old runs"
+    assert run_statuses(server) == dict.fromkeys(new, "completed")
+
+
+@pytest.mark.parametrize(
+    ("flag", "seconds"),
+    [
+        ("7d", 7 * DAY),
+        ("12h", 12 * 3600),
+        ("90m", 5400),
+        ("3600", 3600),
+        ("off", None),
+        ("0", None),
+    ],
+)
+def test_retention_takes_an_age_or_off(flag, seconds):
+    assert parse(["--retention", flag]).retention_s == seconds
+    assert parse(["--retention-failed", flag]).retention_failed_s == seconds
