@@ -48,6 +48,8 @@ class StepControl:
         self.completion_tx = completion_tx
         self.progress: Any = None
         self.progress_set = False
+        # Versions of the progress value: recorded, taken by a heartbeat, delivered.
+        self._recorded = self._taken = self._delivered = 0
         self._on_heartbeat = on_heartbeat
         self._lock = threading.Lock()
 
@@ -63,6 +65,7 @@ class StepControl:
         if has_progress:
             with self._lock:
                 self.progress, self.progress_set = progress, True
+                self._recorded += 1
         if self._on_heartbeat is not None:
             self._on_heartbeat()
 
@@ -71,7 +74,18 @@ class StepControl:
         with self._lock:
             sent, value = self.progress_set, self.progress
             self.progress_set = False
+            self._taken = self._recorded
             return sent, value
+
+    def progress_delivered(self) -> None:
+        """The server acknowledged the heartbeat that carried the last take."""
+        with self._lock:
+            self._delivered = max(self._delivered, self._taken)
+
+    def undelivered_progress(self) -> tuple[bool, Any]:
+        """The latest progress when no acknowledged heartbeat carried it yet."""
+        with self._lock:
+            return self._recorded > self._delivered, self.progress
 
 
 _NO_PROGRESS: Any = object()
@@ -136,7 +150,9 @@ class Context:
         """Ask for a heartbeat now, optionally recording ``progress`` (small JSON).
 
         The worker heartbeats on its own; call this to store progress, which the next
-        attempt receives as ``ctx.progress`` if this one fails. Returns at once.
+        attempt receives as ``ctx.progress`` if this one fails (GetRun shows it too).
+        Returns at once; the last value recorded is stored before a failure is
+        reported, so recording progress and then raising keeps it.
         """
         self._control.request_heartbeat(progress, progress is not _NO_PROGRESS)
 

@@ -551,6 +551,8 @@ class _Runtime:
                 slog.warning("heartbeat failed: %s", err)
                 continue
             control.lease_expires_at = time_field(response, "lease_expires_at")
+            if has_progress:
+                control.progress_delivered()
             if response.cancelled:
                 slog.info("run cancelled; stopping the handler")
                 control.cancel()
@@ -598,9 +600,32 @@ class _Runtime:
         else:
             if tx is not None:
                 await asyncio.to_thread(tx.rollback)
+            await self._deliver_progress(step, control, slog)
             request.failure.CopyFrom(_failure(error))
             slog.warning("failed: %s: %s", request.failure.type, request.failure.message)
         await self._complete(request, slog)
+
+    async def _deliver_progress(
+        self, step: pb.ClaimedStep, control: StepControl, slog: _StepLog
+    ) -> None:
+        """Before a failure is reported, store the progress the handler recorded last
+        if no heartbeat has yet: the next attempt resumes from it."""
+        pending, progress = control.undelivered_progress()
+        if not pending:
+            return
+        request = pb.HeartbeatRequest(
+            run_id=step.run_id,
+            node=step.node,
+            lease_token=step.lease_token,
+            lease=duration(self.w.lease),
+        )
+        try:
+            request.progress.CopyFrom(to_value(progress))
+            await self.stub.Heartbeat(request, timeout=RPC_TIMEOUT, metadata=self.metadata)
+        except (TypeError, ValueError) as exc:
+            slog.warning("progress is not JSON, not sent: %s", exc)
+        except grpc.RpcError as exc:
+            slog.warning("last progress not stored: %s", from_rpc_error(exc))
 
     async def _complete(self, request: pb.CompleteRequest, slog: _StepLog) -> None:
         """Report one outcome. Outcomes that finish while a report is on its way are
