@@ -21,6 +21,8 @@ NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
 MAX_NAME_LENGTH = 128
 MAX_NODES = 5_000
 MAX_DEPENDENCIES = 1_000
+#: Fan-out: most nodes that may depend on one node (completing it touches each).
+MAX_DEPENDENTS = 1_000
 MAX_ATTEMPTS = 100
 MAX_SUBMIT_KEY_LENGTH = 256
 MIN_TIMEOUT_S = 1.0
@@ -120,7 +122,8 @@ def validate_workflow(name: str, nodes: Sequence[NodeSpec]) -> list[NodeSpec]:
 
     Raises InvalidWorkflow with a message that names the offending node or limit:
     bad names, duplicate nodes, unknown or repeated dependencies, self-edges, cycles,
-    settings out of range, more than MAX_NODES nodes or MAX_DEPENDENCIES upstreams.
+    settings out of range, more than MAX_NODES nodes, MAX_DEPENDENCIES upstreams
+    (fan-in) or MAX_DEPENDENTS downstreams (fan-out).
     """
     check_name("workflow", name)
     if not nodes:
@@ -152,6 +155,11 @@ def validate_workflow(name: str, nodes: Sequence[NodeSpec]) -> list[NodeSpec]:
                 raise InvalidWorkflow(f"node {node.name!r} lists dependency {dep!r} twice")
             seen.add(dep)
             dependents[dep].append(node.name)
+    for upstream, downstream in dependents.items():
+        if len(downstream) > MAX_DEPENDENTS:
+            raise InvalidWorkflow(
+                f"node {upstream!r} has {len(downstream)} dependents; the limit is {MAX_DEPENDENTS}"
+            )
     sorter = graphlib.TopologicalSorter({n.name: n.depends_on for n in nodes})
     try:
         order = list(sorter.static_order())

@@ -60,6 +60,14 @@ class Settings:
     log_level: str = "INFO"
     log_json: bool = False
     migrate_only: bool = False
+    # Security (service.auth, service.gate, service.tls; docs/security.md).
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    token_file: str | None = None
+    public_health: bool = False
+    public_reflection: bool = False
+    insecure_listen_anywhere_without_auth: bool = False
 
 
 _HELP = {
@@ -88,6 +96,15 @@ _HELP = {
     "log_level": "DEBUG, INFO, WARNING or ERROR",
     "log_json": "log one JSON object per line",
     "migrate_only": "apply migrations, then exit",
+    "tls_cert": "PEM certificate chain of the server: serve TLS (with --tls-key)",
+    "tls_key": "PEM private key of --tls-cert",
+    "tls_client_ca": "PEM CA that signs client certificates: require mutual TLS",
+    "token_file": "file of token hashes and roles: require a bearer token on every call "
+    "(make one with `cyclone-server token create`)",
+    "public_health": "let calls without credentials use the health service",
+    "public_reflection": "let calls without credentials use server reflection",
+    "insecure_listen_anywhere_without_auth": "allow a non-loopback --listen with neither "
+    "--token-file nor --tls-client-ca: anyone who reaches the port can do anything",
 }
 
 

@@ -57,7 +57,7 @@ def value_to_python(value: struct_pb2.Value, what: str) -> Any:
         raise errors.ResourceExhausted(
             f"{what} is {value.ByteSize()} bytes; the limit is {PayloadLimits.max_bytes}"
         )
-    _check_depth(value, what)
+    _check_shape(value, what)
     return json_format.MessageToDict(value)
 
 
@@ -66,7 +66,7 @@ def value_to_json(value: struct_pb2.Value, what: str) -> str:
     obj = value_to_python(value, what)
     text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     if "\\u0000" in text:
-        raise errors.InvalidArgument(f"{what} contains a NUL character, which Postgres refuses")
+        raise errors.InvalidArgument(_NUL.format(what))
     return text
 
 
@@ -85,7 +85,12 @@ def python_to_value(obj: Any) -> struct_pb2.Value:
     return json_format.ParseDict(obj, value)
 
 
-def _check_depth(value: struct_pb2.Value, what: str) -> None:
+_NUL = "{} contains a NUL character, which Postgres refuses"
+
+
+def _check_shape(value: struct_pb2.Value, what: str) -> None:
+    """Refuse nesting past the limit, and NUL characters, which Postgres's jsonb
+    refuses (in a string or a key), wherever the payload is stored."""
     stack = [(value, 1)]
     while stack:
         v, depth = stack.pop()
@@ -94,8 +99,13 @@ def _check_depth(value: struct_pb2.Value, what: str) -> None:
                 f"{what} is nested more than {PayloadLimits.max_depth} levels deep"
             )
         kind = v.WhichOneof("kind")
+        if kind == "string_value" and "\x00" in v.string_value:
+            raise errors.InvalidArgument(_NUL.format(what))
         if kind == "struct_value":
-            stack.extend((child, depth + 1) for child in v.struct_value.fields.values())
+            fields = v.struct_value.fields
+            if any("\x00" in key for key in fields):
+                raise errors.InvalidArgument(_NUL.format(what))
+            stack.extend((child, depth + 1) for child in fields.values())
         elif kind == "list_value":
             stack.extend((child, depth + 1) for child in v.list_value.values)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 
-from service import config, embedded, logs
+from service import auth, config, embedded, logs, tls
 from service.migrate import migrate
 from service.server import CycloneServer
 
@@ -14,8 +15,15 @@ log = logging.getLogger("cyclone")
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["token"]:
+        sys.exit(auth.token_main(args[1:]))
     settings = config.parse(argv)
     logs.setup(settings.log_level, settings.log_json)
+    try:
+        tls.check(settings)
+    except tls.ListenError as exc:
+        sys.exit(f"cyclone-server: {exc}")
     database_url = settings.database_url or embedded.start(settings.data_dir)
     applied = migrate(database_url)
     if applied:

@@ -22,7 +22,7 @@ from cyclone.v1 import (
     workflow_service_pb2,
     workflow_service_pb2_grpc,
 )
-from service import convert, errors
+from service import convert, errors, gate, tls
 from service.activity import ActionActivity, Handouts
 from service.config import Settings
 from service.metrics import Metrics
@@ -77,7 +77,9 @@ class CycloneServer:
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        self.grpc = grpc.aio.server(options=options, interceptors=[self.metrics.interceptor()])
+        self.grpc = grpc.aio.server(
+            options=options, interceptors=[self.metrics.interceptor(), *gate.interceptors(settings)]
+        )
         self.worker = WorkerServicer(
             self.store, self.dispatcher, settings, self.metrics, self.activity, self.handouts
         )
@@ -90,9 +92,7 @@ class CycloneServer:
             AdminServicer(self.store), self.grpc
         )
         self.health = add_health_and_reflection(self.grpc)
-        self.port = self.grpc.add_insecure_port(settings.listen)
-        if self.port == 0:
-            raise RuntimeError(f"cannot listen on {settings.listen}")
+        self.port = tls.listen(self.grpc, settings)
         self.metrics_port: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
 

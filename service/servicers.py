@@ -37,7 +37,7 @@ from cyclone.v1 import (
     workflow_service_pb2_grpc as workflow_grpc,
 )
 from pyclient import dag
-from service import convert, errors
+from service import auth, convert, errors
 from service.activity import ActionActivity, Handouts
 from service.config import Settings
 from service.errors import rpc
@@ -66,6 +66,10 @@ def _text(value: str, what: str, limit: int) -> str:
 
 
 def _actor(context: grpc.aio.ServicerContext) -> str:
+    """Who to name in audit entries: the authenticated caller when auth is on."""
+    identity = auth.caller.get()
+    if identity is not None:
+        return identity.name
     for key, value in context.invocation_metadata() or ():
         if key == "cyclone-actor" and value:
             return _text(str(value), "cyclone-actor metadata", 200)

@@ -1,0 +1,173 @@
+"""The gate every call passes before a servicer: who is calling, may they, and is the
+request a well-formed message.
+
+One server interceptor does both, because both must happen before any servicer code
+runs. Authorization comes first, so a caller without credentials learns nothing from
+how the server parses what it sent. Decoding is done here instead of by gRPC, so that
+bytes that are not a valid message (truncated, random, invalid UTF-8 in a string)
+are INVALID_ARGUMENT rather than gRPC's generic INTERNAL.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from service import auth
+from service.config import Settings
+
+log = logging.getLogger("cyclone")
+
+
+class Gate(grpc.aio.ServerInterceptor):
+    def __init__(self, settings: Settings) -> None:
+        self.tokens = auth.Tokens(settings.token_file) if settings.token_file else None
+        #: With mutual TLS, the client certificate authenticates; without a token file
+        #: every certified client is admin.
+        self.mtls = bool(settings.tls_client_ca)
+        self.public_health = settings.public_health
+        self.public_reflection = settings.public_reflection
+        self._handlers: dict[str, grpc.RpcMethodHandler | None] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.tokens is not None or self.mtls
+
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        method = handler_call_details.method
+        if method in self._handlers:
+            return self._handlers[method]
+        handler = await continuation(handler_call_details)
+        wrapped = None if handler is None else self._wrap(method, handler)
+        self._handlers[method] = wrapped
+        return wrapped
+
+    # Per call -------------------------------------------------------------------
+
+    def _identify(self, method: str, context: grpc.aio.ServicerContext) -> auth.Identity | str:
+        """The caller's identity, or why the call is refused (a status code name)."""
+        identity = None
+        if self.tokens is not None:
+            try:
+                token = auth.bearer_token(context.invocation_metadata())
+            except ValueError as exc:
+                return f"UNAUTHENTICATED:{exc}"
+            if token is not None:
+                identity = self.tokens.identify(token)
+                if identity is None:
+                    return "UNAUTHENTICATED:unknown or revoked token"
+        else:
+            identity = _certificate_identity(context)
+        public = auth.allowed(
+            None,
+            method,
+            public_health=self.public_health,
+            public_reflection=self.public_reflection,
+        )
+        if identity is None:
+            if public:
+                return auth.Identity("anonymous", "")
+            return "UNAUTHENTICATED:this call needs a token: send 'authorization: Bearer <token>'"
+        if public or auth.allowed(
+            identity.role, method, public_health=False, public_reflection=False
+        ):
+            return identity
+        return f"PERMISSION_DENIED:role {identity.role} ({identity.name}) may not call {method}"
+
+    async def _admit(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        if not self.enabled:
+            return
+        verdict = self._identify(method, context)
+        if isinstance(verdict, str):
+            code, _, message = verdict.partition(":")
+            log.info("refused %s from %s: %s", method, context.peer(), message)
+            await context.abort(grpc.StatusCode[code], message)
+        if verdict.role:
+            auth.caller.set(verdict)
+
+    # Handlers --------------------------------------------------------------------
+
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """The same handler behind the gate. A unary request arrives as bytes and is
+        decoded here; a streamed one is decoded by gRPC (only reflection streams)."""
+        kind = next(k for k in _MAKERS if getattr(handler, k) is not None)
+        inner = getattr(handler, kind)
+        admit = self._admit
+        decode = _decoder(method, handler.request_deserializer)
+
+        async def unary_unary(request: bytes, context: grpc.aio.ServicerContext) -> Any:
+            await admit(method, context)
+            return await inner(await decode(request, context), context)
+
+        async def unary_stream(request: bytes, context: grpc.aio.ServicerContext) -> Any:
+            await admit(method, context)
+            result = inner(await decode(request, context), context)
+            if not hasattr(result, "__aiter__"):
+                await result  # a handler that writes with context.write
+                return
+            async for response in result:
+                yield response
+
+        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            await admit(method, context)
+            return await inner(requests, context)
+
+        async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            await admit(method, context)
+            async for response in inner(requests, context):
+                yield response
+
+        behaviors = {
+            "unary_unary": unary_unary,
+            "unary_stream": unary_stream,
+            "stream_unary": stream_unary,
+            "stream_stream": stream_stream,
+        }
+        return _MAKERS[kind](
+            behaviors[kind],
+            request_deserializer=None if kind.startswith("unary") else handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+_MAKERS = {
+    "unary_unary": grpc.unary_unary_rpc_method_handler,
+    "unary_stream": grpc.unary_stream_rpc_method_handler,
+    "stream_unary": grpc.stream_unary_rpc_method_handler,
+    "stream_stream": grpc.stream_stream_rpc_method_handler,
+}
+
+
+def _decoder(method: str, deserializer: Callable[[bytes], Any] | None) -> Any:
+    name = method.rpartition("/")[2]
+
+    async def decode(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        if deserializer is None:
+            return raw
+        try:
+            return deserializer(raw)
+        except Exception:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the request is not a valid {name} request message (bad protobuf bytes "
+                "or invalid UTF-8 in a string field)",
+            )
+
+    return decode
+
+
+def _certificate_identity(context: grpc.aio.ServicerContext) -> auth.Identity | None:
+    """The admin identity of a client that presented a certificate the client CA signed
+    (gRPC refuses the handshake of any other)."""
+    ctx = context.auth_context() or {}
+    names = ctx.get("x509_common_name") or ctx.get("x509_subject_alternative_name")
+    if not names:
+        return None
+    return auth.Identity(names[0].decode(errors="replace"), "admin")
+
+
+def interceptors(settings: Settings) -> list[grpc.aio.ServerInterceptor]:
+    return [Gate(settings)]
