@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from typing import Any
 
@@ -89,8 +90,8 @@ _NUL = "{} contains a NUL character, which Postgres refuses"
 
 
 def _check_shape(value: struct_pb2.Value, what: str) -> None:
-    """Refuse nesting past the limit, and NUL characters, which Postgres's jsonb
-    refuses (in a string or a key), wherever the payload is stored."""
+    """Refuse nesting past the limit, NaN and infinities (not JSON), and NUL
+    characters, which Postgres's jsonb refuses (in a string or a key)."""
     stack = [(value, 1)]
     while stack:
         v, depth = stack.pop()
@@ -101,6 +102,10 @@ def _check_shape(value: struct_pb2.Value, what: str) -> None:
         kind = v.WhichOneof("kind")
         if kind == "string_value" and "\x00" in v.string_value:
             raise errors.InvalidArgument(_NUL.format(what))
+        if kind == "number_value" and not math.isfinite(v.number_value):
+            raise errors.InvalidArgument(
+                f"{what} holds {v.number_value}, which JSON has no value for"
+            )
         if kind == "struct_value":
             fields = v.struct_value.fields
             if any("\x00" in key for key in fields):
