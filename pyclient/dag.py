@@ -39,6 +39,19 @@ DEFAULT_MAX_BACKOFF_S = 300.0
 DEFAULT_BACKOFF_MULTIPLIER = 2.0
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Size limits of one workflow. The SDK checks the defaults; a server checks the
+    ones its settings give (--max-nodes, --max-dependencies, --max-dependents)."""
+
+    max_nodes: int = MAX_NODES
+    max_dependencies: int = MAX_DEPENDENCIES
+    max_dependents: int = MAX_DEPENDENTS
+
+
+DEFAULT_LIMITS = Limits()
+
+
 class InvalidWorkflow(ValueError):
     """The workflow definition is invalid."""
 
@@ -117,19 +130,23 @@ def _check_node_settings(node: NodeSpec) -> None:
         )
 
 
-def validate_workflow(name: str, nodes: Sequence[NodeSpec]) -> list[NodeSpec]:
+def validate_workflow(
+    name: str, nodes: Sequence[NodeSpec], limits: Limits = DEFAULT_LIMITS
+) -> list[NodeSpec]:
     """Check a workflow and return its nodes in topological order with dependents filled.
 
     Raises InvalidWorkflow with a message that names the offending node or limit:
     bad names, duplicate nodes, unknown or repeated dependencies, self-edges, cycles,
-    settings out of range, more than MAX_NODES nodes, MAX_DEPENDENCIES upstreams
-    (fan-in) or MAX_DEPENDENTS downstreams (fan-out).
+    settings out of range, more nodes, upstreams of one node (fan-in) or downstreams of
+    one node (fan-out) than ``limits`` allow.
     """
     check_name("workflow", name)
     if not nodes:
         raise InvalidWorkflow(f"workflow {name!r} has no nodes")
-    if len(nodes) > MAX_NODES:
-        raise InvalidWorkflow(f"workflow {name!r} has {len(nodes)} nodes; the limit is {MAX_NODES}")
+    if len(nodes) > limits.max_nodes:
+        raise InvalidWorkflow(
+            f"workflow {name!r} has {len(nodes)} nodes; the limit is {limits.max_nodes}"
+        )
     by_name: dict[str, NodeSpec] = {}
     for node in nodes:
         check_name("node", node.name)
@@ -140,10 +157,10 @@ def validate_workflow(name: str, nodes: Sequence[NodeSpec]) -> list[NodeSpec]:
         by_name[node.name] = node
     dependents: dict[str, list[str]] = {n: [] for n in by_name}
     for node in nodes:
-        if len(node.depends_on) > MAX_DEPENDENCIES:
+        if len(node.depends_on) > limits.max_dependencies:
             raise InvalidWorkflow(
                 f"node {node.name!r} has {len(node.depends_on)} dependencies; "
-                f"the limit is {MAX_DEPENDENCIES}"
+                f"the limit is {limits.max_dependencies}"
             )
         seen: set[str] = set()
         for dep in node.depends_on:
@@ -156,9 +173,10 @@ def validate_workflow(name: str, nodes: Sequence[NodeSpec]) -> list[NodeSpec]:
             seen.add(dep)
             dependents[dep].append(node.name)
     for upstream, downstream in dependents.items():
-        if len(downstream) > MAX_DEPENDENTS:
+        if len(downstream) > limits.max_dependents:
             raise InvalidWorkflow(
-                f"node {upstream!r} has {len(downstream)} dependents; the limit is {MAX_DEPENDENTS}"
+                f"node {upstream!r} has {len(downstream)} dependents; "
+                f"the limit is {limits.max_dependents}"
             )
     sorter = graphlib.TopologicalSorter({n.name: n.depends_on for n in nodes})
     try:

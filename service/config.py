@@ -7,6 +7,8 @@ import os
 import re
 from dataclasses import dataclass, fields
 
+from pyclient import dag
+
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
 _AGE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -51,6 +53,9 @@ class Settings:
     max_message_bytes: int = 16 << 20
     max_payload_bytes: int = 1 << 20
     max_json_depth: int = 32
+    max_nodes: int = dag.MAX_NODES
+    max_dependencies: int = dag.MAX_DEPENDENCIES
+    max_dependents: int = dag.MAX_DEPENDENTS
     grace_s: float = 10.0
     metrics_listen: str = "127.0.0.1:9464"
     retention_s: float | None = 7 * 86400.0
@@ -85,6 +90,9 @@ _HELP = {
     "max_message_bytes": "largest gRPC message accepted, in bytes",
     "max_payload_bytes": "largest JSON payload (input, output, result), in bytes",
     "max_json_depth": "deepest nesting of a JSON payload",
+    "max_nodes": "most nodes in one workflow",
+    "max_dependencies": "most dependencies of one node (fan-in)",
+    "max_dependents": "most nodes that depend on one node (fan-out)",
     "grace_s": "seconds in-flight calls get to finish on SIGTERM",
     "metrics_listen": "host:port of the Prometheus metrics endpoint (/metrics); off to disable",
     "retention_s": "delete completed and cancelled runs this long after they finished "

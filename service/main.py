@@ -43,10 +43,16 @@ async def _serve(settings: config.Settings, database_url: str) -> None:
     host = settings.listen.rsplit(":", 1)[0]
     address = f"{host}:{server.port}"
     log.info("Cyclone serving on %s", address)
+    # grpcurl flags for this server: TLS instead of -plaintext, and the token header.
+    flags = "-cacert CA.pem" if settings.tls_cert else "-plaintext"
+    if settings.tls_client_ca:
+        flags += " -cert CLIENT.crt -key CLIENT.key"
+    if settings.token_file:
+        flags += ' -H "authorization: Bearer $CYCLONE_TOKEN"'
     print(
         f"\nCyclone is serving on {address}. Try (`make tools` puts grpcurl in .tools/bin):\n"
-        f"  .tools/bin/grpcurl -plaintext {address} list\n"
-        f'  .tools/bin/grpcurl -plaintext -d \'{{"workflow": {{"name": "hello", '
+        f"  .tools/bin/grpcurl {flags} {address} list\n"
+        f'  .tools/bin/grpcurl {flags} -d \'{{"workflow": {{"name": "hello", '
         f'"nodes": [{{"name": "greet", "action": "greet"}}]}}}}\' '
         f"{address} cyclone.v1.WorkflowService/Submit\n",
         flush=True,

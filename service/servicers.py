@@ -184,15 +184,16 @@ def _node_spec(node: types_pb2.Node) -> dag.NodeSpec:
     )
 
 
-def _validated(workflow: types_pb2.Workflow) -> list[dag.NodeSpec]:
-    if len(workflow.nodes) > dag.MAX_NODES:
+def _validated(workflow: types_pb2.Workflow, limits: dag.Limits) -> list[dag.NodeSpec]:
+    if len(workflow.nodes) > limits.max_nodes:
         raise errors.InvalidArgument(
             f"workflow {workflow.name!r} has {len(workflow.nodes)} nodes; "
-            f"the limit is {dag.MAX_NODES}"
+            f"the limit is {limits.max_nodes}"
         )
     try:
         # Names first, so that a bad name is reported before anything derived from it.
-        return dag.validate_workflow(workflow.name, [_node_spec(n) for n in workflow.nodes])
+        specs = [_node_spec(n) for n in workflow.nodes]
+        return dag.validate_workflow(workflow.name, specs, limits)
     except dag.InvalidWorkflow as exc:
         raise errors.InvalidArgument(str(exc)) from None
 
@@ -207,6 +208,9 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
     ) -> None:
         self.store = store
         self.settings = settings
+        self.limits = dag.Limits(
+            settings.max_nodes, settings.max_dependencies, settings.max_dependents
+        )
         self.metrics = metrics
         # Writes this server's latest news of workers first, so that Explain on a
         # single server is exact; other servers' news is at most a few seconds old.
@@ -215,7 +219,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
     async def _submit(self, request: Any, key: str | None) -> tuple[uuid.UUID, bool]:
         if not request.HasField("workflow"):
             raise errors.InvalidArgument("workflow is required")
-        nodes = _validated(request.workflow)
+        nodes = _validated(request.workflow, self.limits)
         run_input = convert.optional_json(request, "input", "run input")
         run_id, created = await self.store.run_submit(
             workflow=request.workflow.name, nodes=nodes, input_json=run_input, submit_key=key

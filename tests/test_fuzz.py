@@ -8,6 +8,7 @@ database per test, so that the suite stays fast and a failure reproduces.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cyclone.v1 import types_pb2, worker_service_pb2, workflow_service_pb2
+from tests.conftest import TEST_SETTINGS, RunningServer
 from tests.helpers import claim, node, submit, workflow
 
 FUZZ = settings(
@@ -100,11 +102,18 @@ def outcome(call: Any, request: Any) -> grpc.StatusCode:
 
 
 @pytest.fixture
-def server(server_factory: Any) -> Any:
-    return server_factory(max_payload_bytes=4096, max_json_depth=5)
+def server(server_process: Any, database_url: str) -> Iterator[RunningServer]:
+    """A cyclone-server process, reached through RunningServer's stubs and SQL (not
+    started: the process serves). A process rather than a server in a thread of the
+    test, because Hypothesis checks that nothing touches the global `random` while
+    it draws, and a server's background loops do."""
+    process = server_process("--max-payload-bytes", "4096", "--max-json-depth", "5")
+    remote = RunningServer(database_url, TEST_SETTINGS, address=process.address)
+    yield remote
+    remote.stop()
 
 
-def test_submit_never_answers_a_client_mistake_with_internal(server: Any) -> None:
+def test_submit_never_answers_a_client_mistake_with_internal(server: RunningServer) -> None:
     seen: set[grpc.StatusCode] = set()
 
     @FUZZ
@@ -132,7 +141,7 @@ def test_submit_never_answers_a_client_mistake_with_internal(server: Any) -> Non
     assert stored == server.sql("SELECT count(DISTINCT run_id) FROM cyclone.steps")[0][0]
 
 
-def test_complete_never_answers_a_client_mistake_with_internal(server: Any) -> None:
+def test_complete_never_answers_a_client_mistake_with_internal(server: RunningServer) -> None:
     submit(server, workflow("held", *(node(f"n{i}", action="fz") for i in range(40))))
     held = claim(server, "fz", n=40)
     run_ids = [*sorted({s.run_id for s in held}), str(uuid.uuid4()), "nope", ""]

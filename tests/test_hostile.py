@@ -386,3 +386,25 @@ def test_an_unexpected_error_is_internal_with_an_id_and_no_internals(busy: Any) 
     assert re.fullmatch(r"internal error \(id [0-9a-f]{12}\); see the server log", details)
     for leak in ("audit", "SELECT", "relation", "Traceback", "File ", ".py", "psycopg"):
         assert leak not in details
+
+
+def test_workflow_size_limits_are_settings(server_factory: Any) -> None:
+    server = server_factory(max_nodes=3, max_dependencies=1, max_dependents=2)
+    before = database_snapshot(server)
+    for workflow, words in (
+        (wf("big", *(node(f"n{i}") for i in range(4))), "4 nodes; the limit is 3"),
+        (wf("in", node("a"), node("b"), node("c", deps=["a", "b"])), "the limit is 1"),
+        (
+            wf("out", node("a"), *(node(f"d{i}", deps=["a"]) for i in range(2)), node("x")),
+            "4 nodes",
+        ),
+    ):
+        error = rpc_error(submit, server, workflow)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert words in error.details()
+    assert database_snapshot(server) == before
+    fan_out = wf("out", node("a"), node("d0", deps=["a"]), node("d1", deps=["a"]))
+    assert submit(server, fan_out)
+    small = server_factory(max_dependents=1)
+    error = rpc_error(submit, small, fan_out)
+    assert "node 'a' has 2 dependents; the limit is 1" in error.details()
