@@ -436,9 +436,9 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 with self.dispatcher.subscribe(actions) as ready:
                     self.activity.polled(actions, worker_id)
                     rows = await self._claim(worker_id, actions, unsafe, limit, lease)
-                    steps = [
-                        self._claimed(r, worker_id, lease) for r in rows if not self._blocked(r)
-                    ]
+                    steps = [self._claimed(r, lease) for r in rows if not self._blocked(r)]
+                    if steps:
+                        self.activity.claimed({s.action for s in steps}, worker_id)
                     remaining = deadline - loop.time()
                     if steps or remaining <= 0 or self.stopping.is_set():
                         return worker_pb.ClaimResponse(steps=steps)
@@ -481,13 +481,12 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 log.info("claim cancelled by its caller: %d step(s) handed back", released)
             raise
 
-    def _claimed(self, r: Any, worker_id: str, lease: float) -> worker_pb.ClaimedStep:
-        token = str(r.lease_token)
+    def _claimed(self, r: Any, lease: float) -> worker_pb.ClaimedStep:
         lifetime = (r.deadline_at - r.lease_expires_at).total_seconds() + lease
-        self.handouts.add(token, r.action, r.attempt, lifetime)
-        self.activity.claimed((r.action,), worker_id)
-        self.metrics.claimed.labels(r.action).inc()
-        self.metrics.claim_wait.labels(r.action).observe(r.waited_s)
+        self.handouts.add(r.lease_token, r.action, r.attempt, lifetime)
+        per_action = self.metrics.action(r.action)
+        per_action.claimed.inc()
+        per_action.claim_wait.observe(r.waited_s)
         step = worker_pb.ClaimedStep(
             run_id=str(r.run_id),
             node=r.node,
@@ -495,7 +494,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             workflow=r.workflow,
             attempt=r.attempt,
             max_attempts=r.max_attempts,
-            lease_token=token,
+            lease_token=str(r.lease_token),
             lease_expires_at=convert.timestamp(r.lease_expires_at),
             deadline=convert.timestamp(r.deadline_at),
             effect_uncertain=r.effect_uncertain,
@@ -570,7 +569,8 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         except (errors.LeaseLost, errors.NotFound):
             self.metrics.refused.inc()
             raise
-        await self._outcome(item, done)
+        if self._outcome(item, done):
+            _log_outcome(item, done, await self._attempt(item))
         return _complete_response(done)
 
     @rpc
@@ -595,15 +595,17 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 if row.error_detail and row.error_detail.startswith("current_attempt="):
                     error.current_attempt = int(row.error_detail.partition("=")[2])
                 results.append(worker_pb.CompleteResult(error=error))
-            else:
-                await self._outcome(item, row)
-                results.append(worker_pb.CompleteResult(response=_complete_response(row)))
+                continue
+            if self._outcome(item, row):
+                _log_outcome(item, row, await self._attempt(item))
+            results.append(worker_pb.CompleteResult(response=_complete_response(row)))
         return worker_pb.CompleteManyResponse(results=results)
 
-    async def _outcome(self, item: dict[str, Any], done: Any) -> None:
-        """Count, time and log an accepted outcome."""
+    def _outcome(self, item: dict[str, Any], done: Any) -> bool:
+        """Count, time and log an accepted outcome. True when its log line still needs
+        the attempt: the step was handed out by another server."""
         if done.duplicate:
-            return
+            return False
         failure = item.get("failure")
         m = self.metrics
         if failure is None:
@@ -612,21 +614,22 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             m.failed.labels(_FAILED_OUTCOME.get(done.step_status, done.step_status)).inc()
             if done.step_status == "discarded":
                 m.discarded.labels("handler").inc()
-        if done.run_status in ("completed", "failed") and done.step_status in _FINAL:
+        if done.run_status in _FINAL_RUN and done.step_status in _FINAL:
             m.finished.labels(done.run_status).inc()
-        handout = self.handouts.pop(str(item["lease_token"]))
-        if handout is not None:
-            m.step_seconds.labels(
-                handout.action, "completed" if failure is None else "failed"
-            ).observe(time.monotonic() - handout.claimed)
-            attempt = handout.attempt
-        elif failure is not None or log.isEnabledFor(logging.DEBUG):
-            # Handed out by another server: read the attempt for the log line (only
-            # when there is one to write).
-            attempt = await self.store.step_attempt(item["run_id"], item["node"])
-        else:
-            return
-        _log_outcome(item, done.step_status, done.retry_at, attempt)
+        handout = self.handouts.pop(item["lease_token"])
+        logged = failure is not None or log.isEnabledFor(logging.DEBUG)
+        if handout is None:
+            return logged
+        per_action = m.action(handout.action)
+        seconds = per_action.completed_seconds if failure is None else per_action.failed_seconds
+        seconds.observe(time.monotonic() - handout.claimed)
+        if logged:
+            _log_outcome(item, done, handout.attempt)
+        return False
+
+    async def _attempt(self, item: dict[str, Any]) -> int | None:
+        """The attempt of a step another server handed out, for its log line."""
+        return await self.store.step_attempt(item["run_id"], item["node"])
 
     def _blocked(self, row: Any) -> bool:
         if row.blocked:
@@ -636,6 +639,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
 
 _FAILED_OUTCOME = {"available": "retry", "pending": "held"}
 _FINAL = ("completed", "discarded")
+_FINAL_RUN = ("completed", "failed")
 
 
 def _complete_response(done: Any) -> worker_pb.CompleteResponse:
@@ -649,8 +653,9 @@ def _complete_response(done: Any) -> worker_pb.CompleteResponse:
     return response
 
 
-def _log_outcome(item: dict[str, Any], status: str, retry_at: Any, attempt: int | None) -> None:
+def _log_outcome(item: dict[str, Any], done: Any, attempt: int | None) -> None:
     run_id, node = item["run_id"], item["node"]
+    status, retry_at = done.step_status, done.retry_at
     extra = {"run_id": str(run_id), "node": node, "attempt": attempt}
     failure = item.get("failure")
     if failure is None:

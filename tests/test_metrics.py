@@ -3,6 +3,7 @@ read the database's state at a scrape."""
 
 from __future__ import annotations
 
+import re
 import socket
 import urllib.request
 
@@ -11,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.metrics import parse_listen
+from tests.conftest import ROOT
 from tests.helpers import claim, complete, fail, node, rpc_error, submit, workflow
 
 
@@ -135,3 +137,20 @@ def test_metrics_listen_takes_host_port_or_off():
     assert parse_listen("off") is None
     with pytest.raises(ValueError):
         parse_listen("9464x")
+
+
+def test_docs_list_every_metric_the_server_exposes(metered):
+    submit(metered, workflow("w", node("a")))
+    [step] = claim(metered)
+    complete(metered, step)
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{metered.server.metrics_port}/metrics", timeout=10
+    ) as reply:
+        exposed = {
+            family.name
+            for family in text_string_to_metric_families(reply.read().decode())
+            if family.name.startswith("cyclone_")
+        }
+    page = (ROOT / "docs" / "metrics.md").read_text()
+    documented = {name.removesuffix("_total") for name in re.findall(r"`(cyclone_\w+)`", page)}
+    assert exposed == documented
