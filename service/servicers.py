@@ -479,6 +479,15 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             if rows:
                 released = await asyncio.shield(self.store.steps_release(rows))
                 log.info("claim cancelled by its caller: %d step(s) handed back", released)
+                for r in rows:
+                    log.info(
+                        "step %s/%s handed back: the caller of its claim went away, so "
+                        "attempt %d did not start",
+                        r.run_id,
+                        r.node,
+                        r.attempt,
+                        extra={"run_id": str(r.run_id), "node": r.node, "attempt": r.attempt},
+                    )
             raise
 
     def _claimed(self, r: Any, lease: float) -> worker_pb.ClaimedStep:
