@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import psycopg
 
@@ -83,7 +83,10 @@ class Dispatcher:
             for event in waiters:
                 event.set()
 
-    async def _notify(self) -> None:
+    async def _reconnecting(
+        self, what: str, session: Callable[[psycopg.AsyncConnection], Awaitable[None]]
+    ) -> None:
+        """Run ``session`` on a fresh connection, again after every loss, with backoff."""
         delay = 0.1
         while True:
             try:
@@ -91,39 +94,36 @@ class Dispatcher:
                     self._url, autocommit=True
                 ) as conn:
                     delay = 0.1
-                    while True:
-                        await self._outbox_ready.wait()
-                        self._outbox_ready.clear()
-                        actions, self._outbox = sorted(self._outbox), set()
-                        await conn.execute(
-                            f"SELECT pg_notify('{CHANNEL}', a) FROM unnest(%s::text[]) a",
-                            (actions,),
-                        )
+                    await session(conn)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("NOTIFY connection lost (%s); reconnecting in %.1fs", exc, delay)
+                log.warning("%s connection lost (%s); reconnecting in %.1fs", what, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    async def _notify(self) -> None:
+        async def send(conn: psycopg.AsyncConnection) -> None:
+            while True:
+                await self._outbox_ready.wait()
+                self._outbox_ready.clear()
+                actions, self._outbox = sorted(self._outbox), set()
+                await conn.execute(
+                    f"SELECT pg_notify('{CHANNEL}', a) FROM unnest(%s::text[]) a", (actions,)
+                )
+
+        await self._reconnecting("NOTIFY", send)
+
     async def _listen(self) -> None:
-        delay = 0.1
-        while True:
+        async def receive(conn: psycopg.AsyncConnection) -> None:
+            await conn.execute(f"LISTEN {CHANNEL}")
+            self.connected.set()
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self._url, autocommit=True
-                ) as conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
-                    self.connected.set()
-                    delay = 0.1
-                    # Anything may have become ready while we were not listening.
-                    self.wake_all()
-                    async for notify in conn.notifies():
-                        self.wake(notify.payload)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
+                # Anything may have become ready while we were not listening.
+                self.wake_all()
+                async for notify in conn.notifies():
+                    self.wake(notify.payload)
+            finally:
                 self.connected.clear()
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+
+        await self._reconnecting("LISTEN", receive)
