@@ -18,7 +18,9 @@ from datetime import datetime
 from importlib import resources
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
+from psycopg.rows import namedtuple_row
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -111,6 +113,7 @@ class Store:
         options = "-c application_name=cyclone-server -c cyclone.defer_notify=on"
         if statement_timeout_ms:
             options += f" -c statement_timeout={int(statement_timeout_ms)}"
+        self._compiled: dict[str, str] = {}
         self.engine: AsyncEngine = create_async_engine(
             sql_url(database_url),
             pool_size=pool_size,
@@ -124,16 +127,31 @@ class Store:
     async def close(self) -> None:
         await self.engine.dispose()
 
-    async def _all(self, name: str, **params: Any) -> Sequence[Row]:
+    async def _all(self, name: str, **params: Any) -> Sequence[Any]:
+        # SQLAlchemy keeps the pool and compiles the named query once; the statement
+        # itself runs on the psycopg connection underneath. Its execution layer cost
+        # more CPU than the hot transitions themselves (docs/performance.md).
         try:
             asked = time.perf_counter()
             async with self.engine.connect() as conn:
                 if self.on_acquire is not None:
                     self.on_acquire(time.perf_counter() - asked)
-                result = await conn.execute(Q[name], params)
-                rows = result.fetchall() if result.returns_rows else []
-        except sa.exc.DBAPIError as exc:
+                raw = await conn.get_raw_connection()
+                driver: psycopg.AsyncConnection = raw.driver_connection  # type: ignore[assignment]
+                try:
+                    cursor = driver.cursor(row_factory=namedtuple_row)
+                    await cursor.execute(self._sql(name), params)
+                    rows = await cursor.fetchall() if cursor.description else []
+                except BaseException as exc:
+                    # A broken connection, or one left mid-statement by a cancellation,
+                    # must not go back to the pool.
+                    if not isinstance(exc, psycopg.Error) or driver.closed or driver.broken:
+                        await conn.invalidate()
+                    raise
+        except psycopg.Error as exc:
             raise _translate(exc) from exc
+        except sa.exc.DBAPIError as exc:  # raised while connecting
+            raise _translate(exc.orig or exc) from exc
         except OSError as exc:
             raise errors.Unavailable(f"database unavailable: {exc}") from exc
         if rows and self.on_ready and "ready" in rows[0]._fields:
@@ -141,6 +159,12 @@ class Store:
             if ready:
                 self.on_ready(ready)
         return rows
+
+    def _sql(self, name: str) -> str:
+        sql = self._compiled.get(name)
+        if sql is None:
+            sql = self._compiled[name] = str(Q[name].compile(dialect=self.engine.dialect))
+        return sql
 
     async def _one(self, name: str, **params: Any) -> Row | None:
         rows = await self._all(name, **params)
@@ -412,14 +436,13 @@ def sqlstate_error(sqlstate: str) -> type[errors.CycloneError]:
     return _SQLSTATE_ERRORS.get(sqlstate, errors.CycloneError)
 
 
-def _translate(exc: sa.exc.DBAPIError) -> Exception:
-    orig = exc.orig
+def _translate(orig: BaseException) -> Exception:
     sqlstate = getattr(orig, "sqlstate", None)
     diag = getattr(orig, "diag", None)
     message = (diag.message_primary if diag else None) or str(orig)
     cls = _SQLSTATE_ERRORS.get(sqlstate or "")
     if cls is None:
-        if exc.connection_invalidated or sqlstate is None or sqlstate.startswith("08"):
+        if sqlstate is None or sqlstate.startswith("08"):
             return errors.Unavailable(f"database unavailable: {message}")
         # Unexpected: becomes INTERNAL with an error id; the details stay in the log.
         return RuntimeError(f"database error {sqlstate}: {message}")
