@@ -479,6 +479,61 @@ def test_complete_many_across_runs_completes_each_run(cyclone_server):
     assert done == [(len(run_ids),)]
 
 
+def test_complete_many_settles_a_fan_out_that_finishes_in_one_batch(cyclone_server):
+    leaves = [f"leaf{i}" for i in range(4)]
+    run_id = submit(
+        cyclone_server,
+        workflow(
+            "fan",
+            node("root"),
+            *[node(leaf, deps=["root"], max_attempts=1) for leaf in leaves],
+            node("join", deps=leaves),
+            node("after_join", deps=["join"]),
+            node("compensate", deps=leaves, rule="one_failed"),
+            node("always", deps=leaves, rule="all_done"),
+        ),
+    )
+    [root] = claim(cyclone_server)
+    complete(cyclone_server, root)
+    taken = sorted(claim(cyclone_server), key=lambda s: s.node)
+    assert [s.node for s in taken] == leaves
+    failure = worker_service_pb2.Failure(message="no", type="E", non_retryable=True)
+    results = complete_many(
+        cyclone_server,
+        *[completion(s, {"leaf": s.node}) for s in taken[:3]],
+        completion(taken[3], failure=failure),
+        completion(taken[0], {"leaf": "again"}),
+    )
+    assert [r.response.status for r in results] == [types_pb2.STEP_STATUS_COMPLETED] * 3 + [
+        types_pb2.STEP_STATUS_DISCARDED,
+        types_pb2.STEP_STATUS_COMPLETED,
+    ]
+    assert [r.response.duplicate for r in results] == [False, False, False, False, True]
+    assert {r.response.run_status for r in results} == {types_pb2.RUN_STATUS_RUNNING}
+    # The failed leaf skips the join and, in the same walk, what follows the join.
+    assert statuses(get_run(cyclone_server, run_id)) == {
+        "root": "completed",
+        **{leaf: "completed" for leaf in leaves[:3]},
+        "leaf3": "discarded",
+        "join": "skipped",
+        "after_join": "skipped",
+        "compensate": "available",
+        "always": "available",
+    }
+    last = claim(cyclone_server)
+    assert sorted(s.node for s in last) == ["always", "compensate"]
+    assert set(last[0].upstream_outputs) == set(leaves[:3])  # the completed ones only
+    results = complete_many(cyclone_server, *[completion(s) for s in last])
+    # Both items report the run as the batch left it: finished, failed by leaf3.
+    assert [r.response.run_status for r in results] == [types_pb2.RUN_STATUS_FAILED] * 2
+    run = get_run(cyclone_server, run_id)
+    assert run_status(run) == "failed"
+    assert "leaf3" in run.error.message
+    assert cyclone_server.sql(
+        "SELECT steps_open FROM cyclone.runs WHERE run_id = %s", run_id
+    ) == [(0,)]
+
+
 def test_steps_a_cancelled_claim_took_are_handed_back_as_they_were(cyclone_server):
     import asyncio
     import uuid as uuid_mod

@@ -50,8 +50,9 @@ type WorkerServiceClient interface {
 	// Complete for several held steps in one call and one transaction: each outcome is
 	// applied as Complete would apply it, and all are durable before the reply. One
 	// refused completion (a lost lease, say) does not affect the others: each has its
-	// own result, in request order. Workers that finish many steps at once use it to
-	// save round trips and commits.
+	// own result, in request order; a result's run_status is the run's status after the
+	// whole call. Workers that finish many steps at once use it to save round trips and
+	// commits.
 	CompleteMany(ctx context.Context, in *CompleteManyRequest, opts ...grpc.CallOption) (*CompleteManyResponse, error)
 }
 
@@ -128,8 +129,9 @@ type WorkerServiceServer interface {
 	// Complete for several held steps in one call and one transaction: each outcome is
 	// applied as Complete would apply it, and all are durable before the reply. One
 	// refused completion (a lost lease, say) does not affect the others: each has its
-	// own result, in request order. Workers that finish many steps at once use it to
-	// save round trips and commits.
+	// own result, in request order; a result's run_status is the run's status after the
+	// whole call. Workers that finish many steps at once use it to save round trips and
+	// commits.
 	CompleteMany(context.Context, *CompleteManyRequest) (*CompleteManyResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
 }

@@ -624,8 +624,9 @@ export const WorkerService: GenService<{
    * Complete for several held steps in one call and one transaction: each outcome is
    * applied as Complete would apply it, and all are durable before the reply. One
    * refused completion (a lost lease, say) does not affect the others: each has its
-   * own result, in request order. Workers that finish many steps at once use it to
-   * save round trips and commits.
+   * own result, in request order; a result's run_status is the run's status after the
+   * whole call. Workers that finish many steps at once use it to save round trips and
+   * commits.
    *
    * @generated from rpc cyclone.v1.WorkerService.CompleteMany
    */
