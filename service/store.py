@@ -119,6 +119,9 @@ class Store:
             pool_size=pool_size,
             # Overflow connections would be opened and closed under load; wait instead.
             max_overflow=0,
+            # The most recently used connection first: under light load a few warm
+            # connections (plans and compiled functions cached) serve everything.
+            pool_use_lifo=True,
             pool_pre_ping=False,
             isolation_level="AUTOCOMMIT",
             connect_args={"options": options},
