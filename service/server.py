@@ -125,6 +125,7 @@ class CycloneServer:
         metrics_closed = asyncio.ensure_future(asyncio.to_thread(self.metrics.close))
         await self.health.enter_graceful_shutdown()
         self.worker.stopping.set()
+        self.dispatcher.wake_all()  # waiting claims answer now
         await self.grpc.stop(grace)
         for task in self._tasks:
             task.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import time
@@ -449,15 +450,11 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     # The wake-up is the notification; the timeout only covers backoffs
                     # coming due and a notification lost while the listener reconnected.
                     timeout = min(remaining, 5.0 if due is None else max(due, 0.001))
-                    stop = asyncio.ensure_future(self.stopping.wait())
-                    woke = asyncio.ensure_future(ready.wait())
-                    try:
-                        await asyncio.wait(
-                            {stop, woke}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                        )
-                    finally:
-                        stop.cancel()
-                        woke.cancel()
+                    # Awaited directly, not through a task: a wake-up resumes this claim
+                    # in one turn of the event loop. A stopping server wakes every waiter.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(timeout):
+                            await ready.wait()
         finally:
             if waiting:
                 self.metrics.waiting_claims.dec()
