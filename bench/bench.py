@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import platform
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+import psutil
 import psycopg
 
 from cyclone.v1 import (
@@ -85,6 +87,62 @@ class Server:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(30)
+
+
+class CpuMeter:
+    """CPU seconds spent over a span by the server, by worker processes that finished
+    in it, by this process (the baseline's threads) and by the embedded Postgres.
+
+    Postgres is measured only when it is the embedded one (its processes are here);
+    backends that exit during the span are not counted, which is why every scenario
+    keeps its connections open until it ends.
+    """
+
+    def __init__(self, server: Server | None) -> None:
+        self.server = psutil.Process(server.proc.pid) if server else None
+        pid_file = ROOT / ".cyclone" / "pgdata" / "postmaster.pid"
+        self.postmaster = None
+        if not os.environ.get("CYCLONE_DATABASE_URL") and pid_file.exists():
+            self.postmaster = psutil.Process(int(pid_file.read_text().split()[0]))
+
+    def _postgres(self) -> dict[int, float]:
+        if self.postmaster is None:
+            return {}
+        seconds = {}
+        for p in [self.postmaster, *self.postmaster.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            seconds[p.pid] = t.user + t.system
+        return seconds
+
+    def _snapshot(self) -> tuple[float, float, float, dict[int, float]]:
+        server = sum(self.server.cpu_times()[:2]) if self.server else 0.0
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        return (server, children.ru_utime + children.ru_stime, me.ru_utime + me.ru_stime,
+                self._postgres())
+
+    def __enter__(self) -> CpuMeter:
+        self.start = self._snapshot()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = self._snapshot()
+        self.server_s, self.workers_s, self.client_s = (
+            b - a for a, b in zip(self.start[:3], end[:3], strict=True))
+        before = self.start[3]
+        self.postgres_s = (sum(t - before.get(pid, 0.0) for pid, t in end[3].items())
+                           if self.postmaster else None)
+
+    def per_step(self, steps: int, *parts: str) -> dict:
+        """Milliseconds of CPU per step for each named part ("server", "workers", ...)."""
+        out = {}
+        for part in parts:
+            seconds = getattr(self, f"{part}_s")
+            out[part] = None if seconds is None else round(seconds * 1000 / steps, 3)
+        return out
 
 
 def one_node(name: str, action: str) -> types_pb2.Workflow:
@@ -225,12 +283,14 @@ def steps_per_second(database_url: str, action: str) -> tuple[int, float]:
 # Scenarios -----------------------------------------------------------------------
 
 
-def scenario_throughput(address: str, database_url: str, runs: int, action: str) -> dict:
-    submit_many(address, [one_node("one", action)] * runs)
-    join(start_workers(address, action))
+def scenario_throughput(server: Server, database_url: str, runs: int, action: str) -> dict:
+    submit_many(server.address, [one_node("one", action)] * runs)
+    with CpuMeter(server) as cpu:
+        join(start_workers(server.address, action))
     n, rate = steps_per_second(database_url, action)
     assert n == runs, f"{n} of {runs} steps completed"
-    return {"steps": n, "steps_per_s": round(rate, 1)}
+    return {"steps": n, "steps_per_s": round(rate, 1),
+            "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres")}
 
 
 def scenario_baseline(database_url: str, jobs: int, threads: int = 8) -> dict:
@@ -242,28 +302,35 @@ def scenario_baseline(database_url: str, jobs: int, threads: int = 8) -> dict:
         conn.execute("INSERT INTO bench_jobs (status, payload) SELECT 'ready', '{}' "
                      "FROM generate_series(1, %s)", (jobs,))
     done = [0] * threads
+    # Opened before and closed after the measured span, so their CPU is all counted.
+    conns = [psycopg.connect(database_url) for _ in range(threads)]
 
     def loop(i: int) -> None:
-        with psycopg.connect(database_url) as conn:
-            while True:
-                row = conn.execute(
-                    "UPDATE bench_jobs SET status = 'running', locked_at = now() WHERE id = ("
-                    " SELECT id FROM bench_jobs WHERE status = 'ready' ORDER BY id"
-                    " LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id").fetchone()
-                conn.commit()
-                if row is None:
-                    return
-                conn.execute("UPDATE bench_jobs SET status = 'done', done_at = now() "
-                             "WHERE id = %s", row)
-                conn.commit()
-                done[i] += 1
+        conn = conns[i]
+        while True:
+            row = conn.execute(
+                "UPDATE bench_jobs SET status = 'running', locked_at = now() WHERE id = ("
+                " SELECT id FROM bench_jobs WHERE status = 'ready' ORDER BY id"
+                " LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id").fetchone()
+            conn.commit()
+            if row is None:
+                return
+            conn.execute("UPDATE bench_jobs SET status = 'done', done_at = now() "
+                         "WHERE id = %s", row)
+            conn.commit()
+            done[i] += 1
 
-    start = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(loop, range(threads)))
-    elapsed = time.perf_counter() - start
+    try:
+        start = time.perf_counter()
+        with CpuMeter(None) as cpu, ThreadPoolExecutor(threads) as pool:
+            list(pool.map(loop, range(threads)))
+        elapsed = time.perf_counter() - start
+    finally:
+        for conn in conns:
+            conn.close()
     assert sum(done) == jobs
-    return {"jobs": jobs, "jobs_per_s": round(jobs / elapsed, 1)}
+    return {"jobs": jobs, "jobs_per_s": round(jobs / elapsed, 1),
+            "cpu_ms_per_job": cpu.per_step(jobs, "client", "postgres")}
 
 
 def scenario_dag(address: str, database_url: str, runs: int, action: str) -> dict:
@@ -365,10 +432,10 @@ def main() -> None:
             }
             print("submit", results["submit"], flush=True)
         if wanted("throughput"):
-            results["throughput"] = scenario_throughput(
-                server.address, database_url, args.runs, "noop")
+            results["throughput"] = scenario_throughput(server, database_url, args.runs, "noop")
             base_result = scenario_baseline(database_url, args.runs)
             results["throughput"]["baseline_jobs_per_s"] = base_result["jobs_per_s"]
+            results["throughput"]["baseline_cpu_ms_per_job"] = base_result["cpu_ms_per_job"]
             results["throughput"]["ratio"] = round(
                 results["throughput"]["steps_per_s"] / base_result["jobs_per_s"], 2)
             print("throughput", results["throughput"], flush=True)
@@ -380,7 +447,7 @@ def main() -> None:
             print("pickup_ms", results["pickup_ms"], flush=True)
         if wanted("history") and "throughput" in results:
             scenario_history(database_url, args.history)
-            again = scenario_throughput(server.address, database_url, args.runs, "noop2")
+            again = scenario_throughput(server, database_url, args.runs, "noop2")
             results["history"] = {
                 "finished_steps_loaded": args.history,
                 "steps_per_s": again["steps_per_s"],
@@ -400,7 +467,11 @@ def print_table(r: dict) -> None:
         t = r["throughput"]
         rows += [("throughput steps/s", t["steps_per_s"]),
                  ("baseline jobs/s (psycopg loop)", t["baseline_jobs_per_s"]),
-                 ("throughput ratio (target >= 1.5)", t["ratio"])]
+                 ("throughput ratio (target >= 1.5)", t["ratio"]),
+                 ("CPU ms per step: server / workers / Postgres",
+                  " / ".join(str(v) for v in t["cpu_ms_per_step"].values())),
+                 ("CPU ms per baseline job: client / Postgres",
+                  " / ".join(str(v) for v in t["baseline_cpu_ms_per_job"].values()))]
     if "dag" in r:
         rows += [("dag steps/s", r["dag"]["steps_per_s"]),
                  ("dag run latency p50 / p99 ms",
