@@ -3,6 +3,7 @@ against a baseline measured in the same run on the same database.
 
 Scenarios (fixed counts, every loop bounded in count and time):
   throughput  20,000 one-node runs drained by 2 worker processes through gRPC
+  sdk         the same, drained by 2 processes running the SDK's Worker
   baseline    the same 20,000 jobs drained by a minimal psycopg loop, 8 threads
   dag         500 runs of a 20-node workflow (root, fan-out of 18, join)
   pickup      200 single-node runs submitted one at a time to an idle worker
@@ -247,6 +248,29 @@ def worker_process(address: str, action: str, concurrency: int, stop_after_idle:
     asyncio.run(main())
 
 
+def sdk_worker_process(address: str, action: str, concurrency: int, finished) -> None:
+    """A worker built with the SDK (pyclient.Worker), async no-op handler; it stops
+    when the bench says every step is done."""
+    import asyncio
+
+    from pyclient import Worker
+
+    worker = Worker(address, concurrency=concurrency, claim_wait=0.5)
+
+    @worker.action(action)
+    async def noop(ctx):
+        return None
+
+    async def main() -> None:
+        serving = asyncio.ensure_future(worker.run_async())
+        while not finished.is_set() and not serving.done():
+            await asyncio.sleep(0.1)
+        worker.stop()
+        await serving
+
+    asyncio.run(main())
+
+
 def struct_null():
     from google.protobuf import struct_pb2
 
@@ -287,6 +311,33 @@ def scenario_throughput(server: Server, database_url: str, runs: int, action: st
     submit_many(server.address, [one_node("one", action)] * runs)
     with CpuMeter(server) as cpu:
         join(start_workers(server.address, action))
+    n, rate = steps_per_second(database_url, action)
+    assert n == runs, f"{n} of {runs} steps completed"
+    return {"steps": n, "steps_per_s": round(rate, 1),
+            "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres")}
+
+
+def scenario_sdk(server: Server, database_url: str, runs: int, action: str,
+                 processes: int = 2, concurrency: int = 64) -> dict:
+    """The throughput scenario drained by the SDK's Worker instead of bare stubs."""
+    submit_many(server.address, [one_node("one", action)] * runs)
+    ctx = multiprocessing.get_context("spawn")
+    finished = ctx.Event()
+    procs = [ctx.Process(target=sdk_worker_process,
+                         args=(server.address, action, concurrency, finished))
+             for _ in range(processes)]
+    with CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            done = conn.execute("SELECT count(*) FROM cyclone.steps WHERE action = %s "
+                                "AND status = 'completed'", (action,)).fetchone()[0]
+            if done == runs:
+                break
+        finished.set()
+        join(procs)
     n, rate = steps_per_second(database_url, action)
     assert n == runs, f"{n} of {runs} steps completed"
     return {"steps": n, "steps_per_s": round(rate, 1),
@@ -439,6 +490,12 @@ def main() -> None:
             results["throughput"]["ratio"] = round(
                 results["throughput"]["steps_per_s"] / base_result["jobs_per_s"], 2)
             print("throughput", results["throughput"], flush=True)
+        if wanted("sdk"):
+            results["sdk"] = scenario_sdk(server, database_url, args.runs, "sdk-noop")
+            if "throughput" in results:
+                results["sdk"]["ratio"] = round(
+                    results["sdk"]["steps_per_s"] / results["throughput"]["baseline_jobs_per_s"], 2)
+            print("sdk", results["sdk"], flush=True)
         if wanted("dag"):
             results["dag"] = scenario_dag(server.address, database_url, args.dag_runs, "dagop")
             print("dag", results["dag"], flush=True)
@@ -472,6 +529,10 @@ def print_table(r: dict) -> None:
                   " / ".join(str(v) for v in t["cpu_ms_per_step"].values())),
                  ("CPU ms per baseline job: client / Postgres",
                   " / ".join(str(v) for v in t["baseline_cpu_ms_per_job"].values()))]
+    if "sdk" in r:
+        rows += [("throughput with the SDK's Worker, steps/s", r["sdk"]["steps_per_s"]),
+                 ("  CPU ms per step: server / workers / Postgres",
+                  " / ".join(str(v) for v in r["sdk"]["cpu_ms_per_step"].values()))]
     if "dag" in r:
         rows += [("dag steps/s", r["dag"]["steps_per_s"]),
                  ("dag run latency p50 / p99 ms",
