@@ -25,13 +25,17 @@ if TYPE_CHECKING:
 
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("cyclone_context")
 
+#: The events of a StepControl, by name.
+_CANCELLED, _LEASE_LOST, _SHOULD_STOP = "cancelled", "lease_lost", "should_stop"
+
 
 class StepControl:
     """The changing side of a running step, shared by the worker and the handler.
 
     ``should_stop`` is set with ``cancelled`` or ``lease_lost`` and when the worker gives
-    up on the handler (deadline passed, shutdown grace over), so a handler can wait on
-    one event.
+    up on the handler (deadline passed, shutdown grace over, or the step is over), so a
+    handler can wait on one event. Each event is made when first asked for: most
+    handlers never look, and a worker would otherwise make three per step.
     """
 
     def __init__(
@@ -41,33 +45,75 @@ class StepControl:
         completion_tx: CompletionTx | None = None,
         on_heartbeat: Callable[[], None] | None = None,
     ):
-        self.cancelled = threading.Event()
-        self.lease_lost = threading.Event()
-        self.should_stop = threading.Event()
         self.lease_expires_at = lease_expires_at
         self.completion_tx = completion_tx
+        self.on_heartbeat = on_heartbeat
         self.progress: Any = None
         self.progress_set = False
         # Versions of the progress value: recorded, taken by a heartbeat, delivered.
         self._recorded = self._taken = self._delivered = 0
-        self._on_heartbeat = on_heartbeat
+        self._raised: set[str] = set()
+        self._events: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
 
+    @property
+    def cancelled(self) -> threading.Event:
+        return self._event(_CANCELLED)
+
+    @property
+    def lease_lost(self) -> threading.Event:
+        return self._event(_LEASE_LOST)
+
+    @property
+    def should_stop(self) -> threading.Event:
+        return self._event(_SHOULD_STOP)
+
+    # The same, read without making the event.
+    @property
+    def is_cancelled(self) -> bool:
+        return _CANCELLED in self._raised
+
+    @property
+    def is_lease_lost(self) -> bool:
+        return _LEASE_LOST in self._raised
+
+    @property
+    def is_stopped(self) -> bool:
+        return _SHOULD_STOP in self._raised
+
     def cancel(self) -> None:
-        self.cancelled.set()
-        self.should_stop.set()
+        self._set(_CANCELLED, _SHOULD_STOP)
 
     def lose_lease(self) -> None:
-        self.lease_lost.set()
-        self.should_stop.set()
+        self._set(_LEASE_LOST, _SHOULD_STOP)
+
+    def stop(self) -> None:
+        """The worker gives up on the handler, or the step is over."""
+        self._set(_SHOULD_STOP)
+
+    def _event(self, name: str) -> threading.Event:
+        with self._lock:
+            event = self._events.get(name)
+            if event is None:
+                event = self._events[name] = threading.Event()
+                if name in self._raised:
+                    event.set()
+            return event
+
+    def _set(self, *names: str) -> None:
+        with self._lock:
+            self._raised.update(names)
+            made = [self._events[n] for n in names if n in self._events]
+        for event in made:
+            event.set()
 
     def request_heartbeat(self, progress: Any, has_progress: bool) -> None:
         if has_progress:
             with self._lock:
                 self.progress, self.progress_set = progress, True
                 self._recorded += 1
-        if self._on_heartbeat is not None:
-            self._on_heartbeat()
+        if self.on_heartbeat is not None:
+            self.on_heartbeat()
 
     def take_progress(self) -> tuple[bool, Any]:
         """The progress to send with the next heartbeat, once."""

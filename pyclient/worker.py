@@ -463,18 +463,18 @@ class _Runtime:
                     budget,
                 )
                 heartbeats.cancel()
-                control.should_stop.set()
+                control.stop()
             try:
                 output, error = await handler, None
             except asyncio.CancelledError:
-                if not control.should_stop.is_set():
+                if not control.is_stopped:
                     raise  # the worker itself is being cancelled
                 output, error = None, None
             except Exception as exc:
                 output, error = None, exc
         finally:
             heartbeats.cancel()
-            control.should_stop.set()
+            control.stop()
             abort()
         await self._report(step, control, output, error, slog)
 
@@ -568,8 +568,8 @@ class _Runtime:
         slog: _StepLog,
     ) -> None:
         tx = control.completion_tx
-        if control.cancelled.is_set() or control.lease_lost.is_set():
-            why = "the run was cancelled" if control.cancelled.is_set() else "the lease was lost"
+        if control.is_cancelled or control.is_lease_lost:
+            why = "the run was cancelled" if control.is_cancelled else "the lease was lost"
             slog.info("outcome not reported: %s", why)
             if tx is not None:
                 await asyncio.to_thread(tx.rollback)

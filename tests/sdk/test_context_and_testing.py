@@ -16,6 +16,7 @@ from pyclient import (
     testing,
 )
 from pyclient.actions import Action, handler_input
+from pyclient.context import StepControl
 
 
 @dataclasses.dataclass
@@ -127,6 +128,16 @@ def test_heartbeat_records_progress_for_the_worker_to_send():
     testing.run(lambda c: c.heartbeat({"done": 3}), ctx)
     assert ctx._control.take_progress() == (True, {"done": 3})
     assert ctx._control.take_progress() == (False, {"done": 3})
+
+
+def test_stop_events_are_set_whether_asked_for_before_or_after():
+    control = StepControl()
+    waiting = control.should_stop  # asked for first, set later
+    control.lose_lease()
+    assert waiting.is_set() and control.lease_lost.is_set()  # the second made already set
+    assert not control.cancelled.is_set()
+    assert (control.is_stopped, control.is_lease_lost, control.is_cancelled) == (True, True, False)
+    assert control.should_stop is waiting
 
 
 class FakeMailer:
