@@ -8,7 +8,7 @@
     worker.run()   # until SIGTERM or SIGINT
 
 How it runs. An asyncio control loop does all the talking to the server: long-poll
-claims sized to the free handler slots, one heartbeat task per held step (every third
+claims sized to the free handler slots, heartbeats for each held step (every third
 of the lease), completions. Sync handlers run each in a thread of their own and async
 handlers on a second event loop in its own thread, so neither a CPU-bound handler nor
 a blocking async one can starve the heartbeats.
@@ -419,7 +419,6 @@ class _Runtime:
         if action is None:  # the server only hands out the actions we named
             slog.error("no handler for action %r", step.action)
             return
-        wake = asyncio.Event()
         tx = (
             CompletionTx(self.pool, step.run_id, step.node, step.lease_token)
             if self.pool is not None
@@ -428,7 +427,6 @@ class _Runtime:
         control = StepControl(
             lease_expires_at=time_field(step, "lease_expires_at"),
             completion_tx=tx,
-            on_heartbeat=lambda: self.loop.call_soon_threadsafe(wake.set),
         )
         ctx = Context(
             run_id=step.run_id,
@@ -448,10 +446,10 @@ class _Runtime:
         )
         budget = self._budget(step, action)
         slog.info("running %s (budget %.1fs)", action.name, budget)
+        heartbeats = _Heartbeats(self, step, control, slog)
         handler = self._start(action, ctx, budget)
         # A sync handler cannot be interrupted: it watches ctx.should_stop instead.
-        abort = handler.cancel if action.is_async else _nothing
-        heartbeats = asyncio.create_task(self._heartbeat(step, control, wake, abort, slog))
+        abort = heartbeats.abort = handler.cancel if action.is_async else _nothing
         # An async handler's own timeout fires first; a sync handler is given up on.
         wait = None if budget == math.inf else budget + (1.0 if action.is_async else 0.0)
         try:
@@ -462,7 +460,7 @@ class _Runtime:
                     "lapses and another attempt can start",
                     budget,
                 )
-                heartbeats.cancel()
+                heartbeats.stop()
                 control.stop()
             try:
                 output, error = await handler, None
@@ -473,7 +471,7 @@ class _Runtime:
             except Exception as exc:
                 output, error = None, exc
         finally:
-            heartbeats.cancel()
+            heartbeats.stop()
             control.stop()
             abort()
         await self._report(step, control, output, error, slog)
@@ -511,53 +509,6 @@ class _Runtime:
             daemon=True,
         ).start()
         return asyncio.wrap_future(future)
-
-    async def _heartbeat(
-        self,
-        step: pb.ClaimedStep,
-        control: StepControl,
-        wake: asyncio.Event,
-        abort: Callable[[], Any],
-        slog: _StepLog,
-    ) -> None:
-        interval = self.w.lease / 3
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), interval)
-            wake.clear()
-            request = pb.HeartbeatRequest(
-                run_id=step.run_id,
-                node=step.node,
-                lease_token=step.lease_token,
-                lease=duration(self.w.lease),
-            )
-            has_progress, progress = control.take_progress()
-            if has_progress:
-                try:
-                    request.progress.CopyFrom(to_value(progress))
-                except (TypeError, ValueError) as exc:
-                    slog.warning("progress is not JSON, not sent: %s", exc)
-            try:
-                response = await self.stub.Heartbeat(
-                    request, timeout=max(interval, 1.0), metadata=self.metadata
-                )
-            except grpc.RpcError as exc:
-                err = from_rpc_error(exc)
-                if isinstance(err, LeaseLost):
-                    slog.warning("lease lost: %s", err.message)
-                    control.lose_lease()
-                    abort()
-                    return
-                slog.warning("heartbeat failed: %s", err)
-                continue
-            control.lease_expires_at = time_field(response, "lease_expires_at")
-            if has_progress:
-                control.progress_delivered()
-            if response.cancelled:
-                slog.info("run cancelled; stopping the handler")
-                control.cancel()
-                abort()
-                return
 
     async def _report(
         self,
@@ -670,6 +621,101 @@ class _Runtime:
                 for (_, future), result in zip(batch, reply.results, strict=True):
                     future.set_result(result)
                 break
+
+
+class _Heartbeats:
+    """One step's heartbeats, every third of the lease and at once when the handler asks
+    (``ctx.heartbeat()``).
+
+    Most steps end long before their first heartbeat is due, so until then a step has
+    only a timer; the task that heartbeats starts when the timer fires or the handler
+    asks, whichever comes first.
+    """
+
+    def __init__(
+        self, runtime: _Runtime, step: pb.ClaimedStep, control: StepControl, slog: _StepLog
+    ):
+        self.rt = runtime
+        self.step = step
+        self.control = control
+        self.slog = slog
+        #: Stops the handler when the step is lost (set once the handler started).
+        self.abort: Callable[[], Any] = _nothing
+        self.interval = runtime.w.lease / 3
+        self.task: asyncio.Task[None] | None = None
+        self.wake: asyncio.Event | None = None
+        self.stopped = False
+        self.timer = runtime.loop.call_later(self.interval, self._start)
+        control.on_heartbeat = self.request
+
+    def request(self) -> None:
+        """Heartbeat now (from any thread)."""
+        self.rt.loop.call_soon_threadsafe(self._requested)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.timer.cancel()
+        if self.task is not None:
+            self.task.cancel()
+
+    def _requested(self) -> None:
+        if self.stopped:
+            return
+        if self.wake is None:
+            self._start()
+        else:
+            self.wake.set()
+
+    def _start(self) -> None:
+        self.timer.cancel()
+        self.wake = asyncio.Event()
+        self.task = self.rt.loop.create_task(self._run(self.wake))
+
+    async def _run(self, wake: asyncio.Event) -> None:
+        while True:
+            wake.clear()
+            if not await self._beat():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), self.interval)
+
+    async def _beat(self) -> bool:
+        """One heartbeat; False when the step is lost (lease lost, run cancelled)."""
+        rt, step, control, slog = self.rt, self.step, self.control, self.slog
+        request = pb.HeartbeatRequest(
+            run_id=step.run_id,
+            node=step.node,
+            lease_token=step.lease_token,
+            lease=duration(rt.w.lease),
+        )
+        has_progress, progress = control.take_progress()
+        if has_progress:
+            try:
+                request.progress.CopyFrom(to_value(progress))
+            except (TypeError, ValueError) as exc:
+                slog.warning("progress is not JSON, not sent: %s", exc)
+        try:
+            response = await rt.stub.Heartbeat(
+                request, timeout=max(self.interval, 1.0), metadata=rt.metadata
+            )
+        except grpc.RpcError as exc:
+            err = from_rpc_error(exc)
+            if isinstance(err, LeaseLost):
+                slog.warning("lease lost: %s", err.message)
+                control.lose_lease()
+                self.abort()
+                return False
+            slog.warning("heartbeat failed: %s", err)
+            return True
+        control.lease_expires_at = time_field(response, "lease_expires_at")
+        if has_progress:
+            control.progress_delivered()
+        if response.cancelled:
+            slog.info("run cancelled; stopping the handler")
+            control.cancel()
+            self.abort()
+            return False
+        return True
 
 
 def _nothing() -> None:

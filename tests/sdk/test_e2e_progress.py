@@ -3,8 +3,10 @@ attempt of the same node resumes from it; GetRun shows the last value."""
 
 from __future__ import annotations
 
+import threading
+
 from pyclient import RetryAfter, Workflow
-from tests.sdk.conftest import PATIENCE, running
+from tests.sdk.conftest import PATIENCE, eventually, running
 
 
 def test_the_next_attempt_resumes_from_the_progress_the_failed_one_recorded(client, make_worker):
@@ -32,3 +34,32 @@ def test_the_next_attempt_resumes_from_the_progress_the_failed_one_recorded(clie
     assert step.progress == {"page": 3}  # GetRun shows the last value
     assert step.attempt == 2
     assert step.last_heartbeat_at is not None
+
+
+def test_a_heartbeat_the_handler_asks_for_is_sent_at_once_not_a_third_of_a_lease_later(
+    client, make_worker
+):
+    worker = make_worker(lease=30.0)  # the first scheduled heartbeat: 10s after the claim
+    stored = [threading.Event(), threading.Event()]
+
+    @worker.action("crawl")
+    def crawl(ctx):
+        for page, seen in enumerate(stored, 1):
+            ctx.heartbeat({"page": page})
+            assert seen.wait(PATIENCE)
+        return "done"
+
+    wf = Workflow("crawl")
+    wf.node("crawl")
+    with running(worker):
+        run_id = client.submit(wf)
+        # the first request starts the heartbeats, the second wakes them
+        for page, seen in enumerate(stored, 1):
+            eventually(
+                lambda page=page: client.get_run(run_id).step("crawl").progress == {"page": page},
+                f"progress {page} to be stored",
+                timeout=5.0,
+            )
+            seen.set()
+        run = client.wait(run_id, timeout=PATIENCE)
+    assert (run.status, run.step("crawl").output) == ("completed", "done")
