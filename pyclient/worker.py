@@ -39,7 +39,6 @@ exponential backoff while the channel reconnects.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import datetime as dt
 import logging
@@ -51,7 +50,7 @@ import signal
 import socket
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -234,11 +233,61 @@ class Worker:
             runtime.loop.call_soon_threadsafe(runtime.request_stop)
 
 
+class _Mailbox:
+    """Calls handed to an event loop from other threads, run there in order.
+
+    ``loop.call_soon_threadsafe`` wakes the loop through its self-pipe on every call;
+    here one wake-up runs every call posted until the loop gets to them, so a claim's
+    worth of handlers that end together cost the loop one wake-up, not one each.
+
+    When every call comes from one other event loop (``sender``), the wake-up is sent
+    at the end of that loop's turn: sent at once, it would let the receiving thread
+    take the GIL and run the first call alone, and the steps of one claim would go
+    separate ways (each to its own CompleteMany, freeing slots one at a time).
+    """
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, sender: asyncio.AbstractEventLoop | None = None
+    ):
+        self.loop = loop
+        self.sender = sender
+        self._calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self._lock = threading.Lock()
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        with self._lock:
+            self._calls.append((fn, args))
+            if len(self._calls) > 1:
+                return  # the wake-up for the first is on its way
+        if self.sender is None:
+            self._wake()
+        else:
+            self.sender.call_soon(self._wake)
+
+    def _wake(self) -> None:
+        # A closed loop has nobody left to tell (a handler abandoned at shutdown).
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:
+        with self._lock:
+            calls, self._calls = self._calls, []
+        for fn, args in calls:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("%r failed", fn)
+
+
 class _HandlerLoop:
     """An event loop in a thread of its own, for async handlers."""
 
-    def __init__(self) -> None:
+    def __init__(self, worker_loop: asyncio.AbstractEventLoop):
         self.loop = asyncio.new_event_loop()
+        #: Handlers to start and to cancel, from the worker's loop.
+        self.inbox = _Mailbox(self.loop, sender=worker_loop)
+        #: Their outcomes, to the worker's loop.
+        self.outbox = _Mailbox(worker_loop, sender=self.loop)
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="cyclone-async-handlers", daemon=True
         )
@@ -266,6 +315,8 @@ class _Runtime:
         self.stub: Any = None
         self.pool: Any = None
         self.handler_loop: _HandlerLoop | None = None
+        #: Handler outcomes and heartbeat requests, from the handlers' threads.
+        self.inbox = _Mailbox(loop)
         self.outbox: list[tuple[pb.CompleteRequest, asyncio.Future[pb.CompleteResult]]] = []
         self.flusher: asyncio.Task[None] | None = None
 
@@ -291,7 +342,7 @@ class _Runtime:
         if w.database_url:
             self.pool = await asyncio.to_thread(open_pool, w.database_url, w.concurrency)
         if any(a.is_async for a in w._actions.values()):
-            self.handler_loop = _HandlerLoop()
+            self.handler_loop = _HandlerLoop(self.loop)
         log.info(
             "worker %s: serving %s on %s with %d slots",
             w.worker_id,
@@ -447,9 +498,8 @@ class _Runtime:
         budget = self._budget(step, action)
         slog.info("running %s (budget %.1fs)", action.name, budget)
         heartbeats = _Heartbeats(self, step, control, slog)
-        handler = self._start(action, ctx, budget)
-        # A sync handler cannot be interrupted: it watches ctx.should_stop instead.
-        abort = heartbeats.abort = handler.cancel if action.is_async else _nothing
+        handler, abort = self._start(action, ctx, budget)
+        heartbeats.abort = abort
         # An async handler's own timeout fires first; a sync handler is given up on.
         wait = None if budget == math.inf else budget + (1.0 if action.is_async else 0.0)
         try:
@@ -463,13 +513,11 @@ class _Runtime:
                 heartbeats.stop()
                 control.stop()
             try:
-                output, error = await handler, None
+                output, error = await handler
             except asyncio.CancelledError:
                 if not control.is_stopped:
                     raise  # the worker itself is being cancelled
                 output, error = None, None
-            except Exception as exc:
-                output, error = None, exc
         finally:
             heartbeats.stop()
             control.stop()
@@ -492,23 +540,26 @@ class _Runtime:
             budget = min(budget, action.timeout)
         return max(budget, 0.0)
 
-    def _start(self, action: Action, ctx: Context, budget: float) -> asyncio.Future[Any]:
-        """Start the handler: a thread for a sync one, the handler loop for an async one."""
+    def _start(
+        self, action: Action, ctx: Context, budget: float
+    ) -> tuple[asyncio.Future[_Outcome], Callable[[], None]]:
+        """Start the handler: a thread for a sync one, the handler loop for an async one.
+
+        Returns its outcome, and a function that cancels it if it is async (a sync
+        handler cannot be interrupted: it watches ctx.should_stop instead).
+        """
+        outcome: asyncio.Future[_Outcome] = self.loop.create_future()
         if action.is_async:
             assert self.handler_loop is not None
-            return asyncio.wrap_future(
-                asyncio.run_coroutine_threadsafe(
-                    _call_async(action, ctx, budget), self.handler_loop.loop
-                )
-            )
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            call = _AsyncCall(_call_async(action, ctx, budget), outcome, self)
+            return outcome, call.abort
         threading.Thread(
             target=_call_sync,
-            args=(future, action, ctx),
+            args=(action, ctx, outcome, self.inbox),
             name=f"cyclone-{ctx.node}-{ctx.attempt}",
             daemon=True,
         ).start()
-        return asyncio.wrap_future(future)
+        return outcome, _nothing
 
     async def _report(
         self,
@@ -650,7 +701,7 @@ class _Heartbeats:
 
     def request(self) -> None:
         """Heartbeat now (from any thread)."""
-        self.rt.loop.call_soon_threadsafe(self._requested)
+        self.rt.inbox.post(self._requested)
 
     def stop(self) -> None:
         self.stopped = True
@@ -718,6 +769,55 @@ class _Heartbeats:
         return True
 
 
+class _AsyncCall:
+    """An async handler running on the handler loop; its outcome settles on the
+    worker's loop."""
+
+    def __init__(
+        self, coro: Coroutine[Any, Any, Any], outcome: asyncio.Future[_Outcome], rt: _Runtime
+    ):
+        assert rt.handler_loop is not None
+        self.handlers = rt.handler_loop
+        self.results = rt.handler_loop.outbox
+        self.outcome = outcome
+        self.task: asyncio.Task[Any] | None = None
+        self.aborted = False
+        self.handlers.inbox.post(self._start, coro)
+
+    def abort(self) -> None:
+        """Cancel the handler unless it has ended (on the worker's loop)."""
+        if self.aborted or (self.outcome.done() and not self.outcome.cancelled()):
+            return
+        self.aborted = True
+        self.outcome.cancel()
+        self.handlers.inbox.post(self._cancel)
+
+    def _start(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.task = self.handlers.loop.create_task(coro)
+        self.task.add_done_callback(self._done)
+
+    def _cancel(self) -> None:
+        assert self.task is not None
+        self.task.cancel()
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled():
+            self.results.post(self.outcome.cancel)
+        elif (error := task.exception()) is not None:
+            self.results.post(_settle, self.outcome, None, error)
+        else:
+            self.results.post(_settle, self.outcome, task.result(), None)
+
+
+#: What a handler ended with: its return value, or the exception it raised.
+_Outcome = tuple[Any, BaseException | None]
+
+
+def _settle(outcome: asyncio.Future[_Outcome], value: Any, error: BaseException | None) -> None:
+    if not outcome.done():  # else given up on: aborted, or the worker is stopping
+        outcome.set_result((value, error))
+
+
 def _nothing() -> None:
     pass
 
@@ -738,16 +838,16 @@ def _failure(error: BaseException) -> pb.Failure:
     return failure
 
 
-def _call_sync(future: concurrent.futures.Future[Any], action: Action, ctx: Context) -> None:
-    if not future.set_running_or_notify_cancel():
-        return
+def _call_sync(
+    action: Action, ctx: Context, outcome: asyncio.Future[_Outcome], results: _Mailbox
+) -> None:
     token = bind(ctx)
     try:
         result = action.fn(*action.arguments(ctx))
     except BaseException as exc:  # reported as the step's failure, whatever it is
-        future.set_exception(exc)
+        results.post(_settle, outcome, None, exc)
     else:
-        future.set_result(result)
+        results.post(_settle, outcome, result, None)
     finally:
         unbind(token)
 
