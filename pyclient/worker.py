@@ -9,9 +9,9 @@
 
 How it runs. An asyncio control loop does all the talking to the server: long-poll
 claims sized to the free handler slots, heartbeats for each held step (every third
-of the lease), completions. Sync handlers run each in a thread of their own and async
-handlers on a second event loop in its own thread, so neither a CPU-bound handler nor
-a blocking async one can starve the heartbeats.
+of the lease), completions. Sync handlers run each in a thread of their own (idle
+threads are reused) and async handlers on a second event loop in its own thread, so
+neither a CPU-bound handler nor a blocking async one can starve the heartbeats.
 
 Outcomes. A return value is the step's output. An exception is a retryable failure
 carrying its type, message and traceback; NonRetryableError discards the step,
@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import datetime as dt
 import logging
 import math
 import os
+import queue
 import random
 import secrets
 import signal
@@ -61,7 +63,7 @@ from pyclient._json import dumps, from_value, to_value
 from pyclient.actions import Action
 from pyclient.client import call_metadata, default_address
 from pyclient.completion import CompletionTx, open_pool
-from pyclient.context import Context, StepControl, bind, unbind
+from pyclient.context import Context, StepControl, bind
 from pyclient.errors import (
     CycloneError,
     InvalidArgument,
@@ -83,6 +85,9 @@ log = logging.getLogger("pyclient.worker")
 RPC_TIMEOUT = 10.0
 #: Most outcomes sent in one CompleteMany (the server accepts up to 1,000).
 MAX_COMPLETIONS = 500
+
+#: A handler thread left idle this long ends.
+IDLE_THREAD_SECONDS = 60.0
 
 #: Errors of configuration: retrying the claim would only repeat them.
 _FATAL = (InvalidArgument, Unauthenticated, PermissionDenied)
@@ -279,6 +284,66 @@ class _Mailbox:
                 log.exception("%r failed", fn)
 
 
+class _Threads:
+    """Daemon threads for sync handlers, one handler at a time each.
+
+    A handler goes to an idle thread if there is one, else to a new thread, never to
+    a thread that is busy: a stuck handler delays no other. Threads left idle for
+    IDLE_THREAD_SECONDS end. Daemon threads never hold up the process's exit, which
+    is why this is not a concurrent.futures.ThreadPoolExecutor (it joins its threads
+    at exit, however long an abandoned handler runs).
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue()
+        )
+        # Threads waiting for a job, less the jobs queued for them.
+        self._idle = 0
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> None:
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+                self._jobs.put((fn, args))
+                return
+        threading.Thread(
+            target=self._serve, args=(fn, args), name="cyclone-handler", daemon=True
+        ).start()
+
+    def close(self) -> None:
+        """Idle threads end now, busy ones when their handler returns."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, 0
+        for _ in range(idle):
+            self._jobs.put(None)
+
+    def _serve(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        while True:
+            fn(*args)
+            job = self._next()
+            if job is None:
+                return
+            fn, args = job
+
+    def _next(self) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+        with self._lock:
+            if self._closed:
+                return None
+            self._idle += 1
+        while True:
+            try:
+                return self._jobs.get(timeout=IDLE_THREAD_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # more threads wait than jobs: this one may go
+                        self._idle -= 1
+                        return None
+
+
 class _HandlerLoop:
     """An event loop in a thread of its own, for async handlers."""
 
@@ -315,6 +380,7 @@ class _Runtime:
         self.stub: Any = None
         self.pool: Any = None
         self.handler_loop: _HandlerLoop | None = None
+        self.threads = _Threads()
         #: Handler outcomes and heartbeat requests, from the handlers' threads.
         self.inbox = _Mailbox(loop)
         self.outbox: list[tuple[pb.CompleteRequest, asyncio.Future[pb.CompleteResult]]] = []
@@ -355,6 +421,7 @@ class _Runtime:
         finally:
             await self._drain()
             await self.channel.close()
+            self.threads.close()
             if self.handler_loop is not None:
                 self.handler_loop.close()
             if self.pool is not None:
@@ -553,12 +620,9 @@ class _Runtime:
             assert self.handler_loop is not None
             call = _AsyncCall(_call_async(action, ctx, budget), outcome, self)
             return outcome, call.abort
-        threading.Thread(
-            target=_call_sync,
-            args=(action, ctx, outcome, self.inbox),
-            name=f"cyclone-{ctx.node}-{ctx.attempt}",
-            daemon=True,
-        ).start()
+        # In an empty context, as in a new thread: no context variable set by the
+        # handler that ran before in the same thread.
+        self.threads.run(contextvars.Context().run, _call_sync, action, ctx, outcome, self.inbox)
         return outcome, _nothing
 
     async def _report(
@@ -841,7 +905,10 @@ def _failure(error: BaseException) -> pb.Failure:
 def _call_sync(
     action: Action, ctx: Context, outcome: asyncio.Future[_Outcome], results: _Mailbox
 ) -> None:
-    token = bind(ctx)
+    """Run a sync handler in a handler thread; the outcome goes to ``results``."""
+    thread = threading.current_thread()
+    thread.name = f"cyclone-{ctx.node}-{ctx.attempt}"
+    bind(ctx)
     try:
         result = action.fn(*action.arguments(ctx))
     except BaseException as exc:  # reported as the step's failure, whatever it is
@@ -849,7 +916,7 @@ def _call_sync(
     else:
         results.post(_settle, outcome, result, None)
     finally:
-        unbind(token)
+        thread.name = "cyclone-handler"
 
 
 async def _call_async(action: Action, ctx: Context, budget: float) -> Any:

@@ -1,0 +1,80 @@
+"""The daemon threads that run sync handlers: reused when idle, never shared by two
+handlers at once, ended when idle too long or when the worker stops."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+
+from pyclient import Workflow, worker
+from tests.sdk.conftest import PATIENCE, eventually, running
+
+
+def run_and_wait(threads: worker._Threads, fn) -> threading.Thread:
+    """Run ``fn`` on ``threads``, wait for it to end; the thread it ran in."""
+    ran: list[threading.Thread] = []
+    done = threading.Event()
+
+    def job() -> None:
+        ran.append(threading.current_thread())
+        fn()
+        done.set()
+
+    threads.run(job)
+    assert done.wait(PATIENCE)
+    return ran[0]
+
+
+def test_an_idle_thread_runs_the_next_handler():
+    threads = worker._Threads()
+    first = run_and_wait(threads, lambda: None)
+    eventually(lambda: threads._idle == 1, "the thread to be idle")
+    assert run_and_wait(threads, lambda: None) is first
+    assert first.daemon
+    threads.close()
+    eventually(lambda: not first.is_alive(), "the idle thread to end at close")
+
+
+def test_a_stuck_handler_does_not_delay_the_next_one():
+    threads = worker._Threads()
+    started, release = threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        started.set()
+        release.wait(PATIENCE)
+
+    threads.run(stuck)
+    assert started.wait(PATIENCE)
+    second = run_and_wait(threads, lambda: None)  # no idle thread: a new one
+    release.set()
+    threads.close()
+    eventually(lambda: not second.is_alive(), "the idle thread to end at close")
+
+
+def test_a_thread_idle_too_long_ends(monkeypatch):
+    monkeypatch.setattr(worker, "IDLE_THREAD_SECONDS", 0.05)
+    threads = worker._Threads()
+    first = run_and_wait(threads, lambda: None)
+    eventually(lambda: not first.is_alive(), "the idle thread to end")
+    assert threads._idle == 0
+    assert run_and_wait(threads, lambda: None) is not first
+
+
+def test_steps_in_one_thread_each_start_with_no_context_variable_set(client, make_worker):
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var")
+    w = make_worker(concurrency=1)
+    seen: list[tuple[str, int]] = []
+
+    @w.action("step")
+    def step(ctx):
+        seen.append((var.get("unset"), threading.get_ident()))
+        var.set(ctx.node)
+
+    wf = Workflow("chain")
+    wf.node("a", action="step")
+    wf.node("b", action="step", depends_on="a")
+    wf.node("c", action="step", depends_on="b")
+    with running(w):
+        assert client.wait(client.submit(wf), timeout=PATIENCE).status == "completed"
+    assert [value for value, _ in seen] == ["unset"] * 3
+    assert len({ident for _, ident in seen}) < 3  # a thread was reused
