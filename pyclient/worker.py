@@ -568,24 +568,27 @@ class _Runtime:
         handler, abort = self._start(action, ctx, budget)
         heartbeats.abort = abort
         # An async handler's own timeout fires first; a sync handler is given up on.
-        wait = None if budget == math.inf else budget + (1.0 if action.is_async else 0.0)
+        give_up = (
+            None
+            if budget == math.inf
+            else self.loop.call_later(
+                budget + (1.0 if action.is_async else 0.0),
+                _give_up,
+                heartbeats,
+                control,
+                budget,
+                slog,
+            )
+        )
         try:
-            done, _ = await asyncio.wait({handler}, timeout=wait)
-            if not done:
-                slog.warning(
-                    "handler ran past its %.1fs budget; heartbeats stop so its lease "
-                    "lapses and another attempt can start",
-                    budget,
-                )
-                heartbeats.stop()
-                control.stop()
-            try:
-                output, error = await handler
-            except asyncio.CancelledError:
-                if not control.is_stopped:
-                    raise  # the worker itself is being cancelled
-                output, error = None, None
+            output, error = await handler
+        except asyncio.CancelledError:
+            if not control.is_stopped:
+                raise  # the worker itself is being cancelled
+            output, error = None, None
         finally:
+            if give_up is not None:
+                give_up.cancel()
             heartbeats.stop()
             control.stop()
             abort()
@@ -880,6 +883,17 @@ _Outcome = tuple[Any, BaseException | None]
 def _settle(outcome: asyncio.Future[_Outcome], value: Any, error: BaseException | None) -> None:
     if not outcome.done():  # else given up on: aborted, or the worker is stopping
         outcome.set_result((value, error))
+
+
+def _give_up(heartbeats: _Heartbeats, control: StepControl, budget: float, slog: _StepLog) -> None:
+    """The handler ran past its budget: it is told to stop, and its lease lapses."""
+    slog.warning(
+        "handler ran past its %.1fs budget; heartbeats stop so its lease "
+        "lapses and another attempt can start",
+        budget,
+    )
+    heartbeats.stop()
+    control.stop()
 
 
 def _nothing() -> None:
