@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any
 
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import struct_pb2
 
 _EXACT_INT = 2**53
 
@@ -31,21 +31,48 @@ def dumps(obj: Any) -> str:
 
 def to_value(obj: Any) -> struct_pb2.Value:
     """The ``Value`` holding ``obj``; TypeError or ValueError when it is not JSON."""
-    return json_format.Parse(dumps(obj), struct_pb2.Value())
+    return json_value(dumps(obj))
+
+
+def json_value(text: str) -> struct_pb2.Value:
+    """The ``Value`` holding the JSON ``text`` (as :func:`dumps` writes it)."""
+    value = struct_pb2.Value()
+    _fill(value, json.loads(text))
+    return value
+
+
+def _fill(value: struct_pb2.Value, obj: Any) -> None:
+    # What json_format.Parse does, without its generic (and slower) message walk.
+    if obj is None:
+        value.null_value = struct_pb2.NULL_VALUE
+    elif isinstance(obj, bool):
+        value.bool_value = obj
+    elif isinstance(obj, int | float):
+        value.number_value = obj
+    elif isinstance(obj, str):
+        value.string_value = obj
+    elif isinstance(obj, dict):
+        value.struct_value.SetInParent()  # so that {} is set too
+        value.struct_value.update(obj)
+    else:
+        value.list_value.SetInParent()
+        value.list_value.extend(obj)
 
 
 def from_value(value: struct_pb2.Value | None) -> Any:
     """The Python value held by ``value``; ``None`` for an unset or null value."""
-    if value is None or value.WhichOneof("kind") is None:
+    if value is None:
         return None
-    return _restore_ints(json_format.MessageToDict(value))
-
-
-def _restore_ints(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return int(obj) if obj.is_integer() and abs(obj) <= _EXACT_INT else obj
-    if isinstance(obj, dict):
-        return {k: _restore_ints(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_restore_ints(v) for v in obj]
-    return obj
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        number = value.number_value
+        return int(number) if number.is_integer() and abs(number) <= _EXACT_INT else number
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return {k: from_value(v) for k, v in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [from_value(v) for v in value.list_value.values]
+    return None  # null, or unset

@@ -53,13 +53,14 @@ import socket
 import threading
 import traceback
 from collections.abc import Callable, Coroutine
+from types import MappingProxyType
 from typing import Any
 
 import grpc
 
 from cyclone.v1 import worker_service_pb2 as pb
 from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
-from pyclient._json import dumps, from_value, to_value
+from pyclient._json import dumps, from_value, json_value, to_value
 from pyclient.actions import Action
 from pyclient.client import call_metadata, default_address
 from pyclient.completion import CompletionTx, open_pool
@@ -542,10 +543,8 @@ class _Runtime:
             if self.pool is not None
             else None
         )
-        control = StepControl(
-            lease_expires_at=time_field(step, "lease_expires_at"),
-            completion_tx=tx,
-        )
+        lease_end, deadline = time_field(step, "lease_expires_at"), time_field(step, "deadline")
+        control = StepControl(lease_expires_at=lease_end, completion_tx=tx)
         ctx = Context(
             run_id=step.run_id,
             node=step.node,
@@ -555,14 +554,14 @@ class _Runtime:
             max_attempts=step.max_attempts,
             input=value_field(step, "input"),
             run_input=value_field(step, "run_input"),
-            upstream={k: from_value(v) for k, v in step.upstream_outputs.items()},
-            deadline=time_field(step, "deadline"),
+            upstream=MappingProxyType({k: from_value(v) for k, v in step.upstream_outputs.items()}),
+            deadline=deadline,
             progress=value_field(step, "progress"),
             effect_uncertain=step.effect_uncertain,
             worker_id=self.w.worker_id,
             _control=control,
         )
-        budget = self._budget(step, action)
+        budget = self._budget(lease_end, deadline, action)
         slog.info("running %s (budget %.1fs)", action.name, budget)
         heartbeats = _Heartbeats(self, step, control, slog)
         handler, abort = self._start(action, ctx, budget)
@@ -594,14 +593,15 @@ class _Runtime:
             abort()
         await self._report(step, control, output, error, slog)
 
-    def _budget(self, step: pb.ClaimedStep, action: Action) -> float:
+    def _budget(
+        self, lease_end: dt.datetime | None, deadline: dt.datetime | None, action: Action
+    ) -> float:
         """Seconds the handler may run: to the node's deadline, or the action's timeout.
 
         Worked out from the server's own timestamps where possible (lease expiry and
         deadline are read on one clock), so clock skew between hosts does not matter.
         """
         budget = math.inf
-        lease_end, deadline = time_field(step, "lease_expires_at"), time_field(step, "deadline")
         if deadline is not None and lease_end is not None and lease_end < deadline:
             budget = (deadline - lease_end).total_seconds() + self.w.lease
         elif deadline is not None:
@@ -665,7 +665,8 @@ class _Runtime:
                 slog.info("completed in the completion transaction")
                 return
         if error is None:
-            request.output.CopyFrom(to_value(output))
+            assert output_json is not None
+            request.output.CopyFrom(json_value(output_json))
         else:
             if tx is not None:
                 await asyncio.to_thread(tx.rollback)
@@ -712,7 +713,7 @@ class _Runtime:
             err = error_for_code(result.error.code, result.error.message)
             level = logging.WARNING if isinstance(err, LeaseLost) else logging.ERROR
             slog.log(level, "completion refused: %s", err)
-        elif request.HasField("output"):
+        elif request.HasField("output") and slog.isEnabledFor(logging.INFO):
             slog.info("completed; the run is %s", _run_status(result.response.run_status))
 
     async def _flush(self) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import grpc
 import pytest
+from google.protobuf import json_format, struct_pb2
 
 from pyclient import errors
 from pyclient._json import from_value, to_value
@@ -20,6 +22,17 @@ def test_json_values_survive_the_round_trip_with_integers_kept(value):
     back = from_value(to_value(value))
     assert back == value
     assert type(back) is type(value)
+
+
+NESTED = {"a": {}, "b": [], "c": [[], {}], "d": [{"e": [1, 1.5]}], "f": None, "g": [True, ""]}
+
+
+@pytest.mark.parametrize("value", [None, False, -0.0, 1e300, 2**60, "", [], {}, [[[]]], NESTED])
+def test_values_are_converted_as_protobuf_json_format_converts_them(value):
+    text = json.dumps(value)
+    reference = json_format.Parse(text, struct_pb2.Value())
+    assert to_value(value) == reference
+    assert from_value(reference) == json_format.MessageToDict(reference) == json.loads(text)
 
 
 def test_integers_beyond_double_precision_stay_floats():
