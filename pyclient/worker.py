@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import contextvars
 import datetime as dt
+import functools
 import logging
 import math
 import os
@@ -52,7 +53,7 @@ import signal
 import socket
 import threading
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
@@ -87,6 +88,8 @@ RPC_TIMEOUT = 10.0
 #: Most outcomes sent in one CompleteMany (the server accepts up to 1,000).
 MAX_COMPLETIONS = 500
 
+#: Granularity of a step's timers (first heartbeat, time limits), in seconds.
+ALARM_GRAIN = 0.01
 #: A handler thread left idle this long ends.
 IDLE_THREAD_SECONDS = 60.0
 
@@ -239,6 +242,47 @@ class Worker:
             runtime.loop.call_soon_threadsafe(runtime.request_stop)
 
 
+class _Alarms:
+    """Calls due at a time on the worker's loop, one timer for all that fall due in
+    the same ALARM_GRAIN: the steps of a claim share the timers of their first
+    heartbeat and their time limits, where a timer each was the largest cost left of
+    a short step. An alarm rings up to a grain late, never early.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._due: dict[int, dict[Callable[[], None], None]] = {}
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+
+    def set(self, delay: float, alarm: Callable[[], None]) -> Callable[[], None]:
+        """Call ``alarm`` in ``delay`` seconds; returns what cancels it."""
+        grain = math.ceil((self.loop.time() + delay) / ALARM_GRAIN)
+        alarms = self._due.get(grain)
+        if alarms is None:
+            alarms = self._due[grain] = {}
+            self._timers[grain] = self.loop.call_at(grain * ALARM_GRAIN, self._ring, grain)
+        alarms[alarm] = None
+        return functools.partial(self._cancel, grain, alarm)
+
+    def _cancel(self, grain: int, alarm: Callable[[], None]) -> None:
+        alarms = self._due.get(grain)
+        if alarms is None or alarm not in alarms:
+            return  # rung, or cancelled before
+        del alarms[alarm]
+        if not alarms and grain in self._timers:  # (else _ring is at it)
+            del self._due[grain]
+            self._timers.pop(grain).cancel()
+
+    def _ring(self, grain: int) -> None:
+        del self._timers[grain]
+        alarms = self._due[grain]
+        while alarms:  # one by one: an alarm may cancel another of the same grain
+            alarm = next(iter(alarms))
+            del alarms[alarm]
+            _call(alarm)
+        del self._due[grain]
+
+
 class _Mailbox:
     """Calls handed to an event loop from other threads, run there in order.
 
@@ -279,10 +323,15 @@ class _Mailbox:
         with self._lock:
             calls, self._calls = self._calls, []
         for fn, args in calls:
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("%r failed", fn)
+            _call(fn, *args)
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> None:
+    """``fn(*args)``, logging a failure: it must not keep the calls after it from being made."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("%r failed", fn)
 
 
 class _Threads:
@@ -384,6 +433,7 @@ class _Runtime:
         self.threads = _Threads()
         #: Handler outcomes and heartbeat requests, from the handlers' threads.
         self.inbox = _Mailbox(loop)
+        self.alarms = _Alarms(loop)
         self.outbox: list[tuple[pb.CompleteRequest, asyncio.Future[pb.CompleteResult]]] = []
         self.flusher: asyncio.Task[None] | None = None
 
@@ -566,17 +616,14 @@ class _Runtime:
         heartbeats = _Heartbeats(self, step, control, slog)
         handler, abort = self._start(action, ctx, budget)
         heartbeats.abort = abort
-        # An async handler's own timeout fires first; a sync handler is given up on.
+        # An async handler is cancelled at its budget, and given up on a second later
+        # if it ignores that; a sync handler is given up on at once.
         give_up = (
-            None
+            _nothing
             if budget == math.inf
-            else self.loop.call_later(
+            else self.alarms.set(
                 budget + (1.0 if action.is_async else 0.0),
-                _give_up,
-                heartbeats,
-                control,
-                budget,
-                slog,
+                functools.partial(_give_up, heartbeats, control, budget, slog),
             )
         )
         try:
@@ -586,8 +633,7 @@ class _Runtime:
                 raise  # the worker itself is being cancelled
             output, error = None, None
         finally:
-            if give_up is not None:
-                give_up.cancel()
+            give_up()
             heartbeats.stop()
             control.stop()
             abort()
@@ -621,7 +667,7 @@ class _Runtime:
         outcome: asyncio.Future[_Outcome] = self.loop.create_future()
         if action.is_async:
             assert self.handler_loop is not None
-            call = _AsyncCall(_call_async(action, ctx, budget), outcome, self)
+            call = _AsyncCall(action, ctx, budget, outcome, self)
             return outcome, call.abort
         # In an empty context, as in a new thread: no context variable set by the
         # handler that ran before in the same thread.
@@ -747,7 +793,7 @@ class _Heartbeats:
     (``ctx.heartbeat()``).
 
     Most steps end long before their first heartbeat is due, so until then a step has
-    only a timer; the task that heartbeats starts when the timer fires or the handler
+    only an alarm; the task that heartbeats starts when the alarm rings or the handler
     asks, whichever comes first.
     """
 
@@ -764,7 +810,7 @@ class _Heartbeats:
         self.task: asyncio.Task[None] | None = None
         self.wake: asyncio.Event | None = None
         self.stopped = False
-        self.timer = runtime.loop.call_later(self.interval, self._start)
+        self.cancel_alarm = runtime.alarms.set(self.interval, self._start)
         control.on_heartbeat = self.request
 
     def request(self) -> None:
@@ -773,7 +819,7 @@ class _Heartbeats:
 
     def stop(self) -> None:
         self.stopped = True
-        self.timer.cancel()
+        self.cancel_alarm()
         if self.task is not None:
             self.task.cancel()
 
@@ -786,7 +832,7 @@ class _Heartbeats:
             self.wake.set()
 
     def _start(self) -> None:
-        self.timer.cancel()
+        self.cancel_alarm()
         self.wake = asyncio.Event()
         self.task = self.rt.loop.create_task(self._run(self.wake))
 
@@ -838,31 +884,57 @@ class _Heartbeats:
 
 
 class _AsyncCall:
-    """An async handler running on the handler loop; its outcome settles on the
-    worker's loop."""
+    """An async handler running on the handler loop, cancelled there at its budget
+    (an alarm of the worker's loop); its outcome settles on the worker's loop."""
 
     def __init__(
-        self, coro: Coroutine[Any, Any, Any], outcome: asyncio.Future[_Outcome], rt: _Runtime
+        self,
+        action: Action,
+        ctx: Context,
+        budget: float,
+        outcome: asyncio.Future[_Outcome],
+        rt: _Runtime,
     ):
         assert rt.handler_loop is not None
         self.handlers = rt.handler_loop
         self.results = rt.handler_loop.outbox
         self.outcome = outcome
+        self.budget = budget
         self.task: asyncio.Task[Any] | None = None
-        self.aborted = False
-        self.handlers.inbox.post(self._start, coro)
+        self.timed_out = self.aborted = False
+        self.handlers.inbox.post(self._start, action, ctx)
+        self.cancel_alarm = (
+            _nothing if budget == math.inf else rt.alarms.set(budget, self._time_out)
+        )
 
     def abort(self) -> None:
         """Cancel the handler unless it has ended (on the worker's loop)."""
+        self.cancel_alarm()
         if self.aborted or (self.outcome.done() and not self.outcome.cancelled()):
             return
         self.aborted = True
         self.outcome.cancel()
         self.handlers.inbox.post(self._cancel)
 
-    def _start(self, coro: Coroutine[Any, Any, Any]) -> None:
-        self.task = self.handlers.loop.create_task(coro)
+    def _time_out(self) -> None:
+        if not self.outcome.done():
+            self.timed_out = True
+            self.handlers.inbox.post(self._cancel)
+
+    def _start(self, action: Action, ctx: Context) -> None:
+        self.task = self.handlers.loop.create_task(self._call(action, ctx))
         self.task.add_done_callback(self._done)
+
+    async def _call(self, action: Action, ctx: Context) -> Any:
+        bind(ctx)  # this task runs in a context of its own
+        try:
+            return await action.fn(*action.arguments(ctx))
+        except asyncio.CancelledError:
+            if self.timed_out:
+                raise HandlerTimeout(
+                    f"the handler ran past its timeout of {self.budget:g}s"
+                ) from None
+            raise
 
     def _cancel(self) -> None:
         assert self.task is not None
@@ -932,15 +1004,3 @@ def _call_sync(
         results.post(_settle, outcome, result, None)
     finally:
         thread.name = "cyclone-handler"
-
-
-async def _call_async(action: Action, ctx: Context, budget: float) -> Any:
-    bind(ctx)  # this task runs in a context of its own
-    timeout = asyncio.timeout(budget if budget != math.inf else None)
-    try:
-        async with timeout:
-            return await action.fn(*action.arguments(ctx))
-    except TimeoutError:
-        if timeout.expired():
-            raise HandlerTimeout(f"the handler ran past its timeout of {budget:g}s") from None
-        raise

@@ -1,8 +1,10 @@
-"""The daemon threads that run sync handlers: reused when idle, never shared by two
-handlers at once, ended when idle too long or when the worker stops."""
+"""Parts of the worker: the daemon threads that run sync handlers (reused when idle,
+never shared by two handlers at once, ended when idle too long or when the worker
+stops), and the alarms that time its steps."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import threading
 
@@ -78,3 +80,38 @@ def test_steps_in_one_thread_each_start_with_no_context_variable_set(client, mak
         assert client.wait(client.submit(wf), timeout=PATIENCE).status == "completed"
     assert [value for value, _ in seen] == ["unset"] * 3
     assert len({ident for _, ident in seen}) < 3  # a thread was reused
+
+
+def test_alarms_due_together_share_a_timer_and_none_rings_early():
+    loop = asyncio.new_event_loop()
+    alarms = worker._Alarms(loop)
+    rung: list[tuple[str, float]] = []
+    set_at = loop.time()
+    loop.time = lambda: set_at  # type: ignore[method-assign]  # all set at one instant
+    for name in "abc":
+        alarms.set(0.05, lambda name=name: rung.append((name, loop.time())))
+    del loop.time
+    assert len(alarms._timers) == 1
+    loop.run_until_complete(asyncio.sleep(0.1))
+    loop.close()
+    assert [name for name, _ in rung] == ["a", "b", "c"]
+    assert all(at >= set_at + 0.05 for _, at in rung)
+    assert not alarms._timers and not alarms._due
+
+
+def test_a_cancelled_alarm_never_rings_even_when_cancelled_by_one_ringing_with_it():
+    loop = asyncio.new_event_loop()
+    alarms = worker._Alarms(loop)
+    rung: list[str] = []
+    cancel_second: list = []
+    now = loop.time()
+    loop.time = lambda: now  # type: ignore[method-assign]  # all set at one instant
+    alarms.set(0.02, lambda: (rung.append("first"), cancel_second[0]()))
+    cancel_second.append(alarms.set(0.02, lambda: rung.append("second")))
+    alarms.set(0.02, lambda: rung.append("third"))
+    alarms.set(0.03, lambda: rung.append("never"))()  # the last of its grain: timer gone
+    del loop.time
+    assert len(alarms._timers) == 1
+    loop.run_until_complete(asyncio.sleep(0.06))
+    loop.close()
+    assert rung == ["first", "third"]
