@@ -251,27 +251,27 @@ class _Alarms:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self._due: dict[int, dict[Callable[[], None], None]] = {}
+        self._due: dict[int, dict[_Alarm, None]] = {}
         self._timers: dict[int, asyncio.TimerHandle] = {}
 
-    def set(self, delay: float, alarm: Callable[[], None]) -> Callable[[], None]:
-        """Call ``alarm`` in ``delay`` seconds; returns what cancels it."""
-        grain = math.ceil((self.loop.time() + delay) / ALARM_GRAIN)
-        alarms = self._due.get(grain)
+    def set(self, delay: float, fn: Callable[[], None]) -> _Alarm:
+        """Call ``fn`` in ``delay`` seconds, unless the alarm is cancelled first."""
+        alarm = _Alarm(self, math.ceil((self.loop.time() + delay) / ALARM_GRAIN), fn)
+        alarms = self._due.get(alarm.grain)
         if alarms is None:
-            alarms = self._due[grain] = {}
-            self._timers[grain] = self.loop.call_at(grain * ALARM_GRAIN, self._ring, grain)
+            alarms = self._due[alarm.grain] = {}
+            self._timers[alarm.grain] = self.loop.call_at(
+                alarm.grain * ALARM_GRAIN, self._ring, alarm.grain
+            )
         alarms[alarm] = None
-        return functools.partial(self._cancel, grain, alarm)
+        return alarm
 
-    def _cancel(self, grain: int, alarm: Callable[[], None]) -> None:
-        alarms = self._due.get(grain)
-        if alarms is None or alarm not in alarms:
-            return  # rung, or cancelled before
+    def _remove(self, alarm: _Alarm) -> None:
+        alarms = self._due[alarm.grain]
         del alarms[alarm]
-        if not alarms and grain in self._timers:  # (else _ring is at it)
-            del self._due[grain]
-            self._timers.pop(grain).cancel()
+        if not alarms and alarm.grain in self._timers:  # (else _ring is at it)
+            del self._due[alarm.grain]
+            self._timers.pop(alarm.grain).cancel()
 
     def _ring(self, grain: int) -> None:
         del self._timers[grain]
@@ -279,8 +279,28 @@ class _Alarms:
         while alarms:  # one by one: an alarm may cancel another of the same grain
             alarm = next(iter(alarms))
             del alarms[alarm]
-            _call(alarm)
+            fn, alarm.fn = alarm.fn, None
+            if fn is not None:
+                _call(fn)
         del self._due[grain]
+
+
+class _Alarm:
+    """One alarm of :class:`_Alarms`. Like an asyncio.TimerHandle it forgets its call
+    once rung or cancelled: an owner that keeps its alarm is then no longer in a
+    reference cycle with it, and is freed as soon as it is dropped."""
+
+    __slots__ = ("alarms", "fn", "grain")
+
+    def __init__(self, alarms: _Alarms, grain: int, fn: Callable[[], None]):
+        self.alarms = alarms
+        self.grain = grain
+        self.fn: Callable[[], None] | None = fn
+
+    def cancel(self) -> None:
+        if self.fn is not None:  # else rung, or cancelled before
+            self.fn = None
+            self.alarms._remove(self)
 
 
 class _Mailbox:
@@ -360,7 +380,7 @@ class _Threads:
                 self._jobs.put((fn, args))
                 return
         threading.Thread(
-            target=self._serve, args=(fn, args), name="cyclone-handler", daemon=True
+            target=self._serve, args=((fn, args),), name="cyclone-handler", daemon=True
         ).start()
 
     def close(self) -> None:
@@ -371,13 +391,13 @@ class _Threads:
         for _ in range(idle):
             self._jobs.put(None)
 
-    def _serve(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        while True:
-            fn(*args)
-            job = self._next()
-            if job is None:
-                return
+    def _serve(self, job: tuple[Callable[..., Any], tuple[Any, ...]] | None) -> None:
+        while job is not None:
             fn, args = job
+            job = None
+            fn(*args)
+            del fn, args  # an idle thread holds on to nothing of the step it ran
+            job = self._next()
 
     def _next(self) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
         with self._lock:
@@ -619,7 +639,7 @@ class _Runtime:
         # An async handler is cancelled at its budget, and given up on a second later
         # if it ignores that; a sync handler is given up on at once.
         give_up = (
-            _nothing
+            None
             if budget == math.inf
             else self.alarms.set(
                 budget + (1.0 if action.is_async else 0.0),
@@ -633,7 +653,8 @@ class _Runtime:
                 raise  # the worker itself is being cancelled
             output, error = None, None
         finally:
-            give_up()
+            if give_up is not None:
+                give_up.cancel()
             heartbeats.stop()
             control.stop()
             abort()
@@ -810,7 +831,7 @@ class _Heartbeats:
         self.task: asyncio.Task[None] | None = None
         self.wake: asyncio.Event | None = None
         self.stopped = False
-        self.cancel_alarm = runtime.alarms.set(self.interval, self._start)
+        self.alarm = runtime.alarms.set(self.interval, self._start)
         control.on_heartbeat = self.request
 
     def request(self) -> None:
@@ -819,7 +840,8 @@ class _Heartbeats:
 
     def stop(self) -> None:
         self.stopped = True
-        self.cancel_alarm()
+        self.alarm.cancel()
+        self.control.on_heartbeat = None  # (a reference cycle, broken)
         if self.task is not None:
             self.task.cancel()
 
@@ -832,7 +854,7 @@ class _Heartbeats:
             self.wake.set()
 
     def _start(self) -> None:
-        self.cancel_alarm()
+        self.alarm.cancel()
         self.wake = asyncio.Event()
         self.task = self.rt.loop.create_task(self._run(self.wake))
 
@@ -903,13 +925,12 @@ class _AsyncCall:
         self.task: asyncio.Task[Any] | None = None
         self.timed_out = self.aborted = False
         self.handlers.inbox.post(self._start, action, ctx)
-        self.cancel_alarm = (
-            _nothing if budget == math.inf else rt.alarms.set(budget, self._time_out)
-        )
+        self.alarm = None if budget == math.inf else rt.alarms.set(budget, self._time_out)
 
     def abort(self) -> None:
         """Cancel the handler unless it has ended (on the worker's loop)."""
-        self.cancel_alarm()
+        if self.alarm is not None:
+            self.alarm.cancel()
         if self.aborted or (self.outcome.done() and not self.outcome.cancelled()):
             return
         self.aborted = True

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import threading
+import weakref
 
 from pyclient import Workflow, worker
 from tests.sdk.conftest import PATIENCE, eventually, running
@@ -103,15 +105,43 @@ def test_a_cancelled_alarm_never_rings_even_when_cancelled_by_one_ringing_with_i
     loop = asyncio.new_event_loop()
     alarms = worker._Alarms(loop)
     rung: list[str] = []
-    cancel_second: list = []
     now = loop.time()
     loop.time = lambda: now  # type: ignore[method-assign]  # all set at one instant
-    alarms.set(0.02, lambda: (rung.append("first"), cancel_second[0]()))
-    cancel_second.append(alarms.set(0.02, lambda: rung.append("second")))
+    alarms.set(0.02, lambda: (rung.append("first"), second.cancel()))
+    second = alarms.set(0.02, lambda: rung.append("second"))
     alarms.set(0.02, lambda: rung.append("third"))
-    alarms.set(0.03, lambda: rung.append("never"))()  # the last of its grain: timer gone
+    alarms.set(0.03, lambda: rung.append("never")).cancel()  # the last of its grain
     del loop.time
     assert len(alarms._timers) == 1
     loop.run_until_complete(asyncio.sleep(0.06))
     loop.close()
     assert rung == ["first", "third"]
+    assert not alarms._timers and not alarms._due
+
+
+def test_a_finished_step_is_freed_without_the_cycle_collector(client, make_worker):
+    # Reference cycles left by each step made the cycle collector the largest cost of
+    # a busy worker; a step's objects must go when their last reference does.
+    w = make_worker(concurrency=1)
+    controls: list[weakref.ref] = []
+
+    @w.action("sync_step")
+    def sync_step(ctx):
+        controls.append(weakref.ref(ctx._control))
+
+    @w.action("async_step")
+    async def async_step(ctx):
+        controls.append(weakref.ref(ctx._control))
+
+    wf = Workflow("both")
+    wf.node("a", action="sync_step")
+    wf.node("b", action="async_step", depends_on="a")
+    gc.collect()
+    gc.disable()
+    try:
+        with running(w):
+            assert client.wait(client.submit(wf), timeout=PATIENCE).status == "completed"
+        assert len(controls) == 2
+        assert [ref() for ref in controls] == [None, None]
+    finally:
+        gc.enable()
