@@ -26,6 +26,8 @@ def _default(obj: Any) -> Any:
 
 def dumps(obj: Any) -> str:
     """Strict JSON text of ``obj``; TypeError or ValueError when it is not JSON."""
+    if obj is None:  # what most handlers return
+        return "null"
     return json.dumps(obj, allow_nan=False, default=_default, separators=(",", ":"))
 
 
@@ -37,7 +39,7 @@ def to_value(obj: Any) -> struct_pb2.Value:
 def json_value(text: str) -> struct_pb2.Value:
     """The ``Value`` holding the JSON ``text`` (as :func:`dumps` writes it)."""
     value = struct_pb2.Value()
-    _fill(value, json.loads(text))
+    _fill(value, None if text == "null" else json.loads(text))
     return value
 
 

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("cyclone_context")
 
-#: The events of a StepControl, by name.
-_CANCELLED, _LEASE_LOST, _SHOULD_STOP = "cancelled", "lease_lost", "should_stop"
+#: The events of a StepControl, as bits.
+_CANCELLED, _LEASE_LOST, _SHOULD_STOP = 1, 2, 4
 
 
 class StepControl:
@@ -52,8 +52,9 @@ class StepControl:
         self.progress_set = False
         # Versions of the progress value: recorded, taken by a heartbeat, delivered.
         self._recorded = self._taken = self._delivered = 0
-        self._raised: set[str] = set()
-        self._events: dict[str, threading.Event] = {}
+        # The events raised (only the worker's loop raises them), and those made.
+        self._raised = 0
+        self._events: dict[int, threading.Event] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -71,41 +72,46 @@ class StepControl:
     # The same, read without making the event.
     @property
     def is_cancelled(self) -> bool:
-        return _CANCELLED in self._raised
+        return bool(self._raised & _CANCELLED)
 
     @property
     def is_lease_lost(self) -> bool:
-        return _LEASE_LOST in self._raised
+        return bool(self._raised & _LEASE_LOST)
 
     @property
     def is_stopped(self) -> bool:
-        return _SHOULD_STOP in self._raised
+        return bool(self._raised & _SHOULD_STOP)
 
     def cancel(self) -> None:
-        self._set(_CANCELLED, _SHOULD_STOP)
+        self._raise(_CANCELLED | _SHOULD_STOP)
 
     def lose_lease(self) -> None:
-        self._set(_LEASE_LOST, _SHOULD_STOP)
+        self._raise(_LEASE_LOST | _SHOULD_STOP)
 
     def stop(self) -> None:
         """The worker gives up on the handler, or the step is over."""
-        self._set(_SHOULD_STOP)
+        self._raise(_SHOULD_STOP)
 
-    def _event(self, name: str) -> threading.Event:
+    def _event(self, bit: int) -> threading.Event:
         with self._lock:
-            event = self._events.get(name)
+            if self._events is None:
+                self._events = {}
+            event = self._events.get(bit)
             if event is None:
-                event = self._events[name] = threading.Event()
-                if name in self._raised:
+                # Made before the raised bits are read, which _raise sets before it
+                # looks for events: one of the two sets the event.
+                event = self._events[bit] = threading.Event()
+                if self._raised & bit:
                     event.set()
             return event
 
-    def _set(self, *names: str) -> None:
-        with self._lock:
-            self._raised.update(names)
-            made = [self._events[n] for n in names if n in self._events]
-        for event in made:
-            event.set()
+    def _raise(self, bits: int) -> None:
+        self._raised |= bits
+        if self._events is not None:
+            with self._lock:
+                made = [event for bit, event in self._events.items() if bit & bits]
+            for event in made:
+                event.set()
 
     def request_heartbeat(self, progress: Any, has_progress: bool) -> None:
         if has_progress:
