@@ -443,7 +443,8 @@ class _Runtime:
         self.loop = loop
         self.stopping = asyncio.Event()
         self.forced = asyncio.Event()
-        self.slot_freed = asyncio.Event()
+        #: Set when the claim loop should look again: a slot freed, a report answered.
+        self.look_again = asyncio.Event()
         self.inflight: set[asyncio.Task[None]] = set()
         self.metadata = call_metadata(worker._token, None)
         self.channel: grpc.aio.Channel | None = None
@@ -456,6 +457,10 @@ class _Runtime:
         self.alarms = _Alarms(loop)
         self.outbox: list[tuple[pb.CompleteRequest, asyncio.Future[pb.CompleteResult]]] = []
         self.flusher: asyncio.Task[None] | None = None
+        #: CompleteMany calls answered (or failed) so far, and the one to wait for
+        #: before claiming for a few slots.
+        self.reports = 0
+        self.awaited_report: int | None = None
 
     def request_stop(self) -> None:
         if self.stopping.is_set():
@@ -531,9 +536,9 @@ class _Runtime:
         delay = 0.0
         while not self.stopping.is_set():
             free = self.w.concurrency - len(self.inflight)
-            if free <= 0:
-                self.slot_freed.clear()
-                await self._until_stopping(self.slot_freed.wait())
+            if free <= 0 or self._more_slots_coming():
+                self.look_again.clear()
+                await self._until_stopping(self.look_again.wait())
                 continue
             call = self.stub.Claim(
                 self._claim_request(free),
@@ -567,9 +572,26 @@ class _Runtime:
                 self.inflight.add(task)
                 task.add_done_callback(self._release)
 
+    def _more_slots_coming(self) -> bool:
+        """Whether to wait before claiming for the free slots: the CompleteMany on its
+        way will free more when answered.
+
+        Claims (and the CompleteMany calls after them) then stay large instead of
+        splitting into ever smaller ones as outcomes trickle in. Only the report on
+        its way when the slots were found free is waited for: a slot freed while
+        handlers keep finishing waits one round trip at the most.
+        """
+        if self.flusher is not None and not self.flusher.done():
+            if self.awaited_report is None:
+                self.awaited_report = self.reports + 1
+            if self.reports < self.awaited_report:
+                return True
+        self.awaited_report = None
+        return False
+
     def _release(self, task: asyncio.Task[None]) -> None:
         self.inflight.discard(task)
-        self.slot_freed.set()
+        self.look_again.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("worker %s: step task crashed", self.w.worker_id, exc_info=task.exception())
 
@@ -795,6 +817,7 @@ class _Runtime:
                         request, timeout=RPC_TIMEOUT, metadata=self.metadata
                     )
                 except grpc.RpcError as exc:
+                    self._answered()
                     err = from_rpc_error(exc)
                     if isinstance(err, Unavailable) and self.loop.time() < give_up:
                         log.warning("complete failed (%s); retrying in %.1fs", err, delay)
@@ -804,9 +827,14 @@ class _Runtime:
                     for _, future in batch:
                         future.set_exception(err)
                     break
+                self._answered()
                 for (_, future), result in zip(batch, reply.results, strict=True):
                     future.set_result(result)
                 break
+
+    def _answered(self) -> None:
+        self.reports += 1
+        self.look_again.set()
 
 
 class _Heartbeats:

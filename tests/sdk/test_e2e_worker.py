@@ -93,6 +93,29 @@ def test_claims_fill_every_slot_and_never_more(client, make_worker):
     assert peak[0] == 3
 
 
+def test_a_slot_freed_while_a_long_handler_runs_is_claimed_for_again(client, make_worker):
+    worker = make_worker(concurrency=2)
+    chain_done = threading.Event()
+
+    @worker.action("long")
+    def long(ctx):
+        assert chain_done.wait(PATIENCE)  # holds its slot until the chain is through
+
+    @worker.action("short")
+    def short(ctx):
+        if ctx.node == "s3":
+            chain_done.set()
+
+    wf = Workflow("w")
+    wf.node("long")
+    wf.node("s1", action="short")
+    wf.node("s2", action="short", depends_on="s1")
+    wf.node("s3", action="short", depends_on="s2")
+    with running(worker):
+        run = client.wait(client.submit(wf), timeout=PATIENCE)
+    assert run.status == "completed"
+
+
 def test_handler_exceptions_are_retried_with_type_message_and_traceback(client, make_worker):
     worker = make_worker()
 
