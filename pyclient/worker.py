@@ -457,8 +457,8 @@ class _Runtime:
         self.alarms = _Alarms(loop)
         self.outbox: list[tuple[pb.CompleteRequest, asyncio.Future[pb.CompleteResult]]] = []
         self.flusher: asyncio.Task[None] | None = None
-        #: CompleteMany calls answered (or failed) so far, and the one to wait for
-        #: before claiming for a few slots.
+        #: CompleteMany calls answered (or failed) so far, and the one whose answer
+        #: the claim loop waits for before it claims (see _more_slots_coming).
         self.reports = 0
         self.awaited_report: int | None = None
 
