@@ -529,9 +529,9 @@ def test_complete_many_settles_a_fan_out_that_finishes_in_one_batch(cyclone_serv
     run = get_run(cyclone_server, run_id)
     assert run_status(run) == "failed"
     assert "leaf3" in run.error.message
-    assert cyclone_server.sql(
-        "SELECT steps_open FROM cyclone.runs WHERE run_id = %s", run_id
-    ) == [(0,)]
+    assert cyclone_server.sql("SELECT steps_open FROM cyclone.runs WHERE run_id = %s", run_id) == [
+        (0,)
+    ]
 
 
 def test_steps_a_cancelled_claim_took_are_handed_back_as_they_were(cyclone_server):
