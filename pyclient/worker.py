@@ -42,7 +42,6 @@ import asyncio
 import contextlib
 import contextvars
 import datetime as dt
-import functools
 import logging
 import math
 import os
@@ -244,9 +243,9 @@ class Worker:
 
 class _Alarms:
     """Calls due at a time on the worker's loop, one timer for all that fall due in
-    the same ALARM_GRAIN: the steps of a claim share the timers of their first
-    heartbeat and their time limits, where a timer each was the largest cost left of
-    a short step. An alarm rings up to a grain late, never early.
+    the same ALARM_GRAIN: the steps of a claim share their timers (a timer each was
+    the largest cost left of a short step). An alarm rings up to a grain late, never
+    early.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
@@ -254,9 +253,9 @@ class _Alarms:
         self._due: dict[int, dict[_Alarm, None]] = {}
         self._timers: dict[int, asyncio.TimerHandle] = {}
 
-    def set(self, delay: float, fn: Callable[[], None]) -> _Alarm:
-        """Call ``fn`` in ``delay`` seconds, unless the alarm is cancelled first."""
-        alarm = _Alarm(self, math.ceil((self.loop.time() + delay) / ALARM_GRAIN), fn)
+    def at(self, when: float, fn: Callable[[], None]) -> _Alarm:
+        """Call ``fn`` at ``when`` (loop time), unless the alarm is cancelled first."""
+        alarm = _Alarm(self, math.ceil(when / ALARM_GRAIN), fn)
         alarms = self._due.get(alarm.grain)
         if alarms is None:
             alarms = self._due[alarm.grain] = {}
@@ -655,19 +654,8 @@ class _Runtime:
         )
         budget = self._budget(lease_end, deadline, action)
         slog.info("running %s (budget %.1fs)", action.name, budget)
-        heartbeats = _Heartbeats(self, step, control, slog)
-        handler, abort = self._start(action, ctx, budget)
-        heartbeats.abort = abort
-        # An async handler is cancelled at its budget, and given up on a second later
-        # if it ignores that; a sync handler is given up on at once.
-        give_up = (
-            None
-            if budget == math.inf
-            else self.alarms.set(
-                budget + (1.0 if action.is_async else 0.0),
-                functools.partial(_give_up, heartbeats, control, budget, slog),
-            )
-        )
+        watch = _Watch(self, step, control, slog, budget, action.is_async)
+        handler, watch.call = self._start(action, ctx, budget)
         try:
             output, error = await handler
         except asyncio.CancelledError:
@@ -675,11 +663,9 @@ class _Runtime:
                 raise  # the worker itself is being cancelled
             output, error = None, None
         finally:
-            if give_up is not None:
-                give_up.cancel()
-            heartbeats.stop()
+            watch.stop()
             control.stop()
-            abort()
+            watch.abort()
         await self._report(step, control, output, error, slog)
 
     def _budget(
@@ -701,21 +687,19 @@ class _Runtime:
 
     def _start(
         self, action: Action, ctx: Context, budget: float
-    ) -> tuple[asyncio.Future[_Outcome], Callable[[], None]]:
+    ) -> tuple[asyncio.Future[_Outcome], _AsyncCall | None]:
         """Start the handler: a thread for a sync one, the handler loop for an async one.
 
-        Returns its outcome, and a function that cancels it if it is async (a sync
-        handler cannot be interrupted: it watches ctx.should_stop instead).
+        Returns its outcome, and for an async one what cancels it (a sync handler
+        cannot be interrupted: it watches ctx.should_stop instead).
         """
         outcome: asyncio.Future[_Outcome] = self.loop.create_future()
         if action.is_async:
-            assert self.handler_loop is not None
-            call = _AsyncCall(action, ctx, budget, outcome, self)
-            return outcome, call.abort
+            return outcome, _AsyncCall(action, ctx, budget, outcome, self)
         # In an empty context, as in a new thread: no context variable set by the
         # handler that ran before in the same thread.
         self.threads.run(contextvars.Context().run, _call_sync, action, ctx, outcome, self.inbox)
-        return outcome, _nothing
+        return outcome, None
 
     async def _report(
         self,
@@ -837,52 +821,102 @@ class _Runtime:
         self.look_again.set()
 
 
-class _Heartbeats:
-    """One step's heartbeats, every third of the lease and at once when the handler asks
-    (``ctx.heartbeat()``).
+class _Watch:
+    """Watches over one running step: heartbeats every third of the lease (and at once
+    when the handler asks, ``ctx.heartbeat()``), and ends the handler's time at its
+    budget: an async handler is cancelled there and, a second later if it ignores
+    that, given up on, as a sync handler is at once (its heartbeats stop so that its
+    lease lapses, and ctx.should_stop is set).
 
-    Most steps end long before their first heartbeat is due, so until then a step has
-    only an alarm; the task that heartbeats starts when the alarm rings or the handler
-    asks, whichever comes first.
+    Most steps end before any of this is due, so a step has one alarm, for whichever
+    is due first; the task that heartbeats starts when the first heartbeat is due or
+    the handler asks for one.
     """
 
     def __init__(
-        self, runtime: _Runtime, step: pb.ClaimedStep, control: StepControl, slog: _StepLog
+        self,
+        runtime: _Runtime,
+        step: pb.ClaimedStep,
+        control: StepControl,
+        slog: _StepLog,
+        budget: float,
+        is_async: bool,
     ):
         self.rt = runtime
         self.step = step
         self.control = control
         self.slog = slog
-        #: Stops the handler when the step is lost (set once the handler started).
-        self.abort: Callable[[], Any] = _nothing
+        self.budget = budget
+        #: The async handler, once started.
+        self.call: _AsyncCall | None = None
         self.interval = runtime.w.lease / 3
+        now = runtime.loop.time()
+        self.beat_at = now + self.interval
+        self.time_out_at = now + budget if is_async else math.inf
+        self.give_up_at = now + budget + (1.0 if is_async else 0.0)
+        self.alarm: _Alarm | None = None
+        self.alarm_at = math.inf
         self.task: asyncio.Task[None] | None = None
         self.wake: asyncio.Event | None = None
         self.stopped = False
-        self.alarm = runtime.alarms.set(self.interval, self._start)
         control.on_heartbeat = self.request
+        self._arm()
 
     def request(self) -> None:
         """Heartbeat now (from any thread)."""
         self.rt.inbox.post(self._requested)
 
+    def abort(self) -> None:
+        """Cancel the handler if it is async and has not ended."""
+        if self.call is not None:
+            self.call.abort()
+
     def stop(self) -> None:
+        """No more heartbeats, nor time limits: the step is over or given up on."""
         self.stopped = True
-        self.alarm.cancel()
+        if self.alarm is not None:
+            self.alarm.cancel()
         self.control.on_heartbeat = None  # (a reference cycle, broken)
         if self.task is not None:
             self.task.cancel()
 
+    def _arm(self) -> None:
+        self.alarm_at = min(self.beat_at, self.time_out_at, self.give_up_at)
+        if self.alarm_at != math.inf:
+            self.alarm = self.rt.alarms.at(self.alarm_at, self._ring)
+
+    def _ring(self) -> None:
+        due, self.alarm = self.alarm_at, None
+        if self.give_up_at <= due:
+            self.slog.warning(
+                "handler ran past its %.1fs budget; heartbeats stop so its lease "
+                "lapses and another attempt can start",
+                self.budget,
+            )
+            self.stop()
+            self.control.stop()
+            return
+        if self.time_out_at <= due:
+            self.time_out_at = math.inf
+            if self.call is not None:
+                self.call.time_out()
+        if self.beat_at <= due:
+            self._start()
+        self._arm()
+
     def _requested(self) -> None:
         if self.stopped:
             return
-        if self.wake is None:
-            self._start()
-        else:
+        if self.wake is not None:
             self.wake.set()
+            return
+        if self.alarm is not None:
+            self.alarm.cancel()
+        self._start()
+        self._arm()
 
     def _start(self) -> None:
-        self.alarm.cancel()
+        self.beat_at = math.inf  # the task heartbeats from now on
         self.wake = asyncio.Event()
         self.task = self.rt.loop.create_task(self._run(self.wake))
 
@@ -934,8 +968,8 @@ class _Heartbeats:
 
 
 class _AsyncCall:
-    """An async handler running on the handler loop, cancelled there at its budget
-    (an alarm of the worker's loop); its outcome settles on the worker's loop."""
+    """An async handler running on the handler loop; its outcome settles on the
+    worker's loop."""
 
     def __init__(
         self,
@@ -953,19 +987,17 @@ class _AsyncCall:
         self.task: asyncio.Task[Any] | None = None
         self.timed_out = self.aborted = False
         self.handlers.inbox.post(self._start, action, ctx)
-        self.alarm = None if budget == math.inf else rt.alarms.set(budget, self._time_out)
 
     def abort(self) -> None:
         """Cancel the handler unless it has ended (on the worker's loop)."""
-        if self.alarm is not None:
-            self.alarm.cancel()
         if self.aborted or (self.outcome.done() and not self.outcome.cancelled()):
             return
         self.aborted = True
         self.outcome.cancel()
         self.handlers.inbox.post(self._cancel)
 
-    def _time_out(self) -> None:
+    def time_out(self) -> None:
+        """Cancel the handler, which then fails with HandlerTimeout (on the worker's loop)."""
         if not self.outcome.done():
             self.timed_out = True
             self.handlers.inbox.post(self._cancel)
@@ -1005,21 +1037,6 @@ _Outcome = tuple[Any, BaseException | None]
 def _settle(outcome: asyncio.Future[_Outcome], value: Any, error: BaseException | None) -> None:
     if not outcome.done():  # else given up on: aborted, or the worker is stopping
         outcome.set_result((value, error))
-
-
-def _give_up(heartbeats: _Heartbeats, control: StepControl, budget: float, slog: _StepLog) -> None:
-    """The handler ran past its budget: it is told to stop, and its lease lapses."""
-    slog.warning(
-        "handler ran past its %.1fs budget; heartbeats stop so its lease "
-        "lapses and another attempt can start",
-        budget,
-    )
-    heartbeats.stop()
-    control.stop()
-
-
-def _nothing() -> None:
-    pass
 
 
 def _run_status(number: int) -> str:

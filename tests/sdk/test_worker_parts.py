@@ -89,10 +89,8 @@ def test_alarms_due_together_share_a_timer_and_none_rings_early():
     alarms = worker._Alarms(loop)
     rung: list[tuple[str, float]] = []
     set_at = loop.time()
-    loop.time = lambda: set_at  # type: ignore[method-assign]  # all set at one instant
     for name in "abc":
-        alarms.set(0.05, lambda name=name: rung.append((name, loop.time())))
-    del loop.time
+        alarms.at(set_at + 0.05, lambda name=name: rung.append((name, loop.time())))
     assert len(alarms._timers) == 1
     loop.run_until_complete(asyncio.sleep(0.1))
     loop.close()
@@ -106,12 +104,10 @@ def test_a_cancelled_alarm_never_rings_even_when_cancelled_by_one_ringing_with_i
     alarms = worker._Alarms(loop)
     rung: list[str] = []
     now = loop.time()
-    loop.time = lambda: now  # type: ignore[method-assign]  # all set at one instant
-    alarms.set(0.02, lambda: (rung.append("first"), second.cancel()))
-    second = alarms.set(0.02, lambda: rung.append("second"))
-    alarms.set(0.02, lambda: rung.append("third"))
-    alarms.set(0.03, lambda: rung.append("never")).cancel()  # the last of its grain
-    del loop.time
+    alarms.at(now + 0.02, lambda: (rung.append("first"), second.cancel()))
+    second = alarms.at(now + 0.02, lambda: rung.append("second"))
+    alarms.at(now + 0.02, lambda: rung.append("third"))
+    alarms.at(now + 0.03, lambda: rung.append("never")).cancel()  # the last of its grain
     assert len(alarms._timers) == 1
     loop.run_until_complete(asyncio.sleep(0.06))
     loop.close()
