@@ -452,6 +452,8 @@ def main() -> None:
     parser.add_argument("--pickups", type=int, default=200)
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--only", default="", help="comma-separated scenarios to run")
+    parser.add_argument("--database", default="cyclone_bench",
+                        help="database to (re)create for the run (default cyclone_bench)")
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
 
@@ -459,7 +461,7 @@ def main() -> None:
         return not only or name in only
 
     base = admin_url()
-    database_url = fresh_database(base, "cyclone_bench")
+    database_url = fresh_database(base, args.database)
     from service.migrate import migrate
 
     migrate(database_url)
