@@ -149,6 +149,9 @@ class Store:
                     # A broken connection, or one left mid-statement by a cancellation,
                     # must not go back to the pool.
                     if not isinstance(exc, psycopg.Error) or driver.closed or driver.broken:
+                        # Closed here (close() never suspends, so a cancellation cannot
+                        # cut it short), then dropped from the pool.
+                        await driver.close()
                         await conn.invalidate()
                     raise
         except psycopg.Error as exc:
