@@ -242,10 +242,10 @@ class Worker:
 
 
 class _Alarms:
-    """Calls due at a time on the worker's loop, one timer for all that fall due in
-    the same ALARM_GRAIN: the steps of a claim share their timers (a timer each was
-    the largest cost left of a short step). An alarm rings up to a grain late, never
-    early.
+    """Calls due at a time on the worker's loop, one loop timer for all that fall due
+    in the same ALARM_GRAIN: the steps of a claim, due together, share one timer
+    instead of making and cancelling one each. An alarm rings up to a grain late,
+    never early.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
