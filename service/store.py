@@ -21,11 +21,13 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from psycopg.rows import namedtuple_row
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from pyclient.dag import NodeSpec
 from service import errors
+
+#: A result row: a named tuple whose fields are the statement's columns.
+Row = Any
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.M)
 
@@ -130,7 +132,7 @@ class Store:
     async def close(self) -> None:
         await self.engine.dispose()
 
-    async def _all(self, name: str, **params: Any) -> Sequence[Any]:
+    async def _all(self, name: str, **params: Any) -> Sequence[Row]:
         # SQLAlchemy keeps the pool and compiles the named query once; the statement
         # itself runs on the psycopg connection underneath. Its execution layer cost
         # more CPU than the hot transitions themselves (docs/performance.md).
