@@ -41,7 +41,7 @@ class ClaimResponse(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[ClaimedStep, _Mapping]]] = ...) -> None: ...
 
 class ClaimedStep(_message.Message):
-    __slots__ = ("run_id", "node", "action", "workflow", "attempt", "max_attempts", "input", "run_input", "upstream_outputs", "lease_token", "lease_expires_at", "deadline", "progress", "effect_uncertain")
+    __slots__ = ("run_id", "node", "action", "workflow", "attempt", "max_attempts", "input", "run_input", "upstream_outputs", "lease_token", "lease_expires_at", "deadline", "progress", "effect_uncertain", "upstream_failures")
     class UpstreamOutputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class ClaimedStep(_message.Message):
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     EFFECT_UNCERTAIN_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_FAILURES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node: str
     action: str
@@ -77,7 +78,18 @@ class ClaimedStep(_message.Message):
     deadline: _timestamp_pb2.Timestamp
     progress: _struct_pb2.Value
     effect_uncertain: bool
-    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., action: _Optional[str] = ..., workflow: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., run_input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., upstream_outputs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., lease_token: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ...) -> None: ...
+    upstream_failures: _containers.RepeatedCompositeFieldContainer[UpstreamFailure]
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., action: _Optional[str] = ..., workflow: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., run_input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., upstream_outputs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., lease_token: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ..., upstream_failures: _Optional[_Iterable[_Union[UpstreamFailure, _Mapping]]] = ...) -> None: ...
+
+class UpstreamFailure(_message.Message):
+    __slots__ = ("node", "status", "error")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    status: _types_pb2.StepStatus
+    error: _types_pb2.StepError
+    def __init__(self, node: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., error: _Optional[_Union[_types_pb2.StepError, _Mapping]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("run_id", "node", "lease_token", "progress", "lease")
@@ -116,18 +128,20 @@ class CompleteRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
 
 class Failure(_message.Message):
-    __slots__ = ("message", "type", "details", "non_retryable", "retry_after")
+    __slots__ = ("message", "type", "details", "non_retryable", "retry_after", "effect_uncertain")
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
     NON_RETRYABLE_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_UNCERTAIN_FIELD_NUMBER: _ClassVar[int]
     message: str
     type: str
     details: str
     non_retryable: bool
     retry_after: _duration_pb2.Duration
-    def __init__(self, message: _Optional[str] = ..., type: _Optional[str] = ..., details: _Optional[str] = ..., non_retryable: _Optional[bool] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    effect_uncertain: bool
+    def __init__(self, message: _Optional[str] = ..., type: _Optional[str] = ..., details: _Optional[str] = ..., non_retryable: _Optional[bool] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ...) -> None: ...
 
 class CompleteResponse(_message.Message):
     __slots__ = ("status", "retry_at", "run_status", "duplicate")

@@ -242,8 +242,13 @@ type ClaimedStep struct {
 	// True when an earlier attempt lost its lease with no outcome (its effect may have
 	// happened); the action is not marked unsafe_to_repeat, so it runs again.
 	EffectUncertain bool `protobuf:"varint,14,opt,name=effect_uncertain,json=effectUncertain,proto3" json:"effect_uncertain,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The direct upstream nodes that did not succeed, with their last error, for a node
+	// whose trigger rule lets it run after a failure (all_done, one_failed): what a
+	// cleanup or compensation handler needs to know, as an except block sees its
+	// exception. Empty when every upstream node completed.
+	UpstreamFailures []*UpstreamFailure `protobuf:"bytes,15,rep,name=upstream_failures,json=upstreamFailures,proto3" json:"upstream_failures,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ClaimedStep) Reset() {
@@ -374,6 +379,79 @@ func (x *ClaimedStep) GetEffectUncertain() bool {
 	return false
 }
 
+func (x *ClaimedStep) GetUpstreamFailures() []*UpstreamFailure {
+	if x != nil {
+		return x.UpstreamFailures
+	}
+	return nil
+}
+
+// An upstream node that did not succeed, as handed to a cleanup node.
+type UpstreamFailure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The upstream node.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// DISCARDED (it failed for good) or SKIPPED (it could never run, because one of its
+	// own upstream nodes failed).
+	Status StepStatus `protobuf:"varint,2,opt,name=status,proto3,enum=cyclone.v1.StepStatus" json:"status,omitempty"`
+	// Its last recorded error (attempt, kind, type, message, details); absent for a
+	// skipped node.
+	Error         *StepError `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpstreamFailure) Reset() {
+	*x = UpstreamFailure{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpstreamFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpstreamFailure) ProtoMessage() {}
+
+func (x *UpstreamFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpstreamFailure.ProtoReflect.Descriptor instead.
+func (*UpstreamFailure) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *UpstreamFailure) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *UpstreamFailure) GetStatus() StepStatus {
+	if x != nil {
+		return x.Status
+	}
+	return StepStatus_STEP_STATUS_UNSPECIFIED
+}
+
+func (x *UpstreamFailure) GetError() *StepError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
 // Arguments of WorkerService.Heartbeat. The step is named by run_id and node;
 // lease_token is the one its Claim returned.
 type HeartbeatRequest struct {
@@ -395,7 +473,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -407,7 +485,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -420,7 +498,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{4}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *HeartbeatRequest) GetRunId() string {
@@ -471,7 +549,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +561,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +574,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{5}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HeartbeatResponse) GetLeaseExpiresAt() *timestamppb.Timestamp {
@@ -536,7 +614,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -548,7 +626,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -561,7 +639,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{6}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CompleteRequest) GetRunId() string {
@@ -640,14 +718,20 @@ type Failure struct {
 	// Do not retry: the step is discarded at once.
 	NonRetryable bool `protobuf:"varint,4,opt,name=non_retryable,json=nonRetryable,proto3" json:"non_retryable,omitempty"`
 	// Retry no sooner than this, instead of the policy's backoff.
-	RetryAfter    *durationpb.Duration `protobuf:"bytes,5,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RetryAfter *durationpb.Duration `protobuf:"bytes,5,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	// The handler stopped without an outcome (it ran past its time limit, was cancelled,
+	// or its worker is shutting down) and its action is unsafe_to_repeat: its effect may
+	// have happened. The step becomes UNCERTAIN and its run BLOCKED with EffectUncertain
+	// until an operator resolves it, exactly as after a lost lease; non_retryable and
+	// retry_after are ignored. Workers set it only for actions they mark unsafe.
+	EffectUncertain bool `protobuf:"varint,6,opt,name=effect_uncertain,json=effectUncertain,proto3" json:"effect_uncertain,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -659,7 +743,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -672,7 +756,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{7}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Failure) GetMessage() string {
@@ -710,6 +794,13 @@ func (x *Failure) GetRetryAfter() *durationpb.Duration {
 	return nil
 }
 
+func (x *Failure) GetEffectUncertain() bool {
+	if x != nil {
+		return x.EffectUncertain
+	}
+	return false
+}
+
 // Result of WorkerService.Complete.
 type CompleteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -728,7 +819,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +831,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +844,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{8}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CompleteResponse) GetStatus() StepStatus {
@@ -795,7 +886,7 @@ type CompleteManyRequest struct {
 
 func (x *CompleteManyRequest) Reset() {
 	*x = CompleteManyRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +898,7 @@ func (x *CompleteManyRequest) String() string {
 func (*CompleteManyRequest) ProtoMessage() {}
 
 func (x *CompleteManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +911,7 @@ func (x *CompleteManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteManyRequest.ProtoReflect.Descriptor instead.
 func (*CompleteManyRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{9}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CompleteManyRequest) GetCompletions() []*CompleteRequest {
@@ -841,7 +932,7 @@ type CompleteManyResponse struct {
 
 func (x *CompleteManyResponse) Reset() {
 	*x = CompleteManyResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +944,7 @@ func (x *CompleteManyResponse) String() string {
 func (*CompleteManyResponse) ProtoMessage() {}
 
 func (x *CompleteManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +957,7 @@ func (x *CompleteManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteManyResponse.ProtoReflect.Descriptor instead.
 func (*CompleteManyResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{10}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CompleteManyResponse) GetResults() []*CompleteResult {
@@ -892,7 +983,7 @@ type CompleteResult struct {
 
 func (x *CompleteResult) Reset() {
 	*x = CompleteResult{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +995,7 @@ func (x *CompleteResult) String() string {
 func (*CompleteResult) ProtoMessage() {}
 
 func (x *CompleteResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +1008,7 @@ func (x *CompleteResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResult.ProtoReflect.Descriptor instead.
 func (*CompleteResult) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{11}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CompleteResult) GetResult() isCompleteResult_Result {
@@ -978,7 +1069,7 @@ type CompleteError struct {
 
 func (x *CompleteError) Reset() {
 	*x = CompleteError{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1081,7 @@ func (x *CompleteError) String() string {
 func (*CompleteError) ProtoMessage() {}
 
 func (x *CompleteError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1003,7 +1094,7 @@ func (x *CompleteError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteError.ProtoReflect.Descriptor instead.
 func (*CompleteError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{12}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CompleteError) GetCode() int32 {
@@ -1044,7 +1135,7 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\x04wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12/\n" +
 	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\">\n" +
 	"\rClaimResponse\x12-\n" +
-	"\x05steps\x18\x01 \x03(\v2\x17.cyclone.v1.ClaimedStepR\x05steps\"\xbf\x05\n" +
+	"\x05steps\x18\x01 \x03(\v2\x17.cyclone.v1.ClaimedStepR\x05steps\"\x89\x06\n" +
 	"\vClaimedStep\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x16\n" +
@@ -1061,10 +1152,15 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\x10lease_expires_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x126\n" +
 	"\bdeadline\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x122\n" +
 	"\bprogress\x18\r \x01(\v2\x16.google.protobuf.ValueR\bprogress\x12)\n" +
-	"\x10effect_uncertain\x18\x0e \x01(\bR\x0feffectUncertain\x1aZ\n" +
+	"\x10effect_uncertain\x18\x0e \x01(\bR\x0feffectUncertain\x12H\n" +
+	"\x11upstream_failures\x18\x0f \x03(\v2\x1b.cyclone.v1.UpstreamFailureR\x10upstreamFailures\x1aZ\n" +
 	"\x14UpstreamOutputsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
-	"\x05value\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05value:\x028\x01\"\xc3\x01\n" +
+	"\x05value\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05value:\x028\x01\"\x82\x01\n" +
+	"\x0fUpstreamFailure\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12.\n" +
+	"\x06status\x18\x02 \x01(\x0e2\x16.cyclone.v1.StepStatusR\x06status\x12+\n" +
+	"\x05error\x18\x03 \x01(\v2\x15.cyclone.v1.StepErrorR\x05error\"\xc3\x01\n" +
 	"\x10HeartbeatRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
@@ -1082,14 +1178,15 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"leaseToken\x120\n" +
 	"\x06output\x18\x04 \x01(\v2\x16.google.protobuf.ValueH\x00R\x06output\x12/\n" +
 	"\afailure\x18\x05 \x01(\v2\x13.cyclone.v1.FailureH\x00R\afailureB\t\n" +
-	"\aoutcome\"\xb2\x01\n" +
+	"\aoutcome\"\xdd\x01\n" +
 	"\aFailure\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x18\n" +
 	"\adetails\x18\x03 \x01(\tR\adetails\x12#\n" +
 	"\rnon_retryable\x18\x04 \x01(\bR\fnonRetryable\x12:\n" +
 	"\vretry_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"retryAfter\"\xcd\x01\n" +
+	"retryAfter\x12)\n" +
+	"\x10effect_uncertain\x18\x06 \x01(\bR\x0feffectUncertain\"\xcd\x01\n" +
 	"\x10CompleteResponse\x12.\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x16.cyclone.v1.StepStatusR\x06status\x125\n" +
 	"\bretry_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\x124\n" +
@@ -1126,66 +1223,71 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 	return file_cyclone_v1_worker_service_proto_rawDescData
 }
 
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(*ActionSpec)(nil),            // 0: cyclone.v1.ActionSpec
 	(*ClaimRequest)(nil),          // 1: cyclone.v1.ClaimRequest
 	(*ClaimResponse)(nil),         // 2: cyclone.v1.ClaimResponse
 	(*ClaimedStep)(nil),           // 3: cyclone.v1.ClaimedStep
-	(*HeartbeatRequest)(nil),      // 4: cyclone.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 5: cyclone.v1.HeartbeatResponse
-	(*CompleteRequest)(nil),       // 6: cyclone.v1.CompleteRequest
-	(*Failure)(nil),               // 7: cyclone.v1.Failure
-	(*CompleteResponse)(nil),      // 8: cyclone.v1.CompleteResponse
-	(*CompleteManyRequest)(nil),   // 9: cyclone.v1.CompleteManyRequest
-	(*CompleteManyResponse)(nil),  // 10: cyclone.v1.CompleteManyResponse
-	(*CompleteResult)(nil),        // 11: cyclone.v1.CompleteResult
-	(*CompleteError)(nil),         // 12: cyclone.v1.CompleteError
-	nil,                           // 13: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 15: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(StepStatus)(0),               // 17: cyclone.v1.StepStatus
-	(RunStatus)(0),                // 18: cyclone.v1.RunStatus
+	(*UpstreamFailure)(nil),       // 4: cyclone.v1.UpstreamFailure
+	(*HeartbeatRequest)(nil),      // 5: cyclone.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 6: cyclone.v1.HeartbeatResponse
+	(*CompleteRequest)(nil),       // 7: cyclone.v1.CompleteRequest
+	(*Failure)(nil),               // 8: cyclone.v1.Failure
+	(*CompleteResponse)(nil),      // 9: cyclone.v1.CompleteResponse
+	(*CompleteManyRequest)(nil),   // 10: cyclone.v1.CompleteManyRequest
+	(*CompleteManyResponse)(nil),  // 11: cyclone.v1.CompleteManyResponse
+	(*CompleteResult)(nil),        // 12: cyclone.v1.CompleteResult
+	(*CompleteError)(nil),         // 13: cyclone.v1.CompleteError
+	nil,                           // 14: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 16: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(StepStatus)(0),               // 18: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 19: cyclone.v1.StepError
+	(RunStatus)(0),                // 20: cyclone.v1.RunStatus
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	0,  // 0: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	14, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	14, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	15, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	15, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
 	3,  // 3: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
-	15, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	15, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	13, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	16, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	16, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	15, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
-	15, // 10: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	14, // 11: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	16, // 12: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	15, // 13: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
-	7,  // 14: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	14, // 15: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	17, // 16: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	16, // 17: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	18, // 18: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
-	6,  // 19: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
-	11, // 20: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
-	8,  // 21: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
-	12, // 22: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
-	15, // 23: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	1,  // 24: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	4,  // 25: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	6,  // 26: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	9,  // 27: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	2,  // 28: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	5,  // 29: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	8,  // 30: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	10, // 31: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	28, // [28:32] is the sub-list for method output_type
-	24, // [24:28] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	16, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	16, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	14, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	17, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	17, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	16, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	4,  // 10: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
+	18, // 11: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	19, // 12: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	16, // 13: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	15, // 14: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	17, // 15: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	16, // 16: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	8,  // 17: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
+	15, // 18: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	18, // 19: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	17, // 20: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	20, // 21: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	7,  // 22: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
+	12, // 23: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
+	9,  // 24: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
+	13, // 25: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
+	16, // 26: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	1,  // 27: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	5,  // 28: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	7,  // 29: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	10, // 30: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	2,  // 31: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	6,  // 32: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	9,  // 33: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	11, // 34: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	31, // [31:35] is the sub-list for method output_type
+	27, // [27:31] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -1194,11 +1296,11 @@ func file_cyclone_v1_worker_service_proto_init() {
 		return
 	}
 	file_cyclone_v1_types_proto_init()
-	file_cyclone_v1_worker_service_proto_msgTypes[6].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[7].OneofWrappers = []any{
 		(*CompleteRequest_Output)(nil),
 		(*CompleteRequest_Failure)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[11].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[12].OneofWrappers = []any{
 		(*CompleteResult_Response)(nil),
 		(*CompleteResult_Error)(nil),
 	}
@@ -1208,7 +1310,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -4,7 +4,7 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { RunStatus, StepStatus } from "./types_pb.js";
+import type { RunStatus, StepError, StepStatus } from "./types_pb.js";
 import { file_cyclone_v1_types } from "./types_pb.js";
 import type { Duration, Timestamp, Value } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/worker_service.proto.
  */
 export const file_cyclone_v1_worker_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIjQKCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNwoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAimwQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgaTgoUVXBzdHJlYW1PdXRwdXRzRW50cnkSCwoDa2V5GAEgASgJEiUKBXZhbHVlGAIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlOgI4ASKZAQoQSGVhcnRiZWF0UmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIoCghwcm9ncmVzcxgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIoCgVsZWFzZRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJcChFIZWFydGJlYXRSZXNwb25zZRI0ChBsZWFzZV9leHBpcmVzX2F0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCgljYW5jZWxsZWQYAiABKAgioQEKD0NvbXBsZXRlUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIoCgZvdXRwdXQYBCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVIABImCgdmYWlsdXJlGAUgASgLMhMuY3ljbG9uZS52MS5GYWlsdXJlSABCCQoHb3V0Y29tZSKAAQoHRmFpbHVyZRIPCgdtZXNzYWdlGAEgASgJEgwKBHR5cGUYAiABKAkSDwoHZGV0YWlscxgDIAEoCRIVCg1ub25fcmV0cnlhYmxlGAQgASgIEi4KC3JldHJ5X2FmdGVyGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIqYBChBDb21wbGV0ZVJlc3BvbnNlEiYKBnN0YXR1cxgBIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIsCghyZXRyeV9hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKQoKcnVuX3N0YXR1cxgDIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzEhEKCWR1cGxpY2F0ZRgEIAEoCCJHChNDb21wbGV0ZU1hbnlSZXF1ZXN0EjAKC2NvbXBsZXRpb25zGAEgAygLMhsuY3ljbG9uZS52MS5Db21wbGV0ZVJlcXVlc3QiQwoUQ29tcGxldGVNYW55UmVzcG9uc2USKwoHcmVzdWx0cxgBIAMoCzIaLmN5Y2xvbmUudjEuQ29tcGxldGVSZXN1bHQieAoOQ29tcGxldGVSZXN1bHQSMAoIcmVzcG9uc2UYASABKAsyHC5jeWNsb25lLnYxLkNvbXBsZXRlUmVzcG9uc2VIABIqCgVlcnJvchgCIAEoCzIZLmN5Y2xvbmUudjEuQ29tcGxldGVFcnJvckgAQggKBnJlc3VsdCJHCg1Db21wbGV0ZUVycm9yEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCRIXCg9jdXJyZW50X2F0dGVtcHQYAyABKAUysQIKDVdvcmtlclNlcnZpY2USPAoFQ2xhaW0SGC5jeWNsb25lLnYxLkNsYWltUmVxdWVzdBoZLmN5Y2xvbmUudjEuQ2xhaW1SZXNwb25zZRJICglIZWFydGJlYXQSHC5jeWNsb25lLnYxLkhlYXJ0YmVhdFJlcXVlc3QaHS5jeWNsb25lLnYxLkhlYXJ0YmVhdFJlc3BvbnNlEkUKCENvbXBsZXRlEhsuY3ljbG9uZS52MS5Db21wbGV0ZVJlcXVlc3QaHC5jeWNsb25lLnYxLkNvbXBsZXRlUmVzcG9uc2USUQoMQ29tcGxldGVNYW55Eh8uY3ljbG9uZS52MS5Db21wbGV0ZU1hbnlSZXF1ZXN0GiAuY3ljbG9uZS52MS5Db21wbGV0ZU1hbnlSZXNwb25zZWIGcHJvdG8z", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIjQKCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNwoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAi0wQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIpkBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIlwKEUhlYXJ0YmVhdFJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWNhbmNlbGxlZBgCIAEoCCKhAQoPQ29tcGxldGVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKBm91dHB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEiYKB2ZhaWx1cmUYBSABKAsyEy5jeWNsb25lLnYxLkZhaWx1cmVIAEIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiRwoTQ29tcGxldGVNYW55UmVxdWVzdBIwCgtjb21wbGV0aW9ucxgBIAMoCzIbLmN5Y2xvbmUudjEuQ29tcGxldGVSZXF1ZXN0IkMKFENvbXBsZXRlTWFueVJlc3BvbnNlEisKB3Jlc3VsdHMYASADKAsyGi5jeWNsb25lLnYxLkNvbXBsZXRlUmVzdWx0IngKDkNvbXBsZXRlUmVzdWx0EjAKCHJlc3BvbnNlGAEgASgLMhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiRwoNQ29tcGxldGVFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSFwoPY3VycmVudF9hdHRlbXB0GAMgASgFMrECCg1Xb3JrZXJTZXJ2aWNlEjwKBUNsYWltEhguY3ljbG9uZS52MS5DbGFpbVJlcXVlc3QaGS5jeWNsb25lLnYxLkNsYWltUmVzcG9uc2USSAoJSGVhcnRiZWF0EhwuY3ljbG9uZS52MS5IZWFydGJlYXRSZXF1ZXN0Gh0uY3ljbG9uZS52MS5IZWFydGJlYXRSZXNwb25zZRJFCghDb21wbGV0ZRIbLmN5Y2xvbmUudjEuQ29tcGxldGVSZXF1ZXN0GhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlElEKDENvbXBsZXRlTWFueRIfLmN5Y2xvbmUudjEuQ29tcGxldGVNYW55UmVxdWVzdBogLmN5Y2xvbmUudjEuQ29tcGxldGVNYW55UmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * An action a worker serves.
@@ -221,6 +221,16 @@ export type ClaimedStep = Message<"cyclone.v1.ClaimedStep"> & {
    * @generated from field: bool effect_uncertain = 14;
    */
   effectUncertain: boolean;
+
+  /**
+   * The direct upstream nodes that did not succeed, with their last error, for a node
+   * whose trigger rule lets it run after a failure (all_done, one_failed): what a
+   * cleanup or compensation handler needs to know, as an except block sees its
+   * exception. Empty when every upstream node completed.
+   *
+   * @generated from field: repeated cyclone.v1.UpstreamFailure upstream_failures = 15;
+   */
+  upstreamFailures: UpstreamFailure[];
 };
 
 /**
@@ -229,6 +239,43 @@ export type ClaimedStep = Message<"cyclone.v1.ClaimedStep"> & {
  */
 export const ClaimedStepSchema: GenMessage<ClaimedStep> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_worker_service, 3);
+
+/**
+ * An upstream node that did not succeed, as handed to a cleanup node.
+ *
+ * @generated from message cyclone.v1.UpstreamFailure
+ */
+export type UpstreamFailure = Message<"cyclone.v1.UpstreamFailure"> & {
+  /**
+   * The upstream node.
+   *
+   * @generated from field: string node = 1;
+   */
+  node: string;
+
+  /**
+   * DISCARDED (it failed for good) or SKIPPED (it could never run, because one of its
+   * own upstream nodes failed).
+   *
+   * @generated from field: cyclone.v1.StepStatus status = 2;
+   */
+  status: StepStatus;
+
+  /**
+   * Its last recorded error (attempt, kind, type, message, details); absent for a
+   * skipped node.
+   *
+   * @generated from field: cyclone.v1.StepError error = 3;
+   */
+  error?: StepError | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.UpstreamFailure.
+ * Use `create(UpstreamFailureSchema)` to create a new message.
+ */
+export const UpstreamFailureSchema: GenMessage<UpstreamFailure> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 4);
 
 /**
  * Arguments of WorkerService.Heartbeat. The step is named by run_id and node;
@@ -279,7 +326,7 @@ export type HeartbeatRequest = Message<"cyclone.v1.HeartbeatRequest"> & {
  * Use `create(HeartbeatRequestSchema)` to create a new message.
  */
 export const HeartbeatRequestSchema: GenMessage<HeartbeatRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 4);
+  messageDesc(file_cyclone_v1_worker_service, 5);
 
 /**
  * Result of WorkerService.Heartbeat.
@@ -307,7 +354,7 @@ export type HeartbeatResponse = Message<"cyclone.v1.HeartbeatResponse"> & {
  * Use `create(HeartbeatResponseSchema)` to create a new message.
  */
 export const HeartbeatResponseSchema: GenMessage<HeartbeatResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 5);
+  messageDesc(file_cyclone_v1_worker_service, 6);
 
 /**
  * Arguments of WorkerService.Complete. The step is named by run_id and node;
@@ -366,7 +413,7 @@ export type CompleteRequest = Message<"cyclone.v1.CompleteRequest"> & {
  * Use `create(CompleteRequestSchema)` to create a new message.
  */
 export const CompleteRequestSchema: GenMessage<CompleteRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 6);
+  messageDesc(file_cyclone_v1_worker_service, 7);
 
 /**
  * A failed attempt, as reported by the worker.
@@ -408,6 +455,17 @@ export type Failure = Message<"cyclone.v1.Failure"> & {
    * @generated from field: google.protobuf.Duration retry_after = 5;
    */
   retryAfter?: Duration | undefined;
+
+  /**
+   * The handler stopped without an outcome (it ran past its time limit, was cancelled,
+   * or its worker is shutting down) and its action is unsafe_to_repeat: its effect may
+   * have happened. The step becomes UNCERTAIN and its run BLOCKED with EffectUncertain
+   * until an operator resolves it, exactly as after a lost lease; non_retryable and
+   * retry_after are ignored. Workers set it only for actions they mark unsafe.
+   *
+   * @generated from field: bool effect_uncertain = 6;
+   */
+  effectUncertain: boolean;
 };
 
 /**
@@ -415,7 +473,7 @@ export type Failure = Message<"cyclone.v1.Failure"> & {
  * Use `create(FailureSchema)` to create a new message.
  */
 export const FailureSchema: GenMessage<Failure> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 7);
+  messageDesc(file_cyclone_v1_worker_service, 8);
 
 /**
  * Result of WorkerService.Complete.
@@ -458,7 +516,7 @@ export type CompleteResponse = Message<"cyclone.v1.CompleteResponse"> & {
  * Use `create(CompleteResponseSchema)` to create a new message.
  */
 export const CompleteResponseSchema: GenMessage<CompleteResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 8);
+  messageDesc(file_cyclone_v1_worker_service, 9);
 
 /**
  * Arguments of WorkerService.CompleteMany.
@@ -479,7 +537,7 @@ export type CompleteManyRequest = Message<"cyclone.v1.CompleteManyRequest"> & {
  * Use `create(CompleteManyRequestSchema)` to create a new message.
  */
 export const CompleteManyRequestSchema: GenMessage<CompleteManyRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 9);
+  messageDesc(file_cyclone_v1_worker_service, 10);
 
 /**
  * Result of WorkerService.CompleteMany.
@@ -500,7 +558,7 @@ export type CompleteManyResponse = Message<"cyclone.v1.CompleteManyResponse"> & 
  * Use `create(CompleteManyResponseSchema)` to create a new message.
  */
 export const CompleteManyResponseSchema: GenMessage<CompleteManyResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 10);
+  messageDesc(file_cyclone_v1_worker_service, 11);
 
 /**
  * The outcome of one completion of a CompleteMany call.
@@ -537,7 +595,7 @@ export type CompleteResult = Message<"cyclone.v1.CompleteResult"> & {
  * Use `create(CompleteResultSchema)` to create a new message.
  */
 export const CompleteResultSchema: GenMessage<CompleteResult> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 11);
+  messageDesc(file_cyclone_v1_worker_service, 12);
 
 /**
  * A refused completion, with the gRPC status Complete would have answered.
@@ -572,7 +630,7 @@ export type CompleteError = Message<"cyclone.v1.CompleteError"> & {
  * Use `create(CompleteErrorSchema)` to create a new message.
  */
 export const CompleteErrorSchema: GenMessage<CompleteError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 12);
+  messageDesc(file_cyclone_v1_worker_service, 13);
 
 /**
  * What workers call: claim ready steps under a lease, keep the lease alive, report
