@@ -5,8 +5,10 @@ The worker keeps a psycopg pool of its own. A handler that calls
 handler returns, :meth:`CompletionTx.commit` calls ``cyclone.step_complete`` in that
 transaction and commits. The SQL function checks the lease token and raises SQLSTATE
 CY001 when the lease was lost (the whole transaction, business writes included, rolls
-back) and CY002 for an unknown step. psycopg is an optional dependency (the
-``postgres`` extra), imported only when a worker is given a database URL.
+back), CY002 for an unknown step, and CY005 when the step was already completed with
+this token (a repeat: rolled back, so the effects are not committed twice). psycopg is
+an optional dependency (the ``postgres`` extra), imported only when a worker is given a
+database URL.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ STEP_COMPLETE_SQL = "SELECT cyclone.step_complete(%s::uuid, %s, %s::uuid, %s::js
 #: Custom SQLSTATEs raised by the Cyclone SQL functions.
 SQLSTATE_LEASE_LOST = "CY001"
 SQLSTATE_UNKNOWN_STEP = "CY002"
+SQLSTATE_ALREADY_COMPLETED = "CY005"
 
 
 def open_pool(database_url: str, max_size: int) -> psycopg_pool.ConnectionPool:
@@ -69,13 +72,17 @@ class CompletionTx:
             return self._conn
 
     def commit(self, output_json: str) -> None:
-        """Complete the step in the transaction and commit; LeaseLost when refused."""
+        """Complete the step in the transaction and commit; LeaseLost when refused.
+        A repeat of a completion that committed before is rolled back and returns: the
+        step is done, and its effects were committed once, with the first."""
         conn = self._take()
         try:
             conn.execute(STEP_COMPLETE_SQL, (*self._key, output_json))
             conn.commit()
         except Exception as exc:
             _rollback(conn)
+            if getattr(exc, "sqlstate", None) == SQLSTATE_ALREADY_COMPLETED:
+                return
             raise _translate(exc) from exc
         finally:
             self._pool.putconn(conn)  # the pool drops a broken connection

@@ -60,6 +60,7 @@ class Settings:
     metrics_listen: str = "127.0.0.1:9464"
     retention_s: float | None = 7 * 86400.0
     retention_failed_s: float | None = None
+    key_retention_s: float | None = 30 * 86400.0
     retention_interval_s: float = 60.0
     retention_batch: int = 100
     log_level: str = "INFO"
@@ -99,6 +100,8 @@ _HELP = {
     "(e.g. 7d, 12h; off keeps them)",
     "retention_failed_s": "delete failed runs this long after they failed (off keeps them "
     "until retried; blocked runs are always kept)",
+    "key_retention_s": "forget a SubmitOnce key this long after it made its run, and never "
+    "while that run exists (off keeps keys for good)",
     "retention_interval_s": "seconds between retention passes (each jittered by ±50%%)",
     "retention_batch": "most runs one retention statement deletes",
     "log_level": "DEBUG, INFO, WARNING or ERROR",

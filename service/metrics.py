@@ -197,7 +197,8 @@ class Metrics:
         )
         self.blocked = Counter(
             "cyclone_runs_blocked",
-            "Runs blocked by a claim (EffectUncertain), by the uncertain step's action",
+            "Runs blocked (EffectUncertain) by a claim or by an unsafe handler that stopped "
+            "without an outcome, by the uncertain step's action",
             ["action"],
             registry=r,
         )
@@ -208,7 +209,7 @@ class Metrics:
             "cyclone_steps_failed",
             "Failed attempts reported by workers, by what became of the step "
             "(retry: available again after a backoff; discarded; held: pending in a "
-            "blocked run)",
+            "blocked run; uncertain: an unsafe handler stopped without an outcome)",
             ["outcome"],
             registry=r,
         )

@@ -108,7 +108,8 @@ class CycloneServer:
             ("sweep", self.sweep, self.settings.sweep_interval_s, 0.5),
             ("report of worker activity", self.report_activity, ACTIVITY_REPORT_S, 0.0),
         ]
-        if self.settings.retention_s or self.settings.retention_failed_s:
+        s = self.settings
+        if s.retention_s or s.retention_failed_s or s.key_retention_s:
             loops.append(("retention pass", self.purge, self.settings.retention_interval_s, 0.5))
         for what, job, interval, jitter in loops:
             self._tasks.append(
@@ -190,6 +191,18 @@ class CycloneServer:
                 await asyncio.sleep(0)  # let the calls in progress have the loop
         if total:
             log.info("retention deleted %d run(s)", total)
+        keys = 0
+        while self.settings.key_retention_s:
+            deleted = await self.store.submit_keys_purge(
+                age_s=self.settings.key_retention_s, limit=self.settings.retention_batch
+            )
+            self.metrics.retention_deleted.labels("keys").inc(deleted)
+            keys += deleted
+            if deleted < self.settings.retention_batch:
+                break
+            await asyncio.sleep(0)
+        if keys:
+            log.info("retention forgot %d SubmitOnce key(s)", keys)
         return total
 
     async def report_activity(self) -> None:

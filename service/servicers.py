@@ -558,6 +558,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 "details": _text(f.details, "failure.details", MAX_ERROR_TEXT),
                 "retryable": not f.non_retryable,
                 "retry_after_s": retry_after,
+                "uncertain": f.effect_uncertain,
             }
         else:
             raise errors.InvalidArgument("outcome is required: set output or failure")
@@ -623,6 +624,9 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         if done.run_status in _FINAL_RUN and done.step_status in _FINAL:
             m.finished.labels(done.run_status).inc()
         handout = self.handouts.pop(item["lease_token"])
+        if done.step_status == "uncertain":
+            # An unsafe handler stopped without an outcome: the run is blocked now.
+            m.blocked.labels(handout.action if handout else "").inc()
         logged = failure is not None or log.isEnabledFor(logging.DEBUG)
         if handout is None:
             return logged
@@ -643,7 +647,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         return _blocked(row)
 
 
-_FAILED_OUTCOME = {"available": "retry", "pending": "held"}
+_FAILED_OUTCOME = {"available": "retry", "pending": "held", "uncertain": "uncertain"}
 _FINAL = ("completed", "discarded")
 _FINAL_RUN = ("completed", "failed")
 
@@ -666,6 +670,18 @@ def _log_outcome(item: dict[str, Any], done: Any, attempt: int | None) -> None:
     failure = item.get("failure")
     if failure is None:
         log.debug("completed %s/%s attempt %s", run_id, node, attempt, extra=extra)
+    elif status in ("uncertain", "pending") and failure.get("uncertain"):
+        # A holding state, not a failure: a warning, as for any blocked run.
+        log.warning(
+            "step %s/%s stopped at attempt %s without an outcome and is unsafe to repeat "
+            "(%s: %s); its run is blocked until resolved with `cyclone resolve`",
+            run_id,
+            node,
+            attempt,
+            failure["type"],
+            failure["message"],
+            extra=extra,
+        )
     elif status == "discarded":
         log.error(
             "step %s/%s discarded at attempt %s: %s: %s",

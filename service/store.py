@@ -317,14 +317,26 @@ class Store:
     async def step_fail(
         self, run_id: uuid.UUID, node: str, lease_token: uuid.UUID, failure: dict[str, Any]
     ) -> Completion:
-        """failure: type, message, details, retryable, retry_after_s (or None)."""
-        row = await self._one(
-            "step_fail",
-            run_id=str(run_id),
-            node=node,
-            lease_token=str(lease_token),
-            **failure,
-        )
+        """failure: type, message, details, retryable, retry_after_s (or None), and
+        uncertain: the handler of an unsafe action stopped without an outcome."""
+        if failure.get("uncertain"):
+            row = await self._one(
+                "step_abandon",
+                run_id=str(run_id),
+                node=node,
+                lease_token=str(lease_token),
+                type=failure["type"],
+                message=failure["message"],
+                details=failure["details"],
+            )
+        else:
+            row = await self._one(
+                "step_fail",
+                run_id=str(run_id),
+                node=node,
+                lease_token=str(lease_token),
+                **{k: v for k, v in failure.items() if k != "uncertain"},
+            )
         assert row is not None
         return Completion(row.step_status, row.run_status, row.duplicate, row.retry_at)
 
@@ -405,6 +417,12 @@ class Store:
             claimed_ago=[a.claimed_ago for a in seen],
             claimed_by=[a.claimed_by for a in seen],
         )
+
+    async def submit_keys_purge(self, *, age_s: float, limit: int) -> int:
+        """Forget up to ``limit`` SubmitOnce keys older than ``age_s`` whose run is gone."""
+        row = await self._one("submit_keys_purge", age_s=age_s, limit=limit)
+        assert row is not None
+        return int(row.deleted)
 
     async def runs_purge(self, *, age_s: float, failed: bool, limit: int) -> int:
         """Delete up to ``limit`` runs finished more than ``age_s`` ago (see 0009)."""

@@ -147,5 +147,5 @@ def rpc_error(call: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:
 
 
 def table_counts(server: Any) -> dict[str, int]:
-    tables = ("runs", "steps", "step_errors", "audit")
+    tables = ("runs", "steps", "step_errors", "audit", "submit_keys")
     return {t: server.sql(f"SELECT count(*) FROM cyclone.{t}")[0][0] for t in tables}

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import grpc
 
-from cyclone.v1 import admin_service_pb2, types_pb2
+from cyclone.v1 import admin_service_pb2, types_pb2, worker_service_pb2
 from tests.helpers import (
     claim,
     complete,
@@ -23,6 +23,8 @@ from tests.helpers import (
     value,
     workflow,
 )
+from tests.test_metrics import scrape
+from tests.test_metrics import value as metric
 
 
 def blocked_run(server):
@@ -180,3 +182,49 @@ def test_a_step_that_fails_while_its_run_is_blocked_is_held_not_retried(cyclone_
     resolve(cyclone_server, run_id, discard=True)
     [again] = claim(cyclone_server, "side")
     assert (again.run_id, again.attempt) == (run_id, 2)
+
+
+def _abandon(server, step, message="ran past its time limit"):
+    """What a worker reports when an unsafe handler stopped without an outcome."""
+    request = worker_service_pb2.CompleteRequest(
+        run_id=step.run_id, node=step.node, lease_token=step.lease_token
+    )
+    request.failure.type = "HandlerTimeout"
+    request.failure.message = message
+    request.failure.effect_uncertain = True
+    return request
+
+
+def test_an_unsafe_handler_that_stopped_without_an_outcome_blocks_the_run_at_once(
+    cyclone_server,
+):
+    run_id = submit(
+        cyclone_server,
+        workflow("order", node("charge", action="charge"), node("side", action="side")),
+    )
+    [step] = claim(cyclone_server, "charge", unsafe=("charge",))
+    reply = cyclone_server.workers.Complete(_abandon(cyclone_server, step))
+    assert reply.status == types_pb2.STEP_STATUS_UNCERTAIN
+    assert reply.run_status == types_pb2.RUN_STATUS_BLOCKED
+    run = get_run(cyclone_server, run_id)
+    assert run_status(run) == "blocked"
+    assert statuses(run) == {"charge": "uncertain", "side": "pending"}  # held
+    assert run.error.kind == "EffectUncertain" and run.error.node == "charge"
+    assert "HandlerTimeout" in run.error.message
+    assert claim(cyclone_server, "charge", "side") == []
+    resolve(cyclone_server, run_id, discard=True)
+    assert {s.node for s in claim(cyclone_server, "charge", "side")} == {"charge", "side"}
+
+
+def test_an_uncertain_outcome_in_complete_many_blocks_the_run_and_is_counted(server_factory):
+    server = server_factory(metrics_listen="127.0.0.1:0")
+    run_id = submit(server, workflow("order", node("charge", action="charge")))
+    [step] = claim(server, "charge", unsafe=("charge",))
+    reply = server.workers.CompleteMany(
+        worker_service_pb2.CompleteManyRequest(completions=[_abandon(server, step)])
+    )
+    assert reply.results[0].response.status == types_pb2.STEP_STATUS_UNCERTAIN
+    assert run_status(get_run(server, run_id)) == "blocked"
+    samples = scrape(server.server.metrics_port)
+    assert metric(samples, "cyclone_steps_failed_total", outcome="uncertain") == 1
+    assert metric(samples, "cyclone_runs_blocked_total", action="charge") == 1

@@ -123,16 +123,38 @@ def test_a_worker_role_completes_a_step_and_its_business_write_in_one_transactio
     assert run_status(run) == "completed" and run.HasField("finished_at")
 
 
-def test_repeating_the_call_with_the_completed_attempts_token_is_a_duplicate(
+def test_a_repeated_completion_in_a_workers_transaction_raises_and_commits_no_second_effect(
+    cyclone_server, worker_db
+):
+    # A careless caller: writes its effect, calls the function, commits without reading
+    # the answer. The repeat must abort its transaction, so the effect exists once.
+    run_id = submit(cyclone_server, workflow("w", node("a")))
+    [a] = claim(cyclone_server)
+
+    def careless(output: str) -> None:
+        with worker_db() as conn:
+            conn.execute(INSERT, (run_id, "a", 100, a.attempt))
+            conn.execute(COMPLETE, (run_id, "a", a.lease_token, output))
+            conn.commit()
+
+    careless('"first"')
+    with pytest.raises(psycopg.Error) as repeat:
+        careless('"second"')
+    assert repeat.value.sqlstate == "CY005"
+    assert "already completed" in str(repeat.value)
+    assert cyclone_server.sql("SELECT count(*) FROM ledger")[0][0] == 1
+    assert step_row(cyclone_server, run_id, "a")[3] == "first"
+
+
+def test_complete_over_grpc_after_a_completion_in_sql_answers_the_recorded_duplicate(
     cyclone_server, worker_db
 ):
     run_id = submit(cyclone_server, workflow("w", node("a")))
     [a] = claim(cyclone_server)
     with worker_db() as conn:
         conn.execute(COMPLETE, (run_id, "a", a.lease_token, '"first"'))
-    with worker_db() as conn:
-        again = conn.execute(COMPLETE, (run_id, "a", a.lease_token, '"second"')).fetchone()
-    assert again == ("completed", "completed", True, None)
+    again = complete(cyclone_server, a, {"x": 1})
+    assert again.duplicate
     assert step_row(cyclone_server, run_id, "a")[3] == "first"
 
 

@@ -62,7 +62,7 @@ def test_finished_runs_past_the_age_go_with_their_steps_and_the_rest_stay(server
     assert left[running] == "running" and left[recent] == "completed"
     # The cascades took the steps, errors and audit of the deleted runs.
     counts = table_counts(server)
-    assert counts == {"runs": 4, "steps": 4, "step_errors": 2, "audit": 0}
+    assert counts == {"runs": 4, "steps": 4, "step_errors": 2, "audit": 0, "submit_keys": 0}
 
     # Failed runs go only under --retention-failed, and blocked runs never.
     server.advance_clock(365 * DAY)
@@ -125,3 +125,43 @@ def test_the_server_purges_on_its_own_while_new_runs_are_claimed(server_factory)
 def test_retention_takes_an_age_or_off(flag, seconds):
     assert parse(["--retention", flag]).retention_s == seconds
     assert parse(["--retention-failed", flag]).retention_failed_s == seconds
+
+
+def _submit_once(server, key: str) -> workflow_service_pb2.SubmitOnceResponse:
+    return server.workflows.SubmitOnce(
+        workflow_service_pb2.SubmitOnceRequest(workflow=workflow("pay", node("a")), key=key)
+    )
+
+
+def test_a_submit_once_key_outlives_its_deleted_run_for_the_key_retention(server_factory):
+    server = server_factory(retention_s=7 * DAY, key_retention_s=30 * DAY)
+    first = _submit_once(server, "order-1")
+    drain(server, "work")
+    server.advance_clock(8 * DAY)
+    assert purge(server) == 1
+    assert run_statuses(server) == {}
+    # The run is gone; its key still answers with it, and makes no second run.
+    again = _submit_once(server, "order-1")
+    assert (again.run_id, again.created) == (first.run_id, False)
+    assert run_statuses(server) == {}
+
+    server.advance_clock(23 * DAY)  # 31 days after the key was used
+    purge(server)
+    assert server.sql("SELECT count(*) FROM cyclone.submit_keys")[0][0] == 0
+    third = _submit_once(server, "order-1")
+    assert third.created and third.run_id != first.run_id
+
+
+def test_a_key_is_never_forgotten_while_its_run_exists(server_factory):
+    server = server_factory(retention_s=None, key_retention_s=1 * DAY)
+    first = _submit_once(server, "order-1")
+    server.advance_clock(2 * DAY)
+    purge(server)
+    assert _submit_once(server, "order-1").run_id == first.run_id
+
+
+def test_key_retention_is_a_flag_with_a_default_longer_than_run_retention():
+    defaults = parse([])
+    assert defaults.key_retention_s is not None and defaults.retention_s is not None
+    assert defaults.key_retention_s > defaults.retention_s
+    assert parse(["--key-retention", "90d"]).key_retention_s == 90 * DAY

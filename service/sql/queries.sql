@@ -44,9 +44,11 @@ SELECT lease_expires_at, cancelled
                               make_interval(secs => :lease_s), CAST(:progress AS jsonb));
 
 -- name: step_complete
+-- The server's path: a repeat with the recorded token answers duplicate = true, where the
+-- public cyclone.step_complete (a worker's own transaction) raises CY005.
 SELECT step_status, run_status, duplicate, retry_at,
        current_setting('cyclone.ready', true) AS ready
-  FROM cyclone.step_complete(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid),
+  FROM cyclone._step_complete(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid),
                              CAST(:output AS jsonb));
 
 -- name: step_fail
@@ -56,6 +58,14 @@ SELECT step_status, run_status, duplicate, retry_at,
                          :message, :details, :retryable,
                          CASE WHEN CAST(:retry_after_s AS float8) IS NULL THEN NULL
                               ELSE make_interval(secs => :retry_after_s) END);
+
+-- name: step_abandon
+-- An unsafe handler stopped without an outcome: the step becomes uncertain and its run
+-- blocked (held pending when the run is blocked already).
+SELECT step_status, run_status, duplicate, retry_at,
+       current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.step_abandon(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid), :type,
+                            :message, :details);
 
 -- name: step_complete_many
 SELECT i, step_status, run_status, duplicate, retry_at, error_state, error_message,
@@ -87,6 +97,11 @@ SELECT s.run_id, s.node, s.action, s.attempt, s.worker_id, s.status,
 -- Retention: deletes up to :limit runs finished more than :age_s seconds ago, failed
 -- ones when :failed, else completed and cancelled ones.
 SELECT cyclone.runs_purge(make_interval(secs => :age_s), :failed, :limit) AS deleted;
+
+-- name: submit_keys_purge
+-- Retention of SubmitOnce keys: deletes up to :limit keys older than :age_s seconds
+-- whose run is gone.
+SELECT cyclone.submit_keys_purge(make_interval(secs => :age_s), :limit) AS deleted;
 
 -- name: action_claims_note
 -- What this server saw of workers since its last report: per action, how long ago a
