@@ -24,6 +24,9 @@ action's own ``timeout``. An async handler is cancelled there and the step fails
 HandlerTimeout. A sync handler cannot be stopped from outside: ``ctx.should_stop`` is
 set, its heartbeats stop, and its lease lapses so that another attempt can start; if it
 returns later its outcome is still sent and the server decides whether it counts.
+For an action marked ``unsafe_to_repeat`` no second attempt may start: a handler that
+did not finish (timed out, given up on, or cut off by shutdown) is reported with
+``effect_uncertain`` and its run is blocked until an operator resolves it.
 
 Losing the step. A heartbeat answered ABORTED sets ``ctx.lease_lost``; one that says
 the run was cancelled sets ``ctx.cancelled``. Both set ``ctx.should_stop``, cancel an
@@ -654,19 +657,54 @@ class _Runtime:
         )
         budget = self._budget(lease_end, deadline, action)
         slog.info("running %s (budget %.1fs)", action.name, budget)
-        watch = _Watch(self, step, control, slog, budget, action.is_async)
+        watch = _Watch(self, step, control, slog, budget, action)
         handler, watch.call = self._start(action, ctx, budget)
         try:
             output, error = await handler
         except asyncio.CancelledError:
             if not control.is_stopped:
-                raise  # the worker itself is being cancelled
+                # The worker itself is being cancelled (shutdown past its grace).
+                if action.unsafe_to_repeat:
+                    await self._abandon(step, "WorkerStopped", "the worker stopped", slog)
+                raise
             output, error = None, None
         finally:
             watch.stop()
             control.stop()
             watch.abort()
-        await self._report(step, control, output, error, slog)
+        if watch.abandoned:
+            slog.warning("late outcome not reported: the step was reported uncertain")
+            if control.completion_tx is not None:
+                await asyncio.to_thread(control.completion_tx.rollback)
+            return
+        uncertain = action.unsafe_to_repeat and isinstance(error, HandlerTimeout)
+        await self._report(step, control, output, error, slog, uncertain=uncertain)
+
+    async def _abandon(self, step: pb.ClaimedStep, kind: str, why: str, slog: _StepLog) -> None:
+        """Say that the handler of an unsafe action stopped without an outcome: its
+        effect may have happened, so the server blocks the run (EffectUncertain) rather
+        than let another attempt repeat it."""
+        request = pb.CompleteRequest(
+            run_id=step.run_id,
+            node=step.node,
+            lease_token=step.lease_token,
+            failure=pb.Failure(type=kind, message=why, effect_uncertain=True),
+        )
+        try:
+            await self.stub.Complete(request, timeout=RPC_TIMEOUT, metadata=self.metadata)
+        except grpc.RpcError as exc:
+            slog.warning(
+                "unsafe handler stopped without an outcome (%s), not reported: %s; its "
+                "lease will lapse and the next claim blocks the run",
+                why,
+                from_rpc_error(exc),
+            )
+        else:
+            slog.warning(
+                "unsafe handler stopped without an outcome (%s): its run is blocked until "
+                "an operator resolves it",
+                why,
+            )
 
     def _budget(
         self, lease_end: dt.datetime | None, deadline: dt.datetime | None, action: Action
@@ -708,6 +746,8 @@ class _Runtime:
         output: Any,
         error: BaseException | None,
         slog: _StepLog,
+        *,
+        uncertain: bool = False,
     ) -> None:
         tx = control.completion_tx
         if control.is_cancelled or control.is_lease_lost:
@@ -745,6 +785,8 @@ class _Runtime:
                 await asyncio.to_thread(tx.rollback)
             await self._deliver_progress(step, control, slog)
             request.failure.CopyFrom(_failure(error))
+            # An unsafe handler cut off at its time limit may have had its effect.
+            request.failure.effect_uncertain = uncertain
             slog.warning("failed: %s: %s", request.failure.type, request.failure.message)
         await self._complete(request, slog)
 
@@ -840,8 +882,12 @@ class _Watch:
         control: StepControl,
         slog: _StepLog,
         budget: float,
-        is_async: bool,
+        action: Action,
     ):
+        is_async = action.is_async
+        self.unsafe = action.unsafe_to_repeat
+        #: Given up on and reported uncertain (an unsafe action): its outcome is void.
+        self.abandoned = False
         self.rt = runtime
         self.step = step
         self.control = control
@@ -857,6 +903,7 @@ class _Watch:
         self.alarm: _Alarm | None = None
         self.alarm_at = math.inf
         self.task: asyncio.Task[None] | None = None
+        self.abandoning: asyncio.Task[None] | None = None
         self.wake: asyncio.Event | None = None
         self.stopped = False
         control.on_heartbeat = self.request
@@ -888,13 +935,21 @@ class _Watch:
     def _ring(self) -> None:
         due, self.alarm = self.alarm_at, None
         if self.give_up_at <= due:
+            self.stop()
+            self.control.stop()
+            if self.unsafe:
+                # Another attempt would repeat an effect that may have happened.
+                self.abandoned = True
+                why = f"the handler ran past its time limit of {self.budget:g}s"
+                self.abandoning = self.rt.loop.create_task(
+                    self.rt._abandon(self.step, "HandlerTimeout", why, self.slog)
+                )
+                return
             self.slog.warning(
                 "handler ran past its %.1fs budget; heartbeats stop so its lease "
                 "lapses and another attempt can start",
                 self.budget,
             )
-            self.stop()
-            self.control.stop()
             return
         if self.time_out_at <= due:
             self.time_out_at = math.inf

@@ -398,3 +398,45 @@ def test_unsafe_action_blocks_its_run_after_a_lost_lease_until_resolved(
     assert [(a.action, a.actor, a.reason) for a in run.audit] == [
         ("resolve_discard", "sdk-tests", "no charge at the PSP")
     ]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_unsafe_handler_cut_off_at_its_time_limit_blocks_the_run(client, make_worker, kind):
+    # Whatever stopped it, a handler of an unsafe action that did not finish may have had
+    # its effect: the run blocks instead of a second attempt repeating it.
+    worker = make_worker()
+    calls: list[int] = []
+    release = threading.Event()
+
+    if kind == "async":
+
+        @worker.action("charge", timeout=0.3, unsafe_to_repeat=True)
+        async def charge(ctx):
+            calls.append(ctx.attempt)
+            await asyncio.sleep(PATIENCE)
+
+    else:
+
+        @worker.action("charge", timeout=0.3, unsafe_to_repeat=True)
+        def charge(ctx):
+            calls.append(ctx.attempt)
+            release.wait(PATIENCE)  # does not watch ctx.should_stop
+            return "late"
+
+    wf = Workflow("order")
+    wf.node("charge", retry=RetryPolicy(initial_backoff=0, max_backoff=0))
+    with running(worker):
+        run_id = client.submit(wf)
+        blocked = eventually(
+            lambda: (r := client.get_run(run_id)).status == "blocked" and r,
+            "the run to block",
+        )
+        release.set()
+    assert (blocked.error.kind, blocked.error.node, blocked.error.attempt) == (
+        "EffectUncertain",
+        "charge",
+        1,
+    )
+    assert "time limit" in blocked.error.message or "timeout" in blocked.error.message
+    assert blocked.step("charge").status == "uncertain"
+    assert calls == [1]
