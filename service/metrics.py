@@ -233,7 +233,8 @@ class Metrics:
         )
         self.retention_deleted = Counter(
             "cyclone_retention_deleted_runs",
-            "Runs deleted by retention, by policy (finished: completed and cancelled; failed)",
+            "Runs deleted by retention, by policy (finished: completed and cancelled; failed), "
+            "and SubmitOnce keys forgotten (keys)",
             ["policy"],
             registry=r,
         )
