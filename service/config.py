@@ -175,4 +175,7 @@ def parse(argv: list[str] | None = None) -> Settings:
         parser.add_argument(
             flag, dest=f.name, type=kind, default=value, help=f"{help_text}; default {default}"
         )
-    return Settings(**vars(parser.parse_args(argv)))
+    settings = Settings(**vars(parser.parse_args(argv)))
+    if settings.claim_recheck_s <= 0:
+        parser.error("--claim-recheck must be more than 0 seconds")
+    return settings

@@ -77,6 +77,7 @@ def cases(files: dict[str, str], busy_port: int) -> list[tuple[list[str], dict, 
         (["--database-url", "not a url"], {}, "database"),
         ([], {"CYCLONE_LEASE": "long"}, "CYCLONE_LEASE"),
         (["--lease", "long"], {}, "--lease"),
+        (["--claim-recheck", "0"], {}, "--claim-recheck"),
     ]
 
 
