@@ -177,8 +177,8 @@ def validate_workflow(
     Raises InvalidWorkflow with a message that names the offending node or limit:
     bad names, duplicate nodes, unknown or repeated dependencies, self-edges, cycles,
     settings out of range, more nodes, edges in all, upstreams of one node (fan-in) or
-    downstreams of one node (fan-out) than ``limits`` allow. Time and memory are linear
-    in the number of nodes and edges.
+    downstreams of one node (fan-out) than ``limits`` allow. Time and memory grow in
+    proportion to nodes plus edges (each node's dependents are also sorted).
     """
     check_name("workflow", name)
     if not nodes:
