@@ -9,6 +9,8 @@ Scenarios (fixed counts, every loop bounded in count and time):
   pickup      200 single-node runs submitted one at a time to an idle worker
   history     throughput again after 1,000,000 finished steps are in the tables
   submit      runs submitted per second by 4 concurrent clients
+  big         health checks answered while one Submit at the default caps (2,000 nodes,
+              ~100,000 edges) is validated and stored: their latency, and the Submit's
 
 Writes bench/results/latest.json and prints a table. Durability settings stay at
 Postgres defaults (fsync, synchronous_commit on) throughout.
@@ -415,6 +417,46 @@ def scenario_pickup(address: str, runs: int, action: str, tmp: Path) -> dict:
     return percentiles(latencies)
 
 
+def scenario_big(address: str) -> dict:
+    """Health-check latency on one connection while another submits a large workflow."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    fan_in = 50
+    nodes = [types_pb2.Node(name=f"n{i}", action="big",
+                            depends_on=[f"n{j}" for j in range(max(0, i - fan_in), i)])
+             for i in range(2000)]
+    request = workflow_service_pb2.SubmitRequest(
+        workflow=types_pb2.Workflow(name="big", nodes=nodes))
+    done = threading.Event()
+    took: list[float] = []
+
+    def big() -> None:
+        with grpc.insecure_channel(address) as channel:
+            stub = workflow_service_pb2_grpc.WorkflowServiceStub(channel)
+            for _ in range(3):
+                start = time.perf_counter()
+                stub.Submit(request, timeout=120)
+                took.append((time.perf_counter() - start) * 1000)
+        done.set()
+
+    latencies = []
+    with grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        thread = threading.Thread(target=big)
+        thread.start()
+        while not done.is_set():
+            start = time.perf_counter()
+            health.Check(health_pb2.HealthCheckRequest(), timeout=60)
+            latencies.append((time.perf_counter() - start) * 1000)
+            time.sleep(0.005)
+        thread.join()
+    edges = sum(len(n.depends_on) for n in nodes)
+    return {"edges": edges, "bytes": request.ByteSize(),
+            "submit_ms": round(statistics.median(took), 1),
+            "health_ms": {**percentiles(latencies), "max": round(max(latencies), 2)}}
+
+
 def scenario_history(database_url: str, finished: int) -> None:
     """Load finished runs and steps straight into the tables, in batches."""
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -484,6 +526,9 @@ def main() -> None:
                     server.address, [one_node("s1", "submit-only")] * 2000, once=True), 1),
             }
             print("submit", results["submit"], flush=True)
+        if wanted("big"):
+            results["big"] = scenario_big(server.address)
+            print("big", results["big"], flush=True)
         if wanted("throughput"):
             results["throughput"] = scenario_throughput(server, database_url, args.runs, "noop")
             base_result = scenario_baseline(database_url, args.runs)
@@ -544,6 +589,11 @@ def print_table(r: dict) -> None:
                      f'{r["pickup_ms"]["p50"]} / {r["pickup_ms"]["p99"]}'))
     if "history" in r:
         rows.append(("history ratio (target >= 0.9)", r["history"]["ratio"]))
+    if "big" in r:
+        b = r["big"]
+        rows.append((f"health check p50 / p99 / max ms during a {b['edges']:,}-edge Submit",
+                     f'{b["health_ms"]["p50"]} / {b["health_ms"]["p99"]} / {b["health_ms"]["max"]}'
+                     f' (Submit {b["submit_ms"]} ms)'))
     if "submit" in r:
         rows.append(("submit runs/s (Submit / SubmitOnce)",
                      f'{r["submit"]["runs_per_s"]} / {r["submit"]["once_runs_per_s"]}'))

@@ -113,7 +113,9 @@ def handler_input(ctx: Context) -> Any:
 def build_dataclass(cls: type, value: Any) -> Any:
     """``cls`` built from the keys of ``value`` that are its fields."""
     if not isinstance(value, dict):
-        raise InputMismatch(f"{cls.__name__} needs a JSON object as input, got {value!r}")
+        raise InputMismatch(
+            f"{cls.__name__} needs a JSON object as input, got {dag.excerpt(repr(value))}"
+        )
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     try:
         return cls(**{k: v for k, v in value.items() if k in names})

@@ -23,6 +23,8 @@ MAX_NODES = 5_000
 MAX_DEPENDENCIES = 1_000
 #: Fan-out: most nodes that may depend on one node (completing it touches each).
 MAX_DEPENDENTS = 1_000
+#: Most dependency edges in one workflow, over all its nodes.
+MAX_EDGES = 100_000
 MAX_ATTEMPTS = 100
 MAX_SUBMIT_KEY_LENGTH = 256
 MIN_TIMEOUT_S = 1.0
@@ -39,14 +41,43 @@ DEFAULT_MAX_BACKOFF_S = 300.0
 DEFAULT_BACKOFF_MULTIPLIER = 2.0
 
 
+#: Most characters of a client's input that an error message quotes.
+EXCERPT_CHARS = 40
+#: Most nodes of a cycle that its error message names.
+EXCERPT_NODES = 5
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """How an error message quotes a client's input: its repr when short, else the
+    repr of its first ``limit`` characters marked as cut, with the full length.
+
+    Every message that quotes input goes through here, so that no message grows with
+    the input (a long one would exceed gRPC's metadata limit and hide the error).
+    """
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... (cut: {len(text)} characters)"
+
+
+def excerpt_path(names: Sequence[str], limit: int = EXCERPT_NODES) -> str:
+    """A path of node names (``a -> b -> c``), at most ``limit`` of them shown."""
+    shown = " -> ".join(excerpt(n) for n in names[:limit])
+    if len(names) > limit:
+        shown += f" -> ... (cut: {len(names)} nodes)"
+    return shown
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Size limits of one workflow. The SDK checks the defaults; a server checks the
-    ones its settings give (--max-nodes, --max-dependencies, --max-dependents)."""
+    ones its settings give (--max-nodes, --max-dependencies, --max-dependents,
+    --max-edges)."""
 
     max_nodes: int = MAX_NODES
     max_dependencies: int = MAX_DEPENDENCIES
     max_dependents: int = MAX_DEPENDENTS
+    max_edges: int = MAX_EDGES
 
 
 DEFAULT_LIMITS = Limits()
@@ -79,12 +110,12 @@ def check_name(kind: str, value: str) -> None:
         raise InvalidWorkflow(f"{kind} name is empty")
     if len(value) > MAX_NAME_LENGTH:
         raise InvalidWorkflow(
-            f"{kind} name {value[:40]!r}... is {len(value)} characters; the limit is "
+            f"{kind} name {excerpt(value)} is {len(value)} characters; the limit is "
             f"{MAX_NAME_LENGTH}"
         )
     if not NAME_PATTERN.fullmatch(value):
         raise InvalidWorkflow(
-            f"{kind} name {value!r} is invalid: use letters, digits and _ . : - "
+            f"{kind} name {excerpt(value)} is invalid: use letters, digits and _ . : - "
             "and start with a letter or _"
         )
 
@@ -100,10 +131,18 @@ def check_submit_key(key: str) -> None:
         raise InvalidWorkflow("submit key contains a NUL character")
 
 
+def check_edges(name: str, edges: int, limits: Limits = DEFAULT_LIMITS) -> None:
+    if edges > limits.max_edges:
+        raise InvalidWorkflow(
+            f"workflow {excerpt(name)} has {edges} dependencies in all; "
+            f"the limit is {limits.max_edges}"
+        )
+
+
 def _check_node_settings(node: NodeSpec) -> None:
     where = f"node {node.name!r}"
     if node.trigger_rule not in TRIGGER_RULES:
-        raise InvalidWorkflow(f"{where}: unknown trigger rule {node.trigger_rule!r}")
+        raise InvalidWorkflow(f"{where}: unknown trigger rule {excerpt(node.trigger_rule)}")
     if not 1 <= node.max_attempts <= MAX_ATTEMPTS:
         raise InvalidWorkflow(
             f"{where}: max_attempts must be between 1 and {MAX_ATTEMPTS}, got {node.max_attempts}"
@@ -137,16 +176,18 @@ def validate_workflow(
 
     Raises InvalidWorkflow with a message that names the offending node or limit:
     bad names, duplicate nodes, unknown or repeated dependencies, self-edges, cycles,
-    settings out of range, more nodes, upstreams of one node (fan-in) or downstreams of
-    one node (fan-out) than ``limits`` allow.
+    settings out of range, more nodes, edges in all, upstreams of one node (fan-in) or
+    downstreams of one node (fan-out) than ``limits`` allow. Time and memory grow in
+    proportion to nodes plus edges (each node's dependents are also sorted).
     """
     check_name("workflow", name)
     if not nodes:
-        raise InvalidWorkflow(f"workflow {name!r} has no nodes")
+        raise InvalidWorkflow(f"workflow {excerpt(name)} has no nodes")
     if len(nodes) > limits.max_nodes:
         raise InvalidWorkflow(
-            f"workflow {name!r} has {len(nodes)} nodes; the limit is {limits.max_nodes}"
+            f"workflow {excerpt(name)} has {len(nodes)} nodes; the limit is {limits.max_nodes}"
         )
+    check_edges(name, sum(len(n.depends_on) for n in nodes), limits)
     by_name: dict[str, NodeSpec] = {}
     for node in nodes:
         check_name("node", node.name)
@@ -167,9 +208,9 @@ def validate_workflow(
             if dep == node.name:
                 raise InvalidWorkflow(f"node {node.name!r} depends on itself")
             if dep not in by_name:
-                raise InvalidWorkflow(f"node {node.name!r} depends on unknown node {dep!r}")
+                raise InvalidWorkflow(f"node {node.name!r} depends on unknown node {excerpt(dep)}")
             if dep in seen:
-                raise InvalidWorkflow(f"node {node.name!r} lists dependency {dep!r} twice")
+                raise InvalidWorkflow(f"node {node.name!r} lists dependency {excerpt(dep)} twice")
             seen.add(dep)
             dependents[dep].append(node.name)
     for upstream, downstream in dependents.items():
@@ -184,7 +225,7 @@ def validate_workflow(
     except graphlib.CycleError as exc:
         cycle = exc.args[1]
         raise InvalidWorkflow(
-            f"node {cycle[0]!r} is part of a cycle: {' -> '.join(cycle)}"
+            f"node {cycle[0]!r} is part of a cycle: {excerpt_path(cycle)}"
         ) from None
     return [
         NodeSpec(**{**_as_dict(by_name[n]), "dependents": tuple(sorted(dependents[n]))})

@@ -74,14 +74,18 @@ class ActionActivity:
     for ``Store.action_claims_note``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 10_000) -> None:
+        #: Most actions kept between two reports: names come from workers, so past it
+        #: new names wait for the next report rather than grow memory.
+        self.limit = limit
         self._polled: dict[str, tuple[float, str]] = {}
         self._claimed: dict[str, tuple[float, str]] = {}
 
     def polled(self, actions: Iterable[str], worker_id: str) -> None:
         seen = (time.monotonic(), worker_id)
         for action in actions:
-            self._polled[action] = seen
+            if action in self._polled or len(self._polled) < self.limit:
+                self._polled[action] = seen
 
     def claimed(self, actions: Iterable[str], worker_id: str) -> None:
         seen = (time.monotonic(), worker_id)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any, NoReturn
 
 from pyclient import dag
 
@@ -46,6 +48,7 @@ class Settings:
     max_lease_s: float = 600.0
     max_wait_s: float = 60.0
     max_claim_batch: int = 1000
+    claim_recheck_s: float = 5.0
     sweep_interval_s: float = 1.0
     sweep_batch: int = 1000
     pool_size: int = 10
@@ -56,6 +59,7 @@ class Settings:
     max_nodes: int = dag.MAX_NODES
     max_dependencies: int = dag.MAX_DEPENDENCIES
     max_dependents: int = dag.MAX_DEPENDENTS
+    max_edges: int = dag.MAX_EDGES
     grace_s: float = 10.0
     metrics_listen: str = "127.0.0.1:9464"
     retention_s: float | None = 7 * 86400.0
@@ -84,6 +88,8 @@ _HELP = {
     "max_lease_s": "longest lease a worker may ask for, in seconds",
     "max_wait_s": "longest long-poll a Claim may ask for, in seconds",
     "max_claim_batch": "most steps one Claim may return",
+    "claim_recheck_s": "seconds a waiting Claim sleeps before looking again without a "
+    "notification (a safety net: NOTIFY wakes it at once)",
     "sweep_interval_s": "seconds between recovery sweeps (expired leases)",
     "sweep_batch": "most expired leases one sweep reclaims",
     "pool_size": "database connections kept per server process",
@@ -94,6 +100,7 @@ _HELP = {
     "max_nodes": "most nodes in one workflow",
     "max_dependencies": "most dependencies of one node (fan-in)",
     "max_dependents": "most nodes that depend on one node (fan-out)",
+    "max_edges": "most dependencies in one workflow, over all its nodes",
     "grace_s": "seconds in-flight calls get to finish on SIGTERM",
     "metrics_listen": "host:port of the Prometheus metrics endpoint (/metrics); off to disable",
     "retention_s": "delete completed and cancelled runs this long after they finished "
@@ -123,8 +130,22 @@ def env_name(field: str) -> str:
     return "CYCLONE_" + field.upper().removesuffix("_S").removesuffix("_MS")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Errors in one line (argparse would print the whole usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
+def _from_env(env: str, raw: str, kind: Callable[[str], Any]) -> Any:
+    try:
+        return kind(raw)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise SystemExit(f"cyclone-server: {env}={raw!r} is invalid: {exc}") from None
+
+
 def parse(argv: list[str] | None = None) -> Settings:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="cyclone-server",
         description="Cyclone: durable workflows over gRPC on Postgres. "
         "Every flag can also be set by the environment variable shown.",
@@ -143,7 +164,7 @@ def parse(argv: list[str] | None = None) -> Settings:
             )
             continue
         if str(f.type) == "float | None":
-            value = parse_age(raw) if raw is not None else default
+            value = _from_env(env, raw, parse_age) if raw is not None else default
             parser.add_argument(
                 flag,
                 dest=f.name,
@@ -153,8 +174,11 @@ def parse(argv: list[str] | None = None) -> Settings:
             )
             continue
         kind = {"float": float, "int": int}.get(str(f.type), str)
-        value = kind(raw) if raw is not None else default
+        value = _from_env(env, raw, kind) if raw is not None else default
         parser.add_argument(
             flag, dest=f.name, type=kind, default=value, help=f"{help_text}; default {default}"
         )
-    return Settings(**vars(parser.parse_args(argv)))
+    settings = Settings(**vars(parser.parse_args(argv)))
+    if settings.claim_recheck_s <= 0:
+        parser.error("--claim-recheck must be more than 0 seconds")
+    return settings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
@@ -65,10 +65,9 @@ def value_to_python(value: struct_pb2.Value, what: str) -> Any:
 def value_to_json(value: struct_pb2.Value, what: str) -> str:
     """A protobuf Value as JSON text for a jsonb parameter."""
     obj = value_to_python(value, what)
-    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    if "\\u0000" in text:
-        raise errors.InvalidArgument(_NUL.format(what))
-    return text
+    # _check_shape has refused real NUL characters; the six characters ``\u0000`` in
+    # a string are plain text, escaped here as any backslash is.
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def optional_json(message: Any, field: str, what: str) -> str | None:
@@ -113,6 +112,22 @@ def _check_shape(value: struct_pb2.Value, what: str) -> None:
             stack.extend((child, depth + 1) for child in fields.values())
         elif kind == "list_value":
             stack.extend((child, depth + 1) for child in v.list_value.values)
+
+
+#: The range of google.protobuf.Timestamp: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
+_MIN_TS_SECONDS = -62_135_596_800
+_MAX_TS_SECONDS = 253_402_300_799
+
+
+def to_datetime(ts: timestamp_pb2.Timestamp, what: str) -> datetime:
+    """A Timestamp from a client as an aware datetime; INVALID_ARGUMENT when it lies
+    outside the range the Timestamp type defines (which Python cannot represent)."""
+    if not _MIN_TS_SECONDS <= ts.seconds <= _MAX_TS_SECONDS or not 0 <= ts.nanos < 10**9:
+        raise errors.InvalidArgument(
+            f"{what} must lie between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z "
+            f"(seconds {ts.seconds}, nanos {ts.nanos})"
+        )
+    return ts.ToDatetime(tzinfo=UTC)
 
 
 def timestamp(dt: datetime | str | None) -> timestamp_pb2.Timestamp | None:

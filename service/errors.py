@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from service import auth
+
 log = logging.getLogger(__name__)
 
 
@@ -23,9 +25,13 @@ class CycloneError(Exception):
 
     code = grpc.StatusCode.INTERNAL
 
-    def __init__(self, message: str | None = None, *, metadata: tuple = ()) -> None:
+    def __init__(
+        self, message: str | None = None, *, metadata: tuple = (), detail: str | None = None
+    ) -> None:
         super().__init__(message or self.__doc__)
         self.metadata = metadata
+        #: What only the server log and admins see (e.g. the database's address).
+        self.detail = detail
 
 
 class InvalidArgument(CycloneError):
@@ -64,6 +70,17 @@ class Unavailable(CycloneError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+#: Longest message a status carries. Messages quote input through pyclient.dag.excerpt;
+#: this bound is the backstop that keeps any message within gRPC's metadata limit.
+MAX_MESSAGE = 2000
+
+
+def bounded(message: str) -> str:
+    if len(message) <= MAX_MESSAGE:
+        return message
+    return message[:MAX_MESSAGE] + f"... (cut: {len(message)} characters)"
+
+
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
@@ -81,7 +98,13 @@ def rpc(method: F) -> F:
         except CycloneError as exc:
             if exc.metadata:
                 context.set_trailing_metadata(exc.metadata)
-            await context.abort(exc.code, str(exc))
+            message = str(exc)
+            if exc.detail:
+                log.warning("%s: %s", method.__name__, exc.detail)
+                identity = auth.caller.get()
+                if identity is not None and identity.role == "admin":
+                    message = f"{message} ({exc.detail})"
+            await context.abort(exc.code, bounded(message))
         except grpc.aio.AbortError:
             raise
         except Exception:

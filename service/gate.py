@@ -10,6 +10,7 @@ are INVALID_ARGUMENT rather than gRPC's generic INTERNAL.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,9 @@ from service.config import Settings
 
 log = logging.getLogger("cyclone")
 
+#: Request size in bytes past which a request is decoded in a worker thread.
+BIG_REQUEST = 1 << 20
+
 
 class Gate(grpc.aio.ServerInterceptor):
     def __init__(self, settings: Settings) -> None:
@@ -30,7 +34,8 @@ class Gate(grpc.aio.ServerInterceptor):
         self.mtls = bool(settings.tls_client_ca)
         self.public_health = settings.public_health
         self.public_reflection = settings.public_reflection
-        self._handlers: dict[str, grpc.RpcMethodHandler | None] = {}
+        #: The wrapped handler of each registered method (a fixed set of names).
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     @property
     def enabled(self) -> bool:
@@ -38,11 +43,15 @@ class Gate(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
         method = handler_call_details.method
-        if method in self._handlers:
-            return self._handlers[method]
+        known = self._handlers.get(method)
+        if known is not None:
+            return known
         handler = await continuation(handler_call_details)
-        wrapped = None if handler is None else self._wrap(method, handler)
-        self._handlers[method] = wrapped
+        if handler is None:
+            # An unknown method: gRPC answers UNIMPLEMENTED. Not remembered, so that
+            # a client calling made-up names cannot grow this table.
+            return None
+        wrapped = self._handlers[method] = self._wrap(method, handler)
         return wrapped
 
     # Per call -------------------------------------------------------------------
@@ -148,6 +157,9 @@ def _decoder(method: str, deserializer: Callable[[bytes], Any] | None) -> Any:
         if deserializer is None:
             return raw
         try:
+            if len(raw) > BIG_REQUEST:
+                # Decoding megabytes takes a while: not on the event loop.
+                return await asyncio.to_thread(deserializer, raw)
             return deserializer(raw)
         except Exception:
             await context.abort(

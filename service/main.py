@@ -7,7 +7,9 @@ import logging
 import signal
 import sys
 
-from service import auth, config, embedded, logs, tls
+import psycopg
+
+from service import auth, config, embedded, logs, metrics, tls
 from service.migrate import migrate
 from service.server import CycloneServer
 
@@ -21,16 +23,55 @@ def main(argv: list[str] | None = None) -> None:
     settings = config.parse(argv)
     logs.setup(settings.log_level, settings.log_json)
     try:
-        tls.check(settings)
-    except tls.ListenError as exc:
+        _start(settings)
+    except StartupError as exc:
+        # A misconfiguration: one line that names the setting, no traceback.
         sys.exit(f"cyclone-server: {exc}")
-    database_url = settings.database_url or embedded.start(settings.data_dir)
-    applied = migrate(database_url)
+
+
+#: What a misconfiguration raises before the server serves.
+class StartupError(Exception):
+    """The server cannot start as configured."""
+
+
+def _start(settings: config.Settings) -> None:
+    try:
+        tls.check(settings)
+        if settings.token_file:
+            auth.Tokens(settings.token_file)  # a malformed line is named now
+        metrics.parse_listen(settings.metrics_listen)
+    except auth.TokenFileError as exc:
+        raise StartupError(f"--token-file {exc}") from None
+    except (tls.ListenError, ValueError) as exc:
+        raise StartupError(exc) from None
+    if settings.database_url:
+        database_url = settings.database_url
+    else:
+        try:
+            database_url = embedded.start(settings.data_dir)
+        except Exception as exc:
+            raise StartupError(
+                f"cannot start the embedded Postgres under --data-dir {settings.data_dir}: "
+                f"{_first_line(exc)}"
+            ) from None
+    try:
+        applied = migrate(database_url)
+    except psycopg.Error as exc:
+        raise StartupError(
+            f"cannot use the database (--database-url, CYCLONE_DATABASE_URL): {_first_line(exc)}"
+        ) from None
     if applied:
         log.info("applied migrations %s", ", ".join(f"{v:04d}" for v in applied))
     if settings.migrate_only:
         return
-    asyncio.run(_serve(settings, database_url))
+    try:
+        asyncio.run(_serve(settings, database_url))
+    except tls.ListenError as exc:  # the port, bound once the server is built
+        raise StartupError(exc) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 async def _serve(settings: config.Settings, database_url: str) -> None:

@@ -57,6 +57,40 @@ _FAST = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600)
 
 
+#: Most distinct names (of workflows, of actions) one metric keeps apart. Names come
+#: from clients, so without a bound each new name would grow the server's memory and
+#: every scrape for good; past it, new names are counted together under OTHER.
+MAX_NAMES = 1000
+OTHER = "_other"
+
+
+class Names:
+    """The label values of one metric's name label, at most ``limit`` of them."""
+
+    def __init__(self, limit: int = MAX_NAMES) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, name: str) -> str:
+        if name in self._seen:
+            return name
+        if len(self._seen) >= self.limit:
+            return OTHER
+        self._seen.add(name)
+        return name
+
+
+class _ByName:
+    """A labelled counter whose first label is a name from clients, bounded by Names."""
+
+    def __init__(self, metric: Any, limit: int = MAX_NAMES) -> None:
+        self.metric = metric
+        self.names = Names(limit)
+
+    def labels(self, name: str, *rest: str) -> Any:
+        return self.metric.labels(self.names(name), *rest)
+
+
 class Count:
     """A counter written by one thread (the event loop) only."""
 
@@ -105,13 +139,19 @@ class ActionMetrics(NamedTuple):
 class PerStep:
     """The metrics updated for every step, by action, and their exposition."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_NAMES) -> None:
         self.actions: dict[str, ActionMetrics] = {}
         self.completed = Count()
+        self.limit = limit
 
     def action(self, action: str) -> ActionMetrics:
         bound = self.actions.get(action)
         if bound is None:
+            if len(self.actions) >= self.limit:
+                action = OTHER
+                bound = self.actions.get(OTHER)
+                if bound is not None:
+                    return bound
             bound = self.actions[action] = ActionMetrics(
                 Count(), Distribution(_SLOW), Distribution(_SLOW), Distribution(_SLOW)
             )
@@ -183,11 +223,13 @@ class Metrics:
             buckets=_FAST,
             registry=r,
         )
-        self.submitted = Counter(
-            "cyclone_runs_submitted",
-            "Runs created by Submit and SubmitOnce",
-            ["workflow"],
-            registry=r,
+        self.submitted = _ByName(
+            Counter(
+                "cyclone_runs_submitted",
+                "Runs created by Submit and SubmitOnce",
+                ["workflow"],
+                registry=r,
+            )
         )
         self.finished = Counter(
             "cyclone_runs_finished",
@@ -195,12 +237,14 @@ class Metrics:
             ["status"],
             registry=r,
         )
-        self.blocked = Counter(
-            "cyclone_runs_blocked",
-            "Runs blocked (EffectUncertain) by a claim or by an unsafe handler that stopped "
-            "without an outcome, by the uncertain step's action",
-            ["action"],
-            registry=r,
+        self.blocked = _ByName(
+            Counter(
+                "cyclone_runs_blocked",
+                "Runs blocked (EffectUncertain) by a claim or by an unsafe handler that "
+                "stopped without an outcome, by the uncertain step's action",
+                ["action"],
+                registry=r,
+            )
         )
         self.per_step = PerStep()
         r.register(self.per_step)
@@ -220,11 +264,13 @@ class Metrics:
             ["cause"],
             registry=r,
         )
-        self.lease_expiries = Counter(
-            "cyclone_lease_expiries",
-            "Expired leases reclaimed by this server's sweep, by action",
-            ["action"],
-            registry=r,
+        self.lease_expiries = _ByName(
+            Counter(
+                "cyclone_lease_expiries",
+                "Expired leases reclaimed by this server's sweep, by action",
+                ["action"],
+                registry=r,
+            )
         )
         self.refused = Counter(
             "cyclone_completions_refused",

@@ -107,10 +107,19 @@ class Dispatcher:
             while True:
                 await self._outbox_ready.wait()
                 self._outbox_ready.clear()
-                actions, self._outbox = sorted(self._outbox), set()
-                await conn.execute(
-                    f"SELECT pg_notify('{CHANNEL}', a) FROM unnest(%s::text[]) a", (actions,)
-                )
+                actions, self._outbox = self._outbox, set()
+                try:
+                    await conn.execute(
+                        f"SELECT pg_notify('{CHANNEL}', a) FROM unnest(%s::text[]) a",
+                        (sorted(actions),),
+                    )
+                except BaseException:
+                    # Not sent (the connection was lost, e.g. Postgres restarted, or
+                    # the server is stopping): back in the outbox, for the next
+                    # connection to send first.
+                    self._outbox |= actions
+                    self._outbox_ready.set()
+                    raise
 
         await self._reconnecting("NOTIFY", send)
 

@@ -77,9 +77,8 @@ class CycloneServer:
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        self.grpc = grpc.aio.server(
-            options=options, interceptors=[self.metrics.interceptor(), *gate.interceptors(settings)]
-        )
+        self.interceptors = [self.metrics.interceptor(), *gate.interceptors(settings)]
+        self.grpc = grpc.aio.server(options=options, interceptors=self.interceptors)
         self.worker = WorkerServicer(
             self.store, self.dispatcher, settings, self.metrics, self.activity, self.handouts
         )

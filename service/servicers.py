@@ -10,7 +10,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import grpc
@@ -45,13 +45,15 @@ from service.errors import rpc
 from service.explain import explain
 from service.metrics import Metrics
 from service.notify import Dispatcher
-from service.store import Store, parse_uuid, sqlstate_error
+from service.store import BIG_WORKFLOW, Store, parse_uuid, sqlstate_error
 
 log = logging.getLogger("cyclone")
 
 MAX_WORKER_ID = 200
 MAX_REASON = 2000
 MAX_ERROR_TEXT = 64 * 1024
+#: Most actions one Claim may name.
+MAX_CLAIM_ACTIONS = 1000
 
 
 def _seconds(d: duration_pb2.Duration) -> float:
@@ -178,7 +180,7 @@ def _node_spec(node: types_pb2.Node) -> dag.NodeSpec:
         backoff_multiplier=retry.backoff_multiplier or defaults.backoff_multiplier,
         timeout_s=dur(node, "timeout", defaults.timeout_s),
         input=(
-            convert.value_to_python(node.input, f"node {node.name!r} input")
+            convert.value_to_python(node.input, f"node {dag.excerpt(node.name)} input")
             if node.HasField("input")
             else None
         ),
@@ -188,15 +190,28 @@ def _node_spec(node: types_pb2.Node) -> dag.NodeSpec:
 def _validated(workflow: types_pb2.Workflow, limits: dag.Limits) -> list[dag.NodeSpec]:
     if len(workflow.nodes) > limits.max_nodes:
         raise errors.InvalidArgument(
-            f"workflow {workflow.name!r} has {len(workflow.nodes)} nodes; "
+            f"workflow {dag.excerpt(workflow.name)} has {len(workflow.nodes)} nodes; "
             f"the limit is {limits.max_nodes}"
         )
     try:
+        # Counted before anything is built from the nodes.
+        dag.check_edges(workflow.name, sum(len(n.depends_on) for n in workflow.nodes), limits)
         # Names first, so that a bad name is reported before anything derived from it.
         specs = [_node_spec(n) for n in workflow.nodes]
         return dag.validate_workflow(workflow.name, specs, limits)
     except dag.InvalidWorkflow as exc:
         raise errors.InvalidArgument(str(exc)) from None
+
+
+async def _validated_off_loop(
+    workflow: types_pb2.Workflow, limits: dag.Limits
+) -> list[dag.NodeSpec]:
+    """_validated, in a worker thread when the workflow is large, so that a big Submit
+    does not hold up the other calls this server is answering."""
+    size = len(workflow.nodes) + sum(len(n.depends_on) for n in workflow.nodes)
+    if size > BIG_WORKFLOW:
+        return await asyncio.to_thread(_validated, workflow, limits)
+    return _validated(workflow, limits)
 
 
 class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
@@ -210,7 +225,10 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         self.store = store
         self.settings = settings
         self.limits = dag.Limits(
-            settings.max_nodes, settings.max_dependencies, settings.max_dependents
+            settings.max_nodes,
+            settings.max_dependencies,
+            settings.max_dependents,
+            settings.max_edges,
         )
         self.metrics = metrics
         # Writes this server's latest news of workers first, so that Explain on a
@@ -220,7 +238,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
     async def _submit(self, request: Any, key: str | None) -> tuple[uuid.UUID, bool]:
         if not request.HasField("workflow"):
             raise errors.InvalidArgument("workflow is required")
-        nodes = _validated(request.workflow, self.limits)
+        nodes = await _validated_off_loop(request.workflow, self.limits)
         run_input = convert.optional_json(request, "input", "run input")
         run_id, created = await self.store.run_submit(
             workflow=request.workflow.name, nodes=nodes, input_json=run_input, submit_key=key
@@ -260,6 +278,11 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         size = request.page_size or 50
         if not 1 <= size <= 1000:
             raise errors.InvalidArgument(f"page_size must be between 1 and 1000, got {size}")
+        if len(request.statuses) > len(convert.RUN_STATUS):
+            raise errors.InvalidArgument(
+                f"statuses names {len(request.statuses)} statuses; there are "
+                f"{len(convert.RUN_STATUS)}"
+            )
         statuses = []
         for s in request.statuses:
             if s not in convert.RUN_STATUS_NAME:
@@ -275,12 +298,12 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             workflow=request.workflow or None,
             statuses=statuses or None,
             created_after=(
-                request.created_after.ToDatetime(tzinfo=UTC)
+                convert.to_datetime(request.created_after, "created_after")
                 if request.HasField("created_after")
                 else None
             ),
             created_before=(
-                request.created_before.ToDatetime(tzinfo=UTC)
+                convert.to_datetime(request.created_before, "created_before")
                 if request.HasField("created_before")
                 else None
             ),
@@ -365,12 +388,31 @@ def _encode_page_token(created_at: datetime, run_id: uuid.UUID) -> str:
     return base64.urlsafe_b64encode(raw).decode()
 
 
+#: Longer than any token this server issues (about 100 characters).
+MAX_PAGE_TOKEN = 256
+
+
 def _decode_page_token(token: str) -> tuple[datetime, uuid.UUID]:
+    """The position a page token names. Anything this server did not issue (too long,
+    not base64, not a two-string JSON list, a naive time, not a UUID) is
+    INVALID_ARGUMENT, and a token is never parsed past its length limit."""
+    bad = errors.InvalidArgument("page_token is not one this server issued")
+    if len(token) > MAX_PAGE_TOKEN:
+        raise bad
     try:
-        created, run_id = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return datetime.fromisoformat(created), uuid.UUID(run_id)
-    except (ValueError, TypeError, UnicodeError):
-        raise errors.InvalidArgument("page_token is not one this server issued") from None
+        decoded = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))
+        if not (
+            isinstance(decoded, list)
+            and len(decoded) == 2
+            and all(isinstance(part, str) for part in decoded)
+        ):
+            raise bad
+        created = datetime.fromisoformat(decoded[0])
+        if created.tzinfo is None:
+            raise bad
+        return created, uuid.UUID(decoded[1])
+    except (ValueError, TypeError, UnicodeError, RecursionError):
+        raise bad from None
 
 
 class WorkerServicer(worker_grpc.WorkerServiceServicer):
@@ -408,6 +450,10 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             raise errors.InvalidArgument("worker_id is required")
         if not request.actions:
             raise errors.InvalidArgument("actions must name at least one action")
+        if len(request.actions) > MAX_CLAIM_ACTIONS:
+            raise errors.InvalidArgument(
+                f"actions names {len(request.actions)} actions; the limit is {MAX_CLAIM_ACTIONS}"
+            )
         actions, unsafe = [], []
         for spec in request.actions:
             try:
@@ -448,8 +494,10 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                         self.metrics.waiting_claims.inc()
                     due = await self.store.step_next_due(actions)
                     # The wake-up is the notification; the timeout only covers backoffs
-                    # coming due and a notification lost while the listener reconnected.
-                    timeout = min(remaining, 5.0 if due is None else max(due, 0.001))
+                    # coming due, and is a safety net (--claim-recheck) should a
+                    # notification ever be missed.
+                    recheck = self.settings.claim_recheck_s
+                    timeout = min(remaining, recheck if due is None else max(due, 0.001))
                     # Awaited directly, not through a task: a wake-up resumes this claim
                     # in one turn of the event loop. A stopping server wakes every waiter.
                     with contextlib.suppress(TimeoutError):

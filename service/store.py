@@ -8,12 +8,13 @@ Database errors are translated here into domain errors (service.errors).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -23,7 +24,7 @@ import sqlalchemy as sa
 from psycopg.rows import namedtuple_row
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from pyclient.dag import NodeSpec
+from pyclient.dag import NodeSpec, excerpt
 from service import errors
 
 #: A result row: a named tuple whose fields are the statement's columns.
@@ -72,7 +73,7 @@ def parse_uuid(value: str, what: str = "run_id") -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except (ValueError, TypeError, AttributeError):
-        raise errors.InvalidArgument(f"{what} {value!r} is not a UUID") from None
+        raise errors.InvalidArgument(f"{what} {excerpt(value)} is not a UUID") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,41 @@ class Completion:
     run_status: str
     duplicate: bool
     retry_at: datetime | None
+
+
+#: Nodes plus edges past which a workflow is validated and encoded in a worker thread
+#: rather than on the event loop, so that other calls keep being answered meanwhile.
+BIG_WORKFLOW = 2000
+
+
+def nodes_json(nodes: Sequence[NodeSpec]) -> str:
+    """The nodes of a validated workflow as run_submit's JSON argument; linear time.
+    Encoded node by node: one call of the C encoder over megabytes would hold the GIL,
+    and so the event loop, for all of its duration."""
+    return (
+        "["
+        + ",".join(
+            json.dumps(
+                {
+                    "name": n.name,
+                    "action": n.action,
+                    "depends_on": n.depends_on,
+                    "trigger_rule": n.trigger_rule,
+                    "max_attempts": n.max_attempts,
+                    "initial_backoff_s": n.initial_backoff_s,
+                    "max_backoff_s": n.max_backoff_s,
+                    "backoff_multiplier": n.backoff_multiplier,
+                    "timeout_s": n.timeout_s,
+                    "input": n.input,
+                    "dependents": n.dependents,
+                    "position": i,
+                },
+                separators=(",", ":"),
+            )
+            for i, n in enumerate(nodes)
+        )
+        + "]"
+    )
 
 
 class Store:
@@ -161,7 +197,7 @@ class Store:
         except sa.exc.DBAPIError as exc:  # raised while connecting
             raise _translate(exc.orig or exc) from exc
         except OSError as exc:
-            raise errors.Unavailable(f"database unavailable: {exc}") from exc
+            raise errors.Unavailable(detail=f"database unavailable: {exc}") from exc
         if rows and self.on_ready and "ready" in rows[0]._fields:
             ready = {a for row in rows if row.ready for a in row.ready.split(",")}
             if ready:
@@ -190,23 +226,18 @@ class Store:
     ) -> tuple[uuid.UUID, bool]:
         from uuid6 import uuid7
 
-        payload = [
-            {
-                **asdict(n),
-                "position": i,
-                "depends_on": list(n.depends_on),
-                "dependents": list(n.dependents),
-                "input": n.input,
-            }
-            for i, n in enumerate(nodes)
-        ]
+        if len(nodes) + sum(len(n.depends_on) for n in nodes) > BIG_WORKFLOW:
+            # Encoding a large workflow takes a while: not on the event loop.
+            encoded = await asyncio.to_thread(nodes_json, nodes)
+        else:
+            encoded = nodes_json(nodes)
         row = await self._one(
             "run_submit",
             run_id=str(uuid7()),
             workflow=workflow,
             submit_key=submit_key,
             input=input_json,
-            nodes=json.dumps(payload, separators=(",", ":")),
+            nodes=encoded,
         )
         assert row is not None
         return row.run_id, row.created
@@ -469,9 +500,12 @@ def _translate(orig: BaseException) -> Exception:
     cls = _SQLSTATE_ERRORS.get(sqlstate or "")
     if cls is None:
         if sqlstate is None or sqlstate.startswith("08"):
-            return errors.Unavailable(f"database unavailable: {message}")
+            return errors.Unavailable(detail=f"database unavailable: {message}")
         # Unexpected: becomes INTERNAL with an error id; the details stay in the log.
         return RuntimeError(f"database error {sqlstate}: {message}")
+    if cls is errors.Unavailable and sqlstate != "57014":
+        # A lost connection, a shutdown: the text may name the database's host.
+        return errors.Unavailable(detail=f"database unavailable: {message}")
     metadata: tuple = ()
     detail = diag.message_detail if diag else None
     if cls is errors.LeaseLost and detail and detail.startswith("current_attempt="):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import ssl
 from pathlib import Path
 
 import grpc
@@ -31,6 +32,42 @@ def is_loopback(listen: str) -> bool:
         return False  # a name, '' or '*': assume it is reachable from elsewhere
 
 
+def check_listen(listen: str) -> None:
+    """Raise ListenError unless ``listen`` is ``host:port`` with a port in 0-65535."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ListenError(
+            f"--listen {listen!r} is not host:port with a port from 0 to 65535 "
+            "(e.g. 127.0.0.1:50051; port 0 picks a free one)"
+        )
+
+
+def _check_pem(settings: Settings) -> None:
+    """Load the certificate, key and client CA as TLS will, so that a wrong file (a
+    certificate given as the key, a key that does not match) is named at start."""
+    cert, key = settings.tls_cert or "", settings.tls_key or ""
+    if b"CERTIFICATE-----" not in Path(cert).read_bytes():
+        raise ListenError(f"--tls-cert {cert}: holds no PEM certificate")
+    if b"PRIVATE KEY-----" not in Path(key).read_bytes():
+        raise ListenError(f"--tls-key {key}: holds no PEM private key (is it the certificate?)")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise ListenError(
+            f"--tls-key {key} does not go with --tls-cert {cert}: the key is unreadable, "
+            f"encrypted or of another certificate ({exc.reason or exc})"
+        ) from None
+    ca = settings.tls_client_ca
+    if ca:
+        try:
+            context.load_verify_locations(cafile=ca)
+        except ssl.SSLError as exc:
+            raise ListenError(
+                f"--tls-client-ca {ca}: holds no PEM CA certificate ({exc.reason or exc})"
+            ) from None
+
+
 def check(settings: Settings) -> None:
     """Raise ListenError for settings that would expose the server without
     authentication, or name half a TLS configuration; warn about risky ones."""
@@ -38,10 +75,20 @@ def check(settings: Settings) -> None:
         raise ListenError("--tls-cert and --tls-key go together: give both or neither")
     if settings.tls_client_ca and not settings.tls_cert:
         raise ListenError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+    check_listen(settings.listen)
     for name in ("tls_cert", "tls_key", "tls_client_ca", "token_file"):
         path = getattr(settings, name)
-        if path and not Path(path).is_file():
-            raise ListenError(f"--{name.replace('_', '-')} {path}: no such file")
+        if not path:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if not Path(path).is_file():
+            raise ListenError(f"{flag} {path}: no such file")
+        try:
+            Path(path).read_bytes()
+        except OSError as exc:
+            raise ListenError(f"{flag} {path}: cannot read it ({exc.strerror})") from None
+    if settings.tls_cert:
+        _check_pem(settings)
     if is_loopback(settings.listen):
         return
     authenticated = bool(settings.token_file or settings.tls_client_ca)
@@ -86,10 +133,16 @@ def listen(server: grpc.aio.Server, settings: Settings) -> int:
     """Add the listening port as the settings say; returns the port number."""
     check(settings)
     creds = credentials(settings)
-    if creds is None:
-        port = server.add_insecure_port(settings.listen)
-    else:
-        port = server.add_secure_port(settings.listen, creds)
+    try:
+        if creds is None:
+            port = server.add_insecure_port(settings.listen)
+        else:
+            port = server.add_secure_port(settings.listen, creds)
+    except RuntimeError:
+        port = 0
     if port == 0:
-        raise ListenError(f"cannot listen on {settings.listen}")
+        raise ListenError(
+            f"--listen {settings.listen}: cannot listen there (the port is in use, or the "
+            "address is not one of this machine's)"
+        )
     return port

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grpc
@@ -9,6 +10,21 @@ import pytest
 from google.protobuf import duration_pb2, json_format, struct_pb2
 
 from cyclone.v1 import types_pb2, worker_service_pb2, workflow_service_pb2
+
+#: Upper bound of any wait in the tests; reached only when something is broken.
+PATIENCE = 20.0
+
+
+def eventually(check: Any, what: str, timeout: float = PATIENCE) -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    end = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > end:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
 
 
 def value(obj: Any) -> struct_pb2.Value:

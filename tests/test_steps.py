@@ -6,12 +6,14 @@ from __future__ import annotations
 import threading
 
 import grpc
+import pytest
 
 from cyclone.v1 import types_pb2, worker_service_pb2
 from tests.helpers import (
     claim,
     complete,
     drain,
+    eventually,
     fail,
     get_run,
     node,
@@ -117,16 +119,79 @@ def test_concurrent_claims_never_hand_out_a_step_twice(cyclone_server):
     assert sorted(got) == sorted(f"n{i}" for i in range(200))
 
 
-def test_waiting_claim_is_woken_by_a_submit(cyclone_server):
+def waiting_claims(server) -> float:
+    return server.server.metrics.waiting_claims._value.get()
+
+
+def claim_in_thread(server, action: str) -> tuple[threading.Thread, list]:
+    """A Claim of ``action`` waiting up to 30 s, in a thread, once it is waiting."""
     result: list = []
-    waiter = threading.Thread(target=lambda: result.extend(claim(cyclone_server, "late", wait=30)))
+
+    def run() -> None:
+        while True:
+            try:
+                result.extend(claim(server, action, wait=30))
+                return
+            except grpc.RpcError as error:
+                # A pooled connection that a Postgres restart broke fails once.
+                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+
+    waiter = threading.Thread(target=run)
     waiter.start()
-    # Give the claim time to find nothing and start waiting; it is woken by NOTIFY.
-    threading.Event().wait(0.5)
-    run_id = submit(cyclone_server, workflow("w", node("a", action="late")))
+    eventually(lambda: waiting_claims(server) == 1, "the claim to wait")
+    return waiter, result
+
+
+@pytest.mark.parametrize("submitted_to", ["the same server", "another server"])
+def test_waiting_claim_is_woken_by_a_submit(server_factory, submitted_to):
+    # The periodic re-check is pushed out of reach: only the wake-up (in this server,
+    # or by NOTIFY from the other) can end the wait before the claim's 30 s.
+    waiting = server_factory(claim_recheck_s=3600)
+    submitting = waiting if submitted_to == "the same server" else server_factory()
+    waiter, result = claim_in_thread(waiting, "late")
+    run_id = submit(submitting, workflow("w", node("a", action="late")))
     waiter.join(20)
     assert not waiter.is_alive()
     assert [(s.run_id, s.node) for s in result] == [(run_id, "a")]
+
+
+def test_a_waiting_claim_is_woken_across_servers_after_postgres_drops_them(server_factory):
+    """What a Postgres restart does to the servers' connections (each is terminated),
+    done to this test's database alone: the first notification sent afterwards still
+    reaches a claim waiting on the other server."""
+    waiting = server_factory(claim_recheck_s=3600)
+    submitting = server_factory(claim_recheck_s=3600)
+    # Both servers have used their NOTIFY connections before the restart.
+    submit(submitting, workflow("w", node("warm", action="warm")))
+    submit(waiting, workflow("w", node("warm", action="warm")))
+    listeners = waiting.sql(LISTENERS)
+    waiting.sql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    # The waiting server listens again on a new connection.
+    eventually(
+        lambda: {pid for (pid,) in waiting.sql(LISTENERS)} - {pid for (pid,) in listeners},
+        "the LISTEN connection to come back",
+    )
+    eventually(lambda: waiting.server.dispatcher.connected.is_set(), "the listener")
+    waiter, result = claim_in_thread(waiting, "late")
+    run_id = None
+    while run_id is None:
+        try:
+            run_id = submit(submitting, workflow("w", node("a", action="late")))
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+    waiter.join(20)
+    assert not waiter.is_alive(), "the claim was not woken: the notification was lost"
+    assert [(s.run_id, s.node) for s in result] == [(run_id, "a")]
+
+
+LISTENERS = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
+)
 
 
 def test_claim_with_nothing_ready_returns_empty_after_its_wait(cyclone_server):

@@ -1,0 +1,103 @@
+"""Start-up misconfigurations: each one ends the process with one line that names the
+setting and what is wrong with it, and no traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_tls import make_cert
+
+SERVER = [sys.executable, "-m", "service", "--listen", "127.0.0.1:0", "--metrics-listen", "off"]
+
+
+def start(database_url: str, *flags: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Start cyclone-server with ``flags``; its exit status and output. A server that
+    starts serving instead of exiting is stopped, and its status is 0."""
+    proc = subprocess.Popen(
+        [*SERVER, *flags],
+        env={**os.environ, "CYCLONE_DATABASE_URL": database_url, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    output = []
+    with proc.stdout:
+        for line in proc.stdout:
+            output.append(line)
+            if "Cyclone is serving on" in line:
+                proc.terminate()
+                proc.wait(30)
+                return 0, "".join(output)
+    return proc.wait(30), "".join(output)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    pem = make_cert("localhost")
+    paths = {
+        "cert": tmp_path / "server.crt",
+        "key": tmp_path / "server.key",
+        "garbage": tmp_path / "garbage.pem",
+        "dir": tmp_path,
+        "tokens": tmp_path / "tokens.txt",
+    }
+    paths["cert"].write_bytes(pem.cert)
+    paths["key"].write_bytes(pem.key)
+    paths["garbage"].write_text("not a PEM file\n")
+    paths["other_key"] = tmp_path / "other.key"
+    paths["other_key"].write_bytes(make_cert("other").key)
+    paths["tokens"].write_text("this is not a token line\n")
+    return {name: str(path) for name, path in paths.items()}
+
+
+def cases(files: dict[str, str], busy_port: int) -> list[tuple[list[str], dict, str]]:
+    cert, key = files["cert"], files["key"]
+    return [
+        (["--tls-cert", cert, "--tls-key", cert], {}, "--tls-key"),
+        (["--tls-cert", key, "--tls-key", key], {}, "--tls-cert"),
+        (["--tls-cert", cert, "--tls-key", files["garbage"]], {}, "--tls-key"),
+        (["--tls-cert", cert, "--tls-key", files["other_key"]], {}, "does not go with"),
+        (["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", key], {}, "--tls-client-ca"),
+        (["--tls-cert", files["dir"], "--tls-key", key], {}, "--tls-cert"),
+        (["--token-file", files["tokens"]], {}, "--token-file"),
+        (["--listen", "127.0.0.1:99999"], {}, "--listen"),
+        (["--listen", "no port here"], {}, "--listen"),
+        (["--listen", f"127.0.0.1:{busy_port}"], {}, "--listen"),
+        (["--metrics-listen", "nonsense"], {}, "--metrics-listen"),
+        (["--database-url", "postgresql://127.0.0.1:1/nothing"], {}, "database"),
+        (["--database-url", "not a url"], {}, "database"),
+        ([], {"CYCLONE_LEASE": "long"}, "CYCLONE_LEASE"),
+        (["--lease", "long"], {}, "--lease"),
+        (["--claim-recheck", "0"], {}, "--claim-recheck"),
+    ]
+
+
+def test_every_misconfiguration_is_one_line_without_a_traceback(
+    database_url: str, files: dict[str, str]
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        failures = []
+        for flags, env, word in cases(files, port):
+            status, output = start(database_url, *flags, env=env)
+            lines = [line for line in output.splitlines() if line.strip()]
+            ok = (
+                status not in (0, None)
+                and "Traceback" not in output
+                and len(lines) <= 2
+                and word in lines[-1]
+            )
+            if not ok:
+                failures.append((flags, env, status, output[-600:]))
+    assert not failures, "\n\n".join(map(str, failures))
