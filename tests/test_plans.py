@@ -22,6 +22,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from cyclone.v1 import worker_service_pb2
+from tests.helpers import node, submit, workflow
+
 HISTORY_RUNS = 15_000  # two steps each: 30,000 finished step rows
 BACKLOG = 20_000  # steps backing off, of the action the test claims
 HOT = (
@@ -340,3 +343,19 @@ def test_hot_paths_never_scan_steps_or_runs_whole(database_url, statistics):
     )
     if session.explained:
         assert {f for f, _ in session.plans} >= set(HOT) - {"_runs_close"}
+
+
+def test_a_claim_naming_an_action_twice_hands_each_step_out_once(cyclone_server):
+    """The claim joins the rows it updated back to the rows it picked: an action named
+    twice must not pick, or return, a step twice."""
+    for _ in range(3):
+        submit(cyclone_server, workflow("w", node("a")))
+    request = worker_service_pb2.ClaimRequest(
+        worker_id="w",
+        actions=[worker_service_pb2.ActionSpec(name="work")] * 2,
+        max_steps=10,
+    )
+    steps = cyclone_server.workers.Claim(request).steps
+    assert sorted(s.run_id for s in steps) == sorted({s.run_id for s in steps})
+    assert len(steps) == 3
+    assert cyclone_server.sql("SELECT sum(attempt) FROM cyclone.steps") == [(3,)]

@@ -25,6 +25,9 @@
 -- lock, the update by ctid may miss it; it then stays as it was (still available, or
 -- not purged) for the next call. The updates re-check the status for that reason.
 --
+-- The claim also takes each action once, however often p_actions names it: the rows it
+-- updated are joined back to the rows it picked, which must be one per step.
+--
 -- step_claim also returns upstream_failures: for a step whose trigger rule let it run
 -- after a failure (deps_failed > 0), its direct upstream nodes that were discarded,
 -- each with its last recorded error, and those that were skipped, with no error.
@@ -59,7 +62,7 @@ BEGIN
     RETURN QUERY
     WITH picked AS (
         SELECT c.row_id, c.run_id, c.node, c.effect_uncertain, c.available_at
-          FROM unnest(p_actions) AS a(action)
+          FROM (SELECT DISTINCT x FROM unnest(p_actions) x) AS a(action)
          CROSS JOIN LATERAL (
                SELECT s.ctid AS row_id, s.run_id, s.node, s.available_at, s.effect_uncertain
                  FROM cyclone.steps s
