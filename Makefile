@@ -106,8 +106,13 @@ migrate: $(VENV)/.stamp ## Apply migrations and exit
 	$(VENV)/bin/cyclone-server --migrate-only
 
 .PHONY: test
-test: $(VENV)/.stamp tools ## Run the test suite (real Postgres, real servers)
+test: $(VENV)/.stamp tools ## Run the test suite (real Postgres, real servers), then the engine's on PostgreSQL 15
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	tests/pg15.sh $(PG15_PYTEST_ARGS)
+
+.PHONY: test-pg15
+test-pg15: $(VENV)/.stamp tools ## Only the engine's tests, on a throwaway PostgreSQL 15 cluster (PG15_BIN)
+	tests/pg15.sh $(PG15_PYTEST_ARGS)
 
 .PHONY: bench
 bench: $(VENV)/.stamp ## Benchmarks with a same-run baseline; writes bench/results/latest.json

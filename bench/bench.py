@@ -10,10 +10,16 @@ Scenarios (fixed counts, every loop bounded in count and time):
   history     throughput again after 1,000,000 finished steps are in the tables
   submit      runs submitted per second by 4 concurrent clients
   big         health checks answered while one Submit at the default caps (2,000 nodes,
-              ~100,000 edges) is validated and stored: their latency, and the Submit's
+              ~100,000 edges) is validated and stored: their latency, and the Submit's own
 
-Writes bench/results/latest.json and prints a table. Durability settings stay at
-Postgres defaults (fsync, synchronous_commit on) throughout.
+Writes bench/results/latest.json (--out) and prints a table. Durability settings stay at
+Postgres defaults (fsync, synchronous_commit on) throughout. The embedded Postgres is
+measured unless --url (or CYCLONE_DATABASE_URL) names another, e.g. PostgreSQL 15:
+
+    make bench BENCH_ARGS="--url postgresql://postgres@:5433/postgres?host=/tmp/pg15 --out x.json"
+
+The throughput scenarios also report the WAL written per step (pg_current_wal_lsn
+before and after the drain, so the cluster must not be busy with anything else).
 """
 
 from __future__ import annotations
@@ -54,8 +60,8 @@ DEADLINE_S = 600  # no scenario may run longer than this
 # Setup ---------------------------------------------------------------------------
 
 
-def admin_url() -> str:
-    url = os.environ.get("CYCLONE_DATABASE_URL")
+def admin_url(given: str | None) -> str:
+    url = given or os.environ.get("CYCLONE_DATABASE_URL")
     if url:
         return url
     from service import embedded
@@ -96,17 +102,20 @@ class CpuMeter:
     """CPU seconds spent over a span by the server, by worker processes that finished
     in it, by this process (the baseline's threads) and by the embedded Postgres.
 
-    Postgres is measured only when it is the embedded one (its processes are here);
+    Postgres is measured only when its processes are on this machine (the embedded one,
+    or a local cluster given by URL whose data directory this process can read);
     backends that exit during the span are not counted, which is why every scenario
     keeps its connections open until it ends.
     """
 
+    #: The postmaster's pid file, found by main().
+    pid_file: Path | None = None
+
     def __init__(self, server: Server | None) -> None:
         self.server = psutil.Process(server.proc.pid) if server else None
-        pid_file = ROOT / ".cyclone" / "pgdata" / "postmaster.pid"
         self.postmaster = None
-        if not os.environ.get("CYCLONE_DATABASE_URL") and pid_file.exists():
-            self.postmaster = psutil.Process(int(pid_file.read_text().split()[0]))
+        if self.pid_file is not None and self.pid_file.exists():
+            self.postmaster = psutil.Process(int(self.pid_file.read_text().split()[0]))
 
     def _postgres(self) -> dict[int, float]:
         if self.postmaster is None:
@@ -309,14 +318,25 @@ def steps_per_second(database_url: str, action: str) -> tuple[int, float]:
 # Scenarios -----------------------------------------------------------------------
 
 
+def wal_lsn(database_url: str) -> int:
+    """The WAL position in bytes (shared by every database of the cluster: the bench
+    must have the cluster to itself for the difference to be its own)."""
+    with psycopg.connect(database_url) as conn:
+        return conn.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint").fetchone()[0]
+
+
 def scenario_throughput(server: Server, database_url: str, runs: int, action: str) -> dict:
     submit_many(server.address, [one_node("one", action)] * runs)
+    wal_before = wal_lsn(database_url)
     with CpuMeter(server) as cpu:
         join(start_workers(server.address, action))
+    wal_bytes = wal_lsn(database_url) - wal_before
     n, rate = steps_per_second(database_url, action)
     assert n == runs, f"{n} of {runs} steps completed"
     return {"steps": n, "steps_per_s": round(rate, 1),
-            "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres")}
+            "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
+            "wal_bytes_per_step": round(wal_bytes / n)}
 
 
 def scenario_sdk(server: Server, database_url: str, runs: int, action: str,
@@ -496,19 +516,26 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated scenarios to run")
     parser.add_argument("--database", default="cyclone_bench",
                         help="database to (re)create for the run (default cyclone_bench)")
+    parser.add_argument("--url", default=None,
+                        help="a superuser URL of the Postgres to measure, e.g. a PostgreSQL 15 "
+                             "cluster (default: CYCLONE_DATABASE_URL, else the embedded one)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "latest.json",
+                        help="where to write the results (default bench/results/latest.json)")
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
 
     def wanted(name: str) -> bool:
         return not only or name in only
 
-    base = admin_url()
+    base = admin_url(args.url)
     database_url = fresh_database(base, args.database)
     from service.migrate import migrate
 
     migrate(database_url)
     with psycopg.connect(database_url) as conn:
         pg_version = conn.execute("SHOW server_version").fetchone()[0]
+        data_directory = conn.execute("SHOW data_directory").fetchone()[0]
+    CpuMeter.pid_file = Path(data_directory) / "postmaster.pid"
     server = Server(database_url)
     results: dict = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -555,17 +582,19 @@ def main() -> None:
             results["history"] = {
                 "finished_steps_loaded": args.history,
                 "steps_per_s": again["steps_per_s"],
+                "cpu_ms_per_step": again["cpu_ms_per_step"],
+                "wal_bytes_per_step": again["wal_bytes_per_step"],
                 "ratio": round(again["steps_per_s"] / results["throughput"]["steps_per_s"], 2),
             }
             print("history", results["history"], flush=True)
     finally:
         server.stop()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
-    print_table(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print_table(results, args.out)
 
 
-def print_table(r: dict) -> None:
+def print_table(r: dict, out: Path) -> None:
     rows = []
     if "throughput" in r:
         t = r["throughput"]
@@ -574,6 +603,7 @@ def print_table(r: dict) -> None:
                  ("throughput ratio (target >= 1.5)", t["ratio"]),
                  ("CPU ms per step: server / workers / Postgres",
                   " / ".join(str(v) for v in t["cpu_ms_per_step"].values())),
+                 ("WAL bytes per step", t["wal_bytes_per_step"]),
                  ("CPU ms per baseline job: client / Postgres",
                   " / ".join(str(v) for v in t["baseline_cpu_ms_per_job"].values()))]
     if "sdk" in r:
@@ -589,6 +619,8 @@ def print_table(r: dict) -> None:
                      f'{r["pickup_ms"]["p50"]} / {r["pickup_ms"]["p99"]}'))
     if "history" in r:
         rows.append(("history ratio (target >= 0.9)", r["history"]["ratio"]))
+        rows.append(("  after history: steps/s, WAL bytes per step",
+                     f'{r["history"]["steps_per_s"]}, {r["history"]["wal_bytes_per_step"]}'))
     if "big" in r:
         b = r["big"]
         rows.append((f"health check p50 / p99 / max ms during a {b['edges']:,}-edge Submit",
@@ -601,8 +633,7 @@ def print_table(r: dict) -> None:
     print()
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
-    print(f"\n  Postgres {r['postgres']}, {r['machine']['cpus']} CPUs; "
-          "bench/results/latest.json written")
+    print(f"\n  Postgres {r['postgres']}, {r['machine']['cpus']} CPUs; {out} written")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from pyclient.models import (
     StepError,
     StepStatus,
     Submitted,
+    UpstreamFailure,
 )
 from pyclient.worker import HandlerTimeout, Worker
 from pyclient.workflow import Node, RetryPolicy, Workflow
@@ -78,6 +79,7 @@ __all__ = [
     "Submitted",
     "Unauthenticated",
     "Unavailable",
+    "UpstreamFailure",
     "WaitTimeout",
     "Worker",
     "Workflow",

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from pyclient.completion import CompletionTx
+    from pyclient.models import UpstreamFailure
 
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("cyclone_context")
 
@@ -167,11 +168,17 @@ class Context:
     #: An earlier attempt lost its lease with no outcome: its effect may have happened.
     effect_uncertain: bool = False
     worker_id: str = ""
+    #: For a node that runs after a failure (trigger rule ``all_done`` or
+    #: ``one_failed``): its direct upstream nodes that were discarded, each with its
+    #: last error, or skipped; in the workflow's order. Empty when all succeeded.
+    upstream_failures: tuple[UpstreamFailure, ...] = ()
     _control: StepControl = field(default_factory=StepControl, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.upstream, MappingProxyType):
             object.__setattr__(self, "upstream", MappingProxyType(dict(self.upstream)))
+        if not isinstance(self.upstream_failures, tuple):
+            object.__setattr__(self, "upstream_failures", tuple(self.upstream_failures))
 
     @property
     def idempotency_key(self) -> str:

@@ -113,6 +113,27 @@ class StepError:
 
 
 @dataclass(frozen=True, slots=True)
+class UpstreamFailure:
+    """A direct upstream node that did not succeed, as a cleanup node (trigger rule
+    ``all_done`` or ``one_failed``) receives it with its claim: ``ctx.upstream_failures``."""
+
+    node: str
+    #: ``discarded`` (it failed for good) or ``skipped`` (one of its own upstream
+    #: nodes failed, so it never ran).
+    status: StepStatus
+    #: Its last error (attempt, kind, type, message, details); None when skipped.
+    error: StepError | None
+
+    @classmethod
+    def from_proto(cls, p: Any) -> UpstreamFailure:
+        return cls(
+            node=p.node,
+            status=_enum_of(StepStatus, "STEP_STATUS_", p.status, types_pb2.StepStatus),
+            error=StepError.from_proto(p.error) if p.HasField("error") else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """The stored state of one ``(run_id, node)``."""
 

@@ -22,13 +22,14 @@ import asyncio
 import dataclasses
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pyclient._json import dumps
 from pyclient.actions import Action
 from pyclient.context import Context, StepControl, bind, unbind
+from pyclient.models import UpstreamFailure
 
 
 class _GivenConnection:
@@ -54,10 +55,13 @@ def make_context(
     upstream: Mapping[str, Any] | None = None,
     progress: Any = None,
     effect_uncertain: bool = False,
+    upstream_failures: Sequence[UpstreamFailure] = (),
     completion_conn: Any = None,
 ) -> Context:
     """A context for a handler under test; ``run_id`` defaults to a fresh UUID.
 
+    ``upstream_failures`` is what a cleanup node would receive, e.g.
+    ``[UpstreamFailure("charge", StepStatus.DISCARDED, StepError(...))]``.
     ``completion_conn`` (e.g. a psycopg connection of your test database) is what
     ``ctx.completion_tx()`` returns; this helper neither commits nor rolls it back.
     """
@@ -76,6 +80,7 @@ def make_context(
         upstream=upstream or {},
         progress=progress,
         effect_uncertain=effect_uncertain,
+        upstream_failures=tuple(upstream_failures),
         worker_id="pyclient.testing",
         _control=control,  # type: ignore[arg-type]
     )

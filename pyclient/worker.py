@@ -80,7 +80,7 @@ from pyclient.errors import (
     error_for_code,
     from_rpc_error,
 )
-from pyclient.models import RunStatus, time_field, value_field
+from pyclient.models import RunStatus, UpstreamFailure, time_field, value_field
 from pyclient.workflow import duration
 
 log = logging.getLogger("pyclient.worker")
@@ -653,6 +653,7 @@ class _Runtime:
             progress=value_field(step, "progress"),
             effect_uncertain=step.effect_uncertain,
             worker_id=self.w.worker_id,
+            upstream_failures=tuple(map(UpstreamFailure.from_proto, step.upstream_failures)),
             _control=control,
         )
         budget = self._budget(lease_end, deadline, action)

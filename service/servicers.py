@@ -558,6 +558,22 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         convert.set_json(step, "progress", r.progress)
         for node, output in (r.upstream or {}).items():
             step.upstream_outputs[node].CopyFrom(convert.python_to_value(output))
+        for u in r.upstream_failures or ():
+            failure = step.upstream_failures.add(
+                node=u["node"], status=convert.STEP_STATUS[u["status"]]
+            )
+            if (e := u["error"]) is not None:
+                failure.error.CopyFrom(
+                    types_pb2.StepError(
+                        attempt=e["attempt"],
+                        kind=e["kind"],
+                        type=e["type"],
+                        message=e["message"],
+                        details=e["details"],
+                        retryable=e["retryable"],
+                        at=convert.timestamp(e["at"]),
+                    )
+                )
         log.debug(
             "claimed %s/%s attempt %d",
             r.run_id,

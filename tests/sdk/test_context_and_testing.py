@@ -12,6 +12,9 @@ from pyclient import (
     InvalidArgument,
     NonRetryableError,
     OutsideHandler,
+    StepError,
+    StepStatus,
+    UpstreamFailure,
     current,
     testing,
 )
@@ -43,6 +46,29 @@ def test_context_is_frozen_and_its_upstream_read_only():
         ctx.attempt = 2  # type: ignore[misc]
     with pytest.raises(TypeError):
         ctx.upstream["charge"] = None  # type: ignore[index]
+
+
+def test_a_cleanup_handler_under_test_reads_the_upstream_failures_it_is_given():
+    declined = StepError(
+        attempt=2,
+        kind="handler",
+        type="CardDeclined",
+        message="insufficient funds",
+        details="",
+        retryable=False,
+        at=None,
+    )
+
+    def refund(ctx):
+        return [f"{f.node}: {f.error.message}" for f in ctx.upstream_failures if f.error]
+
+    failures = [UpstreamFailure("charge", StepStatus.DISCARDED, declined)]
+    assert testing.run(refund, node="refund", upstream_failures=failures) == [
+        "charge: insufficient funds"
+    ]
+    ctx = testing.make_context(upstream_failures=failures)
+    assert ctx.upstream_failures == tuple(failures)
+    assert testing.make_context().upstream_failures == ()
 
 
 def test_handler_sees_its_context_through_current_in_sync_and_async_code():

@@ -13,6 +13,7 @@ from pyclient import (
     NonRetryableError,
     RetryAfter,
     RetryPolicy,
+    StepStatus,
     Workflow,
     current,
 )
@@ -440,3 +441,42 @@ def test_an_unsafe_handler_cut_off_at_its_time_limit_blocks_the_run(client, make
     assert "time limit" in blocked.error.message or "timeout" in blocked.error.message
     assert blocked.step("charge").status == "uncertain"
     assert calls == [1]
+
+
+def test_sdk_handlers_read_the_failures_from_their_context(client, make_worker):
+    worker = make_worker()
+    seen: dict[str, tuple] = {}
+    done = threading.Event()
+
+    @worker.action("charge")
+    def charge(ctx):
+        raise NonRetryableError("card declined")
+
+    @worker.action("cleanup")
+    def cleanup(ctx):
+        seen[ctx.node] = ctx.upstream_failures
+        if len(seen) == 2:
+            done.set()
+
+    wf = Workflow("order")
+    c = wf.node("charge", retry=RetryPolicy(max_attempts=3))
+    s = wf.node("ship", depends_on=c)
+    wf.node("refund", action="cleanup", depends_on=c, trigger_rule="one_failed")
+    wf.node("audit", action="cleanup", depends_on=[c, s], trigger_rule="all_done")
+    with running(worker):
+        run = client.wait(client.submit(wf), timeout=PATIENCE)
+    assert done.is_set()
+    assert run.status == "failed"
+
+    [failure] = seen["refund"]
+    assert failure.node == "charge"
+    assert failure.status == StepStatus.DISCARDED
+    assert failure.error is not None
+    assert failure.error.attempt == 1
+    assert failure.error.kind == "handler"
+    assert failure.error.type == "NonRetryableError"
+    assert failure.error.message == "card declined"
+    assert [(f.node, f.status, f.error) for f in seen["audit"]] == [
+        ("charge", StepStatus.DISCARDED, failure.error),
+        ("ship", StepStatus.SKIPPED, None),
+    ]

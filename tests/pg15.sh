@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# `make test`, second pass: the engine's tests on the lowest supported PostgreSQL (15),
+# on a throwaway cluster of Debian's packaged server that this script starts and stops.
+#
+#   tests/pg15.sh [more pytest arguments]
+#
+# runs tests/ without tests/sdk (the SDK does not see the server's Postgres) and the chaos
+# soak (which brings its own Postgres); PG15_TESTS replaces that selection.
+# PG15_BIN names the directory of initdb and pg_ctl (default: Debian's
+# /usr/lib/postgresql/15/bin). The cluster listens on a private Unix socket only, with
+# trust authentication, under a temporary directory removed at exit. initdb refuses to
+# run as root, so as root the cluster runs as the postgres user.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=${PG15_BIN:-/usr/lib/postgresql/15/bin}
+if [[ ! -x $BIN/initdb || ! -x $BIN/pg_ctl ]]; then
+    cat >&2 <<EOF
+make test: PostgreSQL 15 is missing ($BIN/initdb not found).
+The engine's tests also run on the lowest supported PostgreSQL. Install it:
+    Debian/Ubuntu:  sudo apt-get install postgresql-15    (Debian 12: also "postgresql")
+    elsewhere:      any PostgreSQL 15 build; set PG15_BIN=/path/to/its/bin
+EOF
+    exit 1
+fi
+version=$("$BIN/pg_ctl" --version)
+[[ $version == *" 15."* ]] || { echo "make test: $BIN is not PostgreSQL 15: $version" >&2; exit 1; }
+
+dir=$(mktemp -d /tmp/cyclone-pg15.XXXXXX)
+as_owner=()
+if [[ $(id -u) == 0 ]]; then
+    chown postgres: "$dir"
+    as_owner=(runuser -u postgres --)
+fi
+port=$((20000 + RANDOM % 20000))
+stop() {
+    "${as_owner[@]}" "$BIN/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
+    rm -rf "$dir"
+}
+trap stop EXIT
+
+"${as_owner[@]}" "$BIN/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync \
+    >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; exit 1; }
+# Tests for durability kill processes, not this cluster: fsync off only makes it quicker.
+"${as_owner[@]}" "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -s start \
+    -o "-p $port -k $dir -c listen_addresses='' -c fsync=off -c max_connections=200" \
+    || { cat "$dir/server.log" >&2; exit 1; }
+
+export CYCLONE_TEST_DATABASE_URL="postgresql://postgres@/postgres?host=$dir&port=$port"
+echo "== engine tests on $("$BIN/postgres" --version)"
+read -r -a selection <<<"${PG15_TESTS:-tests --ignore=tests/sdk --ignore=tests/test_chaos.py}"
+.venv/bin/pytest "${selection[@]}" "$@"

@@ -1,0 +1,361 @@
+"""Plans that do not depend on luck (issue 22): every hot-path function reaches the
+rows of cyclone.steps and cyclone.runs through an index or a key, however many finished
+rows those tables hold and whether or not they have been analyzed.
+
+Each hot-path function is called, several times so that PL/pgSQL's generic plans are
+exercised too, on a database whose steps table holds tens of thousands of finished
+rows, once with fresh statistics and once with none. Two witnesses, on every version:
+
+- the executor's own counters (``pg_stat_xact_user_tables.seq_scan`` read inside the
+  call's transaction): no sequential scan of steps or runs was started;
+- where the server has ``auto_explain`` (Debian's packages do; the embedded server does
+  not), every statement's plan, nested ones included: no Seq Scan node on steps or runs.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from cyclone.v1 import worker_service_pb2
+from tests.helpers import node, submit, workflow
+
+HISTORY_RUNS = 15_000  # two steps each: 30,000 finished step rows
+BACKLOG = 20_000  # steps backing off, of the action the test claims
+HOT = (
+    "step_claim",
+    "step_complete",
+    "step_complete_many",
+    "step_fail",
+    "step_heartbeat",
+    "sweep_steps",
+    "runs_purge",
+    "_runs_close",
+)
+WATCHED = ("steps", "runs")
+
+
+def _fill_history(conn: psycopg.Connection) -> None:
+    """Finished runs made by SQL, not the API: old enough for retention to delete some;
+    one in fifty failed with a discarded node and its error."""
+    conn.execute(
+        """
+        INSERT INTO cyclone.runs (run_id, workflow, status, input, error, steps_total,
+                                  steps_open, created_at, updated_at, finished_at)
+        SELECT gen_random_uuid(), 'history',
+               CASE WHEN g %% 50 = 0 THEN 'failed' ELSE 'completed' END, '{}',
+               CASE WHEN g %% 50 = 0 THEN '{"kind": "StepDiscarded"}'::jsonb END,
+               2, 0, t, t, t
+          FROM generate_series(1, %(n)s) g,
+               LATERAL (SELECT now() - interval '30 days' + g * interval '1 second') x(t)
+        """,
+        {"n": HISTORY_RUNS},
+    )
+    conn.execute(
+        """
+        INSERT INTO cyclone.steps (run_id, node, position, action, status, trigger_rule,
+                                   depends_on, dependents, deps_open, deps_failed, attempt,
+                                   max_attempts, initial_backoff, max_backoff,
+                                   backoff_multiplier, timeout, input, output, lease_token,
+                                   finished_at)
+        SELECT r.run_id, n.node, n.pos, 'one',
+               CASE WHEN r.status = 'failed' AND n.node = 'b' THEN 'discarded'
+                    ELSE 'completed' END,
+               'all_success', n.deps, n.dependents, 0, 0, 1, 3, '1s', '60s', 2, '5m',
+               NULL,
+               CASE WHEN r.status = 'failed' AND n.node = 'b' THEN NULL
+                    ELSE '{"ok": true}'::jsonb END,
+               gen_random_uuid(), r.finished_at
+          FROM cyclone.runs r,
+               (VALUES ('a', 0, '{}'::text[], '{b}'::text[]),
+                       ('b', 1, '{a}'::text[], '{}'::text[])) n(node, pos, deps, dependents)
+         WHERE r.workflow = 'history'
+        """
+    )
+    # A backlog of steps of the action the test claims, as during a large submit (when
+    # autovacuum analyzes), so that the claim's generic plan expects many rows; they
+    # are backing off for a day, so the test's claims do not take them.
+    conn.execute(
+        """
+        WITH r AS (
+            INSERT INTO cyclone.runs (run_id, workflow, status, input, steps_total,
+                                      steps_open, created_at, updated_at)
+            SELECT gen_random_uuid(), 'backlog', 'running', '{}', 1, 1, now(), now()
+              FROM generate_series(1, %(n)s)
+            RETURNING run_id)
+        INSERT INTO cyclone.steps (run_id, node, position, action, status, trigger_rule,
+                                   depends_on, dependents, deps_open, max_attempts,
+                                   initial_backoff, max_backoff, backoff_multiplier, timeout,
+                                   available_at)
+        SELECT r.run_id, 'a', 0, 'one', 'available', 'all_success', '{}', '{}', 0, 3,
+               '1s', '60s', 2, '5m', now() + interval '1 day'
+          FROM r
+        """,
+        {"n": BACKLOG},
+    )
+    conn.execute(
+        """
+        INSERT INTO cyclone.step_errors (run_id, node, attempt, kind, type, message, retryable, at)
+        SELECT s.run_id, s.node, 1, 'handler', 'RuntimeError', 'old failure', false,
+               s.finished_at
+          FROM cyclone.steps s WHERE s.status = 'discarded'
+        """
+    )
+
+
+def _node(name: str, action: str, deps: tuple[str, ...] = (), **extra: Any) -> dict:
+    return {
+        "name": name,
+        "position": 0,
+        "action": action,
+        "depends_on": list(deps),
+        "dependents": [],
+        "trigger_rule": "all_success",
+        "max_attempts": 3,
+        "initial_backoff_s": 0.0,
+        "max_backoff_s": 1.0,
+        "backoff_multiplier": 2.0,
+        "timeout_s": 300.0,
+        "input": None,
+        **extra,
+    }
+
+
+def _submit(conn: psycopg.Connection, nodes: list[dict]) -> str:
+    for i, n in enumerate(nodes):
+        n["position"] = i
+        n["dependents"] = [m["name"] for m in nodes if n["name"] in m["depends_on"]]
+    run_id = str(uuid.uuid4())
+    conn.execute(
+        "SELECT cyclone.run_submit(%s, 'live', NULL, '{}', %s)", (run_id, json.dumps(nodes))
+    )
+    return run_id
+
+
+class Session:
+    """One connection that calls the hot-path functions and records, per function, the
+    sequential scans its transactions started and (with auto_explain) the plans."""
+
+    def __init__(self, url: str):
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.plans: list[tuple[str, dict]] = []
+        self.seq_scans: list[tuple[str, str, int]] = []
+        self.called: set[str] = set()
+        self._current = ""
+        try:
+            self.conn.execute("LOAD 'auto_explain'")
+            self.explained = True
+        except psycopg.errors.UndefinedFile:
+            self.explained = False
+        if self.explained:
+            for setting in (
+                "auto_explain.log_min_duration = 0",
+                "auto_explain.log_nested_statements = on",
+                "auto_explain.log_format = json",
+                "client_min_messages = log",
+            ):
+                self.conn.execute(f"SET {setting}")
+            self.conn.add_notice_handler(self._notice)
+
+    def _notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        text = diag.message_primary or ""
+        if "plan:" in text and self._current:
+            self.plans.append((self._current, json.loads(text.split("plan:", 1)[1])))
+
+    def call(self, function: str, sql: str, *params: Any) -> list[tuple]:
+        """Run one statement in its own transaction, as the server does, and count the
+        sequential scans it started on steps and runs before it commits."""
+        with self.conn.transaction():
+            before = self._scans()
+            self._current = function
+            rows = self.conn.execute(sql, params).fetchall()
+            self._current = ""
+            after = self._scans()
+        self.called.add(function)
+        self.seq_scans += [
+            (function, t, after[t] - before[t]) for t in WATCHED if after[t] > before[t]
+        ]
+        return rows
+
+    def _scans(self) -> dict[str, int]:
+        """Sequential scans this backend started on each watched table and has not yet
+        reported (the counters of the current transaction, and maybe of a few before)."""
+        rows = self.conn.execute(
+            "SELECT relname, seq_scan FROM pg_stat_xact_user_tables"
+            " WHERE schemaname = 'cyclone' AND relname = ANY (%s)",
+            (list(WATCHED),),
+        ).fetchall()
+        return dict(rows)
+
+    def claim(self, action: str, unsafe: tuple[str, ...] = (), lease_s: float = 60) -> list:
+        return self.call(
+            "step_claim",
+            "SELECT run_id, node, lease_token, upstream FROM cyclone.step_claim("
+            "'plan-test', %s, %s, 10, make_interval(secs => %s))",
+            [action],
+            list(unsafe),
+            lease_s,
+        )
+
+    def complete(self, step: tuple) -> None:
+        self.call(
+            "step_complete",
+            "SELECT * FROM cyclone.step_complete(%s, %s, %s, '1')",
+            step[0],
+            step[1],
+            step[2],
+        )
+
+    def complete_many(self, steps: list[tuple]) -> None:
+        items = [
+            {"i": i, "run_id": str(s[0]), "node": s[1], "lease_token": str(s[2]), "output": 1}
+            for i, s in enumerate(steps)
+        ]
+        self.call(
+            "step_complete_many",
+            "SELECT * FROM cyclone.step_complete_many(%s)",
+            json.dumps(items),
+        )
+
+    def fail(self, step: tuple, retryable: bool) -> None:
+        self.call(
+            "step_fail",
+            "SELECT * FROM cyclone.step_fail(%s, %s, %s, 'RuntimeError', 'boom', '', %s,"
+            " interval '0')",
+            step[0],
+            step[1],
+            step[2],
+            retryable,
+        )
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _round(s: Session, live: psycopg.Connection, i: int) -> None:
+    """Every hot path once: claims, a heartbeat, single and batched completions (of runs
+    with and without dependents), a retryable failure and a final one that fails its
+    run through a cleanup node, a lease reclaimed by the sweep, an uncertain step that
+    blocks its run, and both retention policies."""
+    for _ in range(4):
+        _submit(live, [_node("a", "one")])
+    _submit(live, [_node("a", "chain"), _node("b", "chain", ("a",))])
+    _submit(
+        live,
+        [
+            _node("x", "boom", max_attempts=2),
+            _node("undo", "undo", ("x",), trigger_rule="one_failed"),
+        ],
+    )
+    _submit(live, [_node("u", "unsafe")])
+    _submit(live, [_node("slow", "slow", max_attempts=1)])
+
+    ones = s.claim("one")
+    assert len(ones) == 4
+    s.call(
+        "step_heartbeat",
+        "SELECT * FROM cyclone.step_heartbeat(%s, %s, %s, interval '60s', '{\"p\": 1}')",
+        ones[0][0],
+        ones[0][1],
+        ones[0][2],
+    )
+    s.complete(ones[0])
+    s.complete_many(ones[1:])
+
+    [a] = s.claim("chain")
+    s.complete_many([a])  # a completion with a dependent: the graph walk
+    [b] = s.claim("chain")
+    s.complete(b)
+
+    [x] = s.claim("boom")
+    s.fail(x, retryable=True)
+    [x] = s.claim("boom")
+    s.fail(x, retryable=False)  # discarded: undo becomes ready
+    [undo] = s.claim("undo")
+    s.complete(undo)  # the run closes failed: _runs_close looks for its discarded step
+
+    s.claim("unsafe", unsafe=("unsafe",), lease_s=1)
+    s.claim("slow", lease_s=1)
+    live.execute("UPDATE cyclone.clock SET offset_by = offset_by + interval '10 s'")
+    s.call("sweep_steps", "SELECT * FROM cyclone.sweep_steps(100)")
+    # The lease of the unsafe step expired with no outcome: its run blocks.
+    [blocked] = s.claim("unsafe", unsafe=("unsafe",))
+    assert blocked[2] is None
+
+    s.call("runs_purge", "SELECT cyclone.runs_purge(interval '20 days', false, 50)")
+    s.call("runs_purge", "SELECT cyclone.runs_purge(interval '20 days', true, 5)")
+    s.call(
+        "_runs_close",
+        "SELECT * FROM cyclone._runs_close(%s, %s, now())",
+        [x[0], a[0]],
+        [0, 0],
+    )
+
+
+def _seq_scans_in(plan: dict) -> Iterator[str]:
+    if plan.get("Node Type") == "Seq Scan" and plan.get("Relation Name") in WATCHED:
+        yield plan["Relation Name"]
+    for child in plan.get("Plans", ()):
+        yield from _seq_scans_in(child)
+
+
+@pytest.mark.parametrize("statistics", ["none", "fresh"])
+def test_hot_paths_never_scan_steps_or_runs_whole(database_url, statistics):
+    with psycopg.connect(database_url, autocommit=True) as live:
+        if statistics == "none":
+            # Autovacuum must not analyze the tables behind the test's back.
+            for table in ("runs", "steps", "step_errors"):
+                live.execute(f"ALTER TABLE cyclone.{table} SET (autovacuum_enabled = off)")
+        _fill_history(live)
+        if statistics == "fresh":
+            live.execute("ANALYZE cyclone.runs, cyclone.steps, cyclone.step_errors")
+        else:
+            analyzed = live.execute(
+                "SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = 'cyclone'"
+                " AND relname IN ('runs', 'steps')"
+                " AND (last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)"
+            ).fetchone()
+            assert analyzed == (0,)
+
+        session = Session(database_url)
+        try:
+            # Past five calls PL/pgSQL may switch a statement to its generic plan.
+            for i in range(7):
+                _round(session, live, i)
+        finally:
+            session.close()
+
+    assert session.called == set(HOT)
+    planned = [
+        (function, table, plan["Query Text"].strip()[:400])
+        for function, plan in session.plans
+        for table in _seq_scans_in(plan["Plan"])
+    ]
+    assert (session.seq_scans, planned) == ([], []), (
+        f"with {statistics} statistics, sequential scans of steps or runs, as counted "
+        f"(function, table, scans): {sorted(set(session.seq_scans))}; in the plans "
+        f"(function, table, statement): {sorted(set(planned))}"
+    )
+    if session.explained:
+        assert {f for f, _ in session.plans} >= set(HOT) - {"_runs_close"}
+
+
+def test_a_claim_naming_an_action_twice_hands_each_step_out_once(cyclone_server):
+    """The claim joins the rows it updated back to the rows it picked: an action named
+    twice must not pick, or return, a step twice."""
+    for _ in range(3):
+        submit(cyclone_server, workflow("w", node("a")))
+    request = worker_service_pb2.ClaimRequest(
+        worker_id="w",
+        actions=[worker_service_pb2.ActionSpec(name="work")] * 2,
+        max_steps=10,
+    )
+    steps = cyclone_server.workers.Claim(request).steps
+    assert sorted(s.run_id for s in steps) == sorted({s.run_id for s in steps})
+    assert len(steps) == 3
+    assert cyclone_server.sql("SELECT sum(attempt) FROM cyclone.steps") == [(3,)]
