@@ -346,70 +346,89 @@ class RunModel:
 
 # Invariants of a database, model or no model -------------------------------------
 
-STEPS_QUERY = """
-SELECT run_id::text, node, status, trigger_rule, depends_on, deps_open, deps_failed,
-       attempt, max_attempts, effect_uncertain,
-       status = 'available' AND available_at <= cyclone.now() AS claimable,
-       status = 'running' AND lease_expires_at > cyclone.now() AS leased
-  FROM cyclone.steps
- ORDER BY run_id, position
-"""
+
+@dataclass
+class Snapshot:
+    """What the checks read of a database, in three statements."""
+
+    #: (run_id, node) -> the step's columns (see Snapshot.take), by name.
+    steps: dict[tuple[str, str], dict[str, Any]]
+    #: run_id -> (status, steps_open)
+    runs: dict[str, tuple[str, int]]
+    #: (run_id, node, attempt, kind) of every step_errors row
+    errors: list[tuple[str, str, int, str]]
+
+    @classmethod
+    def take(cls, conn: Any) -> Snapshot:
+        cur = conn.execute(
+            "SELECT run_id::text, node, status, trigger_rule, depends_on, deps_open,"
+            "       deps_failed, attempt, max_attempts, effect_uncertain,"
+            "       status = 'available' AND available_at <= cyclone.now() AS claimable,"
+            "       status = 'running' AND lease_expires_at > cyclone.now() AS leased"
+            "  FROM cyclone.steps ORDER BY run_id, position"
+        )
+        names = [c.name for c in cur.description]
+        steps = {(r[0], r[1]): dict(zip(names, r, strict=True)) for r in cur.fetchall()}
+        runs = {
+            r[0]: (r[1], r[2])
+            for r in conn.execute("SELECT run_id::text, status, steps_open FROM cyclone.runs")
+        }
+        errors = conn.execute(
+            "SELECT run_id::text, node, attempt, kind FROM cyclone.step_errors"
+        ).fetchall()
+        return cls(steps, runs, [tuple(e) for e in errors])
 
 
-def database_violations(conn: Any) -> list[str]:
+def violations(snap: Snapshot) -> list[str]:
     """Every broken invariant of the engine's state, as sentences (empty: all hold).
 
-    Checks every run in the database: dependency counters equal their recomputation
-    from the graph; no step is available or running while an upstream node is open or
-    its trigger rule forbids it; a running run has no pending step whose upstream is all
+    Checks every run: dependency counters of open steps equal their recomputation from
+    the graph; no step is available or running while an upstream node is open or its
+    trigger rule forbids it; a running run has no pending step whose upstream is all
     final (it would never be judged); a blocked run has exactly one uncertain step and
     no available one; steps_open counts the open steps; each attempt has at most one
     recorded outcome (a handler error, a resolution, or the success itself).
     """
     problems: list[str] = []
-    steps = conn.execute(STEPS_QUERY).fetchall()
-    runs = {
-        r[0]: r[1:]
-        for r in conn.execute("SELECT run_id::text, status, steps_open FROM cyclone.runs")
-    }
-    by_run: dict[str, dict[str, tuple]] = {}
-    for row in steps:
-        by_run.setdefault(row[0], {})[row[1]] = row
+    by_run: dict[str, dict[str, dict[str, Any]]] = {}
+    for (run_id, node), row in snap.steps.items():
+        by_run.setdefault(run_id, {})[node] = row
     for run_id, nodes in by_run.items():
-        run_status, steps_open = runs[run_id]
-        open_now = sum(r[2] in OPEN for r in nodes.values())
+        run_status, steps_open = snap.runs[run_id]
+        open_now = sum(r["status"] in OPEN for r in nodes.values())
         if run_status in ("running", "blocked") and steps_open != open_now:
             problems.append(f"run {run_id}: steps_open {steps_open}, but {open_now} open steps")
         if run_status in ("running", "blocked") and open_now == 0:
             problems.append(f"run {run_id} is {run_status} with no open step")
         if run_status not in ("running", "blocked") and open_now:
             problems.append(f"run {run_id} is {run_status} with {open_now} open steps")
-        uncertain = [n for n, r in nodes.items() if r[2] == "uncertain"]
+        uncertain = [n for n, r in nodes.items() if r["status"] == "uncertain"]
         if run_status == "blocked" and len(uncertain) != 1:
             problems.append(f"run {run_id} is blocked with uncertain steps {uncertain}")
         if run_status != "blocked" and uncertain:
             problems.append(f"run {run_id} is {run_status} with uncertain steps {uncertain}")
         for name, r in nodes.items():
-            status, rule, depends_on, deps_open, deps_failed = r[2], r[3], r[4], r[5], r[6]
-            ups = [nodes[u][2] for u in depends_on]
-            want_open = sum(u in OPEN for u in ups)
-            want_failed = sum(u in FAILED_UPSTREAM for u in ups)
-            if status in OPEN and (deps_open, deps_failed) != (want_open, want_failed):
+            status, depends_on = r["status"], r["depends_on"]
+            ups = {u: nodes[u]["status"] for u in depends_on}
+            want_open = sum(u in OPEN for u in ups.values())
+            want_failed = sum(u in FAILED_UPSTREAM for u in ups.values())
+            counted = (r["deps_open"], r["deps_failed"])
+            if status in OPEN and counted != (want_open, want_failed):
                 problems.append(
                     f"run {run_id} node {name} ({status}): deps_open/deps_failed "
-                    f"{deps_open}/{deps_failed}, but the graph says {want_open}/{want_failed} "
-                    f"(upstream {dict(zip(depends_on, ups, strict=True))})"
+                    f"{counted[0]}/{counted[1]}, but the graph says {want_open}/{want_failed} "
+                    f"(upstream {ups})"
                 )
             if status in ("available", "running"):
                 if want_open:
                     problems.append(
                         f"run {run_id} node {name} is {status} while upstream "
-                        f"{[u for u in depends_on if nodes[u][2] in OPEN]} is open"
+                        f"{[u for u, us in ups.items() if us in OPEN]} is open"
                     )
-                elif not runs_by_rule(rule, want_failed, bool(depends_on)):
+                elif not runs_by_rule(r["trigger_rule"], want_failed, bool(depends_on)):
                     problems.append(
-                        f"run {run_id} node {name} is {status} but its rule {rule} is not met "
-                        f"(upstream {dict(zip(depends_on, ups, strict=True))})"
+                        f"run {run_id} node {name} is {status} but its rule "
+                        f"{r['trigger_rule']} is not met (upstream {ups})"
                     )
             if status == "available" and run_status == "blocked":
                 problems.append(f"run {run_id} node {name} is available in a blocked run")
@@ -417,18 +436,21 @@ def database_violations(conn: Any) -> list[str]:
                 problems.append(
                     f"run {run_id} node {name} is pending in a running run with no open upstream"
                 )
-    outcomes = conn.execute(
-        "SELECT e.run_id::text, e.node, e.attempt, e.kind"
-        "  FROM cyclone.step_errors e WHERE e.kind IN ('handler', 'resolved')"
-        " UNION ALL"
-        " SELECT s.run_id::text, s.node, s.attempt, 'success' FROM cyclone.steps s"
-        "  WHERE s.status = 'completed'"
-    ).fetchall()
-    for (run_id, node, attempt), n in Counter((r[0], r[1], r[2]) for r in outcomes).items():
+    outcomes = [e for e in snap.errors if e[3] in ("handler", "resolved")] + [
+        (run_id, node, r["attempt"], "success")
+        for (run_id, node), r in snap.steps.items()
+        if r["status"] == "completed"
+    ]
+    for (run_id, node, attempt), n in Counter(o[:3] for o in outcomes).items():
         if n > 1:
-            kinds = sorted(r[3] for r in outcomes if r[:3] == (run_id, node, attempt))
+            kinds = sorted(o[3] for o in outcomes if o[:3] == (run_id, node, attempt))
             problems.append(f"run {run_id} node {node} attempt {attempt} has {n} outcomes {kinds}")
     return problems
+
+
+def database_violations(conn: Any) -> list[str]:
+    """violations() of the database behind a psycopg connection."""
+    return violations(Snapshot.take(conn))
 
 
 def assert_database_invariants(conn: Any) -> None:
