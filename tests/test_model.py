@@ -259,16 +259,20 @@ class EngineMachine(RuleBasedStateMachine):
     @precondition(
         lambda self: any(self.models[r].nodes[n].unsafe for r, n in self.steps_in("available"))
     )
-    @rule(pick=st.integers(0, 9))
-    def unsafe_worker_vanishes(self, pick: int) -> None:
+    @rule(target=leases, pick=st.integers(0, 9))
+    def unsafe_worker_vanishes(self, pick: int) -> Any:
         """A worker that marks the action unsafe claims a ready unsafe node and vanishes;
         the lease runs out, the sweep reclaims it, and the next such worker's claim
-        blocks the run (a shortcut for claim, leases_run_out, claim)."""
+        blocks the run (a shortcut for claim, leases_run_out, claim). The lost lease
+        may come back later (use_an_old_lease)."""
         ready = [(r, n) for r, n in self.steps_in("available") if self.models[r].nodes[n].unsafe]
         run, node = ready[pick % len(ready)]
-        if self.do_claim(run, node, True) is not None:
-            self.leases_run_out()
-            self.do_claim(run, node, True)
+        lost = self.do_claim(run, node, True)
+        if lost is None:
+            return multiple()
+        self.leases_run_out()
+        self.do_claim(run, node, True)
+        return lost
 
     def do_claim(self, run: str, node: str, marks: bool) -> Lease | None:
         model = self.models[run]
@@ -564,3 +568,95 @@ class EngineMachine(RuleBasedStateMachine):
 def test_engine_agrees_with_the_model(postgres_url: str, template_url: str) -> None:
     EngineMachine.postgres_url = postgres_url
     run_state_machine_as_test(EngineMachine, settings=PROFILE)
+
+
+# The sequences of issue 20, replayed through the same machine, so that they are checked
+# whatever the random search happens to try.
+
+
+def lose_lease_and_block(m: EngineMachine, run: str, node: str) -> Lease:
+    lost = m.do_claim(run, node, True)
+    assert lost is not None
+    m.leases_run_out()
+    m.engine_agrees_with_the_model()
+    assert m.do_claim(run, node, True) is None  # blocks the run
+    return lost
+
+
+def discard(m: EngineMachine, run: str, node: str) -> None:
+    lease = m.do_claim(run, node, False)
+    assert lease is not None
+    m.do_fail(lease, False, 0)
+
+
+def case_1_retry_all(m: EngineMachine) -> None:
+    """a -> c, c all_done, both discarded; RetryAll must not leave c ready under a."""
+    run = m.submit_run((NodeDef("a", (), max_attempts=1), NodeDef("c", ("a",), "all_done", 1)))
+    discard(m, run, "a")
+    m.engine_agrees_with_the_model()
+    discard(m, run, "c")
+    m.engine_agrees_with_the_model()
+    m.do_retry(run, None)
+    m.engine_agrees_with_the_model()
+    assert m.do_claim(run, "c", False) is None
+
+
+def case_1_retry_then_retry(m: EngineMachine) -> None:
+    """The same, with Retry(a) then Retry(c)."""
+    run = m.submit_run((NodeDef("a", (), max_attempts=1), NodeDef("c", ("a",), "all_done", 1)))
+    discard(m, run, "a")
+    discard(m, run, "c")
+    m.do_retry(run, ["a"])
+    m.engine_agrees_with_the_model()
+    m.do_retry(run, ["c"])
+    m.engine_agrees_with_the_model()
+
+
+def case_2(m: EngineMachine, last: str) -> None:
+    """u -> c, u unsafe, c one_failed: block, Resolve error, Retry(u), block again,
+    then Resolve `last`."""
+    run = m.submit_run(
+        (NodeDef("u", (), unsafe=True, max_attempts=1), NodeDef("c", ("u",), "one_failed", 1))
+    )
+    lose_lease_and_block(m, run, "u")
+    m.engine_agrees_with_the_model()
+    m.do_resolve(run, "u", "error")
+    m.engine_agrees_with_the_model()
+    m.do_retry(run, ["u"])
+    m.engine_agrees_with_the_model()
+    lose_lease_and_block(m, run, "u")
+    m.engine_agrees_with_the_model()
+    m.do_resolve(run, "u", last)
+    m.engine_agrees_with_the_model()
+
+
+def case_3(m: EngineMachine) -> None:
+    """Resolve result after a lost lease; a late Complete with the lost token is refused
+    (ABORTED), not told duplicate."""
+    run = m.submit_run((NodeDef("u", (), unsafe=True, max_attempts=1),))
+    lost = lose_lease_and_block(m, run, "u")
+    m.do_resolve(run, "u", "result")
+    m.engine_agrees_with_the_model()
+    m.do_complete(lost)
+
+
+CASES = {
+    "1-retry-all": case_1_retry_all,
+    "1-retry-then-retry": case_1_retry_then_retry,
+    "2-resolve-result": lambda m: case_2(m, "result"),
+    "2-resolve-discard": lambda m: case_2(m, "discard"),
+    "3-late-complete": case_3,
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_issue_20_sequences_agree_with_the_model(
+    postgres_url: str, template_url: str, case: str
+) -> None:
+    EngineMachine.postgres_url = postgres_url
+    machine = EngineMachine()
+    try:
+        CASES[case](machine)
+        machine.engine_agrees_with_the_model()
+    finally:
+        machine.teardown()
