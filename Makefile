@@ -119,8 +119,9 @@ bench: $(VENV)/.stamp ## Benchmarks with a same-run baseline; writes bench/resul
 	$(PY) bench/bench.py $(BENCH_ARGS)
 
 .PHONY: chaos
-chaos: $(VENV)/.stamp ## Soak: 2,000 runs while workers, server and Postgres are killed (CHAOS_ARGS=--seed N)
+chaos: $(VENV)/.stamp ## Soak: 2,000 runs under kills (CHAOS_ARGS=--seed N), then the long model-based test
 	$(PY) bench/chaos.py $(CHAOS_ARGS)
+	CYCLONE_MODEL_PROFILE=long $(VENV)/bin/pytest tests/test_model.py -q -p no:randomly
 
 .PHONY: clean
 clean: ## Remove the venv, tools and the embedded database
