@@ -491,10 +491,11 @@ def scenario_history(database_url: str, finished: int) -> None:
                       FROM generate_series(1, %s)
                     RETURNING run_id)
                 INSERT INTO cyclone.steps (run_id, node, position, action, status, trigger_rule,
-                    depends_on, dependents, deps_open, attempt, max_attempts, initial_backoff,
-                    max_backoff, backoff_multiplier, timeout, output, started_at, finished_at)
+                    depends_on, dependents, deps_open, attempt, max_attempts, attempt_budget,
+                    initial_backoff, max_backoff, backoff_multiplier, timeout, output,
+                    started_at, finished_at)
                 SELECT run_id, 'only', 0, 'old', 'completed', 'all_success', '{}', '{}', 0, 1,
-                       3, '1s', '5m', 2, '5m', 'null', now(), now() FROM r
+                       3, 3, '1s', '5m', 2, '5m', 'null', now(), now() FROM r
             """, (min(batch, finished - start),))
         conn.execute("VACUUM ANALYZE cyclone.runs")
         conn.execute("VACUUM ANALYZE cyclone.steps")

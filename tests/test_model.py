@@ -343,7 +343,9 @@ class EngineMachine(RuleBasedStateMachine):
             f"complete {lease.node} attempt {lease.attempt}",
             lambda: model.complete(lease.node, lease.token, output),
             lambda: self.sql(
-                "SELECT step_status, run_status, duplicate FROM cyclone.step_complete("
+                # The server's path: a repeat answers duplicate (the worker's own
+                # cyclone.step_complete raises CY005 instead; test_exactly_once).
+                "SELECT step_status, run_status, duplicate FROM cyclone._step_complete("
                 "%s::uuid, %s, %s::uuid, %s::jsonb)",
                 lease.run,
                 lease.node,

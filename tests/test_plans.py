@@ -60,13 +60,13 @@ def _fill_history(conn: psycopg.Connection) -> None:
         """
         INSERT INTO cyclone.steps (run_id, node, position, action, status, trigger_rule,
                                    depends_on, dependents, deps_open, deps_failed, attempt,
-                                   max_attempts, initial_backoff, max_backoff,
+                                   max_attempts, attempt_budget, initial_backoff, max_backoff,
                                    backoff_multiplier, timeout, input, output, lease_token,
                                    finished_at)
         SELECT r.run_id, n.node, n.pos, 'one',
                CASE WHEN r.status = 'failed' AND n.node = 'b' THEN 'discarded'
                     ELSE 'completed' END,
-               'all_success', n.deps, n.dependents, 0, 0, 1, 3, '1s', '60s', 2, '5m',
+               'all_success', n.deps, n.dependents, 0, 0, 1, 3, 3, '1s', '60s', 2, '5m',
                NULL,
                CASE WHEN r.status = 'failed' AND n.node = 'b' THEN NULL
                     ELSE '{"ok": true}'::jsonb END,
@@ -90,9 +90,9 @@ def _fill_history(conn: psycopg.Connection) -> None:
             RETURNING run_id)
         INSERT INTO cyclone.steps (run_id, node, position, action, status, trigger_rule,
                                    depends_on, dependents, deps_open, max_attempts,
-                                   initial_backoff, max_backoff, backoff_multiplier, timeout,
-                                   available_at)
-        SELECT r.run_id, 'a', 0, 'one', 'available', 'all_success', '{}', '{}', 0, 3,
+                                   attempt_budget, initial_backoff, max_backoff,
+                                   backoff_multiplier, timeout, available_at)
+        SELECT r.run_id, 'a', 0, 'one', 'available', 'all_success', '{}', '{}', 0, 3, 3,
                '1s', '60s', 2, '5m', now() + interval '1 day'
           FROM r
         """,
