@@ -1,0 +1,247 @@
+-- Cyclone's engine, as it is now: tables, indexes, constraints, types and the clock.
+--
+-- The files of service/schema/ are the current definition of the engine, applied in
+-- name order to create a fresh database (service.migrate.apply_schema). A live database
+-- gets to the same state through service/migrations/; tests/test_schema.py proves that
+-- both give the same database. To change the engine, edit these files AND add a
+-- migration (CONTRIBUTING.md).
+--
+-- The schema itself and cyclone.schema_migrations (the versions applied) are created by
+-- service/migrate.py before any of this runs.
+--
+-- Invariants are CHECK constraints; every transition is a function of the later files,
+-- which locks what it changes and guards each row by its from-state.
+
+-- One run of a workflow: one row per Submit (or per SubmitOnce key).
+--
+-- Run statuses, and the functions that set each one (docs/state-machine.md draws them):
+--   running    run_submit; step_retry (from failed or running); step_resolve (from blocked)
+--   completed  _runs_close, when the last open step of a running run becomes final and
+--              none is discarded (through _settle, _run_close or step_complete_many)
+--   failed     _runs_close, as above, with one or more steps discarded; error
+--              StepDiscarded names the first discarded node
+--   blocked    _block_uncertain (step_claim: an uncertain step met a worker that marks its
+--              action unsafe); step_abandon (an unsafe handler stopped with no outcome);
+--              error EffectUncertain names the node and attempt
+--   cancelled  run_cancel (from running, failed or blocked)
+CREATE TABLE cyclone.runs (
+    run_id       uuid        PRIMARY KEY,
+    workflow     text        NOT NULL,
+    -- The SubmitOnce key, for display and ListRuns; cyclone.submit_keys makes it unique.
+    submit_key   text,
+    status       text        NOT NULL,
+    input        jsonb,
+    error        jsonb,
+    steps_total  integer     NOT NULL,
+    -- Steps not in a final status; the run finishes when it reaches zero.
+    steps_open   integer     NOT NULL,
+    created_at   timestamptz NOT NULL,
+    updated_at   timestamptz NOT NULL,
+    finished_at  timestamptz,
+    CONSTRAINT runs_status_known
+        CHECK (status IN ('running', 'completed', 'failed', 'blocked', 'cancelled')),
+    CONSTRAINT runs_finished_at_iff_finished
+        CHECK ((status IN ('completed', 'failed', 'cancelled')) = (finished_at IS NOT NULL)),
+    CONSTRAINT runs_error_iff_failed_or_blocked
+        CHECK ((status IN ('failed', 'blocked')) = (error IS NOT NULL)),
+    CONSTRAINT runs_steps_open_in_range CHECK (steps_open BETWEEN 0 AND steps_total),
+    CONSTRAINT runs_open_iff_unfinished
+        CHECK ((steps_open = 0) = (status IN ('completed', 'failed', 'cancelled')))
+);
+
+-- ListRuns' orders and filters.
+CREATE INDEX runs_created_idx ON cyclone.runs (created_at DESC, run_id DESC);
+CREATE INDEX runs_workflow_created_idx ON cyclone.runs (workflow, created_at DESC, run_id DESC);
+CREATE INDEX runs_status_created_idx ON cyclone.runs (status, created_at DESC, run_id DESC)
+    WHERE status <> 'completed';
+CREATE INDEX runs_workflow_key_idx ON cyclone.runs (workflow, submit_key)
+    WHERE submit_key IS NOT NULL;
+-- Retention (runs_purge): exactly the runs each policy may delete, oldest first, so a
+-- batch reads off the front of an index however many runs are kept.
+CREATE INDEX runs_finished_idx ON cyclone.runs (finished_at)
+    WHERE status IN ('completed', 'cancelled');
+CREATE INDEX runs_failed_idx ON cyclone.runs (finished_at) WHERE status = 'failed';
+
+-- The stored state of one node of a run; (run_id, node) is its key for its whole life.
+--
+-- Step statuses, and the functions that set each one:
+--   pending    run_submit (the node has upstream nodes); step_retry (the retried nodes
+--              and every node below them that has not completed); held while the run is
+--              blocked though ready (deps_open = 0): by _block_uncertain and
+--              step_abandon when they block the run (its available steps), by _settle
+--              (a step that becomes ready), by step_fail (a retryable failure) and by
+--              step_abandon in a run already blocked (with effect_uncertain)
+--   available  run_submit (root node); _settle (upstream final, trigger rule met, run
+--              running); step_fail (retryable, attempts left: after the backoff);
+--              sweep_steps (lease expired, attempts left or action marked unsafe);
+--              step_resolve discard; steps_release (service/sql/queries.sql: a claim
+--              whose caller went away)
+--   running    step_claim
+--   completed  _step_complete (step_complete, step_complete_many); step_complete_many's
+--              set-based pass; step_resolve result
+--   discarded  step_fail (non-retryable or out of attempts); sweep_steps (out of
+--              attempts, action not marked unsafe); step_resolve error
+--   uncertain  _block_uncertain (step_claim: an unsafe action's lease expired with no
+--              outcome); step_abandon (an unsafe handler stopped without an outcome)
+--   skipped    _settle (trigger rule can no longer be met)
+--   cancelled  run_cancel
+CREATE TABLE cyclone.steps (
+    run_id             uuid        NOT NULL REFERENCES cyclone.runs ON DELETE CASCADE,
+    node               text        NOT NULL,
+    -- Topological position, for display.
+    position           integer     NOT NULL,
+    action             text        NOT NULL,
+    status             text        NOT NULL,
+    trigger_rule       text        NOT NULL,
+    depends_on         text[]      NOT NULL,
+    dependents         text[]      NOT NULL,
+    -- Upstream steps not yet final, and those of them that ended discarded or skipped.
+    deps_open          integer     NOT NULL,
+    deps_failed        integer     NOT NULL DEFAULT 0,
+    -- +1 at every claim, never less: every claim ever made of the node.
+    attempt            integer     NOT NULL DEFAULT 0,
+    -- The attempt up to which the node may run (Retry and Resolve discard move it).
+    max_attempts       integer     NOT NULL,
+    initial_backoff    interval    NOT NULL,
+    max_backoff        interval    NOT NULL,
+    backoff_multiplier float8      NOT NULL,
+    timeout            interval    NOT NULL,
+    input              jsonb,
+    output             jsonb,
+    progress           jsonb,
+    -- Not before, while available.
+    available_at       timestamptz,
+    -- The current (or last) lease. The token is kept after completion so that a
+    -- repeated Complete with it is recognised.
+    lease_token        uuid,
+    lease_expires_at   timestamptz,
+    deadline_at        timestamptz,
+    worker_id          text,
+    started_at         timestamptz,
+    -- The worker holding (or that last held) the step marked its action unsafe.
+    unsafe             boolean     NOT NULL DEFAULT false,
+    -- An attempt lost its lease with no outcome: its effect may have happened.
+    effect_uncertain   boolean     NOT NULL DEFAULT false,
+    finished_at        timestamptz,
+    -- When the holder of the lease last showed signs of life: step_claim, step_heartbeat.
+    last_heartbeat_at  timestamptz,
+    -- What an operator's Retry (or Resolve discard) grants: max_attempts becomes
+    -- attempt + attempt_budget. The node's retry policy, set at submit.
+    attempt_budget     integer     NOT NULL,
+    PRIMARY KEY (run_id, node),
+    CONSTRAINT steps_status_known CHECK (status IN
+        ('pending', 'available', 'running', 'completed', 'discarded', 'uncertain',
+         'skipped', 'cancelled')),
+    CONSTRAINT steps_trigger_rule_known
+        CHECK (trigger_rule IN ('all_success', 'all_done', 'one_failed')),
+    CONSTRAINT steps_finished_at_iff_final
+        CHECK ((status IN ('completed', 'discarded', 'skipped', 'cancelled'))
+               = (finished_at IS NOT NULL)),
+    CONSTRAINT steps_available_has_time CHECK (status <> 'available' OR available_at IS NOT NULL),
+    CONSTRAINT steps_running_has_lease CHECK (status <> 'running' OR
+        (lease_token IS NOT NULL AND lease_expires_at IS NOT NULL AND deadline_at IS NOT NULL)),
+    CONSTRAINT steps_deps_in_range
+        CHECK (deps_open >= 0 AND deps_failed >= 0
+               AND deps_open + deps_failed <= cardinality(depends_on)),
+    CONSTRAINT steps_attempts_in_range CHECK (attempt >= 0 AND max_attempts >= 1),
+    CONSTRAINT steps_output_only_completed CHECK (output IS NULL OR status = 'completed'),
+    CONSTRAINT steps_attempt_budget_positive CHECK (attempt_budget >= 1)
+);
+
+-- The claim's index: exactly the ready rows, per action, oldest first. Claimed rows
+-- leave it, so a long drain does not walk over what it already took.
+CREATE INDEX steps_ready_idx ON cyclone.steps (action, available_at) WHERE status = 'available';
+-- Ready rows whose last attempt lost its lease: checked against unsafe marks at claim.
+CREATE INDEX steps_uncertain_idx ON cyclone.steps (action)
+    WHERE status = 'available' AND effect_uncertain;
+-- The sweep's index: held leases by expiry.
+CREATE INDEX steps_leased_idx ON cyclone.steps (lease_expires_at) WHERE status = 'running';
+-- A run's discarded steps, first first: _runs_close finds a failed run's error by key.
+CREATE INDEX steps_discarded_idx ON cyclone.steps (run_id, finished_at, node)
+    WHERE status = 'discarded';
+
+-- Every failed or ended attempt of a step, oldest first: its error history.
+CREATE TABLE cyclone.step_errors (
+    run_id    uuid        NOT NULL,
+    node      text        NOT NULL,
+    attempt   integer     NOT NULL,
+    -- handler (step_fail, step_abandon) | lease_expired (sweep_steps) |
+    -- resolved (step_resolve error) | reset (step_retry revoked a lease below a retry)
+    kind      text        NOT NULL,
+    type      text        NOT NULL DEFAULT '',
+    message   text        NOT NULL DEFAULT '',
+    details   text        NOT NULL DEFAULT '',
+    retryable boolean     NOT NULL,
+    at        timestamptz NOT NULL,
+    FOREIGN KEY (run_id, node) REFERENCES cyclone.steps ON DELETE CASCADE,
+    CONSTRAINT step_errors_kind_known
+        CHECK (kind IN ('handler', 'lease_expired', 'resolved', 'reset'))
+);
+CREATE INDEX step_errors_step_idx ON cyclone.step_errors (run_id, node, at);
+
+-- Operator actions (retry, retry_all, resolve_*, cancel), who made them and why.
+CREATE TABLE cyclone.audit (
+    id      bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id  uuid        NOT NULL REFERENCES cyclone.runs ON DELETE CASCADE,
+    node    text        NOT NULL DEFAULT '',
+    action  text        NOT NULL,
+    actor   text        NOT NULL,
+    reason  text        NOT NULL DEFAULT '',
+    details jsonb,
+    at      timestamptz NOT NULL
+);
+CREATE INDEX audit_run_idx ON cyclone.audit (run_id, id);
+
+-- Per action, the last Claim that asked for it and the last one that got a step of it
+-- (Explain: "no worker serves this action"). Written by each server from memory every
+-- few seconds (service/activity.py, the named query action_claims_note), never by the
+-- claim itself, so it costs the claim's plan nothing.
+CREATE TABLE cyclone.action_claims (
+    action     text        PRIMARY KEY,
+    -- Last Claim that named this action (a worker serving it asked for work), and who.
+    polled_at  timestamptz NOT NULL,
+    polled_by  text        NOT NULL,
+    -- Last Claim that handed out a step of this action, and to whom.
+    claimed_at timestamptz,
+    claimed_by text,
+    CONSTRAINT action_claims_claimed_by_iff_claimed
+        CHECK ((claimed_at IS NULL) = (claimed_by IS NULL))
+);
+
+-- SubmitOnce keys, kept apart from the runs so that retention can delete a run and
+-- still answer its key with the run it made (submit_keys_purge deletes a key only once
+-- its run is gone). The primary key is what makes a key unique per workflow.
+CREATE TABLE cyclone.submit_keys (
+    workflow   text        NOT NULL,
+    submit_key text        NOT NULL,
+    run_id     uuid        NOT NULL,
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (workflow, submit_key)
+);
+CREATE INDEX submit_keys_created_idx ON cyclone.submit_keys (created_at);
+
+-- Time, read through one function so that tests can move it instead of sleeping.
+CREATE TABLE cyclone.clock (
+    singleton boolean  PRIMARY KEY DEFAULT true CHECK (singleton),
+    offset_by interval NOT NULL DEFAULT '0'
+);
+INSERT INTO cyclone.clock DEFAULT VALUES;
+
+-- Every transition reads the time here: the time of the current statement (not of the
+-- transaction) plus the clock's offset, which only tests change. A worker's completion
+-- transaction may begin long before it calls step_complete; on the statement's clock
+-- the lease is checked when the call is made.
+CREATE FUNCTION cyclone.now() RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT statement_timestamp() + offset_by FROM cyclone.clock
+$$;
+
+-- What the Complete transitions (_step_complete, step_complete, step_fail, step_abandon)
+-- return: the step's and the run's status after it, whether it repeated a completion
+-- already recorded, and when a retry becomes claimable.
+CREATE TYPE cyclone.completion AS (
+    step_status text,
+    run_status  text,
+    duplicate   boolean,
+    retry_at    timestamptz
+);

@@ -1,0 +1,232 @@
+-- Internals: helpers the transitions call. None is called by the server directly.
+--
+-- Lock order, to stay free of deadlocks: a function that changes more than one row
+-- locks the run row first (FOR NO KEY UPDATE, through _run_lock), then steps.
+-- step_claim and the sweep meet step rows first: they take run locks only with SKIP
+-- LOCKED, so they never wait while holding a step.
+--
+-- Errors carry SQLSTATEs of their own, which every SDK maps to one exception:
+--   CY001 lease lost     (gRPC ABORTED)
+--   CY002 not found      (gRPC NOT_FOUND)
+--   CY003 wrong state    (gRPC FAILED_PRECONDITION)
+--   CY004 unknown resolution (gRPC INVALID_ARGUMENT; step_resolve)
+--   CY005 step_complete repeated a committed completion (the worker rolls back)
+
+-- Locks a run row and returns its status; CY002 when there is no such run. Every
+-- transition that changes more than one row calls it first.
+CREATE FUNCTION cyclone._run_lock(p_run_id uuid) RETURNS text
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_status text;
+BEGIN
+    SELECT status INTO v_status FROM cyclone.runs WHERE run_id = p_run_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % not found', p_run_id USING ERRCODE = 'CY002';
+    END IF;
+    RETURN v_status;
+END;
+$$;
+
+-- Exponential backoff before the attempt after p_attempt, less up to half as jitter
+-- (step_fail, for a retryable failure with no retry_after).
+CREATE FUNCTION cyclone._backoff(
+    p_initial interval, p_max interval, p_multiplier float8, p_attempt integer)
+RETURNS interval
+LANGUAGE sql VOLATILE AS $$
+    SELECT d * (1 - random() / 2)
+      FROM (SELECT least(p_max, p_initial * power(p_multiplier, least(p_attempt - 1, 60)))) b(d)
+$$;
+
+-- Raises the error that explains why p_lease_token no longer holds (p_run_id, p_node),
+-- given the step's current status, lease token and attempt (all NULL: no such step):
+-- CY002, or CY001 with DETAIL current_attempt=N (the server's cyclone-current-attempt
+-- trailer). Called by step_heartbeat and the Complete transitions when their guard
+-- matched no row.
+CREATE FUNCTION cyclone._lease_lost(
+    p_run_id uuid, p_node text, p_lease_token uuid, p_status text, p_holder uuid,
+    p_attempt integer)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_status IS NULL THEN
+        RAISE EXCEPTION 'step (%, %) not found', p_run_id, p_node USING ERRCODE = 'CY002';
+    END IF;
+    IF p_holder = p_lease_token THEN
+        RAISE EXCEPTION 'lease lost: the lease of (%, %) attempt % is no longer valid (step is %)',
+            p_run_id, p_node, p_attempt, p_status
+            USING ERRCODE = 'CY001', DETAIL = format('current_attempt=%s', p_attempt);
+    END IF;
+    RAISE EXCEPTION 'lease lost: this token does not hold (%, %), which is now at attempt % (%)',
+        p_run_id, p_node, p_attempt, p_status
+        USING ERRCODE = 'CY001', DETAIL = format('current_attempt=%s', p_attempt);
+END;
+$$;
+
+-- Wakes the claims waiting for these actions (a Claim's long poll). A NOTIFY inside a
+-- writing transaction takes a database-wide lock from just before its commit until the
+-- commit record is flushed, so every notifying transaction would wait for the previous
+-- one's fsync. Server connections therefore set cyclone.defer_notify = on: transitions
+-- then only record the actions they made ready in cyclone.ready (transaction-local),
+-- which the server reads in the same statement (service/sql/queries.sql), wakes its own
+-- waiting claims and sends one coalesced NOTIFY for other servers from a connection
+-- that writes nothing. Other callers (a worker's own completion transaction) notify
+-- inline, delivered at commit.
+CREATE FUNCTION cyclone._notify_ready(p_actions text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF cardinality(p_actions) = 0 THEN
+        RETURN;
+    END IF;
+    IF current_setting('cyclone.defer_notify', true) = 'on' THEN
+        -- Action names cannot contain a comma (pyclient.dag.NAME_PATTERN).
+        PERFORM set_config('cyclone.ready',
+                           concat_ws(',', nullif(current_setting('cyclone.ready', true), ''),
+                                     array_to_string(p_actions, ',')),
+                           true);
+    ELSE
+        PERFORM pg_notify('cyclone_ready', a) FROM (SELECT DISTINCT unnest(p_actions) AS a) t;
+    END IF;
+END;
+$$;
+
+-- Propagates steps that just became final to their dependents, in waves: each wave's
+-- finals are counted at their pending dependents in one statement (deps_open - 1, and
+-- deps_failed + 1 for a final that is not completed); a pending step whose upstream is
+-- all final is judged by its trigger rule and becomes ready, or skipped (a skip is
+-- final in turn and joins the next wave). A root (no upstream) always runs, as at
+-- submit. Ready steps become available when the run is running; while it is blocked
+-- they stay pending (held until Resolve). Then the run is closed by the count of steps
+-- made final (_run_close). Returns the run's status.
+--   p_final:  nodes that just became final
+--   p_decide: pending nodes to judge now (step_retry, step_resolve)
+--   p_closed: how many steps the caller made final itself
+-- The caller holds the run row lock. Called by _step_complete, step_complete_many,
+-- step_fail, sweep_steps, step_retry and step_resolve.
+CREATE FUNCTION cyclone._settle(p_run_id uuid, p_final text[], p_decide text[], p_closed integer)
+RETURNS text
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := cyclone.now();
+    v_wave    text[] := p_final;
+    v_decide  text[] := p_decide;
+    v_ready   text[] := '{}';
+    v_runs    text[];
+    v_closed  integer := p_closed;
+    v_status  text;
+BEGIN
+    LOOP
+        IF cardinality(v_wave) > 0 THEN
+            -- Count the whole wave at each pending dependent, in one statement.
+            WITH fin AS (
+                SELECT d.node, count(*)::integer AS n,
+                       (count(*) FILTER (WHERE f.status <> 'completed'))::integer AS failed
+                  FROM cyclone.steps f CROSS JOIN LATERAL unnest(f.dependents) AS d(node)
+                 WHERE f.run_id = p_run_id AND f.node = ANY (v_wave)
+                 GROUP BY d.node
+            ), counted AS (
+                UPDATE cyclone.steps s
+                   SET deps_open = s.deps_open - fin.n, deps_failed = s.deps_failed + fin.failed
+                  FROM fin
+                 WHERE s.run_id = p_run_id AND s.node = fin.node AND s.status = 'pending'
+                RETURNING s.node, s.deps_open
+            )
+            SELECT v_decide || coalesce(array_agg(node), '{}') INTO v_decide
+              FROM counted WHERE deps_open = 0;
+        END IF;
+        EXIT WHEN cardinality(v_decide) = 0;
+
+        -- Judge the pending steps whose upstream is all final.
+        WITH judged AS (
+            -- A node with no upstream always runs, whatever its rule, as at submit
+            -- (it is judged here when released after Resolve or reset by Retry).
+            SELECT node, CASE WHEN cardinality(depends_on) = 0 THEN true
+                              ELSE CASE trigger_rule
+                                       WHEN 'all_success' THEN deps_failed = 0
+                                       WHEN 'all_done' THEN true
+                                       ELSE deps_failed > 0
+                                   END
+                         END AS runs
+              FROM cyclone.steps
+             WHERE run_id = p_run_id AND node = ANY (v_decide)
+               AND status = 'pending' AND deps_open = 0
+        ), skipped AS (
+            UPDATE cyclone.steps s SET status = 'skipped', finished_at = v_now
+              FROM judged j
+             WHERE s.run_id = p_run_id AND s.node = j.node AND NOT j.runs
+               AND s.status = 'pending'
+            RETURNING s.node
+        )
+        SELECT ARRAY(SELECT node FROM judged WHERE runs),
+               ARRAY(SELECT node FROM skipped)
+          INTO v_runs, v_wave;
+        v_ready := v_ready || v_runs;
+        v_closed := v_closed + cardinality(v_wave);
+        v_decide := '{}';
+    END LOOP;
+
+    IF cardinality(v_ready) > 0 THEN
+        SELECT status INTO v_status FROM cyclone.runs WHERE run_id = p_run_id;
+        IF v_status = 'running' THEN
+            WITH released AS (
+                UPDATE cyclone.steps SET status = 'available', available_at = v_now
+                 WHERE run_id = p_run_id AND node = ANY (v_ready) AND status = 'pending'
+                RETURNING action)
+            SELECT array_agg(action) INTO v_ready FROM released;
+            PERFORM cyclone._notify_ready(v_ready);
+        END IF;
+    END IF;
+    IF v_closed = 0 THEN
+        RETURN (SELECT status FROM cyclone.runs WHERE run_id = p_run_id);
+    END IF;
+    RETURN cyclone._run_close(p_run_id, v_closed, v_now);
+END;
+$$;
+
+-- Closes runs by counts: each run's steps_open goes down by the number of its steps
+-- that became final; a running run left with none open is completed, or failed with
+-- a StepDiscarded error naming its first discarded step. Returns each run's status.
+-- Runs are found by primary key, and the discarded-step checks are scalar lookups
+-- through steps_discarded_idx, so no plan scans steps. Called by _run_close and by
+-- step_complete_many (runs whose completed steps have no dependents).
+CREATE FUNCTION cyclone._runs_close(p_runs uuid[], p_closed integer[],
+                                               p_now timestamptz)
+RETURNS TABLE (run_id uuid, status text)
+LANGUAGE sql AS $$
+    UPDATE cyclone.runs r
+       SET steps_open = r.steps_open - c.closed,
+           updated_at = p_now,
+           status = CASE
+               WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.status
+               WHEN (SELECT true FROM cyclone.steps s
+                      WHERE s.run_id = r.run_id AND s.status = 'discarded' LIMIT 1)
+               THEN 'failed'
+               ELSE 'completed' END,
+           finished_at = CASE
+               WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.finished_at
+               ELSE p_now END,
+           error = CASE
+               WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.error
+               ELSE (SELECT jsonb_build_object(
+                                'kind', 'StepDiscarded',
+                                'message', format('node %s was discarded at attempt %s',
+                                                  s.node, s.attempt),
+                                'node', s.node, 'attempt', s.attempt,
+                                'started_at', s.started_at)
+                       FROM cyclone.steps s
+                      WHERE s.run_id = r.run_id AND s.status = 'discarded'
+                      ORDER BY s.finished_at, s.node LIMIT 1) END
+      FROM unnest(p_runs, p_closed) AS c(run_id, closed)
+     WHERE r.run_id = c.run_id AND r.run_id = ANY (p_runs)
+    RETURNING r.run_id, r.status
+$$;
+
+-- _runs_close for one run: called by _settle, and by _step_complete for a step with no
+-- dependents (nothing to propagate).
+CREATE FUNCTION cyclone._run_close(p_run_id uuid, p_closed integer,
+                                              p_now timestamptz)
+RETURNS text
+LANGUAGE sql AS $$
+    SELECT c.status FROM cyclone._runs_close(ARRAY[p_run_id], ARRAY[p_closed], p_now) c
+$$;

@@ -1,0 +1,58 @@
+-- Submit: creating a run.
+
+-- Creates a run and all its steps in one transaction; root steps become available,
+-- the others pending with deps_open = their number of upstream nodes. With a submit
+-- key, at most one run exists per (workflow, key), also under concurrent calls (the
+-- second waits on the first's key row): a repeated call returns that run with
+-- created = false. p_nodes is a JSON array of node objects in topological order,
+-- validated by the server (service/store.py). RPCs: Submit, SubmitOnce.
+CREATE FUNCTION cyclone.run_submit(
+    p_run_id uuid, p_workflow text, p_submit_key text, p_input jsonb, p_nodes jsonb,
+    OUT run_id uuid, OUT created boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now   timestamptz := cyclone.now();
+    v_count integer := jsonb_array_length(p_nodes);
+BEGIN
+    IF p_submit_key IS NOT NULL THEN
+        -- A concurrent SubmitOnce with the same key waits here for the first to end.
+        INSERT INTO cyclone.submit_keys (workflow, submit_key, run_id, created_at)
+        VALUES (p_workflow, p_submit_key, p_run_id, v_now)
+        ON CONFLICT (workflow, submit_key) DO NOTHING;
+        IF NOT FOUND THEN
+            SELECT k.run_id INTO run_id FROM cyclone.submit_keys k
+             WHERE k.workflow = p_workflow AND k.submit_key = p_submit_key;
+            created := false;
+            RETURN;
+        END IF;
+    END IF;
+
+    INSERT INTO cyclone.runs (run_id, workflow, submit_key, status, input, steps_total,
+                              steps_open, created_at, updated_at)
+    VALUES (p_run_id, p_workflow, p_submit_key, 'running', p_input, v_count, v_count,
+            v_now, v_now);
+
+    INSERT INTO cyclone.steps (run_id, node, position, action, status, trigger_rule, depends_on,
+                               dependents, deps_open, max_attempts, attempt_budget,
+                               initial_backoff, max_backoff, backoff_multiplier, timeout,
+                               input, available_at)
+    SELECT p_run_id, n.name, n.position, n.action,
+           CASE WHEN cardinality(n.depends_on) = 0 THEN 'available' ELSE 'pending' END,
+           n.trigger_rule, n.depends_on, n.dependents, cardinality(n.depends_on),
+           n.max_attempts, n.max_attempts, make_interval(secs => n.initial_backoff_s),
+           make_interval(secs => n.max_backoff_s), n.backoff_multiplier,
+           make_interval(secs => n.timeout_s), n.input,
+           CASE WHEN cardinality(n.depends_on) = 0 THEN v_now END
+      FROM jsonb_to_recordset(p_nodes) AS n(
+               name text, position integer, action text, depends_on text[], dependents text[],
+               trigger_rule text, max_attempts integer, initial_backoff_s float8,
+               max_backoff_s float8, backoff_multiplier float8, timeout_s float8, input jsonb);
+
+    PERFORM cyclone._notify_ready(array_agg(e.node->>'action'))
+       FROM jsonb_array_elements(p_nodes) e(node)
+      WHERE jsonb_array_length(e.node->'depends_on') = 0;
+    run_id := p_run_id;
+    created := true;
+END;
+$$;

@@ -1,0 +1,217 @@
+-- Operator transitions: Retry, Resolve, CancelRun. Each locks the run row first, so two
+-- operators acting at once on one run are serialised, and records itself in
+-- cyclone.audit. docs/state-machine.md says what each does to the nodes below.
+
+-- Retry (p_nodes) and RetryAll (p_nodes NULL) reopen discarded nodes in place: same
+-- run_id and node; the next claim increments attempt. Every node below them that has
+-- not completed waits again for its upstream: the walk goes down the dependents but
+-- never through a completed node, whose output stands. Each node it reaches (the
+-- retried ones included) becomes pending with its counters recounted from the graph
+-- and a fresh attempt budget (max_attempts = attempt + attempt_budget); one that was
+-- running loses its lease (a reset error is recorded), and since its effect may have
+-- happened it is marked effect_uncertain like a lost lease. The run becomes running,
+-- and the reset nodes whose upstream is all final are judged by their trigger rule
+-- (_settle). So no node can be claimed while a node above it is open again. Returns
+-- the retried nodes. CY003 when a node is not discarded, the run has none (RetryAll),
+-- or the run is blocked or cancelled; CY002 for an unknown node. RPCs: Retry, RetryAll.
+CREATE FUNCTION cyclone.step_retry(p_run_id uuid, p_nodes text[], p_actor text,
+                                              p_reason text)
+RETURNS text[]
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text := cyclone._run_lock(p_run_id);
+    v_nodes  text[];
+    v_bad    record;
+    v_reset  text[];
+    v_decide text[];
+BEGIN
+    IF v_status IN ('blocked', 'cancelled') THEN
+        RAISE EXCEPTION 'run % is %: only a running or failed run can be retried',
+            p_run_id, v_status USING ERRCODE = 'CY003';
+    END IF;
+    IF p_nodes IS NULL THEN
+        v_nodes := ARRAY(SELECT s.node FROM cyclone.steps s
+                          WHERE s.run_id = p_run_id AND s.status = 'discarded' ORDER BY s.node);
+        IF cardinality(v_nodes) = 0 THEN
+            RAISE EXCEPTION 'run % has no discarded node to retry', p_run_id
+                USING ERRCODE = 'CY003';
+        END IF;
+    ELSE
+        v_nodes := p_nodes;
+        SELECT n.node, s.status INTO v_bad
+          FROM unnest(p_nodes) n(node)
+          LEFT JOIN cyclone.steps s ON s.run_id = p_run_id AND s.node = n.node
+         WHERE s.status IS DISTINCT FROM 'discarded' LIMIT 1;
+        IF FOUND AND v_bad.status IS NULL THEN
+            RAISE EXCEPTION 'run % has no node %', p_run_id, left(v_bad.node, 200)
+                USING ERRCODE = 'CY002';
+        ELSIF FOUND THEN
+            RAISE EXCEPTION 'node % is %, not discarded: only a discarded node can be retried',
+                v_bad.node, v_bad.status USING ERRCODE = 'CY003';
+        END IF;
+    END IF;
+
+    WITH RECURSIVE down(node) AS (
+        SELECT unnest(v_nodes)
+        UNION
+        SELECT t.node
+          FROM down d
+          JOIN cyclone.steps s ON s.run_id = p_run_id AND s.node = d.node
+          JOIN cyclone.steps t ON t.run_id = p_run_id AND t.node = ANY (s.dependents)
+         WHERE t.status <> 'completed'
+    )
+    SELECT array_agg(node) INTO v_reset FROM down;
+
+    INSERT INTO cyclone.step_errors (run_id, node, attempt, kind, type, message, retryable, at)
+    SELECT p_run_id, s.node, s.attempt, 'reset', 'Reset',
+           format('lease of worker %s revoked: an upstream node was retried', s.worker_id),
+           true, v_now
+      FROM cyclone.steps s
+     WHERE s.run_id = p_run_id AND s.node = ANY (v_reset) AND s.status = 'running';
+
+    -- Counts read the statuses before this statement: a reset upstream node counts as
+    -- open, whatever it was.
+    UPDATE cyclone.steps s
+       SET status = 'pending', available_at = NULL, finished_at = NULL,
+           lease_expires_at = NULL,
+           effect_uncertain = s.effect_uncertain OR s.status = 'running',
+           max_attempts = s.attempt + s.attempt_budget,
+           deps_open = c.open, deps_failed = c.failed
+      FROM (SELECT t.node,
+                   count(u.node) FILTER (
+                       WHERE u.node = ANY (v_reset)
+                          OR u.status IN ('pending', 'available', 'running', 'uncertain'))
+                       AS open,
+                   count(u.node) FILTER (
+                       WHERE NOT u.node = ANY (v_reset)
+                         AND u.status IN ('discarded', 'skipped')) AS failed
+              FROM cyclone.steps t
+              LEFT JOIN cyclone.steps u ON u.run_id = t.run_id AND u.node = ANY (t.depends_on)
+             WHERE t.run_id = p_run_id AND t.node = ANY (v_reset)
+             GROUP BY t.node) c
+     WHERE s.run_id = p_run_id AND s.node = c.node;
+
+    UPDATE cyclone.runs r
+       SET status = 'running', error = NULL, finished_at = NULL, updated_at = v_now,
+           steps_open = (SELECT count(*) FROM cyclone.steps s
+                          WHERE s.run_id = p_run_id
+                            AND s.status IN ('pending', 'available', 'running', 'uncertain'))
+     WHERE r.run_id = p_run_id;
+
+    v_decide := ARRAY(SELECT s.node FROM cyclone.steps s
+                       WHERE s.run_id = p_run_id AND s.node = ANY (v_reset) AND s.deps_open = 0);
+    PERFORM cyclone._settle(p_run_id, '{}', v_decide, 0);
+    INSERT INTO cyclone.audit (run_id, node, action, actor, reason, details, at)
+    VALUES (p_run_id, CASE WHEN p_nodes IS NULL THEN '' ELSE p_nodes[1] END,
+            CASE WHEN p_nodes IS NULL THEN 'retry_all' ELSE 'retry' END, p_actor,
+            coalesce(p_reason, ''),
+            jsonb_build_object('nodes', to_jsonb(v_nodes),
+                               'reset', to_jsonb(ARRAY(SELECT unnest(v_reset)
+                                                       EXCEPT SELECT unnest(v_nodes)))),
+            v_now);
+    RETURN v_nodes;
+END;
+$$;
+
+-- Resolves a blocked run's uncertain step: result (the effect happened: the value is
+-- its output, completed), error (it happened and failed: discarded, a resolved error
+-- recorded, so failure-handling nodes run) or discard (it did not happen: available
+-- again, with a fresh attempt budget as Retry grants). The run becomes running and the
+-- steps held while it was blocked are released (_settle). The lease token of the
+-- attempt that lost its lease is forgotten: a late Complete with it is refused, never
+-- told that its outcome was recorded. CY003 when the run is not blocked or the node is
+-- not its uncertain step, CY002 for an unknown node, CY004 for an unknown choice.
+-- RPC: Resolve.
+CREATE FUNCTION cyclone.step_resolve(p_run_id uuid, p_node text, p_choice text,
+                                                p_value jsonb, p_actor text, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text := cyclone._run_lock(p_run_id);
+    v_step   record;
+    v_held   text[];
+BEGIN
+    IF v_status <> 'blocked' THEN
+        RAISE EXCEPTION 'run % is %, not blocked: only a blocked run can be resolved',
+            p_run_id, v_status USING ERRCODE = 'CY003';
+    END IF;
+    SELECT s.status, s.attempt, s.action INTO v_step
+      FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % has no node %', p_run_id, left(p_node, 200)
+            USING ERRCODE = 'CY002';
+    END IF;
+    IF v_step.status <> 'uncertain' THEN
+        RAISE EXCEPTION 'node % is %, not uncertain: only the uncertain step of a blocked run '
+                        'can be resolved (here: %)', p_node, v_step.status,
+            (SELECT string_agg(s.node, ', ') FROM cyclone.steps s
+              WHERE s.run_id = p_run_id AND s.status = 'uncertain')
+            USING ERRCODE = 'CY003';
+    END IF;
+
+    UPDATE cyclone.runs SET status = 'running', error = NULL, updated_at = v_now
+     WHERE run_id = p_run_id;
+    -- Release what was held while blocked.
+    v_held := ARRAY(SELECT s.node FROM cyclone.steps s
+                     WHERE s.run_id = p_run_id AND s.status = 'pending' AND s.deps_open = 0);
+    CASE p_choice
+    WHEN 'result' THEN
+        UPDATE cyclone.steps s
+           SET status = 'completed', output = coalesce(p_value, 'null'::jsonb),
+               finished_at = v_now, effect_uncertain = false, lease_token = NULL
+         WHERE s.run_id = p_run_id AND s.node = p_node;
+        PERFORM cyclone._settle(p_run_id, ARRAY[p_node], v_held, 1);
+    WHEN 'error' THEN
+        UPDATE cyclone.steps s
+           SET status = 'discarded', finished_at = v_now, effect_uncertain = false,
+               lease_token = NULL
+         WHERE s.run_id = p_run_id AND s.node = p_node;
+        INSERT INTO cyclone.step_errors (run_id, node, attempt, kind, type, message, retryable, at)
+        VALUES (p_run_id, p_node, v_step.attempt, 'resolved', 'EffectFailed',
+                p_value #>> '{}', false, v_now);
+        PERFORM cyclone._settle(p_run_id, ARRAY[p_node], v_held, 1);
+    WHEN 'discard' THEN
+        UPDATE cyclone.steps s
+           SET status = 'available', available_at = v_now, effect_uncertain = false,
+               lease_token = NULL, max_attempts = s.attempt + s.attempt_budget
+         WHERE s.run_id = p_run_id AND s.node = p_node;
+        PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
+        PERFORM cyclone._settle(p_run_id, '{}', v_held, 0);
+    ELSE
+        RAISE EXCEPTION 'unknown resolution %', left(p_choice, 50) USING ERRCODE = 'CY004';
+    END CASE;
+    INSERT INTO cyclone.audit (run_id, node, action, actor, reason, details, at)
+    VALUES (p_run_id, p_node, 'resolve_' || p_choice, p_actor, coalesce(p_reason, ''),
+            jsonb_build_object('attempt', v_step.attempt, 'value', p_value), v_now);
+END;
+$$;
+
+-- Cancels a run: every unfinished step becomes cancelled (a running handler learns it
+-- from its next heartbeat, and its completion is refused), and the run's error is
+-- cleared. CY003 when the run is already completed or cancelled. RPC: CancelRun.
+CREATE FUNCTION cyclone.run_cancel(p_run_id uuid, p_actor text, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text := cyclone._run_lock(p_run_id);
+BEGIN
+    IF v_status IN ('completed', 'cancelled') THEN
+        RAISE EXCEPTION 'run % is already %', p_run_id, v_status USING ERRCODE = 'CY003';
+    END IF;
+    UPDATE cyclone.steps s SET status = 'cancelled', finished_at = v_now, lease_expires_at = NULL
+     WHERE s.run_id = p_run_id AND s.status IN ('pending', 'available', 'running', 'uncertain');
+    UPDATE cyclone.runs
+       SET status = 'cancelled', steps_open = 0, error = NULL, finished_at = v_now,
+           updated_at = v_now
+     WHERE run_id = p_run_id;
+    INSERT INTO cyclone.audit (run_id, action, actor, reason, details, at)
+    VALUES (p_run_id, 'cancel', p_actor, coalesce(p_reason, ''),
+            jsonb_build_object('previous_status', v_status), v_now);
+END;
+$$;
