@@ -62,7 +62,8 @@ BEGIN
 END;
 $$;
 
--- sweep_steps, returning only how many steps it reclaimed.
+-- sweep_steps, returning only how many steps it reclaimed. The server calls sweep_steps;
+-- this one is for tests and operators at a psql prompt.
 CREATE FUNCTION cyclone.sweep(p_limit integer) RETURNS integer
 LANGUAGE sql AS $$
     SELECT count(*)::integer FROM cyclone.sweep_steps(p_limit)
