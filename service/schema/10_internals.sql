@@ -12,8 +12,10 @@
 --   CY004 unknown resolution (gRPC INVALID_ARGUMENT; step_resolve)
 --   CY005 step_complete repeated a committed completion (the worker rolls back)
 
--- Locks a run row and returns its status; CY002 when there is no such run. Every
--- transition that changes more than one row calls it first.
+-- Locks a run row and returns its status; CY002 when there is no such run. The
+-- transitions on one run call it first (_step_complete, _step_fail_unheld,
+-- step_abandon, step_retry, step_resolve, run_cancel); step_complete_many locks its
+-- runs itself, in run_id order.
 CREATE FUNCTION cyclone._run_lock(p_run_id uuid) RETURNS text
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column

@@ -1,9 +1,9 @@
 -- Named queries of the Cyclone server. Each block starts with "-- name: <name>" and is
 -- loaded by service.store; parameters are bound (:name), never formatted in.
--- Transitions are functions (service/migrations); these are their calls and the reads.
+-- Transitions are functions (service/schema/); these are their calls and the reads.
 
 -- Transitions also return `ready`: the actions they made claimable (see
--- 0003_deferred_notify.sql), read in the same statement.
+-- _notify_ready in service/schema/10_internals.sql), read in the same statement.
 
 -- name: run_submit
 SELECT run_id, created, current_setting('cyclone.ready', true) AS ready
