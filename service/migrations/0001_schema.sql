@@ -1,27 +1,8 @@
 -- Cyclone schema, version 1: tables and invariants.
 --
--- Step statuses and the transitions that set each one, as of the latest migration
--- (docs/state-machine.md draws them):
---   pending    run_submit (has upstream nodes); step_retry (skipped dependents reopened);
---              held while its run is blocked though ready (deps_open = 0): by step_claim
---              when it blocks the run, by _settle, and by step_fail for a retry (0007)
---   available  run_submit (root); _settle (upstream done, trigger rule met); step_fail
---              (retry after backoff); sweep (lease expired); step_retry; step_resolve
---              discard; steps_release (a claim whose caller went away)
---   running    step_claim
---   completed  step_complete; step_resolve result
---   discarded  step_fail (non-retryable or out of attempts); sweep (out of attempts);
---              step_resolve error
---   uncertain  step_claim (an unsafe action's lease expired with no outcome)
---   skipped    _settle (trigger rule can no longer be met)
---   cancelled  run_cancel
---
--- Run statuses:
---   running    run_submit; step_retry; step_resolve
---   completed  _run_close, from _settle or step_complete (every step final, none discarded)
---   failed     _run_close (every step final, one or more discarded)
---   blocked    step_claim (an uncertain step met a worker that marks its action unsafe)
---   cancelled  run_cancel
+-- The statuses and the functions that set each one, as they are now, are listed in
+-- service/schema/00_tables.sql (the engine's current definition); docs/state-machine.md
+-- draws them.
 
 CREATE TABLE cyclone.runs (
     run_id       uuid        PRIMARY KEY,
