@@ -20,6 +20,9 @@ Outcome = tuple[Any, BaseException | None]
 class HandlerTimeout(Exception):
     """The handler ran past its timeout and was cancelled."""
 
+    # Its public home, as tracebacks (a failure's details) name it.
+    __module__ = "pyclient.worker"
+
 
 class StepLog(logging.LoggerAdapter):  # type: ignore[type-arg]
     """Prefixes every message with run, node and attempt, and adds them as extras."""
