@@ -14,6 +14,18 @@ as the first one did.
         report = testing.run_twice(charge, state=lambda: dict(fake_billing.charges),
                                    run_input={"order_id": "o-1", "amount": 42})
         report.assert_safe_to_repeat()
+
+:class:`HandlerEnvironment` plays the worker's part around one handler, as Temporal's
+ActivityEnvironment does: it records the heartbeats and progress the handler sends,
+and lets the test cancel the run or take the lease away while the handler runs
+(from ``on_heartbeat`` or another thread), as the worker would on a heartbeat's
+answer.
+
+    def test_export_stops_when_the_run_is_cancelled():
+        env = testing.HandlerEnvironment(input={"rows": 100})
+        env.on_heartbeat = lambda progress: env.cancel() if progress == {"row": 30} else None
+        assert env.run(export) == {"stopped_at": 30}
+        assert env.ctx.cancelled.is_set() and not env.outcome_reported
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -65,9 +78,9 @@ def make_context(
     ``completion_conn`` (e.g. a psycopg connection of your test database) is what
     ``ctx.completion_tx()`` returns; this helper neither commits nor rolls it back.
     """
-    control = StepControl(
-        completion_tx=_GivenConnection(completion_conn) if completion_conn is not None else None
-    )
+    given = _GivenConnection(completion_conn) if completion_conn is not None else None
+    # Only its connection() is used outside the worker.
+    control = StepControl(completion_tx=given)  # type: ignore[arg-type]
     return Context(
         run_id=run_id or str(uuid.uuid4()),
         node=node,
@@ -82,7 +95,7 @@ def make_context(
         effect_uncertain=effect_uncertain,
         upstream_failures=tuple(upstream_failures),
         worker_id="pyclient.testing",
-        _control=control,  # type: ignore[arg-type]
+        _control=control,
     )
 
 
@@ -127,12 +140,12 @@ class RepeatReport:
 
     @property
     def same_output(self) -> bool:
-        return self.first_output == self.second_output
+        return bool(self.first_output == self.second_output)
 
     @property
     def same_state(self) -> bool:
         """The second call changed nothing the ``state`` function sees (True without one)."""
-        return self.state_after_first == self.state_after_second
+        return bool(self.state_after_first == self.state_after_second)
 
     @property
     def safe_to_repeat(self) -> bool:
@@ -184,3 +197,110 @@ def run_twice(
 
 def _fresh_control(ctx: Context) -> StepControl:
     return StepControl(completion_tx=ctx._control.completion_tx)
+
+
+class HandlerEnvironment:
+    """One handler's surroundings under test: the worker's side of its heartbeats,
+    cancellation and lease.
+
+    Build it from a context or the fields of :func:`make_context`; :attr:`ctx` is the
+    context the handler gets. While :meth:`run` runs the handler:
+
+    - every ``ctx.heartbeat(...)`` is counted in :attr:`heartbeats`, its progress
+      (as it would be stored: JSON, else TypeError in the handler) appended to
+      :attr:`progress`, then :attr:`on_heartbeat` is called with that progress (None
+      when there was none), in the handler's thread;
+    - :meth:`cancel` is what the worker does when a heartbeat says the run was
+      cancelled (``ctx.cancelled`` and ``ctx.should_stop`` set, an async handler
+      cancelled), :meth:`lose_lease` what it does when a heartbeat is refused
+      (``ctx.lease_lost`` and ``ctx.should_stop``). Either may be called from
+      ``on_heartbeat``, from another thread, or before :meth:`run`. The worker then
+      drops the handler's outcome: :attr:`outcome_reported` says so.
+    """
+
+    def __init__(self, ctx: Context | None = None, **context: Any):
+        if ctx is None:
+            ctx = make_context(**context)
+        elif context:
+            raise TypeError("pass either a context or context fields, not both")
+        self._control = StepControl(
+            lease_expires_at=ctx._control.lease_expires_at,
+            completion_tx=ctx._control.completion_tx,
+            on_heartbeat=self._heartbeat,
+        )
+        #: The context the handler gets.
+        self.ctx: Context = dataclasses.replace(ctx, _control=self._control)
+        #: How many times the handler called ``ctx.heartbeat()``.
+        self.heartbeats = 0
+        #: The progress values it recorded, in order.
+        self.progress: list[Any] = []
+        #: Called after each heartbeat is recorded, with its progress (or None).
+        self.on_heartbeat: Callable[[Any], None] | None = None
+        self._lock = threading.Lock()
+        self._task: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def outcome_reported(self) -> bool:
+        """Whether a worker would report the handler's outcome: not after the run was
+        cancelled or the lease lost (the server would refuse it)."""
+        return not (self._control.is_cancelled or self._control.is_lease_lost)
+
+    def cancel(self) -> None:
+        """The run is cancelled: as a heartbeat answered ``cancelled`` makes it."""
+        self._control.cancel()
+        self._interrupt()
+
+    def lose_lease(self) -> None:
+        """This attempt loses its lease: as a heartbeat answered ABORTED makes it."""
+        self._control.lose_lease()
+        self._interrupt()
+
+    def run(self, handler: Callable[..., Any]) -> Any:
+        """Call ``handler`` as :func:`run` does and return its output.
+
+        An async handler cancelled by :meth:`cancel` or :meth:`lose_lease` raises
+        asyncio.CancelledError here, unless it catches it.
+        """
+        ctx = self.ctx
+        action = Action.of(ctx.action, handler)
+        token = bind(ctx)
+        try:
+            if action.is_async:
+                result = asyncio.run(self._run_async(action, ctx))
+            else:
+                result = action.fn(*action.arguments(ctx))
+        finally:
+            unbind(token)
+        return json.loads(dumps(result))
+
+    async def _run_async(self, action: Action, ctx: Context) -> Any:
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            self._task = asyncio.ensure_future(_await(action, ctx))
+            if not self.outcome_reported:  # cancelled before the handler started
+                self._task.cancel()
+        try:
+            return await self._task
+        finally:
+            with self._lock:
+                self._task = self._loop = None
+
+    def _interrupt(self) -> None:
+        with self._lock:
+            if self._task is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+
+    def _heartbeat(self) -> None:
+        has_progress, value = self._control.take_progress()
+        progress = None
+        if has_progress:
+            try:
+                progress = json.loads(dumps(value))
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"progress is not JSON, a worker would not send it: {exc}") from exc
+            self.progress.append(progress)
+            self._control.progress_delivered()
+        self.heartbeats += 1
+        if self.on_heartbeat is not None:
+            self.on_heartbeat(progress)

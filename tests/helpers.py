@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -15,7 +16,7 @@ from cyclone.v1 import types_pb2, worker_service_pb2, workflow_service_pb2
 PATIENCE = 20.0
 
 
-def eventually(check: Any, what: str, timeout: float = PATIENCE) -> Any:
+def eventually(check: Callable[[], Any], what: str, timeout: float = PATIENCE) -> Any:
     """Poll ``check`` until it returns something truthy; fail naming ``what``."""
     end = time.monotonic() + timeout
     while True:

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from pyclient import Client, RetryPolicy, Workflow
+from tests.helpers import PATIENCE, eventually
 from tests.roles import worker_login
-from tests.sdk.conftest import PATIENCE, eventually
 
 pytestmark = pytest.mark.slow
 

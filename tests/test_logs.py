@@ -7,8 +7,7 @@ import json
 
 import psycopg
 
-from tests.helpers import claim, complete, fail, node, submit, workflow
-from tests.sdk.conftest import eventually
+from tests.helpers import claim, complete, eventually, fail, node, submit, workflow
 from tests.test_processes import stubs
 
 

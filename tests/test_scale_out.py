@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from pyclient import Client, Worker, Workflow
-from tests.helpers import claim
-from tests.sdk.conftest import PATIENCE, eventually, running
+from tests.helpers import PATIENCE, claim, eventually
+from tests.sdk.conftest import running
 from tests.test_metrics import scrape, value
 from tests.test_processes import stubs
 

@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 from pyclient import Client, FailedPrecondition, NotFound, Run, Workflow, cli
-from tests.sdk.conftest import PATIENCE, eventually
+from tests.helpers import PATIENCE, eventually
 
 pytestmark = pytest.mark.slow
 

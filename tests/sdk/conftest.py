@@ -6,28 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from pyclient import Client, Worker
-
-#: Upper bound of any wait in these tests; reached only when something is broken.
-PATIENCE = 20.0
-
-
-def eventually(check: Callable[[], Any], what: str, timeout: float = PATIENCE) -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    end = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
+from tests.helpers import PATIENCE
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 
 import pytest
 
@@ -220,3 +221,101 @@ def test_run_twice_gives_the_second_call_the_next_attempt_and_the_same_key():
     testing.run_twice(lambda ctx: seen.append((ctx.idempotency_key, ctx.attempt)), run_id="r")
     assert [key for key, _ in seen] == ["r:node", "r:node"]
     assert [attempt for _, attempt in seen] == [1, 2]
+
+
+def export_rows(ctx):
+    """A sync handler that reports progress and stops when asked to."""
+    done = ctx.progress["row"] if ctx.progress else 0
+    while done < 100:
+        if ctx.should_stop.is_set():
+            return {"stopped_at": done}
+        done += 1
+        if done % 10 == 0:
+            ctx.heartbeat({"row": done})
+    return {"exported": done}
+
+
+def test_environment_records_every_heartbeat_and_its_progress():
+    env = testing.HandlerEnvironment(node="export")
+
+    def handler(ctx):
+        ctx.heartbeat()
+        ctx.heartbeat({"row": 1})
+        ctx.heartbeat({"row": 2})
+        return "done"
+
+    assert env.run(handler) == "done"
+    assert env.heartbeats == 3
+    assert env.progress == [{"row": 1}, {"row": 2}]
+    assert env.outcome_reported
+
+
+def test_a_sync_handler_sees_the_run_cancelled_at_a_chosen_heartbeat():
+    env = testing.HandlerEnvironment()
+    env.on_heartbeat = lambda progress: env.cancel() if progress == {"row": 30} else None
+    assert env.run(export_rows) == {"stopped_at": 30}
+    assert env.ctx.cancelled.is_set() and env.ctx.should_stop.is_set()
+    assert not env.ctx.lease_lost.is_set()
+    assert env.progress == [{"row": 10}, {"row": 20}, {"row": 30}]
+    assert not env.outcome_reported  # the worker would drop it
+
+
+def test_a_sync_handler_sees_its_lease_lost():
+    env = testing.HandlerEnvironment(progress={"row": 50})  # resumes an earlier attempt
+    env.on_heartbeat = lambda progress: env.lose_lease()
+    assert env.run(export_rows) == {"stopped_at": 60}
+    assert env.ctx.lease_lost.is_set() and env.ctx.should_stop.is_set()
+    assert not env.ctx.cancelled.is_set()
+    assert not env.outcome_reported
+
+
+def test_an_async_handler_is_cancelled_mid_run_as_the_worker_cancels_it():
+    env = testing.HandlerEnvironment()
+    cleaned_up = []
+
+    async def handler(ctx):
+        ctx.heartbeat({"phase": "started"})
+        try:
+            await asyncio.Event().wait()  # forever, unless cancelled
+        finally:
+            cleaned_up.append(ctx.should_stop.is_set())
+
+    env.on_heartbeat = lambda progress: env.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        env.run(handler)
+    assert cleaned_up == [True]
+    assert env.progress == [{"phase": "started"}]
+
+
+def test_a_lease_lost_from_another_thread_reaches_a_waiting_handler():
+    env = testing.HandlerEnvironment()
+    waiting = threading.Event()
+
+    def handler(ctx):
+        waiting.set()
+        return ctx.should_stop.wait(20.0)
+
+    thread = threading.Thread(target=lambda: (waiting.wait(20.0), env.lose_lease()))
+    thread.start()
+    assert env.run(handler) is True
+    thread.join()
+    assert env.ctx.lease_lost.is_set()
+
+
+def test_cancelled_before_it_starts_an_async_handler_never_runs():
+    env = testing.HandlerEnvironment()
+    env.cancel()
+    ran = []
+
+    async def handler(ctx):
+        ran.append(1)
+
+    with pytest.raises(asyncio.CancelledError):
+        env.run(handler)
+    assert ran == []
+
+
+def test_progress_that_is_not_json_fails_the_heartbeat_under_test():
+    env = testing.HandlerEnvironment()
+    with pytest.raises(TypeError, match="progress is not JSON"):
+        env.run(lambda ctx: ctx.heartbeat({"at": object()}))

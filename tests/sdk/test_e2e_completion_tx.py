@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from pyclient import RetryPolicy, Workflow
-from tests.sdk.conftest import PATIENCE, eventually, running
+from tests.helpers import PATIENCE, eventually
+from tests.sdk.conftest import running
 
 LEDGER = """
 CREATE TABLE ledger (

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from pyclient import Client, Workflow
-from tests.sdk.conftest import PATIENCE, eventually, running
+from tests.helpers import PATIENCE, eventually
+from tests.sdk.conftest import running
 
 pytestmark = pytest.mark.slow
 

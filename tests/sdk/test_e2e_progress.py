@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 
 from pyclient import RetryAfter, Workflow
-from tests.sdk.conftest import PATIENCE, eventually, running
+from tests.helpers import PATIENCE, eventually
+from tests.sdk.conftest import running
 
 
 def test_the_next_attempt_resumes_from_the_progress_the_failed_one_recorded(client, make_worker):

@@ -17,7 +17,8 @@ from pyclient import (
     Workflow,
     current,
 )
-from tests.sdk.conftest import PATIENCE, eventually, running
+from tests.helpers import PATIENCE, eventually
+from tests.sdk.conftest import running
 
 pytestmark = pytest.mark.usefixtures("cyclone_server")
 

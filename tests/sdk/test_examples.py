@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pyclient import cli
-from tests.sdk.conftest import PATIENCE, eventually
+from tests.helpers import PATIENCE, eventually
 
 pytestmark = pytest.mark.slow
 

@@ -10,11 +10,13 @@ import gc
 import threading
 import weakref
 
-from pyclient import Workflow, worker
-from tests.sdk.conftest import PATIENCE, eventually, running
+from pyclient import Workflow
+from pyclient.worker import _executor, _timers
+from tests.helpers import PATIENCE, eventually
+from tests.sdk.conftest import running
 
 
-def run_and_wait(threads: worker._Threads, fn) -> threading.Thread:
+def run_and_wait(threads: _executor.Threads, fn) -> threading.Thread:
     """Run ``fn`` on ``threads``, wait for it to end; the thread it ran in."""
     ran: list[threading.Thread] = []
     done = threading.Event()
@@ -30,7 +32,7 @@ def run_and_wait(threads: worker._Threads, fn) -> threading.Thread:
 
 
 def test_an_idle_thread_runs_the_next_handler():
-    threads = worker._Threads()
+    threads = _executor.Threads()
     first = run_and_wait(threads, lambda: None)
     eventually(lambda: threads._idle == 1, "the thread to be idle")
     assert run_and_wait(threads, lambda: None) is first
@@ -40,7 +42,7 @@ def test_an_idle_thread_runs_the_next_handler():
 
 
 def test_a_stuck_handler_does_not_delay_the_next_one():
-    threads = worker._Threads()
+    threads = _executor.Threads()
     started, release = threading.Event(), threading.Event()
 
     def stuck() -> None:
@@ -56,8 +58,8 @@ def test_a_stuck_handler_does_not_delay_the_next_one():
 
 
 def test_a_thread_idle_too_long_ends(monkeypatch):
-    monkeypatch.setattr(worker, "IDLE_THREAD_SECONDS", 0.05)
-    threads = worker._Threads()
+    monkeypatch.setattr(_executor, "IDLE_THREAD_SECONDS", 0.05)
+    threads = _executor.Threads()
     first = run_and_wait(threads, lambda: None)
     eventually(lambda: not first.is_alive(), "the idle thread to end")
     assert threads._idle == 0
@@ -86,7 +88,7 @@ def test_steps_in_one_thread_each_start_with_no_context_variable_set(client, mak
 
 def test_alarms_due_together_share_a_timer_and_none_rings_early():
     loop = asyncio.new_event_loop()
-    alarms = worker._Alarms(loop)
+    alarms = _timers.Alarms(loop)
     rung: list[tuple[str, float]] = []
     set_at = loop.time()
     for name in "abc":
@@ -101,7 +103,7 @@ def test_alarms_due_together_share_a_timer_and_none_rings_early():
 
 def test_a_cancelled_alarm_never_rings_even_when_cancelled_by_one_ringing_with_it():
     loop = asyncio.new_event_loop()
-    alarms = worker._Alarms(loop)
+    alarms = _timers.Alarms(loop)
     rung: list[str] = []
     now = loop.time()
     alarms.at(now + 0.02, lambda: (rung.append("first"), second.cancel()))

@@ -1,0 +1,210 @@
+"""The worker: claims steps of the actions it serves, runs their handlers, reports outcomes.
+
+    worker = Worker("127.0.0.1:50051", concurrency=8)
+
+    @worker.action("charge", timeout=30)
+    def charge(ctx, order: Order) -> dict: ...
+
+    worker.run()   # until SIGTERM or SIGINT
+
+How it runs. An asyncio control loop does all the talking to the server: long-poll
+claims sized to the free handler slots, heartbeats for each held step (every third
+of the lease), completions. Sync handlers run each in a thread of their own (idle
+threads are reused) and async handlers on a second event loop in its own thread, so
+neither a CPU-bound handler nor a blocking async one can starve the heartbeats.
+
+Outcomes. A return value is the step's output. An exception is a retryable failure
+carrying its type, message and traceback; NonRetryableError discards the step,
+RetryAfter(seconds) sets the delay of the retry. When the handler used
+``ctx.completion_tx()``, success is committed by ``cyclone.step_complete`` in that
+transaction instead of the Complete RPC.
+
+Timeouts. A step's time budget ends at the node's deadline, or earlier at the
+action's own ``timeout``. An async handler is cancelled there and the step fails with
+HandlerTimeout. A sync handler cannot be stopped from outside: ``ctx.should_stop`` is
+set, its heartbeats stop, and its lease lapses so that another attempt can start; if it
+returns later its outcome is still sent and the server decides whether it counts.
+For an action marked ``unsafe_to_repeat`` no second attempt may start: a handler that
+did not finish (timed out, given up on, or cut off by shutdown) is reported with
+``effect_uncertain`` and its run is blocked until an operator resolves it.
+
+Losing the step. A heartbeat answered ABORTED sets ``ctx.lease_lost``; one that says
+the run was cancelled sets ``ctx.cancelled``. Both set ``ctx.should_stop``, cancel an
+async handler, and drop the outcome (the server would refuse it).
+
+Shutdown. SIGTERM or SIGINT (or :meth:`Worker.stop`) stops claiming and waits up to
+``shutdown_grace`` seconds for the handlers in flight; a second signal stops waiting.
+Handlers still running then are abandoned: their leases lapse and the steps run again
+elsewhere. Server unavailable: claims, heartbeats and completions retry with
+exponential backoff while the channel reconnects.
+
+The package, one module per job (the worker's seams):
+
+- ``__init__``: :class:`Worker`, the public API: registering actions, run and stop.
+- ``_runtime``: one run of a worker: the channel, the parts below wired together,
+  each claimed step's life (:meth:`Runtime.run_step`), shutdown.
+- ``_producer``: claiming, sized to the free handler slots, and the slot accounting.
+- ``_executor``: running handlers: threads for sync ones, the handler loop for async.
+- ``_watch``: heartbeats and time limits. **Change the heartbeat here**: one policy
+  object, :class:`~pyclient.worker._watch.WatchPolicy` (interval, time budget, what a
+  timeout does, the unsafe_to_repeat rule).
+- ``_completer``: reporting outcomes: CompleteMany batching, the completion
+  transaction path, effect_uncertain reports.
+- ``_retry``: **change retry here**: the one backoff that claims and CompleteMany use
+  while the server is unavailable.
+- ``_timers``, ``_mailbox``, ``_common``: alarms on the worker's loop, calls handed
+  between threads, and what they all share (logger, HandlerTimeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from pyclient.actions import Action
+from pyclient.client import default_address
+from pyclient.errors import InvalidArgument
+from pyclient.worker._common import HandlerTimeout, log
+from pyclient.worker._runtime import Runtime
+
+__all__ = ["HandlerTimeout", "Worker"]
+
+
+class Worker:
+    """Serves actions: ``concurrency`` handler slots, leases of ``lease`` seconds.
+
+    ``database_url`` gives the worker its own psycopg pool for ``ctx.completion_tx()``.
+    ``claim_wait`` is the long-poll of each claim; ``shutdown_grace`` how long a stop
+    waits for handlers in flight; ``reconnect_max_delay`` caps the backoff while the
+    server is unavailable.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 4,
+        database_url: str | None = None,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        lease: float = 30.0,
+        claim_wait: float = 10.0,
+        shutdown_grace: float = 30.0,
+        reconnect_max_delay: float = 10.0,
+    ):
+        if concurrency < 1:
+            raise InvalidArgument(f"concurrency must be at least 1, got {concurrency}")
+        if not 1.0 <= lease <= 600.0:
+            raise InvalidArgument(f"lease must be between 1s and 600s, got {lease:g}s")
+        if not 0.0 <= claim_wait <= 60.0:
+            raise InvalidArgument(f"claim_wait must be between 0s and 60s, got {claim_wait:g}s")
+        self.address = address or default_address()
+        self.worker_id = worker_id or (
+            f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+        )
+        self.concurrency = concurrency
+        self.database_url = database_url
+        self.lease = lease
+        self.claim_wait = claim_wait
+        self.shutdown_grace = shutdown_grace
+        self.reconnect_max_delay = reconnect_max_delay
+        self._token = token
+        self._credentials = credentials
+        self._actions: dict[str, Action] = {}
+        self._stop_requests = 0
+        self._runtime: Runtime | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def actions(self) -> dict[str, Action]:
+        return dict(self._actions)
+
+    def action(
+        self,
+        name: str | None = None,
+        *,
+        timeout: float | None = None,
+        unsafe_to_repeat: bool = False,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator registering a handler for ``name`` (default: the function's name).
+
+        ``timeout`` (seconds) caps each call below the node's own timeout.
+        ``unsafe_to_repeat``: the effect must not happen twice; a step of this action
+        that lost its lease with no outcome blocks its run until an operator resolves
+        it, instead of running again.
+        """
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.register(
+                name or fn.__name__, fn, timeout=timeout, unsafe_to_repeat=unsafe_to_repeat
+            )
+            return fn
+
+        return register
+
+    def register(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        timeout: float | None = None,
+        unsafe_to_repeat: bool = False,
+    ) -> Action:
+        """Register ``fn`` for ``name``; see :meth:`action`."""
+        if name in self._actions:
+            raise InvalidArgument(f"action {name!r} is registered twice")
+        action = Action.of(name, fn, timeout=timeout, unsafe_to_repeat=unsafe_to_repeat)
+        self._actions[name] = action
+        return action
+
+    def run(self, *, handle_signals: bool = True) -> None:
+        """Serve until stopped: by SIGTERM/SIGINT (in the main thread) or :meth:`stop`."""
+        asyncio.run(self.run_async(handle_signals=handle_signals))
+
+    async def run_async(self, *, handle_signals: bool = False) -> None:
+        """:meth:`run` on the running event loop."""
+        if not self._actions:
+            raise InvalidArgument("the worker serves no action: register one first")
+        runtime = Runtime(self, asyncio.get_running_loop())
+        with self._lock:
+            self._runtime = runtime
+            for _ in range(self._stop_requests):
+                runtime.request_stop()
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT)
+        handle_signals = handle_signals and threading.current_thread() is threading.main_thread()
+        if handle_signals:
+            for sig in signals:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            await runtime.serve()
+        finally:
+            if handle_signals:
+                for sig in signals:
+                    loop.remove_signal_handler(sig)
+            with self._lock:
+                self._runtime = None
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("worker %s: %s received", self.worker_id, sig.name)
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop claiming and finish the handlers in flight; a second call stops waiting.
+
+        Safe to call from any thread, also before :meth:`run`.
+        """
+        with self._lock:
+            self._stop_requests += 1
+            runtime = self._runtime
+        if runtime is not None:
+            runtime.loop.call_soon_threadsafe(runtime.request_stop)

@@ -1,0 +1,41 @@
+"""What every part of the worker shares: its logger, the per-step log prefix, the
+handler's outcome, and the one exception the worker adds to a handler's own."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+#: Every part of the worker logs here (docs/python-sdk.md names it).
+log = logging.getLogger("pyclient.worker")
+
+#: Deadline of heartbeat-free calls (Complete, CompleteMany, the last progress).
+RPC_TIMEOUT = 10.0
+
+#: What a handler ended with: its return value, or the exception it raised.
+Outcome = tuple[Any, BaseException | None]
+
+
+class HandlerTimeout(Exception):
+    """The handler ran past its timeout and was cancelled."""
+
+    # Its public home, as tracebacks (a failure's details) name it.
+    __module__ = "pyclient.worker"
+
+
+class StepLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Prefixes every message with run, node and attempt, and adds them as extras."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
+        e = self.extra or {}
+        kwargs["extra"] = {**e, **kwargs.get("extra", {})}
+        return f"run={e['run_id']} node={e['node']} attempt={e['attempt']}: {msg}", kwargs
+
+
+def call(fn: Callable[..., Any], *args: Any) -> None:
+    """``fn(*args)``, logging a failure: it must not keep the calls after it from being made."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("%r failed", fn)

@@ -1,0 +1,226 @@
+"""Reporting outcomes: a handler's return value or exception becomes a Complete
+request, sent with the others that end meanwhile in one CompleteMany (retried under
+:mod:`._retry` while the server is unavailable), or, when the handler used
+``ctx.completion_tx()``, committed by ``cyclone.step_complete`` in that transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from cyclone.v1 import worker_service_pb2 as pb
+from pyclient._json import dumps, json_value, to_value
+from pyclient.context import StepControl
+from pyclient.errors import (
+    CycloneError,
+    LeaseLost,
+    NonRetryableError,
+    RetryAfter,
+    Unavailable,
+    error_for_code,
+    from_rpc_error,
+)
+from pyclient.models import RunStatus
+from pyclient.worker._common import RPC_TIMEOUT, StepLog, log
+from pyclient.worker._retry import Backoff
+from pyclient.workflow import duration
+
+if TYPE_CHECKING:
+    from pyclient.worker._runtime import Runtime
+
+#: Most outcomes sent in one CompleteMany (the server accepts up to 1,000).
+MAX_COMPLETIONS = 500
+
+
+class Completer:
+    """Sends the outcomes of one worker's steps.
+
+    Outcomes that finish while a CompleteMany is on its way are sent together in the
+    next: one round trip and one commit. ``on_answered`` is called whenever a
+    CompleteMany is answered (or fails): the producer may claim for the freed slots.
+    """
+
+    def __init__(self, runtime: Runtime, on_answered: Callable[[], None]):
+        self.rt = runtime
+        self.on_answered = on_answered
+        self.outbox: list[tuple[pb.CompleteRequest, asyncio.Future[pb.CompleteResult]]] = []
+        self.flusher: asyncio.Task[None] | None = None
+        #: CompleteMany calls answered (or failed) so far.
+        self.reports = 0
+
+    @property
+    def sending(self) -> bool:
+        """A CompleteMany is on its way (or about to be)."""
+        return self.flusher is not None and not self.flusher.done()
+
+    async def report(
+        self,
+        step: pb.ClaimedStep,
+        control: StepControl,
+        output: Any,
+        error: BaseException | None,
+        slog: StepLog,
+        *,
+        uncertain: bool = False,
+    ) -> None:
+        """Report what the handler ended with (``uncertain``: an unsafe handler cut off
+        at its time limit, which may have had its effect)."""
+        tx = control.completion_tx
+        if control.is_cancelled or control.is_lease_lost:
+            why = "the run was cancelled" if control.is_cancelled else "the lease was lost"
+            slog.info("outcome not reported: %s", why)
+            if tx is not None:
+                await asyncio.to_thread(tx.rollback)
+            return
+        output_json = None
+        if error is None:
+            try:
+                output_json = dumps(output)
+            except (TypeError, ValueError) as exc:
+                error = NonRetryableError(f"the handler's output is not JSON: {exc}")
+        request = pb.CompleteRequest(
+            run_id=step.run_id, node=step.node, lease_token=step.lease_token
+        )
+        if error is None and tx is not None and tx.opened:
+            assert output_json is not None
+            try:
+                await asyncio.to_thread(tx.commit, output_json)
+            except LeaseLost as exc:
+                slog.warning("completion refused, effects rolled back: %s", exc.message)
+                return
+            except Exception as exc:
+                slog.warning("completion transaction failed: %r", exc)
+                error = exc
+            else:
+                slog.info("completed in the completion transaction")
+                return
+        if error is None:
+            assert output_json is not None
+            request.output.CopyFrom(json_value(output_json))
+        else:
+            if tx is not None:
+                await asyncio.to_thread(tx.rollback)
+            await self._deliver_progress(step, control, slog)
+            request.failure.CopyFrom(failure(error))
+            request.failure.effect_uncertain = uncertain
+            slog.warning("failed: %s: %s", request.failure.type, request.failure.message)
+        await self._complete(request, slog)
+
+    async def abandon(self, step: pb.ClaimedStep, kind: str, why: str, slog: StepLog) -> None:
+        """Say that the handler of an unsafe action stopped without an outcome: its
+        effect may have happened, so the server blocks the run (EffectUncertain) rather
+        than let another attempt repeat it."""
+        rt = self.rt
+        request = pb.CompleteRequest(
+            run_id=step.run_id,
+            node=step.node,
+            lease_token=step.lease_token,
+            failure=pb.Failure(type=kind, message=why, effect_uncertain=True),
+        )
+        try:
+            await rt.stub.Complete(request, timeout=RPC_TIMEOUT, metadata=rt.metadata)
+        except grpc.RpcError as exc:
+            slog.warning(
+                "unsafe handler stopped without an outcome (%s), not reported: %s; its "
+                "lease will lapse and the next claim blocks the run",
+                why,
+                from_rpc_error(exc),
+            )
+        else:
+            slog.warning(
+                "unsafe handler stopped without an outcome (%s): its run is blocked until "
+                "an operator resolves it",
+                why,
+            )
+
+    async def _deliver_progress(
+        self, step: pb.ClaimedStep, control: StepControl, slog: StepLog
+    ) -> None:
+        """Before a failure is reported, store the progress the handler recorded last
+        if no heartbeat has yet: the next attempt resumes from it."""
+        pending, progress = control.undelivered_progress()
+        if not pending:
+            return
+        rt = self.rt
+        request = rt.policy.heartbeat_request(step)
+        try:
+            request.progress.CopyFrom(to_value(progress))
+            await rt.stub.Heartbeat(request, timeout=RPC_TIMEOUT, metadata=rt.metadata)
+        except (TypeError, ValueError) as exc:
+            slog.warning("progress is not JSON, not sent: %s", exc)
+        except grpc.RpcError as exc:
+            slog.warning("last progress not stored: %s", from_rpc_error(exc))
+
+    async def _complete(self, request: pb.CompleteRequest, slog: StepLog) -> None:
+        """Report one outcome, in the next CompleteMany."""
+        future: asyncio.Future[pb.CompleteResult] = self.rt.loop.create_future()
+        self.outbox.append((request, future))
+        if self.flusher is None or self.flusher.done():
+            self.flusher = asyncio.create_task(self._flush())
+        try:
+            result = await future
+        except CycloneError as err:
+            slog.error("completion not delivered: %s", err)
+            return
+        if result.HasField("error"):
+            refusal = error_for_code(result.error.code, result.error.message)
+            level = logging.WARNING if isinstance(refusal, LeaseLost) else logging.ERROR
+            slog.log(level, "completion refused: %s", refusal)
+        elif request.HasField("output") and slog.isEnabledFor(logging.INFO):
+            slog.info("completed; the run is %s", run_status(result.response.run_status))
+
+    async def _flush(self) -> None:
+        rt = self.rt
+        while self.outbox:
+            batch = self.outbox[:MAX_COMPLETIONS]
+            del self.outbox[:MAX_COMPLETIONS]
+            request = pb.CompleteManyRequest(completions=[r for r, _ in batch])
+            backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
+            give_up = rt.loop.time() + backoff.window
+            while True:
+                try:
+                    reply = await rt.stub.CompleteMany(
+                        request, timeout=RPC_TIMEOUT, metadata=rt.metadata
+                    )
+                except grpc.RpcError as exc:
+                    self._answered()
+                    err = from_rpc_error(exc)
+                    if isinstance(err, Unavailable) and rt.loop.time() < give_up:
+                        delay = backoff.next()
+                        log.warning("complete failed (%s); retrying in %.1fs", err, delay)
+                        await asyncio.sleep(delay)
+                        continue
+                    for _, future in batch:
+                        future.set_exception(err)
+                    break
+                self._answered()
+                for (_, future), result in zip(batch, reply.results, strict=True):
+                    future.set_result(result)
+                break
+
+    def _answered(self) -> None:
+        self.reports += 1
+        self.on_answered()
+
+
+def run_status(number: int) -> str:
+    return str(RunStatus.from_proto(number)) if number else "unknown"
+
+
+def failure(error: BaseException) -> pb.Failure:
+    """The Failure reported for a handler's exception."""
+    result = pb.Failure(
+        message=str(error) or type(error).__name__,
+        type=type(error).__qualname__,
+        details="".join(traceback.format_exception(error)),
+        non_retryable=isinstance(error, NonRetryableError),
+    )
+    if isinstance(error, RetryAfter):
+        result.retry_after.CopyFrom(duration(error.seconds))
+    return result

@@ -1,0 +1,129 @@
+"""Claiming: long-poll claims sized to the free handler slots, and the slot accounting
+that sizes them. Each claimed step becomes a task of :meth:`Runtime.run_step`, which
+holds its slot until it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from cyclone.v1 import worker_service_pb2 as pb
+from pyclient.errors import InvalidArgument, PermissionDenied, Unauthenticated, from_rpc_error
+from pyclient.worker._common import log
+from pyclient.worker._retry import Backoff
+from pyclient.workflow import duration
+
+if TYPE_CHECKING:
+    from pyclient.worker._runtime import Runtime
+
+#: Errors of configuration: retrying the claim would only repeat them.
+FATAL = (InvalidArgument, Unauthenticated, PermissionDenied)
+
+
+class Producer:
+    """The claim loop of one worker run, and its handler slots."""
+
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+        self.w = runtime.w
+        #: Set when the claim loop should look again: a slot freed, a report answered.
+        self.look_again = asyncio.Event()
+        #: The steps in flight, one per slot taken.
+        self.inflight: set[asyncio.Task[None]] = set()
+        #: The CompleteMany whose answer the claim loop waits for before it claims
+        #: (see _more_slots_coming).
+        self.awaited_report: int | None = None
+
+    def claim_request(self, free: int) -> pb.ClaimRequest:
+        w = self.w
+        return pb.ClaimRequest(
+            worker_id=w.worker_id,
+            actions=[
+                pb.ActionSpec(name=a.name, unsafe_to_repeat=a.unsafe_to_repeat)
+                for a in sorted(w._actions.values(), key=lambda a: a.name)
+            ],
+            max_steps=free,
+            wait=duration(w.claim_wait),
+            lease=duration(w.lease),
+        )
+
+    async def until_stopping(self, aw: Any, timeout: float | None = None) -> Any:
+        """Await ``aw`` unless a stop comes first (then cancel it and return None)."""
+        task = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self.rt.stopping.wait())
+        done, _ = await asyncio.wait({task, stop}, timeout=timeout, return_when="FIRST_COMPLETED")
+        stop.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
+            await task
+        return None
+
+    async def claim_loop(self) -> None:
+        rt, w = self.rt, self.w
+        backoff = Backoff(w.reconnect_max_delay, jitter=True)
+        while not rt.stopping.is_set():
+            free = w.concurrency - len(self.inflight)
+            if free <= 0 or self._more_slots_coming():
+                self.look_again.clear()
+                await self.until_stopping(self.look_again.wait())
+                continue
+            call = rt.stub.Claim(
+                self.claim_request(free),
+                timeout=w.claim_wait + 10.0,
+                metadata=rt.metadata,
+            )
+            try:
+                response = await self.until_stopping(call)
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if isinstance(err, FATAL):
+                    log.error("worker %s: claim refused: %s", w.worker_id, err)
+                    raise err from None
+                delay = backoff.next()
+                log.warning(
+                    "worker %s: claim failed (%s); retrying in %.1fs",
+                    w.worker_id,
+                    err,
+                    backoff.delay,
+                )
+                await self.until_stopping(asyncio.sleep(delay))
+                continue
+            if response is None:
+                call.cancel()
+                break
+            if backoff.retrying:
+                log.info("worker %s: connected to %s again", w.worker_id, w.address)
+            backoff.reset()
+            for step in response.steps:
+                task = asyncio.create_task(rt.run_step(step))
+                self.inflight.add(task)
+                task.add_done_callback(self._release)
+
+    def _more_slots_coming(self) -> bool:
+        """Whether to wait before claiming for the free slots: the CompleteMany on its
+        way will free more when answered.
+
+        Claims (and the CompleteMany calls after them) then stay large instead of
+        splitting into ever smaller ones as outcomes trickle in. Only the report on
+        its way when the slots were found free is waited for: a slot freed while
+        handlers keep finishing waits one round trip at the most.
+        """
+        completer = self.rt.completer
+        if completer.sending:
+            if self.awaited_report is None:
+                self.awaited_report = completer.reports + 1
+            if completer.reports < self.awaited_report:
+                return True
+        self.awaited_report = None
+        return False
+
+    def _release(self, task: asyncio.Task[None]) -> None:
+        self.inflight.discard(task)
+        self.look_again.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker %s: step task crashed", self.w.worker_id, exc_info=task.exception())

@@ -1,0 +1,178 @@
+"""One run of a worker: opens the channel (and the completion pool), wires the
+producer, executor, watch and completer together, runs each claimed step through
+them (:meth:`Runtime.run_step`), and shuts down."""
+
+from __future__ import annotations
+
+import asyncio
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from cyclone.v1 import worker_service_pb2 as pb
+from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
+from pyclient._json import from_value
+from pyclient.client import call_metadata
+from pyclient.completion import CompletionTx, open_pool
+from pyclient.context import Context, StepControl
+from pyclient.models import UpstreamFailure, time_field, value_field
+from pyclient.worker._common import StepLog, log
+from pyclient.worker._completer import Completer
+from pyclient.worker._executor import Executor
+from pyclient.worker._mailbox import Mailbox
+from pyclient.worker._producer import Producer
+from pyclient.worker._timers import Alarms
+from pyclient.worker._watch import Watch, WatchPolicy
+
+if TYPE_CHECKING:
+    from pyclient.worker import Worker
+
+
+class Runtime:
+    """One run of a worker: channel, handler slots, in-flight steps."""
+
+    def __init__(self, worker: Worker, loop: asyncio.AbstractEventLoop):
+        self.w = worker
+        self.loop = loop
+        self.stopping = asyncio.Event()
+        self.forced = asyncio.Event()
+        self.metadata = call_metadata(worker._token, None)
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: Any = None
+        self.pool: Any = None
+        self.policy = WatchPolicy(worker.lease)
+        #: Handler outcomes and heartbeat requests, from the handlers' threads.
+        self.inbox = Mailbox(loop)
+        self.alarms = Alarms(loop)
+        self.producer = Producer(self)
+        self.completer = Completer(self, self.producer.look_again.set)
+        self.executor: Executor | None = None
+
+    def request_stop(self) -> None:
+        if self.stopping.is_set():
+            self.forced.set()
+        self.stopping.set()
+
+    async def serve(self) -> None:
+        w = self.w
+        # Reconnect as eagerly as the claim loop retries, not after gRPC's default backoff.
+        options = [
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", max(100, int(w.reconnect_max_delay * 1000))),
+        ]
+        self.channel = (
+            grpc.aio.secure_channel(w.address, w._credentials, options=options)
+            if w._credentials
+            else grpc.aio.insecure_channel(w.address, options=options)
+        )
+        self.stub = pb_grpc.WorkerServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        if w.database_url:
+            self.pool = await asyncio.to_thread(open_pool, w.database_url, w.concurrency)
+        self.executor = Executor(
+            self.loop, self.inbox, any_async=any(a.is_async for a in w._actions.values())
+        )
+        log.info(
+            "worker %s: serving %s on %s with %d slots",
+            w.worker_id,
+            ", ".join(sorted(w._actions)),
+            w.address,
+            w.concurrency,
+        )
+        try:
+            await self.producer.claim_loop()
+        finally:
+            await self._drain()
+            await self.channel.close()
+            self.executor.close()
+            if self.pool is not None:
+                await asyncio.to_thread(self.pool.close)
+            log.info("worker %s: stopped", w.worker_id)
+
+    async def _drain(self) -> None:
+        inflight = self.producer.inflight
+        if not inflight:
+            return
+        grace = self.w.shutdown_grace
+        log.info(
+            "worker %s: waiting up to %gs for %d handler(s)",
+            self.w.worker_id,
+            grace,
+            len(inflight),
+        )
+        everything = asyncio.ensure_future(asyncio.wait(set(inflight)))
+        forced = asyncio.ensure_future(self.forced.wait())
+        await asyncio.wait({everything, forced}, timeout=grace, return_when="FIRST_COMPLETED")
+        everything.cancel()
+        forced.cancel()
+        left = set(inflight)
+        if left:
+            log.warning(
+                "worker %s: abandoning %d handler(s); their leases will lapse and the "
+                "steps run again",
+                self.w.worker_id,
+                len(left),
+            )
+            for task in left:
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+
+    async def run_step(self, step: pb.ClaimedStep) -> None:
+        """One claimed step, start to end: its context, its handler under watch, its
+        outcome reported."""
+        slog = StepLog(log, {"run_id": step.run_id, "node": step.node, "attempt": step.attempt})
+        action = self.w._actions.get(step.action)
+        if action is None:  # the server only hands out the actions we named
+            slog.error("no handler for action %r", step.action)
+            return
+        tx = (
+            CompletionTx(self.pool, step.run_id, step.node, step.lease_token)
+            if self.pool is not None
+            else None
+        )
+        lease_end, deadline = time_field(step, "lease_expires_at"), time_field(step, "deadline")
+        control = StepControl(lease_expires_at=lease_end, completion_tx=tx)
+        ctx = Context(
+            run_id=step.run_id,
+            node=step.node,
+            action=step.action,
+            workflow=step.workflow,
+            attempt=step.attempt,
+            max_attempts=step.max_attempts,
+            input=value_field(step, "input"),
+            run_input=value_field(step, "run_input"),
+            upstream=MappingProxyType({k: from_value(v) for k, v in step.upstream_outputs.items()}),
+            deadline=deadline,
+            progress=value_field(step, "progress"),
+            effect_uncertain=step.effect_uncertain,
+            worker_id=self.w.worker_id,
+            upstream_failures=tuple(map(UpstreamFailure.from_proto, step.upstream_failures)),
+            _control=control,
+        )
+        policy = self.policy
+        budget = policy.budget(lease_end, deadline, action)
+        slog.info("running %s (budget %.1fs)", action.name, budget)
+        watch = Watch(self, step, control, slog, budget, action)
+        assert self.executor is not None
+        handler, watch.call = self.executor.start(action, ctx, budget)
+        try:
+            output, error = await handler
+        except asyncio.CancelledError:
+            if not control.is_stopped:
+                # The worker itself is being cancelled (shutdown past its grace).
+                if policy.abandons(action):
+                    await self.completer.abandon(step, "WorkerStopped", "the worker stopped", slog)
+                raise
+            output, error = None, None
+        finally:
+            watch.stop()
+            control.stop()
+            watch.abort()
+        if watch.abandoned:
+            slog.warning("late outcome not reported: the step was reported uncertain")
+            if control.completion_tx is not None:
+                await asyncio.to_thread(control.completion_tx.rollback)
+            return
+        uncertain = policy.uncertain_failure(action, error)
+        await self.completer.report(step, control, output, error, slog, uncertain=uncertain)

@@ -1,0 +1,255 @@
+"""Heartbeats and time limits of a running step, and the one policy that sets them.
+
+Change the heartbeat here: :class:`WatchPolicy` says how often a step heartbeats, how
+long its handler may run, and what happens when it runs past that; :class:`Watch`
+carries it out for one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import math
+from typing import TYPE_CHECKING
+
+import grpc
+
+from cyclone.v1 import worker_service_pb2 as pb
+from pyclient._json import to_value
+from pyclient.actions import Action
+from pyclient.context import StepControl
+from pyclient.errors import LeaseLost, from_rpc_error
+from pyclient.models import time_field
+from pyclient.worker._common import HandlerTimeout, StepLog
+from pyclient.worker._executor import AsyncCall
+from pyclient.worker._timers import Alarm
+from pyclient.workflow import duration
+
+if TYPE_CHECKING:
+    from pyclient.worker._runtime import Runtime
+
+
+class WatchPolicy:
+    """Heartbeats and time limits, for every step of one worker.
+
+    - A step heartbeats every ``interval`` (a third of the lease), each heartbeat
+      asking for a lease of ``lease`` seconds again; ``ctx.heartbeat()`` sends one at
+      once. A heartbeat that fails for another reason than a lost lease is not
+      retried: the next is due an interval later.
+    - A handler's time budget (:meth:`budget`) ends at the node's deadline, or
+      earlier at the action's own ``timeout``.
+    - At its budget an async handler is cancelled (it fails with HandlerTimeout) and
+      given up on ``cancel_grace`` seconds later if it ignores that; a sync handler,
+      which cannot be stopped from outside, is given up on at once. Given up on, its
+      heartbeats stop and ctx.should_stop is set, so its lease lapses and another
+      attempt can start.
+    - Unless the action is ``unsafe_to_repeat`` (:meth:`abandons`): then no
+      other attempt may start, and a handler that did not finish (given up on, timed
+      out, or cut off by the worker's shutdown) is reported with ``effect_uncertain``
+      so the server blocks its run until an operator resolves it.
+    """
+
+    __slots__ = ("cancel_grace", "heartbeat_timeout", "interval", "lease")
+
+    def __init__(self, lease: float, *, cancel_grace: float = 1.0):
+        self.lease = lease
+        self.interval = lease / 3
+        #: Deadline of one heartbeat call.
+        self.heartbeat_timeout = max(self.interval, 1.0)
+        self.cancel_grace = cancel_grace
+
+    def budget(
+        self, lease_end: dt.datetime | None, deadline: dt.datetime | None, action: Action
+    ) -> float:
+        """Seconds the handler may run: to the node's deadline, or the action's timeout.
+
+        Worked out from the server's own timestamps where possible (lease expiry and
+        deadline are read on one clock), so clock skew between hosts does not matter.
+        """
+        budget = math.inf
+        if deadline is not None and lease_end is not None and lease_end < deadline:
+            budget = (deadline - lease_end).total_seconds() + self.lease
+        elif deadline is not None:
+            budget = min(self.lease, (deadline - dt.datetime.now(dt.UTC)).total_seconds())
+        if action.timeout is not None:
+            budget = min(budget, action.timeout)
+        return max(budget, 0.0)
+
+    def limits(self, now: float, budget: float, is_async: bool) -> tuple[float, float]:
+        """When (loop time) to cancel the handler, and when to give up on it."""
+        if is_async:
+            return now + budget, now + budget + self.cancel_grace
+        return math.inf, now + budget
+
+    @staticmethod
+    def abandons(action: Action) -> bool:
+        """Whether a handler of ``action`` that stopped without an outcome (given up on
+        at its time limit, or cut off by the worker's shutdown) is reported with
+        effect_uncertain instead of left to lapse into another attempt."""
+        return action.unsafe_to_repeat
+
+    @staticmethod
+    def uncertain_failure(action: Action, error: BaseException | None) -> bool:
+        """Whether a handler's failure is reported with effect_uncertain: an unsafe
+        handler cancelled at its time limit may have had its effect."""
+        return action.unsafe_to_repeat and isinstance(error, HandlerTimeout)
+
+    def heartbeat_request(self, step: pb.ClaimedStep) -> pb.HeartbeatRequest:
+        return pb.HeartbeatRequest(
+            run_id=step.run_id,
+            node=step.node,
+            lease_token=step.lease_token,
+            lease=duration(self.lease),
+        )
+
+
+class Watch:
+    """Watches over one running step under the worker's :class:`WatchPolicy`:
+    heartbeats every interval (and at once when the handler asks, ``ctx.heartbeat()``),
+    and ends the handler's time at its budget.
+
+    Most steps end before any of this is due, so a step has one alarm, for whichever
+    is due first; the task that heartbeats starts when the first heartbeat is due or
+    the handler asks for one.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        step: pb.ClaimedStep,
+        control: StepControl,
+        slog: StepLog,
+        budget: float,
+        action: Action,
+    ):
+        policy = runtime.policy
+        self.policy = policy
+        self.unsafe = policy.abandons(action)
+        #: Given up on and reported uncertain (an unsafe action): its outcome is void.
+        self.abandoned = False
+        self.rt = runtime
+        self.step = step
+        self.control = control
+        self.slog = slog
+        self.budget = budget
+        #: The async handler, once started.
+        self.call: AsyncCall | None = None
+        now = runtime.loop.time()
+        self.beat_at = now + policy.interval
+        self.time_out_at, self.give_up_at = policy.limits(now, budget, action.is_async)
+        self.alarm: Alarm | None = None
+        self.alarm_at = math.inf
+        self.task: asyncio.Task[None] | None = None
+        self.abandoning: asyncio.Task[None] | None = None
+        self.wake: asyncio.Event | None = None
+        self.stopped = False
+        control.on_heartbeat = self.request
+        self._arm()
+
+    def request(self) -> None:
+        """Heartbeat now (from any thread)."""
+        self.rt.inbox.post(self._requested)
+
+    def abort(self) -> None:
+        """Cancel the handler if it is async and has not ended."""
+        if self.call is not None:
+            self.call.abort()
+
+    def stop(self) -> None:
+        """No more heartbeats, nor time limits: the step is over or given up on."""
+        self.stopped = True
+        if self.alarm is not None:
+            self.alarm.cancel()
+        self.control.on_heartbeat = None  # (a reference cycle, broken)
+        if self.task is not None:
+            self.task.cancel()
+
+    def _arm(self) -> None:
+        self.alarm_at = min(self.beat_at, self.time_out_at, self.give_up_at)
+        if self.alarm_at != math.inf:
+            self.alarm = self.rt.alarms.at(self.alarm_at, self._ring)
+
+    def _ring(self) -> None:
+        due, self.alarm = self.alarm_at, None
+        if self.give_up_at <= due:
+            self.stop()
+            self.control.stop()
+            if self.unsafe:
+                # Another attempt would repeat an effect that may have happened.
+                self.abandoned = True
+                why = f"the handler ran past its time limit of {self.budget:g}s"
+                self.abandoning = self.rt.loop.create_task(
+                    self.rt.completer.abandon(self.step, "HandlerTimeout", why, self.slog)
+                )
+                return
+            self.slog.warning(
+                "handler ran past its %.1fs budget; heartbeats stop so its lease "
+                "lapses and another attempt can start",
+                self.budget,
+            )
+            return
+        if self.time_out_at <= due:
+            self.time_out_at = math.inf
+            if self.call is not None:
+                self.call.time_out()
+        if self.beat_at <= due:
+            self._start()
+        self._arm()
+
+    def _requested(self) -> None:
+        if self.stopped:
+            return
+        if self.wake is not None:
+            self.wake.set()
+            return
+        if self.alarm is not None:
+            self.alarm.cancel()
+        self._start()
+        self._arm()
+
+    def _start(self) -> None:
+        self.beat_at = math.inf  # the task heartbeats from now on
+        self.wake = asyncio.Event()
+        self.task = self.rt.loop.create_task(self._run(self.wake))
+
+    async def _run(self, wake: asyncio.Event) -> None:
+        while True:
+            wake.clear()
+            if not await self._beat():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), self.policy.interval)
+
+    async def _beat(self) -> bool:
+        """One heartbeat; False when the step is lost (lease lost, run cancelled)."""
+        rt, step, control, slog = self.rt, self.step, self.control, self.slog
+        request = self.policy.heartbeat_request(step)
+        has_progress, progress = control.take_progress()
+        if has_progress:
+            try:
+                request.progress.CopyFrom(to_value(progress))
+            except (TypeError, ValueError) as exc:
+                slog.warning("progress is not JSON, not sent: %s", exc)
+        try:
+            response = await rt.stub.Heartbeat(
+                request, timeout=self.policy.heartbeat_timeout, metadata=rt.metadata
+            )
+        except grpc.RpcError as exc:
+            err = from_rpc_error(exc)
+            if isinstance(err, LeaseLost):
+                slog.warning("lease lost: %s", err.message)
+                control.lose_lease()
+                self.abort()
+                return False
+            slog.warning("heartbeat failed: %s", err)
+            return True
+        control.lease_expires_at = time_field(response, "lease_expires_at")
+        if has_progress:
+            control.progress_delivered()
+        if response.cancelled:
+            slog.info("run cancelled; stopping the handler")
+            control.cancel()
+            self.abort()
+            return False
+        return True
