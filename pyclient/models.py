@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 from google.protobuf import struct_pb2, timestamp_pb2
 
+from cyclone.jsonvalue import from_value
 from cyclone.v1 import types_pb2, workflow_service_pb2
-from pyclient._json import from_value
 
 T = TypeVar("T")
 

@@ -61,9 +61,9 @@ from typing import Any
 
 import grpc
 
+from cyclone.jsonvalue import dumps, from_value, json_value, to_value
 from cyclone.v1 import worker_service_pb2 as pb
 from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
-from pyclient._json import dumps, from_value, json_value, to_value
 from pyclient.actions import Action
 from pyclient.client import call_metadata, default_address
 from pyclient.completion import CompletionTx, open_pool
