@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple, NotRequired, TypedDict
 
 from service.errors import CycloneError
 
@@ -89,15 +89,13 @@ class AuditJson(TypedDict):
 
 
 class UpstreamJson(TypedDict):
-    """An upstream node of a step, as Explain and step_claim describe it."""
+    """An upstream node of a step, as Explain reads it (with its latest error when it
+    is a failed node behind a skipped step)."""
 
     node: str
     status: str
     attempt: int
-
-
-class FailedUpstreamJson(UpstreamJson):
-    error: LastErrorJson | None
+    error: NotRequired[LastErrorJson | None]
 
 
 class UpstreamFailureJson(TypedDict):
@@ -284,7 +282,7 @@ class ExplainFacts(NamedTuple):
     effect_uncertain: bool
     last_error: LastErrorJson | None
     upstream: list[UpstreamJson]
-    failed_upstream: list[FailedUpstreamJson] | None
+    failed_upstream: list[UpstreamJson] | None
     polled_at: datetime | None
     polled_by: str | None
     claimed_at: datetime | None

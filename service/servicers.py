@@ -388,8 +388,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             state = workflow_pb.NodeState(
                 node=u["node"], status=convert.STEP_STATUS[u["status"]], attempt=u["attempt"]
             )
-            if u.get("error"):
-                e = u["error"]
+            if e := u.get("error"):
                 state.last_error.CopyFrom(
                     types_pb2.StepError(
                         attempt=e["attempt"],
