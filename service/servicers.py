@@ -227,6 +227,7 @@ def _validated(
         )
     # Counted before anything is built from the nodes.
     dag.check_edges(workflow.name, sum(len(n.depends_on) for n in workflow.nodes), limits)
+    # Names first, so that a bad name is reported before anything derived from it.
     specs = [_node_spec(n, payloads) for n in workflow.nodes]
     return dag.validate_workflow(workflow.name, specs, limits)
 
