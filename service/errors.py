@@ -6,9 +6,13 @@ Errors are translated at two boundaries only:
   connection, a timeout) becomes one of these classes, and so does an engine refusal
   of one item of a CompleteMany batch (a typed result, store.Refused);
 - on the way out, here: :func:`status` turns whatever a servicer raised into a gRPC
-  status, and :func:`rpc` applies it to every RPC. A workflow refused by the shared
+  status, and :func:`rpc` applies it to every RPC (CompleteMany applies it to each
+  refused item too). A workflow refused by the shared
   validator (cyclone.dag.InvalidWorkflow) is INVALID_ARGUMENT there too, so servicers
   never convert it themselves.
+
+(Calls the auth gate refuses, or whose bytes do not decode, never reach a servicer:
+service.gate answers those itself.)
 
 Each class's docstring is its default message; its kind (cyclone.codes) names its
 status code.

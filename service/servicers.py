@@ -704,8 +704,10 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         for outcome, answer in zip(outcomes, answers, strict=True):
             if isinstance(answer, Refused):
                 self.metrics.refused.inc()
+                # The item's status, as Complete would answer it.
                 error = answer.error
-                refused = worker_pb.CompleteError(code=error.code.value[0], message=str(error))
+                status = errors.status(error, "CompleteMany")
+                refused = worker_pb.CompleteError(code=status.code.value[0], message=status.message)
                 if isinstance(error, errors.LeaseLost) and error.current_attempt is not None:
                     refused.current_attempt = error.current_attempt
                 results.append(worker_pb.CompleteResult(error=refused))
