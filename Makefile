@@ -8,7 +8,10 @@ PY := $(VENV)/bin/python
 TOOLS := $(CURDIR)/.tools
 BUF := $(TOOLS)/npm/node_modules/.bin/buf
 GRPCURL := $(TOOLS)/bin/grpcurl
-GEN := pyclient/_gen
+# The Python stubs: the package cyclone.v1 inside the shared core package (core/cyclone).
+# Only this directory is generated; the hand-written modules beside it are never wiped.
+PY_OUT := core
+GEN := $(PY_OUT)/cyclone/v1
 # Go and TypeScript code from the same protos, for examples/go and examples/ts. The
 # protoc plugins are pinned by examples/go/go.mod (tool directives) and
 # examples/ts/package-lock.json.
@@ -61,12 +64,12 @@ tools: $(BUF) $(GRPCURL) $(PROTOC_GEN_GO) $(TS_NPM)/.package-lock.json ## Instal
 .PHONY: proto
 proto: $(VENV)/.stamp $(PROTOC_GEN_GO) $(TS_NPM)/.package-lock.json ## Regenerate the Python, Go and TS code from protos/
 	rm -rf $(GEN) && mkdir -p $(GEN)
-	$(PY) -m grpc_tools.protoc -Iprotos --python_out=$(GEN) --pyi_out=$(GEN) \
-		--grpc_python_out=$(GEN) $(PROTOS)
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=$(PY_OUT) --pyi_out=$(PY_OUT) \
+		--grpc_python_out=$(PY_OUT) $(PROTOS)
 	# The descriptor set keeps the proto comments, so reflection (grpcurl describe) shows them.
 	$(PY) -m grpc_tools.protoc -Iprotos --include_source_info --include_imports \
-		--descriptor_set_out=$(GEN)/cyclone/v1/cyclone.binpb $(PROTOS)
-	find $(GEN) -type d -exec touch {}/__init__.py \;
+		--descriptor_set_out=$(GEN)/cyclone.binpb $(PROTOS)
+	touch $(GEN)/__init__.py
 	rm -rf $(GO_GEN) && mkdir -p $(GO_GEN)
 	$(PY) -m grpc_tools.protoc -Iprotos \
 		--plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=$(GO_GEN) \
@@ -88,14 +91,15 @@ verify: $(VENV)/.stamp $(BUF) ## buf lint, buf breaking against main, generated 
 	@test -z "$$(git status --porcelain -- $(GENERATED))" || { git status --porcelain -- $(GENERATED); echo "untracked generated files: run make proto and commit"; exit 1; }
 
 .PHONY: lint
-lint: $(VENV)/.stamp ## ruff over hand-written code
-	$(VENV)/bin/ruff check service pyclient tests
-	$(VENV)/bin/ruff format --check service pyclient tests
+lint: $(VENV)/.stamp ## ruff over hand-written code, mypy --strict over the server, core/ and the SDK
+	$(VENV)/bin/ruff check service core pyclient tests
+	$(VENV)/bin/ruff format --check service core pyclient tests
+	$(VENV)/bin/mypy service core pyclient
 
 .PHONY: fmt
 fmt: $(VENV)/.stamp ## Format hand-written code
-	$(VENV)/bin/ruff format service pyclient tests
-	$(VENV)/bin/ruff check --fix service pyclient tests
+	$(VENV)/bin/ruff format service core pyclient tests
+	$(VENV)/bin/ruff check --fix service core pyclient tests
 
 .PHONY: run
 run: $(VENV)/.stamp ## Serve on $(ADDR); embedded Postgres unless CYCLONE_DATABASE_URL is set

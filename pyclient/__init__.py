@@ -2,8 +2,9 @@
 
     from pyclient import Client, Workflow, Worker
 
-The generated protobuf stubs import as ``cyclone.v1.*_pb2``; pyclient.dag holds the
-workflow validation shared with the server.
+The generated protobuf stubs import as ``cyclone.v1.*_pb2``. What the SDK shares with
+the server (the stubs, workflow validation, JSON conversion, error codes) is the
+package ``cyclone``; pyclient.dag re-exports its workflow validation.
 """
 
 from pyclient.actions import Action, InputMismatch

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pyclient import dag
+from cyclone import dag
 from pyclient.context import Context
 from pyclient.errors import InvalidArgument, NonRetryableError
 

@@ -19,6 +19,8 @@ from typing import Any, Generic, TypeVar
 import grpc
 from google.protobuf import message as pb_message
 
+from cyclone import dag
+from cyclone.jsonvalue import to_value
 from cyclone.v1 import (
     admin_service_pb2 as admin_pb,
 )
@@ -31,8 +33,6 @@ from cyclone.v1 import (
 from cyclone.v1 import (
     workflow_service_pb2_grpc as wf_grpc,
 )
-from pyclient import dag
-from pyclient._json import to_value
 from pyclient.errors import InvalidArgument, WaitTimeout, from_rpc_error
 from pyclient.models import Explanation, Retried, Run, RunPage, RunStatus, Submitted
 from pyclient.workflow import Workflow

@@ -17,18 +17,14 @@ import contextlib
 import threading
 from typing import TYPE_CHECKING, Any
 
-from pyclient.errors import LeaseLost, NotFound
+from cyclone import codes
+from pyclient.errors import CycloneError, error_for_kind
 
 if TYPE_CHECKING:
     import psycopg
     import psycopg_pool
 
 STEP_COMPLETE_SQL = "SELECT cyclone.step_complete(%s::uuid, %s, %s::uuid, %s::jsonb)"
-
-#: Custom SQLSTATEs raised by the Cyclone SQL functions.
-SQLSTATE_LEASE_LOST = "CY001"
-SQLSTATE_UNKNOWN_STEP = "CY002"
-SQLSTATE_ALREADY_COMPLETED = "CY005"
 
 
 def open_pool(database_url: str, max_size: int) -> psycopg_pool.ConnectionPool:
@@ -81,7 +77,7 @@ class CompletionTx:
             conn.commit()
         except Exception as exc:
             _rollback(conn)
-            if getattr(exc, "sqlstate", None) == SQLSTATE_ALREADY_COMPLETED:
+            if getattr(exc, "sqlstate", None) == codes.ALREADY_COMPLETED:
                 return
             raise _translate(exc) from exc
         finally:
@@ -109,10 +105,10 @@ def _rollback(conn: Any) -> None:
 
 
 def _translate(exc: Exception) -> Exception:
-    sqlstate = getattr(exc, "sqlstate", None)
+    """The engine's refusals as SDK errors (LeaseLost, NotFound); anything else as is."""
+    kind = codes.ENGINE_SQLSTATES.get(getattr(exc, "sqlstate", None) or "")
+    if kind is None:
+        return exc
     message = getattr(getattr(exc, "diag", None), "message_primary", None) or str(exc)
-    if sqlstate == SQLSTATE_LEASE_LOST:
-        return LeaseLost(message)
-    if sqlstate == SQLSTATE_UNKNOWN_STEP:
-        return NotFound(message)
-    return exc
+    error: CycloneError = error_for_kind(kind, message)
+    return error

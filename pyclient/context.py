@@ -177,7 +177,8 @@ class Context:
     def __post_init__(self) -> None:
         if not isinstance(self.upstream, MappingProxyType):
             object.__setattr__(self, "upstream", MappingProxyType(dict(self.upstream)))
-        if not isinstance(self.upstream_failures, tuple):
+        failures: object = self.upstream_failures  # a test may hand in a list
+        if not isinstance(failures, tuple):
             object.__setattr__(self, "upstream_failures", tuple(self.upstream_failures))
 
     @property

@@ -1,8 +1,10 @@
-"""The SDK's exceptions, and the one place where gRPC errors become them.
+"""The SDK's exceptions, and where errors from outside become them.
 
 Every error the SDK raises derives from :class:`CycloneError`. Errors that come from
 the server keep the server's message and its status code; :func:`from_rpc_error` is
-the only translation, applied where a call leaves the SDK.
+the only translation of a gRPC error, applied where a call leaves the SDK, and
+:func:`error_for_kind` the only one of an engine SQLSTATE (cyclone.codes), applied by
+the completion transaction.
 
 Handlers raise two more exceptions, outside that hierarchy because they are not
 errors of Cyclone but instructions to it: :class:`NonRetryableError` and
@@ -12,6 +14,8 @@ errors of Cyclone but instructions to it: :class:`NonRetryableError` and
 from __future__ import annotations
 
 import grpc
+
+from cyclone.codes import ErrorKind
 
 
 class CycloneError(Exception):
@@ -109,6 +113,11 @@ def from_rpc_error(exc: grpc.RpcError) -> CycloneError:
     error = cls(details or None, code=code)
     error.__cause__ = exc
     return error
+
+
+def error_for_kind(kind: ErrorKind, message: str) -> CycloneError:
+    """The SDK exception for a kind of error (as the engine's SQLSTATEs name them)."""
+    return _BY_CODE.get(kind.code, CycloneError)(message or None, code=kind.code)
 
 
 def error_for_code(code: int, message: str) -> CycloneError:

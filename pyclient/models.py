@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 from google.protobuf import struct_pb2, timestamp_pb2
 
+from cyclone.jsonvalue import from_value
 from cyclone.v1 import types_pb2, workflow_service_pb2
-from pyclient._json import from_value
 
 T = TypeVar("T")
 
@@ -35,11 +35,13 @@ class RunStatus(enum.StrEnum):
         return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
     def to_proto(self) -> types_pb2.RunStatus:
-        return types_pb2.RunStatus.Value(f"RUN_STATUS_{self.name}")
+        number: types_pb2.RunStatus = getattr(types_pb2, f"RUN_STATUS_{self.name}")
+        return number
 
     @classmethod
     def from_proto(cls, number: int) -> RunStatus | str:
-        return _enum_of(cls, "RUN_STATUS_", number, types_pb2.RunStatus)
+        found: RunStatus | str = _enum_of(cls, "RUN_STATUS_", number, types_pb2.RunStatus)
+        return found
 
 
 class StepStatus(enum.StrEnum):
@@ -62,7 +64,8 @@ def time_field(owner: Any, name: str) -> dt.datetime | None:
     """A Timestamp field as an aware UTC datetime; None when unset."""
     if not owner.HasField(name):
         return None
-    return getattr(owner, name).ToDatetime(tzinfo=dt.UTC)
+    when: dt.datetime = getattr(owner, name).ToDatetime(tzinfo=dt.UTC)
+    return when
 
 
 def value_field(owner: Any, name: str) -> Any:
@@ -231,7 +234,8 @@ class Run:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: enums as strings, times in ISO 8601."""
-        return _jsonable(dataclasses.asdict(self))
+        ready: dict[str, Any] = _jsonable(dataclasses.asdict(self))
+        return ready
 
     @classmethod
     def from_proto(cls, p: types_pb2.Run) -> Run:
@@ -335,7 +339,8 @@ class Explanation:
     action: ActionActivity | None
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(dataclasses.asdict(self))
+        ready: dict[str, Any] = _jsonable(dataclasses.asdict(self))
+        return ready
 
     @classmethod
     def from_proto(cls, p: workflow_service_pb2.ExplainResponse) -> Explanation:

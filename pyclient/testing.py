@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyclient._json import dumps
+from cyclone.jsonvalue import dumps
 from pyclient.actions import Action
 from pyclient.context import Context, StepControl, bind, unbind
 from pyclient.models import UpstreamFailure

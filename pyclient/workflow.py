@@ -7,7 +7,7 @@
 
 A node's action defaults to its name. Durations are seconds (int or float) or
 ``timedelta``. Settings left as ``None`` take the server's defaults. ``validate()``
-runs the checks the server runs (pyclient.dag), so an invalid definition is refused
+runs the checks the server runs (cyclone.dag), so an invalid definition is refused
 before the network call with the server's own message.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 
 from google.protobuf import duration_pb2
 
+from cyclone import dag
+from cyclone.jsonvalue import to_value
 from cyclone.v1 import types_pb2
-from pyclient import dag
-from pyclient._json import to_value
 from pyclient.errors import InvalidArgument
 
 Seconds = float | int | dt.timedelta
@@ -90,7 +90,7 @@ class Node:
     input: Any = None
 
     def spec(self) -> dag.NodeSpec:
-        """The node with the server's defaults applied, as pyclient.dag checks it."""
+        """The node with the server's defaults applied, as cyclone.dag checks it."""
         r = self.retry
         return dag.NodeSpec(
             name=self.name,

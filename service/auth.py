@@ -26,6 +26,7 @@ import re
 import secrets
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,7 +166,7 @@ class Tokens:
         return found
 
 
-def allowed(role: str, method: str, *, public_health: bool, public_reflection: bool) -> bool:
+def allowed(role: str | None, method: str, *, public_health: bool, public_reflection: bool) -> bool:
     """Whether ``role`` (None: no credentials) may call ``method``."""
     service = method.lstrip("/").rpartition("/")[0]
     if service == HEALTH_SERVICE:
@@ -175,7 +176,7 @@ def allowed(role: str, method: str, *, public_health: bool, public_reflection: b
     return role is not None and role in METHOD_ROLES.get(method, frozenset())
 
 
-def bearer_token(metadata: tuple | None) -> str | None:
+def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
     """The bearer token of a call's metadata; None when there is none. Raises ValueError
     when the authorization header is malformed or given twice."""
     values = [v for k, v in metadata or () if k == "authorization"]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, NoReturn
 
-from pyclient import dag
+from cyclone import dag
 
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
 _AGE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -1,14 +1,20 @@
-"""Protobuf <-> domain conversions for the servicers: JSON payloads, times, enums."""
+"""Protobuf <-> domain conversions for the servicers: JSON payloads, times, enums.
+
+Stored JSON becomes a ``Value`` through cyclone.jsonvalue, as in the SDK; a client's
+payload is checked here against the limits of the server that received it."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf.message import Message
 
+from cyclone.jsonvalue import parsed_value
 from cyclone.v1 import types_pb2
 from service import errors
 
@@ -45,59 +51,50 @@ TRIGGER_RULE_ENUM = {
 }
 
 
-class PayloadLimits:
-    """Size and nesting limits of JSON payloads (set from the server settings)."""
+@dataclass(frozen=True, slots=True)
+class Payloads:
+    """JSON payloads from clients (run input, output, progress, a resolved result),
+    checked against one server's size and nesting limits (--max-payload-bytes,
+    --max-json-depth). Each server has its own."""
 
     max_bytes: int = 1 << 20
     max_depth: int = 32
 
+    def to_python(self, value: struct_pb2.Value, what: str) -> Any:
+        """A protobuf Value as a Python JSON value, checked against the limits."""
+        if value.ByteSize() > self.max_bytes:
+            raise errors.ResourceExhausted(
+                f"{what} is {value.ByteSize()} bytes; the limit is {self.max_bytes}"
+            )
+        _check_shape(value, what, self.max_depth)
+        return json_format.MessageToDict(value)
 
-def value_to_python(value: struct_pb2.Value, what: str) -> Any:
-    """A protobuf Value as a Python JSON value, checked against the payload limits."""
-    if value.ByteSize() > PayloadLimits.max_bytes:
-        raise errors.ResourceExhausted(
-            f"{what} is {value.ByteSize()} bytes; the limit is {PayloadLimits.max_bytes}"
-        )
-    _check_shape(value, what)
-    return json_format.MessageToDict(value)
+    def to_json(self, value: struct_pb2.Value, what: str) -> str:
+        """A protobuf Value as JSON text for a jsonb parameter."""
+        obj = self.to_python(value, what)
+        # _check_shape has refused real NUL characters; the six characters ``\u0000``
+        # in a string are plain text, escaped here as any backslash is.
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
-
-def value_to_json(value: struct_pb2.Value, what: str) -> str:
-    """A protobuf Value as JSON text for a jsonb parameter."""
-    obj = value_to_python(value, what)
-    # _check_shape has refused real NUL characters; the six characters ``\u0000`` in
-    # a string are plain text, escaped here as any backslash is.
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def optional_json(message: Any, field: str, what: str) -> str | None:
-    """JSON text of an optional Value field, or None when the field is unset."""
-    if not message.HasField(field):
-        return None
-    return value_to_json(getattr(message, field), what)
-
-
-def python_to_value(obj: Any) -> struct_pb2.Value:
-    value = struct_pb2.Value()
-    if obj is None:
-        value.null_value = struct_pb2.NULL_VALUE
-        return value
-    return json_format.ParseDict(obj, value)
+    def optional_json(self, message: Message, field: str, what: str) -> str | None:
+        """JSON text of an optional Value field, or None when the field is unset."""
+        if not message.HasField(field):
+            return None
+        value: struct_pb2.Value = getattr(message, field)
+        return self.to_json(value, what)
 
 
 _NUL = "{} contains a NUL character, which Postgres refuses"
 
 
-def _check_shape(value: struct_pb2.Value, what: str) -> None:
+def _check_shape(value: struct_pb2.Value, what: str, max_depth: int) -> None:
     """Refuse nesting past the limit, NaN and infinities (not JSON), and NUL
     characters, which Postgres's jsonb refuses (in a string or a key)."""
     stack = [(value, 1)]
     while stack:
         v, depth = stack.pop()
-        if depth > PayloadLimits.max_depth:
-            raise errors.InvalidArgument(
-                f"{what} is nested more than {PayloadLimits.max_depth} levels deep"
-            )
+        if depth > max_depth:
+            raise errors.InvalidArgument(f"{what} is nested more than {max_depth} levels deep")
         kind = v.WhichOneof("kind")
         if kind == "string_value" and "\x00" in v.string_value:
             raise errors.InvalidArgument(_NUL.format(what))
@@ -140,7 +137,7 @@ def timestamp(dt: datetime | str | None) -> timestamp_pb2.Timestamp | None:
     return ts
 
 
-def set_json(message: Any, field: str, obj: Any) -> None:
+def set_json(message: Message, field: str, obj: Any) -> None:
     """Set a Value field from a stored JSON value; SQL NULL leaves it unset."""
     if obj is not None:
-        getattr(message, field).CopyFrom(python_to_value(obj))
+        getattr(message, field).CopyFrom(parsed_value(obj))

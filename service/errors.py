@@ -1,8 +1,21 @@
-"""Domain errors, and their translation to gRPC status codes.
+"""Domain errors, and their one translation into gRPC statuses.
 
-Errors are translated at two boundaries only: database errors into these classes in
-service.store, and these classes into gRPC statuses by :func:`rpc` here. Each class's
-docstring is its default message.
+Errors are translated at two boundaries only:
+
+- on the way in, in service.store: a database error (an engine SQLSTATE, a lost
+  connection, a timeout) becomes one of these classes, and so does an engine refusal
+  of one item of a CompleteMany batch (a typed result, store.Refused);
+- on the way out, here: :func:`status` turns whatever a servicer raised into a gRPC
+  status, and :func:`rpc` applies it to every RPC (CompleteMany applies it to each
+  refused item too). A workflow refused by the shared
+  validator (cyclone.dag.InvalidWorkflow) is INVALID_ARGUMENT there too, so servicers
+  never convert it themselves.
+
+(Calls the auth gate refuses, or whose bytes do not decode, never reach a servicer:
+service.gate answers those itself.)
+
+Each class's docstring is its default message; its kind (cyclone.codes) names its
+status code.
 """
 
 from __future__ import annotations
@@ -11,10 +24,13 @@ import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
 import grpc
 
+from cyclone.codes import CURRENT_ATTEMPT_METADATA, ErrorKind
+from cyclone.dag import InvalidWorkflow
 from service import auth
 
 log = logging.getLogger(__name__)
@@ -23,54 +39,79 @@ log = logging.getLogger(__name__)
 class CycloneError(Exception):
     """Cyclone could not do that."""
 
-    code = grpc.StatusCode.INTERNAL
+    kind: ClassVar[ErrorKind] = ErrorKind.INTERNAL
 
-    def __init__(
-        self, message: str | None = None, *, metadata: tuple = (), detail: str | None = None
-    ) -> None:
+    def __init__(self, message: str | None = None, *, detail: str | None = None) -> None:
         super().__init__(message or self.__doc__)
-        self.metadata = metadata
         #: What only the server log and admins see (e.g. the database's address).
         self.detail = detail
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        return self.kind.code
 
 
 class InvalidArgument(CycloneError):
     """The request is invalid."""
 
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    kind = ErrorKind.INVALID_ARGUMENT
 
 
 class NotFound(CycloneError):
     """No such run or node."""
 
-    code = grpc.StatusCode.NOT_FOUND
+    kind = ErrorKind.NOT_FOUND
 
 
 class FailedPrecondition(CycloneError):
     """The current state does not allow this transition."""
 
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    kind = ErrorKind.FAILED_PRECONDITION
 
 
 class LeaseLost(CycloneError):
     """The lease is no longer held: it expired or another attempt took the step."""
 
-    code = grpc.StatusCode.ABORTED
+    kind = ErrorKind.LEASE_LOST
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        current_attempt: int | None = None,
+        detail: str | None = None,
+    ) -> None:
+        super().__init__(message, detail=detail)
+        #: The attempt that holds the step now, when the engine said.
+        self.current_attempt = current_attempt
 
 
 class ResourceExhausted(CycloneError):
     """A limit was exceeded."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    kind = ErrorKind.RESOURCE_EXHAUSTED
 
 
 class Unavailable(CycloneError):
     """The database is unavailable; try again."""
 
-    code = grpc.StatusCode.UNAVAILABLE
+    kind = ErrorKind.UNAVAILABLE
 
 
-#: Longest message a status carries. Messages quote input through pyclient.dag.excerpt;
+_BY_KIND: dict[ErrorKind, type[CycloneError]] = {
+    cls.kind: cls
+    for cls in (InvalidArgument, NotFound, FailedPrecondition, ResourceExhausted, Unavailable)
+}
+
+
+def of_kind(kind: ErrorKind | None, message: str, *, detail: str | None = None) -> CycloneError:
+    """The domain error of a kind of error (None: an unexpected one, INTERNAL)."""
+    if kind is None:
+        return CycloneError(message, detail=detail)
+    return _BY_KIND.get(kind, CycloneError)(message, detail=detail)
+
+
+#: Longest message a status carries. Messages quote input through cyclone.dag.excerpt;
 #: this bound is the backstop that keeps any message within gRPC's metadata limit.
 MAX_MESSAGE = 2000
 
@@ -81,37 +122,65 @@ def bounded(message: str) -> str:
     return message[:MAX_MESSAGE] + f"... (cut: {len(message)} characters)"
 
 
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+@dataclass(frozen=True, slots=True)
+class Status:
+    """What a caller is answered: a status code, its message and trailing metadata."""
+
+    code: grpc.StatusCode
+    message: str
+    metadata: tuple[tuple[str, str], ...] = ()
 
 
-def rpc(method: F) -> F:
-    """Turn domain errors raised by a servicer method into gRPC statuses.
+def status(exc: Exception, where: str) -> Status:
+    """The gRPC status for an exception raised while serving ``where`` (an RPC name).
 
-    Anything unexpected becomes INTERNAL with an error id, logged with the traceback,
-    so that no internal detail reaches the caller.
+    Domain errors keep their message (with the detail for an admin caller); anything
+    unexpected becomes INTERNAL with an error id, logged with the traceback, so that no
+    internal detail reaches the caller.
     """
+    if isinstance(exc, InvalidWorkflow):
+        exc = InvalidArgument(str(exc))
+    if not isinstance(exc, CycloneError):
+        error_id = uuid.uuid4().hex[:12]
+        log.error("internal error %s in %s", error_id, where, exc_info=exc)
+        return Status(
+            grpc.StatusCode.INTERNAL, f"internal error (id {error_id}); see the server log"
+        )
+    message = str(exc)
+    if exc.detail:
+        log.warning("%s: %s", where, exc.detail)
+        identity = auth.caller.get()
+        if identity is not None and identity.role == "admin":
+            message = f"{message} ({exc.detail})"
+    metadata: tuple[tuple[str, str], ...] = ()
+    if isinstance(exc, LeaseLost) and exc.current_attempt is not None:
+        metadata = ((CURRENT_ATTEMPT_METADATA, str(exc.current_attempt)),)
+    return Status(exc.code, bounded(message), metadata)
+
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+Servicer = TypeVar("Servicer")
+
+
+def rpc(
+    method: Callable[[Servicer, Request, grpc.aio.ServicerContext[Any, Any]], Awaitable[Response]],
+) -> Callable[[Servicer, Request, grpc.aio.ServicerContext[Any, Any]], Awaitable[Response]]:
+    """Answer whatever a servicer method raises with its :func:`status`."""
 
     @functools.wraps(method)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def wrapper(
+        self: Servicer, request: Request, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Response:
         try:
             return await method(self, request, context)
-        except CycloneError as exc:
-            if exc.metadata:
-                context.set_trailing_metadata(exc.metadata)
-            message = str(exc)
-            if exc.detail:
-                log.warning("%s: %s", method.__name__, exc.detail)
-                identity = auth.caller.get()
-                if identity is not None and identity.role == "admin":
-                    message = f"{message} ({exc.detail})"
-            await context.abort(exc.code, bounded(message))
         except grpc.aio.AbortError:
             raise
-        except Exception:
-            error_id = uuid.uuid4().hex[:12]
-            log.exception("internal error %s in %s", error_id, method.__name__)
-            await context.abort(
-                grpc.StatusCode.INTERNAL, f"internal error (id {error_id}); see the server log"
-            )
+        except Exception as exc:
+            answer = status(exc, method.__name__)
+            if answer.metadata:
+                context.set_trailing_metadata(answer.metadata)
+            await context.abort(answer.code, answer.message)
+            raise  # abort raises; this line is never reached
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper

@@ -19,9 +19,12 @@ skipped, cancelled
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+
+from service.records import CancelJson, ExplainFacts, LastErrorJson, UpstreamJson
 
 #: A worker serving an action names it in a Claim at least every few seconds while it
 #: has a free slot (a long-poll claim looks again at least every 5 s); after this long
@@ -34,7 +37,7 @@ class Explanation:
     reason: str
     message: str
     #: (node, status, attempt, last error or None) of the upstream nodes behind the reason.
-    upstream: list[dict[str, Any]] = field(default_factory=list)
+    upstream: Sequence[UpstreamJson] = field(default_factory=list)
     #: Whether the action's worker activity is part of the answer.
     about_workers: bool = False
 
@@ -66,18 +69,18 @@ def _at(now: datetime, when: datetime | None) -> str:
     return f"{when:%Y-%m-%d %H:%M:%S} ({_ago(now, when)})"
 
 
-def _error(e: dict[str, Any] | None) -> str:
+def _error(e: LastErrorJson | None) -> str:
     if not e:
         return "no error recorded"
     what = e.get("type") or e.get("kind")
     return f"{what}: {e.get('message')}" if e.get("message") else str(what)
 
 
-def _node_list(nodes: list[dict[str, Any]]) -> str:
+def _node_list(nodes: Sequence[UpstreamJson]) -> str:
     return ", ".join(f"{n['node']} ({n['status']}, attempt {n['attempt']})" for n in nodes)
 
 
-def explain(row: Any) -> Explanation:
+def explain(row: ExplainFacts) -> Explanation:
     """The explanation of one step_explain row."""
     now: datetime = row.now
     status: str = row.status
@@ -87,7 +90,7 @@ def explain(row: Any) -> Explanation:
     if status == "completed":
         return Explanation("completed", f"completed {_at(now, row.finished_at)} ({attempts})")
     if status == "cancelled":
-        cancel = row.cancel or {}
+        cancel: CancelJson | dict[str, str] = row.cancel or {}
         who = f" by {cancel['actor']}" if cancel.get("actor") else ""
         why = f": {cancel['reason']}" if cancel.get("reason") else ""
         return Explanation(
@@ -126,7 +129,7 @@ def explain(row: Any) -> Explanation:
     # available
     if run_blocked:
         return _held(row, [])
-    if row.available_at > now:
+    if row.available_at is not None and row.available_at > now:
         return Explanation(
             "backing_off",
             f"backing off until {_at(now, row.available_at)} after attempt {row.attempt} "
@@ -143,7 +146,7 @@ def _plural(items: list[Any], word: str) -> str:
     return word if len(items) == 1 else word + "s"
 
 
-def _held(row: Any, waiting: list[dict[str, Any]]) -> Explanation:
+def _held(row: ExplainFacts, waiting: Sequence[UpstreamJson]) -> Explanation:
     error = row.run_error or {}
     also = f"; it also waits on {_node_list(waiting)}" if waiting else ""
     return Explanation(
@@ -155,7 +158,7 @@ def _held(row: Any, waiting: list[dict[str, Any]]) -> Explanation:
     )
 
 
-def _skipped(row: Any) -> Explanation:
+def _skipped(row: ExplainFacts) -> Explanation:
     failed = row.failed_upstream or []
     if row.trigger_rule == "one_failed" and not failed:
         return Explanation(
@@ -175,13 +178,13 @@ def _skipped(row: Any) -> Explanation:
     )
 
 
-def _running(row: Any, now: datetime, attempts: str) -> Explanation:
+def _running(row: ExplainFacts, now: datetime, attempts: str) -> Explanation:
     beat = row.last_heartbeat_at
-    if beat is None or beat <= row.started_at:
+    if beat is None or (row.started_at is not None and beat <= row.started_at):
         heard = "no heartbeat since its claim"
     else:
         heard = f"last heartbeat {_ago(now, beat)}"
-    if row.lease_expires_at <= now:
+    if row.lease_expires_at is not None and row.lease_expires_at <= now:
         then = (
             "the run will block (the action is unsafe to repeat)"
             if row.unsafe
@@ -203,7 +206,7 @@ def _running(row: Any, now: datetime, attempts: str) -> Explanation:
     )
 
 
-def _ready(row: Any, now: datetime) -> Explanation:
+def _ready(row: ExplainFacts, now: datetime) -> Explanation:
     since = f"ready since {_at(now, row.available_at)}"
     uncertain = (
         "; its last attempt lost its lease with no outcome, so a worker that marks "

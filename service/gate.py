@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeAlias
 
 import grpc
 
 from service import auth
 from service.config import Settings
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 log = logging.getLogger("cyclone")
 
@@ -35,13 +38,17 @@ class Gate(grpc.aio.ServerInterceptor):
         self.public_health = settings.public_health
         self.public_reflection = settings.public_reflection
         #: The wrapped handler of each registered method (a fixed set of names).
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._handlers: dict[str, Handler] = {}
 
     @property
     def enabled(self) -> bool:
         return self.tokens is not None or self.mtls
 
-    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
         method = handler_call_details.method
         known = self._handlers.get(method)
         if known is not None:
@@ -56,7 +63,7 @@ class Gate(grpc.aio.ServerInterceptor):
 
     # Per call -------------------------------------------------------------------
 
-    def _identify(self, method: str, context: grpc.aio.ServicerContext) -> auth.Identity | str:
+    def _identify(self, method: str, context: Context) -> auth.Identity | str:
         """The caller's identity, or why the call is refused (a status code name)."""
         identity = None
         if self.tokens is not None:
@@ -86,7 +93,7 @@ class Gate(grpc.aio.ServerInterceptor):
             return identity
         return f"PERMISSION_DENIED:role {identity.role} ({identity.name}) may not call {method}"
 
-    async def _admit(self, method: str, context: grpc.aio.ServicerContext) -> None:
+    async def _admit(self, method: str, context: Context) -> None:
         if not self.enabled:
             return
         verdict = self._identify(method, context)
@@ -99,19 +106,20 @@ class Gate(grpc.aio.ServerInterceptor):
 
     # Handlers --------------------------------------------------------------------
 
-    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def _wrap(self, method: str, handler: Handler) -> Handler:
         """The same handler behind the gate. A unary request arrives as bytes and is
         decoded here; a streamed one is decoded by gRPC (only reflection streams)."""
         kind = next(k for k in _MAKERS if getattr(handler, k) is not None)
-        inner = getattr(handler, kind)
+        # The stubs type a handler as a plain function; under grpc.aio it is async.
+        inner: Any = getattr(handler, kind)
         admit = self._admit
         decode = _decoder(method, handler.request_deserializer)
 
-        async def unary_unary(request: bytes, context: grpc.aio.ServicerContext) -> Any:
+        async def unary_unary(request: bytes, context: Context) -> Any:
             await admit(method, context)
             return await inner(await decode(request, context), context)
 
-        async def unary_stream(request: bytes, context: grpc.aio.ServicerContext) -> Any:
+        async def unary_stream(request: bytes, context: Context) -> Any:
             await admit(method, context)
             result = inner(await decode(request, context), context)
             if not hasattr(result, "__aiter__"):
@@ -120,11 +128,11 @@ class Gate(grpc.aio.ServerInterceptor):
             async for response in result:
                 yield response
 
-        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def stream_unary(requests: Any, context: Context) -> Any:
             await admit(method, context)
             return await inner(requests, context)
 
-        async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def stream_stream(requests: Any, context: Context) -> Any:
             await admit(method, context)
             async for response in inner(requests, context):
                 yield response
@@ -153,7 +161,7 @@ _MAKERS = {
 def _decoder(method: str, deserializer: Callable[[bytes], Any] | None) -> Any:
     name = method.rpartition("/")[2]
 
-    async def decode(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+    async def decode(raw: bytes, context: Context) -> Any:
         if deserializer is None:
             return raw
         try:
@@ -171,14 +179,15 @@ def _decoder(method: str, deserializer: Callable[[bytes], Any] | None) -> Any:
     return decode
 
 
-def _certificate_identity(context: grpc.aio.ServicerContext) -> auth.Identity | None:
+def _certificate_identity(context: Context) -> auth.Identity | None:
     """The admin identity of a client that presented a certificate the client CA signed
     (gRPC refuses the handshake of any other)."""
     ctx = context.auth_context() or {}
-    names = ctx.get("x509_common_name") or ctx.get("x509_subject_alternative_name")
-    if not names:
+    names = ctx.get("x509_common_name") or ctx.get("x509_subject_alternative_name") or ()
+    name = next(iter(names), None)
+    if name is None:
         return None
-    return auth.Identity(names[0].decode(errors="replace"), "admin")
+    return auth.Identity(name.decode(errors="replace"), "admin")
 
 
 def interceptors(settings: Settings) -> list[grpc.aio.ServerInterceptor]:

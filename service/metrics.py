@@ -21,8 +21,8 @@ import bisect
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from typing import Any, NamedTuple, TypeAlias
 
 import grpc
 from prometheus_client import (
@@ -42,7 +42,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from service.records import GaugeRow
+
 log = logging.getLogger("cyclone")
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 # No `_created` series beside each counter and histogram: twice the series for a
 # timestamp that `rate()` does not need.
@@ -321,7 +326,9 @@ class Metrics:
         limit.set(size)
 
     def watch_database(
-        self, read: Callable[[], Awaitable[Sequence[Any]]], loop: asyncio.AbstractEventLoop
+        self,
+        read: Callable[[], Coroutine[Any, Any, Sequence[GaugeRow]]],
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         """Gauges read from the database at a scrape, through ``read`` run on ``loop``."""
         self.registry.register(_DatabaseGauges(read, loop, lambda: self.gauge_max_age_s))
@@ -355,9 +362,13 @@ class _RpcMetrics(grpc.aio.ServerInterceptor):
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._handlers: dict[str, Handler] = {}
 
-    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
         name = handler_call_details.method
         known = self._handlers.get(name)
         if known is not None:
@@ -369,13 +380,14 @@ class _RpcMetrics(grpc.aio.ServerInterceptor):
         self._handlers[name] = wrapped
         return wrapped
 
-    def _timed(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        inner = handler.unary_unary
+    def _timed(self, method: str, handler: Handler) -> Handler:
+        # The stubs type a handler as a plain function; under grpc.aio it is async.
+        inner: Any = handler.unary_unary
         rpcs = self.metrics.rpcs
         counts: dict[str, Any] = {}
         seconds = self.metrics.rpc_seconds.labels(method)
 
-        async def timed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def timed(request: Any, context: Context) -> Any:
             start = time.perf_counter()
             code = "UNKNOWN"
             try:
@@ -411,7 +423,7 @@ class _DatabaseGauges:
 
     def __init__(
         self,
-        read: Callable[[], Awaitable[Sequence[Any]]],
+        read: Callable[[], Coroutine[Any, Any, Sequence[GaugeRow]]],
         loop: asyncio.AbstractEventLoop,
         max_age: Callable[[], float],
     ) -> None:
@@ -419,14 +431,14 @@ class _DatabaseGauges:
         self._loop = loop
         self._max_age = max_age
         self._lock = threading.Lock()
-        self._rows: Sequence[Any] = ()
+        self._rows: Sequence[GaugeRow] = ()
         self._read_at: float | None = None
         self._up = 0
 
     def _refresh(self) -> None:
         if self._read_at is not None and time.monotonic() - self._read_at < self._max_age():
             return
-        future = asyncio.run_coroutine_threadsafe(self._read(), self._loop)  # type: ignore[arg-type]
+        future = asyncio.run_coroutine_threadsafe(self._read(), self._loop)
         try:
             self._rows = future.result(GAUGE_TIMEOUT_S)
             self._up = 1

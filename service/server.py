@@ -22,7 +22,7 @@ from cyclone.v1 import (
     workflow_service_pb2,
     workflow_service_pb2_grpc,
 )
-from service import convert, errors, gate, tls
+from service import errors, gate, tls
 from service.activity import ActionActivity, Handouts
 from service.config import Settings
 from service.metrics import Metrics
@@ -58,8 +58,6 @@ class CycloneServer:
 
     def __init__(self, settings: Settings, database_url: str) -> None:
         self.settings = settings
-        convert.PayloadLimits.max_bytes = settings.max_payload_bytes
-        convert.PayloadLimits.max_depth = settings.max_json_depth
         self.metrics = Metrics()
         self.dispatcher = Dispatcher(database_url)
         self.store = Store(
@@ -88,7 +86,7 @@ class CycloneServer:
         )
         worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(self.worker, self.grpc)
         admin_service_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(self.store), self.grpc
+            AdminServicer(self.store, settings), self.grpc
         )
         self.health = add_health_and_reflection(self.grpc)
         self.port = tls.listen(self.grpc, settings)

@@ -1,4 +1,8 @@
-"""The gRPC servicers: protobuf in, domain calls, protobuf out. No SQL here."""
+"""The gRPC servicers: protobuf in, domain calls, protobuf out. No SQL here.
+
+Servicers raise domain errors (service.errors) and let :func:`service.errors.rpc`
+answer them; a workflow the shared validator refuses (cyclone.dag.InvalidWorkflow)
+is left to it too."""
 
 from __future__ import annotations
 
@@ -11,11 +15,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf import duration_pb2
 
+from cyclone import dag
+from cyclone.jsonvalue import parsed_value
 from cyclone.v1 import (
     admin_service_pb2 as admin_pb,
 )
@@ -37,7 +43,6 @@ from cyclone.v1 import (
 from cyclone.v1 import (
     workflow_service_pb2_grpc as workflow_grpc,
 )
-from pyclient import dag
 from service import auth, convert, errors
 from service.activity import ActionActivity, Handouts
 from service.config import Settings
@@ -45,7 +50,16 @@ from service.errors import rpc
 from service.explain import explain
 from service.metrics import Metrics
 from service.notify import Dispatcher
-from service.store import BIG_WORKFLOW, Store, parse_uuid, sqlstate_error
+from service.records import (
+    ClaimedStep,
+    Completion,
+    Failure,
+    Outcome,
+    Refused,
+    RunRow,
+    RunSummary,
+)
+from service.store import BIG_WORKFLOW, Store, parse_uuid
 
 log = logging.getLogger("cyclone")
 
@@ -68,7 +82,10 @@ def _text(value: str, what: str, limit: int) -> str:
     return value
 
 
-def _actor(context: grpc.aio.ServicerContext) -> str:
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+
+def _actor(context: Context) -> str:
     """Who to name in audit entries: the authenticated caller when auth is on."""
     identity = auth.caller.get()
     if identity is not None:
@@ -80,14 +97,16 @@ def _actor(context: grpc.aio.ServicerContext) -> str:
 
 
 def _node_name(value: str) -> str:
-    try:
-        dag.check_name("node", value)
-    except dag.InvalidWorkflow as exc:
-        raise errors.InvalidArgument(str(exc)) from None
+    dag.check_name("node", value)
     return value
 
 
-def _run_proto(row: Any, *, with_steps: bool) -> types_pb2.Run:
+def _payloads(settings: Settings) -> convert.Payloads:
+    return convert.Payloads(settings.max_payload_bytes, settings.max_json_depth)
+
+
+def _run_head(row: RunRow | RunSummary) -> types_pb2.Run:
+    """A run without its steps."""
     run = types_pb2.Run(
         run_id=str(row.run_id),
         workflow=row.workflow,
@@ -109,10 +128,20 @@ def _run_proto(row: Any, *, with_steps: bool) -> types_pb2.Run:
                 started_at=convert.timestamp(e.get("started_at")),
             )
         )
-    if not with_steps:
-        for status, n in (row.step_counts or {}).items():
-            run.step_counts[status] = n
-        return run
+    return run
+
+
+def _run_summary(row: RunSummary) -> types_pb2.Run:
+    """A run as ListRuns shows it: its step counts, not its steps."""
+    run = _run_head(row)
+    for status, n in (row.step_counts or {}).items():
+        run.step_counts[status] = n
+    return run
+
+
+def _run_proto(row: RunRow) -> types_pb2.Run:
+    """A run with its steps, their errors and its audit trail."""
+    run = _run_head(row)
     errors_by_node: dict[str, list[types_pb2.StepError]] = {}
     for e in row.errors:
         errors_by_node.setdefault(e["node"], []).append(
@@ -162,11 +191,11 @@ def _run_proto(row: Any, *, with_steps: bool) -> types_pb2.Run:
     return run
 
 
-def _node_spec(node: types_pb2.Node) -> dag.NodeSpec:
+def _node_spec(node: types_pb2.Node, payloads: convert.Payloads) -> dag.NodeSpec:
     retry = node.retry
     defaults = dag.NodeSpec(name=node.name, action=node.action)
 
-    def dur(msg: Any, field: str, default: float) -> float:
+    def dur(msg: types_pb2.Node | types_pb2.RetryPolicy, field: str, default: float) -> float:
         return _seconds(getattr(msg, field)) if msg.HasField(field) else default
 
     return dag.NodeSpec(
@@ -180,38 +209,38 @@ def _node_spec(node: types_pb2.Node) -> dag.NodeSpec:
         backoff_multiplier=retry.backoff_multiplier or defaults.backoff_multiplier,
         timeout_s=dur(node, "timeout", defaults.timeout_s),
         input=(
-            convert.value_to_python(node.input, f"node {dag.excerpt(node.name)} input")
+            payloads.to_python(node.input, f"node {dag.excerpt(node.name)} input")
             if node.HasField("input")
             else None
         ),
     )
 
 
-def _validated(workflow: types_pb2.Workflow, limits: dag.Limits) -> list[dag.NodeSpec]:
+def _validated(
+    workflow: types_pb2.Workflow, limits: dag.Limits, payloads: convert.Payloads
+) -> list[dag.NodeSpec]:
+    """The workflow's nodes, validated; InvalidWorkflow names what is wrong."""
     if len(workflow.nodes) > limits.max_nodes:
-        raise errors.InvalidArgument(
+        raise dag.InvalidWorkflow(
             f"workflow {dag.excerpt(workflow.name)} has {len(workflow.nodes)} nodes; "
             f"the limit is {limits.max_nodes}"
         )
-    try:
-        # Counted before anything is built from the nodes.
-        dag.check_edges(workflow.name, sum(len(n.depends_on) for n in workflow.nodes), limits)
-        # Names first, so that a bad name is reported before anything derived from it.
-        specs = [_node_spec(n) for n in workflow.nodes]
-        return dag.validate_workflow(workflow.name, specs, limits)
-    except dag.InvalidWorkflow as exc:
-        raise errors.InvalidArgument(str(exc)) from None
+    # Counted before anything is built from the nodes.
+    dag.check_edges(workflow.name, sum(len(n.depends_on) for n in workflow.nodes), limits)
+    # Names first, so that a bad name is reported before anything derived from it.
+    specs = [_node_spec(n, payloads) for n in workflow.nodes]
+    return dag.validate_workflow(workflow.name, specs, limits)
 
 
 async def _validated_off_loop(
-    workflow: types_pb2.Workflow, limits: dag.Limits
+    workflow: types_pb2.Workflow, limits: dag.Limits, payloads: convert.Payloads
 ) -> list[dag.NodeSpec]:
     """_validated, in a worker thread when the workflow is large, so that a big Submit
     does not hold up the other calls this server is answering."""
     size = len(workflow.nodes) + sum(len(n.depends_on) for n in workflow.nodes)
     if size > BIG_WORKFLOW:
-        return await asyncio.to_thread(_validated, workflow, limits)
-    return _validated(workflow, limits)
+        return await asyncio.to_thread(_validated, workflow, limits, payloads)
+    return _validated(workflow, limits, payloads)
 
 
 class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
@@ -230,16 +259,21 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             settings.max_dependents,
             settings.max_edges,
         )
+        self.payloads = _payloads(settings)
         self.metrics = metrics
         # Writes this server's latest news of workers first, so that Explain on a
         # single server is exact; other servers' news is at most a few seconds old.
         self.report_activity = report_activity
 
-    async def _submit(self, request: Any, key: str | None) -> tuple[uuid.UUID, bool]:
+    async def _submit(
+        self,
+        request: workflow_pb.SubmitRequest | workflow_pb.SubmitOnceRequest,
+        key: str | None,
+    ) -> tuple[uuid.UUID, bool]:
         if not request.HasField("workflow"):
             raise errors.InvalidArgument("workflow is required")
-        nodes = await _validated_off_loop(request.workflow, self.limits)
-        run_input = convert.optional_json(request, "input", "run input")
+        nodes = await _validated_off_loop(request.workflow, self.limits, self.payloads)
+        run_input = self.payloads.optional_json(request, "input", "run input")
         run_id, created = await self.store.run_submit(
             workflow=request.workflow.name, nodes=nodes, input_json=run_input, submit_key=key
         )
@@ -255,26 +289,31 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         return run_id, created
 
     @rpc
-    async def Submit(self, request, context):
+    async def Submit(
+        self, request: workflow_pb.SubmitRequest, context: Context
+    ) -> workflow_pb.SubmitResponse:
         run_id, _ = await self._submit(request, None)
         return workflow_pb.SubmitResponse(run_id=str(run_id))
 
     @rpc
-    async def SubmitOnce(self, request, context):
-        try:
-            dag.check_submit_key(request.key)
-        except dag.InvalidWorkflow as exc:
-            raise errors.InvalidArgument(str(exc)) from None
+    async def SubmitOnce(
+        self, request: workflow_pb.SubmitOnceRequest, context: Context
+    ) -> workflow_pb.SubmitOnceResponse:
+        dag.check_submit_key(request.key)
         run_id, created = await self._submit(request, request.key)
         return workflow_pb.SubmitOnceResponse(run_id=str(run_id), created=created)
 
     @rpc
-    async def GetRun(self, request, context):
+    async def GetRun(
+        self, request: workflow_pb.GetRunRequest, context: Context
+    ) -> workflow_pb.GetRunResponse:
         row = await self.store.run_get(parse_uuid(request.run_id))
-        return workflow_pb.GetRunResponse(run=_run_proto(row, with_steps=True))
+        return workflow_pb.GetRunResponse(run=_run_proto(row))
 
     @rpc
-    async def ListRuns(self, request, context):
+    async def ListRuns(
+        self, request: workflow_pb.ListRunsRequest, context: Context
+    ) -> workflow_pb.ListRunsResponse:
         size = request.page_size or 50
         if not 1 <= size <= 1000:
             raise errors.InvalidArgument(f"page_size must be between 1 and 1000, got {size}")
@@ -289,10 +328,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
                 raise errors.InvalidArgument(f"unknown run status {s} in statuses")
             statuses.append(convert.RUN_STATUS_NAME[s])
         if request.workflow:
-            try:
-                dag.check_name("workflow", request.workflow)
-            except dag.InvalidWorkflow as exc:
-                raise errors.InvalidArgument(str(exc)) from None
+            dag.check_name("workflow", request.workflow)
         after = _decode_page_token(request.page_token) if request.page_token else None
         rows = await self.store.runs_list(
             workflow=request.workflow or None,
@@ -316,20 +352,24 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             last = page[-1]
             token = _encode_page_token(last.created_at, last.run_id)
         return workflow_pb.ListRunsResponse(
-            runs=[_run_proto(r, with_steps=False) for r in page], next_page_token=token
+            runs=[_run_summary(r) for r in page], next_page_token=token
         )
 
     @rpc
-    async def CancelRun(self, request, context):
+    async def CancelRun(
+        self, request: workflow_pb.CancelRunRequest, context: Context
+    ) -> workflow_pb.CancelRunResponse:
         run_id = parse_uuid(request.run_id)
         reason = _text(request.reason, "reason", MAX_REASON)
         await self.store.run_cancel(run_id, actor=_actor(context), reason=reason)
         log.info("run %s cancelled", run_id, extra={"run_id": str(run_id)})
         row = await self.store.run_get(run_id)
-        return workflow_pb.CancelRunResponse(run=_run_proto(row, with_steps=True))
+        return workflow_pb.CancelRunResponse(run=_run_proto(row))
 
     @rpc
-    async def Explain(self, request, context):
+    async def Explain(
+        self, request: workflow_pb.ExplainRequest, context: Context
+    ) -> workflow_pb.ExplainResponse:
         run_id = parse_uuid(request.run_id)
         node = _node_name(request.node)
         await self.report_activity()
@@ -341,7 +381,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             message=why.message,
             run_status=convert.RUN_STATUS[row.run_status],
         )
-        proto = _run_proto(run, with_steps=True)
+        proto = _run_proto(run)
         response.step.CopyFrom(proto.steps[0])
         if proto.HasField("error"):
             response.run_error.CopyFrom(proto.error)
@@ -349,8 +389,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             state = workflow_pb.NodeState(
                 node=u["node"], status=convert.STEP_STATUS[u["status"]], attempt=u["attempt"]
             )
-            if u.get("error"):
-                e = u["error"]
+            if e := u.get("error"):
                 state.last_error.CopyFrom(
                     types_pb2.StepError(
                         attempt=e["attempt"],
@@ -376,8 +415,9 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         return response
 
 
+#: Explain's reasons (service.explain) by their names in ExplainReason.
 EXPLAIN_REASON = {
-    name.removeprefix("EXPLAIN_REASON_").lower(): number
+    name.removeprefix("EXPLAIN_REASON_").lower(): name
     for name, number in workflow_pb.ExplainReason.items()
     if number
 }
@@ -431,6 +471,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         self.metrics = metrics
         self.activity = activity
         self.handouts = handouts
+        self.payloads = _payloads(settings)
         self.stopping = asyncio.Event()
 
     def _lease(self, requested: duration_pb2.Duration | None) -> float:
@@ -444,7 +485,9 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         return lease
 
     @rpc
-    async def Claim(self, request, context):
+    async def Claim(
+        self, request: worker_pb.ClaimRequest, context: Context
+    ) -> worker_pb.ClaimResponse:
         worker_id = _text(request.worker_id, "worker_id", MAX_WORKER_ID)
         if not worker_id:
             raise errors.InvalidArgument("worker_id is required")
@@ -456,10 +499,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             )
         actions, unsafe = [], []
         for spec in request.actions:
-            try:
-                dag.check_name("action", spec.name)
-            except dag.InvalidWorkflow as exc:
-                raise errors.InvalidArgument(str(exc)) from None
+            dag.check_name("action", spec.name)
             actions.append(spec.name)
             if spec.unsafe_to_repeat:
                 unsafe.append(spec.name)
@@ -509,7 +549,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
 
     async def _claim(
         self, worker_id: str, actions: list[str], unsafe: list[str], limit: int, lease: float
-    ) -> Sequence[Any]:
+    ) -> Sequence[ClaimedStep]:
         """Claim, and if the caller goes away meanwhile, hand the steps back at once
         rather than leave them leased to nobody until the lease runs out."""
         claim = asyncio.ensure_future(
@@ -535,7 +575,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     )
             raise
 
-    def _claimed(self, r: Any, lease: float) -> worker_pb.ClaimedStep:
+    def _claimed(self, r: ClaimedStep, lease: float) -> worker_pb.ClaimedStep:
         lifetime = (r.deadline_at - r.lease_expires_at).total_seconds() + lease
         self.handouts.add(r.lease_token, r.action, r.attempt, lifetime)
         per_action = self.metrics.action(r.action)
@@ -557,7 +597,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         convert.set_json(step, "run_input", r.run_input)
         convert.set_json(step, "progress", r.progress)
         for node, output in (r.upstream or {}).items():
-            step.upstream_outputs[node].CopyFrom(convert.python_to_value(output))
+            step.upstream_outputs[node].CopyFrom(parsed_value(output))
         for u in r.upstream_failures or ():
             failure = step.upstream_failures.add(
                 node=u["node"], status=convert.STEP_STATUS[u["status"]]
@@ -583,7 +623,9 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         )
         return step
 
-    def _step_key(self, request: Any) -> tuple[uuid.UUID, str, uuid.UUID]:
+    def _step_key(
+        self, request: worker_pb.HeartbeatRequest | worker_pb.CompleteRequest
+    ) -> tuple[uuid.UUID, str, uuid.UUID]:
         return (
             parse_uuid(request.run_id),
             _node_name(request.node),
@@ -591,10 +633,12 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         )
 
     @rpc
-    async def Heartbeat(self, request, context):
+    async def Heartbeat(
+        self, request: worker_pb.HeartbeatRequest, context: Context
+    ) -> worker_pb.HeartbeatResponse:
         run_id, node, token = self._step_key(request)
         lease = self._lease(request.lease if request.HasField("lease") else None)
-        progress = convert.optional_json(request, "progress", "progress")
+        progress = self.payloads.optional_json(request, "progress", "progress")
         row = await self.store.step_heartbeat(
             run_id, node, token, lease_s=lease, progress_json=progress
         )
@@ -602,82 +646,83 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             lease_expires_at=convert.timestamp(row.lease_expires_at), cancelled=row.cancelled
         )
 
-    def _completion(self, request: worker_pb.CompleteRequest) -> dict[str, Any]:
-        """A validated completion: the step's key plus its output or failure."""
+    def _completion(self, request: worker_pb.CompleteRequest) -> Outcome:
+        """A validated outcome: the step's key plus its output or failure."""
         run_id, node, token = self._step_key(request)
-        item: dict[str, Any] = {"run_id": run_id, "node": node, "lease_token": token}
         outcome = request.WhichOneof("outcome")
         if outcome == "output":
-            item["output_json"] = convert.value_to_json(request.output, "output")
-        elif outcome == "failure":
+            output = self.payloads.to_json(request.output, "output")
+            return Outcome(run_id, node, token, output_json=output)
+        if outcome == "failure":
             f = request.failure
             retry_after = _seconds(f.retry_after) if f.HasField("retry_after") else None
             if retry_after is not None and not 0 <= retry_after <= dag.MAX_BACKOFF_S:
                 raise errors.InvalidArgument(
                     f"retry_after must be between 0s and {dag.MAX_BACKOFF_S:g}s"
                 )
-            item["failure"] = {
-                "type": _text(f.type, "failure.type", 200),
-                "message": _text(f.message, "failure.message", MAX_ERROR_TEXT),
-                "details": _text(f.details, "failure.details", MAX_ERROR_TEXT),
-                "retryable": not f.non_retryable,
-                "retry_after_s": retry_after,
-                "uncertain": f.effect_uncertain,
-            }
-        else:
-            raise errors.InvalidArgument("outcome is required: set output or failure")
-        return item
+            failure = Failure(
+                type=_text(f.type, "failure.type", 200),
+                message=_text(f.message, "failure.message", MAX_ERROR_TEXT),
+                details=_text(f.details, "failure.details", MAX_ERROR_TEXT),
+                retryable=not f.non_retryable,
+                retry_after_s=retry_after,
+                uncertain=f.effect_uncertain,
+            )
+            return Outcome(run_id, node, token, failure=failure)
+        raise errors.InvalidArgument("outcome is required: set output or failure")
 
     @rpc
-    async def Complete(self, request, context):
-        item = self._completion(request)
-        key = (item["run_id"], item["node"], item["lease_token"])
+    async def Complete(
+        self, request: worker_pb.CompleteRequest, context: Context
+    ) -> worker_pb.CompleteResponse:
+        outcome = self._completion(request)
         try:
-            if "failure" in item:
-                done = await self.store.step_fail(*key, item["failure"])
-            else:
-                done = await self.store.step_complete(*key, item["output_json"])
+            done = await self.store.step_complete(outcome)
         except (errors.LeaseLost, errors.NotFound):
             self.metrics.refused.inc()
             raise
-        if self._outcome(item, done):
-            _log_outcome(item, done, await self._attempt(item))
+        if self._outcome(outcome, done):
+            _log_outcome(outcome, done, await self._attempt(outcome))
         return _complete_response(done)
 
     @rpc
-    async def CompleteMany(self, request, context):
+    async def CompleteMany(
+        self, request: worker_pb.CompleteManyRequest, context: Context
+    ) -> worker_pb.CompleteManyResponse:
         if not 1 <= len(request.completions) <= 1000:
             raise errors.InvalidArgument(
                 f"completions must hold 1 to 1000 items, got {len(request.completions)}"
             )
-        items = []
+        outcomes = []
         for i, completion in enumerate(request.completions):
             try:
-                items.append(self._completion(completion))
-            except errors.CycloneError as exc:
+                outcomes.append(self._completion(completion))
+            except (errors.CycloneError, dag.InvalidWorkflow) as exc:
                 raise type(exc)(f"completions[{i}]: {exc}") from None
         results = []
-        for item, row in zip(items, await self.store.step_complete_many(items), strict=True):
-            if row.error_state:
+        answers = await self.store.step_complete_many(outcomes)
+        for outcome, answer in zip(outcomes, answers, strict=True):
+            if isinstance(answer, Refused):
                 self.metrics.refused.inc()
-                error = worker_pb.CompleteError(
-                    code=sqlstate_error(row.error_state).code.value[0], message=row.error_message
-                )
-                if row.error_detail and row.error_detail.startswith("current_attempt="):
-                    error.current_attempt = int(row.error_detail.partition("=")[2])
-                results.append(worker_pb.CompleteResult(error=error))
+                # The item's status, as Complete would answer it.
+                error = answer.error
+                status = errors.status(error, "CompleteMany")
+                refused = worker_pb.CompleteError(code=status.code.value[0], message=status.message)
+                if isinstance(error, errors.LeaseLost) and error.current_attempt is not None:
+                    refused.current_attempt = error.current_attempt
+                results.append(worker_pb.CompleteResult(error=refused))
                 continue
-            if self._outcome(item, row):
-                _log_outcome(item, row, await self._attempt(item))
-            results.append(worker_pb.CompleteResult(response=_complete_response(row)))
+            if self._outcome(outcome, answer):
+                _log_outcome(outcome, answer, await self._attempt(outcome))
+            results.append(worker_pb.CompleteResult(response=_complete_response(answer)))
         return worker_pb.CompleteManyResponse(results=results)
 
-    def _outcome(self, item: dict[str, Any], done: Any) -> bool:
+    def _outcome(self, outcome: Outcome, done: Completion) -> bool:
         """Count, time and log an accepted outcome. True when its log line still needs
         the attempt: the step was handed out by another server."""
         if done.duplicate:
             return False
-        failure = item.get("failure")
+        failure = outcome.failure
         m = self.metrics
         if failure is None:
             m.completed.inc()
@@ -687,7 +732,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 m.discarded.labels("handler").inc()
         if done.run_status in _FINAL_RUN and done.step_status in _FINAL:
             m.finished.labels(done.run_status).inc()
-        handout = self.handouts.pop(item["lease_token"])
+        handout = self.handouts.pop(outcome.lease_token)
         if done.step_status == "uncertain":
             # An unsafe handler stopped without an outcome: the run is blocked now.
             m.blocked.labels(handout.action if handout else "").inc()
@@ -698,14 +743,14 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         seconds = per_action.completed_seconds if failure is None else per_action.failed_seconds
         seconds.observe(time.monotonic() - handout.claimed)
         if logged:
-            _log_outcome(item, done, handout.attempt)
+            _log_outcome(outcome, done, handout.attempt)
         return False
 
-    async def _attempt(self, item: dict[str, Any]) -> int | None:
+    async def _attempt(self, outcome: Outcome) -> int | None:
         """The attempt of a step another server handed out, for its log line."""
-        return await self.store.step_attempt(item["run_id"], item["node"])
+        return await self.store.step_attempt(outcome.run_id, outcome.node)
 
-    def _blocked(self, row: Any) -> bool:
+    def _blocked(self, row: ClaimedStep) -> bool:
         if row.blocked:
             self.metrics.blocked.labels(row.action).inc()
         return _blocked(row)
@@ -716,25 +761,25 @@ _FINAL = ("completed", "discarded")
 _FINAL_RUN = ("completed", "failed")
 
 
-def _complete_response(done: Any) -> worker_pb.CompleteResponse:
+def _complete_response(done: Completion) -> worker_pb.CompleteResponse:
     response = worker_pb.CompleteResponse(
         status=convert.STEP_STATUS[done.step_status],
         run_status=convert.RUN_STATUS[done.run_status],
         duplicate=done.duplicate,
     )
     if done.retry_at is not None:
-        response.retry_at.CopyFrom(convert.timestamp(done.retry_at))
+        response.retry_at.FromDatetime(done.retry_at)
     return response
 
 
-def _log_outcome(item: dict[str, Any], done: Any, attempt: int | None) -> None:
-    run_id, node = item["run_id"], item["node"]
+def _log_outcome(outcome: Outcome, done: Completion, attempt: int | None) -> None:
+    run_id, node = outcome.run_id, outcome.node
     status, retry_at = done.step_status, done.retry_at
     extra = {"run_id": str(run_id), "node": node, "attempt": attempt}
-    failure = item.get("failure")
+    failure = outcome.failure
     if failure is None:
         log.debug("completed %s/%s attempt %s", run_id, node, attempt, extra=extra)
-    elif status in ("uncertain", "pending") and failure.get("uncertain"):
+    elif status in ("uncertain", "pending") and failure.uncertain:
         # A holding state, not a failure: a warning, as for any blocked run.
         log.warning(
             "step %s/%s stopped at attempt %s without an outcome and is unsafe to repeat "
@@ -742,8 +787,8 @@ def _log_outcome(item: dict[str, Any], done: Any, attempt: int | None) -> None:
             run_id,
             node,
             attempt,
-            failure["type"],
-            failure["message"],
+            failure.type,
+            failure.message,
             extra=extra,
         )
     elif status == "discarded":
@@ -752,8 +797,8 @@ def _log_outcome(item: dict[str, Any], done: Any, attempt: int | None) -> None:
             run_id,
             node,
             attempt,
-            failure["type"],
-            failure["message"],
+            failure.type,
+            failure.message,
             extra=extra,
         )
     else:
@@ -765,13 +810,13 @@ def _log_outcome(item: dict[str, Any], done: Any, attempt: int | None) -> None:
             node,
             attempt,
             when,
-            failure["type"],
-            failure["message"],
+            failure.type,
+            failure.message,
             extra=extra,
         )
 
 
-def _blocked(row: Any) -> bool:
+def _blocked(row: ClaimedStep) -> bool:
     if row.blocked:
         log.warning(
             "run %s blocked: node %s (action %s) lost its lease at attempt %d with no "
@@ -790,14 +835,17 @@ def _attempt(run: types_pb2.Run, node: str) -> int:
 
 
 class AdminServicer(admin_grpc.AdminServiceServicer):
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, settings: Settings) -> None:
         self.store = store
+        self.payloads = _payloads(settings)
 
     async def _run(self, run_id: uuid.UUID) -> types_pb2.Run:
-        return _run_proto(await self.store.run_get(run_id), with_steps=True)
+        return _run_proto(await self.store.run_get(run_id))
 
     @rpc
-    async def Retry(self, request, context):
+    async def Retry(
+        self, request: admin_pb.RetryRequest, context: Context
+    ) -> admin_pb.RetryResponse:
         run_id = parse_uuid(request.run_id)
         node = _node_name(request.node)
         reason = _text(request.reason, "reason", MAX_REASON)
@@ -814,7 +862,9 @@ class AdminServicer(admin_grpc.AdminServiceServicer):
         return admin_pb.RetryResponse(run=run)
 
     @rpc
-    async def RetryAll(self, request, context):
+    async def RetryAll(
+        self, request: admin_pb.RetryAllRequest, context: Context
+    ) -> admin_pb.RetryAllResponse:
         run_id = parse_uuid(request.run_id)
         reason = _text(request.reason, "reason", MAX_REASON)
         nodes = await self.store.step_retry(run_id, None, actor=_actor(context), reason=reason)
@@ -822,7 +872,9 @@ class AdminServicer(admin_grpc.AdminServiceServicer):
         return admin_pb.RetryAllResponse(nodes=nodes, run=await self._run(run_id))
 
     @rpc
-    async def Resolve(self, request, context):
+    async def Resolve(
+        self, request: admin_pb.ResolveRequest, context: Context
+    ) -> admin_pb.ResolveResponse:
         run_id = parse_uuid(request.run_id)
         node = _node_name(request.node)
         reason = _text(request.reason, "reason", MAX_REASON)
@@ -830,7 +882,7 @@ class AdminServicer(admin_grpc.AdminServiceServicer):
             raise errors.InvalidArgument("reason is required: say what you checked")
         choice = request.WhichOneof("resolution")
         if choice == "result":
-            value = convert.value_to_json(request.result, "result")
+            value: str | None = self.payloads.to_json(request.result, "result")
         elif choice == "error":
             if not request.error:
                 raise errors.InvalidArgument("error must say what failed")

@@ -3,7 +3,9 @@
 Queries are the named blocks of ``service/sql/queries.sql``; transitions are the
 functions of the migrations. Every call runs as one statement in autocommit mode:
 each transition is one function call, so it is one transaction and one round trip.
-Database errors are translated here into domain errors (service.errors).
+Each query's rows come back as its named type (service.records). Database errors
+are translated here, and only here, into domain errors (service.errors): raised, or
+for one item of a CompleteMany batch returned as a typed :class:`Refused`.
 """
 
 from __future__ import annotations
@@ -14,21 +16,44 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import sqlalchemy as sa
-from psycopg.rows import namedtuple_row
+from psycopg.rows import RowMaker
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from pyclient.dag import NodeSpec, excerpt
+from cyclone import codes
+from cyclone.dag import NodeSpec, excerpt
 from service import errors
+from service.records import (
+    Attempt,
+    BatchRow,
+    Cancelled,
+    ClaimedStep,
+    Completion,
+    Deleted,
+    ExplainFacts,
+    GaugeRow,
+    Heartbeat,
+    NextDue,
+    NoRows,
+    Outcome,
+    OutcomeRow,
+    Ready,
+    Refused,
+    Retried,
+    RunRow,
+    RunSummary,
+    Submitted,
+    Swept,
+)
 
-#: A result row: a named tuple whose fields are the statement's columns.
-Row = Any
+#: A row type of service.records: a NamedTuple of the query's columns, in order.
+R = TypeVar("R", bound=tuple[Any, ...])
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.M)
 
@@ -44,21 +69,21 @@ def load_queries() -> dict[str, sa.TextClause]:
 
 Q = load_queries()
 
-# SQLSTATEs raised by the transition functions (see 0002_transitions.sql).
-_SQLSTATE_ERRORS: dict[str, type[errors.CycloneError]] = {
-    "CY001": errors.LeaseLost,
-    "CY002": errors.NotFound,
-    "CY003": errors.FailedPrecondition,
-    "CY004": errors.InvalidArgument,
-    "22P02": errors.InvalidArgument,  # invalid text representation (e.g. a bad UUID)
-    "22001": errors.InvalidArgument,  # string too long
-    "54001": errors.InvalidArgument,  # statement too complex
-    "57014": errors.Unavailable,  # statement timeout
-    "08006": errors.Unavailable,
-    "08001": errors.Unavailable,
-    "57P01": errors.Unavailable,  # admin shutdown
-    "57P03": errors.Unavailable,  # cannot connect now
-}
+
+def _rows_as(cls: type[R]) -> Callable[[Any], RowMaker[R]]:
+    """A psycopg row factory that makes ``cls`` from each row, once it has checked that
+    the statement's columns are ``cls``'s fields, in order."""
+    fields: tuple[str, ...] = getattr(cls, "_fields")  # noqa: B009
+    make: RowMaker[R] = getattr(cls, "_make")  # noqa: B009
+
+    def factory(cursor: Any) -> RowMaker[R]:
+        if cursor.description is not None:
+            columns = tuple(c.name for c in cursor.description)
+            if columns != fields:
+                raise TypeError(f"columns {columns} are not the fields of {cls.__name__}")
+        return make
+
+    return factory
 
 
 def sql_url(database_url: str) -> str:
@@ -86,14 +111,6 @@ class ActionSeen:
     polled_by: str
     claimed_ago: float | None = None
     claimed_by: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    step_status: str
-    run_status: str
-    duplicate: bool
-    retry_at: datetime | None
 
 
 #: Nodes plus edges past which a workflow is validated and encoded in a worker thread
@@ -168,7 +185,7 @@ class Store:
     async def close(self) -> None:
         await self.engine.dispose()
 
-    async def _all(self, name: str, **params: Any) -> Sequence[Row]:
+    async def _all(self, name: str, row: type[R], **params: Any) -> list[R]:
         # SQLAlchemy keeps the pool and compiles the named query once; the statement
         # itself runs on the psycopg connection underneath. Its execution layer cost
         # more CPU than the hot transitions themselves (docs/performance.md).
@@ -180,7 +197,7 @@ class Store:
                 raw = await conn.get_raw_connection()
                 driver: psycopg.AsyncConnection = raw.driver_connection  # type: ignore[assignment]
                 try:
-                    cursor = driver.cursor(row_factory=namedtuple_row)
+                    cursor = driver.cursor(row_factory=_rows_as(row))
                     await cursor.execute(self._sql(name), params)
                     rows = await cursor.fetchall() if cursor.description else []
                 except BaseException as exc:
@@ -198,8 +215,8 @@ class Store:
             raise _translate(exc.orig or exc) from exc
         except OSError as exc:
             raise errors.Unavailable(detail=f"database unavailable: {exc}") from exc
-        if rows and self.on_ready and "ready" in rows[0]._fields:
-            ready = {a for row in rows if row.ready for a in row.ready.split(",")}
+        if rows and self.on_ready and "ready" in getattr(row, "_fields"):  # noqa: B009
+            ready = {a for r in rows if r.ready for a in r.ready.split(",")}  # type: ignore[attr-defined]
             if ready:
                 self.on_ready(ready)
         return rows
@@ -210,8 +227,8 @@ class Store:
             sql = self._compiled[name] = str(Q[name].compile(dialect=self.engine.dialect))
         return sql
 
-    async def _one(self, name: str, **params: Any) -> Row | None:
-        rows = await self._all(name, **params)
+    async def _one(self, name: str, row: type[R], **params: Any) -> R | None:
+        rows = await self._all(name, row, **params)
         return rows[0] if rows else None
 
     # Runs -------------------------------------------------------------------------
@@ -233,6 +250,7 @@ class Store:
             encoded = nodes_json(nodes)
         row = await self._one(
             "run_submit",
+            Submitted,
             run_id=str(uuid7()),
             workflow=workflow,
             submit_key=submit_key,
@@ -242,9 +260,9 @@ class Store:
         assert row is not None
         return row.run_id, row.created
 
-    async def run_get(self, run_id: uuid.UUID, node: str | None = None) -> Row:
+    async def run_get(self, run_id: uuid.UUID, node: str | None = None) -> RunRow:
         """The run with its steps (only ``node``'s when given), errors and audit trail."""
-        row = await self._one("run_get", run_id=str(run_id), node=node)
+        row = await self._one("run_get", RunRow, run_id=str(run_id), node=node)
         if row is None:
             raise errors.NotFound(f"run {run_id} not found")
         return row
@@ -258,9 +276,10 @@ class Store:
         created_before: datetime | None,
         after: tuple[datetime, uuid.UUID] | None,
         limit: int,
-    ) -> Sequence[Row]:
+    ) -> list[RunSummary]:
         return await self._all(
             "runs_list",
+            RunSummary,
             workflow=workflow,
             statuses=statuses,
             created_after=created_after,
@@ -271,7 +290,7 @@ class Store:
         )
 
     async def run_cancel(self, run_id: uuid.UUID, *, actor: str, reason: str) -> None:
-        await self._all("run_cancel", run_id=str(run_id), actor=actor, reason=reason)
+        await self._all("run_cancel", Cancelled, run_id=str(run_id), actor=actor, reason=reason)
 
     # Steps ------------------------------------------------------------------------
 
@@ -283,9 +302,10 @@ class Store:
         unsafe: list[str],
         limit: int,
         lease_s: float,
-    ) -> Sequence[Row]:
+    ) -> list[ClaimedStep]:
         return await self._all(
             "step_claim",
+            ClaimedStep,
             worker_id=worker_id,
             actions=actions,
             unsafe=unsafe,
@@ -293,10 +313,11 @@ class Store:
             lease_s=lease_s,
         )
 
-    async def steps_release(self, claimed: Sequence[Row]) -> int:
+    async def steps_release(self, claimed: Sequence[ClaimedStep]) -> int:
         """Hand back claimed steps that never reached their worker."""
         rows = await self._all(
             "steps_release",
+            Ready,
             run_ids=[str(r.run_id) for r in claimed],
             nodes=[r.node for r in claimed],
             tokens=[str(r.lease_token) for r in claimed],
@@ -305,11 +326,11 @@ class Store:
         return len(rows)
 
     async def step_next_due(self, actions: list[str]) -> float | None:
-        row = await self._one("step_next_due", actions=actions)
+        row = await self._one("step_next_due", NextDue, actions=actions)
         return None if row is None or row.seconds is None else float(row.seconds)
 
     async def step_attempt(self, run_id: uuid.UUID, node: str) -> int | None:
-        row = await self._one("step_attempt", run_id=str(run_id), node=node)
+        row = await self._one("step_attempt", Attempt, run_id=str(run_id), node=node)
         return None if row is None else int(row.attempt)
 
     async def step_heartbeat(
@@ -320,9 +341,10 @@ class Store:
         *,
         lease_s: float,
         progress_json: str | None,
-    ) -> Row:
+    ) -> Heartbeat:
         row = await self._one(
             "step_heartbeat",
+            Heartbeat,
             run_id=str(run_id),
             node=node,
             lease_token=str(lease_token),
@@ -332,72 +354,65 @@ class Store:
         assert row is not None
         return row
 
-    async def step_complete(
-        self, run_id: uuid.UUID, node: str, lease_token: uuid.UUID, output_json: str | None
-    ) -> Completion:
-        row = await self._one(
-            "step_complete",
-            run_id=str(run_id),
-            node=node,
-            lease_token=str(lease_token),
-            output=output_json,
-        )
-        assert row is not None
-        return Completion(row.step_status, row.run_status, row.duplicate, row.retry_at)
-
-    async def step_fail(
-        self, run_id: uuid.UUID, node: str, lease_token: uuid.UUID, failure: dict[str, Any]
-    ) -> Completion:
-        """failure: type, message, details, retryable, retry_after_s (or None), and
-        uncertain: the handler of an unsafe action stopped without an outcome."""
-        if failure.get("uncertain"):
+    async def step_complete(self, outcome: Outcome) -> Completion:
+        """Apply one outcome: an output, or a failure (step_fail; step_abandon when an
+        unsafe handler stopped without an outcome)."""
+        key = {
+            "run_id": str(outcome.run_id),
+            "node": outcome.node,
+            "lease_token": str(outcome.lease_token),
+        }
+        failure = outcome.failure
+        if failure is None:
+            row = await self._one("step_complete", OutcomeRow, **key, output=outcome.output_json)
+        elif failure.uncertain:
             row = await self._one(
                 "step_abandon",
-                run_id=str(run_id),
-                node=node,
-                lease_token=str(lease_token),
-                type=failure["type"],
-                message=failure["message"],
-                details=failure["details"],
+                OutcomeRow,
+                **key,
+                type=failure.type,
+                message=failure.message,
+                details=failure.details,
             )
         else:
             row = await self._one(
                 "step_fail",
-                run_id=str(run_id),
-                node=node,
-                lease_token=str(lease_token),
-                **{k: v for k, v in failure.items() if k != "uncertain"},
+                OutcomeRow,
+                **key,
+                type=failure.type,
+                message=failure.message,
+                details=failure.details,
+                retryable=failure.retryable,
+                retry_after_s=failure.retry_after_s,
             )
         assert row is not None
         return Completion(row.step_status, row.run_status, row.duplicate, row.retry_at)
 
-    async def step_complete_many(self, items: list[dict[str, Any]]) -> Sequence[Row]:
-        """Apply several outcomes in one transaction; one row per item, in item order.
-
-        Each item is {run_id, node, lease_token} plus output_json (success) or the
-        step_fail arguments under "failure". A refused item has error_state/error_message set.
-        """
+    async def step_complete_many(self, outcomes: Sequence[Outcome]) -> list[Completion | Refused]:
+        """Apply several outcomes in one transaction; one answer per outcome, in order.
+        An outcome the engine refused (a lost lease, an unknown step) is a Refused that
+        changed nothing, and does not affect the others."""
         payload = []
-        for i, item in enumerate(items):
-            entry = {
+        for i, outcome in enumerate(outcomes):
+            entry: dict[str, Any] = {
                 "i": i,
-                "run_id": str(item["run_id"]),
-                "node": item["node"],
-                "lease_token": str(item["lease_token"]),
+                "run_id": str(outcome.run_id),
+                "node": outcome.node,
+                "lease_token": str(outcome.lease_token),
             }
-            if "failure" in item:
-                entry["failure"] = item["failure"]
+            if outcome.failure is not None:
+                entry["failure"] = asdict(outcome.failure)
             else:
-                entry["output"] = _RawJson(item["output_json"])
+                entry["output"] = _RawJson(outcome.output_json or "null")
             payload.append(entry)
-        rows = await self._all("step_complete_many", items=_dump_items(payload))
-        return sorted(rows, key=lambda r: r.i)
+        rows = await self._all("step_complete_many", BatchRow, items=_dump_items(payload))
+        return [_batch_answer(row) for row in sorted(rows, key=lambda r: r.i)]
 
     async def step_retry(
         self, run_id: uuid.UUID, nodes: list[str] | None, *, actor: str, reason: str
     ) -> list[str]:
         row = await self._one(
-            "step_retry", run_id=str(run_id), nodes=nodes, actor=actor, reason=reason
+            "step_retry", Retried, run_id=str(run_id), nodes=nodes, actor=actor, reason=reason
         )
         assert row is not None
         return list(row.nodes)
@@ -414,6 +429,7 @@ class Store:
     ) -> None:
         await self._all(
             "step_resolve",
+            Ready,
             run_id=str(run_id),
             node=node,
             choice=choice,
@@ -422,14 +438,13 @@ class Store:
             reason=reason,
         )
 
-    async def sweep(self, limit: int = 1000) -> Sequence[Row]:
-        """Reclaim expired leases; one row per step (run_id, node, action, attempt,
-        worker_id, status)."""
-        return await self._all("sweep", limit=limit)
+    async def sweep(self, limit: int = 1000) -> list[Swept]:
+        """Reclaim expired leases; one row per step."""
+        return await self._all("sweep", Swept, limit=limit)
 
-    async def step_explain(self, run_id: uuid.UUID, node: str) -> Row:
+    async def step_explain(self, run_id: uuid.UUID, node: str) -> ExplainFacts:
         """What Explain needs about one step; NotFound for an unknown run or node."""
-        row = await self._one("step_explain", run_id=str(run_id), node=node)
+        row = await self._one("step_explain", ExplainFacts, run_id=str(run_id), node=node)
         if row is None:
             raise errors.NotFound(f"run {run_id} not found")
         if row.node is None:
@@ -442,6 +457,7 @@ class Store:
             return
         await self._all(
             "action_claims_note",
+            NoRows,
             actions=[a.action for a in seen],
             polled_ago=[a.polled_ago for a in seen],
             polled_by=[a.polled_by for a in seen],
@@ -451,17 +467,17 @@ class Store:
 
     async def submit_keys_purge(self, *, age_s: float, limit: int) -> int:
         """Forget up to ``limit`` SubmitOnce keys older than ``age_s`` whose run is gone."""
-        row = await self._one("submit_keys_purge", age_s=age_s, limit=limit)
+        row = await self._one("submit_keys_purge", Deleted, age_s=age_s, limit=limit)
         assert row is not None
         return int(row.deleted)
 
     async def runs_purge(self, *, age_s: float, failed: bool, limit: int) -> int:
         """Delete up to ``limit`` runs finished more than ``age_s`` ago (see 0009)."""
-        row = await self._one("runs_purge", age_s=age_s, failed=failed, limit=limit)
+        row = await self._one("runs_purge", Deleted, age_s=age_s, failed=failed, limit=limit)
         return int(row.deleted) if row else 0
 
-    async def metrics_gauges(self) -> Sequence[Row]:
-        return await self._all("metrics_gauges")
+    async def metrics_gauges(self) -> list[GaugeRow]:
+        return await self._all("metrics_gauges", GaugeRow)
 
     def pool_status(self) -> tuple[int, int]:
         """(connections in use, connections open) of this server's pool."""
@@ -469,7 +485,7 @@ class Store:
         return pool.checkedout(), pool.checkedout() + pool.checkedin()  # type: ignore[attr-defined]
 
     async def clock_advance(self, seconds: float) -> None:
-        await self._all("clock_advance", seconds=seconds)
+        await self._all("clock_advance", NoRows, seconds=seconds)
 
 
 class _RawJson(str):
@@ -488,26 +504,33 @@ def _dump_items(items: list[dict[str, Any]]) -> str:
     return "[" + ",".join(parts) + "]"
 
 
-def sqlstate_error(sqlstate: str) -> type[errors.CycloneError]:
-    """The domain error class of one of the transition functions' SQLSTATEs."""
-    return _SQLSTATE_ERRORS.get(sqlstate, errors.CycloneError)
+def _batch_answer(row: BatchRow) -> Completion | Refused:
+    if row.error_state is not None:
+        return Refused(_domain_error(row.error_state, row.error_message or "", row.error_detail))
+    assert row.step_status is not None and row.run_status is not None
+    return Completion(row.step_status, row.run_status, bool(row.duplicate), row.retry_at)
+
+
+def _domain_error(sqlstate: str, message: str, detail: str | None) -> errors.CycloneError:
+    """The domain error of an SQLSTATE the engine raised, with its message."""
+    kind = codes.SQLSTATE_KINDS.get(sqlstate)
+    if kind is codes.ErrorKind.LEASE_LOST:
+        return errors.LeaseLost(message, current_attempt=codes.current_attempt(detail))
+    return errors.of_kind(kind, message)
 
 
 def _translate(orig: BaseException) -> Exception:
     sqlstate = getattr(orig, "sqlstate", None)
     diag = getattr(orig, "diag", None)
     message = (diag.message_primary if diag else None) or str(orig)
-    cls = _SQLSTATE_ERRORS.get(sqlstate or "")
-    if cls is None:
+    kind = codes.SQLSTATE_KINDS.get(sqlstate or "")
+    if kind is None:
         if sqlstate is None or sqlstate.startswith("08"):
             return errors.Unavailable(detail=f"database unavailable: {message}")
         # Unexpected: becomes INTERNAL with an error id; the details stay in the log.
         return RuntimeError(f"database error {sqlstate}: {message}")
-    if cls is errors.Unavailable and sqlstate != "57014":
+    if kind is codes.ErrorKind.UNAVAILABLE and sqlstate != "57014":
         # A lost connection, a shutdown: the text may name the database's host.
         return errors.Unavailable(detail=f"database unavailable: {message}")
-    metadata: tuple = ()
-    detail = diag.message_detail if diag else None
-    if cls is errors.LeaseLost and detail and detail.startswith("current_attempt="):
-        metadata = (("cyclone-current-attempt", detail.partition("=")[2]),)
-    return cls(message, metadata=metadata)
+    assert sqlstate is not None
+    return _domain_error(sqlstate, message, diag.message_detail if diag else None)

@@ -18,8 +18,8 @@ import pytest
 from google.protobuf import timestamp_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cyclone import dag
 from cyclone.v1 import types_pb2, worker_service_pb2, workflow_service_pb2
-from pyclient import dag
 from service import metrics as service_metrics
 from tests.helpers import claim, get_run, node, rpc_error, submit, value, workflow
 from tests.snapshot import database_snapshot

@@ -264,7 +264,7 @@ def test_bad_workflows_are_invalid_argument_naming_the_fault_and_store_nothing(
 def test_mixed_normalization_names_are_both_refused_so_they_never_collide() -> None:
     """The name rule is ASCII only: 'é' as one code point and as e + combining accent
     are both refused, so two names that look alike can never name two nodes."""
-    from pyclient import dag
+    from cyclone import dag
 
     for name in ("caf\u00e9", "cafe\u0301"):
         with pytest.raises(dag.InvalidWorkflow, match="invalid"):

@@ -108,6 +108,23 @@ def test_oversized_payload_is_refused_naming_the_limit(server_factory):
     assert "the limit is 1000" in error.details()
 
 
+def test_each_server_in_a_process_keeps_its_own_payload_limits(server_factory):
+    strict = server_factory(max_payload_bytes=1000, max_json_depth=4)
+    lenient = server_factory(max_payload_bytes=100_000, max_json_depth=32)
+    deep = value("leaf")
+    for _ in range(10):
+        outer = value([])
+        outer.list_value.values.append(deep)
+        deep = outer
+    for payload, limit in ((value({"blob": "x" * 5000}), "1000"), (deep, "4 levels")):
+        request = workflow_service_pb2.SubmitRequest(workflow=workflow("w", node("a")))
+        request.input.CopyFrom(payload)
+        # The server started last does not lift the limits of the one before it...
+        assert limit in rpc_error(strict.workflows.Submit, request).details()
+        # ...and the strict one does not impose its limits on the lenient one.
+        assert lenient.workflows.Submit(request).run_id
+
+
 def _submit_once(server, key, wf=None):
     return server.workflows.SubmitOnce(
         workflow_service_pb2.SubmitOnceRequest(workflow=wf or workflow("pay", node("a")), key=key)

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from cyclone.jsonvalue import dumps, json_value, to_value
 from cyclone.v1 import worker_service_pb2 as pb
-from pyclient._json import dumps, json_value, to_value
 from pyclient.context import StepControl
 from pyclient.errors import (
     CycloneError,

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from cyclone.jsonvalue import from_value
 from cyclone.v1 import worker_service_pb2 as pb
 from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
-from pyclient._json import from_value
 from pyclient.client import call_metadata
 from pyclient.completion import CompletionTx, open_pool
 from pyclient.context import Context, StepControl
@@ -67,7 +67,7 @@ class Runtime:
             if w._credentials
             else grpc.aio.insecure_channel(w.address, options=options)
         )
-        self.stub = pb_grpc.WorkerServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.stub = pb_grpc.WorkerServiceStub(self.channel)
         if w.database_url:
             self.pool = await asyncio.to_thread(open_pool, w.database_url, w.concurrency)
         self.executor = Executor(

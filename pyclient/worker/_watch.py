@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from cyclone.jsonvalue import to_value
 from cyclone.v1 import worker_service_pb2 as pb
-from pyclient._json import to_value
 from pyclient.actions import Action
 from pyclient.context import StepControl
 from pyclient.errors import LeaseLost, from_rpc_error

@@ -9,11 +9,11 @@ import grpc
 import grpc_testing
 import pytest
 
+from cyclone.jsonvalue import from_value, to_value
 from cyclone.v1 import admin_service_pb2 as admin_pb
 from cyclone.v1 import types_pb2
 from cyclone.v1 import workflow_service_pb2 as wf_pb
 from pyclient import Client, FailedPrecondition, InvalidArgument, NotFound, WaitTimeout, Workflow
-from pyclient._json import from_value, to_value
 
 SERVICES = {
     "WorkflowService": wf_pb.DESCRIPTOR.services_by_name["WorkflowService"],

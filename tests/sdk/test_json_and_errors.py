@@ -10,8 +10,8 @@ import grpc
 import pytest
 from google.protobuf import json_format, struct_pb2
 
+from cyclone.jsonvalue import from_value, to_value
 from pyclient import errors
-from pyclient._json import from_value, to_value
 
 
 @pytest.mark.parametrize(

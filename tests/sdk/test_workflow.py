@@ -6,9 +6,9 @@ import datetime as dt
 
 import pytest
 
+from cyclone.jsonvalue import from_value
 from cyclone.v1 import types_pb2
 from pyclient import InvalidArgument, RetryPolicy, Workflow, dag
-from pyclient._json import from_value
 
 
 def order_workflow() -> Workflow:

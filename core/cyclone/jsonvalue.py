@@ -15,6 +15,8 @@ from typing import Any
 
 from google.protobuf import struct_pb2
 
+__all__ = ["dumps", "from_value", "json_value", "parsed_value", "to_value"]
+
 _EXACT_INT = 2**53
 
 
@@ -38,8 +40,14 @@ def to_value(obj: Any) -> struct_pb2.Value:
 
 def json_value(text: str) -> struct_pb2.Value:
     """The ``Value`` holding the JSON ``text`` (as :func:`dumps` writes it)."""
+    return parsed_value(None if text == "null" else json.loads(text))
+
+
+def parsed_value(obj: Any) -> struct_pb2.Value:
+    """The ``Value`` holding ``obj``, a JSON value as :func:`json.loads` gives it
+    (dicts, lists, strings, numbers, booleans, None); not checked further."""
     value = struct_pb2.Value()
-    _fill(value, None if text == "null" else json.loads(text))
+    _fill(value, obj)
     return value
 
 

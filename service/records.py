@@ -1,0 +1,350 @@
+"""The typed data that travels between the servicers and the store.
+
+Every named query of ``service/sql/queries.sql`` that returns rows has a row type
+here, a NamedTuple whose fields are the query's columns in order (service.store
+checks them against each result, so a query and its type cannot drift apart). JSON
+columns keep their JSON shape, described by the TypedDicts below. The outcomes a
+worker reports travel to the store as :class:`Outcome`; what the store answers is
+a :class:`Completion`, or for one item of a batch a :class:`Refused`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple, NotRequired, TypedDict
+
+from service.errors import CycloneError
+
+# JSON inside rows ------------------------------------------------------------------
+# Times inside JSON columns are ISO 8601 strings.
+
+
+class RunErrorJson(TypedDict, total=False):
+    """runs.error: why a run failed or is blocked."""
+
+    kind: str
+    message: str
+    node: str
+    attempt: int | None
+    started_at: str | None
+
+
+class StepErrorJson(TypedDict):
+    """One entry of a step's error history."""
+
+    node: str
+    attempt: int
+    kind: str
+    type: str
+    message: str
+    details: str
+    retryable: bool
+    at: str
+
+
+class LastErrorJson(TypedDict):
+    """A step's latest error, as Explain reads it."""
+
+    attempt: int
+    kind: str
+    type: str
+    message: str
+    at: str
+
+
+class StepJson(TypedDict):
+    """One step of run_get."""
+
+    node: str
+    action: str
+    status: str
+    attempt: int
+    max_attempts: int
+    depends_on: list[str]
+    trigger_rule: str
+    input: Any
+    output: Any
+    progress: Any
+    worker_id: str | None
+    lease_expires_at: str | None
+    last_heartbeat_at: str | None
+    available_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    effect_uncertain: bool
+    timeout_s: float
+
+
+class AuditJson(TypedDict):
+    """One entry of a run's audit trail."""
+
+    action: str
+    node: str
+    actor: str
+    reason: str
+    details: Any
+    at: str
+
+
+class UpstreamJson(TypedDict):
+    """An upstream node of a step, as Explain reads it (with its latest error when it
+    is a failed node behind a skipped step)."""
+
+    node: str
+    status: str
+    attempt: int
+    error: NotRequired[LastErrorJson | None]
+
+
+class UpstreamFailureJson(TypedDict):
+    """A failed upstream node handed out with a claim (for failure-handling nodes)."""
+
+    node: str
+    status: str
+    error: StepErrorJson | None
+
+
+class CancelJson(TypedDict):
+    actor: str
+    reason: str
+    at: str
+
+
+# Rows of the named queries -----------------------------------------------------------
+
+
+class Submitted(NamedTuple):
+    """run_submit"""
+
+    run_id: uuid.UUID
+    created: bool
+    ready: str | None
+
+
+class RunRow(NamedTuple):
+    """run_get: a run with its steps, errors and audit trail."""
+
+    run_id: uuid.UUID
+    workflow: str
+    status: str
+    input: Any
+    error: RunErrorJson | None
+    submit_key: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    steps: list[StepJson]
+    errors: list[StepErrorJson]
+    audit: list[AuditJson]
+
+
+class RunSummary(NamedTuple):
+    """runs_list: a run with the count of its steps by status."""
+
+    run_id: uuid.UUID
+    workflow: str
+    status: str
+    input: Any
+    error: RunErrorJson | None
+    submit_key: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    step_counts: dict[str, int] | None
+
+
+class Cancelled(NamedTuple):
+    """run_cancel"""
+
+    run_cancel: Any
+
+
+class ClaimedStep(NamedTuple):
+    """step_claim: a step handed out, or one that blocked its run instead."""
+
+    run_id: uuid.UUID
+    node: str
+    action: str
+    workflow: str
+    attempt: int
+    max_attempts: int
+    input: Any
+    run_input: Any
+    upstream: dict[str, Any] | None
+    lease_token: uuid.UUID
+    lease_expires_at: datetime
+    deadline_at: datetime
+    progress: Any
+    effect_uncertain: bool
+    blocked: bool
+    waited_s: float
+    upstream_failures: list[UpstreamFailureJson] | None
+
+
+class Ready(NamedTuple):
+    """steps_release, step_resolve: the actions made claimable."""
+
+    ready: str | None
+
+
+class NextDue(NamedTuple):
+    """step_next_due"""
+
+    seconds: float | None
+
+
+class Attempt(NamedTuple):
+    """step_attempt"""
+
+    attempt: int
+
+
+class Heartbeat(NamedTuple):
+    """step_heartbeat"""
+
+    lease_expires_at: datetime
+    cancelled: bool
+
+
+class OutcomeRow(NamedTuple):
+    """step_complete, step_fail, step_abandon"""
+
+    step_status: str
+    run_status: str
+    duplicate: bool
+    retry_at: datetime | None
+    ready: str | None
+
+
+class BatchRow(NamedTuple):
+    """step_complete_many: one row per item; error_state set when it was refused."""
+
+    i: int
+    step_status: str | None
+    run_status: str | None
+    duplicate: bool | None
+    retry_at: datetime | None
+    error_state: str | None
+    error_message: str | None
+    error_detail: str | None
+    ready: str | None
+
+
+class Retried(NamedTuple):
+    """step_retry"""
+
+    nodes: list[str]
+    ready: str | None
+
+
+class Swept(NamedTuple):
+    """sweep: a step whose lease expired, and the status it was left in."""
+
+    run_id: uuid.UUID
+    node: str
+    action: str
+    attempt: int
+    worker_id: str | None
+    status: str
+    ready: str | None
+
+
+class Deleted(NamedTuple):
+    """runs_purge, submit_keys_purge"""
+
+    deleted: int
+
+
+class ExplainFacts(NamedTuple):
+    """step_explain: everything Explain needs about one step (step columns are None
+    when the run has no such node)."""
+
+    run_status: str
+    run_error: RunErrorJson | None
+    now: datetime
+    node: str | None
+    action: str
+    status: str
+    attempt: int
+    max_attempts: int
+    trigger_rule: str
+    deps_open: int
+    available_at: datetime | None
+    lease_expires_at: datetime | None
+    deadline_at: datetime | None
+    worker_id: str | None
+    started_at: datetime | None
+    last_heartbeat_at: datetime | None
+    finished_at: datetime | None
+    unsafe: bool | None
+    effect_uncertain: bool
+    last_error: LastErrorJson | None
+    upstream: list[UpstreamJson]
+    failed_upstream: list[UpstreamJson] | None
+    polled_at: datetime | None
+    polled_by: str | None
+    claimed_at: datetime | None
+    claimed_by: str | None
+    ready_ahead: int | None
+    action_running: int | None
+    cancel: CancelJson | None
+
+
+class GaugeRow(NamedTuple):
+    """metrics_gauges: one gauge reading (part: runs, available or running)."""
+
+    part: str
+    label: str
+    n: int
+    age_s: float | None
+    extra: int
+
+
+class NoRows(NamedTuple):
+    """action_claims_note, clock_advance: statements that return no rows."""
+
+
+# Outcomes ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A handler's failure as a worker reports it (uncertain: an unsafe handler stopped
+    without an outcome). Its fields, in this order, are step_complete_many's JSON."""
+
+    type: str
+    message: str
+    details: str
+    retryable: bool
+    retry_after_s: float | None
+    uncertain: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One step's outcome to apply: an output (JSON text) or a failure."""
+
+    run_id: uuid.UUID
+    node: str
+    lease_token: uuid.UUID
+    output_json: str | None = None
+    failure: Failure | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """An outcome applied: where it left the step and its run."""
+
+    step_status: str
+    run_status: str
+    duplicate: bool
+    retry_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An outcome of a batch that the engine refused, as the domain error it means."""
+
+    error: CycloneError
