@@ -13,7 +13,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeAlias
 
@@ -139,22 +139,26 @@ def _run_summary(row: RunSummary) -> types_pb2.Run:
     return run
 
 
+def _step_error(e: Mapping[str, Any]) -> types_pb2.StepError:
+    """One recorded error of a step, as read from cyclone.step_errors (Explain's rows
+    carry no details nor retryable)."""
+    return types_pb2.StepError(
+        attempt=e["attempt"],
+        kind=e["kind"],
+        type=e["type"],
+        message=e["message"],
+        details=e.get("details", ""),
+        retryable=e.get("retryable", False),
+        at=convert.timestamp(e["at"]),
+    )
+
+
 def _run_proto(row: RunRow) -> types_pb2.Run:
     """A run with its steps, their errors and its audit trail."""
     run = _run_head(row)
     errors_by_node: dict[str, list[types_pb2.StepError]] = {}
     for e in row.errors:
-        errors_by_node.setdefault(e["node"], []).append(
-            types_pb2.StepError(
-                attempt=e["attempt"],
-                kind=e["kind"],
-                type=e["type"],
-                message=e["message"],
-                details=e["details"],
-                retryable=e["retryable"],
-                at=convert.timestamp(e["at"]),
-            )
-        )
+        errors_by_node.setdefault(e["node"], []).append(_step_error(e))
     for s in row.steps:
         step = types_pb2.Step(
             node=s["node"],
@@ -390,15 +394,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
                 node=u["node"], status=convert.STEP_STATUS[u["status"]], attempt=u["attempt"]
             )
             if e := u.get("error"):
-                state.last_error.CopyFrom(
-                    types_pb2.StepError(
-                        attempt=e["attempt"],
-                        kind=e["kind"],
-                        type=e["type"],
-                        message=e["message"],
-                        at=convert.timestamp(e["at"]),
-                    )
-                )
+                state.last_error.CopyFrom(_step_error(e))
             response.upstream.append(state)
         if why.about_workers:
             response.action.CopyFrom(
@@ -603,17 +599,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 node=u["node"], status=convert.STEP_STATUS[u["status"]]
             )
             if (e := u["error"]) is not None:
-                failure.error.CopyFrom(
-                    types_pb2.StepError(
-                        attempt=e["attempt"],
-                        kind=e["kind"],
-                        type=e["type"],
-                        message=e["message"],
-                        details=e["details"],
-                        retryable=e["retryable"],
-                        at=convert.timestamp(e["at"]),
-                    )
-                )
+                failure.error.CopyFrom(_step_error(e))
         log.debug(
             "claimed %s/%s attempt %d",
             r.run_id,
