@@ -187,6 +187,10 @@ TEST_SETTINGS = Settings(
     # retention too.
     sweep_interval_s=3600,
     retention_interval_s=3600,
+    # A waiting Claim ends only when woken (or at a backoff coming due), never by the
+    # periodic re-check that covers a lost notification: a broken wake-up fails a test
+    # instead of being rescued a few seconds later.
+    claim_recheck_s=3600,
     # Metrics tests ask for an endpoint (metrics_listen="127.0.0.1:0").
     metrics_listen="off",
     pool_size=4,

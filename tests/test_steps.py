@@ -26,6 +26,8 @@ from tests.helpers import (
     value,
     workflow,
 )
+from tests.test_metrics import scrape
+from tests.test_metrics import value as metric
 
 
 def heartbeat(server, step, lease=None, progress=None):
@@ -119,8 +121,13 @@ def test_concurrent_claims_never_hand_out_a_step_twice(cyclone_server):
     assert sorted(got) == sorted(f"n{i}" for i in range(200))
 
 
+#: Settings of a server whose waiting claims a test watches on its metrics endpoint.
+WATCHED = {"metrics_listen": "127.0.0.1:0"}
+
+
 def waiting_claims(server) -> float:
-    return server.server.metrics.waiting_claims._value.get()
+    """The server's gauge of claims long-polling for work, as Prometheus reads it."""
+    return metric(scrape(server.server.metrics_port), "cyclone_claims_waiting")
 
 
 def claim_in_thread(server, action: str) -> tuple[threading.Thread, list]:
@@ -147,7 +154,7 @@ def claim_in_thread(server, action: str) -> tuple[threading.Thread, list]:
 def test_waiting_claim_is_woken_by_a_submit(server_factory, submitted_to):
     # The periodic re-check is pushed out of reach: only the wake-up (in this server,
     # or by NOTIFY from the other) can end the wait before the claim's 30 s.
-    waiting = server_factory(claim_recheck_s=3600)
+    waiting = server_factory(claim_recheck_s=3600, **WATCHED)
     submitting = waiting if submitted_to == "the same server" else server_factory()
     waiter, result = claim_in_thread(waiting, "late")
     run_id = submit(submitting, workflow("w", node("a", action="late")))
@@ -160,7 +167,7 @@ def test_a_waiting_claim_is_woken_across_servers_after_postgres_drops_them(serve
     """What a Postgres restart does to the servers' connections (each is terminated),
     done to this test's database alone: the first notification sent afterwards still
     reaches a claim waiting on the other server."""
-    waiting = server_factory(claim_recheck_s=3600)
+    waiting = server_factory(claim_recheck_s=3600, **WATCHED)
     submitting = server_factory(claim_recheck_s=3600)
     # Both servers have used their NOTIFY connections before the restart.
     submit(submitting, workflow("w", node("warm", action="warm")))
@@ -459,12 +466,17 @@ def test_claim_validates_its_input(cyclone_server):
         assert message in error.details()
 
 
-def test_background_sweep_reclaims_without_help(server_factory):
-    server = server_factory(sweep_interval_s=0.05)
+def test_the_background_sweep_reclaims_a_lost_lease_and_wakes_a_waiting_claim(server_factory):
+    # The test never sweeps itself, and the claim's periodic re-check is out of reach:
+    # only the server's own sweep and its notification end the wait.
+    server = server_factory(sweep_interval_s=0.05, claim_recheck_s=3600, **WATCHED)
     submit(server, workflow("w", node("a")))
     [step] = claim(server, lease=5)
+    waiter, result = claim_in_thread(server, "work")  # waiting before the lease ends
     server.advance_clock(6)
-    [again] = claim(server, wait=20)  # woken by the sweep's notification
+    waiter.join(20)
+    assert not waiter.is_alive(), "the claim was not woken by the sweep"
+    [again] = result
     assert (again.node, again.attempt) == (step.node, 2)
 
 
