@@ -228,6 +228,13 @@ class ServerProcess:
     output: list[str] = field(default_factory=list)
     _reader: threading.Thread | None = None
 
+    @property
+    def metrics_port(self) -> int:
+        """The port of its metrics endpoint, from the line it logs at start."""
+        match = re.search(r"metrics on http://[^:]+:(\d+)/metrics", "".join(self.output))
+        assert match, "".join(self.output)
+        return int(match.group(1))
+
     def follow(self) -> None:
         """Keep reading the process's output (so it never blocks on a full pipe)."""
         stream = self.process.stdout
