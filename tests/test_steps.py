@@ -133,6 +133,7 @@ def waiting_claims(server) -> float:
 def claim_in_thread(server, action: str) -> tuple[threading.Thread, list]:
     """A Claim of ``action`` waiting up to 30 s, in a thread, once it is waiting."""
     result: list = []
+    seen_waiting = threading.Event()
 
     def run() -> None:
         while True:
@@ -140,13 +141,16 @@ def claim_in_thread(server, action: str) -> tuple[threading.Thread, list]:
                 result.extend(claim(server, action, wait=30))
                 return
             except grpc.RpcError as error:
-                # A pooled connection that a Postgres restart broke fails once.
-                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                # A pooled connection that a Postgres restart broke fails once. Not
+                # retried once the claim was seen waiting: the retry's first look
+                # would find the step with no wake-up at all.
+                if error.code() != grpc.StatusCode.UNAVAILABLE or seen_waiting.is_set():
                     raise
 
     waiter = threading.Thread(target=run)
     waiter.start()
     eventually(lambda: waiting_claims(server) == 1, "the claim to wait")
+    seen_waiting.set()
     return waiter, result
 
 
