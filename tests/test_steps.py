@@ -355,7 +355,7 @@ def test_lease_expired_completion_is_refused_even_before_the_sweep(cyclone_serve
     assert dict(error.trailing_metadata())["cyclone-current-attempt"] == "1"
 
 
-def test_a_handler_that_kills_its_worker_is_eventually_discarded(cyclone_server):
+def test_a_step_whose_lease_expires_at_every_attempt_is_discarded_after_the_last(cyclone_server):
     run_id = submit(cyclone_server, workflow("w", node("a", max_attempts=3)))
     for attempt in (1, 2, 3):
         [step] = claim(cyclone_server, lease=5)
