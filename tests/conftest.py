@@ -187,6 +187,10 @@ TEST_SETTINGS = Settings(
     # retention too.
     sweep_interval_s=3600,
     retention_interval_s=3600,
+    # A waiting Claim ends only when woken (or at a backoff coming due), never by the
+    # periodic re-check that covers a lost notification: a broken wake-up fails a test
+    # instead of being rescued a few seconds later.
+    claim_recheck_s=3600,
     # Metrics tests ask for an endpoint (metrics_listen="127.0.0.1:0").
     metrics_listen="off",
     pool_size=4,
@@ -223,6 +227,13 @@ class ServerProcess:
     address: str
     output: list[str] = field(default_factory=list)
     _reader: threading.Thread | None = None
+
+    @property
+    def metrics_port(self) -> int:
+        """The port of its metrics endpoint, from the line it logs at start."""
+        match = re.search(r"metrics on http://[^:]+:(\d+)/metrics", "".join(self.output))
+        assert match, "".join(self.output)
+        return int(match.group(1))
 
     def follow(self) -> None:
         """Keep reading the process's output (so it never blocks on a full pipe)."""

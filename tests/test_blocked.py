@@ -128,7 +128,7 @@ def test_only_the_uncertain_step_of_a_blocked_run_can_be_resolved(cyclone_server
     assert run_status(get_run(cyclone_server, run_id)) == "blocked"
 
 
-def test_two_operators_resolving_at_once_one_wins(cyclone_server):
+def test_two_operators_resolving_at_once_one_wins_and_the_other_is_refused(cyclone_server):
     run_id, _ = blocked_run(cyclone_server)
 
     def attempt(kind):

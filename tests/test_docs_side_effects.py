@@ -21,7 +21,7 @@ def test_the_page_has_python_examples_and_commands():
 
 
 @pytest.mark.parametrize("code", [code for lang, code in BLOCKS if lang == "python"])
-def test_python_example_compiles(code):
+def test_each_python_example_on_the_page_compiles(code):
     compile(code, str(PAGE), "exec")
 
 

@@ -158,7 +158,7 @@ def test_grpcurl_sees_a_clear_error_for_bad_input(grpcurl, cyclone_server):
     assert "node 'a' depends on unknown node 'b'" in out.stderr
 
 
-def test_describe_a_single_method(grpcurl, cyclone_server):
+def test_grpcurl_describes_a_single_method_with_its_comment(grpcurl, cyclone_server):
     out = subprocess.run(
         [
             grpcurl,

@@ -13,13 +13,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.helpers import eventually
 
 # The first test also builds the examples: on a machine with cold Go caches, compiling
 # grpc-go and pgx takes minutes. Every wait inside a test is bounded far below this.
@@ -180,15 +180,6 @@ def grpcurl_call(grpcurl, cyclone_server) -> Callable[..., dict]:
     return call
 
 
-def _eventually(check: Callable[[], Any], what: str) -> Any:
-    end = time.monotonic() + PATIENCE
-    while not (value := check()):
-        if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
-
-
 def _steps(run: dict) -> dict[str, dict]:
     return {step["node"]: step for step in run["steps"]}
 
@@ -297,17 +288,18 @@ def test_a_charge_that_loses_its_lease_before_commit_rolls_back_and_is_booked_on
 
     # While the gateway answers, the ledger row is written but not committed: the
     # lease ends under the handler (the clock jumps past it) and the sweep reclaims it.
-    _eventually(
+    eventually(
         lambda: cyclone_server.sql(
             "SELECT 1 FROM cyclone.steps WHERE run_id = %s AND node = 'charge'"
             " AND status = 'running'",
             run_id,
         ),
         "the Go worker to claim the charge",
+        timeout=PATIENCE,
     )
     cyclone_server.advance_clock(120)
     assert cyclone_server.sweep() == 1
-    _eventually(lambda: "lease lost" in go.log, "the Go worker to lose its lease")
+    eventually(lambda: "lease lost" in go.log, "the Go worker to lose its lease", PATIENCE)
 
     waited = ts("wait", run_id, "--json")
     assert waited.returncode == 0, waited.stderr + go.log

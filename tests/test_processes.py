@@ -11,12 +11,15 @@ import grpc
 import psycopg
 
 from cyclone.v1 import (
+    worker_service_pb2,
     worker_service_pb2_grpc,
     workflow_service_pb2,
     workflow_service_pb2_grpc,
 )
 from service.migrate import available, migrate
-from tests.helpers import claim, complete, node, seconds, submit, workflow
+from tests.helpers import claim, complete, eventually, node, seconds, submit, workflow
+from tests.test_metrics import scrape
+from tests.test_metrics import value as metric
 
 
 def stubs(address):
@@ -91,15 +94,19 @@ def test_servers_starting_at_once_apply_migrations_once(postgres_url):
 
 
 def test_sigterm_releases_a_waiting_claim_and_exits_cleanly(server_process):
-    server = server_process()
+    # The claim's periodic re-check is out of reach, so only the wake-up of a stopping
+    # server answers it before the grace period (10 s) cancels it.
+    server = server_process("--claim-recheck", "3600")
     s = stubs(server.address)
     waiting = s.workers.Claim.future(
-        __import__("cyclone.v1.worker_service_pb2", fromlist=["x"]).ClaimRequest(
+        worker_service_pb2.ClaimRequest(
             worker_id="w", actions=[{"name": "never"}], wait=seconds(50)
         )
     )
-    # Make sure the claim reached the server before the signal.
-    threading.Event().wait(0.5)
+    eventually(
+        lambda: metric(scrape(server.metrics_port), "cyclone_claims_waiting") == 1,
+        "the claim to wait on the server",
+    )
     server.process.send_signal(signal.SIGTERM)
     reply = waiting.result(timeout=20)
     assert list(reply.steps) == []

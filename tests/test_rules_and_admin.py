@@ -202,7 +202,7 @@ def test_resolve_validates_its_input(cyclone_server, request_fields, message):
     assert message in error.details()
 
 
-def test_get_run_of_an_unknown_or_malformed_id(cyclone_server):
+def test_get_run_of_an_unknown_id_is_not_found_and_of_a_malformed_one_invalid(cyclone_server):
     error = rpc_error(
         cyclone_server.workflows.GetRun,
         workflow_service_pb2.GetRunRequest(run_id="01900000-0000-7000-8000-000000000000"),

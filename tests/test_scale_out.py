@@ -3,7 +3,6 @@ runs twice where it should not, and the three sweeps never reclaim a lease twice
 
 from __future__ import annotations
 
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,12 +19,6 @@ pytestmark = pytest.mark.slow
 
 RUNS = 30
 ABANDONED = 10
-
-
-def metrics_port(server) -> int:
-    match = re.search(r"metrics on http://[^:]+:(\d+)/metrics", "".join(server.output))
-    assert match, "".join(server.output)
-    return int(match.group(1))
 
 
 def test_three_servers_run_each_step_once_and_reclaim_each_lost_lease_once(
@@ -98,7 +91,7 @@ def test_three_servers_run_each_step_once_and_reclaim_each_lost_lease_once(
     assert sorted((r, n) for r, n, _ in lease_expired) == sorted(lost_keys)
     assert {count for _, _, count in lease_expired} == {1}
     # The work was spread over the three servers, as their metrics show.
-    scrapes = [scrape(metrics_port(s)) for s in servers]
+    scrapes = [scrape(s.metrics_port) for s in servers]
     claimed = [
         sum(value(m, "cyclone_steps_claimed_total", action=a) for a in ("root", "leaf"))
         for m in scrapes

@@ -26,6 +26,8 @@ from tests.helpers import (
     value,
     workflow,
 )
+from tests.test_metrics import scrape
+from tests.test_metrics import value as metric
 
 
 def heartbeat(server, step, lease=None, progress=None):
@@ -119,13 +121,19 @@ def test_concurrent_claims_never_hand_out_a_step_twice(cyclone_server):
     assert sorted(got) == sorted(f"n{i}" for i in range(200))
 
 
+#: Settings of a server whose waiting claims a test watches on its metrics endpoint.
+WATCHED = {"metrics_listen": "127.0.0.1:0"}
+
+
 def waiting_claims(server) -> float:
-    return server.server.metrics.waiting_claims._value.get()
+    """The server's gauge of claims long-polling for work, as Prometheus reads it."""
+    return metric(scrape(server.server.metrics_port), "cyclone_claims_waiting")
 
 
 def claim_in_thread(server, action: str) -> tuple[threading.Thread, list]:
     """A Claim of ``action`` waiting up to 30 s, in a thread, once it is waiting."""
     result: list = []
+    seen_waiting = threading.Event()
 
     def run() -> None:
         while True:
@@ -133,13 +141,16 @@ def claim_in_thread(server, action: str) -> tuple[threading.Thread, list]:
                 result.extend(claim(server, action, wait=30))
                 return
             except grpc.RpcError as error:
-                # A pooled connection that a Postgres restart broke fails once.
-                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                # A pooled connection that a Postgres restart broke fails once. Not
+                # retried once the claim was seen waiting: the retry's first look
+                # would find the step with no wake-up at all.
+                if error.code() != grpc.StatusCode.UNAVAILABLE or seen_waiting.is_set():
                     raise
 
     waiter = threading.Thread(target=run)
     waiter.start()
     eventually(lambda: waiting_claims(server) == 1, "the claim to wait")
+    seen_waiting.set()
     return waiter, result
 
 
@@ -147,7 +158,7 @@ def claim_in_thread(server, action: str) -> tuple[threading.Thread, list]:
 def test_waiting_claim_is_woken_by_a_submit(server_factory, submitted_to):
     # The periodic re-check is pushed out of reach: only the wake-up (in this server,
     # or by NOTIFY from the other) can end the wait before the claim's 30 s.
-    waiting = server_factory(claim_recheck_s=3600)
+    waiting = server_factory(claim_recheck_s=3600, **WATCHED)
     submitting = waiting if submitted_to == "the same server" else server_factory()
     waiter, result = claim_in_thread(waiting, "late")
     run_id = submit(submitting, workflow("w", node("a", action="late")))
@@ -160,7 +171,7 @@ def test_a_waiting_claim_is_woken_across_servers_after_postgres_drops_them(serve
     """What a Postgres restart does to the servers' connections (each is terminated),
     done to this test's database alone: the first notification sent afterwards still
     reaches a claim waiting on the other server."""
-    waiting = server_factory(claim_recheck_s=3600)
+    waiting = server_factory(claim_recheck_s=3600, **WATCHED)
     submitting = server_factory(claim_recheck_s=3600)
     # Both servers have used their NOTIFY connections before the restart.
     submit(submitting, workflow("w", node("warm", action="warm")))
@@ -344,7 +355,7 @@ def test_lease_expired_completion_is_refused_even_before_the_sweep(cyclone_serve
     assert dict(error.trailing_metadata())["cyclone-current-attempt"] == "1"
 
 
-def test_a_handler_that_kills_its_worker_is_eventually_discarded(cyclone_server):
+def test_a_step_whose_lease_expires_at_every_attempt_is_discarded_after_the_last(cyclone_server):
     run_id = submit(cyclone_server, workflow("w", node("a", max_attempts=3)))
     for attempt in (1, 2, 3):
         [step] = claim(cyclone_server, lease=5)
@@ -459,12 +470,17 @@ def test_claim_validates_its_input(cyclone_server):
         assert message in error.details()
 
 
-def test_background_sweep_reclaims_without_help(server_factory):
-    server = server_factory(sweep_interval_s=0.05)
+def test_the_background_sweep_reclaims_a_lost_lease_and_wakes_a_waiting_claim(server_factory):
+    # The test never sweeps itself, and the claim's periodic re-check is out of reach:
+    # only the server's own sweep and its notification end the wait.
+    server = server_factory(sweep_interval_s=0.05, claim_recheck_s=3600, **WATCHED)
     submit(server, workflow("w", node("a")))
     [step] = claim(server, lease=5)
+    waiter, result = claim_in_thread(server, "work")  # waiting before the lease ends
     server.advance_clock(6)
-    [again] = claim(server, wait=20)  # woken by the sweep's notification
+    waiter.join(20)
+    assert not waiter.is_alive(), "the claim was not woken by the sweep"
+    [again] = result
     assert (again.node, again.attempt) == (step.node, 2)
 
 

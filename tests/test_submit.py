@@ -160,7 +160,7 @@ def test_submit_once_needs_a_key(cyclone_server):
     assert "submit key is empty" in error.details()
 
 
-def test_fan_out_to_1000_and_back(cyclone_server):
+def test_a_join_after_a_fan_out_to_1000_is_released_once_every_leaf_completed(cyclone_server):
     nodes = [node("root")]
     nodes += [node(f"leaf{i}", deps=["root"]) for i in range(1000)]
     nodes.append(node("join", deps=[f"leaf{i}" for i in range(1000)]))

@@ -205,7 +205,7 @@ def test_the_server_refuses_to_listen_beyond_loopback_without_auth(server_proces
         ("example.com:1", False),
     ],
 )
-def test_loopback_addresses(listen: str, loopback: bool) -> None:
+def test_only_loopback_addresses_count_as_loopback(listen: str, loopback: bool) -> None:
     assert tls.is_loopback(listen) is loopback
 
 

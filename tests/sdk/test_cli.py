@@ -226,7 +226,7 @@ def test_resolve_sends_the_one_resolution_given(flags, kwargs):
     ],
     ids=["no-reason", "no-choice", "two-choices", "bad-json"],
 )
-def test_resolve_usage_errors(argv):
+def test_resolve_refuses_bad_usage_with_exit_code_2(argv):
     with pytest.raises(SystemExit) as info:
         cli.main(argv, client=FakeClient())
     assert info.value.code == 2

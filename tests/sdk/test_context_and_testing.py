@@ -150,11 +150,16 @@ def test_completion_tx_in_tests_is_the_given_connection():
     assert testing.run(lambda ctx: ctx.completion_tx() is conn, completion_conn=conn) is True
 
 
-def test_heartbeat_records_progress_for_the_worker_to_send():
-    ctx = testing.make_context()
-    testing.run(lambda c: c.heartbeat({"done": 3}), ctx)
-    assert ctx._control.take_progress() == (True, {"done": 3})
-    assert ctx._control.take_progress() == (False, {"done": 3})
+def test_heartbeat_progress_is_handed_to_the_worker_once_not_at_every_heartbeat():
+    env = testing.HandlerEnvironment()
+
+    def handler(ctx):
+        ctx.heartbeat({"done": 3})
+        ctx.heartbeat()  # no new progress: nothing to send again
+
+    env.run(handler)
+    assert env.heartbeats == 2
+    assert env.progress == [{"done": 3}]
 
 
 def test_stop_events_are_set_whether_asked_for_before_or_after():

@@ -40,7 +40,9 @@ def test_the_next_attempt_resumes_from_the_progress_the_failed_one_recorded(clie
 def test_a_heartbeat_the_handler_asks_for_is_sent_at_once_not_a_third_of_a_lease_later(
     client, make_worker
 ):
-    worker = make_worker(lease=30.0)  # the first scheduled heartbeat: 10s after the claim
+    # The first scheduled heartbeat is 30 s after the claim, so each wait below (15 s at
+    # most) is answered only by a heartbeat sent on request.
+    worker = make_worker(lease=90.0)
     stored = [threading.Event(), threading.Event()]
 
     @worker.action("crawl")
@@ -59,7 +61,7 @@ def test_a_heartbeat_the_handler_asks_for_is_sent_at_once_not_a_third_of_a_lease
             eventually(
                 lambda page=page: client.get_run(run_id).step("crawl").progress == {"page": page},
                 f"progress {page} to be stored",
-                timeout=5.0,
+                timeout=15.0,
             )
             seen.set()
         run = client.wait(run_id, timeout=PATIENCE)

@@ -200,7 +200,7 @@ def test_async_handler_is_cancelled_at_its_timeout_and_retried(client, make_work
         if ctx.attempt > 1:
             return "fast enough"
         try:
-            await asyncio.sleep(PATIENCE)
+            await asyncio.sleep(PATIENCE)  # never ends on its own: only cancellation stops it
         except asyncio.CancelledError:
             cancelled.set()
             raise
@@ -321,7 +321,7 @@ def test_cancelling_a_run_reaches_sync_and_async_handlers(client, make_worker):
     async def async_wait(ctx):
         await asyncio.to_thread(started.wait)
         try:
-            await asyncio.sleep(PATIENCE)
+            await asyncio.sleep(PATIENCE)  # never ends on its own: only cancellation stops it
         except asyncio.CancelledError:
             saw_cancel.append("async")
             raise
@@ -415,7 +415,7 @@ def test_an_unsafe_handler_cut_off_at_its_time_limit_blocks_the_run(client, make
         @worker.action("charge", timeout=0.3, unsafe_to_repeat=True)
         async def charge(ctx):
             calls.append(ctx.attempt)
-            await asyncio.sleep(PATIENCE)
+            await asyncio.sleep(PATIENCE)  # never ends on its own: only cancellation stops it
 
     else:
 

@@ -90,11 +90,18 @@ def test_alarms_due_together_share_a_timer_and_none_rings_early():
     loop = asyncio.new_event_loop()
     alarms = _timers.Alarms(loop)
     rung: list[tuple[str, float]] = []
+    all_rung = loop.create_future()
+
+    def ring(name: str) -> None:
+        rung.append((name, loop.time()))
+        if len(rung) == 3:
+            all_rung.set_result(None)
+
     set_at = loop.time()
     for name in "abc":
-        alarms.at(set_at + 0.05, lambda name=name: rung.append((name, loop.time())))
+        alarms.at(set_at + 0.05, lambda name=name: ring(name))
     assert len(alarms._timers) == 1
-    loop.run_until_complete(asyncio.sleep(0.1))
+    loop.run_until_complete(asyncio.wait_for(all_rung, PATIENCE))
     loop.close()
     assert [name for name, _ in rung] == ["a", "b", "c"]
     assert all(at >= set_at + 0.05 for _, at in rung)
@@ -105,13 +112,14 @@ def test_a_cancelled_alarm_never_rings_even_when_cancelled_by_one_ringing_with_i
     loop = asyncio.new_event_loop()
     alarms = _timers.Alarms(loop)
     rung: list[str] = []
+    third_rung = loop.create_future()
     now = loop.time()
     alarms.at(now + 0.02, lambda: (rung.append("first"), second.cancel()))
     second = alarms.at(now + 0.02, lambda: rung.append("second"))
-    alarms.at(now + 0.02, lambda: rung.append("third"))
+    alarms.at(now + 0.02, lambda: (rung.append("third"), third_rung.set_result(None)))
     alarms.at(now + 0.03, lambda: rung.append("never")).cancel()  # the last of its grain
-    assert len(alarms._timers) == 1
-    loop.run_until_complete(asyncio.sleep(0.06))
+    assert len(alarms._timers) == 1  # the cancelled grain's timer is gone, so never rings
+    loop.run_until_complete(asyncio.wait_for(third_rung, PATIENCE))
     loop.close()
     assert rung == ["first", "third"]
     assert not alarms._timers and not alarms._due

@@ -24,7 +24,7 @@ def main() -> None:
     def work(ctx, seconds: float):
         with open(log_path, "a") as log:
             log.write(f"start {ctx.run_id}\n")
-        time.sleep(seconds)
+        time.sleep(seconds)  # still running when the test sends SIGTERM
         with open(log_path, "a") as log:
             log.write(f"end {ctx.run_id}\n")
         return "ok"
