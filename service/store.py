@@ -161,7 +161,7 @@ class Store:
         on_acquire: Callable[[float], None] | None = None,
     ):
         # Transitions report the actions they made ready instead of notifying inside
-        # their transaction (0003_deferred_notify.sql); on_ready hears of them.
+        # their transaction (_notify_ready in service/schema/10_internals.sql); on_ready hears of them.
         self.on_ready = on_ready
         # Hears how long each statement waited for a pooled connection (a metric).
         self.on_acquire = on_acquire
@@ -472,7 +472,7 @@ class Store:
         return int(row.deleted)
 
     async def runs_purge(self, *, age_s: float, failed: bool, limit: int) -> int:
-        """Delete up to ``limit`` runs finished more than ``age_s`` ago (see 0009)."""
+        """Delete up to ``limit`` runs finished more than ``age_s`` ago (runs_purge in service/schema/80_retention.sql)."""
         row = await self._one("runs_purge", Deleted, age_s=age_s, failed=failed, limit=limit)
         return int(row.deleted) if row else 0
 
