@@ -161,7 +161,8 @@ class Store:
         on_acquire: Callable[[float], None] | None = None,
     ):
         # Transitions report the actions they made ready instead of notifying inside
-        # their transaction (_notify_ready in service/schema/10_internals.sql); on_ready hears of them.
+        # their transaction (_notify_ready, service/schema/10_internals.sql); on_ready
+        # hears of them.
         self.on_ready = on_ready
         # Hears how long each statement waited for a pooled connection (a metric).
         self.on_acquire = on_acquire
