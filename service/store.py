@@ -473,7 +473,8 @@ class Store:
         return int(row.deleted)
 
     async def runs_purge(self, *, age_s: float, failed: bool, limit: int) -> int:
-        """Delete up to ``limit`` runs finished more than ``age_s`` ago (runs_purge in service/schema/80_retention.sql)."""
+        """Delete up to ``limit`` runs finished more than ``age_s`` ago (runs_purge,
+        service/schema/80_retention.sql)."""
         row = await self._one("runs_purge", Deleted, age_s=age_s, failed=failed, limit=limit)
         return int(row.deleted) if row else 0
 
