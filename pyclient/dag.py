@@ -1,68 +1,8 @@
 """Workflow validation, as the SDK has always named it: :mod:`cyclone.dag`, shared
-with the server, re-exported here so that ``from pyclient import dag`` keeps working."""
+with the server, re-exported here so that ``from pyclient import dag`` keeps working.
+What it exports is ``cyclone.dag.__all__``, so the two cannot drift apart."""
 
-from cyclone.dag import (
-    DEFAULT_BACKOFF_MULTIPLIER,
-    DEFAULT_INITIAL_BACKOFF_S,
-    DEFAULT_LIMITS,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_BACKOFF_S,
-    DEFAULT_TIMEOUT_S,
-    EXCERPT_CHARS,
-    EXCERPT_NODES,
-    MAX_ATTEMPTS,
-    MAX_BACKOFF_MULTIPLIER,
-    MAX_BACKOFF_S,
-    MAX_DEPENDENCIES,
-    MAX_DEPENDENTS,
-    MAX_EDGES,
-    MAX_NAME_LENGTH,
-    MAX_NODES,
-    MAX_SUBMIT_KEY_LENGTH,
-    MAX_TIMEOUT_S,
-    MIN_TIMEOUT_S,
-    NAME_PATTERN,
-    TRIGGER_RULES,
-    InvalidWorkflow,
-    Limits,
-    NodeSpec,
-    check_edges,
-    check_name,
-    check_submit_key,
-    excerpt,
-    excerpt_path,
-    validate_workflow,
-)
+from cyclone import dag as _dag
+from cyclone.dag import *  # noqa: F403
 
-__all__ = [
-    "DEFAULT_BACKOFF_MULTIPLIER",
-    "DEFAULT_INITIAL_BACKOFF_S",
-    "DEFAULT_LIMITS",
-    "DEFAULT_MAX_ATTEMPTS",
-    "DEFAULT_MAX_BACKOFF_S",
-    "DEFAULT_TIMEOUT_S",
-    "EXCERPT_CHARS",
-    "EXCERPT_NODES",
-    "MAX_ATTEMPTS",
-    "MAX_BACKOFF_MULTIPLIER",
-    "MAX_BACKOFF_S",
-    "MAX_DEPENDENCIES",
-    "MAX_DEPENDENTS",
-    "MAX_EDGES",
-    "MAX_NAME_LENGTH",
-    "MAX_NODES",
-    "MAX_SUBMIT_KEY_LENGTH",
-    "MAX_TIMEOUT_S",
-    "MIN_TIMEOUT_S",
-    "NAME_PATTERN",
-    "TRIGGER_RULES",
-    "InvalidWorkflow",
-    "Limits",
-    "NodeSpec",
-    "check_edges",
-    "check_name",
-    "check_submit_key",
-    "excerpt",
-    "excerpt_path",
-    "validate_workflow",
-]
+__all__ = _dag.__all__
