@@ -26,7 +26,7 @@ from cyclone.v1 import types_pb2 as cyclone_dot_v1_dot_types__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63yclone/v1/admin_service.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\"<\n\x0cRetryRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"-\n\rRetryResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\"1\n\x0fRetryAllRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"?\n\x10RetryAllResponse\x12\r\n\x05nodes\x18\x01 \x03(\t\x12\x1c\n\x03run\x18\x02 \x01(\x0b\x32\x0f.cyclone.v1.Run\"\x9a\x01\n\x0eResolveRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12(\n\x06result\x18\x03 \x01(\x0b\x32\x16.google.protobuf.ValueH\x00\x12\x0f\n\x05\x65rror\x18\x04 \x01(\tH\x00\x12\x11\n\x07\x64iscard\x18\x05 \x01(\x08H\x00\x12\x0e\n\x06reason\x18\x06 \x01(\tB\x0c\n\nresolution\"/\n\x0fResolveResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run2\xd7\x01\n\x0c\x41\x64minService\x12<\n\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12\x45\n\x08RetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12\x42\n\x07Resolve\x12\x1a.cyclone.v1.ResolveRequest\x1a\x1b.cyclone.v1.ResolveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63yclone/v1/admin_service.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\"<\n\x0cRetryRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"-\n\rRetryResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\"1\n\x0fRetryAllRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"?\n\x10RetryAllResponse\x12\r\n\x05nodes\x18\x01 \x03(\t\x12\x1c\n\x03run\x18\x02 \x01(\x0b\x32\x0f.cyclone.v1.Run\"\xab\x01\n\x0eResolveRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12(\n\x06result\x18\x03 \x01(\x0b\x32\x16.google.protobuf.ValueH\x00\x12\x0f\n\x05\x65rror\x18\x04 \x01(\tH\x00\x12\x11\n\x07\x64iscard\x18\x05 \x01(\x08H\x00\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0f\n\x07step_id\x18\x07 \x01(\tB\x0c\n\nresolution\"/\n\x0fResolveResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run2\xd7\x01\n\x0c\x41\x64minService\x12<\n\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12\x45\n\x08RetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12\x42\n\x07Resolve\x12\x1a.cyclone.v1.ResolveRequest\x1a\x1b.cyclone.v1.ResolveResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,9 +42,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RETRYALLRESPONSE']._serialized_start=260
   _globals['_RETRYALLRESPONSE']._serialized_end=323
   _globals['_RESOLVEREQUEST']._serialized_start=326
-  _globals['_RESOLVEREQUEST']._serialized_end=480
-  _globals['_RESOLVERESPONSE']._serialized_start=482
-  _globals['_RESOLVERESPONSE']._serialized_end=529
-  _globals['_ADMINSERVICE']._serialized_start=532
-  _globals['_ADMINSERVICE']._serialized_end=747
+  _globals['_RESOLVEREQUEST']._serialized_end=497
+  _globals['_RESOLVERESPONSE']._serialized_start=499
+  _globals['_RESOLVERESPONSE']._serialized_end=546
+  _globals['_ADMINSERVICE']._serialized_start=549
+  _globals['_ADMINSERVICE']._serialized_end=764
 # @@protoc_insertion_point(module_scope)

@@ -41,20 +41,22 @@ class RetryAllResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[str]] = ..., run: _Optional[_Union[_types_pb2.Run, _Mapping]] = ...) -> None: ...
 
 class ResolveRequest(_message.Message):
-    __slots__ = ("run_id", "node", "result", "error", "discard", "reason")
+    __slots__ = ("run_id", "node", "result", "error", "discard", "reason", "step_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DISCARD_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node: str
     result: _struct_pb2.Value
     error: str
     discard: bool
     reason: str
-    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[str] = ..., discard: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    step_id: str
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[str] = ..., discard: _Optional[bool] = ..., reason: _Optional[str] = ..., step_id: _Optional[str] = ...) -> None: ...
 
 class ResolveResponse(_message.Message):
     __slots__ = ("run",)

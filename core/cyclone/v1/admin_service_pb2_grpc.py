@@ -74,7 +74,7 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Resolve(self, request, context):
-        """Resolves the uncertain step of a blocked run after checking the outside world:
+        """Resolves the uncertain step (or, with step_id, step call) of a blocked run after checking the outside world:
         result (the effect happened; the value is its output), error (the effect happened
         and failed; the step is discarded so failure-rule nodes run) or discard (the
         effect did not happen; the step runs on the next claim). Only while the run is

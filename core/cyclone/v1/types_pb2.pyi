@@ -39,6 +39,13 @@ class StepStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STEP_STATUS_UNCERTAIN: _ClassVar[StepStatus]
     STEP_STATUS_SKIPPED: _ClassVar[StepStatus]
     STEP_STATUS_CANCELLED: _ClassVar[StepStatus]
+
+class StepCallStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STEP_CALL_STATUS_UNSPECIFIED: _ClassVar[StepCallStatus]
+    STEP_CALL_STATUS_STARTED: _ClassVar[StepCallStatus]
+    STEP_CALL_STATUS_SUCCEEDED: _ClassVar[StepCallStatus]
+    STEP_CALL_STATUS_FAILED: _ClassVar[StepCallStatus]
 TRIGGER_RULE_UNSPECIFIED: TriggerRule
 TRIGGER_RULE_ALL_SUCCESS: TriggerRule
 TRIGGER_RULE_ALL_DONE: TriggerRule
@@ -58,6 +65,10 @@ STEP_STATUS_DISCARDED: StepStatus
 STEP_STATUS_UNCERTAIN: StepStatus
 STEP_STATUS_SKIPPED: StepStatus
 STEP_STATUS_CANCELLED: StepStatus
+STEP_CALL_STATUS_UNSPECIFIED: StepCallStatus
+STEP_CALL_STATUS_STARTED: StepCallStatus
+STEP_CALL_STATUS_SUCCEEDED: StepCallStatus
+STEP_CALL_STATUS_FAILED: StepCallStatus
 
 class Workflow(_message.Message):
     __slots__ = ("name", "nodes")
@@ -133,21 +144,23 @@ class Run(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[RunError, _Mapping]] = ..., submit_key: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., audit: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., step_counts: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class RunError(_message.Message):
-    __slots__ = ("kind", "message", "node", "attempt", "started_at")
+    __slots__ = ("kind", "message", "node", "attempt", "started_at", "step_id")
     KIND_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
     kind: str
     message: str
     node: str
     attempt: int
     started_at: _timestamp_pb2.Timestamp
-    def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., node: _Optional[str] = ..., attempt: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    step_id: str
+    def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., node: _Optional[str] = ..., attempt: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., step_id: _Optional[str] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("node", "action", "status", "attempt", "max_attempts", "depends_on", "trigger_rule", "input", "output", "errors", "worker_id", "lease_expires_at", "available_at", "started_at", "finished_at", "effect_uncertain", "timeout", "progress", "last_heartbeat_at")
+    __slots__ = ("node", "action", "status", "attempt", "max_attempts", "depends_on", "trigger_rule", "input", "output", "errors", "worker_id", "lease_expires_at", "available_at", "started_at", "finished_at", "effect_uncertain", "timeout", "progress", "last_heartbeat_at", "journal")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +180,7 @@ class Step(_message.Message):
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_AT_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_FIELD_NUMBER: _ClassVar[int]
     node: str
     action: str
     status: StepStatus
@@ -186,7 +200,42 @@ class Step(_message.Message):
     timeout: _duration_pb2.Duration
     progress: _struct_pb2.Value
     last_heartbeat_at: _timestamp_pb2.Timestamp
-    def __init__(self, node: _Optional[str] = ..., action: _Optional[str] = ..., status: _Optional[_Union[StepStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[StepError, _Mapping]]] = ..., worker_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    journal: _containers.RepeatedCompositeFieldContainer[StepCall]
+    def __init__(self, node: _Optional[str] = ..., action: _Optional[str] = ..., status: _Optional[_Union[StepStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[StepError, _Mapping]]] = ..., worker_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., journal: _Optional[_Iterable[_Union[StepCall, _Mapping]]] = ...) -> None: ...
+
+class StepCall(_message.Message):
+    __slots__ = ("step_id", "seq", "function", "status", "unsafe_to_repeat", "output", "error", "attempt", "started_at", "finished_at")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    UNSAFE_TO_REPEAT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    step_id: str
+    seq: int
+    function: str
+    status: StepCallStatus
+    unsafe_to_repeat: bool
+    output: _struct_pb2.Value
+    error: StepCallError
+    attempt: int
+    started_at: _timestamp_pb2.Timestamp
+    finished_at: _timestamp_pb2.Timestamp
+    def __init__(self, step_id: _Optional[str] = ..., seq: _Optional[int] = ..., function: _Optional[str] = ..., status: _Optional[_Union[StepCallStatus, str]] = ..., unsafe_to_repeat: _Optional[bool] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[StepCallError, _Mapping]] = ..., attempt: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class StepCallError(_message.Message):
+    __slots__ = ("type", "message", "details")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    message: str
+    details: str
+    def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., details: _Optional[str] = ...) -> None: ...
 
 class StepError(_message.Message):
     __slots__ = ("attempt", "kind", "type", "message", "details", "retryable", "at")

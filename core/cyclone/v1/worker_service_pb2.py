@@ -28,7 +28,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63yclone/v1/worker_service.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"4\n\nActionSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10unsafe_to_repeat\x18\x02 \x01(\x08\"\xb0\x01\n\x0c\x43laimRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\'\n\x07\x61\x63tions\x18\x02 \x03(\x0b\x32\x16.cyclone.v1.ActionSpec\x12\x11\n\tmax_steps\x18\x03 \x01(\x05\x12\'\n\x04wait\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12(\n\x05lease\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"7\n\rClaimResponse\x12&\n\x05steps\x18\x01 \x03(\x0b\x32\x17.cyclone.v1.ClaimedStep\"\xd3\x04\n\x0b\x43laimedStep\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\x12\x10\n\x08workflow\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x06 \x01(\x05\x12%\n\x05input\x18\x07 \x01(\x0b\x32\x16.google.protobuf.Value\x12)\n\trun_input\x18\x08 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x46\n\x10upstream_outputs\x18\t \x03(\x0b\x32,.cyclone.v1.ClaimedStep.UpstreamOutputsEntry\x12\x13\n\x0blease_token\x18\n \x01(\t\x12\x34\n\x10lease_expires_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x08progress\x18\r \x01(\x0b\x32\x16.google.protobuf.Value\x12\x18\n\x10\x65\x66\x66\x65\x63t_uncertain\x18\x0e \x01(\x08\x12\x36\n\x11upstream_failures\x18\x0f \x03(\x0b\x32\x1b.cyclone.v1.UpstreamFailure\x1aN\n\x14UpstreamOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\"m\n\x0fUpstreamFailure\x12\x0c\n\x04node\x18\x01 \x01(\t\x12&\n\x06status\x18\x02 \x01(\x0e\x32\x16.cyclone.v1.StepStatus\x12$\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x15.cyclone.v1.StepError\"\x99\x01\n\x10HeartbeatRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12(\n\x08progress\x18\x04 \x01(\x0b\x32\x16.google.protobuf.Value\x12(\n\x05lease\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\\\n\x11HeartbeatResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tcancelled\x18\x02 \x01(\x08\"\xa1\x01\n\x0f\x43ompleteRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12(\n\x06output\x18\x04 \x01(\x0b\x32\x16.google.protobuf.ValueH\x00\x12&\n\x07\x66\x61ilure\x18\x05 \x01(\x0b\x32\x13.cyclone.v1.FailureH\x00\x42\t\n\x07outcome\"\x9a\x01\n\x07\x46\x61ilure\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0f\n\x07\x64\x65tails\x18\x03 \x01(\t\x12\x15\n\rnon_retryable\x18\x04 \x01(\x08\x12.\n\x0bretry_after\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10\x65\x66\x66\x65\x63t_uncertain\x18\x06 \x01(\x08\"\xa6\x01\n\x10\x43ompleteResponse\x12&\n\x06status\x18\x01 \x01(\x0e\x32\x16.cyclone.v1.StepStatus\x12,\n\x08retry_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\nrun_status\x18\x03 \x01(\x0e\x32\x15.cyclone.v1.RunStatus\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"G\n\x13\x43ompleteManyRequest\x12\x30\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1b.cyclone.v1.CompleteRequest\"C\n\x14\x43ompleteManyResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.cyclone.v1.CompleteResult\"x\n\x0e\x43ompleteResult\x12\x30\n\x08response\x18\x01 \x01(\x0b\x32\x1c.cyclone.v1.CompleteResponseH\x00\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.cyclone.v1.CompleteErrorH\x00\x42\x08\n\x06result\"G\n\rCompleteError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x17\n\x0f\x63urrent_attempt\x18\x03 \x01(\x05\x32\xb1\x02\n\rWorkerService\x12<\n\x05\x43laim\x12\x18.cyclone.v1.ClaimRequest\x1a\x19.cyclone.v1.ClaimResponse\x12H\n\tHeartbeat\x12\x1c.cyclone.v1.HeartbeatRequest\x1a\x1d.cyclone.v1.HeartbeatResponse\x12\x45\n\x08\x43omplete\x12\x1b.cyclone.v1.CompleteRequest\x1a\x1c.cyclone.v1.CompleteResponse\x12Q\n\x0c\x43ompleteMany\x12\x1f.cyclone.v1.CompleteManyRequest\x1a .cyclone.v1.CompleteManyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63yclone/v1/worker_service.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"4\n\nActionSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10unsafe_to_repeat\x18\x02 \x01(\x08\"\xb0\x01\n\x0c\x43laimRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\'\n\x07\x61\x63tions\x18\x02 \x03(\x0b\x32\x16.cyclone.v1.ActionSpec\x12\x11\n\tmax_steps\x18\x03 \x01(\x05\x12\'\n\x04wait\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12(\n\x05lease\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"7\n\rClaimResponse\x12&\n\x05steps\x18\x01 \x03(\x0b\x32\x17.cyclone.v1.ClaimedStep\"\xfa\x04\n\x0b\x43laimedStep\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\x12\x10\n\x08workflow\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x06 \x01(\x05\x12%\n\x05input\x18\x07 \x01(\x0b\x32\x16.google.protobuf.Value\x12)\n\trun_input\x18\x08 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x46\n\x10upstream_outputs\x18\t \x03(\x0b\x32,.cyclone.v1.ClaimedStep.UpstreamOutputsEntry\x12\x13\n\x0blease_token\x18\n \x01(\t\x12\x34\n\x10lease_expires_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x08progress\x18\r \x01(\x0b\x32\x16.google.protobuf.Value\x12\x18\n\x10\x65\x66\x66\x65\x63t_uncertain\x18\x0e \x01(\x08\x12\x36\n\x11upstream_failures\x18\x0f \x03(\x0b\x32\x1b.cyclone.v1.UpstreamFailure\x12%\n\x07journal\x18\x10 \x03(\x0b\x32\x14.cyclone.v1.StepCall\x1aN\n\x14UpstreamOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\"m\n\x0fUpstreamFailure\x12\x0c\n\x04node\x18\x01 \x01(\t\x12&\n\x06status\x18\x02 \x01(\x0e\x32\x16.cyclone.v1.StepStatus\x12$\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x15.cyclone.v1.StepError\"\x99\x01\n\x10HeartbeatRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12(\n\x08progress\x18\x04 \x01(\x0b\x32\x16.google.protobuf.Value\x12(\n\x05lease\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\\\n\x11HeartbeatResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tcancelled\x18\x02 \x01(\x08\"\xa1\x01\n\x0f\x43ompleteRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12(\n\x06output\x18\x04 \x01(\x0b\x32\x16.google.protobuf.ValueH\x00\x12&\n\x07\x66\x61ilure\x18\x05 \x01(\x0b\x32\x13.cyclone.v1.FailureH\x00\x42\t\n\x07outcome\"\x9a\x01\n\x07\x46\x61ilure\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0f\n\x07\x64\x65tails\x18\x03 \x01(\t\x12\x15\n\rnon_retryable\x18\x04 \x01(\x08\x12.\n\x0bretry_after\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10\x65\x66\x66\x65\x63t_uncertain\x18\x06 \x01(\x08\"\xa6\x01\n\x10\x43ompleteResponse\x12&\n\x06status\x18\x01 \x01(\x0e\x32\x16.cyclone.v1.StepStatus\x12,\n\x08retry_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\nrun_status\x18\x03 \x01(\x0e\x32\x15.cyclone.v1.RunStatus\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"G\n\x13\x43ompleteManyRequest\x12\x30\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1b.cyclone.v1.CompleteRequest\"C\n\x14\x43ompleteManyResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.cyclone.v1.CompleteResult\"x\n\x0e\x43ompleteResult\x12\x30\n\x08response\x18\x01 \x01(\x0b\x32\x1c.cyclone.v1.CompleteResponseH\x00\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.cyclone.v1.CompleteErrorH\x00\x42\x08\n\x06result\"G\n\rCompleteError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x17\n\x0f\x63urrent_attempt\x18\x03 \x01(\x05\"\x93\x01\n\x14\x42\x65ginStepCallRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12\x0f\n\x07step_id\x18\x04 \x01(\t\x12\x0b\n\x03seq\x18\x05 \x01(\x05\x12\x10\n\x08\x66unction\x18\x06 \x01(\t\x12\x18\n\x10unsafe_to_repeat\x18\x07 \x01(\x08\"\x96\x01\n\x15\x42\x65ginStepCallResponse\x12.\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32\x1c.cyclone.v1.StepCallDecision\x12\"\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x14.cyclone.v1.StepCall\x12)\n\nrun_status\x18\x03 \x01(\x0e\x32\x15.cyclone.v1.RunStatus\"\xf2\x01\n\x12\x45ndStepCallRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x13\n\x0blease_token\x18\x03 \x01(\t\x12\x0f\n\x07step_id\x18\x04 \x01(\t\x12\x0b\n\x03seq\x18\x05 \x01(\x05\x12\x10\n\x08\x66unction\x18\x06 \x01(\t\x12\x18\n\x10unsafe_to_repeat\x18\x07 \x01(\x08\x12(\n\x06output\x18\x08 \x01(\x0b\x32\x16.google.protobuf.ValueH\x00\x12*\n\x05\x65rror\x18\t \x01(\x0b\x32\x19.cyclone.v1.StepCallErrorH\x00\x42\t\n\x07outcome\"L\n\x13\x45ndStepCallResponse\x12\"\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.StepCall\x12\x11\n\tduplicate\x18\x02 \x01(\x08*\x95\x01\n\x10StepCallDecision\x12\"\n\x1eSTEP_CALL_DECISION_UNSPECIFIED\x10\x00\x12\x1a\n\x16STEP_CALL_DECISION_RUN\x10\x01\x12\x1f\n\x1bSTEP_CALL_DECISION_RECORDED\x10\x02\x12 \n\x1cSTEP_CALL_DECISION_UNCERTAIN\x10\x03\x32\xd7\x03\n\rWorkerService\x12<\n\x05\x43laim\x12\x18.cyclone.v1.ClaimRequest\x1a\x19.cyclone.v1.ClaimResponse\x12H\n\tHeartbeat\x12\x1c.cyclone.v1.HeartbeatRequest\x1a\x1d.cyclone.v1.HeartbeatResponse\x12\x45\n\x08\x43omplete\x12\x1b.cyclone.v1.CompleteRequest\x1a\x1c.cyclone.v1.CompleteResponse\x12Q\n\x0c\x43ompleteMany\x12\x1f.cyclone.v1.CompleteManyRequest\x1a .cyclone.v1.CompleteManyResponse\x12T\n\rBeginStepCall\x12 .cyclone.v1.BeginStepCallRequest\x1a!.cyclone.v1.BeginStepCallResponse\x12N\n\x0b\x45ndStepCall\x12\x1e.cyclone.v1.EndStepCallRequest\x1a\x1f.cyclone.v1.EndStepCallResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,6 +37,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CLAIMEDSTEP_UPSTREAMOUTPUTSENTRY']._loaded_options = None
   _globals['_CLAIMEDSTEP_UPSTREAMOUTPUTSENTRY']._serialized_options = b'8\001'
+  _globals['_STEPCALLDECISION']._serialized_start=2908
+  _globals['_STEPCALLDECISION']._serialized_end=3057
   _globals['_ACTIONSPEC']._serialized_start=166
   _globals['_ACTIONSPEC']._serialized_end=218
   _globals['_CLAIMREQUEST']._serialized_start=221
@@ -44,29 +46,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLAIMRESPONSE']._serialized_start=399
   _globals['_CLAIMRESPONSE']._serialized_end=454
   _globals['_CLAIMEDSTEP']._serialized_start=457
-  _globals['_CLAIMEDSTEP']._serialized_end=1052
-  _globals['_CLAIMEDSTEP_UPSTREAMOUTPUTSENTRY']._serialized_start=974
-  _globals['_CLAIMEDSTEP_UPSTREAMOUTPUTSENTRY']._serialized_end=1052
-  _globals['_UPSTREAMFAILURE']._serialized_start=1054
-  _globals['_UPSTREAMFAILURE']._serialized_end=1163
-  _globals['_HEARTBEATREQUEST']._serialized_start=1166
-  _globals['_HEARTBEATREQUEST']._serialized_end=1319
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1321
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1413
-  _globals['_COMPLETEREQUEST']._serialized_start=1416
-  _globals['_COMPLETEREQUEST']._serialized_end=1577
-  _globals['_FAILURE']._serialized_start=1580
-  _globals['_FAILURE']._serialized_end=1734
-  _globals['_COMPLETERESPONSE']._serialized_start=1737
-  _globals['_COMPLETERESPONSE']._serialized_end=1903
-  _globals['_COMPLETEMANYREQUEST']._serialized_start=1905
-  _globals['_COMPLETEMANYREQUEST']._serialized_end=1976
-  _globals['_COMPLETEMANYRESPONSE']._serialized_start=1978
-  _globals['_COMPLETEMANYRESPONSE']._serialized_end=2045
-  _globals['_COMPLETERESULT']._serialized_start=2047
-  _globals['_COMPLETERESULT']._serialized_end=2167
-  _globals['_COMPLETEERROR']._serialized_start=2169
-  _globals['_COMPLETEERROR']._serialized_end=2240
-  _globals['_WORKERSERVICE']._serialized_start=2243
-  _globals['_WORKERSERVICE']._serialized_end=2548
+  _globals['_CLAIMEDSTEP']._serialized_end=1091
+  _globals['_CLAIMEDSTEP_UPSTREAMOUTPUTSENTRY']._serialized_start=1013
+  _globals['_CLAIMEDSTEP_UPSTREAMOUTPUTSENTRY']._serialized_end=1091
+  _globals['_UPSTREAMFAILURE']._serialized_start=1093
+  _globals['_UPSTREAMFAILURE']._serialized_end=1202
+  _globals['_HEARTBEATREQUEST']._serialized_start=1205
+  _globals['_HEARTBEATREQUEST']._serialized_end=1358
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1360
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1452
+  _globals['_COMPLETEREQUEST']._serialized_start=1455
+  _globals['_COMPLETEREQUEST']._serialized_end=1616
+  _globals['_FAILURE']._serialized_start=1619
+  _globals['_FAILURE']._serialized_end=1773
+  _globals['_COMPLETERESPONSE']._serialized_start=1776
+  _globals['_COMPLETERESPONSE']._serialized_end=1942
+  _globals['_COMPLETEMANYREQUEST']._serialized_start=1944
+  _globals['_COMPLETEMANYREQUEST']._serialized_end=2015
+  _globals['_COMPLETEMANYRESPONSE']._serialized_start=2017
+  _globals['_COMPLETEMANYRESPONSE']._serialized_end=2084
+  _globals['_COMPLETERESULT']._serialized_start=2086
+  _globals['_COMPLETERESULT']._serialized_end=2206
+  _globals['_COMPLETEERROR']._serialized_start=2208
+  _globals['_COMPLETEERROR']._serialized_end=2279
+  _globals['_BEGINSTEPCALLREQUEST']._serialized_start=2282
+  _globals['_BEGINSTEPCALLREQUEST']._serialized_end=2429
+  _globals['_BEGINSTEPCALLRESPONSE']._serialized_start=2432
+  _globals['_BEGINSTEPCALLRESPONSE']._serialized_end=2582
+  _globals['_ENDSTEPCALLREQUEST']._serialized_start=2585
+  _globals['_ENDSTEPCALLREQUEST']._serialized_end=2827
+  _globals['_ENDSTEPCALLRESPONSE']._serialized_start=2829
+  _globals['_ENDSTEPCALLRESPONSE']._serialized_end=2905
+  _globals['_WORKERSERVICE']._serialized_start=3060
+  _globals['_WORKERSERVICE']._serialized_end=3531
 # @@protoc_insertion_point(module_scope)

@@ -5,12 +5,24 @@ from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class StepCallDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STEP_CALL_DECISION_UNSPECIFIED: _ClassVar[StepCallDecision]
+    STEP_CALL_DECISION_RUN: _ClassVar[StepCallDecision]
+    STEP_CALL_DECISION_RECORDED: _ClassVar[StepCallDecision]
+    STEP_CALL_DECISION_UNCERTAIN: _ClassVar[StepCallDecision]
+STEP_CALL_DECISION_UNSPECIFIED: StepCallDecision
+STEP_CALL_DECISION_RUN: StepCallDecision
+STEP_CALL_DECISION_RECORDED: StepCallDecision
+STEP_CALL_DECISION_UNCERTAIN: StepCallDecision
 
 class ActionSpec(_message.Message):
     __slots__ = ("name", "unsafe_to_repeat")
@@ -41,7 +53,7 @@ class ClaimResponse(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[ClaimedStep, _Mapping]]] = ...) -> None: ...
 
 class ClaimedStep(_message.Message):
-    __slots__ = ("run_id", "node", "action", "workflow", "attempt", "max_attempts", "input", "run_input", "upstream_outputs", "lease_token", "lease_expires_at", "deadline", "progress", "effect_uncertain", "upstream_failures")
+    __slots__ = ("run_id", "node", "action", "workflow", "attempt", "max_attempts", "input", "run_input", "upstream_outputs", "lease_token", "lease_expires_at", "deadline", "progress", "effect_uncertain", "upstream_failures", "journal")
     class UpstreamOutputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +76,7 @@ class ClaimedStep(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     EFFECT_UNCERTAIN_FIELD_NUMBER: _ClassVar[int]
     UPSTREAM_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node: str
     action: str
@@ -79,7 +92,8 @@ class ClaimedStep(_message.Message):
     progress: _struct_pb2.Value
     effect_uncertain: bool
     upstream_failures: _containers.RepeatedCompositeFieldContainer[UpstreamFailure]
-    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., action: _Optional[str] = ..., workflow: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., run_input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., upstream_outputs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., lease_token: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ..., upstream_failures: _Optional[_Iterable[_Union[UpstreamFailure, _Mapping]]] = ...) -> None: ...
+    journal: _containers.RepeatedCompositeFieldContainer[_types_pb2.StepCall]
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., action: _Optional[str] = ..., workflow: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., run_input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., upstream_outputs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., lease_token: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ..., upstream_failures: _Optional[_Iterable[_Union[UpstreamFailure, _Mapping]]] = ..., journal: _Optional[_Iterable[_Union[_types_pb2.StepCall, _Mapping]]] = ...) -> None: ...
 
 class UpstreamFailure(_message.Message):
     __slots__ = ("node", "status", "error")
@@ -184,3 +198,61 @@ class CompleteError(_message.Message):
     message: str
     current_attempt: int
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., current_attempt: _Optional[int] = ...) -> None: ...
+
+class BeginStepCallRequest(_message.Message):
+    __slots__ = ("run_id", "node", "lease_token", "step_id", "seq", "function", "unsafe_to_repeat")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    UNSAFE_TO_REPEAT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    lease_token: str
+    step_id: str
+    seq: int
+    function: str
+    unsafe_to_repeat: bool
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., step_id: _Optional[str] = ..., seq: _Optional[int] = ..., function: _Optional[str] = ..., unsafe_to_repeat: _Optional[bool] = ...) -> None: ...
+
+class BeginStepCallResponse(_message.Message):
+    __slots__ = ("decision", "call", "run_status")
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    RUN_STATUS_FIELD_NUMBER: _ClassVar[int]
+    decision: StepCallDecision
+    call: _types_pb2.StepCall
+    run_status: _types_pb2.RunStatus
+    def __init__(self, decision: _Optional[_Union[StepCallDecision, str]] = ..., call: _Optional[_Union[_types_pb2.StepCall, _Mapping]] = ..., run_status: _Optional[_Union[_types_pb2.RunStatus, str]] = ...) -> None: ...
+
+class EndStepCallRequest(_message.Message):
+    __slots__ = ("run_id", "node", "lease_token", "step_id", "seq", "function", "unsafe_to_repeat", "output", "error")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    UNSAFE_TO_REPEAT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    lease_token: str
+    step_id: str
+    seq: int
+    function: str
+    unsafe_to_repeat: bool
+    output: _struct_pb2.Value
+    error: _types_pb2.StepCallError
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., step_id: _Optional[str] = ..., seq: _Optional[int] = ..., function: _Optional[str] = ..., unsafe_to_repeat: _Optional[bool] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StepCallError, _Mapping]] = ...) -> None: ...
+
+class EndStepCallResponse(_message.Message):
+    __slots__ = ("call", "duplicate")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    call: _types_pb2.StepCall
+    duplicate: bool
+    def __init__(self, call: _Optional[_Union[_types_pb2.StepCall, _Mapping]] = ..., duplicate: _Optional[bool] = ...) -> None: ...

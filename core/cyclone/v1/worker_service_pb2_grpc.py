@@ -56,6 +56,16 @@ class WorkerServiceStub:
                 request_serializer=cyclone_dot_v1_dot_worker__service__pb2.CompleteManyRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.CompleteManyResponse.FromString,
                 _registered_method=True)
+        self.BeginStepCall = channel.unary_unary(
+                '/cyclone.v1.WorkerService/BeginStepCall',
+                request_serializer=cyclone_dot_v1_dot_worker__service__pb2.BeginStepCallRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.BeginStepCallResponse.FromString,
+                _registered_method=True)
+        self.EndStepCall = channel.unary_unary(
+                '/cyclone.v1.WorkerService/EndStepCall',
+                request_serializer=cyclone_dot_v1_dot_worker__service__pb2.EndStepCallRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.EndStepCallResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -105,6 +115,33 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeginStepCall(self, request, context):
+        """Begins a step call of a durable function (a node whose handler calls steps; see
+        docs/durable-functions.md), fenced by the node's lease token: a stale token is
+        ABORTED and writes nothing. For a call marked unsafe_to_repeat with no entry in the
+        journal, records it STARTED, durably, before answering RUN: only then may the
+        function run. Answers RECORDED with the entry when the call already has an
+        outcome (replay it), RUN when it has none (a safe call writes nothing here), and
+        UNCERTAIN for an unsafe call whose STARTED entry was left by an earlier attempt:
+        its effect may have happened, so the node stops, becomes UNCERTAIN and its run
+        BLOCKED with EffectUncertain naming the node and step_id (in a run already blocked,
+        the node is held instead and blocks again when it next replays). Safe calls need
+        not call it: the claimed journal already says whether they have an outcome.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndStepCall(self, request, context):
+        """Ends a step call with its outcome, fenced by the lease token as BeginStepCall:
+        a success with its output, or a failure. Updates a STARTED entry in place, or adds
+        the entry of a safe call. Repeating it after the call has an outcome changes
+        nothing and answers duplicate = true with the recorded entry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +164,16 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.CompleteMany,
                     request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.CompleteManyRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_worker__service__pb2.CompleteManyResponse.SerializeToString,
+            ),
+            'BeginStepCall': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginStepCall,
+                    request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.BeginStepCallRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_worker__service__pb2.BeginStepCallResponse.SerializeToString,
+            ),
+            'EndStepCall': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndStepCall,
+                    request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.EndStepCallRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_worker__service__pb2.EndStepCallResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -239,6 +286,60 @@ class WorkerService:
             '/cyclone.v1.WorkerService/CompleteMany',
             cyclone_dot_v1_dot_worker__service__pb2.CompleteManyRequest.SerializeToString,
             cyclone_dot_v1_dot_worker__service__pb2.CompleteManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginStepCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkerService/BeginStepCall',
+            cyclone_dot_v1_dot_worker__service__pb2.BeginStepCallRequest.SerializeToString,
+            cyclone_dot_v1_dot_worker__service__pb2.BeginStepCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndStepCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkerService/EndStepCall',
+            cyclone_dot_v1_dot_worker__service__pb2.EndStepCallRequest.SerializeToString,
+            cyclone_dot_v1_dot_worker__service__pb2.EndStepCallResponse.FromString,
             options,
             channel_credentials,
             insecure,

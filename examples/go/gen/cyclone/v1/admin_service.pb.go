@@ -257,8 +257,14 @@ type ResolveRequest struct {
 	//	*ResolveRequest_Error
 	//	*ResolveRequest_Discard
 	Resolution isResolveRequest_Resolution `protobuf_oneof:"resolution"`
-	// Why, recorded in the audit trail. Required.
-	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Why, recorded in the audit trail. Optional: the actor is recorded either way.
+	Reason string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	// For a run blocked on a step call of a durable function (RunError.step_id): that
+	// call's step_id. Then result records the call's success with the value, error its
+	// failure (the body's except runs on replay), and discard deletes its entry (the call
+	// runs on replay); in each case the node becomes available again and the run
+	// running. Required when the run is blocked on a step call, refused otherwise.
+	StepId        string `protobuf:"bytes,7,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -344,6 +350,13 @@ func (x *ResolveRequest) GetDiscard() bool {
 func (x *ResolveRequest) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+func (x *ResolveRequest) GetStepId() string {
+	if x != nil {
+		return x.StepId
 	}
 	return ""
 }
@@ -436,14 +449,15 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"K\n" +
 	"\x10RetryAllResponse\x12\x14\n" +
 	"\x05nodes\x18\x01 \x03(\tR\x05nodes\x12!\n" +
-	"\x03run\x18\x02 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\xc7\x01\n" +
+	"\x03run\x18\x02 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\xe0\x01\n" +
 	"\x0eResolveRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x120\n" +
 	"\x06result\x18\x03 \x01(\v2\x16.google.protobuf.ValueH\x00R\x06result\x12\x16\n" +
 	"\x05error\x18\x04 \x01(\tH\x00R\x05error\x12\x1a\n" +
 	"\adiscard\x18\x05 \x01(\bH\x00R\adiscard\x12\x16\n" +
-	"\x06reason\x18\x06 \x01(\tR\x06reasonB\f\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x17\n" +
+	"\astep_id\x18\a \x01(\tR\x06stepIdB\f\n" +
 	"\n" +
 	"resolution\"4\n" +
 	"\x0fResolveResponse\x12!\n" +

@@ -37,7 +37,7 @@ type AdminServiceClient interface {
 	Retry(ctx context.Context, in *RetryRequest, opts ...grpc.CallOption) (*RetryResponse, error)
 	// Retry for every discarded node of a run. FAILED_PRECONDITION when there is none.
 	RetryAll(ctx context.Context, in *RetryAllRequest, opts ...grpc.CallOption) (*RetryAllResponse, error)
-	// Resolves the uncertain step of a blocked run after checking the outside world:
+	// Resolves the uncertain step (or, with step_id, step call) of a blocked run after checking the outside world:
 	// result (the effect happened; the value is its output), error (the effect happened
 	// and failed; the step is discarded so failure-rule nodes run) or discard (the
 	// effect did not happen; the step runs on the next claim). Only while the run is
@@ -96,7 +96,7 @@ type AdminServiceServer interface {
 	Retry(context.Context, *RetryRequest) (*RetryResponse, error)
 	// Retry for every discarded node of a run. FAILED_PRECONDITION when there is none.
 	RetryAll(context.Context, *RetryAllRequest) (*RetryAllResponse, error)
-	// Resolves the uncertain step of a blocked run after checking the outside world:
+	// Resolves the uncertain step (or, with step_id, step call) of a blocked run after checking the outside world:
 	// result (the effect happened; the value is its output), error (the effect happened
 	// and failed; the step is discarded so failure-rule nodes run) or discard (the
 	// effect did not happen; the step runs on the next claim). Only while the run is

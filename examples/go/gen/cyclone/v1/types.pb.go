@@ -227,6 +227,63 @@ func (StepStatus) EnumDescriptor() ([]byte, []int) {
 	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{2}
 }
 
+// Status of a step call.
+type StepCallStatus int32
+
+const (
+	// Never stored.
+	StepCallStatus_STEP_CALL_STATUS_UNSPECIFIED StepCallStatus = 0
+	// An unsafe call began; its outcome is not recorded (yet).
+	StepCallStatus_STEP_CALL_STATUS_STARTED StepCallStatus = 1
+	// The call returned; its output is recorded.
+	StepCallStatus_STEP_CALL_STATUS_SUCCEEDED StepCallStatus = 2
+	// The call raised; its error is recorded and raised again on replay.
+	StepCallStatus_STEP_CALL_STATUS_FAILED StepCallStatus = 3
+)
+
+// Enum value maps for StepCallStatus.
+var (
+	StepCallStatus_name = map[int32]string{
+		0: "STEP_CALL_STATUS_UNSPECIFIED",
+		1: "STEP_CALL_STATUS_STARTED",
+		2: "STEP_CALL_STATUS_SUCCEEDED",
+		3: "STEP_CALL_STATUS_FAILED",
+	}
+	StepCallStatus_value = map[string]int32{
+		"STEP_CALL_STATUS_UNSPECIFIED": 0,
+		"STEP_CALL_STATUS_STARTED":     1,
+		"STEP_CALL_STATUS_SUCCEEDED":   2,
+		"STEP_CALL_STATUS_FAILED":      3,
+	}
+)
+
+func (x StepCallStatus) Enum() *StepCallStatus {
+	p := new(StepCallStatus)
+	*p = x
+	return p
+}
+
+func (x StepCallStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StepCallStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_cyclone_v1_types_proto_enumTypes[3].Descriptor()
+}
+
+func (StepCallStatus) Type() protoreflect.EnumType {
+	return &file_cyclone_v1_types_proto_enumTypes[3]
+}
+
+func (x StepCallStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StepCallStatus.Descriptor instead.
+func (StepCallStatus) EnumDescriptor() ([]byte, []int) {
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{3}
+}
+
 // A workflow definition: a named DAG of nodes. It is sent whole with every Submit;
 // the server keeps a copy with the run, so a run never changes when the code that
 // submitted it does.
@@ -620,7 +677,10 @@ type RunError struct {
 	// The attempt concerned.
 	Attempt int32 `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// When that attempt started (its claim).
-	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// For a run blocked on a step call of a durable function: the call's step_id, whose
+	// journal entry is STARTED with no outcome. Resolve names it.
+	StepId        string `protobuf:"bytes,6,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -690,6 +750,13 @@ func (x *RunError) GetStartedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *RunError) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
 // The stored state of one (run_id, node).
 type Step struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -733,8 +800,11 @@ type Step struct {
 	// When the holder of the current (or last) lease last showed signs of life: its
 	// claim, or its last Heartbeat since.
 	LastHeartbeatAt *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=last_heartbeat_at,json=lastHeartbeatAt,proto3" json:"last_heartbeat_at,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The node's journal, when its handler is a durable function: its step calls in call
+	// order. Filled by GetRun only.
+	Journal       []*StepCall `protobuf:"bytes,20,rep,name=journal,proto3" json:"journal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
@@ -900,6 +970,205 @@ func (x *Step) GetLastHeartbeatAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Step) GetJournal() []*StepCall {
+	if x != nil {
+		return x.Journal
+	}
+	return nil
+}
+
+// One step call recorded by a durable function: an entry of its node's journal,
+// unique by (run_id, node, step_id).
+type StepCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unique within the node, stable across replays ("charge_order", "charge_order#2").
+	StepId string `protobuf:"bytes,1,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// Position of the call in the body, 1 for the first.
+	Seq int32 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The function the step called.
+	Function string `protobuf:"bytes,3,opt,name=function,proto3" json:"function,omitempty"`
+	// STARTED (an unsafe call began and has no outcome yet), SUCCEEDED or FAILED.
+	Status StepCallStatus `protobuf:"varint,4,opt,name=status,proto3,enum=cyclone.v1.StepCallStatus" json:"status,omitempty"`
+	// The call was marked unsafe_to_repeat when it was recorded.
+	UnsafeToRepeat bool `protobuf:"varint,5,opt,name=unsafe_to_repeat,json=unsafeToRepeat,proto3" json:"unsafe_to_repeat,omitempty"`
+	// The return value, for SUCCEEDED.
+	Output *structpb.Value `protobuf:"bytes,6,opt,name=output,proto3" json:"output,omitempty"`
+	// The raised error, for FAILED.
+	Error *StepCallError `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	// The node attempt that last wrote the entry.
+	Attempt int32 `protobuf:"varint,8,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// When the call began (STARTED was recorded; for a safe call, when it ended).
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// When its outcome was recorded.
+	FinishedAt    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepCall) Reset() {
+	*x = StepCall{}
+	mi := &file_cyclone_v1_types_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepCall) ProtoMessage() {}
+
+func (x *StepCall) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_types_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepCall.ProtoReflect.Descriptor instead.
+func (*StepCall) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *StepCall) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *StepCall) GetSeq() int32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *StepCall) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
+}
+
+func (x *StepCall) GetStatus() StepCallStatus {
+	if x != nil {
+		return x.Status
+	}
+	return StepCallStatus_STEP_CALL_STATUS_UNSPECIFIED
+}
+
+func (x *StepCall) GetUnsafeToRepeat() bool {
+	if x != nil {
+		return x.UnsafeToRepeat
+	}
+	return false
+}
+
+func (x *StepCall) GetOutput() *structpb.Value {
+	if x != nil {
+		return x.Output
+	}
+	return nil
+}
+
+func (x *StepCall) GetError() *StepCallError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+func (x *StepCall) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *StepCall) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *StepCall) GetFinishedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FinishedAt
+	}
+	return nil
+}
+
+// The error a step call raised.
+type StepCallError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The exception's type name, e.g. "CardDeclined". Up to 200 characters.
+	Type string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	// Its message.
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// Traceback or other detail.
+	Details       string `protobuf:"bytes,3,opt,name=details,proto3" json:"details,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepCallError) Reset() {
+	*x = StepCallError{}
+	mi := &file_cyclone_v1_types_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepCallError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepCallError) ProtoMessage() {}
+
+func (x *StepCallError) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_types_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepCallError.ProtoReflect.Descriptor instead.
+func (*StepCallError) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *StepCallError) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *StepCallError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *StepCallError) GetDetails() string {
+	if x != nil {
+		return x.Details
+	}
+	return ""
+}
+
 // One failure of a node.
 type StepError struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -923,7 +1192,7 @@ type StepError struct {
 
 func (x *StepError) Reset() {
 	*x = StepError{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[6]
+	mi := &file_cyclone_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1204,7 @@ func (x *StepError) String() string {
 func (*StepError) ProtoMessage() {}
 
 func (x *StepError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[6]
+	mi := &file_cyclone_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1217,7 @@ func (x *StepError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepError.ProtoReflect.Descriptor instead.
 func (*StepError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StepError) GetAttempt() int32 {
@@ -1021,7 +1290,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[7]
+	mi := &file_cyclone_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1033,7 +1302,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[7]
+	mi := &file_cyclone_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1046,7 +1315,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AuditEntry) GetAction() string {
@@ -1136,14 +1405,15 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"stepCounts\x1a=\n" +
 	"\x0fStepCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xa1\x01\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xba\x01\n" +
 	"\bRunError\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12\x18\n" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x129\n" +
 	"\n" +
-	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xfd\x06\n" +
+	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x17\n" +
+	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xad\a\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12.\n" +
@@ -1167,7 +1437,26 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x10effect_uncertain\x18\x10 \x01(\bR\x0feffectUncertain\x123\n" +
 	"\atimeout\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x122\n" +
 	"\bprogress\x18\x12 \x01(\v2\x16.google.protobuf.ValueR\bprogress\x12F\n" +
-	"\x11last_heartbeat_at\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastHeartbeatAt\"\xcb\x01\n" +
+	"\x11last_heartbeat_at\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastHeartbeatAt\x12.\n" +
+	"\ajournal\x18\x14 \x03(\v2\x14.cyclone.v1.StepCallR\ajournal\"\xa2\x03\n" +
+	"\bStepCall\x12\x17\n" +
+	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x05R\x03seq\x12\x1a\n" +
+	"\bfunction\x18\x03 \x01(\tR\bfunction\x122\n" +
+	"\x06status\x18\x04 \x01(\x0e2\x1a.cyclone.v1.StepCallStatusR\x06status\x12(\n" +
+	"\x10unsafe_to_repeat\x18\x05 \x01(\bR\x0eunsafeToRepeat\x12.\n" +
+	"\x06output\x18\x06 \x01(\v2\x16.google.protobuf.ValueR\x06output\x12/\n" +
+	"\x05error\x18\a \x01(\v2\x19.cyclone.v1.StepCallErrorR\x05error\x12\x18\n" +
+	"\aattempt\x18\b \x01(\x05R\aattempt\x129\n" +
+	"\n" +
+	"started_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12;\n" +
+	"\vfinished_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"finishedAt\"W\n" +
+	"\rStepCallError\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x18\n" +
+	"\adetails\x18\x03 \x01(\tR\adetails\"\xcb\x01\n" +
 	"\tStepError\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
@@ -1206,7 +1495,12 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x15STEP_STATUS_DISCARDED\x10\x05\x12\x19\n" +
 	"\x15STEP_STATUS_UNCERTAIN\x10\x06\x12\x17\n" +
 	"\x13STEP_STATUS_SKIPPED\x10\a\x12\x19\n" +
-	"\x15STEP_STATUS_CANCELLED\x10\bb\x06proto3"
+	"\x15STEP_STATUS_CANCELLED\x10\b*\x8d\x01\n" +
+	"\x0eStepCallStatus\x12 \n" +
+	"\x1cSTEP_CALL_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18STEP_CALL_STATUS_STARTED\x10\x01\x12\x1e\n" +
+	"\x1aSTEP_CALL_STATUS_SUCCEEDED\x10\x02\x12\x1b\n" +
+	"\x17STEP_CALL_STATUS_FAILED\x10\x03b\x06proto3"
 
 var (
 	file_cyclone_v1_types_proto_rawDescOnce sync.Once
@@ -1220,63 +1514,72 @@ func file_cyclone_v1_types_proto_rawDescGZIP() []byte {
 	return file_cyclone_v1_types_proto_rawDescData
 }
 
-var file_cyclone_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_cyclone_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_cyclone_v1_types_proto_goTypes = []any{
 	(TriggerRule)(0),              // 0: cyclone.v1.TriggerRule
 	(RunStatus)(0),                // 1: cyclone.v1.RunStatus
 	(StepStatus)(0),               // 2: cyclone.v1.StepStatus
-	(*Workflow)(nil),              // 3: cyclone.v1.Workflow
-	(*Node)(nil),                  // 4: cyclone.v1.Node
-	(*RetryPolicy)(nil),           // 5: cyclone.v1.RetryPolicy
-	(*Run)(nil),                   // 6: cyclone.v1.Run
-	(*RunError)(nil),              // 7: cyclone.v1.RunError
-	(*Step)(nil),                  // 8: cyclone.v1.Step
-	(*StepError)(nil),             // 9: cyclone.v1.StepError
-	(*AuditEntry)(nil),            // 10: cyclone.v1.AuditEntry
-	nil,                           // 11: cyclone.v1.Run.StepCountsEntry
-	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 13: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(StepCallStatus)(0),           // 3: cyclone.v1.StepCallStatus
+	(*Workflow)(nil),              // 4: cyclone.v1.Workflow
+	(*Node)(nil),                  // 5: cyclone.v1.Node
+	(*RetryPolicy)(nil),           // 6: cyclone.v1.RetryPolicy
+	(*Run)(nil),                   // 7: cyclone.v1.Run
+	(*RunError)(nil),              // 8: cyclone.v1.RunError
+	(*Step)(nil),                  // 9: cyclone.v1.Step
+	(*StepCall)(nil),              // 10: cyclone.v1.StepCall
+	(*StepCallError)(nil),         // 11: cyclone.v1.StepCallError
+	(*StepError)(nil),             // 12: cyclone.v1.StepError
+	(*AuditEntry)(nil),            // 13: cyclone.v1.AuditEntry
+	nil,                           // 14: cyclone.v1.Run.StepCountsEntry
+	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 16: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_cyclone_v1_types_proto_depIdxs = []int32{
-	4,  // 0: cyclone.v1.Workflow.nodes:type_name -> cyclone.v1.Node
+	5,  // 0: cyclone.v1.Workflow.nodes:type_name -> cyclone.v1.Node
 	0,  // 1: cyclone.v1.Node.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	5,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
-	12, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
-	13, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
-	12, // 5: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	12, // 6: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	6,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
+	15, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
+	16, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
+	15, // 5: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	15, // 6: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
 	1,  // 7: cyclone.v1.Run.status:type_name -> cyclone.v1.RunStatus
-	13, // 8: cyclone.v1.Run.input:type_name -> google.protobuf.Value
-	7,  // 9: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
-	14, // 10: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	14, // 11: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	14, // 12: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	8,  // 13: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
-	10, // 14: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
-	11, // 15: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
-	14, // 16: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
+	16, // 8: cyclone.v1.Run.input:type_name -> google.protobuf.Value
+	8,  // 9: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
+	17, // 10: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	17, // 11: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	17, // 12: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	9,  // 13: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
+	13, // 14: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
+	14, // 15: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
+	17, // 16: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
 	2,  // 17: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
 	0,  // 18: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	13, // 19: cyclone.v1.Step.input:type_name -> google.protobuf.Value
-	13, // 20: cyclone.v1.Step.output:type_name -> google.protobuf.Value
-	9,  // 21: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
-	14, // 22: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
-	14, // 23: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
-	14, // 24: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
-	14, // 25: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
-	12, // 26: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
-	13, // 27: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
-	14, // 28: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	14, // 29: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
-	14, // 30: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	13, // 31: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
-	32, // [32:32] is the sub-list for method output_type
-	32, // [32:32] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	16, // 19: cyclone.v1.Step.input:type_name -> google.protobuf.Value
+	16, // 20: cyclone.v1.Step.output:type_name -> google.protobuf.Value
+	12, // 21: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
+	17, // 22: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
+	17, // 23: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
+	17, // 24: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
+	17, // 25: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
+	15, // 26: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
+	16, // 27: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
+	17, // 28: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	10, // 29: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
+	3,  // 30: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
+	16, // 31: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
+	11, // 32: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
+	17, // 33: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
+	17, // 34: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
+	17, // 35: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
+	17, // 36: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	16, // 37: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
+	38, // [38:38] is the sub-list for method output_type
+	38, // [38:38] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_types_proto_init() }
@@ -1289,8 +1592,8 @@ func file_cyclone_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_types_proto_rawDesc), len(file_cyclone_v1_types_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   9,
+			NumEnums:      4,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

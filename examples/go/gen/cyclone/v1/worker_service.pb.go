@@ -24,6 +24,65 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// What the caller of BeginStepCall must do.
+type StepCallDecision int32
+
+const (
+	// Never sent.
+	StepCallDecision_STEP_CALL_DECISION_UNSPECIFIED StepCallDecision = 0
+	// Run the function, then EndStepCall with its outcome.
+	StepCallDecision_STEP_CALL_DECISION_RUN StepCallDecision = 1
+	// Do not run it: `call` holds its recorded outcome (SUCCEEDED: return the output;
+	// FAILED: raise the error again).
+	StepCallDecision_STEP_CALL_DECISION_RECORDED StepCallDecision = 2
+	// Do not run it, and stop the node: its effect may have happened. The node is now
+	// UNCERTAIN (or held) and its lease is over; drop it without a Complete.
+	StepCallDecision_STEP_CALL_DECISION_UNCERTAIN StepCallDecision = 3
+)
+
+// Enum value maps for StepCallDecision.
+var (
+	StepCallDecision_name = map[int32]string{
+		0: "STEP_CALL_DECISION_UNSPECIFIED",
+		1: "STEP_CALL_DECISION_RUN",
+		2: "STEP_CALL_DECISION_RECORDED",
+		3: "STEP_CALL_DECISION_UNCERTAIN",
+	}
+	StepCallDecision_value = map[string]int32{
+		"STEP_CALL_DECISION_UNSPECIFIED": 0,
+		"STEP_CALL_DECISION_RUN":         1,
+		"STEP_CALL_DECISION_RECORDED":    2,
+		"STEP_CALL_DECISION_UNCERTAIN":   3,
+	}
+)
+
+func (x StepCallDecision) Enum() *StepCallDecision {
+	p := new(StepCallDecision)
+	*p = x
+	return p
+}
+
+func (x StepCallDecision) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StepCallDecision) Descriptor() protoreflect.EnumDescriptor {
+	return file_cyclone_v1_worker_service_proto_enumTypes[0].Descriptor()
+}
+
+func (StepCallDecision) Type() protoreflect.EnumType {
+	return &file_cyclone_v1_worker_service_proto_enumTypes[0]
+}
+
+func (x StepCallDecision) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StepCallDecision.Descriptor instead.
+func (StepCallDecision) EnumDescriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{0}
+}
+
 // An action a worker serves.
 type ActionSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -247,8 +306,12 @@ type ClaimedStep struct {
 	// cleanup or compensation handler needs to know, as an except block sees its
 	// exception. Empty when every upstream node completed.
 	UpstreamFailures []*UpstreamFailure `protobuf:"bytes,15,rep,name=upstream_failures,json=upstreamFailures,proto3" json:"upstream_failures,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The node's journal: the step calls its durable function recorded in earlier
+	// attempts, in call order (seq). A replay reads outcomes from here, with no round
+	// trip. Empty for a node that never recorded one.
+	Journal       []*StepCall `protobuf:"bytes,16,rep,name=journal,proto3" json:"journal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClaimedStep) Reset() {
@@ -382,6 +445,13 @@ func (x *ClaimedStep) GetEffectUncertain() bool {
 func (x *ClaimedStep) GetUpstreamFailures() []*UpstreamFailure {
 	if x != nil {
 		return x.UpstreamFailures
+	}
+	return nil
+}
+
+func (x *ClaimedStep) GetJournal() []*StepCall {
+	if x != nil {
+		return x.Journal
 	}
 	return nil
 }
@@ -1118,6 +1188,382 @@ func (x *CompleteError) GetCurrentAttempt() int32 {
 	return 0
 }
 
+// Arguments of WorkerService.BeginStepCall. The node is named by run_id and node;
+// lease_token is the one its Claim returned.
+type BeginStepCallRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run of the held step.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node of the held step.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The lease token from Claim.
+	LeaseToken string `protobuf:"bytes,3,opt,name=lease_token,json=leaseToken,proto3" json:"lease_token,omitempty"`
+	// The step call's id, unique within the node and stable across replays: the step's
+	// name plus its occurrence in the body ("charge_order", "charge_order#2") unless the
+	// caller names one. 1-200 printable characters.
+	StepId string `protobuf:"bytes,4,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The call's position in the body, 1 for the first step call, 1-100000.
+	Seq int32 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The name of the function the step calls, e.g. "billing.charge_order". 1-200
+	// printable characters. Kept so that a replay can tell that a step_id now names
+	// another function.
+	Function string `protobuf:"bytes,6,opt,name=function,proto3" json:"function,omitempty"`
+	// The current code marks the step unsafe_to_repeat.
+	UnsafeToRepeat bool `protobuf:"varint,7,opt,name=unsafe_to_repeat,json=unsafeToRepeat,proto3" json:"unsafe_to_repeat,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *BeginStepCallRequest) Reset() {
+	*x = BeginStepCallRequest{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BeginStepCallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BeginStepCallRequest) ProtoMessage() {}
+
+func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BeginStepCallRequest.ProtoReflect.Descriptor instead.
+func (*BeginStepCallRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *BeginStepCallRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *BeginStepCallRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *BeginStepCallRequest) GetLeaseToken() string {
+	if x != nil {
+		return x.LeaseToken
+	}
+	return ""
+}
+
+func (x *BeginStepCallRequest) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *BeginStepCallRequest) GetSeq() int32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *BeginStepCallRequest) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
+}
+
+func (x *BeginStepCallRequest) GetUnsafeToRepeat() bool {
+	if x != nil {
+		return x.UnsafeToRepeat
+	}
+	return false
+}
+
+// Result of WorkerService.BeginStepCall.
+type BeginStepCallResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What to do.
+	Decision StepCallDecision `protobuf:"varint,1,opt,name=decision,proto3,enum=cyclone.v1.StepCallDecision" json:"decision,omitempty"`
+	// The journal entry: the recorded outcome for RECORDED, the STARTED entry for RUN of
+	// an unsafe call and for UNCERTAIN; unset for RUN of a safe call.
+	Call *StepCall `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
+	// The run's status after this call: BLOCKED after UNCERTAIN.
+	RunStatus     RunStatus `protobuf:"varint,3,opt,name=run_status,json=runStatus,proto3,enum=cyclone.v1.RunStatus" json:"run_status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BeginStepCallResponse) Reset() {
+	*x = BeginStepCallResponse{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BeginStepCallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BeginStepCallResponse) ProtoMessage() {}
+
+func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BeginStepCallResponse.ProtoReflect.Descriptor instead.
+func (*BeginStepCallResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *BeginStepCallResponse) GetDecision() StepCallDecision {
+	if x != nil {
+		return x.Decision
+	}
+	return StepCallDecision_STEP_CALL_DECISION_UNSPECIFIED
+}
+
+func (x *BeginStepCallResponse) GetCall() *StepCall {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *BeginStepCallResponse) GetRunStatus() RunStatus {
+	if x != nil {
+		return x.RunStatus
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
+}
+
+// Arguments of WorkerService.EndStepCall.
+type EndStepCallRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run of the held step.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node of the held step.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The lease token from Claim.
+	LeaseToken string `protobuf:"bytes,3,opt,name=lease_token,json=leaseToken,proto3" json:"lease_token,omitempty"`
+	// The step call's id, as in BeginStepCallRequest.
+	StepId string `protobuf:"bytes,4,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The call's position in the body, as in BeginStepCallRequest.
+	Seq int32 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The function the step calls, as in BeginStepCallRequest.
+	Function string `protobuf:"bytes,6,opt,name=function,proto3" json:"function,omitempty"`
+	// The current code marks the step unsafe_to_repeat (then BeginStepCall came first).
+	UnsafeToRepeat bool `protobuf:"varint,7,opt,name=unsafe_to_repeat,json=unsafeToRepeat,proto3" json:"unsafe_to_repeat,omitempty"`
+	// The outcome: one of output (success) or error (failure).
+	//
+	// Types that are valid to be assigned to Outcome:
+	//
+	//	*EndStepCallRequest_Output
+	//	*EndStepCallRequest_Error
+	Outcome       isEndStepCallRequest_Outcome `protobuf_oneof:"outcome"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndStepCallRequest) Reset() {
+	*x = EndStepCallRequest{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndStepCallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndStepCallRequest) ProtoMessage() {}
+
+func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndStepCallRequest.ProtoReflect.Descriptor instead.
+func (*EndStepCallRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *EndStepCallRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *EndStepCallRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *EndStepCallRequest) GetLeaseToken() string {
+	if x != nil {
+		return x.LeaseToken
+	}
+	return ""
+}
+
+func (x *EndStepCallRequest) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *EndStepCallRequest) GetSeq() int32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *EndStepCallRequest) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
+}
+
+func (x *EndStepCallRequest) GetUnsafeToRepeat() bool {
+	if x != nil {
+		return x.UnsafeToRepeat
+	}
+	return false
+}
+
+func (x *EndStepCallRequest) GetOutcome() isEndStepCallRequest_Outcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return nil
+}
+
+func (x *EndStepCallRequest) GetOutput() *structpb.Value {
+	if x != nil {
+		if x, ok := x.Outcome.(*EndStepCallRequest_Output); ok {
+			return x.Output
+		}
+	}
+	return nil
+}
+
+func (x *EndStepCallRequest) GetError() *StepCallError {
+	if x != nil {
+		if x, ok := x.Outcome.(*EndStepCallRequest_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isEndStepCallRequest_Outcome interface {
+	isEndStepCallRequest_Outcome()
+}
+
+type EndStepCallRequest_Output struct {
+	// Success, with the function's return value (any JSON; null when it returned
+	// nothing).
+	Output *structpb.Value `protobuf:"bytes,8,opt,name=output,proto3,oneof"`
+}
+
+type EndStepCallRequest_Error struct {
+	// Failure: the exception the function raised, raised again on every replay.
+	Error *StepCallError `protobuf:"bytes,9,opt,name=error,proto3,oneof"`
+}
+
+func (*EndStepCallRequest_Output) isEndStepCallRequest_Outcome() {}
+
+func (*EndStepCallRequest_Error) isEndStepCallRequest_Outcome() {}
+
+// Result of WorkerService.EndStepCall.
+type EndStepCallResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The journal entry as recorded.
+	Call *StepCall `protobuf:"bytes,1,opt,name=call,proto3" json:"call,omitempty"`
+	// True when the call already had an outcome: nothing was changed.
+	Duplicate     bool `protobuf:"varint,2,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndStepCallResponse) Reset() {
+	*x = EndStepCallResponse{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndStepCallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndStepCallResponse) ProtoMessage() {}
+
+func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndStepCallResponse.ProtoReflect.Descriptor instead.
+func (*EndStepCallResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *EndStepCallResponse) GetCall() *StepCall {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *EndStepCallResponse) GetDuplicate() bool {
+	if x != nil {
+		return x.Duplicate
+	}
+	return false
+}
+
 var File_cyclone_v1_worker_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_worker_service_proto_rawDesc = "" +
@@ -1135,7 +1581,7 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\x04wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12/\n" +
 	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\">\n" +
 	"\rClaimResponse\x12-\n" +
-	"\x05steps\x18\x01 \x03(\v2\x17.cyclone.v1.ClaimedStepR\x05steps\"\x89\x06\n" +
+	"\x05steps\x18\x01 \x03(\v2\x17.cyclone.v1.ClaimedStepR\x05steps\"\xb9\x06\n" +
 	"\vClaimedStep\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x16\n" +
@@ -1153,7 +1599,8 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\bdeadline\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x122\n" +
 	"\bprogress\x18\r \x01(\v2\x16.google.protobuf.ValueR\bprogress\x12)\n" +
 	"\x10effect_uncertain\x18\x0e \x01(\bR\x0feffectUncertain\x12H\n" +
-	"\x11upstream_failures\x18\x0f \x03(\v2\x1b.cyclone.v1.UpstreamFailureR\x10upstreamFailures\x1aZ\n" +
+	"\x11upstream_failures\x18\x0f \x03(\v2\x1b.cyclone.v1.UpstreamFailureR\x10upstreamFailures\x12.\n" +
+	"\ajournal\x18\x10 \x03(\v2\x14.cyclone.v1.StepCallR\ajournal\x1aZ\n" +
 	"\x14UpstreamOutputsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05value:\x028\x01\"\x82\x01\n" +
@@ -1204,12 +1651,48 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\rCompleteError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12'\n" +
-	"\x0fcurrent_attempt\x18\x03 \x01(\x05R\x0ecurrentAttempt2\xb1\x02\n" +
+	"\x0fcurrent_attempt\x18\x03 \x01(\x05R\x0ecurrentAttempt\"\xd3\x01\n" +
+	"\x14BeginStepCallRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
+	"\vlease_token\x18\x03 \x01(\tR\n" +
+	"leaseToken\x12\x17\n" +
+	"\astep_id\x18\x04 \x01(\tR\x06stepId\x12\x10\n" +
+	"\x03seq\x18\x05 \x01(\x05R\x03seq\x12\x1a\n" +
+	"\bfunction\x18\x06 \x01(\tR\bfunction\x12(\n" +
+	"\x10unsafe_to_repeat\x18\a \x01(\bR\x0eunsafeToRepeat\"\xb1\x01\n" +
+	"\x15BeginStepCallResponse\x128\n" +
+	"\bdecision\x18\x01 \x01(\x0e2\x1c.cyclone.v1.StepCallDecisionR\bdecision\x12(\n" +
+	"\x04call\x18\x02 \x01(\v2\x14.cyclone.v1.StepCallR\x04call\x124\n" +
+	"\n" +
+	"run_status\x18\x03 \x01(\x0e2\x15.cyclone.v1.RunStatusR\trunStatus\"\xc1\x02\n" +
+	"\x12EndStepCallRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
+	"\vlease_token\x18\x03 \x01(\tR\n" +
+	"leaseToken\x12\x17\n" +
+	"\astep_id\x18\x04 \x01(\tR\x06stepId\x12\x10\n" +
+	"\x03seq\x18\x05 \x01(\x05R\x03seq\x12\x1a\n" +
+	"\bfunction\x18\x06 \x01(\tR\bfunction\x12(\n" +
+	"\x10unsafe_to_repeat\x18\a \x01(\bR\x0eunsafeToRepeat\x120\n" +
+	"\x06output\x18\b \x01(\v2\x16.google.protobuf.ValueH\x00R\x06output\x121\n" +
+	"\x05error\x18\t \x01(\v2\x19.cyclone.v1.StepCallErrorH\x00R\x05errorB\t\n" +
+	"\aoutcome\"]\n" +
+	"\x13EndStepCallResponse\x12(\n" +
+	"\x04call\x18\x01 \x01(\v2\x14.cyclone.v1.StepCallR\x04call\x12\x1c\n" +
+	"\tduplicate\x18\x02 \x01(\bR\tduplicate*\x95\x01\n" +
+	"\x10StepCallDecision\x12\"\n" +
+	"\x1eSTEP_CALL_DECISION_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16STEP_CALL_DECISION_RUN\x10\x01\x12\x1f\n" +
+	"\x1bSTEP_CALL_DECISION_RECORDED\x10\x02\x12 \n" +
+	"\x1cSTEP_CALL_DECISION_UNCERTAIN\x10\x032\xd7\x03\n" +
 	"\rWorkerService\x12<\n" +
 	"\x05Claim\x12\x18.cyclone.v1.ClaimRequest\x1a\x19.cyclone.v1.ClaimResponse\x12H\n" +
 	"\tHeartbeat\x12\x1c.cyclone.v1.HeartbeatRequest\x1a\x1d.cyclone.v1.HeartbeatResponse\x12E\n" +
 	"\bComplete\x12\x1b.cyclone.v1.CompleteRequest\x1a\x1c.cyclone.v1.CompleteResponse\x12Q\n" +
-	"\fCompleteMany\x12\x1f.cyclone.v1.CompleteManyRequest\x1a .cyclone.v1.CompleteManyResponseb\x06proto3"
+	"\fCompleteMany\x12\x1f.cyclone.v1.CompleteManyRequest\x1a .cyclone.v1.CompleteManyResponse\x12T\n" +
+	"\rBeginStepCall\x12 .cyclone.v1.BeginStepCallRequest\x1a!.cyclone.v1.BeginStepCallResponse\x12N\n" +
+	"\vEndStepCall\x12\x1e.cyclone.v1.EndStepCallRequest\x1a\x1f.cyclone.v1.EndStepCallResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_worker_service_proto_rawDescOnce sync.Once
@@ -1223,71 +1706,90 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 	return file_cyclone_v1_worker_service_proto_rawDescData
 }
 
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
-	(*ActionSpec)(nil),            // 0: cyclone.v1.ActionSpec
-	(*ClaimRequest)(nil),          // 1: cyclone.v1.ClaimRequest
-	(*ClaimResponse)(nil),         // 2: cyclone.v1.ClaimResponse
-	(*ClaimedStep)(nil),           // 3: cyclone.v1.ClaimedStep
-	(*UpstreamFailure)(nil),       // 4: cyclone.v1.UpstreamFailure
-	(*HeartbeatRequest)(nil),      // 5: cyclone.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 6: cyclone.v1.HeartbeatResponse
-	(*CompleteRequest)(nil),       // 7: cyclone.v1.CompleteRequest
-	(*Failure)(nil),               // 8: cyclone.v1.Failure
-	(*CompleteResponse)(nil),      // 9: cyclone.v1.CompleteResponse
-	(*CompleteManyRequest)(nil),   // 10: cyclone.v1.CompleteManyRequest
-	(*CompleteManyResponse)(nil),  // 11: cyclone.v1.CompleteManyResponse
-	(*CompleteResult)(nil),        // 12: cyclone.v1.CompleteResult
-	(*CompleteError)(nil),         // 13: cyclone.v1.CompleteError
-	nil,                           // 14: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 16: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
-	(StepStatus)(0),               // 18: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 19: cyclone.v1.StepError
-	(RunStatus)(0),                // 20: cyclone.v1.RunStatus
+	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
+	(*ActionSpec)(nil),            // 1: cyclone.v1.ActionSpec
+	(*ClaimRequest)(nil),          // 2: cyclone.v1.ClaimRequest
+	(*ClaimResponse)(nil),         // 3: cyclone.v1.ClaimResponse
+	(*ClaimedStep)(nil),           // 4: cyclone.v1.ClaimedStep
+	(*UpstreamFailure)(nil),       // 5: cyclone.v1.UpstreamFailure
+	(*HeartbeatRequest)(nil),      // 6: cyclone.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 7: cyclone.v1.HeartbeatResponse
+	(*CompleteRequest)(nil),       // 8: cyclone.v1.CompleteRequest
+	(*Failure)(nil),               // 9: cyclone.v1.Failure
+	(*CompleteResponse)(nil),      // 10: cyclone.v1.CompleteResponse
+	(*CompleteManyRequest)(nil),   // 11: cyclone.v1.CompleteManyRequest
+	(*CompleteManyResponse)(nil),  // 12: cyclone.v1.CompleteManyResponse
+	(*CompleteResult)(nil),        // 13: cyclone.v1.CompleteResult
+	(*CompleteError)(nil),         // 14: cyclone.v1.CompleteError
+	(*BeginStepCallRequest)(nil),  // 15: cyclone.v1.BeginStepCallRequest
+	(*BeginStepCallResponse)(nil), // 16: cyclone.v1.BeginStepCallResponse
+	(*EndStepCallRequest)(nil),    // 17: cyclone.v1.EndStepCallRequest
+	(*EndStepCallResponse)(nil),   // 18: cyclone.v1.EndStepCallResponse
+	nil,                           // 19: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 21: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*StepCall)(nil),              // 23: cyclone.v1.StepCall
+	(StepStatus)(0),               // 24: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 25: cyclone.v1.StepError
+	(RunStatus)(0),                // 26: cyclone.v1.RunStatus
+	(*StepCallError)(nil),         // 27: cyclone.v1.StepCallError
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
-	0,  // 0: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	15, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	15, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
-	3,  // 3: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
-	16, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	16, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	14, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	17, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	17, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	16, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
-	4,  // 10: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	18, // 11: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	19, // 12: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	16, // 13: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	15, // 14: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	17, // 15: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	16, // 16: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
-	8,  // 17: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	15, // 18: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	18, // 19: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	17, // 20: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	20, // 21: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
-	7,  // 22: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
-	12, // 23: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
-	9,  // 24: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
-	13, // 25: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
-	16, // 26: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	1,  // 27: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	5,  // 28: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	7,  // 29: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	10, // 30: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	2,  // 31: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	6,  // 32: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	9,  // 33: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	11, // 34: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	31, // [31:35] is the sub-list for method output_type
-	27, // [27:31] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	1,  // 0: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
+	20, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	20, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	4,  // 3: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
+	21, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	21, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	19, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	22, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	22, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	21, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	5,  // 10: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
+	23, // 11: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	24, // 12: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	25, // 13: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	21, // 14: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	20, // 15: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	22, // 16: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	21, // 17: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	9,  // 18: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
+	20, // 19: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	24, // 20: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	22, // 21: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	26, // 22: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	8,  // 23: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
+	13, // 24: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
+	10, // 25: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
+	14, // 26: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
+	0,  // 27: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
+	23, // 28: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	26, // 29: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	21, // 30: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	27, // 31: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	23, // 32: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	21, // 33: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	2,  // 34: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	6,  // 35: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	8,  // 36: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	11, // 37: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	15, // 38: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	17, // 39: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	3,  // 40: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	7,  // 41: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	10, // 42: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	12, // 43: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	16, // 44: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	18, // 45: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	40, // [40:46] is the sub-list for method output_type
+	34, // [34:40] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -1304,18 +1806,23 @@ func file_cyclone_v1_worker_service_proto_init() {
 		(*CompleteResult_Response)(nil),
 		(*CompleteResult_Error)(nil),
 	}
+	file_cyclone_v1_worker_service_proto_msgTypes[16].OneofWrappers = []any{
+		(*EndStepCallRequest_Output)(nil),
+		(*EndStepCallRequest_Error)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   15,
+			NumEnums:      1,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_cyclone_v1_worker_service_proto_goTypes,
 		DependencyIndexes: file_cyclone_v1_worker_service_proto_depIdxs,
+		EnumInfos:         file_cyclone_v1_worker_service_proto_enumTypes,
 		MessageInfos:      file_cyclone_v1_worker_service_proto_msgTypes,
 	}.Build()
 	File_cyclone_v1_worker_service_proto = out.File

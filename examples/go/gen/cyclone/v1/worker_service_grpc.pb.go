@@ -19,10 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	WorkerService_Claim_FullMethodName        = "/cyclone.v1.WorkerService/Claim"
-	WorkerService_Heartbeat_FullMethodName    = "/cyclone.v1.WorkerService/Heartbeat"
-	WorkerService_Complete_FullMethodName     = "/cyclone.v1.WorkerService/Complete"
-	WorkerService_CompleteMany_FullMethodName = "/cyclone.v1.WorkerService/CompleteMany"
+	WorkerService_Claim_FullMethodName         = "/cyclone.v1.WorkerService/Claim"
+	WorkerService_Heartbeat_FullMethodName     = "/cyclone.v1.WorkerService/Heartbeat"
+	WorkerService_Complete_FullMethodName      = "/cyclone.v1.WorkerService/Complete"
+	WorkerService_CompleteMany_FullMethodName  = "/cyclone.v1.WorkerService/CompleteMany"
+	WorkerService_BeginStepCall_FullMethodName = "/cyclone.v1.WorkerService/BeginStepCall"
+	WorkerService_EndStepCall_FullMethodName   = "/cyclone.v1.WorkerService/EndStepCall"
 )
 
 // WorkerServiceClient is the client API for WorkerService service.
@@ -54,6 +56,23 @@ type WorkerServiceClient interface {
 	// whole call. Workers that finish many steps at once use it to save round trips and
 	// commits.
 	CompleteMany(ctx context.Context, in *CompleteManyRequest, opts ...grpc.CallOption) (*CompleteManyResponse, error)
+	// Begins a step call of a durable function (a node whose handler calls steps; see
+	// docs/durable-functions.md), fenced by the node's lease token: a stale token is
+	// ABORTED and writes nothing. For a call marked unsafe_to_repeat with no entry in the
+	// journal, records it STARTED, durably, before answering RUN: only then may the
+	// function run. Answers RECORDED with the entry when the call already has an
+	// outcome (replay it), RUN when it has none (a safe call writes nothing here), and
+	// UNCERTAIN for an unsafe call whose STARTED entry was left by an earlier attempt:
+	// its effect may have happened, so the node stops, becomes UNCERTAIN and its run
+	// BLOCKED with EffectUncertain naming the node and step_id (in a run already blocked,
+	// the node is held instead and blocks again when it next replays). Safe calls need
+	// not call it: the claimed journal already says whether they have an outcome.
+	BeginStepCall(ctx context.Context, in *BeginStepCallRequest, opts ...grpc.CallOption) (*BeginStepCallResponse, error)
+	// Ends a step call with its outcome, fenced by the lease token as BeginStepCall:
+	// a success with its output, or a failure. Updates a STARTED entry in place, or adds
+	// the entry of a safe call. Repeating it after the call has an outcome changes
+	// nothing and answers duplicate = true with the recorded entry.
+	EndStepCall(ctx context.Context, in *EndStepCallRequest, opts ...grpc.CallOption) (*EndStepCallResponse, error)
 }
 
 type workerServiceClient struct {
@@ -104,6 +123,26 @@ func (c *workerServiceClient) CompleteMany(ctx context.Context, in *CompleteMany
 	return out, nil
 }
 
+func (c *workerServiceClient) BeginStepCall(ctx context.Context, in *BeginStepCallRequest, opts ...grpc.CallOption) (*BeginStepCallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BeginStepCallResponse)
+	err := c.cc.Invoke(ctx, WorkerService_BeginStepCall_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workerServiceClient) EndStepCall(ctx context.Context, in *EndStepCallRequest, opts ...grpc.CallOption) (*EndStepCallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EndStepCallResponse)
+	err := c.cc.Invoke(ctx, WorkerService_EndStepCall_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServiceServer is the server API for WorkerService service.
 // All implementations must embed UnimplementedWorkerServiceServer
 // for forward compatibility.
@@ -133,6 +172,23 @@ type WorkerServiceServer interface {
 	// whole call. Workers that finish many steps at once use it to save round trips and
 	// commits.
 	CompleteMany(context.Context, *CompleteManyRequest) (*CompleteManyResponse, error)
+	// Begins a step call of a durable function (a node whose handler calls steps; see
+	// docs/durable-functions.md), fenced by the node's lease token: a stale token is
+	// ABORTED and writes nothing. For a call marked unsafe_to_repeat with no entry in the
+	// journal, records it STARTED, durably, before answering RUN: only then may the
+	// function run. Answers RECORDED with the entry when the call already has an
+	// outcome (replay it), RUN when it has none (a safe call writes nothing here), and
+	// UNCERTAIN for an unsafe call whose STARTED entry was left by an earlier attempt:
+	// its effect may have happened, so the node stops, becomes UNCERTAIN and its run
+	// BLOCKED with EffectUncertain naming the node and step_id (in a run already blocked,
+	// the node is held instead and blocks again when it next replays). Safe calls need
+	// not call it: the claimed journal already says whether they have an outcome.
+	BeginStepCall(context.Context, *BeginStepCallRequest) (*BeginStepCallResponse, error)
+	// Ends a step call with its outcome, fenced by the lease token as BeginStepCall:
+	// a success with its output, or a failure. Updates a STARTED entry in place, or adds
+	// the entry of a safe call. Repeating it after the call has an outcome changes
+	// nothing and answers duplicate = true with the recorded entry.
+	EndStepCall(context.Context, *EndStepCallRequest) (*EndStepCallResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
 }
 
@@ -154,6 +210,12 @@ func (UnimplementedWorkerServiceServer) Complete(context.Context, *CompleteReque
 }
 func (UnimplementedWorkerServiceServer) CompleteMany(context.Context, *CompleteManyRequest) (*CompleteManyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CompleteMany not implemented")
+}
+func (UnimplementedWorkerServiceServer) BeginStepCall(context.Context, *BeginStepCallRequest) (*BeginStepCallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BeginStepCall not implemented")
+}
+func (UnimplementedWorkerServiceServer) EndStepCall(context.Context, *EndStepCallRequest) (*EndStepCallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EndStepCall not implemented")
 }
 func (UnimplementedWorkerServiceServer) mustEmbedUnimplementedWorkerServiceServer() {}
 func (UnimplementedWorkerServiceServer) testEmbeddedByValue()                       {}
@@ -248,6 +310,42 @@ func _WorkerService_CompleteMany_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkerService_BeginStepCall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BeginStepCallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).BeginStepCall(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_BeginStepCall_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).BeginStepCall(ctx, req.(*BeginStepCallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _WorkerService_EndStepCall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EndStepCallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).EndStepCall(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_EndStepCall_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).EndStepCall(ctx, req.(*EndStepCallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkerService_ServiceDesc is the grpc.ServiceDesc for WorkerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -270,6 +368,14 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CompleteMany",
 			Handler:    _WorkerService_CompleteMany_Handler,
+		},
+		{
+			MethodName: "BeginStepCall",
+			Handler:    _WorkerService_BeginStepCall_Handler,
+		},
+		{
+			MethodName: "EndStepCall",
+			Handler:    _WorkerService_EndStepCall_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

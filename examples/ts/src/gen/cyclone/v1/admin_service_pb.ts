@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/admin_service.proto.
  */
 export const file_cyclone_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEiPAoMUmV0cnlSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBnJlYXNvbhgDIAEoCSItCg1SZXRyeVJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuIjEKD1JldHJ5QWxsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDgoGcmVhc29uGAIgASgJIj8KEFJldHJ5QWxsUmVzcG9uc2USDQoFbm9kZXMYASADKAkSHAoDcnVuGAIgASgLMg8uY3ljbG9uZS52MS5SdW4imgEKDlJlc29sdmVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEigKBnJlc3VsdBgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEg8KBWVycm9yGAQgASgJSAASEQoHZGlzY2FyZBgFIAEoCEgAEg4KBnJlYXNvbhgGIAEoCUIMCgpyZXNvbHV0aW9uIi8KD1Jlc29sdmVSZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bjLXAQoMQWRtaW5TZXJ2aWNlEjwKBVJldHJ5EhguY3ljbG9uZS52MS5SZXRyeVJlcXVlc3QaGS5jeWNsb25lLnYxLlJldHJ5UmVzcG9uc2USRQoIUmV0cnlBbGwSGy5jeWNsb25lLnYxLlJldHJ5QWxsUmVxdWVzdBocLmN5Y2xvbmUudjEuUmV0cnlBbGxSZXNwb25zZRJCCgdSZXNvbHZlEhouY3ljbG9uZS52MS5SZXNvbHZlUmVxdWVzdBobLmN5Y2xvbmUudjEuUmVzb2x2ZVJlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_google_protobuf_struct]);
+  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEiPAoMUmV0cnlSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBnJlYXNvbhgDIAEoCSItCg1SZXRyeVJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuIjEKD1JldHJ5QWxsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDgoGcmVhc29uGAIgASgJIj8KEFJldHJ5QWxsUmVzcG9uc2USDQoFbm9kZXMYASADKAkSHAoDcnVuGAIgASgLMg8uY3ljbG9uZS52MS5SdW4iqwEKDlJlc29sdmVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEigKBnJlc3VsdBgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEg8KBWVycm9yGAQgASgJSAASEQoHZGlzY2FyZBgFIAEoCEgAEg4KBnJlYXNvbhgGIAEoCRIPCgdzdGVwX2lkGAcgASgJQgwKCnJlc29sdXRpb24iLwoPUmVzb2x2ZVJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuMtcBCgxBZG1pblNlcnZpY2USPAoFUmV0cnkSGC5jeWNsb25lLnYxLlJldHJ5UmVxdWVzdBoZLmN5Y2xvbmUudjEuUmV0cnlSZXNwb25zZRJFCghSZXRyeUFsbBIbLmN5Y2xvbmUudjEuUmV0cnlBbGxSZXF1ZXN0GhwuY3ljbG9uZS52MS5SZXRyeUFsbFJlc3BvbnNlEkIKB1Jlc29sdmUSGi5jeWNsb25lLnYxLlJlc29sdmVSZXF1ZXN0GhsuY3ljbG9uZS52MS5SZXNvbHZlUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_struct]);
 
 /**
  * Arguments of AdminService.Retry.
@@ -180,11 +180,22 @@ export type ResolveRequest = Message<"cyclone.v1.ResolveRequest"> & {
   } | { case: undefined; value?: undefined };
 
   /**
-   * Why, recorded in the audit trail. Required.
+   * Why, recorded in the audit trail. Optional: the actor is recorded either way.
    *
    * @generated from field: string reason = 6;
    */
   reason: string;
+
+  /**
+   * For a run blocked on a step call of a durable function (RunError.step_id): that
+   * call's step_id. Then result records the call's success with the value, error its
+   * failure (the body's except runs on replay), and discard deletes its entry (the call
+   * runs on replay); in each case the node becomes available again and the run
+   * running. Required when the run is blocked on a step call, refused otherwise.
+   *
+   * @generated from field: string step_id = 7;
+   */
+  stepId: string;
 };
 
 /**
@@ -245,7 +256,7 @@ export const AdminService: GenService<{
     output: typeof RetryAllResponseSchema;
   },
   /**
-   * Resolves the uncertain step of a blocked run after checking the outside world:
+   * Resolves the uncertain step (or, with step_id, step call) of a blocked run after checking the outside world:
    * result (the effect happened; the value is its output), error (the effect happened
    * and failed; the step is discarded so failure-rule nodes run) or discard (the
    * effect did not happen; the step runs on the next claim). Only while the run is

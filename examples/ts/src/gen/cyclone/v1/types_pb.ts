@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/types.proto.
  */
 export const file_cyclone_v1_types: GenFile = /*@__PURE__*/
-  fileDesc("ChZjeWNsb25lL3YxL3R5cGVzLnByb3RvEgpjeWNsb25lLnYxIjkKCFdvcmtmbG93EgwKBG5hbWUYASABKAkSHwoFbm9kZXMYAiADKAsyEC5jeWNsb25lLnYxLk5vZGUi4gEKBE5vZGUSDAoEbmFtZRgBIAEoCRIOCgZhY3Rpb24YAiABKAkSEgoKZGVwZW5kc19vbhgDIAMoCRItCgx0cmlnZ2VyX3J1bGUYBCABKA4yFy5jeWNsb25lLnYxLlRyaWdnZXJSdWxlEiYKBXJldHJ5GAUgASgLMhcuY3ljbG9uZS52MS5SZXRyeVBvbGljeRIqCgd0aW1lb3V0GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiUKBWlucHV0GAcgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlIqMBCgtSZXRyeVBvbGljeRIUCgxtYXhfYXR0ZW1wdHMYASABKAUSMgoPaW5pdGlhbF9iYWNrb2ZmGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KC21heF9iYWNrb2ZmGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhoKEmJhY2tvZmZfbXVsdGlwbGllchgEIAEoASLwAwoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRIlCgZzdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIlCgVpbnB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIjCgVlcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISEgoKc3VibWl0X2tleRgGIAEoCRIuCgpjcmVhdGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASHwoFc3RlcHMYCiADKAsyEC5jeWNsb25lLnYxLlN0ZXASJQoFYXVkaXQYCyADKAsyFi5jeWNsb25lLnYxLkF1ZGl0RW50cnkSNAoLc3RlcF9jb3VudHMYDCADKAsyHy5jeWNsb25lLnYxLlJ1bi5TdGVwQ291bnRzRW50cnkaMQoPU3RlcENvdW50c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoBToCOAEieAoIUnVuRXJyb3ISDAoEa2luZBgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEgwKBG5vZGUYAyABKAkSDwoHYXR0ZW1wdBgEIAEoBRIuCgpzdGFydGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKvBQoEU3RlcBIMCgRub2RlGAEgASgJEg4KBmFjdGlvbhgCIAEoCRImCgZzdGF0dXMYAyABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSDwoHYXR0ZW1wdBgEIAEoBRIUCgxtYXhfYXR0ZW1wdHMYBSABKAUSEgoKZGVwZW5kc19vbhgGIAMoCRItCgx0cmlnZ2VyX3J1bGUYByABKA4yFy5jeWNsb25lLnYxLlRyaWdnZXJSdWxlEiUKBWlucHV0GAggASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiYKBm91dHB1dBgJIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIlCgZlcnJvcnMYCiADKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvchIRCgl3b3JrZXJfaWQYCyABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMYXZhaWxhYmxlX2F0GA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpzdGFydGVkX2F0GA4gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgPIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGAoQZWZmZWN0X3VuY2VydGFpbhgQIAEoCBIqCgd0aW1lb3V0GBEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEigKCHByb2dyZXNzGBIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEjUKEWxhc3RfaGVhcnRiZWF0X2F0GBMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKVAQoJU3RlcEVycm9yEg8KB2F0dGVtcHQYASABKAUSDAoEa2luZBgCIAEoCRIMCgR0eXBlGAMgASgJEg8KB21lc3NhZ2UYBCABKAkSDwoHZGV0YWlscxgFIAEoCRIRCglyZXRyeWFibGUYBiABKAgSJgoCYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpoBCgpBdWRpdEVudHJ5Eg4KBmFjdGlvbhgBIAEoCRIMCgRub2RlGAIgASgJEg0KBWFjdG9yGAMgASgJEg4KBnJlYXNvbhgEIAEoCRImCgJhdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJwoHZGV0YWlscxgGIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSqBAQoLVHJpZ2dlclJ1bGUSHAoYVFJJR0dFUl9SVUxFX1VOU1BFQ0lGSUVEEAASHAoYVFJJR0dFUl9SVUxFX0FMTF9TVUNDRVNTEAESGQoVVFJJR0dFUl9SVUxFX0FMTF9ET05FEAISGwoXVFJJR0dFUl9SVUxFX09ORV9GQUlMRUQQAyqiAQoJUnVuU3RhdHVzEhoKFlJVTl9TVEFUVVNfVU5TUEVDSUZJRUQQABIWChJSVU5fU1RBVFVTX1JVTk5JTkcQARIYChRSVU5fU1RBVFVTX0NPTVBMRVRFRBACEhUKEVJVTl9TVEFUVVNfRkFJTEVEEAMSFgoSUlVOX1NUQVRVU19CTE9DS0VEEAQSGAoUUlVOX1NUQVRVU19DQU5DRUxMRUQQBSr7AQoKU3RlcFN0YXR1cxIbChdTVEVQX1NUQVRVU19VTlNQRUNJRklFRBAAEhcKE1NURVBfU1RBVFVTX1BFTkRJTkcQARIZChVTVEVQX1NUQVRVU19BVkFJTEFCTEUQAhIXChNTVEVQX1NUQVRVU19SVU5OSU5HEAMSGQoVU1RFUF9TVEFUVVNfQ09NUExFVEVEEAQSGQoVU1RFUF9TVEFUVVNfRElTQ0FSREVEEAUSGQoVU1RFUF9TVEFUVVNfVU5DRVJUQUlOEAYSFwoTU1RFUF9TVEFUVVNfU0tJUFBFRBAHEhkKFVNURVBfU1RBVFVTX0NBTkNFTExFRBAIYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChZjeWNsb25lL3YxL3R5cGVzLnByb3RvEgpjeWNsb25lLnYxIjkKCFdvcmtmbG93EgwKBG5hbWUYASABKAkSHwoFbm9kZXMYAiADKAsyEC5jeWNsb25lLnYxLk5vZGUi4gEKBE5vZGUSDAoEbmFtZRgBIAEoCRIOCgZhY3Rpb24YAiABKAkSEgoKZGVwZW5kc19vbhgDIAMoCRItCgx0cmlnZ2VyX3J1bGUYBCABKA4yFy5jeWNsb25lLnYxLlRyaWdnZXJSdWxlEiYKBXJldHJ5GAUgASgLMhcuY3ljbG9uZS52MS5SZXRyeVBvbGljeRIqCgd0aW1lb3V0GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiUKBWlucHV0GAcgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlIqMBCgtSZXRyeVBvbGljeRIUCgxtYXhfYXR0ZW1wdHMYASABKAUSMgoPaW5pdGlhbF9iYWNrb2ZmGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KC21heF9iYWNrb2ZmGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhoKEmJhY2tvZmZfbXVsdGlwbGllchgEIAEoASLwAwoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRIlCgZzdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIlCgVpbnB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIjCgVlcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISEgoKc3VibWl0X2tleRgGIAEoCRIuCgpjcmVhdGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASHwoFc3RlcHMYCiADKAsyEC5jeWNsb25lLnYxLlN0ZXASJQoFYXVkaXQYCyADKAsyFi5jeWNsb25lLnYxLkF1ZGl0RW50cnkSNAoLc3RlcF9jb3VudHMYDCADKAsyHy5jeWNsb25lLnYxLlJ1bi5TdGVwQ291bnRzRW50cnkaMQoPU3RlcENvdW50c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoBToCOAEiiQEKCFJ1bkVycm9yEgwKBGtpbmQYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIMCgRub2RlGAMgASgJEg8KB2F0dGVtcHQYBCABKAUSLgoKc3RhcnRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHc3RlcF9pZBgGIAEoCSLWBQoEU3RlcBIMCgRub2RlGAEgASgJEg4KBmFjdGlvbhgCIAEoCRImCgZzdGF0dXMYAyABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSDwoHYXR0ZW1wdBgEIAEoBRIUCgxtYXhfYXR0ZW1wdHMYBSABKAUSEgoKZGVwZW5kc19vbhgGIAMoCRItCgx0cmlnZ2VyX3J1bGUYByABKA4yFy5jeWNsb25lLnYxLlRyaWdnZXJSdWxlEiUKBWlucHV0GAggASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiYKBm91dHB1dBgJIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIlCgZlcnJvcnMYCiADKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvchIRCgl3b3JrZXJfaWQYCyABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMYXZhaWxhYmxlX2F0GA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpzdGFydGVkX2F0GA4gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgPIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGAoQZWZmZWN0X3VuY2VydGFpbhgQIAEoCBIqCgd0aW1lb3V0GBEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEigKCHByb2dyZXNzGBIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEjUKEWxhc3RfaGVhcnRiZWF0X2F0GBMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIlCgdqb3VybmFsGBQgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbCLEAgoIU3RlcENhbGwSDwoHc3RlcF9pZBgBIAEoCRILCgNzZXEYAiABKAUSEAoIZnVuY3Rpb24YAyABKAkSKgoGc3RhdHVzGAQgASgOMhouY3ljbG9uZS52MS5TdGVwQ2FsbFN0YXR1cxIYChB1bnNhZmVfdG9fcmVwZWF0GAUgASgIEiYKBm91dHB1dBgGIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIoCgVlcnJvchgHIAEoCzIZLmN5Y2xvbmUudjEuU3RlcENhbGxFcnJvchIPCgdhdHRlbXB0GAggASgFEi4KCnN0YXJ0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI/Cg1TdGVwQ2FsbEVycm9yEgwKBHR5cGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJIpUBCglTdGVwRXJyb3ISDwoHYXR0ZW1wdBgBIAEoBRIMCgRraW5kGAIgASgJEgwKBHR5cGUYAyABKAkSDwoHbWVzc2FnZRgEIAEoCRIPCgdkZXRhaWxzGAUgASgJEhEKCXJldHJ5YWJsZRgGIAEoCBImCgJhdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAimgEKCkF1ZGl0RW50cnkSDgoGYWN0aW9uGAEgASgJEgwKBG5vZGUYAiABKAkSDQoFYWN0b3IYAyABKAkSDgoGcmVhc29uGAQgASgJEiYKAmF0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBInCgdkZXRhaWxzGAYgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlKoEBCgtUcmlnZ2VyUnVsZRIcChhUUklHR0VSX1JVTEVfVU5TUEVDSUZJRUQQABIcChhUUklHR0VSX1JVTEVfQUxMX1NVQ0NFU1MQARIZChVUUklHR0VSX1JVTEVfQUxMX0RPTkUQAhIbChdUUklHR0VSX1JVTEVfT05FX0ZBSUxFRBADKqIBCglSdW5TdGF0dXMSGgoWUlVOX1NUQVRVU19VTlNQRUNJRklFRBAAEhYKElJVTl9TVEFUVVNfUlVOTklORxABEhgKFFJVTl9TVEFUVVNfQ09NUExFVEVEEAISFQoRUlVOX1NUQVRVU19GQUlMRUQQAxIWChJSVU5fU1RBVFVTX0JMT0NLRUQQBBIYChRSVU5fU1RBVFVTX0NBTkNFTExFRBAFKvsBCgpTdGVwU3RhdHVzEhsKF1NURVBfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFwoTU1RFUF9TVEFUVVNfUEVORElORxABEhkKFVNURVBfU1RBVFVTX0FWQUlMQUJMRRACEhcKE1NURVBfU1RBVFVTX1JVTk5JTkcQAxIZChVTVEVQX1NUQVRVU19DT01QTEVURUQQBBIZChVTVEVQX1NUQVRVU19ESVNDQVJERUQQBRIZChVTVEVQX1NUQVRVU19VTkNFUlRBSU4QBhIXChNTVEVQX1NUQVRVU19TS0lQUEVEEAcSGQoVU1RFUF9TVEFUVVNfQ0FOQ0VMTEVEEAgqjQEKDlN0ZXBDYWxsU3RhdHVzEiAKHFNURVBfQ0FMTF9TVEFUVVNfVU5TUEVDSUZJRUQQABIcChhTVEVQX0NBTExfU1RBVFVTX1NUQVJURUQQARIeChpTVEVQX0NBTExfU1RBVFVTX1NVQ0NFRURFRBACEhsKF1NURVBfQ0FMTF9TVEFUVVNfRkFJTEVEEANiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * A workflow definition: a named DAG of nodes. It is sent whole with every Submit;
@@ -293,6 +293,14 @@ export type RunError = Message<"cyclone.v1.RunError"> & {
    * @generated from field: google.protobuf.Timestamp started_at = 5;
    */
   startedAt?: Timestamp | undefined;
+
+  /**
+   * For a run blocked on a step call of a durable function: the call's step_id, whose
+   * journal entry is STARTED with no outcome. Resolve names it.
+   *
+   * @generated from field: string step_id = 6;
+   */
+  stepId: string;
 };
 
 /**
@@ -442,6 +450,14 @@ export type Step = Message<"cyclone.v1.Step"> & {
    * @generated from field: google.protobuf.Timestamp last_heartbeat_at = 19;
    */
   lastHeartbeatAt?: Timestamp | undefined;
+
+  /**
+   * The node's journal, when its handler is a durable function: its step calls in call
+   * order. Filled by GetRun only.
+   *
+   * @generated from field: repeated cyclone.v1.StepCall journal = 20;
+   */
+  journal: StepCall[];
 };
 
 /**
@@ -450,6 +466,126 @@ export type Step = Message<"cyclone.v1.Step"> & {
  */
 export const StepSchema: GenMessage<Step> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_types, 5);
+
+/**
+ * One step call recorded by a durable function: an entry of its node's journal,
+ * unique by (run_id, node, step_id).
+ *
+ * @generated from message cyclone.v1.StepCall
+ */
+export type StepCall = Message<"cyclone.v1.StepCall"> & {
+  /**
+   * Unique within the node, stable across replays ("charge_order", "charge_order#2").
+   *
+   * @generated from field: string step_id = 1;
+   */
+  stepId: string;
+
+  /**
+   * Position of the call in the body, 1 for the first.
+   *
+   * @generated from field: int32 seq = 2;
+   */
+  seq: number;
+
+  /**
+   * The function the step called.
+   *
+   * @generated from field: string function = 3;
+   */
+  function: string;
+
+  /**
+   * STARTED (an unsafe call began and has no outcome yet), SUCCEEDED or FAILED.
+   *
+   * @generated from field: cyclone.v1.StepCallStatus status = 4;
+   */
+  status: StepCallStatus;
+
+  /**
+   * The call was marked unsafe_to_repeat when it was recorded.
+   *
+   * @generated from field: bool unsafe_to_repeat = 5;
+   */
+  unsafeToRepeat: boolean;
+
+  /**
+   * The return value, for SUCCEEDED.
+   *
+   * @generated from field: google.protobuf.Value output = 6;
+   */
+  output?: Value | undefined;
+
+  /**
+   * The raised error, for FAILED.
+   *
+   * @generated from field: cyclone.v1.StepCallError error = 7;
+   */
+  error?: StepCallError | undefined;
+
+  /**
+   * The node attempt that last wrote the entry.
+   *
+   * @generated from field: int32 attempt = 8;
+   */
+  attempt: number;
+
+  /**
+   * When the call began (STARTED was recorded; for a safe call, when it ended).
+   *
+   * @generated from field: google.protobuf.Timestamp started_at = 9;
+   */
+  startedAt?: Timestamp | undefined;
+
+  /**
+   * When its outcome was recorded.
+   *
+   * @generated from field: google.protobuf.Timestamp finished_at = 10;
+   */
+  finishedAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.StepCall.
+ * Use `create(StepCallSchema)` to create a new message.
+ */
+export const StepCallSchema: GenMessage<StepCall> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_types, 6);
+
+/**
+ * The error a step call raised.
+ *
+ * @generated from message cyclone.v1.StepCallError
+ */
+export type StepCallError = Message<"cyclone.v1.StepCallError"> & {
+  /**
+   * The exception's type name, e.g. "CardDeclined". Up to 200 characters.
+   *
+   * @generated from field: string type = 1;
+   */
+  type: string;
+
+  /**
+   * Its message.
+   *
+   * @generated from field: string message = 2;
+   */
+  message: string;
+
+  /**
+   * Traceback or other detail.
+   *
+   * @generated from field: string details = 3;
+   */
+  details: string;
+};
+
+/**
+ * Describes the message cyclone.v1.StepCallError.
+ * Use `create(StepCallErrorSchema)` to create a new message.
+ */
+export const StepCallErrorSchema: GenMessage<StepCallError> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_types, 7);
 
 /**
  * One failure of a node.
@@ -512,7 +648,7 @@ export type StepError = Message<"cyclone.v1.StepError"> & {
  * Use `create(StepErrorSchema)` to create a new message.
  */
 export const StepErrorSchema: GenMessage<StepError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 6);
+  messageDesc(file_cyclone_v1_types, 8);
 
 /**
  * One operator action, as recorded.
@@ -568,7 +704,7 @@ export type AuditEntry = Message<"cyclone.v1.AuditEntry"> & {
  * Use `create(AuditEntrySchema)` to create a new message.
  */
 export const AuditEntrySchema: GenMessage<AuditEntry> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 7);
+  messageDesc(file_cyclone_v1_types, 9);
 
 /**
  * When a node whose upstream nodes have all finished may run.
@@ -745,4 +881,45 @@ export enum StepStatus {
  */
 export const StepStatusSchema: GenEnum<StepStatus> = /*@__PURE__*/
   enumDesc(file_cyclone_v1_types, 2);
+
+/**
+ * Status of a step call.
+ *
+ * @generated from enum cyclone.v1.StepCallStatus
+ */
+export enum StepCallStatus {
+  /**
+   * Never stored.
+   *
+   * @generated from enum value: STEP_CALL_STATUS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * An unsafe call began; its outcome is not recorded (yet).
+   *
+   * @generated from enum value: STEP_CALL_STATUS_STARTED = 1;
+   */
+  STARTED = 1,
+
+  /**
+   * The call returned; its output is recorded.
+   *
+   * @generated from enum value: STEP_CALL_STATUS_SUCCEEDED = 2;
+   */
+  SUCCEEDED = 2,
+
+  /**
+   * The call raised; its error is recorded and raised again on replay.
+   *
+   * @generated from enum value: STEP_CALL_STATUS_FAILED = 3;
+   */
+  FAILED = 3,
+}
+
+/**
+ * Describes the enum cyclone.v1.StepCallStatus.
+ */
+export const StepCallStatusSchema: GenEnum<StepCallStatus> = /*@__PURE__*/
+  enumDesc(file_cyclone_v1_types, 3);
 

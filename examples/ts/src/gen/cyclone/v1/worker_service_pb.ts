@@ -2,9 +2,9 @@
 // @generated from file cyclone/v1/worker_service.proto (package cyclone.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { RunStatus, StepError, StepStatus } from "./types_pb.js";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { RunStatus, StepCall, StepCallError, StepError, StepStatus } from "./types_pb.js";
 import { file_cyclone_v1_types } from "./types_pb.js";
 import type { Duration, Timestamp, Value } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/worker_service.proto.
  */
 export const file_cyclone_v1_worker_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIjQKCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNwoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAi0wQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIpkBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIlwKEUhlYXJ0YmVhdFJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWNhbmNlbGxlZBgCIAEoCCKhAQoPQ29tcGxldGVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKBm91dHB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEiYKB2ZhaWx1cmUYBSABKAsyEy5jeWNsb25lLnYxLkZhaWx1cmVIAEIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiRwoTQ29tcGxldGVNYW55UmVxdWVzdBIwCgtjb21wbGV0aW9ucxgBIAMoCzIbLmN5Y2xvbmUudjEuQ29tcGxldGVSZXF1ZXN0IkMKFENvbXBsZXRlTWFueVJlc3BvbnNlEisKB3Jlc3VsdHMYASADKAsyGi5jeWNsb25lLnYxLkNvbXBsZXRlUmVzdWx0IngKDkNvbXBsZXRlUmVzdWx0EjAKCHJlc3BvbnNlGAEgASgLMhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiRwoNQ29tcGxldGVFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSFwoPY3VycmVudF9hdHRlbXB0GAMgASgFMrECCg1Xb3JrZXJTZXJ2aWNlEjwKBUNsYWltEhguY3ljbG9uZS52MS5DbGFpbVJlcXVlc3QaGS5jeWNsb25lLnYxLkNsYWltUmVzcG9uc2USSAoJSGVhcnRiZWF0EhwuY3ljbG9uZS52MS5IZWFydGJlYXRSZXF1ZXN0Gh0uY3ljbG9uZS52MS5IZWFydGJlYXRSZXNwb25zZRJFCghDb21wbGV0ZRIbLmN5Y2xvbmUudjEuQ29tcGxldGVSZXF1ZXN0GhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlElEKDENvbXBsZXRlTWFueRIfLmN5Y2xvbmUudjEuQ29tcGxldGVNYW55UmVxdWVzdBogLmN5Y2xvbmUudjEuQ29tcGxldGVNYW55UmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIjQKCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNwoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAi+gQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIpkBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIlwKEUhlYXJ0YmVhdFJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWNhbmNlbGxlZBgCIAEoCCKhAQoPQ29tcGxldGVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKBm91dHB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEiYKB2ZhaWx1cmUYBSABKAsyEy5jeWNsb25lLnYxLkZhaWx1cmVIAEIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiRwoTQ29tcGxldGVNYW55UmVxdWVzdBIwCgtjb21wbGV0aW9ucxgBIAMoCzIbLmN5Y2xvbmUudjEuQ29tcGxldGVSZXF1ZXN0IkMKFENvbXBsZXRlTWFueVJlc3BvbnNlEisKB3Jlc3VsdHMYASADKAsyGi5jeWNsb25lLnYxLkNvbXBsZXRlUmVzdWx0IngKDkNvbXBsZXRlUmVzdWx0EjAKCHJlc3BvbnNlGAEgASgLMhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiRwoNQ29tcGxldGVFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSFwoPY3VycmVudF9hdHRlbXB0GAMgASgFIpMBChRCZWdpblN0ZXBDYWxsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRIQCghmdW5jdGlvbhgGIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAcgASgIIpYBChVCZWdpblN0ZXBDYWxsUmVzcG9uc2USLgoIZGVjaXNpb24YASABKA4yHC5jeWNsb25lLnYxLlN0ZXBDYWxsRGVjaXNpb24SIgoEY2FsbBgCIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSKQoKcnVuX3N0YXR1cxgDIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzIvIBChJFbmRTdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCBIoCgZvdXRwdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVIABIqCgVlcnJvchgJIAEoCzIZLmN5Y2xvbmUudjEuU3RlcENhbGxFcnJvckgAQgkKB291dGNvbWUiTAoTRW5kU3RlcENhbGxSZXNwb25zZRIiCgRjYWxsGAEgASgLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIRCglkdXBsaWNhdGUYAiABKAgqlQEKEFN0ZXBDYWxsRGVjaXNpb24SIgoeU1RFUF9DQUxMX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASGgoWU1RFUF9DQUxMX0RFQ0lTSU9OX1JVThABEh8KG1NURVBfQ0FMTF9ERUNJU0lPTl9SRUNPUkRFRBACEiAKHFNURVBfQ0FMTF9ERUNJU0lPTl9VTkNFUlRBSU4QAzLXAwoNV29ya2VyU2VydmljZRI8CgVDbGFpbRIYLmN5Y2xvbmUudjEuQ2xhaW1SZXF1ZXN0GhkuY3ljbG9uZS52MS5DbGFpbVJlc3BvbnNlEkgKCUhlYXJ0YmVhdBIcLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVxdWVzdBodLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVzcG9uc2USRQoIQ29tcGxldGUSGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBocLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZRJRCgxDb21wbGV0ZU1hbnkSHy5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlcXVlc3QaIC5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlc3BvbnNlElQKDUJlZ2luU3RlcENhbGwSIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0GiEuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVzcG9uc2USTgoLRW5kU3RlcENhbGwSHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdBofLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXNwb25zZWIGcHJvdG8z", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * An action a worker serves.
@@ -231,6 +231,15 @@ export type ClaimedStep = Message<"cyclone.v1.ClaimedStep"> & {
    * @generated from field: repeated cyclone.v1.UpstreamFailure upstream_failures = 15;
    */
   upstreamFailures: UpstreamFailure[];
+
+  /**
+   * The node's journal: the step calls its durable function recorded in earlier
+   * attempts, in call order (seq). A replay reads outcomes from here, with no round
+   * trip. Empty for a node that never recorded one.
+   *
+   * @generated from field: repeated cyclone.v1.StepCall journal = 16;
+   */
+  journal: StepCall[];
 };
 
 /**
@@ -633,6 +642,268 @@ export const CompleteErrorSchema: GenMessage<CompleteError> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_worker_service, 13);
 
 /**
+ * Arguments of WorkerService.BeginStepCall. The node is named by run_id and node;
+ * lease_token is the one its Claim returned.
+ *
+ * @generated from message cyclone.v1.BeginStepCallRequest
+ */
+export type BeginStepCallRequest = Message<"cyclone.v1.BeginStepCallRequest"> & {
+  /**
+   * The run of the held step.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The node of the held step.
+   *
+   * @generated from field: string node = 2;
+   */
+  node: string;
+
+  /**
+   * The lease token from Claim.
+   *
+   * @generated from field: string lease_token = 3;
+   */
+  leaseToken: string;
+
+  /**
+   * The step call's id, unique within the node and stable across replays: the step's
+   * name plus its occurrence in the body ("charge_order", "charge_order#2") unless the
+   * caller names one. 1-200 printable characters.
+   *
+   * @generated from field: string step_id = 4;
+   */
+  stepId: string;
+
+  /**
+   * The call's position in the body, 1 for the first step call, 1-100000.
+   *
+   * @generated from field: int32 seq = 5;
+   */
+  seq: number;
+
+  /**
+   * The name of the function the step calls, e.g. "billing.charge_order". 1-200
+   * printable characters. Kept so that a replay can tell that a step_id now names
+   * another function.
+   *
+   * @generated from field: string function = 6;
+   */
+  function: string;
+
+  /**
+   * The current code marks the step unsafe_to_repeat.
+   *
+   * @generated from field: bool unsafe_to_repeat = 7;
+   */
+  unsafeToRepeat: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.BeginStepCallRequest.
+ * Use `create(BeginStepCallRequestSchema)` to create a new message.
+ */
+export const BeginStepCallRequestSchema: GenMessage<BeginStepCallRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 14);
+
+/**
+ * Result of WorkerService.BeginStepCall.
+ *
+ * @generated from message cyclone.v1.BeginStepCallResponse
+ */
+export type BeginStepCallResponse = Message<"cyclone.v1.BeginStepCallResponse"> & {
+  /**
+   * What to do.
+   *
+   * @generated from field: cyclone.v1.StepCallDecision decision = 1;
+   */
+  decision: StepCallDecision;
+
+  /**
+   * The journal entry: the recorded outcome for RECORDED, the STARTED entry for RUN of
+   * an unsafe call and for UNCERTAIN; unset for RUN of a safe call.
+   *
+   * @generated from field: cyclone.v1.StepCall call = 2;
+   */
+  call?: StepCall | undefined;
+
+  /**
+   * The run's status after this call: BLOCKED after UNCERTAIN.
+   *
+   * @generated from field: cyclone.v1.RunStatus run_status = 3;
+   */
+  runStatus: RunStatus;
+};
+
+/**
+ * Describes the message cyclone.v1.BeginStepCallResponse.
+ * Use `create(BeginStepCallResponseSchema)` to create a new message.
+ */
+export const BeginStepCallResponseSchema: GenMessage<BeginStepCallResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 15);
+
+/**
+ * Arguments of WorkerService.EndStepCall.
+ *
+ * @generated from message cyclone.v1.EndStepCallRequest
+ */
+export type EndStepCallRequest = Message<"cyclone.v1.EndStepCallRequest"> & {
+  /**
+   * The run of the held step.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The node of the held step.
+   *
+   * @generated from field: string node = 2;
+   */
+  node: string;
+
+  /**
+   * The lease token from Claim.
+   *
+   * @generated from field: string lease_token = 3;
+   */
+  leaseToken: string;
+
+  /**
+   * The step call's id, as in BeginStepCallRequest.
+   *
+   * @generated from field: string step_id = 4;
+   */
+  stepId: string;
+
+  /**
+   * The call's position in the body, as in BeginStepCallRequest.
+   *
+   * @generated from field: int32 seq = 5;
+   */
+  seq: number;
+
+  /**
+   * The function the step calls, as in BeginStepCallRequest.
+   *
+   * @generated from field: string function = 6;
+   */
+  function: string;
+
+  /**
+   * The current code marks the step unsafe_to_repeat (then BeginStepCall came first).
+   *
+   * @generated from field: bool unsafe_to_repeat = 7;
+   */
+  unsafeToRepeat: boolean;
+
+  /**
+   * The outcome: one of output (success) or error (failure).
+   *
+   * @generated from oneof cyclone.v1.EndStepCallRequest.outcome
+   */
+  outcome: {
+    /**
+     * Success, with the function's return value (any JSON; null when it returned
+     * nothing).
+     *
+     * @generated from field: google.protobuf.Value output = 8;
+     */
+    value: Value;
+    case: "output";
+  } | {
+    /**
+     * Failure: the exception the function raised, raised again on every replay.
+     *
+     * @generated from field: cyclone.v1.StepCallError error = 9;
+     */
+    value: StepCallError;
+    case: "error";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message cyclone.v1.EndStepCallRequest.
+ * Use `create(EndStepCallRequestSchema)` to create a new message.
+ */
+export const EndStepCallRequestSchema: GenMessage<EndStepCallRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 16);
+
+/**
+ * Result of WorkerService.EndStepCall.
+ *
+ * @generated from message cyclone.v1.EndStepCallResponse
+ */
+export type EndStepCallResponse = Message<"cyclone.v1.EndStepCallResponse"> & {
+  /**
+   * The journal entry as recorded.
+   *
+   * @generated from field: cyclone.v1.StepCall call = 1;
+   */
+  call?: StepCall | undefined;
+
+  /**
+   * True when the call already had an outcome: nothing was changed.
+   *
+   * @generated from field: bool duplicate = 2;
+   */
+  duplicate: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.EndStepCallResponse.
+ * Use `create(EndStepCallResponseSchema)` to create a new message.
+ */
+export const EndStepCallResponseSchema: GenMessage<EndStepCallResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 17);
+
+/**
+ * What the caller of BeginStepCall must do.
+ *
+ * @generated from enum cyclone.v1.StepCallDecision
+ */
+export enum StepCallDecision {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: STEP_CALL_DECISION_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Run the function, then EndStepCall with its outcome.
+   *
+   * @generated from enum value: STEP_CALL_DECISION_RUN = 1;
+   */
+  RUN = 1,
+
+  /**
+   * Do not run it: `call` holds its recorded outcome (SUCCEEDED: return the output;
+   * FAILED: raise the error again).
+   *
+   * @generated from enum value: STEP_CALL_DECISION_RECORDED = 2;
+   */
+  RECORDED = 2,
+
+  /**
+   * Do not run it, and stop the node: its effect may have happened. The node is now
+   * UNCERTAIN (or held) and its lease is over; drop it without a Complete.
+   *
+   * @generated from enum value: STEP_CALL_DECISION_UNCERTAIN = 3;
+   */
+  UNCERTAIN = 3,
+}
+
+/**
+ * Describes the enum cyclone.v1.StepCallDecision.
+ */
+export const StepCallDecisionSchema: GenEnum<StepCallDecision> = /*@__PURE__*/
+  enumDesc(file_cyclone_v1_worker_service, 0);
+
+/**
  * What workers call: claim ready steps under a lease, keep the lease alive, report
  * the outcome. A worker can be written in any language with a gRPC stack.
  *
@@ -692,6 +963,39 @@ export const WorkerService: GenService<{
     methodKind: "unary";
     input: typeof CompleteManyRequestSchema;
     output: typeof CompleteManyResponseSchema;
+  },
+  /**
+   * Begins a step call of a durable function (a node whose handler calls steps; see
+   * docs/durable-functions.md), fenced by the node's lease token: a stale token is
+   * ABORTED and writes nothing. For a call marked unsafe_to_repeat with no entry in the
+   * journal, records it STARTED, durably, before answering RUN: only then may the
+   * function run. Answers RECORDED with the entry when the call already has an
+   * outcome (replay it), RUN when it has none (a safe call writes nothing here), and
+   * UNCERTAIN for an unsafe call whose STARTED entry was left by an earlier attempt:
+   * its effect may have happened, so the node stops, becomes UNCERTAIN and its run
+   * BLOCKED with EffectUncertain naming the node and step_id (in a run already blocked,
+   * the node is held instead and blocks again when it next replays). Safe calls need
+   * not call it: the claimed journal already says whether they have an outcome.
+   *
+   * @generated from rpc cyclone.v1.WorkerService.BeginStepCall
+   */
+  beginStepCall: {
+    methodKind: "unary";
+    input: typeof BeginStepCallRequestSchema;
+    output: typeof BeginStepCallResponseSchema;
+  },
+  /**
+   * Ends a step call with its outcome, fenced by the lease token as BeginStepCall:
+   * a success with its output, or a failure. Updates a STARTED entry in place, or adds
+   * the entry of a safe call. Repeating it after the call has an outcome changes
+   * nothing and answers duplicate = true with the recorded entry.
+   *
+   * @generated from rpc cyclone.v1.WorkerService.EndStepCall
+   */
+  endStepCall: {
+    methodKind: "unary";
+    input: typeof EndStepCallRequestSchema;
+    output: typeof EndStepCallResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_worker_service, 0);
