@@ -6,6 +6,9 @@ Scenarios (fixed counts, every loop bounded in count and time):
   sdk         the same, drained by 2 processes running the SDK's Worker
   baseline    the same 20,000 jobs drained by a minimal psycopg loop, 8 threads
   dag         500 runs of a 20-node workflow (root, fan-out of 18, join)
+  durable     1,000 one-node runs whose node is a durable function of 10 no-op step
+              calls, safe, then unsafe_to_repeat; drained by the SDK's Worker, and by
+              bare stubs speaking the journal protocol (EndStepCall, BeginStepCall)
   pickup      200 single-node runs submitted one at a time to an idle worker
   history     throughput again after 1,000,000 finished steps are in the tables
   submit      runs submitted per second by 4 concurrent clients
@@ -195,8 +198,10 @@ def submit_many(address: str, workflows: list[types_pb2.Workflow], clients: int 
 
 
 def worker_process(address: str, action: str, concurrency: int, stop_after_idle: float,
-                   pickup_file: str | None) -> None:
-    """A Python worker process: long-poll claims batched to free slots, no-op handler."""
+                   pickup_file: str | None, calls: int = 0, unsafe: bool = False) -> None:
+    """A Python worker process: long-poll claims batched to free slots, no-op handler.
+    With ``calls``, the handler is a durable function of that many no-op step calls,
+    made with the journal RPCs themselves (BeginStepCall first when ``unsafe``)."""
     import asyncio
 
     async def main() -> None:
@@ -224,6 +229,15 @@ def worker_process(address: str, action: str, concurrency: int, stop_after_idle:
                 nonlocal flusher
                 if pickup_file:
                     pickups.append((step.run_id, time.time()))
+                for seq in range(1, calls + 1):
+                    call = dict(run_id=step.run_id, node=step.node,
+                                lease_token=step.lease_token, step_id=f"noop#{seq}",
+                                seq=seq, function="bench.noop", unsafe_to_repeat=unsafe)
+                    if unsafe:
+                        await stub.BeginStepCall(
+                            worker_service_pb2.BeginStepCallRequest(**call))
+                    await stub.EndStepCall(worker_service_pb2.EndStepCallRequest(
+                        **call, output=struct_null()))
                 future = asyncio.get_running_loop().create_future()
                 pending.append((worker_service_pb2.CompleteRequest(
                     run_id=step.run_id, node=step.node, lease_token=step.lease_token,
@@ -282,6 +296,35 @@ def sdk_worker_process(address: str, action: str, concurrency: int, finished) ->
     asyncio.run(main())
 
 
+def sdk_durable_worker_process(address: str, action: str, concurrency: int, finished,
+                               calls: int, unsafe: bool) -> None:
+    """A worker built with the SDK serving a durable function of ``calls`` no-op step
+    calls (unsafe_to_repeat when ``unsafe``); it stops when the bench says so."""
+    import asyncio
+
+    from pyclient import Worker, step
+
+    worker = Worker(address, concurrency=concurrency, claim_wait=0.5)
+
+    @step(unsafe_to_repeat=unsafe)
+    async def noop() -> None:
+        return None
+
+    @worker.workflow(action)
+    async def body(ctx):
+        for _ in range(calls):
+            await noop()
+
+    async def main() -> None:
+        serving = asyncio.ensure_future(worker.run_async())
+        while not finished.is_set() and not serving.done():
+            await asyncio.sleep(0.1)
+        worker.stop()
+        await serving
+
+    asyncio.run(main())
+
+
 def struct_null():
     from google.protobuf import struct_pb2
 
@@ -289,10 +332,12 @@ def struct_null():
 
 
 def start_workers(address: str, action: str, processes: int = 2, concurrency: int = 64,
-                  stop_after_idle: float = 2.0, pickup_file: str | None = None):
+                  stop_after_idle: float = 2.0, pickup_file: str | None = None,
+                  calls: int = 0, unsafe: bool = False):
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=worker_process,
-                         args=(address, action, concurrency, stop_after_idle, pickup_file))
+                         args=(address, action, concurrency, stop_after_idle, pickup_file,
+                               calls, unsafe))
              for _ in range(processes)]
     for p in procs:
         p.start()
@@ -419,6 +464,44 @@ def scenario_dag(address: str, database_url: str, runs: int, action: str) -> dic
             "run_latency_ms": percentiles(latencies)}
 
 
+def scenario_durable(server: Server, database_url: str, runs: int, calls: int,
+                     action: str, unsafe: bool, sdk: bool,
+                     processes: int = 2, concurrency: int = 64) -> dict:
+    """``runs`` one-node runs whose node calls ``calls`` no-op steps; step calls per
+    second from the first claim to the last completion, and CPU per step call."""
+    submit_many(server.address, [one_node("durable", action)] * runs)
+    with CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
+        if sdk:
+            ctx = multiprocessing.get_context("spawn")
+            finished = ctx.Event()
+            procs = [ctx.Process(target=sdk_durable_worker_process,
+                                 args=(server.address, action, concurrency, finished, calls,
+                                       unsafe))
+                     for _ in range(processes)]
+            for p in procs:
+                p.start()
+            deadline = time.monotonic() + DEADLINE_S
+            while time.monotonic() < deadline:
+                time.sleep(0.2)
+                done = conn.execute("SELECT count(*) FROM cyclone.steps WHERE action = %s "
+                                    "AND status = 'completed'", (action,)).fetchone()[0]
+                if done == runs:
+                    break
+            finished.set()
+            join(procs)
+        else:
+            join(start_workers(server.address, action, processes, concurrency,
+                               calls=calls, unsafe=unsafe))
+        recorded = conn.execute(
+            "SELECT count(*) FROM cyclone.step_calls c JOIN cyclone.steps s USING (run_id, node)"
+            " WHERE s.action = %s AND c.status = 'succeeded'", (action,)).fetchone()[0]
+    n, rate = steps_per_second(database_url, action)
+    assert n == runs, f"{n} of {runs} nodes completed"
+    assert recorded == runs * calls, f"{recorded} of {runs * calls} step calls recorded"
+    return {"runs": n, "step_calls": recorded, "step_calls_per_s": round(rate * calls, 1),
+            "cpu_ms_per_step_call": cpu.per_step(recorded, "server", "workers", "postgres")}
+
+
 def scenario_pickup(address: str, runs: int, action: str, tmp: Path) -> dict:
     pickup_file = str(tmp / "pickups.json")
     procs = start_workers(address, action, processes=1, concurrency=1, stop_after_idle=3,
@@ -513,6 +596,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20_000)
     parser.add_argument("--dag-runs", type=int, default=500)
     parser.add_argument("--pickups", type=int, default=200)
+    parser.add_argument("--durable-runs", type=int, default=1000)
+    parser.add_argument("--durable-calls", type=int, default=10,
+                        help="step calls per durable body (default 10)")
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--only", default="", help="comma-separated scenarios to run")
     parser.add_argument("--database", default="cyclone_bench",
@@ -574,6 +660,23 @@ def main() -> None:
         if wanted("dag"):
             results["dag"] = scenario_dag(server.address, database_url, args.dag_runs, "dagop")
             print("dag", results["dag"], flush=True)
+        if wanted("durable"):
+            durable: dict = {}
+            for sdk in (True, False):
+                for unsafe in (False, True):
+                    label = ("sdk" if sdk else "stubs") + ("_unsafe" if unsafe else "_safe")
+                    durable[label] = scenario_durable(
+                        server, database_url, args.durable_runs, args.durable_calls,
+                        f"durable-{label}", unsafe, sdk)
+                    print("durable", label, durable[label], flush=True)
+            for kind in ("sdk", "stubs"):
+                safe, unsafe = durable[f"{kind}_safe"], durable[f"{kind}_unsafe"]
+                durable[f"{kind}_unsafe_cost"] = round(
+                    safe["step_calls_per_s"] / unsafe["step_calls_per_s"], 2)
+                if "dag" in results:
+                    durable[f"{kind}_vs_dag"] = round(
+                        safe["step_calls_per_s"] / results["dag"]["steps_per_s"], 2)
+            results["durable"] = durable
         if wanted("pickup"):
             results["pickup_ms"] = scenario_pickup(server.address, args.pickups, "pick", tmp)
             print("pickup_ms", results["pickup_ms"], flush=True)
@@ -615,6 +718,20 @@ def print_table(r: dict, out: Path) -> None:
         rows += [("dag steps/s", r["dag"]["steps_per_s"]),
                  ("dag run latency p50 / p99 ms",
                   f'{r["dag"]["run_latency_ms"]["p50"]} / {r["dag"]["run_latency_ms"]["p99"]}')]
+    if "durable" in r:
+        d = r["durable"]
+        for kind, title in (("sdk", "SDK Worker"), ("stubs", "bare stubs")):
+            safe, unsafe = d[f"{kind}_safe"], d[f"{kind}_unsafe"]
+            rows += [(f"durable step calls/s, {title}: safe / unsafe",
+                      f'{safe["step_calls_per_s"]} / {unsafe["step_calls_per_s"]}'),
+                     ("  CPU ms per safe call: server / workers / Postgres",
+                      " / ".join(str(v) for v in safe["cpu_ms_per_step_call"].values())),
+                     ("  CPU ms per unsafe call: server / workers / Postgres",
+                      " / ".join(str(v) for v in unsafe["cpu_ms_per_step_call"].values())),
+                     ("  unsafe cost, x safe (target <= 2)", d[f"{kind}_unsafe_cost"])]
+            if f"{kind}_vs_dag" in d:
+                rows.append(("  safe step calls/s / dag steps/s (target >= 1)",
+                             d[f"{kind}_vs_dag"]))
     if "pickup_ms" in r:
         rows.append(("pickup p50 / p99 ms (target 5 / 25)",
                      f'{r["pickup_ms"]["p50"]} / {r["pickup_ms"]["p99"]}'))
