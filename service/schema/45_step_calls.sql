@@ -191,6 +191,12 @@ BEGIN
        AND c.status = 'started'
     RETURNING c.* INTO v_call;
     IF NOT FOUND THEN
+        SELECT * INTO v_call FROM cyclone.step_calls c
+         WHERE c.run_id = p_run_id AND c.node = p_node AND c.step_id = p_step_id;
+        IF FOUND THEN
+            RETURN QUERY SELECT true, cyclone._step_call_json(v_call);
+            RETURN;
+        END IF;
         PERFORM cyclone._step_call_room(p_run_id, p_node);
         INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
                                              unsafe, output, error, attempt, started_at,
