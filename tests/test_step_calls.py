@@ -761,3 +761,28 @@ def test_the_journal_holds_at_most_ten_thousand_entries(cyclone_server):
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "10000" in err.details()
     assert end(cyclone_server, step, "s5", 5, "x").duplicate
+
+
+# The SDK's read side ------------------------------------------------------------------
+
+
+def test_the_client_reads_the_journal_and_resolves_a_step_call(cyclone_server):
+    from pyclient import Client
+    from pyclient.models import StepCallStatus
+
+    run_id, _ = _blocked(cyclone_server)
+    with Client(cyclone_server.address) as client:
+        run = client.get_run(run_id)
+        assert run.error is not None and run.error.step_id == "charge"
+        calls = run.step("body").journal
+        assert [(c.step_id, c.status) for c in calls] == [
+            ("lookup", StepCallStatus.SUCCEEDED),
+            ("charge", StepCallStatus.STARTED),
+        ]
+        assert calls[0].output == {"id": 7} and calls[1].unsafe_to_repeat
+        assert run.to_dict()["steps"][0]["journal"][1]["status"] == "started"
+        run = client.resolve(run_id, step_id="charge", error="declined")
+        assert run.status == "running"
+        [third] = claim(cyclone_server)
+        reply = begin(cyclone_server, third, "charge", 2, unsafe=True)
+        assert reply.call.error.message == "declined"
