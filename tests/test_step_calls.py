@@ -238,7 +238,7 @@ def test_a_safe_begin_runs_a_call_left_started_by_code_that_marked_it_unsafe(
     assert not ended.duplicate and ended.call.status == SUCCEEDED and ended.call.attempt == 2
 
 
-def test_a_started_entry_removed_and_no_longer_marked_runs_again(cyclone_server):
+def test_a_started_entry_discarded_by_an_operator_runs_at_the_next_attempt(cyclone_server):
     # The entry was discarded by an operator: the call simply runs.
     run_id, second = blocked_on_charge(cyclone_server)
     assert begin(cyclone_server, second, "charge", 2, unsafe=True).decision == UNCERTAIN

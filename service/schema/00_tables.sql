@@ -15,14 +15,17 @@
 -- One run of a workflow: one row per Submit (or per SubmitOnce key).
 --
 -- Run statuses, and the functions that set each one (docs/state-machine.md draws them):
---   running    run_submit; step_retry (from failed or running); step_resolve (from blocked)
+--   running    run_submit; step_retry (from failed or running); step_resolve and
+--              step_call_resolve (from blocked)
 --   completed  _runs_close, when the last open step of a running run becomes final and
 --              none is discarded (through _settle, _run_close or step_complete_many)
 --   failed     _runs_close, as above, with one or more steps discarded; error
 --              StepDiscarded names the first discarded node
 --   blocked    _block_uncertain (step_claim: an uncertain step met a worker that marks its
 --              action unsafe); step_abandon (an unsafe handler stopped with no outcome);
---              error EffectUncertain names the node and attempt
+--              step_call_begin (an unsafe step call an earlier attempt started has no
+--              outcome); all through _run_block; error EffectUncertain names the node
+--              and attempt, and the step_id of a step call
 --   cancelled  run_cancel (from running, failed or blocked)
 CREATE TABLE cyclone.runs (
     run_id       uuid        PRIMARY KEY,
@@ -70,11 +73,12 @@ CREATE INDEX runs_failed_idx ON cyclone.runs (finished_at) WHERE status = 'faile
 --              blocked though ready (deps_open = 0): by _block_uncertain and
 --              step_abandon when they block the run (its available steps), by _settle
 --              (a step that becomes ready), by step_fail (a retryable failure) and by
---              step_abandon in a run already blocked (with effect_uncertain)
+--              step_abandon and step_call_begin in a run already blocked (with
+--              effect_uncertain)
 --   available  run_submit (root node); _settle (upstream final, trigger rule met, run
 --              running); step_fail (retryable, attempts left: after the backoff);
 --              sweep_steps (lease expired, attempts left or action marked unsafe);
---              step_resolve discard; steps_release (service/sql/queries.sql: a claim
+--              step_resolve discard; step_call_resolve (any choice: the node replays); steps_release (service/sql/queries.sql: a claim
 --              whose caller went away)
 --   running    step_claim
 --   completed  _step_complete (step_complete, step_complete_many); step_complete_many's
@@ -82,7 +86,8 @@ CREATE INDEX runs_failed_idx ON cyclone.runs (finished_at) WHERE status = 'faile
 --   discarded  step_fail (non-retryable or out of attempts); sweep_steps (out of
 --              attempts, action not marked unsafe); step_resolve error
 --   uncertain  _block_uncertain (step_claim: an unsafe action's lease expired with no
---              outcome); step_abandon (an unsafe handler stopped without an outcome)
+--              outcome); step_abandon (an unsafe handler stopped without an outcome);
+--              step_call_begin (an unsafe step call left started by an earlier attempt)
 --   skipped    _settle (trigger rule can no longer be met)
 --   cancelled  run_cancel
 CREATE TABLE cyclone.steps (
