@@ -716,9 +716,16 @@ def test_end_needs_exactly_one_outcome_and_bounded_error_text(cyclone_server):
     request = end_request(step, "s", 1, error=("T", "m\x00"))
     err = rpc_error(cyclone_server.workers.EndStepCall, request)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    request = end_request(step, "s", 1, error=("T", "m" * (64 * 1024 + 1)))
+    err = rpc_error(cyclone_server.workers.EndStepCall, request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "error.message" in err.details()
     request = end_request(step, "s", 1, {"bad": float("nan")})
     err = rpc_error(cyclone_server.workers.EndStepCall, request)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # An output past the payload limit, as for a node's output.
+    request = end_request(step, "s", 1, "x" * (1 << 20))
+    err = rpc_error(cyclone_server.workers.EndStepCall, request)
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "output" in err.details()
     assert journal(cyclone_server, run_id) == []
 
 
