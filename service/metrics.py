@@ -245,8 +245,9 @@ class Metrics:
         self.blocked = _ByName(
             Counter(
                 "cyclone_runs_blocked",
-                "Runs blocked (EffectUncertain) by a claim or by an unsafe handler that "
-                "stopped without an outcome, by the uncertain step's action",
+                "Runs blocked (EffectUncertain) by a claim, by an unsafe handler that "
+                "stopped without an outcome, or by an unsafe step call left without one, "
+                "by the uncertain step's action",
                 ["action"],
                 registry=r,
             )

@@ -1,6 +1,6 @@
 """Plans that do not depend on luck (issue 22): every hot-path function reaches the
-rows of cyclone.steps and cyclone.runs through an index or a key, however many finished
-rows those tables hold and whether or not they have been analyzed.
+rows of cyclone.steps, cyclone.runs and cyclone.step_calls through an index or a key,
+however many finished rows those tables hold and whether or not they have been analyzed.
 
 Each hot-path function is called, several times so that PL/pgSQL's generic plans are
 exercised too, on a database whose steps table holds tens of thousands of finished
@@ -36,8 +36,10 @@ HOT = (
     "sweep_steps",
     "runs_purge",
     "_runs_close",
+    "step_call_begin",
+    "_step_call_end",
 )
-WATCHED = ("steps", "runs")
+WATCHED = ("steps", "runs", "step_calls")
 
 
 def _fill_history(conn: psycopg.Connection) -> None:
@@ -104,6 +106,17 @@ def _fill_history(conn: psycopg.Connection) -> None:
         SELECT s.run_id, s.node, 1, 'handler', 'RuntimeError', 'old failure', false,
                s.finished_at
           FROM cyclone.steps s WHERE s.status = 'discarded'
+        """
+    )
+    # The journals of durable functions that ran: three step calls per first node.
+    conn.execute(
+        """
+        INSERT INTO cyclone.step_calls (run_id, node, step_id, seq, function, status, unsafe,
+                                        output, attempt, started_at, finished_at)
+        SELECT s.run_id, s.node, 'call' || i, i, 'f', 'succeeded', i = 2, '1', 1,
+               s.finished_at, s.finished_at
+          FROM cyclone.steps s, generate_series(1, 3) i
+         WHERE s.node = 'a' AND s.status = 'completed'
         """
     )
 
@@ -233,6 +246,30 @@ class Session:
             retryable,
         )
 
+    def begin(self, step: tuple, step_id: str, unsafe: bool) -> str:
+        [(decision,)] = self.call(
+            "step_call_begin",
+            "SELECT decision FROM cyclone.step_call_begin(%s, %s, %s, %s, 1, 'f', %s)",
+            step[0],
+            step[1],
+            step[2],
+            step_id,
+            unsafe,
+        )
+        return str(decision)
+
+    def end(self, step: tuple, step_id: str, failed: bool = False) -> None:
+        self.call(
+            "_step_call_end",
+            "SELECT * FROM cyclone._step_call_end(%s, %s, %s, %s, 1, 'f', false, %s, %s)",
+            step[0],
+            step[1],
+            step[2],
+            step_id,
+            None if failed else "1",
+            '{"type": "E", "message": "m", "details": ""}' if failed else None,
+        )
+
     def close(self) -> None:
         self.conn.close()
 
@@ -279,6 +316,19 @@ def _round(s: Session, live: psycopg.Connection, i: int) -> None:
     [undo] = s.claim("undo")
     s.complete(undo)  # the run closes failed: _runs_close looks for its discarded step
 
+    # A durable function: step calls, a failed attempt (its trailing failure trimmed),
+    # and the claim of its retry with the journal.
+    _submit(live, [_node("d", "durable")])
+    [d] = s.claim("durable")
+    assert s.begin(d, "charge", unsafe=True) == "run"
+    s.end(d, "charge")
+    assert s.begin(d, "lookup", unsafe=False) == "run"
+    s.end(d, "lookup", failed=True)
+    s.fail(d, retryable=True)
+    [d] = s.claim("durable")
+    assert s.begin(d, "charge", unsafe=True) == "recorded"
+    s.complete(d)
+
     s.claim("unsafe", unsafe=("unsafe",), lease_s=1)
     s.claim("slow", lease_s=1)
     live.execute("UPDATE cyclone.clock SET offset_by = offset_by + interval '10 s'")
@@ -309,15 +359,17 @@ def test_hot_paths_never_scan_steps_or_runs_whole(database_url, statistics):
     with psycopg.connect(database_url, autocommit=True) as live:
         if statistics == "none":
             # Autovacuum must not analyze the tables behind the test's back.
-            for table in ("runs", "steps", "step_errors"):
+            for table in ("runs", "steps", "step_errors", "step_calls"):
                 live.execute(f"ALTER TABLE cyclone.{table} SET (autovacuum_enabled = off)")
         _fill_history(live)
         if statistics == "fresh":
-            live.execute("ANALYZE cyclone.runs, cyclone.steps, cyclone.step_errors")
+            live.execute(
+                "ANALYZE cyclone.runs, cyclone.steps, cyclone.step_errors, cyclone.step_calls"
+            )
         else:
             analyzed = live.execute(
                 "SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = 'cyclone'"
-                " AND relname IN ('runs', 'steps')"
+                " AND relname IN ('runs', 'steps', 'step_calls')"
                 " AND (last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)"
             ).fetchone()
             assert analyzed == (0,)

@@ -15,14 +15,17 @@
 -- One run of a workflow: one row per Submit (or per SubmitOnce key).
 --
 -- Run statuses, and the functions that set each one (docs/state-machine.md draws them):
---   running    run_submit; step_retry (from failed or running); step_resolve (from blocked)
+--   running    run_submit; step_retry (from failed or running); step_resolve and
+--              step_call_resolve (from blocked)
 --   completed  _runs_close, when the last open step of a running run becomes final and
 --              none is discarded (through _settle, _run_close or step_complete_many)
 --   failed     _runs_close, as above, with one or more steps discarded; error
 --              StepDiscarded names the first discarded node
 --   blocked    _block_uncertain (step_claim: an uncertain step met a worker that marks its
 --              action unsafe); step_abandon (an unsafe handler stopped with no outcome);
---              error EffectUncertain names the node and attempt
+--              step_call_begin (an unsafe step call an earlier attempt started has no
+--              outcome); all through _run_block; error EffectUncertain names the node
+--              and attempt, and the step_id of a step call
 --   cancelled  run_cancel (from running, failed or blocked)
 CREATE TABLE cyclone.runs (
     run_id       uuid        PRIMARY KEY,
@@ -70,11 +73,12 @@ CREATE INDEX runs_failed_idx ON cyclone.runs (finished_at) WHERE status = 'faile
 --              blocked though ready (deps_open = 0): by _block_uncertain and
 --              step_abandon when they block the run (its available steps), by _settle
 --              (a step that becomes ready), by step_fail (a retryable failure) and by
---              step_abandon in a run already blocked (with effect_uncertain)
+--              step_abandon and step_call_begin in a run already blocked (with
+--              effect_uncertain)
 --   available  run_submit (root node); _settle (upstream final, trigger rule met, run
 --              running); step_fail (retryable, attempts left: after the backoff);
 --              sweep_steps (lease expired, attempts left or action marked unsafe);
---              step_resolve discard; steps_release (service/sql/queries.sql: a claim
+--              step_resolve discard; step_call_resolve (any choice: the node replays); steps_release (service/sql/queries.sql: a claim
 --              whose caller went away)
 --   running    step_claim
 --   completed  _step_complete (step_complete, step_complete_many); step_complete_many's
@@ -82,7 +86,8 @@ CREATE INDEX runs_failed_idx ON cyclone.runs (finished_at) WHERE status = 'faile
 --   discarded  step_fail (non-retryable or out of attempts); sweep_steps (out of
 --              attempts, action not marked unsafe); step_resolve error
 --   uncertain  _block_uncertain (step_claim: an unsafe action's lease expired with no
---              outcome); step_abandon (an unsafe handler stopped without an outcome)
+--              outcome); step_abandon (an unsafe handler stopped without an outcome);
+--              step_call_begin (an unsafe step call left started by an earlier attempt)
 --   skipped    _settle (trigger rule can no longer be met)
 --   cancelled  run_cancel
 CREATE TABLE cyclone.steps (
@@ -178,6 +183,43 @@ CREATE TABLE cyclone.step_errors (
         CHECK (kind IN ('handler', 'lease_expired', 'resolved', 'reset'))
 );
 CREATE INDEX step_errors_step_idx ON cyclone.step_errors (run_id, node, at);
+
+-- The journal of a node whose handler is a durable function: one row per step call,
+-- unique by (run_id, node, step_id). Deleted with its step (and so with its run).
+--
+-- Step call statuses, and the functions that set each one:
+--   started    step_call_begin (an unsafe call, before its function runs)
+--   succeeded  _step_call_end (EndStepCall, step_call_record); step_call_resolve result
+--   failed     _step_call_end; step_call_resolve error (type EffectFailed)
+-- Deleted by step_fail (the trailing safe failure that ended an attempt) and by
+-- step_call_resolve discard.
+CREATE TABLE cyclone.step_calls (
+    run_id      uuid        NOT NULL,
+    node        text        NOT NULL,
+    -- Stable across replays: "charge_order", "charge_order#2", or a name given.
+    step_id     text        NOT NULL,
+    -- Position of the call in the body, 1 for the first.
+    seq         integer     NOT NULL,
+    function    text        NOT NULL,
+    status      text        NOT NULL,
+    -- The call was marked unsafe_to_repeat when it was recorded.
+    unsafe      boolean     NOT NULL,
+    output      jsonb,
+    -- {type, message, details}
+    error       jsonb,
+    -- The node attempt that last wrote the entry.
+    attempt     integer     NOT NULL,
+    started_at  timestamptz NOT NULL,
+    finished_at timestamptz,
+    PRIMARY KEY (run_id, node, step_id),
+    FOREIGN KEY (run_id, node) REFERENCES cyclone.steps ON DELETE CASCADE,
+    CONSTRAINT step_calls_status_known CHECK (status IN ('started', 'succeeded', 'failed')),
+    CONSTRAINT step_calls_output_iff_succeeded CHECK ((output IS NOT NULL) = (status = 'succeeded')),
+    CONSTRAINT step_calls_error_iff_failed CHECK ((error IS NOT NULL) = (status = 'failed')),
+    CONSTRAINT step_calls_finished_at_iff_outcome
+        CHECK ((finished_at IS NOT NULL) = (status <> 'started')),
+    CONSTRAINT step_calls_seq_in_range CHECK (seq BETWEEN 1 AND 100000)
+);
 
 -- Operator actions (retry, retry_all, resolve_*, cancel), who made them and why.
 CREATE TABLE cyclone.audit (

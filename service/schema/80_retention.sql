@@ -1,6 +1,7 @@
 -- Retention: the server deletes finished runs past a configurable age, a small batch
 -- at a time (cyclone-server --retention, --retention-failed). Deleting a run deletes
--- its steps, their errors and its audit trail through the foreign keys' cascades.
+-- its steps, their errors and journals, and its audit trail through the foreign keys'
+-- cascades.
 -- Each batch takes its rows with FOR UPDATE SKIP LOCKED: a row another transaction
 -- holds is left for the next batch, and nothing waits on the purge.
 
