@@ -35,7 +35,7 @@ from cyclone.v1 import (
 )
 from pyclient.errors import InvalidArgument, WaitTimeout, from_rpc_error
 from pyclient.models import Explanation, Retried, Run, RunPage, RunStatus, Submitted
-from pyclient.workflow import Workflow
+from pyclient.workflow import RetryPolicy, Workflow
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 #: Per-call deadline, in seconds, unless the client is given another.
@@ -149,14 +149,22 @@ class _calls:
 
     @staticmethod
     def resolve(
-        run_id: str, node: str, result: Any, error: str | None, discard: bool, reason: str
+        run_id: str,
+        node: str,
+        result: Any,
+        error: str | None,
+        discard: bool,
+        reason: str,
+        step_id: str | None,
     ) -> _Call[Run]:
         chosen = [result is not _UNSET, error is not None, bool(discard)]
         if sum(chosen) != 1:
             raise InvalidArgument("resolve needs exactly one of result=, error= or discard=True")
         if not reason:
             raise InvalidArgument("resolve needs a reason")
-        req = admin_pb.ResolveRequest(run_id=run_id, node=node, reason=reason)
+        req = admin_pb.ResolveRequest(
+            run_id=run_id, node=node, reason=reason, step_id=step_id or ""
+        )
         if result is not _UNSET:
             _set_value(req, "result", result, "result", allow_null=True)
         elif error is not None:
@@ -164,6 +172,20 @@ class _calls:
         else:
             req.discard = True
         return _Call("admin", "Resolve", req, lambda r: Run.from_proto(r.run))
+
+
+def one_node_workflow(
+    name: str | Callable[..., Any],
+    timeout: float | dt.timedelta | None,
+    retry: RetryPolicy | None,
+) -> Workflow:
+    """The workflow ``start`` submits: one node named after the durable function,
+    calling the action of that name."""
+    if not isinstance(name, str):
+        name = getattr(name, "__cyclone_action__", None) or name.__name__
+    wf = Workflow(name)
+    wf.node(name, action=name, timeout=timeout, retry=retry)
+    return wf
 
 
 def _set_value(
@@ -261,6 +283,26 @@ class Client:
         """At most one run per (workflow name, key): the new run or the existing one."""
         return self._invoke(_calls.submit_once(workflow, key, input))
 
+    def start(
+        self,
+        name: str | Callable[..., Any],
+        input: Any = None,
+        key: str | None = None,
+        *,
+        timeout: float | dt.timedelta | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> str:
+        """Run the durable function registered as ``name`` (``@worker.workflow``; or
+        the function itself): a one-node workflow named ``name`` whose node ``name``
+        calls the action ``name``. With ``key``, at most one run per (name, key)
+        (SubmitOnce): a second call returns the first run's id. ``timeout`` and
+        ``retry`` are the node's (per attempt; default 5 minutes and 3 attempts).
+        Returns the run id; :meth:`wait` waits for its outcome."""
+        wf = one_node_workflow(name, timeout, retry)
+        if key is None:
+            return self.submit(wf, input)
+        return self.submit_once(wf, key, input).run_id
+
     def get_run(self, run_id: str) -> Run:
         """The run with every step and its audit trail; NotFound for an unknown id."""
         return self._invoke(_calls.get_run(run_id))
@@ -321,11 +363,18 @@ class Client:
         error: str | None = None,
         discard: bool = False,
         reason: str,
+        step_id: str | None = None,
     ) -> Run:
         """Resolve the uncertain step of a blocked run: exactly one of ``result=``
         (the effect happened; this is its output), ``error=`` (it happened and
-        failed) or ``discard=True`` (it did not happen; run the step again)."""
-        return self._invoke(_calls.resolve(run_id, node, result, error, discard, reason))
+        failed) or ``discard=True`` (it did not happen; run the step again).
+
+        For a run blocked on a step call of a durable function (``run.error.step_id``)
+        name the call with ``step_id``: ``result`` records the call's success with the
+        value, ``error`` its failure (raised again as StepFailed, type_name
+        ``"EffectFailed"``, when the body replays), ``discard`` forgets it (it runs
+        on replay); in each case the node runs again."""
+        return self._invoke(_calls.resolve(run_id, node, result, error, discard, reason, step_id))
 
     def wait(self, run_id: str, timeout: float | None = None, *, poll_cap: float = 1.0) -> Run:
         """Poll until the run is completed, failed, cancelled or blocked; return it.
@@ -390,6 +439,20 @@ class AsyncClient:
     async def submit_once(self, workflow: Workflow, key: str, input: Any = None) -> Submitted:
         return await self._invoke(_calls.submit_once(workflow, key, input))
 
+    async def start(
+        self,
+        name: str | Callable[..., Any],
+        input: Any = None,
+        key: str | None = None,
+        *,
+        timeout: float | dt.timedelta | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> str:
+        wf = one_node_workflow(name, timeout, retry)
+        if key is None:
+            return await self.submit(wf, input)
+        return (await self.submit_once(wf, key, input)).run_id
+
     async def get_run(self, run_id: str) -> Run:
         return await self._invoke(_calls.get_run(run_id))
 
@@ -441,8 +504,11 @@ class AsyncClient:
         error: str | None = None,
         discard: bool = False,
         reason: str,
+        step_id: str | None = None,
     ) -> Run:
-        return await self._invoke(_calls.resolve(run_id, node, result, error, discard, reason))
+        return await self._invoke(
+            _calls.resolve(run_id, node, result, error, discard, reason, step_id)
+        )
 
     async def wait(
         self, run_id: str, timeout: float | None = None, *, poll_cap: float = 1.0

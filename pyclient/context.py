@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from pyclient.completion import CompletionTx
+    from pyclient.durable._replay import Replay
     from pyclient.models import UpstreamFailure
 
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("cyclone_context")
@@ -172,7 +173,12 @@ class Context:
     #: ``one_failed``): its direct upstream nodes that were discarded, each with its
     #: last error, or skipped; in the workflow's order. Empty when all succeeded.
     upstream_failures: tuple[UpstreamFailure, ...] = ()
+    #: Inside a step call of a durable function: the call's step id (``charge``,
+    #: ``charge#2``); None elsewhere.
+    step_id: str | None = None
     _control: StepControl = field(default_factory=StepControl, repr=False, compare=False)
+    #: The replay of a durable function's step calls; None for a plain handler.
+    _durable: Replay | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.upstream, MappingProxyType):
@@ -185,6 +191,21 @@ class Context:
     def idempotency_key(self) -> str:
         """``"run_id:node"``: the same on every attempt, retry and reclaim of this node."""
         return f"{self.run_id}:{self.node}"
+
+    @property
+    def workflow_id(self) -> str:
+        """The run id, under the name the everystep samples use: a UUIDv7 fixed when
+        the run was submitted, the same on every replay."""
+        return self.run_id
+
+    @property
+    def step_key(self) -> str:
+        """``"run_id:node:step_id"`` inside a step call: the same on every replay of
+        that call, so a receiver can deduplicate its effect (an idempotency key).
+        RuntimeError outside a step call."""
+        if self.step_id is None:
+            raise RuntimeError("step_key exists only inside a step call of a durable function")
+        return f"{self.run_id}:{self.node}:{self.step_id}"
 
     @property
     def cancelled(self) -> threading.Event:
@@ -238,6 +259,11 @@ def current() -> Context:
         return _current.get()
     except LookupError:
         raise OutsideHandler() from None
+
+
+def active() -> Context | None:
+    """The context of the step running here, or None."""
+    return _current.get(None)
 
 
 def bind(ctx: Context) -> contextvars.Token[Context]:

@@ -136,6 +136,64 @@ class UpstreamFailure:
         )
 
 
+class StepCallStatus(enum.StrEnum):
+    """Where a step call of a durable function stands in its node's journal."""
+
+    #: An unsafe call began; its outcome is not recorded (yet).
+    STARTED = "started"
+    #: It returned; its output is recorded and returned again on replay.
+    SUCCEEDED = "succeeded"
+    #: It raised; its error is recorded and raised again on replay.
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class StepCallError:
+    """The error a step call raised: its exception's type name, message and traceback."""
+
+    type: str
+    message: str
+    details: str = ""
+
+    @classmethod
+    def from_proto(cls, p: types_pb2.StepCallError) -> StepCallError:
+        return cls(p.type, p.message, p.details)
+
+
+@dataclass(frozen=True, slots=True)
+class StepCall:
+    """One entry of a node's journal: a step call its durable function recorded."""
+
+    #: Unique within the node, stable across replays (``charge``, ``charge#2``).
+    step_id: str
+    #: The call's position in the body, 1 for the first.
+    seq: int
+    #: The function the step called, e.g. ``billing.charge``.
+    function: str
+    status: StepCallStatus
+    #: The call was marked ``unsafe_to_repeat`` when it was recorded.
+    unsafe_to_repeat: bool = False
+    #: The return value, when it succeeded.
+    output: Any = None
+    #: The error, when it failed.
+    error: StepCallError | None = None
+    #: The node attempt that last wrote the entry.
+    attempt: int = 0
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+
+    @classmethod
+    def from_proto(cls, p: types_pb2.StepCall) -> StepCall:
+        return _build(
+            cls,
+            p,
+            status=_enum_of(
+                StepCallStatus, "STEP_CALL_STATUS_", p.status, types_pb2.StepCallStatus
+            ),
+            error=StepCallError.from_proto(p.error) if p.HasField("error") else None,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     """The stored state of one ``(run_id, node)``."""
@@ -160,6 +218,8 @@ class Step:
     progress: Any
     #: When the holder of the lease last showed signs of life (claim or heartbeat).
     last_heartbeat_at: dt.datetime | None = None
+    #: The step calls of a node whose handler is a durable function, by seq.
+    journal: tuple[StepCall, ...] = ()
 
     @property
     def last_error(self) -> StepError | None:
@@ -173,6 +233,7 @@ class Step:
             status=_enum_of(StepStatus, "STEP_STATUS_", p.status, types_pb2.StepStatus),
             trigger_rule=trigger_rule_name(p.trigger_rule),
             errors=tuple(StepError.from_proto(e) for e in p.errors),
+            journal=tuple(StepCall.from_proto(c) for c in p.journal),
             timeout_s=p.timeout.ToTimedelta().total_seconds() if p.HasField("timeout") else None,
         )
 
@@ -186,6 +247,9 @@ class RunError:
     node: str
     attempt: int
     started_at: dt.datetime | None
+    #: For a run blocked on a step call of a durable function: the call's step_id
+    #: (``Client.resolve(..., step_id=)`` names it); empty otherwise.
+    step_id: str = ""
 
     @classmethod
     def from_proto(cls, p: types_pb2.RunError) -> RunError:
