@@ -160,8 +160,8 @@ class _calls:
         chosen = [result is not _UNSET, error is not None, bool(discard)]
         if sum(chosen) != 1:
             raise InvalidArgument("resolve needs exactly one of result=, error= or discard=True")
-        if not reason:
-            raise InvalidArgument("resolve needs a reason")
+        if not node and not step_id:
+            raise InvalidArgument("resolve needs the node, or the step_id of a step call")
         req = admin_pb.ResolveRequest(
             run_id=run_id, node=node, reason=reason, step_id=step_id or ""
         )
@@ -357,12 +357,12 @@ class Client:
     def resolve(
         self,
         run_id: str,
-        node: str,
+        node: str = "",
         *,
         result: Any = _UNSET,
         error: str | None = None,
         discard: bool = False,
-        reason: str,
+        reason: str = "",
         step_id: str | None = None,
     ) -> Run:
         """Resolve the uncertain step of a blocked run: exactly one of ``result=``
@@ -370,10 +370,12 @@ class Client:
         failed) or ``discard=True`` (it did not happen; run the step again).
 
         For a run blocked on a step call of a durable function (``run.error.step_id``)
-        name the call with ``step_id``: ``result`` records the call's success with the
-        value, ``error`` its failure (raised again as StepFailed, type_name
-        ``"EffectFailed"``, when the body replays), ``discard`` forgets it (it runs
-        on replay); in each case the node runs again."""
+        give its ``step_id``: then ``result=`` records the call's return value,
+        ``error=`` its failure (the body's replay raises StepFailed with type_name
+        ``"EffectFailed"``, so its except runs) and ``discard=True``
+        deletes its entry (it runs on replay); the node replays either way. ``node``
+        may then be left out: the run's blocked node. ``reason`` is recorded in the
+        audit trail with the actor."""
         return self._invoke(_calls.resolve(run_id, node, result, error, discard, reason, step_id))
 
     def wait(self, run_id: str, timeout: float | None = None, *, poll_cap: float = 1.0) -> Run:
@@ -498,12 +500,12 @@ class AsyncClient:
     async def resolve(
         self,
         run_id: str,
-        node: str,
+        node: str = "",
         *,
         result: Any = _UNSET,
         error: str | None = None,
         discard: bool = False,
-        reason: str,
+        reason: str = "",
         step_id: str | None = None,
     ) -> Run:
         return await self._invoke(

@@ -137,50 +137,43 @@ class UpstreamFailure:
 
 
 class StepCallStatus(enum.StrEnum):
-    """Where a step call of a durable function stands in its node's journal."""
-
-    #: An unsafe call began; its outcome is not recorded (yet).
     STARTED = "started"
-    #: It returned; its output is recorded and returned again on replay.
     SUCCEEDED = "succeeded"
-    #: It raised; its error is recorded and raised again on replay.
     FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
 class StepCallError:
-    """The error a step call raised: its exception's type name, message and traceback."""
+    """The error a step call raised: its exception's type name, message and details."""
 
     type: str
     message: str
-    details: str = ""
+    details: str
 
     @classmethod
     def from_proto(cls, p: types_pb2.StepCallError) -> StepCallError:
-        return cls(p.type, p.message, p.details)
+        return _build(cls, p)
 
 
 @dataclass(frozen=True, slots=True)
 class StepCall:
     """One entry of a node's journal: a step call its durable function recorded."""
 
-    #: Unique within the node, stable across replays (``charge``, ``charge#2``).
     step_id: str
-    #: The call's position in the body, 1 for the first.
+    #: Position of the call in the body, 1 for the first.
     seq: int
-    #: The function the step called, e.g. ``billing.charge``.
     function: str
+    #: ``started`` (an unsafe call with no outcome yet), ``succeeded`` or ``failed``.
     status: StepCallStatus
-    #: The call was marked ``unsafe_to_repeat`` when it was recorded.
-    unsafe_to_repeat: bool = False
-    #: The return value, when it succeeded.
-    output: Any = None
-    #: The error, when it failed.
-    error: StepCallError | None = None
+    unsafe_to_repeat: bool
+    #: The return value, when succeeded (None also when it returned nothing).
+    output: Any
+    #: The raised error, when failed.
+    error: StepCallError | None
     #: The node attempt that last wrote the entry.
-    attempt: int = 0
-    started_at: dt.datetime | None = None
-    finished_at: dt.datetime | None = None
+    attempt: int
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
 
     @classmethod
     def from_proto(cls, p: types_pb2.StepCall) -> StepCall:
@@ -218,7 +211,8 @@ class Step:
     progress: Any
     #: When the holder of the lease last showed signs of life (claim or heartbeat).
     last_heartbeat_at: dt.datetime | None = None
-    #: The step calls of a node whose handler is a durable function, by seq.
+    #: The node's journal, when its handler is a durable function: its step calls in
+    #: call order (get_run only).
     journal: tuple[StepCall, ...] = ()
 
     @property
@@ -247,8 +241,8 @@ class RunError:
     node: str
     attempt: int
     started_at: dt.datetime | None
-    #: For a run blocked on a step call of a durable function: the call's step_id
-    #: (``Client.resolve(..., step_id=)`` names it); empty otherwise.
+    #: For a run blocked on a step call of a durable function: its step_id, which
+    #: ``resolve(..., step_id=...)`` names.
     step_id: str = ""
 
     @classmethod

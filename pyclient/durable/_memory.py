@@ -42,14 +42,7 @@ class NodeJournal:
     def begin(self, call: Call, attempt: int) -> tuple[Decision, StepCall | None]:
         entry = self._entries.get(call.step_id)
         if entry is None:
-            entry = StepCall(
-                call.step_id,
-                call.seq,
-                call.function,
-                StepCallStatus.STARTED,
-                unsafe_to_repeat=True,
-                attempt=attempt,
-            )
+            entry = _entry(call, StepCallStatus.STARTED, None, None, attempt)
             self._entries[call.step_id] = entry
             return Decision.RUN, entry
         if entry.status != StepCallStatus.STARTED:
@@ -63,17 +56,11 @@ class NodeJournal:
         entry = self._entries.get(call.step_id)
         if entry is not None and entry.status != StepCallStatus.STARTED:
             return  # a duplicate: the first outcome stays
-        failed = isinstance(outcome, StepCallError)
-        self._entries[call.step_id] = StepCall(
-            call.step_id,
-            call.seq,
-            call.function,
-            StepCallStatus.FAILED if failed else StepCallStatus.SUCCEEDED,
-            unsafe_to_repeat=call.unsafe,
-            output=None if isinstance(outcome, StepCallError) else from_value(outcome),
-            error=outcome if isinstance(outcome, StepCallError) else None,
-            attempt=attempt,
-        )
+        if isinstance(outcome, StepCallError):
+            entry = _entry(call, StepCallStatus.FAILED, None, outcome, attempt)
+        else:
+            entry = _entry(call, StepCallStatus.SUCCEEDED, from_value(outcome), None, attempt)
+        self._entries[call.step_id] = entry
 
     def forget_trailing_failures(self) -> None:
         """What a failed attempt does: its last safe failures (after every other entry)
@@ -99,13 +86,30 @@ class NodeJournal:
             self._entries[step_id] = dataclasses.replace(
                 entry,
                 status=StepCallStatus.FAILED,
-                error=StepCallError("EffectFailed", error),
+                error=StepCallError("EffectFailed", error, ""),
             )
         else:
             self._entries[step_id] = dataclasses.replace(
                 entry, status=StepCallStatus.SUCCEEDED, output=copy.deepcopy(result)
             )
         self.blocked_on = None
+
+
+def _entry(
+    call: Call, status: StepCallStatus, output: Any, error: StepCallError | None, attempt: int
+) -> StepCall:
+    return StepCall(
+        step_id=call.step_id,
+        seq=call.seq,
+        function=call.function,
+        status=status,
+        unsafe_to_repeat=call.unsafe,
+        output=output,
+        error=error,
+        attempt=attempt,
+        started_at=None,
+        finished_at=None,
+    )
 
 
 class MemoryBackend:

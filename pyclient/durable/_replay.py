@@ -342,7 +342,7 @@ class Replay:
         self.replayed.append(entry.step_id)
         if entry.status == StepCallStatus.SUCCEEDED:
             return entry.output
-        error = entry.error or StepCallError("UnknownError", "")
+        error = entry.error or StepCallError("UnknownError", "", "")
         raise StepFailed(entry.step_id, error.type, error.message, error.details)
 
     def _succeeded(self, call: Call, value: Any) -> _Result:
