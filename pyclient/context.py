@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from pyclient.completion import CompletionTx
-    from pyclient.durable._replay import Replay
+    from pyclient.durable._replay import Replay, StepScope
     from pyclient.models import UpstreamFailure
 
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("cyclone_context")
@@ -179,6 +179,8 @@ class Context:
     _control: StepControl = field(default_factory=StepControl, repr=False, compare=False)
     #: The replay of a durable function's step calls; None for a plain handler.
     _durable: Replay | None = field(default=None, repr=False, compare=False)
+    #: The step call running here, inside one.
+    _scope: StepScope | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.upstream, MappingProxyType):
@@ -245,7 +247,14 @@ class Context:
         the completion commit together or not at all; when the handler raises, it rolls
         back. Do not commit it yourself. Every call returns the same connection. Needs
         ``Worker(database_url=...)`` and the ``postgres`` extra.
+
+        Inside a step call of a durable function it is that call's own transaction:
+        when the step function returns, ``cyclone.step_call_record`` records the call's
+        success in it and it commits, so the step's writes happen once.
         """
+        if self._scope is not None:
+            conn: psycopg.Connection = self._scope.connection()
+            return conn
         if self._control.completion_tx is None:
             raise RuntimeError(
                 "completion_tx() needs a database: create the Worker with database_url="

@@ -543,7 +543,10 @@ class DurableNode:
             if event == "before_run":
                 self.executions[call.step_id] += 1
 
-        backend = MemoryBackend(self._journal, number, hook)
+        given = self.ctx._control.completion_tx
+        backend = MemoryBackend(
+            self._journal, number, hook, given.connection() if given is not None else None
+        )
         replay = Replay(self._journal.entries(), backend, is_async=self._action.is_async)
         ctx = dataclasses.replace(
             self.ctx, attempt=number, _control=_fresh_control(self.ctx), _durable=replay

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from cyclone.jsonvalue import from_value
+from cyclone.jsonvalue import from_value, json_value
 from pyclient.durable._replay import Call, Decision, Outcome
 from pyclient.models import StepCall, StepCallError, StepCallStatus
 
@@ -116,10 +116,18 @@ class MemoryBackend:
     """The backend of one attempt of a node on a :class:`NodeJournal`; ``hook`` is
     called at each point of a call (pyclient.testing crashes the attempt there)."""
 
-    def __init__(self, journal: NodeJournal, attempt: int, hook: Hook | None = None):
+    def __init__(
+        self,
+        journal: NodeJournal,
+        attempt: int,
+        hook: Hook | None = None,
+        connection: Any = None,
+    ):
         self.journal = journal
         self.attempt = attempt
         self.hook = hook or (lambda point, call: None)
+        #: What ``ctx.completion_tx()`` returns inside a step call (the test's own).
+        self.connection = connection
 
     def before_run(self, call: Call) -> None:
         self.hook("before_run", call)
@@ -141,3 +149,28 @@ class MemoryBackend:
 
     async def end_async(self, call: Call, outcome: Outcome) -> None:
         self.end(call, outcome)
+
+    def transaction(self, call: Call) -> MemoryTx:
+        if self.connection is None:
+            raise RuntimeError(
+                "completion_tx() in a step call needs a connection: pass completion_conn="
+            )
+        return MemoryTx(self, call)
+
+
+class MemoryTx:
+    """A step call's transaction under test: the test's own connection, neither
+    committed nor rolled back; its commit records the call in memory."""
+
+    def __init__(self, backend: MemoryBackend, call: Call):
+        self.backend = backend
+        self.call = call
+
+    def connection(self) -> Any:
+        return self.backend.connection
+
+    def commit(self, output_json: str) -> None:
+        self.backend.end(self.call, json_value(output_json))
+
+    def rollback(self) -> None:
+        pass

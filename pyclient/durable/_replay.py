@@ -19,6 +19,7 @@ journal in memory and can crash the "worker" around any call.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import threading
@@ -135,6 +136,17 @@ class Call:
 Outcome = struct_pb2.Value | StepCallError
 
 
+class CallTx(Protocol):
+    """A step call's own transaction (``ctx.completion_tx()`` inside a step call): its
+    commit records the call's success with the writes made on it."""
+
+    def connection(self) -> Any: ...
+
+    def commit(self, output_json: str) -> None: ...
+
+    def rollback(self) -> None: ...
+
+
 class JournalBackend(Protocol):
     """Where a node's journal is written. Sync methods are called from sync step
     calls (a body's thread), async ones from async step calls (a body's event loop).
@@ -156,12 +168,41 @@ class JournalBackend(Protocol):
 
     async def end_async(self, call: Call, outcome: Outcome) -> None: ...
 
+    def transaction(self, call: Call) -> CallTx:
+        """A transaction for ``call`` (RuntimeError when there is no database)."""
+
+
+class StepScope:
+    """The step call running now, as its context sees it: it opens the call's
+    transaction when the function asks for it, once."""
+
+    def __init__(self, call: Call, backend: JournalBackend):
+        self.call = call
+        self._backend: JournalBackend | None = backend
+        self.tx: CallTx | None = None
+
+    def connection(self) -> Any:
+        if self._backend is None:
+            raise RuntimeError(
+                f"step call {self.call.step_id!r} is over: its completion_tx() is closed"
+            )
+        if self.tx is None:
+            self.tx = self._backend.transaction(self.call)
+        return self.tx.connection()
+
+    def close(self) -> CallTx | None:
+        """The call is over: its transaction, if one was opened, to commit or roll back."""
+        self._backend = None
+        return self.tx
+
 
 @dataclass(slots=True)
 class _Result:
-    """What a function call ended with: the outcome to record, and what the body gets."""
+    """What a function call ended with: the outcome to record (and its JSON text),
+    and what the body gets."""
 
     outcome: Outcome
+    json: str = "null"
     value: Any = None
     error: StepFailed | None = None
 
@@ -287,14 +328,27 @@ class Replay:
             if decision is not Decision.RUN:
                 return self._decided(call, decision, recorded)
         self._journal(self.backend.before_run, call)
-        token = bind(dataclasses.replace(ctx, step_id=call.step_id))
+        scope = StepScope(call, self.backend)
+        token = bind(dataclasses.replace(ctx, step_id=call.step_id, _scope=scope))
         try:
             result = self._succeeded(call, fn.fn(*args, **kwargs))
         except Exception as exc:
             result = self._failed(call, exc)
+        except BaseException:  # cut off (cancelled, stopped): its writes are undone
+            _rollback(scope.close())
+            raise
         finally:
             unbind(token)
+        tx = scope.close()
         self.ran.append(call.step_id)
+        if tx is not None and result.error is None:
+            try:
+                self._journal(tx.commit, result.json)  # records the call with its writes
+                return result.deliver()
+            except Exception as exc:  # not recorded, its writes undone: a failure
+                result = self._uncommitted(call, exc)
+        else:
+            _rollback(tx)
         self._journal(self.backend.end, call, result.outcome)
         return result.deliver()
 
@@ -317,18 +371,39 @@ class Replay:
             if decision is not Decision.RUN:
                 return self._decided(call, decision, recorded)
         self._journal(self.backend.before_run, call)
-        token = bind(dataclasses.replace(ctx, step_id=call.step_id))
+        scope = StepScope(call, self.backend)
+        token = bind(dataclasses.replace(ctx, step_id=call.step_id, _scope=scope))
         try:
             result = self._succeeded(call, await fn.fn(*args, **kwargs))
         except Exception as exc:
             result = self._failed(call, exc)
+        except BaseException:  # cut off (cancelled, stopped): its writes are undone
+            _rollback(scope.close())
+            raise
         finally:
             unbind(token)
+        tx = scope.close()
         self.ran.append(call.step_id)
+        if tx is not None and result.error is None:
+            try:
+                await self._ajournal(asyncio.to_thread(tx.commit, result.json))
+                return result.deliver()
+            except Exception as exc:
+                result = self._uncommitted(call, exc)
+        else:
+            _rollback(tx)
         await self._ajournal(self.backend.end_async(call, result.outcome))
         return result.deliver()
 
     # -- outcomes
+
+    def _uncommitted(self, call: Call, exc: Exception) -> _Result:
+        """The call's transaction did not commit: its writes and its record are undone.
+        A refusal of the journal stops or fails the body (raised again); any other
+        error (the database's) is the call's failure, recorded as such."""
+        if self.stopped is not None or self.failure is not None:
+            raise exc
+        return self._failed(call, exc)
 
     def _decided(self, call: Call, decision: Decision, entry: StepCall | None) -> Any:
         if entry is None:  # a backend that breaks the contract
@@ -347,12 +422,13 @@ class Replay:
 
     def _succeeded(self, call: Call, value: Any) -> _Result:
         try:
-            output = json_value(dumps(value))
+            text = dumps(value)
+            output = json_value(text)
         except (TypeError, ValueError) as exc:
             problem = TypeError(f"step {call.step_id!r} returned a value that is not JSON: {exc}")
             return self._failed(call, problem, non_retryable=True)
         # What a replay will return: the same value, read back from the journal.
-        return _Result(output, value=from_value(output))
+        return _Result(output, json=text, value=from_value(output))
 
     @staticmethod
     def _failed(call: Call, exc: Exception, *, non_retryable: bool = False) -> _Result:
@@ -397,6 +473,12 @@ class Replay:
         else:  # cancellation of the body, an interrupt: not the journal's business
             return exc
         return self.stopped or exc
+
+
+def _rollback(tx: CallTx | None) -> None:
+    """Undo a step call's writes (it failed, or was cut off)."""
+    if tx is not None:
+        tx.rollback()
 
 
 def _clip(text: str, limit: int) -> str:

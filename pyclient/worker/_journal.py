@@ -19,6 +19,7 @@ import grpc
 
 from cyclone.v1 import types_pb2
 from cyclone.v1 import worker_service_pb2 as pb
+from pyclient.completion import CompletionTx
 from pyclient.context import StepControl
 from pyclient.durable._replay import BodyStopped, Call, Decision, Outcome
 from pyclient.errors import CycloneError, Unavailable, from_rpc_error
@@ -67,6 +68,20 @@ class GrpcJournal:
 
     async def end_async(self, call: Call, outcome: Outcome) -> None:
         await self._bridge(self._end(call, outcome))
+
+    def transaction(self, call: Call) -> CompletionTx:
+        if self.rt.pool is None:
+            raise RuntimeError(
+                "completion_tx() needs a database: create the Worker with database_url="
+            )
+        step = self.step
+        return CompletionTx(
+            self.rt.pool,
+            step.run_id,
+            step.node,
+            step.lease_token,
+            (call.step_id, call.seq, call.function),
+        )
 
     # -- on the worker's loop
 

@@ -208,12 +208,12 @@ class Runtime:
         slog.warning(
             "run blocked on step call %r (%s): it is unsafe to repeat and attempt %d "
             "started it without recording an outcome, so its effect may have happened. "
-            "Check the outside world, then resolve it: cyclone resolve %s %s --node %s "
-            "(--result JSON | --error MESSAGE | --discard)",
+            "Check the outside world, then resolve it: cyclone resolve %s %s "
+            "--result JSON (it happened) | --error MESSAGE (it happened and failed) | "
+            "--discard (it did not happen)",
             call.step_id,
             call.function,
             call.attempt,
             step.run_id,
             call.step_id,
-            step.node,
         )

@@ -265,7 +265,7 @@ def test_an_unsafe_call_started_by_an_earlier_attempt_blocks_the_run(
             lambda: [r for r in caplog.records if "run blocked on step call" in r.message],
             "the worker's warning",
         )[0].getMessage()
-        assert f"cyclone resolve {run_id} charge --node checkout" in warning
+        assert f"cyclone resolve {run_id} charge --result JSON" in warning
     finally:
         serving.__exit__(None, None, None)
 
@@ -375,3 +375,69 @@ def test_start_with_a_key_starts_one_run(client):
     run = client.get_run(first)
     assert (run.workflow, run.input, run.submit_key) == ("checkout", ORDER, "order-1")
     assert [(s.node, s.action) for s in run.steps] == [("checkout", "checkout")]
+
+
+PAYMENTS = """
+CREATE TABLE payments (
+    step_key text    PRIMARY KEY,
+    amount   integer NOT NULL
+)
+"""
+
+
+def test_a_step_writes_in_its_own_transaction_once_across_replays(
+    cyclone_server, client, make_worker
+):
+    cyclone_server.sql(PAYMENTS)
+    calls: collections.Counter[str] = collections.Counter()
+
+    @step
+    def pay(amount: int) -> int:
+        calls["pay"] += 1
+        ctx = context.current()
+        # A plain INSERT: a second run of this call would violate the primary key.
+        ctx.completion_tx().execute(
+            "INSERT INTO payments (step_key, amount) VALUES (%s, %s)", (ctx.step_key, amount)
+        )
+        return amount
+
+    @step
+    def refuse(amount: int) -> None:
+        calls["refuse"] += 1
+        context.current().completion_tx().execute(
+            "INSERT INTO payments (step_key, amount) VALUES ('refused', %s)", (amount,)
+        )
+        raise ValueError("over the limit")
+
+    @step
+    def confirm() -> str:
+        calls["confirm"] += 1
+        if calls["confirm"] == 1:
+            raise ConnectionError("crash after the payment")
+        return "confirmed"
+
+    worker = make_worker(database_url=cyclone_server.database_url)
+
+    @worker.workflow("pay")
+    def body(ctx, amount: int):
+        paid = pay(amount)
+        try:
+            refuse(amount)
+        except StepFailed as e:
+            assert e.type_name == "ValueError"
+        return [paid, confirm()]
+
+    with running(worker):
+        run = client.wait(client.start("pay", 5, retry=AT_ONCE), timeout=PATIENCE)
+    assert run.status == "completed" and run.step("pay").output == [5, "confirmed"]
+    assert calls == {"pay": 1, "refuse": 1, "confirm": 2}
+    # The payment committed once, with its record; the refused call's write rolled back.
+    assert cyclone_server.sql("SELECT step_key, amount FROM payments") == [
+        (f"{run.run_id}:pay:pay", 5)
+    ]
+    journal = {c.step_id: c.status for c in run.step("pay").journal}
+    assert journal == {
+        "pay": StepCallStatus.SUCCEEDED,
+        "refuse": StepCallStatus.FAILED,
+        "confirm": StepCallStatus.SUCCEEDED,
+    }

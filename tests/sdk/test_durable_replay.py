@@ -491,3 +491,21 @@ def test_a_method_can_be_a_step():
     assert node.run().output == [1, 100]
     assert [e.step_id for e in node.journal] == ["charge", "big"]
     assert billing.charged == [1, 100]
+
+
+def test_inside_a_step_call_completion_tx_is_the_calls_own_transaction():
+    given = object()  # the test's connection, as testing.make_context takes it
+    kept: list[object] = []
+
+    @step
+    def write() -> bool:
+        kept.append(context.current()._scope)
+        return context.current().completion_tx() is given
+
+    node = testing.DurableNode(lambda ctx: write(), completion_conn=given)
+    assert node.run().output is True
+    with pytest.raises(RuntimeError, match="step call 'write' is over"):
+        kept[0].connection()  # type: ignore[attr-defined]
+    attempt = testing.DurableNode(lambda ctx: write()).run()
+    assert isinstance(attempt.error, StepFailed) and attempt.error.type_name == "RuntimeError"
+    assert "needs a connection" in attempt.error.message
