@@ -28,6 +28,12 @@ For an action marked ``unsafe_to_repeat`` no second attempt may start: a handler
 did not finish (timed out, given up on, or cut off by shutdown) is reported with
 ``effect_uncertain`` and its run is blocked until an operator resolves it.
 
+Durable functions. A handler registered with :meth:`Worker.workflow` calls steps
+(``@step``); the claim hands out the node's journal and the replay engine
+(:mod:`pyclient.durable`) returns recorded outcomes without running them. A body that
+stops on an unsafe call an earlier attempt left started (EffectUncertain) is dropped
+without a Complete: the server has already blocked its run.
+
 Losing the step. A heartbeat answered ABORTED sets ``ctx.lease_lost``; one that says
 the run was cancelled sets ``ctx.cancelled``. Both set ``ctx.should_stop``, cancel an
 async handler, and drop the outcome (the server would refuse it).
@@ -52,6 +58,8 @@ The package, one module per job (the worker's seams):
   transaction path, effect_uncertain reports.
 - ``_retry``: **change retry here**: the one backoff that claims and CompleteMany use
   while the server is unavailable.
+- ``_journal``: durable functions (``@worker.workflow``): Begin and End of their step
+  calls, sent from the worker's loop for the replay engine of :mod:`pyclient.durable`.
 - ``_timers``, ``_mailbox``, ``_common``: alarms on the worker's loop, calls handed
   between threads, and what they all share (logger, HandlerTimeout).
 """
