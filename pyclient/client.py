@@ -88,6 +88,25 @@ class _calls:
         return _Call("workflow", "SubmitOnce", req, lambda r: Submitted(r.run_id, r.created))
 
     @staticmethod
+    def start(
+        name: str | Callable[..., Any],
+        input: Any,
+        key: str | None,
+        timeout: float | dt.timedelta | None,
+        retry: RetryPolicy | None,
+    ) -> _Call[str]:
+        """Submit (SubmitOnce with a key) the one-node workflow of a durable function:
+        workflow, node and action named after it."""
+        if not isinstance(name, str):
+            name = getattr(name, "__cyclone_action__", None) or name.__name__
+        wf = Workflow(name)
+        wf.node(name, action=name, timeout=timeout, retry=retry)
+        if key is None:
+            return _calls.submit(wf, input)
+        once = _calls.submit_once(wf, key, input)
+        return _Call(once.service, once.method, once.request, lambda r: r.run_id)
+
+    @staticmethod
     def get_run(run_id: str) -> _Call[Run]:
         req = wf_pb.GetRunRequest(run_id=run_id)
         return _Call("workflow", "GetRun", req, lambda r: Run.from_proto(r.run))
@@ -172,20 +191,6 @@ class _calls:
         else:
             req.discard = True
         return _Call("admin", "Resolve", req, lambda r: Run.from_proto(r.run))
-
-
-def one_node_workflow(
-    name: str | Callable[..., Any],
-    timeout: float | dt.timedelta | None,
-    retry: RetryPolicy | None,
-) -> Workflow:
-    """The workflow ``start`` submits: one node named after the durable function,
-    calling the action of that name."""
-    if not isinstance(name, str):
-        name = getattr(name, "__cyclone_action__", None) or name.__name__
-    wf = Workflow(name)
-    wf.node(name, action=name, timeout=timeout, retry=retry)
-    return wf
 
 
 def _set_value(
@@ -298,10 +303,7 @@ class Client:
         (SubmitOnce): a second call returns the first run's id. ``timeout`` and
         ``retry`` are the node's (per attempt; default 5 minutes and 3 attempts).
         Returns the run id; :meth:`wait` waits for its outcome."""
-        wf = one_node_workflow(name, timeout, retry)
-        if key is None:
-            return self.submit(wf, input)
-        return self.submit_once(wf, key, input).run_id
+        return self._invoke(_calls.start(name, input, key, timeout, retry))
 
     def get_run(self, run_id: str) -> Run:
         """The run with every step and its audit trail; NotFound for an unknown id."""
@@ -450,10 +452,7 @@ class AsyncClient:
         timeout: float | dt.timedelta | None = None,
         retry: RetryPolicy | None = None,
     ) -> str:
-        wf = one_node_workflow(name, timeout, retry)
-        if key is None:
-            return await self.submit(wf, input)
-        return (await self.submit_once(wf, key, input)).run_id
+        return await self._invoke(_calls.start(name, input, key, timeout, retry))
 
     async def get_run(self, run_id: str) -> Run:
         return await self._invoke(_calls.get_run(run_id))

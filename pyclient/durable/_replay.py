@@ -19,12 +19,12 @@ journal in memory and can crash the "worker" around any call.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import dataclasses
 import enum
 import threading
 import traceback
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -205,6 +205,8 @@ class _Result:
     json: str = "null"
     value: Any = None
     error: StepFailed | None = None
+    #: Recorded already, by the call's own transaction.
+    recorded: bool = False
 
     def deliver(self) -> Any:
         if self.error is not None:
@@ -327,29 +329,14 @@ class Replay:
             decision, recorded = self._journal(self.backend.begin, call)
             if decision is not Decision.RUN:
                 return self._decided(call, decision, recorded)
-        self._journal(self.backend.before_run, call)
-        scope = StepScope(call, self.backend)
-        token = bind(dataclasses.replace(ctx, step_id=call.step_id, _scope=scope))
-        try:
-            result = self._succeeded(call, fn.fn(*args, **kwargs))
-        except Exception as exc:
-            result = self._failed(call, exc)
-        except BaseException:  # cut off (cancelled, stopped): its writes are undone
-            _rollback(scope.close())
-            raise
-        finally:
-            unbind(token)
-        tx = scope.close()
-        self.ran.append(call.step_id)
-        if tx is not None and result.error is None:
+        with self._running(ctx, call) as scope:
             try:
-                self._journal(tx.commit, result.json)  # records the call with its writes
-                return result.deliver()
-            except Exception as exc:  # not recorded, its writes undone: a failure
-                result = self._uncommitted(call, exc)
-        else:
-            _rollback(tx)
-        self._journal(self.backend.end, call, result.outcome)
+                result = self._succeeded(call, fn.fn(*args, **kwargs))
+            except Exception as exc:
+                result = self._failed(call, exc)
+        result = self._settle(scope, call, result)
+        if not result.recorded:
+            self._journal(self.backend.end, call, result.outcome)
         return result.deliver()
 
     # -- an async step call (numbered by open() when called, run when awaited)
@@ -370,30 +357,49 @@ class Replay:
             decision, recorded = await self._ajournal(self.backend.begin_async(call))
             if decision is not Decision.RUN:
                 return self._decided(call, decision, recorded)
+        with self._running(ctx, call) as scope:
+            try:
+                result = self._succeeded(call, await fn.fn(*args, **kwargs))
+            except Exception as exc:
+                result = self._failed(call, exc)
+        result = self._settle(scope, call, result)
+        if not result.recorded:
+            await self._ajournal(self.backend.end_async(call, result.outcome))
+        return result.deliver()
+
+    # -- running the function
+
+    @contextlib.contextmanager
+    def _running(self, ctx: Context, call: Call) -> Iterator[StepScope]:
+        """The function of ``call`` runs in this block, with its context bound; when it
+        is cut off (cancelled, stopped) the writes of its transaction are undone."""
         self._journal(self.backend.before_run, call)
         scope = StepScope(call, self.backend)
         token = bind(dataclasses.replace(ctx, step_id=call.step_id, _scope=scope))
         try:
-            result = self._succeeded(call, await fn.fn(*args, **kwargs))
-        except Exception as exc:
-            result = self._failed(call, exc)
-        except BaseException:  # cut off (cancelled, stopped): its writes are undone
+            yield scope
+        except BaseException:
             _rollback(scope.close())
             raise
         finally:
             unbind(token)
-        tx = scope.close()
+
+    def _settle(self, scope: StepScope, call: Call, result: _Result) -> _Result:
+        """The function returned or raised. When it used its transaction and
+        succeeded, commit it with the call's record (``recorded``); a failure rolls it
+        back, and End records it. (The commit is synchronous, as the node's completion
+        transaction is, also in an async body.)"""
         self.ran.append(call.step_id)
-        if tx is not None and result.error is None:
-            try:
-                await self._ajournal(asyncio.to_thread(tx.commit, result.json))
-                return result.deliver()
-            except Exception as exc:
-                result = self._uncommitted(call, exc)
-        else:
+        tx = scope.close()
+        if tx is None or result.error is not None:
             _rollback(tx)
-        await self._ajournal(self.backend.end_async(call, result.outcome))
-        return result.deliver()
+            return result
+        try:
+            self._journal(tx.commit, result.json)
+        except Exception as exc:  # not recorded, its writes undone: a failure
+            return self._uncommitted(call, exc)
+        result.recorded = True
+        return result
 
     # -- outcomes
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pyclient.worker._runtime import Runtime
 
 T = TypeVar("T")
+R = TypeVar("R", pb.BeginStepCallRequest, pb.EndStepCallRequest)
 
 _DECISIONS = {
     pb.STEP_CALL_DECISION_RUN: Decision.RUN,
@@ -85,9 +86,9 @@ class GrpcJournal:
 
     # -- on the worker's loop
 
-    async def _begin(self, call: Call) -> tuple[Decision, StepCall | None]:
+    def _request(self, cls: type[R], call: Call) -> R:
         step = self.step
-        request = pb.BeginStepCallRequest(
+        return cls(
             run_id=step.run_id,
             node=step.node,
             lease_token=step.lease_token,
@@ -96,6 +97,9 @@ class GrpcJournal:
             function=call.function,
             unsafe_to_repeat=call.unsafe,
         )
+
+    async def _begin(self, call: Call) -> tuple[Decision, StepCall | None]:
+        request = self._request(pb.BeginStepCallRequest, call)
         response = await self._send(self.rt.stub.BeginStepCall, request)
         decision = _DECISIONS.get(response.decision)
         if decision is None:
@@ -104,16 +108,7 @@ class GrpcJournal:
         return decision, entry
 
     async def _end(self, call: Call, outcome: Outcome) -> None:
-        step = self.step
-        request = pb.EndStepCallRequest(
-            run_id=step.run_id,
-            node=step.node,
-            lease_token=step.lease_token,
-            step_id=call.step_id,
-            seq=call.seq,
-            function=call.function,
-            unsafe_to_repeat=call.unsafe,
-        )
+        request = self._request(pb.EndStepCallRequest, call)
         if isinstance(outcome, StepCallError):
             request.error.CopyFrom(
                 types_pb2.StepCallError(

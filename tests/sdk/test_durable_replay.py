@@ -509,3 +509,30 @@ def test_inside_a_step_call_completion_tx_is_the_calls_own_transaction():
     attempt = testing.DurableNode(lambda ctx: write()).run()
     assert isinstance(attempt.error, StepFailed) and attempt.error.type_name == "RuntimeError"
     assert "needs a connection" in attempt.error.message
+
+
+def test_the_seeds_samples_port_with_a_changed_import():
+    charges: dict[str, int] = {}
+
+    class billing_api:
+        @staticmethod
+        def charge(order_id: str, amount: int, idempotency_key: str) -> str:
+            charges.setdefault(idempotency_key, amount)
+            return f"ch_{idempotency_key}"
+
+    # From the seed, with `from pyclient import context, step` for its imports:
+    @step
+    def charge_order(order_id, amount):
+        return billing_api.charge(order_id, amount, idempotency_key=f"charge:{order_id}")
+
+    @step
+    def charge_attempt(order_id, amount):
+        key = f"{context.current().workflow_id}:{order_id}"
+        return billing_api.charge(order_id, amount, idempotency_key=key)
+
+    def body(ctx):
+        return [charge_order("o-1", 5), charge_attempt("o-1", 5)]
+
+    report = testing.explore(body, run_id="0192-run", state=lambda: dict(charges))
+    report.assert_ok()
+    assert charges == {"charge:o-1": 5, "0192-run:o-1": 5}
