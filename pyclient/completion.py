@@ -113,6 +113,19 @@ class CompletionTx:
         return conn
 
 
+def record_step_call(conn: Any, key: tuple[Any, ...], output_json: str) -> None:
+    """Record a step call's success in ``conn``'s open transaction
+    (``cyclone.step_call_record``; ``key`` is run_id, node, lease token, step id, seq,
+    function). The engine's refusals are raised as SDK errors (LeaseLost...)."""
+    try:
+        conn.execute(STEP_CALL_RECORD_SQL, (*key, output_json))
+    except Exception as exc:
+        translated = _translate(exc)
+        if translated is exc:
+            raise
+        raise translated from exc
+
+
 def _rollback(conn: Any) -> None:
     # A broken connection has nothing left to undo; the pool drops it.
     with contextlib.suppress(Exception):

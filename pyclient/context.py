@@ -239,6 +239,17 @@ class Context:
         """
         self._control.request_heartbeat(progress, progress is not _NO_PROGRESS)
 
+    def record_step_call(self, conn: psycopg.Connection, output: Any = None) -> None:
+        """Inside a step call: record the call's success with ``output`` in ``conn``'s
+        open transaction (``cyclone.step_call_record``), your own connection to the
+        Cyclone database; commit it yourself, after your writes. The writes and the
+        record commit together or not at all, so the step's effect happens once. A
+        lost lease raises LeaseLost (roll back). Return the same value from the step:
+        a replay returns the recorded ``output``. RuntimeError outside a step call."""
+        if self._scope is None:
+            raise RuntimeError("record_step_call() exists only inside a step call")
+        self._scope.record(conn, output)
+
     def completion_tx(self) -> psycopg.Connection:
         """A psycopg connection in the transaction that will complete this step.
 

@@ -150,6 +150,9 @@ class MemoryBackend:
     async def end_async(self, call: Call, outcome: Outcome) -> None:
         self.end(call, outcome)
 
+    def record(self, call: Call, conn: Any, output_json: str) -> None:
+        self.end(call, json_value(output_json))
+
     def transaction(self, call: Call) -> MemoryTx:
         if self.connection is None:
             raise RuntimeError(

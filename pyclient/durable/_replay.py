@@ -171,6 +171,9 @@ class JournalBackend(Protocol):
     def transaction(self, call: Call) -> CallTx:
         """A transaction for ``call`` (RuntimeError when there is no database)."""
 
+    def record(self, call: Call, conn: Any, output_json: str) -> None:
+        """Record the success of ``call`` in ``conn``'s transaction (the caller's)."""
+
 
 class StepScope:
     """The step call running now, as its context sees it: it opens the call's
@@ -189,6 +192,15 @@ class StepScope:
         if self.tx is None:
             self.tx = self._backend.transaction(self.call)
         return self.tx.connection()
+
+    def record(self, conn: Any, output: Any) -> None:
+        try:
+            text = dumps(output)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"a step call's output must be JSON: {exc}") from None
+        if self._backend is None:
+            raise RuntimeError(f"step call {self.call.step_id!r} is over")
+        self._backend.record(self.call, conn, text)
 
     def close(self) -> CallTx | None:
         """The call is over: its transaction, if one was opened, to commit or roll back."""

@@ -19,7 +19,7 @@ import grpc
 
 from cyclone.v1 import types_pb2
 from cyclone.v1 import worker_service_pb2 as pb
-from pyclient.completion import CompletionTx
+from pyclient.completion import CompletionTx, record_step_call
 from pyclient.context import StepControl
 from pyclient.durable._replay import BodyStopped, Call, Decision, Outcome
 from pyclient.errors import CycloneError, Unavailable, from_rpc_error
@@ -69,6 +69,11 @@ class GrpcJournal:
 
     async def end_async(self, call: Call, outcome: Outcome) -> None:
         await self._bridge(self._end(call, outcome))
+
+    def record(self, call: Call, conn: Any, output_json: str) -> None:
+        step = self.step
+        key = (step.run_id, step.node, step.lease_token, call.step_id, call.seq, call.function)
+        record_step_call(conn, key, output_json)
 
     def transaction(self, call: Call) -> CompletionTx:
         if self.rt.pool is None:

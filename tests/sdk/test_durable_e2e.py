@@ -441,3 +441,43 @@ def test_a_step_writes_in_its_own_transaction_once_across_replays(
         "refuse": StepCallStatus.FAILED,
         "confirm": StepCallStatus.SUCCEEDED,
     }
+
+
+def test_a_step_records_its_call_in_its_own_transaction_on_its_own_connection(
+    cyclone_server, client, make_worker
+):
+    import psycopg
+
+    cyclone_server.sql(PAYMENTS)
+    calls: collections.Counter[str] = collections.Counter()
+
+    @step
+    def pay(amount: int) -> int:
+        calls["pay"] += 1
+        ctx = context.current()
+        with psycopg.connect(cyclone_server.database_url) as conn:  # commits on exit
+            conn.execute(
+                "INSERT INTO payments (step_key, amount) VALUES (%s, %s)", (ctx.step_key, amount)
+            )
+            ctx.record_step_call(conn, amount)
+        return amount
+
+    @step
+    def confirm() -> str:
+        calls["confirm"] += 1
+        if calls["confirm"] == 1:
+            raise ConnectionError("crash after the payment")
+        return "confirmed"
+
+    worker = make_worker()
+
+    @worker.workflow("pay")
+    def body(ctx, amount: int):
+        return [pay(amount), confirm()]
+
+    with running(worker):
+        run = client.wait(client.start("pay", 7, retry=AT_ONCE), timeout=PATIENCE)
+    assert run.status == "completed" and run.step("pay").output == [7, "confirmed"]
+    assert calls == {"pay": 1, "confirm": 2}
+    assert cyclone_server.sql("SELECT amount FROM payments") == [(7,)]
+    assert run.step("pay").journal[0].output == 7

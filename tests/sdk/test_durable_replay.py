@@ -536,3 +536,16 @@ def test_the_seeds_samples_port_with_a_changed_import():
     report = testing.explore(body, run_id="0192-run", state=lambda: dict(charges))
     report.assert_ok()
     assert charges == {"charge:o-1": 5, "0192-run:o-1": 5}
+
+
+def test_record_step_call_records_the_call_where_the_test_says():
+    @step
+    def pay(amount: int) -> int:
+        context.current().record_step_call(None, amount)
+        return amount
+
+    node = testing.DurableNode(lambda ctx: pay(3))
+    assert node.run(crash="pay", when="after_record").status == "crashed"
+    assert node.run().output == 3 and node.executions == {"pay": 1}
+    with pytest.raises(RuntimeError, match="only inside a step call"):
+        testing.make_context().record_step_call(None, 1)
