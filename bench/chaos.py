@@ -19,8 +19,8 @@ duplicates. Workers log in as a cyclone_worker role, as docs/exactly-once.md say
 
 The durable body calls prepare_amount, book, note, book again (step id book#2) and
 total. Each book call writes a row of chaos_step_ledger in a transaction of its own
-that records the step call's success with cyclone.step_call_record before it commits
-(exactly once per step call); note writes chaos_step_audit on its own connection (at
+(ctx.completion_tx() inside the step call) that records the call's success with
+cyclone.step_call_record before it commits (exactly once per step call); note writes chaos_step_audit on its own connection (at
 least once). Neither table has a unique key either.
 
 It ends when every run is terminal, and prints as its last line
@@ -199,20 +199,17 @@ def serve_worker(address: str, calls_dir: str) -> None:
 
     @step
     def book(amount: int) -> dict:
-        # The effect and the record of the call commit together: exactly once.
+        # Inside a step call, completion_tx() is the call's own transaction: the SDK
+        # records the call's success in it and commits, so the row is written once.
         step_called()
         ctx = current()
-        with psycopg.connect(dsn, connect_timeout=3) as conn:
-            conn.execute(
-                "INSERT INTO chaos_step_ledger (run_id, node, step_id, attempt, amount)"
-                " VALUES (%s, %s, %s, %s, %s)",
-                (ctx.run_id, ctx.node, ctx.step_id, ctx.attempt, amount),
-            )
-            dawdle()
-            output = {"booked": amount}
-            record_step_call(conn, output)
+        ctx.completion_tx().execute(
+            "INSERT INTO chaos_step_ledger (run_id, node, step_id, attempt, amount)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (ctx.run_id, ctx.node, ctx.step_id, ctx.attempt, amount),
+        )
         dawdle()
-        return output
+        return {"booked": amount}
 
     @step
     def note(amount: int) -> None:

@@ -324,7 +324,9 @@ def ledger_login(lab, postgres_url) -> Iterator[str]:
 
 
 def test_a_step_effect_recorded_in_its_own_transaction_happens_once_under_kills(lab, ledger_login):
-    runs = [lab.client.start("ledger", {"count": 4}) for _ in range(2)]
+    # Every kill costs the node it held an attempt: leave room for them all.
+    retry = RetryPolicy(max_attempts=10)
+    runs = [lab.client.start("ledger", {"count": 4}, retry=retry) for _ in range(2)]
     # Each worker kills itself at one point of one call: a rolled-back effect, then a
     # committed effect whose call the SDK never heard back from, for each of two calls.
     kills = ["book#2:before-commit", "book#2:after-commit", "book#3:after-commit"]
