@@ -209,7 +209,9 @@ def test_an_unsafe_step_killed_mid_call_blocks_the_run_naming_node_and_step_id(l
     # The second worker replayed reserve from the journal and never called charge_card.
     assert lab.effects() == {"reserve": 1, "charge_card": 1}
     assert lab.effects("entered") == {"charge_card": 1}
-    assert metric(scrape(lab.server.server.metrics_port), "cyclone_runs", status="blocked") == 1
+    samples = scrape(lab.server.server.metrics_port)
+    assert metric(samples, "cyclone_runs", status="blocked") == 1
+    assert metric(samples, "cyclone_runs_blocked_total", action="order") == 1
 
     # Nothing moves it: not the sweep, however late, nor the worker still claiming.
     lab.server.advance_clock(3600)
