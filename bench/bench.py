@@ -388,27 +388,34 @@ def scenario_sdk(server: Server, database_url: str, runs: int, action: str,
                  processes: int = 2, concurrency: int = 64) -> dict:
     """The throughput scenario drained by the SDK's Worker instead of bare stubs."""
     submit_many(server.address, [one_node("one", action)] * runs)
-    ctx = multiprocessing.get_context("spawn")
-    finished = ctx.Event()
-    procs = [ctx.Process(target=sdk_worker_process,
-                         args=(server.address, action, concurrency, finished))
-             for _ in range(processes)]
     with CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + DEADLINE_S
-        while time.monotonic() < deadline:
-            time.sleep(0.2)
-            done = conn.execute("SELECT count(*) FROM cyclone.steps WHERE action = %s "
-                                "AND status = 'completed'", (action,)).fetchone()[0]
-            if done == runs:
-                break
-        finished.set()
-        join(procs)
+        drain_with_sdk(conn, action, runs, processes, sdk_worker_process,
+                       server.address, action, concurrency)
     n, rate = steps_per_second(database_url, action)
     assert n == runs, f"{n} of {runs} steps completed"
     return {"steps": n, "steps_per_s": round(rate, 1),
             "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres")}
+
+
+def drain_with_sdk(conn: psycopg.Connection, action: str, runs: int, processes: int,
+                   target, *args, **kwargs) -> None:
+    """Start ``processes`` SDK worker processes (``target(*args, finished, **kwargs)``)
+    and stop them once ``runs`` steps of ``action`` completed (or at the deadline)."""
+    ctx = multiprocessing.get_context("spawn")
+    finished = ctx.Event()
+    procs = [ctx.Process(target=target, args=(*args, finished), kwargs=kwargs)
+             for _ in range(processes)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        done = conn.execute("SELECT count(*) FROM cyclone.steps WHERE action = %s "
+                            "AND status = 'completed'", (action,)).fetchone()[0]
+        if done == runs:
+            break
+    finished.set()
+    join(procs)
 
 
 def scenario_baseline(database_url: str, jobs: int, threads: int = 8) -> dict:
@@ -472,23 +479,8 @@ def scenario_durable(server: Server, database_url: str, runs: int, calls: int,
     submit_many(server.address, [one_node("durable", action)] * runs)
     with CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
         if sdk:
-            ctx = multiprocessing.get_context("spawn")
-            finished = ctx.Event()
-            procs = [ctx.Process(target=sdk_durable_worker_process,
-                                 args=(server.address, action, concurrency, finished, calls,
-                                       unsafe))
-                     for _ in range(processes)]
-            for p in procs:
-                p.start()
-            deadline = time.monotonic() + DEADLINE_S
-            while time.monotonic() < deadline:
-                time.sleep(0.2)
-                done = conn.execute("SELECT count(*) FROM cyclone.steps WHERE action = %s "
-                                    "AND status = 'completed'", (action,)).fetchone()[0]
-                if done == runs:
-                    break
-            finished.set()
-            join(procs)
+            drain_with_sdk(conn, action, runs, processes, sdk_durable_worker_process,
+                           server.address, action, concurrency, calls=calls, unsafe=unsafe)
         else:
             join(start_workers(server.address, action, processes, concurrency,
                                calls=calls, unsafe=unsafe))

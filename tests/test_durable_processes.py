@@ -9,33 +9,28 @@ second worker process claims the node and replays the body from its journal.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import signal
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cyclone.v1 import types_pb2
-from pyclient import Client, RetryPolicy, Run, Workflow, cli
+from pyclient import Client, RetryPolicy, Workflow
 from tests.helpers import PATIENCE, eventually, get_run
+from tests.process_lab import ProcessLab
 from tests.roles import worker_login
 from tests.test_metrics import scrape
 from tests.test_metrics import value as metric
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).with_name("durable_worker_process.py")
-# Past any lease the killed worker held (2 s, extended by heartbeats to now + 2 s).
-PAST_THE_LEASE = 10
 STATUS = {
     types_pb2.STEP_CALL_STATUS_STARTED: "started",
     types_pb2.STEP_CALL_STATUS_SUCCEEDED: "succeeded",
@@ -44,53 +39,12 @@ STATUS = {
 
 
 @dataclass
-class Lab:
-    server: Any
-    client: Client
-    logs: Path
+class Lab(ProcessLab):
     effects_file: Path
-    workers: list[subprocess.Popen] = field(default_factory=list)
 
     def start_worker(self, *flags: str, gated: bool = False) -> subprocess.Popen:
-        out = (self.logs / f"worker-{len(self.workers)}.log").open("w")
-        argv = [sys.executable, str(WORKER), self.server.address, str(self.effects_file)]
-        proc = subprocess.Popen(
-            [*argv, *flags, *(["--gated"] if gated else [])],
-            stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=ROOT,
-        )
-        out.close()
-        self.workers.append(proc)
-        return proc
-
-    def release(self, proc: subprocess.Popen) -> None:
-        """Let a gated worker start claiming."""
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.close()
-
-    def kill(self, proc: subprocess.Popen) -> None:
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(PATIENCE) == -signal.SIGKILL
-        if proc.stdin and not proc.stdin.closed:
-            proc.stdin.close()
-
-    def expire_leases(self) -> None:
-        """Move the clock past the killed worker's lease; the sweep reclaims the node."""
-        # A heartbeat sent just before the kill can land after a move and extend the
-        # lease from the new time: then move on once more.
-        for _ in range(3):
-            self.server.advance_clock(PAST_THE_LEASE)
-            if self.server.sweep() == 1:
-                return
-        pytest.fail("the sweep did not reclaim the killed worker's node")
-
-    def wait(self, run_id: str) -> Run:
-        """The run once it is finished or blocked."""
-        return self.client.wait(run_id, timeout=PATIENCE, poll_cap=0.05)
+        argv = [str(WORKER), self.server.address, str(self.effects_file), *flags]
+        return self.spawn([*argv, *(["--gated"] if gated else [])], gated=gated)
 
     def lines(self) -> list[dict[str, Any]]:
         text = self.effects_file.read_text()
@@ -107,17 +61,6 @@ class Lab:
         """(step_id, seq, status) of the node's journal, as GetRun returns it."""
         [found] = [s for s in get_run(self.server, run_id).steps if s.node == node]
         return [(c.step_id, c.seq, STATUS[c.status]) for c in found.journal]
-
-    def cli(self, *argv: str, actor: str = "carol") -> subprocess.CompletedProcess:
-        """The ``cyclone`` command line's main() against the server."""
-        out, err = io.StringIO(), io.StringIO()
-        full = ["--address", self.server.address, "--actor", actor, *argv]
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = cli.main(full)
-            except SystemExit as exc:
-                code = exc.code
-        return subprocess.CompletedProcess(full, code, out.getvalue(), err.getvalue())
 
     def crash(self, run_id: str, hang: str, *next_flags: str) -> subprocess.Popen:
         """A worker runs ``run_id`` to the hang point ``hang`` and is SIGKILLed there; its
@@ -141,11 +84,7 @@ def lab(server_factory, tmp_path) -> Iterator[Lab]:
         try:
             yield lab
         finally:
-            for proc in lab.workers:
-                if proc.poll() is None:
-                    lab.kill(proc)
-            for log in sorted(tmp_path.glob("worker-*.log")):  # shown when a test fails
-                print(f"--- {log.name}\n{log.read_text()}")
+            lab.kill_all()
 
 
 def order_run(lab: Lab, *, reraise: bool = False) -> str:
