@@ -276,8 +276,6 @@ def worker_process(address: str, action: str, concurrency: int, stop_after_idle:
 def sdk_worker_process(address: str, action: str, concurrency: int, finished) -> None:
     """A worker built with the SDK (pyclient.Worker), async no-op handler; it stops
     when the bench says every step is done."""
-    import asyncio
-
     from pyclient import Worker
 
     worker = Worker(address, concurrency=concurrency, claim_wait=0.5)
@@ -286,22 +284,13 @@ def sdk_worker_process(address: str, action: str, concurrency: int, finished) ->
     async def noop(ctx):
         return None
 
-    async def main() -> None:
-        serving = asyncio.ensure_future(worker.run_async())
-        while not finished.is_set() and not serving.done():
-            await asyncio.sleep(0.1)
-        worker.stop()
-        await serving
-
-    asyncio.run(main())
+    serve_until(worker, finished)
 
 
 def sdk_durable_worker_process(address: str, action: str, concurrency: int, finished,
                                calls: int, unsafe: bool) -> None:
     """A worker built with the SDK serving a durable function of ``calls`` no-op step
     calls (unsafe_to_repeat when ``unsafe``); it stops when the bench says so."""
-    import asyncio
-
     from pyclient import Worker, step
 
     worker = Worker(address, concurrency=concurrency, claim_wait=0.5)
@@ -314,6 +303,13 @@ def sdk_durable_worker_process(address: str, action: str, concurrency: int, fini
     async def body(ctx):
         for _ in range(calls):
             await noop()
+
+    serve_until(worker, finished)
+
+
+def serve_until(worker, finished) -> None:
+    """Run an SDK worker until the bench sets ``finished``."""
+    import asyncio
 
     async def main() -> None:
         serving = asyncio.ensure_future(worker.run_async())
