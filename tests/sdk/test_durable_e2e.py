@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from pyclient import (
+    AsyncClient,
+    Client,
     RetryPolicy,
     StepCallStatus,
     StepFailed,
@@ -518,3 +520,20 @@ def test_a_body_that_lost_its_lease_makes_no_further_step_call(client, make_work
         release.set()  # attempt 1 goes on; the worker's stop waits for it
     assert run.status == "completed" and run.step("slow").attempt == 2
     assert calls == [("one", 1), ("two", 2)]  # attempt 1 stopped before calling two
+
+
+def test_the_async_client_starts_a_durable_function_too(cyclone_server):
+    async def start_twice() -> tuple[str, str]:
+        async with AsyncClient(cyclone_server.address) as client:
+            first = await client.start("checkout", ORDER, key="order-2")
+            return first, await client.start("checkout", ORDER, key="order-2")
+
+    first, again = asyncio.run(start_twice())
+    assert first == again
+    with Client(cyclone_server.address) as client:
+        run = client.get_run(first)
+    assert (run.workflow, run.submit_key, run.steps[0].action) == (
+        "checkout",
+        "order-2",
+        "checkout",
+    )
