@@ -79,7 +79,8 @@ class StepFailed(Exception):
         #: Its traceback, as recorded.
         self.details = details
         #: Not worth retrying the node for if the body lets it through: the function
-        #: raised NonRetryableError, or returned a value that is not JSON.
+        #: raised NonRetryableError or returned a value that is not JSON, or the call is
+        #: unsafe_to_repeat (its recorded failure is kept, so a retry would replay it).
         self.non_retryable = non_retryable
 
 
@@ -436,7 +437,13 @@ class Replay:
         if entry.status == StepCallStatus.SUCCEEDED:
             return entry.output
         error = entry.error or StepCallError("UnknownError", "", "")
-        raise StepFailed(entry.step_id, error.type, error.message, error.details)
+        raise StepFailed(
+            entry.step_id,
+            error.type,
+            error.message,
+            error.details,
+            non_retryable=entry.unsafe_to_repeat,
+        )
 
     def _succeeded(self, call: Call, value: Any) -> _Result:
         try:
@@ -460,7 +467,7 @@ class Replay:
             error.type,
             error.message,
             error.details,
-            non_retryable=non_retryable or isinstance(exc, NonRetryableError),
+            non_retryable=non_retryable or call.unsafe or isinstance(exc, NonRetryableError),
         )
         failed.__cause__ = exc
         return _Result(error, error=failed)

@@ -1,24 +1,27 @@
 """The journal backend of durable functions in the worker: Begin and End of step
-calls, sent on the worker's channel.
+calls, sent to the server from where the body runs.
 
-The channel belongs to the worker's loop, so every call is made there: a sync body
-(in its handler thread) waits for the answer, an async body (on the handler loop)
-awaits it; neither blocks the worker's loop. A call the server cannot take now
-(UNAVAILABLE) is retried for up to a lease, as completions are (both are idempotent
-for one attempt: a repeated Begin answers RUN again, a repeated End is a duplicate).
+A sync body (in its handler thread) calls on a sync channel, an async body (on the
+handler loop) on an aio channel of that loop: a step call never hops to the worker's
+loop, which goes on heartbeating. Both channels are opened when first used
+(:class:`Channels`). A call the server cannot take now (UNAVAILABLE) is retried for up
+to a lease, as completions are (both are idempotent within an attempt: a repeated
+Begin answers RUN again, a repeated End is a duplicate).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-from collections.abc import Coroutine
+import contextlib
+import threading
+import time
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
 from cyclone.v1 import types_pb2
 from cyclone.v1 import worker_service_pb2 as pb
+from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
 from pyclient.completion import CompletionTx, record_step_call
 from pyclient.context import StepControl
 from pyclient.durable._replay import BodyStopped, Call, Decision, Outcome
@@ -30,7 +33,6 @@ from pyclient.worker._retry import Backoff
 if TYPE_CHECKING:
     from pyclient.worker._runtime import Runtime
 
-T = TypeVar("T")
 R = TypeVar("R", pb.BeginStepCallRequest, pb.EndStepCallRequest)
 
 _DECISIONS = {
@@ -38,6 +40,61 @@ _DECISIONS = {
     pb.STEP_CALL_DECISION_RECORDED: Decision.RECORDED,
     pb.STEP_CALL_DECISION_UNCERTAIN: Decision.UNCERTAIN,
 }
+
+
+class Channels:
+    """The channels of step calls: a sync one for sync bodies, an aio one on the
+    handler loop for async bodies; each opened when first needed."""
+
+    def __init__(self, address: str, credentials: grpc.ChannelCredentials | None, options: Any):
+        self._address, self._credentials, self._options = address, credentials, options
+        self._lock = threading.Lock()
+        self._sync: grpc.Channel | None = None
+        self._aio: grpc.aio.Channel | None = None
+        self._aio_loop: asyncio.AbstractEventLoop | None = None
+        self.sync_stub: Any = None
+        self.aio_stub: Any = None
+        self.closed = False
+
+    def sync(self) -> Any:
+        """The sync stub (from any thread)."""
+        with self._lock:
+            if self.closed:
+                raise BodyStopped("the worker stopped")
+            if self._sync is None:
+                self._sync = (
+                    grpc.secure_channel(self._address, self._credentials, options=self._options)
+                    if self._credentials
+                    else grpc.insecure_channel(self._address, options=self._options)
+                )
+                self.sync_stub = pb_grpc.WorkerServiceStub(self._sync)
+            return self.sync_stub
+
+    def aio(self) -> Any:
+        """The aio stub of the handler loop (called on it)."""
+        if self.closed:
+            raise BodyStopped("the worker stopped")
+        if self._aio is None:
+            self._aio_loop = asyncio.get_running_loop()
+            self._aio = (
+                grpc.aio.secure_channel(self._address, self._credentials, options=self._options)
+                if self._credentials
+                else grpc.aio.insecure_channel(self._address, options=self._options)
+            )
+            self.aio_stub = pb_grpc.WorkerServiceStub(self._aio)
+        return self.aio_stub
+
+    async def close(self) -> None:
+        """Close both (from the worker's loop, before the handler loop stops)."""
+        with self._lock:
+            self.closed = True
+        if self._sync is not None:
+            self._sync.close()
+        if self._aio is not None and self._aio_loop is not None:
+            closing = asyncio.run_coroutine_threadsafe(self._aio.close(), self._aio_loop)
+            # A handler loop held up by a blocking body gives up its channel unclosed.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.wrap_future(closing), RPC_TIMEOUT)
 
 
 class GrpcJournal:
@@ -59,16 +116,18 @@ class GrpcJournal:
             raise BodyStopped("the worker gave up on this attempt (time limit or shutdown)")
 
     def begin(self, call: Call) -> tuple[Decision, StepCall | None]:
-        return self._wait(self._begin(call))
+        request = self._request(pb.BeginStepCallRequest, call)
+        return self._decision(self._send("BeginStepCall", request))
 
     async def begin_async(self, call: Call) -> tuple[Decision, StepCall | None]:
-        return await self._bridge(self._begin(call))
+        request = self._request(pb.BeginStepCallRequest, call)
+        return self._decision(await self._send_async("BeginStepCall", request))
 
     def end(self, call: Call, outcome: Outcome) -> None:
-        self._wait(self._end(call, outcome))
+        self._send("EndStepCall", self._end_request(call, outcome))
 
     async def end_async(self, call: Call, outcome: Outcome) -> None:
-        await self._bridge(self._end(call, outcome))
+        await self._send_async("EndStepCall", self._end_request(call, outcome))
 
     def record(self, call: Call, conn: Any, output_json: str) -> None:
         step = self.step
@@ -89,7 +148,7 @@ class GrpcJournal:
             (call.step_id, call.seq, call.function),
         )
 
-    # -- on the worker's loop
+    # -- requests and answers
 
     def _request(self, cls: type[R], call: Call) -> R:
         step = self.step
@@ -103,16 +162,7 @@ class GrpcJournal:
             unsafe_to_repeat=call.unsafe,
         )
 
-    async def _begin(self, call: Call) -> tuple[Decision, StepCall | None]:
-        request = self._request(pb.BeginStepCallRequest, call)
-        response = await self._send(self.rt.stub.BeginStepCall, request)
-        decision = _DECISIONS.get(response.decision)
-        if decision is None:
-            raise CycloneError(f"BeginStepCall answered an unknown decision {response.decision}")
-        entry = StepCall.from_proto(response.call) if response.HasField("call") else None
-        return decision, entry
-
-    async def _end(self, call: Call, outcome: Outcome) -> None:
+    def _end_request(self, call: Call, outcome: Outcome) -> pb.EndStepCallRequest:
         request = self._request(pb.EndStepCallRequest, call)
         if isinstance(outcome, StepCallError):
             request.error.CopyFrom(
@@ -122,44 +172,44 @@ class GrpcJournal:
             )
         else:
             request.output.CopyFrom(outcome)
-        await self._send(self.rt.stub.EndStepCall, request)
+        return request
 
-    async def _send(self, method: Any, request: Any) -> Any:
-        rt = self.rt
-        backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
-        give_up = rt.loop.time() + backoff.window
+    @staticmethod
+    def _decision(response: pb.BeginStepCallResponse) -> tuple[Decision, StepCall | None]:
+        decision = _DECISIONS.get(response.decision)
+        if decision is None:
+            raise CycloneError(f"BeginStepCall answered an unknown decision {response.decision}")
+        entry = StepCall.from_proto(response.call) if response.HasField("call") else None
+        return decision, entry
+
+    # -- sending, retried while the server is unavailable
+
+    def _send(self, method: str, request: Any) -> Any:
+        rpc = getattr(self.rt.journal_channels.sync(), method)
+        backoff = Backoff(self.rt.w.reconnect_max_delay, window=self.rt.policy.lease)
+        give_up = time.monotonic() + backoff.window
         while True:
             try:
-                return await method(request, timeout=RPC_TIMEOUT, metadata=rt.metadata)
+                return rpc(request, timeout=RPC_TIMEOUT, metadata=self.rt.metadata)
             except grpc.RpcError as exc:
-                err = from_rpc_error(exc)
-                if (
-                    isinstance(err, Unavailable)
-                    and rt.loop.time() < give_up
-                    and not self.control.is_stopped
-                ):
-                    await asyncio.sleep(backoff.next())
-                    continue
-                raise err from None
+                time.sleep(self._delay(exc, backoff, time.monotonic() < give_up))
 
-    # -- from the body
+    async def _send_async(self, method: str, request: Any) -> Any:
+        rpc = getattr(self.rt.journal_channels.aio(), method)
+        backoff = Backoff(self.rt.w.reconnect_max_delay, window=self.rt.policy.lease)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + backoff.window
+        while True:
+            try:
+                return await rpc(request, timeout=RPC_TIMEOUT, metadata=self.rt.metadata)
+            except grpc.RpcError as exc:
+                await asyncio.sleep(self._delay(exc, backoff, loop.time() < give_up))
 
-    def _wait(self, work: Coroutine[Any, Any, T]) -> T:
-        """Run ``work`` on the worker's loop and wait for it (a sync body's thread)."""
-        try:
-            return concurrent_call(work, self.rt.loop).result()
-        except concurrent.futures.CancelledError:
+    def _delay(self, exc: grpc.RpcError, backoff: Backoff, in_time: bool) -> float:
+        """How long to wait before trying again; the SDK's error when not to."""
+        err = from_rpc_error(exc)
+        if isinstance(err, Unavailable) and in_time and not self.control.is_stopped:
+            return backoff.next()
+        if self.rt.journal_channels.closed:
             raise BodyStopped("the worker stopped") from None
-
-    async def _bridge(self, work: Coroutine[Any, Any, T]) -> T:
-        """Run ``work`` on the worker's loop and await it (an async body's loop)."""
-        return await asyncio.wrap_future(concurrent_call(work, self.rt.loop))
-
-
-def concurrent_call(
-    work: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop
-) -> concurrent.futures.Future[T]:
-    if loop.is_closed():
-        work.close()
-        raise BodyStopped("the worker stopped")
-    return asyncio.run_coroutine_threadsafe(work, loop)
+        raise err from None

@@ -21,7 +21,7 @@ from pyclient.models import StepCall, UpstreamFailure, time_field, value_field
 from pyclient.worker._common import StepLog, log
 from pyclient.worker._completer import Completer
 from pyclient.worker._executor import Executor
-from pyclient.worker._journal import GrpcJournal
+from pyclient.worker._journal import Channels, GrpcJournal
 from pyclient.worker._mailbox import Mailbox
 from pyclient.worker._producer import Producer
 from pyclient.worker._timers import Alarms
@@ -50,6 +50,14 @@ class Runtime:
         self.producer = Producer(self)
         self.completer = Completer(self, self.producer.look_again.set)
         self.executor: Executor | None = None
+        # Reconnect as eagerly as the claim loop retries, not after gRPC's default backoff.
+        self.channel_options = [
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", max(100, int(worker.reconnect_max_delay * 1000))),
+        ]
+        #: The channels of durable functions' step calls.
+        self.journal_channels = Channels(worker.address, worker._credentials, self.channel_options)
 
     def request_stop(self) -> None:
         if self.stopping.is_set():
@@ -58,12 +66,7 @@ class Runtime:
 
     async def serve(self) -> None:
         w = self.w
-        # Reconnect as eagerly as the claim loop retries, not after gRPC's default backoff.
-        options = [
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", max(100, int(w.reconnect_max_delay * 1000))),
-        ]
+        options = self.channel_options
         self.channel = (
             grpc.aio.secure_channel(w.address, w._credentials, options=options)
             if w._credentials
@@ -87,6 +90,7 @@ class Runtime:
         finally:
             await self._drain()
             await self.channel.close()
+            await self.journal_channels.close()
             self.executor.close()
             if self.pool is not None:
                 await asyncio.to_thread(self.pool.close)

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from pyclient import (
+    AsyncClient,
+    Client,
     RetryPolicy,
     StepCallStatus,
     StepFailed,
@@ -481,3 +483,57 @@ def test_a_step_records_its_call_in_its_own_transaction_on_its_own_connection(
     assert calls == {"pay": 1, "confirm": 2}
     assert cyclone_server.sql("SELECT amount FROM payments") == [(7,)]
     assert run.step("pay").journal[0].output == 7
+
+
+def test_a_body_that_lost_its_lease_makes_no_further_step_call(client, make_worker, cyclone_server):
+    calls: list[tuple[str, int]] = []
+    first_ctx: list[Any] = []
+    release = threading.Event()
+
+    @step
+    def one() -> int:
+        calls.append(("one", context.current().attempt))
+        return 1
+
+    @step
+    def two() -> int:
+        calls.append(("two", context.current().attempt))
+        return 2
+
+    worker = make_worker()
+
+    @worker.workflow("slow")
+    def slow(ctx):
+        one()
+        if ctx.attempt == 1:
+            first_ctx.append(ctx)
+            assert release.wait(PATIENCE)
+        return two()
+
+    with running(worker):
+        run_id = client.start("slow")
+        eventually(lambda: first_ctx, "the first attempt to wait")
+        cyclone_server.advance_clock(60)  # its lease expires; attempt 2 takes the node
+        assert cyclone_server.sweep() == 1
+        eventually(lambda: first_ctx[0].lease_lost.is_set(), "the lost lease to be seen")
+        run = client.wait(run_id, timeout=PATIENCE)
+        release.set()  # attempt 1 goes on; the worker's stop waits for it
+    assert run.status == "completed" and run.step("slow").attempt == 2
+    assert calls == [("one", 1), ("two", 2)]  # attempt 1 stopped before calling two
+
+
+def test_the_async_client_starts_a_durable_function_too(cyclone_server):
+    async def start_twice() -> tuple[str, str]:
+        async with AsyncClient(cyclone_server.address) as client:
+            first = await client.start("checkout", ORDER, key="order-2")
+            return first, await client.start("checkout", ORDER, key="order-2")
+
+    first, again = asyncio.run(start_twice())
+    assert first == again
+    with Client(cyclone_server.address) as client:
+        run = client.get_run(first)
+    assert (run.workflow, run.submit_key, run.steps[0].action) == (
+        "checkout",
+        "order-2",
+        "checkout",
+    )

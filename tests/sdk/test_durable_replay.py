@@ -549,3 +549,17 @@ def test_record_step_call_records_the_call_where_the_test_says():
     assert node.run().output == 3 and node.executions == {"pay": 1}
     with pytest.raises(RuntimeError, match="only inside a step call"):
         testing.make_context().record_step_call(None, 1)
+
+
+def test_an_unsafe_calls_failure_the_body_lets_through_fails_the_node_for_good():
+    @step(unsafe_to_repeat=True)
+    def wire() -> None:
+        raise ConnectionError("bank offline")
+
+    node = testing.DurableNode(lambda ctx: wire())
+    first = node.run()
+    # Its failure stays in the journal: a retry would only replay it.
+    assert first.status == "failed" and not first.retryable
+    assert [e.step_id for e in node.journal] == ["wire"]
+    node.run_to_end()  # an operator's Retry replays it, and fails as fast
+    assert node.executions == {"wire": 1} and not node.attempts[-1].retryable
