@@ -8,7 +8,9 @@ Scenarios (fixed counts, every loop bounded in count and time):
   dag         500 runs of a 20-node workflow (root, fan-out of 18, join)
   durable     1,000 one-node runs whose node is a durable function of 10 no-op step
               calls, safe, then unsafe_to_repeat; drained by the SDK's Worker, and by
-              bare stubs speaking the journal protocol (EndStepCall, BeginStepCall)
+              bare stubs speaking the journal protocol (EndStepCall, BeginStepCall);
+              when the contract has CompleteMany.step_calls, also bare stubs that send
+              the ends of safe calls there, with the node's completion
   pickup      200 single-node runs submitted one at a time to an idle worker
   history     throughput again after 1,000,000 finished steps are in the tables
   submit      runs submitted per second by 4 concurrent clients
@@ -56,6 +58,8 @@ from cyclone.v1 import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The contract lets a worker send the ends of safe step calls in CompleteMany.
+BATCHED_ENDS = "step_calls" in worker_service_pb2.CompleteManyRequest.DESCRIPTOR.fields_by_name
 RESULTS = ROOT / "bench" / "results"
 DEADLINE_S = 600  # no scenario may run longer than this
 
@@ -198,10 +202,13 @@ def submit_many(address: str, workflows: list[types_pb2.Workflow], clients: int 
 
 
 def worker_process(address: str, action: str, concurrency: int, stop_after_idle: float,
-                   pickup_file: str | None, calls: int = 0, unsafe: bool = False) -> None:
+                   pickup_file: str | None, calls: int = 0, unsafe: bool = False,
+                   batched: bool = False) -> None:
     """A Python worker process: long-poll claims batched to free slots, no-op handler.
     With ``calls``, the handler is a durable function of that many no-op step calls,
-    made with the journal RPCs themselves (BeginStepCall first when ``unsafe``)."""
+    made with the journal RPCs themselves (BeginStepCall first when ``unsafe``); with
+    ``batched``, the ends of safe calls are held and sent in CompleteMany's step_calls
+    with the node's completion instead of one EndStepCall each."""
     import asyncio
 
     async def main() -> None:
@@ -213,15 +220,22 @@ def worker_process(address: str, action: str, concurrency: int, stop_after_idle:
             pickups = []
 
             pending: list[tuple[worker_service_pb2.CompleteRequest, asyncio.Future]] = []
+            held: list = []  # ends of safe step calls not sent yet (batched)
             flusher: asyncio.Task | None = None
 
             async def flush() -> None:
-                # One CompleteMany carries every completion that finished meanwhile.
+                # One CompleteMany carries every completion that finished meanwhile,
+                # after the step call ends held for it.
                 while pending:
                     batch = pending[:]
                     del pending[:]
-                    await stub.CompleteMany(worker_service_pb2.CompleteManyRequest(
-                        completions=[request for request, _ in batch]))
+                    ends = held[:]
+                    del held[:]
+                    request = worker_service_pb2.CompleteManyRequest(
+                        completions=[request for request, _ in batch])
+                    if ends:
+                        request.step_calls.extend(ends)
+                    await stub.CompleteMany(request)
                     for _, future in batch:
                         future.set_result(None)
 
@@ -236,8 +250,11 @@ def worker_process(address: str, action: str, concurrency: int, stop_after_idle:
                     if unsafe:
                         await stub.BeginStepCall(
                             worker_service_pb2.BeginStepCallRequest(**call))
-                    await stub.EndStepCall(worker_service_pb2.EndStepCallRequest(
-                        **call, output=struct_null()))
+                    end = worker_service_pb2.EndStepCallRequest(**call, output=struct_null())
+                    if batched and not unsafe:
+                        held.append(end)
+                    else:
+                        await stub.EndStepCall(end)
                 future = asyncio.get_running_loop().create_future()
                 pending.append((worker_service_pb2.CompleteRequest(
                     run_id=step.run_id, node=step.node, lease_token=step.lease_token,
@@ -329,11 +346,11 @@ def struct_null():
 
 def start_workers(address: str, action: str, processes: int = 2, concurrency: int = 64,
                   stop_after_idle: float = 2.0, pickup_file: str | None = None,
-                  calls: int = 0, unsafe: bool = False):
+                  calls: int = 0, unsafe: bool = False, batched: bool = False):
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=worker_process,
                          args=(address, action, concurrency, stop_after_idle, pickup_file,
-                               calls, unsafe))
+                               calls, unsafe, batched))
              for _ in range(processes)]
     for p in procs:
         p.start()
@@ -468,7 +485,7 @@ def scenario_dag(address: str, database_url: str, runs: int, action: str) -> dic
 
 
 def scenario_durable(server: Server, database_url: str, runs: int, calls: int,
-                     action: str, unsafe: bool, sdk: bool,
+                     action: str, unsafe: bool, sdk: bool, batched: bool = False,
                      processes: int = 2, concurrency: int = 64) -> dict:
     """``runs`` one-node runs whose node calls ``calls`` no-op steps; step calls per
     second from the first claim to the last completion, and CPU per step call."""
@@ -479,7 +496,7 @@ def scenario_durable(server: Server, database_url: str, runs: int, calls: int,
                            server.address, action, concurrency, calls=calls, unsafe=unsafe)
         else:
             join(start_workers(server.address, action, processes, concurrency,
-                               calls=calls, unsafe=unsafe))
+                               calls=calls, unsafe=unsafe, batched=batched))
         recorded = conn.execute(
             "SELECT count(*) FROM cyclone.step_calls c JOIN cyclone.steps s USING (run_id, node)"
             " WHERE s.action = %s AND c.status = 'succeeded'", (action,)).fetchone()[0]
@@ -657,6 +674,15 @@ def main() -> None:
                         server, database_url, args.durable_runs, args.durable_calls,
                         f"durable-{label}", unsafe, sdk)
                     print("durable", label, durable[label], flush=True)
+            if BATCHED_ENDS:
+                durable["stubs_batched_safe"] = scenario_durable(
+                    server, database_url, args.durable_runs, args.durable_calls,
+                    "durable-stubs_batched_safe", False, False, batched=True)
+                print("durable stubs_batched_safe", durable["stubs_batched_safe"], flush=True)
+                if "dag" in results:
+                    durable["stubs_batched_vs_dag"] = round(
+                        durable["stubs_batched_safe"]["step_calls_per_s"]
+                        / results["dag"]["steps_per_s"], 2)
             for kind in ("sdk", "stubs"):
                 safe, unsafe = durable[f"{kind}_safe"], durable[f"{kind}_unsafe"]
                 durable[f"{kind}_unsafe_cost"] = round(
@@ -720,6 +746,15 @@ def print_table(r: dict, out: Path) -> None:
             if f"{kind}_vs_dag" in d:
                 rows.append(("  safe step calls/s / dag steps/s (target >= 1)",
                              d[f"{kind}_vs_dag"]))
+        if "stubs_batched_safe" in d:
+            b = d["stubs_batched_safe"]
+            rows += [("durable safe step calls/s, bare stubs, ends in CompleteMany",
+                      b["step_calls_per_s"]),
+                     ("  CPU ms per call: server / workers / Postgres",
+                      " / ".join(str(v) for v in b["cpu_ms_per_step_call"].values()))]
+            if "stubs_batched_vs_dag" in d:
+                rows.append(("  safe step calls/s / dag steps/s (target >= 1)",
+                             d["stubs_batched_vs_dag"]))
     if "pickup_ms" in r:
         rows.append(("pickup p50 / p99 ms (target 5 / 25)",
                      f'{r["pickup_ms"]["p50"]} / {r["pickup_ms"]["p99"]}'))
