@@ -93,6 +93,13 @@ class Shop:
 ORDER = {"item": "book", "amount": 42}
 
 
+def count_and_fail_first(counter: collections.Counter[str], name: str, error: Exception) -> None:
+    """Count a call of ``name``; the first one raises ``error``."""
+    counter[name] += 1
+    if counter[name] == 1:
+        raise error
+
+
 def test_a_body_of_steps_completes_and_its_journal_is_in_get_run(client, make_worker):
     shop = Shop()
     worker = make_worker()
@@ -138,9 +145,7 @@ def test_an_async_body_replays_its_gathered_calls_in_call_order(client, make_wor
 
     @step
     async def flaky() -> str:
-        effects["flaky"] += 1
-        if effects["flaky"] == 1:
-            raise TimeoutError("slow")
+        count_and_fail_first(effects, "flaky", TimeoutError("slow"))
         return "ok"
 
     worker = make_worker()
@@ -195,9 +200,7 @@ def test_the_cleanup_of_an_except_block_runs_once_across_replays(client, make_wo
 
     @step
     def report() -> str:
-        effects["report"] += 1
-        if effects["report"] == 1:
-            raise ConnectionError("mail server down")
+        count_and_fail_first(effects, "report", ConnectionError("mail server down"))
         return "reported"
 
     worker = make_worker()
@@ -385,6 +388,8 @@ CREATE TABLE payments (
     amount   integer NOT NULL
 )
 """
+#: A plain INSERT: a second run of one step call would violate the primary key.
+PAY = "INSERT INTO payments (step_key, amount) VALUES (%s, %s)"
 
 
 def test_a_step_writes_in_its_own_transaction_once_across_replays(
@@ -397,25 +402,18 @@ def test_a_step_writes_in_its_own_transaction_once_across_replays(
     def pay(amount: int) -> int:
         calls["pay"] += 1
         ctx = context.current()
-        # A plain INSERT: a second run of this call would violate the primary key.
-        ctx.completion_tx().execute(
-            "INSERT INTO payments (step_key, amount) VALUES (%s, %s)", (ctx.step_key, amount)
-        )
+        ctx.completion_tx().execute(PAY, (ctx.step_key, amount))
         return amount
 
     @step
     def refuse(amount: int) -> None:
         calls["refuse"] += 1
-        context.current().completion_tx().execute(
-            "INSERT INTO payments (step_key, amount) VALUES ('refused', %s)", (amount,)
-        )
+        context.current().completion_tx().execute(PAY, ("refused", amount))
         raise ValueError("over the limit")
 
     @step
     def confirm() -> str:
-        calls["confirm"] += 1
-        if calls["confirm"] == 1:
-            raise ConnectionError("crash after the payment")
+        count_and_fail_first(calls, "confirm", ConnectionError("crash after the payment"))
         return "confirmed"
 
     worker = make_worker(database_url=cyclone_server.database_url)
@@ -458,17 +456,13 @@ def test_a_step_records_its_call_in_its_own_transaction_on_its_own_connection(
         calls["pay"] += 1
         ctx = context.current()
         with psycopg.connect(cyclone_server.database_url) as conn:  # commits on exit
-            conn.execute(
-                "INSERT INTO payments (step_key, amount) VALUES (%s, %s)", (ctx.step_key, amount)
-            )
+            conn.execute(PAY, (ctx.step_key, amount))
             ctx.record_step_call(conn, amount)
         return amount
 
     @step
     def confirm() -> str:
-        calls["confirm"] += 1
-        if calls["confirm"] == 1:
-            raise ConnectionError("crash after the payment")
+        count_and_fail_first(calls, "confirm", ConnectionError("crash after the payment"))
         return "confirmed"
 
     worker = make_worker()
