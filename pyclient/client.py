@@ -149,14 +149,22 @@ class _calls:
 
     @staticmethod
     def resolve(
-        run_id: str, node: str, result: Any, error: str | None, discard: bool, reason: str
+        run_id: str,
+        node: str,
+        result: Any,
+        error: str | None,
+        discard: bool,
+        reason: str,
+        step_id: str | None,
     ) -> _Call[Run]:
         chosen = [result is not _UNSET, error is not None, bool(discard)]
         if sum(chosen) != 1:
             raise InvalidArgument("resolve needs exactly one of result=, error= or discard=True")
-        if not reason:
-            raise InvalidArgument("resolve needs a reason")
-        req = admin_pb.ResolveRequest(run_id=run_id, node=node, reason=reason)
+        if not node and not step_id:
+            raise InvalidArgument("resolve needs the node, or the step_id of a step call")
+        req = admin_pb.ResolveRequest(
+            run_id=run_id, node=node, reason=reason, step_id=step_id or ""
+        )
         if result is not _UNSET:
             _set_value(req, "result", result, "result", allow_null=True)
         elif error is not None:
@@ -315,17 +323,25 @@ class Client:
     def resolve(
         self,
         run_id: str,
-        node: str,
+        node: str = "",
         *,
         result: Any = _UNSET,
         error: str | None = None,
         discard: bool = False,
-        reason: str,
+        reason: str = "",
+        step_id: str | None = None,
     ) -> Run:
         """Resolve the uncertain step of a blocked run: exactly one of ``result=``
         (the effect happened; this is its output), ``error=`` (it happened and
-        failed) or ``discard=True`` (it did not happen; run the step again)."""
-        return self._invoke(_calls.resolve(run_id, node, result, error, discard, reason))
+        failed) or ``discard=True`` (it did not happen; run the step again).
+
+        For a run blocked on a step call of a durable function (``run.error.step_id``)
+        give its ``step_id``: then ``result=`` records the call's return value,
+        ``error=`` its failure (the body's except runs on replay) and ``discard=True``
+        deletes its entry (it runs on replay); the node replays either way. ``node``
+        may then be left out: the run's blocked node. ``reason`` is recorded in the
+        audit trail with the actor."""
+        return self._invoke(_calls.resolve(run_id, node, result, error, discard, reason, step_id))
 
     def wait(self, run_id: str, timeout: float | None = None, *, poll_cap: float = 1.0) -> Run:
         """Poll until the run is completed, failed, cancelled or blocked; return it.
@@ -435,14 +451,17 @@ class AsyncClient:
     async def resolve(
         self,
         run_id: str,
-        node: str,
+        node: str = "",
         *,
         result: Any = _UNSET,
         error: str | None = None,
         discard: bool = False,
-        reason: str,
+        reason: str = "",
+        step_id: str | None = None,
     ) -> Run:
-        return await self._invoke(_calls.resolve(run_id, node, result, error, discard, reason))
+        return await self._invoke(
+            _calls.resolve(run_id, node, result, error, discard, reason, step_id)
+        )
 
     async def wait(
         self, run_id: str, timeout: float | None = None, *, poll_cap: float = 1.0

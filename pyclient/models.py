@@ -136,6 +136,57 @@ class UpstreamFailure:
         )
 
 
+class StepCallStatus(enum.StrEnum):
+    STARTED = "started"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class StepCallError:
+    """The error a step call raised: its exception's type name, message and details."""
+
+    type: str
+    message: str
+    details: str
+
+    @classmethod
+    def from_proto(cls, p: types_pb2.StepCallError) -> StepCallError:
+        return _build(cls, p)
+
+
+@dataclass(frozen=True, slots=True)
+class StepCall:
+    """One entry of a node's journal: a step call its durable function recorded."""
+
+    step_id: str
+    #: Position of the call in the body, 1 for the first.
+    seq: int
+    function: str
+    #: ``started`` (an unsafe call with no outcome yet), ``succeeded`` or ``failed``.
+    status: StepCallStatus
+    unsafe_to_repeat: bool
+    #: The return value, when succeeded (None also when it returned nothing).
+    output: Any
+    #: The raised error, when failed.
+    error: StepCallError | None
+    #: The node attempt that last wrote the entry.
+    attempt: int
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+
+    @classmethod
+    def from_proto(cls, p: types_pb2.StepCall) -> StepCall:
+        return _build(
+            cls,
+            p,
+            status=_enum_of(
+                StepCallStatus, "STEP_CALL_STATUS_", p.status, types_pb2.StepCallStatus
+            ),
+            error=StepCallError.from_proto(p.error) if p.HasField("error") else None,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     """The stored state of one ``(run_id, node)``."""
@@ -160,6 +211,9 @@ class Step:
     progress: Any
     #: When the holder of the lease last showed signs of life (claim or heartbeat).
     last_heartbeat_at: dt.datetime | None = None
+    #: The node's journal, when its handler is a durable function: its step calls in
+    #: call order (get_run only).
+    journal: tuple[StepCall, ...] = ()
 
     @property
     def last_error(self) -> StepError | None:
@@ -173,6 +227,7 @@ class Step:
             status=_enum_of(StepStatus, "STEP_STATUS_", p.status, types_pb2.StepStatus),
             trigger_rule=trigger_rule_name(p.trigger_rule),
             errors=tuple(StepError.from_proto(e) for e in p.errors),
+            journal=tuple(StepCall.from_proto(c) for c in p.journal),
             timeout_s=p.timeout.ToTimedelta().total_seconds() if p.HasField("timeout") else None,
         )
 
@@ -186,6 +241,9 @@ class RunError:
     node: str
     attempt: int
     started_at: dt.datetime | None
+    #: For a run blocked on a step call of a durable function: its step_id, which
+    #: ``resolve(..., step_id=...)`` names.
+    step_id: str = ""
 
     @classmethod
     def from_proto(cls, p: types_pb2.RunError) -> RunError:

@@ -42,7 +42,14 @@ _ADMIN = "/cyclone.v1.AdminService/"
 METHOD_ROLES: dict[str, frozenset[str]] = {
     **{
         _WORKER + m: frozenset({"worker", "admin"})
-        for m in ("Claim", "Heartbeat", "Complete", "CompleteMany")
+        for m in (
+            "Claim",
+            "Heartbeat",
+            "Complete",
+            "CompleteMany",
+            "BeginStepCall",
+            "EndStepCall",
+        )
     },
     **{
         _WORKFLOW + m: frozenset({"client", "admin"})

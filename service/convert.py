@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -141,3 +142,32 @@ def set_json(message: Message, field: str, obj: Any) -> None:
     """Set a Value field from a stored JSON value; SQL NULL leaves it unset."""
     if obj is not None:
         getattr(message, field).CopyFrom(parsed_value(obj))
+
+
+STEP_CALL_STATUS = {
+    "started": types_pb2.STEP_CALL_STATUS_STARTED,
+    "succeeded": types_pb2.STEP_CALL_STATUS_SUCCEEDED,
+    "failed": types_pb2.STEP_CALL_STATUS_FAILED,
+}
+
+
+def step_call(entry: Mapping[str, Any]) -> types_pb2.StepCall:
+    """One journal entry (cyclone._step_call_json) as a StepCall."""
+    call = types_pb2.StepCall(
+        step_id=entry["step_id"],
+        seq=entry["seq"],
+        function=entry["function"],
+        status=STEP_CALL_STATUS[entry["status"]],
+        unsafe_to_repeat=entry["unsafe"],
+        attempt=entry["attempt"],
+        started_at=timestamp(entry["started_at"]),
+        finished_at=timestamp(entry["finished_at"]),
+    )
+    if entry["status"] == "succeeded":
+        # JSON null included: a function that returned nothing still has an output.
+        call.output.CopyFrom(parsed_value(entry["output"]))
+    if (e := entry["error"]) is not None:
+        call.error.CopyFrom(
+            types_pb2.StepCallError(type=e["type"], message=e["message"], details=e["details"])
+        )
+    return call

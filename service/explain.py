@@ -76,6 +76,24 @@ def _error(e: LastErrorJson | None) -> str:
     return f"{what}: {e.get('message')}" if e.get("message") else str(what)
 
 
+def _blocked_on_call(row: ExplainFacts, now: datetime) -> Explanation:
+    """An uncertain node whose durable function met a step call with no outcome."""
+    e = row.run_error or {}
+    step_id = e.get("step_id", "")
+    started = e.get("started_at")
+    when = _at(now, datetime.fromisoformat(started)) if started else "-"
+    resolve = f"cyclone resolve {row.run_id} {step_id}"
+    return Explanation(
+        "blocked",
+        f"the run is blocked on node {row.node}: its step call {step_id} (function "
+        f"{e.get('function', '?')}) started at attempt {e.get('attempt')}, {when}, and has no "
+        "outcome; it is unsafe to repeat, so its effect may have happened. Check the outside "
+        f"world, then `{resolve} --result JSON` (it happened: its return value), "
+        f"`{resolve} --error MSG` (it happened and failed) or `{resolve} --discard` (it did "
+        "not happen: it runs again)",
+    )
+
+
 def _node_list(nodes: Sequence[UpstreamJson]) -> str:
     return ", ".join(f"{n['node']} ({n['status']}, attempt {n['attempt']})" for n in nodes)
 
@@ -104,6 +122,8 @@ def explain(row: ExplainFacts) -> Explanation:
         )
     if status == "skipped":
         return _skipped(row)
+    if status == "uncertain" and row.run_error and row.run_error.get("step_id"):
+        return _blocked_on_call(row, now)
     if status == "uncertain":
         message = (row.run_error or {}).get("message", "its effect may have happened")
         return Explanation(

@@ -29,6 +29,32 @@ class RunErrorJson(TypedDict, total=False):
     node: str
     attempt: int | None
     started_at: str | None
+    # A run blocked on a step call of a durable function: the call, and its function.
+    step_id: str
+    function: str
+
+
+class StepCallErrorJson(TypedDict):
+    """step_calls.error: the error a step call raised."""
+
+    type: str
+    message: str
+    details: str
+
+
+class StepCallJson(TypedDict):
+    """One journal entry (cyclone._step_call_json): a step call of a durable function."""
+
+    step_id: str
+    seq: int
+    function: str
+    status: str
+    unsafe: bool
+    output: Any
+    error: StepCallErrorJson | None
+    attempt: int
+    started_at: str
+    finished_at: str | None
 
 
 class StepErrorJson(TypedDict):
@@ -75,6 +101,7 @@ class StepJson(TypedDict):
     finished_at: str | None
     effect_uncertain: bool
     timeout_s: float
+    journal: list[StepCallJson] | None
 
 
 class AuditJson(TypedDict):
@@ -181,6 +208,7 @@ class ClaimedStep(NamedTuple):
     blocked: bool
     waited_s: float
     upstream_failures: list[UpstreamFailureJson] | None
+    journal: list[StepCallJson] | None
 
 
 class Ready(NamedTuple):
@@ -229,6 +257,28 @@ class BatchRow(NamedTuple):
     error_state: str | None
     error_message: str | None
     error_detail: str | None
+    ready: str | None
+
+
+class StepCallBegun(NamedTuple):
+    """step_call_begin: run, recorded or uncertain; the entry (None: a safe call to run)."""
+
+    decision: str
+    run_status: str
+    call: StepCallJson | None
+
+
+class StepCallEnded(NamedTuple):
+    """step_call_end: the entry as recorded; duplicate when it had an outcome already."""
+
+    duplicate: bool
+    call: StepCallJson
+
+
+class CallResolved(NamedTuple):
+    """step_call_resolve: the node whose step call was resolved."""
+
+    node: str
     ready: str | None
 
 
@@ -290,6 +340,7 @@ class ExplainFacts(NamedTuple):
     ready_ahead: int | None
     action_running: int | None
     cancel: CancelJson | None
+    run_id: uuid.UUID
 
 
 class GaugeRow(NamedTuple):

@@ -58,14 +58,18 @@ from service.records import (
     Refused,
     RunRow,
     RunSummary,
+    StepCallBegun,
 )
-from service.store import BIG_WORKFLOW, Store, parse_uuid
+from service.store import BIG_WORKFLOW, StepCallKey, Store, parse_uuid
 
 log = logging.getLogger("cyclone")
 
 MAX_WORKER_ID = 200
 MAX_REASON = 2000
 MAX_ERROR_TEXT = 64 * 1024
+#: Longest step_id and function name of a step call, and the largest seq.
+MAX_STEP_CALL_NAME = 200
+MAX_STEP_CALL_SEQ = 100_000
 #: Most actions one Claim may name.
 MAX_CLAIM_ACTIONS = 1000
 
@@ -94,6 +98,21 @@ def _actor(context: Context) -> str:
         if key == "cyclone-actor" and value:
             return _text(str(value), "cyclone-actor metadata", 200)
     return context.peer() or "unknown"
+
+
+def _step_call_name(value: str, what: str) -> str:
+    """A step call's step_id or function: 1 to 200 printable characters."""
+    if not value:
+        raise errors.InvalidArgument(f"{what} is required")
+    if len(value) > MAX_STEP_CALL_NAME:
+        raise errors.InvalidArgument(
+            f"{what} is {len(value)} characters; the limit is {MAX_STEP_CALL_NAME}"
+        )
+    if not value.isprintable():
+        raise errors.InvalidArgument(
+            f"{what} {dag.excerpt(value)} holds a control or other unprintable character"
+        )
+    return value
 
 
 def _node_name(value: str) -> str:
@@ -126,6 +145,7 @@ def _run_head(row: RunRow | RunSummary) -> types_pb2.Run:
                 node=e.get("node", ""),
                 attempt=e.get("attempt") or 0,
                 started_at=convert.timestamp(e.get("started_at")),
+                step_id=e.get("step_id", ""),
             )
         )
     return run
@@ -180,6 +200,7 @@ def _run_proto(row: RunRow) -> types_pb2.Run:
         step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
         for field in ("input", "output", "progress"):
             convert.set_json(step, field, s[field])
+        step.journal.extend(convert.step_call(j) for j in s.get("journal") or ())
         run.steps.append(step)
         run.step_counts[s["status"]] = run.step_counts[s["status"]] + 1
     for a in row.audit:
@@ -411,6 +432,13 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         return response
 
 
+#: BeginStepCall's decisions by the engine's names.
+STEP_CALL_DECISION = {
+    "run": worker_pb.STEP_CALL_DECISION_RUN,
+    "recorded": worker_pb.STEP_CALL_DECISION_RECORDED,
+    "uncertain": worker_pb.STEP_CALL_DECISION_UNCERTAIN,
+}
+
 #: Explain's reasons (service.explain) by their names in ExplainReason.
 EXPLAIN_REASON = {
     name.removeprefix("EXPLAIN_REASON_").lower(): name
@@ -600,6 +628,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             )
             if (e := u["error"]) is not None:
                 failure.error.CopyFrom(_step_error(e))
+        step.journal.extend(convert.step_call(j) for j in r.journal or ())
         log.debug(
             "claimed %s/%s attempt %d",
             r.run_id,
@@ -610,7 +639,11 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         return step
 
     def _step_key(
-        self, request: worker_pb.HeartbeatRequest | worker_pb.CompleteRequest
+        self,
+        request: worker_pb.HeartbeatRequest
+        | worker_pb.CompleteRequest
+        | worker_pb.BeginStepCallRequest
+        | worker_pb.EndStepCallRequest,
     ) -> tuple[uuid.UUID, str, uuid.UUID]:
         return (
             parse_uuid(request.run_id),
@@ -630,6 +663,80 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         )
         return worker_pb.HeartbeatResponse(
             lease_expires_at=convert.timestamp(row.lease_expires_at), cancelled=row.cancelled
+        )
+
+    def _step_call(
+        self, request: worker_pb.BeginStepCallRequest | worker_pb.EndStepCallRequest
+    ) -> StepCallKey:
+        """A validated step call of a held step."""
+        run_id, node, token = self._step_key(request)
+        if not 1 <= request.seq <= MAX_STEP_CALL_SEQ:
+            raise errors.InvalidArgument(
+                f"seq must be between 1 and {MAX_STEP_CALL_SEQ}, got {request.seq}"
+            )
+        return StepCallKey(
+            run_id=run_id,
+            node=node,
+            lease_token=token,
+            step_id=_step_call_name(request.step_id, "step_id"),
+            seq=request.seq,
+            function=_step_call_name(request.function, "function"),
+            unsafe=request.unsafe_to_repeat,
+        )
+
+    @rpc
+    async def BeginStepCall(
+        self, request: worker_pb.BeginStepCallRequest, context: Context
+    ) -> worker_pb.BeginStepCallResponse:
+        call = self._step_call(request)
+        try:
+            row = await self.store.step_call_begin(call)
+        except (errors.LeaseLost, errors.NotFound):
+            self.metrics.refused.inc()
+            raise
+        response = worker_pb.BeginStepCallResponse(
+            decision=STEP_CALL_DECISION[row.decision],
+            run_status=convert.RUN_STATUS[row.run_status],
+        )
+        if row.call is not None:
+            response.call.CopyFrom(convert.step_call(row.call))
+        if row.decision == "uncertain":
+            # The node's lease is over: no outcome of it will come.
+            handout = self.handouts.pop(call.lease_token)
+            if row.run_status == "blocked":
+                self.metrics.blocked.labels(handout.action if handout else "").inc()
+            _log_uncertain_call(call, row)
+        return response
+
+    @rpc
+    async def EndStepCall(
+        self, request: worker_pb.EndStepCallRequest, context: Context
+    ) -> worker_pb.EndStepCallResponse:
+        call = self._step_call(request)
+        outcome = request.WhichOneof("outcome")
+        output: str | None = None
+        error: str | None = None
+        if outcome == "output":
+            output = self.payloads.to_json(request.output, "output")
+        elif outcome == "error":
+            e = request.error
+            error = json.dumps(
+                {
+                    "type": _text(e.type, "error.type", MAX_STEP_CALL_NAME),
+                    "message": _text(e.message, "error.message", MAX_ERROR_TEXT),
+                    "details": _text(e.details, "error.details", MAX_ERROR_TEXT),
+                },
+                ensure_ascii=False,
+            )
+        else:
+            raise errors.InvalidArgument("outcome is required: set output or error")
+        try:
+            row = await self.store.step_call_end(call, output_json=output, error_json=error)
+        except (errors.LeaseLost, errors.NotFound):
+            self.metrics.refused.inc()
+            raise
+        return worker_pb.EndStepCallResponse(
+            call=convert.step_call(row.call), duplicate=row.duplicate
         )
 
     def _completion(self, request: worker_pb.CompleteRequest) -> Outcome:
@@ -802,6 +909,33 @@ def _log_outcome(outcome: Outcome, done: Completion, attempt: int | None) -> Non
         )
 
 
+def _log_uncertain_call(call: StepCallKey, row: StepCallBegun) -> None:
+    extra = {"run_id": str(call.run_id), "node": call.node, "step_id": call.step_id}
+    attempt = row.call["attempt"] if row.call else None
+    if row.run_status == "blocked" and row.call is not None:
+        log.warning(
+            "run %s blocked: node %s, step call %s (function %s) started at attempt %s with "
+            "no outcome and is unsafe to repeat; resolve it with `cyclone resolve %s %s`",
+            call.run_id,
+            call.node,
+            call.step_id,
+            row.call["function"],
+            attempt,
+            call.run_id,
+            call.step_id,
+            extra=extra,
+        )
+    else:
+        log.warning(
+            "node %s of run %s held: step call %s is uncertain and the run is %s",
+            call.node,
+            call.run_id,
+            call.step_id,
+            row.run_status,
+            extra=extra,
+        )
+
+
 def _blocked(row: ClaimedStep) -> bool:
     if row.blocked:
         log.warning(
@@ -862,10 +996,10 @@ class AdminServicer(admin_grpc.AdminServiceServicer):
         self, request: admin_pb.ResolveRequest, context: Context
     ) -> admin_pb.ResolveResponse:
         run_id = parse_uuid(request.run_id)
-        node = _node_name(request.node)
+        step_id = _step_call_name(request.step_id, "step_id") if request.step_id else None
+        # With a step_id the node may be left out: the one the run is blocked on.
+        node = _node_name(request.node) if request.node or step_id is None else None
         reason = _text(request.reason, "reason", MAX_REASON)
-        if not reason.strip():
-            raise errors.InvalidArgument("reason is required: say what you checked")
         choice = request.WhichOneof("resolution")
         if choice == "result":
             value: str | None = self.payloads.to_json(request.result, "result")
@@ -879,18 +1013,26 @@ class AdminServicer(admin_grpc.AdminServiceServicer):
             value = None
         else:
             raise errors.InvalidArgument("resolution is required: result, error or discard")
-        await self.store.step_resolve(
-            run_id, node, choice=choice, value_json=value, actor=_actor(context), reason=reason
-        )
+        actor = _actor(context)
+        if step_id is None:
+            assert node is not None
+            await self.store.step_resolve(
+                run_id, node, choice=choice, value_json=value, actor=actor, reason=reason
+            )
+        else:
+            node = await self.store.step_call_resolve(
+                run_id, node, step_id, choice=choice, value_json=value, actor=actor, reason=reason
+            )
         run = await self._run(run_id)
         attempt = _attempt(run, node)
         log.warning(
-            "run %s: node %s resolved as %s at attempt %d (%s)",
+            "run %s: node %s%s resolved as %s at attempt %d (%s)",
             run_id,
             node,
+            f", step call {step_id}," if step_id else "",
             choice,
             attempt,
-            reason,
+            reason or "no reason given",
             extra={"run_id": str(run_id), "node": node, "attempt": attempt},
         )
         return admin_pb.ResolveResponse(run=run)

@@ -32,6 +32,7 @@ from service import errors
 from service.records import (
     Attempt,
     BatchRow,
+    CallResolved,
     Cancelled,
     ClaimedStep,
     Completion,
@@ -48,6 +49,8 @@ from service.records import (
     Retried,
     RunRow,
     RunSummary,
+    StepCallBegun,
+    StepCallEnded,
     Submitted,
     Swept,
 )
@@ -111,6 +114,30 @@ class ActionSeen:
     polled_by: str
     claimed_ago: float | None = None
     claimed_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepCallKey:
+    """One step call of a held step, as BeginStepCall and EndStepCall name it."""
+
+    run_id: uuid.UUID
+    node: str
+    lease_token: uuid.UUID
+    step_id: str
+    seq: int
+    function: str
+    unsafe: bool
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "run_id": str(self.run_id),
+            "node": self.node,
+            "lease_token": str(self.lease_token),
+            "step_id": self.step_id,
+            "seq": self.seq,
+            "function": self.function,
+            "unsafe": self.unsafe,
+        }
 
 
 #: Nodes plus edges past which a workflow is validated and encoded in a worker thread
@@ -408,6 +435,49 @@ class Store:
             payload.append(entry)
         rows = await self._all("step_complete_many", BatchRow, items=_dump_items(payload))
         return [_batch_answer(row) for row in sorted(rows, key=lambda r: r.i)]
+
+    async def step_call_begin(self, call: StepCallKey) -> StepCallBegun:
+        """BeginStepCall: what the caller must do with one step call of a held step."""
+        row = await self._one("step_call_begin", StepCallBegun, **call.params())
+        assert row is not None
+        return row
+
+    async def step_call_end(
+        self, call: StepCallKey, *, output_json: str | None, error_json: str | None
+    ) -> StepCallEnded:
+        """EndStepCall: record one step call's outcome (exactly one of the two)."""
+        row = await self._one(
+            "step_call_end", StepCallEnded, **call.params(), output=output_json, error=error_json
+        )
+        assert row is not None
+        return row
+
+    async def step_call_resolve(
+        self,
+        run_id: uuid.UUID,
+        node: str | None,
+        step_id: str,
+        *,
+        choice: str,
+        value_json: str | None,
+        actor: str,
+        reason: str,
+    ) -> str:
+        """Resolve a run blocked on a step call; returns the node (``node`` None: the
+        one the run's error names)."""
+        row = await self._one(
+            "step_call_resolve",
+            CallResolved,
+            run_id=str(run_id),
+            node=node,
+            step_id=step_id,
+            choice=choice,
+            value=value_json,
+            actor=actor,
+            reason=reason,
+        )
+        assert row is not None
+        return row.node
 
     async def step_retry(
         self, run_id: uuid.UUID, nodes: list[str] | None, *, actor: str, reason: str

@@ -1,5 +1,5 @@
 """No Cyclone function is executable by PUBLIC, whichever migration created it: the
-worker role may call step_complete and nothing else."""
+worker role may call step_complete and step_call_record and nothing else."""
 
 from __future__ import annotations
 
@@ -12,15 +12,21 @@ SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p
 """
 
 
+WORKER_FUNCTIONS = [
+    "cyclone.step_call_record(uuid,text,uuid,text,integer,text,jsonb)",
+    "cyclone.step_complete(uuid,text,uuid,jsonb)",
+]
+
+
 def test_the_worker_role_may_execute_step_complete_and_no_other_function(cyclone_server):
     rows = cyclone_server.sql(WORKER_MAY_EXECUTE)
-    assert [r[0] for r in rows] == ["cyclone.step_complete(uuid,text,uuid,jsonb)"]
+    assert [r[0] for r in rows] == WORKER_FUNCTIONS
 
 
 def test_migrate_takes_back_what_public_was_given_since(cyclone_server):
     # As a function created by a migration after 0005 is, until migrate revokes it.
     cyclone_server.sql("GRANT EXECUTE ON FUNCTION cyclone.sweep(integer) TO PUBLIC")
-    assert len(cyclone_server.sql(WORKER_MAY_EXECUTE)) == 2
+    assert len(cyclone_server.sql(WORKER_MAY_EXECUTE)) == 3
     assert migrate(cyclone_server.database_url) == []  # nothing left to apply
     rows = cyclone_server.sql(WORKER_MAY_EXECUTE)
-    assert [r[0] for r in rows] == ["cyclone.step_complete(uuid,text,uuid,jsonb)"]
+    assert [r[0] for r in rows] == WORKER_FUNCTIONS

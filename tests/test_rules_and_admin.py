@@ -185,7 +185,7 @@ def test_resolve_refuses_a_run_that_is_not_blocked(cyclone_server):
 @pytest.mark.parametrize(
     ("request_fields", "message"),
     [
-        ({"node": "a", "discard": True}, "reason is required"),
+        ({"step_id": "a\tb", "discard": True}, "step_id 'a\\tb' holds a control"),
         ({"node": "a", "reason": "x"}, "resolution is required"),
         ({"node": "a", "reason": "x", "discard": False}, "discard must be true"),
         ({"node": "a", "reason": "x", "error": ""}, "error must say what failed"),

@@ -179,6 +179,43 @@ CREATE TABLE cyclone.step_errors (
 );
 CREATE INDEX step_errors_step_idx ON cyclone.step_errors (run_id, node, at);
 
+-- The journal of a node whose handler is a durable function: one row per step call,
+-- unique by (run_id, node, step_id). Deleted with its step (and so with its run).
+--
+-- Step call statuses, and the functions that set each one:
+--   started    step_call_begin (an unsafe call, before its function runs)
+--   succeeded  _step_call_end (EndStepCall, step_call_record); step_call_resolve result
+--   failed     _step_call_end; step_call_resolve error (type EffectFailed)
+-- Deleted by step_fail (the trailing safe failure that ended an attempt) and by
+-- step_call_resolve discard.
+CREATE TABLE cyclone.step_calls (
+    run_id      uuid        NOT NULL,
+    node        text        NOT NULL,
+    -- Stable across replays: "charge_order", "charge_order#2", or a name given.
+    step_id     text        NOT NULL,
+    -- Position of the call in the body, 1 for the first.
+    seq         integer     NOT NULL,
+    function    text        NOT NULL,
+    status      text        NOT NULL,
+    -- The call was marked unsafe_to_repeat when it was recorded.
+    unsafe      boolean     NOT NULL,
+    output      jsonb,
+    -- {type, message, details}
+    error       jsonb,
+    -- The node attempt that last wrote the entry.
+    attempt     integer     NOT NULL,
+    started_at  timestamptz NOT NULL,
+    finished_at timestamptz,
+    PRIMARY KEY (run_id, node, step_id),
+    FOREIGN KEY (run_id, node) REFERENCES cyclone.steps ON DELETE CASCADE,
+    CONSTRAINT step_calls_status_known CHECK (status IN ('started', 'succeeded', 'failed')),
+    CONSTRAINT step_calls_output_iff_succeeded CHECK ((output IS NOT NULL) = (status = 'succeeded')),
+    CONSTRAINT step_calls_error_iff_failed CHECK ((error IS NOT NULL) = (status = 'failed')),
+    CONSTRAINT step_calls_finished_at_iff_outcome
+        CHECK ((finished_at IS NOT NULL) = (status <> 'started')),
+    CONSTRAINT step_calls_seq_in_range CHECK (seq BETWEEN 1 AND 100000)
+);
+
 -- Operator actions (retry, retry_all, resolve_*, cancel), who made them and why.
 CREATE TABLE cyclone.audit (
     id      bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -232,3 +232,25 @@ RETURNS text
 LANGUAGE sql AS $$
     SELECT c.status FROM cyclone._runs_close(ARRAY[p_run_id], ARRAY[p_closed], p_now) c
 $$;
+
+-- Blocks a running run on its uncertain node: the run's available steps are held
+-- (pending) until Resolve, and the run becomes blocked with p_error (EffectUncertain:
+-- kind, message, node, attempt, started_at, and step_id for a step call). The caller
+-- holds the run row lock and has made the node uncertain. Called by _block_uncertain,
+-- step_abandon and step_call_begin.
+CREATE FUNCTION cyclone._run_block(p_run_id uuid, p_error jsonb, p_now timestamptz)
+RETURNS text
+LANGUAGE sql AS $$
+    UPDATE cyclone.steps s SET status = 'pending', available_at = NULL
+     WHERE s.run_id = p_run_id AND s.status = 'available';
+    UPDATE cyclone.runs r SET status = 'blocked', updated_at = p_now, error = p_error
+     WHERE r.run_id = p_run_id
+    RETURNING r.workflow;
+$$;
+
+-- One journal entry as JSON: every column of cyclone.step_calls but its node's key.
+-- The shape handed out by step_claim, step_call_begin, _step_call_end and run_get.
+CREATE FUNCTION cyclone._step_call_json(p_call cyclone.step_calls) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT to_jsonb(p_call) - 'run_id' - 'node'
+$$;

@@ -26,21 +26,15 @@ BEGIN
                FOR NO KEY UPDATE SKIP LOCKED);
         UPDATE cyclone.steps s SET status = 'uncertain'
          WHERE s.run_id = v_step.run_id AND s.node = v_step.node;
-        UPDATE cyclone.steps s SET status = 'pending', available_at = NULL
-         WHERE s.run_id = v_step.run_id AND s.status = 'available';
-        UPDATE cyclone.runs r
-           SET status = 'blocked', updated_at = v_now,
-               error = jsonb_build_object(
-                   'kind', 'EffectUncertain',
-                   'message', format(
-                       'node %s (action %s) lost its lease at attempt %s, started %s, with no '
-                       'outcome; its effect may have happened. Check, then Resolve with '
-                       'result, error or discard', v_step.node, v_step.action,
-                       v_step.attempt, v_step.started_at),
-                   'node', v_step.node, 'attempt', v_step.attempt,
-                   'started_at', v_step.started_at)
-         WHERE r.run_id = v_step.run_id
-        RETURNING r.workflow INTO workflow;
+        workflow := cyclone._run_block(v_step.run_id, jsonb_build_object(
+            'kind', 'EffectUncertain',
+            'message', format(
+                'node %s (action %s) lost its lease at attempt %s, started %s, with no '
+                'outcome; its effect may have happened. Check, then Resolve with '
+                'result, error or discard', v_step.node, v_step.action,
+                v_step.attempt, v_step.started_at),
+            'node', v_step.node, 'attempt', v_step.attempt,
+            'started_at', v_step.started_at), v_now);
         run_id := v_step.run_id;
         node := v_step.node;
         action := v_step.action;
@@ -62,7 +56,8 @@ $$;
 -- mark it unsafe claims it like any step, with effect_uncertain = true in the reply.
 -- Each row carries the run's input, the completed upstream outputs, how long the step
 -- waited (waited_s) and, for a step allowed to run after a failure, its failed or
--- skipped upstream nodes with their last errors (upstream_failures).
+-- skipped upstream nodes with their last errors (upstream_failures), and the node's
+-- journal of step calls in seq order (NULL when it has none).
 -- The claimed rows are updated by the ctids locked in the same statement and each
 -- run read by key, so no plan scans steps; a generic plan is forced (the plan is the
 -- same walk of the ready index for every argument, and replanning cost ~0.45 ms of a
@@ -73,7 +68,8 @@ RETURNS TABLE (
     run_id uuid, node text, action text, workflow text, attempt integer,
     max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
     lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
-    effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb)
+    effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
+    journal jsonb)
 LANGUAGE plpgsql
 -- The plan is the same walk of the ready index for every argument (see above).
 SET plan_cache_mode = force_generic_plan
@@ -86,7 +82,7 @@ BEGIN
         RETURN QUERY SELECT b.run_id, b.node, b.action, b.workflow, b.attempt, b.max_attempts,
                             NULL::jsonb, NULL::jsonb, NULL::jsonb, NULL::uuid,
                             NULL::timestamptz, NULL::timestamptz, NULL::jsonb, true, true,
-                            NULL::float8, NULL::jsonb
+                            NULL::float8, NULL::jsonb, NULL::jsonb
                        FROM cyclone._block_uncertain(p_unsafe) b;
     END IF;
 
@@ -145,7 +141,11 @@ BEGIN
                       ORDER BY u.position)
                  FROM cyclone.steps u
                 WHERE u.run_id = c.run_id AND u.node = ANY (c.depends_on)
-                  AND u.status IN ('discarded', 'skipped')) END
+                  AND u.status IN ('discarded', 'skipped')) END,
+           -- One probe of the journal's key per claimed step.
+           (SELECT jsonb_agg(cyclone._step_call_json(j) ORDER BY j.seq)
+              FROM cyclone.step_calls j
+             WHERE j.run_id = c.run_id AND j.node = c.node)
       FROM claimed c
       JOIN picked p ON p.run_id = c.run_id AND p.node = c.node
      -- OFFSET 0 keeps the lookup a subquery run once per claimed step, by key.

@@ -56,6 +56,10 @@ $$;
 -- _step_fail_unheld, and while the run is blocked a retry is held like the run's other
 -- ready steps: pending, released by Resolve together with them (at once: the backoff
 -- is not kept across the block), and the answer says pending with no retry_at.
+-- For a durable function, the failure that ended its body is not kept in its journal:
+-- the node's last entry (greatest seq), when it is a safe call's failure, is deleted,
+-- so that the next attempt calls it again. A failure the body handled and went on from
+-- (a later entry exists) stays, and unsafe entries are never deleted here.
 -- RPC: Complete with a failure; also called by step_complete_many.
 CREATE FUNCTION cyclone.step_fail(
     p_run_id uuid, p_node text, p_lease_token uuid, p_type text, p_message text,
@@ -74,6 +78,11 @@ BEGIN
         v_done.step_status := 'pending';
         v_done.retry_at := NULL;
     END IF;
+    DELETE FROM cyclone.step_calls c
+     WHERE c.run_id = p_run_id AND c.node = p_node AND c.status = 'failed' AND NOT c.unsafe
+       AND c.seq > ALL (SELECT o.seq FROM cyclone.step_calls o
+                         WHERE o.run_id = p_run_id AND o.node = p_node
+                           AND o.step_id <> c.step_id);
     RETURN v_done;
 END;
 $$;
@@ -114,22 +123,16 @@ BEGIN
     VALUES (p_run_id, p_node, v_step.attempt, 'handler', coalesce(p_type, ''),
             coalesce(p_message, ''), coalesce(p_details, ''), false, v_now);
     IF v_step.status = 'uncertain' THEN
-        -- Hold the run's ready steps, as _block_uncertain does.
-        UPDATE cyclone.steps s SET status = 'pending', available_at = NULL
-         WHERE s.run_id = p_run_id AND s.status = 'available';
-        UPDATE cyclone.runs r
-           SET status = 'blocked', updated_at = v_now,
-               error = jsonb_build_object(
-                   'kind', 'EffectUncertain',
-                   'message', format(
-                       'node %s (action %s) stopped at attempt %s, started %s, without an '
-                       'outcome (%s); its effect may have happened. Check, then Resolve '
-                       'with result, error or discard', p_node, v_step.action,
-                       v_step.attempt, v_step.started_at,
-                       left(concat_ws(': ', nullif(p_type, ''), nullif(p_message, '')), 200)),
-                   'node', p_node, 'attempt', v_step.attempt,
-                   'started_at', v_step.started_at)
-         WHERE r.run_id = p_run_id;
+        PERFORM cyclone._run_block(p_run_id, jsonb_build_object(
+            'kind', 'EffectUncertain',
+            'message', format(
+                'node %s (action %s) stopped at attempt %s, started %s, without an '
+                'outcome (%s); its effect may have happened. Check, then Resolve '
+                'with result, error or discard', p_node, v_step.action,
+                v_step.attempt, v_step.started_at,
+                left(concat_ws(': ', nullif(p_type, ''), nullif(p_message, '')), 200)),
+            'node', p_node, 'attempt', v_step.attempt,
+            'started_at', v_step.started_at), v_now);
         v_status := 'blocked';
     END IF;
     RETURN ROW(v_step.status, v_status, false, NULL)::cyclone.completion;

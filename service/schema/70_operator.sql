@@ -122,8 +122,8 @@ $$;
 -- steps held while it was blocked are released (_settle). The lease token of the
 -- attempt that lost its lease is forgotten: a late Complete with it is refused, never
 -- told that its outcome was recorded. CY003 when the run is not blocked or the node is
--- not its uncertain step, CY002 for an unknown node, CY004 for an unknown choice.
--- RPC: Resolve.
+-- not its uncertain step or the run is blocked on a step call (step_call_resolve),
+-- CY002 for an unknown node, CY004 for an unknown choice. RPC: Resolve.
 CREATE FUNCTION cyclone.step_resolve(p_run_id uuid, p_node text, p_choice text,
                                                 p_value jsonb, p_actor text, p_reason text)
 RETURNS void
@@ -134,10 +134,17 @@ DECLARE
     v_status text := cyclone._run_lock(p_run_id);
     v_step   record;
     v_held   text[];
+    v_error  jsonb;
 BEGIN
     IF v_status <> 'blocked' THEN
         RAISE EXCEPTION 'run % is %, not blocked: only a blocked run can be resolved',
             p_run_id, v_status USING ERRCODE = 'CY003';
+    END IF;
+    SELECT r.error INTO v_error FROM cyclone.runs r WHERE r.run_id = p_run_id;
+    IF v_error ? 'step_id' THEN
+        RAISE EXCEPTION 'run % is blocked on step call % of node %: resolve it with step_id %',
+            p_run_id, v_error->>'step_id', v_error->>'node', v_error->>'step_id'
+            USING ERRCODE = 'CY003';
     END IF;
     SELECT s.status, s.attempt, s.action INTO v_step
       FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node FOR NO KEY UPDATE;
@@ -187,6 +194,97 @@ BEGIN
     INSERT INTO cyclone.audit (run_id, node, action, actor, reason, details, at)
     VALUES (p_run_id, p_node, 'resolve_' || p_choice, p_actor, coalesce(p_reason, ''),
             jsonb_build_object('attempt', v_step.attempt, 'value', p_value), v_now);
+END;
+$$;
+
+-- Resolves a run blocked on a step call of a durable function (its error names the
+-- node and step_id; p_node NULL means that node): result records the call's success
+-- with p_value, error its failure {type EffectFailed, message p_value} (the body's
+-- except runs on replay), discard deletes its entry (the call runs on replay). In each
+-- case the node becomes available with a fresh attempt budget (as Retry grants), the
+-- run running, and the steps held while it was blocked are released (_settle). Returns
+-- the node. CY003 when the run is not blocked on that step call (the message names
+-- what it is blocked on), CY002 for an unknown node, CY004 for an unknown choice.
+-- RPC: Resolve with step_id.
+CREATE FUNCTION cyclone.step_call_resolve(
+    p_run_id uuid, p_node text, p_step_id text, p_choice text, p_value jsonb, p_actor text,
+    p_reason text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text := cyclone._run_lock(p_run_id);
+    v_error  jsonb;
+    v_node   text;
+    v_step   record;
+    v_held   text[];
+BEGIN
+    IF p_choice IS NULL OR p_choice NOT IN ('result', 'error', 'discard') THEN
+        RAISE EXCEPTION 'unknown resolution %', left(p_choice, 50) USING ERRCODE = 'CY004';
+    END IF;
+    IF v_status <> 'blocked' THEN
+        RAISE EXCEPTION 'run % is %, not blocked: only a blocked run can be resolved',
+            p_run_id, v_status USING ERRCODE = 'CY003';
+    END IF;
+    SELECT r.error INTO v_error FROM cyclone.runs r WHERE r.run_id = p_run_id;
+    v_node := coalesce(nullif(p_node, ''), v_error->>'node');
+    SELECT s.status, s.attempt, s.action INTO v_step
+      FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = v_node FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % has no node %', p_run_id, left(v_node, 200)
+            USING ERRCODE = 'CY002';
+    END IF;
+    IF NOT v_error ? 'step_id' THEN
+        RAISE EXCEPTION 'run % is blocked on node % itself, not on a step call: resolve it '
+                        'without step_id', p_run_id, v_error->>'node'
+            USING ERRCODE = 'CY003';
+    END IF;
+    IF v_error->>'node' IS DISTINCT FROM v_node
+       OR v_error->>'step_id' IS DISTINCT FROM p_step_id THEN
+        RAISE EXCEPTION 'run % is blocked on step call % of node %, not on % of %',
+            p_run_id, v_error->>'step_id', v_error->>'node', left(p_step_id, 200),
+            left(v_node, 200)
+            USING ERRCODE = 'CY003';
+    END IF;
+
+    CASE p_choice
+    WHEN 'result' THEN
+        UPDATE cyclone.step_calls c
+           SET status = 'succeeded', output = coalesce(p_value, 'null'::jsonb),
+               finished_at = v_now
+         WHERE c.run_id = p_run_id AND c.node = v_node AND c.step_id = p_step_id
+           AND c.status = 'started';
+    WHEN 'error' THEN
+        UPDATE cyclone.step_calls c
+           SET status = 'failed', finished_at = v_now,
+               error = jsonb_build_object('type', 'EffectFailed', 'message',
+                                          coalesce(p_value #>> '{}', ''), 'details', '')
+         WHERE c.run_id = p_run_id AND c.node = v_node AND c.step_id = p_step_id
+           AND c.status = 'started';
+    ELSE
+        DELETE FROM cyclone.step_calls c
+         WHERE c.run_id = p_run_id AND c.node = v_node AND c.step_id = p_step_id
+           AND c.status = 'started';
+    END CASE;
+
+    UPDATE cyclone.runs SET status = 'running', error = NULL, updated_at = v_now
+     WHERE run_id = p_run_id;
+    -- Release what was held while blocked.
+    v_held := ARRAY(SELECT s.node FROM cyclone.steps s
+                     WHERE s.run_id = p_run_id AND s.status = 'pending' AND s.deps_open = 0);
+    UPDATE cyclone.steps s
+       SET status = 'available', available_at = v_now, effect_uncertain = false,
+           lease_token = NULL, max_attempts = s.attempt + s.attempt_budget
+     WHERE s.run_id = p_run_id AND s.node = v_node;
+    PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
+    PERFORM cyclone._settle(p_run_id, '{}', v_held, 0);
+    INSERT INTO cyclone.audit (run_id, node, action, actor, reason, details, at)
+    VALUES (p_run_id, v_node, 'resolve_' || p_choice, p_actor, coalesce(p_reason, ''),
+            jsonb_build_object('attempt', v_step.attempt, 'step_id', p_step_id,
+                               'value', p_value),
+            v_now);
+    RETURN v_node;
 END;
 $$;
 

@@ -3,10 +3,10 @@
 -- A worker that completes steps inside its own transaction (ctx.completion_tx() in
 -- Python, or one SQL call from any language: docs/exactly-once.md) logs in as a role
 -- that is a member of cyclone_worker. That role may call cyclone.step_complete and
--- nothing else in the Cyclone schema: it can neither read nor write the tables.
--- step_complete is SECURITY DEFINER with a pinned search_path, so the only change a
--- worker can make to Cyclone's state is the one that function makes after checking
--- the lease token. The server connects as the owner of the schema, which keeps every
+-- cyclone.step_call_record (a step call's success, docs/exactly-once.md) and nothing
+-- else in the Cyclone schema: it can neither read nor write the tables. Both are
+-- SECURITY DEFINER with a pinned search_path, so the only changes a worker can make to
+-- Cyclone's state are the ones they make after checking the lease token. The server connects as the owner of the schema, which keeps every
 -- right on its own objects.
 
 -- Roles belong to the whole Postgres cluster, not to one database: another Cyclone
@@ -33,3 +33,5 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA cyclone FROM PUBLIC;
 
 GRANT USAGE ON SCHEMA cyclone TO cyclone_worker;
 GRANT EXECUTE ON FUNCTION cyclone.step_complete(uuid, text, uuid, jsonb) TO cyclone_worker;
+GRANT EXECUTE ON FUNCTION cyclone.step_call_record(uuid, text, uuid, text, integer, text, jsonb)
+    TO cyclone_worker;

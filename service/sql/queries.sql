@@ -73,6 +73,24 @@ SELECT i, step_status, run_status, duplicate, retry_at, error_state, error_messa
        current_setting('cyclone.ready', true) AS ready
   FROM cyclone.step_complete_many(CAST(:items AS jsonb));
 
+-- name: step_call_begin
+SELECT decision, run_status, call
+  FROM cyclone.step_call_begin(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid),
+                               :step_id, :seq, :function, :unsafe);
+
+-- name: step_call_end
+-- The server's path: a repeat answers duplicate = true, where the public
+-- cyclone.step_call_record (a worker's own transaction) raises CY005. A safe call's end
+-- is committed without waiting for its WAL flush: losing it only runs a safe call
+-- again, and the node's Complete, durable, flushes it first.
+SELECT e.duplicate, e.call
+  FROM cyclone._step_call_end(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid),
+                              :step_id, :seq, :function, :unsafe, CAST(:output AS jsonb),
+                              CAST(:error AS jsonb)) e
+ CROSS JOIN LATERAL (SELECT set_config('synchronous_commit',
+                                       CASE WHEN :unsafe THEN 'on' ELSE 'off' END,
+                                       true)) c;
+
 -- name: step_retry
 SELECT nodes, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.step_retry(CAST(:run_id AS uuid), CAST(:nodes AS text[]), :actor, :reason)
@@ -82,6 +100,11 @@ SELECT nodes, current_setting('cyclone.ready', true) AS ready
 SELECT current_setting('cyclone.ready', true) AS ready
   FROM cyclone.step_resolve(CAST(:run_id AS uuid), :node, :choice, CAST(:value AS jsonb),
                             :actor, :reason);
+
+-- name: step_call_resolve
+SELECT node, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.step_call_resolve(CAST(:run_id AS uuid), :node, :step_id, :choice,
+                                 CAST(:value AS jsonb), :actor, :reason) AS node;
 
 -- name: run_cancel
 SELECT cyclone.run_cancel(CAST(:run_id AS uuid), :actor, :reason);
@@ -177,7 +200,8 @@ SELECT r.status AS run_status, r.error AS run_error, cyclone.now() AS now,
        (SELECT jsonb_build_object('actor', c.actor, 'reason', c.reason, 'at', c.at)
           FROM cyclone.audit c
          WHERE c.run_id = r.run_id AND c.action = 'cancel'
-         ORDER BY c.id DESC LIMIT 1) AS cancel
+         ORDER BY c.id DESC LIMIT 1) AS cancel,
+       r.run_id
   FROM cyclone.runs r
   LEFT JOIN cyclone.steps s ON s.run_id = r.run_id AND s.node = :node
   LEFT JOIN cyclone.action_claims a ON a.action = s.action
@@ -220,7 +244,11 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'available_at', CASE WHEN s.status = 'available' THEN s.available_at END,
                    'started_at', s.started_at, 'finished_at', s.finished_at,
                    'effect_uncertain', s.effect_uncertain,
-                   'timeout_s', extract(epoch FROM s.timeout)) ORDER BY s.position), '[]')
+                   'timeout_s', extract(epoch FROM s.timeout),
+                   'journal', (SELECT jsonb_agg(cyclone._step_call_json(j) ORDER BY j.seq)
+                                 FROM cyclone.step_calls j
+                                WHERE j.run_id = s.run_id AND j.node = s.node))
+                   ORDER BY s.position), '[]')
           FROM cyclone.steps s
          WHERE s.run_id = r.run_id
            AND (CAST(:node AS text) IS NULL OR s.node = :node)) AS steps,

@@ -221,9 +221,13 @@ def test_resolve_needs_exactly_one_resolution(server, kwargs):
         Client(channel=server.channel).resolve("r1", "charge", reason="x", **kwargs)
 
 
-def test_resolve_needs_a_reason(server):
-    with pytest.raises(InvalidArgument, match="needs a reason"):
-        Client(channel=server.channel).resolve("r1", "charge", discard=True, reason="")
+def test_resolve_of_a_step_call_sends_its_step_id_and_needs_no_node_nor_reason(server):
+    client = Client(channel=server.channel)
+    future = server.call(lambda: client.resolve("r1", step_id="charge", discard=True))
+    _, request = server.answer("AdminService", "Resolve", admin_pb.ResolveResponse(run=_run()))
+    future.result(5)
+    assert (request.run_id, request.node, request.step_id) == ("r1", "", "charge")
+    assert request.reason == "" and request.discard
 
 
 def test_retry_refused_by_the_server_is_failed_precondition(server):

@@ -1,0 +1,250 @@
+-- The journal of durable functions: BeginStepCall, EndStepCall, and the recording of a
+-- step call in a worker's own transaction. Every entry is written by the holder of its
+-- node's lease (or by step_call_resolve, while the node is uncertain), so each
+-- function checks the lease token first and keeps the step row share-locked: no
+-- transition can take the lease between the check and the write.
+
+-- Refuses a step call's identity that no SDK sends: step_id and function of 1 to 200
+-- characters, none a control character; seq from 1 to 100000. CY004.
+CREATE FUNCTION cyclone._step_call_check(p_step_id text, p_seq integer, p_function text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_step_id IS NULL OR length(p_step_id) NOT BETWEEN 1 AND 200
+       OR p_step_id ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'step_id must be 1 to 200 printable characters'
+            USING ERRCODE = 'CY004';
+    END IF;
+    IF p_function IS NULL OR length(p_function) NOT BETWEEN 1 AND 200
+       OR p_function ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'function must be 1 to 200 printable characters'
+            USING ERRCODE = 'CY004';
+    END IF;
+    IF p_seq IS NULL OR p_seq NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'seq must be between 1 and 100000, got %', p_seq
+            USING ERRCODE = 'CY004';
+    END IF;
+END;
+$$;
+
+-- The attempt of a held step (running, this token, lease not expired), with its row
+-- share-locked until the transaction ends when p_lock (a caller that writes the
+-- journal); else the error _lease_lost raises (CY001, or CY002 for an unknown step).
+CREATE FUNCTION cyclone._step_held(p_run_id uuid, p_node text, p_lease_token uuid,
+                                   p_lock boolean)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_step record;
+BEGIN
+    IF p_lock THEN
+        SELECT s.attempt INTO v_step FROM cyclone.steps s
+         WHERE s.run_id = p_run_id AND s.node = p_node AND s.status = 'running'
+           AND s.lease_token = p_lease_token AND s.lease_expires_at > cyclone.now()
+           FOR SHARE;
+    ELSE
+        SELECT s.attempt INTO v_step FROM cyclone.steps s
+         WHERE s.run_id = p_run_id AND s.node = p_node AND s.status = 'running'
+           AND s.lease_token = p_lease_token AND s.lease_expires_at > cyclone.now();
+    END IF;
+    IF FOUND THEN
+        RETURN v_step.attempt;
+    END IF;
+    SELECT s.status, s.lease_token, s.attempt INTO v_step
+      FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
+    PERFORM cyclone._lease_lost(p_run_id, p_node, p_lease_token, v_step.status,
+                                v_step.lease_token, v_step.attempt);
+    RETURN NULL;
+END;
+$$;
+
+-- Refuses a new entry past the 10,000 a node's journal may hold (CY003).
+CREATE FUNCTION cyclone._step_call_room(p_run_id uuid, p_node text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF (SELECT count(*) FROM (SELECT 1 FROM cyclone.step_calls c
+                               WHERE c.run_id = p_run_id AND c.node = p_node
+                               LIMIT 10000) n) >= 10000 THEN
+        RAISE EXCEPTION 'node % already has 10000 step calls in its journal, the limit',
+            p_node USING ERRCODE = 'CY003';
+    END IF;
+END;
+$$;
+
+-- Begins a step call of the held step. Returns the decision, the run's status and the
+-- entry (NULL for RUN of a safe call):
+--   RECORDED   the call has an outcome: the caller replays it;
+--   RUN        no outcome: for an unsafe call, an entry `started` is written first
+--              (or was written by this same attempt: a repeated Begin); a safe call
+--              writes nothing;
+--   UNCERTAIN  an unsafe call whose `started` entry an earlier attempt left: its effect
+--              may have happened. The node's lease ends; in a running run the node
+--              becomes uncertain and the run blocked (EffectUncertain naming the node
+--              and step_id; _run_block), in a blocked run it is held (pending,
+--              effect_uncertain) and blocks the run again when it replays. The error
+--              joins the node's history (kind handler, type EffectUncertain).
+-- An unsafe call takes the run lock first, as Complete does. CY001 when the lease is
+-- lost, CY004 for a bad identity, CY003 past the journal's limit. RPC: BeginStepCall.
+CREATE FUNCTION cyclone.step_call_begin(
+    p_run_id uuid, p_node text, p_lease_token uuid, p_step_id text, p_seq integer,
+    p_function text, p_unsafe boolean)
+RETURNS TABLE (decision text, run_status text, call jsonb)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := cyclone.now();
+    v_status  text;
+    v_attempt integer;
+    v_call    cyclone.step_calls;
+    v_found   boolean;
+    v_message text;
+BEGIN
+    PERFORM cyclone._step_call_check(p_step_id, p_seq, p_function);
+    IF p_unsafe THEN
+        v_status := cyclone._run_lock(p_run_id);
+    END IF;
+    v_attempt := cyclone._step_held(p_run_id, p_node, p_lease_token, p_unsafe);
+    IF v_status IS NULL THEN
+        SELECT r.status INTO v_status FROM cyclone.runs r WHERE r.run_id = p_run_id;
+    END IF;
+    SELECT * INTO v_call FROM cyclone.step_calls c
+     WHERE c.run_id = p_run_id AND c.node = p_node AND c.step_id = p_step_id;
+    v_found := FOUND;
+    IF v_found AND v_call.status <> 'started' THEN
+        RETURN QUERY SELECT 'recorded', v_status, cyclone._step_call_json(v_call);
+        RETURN;
+    END IF;
+    IF NOT p_unsafe THEN
+        RETURN QUERY SELECT 'run', v_status, NULL::jsonb;
+        RETURN;
+    END IF;
+    IF NOT v_found THEN
+        PERFORM cyclone._step_call_room(p_run_id, p_node);
+        INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
+                                             unsafe, attempt, started_at)
+        VALUES (p_run_id, p_node, p_step_id, p_seq, p_function, 'started', true, v_attempt,
+                v_now)
+        RETURNING c.* INTO v_call;
+        RETURN QUERY SELECT 'run', v_status, cyclone._step_call_json(v_call);
+        RETURN;
+    END IF;
+    IF v_call.attempt = v_attempt THEN
+        RETURN QUERY SELECT 'run', v_status, cyclone._step_call_json(v_call);
+        RETURN;
+    END IF;
+
+    -- Started by an earlier attempt, no outcome: its effect may have happened.
+    v_message := format(
+        'node %s: step call %s (function %s) started at attempt %s, %s, with no outcome; '
+        'its effect may have happened. Check, then Resolve with step_id %s and result, '
+        'error or discard', p_node, p_step_id, v_call.function, v_call.attempt,
+        v_call.started_at, p_step_id);
+    UPDATE cyclone.steps s
+       SET status = CASE WHEN v_status = 'running' THEN 'uncertain' ELSE 'pending' END,
+           available_at = NULL, lease_expires_at = NULL, lease_token = NULL,
+           effect_uncertain = true, unsafe = true
+     WHERE s.run_id = p_run_id AND s.node = p_node;
+    INSERT INTO cyclone.step_errors (run_id, node, attempt, kind, type, message, retryable, at)
+    VALUES (p_run_id, p_node, v_attempt, 'handler', 'EffectUncertain', v_message, false,
+            v_now);
+    IF v_status = 'running' THEN
+        PERFORM cyclone._run_block(p_run_id, jsonb_build_object(
+            'kind', 'EffectUncertain', 'message', v_message, 'node', p_node,
+            'attempt', v_call.attempt, 'started_at', v_call.started_at,
+            'step_id', p_step_id, 'function', v_call.function), v_now);
+        v_status := 'blocked';
+    END IF;
+    RETURN QUERY SELECT 'uncertain', v_status, cyclone._step_call_json(v_call);
+END;
+$$;
+
+-- Ends a step call of the held step with its outcome: p_output (success; JSON null
+-- when it returned nothing) or p_error ({type, message, details}), exactly one. A
+-- `started` entry is updated in place (attempt, finished_at); with no entry one is
+-- added (started_at = now); an entry that has an outcome already is left as it is and
+-- answered with duplicate = true. CY001 when the lease is lost, CY004 for a bad
+-- identity or outcome, CY003 past the journal's limit. RPC: EndStepCall (the server
+-- commits a safe call's end without waiting for its flush: losing it only runs a safe
+-- call again); also called by step_call_record.
+CREATE FUNCTION cyclone._step_call_end(
+    p_run_id uuid, p_node text, p_lease_token uuid, p_step_id text, p_seq integer,
+    p_function text, p_unsafe boolean, p_output jsonb, p_error jsonb)
+RETURNS TABLE (duplicate boolean, call jsonb)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := cyclone.now();
+    v_attempt integer;
+    v_call    cyclone.step_calls;
+BEGIN
+    PERFORM cyclone._step_call_check(p_step_id, p_seq, p_function);
+    IF (p_output IS NULL) = (p_error IS NULL) THEN
+        RAISE EXCEPTION 'a step call ends with exactly one of output or error'
+            USING ERRCODE = 'CY004';
+    END IF;
+    v_attempt := cyclone._step_held(p_run_id, p_node, p_lease_token, true);
+    UPDATE cyclone.step_calls c
+       SET status = CASE WHEN p_error IS NULL THEN 'succeeded' ELSE 'failed' END,
+           output = p_output, error = p_error, attempt = v_attempt, finished_at = v_now
+     WHERE c.run_id = p_run_id AND c.node = p_node AND c.step_id = p_step_id
+       AND c.status = 'started'
+    RETURNING c.* INTO v_call;
+    IF NOT FOUND THEN
+        SELECT * INTO v_call FROM cyclone.step_calls c
+         WHERE c.run_id = p_run_id AND c.node = p_node AND c.step_id = p_step_id;
+        IF FOUND THEN
+            RETURN QUERY SELECT true, cyclone._step_call_json(v_call);
+            RETURN;
+        END IF;
+        PERFORM cyclone._step_call_room(p_run_id, p_node);
+        INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
+                                             unsafe, output, error, attempt, started_at,
+                                             finished_at)
+        VALUES (p_run_id, p_node, p_step_id, p_seq, p_function,
+                CASE WHEN p_error IS NULL THEN 'succeeded' ELSE 'failed' END, p_unsafe,
+                p_output, p_error, v_attempt, v_now, v_now)
+        ON CONFLICT (run_id, node, step_id) DO NOTHING
+        RETURNING c.* INTO v_call;
+        IF NOT FOUND THEN
+            SELECT * INTO v_call FROM cyclone.step_calls c
+             WHERE c.run_id = p_run_id AND c.node = p_node AND c.step_id = p_step_id;
+            RETURN QUERY SELECT true, cyclone._step_call_json(v_call);
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT false, cyclone._step_call_json(v_call);
+END;
+$$;
+
+-- Records a step call's success inside a worker's own transaction, after its business
+-- writes (docs/exactly-once.md), so that the call's Postgres effect commits with its
+-- record, once: a repeat (the call has an outcome already) raises CY005 and a lost
+-- lease CY001, and either rolls the business write back. An unsafe call's `started`
+-- entry is updated in place. SECURITY DEFINER with a pinned search_path, executable by
+-- cyclone_worker (90_roles.sql): the lease token is the capability. Not called by the
+-- server.
+CREATE FUNCTION cyclone.step_call_record(
+    p_run_id uuid, p_node text, p_lease_token uuid, p_step_id text, p_seq integer,
+    p_function text, p_output jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_done record;
+BEGIN
+    SELECT * INTO v_done FROM cyclone._step_call_end(
+        p_run_id, p_node, p_lease_token, p_step_id, p_seq, p_function,
+        EXISTS (SELECT 1 FROM cyclone.step_calls c
+                 WHERE c.run_id = p_run_id AND c.node = p_node AND c.step_id = p_step_id
+                   AND c.unsafe),
+        coalesce(p_output, 'null'::jsonb), NULL);
+    IF v_done.duplicate THEN
+        RAISE EXCEPTION 'step call % of (%, %) already has an outcome', left(p_step_id, 200),
+            p_run_id, p_node
+            USING ERRCODE = 'CY005',
+                  DETAIL = 'This call repeats a step call whose outcome was committed before.',
+                  HINT = 'Roll back: the call''s effect was committed with its first record.';
+    END IF;
+    RETURN v_done.call;
+END;
+$$;
