@@ -162,8 +162,8 @@ func (s *Step) begin(ctx context.Context, name string, opts []CallOption) (*step
 
 	switch {
 	case atSeq != nil && atSeq.StepId != c.id:
-		return nil, s.stop(fatal("ReplayMismatch", "the body called step %s as call %d, but the journal recorded %s there: "+
-			"a replay must call its steps in the recorded order", c.id, c.seq, atSeq.StepId))
+		return nil, s.stop(fatal("ReplayMismatch", "step call %d of the body is %s, but the journal recorded %s there: "+
+			"a replay must make its step calls in the recorded order", c.seq, c.id, atSeq.StepId))
 	case c.recorded != nil && c.recorded.Function != c.function:
 		return nil, s.stop(fatal("ReplayMismatch", "step id %s was recorded for function %s, and the body now calls %s with it",
 			c.id, c.recorded.Function, c.function))
