@@ -215,7 +215,7 @@ def test_every_command_of_the_grpcurl_page_works_as_written(cyclone_server, grpc
     shell = Shell(shell_env(grpcurl, tmp_path), tmp_path)
     try:
         ran = run_page("docs/grpcurl.md", page, cyclone_server, shell)
-        ids = {name: shell.value(name) for name in ("RUN", "RUN_A", "RUN_B", "RUN_C")}
+        ids = {name: shell.value(name) for name in ("RUN", "RUN_A", "RUN_B", "RUN_C", "RUN_D")}
     finally:
         shell.close()
 
@@ -259,6 +259,21 @@ def test_every_command_of_the_grpcurl_page_works_as_written(cyclone_server, grpc
     }
     assert run_status(cyclone_server, ids["RUN_C"]) == "cancelled"
     assert audit(cyclone_server, ids["RUN_C"]) == [("resolve_discard", "bob"), ("cancel", "carol")]
+
+    # The durable function's journal: the resolved charge and the first receipt stand.
+    assert run_status(cyclone_server, ids["RUN_D"]) == "completed"
+    assert step_states(cyclone_server, ids["RUN_D"]) == {"fulfil": ("completed", 3)}
+    journal = cyclone_server.sql(
+        "SELECT step_id, status, unsafe, output, attempt FROM cyclone.step_calls"
+        " WHERE run_id = %s ORDER BY seq",
+        ids["RUN_D"],
+    )
+    assert journal == [
+        ("reserve", "succeeded", False, {"reservation": "r-3001"}, 1),
+        ("charge", "succeeded", True, {"charge_id": "ch_3001"}, 1),
+        ("receipt", "succeeded", False, "sent", 3),
+    ]
+    assert audit(cyclone_server, ids["RUN_D"]) == [("resolve_result", "bob")]
 
 
 def test_the_readme_example_works_as_written(cyclone_server, grpcurl, tmp_path):
