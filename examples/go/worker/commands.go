@@ -3,7 +3,9 @@ package worker
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -71,19 +73,53 @@ func Pause(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// Serve is the main loop of a worker command. It opens the Cyclone database at
-// databaseURL and runs schema there (the tables of its effects, which commit with
-// the completions), connects to the server at address, then runs a worker of the
+// Flags are the command line that the example commands share.
+type Flags struct {
+	Address      string
+	DatabaseURL  string
+	Limit        int           // the largest charge the card accepts, in cents
+	GatewayDelay time.Duration // how long the fake payment gateway takes to answer
+	Concurrency  int
+	Lease        time.Duration
+}
+
+func parseFlags() Flags {
+	var f Flags
+	flag.StringVar(&f.Address, "address", Env("CYCLONE_ADDRESS", "127.0.0.1:50051"), "the Cyclone server")
+	flag.StringVar(&f.DatabaseURL, "database-url", Env("CYCLONE_DATABASE_URL", EmbeddedDatabaseURL()),
+		"the Cyclone database (default: $CYCLONE_DATABASE_URL, else the one that make run embeds)")
+	flag.IntVar(&f.Limit, "limit", 100_000, "largest charge the card accepts, in cents; larger ones are declined")
+	flag.DurationVar(&f.GatewayDelay, "gateway-delay", 0,
+		"how long the payment gateway takes to answer (for demos: kill the worker meanwhile)")
+	flag.IntVar(&f.Concurrency, "concurrency", 4, "handlers running at once")
+	flag.DurationVar(&f.Lease, "lease", 30*time.Second, "lease asked for each step; heartbeats every third")
+	flag.Parse()
+	return f
+}
+
+// Main is the main function of an example command. It parses the flags, opens the
+// Cyclone database and runs schema there (the tables of the handlers' effects, which
+// commit with the completions), connects to the server, then runs a worker of the
 // actions that actions returns until SIGINT or SIGTERM; then it waits for the
-// handlers in flight, and a second signal ends the process at once.
-func Serve(address, databaseURL, schema string, opts Options, actions func(db *pgxpool.Pool) []Action) error {
+// handlers in flight, and a second signal ends the process at once. It exits 1 when
+// the worker cannot start or fails.
+func Main(name, schema string, actions func(f Flags, db *pgxpool.Pool) []Action) {
+	f := parseFlags()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := serve(f, schema, Options{Concurrency: f.Concurrency, Lease: f.Lease, Logger: log}, actions); err != nil {
+		log.Error(name+" failed", "error", err)
+		os.Exit(1)
+	}
+}
+
+func serve(f Flags, schema string, opts Options, actions func(f Flags, db *pgxpool.Pool) []Action) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	if databaseURL == "" {
+	if f.DatabaseURL == "" {
 		return errors.New("no database: pass -database-url or set $CYCLONE_DATABASE_URL")
 	}
-	pool, err := pgxpool.New(ctx, databaseURL)
+	pool, err := pgxpool.New(ctx, f.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
@@ -91,13 +127,13 @@ func Serve(address, databaseURL, schema string, opts Options, actions func(db *p
 	if _, err := pool.Exec(ctx, schema); err != nil {
 		return fmt.Errorf("creating the tables: %w", err)
 	}
-	conn, err := Dial(address)
+	conn, err := Dial(f.Address)
 	if err != nil {
-		return fmt.Errorf("server %s: %w", address, err)
+		return fmt.Errorf("server %s: %w", f.Address, err)
 	}
 	defer conn.Close()
 
-	w := New(conn, opts, actions(pool)...)
+	w := New(conn, opts, actions(f, pool)...)
 	go func() {
 		<-ctx.Done()
 		stop() // a second signal now ends the process

@@ -12,10 +12,7 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"log/slog"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -33,26 +30,10 @@ CREATE TABLE IF NOT EXISTS ledger (
 )`
 
 func main() {
-	address := flag.String("address", worker.Env("CYCLONE_ADDRESS", "127.0.0.1:50051"), "the Cyclone server")
-	databaseURL := flag.String("database-url", worker.Env("CYCLONE_DATABASE_URL", worker.EmbeddedDatabaseURL()),
-		"the Cyclone database (default: $CYCLONE_DATABASE_URL, else the one `make run` embeds)")
-	limit := flag.Int("limit", 100_000, "largest charge the card accepts, in cents; larger ones are declined")
-	gatewayDelay := flag.Duration("gateway-delay", 0, "how long the payment gateway takes to answer (for demos)")
-	concurrency := flag.Int("concurrency", 4, "charges running at once")
-	lease := flag.Duration("lease", 30*time.Second, "lease asked for each step; heartbeats every third")
-	flag.Parse()
-
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	c := &checkout{limit: *limit, gatewayDelay: *gatewayDelay}
-	opts := worker.Options{Concurrency: *concurrency, Lease: *lease, Logger: log}
-	err := worker.Serve(*address, *databaseURL, ledgerSchema, opts, func(db *pgxpool.Pool) []worker.Action {
-		c.db = db
+	worker.Main("checkout-worker", ledgerSchema, func(f worker.Flags, db *pgxpool.Pool) []worker.Action {
+		c := &checkout{db: db, limit: f.Limit, gatewayDelay: f.GatewayDelay}
 		return []worker.Action{{Name: "checkout.charge", Handler: c.charge}}
 	})
-	if err != nil {
-		log.Error("checkout-worker failed", "error", err)
-		os.Exit(1)
-	}
 }
 
 type checkout struct {

@@ -27,10 +27,7 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log/slog"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,27 +51,10 @@ CREATE TABLE IF NOT EXISTS order_log (
 )`
 
 func main() {
-	address := flag.String("address", worker.Env("CYCLONE_ADDRESS", "127.0.0.1:50051"), "the Cyclone server")
-	databaseURL := flag.String("database-url", worker.Env("CYCLONE_DATABASE_URL", worker.EmbeddedDatabaseURL()),
-		"the Cyclone database (default: $CYCLONE_DATABASE_URL, else the one `make run` embeds)")
-	limit := flag.Int("limit", 100_000, "largest charge the card accepts, in cents; larger ones are declined")
-	gatewayDelay := flag.Duration("gateway-delay", 0,
-		"how long the payment gateway takes to answer, after the charge (to kill the worker mid-call)")
-	concurrency := flag.Int("concurrency", 4, "orders running at once")
-	lease := flag.Duration("lease", 30*time.Second, "lease asked for each step; heartbeats every third")
-	flag.Parse()
-
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	o := &orders{limit: *limit, gatewayDelay: *gatewayDelay}
-	opts := worker.Options{Concurrency: *concurrency, Lease: *lease, Logger: log}
-	err := worker.Serve(*address, *databaseURL, schema, opts, func(db *pgxpool.Pool) []worker.Action {
-		o.db = db
+	worker.Main("order-worker", schema, func(f worker.Flags, db *pgxpool.Pool) []worker.Action {
+		o := &orders{db: db, limit: f.Limit, gatewayDelay: f.GatewayDelay}
 		return []worker.Action{{Name: "order.fulfil", Handler: o.fulfil}}
 	})
-	if err != nil {
-		log.Error("order-worker failed", "error", err)
-		os.Exit(1)
-	}
 }
 
 type orders struct {
