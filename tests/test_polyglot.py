@@ -391,25 +391,28 @@ def operator(cyclone_server) -> Iterator[Client]:
 def test_a_go_durable_function_replays_its_journal_after_a_kill(
     cyclone_server, order_worker, operator
 ):
-    # The first worker dies while the gateway answers the unsafe charge: reserve_stock
-    # is recorded (with its row, in one transaction), charge_card is STARTED.
+    # The first worker dies while the gateway answers the unsafe charge: price_order is
+    # recorded, reserve_stock too (with its row, in one transaction), charge_card is
+    # STARTED.
     first = order_worker("-gateway-delay", "10m")
     run_id = operator.submit(_order_workflow(), ORDER)
     eventually(
-        lambda: _calls(cyclone_server, run_id) == ["reserve_stock", "charge_card"],
+        lambda: _calls(cyclone_server, run_id) == ["price_order", "reserve_stock", "charge_card"],
         "the Go body to reach the charge",
         PATIENCE,
     )
     run = operator.get_run(run_id)
     assert _journal(run) == [
+        ("price_order", "succeeded", 1, False),
         ("reserve_stock", "succeeded", 1, False),
         ("charge_card", "started", 1, True),
     ]
     first.popen.kill()
     first.popen.wait()
 
-    # Its lease runs out; the next attempt replays the body: reserve_stock comes from
-    # the journal, and the STARTED charge blocks the run instead of charging again.
+    # Its lease runs out; the next attempt replays the body: price_order and
+    # reserve_stock come from the journal, and the STARTED charge blocks the run
+    # instead of charging again.
     cyclone_server.advance_clock(120)
     assert cyclone_server.sweep() == 1
     second = order_worker()
@@ -424,10 +427,11 @@ def test_a_go_durable_function_replays_its_journal_after_a_kill(
     assert "fulfil" in run.error.message and "charge_card" in run.error.message
     assert run.step("fulfil").status == "uncertain"
     assert _journal(run) == [
+        ("price_order", "succeeded", 1, False),
         ("reserve_stock", "succeeded", 1, False),
         ("charge_card", "started", 1, True),
     ]
-    assert _calls(cyclone_server, run_id) == ["reserve_stock", "charge_card"]
+    assert _calls(cyclone_server, run_id) == ["price_order", "reserve_stock", "charge_card"]
     eventually(lambda: "effect uncertain" in second.log, "the Go worker to drop the node", PATIENCE)
 
     shown = _cyclone(cyclone_server, "run", "show", run_id)
@@ -435,11 +439,13 @@ def test_a_go_durable_function_replays_its_journal_after_a_kill(
     assert "step call charge_card" in shown.stdout
     assert f"cyclone resolve {run_id} charge_card" in shown.stdout
     # The journal, one line per call: seq, step id, status, attempt, mark, times.
-    [reserve_line, charge_line] = [
-        line for line in shown.stdout.splitlines() if line.split()[:1] in (["1"], ["2"])
+    [price_line, reserve_line, charge_line] = [
+        line for line in shown.stdout.splitlines() if line.split()[:1] in (["1"], ["2"], ["3"])
     ]
+    assert price_line.split()[1:3] == ["price_order", "succeeded"]
+    assert price_line.endswith("-> 2290")
     assert reserve_line.split()[1:3] == ["reserve_stock", "succeeded"]
-    assert '-> "r-o-7"' in reserve_line
+    assert reserve_line.endswith('-> "r-o-7"')
     assert charge_line.split()[1:3] == ["charge_card", "started"]
     assert "unsafe" in charge_line and "UTC" in charge_line and "no outcome" in charge_line
 
@@ -454,9 +460,15 @@ def test_a_go_durable_function_replays_its_journal_after_a_kill(
         "status": "fulfilled",
         "reservation": "r-o-7",
         "charge_id": "ch_found",
+        "charged": 2290,
     }
-    assert _calls(cyclone_server, run_id) == ["reserve_stock", "charge_card", "send_receipt"]
-    assert [s for (_, s, _, _) in _journal(run)] == ["succeeded"] * 3
+    assert _calls(cyclone_server, run_id) == [
+        "price_order",
+        "reserve_stock",
+        "charge_card",
+        "send_receipt",
+    ]
+    assert [s for (_, s, _, _) in _journal(run)] == ["succeeded"] * 4
     assert cyclone_server.sql("SELECT order_id, released FROM reservations") == [("o-7", False)]
     [audit] = run.audit
     assert (audit.action, audit.node, audit.actor) == ("resolve_result", "fulfil", "dora")
@@ -468,13 +480,13 @@ def test_a_go_durable_function_replays_its_journal_after_a_kill(
     [
         (
             ["--error", "card declined"],
-            ["reserve_stock", "charge_card", "release_stock"],
+            ["price_order", "reserve_stock", "charge_card", "release_stock"],
             {"status": "cancelled", "reason": "EffectFailed: card declined"},
         ),
         (
             ["--discard", "--node", "fulfil", "--reason", "no charge at the gateway"],
-            ["reserve_stock", "charge_card", "charge_card", "send_receipt"],
-            {"status": "fulfilled", "reservation": "r-o-7", "charge_id": "ch_o-7"},
+            ["price_order", "reserve_stock", "charge_card", "charge_card", "send_receipt"],
+            {"status": "fulfilled", "reservation": "r-o-7", "charge_id": "ch_o-7", "charged": 2290},
         ),
     ],
     ids=["error-runs-the-cleanup", "discard-runs-the-call-again"],

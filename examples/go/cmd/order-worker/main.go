@@ -1,7 +1,8 @@
 // Command order-worker serves the "order.fulfil" action, a durable function in Go:
-// its body calls three steps, each recorded in the node's journal, and replays them
-// from the journal when the node runs again.
+// its body calls four step functions, each call recorded in the node's journal, and
+// replays them from the journal when the node runs again.
 //
+//   - price_order adds the shipping (safe to repeat, recorded after it returns);
 //   - reserve_stock writes a reservation row in the worker's own transaction, which
 //     records the call's success too (cyclone.step_call_record): it happens exactly
 //     once;
@@ -12,7 +13,7 @@
 //   - send_receipt is safe to repeat (at least once).
 //
 // When the charge fails (declined, or resolved with --error), the body releases the
-// reservation with a fourth step and completes with status "cancelled": a handled
+// reservation with another step call and completes with status "cancelled": a handled
 // failure.
 //
 // Every step writes a row to the order_log table, so a test (or you) can count how
@@ -69,6 +70,9 @@ type order struct {
 	Amount  int    `json:"amount"` // cents
 }
 
+// shipping is added to every order, in cents.
+const shipping = 490
+
 type charge struct {
 	ChargeID string `json:"charge_id"`
 }
@@ -79,6 +83,13 @@ func (o *orders) fulfil(ctx context.Context, step *worker.Step) (any, error) {
 	var in order
 	if err := step.DecodeRunInput(&in); err != nil || in.OrderID == "" {
 		return nil, &worker.Failure{Type: "BadInput", Message: fmt.Sprintf("want {order_id, amount}: %v", err), NonRetryable: true}
+	}
+
+	total, err := worker.Call(ctx, step, "price_order", func(ctx context.Context) (int, error) {
+		return in.Amount + shipping, o.log(ctx, o.db, step, "price_order")
+	})
+	if err != nil {
+		return nil, err
 	}
 
 	reservation, err := worker.CallInTx(ctx, step, o.db, "reserve_stock",
@@ -98,9 +109,9 @@ func (o *orders) fulfil(ctx context.Context, step *worker.Step) (any, error) {
 		if err := o.log(ctx, o.db, step, "charge_card"); err != nil {
 			return charge{}, err
 		}
-		if in.Amount > o.limit {
+		if total > o.limit {
 			return charge{}, &worker.Failure{Type: "CardDeclined",
-				Message: fmt.Sprintf("%d cents is over the card's limit of %d", in.Amount, o.limit)}
+				Message: fmt.Sprintf("%d cents is over the card's limit of %d", total, o.limit)}
 		}
 		if err := worker.Pause(ctx, o.gatewayDelay); err != nil {
 			return charge{}, err
@@ -131,7 +142,7 @@ func (o *orders) fulfil(ctx context.Context, step *worker.Step) (any, error) {
 	}); err != nil {
 		return nil, err
 	}
-	return map[string]any{"status": "fulfilled", "reservation": reservation, "charge_id": paid.ChargeID}, nil
+	return map[string]any{"status": "fulfilled", "reservation": reservation, "charge_id": paid.ChargeID, "charged": total}, nil
 }
 
 type execer interface {
