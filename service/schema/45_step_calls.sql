@@ -248,3 +248,134 @@ BEGIN
     RETURN v_done.call;
 END;
 $$;
+
+-- Ends many step calls in one transaction, each as _step_call_end would end it, with
+-- one row per item (its "i"): duplicate and the entry, or the refusal of that item
+-- alone (error_state CY001 lease lost, CY002 unknown step, CY003 full journal, CY004
+-- bad identity). Every run of the batch is locked first, in run_id order, as
+-- step_complete_many locks them, so that the two never deadlock. The new entries of
+-- held steps whose journal has room are added in one statement; the rest (an entry
+-- that exists, a lost lease, a full journal) one at a time through _step_call_end,
+-- each in its own subtransaction. Items: {i, run_id, node, lease_token, step_id, seq,
+-- function, unsafe, and output or error}. RPC: CompleteMany's step_calls.
+CREATE FUNCTION cyclone.step_calls_end_many(p_items jsonb)
+RETURNS TABLE (i integer, duplicate boolean, call jsonb, error_state text,
+               error_message text, error_detail text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now   timestamptz := cyclone.now();
+    v_added integer[];
+    v_calls jsonb[];
+    v_item  jsonb;
+    v_end   record;
+BEGIN
+    PERFORM 1 FROM cyclone.runs r
+     WHERE r.run_id = ANY (ARRAY(SELECT DISTINCT (e->>'run_id')::uuid
+                                   FROM jsonb_array_elements(p_items) e))
+     ORDER BY r.run_id
+       FOR NO KEY UPDATE;
+
+    WITH item AS (
+        SELECT (e->>'i')::integer AS i, (e->>'run_id')::uuid AS run_id, e->>'node' AS node,
+               (e->>'lease_token')::uuid AS lease_token, e->>'step_id' AS step_id,
+               (e->>'seq')::integer AS seq, e->>'function' AS function,
+               coalesce((e->>'unsafe')::boolean, false) AS unsafe, e->'output' AS output,
+               e->'error' AS error
+          FROM jsonb_array_elements(p_items) e
+    ), held AS (
+        SELECT t.i, t.run_id, t.node, t.step_id, t.seq, t.function, t.unsafe, t.output,
+               t.error, s.attempt
+          FROM item t
+          JOIN cyclone.steps s
+            ON s.run_id = t.run_id AND s.node = t.node AND s.status = 'running'
+           AND s.lease_token = t.lease_token AND s.lease_expires_at > v_now
+         WHERE (t.output IS NULL) <> (t.error IS NULL)
+           AND (SELECT count(*) FROM (SELECT 1 FROM cyclone.step_calls c
+                                       WHERE c.run_id = t.run_id AND c.node = t.node
+                                       LIMIT 10000) n)
+               + (SELECT count(*) FROM item u WHERE u.run_id = t.run_id AND u.node = t.node)
+               <= 10000
+           FOR SHARE OF s
+    ), added AS (
+        INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
+                                             unsafe, output, error, attempt, started_at,
+                                             finished_at)
+        SELECT h.run_id, h.node, h.step_id, h.seq, h.function,
+               CASE WHEN h.error IS NULL THEN 'succeeded' ELSE 'failed' END, h.unsafe,
+               h.output, h.error, h.attempt, v_now, v_now
+          FROM held h
+        ON CONFLICT (run_id, node, step_id) DO NOTHING
+        RETURNING c.*
+    )
+    SELECT coalesce(array_agg(h.i), '{}'),
+           coalesce(array_agg(cyclone._step_call_json(a::cyclone.step_calls)), '{}')
+      INTO v_added, v_calls
+      FROM added a
+      JOIN held h ON h.run_id = a.run_id AND h.node = a.node AND h.step_id = a.step_id;
+
+    RETURN QUERY SELECT d.i, false, d.call, NULL::text, NULL::text, NULL::text
+                   FROM unnest(v_added, v_calls) d(i, call);
+
+    FOR v_item IN
+        SELECT e FROM jsonb_array_elements(p_items) e
+         WHERE NOT (e->>'i')::integer = ANY (v_added)
+         ORDER BY e->>'run_id', e->>'node', (e->>'i')::integer
+    LOOP
+        i := (v_item->>'i')::integer;
+        BEGIN
+            SELECT * INTO v_end FROM cyclone._step_call_end(
+                (v_item->>'run_id')::uuid, v_item->>'node', (v_item->>'lease_token')::uuid,
+                v_item->>'step_id', (v_item->>'seq')::integer, v_item->>'function',
+                coalesce((v_item->>'unsafe')::boolean, false), v_item->'output',
+                v_item->'error');
+            duplicate := v_end.duplicate;
+            call := v_end.call;
+            error_state := NULL;
+            error_message := NULL;
+            error_detail := NULL;
+        EXCEPTION WHEN SQLSTATE 'CY001' OR SQLSTATE 'CY002' OR SQLSTATE 'CY003'
+                    OR SQLSTATE 'CY004' THEN
+            GET STACKED DIAGNOSTICS error_state = RETURNED_SQLSTATE,
+                                    error_message = MESSAGE_TEXT,
+                                    error_detail = PG_EXCEPTION_DETAIL;
+            duplicate := NULL;
+            call := NULL;
+        END;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- CompleteMany with step calls: ends the step calls (step_calls_end_many), then applies
+-- the completions (step_complete_many), in one transaction, so that a node's journal
+-- entries are recorded before its completion that follows them in the same batch.
+-- One row per item: kind 'call' (i into p_calls) or 'step' (i into p_items). RPC:
+-- CompleteMany.
+CREATE FUNCTION cyclone.step_report_many(p_calls jsonb, p_items jsonb)
+RETURNS TABLE (kind text, i integer, step_status text, run_status text, duplicate boolean,
+               retry_at timestamptz, call jsonb, error_state text, error_message text,
+               error_detail text)
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- Both lock their runs in run_id order; lock the union first so that the second
+    -- pass takes no lock out of that order.
+    PERFORM 1 FROM cyclone.runs r
+     WHERE r.run_id = ANY (ARRAY(SELECT DISTINCT (e->>'run_id')::uuid
+                                   FROM jsonb_array_elements(p_calls || p_items) e))
+     ORDER BY r.run_id
+       FOR NO KEY UPDATE;
+    IF jsonb_array_length(p_calls) > 0 THEN
+        RETURN QUERY
+            SELECT 'call'::text, c.i, NULL::text, NULL::text, c.duplicate,
+                   NULL::timestamptz, c.call, c.error_state, c.error_message, c.error_detail
+              FROM cyclone.step_calls_end_many(p_calls) c;
+    END IF;
+    IF jsonb_array_length(p_items) > 0 THEN
+        RETURN QUERY
+            SELECT 'step'::text, s.i, s.step_status, s.run_status, s.duplicate, s.retry_at,
+                   NULL::jsonb, s.error_state, s.error_message, s.error_detail
+              FROM cyclone.step_complete_many(p_items) s;
+    END IF;
+END;
+$$;

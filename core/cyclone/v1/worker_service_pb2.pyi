@@ -170,16 +170,28 @@ class CompleteResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., retry_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., run_status: _Optional[_Union[_types_pb2.RunStatus, str]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class CompleteManyRequest(_message.Message):
-    __slots__ = ("completions",)
+    __slots__ = ("completions", "step_calls")
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    STEP_CALLS_FIELD_NUMBER: _ClassVar[int]
     completions: _containers.RepeatedCompositeFieldContainer[CompleteRequest]
-    def __init__(self, completions: _Optional[_Iterable[_Union[CompleteRequest, _Mapping]]] = ...) -> None: ...
+    step_calls: _containers.RepeatedCompositeFieldContainer[EndStepCallRequest]
+    def __init__(self, completions: _Optional[_Iterable[_Union[CompleteRequest, _Mapping]]] = ..., step_calls: _Optional[_Iterable[_Union[EndStepCallRequest, _Mapping]]] = ...) -> None: ...
 
 class CompleteManyResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "step_call_results")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    STEP_CALL_RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[CompleteResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[CompleteResult, _Mapping]]] = ...) -> None: ...
+    step_call_results: _containers.RepeatedCompositeFieldContainer[StepCallResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[CompleteResult, _Mapping]]] = ..., step_call_results: _Optional[_Iterable[_Union[StepCallResult, _Mapping]]] = ...) -> None: ...
+
+class StepCallResult(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: EndStepCallResponse
+    error: CompleteError
+    def __init__(self, response: _Optional[_Union[EndStepCallResponse, _Mapping]] = ..., error: _Optional[_Union[CompleteError, _Mapping]] = ...) -> None: ...
 
 class CompleteResult(_message.Message):
     __slots__ = ("response", "error")

@@ -945,11 +945,19 @@ func (x *CompleteResponse) GetDuplicate() bool {
 	return false
 }
 
-// Arguments of WorkerService.CompleteMany.
+// Arguments of WorkerService.CompleteMany. At least one completion or step call.
 type CompleteManyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The completions, 1-1000, each as it would be sent to Complete.
-	Completions   []*CompleteRequest `protobuf:"bytes,1,rep,name=completions,proto3" json:"completions,omitempty"`
+	// The completions, 0-1000, each as it would be sent to Complete.
+	Completions []*CompleteRequest `protobuf:"bytes,1,rep,name=completions,proto3" json:"completions,omitempty"`
+	// Step calls to end, 0-1000, each as it would be sent to EndStepCall, applied before
+	// the completions in the same transaction. A worker may hold the ends of safe step
+	// calls and send them here in batches, with the completions that follow them or
+	// alone: a safe call's end may be lost without harm (the call runs again on
+	// replay), and a batch of safe calls alone is committed without waiting for its
+	// flush. An unsafe call's end should not wait: until it is recorded, a crash leaves
+	// the call STARTED, and its run blocks on replay.
+	StepCalls     []*EndStepCallRequest `protobuf:"bytes,2,rep,name=step_calls,json=stepCalls,proto3" json:"step_calls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -991,13 +999,22 @@ func (x *CompleteManyRequest) GetCompletions() []*CompleteRequest {
 	return nil
 }
 
+func (x *CompleteManyRequest) GetStepCalls() []*EndStepCallRequest {
+	if x != nil {
+		return x.StepCalls
+	}
+	return nil
+}
+
 // Result of WorkerService.CompleteMany.
 type CompleteManyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One result per completion, in request order.
-	Results       []*CompleteResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Results []*CompleteResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// One result per step call, in request order.
+	StepCallResults []*StepCallResult `protobuf:"bytes,2,rep,name=step_call_results,json=stepCallResults,proto3" json:"step_call_results,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CompleteManyResponse) Reset() {
@@ -1037,6 +1054,100 @@ func (x *CompleteManyResponse) GetResults() []*CompleteResult {
 	return nil
 }
 
+func (x *CompleteManyResponse) GetStepCallResults() []*StepCallResult {
+	if x != nil {
+		return x.StepCallResults
+	}
+	return nil
+}
+
+// The outcome of one step call's end in a CompleteMany call.
+type StepCallResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What EndStepCall would have returned, or the error it would have raised.
+	//
+	// Types that are valid to be assigned to Result:
+	//
+	//	*StepCallResult_Response
+	//	*StepCallResult_Error
+	Result        isStepCallResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepCallResult) Reset() {
+	*x = StepCallResult{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepCallResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepCallResult) ProtoMessage() {}
+
+func (x *StepCallResult) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepCallResult.ProtoReflect.Descriptor instead.
+func (*StepCallResult) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *StepCallResult) GetResult() isStepCallResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *StepCallResult) GetResponse() *EndStepCallResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StepCallResult_Response); ok {
+			return x.Response
+		}
+	}
+	return nil
+}
+
+func (x *StepCallResult) GetError() *CompleteError {
+	if x != nil {
+		if x, ok := x.Result.(*StepCallResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isStepCallResult_Result interface {
+	isStepCallResult_Result()
+}
+
+type StepCallResult_Response struct {
+	// The end was recorded (or recognised as a repeat: duplicate = true).
+	Response *EndStepCallResponse `protobuf:"bytes,1,opt,name=response,proto3,oneof"`
+}
+
+type StepCallResult_Error struct {
+	// The end was refused and changed nothing.
+	Error *CompleteError `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+}
+
+func (*StepCallResult_Response) isStepCallResult_Result() {}
+
+func (*StepCallResult_Error) isStepCallResult_Result() {}
+
 // The outcome of one completion of a CompleteMany call.
 type CompleteResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1053,7 +1164,7 @@ type CompleteResult struct {
 
 func (x *CompleteResult) Reset() {
 	*x = CompleteResult{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1065,7 +1176,7 @@ func (x *CompleteResult) String() string {
 func (*CompleteResult) ProtoMessage() {}
 
 func (x *CompleteResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1078,7 +1189,7 @@ func (x *CompleteResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResult.ProtoReflect.Descriptor instead.
 func (*CompleteResult) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{12}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CompleteResult) GetResult() isCompleteResult_Result {
@@ -1139,7 +1250,7 @@ type CompleteError struct {
 
 func (x *CompleteError) Reset() {
 	*x = CompleteError{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1262,7 @@ func (x *CompleteError) String() string {
 func (*CompleteError) ProtoMessage() {}
 
 func (x *CompleteError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1275,7 @@ func (x *CompleteError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteError.ProtoReflect.Descriptor instead.
 func (*CompleteError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{13}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CompleteError) GetCode() int32 {
@@ -1216,7 +1327,7 @@ type BeginStepCallRequest struct {
 
 func (x *BeginStepCallRequest) Reset() {
 	*x = BeginStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1228,7 +1339,7 @@ func (x *BeginStepCallRequest) String() string {
 func (*BeginStepCallRequest) ProtoMessage() {}
 
 func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1241,7 +1352,7 @@ func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallRequest.ProtoReflect.Descriptor instead.
 func (*BeginStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{14}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BeginStepCallRequest) GetRunId() string {
@@ -1309,7 +1420,7 @@ type BeginStepCallResponse struct {
 
 func (x *BeginStepCallResponse) Reset() {
 	*x = BeginStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1432,7 @@ func (x *BeginStepCallResponse) String() string {
 func (*BeginStepCallResponse) ProtoMessage() {}
 
 func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1445,7 @@ func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallResponse.ProtoReflect.Descriptor instead.
 func (*BeginStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{15}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BeginStepCallResponse) GetDecision() StepCallDecision {
@@ -1388,7 +1499,7 @@ type EndStepCallRequest struct {
 
 func (x *EndStepCallRequest) Reset() {
 	*x = EndStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1511,7 @@ func (x *EndStepCallRequest) String() string {
 func (*EndStepCallRequest) ProtoMessage() {}
 
 func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1524,7 @@ func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallRequest.ProtoReflect.Descriptor instead.
 func (*EndStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{16}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *EndStepCallRequest) GetRunId() string {
@@ -1522,7 +1633,7 @@ type EndStepCallResponse struct {
 
 func (x *EndStepCallResponse) Reset() {
 	*x = EndStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1645,7 @@ func (x *EndStepCallResponse) String() string {
 func (*EndStepCallResponse) ProtoMessage() {}
 
 func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1658,7 @@ func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallResponse.ProtoReflect.Descriptor instead.
 func (*EndStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{17}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EndStepCallResponse) GetCall() *StepCall {
@@ -1639,11 +1750,18 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\bretry_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\x124\n" +
 	"\n" +
 	"run_status\x18\x03 \x01(\x0e2\x15.cyclone.v1.RunStatusR\trunStatus\x12\x1c\n" +
-	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"T\n" +
+	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"\x93\x01\n" +
 	"\x13CompleteManyRequest\x12=\n" +
-	"\vcompletions\x18\x01 \x03(\v2\x1b.cyclone.v1.CompleteRequestR\vcompletions\"L\n" +
+	"\vcompletions\x18\x01 \x03(\v2\x1b.cyclone.v1.CompleteRequestR\vcompletions\x12=\n" +
+	"\n" +
+	"step_calls\x18\x02 \x03(\v2\x1e.cyclone.v1.EndStepCallRequestR\tstepCalls\"\x94\x01\n" +
 	"\x14CompleteManyResponse\x124\n" +
-	"\aresults\x18\x01 \x03(\v2\x1a.cyclone.v1.CompleteResultR\aresults\"\x89\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.cyclone.v1.CompleteResultR\aresults\x12F\n" +
+	"\x11step_call_results\x18\x02 \x03(\v2\x1a.cyclone.v1.StepCallResultR\x0fstepCallResults\"\x8c\x01\n" +
+	"\x0eStepCallResult\x12=\n" +
+	"\bresponse\x18\x01 \x01(\v2\x1f.cyclone.v1.EndStepCallResponseH\x00R\bresponse\x121\n" +
+	"\x05error\x18\x02 \x01(\v2\x19.cyclone.v1.CompleteErrorH\x00R\x05errorB\b\n" +
+	"\x06result\"\x89\x01\n" +
 	"\x0eCompleteResult\x12:\n" +
 	"\bresponse\x18\x01 \x01(\v2\x1c.cyclone.v1.CompleteResponseH\x00R\bresponse\x121\n" +
 	"\x05error\x18\x02 \x01(\v2\x19.cyclone.v1.CompleteErrorH\x00R\x05errorB\b\n" +
@@ -1707,7 +1825,7 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
 	(*ActionSpec)(nil),            // 1: cyclone.v1.ActionSpec
@@ -1722,74 +1840,79 @@ var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(*CompleteResponse)(nil),      // 10: cyclone.v1.CompleteResponse
 	(*CompleteManyRequest)(nil),   // 11: cyclone.v1.CompleteManyRequest
 	(*CompleteManyResponse)(nil),  // 12: cyclone.v1.CompleteManyResponse
-	(*CompleteResult)(nil),        // 13: cyclone.v1.CompleteResult
-	(*CompleteError)(nil),         // 14: cyclone.v1.CompleteError
-	(*BeginStepCallRequest)(nil),  // 15: cyclone.v1.BeginStepCallRequest
-	(*BeginStepCallResponse)(nil), // 16: cyclone.v1.BeginStepCallResponse
-	(*EndStepCallRequest)(nil),    // 17: cyclone.v1.EndStepCallRequest
-	(*EndStepCallResponse)(nil),   // 18: cyclone.v1.EndStepCallResponse
-	nil,                           // 19: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 21: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
-	(*StepCall)(nil),              // 23: cyclone.v1.StepCall
-	(StepStatus)(0),               // 24: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 25: cyclone.v1.StepError
-	(RunStatus)(0),                // 26: cyclone.v1.RunStatus
-	(*StepCallError)(nil),         // 27: cyclone.v1.StepCallError
+	(*StepCallResult)(nil),        // 13: cyclone.v1.StepCallResult
+	(*CompleteResult)(nil),        // 14: cyclone.v1.CompleteResult
+	(*CompleteError)(nil),         // 15: cyclone.v1.CompleteError
+	(*BeginStepCallRequest)(nil),  // 16: cyclone.v1.BeginStepCallRequest
+	(*BeginStepCallResponse)(nil), // 17: cyclone.v1.BeginStepCallResponse
+	(*EndStepCallRequest)(nil),    // 18: cyclone.v1.EndStepCallRequest
+	(*EndStepCallResponse)(nil),   // 19: cyclone.v1.EndStepCallResponse
+	nil,                           // 20: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 22: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*StepCall)(nil),              // 24: cyclone.v1.StepCall
+	(StepStatus)(0),               // 25: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 26: cyclone.v1.StepError
+	(RunStatus)(0),                // 27: cyclone.v1.RunStatus
+	(*StepCallError)(nil),         // 28: cyclone.v1.StepCallError
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	1,  // 0: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	20, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	20, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	21, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	21, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
 	4,  // 3: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
-	21, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	21, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	19, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	22, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	22, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	21, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	22, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	22, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	20, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	23, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	23, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	22, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
 	5,  // 10: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	23, // 11: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	24, // 12: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	25, // 13: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	21, // 14: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	20, // 15: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	22, // 16: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	21, // 17: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	24, // 11: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	25, // 12: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	26, // 13: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	22, // 14: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	21, // 15: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	23, // 16: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	22, // 17: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
 	9,  // 18: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	20, // 19: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	24, // 20: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	22, // 21: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	26, // 22: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	21, // 19: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	25, // 20: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	23, // 21: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	27, // 22: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
 	8,  // 23: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
-	13, // 24: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
-	10, // 25: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
-	14, // 26: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
-	0,  // 27: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	23, // 28: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	26, // 29: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	21, // 30: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	27, // 31: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	23, // 32: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	21, // 33: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	2,  // 34: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	6,  // 35: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	8,  // 36: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	11, // 37: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	15, // 38: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	17, // 39: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	3,  // 40: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	7,  // 41: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	10, // 42: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	12, // 43: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	16, // 44: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	18, // 45: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	40, // [40:46] is the sub-list for method output_type
-	34, // [34:40] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	18, // 24: cyclone.v1.CompleteManyRequest.step_calls:type_name -> cyclone.v1.EndStepCallRequest
+	14, // 25: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
+	13, // 26: cyclone.v1.CompleteManyResponse.step_call_results:type_name -> cyclone.v1.StepCallResult
+	19, // 27: cyclone.v1.StepCallResult.response:type_name -> cyclone.v1.EndStepCallResponse
+	15, // 28: cyclone.v1.StepCallResult.error:type_name -> cyclone.v1.CompleteError
+	10, // 29: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
+	15, // 30: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
+	0,  // 31: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
+	24, // 32: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	27, // 33: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	22, // 34: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	28, // 35: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	24, // 36: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	22, // 37: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	2,  // 38: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	6,  // 39: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	8,  // 40: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	11, // 41: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	16, // 42: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	18, // 43: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	3,  // 44: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	7,  // 45: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	10, // 46: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	12, // 47: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	17, // 48: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	19, // 49: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	44, // [44:50] is the sub-list for method output_type
+	38, // [38:44] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -1803,10 +1926,14 @@ func file_cyclone_v1_worker_service_proto_init() {
 		(*CompleteRequest_Failure)(nil),
 	}
 	file_cyclone_v1_worker_service_proto_msgTypes[12].OneofWrappers = []any{
+		(*StepCallResult_Response)(nil),
+		(*StepCallResult_Error)(nil),
+	}
+	file_cyclone_v1_worker_service_proto_msgTypes[13].OneofWrappers = []any{
 		(*CompleteResult_Response)(nil),
 		(*CompleteResult_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[16].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[17].OneofWrappers = []any{
 		(*EndStepCallRequest_Output)(nil),
 		(*EndStepCallRequest_Error)(nil),
 	}
@@ -1816,7 +1943,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
