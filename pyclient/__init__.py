@@ -1,6 +1,7 @@
 """Cyclone's Python SDK: submit workflows, run workers, steer runs.
 
     from pyclient import Client, Workflow, Worker
+    from pyclient import step               # durable functions (pyclient.durable)
 
 The generated protobuf stubs import as ``cyclone.v1.*_pb2``. What the SDK shares with
 the server (the stubs, workflow validation, JSON conversion, error codes) is the
@@ -10,6 +11,15 @@ package ``cyclone``; pyclient.dag re-exports its workflow validation.
 from pyclient.actions import Action, InputMismatch
 from pyclient.client import AsyncClient, Client
 from pyclient.context import Context, current
+from pyclient.durable import (
+    BodyStopped,
+    DuplicateStepId,
+    EffectUncertain,
+    ReplayMismatch,
+    StepFailed,
+    StepFunction,
+    step,
+)
 from pyclient.errors import (
     CycloneError,
     DeadlineExceeded,
@@ -37,6 +47,9 @@ from pyclient.models import (
     RunPage,
     RunStatus,
     Step,
+    StepCall,
+    StepCallError,
+    StepCallStatus,
     StepError,
     StepStatus,
     Submitted,
@@ -50,10 +63,13 @@ __all__ = [
     "ActionActivity",
     "AsyncClient",
     "AuditEntry",
+    "BodyStopped",
     "Client",
     "Context",
     "CycloneError",
     "DeadlineExceeded",
+    "DuplicateStepId",
+    "EffectUncertain",
     "ExplainReason",
     "Explanation",
     "FailedPrecondition",
@@ -67,6 +83,7 @@ __all__ = [
     "NotFound",
     "OutsideHandler",
     "PermissionDenied",
+    "ReplayMismatch",
     "Retried",
     "RetryAfter",
     "RetryPolicy",
@@ -75,7 +92,12 @@ __all__ = [
     "RunPage",
     "RunStatus",
     "Step",
+    "StepCall",
+    "StepCallError",
+    "StepCallStatus",
     "StepError",
+    "StepFailed",
+    "StepFunction",
     "StepStatus",
     "Submitted",
     "Unauthenticated",
@@ -85,4 +107,5 @@ __all__ = [
     "Worker",
     "Workflow",
     "current",
+    "step",
 ]

@@ -41,6 +41,8 @@ class Action:
     fn: Callable[..., Any]
     timeout: float | None = None
     unsafe_to_repeat: bool = False
+    #: A durable function: its step calls are journaled and replayed.
+    durable: bool = False
     is_async: bool = False
     takes_input: bool = False
     input_type: type | None = None
@@ -53,6 +55,7 @@ class Action:
         *,
         timeout: float | None = None,
         unsafe_to_repeat: bool = False,
+        durable: bool = False,
     ) -> Action:
         """Inspect ``fn``; InvalidArgument for a bad name or signature."""
         try:
@@ -81,6 +84,7 @@ class Action:
             fn=fn,
             timeout=timeout,
             unsafe_to_repeat=unsafe_to_repeat,
+            durable=durable,
             is_async=inspect.iscoroutinefunction(fn),
             takes_input=len(params) == 2,
             input_type=input_type,

@@ -35,7 +35,7 @@ from cyclone.v1 import (
 )
 from pyclient.errors import InvalidArgument, WaitTimeout, from_rpc_error
 from pyclient.models import Explanation, Retried, Run, RunPage, RunStatus, Submitted
-from pyclient.workflow import Workflow
+from pyclient.workflow import RetryPolicy, Workflow
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 #: Per-call deadline, in seconds, unless the client is given another.
@@ -86,6 +86,25 @@ class _calls:
         req = wf_pb.SubmitOnceRequest(workflow=workflow.to_proto(), key=key)
         _set_value(req, "input", input, "run input")
         return _Call("workflow", "SubmitOnce", req, lambda r: Submitted(r.run_id, r.created))
+
+    @staticmethod
+    def start(
+        name: str | Callable[..., Any],
+        input: Any,
+        key: str | None,
+        timeout: float | dt.timedelta | None,
+        retry: RetryPolicy | None,
+    ) -> _Call[str]:
+        """Submit (SubmitOnce with a key) the one-node workflow of a durable function:
+        workflow, node and action named after it."""
+        if not isinstance(name, str):
+            name = getattr(name, "__cyclone_action__", None) or name.__name__
+        wf = Workflow(name)
+        wf.node(name, action=name, timeout=timeout, retry=retry)
+        if key is None:
+            return _calls.submit(wf, input)
+        once = _calls.submit_once(wf, key, input)
+        return _Call(once.service, once.method, once.request, lambda r: r.run_id)
 
     @staticmethod
     def get_run(run_id: str) -> _Call[Run]:
@@ -269,6 +288,23 @@ class Client:
         """At most one run per (workflow name, key): the new run or the existing one."""
         return self._invoke(_calls.submit_once(workflow, key, input))
 
+    def start(
+        self,
+        name: str | Callable[..., Any],
+        input: Any = None,
+        key: str | None = None,
+        *,
+        timeout: float | dt.timedelta | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> str:
+        """Run the durable function registered as ``name`` (``@worker.workflow``; or
+        the function itself): a one-node workflow named ``name`` whose node ``name``
+        calls the action ``name``. With ``key``, at most one run per (name, key)
+        (SubmitOnce): a second call returns the first run's id. ``timeout`` and
+        ``retry`` are the node's (per attempt; default 5 minutes and 3 attempts).
+        Returns the run id; :meth:`wait` waits for its outcome."""
+        return self._invoke(_calls.start(name, input, key, timeout, retry))
+
     def get_run(self, run_id: str) -> Run:
         """The run with every step and its audit trail; NotFound for an unknown id."""
         return self._invoke(_calls.get_run(run_id))
@@ -337,7 +373,8 @@ class Client:
 
         For a run blocked on a step call of a durable function (``run.error.step_id``)
         give its ``step_id``: then ``result=`` records the call's return value,
-        ``error=`` its failure (the body's except runs on replay) and ``discard=True``
+        ``error=`` its failure (the body's replay raises StepFailed with type_name
+        ``"EffectFailed"``, so its except runs) and ``discard=True``
         deletes its entry (it runs on replay); the node replays either way. ``node``
         may then be left out: the run's blocked node. ``reason`` is recorded in the
         audit trail with the actor."""
@@ -405,6 +442,17 @@ class AsyncClient:
 
     async def submit_once(self, workflow: Workflow, key: str, input: Any = None) -> Submitted:
         return await self._invoke(_calls.submit_once(workflow, key, input))
+
+    async def start(
+        self,
+        name: str | Callable[..., Any],
+        input: Any = None,
+        key: str | None = None,
+        *,
+        timeout: float | dt.timedelta | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> str:
+        return await self._invoke(_calls.start(name, input, key, timeout, retry))
 
     async def get_run(self, run_id: str) -> Run:
         return await self._invoke(_calls.get_run(run_id))

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     import psycopg_pool
 
 STEP_COMPLETE_SQL = "SELECT cyclone.step_complete(%s::uuid, %s, %s::uuid, %s::jsonb)"
+#: A step call's success recorded in the caller's transaction (durable functions).
+STEP_CALL_RECORD_SQL = (
+    "SELECT cyclone.step_call_record(%s::uuid, %s, %s::uuid, %s, %s, %s, %s::jsonb)"
+)
 
 
 def open_pool(database_url: str, max_size: int) -> psycopg_pool.ConnectionPool:
@@ -49,11 +53,22 @@ def open_pool(database_url: str, max_size: int) -> psycopg_pool.ConnectionPool:
 
 
 class CompletionTx:
-    """One step's completion transaction, opened on first use."""
+    """One step's completion transaction, opened on first use. With ``call`` (step
+    id, seq, function), the transaction of that step call of a durable function:
+    its commit records the call's success (``cyclone.step_call_record``) instead of
+    completing the step."""
 
-    def __init__(self, pool: psycopg_pool.ConnectionPool, run_id: str, node: str, lease_token: str):
+    def __init__(
+        self,
+        pool: psycopg_pool.ConnectionPool,
+        run_id: str,
+        node: str,
+        lease_token: str,
+        call: tuple[str, int, str] | None = None,
+    ):
         self._pool = pool
-        self._key = (run_id, node, lease_token)
+        self._sql = STEP_COMPLETE_SQL if call is None else STEP_CALL_RECORD_SQL
+        self._key: tuple[Any, ...] = (run_id, node, lease_token, *(call or ()))
         self._conn: psycopg.Connection | None = None
         self._lock = threading.Lock()
 
@@ -73,7 +88,7 @@ class CompletionTx:
         step is done, and its effects were committed once, with the first."""
         conn = self._take()
         try:
-            conn.execute(STEP_COMPLETE_SQL, (*self._key, output_json))
+            conn.execute(self._sql, (*self._key, output_json))
             conn.commit()
         except Exception as exc:
             _rollback(conn)
@@ -96,6 +111,19 @@ class CompletionTx:
             conn, self._conn = self._conn, None
         assert conn is not None
         return conn
+
+
+def record_step_call(conn: Any, key: tuple[Any, ...], output_json: str) -> None:
+    """Record a step call's success in ``conn``'s open transaction
+    (``cyclone.step_call_record``; ``key`` is run_id, node, lease token, step id, seq,
+    function). The engine's refusals are raised as SDK errors (LeaseLost...)."""
+    try:
+        conn.execute(STEP_CALL_RECORD_SQL, (*key, output_json))
+    except Exception as exc:
+        translated = _translate(exc)
+        if translated is exc:
+            raise
+        raise translated from exc
 
 
 def _rollback(conn: Any) -> None:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from pyclient.completion import CompletionTx
+    from pyclient.durable._replay import Replay, StepScope
     from pyclient.models import UpstreamFailure
 
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("cyclone_context")
@@ -172,7 +173,14 @@ class Context:
     #: ``one_failed``): its direct upstream nodes that were discarded, each with its
     #: last error, or skipped; in the workflow's order. Empty when all succeeded.
     upstream_failures: tuple[UpstreamFailure, ...] = ()
+    #: Inside a step call of a durable function: the call's step id (``charge``,
+    #: ``charge#2``); None elsewhere.
+    step_id: str | None = None
     _control: StepControl = field(default_factory=StepControl, repr=False, compare=False)
+    #: The replay of a durable function's step calls; None for a plain handler.
+    _durable: Replay | None = field(default=None, repr=False, compare=False)
+    #: The step call running here, inside one.
+    _scope: StepScope | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.upstream, MappingProxyType):
@@ -185,6 +193,21 @@ class Context:
     def idempotency_key(self) -> str:
         """``"run_id:node"``: the same on every attempt, retry and reclaim of this node."""
         return f"{self.run_id}:{self.node}"
+
+    @property
+    def workflow_id(self) -> str:
+        """The run id, under the name the everystep samples use: a UUIDv7 fixed when
+        the run was submitted, the same on every replay."""
+        return self.run_id
+
+    @property
+    def step_key(self) -> str:
+        """``"run_id:node:step_id"`` inside a step call: the same on every replay of
+        that call, so a receiver can deduplicate its effect (an idempotency key).
+        RuntimeError outside a step call."""
+        if self.step_id is None:
+            raise RuntimeError("step_key exists only inside a step call of a durable function")
+        return f"{self.run_id}:{self.node}:{self.step_id}"
 
     @property
     def cancelled(self) -> threading.Event:
@@ -216,6 +239,17 @@ class Context:
         """
         self._control.request_heartbeat(progress, progress is not _NO_PROGRESS)
 
+    def record_step_call(self, conn: psycopg.Connection, output: Any = None) -> None:
+        """Inside a step call: record the call's success with ``output`` in ``conn``'s
+        open transaction (``cyclone.step_call_record``), your own connection to the
+        Cyclone database; commit it yourself, after your writes. The writes and the
+        record commit together or not at all, so the step's effect happens once. A
+        lost lease raises LeaseLost (roll back). Return the same value from the step:
+        a replay returns the recorded ``output``. RuntimeError outside a step call."""
+        if self._scope is None:
+            raise RuntimeError("record_step_call() exists only inside a step call")
+        self._scope.record(conn, output)
+
     def completion_tx(self) -> psycopg.Connection:
         """A psycopg connection in the transaction that will complete this step.
 
@@ -224,7 +258,14 @@ class Context:
         the completion commit together or not at all; when the handler raises, it rolls
         back. Do not commit it yourself. Every call returns the same connection. Needs
         ``Worker(database_url=...)`` and the ``postgres`` extra.
+
+        Inside a step call of a durable function it is that call's own transaction:
+        when the step function returns, ``cyclone.step_call_record`` records the call's
+        success in it and it commits, so the step's writes happen once.
         """
+        if self._scope is not None:
+            conn: psycopg.Connection = self._scope.connection()
+            return conn
         if self._control.completion_tx is None:
             raise RuntimeError(
                 "completion_tx() needs a database: create the Worker with database_url="
@@ -238,6 +279,11 @@ def current() -> Context:
         return _current.get()
     except LookupError:
         raise OutsideHandler() from None
+
+
+def active() -> Context | None:
+    """The context of the step running here, or None."""
+    return _current.get(None)
 
 
 def bind(ctx: Context) -> contextvars.Token[Context]:

@@ -28,6 +28,12 @@ For an action marked ``unsafe_to_repeat`` no second attempt may start: a handler
 did not finish (timed out, given up on, or cut off by shutdown) is reported with
 ``effect_uncertain`` and its run is blocked until an operator resolves it.
 
+Durable functions. A handler registered with :meth:`Worker.workflow` calls steps
+(``@step``); the claim hands out the node's journal and the replay engine
+(:mod:`pyclient.durable`) returns recorded outcomes without running them. A body that
+stops on an unsafe call an earlier attempt left started (EffectUncertain) is dropped
+without a Complete: the server has already blocked its run.
+
 Losing the step. A heartbeat answered ABORTED sets ``ctx.lease_lost``; one that says
 the run was cancelled sets ``ctx.cancelled``. Both set ``ctx.should_stop``, cancel an
 async handler, and drop the outcome (the server would refuse it).
@@ -52,6 +58,8 @@ The package, one module per job (the worker's seams):
   transaction path, effect_uncertain reports.
 - ``_retry``: **change retry here**: the one backoff that claims and CompleteMany use
   while the server is unavailable.
+- ``_journal``: durable functions (``@worker.workflow``): Begin and End of their step
+  calls, sent from the worker's loop for the replay engine of :mod:`pyclient.durable`.
 - ``_timers``, ``_mailbox``, ``_common``: alarms on the worker's loop, calls handed
   between threads, and what they all share (logger, HandlerTimeout).
 """
@@ -59,6 +67,7 @@ The package, one module per job (the worker's seams):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -151,6 +160,24 @@ class Worker:
 
         return register
 
+    def workflow(
+        self, name: str | None = None, *, timeout: float | None = None
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator registering a durable function for the action ``name`` (default:
+        the function's name): a handler whose body calls steps (``@step``), each call
+        journaled and replayed when the node runs again. Same signatures as
+        :meth:`action`; any DAG node may name it, and ``client.start(name, input)`` runs
+        it as a one-node workflow. ``timeout`` caps each attempt below the node's.
+        """
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            action = self.register(name or fn.__name__, fn, timeout=timeout, durable=True)
+            with contextlib.suppress(AttributeError, TypeError):  # for client.start(fn)
+                fn.__cyclone_action__ = action.name  # type: ignore[attr-defined]
+            return fn
+
+        return register
+
     def register(
         self,
         name: str,
@@ -158,11 +185,20 @@ class Worker:
         *,
         timeout: float | None = None,
         unsafe_to_repeat: bool = False,
+        durable: bool = False,
     ) -> Action:
-        """Register ``fn`` for ``name``; see :meth:`action`."""
+        """Register ``fn`` for ``name``; see :meth:`action` (and :meth:`workflow` for
+        ``durable=True``)."""
         if name in self._actions:
             raise InvalidArgument(f"action {name!r} is registered twice")
-        action = Action.of(name, fn, timeout=timeout, unsafe_to_repeat=unsafe_to_repeat)
+        if durable and unsafe_to_repeat:
+            raise InvalidArgument(
+                f"action {name!r}: a durable function is not unsafe_to_repeat as a whole; "
+                "mark its steps: @step(unsafe_to_repeat=True)"
+            )
+        action = Action.of(
+            name, fn, timeout=timeout, unsafe_to_repeat=unsafe_to_repeat, durable=durable
+        )
         self._actions[name] = action
         return action
 

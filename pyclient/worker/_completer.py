@@ -17,6 +17,7 @@ import grpc
 from cyclone.jsonvalue import dumps, json_value, to_value
 from cyclone.v1 import worker_service_pb2 as pb
 from pyclient.context import StepControl
+from pyclient.durable._replay import StepFailed
 from pyclient.errors import (
     CycloneError,
     LeaseLost,
@@ -214,13 +215,23 @@ def run_status(number: int) -> str:
 
 
 def failure(error: BaseException) -> pb.Failure:
-    """The Failure reported for a handler's exception."""
-    result = pb.Failure(
-        message=str(error) or type(error).__name__,
-        type=type(error).__qualname__,
-        details="".join(traceback.format_exception(error)),
-        non_retryable=isinstance(error, NonRetryableError),
-    )
+    """The Failure reported for a handler's exception. A step call's failure that the
+    body let through is reported as what the step raised."""
+    if isinstance(error, StepFailed):
+        result = pb.Failure(
+            message=error.message or error.type_name,
+            type=error.type_name,
+            details=f"raised by step call {error.step_id!r}:\n{error.details}",
+            non_retryable=error.non_retryable,
+        )
+        error = error.__cause__ or error  # the original, for its retry_after
+    else:
+        result = pb.Failure(
+            message=str(error) or type(error).__name__,
+            type=type(error).__qualname__,
+            details="".join(traceback.format_exception(error)),
+            non_retryable=isinstance(error, NonRetryableError),
+        )
     if isinstance(error, RetryAfter):
         result.retry_after.CopyFrom(duration(error.seconds))
     return result

@@ -16,10 +16,12 @@ from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
 from pyclient.client import call_metadata
 from pyclient.completion import CompletionTx, open_pool
 from pyclient.context import Context, StepControl
-from pyclient.models import UpstreamFailure, time_field, value_field
+from pyclient.durable._replay import Replay
+from pyclient.models import StepCall, UpstreamFailure, time_field, value_field
 from pyclient.worker._common import StepLog, log
 from pyclient.worker._completer import Completer
 from pyclient.worker._executor import Executor
+from pyclient.worker._journal import Channels, GrpcJournal
 from pyclient.worker._mailbox import Mailbox
 from pyclient.worker._producer import Producer
 from pyclient.worker._timers import Alarms
@@ -48,6 +50,14 @@ class Runtime:
         self.producer = Producer(self)
         self.completer = Completer(self, self.producer.look_again.set)
         self.executor: Executor | None = None
+        # Reconnect as eagerly as the claim loop retries, not after gRPC's default backoff.
+        self.channel_options = [
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", max(100, int(worker.reconnect_max_delay * 1000))),
+        ]
+        #: The channels of durable functions' step calls.
+        self.journal_channels = Channels(worker.address, worker._credentials, self.channel_options)
 
     def request_stop(self) -> None:
         if self.stopping.is_set():
@@ -56,12 +66,7 @@ class Runtime:
 
     async def serve(self) -> None:
         w = self.w
-        # Reconnect as eagerly as the claim loop retries, not after gRPC's default backoff.
-        options = [
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", max(100, int(w.reconnect_max_delay * 1000))),
-        ]
+        options = self.channel_options
         self.channel = (
             grpc.aio.secure_channel(w.address, w._credentials, options=options)
             if w._credentials
@@ -85,6 +90,7 @@ class Runtime:
         finally:
             await self._drain()
             await self.channel.close()
+            await self.journal_channels.close()
             self.executor.close()
             if self.pool is not None:
                 await asyncio.to_thread(self.pool.close)
@@ -133,6 +139,15 @@ class Runtime:
         )
         lease_end, deadline = time_field(step, "lease_expires_at"), time_field(step, "deadline")
         control = StepControl(lease_expires_at=lease_end, completion_tx=tx)
+        replay = (
+            Replay(
+                map(StepCall.from_proto, step.journal),
+                GrpcJournal(self, step, control),
+                is_async=action.is_async,
+            )
+            if action.durable
+            else None
+        )
         ctx = Context(
             run_id=step.run_id,
             node=step.node,
@@ -149,6 +164,7 @@ class Runtime:
             worker_id=self.w.worker_id,
             upstream_failures=tuple(map(UpstreamFailure.from_proto, step.upstream_failures)),
             _control=control,
+            _durable=replay,
         )
         policy = self.policy
         budget = policy.budget(lease_end, deadline, action)
@@ -174,5 +190,34 @@ class Runtime:
             if control.completion_tx is not None:
                 await asyncio.to_thread(control.completion_tx.rollback)
             return
+        if replay is not None:
+            if replay.stopped is not None:
+                self._stopped_body(step, replay, slog)
+                if control.completion_tx is not None:
+                    await asyncio.to_thread(control.completion_tx.rollback)
+                return
+            if replay.failure is not None:  # whatever the body made of it
+                output, error = None, replay.failure
         uncertain = policy.uncertain_failure(action, error)
         await self.completer.report(step, control, output, error, slog, uncertain=uncertain)
+
+    @staticmethod
+    def _stopped_body(step: pb.ClaimedStep, replay: Replay, slog: StepLog) -> None:
+        """A durable function stopped: no outcome is reported. Blocked on an unsafe
+        call, its node is already uncertain on the server: say what to do."""
+        call = replay.uncertain
+        if call is None:
+            slog.warning("durable function stopped, outcome not reported: %s", replay.stopped)
+            return
+        slog.warning(
+            "run blocked on step call %r (%s): it is unsafe to repeat and attempt %d "
+            "started it without recording an outcome, so its effect may have happened. "
+            "Check the outside world, then resolve it: cyclone resolve %s %s "
+            "--result JSON (it happened) | --error MESSAGE (it happened and failed) | "
+            "--discard (it did not happen)",
+            call.step_id,
+            call.function,
+            call.attempt,
+            step.run_id,
+            call.step_id,
+        )

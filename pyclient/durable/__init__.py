@@ -1,0 +1,44 @@
+"""Durable functions: node handlers whose bodies call steps, journaled and replayed.
+
+    from pyclient import Worker, step
+
+    @step
+    def reserve(order_id): ...
+
+    @step(unsafe_to_repeat=True)
+    def charge(order_id, amount): ...
+
+    @worker.workflow("checkout")
+    def checkout(ctx, order: dict):
+        reserve(order["id"])
+        return charge(order["id"], order["amount"])
+
+Each attempt of the node runs the body from the top; a step call whose outcome is in
+the node's journal returns it (or raises :class:`StepFailed` again) without running.
+See docs/python-sdk.md and docs/durable-functions.md. The pieces:
+
+- ``_step``: the :func:`step` decorator and :class:`StepFunction`;
+- ``_replay``: the replay engine (:class:`Replay`), one for the worker and for
+  pyclient.testing, with its journal backend protocol and its exceptions;
+- ``_memory``: the in-memory journal pyclient.testing runs bodies on. The worker's
+  backend (Begin and End over gRPC) is pyclient.worker._journal.
+"""
+
+from pyclient.durable._replay import (
+    BodyStopped,
+    DuplicateStepId,
+    EffectUncertain,
+    ReplayMismatch,
+    StepFailed,
+)
+from pyclient.durable._step import StepFunction, step
+
+__all__ = [
+    "BodyStopped",
+    "DuplicateStepId",
+    "EffectUncertain",
+    "ReplayMismatch",
+    "StepFailed",
+    "StepFunction",
+    "step",
+]

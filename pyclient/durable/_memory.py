@@ -1,0 +1,179 @@
+"""A node's journal kept in memory, as the server keeps it: the backend of the replay
+engine in pyclient.testing. It follows the server's rules (docs/durable-functions.md):
+Begin records an unsafe call ``started`` and answers RUN, RECORDED or UNCERTAIN; End
+records an outcome once; a failed attempt forgets its trailing safe failures; Resolve
+records a blocked call's result or error, or forgets it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from cyclone.jsonvalue import from_value, json_value
+from pyclient.durable._replay import Call, Decision, Outcome
+from pyclient.models import StepCall, StepCallError, StepCallStatus
+
+#: Called by a backend at each point of a call: "begun" (an unsafe call was recorded
+#: started), "before_run", "before_record" and "after_record" (its outcome).
+Hook = Callable[[str, Call], None]
+
+
+class NodeJournal:
+    """The journal of one node, and whether the node is blocked on a call of it."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, StepCall] = {}
+        #: The step id of the unsafe call the node is blocked on, if any.
+        self.blocked_on: str | None = None
+        #: The outcome each call's function last produced, recorded or not (what an
+        #: operator would find in the outside world).
+        self.produced: dict[str, Outcome] = {}
+
+    def entries(self) -> tuple[StepCall, ...]:
+        """The entries by seq, as a claim hands them out (copies)."""
+        return tuple(copy.deepcopy(sorted(self._entries.values(), key=lambda e: e.seq)))
+
+    def get(self, step_id: str) -> StepCall | None:
+        return self._entries.get(step_id)
+
+    def begin(self, call: Call, attempt: int) -> tuple[Decision, StepCall | None]:
+        entry = self._entries.get(call.step_id)
+        if entry is None:
+            entry = _entry(call, StepCallStatus.STARTED, None, None, attempt)
+            self._entries[call.step_id] = entry
+            return Decision.RUN, entry
+        if entry.status != StepCallStatus.STARTED:
+            return Decision.RECORDED, copy.deepcopy(entry)
+        if entry.attempt == attempt:  # a repeated Begin of this attempt
+            return Decision.RUN, entry
+        self.blocked_on = call.step_id
+        return Decision.UNCERTAIN, entry
+
+    def end(self, call: Call, outcome: Outcome, attempt: int) -> None:
+        entry = self._entries.get(call.step_id)
+        if entry is not None and entry.status != StepCallStatus.STARTED:
+            return  # a duplicate: the first outcome stays
+        if isinstance(outcome, StepCallError):
+            entry = _entry(call, StepCallStatus.FAILED, None, outcome, attempt)
+        else:
+            entry = _entry(call, StepCallStatus.SUCCEEDED, from_value(outcome), None, attempt)
+        self._entries[call.step_id] = entry
+
+    def forget_trailing_failures(self) -> None:
+        """What a failed attempt does: its last safe failures (after every other entry)
+        are forgotten, so the next attempt calls them again."""
+        while self._entries:
+            last = max(self._entries.values(), key=lambda e: e.seq)
+            if last.status != StepCallStatus.FAILED or last.unsafe_to_repeat:
+                return
+            del self._entries[last.step_id]
+
+    def resolve(self, step_id: str, *, result: Any, error: str | None, discard: bool) -> None:
+        """Settle the call the node is blocked on (ValueError if it is not that one)."""
+        if self.blocked_on is None:
+            raise ValueError("the node is not blocked: only a blocked call can be resolved")
+        if step_id != self.blocked_on:
+            raise ValueError(
+                f"the node is blocked on step call {self.blocked_on!r}, not {step_id!r}"
+            )
+        entry = self._entries[step_id]
+        if discard:
+            del self._entries[step_id]
+        elif error is not None:
+            self._entries[step_id] = dataclasses.replace(
+                entry,
+                status=StepCallStatus.FAILED,
+                error=StepCallError("EffectFailed", error, ""),
+            )
+        else:
+            self._entries[step_id] = dataclasses.replace(
+                entry, status=StepCallStatus.SUCCEEDED, output=copy.deepcopy(result)
+            )
+        self.blocked_on = None
+
+
+def _entry(
+    call: Call, status: StepCallStatus, output: Any, error: StepCallError | None, attempt: int
+) -> StepCall:
+    return StepCall(
+        step_id=call.step_id,
+        seq=call.seq,
+        function=call.function,
+        status=status,
+        unsafe_to_repeat=call.unsafe,
+        output=output,
+        error=error,
+        attempt=attempt,
+        started_at=None,
+        finished_at=None,
+    )
+
+
+class MemoryBackend:
+    """The backend of one attempt of a node on a :class:`NodeJournal`; ``hook`` is
+    called at each point of a call (pyclient.testing crashes the attempt there)."""
+
+    def __init__(
+        self,
+        journal: NodeJournal,
+        attempt: int,
+        hook: Hook | None = None,
+        connection: Any = None,
+    ):
+        self.journal = journal
+        self.attempt = attempt
+        self.hook = hook or (lambda point, call: None)
+        #: What ``ctx.completion_tx()`` returns inside a step call (the test's own).
+        self.connection = connection
+
+    def before_run(self, call: Call) -> None:
+        self.hook("before_run", call)
+
+    def begin(self, call: Call) -> tuple[Decision, StepCall | None]:
+        decision, entry = self.journal.begin(call, self.attempt)
+        if decision is Decision.RUN:
+            self.hook("begun", call)
+        return decision, entry
+
+    async def begin_async(self, call: Call) -> tuple[Decision, StepCall | None]:
+        return self.begin(call)
+
+    def end(self, call: Call, outcome: Outcome) -> None:
+        self.journal.produced[call.step_id] = outcome
+        self.hook("before_record", call)
+        self.journal.end(call, outcome, self.attempt)
+        self.hook("after_record", call)
+
+    async def end_async(self, call: Call, outcome: Outcome) -> None:
+        self.end(call, outcome)
+
+    def record(self, call: Call, conn: Any, output_json: str) -> None:
+        self.end(call, json_value(output_json))
+
+    def transaction(self, call: Call) -> MemoryTx:
+        if self.connection is None:
+            raise RuntimeError(
+                "completion_tx() in a step call needs a connection: pass completion_conn="
+            )
+        return MemoryTx(self, call)
+
+
+class MemoryTx:
+    """A step call's transaction under test: the test's own connection, neither
+    committed nor rolled back; its commit records the call in memory."""
+
+    def __init__(self, backend: MemoryBackend, call: Call):
+        self.backend = backend
+        self.call = call
+
+    def connection(self) -> Any:
+        return self.backend.connection
+
+    def commit(self, output_json: str) -> None:
+        self.backend.end(self.call, json_value(output_json))
+
+    def rollback(self) -> None:
+        pass

@@ -1,0 +1,133 @@
+"""The ``@step`` decorator: a function whose calls a durable function journals."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from pyclient.context import active
+from pyclient.durable._replay import MAX_ID
+from pyclient.errors import InvalidArgument
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Room left in a step id for the occurrence suffix ("#12345").
+_SUFFIX = 7
+
+
+def check_step_id(step_id: str, what: str = "step id") -> str:
+    """``step_id`` when the server accepts it: 1-200 printable characters."""
+    if not isinstance(step_id, str) or not 1 <= len(step_id) <= MAX_ID:
+        raise InvalidArgument(f"a {what} must be 1-{MAX_ID} characters, got {step_id!r}")
+    if not step_id.isprintable():
+        raise InvalidArgument(f"a {what} must be printable characters, got {step_id!r}")
+    return step_id
+
+
+class StepFunction(Generic[P, R]):
+    """A function decorated with :func:`step`. Called inside a durable function, each
+    call is a journaled step call; called anywhere else, it simply runs."""
+
+    def __init__(self, fn: Callable[P, R], *, name: str | None, unsafe_to_repeat: bool):
+        self.fn = fn
+        #: The base of the step ids of its calls: ``name``, ``name#2``, ...
+        self.name = check_step_id(fn.__name__ if name is None else name, "step name")
+        if len(self.name) > MAX_ID - _SUFFIX:
+            raise InvalidArgument(f"a step name must be at most {MAX_ID - _SUFFIX} characters")
+        #: What the journal records as the function (module and qualified name).
+        self.function = f"{fn.__module__}.{fn.__qualname__}"[-MAX_ID:]
+        self.unsafe_to_repeat = unsafe_to_repeat
+        self.is_async = inspect.iscoroutinefunction(fn)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._call(None, args, kwargs)
+
+    def with_step_id(self, step_id: str) -> Callable[P, R]:
+        """This step, called under the step id ``step_id`` instead of the next
+        ``name#n``: ``charge.with_step_id(f"charge:{item}")(item)``."""
+        check_step_id(step_id)
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            return self._call(step_id, args, kwargs)
+
+        return call
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        """As a method: bound to ``obj``, still journaled."""
+        if obj is None:
+            return self
+        return _BoundStep(self, obj)
+
+    def _call(self, step_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        ctx = active()
+        # Outside a durable function, or inside another step call: a plain call.
+        replay = ctx._durable if ctx is not None and ctx.step_id is None else None
+        if replay is None:
+            return self.fn(*args, **kwargs)
+        assert ctx is not None
+        if self.is_async:
+            call, entry = replay.open(self, step_id)
+            result: Any = replay.call_async(ctx, self, call, entry, args, kwargs)
+        else:
+            result = replay.call(ctx, self, step_id, args, kwargs)
+        return result  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        mark = ", unsafe_to_repeat=True" if self.unsafe_to_repeat else ""
+        return f"<step {self.name!r} of {self.function}{mark}>"
+
+
+class _BoundStep:
+    """A step that is a method, bound to its instance."""
+
+    def __init__(self, step: StepFunction[..., Any], obj: Any):
+        self._step, self._obj = step, obj
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._step._call(None, (self._obj, *args), kwargs)
+
+    def with_step_id(self, step_id: str) -> Callable[..., Any]:
+        check_step_id(step_id)
+        return lambda *args, **kwargs: self._step._call(step_id, (self._obj, *args), kwargs)
+
+
+@overload
+def step(fn: Callable[P, R], /) -> StepFunction[P, R]: ...
+
+
+@overload
+def step(
+    *, name: str | None = None, unsafe_to_repeat: bool = False
+) -> Callable[[Callable[P, R]], StepFunction[P, R]]: ...
+
+
+def step(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    unsafe_to_repeat: bool = False,
+) -> StepFunction[P, R] | Callable[[Callable[P, R]], StepFunction[P, R]]:
+    """Make ``fn`` a step: inside a durable function each call is journaled under a
+    step id (``name``, then ``name#2``, ... in call order; ``name`` defaults to the
+    function's) and replayed from the journal when the node runs again.
+
+    ``unsafe_to_repeat=True``: the call is recorded ``started`` before the function
+    runs; when a later attempt finds it started with no outcome, the run blocks
+    instead of running it again, until an operator resolves it.
+
+        @step
+        def reserve(order_id): ...
+
+        @step(unsafe_to_repeat=True)
+        def charge(order_id, amount): ...
+    """
+
+    def decorate(f: Callable[P, R]) -> StepFunction[P, R]:
+        return StepFunction(f, name=name, unsafe_to_repeat=unsafe_to_repeat)
+
+    return decorate if fn is None else decorate(fn)
