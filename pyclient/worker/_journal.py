@@ -1,6 +1,12 @@
 """The journal backend of durable functions in the worker: Begin and End of step
 calls, sent to the server from where the body runs.
 
+The end of a safe call is not waited for: it goes to the worker's loop, through the
+mailbox its handler's outcome takes after it, and the completer sends it with the
+other ends and completions of the moment in one CompleteMany (step_calls), before the
+node's completion. Losing it in a crash only runs a safe call again. An unsafe call's
+Begin and End are sent at once and waited for.
+
 A sync body (in its handler thread) calls on a sync channel, an async body (on the
 handler loop) on an aio channel of that loop: a step call never hops to the worker's
 loop, which goes on heartbeating. Both channels are opened when first used
@@ -124,10 +130,20 @@ class GrpcJournal:
         return self._decision(await self._send_async("BeginStepCall", request))
 
     def end(self, call: Call, outcome: Outcome) -> None:
-        self._send("EndStepCall", self._end_request(call, outcome))
+        request = self._end_request(call, outcome)
+        if call.unsafe:
+            self._send("EndStepCall", request)
+        else:
+            self.rt.inbox.post(self.rt.completer.end_later, request)
 
     async def end_async(self, call: Call, outcome: Outcome) -> None:
-        await self._send_async("EndStepCall", self._end_request(call, outcome))
+        request = self._end_request(call, outcome)
+        if call.unsafe:
+            await self._send_async("EndStepCall", request)
+        else:
+            handlers = self.rt.executor.handler_loop if self.rt.executor else None
+            assert handlers is not None  # an async body runs on the handler loop
+            handlers.outbox.post(self.rt.completer.end_later, request)
 
     def record(self, call: Call, conn: Any, output_json: str) -> None:
         step = self.step
