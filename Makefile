@@ -123,7 +123,7 @@ bench: $(VENV)/.stamp ## Benchmarks with a same-run baseline; writes bench/resul
 	$(PY) bench/bench.py $(BENCH_ARGS)
 
 .PHONY: chaos
-chaos: $(VENV)/.stamp ## Soak: 2,000 runs under kills (CHAOS_ARGS=--seed N), then the long model-based test
+chaos: $(VENV)/.stamp ## Soak: 2,000 runs (a quarter durable bodies) under kills (CHAOS_ARGS=--seed N), then the long model-based test
 	$(PY) bench/chaos.py $(CHAOS_ARGS)
 	CYCLONE_MODEL_PROFILE=long $(VENV)/bin/pytest tests/test_model.py -q -p no:randomly
 

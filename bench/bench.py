@@ -6,6 +6,11 @@ Scenarios (fixed counts, every loop bounded in count and time):
   sdk         the same, drained by 2 processes running the SDK's Worker
   baseline    the same 20,000 jobs drained by a minimal psycopg loop, 8 threads
   dag         500 runs of a 20-node workflow (root, fan-out of 18, join)
+  durable     1,000 one-node runs whose node is a durable function of 10 no-op step
+              calls, safe, then unsafe_to_repeat; drained by the SDK's Worker, and by
+              bare stubs speaking the journal protocol (EndStepCall, BeginStepCall);
+              when the contract has CompleteMany.step_calls, also bare stubs that send
+              the ends of safe calls there, with the node's completion
   pickup      200 single-node runs submitted one at a time to an idle worker
   history     throughput again after 1,000,000 finished steps are in the tables
   submit      runs submitted per second by 4 concurrent clients
@@ -53,6 +58,8 @@ from cyclone.v1 import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The contract lets a worker send the ends of safe step calls in CompleteMany.
+BATCHED_ENDS = "step_calls" in worker_service_pb2.CompleteManyRequest.DESCRIPTOR.fields_by_name
 RESULTS = ROOT / "bench" / "results"
 DEADLINE_S = 600  # no scenario may run longer than this
 
@@ -195,8 +202,13 @@ def submit_many(address: str, workflows: list[types_pb2.Workflow], clients: int 
 
 
 def worker_process(address: str, action: str, concurrency: int, stop_after_idle: float,
-                   pickup_file: str | None) -> None:
-    """A Python worker process: long-poll claims batched to free slots, no-op handler."""
+                   pickup_file: str | None, calls: int = 0, unsafe: bool = False,
+                   batched: bool = False) -> None:
+    """A Python worker process: long-poll claims batched to free slots, no-op handler.
+    With ``calls``, the handler is a durable function of that many no-op step calls,
+    made with the journal RPCs themselves (BeginStepCall first when ``unsafe``); with
+    ``batched``, the ends of safe calls are held and sent in CompleteMany's step_calls
+    with the node's completion instead of one EndStepCall each."""
     import asyncio
 
     async def main() -> None:
@@ -208,15 +220,22 @@ def worker_process(address: str, action: str, concurrency: int, stop_after_idle:
             pickups = []
 
             pending: list[tuple[worker_service_pb2.CompleteRequest, asyncio.Future]] = []
+            held: list = []  # ends of safe step calls not sent yet (batched)
             flusher: asyncio.Task | None = None
 
             async def flush() -> None:
-                # One CompleteMany carries every completion that finished meanwhile.
+                # One CompleteMany carries every completion that finished meanwhile,
+                # after the step call ends held for it.
                 while pending:
                     batch = pending[:]
                     del pending[:]
-                    await stub.CompleteMany(worker_service_pb2.CompleteManyRequest(
-                        completions=[request for request, _ in batch]))
+                    ends = held[:]
+                    del held[:]
+                    request = worker_service_pb2.CompleteManyRequest(
+                        completions=[request for request, _ in batch])
+                    if ends:
+                        request.step_calls.extend(ends)
+                    await stub.CompleteMany(request)
                     for _, future in batch:
                         future.set_result(None)
 
@@ -224,6 +243,18 @@ def worker_process(address: str, action: str, concurrency: int, stop_after_idle:
                 nonlocal flusher
                 if pickup_file:
                     pickups.append((step.run_id, time.time()))
+                for seq in range(1, calls + 1):
+                    call = dict(run_id=step.run_id, node=step.node,
+                                lease_token=step.lease_token, step_id=f"noop#{seq}",
+                                seq=seq, function="bench.noop", unsafe_to_repeat=unsafe)
+                    if unsafe:
+                        await stub.BeginStepCall(
+                            worker_service_pb2.BeginStepCallRequest(**call))
+                    end = worker_service_pb2.EndStepCallRequest(**call, output=struct_null())
+                    if batched and not unsafe:
+                        held.append(end)
+                    else:
+                        await stub.EndStepCall(end)
                 future = asyncio.get_running_loop().create_future()
                 pending.append((worker_service_pb2.CompleteRequest(
                     run_id=step.run_id, node=step.node, lease_token=step.lease_token,
@@ -262,8 +293,6 @@ def worker_process(address: str, action: str, concurrency: int, stop_after_idle:
 def sdk_worker_process(address: str, action: str, concurrency: int, finished) -> None:
     """A worker built with the SDK (pyclient.Worker), async no-op handler; it stops
     when the bench says every step is done."""
-    import asyncio
-
     from pyclient import Worker
 
     worker = Worker(address, concurrency=concurrency, claim_wait=0.5)
@@ -271,6 +300,33 @@ def sdk_worker_process(address: str, action: str, concurrency: int, finished) ->
     @worker.action(action)
     async def noop(ctx):
         return None
+
+    serve_until(worker, finished)
+
+
+def sdk_durable_worker_process(address: str, action: str, concurrency: int, finished,
+                               calls: int, unsafe: bool) -> None:
+    """A worker built with the SDK serving a durable function of ``calls`` no-op step
+    calls (unsafe_to_repeat when ``unsafe``); it stops when the bench says so."""
+    from pyclient import Worker, step
+
+    worker = Worker(address, concurrency=concurrency, claim_wait=0.5)
+
+    @step(unsafe_to_repeat=unsafe)
+    async def noop() -> None:
+        return None
+
+    @worker.workflow(action)
+    async def body(ctx):
+        for _ in range(calls):
+            await noop()
+
+    serve_until(worker, finished)
+
+
+def serve_until(worker, finished) -> None:
+    """Run an SDK worker until the bench sets ``finished``."""
+    import asyncio
 
     async def main() -> None:
         serving = asyncio.ensure_future(worker.run_async())
@@ -289,10 +345,12 @@ def struct_null():
 
 
 def start_workers(address: str, action: str, processes: int = 2, concurrency: int = 64,
-                  stop_after_idle: float = 2.0, pickup_file: str | None = None):
+                  stop_after_idle: float = 2.0, pickup_file: str | None = None,
+                  calls: int = 0, unsafe: bool = False, batched: bool = False):
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=worker_process,
-                         args=(address, action, concurrency, stop_after_idle, pickup_file))
+                         args=(address, action, concurrency, stop_after_idle, pickup_file,
+                               calls, unsafe, batched))
              for _ in range(processes)]
     for p in procs:
         p.start()
@@ -343,27 +401,34 @@ def scenario_sdk(server: Server, database_url: str, runs: int, action: str,
                  processes: int = 2, concurrency: int = 64) -> dict:
     """The throughput scenario drained by the SDK's Worker instead of bare stubs."""
     submit_many(server.address, [one_node("one", action)] * runs)
-    ctx = multiprocessing.get_context("spawn")
-    finished = ctx.Event()
-    procs = [ctx.Process(target=sdk_worker_process,
-                         args=(server.address, action, concurrency, finished))
-             for _ in range(processes)]
     with CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + DEADLINE_S
-        while time.monotonic() < deadline:
-            time.sleep(0.2)
-            done = conn.execute("SELECT count(*) FROM cyclone.steps WHERE action = %s "
-                                "AND status = 'completed'", (action,)).fetchone()[0]
-            if done == runs:
-                break
-        finished.set()
-        join(procs)
+        drain_with_sdk(conn, action, runs, processes, sdk_worker_process,
+                       server.address, action, concurrency)
     n, rate = steps_per_second(database_url, action)
     assert n == runs, f"{n} of {runs} steps completed"
     return {"steps": n, "steps_per_s": round(rate, 1),
             "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres")}
+
+
+def drain_with_sdk(conn: psycopg.Connection, action: str, runs: int, processes: int,
+                   target, *args, **kwargs) -> None:
+    """Start ``processes`` SDK worker processes (``target(*args, finished, **kwargs)``)
+    and stop them once ``runs`` steps of ``action`` completed (or at the deadline)."""
+    ctx = multiprocessing.get_context("spawn")
+    finished = ctx.Event()
+    procs = [ctx.Process(target=target, args=(*args, finished), kwargs=kwargs)
+             for _ in range(processes)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        done = conn.execute("SELECT count(*) FROM cyclone.steps WHERE action = %s "
+                            "AND status = 'completed'", (action,)).fetchone()[0]
+        if done == runs:
+            break
+    finished.set()
+    join(procs)
 
 
 def scenario_baseline(database_url: str, jobs: int, threads: int = 8) -> dict:
@@ -417,6 +482,29 @@ def scenario_dag(address: str, database_url: str, runs: int, action: str) -> dic
     assert n == runs * 20
     return {"steps": n, "steps_per_s": round(rate, 1),
             "run_latency_ms": percentiles(latencies)}
+
+
+def scenario_durable(server: Server, database_url: str, runs: int, calls: int,
+                     action: str, unsafe: bool, sdk: bool, batched: bool = False,
+                     processes: int = 2, concurrency: int = 64) -> dict:
+    """``runs`` one-node runs whose node calls ``calls`` no-op steps; step calls per
+    second from the first claim to the last completion, and CPU per step call."""
+    submit_many(server.address, [one_node("durable", action)] * runs)
+    with CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
+        if sdk:
+            drain_with_sdk(conn, action, runs, processes, sdk_durable_worker_process,
+                           server.address, action, concurrency, calls=calls, unsafe=unsafe)
+        else:
+            join(start_workers(server.address, action, processes, concurrency,
+                               calls=calls, unsafe=unsafe, batched=batched))
+        recorded = conn.execute(
+            "SELECT count(*) FROM cyclone.step_calls c JOIN cyclone.steps s USING (run_id, node)"
+            " WHERE s.action = %s AND c.status = 'succeeded'", (action,)).fetchone()[0]
+    n, rate = steps_per_second(database_url, action)
+    assert n == runs, f"{n} of {runs} nodes completed"
+    assert recorded == runs * calls, f"{recorded} of {runs * calls} step calls recorded"
+    return {"runs": n, "step_calls": recorded, "step_calls_per_s": round(rate * calls, 1),
+            "cpu_ms_per_step_call": cpu.per_step(recorded, "server", "workers", "postgres")}
 
 
 def scenario_pickup(address: str, runs: int, action: str, tmp: Path) -> dict:
@@ -513,6 +601,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20_000)
     parser.add_argument("--dag-runs", type=int, default=500)
     parser.add_argument("--pickups", type=int, default=200)
+    parser.add_argument("--durable-runs", type=int, default=1000)
+    parser.add_argument("--durable-calls", type=int, default=10,
+                        help="step calls per durable body (default 10)")
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--only", default="", help="comma-separated scenarios to run")
     parser.add_argument("--database", default="cyclone_bench",
@@ -574,6 +665,32 @@ def main() -> None:
         if wanted("dag"):
             results["dag"] = scenario_dag(server.address, database_url, args.dag_runs, "dagop")
             print("dag", results["dag"], flush=True)
+        if wanted("durable"):
+            durable: dict = {}
+            for sdk in (True, False):
+                for unsafe in (False, True):
+                    label = ("sdk" if sdk else "stubs") + ("_unsafe" if unsafe else "_safe")
+                    durable[label] = scenario_durable(
+                        server, database_url, args.durable_runs, args.durable_calls,
+                        f"durable-{label}", unsafe, sdk)
+                    print("durable", label, durable[label], flush=True)
+            if BATCHED_ENDS:
+                durable["stubs_batched_safe"] = scenario_durable(
+                    server, database_url, args.durable_runs, args.durable_calls,
+                    "durable-stubs_batched_safe", False, False, batched=True)
+                print("durable stubs_batched_safe", durable["stubs_batched_safe"], flush=True)
+                if "dag" in results:
+                    durable["stubs_batched_vs_dag"] = round(
+                        durable["stubs_batched_safe"]["step_calls_per_s"]
+                        / results["dag"]["steps_per_s"], 2)
+            for kind in ("sdk", "stubs"):
+                safe, unsafe = durable[f"{kind}_safe"], durable[f"{kind}_unsafe"]
+                durable[f"{kind}_unsafe_cost"] = round(
+                    safe["step_calls_per_s"] / unsafe["step_calls_per_s"], 2)
+                if "dag" in results:
+                    durable[f"{kind}_vs_dag"] = round(
+                        safe["step_calls_per_s"] / results["dag"]["steps_per_s"], 2)
+            results["durable"] = durable
         if wanted("pickup"):
             results["pickup_ms"] = scenario_pickup(server.address, args.pickups, "pick", tmp)
             print("pickup_ms", results["pickup_ms"], flush=True)
@@ -615,6 +732,29 @@ def print_table(r: dict, out: Path) -> None:
         rows += [("dag steps/s", r["dag"]["steps_per_s"]),
                  ("dag run latency p50 / p99 ms",
                   f'{r["dag"]["run_latency_ms"]["p50"]} / {r["dag"]["run_latency_ms"]["p99"]}')]
+    if "durable" in r:
+        d = r["durable"]
+        for kind, title in (("sdk", "SDK Worker"), ("stubs", "bare stubs")):
+            safe, unsafe = d[f"{kind}_safe"], d[f"{kind}_unsafe"]
+            rows += [(f"durable step calls/s, {title}: safe / unsafe",
+                      f'{safe["step_calls_per_s"]} / {unsafe["step_calls_per_s"]}'),
+                     ("  CPU ms per safe call: server / workers / Postgres",
+                      " / ".join(str(v) for v in safe["cpu_ms_per_step_call"].values())),
+                     ("  CPU ms per unsafe call: server / workers / Postgres",
+                      " / ".join(str(v) for v in unsafe["cpu_ms_per_step_call"].values())),
+                     ("  unsafe cost, x safe (target <= 2)", d[f"{kind}_unsafe_cost"])]
+            if f"{kind}_vs_dag" in d:
+                rows.append(("  safe step calls/s / dag steps/s (target >= 1)",
+                             d[f"{kind}_vs_dag"]))
+        if "stubs_batched_safe" in d:
+            b = d["stubs_batched_safe"]
+            rows += [("durable safe step calls/s, bare stubs, ends in CompleteMany",
+                      b["step_calls_per_s"]),
+                     ("  CPU ms per call: server / workers / Postgres",
+                      " / ".join(str(v) for v in b["cpu_ms_per_step_call"].values()))]
+            if "stubs_batched_vs_dag" in d:
+                rows.append(("  safe step calls/s / dag steps/s (target >= 1)",
+                             d["stubs_batched_vs_dag"]))
     if "pickup_ms" in r:
         rows.append(("pickup p50 / p99 ms (target 5 / 25)",
                      f'{r["pickup_ms"]["p50"]} / {r["pickup_ms"]["p99"]}'))

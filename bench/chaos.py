@@ -1,7 +1,9 @@
 """`make chaos`: a randomized soak that kills everything it can and then counts.
 
-Runs of a three-node workflow (prepare -> charge -> finish) are submitted with
-SubmitOnce, one key per run, while:
+Runs of a three-node workflow (prepare -> charge -> finish) and, for a share of them
+(--durable-share, a quarter by default), of a one-node workflow whose node is a
+durable function with five step calls, are submitted with SubmitOnce, one key per
+run, while:
 
 - one of the worker processes (3 by default) is SIGKILLed and restarted every
   0.5 to 2 seconds;
@@ -15,17 +17,27 @@ once) and a ledger row on ctx.completion_tx() (exactly once); neither table has 
 unique key, so nothing but the completion transaction keeps the ledger free of
 duplicates. Workers log in as a cyclone_worker role, as docs/exactly-once.md says.
 
+The durable body calls prepare_amount, book, note, book again (step id book#2) and
+total. Each book call writes a row of chaos_step_ledger in a transaction of its own
+(ctx.completion_tx() inside the step call) that records the call's success with
+cyclone.step_call_record before it commits (exactly once per step call); note writes chaos_step_audit on its own connection (at
+least once). Neither table has a unique key either.
+
 It ends when every run is terminal, and prints as its last line
 
     runs=N completed=N lost=0 ledger_duplicates=0 audit_duplicates=K handler_calls=H kills=M
+    durable_runs=D step_calls=S durable_duplicates=0
 
 lost: runs whose SubmitOnce was acknowledged but that are not in the database, runs
-never acknowledged or never finished (when --timeout ran out), and completed runs
-with no ledger row. kills: worker and server SIGKILLs plus Postgres crashes.
-handler_calls: calls of any of the three handlers, counted from files the workers
-append to before doing anything. The exit status is 0 only when lost=0,
-ledger_duplicates=0, no ledger row belongs to an unfinished step, and every run
-completed.
+never acknowledged or never finished (when --timeout ran out), completed runs
+with no ledger row and completed durable runs without both step ledger rows. kills: worker and server SIGKILLs plus Postgres crashes.
+handler_calls: calls of any of the handlers (a durable body counts once per
+replay), counted from files the workers append to before doing anything. durable_runs:
+how many runs were durable bodies; step_calls: calls of their step functions (replays
+of recorded calls do not call them); durable_duplicates: step ledger rows beyond one
+per (run, step call). The exit status is 0 only when lost=0, ledger_duplicates=0,
+durable_duplicates=0, no ledger row belongs to an unfinished step or an unrecorded
+step call, and every run completed.
 
 The seed (printed first; --seed replays it) decides every choice this script makes:
 which worker dies, when, the downtimes, the submission milestones of the server and
@@ -70,15 +82,23 @@ from psycopg.conninfo import make_conninfo
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = "chaos"
+DURABLE_WORKFLOW = "chaos_durable"
 DATABASE = "cyclone_chaos"
 WORKER_ROLE = "cyclone_chaos_worker"
 TABLES = """
-DROP TABLE IF EXISTS chaos_ledger, chaos_audit;
+DROP TABLE IF EXISTS chaos_ledger, chaos_audit, chaos_step_ledger, chaos_step_audit;
 CREATE TABLE chaos_ledger (id bigint GENERATED ALWAYS AS IDENTITY, run_id uuid NOT NULL,
                            node text NOT NULL, attempt integer NOT NULL, amount integer NOT NULL);
 CREATE TABLE chaos_audit  (id bigint GENERATED ALWAYS AS IDENTITY, run_id uuid NOT NULL,
                            node text NOT NULL, attempt integer NOT NULL);
+CREATE TABLE chaos_step_ledger (id bigint GENERATED ALWAYS AS IDENTITY, run_id uuid NOT NULL,
+                                node text NOT NULL, step_id text NOT NULL,
+                                attempt integer NOT NULL, amount integer NOT NULL);
+CREATE TABLE chaos_step_audit  (id bigint GENERATED ALWAYS AS IDENTITY, run_id uuid NOT NULL,
+                                node text NOT NULL, step_id text NOT NULL,
+                                attempt integer NOT NULL);
 """
+BUSINESS_TABLES = "chaos_ledger, chaos_audit, chaos_step_ledger, chaos_step_audit"
 TERMINAL = ("completed", "failed", "cancelled")
 #: The server's settings besides its address: frequent sweeps, no grace at SIGTERM.
 SERVER_FLAGS = ("--sweep-interval", "0.5", "--grace", "0", "--log-level", "WARNING")
@@ -116,7 +136,7 @@ def serve_worker(address: str, calls_dir: str) -> None:
     """One worker process: the three actions, with the ledger on the completion tx."""
     import logging
 
-    from pyclient import Worker
+    from pyclient import Worker, current, step
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     dsn = os.environ["CHAOS_WORKER_DSN"]
@@ -167,6 +187,57 @@ def serve_worker(address: str, calls_dir: str) -> None:
     def finish(ctx) -> dict:
         called(ctx)
         return {"done": ctx.upstream["charge"]["charged"]}
+
+    def step_called() -> None:
+        ctx = current()
+        os.write(calls, f"step {ctx.step_id} {ctx.run_id} {ctx.attempt}\n".encode())
+
+    @step
+    def prepare_amount(i: int) -> int:
+        step_called()
+        return i % 100 + 1
+
+    @step
+    def book(amount: int) -> dict:
+        # Inside a step call, completion_tx() is the call's own transaction: the SDK
+        # records the call's success in it and commits, so the row is written once.
+        step_called()
+        ctx = current()
+        ctx.completion_tx().execute(
+            "INSERT INTO chaos_step_ledger (run_id, node, step_id, attempt, amount)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (ctx.run_id, ctx.node, ctx.step_id, ctx.attempt, amount),
+        )
+        dawdle()
+        return {"booked": amount}
+
+    @step
+    def note(amount: int) -> None:
+        # At least once: an audit row on a connection of its own.
+        step_called()
+        ctx = current()
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn:
+            conn.execute(
+                "INSERT INTO chaos_step_audit (run_id, node, step_id, attempt)"
+                " VALUES (%s, %s, %s, %s)",
+                (ctx.run_id, ctx.node, ctx.step_id, ctx.attempt),
+            )
+        dawdle()
+
+    @step
+    def total(first: dict, second: dict) -> int:
+        step_called()
+        return int(first["booked"]) + int(second["booked"])
+
+    @worker.workflow("chaos_body")
+    def chaos_body(ctx) -> dict:
+        called(ctx)
+        amount = prepare_amount(ctx.run_input["i"])
+        first = book(amount)
+        note(amount)
+        dawdle()
+        second = book(amount)
+        return {"total": total(first, second)}
 
     worker.run()
 
@@ -333,6 +404,7 @@ class Submissions:
     runs: int
     rate: float
     seed: int
+    durable_share: float = 0.25
     clients: int = 2
     acked: dict[str, str] = field(default_factory=dict)  # key -> run id
     retries: int = 0
@@ -343,6 +415,10 @@ class Submissions:
 
     def key(self, i: int) -> str:
         return f"chaos-{self.seed}-{i:06d}"
+
+    def durable(self, i: int) -> bool:
+        """Whether run ``i`` is a durable body: an even spread of the share."""
+        return int((i + 1) * self.durable_share) > int(i * self.durable_share)
 
     @property
     def done(self) -> int:
@@ -369,6 +445,9 @@ class Submissions:
         prepare = wf.node("prepare", retry=retry)
         charge = wf.node("charge", depends_on=prepare, retry=retry)
         wf.node("finish", depends_on=charge, retry=retry)
+        # Any node can name a durable function: here the only one of its workflow.
+        body = Workflow(DURABLE_WORKFLOW)
+        body.node("body", action="chaos_body", retry=retry)
         options = [
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 500),
@@ -386,7 +465,8 @@ class Submissions:
                 delay, first = 0.05, True
                 while not self.stop.is_set():
                     try:
-                        submitted = client.submit_once(wf, self.key(i), {"i": i})
+                        chosen = body if self.durable(i) else wf
+                        submitted = client.submit_once(chosen, self.key(i), {"i": i})
                     except InvalidArgument:
                         raise
                     except Exception:  # the server or its database is down: again
@@ -444,7 +524,7 @@ def prepare_database(pg: Postgres) -> tuple[str, str]:
                 END IF; END $$"""
         )
         conn.execute(f"ALTER ROLE {WORKER_ROLE} PASSWORD '{password}'")
-        conn.execute(f"GRANT SELECT, INSERT ON chaos_ledger, chaos_audit TO {WORKER_ROLE}")
+        conn.execute(f"GRANT SELECT, INSERT ON {BUSINESS_TABLES} TO {WORKER_ROLE}")
     return url, make_conninfo(url, user=WORKER_ROLE, password=password)
 
 
@@ -490,7 +570,7 @@ def soak(args: argparse.Namespace, pg: Postgres, work: Path) -> int:
     server_at = milestones(rng, args.server_kills, args.runs)
     postgres_at = milestones(rng, args.postgres_restarts, args.runs)
     log(f"server kills after {server_at} submissions, Postgres crashes after {postgres_at}")
-    clients = Submissions(address, args.runs, args.rate, args.seed)
+    clients = Submissions(address, args.runs, args.rate, args.seed, args.durable_share)
     counts = Counts()
     began = time.monotonic()
     next_worker_kill = began + rng.uniform(*args.kill_every)
@@ -582,8 +662,9 @@ def report(
         stored = {
             key: (run_id, status)
             for key, run_id, status in conn.execute(
-                "SELECT submit_key, run_id::text, status FROM cyclone.runs WHERE workflow = %s",
-                (WORKFLOW,),
+                "SELECT submit_key, run_id::text, status FROM cyclone.runs"
+                " WHERE workflow = ANY (%s)",
+                ([WORKFLOW, DURABLE_WORKFLOW],),
             )
         }
         ledger = dict(
@@ -600,18 +681,47 @@ def report(
                         GROUP BY run_id, node) g),
                       (SELECT max(attempt) FROM cyclone.steps)"""
         )
+        step_ledger = dict(
+            conn.execute(
+                "SELECT run_id::text, count(DISTINCT step_id) FROM chaos_step_ledger GROUP BY 1"
+            )
+        )
+        # A row beyond one per step call is a duplicate; a row whose step call has no
+        # recorded success, or whose node did not complete, escaped its transaction.
+        [(durable_duplicates, step_orphans)] = conn.execute(
+            """SELECT (SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n
+                         FROM chaos_step_ledger GROUP BY run_id, node, step_id) g),
+                      (SELECT count(*) FROM chaos_step_ledger l
+                        WHERE NOT EXISTS (SELECT 1 FROM cyclone.step_calls c
+                                           WHERE c.run_id = l.run_id AND c.node = l.node
+                                             AND c.step_id = l.step_id
+                                             AND c.status = 'succeeded')
+                           OR NOT EXISTS (SELECT 1 FROM cyclone.steps s
+                                           WHERE s.run_id = l.run_id AND s.node = l.node
+                                             AND s.status = 'completed'))"""
+        )
     keys = [clients.key(i) for i in range(args.runs)]
     never_acked = [k for k in keys if k not in clients.acked]
     missing = [k for k in clients.acked if stored.get(k, (None,))[0] != clients.acked[k]]
     unfinished = [k for k, (_, status) in stored.items() if status not in TERMINAL]
+    durable_keys = {clients.key(i) for i in range(args.runs) if clients.durable(i)}
     no_effect = [
         k
         for k, (run_id, status) in stored.items()
-        if status == "completed" and run_id not in ledger
+        if status == "completed"
+        and (
+            step_ledger.get(run_id, 0) != 2  # book and book#2
+            if k in durable_keys
+            else run_id not in ledger
+        )
     ]
     completed = sum(1 for _, status in stored.values() if status == "completed")
     lost = len(never_acked) + len(missing) + len(unfinished) + len(no_effect)
-    handler_calls = sum(len(p.read_bytes().splitlines()) for p in calls_dir.glob("calls-*.log"))
+    call_lines = [
+        line for p in calls_dir.glob("calls-*.log") for line in p.read_bytes().splitlines()
+    ]
+    step_calls = sum(1 for line in call_lines if line.startswith(b"step "))
+    handler_calls = len(call_lines) - step_calls
     unexpected = sum(w.unexpected_exits for w in workers)
     log(
         f"seed={args.seed} elapsed={elapsed:.0f}s worker_kills={counts.worker_kills} "
@@ -623,14 +733,24 @@ def report(
     log(
         f"lost: never_acknowledged={len(never_acked)} missing={len(missing)} "
         f"unfinished={len(unfinished)} completed_without_ledger_row={len(no_effect)}; "
-        f"ledger rows of unfinished steps={orphans}; finished={finished}"
+        f"ledger rows of unfinished steps={orphans}; step ledger rows of unfinished steps "
+        f"or unrecorded step calls={step_orphans}; finished={finished}"
     )
     log(
         f"runs={args.runs} completed={completed} lost={lost} "
         f"ledger_duplicates={ledger_duplicates} audit_duplicates={audit_duplicates} "
-        f"handler_calls={handler_calls} kills={counts.kills}"
+        f"handler_calls={handler_calls} kills={counts.kills} "
+        f"durable_runs={len(durable_keys)} step_calls={step_calls} "
+        f"durable_duplicates={durable_duplicates}"
     )
-    ok = lost == 0 and ledger_duplicates == 0 and orphans == 0 and completed == args.runs
+    ok = (
+        lost == 0
+        and ledger_duplicates == 0
+        and durable_duplicates == 0
+        and orphans == 0
+        and step_orphans == 0
+        and completed == args.runs
+    )
     return 0 if ok else 1
 
 
@@ -665,6 +785,12 @@ def main() -> None:
         help="seconds between worker kills, LOW:HIGH",
     )
     parser.add_argument("--rate", type=float, default=40.0, help="submissions per second")
+    parser.add_argument(
+        "--durable-share",
+        type=float,
+        default=0.25,
+        help="the share of runs that are durable bodies (0 to 1)",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="give up after (seconds)")
     parser.add_argument("--database-url", default=os.environ.get("CYCLONE_DATABASE_URL"))
     parser.add_argument("--pg-data-dir", help="data directory of --database-url's server")

@@ -1,6 +1,7 @@
-"""`make chaos`, shortened so that `make test` runs it: 200 runs while worker processes
-are SIGKILLed every 0.5-2 s, the server once, and Postgres crashes once (its own
-Postgres, so the suite's shared one is left alone)."""
+"""`make chaos`, shortened so that `make test` runs it: 200 runs, a quarter of them
+durable bodies, while worker processes are SIGKILLed every 0.5-2 s, the server once,
+and Postgres crashes once (its own Postgres, so the suite's shared one is left
+alone)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 LAST_LINE = re.compile(
     r"runs=(\d+) completed=(\d+) lost=(\d+) ledger_duplicates=(\d+) "
-    r"audit_duplicates=(\d+) handler_calls=(\d+) kills=(\d+)"
+    r"audit_duplicates=(\d+) handler_calls=(\d+) kills=(\d+) "
+    r"durable_runs=(\d+) step_calls=(\d+) durable_duplicates=(\d+)"
 )
 
 
 @pytest.mark.timeout(300)
 def test_a_short_soak_loses_no_run_and_writes_each_ledger_row_once():
+    """Also for durable bodies: each step call's ledger row, written in the step's own
+    transaction with cyclone.step_call_record, exists once."""
     soak = subprocess.Popen(
         [
             sys.executable,
@@ -51,9 +55,15 @@ def test_a_short_soak_loses_no_run_and_writes_each_ledger_row_once():
     lines = output.strip().splitlines()
     match = LAST_LINE.fullmatch(lines[-1])
     assert match, output
-    runs, completed, lost, ledger_dups, _audit_dups, calls, kills = map(int, match.groups())
+    runs, completed, lost, ledger_dups, _audit_dups, calls, kills, durable, step_calls, dups = map(
+        int, match.groups()
+    )
     assert (runs, completed, lost, ledger_dups) == (200, 200, 0, 0), output
+    assert (durable, dups) == (50, 0), output
     assert soak.returncode == 0, output
-    assert calls >= 3 * runs  # each of the three nodes of every run ran at least once
+    # Each node of every run ran at least once: three per DAG run, one body per durable
+    # run, whose five step calls ran at least once each.
+    assert calls >= 3 * (runs - durable) + durable
+    assert step_calls >= 5 * durable
     assert "server_kills=1 postgres_crashes=1" in lines[-3], output
     assert kills >= 3

@@ -9,32 +9,27 @@ until an operator resolves it through the SDK or the CLI.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from pyclient import Client, FailedPrecondition, NotFound, Run, Workflow, cli
+from pyclient import Client, FailedPrecondition, NotFound, Workflow
 from tests.helpers import PATIENCE, eventually
+from tests.process_lab import ProcessLab
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).with_name("unsafe_worker_process.py")
 # The installed console script, so the test runs what an operator runs.
 CLI = Path(sys.executable).with_name("cyclone")
-# Past any lease the killed worker held (2 s, extended by heartbeats to now + 2 s).
-PAST_THE_LEASE = 10
 
 
 def order_workflow() -> Workflow:
@@ -53,46 +48,15 @@ def idle_workflow() -> Workflow:
 
 
 @dataclass
-class Lab:
-    server: Any
-    client: Client
-    logs: Path
+class Lab(ProcessLab):
     calls_file: Path
-    workers: list[subprocess.Popen] = field(default_factory=list)
 
     def start_worker(
         self, mode: str = "effect", *, safe: bool = False, gated: bool = False
     ) -> subprocess.Popen:
-        out = (self.logs / f"worker-{len(self.workers)}.log").open("w")
         flags = (["--safe"] if safe else []) + (["--gated"] if gated else [])
-        argv = [sys.executable, str(WORKER), self.server.address, str(self.calls_file), mode]
-        proc = subprocess.Popen(
-            [*argv, *flags],
-            stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=ROOT,
-        )
-        out.close()
-        self.workers.append(proc)
-        return proc
-
-    def release(self, proc: subprocess.Popen) -> None:
-        """Let a gated worker start claiming."""
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.close()
-
-    def kill(self, proc: subprocess.Popen) -> None:
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(PATIENCE) == -signal.SIGKILL
-        if proc.stdin and not proc.stdin.closed:
-            proc.stdin.close()
-
-    def wait(self, run_id: str) -> Run:
-        """The run once it is finished or blocked (polling often: these runs are quick)."""
-        return self.client.wait(run_id, timeout=PATIENCE, poll_cap=0.05)
+        argv = [str(WORKER), self.server.address, str(self.calls_file), mode]
+        return self.spawn([*argv, *flags], gated=gated)
 
     def call_lines(self) -> list[dict[str, Any]]:
         """Every call the handlers made, in order."""
@@ -123,16 +87,6 @@ class Lab:
         assert (step.status, step.effect_uncertain) == ("available", True)
         return run_id, following
 
-    def expire_leases(self) -> None:
-        """Move the clock past the killed worker's lease; the sweep reclaims the step."""
-        # A heartbeat the worker sent just before it died can still land after a move
-        # and extend the lease from the new time: then move on once more.
-        for _ in range(3):
-            self.server.advance_clock(PAST_THE_LEASE)
-            if self.server.sweep() == 1:
-                return
-        pytest.fail("the sweep did not reclaim the killed worker's step")
-
     def blocked(self, mode: str = "hang-after") -> str:
         """A run whose charge crashed in ``mode`` and was then blocked at the claim of
         the next worker (which keeps running)."""
@@ -140,18 +94,6 @@ class Lab:
         self.release(following)
         assert self.wait(run_id).status == "blocked"
         return run_id
-
-    def cli(self, *argv: str, actor: str = "carol") -> subprocess.CompletedProcess:
-        """Run the ``cyclone`` command line's main() on the server; its exit status and
-        output. (The race test below runs the installed command in processes.)"""
-        out, err = io.StringIO(), io.StringIO()
-        full = ["--address", self.server.address, "--actor", actor, *argv]
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = cli.main(full)
-            except SystemExit as exc:  # argparse: --help, usage errors
-                code = exc.code
-        return subprocess.CompletedProcess(full, code, out.getvalue(), err.getvalue())
 
     def snapshot(self) -> dict[str, list[tuple]]:
         """Every row Cyclone keeps, and every call the handlers made."""
@@ -175,11 +117,7 @@ def lab(cyclone_server, tmp_path) -> Iterator[Lab]:
         try:
             yield lab
         finally:
-            for proc in lab.workers:
-                if proc.poll() is None:
-                    lab.kill(proc)
-            for log in sorted(tmp_path.glob("worker-*.log")):  # shown when a test fails
-                print(f"--- {log.name}\n{log.read_text()}")
+            lab.kill_all()
 
 
 def test_a_worker_killed_mid_handler_leaves_its_run_blocked_with_effect_uncertain(

@@ -1,0 +1,290 @@
+"""Durable functions with real worker processes killed with SIGKILL.
+
+The worker (tests/durable_worker_process.py) appends a line, synced to disk, for each
+call of a step function: an effect that no Cyclone transaction can take back, so the
+lines count how often each step really ran. A first worker is killed at a known point
+of a body; its lease runs out on the fake clock (advance_clock + sweep, no sleeping); a
+second worker process claims the node and replays the body from its journal.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cyclone.v1 import types_pb2
+from pyclient import Client, RetryPolicy, Workflow
+from tests.helpers import PATIENCE, eventually, get_run
+from tests.process_lab import ProcessLab
+from tests.roles import worker_login
+from tests.test_metrics import scrape
+from tests.test_metrics import value as metric
+
+pytestmark = pytest.mark.slow
+
+WORKER = Path(__file__).with_name("durable_worker_process.py")
+STATUS = {
+    types_pb2.STEP_CALL_STATUS_STARTED: "started",
+    types_pb2.STEP_CALL_STATUS_SUCCEEDED: "succeeded",
+    types_pb2.STEP_CALL_STATUS_FAILED: "failed",
+}
+
+
+@dataclass
+class Lab(ProcessLab):
+    effects_file: Path
+
+    def start_worker(self, *flags: str, gated: bool = False) -> subprocess.Popen:
+        argv = [str(WORKER), self.server.address, str(self.effects_file), *flags]
+        return self.spawn([*argv, *(["--gated"] if gated else [])], gated=gated)
+
+    def lines(self) -> list[dict[str, Any]]:
+        text = self.effects_file.read_text()
+        return [json.loads(line) for line in text.splitlines(keepends=True) if line[-1] == "\n"]
+
+    def effects(self, phase: str = "effect") -> Counter[str]:
+        """How many times each step function did its effect (or reached ``phase``)."""
+        return Counter(line["step"] for line in self.lines() if line["phase"] == phase)
+
+    def paused(self) -> bool:
+        return any(line["phase"] == "paused" for line in self.lines())
+
+    def journal(self, run_id: str, node: str) -> list[tuple[str, int, str]]:
+        """(step_id, seq, status) of the node's journal, as GetRun returns it."""
+        [found] = [s for s in get_run(self.server, run_id).steps if s.node == node]
+        return [(c.step_id, c.seq, STATUS[c.status]) for c in found.journal]
+
+    def crash(self, run_id: str, hang: str, *next_flags: str) -> subprocess.Popen:
+        """A worker runs ``run_id`` to the hang point ``hang`` and is SIGKILLed there; its
+        lease expires. Returns the next worker (gated, not claiming yet)."""
+        proc = self.start_worker("--hang", hang)
+        following = self.start_worker(*next_flags, gated=True)
+        eventually(self.paused, f"the body to reach {hang}")
+        self.kill(proc)
+        self.expire_leases()
+        return following
+
+
+@pytest.fixture
+def lab(server_factory, tmp_path) -> Iterator[Lab]:
+    server = server_factory(metrics_listen="127.0.0.1:0")
+    server.server.metrics.gauge_max_age_s = 0  # every scrape reads the database
+    effects_file = tmp_path / "effects.jsonl"
+    effects_file.touch()
+    with Client(server.address, actor="sdk-operator") as client:
+        lab = Lab(server, client, tmp_path, effects_file)
+        try:
+            yield lab
+        finally:
+            lab.kill_all()
+
+
+def order_run(lab: Lab, *, reraise: bool = False) -> str:
+    """An order whose body may re-raise; one retry, quickly, so a re-raise ends it."""
+    wf = Workflow("order")
+    wf.node("order", retry=RetryPolicy(max_attempts=2, initial_backoff=0.1, max_backoff=0.1))
+    return lab.client.submit(wf, {"order_id": "o-1", "amount": 42, "reraise": reraise})
+
+
+def blocked_order(lab: Lab, hang: str = "after-effect", *, reraise: bool = False) -> str:
+    """An order whose charge_card was killed mid-call, blocked at the next worker's
+    replay (that worker keeps running)."""
+    run_id = order_run(lab, reraise=reraise)
+    following = lab.crash(run_id, hang)
+    lab.release(following)
+    run = lab.wait(run_id)
+    assert run.status == "blocked", run
+    return run_id
+
+
+def test_a_body_killed_after_its_second_step_call_replays_without_repeating_them(lab):
+    run_id = lab.client.start("three_steps", {"n": 1})
+    following = lab.crash(run_id, "before-third")
+    # Killed with two step calls recorded and the third not begun.
+    assert lab.journal(run_id, "three_steps") == [
+        ("first", 1, "succeeded"),
+        ("second", 2, "succeeded"),
+    ]
+    assert lab.effects() == {"first": 1, "second": 1}
+
+    lab.release(following)
+    run = lab.wait(run_id)
+
+    assert run.status == "completed"
+    assert run.step("three_steps").output == {"a": 2, "b": 20, "c": 23}
+    assert run.step("three_steps").attempt == 2
+    # The replay took the first two values from the journal: each step ran once.
+    assert lab.effects() == {"first": 1, "second": 1, "third": 1}
+    [third] = [line for line in lab.lines() if line["step"] == "third"]
+    assert (third["attempt"], third["detail"]) == (2, 20)
+    assert lab.journal(run_id, "three_steps") == [
+        ("first", 1, "succeeded"),
+        ("second", 2, "succeeded"),
+        ("third", 3, "succeeded"),
+    ]
+
+
+def test_an_unsafe_step_killed_mid_call_blocks_the_run_naming_node_and_step_id(lab):
+    run_id = blocked_order(lab)
+    raw = get_run(lab.server, run_id)
+
+    assert raw.error.kind == "EffectUncertain"
+    assert (raw.error.node, raw.error.step_id) == ("order", "charge_card")
+    assert "order" in raw.error.message and "charge_card" in raw.error.message
+    run = lab.client.get_run(run_id)
+    assert run.step("order").status == "uncertain"
+    assert lab.journal(run_id, "order") == [
+        ("reserve", 1, "succeeded"),
+        ("charge_card", 2, "started"),
+    ]
+    # The second worker replayed reserve from the journal and never called charge_card.
+    assert lab.effects() == {"reserve": 1, "charge_card": 1}
+    assert lab.effects("entered") == {"charge_card": 1}
+    samples = scrape(lab.server.server.metrics_port)
+    assert metric(samples, "cyclone_runs", status="blocked") == 1
+    assert metric(samples, "cyclone_runs_blocked_total", action="order") == 1
+
+    # Nothing moves it: not the sweep, however late, nor the worker still claiming.
+    lab.server.advance_clock(3600)
+    assert lab.server.sweep() == 0
+    assert lab.client.get_run(run_id).status == "blocked"
+
+
+def test_resolve_result_records_the_value_and_the_body_goes_on_without_calling_again(lab):
+    run_id = blocked_order(lab)
+    value = {"charge_id": "ch-from-the-psp", "amount": 42}
+    done = lab.cli("resolve", run_id, "charge_card", "--result", json.dumps(value))
+    assert done.returncode == 0, done.stderr
+    run = lab.wait(run_id)
+
+    assert run.status == "completed"
+    assert run.step("order").output == {"charged": True, "charge": value}
+    assert lab.effects() == {"reserve": 1, "charge_card": 1, "receipt": 1}
+    [receipt] = [line for line in lab.lines() if line["step"] == "receipt"]
+    assert receipt["detail"] == value
+    assert lab.journal(run_id, "order") == [
+        ("reserve", 1, "succeeded"),
+        ("charge_card", 2, "succeeded"),
+        ("receipt", 3, "succeeded"),
+    ]
+    [entry] = run.audit
+    assert (entry.action, entry.node, entry.actor) == ("resolve_result", "order", "carol")
+    assert entry.details["step_id"] == "charge_card"
+
+
+def test_resolve_error_runs_the_except_block_cleanup_and_a_handled_failure_completes(lab):
+    run_id = blocked_order(lab)
+    lab.client.resolve(run_id, step_id="charge_card", error="card declined")
+    run = lab.wait(run_id)
+
+    assert run.status == "completed"
+    output = run.step("order").output
+    assert output["charged"] is False
+    assert output["error"]["type"] == "EffectFailed"
+    assert "card declined" in output["error"]["message"]
+    # The except block's cleanup ran, once; the charge was never called again.
+    assert lab.effects() == {"reserve": 1, "charge_card": 1, "release": 1}
+    assert lab.journal(run_id, "order") == [
+        ("reserve", 1, "succeeded"),
+        ("charge_card", 2, "failed"),
+        ("release", 3, "succeeded"),
+    ]
+    assert [a.action for a in run.audit] == ["resolve_error"]
+
+
+def test_resolve_error_with_a_body_that_re_raises_fails_the_node_after_its_cleanup(lab):
+    run_id = blocked_order(lab, reraise=True)
+    lab.client.resolve(run_id, step_id="charge_card", error="card declined")
+    run = lab.wait(run_id)
+
+    assert run.status == "failed"
+    order = run.step("order")
+    assert order.status == "discarded"
+    assert "card declined" in order.last_error.message
+    # The failure of an unsafe call stays recorded, so a retry could only replay it:
+    # the node fails for good at the attempt after the resolve, its cleanup done once.
+    assert order.attempt == 3
+    assert lab.effects() == {"reserve": 1, "charge_card": 1, "release": 1}
+    assert lab.journal(run_id, "order") == [
+        ("reserve", 1, "succeeded"),
+        ("charge_card", 2, "failed"),
+        ("release", 3, "succeeded"),
+    ]
+
+
+def test_resolve_discard_of_a_false_alarm_runs_the_call_once(lab):
+    # Killed inside charge_card before its effect: blocked all the same.
+    run_id = blocked_order(lab, "before-effect")
+    assert lab.effects() == {"reserve": 1}
+    done = lab.cli("resolve", run_id, "charge_card", "--discard")
+    assert done.returncode == 0, done.stderr
+    run = lab.wait(run_id)
+
+    assert run.status == "completed"
+    assert run.step("order").output["charged"] is True
+    assert lab.effects() == {"reserve": 1, "charge_card": 1, "receipt": 1}
+    assert lab.effects("entered") == {"charge_card": 2}
+    assert [a.action for a in run.audit] == ["resolve_discard"]
+
+
+def test_removing_the_unsafe_mark_re_executes_the_call(lab):
+    run_id = order_run(lab)
+    # The next worker registers charge_card without the mark.
+    following = lab.crash(run_id, "after-effect", "--safe")
+    lab.release(following)
+    run = lab.wait(run_id)
+
+    assert run.status == "completed"
+    assert run.step("order").output["charged"] is True
+    assert lab.effects() == {"reserve": 1, "charge_card": 2, "receipt": 1}  # at least once
+    assert run.audit == ()
+    assert lab.journal(run_id, "order") == [
+        ("reserve", 1, "succeeded"),
+        ("charge_card", 2, "succeeded"),
+        ("receipt", 3, "succeeded"),
+    ]
+
+
+@pytest.fixture
+def ledger_login(lab, postgres_url) -> Iterator[str]:
+    lab.server.sql(
+        "CREATE TABLE ledger (id bigint GENERATED ALWAYS AS IDENTITY, run_id uuid NOT NULL,"
+        " node text NOT NULL, step_id text NOT NULL, pid integer NOT NULL)"
+    )
+    with worker_login(lab.server.database_url, postgres_url, writes=("ledger",)) as dsn:
+        yield dsn
+
+
+def test_a_step_effect_recorded_in_its_own_transaction_happens_once_under_kills(lab, ledger_login):
+    # Every kill costs the node it held an attempt: leave room for them all.
+    retry = RetryPolicy(max_attempts=10)
+    runs = [lab.client.start("ledger", {"count": 4}, retry=retry) for _ in range(2)]
+    # Each worker kills itself at one point of one call: a rolled-back effect, then a
+    # committed effect whose call the SDK never heard back from, for each of two calls.
+    kills = ["book#2:before-commit", "book#2:after-commit", "book#3:after-commit"]
+    kills += ["book#4:before-commit", "book#4:after-commit"]
+    for die_at in kills:
+        proc = lab.start_worker("--database-url", ledger_login, "--die-at", die_at)
+        assert proc.wait(PATIENCE) == -signal.SIGKILL, die_at
+        lab.expire_leases()
+    lab.start_worker("--database-url", ledger_login)
+    for run_id in runs:
+        run = lab.wait(run_id)
+        assert run.status == "completed"
+        assert run.step("ledger").output == [0, 1, 2, 3]
+
+    rows = lab.server.sql(
+        "SELECT run_id::text, step_id, count(*) FROM ledger GROUP BY 1, 2 ORDER BY 1, 2"
+    )
+    assert rows == [(r, s, 1) for r in sorted(runs) for s in ("book", "book#2", "book#3", "book#4")]
+    # The kills landed where they were meant to: some calls ran more than once.
+    entered = lab.effects("entered")
+    assert sum(entered.values()) > 8
