@@ -9,9 +9,10 @@
 -- alone (error_state CY001 lease lost, CY002 unknown step, CY003 full journal, CY004
 -- bad identity). Every run of the batch is locked first, in run_id order, as
 -- step_complete_many locks them, so that the two never deadlock. The new entries of
--- held steps whose journal has room are added in one statement; the rest (an entry
--- that exists, a lost lease, a full journal) one at a time through _step_call_end,
--- each in its own subtransaction. Items: {i, run_id, node, lease_token, step_id, seq,
+-- held steps whose journal has room are added in one statement, linear in the batch
+-- (each node's lease checked once, by key); the rest (an entry that exists, a lost
+-- lease, a full journal) one at a time through _step_call_end, each in its own
+-- subtransaction. Items: {i, run_id, node, lease_token, step_id, seq,
 -- function, unsafe, and output or error}. RPC: CompleteMany's step_calls.
 CREATE FUNCTION cyclone.step_calls_end_many(p_items jsonb)
 RETURNS TABLE (i integer, duplicate boolean, call jsonb, error_state text,
@@ -22,6 +23,7 @@ DECLARE
     v_now   timestamptz := cyclone.now();
     v_added integer[];
     v_calls jsonb[];
+    v_index jsonb;
     v_item  jsonb;
     v_end   record;
 BEGIN
@@ -31,43 +33,53 @@ BEGIN
      ORDER BY r.run_id
        FOR NO KEY UPDATE;
 
-    WITH item AS (
-        SELECT (e->>'i')::integer AS i, (e->>'run_id')::uuid AS run_id, e->>'node' AS node,
+    -- Where each item is, by its key: the first item of a key wins (a repeat within
+    -- the batch is then a duplicate, answered below).
+    SELECT jsonb_object_agg((e->>'run_id') || '/' || (e->>'node') || '/' || (e->>'step_id'),
+                            (e->>'i')::integer ORDER BY (e->>'i')::integer DESC)
+      INTO v_index
+      FROM jsonb_array_elements(p_items) e;
+
+    -- Each held node of the batch once (its lease checked and its row share-locked by
+    -- key), with room for its items; then its items inserted, and mapped back by key.
+    WITH item AS MATERIALIZED (
+        SELECT (e->>'run_id')::uuid AS run_id, e->>'node' AS node,
                (e->>'lease_token')::uuid AS lease_token, e->>'step_id' AS step_id,
                (e->>'seq')::integer AS seq, e->>'function' AS function,
                coalesce((e->>'unsafe')::boolean, false) AS unsafe, e->'output' AS output,
                e->'error' AS error
           FROM jsonb_array_elements(p_items) e
+         WHERE (e->'output' IS NULL) <> (e->'error' IS NULL)
     ), held AS (
-        SELECT t.i, t.run_id, t.node, t.step_id, t.seq, t.function, t.unsafe, t.output,
-               t.error, s.attempt
-          FROM item t
-          JOIN cyclone.steps s
-            ON s.run_id = t.run_id AND s.node = t.node AND s.status = 'running'
-           AND s.lease_token = t.lease_token AND s.lease_expires_at > v_now
-         WHERE (t.output IS NULL) <> (t.error IS NULL)
-           AND (SELECT count(*) FROM (SELECT 1 FROM cyclone.step_calls c
-                                       WHERE c.run_id = t.run_id AND c.node = t.node
-                                       LIMIT 10000) n)
-               + (SELECT count(*) FROM item u WHERE u.run_id = t.run_id AND u.node = t.node)
-               <= 10000
-           FOR SHARE OF s
+        SELECT k.run_id, k.node, k.lease_token, s.attempt
+          FROM (SELECT t.run_id, t.node, t.lease_token, count(*) AS n
+                  FROM item t GROUP BY t.run_id, t.node, t.lease_token) k
+         CROSS JOIN LATERAL (
+               SELECT s.attempt FROM cyclone.steps s
+                WHERE s.run_id = k.run_id AND s.node = k.node AND s.status = 'running'
+                  AND s.lease_token = k.lease_token AND s.lease_expires_at > v_now
+                  FOR SHARE) s
+         WHERE k.n + (SELECT count(*) FROM (SELECT 1 FROM cyclone.step_calls c
+                                             WHERE c.run_id = k.run_id AND c.node = k.node
+                                             LIMIT 10000) x) <= 10000
     ), added AS (
         INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
                                              unsafe, output, error, attempt, started_at,
                                              finished_at)
-        SELECT h.run_id, h.node, h.step_id, h.seq, h.function,
-               CASE WHEN h.error IS NULL THEN 'succeeded' ELSE 'failed' END, h.unsafe,
-               h.output, h.error, h.attempt, v_now, v_now
-          FROM held h
+        SELECT t.run_id, t.node, t.step_id, t.seq, t.function,
+               CASE WHEN t.error IS NULL THEN 'succeeded' ELSE 'failed' END, t.unsafe,
+               t.output, t.error, h.attempt, v_now, v_now
+          FROM item t
+          JOIN held h
+            ON h.run_id = t.run_id AND h.node = t.node AND h.lease_token = t.lease_token
         ON CONFLICT (run_id, node, step_id) DO NOTHING
         RETURNING c.*
     )
-    SELECT coalesce(array_agg(h.i), '{}'),
+    SELECT coalesce(array_agg((v_index->>(a.run_id::text || '/' || a.node || '/' || a.step_id))
+                              ::integer), '{}'),
            coalesce(array_agg(cyclone._step_call_json(a::cyclone.step_calls)), '{}')
       INTO v_added, v_calls
-      FROM added a
-      JOIN held h ON h.run_id = a.run_id AND h.node = a.node AND h.step_id = a.step_id;
+      FROM added a;
 
     RETURN QUERY SELECT d.i, false, d.call, NULL::text, NULL::text, NULL::text
                    FROM unnest(v_added, v_calls) d(i, call);
