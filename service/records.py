@@ -261,8 +261,8 @@ class BatchRow(NamedTuple):
 
 
 class ReportRow(NamedTuple):
-    """step_report_many: one row per item, a step call's end (kind "call") or a
-    completion (kind "step"); error_state set when it was refused."""
+    """step_report_many: one row per item, a step call's end (kind "end") or begin
+    ("begin"), or a completion ("step"); error_state set when it was refused."""
 
     kind: str
     i: int
@@ -270,6 +270,7 @@ class ReportRow(NamedTuple):
     run_status: str | None
     duplicate: bool | None
     retry_at: datetime | None
+    decision: str | None
     call: StepCallJson | None
     error_state: str | None
     error_message: str | None

@@ -59,9 +59,8 @@ from service.records import (
     RunRow,
     RunSummary,
     StepCallBegun,
-    StepCallEnded,
 )
-from service.store import BIG_WORKFLOW, StepCallEnd, StepCallKey, Store, parse_uuid
+from service.store import BIG_WORKFLOW, Report, StepCallEnd, StepCallKey, Store, parse_uuid
 
 log = logging.getLogger("cyclone")
 
@@ -715,19 +714,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         except (errors.LeaseLost, errors.NotFound):
             self.metrics.refused.inc()
             raise
-        response = worker_pb.BeginStepCallResponse(
-            decision=STEP_CALL_DECISION[row.decision],
-            run_status=convert.RUN_STATUS[row.run_status],
-        )
-        if row.call is not None:
-            response.call.CopyFrom(convert.step_call(row.call))
-        if row.decision == "uncertain":
-            # The node's lease is over: no outcome of it will come.
-            handout = self.handouts.pop(call.lease_token)
-            if row.run_status == "blocked":
-                self.metrics.blocked.labels(handout.action if handout else "").inc()
-            _log_uncertain_call(call, row)
-        return response
+        return self._begun(call, row)
 
     @rpc
     async def EndStepCall(
@@ -808,34 +795,34 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     async def CompleteMany(
         self, request: worker_pb.CompleteManyRequest, context: Context
     ) -> worker_pb.CompleteManyResponse:
-        n, m = len(request.completions), len(request.step_calls)
-        if not (0 <= n <= 1000 and 0 <= m <= 1000 and n + m > 0):
+        sizes = (
+            len(request.completions),
+            len(request.step_call_ends),
+            len(request.step_call_begins),
+        )
+        if max(sizes) > 1000 or sum(sizes) == 0:
             raise errors.InvalidArgument(
-                f"completions and step_calls must hold 0 to 1000 items each, at least one "
-                f"in all, got {n} and {m}"
+                "completions, step_call_ends and step_call_begins must hold 0 to 1000 items "
+                f"each, at least one in all, got {', '.join(map(str, sizes))}"
             )
         outcomes = [
             _item(i, "completions", self._completion, c) for i, c in enumerate(request.completions)
         ]
         ends = [
-            _item(i, "step_calls", self._step_call_end, c) for i, c in enumerate(request.step_calls)
+            _item(i, "step_call_ends", self._step_call_end, c)
+            for i, c in enumerate(request.step_call_ends)
+        ]
+        begins = [
+            _item(i, "step_call_begins", self._step_call, c)
+            for i, c in enumerate(request.step_call_begins)
         ]
         response = worker_pb.CompleteManyResponse()
-        ended: list[StepCallEnded | Refused] = []
-        if ends:
-            ended, answers = await self.store.step_report_many(ends, outcomes)
+        if ends or begins:
+            report = await self.store.step_report_many(ends, begins, outcomes)
+            answers = report.completions
+            self._report_calls(report, begins, response)
         else:
             answers = await self.store.step_complete_many(outcomes)
-        for call_answer in ended:
-            if isinstance(call_answer, Refused):
-                self.metrics.refused.inc()
-                response.step_call_results.add(error=_refusal(call_answer))
-            else:
-                response.step_call_results.add(
-                    response=worker_pb.EndStepCallResponse(
-                        call=convert.step_call(call_answer.call), duplicate=call_answer.duplicate
-                    )
-                )
         for outcome, answer in zip(outcomes, answers, strict=True):
             if isinstance(answer, Refused):
                 self.metrics.refused.inc()
@@ -844,6 +831,43 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             if self._outcome(outcome, answer):
                 _log_outcome(outcome, answer, await self._attempt(outcome))
             response.results.add(response=_complete_response(answer))
+        return response
+
+    def _report_calls(
+        self, report: Report, begins: list[StepCallKey], response: worker_pb.CompleteManyResponse
+    ) -> None:
+        """The answers to a CompleteMany's step call ends and begins."""
+        for ended in report.ends:
+            if isinstance(ended, Refused):
+                self.metrics.refused.inc()
+                response.step_call_end_results.add(error=_refusal(ended))
+            else:
+                response.step_call_end_results.add(
+                    response=worker_pb.EndStepCallResponse(
+                        call=convert.step_call(ended.call), duplicate=ended.duplicate
+                    )
+                )
+        for call, begun in zip(begins, report.begins, strict=True):
+            if isinstance(begun, Refused):
+                self.metrics.refused.inc()
+                response.step_call_begin_results.add(error=_refusal(begun))
+            else:
+                response.step_call_begin_results.add(response=self._begun(call, begun))
+
+    def _begun(self, call: StepCallKey, row: StepCallBegun) -> worker_pb.BeginStepCallResponse:
+        """BeginStepCall's answer; an UNCERTAIN one ends the node's lease here too."""
+        response = worker_pb.BeginStepCallResponse(
+            decision=STEP_CALL_DECISION[row.decision],
+            run_status=convert.RUN_STATUS[row.run_status],
+        )
+        if row.call is not None:
+            response.call.CopyFrom(convert.step_call(row.call))
+        if row.decision == "uncertain":
+            # The node's lease is over: no outcome of it will come.
+            handout = self.handouts.pop(call.lease_token)
+            if row.run_status == "blocked":
+                self.metrics.blocked.labels(handout.action if handout else "").inc()
+            _log_uncertain_call(call, row)
         return response
 
     def _outcome(self, outcome: Outcome, done: Completion) -> bool:

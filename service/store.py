@@ -118,6 +118,15 @@ class ActionSeen:
 
 
 @dataclass(frozen=True, slots=True)
+class Report:
+    """step_report_many's answers, one per item of each kind, in request order."""
+
+    ends: list[StepCallEnded | Refused]
+    begins: list[StepCallBegun | Refused]
+    completions: list[Completion | Refused]
+
+
+@dataclass(frozen=True, slots=True)
 class StepCallEnd:
     """The end of one step call: its key and exactly one of output or error (JSON)."""
 
@@ -435,44 +444,54 @@ class Store:
         return [_batch_answer(row) for row in sorted(rows, key=lambda r: r.i)]
 
     async def step_report_many(
-        self, calls: Sequence[StepCallEnd], outcomes: Sequence[Outcome]
-    ) -> tuple[list[StepCallEnded | Refused], list[Completion | Refused]]:
-        """End step calls, then apply outcomes, in one transaction: one answer per call
-        and per outcome, in order, each refusal standing alone as in step_complete_many.
-        Safe step calls alone are committed without waiting for the WAL flush."""
-        call_items = []
-        for i, end in enumerate(calls):
+        self,
+        ends: Sequence[StepCallEnd],
+        begins: Sequence[StepCallKey],
+        outcomes: Sequence[Outcome],
+    ) -> Report:
+        """End step calls, begin others, then apply outcomes, in one transaction: one
+        answer per item, in order, each refusal standing alone as in
+        step_complete_many. Ends of safe step calls alone are committed without waiting
+        for the WAL flush."""
+        end_items = []
+        for i, end in enumerate(ends):
             item: dict[str, Any] = {"i": i, **end.key.params()}
             if end.error_json is not None:
                 item["error"] = _RawJson(end.error_json)
             else:
                 item["output"] = _RawJson(end.output_json or "null")
-            call_items.append(item)
+            end_items.append(item)
         rows = await self._all(
             "step_report_many",
             ReportRow,
-            calls=_dump_items(call_items),
+            ends=_dump_items(end_items),
+            begins=_dump_items([{"i": i, **key.params()} for i, key in enumerate(begins)]),
             items=_dump_items(_outcome_items(outcomes)),
-            durable=bool(outcomes) or any(end.key.unsafe for end in calls),
+            durable=bool(outcomes or begins) or any(end.key.unsafe for end in ends),
         )
-        ended: dict[int, StepCallEnded | Refused] = {}
-        completed: dict[int, Completion | Refused] = {}
+        answers: dict[tuple[str, int], Any] = {}
         for row in rows:
             if row.error_state is not None:
-                refused = Refused(
+                answers[row.kind, row.i] = Refused(
                     _domain_error(row.error_state, row.error_message or "", row.error_detail)
                 )
-                (ended if row.kind == "call" else completed)[row.i] = refused
-            elif row.kind == "call":
+            elif row.kind == "end":
                 assert row.call is not None and row.duplicate is not None
-                ended[row.i] = StepCallEnded(row.duplicate, row.call)
+                answers[row.kind, row.i] = StepCallEnded(row.duplicate, row.call)
+            elif row.kind == "begin":
+                assert row.decision is not None and row.run_status is not None
+                answers[row.kind, row.i] = StepCallBegun(row.decision, row.run_status, row.call)
             else:
                 assert row.step_status is not None and row.run_status is not None
-                completed[row.i] = Completion(
+                answers[row.kind, row.i] = Completion(
                     row.step_status, row.run_status, bool(row.duplicate), row.retry_at
                 )
         # A missing answer is a KeyError: a bug, answered INTERNAL.
-        return [ended[i] for i in range(len(calls))], [completed[i] for i in range(len(outcomes))]
+        return Report(
+            ends=[answers["end", i] for i in range(len(ends))],
+            begins=[answers["begin", i] for i in range(len(begins))],
+            completions=[answers["step", i] for i in range(len(outcomes))],
+        )
 
     async def step_call_begin(self, call: StepCallKey) -> StepCallBegun:
         """BeginStepCall: what the caller must do with one step call of a held step."""

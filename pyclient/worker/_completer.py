@@ -1,5 +1,6 @@
 """Reporting outcomes: a handler's return value or exception becomes a Complete
-request, sent with the others that end meanwhile in one CompleteMany (retried under
+request, sent with the others that end meanwhile (and with the begins and ends of
+durable functions' step calls) in one CompleteMany (retried under
 :mod:`._retry` while the server is unavailable), or, when the handler used
 ``ctx.completion_tx()``, committed by ``cyclone.step_complete`` in that transaction.
 """
@@ -10,6 +11,7 @@ import asyncio
 import logging
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -53,6 +55,8 @@ class Completer:
         self.outbox: list[tuple[pb.CompleteRequest, asyncio.Future[pb.CompleteResult]]] = []
         #: Ends of safe step calls, sent first in the next CompleteMany, not waited for.
         self.ends: list[pb.EndStepCallRequest] = []
+        #: Begins of step calls, sent with the next CompleteMany; their callers wait.
+        self.begins: list[tuple[pb.BeginStepCallRequest, Future[pb.BeginStepCallResponse]]] = []
         #: Ends queued and answered so far, and who waits for which count answered.
         self.ends_queued = self.ends_answered = 0
         self.end_waiters: list[tuple[int, asyncio.Future[None]]] = []
@@ -164,9 +168,17 @@ class Completer:
         except grpc.RpcError as exc:
             slog.warning("last progress not stored: %s", from_rpc_error(exc))
 
+    def begin_soon(
+        self, request: pb.BeginStepCallRequest, answer: Future[pb.BeginStepCallResponse]
+    ) -> None:
+        """Begin a step call with the next CompleteMany (on the worker's loop); its
+        caller waits for ``answer`` (the response, or the SDK's error)."""
+        self.begins.append((request, answer))
+        self._kick()
+
     def end_later(self, request: pb.EndStepCallRequest) -> None:
-        """Record a safe step call's end with the next CompleteMany (on the worker's
-        loop). Nobody waits for it: a refusal (a lost lease) is only logged."""
+        """Record a step call's end with the next CompleteMany (on the worker's loop).
+        Nobody waits for it: a refusal (a lost lease) is only logged."""
         self.ends.append(request)
         self.ends_queued += 1
         self._kick()
@@ -214,12 +226,18 @@ class Completer:
 
     async def _flush(self) -> None:
         rt = self.rt
-        while self.outbox or self.ends:
+        while self.outbox or self.ends or self.begins:
             batch = self.outbox[:MAX_COMPLETIONS]
             del self.outbox[:MAX_COMPLETIONS]
             ends = self.ends[:MAX_COMPLETIONS]
             del self.ends[:MAX_COMPLETIONS]
-            request = pb.CompleteManyRequest(completions=[r for r, _ in batch], step_calls=ends)
+            begins = self.begins[:MAX_COMPLETIONS]
+            del self.begins[:MAX_COMPLETIONS]
+            request = pb.CompleteManyRequest(
+                completions=[r for r, _ in batch],
+                step_call_ends=ends,
+                step_call_begins=[r for r, _ in begins],
+            )
             backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
             give_up = rt.loop.time() + backoff.window
             while True:
@@ -240,14 +258,21 @@ class Completer:
                         self._ends_answered(len(ends))
                     for _, future in batch:
                         future.set_exception(err)
+                    for _, answer in begins:
+                        answer.set_exception(err)
                     break
                 self._answered()
-                for end, result in zip(ends, reply.step_call_results, strict=True):
+                for end, result in zip(ends, reply.step_call_end_results, strict=True):
                     if result.HasField("error"):
                         refusal = error_for_code(result.error.code, result.error.message)
                         level = logging.INFO if isinstance(refusal, LeaseLost) else logging.WARNING
                         log.log(level, "step call %r not recorded: %s", end.step_id, refusal)
                 self._ends_answered(len(ends))
+                for (_, answer), begun in zip(begins, reply.step_call_begin_results, strict=True):
+                    if begun.HasField("error"):
+                        answer.set_exception(error_for_code(begun.error.code, begun.error.message))
+                    else:
+                        answer.set_result(begun.response)
                 for (_, future), result in zip(batch, reply.results, strict=True):
                     future.set_result(result)
                 break

@@ -1,8 +1,9 @@
--- Durable functions, batched (issue 15): the ends of many step calls in one
+-- Durable functions, batched (issue 15): the begins and ends of many step calls in one
 -- transaction, alone or before the completions of the same CompleteMany.
---   step_calls_end_many  _step_call_end for a batch: new entries in one statement,
---                        the rest one at a time; a refusal stands alone
---   step_report_many     step_calls_end_many then step_complete_many, one transaction
+--   step_calls_end_many    _step_call_end for a batch: new entries in one statement,
+--                          the rest one at a time; a refusal stands alone
+--   step_calls_begin_many  step_call_begin for a batch, one at a time
+--   step_report_many       ends, begins, then step_complete_many, one transaction
 
 -- Ends many step calls in one transaction, each as _step_call_end would end it, with
 -- one row per item (its "i"): duplicate and the entry, or the refusal of that item
@@ -114,34 +115,86 @@ BEGIN
 END;
 $$;
 
--- CompleteMany with step calls: ends the step calls (step_calls_end_many), then applies
--- the completions (step_complete_many), in one transaction, so that a node's journal
--- entries are recorded before its completion that follows them in the same batch.
--- One row per item: kind 'call' (i into p_calls) or 'step' (i into p_items). RPC:
--- CompleteMany.
-CREATE FUNCTION cyclone.step_report_many(p_calls jsonb, p_items jsonb)
+-- Begins many step calls in one transaction, each as step_call_begin would, in request
+-- order (so that a block by one is seen by the next of its run), with one row per item
+-- (its "i"): the decision, the run's status and the entry, or the refusal of that item
+-- alone (error_state CY001 lease lost, CY002 unknown step, CY003 full journal, CY004
+-- bad identity). The caller locks the runs of the batch first (step_report_many).
+-- Items: {i, run_id, node, lease_token, step_id, seq, function, unsafe}. RPC:
+-- CompleteMany's step_call_begins.
+CREATE FUNCTION cyclone.step_calls_begin_many(p_items jsonb)
+RETURNS TABLE (i integer, decision text, run_status text, call jsonb, error_state text,
+               error_message text, error_detail text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_item  jsonb;
+    v_begun record;
+BEGIN
+    FOR v_item IN
+        SELECT e FROM jsonb_array_elements(p_items) e ORDER BY (e->>'i')::integer
+    LOOP
+        i := (v_item->>'i')::integer;
+        BEGIN
+            SELECT * INTO v_begun FROM cyclone.step_call_begin(
+                (v_item->>'run_id')::uuid, v_item->>'node', (v_item->>'lease_token')::uuid,
+                v_item->>'step_id', (v_item->>'seq')::integer, v_item->>'function',
+                coalesce((v_item->>'unsafe')::boolean, false));
+            decision := v_begun.decision;
+            run_status := v_begun.run_status;
+            call := v_begun.call;
+            error_state := NULL;
+            error_message := NULL;
+            error_detail := NULL;
+        EXCEPTION WHEN SQLSTATE 'CY001' OR SQLSTATE 'CY002' OR SQLSTATE 'CY003'
+                    OR SQLSTATE 'CY004' THEN
+            GET STACKED DIAGNOSTICS error_state = RETURNED_SQLSTATE,
+                                    error_message = MESSAGE_TEXT,
+                                    error_detail = PG_EXCEPTION_DETAIL;
+            decision := NULL;
+            run_status := NULL;
+            call := NULL;
+        END;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- CompleteMany with step calls: ends step calls (step_calls_end_many), begins others
+-- (step_calls_begin_many), then applies the completions (step_complete_many), in one
+-- transaction, so that a node's journal entries are recorded before its completion in
+-- the same batch. Every run of the batch is locked first, in run_id order, so that no
+-- pass takes a lock out of that order. One row per item: kind 'end' (i into p_ends),
+-- 'begin' (i into p_begins) or 'step' (i into p_items). RPC: CompleteMany.
+CREATE FUNCTION cyclone.step_report_many(p_ends jsonb, p_begins jsonb, p_items jsonb)
 RETURNS TABLE (kind text, i integer, step_status text, run_status text, duplicate boolean,
-               retry_at timestamptz, call jsonb, error_state text, error_message text,
-               error_detail text)
+               retry_at timestamptz, decision text, call jsonb, error_state text,
+               error_message text, error_detail text)
 LANGUAGE plpgsql AS $$
 BEGIN
-    -- Both lock their runs in run_id order; lock the union first so that the second
-    -- pass takes no lock out of that order.
     PERFORM 1 FROM cyclone.runs r
      WHERE r.run_id = ANY (ARRAY(SELECT DISTINCT (e->>'run_id')::uuid
-                                   FROM jsonb_array_elements(p_calls || p_items) e))
+                                   FROM jsonb_array_elements(p_ends || p_begins || p_items) e))
      ORDER BY r.run_id
        FOR NO KEY UPDATE;
-    IF jsonb_array_length(p_calls) > 0 THEN
+    IF jsonb_array_length(p_ends) > 0 THEN
         RETURN QUERY
-            SELECT 'call'::text, c.i, NULL::text, NULL::text, c.duplicate,
-                   NULL::timestamptz, c.call, c.error_state, c.error_message, c.error_detail
-              FROM cyclone.step_calls_end_many(p_calls) c;
+            SELECT 'end'::text, c.i, NULL::text, NULL::text, c.duplicate,
+                   NULL::timestamptz, NULL::text, c.call, c.error_state, c.error_message,
+                   c.error_detail
+              FROM cyclone.step_calls_end_many(p_ends) c;
+    END IF;
+    IF jsonb_array_length(p_begins) > 0 THEN
+        RETURN QUERY
+            SELECT 'begin'::text, b.i, NULL::text, b.run_status, NULL::boolean,
+                   NULL::timestamptz, b.decision, b.call, b.error_state, b.error_message,
+                   b.error_detail
+              FROM cyclone.step_calls_begin_many(p_begins) b;
     END IF;
     IF jsonb_array_length(p_items) > 0 THEN
         RETURN QUERY
             SELECT 'step'::text, s.i, s.step_status, s.run_status, s.duplicate, s.retry_at,
-                   NULL::jsonb, s.error_state, s.error_message, s.error_detail
+                   NULL::text, NULL::jsonb, s.error_state, s.error_message, s.error_detail
               FROM cyclone.step_complete_many(p_items) s;
     END IF;
 END;

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/worker_service.proto.
  */
 export const file_cyclone_v1_worker_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIjQKCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNwoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAi+gQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIpkBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIlwKEUhlYXJ0YmVhdFJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWNhbmNlbGxlZBgCIAEoCCKhAQoPQ29tcGxldGVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKBm91dHB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEiYKB2ZhaWx1cmUYBSABKAsyEy5jeWNsb25lLnYxLkZhaWx1cmVIAEIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiewoTQ29tcGxldGVNYW55UmVxdWVzdBIwCgtjb21wbGV0aW9ucxgBIAMoCzIbLmN5Y2xvbmUudjEuQ29tcGxldGVSZXF1ZXN0EjIKCnN0ZXBfY2FsbHMYAiADKAsyHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdCJ6ChRDb21wbGV0ZU1hbnlSZXNwb25zZRIrCgdyZXN1bHRzGAEgAygLMhouY3ljbG9uZS52MS5Db21wbGV0ZVJlc3VsdBI1ChFzdGVwX2NhbGxfcmVzdWx0cxgCIAMoCzIaLmN5Y2xvbmUudjEuU3RlcENhbGxSZXN1bHQiewoOU3RlcENhbGxSZXN1bHQSMwoIcmVzcG9uc2UYASABKAsyHy5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVzcG9uc2VIABIqCgVlcnJvchgCIAEoCzIZLmN5Y2xvbmUudjEuQ29tcGxldGVFcnJvckgAQggKBnJlc3VsdCJ4Cg5Db21wbGV0ZVJlc3VsdBIwCghyZXNwb25zZRgBIAEoCzIcLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IkcKDUNvbXBsZXRlRXJyb3ISDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJEhcKD2N1cnJlbnRfYXR0ZW1wdBgDIAEoBSKTAQoUQmVnaW5TdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCCKWAQoVQmVnaW5TdGVwQ2FsbFJlc3BvbnNlEi4KCGRlY2lzaW9uGAEgASgOMhwuY3ljbG9uZS52MS5TdGVwQ2FsbERlY2lzaW9uEiIKBGNhbGwYAiABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cyLyAQoSRW5kU3RlcENhbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEhAKCGZ1bmN0aW9uGAYgASgJEhgKEHVuc2FmZV90b19yZXBlYXQYByABKAgSKAoGb3V0cHV0GAggASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASKgoFZXJyb3IYCSABKAsyGS5jeWNsb25lLnYxLlN0ZXBDYWxsRXJyb3JIAEIJCgdvdXRjb21lIkwKE0VuZFN0ZXBDYWxsUmVzcG9uc2USIgoEY2FsbBgBIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSEQoJZHVwbGljYXRlGAIgASgIKpUBChBTdGVwQ2FsbERlY2lzaW9uEiIKHlNURVBfQ0FMTF9ERUNJU0lPTl9VTlNQRUNJRklFRBAAEhoKFlNURVBfQ0FMTF9ERUNJU0lPTl9SVU4QARIfChtTVEVQX0NBTExfREVDSVNJT05fUkVDT1JERUQQAhIgChxTVEVQX0NBTExfREVDSVNJT05fVU5DRVJUQUlOEAMy1wMKDVdvcmtlclNlcnZpY2USPAoFQ2xhaW0SGC5jeWNsb25lLnYxLkNsYWltUmVxdWVzdBoZLmN5Y2xvbmUudjEuQ2xhaW1SZXNwb25zZRJICglIZWFydGJlYXQSHC5jeWNsb25lLnYxLkhlYXJ0YmVhdFJlcXVlc3QaHS5jeWNsb25lLnYxLkhlYXJ0YmVhdFJlc3BvbnNlEkUKCENvbXBsZXRlEhsuY3ljbG9uZS52MS5Db21wbGV0ZVJlcXVlc3QaHC5jeWNsb25lLnYxLkNvbXBsZXRlUmVzcG9uc2USUQoMQ29tcGxldGVNYW55Eh8uY3ljbG9uZS52MS5Db21wbGV0ZU1hbnlSZXF1ZXN0GiAuY3ljbG9uZS52MS5Db21wbGV0ZU1hbnlSZXNwb25zZRJUCg1CZWdpblN0ZXBDYWxsEiAuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVxdWVzdBohLmN5Y2xvbmUudjEuQmVnaW5TdGVwQ2FsbFJlc3BvbnNlEk4KC0VuZFN0ZXBDYWxsEh4uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlcXVlc3QaHy5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIjQKCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNwoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAi+gQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIpkBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIlwKEUhlYXJ0YmVhdFJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWNhbmNlbGxlZBgCIAEoCCKhAQoPQ29tcGxldGVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKBm91dHB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEiYKB2ZhaWx1cmUYBSABKAsyEy5jeWNsb25lLnYxLkZhaWx1cmVIAEIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiuwEKE0NvbXBsZXRlTWFueVJlcXVlc3QSMAoLY29tcGxldGlvbnMYASADKAsyGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBI2Cg5zdGVwX2NhbGxfZW5kcxgCIAMoCzIeLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXF1ZXN0EjoKEHN0ZXBfY2FsbF9iZWdpbnMYAyADKAsyIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0IsMBChRDb21wbGV0ZU1hbnlSZXNwb25zZRIrCgdyZXN1bHRzGAEgAygLMhouY3ljbG9uZS52MS5Db21wbGV0ZVJlc3VsdBI8ChVzdGVwX2NhbGxfZW5kX3Jlc3VsdHMYAiADKAsyHS5jeWNsb25lLnYxLlN0ZXBDYWxsRW5kUmVzdWx0EkAKF3N0ZXBfY2FsbF9iZWdpbl9yZXN1bHRzGAMgAygLMh8uY3ljbG9uZS52MS5TdGVwQ2FsbEJlZ2luUmVzdWx0In4KEVN0ZXBDYWxsRW5kUmVzdWx0EjMKCHJlc3BvbnNlGAEgASgLMh8uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiggEKE1N0ZXBDYWxsQmVnaW5SZXN1bHQSNQoIcmVzcG9uc2UYASABKAsyIS5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IngKDkNvbXBsZXRlUmVzdWx0EjAKCHJlc3BvbnNlGAEgASgLMhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiRwoNQ29tcGxldGVFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSFwoPY3VycmVudF9hdHRlbXB0GAMgASgFIpMBChRCZWdpblN0ZXBDYWxsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRIQCghmdW5jdGlvbhgGIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAcgASgIIpYBChVCZWdpblN0ZXBDYWxsUmVzcG9uc2USLgoIZGVjaXNpb24YASABKA4yHC5jeWNsb25lLnYxLlN0ZXBDYWxsRGVjaXNpb24SIgoEY2FsbBgCIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSKQoKcnVuX3N0YXR1cxgDIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzIvIBChJFbmRTdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCBIoCgZvdXRwdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVIABIqCgVlcnJvchgJIAEoCzIZLmN5Y2xvbmUudjEuU3RlcENhbGxFcnJvckgAQgkKB291dGNvbWUiTAoTRW5kU3RlcENhbGxSZXNwb25zZRIiCgRjYWxsGAEgASgLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIRCglkdXBsaWNhdGUYAiABKAgqlQEKEFN0ZXBDYWxsRGVjaXNpb24SIgoeU1RFUF9DQUxMX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASGgoWU1RFUF9DQUxMX0RFQ0lTSU9OX1JVThABEh8KG1NURVBfQ0FMTF9ERUNJU0lPTl9SRUNPUkRFRBACEiAKHFNURVBfQ0FMTF9ERUNJU0lPTl9VTkNFUlRBSU4QAzLXAwoNV29ya2VyU2VydmljZRI8CgVDbGFpbRIYLmN5Y2xvbmUudjEuQ2xhaW1SZXF1ZXN0GhkuY3ljbG9uZS52MS5DbGFpbVJlc3BvbnNlEkgKCUhlYXJ0YmVhdBIcLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVxdWVzdBodLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVzcG9uc2USRQoIQ29tcGxldGUSGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBocLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZRJRCgxDb21wbGV0ZU1hbnkSHy5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlcXVlc3QaIC5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlc3BvbnNlElQKDUJlZ2luU3RlcENhbGwSIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0GiEuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVzcG9uc2USTgoLRW5kU3RlcENhbGwSHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdBofLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXNwb25zZWIGcHJvdG8z", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * An action a worker serves.
@@ -528,7 +528,7 @@ export const CompleteResponseSchema: GenMessage<CompleteResponse> = /*@__PURE__*
   messageDesc(file_cyclone_v1_worker_service, 9);
 
 /**
- * Arguments of WorkerService.CompleteMany. At least one completion or step call.
+ * Arguments of WorkerService.CompleteMany. At least one item in all.
  *
  * @generated from message cyclone.v1.CompleteManyRequest
  */
@@ -541,17 +541,27 @@ export type CompleteManyRequest = Message<"cyclone.v1.CompleteManyRequest"> & {
   completions: CompleteRequest[];
 
   /**
-   * Step calls to end, 0-1000, each as it would be sent to EndStepCall, applied before
-   * the completions in the same transaction. A worker may hold the ends of safe step
-   * calls and send them here in batches, with the completions that follow them or
-   * alone: a safe call's end may be lost without harm (the call runs again on
-   * replay), and a batch of safe calls alone is committed without waiting for its
-   * flush. An unsafe call's end should not wait: until it is recorded, a crash leaves
-   * the call STARTED, and its run blocks on replay.
+   * Step calls to end, 0-1000, each as it would be sent to EndStepCall, applied first.
+   * A worker may send the ends of its step calls here in batches, with the
+   * completions that follow them or alone, without waiting for them: a safe call's end
+   * may be lost without harm (the call runs again on replay), and a batch of safe
+   * calls' ends alone is committed without waiting for its flush. An unsafe call's end
+   * is committed durably; until it is, a crash leaves the call STARTED and its run
+   * blocks on replay, so send it promptly.
    *
-   * @generated from field: repeated cyclone.v1.EndStepCallRequest step_calls = 2;
+   * @generated from field: repeated cyclone.v1.EndStepCallRequest step_call_ends = 2;
    */
-  stepCalls: EndStepCallRequest[];
+  stepCallEnds: EndStepCallRequest[];
+
+  /**
+   * Step calls to begin, 0-1000, each as it would be sent to BeginStepCall, applied
+   * after the ends and before the completions, in request order; durable before the
+   * reply. Workers that begin many unsafe calls at once use it to share one round trip
+   * and one commit; each caller still waits for its answer before its call runs.
+   *
+   * @generated from field: repeated cyclone.v1.BeginStepCallRequest step_call_begins = 3;
+   */
+  stepCallBegins: BeginStepCallRequest[];
 };
 
 /**
@@ -575,11 +585,18 @@ export type CompleteManyResponse = Message<"cyclone.v1.CompleteManyResponse"> & 
   results: CompleteResult[];
 
   /**
-   * One result per step call, in request order.
+   * One result per step call end, in request order.
    *
-   * @generated from field: repeated cyclone.v1.StepCallResult step_call_results = 2;
+   * @generated from field: repeated cyclone.v1.StepCallEndResult step_call_end_results = 2;
    */
-  stepCallResults: StepCallResult[];
+  stepCallEndResults: StepCallEndResult[];
+
+  /**
+   * One result per step call begin, in request order.
+   *
+   * @generated from field: repeated cyclone.v1.StepCallBeginResult step_call_begin_results = 3;
+   */
+  stepCallBeginResults: StepCallBeginResult[];
 };
 
 /**
@@ -592,13 +609,13 @@ export const CompleteManyResponseSchema: GenMessage<CompleteManyResponse> = /*@_
 /**
  * The outcome of one step call's end in a CompleteMany call.
  *
- * @generated from message cyclone.v1.StepCallResult
+ * @generated from message cyclone.v1.StepCallEndResult
  */
-export type StepCallResult = Message<"cyclone.v1.StepCallResult"> & {
+export type StepCallEndResult = Message<"cyclone.v1.StepCallEndResult"> & {
   /**
    * What EndStepCall would have returned, or the error it would have raised.
    *
-   * @generated from oneof cyclone.v1.StepCallResult.result
+   * @generated from oneof cyclone.v1.StepCallEndResult.result
    */
   result: {
     /**
@@ -620,11 +637,48 @@ export type StepCallResult = Message<"cyclone.v1.StepCallResult"> & {
 };
 
 /**
- * Describes the message cyclone.v1.StepCallResult.
- * Use `create(StepCallResultSchema)` to create a new message.
+ * Describes the message cyclone.v1.StepCallEndResult.
+ * Use `create(StepCallEndResultSchema)` to create a new message.
  */
-export const StepCallResultSchema: GenMessage<StepCallResult> = /*@__PURE__*/
+export const StepCallEndResultSchema: GenMessage<StepCallEndResult> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_worker_service, 12);
+
+/**
+ * The outcome of one step call's begin in a CompleteMany call.
+ *
+ * @generated from message cyclone.v1.StepCallBeginResult
+ */
+export type StepCallBeginResult = Message<"cyclone.v1.StepCallBeginResult"> & {
+  /**
+   * What BeginStepCall would have returned, or the error it would have raised.
+   *
+   * @generated from oneof cyclone.v1.StepCallBeginResult.result
+   */
+  result: {
+    /**
+     * The decision (RUN, RECORDED or UNCERTAIN) and the entry.
+     *
+     * @generated from field: cyclone.v1.BeginStepCallResponse response = 1;
+     */
+    value: BeginStepCallResponse;
+    case: "response";
+  } | {
+    /**
+     * The begin was refused and changed nothing.
+     *
+     * @generated from field: cyclone.v1.CompleteError error = 2;
+     */
+    value: CompleteError;
+    case: "error";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message cyclone.v1.StepCallBeginResult.
+ * Use `create(StepCallBeginResultSchema)` to create a new message.
+ */
+export const StepCallBeginResultSchema: GenMessage<StepCallBeginResult> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 13);
 
 /**
  * The outcome of one completion of a CompleteMany call.
@@ -661,7 +715,7 @@ export type CompleteResult = Message<"cyclone.v1.CompleteResult"> & {
  * Use `create(CompleteResultSchema)` to create a new message.
  */
 export const CompleteResultSchema: GenMessage<CompleteResult> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 13);
+  messageDesc(file_cyclone_v1_worker_service, 14);
 
 /**
  * A refused completion, with the gRPC status Complete would have answered.
@@ -696,7 +750,7 @@ export type CompleteError = Message<"cyclone.v1.CompleteError"> & {
  * Use `create(CompleteErrorSchema)` to create a new message.
  */
 export const CompleteErrorSchema: GenMessage<CompleteError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 14);
+  messageDesc(file_cyclone_v1_worker_service, 15);
 
 /**
  * Arguments of WorkerService.BeginStepCall. The node is named by run_id and node;
@@ -764,7 +818,7 @@ export type BeginStepCallRequest = Message<"cyclone.v1.BeginStepCallRequest"> & 
  * Use `create(BeginStepCallRequestSchema)` to create a new message.
  */
 export const BeginStepCallRequestSchema: GenMessage<BeginStepCallRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 15);
+  messageDesc(file_cyclone_v1_worker_service, 16);
 
 /**
  * Result of WorkerService.BeginStepCall.
@@ -800,7 +854,7 @@ export type BeginStepCallResponse = Message<"cyclone.v1.BeginStepCallResponse"> 
  * Use `create(BeginStepCallResponseSchema)` to create a new message.
  */
 export const BeginStepCallResponseSchema: GenMessage<BeginStepCallResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 16);
+  messageDesc(file_cyclone_v1_worker_service, 17);
 
 /**
  * Arguments of WorkerService.EndStepCall.
@@ -887,7 +941,7 @@ export type EndStepCallRequest = Message<"cyclone.v1.EndStepCallRequest"> & {
  * Use `create(EndStepCallRequestSchema)` to create a new message.
  */
 export const EndStepCallRequestSchema: GenMessage<EndStepCallRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 17);
+  messageDesc(file_cyclone_v1_worker_service, 18);
 
 /**
  * Result of WorkerService.EndStepCall.
@@ -915,7 +969,7 @@ export type EndStepCallResponse = Message<"cyclone.v1.EndStepCallResponse"> & {
  * Use `create(EndStepCallResponseSchema)` to create a new message.
  */
 export const EndStepCallResponseSchema: GenMessage<EndStepCallResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 18);
+  messageDesc(file_cyclone_v1_worker_service, 19);
 
 /**
  * What the caller of BeginStepCall must do.
@@ -1007,8 +1061,8 @@ export const WorkerService: GenService<{
     output: typeof CompleteResponseSchema;
   },
   /**
-   * Complete for several held steps in one call and one transaction (and, first,
-   * EndStepCall for several step calls: step_calls): each outcome is
+   * Complete for several held steps in one call and one transaction (and, before
+   * them, EndStepCall and BeginStepCall for several step calls): each outcome is
    * applied as Complete would apply it, and all are durable before the reply. One
    * refused completion (a lost lease, say) does not affect the others: each has its
    * own result, in request order; a result's run_status is the run's status after the
