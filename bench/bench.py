@@ -59,7 +59,7 @@ from cyclone.v1 import (
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The contract lets a worker send the ends of safe step calls in CompleteMany.
-BATCHED_ENDS = "step_calls" in worker_service_pb2.CompleteManyRequest.DESCRIPTOR.fields_by_name
+BATCHED_ENDS = "step_call_ends" in worker_service_pb2.CompleteManyRequest.DESCRIPTOR.fields_by_name
 RESULTS = ROOT / "bench" / "results"
 DEADLINE_S = 600  # no scenario may run longer than this
 
@@ -87,9 +87,21 @@ class Server:
     def __init__(self, database_url: str) -> None:
         env = {**os.environ, "CYCLONE_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service", "--listen", "127.0.0.1:0", "--log-level",
-             "WARNING", "--pool-size", "16"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "service",
+                "--listen",
+                "127.0.0.1:0",
+                "--log-level",
+                "WARNING",
+                "--pool-size",
+                "16",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for line in self.proc.stdout:
             m = re.search(r"Cyclone is serving on (\S+)\.", line)
@@ -140,8 +152,12 @@ class CpuMeter:
         server = sum(self.server.cpu_times()[:2]) if self.server else 0.0
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         me = resource.getrusage(resource.RUSAGE_SELF)
-        return (server, children.ru_utime + children.ru_stime, me.ru_utime + me.ru_stime,
-                self._postgres())
+        return (
+            server,
+            children.ru_utime + children.ru_stime,
+            me.ru_utime + me.ru_stime,
+            self._postgres(),
+        )
 
     def __enter__(self) -> CpuMeter:
         self.start = self._snapshot()
@@ -150,10 +166,12 @@ class CpuMeter:
     def __exit__(self, *exc: object) -> None:
         end = self._snapshot()
         self.server_s, self.workers_s, self.client_s = (
-            b - a for a, b in zip(self.start[:3], end[:3], strict=True))
+            b - a for a, b in zip(self.start[:3], end[:3], strict=True)
+        )
         before = self.start[3]
-        self.postgres_s = (sum(t - before.get(pid, 0.0) for pid, t in end[3].items())
-                           if self.postmaster else None)
+        self.postgres_s = (
+            sum(t - before.get(pid, 0.0) for pid, t in end[3].items()) if self.postmaster else None
+        )
 
     def per_step(self, steps: int, *parts: str) -> dict:
         """Milliseconds of CPU per step for each named part ("server", "workers", ...)."""
@@ -170,15 +188,18 @@ def one_node(name: str, action: str) -> types_pb2.Workflow:
 
 def fan_workflow(action: str, width: int = 18) -> types_pb2.Workflow:
     nodes = [types_pb2.Node(name="root", action=action)]
-    nodes += [types_pb2.Node(name=f"leaf{i}", action=action, depends_on=["root"])
-              for i in range(width)]
-    nodes.append(types_pb2.Node(name="join", action=action,
-                                depends_on=[f"leaf{i}" for i in range(width)]))
+    nodes += [
+        types_pb2.Node(name=f"leaf{i}", action=action, depends_on=["root"]) for i in range(width)
+    ]
+    nodes.append(
+        types_pb2.Node(name="join", action=action, depends_on=[f"leaf{i}" for i in range(width)])
+    )
     return types_pb2.Workflow(name="fan", nodes=nodes)
 
 
-def submit_many(address: str, workflows: list[types_pb2.Workflow], clients: int = 4,
-                once: bool = False) -> float:
+def submit_many(
+    address: str, workflows: list[types_pb2.Workflow], clients: int = 4, once: bool = False
+) -> float:
     """Submit every workflow; returns runs per second."""
     chunks = [workflows[i::clients] for i in range(clients)]
 
@@ -187,8 +208,9 @@ def submit_many(address: str, workflows: list[types_pb2.Workflow], clients: int 
             stub = workflow_service_pb2_grpc.WorkflowServiceStub(channel)
             for wf in chunk:
                 if once:
-                    stub.SubmitOnce(workflow_service_pb2.SubmitOnceRequest(
-                        workflow=wf, key=uuid.uuid4().hex))
+                    stub.SubmitOnce(
+                        workflow_service_pb2.SubmitOnceRequest(workflow=wf, key=uuid.uuid4().hex)
+                    )
                 else:
                     stub.Submit(workflow_service_pb2.SubmitRequest(workflow=wf))
 
@@ -201,9 +223,16 @@ def submit_many(address: str, workflows: list[types_pb2.Workflow], clients: int 
 # Workers ---------------------------------------------------------------------------
 
 
-def worker_process(address: str, action: str, concurrency: int, stop_after_idle: float,
-                   pickup_file: str | None, calls: int = 0, unsafe: bool = False,
-                   batched: bool = False) -> None:
+def worker_process(
+    address: str,
+    action: str,
+    concurrency: int,
+    stop_after_idle: float,
+    pickup_file: str | None,
+    calls: int = 0,
+    unsafe: bool = False,
+    batched: bool = False,
+) -> None:
     """A Python worker process: long-poll claims batched to free slots, no-op handler.
     With ``calls``, the handler is a durable function of that many no-op step calls,
     made with the journal RPCs themselves (BeginStepCall first when ``unsafe``); with
@@ -232,9 +261,10 @@ def worker_process(address: str, action: str, concurrency: int, stop_after_idle:
                     ends = held[:]
                     del held[:]
                     request = worker_service_pb2.CompleteManyRequest(
-                        completions=[request for request, _ in batch])
+                        completions=[request for request, _ in batch]
+                    )
                     if ends:
-                        request.step_calls.extend(ends)
+                        request.step_call_ends.extend(ends)
                     await stub.CompleteMany(request)
                     for _, future in batch:
                         future.set_result(None)
@@ -244,21 +274,34 @@ def worker_process(address: str, action: str, concurrency: int, stop_after_idle:
                 if pickup_file:
                     pickups.append((step.run_id, time.time()))
                 for seq in range(1, calls + 1):
-                    call = dict(run_id=step.run_id, node=step.node,
-                                lease_token=step.lease_token, step_id=f"noop#{seq}",
-                                seq=seq, function="bench.noop", unsafe_to_repeat=unsafe)
+                    call = dict(
+                        run_id=step.run_id,
+                        node=step.node,
+                        lease_token=step.lease_token,
+                        step_id=f"noop#{seq}",
+                        seq=seq,
+                        function="bench.noop",
+                        unsafe_to_repeat=unsafe,
+                    )
                     if unsafe:
-                        await stub.BeginStepCall(
-                            worker_service_pb2.BeginStepCallRequest(**call))
+                        await stub.BeginStepCall(worker_service_pb2.BeginStepCallRequest(**call))
                     end = worker_service_pb2.EndStepCallRequest(**call, output=struct_null())
                     if batched and not unsafe:
                         held.append(end)
                     else:
                         await stub.EndStepCall(end)
                 future = asyncio.get_running_loop().create_future()
-                pending.append((worker_service_pb2.CompleteRequest(
-                    run_id=step.run_id, node=step.node, lease_token=step.lease_token,
-                    output=struct_null()), future))
+                pending.append(
+                    (
+                        worker_service_pb2.CompleteRequest(
+                            run_id=step.run_id,
+                            node=step.node,
+                            lease_token=step.lease_token,
+                            output=struct_null(),
+                        ),
+                        future,
+                    )
+                )
                 if flusher is None or flusher.done():
                     flusher = asyncio.create_task(flush())
                 await future
@@ -270,7 +313,8 @@ def worker_process(address: str, action: str, concurrency: int, stop_after_idle:
                     await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 request = worker_service_pb2.ClaimRequest(
-                    worker_id=f"bench-{os.getpid()}", actions=spec, max_steps=free)
+                    worker_id=f"bench-{os.getpid()}", actions=spec, max_steps=free
+                )
                 request.wait.FromMilliseconds(500)
                 reply = await stub.Claim(request)
                 if not reply.steps:
@@ -304,8 +348,9 @@ def sdk_worker_process(address: str, action: str, concurrency: int, finished) ->
     serve_until(worker, finished)
 
 
-def sdk_durable_worker_process(address: str, action: str, concurrency: int, finished,
-                               calls: int, unsafe: bool) -> None:
+def sdk_durable_worker_process(
+    address: str, action: str, concurrency: int, finished, calls: int, unsafe: bool
+) -> None:
     """A worker built with the SDK serving a durable function of ``calls`` no-op step
     calls (unsafe_to_repeat when ``unsafe``); it stops when the bench says so."""
     from pyclient import Worker, step
@@ -344,14 +389,34 @@ def struct_null():
     return struct_pb2.Value(null_value=struct_pb2.NULL_VALUE)
 
 
-def start_workers(address: str, action: str, processes: int = 2, concurrency: int = 64,
-                  stop_after_idle: float = 2.0, pickup_file: str | None = None,
-                  calls: int = 0, unsafe: bool = False, batched: bool = False):
+def start_workers(
+    address: str,
+    action: str,
+    processes: int = 2,
+    concurrency: int = 64,
+    stop_after_idle: float = 2.0,
+    pickup_file: str | None = None,
+    calls: int = 0,
+    unsafe: bool = False,
+    batched: bool = False,
+):
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=worker_process,
-                         args=(address, action, concurrency, stop_after_idle, pickup_file,
-                               calls, unsafe, batched))
-             for _ in range(processes)]
+    procs = [
+        ctx.Process(
+            target=worker_process,
+            args=(
+                address,
+                action,
+                concurrency,
+                stop_after_idle,
+                pickup_file,
+                calls,
+                unsafe,
+                batched,
+            ),
+        )
+        for _ in range(processes)
+    ]
     for p in procs:
         p.start()
     return procs
@@ -369,7 +434,9 @@ def steps_per_second(database_url: str, action: str) -> tuple[int, float]:
     with psycopg.connect(database_url) as conn:
         n, first, last = conn.execute(
             "SELECT count(*), min(started_at), max(finished_at) FROM cyclone.steps "
-            "WHERE action = %s AND status = 'completed'", (action,)).fetchone()
+            "WHERE action = %s AND status = 'completed'",
+            (action,),
+        ).fetchone()
     return n, n / (last - first).total_seconds()
 
 
@@ -381,7 +448,8 @@ def wal_lsn(database_url: str) -> int:
     must have the cluster to itself for the difference to be its own)."""
     with psycopg.connect(database_url) as conn:
         return conn.execute(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint").fetchone()[0]
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
+        ).fetchone()[0]
 
 
 def scenario_throughput(server: Server, database_url: str, runs: int, action: str) -> dict:
@@ -392,39 +460,56 @@ def scenario_throughput(server: Server, database_url: str, runs: int, action: st
     wal_bytes = wal_lsn(database_url) - wal_before
     n, rate = steps_per_second(database_url, action)
     assert n == runs, f"{n} of {runs} steps completed"
-    return {"steps": n, "steps_per_s": round(rate, 1),
-            "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
-            "wal_bytes_per_step": round(wal_bytes / n)}
+    return {
+        "steps": n,
+        "steps_per_s": round(rate, 1),
+        "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
+        "wal_bytes_per_step": round(wal_bytes / n),
+    }
 
 
-def scenario_sdk(server: Server, database_url: str, runs: int, action: str,
-                 processes: int = 2, concurrency: int = 64) -> dict:
+def scenario_sdk(
+    server: Server,
+    database_url: str,
+    runs: int,
+    action: str,
+    processes: int = 2,
+    concurrency: int = 64,
+) -> dict:
     """The throughput scenario drained by the SDK's Worker instead of bare stubs."""
     submit_many(server.address, [one_node("one", action)] * runs)
     with CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
-        drain_with_sdk(conn, action, runs, processes, sdk_worker_process,
-                       server.address, action, concurrency)
+        drain_with_sdk(
+            conn, action, runs, processes, sdk_worker_process, server.address, action, concurrency
+        )
     n, rate = steps_per_second(database_url, action)
     assert n == runs, f"{n} of {runs} steps completed"
-    return {"steps": n, "steps_per_s": round(rate, 1),
-            "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres")}
+    return {
+        "steps": n,
+        "steps_per_s": round(rate, 1),
+        "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
+    }
 
 
-def drain_with_sdk(conn: psycopg.Connection, action: str, runs: int, processes: int,
-                   target, *args, **kwargs) -> None:
+def drain_with_sdk(
+    conn: psycopg.Connection, action: str, runs: int, processes: int, target, *args, **kwargs
+) -> None:
     """Start ``processes`` SDK worker processes (``target(*args, finished, **kwargs)``)
     and stop them once ``runs`` steps of ``action`` completed (or at the deadline)."""
     ctx = multiprocessing.get_context("spawn")
     finished = ctx.Event()
-    procs = [ctx.Process(target=target, args=(*args, finished), kwargs=kwargs)
-             for _ in range(processes)]
+    procs = [
+        ctx.Process(target=target, args=(*args, finished), kwargs=kwargs) for _ in range(processes)
+    ]
     for p in procs:
         p.start()
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
         time.sleep(0.2)
-        done = conn.execute("SELECT count(*) FROM cyclone.steps WHERE action = %s "
-                            "AND status = 'completed'", (action,)).fetchone()[0]
+        done = conn.execute(
+            "SELECT count(*) FROM cyclone.steps WHERE action = %s AND status = 'completed'",
+            (action,),
+        ).fetchone()[0]
         if done == runs:
             break
     finished.set()
@@ -434,11 +519,16 @@ def drain_with_sdk(conn: psycopg.Connection, action: str, runs: int, processes: 
 def scenario_baseline(database_url: str, jobs: int, threads: int = 8) -> dict:
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_jobs")
-        conn.execute("CREATE TABLE bench_jobs (id bigserial PRIMARY KEY, status text NOT NULL,"
-                     " payload jsonb, locked_at timestamptz, done_at timestamptz)")
+        conn.execute(
+            "CREATE TABLE bench_jobs (id bigserial PRIMARY KEY, status text NOT NULL,"
+            " payload jsonb, locked_at timestamptz, done_at timestamptz)"
+        )
         conn.execute("CREATE INDEX ON bench_jobs (id) WHERE status = 'ready'")
-        conn.execute("INSERT INTO bench_jobs (status, payload) SELECT 'ready', '{}' "
-                     "FROM generate_series(1, %s)", (jobs,))
+        conn.execute(
+            "INSERT INTO bench_jobs (status, payload) SELECT 'ready', '{}' "
+            "FROM generate_series(1, %s)",
+            (jobs,),
+        )
     done = [0] * threads
     # Opened before and closed after the measured span, so their CPU is all counted.
     conns = [psycopg.connect(database_url) for _ in range(threads)]
@@ -449,12 +539,14 @@ def scenario_baseline(database_url: str, jobs: int, threads: int = 8) -> dict:
             row = conn.execute(
                 "UPDATE bench_jobs SET status = 'running', locked_at = now() WHERE id = ("
                 " SELECT id FROM bench_jobs WHERE status = 'ready' ORDER BY id"
-                " LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id").fetchone()
+                " LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id"
+            ).fetchone()
             conn.commit()
             if row is None:
                 return
-            conn.execute("UPDATE bench_jobs SET status = 'done', done_at = now() "
-                         "WHERE id = %s", row)
+            conn.execute(
+                "UPDATE bench_jobs SET status = 'done', done_at = now() WHERE id = %s", row
+            )
             conn.commit()
             done[i] += 1
 
@@ -467,8 +559,11 @@ def scenario_baseline(database_url: str, jobs: int, threads: int = 8) -> dict:
         for conn in conns:
             conn.close()
     assert sum(done) == jobs
-    return {"jobs": jobs, "jobs_per_s": round(jobs / elapsed, 1),
-            "cpu_ms_per_job": cpu.per_step(jobs, "client", "postgres")}
+    return {
+        "jobs": jobs,
+        "jobs_per_s": round(jobs / elapsed, 1),
+        "cpu_ms_per_job": cpu.per_step(jobs, "client", "postgres"),
+    }
 
 
 def scenario_dag(address: str, database_url: str, runs: int, action: str) -> dict:
@@ -476,41 +571,79 @@ def scenario_dag(address: str, database_url: str, runs: int, action: str) -> dic
     join(start_workers(address, action))
     n, rate = steps_per_second(database_url, action)
     with psycopg.connect(database_url) as conn:
-        latencies = [float(r[0]) * 1000 for r in conn.execute(
-            "SELECT extract(epoch FROM finished_at - created_at) FROM cyclone.runs "
-            "WHERE workflow = 'fan' AND status = 'completed'")]
+        latencies = [
+            float(r[0]) * 1000
+            for r in conn.execute(
+                "SELECT extract(epoch FROM finished_at - created_at) FROM cyclone.runs "
+                "WHERE workflow = 'fan' AND status = 'completed'"
+            )
+        ]
     assert n == runs * 20
-    return {"steps": n, "steps_per_s": round(rate, 1),
-            "run_latency_ms": percentiles(latencies)}
+    return {"steps": n, "steps_per_s": round(rate, 1), "run_latency_ms": percentiles(latencies)}
 
 
-def scenario_durable(server: Server, database_url: str, runs: int, calls: int,
-                     action: str, unsafe: bool, sdk: bool, batched: bool = False,
-                     processes: int = 2, concurrency: int = 64) -> dict:
+def scenario_durable(
+    server: Server,
+    database_url: str,
+    runs: int,
+    calls: int,
+    action: str,
+    unsafe: bool,
+    sdk: bool,
+    batched: bool = False,
+    processes: int = 2,
+    concurrency: int = 64,
+) -> dict:
     """``runs`` one-node runs whose node calls ``calls`` no-op steps; step calls per
     second from the first claim to the last completion, and CPU per step call."""
     submit_many(server.address, [one_node("durable", action)] * runs)
     with CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
         if sdk:
-            drain_with_sdk(conn, action, runs, processes, sdk_durable_worker_process,
-                           server.address, action, concurrency, calls=calls, unsafe=unsafe)
+            drain_with_sdk(
+                conn,
+                action,
+                runs,
+                processes,
+                sdk_durable_worker_process,
+                server.address,
+                action,
+                concurrency,
+                calls=calls,
+                unsafe=unsafe,
+            )
         else:
-            join(start_workers(server.address, action, processes, concurrency,
-                               calls=calls, unsafe=unsafe, batched=batched))
+            join(
+                start_workers(
+                    server.address,
+                    action,
+                    processes,
+                    concurrency,
+                    calls=calls,
+                    unsafe=unsafe,
+                    batched=batched,
+                )
+            )
         recorded = conn.execute(
             "SELECT count(*) FROM cyclone.step_calls c JOIN cyclone.steps s USING (run_id, node)"
-            " WHERE s.action = %s AND c.status = 'succeeded'", (action,)).fetchone()[0]
+            " WHERE s.action = %s AND c.status = 'succeeded'",
+            (action,),
+        ).fetchone()[0]
     n, rate = steps_per_second(database_url, action)
     assert n == runs, f"{n} of {runs} nodes completed"
     assert recorded == runs * calls, f"{recorded} of {runs * calls} step calls recorded"
-    return {"runs": n, "step_calls": recorded, "step_calls_per_s": round(rate * calls, 1),
-            "cpu_ms_per_step_call": cpu.per_step(recorded, "server", "workers", "postgres")}
+    return {
+        "runs": n,
+        "step_calls": recorded,
+        "step_calls_per_s": round(rate * calls, 1),
+        "cpu_ms_per_step_call": cpu.per_step(recorded, "server", "workers", "postgres"),
+    }
 
 
 def scenario_pickup(address: str, runs: int, action: str, tmp: Path) -> dict:
     pickup_file = str(tmp / "pickups.json")
-    procs = start_workers(address, action, processes=1, concurrency=1, stop_after_idle=3,
-                          pickup_file=pickup_file)
+    procs = start_workers(
+        address, action, processes=1, concurrency=1, stop_after_idle=3, pickup_file=pickup_file
+    )
     submitted = {}
     with grpc.insecure_channel(address) as channel:
         stub = workflow_service_pb2_grpc.WorkflowServiceStub(channel)
@@ -530,11 +663,15 @@ def scenario_big(address: str) -> dict:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     fan_in = 50
-    nodes = [types_pb2.Node(name=f"n{i}", action="big",
-                            depends_on=[f"n{j}" for j in range(max(0, i - fan_in), i)])
-             for i in range(2000)]
+    nodes = [
+        types_pb2.Node(
+            name=f"n{i}", action="big", depends_on=[f"n{j}" for j in range(max(0, i - fan_in), i)]
+        )
+        for i in range(2000)
+    ]
     request = workflow_service_pb2.SubmitRequest(
-        workflow=types_pb2.Workflow(name="big", nodes=nodes))
+        workflow=types_pb2.Workflow(name="big", nodes=nodes)
+    )
     done = threading.Event()
     took: list[float] = []
 
@@ -560,9 +697,12 @@ def scenario_big(address: str) -> dict:
             time.sleep(0.005)
         thread.join()
     edges = sum(len(n.depends_on) for n in nodes)
-    return {"edges": edges, "bytes": request.ByteSize(),
-            "submit_ms": round(statistics.median(took), 1),
-            "health_ms": {**percentiles(latencies), "max": round(max(latencies), 2)}}
+    return {
+        "edges": edges,
+        "bytes": request.ByteSize(),
+        "submit_ms": round(statistics.median(took), 1),
+        "health_ms": {**percentiles(latencies), "max": round(max(latencies), 2)},
+    }
 
 
 def scenario_history(database_url: str, finished: int) -> None:
@@ -570,7 +710,8 @@ def scenario_history(database_url: str, finished: int) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
         batch = 100_000
         for start in range(0, finished, batch):
-            conn.execute("""
+            conn.execute(
+                """
                 WITH r AS (
                     INSERT INTO cyclone.runs (run_id, workflow, status, steps_total, steps_open,
                                               created_at, updated_at, finished_at)
@@ -584,7 +725,9 @@ def scenario_history(database_url: str, finished: int) -> None:
                     started_at, finished_at)
                 SELECT run_id, 'only', 0, 'old', 'completed', 'all_success', '{}', '{}', 0, 1,
                        3, 3, '1s', '5m', 2, '5m', 'null', now(), now() FROM r
-            """, (min(batch, finished - start),))
+            """,
+                (min(batch, finished - start),),
+            )
         conn.execute("VACUUM ANALYZE cyclone.runs")
         conn.execute("VACUUM ANALYZE cyclone.steps")
 
@@ -596,23 +739,35 @@ def percentiles(values: list[float]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=20_000)
     parser.add_argument("--dag-runs", type=int, default=500)
     parser.add_argument("--pickups", type=int, default=200)
     parser.add_argument("--durable-runs", type=int, default=1000)
-    parser.add_argument("--durable-calls", type=int, default=10,
-                        help="step calls per durable body (default 10)")
+    parser.add_argument(
+        "--durable-calls", type=int, default=10, help="step calls per durable body (default 10)"
+    )
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--only", default="", help="comma-separated scenarios to run")
-    parser.add_argument("--database", default="cyclone_bench",
-                        help="database to (re)create for the run (default cyclone_bench)")
-    parser.add_argument("--url", default=None,
-                        help="a superuser URL of the Postgres to measure, e.g. a PostgreSQL 15 "
-                             "cluster (default: CYCLONE_DATABASE_URL, else the embedded one)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "latest.json",
-                        help="where to write the results (default bench/results/latest.json)")
+    parser.add_argument(
+        "--database",
+        default="cyclone_bench",
+        help="database to (re)create for the run (default cyclone_bench)",
+    )
+    parser.add_argument(
+        "--url",
+        default=None,
+        help="a superuser URL of the Postgres to measure, e.g. a PostgreSQL 15 "
+        "cluster (default: CYCLONE_DATABASE_URL, else the embedded one)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS / "latest.json",
+        help="where to write the results (default bench/results/latest.json)",
+    )
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
 
@@ -630,8 +785,11 @@ def main() -> None:
     CpuMeter.pid_file = Path(data_directory) / "postmaster.pid"
     server = Server(database_url)
     results: dict = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
         "postgres": pg_version,
     }
     tmp = RESULTS / "tmp"
@@ -639,10 +797,13 @@ def main() -> None:
     try:
         if wanted("submit"):
             results["submit"] = {
-                "runs_per_s": round(submit_many(
-                    server.address, [one_node("s", "submit-only")] * 2000), 1),
-                "once_runs_per_s": round(submit_many(
-                    server.address, [one_node("s1", "submit-only")] * 2000, once=True), 1),
+                "runs_per_s": round(
+                    submit_many(server.address, [one_node("s", "submit-only")] * 2000), 1
+                ),
+                "once_runs_per_s": round(
+                    submit_many(server.address, [one_node("s1", "submit-only")] * 2000, once=True),
+                    1,
+                ),
             }
             print("submit", results["submit"], flush=True)
         if wanted("big"):
@@ -654,13 +815,15 @@ def main() -> None:
             results["throughput"]["baseline_jobs_per_s"] = base_result["jobs_per_s"]
             results["throughput"]["baseline_cpu_ms_per_job"] = base_result["cpu_ms_per_job"]
             results["throughput"]["ratio"] = round(
-                results["throughput"]["steps_per_s"] / base_result["jobs_per_s"], 2)
+                results["throughput"]["steps_per_s"] / base_result["jobs_per_s"], 2
+            )
             print("throughput", results["throughput"], flush=True)
         if wanted("sdk"):
             results["sdk"] = scenario_sdk(server, database_url, args.runs, "sdk-noop")
             if "throughput" in results:
                 results["sdk"]["ratio"] = round(
-                    results["sdk"]["steps_per_s"] / results["throughput"]["baseline_jobs_per_s"], 2)
+                    results["sdk"]["steps_per_s"] / results["throughput"]["baseline_jobs_per_s"], 2
+                )
             print("sdk", results["sdk"], flush=True)
         if wanted("dag"):
             results["dag"] = scenario_dag(server.address, database_url, args.dag_runs, "dagop")
@@ -671,25 +834,42 @@ def main() -> None:
                 for unsafe in (False, True):
                     label = ("sdk" if sdk else "stubs") + ("_unsafe" if unsafe else "_safe")
                     durable[label] = scenario_durable(
-                        server, database_url, args.durable_runs, args.durable_calls,
-                        f"durable-{label}", unsafe, sdk)
+                        server,
+                        database_url,
+                        args.durable_runs,
+                        args.durable_calls,
+                        f"durable-{label}",
+                        unsafe,
+                        sdk,
+                    )
                     print("durable", label, durable[label], flush=True)
             if BATCHED_ENDS:
                 durable["stubs_batched_safe"] = scenario_durable(
-                    server, database_url, args.durable_runs, args.durable_calls,
-                    "durable-stubs_batched_safe", False, False, batched=True)
+                    server,
+                    database_url,
+                    args.durable_runs,
+                    args.durable_calls,
+                    "durable-stubs_batched_safe",
+                    False,
+                    False,
+                    batched=True,
+                )
                 print("durable stubs_batched_safe", durable["stubs_batched_safe"], flush=True)
                 if "dag" in results:
                     durable["stubs_batched_vs_dag"] = round(
                         durable["stubs_batched_safe"]["step_calls_per_s"]
-                        / results["dag"]["steps_per_s"], 2)
+                        / results["dag"]["steps_per_s"],
+                        2,
+                    )
             for kind in ("sdk", "stubs"):
                 safe, unsafe = durable[f"{kind}_safe"], durable[f"{kind}_unsafe"]
                 durable[f"{kind}_unsafe_cost"] = round(
-                    safe["step_calls_per_s"] / unsafe["step_calls_per_s"], 2)
+                    safe["step_calls_per_s"] / unsafe["step_calls_per_s"], 2
+                )
                 if "dag" in results:
                     durable[f"{kind}_vs_dag"] = round(
-                        safe["step_calls_per_s"] / results["dag"]["steps_per_s"], 2)
+                        safe["step_calls_per_s"] / results["dag"]["steps_per_s"], 2
+                    )
             results["durable"] = durable
         if wanted("pickup"):
             results["pickup_ms"] = scenario_pickup(server.address, args.pickups, "pick", tmp)
@@ -716,60 +896,106 @@ def print_table(r: dict, out: Path) -> None:
     rows = []
     if "throughput" in r:
         t = r["throughput"]
-        rows += [("throughput steps/s", t["steps_per_s"]),
-                 ("baseline jobs/s (psycopg loop)", t["baseline_jobs_per_s"]),
-                 ("throughput ratio (target >= 1.5)", t["ratio"]),
-                 ("CPU ms per step: server / workers / Postgres",
-                  " / ".join(str(v) for v in t["cpu_ms_per_step"].values())),
-                 ("WAL bytes per step", t["wal_bytes_per_step"]),
-                 ("CPU ms per baseline job: client / Postgres",
-                  " / ".join(str(v) for v in t["baseline_cpu_ms_per_job"].values()))]
+        rows += [
+            ("throughput steps/s", t["steps_per_s"]),
+            ("baseline jobs/s (psycopg loop)", t["baseline_jobs_per_s"]),
+            ("throughput ratio (target >= 1.5)", t["ratio"]),
+            (
+                "CPU ms per step: server / workers / Postgres",
+                " / ".join(str(v) for v in t["cpu_ms_per_step"].values()),
+            ),
+            ("WAL bytes per step", t["wal_bytes_per_step"]),
+            (
+                "CPU ms per baseline job: client / Postgres",
+                " / ".join(str(v) for v in t["baseline_cpu_ms_per_job"].values()),
+            ),
+        ]
     if "sdk" in r:
-        rows += [("throughput with the SDK's Worker, steps/s", r["sdk"]["steps_per_s"]),
-                 ("  CPU ms per step: server / workers / Postgres",
-                  " / ".join(str(v) for v in r["sdk"]["cpu_ms_per_step"].values()))]
+        rows += [
+            ("throughput with the SDK's Worker, steps/s", r["sdk"]["steps_per_s"]),
+            (
+                "  CPU ms per step: server / workers / Postgres",
+                " / ".join(str(v) for v in r["sdk"]["cpu_ms_per_step"].values()),
+            ),
+        ]
     if "dag" in r:
-        rows += [("dag steps/s", r["dag"]["steps_per_s"]),
-                 ("dag run latency p50 / p99 ms",
-                  f'{r["dag"]["run_latency_ms"]["p50"]} / {r["dag"]["run_latency_ms"]["p99"]}')]
+        rows += [
+            ("dag steps/s", r["dag"]["steps_per_s"]),
+            (
+                "dag run latency p50 / p99 ms",
+                f"{r['dag']['run_latency_ms']['p50']} / {r['dag']['run_latency_ms']['p99']}",
+            ),
+        ]
     if "durable" in r:
         d = r["durable"]
         for kind, title in (("sdk", "SDK Worker"), ("stubs", "bare stubs")):
             safe, unsafe = d[f"{kind}_safe"], d[f"{kind}_unsafe"]
-            rows += [(f"durable step calls/s, {title}: safe / unsafe",
-                      f'{safe["step_calls_per_s"]} / {unsafe["step_calls_per_s"]}'),
-                     ("  CPU ms per safe call: server / workers / Postgres",
-                      " / ".join(str(v) for v in safe["cpu_ms_per_step_call"].values())),
-                     ("  CPU ms per unsafe call: server / workers / Postgres",
-                      " / ".join(str(v) for v in unsafe["cpu_ms_per_step_call"].values())),
-                     ("  unsafe cost, x safe (target <= 2)", d[f"{kind}_unsafe_cost"])]
+            rows += [
+                (
+                    f"durable step calls/s, {title}: safe / unsafe",
+                    f"{safe['step_calls_per_s']} / {unsafe['step_calls_per_s']}",
+                ),
+                (
+                    "  CPU ms per safe call: server / workers / Postgres",
+                    " / ".join(str(v) for v in safe["cpu_ms_per_step_call"].values()),
+                ),
+                (
+                    "  CPU ms per unsafe call: server / workers / Postgres",
+                    " / ".join(str(v) for v in unsafe["cpu_ms_per_step_call"].values()),
+                ),
+                ("  unsafe cost, x safe (target <= 2)", d[f"{kind}_unsafe_cost"]),
+            ]
             if f"{kind}_vs_dag" in d:
-                rows.append(("  safe step calls/s / dag steps/s (target >= 1)",
-                             d[f"{kind}_vs_dag"]))
+                rows.append(
+                    ("  safe step calls/s / dag steps/s (target >= 1)", d[f"{kind}_vs_dag"])
+                )
         if "stubs_batched_safe" in d:
             b = d["stubs_batched_safe"]
-            rows += [("durable safe step calls/s, bare stubs, ends in CompleteMany",
-                      b["step_calls_per_s"]),
-                     ("  CPU ms per call: server / workers / Postgres",
-                      " / ".join(str(v) for v in b["cpu_ms_per_step_call"].values()))]
+            rows += [
+                (
+                    "durable safe step calls/s, bare stubs, ends in CompleteMany",
+                    b["step_calls_per_s"],
+                ),
+                (
+                    "  CPU ms per call: server / workers / Postgres",
+                    " / ".join(str(v) for v in b["cpu_ms_per_step_call"].values()),
+                ),
+            ]
             if "stubs_batched_vs_dag" in d:
-                rows.append(("  safe step calls/s / dag steps/s (target >= 1)",
-                             d["stubs_batched_vs_dag"]))
+                rows.append(
+                    ("  safe step calls/s / dag steps/s (target >= 1)", d["stubs_batched_vs_dag"])
+                )
     if "pickup_ms" in r:
-        rows.append(("pickup p50 / p99 ms (target 5 / 25)",
-                     f'{r["pickup_ms"]["p50"]} / {r["pickup_ms"]["p99"]}'))
+        rows.append(
+            (
+                "pickup p50 / p99 ms (target 5 / 25)",
+                f"{r['pickup_ms']['p50']} / {r['pickup_ms']['p99']}",
+            )
+        )
     if "history" in r:
         rows.append(("history ratio (target >= 0.9)", r["history"]["ratio"]))
-        rows.append(("  after history: steps/s, WAL bytes per step",
-                     f'{r["history"]["steps_per_s"]}, {r["history"]["wal_bytes_per_step"]}'))
+        rows.append(
+            (
+                "  after history: steps/s, WAL bytes per step",
+                f"{r['history']['steps_per_s']}, {r['history']['wal_bytes_per_step']}",
+            )
+        )
     if "big" in r:
         b = r["big"]
-        rows.append((f"health check p50 / p99 / max ms during a {b['edges']:,}-edge Submit",
-                     f'{b["health_ms"]["p50"]} / {b["health_ms"]["p99"]} / {b["health_ms"]["max"]}'
-                     f' (Submit {b["submit_ms"]} ms)'))
+        rows.append(
+            (
+                f"health check p50 / p99 / max ms during a {b['edges']:,}-edge Submit",
+                f"{b['health_ms']['p50']} / {b['health_ms']['p99']} / {b['health_ms']['max']}"
+                f" (Submit {b['submit_ms']} ms)",
+            )
+        )
     if "submit" in r:
-        rows.append(("submit runs/s (Submit / SubmitOnce)",
-                     f'{r["submit"]["runs_per_s"]} / {r["submit"]["once_runs_per_s"]}'))
+        rows.append(
+            (
+                "submit runs/s (Submit / SubmitOnce)",
+                f"{r['submit']['runs_per_s']} / {r['submit']['once_runs_per_s']}",
+            )
+        )
     width = max(len(k) for k, _ in rows)
     print()
     for k, v in rows:

@@ -19,7 +19,7 @@ import yaml
 
 from pyclient.client import Client, default_address
 from pyclient.errors import CycloneError, InvalidArgument
-from pyclient.models import Explanation, Run, RunStatus, Step
+from pyclient.models import Explanation, Run, RunStatus, Step, StepCall
 from pyclient.workflow import Workflow
 
 DESCRIPTION = """\
@@ -53,23 +53,35 @@ is made per (workflow name, key): a repeated submit prints the existing run's id
 """
 
 RESOLVE_HELP = """\
-Resolve the uncertain step of a blocked run. A run is blocked when a step of an
-action marked unsafe_to_repeat lost its lease with no outcome: its effect may or may
-not have happened, and Cyclone will not guess. `cyclone run show RUN` names the step
-(EffectUncertain: node, attempt, when it started). Check the outside world, then
-give exactly one of:
+Resolve a blocked run after checking the outside world. A run is blocked when an
+effect marked unsafe_to_repeat may or may not have happened, and Cyclone will not
+guess: either a step of an unsafe action lost its lease with no outcome, or a step
+call of a durable function was begun (recorded STARTED) by an attempt that died
+before its outcome. `cyclone run show RUN` names what is blocked (EffectUncertain:
+node, step call, attempt, when it started).
 
-  --result JSON   the effect happened; JSON becomes the step's output and the
-                  nodes after it run
-  --error MSG     the effect happened and failed; the step is recorded failed
-                  (not retried), so one_failed and all_done nodes run
+TARGET is a step id when the run is blocked on a step call (its error names one):
+
+  cyclone resolve RUN charge_card --result '{"charge_id": "ch_123"}'
+
+and the node of the blocked run otherwise. The node of a step call is the one
+that the run's error names; --node NODE names it instead (then TARGET is always a
+step id, and no GetRun is needed). Give exactly one of:
+
+  --result JSON   the effect happened; JSON becomes the step's output (or the
+                  step call's return value) and the work after it goes on
+  --error MSG     the effect happened and failed; a step is recorded failed
+                  (not retried), so one_failed and all_done nodes run; a step
+                  call is recorded failed (EffectFailed: MSG), so the body's
+                  except block and its cleanup run on replay
   --discard       the effect did not happen; the step runs again on the next
-                  claim. Also the answer to a false alarm: a worker that died
-                  after its claim but before the effect blocks the run too
+                  claim (a step call: its entry is deleted and it runs when the
+                  body replays). Also the answer to a false alarm: a worker that
+                  died before the effect blocks the run too
 
---reason is required and recorded in the audit trail with your --actor and the
-choice. Only the uncertain step of a blocked run can be resolved, while the run is
-blocked: when two operators resolve at once, the second is refused.
+--reason is optional and recorded in the audit trail with your --actor and the
+choice. Only a blocked run can be resolved, and only what blocks it: when two
+operators resolve at once, the second is refused.
 """
 
 
@@ -206,9 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", default="", help="recorded in the audit trail")
     p.set_defaults(handler=_retry_all)
 
-    p = command("resolve", "resolve the uncertain step of a blocked run", RESOLVE_HELP)
+    p = command("resolve", "resolve the uncertain step or step call of a blocked run", RESOLVE_HELP)
     p.add_argument("run_id", metavar="RUN", help="the blocked run")
-    p.add_argument("node", metavar="NODE", help="its uncertain step (see run show)")
+    p.add_argument(
+        "target",
+        metavar="TARGET",
+        help="the step id of its uncertain step call, or its uncertain node (see run show)",
+    )
+    p.add_argument("--node", help="the node of the step call (default: the blocked one)")
     choice = p.add_mutually_exclusive_group(required=True)
     choice.add_argument(
         "--result", type=_json_arg, default=s, metavar="JSON", help="the effect happened"
@@ -216,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     choice.add_argument("--error", metavar="MSG", help="the effect happened and failed")
     choice.add_argument("--discard", action="store_true", help="the effect did not happen")
     p.add_argument(
-        "--reason", required=True, metavar="TEXT", help="what you checked; recorded in the audit"
+        "--reason", default="", metavar="TEXT", help="what you checked; recorded in the audit"
     )
     p.set_defaults(handler=_resolve)
 
@@ -311,10 +328,17 @@ def _retry_all(client: Client, args: argparse.Namespace) -> Any:
 
 def _resolve(client: Client, args: argparse.Namespace) -> Any:
     # --result null is a valid result, so "not given" is the attribute's absence.
-    choice = {"result": args.result} if hasattr(args, "result") else {}
+    choice: dict[str, Any] = {"result": args.result} if hasattr(args, "result") else {}
+    node = args.node
+    if node is None:
+        error = client.get_run(args.run_id).error
+        if error is not None and error.step_id:
+            node = error.node  # blocked on a step call: TARGET is its step id
+    if node is not None:
+        choice["step_id"] = args.target
     return client.resolve(
         args.run_id,
-        args.node,
+        node if node is not None else args.target,
         **choice,
         error=args.error,
         discard=args.discard,
@@ -333,6 +357,15 @@ def _when(value: Any) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
+def _when_zoned(value: Any, since: Any = None) -> str:
+    """A time with its zone; only the time of day when it is the same day as ``since``."""
+    if not value:
+        return "-"
+    same_day = since is not None and since.date() == value.date()
+    day = "" if same_day else value.strftime("%Y-%m-%d ")
+    return f"{day}{value:%H:%M:%S}.{value.microsecond // 1000:03d} {value.tzname() or ''}".rstrip()
+
+
 def render_run(run: Run) -> str:
     """A run as text: a header, its error, its steps as a tree by dependency."""
     lines = [
@@ -342,7 +375,13 @@ def render_run(run: Run) -> str:
     ]
     if run.error is not None:
         e = run.error
-        lines.append(f"  {e.kind}: {e.message} (node {e.node}, attempt {e.attempt})")
+        call = f", step call {e.step_id}" if e.step_id else ""
+        lines.append(f"  {e.kind}: {e.message} (node {e.node}{call}, attempt {e.attempt})")
+        if e.step_id and run.status == RunStatus.BLOCKED:
+            lines.append(
+                f"  resolve it: cyclone resolve {run.run_id} {e.step_id}"
+                " (--result JSON | --error MSG | --discard)"
+            )
     if run.steps:
         lines.append("")
         lines.extend(render_steps(run.steps))
@@ -370,10 +409,44 @@ def render_steps(steps: Sequence[Step]) -> list[str]:
             branch = "" if parent is None else ("└─ " if last else "├─ ")
             label = f"{prefix}{branch}{step.node}"
             lines.append(f"  {label:<{width}} {_step_summary(step)}")
-            walk(step.node, prefix + ("" if parent is None else ("   " if last else "│  ")))
+            inner = prefix + ("" if parent is None else ("   " if last else "│  "))
+            below = "│  " if children.get(step.node) else "   "
+            lines.extend(f"  {inner}{below}{line}" for line in render_journal(step.journal))
+            walk(step.node, inner)
 
     walk(None, "")
     return lines
+
+
+def render_journal(journal: Sequence[StepCall]) -> list[str]:
+    """A node's step calls in call order, one line each: seq, step id, status, attempt,
+    mark, function, times (with their zone), and the output or error."""
+    if not journal:
+        return []
+    width = max(len(c.step_id) for c in journal)
+    lines = [f"journal: {len(journal)} step call{'s' if len(journal) > 1 else ''}"]
+    for c in journal:
+        parts = [f"{c.seq:>3} {c.step_id:<{width}}", f"{c.status:<9}", f"attempt {c.attempt}"]
+        if c.unsafe_to_repeat:
+            parts.append("unsafe")
+        parts.append(f"fn {c.function}")
+        times = f"started {_when_zoned(c.started_at)}"
+        if c.finished_at is not None:
+            times += f", ended {_when_zoned(c.finished_at, c.started_at)}"
+        parts.append(times)
+        if c.error is not None:
+            parts.append(_excerpt(f"error {c.error.type}: {c.error.message}"))
+        elif c.status == "succeeded":
+            parts.append(_excerpt(f"-> {json.dumps(c.output)}"))
+        else:
+            parts.append("no outcome")
+        lines.append("  ".join(parts))
+    return lines
+
+
+def _excerpt(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _depth(steps: Sequence[Step]) -> int:

@@ -260,6 +260,24 @@ class BatchRow(NamedTuple):
     ready: str | None
 
 
+class ReportRow(NamedTuple):
+    """step_report_many: one row per item, a step call's end (kind "end") or begin
+    ("begin"), or a completion ("step"); error_state set when it was refused."""
+
+    kind: str
+    i: int
+    step_status: str | None
+    run_status: str | None
+    duplicate: bool | None
+    retry_at: datetime | None
+    decision: str | None
+    call: StepCallJson | None
+    error_state: str | None
+    error_message: str | None
+    error_detail: str | None
+    ready: str | None
+
+
 class StepCallBegun(NamedTuple):
     """step_call_begin: run, recorded or uncertain; the entry (None: a safe call to run)."""
 

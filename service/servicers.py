@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf import duration_pb2
@@ -60,9 +60,11 @@ from service.records import (
     RunSummary,
     StepCallBegun,
 )
-from service.store import BIG_WORKFLOW, StepCallKey, Store, parse_uuid
+from service.store import BIG_WORKFLOW, Report, StepCallEnd, StepCallKey, Store, parse_uuid
 
 log = logging.getLogger("cyclone")
+
+T = TypeVar("T")
 
 MAX_WORKER_ID = 200
 MAX_REASON = 2000
@@ -447,6 +449,24 @@ EXPLAIN_REASON = {
 }
 
 
+def _item(i: int, field: str, parse: Callable[[Any], T], request: Any) -> T:
+    """One item of a batch, validated; its errors name it (field[i])."""
+    try:
+        return parse(request)
+    except (errors.CycloneError, dag.InvalidWorkflow) as exc:
+        raise type(exc)(f"{field}[{i}]: {exc}") from None
+
+
+def _refusal(refused: Refused) -> worker_pb.CompleteError:
+    """A refused batch item, with the status its single RPC would have answered."""
+    error = refused.error
+    status = errors.status(error, "CompleteMany")
+    answer = worker_pb.CompleteError(code=status.code.value[0], message=status.message)
+    if isinstance(error, errors.LeaseLost) and error.current_attempt is not None:
+        answer.current_attempt = error.current_attempt
+    return answer
+
+
 def _encode_page_token(created_at: datetime, run_id: uuid.UUID) -> str:
     raw = json.dumps([created_at.isoformat(), str(run_id)]).encode()
     return base64.urlsafe_b64encode(raw).decode()
@@ -694,31 +714,32 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         except (errors.LeaseLost, errors.NotFound):
             self.metrics.refused.inc()
             raise
-        response = worker_pb.BeginStepCallResponse(
-            decision=STEP_CALL_DECISION[row.decision],
-            run_status=convert.RUN_STATUS[row.run_status],
-        )
-        if row.call is not None:
-            response.call.CopyFrom(convert.step_call(row.call))
-        if row.decision == "uncertain":
-            # The node's lease is over: no outcome of it will come.
-            handout = self.handouts.pop(call.lease_token)
-            if row.run_status == "blocked":
-                self.metrics.blocked.labels(handout.action if handout else "").inc()
-            _log_uncertain_call(call, row)
-        return response
+        return self._begun(call, row)
 
     @rpc
     async def EndStepCall(
         self, request: worker_pb.EndStepCallRequest, context: Context
     ) -> worker_pb.EndStepCallResponse:
+        end = self._step_call_end(request)
+        try:
+            row = await self.store.step_call_end(
+                end.key, output_json=end.output_json, error_json=end.error_json
+            )
+        except (errors.LeaseLost, errors.NotFound):
+            self.metrics.refused.inc()
+            raise
+        return worker_pb.EndStepCallResponse(
+            call=convert.step_call(row.call), duplicate=row.duplicate
+        )
+
+    def _step_call_end(self, request: worker_pb.EndStepCallRequest) -> StepCallEnd:
+        """A validated step call end: the call's key and its output or error."""
         call = self._step_call(request)
         outcome = request.WhichOneof("outcome")
-        output: str | None = None
-        error: str | None = None
         if outcome == "output":
             output = self.payloads.to_json(request.output, "output")
-        elif outcome == "error":
+            return StepCallEnd(call, output_json=output, error_json=None)
+        if outcome == "error":
             e = request.error
             error = json.dumps(
                 {
@@ -728,16 +749,8 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 },
                 ensure_ascii=False,
             )
-        else:
-            raise errors.InvalidArgument("outcome is required: set output or error")
-        try:
-            row = await self.store.step_call_end(call, output_json=output, error_json=error)
-        except (errors.LeaseLost, errors.NotFound):
-            self.metrics.refused.inc()
-            raise
-        return worker_pb.EndStepCallResponse(
-            call=convert.step_call(row.call), duplicate=row.duplicate
-        )
+            return StepCallEnd(call, output_json=None, error_json=error)
+        raise errors.InvalidArgument("outcome is required: set output or error")
 
     def _completion(self, request: worker_pb.CompleteRequest) -> Outcome:
         """A validated outcome: the step's key plus its output or failure."""
@@ -782,33 +795,80 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     async def CompleteMany(
         self, request: worker_pb.CompleteManyRequest, context: Context
     ) -> worker_pb.CompleteManyResponse:
-        if not 1 <= len(request.completions) <= 1000:
+        sizes = (
+            len(request.completions),
+            len(request.step_call_ends),
+            len(request.step_call_begins),
+        )
+        if max(sizes) > 1000 or sum(sizes) == 0:
             raise errors.InvalidArgument(
-                f"completions must hold 1 to 1000 items, got {len(request.completions)}"
+                "completions, step_call_ends and step_call_begins must hold 0 to 1000 items "
+                f"each, at least one in all, got {', '.join(map(str, sizes))}"
             )
-        outcomes = []
-        for i, completion in enumerate(request.completions):
-            try:
-                outcomes.append(self._completion(completion))
-            except (errors.CycloneError, dag.InvalidWorkflow) as exc:
-                raise type(exc)(f"completions[{i}]: {exc}") from None
-        results = []
-        answers = await self.store.step_complete_many(outcomes)
+        outcomes = [
+            _item(i, "completions", self._completion, c) for i, c in enumerate(request.completions)
+        ]
+        ends = [
+            _item(i, "step_call_ends", self._step_call_end, c)
+            for i, c in enumerate(request.step_call_ends)
+        ]
+        begins = [
+            _item(i, "step_call_begins", self._step_call, c)
+            for i, c in enumerate(request.step_call_begins)
+        ]
+        response = worker_pb.CompleteManyResponse()
+        if ends or begins:
+            report = await self.store.step_report_many(ends, begins, outcomes)
+            answers = report.completions
+            self._report_calls(report, begins, response)
+        else:
+            answers = await self.store.step_complete_many(outcomes)
         for outcome, answer in zip(outcomes, answers, strict=True):
             if isinstance(answer, Refused):
                 self.metrics.refused.inc()
-                # The item's status, as Complete would answer it.
-                error = answer.error
-                status = errors.status(error, "CompleteMany")
-                refused = worker_pb.CompleteError(code=status.code.value[0], message=status.message)
-                if isinstance(error, errors.LeaseLost) and error.current_attempt is not None:
-                    refused.current_attempt = error.current_attempt
-                results.append(worker_pb.CompleteResult(error=refused))
+                response.results.add(error=_refusal(answer))
                 continue
             if self._outcome(outcome, answer):
                 _log_outcome(outcome, answer, await self._attempt(outcome))
-            results.append(worker_pb.CompleteResult(response=_complete_response(answer)))
-        return worker_pb.CompleteManyResponse(results=results)
+            response.results.add(response=_complete_response(answer))
+        return response
+
+    def _report_calls(
+        self, report: Report, begins: list[StepCallKey], response: worker_pb.CompleteManyResponse
+    ) -> None:
+        """The answers to a CompleteMany's step call ends and begins."""
+        for ended in report.ends:
+            if isinstance(ended, Refused):
+                self.metrics.refused.inc()
+                response.step_call_end_results.add(error=_refusal(ended))
+            else:
+                response.step_call_end_results.add(
+                    response=worker_pb.EndStepCallResponse(
+                        call=convert.step_call(ended.call), duplicate=ended.duplicate
+                    )
+                )
+        for call, begun in zip(begins, report.begins, strict=True):
+            if isinstance(begun, Refused):
+                self.metrics.refused.inc()
+                response.step_call_begin_results.add(error=_refusal(begun))
+            else:
+                response.step_call_begin_results.add(response=self._begun(call, begun))
+
+    def _begun(self, call: StepCallKey, row: StepCallBegun) -> worker_pb.BeginStepCallResponse:
+        """BeginStepCall's answer; an UNCERTAIN one ends the node's lease here too."""
+        response = worker_pb.BeginStepCallResponse(
+            decision=STEP_CALL_DECISION[row.decision],
+            run_status=convert.RUN_STATUS[row.run_status],
+        )
+        if row.call is not None:
+            response.call.CopyFrom(convert.step_call(row.call))
+        if row.decision == "uncertain":
+            # The node's lease is over: no outcome of it will come.
+            handout = self.handouts.pop(call.lease_token)
+            if row.run_status == "blocked":
+                self.metrics.blocked.labels(handout.action if handout else "").inc()
+            _log_uncertain_call(call, row)
+        return response
 
     def _outcome(self, outcome: Outcome, done: Completion) -> bool:
         """Count, time and log an accepted outcome. True when its log line still needs

@@ -46,6 +46,7 @@ from service.records import (
     OutcomeRow,
     Ready,
     Refused,
+    ReportRow,
     Retried,
     RunRow,
     RunSummary,
@@ -114,6 +115,24 @@ class ActionSeen:
     polled_by: str
     claimed_ago: float | None = None
     claimed_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """step_report_many's answers, one per item of each kind, in request order."""
+
+    ends: list[StepCallEnded | Refused]
+    begins: list[StepCallBegun | Refused]
+    completions: list[Completion | Refused]
+
+
+@dataclass(frozen=True, slots=True)
+class StepCallEnd:
+    """The end of one step call: its key and exactly one of output or error (JSON)."""
+
+    key: StepCallKey
+    output_json: str | None
+    error_json: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,21 +439,59 @@ class Store:
         """Apply several outcomes in one transaction; one answer per outcome, in order.
         An outcome the engine refused (a lost lease, an unknown step) is a Refused that
         changed nothing, and does not affect the others."""
-        payload = []
-        for i, outcome in enumerate(outcomes):
-            entry: dict[str, Any] = {
-                "i": i,
-                "run_id": str(outcome.run_id),
-                "node": outcome.node,
-                "lease_token": str(outcome.lease_token),
-            }
-            if outcome.failure is not None:
-                entry["failure"] = asdict(outcome.failure)
-            else:
-                entry["output"] = _RawJson(outcome.output_json or "null")
-            payload.append(entry)
+        payload = _outcome_items(outcomes)
         rows = await self._all("step_complete_many", BatchRow, items=_dump_items(payload))
         return [_batch_answer(row) for row in sorted(rows, key=lambda r: r.i)]
+
+    async def step_report_many(
+        self,
+        ends: Sequence[StepCallEnd],
+        begins: Sequence[StepCallKey],
+        outcomes: Sequence[Outcome],
+    ) -> Report:
+        """End step calls, begin others, then apply outcomes, in one transaction: one
+        answer per item, in order, each refusal standing alone as in
+        step_complete_many. Ends of safe step calls alone are committed without waiting
+        for the WAL flush."""
+        end_items = []
+        for i, end in enumerate(ends):
+            item: dict[str, Any] = {"i": i, **end.key.params()}
+            if end.error_json is not None:
+                item["error"] = _RawJson(end.error_json)
+            else:
+                item["output"] = _RawJson(end.output_json or "null")
+            end_items.append(item)
+        rows = await self._all(
+            "step_report_many",
+            ReportRow,
+            ends=_dump_items(end_items),
+            begins=_dump_items([{"i": i, **key.params()} for i, key in enumerate(begins)]),
+            items=_dump_items(_outcome_items(outcomes)),
+            durable=bool(outcomes or begins) or any(end.key.unsafe for end in ends),
+        )
+        answers: dict[tuple[str, int], Any] = {}
+        for row in rows:
+            if row.error_state is not None:
+                answers[row.kind, row.i] = Refused(
+                    _domain_error(row.error_state, row.error_message or "", row.error_detail)
+                )
+            elif row.kind == "end":
+                assert row.call is not None and row.duplicate is not None
+                answers[row.kind, row.i] = StepCallEnded(row.duplicate, row.call)
+            elif row.kind == "begin":
+                assert row.decision is not None and row.run_status is not None
+                answers[row.kind, row.i] = StepCallBegun(row.decision, row.run_status, row.call)
+            else:
+                assert row.step_status is not None and row.run_status is not None
+                answers[row.kind, row.i] = Completion(
+                    row.step_status, row.run_status, bool(row.duplicate), row.retry_at
+                )
+        # A missing answer is a KeyError: a bug, answered INTERNAL.
+        return Report(
+            ends=[answers["end", i] for i in range(len(ends))],
+            begins=[answers["begin", i] for i in range(len(begins))],
+            completions=[answers["step", i] for i in range(len(outcomes))],
+        )
 
     async def step_call_begin(self, call: StepCallKey) -> StepCallBegun:
         """BeginStepCall: what the caller must do with one step call of a held step."""
@@ -564,14 +621,33 @@ class _RawJson(str):
     """JSON text to embed as is when dumping a batch."""
 
 
+def _outcome_items(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    """step_complete_many's items: {i, run_id, node, lease_token, failure | output}."""
+    payload = []
+    for i, outcome in enumerate(outcomes):
+        entry: dict[str, Any] = {
+            "i": i,
+            "run_id": str(outcome.run_id),
+            "node": outcome.node,
+            "lease_token": str(outcome.lease_token),
+        }
+        if outcome.failure is not None:
+            entry["failure"] = asdict(outcome.failure)
+        else:
+            entry["output"] = _RawJson(outcome.output_json or "null")
+        payload.append(entry)
+    return payload
+
+
 def _dump_items(items: list[dict[str, Any]]) -> str:
-    # The outputs are already JSON text; splice them in rather than parse and re-dump.
+    # Outputs and errors already JSON text (_RawJson) are spliced in rather than
+    # parsed and dumped again.
     parts = []
     for item in items:
-        raw = item.pop("output", None)
+        raws = {k: item.pop(k) for k in [k for k, v in item.items() if isinstance(v, _RawJson)]}
         text = json.dumps(item, separators=(",", ":"))
-        if raw is not None:
-            text = text[:-1] + ',"output":' + raw + "}"
+        for key, raw in raws.items():
+            text = f'{text[:-1]},"{key}":{raw}}}'
         parts.append(text)
     return "[" + ",".join(parts) + "]"
 

@@ -259,16 +259,20 @@ def test_every_command_of_the_grpcurl_page_works_as_written(cyclone_server, grpc
     }
     assert run_status(cyclone_server, ids["RUN_C"]) == "cancelled"
     assert audit(cyclone_server, ids["RUN_C"]) == [("resolve_discard", "bob"), ("cancel", "carol")]
-    # The durable function: blocked on its step call, resolved by step_id, completed.
+    # The durable function's journal: the resolved charge and the first receipt stand.
     assert run_status(cyclone_server, ids["RUN_D"]) == "completed"
-    assert audit(cyclone_server, ids["RUN_D"]) == [("resolve_result", "dana")]
-    assert cyclone_server.sql(
-        "SELECT step_id, status, output FROM cyclone.step_calls WHERE run_id = %s ORDER BY seq",
+    assert step_states(cyclone_server, ids["RUN_D"]) == {"fulfil": ("completed", 3)}
+    journal = cyclone_server.sql(
+        "SELECT step_id, status, unsafe, output, attempt FROM cyclone.step_calls"
+        " WHERE run_id = %s ORDER BY seq",
         ids["RUN_D"],
-    ) == [
-        ("reserve_stock", "succeeded", {"reserved": 2}),
-        ("charge", "succeeded", {"charge_id": "ch_3001"}),
+    )
+    assert journal == [
+        ("reserve", "succeeded", False, {"reservation": "r-3001"}, 1),
+        ("charge", "succeeded", True, {"charge_id": "ch_3001"}, 1),
+        ("receipt", "succeeded", False, "sent", 3),
     ]
+    assert audit(cyclone_server, ids["RUN_D"]) == [("resolve_result", "bob")]
 
 
 def test_the_readme_example_works_as_written(cyclone_server, grpcurl, tmp_path):

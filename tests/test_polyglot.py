@@ -1,8 +1,11 @@
 """One workflow, three languages: the checkout of examples/ submitted from TypeScript,
 its `price` node handled by the Python worker, its `charge` node by the Go worker
 (a ledger row committed with the step's completion), and an operator inspecting and
-retrying it with grpcurl. The examples are built as their READMEs say, once per
-session; a missing go, node or npm fails these tests instead of skipping them.
+retrying it with grpcurl. Then a durable function in Go (examples/go's order-worker):
+its journaled step calls are not repeated after a SIGKILL, and its unsafe call killed
+mid-call blocks the run until the operator resolves it with the `cyclone` command.
+The examples are built as their READMEs say, once per session; a missing go, node or
+npm fails these tests instead of skipping them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from pyclient import Client, RetryPolicy, Run, Workflow
 from tests.helpers import eventually
 
 # The first test also builds the examples: on a machine with cold Go caches, compiling
@@ -49,12 +53,11 @@ def _build(*cmd: str, cwd: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def go_worker_binary() -> Path:
-    """examples/go's checkout-worker, built with the command of its README."""
-    _build(
-        _tool("go"), "build", "-o", "bin/checkout-worker", "./cmd/checkout-worker", cwd=GO_EXAMPLE
-    )
-    return GO_EXAMPLE / "bin" / "checkout-worker"
+def go_binaries() -> Path:
+    """examples/go's commands (checkout-worker, order-worker), built with the command
+    of its README; the folder that holds them."""
+    _build(_tool("go"), "build", "-o", "bin/", "./cmd/...", cwd=GO_EXAMPLE)
+    return GO_EXAMPLE / "bin"
 
 
 @pytest.fixture(scope="session")
@@ -130,14 +133,13 @@ def python_worker(cyclone_server, start_process) -> Process:
     )
 
 
-@pytest.fixture
-def go_worker(cyclone_server, start_process, go_worker_binary) -> Callable[..., Process]:
-    """Start examples/go's worker on the test's server and database, with extra flags."""
+def _go_command(name: str, cyclone_server, start_process, go_binaries) -> Callable[..., Process]:
+    """Starts the Go command `name` on the test's server and database, with extra flags."""
 
     def start(*flags: str) -> Process:
         return start_process(
-            "go-worker",
-            go_worker_binary,
+            name,
+            go_binaries / name,
             "-address",
             cyclone_server.address,
             "-database-url",
@@ -146,6 +148,18 @@ def go_worker(cyclone_server, start_process, go_worker_binary) -> Callable[..., 
         )
 
     return start
+
+
+@pytest.fixture
+def go_worker(cyclone_server, start_process, go_binaries) -> Callable[..., Process]:
+    """Start examples/go's checkout-worker, with extra flags."""
+    return _go_command("checkout-worker", cyclone_server, start_process, go_binaries)
+
+
+@pytest.fixture
+def order_worker(cyclone_server, start_process, go_binaries) -> Callable[..., Process]:
+    """Start examples/go's order-worker (a durable function), with extra flags."""
+    return _go_command("order-worker", cyclone_server, start_process, go_binaries)
 
 
 @pytest.fixture
@@ -313,9 +327,189 @@ def test_a_charge_that_loses_its_lease_before_commit_rolls_back_and_is_booked_on
     python_worker.stop()
 
 
+def test_the_go_worker_unit_tests_pass(go_binaries):
+    # The journal's replay rules in examples/go/worker, against a fake server.
+    out = subprocess.run(
+        [_tool("go"), "test", "./..."], cwd=GO_EXAMPLE, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ok  \tcyclone/examples/go/worker" in out.stdout
+
+
 def test_the_typescript_client_unit_tests_pass(ts_cli):
     out = subprocess.run(
         [_tool("npm"), "test"], cwd=TS_EXAMPLE, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "# fail 0" in out.stdout
+
+
+# -- a durable function in Go ---------------------------------------------------------
+
+#: The installed `cyclone` command, as an operator runs it.
+CYCLONE_CLI = Path(sys.executable).with_name("cyclone")
+ORDER = {"order_id": "o-7", "amount": 1800}
+
+
+def _order_workflow() -> Workflow:
+    wf = Workflow("order")
+    wf.node("fulfil", action="order.fulfil", retry=RetryPolicy(max_attempts=5))
+    return wf
+
+
+def _calls(server, run_id: str) -> list[str]:
+    """The step functions of the Go body that really ran, in order (its order_log)."""
+    if server.sql("SELECT to_regclass('order_log')") == [(None,)]:
+        return []  # the worker has not created it yet
+    rows = server.sql("SELECT call FROM order_log WHERE run_id = %s ORDER BY at, call", run_id)
+    return [call for (call,) in rows]
+
+
+def _cyclone(server, *argv: str) -> subprocess.CompletedProcess:
+    assert CYCLONE_CLI.exists(), f"the cyclone command is not installed next to {sys.executable}"
+    return subprocess.run(
+        [str(CYCLONE_CLI), "--address", server.address, "--actor", "dora", *argv],
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE,
+    )
+
+
+def _journal(run: Run) -> list[tuple[str, str, int, bool]]:
+    return [
+        (c.step_id, str(c.status), c.attempt, c.unsafe_to_repeat)
+        for c in run.step("fulfil").journal
+    ]
+
+
+@pytest.fixture
+def operator(cyclone_server) -> Iterator[Client]:
+    with Client(cyclone_server.address, actor="dora") as client:
+        yield client
+
+
+def test_a_go_durable_function_replays_its_journal_after_a_kill(
+    cyclone_server, order_worker, operator
+):
+    # The first worker dies while the gateway answers the unsafe charge: price_order is
+    # recorded, reserve_stock too (with its row, in one transaction), charge_card is
+    # STARTED.
+    first = order_worker("-gateway-delay", "10m")
+    run_id = operator.submit(_order_workflow(), ORDER)
+    eventually(
+        lambda: _calls(cyclone_server, run_id) == ["price_order", "reserve_stock", "charge_card"],
+        "the Go body to reach the charge",
+        PATIENCE,
+    )
+    run = operator.get_run(run_id)
+    assert _journal(run) == [
+        ("price_order", "succeeded", 1, False),
+        ("reserve_stock", "succeeded", 1, False),
+        ("charge_card", "started", 1, True),
+    ]
+    first.popen.kill()
+    first.popen.wait()
+
+    # Its lease runs out; the next attempt replays the body: price_order and
+    # reserve_stock come from the journal, and the STARTED charge blocks the run
+    # instead of charging again.
+    cyclone_server.advance_clock(120)
+    assert cyclone_server.sweep() == 1
+    second = order_worker()
+    run = operator.wait(run_id, timeout=PATIENCE)
+    assert run.status == "blocked", second.log
+    assert run.error is not None
+    assert (run.error.kind, run.error.node, run.error.step_id) == (
+        "EffectUncertain",
+        "fulfil",
+        "charge_card",
+    )
+    assert "fulfil" in run.error.message and "charge_card" in run.error.message
+    assert run.step("fulfil").status == "uncertain"
+    assert _journal(run) == [
+        ("price_order", "succeeded", 1, False),
+        ("reserve_stock", "succeeded", 1, False),
+        ("charge_card", "started", 1, True),
+    ]
+    assert _calls(cyclone_server, run_id) == ["price_order", "reserve_stock", "charge_card"]
+    eventually(lambda: "effect uncertain" in second.log, "the Go worker to drop the node", PATIENCE)
+
+    shown = _cyclone(cyclone_server, "run", "show", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "step call charge_card" in shown.stdout
+    assert f"cyclone resolve {run_id} charge_card" in shown.stdout
+    # The journal, one line per call: seq, step id, status, attempt, mark, times.
+    [price_line, reserve_line, charge_line] = [
+        line for line in shown.stdout.splitlines() if line.split()[:1] in (["1"], ["2"], ["3"])
+    ]
+    assert price_line.split()[1:3] == ["price_order", "succeeded"]
+    assert price_line.endswith("-> 2290")
+    assert reserve_line.split()[1:3] == ["reserve_stock", "succeeded"]
+    assert reserve_line.endswith('-> "r-o-7"')
+    assert charge_line.split()[1:3] == ["charge_card", "started"]
+    assert "unsafe" in charge_line and "UTC" in charge_line and "no outcome" in charge_line
+
+    # The operator finds the charge at the gateway: the seed's command, as written.
+    resolved = _cyclone(
+        cyclone_server, "resolve", run_id, "charge_card", "--result", '{"charge_id": "ch_found"}'
+    )
+    assert resolved.returncode == 0, resolved.stderr
+    run = operator.wait(run_id, timeout=PATIENCE)
+    assert run.status == "completed", second.log
+    assert run.step("fulfil").output == {
+        "status": "fulfilled",
+        "reservation": "r-o-7",
+        "charge_id": "ch_found",
+        "charged": 2290,
+    }
+    assert _calls(cyclone_server, run_id) == [
+        "price_order",
+        "reserve_stock",
+        "charge_card",
+        "send_receipt",
+    ]
+    assert [s for (_, s, _, _) in _journal(run)] == ["succeeded"] * 4
+    assert cyclone_server.sql("SELECT order_id, released FROM reservations") == [("o-7", False)]
+    [audit] = run.audit
+    assert (audit.action, audit.node, audit.actor) == ("resolve_result", "fulfil", "dora")
+    second.stop()
+
+
+@pytest.mark.parametrize(
+    ("resolution", "calls", "output"),
+    [
+        (
+            ["--error", "card declined"],
+            ["price_order", "reserve_stock", "charge_card", "release_stock"],
+            {"status": "cancelled", "reason": "EffectFailed: card declined"},
+        ),
+        (
+            ["--discard", "--node", "fulfil", "--reason", "no charge at the gateway"],
+            ["price_order", "reserve_stock", "charge_card", "charge_card", "send_receipt"],
+            {"status": "fulfilled", "reservation": "r-o-7", "charge_id": "ch_o-7", "charged": 2290},
+        ),
+    ],
+    ids=["error-runs-the-cleanup", "discard-runs-the-call-again"],
+)
+def test_a_blocked_go_durable_function_resumes_as_resolved(
+    cyclone_server, order_worker, operator, resolution, calls, output
+):
+    first = order_worker("-gateway-delay", "10m")
+    run_id = operator.submit(_order_workflow(), ORDER)
+    eventually(
+        lambda: "charge_card" in _calls(cyclone_server, run_id), "the charge to begin", PATIENCE
+    )
+    first.popen.kill()
+    first.popen.wait()
+    cyclone_server.advance_clock(120)
+    assert cyclone_server.sweep() == 1
+    second = order_worker()
+    assert operator.wait(run_id, timeout=PATIENCE).status == "blocked", second.log
+
+    resolved = _cyclone(cyclone_server, "resolve", run_id, "charge_card", *resolution)
+    assert resolved.returncode == 0, resolved.stderr
+    run = operator.wait(run_id, timeout=PATIENCE)
+    assert run.status == "completed", second.log
+    assert run.step("fulfil").output == output
+    assert _calls(cyclone_server, run_id) == calls
+    second.stop()

@@ -548,7 +548,7 @@ def test_complete_many_refuses_an_invalid_item_and_writes_nothing(cyclone_server
     assert "completions[1]: lease_token 'x' is not a UUID" in error.details()
     assert cyclone_server.sql("SELECT * FROM cyclone.steps ORDER BY node") == before
     error = rpc_error(complete_many, cyclone_server)
-    assert "completions must hold 1 to 1000 items" in error.details()
+    assert "must hold 0 to 1000 items each, at least one in all" in error.details()
 
 
 def test_complete_many_across_runs_completes_each_run(cyclone_server):

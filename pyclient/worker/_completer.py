@@ -1,5 +1,6 @@
 """Reporting outcomes: a handler's return value or exception becomes a Complete
-request, sent with the others that end meanwhile in one CompleteMany (retried under
+request, sent with the others that end meanwhile (and with the begins and ends of
+durable functions' step calls) in one CompleteMany (retried under
 :mod:`._retry` while the server is unavailable), or, when the handler used
 ``ctx.completion_tx()``, committed by ``cyclone.step_complete`` in that transaction.
 """
@@ -10,6 +11,7 @@ import asyncio
 import logging
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -51,6 +53,13 @@ class Completer:
         self.rt = runtime
         self.on_answered = on_answered
         self.outbox: list[tuple[pb.CompleteRequest, asyncio.Future[pb.CompleteResult]]] = []
+        #: Ends of safe step calls, sent first in the next CompleteMany, not waited for.
+        self.ends: list[pb.EndStepCallRequest] = []
+        #: Begins of step calls, sent with the next CompleteMany; their callers wait.
+        self.begins: list[tuple[pb.BeginStepCallRequest, Future[pb.BeginStepCallResponse]]] = []
+        #: Ends queued and answered so far, and who waits for which count answered.
+        self.ends_queued = self.ends_answered = 0
+        self.end_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.flusher: asyncio.Task[None] | None = None
         #: CompleteMany calls answered (or failed) so far.
         self.reports = 0
@@ -90,6 +99,7 @@ class Completer:
         )
         if error is None and tx is not None and tx.opened:
             assert output_json is not None
+            await self.ends_sent()
             try:
                 await asyncio.to_thread(tx.commit, output_json)
             except LeaseLost as exc:
@@ -158,12 +168,50 @@ class Completer:
         except grpc.RpcError as exc:
             slog.warning("last progress not stored: %s", from_rpc_error(exc))
 
+    def begin_soon(
+        self, request: pb.BeginStepCallRequest, answer: Future[pb.BeginStepCallResponse]
+    ) -> None:
+        """Begin a step call with the next CompleteMany (on the worker's loop); its
+        caller waits for ``answer`` (the response, or the SDK's error)."""
+        self.begins.append((request, answer))
+        self._kick()
+
+    def end_later(self, request: pb.EndStepCallRequest) -> None:
+        """Record a step call's end with the next CompleteMany (on the worker's loop).
+        Nobody waits for it: a refusal (a lost lease) is only logged."""
+        self.ends.append(request)
+        self.ends_queued += 1
+        self._kick()
+
+    async def ends_sent(self) -> None:
+        """Wait until the ends queued so far are answered (or given up on): a node
+        completed in its own transaction goes after its journal."""
+        if self.ends_answered >= self.ends_queued:
+            return
+        waiter: asyncio.Future[None] = self.rt.loop.create_future()
+        self.end_waiters.append((self.ends_queued, waiter))
+        self._kick()
+        await waiter
+
+    def _ends_answered(self, n: int) -> None:
+        self.ends_answered += n
+        waiting = []
+        for target, waiter in self.end_waiters:
+            if target <= self.ends_answered:
+                waiter.set_result(None)
+            else:
+                waiting.append((target, waiter))
+        self.end_waiters = waiting
+
+    def _kick(self) -> None:
+        if self.flusher is None or self.flusher.done():
+            self.flusher = asyncio.create_task(self._flush())
+
     async def _complete(self, request: pb.CompleteRequest, slog: StepLog) -> None:
         """Report one outcome, in the next CompleteMany."""
         future: asyncio.Future[pb.CompleteResult] = self.rt.loop.create_future()
         self.outbox.append((request, future))
-        if self.flusher is None or self.flusher.done():
-            self.flusher = asyncio.create_task(self._flush())
+        self._kick()
         try:
             result = await future
         except CycloneError as err:
@@ -178,10 +226,18 @@ class Completer:
 
     async def _flush(self) -> None:
         rt = self.rt
-        while self.outbox:
+        while self.outbox or self.ends or self.begins:
             batch = self.outbox[:MAX_COMPLETIONS]
             del self.outbox[:MAX_COMPLETIONS]
-            request = pb.CompleteManyRequest(completions=[r for r, _ in batch])
+            ends = self.ends[:MAX_COMPLETIONS]
+            del self.ends[:MAX_COMPLETIONS]
+            begins = self.begins[:MAX_COMPLETIONS]
+            del self.begins[:MAX_COMPLETIONS]
+            request = pb.CompleteManyRequest(
+                completions=[r for r, _ in batch],
+                step_call_ends=ends,
+                step_call_begins=[r for r, _ in begins],
+            )
             backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
             give_up = rt.loop.time() + backoff.window
             while True:
@@ -197,10 +253,26 @@ class Completer:
                         log.warning("complete failed (%s); retrying in %.1fs", err, delay)
                         await asyncio.sleep(delay)
                         continue
+                    if ends:
+                        log.warning("%d step call ends not recorded: %s", len(ends), err)
+                        self._ends_answered(len(ends))
                     for _, future in batch:
                         future.set_exception(err)
+                    for _, answer in begins:
+                        answer.set_exception(err)
                     break
                 self._answered()
+                for end, result in zip(ends, reply.step_call_end_results, strict=True):
+                    if result.HasField("error"):
+                        refusal = error_for_code(result.error.code, result.error.message)
+                        level = logging.INFO if isinstance(refusal, LeaseLost) else logging.WARNING
+                        log.log(level, "step call %r not recorded: %s", end.step_id, refusal)
+                self._ends_answered(len(ends))
+                for (_, answer), begun in zip(begins, reply.step_call_begin_results, strict=True):
+                    if begun.HasField("error"):
+                        answer.set_exception(error_for_code(begun.error.code, begun.error.message))
+                    else:
+                        answer.set_result(begun.response)
                 for (_, future), result in zip(batch, reply.results, strict=True):
                     future.set_result(result)
                 break

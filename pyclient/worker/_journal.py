@@ -1,34 +1,32 @@
 """The journal backend of durable functions in the worker: Begin and End of step
 calls, sent to the server from where the body runs.
 
-A sync body (in its handler thread) calls on a sync channel, an async body (on the
-handler loop) on an aio channel of that loop: a step call never hops to the worker's
-loop, which goes on heartbeating. Both channels are opened when first used
-(:class:`Channels`). A call the server cannot take now (UNAVAILABLE) is retried for up
-to a lease, as completions are (both are idempotent within an attempt: a repeated
+Begins and ends go to the worker's loop, through the mailbox its handler's outcome
+takes after them, and the completer sends them with the other begins, ends and
+completions of the moment in one CompleteMany, before the node's completion: one round
+trip and one commit for many. A Begin is waited for (an unsafe call runs only once its
+STARTED entry is durable); an End is not: losing a safe call's end in a crash only runs
+the call again, and an unsafe call's end is committed durably with the next batch,
+which leaves at once. The completer retries a batch the server cannot take now
+(UNAVAILABLE) for up to a lease: both are idempotent within an attempt (a repeated
 Begin answers RUN again, a repeated End is a duplicate).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
-import time
+import concurrent.futures
 from typing import TYPE_CHECKING, Any, TypeVar
-
-import grpc
 
 from cyclone.v1 import types_pb2
 from cyclone.v1 import worker_service_pb2 as pb
-from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
 from pyclient.completion import CompletionTx, record_step_call
 from pyclient.context import StepControl
 from pyclient.durable._replay import BodyStopped, Call, Decision, Outcome
-from pyclient.errors import CycloneError, Unavailable, from_rpc_error
+from pyclient.errors import CycloneError, Unavailable
 from pyclient.models import StepCall, StepCallError
 from pyclient.worker._common import RPC_TIMEOUT
-from pyclient.worker._retry import Backoff
+from pyclient.worker._mailbox import Mailbox
 
 if TYPE_CHECKING:
     from pyclient.worker._runtime import Runtime
@@ -40,61 +38,6 @@ _DECISIONS = {
     pb.STEP_CALL_DECISION_RECORDED: Decision.RECORDED,
     pb.STEP_CALL_DECISION_UNCERTAIN: Decision.UNCERTAIN,
 }
-
-
-class Channels:
-    """The channels of step calls: a sync one for sync bodies, an aio one on the
-    handler loop for async bodies; each opened when first needed."""
-
-    def __init__(self, address: str, credentials: grpc.ChannelCredentials | None, options: Any):
-        self._address, self._credentials, self._options = address, credentials, options
-        self._lock = threading.Lock()
-        self._sync: grpc.Channel | None = None
-        self._aio: grpc.aio.Channel | None = None
-        self._aio_loop: asyncio.AbstractEventLoop | None = None
-        self.sync_stub: Any = None
-        self.aio_stub: Any = None
-        self.closed = False
-
-    def sync(self) -> Any:
-        """The sync stub (from any thread)."""
-        with self._lock:
-            if self.closed:
-                raise BodyStopped("the worker stopped")
-            if self._sync is None:
-                self._sync = (
-                    grpc.secure_channel(self._address, self._credentials, options=self._options)
-                    if self._credentials
-                    else grpc.insecure_channel(self._address, options=self._options)
-                )
-                self.sync_stub = pb_grpc.WorkerServiceStub(self._sync)
-            return self.sync_stub
-
-    def aio(self) -> Any:
-        """The aio stub of the handler loop (called on it)."""
-        if self.closed:
-            raise BodyStopped("the worker stopped")
-        if self._aio is None:
-            self._aio_loop = asyncio.get_running_loop()
-            self._aio = (
-                grpc.aio.secure_channel(self._address, self._credentials, options=self._options)
-                if self._credentials
-                else grpc.aio.insecure_channel(self._address, options=self._options)
-            )
-            self.aio_stub = pb_grpc.WorkerServiceStub(self._aio)
-        return self.aio_stub
-
-    async def close(self) -> None:
-        """Close both (from the worker's loop, before the handler loop stops)."""
-        with self._lock:
-            self.closed = True
-        if self._sync is not None:
-            self._sync.close()
-        if self._aio is not None and self._aio_loop is not None:
-            closing = asyncio.run_coroutine_threadsafe(self._aio.close(), self._aio_loop)
-            # A handler loop held up by a blocking body gives up its channel unclosed.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.wrap_future(closing), RPC_TIMEOUT)
 
 
 class GrpcJournal:
@@ -116,18 +59,47 @@ class GrpcJournal:
             raise BodyStopped("the worker gave up on this attempt (time limit or shutdown)")
 
     def begin(self, call: Call) -> tuple[Decision, StepCall | None]:
-        request = self._request(pb.BeginStepCallRequest, call)
-        return self._decision(self._send("BeginStepCall", request))
+        answer = self._begin_soon(call, self.rt.inbox)
+        try:
+            return self._decision(answer.result(timeout=self._patience))
+        except concurrent.futures.TimeoutError:
+            raise Unavailable("BeginStepCall was not answered in time") from None
 
     async def begin_async(self, call: Call) -> tuple[Decision, StepCall | None]:
-        request = self._request(pb.BeginStepCallRequest, call)
-        return self._decision(await self._send_async("BeginStepCall", request))
+        answer = self._begin_soon(call, self._handler_outbox())
+        try:
+            response = await asyncio.wait_for(asyncio.wrap_future(answer), self._patience)
+        except TimeoutError:
+            raise Unavailable("BeginStepCall was not answered in time") from None
+        return self._decision(response)
 
     def end(self, call: Call, outcome: Outcome) -> None:
-        self._send("EndStepCall", self._end_request(call, outcome))
+        self.rt.inbox.post(self.rt.completer.end_later, self._end_request(call, outcome))
 
     async def end_async(self, call: Call, outcome: Outcome) -> None:
-        await self._send_async("EndStepCall", self._end_request(call, outcome))
+        self._handler_outbox().post(self.rt.completer.end_later, self._end_request(call, outcome))
+
+    def _begin_soon(
+        self, call: Call, mailbox: Mailbox
+    ) -> concurrent.futures.Future[pb.BeginStepCallResponse]:
+        """Post the call's Begin to the completer, which sends it with the next
+        CompleteMany; the future is its answer."""
+        answer: concurrent.futures.Future[pb.BeginStepCallResponse] = concurrent.futures.Future()
+        mailbox.post(
+            self.rt.completer.begin_soon, self._request(pb.BeginStepCallRequest, call), answer
+        )
+        return answer
+
+    @property
+    def _patience(self) -> float:
+        # The completer retries an unavailable server for up to a lease.
+        return self.rt.policy.lease + RPC_TIMEOUT
+
+    def _handler_outbox(self) -> Mailbox:
+        """The mailbox from the handler loop (where async bodies run) to the worker's."""
+        handlers = self.rt.executor.handler_loop if self.rt.executor else None
+        assert handlers is not None
+        return handlers.outbox
 
     def record(self, call: Call, conn: Any, output_json: str) -> None:
         step = self.step
@@ -181,35 +153,3 @@ class GrpcJournal:
             raise CycloneError(f"BeginStepCall answered an unknown decision {response.decision}")
         entry = StepCall.from_proto(response.call) if response.HasField("call") else None
         return decision, entry
-
-    # -- sending, retried while the server is unavailable
-
-    def _send(self, method: str, request: Any) -> Any:
-        rpc = getattr(self.rt.journal_channels.sync(), method)
-        backoff = Backoff(self.rt.w.reconnect_max_delay, window=self.rt.policy.lease)
-        give_up = time.monotonic() + backoff.window
-        while True:
-            try:
-                return rpc(request, timeout=RPC_TIMEOUT, metadata=self.rt.metadata)
-            except grpc.RpcError as exc:
-                time.sleep(self._delay(exc, backoff, time.monotonic() < give_up))
-
-    async def _send_async(self, method: str, request: Any) -> Any:
-        rpc = getattr(self.rt.journal_channels.aio(), method)
-        backoff = Backoff(self.rt.w.reconnect_max_delay, window=self.rt.policy.lease)
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + backoff.window
-        while True:
-            try:
-                return await rpc(request, timeout=RPC_TIMEOUT, metadata=self.rt.metadata)
-            except grpc.RpcError as exc:
-                await asyncio.sleep(self._delay(exc, backoff, loop.time() < give_up))
-
-    def _delay(self, exc: grpc.RpcError, backoff: Backoff, in_time: bool) -> float:
-        """How long to wait before trying again; the SDK's error when not to."""
-        err = from_rpc_error(exc)
-        if isinstance(err, Unavailable) and in_time and not self.control.is_stopped:
-            return backoff.next()
-        if self.rt.journal_channels.closed:
-            raise BodyStopped("the worker stopped") from None
-        raise err from None

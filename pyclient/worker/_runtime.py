@@ -21,7 +21,7 @@ from pyclient.models import StepCall, UpstreamFailure, time_field, value_field
 from pyclient.worker._common import StepLog, log
 from pyclient.worker._completer import Completer
 from pyclient.worker._executor import Executor
-from pyclient.worker._journal import Channels, GrpcJournal
+from pyclient.worker._journal import GrpcJournal
 from pyclient.worker._mailbox import Mailbox
 from pyclient.worker._producer import Producer
 from pyclient.worker._timers import Alarms
@@ -56,8 +56,6 @@ class Runtime:
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", max(100, int(worker.reconnect_max_delay * 1000))),
         ]
-        #: The channels of durable functions' step calls.
-        self.journal_channels = Channels(worker.address, worker._credentials, self.channel_options)
 
     def request_stop(self) -> None:
         if self.stopping.is_set():
@@ -90,7 +88,6 @@ class Runtime:
         finally:
             await self._drain()
             await self.channel.close()
-            await self.journal_channels.close()
             self.executor.close()
             if self.pool is not None:
                 await asyncio.to_thread(self.pool.close)

@@ -287,3 +287,17 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
 -- name: clock_advance
 -- Tests only: moves cyclone.now() forward.
 UPDATE cyclone.clock SET offset_by = offset_by + make_interval(secs => :seconds);
+
+-- name: step_report_many
+-- CompleteMany: step calls ended, step calls begun, then the completions, in one
+-- transaction. A batch of safe step calls' ends alone is committed without waiting for
+-- its WAL flush (durable = false), as EndStepCall commits a safe call's end; anything
+-- else (an unsafe call's begin or end, a completion) waits for it.
+SELECT m.kind, m.i, m.step_status, m.run_status, m.duplicate, m.retry_at, m.decision,
+       m.call, m.error_state, m.error_message, m.error_detail,
+       current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.step_report_many(CAST(:ends AS jsonb), CAST(:begins AS jsonb),
+                                CAST(:items AS jsonb)) m
+ CROSS JOIN LATERAL (SELECT set_config('synchronous_commit',
+                                       CASE WHEN :durable THEN 'on' ELSE 'off' END,
+                                       true)) c;

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from pyclient import NotFound, Run, RunStatus, Step, StepError, StepStatus, Submitted, cli
-from pyclient.models import Retried, RunError
+from pyclient.models import Retried, RunError, StepCall, StepCallError
 
 WORKFLOW_YAML = """\
 name: order
@@ -167,6 +169,56 @@ def test_run_show_prints_steps_as_a_tree_with_status_attempt_and_last_error(caps
     assert any("└─ audit" in line and "after send_receipt, refund" in line for line in lines)
 
 
+def test_run_show_lists_each_nodes_journal_and_how_to_resolve_a_step_call(capsys):
+    at = dt.datetime(2026, 11, 30, 18, 0, 43, 780368, tzinfo=dt.UTC)
+    journal = (
+        StepCall("reserve", 1, "shop.reserve", "succeeded", False, {"id": "r-1"}, None, 1, at, at),
+        StepCall("charge", 2, "shop.charge", "started", True, None, None, 1, at, None),
+        StepCall(
+            "tag#2",
+            3,
+            "tag",
+            "failed",
+            False,
+            None,
+            StepCallError("Timeout", "x" * 200, ""),
+            1,
+            at,
+            at + dt.timedelta(seconds=2),
+        ),
+    )
+    steps = (
+        _step("fulfil", "uncertain", attempt=2, effect_uncertain=True, journal=journal),
+        _step("notify", "pending", ("fulfil",)),
+    )
+    run = replace(_blocked_on_a_step_call(), steps=steps)
+    assert cli.main(["run", "show", "r1"], client=FakeClient(run)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "(node fulfil, step call charge, attempt 1)" in lines[2]
+    assert lines[3] == (
+        "  resolve it: cyclone resolve r1 charge (--result JSON | --error MSG | --discard)"
+    )
+    at_fulfil = next(i for i, line in enumerate(lines) if line.startswith("  fulfil "))
+    header, reserve, charge, tag = lines[at_fulfil + 1 : at_fulfil + 5]
+    assert header == "  │  journal: 3 step calls"
+    assert reserve.split()[:8] == [
+        "│",
+        "1",
+        "reserve",
+        "succeeded",
+        "attempt",
+        "1",
+        "fn",
+        "shop.reserve",
+    ]
+    assert "started 2026-11-30 18:00:43.780 UTC, ended 18:00:43.780 UTC" in reserve
+    assert reserve.endswith('-> {"id": "r-1"}')
+    assert charge.split()[1:8] == ["2", "charge", "started", "attempt", "1", "unsafe", "fn"]
+    assert charge.endswith("started 2026-11-30 18:00:43.780 UTC  no outcome")
+    assert "error Timeout: xxx" in tag and tag.endswith("…") and len(tag) < 200
+    assert lines[at_fulfil + 5].startswith("  └─ notify")
+
+
 def test_run_show_json_is_the_run_as_a_dict(capsys):
     assert cli.main(["run", "show", "r1", "--json"], client=FakeClient()) == 0
     data = json.loads(capsys.readouterr().out)
@@ -208,23 +260,60 @@ def test_runs_list_refuses_an_unknown_status(capsys):
     ],
 )
 def test_resolve_sends_the_one_resolution_given(flags, kwargs):
-    client = FakeClient()
+    client = FakeClient(_run("blocked"))  # blocked on a node: TARGET is the node
     assert cli.main(["resolve", "r1", "charge", *flags, "--reason", "checked"], client=client) == 0
-    name, args, sent = client.calls[0]
+    assert client.calls[0] == ("get_run", ("r1",), {})
+    name, args, sent = client.calls[1]
     assert (name, args, sent["reason"]) == ("resolve", ("r1", "charge"), "checked")
     expected = {"error": None, "discard": False, **kwargs}
     assert {k: v for k, v in sent.items() if k != "reason"} == expected
 
 
+def _blocked_on_a_step_call() -> Run:
+    run = _run("blocked")
+    error = RunError("EffectUncertain", "node fulfil: step call ...", "fulfil", 1, None, "charge")
+    return replace(run, error=error)
+
+
+def test_resolve_takes_the_step_id_of_a_run_blocked_on_a_step_call_as_the_seed_writes_it():
+    client = FakeClient(_blocked_on_a_step_call())
+    argv = ["resolve", "r1", "charge", "--result", '{"charge_id": "ch_1"}']
+    assert cli.main(argv, client=client) == 0
+    assert client.calls[1] == (
+        "resolve",
+        ("r1", "fulfil"),
+        {
+            "result": {"charge_id": "ch_1"},
+            "step_id": "charge",
+            "error": None,
+            "discard": False,
+            "reason": "",  # optional: the actor is recorded either way
+        },
+    )
+
+
+def test_resolve_with_node_names_a_step_call_without_reading_the_run():
+    client = FakeClient()
+    argv = ["resolve", "r1", "charge#2", "--node", "fulfil", "--error", "declined"]
+    assert cli.main(argv, client=client) == 0
+    [(name, args, sent)] = client.calls
+    assert (name, args, sent["step_id"], sent["error"]) == (
+        "resolve",
+        ("r1", "fulfil"),
+        "charge#2",
+        "declined",
+    )
+
+
 @pytest.mark.parametrize(
     "argv",
     [
-        ["resolve", "r1", "charge", "--discard"],
+        ["resolve", "r1", "--discard"],
         ["resolve", "r1", "charge", "--reason", "x"],
         ["resolve", "r1", "charge", "--discard", "--error", "e", "--reason", "x"],
         ["resolve", "r1", "charge", "--result", "{oops", "--reason", "x"],
     ],
-    ids=["no-reason", "no-choice", "two-choices", "bad-json"],
+    ids=["no-target", "no-choice", "two-choices", "bad-json"],
 )
 def test_resolve_refuses_bad_usage_with_exit_code_2(argv):
     with pytest.raises(SystemExit) as info:
@@ -273,8 +362,13 @@ def test_resolve_help_gives_the_shape_and_explains_each_choice(capsys):
         cli.main(["resolve", "--help"], client=FakeClient())
     assert info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "(--result JSON | --error MSG | --discard) --reason TEXT RUN NODE" in text
+    assert "[--node NODE] (--result JSON | --error MSG | --discard) [--reason TEXT] RUN TARGET" in (
+        text
+    )
+    assert "TARGET is a step id when the run is blocked on a step call" in text
+    assert "cyclone resolve RUN charge_card --result" in text
     assert "--result JSON the effect happened; JSON becomes the step's output" in text
-    assert "--error MSG the effect happened and failed; the step is recorded failed" in text
+    assert "--error MSG the effect happened and failed; a step is recorded failed" in text
+    assert "so the body's except block and its cleanup run on replay" in text
     assert "--discard the effect did not happen; the step runs again" in text
-    assert "false alarm" in text and "--reason is required" in text
+    assert "false alarm" in text and "--reason is optional" in text

@@ -531,3 +531,36 @@ def test_the_async_client_starts_a_durable_function_too(cyclone_server):
         "order-2",
         "checkout",
     )
+
+
+def test_the_ends_of_safe_calls_travel_in_batches_and_all_are_recorded(
+    client, make_worker, cyclone_server
+):
+    """A safe call's end is not a round trip of its own: it goes with the next
+    CompleteMany, before the node's completion, and the journal holds every call."""
+
+    @step
+    def inc(n: int) -> int:
+        return n + 1
+
+    def count(ctx: Any, start: int) -> int:
+        n = start
+        for _ in range(20):
+            n = inc(n)
+        return n
+
+    registry = cyclone_server.server.metrics.registry
+
+    def calls(method: str) -> float:
+        labels = {"method": f"WorkerService/{method}", "code": "OK"}
+        return registry.get_sample_value("cyclone_rpcs_total", labels) or 0.0
+
+    worker = make_worker()
+    worker.workflow("count")(count)
+    with running(worker):
+        run = client.wait(client.start("count", 0), timeout=PATIENCE)
+    assert (run.status, run.step("count").output) == ("completed", 20)
+    journal = run.step("count").journal
+    assert [c.step_id for c in journal] == ["inc"] + [f"inc#{i}" for i in range(2, 21)]
+    assert [c.output for c in journal] == list(range(1, 21))
+    assert calls("EndStepCall") == 0 and calls("CompleteMany") >= 1

@@ -170,16 +170,40 @@ class CompleteResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., retry_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., run_status: _Optional[_Union[_types_pb2.RunStatus, str]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class CompleteManyRequest(_message.Message):
-    __slots__ = ("completions",)
+    __slots__ = ("completions", "step_call_ends", "step_call_begins")
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    STEP_CALL_ENDS_FIELD_NUMBER: _ClassVar[int]
+    STEP_CALL_BEGINS_FIELD_NUMBER: _ClassVar[int]
     completions: _containers.RepeatedCompositeFieldContainer[CompleteRequest]
-    def __init__(self, completions: _Optional[_Iterable[_Union[CompleteRequest, _Mapping]]] = ...) -> None: ...
+    step_call_ends: _containers.RepeatedCompositeFieldContainer[EndStepCallRequest]
+    step_call_begins: _containers.RepeatedCompositeFieldContainer[BeginStepCallRequest]
+    def __init__(self, completions: _Optional[_Iterable[_Union[CompleteRequest, _Mapping]]] = ..., step_call_ends: _Optional[_Iterable[_Union[EndStepCallRequest, _Mapping]]] = ..., step_call_begins: _Optional[_Iterable[_Union[BeginStepCallRequest, _Mapping]]] = ...) -> None: ...
 
 class CompleteManyResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "step_call_end_results", "step_call_begin_results")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    STEP_CALL_END_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    STEP_CALL_BEGIN_RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[CompleteResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[CompleteResult, _Mapping]]] = ...) -> None: ...
+    step_call_end_results: _containers.RepeatedCompositeFieldContainer[StepCallEndResult]
+    step_call_begin_results: _containers.RepeatedCompositeFieldContainer[StepCallBeginResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[CompleteResult, _Mapping]]] = ..., step_call_end_results: _Optional[_Iterable[_Union[StepCallEndResult, _Mapping]]] = ..., step_call_begin_results: _Optional[_Iterable[_Union[StepCallBeginResult, _Mapping]]] = ...) -> None: ...
+
+class StepCallEndResult(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: EndStepCallResponse
+    error: CompleteError
+    def __init__(self, response: _Optional[_Union[EndStepCallResponse, _Mapping]] = ..., error: _Optional[_Union[CompleteError, _Mapping]] = ...) -> None: ...
+
+class StepCallBeginResult(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: BeginStepCallResponse
+    error: CompleteError
+    def __init__(self, response: _Optional[_Union[BeginStepCallResponse, _Mapping]] = ..., error: _Optional[_Union[CompleteError, _Mapping]] = ...) -> None: ...
 
 class CompleteResult(_message.Message):
     __slots__ = ("response", "error")

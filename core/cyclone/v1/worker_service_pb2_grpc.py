@@ -104,7 +104,8 @@ class WorkerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CompleteMany(self, request, context):
-        """Complete for several held steps in one call and one transaction: each outcome is
+        """Complete for several held steps in one call and one transaction (and, before
+        them, EndStepCall and BeginStepCall for several step calls): each outcome is
         applied as Complete would apply it, and all are durable before the reply. One
         refused completion (a lost lease, say) does not affect the others: each has its
         own result, in request order; a result's run_status is the run's status after the

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	cyclonev1 "cyclone/examples/go/gen/cyclone/v1"
 )
 
 // SQLSTATEs raised by the Cyclone SQL functions.
@@ -58,4 +60,82 @@ func (s *Step) CompleteInTx(ctx context.Context, tx pgx.Tx, output any) error {
 	}
 	s.completedInTx = true
 	return nil
+}
+
+// The success of a step call, recorded in the caller's transaction: it checks the
+// lease token, records the output (or updates the STARTED entry of an unsafe call)
+// and raises CY005 when the call already has an outcome.
+const stepCallRecordSQL = `SELECT cyclone.step_call_record($1, $2, $3, $4, $5, $6, $7)`
+
+// TxStarter begins a transaction on the Cyclone database (a *pgxpool.Pool or a
+// *pgx.Conn).
+type TxStarter interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// CallInTx is Call for a step whose effect is a write to the Cyclone database: fn
+// writes in tx, then the call's success is recorded in the same transaction
+// (cyclone.step_call_record) and it commits. The write and the record commit
+// together or not at all, so the effect happens exactly once. A failure of fn rolls
+// tx back and is recorded with EndStepCall. Outside a durable function (s nil), fn
+// runs in a transaction that commits when it succeeds.
+func CallInTx[T any](ctx context.Context, s *Step, db TxStarter, name string, fn func(context.Context, pgx.Tx) (T, error), opts ...CallOption) (T, error) {
+	var zero T
+	var c *stepCall
+	if s != nil {
+		var err error
+		if c, err = s.begin(ctx, name, opts); err != nil || c.recorded != nil {
+			return replayed[T](c, err)
+		}
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return zero, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) // no-op once committed
+	out, fnErr := fn(ctx, tx)
+	if fnErr != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		if s == nil || ctx.Err() != nil {
+			return zero, fnErr
+		}
+		return replayed[T](c.end(ctx, nil, fnErr))
+	}
+	if s == nil {
+		return out, tx.Commit(ctx)
+	}
+	value, err := toValue(out)
+	if err != nil {
+		return zero, s.stop(fatal("StepCallError", "the return value of step call %s is not JSON: %v", c.id, err))
+	}
+	raw, err := value.MarshalJSON()
+	if err != nil {
+		return zero, err
+	}
+	_, err = tx.Exec(ctx, stepCallRecordSQL, s.RunId, s.Node, s.LeaseToken, c.id, c.seq, c.function, raw)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == SQLStateLeaseLost:
+		return zero, s.stop(&leaseLost{reason: pgErr.Message})
+	case errors.As(err, &pgErr) && pgErr.Code == SQLStateAlreadyCompleted:
+		// The call got an outcome since the claim: ours rolls back with its write, and
+		// the recorded one stands. A safe BeginStepCall (it writes nothing) reads it.
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		resp, err := retryUnavailable(ctx, func(ctx context.Context) (*cyclonev1.BeginStepCallResponse, error) {
+			return s.client.BeginStepCall(ctx, c.beginRequest(false))
+		})
+		if err != nil {
+			return zero, s.refused("BeginStepCall", c, err)
+		}
+		return replayed[T](c.remember(resp.Call), nil)
+	case err != nil:
+		return zero, fmt.Errorf("cyclone.step_call_record: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return zero, fmt.Errorf("commit of step call %s: %w", c.id, err)
+	}
+	return replayed[T](c.remember(&cyclonev1.StepCall{
+		StepId: c.id, Seq: c.seq, Function: c.function, UnsafeToRepeat: c.unsafe,
+		Status: cyclonev1.StepCallStatus_STEP_CALL_STATUS_SUCCEEDED, Output: value, Attempt: s.Attempt,
+	}), nil)
 }

@@ -1,9 +1,11 @@
 package worker
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -18,6 +20,11 @@ type Step struct {
 
 	// Set once CompleteInTx has committed: the outcome is recorded, nothing to report.
 	completedInTx bool
+
+	client      cyclonev1.WorkerServiceClient // for the step call RPCs
+	cancel      context.CancelCauseFunc       // stops the handler (see stop)
+	journalOnce sync.Once
+	steps       *journal // the step calls of a durable function; see Call
 }
 
 // Key is the step's idempotency key, "run_id:node": the same on every attempt, so an

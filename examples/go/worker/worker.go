@@ -143,7 +143,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			running.Add(1)
 			go func() {
 				defer func() { <-slots; running.Done() }()
-				w.runStep(&Step{ClaimedStep: claimed})
+				w.runStep(&Step{ClaimedStep: claimed, client: w.client})
 			}()
 		}
 	}
@@ -179,6 +179,7 @@ func (w *Worker) runStep(step *Step) {
 	base, stop := context.WithCancelCause(context.Background())
 	ctx, cancel := context.WithDeadline(base, step.GetDeadline().AsTime())
 	defer cancel()
+	step.cancel = stop // a durable function's step calls may stop it too
 	beating := make(chan struct{})
 	go func() {
 		defer close(beating)
@@ -190,12 +191,17 @@ func (w *Worker) runStep(step *Step) {
 	cause := context.Cause(ctx)
 	stop(nil) // the handler returned: stop heartbeating
 	<-beating
+	if stopped := step.stopped(); stopped != nil {
+		err = stopped // a step call stopped the body: that decides, not what it returned
+	}
 
 	switch {
 	case step.completedInTx:
 		log.Info("step completed in its transaction")
 	case errors.Is(err, ErrLeaseLost) || errors.Is(cause, ErrLeaseLost):
 		log.Warn("lease lost: outcome dropped, the step runs again elsewhere", "error", err)
+	case errors.Is(err, ErrEffectUncertain):
+		log.Warn("effect uncertain: the run is blocked until an operator resolves it; node dropped", "error", err)
 	case errors.Is(cause, ErrRunCancelled):
 		log.Info("run cancelled: outcome dropped")
 	default:

@@ -12,20 +12,10 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
-	"log/slog"
-	"os"
-	"os/signal"
-	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"cyclone/examples/go/worker"
 )
@@ -40,58 +30,10 @@ CREATE TABLE IF NOT EXISTS ledger (
 )`
 
 func main() {
-	address := flag.String("address", env("CYCLONE_ADDRESS", "127.0.0.1:50051"), "the Cyclone server")
-	databaseURL := flag.String("database-url", env("CYCLONE_DATABASE_URL", embeddedURL()),
-		"the Cyclone database (default: $CYCLONE_DATABASE_URL, else the one `make run` embeds)")
-	limit := flag.Int("limit", 100_000, "largest charge the card accepts, in cents; larger ones are declined")
-	gatewayDelay := flag.Duration("gateway-delay", 0, "how long the payment gateway takes to answer (for demos)")
-	concurrency := flag.Int("concurrency", 4, "charges running at once")
-	lease := flag.Duration("lease", 30*time.Second, "lease asked for each step; heartbeats every third")
-	flag.Parse()
-
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*address, *databaseURL, &checkout{limit: *limit, gatewayDelay: *gatewayDelay},
-		worker.Options{Concurrency: *concurrency, Lease: *lease, Logger: log}); err != nil {
-		log.Error("checkout-worker failed", "error", err)
-		os.Exit(1)
-	}
-}
-
-func run(address, databaseURL string, c *checkout, opts worker.Options) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
-	if databaseURL == "" {
-		return errors.New("no database: pass -database-url or set $CYCLONE_DATABASE_URL")
-	}
-	pool, err := pgxpool.New(ctx, databaseURL)
-	if err != nil {
-		return fmt.Errorf("database: %w", err)
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, ledgerSchema); err != nil {
-		return fmt.Errorf("creating the ledger: %w", err)
-	}
-	c.db = pool
-
-	// Reconnect within seconds when the server restarts (gRPC's default backoff grows
-	// to two minutes).
-	conn, err := grpc.NewClient(address,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, MaxDelay: 5 * time.Second},
-		}))
-	if err != nil {
-		return fmt.Errorf("server %s: %w", address, err)
-	}
-	defer conn.Close()
-
-	w := worker.New(conn, opts, worker.Action{Name: "checkout.charge", Handler: c.charge})
-	go func() {
-		<-ctx.Done()
-		stop() // a second signal now ends the process
-	}()
-	return w.Run(ctx)
+	worker.Main("checkout-worker", ledgerSchema, func(f worker.Flags, db *pgxpool.Pool) []worker.Action {
+		c := &checkout{db: db, limit: f.Limit, gatewayDelay: f.GatewayDelay}
+		return []worker.Action{{Name: "checkout.charge", Handler: c.charge}}
+	})
 }
 
 type checkout struct {
@@ -137,7 +79,7 @@ func (c *checkout) charge(ctx context.Context, step *worker.Step) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := waitForGateway(ctx, c.gatewayDelay); err != nil {
+	if err := worker.Pause(ctx, c.gatewayDelay); err != nil {
 		return nil, err
 	}
 	// Completes the step in tx and commits; the worker then reports nothing.
@@ -146,44 +88,4 @@ func (c *checkout) charge(ctx context.Context, step *worker.Step) (any, error) {
 		"currency": p.Currency,
 		"booked":   tag.RowsAffected() == 1,
 	})
-}
-
-func waitForGateway(ctx context.Context, d time.Duration) error {
-	if d == 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
-	}
-}
-
-func env(name, fallback string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return fallback
-}
-
-// embeddedURL is the database of `make run`'s embedded Postgres, which listens on a
-// unix socket in .cyclone/pgdata at the repository root: the nearest such folder above
-// the current directory. Empty when there is none.
-func embeddedURL() string {
-	dir, err := os.Getwd()
-	for err == nil {
-		socketDir := filepath.Join(dir, ".cyclone", "pgdata")
-		if _, statErr := os.Stat(socketDir); statErr == nil {
-			return "postgresql://postgres:@/cyclone?host=" + socketDir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			break
-		}
-		dir = parent
-	}
-	return ""
 }

@@ -945,13 +945,26 @@ func (x *CompleteResponse) GetDuplicate() bool {
 	return false
 }
 
-// Arguments of WorkerService.CompleteMany.
+// Arguments of WorkerService.CompleteMany. At least one item in all.
 type CompleteManyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The completions, 1-1000, each as it would be sent to Complete.
-	Completions   []*CompleteRequest `protobuf:"bytes,1,rep,name=completions,proto3" json:"completions,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The completions, 0-1000, each as it would be sent to Complete.
+	Completions []*CompleteRequest `protobuf:"bytes,1,rep,name=completions,proto3" json:"completions,omitempty"`
+	// Step calls to end, 0-1000, each as it would be sent to EndStepCall, applied first.
+	// A worker may send the ends of its step calls here in batches, with the
+	// completions that follow them or alone, without waiting for them: a safe call's end
+	// may be lost without harm (the call runs again on replay), and a batch of safe
+	// calls' ends alone is committed without waiting for its flush. An unsafe call's end
+	// is committed durably; until it is, a crash leaves the call STARTED and its run
+	// blocks on replay, so send it promptly.
+	StepCallEnds []*EndStepCallRequest `protobuf:"bytes,2,rep,name=step_call_ends,json=stepCallEnds,proto3" json:"step_call_ends,omitempty"`
+	// Step calls to begin, 0-1000, each as it would be sent to BeginStepCall, applied
+	// after the ends and before the completions, in request order; durable before the
+	// reply. Workers that begin many unsafe calls at once use it to share one round trip
+	// and one commit; each caller still waits for its answer before its call runs.
+	StepCallBegins []*BeginStepCallRequest `protobuf:"bytes,3,rep,name=step_call_begins,json=stepCallBegins,proto3" json:"step_call_begins,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CompleteManyRequest) Reset() {
@@ -991,13 +1004,31 @@ func (x *CompleteManyRequest) GetCompletions() []*CompleteRequest {
 	return nil
 }
 
+func (x *CompleteManyRequest) GetStepCallEnds() []*EndStepCallRequest {
+	if x != nil {
+		return x.StepCallEnds
+	}
+	return nil
+}
+
+func (x *CompleteManyRequest) GetStepCallBegins() []*BeginStepCallRequest {
+	if x != nil {
+		return x.StepCallBegins
+	}
+	return nil
+}
+
 // Result of WorkerService.CompleteMany.
 type CompleteManyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One result per completion, in request order.
-	Results       []*CompleteResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Results []*CompleteResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// One result per step call end, in request order.
+	StepCallEndResults []*StepCallEndResult `protobuf:"bytes,2,rep,name=step_call_end_results,json=stepCallEndResults,proto3" json:"step_call_end_results,omitempty"`
+	// One result per step call begin, in request order.
+	StepCallBeginResults []*StepCallBeginResult `protobuf:"bytes,3,rep,name=step_call_begin_results,json=stepCallBeginResults,proto3" json:"step_call_begin_results,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *CompleteManyResponse) Reset() {
@@ -1037,6 +1068,194 @@ func (x *CompleteManyResponse) GetResults() []*CompleteResult {
 	return nil
 }
 
+func (x *CompleteManyResponse) GetStepCallEndResults() []*StepCallEndResult {
+	if x != nil {
+		return x.StepCallEndResults
+	}
+	return nil
+}
+
+func (x *CompleteManyResponse) GetStepCallBeginResults() []*StepCallBeginResult {
+	if x != nil {
+		return x.StepCallBeginResults
+	}
+	return nil
+}
+
+// The outcome of one step call's end in a CompleteMany call.
+type StepCallEndResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What EndStepCall would have returned, or the error it would have raised.
+	//
+	// Types that are valid to be assigned to Result:
+	//
+	//	*StepCallEndResult_Response
+	//	*StepCallEndResult_Error
+	Result        isStepCallEndResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepCallEndResult) Reset() {
+	*x = StepCallEndResult{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepCallEndResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepCallEndResult) ProtoMessage() {}
+
+func (x *StepCallEndResult) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepCallEndResult.ProtoReflect.Descriptor instead.
+func (*StepCallEndResult) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *StepCallEndResult) GetResult() isStepCallEndResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *StepCallEndResult) GetResponse() *EndStepCallResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StepCallEndResult_Response); ok {
+			return x.Response
+		}
+	}
+	return nil
+}
+
+func (x *StepCallEndResult) GetError() *CompleteError {
+	if x != nil {
+		if x, ok := x.Result.(*StepCallEndResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isStepCallEndResult_Result interface {
+	isStepCallEndResult_Result()
+}
+
+type StepCallEndResult_Response struct {
+	// The end was recorded (or recognised as a repeat: duplicate = true).
+	Response *EndStepCallResponse `protobuf:"bytes,1,opt,name=response,proto3,oneof"`
+}
+
+type StepCallEndResult_Error struct {
+	// The end was refused and changed nothing.
+	Error *CompleteError `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+}
+
+func (*StepCallEndResult_Response) isStepCallEndResult_Result() {}
+
+func (*StepCallEndResult_Error) isStepCallEndResult_Result() {}
+
+// The outcome of one step call's begin in a CompleteMany call.
+type StepCallBeginResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What BeginStepCall would have returned, or the error it would have raised.
+	//
+	// Types that are valid to be assigned to Result:
+	//
+	//	*StepCallBeginResult_Response
+	//	*StepCallBeginResult_Error
+	Result        isStepCallBeginResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepCallBeginResult) Reset() {
+	*x = StepCallBeginResult{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepCallBeginResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepCallBeginResult) ProtoMessage() {}
+
+func (x *StepCallBeginResult) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepCallBeginResult.ProtoReflect.Descriptor instead.
+func (*StepCallBeginResult) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *StepCallBeginResult) GetResult() isStepCallBeginResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *StepCallBeginResult) GetResponse() *BeginStepCallResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StepCallBeginResult_Response); ok {
+			return x.Response
+		}
+	}
+	return nil
+}
+
+func (x *StepCallBeginResult) GetError() *CompleteError {
+	if x != nil {
+		if x, ok := x.Result.(*StepCallBeginResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isStepCallBeginResult_Result interface {
+	isStepCallBeginResult_Result()
+}
+
+type StepCallBeginResult_Response struct {
+	// The decision (RUN, RECORDED or UNCERTAIN) and the entry.
+	Response *BeginStepCallResponse `protobuf:"bytes,1,opt,name=response,proto3,oneof"`
+}
+
+type StepCallBeginResult_Error struct {
+	// The begin was refused and changed nothing.
+	Error *CompleteError `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+}
+
+func (*StepCallBeginResult_Response) isStepCallBeginResult_Result() {}
+
+func (*StepCallBeginResult_Error) isStepCallBeginResult_Result() {}
+
 // The outcome of one completion of a CompleteMany call.
 type CompleteResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1053,7 +1272,7 @@ type CompleteResult struct {
 
 func (x *CompleteResult) Reset() {
 	*x = CompleteResult{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1065,7 +1284,7 @@ func (x *CompleteResult) String() string {
 func (*CompleteResult) ProtoMessage() {}
 
 func (x *CompleteResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1078,7 +1297,7 @@ func (x *CompleteResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResult.ProtoReflect.Descriptor instead.
 func (*CompleteResult) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{12}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CompleteResult) GetResult() isCompleteResult_Result {
@@ -1139,7 +1358,7 @@ type CompleteError struct {
 
 func (x *CompleteError) Reset() {
 	*x = CompleteError{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1370,7 @@ func (x *CompleteError) String() string {
 func (*CompleteError) ProtoMessage() {}
 
 func (x *CompleteError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1383,7 @@ func (x *CompleteError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteError.ProtoReflect.Descriptor instead.
 func (*CompleteError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{13}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CompleteError) GetCode() int32 {
@@ -1216,7 +1435,7 @@ type BeginStepCallRequest struct {
 
 func (x *BeginStepCallRequest) Reset() {
 	*x = BeginStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1228,7 +1447,7 @@ func (x *BeginStepCallRequest) String() string {
 func (*BeginStepCallRequest) ProtoMessage() {}
 
 func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1241,7 +1460,7 @@ func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallRequest.ProtoReflect.Descriptor instead.
 func (*BeginStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{14}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BeginStepCallRequest) GetRunId() string {
@@ -1309,7 +1528,7 @@ type BeginStepCallResponse struct {
 
 func (x *BeginStepCallResponse) Reset() {
 	*x = BeginStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1540,7 @@ func (x *BeginStepCallResponse) String() string {
 func (*BeginStepCallResponse) ProtoMessage() {}
 
 func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1553,7 @@ func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallResponse.ProtoReflect.Descriptor instead.
 func (*BeginStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{15}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *BeginStepCallResponse) GetDecision() StepCallDecision {
@@ -1388,7 +1607,7 @@ type EndStepCallRequest struct {
 
 func (x *EndStepCallRequest) Reset() {
 	*x = EndStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1619,7 @@ func (x *EndStepCallRequest) String() string {
 func (*EndStepCallRequest) ProtoMessage() {}
 
 func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1632,7 @@ func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallRequest.ProtoReflect.Descriptor instead.
 func (*EndStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{16}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EndStepCallRequest) GetRunId() string {
@@ -1522,7 +1741,7 @@ type EndStepCallResponse struct {
 
 func (x *EndStepCallResponse) Reset() {
 	*x = EndStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1753,7 @@ func (x *EndStepCallResponse) String() string {
 func (*EndStepCallResponse) ProtoMessage() {}
 
 func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1766,7 @@ func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallResponse.ProtoReflect.Descriptor instead.
 func (*EndStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{17}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EndStepCallResponse) GetCall() *StepCall {
@@ -1639,11 +1858,23 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\bretry_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\x124\n" +
 	"\n" +
 	"run_status\x18\x03 \x01(\x0e2\x15.cyclone.v1.RunStatusR\trunStatus\x12\x1c\n" +
-	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"T\n" +
+	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"\xe6\x01\n" +
 	"\x13CompleteManyRequest\x12=\n" +
-	"\vcompletions\x18\x01 \x03(\v2\x1b.cyclone.v1.CompleteRequestR\vcompletions\"L\n" +
+	"\vcompletions\x18\x01 \x03(\v2\x1b.cyclone.v1.CompleteRequestR\vcompletions\x12D\n" +
+	"\x0estep_call_ends\x18\x02 \x03(\v2\x1e.cyclone.v1.EndStepCallRequestR\fstepCallEnds\x12J\n" +
+	"\x10step_call_begins\x18\x03 \x03(\v2 .cyclone.v1.BeginStepCallRequestR\x0estepCallBegins\"\xf6\x01\n" +
 	"\x14CompleteManyResponse\x124\n" +
-	"\aresults\x18\x01 \x03(\v2\x1a.cyclone.v1.CompleteResultR\aresults\"\x89\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.cyclone.v1.CompleteResultR\aresults\x12P\n" +
+	"\x15step_call_end_results\x18\x02 \x03(\v2\x1d.cyclone.v1.StepCallEndResultR\x12stepCallEndResults\x12V\n" +
+	"\x17step_call_begin_results\x18\x03 \x03(\v2\x1f.cyclone.v1.StepCallBeginResultR\x14stepCallBeginResults\"\x8f\x01\n" +
+	"\x11StepCallEndResult\x12=\n" +
+	"\bresponse\x18\x01 \x01(\v2\x1f.cyclone.v1.EndStepCallResponseH\x00R\bresponse\x121\n" +
+	"\x05error\x18\x02 \x01(\v2\x19.cyclone.v1.CompleteErrorH\x00R\x05errorB\b\n" +
+	"\x06result\"\x93\x01\n" +
+	"\x13StepCallBeginResult\x12?\n" +
+	"\bresponse\x18\x01 \x01(\v2!.cyclone.v1.BeginStepCallResponseH\x00R\bresponse\x121\n" +
+	"\x05error\x18\x02 \x01(\v2\x19.cyclone.v1.CompleteErrorH\x00R\x05errorB\b\n" +
+	"\x06result\"\x89\x01\n" +
 	"\x0eCompleteResult\x12:\n" +
 	"\bresponse\x18\x01 \x01(\v2\x1c.cyclone.v1.CompleteResponseH\x00R\bresponse\x121\n" +
 	"\x05error\x18\x02 \x01(\v2\x19.cyclone.v1.CompleteErrorH\x00R\x05errorB\b\n" +
@@ -1707,7 +1938,7 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
 	(*ActionSpec)(nil),            // 1: cyclone.v1.ActionSpec
@@ -1722,74 +1953,84 @@ var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(*CompleteResponse)(nil),      // 10: cyclone.v1.CompleteResponse
 	(*CompleteManyRequest)(nil),   // 11: cyclone.v1.CompleteManyRequest
 	(*CompleteManyResponse)(nil),  // 12: cyclone.v1.CompleteManyResponse
-	(*CompleteResult)(nil),        // 13: cyclone.v1.CompleteResult
-	(*CompleteError)(nil),         // 14: cyclone.v1.CompleteError
-	(*BeginStepCallRequest)(nil),  // 15: cyclone.v1.BeginStepCallRequest
-	(*BeginStepCallResponse)(nil), // 16: cyclone.v1.BeginStepCallResponse
-	(*EndStepCallRequest)(nil),    // 17: cyclone.v1.EndStepCallRequest
-	(*EndStepCallResponse)(nil),   // 18: cyclone.v1.EndStepCallResponse
-	nil,                           // 19: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 21: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
-	(*StepCall)(nil),              // 23: cyclone.v1.StepCall
-	(StepStatus)(0),               // 24: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 25: cyclone.v1.StepError
-	(RunStatus)(0),                // 26: cyclone.v1.RunStatus
-	(*StepCallError)(nil),         // 27: cyclone.v1.StepCallError
+	(*StepCallEndResult)(nil),     // 13: cyclone.v1.StepCallEndResult
+	(*StepCallBeginResult)(nil),   // 14: cyclone.v1.StepCallBeginResult
+	(*CompleteResult)(nil),        // 15: cyclone.v1.CompleteResult
+	(*CompleteError)(nil),         // 16: cyclone.v1.CompleteError
+	(*BeginStepCallRequest)(nil),  // 17: cyclone.v1.BeginStepCallRequest
+	(*BeginStepCallResponse)(nil), // 18: cyclone.v1.BeginStepCallResponse
+	(*EndStepCallRequest)(nil),    // 19: cyclone.v1.EndStepCallRequest
+	(*EndStepCallResponse)(nil),   // 20: cyclone.v1.EndStepCallResponse
+	nil,                           // 21: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 23: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(*StepCall)(nil),              // 25: cyclone.v1.StepCall
+	(StepStatus)(0),               // 26: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 27: cyclone.v1.StepError
+	(RunStatus)(0),                // 28: cyclone.v1.RunStatus
+	(*StepCallError)(nil),         // 29: cyclone.v1.StepCallError
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	1,  // 0: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	20, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	20, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	22, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	22, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
 	4,  // 3: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
-	21, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	21, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	19, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	22, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	22, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	21, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	23, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	23, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	21, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	24, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	24, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	23, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
 	5,  // 10: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	23, // 11: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	24, // 12: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	25, // 13: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	21, // 14: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	20, // 15: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	22, // 16: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	21, // 17: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	25, // 11: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	26, // 12: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	27, // 13: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	23, // 14: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	22, // 15: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	24, // 16: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	23, // 17: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
 	9,  // 18: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	20, // 19: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	24, // 20: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	22, // 21: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	26, // 22: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	22, // 19: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	26, // 20: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	24, // 21: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	28, // 22: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
 	8,  // 23: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
-	13, // 24: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
-	10, // 25: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
-	14, // 26: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
-	0,  // 27: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	23, // 28: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	26, // 29: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	21, // 30: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	27, // 31: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	23, // 32: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	21, // 33: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	2,  // 34: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	6,  // 35: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	8,  // 36: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	11, // 37: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	15, // 38: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	17, // 39: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	3,  // 40: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	7,  // 41: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	10, // 42: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	12, // 43: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	16, // 44: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	18, // 45: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	40, // [40:46] is the sub-list for method output_type
-	34, // [34:40] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	19, // 24: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
+	17, // 25: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
+	15, // 26: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
+	13, // 27: cyclone.v1.CompleteManyResponse.step_call_end_results:type_name -> cyclone.v1.StepCallEndResult
+	14, // 28: cyclone.v1.CompleteManyResponse.step_call_begin_results:type_name -> cyclone.v1.StepCallBeginResult
+	20, // 29: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
+	16, // 30: cyclone.v1.StepCallEndResult.error:type_name -> cyclone.v1.CompleteError
+	18, // 31: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
+	16, // 32: cyclone.v1.StepCallBeginResult.error:type_name -> cyclone.v1.CompleteError
+	10, // 33: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
+	16, // 34: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
+	0,  // 35: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
+	25, // 36: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	28, // 37: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	23, // 38: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	29, // 39: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	25, // 40: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	23, // 41: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	2,  // 42: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	6,  // 43: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	8,  // 44: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	11, // 45: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	17, // 46: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	19, // 47: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	3,  // 48: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	7,  // 49: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	10, // 50: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	12, // 51: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	18, // 52: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	20, // 53: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	48, // [48:54] is the sub-list for method output_type
+	42, // [42:48] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -1803,10 +2044,18 @@ func file_cyclone_v1_worker_service_proto_init() {
 		(*CompleteRequest_Failure)(nil),
 	}
 	file_cyclone_v1_worker_service_proto_msgTypes[12].OneofWrappers = []any{
+		(*StepCallEndResult_Response)(nil),
+		(*StepCallEndResult_Error)(nil),
+	}
+	file_cyclone_v1_worker_service_proto_msgTypes[13].OneofWrappers = []any{
+		(*StepCallBeginResult_Response)(nil),
+		(*StepCallBeginResult_Error)(nil),
+	}
+	file_cyclone_v1_worker_service_proto_msgTypes[14].OneofWrappers = []any{
 		(*CompleteResult_Response)(nil),
 		(*CompleteResult_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[16].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[18].OneofWrappers = []any{
 		(*EndStepCallRequest_Output)(nil),
 		(*EndStepCallRequest_Error)(nil),
 	}
@@ -1816,7 +2065,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

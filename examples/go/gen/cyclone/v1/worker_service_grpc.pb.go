@@ -49,7 +49,8 @@ type WorkerServiceClient interface {
 	// step. A stale lease token is refused with ABORTED and changes nothing; repeating
 	// a successful Complete with the same token returns the recorded result.
 	Complete(ctx context.Context, in *CompleteRequest, opts ...grpc.CallOption) (*CompleteResponse, error)
-	// Complete for several held steps in one call and one transaction: each outcome is
+	// Complete for several held steps in one call and one transaction (and, before
+	// them, EndStepCall and BeginStepCall for several step calls): each outcome is
 	// applied as Complete would apply it, and all are durable before the reply. One
 	// refused completion (a lost lease, say) does not affect the others: each has its
 	// own result, in request order; a result's run_status is the run's status after the
@@ -165,7 +166,8 @@ type WorkerServiceServer interface {
 	// step. A stale lease token is refused with ABORTED and changes nothing; repeating
 	// a successful Complete with the same token returns the recorded result.
 	Complete(context.Context, *CompleteRequest) (*CompleteResponse, error)
-	// Complete for several held steps in one call and one transaction: each outcome is
+	// Complete for several held steps in one call and one transaction (and, before
+	// them, EndStepCall and BeginStepCall for several step calls): each outcome is
 	// applied as Complete would apply it, and all are durable before the reply. One
 	// refused completion (a lost lease, say) does not affect the others: each has its
 	// own result, in request order; a result's run_status is the run's status after the

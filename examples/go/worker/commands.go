@@ -1,0 +1,142 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// What the example commands share: their defaults and the connection to the server.
+
+// Env is the environment variable name, or fallback when it is unset or empty.
+func Env(name, fallback string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return fallback
+}
+
+// EmbeddedDatabaseURL is the database of `make run`'s embedded Postgres, which
+// listens on a unix socket in .cyclone/pgdata at the repository root: the nearest such
+// folder above the current directory. Empty when there is none.
+func EmbeddedDatabaseURL() string {
+	dir, err := os.Getwd()
+	for err == nil {
+		socketDir := filepath.Join(dir, ".cyclone", "pgdata")
+		if _, statErr := os.Stat(socketDir); statErr == nil {
+			return "postgresql://postgres:@/cyclone?host=" + socketDir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	return ""
+}
+
+// Dial makes a plaintext connection to a Cyclone server that reconnects within
+// seconds when the server restarts (gRPC's default backoff grows to two minutes).
+func Dial(address string) (*grpc.ClientConn, error) {
+	return grpc.NewClient(address,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, MaxDelay: 5 * time.Second},
+		}))
+}
+
+// Pause waits d, or until ctx ends: then it returns why (context.Cause).
+func Pause(ctx context.Context, d time.Duration) error {
+	if d == 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
+
+// Flags are the command line that the example commands share.
+type Flags struct {
+	Address      string
+	DatabaseURL  string
+	Limit        int           // the largest charge the card accepts, in cents
+	GatewayDelay time.Duration // how long the fake payment gateway takes to answer
+	Concurrency  int
+	Lease        time.Duration
+}
+
+func parseFlags() Flags {
+	var f Flags
+	flag.StringVar(&f.Address, "address", Env("CYCLONE_ADDRESS", "127.0.0.1:50051"), "the Cyclone server")
+	flag.StringVar(&f.DatabaseURL, "database-url", Env("CYCLONE_DATABASE_URL", EmbeddedDatabaseURL()),
+		"the Cyclone database (default: $CYCLONE_DATABASE_URL, else the one that make run embeds)")
+	flag.IntVar(&f.Limit, "limit", 100_000, "largest charge the card accepts, in cents; larger ones are declined")
+	flag.DurationVar(&f.GatewayDelay, "gateway-delay", 0,
+		"how long the payment gateway takes to answer (for demos: kill the worker meanwhile)")
+	flag.IntVar(&f.Concurrency, "concurrency", 4, "handlers running at once")
+	flag.DurationVar(&f.Lease, "lease", 30*time.Second, "lease asked for each step; heartbeats every third")
+	flag.Parse()
+	return f
+}
+
+// Main is the main function of an example command. It parses the flags, opens the
+// Cyclone database and runs schema there (the tables of the handlers' effects, which
+// commit with the completions), connects to the server, then runs a worker of the
+// actions that actions returns until SIGINT or SIGTERM; then it waits for the
+// handlers in flight, and a second signal ends the process at once. It exits 1 when
+// the worker cannot start or fails.
+func Main(name, schema string, actions func(f Flags, db *pgxpool.Pool) []Action) {
+	f := parseFlags()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := serve(f, schema, Options{Concurrency: f.Concurrency, Lease: f.Lease, Logger: log}, actions); err != nil {
+		log.Error(name+" failed", "error", err)
+		os.Exit(1)
+	}
+}
+
+func serve(f Flags, schema string, opts Options, actions func(f Flags, db *pgxpool.Pool) []Action) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	if f.DatabaseURL == "" {
+		return errors.New("no database: pass -database-url or set $CYCLONE_DATABASE_URL")
+	}
+	pool, err := pgxpool.New(ctx, f.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, schema); err != nil {
+		return fmt.Errorf("creating the tables: %w", err)
+	}
+	conn, err := Dial(f.Address)
+	if err != nil {
+		return fmt.Errorf("server %s: %w", f.Address, err)
+	}
+	defer conn.Close()
+
+	w := New(conn, opts, actions(f, pool)...)
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal now ends the process
+	}()
+	return w.Run(ctx)
+}
