@@ -9,7 +9,7 @@ Scenarios (fixed counts, every loop bounded in count and time):
   durable     1,000 one-node runs whose node is a durable function of 10 no-op step
               calls, safe, then unsafe_to_repeat; drained by the SDK's Worker, and by
               bare stubs speaking the journal protocol (EndStepCall, BeginStepCall);
-              when the contract has CompleteMany.step_calls, also bare stubs that send
+              when the contract has CompleteMany.step_call_ends, also bare stubs that send
               the ends of safe calls there, with the node's completion
   pickup      200 single-node runs submitted one at a time to an idle worker
   history     throughput again after 1,000,000 finished steps are in the tables
@@ -236,7 +236,7 @@ def worker_process(
     """A Python worker process: long-poll claims batched to free slots, no-op handler.
     With ``calls``, the handler is a durable function of that many no-op step calls,
     made with the journal RPCs themselves (BeginStepCall first when ``unsafe``); with
-    ``batched``, the ends of safe calls are held and sent in CompleteMany's step_calls
+    ``batched``, the ends of safe calls are held and sent in CompleteMany.s step_call_ends
     with the node's completion instead of one EndStepCall each."""
     import asyncio
 
