@@ -236,7 +236,7 @@ def worker_process(
     """A Python worker process: long-poll claims batched to free slots, no-op handler.
     With ``calls``, the handler is a durable function of that many no-op step calls,
     made with the journal RPCs themselves (BeginStepCall first when ``unsafe``); with
-    ``batched``, the ends of safe calls are held and sent in CompleteMany.s step_call_ends
+    ``batched``, the ends of safe calls are held and sent in CompleteMany's step_call_ends
     with the node's completion instead of one EndStepCall each."""
     import asyncio
 
