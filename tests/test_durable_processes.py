@@ -62,12 +62,19 @@ class Lab(ProcessLab):
         [found] = [s for s in get_run(self.server, run_id).steps if s.node == node]
         return [(c.step_id, c.seq, STATUS[c.status]) for c in found.journal]
 
-    def crash(self, run_id: str, hang: str, *next_flags: str) -> subprocess.Popen:
-        """A worker runs ``run_id`` to the hang point ``hang`` and is SIGKILLed there; its
-        lease expires. Returns the next worker (gated, not claiming yet)."""
+    def crash(
+        self, run_id: str, hang: str, *next_flags: str, recorded: tuple[str, int] | None = None
+    ) -> subprocess.Popen:
+        """A worker runs ``run_id`` to the hang point ``hang`` and is SIGKILLed there (once
+        the journal of node ``recorded[0]`` holds ``recorded[1]`` entries: the worker
+        sends a safe call's end without waiting for it); its lease expires. Returns the
+        next worker (gated, not claiming yet)."""
         proc = self.start_worker("--hang", hang)
         following = self.start_worker(*next_flags, gated=True)
         eventually(self.paused, f"the body to reach {hang}")
+        if recorded is not None:
+            node, count = recorded
+            eventually(lambda: len(self.journal(run_id, node)) == count, f"{count} journal entries")
         self.kill(proc)
         self.expire_leases()
         return following
@@ -107,7 +114,7 @@ def blocked_order(lab: Lab, hang: str = "after-effect", *, reraise: bool = False
 
 def test_a_body_killed_after_its_second_step_call_replays_without_repeating_them(lab):
     run_id = lab.client.start("three_steps", {"n": 1})
-    following = lab.crash(run_id, "before-third")
+    following = lab.crash(run_id, "before-third", recorded=("three_steps", 2))
     # Killed with two step calls recorded and the third not begun.
     assert lab.journal(run_id, "three_steps") == [
         ("first", 1, "succeeded"),
