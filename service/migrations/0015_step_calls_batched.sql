@@ -1,8 +1,9 @@
 -- Durable functions, batched (issue 15): the begins and ends of many step calls in one
 -- transaction, alone or before the completions of the same CompleteMany.
---   step_calls_end_many    _step_call_end for a batch: new entries in one statement,
---                          the rest one at a time; a refusal stands alone
---   step_calls_begin_many  step_call_begin for a batch, one at a time
+--   step_calls_end_many    _step_call_end for a batch: new entries and STARTED ones in
+--                          one statement, the rest one at a time; a refusal stands alone
+--   step_calls_begin_many  step_call_begin for a batch: new unsafe calls in one
+--                          statement, the rest one at a time
 --   step_report_many       ends, begins, then step_complete_many, one transaction
 
 -- Ends many step calls in one transaction, each as _step_call_end would end it, with
@@ -10,10 +11,10 @@
 -- alone (error_state CY001 lease lost, CY002 unknown step, CY003 full journal, CY004
 -- bad identity). Every run of the batch is locked first, in run_id order, as
 -- step_complete_many locks them, so that the two never deadlock. The new entries of
--- held steps whose journal has room are added in one statement, linear in the batch
--- (each node's lease checked once, by key); the rest (an entry that exists, a lost
--- lease, a full journal) one at a time through _step_call_end, each in its own
--- subtransaction. Items: {i, run_id, node, lease_token, step_id, seq,
+-- held steps whose journal has room are added, and their STARTED entries ended in
+-- place, in one statement, linear in the batch (each node's lease checked once, by
+-- key); the rest (an entry that has an outcome, a lost lease, a full journal) one at a
+-- time through _step_call_end, each in its own subtransaction. Items: {i, run_id, node, lease_token, step_id, seq,
 -- function, unsafe, and output or error}. RPC: CompleteMany's step_calls.
 CREATE FUNCTION cyclone.step_calls_end_many(p_items jsonb)
 RETURNS TABLE (i integer, duplicate boolean, call jsonb, error_state text,
@@ -35,14 +36,15 @@ BEGIN
        FOR NO KEY UPDATE;
 
     -- Where each item is, by its key: the first item of a key wins (a repeat within
-    -- the batch is then a duplicate, answered below).
+    -- the batch is then answered by the pass one at a time).
     SELECT jsonb_object_agg((e->>'run_id') || '/' || (e->>'node') || '/' || (e->>'step_id'),
                             (e->>'i')::integer ORDER BY (e->>'i')::integer DESC)
       INTO v_index
       FROM jsonb_array_elements(p_items) e;
 
     -- Each held node of the batch once (its lease checked and its row share-locked by
-    -- key), with room for its items; then its items inserted, and mapped back by key.
+    -- key), with room for its items; then its STARTED entries ended in place and its
+    -- new entries added, each mapped back to its item by key.
     WITH item AS MATERIALIZED (
         SELECT (e->>'run_id')::uuid AS run_id, e->>'node' AS node,
                (e->>'lease_token')::uuid AS lease_token, e->>'step_id' AS step_id,
@@ -63,6 +65,16 @@ BEGIN
          WHERE k.n + (SELECT count(*) FROM (SELECT 1 FROM cyclone.step_calls c
                                              WHERE c.run_id = k.run_id AND c.node = k.node
                                              LIMIT 10000) x) <= 10000
+    ), ended AS (
+        UPDATE cyclone.step_calls AS c
+           SET status = CASE WHEN t.error IS NULL THEN 'succeeded' ELSE 'failed' END,
+               output = t.output, error = t.error, attempt = h.attempt, finished_at = v_now
+          FROM item t
+          JOIN held h
+            ON h.run_id = t.run_id AND h.node = t.node AND h.lease_token = t.lease_token
+         WHERE c.run_id = t.run_id AND c.node = t.node AND c.step_id = t.step_id
+           AND c.status = 'started'
+        RETURNING c.*
     ), added AS (
         INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
                                              unsafe, output, error, attempt, started_at,
@@ -73,6 +85,7 @@ BEGIN
           FROM item t
           JOIN held h
             ON h.run_id = t.run_id AND h.node = t.node AND h.lease_token = t.lease_token
+        -- A STARTED entry conflicts here and is ended above.
         ON CONFLICT (run_id, node, step_id) DO NOTHING
         RETURNING c.*
     )
@@ -80,7 +93,7 @@ BEGIN
                               ::integer), '{}'),
            coalesce(array_agg(cyclone._step_call_json(a::cyclone.step_calls)), '{}')
       INTO v_added, v_calls
-      FROM added a;
+      FROM (SELECT * FROM ended UNION ALL SELECT * FROM added) a;
 
     RETURN QUERY SELECT d.i, false, d.call, NULL::text, NULL::text, NULL::text
                    FROM unnest(v_added, v_calls) d(i, call);
@@ -115,24 +128,83 @@ BEGIN
 END;
 $$;
 
--- Begins many step calls in one transaction, each as step_call_begin would, in request
--- order (so that a block by one is seen by the next of its run), with one row per item
--- (its "i"): the decision, the run's status and the entry, or the refusal of that item
--- alone (error_state CY001 lease lost, CY002 unknown step, CY003 full journal, CY004
--- bad identity). The caller locks the runs of the batch first (step_report_many).
--- Items: {i, run_id, node, lease_token, step_id, seq, function, unsafe}. RPC:
--- CompleteMany's step_call_begins.
+-- Begins many step calls in one transaction, each as step_call_begin would, with one
+-- row per item (its "i"): the decision, the run's status and the entry, or the
+-- refusal of that item alone (error_state CY001 lease lost, CY002 unknown step, CY003
+-- full journal, CY004 bad identity). The common case, an unsafe call of a held node
+-- with no entry yet, is recorded STARTED for the whole batch in one statement (RUN);
+-- the rest (an entry that exists: RECORDED, a repeated Begin, UNCERTAIN; a safe call;
+-- a lost lease) one at a time through step_call_begin, each in its own
+-- subtransaction, in request order. The caller locks the runs of the batch first
+-- (step_report_many). Items: {i, run_id, node, lease_token, step_id, seq, function,
+-- unsafe}. RPC: CompleteMany's step_call_begins.
 CREATE FUNCTION cyclone.step_calls_begin_many(p_items jsonb)
 RETURNS TABLE (i integer, decision text, run_status text, call jsonb, error_state text,
                error_message text, error_detail text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_item  jsonb;
-    v_begun record;
+    v_now     timestamptz := cyclone.now();
+    v_started integer[];
+    v_status  text[];
+    v_calls   jsonb[];
+    v_index   jsonb;
+    v_item    jsonb;
+    v_begun   record;
 BEGIN
+    -- Where each item is, by its key: the first item of a key wins (a repeat within
+    -- the batch is then answered by the pass one at a time).
+    SELECT jsonb_object_agg((e->>'run_id') || '/' || (e->>'node') || '/' || (e->>'step_id'),
+                            (e->>'i')::integer ORDER BY (e->>'i')::integer DESC)
+      INTO v_index
+      FROM jsonb_array_elements(p_items) e;
+
+    WITH item AS MATERIALIZED (
+        SELECT (e->>'run_id')::uuid AS run_id, e->>'node' AS node,
+               (e->>'lease_token')::uuid AS lease_token, e->>'step_id' AS step_id,
+               (e->>'seq')::integer AS seq, e->>'function' AS function,
+               coalesce((e->>'unsafe')::boolean, false) AS unsafe, e->'output' AS output,
+               e->'error' AS error
+          FROM jsonb_array_elements(p_items) e
+         WHERE coalesce((e->>'unsafe')::boolean, false)
+    ), held AS (
+        SELECT k.run_id, k.node, k.lease_token, s.attempt
+          FROM (SELECT t.run_id, t.node, t.lease_token, count(*) AS n
+                  FROM item t GROUP BY t.run_id, t.node, t.lease_token) k
+         CROSS JOIN LATERAL (
+               SELECT s.attempt FROM cyclone.steps s
+                WHERE s.run_id = k.run_id AND s.node = k.node AND s.status = 'running'
+                  AND s.lease_token = k.lease_token AND s.lease_expires_at > v_now
+                  FOR SHARE) s
+         WHERE k.n + (SELECT count(*) FROM (SELECT 1 FROM cyclone.step_calls c
+                                             WHERE c.run_id = k.run_id AND c.node = k.node
+                                             LIMIT 10000) x) <= 10000
+    ), added AS (
+        INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
+                                             unsafe, attempt, started_at)
+        SELECT t.run_id, t.node, t.step_id, t.seq, t.function, 'started', true, h.attempt,
+               v_now
+          FROM item t
+          JOIN held h
+            ON h.run_id = t.run_id AND h.node = t.node AND h.lease_token = t.lease_token
+        ON CONFLICT (run_id, node, step_id) DO NOTHING
+        RETURNING c.*
+    )
+    SELECT coalesce(array_agg((v_index->>(a.run_id::text || '/' || a.node || '/' || a.step_id))
+                              ::integer), '{}'),
+           coalesce(array_agg(r.status), '{}'),
+           coalesce(array_agg(cyclone._step_call_json(a::cyclone.step_calls)), '{}')
+      INTO v_started, v_status, v_calls
+      FROM added a
+      JOIN cyclone.runs r ON r.run_id = a.run_id;
+
+    RETURN QUERY SELECT d.i, 'run'::text, d.status, d.call, NULL::text, NULL::text, NULL::text
+                   FROM unnest(v_started, v_status, v_calls) d(i, status, call);
+
     FOR v_item IN
-        SELECT e FROM jsonb_array_elements(p_items) e ORDER BY (e->>'i')::integer
+        SELECT e FROM jsonb_array_elements(p_items) e
+         WHERE NOT (e->>'i')::integer = ANY (v_started)
+         ORDER BY (e->>'i')::integer
     LOOP
         i := (v_item->>'i')::integer;
         BEGIN
