@@ -61,6 +61,7 @@ class Completer:
         self.ends_queued = self.ends_answered = 0
         self.end_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.flusher: asyncio.Task[None] | None = None
+        self.begin_flusher: asyncio.Task[None] | None = None
         #: CompleteMany calls answered (or failed) so far.
         self.reports = 0
 
@@ -174,7 +175,8 @@ class Completer:
         """Begin a step call with the next CompleteMany (on the worker's loop); its
         caller waits for ``answer`` (the response, or the SDK's error)."""
         self.begins.append((request, answer))
-        self._kick()
+        if self.begin_flusher is None or self.begin_flusher.done():
+            self.begin_flusher = asyncio.create_task(self._flush_begins())
 
     def end_later(self, request: pb.EndStepCallRequest) -> None:
         """Record a step call's end with the next CompleteMany (on the worker's loop).
@@ -225,57 +227,72 @@ class Completer:
             slog.info("completed; the run is %s", run_status(result.response.run_status))
 
     async def _flush(self) -> None:
-        rt = self.rt
-        while self.outbox or self.ends or self.begins:
+        """Send completions and step call ends, a batch at a time, in order: a node's
+        ends go before (or with) its completion."""
+        while self.outbox or self.ends:
             batch = self.outbox[:MAX_COMPLETIONS]
             del self.outbox[:MAX_COMPLETIONS]
             ends = self.ends[:MAX_COMPLETIONS]
             del self.ends[:MAX_COMPLETIONS]
-            begins = self.begins[:MAX_COMPLETIONS]
-            del self.begins[:MAX_COMPLETIONS]
-            request = pb.CompleteManyRequest(
-                completions=[r for r, _ in batch],
-                step_call_ends=ends,
-                step_call_begins=[r for r, _ in begins],
-            )
-            backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
-            give_up = rt.loop.time() + backoff.window
-            while True:
-                try:
-                    reply = await rt.stub.CompleteMany(
-                        request, timeout=RPC_TIMEOUT, metadata=rt.metadata
-                    )
-                except grpc.RpcError as exc:
-                    self._answered()
-                    err = from_rpc_error(exc)
-                    if isinstance(err, Unavailable) and rt.loop.time() < give_up:
-                        delay = backoff.next()
-                        log.warning("complete failed (%s); retrying in %.1fs", err, delay)
-                        await asyncio.sleep(delay)
-                        continue
-                    if ends:
-                        log.warning("%d step call ends not recorded: %s", len(ends), err)
-                        self._ends_answered(len(ends))
-                    for _, future in batch:
-                        future.set_exception(err)
-                    for _, answer in begins:
-                        answer.set_exception(err)
-                    break
-                self._answered()
-                for end, result in zip(ends, reply.step_call_end_results, strict=True):
-                    if result.HasField("error"):
-                        refusal = error_for_code(result.error.code, result.error.message)
+            request = pb.CompleteManyRequest(completions=[r for r, _ in batch], step_call_ends=ends)
+            reply = await self._send(request)
+            if isinstance(reply, CycloneError):
+                if ends:
+                    log.warning("%d step call ends not recorded: %s", len(ends), reply)
+                for _, future in batch:
+                    future.set_exception(reply)
+            else:
+                for end, ended in zip(ends, reply.step_call_end_results, strict=True):
+                    if ended.HasField("error"):
+                        refusal = error_for_code(ended.error.code, ended.error.message)
                         level = logging.INFO if isinstance(refusal, LeaseLost) else logging.WARNING
                         log.log(level, "step call %r not recorded: %s", end.step_id, refusal)
-                self._ends_answered(len(ends))
-                for (_, answer), begun in zip(begins, reply.step_call_begin_results, strict=True):
-                    if begun.HasField("error"):
-                        answer.set_exception(error_for_code(begun.error.code, begun.error.message))
-                    else:
-                        answer.set_result(begun.response)
                 for (_, future), result in zip(batch, reply.results, strict=True):
                     future.set_result(result)
-                break
+            self._ends_answered(len(ends))
+
+    async def _flush_begins(self) -> None:
+        """Send step call begins, a batch at a time, beside the other batches: a begin
+        is waited for and depends on nothing queued before it."""
+        while self.begins:
+            begins = self.begins[:MAX_COMPLETIONS]
+            del self.begins[:MAX_COMPLETIONS]
+            request = pb.CompleteManyRequest(step_call_begins=[r for r, _ in begins])
+            reply = await self._send(request)
+            if isinstance(reply, CycloneError):
+                for _, answer in begins:
+                    answer.set_exception(reply)
+                continue
+            for (_, answer), begun in zip(begins, reply.step_call_begin_results, strict=True):
+                if begun.HasField("error"):
+                    answer.set_exception(error_for_code(begun.error.code, begun.error.message))
+                else:
+                    answer.set_result(begun.response)
+
+    async def _send(
+        self, request: pb.CompleteManyRequest
+    ) -> pb.CompleteManyResponse | CycloneError:
+        """One CompleteMany, retried while the server is unavailable (for up to a
+        lease); the SDK's error when it cannot be sent."""
+        rt = self.rt
+        backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
+        give_up = rt.loop.time() + backoff.window
+        while True:
+            try:
+                reply: pb.CompleteManyResponse = await rt.stub.CompleteMany(
+                    request, timeout=RPC_TIMEOUT, metadata=rt.metadata
+                )
+            except grpc.RpcError as exc:
+                self._answered()
+                err = from_rpc_error(exc)
+                if isinstance(err, Unavailable) and rt.loop.time() < give_up:
+                    delay = backoff.next()
+                    log.warning("complete failed (%s); retrying in %.1fs", err, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                return err
+            self._answered()
+            return reply
 
     def _answered(self) -> None:
         self.reports += 1
