@@ -62,6 +62,8 @@ class Completer:
         self.end_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.flusher: asyncio.Task[None] | None = None
         self.begin_flusher: asyncio.Task[None] | None = None
+        #: Answered when the batch of begins in flight that carries ends is.
+        self.carried: asyncio.Future[None] | None = None
         #: CompleteMany calls answered (or failed) so far.
         self.reports = 0
 
@@ -232,33 +234,43 @@ class Completer:
         while self.outbox or self.ends:
             batch = self.outbox[:MAX_COMPLETIONS]
             del self.outbox[:MAX_COMPLETIONS]
-            ends = self.ends[:MAX_COMPLETIONS]
-            del self.ends[:MAX_COMPLETIONS]
+            ends = self.take_ends()
+            if batch and self.carried is not None:
+                # Ends that left with a batch of begins land before these completions.
+                await asyncio.shield(self.carried)
             request = pb.CompleteManyRequest(completions=[r for r, _ in batch], step_call_ends=ends)
             reply = await self._send(request)
+            self._ended(ends, reply)
             if isinstance(reply, CycloneError):
-                if ends:
-                    log.warning("%d step call ends not recorded: %s", len(ends), reply)
                 for _, future in batch:
                     future.set_exception(reply)
             else:
-                for end, ended in zip(ends, reply.step_call_end_results, strict=True):
-                    if ended.HasField("error"):
-                        refusal = error_for_code(ended.error.code, ended.error.message)
-                        level = logging.INFO if isinstance(refusal, LeaseLost) else logging.WARNING
-                        log.log(level, "step call %r not recorded: %s", end.step_id, refusal)
                 for (_, future), result in zip(batch, reply.results, strict=True):
                     future.set_result(result)
-            self._ends_answered(len(ends))
 
     async def _flush_begins(self) -> None:
-        """Send step call begins, a batch at a time, beside the other batches: a begin
-        is waited for and depends on nothing queued before it."""
+        """Send step call begins, a batch at a time, beside the batches of completions:
+        a begin is waited for and depends on nothing queued before it. The ends queued
+        meanwhile go with it (one transaction for a body's end of one unsafe call and
+        begin of the next), and completions wait for them."""
         while self.begins:
             begins = self.begins[:MAX_COMPLETIONS]
             del self.begins[:MAX_COMPLETIONS]
-            request = pb.CompleteManyRequest(step_call_begins=[r for r, _ in begins])
-            reply = await self._send(request)
+            ends = self.take_ends()
+            carried: asyncio.Future[None] | None = None
+            if ends:
+                carried = self.carried = self.rt.loop.create_future()
+            request = pb.CompleteManyRequest(
+                step_call_begins=[r for r, _ in begins], step_call_ends=ends
+            )
+            try:
+                reply = await self._send(request)
+            finally:
+                if carried is not None:
+                    carried.set_result(None)
+                    if self.carried is carried:
+                        self.carried = None
+            self._ended(ends, reply)
             if isinstance(reply, CycloneError):
                 for _, answer in begins:
                     answer.set_exception(reply)
@@ -268,6 +280,26 @@ class Completer:
                     answer.set_exception(error_for_code(begun.error.code, begun.error.message))
                 else:
                     answer.set_result(begun.response)
+
+    def take_ends(self) -> list[pb.EndStepCallRequest]:
+        ends = self.ends[:MAX_COMPLETIONS]
+        del self.ends[:MAX_COMPLETIONS]
+        return ends
+
+    def _ended(
+        self, ends: list[pb.EndStepCallRequest], reply: pb.CompleteManyResponse | CycloneError
+    ) -> None:
+        """Log the step call ends a batch did not record (nobody waits for them)."""
+        if isinstance(reply, CycloneError):
+            if ends:
+                log.warning("%d step call ends not recorded: %s", len(ends), reply)
+        else:
+            for end, ended in zip(ends, reply.step_call_end_results, strict=True):
+                if ended.HasField("error"):
+                    refusal = error_for_code(ended.error.code, ended.error.message)
+                    level = logging.INFO if isinstance(refusal, LeaseLost) else logging.WARNING
+                    log.log(level, "step call %r not recorded: %s", end.step_id, refusal)
+        self._ends_answered(len(ends))
 
     async def _send(
         self, request: pb.CompleteManyRequest
