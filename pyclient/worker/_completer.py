@@ -11,8 +11,7 @@ import asyncio
 import logging
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -37,6 +36,16 @@ from pyclient.workflow import duration
 if TYPE_CHECKING:
     from pyclient.worker._runtime import Runtime
 
+
+class Answer(Protocol):
+    """Where a begin's answer goes: a concurrent future (a sync body waits on it in its
+    thread) or an asyncio future of the handler loop behind its mailbox."""
+
+    def set_result(self, value: pb.BeginStepCallResponse) -> None: ...
+
+    def set_exception(self, error: BaseException) -> None: ...
+
+
 #: Most outcomes sent in one CompleteMany (the server accepts up to 1,000).
 MAX_COMPLETIONS = 500
 
@@ -56,7 +65,7 @@ class Completer:
         #: Ends of safe step calls, sent first in the next CompleteMany, not waited for.
         self.ends: list[pb.EndStepCallRequest] = []
         #: Begins of step calls, sent with the next CompleteMany; their callers wait.
-        self.begins: list[tuple[pb.BeginStepCallRequest, Future[pb.BeginStepCallResponse]]] = []
+        self.begins: list[tuple[pb.BeginStepCallRequest, Answer]] = []
         #: Ends queued and answered so far, and who waits for which count answered.
         self.ends_queued = self.ends_answered = 0
         self.end_waiters: list[tuple[int, asyncio.Future[None]]] = []
@@ -171,9 +180,7 @@ class Completer:
         except grpc.RpcError as exc:
             slog.warning("last progress not stored: %s", from_rpc_error(exc))
 
-    def begin_soon(
-        self, request: pb.BeginStepCallRequest, answer: Future[pb.BeginStepCallResponse]
-    ) -> None:
+    def begin_soon(self, request: pb.BeginStepCallRequest, answer: Answer) -> None:
         """Begin a step call with the next CompleteMany (on the worker's loop); its
         caller waits for ``answer`` (the response, or the SDK's error)."""
         self.begins.append((request, answer))

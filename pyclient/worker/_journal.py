@@ -26,6 +26,7 @@ from pyclient.durable._replay import BodyStopped, Call, Decision, Outcome
 from pyclient.errors import CycloneError, Unavailable
 from pyclient.models import StepCall, StepCallError
 from pyclient.worker._common import RPC_TIMEOUT
+from pyclient.worker._executor import HandlerLoop
 from pyclient.worker._mailbox import Mailbox
 
 if TYPE_CHECKING:
@@ -66,18 +67,22 @@ class GrpcJournal:
             raise Unavailable("BeginStepCall was not answered in time") from None
 
     async def begin_async(self, call: Call) -> tuple[Decision, StepCall | None]:
-        answer = self._begin_soon(call, self._handler_outbox())
-        try:
-            response = await asyncio.wait_for(asyncio.wrap_future(answer), self._patience)
-        except TimeoutError:
-            raise Unavailable("BeginStepCall was not answered in time") from None
-        return self._decision(response)
+        # Answered through the handler loop's mailbox: the answers of one batch wake
+        # the handler loop once, not once per body.
+        handlers = self._handlers()
+        answer: asyncio.Future[pb.BeginStepCallResponse] = handlers.loop.create_future()
+        handlers.outbox.post(
+            self.rt.completer.begin_soon,
+            self._request(pb.BeginStepCallRequest, call),
+            _Posted(answer, handlers.inbox),
+        )
+        return self._decision(await answer)
 
     def end(self, call: Call, outcome: Outcome) -> None:
         self.rt.inbox.post(self.rt.completer.end_later, self._end_request(call, outcome))
 
     async def end_async(self, call: Call, outcome: Outcome) -> None:
-        self._handler_outbox().post(self.rt.completer.end_later, self._end_request(call, outcome))
+        self._handlers().outbox.post(self.rt.completer.end_later, self._end_request(call, outcome))
 
     def _begin_soon(
         self, call: Call, mailbox: Mailbox
@@ -95,11 +100,11 @@ class GrpcJournal:
         # The completer retries an unavailable server for up to a lease.
         return self.rt.policy.lease + RPC_TIMEOUT
 
-    def _handler_outbox(self) -> Mailbox:
-        """The mailbox from the handler loop (where async bodies run) to the worker's."""
+    def _handlers(self) -> HandlerLoop:
+        """The handler loop, where async bodies run."""
         handlers = self.rt.executor.handler_loop if self.rt.executor else None
         assert handlers is not None
-        return handlers.outbox
+        return handlers
 
     def record(self, call: Call, conn: Any, output_json: str) -> None:
         step = self.step
@@ -153,3 +158,26 @@ class GrpcJournal:
             raise CycloneError(f"BeginStepCall answered an unknown decision {response.decision}")
         entry = StepCall.from_proto(response.call) if response.HasField("call") else None
         return decision, entry
+
+
+class _Posted:
+    """An answer settled from the worker's loop onto an asyncio future of another loop,
+    through that loop's mailbox (the completer calls set_result or set_exception)."""
+
+    def __init__(self, future: asyncio.Future[Any], mailbox: Mailbox):
+        self.future, self.mailbox = future, mailbox
+
+    def set_result(self, value: Any) -> None:
+        self.mailbox.post(_settle, self.future, value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self.mailbox.post(_settle, self.future, None, error)
+
+
+def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if future.done():  # the body was cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
