@@ -30,6 +30,7 @@ from pyclient.worker._executor import HandlerLoop
 from pyclient.worker._mailbox import Mailbox
 
 if TYPE_CHECKING:
+    from pyclient.worker._completer import Answer
     from pyclient.worker._runtime import Runtime
 
 R = TypeVar("R", pb.BeginStepCallRequest, pb.EndStepCallRequest)
@@ -60,7 +61,8 @@ class GrpcJournal:
             raise BodyStopped("the worker gave up on this attempt (time limit or shutdown)")
 
     def begin(self, call: Call) -> tuple[Decision, StepCall | None]:
-        answer = self._begin_soon(call, self.rt.inbox)
+        answer: concurrent.futures.Future[pb.BeginStepCallResponse] = concurrent.futures.Future()
+        self._begin_soon(call, self.rt.inbox, answer)
         try:
             return self._decision(answer.result(timeout=self._patience))
         except concurrent.futures.TimeoutError:
@@ -71,11 +73,7 @@ class GrpcJournal:
         # the handler loop once, not once per body.
         handlers = self._handlers()
         answer: asyncio.Future[pb.BeginStepCallResponse] = handlers.loop.create_future()
-        handlers.outbox.post(
-            self.rt.completer.begin_soon,
-            self._request(pb.BeginStepCallRequest, call),
-            _Posted(answer, handlers.inbox),
-        )
+        self._begin_soon(call, handlers.outbox, _Posted(answer, handlers.inbox))
         return self._decision(await answer)
 
     def end(self, call: Call, outcome: Outcome) -> None:
@@ -84,16 +82,12 @@ class GrpcJournal:
     async def end_async(self, call: Call, outcome: Outcome) -> None:
         self._handlers().outbox.post(self.rt.completer.end_later, self._end_request(call, outcome))
 
-    def _begin_soon(
-        self, call: Call, mailbox: Mailbox
-    ) -> concurrent.futures.Future[pb.BeginStepCallResponse]:
-        """Post the call's Begin to the completer, which sends it with the next
-        CompleteMany; the future is its answer."""
-        answer: concurrent.futures.Future[pb.BeginStepCallResponse] = concurrent.futures.Future()
+    def _begin_soon(self, call: Call, mailbox: Mailbox, answer: Answer) -> None:
+        """Post the call's Begin, through ``mailbox``, to the completer, which sends it
+        with the next CompleteMany and settles ``answer``."""
         mailbox.post(
             self.rt.completer.begin_soon, self._request(pb.BeginStepCallRequest, call), answer
         )
-        return answer
 
     @property
     def _patience(self) -> float:
