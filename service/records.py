@@ -287,10 +287,11 @@ class StepCallBegun(NamedTuple):
 
 
 class StepCallEnded(NamedTuple):
-    """step_call_end: the entry as recorded; duplicate when it had an outcome already."""
+    """step_call_end: the entry as recorded (None in a brief answer); duplicate when it
+    had an outcome already."""
 
     duplicate: bool
-    call: StepCallJson
+    call: StepCallJson | None
 
 
 class CallResolved(NamedTuple):

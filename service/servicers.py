@@ -728,6 +728,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         except (errors.LeaseLost, errors.NotFound):
             self.metrics.refused.inc()
             raise
+        assert row.call is not None  # only a brief CompleteMany leaves it out
         return worker_pb.EndStepCallResponse(
             call=convert.step_call(row.call), duplicate=row.duplicate
         )
@@ -818,9 +819,9 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         ]
         response = worker_pb.CompleteManyResponse()
         if ends or begins:
-            report = await self.store.step_report_many(ends, begins, outcomes)
+            report = await self.store.step_report_many(ends, begins, outcomes, brief=request.brief)
             answers = report.completions
-            self._report_calls(report, begins, response)
+            self._report_calls(report, begins, response, brief=request.brief)
         else:
             answers = await self.store.step_complete_many(outcomes)
         for outcome, answer in zip(outcomes, answers, strict=True):
@@ -834,13 +835,21 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         return response
 
     def _report_calls(
-        self, report: Report, begins: list[StepCallKey], response: worker_pb.CompleteManyResponse
+        self,
+        report: Report,
+        begins: list[StepCallKey],
+        response: worker_pb.CompleteManyResponse,
+        *,
+        brief: bool,
     ) -> None:
-        """The answers to a CompleteMany's step call ends and begins."""
+        """The answers to a CompleteMany's step call ends and begins (``brief``: with
+        no entry for an end or a RUN)."""
         for ended in report.ends:
             if isinstance(ended, Refused):
                 self.metrics.refused.inc()
                 response.step_call_end_results.add(error=_refusal(ended))
+            elif brief or ended.call is None:
+                response.step_call_end_results.add().response.duplicate = ended.duplicate
             else:
                 response.step_call_end_results.add(
                     response=worker_pb.EndStepCallResponse(
@@ -852,15 +861,18 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 self.metrics.refused.inc()
                 response.step_call_begin_results.add(error=_refusal(begun))
             else:
-                response.step_call_begin_results.add(response=self._begun(call, begun))
+                response.step_call_begin_results.add(response=self._begun(call, begun, brief=brief))
 
-    def _begun(self, call: StepCallKey, row: StepCallBegun) -> worker_pb.BeginStepCallResponse:
-        """BeginStepCall's answer; an UNCERTAIN one ends the node's lease here too."""
+    def _begun(
+        self, call: StepCallKey, row: StepCallBegun, *, brief: bool = False
+    ) -> worker_pb.BeginStepCallResponse:
+        """BeginStepCall's answer (``brief``: a RUN without its entry); an UNCERTAIN one
+        ends the node's lease here too."""
         response = worker_pb.BeginStepCallResponse(
             decision=STEP_CALL_DECISION[row.decision],
             run_status=convert.RUN_STATUS[row.run_status],
         )
-        if row.call is not None:
+        if row.call is not None and not (brief and row.decision == "run"):
             response.call.CopyFrom(convert.step_call(row.call))
         if row.decision == "uncertain":
             # The node's lease is over: no outcome of it will come.

@@ -193,3 +193,31 @@ def test_a_refused_begin_stands_alone(cyclone_server):
     assert answer.step_call_begin_results[0].error.code == grpc.StatusCode.ABORTED.value[0]
     assert [(r[0], r[2]) for r in journal(cyclone_server, run_id)] == [("y", "started")]
     assert run_status(get_run(cyclone_server, run_id)) == "completed"
+
+
+def test_a_brief_batch_answers_without_the_entries_it_was_not_asked_for(cyclone_server):
+    run_id = submit(cyclone_server, workflow("durable", node("body")))
+    [step] = claim(cyclone_server)
+    report(cyclone_server, [], begins=[begin_request(step, "paid", 1)])
+    ended = end_request(step, "paid", 1, {"ok": True})
+    ended.unsafe_to_repeat = True
+    answer = cyclone_server.workers.CompleteMany(
+        worker_service_pb2.CompleteManyRequest(
+            step_call_ends=[ended, end_request(step, "sent", 2, "x")],
+            step_call_begins=[begin_request(step, "paid", 1), begin_request(step, "next", 3)],
+            brief=True,
+        )
+    )
+    # Ends: recorded, no entry; begins: RECORDED keeps its entry, RUN has none.
+    assert [
+        (r.HasField("response"), r.response.HasField("call"), r.response.duplicate)
+        for r in answer.step_call_end_results
+    ] == [(True, False, False)] * 2
+    begun = [r.response for r in answer.step_call_begin_results]
+    assert [b.decision for b in begun] == [RECORDED, RUN]
+    assert begun[0].call.output == value({"ok": True}) and not begun[1].HasField("call")
+    assert [(r[0], r[2]) for r in journal(cyclone_server, run_id)] == [
+        ("paid", "succeeded"),
+        ("sent", "succeeded"),
+        ("next", "started"),
+    ]

@@ -192,7 +192,15 @@ class Completer:
         Nobody waits for it: a refusal (a lost lease) is only logged."""
         self.ends.append(request)
         self.ends_queued += 1
-        self._kick()
+        # A body's next begin is usually posted in the same turn as this end: looking
+        # again at the end of the turn lets the batch of begins carry the end (one
+        # transaction for both) rather than send it alone.
+        self.rt.loop.call_soon(self._kick_unless_begins)
+
+    def _kick_unless_begins(self) -> None:
+        """Send the queued ends now, unless a batch of begins will carry them."""
+        if self.ends and not self.begins:
+            self._kick()
 
     async def ends_sent(self) -> None:
         """Wait until the ends queued so far are answered (or given up on): a node
@@ -239,13 +247,17 @@ class Completer:
         """Send completions and step call ends, a batch at a time, in order: a node's
         ends go before (or with) its completion."""
         while self.outbox or self.ends:
-            batch = self.outbox[:MAX_COMPLETIONS]
-            del self.outbox[:MAX_COMPLETIONS]
             ends = self.take_ends()
+            # Ends left queued past this batch may be those of its completions' nodes:
+            # the completions wait for the next batch, after them.
+            batch = [] if self.ends else self.outbox[:MAX_COMPLETIONS]
+            del self.outbox[: len(batch)]
             if batch and self.carried is not None:
                 # Ends that left with a batch of begins land before these completions.
                 await asyncio.shield(self.carried)
-            request = pb.CompleteManyRequest(completions=[r for r, _ in batch], step_call_ends=ends)
+            request = pb.CompleteManyRequest(
+                completions=[r for r, _ in batch], step_call_ends=ends, brief=True
+            )
             reply = await self._send(request)
             self._ended(ends, reply)
             if isinstance(reply, CycloneError):
@@ -268,7 +280,7 @@ class Completer:
             if ends:
                 carried = self.carried = self.rt.loop.create_future()
             request = pb.CompleteManyRequest(
-                step_call_begins=[r for r, _ in begins], step_call_ends=ends
+                step_call_begins=[r for r, _ in begins], step_call_ends=ends, brief=True
             )
             try:
                 reply = await self._send(request)

@@ -150,8 +150,11 @@ class GrpcJournal:
         decision = _DECISIONS.get(response.decision)
         if decision is None:
             raise CycloneError(f"BeginStepCall answered an unknown decision {response.decision}")
-        entry = StepCall.from_proto(response.call) if response.HasField("call") else None
-        return decision, entry
+        # A RUN needs no entry (the body runs the call): not building it saves the
+        # worker a quarter of its work per unsafe call.
+        if decision is Decision.RUN or not response.HasField("call"):
+            return decision, None
+        return decision, StepCall.from_proto(response.call)
 
 
 class _Posted:

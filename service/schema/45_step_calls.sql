@@ -257,9 +257,12 @@ $$;
 -- held steps whose journal has room are added, and their STARTED entries ended in
 -- place, in one statement, linear in the batch (each node's lease checked once, by
 -- key); the rest (an entry that has an outcome, a lost lease, a full journal) one at a
--- time through _step_call_end, each in its own subtransaction. Items: {i, run_id, node, lease_token, step_id, seq,
--- function, unsafe, and output or error}. RPC: CompleteMany's step_calls.
-CREATE FUNCTION cyclone.step_calls_end_many(p_items jsonb)
+-- time through _step_call_end, each in its own subtransaction. Items: {i, run_id, node,
+-- lease_token, step_id, seq, function, unsafe, and output or error}. p_brief: the
+-- entries added or ended in the batch statement are not returned (call NULL), for a
+-- caller that only needs to know that they were recorded. RPC: CompleteMany's
+-- step_call_ends.
+CREATE FUNCTION cyclone.step_calls_end_many(p_items jsonb, p_brief boolean DEFAULT false)
 RETURNS TABLE (i integer, duplicate boolean, call jsonb, error_state text,
                error_message text, error_detail text)
 LANGUAGE plpgsql AS $$
@@ -334,7 +337,9 @@ BEGIN
     )
     SELECT coalesce(array_agg((v_index->>(a.run_id::text || '/' || a.node || '/' || a.step_id))
                               ::integer), '{}'),
-           coalesce(array_agg(cyclone._step_call_json(a::cyclone.step_calls)), '{}')
+           coalesce(array_agg(CASE WHEN NOT p_brief
+                                   THEN cyclone._step_call_json(a::cyclone.step_calls) END),
+                    '{}')
       INTO v_added, v_calls
       FROM (SELECT * FROM ended UNION ALL SELECT * FROM added) a;
 
@@ -380,8 +385,9 @@ $$;
 -- a lost lease) one at a time through step_call_begin, each in its own
 -- subtransaction, in request order. The caller locks the runs of the batch first
 -- (step_report_many). Items: {i, run_id, node, lease_token, step_id, seq, function,
--- unsafe}. RPC: CompleteMany's step_call_begins.
-CREATE FUNCTION cyclone.step_calls_begin_many(p_items jsonb)
+-- unsafe}. p_brief: the STARTED entries of the batch statement's RUN answers are not
+-- returned (call NULL). RPC: CompleteMany's step_call_begins.
+CREATE FUNCTION cyclone.step_calls_begin_many(p_items jsonb, p_brief boolean DEFAULT false)
 RETURNS TABLE (i integer, decision text, run_status text, call jsonb, error_state text,
                error_message text, error_detail text)
 LANGUAGE plpgsql AS $$
@@ -436,7 +442,9 @@ BEGIN
     SELECT coalesce(array_agg((v_index->>(a.run_id::text || '/' || a.node || '/' || a.step_id))
                               ::integer), '{}'),
            coalesce(array_agg(r.status), '{}'),
-           coalesce(array_agg(cyclone._step_call_json(a::cyclone.step_calls)), '{}')
+           coalesce(array_agg(CASE WHEN NOT p_brief
+                                   THEN cyclone._step_call_json(a::cyclone.step_calls) END),
+                    '{}')
       INTO v_started, v_status, v_calls
       FROM added a
       JOIN cyclone.runs r ON r.run_id = a.run_id;
@@ -480,8 +488,10 @@ $$;
 -- transaction, so that a node's journal entries are recorded before its completion in
 -- the same batch. Every run of the batch is locked first, in run_id order, so that no
 -- pass takes a lock out of that order. One row per item: kind 'end' (i into p_ends),
--- 'begin' (i into p_begins) or 'step' (i into p_items). RPC: CompleteMany.
-CREATE FUNCTION cyclone.step_report_many(p_ends jsonb, p_begins jsonb, p_items jsonb)
+-- 'begin' (i into p_begins) or 'step' (i into p_items). p_brief as in
+-- step_calls_end_many and step_calls_begin_many. RPC: CompleteMany.
+CREATE FUNCTION cyclone.step_report_many(p_ends jsonb, p_begins jsonb, p_items jsonb,
+                                         p_brief boolean DEFAULT false)
 RETURNS TABLE (kind text, i integer, step_status text, run_status text, duplicate boolean,
                retry_at timestamptz, decision text, call jsonb, error_state text,
                error_message text, error_detail text)
@@ -497,14 +507,14 @@ BEGIN
             SELECT 'end'::text, c.i, NULL::text, NULL::text, c.duplicate,
                    NULL::timestamptz, NULL::text, c.call, c.error_state, c.error_message,
                    c.error_detail
-              FROM cyclone.step_calls_end_many(p_ends) c;
+              FROM cyclone.step_calls_end_many(p_ends, p_brief) c;
     END IF;
     IF jsonb_array_length(p_begins) > 0 THEN
         RETURN QUERY
             SELECT 'begin'::text, b.i, NULL::text, b.run_status, NULL::boolean,
                    NULL::timestamptz, b.decision, b.call, b.error_state, b.error_message,
                    b.error_detail
-              FROM cyclone.step_calls_begin_many(p_begins) b;
+              FROM cyclone.step_calls_begin_many(p_begins, p_brief) b;
     END IF;
     IF jsonb_array_length(p_items) > 0 THEN
         RETURN QUERY

@@ -297,7 +297,7 @@ SELECT m.kind, m.i, m.step_status, m.run_status, m.duplicate, m.retry_at, m.deci
        m.call, m.error_state, m.error_message, m.error_detail,
        current_setting('cyclone.ready', true) AS ready
   FROM cyclone.step_report_many(CAST(:ends AS jsonb), CAST(:begins AS jsonb),
-                                CAST(:items AS jsonb)) m
+                                CAST(:items AS jsonb), :brief) m
  CROSS JOIN LATERAL (SELECT set_config('synchronous_commit',
                                        CASE WHEN :durable THEN 'on' ELSE 'off' END,
                                        true)) c;

@@ -564,3 +564,28 @@ def test_the_ends_of_safe_calls_travel_in_batches_and_all_are_recorded(
     assert [c.step_id for c in journal] == ["inc"] + [f"inc#{i}" for i in range(2, 21)]
     assert [c.output for c in journal] == list(range(1, 21))
     assert calls("EndStepCall") == 0 and calls("CompleteMany") >= 1
+
+
+def test_a_body_ending_more_calls_than_one_batch_holds_completes_after_all_of_them(
+    client, make_worker
+):
+    """An async body whose 1,200 no-op calls end in one turn queues more ends than two
+    CompleteMany calls carry (500 each): its completion waits for the batch after the
+    last of them, so none is refused as coming after the node completed."""
+
+    @step
+    async def inc(n: int) -> int:
+        return n + 1
+
+    async def count(ctx: Any, start: int) -> int:
+        n = start
+        for _ in range(1200):
+            n = await inc(n)
+        return n
+
+    worker = make_worker()
+    worker.workflow("count_far")(count)
+    with running(worker):
+        run = client.wait(client.start("count_far", 0), timeout=PATIENCE)
+    assert (run.status, run.step("count_far").output) == ("completed", 1200)
+    assert [c.output for c in run.step("count_far").journal] == list(range(1, 1201))

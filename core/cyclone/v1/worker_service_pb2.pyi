@@ -170,14 +170,16 @@ class CompleteResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., retry_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., run_status: _Optional[_Union[_types_pb2.RunStatus, str]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class CompleteManyRequest(_message.Message):
-    __slots__ = ("completions", "step_call_ends", "step_call_begins")
+    __slots__ = ("completions", "step_call_ends", "step_call_begins", "brief")
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     STEP_CALL_ENDS_FIELD_NUMBER: _ClassVar[int]
     STEP_CALL_BEGINS_FIELD_NUMBER: _ClassVar[int]
+    BRIEF_FIELD_NUMBER: _ClassVar[int]
     completions: _containers.RepeatedCompositeFieldContainer[CompleteRequest]
     step_call_ends: _containers.RepeatedCompositeFieldContainer[EndStepCallRequest]
     step_call_begins: _containers.RepeatedCompositeFieldContainer[BeginStepCallRequest]
-    def __init__(self, completions: _Optional[_Iterable[_Union[CompleteRequest, _Mapping]]] = ..., step_call_ends: _Optional[_Iterable[_Union[EndStepCallRequest, _Mapping]]] = ..., step_call_begins: _Optional[_Iterable[_Union[BeginStepCallRequest, _Mapping]]] = ...) -> None: ...
+    brief: bool
+    def __init__(self, completions: _Optional[_Iterable[_Union[CompleteRequest, _Mapping]]] = ..., step_call_ends: _Optional[_Iterable[_Union[EndStepCallRequest, _Mapping]]] = ..., step_call_begins: _Optional[_Iterable[_Union[BeginStepCallRequest, _Mapping]]] = ..., brief: _Optional[bool] = ...) -> None: ...
 
 class CompleteManyResponse(_message.Message):
     __slots__ = ("results", "step_call_end_results", "step_call_begin_results")

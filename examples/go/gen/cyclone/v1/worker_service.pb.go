@@ -963,8 +963,12 @@ type CompleteManyRequest struct {
 	// reply. Workers that begin many unsafe calls at once use it to share one round trip
 	// and one commit; each caller still waits for its answer before its call runs.
 	StepCallBegins []*BeginStepCallRequest `protobuf:"bytes,3,rep,name=step_call_begins,json=stepCallBegins,proto3" json:"step_call_begins,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Answer without the journal entries a worker does not need: a step call end's
+	// result then has no `call`, nor does a begin answered RUN (RECORDED and UNCERTAIN
+	// answers keep theirs). Saves building, sending and parsing one entry per item.
+	Brief         bool `protobuf:"varint,4,opt,name=brief,proto3" json:"brief,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CompleteManyRequest) Reset() {
@@ -1016,6 +1020,13 @@ func (x *CompleteManyRequest) GetStepCallBegins() []*BeginStepCallRequest {
 		return x.StepCallBegins
 	}
 	return nil
+}
+
+func (x *CompleteManyRequest) GetBrief() bool {
+	if x != nil {
+		return x.Brief
+	}
+	return false
 }
 
 // Result of WorkerService.CompleteMany.
@@ -1858,11 +1869,12 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\bretry_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\x124\n" +
 	"\n" +
 	"run_status\x18\x03 \x01(\x0e2\x15.cyclone.v1.RunStatusR\trunStatus\x12\x1c\n" +
-	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"\xe6\x01\n" +
+	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"\xfc\x01\n" +
 	"\x13CompleteManyRequest\x12=\n" +
 	"\vcompletions\x18\x01 \x03(\v2\x1b.cyclone.v1.CompleteRequestR\vcompletions\x12D\n" +
 	"\x0estep_call_ends\x18\x02 \x03(\v2\x1e.cyclone.v1.EndStepCallRequestR\fstepCallEnds\x12J\n" +
-	"\x10step_call_begins\x18\x03 \x03(\v2 .cyclone.v1.BeginStepCallRequestR\x0estepCallBegins\"\xf6\x01\n" +
+	"\x10step_call_begins\x18\x03 \x03(\v2 .cyclone.v1.BeginStepCallRequestR\x0estepCallBegins\x12\x14\n" +
+	"\x05brief\x18\x04 \x01(\bR\x05brief\"\xf6\x01\n" +
 	"\x14CompleteManyResponse\x124\n" +
 	"\aresults\x18\x01 \x03(\v2\x1a.cyclone.v1.CompleteResultR\aresults\x12P\n" +
 	"\x15step_call_end_results\x18\x02 \x03(\v2\x1d.cyclone.v1.StepCallEndResultR\x12stepCallEndResults\x12V\n" +
