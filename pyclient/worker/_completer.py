@@ -49,6 +49,10 @@ class Answer(Protocol):
 #: Most outcomes sent in one CompleteMany (the server accepts up to 1,000).
 MAX_COMPLETIONS = 500
 
+#: Batches of begins in flight at once: while one is at the server, the bodies
+#: answered by the other run their calls.
+BEGIN_BATCHES = 2
+
 
 class Completer:
     """Sends the outcomes of one worker's steps.
@@ -70,9 +74,9 @@ class Completer:
         self.ends_queued = self.ends_answered = 0
         self.end_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.flusher: asyncio.Task[None] | None = None
-        self.begin_flusher: asyncio.Task[None] | None = None
-        #: Answered when the batch of begins in flight that carries ends is.
-        self.carried: asyncio.Future[None] | None = None
+        self.begin_flushers: set[asyncio.Task[None]] = set()
+        #: One per batch of begins in flight that carries ends, answered with it.
+        self.carrying: set[asyncio.Future[None]] = set()
         #: CompleteMany calls answered (or failed) so far.
         self.reports = 0
 
@@ -184,8 +188,10 @@ class Completer:
         """Begin a step call with the next CompleteMany (on the worker's loop); its
         caller waits for ``answer`` (the response, or the SDK's error)."""
         self.begins.append((request, answer))
-        if self.begin_flusher is None or self.begin_flusher.done():
-            self.begin_flusher = asyncio.create_task(self._flush_begins())
+        if len(self.begin_flushers) < BEGIN_BATCHES:
+            flusher = asyncio.create_task(self._flush_begins())
+            self.begin_flushers.add(flusher)
+            flusher.add_done_callback(self.begin_flushers.discard)
 
     def end_later(self, request: pb.EndStepCallRequest) -> None:
         """Record a step call's end with the next CompleteMany (on the worker's loop).
@@ -252,9 +258,9 @@ class Completer:
             # the completions wait for the next batch, after them.
             batch = [] if self.ends else self.outbox[:MAX_COMPLETIONS]
             del self.outbox[: len(batch)]
-            if batch and self.carried is not None:
-                # Ends that left with a batch of begins land before these completions.
-                await asyncio.shield(self.carried)
+            if batch and self.carrying:
+                # Ends that left with batches of begins land before these completions.
+                await asyncio.wait(list(self.carrying))
             request = pb.CompleteManyRequest(
                 completions=[r for r, _ in batch], step_call_ends=ends, brief=True
             )
@@ -268,8 +274,9 @@ class Completer:
                     future.set_result(result)
 
     async def _flush_begins(self) -> None:
-        """Send step call begins, a batch at a time, beside the batches of completions:
-        a begin is waited for and depends on nothing queued before it. The ends queued
+        """Send step call begins in batches (up to BEGIN_BATCHES at once), beside the
+        batches of completions: a begin is waited for and depends on nothing queued
+        before it. The ends queued
         meanwhile go with it (one transaction for a body's end of one unsafe call and
         begin of the next), and completions wait for them."""
         while self.begins:
@@ -278,7 +285,8 @@ class Completer:
             ends = self.take_ends()
             carried: asyncio.Future[None] | None = None
             if ends:
-                carried = self.carried = self.rt.loop.create_future()
+                carried = self.rt.loop.create_future()
+                self.carrying.add(carried)
             request = pb.CompleteManyRequest(
                 step_call_begins=[r for r, _ in begins], step_call_ends=ends, brief=True
             )
@@ -287,8 +295,7 @@ class Completer:
             finally:
                 if carried is not None:
                     carried.set_result(None)
-                    if self.carried is carried:
-                        self.carried = None
+                    self.carrying.discard(carried)
             self._ended(ends, reply)
             if isinstance(reply, CycloneError):
                 for _, answer in begins:
