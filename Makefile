@@ -87,6 +87,8 @@ BREAKING_BASELINE ?= 99aba72
 
 verify: $(VENV)/.stamp $(BUF) ## buf lint, buf breaking against the released contract, generated code up to date
 	$(BUF) lint
+	@git cat-file -e $(BREAKING_BASELINE):buf.yaml 2>/dev/null || \
+		{ test "$$(git rev-parse --is-shallow-repository)" = true && git fetch -q --unshallow; } || true
 	@git cat-file -e $(BREAKING_BASELINE):buf.yaml 2>/dev/null || { \
 		echo "commit $(BREAKING_BASELINE) (BREAKING_BASELINE) is not in this clone: clone with history"; exit 1; }
 	@echo "buf breaking against $(BREAKING_BASELINE)"; $(BUF) breaking --against '.git#ref=$(BREAKING_BASELINE)'
