@@ -208,13 +208,14 @@ class Completer:
         if self.ends and not self.begins:
             self._kick()
 
-    async def ends_sent(self) -> None:
-        """Wait until the ends queued so far are answered (or given up on): a node
-        completed in its own transaction goes after its journal."""
-        if self.ends_answered >= self.ends_queued:
+    async def ends_sent(self, upto: int | None = None) -> None:
+        """Wait until the ends queued so far (the first ``upto``) are answered (or given
+        up on): a node completed in its own transaction goes after its journal."""
+        target = self.ends_queued if upto is None else upto
+        if self.ends_answered >= target:
             return
         waiter: asyncio.Future[None] = self.rt.loop.create_future()
-        self.end_waiters.append((self.ends_queued, waiter))
+        self.end_waiters.append((target, waiter))
         self._kick()
         await waiter
 
@@ -283,6 +284,10 @@ class Completer:
             begins = self.begins[:MAX_COMPLETIONS]
             del self.begins[:MAX_COMPLETIONS]
             ends = self.take_ends()
+            # The ends queued before these begins, this batch's or others in flight:
+            # recorded before any of the calls begun here runs, so that a worker killed
+            # in an unsafe call never leaves an earlier call unrecorded behind it.
+            before = self.ends_queued
             carried: asyncio.Future[None] | None = None
             if ends:
                 carried = self.rt.loop.create_future()
@@ -297,6 +302,7 @@ class Completer:
                     carried.set_result(None)
                     self.carrying.discard(carried)
             self._ended(ends, reply)
+            await self.ends_sent(before)
             if isinstance(reply, CycloneError):
                 for _, answer in begins:
                     answer.set_exception(reply)
