@@ -35,9 +35,17 @@ export PATH := $(TOOLS)/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(VENV)/.stamp: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+# Serving needs only the server's packages: `make run` installs those (once, saying so);
+# the test and lint tools come with the first target that needs them.
+$(VENV)/.serve-stamp: pyproject.toml
+	@echo "Installing the server's Python packages into $(VENV) (first run only)..."
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install --progress-bar on -e '.[server]' | grep -v '^Requirement already satisfied' || true
+	@$(PY) -c 'import service.main' || { echo "the server's packages did not install"; exit 1; }
+	@touch $@
+
+$(VENV)/.stamp: $(VENV)/.serve-stamp pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
@@ -108,11 +116,16 @@ fmt: $(VENV)/.stamp ## Format hand-written code
 	$(VENV)/bin/ruff check --fix service core pyclient tests
 
 .PHONY: run
-run: $(VENV)/.stamp ## Serve on $(ADDR); embedded Postgres unless CYCLONE_DATABASE_URL is set
+run: $(VENV)/.serve-stamp ## Serve on $(ADDR); embedded Postgres unless CYCLONE_DATABASE_URL is set
 	$(VENV)/bin/cyclone-server --listen $(ADDR)
 
+.PHONY: stop
+stop: ## Stop the embedded Postgres under .cyclone/ (make run stops it when it started it)
+	@if [[ -x $(VENV)/bin/cyclone-server ]]; then $(VENV)/bin/cyclone-server embedded stop; \
+	else echo "no .venv: nothing started here to stop"; fi
+
 .PHONY: migrate
-migrate: $(VENV)/.stamp ## Apply migrations and exit
+migrate: $(VENV)/.serve-stamp ## Apply migrations and exit
 	$(VENV)/bin/cyclone-server --migrate-only
 
 .PHONY: test
@@ -134,5 +147,5 @@ chaos: $(VENV)/.stamp ## Soak: 2,000 runs (a quarter durable bodies) under kills
 	CYCLONE_MODEL_PROFILE=long $(VENV)/bin/pytest tests/test_model.py -q -p no:randomly
 
 .PHONY: clean
-clean: ## Remove the venv, tools and the embedded database
+clean: stop ## Stop the embedded Postgres, then remove the venv, tools and the embedded database
 	rm -rf $(VENV) $(TOOLS) .cyclone

@@ -61,7 +61,7 @@ class Settings:
     max_dependents: int = dag.MAX_DEPENDENTS
     max_edges: int = dag.MAX_EDGES
     grace_s: float = 10.0
-    metrics_listen: str = "127.0.0.1:9464"
+    metrics_listen: str = "auto"
     retention_s: float | None = 7 * 86400.0
     retention_failed_s: float | None = None
     key_retention_s: float | None = 30 * 86400.0
@@ -102,7 +102,8 @@ _HELP = {
     "max_dependents": "most nodes that depend on one node (fan-out)",
     "max_edges": "most dependencies in one workflow, over all its nodes",
     "grace_s": "seconds in-flight calls get to finish on SIGTERM",
-    "metrics_listen": "host:port of the Prometheus metrics endpoint (/metrics); off to disable",
+    "metrics_listen": "host:port of the Prometheus metrics endpoint (/metrics); auto: the "
+    "host of --listen and the port after its port (50051: 50052); off to disable",
     "retention_s": "delete completed and cancelled runs this long after they finished "
     "(e.g. 7d, 12h; off keeps them)",
     "retention_failed_s": "delete failed runs this long after they failed (off keeps them "
@@ -182,3 +183,15 @@ def parse(argv: list[str] | None = None) -> Settings:
     if settings.claim_recheck_s <= 0:
         parser.error("--claim-recheck must be more than 0 seconds")
     return settings
+
+
+def metrics_listen(settings: Settings) -> str:
+    """Where the metrics endpoint listens: ``--metrics-listen``, or with ``auto`` the host
+    of ``--listen`` and the port after its port (an ephemeral port for port 0), so that
+    a second local server needs one setting, its ``--listen``."""
+    if settings.metrics_listen.strip().lower() != "auto":
+        return settings.metrics_listen
+    host, _, port = settings.listen.rpartition(":")
+    if not port.isdigit():
+        return settings.metrics_listen  # --listen is refused with its own message
+    return f"{host}:{int(port) + 1 if int(port) else 0}"

@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["token"]:
         sys.exit(auth.token_main(args[1:]))
+    if args[:1] == ["embedded"]:
+        sys.exit(embedded.main(args[1:]))
     settings = config.parse(argv)
     logs.setup(settings.log_level, settings.log_json)
     try:
@@ -39,16 +41,19 @@ def _start(settings: config.Settings) -> None:
         tls.check(settings)
         if settings.token_file:
             auth.Tokens(settings.token_file)  # a malformed line is named now
-        metrics.parse_listen(settings.metrics_listen)
+        metrics.parse_listen(config.metrics_listen(settings))
     except auth.TokenFileError as exc:
         raise StartupError(f"--token-file {exc}") from None
     except (tls.ListenError, ValueError) as exc:
         raise StartupError(exc) from None
+    local: embedded.Embedded | None = None
     if settings.database_url:
         database_url = settings.database_url
     else:
         try:
-            database_url = embedded.start(settings.data_dir)
+            # Stopped at exit, unless another process still uses it.
+            local = embedded.attach(settings.data_dir, stop_at_exit=True)
+            database_url = local.url
         except Exception as exc:
             raise StartupError(
                 f"cannot start the embedded Postgres under --data-dir {settings.data_dir}: "
@@ -68,6 +73,10 @@ def _start(settings: config.Settings) -> None:
         asyncio.run(_serve(settings, database_url))
     except tls.ListenError as exc:  # the port, bound once the server is built
         raise StartupError(exc) from None
+    finally:
+        if local is not None:
+            leaving, kept = embedded.leaving_message(local, settings.data_dir)
+            log.log(logging.WARNING if kept else logging.INFO, "%s", leaving)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -344,7 +344,12 @@ class Metrics:
             self._http, _ = start_http_server(port, host, registry=self.registry)
         except OSError as exc:
             # Metrics are not worth refusing to serve for; say so loudly instead.
-            log.warning("metrics disabled: cannot listen on %s (%s)", listen, exc)
+            log.warning(
+                "metrics disabled: cannot listen on %s (%s); set --metrics-listen "
+                "(CYCLONE_METRICS_LISTEN) to a free host:port, or off",
+                listen,
+                exc,
+            )
             return None
         return int(self._http.server_port)
 

@@ -22,7 +22,7 @@ from cyclone.v1 import (
     workflow_service_pb2,
     workflow_service_pb2_grpc,
 )
-from service import errors, gate, tls
+from service import config, errors, gate, tls
 from service.activity import ActionActivity, Handouts
 from service.config import Settings
 from service.metrics import Metrics
@@ -96,9 +96,10 @@ class CycloneServer:
     async def start(self) -> None:
         self.dispatcher.start()
         self.metrics.watch_database(self.store.metrics_gauges, asyncio.get_running_loop())
-        self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
+        listen = config.metrics_listen(self.settings)
+        self.metrics_port = self.metrics.serve(listen)
         if self.metrics_port is not None:
-            host = self.settings.metrics_listen.rpartition(":")[0]
+            host = listen.rpartition(":")[0]
             log.info("metrics on http://%s:%d/metrics", host, self.metrics_port)
         # Jitter keeps several servers from sweeping (or purging) in lockstep.
         loops = [

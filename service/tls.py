@@ -143,6 +143,7 @@ def listen(server: grpc.aio.Server, settings: Settings) -> int:
     if port == 0:
         raise ListenError(
             f"--listen {settings.listen}: cannot listen there (the port is in use, or the "
-            "address is not one of this machine's)"
+            "address is not one of this machine's); choose another with --listen "
+            "(CYCLONE_LISTEN; ADDR=host:port for make run)"
         )
     return port
