@@ -41,7 +41,7 @@ $(VENV)/.serve-stamp: pyproject.toml
 	@echo "Installing the server's Python packages into $(VENV) (first run only)..."
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install --progress-bar on -e '.[server]' | grep -v '^Requirement already satisfied' || true
+	@$(PY) -m pip install -e '.[server]' 2>&1 | grep --line-buffered -E '^(Collecting|Installing|Successfully|ERROR)' || true
 	@$(PY) -c 'import service.main' || { echo "the server's packages did not install"; exit 1; }
 	@touch $@
 

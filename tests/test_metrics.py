@@ -154,3 +154,42 @@ def test_docs_list_every_metric_the_server_exposes(metered):
     page = (ROOT / "docs" / "metrics.md").read_text()
     documented = {name.removesuffix("_total") for name in re.findall(r"`(cyclone_\w+)`", page)}
     assert exposed == documented
+
+
+#: Exported but left off the dashboard, each for a reason.
+NOT_ON_THE_DASHBOARD: set[str] = set()
+
+
+def _exported_names(port: int) -> dict[str, set[str]]:
+    """The metric families the server exports, by their names in the exposition (e.g.
+    cyclone_rpcs_total), each with the sample names a query may use for it."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    kinds = dict(re.findall(r"^# TYPE (cyclone_\w+) (\w+)$", text, re.M))
+    return {
+        name: {name, f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+        if kind == "histogram"
+        else {name}
+        for name, kind in kinds.items()
+    }
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_server_exports(metered):
+    """docs/grafana/cyclone.json: every query names exported metrics, every exported
+    metric is on it (or listed as left off), and its panels are well formed."""
+    import json
+
+    dashboard = json.loads((ROOT / "docs" / "grafana" / "cyclone.json").read_text())
+    families = _exported_names(metered.server.metrics_port)
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids are unique"
+    used: set[str] = set()
+    for p in panels:
+        assert p["title"] and p["description"] and p["targets"], p["title"]
+        for target in p["targets"]:
+            used |= set(re.findall(r"\bcyclone_\w+", target["expr"]))
+    exported = set().union(*families.values())
+    assert used - exported == set(), "queries name metrics the server does not export"
+    missing = {f for f, names in families.items() if not names & used}
+    assert missing == NOT_ON_THE_DASHBOARD, "exported metrics missing from the dashboard"
