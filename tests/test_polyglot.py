@@ -513,3 +513,13 @@ def test_a_blocked_go_durable_function_resumes_as_resolved(
     assert run.step("fulfil").output == output
     assert _calls(cyclone_server, run_id) == calls
     second.stop()
+
+
+def test_the_typescript_cli_says_what_the_server_answered_and_has_help(ts):
+    helped = ts("--help")
+    assert helped.returncode == 0 and "cyclone-ts wait RUN_ID" in helped.stdout
+    unknown = ts("wait", "01234567-89ab-7def-8123-456789abcdef")
+    assert unknown.returncode == 2
+    assert unknown.stderr.startswith("cyclone-ts: NotFound: ") and "Error" not in unknown.stderr
+    malformed = ts("wait", "not-a-run-id")
+    assert malformed.returncode == 2 and "InvalidArgument" in malformed.stderr

@@ -8,11 +8,11 @@
 // Every command takes --address HOST:PORT (default $CYCLONE_ADDRESS, else
 // 127.0.0.1:50051), and --json to print runs as proto3 JSON, like grpcurl does.
 // Exit status: 0 when the run (waited for) completed, 1 when it settled otherwise or
-// the wait timed out, 2 on a usage or server error.
+// the wait timed out, 2 on a usage or server error. --help prints the usage.
 
 import { parseArgs } from "node:util";
 
-import { ConnectError } from "@connectrpc/connect";
+import { Code, ConnectError } from "@connectrpc/connect";
 
 import { checkoutWorkflow, parseItem, type Order } from "./checkout.js";
 import {
@@ -34,11 +34,12 @@ const USAGE = `usage:
   cyclone-ts submit [--customer NAME] [--item SKU:QTY:CENTS]... [--key KEY] [--wait] [--timeout SECONDS]
   cyclone-ts wait RUN_ID [--timeout SECONDS]
   cyclone-ts list [--workflow NAME] [--status STATUS]... [--limit N]
-options for all: --address HOST:PORT  --json`;
+options for all: --address HOST:PORT (default $CYCLONE_ADDRESS, else 127.0.0.1:50051)  --json  --help`;
 
 class UsageError extends Error {}
 
 const OPTIONS = {
+  help: { type: "boolean", short: "h", default: false },
   address: { type: "string", default: defaultAddress() },
   json: { type: "boolean", default: false },
   customer: { type: "string", default: "acme" },
@@ -55,6 +56,11 @@ type Values = ReturnType<typeof parseArgs<{ options: typeof OPTIONS; allowPositi
 
 async function main(argv: string[]): Promise<number> {
   const { values, positionals } = parseArgs({ args: argv, options: OPTIONS, allowPositionals: true });
+  if (values.help) {
+    console.log(USAGE);
+    return 0;
+  }
+  address = values.address;
   const [command, ...rest] = positionals;
   const client = connect(values.address);
   switch (command) {
@@ -133,15 +139,29 @@ function positive(text: string): number {
   return n;
 }
 
+/** The address the command talks to, for messages about the server. */
+let address = defaultAddress();
+
+/** A parseArgs error (unknown option, missing value): its code is a string. */
+function isArgsError(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === "string" && code.startsWith("ERR_PARSE_ARGS");
+}
+
 main(process.argv.slice(2)).then(
   (code) => {
     process.exitCode = code;
   },
   (error: unknown) => {
-    if (error instanceof UsageError || (error as { code?: string }).code?.startsWith("ERR_PARSE_ARGS")) {
-      console.error(`${(error as Error).message}\n${USAGE}`);
-    } else if (error instanceof ConnectError) {
-      console.error(`cyclone: ${error.message}`);
+    if (error instanceof ConnectError) {
+      // The server's answer: its status (NOT_FOUND, INVALID_ARGUMENT...) and message.
+      const hint =
+        error.code === Code.Unavailable
+          ? ` (is a Cyclone server listening on ${address}? set --address or CYCLONE_ADDRESS)`
+          : "";
+      console.error(`cyclone-ts: ${Code[error.code]}: ${error.rawMessage}${hint}`);
+    } else if (error instanceof UsageError || isArgsError(error)) {
+      console.error(`cyclone-ts: ${(error as Error).message}\n${USAGE}`);
     } else {
       console.error(error);
     }
