@@ -238,7 +238,7 @@ class Watch:
         except grpc.RpcError as exc:
             err = from_rpc_error(exc)
             if isinstance(err, LeaseLost):
-                slog.warning("lease lost: %s", err.message)
+                slog.warning("%s", err.message)  # the server says "lease lost: ..."
                 control.lose_lease()
                 self.abort()
                 return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 
 import pytest
@@ -278,8 +279,9 @@ def test_heartbeats_keep_a_long_handler_alive_past_its_first_lease(
 
 
 def test_lost_lease_reaches_the_handler_and_its_outcome_is_dropped(
-    cyclone_server, client, make_worker
+    cyclone_server, client, make_worker, caplog
 ):
+    caplog.set_level(logging.WARNING, logger="pyclient")
     worker = make_worker(lease=2.0)
     started, lost = threading.Event(), threading.Event()
 
@@ -304,6 +306,8 @@ def test_lost_lease_reaches_the_handler_and_its_outcome_is_dropped(
     step = run.step("work")
     assert (step.attempt, step.output) == (2, "second")
     assert [e.kind for e in step.errors] == ["lease_expired"]
+    said = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
+    assert said and not any("lease lost: lease lost" in m for m in said), said
 
 
 def test_cancelling_a_run_reaches_sync_and_async_handlers(client, make_worker):
