@@ -8,6 +8,8 @@ the server (the stubs, workflow validation, JSON conversion, error codes) is the
 package ``cyclone``; pyclient.dag re-exports its workflow validation.
 """
 
+# First: refuses an environment that holds PyPI's other "cyclone" (see there).
+import cyclone.distribution  # noqa: F401
 from pyclient.actions import Action, InputMismatch
 from pyclient.client import AsyncClient, Client
 from pyclient.context import Context, current
