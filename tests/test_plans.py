@@ -40,6 +40,9 @@ HOT = (
     "_step_call_end",
 )
 WATCHED = ("steps", "runs", "step_calls")
+#: The sweep's index of held leases: a walk of it reads every running step, so only the
+#: sweep may use it; a held step is found by its key.
+LEASED = "steps_leased_idx"
 
 
 def _fill_history(conn: psycopg.Connection) -> None:
@@ -158,6 +161,7 @@ class Session:
         self.conn = psycopg.connect(url, autocommit=True)
         self.plans: list[tuple[str, dict]] = []
         self.seq_scans: list[tuple[str, str, int]] = []
+        self.leased_walks: list[str] = []
         self.called: set[str] = set()
         self._current = ""
         try:
@@ -193,17 +197,21 @@ class Session:
         self.seq_scans += [
             (function, t, after[t] - before[t]) for t in WATCHED if after[t] > before[t]
         ]
+        if function != "sweep_steps" and after.get(LEASED, 0) > before.get(LEASED, 0):
+            self.leased_walks.append(function)
         return rows
 
     def _scans(self) -> dict[str, int]:
-        """Sequential scans this backend started on each watched table and has not yet
-        reported (the counters of the current transaction, and maybe of a few before)."""
+        """Sequential scans this backend started on each watched table, and walks of the
+        sweep's index of held leases, that it has not yet reported (the counters of the
+        current transaction, and maybe of a few before)."""
         rows = self.conn.execute(
             "SELECT relname, seq_scan FROM pg_stat_xact_user_tables"
-            " WHERE schemaname = 'cyclone' AND relname = ANY (%s)",
-            (list(WATCHED),),
+            " WHERE schemaname = 'cyclone' AND relname = ANY (%s)"
+            " UNION ALL SELECT %s, pg_stat_get_xact_numscans(%s::regclass)",
+            (list(WATCHED), LEASED, f"cyclone.{LEASED}"),
         ).fetchall()
-        return dict(rows)
+        return {name: n for name, n in rows}
 
     def claim(self, action: str, unsafe: tuple[str, ...] = (), lease_s: float = 60) -> list:
         return self.call(
@@ -395,6 +403,10 @@ def test_hot_paths_never_scan_steps_or_runs_whole(database_url, statistics):
     )
     if session.explained:
         assert {f for f, _ in session.plans} >= set(HOT) - {"_runs_close"}
+    assert sorted(set(session.leased_walks)) == [], (
+        f"with {statistics} statistics, these walked {LEASED} (every running step) to "
+        "find a held step instead of using its key"
+    )
 
 
 def test_a_claim_naming_an_action_twice_hands_each_step_out_once(cyclone_server):

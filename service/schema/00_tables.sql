@@ -159,7 +159,12 @@ CREATE INDEX steps_ready_idx ON cyclone.steps (action, available_at) WHERE statu
 -- Ready rows whose last attempt lost its lease: checked against unsafe marks at claim.
 CREATE INDEX steps_uncertain_idx ON cyclone.steps (action)
     WHERE status = 'available' AND effect_uncertain;
--- The sweep's index: held leases by expiry.
+-- The sweep's index: held leases by expiry. Only the sweep should walk it. A lookup of
+-- one held step by key writes its lease check as
+--     CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
+-- because with status = 'running' and an expiry range in plain sight, a planner whose
+-- statistics saw few running steps walks this index (every running step) for each
+-- lookup instead of the primary key: under load, most of Postgres's work per step.
 CREATE INDEX steps_leased_idx ON cyclone.steps (lease_expires_at) WHERE status = 'running';
 -- A run's discarded steps, first first: _runs_close finds a failed run's error by key.
 CREATE INDEX steps_discarded_idx ON cyclone.steps (run_id, finished_at, node)

@@ -172,8 +172,9 @@ BEGIN
        SET lease_expires_at = least(v_now + p_lease, s.deadline_at),
            last_heartbeat_at = v_now,
            progress = coalesce(p_progress, s.progress)
-     WHERE s.run_id = p_run_id AND s.node = p_node AND s.status = 'running'
-       AND s.lease_token = p_lease_token AND s.lease_expires_at > v_now
+     WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
+       -- By key: see steps_leased_idx.
+       AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
     RETURNING s.lease_expires_at INTO lease_expires_at;
     IF FOUND THEN
         cancelled := false;

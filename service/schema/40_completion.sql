@@ -20,8 +20,9 @@ BEGIN
     UPDATE cyclone.steps s
        SET status = 'completed', output = coalesce(p_output, 'null'::jsonb),
            finished_at = v_now, lease_expires_at = NULL
-     WHERE s.run_id = p_run_id AND s.node = p_node AND s.status = 'running'
-       AND s.lease_token = p_lease_token AND s.lease_expires_at > v_now
+     WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
+       -- By key: see steps_leased_idx.
+       AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
     RETURNING s.dependents INTO v_dependents;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
@@ -113,8 +114,9 @@ BEGIN
            SET status = 'completed', output = coalesce(t.output, 'null'::jsonb),
                finished_at = v_now, lease_expires_at = NULL
           FROM item t
-         WHERE s.run_id = t.run_id AND s.node = t.node AND s.status = 'running'
-           AND s.lease_token = t.lease_token AND s.lease_expires_at > v_now
+         WHERE s.run_id = t.run_id AND s.node = t.node AND s.lease_token = t.lease_token
+           -- By key: see steps_leased_idx.
+           AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
         RETURNING t.i, s.run_id, s.node, cardinality(s.dependents) > 0 AS has_deps
     )
     SELECT coalesce(array_agg(i), '{}'), coalesce(array_agg(run_id), '{}'),

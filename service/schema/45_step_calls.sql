@@ -40,13 +40,15 @@ DECLARE
 BEGIN
     IF p_lock THEN
         SELECT s.attempt INTO v_step FROM cyclone.steps s
-         WHERE s.run_id = p_run_id AND s.node = p_node AND s.status = 'running'
-           AND s.lease_token = p_lease_token AND s.lease_expires_at > cyclone.now()
+         WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
+           -- By key: see steps_leased_idx.
+           AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > cyclone.now() END
            FOR SHARE;
     ELSE
         SELECT s.attempt INTO v_step FROM cyclone.steps s
-         WHERE s.run_id = p_run_id AND s.node = p_node AND s.status = 'running'
-           AND s.lease_token = p_lease_token AND s.lease_expires_at > cyclone.now();
+         WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
+           -- By key: see steps_leased_idx.
+           AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > cyclone.now() END;
     END IF;
     IF FOUND THEN
         RETURN v_step.attempt;
@@ -305,8 +307,9 @@ BEGIN
                   FROM item t GROUP BY t.run_id, t.node, t.lease_token) k
          CROSS JOIN LATERAL (
                SELECT s.attempt FROM cyclone.steps s
-                WHERE s.run_id = k.run_id AND s.node = k.node AND s.status = 'running'
-                  AND s.lease_token = k.lease_token AND s.lease_expires_at > v_now
+                WHERE s.run_id = k.run_id AND s.node = k.node AND s.lease_token = k.lease_token
+                  -- By key: see steps_leased_idx.
+                  AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
                   FOR SHARE) s
          WHERE k.n + (SELECT count(*) FROM (SELECT 1 FROM cyclone.step_calls c
                                              WHERE c.run_id = k.run_id AND c.node = k.node
@@ -422,8 +425,9 @@ BEGIN
                   FROM item t GROUP BY t.run_id, t.node, t.lease_token) k
          CROSS JOIN LATERAL (
                SELECT s.attempt FROM cyclone.steps s
-                WHERE s.run_id = k.run_id AND s.node = k.node AND s.status = 'running'
-                  AND s.lease_token = k.lease_token AND s.lease_expires_at > v_now
+                WHERE s.run_id = k.run_id AND s.node = k.node AND s.lease_token = k.lease_token
+                  -- By key: see steps_leased_idx.
+                  AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
                   FOR SHARE) s
          WHERE k.n + (SELECT count(*) FROM (SELECT 1 FROM cyclone.step_calls c
                                              WHERE c.run_id = k.run_id AND c.node = k.node

@@ -29,8 +29,9 @@ BEGIN
            finished_at = CASE WHEN p_retryable AND s.attempt < s.max_attempts THEN NULL
                               ELSE v_now END,
            lease_expires_at = NULL
-     WHERE s.run_id = p_run_id AND s.node = p_node AND s.status = 'running'
-       AND s.lease_token = p_lease_token AND s.lease_expires_at > v_now
+     WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
+       -- By key: see steps_leased_idx.
+       AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
     RETURNING s.status, s.attempt, s.action, s.available_at INTO v_step;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
@@ -109,8 +110,9 @@ BEGIN
        SET status = CASE WHEN v_status = 'running' THEN 'uncertain' ELSE 'pending' END,
            available_at = NULL, lease_expires_at = NULL, effect_uncertain = true,
            unsafe = true
-     WHERE s.run_id = p_run_id AND s.node = p_node AND s.status = 'running'
-       AND s.lease_token = p_lease_token AND s.lease_expires_at > v_now
+     WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
+       -- By key: see steps_leased_idx.
+       AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
     RETURNING s.status, s.attempt, s.action, s.started_at INTO v_step;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
