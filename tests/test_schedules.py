@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import grpc
+import psycopg
 import pytest
 
 from cyclone.v1 import schedule_service_pb2 as pb
@@ -268,3 +269,27 @@ def test_cron_fires_in_its_time_zone(cyclone_server):
     to_next_firing(cyclone_server)
     assert cyclone_server.fire_schedules() == 1
     assert runs_of(cyclone_server) == [(f"schedule:tick:{fire_at:%Y-%m-%dT%H:%M:%SZ}", "running")]
+
+
+def test_a_schedule_another_server_holds_is_skipped_then_fired_once_its_holder_dies(
+    server_factory, database_url
+):
+    """A server that dies in the middle of a pass: its transaction holds the schedule
+    and has submitted the run; the other servers pass it by (SKIP LOCKED); when the
+    holder's connection dies, its transaction rolls back and the next pass fires it."""
+    one, two = server_factory(), server_factory()
+    create(one, schedule(every=60))
+    to_next_firing(one)
+    holder = psycopg.connect(database_url)
+    holder.execute("SELECT * FROM cyclone.schedules WHERE name = 'tick' FOR UPDATE")
+    [(due,)] = holder.execute("SELECT next_fire_at FROM cyclone.schedules").fetchall()
+    holder.execute(
+        "SELECT * FROM cyclone.schedule_fire('tick', ARRAY[%s]::timestamptz[],"
+        " ARRAY[gen_random_uuid()], %s)",
+        (due, due + timedelta(seconds=60)),
+    )
+    assert two.fire_schedules() == 0  # held by the dying server: passed by, not waited for
+    holder.close()  # the server dies before its commit
+    assert two.fire_schedules() == 1
+    assert one.fire_schedules() == 0
+    assert runs_of(one) == [(f"schedule:tick:{due.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}", "running")]
