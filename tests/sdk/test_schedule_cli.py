@@ -106,3 +106,26 @@ def test_cli_schedule_commands(capsys, cyclone_server, tmp_path: Path):
     )
     assert code == 1 and "Wrong number of fields" in err
     assert cyclone_server.sql("SELECT name FROM cyclone.schedules") == [("nightly",)]
+
+
+def test_async_client_schedules(cyclone_server):
+    import asyncio
+
+    from pyclient import AsyncClient
+
+    wf = Workflow("report")
+    wf.node("build")
+
+    async def main() -> None:
+        async with AsyncClient(cyclone_server.address) as client:
+            made = await client.create_schedule("hourly", wf, cron="0 * * * *")
+            assert made.time_zone == "UTC" and made.next_fire_at.minute == 0
+            assert await client.get_schedule("hourly") == made
+            assert [s.name for s in (await client.list_schedules()).schedules] == ["hourly"]
+            assert (await client.pause_schedule("hourly")).paused
+            assert not (await client.resume_schedule("hourly")).paused
+            await client.delete_schedule("hourly")
+            with pytest.raises(NotFound):
+                await client.get_schedule("hourly")
+
+    asyncio.run(main())
