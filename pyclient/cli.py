@@ -337,10 +337,14 @@ def load_workflow_file(path: str, stdin: TextIO | None = None) -> tuple[Workflow
 # -- commands: each returns what to print (a Run, a list of runs, or a message) -------
 
 
-def _submit(client: Client, args: argparse.Namespace) -> Any:
+def _workflow_and_input(args: argparse.Namespace) -> tuple[Workflow, Any]:
+    """The workflow of args.file, and its input unless --input gives another."""
     workflow, run_input = load_workflow_file(args.file)
-    if args.input is not None:
-        run_input = args.input
+    return workflow, run_input if args.input is None else args.input
+
+
+def _submit(client: Client, args: argparse.Namespace) -> Any:
+    workflow, run_input = _workflow_and_input(args)
     if args.key:
         submitted = client.submit_once(workflow, args.key, run_input)
         run_id, created = submitted.run_id, submitted.created
@@ -412,9 +416,7 @@ def _cancel(client: Client, args: argparse.Namespace) -> Any:
 
 
 def _schedule_create(client: Client, args: argparse.Namespace) -> Any:
-    workflow, run_input = load_workflow_file(args.file)
-    if args.input is not None:
-        run_input = args.input
+    workflow, run_input = _workflow_and_input(args)
     return client.create_schedule(
         args.name,
         workflow,

@@ -26,7 +26,7 @@ from service.config import Settings
 from service.errors import rpc
 from service.metrics import Metrics
 from service.records import DueSchedule, ScheduleRow
-from service.servicers import Context, _payloads, _validated_off_loop
+from service.servicers import Context, _limits, _page_size, _payloads, _validated_off_loop
 from service.store import FirePlan, Store, nodes_json
 
 log = logging.getLogger("cyclone")
@@ -195,12 +195,7 @@ def schedule_proto(row: ScheduleRow) -> schedule_pb.Schedule:
 class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
     def __init__(self, store: Store, settings: Settings) -> None:
         self.store = store
-        self.limits = dag.Limits(
-            settings.max_nodes,
-            settings.max_dependencies,
-            settings.max_dependents,
-            settings.max_edges,
-        )
+        self.limits = _limits(settings)
         self.payloads = _payloads(settings)
 
     @rpc
@@ -254,9 +249,7 @@ class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
     async def ListSchedules(
         self, request: schedule_pb.ListSchedulesRequest, context: Context
     ) -> schedule_pb.ListSchedulesResponse:
-        size = request.page_size or 50
-        if not 1 <= size <= 1000:
-            raise errors.InvalidArgument(f"page_size must be between 1 and 1000, got {size}")
+        size = _page_size(request.page_size)
         after = None
         if request.page_token:
             try:
