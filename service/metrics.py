@@ -240,7 +240,8 @@ class Metrics:
             "cyclone_schedule_firings",
             "Firings of schedules by this server, by schedule and outcome (submitted: a "
             "run; existing: its key had a run already; overlap: skipped, the last run "
-            "still running; missed: skipped, too late after downtime)",
+            "still running; missed: skipped, too late after downtime; failed: tried "
+            "again at the next pass)",
             ["schedule", "outcome"],
             registry=r,
         )

@@ -336,6 +336,14 @@ async def fire_due(store: Store, metrics: Metrics) -> int:
             log.warning(
                 "schedule %s: %d missed firing(s) skipped", name, missed, extra={"schedule": name}
             )
-        if fires.due < SCHEDULES_PER_PASS and not fires.more:
+        for name, error in fires.failed.items():
+            metrics.schedule_firings.labels(name, "failed").inc()
+            log.error(
+                "schedule %s could not fire (tried again at the next pass): %s",
+                name,
+                error,
+                extra={"schedule": name},
+            )
+        if (fires.due < SCHEDULES_PER_PASS or fires.failed) and not fires.more:
             break
     return submitted

@@ -664,25 +664,37 @@ class Store:
         """One firing pass, in one transaction: lock up to ``limit`` due schedules
         (skipping those another server holds), fire each as ``plan`` says, move each
         forward, commit. A server that dies before the commit fires nothing: the
-        schedules stay due for the next pass of any server."""
-        fires = Fires(due=0, fired=[], missed={}, more=False)
+        schedules stay due for the next pass of any server. Each schedule is fired
+        under a savepoint: one that fails (its plan, or its submit) is left due, with
+        its error in ``failed``, and the others fire."""
+        fires = Fires(due=0, fired=[], missed={}, more=False, failed={})
         async with self._connection() as driver, driver.transaction():
             due = await self._run(driver, "schedules_due", DueSchedule, limit=limit)
             fires.due = len(due)
             for schedule in due:
-                fire = plan(schedule)
+                try:
+                    fire = plan(schedule)
+                    async with driver.transaction():
+                        rows = await self._run(
+                            driver,
+                            "schedule_fire",
+                            Fired,
+                            schedule=schedule.name,
+                            fire_times=fire.fire_times,
+                            run_ids=[str(uuid7()) for _ in fire.fire_times],
+                            next_fire_at=fire.next_fire_at,
+                        )
+                except psycopg.Error as exc:
+                    if driver.broken or driver.closed:
+                        raise
+                    fires.failed[schedule.name] = str(_translate(exc))
+                    continue
+                except Exception as exc:  # the plan: a fire time the cron library cannot give
+                    fires.failed[schedule.name] = f"{type(exc).__name__}: {exc}"
+                    continue
                 if fire.missed:
                     fires.missed[schedule.name] = fire.missed
                 fires.more |= fire.next_fire_at <= schedule.now
-                rows = await self._run(
-                    driver,
-                    "schedule_fire",
-                    Fired,
-                    schedule=schedule.name,
-                    fire_times=fire.fire_times,
-                    run_ids=[str(uuid7()) for _ in fire.fire_times],
-                    next_fire_at=fire.next_fire_at,
-                )
                 fires.fired.extend((schedule.name, row) for row in rows)
             ready = await self._run(driver, "ready_actions", ReadyActions)
         self._published(r.ready for r in ready)
@@ -719,13 +731,15 @@ class FirePlan:
 @dataclass(slots=True)
 class Fires:
     """What one firing pass did: how many schedules were due, each firing (with its
-    schedule's name), the firings skipped as missed, by schedule, and whether a
-    schedule is left due (it had more firings than one pass submits)."""
+    schedule's name), the firings skipped as missed, by schedule, whether a schedule
+    is left due (it had more firings than one pass submits), and the schedules that
+    failed to fire, with the error (left due, tried again at the next pass)."""
 
     due: int
     fired: list[tuple[str, Fired]]
     missed: dict[str, int]
     more: bool
+    failed: dict[str, str]
 
 
 class _RawJson(str):

@@ -293,3 +293,25 @@ def test_a_schedule_another_server_holds_is_skipped_then_fired_once_its_holder_d
     assert two.fire_schedules() == 1
     assert one.fire_schedules() == 0
     assert runs_of(one) == [(f"schedule:tick:{due.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}", "running")]
+
+
+def test_a_schedule_that_cannot_fire_stays_due_and_does_not_hold_back_the_others(
+    cyclone_server, caplog
+):
+    create(cyclone_server, schedule("broken", every=60))
+    create(cyclone_server, schedule("fine", every=60))
+    # Stored nodes that run_submit refuses (as a bad data fix might leave them).
+    cyclone_server.sql(
+        """UPDATE cyclone.schedules SET nodes = '[{"name": "x"}]' WHERE name = 'broken'"""
+    )
+    to_next_firing(cyclone_server, "broken")
+    to_next_firing(cyclone_server, "fine")
+    assert cyclone_server.fire_schedules() == 1
+    assert [s for _, s in runs_of(cyclone_server, "fine")] == ["running"]
+    assert runs_of(cyclone_server, "broken") == []
+    assert "schedule broken could not fire" in caplog.text
+    [(due,)] = cyclone_server.sql(
+        "SELECT next_fire_at <= cyclone.now() FROM cyclone.schedules WHERE name = 'broken'"
+    )
+    assert due  # left due: the next pass tries again
+    assert cyclone_server.fire_schedules() == 0
