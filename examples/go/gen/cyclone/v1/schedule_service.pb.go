@@ -164,8 +164,8 @@ type Schedule struct {
 	Paused bool `protobuf:"varint,9,opt,name=paused,proto3" json:"paused,omitempty"`
 	// Output only: when the schedule fires next. Past while a firing is due.
 	NextFireAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=next_fire_at,json=nextFireAt,proto3" json:"next_fire_at,omitempty"`
-	// Output only: the fire time of the latest firing, submitted or skipped. Unset
-	// before the first.
+	// Output only: the fire time of the latest firing handled: submitted, or skipped
+	// for overlap (missed firings are not handled). Unset before the first.
 	LastFireAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=last_fire_at,json=lastFireAt,proto3" json:"last_fire_at,omitempty"`
 	// Output only: the run of the latest firing that submitted one. Empty before it.
 	LastRunId string `protobuf:"bytes,12,opt,name=last_run_id,json=lastRunId,proto3" json:"last_run_id,omitempty"`

@@ -111,8 +111,8 @@ export type Schedule = Message<"cyclone.v1.Schedule"> & {
   nextFireAt?: Timestamp | undefined;
 
   /**
-   * Output only: the fire time of the latest firing, submitted or skipped. Unset
-   * before the first.
+   * Output only: the fire time of the latest firing handled: submitted, or skipped
+   * for overlap (missed firings are not handled). Unset before the first.
    *
    * @generated from field: google.protobuf.Timestamp last_fire_at = 11;
    */
