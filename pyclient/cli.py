@@ -19,7 +19,7 @@ import yaml
 
 from pyclient.client import Client, default_address
 from pyclient.errors import CycloneError, InvalidArgument
-from pyclient.models import Explanation, Run, RunStatus, Step, StepCall
+from pyclient.models import Explanation, Run, RunStatus, Schedule, Step, StepCall
 from pyclient.workflow import Workflow
 
 DESCRIPTION = """\
@@ -84,6 +84,22 @@ choice. Only a blocked run can be resolved, and only what blocks it: when two
 operators resolve at once, the second is refused.
 """
 
+
+SCHEDULE_CREATE_HELP = """\
+Keep a schedule on the server that submits the workflow of FILE (the file `cyclone
+submit` takes; its input is each run's input) on a cron expression or at a fixed
+interval. Every server fires due schedules; each firing is one run, keyed
+schedule:NAME:FIRE-TIME, even with several servers or after one is killed.
+
+  cyclone schedule create nightly report.yaml --cron '30 2 * * *' --time-zone Europe/Paris
+  cyclone schedule create poll poll.yaml --every 300 --overlap allow --catch-up all
+
+--cron takes five fields (minute hour day-of-month month day-of-week) or six with
+seconds first; --every takes whole seconds (fire times are its multiples since the
+epoch). --overlap skip (the default) submits nothing while the last run still runs;
+allow submits anyway. --catch-up skip (the default) drops firings missed by more than
+15 s (every server down or busy); all submits each of them, the 100 most recent at most.
+"""
 
 EXPLAIN_HELP = """\
 Say why NODE of RUN is not running now, or what it is doing, in one line, then the
@@ -246,6 +262,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--reason", default="", help="recorded in the audit trail")
     p.set_defaults(handler=_cancel)
+
+    p = command("schedule", "keep schedules on the server (docs/schedules.md)")
+    sched = p.add_subparsers(dest="schedule_command", required=True, metavar="SUBCOMMAND")
+
+    def schedule_command(name: str, help: str, description: str | None = None) -> Any:
+        sub = sched.add_parser(
+            name,
+            help=help,
+            description=description or help,
+            parents=[common],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        if name != "list":
+            sub.add_argument("name", metavar="NAME", help="the schedule's name")
+        return sub
+
+    create = schedule_command("create", "make a schedule", SCHEDULE_CREATE_HELP)
+    create.add_argument("file", help="workflow file (YAML or JSON), '-' for stdin")
+    when = create.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", metavar="EXPR", help="cron expression, e.g. '0 9 * * 1-5'")
+    when.add_argument("--every", type=int, metavar="SECONDS", help="a fixed interval")
+    create.add_argument("--time-zone", metavar="ZONE", help="IANA zone of --cron (default UTC)")
+    create.add_argument("--input", type=_json_arg, help="run input as JSON (overrides the file's)")
+    create.add_argument("--overlap", choices=["skip", "allow"], default="skip")
+    create.add_argument("--catch-up", choices=["skip", "all"], default="skip")
+    create.add_argument("--paused", action="store_true", help="create it paused")
+    create.set_defaults(handler=_schedule_create)
+    schedule_command("get", "show a schedule").set_defaults(
+        handler=lambda c, a: c.get_schedule(a.name)
+    )
+    lst = schedule_command("list", "list schedules by name")
+    lst.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
+    lst.set_defaults(handler=_schedule_list)
+    schedule_command("pause", "stop a schedule from firing").set_defaults(
+        handler=lambda c, a: c.pause_schedule(a.name)
+    )
+    schedule_command(
+        "resume", "let a paused schedule fire again, from its next fire time after now"
+    ).set_defaults(handler=lambda c, a: c.resume_schedule(a.name))
+    schedule_command("delete", "delete a schedule (the runs it submitted stay)").set_defaults(
+        handler=_schedule_delete
+    )
     return parser
 
 
@@ -279,10 +337,14 @@ def load_workflow_file(path: str, stdin: TextIO | None = None) -> tuple[Workflow
 # -- commands: each returns what to print (a Run, a list of runs, or a message) -------
 
 
-def _submit(client: Client, args: argparse.Namespace) -> Any:
+def _workflow_and_input(args: argparse.Namespace) -> tuple[Workflow, Any]:
+    """The workflow of args.file, and its input unless --input gives another."""
     workflow, run_input = load_workflow_file(args.file)
-    if args.input is not None:
-        run_input = args.input
+    return workflow, run_input if args.input is None else args.input
+
+
+def _submit(client: Client, args: argparse.Namespace) -> Any:
+    workflow, run_input = _workflow_and_input(args)
     if args.key:
         submitted = client.submit_once(workflow, args.key, run_input)
         run_id, created = submitted.run_id, submitted.created
@@ -351,6 +413,71 @@ def _cancel(client: Client, args: argparse.Namespace) -> Any:
 
 
 # -- rendering ------------------------------------------------------------------------
+
+
+def _schedule_create(client: Client, args: argparse.Namespace) -> Any:
+    workflow, run_input = _workflow_and_input(args)
+    return client.create_schedule(
+        args.name,
+        workflow,
+        run_input,
+        cron=args.cron,
+        time_zone=args.time_zone,
+        every=args.every,
+        overlap=args.overlap,
+        catch_up=args.catch_up,
+        paused=args.paused,
+    )
+
+
+def _schedule_list(client: Client, args: argparse.Namespace) -> Any:
+    found: list[Schedule] = []
+    token = None
+    while len(found) < args.limit:
+        page = client.list_schedules(page_size=min(1000, args.limit - len(found)), page_token=token)
+        found.extend(page.schedules)
+        token = page.next_page_token
+        if not token:
+            break
+    return tuple(found)
+
+
+def _schedule_delete(client: Client, args: argparse.Namespace) -> Any:
+    client.delete_schedule(args.name)
+    return f"schedule {args.name} deleted"
+
+
+def render_schedule(s: Schedule) -> str:
+    when = f"cron {s.cron!r} in {s.time_zone}" if s.cron else f"every {_interval(s)}"
+    lines = [
+        f"schedule {s.name}{'  (paused)' if s.paused else ''}",
+        f"  submits    {s.workflow}" + (f" with input {json.dumps(s.input)}" if s.input else ""),
+        f"  when       {when}",
+        f"  policies   overlap {s.overlap}, catch-up {s.catch_up}",
+        f"  next       {'-' if s.paused else _when(s.next_fire_at)}",
+        f"  last       {_when(s.last_fire_at)}"
+        + (f"  run {s.last_run_id}" if s.last_run_id else ""),
+    ]
+    return "\n".join(lines)
+
+
+def _interval(s: Schedule) -> str:
+    return f"{s.interval.total_seconds():g}s" if s.interval else "-"
+
+
+def render_schedules(schedules: Sequence[Schedule]) -> str:
+    if not schedules:
+        return "no schedules"
+    rows = [("NAME", "WORKFLOW", "WHEN", "NEXT", "LAST RUN")]
+    for s in schedules:
+        when = f"{s.cron} ({s.time_zone})" if s.cron else f"every {_interval(s)}"
+        nxt = "paused" if s.paused else _when(s.next_fire_at)
+        rows.append((s.name, s.workflow, when, nxt, s.last_run_id or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)) + "  " + row[4]
+        for row in rows
+    )
 
 
 def _when(value: Any) -> str:
@@ -521,9 +648,9 @@ def render_runs(runs: Sequence[Run]) -> str:
 
 def _print(result: Any, as_json: bool, out: TextIO) -> None:
     if as_json:
-        if isinstance(result, Run | Explanation):
+        if isinstance(result, Run | Explanation | Schedule):
             result = result.to_dict()
-        elif isinstance(result, list):
+        elif isinstance(result, list | tuple):
             result = [r.to_dict() for r in result]
         elif isinstance(result, str):
             result = {"message": result}
@@ -532,6 +659,10 @@ def _print(result: Any, as_json: bool, out: TextIO) -> None:
         print(render_run(result), file=out)
     elif isinstance(result, Explanation):
         print(render_explanation(result), file=out)
+    elif isinstance(result, Schedule):
+        print(render_schedule(result), file=out)
+    elif isinstance(result, tuple):  # schedule list
+        print(render_schedules(result), file=out)
     elif isinstance(result, list):
         print(render_runs(result), file=out)
     else:

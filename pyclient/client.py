@@ -28,13 +28,28 @@ from cyclone.v1 import (
     admin_service_pb2_grpc as admin_grpc,
 )
 from cyclone.v1 import (
+    schedule_service_pb2 as schedule_pb,
+)
+from cyclone.v1 import (
+    schedule_service_pb2_grpc as schedule_grpc,
+)
+from cyclone.v1 import (
     workflow_service_pb2 as wf_pb,
 )
 from cyclone.v1 import (
     workflow_service_pb2_grpc as wf_grpc,
 )
 from pyclient.errors import InvalidArgument, WaitTimeout, from_rpc_error
-from pyclient.models import Explanation, Retried, Run, RunPage, RunStatus, Submitted
+from pyclient.models import (
+    Explanation,
+    Retried,
+    Run,
+    RunPage,
+    RunStatus,
+    Schedule,
+    SchedulePage,
+    Submitted,
+)
 from pyclient.workflow import RetryPolicy, Workflow
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -64,7 +79,7 @@ def call_metadata(token: str | None, actor: str | None) -> tuple[tuple[str, str]
 class _Call(Generic[T]):
     """One RPC to make: which service and method, the request, how to read the answer."""
 
-    service: str  # "workflow" or "admin"
+    service: str  # "workflow", "admin" or "schedule"
     method: str
     request: pb_message.Message
     parse: Callable[[Any], T]
@@ -193,6 +208,74 @@ class _calls:
         return _Call("admin", "Resolve", req, lambda r: Run.from_proto(r.run))
 
 
+_OVERLAP = {"skip": schedule_pb.OVERLAP_POLICY_SKIP, "allow": schedule_pb.OVERLAP_POLICY_ALLOW}
+_CATCH_UP = {"skip": schedule_pb.CATCH_UP_POLICY_SKIP, "all": schedule_pb.CATCH_UP_POLICY_ALL}
+
+
+class _schedule_calls:
+    @staticmethod
+    def create(
+        name: str,
+        workflow: Workflow,
+        input: Any,
+        cron: str | None,
+        time_zone: str | None,
+        every: float | dt.timedelta | None,
+        overlap: str,
+        catch_up: str,
+        paused: bool,
+    ) -> _Call[Schedule]:
+        if (cron is None) == (every is None):
+            raise InvalidArgument("give exactly one of cron and every")
+        if overlap not in _OVERLAP:
+            raise InvalidArgument(f"overlap must be one of {sorted(_OVERLAP)}, got {overlap!r}")
+        if catch_up not in _CATCH_UP:
+            raise InvalidArgument(f"catch_up must be one of {sorted(_CATCH_UP)}, got {catch_up!r}")
+        s = schedule_pb.Schedule(
+            name=name,
+            workflow=workflow.to_proto(),
+            time_zone=time_zone or "",
+            overlap=_OVERLAP[overlap],
+            catch_up=_CATCH_UP[catch_up],
+            paused=paused,
+        )
+        if cron is not None:
+            s.cron = cron
+        else:
+            seconds = every.total_seconds() if isinstance(every, dt.timedelta) else every
+            s.interval.FromNanoseconds(round(float(seconds or 0) * 1e9))
+        _set_value(s, "input", input, "run input")
+        req = schedule_pb.CreateScheduleRequest(schedule=s)
+        return _Call("schedule", "CreateSchedule", req, _schedule)
+
+    @staticmethod
+    def one(method: str, name: str) -> _Call[Schedule]:
+        req = getattr(schedule_pb, f"{method}Request")(name=name)
+        return _Call("schedule", method, req, _schedule)
+
+    @staticmethod
+    def list(page_size: int | None, page_token: str | None) -> _Call[SchedulePage]:
+        req = schedule_pb.ListSchedulesRequest(
+            page_size=page_size or 0, page_token=page_token or ""
+        )
+
+        def parse(r: schedule_pb.ListSchedulesResponse) -> SchedulePage:
+            return SchedulePage(
+                tuple(Schedule.from_proto(s) for s in r.schedules), r.next_page_token
+            )
+
+        return _Call("schedule", "ListSchedules", req, parse)
+
+    @staticmethod
+    def delete(name: str) -> _Call[None]:
+        req = schedule_pb.DeleteScheduleRequest(name=name)
+        return _Call("schedule", "DeleteSchedule", req, lambda r: None)
+
+
+def _schedule(r: Any) -> Schedule:
+    return Schedule.from_proto(r.schedule)
+
+
 def _set_value(
     req: pb_message.Message, field: str, value: Any, what: str, allow_null: bool = False
 ) -> None:
@@ -229,6 +312,7 @@ def _stubs(channel: Any) -> dict[str, Any]:
     return {
         "workflow": wf_grpc.WorkflowServiceStub(channel),
         "admin": admin_grpc.AdminServiceStub(channel),
+        "schedule": schedule_grpc.ScheduleServiceStub(channel),
     }
 
 
@@ -380,6 +464,54 @@ class Client:
         audit trail with the actor."""
         return self._invoke(_calls.resolve(run_id, node, result, error, discard, reason, step_id))
 
+    # Schedules (docs/schedules.md) ---------------------------------------------------
+
+    def create_schedule(
+        self,
+        name: str,
+        workflow: Workflow,
+        input: Any = None,
+        *,
+        cron: str | None = None,
+        time_zone: str | None = None,
+        every: float | dt.timedelta | None = None,
+        overlap: str = "skip",
+        catch_up: str = "skip",
+        paused: bool = False,
+    ) -> Schedule:
+        """Keep a schedule on the server that submits ``workflow`` with ``input``: on
+        ``cron`` (five fields, or six with seconds first) in ``time_zone`` (IANA, default
+        UTC), or ``every`` so many seconds (whole seconds, at multiples of the interval
+        since the epoch). ``overlap``: ``"skip"`` a firing while the last run still
+        runs, or ``"allow"`` it; ``catch_up``: ``"skip"`` firings missed during
+        downtime, or submit ``"all"`` of them (the 100 most recent at most)."""
+        return self._invoke(
+            _schedule_calls.create(
+                name, workflow, input, cron, time_zone, every, overlap, catch_up, paused
+            )
+        )
+
+    def get_schedule(self, name: str) -> Schedule:
+        return self._invoke(_schedule_calls.one("GetSchedule", name))
+
+    def list_schedules(
+        self, *, page_size: int | None = None, page_token: str | None = None
+    ) -> SchedulePage:
+        """One page of schedules, in name order."""
+        return self._invoke(_schedule_calls.list(page_size, page_token))
+
+    def pause_schedule(self, name: str) -> Schedule:
+        """Stop the schedule from firing until :meth:`resume_schedule`."""
+        return self._invoke(_schedule_calls.one("PauseSchedule", name))
+
+    def resume_schedule(self, name: str) -> Schedule:
+        """Fire again from the next fire time after now (no catch-up of the pause)."""
+        return self._invoke(_schedule_calls.one("ResumeSchedule", name))
+
+    def delete_schedule(self, name: str) -> None:
+        """Delete the schedule; the runs it submitted stay."""
+        self._invoke(_schedule_calls.delete(name))
+
     def wait(self, run_id: str, timeout: float | None = None, *, poll_cap: float = 1.0) -> Run:
         """Poll until the run is completed, failed, cancelled or blocked; return it.
 
@@ -510,6 +642,42 @@ class AsyncClient:
         return await self._invoke(
             _calls.resolve(run_id, node, result, error, discard, reason, step_id)
         )
+
+    async def create_schedule(
+        self,
+        name: str,
+        workflow: Workflow,
+        input: Any = None,
+        *,
+        cron: str | None = None,
+        time_zone: str | None = None,
+        every: float | dt.timedelta | None = None,
+        overlap: str = "skip",
+        catch_up: str = "skip",
+        paused: bool = False,
+    ) -> Schedule:
+        return await self._invoke(
+            _schedule_calls.create(
+                name, workflow, input, cron, time_zone, every, overlap, catch_up, paused
+            )
+        )
+
+    async def get_schedule(self, name: str) -> Schedule:
+        return await self._invoke(_schedule_calls.one("GetSchedule", name))
+
+    async def list_schedules(
+        self, *, page_size: int | None = None, page_token: str | None = None
+    ) -> SchedulePage:
+        return await self._invoke(_schedule_calls.list(page_size, page_token))
+
+    async def pause_schedule(self, name: str) -> Schedule:
+        return await self._invoke(_schedule_calls.one("PauseSchedule", name))
+
+    async def resume_schedule(self, name: str) -> Schedule:
+        return await self._invoke(_schedule_calls.one("ResumeSchedule", name))
+
+    async def delete_schedule(self, name: str) -> None:
+        await self._invoke(_schedule_calls.delete(name))
 
     async def wait(
         self, run_id: str, timeout: float | None = None, *, poll_cap: float = 1.0

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from cyclone.jsonvalue import from_value
-from cyclone.v1 import types_pb2, workflow_service_pb2
+from cyclone.v1 import schedule_service_pb2, types_pb2, workflow_service_pb2
 
 T = TypeVar("T")
 
@@ -331,6 +331,61 @@ class Submitted:
     created: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A schedule kept by the server: the workflow it submits (by name; its nodes are
+    in the server's copy), when (``cron`` in ``time_zone``, or every ``interval``), and
+    its policies: ``overlap`` is ``"skip"`` or ``"allow"``, ``catch_up`` ``"skip"`` or
+    ``"all"`` (docs/schedules.md)."""
+
+    name: str
+    workflow: str
+    input: Any
+    cron: str | None
+    time_zone: str | None
+    interval: dt.timedelta | None
+    overlap: str
+    catch_up: str
+    paused: bool
+    next_fire_at: dt.datetime | None
+    last_fire_at: dt.datetime | None
+    last_run_id: str
+    created_at: dt.datetime | None
+    updated_at: dt.datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: times in ISO 8601, the interval in seconds."""
+        ready: dict[str, Any] = _jsonable(dataclasses.asdict(self))
+        return ready
+
+    @classmethod
+    def from_proto(cls, p: schedule_service_pb2.Schedule) -> Schedule:
+        cron = p.WhichOneof("spec") == "cron"
+        return _build(
+            cls,
+            p,
+            workflow=p.workflow.name,
+            cron=p.cron if cron else None,
+            time_zone=(p.time_zone or "UTC") if cron else None,
+            interval=None if cron else p.interval.ToTimedelta(),
+            overlap=_policy(schedule_service_pb2.OverlapPolicy, p.overlap, "OVERLAP_POLICY_"),
+            catch_up=_policy(schedule_service_pb2.CatchUpPolicy, p.catch_up, "CATCH_UP_POLICY_"),
+        )
+
+
+def _policy(enum_type: Any, number: int, prefix: str) -> str:
+    name: str = enum_type.Name(number) if number in enum_type.values() else str(number)
+    return "skip" if number == 0 else name.removeprefix(prefix).lower()
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulePage:
+    """One page of list_schedules; pass ``next_page_token`` back for the next one."""
+
+    schedules: tuple[Schedule, ...]
+    next_page_token: str
+
+
 class ExplainReason(enum.StrEnum):
     """Why a node is not running now (see Client.explain)."""
 
@@ -425,6 +480,8 @@ def trigger_rule_name(number: int) -> str:
 def _jsonable(obj: Any) -> Any:
     if isinstance(obj, dt.datetime):
         return obj.isoformat()
+    if isinstance(obj, dt.timedelta):
+        return obj.total_seconds()
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, dict):

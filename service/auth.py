@@ -37,6 +37,7 @@ ROLES = ("worker", "client", "admin")
 _WORKER = "/cyclone.v1.WorkerService/"
 _WORKFLOW = "/cyclone.v1.WorkflowService/"
 _ADMIN = "/cyclone.v1.AdminService/"
+_SCHEDULE = "/cyclone.v1.ScheduleService/"
 
 #: Which roles may call each method. A method missing here is denied to everyone.
 METHOD_ROLES: dict[str, frozenset[str]] = {
@@ -56,6 +57,11 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
         for m in ("Submit", "SubmitOnce", "GetRun", "ListRuns", "CancelRun", "Explain")
     },
     **{_ADMIN + m: frozenset({"admin"}) for m in ("Retry", "RetryAll", "Resolve")},
+    **{_SCHEDULE + m: frozenset({"client", "admin"}) for m in ("GetSchedule", "ListSchedules")},
+    **{
+        _SCHEDULE + m: frozenset({"admin"})
+        for m in ("CreateSchedule", "PauseSchedule", "ResumeSchedule", "DeleteSchedule")
+    },
 }
 
 #: Services any valid token may call, or anyone when made public by a setting.

@@ -51,6 +51,7 @@ class Settings:
     claim_recheck_s: float = 5.0
     sweep_interval_s: float = 1.0
     sweep_batch: int = 1000
+    schedule_interval_s: float = 0.5
     pool_size: int = 10
     statement_timeout_ms: int = 30_000
     max_message_bytes: int = 16 << 20
@@ -92,6 +93,7 @@ _HELP = {
     "notification (a safety net: NOTIFY wakes it at once)",
     "sweep_interval_s": "seconds between recovery sweeps (expired leases)",
     "sweep_batch": "most expired leases one sweep reclaims",
+    "schedule_interval_s": "seconds between passes of the loop that fires due schedules",
     "pool_size": "database connections kept per server process",
     "statement_timeout_ms": "database statement timeout in ms (0: none)",
     "max_message_bytes": "largest gRPC message accepted, in bytes",

@@ -63,6 +63,12 @@ class NotFound(CycloneError):
     kind = ErrorKind.NOT_FOUND
 
 
+class AlreadyExists(CycloneError):
+    """Something by that name exists already."""
+
+    kind = ErrorKind.ALREADY_EXISTS
+
+
 class FailedPrecondition(CycloneError):
     """The current state does not allow this transition."""
 

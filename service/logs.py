@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 
-_FIELDS = ("run_id", "node", "attempt", "workflow")
+_FIELDS = ("run_id", "node", "attempt", "workflow", "schedule")
 
 
 class JsonFormatter(logging.Formatter):

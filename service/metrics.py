@@ -236,6 +236,15 @@ class Metrics:
                 registry=r,
             )
         )
+        self.schedule_firings = Counter(
+            "cyclone_schedule_firings",
+            "Firings of schedules by this server, by schedule and outcome (submitted: a "
+            "run; existing: its key had a run already; overlap: skipped, the last run "
+            "still running; missed: skipped, too late after downtime; failed: tried "
+            "again at the next pass)",
+            ["schedule", "outcome"],
+            registry=r,
+        )
         self.finished = Counter(
             "cyclone_runs_finished",
             "Runs finished by an outcome reported to this server, by final status",

@@ -372,6 +372,66 @@ class GaugeRow(NamedTuple):
     extra: int
 
 
+class ScheduleRow(NamedTuple):
+    """schedule_create, schedule_get, schedules_list, schedule_pause, schedule_resume:
+    one schedule (workflow: the Workflow message as JSON)."""
+
+    name: str
+    workflow: dict[str, Any]
+    input: Any
+    cron: str | None
+    time_zone: str | None
+    interval_s: int | None
+    overlap: str
+    catch_up: str
+    paused: bool
+    next_fire_at: datetime
+    last_fire_at: datetime | None
+    last_run_id: uuid.UUID | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class DueSchedule(NamedTuple):
+    """schedules_due: a schedule due to fire, locked by the firing transaction, with
+    the database's time."""
+
+    now: datetime
+    name: str
+    cron: str | None
+    time_zone: str | None
+    interval_s: int | None
+    catch_up: str
+    next_fire_at: datetime
+
+
+class Fired(NamedTuple):
+    """schedule_fire: one firing of a schedule (run_id None: skipped for overlap)."""
+
+    fire_at: datetime
+    submit_key: str
+    run_id: uuid.UUID | None
+    outcome: str
+
+
+class Now(NamedTuple):
+    """clock_now: the engine's time (cyclone.now())."""
+
+    now: datetime
+
+
+class ScheduleName(NamedTuple):
+    """schedule_delete: the schedule deleted."""
+
+    name: str
+
+
+class ReadyActions(NamedTuple):
+    """ready_actions: the actions a transaction made claimable so far."""
+
+    ready: str | None
+
+
 class NoRows(NamedTuple):
     """action_claims_note, clock_advance: statements that return no rows."""
 

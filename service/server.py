@@ -1,6 +1,6 @@
 """Wiring only: the gRPC server, its servicers, health and reflection, the metrics
 endpoint, and the background tasks (LISTEN dispatcher, recovery sweep, retention,
-reports of worker activity)."""
+reports of worker activity, schedule firing)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from cyclone.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
+    schedule_service_pb2,
+    schedule_service_pb2_grpc,
     worker_service_pb2,
     worker_service_pb2_grpc,
     workflow_service_pb2,
     workflow_service_pb2_grpc,
 )
-from service import config, errors, gate, tls
+from service import config, errors, gate, schedules, tls
 from service.activity import ActionActivity, Handouts
 from service.config import Settings
 from service.metrics import Metrics
@@ -40,6 +42,7 @@ SERVICE_NAMES = (
     workflow_service_pb2.DESCRIPTOR.services_by_name["WorkflowService"].full_name,
     worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
     admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+    schedule_service_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
 )
 
 
@@ -88,6 +91,9 @@ class CycloneServer:
         admin_service_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminServicer(self.store, settings), self.grpc
         )
+        schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(
+            schedules.ScheduleServicer(self.store, settings), self.grpc
+        )
         self.health = add_health_and_reflection(self.grpc)
         self.port = tls.listen(self.grpc, settings)
         self.metrics_port: int | None = None
@@ -105,6 +111,7 @@ class CycloneServer:
         loops = [
             ("sweep", self.sweep, self.settings.sweep_interval_s, 0.5),
             ("report of worker activity", self.report_activity, ACTIVITY_REPORT_S, 0.0),
+            ("schedule firing", self.fire_schedules, self.settings.schedule_interval_s, 0.5),
         ]
         s = self.settings
         if s.retention_s or s.retention_failed_s or s.key_retention_s:
@@ -166,6 +173,11 @@ class CycloneServer:
         if reclaimed:
             log.info("sweep reclaimed %d expired lease(s)", len(reclaimed))
         return len(reclaimed)
+
+    async def fire_schedules(self) -> int:
+        """Fire the due schedules once (service.schedules); returns how many runs the
+        firings submitted."""
+        return await schedules.fire_due(self.store, self.metrics)
 
     async def purge(self) -> int:
         """One retention pass: delete runs past their age, a batch per statement, until

@@ -126,6 +126,21 @@ def _payloads(settings: Settings) -> convert.Payloads:
     return convert.Payloads(settings.max_payload_bytes, settings.max_json_depth)
 
 
+def _limits(settings: Settings) -> dag.Limits:
+    """The workflow limits of this server (--max-nodes and the others)."""
+    return dag.Limits(
+        settings.max_nodes, settings.max_dependencies, settings.max_dependents, settings.max_edges
+    )
+
+
+def _page_size(asked: int) -> int:
+    """A List call's page size: 1 to 1000, 50 when not given."""
+    size = asked or 50
+    if not 1 <= size <= 1000:
+        raise errors.InvalidArgument(f"page_size must be between 1 and 1000, got {size}")
+    return size
+
+
 def _run_head(row: RunRow | RunSummary) -> types_pb2.Run:
     """A run without its steps."""
     run = types_pb2.Run(
@@ -280,12 +295,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
     ) -> None:
         self.store = store
         self.settings = settings
-        self.limits = dag.Limits(
-            settings.max_nodes,
-            settings.max_dependencies,
-            settings.max_dependents,
-            settings.max_edges,
-        )
+        self.limits = _limits(settings)
         self.payloads = _payloads(settings)
         self.metrics = metrics
         # Writes this server's latest news of workers first, so that Explain on a
@@ -341,9 +351,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
     async def ListRuns(
         self, request: workflow_pb.ListRunsRequest, context: Context
     ) -> workflow_pb.ListRunsResponse:
-        size = request.page_size or 50
-        if not 1 <= size <= 1000:
-            raise errors.InvalidArgument(f"page_size must be between 1 and 1000, got {size}")
+        size = _page_size(request.page_size)
         if len(request.statuses) > len(convert.RUN_STATUS):
             raise errors.InvalidArgument(
                 f"statuses names {len(request.statuses)} statuses; there are "

@@ -11,11 +11,12 @@ for one item of a CompleteMany batch returned as a typed :class:`Refused`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from importlib import resources
@@ -25,6 +26,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg.rows import RowMaker
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from uuid6 import uuid7
 
 from cyclone import codes
 from cyclone.dag import NodeSpec, excerpt
@@ -37,19 +39,25 @@ from service.records import (
     ClaimedStep,
     Completion,
     Deleted,
+    DueSchedule,
     ExplainFacts,
+    Fired,
     GaugeRow,
     Heartbeat,
     NextDue,
     NoRows,
+    Now,
     Outcome,
     OutcomeRow,
     Ready,
+    ReadyActions,
     Refused,
     ReportRow,
     Retried,
     RunRow,
     RunSummary,
+    ScheduleName,
+    ScheduleRow,
     StepCallBegun,
     StepCallEnded,
     Submitted,
@@ -232,7 +240,9 @@ class Store:
     async def close(self) -> None:
         await self.engine.dispose()
 
-    async def _all(self, name: str, row: type[R], **params: Any) -> list[R]:
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection's psycopg connection, database errors translated."""
         # SQLAlchemy keeps the pool and compiles the named query once; the statement
         # itself runs on the psycopg connection underneath. Its execution layer cost
         # more CPU than the hot transitions themselves (docs/performance.md).
@@ -242,11 +252,9 @@ class Store:
                 if self.on_acquire is not None:
                     self.on_acquire(time.perf_counter() - asked)
                 raw = await conn.get_raw_connection()
-                driver: psycopg.AsyncConnection = raw.driver_connection  # type: ignore[assignment]
+                driver: psycopg.AsyncConnection[Any] = raw.driver_connection  # type: ignore[assignment]
                 try:
-                    cursor = driver.cursor(row_factory=_rows_as(row))
-                    await cursor.execute(self._sql(name), params)
-                    rows = await cursor.fetchall() if cursor.description else []
+                    yield driver
                 except BaseException as exc:
                     # A broken connection, or one left mid-statement by a cancellation,
                     # must not go back to the pool.
@@ -262,11 +270,26 @@ class Store:
             raise _translate(exc.orig or exc) from exc
         except OSError as exc:
             raise errors.Unavailable(detail=f"database unavailable: {exc}") from exc
+
+    async def _run(
+        self, driver: psycopg.AsyncConnection[Any], name: str, row: type[R], **params: Any
+    ) -> list[R]:
+        cursor = driver.cursor(row_factory=_rows_as(row))
+        await cursor.execute(self._sql(name), params)
+        return await cursor.fetchall() if cursor.description else []
+
+    async def _all(self, name: str, row: type[R], **params: Any) -> list[R]:
+        async with self._connection() as driver:
+            rows = await self._run(driver, name, row, **params)
         if rows and self.on_ready and "ready" in getattr(row, "_fields"):  # noqa: B009
-            ready = {a for r in rows if r.ready for a in r.ready.split(",")}  # type: ignore[attr-defined]
-            if ready:
-                self.on_ready(ready)
+            self._published(r.ready for r in rows)  # type: ignore[attr-defined]
         return rows
+
+    def _published(self, ready: Iterable[str | None]) -> None:
+        """Tell on_ready of the actions that transitions made claimable."""
+        actions = {a for r in ready if r for a in r.split(",")}
+        if actions and self.on_ready:
+            self.on_ready(actions)
 
     def _sql(self, name: str) -> str:
         sql = self._compiled.get(name)
@@ -288,8 +311,6 @@ class Store:
         input_json: str | None,
         submit_key: str | None,
     ) -> tuple[uuid.UUID, bool]:
-        from uuid6 import uuid7
-
         if len(nodes) + sum(len(n.depends_on) for n in nodes) > BIG_WORKFLOW:
             # Encoding a large workflow takes a while: not on the event loop.
             encoded = await asyncio.to_thread(nodes_json, nodes)
@@ -609,6 +630,80 @@ class Store:
         row = await self._one("runs_purge", Deleted, age_s=age_s, failed=failed, limit=limit)
         return int(row.deleted) if row else 0
 
+    # Schedules --------------------------------------------------------------------
+
+    async def clock_now(self) -> datetime:
+        """The engine's time (cyclone.now(): the tests' clock moves it)."""
+        row = await self._one("clock_now", Now)
+        assert row is not None
+        return row.now
+
+    async def schedule_create(self, **values: Any) -> ScheduleRow:
+        """Insert a schedule (the columns of schedule_create); AlreadyExists when one has
+        the name."""
+        row = await self._one("schedule_create", ScheduleRow, **values)
+        if row is None:
+            raise errors.AlreadyExists(f"schedule {values['schedule']!r} exists")
+        return row
+
+    async def schedule_get(self, name: str) -> ScheduleRow:
+        return _schedule_found(name, await self._one("schedule_get", ScheduleRow, schedule=name))
+
+    async def schedules_list(self, *, after: str | None, limit: int) -> list[ScheduleRow]:
+        return await self._all("schedules_list", ScheduleRow, after=after, limit=limit)
+
+    async def schedule_pause(self, name: str) -> ScheduleRow:
+        return _schedule_found(name, await self._one("schedule_pause", ScheduleRow, schedule=name))
+
+    async def schedule_resume(self, name: str, next_fire_at: datetime) -> ScheduleRow:
+        row = await self._one(
+            "schedule_resume", ScheduleRow, schedule=name, next_fire_at=next_fire_at
+        )
+        return _schedule_found(name, row)
+
+    async def schedule_delete(self, name: str) -> None:
+        _schedule_found(name, await self._one("schedule_delete", ScheduleName, schedule=name))
+
+    async def schedules_fire(self, plan: Callable[[DueSchedule], FirePlan], limit: int) -> Fires:
+        """One firing pass, in one transaction: lock up to ``limit`` due schedules
+        (skipping those another server holds), fire each as ``plan`` says, move each
+        forward, commit. A server that dies before the commit fires nothing: the
+        schedules stay due for the next pass of any server. Each schedule is fired
+        under a savepoint: one that fails (its plan, or its submit) is left due, with
+        its error in ``failed``, and the others fire."""
+        fires = Fires(due=0, fired=[], missed={}, more=False, failed={})
+        async with self._connection() as driver, driver.transaction():
+            due = await self._run(driver, "schedules_due", DueSchedule, limit=limit)
+            fires.due = len(due)
+            for schedule in due:
+                try:
+                    fire = plan(schedule)
+                    async with driver.transaction():
+                        rows = await self._run(
+                            driver,
+                            "schedule_fire",
+                            Fired,
+                            schedule=schedule.name,
+                            fire_times=fire.fire_times,
+                            run_ids=[str(uuid7()) for _ in fire.fire_times],
+                            next_fire_at=fire.next_fire_at,
+                        )
+                except psycopg.Error as exc:
+                    if driver.broken or driver.closed:
+                        raise
+                    fires.failed[schedule.name] = str(_translate(exc))
+                    continue
+                except Exception as exc:  # the plan: a fire time the cron library cannot give
+                    fires.failed[schedule.name] = f"{type(exc).__name__}: {exc}"
+                    continue
+                if fire.missed:
+                    fires.missed[schedule.name] = fire.missed
+                fires.more |= fire.next_fire_at <= schedule.now
+                fires.fired.extend((schedule.name, row) for row in rows)
+            ready = await self._run(driver, "ready_actions", ReadyActions)
+        self._published(r.ready for r in ready)
+        return fires
+
     async def metrics_gauges(self) -> list[GaugeRow]:
         return await self._all("metrics_gauges", GaugeRow)
 
@@ -619,6 +714,36 @@ class Store:
 
     async def clock_advance(self, seconds: float) -> None:
         await self._all("clock_advance", NoRows, seconds=seconds)
+
+
+def _schedule_found(name: str, row: R | None) -> R:
+    if row is None:
+        raise errors.NotFound(f"schedule {name!r} not found")
+    return row
+
+
+@dataclass(frozen=True, slots=True)
+class FirePlan:
+    """What one pass does with a due schedule: the fire times to submit (ascending),
+    how many it skips as missed, and its next fire time after them."""
+
+    fire_times: list[datetime]
+    missed: int
+    next_fire_at: datetime
+
+
+@dataclass(slots=True)
+class Fires:
+    """What one firing pass did: how many schedules were due, each firing (with its
+    schedule's name), the firings skipped as missed, by schedule, whether a schedule
+    is left due (it had more firings than one pass submits), and the schedules that
+    failed to fire, with the error (left due, tried again at the next pass)."""
+
+    due: int
+    fired: list[tuple[str, Fired]]
+    missed: dict[str, int]
+    more: bool
+    failed: dict[str, str]
 
 
 class _RawJson(str):

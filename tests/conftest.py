@@ -26,7 +26,12 @@ import grpc
 import psycopg
 import pytest
 
-from cyclone.v1 import admin_service_pb2_grpc, worker_service_pb2_grpc, workflow_service_pb2_grpc
+from cyclone.v1 import (
+    admin_service_pb2_grpc,
+    schedule_service_pb2_grpc,
+    worker_service_pb2_grpc,
+    workflow_service_pb2_grpc,
+)
 from service.config import Settings
 from service.migrate import migrate
 from service.server import CycloneServer
@@ -153,6 +158,14 @@ class RunningServer:
     def admin(self) -> admin_service_pb2_grpc.AdminServiceStub:
         return admin_service_pb2_grpc.AdminServiceStub(self.channel)
 
+    @property
+    def schedules(self) -> schedule_service_pb2_grpc.ScheduleServiceStub:
+        return schedule_service_pb2_grpc.ScheduleServiceStub(self.channel)
+
+    def fire_schedules(self) -> int:
+        """Run one firing pass now (its loop waits an hour in tests); runs submitted."""
+        return int(self.call(self.server.fire_schedules))
+
     def sql(self, query: str, *params: Any) -> list[tuple]:
         """Run SQL on the server's database (for asserting stored state)."""
         with psycopg.connect(self.database_url, autocommit=True) as conn:
@@ -186,6 +199,8 @@ TEST_SETTINGS = Settings(
     # Tests run the sweep themselves (RunningServer.sweep) so that they decide when;
     # retention too.
     sweep_interval_s=3600,
+    # Schedules fire when a test says (RunningServer.server.fire_schedules).
+    schedule_interval_s=3600,
     retention_interval_s=3600,
     # A waiting Claim ends only when woken (or at a backoff coming due), never by the
     # periodic re-check that covers a lost notification: a broken wake-up fails a test

@@ -12,7 +12,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cyclone.v1 import admin_service_pb2, types_pb2, worker_service_pb2, workflow_service_pb2
+from cyclone.v1 import (
+    admin_service_pb2,
+    schedule_service_pb2,
+    types_pb2,
+    worker_service_pb2,
+    workflow_service_pb2,
+)
 from service import auth
 from tests.conftest import ROOT
 from tests.helpers import claim, complete, fail, node, rpc_error, submit, workflow
@@ -27,6 +33,7 @@ SERVICES = [
         (workflow_service_pb2, "WorkflowService"),
         (worker_service_pb2, "WorkerService"),
         (admin_service_pb2, "AdminService"),
+        (schedule_service_pb2, "ScheduleService"),
     )
 ]
 METHODS = [f"/{s.full_name}/{m.name}" for s in SERVICES for m in s.methods]
@@ -120,7 +127,7 @@ def test_every_method_refuses_no_token_unknown_token_and_wrong_role_changing_not
             assert error.code() == code, (method, metadata, error.details())
             refusals += 1
         # The allowed roles get past the gate: an empty request is then invalid input
-        # (or, for ListRuns, a valid one).
+        # (or, for ListRuns and ListSchedules, a valid one).
         for role in allowed:
             call = secured.channel.unary_unary(method)
             try:
@@ -128,7 +135,7 @@ def test_every_method_refuses_no_token_unknown_token_and_wrong_role_changing_not
             except grpc.RpcError as error:
                 assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, role)
             else:
-                assert method.endswith("/ListRuns"), method
+                assert method.endswith(("/ListRuns", "/ListSchedules")), method
     assert refusals >= 4 * len(METHODS) + len(METHODS)
     assert database_snapshot(secured) == before
 

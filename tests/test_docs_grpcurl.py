@@ -7,7 +7,8 @@ command to the next. The address the pages use becomes the test server's. A comm
 under a comment that says "fails with <Code>" must be refused with that gRPC code;
 every other command must succeed. Where the page sleeps (a reader waits for a lease or
 a backoff to run out), the test moves the server's clock forward and runs the recovery
-sweep instead, so it never sleeps and does not depend on the sweep's timing.
+sweep (and a schedule firing pass) instead, so it never sleeps and does not depend on
+the sweep's timing.
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from cyclone.v1 import admin_service_pb2, worker_service_pb2, workflow_service_pb2
+from cyclone.v1 import (
+    admin_service_pb2,
+    schedule_service_pb2,
+    worker_service_pb2,
+    workflow_service_pb2,
+)
 from tests.conftest import ROOT
 
 DOC_ADDRESS = "127.0.0.1:50051"
@@ -179,7 +185,12 @@ def run_page(name: str, text: str, server, shell: Shell) -> list[Command]:
     for command in found:
         where = f"{name}:{command.line}: {command.text}"
         if sleep := SLEEP.fullmatch(command.text.strip()):
-            server.advance_clock(float(sleep.group(1)))
+            # Second by second, firing due schedules as a server's loop would on time.
+            left = float(sleep.group(1))
+            while left > 0:
+                server.advance_clock(min(1.0, left))
+                server.fire_schedules()
+                left -= 1.0
             server.sweep()
             continue
         status, out, err = shell.run(command.text.replace(DOC_ADDRESS, server.address))
@@ -219,9 +230,10 @@ def test_every_command_of_the_grpcurl_page_works_as_written(cyclone_server, grpc
     finally:
         shell.close()
 
-    # Every RPC of the three services appears, and every operator action names its actor.
+    # Every RPC of the four services appears, and every operator action names its actor.
     text = "\n".join(c.text for c in ran)
-    for module in (workflow_service_pb2, worker_service_pb2, admin_service_pb2):
+    modules = (workflow_service_pb2, worker_service_pb2, admin_service_pb2, schedule_service_pb2)
+    for module in modules:
         for service in module.DESCRIPTOR.services_by_name.values():
             for method in service.methods:
                 assert f"{service.full_name}/{method.name}" in text, method.full_name
@@ -273,6 +285,12 @@ def test_every_command_of_the_grpcurl_page_works_as_written(cyclone_server, grpc
         ("receipt", "succeeded", False, "sent", 3),
     ]
     assert audit(cyclone_server, ids["RUN_D"]) == [("resolve_result", "bob")]
+    # The schedule fired once after its minute, and is gone; its run stays.
+    runs = cyclone_server.sql("SELECT submit_key, input FROM cyclone.runs WHERE workflow = 'stock'")
+    assert [(k.startswith("schedule:stock-check:20"), i) for k, i in runs] == [
+        (True, {"warehouse": "north"})
+    ]
+    assert cyclone_server.sql("SELECT count(*) FROM cyclone.schedules") == [(0,)]
 
 
 def test_the_readme_example_works_as_written(cyclone_server, grpcurl, tmp_path):

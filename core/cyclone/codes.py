@@ -45,6 +45,7 @@ class ErrorKind(enum.Enum):
 
     INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT
     NOT_FOUND = grpc.StatusCode.NOT_FOUND
+    ALREADY_EXISTS = grpc.StatusCode.ALREADY_EXISTS
     FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
     LEASE_LOST = grpc.StatusCode.ABORTED
     RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED

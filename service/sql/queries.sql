@@ -301,3 +301,78 @@ SELECT m.kind, m.i, m.step_status, m.run_status, m.duplicate, m.retry_at, m.deci
  CROSS JOIN LATERAL (SELECT set_config('synchronous_commit',
                                        CASE WHEN :durable THEN 'on' ELSE 'off' END,
                                        true)) c;
+
+-- Schedules (service/schema/85_schedules.sql) ------------------------------------
+
+-- name: clock_now
+SELECT cyclone.now() AS now;
+
+-- name: schedule_create
+-- Nothing when a schedule has the name already.
+INSERT INTO cyclone.schedules AS s (name, workflow, workflow_name, nodes, input, cron,
+                                    time_zone, interval_s, overlap, catch_up, paused,
+                                    next_fire_at, created_at, updated_at)
+VALUES (:schedule, CAST(:workflow AS jsonb), :workflow_name, CAST(:nodes AS jsonb),
+        CAST(:input AS jsonb), :cron, :time_zone, :interval_s, :overlap, :catch_up, :paused,
+        :next_fire_at, cyclone.now(), cyclone.now())
+    ON CONFLICT (name) DO NOTHING
+RETURNING s.name, s.workflow, s.input, s.cron, s.time_zone, s.interval_s, s.overlap,
+          s.catch_up, s.paused, s.next_fire_at, s.last_fire_at, s.last_run_id, s.created_at,
+          s.updated_at;
+
+-- name: schedule_get
+SELECT name, workflow, input, cron, time_zone, interval_s, overlap, catch_up, paused,
+       next_fire_at, last_fire_at, last_run_id, created_at, updated_at
+  FROM cyclone.schedules
+ WHERE name = :schedule;
+
+-- name: schedules_list
+-- In name order, after :after (the last name of the previous page).
+SELECT name, workflow, input, cron, time_zone, interval_s, overlap, catch_up, paused,
+       next_fire_at, last_fire_at, last_run_id, created_at, updated_at
+  FROM cyclone.schedules
+ WHERE CAST(:after AS text) IS NULL OR name > :after
+ ORDER BY name
+ LIMIT :limit;
+
+-- name: schedule_pause
+UPDATE cyclone.schedules AS s
+   SET paused = true,
+       updated_at = CASE WHEN s.paused THEN s.updated_at ELSE cyclone.now() END
+ WHERE s.name = :schedule
+RETURNING s.name, s.workflow, s.input, s.cron, s.time_zone, s.interval_s, s.overlap,
+          s.catch_up, s.paused, s.next_fire_at, s.last_fire_at, s.last_run_id, s.created_at,
+          s.updated_at;
+
+-- name: schedule_resume
+-- A paused schedule fires next at :next_fire_at (its first fire time after now); one
+-- that is not paused is left as it is.
+UPDATE cyclone.schedules AS s
+   SET paused = false,
+       next_fire_at = CASE WHEN s.paused THEN :next_fire_at ELSE s.next_fire_at END,
+       updated_at = CASE WHEN s.paused THEN cyclone.now() ELSE s.updated_at END
+ WHERE s.name = :schedule
+RETURNING s.name, s.workflow, s.input, s.cron, s.time_zone, s.interval_s, s.overlap,
+          s.catch_up, s.paused, s.next_fire_at, s.last_fire_at, s.last_run_id, s.created_at,
+          s.updated_at;
+
+-- name: schedule_delete
+DELETE FROM cyclone.schedules WHERE name = :schedule RETURNING name;
+
+-- name: schedules_due
+-- The firing transaction's first statement: due schedules, locked; those another
+-- server is firing are skipped, not waited for.
+SELECT cyclone.now() AS now, name, cron, time_zone, interval_s, catch_up, next_fire_at
+  FROM cyclone.schedules
+ WHERE NOT paused AND next_fire_at <= cyclone.now()
+ ORDER BY next_fire_at
+ LIMIT :limit
+   FOR UPDATE SKIP LOCKED;
+
+-- name: schedule_fire
+SELECT fire_at, submit_key, run_id, outcome
+  FROM cyclone.schedule_fire(:schedule, CAST(:fire_times AS timestamptz[]),
+                             CAST(:run_ids AS uuid[]), :next_fire_at);
+
+-- name: ready_actions
+SELECT current_setting('cyclone.ready', true) AS ready;

@@ -1,0 +1,67 @@
+"""Fire times and the firing plan (service.schedules), without a server: cron in a
+time zone across daylight saving changes, intervals, catch-up and its bounds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from service.records import DueSchedule
+from service.schedules import CATCH_UP_LIMIT, FIRINGS_PER_PASS, MISSED_AFTER, When, plan
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+def test_cron_in_a_zone_across_daylight_saving_changes():
+    paris = When("30 2 * * *", "Europe/Paris", None)
+    # 2026-03-29: 02:00 becomes 03:00 in Paris; 02:30 does not exist and fires at 03:00.
+    assert paris.after(utc(2026, 3, 28, 12)) == utc(2026, 3, 29, 1, 0)
+    assert paris.after(utc(2026, 3, 29, 12)) == utc(2026, 3, 30, 0, 30)  # 02:30 CEST
+    # 2026-10-25: 03:00 becomes 02:00; 02:30 happens twice and fires once.
+    first = paris.after(utc(2026, 10, 24, 12))
+    assert first == utc(2026, 10, 25, 0, 30)  # 02:30 CEST, the first of the two
+    assert paris.after(first) == utc(2026, 10, 26, 1, 30)  # 02:30 CET the next day
+
+
+def test_going_back_gives_the_same_times_newest_first():
+    when = When("*/15 * * * *", "America/New_York", None)
+    back = when.back_from(utc(2026, 1, 1, 12, 7, 30))
+    assert [next(back) for _ in range(3)] == [
+        utc(2026, 1, 1, 12, 0),
+        utc(2026, 1, 1, 11, 45),
+        utc(2026, 1, 1, 11, 30),
+    ]
+    assert next(when.back_from(utc(2026, 1, 1, 12, 15))) == utc(2026, 1, 1, 12, 15)
+
+
+def test_interval_fire_times_are_multiples_since_the_epoch():
+    hourly = When(None, None, 3600)
+    assert hourly.after(utc(2026, 1, 1, 12, 0, 0)) == utc(2026, 1, 1, 13)
+    assert hourly.after(utc(2026, 1, 1, 12, 59, 59)) == utc(2026, 1, 1, 13)
+    assert next(hourly.back_from(utc(2026, 1, 1, 13, 0, 0))) == utc(2026, 1, 1, 13)
+
+
+def due(now: datetime, next_fire_at: datetime, catch_up: str, every: int = 60) -> DueSchedule:
+    return DueSchedule(now, "s", None, None, every, catch_up, next_fire_at)
+
+
+def test_skip_fires_what_is_on_time_and_drops_what_was_missed():
+    now = utc(2026, 1, 1, 12, 0, 5)
+    p = plan(due(now, utc(2026, 1, 1, 11, 0), "skip"))
+    assert p.fire_times == [utc(2026, 1, 1, 12, 0)]  # 5 s late: on time
+    assert p.missed == 60
+    assert p.next_fire_at == utc(2026, 1, 1, 12, 1)
+    late = plan(due(now + MISSED_AFTER, utc(2026, 1, 1, 12, 0), "skip"))
+    assert (late.fire_times, late.missed) == ([], 1)
+
+
+def test_catch_up_fires_each_missed_firing_in_passes_and_is_bounded():
+    now = utc(2026, 1, 1, 12, 0, 0, 500000)
+    p = plan(due(now, utc(2026, 1, 1, 11, 0), "all"))
+    assert p.fire_times == [utc(2026, 1, 1, 11, i) for i in range(FIRINGS_PER_PASS)]
+    assert p.next_fire_at == utc(2026, 1, 1, 11, FIRINGS_PER_PASS)  # the next pass goes on
+    assert p.missed == 0
+    years = plan(due(now, utc(2025, 1, 1), "all", every=1))
+    assert years.missed == 1  # beyond the bound: counted once, not enumerated
+    assert years.fire_times[0] == now.replace(microsecond=0) - timedelta(seconds=CATCH_UP_LIMIT - 1)
