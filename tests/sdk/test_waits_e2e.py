@@ -243,3 +243,29 @@ def test_cyclone_event_send_and_run_show_of_a_waiting_node(client, make_worker, 
         run = client.wait(run_id, timeout=PATIENCE)
     assert run.steps[0].output == {"door": 1}
     assert [(a.action, a.actor) for a in run.audit] == [("send_event", "sdk-tests")]
+
+
+def test_a_dag_node_waits_for_an_event_with_no_worker(client, make_worker):
+    worker = make_worker()
+
+    @worker.action("ship")
+    def ship(ctx: Any) -> Any:
+        return {"shipped_after": ctx.upstream["approval"]}
+
+    wf = Workflow.from_dict(
+        {
+            "name": "approve",
+            "nodes": [
+                {"name": "approval", "event": "approved", "event_timeout": 3600},
+                {"name": "ship", "depends_on": ["approval"]},
+            ],
+        }
+    )
+    with running(worker):
+        run_id = client.submit(wf)
+        client.send_event(run_id, "approved", {"by": "ann"})
+        run = client.wait(run_id, timeout=PATIENCE)
+    assert run.status == "completed"
+    assert run.step("approval").output == {"by": "ann"}
+    assert run.step("approval").action == "cyclone.event"
+    assert run.step("ship").output == {"shipped_after": {"by": "ann"}}
