@@ -462,3 +462,15 @@ def test_ten_thousand_sleeping_runs_finish_with_one_worker_slot(cyclone_server: 
             " JOIN cyclone.steps s USING (run_id) GROUP BY 1, 2, 3"
         ).fetchall()
     assert counts == [("completed", 2, 1, runs)]
+
+
+def test_explain_says_what_a_waiting_node_waits_for(cyclone_server: Any) -> None:
+    run_id = submit(cyclone_server, workflow("x", node("a")))
+    step = one(cyclone_server)
+    cyclone_server.workers.Wait(wait_request(step, "e", event="approved"))
+    why = cyclone_server.workflows.Explain(
+        workflow_service_pb2.ExplainRequest(run_id=run_id, node="a")
+    )
+    assert why.reason == workflow_service_pb2.EXPLAIN_REASON_BACKING_OFF
+    assert why.message.startswith("waiting for event approved with no time limit")
+    assert f"cyclone event send {run_id} approved" in why.message
