@@ -269,3 +269,20 @@ def test_a_dag_node_waits_for_an_event_with_no_worker(client, make_worker):
     assert run.step("approval").output == {"by": "ann"}
     assert run.step("approval").action == "cyclone.event"
     assert run.step("ship").output == {"shipped_after": {"by": "ann"}}
+
+
+def test_a_sync_step_of_an_async_body_that_sleeps_blocks_in_place(client, make_worker):
+    worker = make_worker()
+
+    @step
+    def pause() -> str:
+        assert sleep(0.01) is None  # a plain sleep: blocks, returns nothing
+        return "paused"
+
+    @worker.workflow("mixed")
+    async def mixed(ctx: Any, _: Any) -> str:
+        return str(pause())
+
+    with running(worker):
+        run = client.wait(client.start("mixed", None), timeout=PATIENCE)
+    assert run.status == "completed" and run.steps[0].output == "paused"
