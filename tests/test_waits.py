@@ -534,3 +534,26 @@ def test_a_step_id_recorded_for_another_wait_is_refused(cyclone_server: Any) -> 
     err = rpc_error(cyclone_server.workers.Wait, wait_request(step, "w", event="other"))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "recorded as cyclone.sleep" in (err.details() or "")
+
+
+def test_an_event_sent_through_another_server_wakes_a_claim_waiting_on_this_one(
+    server_factory: Any,
+) -> None:
+    a, b = server_factory(), server_factory()
+    run_id = submit(a, workflow("two_servers", node("n"), event_node("gate", "open")))
+    step = one(a)
+    assert a.workers.Wait(wait_request(step, "e", event="open")).decision == SUSPENDED
+    # One event for the body, one for the DAG node: each is consumed once.
+    send_event(b, run_id, "open", "first")
+    send_event(b, run_id, "open", "second")
+    resumed = claim(a, wait=PATIENCE)
+    assert [s.node for s in resumed] == ["n"]
+    answer = a.workers.Wait(wait_request(resumed[0], "e", event="open"))
+    assert answer.decision == READY
+    complete(a, resumed[0], answer.call.output.string_value)
+    run = eventually(
+        lambda: (r := get_run(b, run_id)) and run_status(r) == "completed" and r,
+        "the run to complete",
+    )
+    outputs = {s.node: s.output.string_value for s in run.steps}
+    assert sorted(outputs.values()) == ["first", "second"]
