@@ -2,6 +2,7 @@
 
     from pyclient import Client, Workflow, Worker
     from pyclient import step               # durable functions (pyclient.durable)
+    from pyclient import sleep, wait_for_event   # waits in durable functions
 
 The generated protobuf stubs import as ``cyclone.v1.*_pb2``. What the SDK shares with
 the server (the stubs, workflow validation, JSON conversion, error codes) is the
@@ -17,10 +18,15 @@ from pyclient.durable import (
     BodyStopped,
     DuplicateStepId,
     EffectUncertain,
+    EventTimeout,
     ReplayMismatch,
     StepFailed,
     StepFunction,
+    Suspended,
+    sleep,
+    sleep_until,
     step,
+    wait_for_event,
 )
 from pyclient.errors import (
     CycloneError,
@@ -40,6 +46,7 @@ from pyclient.errors import (
 from pyclient.models import (
     ActionActivity,
     AuditEntry,
+    EventSent,
     ExplainReason,
     Explanation,
     NodeState,
@@ -74,6 +81,8 @@ __all__ = [
     "DeadlineExceeded",
     "DuplicateStepId",
     "EffectUncertain",
+    "EventSent",
+    "EventTimeout",
     "ExplainReason",
     "Explanation",
     "FailedPrecondition",
@@ -106,6 +115,7 @@ __all__ = [
     "StepFunction",
     "StepStatus",
     "Submitted",
+    "Suspended",
     "Unauthenticated",
     "Unavailable",
     "UpstreamFailure",
@@ -113,5 +123,8 @@ __all__ = [
     "Worker",
     "Workflow",
     "current",
+    "sleep",
+    "sleep_until",
     "step",
+    "wait_for_event",
 ]

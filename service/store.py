@@ -40,6 +40,7 @@ from service.records import (
     Completion,
     Deleted,
     DueSchedule,
+    EventSent,
     ExplainFacts,
     Fired,
     GaugeRow,
@@ -62,6 +63,7 @@ from service.records import (
     StepCallEnded,
     Submitted,
     Swept,
+    Waited,
 )
 
 #: A row type of service.records: a NamedTuple of the query's columns, in order.
@@ -165,6 +167,31 @@ class StepCallKey:
             "function": self.function,
             "unsafe": self.unsafe,
         }
+
+
+def _as_param(value: Any) -> Any:
+    return str(value) if isinstance(value, uuid.UUID) else value
+
+
+@dataclass(frozen=True, slots=True)
+class WaitKey:
+    """One wait of a held step, as Wait names it: a sleep (wake_at), an event (event,
+    timeout_s: None for no limit) or a child run (child)."""
+
+    run_id: uuid.UUID
+    node: str
+    lease_token: uuid.UUID
+    step_id: str
+    seq: int
+    function: str
+    wake_at: datetime | None = None
+    event: str | None = None
+    timeout_s: float | None = None
+    child: uuid.UUID | None = None
+
+    def params(self) -> dict[str, Any]:
+        """The named query's parameters: every field, ids as text."""
+        return {name: _as_param(getattr(self, name)) for name in self.__slots__}
 
 
 #: Nodes plus edges past which a workflow is validated and encoded in a worker thread
@@ -530,6 +557,34 @@ class Store:
         """EndStepCall: record one step call's outcome (exactly one of the two)."""
         row = await self._one(
             "step_call_end", StepCallEnded, **call.params(), output=output_json, error=error_json
+        )
+        assert row is not None
+        return row
+
+    async def step_wait(self, wait: WaitKey) -> Waited:
+        """Wait: a durable function waits (step_wait, service/schema/47_waits.sql)."""
+        row = await self._one("step_wait", Waited, **wait.params())
+        assert row is not None
+        return row
+
+    async def event_send(
+        self,
+        run_id: uuid.UUID,
+        name: str,
+        *,
+        payload_json: str | None,
+        key: str | None,
+        actor: str,
+    ) -> EventSent:
+        """SendEvent: keep an event for the run's waits and wake its waiting nodes."""
+        row = await self._one(
+            "event_send",
+            EventSent,
+            run_id=str(run_id),
+            event_name=name,
+            payload=payload_json,
+            key=key,
+            actor=actor,
         )
         assert row is not None
         return row

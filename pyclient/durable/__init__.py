@@ -28,17 +28,25 @@ from pyclient.durable._replay import (
     BodyStopped,
     DuplicateStepId,
     EffectUncertain,
+    EventTimeout,
     ReplayMismatch,
     StepFailed,
+    Suspended,
 )
 from pyclient.durable._step import StepFunction, step
+from pyclient.durable._wait import sleep, sleep_until, wait_for_event
 
 __all__ = [
     "BodyStopped",
     "DuplicateStepId",
     "EffectUncertain",
+    "EventTimeout",
     "ReplayMismatch",
     "StepFailed",
     "StepFunction",
+    "Suspended",
+    "sleep",
+    "sleep_until",
     "step",
+    "wait_for_event",
 ]

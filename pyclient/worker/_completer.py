@@ -79,6 +79,8 @@ class Completer:
         self.carrying: set[asyncio.Future[None]] = set()
         #: CompleteMany calls answered (or failed) so far.
         self.reports = 0
+        #: Tasks of this worker's other calls (Wait), kept until they end.
+        self.tasks: set[asyncio.Task[None]] = set()
 
     @property
     def sending(self) -> bool:
@@ -228,6 +230,11 @@ class Completer:
             else:
                 waiting.append((target, waiter))
         self.end_waiters = waiting
+
+    def keep(self, task: asyncio.Task[None]) -> None:
+        """Hold on to ``task`` until it ends (the loop keeps only weak references)."""
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def _kick(self) -> None:
         if self.flusher is None or self.flusher.done():

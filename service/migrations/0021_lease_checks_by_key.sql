@@ -447,16 +447,17 @@ DECLARE
     v_step   record;
 BEGIN
     UPDATE cyclone.steps s
-       SET status = CASE WHEN p_retryable AND s.attempt < s.max_attempts
+       SET status = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
                          THEN 'available' ELSE 'discarded' END,
-           available_at = CASE WHEN p_retryable AND s.attempt < s.max_attempts
+           available_at = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
                                THEN v_now + coalesce(p_retry_after,
                                                      cyclone._backoff(s.initial_backoff, s.max_backoff,
-                                                                      s.backoff_multiplier, s.attempt))
+                                                                      s.backoff_multiplier,
+                                                                      s.attempt - s.resumes))
                           END,
-           finished_at = CASE WHEN p_retryable AND s.attempt < s.max_attempts THEN NULL
-                              ELSE v_now END,
-           lease_expires_at = NULL
+           finished_at = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
+                              THEN NULL ELSE v_now END,
+           lease_expires_at = NULL, waiting_for = NULL
      WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
        -- By key: see steps_leased_idx.
        AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END

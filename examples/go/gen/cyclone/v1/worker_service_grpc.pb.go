@@ -25,6 +25,7 @@ const (
 	WorkerService_CompleteMany_FullMethodName  = "/cyclone.v1.WorkerService/CompleteMany"
 	WorkerService_BeginStepCall_FullMethodName = "/cyclone.v1.WorkerService/BeginStepCall"
 	WorkerService_EndStepCall_FullMethodName   = "/cyclone.v1.WorkerService/EndStepCall"
+	WorkerService_Wait_FullMethodName          = "/cyclone.v1.WorkerService/Wait"
 )
 
 // WorkerServiceClient is the client API for WorkerService service.
@@ -74,6 +75,21 @@ type WorkerServiceClient interface {
 	// the entry of a safe call. Repeating it after the call has an outcome changes
 	// nothing and answers duplicate = true with the recorded entry.
 	EndStepCall(ctx context.Context, in *EndStepCallRequest, opts ...grpc.CallOption) (*EndStepCallResponse, error)
+	// A durable function waits: a durable sleep (until wake_at), an event sent to the
+	// run (SendEvent), or a child run's outcome. Journaled as a step call (function
+	// "cyclone.sleep", "cyclone.event", "cyclone.child") and fenced by the lease token as
+	// BeginStepCall: a stale token is ABORTED and writes nothing. Answers in one
+	// transaction:
+	// READY with the entry now SUCCEEDED (the sleep is over; the event consumed, its
+	// payload as output; the child finished) or FAILED (EventTimeout: the timeout passed
+	// with no event): the body goes on (or raises);
+	// SUSPENDED with the entry WAITING: the node has given up its lease (a late Complete
+	// or Heartbeat with the token is ABORTED) and is AVAILABLE again from wake_at, or
+	// at once when it is woken; drop it without a Complete and free its slot. Its next
+	// claim replays the body, whose same call sends Wait again. A resume does not use
+	// up an attempt (Step.resumes). The first Wait of a call fixes its wake time and
+	// deadline: a replay keeps them.
+	Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*WaitResponse, error)
 }
 
 type workerServiceClient struct {
@@ -144,6 +160,16 @@ func (c *workerServiceClient) EndStepCall(ctx context.Context, in *EndStepCallRe
 	return out, nil
 }
 
+func (c *workerServiceClient) Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*WaitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WaitResponse)
+	err := c.cc.Invoke(ctx, WorkerService_Wait_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServiceServer is the server API for WorkerService service.
 // All implementations must embed UnimplementedWorkerServiceServer
 // for forward compatibility.
@@ -191,6 +217,21 @@ type WorkerServiceServer interface {
 	// the entry of a safe call. Repeating it after the call has an outcome changes
 	// nothing and answers duplicate = true with the recorded entry.
 	EndStepCall(context.Context, *EndStepCallRequest) (*EndStepCallResponse, error)
+	// A durable function waits: a durable sleep (until wake_at), an event sent to the
+	// run (SendEvent), or a child run's outcome. Journaled as a step call (function
+	// "cyclone.sleep", "cyclone.event", "cyclone.child") and fenced by the lease token as
+	// BeginStepCall: a stale token is ABORTED and writes nothing. Answers in one
+	// transaction:
+	// READY with the entry now SUCCEEDED (the sleep is over; the event consumed, its
+	// payload as output; the child finished) or FAILED (EventTimeout: the timeout passed
+	// with no event): the body goes on (or raises);
+	// SUSPENDED with the entry WAITING: the node has given up its lease (a late Complete
+	// or Heartbeat with the token is ABORTED) and is AVAILABLE again from wake_at, or
+	// at once when it is woken; drop it without a Complete and free its slot. Its next
+	// claim replays the body, whose same call sends Wait again. A resume does not use
+	// up an attempt (Step.resumes). The first Wait of a call fixes its wake time and
+	// deadline: a replay keeps them.
+	Wait(context.Context, *WaitRequest) (*WaitResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
 }
 
@@ -218,6 +259,9 @@ func (UnimplementedWorkerServiceServer) BeginStepCall(context.Context, *BeginSte
 }
 func (UnimplementedWorkerServiceServer) EndStepCall(context.Context, *EndStepCallRequest) (*EndStepCallResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method EndStepCall not implemented")
+}
+func (UnimplementedWorkerServiceServer) Wait(context.Context, *WaitRequest) (*WaitResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Wait not implemented")
 }
 func (UnimplementedWorkerServiceServer) mustEmbedUnimplementedWorkerServiceServer() {}
 func (UnimplementedWorkerServiceServer) testEmbeddedByValue()                       {}
@@ -348,6 +392,24 @@ func _WorkerService_EndStepCall_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkerService_Wait_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).Wait(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_Wait_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).Wait(ctx, req.(*WaitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkerService_ServiceDesc is the grpc.ServiceDesc for WorkerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -378,6 +440,10 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EndStepCall",
 			Handler:    _WorkerService_EndStepCall_Handler,
+		},
+		{
+			MethodName: "Wait",
+			Handler:    _WorkerService_Wait_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

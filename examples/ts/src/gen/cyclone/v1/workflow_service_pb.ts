@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/workflow_service.proto.
  */
 export const file_cyclone_v1_workflow_service: GenFile = /*@__PURE__*/
-  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEiXgoNU3VibWl0UmVxdWVzdBImCgh3b3JrZmxvdxgBIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiIAoOU3VibWl0UmVzcG9uc2USDgoGcnVuX2lkGAEgASgJIm8KEVN1Ym1pdE9uY2VSZXF1ZXN0EiYKCHdvcmtmbG93GAEgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRILCgNrZXkYAyABKAkiNQoSU3VibWl0T25jZVJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIIh8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIi4KDkdldFJ1blJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuItoBCg9MaXN0UnVuc1JlcXVlc3QSEAoId29ya2Zsb3cYASABKAkSJwoIc3RhdHVzZXMYAiADKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIxCg1jcmVhdGVkX2FmdGVyGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jcmVhdGVkX2JlZm9yZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkiSgoQTGlzdFJ1bnNSZXNwb25zZRIdCgRydW5zGAEgAygLMg8uY3ljbG9uZS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjIKEENhbmNlbFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSIxChFDYW5jZWxSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biIuCg5FeHBsYWluUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCSKWAgoPRXhwbGFpblJlc3BvbnNlEikKBnJlYXNvbhgBIAEoDjIZLmN5Y2xvbmUudjEuRXhwbGFpblJlYXNvbhIPCgdtZXNzYWdlGAIgASgJEh4KBHN0ZXAYAyABKAsyEC5jeWNsb25lLnYxLlN0ZXASKQoKcnVuX3N0YXR1cxgEIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzEicKCXJ1bl9lcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISJwoIdXBzdHJlYW0YBiADKAsyFS5jeWNsb25lLnYxLk5vZGVTdGF0ZRIqCgZhY3Rpb24YByABKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5In0KCU5vZGVTdGF0ZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIPCgdhdHRlbXB0GAMgASgFEikKCmxhc3RfZXJyb3IYBCABKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvciLgAQoOQWN0aW9uQWN0aXZpdHkSDgoGYWN0aW9uGAEgASgJEjIKDmxhc3RfcG9sbGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5sYXN0X3BvbGxlZF9ieRgDIAEoCRIzCg9sYXN0X2NsYWltZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2xhc3RfY2xhaW1lZF9ieRgFIAEoCRITCgtyZWFkeV9haGVhZBgGIAEoBRIPCgdydW5uaW5nGAcgASgFKpoDCg1FeHBsYWluUmVhc29uEh4KGkVYUExBSU5fUkVBU09OX1VOU1BFQ0lGSUVEEAASJgoiRVhQTEFJTl9SRUFTT05fV0FJVElOR19PTl9VUFNUUkVBTRABEh4KGkVYUExBSU5fUkVBU09OX0JBQ0tJTkdfT0ZGEAISGAoURVhQTEFJTl9SRUFTT05fUkVBRFkQAxIZChVFWFBMQUlOX1JFQVNPTl9RVUVVRUQQBBIcChhFWFBMQUlOX1JFQVNPTl9OT19XT1JLRVIQBRIaChZFWFBMQUlOX1JFQVNPTl9SVU5OSU5HEAYSIAocRVhQTEFJTl9SRUFTT05fTEVBU0VfRVhQSVJFRBAHEhoKFkVYUExBSU5fUkVBU09OX0JMT0NLRUQQCBIcChhFWFBMQUlOX1JFQVNPTl9ESVNDQVJERUQQCRIaChZFWFBMQUlOX1JFQVNPTl9TS0lQUEVEEAoSHAoYRVhQTEFJTl9SRUFTT05fQ0FOQ0VMTEVEEAsSHAoYRVhQTEFJTl9SRUFTT05fQ09NUExFVEVEEAwytQMKD1dvcmtmbG93U2VydmljZRI/CgZTdWJtaXQSGS5jeWNsb25lLnYxLlN1Ym1pdFJlcXVlc3QaGi5jeWNsb25lLnYxLlN1Ym1pdFJlc3BvbnNlEksKClN1Ym1pdE9uY2USHS5jeWNsb25lLnYxLlN1Ym1pdE9uY2VSZXF1ZXN0Gh4uY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVzcG9uc2USPwoGR2V0UnVuEhkuY3ljbG9uZS52MS5HZXRSdW5SZXF1ZXN0GhouY3ljbG9uZS52MS5HZXRSdW5SZXNwb25zZRJFCghMaXN0UnVucxIbLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXF1ZXN0GhwuY3ljbG9uZS52MS5MaXN0UnVuc1Jlc3BvbnNlEkgKCUNhbmNlbFJ1bhIcLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVzcG9uc2USQgoHRXhwbGFpbhIaLmN5Y2xvbmUudjEuRXhwbGFpblJlcXVlc3QaGy5jeWNsb25lLnYxLkV4cGxhaW5SZXNwb25zZWIGcHJvdG8z", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEiXgoNU3VibWl0UmVxdWVzdBImCgh3b3JrZmxvdxgBIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiIAoOU3VibWl0UmVzcG9uc2USDgoGcnVuX2lkGAEgASgJIm8KEVN1Ym1pdE9uY2VSZXF1ZXN0EiYKCHdvcmtmbG93GAEgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRILCgNrZXkYAyABKAkiNQoSU3VibWl0T25jZVJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIIh8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIi4KDkdldFJ1blJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuItoBCg9MaXN0UnVuc1JlcXVlc3QSEAoId29ya2Zsb3cYASABKAkSJwoIc3RhdHVzZXMYAiADKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIxCg1jcmVhdGVkX2FmdGVyGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jcmVhdGVkX2JlZm9yZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkiSgoQTGlzdFJ1bnNSZXNwb25zZRIdCgRydW5zGAEgAygLMg8uY3ljbG9uZS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjIKEENhbmNlbFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSIxChFDYW5jZWxSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biIuCg5FeHBsYWluUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCSKWAgoPRXhwbGFpblJlc3BvbnNlEikKBnJlYXNvbhgBIAEoDjIZLmN5Y2xvbmUudjEuRXhwbGFpblJlYXNvbhIPCgdtZXNzYWdlGAIgASgJEh4KBHN0ZXAYAyABKAsyEC5jeWNsb25lLnYxLlN0ZXASKQoKcnVuX3N0YXR1cxgEIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzEicKCXJ1bl9lcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISJwoIdXBzdHJlYW0YBiADKAsyFS5jeWNsb25lLnYxLk5vZGVTdGF0ZRIqCgZhY3Rpb24YByABKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5In0KCU5vZGVTdGF0ZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIPCgdhdHRlbXB0GAMgASgFEikKCmxhc3RfZXJyb3IYBCABKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvciLgAQoOQWN0aW9uQWN0aXZpdHkSDgoGYWN0aW9uGAEgASgJEjIKDmxhc3RfcG9sbGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5sYXN0X3BvbGxlZF9ieRgDIAEoCRIzCg9sYXN0X2NsYWltZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2xhc3RfY2xhaW1lZF9ieRgFIAEoCRITCgtyZWFkeV9haGVhZBgGIAEoBRIPCgdydW5uaW5nGAcgASgFImYKEFNlbmRFdmVudFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSJwoHcGF5bG9hZBgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRILCgNrZXkYBCABKAkiNgoRU2VuZEV2ZW50UmVzcG9uc2USEAoIZXZlbnRfaWQYASABKAMSDwoHY3JlYXRlZBgCIAEoCCqaAwoNRXhwbGFpblJlYXNvbhIeChpFWFBMQUlOX1JFQVNPTl9VTlNQRUNJRklFRBAAEiYKIkVYUExBSU5fUkVBU09OX1dBSVRJTkdfT05fVVBTVFJFQU0QARIeChpFWFBMQUlOX1JFQVNPTl9CQUNLSU5HX09GRhACEhgKFEVYUExBSU5fUkVBU09OX1JFQURZEAMSGQoVRVhQTEFJTl9SRUFTT05fUVVFVUVEEAQSHAoYRVhQTEFJTl9SRUFTT05fTk9fV09SS0VSEAUSGgoWRVhQTEFJTl9SRUFTT05fUlVOTklORxAGEiAKHEVYUExBSU5fUkVBU09OX0xFQVNFX0VYUElSRUQQBxIaChZFWFBMQUlOX1JFQVNPTl9CTE9DS0VEEAgSHAoYRVhQTEFJTl9SRUFTT05fRElTQ0FSREVEEAkSGgoWRVhQTEFJTl9SRUFTT05fU0tJUFBFRBAKEhwKGEVYUExBSU5fUkVBU09OX0NBTkNFTExFRBALEhwKGEVYUExBSU5fUkVBU09OX0NPTVBMRVRFRBAMMv8DCg9Xb3JrZmxvd1NlcnZpY2USPwoGU3VibWl0EhkuY3ljbG9uZS52MS5TdWJtaXRSZXF1ZXN0GhouY3ljbG9uZS52MS5TdWJtaXRSZXNwb25zZRJLCgpTdWJtaXRPbmNlEh0uY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVxdWVzdBoeLmN5Y2xvbmUudjEuU3VibWl0T25jZVJlc3BvbnNlEj8KBkdldFJ1bhIZLmN5Y2xvbmUudjEuR2V0UnVuUmVxdWVzdBoaLmN5Y2xvbmUudjEuR2V0UnVuUmVzcG9uc2USRQoITGlzdFJ1bnMSGy5jeWNsb25lLnYxLkxpc3RSdW5zUmVxdWVzdBocLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXNwb25zZRJICglDYW5jZWxSdW4SHC5jeWNsb25lLnYxLkNhbmNlbFJ1blJlcXVlc3QaHS5jeWNsb25lLnYxLkNhbmNlbFJ1blJlc3BvbnNlEkIKB0V4cGxhaW4SGi5jeWNsb25lLnYxLkV4cGxhaW5SZXF1ZXN0GhsuY3ljbG9uZS52MS5FeHBsYWluUmVzcG9uc2USSAoJU2VuZEV2ZW50EhwuY3ljbG9uZS52MS5TZW5kRXZlbnRSZXF1ZXN0Gh0uY3ljbG9uZS52MS5TZW5kRXZlbnRSZXNwb25zZWIGcHJvdG8z", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * Arguments of WorkflowService.Submit.
@@ -506,6 +506,77 @@ export const ActionActivitySchema: GenMessage<ActionActivity> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_workflow_service, 13);
 
 /**
+ * Arguments of WorkflowService.SendEvent.
+ *
+ * @generated from message cyclone.v1.SendEventRequest
+ */
+export type SendEventRequest = Message<"cyclone.v1.SendEventRequest"> & {
+  /**
+   * The run, by id.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The event's name, e.g. "order.approved": 1-200 printable characters.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * The payload (any JSON), handed to the wait that consumes the event. Unset: null.
+   *
+   * @generated from field: google.protobuf.Value payload = 3;
+   */
+  payload?: Value | undefined;
+
+  /**
+   * Optional idempotency key, 1-200 printable characters, unique per run: a repeated
+   * call with the same key returns the event it sent first.
+   *
+   * @generated from field: string key = 4;
+   */
+  key: string;
+};
+
+/**
+ * Describes the message cyclone.v1.SendEventRequest.
+ * Use `create(SendEventRequestSchema)` to create a new message.
+ */
+export const SendEventRequestSchema: GenMessage<SendEventRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 14);
+
+/**
+ * Result of WorkflowService.SendEvent.
+ *
+ * @generated from message cyclone.v1.SendEventResponse
+ */
+export type SendEventResponse = Message<"cyclone.v1.SendEventResponse"> & {
+  /**
+   * The event's id, increasing in the order events were sent.
+   *
+   * @generated from field: int64 event_id = 1;
+   */
+  eventId: bigint;
+
+  /**
+   * False when the key named an event sent before: nothing changed.
+   *
+   * @generated from field: bool created = 2;
+   */
+  created: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.SendEventResponse.
+ * Use `create(SendEventResponseSchema)` to create a new message.
+ */
+export const SendEventResponseSchema: GenMessage<SendEventResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 15);
+
+/**
  * Why a node is not running now (ExplainResponse.reason).
  *
  * @generated from enum cyclone.v1.ExplainReason
@@ -689,6 +760,22 @@ export const WorkflowService: GenService<{
     methodKind: "unary";
     input: typeof ExplainRequestSchema;
     output: typeof ExplainResponseSchema;
+  },
+  /**
+   * Sends a named event with a JSON payload to a run. It is kept until a wait for
+   * that name consumes it (a durable function's Wait, or a DAG node with Node.event):
+   * an event sent before the wait is not lost, and each event is consumed once, the
+   * oldest first. A node waiting for it is woken at once. With a key, a repeated call
+   * returns the first event (created = false) and changes nothing. Audited (action
+   * "send_event", with the actor). NOT_FOUND for an unknown run, FAILED_PRECONDITION
+   * for a completed or cancelled run.
+   *
+   * @generated from rpc cyclone.v1.WorkflowService.SendEvent
+   */
+  sendEvent: {
+    methodKind: "unary";
+    input: typeof SendEventRequestSchema;
+    output: typeof SendEventResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_workflow_service, 0);
