@@ -246,6 +246,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--reason", default="", help="recorded in the audit trail")
     p.set_defaults(handler=_cancel)
+
+    p = command(
+        "console",
+        "serve the web console for the server at --address",
+        "Serve the web console (runs, their DAGs, the operator actions) for the Cyclone "
+        "server at --address, until Ctrl-C. When the server needs tokens, each browser "
+        "session signs in with its own. Needs the console extra: pip install 'cyclone[console]'.",
+    )
+    p.add_argument("--listen", default="127.0.0.1:50052", help="host:port to serve the console on")
+    p.set_defaults(handler=_console)
     return parser
 
 
@@ -351,6 +361,20 @@ def _cancel(client: Client, args: argparse.Namespace) -> Any:
 
 
 # -- rendering ------------------------------------------------------------------------
+
+
+def _console(client: Client, args: argparse.Namespace) -> Any:
+    import asyncio
+    import contextlib
+
+    from service.console import serve
+
+    def started(url: str) -> None:
+        print(f"Cyclone console for {args.address} on {url}", flush=True)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.address, args.listen, actor=args.actor, started=started))
+    return "console stopped"
 
 
 def _when(value: Any) -> str:
