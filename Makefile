@@ -28,6 +28,8 @@ PROTOS := $(shell find protos -name '*.proto' | sort)
 # after its proto package (cyclone/v1/x.proto -> $(GO_MODULE)/gen/cyclone/v1, cyclonev1).
 GO_PACKAGES := $(foreach p,$(PROTOS:protos/%=%),'M$(p)=$(GO_MODULE)/gen/$(patsubst %/,%,$(dir $(p)));$(subst /,,$(dir $(p)))')
 ADDR ?= 127.0.0.1:50051
+#: make run serves the web console here, a port beside the gRPC one.
+CONSOLE ?= 127.0.0.1:50052
 
 export PATH := $(TOOLS)/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
@@ -108,8 +110,8 @@ fmt: $(VENV)/.stamp ## Format hand-written code
 	$(VENV)/bin/ruff check --fix service core pyclient tests
 
 .PHONY: run
-run: $(VENV)/.stamp ## Serve on $(ADDR); embedded Postgres unless CYCLONE_DATABASE_URL is set
-	$(VENV)/bin/cyclone-server --listen $(ADDR)
+run: $(VENV)/.stamp ## Serve on $(ADDR), the console on http://$(CONSOLE)/; embedded Postgres unless CYCLONE_DATABASE_URL is set
+	$(VENV)/bin/cyclone-server --listen $(ADDR) --console-listen $(CONSOLE)
 
 .PHONY: migrate
 migrate: $(VENV)/.stamp ## Apply migrations and exit
