@@ -35,13 +35,13 @@ HERE = Path(__file__).parent
 #: Longest text shown whole; longer inputs, outputs and messages are cut, saying so.
 MAX_SHOWN = 20_000
 
-#: Scripts, styles and images only from the console itself; no framing, no referrer.
+#: Scripts, styles and images only from the console itself; no framing, no referrer to other sites.
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
     "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",
 }
 
 
@@ -63,6 +63,12 @@ class Console:
 
 def session_of(request: Request) -> Session:
     found: Session = request.state.session
+    return found
+
+
+def form_of(request: Request) -> dict[str, str]:
+    """The fields of a POST's form (read once, by the CSRF check)."""
+    found: dict[str, str] = request.state.form
     return found
 
 
@@ -110,6 +116,8 @@ async def _csrf_ok(request: Request, session: Session) -> bool:
     if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
         return False
     form = await request.form()
+    # The view's Request is another object on the same scope: it reads the form here.
+    request.state.form = {k: v for k, v in form.items() if isinstance(v, str)}
     presented = form.get("csrf")
     return session.csrf_ok(presented if isinstance(presented, str) else None)
 

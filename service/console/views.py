@@ -17,7 +17,7 @@ from starlette.routing import Route
 from pyclient.errors import CycloneError, InvalidArgument, PermissionDenied, Unauthenticated
 from pyclient.models import Explanation, Run, RunStatus, Step, StepStatus
 from service.console import graph, survey
-from service.console.app import client_of, render, session_of
+from service.console.app import client_of, form_of, render, session_of
 
 PAGE_SIZES = (20, 50, 100, 200)
 #: Counts by status stop here ("1000+"): the API lists runs, it does not count them.
@@ -230,8 +230,7 @@ async def act(request: Request) -> Response:
     action = request.path_params["action"]
     run_id = request.path_params["run_id"]
     node = request.query_params.get("node", "")
-    form = await request.form()
-    fields = {k: v for k, v in form.items() if isinstance(v, str) and k != "csrf"}
+    fields = {k: v for k, v in form_of(request).items() if k != "csrf"}
     reason = fields.get("reason", "").strip()
     client = client_of(request)
     try:
@@ -306,9 +305,9 @@ async def login(request: Request) -> Response:
 
 
 async def login_post(request: Request) -> Response:
-    form = await request.form()
-    token = str(form.get("token", "")).strip()
-    target = _safe_next(str(form.get("next", "/runs")))
+    form = form_of(request)
+    token = form.get("token", "").strip()
+    target = _safe_next(form.get("next", "/runs"))
     sessions = request.app.state.sessions
     trial = sessions.renew(session_of(request))
     trial.token = token or None
