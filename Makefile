@@ -113,6 +113,10 @@ fmt: $(VENV)/.stamp ## Format hand-written code
 run: $(VENV)/.stamp ## Serve on $(ADDR), the console on http://$(CONSOLE)/; embedded Postgres unless CYCLONE_DATABASE_URL is set
 	$(VENV)/bin/cyclone-server --listen $(ADDR) --console-listen $(CONSOLE)
 
+.PHONY: screenshots
+screenshots: $(VENV)/.stamp ## Regenerate docs/console/*.png: the console's browser tests, saving pictures
+	CYCLONE_SCREENSHOTS=docs/console $(VENV)/bin/pytest tests/test_console.py -q -p no:randomly
+
 .PHONY: migrate
 migrate: $(VENV)/.stamp ## Apply migrations and exit
 	$(VENV)/bin/cyclone-server --migrate-only

@@ -331,3 +331,35 @@ def test_the_runs_page_is_usable_at_phone_width(
         shoot(phone, "phone")
     finally:
         context.close()
+
+
+def test_needs_a_person_lists_steps_backing_off_and_expired_leases(
+    cyclone_server: Any, console: ConsoleThread, page: Page
+) -> None:
+    flaky = submit(cyclone_server, workflow("sync", node("pull", action="pull")))
+    [step] = claim(cyclone_server, "pull")
+    fail(cyclone_server, step, "upstream timeout", retry_after=3600)
+    lost = submit(cyclone_server, workflow("sync", node("push", action="push")))
+    claim(cyclone_server, "push", lease=1)  # never heartbeats; the sweep is not run
+    page.goto(f"{console.url}/attention")
+    backing_off = page.locator("#backoff-h + div")
+    expect(backing_off).to_contain_text("upstream timeout")
+    expect(backing_off.get_by_role("link")).to_have_attribute("href", re.compile(flaky))
+    # The lease ends a second after the claim: the live region shows it then.
+    expired = page.locator("#lease-h + div")
+    expect(expired.get_by_role("link")).to_have_attribute("href", re.compile(lost))
+
+
+def test_the_workers_page_shows_who_runs_what_and_the_activity_of_ready_actions(
+    cyclone_server: Any, console: ConsoleThread, page: Page
+) -> None:
+    submit(cyclone_server, workflow("mailing", node("render", action="render")))
+    submit(cyclone_server, workflow("mailing", node("send", action="send")))
+    claim(cyclone_server, "render", worker="renderer-7")
+    page.goto(f"{console.url}/workers")
+    workers = page.locator("#w-h + div")
+    expect(workers).to_contain_text("renderer-7")
+    expect(workers.locator("td").nth(1)).to_have_text("render")
+    expect(workers.locator("td").nth(2)).to_have_text("1")
+    expect(page.locator("#a-h + div")).to_contain_text("send")
+    shoot(page, "workers")

@@ -281,8 +281,16 @@ async def _resolve(
 
 
 async def needs_person(request: Request) -> Response:
+    return await _needs_person(request, "attention.html")
+
+
+async def needs_person_live(request: Request) -> Response:
+    return await _needs_person(request, "_attention_live.html")
+
+
+async def _needs_person(request: Request, template: str) -> Response:
     found = await survey.attention(client_of(request), dt.datetime.now(dt.UTC))
-    return render(request, "attention.html", {"found": found, "sample": survey.SAMPLE_RUNS})
+    return render(request, template, {"found": found, "sample": survey.SAMPLE_RUNS})
 
 
 async def workers(request: Request) -> Response:
@@ -334,6 +342,7 @@ routes = [
     Route("/runs/{run_id}/act/{action}", confirm, methods=["GET"]),
     Route("/runs/{run_id}/act/{action}", act, methods=["POST"]),
     Route("/attention", needs_person),
+    Route("/attention/live", needs_person_live),
     Route("/workers", workers),
     Route("/login", login, methods=["GET"]),
     Route("/login", login_post, methods=["POST"]),
