@@ -85,7 +85,9 @@ def _console(settings: config.Settings, port: int) -> asyncio.Task[None]:
 
     async def run() -> None:
         try:
-            await serve(f"127.0.0.1:{port}", settings.console_listen, started=started)
+            await serve(
+                f"127.0.0.1:{port}", settings.console_listen, actor="console", started=started
+            )
         except OSError as exc:
             log.error("the console cannot serve on %s: %s", settings.console_listen, exc)
 
