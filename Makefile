@@ -99,19 +99,21 @@ verify: $(VENV)/.stamp $(BUF) ## buf lint, buf breaking against the released con
 	@test -z "$$(git status --porcelain -- $(GENERATED))" || { git status --porcelain -- $(GENERATED); echo "untracked generated files: run make proto and commit"; exit 1; }
 
 .PHONY: lint
-lint: $(VENV)/.stamp ## ruff over hand-written code, mypy --strict over the server, core/ and the SDK
-	$(VENV)/bin/ruff check service core pyclient tests
-	$(VENV)/bin/ruff format --check service core pyclient tests
-	$(VENV)/bin/mypy service core pyclient
+lint: $(VENV)/.stamp ## ruff over hand-written code, mypy --strict over the server, core/, the SDK and the console
+	$(VENV)/bin/ruff check service core pyclient console tests
+	$(VENV)/bin/ruff format --check service core pyclient console tests
+	$(VENV)/bin/mypy service core pyclient console
 
 .PHONY: fmt
 fmt: $(VENV)/.stamp ## Format hand-written code
-	$(VENV)/bin/ruff format service core pyclient tests
-	$(VENV)/bin/ruff check --fix service core pyclient tests
+	$(VENV)/bin/ruff format service core pyclient console tests
+	$(VENV)/bin/ruff check --fix service core pyclient console tests
 
 .PHONY: run
+# The console is a second process, a client of the server; it goes when the server does.
 run: $(VENV)/.stamp ## Serve on $(ADDR), the console on http://$(CONSOLE)/; embedded Postgres unless CYCLONE_DATABASE_URL is set
-	$(VENV)/bin/cyclone-server --listen $(ADDR) --console-listen $(CONSOLE)
+	$(VENV)/bin/cyclone console --address $(ADDR) --listen $(CONSOLE) --actor console & \
+	trap "kill $$! 2>/dev/null" EXIT; $(VENV)/bin/cyclone-server --listen $(ADDR)
 
 .PHONY: screenshots
 screenshots: $(VENV)/.stamp ## Regenerate docs/console/*.png: the console's browser tests, saving pictures

@@ -367,7 +367,7 @@ def _console(client: Client, args: argparse.Namespace) -> Any:
     import asyncio
     import contextlib
 
-    from service.console import serve
+    from console import serve
 
     def started(url: str) -> None:
         print(f"Cyclone console for {args.address} on {url}", flush=True)

@@ -62,7 +62,6 @@ class Settings:
     max_edges: int = dag.MAX_EDGES
     grace_s: float = 10.0
     metrics_listen: str = "127.0.0.1:9464"
-    console_listen: str = "off"
     retention_s: float | None = 7 * 86400.0
     retention_failed_s: float | None = None
     key_retention_s: float | None = 30 * 86400.0
@@ -104,8 +103,6 @@ _HELP = {
     "max_edges": "most dependencies in one workflow, over all its nodes",
     "grace_s": "seconds in-flight calls get to finish on SIGTERM",
     "metrics_listen": "host:port of the Prometheus metrics endpoint (/metrics); off to disable",
-    "console_listen": "host:port of the web console (service.console), a client of this "
-    "server; off to disable",
     "retention_s": "delete completed and cancelled runs this long after they finished "
     "(e.g. 7d, 12h; off keeps them)",
     "retention_failed_s": "delete failed runs this long after they failed (off keeps them "

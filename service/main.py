@@ -40,11 +40,6 @@ def _start(settings: config.Settings) -> None:
         if settings.token_file:
             auth.Tokens(settings.token_file)  # a malformed line is named now
         metrics.parse_listen(settings.metrics_listen)
-        if settings.console_listen != "off" and (settings.tls_cert or settings.tls_client_ca):
-            raise ValueError(
-                "--console-listen calls this server in plaintext: with TLS, run "
-                "`cyclone console --address ...` beside it instead"
-            )
     except auth.TokenFileError as exc:
         raise StartupError(f"--token-file {exc}") from None
     except (tls.ListenError, ValueError) as exc:
@@ -75,25 +70,6 @@ def _start(settings: config.Settings) -> None:
         raise StartupError(exc) from None
 
 
-def _console(settings: config.Settings, port: int) -> asyncio.Task[None]:
-    """The web console, in this process, calling this server over loopback."""
-    from service.console import serve
-
-    def started(url: str) -> None:
-        log.info("console serving on %s", url)
-        print(f"The console is on {url}\n", flush=True)
-
-    async def run() -> None:
-        try:
-            await serve(
-                f"127.0.0.1:{port}", settings.console_listen, actor="console", started=started
-            )
-        except OSError as exc:
-            log.error("the console cannot serve on %s: %s", settings.console_listen, exc)
-
-    return asyncio.create_task(run())
-
-
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
@@ -122,10 +98,6 @@ async def _serve(settings: config.Settings, database_url: str) -> None:
         f"{address} cyclone.v1.WorkflowService/Submit\n",
         flush=True,
     )
-    console = _console(settings, server.port) if settings.console_listen != "off" else None
     await stop.wait()
-    if console is not None:
-        console.cancel()
-        await asyncio.gather(console, return_exceptions=True)
     log.info("shutting down: finishing in-flight calls (grace %.0fs)", settings.grace_s)
     await server.stop()

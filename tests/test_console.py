@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from service.console import serve
+from console import serve
 from tests.helpers import claim, complete, drain, fail, get_run, node, run_status, submit, workflow
 from tests.test_auth import TOKENS, write_tokens
 from tests.test_blocked import blocked_run

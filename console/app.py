@@ -26,9 +26,9 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from console.sessions import COOKIE, Session, Sessions
 from pyclient.client import AsyncClient
 from pyclient.errors import CycloneError, Unauthenticated
-from service.console.sessions import COOKIE, Session, Sessions
 
 log = logging.getLogger("cyclone.console")
 HERE = Path(__file__).parent
@@ -197,7 +197,7 @@ def create_app(
     credentials: grpc.ChannelCredentials | None = None,
 ) -> Starlette:
     """The console for the Cyclone server at ``address`` (host:port)."""
-    from service.console import views
+    from console import views
 
     console = Console(address, actor, credentials)
 

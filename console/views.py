@@ -14,10 +14,10 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from console import graph, survey
+from console.app import client_of, form_of, render, session_of
 from pyclient.errors import CycloneError, InvalidArgument, PermissionDenied, Unauthenticated
 from pyclient.models import Explanation, Run, RunStatus, Step, StepStatus
-from service.console import graph, survey
-from service.console.app import client_of, form_of, render, session_of
 
 PAGE_SIZES = (20, 50, 100, 200)
 #: Counts by status stop here ("1000+"): the API lists runs, it does not count them.
