@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import grpc
 import jinja2
@@ -126,6 +126,12 @@ async def _cyclone_error(request: Request, exc: Exception) -> Response:
     """A refused or failed call: sign in when a token is needed, else say what failed."""
     assert isinstance(exc, CycloneError)
     if isinstance(exc, Unauthenticated) and request.method == "GET":
+        if request.headers.get("hx-request"):
+            # A live region's refresh: the whole page goes to sign-in, not the region.
+            page = request.headers.get("hx-current-url", "/runs")
+            target = urlsplit(page)._replace(scheme="", netloc="").geturl() or "/runs"
+            login = f"/login?next={quote(target, safe='')}"
+            return Response(status_code=204, headers={"hx-redirect": login})
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
     return render(request, "error.html", {"error": exc}, status_code=_http_status(exc))

@@ -363,3 +363,32 @@ def test_the_workers_page_shows_who_runs_what_and_the_activity_of_ready_actions(
     expect(workers.locator("td").nth(2)).to_have_text("1")
     expect(page.locator("#a-h + div")).to_contain_text("send")
     shoot(page, "workers")
+
+
+def test_the_runs_list_filters_by_workflow_status_and_key(
+    cyclone_server: Any, console: ConsoleThread, page: Page
+) -> None:
+    from cyclone.v1 import workflow_service_pb2
+
+    order = submit(cyclone_server, workflow("order", node("charge")))
+    report = submit(cyclone_server, workflow("report", node("build", max_attempts=1)))
+    keyed = cyclone_server.workflows.SubmitOnce(
+        workflow_service_pb2.SubmitOnceRequest(
+            workflow=workflow("order", node("charge")), key="order-42"
+        )
+    ).run_id
+    page.goto(f"{console.url}/runs")
+    page.get_by_label("Workflow").fill("report")
+    page.get_by_role("button", name="Show").click()
+    expect(row(page, report)).to_be_visible()
+    expect(page.locator("tr[data-run]")).to_have_count(1)
+    page.goto(f"{console.url}/runs?workflow=order&key=order-42")
+    expect(row(page, keyed)).to_contain_text("order-42")
+    expect(page.locator("tr[data-run]")).to_have_count(1)
+    [step] = claim(cyclone_server, "work", n=1)
+    fail(cyclone_server, step, "no", non_retryable=True)
+    failed = step.run_id
+    page.goto(f"{console.url}/runs?status=failed")
+    expect(row(page, failed)).to_be_visible()
+    expect(page.locator("tr[data-run]")).to_have_count(1)
+    assert {order, report, keyed} >= {failed}
