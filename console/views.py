@@ -3,6 +3,7 @@ server's answer (including a refusal) is what the page shows."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 from collections.abc import Mapping
@@ -122,12 +123,13 @@ async def _runs(request: Request, template: str) -> Response:
 
 async def _counts(request: Request, f: RunFilters) -> dict[str, str]:
     client = client_of(request)
-    counts = {}
-    for status in RunStatus:
-        page = await client.list_runs(status=status.value, page_size=COUNT_CAP, **f.api())
-        n = len(page.runs)
-        counts[status.value] = f"{n:,}+" if page.next_page_token else f"{n:,}"
-    return counts
+    pages = await asyncio.gather(
+        *(client.list_runs(status=s.value, page_size=COUNT_CAP, **f.api()) for s in RunStatus)
+    )
+    return {
+        s.value: f"{len(p.runs):,}+" if p.next_page_token else f"{len(p.runs):,}"
+        for s, p in zip(RunStatus, pages, strict=True)
+    }
 
 
 async def run_page(request: Request) -> Response:
@@ -151,7 +153,8 @@ async def _run(request: Request, template: str) -> Response:
         "run": run,
         "step": step,
         "explanation": explanation,
-        "picture": graph.layout(run.steps),
+        "picture": await graph.picture_of(run),
+        "status_of": {s.node: str(s.status) for s in run.steps},
         "sinks": [s for s in run.steps if s.node not in dependents],
         "actions": run_actions(run),
         "step_actions": step_actions(run, step) if step else [],
