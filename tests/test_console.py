@@ -194,10 +194,20 @@ def test_a_blocked_run_is_resolved_from_the_console_and_completes(
     expect(page.locator("#audit-h + div")).to_contain_text("found ch_9 at the PSP")
 
 
+TRACEBACK = 'Traceback (most recent call last):\n  File "build.py", line 3\nOSError: disk full'
+
+
 def failed_run(server: Any) -> str:
+    from cyclone.v1 import worker_service_pb2
+
     run_id = submit(server, workflow("report", node("build", max_attempts=1)))
     [step] = claim(server)
-    fail(server, step, "disk full")
+    failure = worker_service_pb2.Failure(message="disk full", type="OSError", details=TRACEBACK)
+    server.workers.Complete(
+        worker_service_pb2.CompleteRequest(
+            run_id=run_id, node="build", lease_token=step.lease_token, failure=failure
+        )
+    )
     assert run_status(get_run(server, run_id)) == "failed"
     return run_id
 
@@ -207,7 +217,11 @@ def test_a_failed_node_is_retried_from_the_console(
 ) -> None:
     run_id = failed_run(cyclone_server)
     page.goto(f"{console.url}/runs/{run_id}?node=build")
-    expect(page.locator(".errors")).to_contain_text("disk full")
+    expect(page.locator(".errors")).to_contain_text("OSError")
+    traceback = page.locator(".errors details pre")
+    expect(traceback).to_be_hidden()
+    page.get_by_text("Traceback", exact=True).click()
+    expect(traceback).to_have_text(TRACEBACK)
     page.get_by_role("link", name="Retry node").click()
     page.get_by_label("Reason").fill("freed some space")
     page.get_by_role("button", name=re.compile("Confirm")).click()
@@ -392,3 +406,30 @@ def test_the_runs_list_filters_by_workflow_status_and_key(
     expect(row(page, failed)).to_be_visible()
     expect(page.locator("tr[data-run]")).to_have_count(1)
     assert {order, report, keyed} >= {failed}
+
+
+def test_a_durable_function_shows_its_journal_and_a_blocked_step_call_is_resolved(
+    cyclone_server: Any, console: ConsoleThread, page: Page
+) -> None:
+    from tests.test_step_calls import UNCERTAIN, begin, blocked_on_charge, journal
+
+    run_id, second = blocked_on_charge(cyclone_server)
+    assert begin(cyclone_server, second, "charge", 2, unsafe=True).decision == UNCERTAIN
+    page.goto(f"{console.url}/runs/{run_id}?node=body")
+    entries = page.locator("table.journal tbody tr")
+    expect(entries).to_have_count(2)
+    expect(entries.nth(0)).to_contain_text("lookup")
+    expect(entries.nth(0)).to_contain_text("succeeded")
+    expect(entries.nth(1)).to_contain_text("charge")
+    expect(entries.nth(1)).to_contain_text("unsafe")
+    expect(entries.nth(1)).to_contain_text("started")
+    expect(page.locator(".errors")).to_contain_text("worker died")
+    page.get_by_role("link", name="Resolve").click()
+    expect(page.locator("form.confirm")).to_contain_text("step call charge")
+    page.get_by_label("The effect did not happen").check()
+    page.get_by_role("button", name=re.compile("Confirm")).click()
+    expect(page.get_by_role("status").first).to_contain_text("runs again")
+    assert [row[0] for row in journal(cyclone_server, run_id)] == ["lookup"]
+    run = get_run(cyclone_server, run_id)
+    assert run_status(run) == "running"
+    assert run.audit[0].action == "resolve_discard"
