@@ -136,6 +136,10 @@ test-pg15: $(VENV)/.stamp tools ## Only the engine's tests, on a throwaway Postg
 bench: $(VENV)/.stamp ## Benchmarks with a same-run baseline; writes bench/results/latest.json
 	$(PY) bench/bench.py $(BENCH_ARGS)
 
+.PHONY: bench-console
+bench-console: $(VENV)/.stamp ## The console's pages with 1,000,000 runs: p50/p95, plans, seq scans; writes bench/results/console.json
+	$(PY) bench/console_bench.py $(BENCH_ARGS)
+
 .PHONY: chaos
 chaos: $(VENV)/.stamp ## Soak: 2,000 runs (a quarter durable bodies) under kills (CHAOS_ARGS=--seed N), then the long model-based test
 	$(PY) bench/chaos.py $(CHAOS_ARGS)
