@@ -1,5 +1,5 @@
 """The console in a real browser: Playwright driving Debian's Chromium (/usr/bin/chromium,
-installed by .ci/run) against a real server. One browser for the whole session.
+installed by .ci/run) against a real server. One browser for all of them.
 
 With CYCLONE_SCREENSHOTS=DIR (make screenshots), the flows also save the pictures of
 docs/console.md there.
@@ -76,7 +76,9 @@ class ConsoleThread:
         self._thread.join(30)
 
 
-@pytest.fixture(scope="session")
+# One browser for this module, closed after it: while Playwright's sync API is open, the
+# main thread has a running event loop, and later tests' asyncio.run() would fail.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does)")
