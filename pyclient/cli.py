@@ -255,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
         "session signs in with its own. Needs the console extra: pip install 'cyclone[console]'.",
     )
     p.add_argument("--listen", default="127.0.0.1:50052", help="host:port to serve the console on")
+    p.add_argument(
+        "--tls-ca", metavar="PEM", help="call the server over TLS, trusting this CA certificate"
+    )
     p.set_defaults(handler=_console)
     return parser
 
@@ -360,9 +363,6 @@ def _cancel(client: Client, args: argparse.Namespace) -> Any:
     return client.cancel(args.run_id, args.reason)
 
 
-# -- rendering ------------------------------------------------------------------------
-
-
 def _console(client: Client, args: argparse.Namespace) -> Any:
     import asyncio
     import contextlib
@@ -372,9 +372,26 @@ def _console(client: Client, args: argparse.Namespace) -> Any:
     def started(url: str) -> None:
         print(f"Cyclone console for {args.address} on {url}", flush=True)
 
+    credentials = None
+    if args.tls_ca:
+        import grpc
+
+        ca = Path(args.tls_ca).read_bytes()
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.address, args.listen, actor=args.actor, started=started))
+        asyncio.run(
+            serve(
+                args.address,
+                args.listen,
+                actor=args.actor,
+                credentials=credentials,
+                started=started,
+            )
+        )
     return "console stopped"
+
+
+# -- rendering ------------------------------------------------------------------------
 
 
 def _when(value: Any) -> str:

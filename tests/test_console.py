@@ -22,7 +22,12 @@ from console import serve
 from tests.helpers import claim, complete, drain, fail, get_run, node, run_status, submit, workflow
 from tests.test_auth import TOKENS, write_tokens
 from tests.test_blocked import blocked_run
+from tests.test_tls import credentials as tls_credentials
+from tests.test_tls import pki as tls_pki
+from tests.test_tls import submit_over, tls_settings
 
+#: test_tls's certificates (a server CA and the server's certificate), for this module too.
+pki = tls_pki
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
@@ -43,17 +48,19 @@ expect.set_options(timeout=LIVE_MS)
 class ConsoleThread:
     """The console serving in a thread of its own, on its own event loop."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, credentials: Any = None):
         self.url = ""
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
-        self._thread = threading.Thread(target=asyncio.run, args=(self._main(address),))
+        self._thread = threading.Thread(
+            target=asyncio.run, args=(self._main(address, credentials),)
+        )
         self._thread.start()
         assert self._ready.wait(30), "the console did not start"
         assert self.url, "the console failed to start"
 
-    async def _main(self, address: str) -> None:
+    async def _main(self, address: str, credentials: Any) -> None:
         self._loop = asyncio.get_running_loop()
 
         def started(url: str) -> None:
@@ -61,7 +68,13 @@ class ConsoleThread:
             self._ready.set()
 
         self._task = asyncio.create_task(
-            serve(address, "127.0.0.1:0", actor="console-test", started=started)
+            serve(
+                address,
+                "127.0.0.1:0",
+                actor="console-test",
+                credentials=credentials,
+                started=started,
+            )
         )
         try:
             await self._task
@@ -450,3 +463,18 @@ def test_sessions_forget_the_least_recently_used_and_renew_with_new_secrets() ->
     assert sessions.find(first.id) is None
     assert (renewed.id, renewed.csrf) != (first.id, first.csrf)
     assert not renewed.csrf_ok(first.csrf) and renewed.csrf_ok(renewed.csrf)
+
+
+def test_the_console_calls_a_server_that_serves_tls(
+    server_factory: Any,
+    pki: dict[str, Any],
+    page: Page,
+) -> None:
+    server = server_factory(**tls_settings(pki))
+    run_id = submit_over(server.address, tls_credentials(pki))
+    console = ConsoleThread(server.address, tls_credentials(pki))
+    try:
+        page.goto(f"{console.url}/runs")
+        expect(row(page, run_id)).to_contain_text("running")
+    finally:
+        console.stop()
