@@ -28,6 +28,9 @@ PROTOS := $(shell find protos -name '*.proto' | sort)
 # after its proto package (cyclone/v1/x.proto -> $(GO_MODULE)/gen/cyclone/v1, cyclonev1).
 GO_PACKAGES := $(foreach p,$(PROTOS:protos/%=%),'M$(p)=$(GO_MODULE)/gen/$(patsubst %/,%,$(dir $(p)));$(subst /,,$(dir $(p)))')
 ADDR ?= 127.0.0.1:50051
+#: make run serves the web console here, a port beside the gRPC one.
+# The console of `make run`: the port after ADDR's (metrics take the one after that).
+CONSOLE ?= $(word 1,$(subst :, ,$(ADDR))):$(shell echo $$(( $(lastword $(subst :, ,$(ADDR))) + 1 )))
 
 export PATH := $(TOOLS)/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
@@ -41,7 +44,7 @@ $(VENV)/.serve-stamp: pyproject.toml
 	@echo "Installing the server's Python packages into $(VENV) (first run only)..."
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install -e '.[server]' 2>&1 | grep --line-buffered -E '^(Collecting|Installing|Successfully|ERROR)' || true
+	@$(PY) -m pip install -e '.[server,console]' 2>&1 | grep --line-buffered -E '^(Collecting|Installing|Successfully|ERROR)' || true
 	@$(PY) -c 'import service.main' || { echo "the server's packages did not install"; exit 1; }
 	@touch $@
 
@@ -105,19 +108,25 @@ verify: $(VENV)/.stamp $(BUF) ## buf lint, buf breaking against the released con
 	@test -z "$$(git status --porcelain -- $(GENERATED))" || { git status --porcelain -- $(GENERATED); echo "untracked generated files: run make proto and commit"; exit 1; }
 
 .PHONY: lint
-lint: $(VENV)/.stamp ## ruff over hand-written code, mypy --strict over the server, core/ and the SDK
-	$(VENV)/bin/ruff check service core pyclient tests
-	$(VENV)/bin/ruff format --check service core pyclient tests
-	$(VENV)/bin/mypy service core pyclient
+lint: $(VENV)/.stamp ## ruff over hand-written code, mypy --strict over the server, core/, the SDK and the console
+	$(VENV)/bin/ruff check service core pyclient console tests
+	$(VENV)/bin/ruff format --check service core pyclient console tests
+	$(VENV)/bin/mypy service core pyclient console
 
 .PHONY: fmt
 fmt: $(VENV)/.stamp ## Format hand-written code
-	$(VENV)/bin/ruff format service core pyclient tests
-	$(VENV)/bin/ruff check --fix service core pyclient tests
+	$(VENV)/bin/ruff format service core pyclient console tests
+	$(VENV)/bin/ruff check --fix service core pyclient console tests
 
 .PHONY: run
-run: $(VENV)/.serve-stamp ## Serve on $(ADDR); embedded Postgres unless CYCLONE_DATABASE_URL is set
-	$(VENV)/bin/cyclone-server --listen $(ADDR)
+# The console is a second process, a client of the server; it goes when the server does.
+run: $(VENV)/.serve-stamp ## Serve on $(ADDR), the console on http://$(CONSOLE)/; embedded Postgres unless CYCLONE_DATABASE_URL is set
+	$(VENV)/bin/cyclone console --address $(ADDR) --listen $(CONSOLE) --actor console & \
+	trap "kill $$! 2>/dev/null" EXIT; $(VENV)/bin/cyclone-server --listen $(ADDR)
+
+.PHONY: screenshots
+screenshots: $(VENV)/.stamp ## Regenerate docs/console/*.png: the console's browser tests, saving pictures
+	CYCLONE_SCREENSHOTS=docs/console $(VENV)/bin/pytest tests/test_console.py -q -p no:randomly
 
 .PHONY: stop
 stop: ## Stop the embedded Postgres under .cyclone/ (make run stops it when it started it)
@@ -140,6 +149,10 @@ test-pg15: $(VENV)/.stamp tools ## Only the engine's tests, on a throwaway Postg
 .PHONY: bench
 bench: $(VENV)/.stamp ## Benchmarks with a same-run baseline; writes bench/results/latest.json
 	$(PY) bench/bench.py $(BENCH_ARGS)
+
+.PHONY: bench-console
+bench-console: $(VENV)/.stamp ## The console's pages with 1,000,000 runs: p50/p95, plans, seq scans; writes bench/results/console.json
+	$(PY) bench/console_bench.py $(BENCH_ARGS)
 
 .PHONY: chaos
 chaos: $(VENV)/.stamp ## Soak: 2,000 runs (a quarter durable bodies) under kills (CHAOS_ARGS=--seed N), then the long model-based test

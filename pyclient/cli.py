@@ -321,6 +321,20 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--payload", type=_json_arg, default=None, metavar="JSON")
     send.add_argument("--key", help="send at most once per (run, key)")
     send.set_defaults(handler=_send_event)
+
+    p = command(
+        "console",
+        "serve the web console for the server at --address",
+        "Serve the web console (runs, their DAGs, the operator actions) for the Cyclone "
+        "server at --address, until Ctrl-C. When the server needs tokens, each browser "
+        "session signs in with its own. Needs the console extra: "
+        "pip install 'cyclone-workflows[console]'.",
+    )
+    p.add_argument("--listen", default="127.0.0.1:50052", help="host:port to serve the console on")
+    p.add_argument(
+        "--tls-ca", metavar="PEM", help="call the server over TLS, trusting this CA certificate"
+    )
+    p.set_defaults(handler=_console)
     return parser
 
 
@@ -436,6 +450,34 @@ def _send_event(client: Client, args: argparse.Namespace) -> Any:
     if not sent.created:
         return f"event {sent.event_id} was already sent with key {args.key}: nothing sent"
     return f"event {args.name} sent to run {args.run_id} (id {sent.event_id})"
+
+
+def _console(client: Client, args: argparse.Namespace) -> Any:
+    import asyncio
+    import contextlib
+
+    from console import serve
+
+    def started(url: str) -> None:
+        print(f"Cyclone console for {args.address} on {url}", flush=True)
+
+    credentials = None
+    if args.tls_ca:
+        import grpc
+
+        ca = Path(args.tls_ca).read_bytes()
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(
+            serve(
+                args.address,
+                args.listen,
+                actor=args.actor,
+                credentials=credentials,
+                started=started,
+            )
+        )
+    return "console stopped"
 
 
 # -- rendering ------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def open_pool(database_url: str, max_size: int) -> psycopg_pool.ConnectionPool:
         import psycopg_pool
     except ImportError as exc:
         raise ImportError(
-            "Worker(database_url=...) needs psycopg: pip install 'cyclone[postgres]'"
+            "Worker(database_url=...) needs psycopg: pip install 'cyclone-workflows[postgres]'"
         ) from exc
     # check: a connection that died while idle in the pool (Postgres restarted, an
     # idle timeout, a failover) is replaced before a handler gets it, instead of

@@ -105,7 +105,7 @@ _HELP = {
     "max_edges": "most dependencies in one workflow, over all its nodes",
     "grace_s": "seconds in-flight calls get to finish on SIGTERM",
     "metrics_listen": "host:port of the Prometheus metrics endpoint (/metrics); auto: the "
-    "host of --listen and the port after its port (50051: 50052); off to disable",
+    "host of --listen and its port + 2 (50051: 50053; the console takes + 1); off to disable",
     "retention_s": "delete completed and cancelled runs this long after they finished "
     "(e.g. 7d, 12h; off keeps them)",
     "retention_failed_s": "delete failed runs this long after they failed (off keeps them "
@@ -189,11 +189,12 @@ def parse(argv: list[str] | None = None) -> Settings:
 
 def metrics_listen(settings: Settings) -> str:
     """Where the metrics endpoint listens: ``--metrics-listen``, or with ``auto`` the host
-    of ``--listen`` and the port after its port (an ephemeral port for port 0), so that
+    of ``--listen`` and its port + 2 (an ephemeral port for port 0; `make run` gives + 1
+    to the console), so that
     a second local server needs one setting, its ``--listen``."""
     if settings.metrics_listen.strip().lower() != "auto":
         return settings.metrics_listen
     host, _, port = settings.listen.rpartition(":")
     if not port.isdigit():
         return settings.metrics_listen  # --listen is refused with its own message
-    return f"{host}:{int(port) + 1 if int(port) else 0}"
+    return f"{host}:{int(port) + 2 if int(port) else 0}"

@@ -128,16 +128,16 @@ def test_embedded_stop_stops_it_whoever_started_it(tmp_path):
 
 def test_the_metrics_port_follows_the_grpc_port(tmp_path):
     port = free_port()
-    while True:  # the port after it must be free too
+    while True:  # its port + 2 must be free too
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", port + 1))
+                s.bind(("127.0.0.1", port + 2))
                 break
             except OSError:
                 port = free_port()
     server = Local(tmp_path, "--listen", f"127.0.0.1:{port}")
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/metrics", timeout=10) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port + 2}/metrics", timeout=10) as r:
             assert b"cyclone_rpcs_total" in r.read() or r.status == 200
     finally:
         server.interrupt()
@@ -146,13 +146,13 @@ def test_the_metrics_port_follows_the_grpc_port(tmp_path):
 @pytest.mark.parametrize(
     ("listen", "metrics", "expected"),
     [
-        ("127.0.0.1:50061", "auto", "127.0.0.1:50062"),
-        ("[::1]:7000", "auto", "[::1]:7001"),
+        ("127.0.0.1:50061", "auto", "127.0.0.1:50063"),
+        ("[::1]:7000", "auto", "[::1]:7002"),
         ("127.0.0.1:0", "auto", "127.0.0.1:0"),
         ("127.0.0.1:50061", "127.0.0.1:9464", "127.0.0.1:9464"),
         ("127.0.0.1:50061", "off", "off"),
     ],
 )
-def test_auto_metrics_listen_is_the_port_after_listen(listen, metrics, expected):
+def test_auto_metrics_listen_is_the_port_of_listen_plus_two(listen, metrics, expected):
     settings = config.Settings(listen=listen, metrics_listen=metrics)
     assert config.metrics_listen(settings) == expected

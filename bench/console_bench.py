@@ -1,0 +1,191 @@
+"""`make bench-console`: the console's pages with 1,000,000 runs in the tables.
+
+Loads finished runs straight into the tables (spread over 30 days, three workflows,
+a tenth of them cancelled), submits a hundred running runs through gRPC, then times the
+console's pages as a browser asks for them (HTTP on loopback: the console's handler and
+its gRPC calls to the server). Reports p50 and p95 in ms per page (target: p95 under
+100 ms), the plan of ListRuns' query for each filter, and the sequential scans of the
+runs and steps tables during the measurements (target: none).
+
+Writes bench/results/console.json (--out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import re
+import statistics
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import RESULTS, Server, admin_url, fresh_database  # bench/bench.py
+from console import serve
+from pyclient.client import Client
+from pyclient.workflow import Workflow
+
+WORKFLOWS = ("orders", "reports", "emails")
+
+
+def load(database_url: str, runs: int) -> None:
+    """Finished runs of one step each, inserted in batches by SQL."""
+    batch = 100_000
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for start in range(0, runs, batch):
+            conn.execute(
+                """
+                WITH r AS (
+                    INSERT INTO cyclone.runs (run_id, workflow, status, steps_total, steps_open,
+                                              created_at, updated_at, finished_at)
+                    SELECT gen_random_uuid(), (%s::text[])[1 + i %% 3],
+                           CASE WHEN i %% 10 = 0 THEN 'cancelled' ELSE 'completed' END, 1, 0,
+                           now() - make_interval(secs => 30 * 86400.0 * i / %s::int),
+                           now(), now()
+                      FROM generate_series(%s::int, %s::int) i
+                    RETURNING run_id, status, created_at)
+                INSERT INTO cyclone.steps (run_id, node, position, action, status, trigger_rule,
+                    depends_on, dependents, deps_open, attempt, max_attempts, attempt_budget,
+                    initial_backoff, max_backoff, backoff_multiplier, timeout, output,
+                    started_at, finished_at)
+                SELECT run_id, 'only', 0, 'work', status, 'all_success', '{}', '{}', 0, 1,
+                       3, 3, '1s', '5m', 2, '5m',
+                       CASE WHEN status = 'completed' THEN 'null'::jsonb END, created_at, created_at
+                  FROM r
+                """,
+                (list(WORKFLOWS), runs, start + 1, min(start + batch, runs)),
+            )
+            print(f"loaded {min(start + batch, runs):,} runs", flush=True)
+        conn.execute("VACUUM ANALYZE cyclone.runs")
+        conn.execute("VACUUM ANALYZE cyclone.steps")
+
+
+def seq_scans(database_url: str) -> dict[str, int]:
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT relname, seq_scan FROM pg_stat_user_tables "
+            "WHERE schemaname = 'cyclone' AND relname IN ('runs', 'steps')"
+        ).fetchall()
+    return dict(rows)
+
+
+def plans(database_url: str, filters: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """EXPLAIN of ListRuns' query (service/sql/queries.sql, runs_list) per filter."""
+    text = (Path(__file__).parent.parent / "service/sql/queries.sql").read_text()
+    query = re.search(r"-- name: runs_list\n(.*?);\n", text, re.S)
+    assert query is not None
+    sql = re.sub(r"(?<!:):(\w+)", r"%(\1)s", query.group(1))
+    base = dict.fromkeys(
+        (
+            "workflow",
+            "statuses",
+            "created_after",
+            "created_before",
+            "after_created",
+            "after_run_id",
+        ),
+    )
+    found = {}
+    with psycopg.connect(database_url) as conn:
+        for name, given in filters.items():
+            params = {**base, "limit": 51, **given}
+            rows = conn.execute(f"EXPLAIN {sql}", params).fetchall()
+            found[name] = [r[0] for r in rows]
+    return found
+
+
+def timed(url: str, n: int) -> dict[str, float]:
+    took = []
+    for i in range(n + 3):
+        start = time.perf_counter()
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            reply.read()
+            assert reply.status == 200, reply.status
+        if i >= 3:  # warm-up
+            took.append((time.perf_counter() - start) * 1000)
+    q = statistics.quantiles(sorted(took), n=100)
+    return {"p50": round(q[49], 1), "p95": round(q[94], 1), "n": n}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=1_000_000)
+    parser.add_argument("--requests", type=int, default=40, help="timed requests per page")
+    parser.add_argument("--database", default="cyclone_console_bench")
+    parser.add_argument("--url", default=None, help="a superuser URL of the Postgres to use")
+    parser.add_argument("--out", type=Path, default=RESULTS / "console.json")
+    args = parser.parse_args()
+
+    database_url = fresh_database(admin_url(args.url), args.database)
+    from service.migrate import migrate
+
+    migrate(database_url)
+    load(database_url, args.runs)
+    server = Server(database_url)
+    ready = threading.Event()
+    urls: list[str] = []
+    loop = asyncio.new_event_loop()
+
+    def started(url: str) -> None:
+        urls.append(url.rstrip("/"))
+        ready.set()
+
+    async def run_console() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve(server.address, "127.0.0.1:0", started=started)
+
+    console = loop.create_task(run_console())
+    threading.Thread(target=loop.run_until_complete, args=(console,), daemon=True).start()
+    try:
+        assert ready.wait(30), "the console did not start"
+        with Client(server.address) as client:
+            wf = Workflow("orders")
+            wf.node("ship", depends_on=wf.node("charge"))
+            running = [client.submit(wf, {"i": i}) for i in range(100)]
+            old = next(iter(client.list_runs(status="cancelled", page_size=1).runs)).run_id
+        base = urls[0]
+        pages = {
+            "runs (first page)": "/runs",
+            "counts by status": "/runs/counts",
+            "runs live refresh": "/runs/live",
+            "runs of one workflow": "/runs?workflow=reports",
+            "cancelled runs": "/runs?status=cancelled",
+            "runs in a time range": "/runs?after=2000-01-01T00:00&before=2100-01-01T00:00",
+            "a running run": f"/runs/{running[-1]}?node=charge",
+            "a finished run": f"/runs/{old}?node=only",
+        }
+        before = seq_scans(database_url)
+        results: dict[str, Any] = {"runs_loaded": args.runs, "pages_ms": {}}
+        for name, path in pages.items():
+            results["pages_ms"][name] = timed(base + path, args.requests)
+            print(f"{name:32} {results['pages_ms'][name]}", flush=True)
+        time.sleep(2)  # the statistics reach pg_stat_user_tables within a second
+        after = seq_scans(database_url)
+        results["seq_scans_during_pages"] = {t: after[t] - before[t] for t in after}
+        results["plans"] = plans(
+            database_url,
+            {
+                "newest": {},
+                "one workflow": {"workflow": "reports"},
+                "one status": {"statuses": ["cancelled"]},
+            },
+        )
+        print("sequential scans during the pages:", results["seq_scans_during_pages"])
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    finally:
+        loop.call_soon_threadsafe(console.cancel)
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

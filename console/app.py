@@ -1,0 +1,280 @@
+"""The console's web application: sessions, CSRF, security headers, templates, and
+the one gRPC channel to Cyclone that every page's calls share."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import grpc
+import jinja2
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from console.sessions import COOKIE, Session, Sessions
+from pyclient.client import AsyncClient
+from pyclient.errors import CycloneError, Unauthenticated
+
+log = logging.getLogger("cyclone.console")
+HERE = Path(__file__).parent
+#: Longest text shown whole; longer inputs, outputs and messages are cut, saying so.
+MAX_SHOWN = 20_000
+
+#: Scripts, styles and images only from the console itself; no framing, no referrer to other sites.
+SECURITY_HEADERS = {
+    "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+}
+
+
+@dataclass
+class Console:
+    """What every request needs: the server's address, the channel to it, the actor."""
+
+    address: str
+    actor: str | None
+    credentials: grpc.ChannelCredentials | None = None
+    channel: grpc.aio.Channel | None = None
+
+    def client(self, session: Session) -> AsyncClient:
+        assert self.channel is not None, "the console's channel opens with the app"
+        return AsyncClient(
+            self.address, token=session.token, actor=self.actor, channel=self.channel
+        )
+
+
+def session_of(request: Request) -> Session:
+    found: Session = request.state.session
+    return found
+
+
+def form_of(request: Request) -> dict[str, str]:
+    """The fields of a POST's form (read once, by the CSRF check)."""
+    found: dict[str, str] = request.state.form
+    return found
+
+
+def client_of(request: Request) -> AsyncClient:
+    console: Console = request.app.state.console
+    return console.client(session_of(request))
+
+
+class _Sessions(BaseHTTPMiddleware):
+    """Finds or makes the browser's session, checks CSRF on every POST, sets headers."""
+
+    async def dispatch(
+        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        sessions: Sessions = request.app.state.sessions
+        found = sessions.find(request.cookies.get(COOKIE))
+        session = found or sessions.create()
+        request.state.session = session
+        if request.method == "POST" and not await _csrf_ok(request, session):
+            response: Response = PlainTextResponse(
+                "Refused: this form is stale or came from another site. Reload the page "
+                "and try again.",
+                status_code=403,
+            )
+        else:
+            response = await call_next(request)
+        final: Session = request.state.session  # sign-in and sign-out renew it
+        if final is not found:
+            response.set_cookie(
+                COOKIE,
+                final.id,
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        if not request.url.path.startswith("/static/"):
+            response.headers["cache-control"] = "no-store"
+        return response
+
+
+async def _csrf_ok(request: Request, session: Session) -> bool:
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+        return False
+    form = await request.form()
+    # The view's Request is another object on the same scope: it reads the form here.
+    request.state.form = {k: v for k, v in form.items() if isinstance(v, str)}
+    presented = form.get("csrf")
+    return session.csrf_ok(presented if isinstance(presented, str) else None)
+
+
+async def _cyclone_error(request: Request, exc: Exception) -> Response:
+    """A refused or failed call: sign in when a token is needed, else say what failed."""
+    assert isinstance(exc, CycloneError)
+    if isinstance(exc, Unauthenticated) and request.method == "GET":
+        if request.headers.get("hx-request"):
+            # A live region's refresh: the whole page goes to sign-in, not the region.
+            page = request.headers.get("hx-current-url", "/runs")
+            target = urlsplit(page)._replace(scheme="", netloc="").geturl() or "/runs"
+            login = f"/login?next={quote(target, safe='')}"
+            return Response(status_code=204, headers={"hx-redirect": login})
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
+    return render(request, "error.html", {"error": exc}, status_code=_http_status(exc))
+
+
+def _http_status(exc: CycloneError) -> int:
+    by_code = {
+        grpc.StatusCode.NOT_FOUND: 404,
+        grpc.StatusCode.PERMISSION_DENIED: 403,
+        grpc.StatusCode.UNAUTHENTICATED: 401,
+        grpc.StatusCode.INVALID_ARGUMENT: 400,
+        grpc.StatusCode.FAILED_PRECONDITION: 409,
+        grpc.StatusCode.UNAVAILABLE: 502,
+        grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    }
+    return by_code.get(exc.code, 500) if exc.code is not None else 500
+
+
+def error_code(exc: CycloneError) -> str:
+    return exc.code.name if exc.code is not None else "ERROR"
+
+
+def _when(value: dt.datetime | None) -> str:
+    if value is None:
+        return "—"
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _pretty(value: Any) -> str:
+    """A JSON value for people: indented, cut when huge (the template escapes it)."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    return cut(text)
+
+
+def cut(text: str, limit: int = MAX_SHOWN) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n… (cut: {len(text) - limit:,} more characters)"
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(when=_when, pretty=_pretty, cut=cut, code=error_code)
+    return env
+
+
+templates = Jinja2Templates(env=_environment())
+
+
+def render(
+    request: Request, name: str, context: dict[str, Any], *, status_code: int = 200
+) -> Response:
+    session = session_of(request)
+    console: Console = request.app.state.console
+    base = {"csrf": session.csrf, "signed_in": session.token is not None, "console": console}
+    return templates.TemplateResponse(request, name, {**base, **context}, status_code=status_code)
+
+
+def create_app(
+    address: str,
+    *,
+    actor: str | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> Starlette:
+    """The console for the Cyclone server at ``address`` (host:port)."""
+    from console import views
+
+    console = Console(address, actor, credentials)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        console.channel = (
+            grpc.aio.secure_channel(address, credentials)
+            if credentials
+            else grpc.aio.insecure_channel(address)
+        )
+        try:
+            yield
+        finally:
+            await console.channel.close()
+
+    app = Starlette(
+        routes=[*views.routes, Mount("/static", StaticFiles(directory=HERE / "static"))],
+        middleware=[Middleware(_Sessions)],
+        exception_handlers={CycloneError: _cyclone_error},
+        lifespan=lifespan,
+    )
+    app.state.console = console
+    app.state.sessions = Sessions()
+    return app
+
+
+async def serve(
+    address: str,
+    listen: str,
+    *,
+    actor: str | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
+    started: Callable[[str], None] | None = None,
+) -> None:
+    """Serve the console on ``listen`` (host:port; port 0 picks one) until cancelled.
+
+    The port is bound here first, so a port in use is an OSError for the caller (uvicorn
+    would exit the process). ``started`` gets the console's URL once it serves.
+    """
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        # The caller handles signals (the CLI's asyncio.run, or cyclone-server's loop).
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    sock = socket.create_server((host, int(port)))
+    bound = sock.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(address, actor=actor, credentials=credentials),
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
+    server = Server(config)
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    try:
+        while not server.started:  # uvicorn has no event for it
+            if task.done():
+                await task
+                raise OSError(f"the console did not start on {listen}")
+            await asyncio.sleep(0.02)
+        if started is not None:
+            started(f"http://{host}:{bound}/")
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        server.should_exit = True
+        await task
+        raise
+    finally:
+        sock.close()
