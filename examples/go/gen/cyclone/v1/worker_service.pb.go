@@ -1783,6 +1783,175 @@ func (x *EndStepCallResponse) GetDuplicate() bool {
 	return false
 }
 
+// Arguments of WorkerService.StartChild. The parent node is named by run_id and node;
+// lease_token is the one its Claim returned.
+type StartChildRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run of the held step (the parent run).
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node of the held step (the parent node), whose body starts the child.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The lease token from Claim.
+	LeaseToken string `protobuf:"bytes,3,opt,name=lease_token,json=leaseToken,proto3" json:"lease_token,omitempty"`
+	// The step call's id, as in BeginStepCallRequest ("child", "child#2", or a name
+	// given): the child's idempotency key within the node.
+	StepId string `protobuf:"bytes,4,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The call's position in the body, as in BeginStepCallRequest.
+	Seq int32 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The child's DAG, validated as Submit validates it.
+	Workflow *Workflow `protobuf:"bytes,6,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// The child's run input (any JSON).
+	Input         *structpb.Value `protobuf:"bytes,7,opt,name=input,proto3" json:"input,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartChildRequest) Reset() {
+	*x = StartChildRequest{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartChildRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartChildRequest) ProtoMessage() {}
+
+func (x *StartChildRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartChildRequest.ProtoReflect.Descriptor instead.
+func (*StartChildRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *StartChildRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *StartChildRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *StartChildRequest) GetLeaseToken() string {
+	if x != nil {
+		return x.LeaseToken
+	}
+	return ""
+}
+
+func (x *StartChildRequest) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *StartChildRequest) GetSeq() int32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *StartChildRequest) GetWorkflow() *Workflow {
+	if x != nil {
+		return x.Workflow
+	}
+	return nil
+}
+
+func (x *StartChildRequest) GetInput() *structpb.Value {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+// Result of WorkerService.StartChild.
+type StartChildResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The child run's id (UUIDv7): the new one, or the one this step call started
+	// before.
+	ChildRunId string `protobuf:"bytes,1,opt,name=child_run_id,json=childRunId,proto3" json:"child_run_id,omitempty"`
+	// True when this call submitted the child, false when the step call had already
+	// started it (a replay, or a repeated call).
+	Created bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	// The journal entry: SUCCEEDED, function "cyclone.child", output
+	// {"run_id": child_run_id}.
+	Call          *StepCall `protobuf:"bytes,3,opt,name=call,proto3" json:"call,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartChildResponse) Reset() {
+	*x = StartChildResponse{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartChildResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartChildResponse) ProtoMessage() {}
+
+func (x *StartChildResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartChildResponse.ProtoReflect.Descriptor instead.
+func (*StartChildResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *StartChildResponse) GetChildRunId() string {
+	if x != nil {
+		return x.ChildRunId
+	}
+	return ""
+}
+
+func (x *StartChildResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+func (x *StartChildResponse) GetCall() *StepCall {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
 var File_cyclone_v1_worker_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_worker_service_proto_rawDesc = "" +
@@ -1911,19 +2080,35 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\aoutcome\"]\n" +
 	"\x13EndStepCallResponse\x12(\n" +
 	"\x04call\x18\x01 \x01(\v2\x14.cyclone.v1.StepCallR\x04call\x12\x1c\n" +
-	"\tduplicate\x18\x02 \x01(\bR\tduplicate*\x95\x01\n" +
+	"\tduplicate\x18\x02 \x01(\bR\tduplicate\"\xea\x01\n" +
+	"\x11StartChildRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
+	"\vlease_token\x18\x03 \x01(\tR\n" +
+	"leaseToken\x12\x17\n" +
+	"\astep_id\x18\x04 \x01(\tR\x06stepId\x12\x10\n" +
+	"\x03seq\x18\x05 \x01(\x05R\x03seq\x120\n" +
+	"\bworkflow\x18\x06 \x01(\v2\x14.cyclone.v1.WorkflowR\bworkflow\x12,\n" +
+	"\x05input\x18\a \x01(\v2\x16.google.protobuf.ValueR\x05input\"z\n" +
+	"\x12StartChildResponse\x12 \n" +
+	"\fchild_run_id\x18\x01 \x01(\tR\n" +
+	"childRunId\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\x12(\n" +
+	"\x04call\x18\x03 \x01(\v2\x14.cyclone.v1.StepCallR\x04call*\x95\x01\n" +
 	"\x10StepCallDecision\x12\"\n" +
 	"\x1eSTEP_CALL_DECISION_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16STEP_CALL_DECISION_RUN\x10\x01\x12\x1f\n" +
 	"\x1bSTEP_CALL_DECISION_RECORDED\x10\x02\x12 \n" +
-	"\x1cSTEP_CALL_DECISION_UNCERTAIN\x10\x032\xd7\x03\n" +
+	"\x1cSTEP_CALL_DECISION_UNCERTAIN\x10\x032\xa4\x04\n" +
 	"\rWorkerService\x12<\n" +
 	"\x05Claim\x12\x18.cyclone.v1.ClaimRequest\x1a\x19.cyclone.v1.ClaimResponse\x12H\n" +
 	"\tHeartbeat\x12\x1c.cyclone.v1.HeartbeatRequest\x1a\x1d.cyclone.v1.HeartbeatResponse\x12E\n" +
 	"\bComplete\x12\x1b.cyclone.v1.CompleteRequest\x1a\x1c.cyclone.v1.CompleteResponse\x12Q\n" +
 	"\fCompleteMany\x12\x1f.cyclone.v1.CompleteManyRequest\x1a .cyclone.v1.CompleteManyResponse\x12T\n" +
 	"\rBeginStepCall\x12 .cyclone.v1.BeginStepCallRequest\x1a!.cyclone.v1.BeginStepCallResponse\x12N\n" +
-	"\vEndStepCall\x12\x1e.cyclone.v1.EndStepCallRequest\x1a\x1f.cyclone.v1.EndStepCallResponseb\x06proto3"
+	"\vEndStepCall\x12\x1e.cyclone.v1.EndStepCallRequest\x1a\x1f.cyclone.v1.EndStepCallResponse\x12K\n" +
+	"\n" +
+	"StartChild\x12\x1d.cyclone.v1.StartChildRequest\x1a\x1e.cyclone.v1.StartChildResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_worker_service_proto_rawDescOnce sync.Once
@@ -1938,7 +2123,7 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
 	(*ActionSpec)(nil),            // 1: cyclone.v1.ActionSpec
@@ -1961,40 +2146,43 @@ var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(*BeginStepCallResponse)(nil), // 18: cyclone.v1.BeginStepCallResponse
 	(*EndStepCallRequest)(nil),    // 19: cyclone.v1.EndStepCallRequest
 	(*EndStepCallResponse)(nil),   // 20: cyclone.v1.EndStepCallResponse
-	nil,                           // 21: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 23: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
-	(*StepCall)(nil),              // 25: cyclone.v1.StepCall
-	(StepStatus)(0),               // 26: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 27: cyclone.v1.StepError
-	(RunStatus)(0),                // 28: cyclone.v1.RunStatus
-	(*StepCallError)(nil),         // 29: cyclone.v1.StepCallError
+	(*StartChildRequest)(nil),     // 21: cyclone.v1.StartChildRequest
+	(*StartChildResponse)(nil),    // 22: cyclone.v1.StartChildResponse
+	nil,                           // 23: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 25: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
+	(*StepCall)(nil),              // 27: cyclone.v1.StepCall
+	(StepStatus)(0),               // 28: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 29: cyclone.v1.StepError
+	(RunStatus)(0),                // 30: cyclone.v1.RunStatus
+	(*StepCallError)(nil),         // 31: cyclone.v1.StepCallError
+	(*Workflow)(nil),              // 32: cyclone.v1.Workflow
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	1,  // 0: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	22, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	22, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	24, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	24, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
 	4,  // 3: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
-	23, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	23, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	21, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	24, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	24, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	23, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	25, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	25, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	23, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	26, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	26, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	25, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
 	5,  // 10: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	25, // 11: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	26, // 12: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	27, // 13: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	23, // 14: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	22, // 15: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	24, // 16: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	23, // 17: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	27, // 11: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	28, // 12: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	29, // 13: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	25, // 14: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	24, // 15: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	26, // 16: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	25, // 17: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
 	9,  // 18: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	22, // 19: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	26, // 20: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	24, // 21: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	28, // 22: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	24, // 19: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	28, // 20: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	26, // 21: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	30, // 22: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
 	8,  // 23: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
 	19, // 24: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
 	17, // 25: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
@@ -2008,29 +2196,34 @@ var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	10, // 33: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
 	16, // 34: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
 	0,  // 35: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	25, // 36: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	28, // 37: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	23, // 38: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	29, // 39: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	25, // 40: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	23, // 41: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	2,  // 42: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	6,  // 43: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	8,  // 44: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	11, // 45: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	17, // 46: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	19, // 47: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	3,  // 48: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	7,  // 49: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	10, // 50: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	12, // 51: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	18, // 52: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	20, // 53: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	48, // [48:54] is the sub-list for method output_type
-	42, // [42:48] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	27, // 36: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	30, // 37: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	25, // 38: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	31, // 39: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	27, // 40: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	32, // 41: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
+	25, // 42: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
+	27, // 43: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
+	25, // 44: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	2,  // 45: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	6,  // 46: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	8,  // 47: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	11, // 48: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	17, // 49: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	19, // 50: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	21, // 51: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
+	3,  // 52: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	7,  // 53: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	10, // 54: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	12, // 55: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	18, // 56: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	20, // 57: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	22, // 58: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
+	52, // [52:59] is the sub-list for method output_type
+	45, // [45:52] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -2065,7 +2258,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

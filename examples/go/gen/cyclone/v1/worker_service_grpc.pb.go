@@ -25,6 +25,7 @@ const (
 	WorkerService_CompleteMany_FullMethodName  = "/cyclone.v1.WorkerService/CompleteMany"
 	WorkerService_BeginStepCall_FullMethodName = "/cyclone.v1.WorkerService/BeginStepCall"
 	WorkerService_EndStepCall_FullMethodName   = "/cyclone.v1.WorkerService/EndStepCall"
+	WorkerService_StartChild_FullMethodName    = "/cyclone.v1.WorkerService/StartChild"
 )
 
 // WorkerServiceClient is the client API for WorkerService service.
@@ -74,6 +75,17 @@ type WorkerServiceClient interface {
 	// the entry of a safe call. Repeating it after the call has an outcome changes
 	// nothing and answers duplicate = true with the recorded entry.
 	EndStepCall(ctx context.Context, in *EndStepCallRequest, opts ...grpc.CallOption) (*EndStepCallResponse, error)
+	// Starts a child run from a durable function, as a step call of its body (function
+	// "cyclone.child"), fenced by the node's lease token as BeginStepCall: a stale token
+	// is ABORTED and writes nothing. In one transaction it submits the child workflow
+	// (validated as Submit validates it) with its parent link (Run.parent_run_id,
+	// parent_node, parent_step_id) and records the step call SUCCEEDED with the output
+	// {"run_id": <child>}. Idempotent by the step call: when (run_id, node, step_id)
+	// already started a child, it answers that child with created = false and submits
+	// nothing, so a replay never starts a second one. Wait with child_run_id waits for
+	// the child's outcome; cancelling the parent cancels its unfinished children
+	// (CancelRunRequest.keep_children). See docs/time-and-events.md.
+	StartChild(ctx context.Context, in *StartChildRequest, opts ...grpc.CallOption) (*StartChildResponse, error)
 }
 
 type workerServiceClient struct {
@@ -144,6 +156,16 @@ func (c *workerServiceClient) EndStepCall(ctx context.Context, in *EndStepCallRe
 	return out, nil
 }
 
+func (c *workerServiceClient) StartChild(ctx context.Context, in *StartChildRequest, opts ...grpc.CallOption) (*StartChildResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartChildResponse)
+	err := c.cc.Invoke(ctx, WorkerService_StartChild_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServiceServer is the server API for WorkerService service.
 // All implementations must embed UnimplementedWorkerServiceServer
 // for forward compatibility.
@@ -191,6 +213,17 @@ type WorkerServiceServer interface {
 	// the entry of a safe call. Repeating it after the call has an outcome changes
 	// nothing and answers duplicate = true with the recorded entry.
 	EndStepCall(context.Context, *EndStepCallRequest) (*EndStepCallResponse, error)
+	// Starts a child run from a durable function, as a step call of its body (function
+	// "cyclone.child"), fenced by the node's lease token as BeginStepCall: a stale token
+	// is ABORTED and writes nothing. In one transaction it submits the child workflow
+	// (validated as Submit validates it) with its parent link (Run.parent_run_id,
+	// parent_node, parent_step_id) and records the step call SUCCEEDED with the output
+	// {"run_id": <child>}. Idempotent by the step call: when (run_id, node, step_id)
+	// already started a child, it answers that child with created = false and submits
+	// nothing, so a replay never starts a second one. Wait with child_run_id waits for
+	// the child's outcome; cancelling the parent cancels its unfinished children
+	// (CancelRunRequest.keep_children). See docs/time-and-events.md.
+	StartChild(context.Context, *StartChildRequest) (*StartChildResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
 }
 
@@ -218,6 +251,9 @@ func (UnimplementedWorkerServiceServer) BeginStepCall(context.Context, *BeginSte
 }
 func (UnimplementedWorkerServiceServer) EndStepCall(context.Context, *EndStepCallRequest) (*EndStepCallResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method EndStepCall not implemented")
+}
+func (UnimplementedWorkerServiceServer) StartChild(context.Context, *StartChildRequest) (*StartChildResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartChild not implemented")
 }
 func (UnimplementedWorkerServiceServer) mustEmbedUnimplementedWorkerServiceServer() {}
 func (UnimplementedWorkerServiceServer) testEmbeddedByValue()                       {}
@@ -348,6 +384,24 @@ func _WorkerService_EndStepCall_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkerService_StartChild_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartChildRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).StartChild(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_StartChild_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).StartChild(ctx, req.(*StartChildRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkerService_ServiceDesc is the grpc.ServiceDesc for WorkerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -378,6 +432,10 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EndStepCall",
 			Handler:    _WorkerService_EndStepCall_Handler,
+		},
+		{
+			MethodName: "StartChild",
+			Handler:    _WorkerService_StartChild_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
