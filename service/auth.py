@@ -49,6 +49,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "CompleteMany",
             "BeginStepCall",
             "EndStepCall",
+            "StartChild",
         )
     },
     **{

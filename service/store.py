@@ -34,6 +34,7 @@ from service.records import (
     BatchRow,
     CallResolved,
     Cancelled,
+    ChildStarted,
     ClaimedStep,
     Completion,
     Deleted,
@@ -194,6 +195,14 @@ def nodes_json(nodes: Sequence[NodeSpec]) -> str:
     )
 
 
+async def _encoded(nodes: Sequence[NodeSpec]) -> str:
+    """nodes_json, off the event loop for a large workflow."""
+    if len(nodes) + sum(len(n.depends_on) for n in nodes) > BIG_WORKFLOW:
+        # Encoding a large workflow takes a while: not on the event loop.
+        return await asyncio.to_thread(nodes_json, nodes)
+    return nodes_json(nodes)
+
+
 class Store:
     """Database access for the server: one method per named query."""
 
@@ -290,11 +299,7 @@ class Store:
     ) -> tuple[uuid.UUID, bool]:
         from uuid6 import uuid7
 
-        if len(nodes) + sum(len(n.depends_on) for n in nodes) > BIG_WORKFLOW:
-            # Encoding a large workflow takes a while: not on the event loop.
-            encoded = await asyncio.to_thread(nodes_json, nodes)
-        else:
-            encoded = nodes_json(nodes)
+        encoded = await _encoded(nodes)
         row = await self._one(
             "run_submit",
             Submitted,
@@ -336,8 +341,44 @@ class Store:
             limit=limit,
         )
 
-    async def run_cancel(self, run_id: uuid.UUID, *, actor: str, reason: str) -> None:
-        await self._all("run_cancel", Cancelled, run_id=str(run_id), actor=actor, reason=reason)
+    async def run_cancel(
+        self, run_id: uuid.UUID, *, actor: str, reason: str, keep_children: bool = False
+    ) -> None:
+        await self._all(
+            "run_cancel",
+            Cancelled,
+            run_id=str(run_id),
+            actor=actor,
+            reason=reason,
+            keep_children=keep_children,
+        )
+
+    async def child_start(
+        self,
+        parent: StepCallKey,
+        *,
+        workflow: str,
+        nodes: Sequence[NodeSpec],
+        input_json: str | None,
+    ) -> ChildStarted:
+        """StartChild: submit the child run of one step call of a held step, or find the
+        one it started before."""
+        from uuid6 import uuid7
+
+        encoded = await _encoded(nodes)
+        key = parent.params()
+        del key["function"], key["unsafe"]
+        row = await self._one(
+            "child_start",
+            ChildStarted,
+            **key,
+            child_run_id=str(uuid7()),
+            workflow=workflow,
+            input=input_json,
+            nodes=encoded,
+        )
+        assert row is not None
+        return row
 
     # Steps ------------------------------------------------------------------------
 
