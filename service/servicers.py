@@ -75,7 +75,7 @@ MAX_STEP_CALL_SEQ = 100_000
 #: Most actions one Claim may name.
 MAX_CLAIM_ACTIONS = 1000
 #: The function a child run's step call is journaled under (StartChild).
-CHILD_FUNCTION = "cyclone.child"
+CHILD_FUNCTION = "cyclone.start_child"
 
 
 def _seconds(d: duration_pb2.Duration) -> float:
@@ -707,7 +707,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         | worker_pb.StartChildRequest,
     ) -> StepCallKey:
         """A validated step call of a held step (a child's start: function
-        cyclone.child)."""
+        cyclone.start_child)."""
         run_id, node, token = self._step_key(request)
         if not 1 <= request.seq <= MAX_STEP_CALL_SEQ:
             raise errors.InvalidArgument(

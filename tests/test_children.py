@@ -77,7 +77,7 @@ def test_start_child_submits_a_linked_run_and_journals_the_call(cyclone_server: 
     started = start_child(cyclone_server, step, input={"n": 3})
     assert started.created
     assert started.call.status == SUCCEEDED
-    assert started.call.function == "cyclone.child"
+    assert started.call.function == "cyclone.start_child"
     assert started.call.output.struct_value["run_id"] == started.child_run_id
 
     child = get_run(cyclone_server, started.child_run_id)
@@ -93,7 +93,7 @@ def test_start_child_submits_a_linked_run_and_journals_the_call(cyclone_server: 
     parent = get_run(cyclone_server, parent_id)
     assert parent.parent_run_id == ""
     [entry] = parent.steps[0].journal
-    assert (entry.step_id, entry.function) == ("child", "cyclone.child")
+    assert (entry.step_id, entry.function) == ("child", "cyclone.start_child")
 
     # The child is an ordinary run: its node is claimed by its own action.
     [kid] = claim(cyclone_server, "kid_work")

@@ -13,7 +13,7 @@ ALTER TABLE cyclone.runs
 CREATE INDEX runs_parent_idx ON cyclone.runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
 
 -- Starts a child run from the held step (run_id, node) as its step call p_step_id
--- (function cyclone.child), in one transaction: the child is submitted (run_submit,
+-- (function cyclone.start_child), in one transaction: the child is submitted (run_submit,
 -- p_nodes validated by the server as for Submit) with its parent link, and the call
 -- recorded succeeded with the output {"run_id": child}. When the call is recorded
 -- already, nothing is submitted and the recorded child is answered (created = false):
@@ -33,13 +33,13 @@ DECLARE
     v_attempt integer;
     v_call    cyclone.step_calls;
 BEGIN
-    PERFORM cyclone._step_call_check(p_step_id, p_seq, 'cyclone.child');
+    PERFORM cyclone._step_call_check(p_step_id, p_seq, 'cyclone.start_child');
     PERFORM cyclone._run_lock(p_run_id);
     v_attempt := cyclone._step_held(p_run_id, p_node, p_lease_token, true);
     SELECT * INTO v_call FROM cyclone.step_calls c
      WHERE c.run_id = p_run_id AND c.node = p_node AND c.step_id = p_step_id;
     IF FOUND THEN
-        IF v_call.function <> 'cyclone.child' OR v_call.status <> 'succeeded' THEN
+        IF v_call.function <> 'cyclone.start_child' OR v_call.status <> 'succeeded' THEN
             RAISE EXCEPTION 'step call % of node % is recorded for function % (%), not as '
                             'a child run', p_step_id, p_node, v_call.function, v_call.status
                 USING ERRCODE = 'CY003';
@@ -51,7 +51,7 @@ BEGIN
     PERFORM cyclone._step_call_room(p_run_id, p_node);
     INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
                                          unsafe, output, attempt, started_at, finished_at)
-    VALUES (p_run_id, p_node, p_step_id, p_seq, 'cyclone.child', 'succeeded', false,
+    VALUES (p_run_id, p_node, p_step_id, p_seq, 'cyclone.start_child', 'succeeded', false,
             jsonb_build_object('run_id', p_child_run_id), v_attempt, v_now, v_now)
     RETURNING c.* INTO v_call;
     PERFORM cyclone.run_submit(p_child_run_id, p_workflow, NULL, p_input, p_nodes);

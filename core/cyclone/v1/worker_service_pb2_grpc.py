@@ -150,15 +150,16 @@ class WorkerServiceServicer:
 
     def StartChild(self, request, context):
         """Starts a child run from a durable function, as a step call of its body (function
-        "cyclone.child"), fenced by the node's lease token as BeginStepCall: a stale token
-        is ABORTED and writes nothing. In one transaction it submits the child workflow
-        (validated as Submit validates it) with its parent link (Run.parent_run_id,
-        parent_node, parent_step_id) and records the step call SUCCEEDED with the output
-        {"run_id": <child>}. Idempotent by the step call: when (run_id, node, step_id)
-        already started a child, it answers that child with created = false and submits
-        nothing, so a replay never starts a second one. Wait with child_run_id waits for
-        the child's outcome; cancelling the parent cancels its unfinished children
-        (CancelRunRequest.keep_children). See docs/time-and-events.md.
+        "cyclone.start_child"), fenced by the node's lease token as BeginStepCall: a stale
+        token is ABORTED and writes nothing. In one transaction it submits the child
+        workflow (validated as Submit validates it) with its parent link
+        (Run.parent_run_id, parent_node, parent_step_id) and records the step call
+        SUCCEEDED with the output {"run_id": <child>}. Idempotent by the step call: when
+        (run_id, node, step_id) already started a child, it answers that child with
+        created = false and submits nothing, so a replay never starts a second one. Wait
+        with child_run_id waits for the child's outcome; cancelling the parent cancels
+        its unfinished children (CancelRunRequest.keep_children). See
+        docs/time-and-events.md.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1894,7 +1894,7 @@ type StartChildResponse struct {
 	// True when this call submitted the child, false when the step call had already
 	// started it (a replay, or a repeated call).
 	Created bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
-	// The journal entry: SUCCEEDED, function "cyclone.child", output
+	// The journal entry: SUCCEEDED, function "cyclone.start_child", output
 	// {"run_id": child_run_id}.
 	Call          *StepCall `protobuf:"bytes,3,opt,name=call,proto3" json:"call,omitempty"`
 	unknownFields protoimpl.UnknownFields
