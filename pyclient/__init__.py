@@ -2,6 +2,7 @@
 
     from pyclient import Client, Workflow, Worker
     from pyclient import step               # durable functions (pyclient.durable)
+    from pyclient import start_child        # child runs, from a durable function
 
 The generated protobuf stubs import as ``cyclone.v1.*_pb2``. What the SDK shares with
 the server (the stubs, workflow validation, JSON conversion, error codes) is the
@@ -13,11 +14,14 @@ from pyclient.client import AsyncClient, Client
 from pyclient.context import Context, current
 from pyclient.durable import (
     BodyStopped,
+    ChildFailed,
+    ChildRun,
     DuplicateStepId,
     EffectUncertain,
     ReplayMismatch,
     StepFailed,
     StepFunction,
+    start_child,
     step,
 )
 from pyclient.errors import (
@@ -64,6 +68,8 @@ __all__ = [
     "AsyncClient",
     "AuditEntry",
     "BodyStopped",
+    "ChildFailed",
+    "ChildRun",
     "Client",
     "Context",
     "CycloneError",
@@ -107,5 +113,6 @@ __all__ = [
     "Worker",
     "Workflow",
     "current",
+    "start_child",
     "step",
 ]

@@ -24,6 +24,7 @@ See docs/python-sdk.md and docs/durable-functions.md. The pieces:
   backend (Begin and End over gRPC) is pyclient.worker._journal.
 """
 
+from pyclient.durable._child import ChildFailed, ChildRun, start_child
 from pyclient.durable._replay import (
     BodyStopped,
     DuplicateStepId,
@@ -35,10 +36,13 @@ from pyclient.durable._step import StepFunction, step
 
 __all__ = [
     "BodyStopped",
+    "ChildFailed",
+    "ChildRun",
     "DuplicateStepId",
     "EffectUncertain",
     "ReplayMismatch",
     "StepFailed",
     "StepFunction",
+    "start_child",
     "step",
 ]

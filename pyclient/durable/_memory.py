@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import uuid
 from collections.abc import Callable
 from typing import Any
 
+from google.protobuf import struct_pb2
+
 from cyclone.jsonvalue import from_value, json_value
+from cyclone.v1 import types_pb2
 from pyclient.durable._replay import Call, Decision, Outcome
 from pyclient.models import StepCall, StepCallError, StepCallStatus
 
@@ -31,6 +35,8 @@ class NodeJournal:
         #: The outcome each call's function last produced, recorded or not (what an
         #: operator would find in the outside world).
         self.produced: dict[str, Outcome] = {}
+        #: The child runs started (start_child): run id -> (workflow name, input).
+        self.children: dict[str, tuple[str, Any]] = {}
 
     def entries(self) -> tuple[StepCall, ...]:
         """The entries by seq, as a claim hands them out (copies)."""
@@ -152,6 +158,25 @@ class MemoryBackend:
 
     def record(self, call: Call, conn: Any, output_json: str) -> None:
         self.end(call, json_value(output_json))
+
+    def start_child(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall:
+        """A child's start is recorded at once, with a made-up run id (no child runs
+        here); ``journal.children`` keeps its workflow and input."""
+        entry = self.journal.get(call.step_id)
+        if entry is None:
+            run_id = str(uuid.uuid4())
+            self.journal.children[run_id] = (workflow.name, from_value(input))
+            self.end(call, json_value(f'{{"run_id": "{run_id}"}}'))
+            entry = self.journal.get(call.step_id)
+        assert entry is not None
+        return copy.deepcopy(entry)
+
+    async def start_child_async(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall:
+        return self.start_child(call, workflow, input)
 
     def transaction(self, call: Call) -> MemoryTx:
         if self.connection is None:

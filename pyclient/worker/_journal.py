@@ -18,16 +18,20 @@ import asyncio
 import concurrent.futures
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import grpc
+from google.protobuf import struct_pb2
+
 from cyclone.v1 import types_pb2
 from cyclone.v1 import worker_service_pb2 as pb
 from pyclient.completion import CompletionTx, record_step_call
 from pyclient.context import StepControl
 from pyclient.durable._replay import BodyStopped, Call, Decision, Outcome
-from pyclient.errors import CycloneError, Unavailable
+from pyclient.errors import CycloneError, Unavailable, from_rpc_error
 from pyclient.models import StepCall, StepCallError
 from pyclient.worker._common import RPC_TIMEOUT
 from pyclient.worker._executor import HandlerLoop
 from pyclient.worker._mailbox import Mailbox
+from pyclient.worker._retry import Backoff
 
 if TYPE_CHECKING:
     from pyclient.worker._completer import Answer
@@ -118,6 +122,59 @@ class GrpcJournal:
             step.lease_token,
             (call.step_id, call.seq, call.function),
         )
+
+    # -- child runs
+
+    def start_child(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall:
+        started = asyncio.run_coroutine_threadsafe(
+            self._start_child(call, workflow, input), self.rt.loop
+        )
+        try:
+            return started.result(timeout=self._patience)
+        except concurrent.futures.TimeoutError:
+            started.cancel()
+            raise Unavailable("StartChild was not answered in time") from None
+
+    async def start_child_async(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall:
+        # The stub belongs to the worker's loop; an async body runs on the handler loop.
+        started = asyncio.run_coroutine_threadsafe(
+            self._start_child(call, workflow, input), self.rt.loop
+        )
+        return await asyncio.wrap_future(started)
+
+    async def _start_child(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall:
+        """StartChild, on the worker's loop, retried while the server is unavailable
+        (for up to a lease): it is idempotent by the step call."""
+        rt, step = self.rt, self.step
+        request = pb.StartChildRequest(
+            run_id=step.run_id,
+            node=step.node,
+            lease_token=step.lease_token,
+            step_id=call.step_id,
+            seq=call.seq,
+            workflow=workflow,
+            input=input,
+        )
+        backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
+        give_up = rt.loop.time() + backoff.window
+        while True:
+            try:
+                reply: pb.StartChildResponse = await rt.stub.StartChild(
+                    request, timeout=RPC_TIMEOUT, metadata=rt.metadata
+                )
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if isinstance(err, Unavailable) and rt.loop.time() < give_up:
+                    await asyncio.sleep(backoff.next())
+                    continue
+                raise err from None
+            return StepCall.from_proto(reply.call)
 
     # -- requests and answers
 
