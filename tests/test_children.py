@@ -4,6 +4,7 @@ cascade down the tree (keep_children to stop it)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import grpc
@@ -11,8 +12,10 @@ import pytest
 
 from cyclone.v1 import types_pb2, worker_service_pb2, workflow_service_pb2
 from tests.helpers import (
+    PATIENCE,
     claim,
     complete,
+    eventually,
     get_run,
     node,
     rpc_error,
@@ -304,3 +307,40 @@ def test_a_cancelled_parent_cannot_start_a_child(cyclone_server: Any) -> None:
     err = rpc_error(start_child, cyclone_server, step)
     assert err.code() == grpc.StatusCode.ABORTED
     assert runs_count(cyclone_server) == before
+
+
+def test_a_cancel_racing_child_starts_leaves_no_child_running(cyclone_server: Any) -> None:
+    """StartChild takes the parent's run lock, as CancelRun does: every child a start
+    made before the cancel is cancelled with the parent, every start after it is
+    refused, whatever the interleaving."""
+    for _ in range(5):
+        parent_id, step = parent_and_step(cyclone_server)
+        refused = threading.Event()
+
+        def start_until_refused(step: Any = step, refused: threading.Event = refused) -> None:
+            for seq in range(1, 200):
+                try:
+                    start_child(cyclone_server, step, f"child#{seq}", seq)
+                except grpc.RpcError as err:
+                    assert err.code() == grpc.StatusCode.ABORTED
+                    refused.set()
+                    return
+
+        starter = threading.Thread(target=start_until_refused)
+        starter.start()
+        eventually(
+            lambda parent_id=parent_id: (
+                cyclone_server.sql(
+                    "SELECT count(*) FROM cyclone.runs WHERE parent_run_id = %s::uuid", parent_id
+                )[0][0]
+                >= 2
+            ),
+            "two children started",
+        )
+        cancel(cyclone_server, parent_id)
+        starter.join(PATIENCE)
+        assert refused.is_set()
+        statuses_of_children = cyclone_server.sql(
+            "SELECT DISTINCT status FROM cyclone.runs WHERE parent_run_id = %s::uuid", parent_id
+        )
+        assert statuses_of_children == [("cancelled",)]
