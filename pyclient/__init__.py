@@ -3,6 +3,7 @@
     from pyclient import Client, Workflow, Worker
     from pyclient import step               # durable functions (pyclient.durable)
     from pyclient import start_child        # child runs, from a durable function
+    from pyclient import sleep, wait_for_event   # waits in durable functions
 
 The generated protobuf stubs import as ``cyclone.v1.*_pb2``. What the SDK shares with
 the server (the stubs, workflow validation, JSON conversion, error codes) is the
@@ -18,11 +19,16 @@ from pyclient.durable import (
     ChildRun,
     DuplicateStepId,
     EffectUncertain,
+    EventTimeout,
     ReplayMismatch,
     StepFailed,
     StepFunction,
+    Suspended,
+    sleep,
+    sleep_until,
     start_child,
     step,
+    wait_for_event,
 )
 from pyclient.errors import (
     CycloneError,
@@ -42,6 +48,7 @@ from pyclient.errors import (
 from pyclient.models import (
     ActionActivity,
     AuditEntry,
+    EventSent,
     ExplainReason,
     Explanation,
     NodeState,
@@ -76,6 +83,8 @@ __all__ = [
     "DeadlineExceeded",
     "DuplicateStepId",
     "EffectUncertain",
+    "EventSent",
+    "EventTimeout",
     "ExplainReason",
     "Explanation",
     "FailedPrecondition",
@@ -106,6 +115,7 @@ __all__ = [
     "StepFunction",
     "StepStatus",
     "Submitted",
+    "Suspended",
     "Unauthenticated",
     "Unavailable",
     "UpstreamFailure",
@@ -113,6 +123,9 @@ __all__ = [
     "Worker",
     "Workflow",
     "current",
+    "sleep",
+    "sleep_until",
     "start_child",
     "step",
+    "wait_for_event",
 ]

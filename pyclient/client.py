@@ -34,7 +34,7 @@ from cyclone.v1 import (
     workflow_service_pb2_grpc as wf_grpc,
 )
 from pyclient.errors import InvalidArgument, WaitTimeout, from_rpc_error
-from pyclient.models import Explanation, Retried, Run, RunPage, RunStatus, Submitted
+from pyclient.models import EventSent, Explanation, Retried, Run, RunPage, RunStatus, Submitted
 from pyclient.workflow import RetryPolicy, Workflow
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -148,6 +148,14 @@ class _calls:
     def cancel(run_id: str, reason: str, keep_children: bool) -> _Call[Run]:
         req = wf_pb.CancelRunRequest(run_id=run_id, reason=reason, keep_children=keep_children)
         return _Call("workflow", "CancelRun", req, lambda r: Run.from_proto(r.run))
+
+    @staticmethod
+    def send_event(run_id: str, name: str, payload: Any, key: str | None) -> _Call[EventSent]:
+        req = wf_pb.SendEventRequest(run_id=run_id, name=name, key=key or "")
+        _set_value(req, "payload", payload, "the event's payload")
+        return _Call(
+            "workflow", "SendEvent", req, lambda r: EventSent(int(r.event_id), bool(r.created))
+        )
 
     @staticmethod
     def explain(run_id: str, node: str) -> _Call[Explanation]:
@@ -344,6 +352,15 @@ class Client:
         with it unless ``keep_children``."""
         return self._invoke(_calls.cancel(run_id, reason, keep_children))
 
+    def send_event(
+        self, run_id: str, name: str, payload: Any = None, key: str | None = None
+    ) -> EventSent:
+        """Send the event ``name`` with a JSON ``payload`` to a run: kept until a wait
+        for it consumes it (``wait_for_event`` in a body, a DAG node with an event),
+        each event once; a node waiting for it resumes at once. With ``key``, a repeat
+        sends nothing and returns the first event (``created`` False)."""
+        return self._invoke(_calls.send_event(run_id, name, payload, key))
+
     def explain(self, run_id: str, node: str) -> Explanation:
         """Why ``node`` is not running now: waiting on upstream nodes, backing off,
         leased (to whom, last heartbeat), blocked, skipped (because of which failure),
@@ -488,6 +505,11 @@ class AsyncClient:
 
     async def cancel(self, run_id: str, reason: str = "", *, keep_children: bool = False) -> Run:
         return await self._invoke(_calls.cancel(run_id, reason, keep_children))
+
+    async def send_event(
+        self, run_id: str, name: str, payload: Any = None, key: str | None = None
+    ) -> EventSent:
+        return await self._invoke(_calls.send_event(run_id, name, payload, key))
 
     async def explain(self, run_id: str, node: str) -> Explanation:
         return await self._invoke(_calls.explain(run_id, node))

@@ -144,6 +144,8 @@ class StepCallStatus(enum.StrEnum):
     STARTED = "started"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    #: A wait (sleep, event, child run) that is not over: its node gave up its lease.
+    WAITING = "waiting"
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +169,8 @@ class StepCall:
     #: Position of the call in the body, 1 for the first.
     seq: int
     function: str
-    #: ``started`` (an unsafe call with no outcome yet), ``succeeded`` or ``failed``.
+    #: ``started`` (an unsafe call with no outcome yet), ``succeeded``, ``failed``, or
+    #: ``waiting`` (a wait that is not over).
     status: StepCallStatus
     unsafe_to_repeat: bool
     #: The return value, when succeeded (None also when it returned nothing).
@@ -178,6 +181,10 @@ class StepCall:
     attempt: int
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
+    #: For a wait: when its node looks again unwoken (None: no limit).
+    wake_at: dt.datetime | None = None
+    #: For a wait: what for ("sleep", "event order.approved", "child <run_id>").
+    waiting_for: str = ""
 
     @classmethod
     def from_proto(cls, p: types_pb2.StepCall) -> StepCall:
@@ -218,6 +225,11 @@ class Step:
     #: The node's journal, when its handler is a durable function: its step calls in
     #: call order (get_run only).
     journal: tuple[StepCall, ...] = ()
+    #: Claims that resumed the node after it waited: counted in ``attempt``, not
+    #: against ``max_attempts``.
+    resumes: int = 0
+    #: While the node waits (available until ``available_at`` or woken): what for.
+    waiting_for: str = ""
 
     @property
     def last_error(self) -> StepError | None:
@@ -455,3 +467,12 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_jsonable(v) for v in obj]
     return obj
+
+
+@dataclass(frozen=True, slots=True)
+class EventSent:
+    """What ``send_event`` did: the event's id, and False for ``created`` when its key
+    named an event sent before (nothing was sent again)."""
+
+    event_id: int
+    created: bool

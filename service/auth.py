@@ -50,11 +50,20 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "BeginStepCall",
             "EndStepCall",
             "StartChild",
+            "Wait",
         )
     },
     **{
         _WORKFLOW + m: frozenset({"client", "admin"})
-        for m in ("Submit", "SubmitOnce", "GetRun", "ListRuns", "CancelRun", "Explain")
+        for m in (
+            "Submit",
+            "SubmitOnce",
+            "GetRun",
+            "ListRuns",
+            "CancelRun",
+            "Explain",
+            "SendEvent",
+        )
     },
     **{_ADMIN + m: frozenset({"admin"}) for m in ("Retry", "RetryAll", "Resolve")},
 }

@@ -148,6 +148,7 @@ STEP_CALL_STATUS = {
     "started": types_pb2.STEP_CALL_STATUS_STARTED,
     "succeeded": types_pb2.STEP_CALL_STATUS_SUCCEEDED,
     "failed": types_pb2.STEP_CALL_STATUS_FAILED,
+    "waiting": types_pb2.STEP_CALL_STATUS_WAITING,
 }
 
 
@@ -162,6 +163,8 @@ def step_call(entry: Mapping[str, Any]) -> types_pb2.StepCall:
         attempt=entry["attempt"],
         started_at=timestamp(entry["started_at"]),
         finished_at=timestamp(entry["finished_at"]),
+        wake_at=timestamp(entry.get("wake_at")),
+        waiting_for=entry.get("waiting_for") or "",
     )
     if entry["status"] == "succeeded":
         # JSON null included: a function that returned nothing still has an output.

@@ -55,6 +55,8 @@ class StepCallJson(TypedDict):
     attempt: int
     started_at: str
     finished_at: str | None
+    wake_at: str | None
+    waiting_for: str | None
 
 
 class StepErrorJson(TypedDict):
@@ -101,6 +103,8 @@ class StepJson(TypedDict):
     finished_at: str | None
     effect_uncertain: bool
     timeout_s: float
+    resumes: int
+    waiting_for: str | None
     journal: list[StepCallJson] | None
 
 
@@ -299,6 +303,23 @@ class StepCallBegun(NamedTuple):
     decision: str
     run_status: str
     call: StepCallJson | None
+
+
+class Waited(NamedTuple):
+    """step_wait: ready (the entry has its outcome) or suspended (it is waiting, the
+    node gave up its lease), and the actions made claimable (a suspension notifies)."""
+
+    decision: str
+    call: StepCallJson
+    ready: str | None
+
+
+class EventSent(NamedTuple):
+    """event_send: the event's id, whether this call sent it, the actions woken."""
+
+    event_id: int
+    created: bool
+    ready: str | None
 
 
 class StepCallEnded(NamedTuple):

@@ -30,6 +30,7 @@ from service.notify import Dispatcher
 from service.reflection import DocumentedReflectionServicer
 from service.servicers import AdminServicer, WorkerServicer, WorkflowServicer
 from service.store import Store
+from service.waits import EventNodes
 
 log = logging.getLogger("cyclone")
 
@@ -112,6 +113,12 @@ class CycloneServer:
             self._tasks.append(
                 asyncio.create_task(_every(interval, jitter, job, what), name=f"cyclone-{what}")
             )
+        self._tasks.append(
+            asyncio.create_task(
+                EventNodes(self.store, self.dispatcher, self.settings).run(),
+                name="cyclone-event-nodes",
+            )
+        )
         await self.grpc.start()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)

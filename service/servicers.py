@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -60,7 +61,16 @@ from service.records import (
     RunSummary,
     StepCallBegun,
 )
-from service.store import BIG_WORKFLOW, Report, StepCallEnd, StepCallKey, Store, parse_uuid
+from service.store import (
+    BIG_WORKFLOW,
+    Report,
+    StepCallEnd,
+    StepCallKey,
+    Store,
+    WaitKey,
+    parse_uuid,
+)
+from service.waits import EVENT_ACTION, RESERVED_PREFIX, event_node_input, event_wait
 
 log = logging.getLogger("cyclone")
 
@@ -209,6 +219,8 @@ def _run_proto(row: RunRow) -> types_pb2.Run:
             finished_at=convert.timestamp(s["finished_at"]),
             effect_uncertain=s["effect_uncertain"],
             last_heartbeat_at=convert.timestamp(s["last_heartbeat_at"]),
+            resumes=s["resumes"],
+            waiting_for=s["waiting_for"] or "",
         )
         step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
         for field in ("input", "output", "progress"):
@@ -232,13 +244,34 @@ def _run_proto(row: RunRow) -> types_pb2.Run:
 def _node_spec(node: types_pb2.Node, payloads: convert.Payloads) -> dag.NodeSpec:
     retry = node.retry
     defaults = dag.NodeSpec(name=node.name, action=node.action)
+    action, node_input = node.action, None
+    if node.action.startswith(RESERVED_PREFIX):
+        raise dag.InvalidWorkflow(
+            f"node {dag.excerpt(node.name)}: action names starting with {RESERVED_PREFIX!r} "
+            "are the server's own"
+        )
+    if node.HasField("event"):
+        # Served by the server (service.waits.EventNodes): a reserved action, with the
+        # event's name and timeout as the node's input.
+        if node.action or node.HasField("input"):
+            raise dag.InvalidWorkflow(
+                f"node {dag.excerpt(node.name)} waits for an event: it takes no action and no input"
+            )
+        action = EVENT_ACTION
+        node_input = event_node_input(
+            node.event.name,
+            _seconds(node.event.timeout) if node.event.HasField("timeout") else None,
+            f"node {dag.excerpt(node.name)}",
+        )
+    elif node.HasField("input"):
+        node_input = payloads.to_python(node.input, f"node {dag.excerpt(node.name)} input")
 
     def dur(msg: types_pb2.Node | types_pb2.RetryPolicy, field: str, default: float) -> float:
         return _seconds(getattr(msg, field)) if msg.HasField(field) else default
 
     return dag.NodeSpec(
         name=node.name,
-        action=node.action,
+        action=action,
         depends_on=tuple(node.depends_on),
         trigger_rule=convert.TRIGGER_RULE.get(node.trigger_rule, f"<{node.trigger_rule}>"),
         max_attempts=retry.max_attempts or defaults.max_attempts,
@@ -246,11 +279,7 @@ def _node_spec(node: types_pb2.Node, payloads: convert.Payloads) -> dag.NodeSpec
         max_backoff_s=dur(retry, "max_backoff", defaults.max_backoff_s),
         backoff_multiplier=retry.backoff_multiplier or defaults.backoff_multiplier,
         timeout_s=dur(node, "timeout", defaults.timeout_s),
-        input=(
-            payloads.to_python(node.input, f"node {dag.excerpt(node.name)} input")
-            if node.HasField("input")
-            else None
-        ),
+        input=node_input,
     )
 
 
@@ -407,6 +436,27 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         return workflow_pb.CancelRunResponse(run=_run_proto(row))
 
     @rpc
+    async def SendEvent(
+        self, request: workflow_pb.SendEventRequest, context: Context
+    ) -> workflow_pb.SendEventResponse:
+        run_id = parse_uuid(request.run_id)
+        name = _step_call_name(request.name, "name")
+        key = _step_call_name(request.key, "key") if request.key else None
+        payload = self.payloads.optional_json(request, "payload", "payload")
+        sent = await self.store.event_send(
+            run_id, name, payload_json=payload, key=key, actor=_actor(context)
+        )
+        log.info(
+            "run %s: event %s %s (id %d)",
+            run_id,
+            name,
+            "sent" if sent.created else "already sent with this key",
+            sent.event_id,
+            extra={"run_id": str(run_id)},
+        )
+        return workflow_pb.SendEventResponse(event_id=sent.event_id, created=sent.created)
+
+    @rpc
     async def Explain(
         self, request: workflow_pb.ExplainRequest, context: Context
     ) -> workflow_pb.ExplainResponse:
@@ -452,6 +502,12 @@ STEP_CALL_DECISION = {
     "run": worker_pb.STEP_CALL_DECISION_RUN,
     "recorded": worker_pb.STEP_CALL_DECISION_RECORDED,
     "uncertain": worker_pb.STEP_CALL_DECISION_UNCERTAIN,
+}
+
+#: Wait's decisions by the engine's names.
+WAIT_DECISION = {
+    "ready": worker_pb.WAIT_DECISION_READY,
+    "suspended": worker_pb.WAIT_DECISION_SUSPENDED,
 }
 
 #: Explain's reasons (service.explain) by their names in ExplainReason.
@@ -558,6 +614,11 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         actions, unsafe = [], []
         for spec in request.actions:
             dag.check_name("action", spec.name)
+            if spec.name.startswith(RESERVED_PREFIX):
+                raise errors.InvalidArgument(
+                    f"action {spec.name!r}: names starting with {RESERVED_PREFIX!r} are "
+                    "served by the server itself"
+                )
             actions.append(spec.name)
             if spec.unsafe_to_repeat:
                 unsafe.append(spec.name)
@@ -678,7 +739,8 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         | worker_pb.CompleteRequest
         | worker_pb.BeginStepCallRequest
         | worker_pb.EndStepCallRequest
-        | worker_pb.StartChildRequest,
+        | worker_pb.StartChildRequest
+        | worker_pb.WaitRequest,
     ) -> tuple[uuid.UUID, str, uuid.UUID]:
         return (
             parse_uuid(request.run_id),
@@ -709,10 +771,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         """A validated step call of a held step (a child's start: function
         cyclone.start_child)."""
         run_id, node, token = self._step_key(request)
-        if not 1 <= request.seq <= MAX_STEP_CALL_SEQ:
-            raise errors.InvalidArgument(
-                f"seq must be between 1 and {MAX_STEP_CALL_SEQ}, got {request.seq}"
-            )
+        _check_seq(request.seq)
         if isinstance(request, worker_pb.StartChildRequest):
             function, unsafe = CHILD_FUNCTION, False
         else:
@@ -773,6 +832,30 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             self.metrics.refused.inc()
             raise
         return self._begun(call, row)
+
+    @rpc
+    async def Wait(
+        self, request: worker_pb.WaitRequest, context: Context
+    ) -> worker_pb.WaitResponse:
+        wait = _wait_key(*self._step_key(request), request)
+        try:
+            row = await self.store.step_wait(wait)
+        except (errors.LeaseLost, errors.NotFound):
+            self.metrics.refused.inc()
+            raise
+        if row.decision == "suspended":
+            self.handouts.pop(wait.lease_token)
+            log.debug(
+                "%s/%s waits (%s): lease given up until %s",
+                wait.run_id,
+                wait.node,
+                row.call["waiting_for"],
+                row.call["wake_at"] or "woken",
+                extra={"run_id": str(wait.run_id), "node": wait.node},
+            )
+        return worker_pb.WaitResponse(
+            decision=WAIT_DECISION[row.decision], call=convert.step_call(row.call)
+        )
 
     @rpc
     async def EndStepCall(
@@ -970,6 +1053,32 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
 _FAILED_OUTCOME = {"available": "retry", "pending": "held", "uncertain": "uncertain"}
 _FINAL = ("completed", "discarded")
 _FINAL_RUN = ("completed", "failed")
+
+
+def _check_seq(seq: int) -> None:
+    if not 1 <= seq <= MAX_STEP_CALL_SEQ:
+        raise errors.InvalidArgument(f"seq must be between 1 and {MAX_STEP_CALL_SEQ}, got {seq}")
+
+
+def _wait_key(
+    run_id: uuid.UUID, node: str, token: uuid.UUID, request: worker_pb.WaitRequest
+) -> WaitKey:
+    """A validated Wait: the step call's key and what it waits for."""
+    _check_seq(request.seq)
+    key = WaitKey(run_id, node, token, _step_call_name(request.step_id, "step_id"), request.seq, "")
+    until = request.WhichOneof("until")
+    if until == "wake_at":
+        wake_at = convert.to_datetime(request.wake_at, "wake_at")
+        return dataclasses.replace(key, function="cyclone.sleep", wake_at=wake_at)
+    if until == "event":
+        event = request.event
+        timeout = _seconds(event.timeout) if event.HasField("timeout") else None
+        name, timeout = event_wait(event.name, timeout, "event")
+        return dataclasses.replace(key, function="cyclone.event", event=name, timeout_s=timeout)
+    if until == "child_run_id":
+        child = parse_uuid(request.child_run_id, "child_run_id")
+        return dataclasses.replace(key, function="cyclone.child", child=child)
+    raise errors.InvalidArgument("until is required: wake_at, event or child_run_id")
 
 
 def _complete_response(done: Completion) -> worker_pb.CompleteResponse:

@@ -38,6 +38,7 @@ from service.records import (
     ClaimedStep,
     Completion,
     Deleted,
+    EventSent,
     ExplainFacts,
     GaugeRow,
     Heartbeat,
@@ -55,6 +56,7 @@ from service.records import (
     StepCallEnded,
     Submitted,
     Swept,
+    Waited,
 )
 
 #: A row type of service.records: a NamedTuple of the query's columns, in order.
@@ -157,6 +159,37 @@ class StepCallKey:
             "seq": self.seq,
             "function": self.function,
             "unsafe": self.unsafe,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class WaitKey:
+    """One wait of a held step, as Wait names it: a sleep (wake_at), an event (event,
+    timeout_s: None for no limit) or a child run (child)."""
+
+    run_id: uuid.UUID
+    node: str
+    lease_token: uuid.UUID
+    step_id: str
+    seq: int
+    function: str
+    wake_at: datetime | None = None
+    event: str | None = None
+    timeout_s: float | None = None
+    child: uuid.UUID | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "run_id": str(self.run_id),
+            "node": self.node,
+            "lease_token": str(self.lease_token),
+            "step_id": self.step_id,
+            "seq": self.seq,
+            "function": self.function,
+            "wake_at": self.wake_at,
+            "event": self.event,
+            "timeout_s": self.timeout_s,
+            "child": None if self.child is None else str(self.child),
         }
 
 
@@ -546,6 +579,34 @@ class Store:
         """EndStepCall: record one step call's outcome (exactly one of the two)."""
         row = await self._one(
             "step_call_end", StepCallEnded, **call.params(), output=output_json, error=error_json
+        )
+        assert row is not None
+        return row
+
+    async def step_wait(self, wait: WaitKey) -> Waited:
+        """Wait: a durable function waits (step_wait, service/schema/47_waits.sql)."""
+        row = await self._one("step_wait", Waited, **wait.params())
+        assert row is not None
+        return row
+
+    async def event_send(
+        self,
+        run_id: uuid.UUID,
+        name: str,
+        *,
+        payload_json: str | None,
+        key: str | None,
+        actor: str,
+    ) -> EventSent:
+        """SendEvent: keep an event for the run's waits and wake its waiting nodes."""
+        row = await self._one(
+            "event_send",
+            EventSent,
+            run_id=str(run_id),
+            event_name=name,
+            payload=payload_json,
+            key=key,
+            actor=actor,
         )
         assert row is not None
         return row

@@ -215,7 +215,8 @@ def test_every_command_of_the_grpcurl_page_works_as_written(cyclone_server, grpc
     shell = Shell(shell_env(grpcurl, tmp_path), tmp_path)
     try:
         ran = run_page("docs/grpcurl.md", page, cyclone_server, shell)
-        ids = {name: shell.value(name) for name in ("RUN", "RUN_A", "RUN_B", "RUN_C", "RUN_D")}
+        names = ("RUN", "RUN_A", "RUN_B", "RUN_C", "RUN_D", "RUN_E")
+        ids = {name: shell.value(name) for name in names}
     finally:
         shell.close()
 
@@ -273,6 +274,14 @@ def test_every_command_of_the_grpcurl_page_works_as_written(cyclone_server, grpc
         ("receipt", "succeeded", False, "sent", 3),
     ]
     assert audit(cyclone_server, ids["RUN_D"]) == [("resolve_result", "bob")]
+    # The waits: a sleep and an event, two resumes.
+    assert run_status(cyclone_server, ids["RUN_E"]) == "completed"
+    assert step_states(cyclone_server, ids["RUN_E"]) == {"remind": ("completed", 3)}
+    assert cyclone_server.sql(
+        "SELECT step_id, status, output FROM cyclone.step_calls WHERE run_id = %s ORDER BY seq",
+        ids["RUN_E"],
+    ) == [("sleep", "succeeded", None), ("event:confirmed", "succeeded", {"by": "dave"})]
+    assert audit(cyclone_server, ids["RUN_E"]) == [("send_event", "dave")]
 
 
 def test_the_readme_example_works_as_written(cyclone_server, grpcurl, tmp_path):

@@ -29,10 +29,13 @@ from pyclient.durable._replay import (
     BodyStopped,
     DuplicateStepId,
     EffectUncertain,
+    EventTimeout,
     ReplayMismatch,
     StepFailed,
+    Suspended,
 )
 from pyclient.durable._step import StepFunction, step
+from pyclient.durable._wait import sleep, sleep_until, wait_for_event
 
 __all__ = [
     "BodyStopped",
@@ -40,9 +43,14 @@ __all__ = [
     "ChildRun",
     "DuplicateStepId",
     "EffectUncertain",
+    "EventTimeout",
     "ReplayMismatch",
     "StepFailed",
     "StepFunction",
+    "Suspended",
+    "sleep",
+    "sleep_until",
     "start_child",
     "step",
+    "wait_for_event",
 ]

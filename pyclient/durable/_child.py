@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from cyclone.jsonvalue import to_value
 from cyclone.v1 import types_pb2
 from pyclient.context import Context, active
-from pyclient.durable._replay import MAX_ID, ReplayMismatch, StepFailed
+from pyclient.durable._replay import MAX_ID, ReplayMismatch, StepFailed, Until, WaitFn
 from pyclient.errors import InvalidArgument
 from pyclient.models import CHILD_START_FUNCTION as START_FUNCTION
 from pyclient.models import StepCall, StepCallStatus
@@ -60,18 +60,10 @@ class ChildFailed(StepFailed):
         self.run_id = run_id
 
 
-@dataclass(frozen=True, slots=True)
-class _Spec:
-    """What the replay engine needs of a call's function (StepFunction's fields)."""
-
-    name: str
-    function: str
-    unsafe_to_repeat: bool = False
-    is_async: bool = False
-
-
-_START = _Spec("child", START_FUNCTION)
-_WAIT = _Spec("child", WAIT_FUNCTION)
+#: The journal's names of a child's start ("child", "child#2"...) and of its wait
+#: (named after the start: "child.result").
+_START = WaitFn("child", START_FUNCTION)
+_WAIT = WaitFn("child", WAIT_FUNCTION)
 
 
 class ChildRun:
@@ -132,9 +124,9 @@ class ChildRun:
         if self._replay.is_async:
             return self._result_async()
         if self._outcome is None:
-            call = self._wait_call()
+            call, entry = self._wait_call()
             try:
-                self._outcome = _Outcome(_child_output(self._replay.wait_child(call, self.run_id)))
+                self._outcome = _Outcome(_child_output(self._replay.wait(call, entry, self._until)))
             except StepFailed as failed:
                 self._outcome = _Outcome(error=ChildFailed(self.run_id, failed))
         return self._outcome.deliver()
@@ -142,17 +134,21 @@ class ChildRun:
     async def _result_async(self) -> Any:
         await self
         if self._outcome is None:
-            call = self._wait_call()
+            call, entry = self._wait_call()
             try:
-                output = await self._replay.wait_child_async(call, self.run_id)
+                output = await self._replay.wait_async(call, entry, self._until)
                 self._outcome = _Outcome(_child_output(output))
             except StepFailed as failed:
                 self._outcome = _Outcome(error=ChildFailed(self.run_id, failed))
         return self._outcome.deliver()
 
-    def _wait_call(self) -> Call:
+    @property
+    def _until(self) -> Until:
+        return Until(child_run_id=self.run_id)
+
+    def _wait_call(self) -> tuple[Call, StepCall | None]:
         """The wait's call, numbered now: step id ``<start's>.result``."""
-        return self._replay.open(_WAIT, self._call.step_id + RESULT_SUFFIX)[0]
+        return self._replay.open(_WAIT, self._call.step_id + RESULT_SUFFIX)
 
 
 @dataclass(frozen=True, slots=True)

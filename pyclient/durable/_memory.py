@@ -17,7 +17,7 @@ from google.protobuf import struct_pb2
 
 from cyclone.jsonvalue import from_value, json_value
 from cyclone.v1 import types_pb2
-from pyclient.durable._replay import Call, Decision, Outcome
+from pyclient.durable._replay import Call, Decision, Outcome, Until, WaitDecision
 from pyclient.models import StepCall, StepCallError, StepCallStatus
 
 #: Called by a backend at each point of a call: "begun" (an unsafe call was recorded
@@ -37,6 +37,8 @@ class NodeJournal:
         self.produced: dict[str, Outcome] = {}
         #: The child runs started (start_child): run id -> (workflow name, input).
         self.children: dict[str, tuple[str, Any]] = {}
+        #: Events sent to the node's run and not consumed yet, by name, oldest first.
+        self.events: dict[str, list[Any]] = {}
 
     def entries(self) -> tuple[StepCall, ...]:
         """The entries by seq, as a claim hands them out (copies)."""
@@ -67,6 +69,27 @@ class NodeJournal:
         else:
             entry = _entry(call, StepCallStatus.SUCCEEDED, from_value(outcome), None, attempt)
         self._entries[call.step_id] = entry
+
+    def wait(self, call: Call, until: Until, attempt: int) -> tuple[WaitDecision, StepCall]:
+        entry = self._entries.get(call.step_id)
+        if entry is not None and entry.status != StepCallStatus.WAITING:
+            return WaitDecision.READY, copy.deepcopy(entry)
+        if until.event is None:
+            status, output, error = StepCallStatus.SUCCEEDED, None, None
+            if until.child_run_id is not None:
+                raise NotImplementedError("child runs are not simulated in memory")
+        elif self.events.get(until.event):
+            status, output, error = StepCallStatus.SUCCEEDED, self.events[until.event].pop(0), None
+        elif until.timeout is not None:
+            status, output = StepCallStatus.FAILED, None
+            error = StepCallError("EventTimeout", f"no event {until.event} came in time", "")
+        else:
+            entry = _entry(call, StepCallStatus.WAITING, None, None, attempt)
+            self._entries[call.step_id] = entry
+            return WaitDecision.SUSPENDED, copy.deepcopy(entry)
+        entry = _entry(call, status, output, error, attempt)
+        self._entries[call.step_id] = entry
+        return WaitDecision.READY, copy.deepcopy(entry)
 
     def forget_trailing_failures(self) -> None:
         """What a failed attempt does: its last safe failures (after every other entry)
@@ -177,6 +200,15 @@ class MemoryBackend:
         self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
     ) -> StepCall:
         return self.start_child(call, workflow, input)
+
+    def wait(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]:
+        """A wait in memory: a sleep is over at once; an event is the oldest fed one of
+        its name (``journal.events``), else it times out when it has a timeout, and
+        waits (SUSPENDED) when it has none."""
+        return self.journal.wait(call, until, self.attempt)
+
+    async def wait_async(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]:
+        return self.wait(call, until)
 
     def transaction(self, call: Call) -> MemoryTx:
         if self.connection is None:

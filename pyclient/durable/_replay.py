@@ -116,6 +116,53 @@ class EffectUncertain(BodyStopped):
         self.call = call
 
 
+class Suspended(BodyStopped):
+    """The body waits (a durable sleep, an event, a child run) and its node has given
+    up its lease: the attempt ends here, with no outcome, and the node is claimed again
+    when the wait is over (its body replays up to the same wait, which then returns)."""
+
+    def __init__(self, call: StepCall):
+        super().__init__(
+            f"waiting for {call.waiting_for or call.function} ({call.step_id!r}); the node "
+            "resumes when the wait is over"
+        )
+        self.call = call
+
+
+class EventTimeout(StepFailed):
+    """``wait_for_event`` found no event within its timeout. Recorded in the journal, so
+    every replay raises it again (a StepFailed whose ``type_name`` is ``EventTimeout``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WaitFn:
+    """What the journal knows of a wait, as of a step function: the base of its step
+    ids and its function (cyclone.sleep, cyclone.event, cyclone.child)."""
+
+    name: str
+    function: str
+    is_async: bool = False
+    unsafe_to_repeat: bool = False
+
+
+class WaitDecision(enum.Enum):
+    """What Wait answers."""
+
+    READY = "ready"
+    SUSPENDED = "suspended"
+
+
+@dataclass(frozen=True, slots=True)
+class Until:
+    """What a wait waits for: exactly one of a wake time (a sleep), an event (with an
+    optional timeout in seconds) or a child run."""
+
+    wake_at: Any = None
+    event: str | None = None
+    timeout: float | None = None
+    child_run_id: str | None = None
+
+
 class Decision(enum.Enum):
     """What Begin answers for an unsafe call."""
 
@@ -139,8 +186,8 @@ Outcome = struct_pb2.Value | StepCallError
 
 
 class CallSpec(Protocol):
-    """What names a call's function for the journal: a StepFunction, or the SDK's own
-    calls (a child's start, a wait)."""
+    """What names a call's function for the journal: a StepFunction, or a WaitFn (the
+    SDK's own calls: a wait, a child's start)."""
 
     @property
     def name(self) -> str: ...
@@ -189,6 +236,12 @@ class JournalBackend(Protocol):
 
     def transaction(self, call: Call) -> CallTx:
         """A transaction for ``call`` (RuntimeError when there is no database)."""
+
+    def wait(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]:
+        """Wait (journaled): READY with the entry's outcome, or SUSPENDED (the node
+        has given up its lease)."""
+
+    async def wait_async(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]: ...
 
     def record(self, call: Call, conn: Any, output_json: str) -> None:
         """Record the success of ``call`` in ``conn``'s transaction (the caller's)."""
@@ -408,14 +461,34 @@ class Replay:
             await self._ajournal(self.backend.end_async(call, result.outcome))
         return result.deliver()
 
-    # -- a child's outcome (a wait)
+    # -- a wait (sleep, event, child): numbered by open() when called
 
-    def wait_child(self, call: Call, run_id: str) -> Any:
-        """The output of the wait for child ``run_id`` (StepFailed when it failed)."""
-        raise self._fail(CycloneError("waiting for a child run is not supported yet"))
+    def wait(self, call: Call, entry: StepCall | None, until: Until) -> Any:
+        if entry is not None and entry.status != StepCallStatus.WAITING:
+            return self._waited(entry)
+        self._raise_if_over()
+        return self._wait_answer(*self._journal(self.backend.wait, call, until))
 
-    async def wait_child_async(self, call: Call, run_id: str) -> Any:
-        return self.wait_child(call, run_id)
+    async def wait_async(self, call: Call, entry: StepCall | None, until: Until) -> Any:
+        if entry is not None and entry.status != StepCallStatus.WAITING:
+            return self._waited(entry)
+        self._raise_if_over()
+        return self._wait_answer(*await self._ajournal(self.backend.wait_async(call, until)))
+
+    def _wait_answer(self, decision: WaitDecision, entry: StepCall) -> Any:
+        if decision is WaitDecision.SUSPENDED:
+            self.stopped = Suspended(entry)
+            raise self.stopped
+        return self._waited(entry)
+
+    def _waited(self, entry: StepCall) -> Any:
+        """A wait that is over: its value, or EventTimeout (StepFailed for another
+        failure, e.g. a child's)."""
+        error = entry.error
+        if entry.status == StepCallStatus.FAILED and error and error.type == "EventTimeout":
+            self.replayed.append(entry.step_id)
+            raise EventTimeout(entry.step_id, error.type, error.message)
+        return self._replayed(entry)
 
     # -- running the function
 

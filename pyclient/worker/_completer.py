@@ -75,6 +75,8 @@ class Completer:
         self.carried: asyncio.Future[None] | None = None
         #: CompleteMany calls answered (or failed) so far.
         self.reports = 0
+        #: Tasks of this worker's other calls (Wait), kept until they end.
+        self.tasks: set[asyncio.Task[None]] = set()
 
     @property
     def sending(self) -> bool:
@@ -213,6 +215,11 @@ class Completer:
             else:
                 waiting.append((target, waiter))
         self.end_waiters = waiting
+
+    def keep(self, task: asyncio.Task[None]) -> None:
+        """Hold on to ``task`` until it ends (the loop keeps only weak references)."""
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def _kick(self) -> None:
         if self.flusher is None or self.flusher.done():

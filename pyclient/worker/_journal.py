@@ -25,7 +25,7 @@ from cyclone.v1 import types_pb2
 from cyclone.v1 import worker_service_pb2 as pb
 from pyclient.completion import CompletionTx, record_step_call
 from pyclient.context import StepControl
-from pyclient.durable._replay import BodyStopped, Call, Decision, Outcome
+from pyclient.durable._replay import BodyStopped, Call, Decision, Outcome, Until, WaitDecision
 from pyclient.errors import CycloneError, Unavailable, from_rpc_error
 from pyclient.models import StepCall, StepCallError
 from pyclient.worker._common import RPC_TIMEOUT
@@ -43,6 +43,12 @@ _DECISIONS = {
     pb.STEP_CALL_DECISION_RUN: Decision.RUN,
     pb.STEP_CALL_DECISION_RECORDED: Decision.RECORDED,
     pb.STEP_CALL_DECISION_UNCERTAIN: Decision.UNCERTAIN,
+}
+
+
+_WAIT_DECISIONS = {
+    pb.WAIT_DECISION_READY: WaitDecision.READY,
+    pb.WAIT_DECISION_SUSPENDED: WaitDecision.SUSPENDED,
 }
 
 
@@ -85,6 +91,68 @@ class GrpcJournal:
 
     async def end_async(self, call: Call, outcome: Outcome) -> None:
         self._handlers().outbox.post(self.rt.completer.end_later, self._end_request(call, outcome))
+
+    def wait(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]:
+        answer: concurrent.futures.Future[pb.WaitResponse] = concurrent.futures.Future()
+        # Through the mailbox the body's ends went through: they are queued first.
+        self.rt.inbox.post(self._wait_soon, self._wait_request(call, until), answer)
+        try:
+            return self._waited(answer.result(timeout=self._patience))
+        except concurrent.futures.TimeoutError:
+            raise Unavailable("Wait was not answered in time") from None
+
+    async def wait_async(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]:
+        handlers = self._handlers()
+        answer: asyncio.Future[pb.WaitResponse] = handlers.loop.create_future()
+        handlers.outbox.post(
+            self._wait_soon, self._wait_request(call, until), _Posted(answer, handlers.inbox)
+        )
+        return self._waited(await answer)
+
+    def _wait_soon(self, request: pb.WaitRequest, answer: Answer) -> None:
+        """On the worker's loop: send the Wait once the ends queued before it are
+        recorded (the node gives up its lease with it: a later end would be refused,
+        and its call run again on resume)."""
+        task = self.rt.loop.create_task(self._send_wait(request, answer))
+        self.rt.completer.keep(task)
+
+    async def _send_wait(self, request: pb.WaitRequest, answer: Answer) -> None:
+        rt = self.rt
+        try:
+            await rt.completer.ends_sent()
+            response = await rt.stub.Wait(request, timeout=RPC_TIMEOUT, metadata=rt.metadata)
+        except grpc.RpcError as exc:
+            answer.set_exception(from_rpc_error(exc))
+        except BaseException as exc:
+            answer.set_exception(exc)
+        else:
+            answer.set_result(response)
+
+    def _wait_request(self, call: Call, until: Until) -> pb.WaitRequest:
+        step = self.step
+        request = pb.WaitRequest(
+            run_id=step.run_id,
+            node=step.node,
+            lease_token=step.lease_token,
+            step_id=call.step_id,
+            seq=call.seq,
+        )
+        if until.event is not None:
+            request.event.name = until.event
+            if until.timeout is not None:
+                request.event.timeout.FromNanoseconds(int(until.timeout * 1e9))
+        elif until.child_run_id is not None:
+            request.child_run_id = until.child_run_id
+        else:
+            request.wake_at.FromDatetime(until.wake_at)
+        return request
+
+    @staticmethod
+    def _waited(response: pb.WaitResponse) -> tuple[WaitDecision, StepCall]:
+        decision = _WAIT_DECISIONS.get(response.decision)
+        if decision is None:
+            raise CycloneError(f"Wait answered an unknown decision {response.decision}")
+        return decision, StepCall.from_proto(response.call)
 
     def _begin_soon(self, call: Call, mailbox: Mailbox, answer: Answer) -> None:
         """Post the call's Begin, through ``mailbox``, to the completer, which sends it

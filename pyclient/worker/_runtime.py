@@ -16,7 +16,7 @@ from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
 from pyclient.client import call_metadata
 from pyclient.completion import CompletionTx, open_pool
 from pyclient.context import Context, StepControl
-from pyclient.durable._replay import Replay
+from pyclient.durable._replay import Replay, Suspended
 from pyclient.models import StepCall, UpstreamFailure, time_field, value_field
 from pyclient.worker._common import StepLog, log
 from pyclient.worker._completer import Completer
@@ -202,6 +202,9 @@ class Runtime:
     def _stopped_body(step: pb.ClaimedStep, replay: Replay, slog: StepLog) -> None:
         """A durable function stopped: no outcome is reported. Blocked on an unsafe
         call, its node is already uncertain on the server: say what to do."""
+        if isinstance(replay.stopped, Suspended):
+            slog.info("%s; slot freed", replay.stopped)
+            return
         call = replay.uncertain
         if call is None:
             slog.warning("durable function stopped, outcome not reported: %s", replay.stopped)

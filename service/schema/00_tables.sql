@@ -88,7 +88,8 @@ CREATE INDEX runs_parent_idx ON cyclone.runs (parent_run_id) WHERE parent_run_id
 --              running); step_fail (retryable, attempts left: after the backoff);
 --              sweep_steps (lease expired, attempts left or action marked unsafe);
 --              step_resolve discard; step_call_resolve (any choice: the node replays); steps_release (service/sql/queries.sql: a claim
---              whose caller went away)
+--              whose caller went away); step_wait (the node waits: available from its
+--              wake time; pending while the run is blocked)
 --   running    step_claim
 --   completed  _step_complete (step_complete, step_complete_many); step_complete_many's
 --              set-based pass; step_resolve result
@@ -143,6 +144,13 @@ CREATE TABLE cyclone.steps (
     -- What an operator's Retry (or Resolve discard) grants: max_attempts becomes
     -- attempt + attempt_budget. The node's retry policy, set at submit.
     attempt_budget     integer     NOT NULL,
+    -- Claims that resumed the node after it waited (step_wait suspended it): counted in
+    -- attempt, but not against max_attempts (step_fail and the sweep compare
+    -- attempt - resumes).
+    resumes            integer     NOT NULL DEFAULT 0,
+    -- What the node waits for while step_wait has it available at its wake time:
+    -- "sleep", "event <name>", "child <run_id>". Cleared when the wait is over.
+    waiting_for        text,
     PRIMARY KEY (run_id, node),
     CONSTRAINT steps_status_known CHECK (status IN
         ('pending', 'available', 'running', 'completed', 'discarded', 'uncertain',
@@ -160,7 +168,8 @@ CREATE TABLE cyclone.steps (
                AND deps_open + deps_failed <= cardinality(depends_on)),
     CONSTRAINT steps_attempts_in_range CHECK (attempt >= 0 AND max_attempts >= 1),
     CONSTRAINT steps_output_only_completed CHECK (output IS NULL OR status = 'completed'),
-    CONSTRAINT steps_attempt_budget_positive CHECK (attempt_budget >= 1)
+    CONSTRAINT steps_attempt_budget_positive CHECK (attempt_budget >= 1),
+    CONSTRAINT steps_resumes_in_range CHECK (resumes BETWEEN 0 AND attempt)
 );
 
 -- The claim's index: exactly the ready rows, per action, oldest first. Claimed rows
@@ -199,8 +208,11 @@ CREATE INDEX step_errors_step_idx ON cyclone.step_errors (run_id, node, at);
 --
 -- Step call statuses, and the functions that set each one:
 --   started    step_call_begin (an unsafe call, before its function runs)
---   succeeded  _step_call_end (EndStepCall, step_call_record); step_call_resolve result
---   failed     _step_call_end; step_call_resolve error (type EffectFailed)
+--   succeeded  _step_call_end (EndStepCall, step_call_record); step_call_resolve result;
+--              step_wait (a wait that is over)
+--   failed     _step_call_end; step_call_resolve error (type EffectFailed); step_wait
+--              (EventTimeout)
+--   waiting    step_wait (a wait that is not over; the node gave up its lease)
 -- Deleted by step_fail (the trailing safe failure that ended an attempt) and by
 -- step_call_resolve discard.
 CREATE TABLE cyclone.step_calls (
@@ -221,13 +233,19 @@ CREATE TABLE cyclone.step_calls (
     attempt     integer     NOT NULL,
     started_at  timestamptz NOT NULL,
     finished_at timestamptz,
+    -- A wait (47_waits.sql): when its node looks again unwoken (NULL: no limit), and
+    -- what it waits for ("sleep", "event <name>", "child <run_id>").
+    wake_at     timestamptz,
+    waiting_for text,
     PRIMARY KEY (run_id, node, step_id),
     FOREIGN KEY (run_id, node) REFERENCES cyclone.steps ON DELETE CASCADE,
-    CONSTRAINT step_calls_status_known CHECK (status IN ('started', 'succeeded', 'failed')),
+    CONSTRAINT step_calls_status_known
+        CHECK (status IN ('started', 'succeeded', 'failed', 'waiting')),
     CONSTRAINT step_calls_output_iff_succeeded CHECK ((output IS NOT NULL) = (status = 'succeeded')),
     CONSTRAINT step_calls_error_iff_failed CHECK ((error IS NOT NULL) = (status = 'failed')),
     CONSTRAINT step_calls_finished_at_iff_outcome
-        CHECK ((finished_at IS NOT NULL) = (status <> 'started')),
+        CHECK ((finished_at IS NOT NULL) = (status NOT IN ('started', 'waiting'))),
+    CONSTRAINT step_calls_waiting_is_a_wait CHECK (status <> 'waiting' OR waiting_for IS NOT NULL),
     CONSTRAINT step_calls_seq_in_range CHECK (seq BETWEEN 1 AND 100000)
 );
 

@@ -4,7 +4,8 @@
 -- that are running (run rows taken with SKIP LOCKED, each step re-checked by its token
 -- and expiry, so any number of sweepers never fight). Each becomes available at once,
 -- remembered as effect_uncertain (the next claim decides: an unsafe claimer blocks the
--- run, any other runs it again), or discarded when out of attempts and its holder did
+-- run, any other runs it again), or discarded when out of attempts (attempt - resumes
+-- >= max_attempts: claims that resumed a wait do not count) and its holder did
 -- not mark the action unsafe (its dependents then judged by _settle). A lease_expired
 -- error is recorded either way. Steps of blocked and cancelled runs are left alone.
 -- Returns each step reclaimed: run, node, action, the attempt whose lease expired, the
@@ -30,11 +31,11 @@ BEGIN
              WHERE r.run_id = v_cand.run_id AND r.status = 'running'
                FOR NO KEY UPDATE SKIP LOCKED);
         UPDATE cyclone.steps s
-           SET status = CASE WHEN s.attempt >= s.max_attempts AND NOT s.unsafe
+           SET status = CASE WHEN s.attempt - s.resumes >= s.max_attempts AND NOT s.unsafe
                              THEN 'discarded' ELSE 'available' END,
-               available_at = CASE WHEN s.attempt >= s.max_attempts AND NOT s.unsafe
+               available_at = CASE WHEN s.attempt - s.resumes >= s.max_attempts AND NOT s.unsafe
                                    THEN NULL ELSE v_now END,
-               finished_at = CASE WHEN s.attempt >= s.max_attempts AND NOT s.unsafe
+               finished_at = CASE WHEN s.attempt - s.resumes >= s.max_attempts AND NOT s.unsafe
                                   THEN v_now END,
                effect_uncertain = true,
                lease_expires_at = NULL

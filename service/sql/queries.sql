@@ -91,6 +91,20 @@ SELECT e.duplicate, e.call
                                        CASE WHEN :unsafe THEN 'on' ELSE 'off' END,
                                        true)) c;
 
+-- name: step_wait
+-- Wait: a durable function's sleep, event or child wait, ready or suspended.
+SELECT w.decision, w.call, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.step_wait(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid), :step_id,
+                         :seq, :function, CAST(:wake_at AS timestamptz), :event,
+                         CASE WHEN CAST(:timeout_s AS float8) IS NULL THEN NULL
+                              ELSE make_interval(secs => :timeout_s) END,
+                         CAST(:child AS uuid)) w;
+
+-- name: event_send
+SELECT e.event_id, e.created, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.event_send(CAST(:run_id AS uuid), :event_name, CAST(:payload AS jsonb), :key,
+                          :actor) e;
+
 -- name: step_retry
 SELECT nodes, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.step_retry(CAST(:run_id AS uuid), CAST(:nodes AS text[]), :actor, :reason)
@@ -252,6 +266,9 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'started_at', s.started_at, 'finished_at', s.finished_at,
                    'effect_uncertain', s.effect_uncertain,
                    'timeout_s', extract(epoch FROM s.timeout),
+                   'resumes', s.resumes,
+                   'waiting_for', CASE WHEN s.status IN ('available', 'pending')
+                                       THEN s.waiting_for END,
                    'journal', (SELECT jsonb_agg(cyclone._step_call_json(j) ORDER BY j.seq)
                                  FROM cyclone.step_calls j
                                 WHERE j.run_id = s.run_id AND j.node = s.node))

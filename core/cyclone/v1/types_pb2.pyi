@@ -46,6 +46,7 @@ class StepCallStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STEP_CALL_STATUS_STARTED: _ClassVar[StepCallStatus]
     STEP_CALL_STATUS_SUCCEEDED: _ClassVar[StepCallStatus]
     STEP_CALL_STATUS_FAILED: _ClassVar[StepCallStatus]
+    STEP_CALL_STATUS_WAITING: _ClassVar[StepCallStatus]
 TRIGGER_RULE_UNSPECIFIED: TriggerRule
 TRIGGER_RULE_ALL_SUCCESS: TriggerRule
 TRIGGER_RULE_ALL_DONE: TriggerRule
@@ -69,6 +70,7 @@ STEP_CALL_STATUS_UNSPECIFIED: StepCallStatus
 STEP_CALL_STATUS_STARTED: StepCallStatus
 STEP_CALL_STATUS_SUCCEEDED: StepCallStatus
 STEP_CALL_STATUS_FAILED: StepCallStatus
+STEP_CALL_STATUS_WAITING: StepCallStatus
 
 class Workflow(_message.Message):
     __slots__ = ("name", "nodes")
@@ -79,7 +81,7 @@ class Workflow(_message.Message):
     def __init__(self, name: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "action", "depends_on", "trigger_rule", "retry", "timeout", "input")
+    __slots__ = ("name", "action", "depends_on", "trigger_rule", "retry", "timeout", "input", "event")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +89,7 @@ class Node(_message.Message):
     RETRY_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     action: str
     depends_on: _containers.RepeatedScalarFieldContainer[str]
@@ -94,7 +97,16 @@ class Node(_message.Message):
     retry: RetryPolicy
     timeout: _duration_pb2.Duration
     input: _struct_pb2.Value
-    def __init__(self, name: _Optional[str] = ..., action: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+    event: EventWait
+    def __init__(self, name: _Optional[str] = ..., action: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., event: _Optional[_Union[EventWait, _Mapping]] = ...) -> None: ...
+
+class EventWait(_message.Message):
+    __slots__ = ("name", "timeout")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    timeout: _duration_pb2.Duration
+    def __init__(self, name: _Optional[str] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class RetryPolicy(_message.Message):
     __slots__ = ("max_attempts", "initial_backoff", "max_backoff", "backoff_multiplier")
@@ -166,7 +178,7 @@ class RunError(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., node: _Optional[str] = ..., attempt: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., step_id: _Optional[str] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("node", "action", "status", "attempt", "max_attempts", "depends_on", "trigger_rule", "input", "output", "errors", "worker_id", "lease_expires_at", "available_at", "started_at", "finished_at", "effect_uncertain", "timeout", "progress", "last_heartbeat_at", "journal")
+    __slots__ = ("node", "action", "status", "attempt", "max_attempts", "depends_on", "trigger_rule", "input", "output", "errors", "worker_id", "lease_expires_at", "available_at", "started_at", "finished_at", "effect_uncertain", "timeout", "progress", "last_heartbeat_at", "journal", "resumes", "waiting_for")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +199,8 @@ class Step(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_AT_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_FIELD_NUMBER: _ClassVar[int]
+    RESUMES_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
     node: str
     action: str
     status: StepStatus
@@ -207,10 +221,12 @@ class Step(_message.Message):
     progress: _struct_pb2.Value
     last_heartbeat_at: _timestamp_pb2.Timestamp
     journal: _containers.RepeatedCompositeFieldContainer[StepCall]
-    def __init__(self, node: _Optional[str] = ..., action: _Optional[str] = ..., status: _Optional[_Union[StepStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[StepError, _Mapping]]] = ..., worker_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., journal: _Optional[_Iterable[_Union[StepCall, _Mapping]]] = ...) -> None: ...
+    resumes: int
+    waiting_for: str
+    def __init__(self, node: _Optional[str] = ..., action: _Optional[str] = ..., status: _Optional[_Union[StepStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[StepError, _Mapping]]] = ..., worker_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., journal: _Optional[_Iterable[_Union[StepCall, _Mapping]]] = ..., resumes: _Optional[int] = ..., waiting_for: _Optional[str] = ...) -> None: ...
 
 class StepCall(_message.Message):
-    __slots__ = ("step_id", "seq", "function", "status", "unsafe_to_repeat", "output", "error", "attempt", "started_at", "finished_at")
+    __slots__ = ("step_id", "seq", "function", "status", "unsafe_to_repeat", "output", "error", "attempt", "started_at", "finished_at", "wake_at", "waiting_for")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
@@ -221,6 +237,8 @@ class StepCall(_message.Message):
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    WAKE_AT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
     step_id: str
     seq: int
     function: str
@@ -231,7 +249,9 @@ class StepCall(_message.Message):
     attempt: int
     started_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
-    def __init__(self, step_id: _Optional[str] = ..., seq: _Optional[int] = ..., function: _Optional[str] = ..., status: _Optional[_Union[StepCallStatus, str]] = ..., unsafe_to_repeat: _Optional[bool] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[StepCallError, _Mapping]] = ..., attempt: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    wake_at: _timestamp_pb2.Timestamp
+    waiting_for: str
+    def __init__(self, step_id: _Optional[str] = ..., seq: _Optional[int] = ..., function: _Optional[str] = ..., status: _Optional[_Union[StepCallStatus, str]] = ..., unsafe_to_repeat: _Optional[bool] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[StepCallError, _Mapping]] = ..., attempt: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., wake_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., waiting_for: _Optional[str] = ...) -> None: ...
 
 class StepCallError(_message.Message):
     __slots__ = ("type", "message", "details")

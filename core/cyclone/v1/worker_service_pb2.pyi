@@ -19,10 +19,19 @@ class StepCallDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STEP_CALL_DECISION_RUN: _ClassVar[StepCallDecision]
     STEP_CALL_DECISION_RECORDED: _ClassVar[StepCallDecision]
     STEP_CALL_DECISION_UNCERTAIN: _ClassVar[StepCallDecision]
+
+class WaitDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WAIT_DECISION_UNSPECIFIED: _ClassVar[WaitDecision]
+    WAIT_DECISION_READY: _ClassVar[WaitDecision]
+    WAIT_DECISION_SUSPENDED: _ClassVar[WaitDecision]
 STEP_CALL_DECISION_UNSPECIFIED: StepCallDecision
 STEP_CALL_DECISION_RUN: StepCallDecision
 STEP_CALL_DECISION_RECORDED: StepCallDecision
 STEP_CALL_DECISION_UNCERTAIN: StepCallDecision
+WAIT_DECISION_UNSPECIFIED: WaitDecision
+WAIT_DECISION_READY: WaitDecision
+WAIT_DECISION_SUSPENDED: WaitDecision
 
 class ActionSpec(_message.Message):
     __slots__ = ("name", "unsafe_to_repeat")
@@ -308,3 +317,31 @@ class StartChildResponse(_message.Message):
     created: bool
     call: _types_pb2.StepCall
     def __init__(self, child_run_id: _Optional[str] = ..., created: _Optional[bool] = ..., call: _Optional[_Union[_types_pb2.StepCall, _Mapping]] = ...) -> None: ...
+
+class WaitRequest(_message.Message):
+    __slots__ = ("run_id", "node", "lease_token", "step_id", "seq", "wake_at", "event", "child_run_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    WAKE_AT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    CHILD_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    lease_token: str
+    step_id: str
+    seq: int
+    wake_at: _timestamp_pb2.Timestamp
+    event: _types_pb2.EventWait
+    child_run_id: str
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., step_id: _Optional[str] = ..., seq: _Optional[int] = ..., wake_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., event: _Optional[_Union[_types_pb2.EventWait, _Mapping]] = ..., child_run_id: _Optional[str] = ...) -> None: ...
+
+class WaitResponse(_message.Message):
+    __slots__ = ("decision", "call")
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    decision: WaitDecision
+    call: _types_pb2.StepCall
+    def __init__(self, decision: _Optional[_Union[WaitDecision, str]] = ..., call: _Optional[_Union[_types_pb2.StepCall, _Mapping]] = ...) -> None: ...

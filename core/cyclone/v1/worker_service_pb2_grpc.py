@@ -71,6 +71,11 @@ class WorkerServiceStub:
                 request_serializer=cyclone_dot_v1_dot_worker__service__pb2.StartChildRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.StartChildResponse.FromString,
                 _registered_method=True)
+        self.Wait = channel.unary_unary(
+                '/cyclone.v1.WorkerService/Wait',
+                request_serializer=cyclone_dot_v1_dot_worker__service__pb2.WaitRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.WaitResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -165,6 +170,26 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Wait(self, request, context):
+        """A durable function waits: a durable sleep (until wake_at), an event sent to the
+        run (SendEvent), or a child run's outcome. Journaled as a step call (function
+        "cyclone.sleep", "cyclone.event", "cyclone.child") and fenced by the lease token as
+        BeginStepCall: a stale token is ABORTED and writes nothing. Answers in one
+        transaction:
+        READY with the entry now SUCCEEDED (the sleep is over; the event consumed, its
+        payload as output; the child finished) or FAILED (EventTimeout: the timeout passed
+        with no event): the body goes on (or raises);
+        SUSPENDED with the entry WAITING: the node has given up its lease (a late Complete
+        or Heartbeat with the token is ABORTED) and is AVAILABLE again from wake_at, or
+        at once when it is woken; drop it without a Complete and free its slot. Its next
+        claim replays the body, whose same call sends Wait again. A resume does not use
+        up an attempt (Step.resumes). The first Wait of a call fixes its wake time and
+        deadline: a replay keeps them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -202,6 +227,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.StartChild,
                     request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.StartChildRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_worker__service__pb2.StartChildResponse.SerializeToString,
+            ),
+            'Wait': grpc.unary_unary_rpc_method_handler(
+                    servicer.Wait,
+                    request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.WaitRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_worker__service__pb2.WaitResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -395,6 +425,33 @@ class WorkerService:
             '/cyclone.v1.WorkerService/StartChild',
             cyclone_dot_v1_dot_worker__service__pb2.StartChildRequest.SerializeToString,
             cyclone_dot_v1_dot_worker__service__pb2.StartChildResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Wait(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkerService/Wait',
+            cyclone_dot_v1_dot_worker__service__pb2.WaitRequest.SerializeToString,
+            cyclone_dot_v1_dot_worker__service__pb2.WaitResponse.FromString,
             options,
             channel_credentials,
             insecure,

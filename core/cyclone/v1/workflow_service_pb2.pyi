@@ -180,3 +180,23 @@ class ActionActivity(_message.Message):
     ready_ahead: int
     running: int
     def __init__(self, action: _Optional[str] = ..., last_polled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_polled_by: _Optional[str] = ..., last_claimed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_claimed_by: _Optional[str] = ..., ready_ahead: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
+
+class SendEventRequest(_message.Message):
+    __slots__ = ("run_id", "name", "payload", "key")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    name: str
+    payload: _struct_pb2.Value
+    key: str
+    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., key: _Optional[str] = ...) -> None: ...
+
+class SendEventResponse(_message.Message):
+    __slots__ = ("event_id", "created")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    created: bool
+    def __init__(self, event_id: _Optional[int] = ..., created: _Optional[bool] = ...) -> None: ...

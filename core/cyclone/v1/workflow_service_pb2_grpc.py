@@ -65,6 +65,11 @@ class WorkflowServiceStub:
                 request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ExplainRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ExplainResponse.FromString,
                 _registered_method=True)
+        self.SendEvent = channel.unary_unary(
+                '/cyclone.v1.WorkflowService/SendEvent',
+                request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.SendEventRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.SendEventResponse.FromString,
+                _registered_method=True)
 
 
 class WorkflowServiceServicer:
@@ -125,6 +130,19 @@ class WorkflowServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendEvent(self, request, context):
+        """Sends a named event with a JSON payload to a run. It is kept until a wait for
+        that name consumes it (a durable function's Wait, or a DAG node with Node.event):
+        an event sent before the wait is not lost, and each event is consumed once, the
+        oldest first. A node waiting for it is woken at once. With a key, a repeated call
+        returns the first event (created = false) and changes nothing. Audited (action
+        "send_event", with the actor). NOT_FOUND for an unknown run, FAILED_PRECONDITION
+        for a completed or cancelled run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -157,6 +175,11 @@ def add_WorkflowServiceServicer_to_server(servicer, server):
                     servicer.Explain,
                     request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ExplainRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ExplainResponse.SerializeToString,
+            ),
+            'SendEvent': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendEvent,
+                    request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.SendEventRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.SendEventResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -322,6 +345,33 @@ class WorkflowService:
             '/cyclone.v1.WorkflowService/Explain',
             cyclone_dot_v1_dot_workflow__service__pb2.ExplainRequest.SerializeToString,
             cyclone_dot_v1_dot_workflow__service__pb2.ExplainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendEvent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkflowService/SendEvent',
+            cyclone_dot_v1_dot_workflow__service__pb2.SendEventRequest.SerializeToString,
+            cyclone_dot_v1_dot_workflow__service__pb2.SendEventResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -239,6 +239,10 @@ const (
 	StepCallStatus_STEP_CALL_STATUS_SUCCEEDED StepCallStatus = 2
 	// The call raised; its error is recorded and raised again on replay.
 	StepCallStatus_STEP_CALL_STATUS_FAILED StepCallStatus = 3
+	// A wait (WorkerService.Wait) that is not over: the node gave up its lease until
+	// wake_at, or until it is woken (an event sent, a child run finished). The next
+	// Wait of the same step call decides again; it then becomes SUCCEEDED or FAILED.
+	StepCallStatus_STEP_CALL_STATUS_WAITING StepCallStatus = 4
 )
 
 // Enum value maps for StepCallStatus.
@@ -248,12 +252,14 @@ var (
 		1: "STEP_CALL_STATUS_STARTED",
 		2: "STEP_CALL_STATUS_SUCCEEDED",
 		3: "STEP_CALL_STATUS_FAILED",
+		4: "STEP_CALL_STATUS_WAITING",
 	}
 	StepCallStatus_value = map[string]int32{
 		"STEP_CALL_STATUS_UNSPECIFIED": 0,
 		"STEP_CALL_STATUS_STARTED":     1,
 		"STEP_CALL_STATUS_SUCCEEDED":   2,
 		"STEP_CALL_STATUS_FAILED":      3,
+		"STEP_CALL_STATUS_WAITING":     4,
 	}
 )
 
@@ -361,7 +367,14 @@ type Node struct {
 	Timeout *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Static input of this node (any JSON). The handler also receives the run input
 	// and the outputs of its upstream nodes.
-	Input         *structpb.Value `protobuf:"bytes,7,opt,name=input,proto3" json:"input,omitempty"`
+	Input *structpb.Value `protobuf:"bytes,7,opt,name=input,proto3" json:"input,omitempty"`
+	// Makes the node a wait for an event sent to the run (SendEvent), handled by the
+	// server itself: no worker runs it, and `action` must be empty. It completes with
+	// the event's payload as its output once such an event is there (one sent before
+	// the node became ready counts; each event is consumed once). When the timeout
+	// passes first it is discarded with an EventTimeout error (no retry), so that
+	// ONE_FAILED nodes below it run. See docs/time-and-events.md.
+	Event         *EventWait `protobuf:"bytes,9,opt,name=event,proto3" json:"event,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -445,6 +458,70 @@ func (x *Node) GetInput() *structpb.Value {
 	return nil
 }
 
+func (x *Node) GetEvent() *EventWait {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+// A wait for an event sent to the run by name (SendEvent), in a DAG node (Node.event)
+// or in a durable function's body (WaitRequest.event).
+type EventWait struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The event's name, e.g. "order.approved": 1-200 printable characters.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// How long to wait, counted from the first time the wait is made (a replay keeps
+	// that deadline). Unset: no limit. Otherwise 1ms to 366 days.
+	Timeout       *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventWait) Reset() {
+	*x = EventWait{}
+	mi := &file_cyclone_v1_types_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventWait) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventWait) ProtoMessage() {}
+
+func (x *EventWait) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_types_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventWait.ProtoReflect.Descriptor instead.
+func (*EventWait) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EventWait) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EventWait) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
 // Retry policy of a node. Every claim counts as an attempt, including claims whose
 // lease expired, so a handler that crashes its worker is eventually discarded.
 type RetryPolicy struct {
@@ -464,7 +541,7 @@ type RetryPolicy struct {
 
 func (x *RetryPolicy) Reset() {
 	*x = RetryPolicy{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[2]
+	mi := &file_cyclone_v1_types_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +553,7 @@ func (x *RetryPolicy) String() string {
 func (*RetryPolicy) ProtoMessage() {}
 
 func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[2]
+	mi := &file_cyclone_v1_types_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +566,7 @@ func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryPolicy.ProtoReflect.Descriptor instead.
 func (*RetryPolicy) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RetryPolicy) GetMaxAttempts() int32 {
@@ -562,7 +639,7 @@ type Run struct {
 
 func (x *Run) Reset() {
 	*x = Run{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[3]
+	mi := &file_cyclone_v1_types_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -574,7 +651,7 @@ func (x *Run) String() string {
 func (*Run) ProtoMessage() {}
 
 func (x *Run) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[3]
+	mi := &file_cyclone_v1_types_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -587,7 +664,7 @@ func (x *Run) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Run.ProtoReflect.Descriptor instead.
 func (*Run) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Run) GetRunId() string {
@@ -717,7 +794,7 @@ type RunError struct {
 
 func (x *RunError) Reset() {
 	*x = RunError{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[4]
+	mi := &file_cyclone_v1_types_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +806,7 @@ func (x *RunError) String() string {
 func (*RunError) ProtoMessage() {}
 
 func (x *RunError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[4]
+	mi := &file_cyclone_v1_types_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +819,7 @@ func (x *RunError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunError.ProtoReflect.Descriptor instead.
 func (*RunError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RunError) GetKind() string {
@@ -832,14 +909,22 @@ type Step struct {
 	LastHeartbeatAt *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=last_heartbeat_at,json=lastHeartbeatAt,proto3" json:"last_heartbeat_at,omitempty"`
 	// The node's journal, when its handler is a durable function: its step calls in call
 	// order. Filled by GetRun only.
-	Journal       []*StepCall `protobuf:"bytes,20,rep,name=journal,proto3" json:"journal,omitempty"`
+	Journal []*StepCall `protobuf:"bytes,20,rep,name=journal,proto3" json:"journal,omitempty"`
+	// How many times the node gave up its lease to wait (a durable sleep, an event, a
+	// child run) and was claimed again. Each of those claims adds 1 to `attempt` too,
+	// but none uses up an attempt: the retry policy compares max_attempts with
+	// attempt - resumes.
+	Resumes int32 `protobuf:"varint,21,opt,name=resumes,proto3" json:"resumes,omitempty"`
+	// While the node is AVAILABLE because it waits (see `available_at` for until when):
+	// what for, e.g. "sleep", "event order.approved", "child <run_id>". Empty otherwise.
+	WaitingFor    string `protobuf:"bytes,22,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[5]
+	mi := &file_cyclone_v1_types_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +936,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[5]
+	mi := &file_cyclone_v1_types_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +949,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Step) GetNode() string {
@@ -1007,6 +1092,20 @@ func (x *Step) GetJournal() []*StepCall {
 	return nil
 }
 
+func (x *Step) GetResumes() int32 {
+	if x != nil {
+		return x.Resumes
+	}
+	return 0
+}
+
+func (x *Step) GetWaitingFor() string {
+	if x != nil {
+		return x.WaitingFor
+	}
+	return ""
+}
+
 // One step call recorded by a durable function: an entry of its node's journal,
 // unique by (run_id, node, step_id).
 type StepCall struct {
@@ -1030,14 +1129,21 @@ type StepCall struct {
 	// When the call began (STARTED was recorded; for a safe call, when it ended).
 	StartedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
 	// When its outcome was recorded.
-	FinishedAt    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
+	FinishedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
+	// For a wait (function "cyclone.sleep", "cyclone.event", "cyclone.child"): when the
+	// node looks again without being woken: the end of the sleep, the event's timeout;
+	// unset when the wait has no limit. Kept after the wait is over.
+	WakeAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=wake_at,json=wakeAt,proto3" json:"wake_at,omitempty"`
+	// For a wait: what it waits for, e.g. "sleep", "event order.approved",
+	// "child <run_id>". Empty for other step calls.
+	WaitingFor    string `protobuf:"bytes,12,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StepCall) Reset() {
 	*x = StepCall{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[6]
+	mi := &file_cyclone_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1049,7 +1155,7 @@ func (x *StepCall) String() string {
 func (*StepCall) ProtoMessage() {}
 
 func (x *StepCall) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[6]
+	mi := &file_cyclone_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1062,7 +1168,7 @@ func (x *StepCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCall.ProtoReflect.Descriptor instead.
 func (*StepCall) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StepCall) GetStepId() string {
@@ -1135,6 +1241,20 @@ func (x *StepCall) GetFinishedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *StepCall) GetWakeAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WakeAt
+	}
+	return nil
+}
+
+func (x *StepCall) GetWaitingFor() string {
+	if x != nil {
+		return x.WaitingFor
+	}
+	return ""
+}
+
 // The error a step call raised.
 type StepCallError struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1150,7 +1270,7 @@ type StepCallError struct {
 
 func (x *StepCallError) Reset() {
 	*x = StepCallError{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[7]
+	mi := &file_cyclone_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +1282,7 @@ func (x *StepCallError) String() string {
 func (*StepCallError) ProtoMessage() {}
 
 func (x *StepCallError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[7]
+	mi := &file_cyclone_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +1295,7 @@ func (x *StepCallError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCallError.ProtoReflect.Descriptor instead.
 func (*StepCallError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StepCallError) GetType() string {
@@ -1222,7 +1342,7 @@ type StepError struct {
 
 func (x *StepError) Reset() {
 	*x = StepError{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[8]
+	mi := &file_cyclone_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1354,7 @@ func (x *StepError) String() string {
 func (*StepError) ProtoMessage() {}
 
 func (x *StepError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[8]
+	mi := &file_cyclone_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1367,7 @@ func (x *StepError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepError.ProtoReflect.Descriptor instead.
 func (*StepError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StepError) GetAttempt() int32 {
@@ -1320,7 +1440,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[9]
+	mi := &file_cyclone_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1332,7 +1452,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[9]
+	mi := &file_cyclone_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1345,7 +1465,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AuditEntry) GetAction() string {
@@ -1398,7 +1518,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"cyclone.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"F\n" +
 	"\bWorkflow\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12&\n" +
-	"\x05nodes\x18\x02 \x03(\v2\x10.cyclone.v1.NodeR\x05nodes\"\x9f\x02\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x10.cyclone.v1.NodeR\x05nodes\"\xcc\x02\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x1d\n" +
@@ -1407,7 +1527,11 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\ftrigger_rule\x18\x04 \x01(\x0e2\x17.cyclone.v1.TriggerRuleR\vtriggerRule\x12-\n" +
 	"\x05retry\x18\x05 \x01(\v2\x17.cyclone.v1.RetryPolicyR\x05retry\x123\n" +
 	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12,\n" +
-	"\x05input\x18\a \x01(\v2\x16.google.protobuf.ValueR\x05input\"\xdf\x01\n" +
+	"\x05input\x18\a \x01(\v2\x16.google.protobuf.ValueR\x05input\x12+\n" +
+	"\x05event\x18\t \x01(\v2\x15.cyclone.v1.EventWaitR\x05event\"T\n" +
+	"\tEventWait\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x123\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\xdf\x01\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12B\n" +
 	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
@@ -1447,7 +1571,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x129\n" +
 	"\n" +
 	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x17\n" +
-	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xad\a\n" +
+	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xe8\a\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12.\n" +
@@ -1472,7 +1596,10 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\atimeout\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x122\n" +
 	"\bprogress\x18\x12 \x01(\v2\x16.google.protobuf.ValueR\bprogress\x12F\n" +
 	"\x11last_heartbeat_at\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastHeartbeatAt\x12.\n" +
-	"\ajournal\x18\x14 \x03(\v2\x14.cyclone.v1.StepCallR\ajournal\"\xa2\x03\n" +
+	"\ajournal\x18\x14 \x03(\v2\x14.cyclone.v1.StepCallR\ajournal\x12\x18\n" +
+	"\aresumes\x18\x15 \x01(\x05R\aresumes\x12\x1f\n" +
+	"\vwaiting_for\x18\x16 \x01(\tR\n" +
+	"waitingFor\"\xf8\x03\n" +
 	"\bStepCall\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x05R\x03seq\x12\x1a\n" +
@@ -1486,7 +1613,10 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"started_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12;\n" +
 	"\vfinished_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"finishedAt\"W\n" +
+	"finishedAt\x123\n" +
+	"\awake_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x06wakeAt\x12\x1f\n" +
+	"\vwaiting_for\x18\f \x01(\tR\n" +
+	"waitingFor\"W\n" +
 	"\rStepCallError\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x18\n" +
@@ -1529,12 +1659,13 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x15STEP_STATUS_DISCARDED\x10\x05\x12\x19\n" +
 	"\x15STEP_STATUS_UNCERTAIN\x10\x06\x12\x17\n" +
 	"\x13STEP_STATUS_SKIPPED\x10\a\x12\x19\n" +
-	"\x15STEP_STATUS_CANCELLED\x10\b*\x8d\x01\n" +
+	"\x15STEP_STATUS_CANCELLED\x10\b*\xab\x01\n" +
 	"\x0eStepCallStatus\x12 \n" +
 	"\x1cSTEP_CALL_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18STEP_CALL_STATUS_STARTED\x10\x01\x12\x1e\n" +
 	"\x1aSTEP_CALL_STATUS_SUCCEEDED\x10\x02\x12\x1b\n" +
-	"\x17STEP_CALL_STATUS_FAILED\x10\x03b\x06proto3"
+	"\x17STEP_CALL_STATUS_FAILED\x10\x03\x12\x1c\n" +
+	"\x18STEP_CALL_STATUS_WAITING\x10\x04b\x06proto3"
 
 var (
 	file_cyclone_v1_types_proto_rawDescOnce sync.Once
@@ -1549,7 +1680,7 @@ func file_cyclone_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_cyclone_v1_types_proto_goTypes = []any{
 	(TriggerRule)(0),              // 0: cyclone.v1.TriggerRule
 	(RunStatus)(0),                // 1: cyclone.v1.RunStatus
@@ -1557,63 +1688,67 @@ var file_cyclone_v1_types_proto_goTypes = []any{
 	(StepCallStatus)(0),           // 3: cyclone.v1.StepCallStatus
 	(*Workflow)(nil),              // 4: cyclone.v1.Workflow
 	(*Node)(nil),                  // 5: cyclone.v1.Node
-	(*RetryPolicy)(nil),           // 6: cyclone.v1.RetryPolicy
-	(*Run)(nil),                   // 7: cyclone.v1.Run
-	(*RunError)(nil),              // 8: cyclone.v1.RunError
-	(*Step)(nil),                  // 9: cyclone.v1.Step
-	(*StepCall)(nil),              // 10: cyclone.v1.StepCall
-	(*StepCallError)(nil),         // 11: cyclone.v1.StepCallError
-	(*StepError)(nil),             // 12: cyclone.v1.StepError
-	(*AuditEntry)(nil),            // 13: cyclone.v1.AuditEntry
-	nil,                           // 14: cyclone.v1.Run.StepCountsEntry
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 16: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*EventWait)(nil),             // 6: cyclone.v1.EventWait
+	(*RetryPolicy)(nil),           // 7: cyclone.v1.RetryPolicy
+	(*Run)(nil),                   // 8: cyclone.v1.Run
+	(*RunError)(nil),              // 9: cyclone.v1.RunError
+	(*Step)(nil),                  // 10: cyclone.v1.Step
+	(*StepCall)(nil),              // 11: cyclone.v1.StepCall
+	(*StepCallError)(nil),         // 12: cyclone.v1.StepCallError
+	(*StepError)(nil),             // 13: cyclone.v1.StepError
+	(*AuditEntry)(nil),            // 14: cyclone.v1.AuditEntry
+	nil,                           // 15: cyclone.v1.Run.StepCountsEntry
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 17: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
 }
 var file_cyclone_v1_types_proto_depIdxs = []int32{
 	5,  // 0: cyclone.v1.Workflow.nodes:type_name -> cyclone.v1.Node
 	0,  // 1: cyclone.v1.Node.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	6,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
-	15, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
-	16, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
-	15, // 5: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	15, // 6: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
-	1,  // 7: cyclone.v1.Run.status:type_name -> cyclone.v1.RunStatus
-	16, // 8: cyclone.v1.Run.input:type_name -> google.protobuf.Value
-	8,  // 9: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
-	17, // 10: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	17, // 11: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	17, // 12: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	9,  // 13: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
-	13, // 14: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
-	14, // 15: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
-	17, // 16: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
-	2,  // 17: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
-	0,  // 18: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	16, // 19: cyclone.v1.Step.input:type_name -> google.protobuf.Value
-	16, // 20: cyclone.v1.Step.output:type_name -> google.protobuf.Value
-	12, // 21: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
-	17, // 22: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
-	17, // 23: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
-	17, // 24: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
-	17, // 25: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
-	15, // 26: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
-	16, // 27: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
-	17, // 28: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	10, // 29: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
-	3,  // 30: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
-	16, // 31: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
-	11, // 32: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
-	17, // 33: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
-	17, // 34: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
-	17, // 35: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
-	17, // 36: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	16, // 37: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
-	38, // [38:38] is the sub-list for method output_type
-	38, // [38:38] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	7,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
+	16, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
+	17, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
+	6,  // 5: cyclone.v1.Node.event:type_name -> cyclone.v1.EventWait
+	16, // 6: cyclone.v1.EventWait.timeout:type_name -> google.protobuf.Duration
+	16, // 7: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	16, // 8: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	1,  // 9: cyclone.v1.Run.status:type_name -> cyclone.v1.RunStatus
+	17, // 10: cyclone.v1.Run.input:type_name -> google.protobuf.Value
+	9,  // 11: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
+	18, // 12: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	18, // 13: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	18, // 14: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	10, // 15: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
+	14, // 16: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
+	15, // 17: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
+	18, // 18: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
+	2,  // 19: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
+	0,  // 20: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
+	17, // 21: cyclone.v1.Step.input:type_name -> google.protobuf.Value
+	17, // 22: cyclone.v1.Step.output:type_name -> google.protobuf.Value
+	13, // 23: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
+	18, // 24: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
+	18, // 25: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
+	18, // 26: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
+	18, // 27: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
+	16, // 28: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
+	17, // 29: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
+	18, // 30: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	11, // 31: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
+	3,  // 32: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
+	17, // 33: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
+	12, // 34: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
+	18, // 35: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
+	18, // 36: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
+	18, // 37: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
+	18, // 38: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
+	18, // 39: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	17, // 40: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
+	41, // [41:41] is the sub-list for method output_type
+	41, // [41:41] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_types_proto_init() }
@@ -1627,7 +1762,7 @@ func file_cyclone_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_types_proto_rawDesc), len(file_cyclone_v1_types_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

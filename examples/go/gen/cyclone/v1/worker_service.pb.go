@@ -83,6 +83,61 @@ func (StepCallDecision) EnumDescriptor() ([]byte, []int) {
 	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{0}
 }
 
+// What the caller of Wait must do.
+type WaitDecision int32
+
+const (
+	// Never sent.
+	WaitDecision_WAIT_DECISION_UNSPECIFIED WaitDecision = 0
+	// The wait is over: `call` holds the outcome (SUCCEEDED: return its output; FAILED:
+	// raise its error). The node keeps its lease.
+	WaitDecision_WAIT_DECISION_READY WaitDecision = 1
+	// The wait goes on without the worker: `call` is WAITING, the node's lease is over.
+	// Stop the body and drop the node without a Complete.
+	WaitDecision_WAIT_DECISION_SUSPENDED WaitDecision = 2
+)
+
+// Enum value maps for WaitDecision.
+var (
+	WaitDecision_name = map[int32]string{
+		0: "WAIT_DECISION_UNSPECIFIED",
+		1: "WAIT_DECISION_READY",
+		2: "WAIT_DECISION_SUSPENDED",
+	}
+	WaitDecision_value = map[string]int32{
+		"WAIT_DECISION_UNSPECIFIED": 0,
+		"WAIT_DECISION_READY":       1,
+		"WAIT_DECISION_SUSPENDED":   2,
+	}
+)
+
+func (x WaitDecision) Enum() *WaitDecision {
+	p := new(WaitDecision)
+	*p = x
+	return p
+}
+
+func (x WaitDecision) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WaitDecision) Descriptor() protoreflect.EnumDescriptor {
+	return file_cyclone_v1_worker_service_proto_enumTypes[1].Descriptor()
+}
+
+func (WaitDecision) Type() protoreflect.EnumType {
+	return &file_cyclone_v1_worker_service_proto_enumTypes[1]
+}
+
+func (x WaitDecision) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WaitDecision.Descriptor instead.
+func (WaitDecision) EnumDescriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{1}
+}
+
 // An action a worker serves.
 type ActionSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1952,6 +2007,214 @@ func (x *StartChildResponse) GetCall() *StepCall {
 	return nil
 }
 
+// Arguments of WorkerService.Wait. The node is named by run_id and node; lease_token
+// is the one its Claim returned.
+type WaitRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run of the held step.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node of the held step.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The lease token from Claim.
+	LeaseToken string `protobuf:"bytes,3,opt,name=lease_token,json=leaseToken,proto3" json:"lease_token,omitempty"`
+	// The wait's step id, as in BeginStepCallRequest ("sleep", "sleep#2",
+	// "event:order.approved"...): 1-200 printable characters, stable across replays.
+	StepId string `protobuf:"bytes,4,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The call's position in the body, as in BeginStepCallRequest: 1-100000.
+	Seq int32 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
+	// What to wait for: exactly one.
+	//
+	// Types that are valid to be assigned to Until:
+	//
+	//	*WaitRequest_WakeAt
+	//	*WaitRequest_Event
+	//	*WaitRequest_ChildRunId
+	Until         isWaitRequest_Until `protobuf_oneof:"until"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitRequest) Reset() {
+	*x = WaitRequest{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitRequest) ProtoMessage() {}
+
+func (x *WaitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
+func (*WaitRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *WaitRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *WaitRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *WaitRequest) GetLeaseToken() string {
+	if x != nil {
+		return x.LeaseToken
+	}
+	return ""
+}
+
+func (x *WaitRequest) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *WaitRequest) GetSeq() int32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *WaitRequest) GetUntil() isWaitRequest_Until {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *WaitRequest) GetWakeAt() *timestamppb.Timestamp {
+	if x != nil {
+		if x, ok := x.Until.(*WaitRequest_WakeAt); ok {
+			return x.WakeAt
+		}
+	}
+	return nil
+}
+
+func (x *WaitRequest) GetEvent() *EventWait {
+	if x != nil {
+		if x, ok := x.Until.(*WaitRequest_Event); ok {
+			return x.Event
+		}
+	}
+	return nil
+}
+
+func (x *WaitRequest) GetChildRunId() string {
+	if x != nil {
+		if x, ok := x.Until.(*WaitRequest_ChildRunId); ok {
+			return x.ChildRunId
+		}
+	}
+	return ""
+}
+
+type isWaitRequest_Until interface {
+	isWaitRequest_Until()
+}
+
+type WaitRequest_WakeAt struct {
+	// A durable sleep until this time (function "cyclone.sleep"). A time already past
+	// answers READY at once.
+	WakeAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=wake_at,json=wakeAt,proto3,oneof"`
+}
+
+type WaitRequest_Event struct {
+	// An event sent to the run with this name (function "cyclone.event"). The oldest
+	// such event not consumed yet is consumed by this call, once.
+	Event *EventWait `protobuf:"bytes,7,opt,name=event,proto3,oneof"`
+}
+
+type WaitRequest_ChildRunId struct {
+	// The outcome of a child run (function "cyclone.child").
+	ChildRunId string `protobuf:"bytes,8,opt,name=child_run_id,json=childRunId,proto3,oneof"`
+}
+
+func (*WaitRequest_WakeAt) isWaitRequest_Until() {}
+
+func (*WaitRequest_Event) isWaitRequest_Until() {}
+
+func (*WaitRequest_ChildRunId) isWaitRequest_Until() {}
+
+// Result of WorkerService.Wait.
+type WaitResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What to do.
+	Decision WaitDecision `protobuf:"varint,1,opt,name=decision,proto3,enum=cyclone.v1.WaitDecision" json:"decision,omitempty"`
+	// The journal entry: SUCCEEDED or FAILED for READY, WAITING for SUSPENDED.
+	Call          *StepCall `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitResponse) Reset() {
+	*x = WaitResponse{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitResponse) ProtoMessage() {}
+
+func (x *WaitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
+func (*WaitResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *WaitResponse) GetDecision() WaitDecision {
+	if x != nil {
+		return x.Decision
+	}
+	return WaitDecision_WAIT_DECISION_UNSPECIFIED
+}
+
+func (x *WaitResponse) GetCall() *StepCall {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
 var File_cyclone_v1_worker_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_worker_service_proto_rawDesc = "" +
@@ -2094,12 +2357,31 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\fchild_run_id\x18\x01 \x01(\tR\n" +
 	"childRunId\x12\x18\n" +
 	"\acreated\x18\x02 \x01(\bR\acreated\x12(\n" +
-	"\x04call\x18\x03 \x01(\v2\x14.cyclone.v1.StepCallR\x04call*\x95\x01\n" +
+	"\x04call\x18\x03 \x01(\v2\x14.cyclone.v1.StepCallR\x04call\"\x97\x02\n" +
+	"\vWaitRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
+	"\vlease_token\x18\x03 \x01(\tR\n" +
+	"leaseToken\x12\x17\n" +
+	"\astep_id\x18\x04 \x01(\tR\x06stepId\x12\x10\n" +
+	"\x03seq\x18\x05 \x01(\x05R\x03seq\x125\n" +
+	"\awake_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampH\x00R\x06wakeAt\x12-\n" +
+	"\x05event\x18\a \x01(\v2\x15.cyclone.v1.EventWaitH\x00R\x05event\x12\"\n" +
+	"\fchild_run_id\x18\b \x01(\tH\x00R\n" +
+	"childRunIdB\a\n" +
+	"\x05until\"n\n" +
+	"\fWaitResponse\x124\n" +
+	"\bdecision\x18\x01 \x01(\x0e2\x18.cyclone.v1.WaitDecisionR\bdecision\x12(\n" +
+	"\x04call\x18\x02 \x01(\v2\x14.cyclone.v1.StepCallR\x04call*\x95\x01\n" +
 	"\x10StepCallDecision\x12\"\n" +
 	"\x1eSTEP_CALL_DECISION_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16STEP_CALL_DECISION_RUN\x10\x01\x12\x1f\n" +
 	"\x1bSTEP_CALL_DECISION_RECORDED\x10\x02\x12 \n" +
-	"\x1cSTEP_CALL_DECISION_UNCERTAIN\x10\x032\xa4\x04\n" +
+	"\x1cSTEP_CALL_DECISION_UNCERTAIN\x10\x03*c\n" +
+	"\fWaitDecision\x12\x1d\n" +
+	"\x19WAIT_DECISION_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13WAIT_DECISION_READY\x10\x01\x12\x1b\n" +
+	"\x17WAIT_DECISION_SUSPENDED\x10\x022\xdf\x04\n" +
 	"\rWorkerService\x12<\n" +
 	"\x05Claim\x12\x18.cyclone.v1.ClaimRequest\x1a\x19.cyclone.v1.ClaimResponse\x12H\n" +
 	"\tHeartbeat\x12\x1c.cyclone.v1.HeartbeatRequest\x1a\x1d.cyclone.v1.HeartbeatResponse\x12E\n" +
@@ -2108,7 +2390,8 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\rBeginStepCall\x12 .cyclone.v1.BeginStepCallRequest\x1a!.cyclone.v1.BeginStepCallResponse\x12N\n" +
 	"\vEndStepCall\x12\x1e.cyclone.v1.EndStepCallRequest\x1a\x1f.cyclone.v1.EndStepCallResponse\x12K\n" +
 	"\n" +
-	"StartChild\x12\x1d.cyclone.v1.StartChildRequest\x1a\x1e.cyclone.v1.StartChildResponseb\x06proto3"
+	"StartChild\x12\x1d.cyclone.v1.StartChildRequest\x1a\x1e.cyclone.v1.StartChildResponse\x129\n" +
+	"\x04Wait\x12\x17.cyclone.v1.WaitRequest\x1a\x18.cyclone.v1.WaitResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_worker_service_proto_rawDescOnce sync.Once
@@ -2122,108 +2405,118 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 	return file_cyclone_v1_worker_service_proto_rawDescData
 }
 
-var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
-	(*ActionSpec)(nil),            // 1: cyclone.v1.ActionSpec
-	(*ClaimRequest)(nil),          // 2: cyclone.v1.ClaimRequest
-	(*ClaimResponse)(nil),         // 3: cyclone.v1.ClaimResponse
-	(*ClaimedStep)(nil),           // 4: cyclone.v1.ClaimedStep
-	(*UpstreamFailure)(nil),       // 5: cyclone.v1.UpstreamFailure
-	(*HeartbeatRequest)(nil),      // 6: cyclone.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 7: cyclone.v1.HeartbeatResponse
-	(*CompleteRequest)(nil),       // 8: cyclone.v1.CompleteRequest
-	(*Failure)(nil),               // 9: cyclone.v1.Failure
-	(*CompleteResponse)(nil),      // 10: cyclone.v1.CompleteResponse
-	(*CompleteManyRequest)(nil),   // 11: cyclone.v1.CompleteManyRequest
-	(*CompleteManyResponse)(nil),  // 12: cyclone.v1.CompleteManyResponse
-	(*StepCallEndResult)(nil),     // 13: cyclone.v1.StepCallEndResult
-	(*StepCallBeginResult)(nil),   // 14: cyclone.v1.StepCallBeginResult
-	(*CompleteResult)(nil),        // 15: cyclone.v1.CompleteResult
-	(*CompleteError)(nil),         // 16: cyclone.v1.CompleteError
-	(*BeginStepCallRequest)(nil),  // 17: cyclone.v1.BeginStepCallRequest
-	(*BeginStepCallResponse)(nil), // 18: cyclone.v1.BeginStepCallResponse
-	(*EndStepCallRequest)(nil),    // 19: cyclone.v1.EndStepCallRequest
-	(*EndStepCallResponse)(nil),   // 20: cyclone.v1.EndStepCallResponse
-	(*StartChildRequest)(nil),     // 21: cyclone.v1.StartChildRequest
-	(*StartChildResponse)(nil),    // 22: cyclone.v1.StartChildResponse
-	nil,                           // 23: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 25: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
-	(*StepCall)(nil),              // 27: cyclone.v1.StepCall
-	(StepStatus)(0),               // 28: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 29: cyclone.v1.StepError
-	(RunStatus)(0),                // 30: cyclone.v1.RunStatus
-	(*StepCallError)(nil),         // 31: cyclone.v1.StepCallError
-	(*Workflow)(nil),              // 32: cyclone.v1.Workflow
+	(WaitDecision)(0),             // 1: cyclone.v1.WaitDecision
+	(*ActionSpec)(nil),            // 2: cyclone.v1.ActionSpec
+	(*ClaimRequest)(nil),          // 3: cyclone.v1.ClaimRequest
+	(*ClaimResponse)(nil),         // 4: cyclone.v1.ClaimResponse
+	(*ClaimedStep)(nil),           // 5: cyclone.v1.ClaimedStep
+	(*UpstreamFailure)(nil),       // 6: cyclone.v1.UpstreamFailure
+	(*HeartbeatRequest)(nil),      // 7: cyclone.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 8: cyclone.v1.HeartbeatResponse
+	(*CompleteRequest)(nil),       // 9: cyclone.v1.CompleteRequest
+	(*Failure)(nil),               // 10: cyclone.v1.Failure
+	(*CompleteResponse)(nil),      // 11: cyclone.v1.CompleteResponse
+	(*CompleteManyRequest)(nil),   // 12: cyclone.v1.CompleteManyRequest
+	(*CompleteManyResponse)(nil),  // 13: cyclone.v1.CompleteManyResponse
+	(*StepCallEndResult)(nil),     // 14: cyclone.v1.StepCallEndResult
+	(*StepCallBeginResult)(nil),   // 15: cyclone.v1.StepCallBeginResult
+	(*CompleteResult)(nil),        // 16: cyclone.v1.CompleteResult
+	(*CompleteError)(nil),         // 17: cyclone.v1.CompleteError
+	(*BeginStepCallRequest)(nil),  // 18: cyclone.v1.BeginStepCallRequest
+	(*BeginStepCallResponse)(nil), // 19: cyclone.v1.BeginStepCallResponse
+	(*EndStepCallRequest)(nil),    // 20: cyclone.v1.EndStepCallRequest
+	(*EndStepCallResponse)(nil),   // 21: cyclone.v1.EndStepCallResponse
+	(*StartChildRequest)(nil),     // 22: cyclone.v1.StartChildRequest
+	(*StartChildResponse)(nil),    // 23: cyclone.v1.StartChildResponse
+	(*WaitRequest)(nil),           // 24: cyclone.v1.WaitRequest
+	(*WaitResponse)(nil),          // 25: cyclone.v1.WaitResponse
+	nil,                           // 26: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 28: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(*StepCall)(nil),              // 30: cyclone.v1.StepCall
+	(StepStatus)(0),               // 31: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 32: cyclone.v1.StepError
+	(RunStatus)(0),                // 33: cyclone.v1.RunStatus
+	(*StepCallError)(nil),         // 34: cyclone.v1.StepCallError
+	(*Workflow)(nil),              // 35: cyclone.v1.Workflow
+	(*EventWait)(nil),             // 36: cyclone.v1.EventWait
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
-	1,  // 0: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	24, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	24, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
-	4,  // 3: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
-	25, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	25, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	23, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	26, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	26, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	25, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
-	5,  // 10: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	27, // 11: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	28, // 12: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	29, // 13: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	25, // 14: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	24, // 15: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	26, // 16: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	25, // 17: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
-	9,  // 18: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	24, // 19: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	28, // 20: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	26, // 21: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	30, // 22: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
-	8,  // 23: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
-	19, // 24: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
-	17, // 25: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
-	15, // 26: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
-	13, // 27: cyclone.v1.CompleteManyResponse.step_call_end_results:type_name -> cyclone.v1.StepCallEndResult
-	14, // 28: cyclone.v1.CompleteManyResponse.step_call_begin_results:type_name -> cyclone.v1.StepCallBeginResult
-	20, // 29: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
-	16, // 30: cyclone.v1.StepCallEndResult.error:type_name -> cyclone.v1.CompleteError
-	18, // 31: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
-	16, // 32: cyclone.v1.StepCallBeginResult.error:type_name -> cyclone.v1.CompleteError
-	10, // 33: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
-	16, // 34: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
+	2,  // 0: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
+	27, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	27, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	5,  // 3: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
+	28, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	28, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	26, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	29, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	29, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	28, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	6,  // 10: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
+	30, // 11: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	31, // 12: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	32, // 13: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	28, // 14: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	27, // 15: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	29, // 16: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	28, // 17: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	10, // 18: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
+	27, // 19: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	31, // 20: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	29, // 21: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	33, // 22: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	9,  // 23: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
+	20, // 24: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
+	18, // 25: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
+	16, // 26: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
+	14, // 27: cyclone.v1.CompleteManyResponse.step_call_end_results:type_name -> cyclone.v1.StepCallEndResult
+	15, // 28: cyclone.v1.CompleteManyResponse.step_call_begin_results:type_name -> cyclone.v1.StepCallBeginResult
+	21, // 29: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
+	17, // 30: cyclone.v1.StepCallEndResult.error:type_name -> cyclone.v1.CompleteError
+	19, // 31: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
+	17, // 32: cyclone.v1.StepCallBeginResult.error:type_name -> cyclone.v1.CompleteError
+	11, // 33: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
+	17, // 34: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
 	0,  // 35: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	27, // 36: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	30, // 37: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	25, // 38: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	31, // 39: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	27, // 40: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	32, // 41: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
-	25, // 42: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
-	27, // 43: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
-	25, // 44: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	2,  // 45: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	6,  // 46: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	8,  // 47: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	11, // 48: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	17, // 49: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	19, // 50: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	21, // 51: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
-	3,  // 52: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	7,  // 53: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	10, // 54: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	12, // 55: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	18, // 56: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	20, // 57: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	22, // 58: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
-	52, // [52:59] is the sub-list for method output_type
-	45, // [45:52] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	30, // 36: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	33, // 37: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	28, // 38: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	34, // 39: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	30, // 40: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	35, // 41: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
+	28, // 42: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
+	30, // 43: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
+	29, // 44: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
+	36, // 45: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
+	1,  // 46: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
+	30, // 47: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
+	28, // 48: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	3,  // 49: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	7,  // 50: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	9,  // 51: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	12, // 52: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	18, // 53: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	20, // 54: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	22, // 55: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
+	24, // 56: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
+	4,  // 57: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	8,  // 58: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	11, // 59: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	13, // 60: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	19, // 61: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	21, // 62: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	23, // 63: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
+	25, // 64: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
+	57, // [57:65] is the sub-list for method output_type
+	49, // [49:57] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -2252,13 +2545,18 @@ func file_cyclone_v1_worker_service_proto_init() {
 		(*EndStepCallRequest_Output)(nil),
 		(*EndStepCallRequest_Error)(nil),
 	}
+	file_cyclone_v1_worker_service_proto_msgTypes[22].OneofWrappers = []any{
+		(*WaitRequest_WakeAt)(nil),
+		(*WaitRequest_Event)(nil),
+		(*WaitRequest_ChildRunId)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   23,
+			NumEnums:      2,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const (
 	WorkerService_BeginStepCall_FullMethodName = "/cyclone.v1.WorkerService/BeginStepCall"
 	WorkerService_EndStepCall_FullMethodName   = "/cyclone.v1.WorkerService/EndStepCall"
 	WorkerService_StartChild_FullMethodName    = "/cyclone.v1.WorkerService/StartChild"
+	WorkerService_Wait_FullMethodName          = "/cyclone.v1.WorkerService/Wait"
 )
 
 // WorkerServiceClient is the client API for WorkerService service.
@@ -87,6 +88,21 @@ type WorkerServiceClient interface {
 	// its unfinished children (CancelRunRequest.keep_children). See
 	// docs/time-and-events.md.
 	StartChild(ctx context.Context, in *StartChildRequest, opts ...grpc.CallOption) (*StartChildResponse, error)
+	// A durable function waits: a durable sleep (until wake_at), an event sent to the
+	// run (SendEvent), or a child run's outcome. Journaled as a step call (function
+	// "cyclone.sleep", "cyclone.event", "cyclone.child") and fenced by the lease token as
+	// BeginStepCall: a stale token is ABORTED and writes nothing. Answers in one
+	// transaction:
+	// READY with the entry now SUCCEEDED (the sleep is over; the event consumed, its
+	// payload as output; the child finished) or FAILED (EventTimeout: the timeout passed
+	// with no event): the body goes on (or raises);
+	// SUSPENDED with the entry WAITING: the node has given up its lease (a late Complete
+	// or Heartbeat with the token is ABORTED) and is AVAILABLE again from wake_at, or
+	// at once when it is woken; drop it without a Complete and free its slot. Its next
+	// claim replays the body, whose same call sends Wait again. A resume does not use
+	// up an attempt (Step.resumes). The first Wait of a call fixes its wake time and
+	// deadline: a replay keeps them.
+	Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*WaitResponse, error)
 }
 
 type workerServiceClient struct {
@@ -167,6 +183,16 @@ func (c *workerServiceClient) StartChild(ctx context.Context, in *StartChildRequ
 	return out, nil
 }
 
+func (c *workerServiceClient) Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*WaitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WaitResponse)
+	err := c.cc.Invoke(ctx, WorkerService_Wait_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServiceServer is the server API for WorkerService service.
 // All implementations must embed UnimplementedWorkerServiceServer
 // for forward compatibility.
@@ -226,6 +252,21 @@ type WorkerServiceServer interface {
 	// its unfinished children (CancelRunRequest.keep_children). See
 	// docs/time-and-events.md.
 	StartChild(context.Context, *StartChildRequest) (*StartChildResponse, error)
+	// A durable function waits: a durable sleep (until wake_at), an event sent to the
+	// run (SendEvent), or a child run's outcome. Journaled as a step call (function
+	// "cyclone.sleep", "cyclone.event", "cyclone.child") and fenced by the lease token as
+	// BeginStepCall: a stale token is ABORTED and writes nothing. Answers in one
+	// transaction:
+	// READY with the entry now SUCCEEDED (the sleep is over; the event consumed, its
+	// payload as output; the child finished) or FAILED (EventTimeout: the timeout passed
+	// with no event): the body goes on (or raises);
+	// SUSPENDED with the entry WAITING: the node has given up its lease (a late Complete
+	// or Heartbeat with the token is ABORTED) and is AVAILABLE again from wake_at, or
+	// at once when it is woken; drop it without a Complete and free its slot. Its next
+	// claim replays the body, whose same call sends Wait again. A resume does not use
+	// up an attempt (Step.resumes). The first Wait of a call fixes its wake time and
+	// deadline: a replay keeps them.
+	Wait(context.Context, *WaitRequest) (*WaitResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
 }
 
@@ -256,6 +297,9 @@ func (UnimplementedWorkerServiceServer) EndStepCall(context.Context, *EndStepCal
 }
 func (UnimplementedWorkerServiceServer) StartChild(context.Context, *StartChildRequest) (*StartChildResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method StartChild not implemented")
+}
+func (UnimplementedWorkerServiceServer) Wait(context.Context, *WaitRequest) (*WaitResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Wait not implemented")
 }
 func (UnimplementedWorkerServiceServer) mustEmbedUnimplementedWorkerServiceServer() {}
 func (UnimplementedWorkerServiceServer) testEmbeddedByValue()                       {}
@@ -404,6 +448,24 @@ func _WorkerService_StartChild_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkerService_Wait_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).Wait(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_Wait_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).Wait(ctx, req.(*WaitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkerService_ServiceDesc is the grpc.ServiceDesc for WorkerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -438,6 +500,10 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "StartChild",
 			Handler:    _WorkerService_StartChild_Handler,
+		},
+		{
+			MethodName: "Wait",
+			Handler:    _WorkerService_Wait_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1026,6 +1026,135 @@ func (x *ActionActivity) GetRunning() int32 {
 	return 0
 }
 
+// Arguments of WorkflowService.SendEvent.
+type SendEventRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, by id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The event's name, e.g. "order.approved": 1-200 printable characters.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// The payload (any JSON), handed to the wait that consumes the event. Unset: null.
+	Payload *structpb.Value `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`
+	// Optional idempotency key, 1-200 printable characters, unique per run: a repeated
+	// call with the same key returns the event it sent first.
+	Key           string `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendEventRequest) Reset() {
+	*x = SendEventRequest{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendEventRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendEventRequest) ProtoMessage() {}
+
+func (x *SendEventRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendEventRequest.ProtoReflect.Descriptor instead.
+func (*SendEventRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SendEventRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *SendEventRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SendEventRequest) GetPayload() *structpb.Value {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+func (x *SendEventRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+// Result of WorkflowService.SendEvent.
+type SendEventResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The event's id, increasing in the order events were sent.
+	EventId int64 `protobuf:"varint,1,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	// False when the key named an event sent before: nothing changed.
+	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendEventResponse) Reset() {
+	*x = SendEventResponse{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendEventResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendEventResponse) ProtoMessage() {}
+
+func (x *SendEventResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendEventResponse.ProtoReflect.Descriptor instead.
+func (*SendEventResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *SendEventResponse) GetEventId() int64 {
+	if x != nil {
+		return x.EventId
+	}
+	return 0
+}
+
+func (x *SendEventResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
 var File_cyclone_v1_workflow_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
@@ -1091,7 +1220,15 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x0flast_claimed_by\x18\x05 \x01(\tR\rlastClaimedBy\x12\x1f\n" +
 	"\vready_ahead\x18\x06 \x01(\x05R\n" +
 	"readyAhead\x12\x18\n" +
-	"\arunning\x18\a \x01(\x05R\arunning*\x9a\x03\n" +
+	"\arunning\x18\a \x01(\x05R\arunning\"\x81\x01\n" +
+	"\x10SendEventRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x120\n" +
+	"\apayload\x18\x03 \x01(\v2\x16.google.protobuf.ValueR\apayload\x12\x10\n" +
+	"\x03key\x18\x04 \x01(\tR\x03key\"H\n" +
+	"\x11SendEventResponse\x12\x19\n" +
+	"\bevent_id\x18\x01 \x01(\x03R\aeventId\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated*\x9a\x03\n" +
 	"\rExplainReason\x12\x1e\n" +
 	"\x1aEXPLAIN_REASON_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"EXPLAIN_REASON_WAITING_ON_UPSTREAM\x10\x01\x12\x1e\n" +
@@ -1106,7 +1243,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x16EXPLAIN_REASON_SKIPPED\x10\n" +
 	"\x12\x1c\n" +
 	"\x18EXPLAIN_REASON_CANCELLED\x10\v\x12\x1c\n" +
-	"\x18EXPLAIN_REASON_COMPLETED\x10\f2\xb5\x03\n" +
+	"\x18EXPLAIN_REASON_COMPLETED\x10\f2\xff\x03\n" +
 	"\x0fWorkflowService\x12?\n" +
 	"\x06Submit\x12\x19.cyclone.v1.SubmitRequest\x1a\x1a.cyclone.v1.SubmitResponse\x12K\n" +
 	"\n" +
@@ -1114,7 +1251,8 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x06GetRun\x12\x19.cyclone.v1.GetRunRequest\x1a\x1a.cyclone.v1.GetRunResponse\x12E\n" +
 	"\bListRuns\x12\x1b.cyclone.v1.ListRunsRequest\x1a\x1c.cyclone.v1.ListRunsResponse\x12H\n" +
 	"\tCancelRun\x12\x1c.cyclone.v1.CancelRunRequest\x1a\x1d.cyclone.v1.CancelRunResponse\x12B\n" +
-	"\aExplain\x12\x1a.cyclone.v1.ExplainRequest\x1a\x1b.cyclone.v1.ExplainResponseb\x06proto3"
+	"\aExplain\x12\x1a.cyclone.v1.ExplainRequest\x1a\x1b.cyclone.v1.ExplainResponse\x12H\n" +
+	"\tSendEvent\x12\x1c.cyclone.v1.SendEventRequest\x1a\x1d.cyclone.v1.SendEventResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_workflow_service_proto_rawDescOnce sync.Once
@@ -1129,7 +1267,7 @@ func file_cyclone_v1_workflow_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_workflow_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(ExplainReason)(0),            // 0: cyclone.v1.ExplainReason
 	(*SubmitRequest)(nil),         // 1: cyclone.v1.SubmitRequest
@@ -1146,54 +1284,59 @@ var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(*ExplainResponse)(nil),       // 12: cyclone.v1.ExplainResponse
 	(*NodeState)(nil),             // 13: cyclone.v1.NodeState
 	(*ActionActivity)(nil),        // 14: cyclone.v1.ActionActivity
-	(*Workflow)(nil),              // 15: cyclone.v1.Workflow
-	(*structpb.Value)(nil),        // 16: google.protobuf.Value
-	(*Run)(nil),                   // 17: cyclone.v1.Run
-	(RunStatus)(0),                // 18: cyclone.v1.RunStatus
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
-	(*Step)(nil),                  // 20: cyclone.v1.Step
-	(*RunError)(nil),              // 21: cyclone.v1.RunError
-	(StepStatus)(0),               // 22: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 23: cyclone.v1.StepError
+	(*SendEventRequest)(nil),      // 15: cyclone.v1.SendEventRequest
+	(*SendEventResponse)(nil),     // 16: cyclone.v1.SendEventResponse
+	(*Workflow)(nil),              // 17: cyclone.v1.Workflow
+	(*structpb.Value)(nil),        // 18: google.protobuf.Value
+	(*Run)(nil),                   // 19: cyclone.v1.Run
+	(RunStatus)(0),                // 20: cyclone.v1.RunStatus
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*Step)(nil),                  // 22: cyclone.v1.Step
+	(*RunError)(nil),              // 23: cyclone.v1.RunError
+	(StepStatus)(0),               // 24: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 25: cyclone.v1.StepError
 }
 var file_cyclone_v1_workflow_service_proto_depIdxs = []int32{
-	15, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
-	16, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
-	15, // 2: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
-	16, // 3: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
-	17, // 4: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
-	18, // 5: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
-	19, // 6: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
-	19, // 7: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
-	17, // 8: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
-	17, // 9: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
+	17, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
+	18, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
+	17, // 2: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
+	18, // 3: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
+	19, // 4: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
+	20, // 5: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
+	21, // 6: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
+	21, // 7: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
+	19, // 8: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
+	19, // 9: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
 	0,  // 10: cyclone.v1.ExplainResponse.reason:type_name -> cyclone.v1.ExplainReason
-	20, // 11: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
-	18, // 12: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
-	21, // 13: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
+	22, // 11: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
+	20, // 12: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
+	23, // 13: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
 	13, // 14: cyclone.v1.ExplainResponse.upstream:type_name -> cyclone.v1.NodeState
 	14, // 15: cyclone.v1.ExplainResponse.action:type_name -> cyclone.v1.ActionActivity
-	22, // 16: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
-	23, // 17: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
-	19, // 18: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
-	19, // 19: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
-	1,  // 20: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
-	3,  // 21: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
-	5,  // 22: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
-	7,  // 23: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
-	9,  // 24: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
-	11, // 25: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
-	2,  // 26: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
-	4,  // 27: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
-	6,  // 28: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
-	8,  // 29: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
-	10, // 30: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
-	12, // 31: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
-	26, // [26:32] is the sub-list for method output_type
-	20, // [20:26] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	24, // 16: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
+	25, // 17: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
+	21, // 18: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
+	21, // 19: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
+	18, // 20: cyclone.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
+	1,  // 21: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
+	3,  // 22: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
+	5,  // 23: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
+	7,  // 24: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
+	9,  // 25: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
+	11, // 26: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
+	15, // 27: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
+	2,  // 28: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
+	4,  // 29: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
+	6,  // 30: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
+	8,  // 31: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
+	10, // 32: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
+	12, // 33: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
+	16, // 34: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
+	28, // [28:35] is the sub-list for method output_type
+	21, // [21:28] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_workflow_service_proto_init() }
@@ -1208,7 +1351,7 @@ func file_cyclone_v1_workflow_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_workflow_service_proto_rawDesc), len(file_cyclone_v1_workflow_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const (
 	WorkflowService_ListRuns_FullMethodName   = "/cyclone.v1.WorkflowService/ListRuns"
 	WorkflowService_CancelRun_FullMethodName  = "/cyclone.v1.WorkflowService/CancelRun"
 	WorkflowService_Explain_FullMethodName    = "/cyclone.v1.WorkflowService/Explain"
+	WorkflowService_SendEvent_FullMethodName  = "/cyclone.v1.WorkflowService/SendEvent"
 )
 
 // WorkflowServiceClient is the client API for WorkflowService service.
@@ -57,6 +58,14 @@ type WorkflowServiceClient interface {
 	// blocked, the failure that made it skip, whether any worker asks for its action).
 	// Reads only. NOT_FOUND for an unknown run or node.
 	Explain(ctx context.Context, in *ExplainRequest, opts ...grpc.CallOption) (*ExplainResponse, error)
+	// Sends a named event with a JSON payload to a run. It is kept until a wait for
+	// that name consumes it (a durable function's Wait, or a DAG node with Node.event):
+	// an event sent before the wait is not lost, and each event is consumed once, the
+	// oldest first. A node waiting for it is woken at once. With a key, a repeated call
+	// returns the first event (created = false) and changes nothing. Audited (action
+	// "send_event", with the actor). NOT_FOUND for an unknown run, FAILED_PRECONDITION
+	// for a completed or cancelled run.
+	SendEvent(ctx context.Context, in *SendEventRequest, opts ...grpc.CallOption) (*SendEventResponse, error)
 }
 
 type workflowServiceClient struct {
@@ -127,6 +136,16 @@ func (c *workflowServiceClient) Explain(ctx context.Context, in *ExplainRequest,
 	return out, nil
 }
 
+func (c *workflowServiceClient) SendEvent(ctx context.Context, in *SendEventRequest, opts ...grpc.CallOption) (*SendEventResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SendEventResponse)
+	err := c.cc.Invoke(ctx, WorkflowService_SendEvent_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkflowServiceServer is the server API for WorkflowService service.
 // All implementations must embed UnimplementedWorkflowServiceServer
 // for forward compatibility.
@@ -157,6 +176,14 @@ type WorkflowServiceServer interface {
 	// blocked, the failure that made it skip, whether any worker asks for its action).
 	// Reads only. NOT_FOUND for an unknown run or node.
 	Explain(context.Context, *ExplainRequest) (*ExplainResponse, error)
+	// Sends a named event with a JSON payload to a run. It is kept until a wait for
+	// that name consumes it (a durable function's Wait, or a DAG node with Node.event):
+	// an event sent before the wait is not lost, and each event is consumed once, the
+	// oldest first. A node waiting for it is woken at once. With a key, a repeated call
+	// returns the first event (created = false) and changes nothing. Audited (action
+	// "send_event", with the actor). NOT_FOUND for an unknown run, FAILED_PRECONDITION
+	// for a completed or cancelled run.
+	SendEvent(context.Context, *SendEventRequest) (*SendEventResponse, error)
 	mustEmbedUnimplementedWorkflowServiceServer()
 }
 
@@ -184,6 +211,9 @@ func (UnimplementedWorkflowServiceServer) CancelRun(context.Context, *CancelRunR
 }
 func (UnimplementedWorkflowServiceServer) Explain(context.Context, *ExplainRequest) (*ExplainResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Explain not implemented")
+}
+func (UnimplementedWorkflowServiceServer) SendEvent(context.Context, *SendEventRequest) (*SendEventResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SendEvent not implemented")
 }
 func (UnimplementedWorkflowServiceServer) mustEmbedUnimplementedWorkflowServiceServer() {}
 func (UnimplementedWorkflowServiceServer) testEmbeddedByValue()                         {}
@@ -314,6 +344,24 @@ func _WorkflowService_Explain_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkflowService_SendEvent_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SendEventRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkflowServiceServer).SendEvent(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkflowService_SendEvent_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkflowServiceServer).SendEvent(ctx, req.(*SendEventRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkflowService_ServiceDesc is the grpc.ServiceDesc for WorkflowService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -344,6 +392,10 @@ var WorkflowService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Explain",
 			Handler:    _WorkflowService_Explain_Handler,
+		},
+		{
+			MethodName: "SendEvent",
+			Handler:    _WorkflowService_SendEvent_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

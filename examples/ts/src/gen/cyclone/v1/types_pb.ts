@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/types.proto.
  */
 export const file_cyclone_v1_types: GenFile = /*@__PURE__*/
-  fileDesc("ChZjeWNsb25lL3YxL3R5cGVzLnByb3RvEgpjeWNsb25lLnYxIjkKCFdvcmtmbG93EgwKBG5hbWUYASABKAkSHwoFbm9kZXMYAiADKAsyEC5jeWNsb25lLnYxLk5vZGUi4gEKBE5vZGUSDAoEbmFtZRgBIAEoCRIOCgZhY3Rpb24YAiABKAkSEgoKZGVwZW5kc19vbhgDIAMoCRItCgx0cmlnZ2VyX3J1bGUYBCABKA4yFy5jeWNsb25lLnYxLlRyaWdnZXJSdWxlEiYKBXJldHJ5GAUgASgLMhcuY3ljbG9uZS52MS5SZXRyeVBvbGljeRIqCgd0aW1lb3V0GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiUKBWlucHV0GAcgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlIqMBCgtSZXRyeVBvbGljeRIUCgxtYXhfYXR0ZW1wdHMYASABKAUSMgoPaW5pdGlhbF9iYWNrb2ZmGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KC21heF9iYWNrb2ZmGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhoKEmJhY2tvZmZfbXVsdGlwbGllchgEIAEoASK0BAoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRIlCgZzdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIlCgVpbnB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIjCgVlcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISEgoKc3VibWl0X2tleRgGIAEoCRIuCgpjcmVhdGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASHwoFc3RlcHMYCiADKAsyEC5jeWNsb25lLnYxLlN0ZXASJQoFYXVkaXQYCyADKAsyFi5jeWNsb25lLnYxLkF1ZGl0RW50cnkSNAoLc3RlcF9jb3VudHMYDCADKAsyHy5jeWNsb25lLnYxLlJ1bi5TdGVwQ291bnRzRW50cnkSFQoNcGFyZW50X3J1bl9pZBgNIAEoCRITCgtwYXJlbnRfbm9kZRgOIAEoCRIWCg5wYXJlbnRfc3RlcF9pZBgPIAEoCRoxCg9TdGVwQ291bnRzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgFOgI4ASKJAQoIUnVuRXJyb3ISDAoEa2luZBgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEgwKBG5vZGUYAyABKAkSDwoHYXR0ZW1wdBgEIAEoBRIuCgpzdGFydGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdzdGVwX2lkGAYgASgJItYFCgRTdGVwEgwKBG5vZGUYASABKAkSDgoGYWN0aW9uGAIgASgJEiYKBnN0YXR1cxgDIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIPCgdhdHRlbXB0GAQgASgFEhQKDG1heF9hdHRlbXB0cxgFIAEoBRISCgpkZXBlbmRzX29uGAYgAygJEi0KDHRyaWdnZXJfcnVsZRgHIAEoDjIXLmN5Y2xvbmUudjEuVHJpZ2dlclJ1bGUSJQoFaW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSJgoGb3V0cHV0GAkgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiUKBmVycm9ycxgKIAMoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yEhEKCXdvcmtlcl9pZBgLIAEoCRI0ChBsZWFzZV9leHBpcmVzX2F0GAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxhdmFpbGFibGVfYXQYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0ZWRfYXQYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIYChBlZmZlY3RfdW5jZXJ0YWluGBAgASgIEioKB3RpbWVvdXQYESABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoIcHJvZ3Jlc3MYEiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSNQoRbGFzdF9oZWFydGJlYXRfYXQYEyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiUKB2pvdXJuYWwYFCADKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsIsQCCghTdGVwQ2FsbBIPCgdzdGVwX2lkGAEgASgJEgsKA3NlcRgCIAEoBRIQCghmdW5jdGlvbhgDIAEoCRIqCgZzdGF0dXMYBCABKA4yGi5jeWNsb25lLnYxLlN0ZXBDYWxsU3RhdHVzEhgKEHVuc2FmZV90b19yZXBlYXQYBSABKAgSJgoGb3V0cHV0GAYgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWVycm9yGAcgASgLMhkuY3ljbG9uZS52MS5TdGVwQ2FsbEVycm9yEg8KB2F0dGVtcHQYCCABKAUSLgoKc3RhcnRlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIj8KDVN0ZXBDYWxsRXJyb3ISDAoEdHlwZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEg8KB2RldGFpbHMYAyABKAkilQEKCVN0ZXBFcnJvchIPCgdhdHRlbXB0GAEgASgFEgwKBGtpbmQYAiABKAkSDAoEdHlwZRgDIAEoCRIPCgdtZXNzYWdlGAQgASgJEg8KB2RldGFpbHMYBSABKAkSEQoJcmV0cnlhYmxlGAYgASgIEiYKAmF0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKaAQoKQXVkaXRFbnRyeRIOCgZhY3Rpb24YASABKAkSDAoEbm9kZRgCIAEoCRINCgVhY3RvchgDIAEoCRIOCgZyZWFzb24YBCABKAkSJgoCYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEicKB2RldGFpbHMYBiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUqgQEKC1RyaWdnZXJSdWxlEhwKGFRSSUdHRVJfUlVMRV9VTlNQRUNJRklFRBAAEhwKGFRSSUdHRVJfUlVMRV9BTExfU1VDQ0VTUxABEhkKFVRSSUdHRVJfUlVMRV9BTExfRE9ORRACEhsKF1RSSUdHRVJfUlVMRV9PTkVfRkFJTEVEEAMqogEKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFgoSUlVOX1NUQVRVU19SVU5OSU5HEAESGAoUUlVOX1NUQVRVU19DT01QTEVURUQQAhIVChFSVU5fU1RBVFVTX0ZBSUxFRBADEhYKElJVTl9TVEFUVVNfQkxPQ0tFRBAEEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAUq+wEKClN0ZXBTdGF0dXMSGwoXU1RFUF9TVEFUVVNfVU5TUEVDSUZJRUQQABIXChNTVEVQX1NUQVRVU19QRU5ESU5HEAESGQoVU1RFUF9TVEFUVVNfQVZBSUxBQkxFEAISFwoTU1RFUF9TVEFUVVNfUlVOTklORxADEhkKFVNURVBfU1RBVFVTX0NPTVBMRVRFRBAEEhkKFVNURVBfU1RBVFVTX0RJU0NBUkRFRBAFEhkKFVNURVBfU1RBVFVTX1VOQ0VSVEFJThAGEhcKE1NURVBfU1RBVFVTX1NLSVBQRUQQBxIZChVTVEVQX1NUQVRVU19DQU5DRUxMRUQQCCqNAQoOU3RlcENhbGxTdGF0dXMSIAocU1RFUF9DQUxMX1NUQVRVU19VTlNQRUNJRklFRBAAEhwKGFNURVBfQ0FMTF9TVEFUVVNfU1RBUlRFRBABEh4KGlNURVBfQ0FMTF9TVEFUVVNfU1VDQ0VFREVEEAISGwoXU1RFUF9DQUxMX1NUQVRVU19GQUlMRUQQA2IGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChZjeWNsb25lL3YxL3R5cGVzLnByb3RvEgpjeWNsb25lLnYxIjkKCFdvcmtmbG93EgwKBG5hbWUYASABKAkSHwoFbm9kZXMYAiADKAsyEC5jeWNsb25lLnYxLk5vZGUiiAIKBE5vZGUSDAoEbmFtZRgBIAEoCRIOCgZhY3Rpb24YAiABKAkSEgoKZGVwZW5kc19vbhgDIAMoCRItCgx0cmlnZ2VyX3J1bGUYBCABKA4yFy5jeWNsb25lLnYxLlRyaWdnZXJSdWxlEiYKBXJldHJ5GAUgASgLMhcuY3ljbG9uZS52MS5SZXRyeVBvbGljeRIqCgd0aW1lb3V0GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiUKBWlucHV0GAcgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiQKBWV2ZW50GAkgASgLMhUuY3ljbG9uZS52MS5FdmVudFdhaXQiRQoJRXZlbnRXYWl0EgwKBG5hbWUYASABKAkSKgoHdGltZW91dBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKjAQoLUmV0cnlQb2xpY3kSFAoMbWF4X2F0dGVtcHRzGAEgASgFEjIKD2luaXRpYWxfYmFja29mZhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIuCgttYXhfYmFja29mZhgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIaChJiYWNrb2ZmX211bHRpcGxpZXIYBCABKAEitAQKA1J1bhIOCgZydW5faWQYASABKAkSEAoId29ya2Zsb3cYAiABKAkSJQoGc3RhdHVzGAMgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSJQoFaW5wdXQYBCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSIwoFZXJyb3IYBSABKAsyFC5jeWNsb25lLnYxLlJ1bkVycm9yEhIKCnN1Ym1pdF9rZXkYBiABKAkSLgoKY3JlYXRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEh8KBXN0ZXBzGAogAygLMhAuY3ljbG9uZS52MS5TdGVwEiUKBWF1ZGl0GAsgAygLMhYuY3ljbG9uZS52MS5BdWRpdEVudHJ5EjQKC3N0ZXBfY291bnRzGAwgAygLMh8uY3ljbG9uZS52MS5SdW4uU3RlcENvdW50c0VudHJ5EhUKDXBhcmVudF9ydW5faWQYDSABKAkSEwoLcGFyZW50X25vZGUYDiABKAkSFgoOcGFyZW50X3N0ZXBfaWQYDyABKAkaMQoPU3RlcENvdW50c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoBToCOAEiiQEKCFJ1bkVycm9yEgwKBGtpbmQYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIMCgRub2RlGAMgASgJEg8KB2F0dGVtcHQYBCABKAUSLgoKc3RhcnRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHc3RlcF9pZBgGIAEoCSL8BQoEU3RlcBIMCgRub2RlGAEgASgJEg4KBmFjdGlvbhgCIAEoCRImCgZzdGF0dXMYAyABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSDwoHYXR0ZW1wdBgEIAEoBRIUCgxtYXhfYXR0ZW1wdHMYBSABKAUSEgoKZGVwZW5kc19vbhgGIAMoCRItCgx0cmlnZ2VyX3J1bGUYByABKA4yFy5jeWNsb25lLnYxLlRyaWdnZXJSdWxlEiUKBWlucHV0GAggASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiYKBm91dHB1dBgJIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIlCgZlcnJvcnMYCiADKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvchIRCgl3b3JrZXJfaWQYCyABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMYXZhaWxhYmxlX2F0GA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpzdGFydGVkX2F0GA4gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgPIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGAoQZWZmZWN0X3VuY2VydGFpbhgQIAEoCBIqCgd0aW1lb3V0GBEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEigKCHByb2dyZXNzGBIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEjUKEWxhc3RfaGVhcnRiZWF0X2F0GBMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIlCgdqb3VybmFsGBQgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIPCgdyZXN1bWVzGBUgASgFEhMKC3dhaXRpbmdfZm9yGBYgASgJIoYDCghTdGVwQ2FsbBIPCgdzdGVwX2lkGAEgASgJEgsKA3NlcRgCIAEoBRIQCghmdW5jdGlvbhgDIAEoCRIqCgZzdGF0dXMYBCABKA4yGi5jeWNsb25lLnYxLlN0ZXBDYWxsU3RhdHVzEhgKEHVuc2FmZV90b19yZXBlYXQYBSABKAgSJgoGb3V0cHV0GAYgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWVycm9yGAcgASgLMhkuY3ljbG9uZS52MS5TdGVwQ2FsbEVycm9yEg8KB2F0dGVtcHQYCCABKAUSLgoKc3RhcnRlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEisKB3dha2VfYXQYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3dhaXRpbmdfZm9yGAwgASgJIj8KDVN0ZXBDYWxsRXJyb3ISDAoEdHlwZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEg8KB2RldGFpbHMYAyABKAkilQEKCVN0ZXBFcnJvchIPCgdhdHRlbXB0GAEgASgFEgwKBGtpbmQYAiABKAkSDAoEdHlwZRgDIAEoCRIPCgdtZXNzYWdlGAQgASgJEg8KB2RldGFpbHMYBSABKAkSEQoJcmV0cnlhYmxlGAYgASgIEiYKAmF0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKaAQoKQXVkaXRFbnRyeRIOCgZhY3Rpb24YASABKAkSDAoEbm9kZRgCIAEoCRINCgVhY3RvchgDIAEoCRIOCgZyZWFzb24YBCABKAkSJgoCYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEicKB2RldGFpbHMYBiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUqgQEKC1RyaWdnZXJSdWxlEhwKGFRSSUdHRVJfUlVMRV9VTlNQRUNJRklFRBAAEhwKGFRSSUdHRVJfUlVMRV9BTExfU1VDQ0VTUxABEhkKFVRSSUdHRVJfUlVMRV9BTExfRE9ORRACEhsKF1RSSUdHRVJfUlVMRV9PTkVfRkFJTEVEEAMqogEKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFgoSUlVOX1NUQVRVU19SVU5OSU5HEAESGAoUUlVOX1NUQVRVU19DT01QTEVURUQQAhIVChFSVU5fU1RBVFVTX0ZBSUxFRBADEhYKElJVTl9TVEFUVVNfQkxPQ0tFRBAEEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAUq+wEKClN0ZXBTdGF0dXMSGwoXU1RFUF9TVEFUVVNfVU5TUEVDSUZJRUQQABIXChNTVEVQX1NUQVRVU19QRU5ESU5HEAESGQoVU1RFUF9TVEFUVVNfQVZBSUxBQkxFEAISFwoTU1RFUF9TVEFUVVNfUlVOTklORxADEhkKFVNURVBfU1RBVFVTX0NPTVBMRVRFRBAEEhkKFVNURVBfU1RBVFVTX0RJU0NBUkRFRBAFEhkKFVNURVBfU1RBVFVTX1VOQ0VSVEFJThAGEhcKE1NURVBfU1RBVFVTX1NLSVBQRUQQBxIZChVTVEVQX1NUQVRVU19DQU5DRUxMRUQQCCqrAQoOU3RlcENhbGxTdGF0dXMSIAocU1RFUF9DQUxMX1NUQVRVU19VTlNQRUNJRklFRBAAEhwKGFNURVBfQ0FMTF9TVEFUVVNfU1RBUlRFRBABEh4KGlNURVBfQ0FMTF9TVEFUVVNfU1VDQ0VFREVEEAISGwoXU1RFUF9DQUxMX1NUQVRVU19GQUlMRUQQAxIcChhTVEVQX0NBTExfU1RBVFVTX1dBSVRJTkcQBGIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * A workflow definition: a named DAG of nodes. It is sent whole with every Submit;
@@ -102,6 +102,18 @@ export type Node = Message<"cyclone.v1.Node"> & {
    * @generated from field: google.protobuf.Value input = 7;
    */
   input?: Value | undefined;
+
+  /**
+   * Makes the node a wait for an event sent to the run (SendEvent), handled by the
+   * server itself: no worker runs it, and `action` must be empty. It completes with
+   * the event's payload as its output once such an event is there (one sent before
+   * the node became ready counts; each event is consumed once). When the timeout
+   * passes first it is discarded with an EventTimeout error (no retry), so that
+   * ONE_FAILED nodes below it run. See docs/time-and-events.md.
+   *
+   * @generated from field: cyclone.v1.EventWait event = 9;
+   */
+  event?: EventWait | undefined;
 };
 
 /**
@@ -110,6 +122,36 @@ export type Node = Message<"cyclone.v1.Node"> & {
  */
 export const NodeSchema: GenMessage<Node> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_types, 1);
+
+/**
+ * A wait for an event sent to the run by name (SendEvent), in a DAG node (Node.event)
+ * or in a durable function's body (WaitRequest.event).
+ *
+ * @generated from message cyclone.v1.EventWait
+ */
+export type EventWait = Message<"cyclone.v1.EventWait"> & {
+  /**
+   * The event's name, e.g. "order.approved": 1-200 printable characters.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * How long to wait, counted from the first time the wait is made (a replay keeps
+   * that deadline). Unset: no limit. Otherwise 1ms to 366 days.
+   *
+   * @generated from field: google.protobuf.Duration timeout = 2;
+   */
+  timeout?: Duration | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.EventWait.
+ * Use `create(EventWaitSchema)` to create a new message.
+ */
+export const EventWaitSchema: GenMessage<EventWait> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_types, 2);
 
 /**
  * Retry policy of a node. Every claim counts as an attempt, including claims whose
@@ -153,7 +195,7 @@ export type RetryPolicy = Message<"cyclone.v1.RetryPolicy"> & {
  * Use `create(RetryPolicySchema)` to create a new message.
  */
 export const RetryPolicySchema: GenMessage<RetryPolicy> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 2);
+  messageDesc(file_cyclone_v1_types, 3);
 
 /**
  * A run: one execution of a workflow.
@@ -275,7 +317,7 @@ export type Run = Message<"cyclone.v1.Run"> & {
  * Use `create(RunSchema)` to create a new message.
  */
 export const RunSchema: GenMessage<Run> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 3);
+  messageDesc(file_cyclone_v1_types, 4);
 
 /**
  * Why a run is failed or blocked.
@@ -332,7 +374,7 @@ export type RunError = Message<"cyclone.v1.RunError"> & {
  * Use `create(RunErrorSchema)` to create a new message.
  */
 export const RunErrorSchema: GenMessage<RunError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 4);
+  messageDesc(file_cyclone_v1_types, 5);
 
 /**
  * The stored state of one (run_id, node).
@@ -482,6 +524,24 @@ export type Step = Message<"cyclone.v1.Step"> & {
    * @generated from field: repeated cyclone.v1.StepCall journal = 20;
    */
   journal: StepCall[];
+
+  /**
+   * How many times the node gave up its lease to wait (a durable sleep, an event, a
+   * child run) and was claimed again. Each of those claims adds 1 to `attempt` too,
+   * but none uses up an attempt: the retry policy compares max_attempts with
+   * attempt - resumes.
+   *
+   * @generated from field: int32 resumes = 21;
+   */
+  resumes: number;
+
+  /**
+   * While the node is AVAILABLE because it waits (see `available_at` for until when):
+   * what for, e.g. "sleep", "event order.approved", "child <run_id>". Empty otherwise.
+   *
+   * @generated from field: string waiting_for = 22;
+   */
+  waitingFor: string;
 };
 
 /**
@@ -489,7 +549,7 @@ export type Step = Message<"cyclone.v1.Step"> & {
  * Use `create(StepSchema)` to create a new message.
  */
 export const StepSchema: GenMessage<Step> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 5);
+  messageDesc(file_cyclone_v1_types, 6);
 
 /**
  * One step call recorded by a durable function: an entry of its node's journal,
@@ -567,6 +627,23 @@ export type StepCall = Message<"cyclone.v1.StepCall"> & {
    * @generated from field: google.protobuf.Timestamp finished_at = 10;
    */
   finishedAt?: Timestamp | undefined;
+
+  /**
+   * For a wait (function "cyclone.sleep", "cyclone.event", "cyclone.child"): when the
+   * node looks again without being woken: the end of the sleep, the event's timeout;
+   * unset when the wait has no limit. Kept after the wait is over.
+   *
+   * @generated from field: google.protobuf.Timestamp wake_at = 11;
+   */
+  wakeAt?: Timestamp | undefined;
+
+  /**
+   * For a wait: what it waits for, e.g. "sleep", "event order.approved",
+   * "child <run_id>". Empty for other step calls.
+   *
+   * @generated from field: string waiting_for = 12;
+   */
+  waitingFor: string;
 };
 
 /**
@@ -574,7 +651,7 @@ export type StepCall = Message<"cyclone.v1.StepCall"> & {
  * Use `create(StepCallSchema)` to create a new message.
  */
 export const StepCallSchema: GenMessage<StepCall> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 6);
+  messageDesc(file_cyclone_v1_types, 7);
 
 /**
  * The error a step call raised.
@@ -609,7 +686,7 @@ export type StepCallError = Message<"cyclone.v1.StepCallError"> & {
  * Use `create(StepCallErrorSchema)` to create a new message.
  */
 export const StepCallErrorSchema: GenMessage<StepCallError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 7);
+  messageDesc(file_cyclone_v1_types, 8);
 
 /**
  * One failure of a node.
@@ -672,7 +749,7 @@ export type StepError = Message<"cyclone.v1.StepError"> & {
  * Use `create(StepErrorSchema)` to create a new message.
  */
 export const StepErrorSchema: GenMessage<StepError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 8);
+  messageDesc(file_cyclone_v1_types, 9);
 
 /**
  * One operator action, as recorded.
@@ -728,7 +805,7 @@ export type AuditEntry = Message<"cyclone.v1.AuditEntry"> & {
  * Use `create(AuditEntrySchema)` to create a new message.
  */
 export const AuditEntrySchema: GenMessage<AuditEntry> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 9);
+  messageDesc(file_cyclone_v1_types, 10);
 
 /**
  * When a node whose upstream nodes have all finished may run.
@@ -939,6 +1016,15 @@ export enum StepCallStatus {
    * @generated from enum value: STEP_CALL_STATUS_FAILED = 3;
    */
   FAILED = 3,
+
+  /**
+   * A wait (WorkerService.Wait) that is not over: the node gave up its lease until
+   * wake_at, or until it is woken (an event sent, a child run finished). The next
+   * Wait of the same step call decides again; it then becomes SUCCEEDED or FAILED.
+   *
+   * @generated from enum value: STEP_CALL_STATUS_WAITING = 4;
+   */
+  WAITING = 4,
 }
 
 /**

@@ -4,7 +4,7 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { RunStatus, StepCall, StepCallError, StepError, StepStatus, Workflow } from "./types_pb.js";
+import type { EventWait, RunStatus, StepCall, StepCallError, StepError, StepStatus, Workflow } from "./types_pb.js";
 import { file_cyclone_v1_types } from "./types_pb.js";
 import type { Duration, Timestamp, Value } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/worker_service.proto.
  */
 export const file_cyclone_v1_worker_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIjQKCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNwoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAi+gQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIpkBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIlwKEUhlYXJ0YmVhdFJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWNhbmNlbGxlZBgCIAEoCCKhAQoPQ29tcGxldGVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKBm91dHB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEiYKB2ZhaWx1cmUYBSABKAsyEy5jeWNsb25lLnYxLkZhaWx1cmVIAEIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiuwEKE0NvbXBsZXRlTWFueVJlcXVlc3QSMAoLY29tcGxldGlvbnMYASADKAsyGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBI2Cg5zdGVwX2NhbGxfZW5kcxgCIAMoCzIeLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXF1ZXN0EjoKEHN0ZXBfY2FsbF9iZWdpbnMYAyADKAsyIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0IsMBChRDb21wbGV0ZU1hbnlSZXNwb25zZRIrCgdyZXN1bHRzGAEgAygLMhouY3ljbG9uZS52MS5Db21wbGV0ZVJlc3VsdBI8ChVzdGVwX2NhbGxfZW5kX3Jlc3VsdHMYAiADKAsyHS5jeWNsb25lLnYxLlN0ZXBDYWxsRW5kUmVzdWx0EkAKF3N0ZXBfY2FsbF9iZWdpbl9yZXN1bHRzGAMgAygLMh8uY3ljbG9uZS52MS5TdGVwQ2FsbEJlZ2luUmVzdWx0In4KEVN0ZXBDYWxsRW5kUmVzdWx0EjMKCHJlc3BvbnNlGAEgASgLMh8uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiggEKE1N0ZXBDYWxsQmVnaW5SZXN1bHQSNQoIcmVzcG9uc2UYASABKAsyIS5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IngKDkNvbXBsZXRlUmVzdWx0EjAKCHJlc3BvbnNlGAEgASgLMhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiRwoNQ29tcGxldGVFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSFwoPY3VycmVudF9hdHRlbXB0GAMgASgFIpMBChRCZWdpblN0ZXBDYWxsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRIQCghmdW5jdGlvbhgGIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAcgASgIIpYBChVCZWdpblN0ZXBDYWxsUmVzcG9uc2USLgoIZGVjaXNpb24YASABKA4yHC5jeWNsb25lLnYxLlN0ZXBDYWxsRGVjaXNpb24SIgoEY2FsbBgCIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSKQoKcnVuX3N0YXR1cxgDIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzIvIBChJFbmRTdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCBIoCgZvdXRwdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVIABIqCgVlcnJvchgJIAEoCzIZLmN5Y2xvbmUudjEuU3RlcENhbGxFcnJvckgAQgkKB291dGNvbWUiTAoTRW5kU3RlcENhbGxSZXNwb25zZRIiCgRjYWxsGAEgASgLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIRCglkdXBsaWNhdGUYAiABKAgiswEKEVN0YXJ0Q2hpbGRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEiYKCHdvcmtmbG93GAYgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSJfChJTdGFydENoaWxkUmVzcG9uc2USFAoMY2hpbGRfcnVuX2lkGAEgASgJEg8KB2NyZWF0ZWQYAiABKAgSIgoEY2FsbBgDIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwqlQEKEFN0ZXBDYWxsRGVjaXNpb24SIgoeU1RFUF9DQUxMX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASGgoWU1RFUF9DQUxMX0RFQ0lTSU9OX1JVThABEh8KG1NURVBfQ0FMTF9ERUNJU0lPTl9SRUNPUkRFRBACEiAKHFNURVBfQ0FMTF9ERUNJU0lPTl9VTkNFUlRBSU4QAzKkBAoNV29ya2VyU2VydmljZRI8CgVDbGFpbRIYLmN5Y2xvbmUudjEuQ2xhaW1SZXF1ZXN0GhkuY3ljbG9uZS52MS5DbGFpbVJlc3BvbnNlEkgKCUhlYXJ0YmVhdBIcLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVxdWVzdBodLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVzcG9uc2USRQoIQ29tcGxldGUSGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBocLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZRJRCgxDb21wbGV0ZU1hbnkSHy5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlcXVlc3QaIC5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlc3BvbnNlElQKDUJlZ2luU3RlcENhbGwSIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0GiEuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVzcG9uc2USTgoLRW5kU3RlcENhbGwSHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdBofLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXNwb25zZRJLCgpTdGFydENoaWxkEh0uY3ljbG9uZS52MS5TdGFydENoaWxkUmVxdWVzdBoeLmN5Y2xvbmUudjEuU3RhcnRDaGlsZFJlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIjQKCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNwoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAi+gQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIpkBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIlwKEUhlYXJ0YmVhdFJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWNhbmNlbGxlZBgCIAEoCCKhAQoPQ29tcGxldGVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKBm91dHB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEiYKB2ZhaWx1cmUYBSABKAsyEy5jeWNsb25lLnYxLkZhaWx1cmVIAEIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiuwEKE0NvbXBsZXRlTWFueVJlcXVlc3QSMAoLY29tcGxldGlvbnMYASADKAsyGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBI2Cg5zdGVwX2NhbGxfZW5kcxgCIAMoCzIeLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXF1ZXN0EjoKEHN0ZXBfY2FsbF9iZWdpbnMYAyADKAsyIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0IsMBChRDb21wbGV0ZU1hbnlSZXNwb25zZRIrCgdyZXN1bHRzGAEgAygLMhouY3ljbG9uZS52MS5Db21wbGV0ZVJlc3VsdBI8ChVzdGVwX2NhbGxfZW5kX3Jlc3VsdHMYAiADKAsyHS5jeWNsb25lLnYxLlN0ZXBDYWxsRW5kUmVzdWx0EkAKF3N0ZXBfY2FsbF9iZWdpbl9yZXN1bHRzGAMgAygLMh8uY3ljbG9uZS52MS5TdGVwQ2FsbEJlZ2luUmVzdWx0In4KEVN0ZXBDYWxsRW5kUmVzdWx0EjMKCHJlc3BvbnNlGAEgASgLMh8uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiggEKE1N0ZXBDYWxsQmVnaW5SZXN1bHQSNQoIcmVzcG9uc2UYASABKAsyIS5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IngKDkNvbXBsZXRlUmVzdWx0EjAKCHJlc3BvbnNlGAEgASgLMhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiRwoNQ29tcGxldGVFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSFwoPY3VycmVudF9hdHRlbXB0GAMgASgFIpMBChRCZWdpblN0ZXBDYWxsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRIQCghmdW5jdGlvbhgGIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAcgASgIIpYBChVCZWdpblN0ZXBDYWxsUmVzcG9uc2USLgoIZGVjaXNpb24YASABKA4yHC5jeWNsb25lLnYxLlN0ZXBDYWxsRGVjaXNpb24SIgoEY2FsbBgCIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSKQoKcnVuX3N0YXR1cxgDIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzIvIBChJFbmRTdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCBIoCgZvdXRwdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVIABIqCgVlcnJvchgJIAEoCzIZLmN5Y2xvbmUudjEuU3RlcENhbGxFcnJvckgAQgkKB291dGNvbWUiTAoTRW5kU3RlcENhbGxSZXNwb25zZRIiCgRjYWxsGAEgASgLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIRCglkdXBsaWNhdGUYAiABKAgiswEKEVN0YXJ0Q2hpbGRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEiYKCHdvcmtmbG93GAYgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSJfChJTdGFydENoaWxkUmVzcG9uc2USFAoMY2hpbGRfcnVuX2lkGAEgASgJEg8KB2NyZWF0ZWQYAiABKAgSIgoEY2FsbBgDIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwi1gEKC1dhaXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEi0KB3dha2VfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSAASJgoFZXZlbnQYByABKAsyFS5jeWNsb25lLnYxLkV2ZW50V2FpdEgAEhYKDGNoaWxkX3J1bl9pZBgIIAEoCUgAQgcKBXVudGlsIl4KDFdhaXRSZXNwb25zZRIqCghkZWNpc2lvbhgBIAEoDjIYLmN5Y2xvbmUudjEuV2FpdERlY2lzaW9uEiIKBGNhbGwYAiABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsKpUBChBTdGVwQ2FsbERlY2lzaW9uEiIKHlNURVBfQ0FMTF9ERUNJU0lPTl9VTlNQRUNJRklFRBAAEhoKFlNURVBfQ0FMTF9ERUNJU0lPTl9SVU4QARIfChtTVEVQX0NBTExfREVDSVNJT05fUkVDT1JERUQQAhIgChxTVEVQX0NBTExfREVDSVNJT05fVU5DRVJUQUlOEAMqYwoMV2FpdERlY2lzaW9uEh0KGVdBSVRfREVDSVNJT05fVU5TUEVDSUZJRUQQABIXChNXQUlUX0RFQ0lTSU9OX1JFQURZEAESGwoXV0FJVF9ERUNJU0lPTl9TVVNQRU5ERUQQAjLfBAoNV29ya2VyU2VydmljZRI8CgVDbGFpbRIYLmN5Y2xvbmUudjEuQ2xhaW1SZXF1ZXN0GhkuY3ljbG9uZS52MS5DbGFpbVJlc3BvbnNlEkgKCUhlYXJ0YmVhdBIcLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVxdWVzdBodLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVzcG9uc2USRQoIQ29tcGxldGUSGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBocLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZRJRCgxDb21wbGV0ZU1hbnkSHy5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlcXVlc3QaIC5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlc3BvbnNlElQKDUJlZ2luU3RlcENhbGwSIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0GiEuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVzcG9uc2USTgoLRW5kU3RlcENhbGwSHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdBofLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXNwb25zZRJLCgpTdGFydENoaWxkEh0uY3ljbG9uZS52MS5TdGFydENoaWxkUmVxdWVzdBoeLmN5Y2xvbmUudjEuU3RhcnRDaGlsZFJlc3BvbnNlEjkKBFdhaXQSFy5jeWNsb25lLnYxLldhaXRSZXF1ZXN0GhguY3ljbG9uZS52MS5XYWl0UmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * An action a worker serves.
@@ -1075,6 +1075,118 @@ export const StartChildResponseSchema: GenMessage<StartChildResponse> = /*@__PUR
   messageDesc(file_cyclone_v1_worker_service, 21);
 
 /**
+ * Arguments of WorkerService.Wait. The node is named by run_id and node; lease_token
+ * is the one its Claim returned.
+ *
+ * @generated from message cyclone.v1.WaitRequest
+ */
+export type WaitRequest = Message<"cyclone.v1.WaitRequest"> & {
+  /**
+   * The run of the held step.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The node of the held step.
+   *
+   * @generated from field: string node = 2;
+   */
+  node: string;
+
+  /**
+   * The lease token from Claim.
+   *
+   * @generated from field: string lease_token = 3;
+   */
+  leaseToken: string;
+
+  /**
+   * The wait's step id, as in BeginStepCallRequest ("sleep", "sleep#2",
+   * "event:order.approved"...): 1-200 printable characters, stable across replays.
+   *
+   * @generated from field: string step_id = 4;
+   */
+  stepId: string;
+
+  /**
+   * The call's position in the body, as in BeginStepCallRequest: 1-100000.
+   *
+   * @generated from field: int32 seq = 5;
+   */
+  seq: number;
+
+  /**
+   * What to wait for: exactly one.
+   *
+   * @generated from oneof cyclone.v1.WaitRequest.until
+   */
+  until: {
+    /**
+     * A durable sleep until this time (function "cyclone.sleep"). A time already past
+     * answers READY at once.
+     *
+     * @generated from field: google.protobuf.Timestamp wake_at = 6;
+     */
+    value: Timestamp;
+    case: "wakeAt";
+  } | {
+    /**
+     * An event sent to the run with this name (function "cyclone.event"). The oldest
+     * such event not consumed yet is consumed by this call, once.
+     *
+     * @generated from field: cyclone.v1.EventWait event = 7;
+     */
+    value: EventWait;
+    case: "event";
+  } | {
+    /**
+     * The outcome of a child run (function "cyclone.child").
+     *
+     * @generated from field: string child_run_id = 8;
+     */
+    value: string;
+    case: "childRunId";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message cyclone.v1.WaitRequest.
+ * Use `create(WaitRequestSchema)` to create a new message.
+ */
+export const WaitRequestSchema: GenMessage<WaitRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 22);
+
+/**
+ * Result of WorkerService.Wait.
+ *
+ * @generated from message cyclone.v1.WaitResponse
+ */
+export type WaitResponse = Message<"cyclone.v1.WaitResponse"> & {
+  /**
+   * What to do.
+   *
+   * @generated from field: cyclone.v1.WaitDecision decision = 1;
+   */
+  decision: WaitDecision;
+
+  /**
+   * The journal entry: SUCCEEDED or FAILED for READY, WAITING for SUSPENDED.
+   *
+   * @generated from field: cyclone.v1.StepCall call = 2;
+   */
+  call?: StepCall | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.WaitResponse.
+ * Use `create(WaitResponseSchema)` to create a new message.
+ */
+export const WaitResponseSchema: GenMessage<WaitResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 23);
+
+/**
  * What the caller of BeginStepCall must do.
  *
  * @generated from enum cyclone.v1.StepCallDecision
@@ -1116,6 +1228,42 @@ export enum StepCallDecision {
  */
 export const StepCallDecisionSchema: GenEnum<StepCallDecision> = /*@__PURE__*/
   enumDesc(file_cyclone_v1_worker_service, 0);
+
+/**
+ * What the caller of Wait must do.
+ *
+ * @generated from enum cyclone.v1.WaitDecision
+ */
+export enum WaitDecision {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: WAIT_DECISION_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The wait is over: `call` holds the outcome (SUCCEEDED: return its output; FAILED:
+   * raise its error). The node keeps its lease.
+   *
+   * @generated from enum value: WAIT_DECISION_READY = 1;
+   */
+  READY = 1,
+
+  /**
+   * The wait goes on without the worker: `call` is WAITING, the node's lease is over.
+   * Stop the body and drop the node without a Complete.
+   *
+   * @generated from enum value: WAIT_DECISION_SUSPENDED = 2;
+   */
+  SUSPENDED = 2,
+}
+
+/**
+ * Describes the enum cyclone.v1.WaitDecision.
+ */
+export const WaitDecisionSchema: GenEnum<WaitDecision> = /*@__PURE__*/
+  enumDesc(file_cyclone_v1_worker_service, 1);
 
 /**
  * What workers call: claim ready steps under a lease, keep the lease alive, report
@@ -1231,6 +1379,29 @@ export const WorkerService: GenService<{
     methodKind: "unary";
     input: typeof StartChildRequestSchema;
     output: typeof StartChildResponseSchema;
+  },
+  /**
+   * A durable function waits: a durable sleep (until wake_at), an event sent to the
+   * run (SendEvent), or a child run's outcome. Journaled as a step call (function
+   * "cyclone.sleep", "cyclone.event", "cyclone.child") and fenced by the lease token as
+   * BeginStepCall: a stale token is ABORTED and writes nothing. Answers in one
+   * transaction:
+   * READY with the entry now SUCCEEDED (the sleep is over; the event consumed, its
+   * payload as output; the child finished) or FAILED (EventTimeout: the timeout passed
+   * with no event): the body goes on (or raises);
+   * SUSPENDED with the entry WAITING: the node has given up its lease (a late Complete
+   * or Heartbeat with the token is ABORTED) and is AVAILABLE again from wake_at, or
+   * at once when it is woken; drop it without a Complete and free its slot. Its next
+   * claim replays the body, whose same call sends Wait again. A resume does not use
+   * up an attempt (Step.resumes). The first Wait of a call fixes its wake time and
+   * deadline: a replay keeps them.
+   *
+   * @generated from rpc cyclone.v1.WorkerService.Wait
+   */
+  wait: {
+    methodKind: "unary";
+    input: typeof WaitRequestSchema;
+    output: typeof WaitResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_worker_service, 0);

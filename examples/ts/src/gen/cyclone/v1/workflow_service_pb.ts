@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/workflow_service.proto.
  */
 export const file_cyclone_v1_workflow_service: GenFile = /*@__PURE__*/
-  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEiXgoNU3VibWl0UmVxdWVzdBImCgh3b3JrZmxvdxgBIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiIAoOU3VibWl0UmVzcG9uc2USDgoGcnVuX2lkGAEgASgJIm8KEVN1Ym1pdE9uY2VSZXF1ZXN0EiYKCHdvcmtmbG93GAEgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRILCgNrZXkYAyABKAkiNQoSU3VibWl0T25jZVJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIIh8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIi4KDkdldFJ1blJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuItoBCg9MaXN0UnVuc1JlcXVlc3QSEAoId29ya2Zsb3cYASABKAkSJwoIc3RhdHVzZXMYAiADKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIxCg1jcmVhdGVkX2FmdGVyGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jcmVhdGVkX2JlZm9yZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkiSgoQTGlzdFJ1bnNSZXNwb25zZRIdCgRydW5zGAEgAygLMg8uY3ljbG9uZS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkkKEENhbmNlbFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIVCg1rZWVwX2NoaWxkcmVuGAMgASgIIjEKEUNhbmNlbFJ1blJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuIi4KDkV4cGxhaW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJIpYCCg9FeHBsYWluUmVzcG9uc2USKQoGcmVhc29uGAEgASgOMhkuY3ljbG9uZS52MS5FeHBsYWluUmVhc29uEg8KB21lc3NhZ2UYAiABKAkSHgoEc3RlcBgDIAEoCzIQLmN5Y2xvbmUudjEuU3RlcBIpCgpydW5fc3RhdHVzGAQgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSJwoJcnVuX2Vycm9yGAUgASgLMhQuY3ljbG9uZS52MS5SdW5FcnJvchInCgh1cHN0cmVhbRgGIAMoCzIVLmN5Y2xvbmUudjEuTm9kZVN0YXRlEioKBmFjdGlvbhgHIAEoCzIaLmN5Y2xvbmUudjEuQWN0aW9uQWN0aXZpdHkifQoJTm9kZVN0YXRlEgwKBG5vZGUYASABKAkSJgoGc3RhdHVzGAIgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEg8KB2F0dGVtcHQYAyABKAUSKQoKbGFzdF9lcnJvchgEIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIuABCg5BY3Rpb25BY3Rpdml0eRIOCgZhY3Rpb24YASABKAkSMgoObGFzdF9wb2xsZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmxhc3RfcG9sbGVkX2J5GAMgASgJEjMKD2xhc3RfY2xhaW1lZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPbGFzdF9jbGFpbWVkX2J5GAUgASgJEhMKC3JlYWR5X2FoZWFkGAYgASgFEg8KB3J1bm5pbmcYByABKAUqmgMKDUV4cGxhaW5SZWFzb24SHgoaRVhQTEFJTl9SRUFTT05fVU5TUEVDSUZJRUQQABImCiJFWFBMQUlOX1JFQVNPTl9XQUlUSU5HX09OX1VQU1RSRUFNEAESHgoaRVhQTEFJTl9SRUFTT05fQkFDS0lOR19PRkYQAhIYChRFWFBMQUlOX1JFQVNPTl9SRUFEWRADEhkKFUVYUExBSU5fUkVBU09OX1FVRVVFRBAEEhwKGEVYUExBSU5fUkVBU09OX05PX1dPUktFUhAFEhoKFkVYUExBSU5fUkVBU09OX1JVTk5JTkcQBhIgChxFWFBMQUlOX1JFQVNPTl9MRUFTRV9FWFBJUkVEEAcSGgoWRVhQTEFJTl9SRUFTT05fQkxPQ0tFRBAIEhwKGEVYUExBSU5fUkVBU09OX0RJU0NBUkRFRBAJEhoKFkVYUExBSU5fUkVBU09OX1NLSVBQRUQQChIcChhFWFBMQUlOX1JFQVNPTl9DQU5DRUxMRUQQCxIcChhFWFBMQUlOX1JFQVNPTl9DT01QTEVURUQQDDK1AwoPV29ya2Zsb3dTZXJ2aWNlEj8KBlN1Ym1pdBIZLmN5Y2xvbmUudjEuU3VibWl0UmVxdWVzdBoaLmN5Y2xvbmUudjEuU3VibWl0UmVzcG9uc2USSwoKU3VibWl0T25jZRIdLmN5Y2xvbmUudjEuU3VibWl0T25jZVJlcXVlc3QaHi5jeWNsb25lLnYxLlN1Ym1pdE9uY2VSZXNwb25zZRI/CgZHZXRSdW4SGS5jeWNsb25lLnYxLkdldFJ1blJlcXVlc3QaGi5jeWNsb25lLnYxLkdldFJ1blJlc3BvbnNlEkUKCExpc3RSdW5zEhsuY3ljbG9uZS52MS5MaXN0UnVuc1JlcXVlc3QaHC5jeWNsb25lLnYxLkxpc3RSdW5zUmVzcG9uc2USSAoJQ2FuY2VsUnVuEhwuY3ljbG9uZS52MS5DYW5jZWxSdW5SZXF1ZXN0Gh0uY3ljbG9uZS52MS5DYW5jZWxSdW5SZXNwb25zZRJCCgdFeHBsYWluEhouY3ljbG9uZS52MS5FeHBsYWluUmVxdWVzdBobLmN5Y2xvbmUudjEuRXhwbGFpblJlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEiXgoNU3VibWl0UmVxdWVzdBImCgh3b3JrZmxvdxgBIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiIAoOU3VibWl0UmVzcG9uc2USDgoGcnVuX2lkGAEgASgJIm8KEVN1Ym1pdE9uY2VSZXF1ZXN0EiYKCHdvcmtmbG93GAEgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRILCgNrZXkYAyABKAkiNQoSU3VibWl0T25jZVJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIIh8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIi4KDkdldFJ1blJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuItoBCg9MaXN0UnVuc1JlcXVlc3QSEAoId29ya2Zsb3cYASABKAkSJwoIc3RhdHVzZXMYAiADKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIxCg1jcmVhdGVkX2FmdGVyGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jcmVhdGVkX2JlZm9yZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkiSgoQTGlzdFJ1bnNSZXNwb25zZRIdCgRydW5zGAEgAygLMg8uY3ljbG9uZS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkkKEENhbmNlbFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIVCg1rZWVwX2NoaWxkcmVuGAMgASgIIjEKEUNhbmNlbFJ1blJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuIi4KDkV4cGxhaW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJIpYCCg9FeHBsYWluUmVzcG9uc2USKQoGcmVhc29uGAEgASgOMhkuY3ljbG9uZS52MS5FeHBsYWluUmVhc29uEg8KB21lc3NhZ2UYAiABKAkSHgoEc3RlcBgDIAEoCzIQLmN5Y2xvbmUudjEuU3RlcBIpCgpydW5fc3RhdHVzGAQgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSJwoJcnVuX2Vycm9yGAUgASgLMhQuY3ljbG9uZS52MS5SdW5FcnJvchInCgh1cHN0cmVhbRgGIAMoCzIVLmN5Y2xvbmUudjEuTm9kZVN0YXRlEioKBmFjdGlvbhgHIAEoCzIaLmN5Y2xvbmUudjEuQWN0aW9uQWN0aXZpdHkifQoJTm9kZVN0YXRlEgwKBG5vZGUYASABKAkSJgoGc3RhdHVzGAIgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEg8KB2F0dGVtcHQYAyABKAUSKQoKbGFzdF9lcnJvchgEIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIuABCg5BY3Rpb25BY3Rpdml0eRIOCgZhY3Rpb24YASABKAkSMgoObGFzdF9wb2xsZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmxhc3RfcG9sbGVkX2J5GAMgASgJEjMKD2xhc3RfY2xhaW1lZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPbGFzdF9jbGFpbWVkX2J5GAUgASgJEhMKC3JlYWR5X2FoZWFkGAYgASgFEg8KB3J1bm5pbmcYByABKAUiZgoQU2VuZEV2ZW50UmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbmFtZRgCIAEoCRInCgdwYXlsb2FkGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEgsKA2tleRgEIAEoCSI2ChFTZW5kRXZlbnRSZXNwb25zZRIQCghldmVudF9pZBgBIAEoAxIPCgdjcmVhdGVkGAIgASgIKpoDCg1FeHBsYWluUmVhc29uEh4KGkVYUExBSU5fUkVBU09OX1VOU1BFQ0lGSUVEEAASJgoiRVhQTEFJTl9SRUFTT05fV0FJVElOR19PTl9VUFNUUkVBTRABEh4KGkVYUExBSU5fUkVBU09OX0JBQ0tJTkdfT0ZGEAISGAoURVhQTEFJTl9SRUFTT05fUkVBRFkQAxIZChVFWFBMQUlOX1JFQVNPTl9RVUVVRUQQBBIcChhFWFBMQUlOX1JFQVNPTl9OT19XT1JLRVIQBRIaChZFWFBMQUlOX1JFQVNPTl9SVU5OSU5HEAYSIAocRVhQTEFJTl9SRUFTT05fTEVBU0VfRVhQSVJFRBAHEhoKFkVYUExBSU5fUkVBU09OX0JMT0NLRUQQCBIcChhFWFBMQUlOX1JFQVNPTl9ESVNDQVJERUQQCRIaChZFWFBMQUlOX1JFQVNPTl9TS0lQUEVEEAoSHAoYRVhQTEFJTl9SRUFTT05fQ0FOQ0VMTEVEEAsSHAoYRVhQTEFJTl9SRUFTT05fQ09NUExFVEVEEAwy/wMKD1dvcmtmbG93U2VydmljZRI/CgZTdWJtaXQSGS5jeWNsb25lLnYxLlN1Ym1pdFJlcXVlc3QaGi5jeWNsb25lLnYxLlN1Ym1pdFJlc3BvbnNlEksKClN1Ym1pdE9uY2USHS5jeWNsb25lLnYxLlN1Ym1pdE9uY2VSZXF1ZXN0Gh4uY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVzcG9uc2USPwoGR2V0UnVuEhkuY3ljbG9uZS52MS5HZXRSdW5SZXF1ZXN0GhouY3ljbG9uZS52MS5HZXRSdW5SZXNwb25zZRJFCghMaXN0UnVucxIbLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXF1ZXN0GhwuY3ljbG9uZS52MS5MaXN0UnVuc1Jlc3BvbnNlEkgKCUNhbmNlbFJ1bhIcLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVzcG9uc2USQgoHRXhwbGFpbhIaLmN5Y2xvbmUudjEuRXhwbGFpblJlcXVlc3QaGy5jeWNsb25lLnYxLkV4cGxhaW5SZXNwb25zZRJICglTZW5kRXZlbnQSHC5jeWNsb25lLnYxLlNlbmRFdmVudFJlcXVlc3QaHS5jeWNsb25lLnYxLlNlbmRFdmVudFJlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * Arguments of WorkflowService.Submit.
@@ -516,6 +516,77 @@ export const ActionActivitySchema: GenMessage<ActionActivity> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_workflow_service, 13);
 
 /**
+ * Arguments of WorkflowService.SendEvent.
+ *
+ * @generated from message cyclone.v1.SendEventRequest
+ */
+export type SendEventRequest = Message<"cyclone.v1.SendEventRequest"> & {
+  /**
+   * The run, by id.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The event's name, e.g. "order.approved": 1-200 printable characters.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * The payload (any JSON), handed to the wait that consumes the event. Unset: null.
+   *
+   * @generated from field: google.protobuf.Value payload = 3;
+   */
+  payload?: Value | undefined;
+
+  /**
+   * Optional idempotency key, 1-200 printable characters, unique per run: a repeated
+   * call with the same key returns the event it sent first.
+   *
+   * @generated from field: string key = 4;
+   */
+  key: string;
+};
+
+/**
+ * Describes the message cyclone.v1.SendEventRequest.
+ * Use `create(SendEventRequestSchema)` to create a new message.
+ */
+export const SendEventRequestSchema: GenMessage<SendEventRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 14);
+
+/**
+ * Result of WorkflowService.SendEvent.
+ *
+ * @generated from message cyclone.v1.SendEventResponse
+ */
+export type SendEventResponse = Message<"cyclone.v1.SendEventResponse"> & {
+  /**
+   * The event's id, increasing in the order events were sent.
+   *
+   * @generated from field: int64 event_id = 1;
+   */
+  eventId: bigint;
+
+  /**
+   * False when the key named an event sent before: nothing changed.
+   *
+   * @generated from field: bool created = 2;
+   */
+  created: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.SendEventResponse.
+ * Use `create(SendEventResponseSchema)` to create a new message.
+ */
+export const SendEventResponseSchema: GenMessage<SendEventResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 15);
+
+/**
  * Why a node is not running now (ExplainResponse.reason).
  *
  * @generated from enum cyclone.v1.ExplainReason
@@ -701,6 +772,22 @@ export const WorkflowService: GenService<{
     methodKind: "unary";
     input: typeof ExplainRequestSchema;
     output: typeof ExplainResponseSchema;
+  },
+  /**
+   * Sends a named event with a JSON payload to a run. It is kept until a wait for
+   * that name consumes it (a durable function's Wait, or a DAG node with Node.event):
+   * an event sent before the wait is not lost, and each event is consumed once, the
+   * oldest first. A node waiting for it is woken at once. With a key, a repeated call
+   * returns the first event (created = false) and changes nothing. Audited (action
+   * "send_event", with the actor). NOT_FOUND for an unknown run, FAILED_PRECONDITION
+   * for a completed or cancelled run.
+   *
+   * @generated from rpc cyclone.v1.WorkflowService.SendEvent
+   */
+  sendEvent: {
+    methodKind: "unary";
+    input: typeof SendEventRequestSchema;
+    output: typeof SendEventResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_workflow_service, 0);

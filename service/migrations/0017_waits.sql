@@ -1,0 +1,396 @@
+-- Waiting without a worker (issue 16): durable sleep, events, and the suspend
+-- mechanism child runs build on.
+--   steps.resumes, steps.waiting_for     a node that waits gives up its lease; the
+--                                        claims that resume it use up no attempt
+--   step_calls.wake_at, .waiting_for and status 'waiting'
+--   cyclone.events                       events sent to a run, consumed once
+--   step_wait, event_send                the Wait and SendEvent RPCs
+--   _step_fail_unheld, sweep_steps       compare attempt - resumes with max_attempts
+
+ALTER TABLE cyclone.steps
+    ADD COLUMN resumes integer NOT NULL DEFAULT 0,
+    ADD COLUMN waiting_for text,
+    ADD CONSTRAINT steps_resumes_in_range CHECK (resumes BETWEEN 0 AND attempt);
+
+ALTER TABLE cyclone.step_calls
+    ADD COLUMN wake_at timestamptz,
+    ADD COLUMN waiting_for text,
+    DROP CONSTRAINT step_calls_status_known,
+    ADD CONSTRAINT step_calls_status_known
+        CHECK (status IN ('started', 'succeeded', 'failed', 'waiting')),
+    DROP CONSTRAINT step_calls_finished_at_iff_outcome,
+    ADD CONSTRAINT step_calls_finished_at_iff_outcome
+        CHECK ((finished_at IS NOT NULL) = (status NOT IN ('started', 'waiting'))),
+    ADD CONSTRAINT step_calls_waiting_is_a_wait
+        CHECK (status <> 'waiting' OR waiting_for IS NOT NULL);
+
+-- Events sent to a run (SendEvent), kept until a wait consumes them, the oldest first,
+-- each once. Deleted with their run.
+CREATE TABLE cyclone.events (
+    run_id           uuid        NOT NULL REFERENCES cyclone.runs ON DELETE CASCADE,
+    -- Increasing in the order events are sent (across runs).
+    event_id         bigint      GENERATED ALWAYS AS IDENTITY,
+    name             text        NOT NULL,
+    -- JSON null when the sender gave none.
+    payload          jsonb       NOT NULL,
+    -- The sender's idempotency key: a repeated SendEvent with it sends nothing.
+    key              text,
+    sent_at          timestamptz NOT NULL,
+    sent_by          text        NOT NULL,
+    -- The wait that consumed the event: its node and step_id, and when.
+    consumed_at      timestamptz,
+    consumed_node    text,
+    consumed_step_id text,
+    PRIMARY KEY (run_id, event_id),
+    CONSTRAINT events_consumed_by_one_wait
+        CHECK ((consumed_at IS NULL) = (consumed_node IS NULL)
+               AND (consumed_node IS NULL) = (consumed_step_id IS NULL))
+);
+CREATE UNIQUE INDEX events_key_idx ON cyclone.events (run_id, key) WHERE key IS NOT NULL;
+-- A wait finds the oldest event of its name not consumed yet by key.
+CREATE INDEX events_unconsumed_idx ON cyclone.events (run_id, name, event_id)
+    WHERE consumed_at IS NULL;
+
+-- The time a node that waits with no time limit is available from: never, unless it
+-- is woken (an event sent, a child finished). A finite time, so that every reader
+-- of available_at (claims, Explain, GetRun) keeps working.
+CREATE FUNCTION cyclone._wait_forever() RETURNS timestamptz
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT timestamptz '9999-12-31 00:00:00+00'
+$$;
+
+-- Refuses an event name or key no SDK sends: 1 to 200 characters, none a control
+-- character (p_what names it in the error). CY004.
+CREATE FUNCTION cyclone._event_text_check(p_value text, p_what text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_value IS NULL OR length(p_value) NOT BETWEEN 1 AND 200 OR p_value ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION '% must be 1 to 200 printable characters', p_what
+            USING ERRCODE = 'CY004';
+    END IF;
+END;
+$$;
+
+-- The outcome of a wait for a child run: NULL while the child is not finished, else
+-- {"output": value} or {"error": {type, message, details}}. Replaced by the child runs'
+-- migration (48_children.sql); until then a child wait is refused (CY004).
+CREATE FUNCTION cyclone._wait_child(p_run_id uuid, p_node text, p_step_id text,
+                                    p_child uuid)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'waiting for a child run is not supported by this server'
+        USING ERRCODE = 'CY004';
+END;
+$$;
+
+-- A durable function waits, in one transaction, fenced by the lease (CY001, and the
+-- run locked first): p_function is cyclone.sleep (until p_wake_at), cyclone.event
+-- (p_event, within p_timeout; NULL: no limit) or cyclone.child (p_child). The first
+-- call records the wait WAITING with its wake time (the sleep's end, the event's
+-- deadline, NULL for none) and what it waits for; a later call of the same step_id
+-- (a replay) keeps both. Returns:
+--   ready      the entry is now SUCCEEDED (the sleep is over; the oldest unconsumed
+--              event of that name is consumed, its payload the output; the child
+--              finished) or FAILED (EventTimeout: the deadline passed with no event),
+--              or had its outcome already; the node keeps its lease;
+--   suspended  the entry stays WAITING and the node gives up its lease: available from
+--              the wake time (_wait_forever() for none; pending while the run is
+--              blocked), lease cleared, resumes + 1 (so this claim does not use up an
+--              attempt: step_fail and the sweep compare attempt - resumes with
+--              max_attempts), waiting_for set ("sleep", "event <name>",
+--              "child <run_id>"). Waiting claims are notified, so that they look at
+--              the new wake time.
+-- CY004 for a bad identity or wait, or a step_id recorded for another call; CY003
+-- past the journal's limit. RPC: Wait; also the server's loop for DAG event nodes.
+CREATE FUNCTION cyclone.step_wait(
+    p_run_id uuid, p_node text, p_lease_token uuid, p_step_id text, p_seq integer,
+    p_function text, p_wake_at timestamptz, p_event text, p_timeout interval,
+    p_child uuid)
+RETURNS TABLE (decision text, call jsonb)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := cyclone.now();
+    v_status  text;
+    v_attempt integer;
+    v_for     text;
+    v_call    cyclone.step_calls;
+    v_outcome jsonb;
+    v_payload jsonb;
+    v_action  text;
+BEGIN
+    PERFORM cyclone._step_call_check(p_step_id, p_seq, p_function);
+    IF p_function = 'cyclone.sleep' THEN
+        IF p_wake_at IS NULL OR NOT isfinite(p_wake_at) THEN
+            RAISE EXCEPTION 'a sleep needs a finite wake time' USING ERRCODE = 'CY004';
+        END IF;
+        v_for := 'sleep';
+    ELSIF p_function = 'cyclone.event' THEN
+        PERFORM cyclone._event_text_check(p_event, 'an event name');
+        IF p_timeout IS NOT NULL
+           AND (p_timeout < interval '1 millisecond' OR p_timeout > interval '366 days') THEN
+            RAISE EXCEPTION 'an event timeout must be between 1ms and 366 days, got %',
+                p_timeout USING ERRCODE = 'CY004';
+        END IF;
+        v_for := 'event ' || p_event;
+    ELSIF p_function = 'cyclone.child' THEN
+        IF p_child IS NULL THEN
+            RAISE EXCEPTION 'a child wait needs the child''s run_id' USING ERRCODE = 'CY004';
+        END IF;
+        v_for := 'child ' || p_child;
+    ELSE
+        RAISE EXCEPTION 'a wait''s function is cyclone.sleep, cyclone.event or cyclone.child'
+            USING ERRCODE = 'CY004';
+    END IF;
+
+    v_status := cyclone._run_lock(p_run_id);
+    v_attempt := cyclone._step_held(p_run_id, p_node, p_lease_token, true);
+    SELECT * INTO v_call FROM cyclone.step_calls c
+     WHERE c.run_id = p_run_id AND c.node = p_node AND c.step_id = p_step_id;
+    IF FOUND THEN
+        IF v_call.function <> p_function OR v_call.waiting_for IS DISTINCT FROM v_for THEN
+            RAISE EXCEPTION 'step call % of node % is recorded as % (%), not as this wait (%)',
+                p_step_id, p_node, v_call.function, coalesce(v_call.waiting_for, 'no wait'),
+                v_for USING ERRCODE = 'CY004';
+        END IF;
+        IF v_call.status <> 'waiting' THEN
+            RETURN QUERY SELECT 'ready', cyclone._step_call_json(v_call);
+            RETURN;
+        END IF;
+    ELSE
+        PERFORM cyclone._step_call_room(p_run_id, p_node);
+        INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
+                                             unsafe, attempt, started_at, wake_at,
+                                             waiting_for)
+        VALUES (p_run_id, p_node, p_step_id, p_seq, p_function, 'waiting', false, v_attempt,
+                v_now, CASE p_function WHEN 'cyclone.sleep' THEN p_wake_at
+                                       WHEN 'cyclone.event' THEN v_now + p_timeout END,
+                v_for)
+        RETURNING c.* INTO v_call;
+    END IF;
+
+    IF p_function = 'cyclone.sleep' THEN
+        IF v_call.wake_at <= v_now THEN
+            v_outcome := jsonb_build_object('output', 'null'::jsonb);
+        END IF;
+    ELSIF p_function = 'cyclone.event' THEN
+        UPDATE cyclone.events e
+           SET consumed_at = v_now, consumed_node = p_node, consumed_step_id = p_step_id
+         WHERE e.run_id = p_run_id
+           AND e.event_id = (SELECT o.event_id FROM cyclone.events o
+                              WHERE o.run_id = p_run_id AND o.name = p_event
+                                AND o.consumed_at IS NULL
+                              ORDER BY o.event_id LIMIT 1)
+        RETURNING e.payload INTO v_payload;
+        IF FOUND THEN
+            v_outcome := jsonb_build_object('output', v_payload);
+        ELSIF v_call.wake_at <= v_now THEN
+            v_outcome := jsonb_build_object('error', jsonb_build_object(
+                'type', 'EventTimeout',
+                'message', format('no event %s came within %s', p_event,
+                                  v_call.wake_at - v_call.started_at),
+                'details', ''));
+        END IF;
+    ELSE
+        v_outcome := cyclone._wait_child(p_run_id, p_node, p_step_id, p_child);
+    END IF;
+
+    IF v_outcome IS NOT NULL THEN
+        UPDATE cyclone.step_calls c
+           SET status = CASE WHEN v_outcome ? 'error' THEN 'failed' ELSE 'succeeded' END,
+               output = v_outcome->'output', error = v_outcome->'error', attempt = v_attempt,
+               finished_at = v_now
+         WHERE c.run_id = p_run_id AND c.node = p_node AND c.step_id = p_step_id
+        RETURNING c.* INTO v_call;
+        UPDATE cyclone.steps s SET waiting_for = NULL
+         WHERE s.run_id = p_run_id AND s.node = p_node AND s.waiting_for IS NOT NULL;
+        RETURN QUERY SELECT 'ready', cyclone._step_call_json(v_call);
+        RETURN;
+    END IF;
+
+    UPDATE cyclone.steps s
+       SET status = CASE WHEN v_status = 'running' THEN 'available' ELSE 'pending' END,
+           available_at = CASE WHEN v_status = 'running'
+                               THEN coalesce(v_call.wake_at, cyclone._wait_forever()) END,
+           lease_token = NULL, lease_expires_at = NULL, resumes = s.resumes + 1,
+           waiting_for = v_for
+     WHERE s.run_id = p_run_id AND s.node = p_node
+    RETURNING s.action INTO v_action;
+    IF v_status = 'running' THEN
+        PERFORM cyclone._notify_ready(ARRAY[v_action]);
+    END IF;
+    RETURN QUERY SELECT 'suspended', cyclone._step_call_json(v_call);
+END;
+$$;
+
+-- Sends an event to a run: kept until a wait of that name consumes it. With p_key, a
+-- repeated call returns the event it sent first (created = false) and changes
+-- nothing, whatever the run's status. Otherwise the run must not be completed or
+-- cancelled (CY003); the event is added, the action audited (send_event, with
+-- p_actor), and the run's nodes waiting for that name are woken: available now, their
+-- actions notified. CY002 for an unknown run, CY004 for a bad name or key.
+-- RPC: SendEvent.
+CREATE FUNCTION cyclone.event_send(p_run_id uuid, p_name text, p_payload jsonb, p_key text,
+                                   p_actor text)
+RETURNS TABLE (event_id bigint, created boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text;
+    v_id     bigint;
+    v_woken  text[];
+BEGIN
+    PERFORM cyclone._event_text_check(p_name, 'an event name');
+    IF p_key IS NOT NULL THEN
+        PERFORM cyclone._event_text_check(p_key, 'an event key');
+    END IF;
+    v_status := cyclone._run_lock(p_run_id);
+    IF p_key IS NOT NULL THEN
+        SELECT e.event_id INTO v_id FROM cyclone.events e
+         WHERE e.run_id = p_run_id AND e.key = p_key;
+        IF FOUND THEN
+            RETURN QUERY SELECT v_id, false;
+            RETURN;
+        END IF;
+    END IF;
+    IF v_status IN ('completed', 'cancelled') THEN
+        RAISE EXCEPTION 'run % is %: it takes no more events', p_run_id, v_status
+            USING ERRCODE = 'CY003';
+    END IF;
+    INSERT INTO cyclone.events AS e (run_id, name, payload, key, sent_at, sent_by)
+    VALUES (p_run_id, p_name, coalesce(p_payload, 'null'::jsonb), p_key, v_now, p_actor)
+    RETURNING e.event_id INTO v_id;
+    INSERT INTO cyclone.audit (run_id, action, actor, details, at)
+    VALUES (p_run_id, 'send_event', p_actor,
+            jsonb_strip_nulls(jsonb_build_object('name', p_name, 'event_id', v_id,
+                                                 'key', p_key)), v_now);
+    WITH woken AS (
+        UPDATE cyclone.steps s SET available_at = v_now
+         WHERE s.run_id = p_run_id AND s.status = 'available'
+           AND s.waiting_for = 'event ' || p_name AND s.available_at > v_now
+        RETURNING s.action)
+    SELECT array_agg(action) INTO v_woken FROM woken;
+    PERFORM cyclone._notify_ready(coalesce(v_woken, '{}'));
+    RETURN QUERY SELECT v_id, true;
+END;
+$$;
+
+-- Records a failed attempt of a held step (running, same token, lease not expired). A
+-- retryable failure with attempts left (attempt - resumes < max_attempts: a claim that
+-- resumed the node after a wait uses up no attempt) makes the step
+-- available again after p_retry_after, or else after the node's exponential backoff
+-- less a random jitter of up to half (_backoff); otherwise the step is discarded and
+-- its dependents judged (_settle). The error joins the step's history (kind handler).
+-- CY001 when the lease is lost. Does not look at the run's status: step_fail does.
+-- Called only by step_fail.
+CREATE OR REPLACE FUNCTION cyclone._step_fail_unheld(
+    p_run_id uuid, p_node text, p_lease_token uuid, p_type text, p_message text,
+    p_details text, p_retryable boolean, p_retry_after interval)
+RETURNS cyclone.completion
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text := cyclone._run_lock(p_run_id);
+    v_step   record;
+BEGIN
+    UPDATE cyclone.steps s
+       SET status = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
+                         THEN 'available' ELSE 'discarded' END,
+           available_at = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
+                               THEN v_now + coalesce(p_retry_after,
+                                                     cyclone._backoff(s.initial_backoff, s.max_backoff,
+                                                                      s.backoff_multiplier,
+                                                                      s.attempt - s.resumes))
+                          END,
+           finished_at = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
+                              THEN NULL ELSE v_now END,
+           lease_expires_at = NULL, waiting_for = NULL
+     WHERE s.run_id = p_run_id AND s.node = p_node AND s.status = 'running'
+       AND s.lease_token = p_lease_token AND s.lease_expires_at > v_now
+    RETURNING s.status, s.attempt, s.action, s.available_at INTO v_step;
+    IF NOT FOUND THEN
+        SELECT s.status, s.lease_token, s.attempt INTO v_step
+          FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
+        PERFORM cyclone._lease_lost(p_run_id, p_node, p_lease_token, v_step.status,
+                                v_step.lease_token, v_step.attempt);
+    END IF;
+    INSERT INTO cyclone.step_errors (run_id, node, attempt, kind, type, message, details,
+                                     retryable, at)
+    VALUES (p_run_id, p_node, v_step.attempt, 'handler', coalesce(p_type, ''),
+            coalesce(p_message, ''), coalesce(p_details, ''), v_step.status = 'available',
+            v_now);
+    IF v_step.status = 'discarded' THEN
+        PERFORM cyclone._settle(p_run_id, ARRAY[p_node], '{}', 1);
+    ELSE
+        PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
+    END IF;
+    RETURN ROW(v_step.status, (SELECT r.status FROM cyclone.runs r WHERE r.run_id = p_run_id),
+               false, v_step.available_at)::cyclone.completion;
+END;
+$$;
+
+-- Takes up to p_limit running steps whose lease expired, oldest expiry first, in runs
+-- that are running (run rows taken with SKIP LOCKED, each step re-checked by its token
+-- and expiry, so any number of sweepers never fight). Each becomes available at once,
+-- remembered as effect_uncertain (the next claim decides: an unsafe claimer blocks the
+-- run, any other runs it again), or discarded when out of attempts (attempt - resumes
+-- >= max_attempts: claims that resumed a wait do not count) and its holder did
+-- not mark the action unsafe (its dependents then judged by _settle). A lease_expired
+-- error is recorded either way. Steps of blocked and cancelled runs are left alone.
+-- Returns each step reclaimed: run, node, action, the attempt whose lease expired, the
+-- worker that held it and the status it was left in (for the server's logs and
+-- metrics). Called by each server's background sweep loop.
+CREATE OR REPLACE FUNCTION cyclone.sweep_steps(p_limit integer)
+RETURNS TABLE (run_id uuid, node text, action text, attempt integer, worker_id text,
+               status text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now  timestamptz := cyclone.now();
+    v_cand record;
+    v_step record;
+BEGIN
+    FOR v_cand IN
+        SELECT s.run_id, s.node, s.lease_token FROM cyclone.steps s
+         WHERE s.status = 'running' AND s.lease_expires_at <= v_now
+         ORDER BY s.lease_expires_at LIMIT p_limit
+    LOOP
+        CONTINUE WHEN NOT EXISTS (
+            SELECT 1 FROM cyclone.runs r
+             WHERE r.run_id = v_cand.run_id AND r.status = 'running'
+               FOR NO KEY UPDATE SKIP LOCKED);
+        UPDATE cyclone.steps s
+           SET status = CASE WHEN s.attempt - s.resumes >= s.max_attempts AND NOT s.unsafe
+                             THEN 'discarded' ELSE 'available' END,
+               available_at = CASE WHEN s.attempt - s.resumes >= s.max_attempts AND NOT s.unsafe
+                                   THEN NULL ELSE v_now END,
+               finished_at = CASE WHEN s.attempt - s.resumes >= s.max_attempts AND NOT s.unsafe
+                                  THEN v_now END,
+               effect_uncertain = true,
+               lease_expires_at = NULL
+         WHERE s.run_id = v_cand.run_id AND s.node = v_cand.node AND s.status = 'running'
+           AND s.lease_token = v_cand.lease_token AND s.lease_expires_at <= v_now
+        RETURNING s.status, s.attempt, s.action, s.worker_id INTO v_step;
+        CONTINUE WHEN NOT FOUND;
+        INSERT INTO cyclone.step_errors (run_id, node, attempt, kind, type, message, retryable, at)
+        VALUES (v_cand.run_id, v_cand.node, v_step.attempt, 'lease_expired', 'LeaseExpired',
+                format('lease of worker %s expired with no outcome', v_step.worker_id),
+                v_step.status = 'available', v_now);
+        IF v_step.status = 'discarded' THEN
+            PERFORM cyclone._settle(v_cand.run_id, ARRAY[v_cand.node], '{}', 1);
+        ELSE
+            PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
+        END IF;
+        run_id := v_cand.run_id;
+        node := v_cand.node;
+        action := v_step.action;
+        attempt := v_step.attempt;
+        worker_id := v_step.worker_id;
+        status := v_step.status;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
