@@ -584,8 +584,10 @@ class Store:
         return row
 
     async def step_wait(self, wait: WaitKey) -> Waited:
-        """Wait: a durable function waits (step_wait, service/schema/47_waits.sql)."""
-        row = await self._one("step_wait", Waited, **wait.params())
+        """Wait: a durable function waits (step_wait, service/schema/47_waits.sql; for a
+        child run through child_wait, 48_children.sql, which locks the child first)."""
+        name = "step_wait" if wait.child is None else "child_wait"
+        row = await self._one(name, Waited, **wait.params())
         assert row is not None
         return row
 

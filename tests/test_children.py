@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import json_format
 
 from cyclone.v1 import types_pb2, worker_service_pb2, workflow_service_pb2
 from tests.helpers import (
@@ -16,6 +17,7 @@ from tests.helpers import (
     claim,
     complete,
     eventually,
+    fail,
     get_run,
     node,
     rpc_error,
@@ -344,3 +346,141 @@ def test_a_cancel_racing_child_starts_leaves_no_child_running(cyclone_server: An
             "SELECT DISTINCT status FROM cyclone.runs WHERE parent_run_id = %s::uuid", parent_id
         )
         assert statuses_of_children == [("cancelled",)]
+
+
+# Waiting for a child (Wait with child_run_id) ---------------------------------------
+
+READY = worker_service_pb2.WAIT_DECISION_READY
+SUSPENDED = worker_service_pb2.WAIT_DECISION_SUSPENDED
+FAILED = types_pb2.STEP_CALL_STATUS_FAILED
+
+
+def wait_for(server: Any, step: Any, child_id: str, step_id: str = "child.result", seq: int = 2):
+    return server.workers.Wait(
+        worker_service_pb2.WaitRequest(
+            run_id=step.run_id,
+            node=step.node,
+            lease_token=step.lease_token,
+            step_id=step_id,
+            seq=seq,
+            child_run_id=child_id,
+        )
+    )
+
+
+def waiting_parent(server: Any, kid_nodes: int = 1) -> tuple[str, str]:
+    """A parent whose node started a child and waits for it (suspended): (parent, child)."""
+    parent_id, step = parent_and_step(server)
+    nodes = [node(f"k{i}", "kid_work") for i in range(kid_nodes)]
+    child_id = start_child(server, step, wf=workflow("kid", *nodes)).child_run_id
+    assert wait_for(server, step, child_id).decision == SUSPENDED
+    return parent_id, child_id
+
+
+def resumed(server: Any, parent_id: str) -> Any:
+    """The parent's node, claimed again (it must be claimable now)."""
+    [step] = [s for s in claim(server) if s.run_id == parent_id]
+    return step
+
+
+def test_a_finished_child_wakes_its_waiting_parent(cyclone_server: Any) -> None:
+    parent_id, child_id = waiting_parent(cyclone_server, kid_nodes=2)
+    waiting = get_run(cyclone_server, parent_id).steps[0]
+    assert waiting.waiting_for == f"child {child_id}"
+    assert claim(cyclone_server) == []  # it waits: nothing to claim
+    for kid in claim(cyclone_server, "kid_work"):
+        complete(cyclone_server, kid, {"node": kid.node})
+    step = resumed(cyclone_server, parent_id)
+    assert [j.step_id for j in step.journal] == ["child", "child.result"]
+    answer = wait_for(cyclone_server, step, child_id)
+    assert answer.decision == READY and answer.call.status == SUCCEEDED
+    assert json_format.MessageToDict(answer.call.output) == {
+        "run_id": child_id,
+        "status": "completed",
+        "outputs": {"k0": {"node": "k0"}, "k1": {"node": "k1"}},
+    }
+    complete(cyclone_server, step, "done")
+    assert run_status(get_run(cyclone_server, parent_id)) == "completed"
+
+
+def test_a_failed_child_is_a_failed_wait(cyclone_server: Any) -> None:
+    parent_id, child_id = waiting_parent(cyclone_server)
+    [kid] = claim(cyclone_server, "kid_work")
+    fail(cyclone_server, kid, "no rooms left", non_retryable=True)
+    answer = wait_for(cyclone_server, resumed(cyclone_server, parent_id), child_id)
+    assert answer.decision == READY and answer.call.status == FAILED
+    assert answer.call.error.type == "ChildFailed"
+    assert child_id in answer.call.error.message
+    assert "k0 was discarded" in answer.call.error.message
+
+
+def test_a_cancelled_child_is_a_failed_wait(cyclone_server: Any) -> None:
+    parent_id, child_id = waiting_parent(cyclone_server)
+    cancel(cyclone_server, child_id)
+    answer = wait_for(cyclone_server, resumed(cyclone_server, parent_id), child_id)
+    assert answer.call.error.type == "ChildCancelled"
+    assert "stop" in answer.call.error.message
+
+
+def test_a_child_finished_before_the_wait_answers_at_once(cyclone_server: Any) -> None:
+    _, step = parent_and_step(cyclone_server)
+    child_id = start_child(cyclone_server, step).child_run_id
+    [kid] = claim(cyclone_server, "kid_work")
+    complete(cyclone_server, kid, 7)
+    answer = wait_for(cyclone_server, step, child_id)
+    assert answer.decision == READY
+    assert json_format.MessageToDict(answer.call.output)["outputs"] == {"k": 7}
+
+
+def test_only_a_child_of_the_node_can_be_awaited(cyclone_server: Any) -> None:
+    _, step = parent_and_step(cyclone_server)
+    stranger = submit(cyclone_server, workflow("other", node("x", "kid_work")))
+    before = table_counts(cyclone_server)
+    err = rpc_error(wait_for, cyclone_server, step, stranger)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    err = rpc_error(wait_for, cyclone_server, step, "0190a0a0-0000-7000-8000-000000000000")
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a child run" in (err.details() or "")
+    err = rpc_error(wait_for, cyclone_server, step, "not-a-uuid")
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert table_counts(cyclone_server) == before
+    assert cyclone_server.sql("SELECT count(*) FROM cyclone.step_calls")[0][0] == 0
+
+
+def test_waits_and_finishes_racing_never_strand_a_parent(cyclone_server: Any) -> None:
+    """A child finishing while its parent sends Wait: either the Wait sees it finished
+    (READY), or the finish wakes the node the Wait suspended. Never a deadlock, never
+    a parent asleep for good."""
+    for _ in range(8):
+        parent_id, step = parent_and_step(cyclone_server)
+        child_id = start_child(cyclone_server, step).child_run_id
+        [kid] = claim(cyclone_server, "kid_work")
+        finisher = threading.Thread(target=complete, args=(cyclone_server, kid, 1))
+        finisher.start()
+        answer = wait_for(cyclone_server, step, child_id)
+        finisher.join(PATIENCE)
+        if answer.decision == SUSPENDED:
+            step = resumed(cyclone_server, parent_id)
+            answer = wait_for(cyclone_server, step, child_id)
+        assert answer.decision == READY and answer.call.status == SUCCEEDED
+
+
+def test_a_parent_cancel_racing_its_childs_finish(cyclone_server: Any) -> None:
+    for _ in range(8):
+        parent_id, child_id = waiting_parent(cyclone_server)
+        [kid] = claim(cyclone_server, "kid_work")
+        finisher = threading.Thread(target=_complete_unless_cancelled, args=(cyclone_server, kid))
+        finisher.start()
+        try:
+            cancel(cyclone_server, parent_id)
+        finally:
+            finisher.join(PATIENCE)
+        assert run_status(get_run(cyclone_server, parent_id)) == "cancelled"
+        assert run_status(get_run(cyclone_server, child_id)) in ("completed", "cancelled")
+
+
+def _complete_unless_cancelled(server: Any, step: Any) -> None:
+    try:
+        complete(server, step, 1)
+    except grpc.RpcError as err:  # the cancel came first: the child's lease is gone
+        assert err.code() == grpc.StatusCode.ABORTED

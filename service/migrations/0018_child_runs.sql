@@ -1,8 +1,11 @@
 -- Child runs (issue 16): a durable function starts a run of another workflow as a step
--- call of its body, and cancelling a run cancels its children.
+-- call of its body, waits for its outcome, and cancelling a run cancels its children.
 --   runs.parent_run_id, parent_node, parent_step_id   the link of a child run
 --   runs_parent_idx                                   a run's children
 --   child_start                                       StartChild
+--   child_wait, _wait_child                           Wait with child_run_id (the latter
+--                                                     replaces 0017's placeholder)
+--   _children_finished, _runs_close                   a finished child wakes its parent
 --   _run_cancel_one, run_cancel                       cancel, down the tree unless
 --                                                     p_keep_children
 
@@ -80,14 +83,168 @@ LANGUAGE sql AS $$
     VALUES (p_run_id, 'cancel', p_actor, p_reason, p_details, p_now);
 $$;
 
+-- The outcome of the wait of node p_node of run p_run_id for its child p_child (the
+-- caller, child_wait, holds the child's row share-locked): NULL while the child is
+-- running or blocked; {"output": {"run_id", "status": "completed", "outputs": {node:
+-- output}}} (its completed nodes) once it completed; {"error": {type ChildFailed or
+-- ChildCancelled, message, details}} once it failed (with its error) or was cancelled
+-- (with the cancel's reason). CY004 for a run that this node did not start (or no
+-- run at all). Called by step_wait (47_waits.sql) for a wait of function
+-- cyclone.child; replaces the placeholder 47_waits.sql defines.
+CREATE OR REPLACE FUNCTION cyclone._wait_child(p_run_id uuid, p_node text, p_step_id text,
+                                               p_child uuid)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_child record;
+BEGIN
+    SELECT r.status, r.workflow, r.error, r.parent_run_id, r.parent_node INTO v_child
+      FROM cyclone.runs r WHERE r.run_id = p_child;
+    IF NOT FOUND OR v_child.parent_run_id IS DISTINCT FROM p_run_id
+       OR v_child.parent_node IS DISTINCT FROM p_node THEN
+        RAISE EXCEPTION 'run % is not a child run started by node % of run %', p_child,
+            left(p_node, 200), p_run_id USING ERRCODE = 'CY004';
+    END IF;
+    CASE v_child.status
+    WHEN 'completed' THEN
+        RETURN jsonb_build_object('output', jsonb_build_object(
+            'run_id', p_child, 'status', 'completed',
+            'outputs', (SELECT coalesce(jsonb_object_agg(s.node, s.output), '{}')
+                          FROM cyclone.steps s
+                         WHERE s.run_id = p_child AND s.status = 'completed')));
+    WHEN 'failed' THEN
+        RETURN jsonb_build_object('error', jsonb_build_object(
+            'type', 'ChildFailed',
+            'message', format('child run %s (workflow %s) failed: %s', p_child,
+                              v_child.workflow, v_child.error->>'message'),
+            'details', v_child.error::text));
+    WHEN 'cancelled' THEN
+        RETURN jsonb_build_object('error', jsonb_build_object(
+            'type', 'ChildCancelled',
+            'message', format('child run %s (workflow %s) was cancelled%s', p_child,
+                              v_child.workflow,
+                              (SELECT ': ' || nullif(a.reason, '') FROM cyclone.audit a
+                                WHERE a.run_id = p_child AND a.action = 'cancel'
+                                ORDER BY a.id DESC LIMIT 1)),
+            'details', ''));
+    ELSE
+        RETURN NULL;
+    END CASE;
+END;
+$$;
+
+-- Wait for a child run's outcome (Wait with child_run_id): step_wait with function
+-- cyclone.child, after taking the parent run's lock and then a share lock of the
+-- child's row, in that order. A child that finishes locks its own run before it wakes
+-- its parent's node (_children_finished), and run_cancel locks a parent before its
+-- children: so this wait either sees the child finished, or is committed, node
+-- waiting, before the child's finish looks for it; and no two of them wait on each
+-- other. RPC: Wait (child_run_id).
+CREATE FUNCTION cyclone.child_wait(p_run_id uuid, p_node text, p_lease_token uuid,
+                                   p_step_id text, p_seq integer, p_child uuid)
+RETURNS TABLE (decision text, call jsonb)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cyclone._run_lock(p_run_id);
+    PERFORM 1 FROM cyclone.runs r WHERE r.run_id = p_child FOR SHARE;
+    RETURN QUERY SELECT * FROM cyclone.step_wait(p_run_id, p_node, p_lease_token, p_step_id,
+                                                 p_seq, 'cyclone.child', NULL, NULL, NULL,
+                                                 p_child);
+END;
+$$;
+
+-- Wakes the parent nodes waiting for these runs, which just finished (completed,
+-- failed or cancelled): a run's parent node that waits for it (waiting_for
+-- "child <run_id>") becomes available now, and its action is notified. The caller
+-- holds the finished runs' locks; no lock of a parent run is taken (see child_wait).
+-- Called by _runs_close and run_cancel.
+CREATE FUNCTION cyclone._children_finished(p_runs uuid[], p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_woken text[];
+BEGIN
+    WITH woken AS (
+        UPDATE cyclone.steps s SET available_at = p_now
+          FROM cyclone.runs r
+         WHERE r.run_id = ANY (p_runs) AND r.parent_run_id IS NOT NULL
+           AND s.run_id = r.parent_run_id AND s.node = r.parent_node
+           AND s.status = 'available' AND s.waiting_for = 'child ' || r.run_id
+           AND s.available_at > p_now
+        RETURNING s.action)
+    SELECT array_agg(w.action) INTO v_woken FROM woken w;
+    IF v_woken IS NOT NULL THEN
+        PERFORM cyclone._notify_ready(v_woken);
+    END IF;
+END;
+$$;
+
+-- Closes runs by counts: each run's steps_open goes down by the number of its steps
+-- that became final; a running run left with none open is completed, or failed with
+-- a StepDiscarded error naming its first discarded step. A child run that finishes so
+-- wakes its parent's node when it waits for it (_children_finished). Returns each
+-- run's status. Runs are found by primary key, and the discarded-step checks are
+-- scalar lookups through steps_discarded_idx, so no plan scans steps. Called by
+-- _run_close and by step_complete_many (runs whose completed steps have no
+-- dependents).
+CREATE OR REPLACE FUNCTION cyclone._runs_close(p_runs uuid[], p_closed integer[],
+                                               p_now timestamptz)
+RETURNS TABLE (run_id uuid, status text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_runs     uuid[];
+    v_statuses text[];
+    v_finished uuid[];
+BEGIN
+    WITH closed AS (
+        UPDATE cyclone.runs r
+           SET steps_open = r.steps_open - c.closed,
+               updated_at = p_now,
+               status = CASE
+                   WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.status
+                   WHEN (SELECT true FROM cyclone.steps s
+                          WHERE s.run_id = r.run_id AND s.status = 'discarded' LIMIT 1)
+                   THEN 'failed'
+                   ELSE 'completed' END,
+               finished_at = CASE
+                   WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.finished_at
+                   ELSE p_now END,
+               error = CASE
+                   WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.error
+                   ELSE (SELECT jsonb_build_object(
+                                    'kind', 'StepDiscarded',
+                                    'message', format('node %s was discarded at attempt %s',
+                                                      s.node, s.attempt),
+                                    'node', s.node, 'attempt', s.attempt,
+                                    'started_at', s.started_at)
+                           FROM cyclone.steps s
+                          WHERE s.run_id = r.run_id AND s.status = 'discarded'
+                          ORDER BY s.finished_at, s.node LIMIT 1) END
+          FROM unnest(p_runs, p_closed) AS c(run_id, closed)
+         WHERE r.run_id = c.run_id AND r.run_id = ANY (p_runs)
+        RETURNING r.run_id, r.status,
+                  r.parent_run_id IS NOT NULL AND r.finished_at = p_now AS finished)
+    SELECT array_agg(c.run_id), array_agg(c.status),
+           array_agg(c.run_id) FILTER (WHERE c.finished)
+      INTO v_runs, v_statuses, v_finished
+      FROM closed c;
+    IF v_finished IS NOT NULL THEN
+        PERFORM cyclone._children_finished(v_finished, p_now);
+    END IF;
+    RETURN QUERY SELECT u.run_id, u.status FROM unnest(v_runs, v_statuses) AS u(run_id, status);
+END;
+$$;
+
 DROP FUNCTION cyclone.run_cancel(uuid, text, text);
 
 -- Cancels a run: every unfinished step becomes cancelled (a running handler learns it
 -- from its next heartbeat, and its completion is refused), and the run's error is
--- cleared (_run_cancel_one). Unless p_keep_children, every descendant run (its child
--- runs, theirs, ...) that is running or blocked is cancelled with it, each with its own
--- audit entry naming the run whose cancel reached it. The descendants are locked
--- first, level by level from the top and each level in run_id order, before any step
+-- cleared (_run_cancel_one); a parent node waiting for it is woken
+-- (_children_finished). Unless p_keep_children, every descendant run (its child runs,
+-- theirs, ...) that is running or blocked is cancelled with it, each with its own audit
+-- entry naming the run whose cancel reached it. The descendants are locked first,
+-- level by level from the top and each level in run_id order, before any step
 -- changes: a locked run starts no child (child_start takes its run's lock), so each
 -- level is complete once the one above is locked; and a child finishing meanwhile,
 -- which locks its own run before it touches its parent's node, never waits on a lock
@@ -121,6 +278,8 @@ BEGIN
                                     jsonb_build_object('previous_status', v_status,
                                                        'keep_children', p_keep_children),
                                     v_now);
+    -- A child cancelled on its own: its parent may wait for it.
+    PERFORM cyclone._children_finished(ARRAY[p_run_id], v_now);
     FOR v_child IN
         SELECT r.run_id, r.status FROM cyclone.runs r
          WHERE r.run_id = ANY (v_tree) AND r.status IN ('running', 'blocked')

@@ -188,40 +188,59 @@ $$;
 
 -- Closes runs by counts: each run's steps_open goes down by the number of its steps
 -- that became final; a running run left with none open is completed, or failed with
--- a StepDiscarded error naming its first discarded step. Returns each run's status.
--- Runs are found by primary key, and the discarded-step checks are scalar lookups
--- through steps_discarded_idx, so no plan scans steps. Called by _run_close and by
--- step_complete_many (runs whose completed steps have no dependents).
+-- a StepDiscarded error naming its first discarded step. A child run that finishes so
+-- wakes its parent's node when it waits for it (_children_finished). Returns each
+-- run's status. Runs are found by primary key, and the discarded-step checks are
+-- scalar lookups through steps_discarded_idx, so no plan scans steps. Called by
+-- _run_close and by step_complete_many (runs whose completed steps have no
+-- dependents).
 CREATE FUNCTION cyclone._runs_close(p_runs uuid[], p_closed integer[],
                                                p_now timestamptz)
 RETURNS TABLE (run_id uuid, status text)
-LANGUAGE sql AS $$
-    UPDATE cyclone.runs r
-       SET steps_open = r.steps_open - c.closed,
-           updated_at = p_now,
-           status = CASE
-               WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.status
-               WHEN (SELECT true FROM cyclone.steps s
-                      WHERE s.run_id = r.run_id AND s.status = 'discarded' LIMIT 1)
-               THEN 'failed'
-               ELSE 'completed' END,
-           finished_at = CASE
-               WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.finished_at
-               ELSE p_now END,
-           error = CASE
-               WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.error
-               ELSE (SELECT jsonb_build_object(
-                                'kind', 'StepDiscarded',
-                                'message', format('node %s was discarded at attempt %s',
-                                                  s.node, s.attempt),
-                                'node', s.node, 'attempt', s.attempt,
-                                'started_at', s.started_at)
-                       FROM cyclone.steps s
-                      WHERE s.run_id = r.run_id AND s.status = 'discarded'
-                      ORDER BY s.finished_at, s.node LIMIT 1) END
-      FROM unnest(p_runs, p_closed) AS c(run_id, closed)
-     WHERE r.run_id = c.run_id AND r.run_id = ANY (p_runs)
-    RETURNING r.run_id, r.status
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_runs     uuid[];
+    v_statuses text[];
+    v_finished uuid[];
+BEGIN
+    WITH closed AS (
+        UPDATE cyclone.runs r
+           SET steps_open = r.steps_open - c.closed,
+               updated_at = p_now,
+               status = CASE
+                   WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.status
+                   WHEN (SELECT true FROM cyclone.steps s
+                          WHERE s.run_id = r.run_id AND s.status = 'discarded' LIMIT 1)
+                   THEN 'failed'
+                   ELSE 'completed' END,
+               finished_at = CASE
+                   WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.finished_at
+                   ELSE p_now END,
+               error = CASE
+                   WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.error
+                   ELSE (SELECT jsonb_build_object(
+                                    'kind', 'StepDiscarded',
+                                    'message', format('node %s was discarded at attempt %s',
+                                                      s.node, s.attempt),
+                                    'node', s.node, 'attempt', s.attempt,
+                                    'started_at', s.started_at)
+                           FROM cyclone.steps s
+                          WHERE s.run_id = r.run_id AND s.status = 'discarded'
+                          ORDER BY s.finished_at, s.node LIMIT 1) END
+          FROM unnest(p_runs, p_closed) AS c(run_id, closed)
+         WHERE r.run_id = c.run_id AND r.run_id = ANY (p_runs)
+        RETURNING r.run_id, r.status,
+                  r.parent_run_id IS NOT NULL AND r.finished_at = p_now AS finished)
+    SELECT array_agg(c.run_id), array_agg(c.status),
+           array_agg(c.run_id) FILTER (WHERE c.finished)
+      INTO v_runs, v_statuses, v_finished
+      FROM closed c;
+    IF v_finished IS NOT NULL THEN
+        PERFORM cyclone._children_finished(v_finished, p_now);
+    END IF;
+    RETURN QUERY SELECT u.run_id, u.status FROM unnest(v_runs, v_statuses) AS u(run_id, status);
+END;
 $$;
 
 -- _runs_close for one run: called by _settle, and by _step_complete for a step with no

@@ -1,7 +1,14 @@
 -- Child runs: a durable function starts a run of another workflow as a step call of
--- its body (StartChild), and the parent's cancel reaches its children (run_cancel,
+-- its body (StartChild), waits for its outcome (Wait with child_run_id: child_wait,
+-- _wait_child), is woken when the child finishes (_children_finished, from _runs_close
+-- and run_cancel), and the parent's cancel reaches its children (run_cancel,
 -- 70_operator.sql). A child is an ordinary run with a parent link (runs.parent_run_id,
 -- parent_node, parent_step_id); the step call that started it is its idempotency key.
+--
+-- Locks, in the one order every path takes them: a parent's run, then its children's
+-- runs (run_cancel, child_wait); a run, then its own steps, then its parent's node
+-- (a child that finishes). So a child's finish and its parent's wait or cancel never
+-- wait on each other in a cycle.
 
 -- Starts a child run from the held step (run_id, node) as its step call p_step_id
 -- (function cyclone.start_child), in one transaction: the child is submitted (run_submit,
@@ -69,4 +76,100 @@ LANGUAGE sql AS $$
      WHERE r.run_id = p_run_id;
     INSERT INTO cyclone.audit (run_id, action, actor, reason, details, at)
     VALUES (p_run_id, 'cancel', p_actor, p_reason, p_details, p_now);
+$$;
+
+-- The outcome of the wait of node p_node of run p_run_id for its child p_child (the
+-- caller, child_wait, holds the child's row share-locked): NULL while the child is
+-- running or blocked; {"output": {"run_id", "status": "completed", "outputs": {node:
+-- output}}} (its completed nodes) once it completed; {"error": {type ChildFailed or
+-- ChildCancelled, message, details}} once it failed (with its error) or was cancelled
+-- (with the cancel's reason). CY004 for a run that this node did not start (or no
+-- run at all). Called by step_wait (47_waits.sql) for a wait of function
+-- cyclone.child; replaces the placeholder 47_waits.sql defines.
+CREATE OR REPLACE FUNCTION cyclone._wait_child(p_run_id uuid, p_node text, p_step_id text,
+                                               p_child uuid)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_child record;
+BEGIN
+    SELECT r.status, r.workflow, r.error, r.parent_run_id, r.parent_node INTO v_child
+      FROM cyclone.runs r WHERE r.run_id = p_child;
+    IF NOT FOUND OR v_child.parent_run_id IS DISTINCT FROM p_run_id
+       OR v_child.parent_node IS DISTINCT FROM p_node THEN
+        RAISE EXCEPTION 'run % is not a child run started by node % of run %', p_child,
+            left(p_node, 200), p_run_id USING ERRCODE = 'CY004';
+    END IF;
+    CASE v_child.status
+    WHEN 'completed' THEN
+        RETURN jsonb_build_object('output', jsonb_build_object(
+            'run_id', p_child, 'status', 'completed',
+            'outputs', (SELECT coalesce(jsonb_object_agg(s.node, s.output), '{}')
+                          FROM cyclone.steps s
+                         WHERE s.run_id = p_child AND s.status = 'completed')));
+    WHEN 'failed' THEN
+        RETURN jsonb_build_object('error', jsonb_build_object(
+            'type', 'ChildFailed',
+            'message', format('child run %s (workflow %s) failed: %s', p_child,
+                              v_child.workflow, v_child.error->>'message'),
+            'details', v_child.error::text));
+    WHEN 'cancelled' THEN
+        RETURN jsonb_build_object('error', jsonb_build_object(
+            'type', 'ChildCancelled',
+            'message', format('child run %s (workflow %s) was cancelled%s', p_child,
+                              v_child.workflow,
+                              (SELECT ': ' || nullif(a.reason, '') FROM cyclone.audit a
+                                WHERE a.run_id = p_child AND a.action = 'cancel'
+                                ORDER BY a.id DESC LIMIT 1)),
+            'details', ''));
+    ELSE
+        RETURN NULL;
+    END CASE;
+END;
+$$;
+
+-- Wait for a child run's outcome (Wait with child_run_id): step_wait with function
+-- cyclone.child, after taking the parent run's lock and then a share lock of the
+-- child's row, in that order. A child that finishes locks its own run before it wakes
+-- its parent's node (_children_finished), and run_cancel locks a parent before its
+-- children: so this wait either sees the child finished, or is committed, node
+-- waiting, before the child's finish looks for it; and no two of them wait on each
+-- other. RPC: Wait (child_run_id).
+CREATE FUNCTION cyclone.child_wait(p_run_id uuid, p_node text, p_lease_token uuid,
+                                   p_step_id text, p_seq integer, p_child uuid)
+RETURNS TABLE (decision text, call jsonb)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cyclone._run_lock(p_run_id);
+    PERFORM 1 FROM cyclone.runs r WHERE r.run_id = p_child FOR SHARE;
+    RETURN QUERY SELECT * FROM cyclone.step_wait(p_run_id, p_node, p_lease_token, p_step_id,
+                                                 p_seq, 'cyclone.child', NULL, NULL, NULL,
+                                                 p_child);
+END;
+$$;
+
+-- Wakes the parent nodes waiting for these runs, which just finished (completed,
+-- failed or cancelled): a run's parent node that waits for it (waiting_for
+-- "child <run_id>") becomes available now, and its action is notified. The caller
+-- holds the finished runs' locks; no lock of a parent run is taken (see child_wait).
+-- Called by _runs_close and run_cancel.
+CREATE FUNCTION cyclone._children_finished(p_runs uuid[], p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_woken text[];
+BEGIN
+    WITH woken AS (
+        UPDATE cyclone.steps s SET available_at = p_now
+          FROM cyclone.runs r
+         WHERE r.run_id = ANY (p_runs) AND r.parent_run_id IS NOT NULL
+           AND s.run_id = r.parent_run_id AND s.node = r.parent_node
+           AND s.status = 'available' AND s.waiting_for = 'child ' || r.run_id
+           AND s.available_at > p_now
+        RETURNING s.action)
+    SELECT array_agg(w.action) INTO v_woken FROM woken w;
+    IF v_woken IS NOT NULL THEN
+        PERFORM cyclone._notify_ready(v_woken);
+    END IF;
+END;
 $$;

@@ -100,6 +100,12 @@ SELECT w.decision, w.call, current_setting('cyclone.ready', true) AS ready
                               ELSE make_interval(secs => :timeout_s) END,
                          CAST(:child AS uuid)) w;
 
+-- name: child_wait
+-- Wait with child_run_id: step_wait, with the parent's and the child's locks taken first.
+SELECT w.decision, w.call, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.child_wait(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid), :step_id,
+                          :seq, CAST(:child AS uuid)) w;
+
 -- name: event_send
 SELECT e.event_id, e.created, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.event_send(CAST(:run_id AS uuid), :event_name, CAST(:payload AS jsonb), :key,
