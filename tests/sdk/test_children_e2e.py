@@ -10,7 +10,18 @@ from typing import Any
 
 import pytest
 
-from pyclient import ChildRun, Client, RetryPolicy, Workflow, cli, start_child, testing
+from pyclient import (
+    ChildFailed,
+    ChildRun,
+    Client,
+    NonRetryableError,
+    RetryPolicy,
+    Workflow,
+    cli,
+    start_child,
+    testing,
+)
+from tests.helpers import eventually
 from tests.sdk.conftest import running
 
 pytestmark = pytest.mark.usefixtures("cyclone_server")
@@ -167,8 +178,6 @@ def test_cancelling_the_parent_cancels_the_child_unless_kept(
 
 
 def _eventually_children(client: Client, run_id: str) -> list[str]:
-    from tests.helpers import eventually
-
     def started() -> list[str]:
         return [c for _, _, c in client.get_run(run_id).children]
 
@@ -206,3 +215,89 @@ def test_durable_node_records_children_in_memory() -> None:
     assert again.status == "completed" and list(again.replayed) == ["child"]
     [entry] = node.journal
     assert again.output == entry.output["run_id"]
+
+
+def test_a_body_awaits_its_children_with_one_worker_slot(client: Client, make_worker: Any) -> None:
+    """One slot: the parent gives it up while it waits, so its children run in it."""
+    worker = make_worker(concurrency=1)
+
+    @worker.workflow("kid")
+    def kid(ctx: Any, data: dict) -> dict:
+        return {"double": data["n"] * 2}
+
+    dag = Workflow("pair")
+    dag.node("a", action="kid", input={"n": 1})
+    dag.node("b", action="kid", input={"n": 2}, depends_on=["a"])
+
+    @worker.workflow("parent")
+    def parent(ctx: Any, n: int) -> dict:
+        one = start_child(kid, {"n": n})
+        pair = start_child(dag, {"n": 0})
+        return {"one": one.result(), "pair": pair.result(), "again": one.result()}
+
+    with running(worker):
+        run = client.wait(client.start("parent", 5), timeout=20)
+    assert run.status == "completed", run
+    assert run.step("parent").output == {
+        "one": {"double": 10},
+        "pair": {"a": {"double": 2}, "b": {"double": 4}},
+        "again": {"double": 10},
+    }
+    step = run.step("parent")
+    assert [c.step_id for c in step.journal] == [
+        "child",
+        "child#2",
+        "child.result",
+        "child#2.result",
+    ]
+    assert step.resumes >= 1  # it gave its slot up at least once
+
+
+def test_an_async_body_awaits_a_failed_child(client: Client, make_worker: Any) -> None:
+    worker = make_worker()
+
+    @worker.workflow("kid")
+    async def kid(ctx: Any) -> None:
+        raise NonRetryableError("no rooms left")
+
+    @worker.workflow("parent")
+    async def parent(ctx: Any) -> dict:
+        child = await start_child("kid")
+        try:
+            await child.result()
+        except ChildFailed as failed:
+            return {"type": failed.type_name, "message": failed.message, "run": failed.run_id}
+        return {"type": None}
+
+    with running(worker):
+        run = client.wait(client.start("parent"), timeout=20)
+    assert run.status == "completed", run
+    out = run.step("parent").output
+    assert out["type"] == "ChildFailed" and "discarded" in out["message"]
+    assert client.get_run(out["run"]).status == "failed"
+
+
+def test_a_cancelled_child_raises_child_cancelled(client: Client, make_worker: Any) -> None:
+    worker = make_worker()
+
+    @worker.workflow("parent")
+    def parent(ctx: Any) -> str:
+        child = start_child("nobody_serves_this")
+        try:
+            child.result()
+        except ChildFailed as failed:
+            return f"{failed.type_name}: {failed.message}"
+        return "finished"
+
+    with running(worker):
+        parent_id = client.start("parent")
+        [child_id] = _eventually_children(client, parent_id)
+        eventually(
+            lambda: client.get_run(parent_id).step("parent").waiting_for == f"child {child_id}",
+            "the parent to wait for its child",
+        )
+        client.cancel(child_id, "not needed")
+        run = client.wait(parent_id, timeout=20)
+    assert run.status == "completed", run
+    assert run.step("parent").output.startswith("ChildCancelled: ")
+    assert "not needed" in run.step("parent").output
