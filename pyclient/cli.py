@@ -249,6 +249,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", default="", help="recorded in the audit trail")
     p.add_argument("--keep-children", action="store_true", help="leave its child runs running")
     p.set_defaults(handler=_cancel)
+
+    p = command("event", "send events to runs")
+    event_commands = p.add_subparsers(dest="event_command", required=True, metavar="SUBCOMMAND")
+    send = event_commands.add_parser(
+        "send",
+        help="send a named event to a run",
+        description="Send the event NAME with a JSON payload to a run. It is kept until a "
+        "wait for NAME consumes it (wait_for_event in a durable function, or a DAG node "
+        "that waits for an event), each event once; a node waiting for it resumes at once. "
+        "Recorded in the run's audit trail with your --actor.",
+        parents=[common],
+    )
+    send.add_argument("run_id", metavar="RUN")
+    send.add_argument("name", metavar="NAME")
+    send.add_argument("--payload", type=_json_arg, default=None, metavar="JSON")
+    send.add_argument("--key", help="send at most once per (run, key)")
+    send.set_defaults(handler=_send_event)
     return parser
 
 
@@ -353,6 +370,15 @@ def _cancel(client: Client, args: argparse.Namespace) -> Any:
     return client.cancel(args.run_id, args.reason, keep_children=args.keep_children)
 
 
+def _send_event(client: Client, args: argparse.Namespace) -> Any:
+    sent = client.send_event(args.run_id, args.name, args.payload, args.key)
+    if args.json:
+        return {"event_id": sent.event_id, "created": sent.created}
+    if not sent.created:
+        return f"event {sent.event_id} was already sent with key {args.key}: nothing sent"
+    return f"event {args.name} sent to run {args.run_id} (id {sent.event_id})"
+
+
 # -- rendering ------------------------------------------------------------------------
 
 
@@ -448,6 +474,9 @@ def render_journal(journal: Sequence[StepCall]) -> list[str]:
             parts.append(_excerpt(f"error {c.error.type}: {c.error.message}"))
         elif c.status == "succeeded":
             parts.append(_excerpt(f"-> {json.dumps(c.output)}"))
+        elif c.status == "waiting":
+            until = f" until {_when_zoned(c.wake_at)}" if c.wake_at else ""
+            parts.append(f"waiting for {c.waiting_for}{until}")
         else:
             parts.append("no outcome")
         lines.append("  ".join(parts))
@@ -474,6 +503,13 @@ def _step_summary(step: Step) -> str:
         parts.append(step.trigger_rule)
     if step.effect_uncertain:
         parts.append("effect uncertain")
+    if step.resumes:
+        parts.append(f"{step.resumes} resume{'s' if step.resumes > 1 else ''}")
+    if step.waiting_for and step.status in ("available", "pending"):
+        until = f" until {_when_zoned(step.available_at)}" if step.available_at else ""
+        if step.available_at is not None and step.available_at.year == 9999:
+            until = ""
+        parts.append(f"waiting for {step.waiting_for}{until}")
     if step.last_error is not None:
         e = step.last_error
         parts.append(f"last error (attempt {e.attempt}): {e.type or e.kind}: {e.message}")
@@ -537,6 +573,7 @@ def _print(result: Any, as_json: bool, out: TextIO) -> None:
             result = [r.to_dict() for r in result]
         elif isinstance(result, str):
             result = {"message": result}
+        # (a dict is printed as it is)
         print(json.dumps(result, indent=2), file=out)
     elif isinstance(result, Run):
         print(render_run(result), file=out)

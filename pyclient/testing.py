@@ -58,7 +58,7 @@ from cyclone.jsonvalue import dumps, from_value
 from pyclient.actions import Action
 from pyclient.context import Context, StepControl, bind, unbind
 from pyclient.durable._memory import MemoryBackend, NodeJournal
-from pyclient.durable._replay import BodyStopped, Call, Replay
+from pyclient.durable._replay import BodyStopped, Call, Replay, Suspended
 from pyclient.errors import NonRetryableError
 from pyclient.models import StepCall, StepCallError, UpstreamFailure
 
@@ -370,8 +370,10 @@ class Attempt:
     """One attempt of a :class:`DurableNode`: how it ended and what it did.
 
     ``status`` is ``"completed"`` (``output`` is the node's output), ``"failed"``
-    (``error`` is what the body raised), ``"crashed"`` (at ``crash``) or ``"blocked"``
-    (on the unsafe step call ``blocked_on``). ``ran`` are the step ids whose function
+    (``error`` is what the body raised), ``"crashed"`` (at ``crash``), ``"blocked"``
+    (on the unsafe step call ``blocked_on``) or ``"waiting"`` (for an event with no
+    timeout that was not sent: :meth:`DurableNode.send_event`, then run again; a
+    sleep is over at once in memory). ``ran`` are the step ids whose function
     ran in this attempt, ``replayed`` those answered from the journal.
     """
 
@@ -398,6 +400,7 @@ class Attempt:
             "failed": f"error={self.error!r}",
             "crashed": f"crash: {self.crash}",
             "blocked": f"blocked on {self.blocked_on!r}",
+            "waiting": "waiting for an event (send_event)",
         }[self.status]
         return (
             f"<Attempt {self.number} {self.status}, {how}; ran {list(self.ran)}, "
@@ -443,6 +446,11 @@ class DurableNode:
     def journal(self) -> tuple[StepCall, ...]:
         """The node's journal now, by seq."""
         return self._journal.entries()
+
+    def send_event(self, name: str, payload: Any = None) -> None:
+        """Send the event ``name`` to the node's run: the next ``wait_for_event(name)``
+        that finds no earlier one consumes it."""
+        self._journal.events.setdefault(name, []).append(json.loads(dumps(payload)))
 
     def entry(self, step_id: str) -> StepCall | None:
         """The journal entry of ``step_id``, if recorded."""
@@ -568,6 +576,8 @@ class DurableNode:
             status = "crashed"
         elif replay.uncertain is not None:
             status = "blocked"
+        elif isinstance(replay.stopped, Suspended):
+            status = "waiting"
         elif replay.failure is not None or error is not None:
             status, error = "failed", replay.failure or error
         elif point is not None and point.step_id == END:

@@ -88,6 +88,10 @@ class Node:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     timeout: float | None = None
     input: Any = None
+    #: A node that waits for this event, served by the server (no action, no worker).
+    event: str | None = None
+    #: How long it waits, in seconds (None: no limit); then it is discarded.
+    event_timeout: float | None = None
 
     def spec(self) -> dag.NodeSpec:
         """The node with the server's defaults applied, as cyclone.dag checks it."""
@@ -108,13 +112,17 @@ class Node:
     def to_proto(self) -> types_pb2.Node:
         p = types_pb2.Node(
             name=self.name,
-            action=self.action,
+            action="" if self.event is not None else self.action,
             depends_on=self.depends_on,
             trigger_rule=_TRIGGER_RULES[self.trigger_rule],
             retry=self.retry.to_proto(),
         )
         if self.timeout is not None:
             p.timeout.CopyFrom(duration(self.timeout))
+        if self.event is not None:
+            p.event.name = self.event
+            if self.event_timeout is not None:
+                p.event.timeout.CopyFrom(duration(self.event_timeout))
         if self.input is not None:
             try:
                 p.input.CopyFrom(to_value(self.input))
@@ -129,7 +137,19 @@ def _or(value: Any, default: Any) -> Any:
 
 NodeRef = Node | str
 
-_NODE_KEYS = {"name", "action", "depends_on", "trigger_rule", "retry", "timeout", "input"}
+_NODE_KEYS = {
+    "name",
+    "action",
+    "depends_on",
+    "trigger_rule",
+    "retry",
+    "timeout",
+    "input",
+    "event",
+    "event_timeout",
+}
+#: The action the server gives a node that waits for an event (service.waits).
+EVENT_ACTION = "cyclone.event"
 _RETRY_KEYS = {"max_attempts", "initial_backoff", "max_backoff", "multiplier"}
 
 
@@ -180,6 +200,32 @@ class Workflow:
         self._nodes.append(node)
         return node
 
+    def wait_for_event(
+        self,
+        name: str,
+        event: str,
+        *,
+        timeout: Seconds | None = None,
+        depends_on: Iterable[NodeRef] | NodeRef = (),
+        trigger_rule: str = "all_success",
+    ) -> Node:
+        """Add a node that waits for the event ``event`` sent to the run
+        (``client.send_event``), with no worker: the server completes it with the
+        event's payload as its output (an event sent earlier counts), or discards it
+        with ``EventTimeout`` after ``timeout`` so that ``one_failed`` nodes run."""
+        if isinstance(depends_on, Node | str):
+            depends_on = [depends_on]
+        node = Node(
+            name=name,
+            action=EVENT_ACTION,
+            depends_on=tuple(d.name if isinstance(d, Node) else d for d in depends_on),
+            trigger_rule=trigger_rule,
+            event=event,
+            event_timeout=seconds(timeout),
+        )
+        self._nodes.append(node)
+        return node
+
     def validate(self) -> None:
         """Raise InvalidArgument, with the server's message, when the DAG is invalid."""
         try:
@@ -217,6 +263,15 @@ class Workflow:
             if not isinstance(retry, Mapping):
                 raise InvalidArgument(f"{where}: 'retry' must be a mapping")
             _check_keys(f"{where}: retry", retry, _RETRY_KEYS)
+            if raw.get("event") is not None:
+                wf.wait_for_event(
+                    raw["name"],
+                    raw["event"],
+                    timeout=raw.get("event_timeout"),
+                    depends_on=raw.get("depends_on") or (),
+                    trigger_rule=raw.get("trigger_rule") or "all_success",
+                )
+                continue
             wf.node(
                 raw["name"],
                 raw.get("action"),

@@ -6,7 +6,8 @@ The reasons follow the step's status, and the run's:
 =====================  ============================================================
 pending                waiting_on_upstream (upstream nodes not finished), or
                        blocked (held while its run is blocked)
-available              backing_off (not before available_at), blocked (its run is),
+available              backing_off (not before available_at: a retry's backoff, or a
+                       durable sleep or event wait, said as such), blocked (its run is),
                        no_worker (no Claim named the action lately), queued (ready
                        steps of the action ahead of it, or its workers all busy),
                        ready (the next claim of the action takes it)
@@ -149,6 +150,8 @@ def explain(row: ExplainFacts) -> Explanation:
     # available
     if run_blocked:
         return _held(row, [])
+    if row.available_at is not None and row.available_at > now and row.waiting_for:
+        return _waiting(row, now)
     if row.available_at is not None and row.available_at > now:
         return Explanation(
             "backing_off",
@@ -160,6 +163,22 @@ def explain(row: ExplainFacts) -> Explanation:
 
 
 _OPEN = ("pending", "available", "running", "uncertain")
+
+
+def _waiting(row: ExplainFacts, now: datetime) -> Explanation:
+    """An available step whose durable function waits (a sleep, an event)."""
+    what = row.waiting_for or ""
+    if row.available_at is not None and row.available_at.year == 9999:
+        until = "with no time limit"
+    else:
+        until = f"until {_at(now, row.available_at)}"
+    message = f"waiting for {what} {until}; it holds no worker"
+    if what.startswith("event "):
+        message += (
+            f" (it resumes at once when the event is sent: cyclone event send {row.run_id} "
+            f"{what.removeprefix('event ')})"
+        )
+    return Explanation("backing_off", f"{message}; {row.resumes or 0} resume(s) so far")
 
 
 def _plural(items: list[Any], word: str) -> str:

@@ -476,7 +476,8 @@ class _DatabaseGauges:
         )
         backing_off = GaugeMetricFamily(
             "cyclone_steps_backing_off",
-            "Steps waiting out a retry backoff, by action",
+            "Steps available only later: waiting out a retry backoff, or a durable "
+            "function's sleep or event wait, by action",
             labels=["action"],
         )
         running = GaugeMetricFamily(

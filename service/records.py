@@ -395,6 +395,8 @@ class ExplainFacts(NamedTuple):
     action_running: int | None
     cancel: CancelJson | None
     run_id: uuid.UUID
+    waiting_for: str | None
+    resumes: int | None
 
 
 class GaugeRow(NamedTuple):

@@ -162,6 +162,10 @@ class StepCallKey:
         }
 
 
+def _as_param(value: Any) -> Any:
+    return str(value) if isinstance(value, uuid.UUID) else value
+
+
 @dataclass(frozen=True, slots=True)
 class WaitKey:
     """One wait of a held step, as Wait names it: a sleep (wake_at), an event (event,
@@ -179,18 +183,8 @@ class WaitKey:
     child: uuid.UUID | None = None
 
     def params(self) -> dict[str, Any]:
-        return {
-            "run_id": str(self.run_id),
-            "node": self.node,
-            "lease_token": str(self.lease_token),
-            "step_id": self.step_id,
-            "seq": self.seq,
-            "function": self.function,
-            "wake_at": self.wake_at,
-            "event": self.event,
-            "timeout_s": self.timeout_s,
-            "child": None if self.child is None else str(self.child),
-        }
+        """The named query's parameters: every field, ids as text."""
+        return {name: _as_param(getattr(self, name)) for name in self.__slots__}
 
 
 #: Nodes plus edges past which a workflow is validated and encoded in a worker thread

@@ -15,6 +15,11 @@ Durable functions (actions):
 ``three_steps``
     ``first``, ``second``, ``third`` one after the other, each fed the last one's value.
     ``--hang before-third`` hangs the body between the second and the third call.
+``napper``
+    ``first``, then a durable ``sleep`` (input ``sleep`` seconds, default 1) or, with
+    ``"event": true`` in the input, ``wait_for_event("go")``, then ``third``.
+    ``--hang before-wait`` / ``after-wait`` hangs the body just before the wait, or
+    just after it returned (on the attempt that resumed).
 ``order``
     ``reserve`` (safe), then ``charge_card`` (unsafe_to_repeat; ``--safe`` removes the
     mark, as a deploy would) inside ``try``: its failure runs the cleanup step
@@ -43,7 +48,7 @@ import signal
 import sys
 import threading
 
-from pyclient import Worker, current, step
+from pyclient import Worker, current, sleep, step, wait_for_event
 
 LEDGER = "INSERT INTO ledger (run_id, node, step_id, pid) VALUES (%s, %s, %s, %s)"
 
@@ -52,7 +57,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("address")
     parser.add_argument("effects_file")
-    parser.add_argument("--hang", choices=["before-third", "before-effect", "after-effect"])
+    parser.add_argument(
+        "--hang",
+        choices=["before-third", "before-effect", "after-effect", "before-wait", "after-wait"],
+    )
     parser.add_argument("--safe", action="store_true")
     parser.add_argument("--gated", action="store_true")
     parser.add_argument("--database-url")
@@ -110,6 +118,16 @@ def main() -> None:
         b = second(a)
         hang_at("before-third", "three_steps")
         return {"a": a, "b": b, "c": third(b)}
+
+    # -- napper -----------------------------------------------------------------------
+
+    @worker.workflow("napper")
+    def napper(ctx, data: dict) -> dict:
+        a = first(data["n"])
+        hang_at("before-wait", "napper")
+        got = wait_for_event("go") if data.get("event") else sleep(data.get("sleep", 1))
+        hang_at("after-wait", "napper")
+        return {"a": a, "got": got, "c": third(a)}
 
     # -- order ------------------------------------------------------------------------
 

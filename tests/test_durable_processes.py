@@ -35,6 +35,7 @@ STATUS = {
     types_pb2.STEP_CALL_STATUS_STARTED: "started",
     types_pb2.STEP_CALL_STATUS_SUCCEEDED: "succeeded",
     types_pb2.STEP_CALL_STATUS_FAILED: "failed",
+    types_pb2.STEP_CALL_STATUS_WAITING: "waiting",
 }
 
 
@@ -137,6 +138,47 @@ def test_a_body_killed_after_its_second_step_call_replays_without_repeating_them
         ("second", 2, "succeeded"),
         ("third", 3, "succeeded"),
     ]
+
+
+def test_a_body_killed_just_after_its_sleep_replays_without_repeating_anything(lab):
+    run_id = lab.client.start("napper", {"n": 1, "sleep": 0.5})
+    # The first attempt sleeps (the node gives up its lease); the resume is killed
+    # just after the sleep returned.
+    following = lab.crash(run_id, "after-wait", recorded=("napper", 2))
+    assert lab.journal(run_id, "napper") == [("first", 1, "succeeded"), ("sleep", 2, "succeeded")]
+    lab.release(following)
+    run = lab.wait(run_id)
+    assert run.status == "completed" and run.step("napper").output == {"a": 2, "got": None, "c": 5}
+    assert lab.effects() == {"first": 1, "third": 1}
+    assert run.step("napper").resumes == 1
+
+
+def test_a_body_killed_at_an_event_wait_gets_the_event_sent_meanwhile(lab):
+    run_id = lab.client.start("napper", {"n": 1, "event": True})
+    following = lab.crash(run_id, "before-wait", recorded=("napper", 1))
+    # No worker runs the node now: the event is kept for the wait.
+    lab.client.send_event(run_id, "go", {"ok": True})
+    lab.release(following)
+    run = lab.wait(run_id)
+    assert run.status == "completed"
+    assert run.step("napper").output == {"a": 2, "got": {"ok": True}, "c": 5}
+    assert lab.effects() == {"first": 1, "third": 1}
+
+
+def test_a_body_killed_after_its_event_wait_replays_the_payload_without_consuming_again(lab):
+    run_id = lab.client.start("napper", {"n": 1, "event": True})
+    lab.client.send_event(run_id, "go", "first")
+    following = lab.crash(run_id, "after-wait", recorded=("napper", 2))
+    lab.client.send_event(run_id, "go", "second")
+    lab.release(following)
+    run = lab.wait(run_id)
+    assert run.status == "completed" and run.step("napper").output["got"] == "first"
+    assert lab.effects() == {"first": 1, "third": 1}
+    # The second event is still there, for a later wait.
+    assert lab.server.sql(
+        "SELECT payload, consumed_step_id FROM cyclone.events WHERE run_id = %s ORDER BY event_id",
+        run_id,
+    ) == [("first", "event:go"), ("second", None)]
 
 
 def test_an_unsafe_step_killed_mid_call_blocks_the_run_naming_node_and_step_id(lab):

@@ -462,3 +462,67 @@ def test_ten_thousand_sleeping_runs_finish_with_one_worker_slot(cyclone_server: 
             " JOIN cyclone.steps s USING (run_id) GROUP BY 1, 2, 3"
         ).fetchall()
     assert counts == [("completed", 2, 1, runs)]
+
+
+def test_explain_says_what_a_waiting_node_waits_for(cyclone_server: Any) -> None:
+    run_id = submit(cyclone_server, workflow("x", node("a")))
+    step = one(cyclone_server)
+    cyclone_server.workers.Wait(wait_request(step, "e", event="approved"))
+    why = cyclone_server.workflows.Explain(
+        workflow_service_pb2.ExplainRequest(run_id=run_id, node="a")
+    )
+    assert why.reason == workflow_service_pb2.EXPLAIN_REASON_BACKING_OFF
+    assert why.message.startswith("waiting for event approved with no time limit")
+    assert f"cyclone event send {run_id} approved" in why.message
+
+
+ENGINE_REFUSALS = [
+    ("unknown function", "x.sleep", "now()", None, None),
+    ("sleep without a time", "cyclone.sleep", "NULL", None, None),
+    ("sleep until infinity", "cyclone.sleep", "'infinity'", None, None),
+    ("event without a name", "cyclone.event", "NULL", None, None),
+    ("event name with a control character", "cyclone.event", "NULL", "a\x01", None),
+    ("negative timeout", "cyclone.event", "NULL", "e", "-1 second"),
+    ("child without a run", "cyclone.child", "NULL", None, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "function", "wake_at", "event", "timeout"),
+    ENGINE_REFUSALS,
+    ids=[r[0] for r in ENGINE_REFUSALS],
+)
+def test_the_engine_refuses_hostile_waits_with_cy004(
+    cyclone_server: Any,
+    what: str,
+    function: str,
+    wake_at: str,
+    event: str | None,
+    timeout: str | None,
+) -> None:
+    submit(cyclone_server, workflow("h", node("a")))
+    step = one(cyclone_server)
+    with pytest.raises(psycopg.Error) as info:
+        cyclone_server.sql(
+            f"SELECT * FROM cyclone.step_wait(%s, %s, %s, 'w', 1, %s, {wake_at}, %s,"
+            " CAST(%s AS interval), NULL)",
+            step.run_id,
+            step.node,
+            step.lease_token,
+            function,
+            event,
+            timeout,
+        )
+    assert info.value.sqlstate == "CY004", what
+    assert cyclone_server.sql("SELECT count(*) FROM cyclone.step_calls")[0][0] == 0
+
+
+def test_a_step_id_recorded_for_another_wait_is_refused(cyclone_server: Any) -> None:
+    submit(cyclone_server, workflow("h", node("a")))
+    step = one(cyclone_server)
+    wake = server_now(cyclone_server) + dt.timedelta(seconds=60)
+    cyclone_server.workers.Wait(wait_request(step, "w", wake_at=wake))
+    step = (cyclone_server.advance_clock(61), one(cyclone_server))[1]
+    err = rpc_error(cyclone_server.workers.Wait, wait_request(step, "w", event="other"))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "recorded as cyclone.sleep" in (err.details() or "")

@@ -11,13 +11,15 @@ every recorded call returning from the journal, up to this wait, which now retur
 
 In a sync body each call blocks (it returns the value); in an async body it returns an
 awaitable, as an async step does. Outside a durable function :func:`sleep` simply
-sleeps (awaitable when called with an event loop running in the thread).
+sleeps (awaitable when called from a coroutine function).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import inspect
+import sys
 import time
 from typing import Any
 
@@ -55,18 +57,19 @@ def sleep(seconds: float, *, step_id: str | None = None) -> Any:
             sleep(3 * 86400)
             send_mail(user, "how is it going?")
 
-    In an async body, ``await sleep(...)``. Outside a durable function it is
-    ``time.sleep`` (``asyncio.sleep`` when an event loop runs in this thread)."""
+    In an async body, ``await sleep(...)``. Outside a durable function (and inside a
+    step call) it is ``time.sleep``, or ``asyncio.sleep`` when called from a coroutine
+    function."""
     if not isinstance(seconds, int | float) or seconds != seconds or seconds < 0:
         raise InvalidArgument(f"sleep takes a number of seconds >= 0, got {seconds!r}")
     replay = _replay()
     if replay is None:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            time.sleep(seconds)
-            return None
-        return asyncio.sleep(seconds)
+        # A plain sleep: awaitable when the caller is a coroutine function, else it
+        # blocks (a sync step called from an async body, too).
+        if sys._getframe(1).f_code.co_flags & inspect.CO_COROUTINE:
+            return asyncio.sleep(seconds)
+        time.sleep(seconds)
+        return None
     wake_at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
     return _wait(replay, _SLEEP, step_id, Until(wake_at=wake_at))
 
@@ -77,7 +80,11 @@ def sleep_until(when: dt.datetime, *, step_id: str | None = None) -> Any:
         raise InvalidArgument(f"sleep_until takes an aware datetime, got {when!r}")
     replay = _replay()
     if replay is None:
-        return sleep(max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds()))
+        delay = max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
+        if sys._getframe(1).f_code.co_flags & inspect.CO_COROUTINE:
+            return asyncio.sleep(delay)
+        time.sleep(delay)
+        return None
     return _wait(replay, _SLEEP, step_id, Until(wake_at=when.astimezone(dt.UTC)))
 
 

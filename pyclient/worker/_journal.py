@@ -117,12 +117,25 @@ class GrpcJournal:
         self.rt.completer.keep(task)
 
     async def _send_wait(self, request: pb.WaitRequest, answer: Answer) -> None:
+        """Wait, retried while the server is unavailable, for up to a lease (a Wait
+        whose reply was lost and that suspended the node is refused when repeated: the
+        lease is over, and the body stops as it would have)."""
         rt = self.rt
+        backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
+        give_up = rt.loop.time() + backoff.window
         try:
             await rt.completer.ends_sent()
-            response = await rt.stub.Wait(request, timeout=RPC_TIMEOUT, metadata=rt.metadata)
-        except grpc.RpcError as exc:
-            answer.set_exception(from_rpc_error(exc))
+            while True:
+                try:
+                    response = await rt.stub.Wait(
+                        request, timeout=RPC_TIMEOUT, metadata=rt.metadata
+                    )
+                    break
+                except grpc.RpcError as exc:
+                    err = from_rpc_error(exc)
+                    if not isinstance(err, Unavailable) or rt.loop.time() >= give_up:
+                        raise err from None
+                    await asyncio.sleep(backoff.next())
         except BaseException as exc:
             answer.set_exception(exc)
         else:

@@ -227,7 +227,7 @@ SELECT r.status AS run_status, r.error AS run_error, cyclone.now() AS now,
           FROM cyclone.audit c
          WHERE c.run_id = r.run_id AND c.action = 'cancel'
          ORDER BY c.id DESC LIMIT 1) AS cancel,
-       r.run_id
+       r.run_id, s.waiting_for, s.resumes
   FROM cyclone.runs r
   LEFT JOIN cyclone.steps s ON s.run_id = r.run_id AND s.node = :node
   LEFT JOIN cyclone.action_claims a ON a.action = s.action

@@ -161,3 +161,35 @@ def test_an_attempt_reads_well_in_a_failed_assertion():
     )
     with pytest.raises(ValueError, match="when must be one of"):
         testing.CrashPoint("reserve", "sometime")
+
+
+def test_durable_node_runs_waits_in_memory():
+    from pyclient import EventTimeout, sleep, wait_for_event
+
+    @step
+    def note(text: str) -> str:
+        return text
+
+    def body(ctx, _):
+        note("start")
+        sleep(3600)  # over at once in memory
+        got = wait_for_event("go")
+        try:
+            wait_for_event("never", timeout=5)
+        except EventTimeout:
+            note("timed out")
+        return got
+
+    node = testing.DurableNode(body, input=None)
+    assert node.run().status == "waiting"
+    node.send_event("go", {"n": 1})
+    attempt = node.run()
+    assert attempt.status == "completed" and attempt.output == {"n": 1}
+    assert node.executions == {"note": 1, "note#2": 1}
+    assert [e.step_id for e in node.journal] == [
+        "note",
+        "sleep",
+        "event:go",
+        "event:never",
+        "note#2",
+    ]

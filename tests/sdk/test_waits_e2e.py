@@ -18,6 +18,7 @@ from pyclient import (
     RetryPolicy,
     StepCallStatus,
     Workflow,
+    cli,
     sleep,
     sleep_until,
     step,
@@ -219,3 +220,69 @@ def test_outside_a_durable_function_sleep_just_sleeps() -> None:
     asyncio.run(main())
     with pytest.raises(OutsideHandler):
         wait_for_event("x")
+
+
+def test_cyclone_event_send_and_run_show_of_a_waiting_node(client, make_worker, capsys):
+    worker = make_worker()
+
+    @worker.workflow("gate")
+    def gate(ctx: Any, _: Any) -> Any:
+        return wait_for_event("open", timeout=3600)
+
+    with running(worker):
+        run_id = client.start("gate", None)
+        eventually(lambda: waiting_for(client, run_id, "event open"), "the wait")
+        assert cli.main(["run", "show", run_id], client=client) == 0
+        shown = capsys.readouterr().out
+        assert "1 resume" in shown and "waiting for event open until" in shown
+        argv = ["event", "send", run_id, "open", "--payload", '{"door": 1}', "--key", "k"]
+        assert cli.main(argv, client=client) == 0
+        assert "sent to run" in capsys.readouterr().out
+        assert cli.main(argv, client=client) == 0
+        assert "already sent with key k" in capsys.readouterr().out
+        run = client.wait(run_id, timeout=PATIENCE)
+    assert run.steps[0].output == {"door": 1}
+    assert [(a.action, a.actor) for a in run.audit] == [("send_event", "sdk-tests")]
+
+
+def test_a_dag_node_waits_for_an_event_with_no_worker(client, make_worker):
+    worker = make_worker()
+
+    @worker.action("ship")
+    def ship(ctx: Any) -> Any:
+        return {"shipped_after": ctx.upstream["approval"]}
+
+    wf = Workflow.from_dict(
+        {
+            "name": "approve",
+            "nodes": [
+                {"name": "approval", "event": "approved", "event_timeout": 3600},
+                {"name": "ship", "depends_on": ["approval"]},
+            ],
+        }
+    )
+    with running(worker):
+        run_id = client.submit(wf)
+        client.send_event(run_id, "approved", {"by": "ann"})
+        run = client.wait(run_id, timeout=PATIENCE)
+    assert run.status == "completed"
+    assert run.step("approval").output == {"by": "ann"}
+    assert run.step("approval").action == "cyclone.event"
+    assert run.step("ship").output == {"shipped_after": {"by": "ann"}}
+
+
+def test_a_sync_step_of_an_async_body_that_sleeps_blocks_in_place(client, make_worker):
+    worker = make_worker()
+
+    @step
+    def pause() -> str:
+        assert sleep(0.01) is None  # a plain sleep: blocks, returns nothing
+        return "paused"
+
+    @worker.workflow("mixed")
+    async def mixed(ctx: Any, _: Any) -> str:
+        return str(pause())
+
+    with running(worker):
+        run = client.wait(client.start("mixed", None), timeout=PATIENCE)
+    assert run.status == "completed" and run.steps[0].output == "paused"
