@@ -51,8 +51,9 @@ def main() -> None:
             effects.flush()
             os.fsync(effects.fileno())
 
-    # Two slots: the parent body hangs in one, its child runs in the other.
-    worker = Worker(args.address, concurrency=2, lease=2.0, claim_wait=5.0)
+    # One slot: while the body hangs in it, no claim is outstanding that a kill could
+    # orphan; a parent waiting for its child gives it up, so the child runs in it.
+    worker = Worker(args.address, concurrency=1, lease=2.0, claim_wait=5.0)
 
     @worker.workflow("kid")
     def kid(ctx, data: dict) -> dict:
