@@ -37,6 +37,9 @@ class NodeJournal:
         self.produced: dict[str, Outcome] = {}
         #: The child runs started (start_child): run id -> (workflow name, input).
         self.children: dict[str, tuple[str, Any]] = {}
+        #: The child runs finished (DurableNode.finish_child): run id -> (its wait's
+        #: output, or its error).
+        self.finished_children: dict[str, tuple[Any, StepCallError | None]] = {}
         #: Events sent to the node's run and not consumed yet, by name, oldest first.
         self.events: dict[str, list[Any]] = {}
 
@@ -74,22 +77,36 @@ class NodeJournal:
         entry = self._entries.get(call.step_id)
         if entry is not None and entry.status != StepCallStatus.WAITING:
             return WaitDecision.READY, copy.deepcopy(entry)
-        if until.event is None:
+        if until.child_run_id is not None:
+            finished = self.finished_children.get(until.child_run_id)
+            if finished is None:
+                return self._suspend(call, attempt)
+            output, error = finished
+            status = StepCallStatus.SUCCEEDED if error is None else StepCallStatus.FAILED
+        elif until.event is None:
             status, output, error = StepCallStatus.SUCCEEDED, None, None
-            if until.child_run_id is not None:
-                raise NotImplementedError("child runs are not simulated in memory")
         elif self.events.get(until.event):
             status, output, error = StepCallStatus.SUCCEEDED, self.events[until.event].pop(0), None
         elif until.timeout is not None:
             status, output = StepCallStatus.FAILED, None
             error = StepCallError("EventTimeout", f"no event {until.event} came in time", "")
         else:
-            entry = _entry(call, StepCallStatus.WAITING, None, None, attempt)
-            self._entries[call.step_id] = entry
-            return WaitDecision.SUSPENDED, copy.deepcopy(entry)
+            return self._suspend(call, attempt)
         entry = _entry(call, status, output, error, attempt)
         self._entries[call.step_id] = entry
         return WaitDecision.READY, copy.deepcopy(entry)
+
+    def _suspend(self, call: Call, attempt: int) -> tuple[WaitDecision, StepCall]:
+        entry = _entry(call, StepCallStatus.WAITING, None, None, attempt)
+        self._entries[call.step_id] = entry
+        return WaitDecision.SUSPENDED, copy.deepcopy(entry)
+
+    def finish_child(self, run_id: str, output: Any, error: StepCallError | None) -> None:
+        """The child ``run_id`` finished: its wait's output (the server's shape), or
+        its error."""
+        if run_id not in self.children:
+            raise ValueError(f"no child run {run_id!r} was started: {list(self.children)}")
+        self.finished_children[run_id] = (output, error)
 
     def forget_trailing_failures(self) -> None:
         """What a failed attempt does: its last safe failures (after every other entry)

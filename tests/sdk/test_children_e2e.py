@@ -301,3 +301,28 @@ def test_a_cancelled_child_raises_child_cancelled(client: Client, make_worker: A
     assert run.status == "completed", run
     assert run.step("parent").output.startswith("ChildCancelled: ")
     assert "not needed" in run.step("parent").output
+
+
+def test_durable_node_runs_a_childs_wait_in_memory() -> None:
+    def parent(ctx: Any, n: int) -> Any:
+        child = start_child("kid", {"n": n})
+        try:
+            return child.result()
+        except ChildFailed as failed:
+            return failed.type_name
+
+    node = testing.DurableNode(parent, input=3)
+    assert node.run().status == "waiting"
+    assert list(node.children.values()) == [("kid", {"n": 3})]
+    node.finish_child(output={"double": 6})
+    done = node.run()
+    assert done.status == "completed" and done.output == {"double": 6}
+
+    for finish, expected in (
+        ({"error": "boom"}, "ChildFailed"),
+        ({"cancelled": True}, "ChildCancelled"),
+    ):
+        other = testing.DurableNode(parent, input=1)
+        other.run()
+        other.finish_child(**finish)
+        assert other.run().output == expected
