@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from cyclone.jsonvalue import to_value
 from cyclone.v1 import types_pb2
-from pyclient.context import Context, active
+from pyclient.context import active
 from pyclient.durable._replay import MAX_ID, ReplayMismatch, StepFailed, Until, WaitFn
 from pyclient.errors import InvalidArgument
 from pyclient.models import CHILD_START_FUNCTION as START_FUNCTION
@@ -72,12 +72,13 @@ class ChildRun:
     body, ``await start_child(...)`` gives the started child (its ``run_id`` is
     known once it is)."""
 
-    def __init__(self, replay: Replay, ctx: Context, call: Call):
+    def __init__(self, replay: Replay, call: Call):
         self._replay = replay
-        self._ctx = ctx
         self._call = call
         self._run_id: str | None = None
         self._starting: asyncio.Future[StepCall] | None = None
+        #: The wait's call and its journal entry, once result() was called.
+        self._wait: tuple[Call, StepCall | None] | None = None
         self._outcome: _Outcome | None = None
 
     def __repr__(self) -> str:
@@ -120,13 +121,17 @@ class ChildRun:
         one-node child, else ``{node: output}`` of its nodes. ChildFailed when it
         failed or was cancelled. Until then the body stops here and its node waits
         without a worker slot; the next claim replays up to here. In an async body,
-        ``await child.result()``."""
+        ``await child.result()``. The wait is numbered when result() is called, as a
+        step call is."""
+        if self._outcome is None and self._wait is None:
+            self._wait = self._replay.open(_WAIT, self._call.step_id + RESULT_SUFFIX)
         if self._replay.is_async:
             return self._result_async()
         if self._outcome is None:
-            call, entry = self._wait_call()
+            assert self._wait is not None
             try:
-                self._outcome = _Outcome(_child_output(self._replay.wait(call, entry, self._until)))
+                output = self._replay.wait(*self._wait, Until(child_run_id=self.run_id))
+                self._outcome = _Outcome(_child_output(output))
             except StepFailed as failed:
                 self._outcome = _Outcome(error=ChildFailed(self.run_id, failed))
         return self._outcome.deliver()
@@ -134,21 +139,14 @@ class ChildRun:
     async def _result_async(self) -> Any:
         await self
         if self._outcome is None:
-            call, entry = self._wait_call()
+            assert self._wait is not None
             try:
-                output = await self._replay.wait_async(call, entry, self._until)
+                until = Until(child_run_id=self.run_id)
+                output = await self._replay.wait_async(*self._wait, until)
                 self._outcome = _Outcome(_child_output(output))
             except StepFailed as failed:
                 self._outcome = _Outcome(error=ChildFailed(self.run_id, failed))
         return self._outcome.deliver()
-
-    @property
-    def _until(self) -> Until:
-        return Until(child_run_id=self.run_id)
-
-    def _wait_call(self) -> tuple[Call, StepCall | None]:
-        """The wait's call, numbered now: step id ``<start's>.result``."""
-        return self._replay.open(_WAIT, self._call.step_id + RESULT_SUFFIX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +221,7 @@ def start_child(workflow: Any, input: Any = None, *, step_id: str | None = None)
             f"a child's step id must be at most {MAX_ID - len(RESULT_SUFFIX)} characters"
         )
     call, entry = replay.open(_START, step_id)
-    child = ChildRun(replay, ctx, call)
+    child = ChildRun(replay, call)
     if entry is not None:
         replay.replayed.append(call.step_id)
         return child._started(entry)

@@ -4,6 +4,7 @@ its journal entry, the parent link, the CLI's view, and cancelling the parent.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 from typing import Any
@@ -326,3 +327,26 @@ def test_durable_node_runs_a_childs_wait_in_memory() -> None:
         other.run()
         other.finish_child(**finish)
         assert other.run().output == expected
+
+
+def test_an_async_body_gathers_the_results_of_two_children(
+    client: Client, make_worker: Any
+) -> None:
+    worker = make_worker()
+
+    @worker.workflow("kid")
+    async def kid(ctx: Any, data: dict) -> int:
+        return int(data["n"]) * 10
+
+    @worker.workflow("parent")
+    async def parent(ctx: Any) -> list[int]:
+        a = await start_child(kid, {"n": 1})
+        b = await start_child(kid, {"n": 2})
+        return list(await asyncio.gather(a.result(), b.result()))
+
+    with running(worker):
+        run = client.wait(client.start("parent"), timeout=20)
+    assert run.status == "completed", run
+    assert run.step("parent").output == [10, 20]
+    journal = [(c.seq, c.step_id) for c in run.step("parent").journal]
+    assert journal == [(1, "child"), (2, "child#2"), (3, "child.result"), (4, "child#2.result")]
