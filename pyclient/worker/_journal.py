@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from pyclient.worker._runtime import Runtime
 
 R = TypeVar("R", pb.BeginStepCallRequest, pb.EndStepCallRequest)
+T = TypeVar("T")
 
 _DECISIONS = {
     pb.STEP_CALL_DECISION_RUN: Decision.RUN,
@@ -121,21 +123,9 @@ class GrpcJournal:
         whose reply was lost and that suspended the node is refused when repeated: the
         lease is over, and the body stops as it would have)."""
         rt = self.rt
-        backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
-        give_up = rt.loop.time() + backoff.window
         try:
             await rt.completer.ends_sent()
-            while True:
-                try:
-                    response = await rt.stub.Wait(
-                        request, timeout=RPC_TIMEOUT, metadata=rt.metadata
-                    )
-                    break
-                except grpc.RpcError as exc:
-                    err = from_rpc_error(exc)
-                    if not isinstance(err, Unavailable) or rt.loop.time() >= give_up:
-                        raise err from None
-                    await asyncio.sleep(backoff.next())
+            response = await _retried(rt, rt.stub.Wait, request)
         except BaseException as exc:
             answer.set_exception(exc)
         else:
@@ -242,20 +232,8 @@ class GrpcJournal:
             workflow=workflow,
             input=input,
         )
-        backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
-        give_up = rt.loop.time() + backoff.window
-        while True:
-            try:
-                reply: pb.StartChildResponse = await rt.stub.StartChild(
-                    request, timeout=RPC_TIMEOUT, metadata=rt.metadata
-                )
-            except grpc.RpcError as exc:
-                err = from_rpc_error(exc)
-                if isinstance(err, Unavailable) and rt.loop.time() < give_up:
-                    await asyncio.sleep(backoff.next())
-                    continue
-                raise err from None
-            return StepCall.from_proto(reply.call)
+        reply: pb.StartChildResponse = await _retried(rt, rt.stub.StartChild, request)
+        return StepCall.from_proto(reply.call)
 
     # -- requests and answers
 
@@ -290,6 +268,22 @@ class GrpcJournal:
             raise CycloneError(f"BeginStepCall answered an unknown decision {response.decision}")
         entry = StepCall.from_proto(response.call) if response.HasField("call") else None
         return decision, entry
+
+
+async def _retried(rt: Runtime, method: Callable[..., Awaitable[T]], request: Any) -> T:
+    """``method(request)`` on the worker's loop, retried while the server is
+    unavailable, for up to a lease (Wait and StartChild are idempotent within an
+    attempt); the SDK's error otherwise."""
+    backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
+    give_up = rt.loop.time() + backoff.window
+    while True:
+        try:
+            return await method(request, timeout=RPC_TIMEOUT, metadata=rt.metadata)
+        except grpc.RpcError as exc:
+            err = from_rpc_error(exc)
+            if not isinstance(err, Unavailable) or rt.loop.time() >= give_up:
+                raise err from None
+            await asyncio.sleep(backoff.next())
 
 
 class _Posted:
