@@ -36,8 +36,9 @@ def run_cli(server: Any, *argv: str) -> tuple[int, str]:
     return int(code or 0), out.getvalue()
 
 
-def test_a_body_starts_children_of_each_kind_once(client: Client, make_worker: Any) -> None:
-    worker = make_worker()
+def doubling_kid(worker: Any) -> tuple[Any, Workflow]:
+    """Registers the durable function "kid" (doubles its input's n) on ``worker``;
+    returns it and the DAG "pair" of two kid nodes (n = 1, then n = 2)."""
 
     @worker.workflow("kid")
     def kid(ctx: Any, data: dict) -> dict:
@@ -46,6 +47,12 @@ def test_a_body_starts_children_of_each_kind_once(client: Client, make_worker: A
     dag = Workflow("pair")
     dag.node("a", action="kid", input={"n": 1})
     dag.node("b", action="kid", input={"n": 2}, depends_on=["a"])
+    return kid, dag
+
+
+def test_a_body_starts_children_of_each_kind_once(client: Client, make_worker: Any) -> None:
+    worker = make_worker()
+    kid, dag = doubling_kid(worker)
 
     @worker.workflow("parent")
     def parent(ctx: Any, n: int) -> list[str]:
@@ -221,14 +228,7 @@ def test_durable_node_records_children_in_memory() -> None:
 def test_a_body_awaits_its_children_with_one_worker_slot(client: Client, make_worker: Any) -> None:
     """One slot: the parent gives it up while it waits, so its children run in it."""
     worker = make_worker(concurrency=1)
-
-    @worker.workflow("kid")
-    def kid(ctx: Any, data: dict) -> dict:
-        return {"double": data["n"] * 2}
-
-    dag = Workflow("pair")
-    dag.node("a", action="kid", input={"n": 1})
-    dag.node("b", action="kid", input={"n": 2}, depends_on=["a"])
+    kid, dag = doubling_kid(worker)
 
     @worker.workflow("parent")
     def parent(ctx: Any, n: int) -> dict:
