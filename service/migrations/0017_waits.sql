@@ -224,6 +224,27 @@ BEGIN
 END;
 $$;
 
+-- Wakes the nodes of a run that wait for p_waiting_for ("event <name>", "child
+-- <run_id>"): available now instead of at their wake time, their actions notified,
+-- so that a claim takes them at once; their body replays to the wait, which then
+-- finds what it waits for. The caller holds the run lock. Called by event_send (and
+-- by a finishing child run, 48_children.sql).
+CREATE FUNCTION cyclone._wake_waiting(p_run_id uuid, p_waiting_for text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now   timestamptz := cyclone.now();
+    v_woken text[];
+BEGIN
+    WITH woken AS (
+        UPDATE cyclone.steps s SET available_at = v_now
+         WHERE s.run_id = p_run_id AND s.status = 'available'
+           AND s.waiting_for = p_waiting_for AND s.available_at > v_now
+        RETURNING s.action)
+    SELECT array_agg(action) INTO v_woken FROM woken;
+    PERFORM cyclone._notify_ready(coalesce(v_woken, '{}'));
+END;
+$$;
+
 -- Sends an event to a run: kept until a wait of that name consumes it. With p_key, a
 -- repeated call returns the event it sent first (created = false) and changes
 -- nothing, whatever the run's status. Otherwise the run must not be completed or
@@ -240,7 +261,6 @@ DECLARE
     v_now    timestamptz := cyclone.now();
     v_status text;
     v_id     bigint;
-    v_woken  text[];
 BEGIN
     PERFORM cyclone._event_text_check(p_name, 'an event name');
     IF p_key IS NOT NULL THEN
@@ -266,13 +286,7 @@ BEGIN
     VALUES (p_run_id, 'send_event', p_actor,
             jsonb_strip_nulls(jsonb_build_object('name', p_name, 'event_id', v_id,
                                                  'key', p_key)), v_now);
-    WITH woken AS (
-        UPDATE cyclone.steps s SET available_at = v_now
-         WHERE s.run_id = p_run_id AND s.status = 'available'
-           AND s.waiting_for = 'event ' || p_name AND s.available_at > v_now
-        RETURNING s.action)
-    SELECT array_agg(action) INTO v_woken FROM woken;
-    PERFORM cyclone._notify_ready(coalesce(v_woken, '{}'));
+    PERFORM cyclone._wake_waiting(p_run_id, 'event ' || p_name);
     RETURN QUERY SELECT v_id, true;
 END;
 $$;
