@@ -154,28 +154,15 @@ END;
 $$;
 
 -- Wakes the parent nodes waiting for these runs, which just finished (completed,
--- failed or cancelled): a run's parent node that waits for it (waiting_for
--- "child <run_id>") becomes available now, and its action is notified. The caller
--- holds the finished runs' locks; no lock of a parent run is taken (see child_wait).
--- Called by _runs_close and run_cancel.
-CREATE FUNCTION cyclone._children_finished(p_runs uuid[], p_now timestamptz)
-RETURNS void
+-- failed or cancelled): _wake_waiting on each one's parent run for "child <run_id>".
+-- The caller holds the finished runs' locks, not their parents' (see child_wait for
+-- why none is taken). Called by _runs_close and run_cancel.
+CREATE FUNCTION cyclone._children_finished(p_runs uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_woken text[];
 BEGIN
-    WITH woken AS (
-        UPDATE cyclone.steps s SET available_at = p_now
-          FROM cyclone.runs r
-         WHERE r.run_id = ANY (p_runs) AND r.parent_run_id IS NOT NULL
-           AND s.run_id = r.parent_run_id AND s.node = r.parent_node
-           AND s.status = 'available' AND s.waiting_for = 'child ' || r.run_id
-           AND s.available_at > p_now
-        RETURNING s.action)
-    SELECT array_agg(w.action) INTO v_woken FROM woken w;
-    IF v_woken IS NOT NULL THEN
-        PERFORM cyclone._notify_ready(v_woken);
-    END IF;
+    PERFORM cyclone._wake_waiting(r.parent_run_id, 'child ' || r.run_id)
+       FROM cyclone.runs r
+      WHERE r.run_id = ANY (p_runs) AND r.parent_run_id IS NOT NULL;
 END;
 $$;
 
@@ -230,7 +217,7 @@ BEGIN
       INTO v_runs, v_statuses, v_finished
       FROM closed c;
     IF v_finished IS NOT NULL THEN
-        PERFORM cyclone._children_finished(v_finished, p_now);
+        PERFORM cyclone._children_finished(v_finished);
     END IF;
     RETURN QUERY SELECT u.run_id, u.status FROM unnest(v_runs, v_statuses) AS u(run_id, status);
 END;
@@ -279,7 +266,7 @@ BEGIN
                                                        'keep_children', p_keep_children),
                                     v_now);
     -- A child cancelled on its own: its parent may wait for it.
-    PERFORM cyclone._children_finished(ARRAY[p_run_id], v_now);
+    PERFORM cyclone._children_finished(ARRAY[p_run_id]);
     FOR v_child IN
         SELECT r.run_id, r.status FROM cyclone.runs r
          WHERE r.run_id = ANY (v_tree) AND r.status IN ('running', 'blocked')

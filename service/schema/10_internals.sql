@@ -237,7 +237,7 @@ BEGIN
       INTO v_runs, v_statuses, v_finished
       FROM closed c;
     IF v_finished IS NOT NULL THEN
-        PERFORM cyclone._children_finished(v_finished, p_now);
+        PERFORM cyclone._children_finished(v_finished);
     END IF;
     RETURN QUERY SELECT u.run_id, u.status FROM unnest(v_runs, v_statuses) AS u(run_id, status);
 END;

@@ -329,7 +329,7 @@ BEGIN
                                                        'keep_children', p_keep_children),
                                     v_now);
     -- A child cancelled on its own: its parent may wait for it.
-    PERFORM cyclone._children_finished(ARRAY[p_run_id], v_now);
+    PERFORM cyclone._children_finished(ARRAY[p_run_id]);
     FOR v_child IN
         SELECT r.run_id, r.status FROM cyclone.runs r
          WHERE r.run_id = ANY (v_tree) AND r.status IN ('running', 'blocked')
