@@ -5,7 +5,7 @@
 --   child_start                                       StartChild
 --   child_wait, _wait_child                           Wait with child_run_id (the latter
 --                                                     replaces 0017's placeholder)
---   _children_finished, _runs_close                   a finished child wakes its parent
+--   _child_finished, _runs_close                      a finished child wakes its parent
 --   _run_cancel_one, run_cancel                       cancel, down the tree unless
 --                                                     p_keep_children
 
@@ -136,7 +136,7 @@ $$;
 -- Wait for a child run's outcome (Wait with child_run_id): step_wait with function
 -- cyclone.child, after taking the parent run's lock and then a share lock of the
 -- child's row, in that order. A child that finishes locks its own run before it wakes
--- its parent's node (_children_finished), and run_cancel locks a parent before its
+-- its parent's node (_child_finished), and run_cancel locks a parent before its
 -- children: so this wait either sees the child finished, or is committed, node
 -- waiting, before the child's finish looks for it; and no two of them wait on each
 -- other. RPC: Wait (child_run_id).
@@ -153,37 +153,32 @@ BEGIN
 END;
 $$;
 
--- Wakes the parent nodes waiting for these runs, which just finished (completed,
--- failed or cancelled): _wake_waiting on each one's parent run for "child <run_id>".
--- The caller holds the finished runs' locks, not their parents' (see child_wait for
--- why none is taken). Called by _runs_close and run_cancel.
-CREATE FUNCTION cyclone._children_finished(p_runs uuid[]) RETURNS void
+-- A child run p_run_id of p_parent just finished (completed, failed or cancelled, its
+-- status p_status, returned): the parent's node waiting for it is woken
+-- (_wake_waiting, "child <run_id>"). The caller holds the child's run lock, not its
+-- parent's (child_wait, 48_children.sql, says why none is taken). Called by
+-- _runs_close and run_cancel.
+CREATE FUNCTION cyclone._child_finished(p_run_id uuid, p_parent uuid, p_status text)
+RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM cyclone._wake_waiting(r.parent_run_id, 'child ' || r.run_id)
-       FROM cyclone.runs r
-      WHERE r.run_id = ANY (p_runs) AND r.parent_run_id IS NOT NULL;
+    PERFORM cyclone._wake_waiting(p_parent, 'child ' || p_run_id);
+    RETURN p_status;
 END;
 $$;
 
 -- Closes runs by counts: each run's steps_open goes down by the number of its steps
 -- that became final; a running run left with none open is completed, or failed with
 -- a StepDiscarded error naming its first discarded step. A child run that finishes so
--- wakes its parent's node when it waits for it (_children_finished). Returns each
--- run's status. Runs are found by primary key, and the discarded-step checks are
--- scalar lookups through steps_discarded_idx, so no plan scans steps. Called by
--- _run_close and by step_complete_many (runs whose completed steps have no
--- dependents).
+-- wakes its parent's node when it waits for it (_child_finished, called for those
+-- runs only). Returns each run's status. Runs are found by primary key, and the
+-- discarded-step checks are scalar lookups through steps_discarded_idx, so no plan
+-- scans steps. Called by _run_close and by step_complete_many (runs whose completed
+-- steps have no dependents).
 CREATE OR REPLACE FUNCTION cyclone._runs_close(p_runs uuid[], p_closed integer[],
                                                p_now timestamptz)
 RETURNS TABLE (run_id uuid, status text)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    v_runs     uuid[];
-    v_statuses text[];
-    v_finished uuid[];
-BEGIN
+LANGUAGE sql AS $$
     WITH closed AS (
         UPDATE cyclone.runs r
            SET steps_open = r.steps_open - c.closed,
@@ -210,17 +205,14 @@ BEGIN
                           ORDER BY s.finished_at, s.node LIMIT 1) END
           FROM unnest(p_runs, p_closed) AS c(run_id, closed)
          WHERE r.run_id = c.run_id AND r.run_id = ANY (p_runs)
-        RETURNING r.run_id, r.status,
-                  r.parent_run_id IS NOT NULL AND r.finished_at = p_now AS finished)
-    SELECT array_agg(c.run_id), array_agg(c.status),
-           array_agg(c.run_id) FILTER (WHERE c.finished)
-      INTO v_runs, v_statuses, v_finished
-      FROM closed c;
-    IF v_finished IS NOT NULL THEN
-        PERFORM cyclone._children_finished(v_finished);
-    END IF;
-    RETURN QUERY SELECT u.run_id, u.status FROM unnest(v_runs, v_statuses) AS u(run_id, status);
-END;
+        RETURNING r.run_id, r.status, r.parent_run_id, r.finished_at)
+    -- CASE evaluates its branch only when taken: runs without a parent, and runs
+    -- that did not finish here, cost nothing more.
+    SELECT c.run_id,
+           CASE WHEN c.parent_run_id IS NOT NULL AND c.finished_at = p_now
+                THEN cyclone._child_finished(c.run_id, c.parent_run_id, c.status)
+                ELSE c.status END
+      FROM closed c
 $$;
 
 DROP FUNCTION cyclone.run_cancel(uuid, text, text);
@@ -228,7 +220,7 @@ DROP FUNCTION cyclone.run_cancel(uuid, text, text);
 -- Cancels a run: every unfinished step becomes cancelled (a running handler learns it
 -- from its next heartbeat, and its completion is refused), and the run's error is
 -- cleared (_run_cancel_one); a parent node waiting for it is woken
--- (_children_finished). Unless p_keep_children, every descendant run (its child runs,
+-- (_child_finished). Unless p_keep_children, every descendant run (its child runs,
 -- theirs, ...) that is running or blocked is cancelled with it, each with its own audit
 -- entry naming the run whose cancel reached it. The descendants are locked first,
 -- level by level from the top and each level in run_id order, before any step
@@ -266,7 +258,8 @@ BEGIN
                                                        'keep_children', p_keep_children),
                                     v_now);
     -- A child cancelled on its own: its parent may wait for it.
-    PERFORM cyclone._children_finished(ARRAY[p_run_id]);
+    PERFORM cyclone._child_finished(r.run_id, r.parent_run_id, r.status)
+       FROM cyclone.runs r WHERE r.run_id = p_run_id AND r.parent_run_id IS NOT NULL;
     FOR v_child IN
         SELECT r.run_id, r.status FROM cyclone.runs r
          WHERE r.run_id = ANY (v_tree) AND r.status IN ('running', 'blocked')

@@ -186,24 +186,32 @@ BEGIN
 END;
 $$;
 
+-- A child run p_run_id of p_parent just finished (completed, failed or cancelled, its
+-- status p_status, returned): the parent's node waiting for it is woken
+-- (_wake_waiting, "child <run_id>"). The caller holds the child's run lock, not its
+-- parent's (child_wait, 48_children.sql, says why none is taken). Called by
+-- _runs_close and run_cancel.
+CREATE FUNCTION cyclone._child_finished(p_run_id uuid, p_parent uuid, p_status text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cyclone._wake_waiting(p_parent, 'child ' || p_run_id);
+    RETURN p_status;
+END;
+$$;
+
 -- Closes runs by counts: each run's steps_open goes down by the number of its steps
 -- that became final; a running run left with none open is completed, or failed with
 -- a StepDiscarded error naming its first discarded step. A child run that finishes so
--- wakes its parent's node when it waits for it (_children_finished). Returns each
--- run's status. Runs are found by primary key, and the discarded-step checks are
--- scalar lookups through steps_discarded_idx, so no plan scans steps. Called by
--- _run_close and by step_complete_many (runs whose completed steps have no
--- dependents).
+-- wakes its parent's node when it waits for it (_child_finished, called for those
+-- runs only). Returns each run's status. Runs are found by primary key, and the
+-- discarded-step checks are scalar lookups through steps_discarded_idx, so no plan
+-- scans steps. Called by _run_close and by step_complete_many (runs whose completed
+-- steps have no dependents).
 CREATE FUNCTION cyclone._runs_close(p_runs uuid[], p_closed integer[],
                                                p_now timestamptz)
 RETURNS TABLE (run_id uuid, status text)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    v_runs     uuid[];
-    v_statuses text[];
-    v_finished uuid[];
-BEGIN
+LANGUAGE sql AS $$
     WITH closed AS (
         UPDATE cyclone.runs r
            SET steps_open = r.steps_open - c.closed,
@@ -230,17 +238,14 @@ BEGIN
                           ORDER BY s.finished_at, s.node LIMIT 1) END
           FROM unnest(p_runs, p_closed) AS c(run_id, closed)
          WHERE r.run_id = c.run_id AND r.run_id = ANY (p_runs)
-        RETURNING r.run_id, r.status,
-                  r.parent_run_id IS NOT NULL AND r.finished_at = p_now AS finished)
-    SELECT array_agg(c.run_id), array_agg(c.status),
-           array_agg(c.run_id) FILTER (WHERE c.finished)
-      INTO v_runs, v_statuses, v_finished
-      FROM closed c;
-    IF v_finished IS NOT NULL THEN
-        PERFORM cyclone._children_finished(v_finished);
-    END IF;
-    RETURN QUERY SELECT u.run_id, u.status FROM unnest(v_runs, v_statuses) AS u(run_id, status);
-END;
+        RETURNING r.run_id, r.status, r.parent_run_id, r.finished_at)
+    -- CASE evaluates its branch only when taken: runs without a parent, and runs
+    -- that did not finish here, cost nothing more.
+    SELECT c.run_id,
+           CASE WHEN c.parent_run_id IS NOT NULL AND c.finished_at = p_now
+                THEN cyclone._child_finished(c.run_id, c.parent_run_id, c.status)
+                ELSE c.status END
+      FROM closed c
 $$;
 
 -- _runs_close for one run: called by _settle, and by _step_complete for a step with no

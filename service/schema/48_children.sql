@@ -1,6 +1,6 @@
 -- Child runs: a durable function starts a run of another workflow as a step call of
 -- its body (StartChild), waits for its outcome (Wait with child_run_id: child_wait,
--- _wait_child), is woken when the child finishes (_children_finished, from _runs_close
+-- _wait_child), is woken when the child finishes (_child_finished, 10_internals.sql, from _runs_close
 -- and run_cancel), and the parent's cancel reaches its children (run_cancel,
 -- 70_operator.sql). A child is an ordinary run with a parent link (runs.parent_run_id,
 -- parent_node, parent_step_id); the step call that started it is its idempotency key.
@@ -131,7 +131,7 @@ $$;
 -- Wait for a child run's outcome (Wait with child_run_id): step_wait with function
 -- cyclone.child, after taking the parent run's lock and then a share lock of the
 -- child's row, in that order. A child that finishes locks its own run before it wakes
--- its parent's node (_children_finished), and run_cancel locks a parent before its
+-- its parent's node (_child_finished), and run_cancel locks a parent before its
 -- children: so this wait either sees the child finished, or is committed, node
 -- waiting, before the child's finish looks for it; and no two of them wait on each
 -- other. RPC: Wait (child_run_id).
@@ -145,18 +145,5 @@ BEGIN
     RETURN QUERY SELECT * FROM cyclone.step_wait(p_run_id, p_node, p_lease_token, p_step_id,
                                                  p_seq, 'cyclone.child', NULL, NULL, NULL,
                                                  p_child);
-END;
-$$;
-
--- Wakes the parent nodes waiting for these runs, which just finished (completed,
--- failed or cancelled): _wake_waiting on each one's parent run for "child <run_id>".
--- The caller holds the finished runs' locks, not their parents' (see child_wait for
--- why none is taken). Called by _runs_close and run_cancel.
-CREATE FUNCTION cyclone._children_finished(p_runs uuid[]) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM cyclone._wake_waiting(r.parent_run_id, 'child ' || r.run_id)
-       FROM cyclone.runs r
-      WHERE r.run_id = ANY (p_runs) AND r.parent_run_id IS NOT NULL;
 END;
 $$;

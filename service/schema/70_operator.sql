@@ -291,7 +291,7 @@ $$;
 -- Cancels a run: every unfinished step becomes cancelled (a running handler learns it
 -- from its next heartbeat, and its completion is refused), and the run's error is
 -- cleared (_run_cancel_one); a parent node waiting for it is woken
--- (_children_finished). Unless p_keep_children, every descendant run (its child runs,
+-- (_child_finished). Unless p_keep_children, every descendant run (its child runs,
 -- theirs, ...) that is running or blocked is cancelled with it, each with its own audit
 -- entry naming the run whose cancel reached it. The descendants are locked first,
 -- level by level from the top and each level in run_id order, before any step
@@ -329,7 +329,8 @@ BEGIN
                                                        'keep_children', p_keep_children),
                                     v_now);
     -- A child cancelled on its own: its parent may wait for it.
-    PERFORM cyclone._children_finished(ARRAY[p_run_id]);
+    PERFORM cyclone._child_finished(r.run_id, r.parent_run_id, r.status)
+       FROM cyclone.runs r WHERE r.run_id = p_run_id AND r.parent_run_id IS NOT NULL;
     FOR v_child IN
         SELECT r.run_id, r.status FROM cyclone.runs r
          WHERE r.run_id = ANY (v_tree) AND r.status IN ('running', 'blocked')
