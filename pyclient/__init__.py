@@ -2,6 +2,7 @@
 
     from pyclient import Client, Workflow, Worker
     from pyclient import step               # durable functions (pyclient.durable)
+    from pyclient import start_child        # child runs, from a durable function
     from pyclient import sleep, wait_for_event   # waits in durable functions
 
 The generated protobuf stubs import as ``cyclone.v1.*_pb2``. What the SDK shares with
@@ -16,6 +17,8 @@ from pyclient.client import AsyncClient, Client
 from pyclient.context import Context, current
 from pyclient.durable import (
     BodyStopped,
+    ChildFailed,
+    ChildRun,
     DuplicateStepId,
     EffectUncertain,
     EventTimeout,
@@ -25,6 +28,7 @@ from pyclient.durable import (
     Suspended,
     sleep,
     sleep_until,
+    start_child,
     step,
     wait_for_event,
 )
@@ -75,6 +79,8 @@ __all__ = [
     "AsyncClient",
     "AuditEntry",
     "BodyStopped",
+    "ChildFailed",
+    "ChildRun",
     "Client",
     "Context",
     "CycloneError",
@@ -125,6 +131,7 @@ __all__ = [
     "current",
     "sleep",
     "sleep_until",
+    "start_child",
     "step",
     "wait_for_event",
 ]

@@ -257,10 +257,13 @@ def build_parser() -> argparse.ArgumentParser:
         "cancel",
         "cancel a run",
         "Cancel a run that is not finished: its unfinished steps are cancelled and "
-        "running handlers are told to stop at their next heartbeat.",
+        "running handlers are told to stop at their next heartbeat. Its running or "
+        "blocked child runs (started by its durable functions), and theirs, are "
+        "cancelled with it unless --keep-children.",
     )
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("--reason", default="", help="recorded in the audit trail")
+    p.add_argument("--keep-children", action="store_true", help="leave its child runs running")
     p.set_defaults(handler=_cancel)
 
     p = command("schedule", "keep schedules on the server (docs/schedules.md)")
@@ -440,7 +443,7 @@ def _resolve(client: Client, args: argparse.Namespace) -> Any:
 
 
 def _cancel(client: Client, args: argparse.Namespace) -> Any:
-    return client.cancel(args.run_id, args.reason)
+    return client.cancel(args.run_id, args.reason, keep_children=args.keep_children)
 
 
 def _send_event(client: Client, args: argparse.Namespace) -> Any:
@@ -568,6 +571,13 @@ def render_run(run: Run) -> str:
         f"  created {_when(run.created_at)}  updated {_when(run.updated_at)}"
         + (f"  key {run.submit_key}" if run.submit_key else ""),
     ]
+    if run.parent_run_id:
+        lines.append(
+            f"  child of run {run.parent_run_id}, node {run.parent_node}, "
+            f"step call {run.parent_step_id}"
+        )
+    for node, step_id, child in run.children:
+        lines.append(f"  child run {child}  (node {node}, step call {step_id})")
     if run.error is not None:
         e = run.error
         call = f", step call {e.step_id}" if e.step_id else ""

@@ -161,8 +161,8 @@ class _calls:
         return _Call("workflow", "ListRuns", req, parse)
 
     @staticmethod
-    def cancel(run_id: str, reason: str) -> _Call[Run]:
-        req = wf_pb.CancelRunRequest(run_id=run_id, reason=reason)
+    def cancel(run_id: str, reason: str, keep_children: bool) -> _Call[Run]:
+        req = wf_pb.CancelRunRequest(run_id=run_id, reason=reason, keep_children=keep_children)
         return _Call("workflow", "CancelRun", req, lambda r: Run.from_proto(r.run))
 
     @staticmethod
@@ -431,9 +431,11 @@ class Client:
             if not token:
                 return
 
-    def cancel(self, run_id: str, reason: str = "") -> Run:
-        """Cancel an unfinished run; its running handlers learn it at their next heartbeat."""
-        return self._invoke(_calls.cancel(run_id, reason))
+    def cancel(self, run_id: str, reason: str = "", *, keep_children: bool = False) -> Run:
+        """Cancel an unfinished run; its running handlers learn it at their next heartbeat.
+        Its running or blocked child runs (start_child), theirs and so on, are cancelled
+        with it unless ``keep_children``."""
+        return self._invoke(_calls.cancel(run_id, reason, keep_children))
 
     def send_event(
         self, run_id: str, name: str, payload: Any = None, key: str | None = None
@@ -634,8 +636,8 @@ class AsyncClient:
             if not token:
                 return
 
-    async def cancel(self, run_id: str, reason: str = "") -> Run:
-        return await self._invoke(_calls.cancel(run_id, reason))
+    async def cancel(self, run_id: str, reason: str = "", *, keep_children: bool = False) -> Run:
+        return await self._invoke(_calls.cancel(run_id, reason, keep_children))
 
     async def send_event(
         self, run_id: str, name: str, payload: Any = None, key: str | None = None

@@ -73,6 +73,10 @@ def value_field(owner: Any, name: str) -> Any:
     return from_value(getattr(owner, name)) if owner.HasField(name) else None
 
 
+#: The function a child run's start is journaled under (StartChild).
+CHILD_START_FUNCTION = "cyclone.start_child"
+
+
 def _build(cls: type[T], msg: Any, **given: Any) -> T:
     """``cls`` from the same-named fields of ``msg``; ``given`` for the others.
 
@@ -294,6 +298,25 @@ class Run:
     steps: tuple[Step, ...] = ()
     audit: tuple[AuditEntry, ...] = ()
     step_counts: Mapping[str, int] = field(default_factory=dict)
+    #: For a child run (``start_child`` in a durable function): the run, node and step
+    #: call that started it; empty for a run a client submitted.
+    parent_run_id: str = ""
+    parent_node: str = ""
+    parent_step_id: str = ""
+
+    @property
+    def children(self) -> tuple[tuple[str, str, str], ...]:
+        """The child runs its durable functions started, as (node, step_id, run_id), in
+        journal order (get_run only: read from the steps' journals)."""
+        return tuple(
+            (step.node, call.step_id, call.output["run_id"])
+            for step in self.steps
+            for call in step.journal
+            if call.function == CHILD_START_FUNCTION
+            and call.status == StepCallStatus.SUCCEEDED
+            and isinstance(call.output, dict)
+            and isinstance(call.output.get("run_id"), str)
+        )
 
     def step(self, node: str) -> Step:
         """The step of ``node``; KeyError when the run has none (or steps were not loaded)."""

@@ -452,6 +452,45 @@ class DurableNode:
         that finds no earlier one consumes it."""
         self._journal.events.setdefault(name, []).append(json.loads(dumps(payload)))
 
+    @property
+    def children(self) -> dict[str, tuple[str, Any]]:
+        """The child runs the body started (``start_child``), by their made-up run id:
+        (workflow name, input), in the order started."""
+        return dict(self._journal.children)
+
+    def finish_child(
+        self,
+        run_id: str | None = None,
+        output: Any = None,
+        *,
+        outputs: dict[str, Any] | None = None,
+        error: str | None = None,
+        cancelled: bool = False,
+    ) -> None:
+        """Finish a child run the body started (``run_id``; default: the last one), as
+        the server would: completed with ``output`` (the output of its only node,
+        named after its workflow) or ``outputs`` (``{node: output}``), failed with
+        ``error`` (``child.result()`` raises ChildFailed), or ``cancelled``
+        (ChildCancelled). Its waiting parent resumes on the next run()."""
+        children = self._journal.children
+        if run_id is None:
+            if not children:
+                raise ValueError("the body started no child run")
+            run_id = list(children)[-1]
+        workflow = children[run_id][0] if run_id in children else "?"
+        failure = None
+        if cancelled:
+            failure = StepCallError(
+                "ChildCancelled", f"child run {run_id} (workflow {workflow}) was cancelled", ""
+            )
+        elif error is not None:
+            failure = StepCallError(
+                "ChildFailed", f"child run {run_id} (workflow {workflow}) failed: {error}", ""
+            )
+        done = json.loads(dumps(outputs if outputs is not None else {workflow: output}))
+        result = {"run_id": run_id, "status": "completed", "outputs": done}
+        self._journal.finish_child(run_id, None if failure else result, failure)
+
     def entry(self, step_id: str) -> StepCall | None:
         """The journal entry of ``step_id``, if recorded."""
         return self._journal.get(step_id)

@@ -50,6 +50,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "CompleteMany",
             "BeginStepCall",
             "EndStepCall",
+            "StartChild",
             "Wait",
         )
     },

@@ -166,6 +166,9 @@ class RunRow(NamedTuple):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    parent_run_id: uuid.UUID | None
+    parent_node: str | None
+    parent_step_id: str | None
     steps: list[StepJson]
     errors: list[StepErrorJson]
     audit: list[AuditJson]
@@ -183,7 +186,19 @@ class RunSummary(NamedTuple):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    parent_run_id: uuid.UUID | None
+    parent_node: str | None
+    parent_step_id: str | None
     step_counts: dict[str, int] | None
+
+
+class ChildStarted(NamedTuple):
+    """child_start: the child run of a step call, and whether this call submitted it."""
+
+    child_run_id: uuid.UUID
+    created: bool
+    call: StepCallJson
+    ready: str | None
 
 
 class Cancelled(NamedTuple):

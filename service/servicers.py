@@ -84,6 +84,8 @@ MAX_STEP_CALL_NAME = 200
 MAX_STEP_CALL_SEQ = 100_000
 #: Most actions one Claim may name.
 MAX_CLAIM_ACTIONS = 1000
+#: The function a child run's step call is journaled under (StartChild).
+CHILD_FUNCTION = "cyclone.start_child"
 
 
 def _seconds(d: duration_pb2.Duration) -> float:
@@ -161,6 +163,9 @@ def _run_head(row: RunRow | RunSummary) -> types_pb2.Run:
         created_at=convert.timestamp(row.created_at),
         updated_at=convert.timestamp(row.updated_at),
         finished_at=convert.timestamp(row.finished_at),
+        parent_run_id=str(row.parent_run_id or ""),
+        parent_node=row.parent_node or "",
+        parent_step_id=row.parent_step_id or "",
     )
     convert.set_json(run, "input", row.input)
     if row.error:
@@ -425,8 +430,15 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
     ) -> workflow_pb.CancelRunResponse:
         run_id = parse_uuid(request.run_id)
         reason = _text(request.reason, "reason", MAX_REASON)
-        await self.store.run_cancel(run_id, actor=_actor(context), reason=reason)
-        log.info("run %s cancelled", run_id, extra={"run_id": str(run_id)})
+        await self.store.run_cancel(
+            run_id, actor=_actor(context), reason=reason, keep_children=request.keep_children
+        )
+        log.info(
+            "run %s cancelled%s",
+            run_id,
+            " (its child runs kept)" if request.keep_children else "",
+            extra={"run_id": str(run_id)},
+        )
         row = await self.store.run_get(run_id)
         return workflow_pb.CancelRunResponse(run=_run_proto(row))
 
@@ -580,6 +592,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         self.activity = activity
         self.handouts = handouts
         self.payloads = _payloads(settings)
+        self.limits = _limits(settings)
         self.stopping = asyncio.Event()
 
     def _lease(self, requested: duration_pb2.Duration | None) -> float:
@@ -733,6 +746,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         | worker_pb.CompleteRequest
         | worker_pb.BeginStepCallRequest
         | worker_pb.EndStepCallRequest
+        | worker_pb.StartChildRequest
         | worker_pb.WaitRequest,
     ) -> tuple[uuid.UUID, str, uuid.UUID]:
         return (
@@ -756,19 +770,62 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         )
 
     def _step_call(
-        self, request: worker_pb.BeginStepCallRequest | worker_pb.EndStepCallRequest
+        self,
+        request: worker_pb.BeginStepCallRequest
+        | worker_pb.EndStepCallRequest
+        | worker_pb.StartChildRequest,
     ) -> StepCallKey:
-        """A validated step call of a held step."""
+        """A validated step call of a held step (a child's start: function
+        cyclone.start_child)."""
         run_id, node, token = self._step_key(request)
         _check_seq(request.seq)
+        if isinstance(request, worker_pb.StartChildRequest):
+            function, unsafe = CHILD_FUNCTION, False
+        else:
+            function = _step_call_name(request.function, "function")
+            unsafe = request.unsafe_to_repeat
         return StepCallKey(
             run_id=run_id,
             node=node,
             lease_token=token,
             step_id=_step_call_name(request.step_id, "step_id"),
             seq=request.seq,
-            function=_step_call_name(request.function, "function"),
-            unsafe=request.unsafe_to_repeat,
+            function=function,
+            unsafe=unsafe,
+        )
+
+    @rpc
+    async def StartChild(
+        self, request: worker_pb.StartChildRequest, context: Context
+    ) -> worker_pb.StartChildResponse:
+        parent = self._step_call(request)
+        if not request.HasField("workflow"):
+            raise errors.InvalidArgument("workflow is required")
+        nodes = await _validated_off_loop(request.workflow, self.limits, self.payloads)
+        child_input = self.payloads.optional_json(request, "input", "run input")
+        try:
+            row = await self.store.child_start(
+                parent, workflow=request.workflow.name, nodes=nodes, input_json=child_input
+            )
+        except (errors.LeaseLost, errors.NotFound):
+            self.metrics.refused.inc()
+            raise
+        if row.created:
+            self.metrics.submitted.labels(request.workflow.name).inc()
+            log.info(
+                "run %s submitted (workflow %s, %d nodes) as a child of %s/%s, step call %s",
+                row.child_run_id,
+                request.workflow.name,
+                len(nodes),
+                parent.run_id,
+                parent.node,
+                parent.step_id,
+                extra={"run_id": str(row.child_run_id), "workflow": request.workflow.name},
+            )
+        return worker_pb.StartChildResponse(
+            child_run_id=str(row.child_run_id),
+            created=row.created,
+            call=convert.step_call(row.call),
         )
 
     @rpc

@@ -36,6 +36,7 @@ from service.records import (
     BatchRow,
     CallResolved,
     Cancelled,
+    ChildStarted,
     ClaimedStep,
     Completion,
     Deleted,
@@ -229,6 +230,14 @@ def nodes_json(nodes: Sequence[NodeSpec]) -> str:
     )
 
 
+async def _encoded(nodes: Sequence[NodeSpec]) -> str:
+    """nodes_json, off the event loop for a large workflow."""
+    if len(nodes) + sum(len(n.depends_on) for n in nodes) > BIG_WORKFLOW:
+        # Encoding a large workflow takes a while: not on the event loop.
+        return await asyncio.to_thread(nodes_json, nodes)
+    return nodes_json(nodes)
+
+
 class Store:
     """Database access for the server: one method per named query."""
 
@@ -338,11 +347,9 @@ class Store:
         input_json: str | None,
         submit_key: str | None,
     ) -> tuple[uuid.UUID, bool]:
-        if len(nodes) + sum(len(n.depends_on) for n in nodes) > BIG_WORKFLOW:
-            # Encoding a large workflow takes a while: not on the event loop.
-            encoded = await asyncio.to_thread(nodes_json, nodes)
-        else:
-            encoded = nodes_json(nodes)
+        from uuid6 import uuid7
+
+        encoded = await _encoded(nodes)
         row = await self._one(
             "run_submit",
             Submitted,
@@ -384,8 +391,44 @@ class Store:
             limit=limit,
         )
 
-    async def run_cancel(self, run_id: uuid.UUID, *, actor: str, reason: str) -> None:
-        await self._all("run_cancel", Cancelled, run_id=str(run_id), actor=actor, reason=reason)
+    async def run_cancel(
+        self, run_id: uuid.UUID, *, actor: str, reason: str, keep_children: bool = False
+    ) -> None:
+        await self._all(
+            "run_cancel",
+            Cancelled,
+            run_id=str(run_id),
+            actor=actor,
+            reason=reason,
+            keep_children=keep_children,
+        )
+
+    async def child_start(
+        self,
+        parent: StepCallKey,
+        *,
+        workflow: str,
+        nodes: Sequence[NodeSpec],
+        input_json: str | None,
+    ) -> ChildStarted:
+        """StartChild: submit the child run of one step call of a held step, or find the
+        one it started before."""
+        from uuid6 import uuid7
+
+        encoded = await _encoded(nodes)
+        key = parent.params()
+        del key["function"], key["unsafe"]
+        row = await self._one(
+            "child_start",
+            ChildStarted,
+            **key,
+            child_run_id=str(uuid7()),
+            workflow=workflow,
+            input=input_json,
+            nodes=encoded,
+        )
+        assert row is not None
+        return row
 
     # Steps ------------------------------------------------------------------------
 
@@ -562,8 +605,10 @@ class Store:
         return row
 
     async def step_wait(self, wait: WaitKey) -> Waited:
-        """Wait: a durable function waits (step_wait, service/schema/47_waits.sql)."""
-        row = await self._one("step_wait", Waited, **wait.params())
+        """Wait: a durable function waits (step_wait, service/schema/47_waits.sql; for a
+        child run through child_wait, 48_children.sql, which locks the child first)."""
+        name = "step_wait" if wait.child is None else "child_wait"
+        row = await self._one(name, Waited, **wait.params())
         assert row is not None
         return row
 

@@ -20,6 +20,10 @@ Durable functions (actions):
     ``"event": true`` in the input, ``wait_for_event("go")``, then ``third``.
     ``--hang before-wait`` / ``after-wait`` hangs the body just before the wait, or
     just after it returned (on the attempt that resumed).
+``parent``
+    ``first``, then ``start_child("kid", {"n": ...})`` (a child run of ``kid``, which
+    doubles ``n``), then waits for its result and returns it with the child's id.
+    ``--hang after-start`` hangs the body just after StartChild answered.
 ``order``
     ``reserve`` (safe), then ``charge_card`` (unsafe_to_repeat; ``--safe`` removes the
     mark, as a deploy would) inside ``try``: its failure runs the cleanup step
@@ -48,7 +52,7 @@ import signal
 import sys
 import threading
 
-from pyclient import Worker, current, sleep, step, wait_for_event
+from pyclient import Worker, current, sleep, start_child, step, wait_for_event
 
 LEDGER = "INSERT INTO ledger (run_id, node, step_id, pid) VALUES (%s, %s, %s, %s)"
 
@@ -59,7 +63,14 @@ def main() -> None:
     parser.add_argument("effects_file")
     parser.add_argument(
         "--hang",
-        choices=["before-third", "before-effect", "after-effect", "before-wait", "after-wait"],
+        choices=[
+            "before-third",
+            "before-effect",
+            "after-effect",
+            "before-wait",
+            "after-wait",
+            "after-start",
+        ],
     )
     parser.add_argument("--safe", action="store_true")
     parser.add_argument("--gated", action="store_true")
@@ -128,6 +139,19 @@ def main() -> None:
         got = wait_for_event("go") if data.get("event") else sleep(data.get("sleep", 1))
         hang_at("after-wait", "napper")
         return {"a": a, "got": got, "c": third(a)}
+
+    # -- parent -----------------------------------------------------------------------
+
+    @worker.workflow("kid")
+    def kid(ctx, data: dict) -> dict:
+        return {"double": data["n"] * 2}
+
+    @worker.workflow("parent")
+    def parent(ctx, data: dict) -> dict:
+        a = first(data["n"])
+        child = start_child(kid, {"n": a})
+        hang_at("after-start", "parent")
+        return {"child": child.run_id, "result": child.result()}
 
     # -- order ------------------------------------------------------------------------
 

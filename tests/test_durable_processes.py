@@ -181,6 +181,21 @@ def test_a_body_killed_after_its_event_wait_replays_the_payload_without_consumin
     ) == [("first", "event:go"), ("second", None)]
 
 
+def test_a_parent_killed_right_after_start_child_does_not_start_a_second(lab):
+    run_id = lab.client.start("parent", {"n": 20})
+    following = lab.crash(run_id, "after-start", recorded=("parent", 2))
+    children = "SELECT run_id::text FROM cyclone.runs WHERE parent_run_id = %s::uuid"
+    [(child_id,)] = lab.server.sql(children, run_id)
+    lab.release(following)
+    run = lab.wait(run_id)
+    assert run.status == "completed", run
+    assert run.step("parent").output == {"child": child_id, "result": {"double": 42}}
+    # The replay started nothing: one child, the one the killed attempt started.
+    assert lab.server.sql(children, run_id) == [(child_id,)]
+    assert lab.effects() == {"first": 1}
+    assert lab.client.get_run(child_id).parent_run_id == run_id
+
+
 def test_an_unsafe_step_killed_mid_call_blocks_the_run_naming_node_and_step_id(lab):
     run_id = blocked_order(lab)
     raw = get_run(lab.server, run_id)

@@ -24,6 +24,7 @@ See docs/python-sdk.md and docs/durable-functions.md. The pieces:
   backend (Begin and End over gRPC) is pyclient.worker._journal.
 """
 
+from pyclient.durable._child import ChildFailed, ChildRun, start_child
 from pyclient.durable._replay import (
     BodyStopped,
     DuplicateStepId,
@@ -38,6 +39,8 @@ from pyclient.durable._wait import sleep, sleep_until, wait_for_event
 
 __all__ = [
     "BodyStopped",
+    "ChildFailed",
+    "ChildRun",
     "DuplicateStepId",
     "EffectUncertain",
     "EventTimeout",
@@ -47,6 +50,7 @@ __all__ = [
     "Suspended",
     "sleep",
     "sleep_until",
+    "start_child",
     "step",
     "wait_for_event",
 ]

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import uuid
 from collections.abc import Callable
 from typing import Any
 
+from google.protobuf import struct_pb2
+
 from cyclone.jsonvalue import from_value, json_value
+from cyclone.v1 import types_pb2
 from pyclient.durable._replay import Call, Decision, Outcome, Until, WaitDecision
 from pyclient.models import StepCall, StepCallError, StepCallStatus
 
@@ -31,6 +35,11 @@ class NodeJournal:
         #: The outcome each call's function last produced, recorded or not (what an
         #: operator would find in the outside world).
         self.produced: dict[str, Outcome] = {}
+        #: The child runs started (start_child): run id -> (workflow name, input).
+        self.children: dict[str, tuple[str, Any]] = {}
+        #: The child runs finished (DurableNode.finish_child): run id -> (its wait's
+        #: output, or its error).
+        self.finished_children: dict[str, tuple[Any, StepCallError | None]] = {}
         #: Events sent to the node's run and not consumed yet, by name, oldest first.
         self.events: dict[str, list[Any]] = {}
 
@@ -68,22 +77,36 @@ class NodeJournal:
         entry = self._entries.get(call.step_id)
         if entry is not None and entry.status != StepCallStatus.WAITING:
             return WaitDecision.READY, copy.deepcopy(entry)
-        if until.event is None:
+        if until.child_run_id is not None:
+            finished = self.finished_children.get(until.child_run_id)
+            if finished is None:
+                return self._suspend(call, attempt)
+            output, error = finished
+            status = StepCallStatus.SUCCEEDED if error is None else StepCallStatus.FAILED
+        elif until.event is None:
             status, output, error = StepCallStatus.SUCCEEDED, None, None
-            if until.child_run_id is not None:
-                raise NotImplementedError("child runs are not simulated in memory")
         elif self.events.get(until.event):
             status, output, error = StepCallStatus.SUCCEEDED, self.events[until.event].pop(0), None
         elif until.timeout is not None:
             status, output = StepCallStatus.FAILED, None
             error = StepCallError("EventTimeout", f"no event {until.event} came in time", "")
         else:
-            entry = _entry(call, StepCallStatus.WAITING, None, None, attempt)
-            self._entries[call.step_id] = entry
-            return WaitDecision.SUSPENDED, copy.deepcopy(entry)
+            return self._suspend(call, attempt)
         entry = _entry(call, status, output, error, attempt)
         self._entries[call.step_id] = entry
         return WaitDecision.READY, copy.deepcopy(entry)
+
+    def _suspend(self, call: Call, attempt: int) -> tuple[WaitDecision, StepCall]:
+        entry = _entry(call, StepCallStatus.WAITING, None, None, attempt)
+        self._entries[call.step_id] = entry
+        return WaitDecision.SUSPENDED, copy.deepcopy(entry)
+
+    def finish_child(self, run_id: str, output: Any, error: StepCallError | None) -> None:
+        """The child ``run_id`` finished: its wait's output (the server's shape), or
+        its error."""
+        if run_id not in self.children:
+            raise ValueError(f"no child run {run_id!r} was started: {list(self.children)}")
+        self.finished_children[run_id] = (output, error)
 
     def forget_trailing_failures(self) -> None:
         """What a failed attempt does: its last safe failures (after every other entry)
@@ -175,6 +198,25 @@ class MemoryBackend:
 
     def record(self, call: Call, conn: Any, output_json: str) -> None:
         self.end(call, json_value(output_json))
+
+    def start_child(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall:
+        """A child's start is recorded at once, with a made-up run id (no child runs
+        here); ``journal.children`` keeps its workflow and input."""
+        entry = self.journal.get(call.step_id)
+        if entry is None:
+            run_id = str(uuid.uuid4())
+            self.journal.children[run_id] = (workflow.name, from_value(input))
+            self.end(call, json_value(f'{{"run_id": "{run_id}"}}'))
+            entry = self.journal.get(call.step_id)
+        assert entry is not None
+        return copy.deepcopy(entry)
+
+    async def start_child_async(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall:
+        return self.start_child(call, workflow, input)
 
     def wait(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]:
         """A wait in memory: a sleep is over at once; an event is the oldest fed one of

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from google.protobuf import struct_pb2
 
 from cyclone.jsonvalue import dumps, from_value, json_value
+from cyclone.v1 import types_pb2
 from pyclient.context import Context, bind, unbind
 from pyclient.errors import CycloneError, LeaseLost, NonRetryableError
 from pyclient.models import StepCall, StepCallError, StepCallStatus
@@ -184,6 +185,23 @@ class Call:
 Outcome = struct_pb2.Value | StepCallError
 
 
+class CallSpec(Protocol):
+    """What names a call's function for the journal: a StepFunction, or a WaitFn (the
+    SDK's own calls: a wait, a child's start)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def function(self) -> str: ...
+
+    @property
+    def unsafe_to_repeat(self) -> bool: ...
+
+    @property
+    def is_async(self) -> bool: ...
+
+
 class CallTx(Protocol):
     """A step call's own transaction (``ctx.completion_tx()`` inside a step call): its
     commit records the call's success with the writes made on it."""
@@ -227,6 +245,16 @@ class JournalBackend(Protocol):
 
     def record(self, call: Call, conn: Any, output_json: str) -> None:
         """Record the success of ``call`` in ``conn``'s transaction (the caller's)."""
+
+    def start_child(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall:
+        """Start the child run of ``call`` (or find the one it started): its entry,
+        SUCCEEDED with {"run_id": ...}."""
+
+    async def start_child_async(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall: ...
 
 
 class StepScope:
@@ -316,9 +344,7 @@ class Replay:
 
     # -- making a call: its seq and step id, checked against the journal
 
-    def open(
-        self, fn: StepFunction[..., Any] | WaitFn, step_id: str | None
-    ) -> tuple[Call, StepCall | None]:
+    def open(self, fn: CallSpec, step_id: str | None) -> tuple[Call, StepCall | None]:
         """Number the call (at call time, before any await) and find its entry."""
         if fn.is_async and not self.is_async:
             raise TypeError(

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
+from google.protobuf import struct_pb2
 
 from cyclone.v1 import types_pb2
 from cyclone.v1 import worker_service_pb2 as pb
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from pyclient.worker._runtime import Runtime
 
 R = TypeVar("R", pb.BeginStepCallRequest, pb.EndStepCallRequest)
+T = TypeVar("T")
 
 _DECISIONS = {
     pb.STEP_CALL_DECISION_RUN: Decision.RUN,
@@ -120,21 +123,9 @@ class GrpcJournal:
         whose reply was lost and that suspended the node is refused when repeated: the
         lease is over, and the body stops as it would have)."""
         rt = self.rt
-        backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
-        give_up = rt.loop.time() + backoff.window
         try:
             await rt.completer.ends_sent()
-            while True:
-                try:
-                    response = await rt.stub.Wait(
-                        request, timeout=RPC_TIMEOUT, metadata=rt.metadata
-                    )
-                    break
-                except grpc.RpcError as exc:
-                    err = from_rpc_error(exc)
-                    if not isinstance(err, Unavailable) or rt.loop.time() >= give_up:
-                        raise err from None
-                    await asyncio.sleep(backoff.next())
+            response = await _retried(rt, rt.stub.Wait, request)
         except BaseException as exc:
             answer.set_exception(exc)
         else:
@@ -203,6 +194,47 @@ class GrpcJournal:
             (call.step_id, call.seq, call.function),
         )
 
+    # -- child runs
+
+    def start_child(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall:
+        started = asyncio.run_coroutine_threadsafe(
+            self._start_child(call, workflow, input), self.rt.loop
+        )
+        try:
+            return started.result(timeout=self._patience)
+        except concurrent.futures.TimeoutError:
+            started.cancel()
+            raise Unavailable("StartChild was not answered in time") from None
+
+    async def start_child_async(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall:
+        # The stub belongs to the worker's loop; an async body runs on the handler loop.
+        started = asyncio.run_coroutine_threadsafe(
+            self._start_child(call, workflow, input), self.rt.loop
+        )
+        return await asyncio.wrap_future(started)
+
+    async def _start_child(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall:
+        """StartChild, on the worker's loop, retried while the server is unavailable
+        (for up to a lease): it is idempotent by the step call."""
+        rt, step = self.rt, self.step
+        request = pb.StartChildRequest(
+            run_id=step.run_id,
+            node=step.node,
+            lease_token=step.lease_token,
+            step_id=call.step_id,
+            seq=call.seq,
+            workflow=workflow,
+            input=input,
+        )
+        reply: pb.StartChildResponse = await _retried(rt, rt.stub.StartChild, request)
+        return StepCall.from_proto(reply.call)
+
     # -- requests and answers
 
     def _request(self, cls: type[R], call: Call) -> R:
@@ -239,6 +271,22 @@ class GrpcJournal:
         if decision is Decision.RUN or not response.HasField("call"):
             return decision, None
         return decision, StepCall.from_proto(response.call)
+
+
+async def _retried(rt: Runtime, method: Callable[..., Awaitable[T]], request: Any) -> T:
+    """``method(request)`` on the worker's loop, retried while the server is
+    unavailable, for up to a lease (Wait and StartChild are idempotent within an
+    attempt); the SDK's error otherwise."""
+    backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
+    give_up = rt.loop.time() + backoff.window
+    while True:
+        try:
+            return await method(request, timeout=RPC_TIMEOUT, metadata=rt.metadata)
+        except grpc.RpcError as exc:
+            err = from_rpc_error(exc)
+            if not isinstance(err, Unavailable) or rt.loop.time() >= give_up:
+                raise err from None
+            await asyncio.sleep(backoff.next())
 
 
 class _Posted:

@@ -26,7 +26,8 @@
 --              step_call_begin (an unsafe step call an earlier attempt started has no
 --              outcome); all through _run_block; error EffectUncertain names the node
 --              and attempt, and the step_id of a step call
---   cancelled  run_cancel (from running, failed or blocked)
+--   cancelled  run_cancel (from running, failed or blocked; and, unless told to keep
+--              them, its running or blocked descendant runs, through _run_cancel_one)
 CREATE TABLE cyclone.runs (
     run_id       uuid        PRIMARY KEY,
     workflow     text        NOT NULL,
@@ -41,6 +42,12 @@ CREATE TABLE cyclone.runs (
     created_at   timestamptz NOT NULL,
     updated_at   timestamptz NOT NULL,
     finished_at  timestamptz,
+    -- A child run (child_start, 48_children.sql): the node of the parent run whose
+    -- durable function started it, and that step call of its journal. NULL for a run a
+    -- client submitted. run_cancel cancels a run's children with it.
+    parent_run_id  uuid,
+    parent_node    text,
+    parent_step_id text,
     CONSTRAINT runs_status_known
         CHECK (status IN ('running', 'completed', 'failed', 'blocked', 'cancelled')),
     CONSTRAINT runs_finished_at_iff_finished
@@ -64,6 +71,8 @@ CREATE INDEX runs_workflow_key_idx ON cyclone.runs (workflow, submit_key)
 CREATE INDEX runs_finished_idx ON cyclone.runs (finished_at)
     WHERE status IN ('completed', 'cancelled');
 CREATE INDEX runs_failed_idx ON cyclone.runs (finished_at) WHERE status = 'failed';
+-- A run's children: run_cancel walks down a run's descendants by it.
+CREATE INDEX runs_parent_idx ON cyclone.runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
 
 -- The stored state of one node of a run; (run_id, node) is its key for its whole life.
 --
@@ -90,7 +99,8 @@ CREATE INDEX runs_failed_idx ON cyclone.runs (finished_at) WHERE status = 'faile
 --              outcome); step_abandon (an unsafe handler stopped without an outcome);
 --              step_call_begin (an unsafe step call left started by an earlier attempt)
 --   skipped    _settle (trigger rule can no longer be met)
---   cancelled  run_cancel
+--   cancelled  run_cancel (through _run_cancel_one: the cancelled run's and its
+--              cancelled descendants' unfinished steps)
 CREATE TABLE cyclone.steps (
     run_id             uuid        NOT NULL REFERENCES cyclone.runs ON DELETE CASCADE,
     node               text        NOT NULL,

@@ -186,42 +186,66 @@ BEGIN
 END;
 $$;
 
+-- A child run p_run_id of p_parent just finished (completed, failed or cancelled, its
+-- status p_status, returned): the parent's node waiting for it is woken
+-- (_wake_waiting, "child <run_id>"). The caller holds the child's run lock, not its
+-- parent's (child_wait, 48_children.sql, says why none is taken). Called by
+-- _runs_close and run_cancel.
+CREATE FUNCTION cyclone._child_finished(p_run_id uuid, p_parent uuid, p_status text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cyclone._wake_waiting(p_parent, 'child ' || p_run_id);
+    RETURN p_status;
+END;
+$$;
+
 -- Closes runs by counts: each run's steps_open goes down by the number of its steps
 -- that became final; a running run left with none open is completed, or failed with
--- a StepDiscarded error naming its first discarded step. Returns each run's status.
--- Runs are found by primary key, and the discarded-step checks are scalar lookups
--- through steps_discarded_idx, so no plan scans steps. Called by _run_close and by
--- step_complete_many (runs whose completed steps have no dependents).
+-- a StepDiscarded error naming its first discarded step. A child run that finishes so
+-- wakes its parent's node when it waits for it (_child_finished, called for those
+-- runs only). Returns each run's status. Runs are found by primary key, and the
+-- discarded-step checks are scalar lookups through steps_discarded_idx, so no plan
+-- scans steps. Called by _run_close and by step_complete_many (runs whose completed
+-- steps have no dependents).
 CREATE FUNCTION cyclone._runs_close(p_runs uuid[], p_closed integer[],
                                                p_now timestamptz)
 RETURNS TABLE (run_id uuid, status text)
 LANGUAGE sql AS $$
-    UPDATE cyclone.runs r
-       SET steps_open = r.steps_open - c.closed,
-           updated_at = p_now,
-           status = CASE
-               WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.status
-               WHEN (SELECT true FROM cyclone.steps s
-                      WHERE s.run_id = r.run_id AND s.status = 'discarded' LIMIT 1)
-               THEN 'failed'
-               ELSE 'completed' END,
-           finished_at = CASE
-               WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.finished_at
-               ELSE p_now END,
-           error = CASE
-               WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.error
-               ELSE (SELECT jsonb_build_object(
-                                'kind', 'StepDiscarded',
-                                'message', format('node %s was discarded at attempt %s',
-                                                  s.node, s.attempt),
-                                'node', s.node, 'attempt', s.attempt,
-                                'started_at', s.started_at)
-                       FROM cyclone.steps s
-                      WHERE s.run_id = r.run_id AND s.status = 'discarded'
-                      ORDER BY s.finished_at, s.node LIMIT 1) END
-      FROM unnest(p_runs, p_closed) AS c(run_id, closed)
-     WHERE r.run_id = c.run_id AND r.run_id = ANY (p_runs)
-    RETURNING r.run_id, r.status
+    WITH closed AS (
+        UPDATE cyclone.runs r
+           SET steps_open = r.steps_open - c.closed,
+               updated_at = p_now,
+               status = CASE
+                   WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.status
+                   WHEN (SELECT true FROM cyclone.steps s
+                          WHERE s.run_id = r.run_id AND s.status = 'discarded' LIMIT 1)
+                   THEN 'failed'
+                   ELSE 'completed' END,
+               finished_at = CASE
+                   WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.finished_at
+                   ELSE p_now END,
+               error = CASE
+                   WHEN r.steps_open > c.closed OR r.status <> 'running' THEN r.error
+                   ELSE (SELECT jsonb_build_object(
+                                    'kind', 'StepDiscarded',
+                                    'message', format('node %s was discarded at attempt %s',
+                                                      s.node, s.attempt),
+                                    'node', s.node, 'attempt', s.attempt,
+                                    'started_at', s.started_at)
+                           FROM cyclone.steps s
+                          WHERE s.run_id = r.run_id AND s.status = 'discarded'
+                          ORDER BY s.finished_at, s.node LIMIT 1) END
+          FROM unnest(p_runs, p_closed) AS c(run_id, closed)
+         WHERE r.run_id = c.run_id AND r.run_id = ANY (p_runs)
+        RETURNING r.run_id, r.status, r.parent_run_id, r.finished_at)
+    -- CASE evaluates its branch only when taken: runs without a parent, and runs
+    -- that did not finish here, cost nothing more.
+    SELECT c.run_id,
+           CASE WHEN c.parent_run_id IS NOT NULL AND c.finished_at = p_now
+                THEN cyclone._child_finished(c.run_id, c.parent_run_id, c.status)
+                ELSE c.status END
+      FROM closed c
 $$;
 
 -- _runs_close for one run: called by _settle, and by _step_complete for a step with no

@@ -290,26 +290,57 @@ $$;
 
 -- Cancels a run: every unfinished step becomes cancelled (a running handler learns it
 -- from its next heartbeat, and its completion is refused), and the run's error is
--- cleared. CY003 when the run is already completed or cancelled. RPC: CancelRun.
-CREATE FUNCTION cyclone.run_cancel(p_run_id uuid, p_actor text, p_reason text)
+-- cleared (_run_cancel_one); a parent node waiting for it is woken
+-- (_child_finished). Unless p_keep_children, every descendant run (its child runs,
+-- theirs, ...) that is running or blocked is cancelled with it, each with its own audit
+-- entry naming the run whose cancel reached it. The descendants are locked first,
+-- level by level from the top and each level in run_id order, before any step
+-- changes: a locked run starts no child (child_start takes its run's lock), so each
+-- level is complete once the one above is locked; and a child finishing meanwhile,
+-- which locks its own run before it touches its parent's node, never waits on a lock
+-- held here. CY003 when the run is already completed or cancelled. RPC: CancelRun.
+CREATE FUNCTION cyclone.run_cancel(p_run_id uuid, p_actor text, p_reason text,
+                                   p_keep_children boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz := cyclone.now();
     v_status text := cyclone._run_lock(p_run_id);
+    v_level  uuid[] := ARRAY[p_run_id];
+    v_tree   uuid[] := '{}';
+    v_child  record;
 BEGIN
     IF v_status IN ('completed', 'cancelled') THEN
         RAISE EXCEPTION 'run % is already %', p_run_id, v_status USING ERRCODE = 'CY003';
     END IF;
-    UPDATE cyclone.steps s SET status = 'cancelled', finished_at = v_now, lease_expires_at = NULL
-     WHERE s.run_id = p_run_id AND s.status IN ('pending', 'available', 'running', 'uncertain');
-    UPDATE cyclone.runs
-       SET status = 'cancelled', steps_open = 0, error = NULL, finished_at = v_now,
-           updated_at = v_now
-     WHERE run_id = p_run_id;
-    INSERT INTO cyclone.audit (run_id, action, actor, reason, details, at)
-    VALUES (p_run_id, 'cancel', p_actor, coalesce(p_reason, ''),
-            jsonb_build_object('previous_status', v_status), v_now);
+    IF NOT p_keep_children THEN
+        LOOP
+            SELECT coalesce(array_agg(t.run_id), '{}') INTO v_level
+              FROM (SELECT r.run_id FROM cyclone.runs r
+                     WHERE r.parent_run_id = ANY (v_level)
+                     ORDER BY r.run_id FOR NO KEY UPDATE) t;
+            EXIT WHEN cardinality(v_level) = 0;
+            v_tree := v_tree || v_level;
+        END LOOP;
+    END IF;
+    PERFORM cyclone._run_cancel_one(p_run_id, p_actor, coalesce(p_reason, ''),
+                                    jsonb_build_object('previous_status', v_status,
+                                                       'keep_children', p_keep_children),
+                                    v_now);
+    -- A child cancelled on its own: its parent may wait for it.
+    PERFORM cyclone._child_finished(r.run_id, r.parent_run_id, r.status)
+       FROM cyclone.runs r WHERE r.run_id = p_run_id AND r.parent_run_id IS NOT NULL;
+    FOR v_child IN
+        SELECT r.run_id, r.status FROM cyclone.runs r
+         WHERE r.run_id = ANY (v_tree) AND r.status IN ('running', 'blocked')
+         ORDER BY r.run_id
+    LOOP
+        PERFORM cyclone._run_cancel_one(
+            v_child.run_id, p_actor,
+            concat('run ', p_run_id, ' was cancelled', ': ' || nullif(p_reason, '')),
+            jsonb_build_object('previous_status', v_child.status, 'cancelled_with', p_run_id),
+            v_now);
+    END LOOP;
 END;
 $$;

@@ -100,6 +100,12 @@ SELECT w.decision, w.call, current_setting('cyclone.ready', true) AS ready
                               ELSE make_interval(secs => :timeout_s) END,
                          CAST(:child AS uuid)) w;
 
+-- name: child_wait
+-- Wait with child_run_id: step_wait, with the parent's and the child's locks taken first.
+SELECT w.decision, w.call, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.child_wait(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid), :step_id,
+                          :seq, CAST(:child AS uuid)) w;
+
 -- name: event_send
 SELECT e.event_id, e.created, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.event_send(CAST(:run_id AS uuid), :event_name, CAST(:payload AS jsonb), :key,
@@ -120,8 +126,14 @@ SELECT node, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.step_call_resolve(CAST(:run_id AS uuid), :node, :step_id, :choice,
                                  CAST(:value AS jsonb), :actor, :reason) AS node;
 
+-- name: child_start
+SELECT child_run_id, created, call, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.child_start(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid), :step_id,
+                           :seq, CAST(:child_run_id AS uuid), :workflow,
+                           CAST(:input AS jsonb), CAST(:nodes AS jsonb));
+
 -- name: run_cancel
-SELECT cyclone.run_cancel(CAST(:run_id AS uuid), :actor, :reason);
+SELECT cyclone.run_cancel(CAST(:run_id AS uuid), :actor, :reason, :keep_children);
 
 -- name: sweep
 -- One row per expired lease reclaimed: run_id, node, action, attempt, worker_id, and
@@ -247,6 +259,7 @@ SELECT 'running', action, count(*), NULL,
 -- that the picture is consistent. With :node, only that node's step and errors.
 SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created_at,
        r.updated_at, r.finished_at,
+       r.parent_run_id, r.parent_node, r.parent_step_id,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'node', s.node, 'action', s.action, 'status', s.status,
                    'attempt', s.attempt, 'max_attempts', s.max_attempts,
@@ -287,6 +300,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
 -- Newest first, keyset-paged on (created_at, run_id).
 SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created_at,
        r.updated_at, r.finished_at,
+       r.parent_run_id, r.parent_node, r.parent_step_id,
        (SELECT jsonb_object_agg(c.status, c.n)
           FROM (SELECT s.status, count(*) AS n FROM cyclone.steps s
                  WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts

@@ -106,8 +106,8 @@ class FakeClient:
         self._record("resolve", run_id, node, **kwargs)
         return self.run
 
-    def cancel(self, run_id, reason=""):
-        self._record("cancel", run_id, reason)
+    def cancel(self, run_id, reason="", *, keep_children=False):
+        self._record("cancel", run_id, reason, *(["keep_children"] if keep_children else []))
         return self.run
 
 
@@ -326,10 +326,12 @@ def test_retry_retry_all_and_cancel_call_the_client(capsys):
     assert cli.main(["retry", "r1", "charge", "--reason", "fixed"], client=client) == 0
     assert cli.main(["retry-all", "r1"], client=client) == 0
     assert cli.main(["cancel", "r1", "--reason", "dup"], client=client) == 0
+    assert cli.main(["cancel", "r2", "--keep-children"], client=client) == 0
     assert [(c[0], c[1]) for c in client.calls] == [
         ("retry", ("r1", "charge", "fixed")),
         ("retry_all", ("r1", "")),
         ("cancel", ("r1", "dup")),
+        ("cancel", ("r2", "", "keep_children")),
     ]
     assert "reopened charge" in capsys.readouterr().out
 

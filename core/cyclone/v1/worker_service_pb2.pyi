@@ -292,6 +292,34 @@ class EndStepCallResponse(_message.Message):
     duplicate: bool
     def __init__(self, call: _Optional[_Union[_types_pb2.StepCall, _Mapping]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
+class StartChildRequest(_message.Message):
+    __slots__ = ("run_id", "node", "lease_token", "step_id", "seq", "workflow", "input")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    lease_token: str
+    step_id: str
+    seq: int
+    workflow: _types_pb2.Workflow
+    input: _struct_pb2.Value
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., step_id: _Optional[str] = ..., seq: _Optional[int] = ..., workflow: _Optional[_Union[_types_pb2.Workflow, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+
+class StartChildResponse(_message.Message):
+    __slots__ = ("child_run_id", "created", "call")
+    CHILD_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    child_run_id: str
+    created: bool
+    call: _types_pb2.StepCall
+    def __init__(self, child_run_id: _Optional[str] = ..., created: _Optional[bool] = ..., call: _Optional[_Union[_types_pb2.StepCall, _Mapping]] = ...) -> None: ...
+
 class WaitRequest(_message.Message):
     __slots__ = ("run_id", "node", "lease_token", "step_id", "seq", "wake_at", "event", "child_run_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

@@ -66,6 +66,11 @@ class WorkerServiceStub:
                 request_serializer=cyclone_dot_v1_dot_worker__service__pb2.EndStepCallRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.EndStepCallResponse.FromString,
                 _registered_method=True)
+        self.StartChild = channel.unary_unary(
+                '/cyclone.v1.WorkerService/StartChild',
+                request_serializer=cyclone_dot_v1_dot_worker__service__pb2.StartChildRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.StartChildResponse.FromString,
+                _registered_method=True)
         self.Wait = channel.unary_unary(
                 '/cyclone.v1.WorkerService/Wait',
                 request_serializer=cyclone_dot_v1_dot_worker__service__pb2.WaitRequest.SerializeToString,
@@ -148,6 +153,23 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartChild(self, request, context):
+        """Starts a child run from a durable function, as a step call of its body (function
+        "cyclone.start_child"), fenced by the node's lease token as BeginStepCall: a stale
+        token is ABORTED and writes nothing. In one transaction it submits the child
+        workflow (validated as Submit validates it) with its parent link
+        (Run.parent_run_id, parent_node, parent_step_id) and records the step call
+        SUCCEEDED with the output {"run_id": <child>}. Idempotent by the step call: when
+        (run_id, node, step_id) already started a child, it answers that child with
+        created = false and submits nothing, so a replay never starts a second one. Wait
+        with child_run_id waits for the child's outcome; cancelling the parent cancels
+        its unfinished children (CancelRunRequest.keep_children). See
+        docs/time-and-events.md.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Wait(self, request, context):
         """A durable function waits: a durable sleep (until wake_at), an event sent to the
         run (SendEvent), or a child run's outcome. Journaled as a step call (function
@@ -200,6 +222,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.EndStepCall,
                     request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.EndStepCallRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_worker__service__pb2.EndStepCallResponse.SerializeToString,
+            ),
+            'StartChild': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartChild,
+                    request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.StartChildRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_worker__service__pb2.StartChildResponse.SerializeToString,
             ),
             'Wait': grpc.unary_unary_rpc_method_handler(
                     servicer.Wait,
@@ -371,6 +398,33 @@ class WorkerService:
             '/cyclone.v1.WorkerService/EndStepCall',
             cyclone_dot_v1_dot_worker__service__pb2.EndStepCallRequest.SerializeToString,
             cyclone_dot_v1_dot_worker__service__pb2.EndStepCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartChild(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkerService/StartChild',
+            cyclone_dot_v1_dot_worker__service__pb2.StartChildRequest.SerializeToString,
+            cyclone_dot_v1_dot_worker__service__pb2.StartChildResponse.FromString,
             options,
             channel_credentials,
             insecure,

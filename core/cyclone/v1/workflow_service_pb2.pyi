@@ -110,12 +110,14 @@ class ListRunsResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[_types_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CancelRunRequest(_message.Message):
-    __slots__ = ("run_id", "reason")
+    __slots__ = ("run_id", "reason", "keep_children")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    KEEP_CHILDREN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     reason: str
-    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    keep_children: bool
+    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ..., keep_children: _Optional[bool] = ...) -> None: ...
 
 class CancelRunResponse(_message.Message):
     __slots__ = ("run",)

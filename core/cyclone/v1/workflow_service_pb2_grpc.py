@@ -111,7 +111,9 @@ class WorkflowServiceServicer:
     def CancelRun(self, request, context):
         """Cancels a run that is running, blocked or failed: unfinished steps become
         cancelled, running handlers learn it from their next Heartbeat, and their late
-        completions are refused. FAILED_PRECONDITION when the run is already completed or cancelled.
+        completions are refused. Its running or blocked child runs are cancelled with it,
+        recursively, unless keep_children is set. FAILED_PRECONDITION when the run is
+        already completed or cancelled.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

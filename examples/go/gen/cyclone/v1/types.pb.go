@@ -623,7 +623,16 @@ type Run struct {
 	// Operator actions on this run (retry, resolve, cancel), oldest first. GetRun only.
 	Audit []*AuditEntry `protobuf:"bytes,11,rep,name=audit,proto3" json:"audit,omitempty"`
 	// Number of steps per status, e.g. {"completed": 3, "running": 1}.
-	StepCounts    map[string]int32 `protobuf:"bytes,12,rep,name=step_counts,json=stepCounts,proto3" json:"step_counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	StepCounts map[string]int32 `protobuf:"bytes,12,rep,name=step_counts,json=stepCounts,proto3" json:"step_counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// For a child run (started by a durable function with StartChild): the run that
+	// started it. Empty for a run submitted by a client. Cancelling the parent cancels
+	// the child unless CancelRunRequest.keep_children is set.
+	ParentRunId string `protobuf:"bytes,13,opt,name=parent_run_id,json=parentRunId,proto3" json:"parent_run_id,omitempty"`
+	// For a child run: the node of the parent run whose body started it.
+	ParentNode string `protobuf:"bytes,14,opt,name=parent_node,json=parentNode,proto3" json:"parent_node,omitempty"`
+	// For a child run: the step call of that node's journal that started it (its
+	// output is {"run_id": <this run>}).
+	ParentStepId  string `protobuf:"bytes,15,opt,name=parent_step_id,json=parentStepId,proto3" json:"parent_step_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -740,6 +749,27 @@ func (x *Run) GetStepCounts() map[string]int32 {
 		return x.StepCounts
 	}
 	return nil
+}
+
+func (x *Run) GetParentRunId() string {
+	if x != nil {
+		return x.ParentRunId
+	}
+	return ""
+}
+
+func (x *Run) GetParentNode() string {
+	if x != nil {
+		return x.ParentNode
+	}
+	return ""
+}
+
+func (x *Run) GetParentStepId() string {
+	if x != nil {
+		return x.ParentStepId
+	}
+	return ""
 }
 
 // Why a run is failed or blocked.
@@ -1507,7 +1537,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
 	"\vmax_backoff\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"maxBackoff\x12-\n" +
-	"\x12backoff_multiplier\x18\x04 \x01(\x01R\x11backoffMultiplier\"\xea\x04\n" +
+	"\x12backoff_multiplier\x18\x04 \x01(\x01R\x11backoffMultiplier\"\xd5\x05\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
 	"\bworkflow\x18\x02 \x01(\tR\bworkflow\x12-\n" +
@@ -1526,7 +1556,11 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	" \x03(\v2\x10.cyclone.v1.StepR\x05steps\x12,\n" +
 	"\x05audit\x18\v \x03(\v2\x16.cyclone.v1.AuditEntryR\x05audit\x12@\n" +
 	"\vstep_counts\x18\f \x03(\v2\x1f.cyclone.v1.Run.StepCountsEntryR\n" +
-	"stepCounts\x1a=\n" +
+	"stepCounts\x12\"\n" +
+	"\rparent_run_id\x18\r \x01(\tR\vparentRunId\x12\x1f\n" +
+	"\vparent_node\x18\x0e \x01(\tR\n" +
+	"parentNode\x12$\n" +
+	"\x0eparent_step_id\x18\x0f \x01(\tR\fparentStepId\x1a=\n" +
 	"\x0fStepCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xba\x01\n" +

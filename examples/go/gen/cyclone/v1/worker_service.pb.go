@@ -1849,6 +1849,175 @@ func (x *EndStepCallResponse) GetDuplicate() bool {
 	return false
 }
 
+// Arguments of WorkerService.StartChild. The parent node is named by run_id and node;
+// lease_token is the one its Claim returned.
+type StartChildRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run of the held step (the parent run).
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node of the held step (the parent node), whose body starts the child.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The lease token from Claim.
+	LeaseToken string `protobuf:"bytes,3,opt,name=lease_token,json=leaseToken,proto3" json:"lease_token,omitempty"`
+	// The step call's id, as in BeginStepCallRequest ("child", "child#2", or a name
+	// given): the child's idempotency key within the node.
+	StepId string `protobuf:"bytes,4,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The call's position in the body, as in BeginStepCallRequest.
+	Seq int32 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The child's DAG, validated as Submit validates it.
+	Workflow *Workflow `protobuf:"bytes,6,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// The child's run input (any JSON).
+	Input         *structpb.Value `protobuf:"bytes,7,opt,name=input,proto3" json:"input,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartChildRequest) Reset() {
+	*x = StartChildRequest{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartChildRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartChildRequest) ProtoMessage() {}
+
+func (x *StartChildRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartChildRequest.ProtoReflect.Descriptor instead.
+func (*StartChildRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *StartChildRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *StartChildRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *StartChildRequest) GetLeaseToken() string {
+	if x != nil {
+		return x.LeaseToken
+	}
+	return ""
+}
+
+func (x *StartChildRequest) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *StartChildRequest) GetSeq() int32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *StartChildRequest) GetWorkflow() *Workflow {
+	if x != nil {
+		return x.Workflow
+	}
+	return nil
+}
+
+func (x *StartChildRequest) GetInput() *structpb.Value {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+// Result of WorkerService.StartChild.
+type StartChildResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The child run's id (UUIDv7): the new one, or the one this step call started
+	// before.
+	ChildRunId string `protobuf:"bytes,1,opt,name=child_run_id,json=childRunId,proto3" json:"child_run_id,omitempty"`
+	// True when this call submitted the child, false when the step call had already
+	// started it (a replay, or a repeated call).
+	Created bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	// The journal entry: SUCCEEDED, function "cyclone.start_child", output
+	// {"run_id": child_run_id}.
+	Call          *StepCall `protobuf:"bytes,3,opt,name=call,proto3" json:"call,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartChildResponse) Reset() {
+	*x = StartChildResponse{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartChildResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartChildResponse) ProtoMessage() {}
+
+func (x *StartChildResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartChildResponse.ProtoReflect.Descriptor instead.
+func (*StartChildResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *StartChildResponse) GetChildRunId() string {
+	if x != nil {
+		return x.ChildRunId
+	}
+	return ""
+}
+
+func (x *StartChildResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+func (x *StartChildResponse) GetCall() *StepCall {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
 // Arguments of WorkerService.Wait. The node is named by run_id and node; lease_token
 // is the one its Claim returned.
 type WaitRequest struct {
@@ -1878,7 +2047,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +2059,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +2072,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{20}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WaitRequest) GetRunId() string {
@@ -2015,7 +2184,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2196,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2209,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{21}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WaitResponse) GetDecision() WaitDecision {
@@ -2186,7 +2355,21 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\aoutcome\"]\n" +
 	"\x13EndStepCallResponse\x12(\n" +
 	"\x04call\x18\x01 \x01(\v2\x14.cyclone.v1.StepCallR\x04call\x12\x1c\n" +
-	"\tduplicate\x18\x02 \x01(\bR\tduplicate\"\x97\x02\n" +
+	"\tduplicate\x18\x02 \x01(\bR\tduplicate\"\xea\x01\n" +
+	"\x11StartChildRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
+	"\vlease_token\x18\x03 \x01(\tR\n" +
+	"leaseToken\x12\x17\n" +
+	"\astep_id\x18\x04 \x01(\tR\x06stepId\x12\x10\n" +
+	"\x03seq\x18\x05 \x01(\x05R\x03seq\x120\n" +
+	"\bworkflow\x18\x06 \x01(\v2\x14.cyclone.v1.WorkflowR\bworkflow\x12,\n" +
+	"\x05input\x18\a \x01(\v2\x16.google.protobuf.ValueR\x05input\"z\n" +
+	"\x12StartChildResponse\x12 \n" +
+	"\fchild_run_id\x18\x01 \x01(\tR\n" +
+	"childRunId\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\x12(\n" +
+	"\x04call\x18\x03 \x01(\v2\x14.cyclone.v1.StepCallR\x04call\"\x97\x02\n" +
 	"\vWaitRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
@@ -2210,14 +2393,16 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\fWaitDecision\x12\x1d\n" +
 	"\x19WAIT_DECISION_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13WAIT_DECISION_READY\x10\x01\x12\x1b\n" +
-	"\x17WAIT_DECISION_SUSPENDED\x10\x022\x92\x04\n" +
+	"\x17WAIT_DECISION_SUSPENDED\x10\x022\xdf\x04\n" +
 	"\rWorkerService\x12<\n" +
 	"\x05Claim\x12\x18.cyclone.v1.ClaimRequest\x1a\x19.cyclone.v1.ClaimResponse\x12H\n" +
 	"\tHeartbeat\x12\x1c.cyclone.v1.HeartbeatRequest\x1a\x1d.cyclone.v1.HeartbeatResponse\x12E\n" +
 	"\bComplete\x12\x1b.cyclone.v1.CompleteRequest\x1a\x1c.cyclone.v1.CompleteResponse\x12Q\n" +
 	"\fCompleteMany\x12\x1f.cyclone.v1.CompleteManyRequest\x1a .cyclone.v1.CompleteManyResponse\x12T\n" +
 	"\rBeginStepCall\x12 .cyclone.v1.BeginStepCallRequest\x1a!.cyclone.v1.BeginStepCallResponse\x12N\n" +
-	"\vEndStepCall\x12\x1e.cyclone.v1.EndStepCallRequest\x1a\x1f.cyclone.v1.EndStepCallResponse\x129\n" +
+	"\vEndStepCall\x12\x1e.cyclone.v1.EndStepCallRequest\x1a\x1f.cyclone.v1.EndStepCallResponse\x12K\n" +
+	"\n" +
+	"StartChild\x12\x1d.cyclone.v1.StartChildRequest\x1a\x1e.cyclone.v1.StartChildResponse\x129\n" +
 	"\x04Wait\x12\x17.cyclone.v1.WaitRequest\x1a\x18.cyclone.v1.WaitResponseb\x06proto3"
 
 var (
@@ -2233,7 +2418,7 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
 	(WaitDecision)(0),             // 1: cyclone.v1.WaitDecision
@@ -2257,43 +2442,46 @@ var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(*BeginStepCallResponse)(nil), // 19: cyclone.v1.BeginStepCallResponse
 	(*EndStepCallRequest)(nil),    // 20: cyclone.v1.EndStepCallRequest
 	(*EndStepCallResponse)(nil),   // 21: cyclone.v1.EndStepCallResponse
-	(*WaitRequest)(nil),           // 22: cyclone.v1.WaitRequest
-	(*WaitResponse)(nil),          // 23: cyclone.v1.WaitResponse
-	nil,                           // 24: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 26: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
-	(*StepCall)(nil),              // 28: cyclone.v1.StepCall
-	(StepStatus)(0),               // 29: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 30: cyclone.v1.StepError
-	(RunStatus)(0),                // 31: cyclone.v1.RunStatus
-	(*StepCallError)(nil),         // 32: cyclone.v1.StepCallError
-	(*EventWait)(nil),             // 33: cyclone.v1.EventWait
+	(*StartChildRequest)(nil),     // 22: cyclone.v1.StartChildRequest
+	(*StartChildResponse)(nil),    // 23: cyclone.v1.StartChildResponse
+	(*WaitRequest)(nil),           // 24: cyclone.v1.WaitRequest
+	(*WaitResponse)(nil),          // 25: cyclone.v1.WaitResponse
+	nil,                           // 26: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 28: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(*StepCall)(nil),              // 30: cyclone.v1.StepCall
+	(StepStatus)(0),               // 31: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 32: cyclone.v1.StepError
+	(RunStatus)(0),                // 33: cyclone.v1.RunStatus
+	(*StepCallError)(nil),         // 34: cyclone.v1.StepCallError
+	(*Workflow)(nil),              // 35: cyclone.v1.Workflow
+	(*EventWait)(nil),             // 36: cyclone.v1.EventWait
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	2,  // 0: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	25, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	25, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	27, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	27, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
 	5,  // 3: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
-	26, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	26, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	24, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	27, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	27, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	26, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	28, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	28, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	26, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	29, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	29, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	28, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
 	6,  // 10: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	28, // 11: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	29, // 12: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	30, // 13: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	26, // 14: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	25, // 15: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	27, // 16: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	26, // 17: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	30, // 11: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	31, // 12: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	32, // 13: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	28, // 14: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	27, // 15: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	29, // 16: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	28, // 17: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
 	10, // 18: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	25, // 19: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	29, // 20: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	27, // 21: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	31, // 22: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	27, // 19: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	31, // 20: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	29, // 21: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	33, // 22: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
 	9,  // 23: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
 	20, // 24: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
 	18, // 25: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
@@ -2307,35 +2495,40 @@ var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	11, // 33: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
 	17, // 34: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
 	0,  // 35: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	28, // 36: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	31, // 37: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	26, // 38: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	32, // 39: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	28, // 40: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	27, // 41: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
-	33, // 42: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
-	1,  // 43: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
-	28, // 44: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
-	26, // 45: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	3,  // 46: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	7,  // 47: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	9,  // 48: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	12, // 49: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	18, // 50: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	20, // 51: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	22, // 52: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
-	4,  // 53: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	8,  // 54: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	11, // 55: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	13, // 56: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	19, // 57: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	21, // 58: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	23, // 59: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
-	53, // [53:60] is the sub-list for method output_type
-	46, // [46:53] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	30, // 36: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	33, // 37: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	28, // 38: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	34, // 39: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	30, // 40: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	35, // 41: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
+	28, // 42: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
+	30, // 43: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
+	29, // 44: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
+	36, // 45: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
+	1,  // 46: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
+	30, // 47: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
+	28, // 48: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	3,  // 49: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	7,  // 50: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	9,  // 51: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	12, // 52: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	18, // 53: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	20, // 54: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	22, // 55: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
+	24, // 56: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
+	4,  // 57: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	8,  // 58: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	11, // 59: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	13, // 60: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	19, // 61: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	21, // 62: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	23, // 63: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
+	25, // 64: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
+	57, // [57:65] is the sub-list for method output_type
+	49, // [49:57] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -2364,7 +2557,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 		(*EndStepCallRequest_Output)(nil),
 		(*EndStepCallRequest_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[20].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[22].OneofWrappers = []any{
 		(*WaitRequest_WakeAt)(nil),
 		(*WaitRequest_Event)(nil),
 		(*WaitRequest_ChildRunId)(nil),
@@ -2375,7 +2568,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

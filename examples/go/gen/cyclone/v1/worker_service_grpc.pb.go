@@ -25,6 +25,7 @@ const (
 	WorkerService_CompleteMany_FullMethodName  = "/cyclone.v1.WorkerService/CompleteMany"
 	WorkerService_BeginStepCall_FullMethodName = "/cyclone.v1.WorkerService/BeginStepCall"
 	WorkerService_EndStepCall_FullMethodName   = "/cyclone.v1.WorkerService/EndStepCall"
+	WorkerService_StartChild_FullMethodName    = "/cyclone.v1.WorkerService/StartChild"
 	WorkerService_Wait_FullMethodName          = "/cyclone.v1.WorkerService/Wait"
 )
 
@@ -75,6 +76,18 @@ type WorkerServiceClient interface {
 	// the entry of a safe call. Repeating it after the call has an outcome changes
 	// nothing and answers duplicate = true with the recorded entry.
 	EndStepCall(ctx context.Context, in *EndStepCallRequest, opts ...grpc.CallOption) (*EndStepCallResponse, error)
+	// Starts a child run from a durable function, as a step call of its body (function
+	// "cyclone.start_child"), fenced by the node's lease token as BeginStepCall: a stale
+	// token is ABORTED and writes nothing. In one transaction it submits the child
+	// workflow (validated as Submit validates it) with its parent link
+	// (Run.parent_run_id, parent_node, parent_step_id) and records the step call
+	// SUCCEEDED with the output {"run_id": <child>}. Idempotent by the step call: when
+	// (run_id, node, step_id) already started a child, it answers that child with
+	// created = false and submits nothing, so a replay never starts a second one. Wait
+	// with child_run_id waits for the child's outcome; cancelling the parent cancels
+	// its unfinished children (CancelRunRequest.keep_children). See
+	// docs/time-and-events.md.
+	StartChild(ctx context.Context, in *StartChildRequest, opts ...grpc.CallOption) (*StartChildResponse, error)
 	// A durable function waits: a durable sleep (until wake_at), an event sent to the
 	// run (SendEvent), or a child run's outcome. Journaled as a step call (function
 	// "cyclone.sleep", "cyclone.event", "cyclone.child") and fenced by the lease token as
@@ -160,6 +173,16 @@ func (c *workerServiceClient) EndStepCall(ctx context.Context, in *EndStepCallRe
 	return out, nil
 }
 
+func (c *workerServiceClient) StartChild(ctx context.Context, in *StartChildRequest, opts ...grpc.CallOption) (*StartChildResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartChildResponse)
+	err := c.cc.Invoke(ctx, WorkerService_StartChild_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *workerServiceClient) Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*WaitResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(WaitResponse)
@@ -217,6 +240,18 @@ type WorkerServiceServer interface {
 	// the entry of a safe call. Repeating it after the call has an outcome changes
 	// nothing and answers duplicate = true with the recorded entry.
 	EndStepCall(context.Context, *EndStepCallRequest) (*EndStepCallResponse, error)
+	// Starts a child run from a durable function, as a step call of its body (function
+	// "cyclone.start_child"), fenced by the node's lease token as BeginStepCall: a stale
+	// token is ABORTED and writes nothing. In one transaction it submits the child
+	// workflow (validated as Submit validates it) with its parent link
+	// (Run.parent_run_id, parent_node, parent_step_id) and records the step call
+	// SUCCEEDED with the output {"run_id": <child>}. Idempotent by the step call: when
+	// (run_id, node, step_id) already started a child, it answers that child with
+	// created = false and submits nothing, so a replay never starts a second one. Wait
+	// with child_run_id waits for the child's outcome; cancelling the parent cancels
+	// its unfinished children (CancelRunRequest.keep_children). See
+	// docs/time-and-events.md.
+	StartChild(context.Context, *StartChildRequest) (*StartChildResponse, error)
 	// A durable function waits: a durable sleep (until wake_at), an event sent to the
 	// run (SendEvent), or a child run's outcome. Journaled as a step call (function
 	// "cyclone.sleep", "cyclone.event", "cyclone.child") and fenced by the lease token as
@@ -259,6 +294,9 @@ func (UnimplementedWorkerServiceServer) BeginStepCall(context.Context, *BeginSte
 }
 func (UnimplementedWorkerServiceServer) EndStepCall(context.Context, *EndStepCallRequest) (*EndStepCallResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method EndStepCall not implemented")
+}
+func (UnimplementedWorkerServiceServer) StartChild(context.Context, *StartChildRequest) (*StartChildResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartChild not implemented")
 }
 func (UnimplementedWorkerServiceServer) Wait(context.Context, *WaitRequest) (*WaitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Wait not implemented")
@@ -392,6 +430,24 @@ func _WorkerService_EndStepCall_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkerService_StartChild_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartChildRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).StartChild(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_StartChild_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).StartChild(ctx, req.(*StartChildRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _WorkerService_Wait_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(WaitRequest)
 	if err := dec(in); err != nil {
@@ -440,6 +496,10 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EndStepCall",
 			Handler:    _WorkerService_EndStepCall_Handler,
+		},
+		{
+			MethodName: "StartChild",
+			Handler:    _WorkerService_StartChild_Handler,
 		},
 		{
 			MethodName: "Wait",

@@ -585,7 +585,12 @@ type CancelRunRequest struct {
 	// The run, by id.
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// Why, recorded in the run's audit trail.
-	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Leave the run's child runs (started by its durable functions) running. By
+	// default cancelling a run also cancels, in the same transaction, every descendant
+	// run (children, their children, ...) that is running or blocked, each with its own
+	// audit entry.
+	KeepChildren  bool `protobuf:"varint,3,opt,name=keep_children,json=keepChildren,proto3" json:"keep_children,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -632,6 +637,13 @@ func (x *CancelRunRequest) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *CancelRunRequest) GetKeepChildren() bool {
+	if x != nil {
+		return x.KeepChildren
+	}
+	return false
 }
 
 // Result of WorkflowService.CancelRun.
@@ -1175,10 +1187,11 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"page_token\x18\x06 \x01(\tR\tpageToken\"_\n" +
 	"\x10ListRunsResponse\x12#\n" +
 	"\x04runs\x18\x01 \x03(\v2\x0f.cyclone.v1.RunR\x04runs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"A\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"f\n" +
 	"\x10CancelRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"6\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
+	"\rkeep_children\x18\x03 \x01(\bR\fkeepChildren\"6\n" +
 	"\x11CancelRunResponse\x12!\n" +
 	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\";\n" +
 	"\x0eExplainRequest\x12\x15\n" +

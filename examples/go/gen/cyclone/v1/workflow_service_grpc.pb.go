@@ -48,7 +48,9 @@ type WorkflowServiceClient interface {
 	ListRuns(ctx context.Context, in *ListRunsRequest, opts ...grpc.CallOption) (*ListRunsResponse, error)
 	// Cancels a run that is running, blocked or failed: unfinished steps become
 	// cancelled, running handlers learn it from their next Heartbeat, and their late
-	// completions are refused. FAILED_PRECONDITION when the run is already completed or cancelled.
+	// completions are refused. Its running or blocked child runs are cancelled with it,
+	// recursively, unless keep_children is set. FAILED_PRECONDITION when the run is
+	// already completed or cancelled.
 	CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error)
 	// Why a node is not running now, or what it is doing: one reason code, a sentence
 	// for people, and the details behind it (the upstream nodes it waits on, the end of
@@ -164,7 +166,9 @@ type WorkflowServiceServer interface {
 	ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error)
 	// Cancels a run that is running, blocked or failed: unfinished steps become
 	// cancelled, running handlers learn it from their next Heartbeat, and their late
-	// completions are refused. FAILED_PRECONDITION when the run is already completed or cancelled.
+	// completions are refused. Its running or blocked child runs are cancelled with it,
+	// recursively, unless keep_children is set. FAILED_PRECONDITION when the run is
+	// already completed or cancelled.
 	CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error)
 	// Why a node is not running now, or what it is doing: one reason code, a sentence
 	// for people, and the details behind it (the upstream nodes it waits on, the end of
