@@ -361,7 +361,15 @@ type Node struct {
 	Timeout *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Static input of this node (any JSON). The handler also receives the run input
 	// and the outputs of its upstream nodes.
-	Input         *structpb.Value `protobuf:"bytes,7,opt,name=input,proto3" json:"input,omitempty"`
+	Input *structpb.Value `protobuf:"bytes,7,opt,name=input,proto3" json:"input,omitempty"`
+	// This node's claim priority, -1000000 to 1000000; overrides the run's priority
+	// (SubmitRequest.priority) for this node only. Unset: the run's. Among the ready steps
+	// of the actions a worker claims, higher priorities are handed out first, and steps
+	// of one priority in the order they became ready. See docs/flow-control.md.
+	Priority *int32 `protobuf:"varint,8,opt,name=priority,proto3,oneof" json:"priority,omitempty"`
+	// At most `limit` steps with the same key run at once, across all workers and
+	// servers. Unset: no limit. See docs/flow-control.md.
+	Concurrency   *ConcurrencyLimit `protobuf:"bytes,10,opt,name=concurrency,proto3" json:"concurrency,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -445,6 +453,82 @@ func (x *Node) GetInput() *structpb.Value {
 	return nil
 }
 
+func (x *Node) GetPriority() int32 {
+	if x != nil && x.Priority != nil {
+		return *x.Priority
+	}
+	return 0
+}
+
+func (x *Node) GetConcurrency() *ConcurrencyLimit {
+	if x != nil {
+		return x.Concurrency
+	}
+	return nil
+}
+
+// A concurrency limit on a node: a key, computed at submit, and how many steps with
+// that key may be running at once.
+type ConcurrencyLimit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Template of the key, 1-256 characters; evaluated once, at submit, to at most 256
+	// characters. `{run.a.b}` is replaced by the field a.b of the run input, `{node.a}` by
+	// the field a of the node's input (a string as is; a number or a boolean as JSON;
+	// anything else, or a missing field, is INVALID_ARGUMENT); `{{` and `}}` stand for
+	// `{` and `}`; other text is kept. E.g. "customer:{run.customer_id}". Keys are global:
+	// the same key in two workflows shares one limit.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Steps with this key that may be running at once, 1-10000. Required. All steps of a
+	// key should name the same limit: each claim checks the limit of the step it takes.
+	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConcurrencyLimit) Reset() {
+	*x = ConcurrencyLimit{}
+	mi := &file_cyclone_v1_types_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConcurrencyLimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConcurrencyLimit) ProtoMessage() {}
+
+func (x *ConcurrencyLimit) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_types_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConcurrencyLimit.ProtoReflect.Descriptor instead.
+func (*ConcurrencyLimit) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ConcurrencyLimit) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ConcurrencyLimit) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
 // Retry policy of a node. Every claim counts as an attempt, including claims whose
 // lease expired, so a handler that crashes its worker is eventually discarded.
 type RetryPolicy struct {
@@ -464,7 +548,7 @@ type RetryPolicy struct {
 
 func (x *RetryPolicy) Reset() {
 	*x = RetryPolicy{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[2]
+	mi := &file_cyclone_v1_types_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +560,7 @@ func (x *RetryPolicy) String() string {
 func (*RetryPolicy) ProtoMessage() {}
 
 func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[2]
+	mi := &file_cyclone_v1_types_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +573,7 @@ func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryPolicy.ProtoReflect.Descriptor instead.
 func (*RetryPolicy) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RetryPolicy) GetMaxAttempts() int32 {
@@ -546,14 +630,18 @@ type Run struct {
 	// Operator actions on this run (retry, resolve, cancel), oldest first. GetRun only.
 	Audit []*AuditEntry `protobuf:"bytes,11,rep,name=audit,proto3" json:"audit,omitempty"`
 	// Number of steps per status, e.g. {"completed": 3, "running": 1}.
-	StepCounts    map[string]int32 `protobuf:"bytes,12,rep,name=step_counts,json=stepCounts,proto3" json:"step_counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	StepCounts map[string]int32 `protobuf:"bytes,12,rep,name=step_counts,json=stepCounts,proto3" json:"step_counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The run's priority (SubmitRequest.priority), 0 by default.
+	Priority int32 `protobuf:"varint,16,opt,name=priority,proto3" json:"priority,omitempty"`
+	// The start time given to Submit; unset when the run started at once.
+	StartAt       *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=start_at,json=startAt,proto3" json:"start_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
 	*x = Run{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[3]
+	mi := &file_cyclone_v1_types_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -565,7 +653,7 @@ func (x *Run) String() string {
 func (*Run) ProtoMessage() {}
 
 func (x *Run) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[3]
+	mi := &file_cyclone_v1_types_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -578,7 +666,7 @@ func (x *Run) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Run.ProtoReflect.Descriptor instead.
 func (*Run) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Run) GetRunId() string {
@@ -665,6 +753,20 @@ func (x *Run) GetStepCounts() map[string]int32 {
 	return nil
 }
 
+func (x *Run) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *Run) GetStartAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartAt
+	}
+	return nil
+}
+
 // Why a run is failed or blocked.
 type RunError struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -687,7 +789,7 @@ type RunError struct {
 
 func (x *RunError) Reset() {
 	*x = RunError{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[4]
+	mi := &file_cyclone_v1_types_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -699,7 +801,7 @@ func (x *RunError) String() string {
 func (*RunError) ProtoMessage() {}
 
 func (x *RunError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[4]
+	mi := &file_cyclone_v1_types_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -712,7 +814,7 @@ func (x *RunError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunError.ProtoReflect.Descriptor instead.
 func (*RunError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RunError) GetKind() string {
@@ -802,14 +904,19 @@ type Step struct {
 	LastHeartbeatAt *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=last_heartbeat_at,json=lastHeartbeatAt,proto3" json:"last_heartbeat_at,omitempty"`
 	// The node's journal, when its handler is a durable function: its step calls in call
 	// order. Filled by GetRun only.
-	Journal       []*StepCall `protobuf:"bytes,20,rep,name=journal,proto3" json:"journal,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Journal []*StepCall `protobuf:"bytes,20,rep,name=journal,proto3" json:"journal,omitempty"`
+	// The step's claim priority: Node.priority, or else the run's.
+	Priority int32 `protobuf:"varint,23,opt,name=priority,proto3" json:"priority,omitempty"`
+	// The node's concurrency key as evaluated at submit (ConcurrencyLimit.key); empty
+	// when the node has no limit.
+	ConcurrencyKey string `protobuf:"bytes,24,opt,name=concurrency_key,json=concurrencyKey,proto3" json:"concurrency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[5]
+	mi := &file_cyclone_v1_types_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +928,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[5]
+	mi := &file_cyclone_v1_types_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +941,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Step) GetNode() string {
@@ -977,6 +1084,20 @@ func (x *Step) GetJournal() []*StepCall {
 	return nil
 }
 
+func (x *Step) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *Step) GetConcurrencyKey() string {
+	if x != nil {
+		return x.ConcurrencyKey
+	}
+	return ""
+}
+
 // One step call recorded by a durable function: an entry of its node's journal,
 // unique by (run_id, node, step_id).
 type StepCall struct {
@@ -1007,7 +1128,7 @@ type StepCall struct {
 
 func (x *StepCall) Reset() {
 	*x = StepCall{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[6]
+	mi := &file_cyclone_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1140,7 @@ func (x *StepCall) String() string {
 func (*StepCall) ProtoMessage() {}
 
 func (x *StepCall) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[6]
+	mi := &file_cyclone_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1153,7 @@ func (x *StepCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCall.ProtoReflect.Descriptor instead.
 func (*StepCall) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StepCall) GetStepId() string {
@@ -1120,7 +1241,7 @@ type StepCallError struct {
 
 func (x *StepCallError) Reset() {
 	*x = StepCallError{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[7]
+	mi := &file_cyclone_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1253,7 @@ func (x *StepCallError) String() string {
 func (*StepCallError) ProtoMessage() {}
 
 func (x *StepCallError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[7]
+	mi := &file_cyclone_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1266,7 @@ func (x *StepCallError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCallError.ProtoReflect.Descriptor instead.
 func (*StepCallError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StepCallError) GetType() string {
@@ -1192,7 +1313,7 @@ type StepError struct {
 
 func (x *StepError) Reset() {
 	*x = StepError{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[8]
+	mi := &file_cyclone_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1204,7 +1325,7 @@ func (x *StepError) String() string {
 func (*StepError) ProtoMessage() {}
 
 func (x *StepError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[8]
+	mi := &file_cyclone_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1217,7 +1338,7 @@ func (x *StepError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepError.ProtoReflect.Descriptor instead.
 func (*StepError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StepError) GetAttempt() int32 {
@@ -1290,7 +1411,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[9]
+	mi := &file_cyclone_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1423,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[9]
+	mi := &file_cyclone_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1436,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AuditEntry) GetAction() string {
@@ -1368,7 +1489,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"cyclone.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"F\n" +
 	"\bWorkflow\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12&\n" +
-	"\x05nodes\x18\x02 \x03(\v2\x10.cyclone.v1.NodeR\x05nodes\"\x9f\x02\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x10.cyclone.v1.NodeR\x05nodes\"\x8d\x03\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x1d\n" +
@@ -1377,13 +1498,20 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\ftrigger_rule\x18\x04 \x01(\x0e2\x17.cyclone.v1.TriggerRuleR\vtriggerRule\x12-\n" +
 	"\x05retry\x18\x05 \x01(\v2\x17.cyclone.v1.RetryPolicyR\x05retry\x123\n" +
 	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12,\n" +
-	"\x05input\x18\a \x01(\v2\x16.google.protobuf.ValueR\x05input\"\xdf\x01\n" +
+	"\x05input\x18\a \x01(\v2\x16.google.protobuf.ValueR\x05input\x12\x1f\n" +
+	"\bpriority\x18\b \x01(\x05H\x00R\bpriority\x88\x01\x01\x12>\n" +
+	"\vconcurrency\x18\n" +
+	" \x01(\v2\x1c.cyclone.v1.ConcurrencyLimitR\vconcurrencyB\v\n" +
+	"\t_priority\":\n" +
+	"\x10ConcurrencyLimit\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\xdf\x01\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12B\n" +
 	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
 	"\vmax_backoff\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"maxBackoff\x12-\n" +
-	"\x12backoff_multiplier\x18\x04 \x01(\x01R\x11backoffMultiplier\"\xea\x04\n" +
+	"\x12backoff_multiplier\x18\x04 \x01(\x01R\x11backoffMultiplier\"\xbd\x05\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
 	"\bworkflow\x18\x02 \x01(\tR\bworkflow\x12-\n" +
@@ -1402,7 +1530,9 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	" \x03(\v2\x10.cyclone.v1.StepR\x05steps\x12,\n" +
 	"\x05audit\x18\v \x03(\v2\x16.cyclone.v1.AuditEntryR\x05audit\x12@\n" +
 	"\vstep_counts\x18\f \x03(\v2\x1f.cyclone.v1.Run.StepCountsEntryR\n" +
-	"stepCounts\x1a=\n" +
+	"stepCounts\x12\x1a\n" +
+	"\bpriority\x18\x10 \x01(\x05R\bpriority\x125\n" +
+	"\bstart_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\astartAt\x1a=\n" +
 	"\x0fStepCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xba\x01\n" +
@@ -1413,7 +1543,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x129\n" +
 	"\n" +
 	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x17\n" +
-	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xad\a\n" +
+	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xf2\a\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12.\n" +
@@ -1438,7 +1568,9 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\atimeout\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x122\n" +
 	"\bprogress\x18\x12 \x01(\v2\x16.google.protobuf.ValueR\bprogress\x12F\n" +
 	"\x11last_heartbeat_at\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastHeartbeatAt\x12.\n" +
-	"\ajournal\x18\x14 \x03(\v2\x14.cyclone.v1.StepCallR\ajournal\"\xa2\x03\n" +
+	"\ajournal\x18\x14 \x03(\v2\x14.cyclone.v1.StepCallR\ajournal\x12\x1a\n" +
+	"\bpriority\x18\x17 \x01(\x05R\bpriority\x12'\n" +
+	"\x0fconcurrency_key\x18\x18 \x01(\tR\x0econcurrencyKey\"\xa2\x03\n" +
 	"\bStepCall\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x05R\x03seq\x12\x1a\n" +
@@ -1515,7 +1647,7 @@ func file_cyclone_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_cyclone_v1_types_proto_goTypes = []any{
 	(TriggerRule)(0),              // 0: cyclone.v1.TriggerRule
 	(RunStatus)(0),                // 1: cyclone.v1.RunStatus
@@ -1523,63 +1655,66 @@ var file_cyclone_v1_types_proto_goTypes = []any{
 	(StepCallStatus)(0),           // 3: cyclone.v1.StepCallStatus
 	(*Workflow)(nil),              // 4: cyclone.v1.Workflow
 	(*Node)(nil),                  // 5: cyclone.v1.Node
-	(*RetryPolicy)(nil),           // 6: cyclone.v1.RetryPolicy
-	(*Run)(nil),                   // 7: cyclone.v1.Run
-	(*RunError)(nil),              // 8: cyclone.v1.RunError
-	(*Step)(nil),                  // 9: cyclone.v1.Step
-	(*StepCall)(nil),              // 10: cyclone.v1.StepCall
-	(*StepCallError)(nil),         // 11: cyclone.v1.StepCallError
-	(*StepError)(nil),             // 12: cyclone.v1.StepError
-	(*AuditEntry)(nil),            // 13: cyclone.v1.AuditEntry
-	nil,                           // 14: cyclone.v1.Run.StepCountsEntry
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 16: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*ConcurrencyLimit)(nil),      // 6: cyclone.v1.ConcurrencyLimit
+	(*RetryPolicy)(nil),           // 7: cyclone.v1.RetryPolicy
+	(*Run)(nil),                   // 8: cyclone.v1.Run
+	(*RunError)(nil),              // 9: cyclone.v1.RunError
+	(*Step)(nil),                  // 10: cyclone.v1.Step
+	(*StepCall)(nil),              // 11: cyclone.v1.StepCall
+	(*StepCallError)(nil),         // 12: cyclone.v1.StepCallError
+	(*StepError)(nil),             // 13: cyclone.v1.StepError
+	(*AuditEntry)(nil),            // 14: cyclone.v1.AuditEntry
+	nil,                           // 15: cyclone.v1.Run.StepCountsEntry
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 17: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
 }
 var file_cyclone_v1_types_proto_depIdxs = []int32{
 	5,  // 0: cyclone.v1.Workflow.nodes:type_name -> cyclone.v1.Node
 	0,  // 1: cyclone.v1.Node.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	6,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
-	15, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
-	16, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
-	15, // 5: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	15, // 6: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
-	1,  // 7: cyclone.v1.Run.status:type_name -> cyclone.v1.RunStatus
-	16, // 8: cyclone.v1.Run.input:type_name -> google.protobuf.Value
-	8,  // 9: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
-	17, // 10: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	17, // 11: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	17, // 12: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	9,  // 13: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
-	13, // 14: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
-	14, // 15: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
-	17, // 16: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
-	2,  // 17: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
-	0,  // 18: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	16, // 19: cyclone.v1.Step.input:type_name -> google.protobuf.Value
-	16, // 20: cyclone.v1.Step.output:type_name -> google.protobuf.Value
-	12, // 21: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
-	17, // 22: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
-	17, // 23: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
-	17, // 24: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
-	17, // 25: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
-	15, // 26: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
-	16, // 27: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
-	17, // 28: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	10, // 29: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
-	3,  // 30: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
-	16, // 31: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
-	11, // 32: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
-	17, // 33: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
-	17, // 34: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
-	17, // 35: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
-	17, // 36: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	16, // 37: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
-	38, // [38:38] is the sub-list for method output_type
-	38, // [38:38] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	7,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
+	16, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
+	17, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
+	6,  // 5: cyclone.v1.Node.concurrency:type_name -> cyclone.v1.ConcurrencyLimit
+	16, // 6: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	16, // 7: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	1,  // 8: cyclone.v1.Run.status:type_name -> cyclone.v1.RunStatus
+	17, // 9: cyclone.v1.Run.input:type_name -> google.protobuf.Value
+	9,  // 10: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
+	18, // 11: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	18, // 12: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	18, // 13: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	10, // 14: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
+	14, // 15: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
+	15, // 16: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
+	18, // 17: cyclone.v1.Run.start_at:type_name -> google.protobuf.Timestamp
+	18, // 18: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
+	2,  // 19: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
+	0,  // 20: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
+	17, // 21: cyclone.v1.Step.input:type_name -> google.protobuf.Value
+	17, // 22: cyclone.v1.Step.output:type_name -> google.protobuf.Value
+	13, // 23: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
+	18, // 24: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
+	18, // 25: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
+	18, // 26: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
+	18, // 27: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
+	16, // 28: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
+	17, // 29: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
+	18, // 30: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	11, // 31: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
+	3,  // 32: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
+	17, // 33: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
+	12, // 34: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
+	18, // 35: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
+	18, // 36: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
+	18, // 37: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
+	18, // 38: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	17, // 39: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
+	40, // [40:40] is the sub-list for method output_type
+	40, // [40:40] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_types_proto_init() }
@@ -1587,13 +1722,14 @@ func file_cyclone_v1_types_proto_init() {
 	if File_cyclone_v1_types_proto != nil {
 		return
 	}
+	file_cyclone_v1_types_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_types_proto_rawDesc), len(file_cyclone_v1_types_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -92,8 +92,13 @@ type ActionSpec struct {
 	// no outcome, this worker will not run it again; the run is blocked instead until an
 	// operator resolves it. Read from the worker's current code at every claim.
 	UnsafeToRepeat bool `protobuf:"varint,2,opt,name=unsafe_to_repeat,json=unsafeToRepeat,proto3" json:"unsafe_to_repeat,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// At most `count` steps of this action are claimed in any window of `period`, across
+	// all workers and servers. Read from the worker's current code at every claim, like
+	// unsafe_to_repeat: workers that serve one action should declare the same limit.
+	// Unset: no limit. See docs/flow-control.md.
+	RateLimit     *RateLimit `protobuf:"bytes,3,opt,name=rate_limit,json=rateLimit,proto3" json:"rate_limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ActionSpec) Reset() {
@@ -140,6 +145,68 @@ func (x *ActionSpec) GetUnsafeToRepeat() bool {
 	return false
 }
 
+func (x *ActionSpec) GetRateLimit() *RateLimit {
+	if x != nil {
+		return x.RateLimit
+	}
+	return nil
+}
+
+// A rate limit on the claims of an action.
+type RateLimit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Claims allowed in any window of `period`, 1-1000000.
+	Count int32 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	// Length of the window, 1 ms to 1 day.
+	Period        *durationpb.Duration `protobuf:"bytes,2,opt,name=period,proto3" json:"period,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RateLimit) Reset() {
+	*x = RateLimit{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RateLimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RateLimit) ProtoMessage() {}
+
+func (x *RateLimit) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RateLimit.ProtoReflect.Descriptor instead.
+func (*RateLimit) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RateLimit) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *RateLimit) GetPeriod() *durationpb.Duration {
+	if x != nil {
+		return x.Period
+	}
+	return nil
+}
+
 // Arguments of WorkerService.Claim.
 type ClaimRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -160,7 +227,7 @@ type ClaimRequest struct {
 
 func (x *ClaimRequest) Reset() {
 	*x = ClaimRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[1]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -172,7 +239,7 @@ func (x *ClaimRequest) String() string {
 func (*ClaimRequest) ProtoMessage() {}
 
 func (x *ClaimRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[1]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -185,7 +252,7 @@ func (x *ClaimRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimRequest.ProtoReflect.Descriptor instead.
 func (*ClaimRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{1}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ClaimRequest) GetWorkerId() string {
@@ -234,7 +301,7 @@ type ClaimResponse struct {
 
 func (x *ClaimResponse) Reset() {
 	*x = ClaimResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[2]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -246,7 +313,7 @@ func (x *ClaimResponse) String() string {
 func (*ClaimResponse) ProtoMessage() {}
 
 func (x *ClaimResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[2]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -259,7 +326,7 @@ func (x *ClaimResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimResponse.ProtoReflect.Descriptor instead.
 func (*ClaimResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{2}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ClaimResponse) GetSteps() []*ClaimedStep {
@@ -316,7 +383,7 @@ type ClaimedStep struct {
 
 func (x *ClaimedStep) Reset() {
 	*x = ClaimedStep{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[3]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -328,7 +395,7 @@ func (x *ClaimedStep) String() string {
 func (*ClaimedStep) ProtoMessage() {}
 
 func (x *ClaimedStep) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[3]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -341,7 +408,7 @@ func (x *ClaimedStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimedStep.ProtoReflect.Descriptor instead.
 func (*ClaimedStep) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{3}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ClaimedStep) GetRunId() string {
@@ -473,7 +540,7 @@ type UpstreamFailure struct {
 
 func (x *UpstreamFailure) Reset() {
 	*x = UpstreamFailure{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -485,7 +552,7 @@ func (x *UpstreamFailure) String() string {
 func (*UpstreamFailure) ProtoMessage() {}
 
 func (x *UpstreamFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -498,7 +565,7 @@ func (x *UpstreamFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpstreamFailure.ProtoReflect.Descriptor instead.
 func (*UpstreamFailure) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{4}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *UpstreamFailure) GetNode() string {
@@ -543,7 +610,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +622,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +635,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{5}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HeartbeatRequest) GetRunId() string {
@@ -619,7 +686,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +698,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +711,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{6}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HeartbeatResponse) GetLeaseExpiresAt() *timestamppb.Timestamp {
@@ -684,7 +751,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -696,7 +763,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -709,7 +776,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{7}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CompleteRequest) GetRunId() string {
@@ -801,7 +868,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +880,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +893,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{8}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Failure) GetMessage() string {
@@ -889,7 +956,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -901,7 +968,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -914,7 +981,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{9}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CompleteResponse) GetStatus() StepStatus {
@@ -969,7 +1036,7 @@ type CompleteManyRequest struct {
 
 func (x *CompleteManyRequest) Reset() {
 	*x = CompleteManyRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -981,7 +1048,7 @@ func (x *CompleteManyRequest) String() string {
 func (*CompleteManyRequest) ProtoMessage() {}
 
 func (x *CompleteManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -994,7 +1061,7 @@ func (x *CompleteManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteManyRequest.ProtoReflect.Descriptor instead.
 func (*CompleteManyRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{10}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CompleteManyRequest) GetCompletions() []*CompleteRequest {
@@ -1033,7 +1100,7 @@ type CompleteManyResponse struct {
 
 func (x *CompleteManyResponse) Reset() {
 	*x = CompleteManyResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1112,7 @@ func (x *CompleteManyResponse) String() string {
 func (*CompleteManyResponse) ProtoMessage() {}
 
 func (x *CompleteManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1125,7 @@ func (x *CompleteManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteManyResponse.ProtoReflect.Descriptor instead.
 func (*CompleteManyResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{11}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CompleteManyResponse) GetResults() []*CompleteResult {
@@ -1098,7 +1165,7 @@ type StepCallEndResult struct {
 
 func (x *StepCallEndResult) Reset() {
 	*x = StepCallEndResult{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1110,7 +1177,7 @@ func (x *StepCallEndResult) String() string {
 func (*StepCallEndResult) ProtoMessage() {}
 
 func (x *StepCallEndResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1123,7 +1190,7 @@ func (x *StepCallEndResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCallEndResult.ProtoReflect.Descriptor instead.
 func (*StepCallEndResult) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{12}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StepCallEndResult) GetResult() isStepCallEndResult_Result {
@@ -1185,7 +1252,7 @@ type StepCallBeginResult struct {
 
 func (x *StepCallBeginResult) Reset() {
 	*x = StepCallBeginResult{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1264,7 @@ func (x *StepCallBeginResult) String() string {
 func (*StepCallBeginResult) ProtoMessage() {}
 
 func (x *StepCallBeginResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1277,7 @@ func (x *StepCallBeginResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCallBeginResult.ProtoReflect.Descriptor instead.
 func (*StepCallBeginResult) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{13}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StepCallBeginResult) GetResult() isStepCallBeginResult_Result {
@@ -1272,7 +1339,7 @@ type CompleteResult struct {
 
 func (x *CompleteResult) Reset() {
 	*x = CompleteResult{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1351,7 @@ func (x *CompleteResult) String() string {
 func (*CompleteResult) ProtoMessage() {}
 
 func (x *CompleteResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1364,7 @@ func (x *CompleteResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResult.ProtoReflect.Descriptor instead.
 func (*CompleteResult) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{14}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CompleteResult) GetResult() isCompleteResult_Result {
@@ -1358,7 +1425,7 @@ type CompleteError struct {
 
 func (x *CompleteError) Reset() {
 	*x = CompleteError{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1370,7 +1437,7 @@ func (x *CompleteError) String() string {
 func (*CompleteError) ProtoMessage() {}
 
 func (x *CompleteError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1383,7 +1450,7 @@ func (x *CompleteError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteError.ProtoReflect.Descriptor instead.
 func (*CompleteError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{15}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CompleteError) GetCode() int32 {
@@ -1435,7 +1502,7 @@ type BeginStepCallRequest struct {
 
 func (x *BeginStepCallRequest) Reset() {
 	*x = BeginStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1447,7 +1514,7 @@ func (x *BeginStepCallRequest) String() string {
 func (*BeginStepCallRequest) ProtoMessage() {}
 
 func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1460,7 +1527,7 @@ func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallRequest.ProtoReflect.Descriptor instead.
 func (*BeginStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{16}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *BeginStepCallRequest) GetRunId() string {
@@ -1528,7 +1595,7 @@ type BeginStepCallResponse struct {
 
 func (x *BeginStepCallResponse) Reset() {
 	*x = BeginStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1607,7 @@ func (x *BeginStepCallResponse) String() string {
 func (*BeginStepCallResponse) ProtoMessage() {}
 
 func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1620,7 @@ func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallResponse.ProtoReflect.Descriptor instead.
 func (*BeginStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{17}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BeginStepCallResponse) GetDecision() StepCallDecision {
@@ -1607,7 +1674,7 @@ type EndStepCallRequest struct {
 
 func (x *EndStepCallRequest) Reset() {
 	*x = EndStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1619,7 +1686,7 @@ func (x *EndStepCallRequest) String() string {
 func (*EndStepCallRequest) ProtoMessage() {}
 
 func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1632,7 +1699,7 @@ func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallRequest.ProtoReflect.Descriptor instead.
 func (*EndStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{18}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EndStepCallRequest) GetRunId() string {
@@ -1741,7 +1808,7 @@ type EndStepCallResponse struct {
 
 func (x *EndStepCallResponse) Reset() {
 	*x = EndStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1753,7 +1820,7 @@ func (x *EndStepCallResponse) String() string {
 func (*EndStepCallResponse) ProtoMessage() {}
 
 func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1766,7 +1833,7 @@ func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallResponse.ProtoReflect.Descriptor instead.
 func (*EndStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{19}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EndStepCallResponse) GetCall() *StepCall {
@@ -1788,11 +1855,16 @@ var File_cyclone_v1_worker_service_proto protoreflect.FileDescriptor
 const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\n" +
 	"\x1fcyclone/v1/worker_service.proto\x12\n" +
-	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"J\n" +
+	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\x01\n" +
 	"\n" +
 	"ActionSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12(\n" +
-	"\x10unsafe_to_repeat\x18\x02 \x01(\bR\x0eunsafeToRepeat\"\xda\x01\n" +
+	"\x10unsafe_to_repeat\x18\x02 \x01(\bR\x0eunsafeToRepeat\x124\n" +
+	"\n" +
+	"rate_limit\x18\x03 \x01(\v2\x15.cyclone.v1.RateLimitR\trateLimit\"T\n" +
+	"\tRateLimit\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x05R\x05count\x121\n" +
+	"\x06period\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x06period\"\xda\x01\n" +
 	"\fClaimRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x120\n" +
 	"\aactions\x18\x02 \x03(\v2\x16.cyclone.v1.ActionSpecR\aactions\x12\x1b\n" +
@@ -1938,99 +2010,102 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
 	(*ActionSpec)(nil),            // 1: cyclone.v1.ActionSpec
-	(*ClaimRequest)(nil),          // 2: cyclone.v1.ClaimRequest
-	(*ClaimResponse)(nil),         // 3: cyclone.v1.ClaimResponse
-	(*ClaimedStep)(nil),           // 4: cyclone.v1.ClaimedStep
-	(*UpstreamFailure)(nil),       // 5: cyclone.v1.UpstreamFailure
-	(*HeartbeatRequest)(nil),      // 6: cyclone.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 7: cyclone.v1.HeartbeatResponse
-	(*CompleteRequest)(nil),       // 8: cyclone.v1.CompleteRequest
-	(*Failure)(nil),               // 9: cyclone.v1.Failure
-	(*CompleteResponse)(nil),      // 10: cyclone.v1.CompleteResponse
-	(*CompleteManyRequest)(nil),   // 11: cyclone.v1.CompleteManyRequest
-	(*CompleteManyResponse)(nil),  // 12: cyclone.v1.CompleteManyResponse
-	(*StepCallEndResult)(nil),     // 13: cyclone.v1.StepCallEndResult
-	(*StepCallBeginResult)(nil),   // 14: cyclone.v1.StepCallBeginResult
-	(*CompleteResult)(nil),        // 15: cyclone.v1.CompleteResult
-	(*CompleteError)(nil),         // 16: cyclone.v1.CompleteError
-	(*BeginStepCallRequest)(nil),  // 17: cyclone.v1.BeginStepCallRequest
-	(*BeginStepCallResponse)(nil), // 18: cyclone.v1.BeginStepCallResponse
-	(*EndStepCallRequest)(nil),    // 19: cyclone.v1.EndStepCallRequest
-	(*EndStepCallResponse)(nil),   // 20: cyclone.v1.EndStepCallResponse
-	nil,                           // 21: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 23: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
-	(*StepCall)(nil),              // 25: cyclone.v1.StepCall
-	(StepStatus)(0),               // 26: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 27: cyclone.v1.StepError
-	(RunStatus)(0),                // 28: cyclone.v1.RunStatus
-	(*StepCallError)(nil),         // 29: cyclone.v1.StepCallError
+	(*RateLimit)(nil),             // 2: cyclone.v1.RateLimit
+	(*ClaimRequest)(nil),          // 3: cyclone.v1.ClaimRequest
+	(*ClaimResponse)(nil),         // 4: cyclone.v1.ClaimResponse
+	(*ClaimedStep)(nil),           // 5: cyclone.v1.ClaimedStep
+	(*UpstreamFailure)(nil),       // 6: cyclone.v1.UpstreamFailure
+	(*HeartbeatRequest)(nil),      // 7: cyclone.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 8: cyclone.v1.HeartbeatResponse
+	(*CompleteRequest)(nil),       // 9: cyclone.v1.CompleteRequest
+	(*Failure)(nil),               // 10: cyclone.v1.Failure
+	(*CompleteResponse)(nil),      // 11: cyclone.v1.CompleteResponse
+	(*CompleteManyRequest)(nil),   // 12: cyclone.v1.CompleteManyRequest
+	(*CompleteManyResponse)(nil),  // 13: cyclone.v1.CompleteManyResponse
+	(*StepCallEndResult)(nil),     // 14: cyclone.v1.StepCallEndResult
+	(*StepCallBeginResult)(nil),   // 15: cyclone.v1.StepCallBeginResult
+	(*CompleteResult)(nil),        // 16: cyclone.v1.CompleteResult
+	(*CompleteError)(nil),         // 17: cyclone.v1.CompleteError
+	(*BeginStepCallRequest)(nil),  // 18: cyclone.v1.BeginStepCallRequest
+	(*BeginStepCallResponse)(nil), // 19: cyclone.v1.BeginStepCallResponse
+	(*EndStepCallRequest)(nil),    // 20: cyclone.v1.EndStepCallRequest
+	(*EndStepCallResponse)(nil),   // 21: cyclone.v1.EndStepCallResponse
+	nil,                           // 22: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 24: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*StepCall)(nil),              // 26: cyclone.v1.StepCall
+	(StepStatus)(0),               // 27: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 28: cyclone.v1.StepError
+	(RunStatus)(0),                // 29: cyclone.v1.RunStatus
+	(*StepCallError)(nil),         // 30: cyclone.v1.StepCallError
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
-	1,  // 0: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	22, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	22, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
-	4,  // 3: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
-	23, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	23, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	21, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	24, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	24, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	23, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
-	5,  // 10: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	25, // 11: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	26, // 12: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	27, // 13: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	23, // 14: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	22, // 15: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	24, // 16: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	23, // 17: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
-	9,  // 18: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	22, // 19: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	26, // 20: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	24, // 21: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	28, // 22: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
-	8,  // 23: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
-	19, // 24: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
-	17, // 25: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
-	15, // 26: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
-	13, // 27: cyclone.v1.CompleteManyResponse.step_call_end_results:type_name -> cyclone.v1.StepCallEndResult
-	14, // 28: cyclone.v1.CompleteManyResponse.step_call_begin_results:type_name -> cyclone.v1.StepCallBeginResult
-	20, // 29: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
-	16, // 30: cyclone.v1.StepCallEndResult.error:type_name -> cyclone.v1.CompleteError
-	18, // 31: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
-	16, // 32: cyclone.v1.StepCallBeginResult.error:type_name -> cyclone.v1.CompleteError
-	10, // 33: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
-	16, // 34: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
-	0,  // 35: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	25, // 36: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	28, // 37: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	23, // 38: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	29, // 39: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	25, // 40: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	23, // 41: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	2,  // 42: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	6,  // 43: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	8,  // 44: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	11, // 45: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	17, // 46: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	19, // 47: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	3,  // 48: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	7,  // 49: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	10, // 50: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	12, // 51: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	18, // 52: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	20, // 53: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	48, // [48:54] is the sub-list for method output_type
-	42, // [42:48] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	2,  // 0: cyclone.v1.ActionSpec.rate_limit:type_name -> cyclone.v1.RateLimit
+	23, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
+	1,  // 2: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
+	23, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	23, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	5,  // 5: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
+	24, // 6: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	24, // 7: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	22, // 8: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	25, // 9: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	25, // 10: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	24, // 11: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	6,  // 12: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
+	26, // 13: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	27, // 14: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	28, // 15: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	24, // 16: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	23, // 17: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	25, // 18: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	24, // 19: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	10, // 20: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
+	23, // 21: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	27, // 22: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	25, // 23: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	29, // 24: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	9,  // 25: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
+	20, // 26: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
+	18, // 27: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
+	16, // 28: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
+	14, // 29: cyclone.v1.CompleteManyResponse.step_call_end_results:type_name -> cyclone.v1.StepCallEndResult
+	15, // 30: cyclone.v1.CompleteManyResponse.step_call_begin_results:type_name -> cyclone.v1.StepCallBeginResult
+	21, // 31: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
+	17, // 32: cyclone.v1.StepCallEndResult.error:type_name -> cyclone.v1.CompleteError
+	19, // 33: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
+	17, // 34: cyclone.v1.StepCallBeginResult.error:type_name -> cyclone.v1.CompleteError
+	11, // 35: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
+	17, // 36: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
+	0,  // 37: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
+	26, // 38: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	29, // 39: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	24, // 40: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	30, // 41: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	26, // 42: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	24, // 43: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	3,  // 44: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	7,  // 45: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	9,  // 46: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	12, // 47: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	18, // 48: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	20, // 49: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	4,  // 50: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	8,  // 51: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	11, // 52: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	13, // 53: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	19, // 54: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	21, // 55: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	50, // [50:56] is the sub-list for method output_type
+	44, // [44:50] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -2039,23 +2114,23 @@ func file_cyclone_v1_worker_service_proto_init() {
 		return
 	}
 	file_cyclone_v1_types_proto_init()
-	file_cyclone_v1_worker_service_proto_msgTypes[7].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[8].OneofWrappers = []any{
 		(*CompleteRequest_Output)(nil),
 		(*CompleteRequest_Failure)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[12].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[13].OneofWrappers = []any{
 		(*StepCallEndResult_Response)(nil),
 		(*StepCallEndResult_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[13].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[14].OneofWrappers = []any{
 		(*StepCallBeginResult_Response)(nil),
 		(*StepCallBeginResult_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[14].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[15].OneofWrappers = []any{
 		(*CompleteResult_Response)(nil),
 		(*CompleteResult_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[18].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[19].OneofWrappers = []any{
 		(*EndStepCallRequest_Output)(nil),
 		(*EndStepCallRequest_Error)(nil),
 	}
@@ -2065,7 +2140,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/types.proto.
  */
 export const file_cyclone_v1_types: GenFile = /*@__PURE__*/
-  fileDesc("ChZjeWNsb25lL3YxL3R5cGVzLnByb3RvEgpjeWNsb25lLnYxIjkKCFdvcmtmbG93EgwKBG5hbWUYASABKAkSHwoFbm9kZXMYAiADKAsyEC5jeWNsb25lLnYxLk5vZGUi4gEKBE5vZGUSDAoEbmFtZRgBIAEoCRIOCgZhY3Rpb24YAiABKAkSEgoKZGVwZW5kc19vbhgDIAMoCRItCgx0cmlnZ2VyX3J1bGUYBCABKA4yFy5jeWNsb25lLnYxLlRyaWdnZXJSdWxlEiYKBXJldHJ5GAUgASgLMhcuY3ljbG9uZS52MS5SZXRyeVBvbGljeRIqCgd0aW1lb3V0GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiUKBWlucHV0GAcgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlIqMBCgtSZXRyeVBvbGljeRIUCgxtYXhfYXR0ZW1wdHMYASABKAUSMgoPaW5pdGlhbF9iYWNrb2ZmGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KC21heF9iYWNrb2ZmGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhoKEmJhY2tvZmZfbXVsdGlwbGllchgEIAEoASLwAwoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRIlCgZzdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIlCgVpbnB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIjCgVlcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISEgoKc3VibWl0X2tleRgGIAEoCRIuCgpjcmVhdGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASHwoFc3RlcHMYCiADKAsyEC5jeWNsb25lLnYxLlN0ZXASJQoFYXVkaXQYCyADKAsyFi5jeWNsb25lLnYxLkF1ZGl0RW50cnkSNAoLc3RlcF9jb3VudHMYDCADKAsyHy5jeWNsb25lLnYxLlJ1bi5TdGVwQ291bnRzRW50cnkaMQoPU3RlcENvdW50c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoBToCOAEiiQEKCFJ1bkVycm9yEgwKBGtpbmQYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIMCgRub2RlGAMgASgJEg8KB2F0dGVtcHQYBCABKAUSLgoKc3RhcnRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHc3RlcF9pZBgGIAEoCSLWBQoEU3RlcBIMCgRub2RlGAEgASgJEg4KBmFjdGlvbhgCIAEoCRImCgZzdGF0dXMYAyABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSDwoHYXR0ZW1wdBgEIAEoBRIUCgxtYXhfYXR0ZW1wdHMYBSABKAUSEgoKZGVwZW5kc19vbhgGIAMoCRItCgx0cmlnZ2VyX3J1bGUYByABKA4yFy5jeWNsb25lLnYxLlRyaWdnZXJSdWxlEiUKBWlucHV0GAggASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiYKBm91dHB1dBgJIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIlCgZlcnJvcnMYCiADKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvchIRCgl3b3JrZXJfaWQYCyABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMYXZhaWxhYmxlX2F0GA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpzdGFydGVkX2F0GA4gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgPIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGAoQZWZmZWN0X3VuY2VydGFpbhgQIAEoCBIqCgd0aW1lb3V0GBEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEigKCHByb2dyZXNzGBIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEjUKEWxhc3RfaGVhcnRiZWF0X2F0GBMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIlCgdqb3VybmFsGBQgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbCLEAgoIU3RlcENhbGwSDwoHc3RlcF9pZBgBIAEoCRILCgNzZXEYAiABKAUSEAoIZnVuY3Rpb24YAyABKAkSKgoGc3RhdHVzGAQgASgOMhouY3ljbG9uZS52MS5TdGVwQ2FsbFN0YXR1cxIYChB1bnNhZmVfdG9fcmVwZWF0GAUgASgIEiYKBm91dHB1dBgGIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIoCgVlcnJvchgHIAEoCzIZLmN5Y2xvbmUudjEuU3RlcENhbGxFcnJvchIPCgdhdHRlbXB0GAggASgFEi4KCnN0YXJ0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI/Cg1TdGVwQ2FsbEVycm9yEgwKBHR5cGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJIpUBCglTdGVwRXJyb3ISDwoHYXR0ZW1wdBgBIAEoBRIMCgRraW5kGAIgASgJEgwKBHR5cGUYAyABKAkSDwoHbWVzc2FnZRgEIAEoCRIPCgdkZXRhaWxzGAUgASgJEhEKCXJldHJ5YWJsZRgGIAEoCBImCgJhdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAimgEKCkF1ZGl0RW50cnkSDgoGYWN0aW9uGAEgASgJEgwKBG5vZGUYAiABKAkSDQoFYWN0b3IYAyABKAkSDgoGcmVhc29uGAQgASgJEiYKAmF0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBInCgdkZXRhaWxzGAYgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlKoEBCgtUcmlnZ2VyUnVsZRIcChhUUklHR0VSX1JVTEVfVU5TUEVDSUZJRUQQABIcChhUUklHR0VSX1JVTEVfQUxMX1NVQ0NFU1MQARIZChVUUklHR0VSX1JVTEVfQUxMX0RPTkUQAhIbChdUUklHR0VSX1JVTEVfT05FX0ZBSUxFRBADKqIBCglSdW5TdGF0dXMSGgoWUlVOX1NUQVRVU19VTlNQRUNJRklFRBAAEhYKElJVTl9TVEFUVVNfUlVOTklORxABEhgKFFJVTl9TVEFUVVNfQ09NUExFVEVEEAISFQoRUlVOX1NUQVRVU19GQUlMRUQQAxIWChJSVU5fU1RBVFVTX0JMT0NLRUQQBBIYChRSVU5fU1RBVFVTX0NBTkNFTExFRBAFKvsBCgpTdGVwU3RhdHVzEhsKF1NURVBfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFwoTU1RFUF9TVEFUVVNfUEVORElORxABEhkKFVNURVBfU1RBVFVTX0FWQUlMQUJMRRACEhcKE1NURVBfU1RBVFVTX1JVTk5JTkcQAxIZChVTVEVQX1NUQVRVU19DT01QTEVURUQQBBIZChVTVEVQX1NUQVRVU19ESVNDQVJERUQQBRIZChVTVEVQX1NUQVRVU19VTkNFUlRBSU4QBhIXChNTVEVQX1NUQVRVU19TS0lQUEVEEAcSGQoVU1RFUF9TVEFUVVNfQ0FOQ0VMTEVEEAgqjQEKDlN0ZXBDYWxsU3RhdHVzEiAKHFNURVBfQ0FMTF9TVEFUVVNfVU5TUEVDSUZJRUQQABIcChhTVEVQX0NBTExfU1RBVFVTX1NUQVJURUQQARIeChpTVEVQX0NBTExfU1RBVFVTX1NVQ0NFRURFRBACEhsKF1NURVBfQ0FMTF9TVEFUVVNfRkFJTEVEEANiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChZjeWNsb25lL3YxL3R5cGVzLnByb3RvEgpjeWNsb25lLnYxIjkKCFdvcmtmbG93EgwKBG5hbWUYASABKAkSHwoFbm9kZXMYAiADKAsyEC5jeWNsb25lLnYxLk5vZGUiuQIKBE5vZGUSDAoEbmFtZRgBIAEoCRIOCgZhY3Rpb24YAiABKAkSEgoKZGVwZW5kc19vbhgDIAMoCRItCgx0cmlnZ2VyX3J1bGUYBCABKA4yFy5jeWNsb25lLnYxLlRyaWdnZXJSdWxlEiYKBXJldHJ5GAUgASgLMhcuY3ljbG9uZS52MS5SZXRyeVBvbGljeRIqCgd0aW1lb3V0GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiUKBWlucHV0GAcgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhUKCHByaW9yaXR5GAggASgFSACIAQESMQoLY29uY3VycmVuY3kYCiABKAsyHC5jeWNsb25lLnYxLkNvbmN1cnJlbmN5TGltaXRCCwoJX3ByaW9yaXR5Ii4KEENvbmN1cnJlbmN5TGltaXQSCwoDa2V5GAEgASgJEg0KBWxpbWl0GAIgASgFIqMBCgtSZXRyeVBvbGljeRIUCgxtYXhfYXR0ZW1wdHMYASABKAUSMgoPaW5pdGlhbF9iYWNrb2ZmGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KC21heF9iYWNrb2ZmGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhoKEmJhY2tvZmZfbXVsdGlwbGllchgEIAEoASKwBAoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRIlCgZzdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIlCgVpbnB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIjCgVlcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISEgoKc3VibWl0X2tleRgGIAEoCRIuCgpjcmVhdGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASHwoFc3RlcHMYCiADKAsyEC5jeWNsb25lLnYxLlN0ZXASJQoFYXVkaXQYCyADKAsyFi5jeWNsb25lLnYxLkF1ZGl0RW50cnkSNAoLc3RlcF9jb3VudHMYDCADKAsyHy5jeWNsb25lLnYxLlJ1bi5TdGVwQ291bnRzRW50cnkSEAoIcHJpb3JpdHkYECABKAUSLAoIc3RhcnRfYXQYESABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGjEKD1N0ZXBDb3VudHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAU6AjgBIokBCghSdW5FcnJvchIMCgRraW5kGAEgASgJEg8KB21lc3NhZ2UYAiABKAkSDAoEbm9kZRgDIAEoCRIPCgdhdHRlbXB0GAQgASgFEi4KCnN0YXJ0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB3N0ZXBfaWQYBiABKAkigQYKBFN0ZXASDAoEbm9kZRgBIAEoCRIOCgZhY3Rpb24YAiABKAkSJgoGc3RhdHVzGAMgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEg8KB2F0dGVtcHQYBCABKAUSFAoMbWF4X2F0dGVtcHRzGAUgASgFEhIKCmRlcGVuZHNfb24YBiADKAkSLQoMdHJpZ2dlcl9ydWxlGAcgASgOMhcuY3ljbG9uZS52MS5UcmlnZ2VyUnVsZRIlCgVpbnB1dBgIIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRImCgZvdXRwdXQYCSABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSJQoGZXJyb3JzGAogAygLMhUuY3ljbG9uZS52MS5TdGVwRXJyb3ISEQoJd29ya2VyX2lkGAsgASgJEjQKEGxlYXNlX2V4cGlyZXNfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjAKDGF2YWlsYWJsZV9hdBgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgOIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYDyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhgKEGVmZmVjdF91bmNlcnRhaW4YECABKAgSKgoHdGltZW91dBgRIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIoCghwcm9ncmVzcxgSIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRI1ChFsYXN0X2hlYXJ0YmVhdF9hdBgTIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJQoHam91cm5hbBgUIAMoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSEAoIcHJpb3JpdHkYFyABKAUSFwoPY29uY3VycmVuY3lfa2V5GBggASgJIsQCCghTdGVwQ2FsbBIPCgdzdGVwX2lkGAEgASgJEgsKA3NlcRgCIAEoBRIQCghmdW5jdGlvbhgDIAEoCRIqCgZzdGF0dXMYBCABKA4yGi5jeWNsb25lLnYxLlN0ZXBDYWxsU3RhdHVzEhgKEHVuc2FmZV90b19yZXBlYXQYBSABKAgSJgoGb3V0cHV0GAYgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWVycm9yGAcgASgLMhkuY3ljbG9uZS52MS5TdGVwQ2FsbEVycm9yEg8KB2F0dGVtcHQYCCABKAUSLgoKc3RhcnRlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIj8KDVN0ZXBDYWxsRXJyb3ISDAoEdHlwZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEg8KB2RldGFpbHMYAyABKAkilQEKCVN0ZXBFcnJvchIPCgdhdHRlbXB0GAEgASgFEgwKBGtpbmQYAiABKAkSDAoEdHlwZRgDIAEoCRIPCgdtZXNzYWdlGAQgASgJEg8KB2RldGFpbHMYBSABKAkSEQoJcmV0cnlhYmxlGAYgASgIEiYKAmF0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKaAQoKQXVkaXRFbnRyeRIOCgZhY3Rpb24YASABKAkSDAoEbm9kZRgCIAEoCRINCgVhY3RvchgDIAEoCRIOCgZyZWFzb24YBCABKAkSJgoCYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEicKB2RldGFpbHMYBiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUqgQEKC1RyaWdnZXJSdWxlEhwKGFRSSUdHRVJfUlVMRV9VTlNQRUNJRklFRBAAEhwKGFRSSUdHRVJfUlVMRV9BTExfU1VDQ0VTUxABEhkKFVRSSUdHRVJfUlVMRV9BTExfRE9ORRACEhsKF1RSSUdHRVJfUlVMRV9PTkVfRkFJTEVEEAMqogEKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFgoSUlVOX1NUQVRVU19SVU5OSU5HEAESGAoUUlVOX1NUQVRVU19DT01QTEVURUQQAhIVChFSVU5fU1RBVFVTX0ZBSUxFRBADEhYKElJVTl9TVEFUVVNfQkxPQ0tFRBAEEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAUq+wEKClN0ZXBTdGF0dXMSGwoXU1RFUF9TVEFUVVNfVU5TUEVDSUZJRUQQABIXChNTVEVQX1NUQVRVU19QRU5ESU5HEAESGQoVU1RFUF9TVEFUVVNfQVZBSUxBQkxFEAISFwoTU1RFUF9TVEFUVVNfUlVOTklORxADEhkKFVNURVBfU1RBVFVTX0NPTVBMRVRFRBAEEhkKFVNURVBfU1RBVFVTX0RJU0NBUkRFRBAFEhkKFVNURVBfU1RBVFVTX1VOQ0VSVEFJThAGEhcKE1NURVBfU1RBVFVTX1NLSVBQRUQQBxIZChVTVEVQX1NUQVRVU19DQU5DRUxMRUQQCCqNAQoOU3RlcENhbGxTdGF0dXMSIAocU1RFUF9DQUxMX1NUQVRVU19VTlNQRUNJRklFRBAAEhwKGFNURVBfQ0FMTF9TVEFUVVNfU1RBUlRFRBABEh4KGlNURVBfQ0FMTF9TVEFUVVNfU1VDQ0VFREVEEAISGwoXU1RFUF9DQUxMX1NUQVRVU19GQUlMRUQQA2IGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * A workflow definition: a named DAG of nodes. It is sent whole with every Submit;
@@ -102,6 +102,24 @@ export type Node = Message<"cyclone.v1.Node"> & {
    * @generated from field: google.protobuf.Value input = 7;
    */
   input?: Value | undefined;
+
+  /**
+   * This node's claim priority, -1000000 to 1000000; overrides the run's priority
+   * (SubmitRequest.priority) for this node only. Unset: the run's. Among the ready steps
+   * of the actions a worker claims, higher priorities are handed out first, and steps
+   * of one priority in the order they became ready. See docs/flow-control.md.
+   *
+   * @generated from field: optional int32 priority = 8;
+   */
+  priority?: number | undefined;
+
+  /**
+   * At most `limit` steps with the same key run at once, across all workers and
+   * servers. Unset: no limit. See docs/flow-control.md.
+   *
+   * @generated from field: cyclone.v1.ConcurrencyLimit concurrency = 10;
+   */
+  concurrency?: ConcurrencyLimit | undefined;
 };
 
 /**
@@ -110,6 +128,41 @@ export type Node = Message<"cyclone.v1.Node"> & {
  */
 export const NodeSchema: GenMessage<Node> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_types, 1);
+
+/**
+ * A concurrency limit on a node: a key, computed at submit, and how many steps with
+ * that key may be running at once.
+ *
+ * @generated from message cyclone.v1.ConcurrencyLimit
+ */
+export type ConcurrencyLimit = Message<"cyclone.v1.ConcurrencyLimit"> & {
+  /**
+   * Template of the key, 1-256 characters; evaluated once, at submit, to at most 256
+   * characters. `{run.a.b}` is replaced by the field a.b of the run input, `{node.a}` by
+   * the field a of the node's input (a string as is; a number or a boolean as JSON;
+   * anything else, or a missing field, is INVALID_ARGUMENT); `{{` and `}}` stand for
+   * `{` and `}`; other text is kept. E.g. "customer:{run.customer_id}". Keys are global:
+   * the same key in two workflows shares one limit.
+   *
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * Steps with this key that may be running at once, 1-10000. Required. All steps of a
+   * key should name the same limit: each claim checks the limit of the step it takes.
+   *
+   * @generated from field: int32 limit = 2;
+   */
+  limit: number;
+};
+
+/**
+ * Describes the message cyclone.v1.ConcurrencyLimit.
+ * Use `create(ConcurrencyLimitSchema)` to create a new message.
+ */
+export const ConcurrencyLimitSchema: GenMessage<ConcurrencyLimit> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_types, 2);
 
 /**
  * Retry policy of a node. Every claim counts as an attempt, including claims whose
@@ -153,7 +206,7 @@ export type RetryPolicy = Message<"cyclone.v1.RetryPolicy"> & {
  * Use `create(RetryPolicySchema)` to create a new message.
  */
 export const RetryPolicySchema: GenMessage<RetryPolicy> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 2);
+  messageDesc(file_cyclone_v1_types, 3);
 
 /**
  * A run: one execution of a workflow.
@@ -244,6 +297,20 @@ export type Run = Message<"cyclone.v1.Run"> & {
    * @generated from field: map<string, int32> step_counts = 12;
    */
   stepCounts: { [key: string]: number };
+
+  /**
+   * The run's priority (SubmitRequest.priority), 0 by default.
+   *
+   * @generated from field: int32 priority = 16;
+   */
+  priority: number;
+
+  /**
+   * The start time given to Submit; unset when the run started at once.
+   *
+   * @generated from field: google.protobuf.Timestamp start_at = 17;
+   */
+  startAt?: Timestamp | undefined;
 };
 
 /**
@@ -251,7 +318,7 @@ export type Run = Message<"cyclone.v1.Run"> & {
  * Use `create(RunSchema)` to create a new message.
  */
 export const RunSchema: GenMessage<Run> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 3);
+  messageDesc(file_cyclone_v1_types, 4);
 
 /**
  * Why a run is failed or blocked.
@@ -308,7 +375,7 @@ export type RunError = Message<"cyclone.v1.RunError"> & {
  * Use `create(RunErrorSchema)` to create a new message.
  */
 export const RunErrorSchema: GenMessage<RunError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 4);
+  messageDesc(file_cyclone_v1_types, 5);
 
 /**
  * The stored state of one (run_id, node).
@@ -458,6 +525,21 @@ export type Step = Message<"cyclone.v1.Step"> & {
    * @generated from field: repeated cyclone.v1.StepCall journal = 20;
    */
   journal: StepCall[];
+
+  /**
+   * The step's claim priority: Node.priority, or else the run's.
+   *
+   * @generated from field: int32 priority = 23;
+   */
+  priority: number;
+
+  /**
+   * The node's concurrency key as evaluated at submit (ConcurrencyLimit.key); empty
+   * when the node has no limit.
+   *
+   * @generated from field: string concurrency_key = 24;
+   */
+  concurrencyKey: string;
 };
 
 /**
@@ -465,7 +547,7 @@ export type Step = Message<"cyclone.v1.Step"> & {
  * Use `create(StepSchema)` to create a new message.
  */
 export const StepSchema: GenMessage<Step> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 5);
+  messageDesc(file_cyclone_v1_types, 6);
 
 /**
  * One step call recorded by a durable function: an entry of its node's journal,
@@ -550,7 +632,7 @@ export type StepCall = Message<"cyclone.v1.StepCall"> & {
  * Use `create(StepCallSchema)` to create a new message.
  */
 export const StepCallSchema: GenMessage<StepCall> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 6);
+  messageDesc(file_cyclone_v1_types, 7);
 
 /**
  * The error a step call raised.
@@ -585,7 +667,7 @@ export type StepCallError = Message<"cyclone.v1.StepCallError"> & {
  * Use `create(StepCallErrorSchema)` to create a new message.
  */
 export const StepCallErrorSchema: GenMessage<StepCallError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 7);
+  messageDesc(file_cyclone_v1_types, 8);
 
 /**
  * One failure of a node.
@@ -648,7 +730,7 @@ export type StepError = Message<"cyclone.v1.StepError"> & {
  * Use `create(StepErrorSchema)` to create a new message.
  */
 export const StepErrorSchema: GenMessage<StepError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 8);
+  messageDesc(file_cyclone_v1_types, 9);
 
 /**
  * One operator action, as recorded.
@@ -704,7 +786,7 @@ export type AuditEntry = Message<"cyclone.v1.AuditEntry"> & {
  * Use `create(AuditEntrySchema)` to create a new message.
  */
 export const AuditEntrySchema: GenMessage<AuditEntry> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 9);
+  messageDesc(file_cyclone_v1_types, 10);
 
 /**
  * When a node whose upstream nodes have all finished may run.

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/worker_service.proto.
  */
 export const file_cyclone_v1_worker_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIjQKCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNwoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAi+gQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIpkBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIlwKEUhlYXJ0YmVhdFJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWNhbmNlbGxlZBgCIAEoCCKhAQoPQ29tcGxldGVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKBm91dHB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEiYKB2ZhaWx1cmUYBSABKAsyEy5jeWNsb25lLnYxLkZhaWx1cmVIAEIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiuwEKE0NvbXBsZXRlTWFueVJlcXVlc3QSMAoLY29tcGxldGlvbnMYASADKAsyGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBI2Cg5zdGVwX2NhbGxfZW5kcxgCIAMoCzIeLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXF1ZXN0EjoKEHN0ZXBfY2FsbF9iZWdpbnMYAyADKAsyIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0IsMBChRDb21wbGV0ZU1hbnlSZXNwb25zZRIrCgdyZXN1bHRzGAEgAygLMhouY3ljbG9uZS52MS5Db21wbGV0ZVJlc3VsdBI8ChVzdGVwX2NhbGxfZW5kX3Jlc3VsdHMYAiADKAsyHS5jeWNsb25lLnYxLlN0ZXBDYWxsRW5kUmVzdWx0EkAKF3N0ZXBfY2FsbF9iZWdpbl9yZXN1bHRzGAMgAygLMh8uY3ljbG9uZS52MS5TdGVwQ2FsbEJlZ2luUmVzdWx0In4KEVN0ZXBDYWxsRW5kUmVzdWx0EjMKCHJlc3BvbnNlGAEgASgLMh8uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiggEKE1N0ZXBDYWxsQmVnaW5SZXN1bHQSNQoIcmVzcG9uc2UYASABKAsyIS5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IngKDkNvbXBsZXRlUmVzdWx0EjAKCHJlc3BvbnNlGAEgASgLMhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiRwoNQ29tcGxldGVFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSFwoPY3VycmVudF9hdHRlbXB0GAMgASgFIpMBChRCZWdpblN0ZXBDYWxsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRIQCghmdW5jdGlvbhgGIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAcgASgIIpYBChVCZWdpblN0ZXBDYWxsUmVzcG9uc2USLgoIZGVjaXNpb24YASABKA4yHC5jeWNsb25lLnYxLlN0ZXBDYWxsRGVjaXNpb24SIgoEY2FsbBgCIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSKQoKcnVuX3N0YXR1cxgDIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzIvIBChJFbmRTdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCBIoCgZvdXRwdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVIABIqCgVlcnJvchgJIAEoCzIZLmN5Y2xvbmUudjEuU3RlcENhbGxFcnJvckgAQgkKB291dGNvbWUiTAoTRW5kU3RlcENhbGxSZXNwb25zZRIiCgRjYWxsGAEgASgLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIRCglkdXBsaWNhdGUYAiABKAgqlQEKEFN0ZXBDYWxsRGVjaXNpb24SIgoeU1RFUF9DQUxMX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASGgoWU1RFUF9DQUxMX0RFQ0lTSU9OX1JVThABEh8KG1NURVBfQ0FMTF9ERUNJU0lPTl9SRUNPUkRFRBACEiAKHFNURVBfQ0FMTF9ERUNJU0lPTl9VTkNFUlRBSU4QAzLXAwoNV29ya2VyU2VydmljZRI8CgVDbGFpbRIYLmN5Y2xvbmUudjEuQ2xhaW1SZXF1ZXN0GhkuY3ljbG9uZS52MS5DbGFpbVJlc3BvbnNlEkgKCUhlYXJ0YmVhdBIcLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVxdWVzdBodLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVzcG9uc2USRQoIQ29tcGxldGUSGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBocLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZRJRCgxDb21wbGV0ZU1hbnkSHy5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlcXVlc3QaIC5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlc3BvbnNlElQKDUJlZ2luU3RlcENhbGwSIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0GiEuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVzcG9uc2USTgoLRW5kU3RlcENhbGwSHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdBofLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXNwb25zZWIGcHJvdG8z", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIl8KCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIEikKCnJhdGVfbGltaXQYAyABKAsyFS5jeWNsb25lLnYxLlJhdGVMaW1pdCJFCglSYXRlTGltaXQSDQoFY291bnQYASABKAUSKQoGcGVyaW9kGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNwoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAi+gQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIpkBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIlwKEUhlYXJ0YmVhdFJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWNhbmNlbGxlZBgCIAEoCCKhAQoPQ29tcGxldGVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKBm91dHB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEiYKB2ZhaWx1cmUYBSABKAsyEy5jeWNsb25lLnYxLkZhaWx1cmVIAEIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiuwEKE0NvbXBsZXRlTWFueVJlcXVlc3QSMAoLY29tcGxldGlvbnMYASADKAsyGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBI2Cg5zdGVwX2NhbGxfZW5kcxgCIAMoCzIeLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXF1ZXN0EjoKEHN0ZXBfY2FsbF9iZWdpbnMYAyADKAsyIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0IsMBChRDb21wbGV0ZU1hbnlSZXNwb25zZRIrCgdyZXN1bHRzGAEgAygLMhouY3ljbG9uZS52MS5Db21wbGV0ZVJlc3VsdBI8ChVzdGVwX2NhbGxfZW5kX3Jlc3VsdHMYAiADKAsyHS5jeWNsb25lLnYxLlN0ZXBDYWxsRW5kUmVzdWx0EkAKF3N0ZXBfY2FsbF9iZWdpbl9yZXN1bHRzGAMgAygLMh8uY3ljbG9uZS52MS5TdGVwQ2FsbEJlZ2luUmVzdWx0In4KEVN0ZXBDYWxsRW5kUmVzdWx0EjMKCHJlc3BvbnNlGAEgASgLMh8uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiggEKE1N0ZXBDYWxsQmVnaW5SZXN1bHQSNQoIcmVzcG9uc2UYASABKAsyIS5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IngKDkNvbXBsZXRlUmVzdWx0EjAKCHJlc3BvbnNlGAEgASgLMhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiRwoNQ29tcGxldGVFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSFwoPY3VycmVudF9hdHRlbXB0GAMgASgFIpMBChRCZWdpblN0ZXBDYWxsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRIQCghmdW5jdGlvbhgGIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAcgASgIIpYBChVCZWdpblN0ZXBDYWxsUmVzcG9uc2USLgoIZGVjaXNpb24YASABKA4yHC5jeWNsb25lLnYxLlN0ZXBDYWxsRGVjaXNpb24SIgoEY2FsbBgCIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSKQoKcnVuX3N0YXR1cxgDIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzIvIBChJFbmRTdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCBIoCgZvdXRwdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVIABIqCgVlcnJvchgJIAEoCzIZLmN5Y2xvbmUudjEuU3RlcENhbGxFcnJvckgAQgkKB291dGNvbWUiTAoTRW5kU3RlcENhbGxSZXNwb25zZRIiCgRjYWxsGAEgASgLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIRCglkdXBsaWNhdGUYAiABKAgqlQEKEFN0ZXBDYWxsRGVjaXNpb24SIgoeU1RFUF9DQUxMX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASGgoWU1RFUF9DQUxMX0RFQ0lTSU9OX1JVThABEh8KG1NURVBfQ0FMTF9ERUNJU0lPTl9SRUNPUkRFRBACEiAKHFNURVBfQ0FMTF9ERUNJU0lPTl9VTkNFUlRBSU4QAzLXAwoNV29ya2VyU2VydmljZRI8CgVDbGFpbRIYLmN5Y2xvbmUudjEuQ2xhaW1SZXF1ZXN0GhkuY3ljbG9uZS52MS5DbGFpbVJlc3BvbnNlEkgKCUhlYXJ0YmVhdBIcLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVxdWVzdBodLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVzcG9uc2USRQoIQ29tcGxldGUSGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBocLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZRJRCgxDb21wbGV0ZU1hbnkSHy5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlcXVlc3QaIC5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlc3BvbnNlElQKDUJlZ2luU3RlcENhbGwSIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0GiEuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVzcG9uc2USTgoLRW5kU3RlcENhbGwSHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdBofLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXNwb25zZWIGcHJvdG8z", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * An action a worker serves.
@@ -37,6 +37,16 @@ export type ActionSpec = Message<"cyclone.v1.ActionSpec"> & {
    * @generated from field: bool unsafe_to_repeat = 2;
    */
   unsafeToRepeat: boolean;
+
+  /**
+   * At most `count` steps of this action are claimed in any window of `period`, across
+   * all workers and servers. Read from the worker's current code at every claim, like
+   * unsafe_to_repeat: workers that serve one action should declare the same limit.
+   * Unset: no limit. See docs/flow-control.md.
+   *
+   * @generated from field: cyclone.v1.RateLimit rate_limit = 3;
+   */
+  rateLimit?: RateLimit | undefined;
 };
 
 /**
@@ -45,6 +55,34 @@ export type ActionSpec = Message<"cyclone.v1.ActionSpec"> & {
  */
 export const ActionSpecSchema: GenMessage<ActionSpec> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_worker_service, 0);
+
+/**
+ * A rate limit on the claims of an action.
+ *
+ * @generated from message cyclone.v1.RateLimit
+ */
+export type RateLimit = Message<"cyclone.v1.RateLimit"> & {
+  /**
+   * Claims allowed in any window of `period`, 1-1000000.
+   *
+   * @generated from field: int32 count = 1;
+   */
+  count: number;
+
+  /**
+   * Length of the window, 1 ms to 1 day.
+   *
+   * @generated from field: google.protobuf.Duration period = 2;
+   */
+  period?: Duration | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.RateLimit.
+ * Use `create(RateLimitSchema)` to create a new message.
+ */
+export const RateLimitSchema: GenMessage<RateLimit> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 1);
 
 /**
  * Arguments of WorkerService.Claim.
@@ -94,7 +132,7 @@ export type ClaimRequest = Message<"cyclone.v1.ClaimRequest"> & {
  * Use `create(ClaimRequestSchema)` to create a new message.
  */
 export const ClaimRequestSchema: GenMessage<ClaimRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 1);
+  messageDesc(file_cyclone_v1_worker_service, 2);
 
 /**
  * Result of WorkerService.Claim.
@@ -115,7 +153,7 @@ export type ClaimResponse = Message<"cyclone.v1.ClaimResponse"> & {
  * Use `create(ClaimResponseSchema)` to create a new message.
  */
 export const ClaimResponseSchema: GenMessage<ClaimResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 2);
+  messageDesc(file_cyclone_v1_worker_service, 3);
 
 /**
  * A step handed to a worker.
@@ -247,7 +285,7 @@ export type ClaimedStep = Message<"cyclone.v1.ClaimedStep"> & {
  * Use `create(ClaimedStepSchema)` to create a new message.
  */
 export const ClaimedStepSchema: GenMessage<ClaimedStep> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 3);
+  messageDesc(file_cyclone_v1_worker_service, 4);
 
 /**
  * An upstream node that did not succeed, as handed to a cleanup node.
@@ -284,7 +322,7 @@ export type UpstreamFailure = Message<"cyclone.v1.UpstreamFailure"> & {
  * Use `create(UpstreamFailureSchema)` to create a new message.
  */
 export const UpstreamFailureSchema: GenMessage<UpstreamFailure> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 4);
+  messageDesc(file_cyclone_v1_worker_service, 5);
 
 /**
  * Arguments of WorkerService.Heartbeat. The step is named by run_id and node;
@@ -335,7 +373,7 @@ export type HeartbeatRequest = Message<"cyclone.v1.HeartbeatRequest"> & {
  * Use `create(HeartbeatRequestSchema)` to create a new message.
  */
 export const HeartbeatRequestSchema: GenMessage<HeartbeatRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 5);
+  messageDesc(file_cyclone_v1_worker_service, 6);
 
 /**
  * Result of WorkerService.Heartbeat.
@@ -363,7 +401,7 @@ export type HeartbeatResponse = Message<"cyclone.v1.HeartbeatResponse"> & {
  * Use `create(HeartbeatResponseSchema)` to create a new message.
  */
 export const HeartbeatResponseSchema: GenMessage<HeartbeatResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 6);
+  messageDesc(file_cyclone_v1_worker_service, 7);
 
 /**
  * Arguments of WorkerService.Complete. The step is named by run_id and node;
@@ -422,7 +460,7 @@ export type CompleteRequest = Message<"cyclone.v1.CompleteRequest"> & {
  * Use `create(CompleteRequestSchema)` to create a new message.
  */
 export const CompleteRequestSchema: GenMessage<CompleteRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 7);
+  messageDesc(file_cyclone_v1_worker_service, 8);
 
 /**
  * A failed attempt, as reported by the worker.
@@ -482,7 +520,7 @@ export type Failure = Message<"cyclone.v1.Failure"> & {
  * Use `create(FailureSchema)` to create a new message.
  */
 export const FailureSchema: GenMessage<Failure> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 8);
+  messageDesc(file_cyclone_v1_worker_service, 9);
 
 /**
  * Result of WorkerService.Complete.
@@ -525,7 +563,7 @@ export type CompleteResponse = Message<"cyclone.v1.CompleteResponse"> & {
  * Use `create(CompleteResponseSchema)` to create a new message.
  */
 export const CompleteResponseSchema: GenMessage<CompleteResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 9);
+  messageDesc(file_cyclone_v1_worker_service, 10);
 
 /**
  * Arguments of WorkerService.CompleteMany. At least one item in all.
@@ -569,7 +607,7 @@ export type CompleteManyRequest = Message<"cyclone.v1.CompleteManyRequest"> & {
  * Use `create(CompleteManyRequestSchema)` to create a new message.
  */
 export const CompleteManyRequestSchema: GenMessage<CompleteManyRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 10);
+  messageDesc(file_cyclone_v1_worker_service, 11);
 
 /**
  * Result of WorkerService.CompleteMany.
@@ -604,7 +642,7 @@ export type CompleteManyResponse = Message<"cyclone.v1.CompleteManyResponse"> & 
  * Use `create(CompleteManyResponseSchema)` to create a new message.
  */
 export const CompleteManyResponseSchema: GenMessage<CompleteManyResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 11);
+  messageDesc(file_cyclone_v1_worker_service, 12);
 
 /**
  * The outcome of one step call's end in a CompleteMany call.
@@ -641,7 +679,7 @@ export type StepCallEndResult = Message<"cyclone.v1.StepCallEndResult"> & {
  * Use `create(StepCallEndResultSchema)` to create a new message.
  */
 export const StepCallEndResultSchema: GenMessage<StepCallEndResult> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 12);
+  messageDesc(file_cyclone_v1_worker_service, 13);
 
 /**
  * The outcome of one step call's begin in a CompleteMany call.
@@ -678,7 +716,7 @@ export type StepCallBeginResult = Message<"cyclone.v1.StepCallBeginResult"> & {
  * Use `create(StepCallBeginResultSchema)` to create a new message.
  */
 export const StepCallBeginResultSchema: GenMessage<StepCallBeginResult> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 13);
+  messageDesc(file_cyclone_v1_worker_service, 14);
 
 /**
  * The outcome of one completion of a CompleteMany call.
@@ -715,7 +753,7 @@ export type CompleteResult = Message<"cyclone.v1.CompleteResult"> & {
  * Use `create(CompleteResultSchema)` to create a new message.
  */
 export const CompleteResultSchema: GenMessage<CompleteResult> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 14);
+  messageDesc(file_cyclone_v1_worker_service, 15);
 
 /**
  * A refused completion, with the gRPC status Complete would have answered.
@@ -750,7 +788,7 @@ export type CompleteError = Message<"cyclone.v1.CompleteError"> & {
  * Use `create(CompleteErrorSchema)` to create a new message.
  */
 export const CompleteErrorSchema: GenMessage<CompleteError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 15);
+  messageDesc(file_cyclone_v1_worker_service, 16);
 
 /**
  * Arguments of WorkerService.BeginStepCall. The node is named by run_id and node;
@@ -818,7 +856,7 @@ export type BeginStepCallRequest = Message<"cyclone.v1.BeginStepCallRequest"> & 
  * Use `create(BeginStepCallRequestSchema)` to create a new message.
  */
 export const BeginStepCallRequestSchema: GenMessage<BeginStepCallRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 16);
+  messageDesc(file_cyclone_v1_worker_service, 17);
 
 /**
  * Result of WorkerService.BeginStepCall.
@@ -854,7 +892,7 @@ export type BeginStepCallResponse = Message<"cyclone.v1.BeginStepCallResponse"> 
  * Use `create(BeginStepCallResponseSchema)` to create a new message.
  */
 export const BeginStepCallResponseSchema: GenMessage<BeginStepCallResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 17);
+  messageDesc(file_cyclone_v1_worker_service, 18);
 
 /**
  * Arguments of WorkerService.EndStepCall.
@@ -941,7 +979,7 @@ export type EndStepCallRequest = Message<"cyclone.v1.EndStepCallRequest"> & {
  * Use `create(EndStepCallRequestSchema)` to create a new message.
  */
 export const EndStepCallRequestSchema: GenMessage<EndStepCallRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 18);
+  messageDesc(file_cyclone_v1_worker_service, 19);
 
 /**
  * Result of WorkerService.EndStepCall.
@@ -969,7 +1007,7 @@ export type EndStepCallResponse = Message<"cyclone.v1.EndStepCallResponse"> & {
  * Use `create(EndStepCallResponseSchema)` to create a new message.
  */
 export const EndStepCallResponseSchema: GenMessage<EndStepCallResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 19);
+  messageDesc(file_cyclone_v1_worker_service, 20);
 
 /**
  * What the caller of BeginStepCall must do.
