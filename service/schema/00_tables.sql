@@ -41,6 +41,10 @@ CREATE TABLE cyclone.runs (
     created_at   timestamptz NOT NULL,
     updated_at   timestamptz NOT NULL,
     finished_at  timestamptz,
+    -- The run's claim priority (Submit), every step's unless its node overrides it.
+    priority     integer     NOT NULL DEFAULT 0,
+    -- The start time given to Submit (root steps available then); NULL: at once.
+    start_at     timestamptz,
     CONSTRAINT runs_status_known
         CHECK (status IN ('running', 'completed', 'failed', 'blocked', 'cancelled')),
     CONSTRAINT runs_finished_at_iff_finished
@@ -133,6 +137,12 @@ CREATE TABLE cyclone.steps (
     -- What an operator's Retry (or Resolve discard) grants: max_attempts becomes
     -- attempt + attempt_budget. The node's retry policy, set at submit.
     attempt_budget     integer     NOT NULL,
+    -- Claim order: higher first, then oldest available_at (Node.priority, else the run's).
+    priority           integer     NOT NULL DEFAULT 0,
+    -- Node.concurrency evaluated at submit: at most concurrency_limit steps with this key
+    -- are running at once (step_claim). Both NULL for a node with no limit.
+    concurrency_key    text,
+    concurrency_limit  integer,
     PRIMARY KEY (run_id, node),
     CONSTRAINT steps_status_known CHECK (status IN
         ('pending', 'available', 'running', 'completed', 'discarded', 'uncertain',
@@ -153,9 +163,15 @@ CREATE TABLE cyclone.steps (
     CONSTRAINT steps_attempt_budget_positive CHECK (attempt_budget >= 1)
 );
 
--- The claim's index: exactly the ready rows, per action, oldest first. Claimed rows
--- leave it, so a long drain does not walk over what it already took.
-CREATE INDEX steps_ready_idx ON cyclone.steps (action, available_at) WHERE status = 'available';
+-- The claim's index: exactly the ready rows, per action, highest priority first, then
+-- oldest first. Claimed rows leave it, so a long drain does not walk over what it
+-- already took.
+CREATE INDEX steps_ready_idx ON cyclone.steps (action, priority DESC, available_at)
+    WHERE status = 'available';
+-- Running steps by concurrency key: step_claim counts them (_key_room). Steps with no
+-- key are not in it.
+CREATE INDEX steps_key_running_idx ON cyclone.steps (concurrency_key)
+    WHERE status = 'running' AND concurrency_key IS NOT NULL;
 -- Ready rows whose last attempt lost its lease: checked against unsafe marks at claim.
 CREATE INDEX steps_uncertain_idx ON cyclone.steps (action)
     WHERE status = 'available' AND effect_uncertain;

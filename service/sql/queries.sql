@@ -8,12 +8,17 @@
 -- name: run_submit
 SELECT run_id, created, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.run_submit(CAST(:run_id AS uuid), :workflow, :submit_key,
-                          CAST(:input AS jsonb), CAST(:nodes AS jsonb));
+                          CAST(:input AS jsonb), CAST(:nodes AS jsonb),
+                          CAST(:start_at AS timestamptz), :priority);
 
 -- name: step_claim
 SELECT *
   FROM cyclone.step_claim(:worker_id, CAST(:actions AS text[]), CAST(:unsafe AS text[]),
-                          :limit, make_interval(secs => :lease_s));
+                          :limit, make_interval(secs => :lease_s),
+                          CAST(:rate_actions AS text[]), CAST(:rate_counts AS integer[]),
+                          ARRAY(SELECT make_interval(secs => p)
+                                  FROM unnest(CAST(:rate_periods AS float8[]))
+                                       WITH ORDINALITY AS u(p, i) ORDER BY u.i));
 
 -- name: steps_release
 -- Hands back steps that a Claim took but could not deliver (its caller went away):
@@ -29,10 +34,9 @@ UPDATE cyclone.steps s
 RETURNING s.action AS ready;
 
 -- name: step_next_due
--- Earliest time a ready step of these actions becomes claimable (backoff).
-SELECT extract(epoch FROM min(available_at) - cyclone.now()) AS seconds
-  FROM cyclone.steps
- WHERE status = 'available' AND action = ANY (CAST(:actions AS text[]));
+-- Seconds until a claim of these actions may find work: a backoff or start time
+-- coming due, a rate limit's window opening, or a concurrency key to look at again.
+SELECT cyclone.step_next_due(CAST(:actions AS text[])) AS seconds;
 
 -- name: step_attempt
 -- A step's attempt, for a log line about an outcome this server did not hand out.
