@@ -8,7 +8,7 @@ the server (the stubs, workflow validation, JSON conversion, error codes) is the
 package ``cyclone``; pyclient.dag re-exports its workflow validation.
 """
 
-from pyclient.actions import Action, InputMismatch
+from pyclient.actions import Action, InputMismatch, RateLimit
 from pyclient.client import AsyncClient, Client
 from pyclient.context import Context, current
 from pyclient.durable import (
@@ -56,7 +56,7 @@ from pyclient.models import (
     UpstreamFailure,
 )
 from pyclient.worker import HandlerTimeout, Worker
-from pyclient.workflow import Node, RetryPolicy, Workflow
+from pyclient.workflow import Concurrency, Node, RetryPolicy, Workflow
 
 __all__ = [
     "Action",
@@ -65,6 +65,7 @@ __all__ = [
     "AuditEntry",
     "BodyStopped",
     "Client",
+    "Concurrency",
     "Context",
     "CycloneError",
     "DeadlineExceeded",
@@ -83,6 +84,7 @@ __all__ = [
     "NotFound",
     "OutsideHandler",
     "PermissionDenied",
+    "RateLimit",
     "ReplayMismatch",
     "Retried",
     "RetryAfter",

@@ -101,6 +101,8 @@ class StepJson(TypedDict):
     finished_at: str | None
     effect_uncertain: bool
     timeout_s: float
+    priority: int
+    concurrency_key: str | None
     journal: list[StepCallJson] | None
 
 
@@ -165,6 +167,8 @@ class RunRow(NamedTuple):
     steps: list[StepJson]
     errors: list[StepErrorJson]
     audit: list[AuditJson]
+    priority: int
+    start_at: datetime | None
 
 
 class RunSummary(NamedTuple):

@@ -179,6 +179,9 @@ def _step_error(e: Mapping[str, Any]) -> types_pb2.StepError:
 def _run_proto(row: RunRow) -> types_pb2.Run:
     """A run with its steps, their errors and its audit trail."""
     run = _run_head(row)
+    run.priority = row.priority
+    if row.start_at is not None:
+        run.start_at.FromDatetime(row.start_at)
     errors_by_node: dict[str, list[types_pb2.StepError]] = {}
     for e in row.errors:
         errors_by_node.setdefault(e["node"], []).append(_step_error(e))
@@ -199,6 +202,8 @@ def _run_proto(row: RunRow) -> types_pb2.Run:
             finished_at=convert.timestamp(s["finished_at"]),
             effect_uncertain=s["effect_uncertain"],
             last_heartbeat_at=convert.timestamp(s["last_heartbeat_at"]),
+            priority=s["priority"],
+            concurrency_key=s["concurrency_key"] or "",
         )
         step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
         for field in ("input", "output", "progress"):

@@ -249,6 +249,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'started_at', s.started_at, 'finished_at', s.finished_at,
                    'effect_uncertain', s.effect_uncertain,
                    'timeout_s', extract(epoch FROM s.timeout),
+                   'priority', s.priority, 'concurrency_key', s.concurrency_key,
                    'journal', (SELECT jsonb_agg(cyclone._step_call_json(j) ORDER BY j.seq)
                                  FROM cyclone.step_calls j
                                 WHERE j.run_id = s.run_id AND j.node = s.node))
@@ -266,7 +267,8 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'action', a.action, 'node', a.node, 'actor', a.actor, 'reason', a.reason,
                    'details', a.details, 'at', a.at) ORDER BY a.id), '[]')
-          FROM cyclone.audit a WHERE a.run_id = r.run_id) AS audit
+          FROM cyclone.audit a WHERE a.run_id = r.run_id) AS audit,
+       r.priority, r.start_at
   FROM cyclone.runs r
  WHERE r.run_id = CAST(:run_id AS uuid);
 
