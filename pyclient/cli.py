@@ -320,7 +320,8 @@ def _submit(client: Client, args: argparse.Namespace) -> Any:
     workflow, run_input = load_workflow_file(args.file)
     if args.input is not None:
         run_input = args.input
-    flow = {"start_at": args.start_at, "priority": args.priority}
+    # Only what was given, so that a submit without them is the plain call.
+    flow = {k: v for k, v in (("start_at", args.start_at), ("priority", args.priority)) if v}
     if args.key:
         submitted = client.submit_once(workflow, args.key, run_input, **flow)
         run_id, created = submitted.run_id, submitted.created
