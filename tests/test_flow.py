@@ -425,3 +425,14 @@ def test_the_start_time_may_be_a_delay_from_now_in_the_sdk(cyclone_server):
     )
     assert rows == [(2, 4, "k:7", 3, True)]
     assert run.run_id == run_id
+
+
+def test_explain_counts_the_steps_ahead_in_claim_order(cyclone_server):
+    low = [_submit(cyclone_server, workflow("w", node("n"))) for _ in range(2)]
+    high = _submit(cyclone_server, workflow("w", node("n")), priority=5)
+
+    def ahead(run_id: str) -> int:
+        request = workflow_service_pb2.ExplainRequest(run_id=run_id, node="n")
+        return int(cyclone_server.workflows.Explain(request).action.ready_ahead)
+
+    assert [ahead(high), ahead(low[0]), ahead(low[1])] == [0, 1, 2]

@@ -190,13 +190,15 @@ SELECT r.status AS run_status, r.error AS run_error, cyclone.now() AS now,
              FROM cyclone.steps f JOIN up ON f.node = up.node
             WHERE f.run_id = s.run_id AND f.status = 'discarded') END AS failed_upstream,
        a.polled_at, a.polled_by, a.claimed_at, a.claimed_by,
-       -- For a ready step: how many ready steps of its action are ahead of it (at most
-       -- 10,000 are counted), and how many of its action are running.
+       -- For a ready step: how many ready steps of its action are ahead of it in claim
+       -- order (higher priority, or the same and older; at most 10,000 are counted), and
+       -- how many of its action are running.
        CASE WHEN s.status = 'available' AND s.available_at <= cyclone.now() THEN (
            SELECT count(*) FROM (
                SELECT 1 FROM cyclone.steps q
                 WHERE q.status = 'available' AND q.action = s.action
-                  AND q.available_at < s.available_at
+                  AND q.priority >= s.priority AND q.available_at <= cyclone.now()
+                  AND (q.priority > s.priority OR q.available_at < s.available_at)
                 LIMIT 10000) ahead) END AS ready_ahead,
        CASE WHEN s.status = 'available' THEN (
            SELECT count(*) FROM cyclone.steps q
