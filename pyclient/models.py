@@ -214,6 +214,10 @@ class Step:
     #: The node's journal, when its handler is a durable function: its step calls in
     #: call order (get_run only).
     journal: tuple[StepCall, ...] = ()
+    #: Its claim priority (the node's, else the run's) and evaluated concurrency key
+    #: ("" without one); docs/flow-control.md.
+    priority: int = 0
+    concurrency_key: str = ""
 
     @property
     def last_error(self) -> StepError | None:
@@ -282,6 +286,9 @@ class Run:
     steps: tuple[Step, ...] = ()
     audit: tuple[AuditEntry, ...] = ()
     step_counts: Mapping[str, int] = field(default_factory=dict)
+    #: The run's priority and the start time given to submit (get_run only).
+    priority: int = 0
+    start_at: dt.datetime | None = None
 
     def step(self, node: str) -> Step:
         """The step of ``node``; KeyError when the run has none (or steps were not loaded)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -53,6 +53,20 @@ def test_priorities_order_what_the_worker_runs(cyclone_server, client, make_work
     with running(worker):
         eventually(lambda: len(ran) == 3, "the three steps to run")
     assert ran == [3, 2, 1]
+
+
+def test_get_run_shows_the_flow_settings(client):
+    wf = Workflow("shown")
+    wf.node("n", concurrency=("c:{run.id}", 2), priority=9)
+    when = datetime.now(UTC).replace(microsecond=0) + timedelta(days=30)
+    run = client.get_run(client.submit(wf, {"id": "x"}, start_at=when, priority=4))
+    step = run.step("n")
+    assert (run.priority, run.start_at, step.priority, step.concurrency_key) == (
+        4,
+        when,
+        9,
+        "c:x",
+    )
 
 
 def test_sdk_values_are_checked_before_the_call(client):
