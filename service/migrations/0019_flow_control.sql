@@ -262,7 +262,8 @@ DROP FUNCTION cyclone.step_claim(text, text[], text[], integer, interval);
 -- _rate_room leaves in its window (its cyclone.action_rates row stays locked until
 -- commit, and the claims made are added to it in the same statement); a step with a
 -- concurrency key is taken only while fewer than its limit run with that key: the walk
--- passes over keys already full, and _key_room, under the key's lock, admits the
+-- passes over keys already full (listed once, from steps_key_running_idx, as the
+-- statement's snapshot sees them), and _key_room, under the key's lock, admits the
 -- steps picked for each key in claim order. Steps and actions without them pay for
 -- none of this. A claim may so return fewer steps than it could have.
 -- Each row carries the run's input, the completed upstream outputs, how long the step
@@ -326,13 +327,14 @@ BEGIN
                 WHERE s.status = 'available' AND s.action = a.action
                   AND s.available_at <= v_now
                   AND NOT (s.effect_uncertain AND s.action = ANY (p_unsafe))
-                  -- Pass over keys already full (as this statement sees them).
+                  -- Pass over the keys already full as this statement sees them: listed
+                  -- once per claim, when the walk first meets a keyed step.
                   AND (s.concurrency_key IS NULL
-                       OR (SELECT count(*) FROM (
-                               SELECT 1 FROM cyclone.steps k
-                                WHERE k.concurrency_key = s.concurrency_key
-                                  AND k.status = 'running'
-                                LIMIT s.concurrency_limit) k) < s.concurrency_limit)
+                       OR s.concurrency_key <> ALL (ARRAY(
+                              SELECT k.concurrency_key FROM cyclone.steps k
+                               WHERE k.status = 'running' AND k.concurrency_key IS NOT NULL
+                               GROUP BY k.concurrency_key
+                              HAVING count(*) >= min(k.concurrency_limit))))
                 ORDER BY s.priority DESC, s.available_at
                 LIMIT a.room
                   FOR UPDATE SKIP LOCKED) c
