@@ -5,7 +5,7 @@
 --   steps_ready_idx                        (action, priority DESC, available_at)
 --   steps_key_running_idx                  running steps by concurrency key
 --   action_rates, _rate_room, _rate_next   the windows of rate-limited actions
---   _key_room                              a concurrency key's turn and room
+--   _keys_room                             the turn and room of concurrency keys
 --   step_claim                             priority order, keys, rates
 --   step_next_due                          when a waiting claim looks again
 --   run_submit                             start time, priorities, keys
@@ -106,22 +106,27 @@ BEGIN
 END;
 $$;
 
--- Takes the lock of a concurrency key until the claim's commit, then returns how many
--- more steps with the key may start (p_limit less those running, 0 or more). Claims of
--- one key so take turns, and each counts the running steps as the previous one left
--- them: VOLATILE, so the count reads the rows committed when the lock was granted,
--- through steps_key_running_idx, reading at most p_limit of them. The lock is the
--- two-key advisory lock (1667, hashtext(key)): keys whose hashes collide only share
--- turns. Called by step_claim, once per key among the steps it picked, in lock order.
-CREATE FUNCTION cyclone._key_room(p_key text, p_limit integer)
-RETURNS integer
+-- Takes the locks of the concurrency keys p_keys until the claim's commit, in lock
+-- order (so two claims never wait on each other), then returns how many more steps
+-- of each key may start: its limit (p_limits, aligned) less its running steps, 0 or
+-- more. Claims of one key so take turns, and each counts the running steps as the
+-- previous one left them: VOLATILE, so the count is a new statement that reads the
+-- rows committed when the locks were granted, through steps_key_running_idx, at most
+-- the limit of them per key. A key's lock is the two-key advisory lock (1667,
+-- hashtext(key)): keys whose hashes collide only share turns. Called by step_claim,
+-- once per claim that picked keyed steps.
+CREATE FUNCTION cyclone._keys_room(p_keys text[], p_limits integer[])
+RETURNS TABLE (concurrency_key text, room integer)
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock(1667, hashtext(p_key));
-    RETURN greatest(p_limit - (SELECT count(*) FROM (
-               SELECT 1 FROM cyclone.steps k
-                WHERE k.concurrency_key = p_key AND k.status = 'running'
-                LIMIT p_limit) k), 0);
+    PERFORM pg_advisory_xact_lock(1667, l.h)
+       FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(p_keys) k ORDER BY 1) l;
+    RETURN QUERY
+    SELECT k.key, greatest(k.lim - (SELECT count(*) FROM (
+               SELECT 1 FROM cyclone.steps s
+                WHERE s.concurrency_key = k.key AND s.status = 'running'
+                LIMIT k.lim) n), 0)::integer
+      FROM unnest(p_keys, p_limits) AS k(key, lim);
 END;
 $$;
 
@@ -263,8 +268,8 @@ DROP FUNCTION cyclone.step_claim(text, text[], text[], integer, interval);
 -- commit, and the claims made are added to it in the same statement); a step with a
 -- concurrency key is taken only while fewer than its limit run with that key: the walk
 -- passes over keys already full (listed once, from steps_key_running_idx, as the
--- statement's snapshot sees them), and _key_room, under the key's lock, admits the
--- steps picked for each key in claim order. Steps and actions without them pay for
+-- statement's snapshot sees them), and _keys_room, under the keys' locks, gives the
+-- room of each key picked; its steps are admitted in claim order. Steps and actions without them pay for
 -- none of this. A claim may so return fewer steps than it could have.
 -- Each row carries the run's input, the completed upstream outputs, how long the step
 -- waited (waited_s) and, for a step allowed to run after a failure, its failed or
@@ -341,13 +346,14 @@ BEGIN
          ORDER BY c.priority DESC, c.available_at
          LIMIT p_limit
     ), keyed AS MATERIALIZED (
-        -- Each key once, in lock order, its room counted under its lock (_key_room).
-        SELECT k.concurrency_key, cyclone._key_room(k.concurrency_key, k.concurrency_limit)
-                   AS room
-          FROM (SELECT p.concurrency_key, min(p.concurrency_limit) AS concurrency_limit
-                  FROM picked p WHERE p.concurrency_key IS NOT NULL
-                 GROUP BY p.concurrency_key
-                 ORDER BY hashtext(p.concurrency_key), p.concurrency_key) k
+        -- The room of each key picked, counted under the keys' locks (_keys_room).
+        SELECT r.concurrency_key, r.room
+          FROM (SELECT array_agg(k.concurrency_key) AS keys, array_agg(k.lim) AS limits
+                  FROM (SELECT p.concurrency_key, min(p.concurrency_limit) AS lim
+                          FROM picked p WHERE p.concurrency_key IS NOT NULL
+                         GROUP BY p.concurrency_key) k) g
+         CROSS JOIN LATERAL cyclone._keys_room(g.keys, g.limits) r
+         WHERE g.keys IS NOT NULL
     ), admitted AS (
         SELECT p.row_id, p.run_id, p.node, p.effect_uncertain, p.available_at
           FROM picked p WHERE p.concurrency_key IS NULL

@@ -168,7 +168,7 @@ CREATE TABLE cyclone.steps (
 -- already took.
 CREATE INDEX steps_ready_idx ON cyclone.steps (action, priority DESC, available_at)
     WHERE status = 'available';
--- Running steps by concurrency key: step_claim counts them (_key_room). Steps with no
+-- Running steps by concurrency key: step_claim counts them (_keys_room). Steps with no
 -- key are not in it.
 CREATE INDEX steps_key_running_idx ON cyclone.steps (concurrency_key)
     WHERE status = 'running' AND concurrency_key IS NOT NULL;

@@ -60,8 +60,8 @@ $$;
 -- commit, and the claims made are added to it in the same statement); a step with a
 -- concurrency key is taken only while fewer than its limit run with that key: the walk
 -- passes over keys already full (listed once, from steps_key_running_idx, as the
--- statement's snapshot sees them), and _key_room, under the key's lock, admits the
--- steps picked for each key in claim order. Steps and actions without them pay for
+-- statement's snapshot sees them), and _keys_room, under the keys' locks, gives the
+-- room of each key picked; its steps are admitted in claim order. Steps and actions without them pay for
 -- none of this. A claim may so return fewer steps than it could have.
 -- Each row carries the run's input, the completed upstream outputs, how long the step
 -- waited (waited_s) and, for a step allowed to run after a failure, its failed or
@@ -138,13 +138,14 @@ BEGIN
          ORDER BY c.priority DESC, c.available_at
          LIMIT p_limit
     ), keyed AS MATERIALIZED (
-        -- Each key once, in lock order, its room counted under its lock (_key_room).
-        SELECT k.concurrency_key, cyclone._key_room(k.concurrency_key, k.concurrency_limit)
-                   AS room
-          FROM (SELECT p.concurrency_key, min(p.concurrency_limit) AS concurrency_limit
-                  FROM picked p WHERE p.concurrency_key IS NOT NULL
-                 GROUP BY p.concurrency_key
-                 ORDER BY hashtext(p.concurrency_key), p.concurrency_key) k
+        -- The room of each key picked, counted under the keys' locks (_keys_room).
+        SELECT r.concurrency_key, r.room
+          FROM (SELECT array_agg(k.concurrency_key) AS keys, array_agg(k.lim) AS limits
+                  FROM (SELECT p.concurrency_key, min(p.concurrency_limit) AS lim
+                          FROM picked p WHERE p.concurrency_key IS NOT NULL
+                         GROUP BY p.concurrency_key) k) g
+         CROSS JOIN LATERAL cyclone._keys_room(g.keys, g.limits) r
+         WHERE g.keys IS NOT NULL
     ), admitted AS (
         SELECT p.row_id, p.run_id, p.node, p.effect_uncertain, p.available_at
           FROM picked p WHERE p.concurrency_key IS NULL

@@ -87,22 +87,27 @@ BEGIN
 END;
 $$;
 
--- Takes the lock of a concurrency key until the claim's commit, then returns how many
--- more steps with the key may start (p_limit less those running, 0 or more). Claims of
--- one key so take turns, and each counts the running steps as the previous one left
--- them: VOLATILE, so the count reads the rows committed when the lock was granted,
--- through steps_key_running_idx, reading at most p_limit of them. The lock is the
--- two-key advisory lock (1667, hashtext(key)): keys whose hashes collide only share
--- turns. Called by step_claim, once per key among the steps it picked, in lock order.
-CREATE FUNCTION cyclone._key_room(p_key text, p_limit integer)
-RETURNS integer
+-- Takes the locks of the concurrency keys p_keys until the claim's commit, in lock
+-- order (so two claims never wait on each other), then returns how many more steps
+-- of each key may start: its limit (p_limits, aligned) less its running steps, 0 or
+-- more. Claims of one key so take turns, and each counts the running steps as the
+-- previous one left them: VOLATILE, so the count is a new statement that reads the
+-- rows committed when the locks were granted, through steps_key_running_idx, at most
+-- the limit of them per key. A key's lock is the two-key advisory lock (1667,
+-- hashtext(key)): keys whose hashes collide only share turns. Called by step_claim,
+-- once per claim that picked keyed steps.
+CREATE FUNCTION cyclone._keys_room(p_keys text[], p_limits integer[])
+RETURNS TABLE (concurrency_key text, room integer)
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock(1667, hashtext(p_key));
-    RETURN greatest(p_limit - (SELECT count(*) FROM (
-               SELECT 1 FROM cyclone.steps k
-                WHERE k.concurrency_key = p_key AND k.status = 'running'
-                LIMIT p_limit) k), 0);
+    PERFORM pg_advisory_xact_lock(1667, l.h)
+       FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(p_keys) k ORDER BY 1) l;
+    RETURN QUERY
+    SELECT k.key, greatest(k.lim - (SELECT count(*) FROM (
+               SELECT 1 FROM cyclone.steps s
+                WHERE s.concurrency_key = k.key AND s.status = 'running'
+                LIMIT k.lim) n), 0)::integer
+      FROM unnest(p_keys, p_limits) AS k(key, lim);
 END;
 $$;
 
