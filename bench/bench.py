@@ -3,6 +3,8 @@ against a baseline measured in the same run on the same database.
 
 Scenarios (fixed counts, every loop bounded in count and time):
   throughput  20,000 one-node runs drained by 2 worker processes through gRPC
+  flow        the same, each run with a priority (0-9) and half of them with a
+              concurrency key (200 customers, 5 at once each); ratio to throughput
   sdk         the same, drained by 2 processes running the SDK's Worker
   baseline    the same 20,000 jobs drained by a minimal psycopg loop, 8 threads
   dag         500 runs of a 20-node workflow (root, fan-out of 18, join)
@@ -38,6 +40,7 @@ import json
 import multiprocessing
 import os
 import platform
+import random
 import re
 import resource
 import statistics
@@ -202,16 +205,21 @@ def fan_workflow(action: str, width: int = 18) -> types_pb2.Workflow:
 
 
 def submit_many(
-    address: str, workflows: list[types_pb2.Workflow], clients: int = 4, once: bool = False
+    address: str,
+    workflows: list[types_pb2.Workflow] | list[workflow_service_pb2.SubmitRequest],
+    clients: int = 4,
+    once: bool = False,
 ) -> float:
-    """Submit every workflow; returns runs per second."""
+    """Submit every workflow (or whole SubmitRequest); returns runs per second."""
     chunks = [workflows[i::clients] for i in range(clients)]
 
-    def client(chunk: list[types_pb2.Workflow]) -> None:
+    def client(chunk: list) -> None:
         with grpc.insecure_channel(address) as channel:
             stub = workflow_service_pb2_grpc.WorkflowServiceStub(channel)
             for wf in chunk:
-                if once:
+                if isinstance(wf, workflow_service_pb2.SubmitRequest):
+                    stub.Submit(wf)
+                elif once:
                     stub.SubmitOnce(
                         workflow_service_pb2.SubmitOnceRequest(workflow=wf, key=uuid.uuid4().hex)
                     )
@@ -789,6 +797,41 @@ def percentiles(values: list[float]) -> dict:
     return {"p50": round(q[49], 2), "p99": round(q[98], 2), "n": len(values)}
 
 
+def flow_requests(runs: int, action: str, seed: int = 16) -> list:
+    """One-node runs with flow control in use: each run a priority from 0 to 9; half of
+    them keyed by one of 200 customers, at most 5 running per customer."""
+    rnd = random.Random(seed)
+    keyed = types_pb2.Node(
+        name="only",
+        action=action,
+        concurrency=types_pb2.ConcurrencyLimit(key="customer:{run.customer}", limit=5),
+    )
+    plain = types_pb2.Node(name="only", action=action)
+    requests = []
+    for i in range(runs):
+        node = keyed if i % 2 else plain
+        request = workflow_service_pb2.SubmitRequest(
+            workflow=types_pb2.Workflow(name="flow", nodes=[node]), priority=rnd.randrange(10)
+        )
+        request.input.struct_value.fields["customer"].number_value = rnd.randrange(200)
+        requests.append(request)
+    return requests
+
+
+def scenario_flow(server: Server, database_url: str, runs: int, action: str) -> dict:
+    """throughput, with priorities and concurrency keys in use (flow_requests)."""
+    submit_many(server.address, flow_requests(runs, action))
+    with CpuMeter(server) as cpu:
+        join(start_workers(server.address, action))
+    n, rate = steps_per_second(database_url, action)
+    assert n == runs, f"{n} of {runs} steps completed"
+    return {
+        "steps": n,
+        "steps_per_s": round(rate, 1),
+        "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -872,6 +915,13 @@ def main() -> None:
                 results["throughput"]["steps_per_s"] / base_result["jobs_per_s"], 2
             )
             print("throughput", results["throughput"], flush=True)
+        if wanted("flow"):
+            results["flow"] = scenario_flow(server, database_url, args.runs, "flowop")
+            if "throughput" in results:
+                results["flow"]["ratio"] = round(
+                    results["flow"]["steps_per_s"] / results["throughput"]["steps_per_s"], 2
+                )
+            print("flow", results["flow"], flush=True)
         if wanted("sdk"):
             results["sdk"] = scenario_sdk(server, database_url, args.runs, "sdk-noop")
             if "throughput" in results:
@@ -969,6 +1019,17 @@ def print_table(r: dict, out: Path) -> None:
                 " / ".join(str(v) for v in t["baseline_cpu_ms_per_job"].values()),
             ),
         ]
+    if "flow" in r:
+        f = r["flow"]
+        rows += [
+            ("flow (priorities, concurrency keys) steps/s", f["steps_per_s"]),
+            (
+                "  CPU ms per step: server / workers / Postgres",
+                " / ".join(str(v) for v in f["cpu_ms_per_step"].values()),
+            ),
+        ]
+        if "ratio" in f:
+            rows.append(("  flow / throughput (target >= 0.8)", f["ratio"]))
     if "sdk" in r:
         rows += [
             ("throughput with the SDK's Worker, steps/s", r["sdk"]["steps_per_s"]),

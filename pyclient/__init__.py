@@ -12,7 +12,7 @@ package ``cyclone``; pyclient.dag re-exports its workflow validation.
 
 # First: refuses an environment that holds PyPI's other "cyclone" (see there).
 import cyclone.distribution  # noqa: F401
-from pyclient.actions import Action, InputMismatch
+from pyclient.actions import Action, InputMismatch, RateLimit
 from pyclient.client import AsyncClient, Client
 from pyclient.context import Context, current
 from pyclient.durable import (
@@ -71,7 +71,7 @@ from pyclient.models import (
     UpstreamFailure,
 )
 from pyclient.worker import HandlerTimeout, Worker
-from pyclient.workflow import Node, RetryPolicy, Workflow
+from pyclient.workflow import Concurrency, Node, RetryPolicy, Workflow
 
 __all__ = [
     "Action",
@@ -82,6 +82,7 @@ __all__ = [
     "ChildFailed",
     "ChildRun",
     "Client",
+    "Concurrency",
     "Context",
     "CycloneError",
     "DeadlineExceeded",
@@ -102,6 +103,7 @@ __all__ = [
     "NotFound",
     "OutsideHandler",
     "PermissionDenied",
+    "RateLimit",
     "ReplayMismatch",
     "Retried",
     "RetryAfter",

@@ -24,13 +24,37 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cyclone import dag
+from cyclone import dag, flow
 from pyclient.context import Context
 from pyclient.errors import InvalidArgument, NonRetryableError
+from pyclient.workflow import Seconds, seconds
 
 
 class InputMismatch(NonRetryableError):
     """The step's input does not fit the handler's input type."""
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """At most ``count`` claims of an action in any window of ``period`` seconds (or a
+    timedelta), across every worker and server (docs/flow-control.md)."""
+
+    count: int
+    period: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "period", seconds(self.period))
+        try:
+            flow.check_rate_limit("rate limit", self.count, self.period)
+        except dag.InvalidWorkflow as exc:
+            raise InvalidArgument(str(exc)) from None
+
+    @classmethod
+    def of(cls, value: RateLimit | tuple[int, Seconds] | None) -> RateLimit | None:
+        if value is None or isinstance(value, RateLimit):
+            return value
+        count, period = value
+        return cls(count, seconds(period) or 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +67,7 @@ class Action:
     unsafe_to_repeat: bool = False
     #: A durable function: its step calls are journaled and replayed.
     durable: bool = False
+    rate_limit: RateLimit | None = None
     is_async: bool = False
     takes_input: bool = False
     input_type: type | None = None
@@ -56,6 +81,7 @@ class Action:
         timeout: float | None = None,
         unsafe_to_repeat: bool = False,
         durable: bool = False,
+        rate_limit: RateLimit | tuple[int, Seconds] | None = None,
     ) -> Action:
         """Inspect ``fn``; InvalidArgument for a bad name or signature."""
         try:
@@ -85,6 +111,7 @@ class Action:
             timeout=timeout,
             unsafe_to_repeat=unsafe_to_repeat,
             durable=durable,
+            rate_limit=RateLimit.of(rate_limit),
             is_async=inspect.iscoroutinefunction(fn),
             takes_input=len(params) == 2,
             input_type=input_type,

@@ -7,6 +7,7 @@ is printed on stderr), 2 for a usage error.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import getpass
 import json
 import os
@@ -47,9 +48,14 @@ Start a run of the workflow described in FILE (YAML or JSON, '-' for stdin):
     - name: audit
       depends_on: [send_receipt]
       trigger_rule: all_done               # all_success | all_done | one_failed
+      priority: 5                          # overrides --priority for this node
+      concurrency: {key: "customer:{run.customer}", limit: 2}
 
 A node's action defaults to its name. Prints the run id. With --key, at most one run
 is made per (workflow name, key): a repeated submit prints the existing run's id.
+--start-at (an ISO 8601 time with a zone, or a delay such as 90s, 15m, 2h) makes the
+first steps claimable only then; --priority orders the run's steps among the ready
+ones, higher first (docs/flow-control.md).
 """
 
 RESOLVE_HELP = """\
@@ -165,6 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="workflow file (YAML or JSON), '-' for stdin")
     p.add_argument("--input", type=_json_arg, help="run input as JSON (overrides the file's)")
     p.add_argument("--key", help="submit at most once per (workflow name, key)")
+    p.add_argument(
+        "--start-at",
+        type=_start_at_arg,
+        metavar="TIME",
+        help="not before TIME: ISO 8601 with a zone, or a delay (90s, 15m, 2h, 1d)",
+    )
+    p.add_argument(
+        "--priority", type=int, default=0, help="claim priority of the run's steps (default 0)"
+    )
     p.add_argument(
         "--wait",
         type=float,
@@ -368,6 +383,28 @@ def load_workflow_file(path: str, stdin: TextIO | None = None) -> tuple[Workflow
     return Workflow.from_dict(data), run_input
 
 
+_DELAY_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _start_at_arg(text: str) -> dt.datetime | dt.timedelta:
+    """--start-at: an aware ISO 8601 time, or a delay such as 90s, 15m, 2h, 1d."""
+    unit = _DELAY_UNITS.get(text[-1:])
+    if unit is not None:
+        try:
+            return dt.timedelta(seconds=float(text[:-1]) * unit)
+        except ValueError:
+            pass
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an ISO 8601 time nor a delay like 90s, 15m, 2h, 1d"
+        ) from None
+    if when.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} needs a time zone, e.g. {text}Z")
+    return when
+
+
 # -- commands: each returns what to print (a Run, a list of runs, or a message) -------
 
 
@@ -379,11 +416,13 @@ def _workflow_and_input(args: argparse.Namespace) -> tuple[Workflow, Any]:
 
 def _submit(client: Client, args: argparse.Namespace) -> Any:
     workflow, run_input = _workflow_and_input(args)
+    # Only what was given, so that a submit without them is the plain call.
+    flow = {k: v for k, v in (("start_at", args.start_at), ("priority", args.priority)) if v}
     if args.key:
-        submitted = client.submit_once(workflow, args.key, run_input)
+        submitted = client.submit_once(workflow, args.key, run_input, **flow)
         run_id, created = submitted.run_id, submitted.created
     else:
-        run_id, created = client.submit(workflow, run_input), True
+        run_id, created = client.submit(workflow, run_input, **flow), True
     if args.wait is not None:
         return client.wait(run_id, timeout=args.wait)
     if args.json:

@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 from google.protobuf import message as pb_message
 
-from cyclone import dag
+from cyclone import dag, flow
 from cyclone.jsonvalue import to_value
 from cyclone.v1 import (
     admin_service_pb2 as admin_pb,
@@ -76,6 +76,28 @@ def call_metadata(token: str | None, actor: str | None) -> tuple[tuple[str, str]
     return tuple(md)
 
 
+#: A start time: an aware datetime, or a delay from now.
+StartAt = dt.datetime | dt.timedelta
+
+
+def _set_flow(
+    req: wf_pb.SubmitRequest | wf_pb.SubmitOnceRequest, start_at: StartAt | None, priority: int
+) -> None:
+    """Start time and priority of a submit, checked as the server checks them."""
+    try:
+        flow.check_priority("run", priority)
+    except dag.InvalidWorkflow as exc:
+        raise InvalidArgument(str(exc)) from None
+    req.priority = priority
+    if start_at is None:
+        return
+    if isinstance(start_at, dt.timedelta):
+        start_at = dt.datetime.now(dt.UTC) + start_at
+    if start_at.tzinfo is None:
+        raise InvalidArgument("start_at must be an aware datetime (with a time zone)")
+    req.start_at.FromDatetime(start_at)
+
+
 @dataclass(frozen=True, slots=True)
 class _Call(Generic[T]):
     """One RPC to make: which service and method, the request, how to read the answer."""
@@ -88,19 +110,29 @@ class _Call(Generic[T]):
 
 class _calls:
     @staticmethod
-    def submit(workflow: Workflow, input: Any) -> _Call[str]:
+    def submit(
+        workflow: Workflow, input: Any, start_at: StartAt | None = None, priority: int = 0
+    ) -> _Call[str]:
         req = wf_pb.SubmitRequest(workflow=workflow.to_proto())
         _set_value(req, "input", input, "run input")
+        _set_flow(req, start_at, priority)
         return _Call("workflow", "Submit", req, lambda r: r.run_id)
 
     @staticmethod
-    def submit_once(workflow: Workflow, key: str, input: Any) -> _Call[Submitted]:
+    def submit_once(
+        workflow: Workflow,
+        key: str,
+        input: Any,
+        start_at: StartAt | None = None,
+        priority: int = 0,
+    ) -> _Call[Submitted]:
         try:
             dag.check_submit_key(key)
         except dag.InvalidWorkflow as exc:
             raise InvalidArgument(str(exc)) from None
         req = wf_pb.SubmitOnceRequest(workflow=workflow.to_proto(), key=key)
         _set_value(req, "input", input, "run input")
+        _set_flow(req, start_at, priority)
         return _Call("workflow", "SubmitOnce", req, lambda r: Submitted(r.run_id, r.created))
 
     @staticmethod
@@ -373,13 +405,32 @@ class Client:
             raise from_rpc_error(exc) from None
         return call.parse(response)
 
-    def submit(self, workflow: Workflow, input: Any = None) -> str:
-        """Validate ``workflow``, start a new run with ``input``, return its run id."""
-        return self._invoke(_calls.submit(workflow, input))
+    def submit(
+        self,
+        workflow: Workflow,
+        input: Any = None,
+        *,
+        start_at: StartAt | None = None,
+        priority: int = 0,
+    ) -> str:
+        """Validate ``workflow``, start a new run with ``input``, return its run id.
+        ``start_at`` (an aware datetime, or a timedelta from now) makes its first steps
+        claimable only then; ``priority`` orders its steps among the ready ones (higher
+        first; docs/flow-control.md)."""
+        return self._invoke(_calls.submit(workflow, input, start_at, priority))
 
-    def submit_once(self, workflow: Workflow, key: str, input: Any = None) -> Submitted:
-        """At most one run per (workflow name, key): the new run or the existing one."""
-        return self._invoke(_calls.submit_once(workflow, key, input))
+    def submit_once(
+        self,
+        workflow: Workflow,
+        key: str,
+        input: Any = None,
+        *,
+        start_at: StartAt | None = None,
+        priority: int = 0,
+    ) -> Submitted:
+        """At most one run per (workflow name, key): the new run or the existing one.
+        ``start_at`` and ``priority`` as for :meth:`submit`."""
+        return self._invoke(_calls.submit_once(workflow, key, input, start_at, priority))
 
     def start(
         self,
@@ -589,11 +640,26 @@ class AsyncClient:
             raise from_rpc_error(exc) from None
         return call.parse(response)
 
-    async def submit(self, workflow: Workflow, input: Any = None) -> str:
-        return await self._invoke(_calls.submit(workflow, input))
+    async def submit(
+        self,
+        workflow: Workflow,
+        input: Any = None,
+        *,
+        start_at: StartAt | None = None,
+        priority: int = 0,
+    ) -> str:
+        return await self._invoke(_calls.submit(workflow, input, start_at, priority))
 
-    async def submit_once(self, workflow: Workflow, key: str, input: Any = None) -> Submitted:
-        return await self._invoke(_calls.submit_once(workflow, key, input))
+    async def submit_once(
+        self,
+        workflow: Workflow,
+        key: str,
+        input: Any = None,
+        *,
+        start_at: StartAt | None = None,
+        priority: int = 0,
+    ) -> Submitted:
+        return await self._invoke(_calls.submit_once(workflow, key, input, start_at, priority))
 
     async def start(
         self,

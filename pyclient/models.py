@@ -230,6 +230,10 @@ class Step:
     resumes: int = 0
     #: While the node waits (available until ``available_at`` or woken): what for.
     waiting_for: str = ""
+    #: Its claim priority (the node's, else the run's) and evaluated concurrency key
+    #: ("" without one); docs/flow-control.md.
+    priority: int = 0
+    concurrency_key: str = ""
 
     @property
     def last_error(self) -> StepError | None:
@@ -317,6 +321,10 @@ class Run:
             and isinstance(call.output, dict)
             and isinstance(call.output.get("run_id"), str)
         )
+
+    #: The run's priority and the start time given to submit (get_run only).
+    priority: int = 0
+    start_at: dt.datetime | None = None
 
     def step(self, node: str) -> Step:
         """The step of ``node``; KeyError when the run has none (or steps were not loaded)."""

@@ -4,6 +4,7 @@
     charge = wf.node("charge", timeout=30, retry=RetryPolicy(max_attempts=5))
     receipt = wf.node("receipt", action="send_receipt", depends_on=[charge])
     wf.node("audit", depends_on=[receipt], trigger_rule="all_done")
+    wf.node("ship", priority=10, concurrency=Concurrency("customer:{run.customer}", 2))
 
 A node's action defaults to its name. Durations are seconds (int or float) or
 ``timedelta``. Settings left as ``None`` take the server's defaults. ``validate()``
@@ -78,6 +79,16 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class Concurrency:
+    """At most ``limit`` steps with the same key run at once (docs/flow-control.md).
+    ``key`` is a template evaluated at submit: ``{run.a.b}`` is a field of the run input,
+    ``{node.a}`` one of the node's input, ``{{`` and ``}}`` are braces."""
+
+    key: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
 class Node:
     """A vertex of the DAG. Build it with :meth:`Workflow.node`."""
 
@@ -92,6 +103,8 @@ class Node:
     event: str | None = None
     #: How long it waits, in seconds (None: no limit); then it is discarded.
     event_timeout: float | None = None
+    priority: int | None = None
+    concurrency: Concurrency | None = None
 
     def spec(self) -> dag.NodeSpec:
         """The node with the server's defaults applied, as cyclone.dag checks it."""
@@ -107,6 +120,9 @@ class Node:
             backoff_multiplier=_or(r.multiplier, dag.DEFAULT_BACKOFF_MULTIPLIER),
             timeout_s=_or(self.timeout, dag.DEFAULT_TIMEOUT_S),
             input=self.input,
+            priority=self.priority,
+            concurrency_key=self.concurrency.key if self.concurrency else None,
+            concurrency_limit=self.concurrency.limit if self.concurrency else None,
         )
 
     def to_proto(self) -> types_pb2.Node:
@@ -123,6 +139,11 @@ class Node:
             p.event.name = self.event
             if self.event_timeout is not None:
                 p.event.timeout.CopyFrom(duration(self.event_timeout))
+        if self.priority is not None:
+            p.priority = self.priority
+        if self.concurrency is not None:
+            p.concurrency.key = self.concurrency.key
+            p.concurrency.limit = self.concurrency.limit
         if self.input is not None:
             try:
                 p.input.CopyFrom(to_value(self.input))
@@ -147,6 +168,8 @@ _NODE_KEYS = {
     "input",
     "event",
     "event_timeout",
+    "priority",
+    "concurrency",
 }
 #: The action the server gives a node that waits for an event (service.waits).
 EVENT_ACTION = "cyclone.event"
@@ -177,6 +200,8 @@ class Workflow:
         retry: RetryPolicy | None = None,
         timeout: Seconds | None = None,
         input: Any = None,
+        priority: int | None = None,
+        concurrency: Concurrency | tuple[str, int] | None = None,
     ) -> Node:
         """Add a node and return it, to name it in a later node's ``depends_on``.
 
@@ -185,6 +210,9 @@ class Workflow:
         finished, whatever the outcome: cleanup) or ``"one_failed"`` (run only when an
         upstream failed: compensation). ``timeout`` caps each attempt and its lease.
         ``input`` is static JSON handed to the handler with the run input.
+        ``priority`` overrides the run's (higher is claimed first); ``concurrency``
+        (a :class:`Concurrency` or ``(key, limit)``) caps how many steps with its key run
+        at once (docs/flow-control.md).
         """
         if isinstance(depends_on, Node | str):
             depends_on = [depends_on]
@@ -196,6 +224,10 @@ class Workflow:
             retry=retry or RetryPolicy(),
             timeout=seconds(timeout),
             input=input,
+            priority=priority,
+            concurrency=Concurrency(*concurrency)
+            if isinstance(concurrency, tuple)
+            else concurrency,
         )
         self._nodes.append(node)
         return node
@@ -243,7 +275,8 @@ class Workflow:
         """Build from ``{"name": ..., "nodes": [{"name": ..., "action": ..., ...}]}``.
 
         Node keys are the arguments of :meth:`node`; ``retry`` is a mapping of
-        ``max_attempts``, ``initial_backoff``, ``max_backoff``, ``multiplier``.
+        ``max_attempts``, ``initial_backoff``, ``max_backoff``, ``multiplier``;
+        ``concurrency`` one of ``key`` and ``limit``.
         """
         if not isinstance(data, Mapping):
             raise InvalidArgument("a workflow must be a mapping with 'name' and 'nodes'")
@@ -272,6 +305,11 @@ class Workflow:
                     trigger_rule=raw.get("trigger_rule") or "all_success",
                 )
                 continue
+            limit = raw.get("concurrency")
+            if limit is not None and not isinstance(limit, Mapping):
+                raise InvalidArgument(f"{where}: 'concurrency' must be a mapping")
+            if limit is not None:
+                _check_keys(f"{where}: concurrency", limit, {"key", "limit"})
             wf.node(
                 raw["name"],
                 raw.get("action"),
@@ -280,6 +318,10 @@ class Workflow:
                 retry=RetryPolicy(**retry),
                 timeout=raw.get("timeout"),
                 input=raw.get("input"),
+                priority=raw.get("priority"),
+                concurrency=(
+                    Concurrency(limit.get("key", ""), limit.get("limit", 0)) if limit else None
+                ),
             )
         return wf
 

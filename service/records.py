@@ -105,6 +105,8 @@ class StepJson(TypedDict):
     timeout_s: float
     resumes: int
     waiting_for: str | None
+    priority: int
+    concurrency_key: str | None
     journal: list[StepCallJson] | None
 
 
@@ -172,6 +174,8 @@ class RunRow(NamedTuple):
     steps: list[StepJson]
     errors: list[StepErrorJson]
     audit: list[AuditJson]
+    priority: int
+    start_at: datetime | None
 
 
 class RunSummary(NamedTuple):

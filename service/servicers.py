@@ -15,13 +15,13 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf import duration_pb2
 
-from cyclone import dag
+from cyclone import dag, flow
 from cyclone.jsonvalue import parsed_value
 from cyclone.v1 import (
     admin_service_pb2 as admin_pb,
@@ -208,6 +208,9 @@ def _step_error(e: Mapping[str, Any]) -> types_pb2.StepError:
 def _run_proto(row: RunRow) -> types_pb2.Run:
     """A run with its steps, their errors and its audit trail."""
     run = _run_head(row)
+    run.priority = row.priority
+    if row.start_at is not None:
+        run.start_at.FromDatetime(row.start_at)
     errors_by_node: dict[str, list[types_pb2.StepError]] = {}
     for e in row.errors:
         errors_by_node.setdefault(e["node"], []).append(_step_error(e))
@@ -230,6 +233,8 @@ def _run_proto(row: RunRow) -> types_pb2.Run:
             last_heartbeat_at=convert.timestamp(s["last_heartbeat_at"]),
             resumes=s["resumes"],
             waiting_for=s["waiting_for"] or "",
+            priority=s["priority"],
+            concurrency_key=s["concurrency_key"] or "",
         )
         step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
         for field in ("input", "output", "progress"):
@@ -289,7 +294,40 @@ def _node_spec(node: types_pb2.Node, payloads: convert.Payloads) -> dag.NodeSpec
         backoff_multiplier=retry.backoff_multiplier or defaults.backoff_multiplier,
         timeout_s=dur(node, "timeout", defaults.timeout_s),
         input=node_input,
+        priority=node.priority if node.HasField("priority") else None,
+        concurrency_key=node.concurrency.key if node.HasField("concurrency") else None,
+        concurrency_limit=node.concurrency.limit if node.HasField("concurrency") else None,
     )
+
+
+def _keyed(nodes: list[dag.NodeSpec], run_input: Any) -> list[dag.NodeSpec]:
+    """The nodes with their concurrency key templates evaluated (docs/flow-control.md)."""
+    out = []
+    for n in nodes:
+        if n.concurrency_key is not None:
+            where = f"node {n.name!r}"
+            key = flow.KeyTemplate.parse(where, n.concurrency_key).render(where, run_input, n.input)
+            if "\x00" in key:
+                raise flow.InvalidFlow(f"{where}: concurrency key contains a NUL character")
+            n = dataclasses.replace(n, concurrency_key=key)
+        out.append(n)
+    return out
+
+
+def _start_at(
+    request: workflow_pb.SubmitRequest | workflow_pb.SubmitOnceRequest,
+) -> datetime | None:
+    """The run's start time; INVALID_ARGUMENT past flow.MAX_START_AHEAD_S from now."""
+    if not request.HasField("start_at"):
+        return None
+    start_at = convert.to_datetime(request.start_at, "start_at")
+    ahead = (start_at - datetime.now(UTC)).total_seconds()
+    if ahead > flow.MAX_START_AHEAD_S:
+        raise errors.InvalidArgument(
+            f"start_at is {ahead / 86400:.0f} days ahead; the limit is "
+            f"{flow.MAX_START_AHEAD_S / 86400:.0f} days"
+        )
+    return start_at
 
 
 def _validated(
@@ -343,10 +381,20 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
     ) -> tuple[uuid.UUID, bool]:
         if not request.HasField("workflow"):
             raise errors.InvalidArgument("workflow is required")
+        flow.check_priority("run", request.priority)
+        start_at = _start_at(request)
         nodes = await _validated_off_loop(request.workflow, self.limits, self.payloads)
         run_input = self.payloads.optional_json(request, "input", "run input")
+        if any(n.concurrency_key is not None for n in nodes):
+            value = self.payloads.to_python(request.input, "run input")
+            nodes = _keyed(nodes, value if request.HasField("input") else None)
         run_id, created = await self.store.run_submit(
-            workflow=request.workflow.name, nodes=nodes, input_json=run_input, submit_key=key
+            workflow=request.workflow.name,
+            nodes=nodes,
+            input_json=run_input,
+            submit_key=key,
+            start_at=start_at,
+            priority=request.priority,
         )
         if created:
             self.metrics.submitted.labels(request.workflow.name).inc()
@@ -619,6 +667,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 f"actions names {len(request.actions)} actions; the limit is {MAX_CLAIM_ACTIONS}"
             )
         actions, unsafe = [], []
+        rates: dict[str, tuple[int, float]] = {}
         for spec in request.actions:
             dag.check_name("action", spec.name)
             if spec.name.startswith(RESERVED_PREFIX):
@@ -629,6 +678,14 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             actions.append(spec.name)
             if spec.unsafe_to_repeat:
                 unsafe.append(spec.name)
+            if spec.HasField("rate_limit"):
+                period = (
+                    _seconds(spec.rate_limit.period) if spec.rate_limit.HasField("period") else 0.0
+                )
+                where = f"action {spec.name!r}"
+                flow.check_rate_limit(where, spec.rate_limit.count, period)
+                # The first declaration of an action counts, as for the rest of its spec.
+                rates.setdefault(spec.name, (spec.rate_limit.count, period))
         limit = request.max_steps or 1
         if not 1 <= limit <= self.settings.max_claim_batch:
             raise errors.InvalidArgument(
@@ -648,7 +705,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             while True:
                 with self.dispatcher.subscribe(actions) as ready:
                     self.activity.polled(actions, worker_id)
-                    rows = await self._claim(worker_id, actions, unsafe, limit, lease)
+                    rows = await self._claim(worker_id, actions, unsafe, limit, lease, rates)
                     steps = [self._claimed(r, lease) for r in rows if not self._blocked(r)]
                     if steps:
                         self.activity.claimed({s.action for s in steps}, worker_id)
@@ -674,13 +731,24 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 self.metrics.waiting_claims.dec()
 
     async def _claim(
-        self, worker_id: str, actions: list[str], unsafe: list[str], limit: int, lease: float
+        self,
+        worker_id: str,
+        actions: list[str],
+        unsafe: list[str],
+        limit: int,
+        lease: float,
+        rates: Mapping[str, tuple[int, float]],
     ) -> Sequence[ClaimedStep]:
         """Claim, and if the caller goes away meanwhile, hand the steps back at once
         rather than leave them leased to nobody until the lease runs out."""
         claim = asyncio.ensure_future(
             self.store.step_claim(
-                worker_id=worker_id, actions=actions, unsafe=unsafe, limit=limit, lease_s=lease
+                worker_id=worker_id,
+                actions=actions,
+                unsafe=unsafe,
+                limit=limit,
+                lease_s=lease,
+                rates=rates,
             )
         )
         try:

@@ -16,7 +16,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from importlib import resources
@@ -220,6 +220,9 @@ def nodes_json(nodes: Sequence[NodeSpec]) -> str:
                     "timeout_s": n.timeout_s,
                     "input": n.input,
                     "dependents": n.dependents,
+                    "priority": n.priority,
+                    "concurrency_key": n.concurrency_key,
+                    "concurrency_limit": n.concurrency_limit,
                     "position": i,
                 },
                 separators=(",", ":"),
@@ -346,6 +349,8 @@ class Store:
         nodes: Sequence[NodeSpec],
         input_json: str | None,
         submit_key: str | None,
+        start_at: datetime | None = None,
+        priority: int = 0,
     ) -> tuple[uuid.UUID, bool]:
         from uuid6 import uuid7
 
@@ -358,6 +363,8 @@ class Store:
             submit_key=submit_key,
             input=input_json,
             nodes=encoded,
+            start_at=start_at,
+            priority=priority,
         )
         assert row is not None
         return row.run_id, row.created
@@ -440,7 +447,10 @@ class Store:
         unsafe: list[str],
         limit: int,
         lease_s: float,
+        rates: Mapping[str, tuple[int, float]] | None = None,
     ) -> list[ClaimedStep]:
+        """rates: the actions the worker declares rate limited, with (count, period_s)."""
+        rated = list((rates or {}).items())
         return await self._all(
             "step_claim",
             ClaimedStep,
@@ -449,6 +459,9 @@ class Store:
             unsafe=unsafe,
             limit=limit,
             lease_s=lease_s,
+            rate_actions=[a for a, _ in rated],
+            rate_counts=[c for _, (c, _) in rated],
+            rate_periods=[p for _, (_, p) in rated],
         )
 
     async def steps_release(self, claimed: Sequence[ClaimedStep]) -> int:

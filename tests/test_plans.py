@@ -38,6 +38,7 @@ HOT = (
     "_runs_close",
     "step_call_begin",
     "_step_call_end",
+    "step_next_due",
 )
 WATCHED = ("steps", "runs", "step_calls")
 #: The sweep's index of held leases: a walk of it reads every running step, so only the
@@ -138,6 +139,9 @@ def _node(name: str, action: str, deps: tuple[str, ...] = (), **extra: Any) -> d
         "backoff_multiplier": 2.0,
         "timeout_s": 300.0,
         "input": None,
+        "priority": None,
+        "concurrency_key": None,
+        "concurrency_limit": None,
         **extra,
     }
 
@@ -336,6 +340,27 @@ def _round(s: Session, live: psycopg.Connection, i: int) -> None:
     [d] = s.claim("durable")
     assert s.begin(d, "charge", unsafe=True) == "recorded"
     s.complete(d)
+
+    # Flow control: a concurrency key (one of two admitted), a rate-limited action,
+    # priorities, and the waiting claim's next look.
+    for _ in range(2):
+        _submit(live, [_node("k", "keyed", concurrency_key="plan-key", concurrency_limit=1)])
+    _submit(live, [_node("r", "rated", priority=5)])
+    [keyed] = s.claim("keyed")
+    assert s.claim("keyed") == []
+    s.complete(keyed)
+    [rated] = s.call(
+        "step_claim",
+        "SELECT run_id, node, lease_token FROM cyclone.step_claim('plan-test', %s, '{}', 10,"
+        " interval '60s', %s, %s, ARRAY[interval '1 hour'])",
+        ["rated"],
+        ["rated"],
+        [1000],
+    )
+    s.complete(rated)
+    [keyed] = s.claim("keyed")
+    s.complete(keyed)
+    s.call("step_next_due", "SELECT cyclone.step_next_due(%s)", ["one", "keyed", "rated"])
 
     s.claim("unsafe", unsafe=("unsafe",), lease_s=1)
     s.claim("slow", lease_s=1)

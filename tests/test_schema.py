@@ -231,13 +231,14 @@ def test_a_function_changed_only_in_the_schema_is_reported_with_a_diff(both):
 def test_a_migration_missing_from_the_schema_is_reported(both):
     migrated, schema = both
     with psycopg.connect(migrated, autocommit=True) as conn:
-        conn.execute("ALTER TABLE cyclone.runs ADD COLUMN priority integer NOT NULL DEFAULT 0")
-        conn.execute("CREATE INDEX runs_priority_idx ON cyclone.runs (priority)")
+        conn.execute("ALTER TABLE cyclone.runs ADD COLUMN drift_probe integer NOT NULL DEFAULT 0")
+        conn.execute("CREATE INDEX runs_drift_probe_idx ON cyclone.runs (drift_probe)")
     found = differences(catalog(migrated), catalog(schema))
     assert any(
-        "the migrations define column cyclone.runs.priority, schema/ does not" in f for f in found
+        "the migrations define column cyclone.runs.drift_probe, schema/ does not" in f
+        for f in found
     ), found
-    assert any("index cyclone.runs_priority_idx" in f for f in found), found
+    assert any("index cyclone.runs_drift_probe_idx" in f for f in found), found
 
 
 def test_comments_and_layout_do_not_count_but_literals_do():

@@ -135,6 +135,11 @@ class NodeSpec:
     timeout_s: float = DEFAULT_TIMEOUT_S
     input: Any = None
     dependents: tuple[str, ...] = field(default=(), compare=False)
+    #: Claim priority; None: the run's (cyclone.flow).
+    priority: int | None = None
+    #: Concurrency key template and limit (cyclone.flow.KeyTemplate); both or neither.
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 def check_name(kind: str, value: str) -> None:
@@ -200,6 +205,19 @@ def _check_node_settings(node: NodeSpec) -> None:
             f"{where}: backoff_multiplier must be between 1 and {MAX_BACKOFF_MULTIPLIER:g}, "
             f"got {node.backoff_multiplier:g}"
         )
+    from cyclone import flow  # flow builds on this module
+
+    if node.priority is not None:
+        flow.check_priority(where, node.priority)
+    if (node.concurrency_key is None) != (node.concurrency_limit is None):
+        raise InvalidWorkflow(f"{where}: a concurrency limit needs both a key and a limit")
+    if node.concurrency_key is not None and node.concurrency_limit is not None:
+        flow.KeyTemplate.parse(where, node.concurrency_key)
+        if not 1 <= node.concurrency_limit <= flow.MAX_CONCURRENCY_LIMIT:
+            raise InvalidWorkflow(
+                f"{where}: concurrency limit must be between 1 and "
+                f"{flow.MAX_CONCURRENCY_LIMIT}, got {node.concurrency_limit}"
+            )
 
 
 def validate_workflow(

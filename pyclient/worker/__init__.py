@@ -78,11 +78,12 @@ from typing import Any
 
 import grpc
 
-from pyclient.actions import Action
+from pyclient.actions import Action, RateLimit
 from pyclient.client import default_address
 from pyclient.errors import InvalidArgument
 from pyclient.worker._common import HandlerTimeout, log
 from pyclient.worker._runtime import Runtime
+from pyclient.workflow import Seconds
 
 __all__ = ["HandlerTimeout", "Worker"]
 
@@ -143,35 +144,49 @@ class Worker:
         *,
         timeout: float | None = None,
         unsafe_to_repeat: bool = False,
+        rate_limit: RateLimit | tuple[int, Seconds] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering a handler for ``name`` (default: the function's name).
 
         ``timeout`` (seconds) caps each call below the node's own timeout.
         ``unsafe_to_repeat``: the effect must not happen twice; a step of this action
         that lost its lease with no outcome blocks its run until an operator resolves
-        it, instead of running again.
+        it, instead of running again. ``rate_limit`` (a :class:`RateLimit` or
+        ``(count, period)``): at most ``count`` steps of the action are claimed in any
+        window of ``period`` seconds, across all workers (docs/flow-control.md).
         """
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.register(
-                name or fn.__name__, fn, timeout=timeout, unsafe_to_repeat=unsafe_to_repeat
+                name or fn.__name__,
+                fn,
+                timeout=timeout,
+                unsafe_to_repeat=unsafe_to_repeat,
+                rate_limit=rate_limit,
             )
             return fn
 
         return register
 
     def workflow(
-        self, name: str | None = None, *, timeout: float | None = None
+        self,
+        name: str | None = None,
+        *,
+        timeout: float | None = None,
+        rate_limit: RateLimit | tuple[int, Seconds] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering a durable function for the action ``name`` (default:
         the function's name): a handler whose body calls steps (``@step``), each call
         journaled and replayed when the node runs again. Same signatures as
         :meth:`action`; any DAG node may name it, and ``client.start(name, input)`` runs
-        it as a one-node workflow. ``timeout`` caps each attempt below the node's.
+        it as a one-node workflow. ``timeout`` caps each attempt below the node's;
+        ``rate_limit`` as for :meth:`action` (each claim of the node counts, resumes too).
         """
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            action = self.register(name or fn.__name__, fn, timeout=timeout, durable=True)
+            action = self.register(
+                name or fn.__name__, fn, timeout=timeout, durable=True, rate_limit=rate_limit
+            )
             with contextlib.suppress(AttributeError, TypeError):  # for client.start(fn)
                 fn.__cyclone_action__ = action.name  # type: ignore[attr-defined]
             return fn
@@ -186,6 +201,7 @@ class Worker:
         timeout: float | None = None,
         unsafe_to_repeat: bool = False,
         durable: bool = False,
+        rate_limit: RateLimit | tuple[int, Seconds] | None = None,
     ) -> Action:
         """Register ``fn`` for ``name``; see :meth:`action` (and :meth:`workflow` for
         ``durable=True``)."""
@@ -197,7 +213,12 @@ class Worker:
                 "mark its steps: @step(unsafe_to_repeat=True)"
             )
         action = Action.of(
-            name, fn, timeout=timeout, unsafe_to_repeat=unsafe_to_repeat, durable=durable
+            name,
+            fn,
+            timeout=timeout,
+            unsafe_to_repeat=unsafe_to_repeat,
+            durable=durable,
+            rate_limit=rate_limit,
         )
         self._actions[name] = action
         return action

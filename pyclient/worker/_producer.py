@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from cyclone.v1 import worker_service_pb2 as pb
+from pyclient.actions import Action
 from pyclient.errors import InvalidArgument, PermissionDenied, Unauthenticated, from_rpc_error
 from pyclient.worker._common import log
 from pyclient.worker._retry import Backoff
@@ -41,10 +42,7 @@ class Producer:
         w = self.w
         return pb.ClaimRequest(
             worker_id=w.worker_id,
-            actions=[
-                pb.ActionSpec(name=a.name, unsafe_to_repeat=a.unsafe_to_repeat)
-                for a in sorted(w._actions.values(), key=lambda a: a.name)
-            ],
+            actions=[_spec(a) for a in sorted(w._actions.values(), key=lambda a: a.name)],
             max_steps=free,
             wait=duration(w.claim_wait),
             lease=duration(w.lease),
@@ -127,3 +125,12 @@ class Producer:
         self.look_again.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("worker %s: step task crashed", self.w.worker_id, exc_info=task.exception())
+
+
+def _spec(a: Action) -> pb.ActionSpec:
+    """What a Claim says of an action: its name and the marks read from the code."""
+    spec = pb.ActionSpec(name=a.name, unsafe_to_repeat=a.unsafe_to_repeat)
+    if a.rate_limit is not None:
+        spec.rate_limit.count = a.rate_limit.count
+        spec.rate_limit.period.CopyFrom(duration(a.rate_limit.period))
+    return spec

@@ -48,6 +48,10 @@ CREATE TABLE cyclone.runs (
     parent_run_id  uuid,
     parent_node    text,
     parent_step_id text,
+    -- The run's claim priority (Submit), every step's unless its node overrides it.
+    priority     integer     NOT NULL DEFAULT 0,
+    -- The start time given to Submit (root steps available then); NULL: at once.
+    start_at     timestamptz,
     CONSTRAINT runs_status_known
         CHECK (status IN ('running', 'completed', 'failed', 'blocked', 'cancelled')),
     CONSTRAINT runs_finished_at_iff_finished
@@ -151,6 +155,12 @@ CREATE TABLE cyclone.steps (
     -- What the node waits for while step_wait has it available at its wake time:
     -- "sleep", "event <name>", "child <run_id>". Cleared when the wait is over.
     waiting_for        text,
+    -- Claim order: higher first, then oldest available_at (Node.priority, else the run's).
+    priority           integer     NOT NULL DEFAULT 0,
+    -- Node.concurrency evaluated at submit: at most concurrency_limit steps with this key
+    -- are running at once (step_claim). Both NULL for a node with no limit.
+    concurrency_key    text,
+    concurrency_limit  integer,
     PRIMARY KEY (run_id, node),
     CONSTRAINT steps_status_known CHECK (status IN
         ('pending', 'available', 'running', 'completed', 'discarded', 'uncertain',
@@ -172,9 +182,15 @@ CREATE TABLE cyclone.steps (
     CONSTRAINT steps_resumes_in_range CHECK (resumes BETWEEN 0 AND attempt)
 );
 
--- The claim's index: exactly the ready rows, per action, oldest first. Claimed rows
--- leave it, so a long drain does not walk over what it already took.
-CREATE INDEX steps_ready_idx ON cyclone.steps (action, available_at) WHERE status = 'available';
+-- The claim's index: exactly the ready rows, per action, highest priority first, then
+-- oldest first. Claimed rows leave it, so a long drain does not walk over what it
+-- already took.
+CREATE INDEX steps_ready_idx ON cyclone.steps (action, priority DESC, available_at)
+    WHERE status = 'available';
+-- Running steps by concurrency key: step_claim counts them (_keys_room). Steps with no
+-- key are not in it.
+CREATE INDEX steps_key_running_idx ON cyclone.steps (concurrency_key)
+    WHERE status = 'running' AND concurrency_key IS NOT NULL;
 -- Ready rows whose last attempt lost its lease: checked against unsafe marks at claim.
 CREATE INDEX steps_uncertain_idx ON cyclone.steps (action)
     WHERE status = 'available' AND effect_uncertain;

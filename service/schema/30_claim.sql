@@ -45,15 +45,24 @@ BEGIN
 END;
 $$;
 
--- Claims up to p_limit ready steps of the actions a worker serves, oldest
--- available_at first, each action once however often p_actions names it, with FOR
--- UPDATE SKIP LOCKED: two claims never get the same step. Each becomes running:
--- attempt + 1, a new random lease token, deadline = now + timeout, lease =
+-- Claims up to p_limit ready steps of the actions a worker serves, highest priority
+-- first, then oldest available_at, each action once however often p_actions names it,
+-- with FOR UPDATE SKIP LOCKED: two claims never get the same step. Each becomes
+-- running: attempt + 1, a new random lease token, deadline = now + timeout, lease =
 -- min(p_lease, timeout), unsafe = whether the worker marks its action unsafe.
 -- A ready step whose last lease expired with no outcome (effect_uncertain) is not
 -- handed to a worker that marks its action unsafe: _block_uncertain blocks its run,
 -- and it is returned first with blocked = true (and no lease). A worker that does not
 -- mark it unsafe claims it like any step, with effect_uncertain = true in the reply.
+-- Flow control (docs/flow-control.md): an action the worker declares rate limited
+-- (p_rate_actions, with p_rate_counts claims per p_rate_periods) gets at most the room
+-- _rate_room leaves in its window (its cyclone.action_rates row stays locked until
+-- commit, and the claims made are added to it in the same statement); a step with a
+-- concurrency key is taken only while fewer than its limit run with that key: the walk
+-- passes over keys already full (listed once, from steps_key_running_idx, as the
+-- statement's snapshot sees them), and _keys_room, under the keys' locks, gives the
+-- room of each key picked; its steps are admitted in claim order. Steps and actions without them pay for
+-- none of this. A claim may so return fewer steps than it could have.
 -- Each row carries the run's input, the completed upstream outputs, how long the step
 -- waited (waited_s) and, for a step allowed to run after a failure, its failed or
 -- skipped upstream nodes with their last errors (upstream_failures), and the node's
@@ -63,7 +72,9 @@ $$;
 -- same walk of the ready index for every argument, and replanning cost ~0.45 ms of a
 -- 1.5 ms claim). RPC: Claim.
 CREATE FUNCTION cyclone.step_claim(
-    p_worker text, p_actions text[], p_unsafe text[], p_limit integer, p_lease interval)
+    p_worker text, p_actions text[], p_unsafe text[], p_limit integer, p_lease interval,
+    p_rate_actions text[] DEFAULT '{}', p_rate_counts integer[] DEFAULT '{}',
+    p_rate_periods interval[] DEFAULT '{}')
 RETURNS TABLE (
     run_id uuid, node text, action text, workflow text, attempt integer,
     max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
@@ -76,7 +87,10 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := cyclone.now();
+    v_now   timestamptz := cyclone.now();
+    -- The rate-limited actions, and the room left in the window of each.
+    v_rated text[] := '{}';
+    v_rooms integer[] := '{}';
 BEGIN
     IF cardinality(p_unsafe) > 0 THEN
         RETURN QUERY SELECT b.run_id, b.node, b.action, b.workflow, b.attempt, b.max_attempts,
@@ -86,21 +100,62 @@ BEGIN
                        FROM cyclone._block_uncertain(p_unsafe) b;
     END IF;
 
+    IF cardinality(p_rate_actions) > 0 THEN
+        -- Locked in action order, so that two claims never wait on each other.
+        SELECT array_agg(o.action), array_agg(o.room) INTO v_rated, v_rooms
+          FROM (SELECT r.action, cyclone._rate_room(r.action, r.count, r.period, v_now) AS room
+                  FROM (SELECT * FROM unnest(p_rate_actions, p_rate_counts, p_rate_periods)
+                                   AS r(action, count, period)
+                         ORDER BY r.action OFFSET 0) r) o;
+    END IF;
+
     RETURN QUERY
     WITH picked AS (
-        SELECT c.row_id, c.run_id, c.node, c.effect_uncertain, c.available_at
-          FROM (SELECT DISTINCT x FROM unnest(p_actions) x) AS a(action)
+        SELECT c.row_id, c.run_id, c.node, c.effect_uncertain, c.available_at, c.priority,
+               c.concurrency_key, c.concurrency_limit
+          FROM (SELECT x.action,
+                       least(p_limit, coalesce(v_rooms[array_position(v_rated, x.action)],
+                                               p_limit)) AS room
+                  FROM (SELECT DISTINCT x FROM unnest(p_actions) x) AS x(action)) AS a
          CROSS JOIN LATERAL (
-               SELECT s.ctid AS row_id, s.run_id, s.node, s.available_at, s.effect_uncertain
+               SELECT s.ctid AS row_id, s.run_id, s.node, s.available_at, s.effect_uncertain,
+                      s.priority, s.concurrency_key, s.concurrency_limit
                  FROM cyclone.steps s
                 WHERE s.status = 'available' AND s.action = a.action
                   AND s.available_at <= v_now
                   AND NOT (s.effect_uncertain AND s.action = ANY (p_unsafe))
-                ORDER BY s.available_at
-                LIMIT p_limit
+                  -- Pass over the keys already full as this statement sees them: listed
+                  -- once per claim, when the walk first meets a keyed step.
+                  AND (s.concurrency_key IS NULL
+                       OR s.concurrency_key <> ALL (ARRAY(
+                              SELECT k.concurrency_key FROM cyclone.steps k
+                               WHERE k.status = 'running' AND k.concurrency_key IS NOT NULL
+                               GROUP BY k.concurrency_key
+                              HAVING count(*) >= min(k.concurrency_limit))))
+                ORDER BY s.priority DESC, s.available_at
+                LIMIT a.room
                   FOR UPDATE SKIP LOCKED) c
-         ORDER BY c.available_at
+         ORDER BY c.priority DESC, c.available_at
          LIMIT p_limit
+    ), keyed AS MATERIALIZED (
+        -- The room of each key picked, counted under the keys' locks (_keys_room).
+        SELECT r.concurrency_key, r.room
+          FROM (SELECT array_agg(k.concurrency_key) AS keys, array_agg(k.lim) AS limits
+                  FROM (SELECT p.concurrency_key, min(p.concurrency_limit) AS lim
+                          FROM picked p WHERE p.concurrency_key IS NOT NULL
+                         GROUP BY p.concurrency_key) k) g
+         CROSS JOIN LATERAL cyclone._keys_room(g.keys, g.limits) r
+         WHERE g.keys IS NOT NULL
+    ), admitted AS (
+        SELECT p.row_id, p.run_id, p.node, p.effect_uncertain, p.available_at
+          FROM picked p WHERE p.concurrency_key IS NULL
+        UNION ALL
+        SELECT p.row_id, p.run_id, p.node, p.effect_uncertain, p.available_at
+          FROM (SELECT p.*, row_number() OVER (PARTITION BY p.concurrency_key
+                                               ORDER BY p.priority DESC, p.available_at) AS n
+                  FROM picked p WHERE p.concurrency_key IS NOT NULL) p
+          JOIN keyed k ON k.concurrency_key = p.concurrency_key
+         WHERE p.n <= k.room
     ), claimed AS (
         UPDATE cyclone.steps s
            SET status = 'running',
@@ -113,11 +168,26 @@ BEGIN
                worker_id = p_worker,
                unsafe = s.action = ANY (p_unsafe),
                effect_uncertain = false
-         WHERE s.ctid = ANY (ARRAY(SELECT p.row_id FROM picked p))
+         WHERE s.ctid = ANY (ARRAY(SELECT p.row_id FROM admitted p))
            AND s.status = 'available'
         RETURNING s.run_id, s.node, s.action, s.attempt, s.max_attempts, s.input,
                   s.depends_on, s.deps_failed, s.lease_token, s.lease_expires_at,
                   s.deadline_at, s.progress
+    ), rated AS (
+        -- The claims of each rate-limited action join its window (locked by _rate_room).
+        UPDATE cyclone.action_rates t
+           SET (firsts, lasts, counts, reopens_at) = (
+                   SELECT n.firsts, n.lasts, n.counts, n.reopens_at
+                     FROM cyclone._rate_next(t.firsts, t.lasts, t.counts, r.count, r.period,
+                                             v_now, r.n) n),
+               updated_at = v_now
+          FROM (SELECT r.action, r.count, r.period, c.n
+                  FROM unnest(p_rate_actions, p_rate_counts, p_rate_periods)
+                       AS r(action, count, period)
+                  JOIN (SELECT c.action, count(*)::integer AS n FROM claimed c
+                         GROUP BY c.action) c ON c.action = r.action
+                 WHERE cardinality(p_rate_actions) > 0) r
+         WHERE t.action = r.action
     )
     SELECT c.run_id, c.node, c.action, r.workflow, c.attempt, c.max_attempts, c.input,
            r.input,
@@ -147,7 +217,7 @@ BEGIN
               FROM cyclone.step_calls j
              WHERE j.run_id = c.run_id AND j.node = c.node)
       FROM claimed c
-      JOIN picked p ON p.run_id = c.run_id AND p.node = c.node
+      JOIN admitted p ON p.run_id = c.run_id AND p.node = c.node
      -- OFFSET 0 keeps the lookup a subquery run once per claimed step, by key.
      CROSS JOIN LATERAL (SELECT r.workflow, r.input FROM cyclone.runs r
                           WHERE r.run_id = c.run_id OFFSET 0) r;

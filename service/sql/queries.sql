@@ -8,12 +8,17 @@
 -- name: run_submit
 SELECT run_id, created, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.run_submit(CAST(:run_id AS uuid), :workflow, :submit_key,
-                          CAST(:input AS jsonb), CAST(:nodes AS jsonb));
+                          CAST(:input AS jsonb), CAST(:nodes AS jsonb),
+                          CAST(:start_at AS timestamptz), :priority);
 
 -- name: step_claim
 SELECT *
   FROM cyclone.step_claim(:worker_id, CAST(:actions AS text[]), CAST(:unsafe AS text[]),
-                          :limit, make_interval(secs => :lease_s));
+                          :limit, make_interval(secs => :lease_s),
+                          CAST(:rate_actions AS text[]), CAST(:rate_counts AS integer[]),
+                          ARRAY(SELECT make_interval(secs => p)
+                                  FROM unnest(CAST(:rate_periods AS float8[]))
+                                       WITH ORDINALITY AS u(p, i) ORDER BY u.i));
 
 -- name: steps_release
 -- Hands back steps that a Claim took but could not deliver (its caller went away):
@@ -29,10 +34,9 @@ UPDATE cyclone.steps s
 RETURNING s.action AS ready;
 
 -- name: step_next_due
--- Earliest time a ready step of these actions becomes claimable (backoff).
-SELECT extract(epoch FROM min(available_at) - cyclone.now()) AS seconds
-  FROM cyclone.steps
- WHERE status = 'available' AND action = ANY (CAST(:actions AS text[]));
+-- Seconds until a claim of these actions may find work: a backoff or start time
+-- coming due, a rate limit's window opening, or a concurrency key to look at again.
+SELECT cyclone.step_next_due(CAST(:actions AS text[])) AS seconds;
 
 -- name: step_attempt
 -- A step's attempt, for a log line about an outcome this server did not hand out.
@@ -212,13 +216,15 @@ SELECT r.status AS run_status, r.error AS run_error, cyclone.now() AS now,
              FROM cyclone.steps f JOIN up ON f.node = up.node
             WHERE f.run_id = s.run_id AND f.status = 'discarded') END AS failed_upstream,
        a.polled_at, a.polled_by, a.claimed_at, a.claimed_by,
-       -- For a ready step: how many ready steps of its action are ahead of it (at most
-       -- 10,000 are counted), and how many of its action are running.
+       -- For a ready step: how many ready steps of its action are ahead of it in claim
+       -- order (higher priority, or the same and older; at most 10,000 are counted), and
+       -- how many of its action are running.
        CASE WHEN s.status = 'available' AND s.available_at <= cyclone.now() THEN (
            SELECT count(*) FROM (
                SELECT 1 FROM cyclone.steps q
                 WHERE q.status = 'available' AND q.action = s.action
-                  AND q.available_at < s.available_at
+                  AND q.priority >= s.priority AND q.available_at <= cyclone.now()
+                  AND (q.priority > s.priority OR q.available_at < s.available_at)
                 LIMIT 10000) ahead) END AS ready_ahead,
        CASE WHEN s.status = 'available' THEN (
            SELECT count(*) FROM cyclone.steps q
@@ -275,6 +281,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'resumes', s.resumes,
                    'waiting_for', CASE WHEN s.status IN ('available', 'pending')
                                        THEN s.waiting_for END,
+                   'priority', s.priority, 'concurrency_key', s.concurrency_key,
                    'journal', (SELECT jsonb_agg(cyclone._step_call_json(j) ORDER BY j.seq)
                                  FROM cyclone.step_calls j
                                 WHERE j.run_id = s.run_id AND j.node = s.node))
@@ -292,7 +299,8 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'action', a.action, 'node', a.node, 'actor', a.actor, 'reason', a.reason,
                    'details', a.details, 'at', a.at) ORDER BY a.id), '[]')
-          FROM cyclone.audit a WHERE a.run_id = r.run_id) AS audit
+          FROM cyclone.audit a WHERE a.run_id = r.run_id) AS audit,
+       r.priority, r.start_at
   FROM cyclone.runs r
  WHERE r.run_id = CAST(:run_id AS uuid);
 

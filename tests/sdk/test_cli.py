@@ -78,12 +78,12 @@ class FakeClient:
         if self.error:
             raise self.error
 
-    def submit(self, workflow, input=None):
-        self._record("submit", workflow.to_proto(), input)
+    def submit(self, workflow, input=None, **flow):
+        self._record("submit", workflow.to_proto(), input, **flow)
         return "r-new"
 
-    def submit_once(self, workflow, key, input=None):
-        self._record("submit_once", workflow.name, key, input)
+    def submit_once(self, workflow, key, input=None, **flow):
+        self._record("submit_once", workflow.name, key, input, **flow)
         return Submitted("r-old", False)
 
     def get_run(self, run_id):
@@ -135,6 +135,26 @@ def test_submit_with_a_key_says_when_the_run_already_existed(workflow_file, caps
     assert cli.main(argv, client=client) == 0
     assert client.calls[0] == ("submit_once", ("order", "o-1", {"amount": 1}), {})
     assert json.loads(capsys.readouterr().out) == {"run_id": "r-old", "created": False}
+
+
+def test_submit_passes_a_start_time_and_a_priority(workflow_file):
+    client = FakeClient()
+    argv = ["submit", workflow_file, "--start-at", "90m", "--priority", "3"]
+    assert cli.main(argv, client=client) == 0
+    assert client.calls[0][2] == {"start_at": dt.timedelta(minutes=90), "priority": 3}
+    client = FakeClient()
+    argv = ["submit", workflow_file, "--key", "k", "--start-at", "2026-12-01T09:00:00+01:00"]
+    assert cli.main(argv, client=client) == 0
+    assert client.calls[0][2] == {
+        "start_at": dt.datetime(2026, 12, 1, 8, tzinfo=dt.UTC),
+    }
+
+
+@pytest.mark.parametrize("when", ["2026-12-01T09:00:00", "soon", "5x"])
+def test_submit_refuses_a_start_time_without_a_zone_or_unit(workflow_file, when, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["submit", workflow_file, "--start-at", when], client=FakeClient())
+    assert "--start-at" in capsys.readouterr().err
 
 
 def test_an_invalid_workflow_file_is_an_error_with_the_reason(tmp_path, capsys):

@@ -151,3 +151,24 @@ def test_from_dict_builds_the_same_workflow_as_the_builder():
 def test_from_dict_names_what_is_wrong(data, message):
     with pytest.raises(InvalidArgument, match=message):
         Workflow.from_dict(data)
+
+
+def test_from_dict_takes_priority_and_concurrency():
+    wf = Workflow.from_dict(
+        {
+            "name": "w",
+            "nodes": [
+                {"name": "a", "priority": 3, "concurrency": {"key": "c:{run.id}", "limit": 2}},
+                {"name": "b", "depends_on": ["a"]},
+            ],
+        }
+    )
+    a, b = wf.to_proto().nodes
+    assert (a.priority, a.concurrency.key, a.concurrency.limit) == (3, "c:{run.id}", 2)
+    assert (b.HasField("priority"), b.HasField("concurrency")) == (False, False)
+    with pytest.raises(InvalidArgument, match="unknown field 'keys'"):
+        Workflow.from_dict({"name": "w", "nodes": [{"name": "a", "concurrency": {"keys": "x"}}]})
+    with pytest.raises(InvalidArgument, match="concurrency limit must be between"):
+        Workflow.from_dict(
+            {"name": "w", "nodes": [{"name": "a", "concurrency": {"key": "x", "limit": 0}}]}
+        ).validate()

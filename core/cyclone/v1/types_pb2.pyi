@@ -81,7 +81,7 @@ class Workflow(_message.Message):
     def __init__(self, name: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "action", "depends_on", "trigger_rule", "retry", "timeout", "input", "event")
+    __slots__ = ("name", "action", "depends_on", "trigger_rule", "retry", "timeout", "input", "event", "priority", "concurrency")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,8 @@ class Node(_message.Message):
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     name: str
     action: str
     depends_on: _containers.RepeatedScalarFieldContainer[str]
@@ -98,7 +100,9 @@ class Node(_message.Message):
     timeout: _duration_pb2.Duration
     input: _struct_pb2.Value
     event: EventWait
-    def __init__(self, name: _Optional[str] = ..., action: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., event: _Optional[_Union[EventWait, _Mapping]] = ...) -> None: ...
+    priority: int
+    concurrency: ConcurrencyLimit
+    def __init__(self, name: _Optional[str] = ..., action: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., event: _Optional[_Union[EventWait, _Mapping]] = ..., priority: _Optional[int] = ..., concurrency: _Optional[_Union[ConcurrencyLimit, _Mapping]] = ...) -> None: ...
 
 class EventWait(_message.Message):
     __slots__ = ("name", "timeout")
@@ -107,6 +111,14 @@ class EventWait(_message.Message):
     name: str
     timeout: _duration_pb2.Duration
     def __init__(self, name: _Optional[str] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ConcurrencyLimit(_message.Message):
+    __slots__ = ("key", "limit")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    limit: int
+    def __init__(self, key: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class RetryPolicy(_message.Message):
     __slots__ = ("max_attempts", "initial_backoff", "max_backoff", "backoff_multiplier")
@@ -121,7 +133,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max_attempts: _Optional[int] = ..., initial_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff_multiplier: _Optional[float] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "workflow", "status", "input", "error", "submit_key", "created_at", "updated_at", "finished_at", "steps", "audit", "step_counts", "parent_run_id", "parent_node", "parent_step_id")
+    __slots__ = ("run_id", "workflow", "status", "input", "error", "submit_key", "created_at", "updated_at", "finished_at", "steps", "audit", "step_counts", "parent_run_id", "parent_node", "parent_step_id", "priority", "start_at")
     class StepCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +156,8 @@ class Run(_message.Message):
     PARENT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_NODE_FIELD_NUMBER: _ClassVar[int]
     PARENT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    START_AT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     workflow: str
     status: RunStatus
@@ -159,7 +173,9 @@ class Run(_message.Message):
     parent_run_id: str
     parent_node: str
     parent_step_id: str
-    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[RunError, _Mapping]] = ..., submit_key: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., audit: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., step_counts: _Optional[_Mapping[str, int]] = ..., parent_run_id: _Optional[str] = ..., parent_node: _Optional[str] = ..., parent_step_id: _Optional[str] = ...) -> None: ...
+    priority: int
+    start_at: _timestamp_pb2.Timestamp
+    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[RunError, _Mapping]] = ..., submit_key: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., audit: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., step_counts: _Optional[_Mapping[str, int]] = ..., parent_run_id: _Optional[str] = ..., parent_node: _Optional[str] = ..., parent_step_id: _Optional[str] = ..., priority: _Optional[int] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RunError(_message.Message):
     __slots__ = ("kind", "message", "node", "attempt", "started_at", "step_id")
@@ -178,7 +194,7 @@ class RunError(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., node: _Optional[str] = ..., attempt: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., step_id: _Optional[str] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("node", "action", "status", "attempt", "max_attempts", "depends_on", "trigger_rule", "input", "output", "errors", "worker_id", "lease_expires_at", "available_at", "started_at", "finished_at", "effect_uncertain", "timeout", "progress", "last_heartbeat_at", "journal", "resumes", "waiting_for")
+    __slots__ = ("node", "action", "status", "attempt", "max_attempts", "depends_on", "trigger_rule", "input", "output", "errors", "worker_id", "lease_expires_at", "available_at", "started_at", "finished_at", "effect_uncertain", "timeout", "progress", "last_heartbeat_at", "journal", "resumes", "waiting_for", "priority", "concurrency_key")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +217,8 @@ class Step(_message.Message):
     JOURNAL_FIELD_NUMBER: _ClassVar[int]
     RESUMES_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     node: str
     action: str
     status: StepStatus
@@ -223,7 +241,9 @@ class Step(_message.Message):
     journal: _containers.RepeatedCompositeFieldContainer[StepCall]
     resumes: int
     waiting_for: str
-    def __init__(self, node: _Optional[str] = ..., action: _Optional[str] = ..., status: _Optional[_Union[StepStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[StepError, _Mapping]]] = ..., worker_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., journal: _Optional[_Iterable[_Union[StepCall, _Mapping]]] = ..., resumes: _Optional[int] = ..., waiting_for: _Optional[str] = ...) -> None: ...
+    priority: int
+    concurrency_key: str
+    def __init__(self, node: _Optional[str] = ..., action: _Optional[str] = ..., status: _Optional[_Union[StepStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[StepError, _Mapping]]] = ..., worker_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., journal: _Optional[_Iterable[_Union[StepCall, _Mapping]]] = ..., resumes: _Optional[int] = ..., waiting_for: _Optional[str] = ..., priority: _Optional[int] = ..., concurrency_key: _Optional[str] = ...) -> None: ...
 
 class StepCall(_message.Message):
     __slots__ = ("step_id", "seq", "function", "status", "unsafe_to_repeat", "output", "error", "attempt", "started_at", "finished_at", "wake_at", "waiting_for")

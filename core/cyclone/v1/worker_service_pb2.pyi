@@ -34,12 +34,22 @@ WAIT_DECISION_READY: WaitDecision
 WAIT_DECISION_SUSPENDED: WaitDecision
 
 class ActionSpec(_message.Message):
-    __slots__ = ("name", "unsafe_to_repeat")
+    __slots__ = ("name", "unsafe_to_repeat", "rate_limit")
     NAME_FIELD_NUMBER: _ClassVar[int]
     UNSAFE_TO_REPEAT_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
     name: str
     unsafe_to_repeat: bool
-    def __init__(self, name: _Optional[str] = ..., unsafe_to_repeat: _Optional[bool] = ...) -> None: ...
+    rate_limit: RateLimit
+    def __init__(self, name: _Optional[str] = ..., unsafe_to_repeat: _Optional[bool] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ...) -> None: ...
+
+class RateLimit(_message.Message):
+    __slots__ = ("count", "period")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    period: _duration_pb2.Duration
+    def __init__(self, count: _Optional[int] = ..., period: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class ClaimRequest(_message.Message):
     __slots__ = ("worker_id", "actions", "max_steps", "wait", "lease")

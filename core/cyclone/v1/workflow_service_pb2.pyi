@@ -42,12 +42,16 @@ EXPLAIN_REASON_CANCELLED: ExplainReason
 EXPLAIN_REASON_COMPLETED: ExplainReason
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("workflow", "input")
+    __slots__ = ("workflow", "input", "start_at", "priority")
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
+    START_AT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     workflow: _types_pb2.Workflow
     input: _struct_pb2.Value
-    def __init__(self, workflow: _Optional[_Union[_types_pb2.Workflow, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+    start_at: _timestamp_pb2.Timestamp
+    priority: int
+    def __init__(self, workflow: _Optional[_Union[_types_pb2.Workflow, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class SubmitResponse(_message.Message):
     __slots__ = ("run_id",)
@@ -56,14 +60,18 @@ class SubmitResponse(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class SubmitOnceRequest(_message.Message):
-    __slots__ = ("workflow", "input", "key")
+    __slots__ = ("workflow", "input", "key", "start_at", "priority")
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    START_AT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     workflow: _types_pb2.Workflow
     input: _struct_pb2.Value
     key: str
-    def __init__(self, workflow: _Optional[_Union[_types_pb2.Workflow, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., key: _Optional[str] = ...) -> None: ...
+    start_at: _timestamp_pb2.Timestamp
+    priority: int
+    def __init__(self, workflow: _Optional[_Union[_types_pb2.Workflow, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., key: _Optional[str] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class SubmitOnceResponse(_message.Message):
     __slots__ = ("run_id", "created")

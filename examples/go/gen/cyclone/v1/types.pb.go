@@ -374,7 +374,15 @@ type Node struct {
 	// the node became ready counts; each event is consumed once). When the timeout
 	// passes first it is discarded with an EventTimeout error (no retry), so that
 	// ONE_FAILED nodes below it run. See docs/time-and-events.md.
-	Event         *EventWait `protobuf:"bytes,9,opt,name=event,proto3" json:"event,omitempty"`
+	Event *EventWait `protobuf:"bytes,9,opt,name=event,proto3" json:"event,omitempty"`
+	// This node's claim priority, -1000000 to 1000000; overrides the run's priority
+	// (SubmitRequest.priority) for this node only. Unset: the run's. Among the ready steps
+	// of the actions a worker claims, higher priorities are handed out first, and steps
+	// of one priority in the order they became ready. See docs/flow-control.md.
+	Priority *int32 `protobuf:"varint,8,opt,name=priority,proto3,oneof" json:"priority,omitempty"`
+	// At most `limit` steps with the same key run at once, across all workers and
+	// servers. Unset: no limit. See docs/flow-control.md.
+	Concurrency   *ConcurrencyLimit `protobuf:"bytes,10,opt,name=concurrency,proto3" json:"concurrency,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -465,6 +473,20 @@ func (x *Node) GetEvent() *EventWait {
 	return nil
 }
 
+func (x *Node) GetPriority() int32 {
+	if x != nil && x.Priority != nil {
+		return *x.Priority
+	}
+	return 0
+}
+
+func (x *Node) GetConcurrency() *ConcurrencyLimit {
+	if x != nil {
+		return x.Concurrency
+	}
+	return nil
+}
+
 // A wait for an event sent to the run by name (SendEvent), in a DAG node (Node.event)
 // or in a durable function's body (WaitRequest.event).
 type EventWait struct {
@@ -522,6 +544,68 @@ func (x *EventWait) GetTimeout() *durationpb.Duration {
 	return nil
 }
 
+// A concurrency limit on a node: a key, computed at submit, and how many steps with
+// that key may be running at once.
+type ConcurrencyLimit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Template of the key, 1-256 characters; evaluated once, at submit, to at most 256
+	// characters. `{run.a.b}` is replaced by the field a.b of the run input, `{node.a}` by
+	// the field a of the node's input (a string as is; a number or a boolean as JSON;
+	// anything else, or a missing field, is INVALID_ARGUMENT); `{{` and `}}` stand for
+	// `{` and `}`; other text is kept. E.g. "customer:{run.customer_id}". Keys are global:
+	// the same key in two workflows shares one limit.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Steps with this key that may be running at once, 1-10000. Required. All steps of a
+	// key should name the same limit: each claim checks the limit of the step it takes.
+	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConcurrencyLimit) Reset() {
+	*x = ConcurrencyLimit{}
+	mi := &file_cyclone_v1_types_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConcurrencyLimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConcurrencyLimit) ProtoMessage() {}
+
+func (x *ConcurrencyLimit) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_types_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConcurrencyLimit.ProtoReflect.Descriptor instead.
+func (*ConcurrencyLimit) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ConcurrencyLimit) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ConcurrencyLimit) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
 // Retry policy of a node. Every claim counts as an attempt, including claims whose
 // lease expired, so a handler that crashes its worker is eventually discarded.
 type RetryPolicy struct {
@@ -541,7 +625,7 @@ type RetryPolicy struct {
 
 func (x *RetryPolicy) Reset() {
 	*x = RetryPolicy{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[3]
+	mi := &file_cyclone_v1_types_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -553,7 +637,7 @@ func (x *RetryPolicy) String() string {
 func (*RetryPolicy) ProtoMessage() {}
 
 func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[3]
+	mi := &file_cyclone_v1_types_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -566,7 +650,7 @@ func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryPolicy.ProtoReflect.Descriptor instead.
 func (*RetryPolicy) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RetryPolicy) GetMaxAttempts() int32 {
@@ -632,14 +716,18 @@ type Run struct {
 	ParentNode string `protobuf:"bytes,14,opt,name=parent_node,json=parentNode,proto3" json:"parent_node,omitempty"`
 	// For a child run: the step call of that node's journal that started it (its
 	// output is {"run_id": <this run>}).
-	ParentStepId  string `protobuf:"bytes,15,opt,name=parent_step_id,json=parentStepId,proto3" json:"parent_step_id,omitempty"`
+	ParentStepId string `protobuf:"bytes,15,opt,name=parent_step_id,json=parentStepId,proto3" json:"parent_step_id,omitempty"`
+	// The run's priority (SubmitRequest.priority), 0 by default.
+	Priority int32 `protobuf:"varint,16,opt,name=priority,proto3" json:"priority,omitempty"`
+	// The start time given to Submit; unset when the run started at once.
+	StartAt       *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=start_at,json=startAt,proto3" json:"start_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
 	*x = Run{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[4]
+	mi := &file_cyclone_v1_types_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +739,7 @@ func (x *Run) String() string {
 func (*Run) ProtoMessage() {}
 
 func (x *Run) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[4]
+	mi := &file_cyclone_v1_types_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +752,7 @@ func (x *Run) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Run.ProtoReflect.Descriptor instead.
 func (*Run) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Run) GetRunId() string {
@@ -772,6 +860,20 @@ func (x *Run) GetParentStepId() string {
 	return ""
 }
 
+func (x *Run) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *Run) GetStartAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartAt
+	}
+	return nil
+}
+
 // Why a run is failed or blocked.
 type RunError struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -794,7 +896,7 @@ type RunError struct {
 
 func (x *RunError) Reset() {
 	*x = RunError{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[5]
+	mi := &file_cyclone_v1_types_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +908,7 @@ func (x *RunError) String() string {
 func (*RunError) ProtoMessage() {}
 
 func (x *RunError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[5]
+	mi := &file_cyclone_v1_types_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +921,7 @@ func (x *RunError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunError.ProtoReflect.Descriptor instead.
 func (*RunError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RunError) GetKind() string {
@@ -917,14 +1019,19 @@ type Step struct {
 	Resumes int32 `protobuf:"varint,21,opt,name=resumes,proto3" json:"resumes,omitempty"`
 	// While the node is AVAILABLE because it waits (see `available_at` for until when):
 	// what for, e.g. "sleep", "event order.approved", "child <run_id>". Empty otherwise.
-	WaitingFor    string `protobuf:"bytes,22,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	WaitingFor string `protobuf:"bytes,22,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
+	// The step's claim priority: Node.priority, or else the run's.
+	Priority int32 `protobuf:"varint,23,opt,name=priority,proto3" json:"priority,omitempty"`
+	// The node's concurrency key as evaluated at submit (ConcurrencyLimit.key); empty
+	// when the node has no limit.
+	ConcurrencyKey string `protobuf:"bytes,24,opt,name=concurrency_key,json=concurrencyKey,proto3" json:"concurrency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[6]
+	mi := &file_cyclone_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1043,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[6]
+	mi := &file_cyclone_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1056,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Step) GetNode() string {
@@ -1106,6 +1213,20 @@ func (x *Step) GetWaitingFor() string {
 	return ""
 }
 
+func (x *Step) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *Step) GetConcurrencyKey() string {
+	if x != nil {
+		return x.ConcurrencyKey
+	}
+	return ""
+}
+
 // One step call recorded by a durable function: an entry of its node's journal,
 // unique by (run_id, node, step_id).
 type StepCall struct {
@@ -1143,7 +1264,7 @@ type StepCall struct {
 
 func (x *StepCall) Reset() {
 	*x = StepCall{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[7]
+	mi := &file_cyclone_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1155,7 +1276,7 @@ func (x *StepCall) String() string {
 func (*StepCall) ProtoMessage() {}
 
 func (x *StepCall) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[7]
+	mi := &file_cyclone_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1168,7 +1289,7 @@ func (x *StepCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCall.ProtoReflect.Descriptor instead.
 func (*StepCall) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StepCall) GetStepId() string {
@@ -1270,7 +1391,7 @@ type StepCallError struct {
 
 func (x *StepCallError) Reset() {
 	*x = StepCallError{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[8]
+	mi := &file_cyclone_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1403,7 @@ func (x *StepCallError) String() string {
 func (*StepCallError) ProtoMessage() {}
 
 func (x *StepCallError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[8]
+	mi := &file_cyclone_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1416,7 @@ func (x *StepCallError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCallError.ProtoReflect.Descriptor instead.
 func (*StepCallError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StepCallError) GetType() string {
@@ -1342,7 +1463,7 @@ type StepError struct {
 
 func (x *StepError) Reset() {
 	*x = StepError{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[9]
+	mi := &file_cyclone_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1475,7 @@ func (x *StepError) String() string {
 func (*StepError) ProtoMessage() {}
 
 func (x *StepError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[9]
+	mi := &file_cyclone_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1488,7 @@ func (x *StepError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepError.ProtoReflect.Descriptor instead.
 func (*StepError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StepError) GetAttempt() int32 {
@@ -1440,7 +1561,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[10]
+	mi := &file_cyclone_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1452,7 +1573,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[10]
+	mi := &file_cyclone_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1465,7 +1586,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AuditEntry) GetAction() string {
@@ -1518,7 +1639,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"cyclone.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"F\n" +
 	"\bWorkflow\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12&\n" +
-	"\x05nodes\x18\x02 \x03(\v2\x10.cyclone.v1.NodeR\x05nodes\"\xcc\x02\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x10.cyclone.v1.NodeR\x05nodes\"\xba\x03\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x1d\n" +
@@ -1528,16 +1649,23 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x05retry\x18\x05 \x01(\v2\x17.cyclone.v1.RetryPolicyR\x05retry\x123\n" +
 	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12,\n" +
 	"\x05input\x18\a \x01(\v2\x16.google.protobuf.ValueR\x05input\x12+\n" +
-	"\x05event\x18\t \x01(\v2\x15.cyclone.v1.EventWaitR\x05event\"T\n" +
+	"\x05event\x18\t \x01(\v2\x15.cyclone.v1.EventWaitR\x05event\x12\x1f\n" +
+	"\bpriority\x18\b \x01(\x05H\x00R\bpriority\x88\x01\x01\x12>\n" +
+	"\vconcurrency\x18\n" +
+	" \x01(\v2\x1c.cyclone.v1.ConcurrencyLimitR\vconcurrencyB\v\n" +
+	"\t_priority\"T\n" +
 	"\tEventWait\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x123\n" +
-	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\xdf\x01\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\":\n" +
+	"\x10ConcurrencyLimit\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\xdf\x01\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12B\n" +
 	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
 	"\vmax_backoff\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"maxBackoff\x12-\n" +
-	"\x12backoff_multiplier\x18\x04 \x01(\x01R\x11backoffMultiplier\"\xd5\x05\n" +
+	"\x12backoff_multiplier\x18\x04 \x01(\x01R\x11backoffMultiplier\"\xa8\x06\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
 	"\bworkflow\x18\x02 \x01(\tR\bworkflow\x12-\n" +
@@ -1560,7 +1688,9 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\rparent_run_id\x18\r \x01(\tR\vparentRunId\x12\x1f\n" +
 	"\vparent_node\x18\x0e \x01(\tR\n" +
 	"parentNode\x12$\n" +
-	"\x0eparent_step_id\x18\x0f \x01(\tR\fparentStepId\x1a=\n" +
+	"\x0eparent_step_id\x18\x0f \x01(\tR\fparentStepId\x12\x1a\n" +
+	"\bpriority\x18\x10 \x01(\x05R\bpriority\x125\n" +
+	"\bstart_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\astartAt\x1a=\n" +
 	"\x0fStepCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xba\x01\n" +
@@ -1571,7 +1701,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x129\n" +
 	"\n" +
 	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x17\n" +
-	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xe8\a\n" +
+	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xad\b\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12.\n" +
@@ -1599,7 +1729,9 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\ajournal\x18\x14 \x03(\v2\x14.cyclone.v1.StepCallR\ajournal\x12\x18\n" +
 	"\aresumes\x18\x15 \x01(\x05R\aresumes\x12\x1f\n" +
 	"\vwaiting_for\x18\x16 \x01(\tR\n" +
-	"waitingFor\"\xf8\x03\n" +
+	"waitingFor\x12\x1a\n" +
+	"\bpriority\x18\x17 \x01(\x05R\bpriority\x12'\n" +
+	"\x0fconcurrency_key\x18\x18 \x01(\tR\x0econcurrencyKey\"\xf8\x03\n" +
 	"\bStepCall\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x05R\x03seq\x12\x1a\n" +
@@ -1680,7 +1812,7 @@ func file_cyclone_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_cyclone_v1_types_proto_goTypes = []any{
 	(TriggerRule)(0),              // 0: cyclone.v1.TriggerRule
 	(RunStatus)(0),                // 1: cyclone.v1.RunStatus
@@ -1689,66 +1821,69 @@ var file_cyclone_v1_types_proto_goTypes = []any{
 	(*Workflow)(nil),              // 4: cyclone.v1.Workflow
 	(*Node)(nil),                  // 5: cyclone.v1.Node
 	(*EventWait)(nil),             // 6: cyclone.v1.EventWait
-	(*RetryPolicy)(nil),           // 7: cyclone.v1.RetryPolicy
-	(*Run)(nil),                   // 8: cyclone.v1.Run
-	(*RunError)(nil),              // 9: cyclone.v1.RunError
-	(*Step)(nil),                  // 10: cyclone.v1.Step
-	(*StepCall)(nil),              // 11: cyclone.v1.StepCall
-	(*StepCallError)(nil),         // 12: cyclone.v1.StepCallError
-	(*StepError)(nil),             // 13: cyclone.v1.StepError
-	(*AuditEntry)(nil),            // 14: cyclone.v1.AuditEntry
-	nil,                           // 15: cyclone.v1.Run.StepCountsEntry
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 17: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(*ConcurrencyLimit)(nil),      // 7: cyclone.v1.ConcurrencyLimit
+	(*RetryPolicy)(nil),           // 8: cyclone.v1.RetryPolicy
+	(*Run)(nil),                   // 9: cyclone.v1.Run
+	(*RunError)(nil),              // 10: cyclone.v1.RunError
+	(*Step)(nil),                  // 11: cyclone.v1.Step
+	(*StepCall)(nil),              // 12: cyclone.v1.StepCall
+	(*StepCallError)(nil),         // 13: cyclone.v1.StepCallError
+	(*StepError)(nil),             // 14: cyclone.v1.StepError
+	(*AuditEntry)(nil),            // 15: cyclone.v1.AuditEntry
+	nil,                           // 16: cyclone.v1.Run.StepCountsEntry
+	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 18: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_cyclone_v1_types_proto_depIdxs = []int32{
 	5,  // 0: cyclone.v1.Workflow.nodes:type_name -> cyclone.v1.Node
 	0,  // 1: cyclone.v1.Node.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	7,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
-	16, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
-	17, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
+	8,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
+	17, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
+	18, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
 	6,  // 5: cyclone.v1.Node.event:type_name -> cyclone.v1.EventWait
-	16, // 6: cyclone.v1.EventWait.timeout:type_name -> google.protobuf.Duration
-	16, // 7: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	16, // 8: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
-	1,  // 9: cyclone.v1.Run.status:type_name -> cyclone.v1.RunStatus
-	17, // 10: cyclone.v1.Run.input:type_name -> google.protobuf.Value
-	9,  // 11: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
-	18, // 12: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	18, // 13: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	18, // 14: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	10, // 15: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
-	14, // 16: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
-	15, // 17: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
-	18, // 18: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
-	2,  // 19: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
-	0,  // 20: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	17, // 21: cyclone.v1.Step.input:type_name -> google.protobuf.Value
-	17, // 22: cyclone.v1.Step.output:type_name -> google.protobuf.Value
-	13, // 23: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
-	18, // 24: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
-	18, // 25: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
-	18, // 26: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
-	18, // 27: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
-	16, // 28: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
-	17, // 29: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
-	18, // 30: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	11, // 31: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
-	3,  // 32: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
-	17, // 33: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
-	12, // 34: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
-	18, // 35: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
-	18, // 36: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
-	18, // 37: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
-	18, // 38: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
-	18, // 39: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	17, // 40: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
-	41, // [41:41] is the sub-list for method output_type
-	41, // [41:41] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	7,  // 6: cyclone.v1.Node.concurrency:type_name -> cyclone.v1.ConcurrencyLimit
+	17, // 7: cyclone.v1.EventWait.timeout:type_name -> google.protobuf.Duration
+	17, // 8: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	17, // 9: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	1,  // 10: cyclone.v1.Run.status:type_name -> cyclone.v1.RunStatus
+	18, // 11: cyclone.v1.Run.input:type_name -> google.protobuf.Value
+	10, // 12: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
+	19, // 13: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	19, // 14: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	19, // 15: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	11, // 16: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
+	15, // 17: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
+	16, // 18: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
+	19, // 19: cyclone.v1.Run.start_at:type_name -> google.protobuf.Timestamp
+	19, // 20: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
+	2,  // 21: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
+	0,  // 22: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
+	18, // 23: cyclone.v1.Step.input:type_name -> google.protobuf.Value
+	18, // 24: cyclone.v1.Step.output:type_name -> google.protobuf.Value
+	14, // 25: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
+	19, // 26: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
+	19, // 27: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
+	19, // 28: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
+	19, // 29: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
+	17, // 30: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
+	18, // 31: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
+	19, // 32: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	12, // 33: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
+	3,  // 34: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
+	18, // 35: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
+	13, // 36: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
+	19, // 37: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
+	19, // 38: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
+	19, // 39: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
+	19, // 40: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
+	19, // 41: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	18, // 42: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
+	43, // [43:43] is the sub-list for method output_type
+	43, // [43:43] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_types_proto_init() }
@@ -1756,13 +1891,14 @@ func file_cyclone_v1_types_proto_init() {
 	if File_cyclone_v1_types_proto != nil {
 		return
 	}
+	file_cyclone_v1_types_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_types_proto_rawDesc), len(file_cyclone_v1_types_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

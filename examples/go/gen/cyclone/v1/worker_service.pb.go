@@ -147,8 +147,13 @@ type ActionSpec struct {
 	// no outcome, this worker will not run it again; the run is blocked instead until an
 	// operator resolves it. Read from the worker's current code at every claim.
 	UnsafeToRepeat bool `protobuf:"varint,2,opt,name=unsafe_to_repeat,json=unsafeToRepeat,proto3" json:"unsafe_to_repeat,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// At most `count` steps of this action are claimed in any window of `period`, across
+	// all workers and servers. Read from the worker's current code at every claim, like
+	// unsafe_to_repeat: workers that serve one action should declare the same limit.
+	// Unset: no limit. See docs/flow-control.md.
+	RateLimit     *RateLimit `protobuf:"bytes,3,opt,name=rate_limit,json=rateLimit,proto3" json:"rate_limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ActionSpec) Reset() {
@@ -195,6 +200,68 @@ func (x *ActionSpec) GetUnsafeToRepeat() bool {
 	return false
 }
 
+func (x *ActionSpec) GetRateLimit() *RateLimit {
+	if x != nil {
+		return x.RateLimit
+	}
+	return nil
+}
+
+// A rate limit on the claims of an action.
+type RateLimit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Claims allowed in any window of `period`, 1-1000000.
+	Count int32 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	// Length of the window, 1 ms to 1 day.
+	Period        *durationpb.Duration `protobuf:"bytes,2,opt,name=period,proto3" json:"period,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RateLimit) Reset() {
+	*x = RateLimit{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RateLimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RateLimit) ProtoMessage() {}
+
+func (x *RateLimit) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RateLimit.ProtoReflect.Descriptor instead.
+func (*RateLimit) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RateLimit) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *RateLimit) GetPeriod() *durationpb.Duration {
+	if x != nil {
+		return x.Period
+	}
+	return nil
+}
+
 // Arguments of WorkerService.Claim.
 type ClaimRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -215,7 +282,7 @@ type ClaimRequest struct {
 
 func (x *ClaimRequest) Reset() {
 	*x = ClaimRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[1]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -227,7 +294,7 @@ func (x *ClaimRequest) String() string {
 func (*ClaimRequest) ProtoMessage() {}
 
 func (x *ClaimRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[1]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -240,7 +307,7 @@ func (x *ClaimRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimRequest.ProtoReflect.Descriptor instead.
 func (*ClaimRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{1}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ClaimRequest) GetWorkerId() string {
@@ -289,7 +356,7 @@ type ClaimResponse struct {
 
 func (x *ClaimResponse) Reset() {
 	*x = ClaimResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[2]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -301,7 +368,7 @@ func (x *ClaimResponse) String() string {
 func (*ClaimResponse) ProtoMessage() {}
 
 func (x *ClaimResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[2]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -314,7 +381,7 @@ func (x *ClaimResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimResponse.ProtoReflect.Descriptor instead.
 func (*ClaimResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{2}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ClaimResponse) GetSteps() []*ClaimedStep {
@@ -371,7 +438,7 @@ type ClaimedStep struct {
 
 func (x *ClaimedStep) Reset() {
 	*x = ClaimedStep{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[3]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -383,7 +450,7 @@ func (x *ClaimedStep) String() string {
 func (*ClaimedStep) ProtoMessage() {}
 
 func (x *ClaimedStep) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[3]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -396,7 +463,7 @@ func (x *ClaimedStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimedStep.ProtoReflect.Descriptor instead.
 func (*ClaimedStep) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{3}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ClaimedStep) GetRunId() string {
@@ -528,7 +595,7 @@ type UpstreamFailure struct {
 
 func (x *UpstreamFailure) Reset() {
 	*x = UpstreamFailure{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -540,7 +607,7 @@ func (x *UpstreamFailure) String() string {
 func (*UpstreamFailure) ProtoMessage() {}
 
 func (x *UpstreamFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -553,7 +620,7 @@ func (x *UpstreamFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpstreamFailure.ProtoReflect.Descriptor instead.
 func (*UpstreamFailure) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{4}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *UpstreamFailure) GetNode() string {
@@ -598,7 +665,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -610,7 +677,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -623,7 +690,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{5}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HeartbeatRequest) GetRunId() string {
@@ -674,7 +741,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +753,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +766,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{6}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HeartbeatResponse) GetLeaseExpiresAt() *timestamppb.Timestamp {
@@ -739,7 +806,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +818,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +831,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{7}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CompleteRequest) GetRunId() string {
@@ -856,7 +923,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +935,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +948,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{8}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Failure) GetMessage() string {
@@ -944,7 +1011,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1023,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1036,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{9}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CompleteResponse) GetStatus() StepStatus {
@@ -1028,7 +1095,7 @@ type CompleteManyRequest struct {
 
 func (x *CompleteManyRequest) Reset() {
 	*x = CompleteManyRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1040,7 +1107,7 @@ func (x *CompleteManyRequest) String() string {
 func (*CompleteManyRequest) ProtoMessage() {}
 
 func (x *CompleteManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1053,7 +1120,7 @@ func (x *CompleteManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteManyRequest.ProtoReflect.Descriptor instead.
 func (*CompleteManyRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{10}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CompleteManyRequest) GetCompletions() []*CompleteRequest {
@@ -1099,7 +1166,7 @@ type CompleteManyResponse struct {
 
 func (x *CompleteManyResponse) Reset() {
 	*x = CompleteManyResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1178,7 @@ func (x *CompleteManyResponse) String() string {
 func (*CompleteManyResponse) ProtoMessage() {}
 
 func (x *CompleteManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1191,7 @@ func (x *CompleteManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteManyResponse.ProtoReflect.Descriptor instead.
 func (*CompleteManyResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{11}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CompleteManyResponse) GetResults() []*CompleteResult {
@@ -1164,7 +1231,7 @@ type StepCallEndResult struct {
 
 func (x *StepCallEndResult) Reset() {
 	*x = StepCallEndResult{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1243,7 @@ func (x *StepCallEndResult) String() string {
 func (*StepCallEndResult) ProtoMessage() {}
 
 func (x *StepCallEndResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1256,7 @@ func (x *StepCallEndResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCallEndResult.ProtoReflect.Descriptor instead.
 func (*StepCallEndResult) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{12}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StepCallEndResult) GetResult() isStepCallEndResult_Result {
@@ -1251,7 +1318,7 @@ type StepCallBeginResult struct {
 
 func (x *StepCallBeginResult) Reset() {
 	*x = StepCallBeginResult{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1330,7 @@ func (x *StepCallBeginResult) String() string {
 func (*StepCallBeginResult) ProtoMessage() {}
 
 func (x *StepCallBeginResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1343,7 @@ func (x *StepCallBeginResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCallBeginResult.ProtoReflect.Descriptor instead.
 func (*StepCallBeginResult) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{13}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StepCallBeginResult) GetResult() isStepCallBeginResult_Result {
@@ -1338,7 +1405,7 @@ type CompleteResult struct {
 
 func (x *CompleteResult) Reset() {
 	*x = CompleteResult{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1417,7 @@ func (x *CompleteResult) String() string {
 func (*CompleteResult) ProtoMessage() {}
 
 func (x *CompleteResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1430,7 @@ func (x *CompleteResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResult.ProtoReflect.Descriptor instead.
 func (*CompleteResult) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{14}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CompleteResult) GetResult() isCompleteResult_Result {
@@ -1424,7 +1491,7 @@ type CompleteError struct {
 
 func (x *CompleteError) Reset() {
 	*x = CompleteError{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1503,7 @@ func (x *CompleteError) String() string {
 func (*CompleteError) ProtoMessage() {}
 
 func (x *CompleteError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1516,7 @@ func (x *CompleteError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteError.ProtoReflect.Descriptor instead.
 func (*CompleteError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{15}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CompleteError) GetCode() int32 {
@@ -1501,7 +1568,7 @@ type BeginStepCallRequest struct {
 
 func (x *BeginStepCallRequest) Reset() {
 	*x = BeginStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1580,7 @@ func (x *BeginStepCallRequest) String() string {
 func (*BeginStepCallRequest) ProtoMessage() {}
 
 func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1593,7 @@ func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallRequest.ProtoReflect.Descriptor instead.
 func (*BeginStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{16}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *BeginStepCallRequest) GetRunId() string {
@@ -1594,7 +1661,7 @@ type BeginStepCallResponse struct {
 
 func (x *BeginStepCallResponse) Reset() {
 	*x = BeginStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1673,7 @@ func (x *BeginStepCallResponse) String() string {
 func (*BeginStepCallResponse) ProtoMessage() {}
 
 func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1686,7 @@ func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallResponse.ProtoReflect.Descriptor instead.
 func (*BeginStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{17}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BeginStepCallResponse) GetDecision() StepCallDecision {
@@ -1673,7 +1740,7 @@ type EndStepCallRequest struct {
 
 func (x *EndStepCallRequest) Reset() {
 	*x = EndStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1685,7 +1752,7 @@ func (x *EndStepCallRequest) String() string {
 func (*EndStepCallRequest) ProtoMessage() {}
 
 func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1698,7 +1765,7 @@ func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallRequest.ProtoReflect.Descriptor instead.
 func (*EndStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{18}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EndStepCallRequest) GetRunId() string {
@@ -1807,7 +1874,7 @@ type EndStepCallResponse struct {
 
 func (x *EndStepCallResponse) Reset() {
 	*x = EndStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1819,7 +1886,7 @@ func (x *EndStepCallResponse) String() string {
 func (*EndStepCallResponse) ProtoMessage() {}
 
 func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1832,7 +1899,7 @@ func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallResponse.ProtoReflect.Descriptor instead.
 func (*EndStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{19}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EndStepCallResponse) GetCall() *StepCall {
@@ -1874,7 +1941,7 @@ type StartChildRequest struct {
 
 func (x *StartChildRequest) Reset() {
 	*x = StartChildRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1886,7 +1953,7 @@ func (x *StartChildRequest) String() string {
 func (*StartChildRequest) ProtoMessage() {}
 
 func (x *StartChildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1899,7 +1966,7 @@ func (x *StartChildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartChildRequest.ProtoReflect.Descriptor instead.
 func (*StartChildRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{20}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StartChildRequest) GetRunId() string {
@@ -1969,7 +2036,7 @@ type StartChildResponse struct {
 
 func (x *StartChildResponse) Reset() {
 	*x = StartChildResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1981,7 +2048,7 @@ func (x *StartChildResponse) String() string {
 func (*StartChildResponse) ProtoMessage() {}
 
 func (x *StartChildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1994,7 +2061,7 @@ func (x *StartChildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartChildResponse.ProtoReflect.Descriptor instead.
 func (*StartChildResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{21}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StartChildResponse) GetChildRunId() string {
@@ -2047,7 +2114,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2059,7 +2126,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2072,7 +2139,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{22}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WaitRequest) GetRunId() string {
@@ -2184,7 +2251,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2263,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2276,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{23}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WaitResponse) GetDecision() WaitDecision {
@@ -2231,11 +2298,16 @@ var File_cyclone_v1_worker_service_proto protoreflect.FileDescriptor
 const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\n" +
 	"\x1fcyclone/v1/worker_service.proto\x12\n" +
-	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"J\n" +
+	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\x01\n" +
 	"\n" +
 	"ActionSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12(\n" +
-	"\x10unsafe_to_repeat\x18\x02 \x01(\bR\x0eunsafeToRepeat\"\xda\x01\n" +
+	"\x10unsafe_to_repeat\x18\x02 \x01(\bR\x0eunsafeToRepeat\x124\n" +
+	"\n" +
+	"rate_limit\x18\x03 \x01(\v2\x15.cyclone.v1.RateLimitR\trateLimit\"T\n" +
+	"\tRateLimit\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x05R\x05count\x121\n" +
+	"\x06period\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x06period\"\xda\x01\n" +
 	"\fClaimRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x120\n" +
 	"\aactions\x18\x02 \x03(\v2\x16.cyclone.v1.ActionSpecR\aactions\x12\x1b\n" +
@@ -2418,117 +2490,120 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
 	(WaitDecision)(0),             // 1: cyclone.v1.WaitDecision
 	(*ActionSpec)(nil),            // 2: cyclone.v1.ActionSpec
-	(*ClaimRequest)(nil),          // 3: cyclone.v1.ClaimRequest
-	(*ClaimResponse)(nil),         // 4: cyclone.v1.ClaimResponse
-	(*ClaimedStep)(nil),           // 5: cyclone.v1.ClaimedStep
-	(*UpstreamFailure)(nil),       // 6: cyclone.v1.UpstreamFailure
-	(*HeartbeatRequest)(nil),      // 7: cyclone.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 8: cyclone.v1.HeartbeatResponse
-	(*CompleteRequest)(nil),       // 9: cyclone.v1.CompleteRequest
-	(*Failure)(nil),               // 10: cyclone.v1.Failure
-	(*CompleteResponse)(nil),      // 11: cyclone.v1.CompleteResponse
-	(*CompleteManyRequest)(nil),   // 12: cyclone.v1.CompleteManyRequest
-	(*CompleteManyResponse)(nil),  // 13: cyclone.v1.CompleteManyResponse
-	(*StepCallEndResult)(nil),     // 14: cyclone.v1.StepCallEndResult
-	(*StepCallBeginResult)(nil),   // 15: cyclone.v1.StepCallBeginResult
-	(*CompleteResult)(nil),        // 16: cyclone.v1.CompleteResult
-	(*CompleteError)(nil),         // 17: cyclone.v1.CompleteError
-	(*BeginStepCallRequest)(nil),  // 18: cyclone.v1.BeginStepCallRequest
-	(*BeginStepCallResponse)(nil), // 19: cyclone.v1.BeginStepCallResponse
-	(*EndStepCallRequest)(nil),    // 20: cyclone.v1.EndStepCallRequest
-	(*EndStepCallResponse)(nil),   // 21: cyclone.v1.EndStepCallResponse
-	(*StartChildRequest)(nil),     // 22: cyclone.v1.StartChildRequest
-	(*StartChildResponse)(nil),    // 23: cyclone.v1.StartChildResponse
-	(*WaitRequest)(nil),           // 24: cyclone.v1.WaitRequest
-	(*WaitResponse)(nil),          // 25: cyclone.v1.WaitResponse
-	nil,                           // 26: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 28: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(*StepCall)(nil),              // 30: cyclone.v1.StepCall
-	(StepStatus)(0),               // 31: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 32: cyclone.v1.StepError
-	(RunStatus)(0),                // 33: cyclone.v1.RunStatus
-	(*StepCallError)(nil),         // 34: cyclone.v1.StepCallError
-	(*Workflow)(nil),              // 35: cyclone.v1.Workflow
-	(*EventWait)(nil),             // 36: cyclone.v1.EventWait
+	(*RateLimit)(nil),             // 3: cyclone.v1.RateLimit
+	(*ClaimRequest)(nil),          // 4: cyclone.v1.ClaimRequest
+	(*ClaimResponse)(nil),         // 5: cyclone.v1.ClaimResponse
+	(*ClaimedStep)(nil),           // 6: cyclone.v1.ClaimedStep
+	(*UpstreamFailure)(nil),       // 7: cyclone.v1.UpstreamFailure
+	(*HeartbeatRequest)(nil),      // 8: cyclone.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 9: cyclone.v1.HeartbeatResponse
+	(*CompleteRequest)(nil),       // 10: cyclone.v1.CompleteRequest
+	(*Failure)(nil),               // 11: cyclone.v1.Failure
+	(*CompleteResponse)(nil),      // 12: cyclone.v1.CompleteResponse
+	(*CompleteManyRequest)(nil),   // 13: cyclone.v1.CompleteManyRequest
+	(*CompleteManyResponse)(nil),  // 14: cyclone.v1.CompleteManyResponse
+	(*StepCallEndResult)(nil),     // 15: cyclone.v1.StepCallEndResult
+	(*StepCallBeginResult)(nil),   // 16: cyclone.v1.StepCallBeginResult
+	(*CompleteResult)(nil),        // 17: cyclone.v1.CompleteResult
+	(*CompleteError)(nil),         // 18: cyclone.v1.CompleteError
+	(*BeginStepCallRequest)(nil),  // 19: cyclone.v1.BeginStepCallRequest
+	(*BeginStepCallResponse)(nil), // 20: cyclone.v1.BeginStepCallResponse
+	(*EndStepCallRequest)(nil),    // 21: cyclone.v1.EndStepCallRequest
+	(*EndStepCallResponse)(nil),   // 22: cyclone.v1.EndStepCallResponse
+	(*StartChildRequest)(nil),     // 23: cyclone.v1.StartChildRequest
+	(*StartChildResponse)(nil),    // 24: cyclone.v1.StartChildResponse
+	(*WaitRequest)(nil),           // 25: cyclone.v1.WaitRequest
+	(*WaitResponse)(nil),          // 26: cyclone.v1.WaitResponse
+	nil,                           // 27: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 29: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(*StepCall)(nil),              // 31: cyclone.v1.StepCall
+	(StepStatus)(0),               // 32: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 33: cyclone.v1.StepError
+	(RunStatus)(0),                // 34: cyclone.v1.RunStatus
+	(*StepCallError)(nil),         // 35: cyclone.v1.StepCallError
+	(*Workflow)(nil),              // 36: cyclone.v1.Workflow
+	(*EventWait)(nil),             // 37: cyclone.v1.EventWait
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
-	2,  // 0: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	27, // 1: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	27, // 2: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
-	5,  // 3: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
-	28, // 4: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	28, // 5: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	26, // 6: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	29, // 7: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	29, // 8: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	28, // 9: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
-	6,  // 10: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	30, // 11: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	31, // 12: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	32, // 13: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	28, // 14: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	27, // 15: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	29, // 16: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	28, // 17: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
-	10, // 18: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	27, // 19: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	31, // 20: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	29, // 21: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	33, // 22: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
-	9,  // 23: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
-	20, // 24: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
-	18, // 25: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
-	16, // 26: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
-	14, // 27: cyclone.v1.CompleteManyResponse.step_call_end_results:type_name -> cyclone.v1.StepCallEndResult
-	15, // 28: cyclone.v1.CompleteManyResponse.step_call_begin_results:type_name -> cyclone.v1.StepCallBeginResult
-	21, // 29: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
-	17, // 30: cyclone.v1.StepCallEndResult.error:type_name -> cyclone.v1.CompleteError
-	19, // 31: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
-	17, // 32: cyclone.v1.StepCallBeginResult.error:type_name -> cyclone.v1.CompleteError
-	11, // 33: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
-	17, // 34: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
-	0,  // 35: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	30, // 36: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	33, // 37: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	28, // 38: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	34, // 39: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	30, // 40: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	35, // 41: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
-	28, // 42: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
-	30, // 43: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
-	29, // 44: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
-	36, // 45: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
-	1,  // 46: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
-	30, // 47: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
-	28, // 48: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	3,  // 49: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	7,  // 50: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	9,  // 51: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	12, // 52: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	18, // 53: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	20, // 54: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	22, // 55: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
-	24, // 56: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
-	4,  // 57: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	8,  // 58: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	11, // 59: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	13, // 60: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	19, // 61: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	21, // 62: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	23, // 63: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
-	25, // 64: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
-	57, // [57:65] is the sub-list for method output_type
-	49, // [49:57] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	3,  // 0: cyclone.v1.ActionSpec.rate_limit:type_name -> cyclone.v1.RateLimit
+	28, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
+	2,  // 2: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
+	28, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	28, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	6,  // 5: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
+	29, // 6: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	29, // 7: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	27, // 8: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	30, // 9: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	30, // 10: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	29, // 11: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	7,  // 12: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
+	31, // 13: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	32, // 14: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	33, // 15: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	29, // 16: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	28, // 17: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	30, // 18: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	29, // 19: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	11, // 20: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
+	28, // 21: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	32, // 22: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	30, // 23: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	34, // 24: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	10, // 25: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
+	21, // 26: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
+	19, // 27: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
+	17, // 28: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
+	15, // 29: cyclone.v1.CompleteManyResponse.step_call_end_results:type_name -> cyclone.v1.StepCallEndResult
+	16, // 30: cyclone.v1.CompleteManyResponse.step_call_begin_results:type_name -> cyclone.v1.StepCallBeginResult
+	22, // 31: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
+	18, // 32: cyclone.v1.StepCallEndResult.error:type_name -> cyclone.v1.CompleteError
+	20, // 33: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
+	18, // 34: cyclone.v1.StepCallBeginResult.error:type_name -> cyclone.v1.CompleteError
+	12, // 35: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
+	18, // 36: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
+	0,  // 37: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
+	31, // 38: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	34, // 39: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	29, // 40: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	35, // 41: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	31, // 42: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	36, // 43: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
+	29, // 44: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
+	31, // 45: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
+	30, // 46: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
+	37, // 47: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
+	1,  // 48: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
+	31, // 49: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
+	29, // 50: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	4,  // 51: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	8,  // 52: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	10, // 53: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	13, // 54: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	19, // 55: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	21, // 56: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	23, // 57: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
+	25, // 58: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
+	5,  // 59: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	9,  // 60: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	12, // 61: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	14, // 62: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	20, // 63: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	22, // 64: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	24, // 65: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
+	26, // 66: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
+	59, // [59:67] is the sub-list for method output_type
+	51, // [51:59] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -2537,27 +2612,27 @@ func file_cyclone_v1_worker_service_proto_init() {
 		return
 	}
 	file_cyclone_v1_types_proto_init()
-	file_cyclone_v1_worker_service_proto_msgTypes[7].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[8].OneofWrappers = []any{
 		(*CompleteRequest_Output)(nil),
 		(*CompleteRequest_Failure)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[12].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[13].OneofWrappers = []any{
 		(*StepCallEndResult_Response)(nil),
 		(*StepCallEndResult_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[13].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[14].OneofWrappers = []any{
 		(*StepCallBeginResult_Response)(nil),
 		(*StepCallBeginResult_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[14].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[15].OneofWrappers = []any{
 		(*CompleteResult_Response)(nil),
 		(*CompleteResult_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[18].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[19].OneofWrappers = []any{
 		(*EndStepCallRequest_Output)(nil),
 		(*EndStepCallRequest_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[22].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[23].OneofWrappers = []any{
 		(*WaitRequest_WakeAt)(nil),
 		(*WaitRequest_Event)(nil),
 		(*WaitRequest_ChildRunId)(nil),
@@ -2568,7 +2643,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -127,7 +127,13 @@ type SubmitRequest struct {
 	// The DAG to run.
 	Workflow *Workflow `protobuf:"bytes,1,opt,name=workflow,proto3" json:"workflow,omitempty"`
 	// Run input (any JSON), given to every handler.
-	Input         *structpb.Value `protobuf:"bytes,2,opt,name=input,proto3" json:"input,omitempty"`
+	Input *structpb.Value `protobuf:"bytes,2,opt,name=input,proto3" json:"input,omitempty"`
+	// Not before this time: the root nodes become claimable at start_at. Unset, or in
+	// the past: at once. At most 366 days ahead.
+	StartAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=start_at,json=startAt,proto3" json:"start_at,omitempty"`
+	// Claim priority of every node of the run (Node.priority overrides it per node),
+	// -1000000 to 1000000, default 0. Higher first; see docs/flow-control.md.
+	Priority      int32 `protobuf:"varint,4,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -174,6 +180,20 @@ func (x *SubmitRequest) GetInput() *structpb.Value {
 		return x.Input
 	}
 	return nil
+}
+
+func (x *SubmitRequest) GetStartAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartAt
+	}
+	return nil
+}
+
+func (x *SubmitRequest) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
 }
 
 // Result of WorkflowService.Submit.
@@ -230,7 +250,13 @@ type SubmitOnceRequest struct {
 	// Run input (any JSON), given to every handler.
 	Input *structpb.Value `protobuf:"bytes,2,opt,name=input,proto3" json:"input,omitempty"`
 	// Idempotency key, 1-256 characters, scoped by workflow name.
-	Key           string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	// Not before this time: the root nodes become claimable at start_at. Unset, or in
+	// the past: at once. At most 366 days ahead.
+	StartAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=start_at,json=startAt,proto3" json:"start_at,omitempty"`
+	// Claim priority of every node of the run (Node.priority overrides it per node),
+	// -1000000 to 1000000, default 0. Higher first; see docs/flow-control.md.
+	Priority      int32 `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -284,6 +310,20 @@ func (x *SubmitOnceRequest) GetKey() string {
 		return x.Key
 	}
 	return ""
+}
+
+func (x *SubmitOnceRequest) GetStartAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartAt
+	}
+	return nil
+}
+
+func (x *SubmitOnceRequest) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
 }
 
 // Result of WorkflowService.SubmitOnce.
@@ -1160,16 +1200,20 @@ var File_cyclone_v1_workflow_service_proto protoreflect.FileDescriptor
 const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\n" +
 	"!cyclone/v1/workflow_service.proto\x12\n" +
-	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"o\n" +
+	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc2\x01\n" +
 	"\rSubmitRequest\x120\n" +
 	"\bworkflow\x18\x01 \x01(\v2\x14.cyclone.v1.WorkflowR\bworkflow\x12,\n" +
-	"\x05input\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05input\"'\n" +
+	"\x05input\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05input\x125\n" +
+	"\bstart_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\astartAt\x12\x1a\n" +
+	"\bpriority\x18\x04 \x01(\x05R\bpriority\"'\n" +
 	"\x0eSubmitResponse\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\"\x85\x01\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\"\xd8\x01\n" +
 	"\x11SubmitOnceRequest\x120\n" +
 	"\bworkflow\x18\x01 \x01(\v2\x14.cyclone.v1.WorkflowR\bworkflow\x12,\n" +
 	"\x05input\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05input\x12\x10\n" +
-	"\x03key\x18\x03 \x01(\tR\x03key\"E\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x125\n" +
+	"\bstart_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\astartAt\x12\x1a\n" +
+	"\bpriority\x18\x05 \x01(\x05R\bpriority\"E\n" +
 	"\x12SubmitOnceResponse\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
 	"\acreated\x18\x02 \x01(\bR\acreated\"&\n" +
@@ -1288,9 +1332,9 @@ var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(*SendEventResponse)(nil),     // 16: cyclone.v1.SendEventResponse
 	(*Workflow)(nil),              // 17: cyclone.v1.Workflow
 	(*structpb.Value)(nil),        // 18: google.protobuf.Value
-	(*Run)(nil),                   // 19: cyclone.v1.Run
-	(RunStatus)(0),                // 20: cyclone.v1.RunStatus
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*Run)(nil),                   // 20: cyclone.v1.Run
+	(RunStatus)(0),                // 21: cyclone.v1.RunStatus
 	(*Step)(nil),                  // 22: cyclone.v1.Step
 	(*RunError)(nil),              // 23: cyclone.v1.RunError
 	(StepStatus)(0),               // 24: cyclone.v1.StepStatus
@@ -1299,44 +1343,46 @@ var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 var file_cyclone_v1_workflow_service_proto_depIdxs = []int32{
 	17, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
 	18, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
-	17, // 2: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
-	18, // 3: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
-	19, // 4: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
-	20, // 5: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
-	21, // 6: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
-	21, // 7: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
-	19, // 8: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
-	19, // 9: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
-	0,  // 10: cyclone.v1.ExplainResponse.reason:type_name -> cyclone.v1.ExplainReason
-	22, // 11: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
-	20, // 12: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
-	23, // 13: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
-	13, // 14: cyclone.v1.ExplainResponse.upstream:type_name -> cyclone.v1.NodeState
-	14, // 15: cyclone.v1.ExplainResponse.action:type_name -> cyclone.v1.ActionActivity
-	24, // 16: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
-	25, // 17: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
-	21, // 18: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
-	21, // 19: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
-	18, // 20: cyclone.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
-	1,  // 21: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
-	3,  // 22: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
-	5,  // 23: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
-	7,  // 24: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
-	9,  // 25: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
-	11, // 26: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
-	15, // 27: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
-	2,  // 28: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
-	4,  // 29: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
-	6,  // 30: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
-	8,  // 31: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
-	10, // 32: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
-	12, // 33: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
-	16, // 34: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
-	28, // [28:35] is the sub-list for method output_type
-	21, // [21:28] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	19, // 2: cyclone.v1.SubmitRequest.start_at:type_name -> google.protobuf.Timestamp
+	17, // 3: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
+	18, // 4: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
+	19, // 5: cyclone.v1.SubmitOnceRequest.start_at:type_name -> google.protobuf.Timestamp
+	20, // 6: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
+	21, // 7: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
+	19, // 8: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
+	19, // 9: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
+	20, // 10: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
+	20, // 11: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
+	0,  // 12: cyclone.v1.ExplainResponse.reason:type_name -> cyclone.v1.ExplainReason
+	22, // 13: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
+	21, // 14: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
+	23, // 15: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
+	13, // 16: cyclone.v1.ExplainResponse.upstream:type_name -> cyclone.v1.NodeState
+	14, // 17: cyclone.v1.ExplainResponse.action:type_name -> cyclone.v1.ActionActivity
+	24, // 18: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
+	25, // 19: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
+	19, // 20: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
+	19, // 21: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
+	18, // 22: cyclone.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
+	1,  // 23: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
+	3,  // 24: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
+	5,  // 25: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
+	7,  // 26: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
+	9,  // 27: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
+	11, // 28: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
+	15, // 29: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
+	2,  // 30: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
+	4,  // 31: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
+	6,  // 32: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
+	8,  // 33: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
+	10, // 34: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
+	12, // 35: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
+	16, // 36: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
+	30, // [30:37] is the sub-list for method output_type
+	23, // [23:30] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_workflow_service_proto_init() }

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/types.proto.
  */
 export const file_cyclone_v1_types: GenFile = /*@__PURE__*/
-  fileDesc("ChZjeWNsb25lL3YxL3R5cGVzLnByb3RvEgpjeWNsb25lLnYxIjkKCFdvcmtmbG93EgwKBG5hbWUYASABKAkSHwoFbm9kZXMYAiADKAsyEC5jeWNsb25lLnYxLk5vZGUiiAIKBE5vZGUSDAoEbmFtZRgBIAEoCRIOCgZhY3Rpb24YAiABKAkSEgoKZGVwZW5kc19vbhgDIAMoCRItCgx0cmlnZ2VyX3J1bGUYBCABKA4yFy5jeWNsb25lLnYxLlRyaWdnZXJSdWxlEiYKBXJldHJ5GAUgASgLMhcuY3ljbG9uZS52MS5SZXRyeVBvbGljeRIqCgd0aW1lb3V0GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiUKBWlucHV0GAcgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiQKBWV2ZW50GAkgASgLMhUuY3ljbG9uZS52MS5FdmVudFdhaXQiRQoJRXZlbnRXYWl0EgwKBG5hbWUYASABKAkSKgoHdGltZW91dBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKjAQoLUmV0cnlQb2xpY3kSFAoMbWF4X2F0dGVtcHRzGAEgASgFEjIKD2luaXRpYWxfYmFja29mZhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIuCgttYXhfYmFja29mZhgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIaChJiYWNrb2ZmX211bHRpcGxpZXIYBCABKAEitAQKA1J1bhIOCgZydW5faWQYASABKAkSEAoId29ya2Zsb3cYAiABKAkSJQoGc3RhdHVzGAMgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSJQoFaW5wdXQYBCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSIwoFZXJyb3IYBSABKAsyFC5jeWNsb25lLnYxLlJ1bkVycm9yEhIKCnN1Ym1pdF9rZXkYBiABKAkSLgoKY3JlYXRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEh8KBXN0ZXBzGAogAygLMhAuY3ljbG9uZS52MS5TdGVwEiUKBWF1ZGl0GAsgAygLMhYuY3ljbG9uZS52MS5BdWRpdEVudHJ5EjQKC3N0ZXBfY291bnRzGAwgAygLMh8uY3ljbG9uZS52MS5SdW4uU3RlcENvdW50c0VudHJ5EhUKDXBhcmVudF9ydW5faWQYDSABKAkSEwoLcGFyZW50X25vZGUYDiABKAkSFgoOcGFyZW50X3N0ZXBfaWQYDyABKAkaMQoPU3RlcENvdW50c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoBToCOAEiiQEKCFJ1bkVycm9yEgwKBGtpbmQYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIMCgRub2RlGAMgASgJEg8KB2F0dGVtcHQYBCABKAUSLgoKc3RhcnRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHc3RlcF9pZBgGIAEoCSL8BQoEU3RlcBIMCgRub2RlGAEgASgJEg4KBmFjdGlvbhgCIAEoCRImCgZzdGF0dXMYAyABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSDwoHYXR0ZW1wdBgEIAEoBRIUCgxtYXhfYXR0ZW1wdHMYBSABKAUSEgoKZGVwZW5kc19vbhgGIAMoCRItCgx0cmlnZ2VyX3J1bGUYByABKA4yFy5jeWNsb25lLnYxLlRyaWdnZXJSdWxlEiUKBWlucHV0GAggASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiYKBm91dHB1dBgJIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIlCgZlcnJvcnMYCiADKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvchIRCgl3b3JrZXJfaWQYCyABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMYXZhaWxhYmxlX2F0GA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpzdGFydGVkX2F0GA4gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgPIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGAoQZWZmZWN0X3VuY2VydGFpbhgQIAEoCBIqCgd0aW1lb3V0GBEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEigKCHByb2dyZXNzGBIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEjUKEWxhc3RfaGVhcnRiZWF0X2F0GBMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIlCgdqb3VybmFsGBQgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIPCgdyZXN1bWVzGBUgASgFEhMKC3dhaXRpbmdfZm9yGBYgASgJIoYDCghTdGVwQ2FsbBIPCgdzdGVwX2lkGAEgASgJEgsKA3NlcRgCIAEoBRIQCghmdW5jdGlvbhgDIAEoCRIqCgZzdGF0dXMYBCABKA4yGi5jeWNsb25lLnYxLlN0ZXBDYWxsU3RhdHVzEhgKEHVuc2FmZV90b19yZXBlYXQYBSABKAgSJgoGb3V0cHV0GAYgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWVycm9yGAcgASgLMhkuY3ljbG9uZS52MS5TdGVwQ2FsbEVycm9yEg8KB2F0dGVtcHQYCCABKAUSLgoKc3RhcnRlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEisKB3dha2VfYXQYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3dhaXRpbmdfZm9yGAwgASgJIj8KDVN0ZXBDYWxsRXJyb3ISDAoEdHlwZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEg8KB2RldGFpbHMYAyABKAkilQEKCVN0ZXBFcnJvchIPCgdhdHRlbXB0GAEgASgFEgwKBGtpbmQYAiABKAkSDAoEdHlwZRgDIAEoCRIPCgdtZXNzYWdlGAQgASgJEg8KB2RldGFpbHMYBSABKAkSEQoJcmV0cnlhYmxlGAYgASgIEiYKAmF0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKaAQoKQXVkaXRFbnRyeRIOCgZhY3Rpb24YASABKAkSDAoEbm9kZRgCIAEoCRINCgVhY3RvchgDIAEoCRIOCgZyZWFzb24YBCABKAkSJgoCYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEicKB2RldGFpbHMYBiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUqgQEKC1RyaWdnZXJSdWxlEhwKGFRSSUdHRVJfUlVMRV9VTlNQRUNJRklFRBAAEhwKGFRSSUdHRVJfUlVMRV9BTExfU1VDQ0VTUxABEhkKFVRSSUdHRVJfUlVMRV9BTExfRE9ORRACEhsKF1RSSUdHRVJfUlVMRV9PTkVfRkFJTEVEEAMqogEKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFgoSUlVOX1NUQVRVU19SVU5OSU5HEAESGAoUUlVOX1NUQVRVU19DT01QTEVURUQQAhIVChFSVU5fU1RBVFVTX0ZBSUxFRBADEhYKElJVTl9TVEFUVVNfQkxPQ0tFRBAEEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAUq+wEKClN0ZXBTdGF0dXMSGwoXU1RFUF9TVEFUVVNfVU5TUEVDSUZJRUQQABIXChNTVEVQX1NUQVRVU19QRU5ESU5HEAESGQoVU1RFUF9TVEFUVVNfQVZBSUxBQkxFEAISFwoTU1RFUF9TVEFUVVNfUlVOTklORxADEhkKFVNURVBfU1RBVFVTX0NPTVBMRVRFRBAEEhkKFVNURVBfU1RBVFVTX0RJU0NBUkRFRBAFEhkKFVNURVBfU1RBVFVTX1VOQ0VSVEFJThAGEhcKE1NURVBfU1RBVFVTX1NLSVBQRUQQBxIZChVTVEVQX1NUQVRVU19DQU5DRUxMRUQQCCqrAQoOU3RlcENhbGxTdGF0dXMSIAocU1RFUF9DQUxMX1NUQVRVU19VTlNQRUNJRklFRBAAEhwKGFNURVBfQ0FMTF9TVEFUVVNfU1RBUlRFRBABEh4KGlNURVBfQ0FMTF9TVEFUVVNfU1VDQ0VFREVEEAISGwoXU1RFUF9DQUxMX1NUQVRVU19GQUlMRUQQAxIcChhTVEVQX0NBTExfU1RBVFVTX1dBSVRJTkcQBGIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChZjeWNsb25lL3YxL3R5cGVzLnByb3RvEgpjeWNsb25lLnYxIjkKCFdvcmtmbG93EgwKBG5hbWUYASABKAkSHwoFbm9kZXMYAiADKAsyEC5jeWNsb25lLnYxLk5vZGUi3wIKBE5vZGUSDAoEbmFtZRgBIAEoCRIOCgZhY3Rpb24YAiABKAkSEgoKZGVwZW5kc19vbhgDIAMoCRItCgx0cmlnZ2VyX3J1bGUYBCABKA4yFy5jeWNsb25lLnYxLlRyaWdnZXJSdWxlEiYKBXJldHJ5GAUgASgLMhcuY3ljbG9uZS52MS5SZXRyeVBvbGljeRIqCgd0aW1lb3V0GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiUKBWlucHV0GAcgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiQKBWV2ZW50GAkgASgLMhUuY3ljbG9uZS52MS5FdmVudFdhaXQSFQoIcHJpb3JpdHkYCCABKAVIAIgBARIxCgtjb25jdXJyZW5jeRgKIAEoCzIcLmN5Y2xvbmUudjEuQ29uY3VycmVuY3lMaW1pdEILCglfcHJpb3JpdHkiRQoJRXZlbnRXYWl0EgwKBG5hbWUYASABKAkSKgoHdGltZW91dBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiIuChBDb25jdXJyZW5jeUxpbWl0EgsKA2tleRgBIAEoCRINCgVsaW1pdBgCIAEoBSKjAQoLUmV0cnlQb2xpY3kSFAoMbWF4X2F0dGVtcHRzGAEgASgFEjIKD2luaXRpYWxfYmFja29mZhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIuCgttYXhfYmFja29mZhgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIaChJiYWNrb2ZmX211bHRpcGxpZXIYBCABKAEi9AQKA1J1bhIOCgZydW5faWQYASABKAkSEAoId29ya2Zsb3cYAiABKAkSJQoGc3RhdHVzGAMgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSJQoFaW5wdXQYBCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSIwoFZXJyb3IYBSABKAsyFC5jeWNsb25lLnYxLlJ1bkVycm9yEhIKCnN1Ym1pdF9rZXkYBiABKAkSLgoKY3JlYXRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEh8KBXN0ZXBzGAogAygLMhAuY3ljbG9uZS52MS5TdGVwEiUKBWF1ZGl0GAsgAygLMhYuY3ljbG9uZS52MS5BdWRpdEVudHJ5EjQKC3N0ZXBfY291bnRzGAwgAygLMh8uY3ljbG9uZS52MS5SdW4uU3RlcENvdW50c0VudHJ5EhUKDXBhcmVudF9ydW5faWQYDSABKAkSEwoLcGFyZW50X25vZGUYDiABKAkSFgoOcGFyZW50X3N0ZXBfaWQYDyABKAkSEAoIcHJpb3JpdHkYECABKAUSLAoIc3RhcnRfYXQYESABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGjEKD1N0ZXBDb3VudHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAU6AjgBIokBCghSdW5FcnJvchIMCgRraW5kGAEgASgJEg8KB21lc3NhZ2UYAiABKAkSDAoEbm9kZRgDIAEoCRIPCgdhdHRlbXB0GAQgASgFEi4KCnN0YXJ0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB3N0ZXBfaWQYBiABKAkipwYKBFN0ZXASDAoEbm9kZRgBIAEoCRIOCgZhY3Rpb24YAiABKAkSJgoGc3RhdHVzGAMgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEg8KB2F0dGVtcHQYBCABKAUSFAoMbWF4X2F0dGVtcHRzGAUgASgFEhIKCmRlcGVuZHNfb24YBiADKAkSLQoMdHJpZ2dlcl9ydWxlGAcgASgOMhcuY3ljbG9uZS52MS5UcmlnZ2VyUnVsZRIlCgVpbnB1dBgIIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRImCgZvdXRwdXQYCSABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSJQoGZXJyb3JzGAogAygLMhUuY3ljbG9uZS52MS5TdGVwRXJyb3ISEQoJd29ya2VyX2lkGAsgASgJEjQKEGxlYXNlX2V4cGlyZXNfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjAKDGF2YWlsYWJsZV9hdBgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgOIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYDyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhgKEGVmZmVjdF91bmNlcnRhaW4YECABKAgSKgoHdGltZW91dBgRIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIoCghwcm9ncmVzcxgSIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRI1ChFsYXN0X2hlYXJ0YmVhdF9hdBgTIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJQoHam91cm5hbBgUIAMoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSDwoHcmVzdW1lcxgVIAEoBRITCgt3YWl0aW5nX2ZvchgWIAEoCRIQCghwcmlvcml0eRgXIAEoBRIXCg9jb25jdXJyZW5jeV9rZXkYGCABKAkihgMKCFN0ZXBDYWxsEg8KB3N0ZXBfaWQYASABKAkSCwoDc2VxGAIgASgFEhAKCGZ1bmN0aW9uGAMgASgJEioKBnN0YXR1cxgEIAEoDjIaLmN5Y2xvbmUudjEuU3RlcENhbGxTdGF0dXMSGAoQdW5zYWZlX3RvX3JlcGVhdBgFIAEoCBImCgZvdXRwdXQYBiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSKAoFZXJyb3IYByABKAsyGS5jeWNsb25lLnYxLlN0ZXBDYWxsRXJyb3ISDwoHYXR0ZW1wdBgIIAEoBRIuCgpzdGFydGVkX2F0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoHd2FrZV9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLd2FpdGluZ19mb3IYDCABKAkiPwoNU3RlcENhbGxFcnJvchIMCgR0eXBlGAEgASgJEg8KB21lc3NhZ2UYAiABKAkSDwoHZGV0YWlscxgDIAEoCSKVAQoJU3RlcEVycm9yEg8KB2F0dGVtcHQYASABKAUSDAoEa2luZBgCIAEoCRIMCgR0eXBlGAMgASgJEg8KB21lc3NhZ2UYBCABKAkSDwoHZGV0YWlscxgFIAEoCRIRCglyZXRyeWFibGUYBiABKAgSJgoCYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpoBCgpBdWRpdEVudHJ5Eg4KBmFjdGlvbhgBIAEoCRIMCgRub2RlGAIgASgJEg0KBWFjdG9yGAMgASgJEg4KBnJlYXNvbhgEIAEoCRImCgJhdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJwoHZGV0YWlscxgGIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSqBAQoLVHJpZ2dlclJ1bGUSHAoYVFJJR0dFUl9SVUxFX1VOU1BFQ0lGSUVEEAASHAoYVFJJR0dFUl9SVUxFX0FMTF9TVUNDRVNTEAESGQoVVFJJR0dFUl9SVUxFX0FMTF9ET05FEAISGwoXVFJJR0dFUl9SVUxFX09ORV9GQUlMRUQQAyqiAQoJUnVuU3RhdHVzEhoKFlJVTl9TVEFUVVNfVU5TUEVDSUZJRUQQABIWChJSVU5fU1RBVFVTX1JVTk5JTkcQARIYChRSVU5fU1RBVFVTX0NPTVBMRVRFRBACEhUKEVJVTl9TVEFUVVNfRkFJTEVEEAMSFgoSUlVOX1NUQVRVU19CTE9DS0VEEAQSGAoUUlVOX1NUQVRVU19DQU5DRUxMRUQQBSr7AQoKU3RlcFN0YXR1cxIbChdTVEVQX1NUQVRVU19VTlNQRUNJRklFRBAAEhcKE1NURVBfU1RBVFVTX1BFTkRJTkcQARIZChVTVEVQX1NUQVRVU19BVkFJTEFCTEUQAhIXChNTVEVQX1NUQVRVU19SVU5OSU5HEAMSGQoVU1RFUF9TVEFUVVNfQ09NUExFVEVEEAQSGQoVU1RFUF9TVEFUVVNfRElTQ0FSREVEEAUSGQoVU1RFUF9TVEFUVVNfVU5DRVJUQUlOEAYSFwoTU1RFUF9TVEFUVVNfU0tJUFBFRBAHEhkKFVNURVBfU1RBVFVTX0NBTkNFTExFRBAIKqsBCg5TdGVwQ2FsbFN0YXR1cxIgChxTVEVQX0NBTExfU1RBVFVTX1VOU1BFQ0lGSUVEEAASHAoYU1RFUF9DQUxMX1NUQVRVU19TVEFSVEVEEAESHgoaU1RFUF9DQUxMX1NUQVRVU19TVUNDRUVERUQQAhIbChdTVEVQX0NBTExfU1RBVFVTX0ZBSUxFRBADEhwKGFNURVBfQ0FMTF9TVEFUVVNfV0FJVElORxAEYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * A workflow definition: a named DAG of nodes. It is sent whole with every Submit;
@@ -114,6 +114,24 @@ export type Node = Message<"cyclone.v1.Node"> & {
    * @generated from field: cyclone.v1.EventWait event = 9;
    */
   event?: EventWait | undefined;
+
+  /**
+   * This node's claim priority, -1000000 to 1000000; overrides the run's priority
+   * (SubmitRequest.priority) for this node only. Unset: the run's. Among the ready steps
+   * of the actions a worker claims, higher priorities are handed out first, and steps
+   * of one priority in the order they became ready. See docs/flow-control.md.
+   *
+   * @generated from field: optional int32 priority = 8;
+   */
+  priority?: number | undefined;
+
+  /**
+   * At most `limit` steps with the same key run at once, across all workers and
+   * servers. Unset: no limit. See docs/flow-control.md.
+   *
+   * @generated from field: cyclone.v1.ConcurrencyLimit concurrency = 10;
+   */
+  concurrency?: ConcurrencyLimit | undefined;
 };
 
 /**
@@ -152,6 +170,41 @@ export type EventWait = Message<"cyclone.v1.EventWait"> & {
  */
 export const EventWaitSchema: GenMessage<EventWait> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_types, 2);
+
+/**
+ * A concurrency limit on a node: a key, computed at submit, and how many steps with
+ * that key may be running at once.
+ *
+ * @generated from message cyclone.v1.ConcurrencyLimit
+ */
+export type ConcurrencyLimit = Message<"cyclone.v1.ConcurrencyLimit"> & {
+  /**
+   * Template of the key, 1-256 characters; evaluated once, at submit, to at most 256
+   * characters. `{run.a.b}` is replaced by the field a.b of the run input, `{node.a}` by
+   * the field a of the node's input (a string as is; a number or a boolean as JSON;
+   * anything else, or a missing field, is INVALID_ARGUMENT); `{{` and `}}` stand for
+   * `{` and `}`; other text is kept. E.g. "customer:{run.customer_id}". Keys are global:
+   * the same key in two workflows shares one limit.
+   *
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * Steps with this key that may be running at once, 1-10000. Required. All steps of a
+   * key should name the same limit: each claim checks the limit of the step it takes.
+   *
+   * @generated from field: int32 limit = 2;
+   */
+  limit: number;
+};
+
+/**
+ * Describes the message cyclone.v1.ConcurrencyLimit.
+ * Use `create(ConcurrencyLimitSchema)` to create a new message.
+ */
+export const ConcurrencyLimitSchema: GenMessage<ConcurrencyLimit> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_types, 3);
 
 /**
  * Retry policy of a node. Every claim counts as an attempt, including claims whose
@@ -195,7 +248,7 @@ export type RetryPolicy = Message<"cyclone.v1.RetryPolicy"> & {
  * Use `create(RetryPolicySchema)` to create a new message.
  */
 export const RetryPolicySchema: GenMessage<RetryPolicy> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 3);
+  messageDesc(file_cyclone_v1_types, 4);
 
 /**
  * A run: one execution of a workflow.
@@ -310,6 +363,20 @@ export type Run = Message<"cyclone.v1.Run"> & {
    * @generated from field: string parent_step_id = 15;
    */
   parentStepId: string;
+
+  /**
+   * The run's priority (SubmitRequest.priority), 0 by default.
+   *
+   * @generated from field: int32 priority = 16;
+   */
+  priority: number;
+
+  /**
+   * The start time given to Submit; unset when the run started at once.
+   *
+   * @generated from field: google.protobuf.Timestamp start_at = 17;
+   */
+  startAt?: Timestamp | undefined;
 };
 
 /**
@@ -317,7 +384,7 @@ export type Run = Message<"cyclone.v1.Run"> & {
  * Use `create(RunSchema)` to create a new message.
  */
 export const RunSchema: GenMessage<Run> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 4);
+  messageDesc(file_cyclone_v1_types, 5);
 
 /**
  * Why a run is failed or blocked.
@@ -374,7 +441,7 @@ export type RunError = Message<"cyclone.v1.RunError"> & {
  * Use `create(RunErrorSchema)` to create a new message.
  */
 export const RunErrorSchema: GenMessage<RunError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 5);
+  messageDesc(file_cyclone_v1_types, 6);
 
 /**
  * The stored state of one (run_id, node).
@@ -542,6 +609,21 @@ export type Step = Message<"cyclone.v1.Step"> & {
    * @generated from field: string waiting_for = 22;
    */
   waitingFor: string;
+
+  /**
+   * The step's claim priority: Node.priority, or else the run's.
+   *
+   * @generated from field: int32 priority = 23;
+   */
+  priority: number;
+
+  /**
+   * The node's concurrency key as evaluated at submit (ConcurrencyLimit.key); empty
+   * when the node has no limit.
+   *
+   * @generated from field: string concurrency_key = 24;
+   */
+  concurrencyKey: string;
 };
 
 /**
@@ -549,7 +631,7 @@ export type Step = Message<"cyclone.v1.Step"> & {
  * Use `create(StepSchema)` to create a new message.
  */
 export const StepSchema: GenMessage<Step> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 6);
+  messageDesc(file_cyclone_v1_types, 7);
 
 /**
  * One step call recorded by a durable function: an entry of its node's journal,
@@ -651,7 +733,7 @@ export type StepCall = Message<"cyclone.v1.StepCall"> & {
  * Use `create(StepCallSchema)` to create a new message.
  */
 export const StepCallSchema: GenMessage<StepCall> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 7);
+  messageDesc(file_cyclone_v1_types, 8);
 
 /**
  * The error a step call raised.
@@ -686,7 +768,7 @@ export type StepCallError = Message<"cyclone.v1.StepCallError"> & {
  * Use `create(StepCallErrorSchema)` to create a new message.
  */
 export const StepCallErrorSchema: GenMessage<StepCallError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 8);
+  messageDesc(file_cyclone_v1_types, 9);
 
 /**
  * One failure of a node.
@@ -749,7 +831,7 @@ export type StepError = Message<"cyclone.v1.StepError"> & {
  * Use `create(StepErrorSchema)` to create a new message.
  */
 export const StepErrorSchema: GenMessage<StepError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 9);
+  messageDesc(file_cyclone_v1_types, 10);
 
 /**
  * One operator action, as recorded.
@@ -805,7 +887,7 @@ export type AuditEntry = Message<"cyclone.v1.AuditEntry"> & {
  * Use `create(AuditEntrySchema)` to create a new message.
  */
 export const AuditEntrySchema: GenMessage<AuditEntry> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_types, 10);
+  messageDesc(file_cyclone_v1_types, 11);
 
 /**
  * When a node whose upstream nodes have all finished may run.

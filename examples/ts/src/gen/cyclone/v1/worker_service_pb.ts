@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/worker_service.proto.
  */
 export const file_cyclone_v1_worker_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIjQKCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNwoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAi+gQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIpkBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIlwKEUhlYXJ0YmVhdFJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWNhbmNlbGxlZBgCIAEoCCKhAQoPQ29tcGxldGVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKBm91dHB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEiYKB2ZhaWx1cmUYBSABKAsyEy5jeWNsb25lLnYxLkZhaWx1cmVIAEIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiygEKE0NvbXBsZXRlTWFueVJlcXVlc3QSMAoLY29tcGxldGlvbnMYASADKAsyGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBI2Cg5zdGVwX2NhbGxfZW5kcxgCIAMoCzIeLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXF1ZXN0EjoKEHN0ZXBfY2FsbF9iZWdpbnMYAyADKAsyIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0Eg0KBWJyaWVmGAQgASgIIsMBChRDb21wbGV0ZU1hbnlSZXNwb25zZRIrCgdyZXN1bHRzGAEgAygLMhouY3ljbG9uZS52MS5Db21wbGV0ZVJlc3VsdBI8ChVzdGVwX2NhbGxfZW5kX3Jlc3VsdHMYAiADKAsyHS5jeWNsb25lLnYxLlN0ZXBDYWxsRW5kUmVzdWx0EkAKF3N0ZXBfY2FsbF9iZWdpbl9yZXN1bHRzGAMgAygLMh8uY3ljbG9uZS52MS5TdGVwQ2FsbEJlZ2luUmVzdWx0In4KEVN0ZXBDYWxsRW5kUmVzdWx0EjMKCHJlc3BvbnNlGAEgASgLMh8uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiggEKE1N0ZXBDYWxsQmVnaW5SZXN1bHQSNQoIcmVzcG9uc2UYASABKAsyIS5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IngKDkNvbXBsZXRlUmVzdWx0EjAKCHJlc3BvbnNlGAEgASgLMhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiRwoNQ29tcGxldGVFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSFwoPY3VycmVudF9hdHRlbXB0GAMgASgFIpMBChRCZWdpblN0ZXBDYWxsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRIQCghmdW5jdGlvbhgGIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAcgASgIIpYBChVCZWdpblN0ZXBDYWxsUmVzcG9uc2USLgoIZGVjaXNpb24YASABKA4yHC5jeWNsb25lLnYxLlN0ZXBDYWxsRGVjaXNpb24SIgoEY2FsbBgCIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSKQoKcnVuX3N0YXR1cxgDIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzIvIBChJFbmRTdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCBIoCgZvdXRwdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVIABIqCgVlcnJvchgJIAEoCzIZLmN5Y2xvbmUudjEuU3RlcENhbGxFcnJvckgAQgkKB291dGNvbWUiTAoTRW5kU3RlcENhbGxSZXNwb25zZRIiCgRjYWxsGAEgASgLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIRCglkdXBsaWNhdGUYAiABKAgiswEKEVN0YXJ0Q2hpbGRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEiYKCHdvcmtmbG93GAYgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSJfChJTdGFydENoaWxkUmVzcG9uc2USFAoMY2hpbGRfcnVuX2lkGAEgASgJEg8KB2NyZWF0ZWQYAiABKAgSIgoEY2FsbBgDIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwi1gEKC1dhaXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEi0KB3dha2VfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSAASJgoFZXZlbnQYByABKAsyFS5jeWNsb25lLnYxLkV2ZW50V2FpdEgAEhYKDGNoaWxkX3J1bl9pZBgIIAEoCUgAQgcKBXVudGlsIl4KDFdhaXRSZXNwb25zZRIqCghkZWNpc2lvbhgBIAEoDjIYLmN5Y2xvbmUudjEuV2FpdERlY2lzaW9uEiIKBGNhbGwYAiABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsKpUBChBTdGVwQ2FsbERlY2lzaW9uEiIKHlNURVBfQ0FMTF9ERUNJU0lPTl9VTlNQRUNJRklFRBAAEhoKFlNURVBfQ0FMTF9ERUNJU0lPTl9SVU4QARIfChtTVEVQX0NBTExfREVDSVNJT05fUkVDT1JERUQQAhIgChxTVEVQX0NBTExfREVDSVNJT05fVU5DRVJUQUlOEAMqYwoMV2FpdERlY2lzaW9uEh0KGVdBSVRfREVDSVNJT05fVU5TUEVDSUZJRUQQABIXChNXQUlUX0RFQ0lTSU9OX1JFQURZEAESGwoXV0FJVF9ERUNJU0lPTl9TVVNQRU5ERUQQAjLfBAoNV29ya2VyU2VydmljZRI8CgVDbGFpbRIYLmN5Y2xvbmUudjEuQ2xhaW1SZXF1ZXN0GhkuY3ljbG9uZS52MS5DbGFpbVJlc3BvbnNlEkgKCUhlYXJ0YmVhdBIcLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVxdWVzdBodLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVzcG9uc2USRQoIQ29tcGxldGUSGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBocLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZRJRCgxDb21wbGV0ZU1hbnkSHy5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlcXVlc3QaIC5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlc3BvbnNlElQKDUJlZ2luU3RlcENhbGwSIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0GiEuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVzcG9uc2USTgoLRW5kU3RlcENhbGwSHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdBofLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXNwb25zZRJLCgpTdGFydENoaWxkEh0uY3ljbG9uZS52MS5TdGFydENoaWxkUmVxdWVzdBoeLmN5Y2xvbmUudjEuU3RhcnRDaGlsZFJlc3BvbnNlEjkKBFdhaXQSFy5jeWNsb25lLnYxLldhaXRSZXF1ZXN0GhguY3ljbG9uZS52MS5XYWl0UmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIl8KCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIEikKCnJhdGVfbGltaXQYAyABKAsyFS5jeWNsb25lLnYxLlJhdGVMaW1pdCJFCglSYXRlTGltaXQSDQoFY291bnQYASABKAUSKQoGcGVyaW9kGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNwoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAi+gQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIpkBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIlwKEUhlYXJ0YmVhdFJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWNhbmNlbGxlZBgCIAEoCCKhAQoPQ29tcGxldGVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKBm91dHB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEiYKB2ZhaWx1cmUYBSABKAsyEy5jeWNsb25lLnYxLkZhaWx1cmVIAEIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiygEKE0NvbXBsZXRlTWFueVJlcXVlc3QSMAoLY29tcGxldGlvbnMYASADKAsyGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBI2Cg5zdGVwX2NhbGxfZW5kcxgCIAMoCzIeLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXF1ZXN0EjoKEHN0ZXBfY2FsbF9iZWdpbnMYAyADKAsyIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0Eg0KBWJyaWVmGAQgASgIIsMBChRDb21wbGV0ZU1hbnlSZXNwb25zZRIrCgdyZXN1bHRzGAEgAygLMhouY3ljbG9uZS52MS5Db21wbGV0ZVJlc3VsdBI8ChVzdGVwX2NhbGxfZW5kX3Jlc3VsdHMYAiADKAsyHS5jeWNsb25lLnYxLlN0ZXBDYWxsRW5kUmVzdWx0EkAKF3N0ZXBfY2FsbF9iZWdpbl9yZXN1bHRzGAMgAygLMh8uY3ljbG9uZS52MS5TdGVwQ2FsbEJlZ2luUmVzdWx0In4KEVN0ZXBDYWxsRW5kUmVzdWx0EjMKCHJlc3BvbnNlGAEgASgLMh8uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiggEKE1N0ZXBDYWxsQmVnaW5SZXN1bHQSNQoIcmVzcG9uc2UYASABKAsyIS5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IngKDkNvbXBsZXRlUmVzdWx0EjAKCHJlc3BvbnNlGAEgASgLMhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiRwoNQ29tcGxldGVFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSFwoPY3VycmVudF9hdHRlbXB0GAMgASgFIpMBChRCZWdpblN0ZXBDYWxsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRIQCghmdW5jdGlvbhgGIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAcgASgIIpYBChVCZWdpblN0ZXBDYWxsUmVzcG9uc2USLgoIZGVjaXNpb24YASABKA4yHC5jeWNsb25lLnYxLlN0ZXBDYWxsRGVjaXNpb24SIgoEY2FsbBgCIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSKQoKcnVuX3N0YXR1cxgDIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzIvIBChJFbmRTdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCBIoCgZvdXRwdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVIABIqCgVlcnJvchgJIAEoCzIZLmN5Y2xvbmUudjEuU3RlcENhbGxFcnJvckgAQgkKB291dGNvbWUiTAoTRW5kU3RlcENhbGxSZXNwb25zZRIiCgRjYWxsGAEgASgLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIRCglkdXBsaWNhdGUYAiABKAgiswEKEVN0YXJ0Q2hpbGRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEiYKCHdvcmtmbG93GAYgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSJfChJTdGFydENoaWxkUmVzcG9uc2USFAoMY2hpbGRfcnVuX2lkGAEgASgJEg8KB2NyZWF0ZWQYAiABKAgSIgoEY2FsbBgDIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwi1gEKC1dhaXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEi0KB3dha2VfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSAASJgoFZXZlbnQYByABKAsyFS5jeWNsb25lLnYxLkV2ZW50V2FpdEgAEhYKDGNoaWxkX3J1bl9pZBgIIAEoCUgAQgcKBXVudGlsIl4KDFdhaXRSZXNwb25zZRIqCghkZWNpc2lvbhgBIAEoDjIYLmN5Y2xvbmUudjEuV2FpdERlY2lzaW9uEiIKBGNhbGwYAiABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsKpUBChBTdGVwQ2FsbERlY2lzaW9uEiIKHlNURVBfQ0FMTF9ERUNJU0lPTl9VTlNQRUNJRklFRBAAEhoKFlNURVBfQ0FMTF9ERUNJU0lPTl9SVU4QARIfChtTVEVQX0NBTExfREVDSVNJT05fUkVDT1JERUQQAhIgChxTVEVQX0NBTExfREVDSVNJT05fVU5DRVJUQUlOEAMqYwoMV2FpdERlY2lzaW9uEh0KGVdBSVRfREVDSVNJT05fVU5TUEVDSUZJRUQQABIXChNXQUlUX0RFQ0lTSU9OX1JFQURZEAESGwoXV0FJVF9ERUNJU0lPTl9TVVNQRU5ERUQQAjLfBAoNV29ya2VyU2VydmljZRI8CgVDbGFpbRIYLmN5Y2xvbmUudjEuQ2xhaW1SZXF1ZXN0GhkuY3ljbG9uZS52MS5DbGFpbVJlc3BvbnNlEkgKCUhlYXJ0YmVhdBIcLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVxdWVzdBodLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVzcG9uc2USRQoIQ29tcGxldGUSGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBocLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZRJRCgxDb21wbGV0ZU1hbnkSHy5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlcXVlc3QaIC5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlc3BvbnNlElQKDUJlZ2luU3RlcENhbGwSIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0GiEuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVzcG9uc2USTgoLRW5kU3RlcENhbGwSHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdBofLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXNwb25zZRJLCgpTdGFydENoaWxkEh0uY3ljbG9uZS52MS5TdGFydENoaWxkUmVxdWVzdBoeLmN5Y2xvbmUudjEuU3RhcnRDaGlsZFJlc3BvbnNlEjkKBFdhaXQSFy5jeWNsb25lLnYxLldhaXRSZXF1ZXN0GhguY3ljbG9uZS52MS5XYWl0UmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * An action a worker serves.
@@ -37,6 +37,16 @@ export type ActionSpec = Message<"cyclone.v1.ActionSpec"> & {
    * @generated from field: bool unsafe_to_repeat = 2;
    */
   unsafeToRepeat: boolean;
+
+  /**
+   * At most `count` steps of this action are claimed in any window of `period`, across
+   * all workers and servers. Read from the worker's current code at every claim, like
+   * unsafe_to_repeat: workers that serve one action should declare the same limit.
+   * Unset: no limit. See docs/flow-control.md.
+   *
+   * @generated from field: cyclone.v1.RateLimit rate_limit = 3;
+   */
+  rateLimit?: RateLimit | undefined;
 };
 
 /**
@@ -45,6 +55,34 @@ export type ActionSpec = Message<"cyclone.v1.ActionSpec"> & {
  */
 export const ActionSpecSchema: GenMessage<ActionSpec> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_worker_service, 0);
+
+/**
+ * A rate limit on the claims of an action.
+ *
+ * @generated from message cyclone.v1.RateLimit
+ */
+export type RateLimit = Message<"cyclone.v1.RateLimit"> & {
+  /**
+   * Claims allowed in any window of `period`, 1-1000000.
+   *
+   * @generated from field: int32 count = 1;
+   */
+  count: number;
+
+  /**
+   * Length of the window, 1 ms to 1 day.
+   *
+   * @generated from field: google.protobuf.Duration period = 2;
+   */
+  period?: Duration | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.RateLimit.
+ * Use `create(RateLimitSchema)` to create a new message.
+ */
+export const RateLimitSchema: GenMessage<RateLimit> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 1);
 
 /**
  * Arguments of WorkerService.Claim.
@@ -94,7 +132,7 @@ export type ClaimRequest = Message<"cyclone.v1.ClaimRequest"> & {
  * Use `create(ClaimRequestSchema)` to create a new message.
  */
 export const ClaimRequestSchema: GenMessage<ClaimRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 1);
+  messageDesc(file_cyclone_v1_worker_service, 2);
 
 /**
  * Result of WorkerService.Claim.
@@ -115,7 +153,7 @@ export type ClaimResponse = Message<"cyclone.v1.ClaimResponse"> & {
  * Use `create(ClaimResponseSchema)` to create a new message.
  */
 export const ClaimResponseSchema: GenMessage<ClaimResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 2);
+  messageDesc(file_cyclone_v1_worker_service, 3);
 
 /**
  * A step handed to a worker.
@@ -247,7 +285,7 @@ export type ClaimedStep = Message<"cyclone.v1.ClaimedStep"> & {
  * Use `create(ClaimedStepSchema)` to create a new message.
  */
 export const ClaimedStepSchema: GenMessage<ClaimedStep> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 3);
+  messageDesc(file_cyclone_v1_worker_service, 4);
 
 /**
  * An upstream node that did not succeed, as handed to a cleanup node.
@@ -284,7 +322,7 @@ export type UpstreamFailure = Message<"cyclone.v1.UpstreamFailure"> & {
  * Use `create(UpstreamFailureSchema)` to create a new message.
  */
 export const UpstreamFailureSchema: GenMessage<UpstreamFailure> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 4);
+  messageDesc(file_cyclone_v1_worker_service, 5);
 
 /**
  * Arguments of WorkerService.Heartbeat. The step is named by run_id and node;
@@ -335,7 +373,7 @@ export type HeartbeatRequest = Message<"cyclone.v1.HeartbeatRequest"> & {
  * Use `create(HeartbeatRequestSchema)` to create a new message.
  */
 export const HeartbeatRequestSchema: GenMessage<HeartbeatRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 5);
+  messageDesc(file_cyclone_v1_worker_service, 6);
 
 /**
  * Result of WorkerService.Heartbeat.
@@ -363,7 +401,7 @@ export type HeartbeatResponse = Message<"cyclone.v1.HeartbeatResponse"> & {
  * Use `create(HeartbeatResponseSchema)` to create a new message.
  */
 export const HeartbeatResponseSchema: GenMessage<HeartbeatResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 6);
+  messageDesc(file_cyclone_v1_worker_service, 7);
 
 /**
  * Arguments of WorkerService.Complete. The step is named by run_id and node;
@@ -422,7 +460,7 @@ export type CompleteRequest = Message<"cyclone.v1.CompleteRequest"> & {
  * Use `create(CompleteRequestSchema)` to create a new message.
  */
 export const CompleteRequestSchema: GenMessage<CompleteRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 7);
+  messageDesc(file_cyclone_v1_worker_service, 8);
 
 /**
  * A failed attempt, as reported by the worker.
@@ -482,7 +520,7 @@ export type Failure = Message<"cyclone.v1.Failure"> & {
  * Use `create(FailureSchema)` to create a new message.
  */
 export const FailureSchema: GenMessage<Failure> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 8);
+  messageDesc(file_cyclone_v1_worker_service, 9);
 
 /**
  * Result of WorkerService.Complete.
@@ -525,7 +563,7 @@ export type CompleteResponse = Message<"cyclone.v1.CompleteResponse"> & {
  * Use `create(CompleteResponseSchema)` to create a new message.
  */
 export const CompleteResponseSchema: GenMessage<CompleteResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 9);
+  messageDesc(file_cyclone_v1_worker_service, 10);
 
 /**
  * Arguments of WorkerService.CompleteMany. At least one item in all.
@@ -578,7 +616,7 @@ export type CompleteManyRequest = Message<"cyclone.v1.CompleteManyRequest"> & {
  * Use `create(CompleteManyRequestSchema)` to create a new message.
  */
 export const CompleteManyRequestSchema: GenMessage<CompleteManyRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 10);
+  messageDesc(file_cyclone_v1_worker_service, 11);
 
 /**
  * Result of WorkerService.CompleteMany.
@@ -613,7 +651,7 @@ export type CompleteManyResponse = Message<"cyclone.v1.CompleteManyResponse"> & 
  * Use `create(CompleteManyResponseSchema)` to create a new message.
  */
 export const CompleteManyResponseSchema: GenMessage<CompleteManyResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 11);
+  messageDesc(file_cyclone_v1_worker_service, 12);
 
 /**
  * The outcome of one step call's end in a CompleteMany call.
@@ -650,7 +688,7 @@ export type StepCallEndResult = Message<"cyclone.v1.StepCallEndResult"> & {
  * Use `create(StepCallEndResultSchema)` to create a new message.
  */
 export const StepCallEndResultSchema: GenMessage<StepCallEndResult> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 12);
+  messageDesc(file_cyclone_v1_worker_service, 13);
 
 /**
  * The outcome of one step call's begin in a CompleteMany call.
@@ -687,7 +725,7 @@ export type StepCallBeginResult = Message<"cyclone.v1.StepCallBeginResult"> & {
  * Use `create(StepCallBeginResultSchema)` to create a new message.
  */
 export const StepCallBeginResultSchema: GenMessage<StepCallBeginResult> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 13);
+  messageDesc(file_cyclone_v1_worker_service, 14);
 
 /**
  * The outcome of one completion of a CompleteMany call.
@@ -724,7 +762,7 @@ export type CompleteResult = Message<"cyclone.v1.CompleteResult"> & {
  * Use `create(CompleteResultSchema)` to create a new message.
  */
 export const CompleteResultSchema: GenMessage<CompleteResult> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 14);
+  messageDesc(file_cyclone_v1_worker_service, 15);
 
 /**
  * A refused completion, with the gRPC status Complete would have answered.
@@ -759,7 +797,7 @@ export type CompleteError = Message<"cyclone.v1.CompleteError"> & {
  * Use `create(CompleteErrorSchema)` to create a new message.
  */
 export const CompleteErrorSchema: GenMessage<CompleteError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 15);
+  messageDesc(file_cyclone_v1_worker_service, 16);
 
 /**
  * Arguments of WorkerService.BeginStepCall. The node is named by run_id and node;
@@ -827,7 +865,7 @@ export type BeginStepCallRequest = Message<"cyclone.v1.BeginStepCallRequest"> & 
  * Use `create(BeginStepCallRequestSchema)` to create a new message.
  */
 export const BeginStepCallRequestSchema: GenMessage<BeginStepCallRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 16);
+  messageDesc(file_cyclone_v1_worker_service, 17);
 
 /**
  * Result of WorkerService.BeginStepCall.
@@ -863,7 +901,7 @@ export type BeginStepCallResponse = Message<"cyclone.v1.BeginStepCallResponse"> 
  * Use `create(BeginStepCallResponseSchema)` to create a new message.
  */
 export const BeginStepCallResponseSchema: GenMessage<BeginStepCallResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 17);
+  messageDesc(file_cyclone_v1_worker_service, 18);
 
 /**
  * Arguments of WorkerService.EndStepCall.
@@ -950,7 +988,7 @@ export type EndStepCallRequest = Message<"cyclone.v1.EndStepCallRequest"> & {
  * Use `create(EndStepCallRequestSchema)` to create a new message.
  */
 export const EndStepCallRequestSchema: GenMessage<EndStepCallRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 18);
+  messageDesc(file_cyclone_v1_worker_service, 19);
 
 /**
  * Result of WorkerService.EndStepCall.
@@ -978,7 +1016,7 @@ export type EndStepCallResponse = Message<"cyclone.v1.EndStepCallResponse"> & {
  * Use `create(EndStepCallResponseSchema)` to create a new message.
  */
 export const EndStepCallResponseSchema: GenMessage<EndStepCallResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 19);
+  messageDesc(file_cyclone_v1_worker_service, 20);
 
 /**
  * Arguments of WorkerService.StartChild. The parent node is named by run_id and node;
@@ -1043,7 +1081,7 @@ export type StartChildRequest = Message<"cyclone.v1.StartChildRequest"> & {
  * Use `create(StartChildRequestSchema)` to create a new message.
  */
 export const StartChildRequestSchema: GenMessage<StartChildRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 20);
+  messageDesc(file_cyclone_v1_worker_service, 21);
 
 /**
  * Result of WorkerService.StartChild.
@@ -1081,7 +1119,7 @@ export type StartChildResponse = Message<"cyclone.v1.StartChildResponse"> & {
  * Use `create(StartChildResponseSchema)` to create a new message.
  */
 export const StartChildResponseSchema: GenMessage<StartChildResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 21);
+  messageDesc(file_cyclone_v1_worker_service, 22);
 
 /**
  * Arguments of WorkerService.Wait. The node is named by run_id and node; lease_token
@@ -1165,7 +1203,7 @@ export type WaitRequest = Message<"cyclone.v1.WaitRequest"> & {
  * Use `create(WaitRequestSchema)` to create a new message.
  */
 export const WaitRequestSchema: GenMessage<WaitRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 22);
+  messageDesc(file_cyclone_v1_worker_service, 23);
 
 /**
  * Result of WorkerService.Wait.
@@ -1193,7 +1231,7 @@ export type WaitResponse = Message<"cyclone.v1.WaitResponse"> & {
  * Use `create(WaitResponseSchema)` to create a new message.
  */
 export const WaitResponseSchema: GenMessage<WaitResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 23);
+  messageDesc(file_cyclone_v1_worker_service, 24);
 
 /**
  * What the caller of BeginStepCall must do.
