@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import yaml
 
 from pyclient.client import Client, default_address
-from pyclient.errors import CycloneError, InvalidArgument
+from pyclient.errors import CycloneError, InvalidArgument, Unavailable
 from pyclient.models import Explanation, Run, RunStatus, Schedule, Step, StepCall
 from pyclient.workflow import Workflow
 
@@ -804,6 +804,18 @@ def main(argv: Sequence[str] | None = None, *, client: Client | None = None) -> 
         client = Client(args.address, token=args.token, actor=args.actor)
     try:
         _print(args.handler(client, args), args.json, sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`cyclone ... | head`): end quietly, as other tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Unavailable as exc:
+        print(
+            f"cyclone: error: cannot reach a Cyclone server at {args.address} ({exc.message}). "
+            "Is it running (make run)? --address or CYCLONE_ADDRESS names another.",
+            file=sys.stderr,
+        )
+        return 1
     except CycloneError as exc:
         print(f"cyclone: error: {exc.message}", file=sys.stderr)
         return 1
