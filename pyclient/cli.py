@@ -184,9 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait",
         type=float,
         metavar="SECONDS",
-        help="then wait up to SECONDS for the run to finish or block, and show it",
+        help="then wait up to SECONDS for the run to finish or block, and show it "
+        "(exit status as for run wait)",
     )
-    p.set_defaults(handler=_submit)
+    p.set_defaults(handler=_submit, settles=True)
 
     p = command("run", "inspect one run")
     run_commands = p.add_subparsers(dest="run_command", required=True, metavar="SUBCOMMAND")
@@ -203,12 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
         "wait",
         help="wait until a run is finished or blocked",
         description="Poll a run until it is completed, failed, cancelled or blocked, then "
-        "show it. Exit status 1 when --timeout passes first.",
+        "show it. Exit status 0 when it completed, 2 when it failed, was cancelled or is "
+        "blocked, 1 when --timeout passes first.",
         parents=[common],
     )
     wait.add_argument("run_id", metavar="RUN")
     wait.add_argument("--timeout", type=float, default=None, help="seconds (default: no limit)")
-    wait.set_defaults(handler=_wait)
+    wait.set_defaults(handler=_wait, settles=True)
 
     p = command("runs", "list runs")
     runs_commands = p.add_subparsers(dest="runs_command", required=True, metavar="SUBCOMMAND")
@@ -803,8 +805,12 @@ def main(argv: Sequence[str] | None = None, *, client: Client | None = None) -> 
     if client is None:
         client = Client(args.address, token=args.token, actor=args.actor)
     try:
-        _print(args.handler(client, args), args.json, sys.stdout)
+        result = args.handler(client, args)
+        _print(result, args.json, sys.stdout)
         sys.stdout.flush()
+        if getattr(args, "settles", False) and isinstance(result, Run):
+            # A script can tell a run that needs a person from one that completed.
+            return 0 if result.status is RunStatus.COMPLETED else 2
     except BrokenPipeError:
         # The reader went away (`cyclone ... | head`): end quietly, as other tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
