@@ -33,6 +33,8 @@ class Dispatcher:
         self._outbox: set[str] = set()
         self._outbox_ready = asyncio.Event()
         self.connected = asyncio.Event()
+        #: The backend of the connection that sends this server's notifications.
+        self._own_pid: int | None = None
 
     def start(self) -> None:
         self._tasks = [
@@ -108,6 +110,7 @@ class Dispatcher:
                 await self._outbox_ready.wait()
                 self._outbox_ready.clear()
                 actions, self._outbox = self._outbox, set()
+                self._own_pid = conn.info.backend_pid
                 try:
                     await conn.execute(
                         f"SELECT pg_notify('{CHANNEL}', a) FROM unnest(%s::text[]) a",
@@ -131,7 +134,9 @@ class Dispatcher:
                 # Anything may have become ready while we were not listening.
                 self.wake_all()
                 async for notify in conn.notifies():
-                    self.wake(notify.payload)
+                    # Our own notifications: publish woke our claims already.
+                    if notify.pid != self._own_pid:
+                        self.wake(notify.payload)
             finally:
                 self.connected.clear()
 

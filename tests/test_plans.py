@@ -39,6 +39,8 @@ HOT = (
     "step_call_begin",
     "_step_call_end",
     "step_next_due",
+    "step_report_many",
+    "step_wait",
 )
 WATCHED = ("steps", "runs", "step_calls")
 #: The sweep's index of held leases: a walk of it reads every running step, so only the
@@ -46,7 +48,7 @@ WATCHED = ("steps", "runs", "step_calls")
 LEASED = "steps_leased_idx"
 
 
-def _fill_history(conn: psycopg.Connection) -> None:
+def _fill_history(conn: psycopg.Connection, history: int = HISTORY_RUNS, backlog: int = BACKLOG) -> None:
     """Finished runs made by SQL, not the API: old enough for retention to delete some;
     one in fifty failed with a discarded node and its error."""
     conn.execute(
@@ -60,7 +62,7 @@ def _fill_history(conn: psycopg.Connection) -> None:
           FROM generate_series(1, %(n)s) g,
                LATERAL (SELECT now() - interval '30 days' + g * interval '1 second') x(t)
         """,
-        {"n": HISTORY_RUNS},
+        {"n": history},
     )
     conn.execute(
         """
@@ -102,7 +104,7 @@ def _fill_history(conn: psycopg.Connection) -> None:
                '1s', '60s', 2, '5m', now() + interval '1 day'
           FROM r
         """,
-        {"n": BACKLOG},
+        {"n": backlog},
     )
     conn.execute(
         """
@@ -282,6 +284,31 @@ class Session:
             '{"type": "E", "message": "m", "details": ""}' if failed else None,
         )
 
+    def report(self, ends: list[dict], begins: list[dict], items: list[dict]) -> list[tuple]:
+        """CompleteMany as the SDK sends it: step calls ended, begun, nodes completed."""
+        rows = self.call(
+            "step_report_many",
+            "SELECT kind, i, decision, error_state FROM cyclone.step_report_many("
+            "%s, %s, %s, true)",
+            json.dumps(ends),
+            json.dumps(begins),
+            json.dumps(items),
+        )
+        assert [r[3] for r in rows] == [None] * len(rows), rows
+        return rows
+
+    def sleep(self, step: tuple, seconds: float) -> str:
+        [(decision,)] = self.call(
+            "step_wait",
+            "SELECT decision FROM cyclone.step_wait(%s, %s, %s, 'sleep', 1, 'cyclone.sleep',"
+            " cyclone.now() + make_interval(secs => %s), NULL, NULL, NULL)",
+            step[0],
+            step[1],
+            step[2],
+            seconds,
+        )
+        return str(decision)
+
     def close(self) -> None:
         self.conn.close()
 
@@ -341,6 +368,26 @@ def _round(s: Session, live: psycopg.Connection, i: int) -> None:
     assert s.begin(d, "charge", unsafe=True) == "recorded"
     s.complete(d)
 
+    # The same through CompleteMany's batches: an unsafe call begun, ended with the
+    # next one begun, then the last ends with the node's completion.
+    _submit(live, [_node("e", "batched")])
+    [e] = s.claim("batched")
+    key = {"run_id": str(e[0]), "node": e[1], "lease_token": str(e[2])}
+
+    def call(step_id: str, seq: int, unsafe: bool = True, **outcome: Any) -> dict:
+        return {"i": seq, **key, "step_id": step_id, "seq": seq, "function": "f",
+                "unsafe": unsafe, **outcome}  # fmt: skip
+
+    [(_, _, decision, _)] = s.report([], [call("pay", 1)], [])
+    assert decision == "run"
+    s.report([call("pay", 1, output=1)], [call("ship", 2)], [])
+    s.report([call("ship", 2, output=1), call("note", 3, False, output=1)], [], [{"i": 0, **key}])
+
+    # A durable sleep: the node gives up its lease, and is claimed again once it wakes.
+    _submit(live, [_node("z", "sleeper")])
+    [z] = s.claim("sleeper")
+    assert s.sleep(z, 5) == "suspended"
+
     # Flow control: a concurrency key (one of two admitted), a rate-limited action,
     # priorities, and the waiting claim's next look.
     for _ in range(2):
@@ -369,6 +416,9 @@ def _round(s: Session, live: psycopg.Connection, i: int) -> None:
     # The lease of the unsafe step expired with no outcome: its run blocks.
     [blocked] = s.claim("unsafe", unsafe=("unsafe",))
     assert blocked[2] is None
+    [z] = s.claim("sleeper")
+    assert s.sleep(z, 5) == "ready"
+    s.complete(z)
 
     s.call("runs_purge", "SELECT cyclone.runs_purge(interval '20 days', false, 50)")
     s.call("runs_purge", "SELECT cyclone.runs_purge(interval '20 days', true, 5)")
@@ -387,15 +437,18 @@ def _seq_scans_in(plan: dict) -> Iterator[str]:
         yield from _seq_scans_in(child)
 
 
-@pytest.mark.parametrize("statistics", ["none", "fresh"])
+@pytest.mark.parametrize("statistics", ["none", "fresh", "small"])
 def test_hot_paths_never_scan_steps_or_runs_whole(database_url, statistics):
     with psycopg.connect(database_url, autocommit=True) as live:
         if statistics == "none":
             # Autovacuum must not analyze the tables behind the test's back.
             for table in ("runs", "steps", "step_errors", "step_calls"):
                 live.execute(f"ALTER TABLE cyclone.{table} SET (autovacuum_enabled = off)")
-        _fill_history(live)
-        if statistics == "fresh":
+        if statistics == "small":
+            _fill_history(live, 1500, 1000)
+        else:
+            _fill_history(live)
+        if statistics in ("fresh", "small"):
             live.execute(
                 "ANALYZE cyclone.runs, cyclone.steps, cyclone.step_errors, cyclone.step_calls"
             )

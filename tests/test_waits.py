@@ -106,8 +106,12 @@ def test_a_sleep_gives_up_the_lease_and_resumes_without_using_up_an_attempt(
     cyclone_server.advance_clock(61)
     second = one(cyclone_server)
     assert second.attempt == 2
-    assert [(c.step_id, c.status) for c in second.journal] == [("sleep", WAITING)]
-    # A replay's wake time differs (computed anew); the recorded one holds.
+    # The claim at the wake time ended the sleep: the replay needs no Wait to go past it.
+    assert [(c.step_id, c.status) for c in second.journal] == [("sleep", SUCCEEDED)]
+    assert second.journal[0].finished_at.ToDatetime(tzinfo=dt.UTC) >= wake
+    assert get_run(cyclone_server, run_id).steps[0].waiting_for == ""
+    # A worker that sends the Wait anyway (a replay's wake time differs, computed anew)
+    # is answered from the journal; the recorded wake time holds.
     again = cyclone_server.workers.Wait(
         wait_request(second, wake_at=server_now(cyclone_server) + dt.timedelta(hours=1))
     )

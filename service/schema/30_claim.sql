@@ -112,14 +112,14 @@ BEGIN
     RETURN QUERY
     WITH picked AS (
         SELECT c.row_id, c.run_id, c.node, c.effect_uncertain, c.available_at, c.priority,
-               c.concurrency_key, c.concurrency_limit
+               c.concurrency_key, c.concurrency_limit, c.waiting_for
           FROM (SELECT x.action,
                        least(p_limit, coalesce(v_rooms[array_position(v_rated, x.action)],
                                                p_limit)) AS room
                   FROM (SELECT DISTINCT x FROM unnest(p_actions) x) AS x(action)) AS a
          CROSS JOIN LATERAL (
                SELECT s.ctid AS row_id, s.run_id, s.node, s.available_at, s.effect_uncertain,
-                      s.priority, s.concurrency_key, s.concurrency_limit
+                      s.priority, s.concurrency_key, s.concurrency_limit, s.waiting_for
                  FROM cyclone.steps s
                 WHERE s.status = 'available' AND s.action = a.action
                   AND s.available_at <= v_now
@@ -147,10 +147,12 @@ BEGIN
          CROSS JOIN LATERAL cyclone._keys_room(g.keys, g.limits) r
          WHERE g.keys IS NOT NULL
     ), admitted AS (
-        SELECT p.row_id, p.run_id, p.node, p.effect_uncertain, p.available_at
+        SELECT p.row_id, p.run_id, p.node, p.effect_uncertain, p.available_at,
+               p.waiting_for = 'sleep' AS slept
           FROM picked p WHERE p.concurrency_key IS NULL
         UNION ALL
-        SELECT p.row_id, p.run_id, p.node, p.effect_uncertain, p.available_at
+        SELECT p.row_id, p.run_id, p.node, p.effect_uncertain, p.available_at,
+               p.waiting_for = 'sleep'
           FROM (SELECT p.*, row_number() OVER (PARTITION BY p.concurrency_key
                                                ORDER BY p.priority DESC, p.available_at) AS n
                   FROM picked p WHERE p.concurrency_key IS NOT NULL) p
@@ -167,12 +169,28 @@ BEGIN
                lease_expires_at = v_now + least(p_lease, s.timeout),
                worker_id = p_worker,
                unsafe = s.action = ANY (p_unsafe),
-               effect_uncertain = false
+               effect_uncertain = false,
+               -- A node claimed at its wake time has slept: see slept below.
+               waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
+                                  ELSE s.waiting_for END
          WHERE s.ctid = ANY (ARRAY(SELECT p.row_id FROM admitted p))
            AND s.status = 'available'
         RETURNING s.run_id, s.node, s.action, s.attempt, s.max_attempts, s.input,
                   s.depends_on, s.deps_failed, s.lease_token, s.lease_expires_at,
                   s.deadline_at, s.progress
+    ), slept AS (
+        -- A sleep is over once its node is claimed at or after the wake time: its
+        -- journal entry succeeds here, as step_wait would record it when the body's
+        -- replay reached the sleep, so the replay needs no Wait to go past it.
+        UPDATE cyclone.step_calls j
+           SET status = 'succeeded', output = 'null', finished_at = v_now,
+               attempt = c.attempt
+          FROM claimed c
+          JOIN admitted p ON p.run_id = c.run_id AND p.node = c.node AND p.slept
+         WHERE j.run_id = c.run_id AND j.node = c.node
+           AND j.status = 'waiting' AND j.function = 'cyclone.sleep'
+           AND j.wake_at <= v_now
+        RETURNING j.*
     ), rated AS (
         -- The claims of each rate-limited action join its window (locked by _rate_room).
         UPDATE cyclone.action_rates t
@@ -212,9 +230,14 @@ BEGIN
                  FROM cyclone.steps u
                 WHERE u.run_id = c.run_id AND u.node = ANY (c.depends_on)
                   AND u.status IN ('discarded', 'skipped')) END,
-           -- One probe of the journal's key per claimed step.
-           (SELECT jsonb_agg(cyclone._step_call_json(j) ORDER BY j.seq)
+           -- One probe of the journal's key per claimed step (a sleep that ended at
+           -- this claim as slept left it: the statement still sees the old version).
+           (SELECT jsonb_agg(cyclone._step_call_json(
+                       CASE WHEN w.step_id IS NULL THEN j ELSE w::cyclone.step_calls END)
+                       ORDER BY j.seq)
               FROM cyclone.step_calls j
+              LEFT JOIN slept w ON p.slept AND w.run_id = j.run_id AND w.node = j.node
+                               AND w.step_id = j.step_id
              WHERE j.run_id = c.run_id AND j.node = c.node)
       FROM claimed c
       JOIN admitted p ON p.run_id = c.run_id AND p.node = c.node

@@ -99,7 +99,9 @@ type WorkerServiceClient interface {
 	// SUSPENDED with the entry WAITING: the node has given up its lease (a late Complete
 	// or Heartbeat with the token is ABORTED) and is AVAILABLE again from wake_at, or
 	// at once when it is woken; drop it without a Complete and free its slot. Its next
-	// claim replays the body, whose same call sends Wait again. A resume does not use
+	// claim replays the body, whose same call sends Wait again (except for a sleep: the
+	// claim at or after its wake time hands the entry out SUCCEEDED already, and a Wait
+	// sent anyway is answered READY from the journal). A resume does not use
 	// up an attempt (Step.resumes). The first Wait of a call fixes its wake time and
 	// deadline: a replay keeps them.
 	Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*WaitResponse, error)
@@ -263,7 +265,9 @@ type WorkerServiceServer interface {
 	// SUSPENDED with the entry WAITING: the node has given up its lease (a late Complete
 	// or Heartbeat with the token is ABORTED) and is AVAILABLE again from wake_at, or
 	// at once when it is woken; drop it without a Complete and free its slot. Its next
-	// claim replays the body, whose same call sends Wait again. A resume does not use
+	// claim replays the body, whose same call sends Wait again (except for a sleep: the
+	// claim at or after its wake time hands the entry out SUCCEEDED already, and a Wait
+	// sent anyway is answered READY from the journal). A resume does not use
 	// up an attempt (Step.resumes). The first Wait of a call fixes its wake time and
 	// deadline: a replay keeps them.
 	Wait(context.Context, *WaitRequest) (*WaitResponse, error)
