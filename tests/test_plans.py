@@ -48,7 +48,9 @@ WATCHED = ("steps", "runs", "step_calls")
 LEASED = "steps_leased_idx"
 
 
-def _fill_history(conn: psycopg.Connection, history: int = HISTORY_RUNS, backlog: int = BACKLOG) -> None:
+def _fill_history(
+    conn: psycopg.Connection, history: int = HISTORY_RUNS, backlog: int = BACKLOG
+) -> None:
     """Finished runs made by SQL, not the API: old enough for retention to delete some;
     one in fifty failed with a discarded node and its error."""
     conn.execute(
@@ -288,8 +290,7 @@ class Session:
         """CompleteMany as the SDK sends it: step calls ended, begun, nodes completed."""
         rows = self.call(
             "step_report_many",
-            "SELECT kind, i, decision, error_state FROM cyclone.step_report_many("
-            "%s, %s, %s, true)",
+            "SELECT kind, i, decision, error_state FROM cyclone.step_report_many(%s, %s, %s, true)",
             json.dumps(ends),
             json.dumps(begins),
             json.dumps(items),
