@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from google.protobuf import timestamp_pb2
 
-from cyclone.v1 import types_pb2, worker_service_pb2, workflow_service_pb2
+from cyclone.v1 import admin_service_pb2, types_pb2, worker_service_pb2, workflow_service_pb2
 from tests.helpers import (
     PATIENCE,
     claim,
@@ -124,6 +124,25 @@ def test_a_sleep_gives_up_the_lease_and_resumes_without_using_up_an_attempt(
     # Attempt 3 minus one resume is 2: the budget is spent now.
     assert fail(cyclone_server, third).status == types_pb2.STEP_STATUS_DISCARDED
     assert get_run(cyclone_server, run_id).steps[0].waiting_for == ""
+
+
+def test_a_retry_grants_a_fresh_budget_whatever_the_resumes_before_it(
+    cyclone_server: Any,
+) -> None:
+    run_id = submit(cyclone_server, workflow("nap", node("a", max_attempts=1, backoff=0.001)))
+    first = one(cyclone_server)
+    wake = server_now(cyclone_server) + dt.timedelta(seconds=5)
+    assert cyclone_server.workers.Wait(wait_request(first, wake_at=wake)).decision == SUSPENDED
+    cyclone_server.advance_clock(6)
+    second = one(cyclone_server)  # attempt 2, a resume: the first attempt still
+    assert fail(cyclone_server, second).status == types_pb2.STEP_STATUS_DISCARDED
+    cyclone_server.admin.Retry(
+        admin_service_pb2.RetryRequest(run_id=run_id, node="a", reason="try once more")
+    )
+    # A budget of one attempt, as at submit: the resume before the retry grants no more.
+    third = eventually(lambda: claim(cyclone_server), "the retried node")[0]
+    assert third.attempt == 3
+    assert fail(cyclone_server, third).status == types_pb2.STEP_STATUS_DISCARDED
 
 
 def test_a_sleep_already_over_is_ready_at_once(cyclone_server: Any) -> None:

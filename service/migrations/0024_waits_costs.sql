@@ -1,4 +1,5 @@
--- Two costs of the waits bench (performance).
+-- Two costs of the waits bench (performance), and a fresh attempt budget that
+-- counted resumes (a fix).
 --
 -- Batched completions find each step by its key, whatever the size of the steps
 -- table. With few rows, the planner hashed the whole table for
@@ -184,5 +185,265 @@ BEGIN
      -- OFFSET 0 keeps the lookup a subquery run once per claimed step, by key.
      CROSS JOIN LATERAL (SELECT r.workflow, r.input FROM cyclone.runs r
                           WHERE r.run_id = c.run_id OFFSET 0) r;
+END;
+$$;
+
+-- Retry and Resolve give a node a fresh attempt budget: max_attempts = attempt -
+-- resumes + attempt_budget. Written without "- resumes", every claim that had resumed
+-- a wait (not an attempt: step_fail and the sweep compare attempt - resumes) became
+-- one more attempt granted.
+CREATE OR REPLACE FUNCTION cyclone.step_retry(p_run_id uuid, p_nodes text[], p_actor text,
+                                              p_reason text)
+RETURNS text[]
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text := cyclone._run_lock(p_run_id);
+    v_nodes  text[];
+    v_bad    record;
+    v_reset  text[];
+    v_decide text[];
+BEGIN
+    IF v_status IN ('blocked', 'cancelled') THEN
+        RAISE EXCEPTION 'run % is %: only a running or failed run can be retried',
+            p_run_id, v_status USING ERRCODE = 'CY003';
+    END IF;
+    IF p_nodes IS NULL THEN
+        v_nodes := ARRAY(SELECT s.node FROM cyclone.steps s
+                          WHERE s.run_id = p_run_id AND s.status = 'discarded' ORDER BY s.node);
+        IF cardinality(v_nodes) = 0 THEN
+            RAISE EXCEPTION 'run % has no discarded node to retry', p_run_id
+                USING ERRCODE = 'CY003';
+        END IF;
+    ELSE
+        v_nodes := p_nodes;
+        SELECT n.node, s.status INTO v_bad
+          FROM unnest(p_nodes) n(node)
+          LEFT JOIN cyclone.steps s ON s.run_id = p_run_id AND s.node = n.node
+         WHERE s.status IS DISTINCT FROM 'discarded' LIMIT 1;
+        IF FOUND AND v_bad.status IS NULL THEN
+            RAISE EXCEPTION 'run % has no node %', p_run_id, left(v_bad.node, 200)
+                USING ERRCODE = 'CY002';
+        ELSIF FOUND THEN
+            RAISE EXCEPTION 'node % is %, not discarded: only a discarded node can be retried',
+                v_bad.node, v_bad.status USING ERRCODE = 'CY003';
+        END IF;
+    END IF;
+
+    WITH RECURSIVE down(node) AS (
+        SELECT unnest(v_nodes)
+        UNION
+        SELECT t.node
+          FROM down d
+          JOIN cyclone.steps s ON s.run_id = p_run_id AND s.node = d.node
+          JOIN cyclone.steps t ON t.run_id = p_run_id AND t.node = ANY (s.dependents)
+         WHERE t.status <> 'completed'
+    )
+    SELECT array_agg(node) INTO v_reset FROM down;
+
+    INSERT INTO cyclone.step_errors (run_id, node, attempt, kind, type, message, retryable, at)
+    SELECT p_run_id, s.node, s.attempt, 'reset', 'Reset',
+           format('lease of worker %s revoked: an upstream node was retried', s.worker_id),
+           true, v_now
+      FROM cyclone.steps s
+     WHERE s.run_id = p_run_id AND s.node = ANY (v_reset) AND s.status = 'running';
+
+    -- Counts read the statuses before this statement: a reset upstream node counts as
+    -- open, whatever it was.
+    UPDATE cyclone.steps s
+       SET status = 'pending', available_at = NULL, finished_at = NULL,
+           lease_expires_at = NULL,
+           effect_uncertain = s.effect_uncertain OR s.status = 'running',
+           max_attempts = s.attempt - s.resumes + s.attempt_budget,
+           deps_open = c.open, deps_failed = c.failed
+      FROM (SELECT t.node,
+                   count(u.node) FILTER (
+                       WHERE u.node = ANY (v_reset)
+                          OR u.status IN ('pending', 'available', 'running', 'uncertain'))
+                       AS open,
+                   count(u.node) FILTER (
+                       WHERE NOT u.node = ANY (v_reset)
+                         AND u.status IN ('discarded', 'skipped')) AS failed
+              FROM cyclone.steps t
+              LEFT JOIN cyclone.steps u ON u.run_id = t.run_id AND u.node = ANY (t.depends_on)
+             WHERE t.run_id = p_run_id AND t.node = ANY (v_reset)
+             GROUP BY t.node) c
+     WHERE s.run_id = p_run_id AND s.node = c.node;
+
+    UPDATE cyclone.runs r
+       SET status = 'running', error = NULL, finished_at = NULL, updated_at = v_now,
+           steps_open = (SELECT count(*) FROM cyclone.steps s
+                          WHERE s.run_id = p_run_id
+                            AND s.status IN ('pending', 'available', 'running', 'uncertain'))
+     WHERE r.run_id = p_run_id;
+
+    v_decide := ARRAY(SELECT s.node FROM cyclone.steps s
+                       WHERE s.run_id = p_run_id AND s.node = ANY (v_reset) AND s.deps_open = 0);
+    PERFORM cyclone._settle(p_run_id, '{}', v_decide, 0);
+    INSERT INTO cyclone.audit (run_id, node, action, actor, reason, details, at)
+    VALUES (p_run_id, CASE WHEN p_nodes IS NULL THEN '' ELSE p_nodes[1] END,
+            CASE WHEN p_nodes IS NULL THEN 'retry_all' ELSE 'retry' END, p_actor,
+            coalesce(p_reason, ''),
+            jsonb_build_object('nodes', to_jsonb(v_nodes),
+                               'reset', to_jsonb(ARRAY(SELECT unnest(v_reset)
+                                                       EXCEPT SELECT unnest(v_nodes)))),
+            v_now);
+    RETURN v_nodes;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION cyclone.step_resolve(p_run_id uuid, p_node text, p_choice text,
+                                                p_value jsonb, p_actor text, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text := cyclone._run_lock(p_run_id);
+    v_step   record;
+    v_held   text[];
+    v_error  jsonb;
+BEGIN
+    IF v_status <> 'blocked' THEN
+        RAISE EXCEPTION 'run % is %, not blocked: only a blocked run can be resolved',
+            p_run_id, v_status USING ERRCODE = 'CY003';
+    END IF;
+    SELECT r.error INTO v_error FROM cyclone.runs r WHERE r.run_id = p_run_id;
+    IF v_error ? 'step_id' THEN
+        RAISE EXCEPTION 'run % is blocked on step call % of node %: resolve it with step_id %',
+            p_run_id, v_error->>'step_id', v_error->>'node', v_error->>'step_id'
+            USING ERRCODE = 'CY003';
+    END IF;
+    SELECT s.status, s.attempt, s.action INTO v_step
+      FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % has no node %', p_run_id, left(p_node, 200)
+            USING ERRCODE = 'CY002';
+    END IF;
+    IF v_step.status <> 'uncertain' THEN
+        RAISE EXCEPTION 'node % is %, not uncertain: only the uncertain step of a blocked run '
+                        'can be resolved (here: %)', p_node, v_step.status,
+            (SELECT string_agg(s.node, ', ') FROM cyclone.steps s
+              WHERE s.run_id = p_run_id AND s.status = 'uncertain')
+            USING ERRCODE = 'CY003';
+    END IF;
+
+    UPDATE cyclone.runs SET status = 'running', error = NULL, updated_at = v_now
+     WHERE run_id = p_run_id;
+    -- Release what was held while blocked.
+    v_held := ARRAY(SELECT s.node FROM cyclone.steps s
+                     WHERE s.run_id = p_run_id AND s.status = 'pending' AND s.deps_open = 0);
+    CASE p_choice
+    WHEN 'result' THEN
+        UPDATE cyclone.steps s
+           SET status = 'completed', output = coalesce(p_value, 'null'::jsonb),
+               finished_at = v_now, effect_uncertain = false, lease_token = NULL
+         WHERE s.run_id = p_run_id AND s.node = p_node;
+        PERFORM cyclone._settle(p_run_id, ARRAY[p_node], v_held, 1);
+    WHEN 'error' THEN
+        UPDATE cyclone.steps s
+           SET status = 'discarded', finished_at = v_now, effect_uncertain = false,
+               lease_token = NULL
+         WHERE s.run_id = p_run_id AND s.node = p_node;
+        INSERT INTO cyclone.step_errors (run_id, node, attempt, kind, type, message, retryable, at)
+        VALUES (p_run_id, p_node, v_step.attempt, 'resolved', 'EffectFailed',
+                p_value #>> '{}', false, v_now);
+        PERFORM cyclone._settle(p_run_id, ARRAY[p_node], v_held, 1);
+    WHEN 'discard' THEN
+        UPDATE cyclone.steps s
+           SET status = 'available', available_at = v_now, effect_uncertain = false,
+               lease_token = NULL, max_attempts = s.attempt - s.resumes + s.attempt_budget
+         WHERE s.run_id = p_run_id AND s.node = p_node;
+        PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
+        PERFORM cyclone._settle(p_run_id, '{}', v_held, 0);
+    ELSE
+        RAISE EXCEPTION 'unknown resolution %', left(p_choice, 50) USING ERRCODE = 'CY004';
+    END CASE;
+    INSERT INTO cyclone.audit (run_id, node, action, actor, reason, details, at)
+    VALUES (p_run_id, p_node, 'resolve_' || p_choice, p_actor, coalesce(p_reason, ''),
+            jsonb_build_object('attempt', v_step.attempt, 'value', p_value), v_now);
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION cyclone.step_call_resolve(
+    p_run_id uuid, p_node text, p_step_id text, p_choice text, p_value jsonb, p_actor text,
+    p_reason text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text := cyclone._run_lock(p_run_id);
+    v_error  jsonb;
+    v_node   text;
+    v_step   record;
+    v_held   text[];
+BEGIN
+    IF p_choice IS NULL OR p_choice NOT IN ('result', 'error', 'discard') THEN
+        RAISE EXCEPTION 'unknown resolution %', left(p_choice, 50) USING ERRCODE = 'CY004';
+    END IF;
+    IF v_status <> 'blocked' THEN
+        RAISE EXCEPTION 'run % is %, not blocked: only a blocked run can be resolved',
+            p_run_id, v_status USING ERRCODE = 'CY003';
+    END IF;
+    SELECT r.error INTO v_error FROM cyclone.runs r WHERE r.run_id = p_run_id;
+    v_node := coalesce(nullif(p_node, ''), v_error->>'node');
+    SELECT s.status, s.attempt, s.action INTO v_step
+      FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = v_node FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % has no node %', p_run_id, left(v_node, 200)
+            USING ERRCODE = 'CY002';
+    END IF;
+    IF NOT v_error ? 'step_id' THEN
+        RAISE EXCEPTION 'run % is blocked on node % itself, not on a step call: resolve it '
+                        'without step_id', p_run_id, v_error->>'node'
+            USING ERRCODE = 'CY003';
+    END IF;
+    IF v_error->>'node' IS DISTINCT FROM v_node
+       OR v_error->>'step_id' IS DISTINCT FROM p_step_id THEN
+        RAISE EXCEPTION 'run % is blocked on step call % of node %, not on % of %',
+            p_run_id, v_error->>'step_id', v_error->>'node', left(p_step_id, 200),
+            left(v_node, 200)
+            USING ERRCODE = 'CY003';
+    END IF;
+
+    CASE p_choice
+    WHEN 'result' THEN
+        UPDATE cyclone.step_calls c
+           SET status = 'succeeded', output = coalesce(p_value, 'null'::jsonb),
+               finished_at = v_now
+         WHERE c.run_id = p_run_id AND c.node = v_node AND c.step_id = p_step_id
+           AND c.status = 'started';
+    WHEN 'error' THEN
+        UPDATE cyclone.step_calls c
+           SET status = 'failed', finished_at = v_now,
+               error = jsonb_build_object('type', 'EffectFailed', 'message',
+                                          coalesce(p_value #>> '{}', ''), 'details', '')
+         WHERE c.run_id = p_run_id AND c.node = v_node AND c.step_id = p_step_id
+           AND c.status = 'started';
+    ELSE
+        DELETE FROM cyclone.step_calls c
+         WHERE c.run_id = p_run_id AND c.node = v_node AND c.step_id = p_step_id
+           AND c.status = 'started';
+    END CASE;
+
+    UPDATE cyclone.runs SET status = 'running', error = NULL, updated_at = v_now
+     WHERE run_id = p_run_id;
+    -- Release what was held while blocked.
+    v_held := ARRAY(SELECT s.node FROM cyclone.steps s
+                     WHERE s.run_id = p_run_id AND s.status = 'pending' AND s.deps_open = 0);
+    UPDATE cyclone.steps s
+       SET status = 'available', available_at = v_now, effect_uncertain = false,
+           lease_token = NULL, max_attempts = s.attempt - s.resumes + s.attempt_budget
+     WHERE s.run_id = p_run_id AND s.node = v_node;
+    PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
+    PERFORM cyclone._settle(p_run_id, '{}', v_held, 0);
+    INSERT INTO cyclone.audit (run_id, node, action, actor, reason, details, at)
+    VALUES (p_run_id, v_node, 'resolve_' || p_choice, p_actor, coalesce(p_reason, ''),
+            jsonb_build_object('attempt', v_step.attempt, 'step_id', p_step_id,
+                               'value', p_value),
+            v_now);
+    RETURN v_node;
 END;
 $$;

@@ -146,7 +146,7 @@ CREATE TABLE cyclone.steps (
     -- When the holder of the lease last showed signs of life: step_claim, step_heartbeat.
     last_heartbeat_at  timestamptz,
     -- What an operator's Retry (or Resolve discard) grants: max_attempts becomes
-    -- attempt + attempt_budget. The node's retry policy, set at submit.
+    -- attempt - resumes + attempt_budget. The node's retry policy, set at submit.
     attempt_budget     integer     NOT NULL,
     -- Claims that resumed the node after it waited (step_wait suspended it): counted in
     -- attempt, but not against max_attempts (step_fail and the sweep compare

@@ -208,8 +208,9 @@ $$;
 -- Wakes the nodes of a run that wait for p_waiting_for ("event <name>", "child
 -- <run_id>"): available now instead of at their wake time, their actions notified,
 -- so that a claim takes them at once; their body replays to the wait, which then
--- finds what it waits for. The caller holds the run lock. Called by event_send (and
--- by a finishing child run, 48_children.sql).
+-- finds what it waits for. Called by event_send, which holds the run lock, and by
+-- _child_finished for a finishing child run, which holds the child's lock only
+-- (child_wait, 48_children.sql, says why that is enough).
 CREATE FUNCTION cyclone._wake_waiting(p_run_id uuid, p_waiting_for text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
