@@ -507,6 +507,12 @@ def test_a_body_that_lost_its_lease_makes_no_further_step_call(client, make_work
     with running(worker):
         run_id = client.start("slow")
         eventually(lambda: first_ctx, "the first attempt to wait")
+        # one's end travels after it returned: recorded before the lease is taken away,
+        # so that attempt 2 replays it instead of calling it again.
+        eventually(
+            lambda: [c.step_id for c in client.get_run(run_id).step("slow").journal] == ["one"],
+            "one to be recorded",
+        )
         cyclone_server.advance_clock(60)  # its lease expires; attempt 2 takes the node
         assert cyclone_server.sweep() == 1
         eventually(lambda: first_ctx[0].lease_lost.is_set(), "the lost lease to be seen")
