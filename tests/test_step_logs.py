@@ -37,9 +37,7 @@ def complete(server, step, *messages: str, output=None):
 
 
 def logged(server, run_id: str, logs: bool = True) -> dict[str, list[types_pb2.LogLine]]:
-    run = server.workflows.GetRun(
-        workflow_service_pb2.GetRunRequest(run_id=run_id, logs=logs)
-    ).run
+    run = server.workflows.GetRun(workflow_service_pb2.GetRunRequest(run_id=run_id, logs=logs)).run
     return {s.node: list(s.logs) for s in run.steps}
 
 
