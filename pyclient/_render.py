@@ -77,7 +77,7 @@ def to_text(renderable: RenderableType) -> str:
 
 
 def status(value: Any) -> Text:
-    return Text(str(value), style=STYLES.get(str(value), ""))
+    return Text(str(value), style=STYLES.get(str(value).lower(), ""))
 
 
 def when(value: dt.datetime | None, since: dt.datetime | None = None) -> str:
