@@ -91,8 +91,10 @@ def _cli(server, *argv: str, env: dict[str, str] | None = None, timeout: float =
 def test_run_wait_follow_prints_each_change_of_a_step_as_it_happens(cyclone_server):
     run_id = submit(cyclone_server, workflow("followed", node("a"), node("b", deps=["a"])))
     follow = subprocess.Popen(
-        [str(CYCLONE), "run", "wait", run_id, "--follow", "--timeout", "60"]
-        + ["--address", cyclone_server.address],
+        [
+            *(str(CYCLONE), "run", "wait", run_id, "--follow", "--timeout", "60"),
+            *("--address", cyclone_server.address),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -162,8 +164,10 @@ def test_on_a_terminal_run_wait_follows_live_by_default(cyclone_server):
     complete(cyclone_server, step, "ok")
     leader, follower = pty.openpty()
     with subprocess.Popen(
-        [str(CYCLONE), "run", "wait", run_id, "--timeout", "30"]
-        + ["--address", cyclone_server.address],
+        [
+            *(str(CYCLONE), "run", "wait", run_id, "--timeout", "30"),
+            *("--address", cyclone_server.address),
+        ],
         stdout=follower,
         stderr=subprocess.PIPE,
         env={**os.environ, "TERM": "xterm", "COLUMNS": "160"},
