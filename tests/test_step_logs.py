@@ -110,3 +110,31 @@ def test_a_claim_that_blocks_a_run_says_which_and_why(cyclone_server):
     assert re.search(r"started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)", blocked.reason)
     assert blocked.reason.count("cyclone resolve") == 1
     assert f"cyclone resolve {run_id} charge" in blocked.reason
+
+
+def test_completions_in_a_batch_carry_their_own_lines(cyclone_server):
+    run_id = submit(cyclone_server, workflow("batch", node("a"), node("b"), node("c")))
+    steps = sorted(claim(cyclone_server), key=lambda s: s.node)
+    assert [s.node for s in steps] == ["a", "b", "c"]
+    completions = [
+        worker_service_pb2.CompleteRequest(
+            run_id=s.run_id,
+            node=s.node,
+            lease_token=s.lease_token,
+            output=value(s.node),
+            logs=lines(f"{s.node} done") if s.node != "c" else [],
+        )
+        for s in steps
+    ]
+    # b's token is stale: its completion is refused, and its lines are not stored.
+    completions[1].lease_token = "00000000-0000-4000-8000-000000000000"
+    answer = cyclone_server.workers.CompleteMany(
+        worker_service_pb2.CompleteManyRequest(completions=completions)
+    )
+    assert [r.HasField("error") for r in answer.results] == [False, True, False]
+    got = logged(cyclone_server, run_id)
+    assert {n: [line.message for line in ls] for n, ls in got.items()} == {
+        "a": ["a done"],
+        "b": [],
+        "c": [],
+    }
