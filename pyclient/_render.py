@@ -388,7 +388,10 @@ def explanation_view(e: Explanation) -> Text:
         if step.progress is not None:
             lines.append(f"  progress  {json.dumps(step.progress)}")
     if e.run_error is not None:
-        lines.append(f"  run     {e.run_status}  {e.run_error.kind}: {e.run_error.message}")
+        # A blocked run's error gives the advice the reason above gives already.
+        said = e.reason == "blocked"
+        message = f"node {e.run_error.node}" if said else e.run_error.message
+        lines.append(f"  run     {e.run_status}  {e.run_error.kind}: {message}")
     for u in e.upstream:
         error = (
             f"  {u.last_error.type or u.last_error.kind}: {u.last_error.message}"
