@@ -509,8 +509,8 @@ def _settled(client: Client, run_id: str, timeout: float | None, args: argparse.
     default on a terminal, unless --json)."""
     follow = args.follow
     if follow is None:
-        follow = sys.stdout.isatty() and not args.json
-    if not follow:
+        follow = sys.stdout.isatty()
+    if not follow or args.json:  # JSON is for scripts: the run alone
         return client.wait(run_id, timeout=timeout)
     end = None if timeout is None else time.monotonic() + timeout
     out = console(sys.stdout)

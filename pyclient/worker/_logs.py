@@ -80,6 +80,8 @@ def lines_of(control: StepControl) -> StepLines:
 
 def take(control: StepControl) -> list[types_pb2.LogLine]:
     """The step's lines not sent yet, to send now."""
+    if not _steps:  # no handler has logged a line: the common case, kept cheap
+        return []
     lines = _steps.get(control)
     return lines.take() if lines is not None else []
 
