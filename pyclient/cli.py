@@ -510,8 +510,11 @@ def _settled(client: Client, run_id: str, timeout: float | None, args: argparse.
     follow = args.follow
     if follow is None:
         follow = sys.stdout.isatty()
-    if not follow or args.json:  # JSON is for scripts: the run alone
+    if args.json:  # for scripts: the run alone
         return client.wait(run_id, timeout=timeout)
+    if not follow:
+        client.wait(run_id, timeout=timeout)
+        return client.get_run(run_id, logs=True)  # shown as run show shows it
     end = None if timeout is None else time.monotonic() + timeout
     out = console(sys.stdout)
 
@@ -538,7 +541,7 @@ def _settled(client: Client, run_id: str, timeout: float | None, args: argparse.
                 out.print(line)
             sys.stdout.flush()
     assert run is not None
-    return run
+    return client.get_run(run_id, logs=True)  # shown as run show shows it
 
 
 def _logs(client: Client, args: argparse.Namespace) -> Any:

@@ -219,5 +219,7 @@ def test_cyclone_logs_prints_a_nodes_lines_by_attempt(cyclone_server):
     ]
     shown = _cli(cyclone_server, "run", "show", run_id)
     assert "logs of a:" in shown.stdout and "try one" in shown.stdout
+    waited = _cli(cyclone_server, "run", "wait", run_id, "--timeout", "30")
+    assert waited.returncode == 0 and "logs of a:" in waited.stdout
     followed = _cli(cyclone_server, "logs", run_id, "a", "--follow")
     assert followed.returncode == 0 and "try two" in followed.stdout
