@@ -12,16 +12,39 @@ import getpass
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
+from rich.console import Group
+from rich.live import Live
+from rich.text import Text
 
+from pyclient._render import (
+    FINAL_STEPS,
+    changes,
+    console,
+    explanation_view,
+    follow_view,
+    logs_view,
+    render_run,
+    run_view,
+    runs_table,
+    schedule_view,
+    schedules_table,
+    to_text,
+)
 from pyclient.client import Client, default_address
-from pyclient.errors import CycloneError, InvalidArgument, Unavailable
-from pyclient.models import Explanation, Run, RunStatus, Schedule, Step, StepCall
+from pyclient.errors import CycloneError, InvalidArgument, Unavailable, WaitTimeout
+from pyclient.models import Explanation, Run, RunStatus, Schedule
 from pyclient.workflow import Workflow
+
+__all__ = ["build_parser", "load_workflow_file", "main", "render_run"]
+
+#: How often a followed run (run wait --follow, logs --follow) is read again.
+FOLLOW_POLL_S = 0.5
 
 DESCRIPTION = """\
 Operate Cyclone, the durable workflow service: submit workflows, inspect runs, ask
@@ -185,8 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="SECONDS",
         help="then wait up to SECONDS for the run to finish or block, and show it "
-        "(exit status as for run wait)",
+        "(exit status and --follow as for run wait)",
     )
+    _follow_flags(p)
     p.set_defaults(handler=_submit, settles=True)
 
     p = command("run", "inspect one run")
@@ -195,7 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
         "show",
         help="show a run and its steps as a tree",
         description="Show a run: status, error, and its steps as a tree (by dependency) "
-        "with status, attempt and the last error of each.",
+        "with status, attempts, start, progress and last heartbeat (running steps), and the "
+        "last error of each; then each failed step's errors with the last traceback, and "
+        "the last log lines of each step (cyclone logs RUN NODE shows them all). ATTEMPT "
+        "is the number of claims so far (the handler's ctx.attempt), with what it is made "
+        "of: failed attempts, claims that resumed a wait (they use up no attempt), operator "
+        "retries, attempts left. Times are in your local time zone, named.",
         parents=[common],
     )
     show.add_argument("run_id", metavar="RUN")
@@ -205,12 +234,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait until a run is finished or blocked",
         description="Poll a run until it is completed, failed, cancelled or blocked, then "
         "show it. Exit status 0 when it completed, 2 when it failed, was cancelled or is "
-        "blocked, 1 when --timeout passes first.",
+        "blocked, 1 when --timeout passes first. On a terminal it follows the run live "
+        "(a table of its steps, redrawn as they change) unless --no-follow or --json; "
+        "--follow elsewhere prints one line per change of a step.",
         parents=[common],
     )
     wait.add_argument("run_id", metavar="RUN")
     wait.add_argument("--timeout", type=float, default=None, help="seconds (default: no limit)")
+    _follow_flags(wait)
     wait.set_defaults(handler=_wait, settles=True)
+
+    p = command(
+        "logs",
+        "print what a node's handlers logged",
+        "Print the lines NODE's handlers logged (through the logging module in Python, "
+        "HeartbeatRequest.logs / CompleteRequest.logs elsewhere), every attempt or one, "
+        "oldest first: time (local, to the millisecond), attempt, level, logger, message. "
+        "The server keeps up to 1000 lines and 256 KiB per attempt, and deletes them with "
+        "the run.",
+    )
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("node", metavar="NODE")
+    p.add_argument("--attempt", type=int, help="only this attempt's lines")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep printing new lines until the node is finished",
+    )
+    p.set_defaults(handler=_logs)
 
     p = command("runs", "list runs")
     runs_commands = p.add_subparsers(dest="runs_command", required=True, metavar="SUBCOMMAND")
@@ -358,6 +409,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _follow_flags(p: argparse.ArgumentParser) -> None:
+    follow = p.add_mutually_exclusive_group()
+    follow.add_argument(
+        "--follow",
+        action="store_true",
+        default=None,
+        help="show the steps as they change (the default on a terminal)",
+    )
+    follow.add_argument(
+        "--no-follow", dest="follow", action="store_false", help="wait quietly, then show"
+    )
+
+
 def _user() -> str | None:
     try:
         return getpass.getuser()
@@ -426,18 +490,100 @@ def _submit(client: Client, args: argparse.Namespace) -> Any:
     else:
         run_id, created = client.submit(workflow, run_input, **flow), True
     if args.wait is not None:
-        return client.wait(run_id, timeout=args.wait)
+        return _settled(client, run_id, args.wait, args)
     if args.json:
         return {"run_id": run_id, "created": created}
     return run_id if created else f"{run_id} (already submitted with this key)"
 
 
 def _show(client: Client, args: argparse.Namespace) -> Any:
-    return client.get_run(args.run_id)
+    return client.get_run(args.run_id, logs=not args.json)
 
 
 def _wait(client: Client, args: argparse.Namespace) -> Any:
-    return client.wait(args.run_id, timeout=args.timeout)
+    return _settled(client, args.run_id, args.timeout, args)
+
+
+def _settled(client: Client, run_id: str, timeout: float | None, args: argparse.Namespace) -> Run:
+    """The run once it is finished or blocked, followed on the way when asked (and by
+    default on a terminal, unless --json)."""
+    follow = args.follow
+    if follow is None:
+        follow = sys.stdout.isatty()
+    if args.json:  # for scripts: the run alone
+        return client.wait(run_id, timeout=timeout)
+    if not follow:
+        client.wait(run_id, timeout=timeout)
+        return client.get_run(run_id, logs=True)  # shown as run show shows it
+    end = None if timeout is None else time.monotonic() + timeout
+    out = console(sys.stdout)
+
+    def polls() -> Any:
+        while True:
+            run = client.get_run(run_id)
+            yield run
+            if run.status != RunStatus.RUNNING:
+                return
+            if end is not None and time.monotonic() >= end:
+                raise WaitTimeout(f"run {run_id} is still {run.status} after {timeout:g}s")
+            time.sleep(FOLLOW_POLL_S if end is None else min(FOLLOW_POLL_S, end - time.monotonic()))
+
+    run: Run | None = None
+    if out.is_terminal:
+        # Redrawn in place, and gone at the end: the run is printed whole after it.
+        with Live(console=out, auto_refresh=False, transient=True) as live:
+            for run in polls():
+                live.update(follow_view(run), refresh=True)
+    else:
+        seen: dict[str, tuple[str, int]] = {}
+        for run in polls():
+            for line in changes(seen, run):
+                out.print(line)
+            sys.stdout.flush()
+    assert run is not None
+    return client.get_run(run_id, logs=True)  # shown as run show shows it
+
+
+def _logs(client: Client, args: argparse.Namespace) -> Any:
+    """A node's log lines (one attempt's), and with --follow the new ones as they come,
+    until the node is finished or its run is no longer running."""
+
+    def lines() -> tuple[bool, list[Any]]:
+        run = client.get_run(args.run_id, logs=True)
+        try:
+            step = run.step(args.node)
+        except KeyError:
+            raise InvalidArgument(f"run {args.run_id} has no node {args.node!r}") from None
+        found = [line for line in step.logs if args.attempt in (None, line.attempt)]
+        over = str(step.status) in FINAL_STEPS or run.status != RunStatus.RUNNING
+        return over, found
+
+    over, found = lines()
+    if args.json:
+        return {"node": args.node, "logs": [_log_dict(line) for line in found]}
+    if not args.follow:
+        return logs_view(found) if found else f"no log lines for node {args.node}"
+    out = console(sys.stdout)
+    printed = 0
+    while True:
+        if len(found) > printed:
+            out.print(logs_view(found[printed:]))
+            sys.stdout.flush()
+            printed = len(found)
+        if over:
+            return f"-- node {args.node}: no more lines (it is finished or its run is not running)"
+        time.sleep(FOLLOW_POLL_S)
+        over, found = lines()
+
+
+def _log_dict(line: Any) -> dict[str, Any]:
+    return {
+        "at": line.at.isoformat() if line.at else None,
+        "attempt": line.attempt,
+        "level": line.level,
+        "logger": line.logger,
+        "message": line.message,
+    }
 
 
 def _list(client: Client, args: argparse.Namespace) -> Any:
@@ -559,222 +705,6 @@ def _schedule_delete(client: Client, args: argparse.Namespace) -> Any:
     return f"schedule {args.name} deleted"
 
 
-def render_schedule(s: Schedule) -> str:
-    when = f"cron {s.cron!r} in {s.time_zone}" if s.cron else f"every {_interval(s)}"
-    lines = [
-        f"schedule {s.name}{'  (paused)' if s.paused else ''}",
-        f"  submits    {s.workflow}" + (f" with input {json.dumps(s.input)}" if s.input else ""),
-        f"  when       {when}",
-        f"  policies   overlap {s.overlap}, catch-up {s.catch_up}",
-        f"  next       {'-' if s.paused else _when(s.next_fire_at)}",
-        f"  last       {_when(s.last_fire_at)}"
-        + (f"  run {s.last_run_id}" if s.last_run_id else ""),
-    ]
-    return "\n".join(lines)
-
-
-def _interval(s: Schedule) -> str:
-    return f"{s.interval.total_seconds():g}s" if s.interval else "-"
-
-
-def render_schedules(schedules: Sequence[Schedule]) -> str:
-    if not schedules:
-        return "no schedules"
-    rows = [("NAME", "WORKFLOW", "WHEN", "NEXT", "LAST RUN")]
-    for s in schedules:
-        when = f"{s.cron} ({s.time_zone})" if s.cron else f"every {_interval(s)}"
-        nxt = "paused" if s.paused else _when(s.next_fire_at)
-        rows.append((s.name, s.workflow, when, nxt, s.last_run_id or "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)) + "  " + row[4]
-        for row in rows
-    )
-
-
-def _when(value: Any) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
-
-
-def _when_zoned(value: Any, since: Any = None) -> str:
-    """A time with its zone; only the time of day when it is the same day as ``since``."""
-    if not value:
-        return "-"
-    same_day = since is not None and since.date() == value.date()
-    day = "" if same_day else value.strftime("%Y-%m-%d ")
-    return f"{day}{value:%H:%M:%S}.{value.microsecond // 1000:03d} {value.tzname() or ''}".rstrip()
-
-
-def render_run(run: Run) -> str:
-    """A run as text: a header, its error, its steps as a tree by dependency."""
-    lines = [
-        f"run {run.run_id}  workflow {run.workflow}  {run.status.upper()}",
-        f"  created {_when(run.created_at)}  updated {_when(run.updated_at)}"
-        + (f"  key {run.submit_key}" if run.submit_key else ""),
-    ]
-    if run.parent_run_id:
-        lines.append(
-            f"  child of run {run.parent_run_id}, node {run.parent_node}, "
-            f"step call {run.parent_step_id}"
-        )
-    for node, step_id, child in run.children:
-        lines.append(f"  child run {child}  (node {node}, step call {step_id})")
-    if run.error is not None:
-        e = run.error
-        call = f", step call {e.step_id}" if e.step_id else ""
-        lines.append(f"  {e.kind}: {e.message} (node {e.node}{call}, attempt {e.attempt})")
-        if e.step_id and run.status == RunStatus.BLOCKED:
-            lines.append(
-                f"  resolve it: cyclone resolve {run.run_id} {e.step_id}"
-                " (--result JSON | --error MSG | --discard)"
-            )
-    if run.steps:
-        lines.append("")
-        lines.extend(render_steps(run.steps))
-    if run.audit:
-        lines.append("")
-        for a in run.audit:
-            target = f" {a.node}" if a.node else ""
-            reason = f": {a.reason}" if a.reason else ""
-            lines.append(f"  {_when(a.at)}  {a.action}{target} by {a.actor or '?'}{reason}")
-    return "\n".join(lines)
-
-
-def render_steps(steps: Sequence[Step]) -> list[str]:
-    """Steps (in topological order) as a tree: each under its first upstream node."""
-    children: dict[str | None, list[Step]] = {}
-    for step in steps:
-        children.setdefault(step.depends_on[0] if step.depends_on else None, []).append(step)
-    width = max(len(s.node) for s in steps) + 2 * _depth(steps) + 4
-    lines: list[str] = []
-
-    def walk(parent: str | None, prefix: str) -> None:
-        kids = children.get(parent, [])
-        for i, step in enumerate(kids):
-            last = i == len(kids) - 1
-            branch = "" if parent is None else ("└─ " if last else "├─ ")
-            label = f"{prefix}{branch}{step.node}"
-            lines.append(f"  {label:<{width}} {_step_summary(step)}")
-            inner = prefix + ("" if parent is None else ("   " if last else "│  "))
-            below = "│  " if children.get(step.node) else "   "
-            lines.extend(f"  {inner}{below}{line}" for line in render_journal(step.journal))
-            walk(step.node, inner)
-
-    walk(None, "")
-    return lines
-
-
-def render_journal(journal: Sequence[StepCall]) -> list[str]:
-    """A node's step calls in call order, one line each: seq, step id, status, attempt,
-    mark, function, times (with their zone), and the output or error."""
-    if not journal:
-        return []
-    width = max(len(c.step_id) for c in journal)
-    lines = [f"journal: {len(journal)} step call{'s' if len(journal) > 1 else ''}"]
-    for c in journal:
-        parts = [f"{c.seq:>3} {c.step_id:<{width}}", f"{c.status:<9}", f"attempt {c.attempt}"]
-        if c.unsafe_to_repeat:
-            parts.append("unsafe")
-        parts.append(f"fn {c.function}")
-        times = f"started {_when_zoned(c.started_at)}"
-        if c.finished_at is not None:
-            times += f", ended {_when_zoned(c.finished_at, c.started_at)}"
-        parts.append(times)
-        if c.error is not None:
-            parts.append(_excerpt(f"error {c.error.type}: {c.error.message}"))
-        elif c.status == "succeeded":
-            parts.append(_excerpt(f"-> {json.dumps(c.output)}"))
-        elif c.status == "waiting":
-            until = f" until {_when_zoned(c.wake_at)}" if c.wake_at else ""
-            parts.append(f"waiting for {c.waiting_for}{until}")
-        else:
-            parts.append("no outcome")
-        lines.append("  ".join(parts))
-    return lines
-
-
-def _excerpt(text: str, limit: int = 80) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _depth(steps: Sequence[Step]) -> int:
-    depth: dict[str, int] = {}
-    for step in steps:
-        depth[step.node] = 1 + max((depth.get(d, 0) for d in step.depends_on), default=0)
-    return max(depth.values(), default=0)
-
-
-def _step_summary(step: Step) -> str:
-    parts = [f"{step.status:<10}", f"attempt {step.attempt}/{step.max_attempts}"]
-    if len(step.depends_on) > 1:
-        parts.append(f"after {', '.join(step.depends_on)}")
-    if step.trigger_rule != "all_success":
-        parts.append(step.trigger_rule)
-    if step.effect_uncertain:
-        parts.append("effect uncertain")
-    if step.resumes:
-        parts.append(f"{step.resumes} resume{'s' if step.resumes > 1 else ''}")
-    if step.waiting_for and step.status in ("available", "pending"):
-        until = f" until {_when_zoned(step.available_at)}" if step.available_at else ""
-        if step.available_at is not None and step.available_at.year == 9999:
-            until = ""
-        parts.append(f"waiting for {step.waiting_for}{until}")
-    if step.last_error is not None:
-        e = step.last_error
-        parts.append(f"last error (attempt {e.attempt}): {e.type or e.kind}: {e.message}")
-    return "  ".join(parts)
-
-
-def render_explanation(e: Explanation) -> str:
-    """The reason and its sentence, then the step, its upstream and its workers."""
-    lines = [f"{e.reason.upper()}: {e.message}"]
-    step = e.step
-    if step is not None:
-        lines += ["", f"  step    {step.node}  {_step_summary(step)}"]
-        if step.worker_id:
-            lines.append(
-                f"  worker  {step.worker_id}  claimed {_when(step.started_at)}"
-                f"  last heartbeat {_when(step.last_heartbeat_at)}"
-            )
-        if step.progress is not None:
-            lines.append(f"  progress  {json.dumps(step.progress)}")
-    if e.run_error is not None:
-        lines.append(f"  run     {e.run_status}  {e.run_error.kind}: {e.run_error.message}")
-    for u in e.upstream:
-        error = (
-            f"  {u.last_error.type or u.last_error.kind}: {u.last_error.message}"
-            if (u.last_error)
-            else ""
-        )
-        lines.append(f"  upstream  {u.node}  {u.status}  attempt {u.attempt}{error}")
-    if e.action is not None:
-        a = e.action
-        polled = f"{_when(a.last_polled_at)} by {a.last_polled_by}" if a.last_polled_by else "never"
-        claimed = (
-            f"{_when(a.last_claimed_at)} by {a.last_claimed_by}" if a.last_claimed_by else "never"
-        )
-        lines.append(
-            f"  action  {a.action}  last asked for {polled}; last claimed {claimed}; "
-            f"{a.ready_ahead} ready ahead, {a.running} running"
-        )
-    return "\n".join(lines)
-
-
-def render_runs(runs: Sequence[Run]) -> str:
-    if not runs:
-        return "no runs"
-    rows = [("RUN", "WORKFLOW", "STATUS", "CREATED", "STEPS")]
-    for r in runs:
-        counts = ", ".join(f"{n} {s}" for s, n in sorted(r.step_counts.items()))
-        rows.append((r.run_id, r.workflow, str(r.status), _when(r.created_at), counts))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)) + "  " + row[4]
-        for row in rows
-    )
-
-
 def _print(result: Any, as_json: bool, out: TextIO) -> None:
     if as_json:
         if isinstance(result, Run | Explanation | Schedule):
@@ -785,18 +715,27 @@ def _print(result: Any, as_json: bool, out: TextIO) -> None:
             result = {"message": result}
         # (a dict is printed as it is)
         print(json.dumps(result, indent=2), file=out)
-    elif isinstance(result, Run):
-        print(render_run(result), file=out)
+        return
+    if isinstance(result, Run):
+        shown: Any = run_view(result)
     elif isinstance(result, Explanation):
-        print(render_explanation(result), file=out)
+        shown = explanation_view(result)
     elif isinstance(result, Schedule):
-        print(render_schedule(result), file=out)
+        shown = schedule_view(result)
     elif isinstance(result, tuple):  # schedule list
-        print(render_schedules(result), file=out)
+        shown = schedules_table(result)
     elif isinstance(result, list):
-        print(render_runs(result), file=out)
+        shown = runs_table(result)
+    elif isinstance(result, Group | Text):
+        shown = result
     else:
         print(result, file=out)
+        return
+    terminal = console(out)
+    if terminal.is_terminal:
+        terminal.print(shown)
+    else:
+        print(to_text(shown), file=out)
 
 
 def main(argv: Sequence[str] | None = None, *, client: Client | None = None) -> int:

@@ -155,8 +155,8 @@ class _calls:
         return _Call(once.service, once.method, once.request, lambda r: r.run_id)
 
     @staticmethod
-    def get_run(run_id: str) -> _Call[Run]:
-        req = wf_pb.GetRunRequest(run_id=run_id)
+    def get_run(run_id: str, logs: bool = False) -> _Call[Run]:
+        req = wf_pb.GetRunRequest(run_id=run_id, logs=logs)
         return _Call("workflow", "GetRun", req, lambda r: Run.from_proto(r.run))
 
     @staticmethod
@@ -449,9 +449,10 @@ class Client:
         Returns the run id; :meth:`wait` waits for its outcome."""
         return self._invoke(_calls.start(name, input, key, timeout, retry))
 
-    def get_run(self, run_id: str) -> Run:
-        """The run with every step and its audit trail; NotFound for an unknown id."""
-        return self._invoke(_calls.get_run(run_id))
+    def get_run(self, run_id: str, *, logs: bool = False) -> Run:
+        """The run with every step and its audit trail; NotFound for an unknown id.
+        ``logs``: each step's log lines too (Step.logs)."""
+        return self._invoke(_calls.get_run(run_id, logs))
 
     def list_runs(
         self,
@@ -672,8 +673,8 @@ class AsyncClient:
     ) -> str:
         return await self._invoke(_calls.start(name, input, key, timeout, retry))
 
-    async def get_run(self, run_id: str) -> Run:
-        return await self._invoke(_calls.get_run(run_id))
+    async def get_run(self, run_id: str, *, logs: bool = False) -> Run:
+        return await self._invoke(_calls.get_run(run_id, logs))
 
     async def list_runs(
         self,

@@ -199,6 +199,21 @@ class StepCall:
 
 
 @dataclass(frozen=True, slots=True)
+class LogLine:
+    """One line a handler logged in an attempt (``get_run(..., logs=True)``)."""
+
+    at: dt.datetime | None
+    level: str
+    message: str
+    attempt: int
+    logger: str
+
+    @classmethod
+    def from_proto(cls, p: types_pb2.LogLine) -> LogLine:
+        return _build(cls, p)
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """The stored state of one ``(run_id, node)``."""
 
@@ -234,6 +249,8 @@ class Step:
     #: ("" without one); docs/flow-control.md.
     priority: int = 0
     concurrency_key: str = ""
+    #: What its handlers logged, every attempt, oldest first (``get_run(..., logs=True)``).
+    logs: tuple[LogLine, ...] = ()
 
     @property
     def last_error(self) -> StepError | None:
@@ -248,6 +265,7 @@ class Step:
             trigger_rule=trigger_rule_name(p.trigger_rule),
             errors=tuple(StepError.from_proto(e) for e in p.errors),
             journal=tuple(StepCall.from_proto(c) for c in p.journal),
+            logs=tuple(LogLine.from_proto(line) for line in p.logs),
             timeout_s=p.timeout.ToTimedelta().total_seconds() if p.HasField("timeout") else None,
         )
 

@@ -259,6 +259,31 @@ class Heartbeat(NamedTuple):
     cancelled: bool
 
 
+class Kept(NamedTuple):
+    """step_logs_add"""
+
+    kept: int
+
+
+class LogRow(NamedTuple):
+    """step_logs_get: one log line of a step's attempt."""
+
+    node: str
+    attempt: int
+    seq: int
+    at: datetime
+    level: str
+    logger: str
+    message: str
+
+
+class RunErrorRow(NamedTuple):
+    """runs_errors"""
+
+    run_id: uuid.UUID
+    error: Any
+
+
 class OutcomeRow(NamedTuple):
     """step_complete, step_fail, step_abandon"""
 
@@ -503,6 +528,9 @@ class Outcome:
     lease_token: uuid.UUID
     output_json: str | None = None
     failure: Failure | None = None
+    # The handler's log lines sent with it: a JSON array of {at, level, logger,
+    # message}, or None when there are none (then no statement stores any).
+    logs_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,7 @@ from service.records import (
     ClaimedStep,
     Completion,
     Failure,
+    LogRow,
     Outcome,
     Refused,
     RunRow,
@@ -426,8 +427,16 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
     async def GetRun(
         self, request: workflow_pb.GetRunRequest, context: Context
     ) -> workflow_pb.GetRunResponse:
-        row = await self.store.run_get(parse_uuid(request.run_id))
-        return workflow_pb.GetRunResponse(run=_run_proto(row))
+        run_id = parse_uuid(request.run_id)
+        row = await self.store.run_get(run_id)
+        run = _run_proto(row)
+        if request.logs:
+            by_node: dict[str, list[types_pb2.LogLine]] = {}
+            for line in await self.store.step_logs(run_id):
+                by_node.setdefault(line.node, []).append(_log_line(line))
+            for step in run.steps:
+                step.logs.extend(by_node.get(step.node, ()))
+        return workflow_pb.GetRunResponse(run=run)
 
     @rpc
     async def ListRuns(
@@ -706,12 +715,15 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 with self.dispatcher.subscribe(actions) as ready:
                     self.activity.polled(actions, worker_id)
                     rows = await self._claim(worker_id, actions, unsafe, limit, lease, rates)
-                    steps = [self._claimed(r, lease) for r in rows if not self._blocked(r)]
+                    blocked = [r for r in rows if self._blocked(r)]
+                    steps = [self._claimed(r, lease) for r in rows if not r.blocked]
                     if steps:
                         self.activity.claimed({s.action for s in steps}, worker_id)
                     remaining = deadline - loop.time()
-                    if steps or remaining <= 0 or self.stopping.is_set():
-                        return worker_pb.ClaimResponse(steps=steps)
+                    if steps or blocked or remaining <= 0 or self.stopping.is_set():
+                        return worker_pb.ClaimResponse(
+                            steps=steps, blocked=await self._blocked_steps(blocked)
+                        )
                     if not waiting:
                         waiting = True
                         self.metrics.waiting_claims.inc()
@@ -831,7 +843,12 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         lease = self._lease(request.lease if request.HasField("lease") else None)
         progress = self.payloads.optional_json(request, "progress", "progress")
         row = await self.store.step_heartbeat(
-            run_id, node, token, lease_s=lease, progress_json=progress
+            run_id,
+            node,
+            token,
+            lease_s=lease,
+            progress_json=progress,
+            logs_json=_logs_json(request),
         )
         return worker_pb.HeartbeatResponse(
             lease_expires_at=convert.timestamp(row.lease_expires_at), cancelled=row.cancelled
@@ -975,7 +992,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         outcome = request.WhichOneof("outcome")
         if outcome == "output":
             output = self.payloads.to_json(request.output, "output")
-            return Outcome(run_id, node, token, output_json=output)
+            return Outcome(run_id, node, token, output_json=output, logs_json=_logs_json(request))
         if outcome == "failure":
             f = request.failure
             retry_after = _seconds(f.retry_after) if f.HasField("retry_after") else None
@@ -991,7 +1008,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 retry_after_s=retry_after,
                 uncertain=f.effect_uncertain,
             )
-            return Outcome(run_id, node, token, failure=failure)
+            return Outcome(run_id, node, token, failure=failure, logs_json=_logs_json(request))
         raise errors.InvalidArgument("outcome is required: set output or failure")
 
     @rpc
@@ -1131,6 +1148,26 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         """The attempt of a step another server handed out, for its log line."""
         return await self.store.step_attempt(outcome.run_id, outcome.node)
 
+    async def _blocked_steps(self, rows: Sequence[ClaimedStep]) -> list[worker_pb.BlockedStep]:
+        """What a claim blocked, with the reason each run's error gives, for its worker."""
+        if not rows:
+            return []
+        run_errors = await self.store.runs_errors([r.run_id for r in rows])
+        found = []
+        for r in rows:
+            error = run_errors.get(r.run_id) or {}
+            found.append(
+                worker_pb.BlockedStep(
+                    run_id=str(r.run_id),
+                    node=r.node,
+                    attempt=r.attempt,
+                    action=r.action,
+                    step_id=error.get("step_id") or "",
+                    reason=error.get("message") or "EffectUncertain",
+                )
+            )
+        return found
+
     def _blocked(self, row: ClaimedStep) -> bool:
         if row.blocked:
             self.metrics.blocked.labels(row.action).inc()
@@ -1140,6 +1177,37 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
 _FAILED_OUTCOME = {"available": "retry", "pending": "held", "uncertain": "uncertain"}
 _FINAL = ("completed", "discarded")
 _FINAL_RUN = ("completed", "failed")
+
+
+#: Lines one Heartbeat or Complete may carry; the cap per attempt is the engine's
+#: (service/schema/55_step_logs.sql: 1000 lines, 256 KiB), this bounds one request.
+MAX_LOG_LINES = 1001
+MAX_LOG_MESSAGE = 4096
+
+
+def _logs_json(request: worker_pb.HeartbeatRequest | worker_pb.CompleteRequest) -> str | None:
+    """step_logs_add's lines of a request, as JSON; None when it carries none."""
+    if not request.logs:
+        return None
+    lines = []
+    for line in request.logs[:MAX_LOG_LINES]:
+        item: dict[str, Any] = {
+            "level": line.level[:16],
+            "logger": line.logger[:200],
+            "message": line.message[:MAX_LOG_MESSAGE],
+        }
+        if line.HasField("at"):
+            item["at"] = line.at.ToDatetime(UTC).isoformat()
+        lines.append(item)
+    return json.dumps(lines, ensure_ascii=False)
+
+
+def _log_line(row: LogRow) -> types_pb2.LogLine:
+    line = types_pb2.LogLine(
+        level=row.level, message=row.message, attempt=row.attempt, logger=row.logger
+    )
+    line.at.FromDatetime(row.at)
+    return line
 
 
 def _check_seq(seq: int) -> None:
@@ -1254,11 +1322,13 @@ def _blocked(row: ClaimedStep) -> bool:
     if row.blocked:
         log.warning(
             "run %s blocked: node %s (action %s) lost its lease at attempt %d with no "
-            "outcome and is unsafe to repeat; resolve it with `cyclone resolve`",
+            "outcome and is unsafe to repeat; resolve it with `cyclone resolve %s %s`",
             row.run_id,
             row.node,
             row.action,
             row.attempt,
+            row.run_id,
+            row.node,
             extra={"run_id": str(row.run_id), "node": row.node, "attempt": row.attempt},
         )
     return bool(row.blocked)

@@ -46,6 +46,8 @@ from service.records import (
     Fired,
     GaugeRow,
     Heartbeat,
+    Kept,
+    LogRow,
     NextDue,
     NoRows,
     Now,
@@ -56,6 +58,7 @@ from service.records import (
     Refused,
     ReportRow,
     Retried,
+    RunErrorRow,
     RunRow,
     RunSummary,
     ScheduleName,
@@ -324,6 +327,18 @@ class Store:
             self._published(r.ready for r in rows)  # type: ignore[attr-defined]
         return rows
 
+    async def _logged(self, name: str, row: type[R], logs: str | None, **params: Any) -> list[R]:
+        """_all, after storing log lines (step_logs_add's items, JSON) in the same
+        transaction; just _all when there are none."""
+        if logs is None:
+            return await self._all(name, row, **params)
+        async with self._connection() as driver, driver.transaction():
+            await self._run(driver, "step_logs_add", Kept, items=logs)
+            rows = await self._run(driver, name, row, **params)
+        if rows and self.on_ready and "ready" in getattr(row, "_fields"):  # noqa: B009
+            self._published(r.ready for r in rows)  # type: ignore[attr-defined]
+        return rows
+
     def _published(self, ready: Iterable[str | None]) -> None:
         """Tell on_ready of the actions that transitions made claimable."""
         actions = {a for r in ready if r for a in r.split(",")}
@@ -476,6 +491,19 @@ class Store:
         )
         return len(rows)
 
+    async def step_logs(
+        self, run_id: uuid.UUID, node: str | None = None, attempt: int | None = None
+    ) -> list[LogRow]:
+        """A run's log lines (one node's, one attempt's), by node, attempt and order."""
+        return await self._all(
+            "step_logs_get", LogRow, run_id=str(run_id), node=node, attempt=attempt
+        )
+
+    async def runs_errors(self, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Any]:
+        """The errors of these runs (those a claim blocked), by run."""
+        rows = await self._all("runs_errors", RunErrorRow, run_ids=[str(r) for r in run_ids])
+        return {row.run_id: row.error for row in rows}
+
     async def step_next_due(self, actions: list[str]) -> float | None:
         row = await self._one("step_next_due", NextDue, actions=actions)
         return None if row is None or row.seconds is None else float(row.seconds)
@@ -492,17 +520,22 @@ class Store:
         *,
         lease_s: float,
         progress_json: str | None,
+        logs_json: str | None = None,
     ) -> Heartbeat:
-        row = await self._one(
+        """``logs_json``: the handler's log lines (a JSON array), stored with it."""
+        logs = None
+        if logs_json is not None:
+            logs = _logs_items([Outcome(run_id, node, lease_token, logs_json=logs_json)])
+        [row] = await self._logged(
             "step_heartbeat",
             Heartbeat,
+            logs,
             run_id=str(run_id),
             node=node,
             lease_token=str(lease_token),
             lease_s=lease_s,
             progress=progress_json,
         )
-        assert row is not None
         return row
 
     async def step_complete(self, outcome: Outcome) -> Completion:
@@ -514,21 +547,26 @@ class Store:
             "lease_token": str(outcome.lease_token),
         }
         failure = outcome.failure
+        logs = _logs_items([outcome])
         if failure is None:
-            row = await self._one("step_complete", OutcomeRow, **key, output=outcome.output_json)
+            [row] = await self._logged(
+                "step_complete", OutcomeRow, logs, **key, output=outcome.output_json
+            )
         elif failure.uncertain:
-            row = await self._one(
+            [row] = await self._logged(
                 "step_abandon",
                 OutcomeRow,
+                logs,
                 **key,
                 type=failure.type,
                 message=failure.message,
                 details=failure.details,
             )
         else:
-            row = await self._one(
+            [row] = await self._logged(
                 "step_fail",
                 OutcomeRow,
+                logs,
                 **key,
                 type=failure.type,
                 message=failure.message,
@@ -536,7 +574,6 @@ class Store:
                 retryable=failure.retryable,
                 retry_after_s=failure.retry_after_s,
             )
-        assert row is not None
         return Completion(row.step_status, row.run_status, row.duplicate, row.retry_at)
 
     async def step_complete_many(self, outcomes: Sequence[Outcome]) -> list[Completion | Refused]:
@@ -544,7 +581,9 @@ class Store:
         An outcome the engine refused (a lost lease, an unknown step) is a Refused that
         changed nothing, and does not affect the others."""
         payload = _outcome_items(outcomes)
-        rows = await self._all("step_complete_many", BatchRow, items=_dump_items(payload))
+        rows = await self._logged(
+            "step_complete_many", BatchRow, _logs_items(outcomes), items=_dump_items(payload)
+        )
         return [_batch_answer(row) for row in sorted(rows, key=lambda r: r.i)]
 
     async def step_report_many(
@@ -568,9 +607,10 @@ class Store:
             else:
                 item["output"] = _RawJson(end.output_json or "null")
             end_items.append(item)
-        rows = await self._all(
+        rows = await self._logged(
             "step_report_many",
             ReportRow,
+            _logs_items(outcomes),
             ends=_dump_items(end_items),
             begins=_dump_items([{"i": i, **key.params()} for i, key in enumerate(begins)]),
             items=_dump_items(_outcome_items(outcomes)),
@@ -879,6 +919,21 @@ def _outcome_items(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
             entry["output"] = _RawJson(outcome.output_json or "null")
         payload.append(entry)
     return payload
+
+
+def _logs_items(outcomes: Sequence[Outcome]) -> str | None:
+    """step_logs_add's items for the outcomes that carry log lines; None when none does."""
+    items = [
+        {
+            "run_id": str(o.run_id),
+            "node": o.node,
+            "lease_token": str(o.lease_token),
+            "lines": _RawJson(o.logs_json),
+        }
+        for o in outcomes
+        if o.logs_json is not None
+    ]
+    return _dump_items(items) if items else None
 
 
 def _dump_items(items: list[dict[str, Any]]) -> str:

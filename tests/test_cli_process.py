@@ -1,15 +1,23 @@
 """The `cyclone` command as a shell runs it: an unreachable server is one line that
-says what was tried, a reader that goes away (`| head`) ends it quietly, and waiting
-for a run says by its exit status whether the run completed."""
+says what was tried, a reader that goes away (`| head`) ends it quietly, waiting for a
+run says by its exit status whether the run completed, following a run shows its steps
+as they change (live on a terminal, a line per change elsewhere), colour only on a
+terminal and never with NO_COLOR, and `cyclone logs` prints what handlers logged."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import pty
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import claim, complete, fail, node, submit, workflow
+from cyclone.v1 import types_pb2, worker_service_pb2
+from tests.helpers import claim, complete, fail, node, submit, value, workflow
 
 CYCLONE = Path(sys.executable).with_name("cyclone")
 
@@ -68,3 +76,150 @@ def test_run_wait_exits_0_for_a_completed_run_and_2_for_a_failed_one(cyclone_ser
     refused = _wait(cyclone_server, failed)
     assert refused.returncode == 2, refused.stderr
     assert "FAILED" in refused.stdout
+
+
+def _cli(server, *argv: str, env: dict[str, str] | None = None, timeout: float = 60):
+    return subprocess.run(
+        [str(CYCLONE), *argv, "--address", server.address],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_run_wait_follow_prints_each_change_of_a_step_as_it_happens(cyclone_server):
+    run_id = submit(cyclone_server, workflow("followed", node("a"), node("b", deps=["a"])))
+    follow = subprocess.Popen(
+        [
+            *(str(CYCLONE), "run", "wait", run_id, "--follow", "--timeout", "60"),
+            *("--address", cyclone_server.address),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert follow.stdout is not None
+    seen: list[str] = []
+
+    def until(*words: str) -> None:
+        # Bounded: the command itself gives up after its --timeout and ends the stream.
+        for line in follow.stdout:
+            seen.append(line)
+            if all(w in line.split() for w in words):
+                return
+        raise AssertionError(f"no line with {words} in {seen}")
+
+    try:
+        until("a", "available")
+        [step] = claim(cyclone_server)
+        until("a", "running")
+        complete(cyclone_server, step, "ok")
+        until("a", "completed")
+        [step] = claim(cyclone_server)
+        fail(cyclone_server, step, "for good", non_retryable=True)
+        until("b", "discarded")
+        rest, errors = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+    assert follow.returncode == 2, errors
+    output = "".join(seen) + rest
+    assert "FAILED" in rest and "errors of b:" in rest
+    assert "\x1b[" not in output  # piped: plain text
+
+
+def test_wait_exit_status_is_2_for_a_blocked_run_and_1_on_timeout(cyclone_server):
+    blocked = submit(cyclone_server, workflow("order", node("charge", action="charge")))
+    claim(cyclone_server, "charge", unsafe=("charge",), lease=5)
+    cyclone_server.advance_clock(6)
+    assert cyclone_server.sweep() == 1
+    assert claim(cyclone_server, "charge", unsafe=("charge",)) == []
+    shown = _cli(cyclone_server, "run", "wait", blocked, "--timeout", "30", "--follow")
+    assert shown.returncode == 2, shown.stderr
+    assert "BLOCKED" in shown.stdout
+    # The advice once, and the time to the second with its zone.
+    assert shown.stdout.count("cyclone resolve") == 1
+    assert re.search(r"started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)", shown.stdout)
+
+    running = submit(cyclone_server, workflow("slow", node("a")))
+    late = _cli(cyclone_server, "run", "wait", running, "--timeout", "0.5", "--follow")
+    assert late.returncode == 1 and "still running after 0.5s" in late.stderr
+
+
+def test_colour_only_on_a_terminal_or_when_forced_and_never_with_no_color(cyclone_server):
+    run_id = submit(cyclone_server, workflow("coloured", node("a")))
+    [step] = claim(cyclone_server)
+    fail(cyclone_server, step, "for good", non_retryable=True)
+    piped = _cli(cyclone_server, "run", "show", run_id)
+    assert piped.returncode == 0 and "FAILED" in piped.stdout and "\x1b[" not in piped.stdout
+    forced = _cli(cyclone_server, "run", "show", run_id, env={"FORCE_COLOR": "1"})
+    assert "\x1b[1;31mFAILED" in forced.stdout
+    plain = _cli(cyclone_server, "run", "show", run_id, env={"FORCE_COLOR": "1", "NO_COLOR": "1"})
+    assert "FAILED" in plain.stdout and not re.search(r"\x1b\[[0-9;]*3\dm", plain.stdout)
+
+
+def test_on_a_terminal_run_wait_follows_live_by_default(cyclone_server):
+    run_id = submit(cyclone_server, workflow("live", node("a")))
+    [step] = claim(cyclone_server)
+    complete(cyclone_server, step, "ok")
+    leader, follower = pty.openpty()
+    with subprocess.Popen(
+        [
+            *(str(CYCLONE), "run", "wait", run_id, "--timeout", "30"),
+            *("--address", cyclone_server.address),
+        ],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TERM": "xterm", "COLUMNS": "160"},
+    ) as shown:
+        os.close(follower)
+        output = b""
+        with contextlib.suppress(OSError):  # EIO: the command ended and closed its side
+            while chunk := os.read(leader, 65536):
+                output += chunk
+        assert shown.wait(timeout=60) == 0
+    os.close(leader)
+    text = output.decode()
+    assert "\x1b[?25l" in text  # the live view hid the cursor while it redrew
+    assert "COMPLETED" in text and "\x1b[32mcompleted" in text
+
+
+def test_cyclone_logs_prints_a_nodes_lines_by_attempt(cyclone_server):
+    run_id = submit(cyclone_server, workflow("logged", node("a")))
+    [first] = claim(cyclone_server)
+    cyclone_server.workers.Heartbeat(
+        worker_service_pb2.HeartbeatRequest(
+            run_id=first.run_id,
+            node="a",
+            lease_token=first.lease_token,
+            logs=[types_pb2.LogLine(level="INFO", message="try one", logger="shop")],
+        )
+    )
+    fail(cyclone_server, first, "boom")
+    cyclone_server.advance_clock(3600)
+    [second] = claim(cyclone_server)
+    cyclone_server.workers.Complete(
+        worker_service_pb2.CompleteRequest(
+            run_id=second.run_id,
+            node="a",
+            lease_token=second.lease_token,
+            output=value("ok"),
+            logs=[types_pb2.LogLine(level="WARNING", message="try two\nsecond line")],
+        )
+    )
+    every = _cli(cyclone_server, "logs", run_id, "a")
+    assert every.returncode == 0, every.stderr
+    lines = every.stdout.splitlines()
+    assert lines[0].split()[1:] == ["attempt", "1", "INFO", "shop:", "try", "one"]
+    assert lines[1].split()[1:] == ["attempt", "2", "WARNING", "try", "two"]
+    assert lines[2].strip() == "second line"
+    second_only = _cli(cyclone_server, "logs", run_id, "a", "--attempt", "2", "--json")
+    assert [line["message"] for line in json.loads(second_only.stdout)["logs"]] == [
+        "try two\nsecond line"
+    ]
+    shown = _cli(cyclone_server, "run", "show", run_id)
+    assert "logs of a:" in shown.stdout and "try one" in shown.stdout
+    waited = _cli(cyclone_server, "run", "wait", run_id, "--timeout", "30")
+    assert waited.returncode == 0 and "logs of a:" in waited.stdout
+    followed = _cli(cyclone_server, "logs", run_id, "a", "--follow")
+    assert followed.returncode == 0 and "try two" in followed.stdout

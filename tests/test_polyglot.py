@@ -438,15 +438,15 @@ def test_a_go_durable_function_replays_its_journal_after_a_kill(
     assert shown.returncode == 0, shown.stderr
     assert "step call charge_card" in shown.stdout
     assert f"cyclone resolve {run_id} charge_card" in shown.stdout
-    # The journal, one line per call: seq, step id, status, attempt, mark, times.
+    # The journal, one row per call: · seq, step id, status, attempt, times, mark.
     [price_line, reserve_line, charge_line] = [
-        line for line in shown.stdout.splitlines() if line.split()[:1] in (["1"], ["2"], ["3"])
+        line.split("· ", 1)[1] for line in shown.stdout.splitlines() if "· " in line
     ]
-    assert price_line.split()[1:3] == ["price_order", "succeeded"]
+    assert price_line.split()[:3] == ["1", "price_order", "succeeded"]
     assert price_line.endswith("-> 2290")
-    assert reserve_line.split()[1:3] == ["reserve_stock", "succeeded"]
+    assert reserve_line.split()[:3] == ["2", "reserve_stock", "succeeded"]
     assert reserve_line.endswith('-> "r-o-7"')
-    assert charge_line.split()[1:3] == ["charge_card", "started"]
+    assert charge_line.split()[:3] == ["3", "charge_card", "started"]
     assert "unsafe" in charge_line and "UTC" in charge_line and "no outcome" in charge_line
 
     # The operator finds the charge at the gateway: the seed's command, as written.

@@ -206,7 +206,7 @@ def test_an_unsafe_call_started_by_an_earlier_attempt_blocks_the_run(server_fact
     assert run.error.kind == "EffectUncertain"
     assert (run.error.node, run.error.step_id, run.error.attempt) == ("body", "charge", 1)
     assert "body" in run.error.message and "charge" in run.error.message
-    assert "step_id" in run.error.message
+    assert f"cyclone resolve {run_id} charge --result" in run.error.message
     body = next(s for s in run.steps if s.node == "body")
     assert body.errors[-1].type == "EffectUncertain" and body.errors[-1].attempt == 2
     samples = scrape(server.server.metrics_port)

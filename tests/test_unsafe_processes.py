@@ -216,7 +216,10 @@ def test_resolve_error_from_the_cli_fails_the_step_and_runs_the_failure_rule(lab
     shown = lab.cli("run", "show", run_id)
     assert shown.returncode == 0, shown.stderr
     [line] = [ln.strip() for ln in shown.stdout.splitlines() if "resolve_error" in ln]
-    assert line == f"{entry.at:%Y-%m-%d %H:%M:%S}  resolve_error charge by carol: PSP says declined"
+    at = entry.at.astimezone()  # shown in the local zone, named
+    assert line == (
+        f"{at:%Y-%m-%d %H:%M:%S} {at.tzname()}  resolve_error charge by carol: PSP says declined"
+    )
 
 
 def test_resolve_discard_from_the_cli_runs_the_handler_again(lab):

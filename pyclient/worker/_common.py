@@ -33,6 +33,24 @@ class StepLog(logging.LoggerAdapter):  # type: ignore[type-arg]
         return f"run={e['run_id']} node={e['node']} attempt={e['attempt']}: {msg}", kwargs
 
 
+def log_blocked(worker_id: str, blocked: Any) -> None:
+    """A run this worker's claim blocked (ClaimResponse.blocked): a warning, since a
+    blocked run waits for a person, not an error."""
+    target = blocked.step_id or blocked.node
+    log.warning(
+        "worker %s: run %s blocked: node %s%s (action %s), attempt %d: %s",
+        worker_id,
+        blocked.run_id,
+        blocked.node,
+        f", step call {blocked.step_id}" if blocked.step_id else "",
+        blocked.action,
+        blocked.attempt,
+        blocked.reason
+        or f"unsafe to repeat; resolve it with `cyclone resolve {blocked.run_id} {target}`",
+        extra={"run_id": blocked.run_id, "node": blocked.node, "attempt": blocked.attempt},
+    )
+
+
 def call(fn: Callable[..., Any], *args: Any) -> None:
     """``fn(*args)``, logging a failure: it must not keep the calls after it from being made."""
     try:

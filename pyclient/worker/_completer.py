@@ -29,6 +29,7 @@ from pyclient.errors import (
     from_rpc_error,
 )
 from pyclient.models import RunStatus
+from pyclient.worker import _logs as step_logs
 from pyclient.worker._common import RPC_TIMEOUT, StepLog, log
 from pyclient.worker._retry import Backoff
 from pyclient.workflow import duration
@@ -115,7 +116,9 @@ class Completer:
         request = pb.CompleteRequest(
             run_id=step.run_id, node=step.node, lease_token=step.lease_token
         )
+        request.logs.extend(step_logs.take(control))  # what the handler logged (._logs)
         if error is None and tx is not None and tx.opened:
+            await step_logs.send_by_heartbeat(self.rt, step, request, slog)
             assert output_json is not None
             await self.ends_sent()
             try:

@@ -13,7 +13,7 @@ import grpc
 from cyclone.v1 import worker_service_pb2 as pb
 from pyclient.actions import Action
 from pyclient.errors import InvalidArgument, PermissionDenied, Unauthenticated, from_rpc_error
-from pyclient.worker._common import log
+from pyclient.worker._common import log, log_blocked
 from pyclient.worker._retry import Backoff
 from pyclient.workflow import duration
 
@@ -97,6 +97,8 @@ class Producer:
             if backoff.retrying:
                 log.info("worker %s: connected to %s again", w.worker_id, w.address)
             backoff.reset()
+            for blocked in response.blocked:
+                log_blocked(w.worker_id, blocked)
             for step in response.steps:
                 task = asyncio.create_task(rt.run_step(step))
                 self.inflight.add(task)

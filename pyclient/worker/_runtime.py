@@ -18,6 +18,7 @@ from pyclient.completion import CompletionTx, open_pool
 from pyclient.context import Context, StepControl
 from pyclient.durable._replay import Replay, Suspended
 from pyclient.models import StepCall, UpstreamFailure, time_field, value_field
+from pyclient.worker import _logs as step_logs
 from pyclient.worker._common import StepLog, log
 from pyclient.worker._completer import Completer
 from pyclient.worker._executor import Executor
@@ -84,7 +85,8 @@ class Runtime:
             w.concurrency,
         )
         try:
-            await self.producer.claim_loop()
+            with step_logs.capturing():
+                await self.producer.claim_loop()
         finally:
             await self._drain()
             await self.channel.close()

@@ -21,6 +21,7 @@ from pyclient.actions import Action
 from pyclient.context import StepControl
 from pyclient.errors import LeaseLost, from_rpc_error
 from pyclient.models import time_field
+from pyclient.worker import _logs as step_logs
 from pyclient.worker._common import HandlerTimeout, StepLog
 from pyclient.worker._executor import AsyncCall
 from pyclient.worker._timers import Alarm
@@ -225,6 +226,8 @@ class Watch:
         """One heartbeat; False when the step is lost (lease lost, run cancelled)."""
         rt, step, control, slog = self.rt, self.step, self.control, self.slog
         request = self.policy.heartbeat_request(step)
+        lines = step_logs.take(control)
+        request.logs.extend(lines)
         has_progress, progress = control.take_progress()
         if has_progress:
             try:
@@ -243,6 +246,7 @@ class Watch:
                 self.abort()
                 return False
             slog.warning("heartbeat failed: %s", err)
+            step_logs.lines_of(control).give_back(lines)
             return True
         control.lease_expires_at = time_field(response, "lease_expires_at")
         if has_progress:

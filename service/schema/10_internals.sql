@@ -16,6 +16,13 @@
 -- transitions on one run call it first (_step_complete, _step_fail_unheld,
 -- step_abandon, step_retry, step_resolve, run_cancel); step_complete_many locks its
 -- runs itself, in run_id order.
+-- A time as messages show it to a person: to the second, in UTC, with its zone
+-- ("2026-05-01 14:03:07 UTC"), never an epoch or microseconds.
+CREATE FUNCTION cyclone._when(p_at timestamptz) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC'
+$$;
+
 CREATE FUNCTION cyclone._run_lock(p_run_id uuid) RETURNS text
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column

@@ -29,10 +29,11 @@ BEGIN
         workflow := cyclone._run_block(v_step.run_id, jsonb_build_object(
             'kind', 'EffectUncertain',
             'message', format(
-                'node %s (action %s) lost its lease at attempt %s, started %s, with no '
-                'outcome; its effect may have happened. Check, then Resolve with '
-                'result, error or discard', v_step.node, v_step.action,
-                v_step.attempt, v_step.started_at),
+                'node %s (action %s) lost its lease at attempt %s (started %s) with no '
+                'outcome; its effect may have happened. Check, then resolve: cyclone '
+                'resolve %s %s --result JSON | --error MSG | --discard', v_step.node,
+                v_step.action, v_step.attempt, cyclone._when(v_step.started_at),
+                v_step.run_id, v_step.node),
             'node', v_step.node, 'attempt', v_step.attempt,
             'started_at', v_step.started_at), v_now);
         run_id := v_step.run_id;

@@ -138,10 +138,10 @@ BEGIN
 
     -- Started by an earlier attempt, no outcome: its effect may have happened.
     v_message := format(
-        'node %s: step call %s (function %s) started at attempt %s, %s, with no outcome; '
-        'its effect may have happened. Check, then Resolve with step_id %s and result, '
-        'error or discard', p_node, p_step_id, v_call.function, v_call.attempt,
-        v_call.started_at, p_step_id);
+        'node %s: step call %s (function %s) started at attempt %s (%s) with no outcome; '
+        'its effect may have happened. Check, then resolve: cyclone resolve %s %s '
+        '--result JSON | --error MSG | --discard', p_node, p_step_id, v_call.function,
+        v_call.attempt, cyclone._when(v_call.started_at), p_run_id, p_step_id);
     UPDATE cyclone.steps s
        SET status = CASE WHEN v_status = 'running' THEN 'uncertain' ELSE 'pending' END,
            available_at = NULL, lease_expires_at = NULL, lease_token = NULL,

@@ -130,11 +130,12 @@ BEGIN
         PERFORM cyclone._run_block(p_run_id, jsonb_build_object(
             'kind', 'EffectUncertain',
             'message', format(
-                'node %s (action %s) stopped at attempt %s, started %s, without an '
-                'outcome (%s); its effect may have happened. Check, then Resolve '
-                'with result, error or discard', p_node, v_step.action,
-                v_step.attempt, v_step.started_at,
-                left(concat_ws(': ', nullif(p_type, ''), nullif(p_message, '')), 200)),
+                'node %s (action %s) stopped at attempt %s (started %s) without an '
+                'outcome (%s); its effect may have happened. Check, then resolve: '
+                'cyclone resolve %s %s --result JSON | --error MSG | --discard', p_node,
+                v_step.action, v_step.attempt, cyclone._when(v_step.started_at),
+                left(concat_ws(': ', nullif(p_type, ''), nullif(p_message, '')), 200),
+                p_run_id, p_node),
             'node', p_node, 'attempt', v_step.attempt,
             'started_at', v_step.started_at), v_now);
         v_status := 'blocked';

@@ -415,3 +415,22 @@ SELECT fire_at, submit_key, run_id, outcome
 
 -- name: ready_actions
 SELECT current_setting('cyclone.ready', true) AS ready;
+
+-- name: step_logs_add
+-- Log lines of held steps, in the transaction of their Heartbeat or completion, before
+-- it (cyclone.step_logs_add, service/schema/55_step_logs.sql).
+SELECT cyclone.step_logs_add(CAST(:items AS jsonb)) AS kept;
+
+-- name: step_logs_get
+-- A run's log lines (GetRun with logs, `cyclone logs`): all its steps', or one node's,
+-- or one attempt's, in order.
+SELECT node, attempt, seq, at, level, logger, message
+  FROM cyclone.step_logs
+ WHERE run_id = CAST(:run_id AS uuid)
+   AND (CAST(:node AS text) IS NULL OR node = :node)
+   AND (CAST(:attempt AS integer) IS NULL OR attempt = :attempt)
+ ORDER BY node, attempt, seq;
+
+-- name: runs_errors
+-- The errors of runs a claim blocked, for the claim's answer (ClaimResponse.blocked).
+SELECT run_id, error FROM cyclone.runs WHERE run_id = ANY (CAST(:run_ids AS uuid[]));

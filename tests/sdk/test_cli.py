@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from pyclient import NotFound, Run, RunStatus, Step, StepError, StepStatus, Submitted, cli
+from pyclient import _render as render
 from pyclient.models import Retried, RunError, StepCall, StepCallError
 
 WORKFLOW_YAML = """\
@@ -86,7 +87,7 @@ class FakeClient:
         self._record("submit_once", workflow.name, key, input, **flow)
         return Submitted("r-old", False)
 
-    def get_run(self, run_id):
+    def get_run(self, run_id, logs=False):
         self._record("get_run", run_id)
         return self.run
 
@@ -164,32 +165,67 @@ def test_an_invalid_workflow_file_is_an_error_with_the_reason(tmp_path, capsys):
     assert "node 'a' depends on unknown node 'b'" in capsys.readouterr().err
 
 
-def test_run_show_prints_steps_as_a_tree_with_status_attempt_and_last_error(capsys):
+def test_run_show_prints_steps_as_a_tree_with_attempts_errors_and_tracebacks(capsys):
+    at = dt.datetime(2026, 11, 30, 18, 0, 43, tzinfo=dt.UTC)
+    traceback = "Traceback (most recent call last):\n  File x\nValueError: card declined"
+    errors = (
+        StepError(1, "handler", "ValueError", "card declined", "old traceback", True, at),
+        StepError(2, "lease_expired", "LeaseExpired", "no heartbeat", "", True, at),
+        StepError(3, "handler", "ValueError", "card declined", traceback, False, at),
+    )
     steps = (
-        _step(
-            "charge",
-            "discarded",
-            attempt=3,
-            errors=(StepError(3, "handler", "ValueError", "card declined", "", False, None),),
-        ),
+        _step("charge", "discarded", attempt=3, errors=errors, started_at=at),
         _step("send_receipt", "skipped", ("charge",), attempt=0),
         _step("refund", "completed", ("charge",), trigger_rule="one_failed"),
         _step("audit", "completed", ("send_receipt", "refund"), trigger_rule="all_done"),
     )
     assert cli.main(["run", "show", "r1"], client=FakeClient(_run(steps=steps))) == 0
     out = capsys.readouterr().out
+    assert "\x1b[" not in out and not any(line.endswith(" ") for line in out.splitlines())
     assert "run r1  workflow order  FAILED" in out
     assert "StepDiscarded: node charge was discarded (node charge, attempt 3)" in out
     lines = out.splitlines()
-    charge = next(line for line in lines if line.strip().startswith("charge "))
-    assert "attempt 3/3" in charge
+    assert lines[4].split() == ["NODE", "STATUS", "ATTEMPT", "STARTED", "DETAIL"]
+    charge = next(line for line in lines if line.startswith("charge "))
+    local = at.astimezone()
+    assert f"attempt 3 (3 failed)  {local:%Y-%m-%d %H:%M:%S} {local.tzname()}" in charge
     assert "last error (attempt 3): ValueError: card declined" in charge
-    assert any("├─ send_receipt" in line and "skipped" in line for line in lines)
+    assert any("├─ send_receipt" in line and "not started" in line for line in lines)
     assert any("└─ refund" in line and "one_failed" in line for line in lines)
     assert any("└─ audit" in line and "after send_receipt, refund" in line for line in lines)
+    # Every error on a line, then the last one's traceback, indented.
+    at_errors = lines.index("errors of charge:")
+    assert "attempt 1" in lines[at_errors + 1] and "(retried)" in lines[at_errors + 1]
+    assert "lease_expired  LeaseExpired: no heartbeat" in lines[at_errors + 2]
+    assert lines[at_errors + 4 : at_errors + 7] == [
+        "      Traceback (most recent call last):",
+        "        File x",
+        "      ValueError: card declined",
+    ]
+    assert "old traceback" not in out
 
 
-def test_run_show_lists_each_nodes_journal_and_how_to_resolve_a_step_call(capsys):
+def test_attempts_say_what_they_are_made_of():
+    reset = StepError(3, "reset", "Reset", "retried by carol", "", True, None)
+    failed = StepError(1, "handler", "ValueError", "x", "", True, None)
+    assert render.attempts(_step("a", "pending", attempt=0)) == "not started"
+    assert render.attempts(_step("a", "completed")) == "attempt 1"
+    assert render.attempts(_step("a", "running", attempt=2, errors=(failed,))) == (
+        "attempt 2 (1 failed, 1 left)"
+    )
+    # Retried by an operator after 3 failures, then resumed twice after durable sleeps.
+    step = _step(
+        "a",
+        "running",
+        attempt=6,
+        resumes=2,
+        max_attempts=6,
+        errors=(failed, failed, failed, reset),
+    )
+    assert render.attempts(step) == "attempt 6 (3 failed, 2 resumed, 1 operator retry, 2 left)"
+
+
+def test_run_show_lists_each_nodes_journal_and_the_advice_once(capsys):
     at = dt.datetime(2026, 11, 30, 18, 0, 43, 780368, tzinfo=dt.UTC)
     journal = (
         StepCall("reserve", 1, "shop.reserve", "succeeded", False, {"id": "r-1"}, None, 1, at, at),
@@ -209,34 +245,24 @@ def test_run_show_lists_each_nodes_journal_and_how_to_resolve_a_step_call(capsys
     )
     steps = (
         _step("fulfil", "uncertain", attempt=2, effect_uncertain=True, journal=journal),
-        _step("notify", "pending", ("fulfil",)),
+        _step("notify", "pending", ("fulfil",), attempt=0),
     )
     run = replace(_blocked_on_a_step_call(), steps=steps)
     assert cli.main(["run", "show", "r1"], client=FakeClient(run)) == 0
-    lines = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
+    lines = out.splitlines()
     assert "(node fulfil, step call charge, attempt 1)" in lines[2]
-    assert lines[3] == (
-        "  resolve it: cyclone resolve r1 charge (--result JSON | --error MSG | --discard)"
-    )
-    at_fulfil = next(i for i, line in enumerate(lines) if line.startswith("  fulfil "))
-    header, reserve, charge, tag = lines[at_fulfil + 1 : at_fulfil + 5]
-    assert header == "  │  journal: 3 step calls"
-    assert reserve.split()[:8] == [
-        "│",
-        "1",
-        "reserve",
-        "succeeded",
-        "attempt",
-        "1",
-        "fn",
-        "shop.reserve",
-    ]
-    assert "started 2026-11-30 18:00:43.780 UTC, ended 18:00:43.780 UTC" in reserve
+    at_fulfil = next(i for i, line in enumerate(lines) if line.startswith("fulfil "))
+    reserve, charge, tag = lines[at_fulfil + 1 : at_fulfil + 4]
+    local = at.astimezone()
+    assert reserve.split()[:6] == ["│", "·", "1", "reserve", "succeeded", "attempt"]
+    assert f"ended {local:%H:%M:%S} {local.tzname()}" in reserve
     assert reserve.endswith('-> {"id": "r-1"}')
-    assert charge.split()[1:8] == ["2", "charge", "started", "attempt", "1", "unsafe", "fn"]
-    assert charge.endswith("started 2026-11-30 18:00:43.780 UTC  no outcome")
-    assert "error Timeout: xxx" in tag and tag.endswith("…") and len(tag) < 200
-    assert lines[at_fulfil + 5].startswith("  └─ notify")
+    assert charge.split()[:7] == ["│", "·", "2", "charge", "started", "attempt", "1"]
+    assert f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()}" in charge
+    assert charge.endswith("unsafe  fn shop.charge  no outcome")
+    assert "error Timeout: xxx" in tag and tag.endswith("…") and len(tag) < 250
+    assert lines[at_fulfil + 4].startswith("└─ notify")
 
 
 def test_run_show_json_is_the_run_as_a_dict(capsys):

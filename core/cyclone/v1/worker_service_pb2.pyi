@@ -66,10 +66,28 @@ class ClaimRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ..., max_steps: _Optional[int] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class ClaimResponse(_message.Message):
-    __slots__ = ("steps",)
+    __slots__ = ("steps", "blocked")
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_FIELD_NUMBER: _ClassVar[int]
     steps: _containers.RepeatedCompositeFieldContainer[ClaimedStep]
-    def __init__(self, steps: _Optional[_Iterable[_Union[ClaimedStep, _Mapping]]] = ...) -> None: ...
+    blocked: _containers.RepeatedCompositeFieldContainer[BlockedStep]
+    def __init__(self, steps: _Optional[_Iterable[_Union[ClaimedStep, _Mapping]]] = ..., blocked: _Optional[_Iterable[_Union[BlockedStep, _Mapping]]] = ...) -> None: ...
+
+class BlockedStep(_message.Message):
+    __slots__ = ("run_id", "node", "attempt", "step_id", "reason", "action")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    attempt: int
+    step_id: str
+    reason: str
+    action: str
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., attempt: _Optional[int] = ..., step_id: _Optional[str] = ..., reason: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
 
 class ClaimedStep(_message.Message):
     __slots__ = ("run_id", "node", "action", "workflow", "attempt", "max_attempts", "input", "run_input", "upstream_outputs", "lease_token", "lease_expires_at", "deadline", "progress", "effect_uncertain", "upstream_failures", "journal")
@@ -125,18 +143,20 @@ class UpstreamFailure(_message.Message):
     def __init__(self, node: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., error: _Optional[_Union[_types_pb2.StepError, _Mapping]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("run_id", "node", "lease_token", "progress", "lease")
+    __slots__ = ("run_id", "node", "lease_token", "progress", "lease", "logs")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    LOGS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node: str
     lease_token: str
     progress: _struct_pb2.Value
     lease: _duration_pb2.Duration
-    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    logs: _containers.RepeatedCompositeFieldContainer[_types_pb2.LogLine]
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., logs: _Optional[_Iterable[_Union[_types_pb2.LogLine, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("lease_expires_at", "cancelled")
@@ -147,18 +167,20 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancelled: _Optional[bool] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
-    __slots__ = ("run_id", "node", "lease_token", "output", "failure")
+    __slots__ = ("run_id", "node", "lease_token", "output", "failure", "logs")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    LOGS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node: str
     lease_token: str
     output: _struct_pb2.Value
     failure: Failure
-    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+    logs: _containers.RepeatedCompositeFieldContainer[_types_pb2.LogLine]
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., logs: _Optional[_Iterable[_Union[_types_pb2.LogLine, _Mapping]]] = ...) -> None: ...
 
 class Failure(_message.Message):
     __slots__ = ("message", "type", "details", "non_retryable", "retry_after", "effect_uncertain")

@@ -82,10 +82,12 @@ class SubmitOnceResponse(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class GetRunRequest(_message.Message):
-    __slots__ = ("run_id",)
+    __slots__ = ("run_id", "logs")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
-    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+    logs: bool
+    def __init__(self, run_id: _Optional[str] = ..., logs: _Optional[bool] = ...) -> None: ...
 
 class GetRunResponse(_message.Message):
     __slots__ = ("run",)

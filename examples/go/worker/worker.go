@@ -163,6 +163,13 @@ func (w *Worker) claim(ctx context.Context, specs []*cyclonev1.ActionSpec, n int
 	if err != nil {
 		return nil, err
 	}
+	// Runs this claim blocked instead of handing out a step (an unsafe action's step
+	// lost its lease with no outcome): they wait for an operator, so say so.
+	for _, b := range resp.Blocked {
+		w.log.Warn("run blocked: its step is unsafe to repeat and may have had its effect",
+			"run_id", b.RunId, "node", b.Node, "attempt", b.Attempt, "step_id", b.StepId,
+			"reason", b.Reason)
+	}
 	return resp.Steps, nil
 }
 

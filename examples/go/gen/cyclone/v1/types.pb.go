@@ -1025,8 +1025,12 @@ type Step struct {
 	// The node's concurrency key as evaluated at submit (ConcurrencyLimit.key); empty
 	// when the node has no limit.
 	ConcurrencyKey string `protobuf:"bytes,24,opt,name=concurrency_key,json=concurrencyKey,proto3" json:"concurrency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What the node's handlers logged, every attempt, oldest first (sent with Heartbeat
+	// and Complete, kept within a cap per attempt; see docs/operations.md). Filled by
+	// GetRun only when GetRunRequest.logs is set.
+	Logs          []*LogLine `protobuf:"bytes,25,rep,name=logs,proto3" json:"logs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
@@ -1227,6 +1231,97 @@ func (x *Step) GetConcurrencyKey() string {
 	return ""
 }
 
+func (x *Step) GetLogs() []*LogLine {
+	if x != nil {
+		return x.Logs
+	}
+	return nil
+}
+
+// One line a handler logged, as a worker sends it with HeartbeatRequest.logs and
+// CompleteRequest.logs, and as GetRun returns it in Step.logs.
+type LogLine struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When the handler logged it (the worker's clock). Unset: when the server got it.
+	At *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	// Severity, e.g. "DEBUG", "INFO", "WARNING", "ERROR"; up to 16 characters.
+	Level string `protobuf:"bytes,2,opt,name=level,proto3" json:"level,omitempty"`
+	// The text; a longer one is cut to 4096 characters.
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// The attempt that logged it. Filled by the server (from the lease) in GetRun;
+	// ignored when a worker sends it.
+	Attempt int32 `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// Where it came from, e.g. the Python logger's name; up to 200 characters. Optional.
+	Logger        string `protobuf:"bytes,5,opt,name=logger,proto3" json:"logger,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogLine) Reset() {
+	*x = LogLine{}
+	mi := &file_cyclone_v1_types_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogLine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogLine) ProtoMessage() {}
+
+func (x *LogLine) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_types_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogLine.ProtoReflect.Descriptor instead.
+func (*LogLine) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *LogLine) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *LogLine) GetLevel() string {
+	if x != nil {
+		return x.Level
+	}
+	return ""
+}
+
+func (x *LogLine) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *LogLine) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *LogLine) GetLogger() string {
+	if x != nil {
+		return x.Logger
+	}
+	return ""
+}
+
 // One step call recorded by a durable function: an entry of its node's journal,
 // unique by (run_id, node, step_id).
 type StepCall struct {
@@ -1264,7 +1359,7 @@ type StepCall struct {
 
 func (x *StepCall) Reset() {
 	*x = StepCall{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[8]
+	mi := &file_cyclone_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1371,7 @@ func (x *StepCall) String() string {
 func (*StepCall) ProtoMessage() {}
 
 func (x *StepCall) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[8]
+	mi := &file_cyclone_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1384,7 @@ func (x *StepCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCall.ProtoReflect.Descriptor instead.
 func (*StepCall) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StepCall) GetStepId() string {
@@ -1391,7 +1486,7 @@ type StepCallError struct {
 
 func (x *StepCallError) Reset() {
 	*x = StepCallError{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[9]
+	mi := &file_cyclone_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1498,7 @@ func (x *StepCallError) String() string {
 func (*StepCallError) ProtoMessage() {}
 
 func (x *StepCallError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[9]
+	mi := &file_cyclone_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1511,7 @@ func (x *StepCallError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCallError.ProtoReflect.Descriptor instead.
 func (*StepCallError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StepCallError) GetType() string {
@@ -1463,7 +1558,7 @@ type StepError struct {
 
 func (x *StepError) Reset() {
 	*x = StepError{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[10]
+	mi := &file_cyclone_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1475,7 +1570,7 @@ func (x *StepError) String() string {
 func (*StepError) ProtoMessage() {}
 
 func (x *StepError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[10]
+	mi := &file_cyclone_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1488,7 +1583,7 @@ func (x *StepError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepError.ProtoReflect.Descriptor instead.
 func (*StepError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StepError) GetAttempt() int32 {
@@ -1561,7 +1656,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[11]
+	mi := &file_cyclone_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +1668,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[11]
+	mi := &file_cyclone_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +1681,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AuditEntry) GetAction() string {
@@ -1701,7 +1796,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x129\n" +
 	"\n" +
 	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x17\n" +
-	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xad\b\n" +
+	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xd6\b\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12.\n" +
@@ -1731,7 +1826,14 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\vwaiting_for\x18\x16 \x01(\tR\n" +
 	"waitingFor\x12\x1a\n" +
 	"\bpriority\x18\x17 \x01(\x05R\bpriority\x12'\n" +
-	"\x0fconcurrency_key\x18\x18 \x01(\tR\x0econcurrencyKey\"\xf8\x03\n" +
+	"\x0fconcurrency_key\x18\x18 \x01(\tR\x0econcurrencyKey\x12'\n" +
+	"\x04logs\x18\x19 \x03(\v2\x13.cyclone.v1.LogLineR\x04logs\"\x97\x01\n" +
+	"\aLogLine\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x14\n" +
+	"\x05level\x18\x02 \x01(\tR\x05level\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x18\n" +
+	"\aattempt\x18\x04 \x01(\x05R\aattempt\x12\x16\n" +
+	"\x06logger\x18\x05 \x01(\tR\x06logger\"\xf8\x03\n" +
 	"\bStepCall\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x05R\x03seq\x12\x1a\n" +
@@ -1812,7 +1914,7 @@ func file_cyclone_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_cyclone_v1_types_proto_goTypes = []any{
 	(TriggerRule)(0),              // 0: cyclone.v1.TriggerRule
 	(RunStatus)(0),                // 1: cyclone.v1.RunStatus
@@ -1826,64 +1928,67 @@ var file_cyclone_v1_types_proto_goTypes = []any{
 	(*Run)(nil),                   // 9: cyclone.v1.Run
 	(*RunError)(nil),              // 10: cyclone.v1.RunError
 	(*Step)(nil),                  // 11: cyclone.v1.Step
-	(*StepCall)(nil),              // 12: cyclone.v1.StepCall
-	(*StepCallError)(nil),         // 13: cyclone.v1.StepCallError
-	(*StepError)(nil),             // 14: cyclone.v1.StepError
-	(*AuditEntry)(nil),            // 15: cyclone.v1.AuditEntry
-	nil,                           // 16: cyclone.v1.Run.StepCountsEntry
-	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 18: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*LogLine)(nil),               // 12: cyclone.v1.LogLine
+	(*StepCall)(nil),              // 13: cyclone.v1.StepCall
+	(*StepCallError)(nil),         // 14: cyclone.v1.StepCallError
+	(*StepError)(nil),             // 15: cyclone.v1.StepError
+	(*AuditEntry)(nil),            // 16: cyclone.v1.AuditEntry
+	nil,                           // 17: cyclone.v1.Run.StepCountsEntry
+	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 19: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
 }
 var file_cyclone_v1_types_proto_depIdxs = []int32{
 	5,  // 0: cyclone.v1.Workflow.nodes:type_name -> cyclone.v1.Node
 	0,  // 1: cyclone.v1.Node.trigger_rule:type_name -> cyclone.v1.TriggerRule
 	8,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
-	17, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
-	18, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
+	18, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
+	19, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
 	6,  // 5: cyclone.v1.Node.event:type_name -> cyclone.v1.EventWait
 	7,  // 6: cyclone.v1.Node.concurrency:type_name -> cyclone.v1.ConcurrencyLimit
-	17, // 7: cyclone.v1.EventWait.timeout:type_name -> google.protobuf.Duration
-	17, // 8: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	17, // 9: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	18, // 7: cyclone.v1.EventWait.timeout:type_name -> google.protobuf.Duration
+	18, // 8: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	18, // 9: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
 	1,  // 10: cyclone.v1.Run.status:type_name -> cyclone.v1.RunStatus
-	18, // 11: cyclone.v1.Run.input:type_name -> google.protobuf.Value
+	19, // 11: cyclone.v1.Run.input:type_name -> google.protobuf.Value
 	10, // 12: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
-	19, // 13: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	19, // 14: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	19, // 15: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	20, // 13: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	20, // 14: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	20, // 15: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
 	11, // 16: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
-	15, // 17: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
-	16, // 18: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
-	19, // 19: cyclone.v1.Run.start_at:type_name -> google.protobuf.Timestamp
-	19, // 20: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
+	16, // 17: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
+	17, // 18: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
+	20, // 19: cyclone.v1.Run.start_at:type_name -> google.protobuf.Timestamp
+	20, // 20: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
 	2,  // 21: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
 	0,  // 22: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	18, // 23: cyclone.v1.Step.input:type_name -> google.protobuf.Value
-	18, // 24: cyclone.v1.Step.output:type_name -> google.protobuf.Value
-	14, // 25: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
-	19, // 26: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
-	19, // 27: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
-	19, // 28: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
-	19, // 29: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
-	17, // 30: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
-	18, // 31: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
-	19, // 32: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	12, // 33: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
-	3,  // 34: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
-	18, // 35: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
-	13, // 36: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
-	19, // 37: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
-	19, // 38: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
-	19, // 39: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
-	19, // 40: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
-	19, // 41: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	18, // 42: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
-	43, // [43:43] is the sub-list for method output_type
-	43, // [43:43] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	19, // 23: cyclone.v1.Step.input:type_name -> google.protobuf.Value
+	19, // 24: cyclone.v1.Step.output:type_name -> google.protobuf.Value
+	15, // 25: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
+	20, // 26: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
+	20, // 27: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
+	20, // 28: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
+	20, // 29: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
+	18, // 30: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
+	19, // 31: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
+	20, // 32: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	13, // 33: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
+	12, // 34: cyclone.v1.Step.logs:type_name -> cyclone.v1.LogLine
+	20, // 35: cyclone.v1.LogLine.at:type_name -> google.protobuf.Timestamp
+	3,  // 36: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
+	19, // 37: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
+	14, // 38: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
+	20, // 39: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
+	20, // 40: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
+	20, // 41: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
+	20, // 42: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
+	20, // 43: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	19, // 44: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
+	45, // [45:45] is the sub-list for method output_type
+	45, // [45:45] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_types_proto_init() }
@@ -1898,7 +2003,7 @@ func file_cyclone_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_types_proto_rawDesc), len(file_cyclone_v1_types_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -349,7 +349,11 @@ func (x *ClaimRequest) GetLease() *durationpb.Duration {
 type ClaimResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The claimed steps, possibly none.
-	Steps         []*ClaimedStep `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	Steps []*ClaimedStep `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	// The runs this claim blocked instead of handing out a step: a ready step of an
+	// action the worker marks unsafe_to_repeat whose earlier attempt lost its lease with
+	// no outcome. Nothing to run; a worker logs them so that its operator learns of them.
+	Blocked       []*BlockedStep `protobuf:"bytes,2,rep,name=blocked,proto3" json:"blocked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -389,6 +393,104 @@ func (x *ClaimResponse) GetSteps() []*ClaimedStep {
 		return x.Steps
 	}
 	return nil
+}
+
+func (x *ClaimResponse) GetBlocked() []*BlockedStep {
+	if x != nil {
+		return x.Blocked
+	}
+	return nil
+}
+
+// A step a claim did not hand out because its run is now blocked (EffectUncertain).
+type BlockedStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The blocked run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Its uncertain node.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The attempt that lost its lease with no outcome.
+	Attempt int32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// For a step call of a durable function: its step_id; empty for the node itself.
+	StepId string `protobuf:"bytes,4,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// Why, as the run's error says it (RunError.message).
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The node's action.
+	Action        string `protobuf:"bytes,6,opt,name=action,proto3" json:"action,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockedStep) Reset() {
+	*x = BlockedStep{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockedStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockedStep) ProtoMessage() {}
+
+func (x *BlockedStep) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockedStep.ProtoReflect.Descriptor instead.
+func (*BlockedStep) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *BlockedStep) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *BlockedStep) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *BlockedStep) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *BlockedStep) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *BlockedStep) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *BlockedStep) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
 }
 
 // A step handed to a worker.
@@ -438,7 +540,7 @@ type ClaimedStep struct {
 
 func (x *ClaimedStep) Reset() {
 	*x = ClaimedStep{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -450,7 +552,7 @@ func (x *ClaimedStep) String() string {
 func (*ClaimedStep) ProtoMessage() {}
 
 func (x *ClaimedStep) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -463,7 +565,7 @@ func (x *ClaimedStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimedStep.ProtoReflect.Descriptor instead.
 func (*ClaimedStep) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{4}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ClaimedStep) GetRunId() string {
@@ -595,7 +697,7 @@ type UpstreamFailure struct {
 
 func (x *UpstreamFailure) Reset() {
 	*x = UpstreamFailure{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +709,7 @@ func (x *UpstreamFailure) String() string {
 func (*UpstreamFailure) ProtoMessage() {}
 
 func (x *UpstreamFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +722,7 @@ func (x *UpstreamFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpstreamFailure.ProtoReflect.Descriptor instead.
 func (*UpstreamFailure) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{5}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *UpstreamFailure) GetNode() string {
@@ -658,14 +760,17 @@ type HeartbeatRequest struct {
 	// next attempt if this one fails.
 	Progress *structpb.Value `protobuf:"bytes,4,opt,name=progress,proto3" json:"progress,omitempty"`
 	// Lease length wanted from now, as in ClaimRequest.lease. Default: the server's.
-	Lease         *durationpb.Duration `protobuf:"bytes,5,opt,name=lease,proto3" json:"lease,omitempty"`
+	Lease *durationpb.Duration `protobuf:"bytes,5,opt,name=lease,proto3" json:"lease,omitempty"`
+	// Lines the handler logged since the last heartbeat, oldest first; stored with the
+	// step under the lease's attempt (see LogLine; a cap per attempt applies).
+	Logs          []*LogLine `protobuf:"bytes,6,rep,name=logs,proto3" json:"logs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +782,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[6]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +795,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{6}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HeartbeatRequest) GetRunId() string {
@@ -728,6 +833,13 @@ func (x *HeartbeatRequest) GetLease() *durationpb.Duration {
 	return nil
 }
 
+func (x *HeartbeatRequest) GetLogs() []*LogLine {
+	if x != nil {
+		return x.Logs
+	}
+	return nil
+}
+
 // Result of WorkerService.Heartbeat.
 type HeartbeatResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -741,7 +853,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -753,7 +865,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[7]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -766,7 +878,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{7}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HeartbeatResponse) GetLeaseExpiresAt() *timestamppb.Timestamp {
@@ -799,14 +911,17 @@ type CompleteRequest struct {
 	//
 	//	*CompleteRequest_Output
 	//	*CompleteRequest_Failure
-	Outcome       isCompleteRequest_Outcome `protobuf_oneof:"outcome"`
+	Outcome isCompleteRequest_Outcome `protobuf_oneof:"outcome"`
+	// Lines the handler logged since its last heartbeat, oldest first; stored in the
+	// same transaction as the outcome, under the lease's attempt (see HeartbeatRequest).
+	Logs          []*LogLine `protobuf:"bytes,6,rep,name=logs,proto3" json:"logs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -818,7 +933,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[8]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -831,7 +946,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{8}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CompleteRequest) GetRunId() string {
@@ -880,6 +995,13 @@ func (x *CompleteRequest) GetFailure() *Failure {
 	return nil
 }
 
+func (x *CompleteRequest) GetLogs() []*LogLine {
+	if x != nil {
+		return x.Logs
+	}
+	return nil
+}
+
 type isCompleteRequest_Outcome interface {
 	isCompleteRequest_Outcome()
 }
@@ -923,7 +1045,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1057,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[9]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1070,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{9}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Failure) GetMessage() string {
@@ -1011,7 +1133,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1023,7 +1145,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[10]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1036,7 +1158,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{10}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CompleteResponse) GetStatus() StepStatus {
@@ -1095,7 +1217,7 @@ type CompleteManyRequest struct {
 
 func (x *CompleteManyRequest) Reset() {
 	*x = CompleteManyRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1107,7 +1229,7 @@ func (x *CompleteManyRequest) String() string {
 func (*CompleteManyRequest) ProtoMessage() {}
 
 func (x *CompleteManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[11]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1120,7 +1242,7 @@ func (x *CompleteManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteManyRequest.ProtoReflect.Descriptor instead.
 func (*CompleteManyRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{11}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CompleteManyRequest) GetCompletions() []*CompleteRequest {
@@ -1166,7 +1288,7 @@ type CompleteManyResponse struct {
 
 func (x *CompleteManyResponse) Reset() {
 	*x = CompleteManyResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1178,7 +1300,7 @@ func (x *CompleteManyResponse) String() string {
 func (*CompleteManyResponse) ProtoMessage() {}
 
 func (x *CompleteManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1191,7 +1313,7 @@ func (x *CompleteManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteManyResponse.ProtoReflect.Descriptor instead.
 func (*CompleteManyResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{12}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CompleteManyResponse) GetResults() []*CompleteResult {
@@ -1231,7 +1353,7 @@ type StepCallEndResult struct {
 
 func (x *StepCallEndResult) Reset() {
 	*x = StepCallEndResult{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +1365,7 @@ func (x *StepCallEndResult) String() string {
 func (*StepCallEndResult) ProtoMessage() {}
 
 func (x *StepCallEndResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +1378,7 @@ func (x *StepCallEndResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCallEndResult.ProtoReflect.Descriptor instead.
 func (*StepCallEndResult) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{13}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StepCallEndResult) GetResult() isStepCallEndResult_Result {
@@ -1318,7 +1440,7 @@ type StepCallBeginResult struct {
 
 func (x *StepCallBeginResult) Reset() {
 	*x = StepCallBeginResult{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1452,7 @@ func (x *StepCallBeginResult) String() string {
 func (*StepCallBeginResult) ProtoMessage() {}
 
 func (x *StepCallBeginResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1465,7 @@ func (x *StepCallBeginResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCallBeginResult.ProtoReflect.Descriptor instead.
 func (*StepCallBeginResult) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{14}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StepCallBeginResult) GetResult() isStepCallBeginResult_Result {
@@ -1405,7 +1527,7 @@ type CompleteResult struct {
 
 func (x *CompleteResult) Reset() {
 	*x = CompleteResult{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1539,7 @@ func (x *CompleteResult) String() string {
 func (*CompleteResult) ProtoMessage() {}
 
 func (x *CompleteResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1552,7 @@ func (x *CompleteResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResult.ProtoReflect.Descriptor instead.
 func (*CompleteResult) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{15}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CompleteResult) GetResult() isCompleteResult_Result {
@@ -1491,7 +1613,7 @@ type CompleteError struct {
 
 func (x *CompleteError) Reset() {
 	*x = CompleteError{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1625,7 @@ func (x *CompleteError) String() string {
 func (*CompleteError) ProtoMessage() {}
 
 func (x *CompleteError) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1638,7 @@ func (x *CompleteError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteError.ProtoReflect.Descriptor instead.
 func (*CompleteError) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{16}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CompleteError) GetCode() int32 {
@@ -1568,7 +1690,7 @@ type BeginStepCallRequest struct {
 
 func (x *BeginStepCallRequest) Reset() {
 	*x = BeginStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1580,7 +1702,7 @@ func (x *BeginStepCallRequest) String() string {
 func (*BeginStepCallRequest) ProtoMessage() {}
 
 func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1593,7 +1715,7 @@ func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallRequest.ProtoReflect.Descriptor instead.
 func (*BeginStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{17}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BeginStepCallRequest) GetRunId() string {
@@ -1661,7 +1783,7 @@ type BeginStepCallResponse struct {
 
 func (x *BeginStepCallResponse) Reset() {
 	*x = BeginStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1673,7 +1795,7 @@ func (x *BeginStepCallResponse) String() string {
 func (*BeginStepCallResponse) ProtoMessage() {}
 
 func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1686,7 +1808,7 @@ func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallResponse.ProtoReflect.Descriptor instead.
 func (*BeginStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{18}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BeginStepCallResponse) GetDecision() StepCallDecision {
@@ -1740,7 +1862,7 @@ type EndStepCallRequest struct {
 
 func (x *EndStepCallRequest) Reset() {
 	*x = EndStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1752,7 +1874,7 @@ func (x *EndStepCallRequest) String() string {
 func (*EndStepCallRequest) ProtoMessage() {}
 
 func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1765,7 +1887,7 @@ func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallRequest.ProtoReflect.Descriptor instead.
 func (*EndStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{19}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EndStepCallRequest) GetRunId() string {
@@ -1874,7 +1996,7 @@ type EndStepCallResponse struct {
 
 func (x *EndStepCallResponse) Reset() {
 	*x = EndStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1886,7 +2008,7 @@ func (x *EndStepCallResponse) String() string {
 func (*EndStepCallResponse) ProtoMessage() {}
 
 func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1899,7 +2021,7 @@ func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallResponse.ProtoReflect.Descriptor instead.
 func (*EndStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{20}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EndStepCallResponse) GetCall() *StepCall {
@@ -1941,7 +2063,7 @@ type StartChildRequest struct {
 
 func (x *StartChildRequest) Reset() {
 	*x = StartChildRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1953,7 +2075,7 @@ func (x *StartChildRequest) String() string {
 func (*StartChildRequest) ProtoMessage() {}
 
 func (x *StartChildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1966,7 +2088,7 @@ func (x *StartChildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartChildRequest.ProtoReflect.Descriptor instead.
 func (*StartChildRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{21}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StartChildRequest) GetRunId() string {
@@ -2036,7 +2158,7 @@ type StartChildResponse struct {
 
 func (x *StartChildResponse) Reset() {
 	*x = StartChildResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2048,7 +2170,7 @@ func (x *StartChildResponse) String() string {
 func (*StartChildResponse) ProtoMessage() {}
 
 func (x *StartChildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2061,7 +2183,7 @@ func (x *StartChildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartChildResponse.ProtoReflect.Descriptor instead.
 func (*StartChildResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{22}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StartChildResponse) GetChildRunId() string {
@@ -2114,7 +2236,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2248,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2261,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{23}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WaitRequest) GetRunId() string {
@@ -2251,7 +2373,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2263,7 +2385,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2276,7 +2398,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{24}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WaitResponse) GetDecision() WaitDecision {
@@ -2313,9 +2435,17 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\aactions\x18\x02 \x03(\v2\x16.cyclone.v1.ActionSpecR\aactions\x12\x1b\n" +
 	"\tmax_steps\x18\x03 \x01(\x05R\bmaxSteps\x12-\n" +
 	"\x04wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12/\n" +
-	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\">\n" +
+	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\"q\n" +
 	"\rClaimResponse\x12-\n" +
-	"\x05steps\x18\x01 \x03(\v2\x17.cyclone.v1.ClaimedStepR\x05steps\"\xb9\x06\n" +
+	"\x05steps\x18\x01 \x03(\v2\x17.cyclone.v1.ClaimedStepR\x05steps\x121\n" +
+	"\ablocked\x18\x02 \x03(\v2\x17.cyclone.v1.BlockedStepR\ablocked\"\x9b\x01\n" +
+	"\vBlockedStep\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\x05R\aattempt\x12\x17\n" +
+	"\astep_id\x18\x04 \x01(\tR\x06stepId\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06action\x18\x06 \x01(\tR\x06action\"\xb9\x06\n" +
 	"\vClaimedStep\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x16\n" +
@@ -2341,24 +2471,26 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\x0fUpstreamFailure\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12.\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x16.cyclone.v1.StepStatusR\x06status\x12+\n" +
-	"\x05error\x18\x03 \x01(\v2\x15.cyclone.v1.StepErrorR\x05error\"\xc3\x01\n" +
+	"\x05error\x18\x03 \x01(\v2\x15.cyclone.v1.StepErrorR\x05error\"\xec\x01\n" +
 	"\x10HeartbeatRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
 	"\vlease_token\x18\x03 \x01(\tR\n" +
 	"leaseToken\x122\n" +
 	"\bprogress\x18\x04 \x01(\v2\x16.google.protobuf.ValueR\bprogress\x12/\n" +
-	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\"w\n" +
+	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x12'\n" +
+	"\x04logs\x18\x06 \x03(\v2\x13.cyclone.v1.LogLineR\x04logs\"w\n" +
 	"\x11HeartbeatResponse\x12D\n" +
 	"\x10lease_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x12\x1c\n" +
-	"\tcancelled\x18\x02 \x01(\bR\tcancelled\"\xcb\x01\n" +
+	"\tcancelled\x18\x02 \x01(\bR\tcancelled\"\xf4\x01\n" +
 	"\x0fCompleteRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
 	"\vlease_token\x18\x03 \x01(\tR\n" +
 	"leaseToken\x120\n" +
 	"\x06output\x18\x04 \x01(\v2\x16.google.protobuf.ValueH\x00R\x06output\x12/\n" +
-	"\afailure\x18\x05 \x01(\v2\x13.cyclone.v1.FailureH\x00R\afailureB\t\n" +
+	"\afailure\x18\x05 \x01(\v2\x13.cyclone.v1.FailureH\x00R\afailure\x12'\n" +
+	"\x04logs\x18\x06 \x03(\v2\x13.cyclone.v1.LogLineR\x04logsB\t\n" +
 	"\aoutcome\"\xdd\x01\n" +
 	"\aFailure\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12\x12\n" +
@@ -2490,7 +2622,7 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
 	(WaitDecision)(0),             // 1: cyclone.v1.WaitDecision
@@ -2498,112 +2630,117 @@ var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(*RateLimit)(nil),             // 3: cyclone.v1.RateLimit
 	(*ClaimRequest)(nil),          // 4: cyclone.v1.ClaimRequest
 	(*ClaimResponse)(nil),         // 5: cyclone.v1.ClaimResponse
-	(*ClaimedStep)(nil),           // 6: cyclone.v1.ClaimedStep
-	(*UpstreamFailure)(nil),       // 7: cyclone.v1.UpstreamFailure
-	(*HeartbeatRequest)(nil),      // 8: cyclone.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 9: cyclone.v1.HeartbeatResponse
-	(*CompleteRequest)(nil),       // 10: cyclone.v1.CompleteRequest
-	(*Failure)(nil),               // 11: cyclone.v1.Failure
-	(*CompleteResponse)(nil),      // 12: cyclone.v1.CompleteResponse
-	(*CompleteManyRequest)(nil),   // 13: cyclone.v1.CompleteManyRequest
-	(*CompleteManyResponse)(nil),  // 14: cyclone.v1.CompleteManyResponse
-	(*StepCallEndResult)(nil),     // 15: cyclone.v1.StepCallEndResult
-	(*StepCallBeginResult)(nil),   // 16: cyclone.v1.StepCallBeginResult
-	(*CompleteResult)(nil),        // 17: cyclone.v1.CompleteResult
-	(*CompleteError)(nil),         // 18: cyclone.v1.CompleteError
-	(*BeginStepCallRequest)(nil),  // 19: cyclone.v1.BeginStepCallRequest
-	(*BeginStepCallResponse)(nil), // 20: cyclone.v1.BeginStepCallResponse
-	(*EndStepCallRequest)(nil),    // 21: cyclone.v1.EndStepCallRequest
-	(*EndStepCallResponse)(nil),   // 22: cyclone.v1.EndStepCallResponse
-	(*StartChildRequest)(nil),     // 23: cyclone.v1.StartChildRequest
-	(*StartChildResponse)(nil),    // 24: cyclone.v1.StartChildResponse
-	(*WaitRequest)(nil),           // 25: cyclone.v1.WaitRequest
-	(*WaitResponse)(nil),          // 26: cyclone.v1.WaitResponse
-	nil,                           // 27: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 29: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
-	(*StepCall)(nil),              // 31: cyclone.v1.StepCall
-	(StepStatus)(0),               // 32: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 33: cyclone.v1.StepError
-	(RunStatus)(0),                // 34: cyclone.v1.RunStatus
-	(*StepCallError)(nil),         // 35: cyclone.v1.StepCallError
-	(*Workflow)(nil),              // 36: cyclone.v1.Workflow
-	(*EventWait)(nil),             // 37: cyclone.v1.EventWait
+	(*BlockedStep)(nil),           // 6: cyclone.v1.BlockedStep
+	(*ClaimedStep)(nil),           // 7: cyclone.v1.ClaimedStep
+	(*UpstreamFailure)(nil),       // 8: cyclone.v1.UpstreamFailure
+	(*HeartbeatRequest)(nil),      // 9: cyclone.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 10: cyclone.v1.HeartbeatResponse
+	(*CompleteRequest)(nil),       // 11: cyclone.v1.CompleteRequest
+	(*Failure)(nil),               // 12: cyclone.v1.Failure
+	(*CompleteResponse)(nil),      // 13: cyclone.v1.CompleteResponse
+	(*CompleteManyRequest)(nil),   // 14: cyclone.v1.CompleteManyRequest
+	(*CompleteManyResponse)(nil),  // 15: cyclone.v1.CompleteManyResponse
+	(*StepCallEndResult)(nil),     // 16: cyclone.v1.StepCallEndResult
+	(*StepCallBeginResult)(nil),   // 17: cyclone.v1.StepCallBeginResult
+	(*CompleteResult)(nil),        // 18: cyclone.v1.CompleteResult
+	(*CompleteError)(nil),         // 19: cyclone.v1.CompleteError
+	(*BeginStepCallRequest)(nil),  // 20: cyclone.v1.BeginStepCallRequest
+	(*BeginStepCallResponse)(nil), // 21: cyclone.v1.BeginStepCallResponse
+	(*EndStepCallRequest)(nil),    // 22: cyclone.v1.EndStepCallRequest
+	(*EndStepCallResponse)(nil),   // 23: cyclone.v1.EndStepCallResponse
+	(*StartChildRequest)(nil),     // 24: cyclone.v1.StartChildRequest
+	(*StartChildResponse)(nil),    // 25: cyclone.v1.StartChildResponse
+	(*WaitRequest)(nil),           // 26: cyclone.v1.WaitRequest
+	(*WaitResponse)(nil),          // 27: cyclone.v1.WaitResponse
+	nil,                           // 28: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 30: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*StepCall)(nil),              // 32: cyclone.v1.StepCall
+	(StepStatus)(0),               // 33: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 34: cyclone.v1.StepError
+	(*LogLine)(nil),               // 35: cyclone.v1.LogLine
+	(RunStatus)(0),                // 36: cyclone.v1.RunStatus
+	(*StepCallError)(nil),         // 37: cyclone.v1.StepCallError
+	(*Workflow)(nil),              // 38: cyclone.v1.Workflow
+	(*EventWait)(nil),             // 39: cyclone.v1.EventWait
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	3,  // 0: cyclone.v1.ActionSpec.rate_limit:type_name -> cyclone.v1.RateLimit
-	28, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
+	29, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
 	2,  // 2: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	28, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	28, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
-	6,  // 5: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
-	29, // 6: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	29, // 7: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	27, // 8: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	30, // 9: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	30, // 10: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	29, // 11: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
-	7,  // 12: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	31, // 13: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	32, // 14: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	33, // 15: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	29, // 16: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	28, // 17: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	30, // 18: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	29, // 19: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
-	11, // 20: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	28, // 21: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	32, // 22: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	30, // 23: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	34, // 24: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
-	10, // 25: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
-	21, // 26: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
-	19, // 27: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
-	17, // 28: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
-	15, // 29: cyclone.v1.CompleteManyResponse.step_call_end_results:type_name -> cyclone.v1.StepCallEndResult
-	16, // 30: cyclone.v1.CompleteManyResponse.step_call_begin_results:type_name -> cyclone.v1.StepCallBeginResult
-	22, // 31: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
-	18, // 32: cyclone.v1.StepCallEndResult.error:type_name -> cyclone.v1.CompleteError
-	20, // 33: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
-	18, // 34: cyclone.v1.StepCallBeginResult.error:type_name -> cyclone.v1.CompleteError
-	12, // 35: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
-	18, // 36: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
-	0,  // 37: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	31, // 38: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	34, // 39: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	29, // 40: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	35, // 41: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	31, // 42: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	36, // 43: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
-	29, // 44: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
-	31, // 45: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
-	30, // 46: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
-	37, // 47: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
-	1,  // 48: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
-	31, // 49: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
-	29, // 50: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	4,  // 51: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	8,  // 52: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	10, // 53: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	13, // 54: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	19, // 55: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	21, // 56: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	23, // 57: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
-	25, // 58: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
-	5,  // 59: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	9,  // 60: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	12, // 61: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	14, // 62: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	20, // 63: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	22, // 64: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	24, // 65: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
-	26, // 66: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
-	59, // [59:67] is the sub-list for method output_type
-	51, // [51:59] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	29, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	29, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	7,  // 5: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
+	6,  // 6: cyclone.v1.ClaimResponse.blocked:type_name -> cyclone.v1.BlockedStep
+	30, // 7: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	30, // 8: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	28, // 9: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	31, // 10: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	31, // 11: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	30, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	8,  // 13: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
+	32, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	33, // 15: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	34, // 16: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	30, // 17: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	29, // 18: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	35, // 19: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
+	31, // 20: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	30, // 21: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	12, // 22: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
+	35, // 23: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
+	29, // 24: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	33, // 25: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	31, // 26: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	36, // 27: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	11, // 28: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
+	22, // 29: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
+	20, // 30: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
+	18, // 31: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
+	16, // 32: cyclone.v1.CompleteManyResponse.step_call_end_results:type_name -> cyclone.v1.StepCallEndResult
+	17, // 33: cyclone.v1.CompleteManyResponse.step_call_begin_results:type_name -> cyclone.v1.StepCallBeginResult
+	23, // 34: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
+	19, // 35: cyclone.v1.StepCallEndResult.error:type_name -> cyclone.v1.CompleteError
+	21, // 36: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
+	19, // 37: cyclone.v1.StepCallBeginResult.error:type_name -> cyclone.v1.CompleteError
+	13, // 38: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
+	19, // 39: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
+	0,  // 40: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
+	32, // 41: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	36, // 42: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	30, // 43: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	37, // 44: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	32, // 45: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	38, // 46: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
+	30, // 47: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
+	32, // 48: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
+	31, // 49: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
+	39, // 50: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
+	1,  // 51: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
+	32, // 52: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
+	30, // 53: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	4,  // 54: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	9,  // 55: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	11, // 56: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	14, // 57: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	20, // 58: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	22, // 59: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	24, // 60: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
+	26, // 61: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
+	5,  // 62: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	10, // 63: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	13, // 64: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	15, // 65: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	21, // 66: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	23, // 67: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	25, // 68: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
+	27, // 69: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
+	62, // [62:70] is the sub-list for method output_type
+	54, // [54:62] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -2612,27 +2749,27 @@ func file_cyclone_v1_worker_service_proto_init() {
 		return
 	}
 	file_cyclone_v1_types_proto_init()
-	file_cyclone_v1_worker_service_proto_msgTypes[8].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[9].OneofWrappers = []any{
 		(*CompleteRequest_Output)(nil),
 		(*CompleteRequest_Failure)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[13].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[14].OneofWrappers = []any{
 		(*StepCallEndResult_Response)(nil),
 		(*StepCallEndResult_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[14].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[15].OneofWrappers = []any{
 		(*StepCallBeginResult_Response)(nil),
 		(*StepCallBeginResult_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[15].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[16].OneofWrappers = []any{
 		(*CompleteResult_Response)(nil),
 		(*CompleteResult_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[19].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[20].OneofWrappers = []any{
 		(*EndStepCallRequest_Output)(nil),
 		(*EndStepCallRequest_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[23].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[24].OneofWrappers = []any{
 		(*WaitRequest_WakeAt)(nil),
 		(*WaitRequest_Event)(nil),
 		(*WaitRequest_ChildRunId)(nil),
@@ -2643,7 +2780,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -385,7 +385,9 @@ func (x *SubmitOnceResponse) GetCreated() bool {
 type GetRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run, by id.
-	RunId         string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Fill each step's logs (Step.logs): what its handlers logged, every attempt.
+	Logs          bool `protobuf:"varint,2,opt,name=logs,proto3" json:"logs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -425,6 +427,13 @@ func (x *GetRunRequest) GetRunId() string {
 		return x.RunId
 	}
 	return ""
+}
+
+func (x *GetRunRequest) GetLogs() bool {
+	if x != nil {
+		return x.Logs
+	}
+	return false
 }
 
 // Result of WorkflowService.GetRun.
@@ -1216,9 +1225,10 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\bpriority\x18\x05 \x01(\x05R\bpriority\"E\n" +
 	"\x12SubmitOnceResponse\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"&\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\":\n" +
 	"\rGetRunRequest\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\"3\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04logs\x18\x02 \x01(\bR\x04logs\"3\n" +
 	"\x0eGetRunResponse\x12!\n" +
 	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\xa0\x02\n" +
 	"\x0fListRunsRequest\x12\x1a\n" +

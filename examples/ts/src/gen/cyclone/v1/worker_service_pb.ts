@@ -4,7 +4,7 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { EventWait, RunStatus, StepCall, StepCallError, StepError, StepStatus, Workflow } from "./types_pb.js";
+import type { EventWait, LogLine, RunStatus, StepCall, StepCallError, StepError, StepStatus, Workflow } from "./types_pb.js";
 import { file_cyclone_v1_types } from "./types_pb.js";
 import type { Duration, Timestamp, Value } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/worker_service.proto.
  */
 export const file_cyclone_v1_worker_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIl8KCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIEikKCnJhdGVfbGltaXQYAyABKAsyFS5jeWNsb25lLnYxLlJhdGVMaW1pdCJFCglSYXRlTGltaXQSDQoFY291bnQYASABKAUSKQoGcGVyaW9kGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNwoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAi+gQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIpkBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIlwKEUhlYXJ0YmVhdFJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWNhbmNlbGxlZBgCIAEoCCKhAQoPQ29tcGxldGVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKBm91dHB1dBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEiYKB2ZhaWx1cmUYBSABKAsyEy5jeWNsb25lLnYxLkZhaWx1cmVIAEIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiygEKE0NvbXBsZXRlTWFueVJlcXVlc3QSMAoLY29tcGxldGlvbnMYASADKAsyGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBI2Cg5zdGVwX2NhbGxfZW5kcxgCIAMoCzIeLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXF1ZXN0EjoKEHN0ZXBfY2FsbF9iZWdpbnMYAyADKAsyIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0Eg0KBWJyaWVmGAQgASgIIsMBChRDb21wbGV0ZU1hbnlSZXNwb25zZRIrCgdyZXN1bHRzGAEgAygLMhouY3ljbG9uZS52MS5Db21wbGV0ZVJlc3VsdBI8ChVzdGVwX2NhbGxfZW5kX3Jlc3VsdHMYAiADKAsyHS5jeWNsb25lLnYxLlN0ZXBDYWxsRW5kUmVzdWx0EkAKF3N0ZXBfY2FsbF9iZWdpbl9yZXN1bHRzGAMgAygLMh8uY3ljbG9uZS52MS5TdGVwQ2FsbEJlZ2luUmVzdWx0In4KEVN0ZXBDYWxsRW5kUmVzdWx0EjMKCHJlc3BvbnNlGAEgASgLMh8uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiggEKE1N0ZXBDYWxsQmVnaW5SZXN1bHQSNQoIcmVzcG9uc2UYASABKAsyIS5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IngKDkNvbXBsZXRlUmVzdWx0EjAKCHJlc3BvbnNlGAEgASgLMhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiRwoNQ29tcGxldGVFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSFwoPY3VycmVudF9hdHRlbXB0GAMgASgFIpMBChRCZWdpblN0ZXBDYWxsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRIQCghmdW5jdGlvbhgGIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAcgASgIIpYBChVCZWdpblN0ZXBDYWxsUmVzcG9uc2USLgoIZGVjaXNpb24YASABKA4yHC5jeWNsb25lLnYxLlN0ZXBDYWxsRGVjaXNpb24SIgoEY2FsbBgCIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSKQoKcnVuX3N0YXR1cxgDIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzIvIBChJFbmRTdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCBIoCgZvdXRwdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVIABIqCgVlcnJvchgJIAEoCzIZLmN5Y2xvbmUudjEuU3RlcENhbGxFcnJvckgAQgkKB291dGNvbWUiTAoTRW5kU3RlcENhbGxSZXNwb25zZRIiCgRjYWxsGAEgASgLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIRCglkdXBsaWNhdGUYAiABKAgiswEKEVN0YXJ0Q2hpbGRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEiYKCHdvcmtmbG93GAYgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSJfChJTdGFydENoaWxkUmVzcG9uc2USFAoMY2hpbGRfcnVuX2lkGAEgASgJEg8KB2NyZWF0ZWQYAiABKAgSIgoEY2FsbBgDIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwi1gEKC1dhaXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEi0KB3dha2VfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSAASJgoFZXZlbnQYByABKAsyFS5jeWNsb25lLnYxLkV2ZW50V2FpdEgAEhYKDGNoaWxkX3J1bl9pZBgIIAEoCUgAQgcKBXVudGlsIl4KDFdhaXRSZXNwb25zZRIqCghkZWNpc2lvbhgBIAEoDjIYLmN5Y2xvbmUudjEuV2FpdERlY2lzaW9uEiIKBGNhbGwYAiABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsKpUBChBTdGVwQ2FsbERlY2lzaW9uEiIKHlNURVBfQ0FMTF9ERUNJU0lPTl9VTlNQRUNJRklFRBAAEhoKFlNURVBfQ0FMTF9ERUNJU0lPTl9SVU4QARIfChtTVEVQX0NBTExfREVDSVNJT05fUkVDT1JERUQQAhIgChxTVEVQX0NBTExfREVDSVNJT05fVU5DRVJUQUlOEAMqYwoMV2FpdERlY2lzaW9uEh0KGVdBSVRfREVDSVNJT05fVU5TUEVDSUZJRUQQABIXChNXQUlUX0RFQ0lTSU9OX1JFQURZEAESGwoXV0FJVF9ERUNJU0lPTl9TVVNQRU5ERUQQAjLfBAoNV29ya2VyU2VydmljZRI8CgVDbGFpbRIYLmN5Y2xvbmUudjEuQ2xhaW1SZXF1ZXN0GhkuY3ljbG9uZS52MS5DbGFpbVJlc3BvbnNlEkgKCUhlYXJ0YmVhdBIcLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVxdWVzdBodLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVzcG9uc2USRQoIQ29tcGxldGUSGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBocLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZRJRCgxDb21wbGV0ZU1hbnkSHy5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlcXVlc3QaIC5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlc3BvbnNlElQKDUJlZ2luU3RlcENhbGwSIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0GiEuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVzcG9uc2USTgoLRW5kU3RlcENhbGwSHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdBofLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXNwb25zZRJLCgpTdGFydENoaWxkEh0uY3ljbG9uZS52MS5TdGFydENoaWxkUmVxdWVzdBoeLmN5Y2xvbmUudjEuU3RhcnRDaGlsZFJlc3BvbnNlEjkKBFdhaXQSFy5jeWNsb25lLnYxLldhaXRSZXF1ZXN0GhguY3ljbG9uZS52MS5XYWl0UmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIl8KCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIEikKCnJhdGVfbGltaXQYAyABKAsyFS5jeWNsb25lLnYxLlJhdGVMaW1pdCJFCglSYXRlTGltaXQSDQoFY291bnQYASABKAUSKQoGcGVyaW9kGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iYQoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXASKAoHYmxvY2tlZBgCIAMoCzIXLmN5Y2xvbmUudjEuQmxvY2tlZFN0ZXAibQoLQmxvY2tlZFN0ZXASDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDwoHYXR0ZW1wdBgDIAEoBRIPCgdzdGVwX2lkGAQgASgJEg4KBnJlYXNvbhgFIAEoCRIOCgZhY3Rpb24YBiABKAki+gQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIrwBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiEKBGxvZ3MYBiADKAsyEy5jeWNsb25lLnYxLkxvZ0xpbmUiXAoRSGVhcnRiZWF0UmVzcG9uc2USNAoQbGVhc2VfZXhwaXJlc19hdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJY2FuY2VsbGVkGAIgASgIIsQBCg9Db21wbGV0ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSKAoGb3V0cHV0GAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASJgoHZmFpbHVyZRgFIAEoCzITLmN5Y2xvbmUudjEuRmFpbHVyZUgAEiEKBGxvZ3MYBiADKAsyEy5jeWNsb25lLnYxLkxvZ0xpbmVCCQoHb3V0Y29tZSKaAQoHRmFpbHVyZRIPCgdtZXNzYWdlGAEgASgJEgwKBHR5cGUYAiABKAkSDwoHZGV0YWlscxgDIAEoCRIVCg1ub25fcmV0cnlhYmxlGAQgASgIEi4KC3JldHJ5X2FmdGVyGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhgKEGVmZmVjdF91bmNlcnRhaW4YBiABKAgipgEKEENvbXBsZXRlUmVzcG9uc2USJgoGc3RhdHVzGAEgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEiwKCHJldHJ5X2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIpCgpydW5fc3RhdHVzGAMgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSEQoJZHVwbGljYXRlGAQgASgIIsoBChNDb21wbGV0ZU1hbnlSZXF1ZXN0EjAKC2NvbXBsZXRpb25zGAEgAygLMhsuY3ljbG9uZS52MS5Db21wbGV0ZVJlcXVlc3QSNgoOc3RlcF9jYWxsX2VuZHMYAiADKAsyHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdBI6ChBzdGVwX2NhbGxfYmVnaW5zGAMgAygLMiAuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVxdWVzdBINCgVicmllZhgEIAEoCCLDAQoUQ29tcGxldGVNYW55UmVzcG9uc2USKwoHcmVzdWx0cxgBIAMoCzIaLmN5Y2xvbmUudjEuQ29tcGxldGVSZXN1bHQSPAoVc3RlcF9jYWxsX2VuZF9yZXN1bHRzGAIgAygLMh0uY3ljbG9uZS52MS5TdGVwQ2FsbEVuZFJlc3VsdBJAChdzdGVwX2NhbGxfYmVnaW5fcmVzdWx0cxgDIAMoCzIfLmN5Y2xvbmUudjEuU3RlcENhbGxCZWdpblJlc3VsdCJ+ChFTdGVwQ2FsbEVuZFJlc3VsdBIzCghyZXNwb25zZRgBIAEoCzIfLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IoIBChNTdGVwQ2FsbEJlZ2luUmVzdWx0EjUKCHJlc3BvbnNlGAEgASgLMiEuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVzcG9uc2VIABIqCgVlcnJvchgCIAEoCzIZLmN5Y2xvbmUudjEuQ29tcGxldGVFcnJvckgAQggKBnJlc3VsdCJ4Cg5Db21wbGV0ZVJlc3VsdBIwCghyZXNwb25zZRgBIAEoCzIcLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IkcKDUNvbXBsZXRlRXJyb3ISDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJEhcKD2N1cnJlbnRfYXR0ZW1wdBgDIAEoBSKTAQoUQmVnaW5TdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCCKWAQoVQmVnaW5TdGVwQ2FsbFJlc3BvbnNlEi4KCGRlY2lzaW9uGAEgASgOMhwuY3ljbG9uZS52MS5TdGVwQ2FsbERlY2lzaW9uEiIKBGNhbGwYAiABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cyLyAQoSRW5kU3RlcENhbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEhAKCGZ1bmN0aW9uGAYgASgJEhgKEHVuc2FmZV90b19yZXBlYXQYByABKAgSKAoGb3V0cHV0GAggASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASKgoFZXJyb3IYCSABKAsyGS5jeWNsb25lLnYxLlN0ZXBDYWxsRXJyb3JIAEIJCgdvdXRjb21lIkwKE0VuZFN0ZXBDYWxsUmVzcG9uc2USIgoEY2FsbBgBIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSEQoJZHVwbGljYXRlGAIgASgIIrMBChFTdGFydENoaWxkUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRImCgh3b3JrZmxvdxgGIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYByABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiXwoSU3RhcnRDaGlsZFJlc3BvbnNlEhQKDGNoaWxkX3J1bl9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIEiIKBGNhbGwYAyABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsItYBCgtXYWl0UmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRItCgd3YWtlX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAEiYKBWV2ZW50GAcgASgLMhUuY3ljbG9uZS52MS5FdmVudFdhaXRIABIWCgxjaGlsZF9ydW5faWQYCCABKAlIAEIHCgV1bnRpbCJeCgxXYWl0UmVzcG9uc2USKgoIZGVjaXNpb24YASABKA4yGC5jeWNsb25lLnYxLldhaXREZWNpc2lvbhIiCgRjYWxsGAIgASgLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbCqVAQoQU3RlcENhbGxEZWNpc2lvbhIiCh5TVEVQX0NBTExfREVDSVNJT05fVU5TUEVDSUZJRUQQABIaChZTVEVQX0NBTExfREVDSVNJT05fUlVOEAESHwobU1RFUF9DQUxMX0RFQ0lTSU9OX1JFQ09SREVEEAISIAocU1RFUF9DQUxMX0RFQ0lTSU9OX1VOQ0VSVEFJThADKmMKDFdhaXREZWNpc2lvbhIdChlXQUlUX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASFwoTV0FJVF9ERUNJU0lPTl9SRUFEWRABEhsKF1dBSVRfREVDSVNJT05fU1VTUEVOREVEEAIy3wQKDVdvcmtlclNlcnZpY2USPAoFQ2xhaW0SGC5jeWNsb25lLnYxLkNsYWltUmVxdWVzdBoZLmN5Y2xvbmUudjEuQ2xhaW1SZXNwb25zZRJICglIZWFydGJlYXQSHC5jeWNsb25lLnYxLkhlYXJ0YmVhdFJlcXVlc3QaHS5jeWNsb25lLnYxLkhlYXJ0YmVhdFJlc3BvbnNlEkUKCENvbXBsZXRlEhsuY3ljbG9uZS52MS5Db21wbGV0ZVJlcXVlc3QaHC5jeWNsb25lLnYxLkNvbXBsZXRlUmVzcG9uc2USUQoMQ29tcGxldGVNYW55Eh8uY3ljbG9uZS52MS5Db21wbGV0ZU1hbnlSZXF1ZXN0GiAuY3ljbG9uZS52MS5Db21wbGV0ZU1hbnlSZXNwb25zZRJUCg1CZWdpblN0ZXBDYWxsEiAuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVxdWVzdBohLmN5Y2xvbmUudjEuQmVnaW5TdGVwQ2FsbFJlc3BvbnNlEk4KC0VuZFN0ZXBDYWxsEh4uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlcXVlc3QaHy5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVzcG9uc2USSwoKU3RhcnRDaGlsZBIdLmN5Y2xvbmUudjEuU3RhcnRDaGlsZFJlcXVlc3QaHi5jeWNsb25lLnYxLlN0YXJ0Q2hpbGRSZXNwb25zZRI5CgRXYWl0EhcuY3ljbG9uZS52MS5XYWl0UmVxdWVzdBoYLmN5Y2xvbmUudjEuV2FpdFJlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * An action a worker serves.
@@ -146,6 +146,15 @@ export type ClaimResponse = Message<"cyclone.v1.ClaimResponse"> & {
    * @generated from field: repeated cyclone.v1.ClaimedStep steps = 1;
    */
   steps: ClaimedStep[];
+
+  /**
+   * The runs this claim blocked instead of handing out a step: a ready step of an
+   * action the worker marks unsafe_to_repeat whose earlier attempt lost its lease with
+   * no outcome. Nothing to run; a worker logs them so that its operator learns of them.
+   *
+   * @generated from field: repeated cyclone.v1.BlockedStep blocked = 2;
+   */
+  blocked: BlockedStep[];
 };
 
 /**
@@ -154,6 +163,62 @@ export type ClaimResponse = Message<"cyclone.v1.ClaimResponse"> & {
  */
 export const ClaimResponseSchema: GenMessage<ClaimResponse> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_worker_service, 3);
+
+/**
+ * A step a claim did not hand out because its run is now blocked (EffectUncertain).
+ *
+ * @generated from message cyclone.v1.BlockedStep
+ */
+export type BlockedStep = Message<"cyclone.v1.BlockedStep"> & {
+  /**
+   * The blocked run.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * Its uncertain node.
+   *
+   * @generated from field: string node = 2;
+   */
+  node: string;
+
+  /**
+   * The attempt that lost its lease with no outcome.
+   *
+   * @generated from field: int32 attempt = 3;
+   */
+  attempt: number;
+
+  /**
+   * For a step call of a durable function: its step_id; empty for the node itself.
+   *
+   * @generated from field: string step_id = 4;
+   */
+  stepId: string;
+
+  /**
+   * Why, as the run's error says it (RunError.message).
+   *
+   * @generated from field: string reason = 5;
+   */
+  reason: string;
+
+  /**
+   * The node's action.
+   *
+   * @generated from field: string action = 6;
+   */
+  action: string;
+};
+
+/**
+ * Describes the message cyclone.v1.BlockedStep.
+ * Use `create(BlockedStepSchema)` to create a new message.
+ */
+export const BlockedStepSchema: GenMessage<BlockedStep> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 4);
 
 /**
  * A step handed to a worker.
@@ -285,7 +350,7 @@ export type ClaimedStep = Message<"cyclone.v1.ClaimedStep"> & {
  * Use `create(ClaimedStepSchema)` to create a new message.
  */
 export const ClaimedStepSchema: GenMessage<ClaimedStep> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 4);
+  messageDesc(file_cyclone_v1_worker_service, 5);
 
 /**
  * An upstream node that did not succeed, as handed to a cleanup node.
@@ -322,7 +387,7 @@ export type UpstreamFailure = Message<"cyclone.v1.UpstreamFailure"> & {
  * Use `create(UpstreamFailureSchema)` to create a new message.
  */
 export const UpstreamFailureSchema: GenMessage<UpstreamFailure> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 5);
+  messageDesc(file_cyclone_v1_worker_service, 6);
 
 /**
  * Arguments of WorkerService.Heartbeat. The step is named by run_id and node;
@@ -366,6 +431,14 @@ export type HeartbeatRequest = Message<"cyclone.v1.HeartbeatRequest"> & {
    * @generated from field: google.protobuf.Duration lease = 5;
    */
   lease?: Duration | undefined;
+
+  /**
+   * Lines the handler logged since the last heartbeat, oldest first; stored with the
+   * step under the lease's attempt (see LogLine; a cap per attempt applies).
+   *
+   * @generated from field: repeated cyclone.v1.LogLine logs = 6;
+   */
+  logs: LogLine[];
 };
 
 /**
@@ -373,7 +446,7 @@ export type HeartbeatRequest = Message<"cyclone.v1.HeartbeatRequest"> & {
  * Use `create(HeartbeatRequestSchema)` to create a new message.
  */
 export const HeartbeatRequestSchema: GenMessage<HeartbeatRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 6);
+  messageDesc(file_cyclone_v1_worker_service, 7);
 
 /**
  * Result of WorkerService.Heartbeat.
@@ -401,7 +474,7 @@ export type HeartbeatResponse = Message<"cyclone.v1.HeartbeatResponse"> & {
  * Use `create(HeartbeatResponseSchema)` to create a new message.
  */
 export const HeartbeatResponseSchema: GenMessage<HeartbeatResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 7);
+  messageDesc(file_cyclone_v1_worker_service, 8);
 
 /**
  * Arguments of WorkerService.Complete. The step is named by run_id and node;
@@ -453,6 +526,14 @@ export type CompleteRequest = Message<"cyclone.v1.CompleteRequest"> & {
     value: Failure;
     case: "failure";
   } | { case: undefined; value?: undefined };
+
+  /**
+   * Lines the handler logged since its last heartbeat, oldest first; stored in the
+   * same transaction as the outcome, under the lease's attempt (see HeartbeatRequest).
+   *
+   * @generated from field: repeated cyclone.v1.LogLine logs = 6;
+   */
+  logs: LogLine[];
 };
 
 /**
@@ -460,7 +541,7 @@ export type CompleteRequest = Message<"cyclone.v1.CompleteRequest"> & {
  * Use `create(CompleteRequestSchema)` to create a new message.
  */
 export const CompleteRequestSchema: GenMessage<CompleteRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 8);
+  messageDesc(file_cyclone_v1_worker_service, 9);
 
 /**
  * A failed attempt, as reported by the worker.
@@ -520,7 +601,7 @@ export type Failure = Message<"cyclone.v1.Failure"> & {
  * Use `create(FailureSchema)` to create a new message.
  */
 export const FailureSchema: GenMessage<Failure> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 9);
+  messageDesc(file_cyclone_v1_worker_service, 10);
 
 /**
  * Result of WorkerService.Complete.
@@ -563,7 +644,7 @@ export type CompleteResponse = Message<"cyclone.v1.CompleteResponse"> & {
  * Use `create(CompleteResponseSchema)` to create a new message.
  */
 export const CompleteResponseSchema: GenMessage<CompleteResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 10);
+  messageDesc(file_cyclone_v1_worker_service, 11);
 
 /**
  * Arguments of WorkerService.CompleteMany. At least one item in all.
@@ -616,7 +697,7 @@ export type CompleteManyRequest = Message<"cyclone.v1.CompleteManyRequest"> & {
  * Use `create(CompleteManyRequestSchema)` to create a new message.
  */
 export const CompleteManyRequestSchema: GenMessage<CompleteManyRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 11);
+  messageDesc(file_cyclone_v1_worker_service, 12);
 
 /**
  * Result of WorkerService.CompleteMany.
@@ -651,7 +732,7 @@ export type CompleteManyResponse = Message<"cyclone.v1.CompleteManyResponse"> & 
  * Use `create(CompleteManyResponseSchema)` to create a new message.
  */
 export const CompleteManyResponseSchema: GenMessage<CompleteManyResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 12);
+  messageDesc(file_cyclone_v1_worker_service, 13);
 
 /**
  * The outcome of one step call's end in a CompleteMany call.
@@ -688,7 +769,7 @@ export type StepCallEndResult = Message<"cyclone.v1.StepCallEndResult"> & {
  * Use `create(StepCallEndResultSchema)` to create a new message.
  */
 export const StepCallEndResultSchema: GenMessage<StepCallEndResult> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 13);
+  messageDesc(file_cyclone_v1_worker_service, 14);
 
 /**
  * The outcome of one step call's begin in a CompleteMany call.
@@ -725,7 +806,7 @@ export type StepCallBeginResult = Message<"cyclone.v1.StepCallBeginResult"> & {
  * Use `create(StepCallBeginResultSchema)` to create a new message.
  */
 export const StepCallBeginResultSchema: GenMessage<StepCallBeginResult> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 14);
+  messageDesc(file_cyclone_v1_worker_service, 15);
 
 /**
  * The outcome of one completion of a CompleteMany call.
@@ -762,7 +843,7 @@ export type CompleteResult = Message<"cyclone.v1.CompleteResult"> & {
  * Use `create(CompleteResultSchema)` to create a new message.
  */
 export const CompleteResultSchema: GenMessage<CompleteResult> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 15);
+  messageDesc(file_cyclone_v1_worker_service, 16);
 
 /**
  * A refused completion, with the gRPC status Complete would have answered.
@@ -797,7 +878,7 @@ export type CompleteError = Message<"cyclone.v1.CompleteError"> & {
  * Use `create(CompleteErrorSchema)` to create a new message.
  */
 export const CompleteErrorSchema: GenMessage<CompleteError> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 16);
+  messageDesc(file_cyclone_v1_worker_service, 17);
 
 /**
  * Arguments of WorkerService.BeginStepCall. The node is named by run_id and node;
@@ -865,7 +946,7 @@ export type BeginStepCallRequest = Message<"cyclone.v1.BeginStepCallRequest"> & 
  * Use `create(BeginStepCallRequestSchema)` to create a new message.
  */
 export const BeginStepCallRequestSchema: GenMessage<BeginStepCallRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 17);
+  messageDesc(file_cyclone_v1_worker_service, 18);
 
 /**
  * Result of WorkerService.BeginStepCall.
@@ -901,7 +982,7 @@ export type BeginStepCallResponse = Message<"cyclone.v1.BeginStepCallResponse"> 
  * Use `create(BeginStepCallResponseSchema)` to create a new message.
  */
 export const BeginStepCallResponseSchema: GenMessage<BeginStepCallResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 18);
+  messageDesc(file_cyclone_v1_worker_service, 19);
 
 /**
  * Arguments of WorkerService.EndStepCall.
@@ -988,7 +1069,7 @@ export type EndStepCallRequest = Message<"cyclone.v1.EndStepCallRequest"> & {
  * Use `create(EndStepCallRequestSchema)` to create a new message.
  */
 export const EndStepCallRequestSchema: GenMessage<EndStepCallRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 19);
+  messageDesc(file_cyclone_v1_worker_service, 20);
 
 /**
  * Result of WorkerService.EndStepCall.
@@ -1016,7 +1097,7 @@ export type EndStepCallResponse = Message<"cyclone.v1.EndStepCallResponse"> & {
  * Use `create(EndStepCallResponseSchema)` to create a new message.
  */
 export const EndStepCallResponseSchema: GenMessage<EndStepCallResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 20);
+  messageDesc(file_cyclone_v1_worker_service, 21);
 
 /**
  * Arguments of WorkerService.StartChild. The parent node is named by run_id and node;
@@ -1081,7 +1162,7 @@ export type StartChildRequest = Message<"cyclone.v1.StartChildRequest"> & {
  * Use `create(StartChildRequestSchema)` to create a new message.
  */
 export const StartChildRequestSchema: GenMessage<StartChildRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 21);
+  messageDesc(file_cyclone_v1_worker_service, 22);
 
 /**
  * Result of WorkerService.StartChild.
@@ -1119,7 +1200,7 @@ export type StartChildResponse = Message<"cyclone.v1.StartChildResponse"> & {
  * Use `create(StartChildResponseSchema)` to create a new message.
  */
 export const StartChildResponseSchema: GenMessage<StartChildResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 22);
+  messageDesc(file_cyclone_v1_worker_service, 23);
 
 /**
  * Arguments of WorkerService.Wait. The node is named by run_id and node; lease_token
@@ -1203,7 +1284,7 @@ export type WaitRequest = Message<"cyclone.v1.WaitRequest"> & {
  * Use `create(WaitRequestSchema)` to create a new message.
  */
 export const WaitRequestSchema: GenMessage<WaitRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 23);
+  messageDesc(file_cyclone_v1_worker_service, 24);
 
 /**
  * Result of WorkerService.Wait.
@@ -1231,7 +1312,7 @@ export type WaitResponse = Message<"cyclone.v1.WaitResponse"> & {
  * Use `create(WaitResponseSchema)` to create a new message.
  */
 export const WaitResponseSchema: GenMessage<WaitResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 24);
+  messageDesc(file_cyclone_v1_worker_service, 25);
 
 /**
  * What the caller of BeginStepCall must do.
