@@ -224,12 +224,12 @@ class WorkerAction(NamedTuple):
 
 
 class ActionSeenRow(NamedTuple):
-    """actions_activity: what the servers saw of one action's workers, and its ready
-    steps (up to 10,000)."""
+    """actions_activity: what the servers saw of one action's workers (nothing when no
+    Claim named it), and its ready steps (up to 10,000)."""
 
     action: str
-    polled_at: datetime
-    polled_by: str
+    polled_at: datetime | None
+    polled_by: str | None
     claimed_at: datetime | None
     claimed_by: str | None
     ready_count: int

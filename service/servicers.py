@@ -557,7 +557,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
                 workflow_pb.ActionActivity(
                     action=a.action,
                     last_polled_at=convert.timestamp(a.polled_at),
-                    last_polled_by=a.polled_by,
+                    last_polled_by=a.polled_by or "",
                     last_claimed_at=convert.timestamp(a.claimed_at),
                     last_claimed_by=a.claimed_by or "",
                     ready_ahead=a.ready_count,

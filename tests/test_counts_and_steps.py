@@ -230,3 +230,11 @@ def client_workflow() -> Any:
     wf = Workflow("sdk")
     wf.node("a", action="work")
     return wf
+
+
+def test_list_workers_names_an_action_no_worker_asked_for(cyclone_server: Any) -> None:
+    s = cyclone_server
+    submit(s, workflow("wf", node("a", "orphan")))
+    [orphan] = [a for a in s.workflows.ListWorkers(W.ListWorkersRequest()).actions]
+    assert (orphan.action, orphan.ready_ahead, orphan.running) == ("orphan", 1, 0)
+    assert not orphan.HasField("last_polled_at") and orphan.last_polled_by == ""

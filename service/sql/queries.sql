@@ -449,16 +449,30 @@ SELECT coalesce(s.worker_id, '') AS worker_id, s.action, count(*) AS running,
  ORDER BY 1, 2;
 
 -- name: actions_activity
--- ListWorkers: per action a Claim ever named, the last poll and claim and by whom, and
--- its ready steps (counted up to 10,000 through steps_ready_idx).
-SELECT a.action, a.polled_at, a.polled_by, a.claimed_at, a.claimed_by,
+-- ListWorkers: every action a Claim ever named or a step waits to run, with the last
+-- poll and claim and by whom (NULL polled_at: no Claim ever named it), and its ready
+-- steps (counted up to 10,000). The actions of the available steps are found by
+-- skipping through steps_ready_idx, one probe per action.
+WITH RECURSIVE waiting(action) AS (
+    (SELECT s.action FROM cyclone.steps s WHERE s.status = 'available'
+      ORDER BY s.action LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.action FROM cyclone.steps s
+             WHERE s.status = 'available' AND s.action > w.action
+             ORDER BY s.action LIMIT 1)
+      FROM waiting w
+     WHERE w.action IS NOT NULL)
+SELECT n.action, a.polled_at, a.polled_by, a.claimed_at, a.claimed_by,
        (SELECT count(*) FROM (
             SELECT 1 FROM cyclone.steps q
-             WHERE q.status = 'available' AND q.action = a.action
+             WHERE q.status = 'available' AND q.action = n.action
                AND q.available_at <= cyclone.now()
              LIMIT 10000) x) AS ready_count
-  FROM cyclone.action_claims a
- ORDER BY a.action
+  FROM (SELECT w.action FROM waiting w WHERE w.action IS NOT NULL
+        UNION
+        SELECT c.action FROM cyclone.action_claims c) n
+  LEFT JOIN cyclone.action_claims a ON a.action = n.action
+ ORDER BY n.action
  LIMIT 1000;
 
 -- name: clock_advance

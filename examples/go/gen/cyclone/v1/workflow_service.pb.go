@@ -1673,10 +1673,11 @@ type ListWorkersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The workers holding at least one step now, by worker_id (at most 1000).
 	Workers []*WorkerSummary `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
-	// Every action a Claim ever named, by name (at most 1000): who last asked for it
-	// and who last got a step of it (recorded by the servers every few seconds), how
-	// many of its steps run now (running), and how many are ready to be claimed
-	// (ready_ahead: all of them, counted up to 10,000).
+	// Every action a Claim ever named or an available step waits for, by name (at most
+	// 1000): who last asked for it and who last got a step of it (recorded by the
+	// servers every few seconds; unset when no Claim named it), how many of its steps
+	// run now (running), and how many are ready to be claimed (ready_ahead: all of
+	// them, counted up to 10,000).
 	Actions       []*ActionActivity `protobuf:"bytes,2,rep,name=actions,proto3" json:"actions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -899,10 +899,11 @@ export type ListWorkersResponse = Message<"cyclone.v1.ListWorkersResponse"> & {
   workers: WorkerSummary[];
 
   /**
-   * Every action a Claim ever named, by name (at most 1000): who last asked for it
-   * and who last got a step of it (recorded by the servers every few seconds), how
-   * many of its steps run now (running), and how many are ready to be claimed
-   * (ready_ahead: all of them, counted up to 10,000).
+   * Every action a Claim ever named or an available step waits for, by name (at most
+   * 1000): who last asked for it and who last got a step of it (recorded by the
+   * servers every few seconds; unset when no Claim named it), how many of its steps
+   * run now (running), and how many are ready to be claimed (ready_ahead: all of
+   * them, counted up to 10,000).
    *
    * @generated from field: repeated cyclone.v1.ActionActivity actions = 2;
    */
