@@ -21,8 +21,8 @@ from pyclient.models import Explanation, Run, RunStatus, Step, StepStatus
 from pyclient.workflow import Workflow
 
 PAGE_SIZES = (20, 50, 100, 200)
-#: Counts by status are exact up to this many, then shown as "10,000+" (CountRuns).
-COUNT_LIMIT = 10_000
+#: Counts by status are exact up to this many, then shown as "1,000+" (CountRuns).
+COUNT_LIMIT = 1000
 #: Seconds between refreshes of a live region.
 POLL_S = 2
 

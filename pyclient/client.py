@@ -556,7 +556,7 @@ class Client:
         key: str | None = None,
         limit: int | None = None,
     ) -> dict[str, RunCount]:
-        """Runs per status, exact up to ``limit`` (server default 10,000)."""
+        """Runs per status, exact up to ``limit`` (server default 1,000)."""
         return self._invoke(
             _calls.count_runs(workflow, status, created_after, created_before, key, limit)
         )
@@ -819,7 +819,7 @@ class AsyncClient:
         limit: int | None = None,
     ) -> dict[str, RunCount]:
         """Runs per status (all statuses unless ``status`` names some), exact up to
-        ``limit`` (server default 10,000), else ``at_least``."""
+        ``limit`` (server default 1,000), else ``at_least``."""
         return await self._invoke(
             _calls.count_runs(workflow, status, created_after, created_before, key, limit)
         )

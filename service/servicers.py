@@ -688,7 +688,7 @@ def _refusal(refused: Refused) -> worker_pb.CompleteError:
 
 #: CountRuns counts each status exactly up to its limit: this one by default, at most
 #: MAX_COUNT_LIMIT (each count reads up to limit + 1 index entries).
-DEFAULT_COUNT_LIMIT = 10_000
+DEFAULT_COUNT_LIMIT = 1000
 MAX_COUNT_LIMIT = 100_000
 #: Longest worker_id or action a ListSteps filter takes.
 MAX_FILTER = 200

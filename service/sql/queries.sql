@@ -329,8 +329,11 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
 -- caller asks for one more than it shows, to know when there are more). Each status is
 -- its own branch so that the planner sees it as a constant and reads that status's
 -- index (completed: runs_completed_created_idx; the others: runs_status_created_idx; a
--- key: runs_key_idx), at most :limit entries of it. Planned at each call
--- (service.store.UNPREPARED), with the filters given.
+-- key: runs_key_idx), at most :limit entries of it. The order (which a count does not
+-- need) keeps the planner on an index walked from the newest, however many rows the
+-- status has: without it, a LIMIT over a common status is planned as a sequential scan
+-- that stops early, which reads the whole table when the matching rows are at its end.
+-- Planned at each call (service.store.UNPREPARED), with the filters given.
 SELECT 'running' AS status, (
     SELECT count(*) FROM (
         SELECT 1 FROM cyclone.runs r
@@ -339,6 +342,7 @@ SELECT 'running' AS status, (
            AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
            AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+         ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'running' = ANY (CAST(:statuses AS text[]))
 UNION ALL
@@ -350,6 +354,7 @@ SELECT 'completed' AS status, (
            AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
            AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+         ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'completed' = ANY (CAST(:statuses AS text[]))
 UNION ALL
@@ -361,6 +366,7 @@ SELECT 'failed' AS status, (
            AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
            AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+         ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'failed' = ANY (CAST(:statuses AS text[]))
 UNION ALL
@@ -372,6 +378,7 @@ SELECT 'blocked' AS status, (
            AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
            AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+         ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'blocked' = ANY (CAST(:statuses AS text[]))
 UNION ALL
@@ -383,6 +390,7 @@ SELECT 'cancelled' AS status, (
            AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
            AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+         ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'cancelled' = ANY (CAST(:statuses AS text[]));
 
@@ -393,7 +401,8 @@ SELECT 'cancelled' AS status, (
 -- steps_leased_idx (every running step: as many as the workers hold), the backing-off
 -- ones through steps_backoff_idx; each page's steps and runs then by key. Planned at
 -- each call (service.store.UNPREPARED).
-SELECT k.at, s.run_id, r.workflow,
+SELECT k.at, k.run_id,
+       (SELECT r.workflow FROM cyclone.runs r WHERE r.run_id = k.run_id) AS workflow,
        jsonb_build_object(
            'node', s.node, 'action', s.action, 'status', s.status,
            'attempt', s.attempt, 'max_attempts', s.max_attempts,
@@ -433,8 +442,10 @@ SELECT k.at, s.run_id, r.workflow,
                                            CAST(:after_run_id AS uuid), :after_node)
          ORDER BY q.at, q.run_id, q.node
          LIMIT :limit) k
-  JOIN cyclone.steps s ON s.run_id = k.run_id AND s.node = k.node
-  JOIN cyclone.runs r ON r.run_id = k.run_id
+  -- Each step of the page by its key (a lateral lookup, never a join the planner
+  -- could hash over a scan of steps), its run's workflow likewise.
+ CROSS JOIN LATERAL (SELECT * FROM cyclone.steps t
+                      WHERE t.run_id = k.run_id AND t.node = k.node LIMIT 1) s
  ORDER BY k.at, k.run_id, k.node;
 
 -- name: workers_running

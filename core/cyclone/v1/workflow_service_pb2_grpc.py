@@ -160,9 +160,9 @@ class WorkflowServiceServicer:
 
     def CountRuns(self, request, context):
         """How many runs are in each status, with ListRuns' filters: exact up to a limit per
-        status, then "at least" the limit. Each status is counted by reading at most
-        limit + 1 index entries, so a count costs the same at a million runs as at a
-        thousand. Reads only.
+        status, then "at least" the limit. Each status is counted by walking its index
+        from the newest run until limit + 1 runs matched (or the index ended), so a count
+        costs about the same at a million runs as at a thousand. Reads only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1218,7 +1218,9 @@ type CountRunsRequest struct {
 	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
 	// Only the run made by SubmitOnce with this key, when set.
 	Key string `protobuf:"bytes,5,opt,name=key,proto3" json:"key,omitempty"`
-	// Count each status exactly up to this many, 1-100000. Default 10000.
+	// Count each status exactly up to this many, 1-100000. Default 1000. Each status
+	// reads up to limit + 1 index entries; a workflow or time filter may read more
+	// (the entries of the status that it filters out), so ask for what you will show.
 	Limit         int32 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

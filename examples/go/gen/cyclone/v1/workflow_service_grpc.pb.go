@@ -70,9 +70,9 @@ type WorkflowServiceClient interface {
 	// for a completed or cancelled run.
 	SendEvent(ctx context.Context, in *SendEventRequest, opts ...grpc.CallOption) (*SendEventResponse, error)
 	// How many runs are in each status, with ListRuns' filters: exact up to a limit per
-	// status, then "at least" the limit. Each status is counted by reading at most
-	// limit + 1 index entries, so a count costs the same at a million runs as at a
-	// thousand. Reads only.
+	// status, then "at least" the limit. Each status is counted by walking its index
+	// from the newest run until limit + 1 runs matched (or the index ended), so a count
+	// costs about the same at a million runs as at a thousand. Reads only.
 	CountRuns(ctx context.Context, in *CountRunsRequest, opts ...grpc.CallOption) (*CountRunsResponse, error)
 	// Steps across runs: the running ones (optionally only those whose lease ran out),
 	// or the ones backing off after a failed attempt; filtered by worker and action,
@@ -230,9 +230,9 @@ type WorkflowServiceServer interface {
 	// for a completed or cancelled run.
 	SendEvent(context.Context, *SendEventRequest) (*SendEventResponse, error)
 	// How many runs are in each status, with ListRuns' filters: exact up to a limit per
-	// status, then "at least" the limit. Each status is counted by reading at most
-	// limit + 1 index entries, so a count costs the same at a million runs as at a
-	// thousand. Reads only.
+	// status, then "at least" the limit. Each status is counted by walking its index
+	// from the newest run until limit + 1 runs matched (or the index ended), so a count
+	// costs about the same at a million runs as at a thousand. Reads only.
 	CountRuns(context.Context, *CountRunsRequest) (*CountRunsResponse, error)
 	// Steps across runs: the running ones (optionally only those whose lease ran out),
 	// or the ones backing off after a failed attempt; filtered by worker and action,

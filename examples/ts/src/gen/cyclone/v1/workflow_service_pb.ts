@@ -668,7 +668,9 @@ export type CountRunsRequest = Message<"cyclone.v1.CountRunsRequest"> & {
   key: string;
 
   /**
-   * Count each status exactly up to this many, 1-100000. Default 10000.
+   * Count each status exactly up to this many, 1-100000. Default 1000. Each status
+   * reads up to limit + 1 index entries; a workflow or time filter may read more
+   * (the entries of the status that it filters out), so ask for what you will show.
    *
    * @generated from field: int32 limit = 6;
    */
@@ -1171,9 +1173,9 @@ export const WorkflowService: GenService<{
   },
   /**
    * How many runs are in each status, with ListRuns' filters: exact up to a limit per
-   * status, then "at least" the limit. Each status is counted by reading at most
-   * limit + 1 index entries, so a count costs the same at a million runs as at a
-   * thousand. Reads only.
+   * status, then "at least" the limit. Each status is counted by walking its index
+   * from the newest run until limit + 1 runs matched (or the index ended), so a count
+   * costs about the same at a million runs as at a thousand. Reads only.
    *
    * @generated from rpc cyclone.v1.WorkflowService.CountRuns
    */
