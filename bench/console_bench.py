@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from sqlalchemy.dialects import postgresql
 
 from bench import RESULTS, Server, admin_url, fresh_database  # bench/bench.py
 from console import serve
 from pyclient.client import Client
 from pyclient.workflow import Workflow
+from service.store import Q
 
 WORKFLOWS = ("orders", "reports", "emails")
 
@@ -78,14 +80,6 @@ def seq_scans(database_url: str) -> dict[str, int]:
     return dict(rows)
 
 
-def named_query(name: str) -> str:
-    """A named query of service/sql/queries.sql, with psycopg's placeholders."""
-    text = (Path(__file__).parent.parent / "service/sql/queries.sql").read_text()
-    query = re.search(rf"-- name: {name}\n(.*?);\n", text, re.S)
-    assert query is not None, name
-    return re.sub(r"(?<!:):(\w+)", r"%(\1)s", query.group(1))
-
-
 #: Each plan shown: the named query and its parameters (unset ones are NULL).
 PLANS: dict[str, tuple[str, dict[str, Any]]] = {
     "ListRuns, newest": ("runs_list", {}),
@@ -105,21 +99,6 @@ PLANS: dict[str, tuple[str, dict[str, Any]]] = {
     "ListWorkers, running steps": ("workers_running", {}),
     "ListWorkers, actions": ("actions_activity", {}),
 }
-NULLS = dict.fromkeys(
-    (
-        "workflow",
-        "statuses",
-        "created_after",
-        "created_before",
-        "key",
-        "after_created",
-        "after_run_id",
-        "worker_id",
-        "action",
-        "after_at",
-        "after_node",
-    )
-)
 
 
 def plans(database_url: str) -> dict[str, list[str]]:
@@ -130,10 +109,12 @@ def plans(database_url: str) -> dict[str, list[str]]:
     with psycopg.connect(database_url) as conn:
         for title, (name, given) in PLANS.items():
             limit = 1_001 if name == "runs_count" else 51
-            params = {**NULLS, "limit": limit, "lease_expired": False, **given}
+            # The statement as the server sends it; its parameters, all unset (NULL).
+            compiled = Q[name].compile(dialect=postgresql.psycopg.dialect())  # type: ignore[no-untyped-call]
+            params = {**compiled.params, "limit": limit, "lease_expired": False, **given}
             if name == "runs_count" and not params["statuses"]:
                 params["statuses"] = statuses
-            sql = named_query(name)
+            sql = str(compiled)
             rows = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", params)
             found[title] = [r[0] for r in rows.fetchall()]
     return found
