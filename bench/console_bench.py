@@ -1,11 +1,14 @@
 """`make bench-console`: the console's pages with 1,000,000 runs in the tables.
 
 Loads finished runs straight into the tables (spread over 30 days, three workflows,
-a tenth of them cancelled), submits a hundred running runs through gRPC, then times the
-console's pages as a browser asks for them (HTTP on loopback: the console's handler and
-its gRPC calls to the server). Reports p50 and p95 in ms per page (target: p95 under
-100 ms), the plan of ListRuns' query for each filter, and the sequential scans of the
-runs and steps tables during the measurements (target: none).
+a tenth of them cancelled, a tenth with a SubmitOnce key), submits a hundred running
+runs through gRPC and has a worker claim some of their steps and fail some (so that
+steps run, back off and lose leases), then times the console's pages as a browser asks
+for them (HTTP on loopback: the console's handler and its gRPC calls to the server).
+Reports p50 and p95 in ms per page (target: p95 under 100 ms), the plans (EXPLAIN
+ANALYZE) of the named queries behind the pages, ListRuns', CountRuns', ListSteps' and
+ListWorkers', for each filter, and the sequential scans of the runs and steps tables
+during the measurements (target: none).
 
 Writes bench/results/console.json (--out).
 """
@@ -25,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from sqlalchemy.dialects import postgresql
 
 from bench import RESULTS, Server, admin_url, fresh_database  # bench/bench.py
 from console import serve
 from pyclient.client import Client
 from pyclient.workflow import Workflow
+from service.store import Q
 
 WORKFLOWS = ("orders", "reports", "emails")
 
@@ -43,11 +48,11 @@ def load(database_url: str, runs: int) -> None:
                 """
                 WITH r AS (
                     INSERT INTO cyclone.runs (run_id, workflow, status, steps_total, steps_open,
-                                              created_at, updated_at, finished_at)
+                                              created_at, updated_at, finished_at, submit_key)
                     SELECT gen_random_uuid(), (%s::text[])[1 + i %% 3],
                            CASE WHEN i %% 10 = 0 THEN 'cancelled' ELSE 'completed' END, 1, 0,
                            now() - make_interval(secs => 30 * 86400.0 * i / %s::int),
-                           now(), now()
+                           now(), now(), CASE WHEN i %% 10 = 1 THEN 'key-' || i END
                       FROM generate_series(%s::int, %s::int) i
                     RETURNING run_id, status, created_at)
                 INSERT INTO cyclone.steps (run_id, node, position, action, status, trigger_rule,
@@ -75,29 +80,84 @@ def seq_scans(database_url: str) -> dict[str, int]:
     return dict(rows)
 
 
-def plans(database_url: str, filters: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
-    """EXPLAIN of ListRuns' query (service/sql/queries.sql, runs_list) per filter."""
-    text = (Path(__file__).parent.parent / "service/sql/queries.sql").read_text()
-    query = re.search(r"-- name: runs_list\n(.*?);\n", text, re.S)
-    assert query is not None
-    sql = re.sub(r"(?<!:):(\w+)", r"%(\1)s", query.group(1))
-    base = dict.fromkeys(
-        (
-            "workflow",
-            "statuses",
-            "created_after",
-            "created_before",
-            "after_created",
-            "after_run_id",
-        ),
-    )
+#: Each plan shown: the named query and its parameters (unset ones are NULL).
+PLANS: dict[str, tuple[str, dict[str, Any]]] = {
+    "ListRuns, newest": ("runs_list", {}),
+    "ListRuns, one workflow": ("runs_list", {"workflow": "reports"}),
+    "ListRuns, one status": ("runs_list", {"statuses": ["cancelled"]}),
+    "ListRuns, a key (no workflow)": ("runs_list", {"key": "key-500001"}),
+    "CountRuns, every status": ("runs_count", {}),
+    "CountRuns, one workflow": ("runs_count", {"workflow": "reports"}),
+    "CountRuns, a time range": (
+        "runs_count",
+        {"created_after": "-infinity", "created_before": "infinity"},
+    ),
+    "CountRuns, a key": ("runs_count", {"key": "key-500001"}),
+    "ListSteps, running": ("steps_list", {"kind": "running"}),
+    "ListSteps, lease expired": ("steps_list", {"kind": "running", "lease_expired": True}),
+    "ListSteps, backing off": ("steps_list", {"kind": "backing_off"}),
+    "ListWorkers, running steps": ("workers_running", {}),
+    "ListWorkers, actions": ("actions_activity", {}),
+}
+
+
+def plans(database_url: str) -> dict[str, list[str]]:
+    """EXPLAIN ANALYZE of the named queries behind the pages, per filter, with the
+    parameters the server sends (CountRuns' limit: the console's 1,000, plus one)."""
     found = {}
+    statuses = ["running", "completed", "failed", "blocked", "cancelled"]
     with psycopg.connect(database_url) as conn:
-        for name, given in filters.items():
-            params = {**base, "limit": 51, **given}
-            rows = conn.execute(f"EXPLAIN {sql}", params).fetchall()
-            found[name] = [r[0] for r in rows]
+        for title, (name, given) in PLANS.items():
+            limit = 1_001 if name == "runs_count" else 51
+            # The statement as the server sends it; its parameters, all unset (NULL).
+            compiled = Q[name].compile(dialect=postgresql.psycopg.dialect())  # type: ignore[no-untyped-call]
+            params = {**compiled.params, "limit": limit, "lease_expired": False, **given}
+            if name == "runs_count" and not params["statuses"]:
+                params["statuses"] = statuses
+            sql = str(compiled)
+            rows = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", params)
+            found[title] = [r[0] for r in rows.fetchall()]
     return found
+
+
+def plan_summary(plan: list[str]) -> str:
+    """The scans of a plan and its execution time, on one line."""
+    scans = [
+        re.sub(r"\s+", " ", line.strip().removeprefix("->").strip())
+        for line in plan
+        if re.search(r"(Index Only Scan|Index Scan|Seq Scan|Bitmap Heap Scan) ", line)
+    ]
+    took = next((line for line in plan if line.startswith("Execution Time")), "")
+    return f"{took}; " + "; ".join(dict.fromkeys(scans))
+
+
+def busy(address: str) -> None:
+    """A worker claims 60 of the submitted runs' first steps and fails 20 of them with
+    an hour's backoff: steps running (their leases run out during the bench, as the
+    sweep may not reclaim them yet) and steps backing off."""
+    import grpc
+
+    from cyclone.v1 import worker_service_pb2 as w
+    from cyclone.v1 import worker_service_pb2_grpc as wg
+
+    with grpc.insecure_channel(address) as channel:
+        stub = wg.WorkerServiceStub(channel)
+        claimed = stub.Claim(
+            w.ClaimRequest(
+                worker_id="bench-worker-1", actions=[w.ActionSpec(name="charge")], max_steps=60
+            )
+        ).steps
+        for step in claimed[:20]:
+            failure = w.Failure(message="card network down", type="TimeoutError")
+            failure.retry_after.FromSeconds(3600)
+            stub.Complete(
+                w.CompleteRequest(
+                    run_id=step.run_id,
+                    node=step.node,
+                    lease_token=step.lease_token,
+                    failure=failure,
+                )
+            )
 
 
 def timed(url: str, n: int) -> dict[str, float]:
@@ -151,16 +211,26 @@ def main() -> None:
             wf.node("ship", depends_on=wf.node("charge"))
             running = [client.submit(wf, {"i": i}) for i in range(100)]
             old = next(iter(client.list_runs(status="cancelled", page_size=1).runs)).run_id
+            busy(server.address)
+            every = Workflow("reports")
+            every.node("build")
+            client.create_schedule("hourly-report", every, cron="0 * * * *")
         base = urls[0]
         pages = {
             "runs (first page)": "/runs",
             "counts by status": "/runs/counts",
+            "counts of one workflow": "/runs/counts?workflow=reports",
+            "counts in a time range": "/runs/counts?after=2000-01-01T00:00&before=2100-01-01T00:00",
             "runs live refresh": "/runs/live",
             "runs of one workflow": "/runs?workflow=reports",
             "cancelled runs": "/runs?status=cancelled",
             "runs in a time range": "/runs?after=2000-01-01T00:00&before=2100-01-01T00:00",
+            "runs by key (no workflow)": "/runs?key=key-500001",
             "a running run": f"/runs/{running[-1]}?node=charge",
             "a finished run": f"/runs/{old}?node=only",
+            "needs a person": "/attention",
+            "workers": "/workers",
+            "schedules": "/schedules",
         }
         before = seq_scans(database_url)
         results: dict[str, Any] = {"runs_loaded": args.runs, "pages_ms": {}}
@@ -170,14 +240,9 @@ def main() -> None:
         time.sleep(2)  # the statistics reach pg_stat_user_tables within a second
         after = seq_scans(database_url)
         results["seq_scans_during_pages"] = {t: after[t] - before[t] for t in after}
-        results["plans"] = plans(
-            database_url,
-            {
-                "newest": {},
-                "one workflow": {"workflow": "reports"},
-                "one status": {"statuses": ["cancelled"]},
-            },
-        )
+        results["plans"] = plans(database_url)
+        for title, plan in results["plans"].items():
+            print(f"plan of {title}: {plan_summary(plan)}")
         print("sequential scans during the pages:", results["seq_scans_during_pages"])
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -3,7 +3,6 @@ server's answer (including a refusal) is what the page shows."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 from collections.abc import Mapping
@@ -19,13 +18,11 @@ from console import graph, survey
 from console.app import client_of, form_of, render, session_of
 from pyclient.errors import CycloneError, InvalidArgument, PermissionDenied, Unauthenticated
 from pyclient.models import Explanation, Run, RunStatus, Step, StepStatus
+from pyclient.workflow import Workflow
 
 PAGE_SIZES = (20, 50, 100, 200)
-#: Counts by status stop here ("100+"): the API lists runs, it does not count them, and
-#: listing costs about a millisecond per run.
-COUNT_CAP = 100
-#: A key filter reads this many of the newest matching runs (ListRuns has no key filter).
-KEY_SCAN = 10_000
+#: Counts by status are exact up to this many, then shown as "1,000+" (CountRuns).
+COUNT_LIMIT = 1000
 #: Seconds between refreshes of a live region.
 POLL_S = 2
 
@@ -68,9 +65,10 @@ class RunFilters:
         return urlencode({k: v for k, v in values.items() if v}, doseq=True)
 
     def api(self) -> dict[str, Any]:
-        """The ListRuns filters (without paging)."""
+        """The ListRuns and CountRuns filters (without statuses and paging)."""
         return {
             "workflow": self.workflow or None,
+            "key": self.key or None,
             "created_after": _instant(self.after, "created after"),
             "created_before": _instant(self.before, "created before"),
         }
@@ -100,24 +98,13 @@ async def runs_live(request: Request) -> Response:
 async def _runs(request: Request, template: str) -> Response:
     f = RunFilters.of(request)
     context: dict[str, Any] = {"f": f, "sizes": PAGE_SIZES, "statuses": list(RunStatus)}
-    client = client_of(request)
     try:
-        if f.key:
-            found = []
-            async for run in client.iter_runs(
-                limit=KEY_SCAN, status=f.statuses or None, page_size=1000, **f.api()
-            ):
-                if run.submit_key == f.key:
-                    found.append(run)
-            context.update(runs=found, next_page="", key_scan=KEY_SCAN)
-        else:
-            page = await client.list_runs(
-                status=f.statuses or None, page_size=f.size, page_token=f.page, **f.api()
-            )
-            context.update(runs=page.runs, next_page=page.next_page_token, key_scan=0)
-        context["error"] = None
+        page = await client_of(request).list_runs(
+            status=f.statuses or None, page_size=f.size, page_token=f.page, **f.api()
+        )
+        context.update(runs=page.runs, next_page=page.next_page_token, error=None)
     except (InvalidArgument, PermissionDenied) as exc:
-        context.update(runs=(), next_page="", key_scan=0, error=exc)
+        context.update(runs=(), next_page="", error=exc)
     return render(request, template, context)
 
 
@@ -131,14 +118,8 @@ async def run_counts(request: Request) -> Response:
 
 
 async def _counts(request: Request, f: RunFilters) -> dict[str, str]:
-    client = client_of(request)
-    pages = await asyncio.gather(
-        *(client.list_runs(status=s.value, page_size=COUNT_CAP, **f.api()) for s in RunStatus)
-    )
-    return {
-        s.value: f"{len(p.runs):,}+" if p.next_page_token else f"{len(p.runs):,}"
-        for s, p in zip(RunStatus, pages, strict=True)
-    }
+    counted = await client_of(request).count_runs(limit=COUNT_LIMIT, **f.api())
+    return {s.value: str(counted[s.value]) for s in RunStatus if s.value in counted}
 
 
 async def run_page(request: Request) -> Response:
@@ -301,17 +282,137 @@ async def needs_person_live(request: Request) -> Response:
 
 
 async def _needs_person(request: Request, template: str) -> Response:
-    found = await survey.attention(client_of(request), dt.datetime.now(dt.UTC))
-    return render(request, template, {"found": found, "sample": survey.SAMPLE_RUNS})
+    found = await survey.attention(client_of(request))
+    return render(request, template, {"found": found, "listed": survey.LISTED})
 
 
 async def workers(request: Request) -> Response:
-    seen, activity, sampled = await survey.workers(client_of(request))
+    found = await client_of(request).list_workers()
+    return render(request, "workers.html", {"found": found})
+
+
+async def schedules(request: Request) -> Response:
+    page = await client_of(request).list_schedules(
+        page_size=100, page_token=request.query_params.get("page", "")
+    )
     return render(
         request,
-        "workers.html",
-        {"workers": seen, "activity": activity, "sampled": sampled, "sample": survey.SAMPLE_RUNS},
+        "schedules.html",
+        {
+            "schedules": page.schedules,
+            "next_page": page.next_page_token,
+            "done": request.query_params.get("done", ""),
+        },
     )
+
+
+#: Each schedule action: its title, and what the page says once it is done.
+SCHEDULE_ACTIONS: Mapping[str, tuple[str, str]] = {
+    "pause": ("Pause the schedule", "paused: it will not fire until resumed"),
+    "resume": ("Resume the schedule", "resumed: it fires again from now on"),
+    "delete": ("Delete the schedule", "deleted: its runs are kept"),
+}
+
+
+async def schedule_confirm(request: Request) -> Response:
+    return await _schedule_confirm(request, None)
+
+
+async def _schedule_confirm(request: Request, error: CycloneError | None) -> Response:
+    action = request.path_params["action"]
+    if action not in SCHEDULE_ACTIONS:
+        return render(request, "error.html", {"error": None}, status_code=404)
+    schedule = await client_of(request).get_schedule(request.path_params["name"])
+    return render(
+        request,
+        "schedule_confirm.html",
+        {
+            "schedule": schedule,
+            "action": action,
+            "title": SCHEDULE_ACTIONS[action][0],
+            "error": error,
+        },
+        status_code=200 if error is None else _status_of(error),
+    )
+
+
+async def schedule_act(request: Request) -> Response:
+    action = request.path_params["action"]
+    name = request.path_params["name"]
+    if action not in SCHEDULE_ACTIONS:
+        return render(request, "error.html", {"error": None}, status_code=404)
+    client = client_of(request)
+    try:
+        if action == "pause":
+            await client.pause_schedule(name)
+        elif action == "resume":
+            await client.resume_schedule(name)
+        else:
+            await client.delete_schedule(name)
+    except CycloneError as exc:
+        return await _schedule_confirm(request, exc)
+    done = f"Schedule {name} {SCHEDULE_ACTIONS[action][1]}."
+    return RedirectResponse("/schedules?" + urlencode({"done": done}), status_code=303)
+
+
+SCHEDULE_FORM = {
+    "name": "",
+    "when": "cron",
+    "cron": "",
+    "time_zone": "UTC",
+    "every": "",
+    "workflow": "",
+    "input": "",
+    "overlap": "skip",
+    "catch_up": "skip",
+    "paused": "",
+}
+
+
+async def schedule_new(request: Request) -> Response:
+    return render(request, "schedule_new.html", {"form": SCHEDULE_FORM, "error": None})
+
+
+async def schedule_create(request: Request) -> Response:
+    form = {**SCHEDULE_FORM, **{k: v for k, v in form_of(request).items() if k != "csrf"}}
+    try:
+        workflow = Workflow.from_dict(_json_field(form["workflow"], "the workflow"))
+        run_input = _json_field(form["input"], "the input") if form["input"].strip() else None
+        if form["when"] == "every":
+            try:
+                every = float(form["every"])
+            except ValueError:
+                raise InvalidArgument(
+                    f"every: not a number of seconds ({form['every'][:40]!r})"
+                ) from None
+            spec: dict[str, Any] = {"every": every}
+        else:
+            spec = {"cron": form["cron"].strip(), "time_zone": form["time_zone"].strip() or None}
+        await client_of(request).create_schedule(
+            form["name"].strip(),
+            workflow,
+            run_input,
+            overlap=form["overlap"],
+            catch_up=form["catch_up"],
+            paused=bool(form["paused"]),
+            **spec,
+        )
+    except CycloneError as exc:
+        return render(
+            request,
+            "schedule_new.html",
+            {"form": form, "error": exc},
+            status_code=_status_of(exc),
+        )
+    done = f"Schedule {form['name'].strip()} created."
+    return RedirectResponse("/schedules?" + urlencode({"done": done}), status_code=303)
+
+
+def _json_field(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"{what} is not valid JSON: {exc}") from None
 
 
 def _safe_next(target: str) -> str:
@@ -357,6 +458,11 @@ routes = [
     Route("/attention", needs_person),
     Route("/attention/live", needs_person_live),
     Route("/workers", workers),
+    Route("/schedules", schedules),
+    Route("/schedules/new", schedule_new, methods=["GET"]),
+    Route("/schedules/new", schedule_create, methods=["POST"]),
+    Route("/schedules/{name}/act/{action}", schedule_confirm, methods=["GET"]),
+    Route("/schedules/{name}/act/{action}", schedule_act, methods=["POST"]),
     Route("/login", login, methods=["GET"]),
     Route("/login", login_post, methods=["POST"]),
     Route("/logout", logout, methods=["POST"]),

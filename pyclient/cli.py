@@ -278,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[s.value for s in RunStatus],
         help="only runs in this status (repeat for several)",
     )
+    lst.add_argument("--key", help="only the run SubmitOnce made with this key")
     lst.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     lst.set_defaults(handler=_list)
 
@@ -589,7 +590,11 @@ def _log_dict(line: Any) -> dict[str, Any]:
 def _list(client: Client, args: argparse.Namespace) -> Any:
     page_size = max(1, min(args.limit, 1000))
     runs = client.iter_runs(
-        workflow=args.workflow, status=args.status, page_size=page_size, limit=args.limit
+        workflow=args.workflow,
+        status=args.status,
+        key=args.key,
+        page_size=page_size,
+        limit=args.limit,
     )
     return list(runs)
 

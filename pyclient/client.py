@@ -41,15 +41,23 @@ from cyclone.v1 import (
 )
 from pyclient.errors import InvalidArgument, WaitTimeout, from_rpc_error
 from pyclient.models import (
+    ActionActivity,
     EventSent,
     Explanation,
     Retried,
     Run,
+    RunCount,
     RunPage,
     RunStatus,
+    RunStep,
     Schedule,
     SchedulePage,
+    Step,
+    StepPage,
+    StepStatus,
     Submitted,
+    Workers,
+    WorkerSummary,
 )
 from pyclient.workflow import RetryPolicy, Workflow
 
@@ -167,30 +175,71 @@ class _calls:
         created_before: dt.datetime | None,
         page_size: int | None,
         page_token: str,
+        key: str | None = None,
     ) -> _Call[RunPage]:
-        statuses = [status] if isinstance(status, str) else list(status or ())
-        try:
-            codes = [RunStatus(s).to_proto() for s in statuses]
-        except ValueError:
-            raise InvalidArgument(
-                f"unknown run status in {statuses}; expected some of "
-                f"{', '.join(s.value for s in RunStatus)}"
-            ) from None
-        req = wf_pb.ListRunsRequest(
-            workflow=workflow or "",
-            statuses=codes,
-            page_size=page_size or 0,
-            page_token=page_token,
-        )
-        if created_after is not None:
-            req.created_after.FromDatetime(created_after)
-        if created_before is not None:
-            req.created_before.FromDatetime(created_before)
+        req = wf_pb.ListRunsRequest(page_size=page_size or 0, page_token=page_token)
+        _set_run_filters(req, workflow, status, created_after, created_before, key)
 
         def parse(r: wf_pb.ListRunsResponse) -> RunPage:
             return RunPage(tuple(Run.from_proto(p) for p in r.runs), r.next_page_token)
 
         return _Call("workflow", "ListRuns", req, parse)
+
+    @staticmethod
+    def count_runs(
+        workflow: str | None,
+        status: str | Iterable[str] | None,
+        created_after: dt.datetime | None,
+        created_before: dt.datetime | None,
+        key: str | None,
+        limit: int | None,
+    ) -> _Call[dict[str, RunCount]]:
+        req = wf_pb.CountRunsRequest(limit=limit or 0)
+        _set_run_filters(req, workflow, status, created_after, created_before, key)
+
+        def parse(r: wf_pb.CountRunsResponse) -> dict[str, RunCount]:
+            return {str(c.status): c for c in map(RunCount.from_proto, r.counts)}
+
+        return _Call("workflow", "CountRuns", req, parse)
+
+    @staticmethod
+    def list_steps(
+        status: str | None,
+        lease_expired: bool,
+        backing_off: bool,
+        worker_id: str | None,
+        action: str | None,
+        page_size: int | None,
+        page_token: str,
+    ) -> _Call[StepPage]:
+        if status is not None and status not in StepStatus.__members__.values():
+            raise InvalidArgument(f"unknown step status {status!r}")
+        code = f"STEP_STATUS_{status.upper()}" if status else "STEP_STATUS_UNSPECIFIED"
+        req = wf_pb.ListStepsRequest(
+            status=code,
+            lease_expired=lease_expired,
+            backing_off=backing_off,
+            worker_id=worker_id or "",
+            action=action or "",
+            page_size=page_size or 0,
+            page_token=page_token,
+        )
+
+        def parse(r: wf_pb.ListStepsResponse) -> StepPage:
+            steps = tuple(RunStep(s.run_id, s.workflow, Step.from_proto(s.step)) for s in r.steps)
+            return StepPage(steps, r.next_page_token)
+
+        return _Call("workflow", "ListSteps", req, parse)
+
+    @staticmethod
+    def list_workers() -> _Call[Workers]:
+        def parse(r: wf_pb.ListWorkersResponse) -> Workers:
+            return Workers(
+                tuple(WorkerSummary.from_proto(w) for w in r.workers),
+                tuple(ActionActivity.from_proto(a) for a in r.actions),
+            )
+
+        return _Call("workflow", "ListWorkers", wf_pb.ListWorkersRequest(), parse)
 
     @staticmethod
     def cancel(run_id: str, reason: str, keep_children: bool) -> _Call[Run]:
@@ -311,6 +360,31 @@ class _schedule_calls:
     def delete(name: str) -> _Call[None]:
         req = schedule_pb.DeleteScheduleRequest(name=name)
         return _Call("schedule", "DeleteSchedule", req, lambda r: None)
+
+
+def _set_run_filters(
+    req: wf_pb.ListRunsRequest | wf_pb.CountRunsRequest,
+    workflow: str | None,
+    status: str | Iterable[str] | None,
+    created_after: dt.datetime | None,
+    created_before: dt.datetime | None,
+    key: str | None,
+) -> None:
+    """ListRuns' and CountRuns' filters."""
+    statuses = [status] if isinstance(status, str) else list(status or ())
+    try:
+        req.statuses.extend(RunStatus(s).to_proto() for s in statuses)
+    except ValueError:
+        raise InvalidArgument(
+            f"unknown run status in {statuses}; expected some of "
+            f"{', '.join(s.value for s in RunStatus)}"
+        ) from None
+    req.workflow = workflow or ""
+    req.key = key or ""
+    if created_after is not None:
+        req.created_after.FromDatetime(created_after)
+    if created_before is not None:
+        req.created_before.FromDatetime(created_before)
 
 
 def _schedule(r: Any) -> Schedule:
@@ -463,11 +537,53 @@ class Client:
         created_before: dt.datetime | None = None,
         page_size: int | None = None,
         page_token: str = "",
+        key: str | None = None,
     ) -> RunPage:
-        """One page of runs, newest first, without their steps."""
+        """One page of runs, newest first, without their steps (``key``: the run
+        SubmitOnce made with it, one per workflow)."""
         return self._invoke(
-            _calls.list_runs(workflow, status, created_after, created_before, page_size, page_token)
+            _calls.list_runs(
+                workflow, status, created_after, created_before, page_size, page_token, key
+            )
         )
+
+    def count_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: str | Iterable[str] | None = None,
+        created_after: dt.datetime | None = None,
+        created_before: dt.datetime | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, RunCount]:
+        """Runs per status, exact up to ``limit`` (server default 1,000)."""
+        return self._invoke(
+            _calls.count_runs(workflow, status, created_after, created_before, key, limit)
+        )
+
+    def list_steps(
+        self,
+        *,
+        status: str | None = None,
+        lease_expired: bool = False,
+        backing_off: bool = False,
+        worker_id: str | None = None,
+        action: str | None = None,
+        page_size: int | None = None,
+        page_token: str = "",
+    ) -> StepPage:
+        """Steps across runs: ``status="running"`` (``lease_expired`` for those whose
+        lease ran out), or ``backing_off=True``; by worker and action, paged."""
+        return self._invoke(
+            _calls.list_steps(
+                status, lease_expired, backing_off, worker_id, action, page_size, page_token
+            )
+        )
+
+    def list_workers(self) -> Workers:
+        """The workers holding steps, and every action's activity."""
+        return self._invoke(_calls.list_workers())
 
     def iter_runs(self, *, limit: int | None = None, **filters: Any) -> Iterator[Run]:
         """Every run matching the filters of :meth:`list_runs`, page after page."""
@@ -685,10 +801,51 @@ class AsyncClient:
         created_before: dt.datetime | None = None,
         page_size: int | None = None,
         page_token: str = "",
+        key: str | None = None,
     ) -> RunPage:
         return await self._invoke(
-            _calls.list_runs(workflow, status, created_after, created_before, page_size, page_token)
+            _calls.list_runs(
+                workflow, status, created_after, created_before, page_size, page_token, key
+            )
         )
+
+    async def count_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: str | Iterable[str] | None = None,
+        created_after: dt.datetime | None = None,
+        created_before: dt.datetime | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, RunCount]:
+        """Runs per status (all statuses unless ``status`` names some), exact up to
+        ``limit`` (server default 1,000), else ``at_least``."""
+        return await self._invoke(
+            _calls.count_runs(workflow, status, created_after, created_before, key, limit)
+        )
+
+    async def list_steps(
+        self,
+        *,
+        status: str | None = None,
+        lease_expired: bool = False,
+        backing_off: bool = False,
+        worker_id: str | None = None,
+        action: str | None = None,
+        page_size: int | None = None,
+        page_token: str = "",
+    ) -> StepPage:
+        """Steps across runs: ``status="running"`` (``lease_expired`` for those whose
+        lease ran out), or ``backing_off=True``."""
+        return await self._invoke(
+            _calls.list_steps(
+                status, lease_expired, backing_off, worker_id, action, page_size, page_token
+            )
+        )
+
+    async def list_workers(self) -> Workers:
+        return await self._invoke(_calls.list_workers())
 
     async def iter_runs(self, *, limit: int | None = None, **filters: Any) -> AsyncIterator[Run]:
         token, seen = "", 0

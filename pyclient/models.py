@@ -559,3 +559,61 @@ class EventSent:
 
     event_id: int
     created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunCount:
+    """The runs in one status (count_runs): exact, or at least ``count`` when
+    ``at_least``."""
+
+    status: RunStatus | str
+    count: int
+    at_least: bool
+
+    @classmethod
+    def from_proto(cls, p: workflow_service_pb2.RunCount) -> RunCount:
+        return cls(RunStatus.from_proto(p.status), int(p.count), p.at_least)
+
+    def __str__(self) -> str:
+        return f"{self.count:,}+" if self.at_least else f"{self.count:,}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunStep:
+    """A step across runs (list_steps), with its run's id and workflow."""
+
+    run_id: str
+    workflow: str
+    step: Step
+
+
+@dataclass(frozen=True, slots=True)
+class StepPage:
+    """One page of list_steps; pass ``next_page_token`` back for the next one."""
+
+    steps: tuple[RunStep, ...]
+    next_page_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSummary:
+    """A worker as the steps it holds show it (list_workers)."""
+
+    worker_id: str
+    actions: tuple[str, ...]
+    running: int
+    last_heartbeat_at: dt.datetime | None
+    lease_expired: int
+
+    @classmethod
+    def from_proto(cls, p: workflow_service_pb2.WorkerSummary) -> WorkerSummary:
+        return _build(cls, p)
+
+
+@dataclass(frozen=True, slots=True)
+class Workers:
+    """What list_workers returns: the workers holding steps, and every action's
+    activity (``ready_ahead`` is its ready steps, counted up to 10,000)."""
+
+    workers: tuple[WorkerSummary, ...]
+    actions: tuple[ActionActivity, ...]

@@ -64,6 +64,9 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "CancelRun",
             "Explain",
             "SendEvent",
+            "CountRuns",
+            "ListSteps",
+            "ListWorkers",
         )
     },
     **{_ADMIN + m: frozenset({"admin"}) for m in ("Retry", "RetryAll", "Resolve")},

@@ -196,6 +196,45 @@ class RunSummary(NamedTuple):
     step_counts: dict[str, int] | None
 
 
+class RunCountRow(NamedTuple):
+    """runs_count: the runs in one status, counted up to the limit asked."""
+
+    status: str
+    n: int
+
+
+class StepListed(NamedTuple):
+    """steps_list: a step across runs, with its run's workflow and its errors."""
+
+    at: datetime
+    run_id: uuid.UUID
+    workflow: str
+    step: StepJson
+    errors: list[StepErrorJson]
+
+
+class WorkerAction(NamedTuple):
+    """workers_running: one worker's running steps of one action."""
+
+    worker_id: str
+    action: str
+    running: int
+    last_heartbeat_at: datetime | None
+    lease_expired: int
+
+
+class ActionSeenRow(NamedTuple):
+    """actions_activity: what the servers saw of one action's workers (nothing when no
+    Claim named it), and its ready steps (up to 10,000)."""
+
+    action: str
+    polled_at: datetime | None
+    polled_by: str | None
+    claimed_at: datetime | None
+    claimed_by: str | None
+    ready_count: int
+
+
 class ChildStarted(NamedTuple):
     """child_start: the child run of a step call, and whether this call submitted it."""
 

@@ -61,6 +61,7 @@ from service.records import (
     RunRow,
     RunSummary,
     StepCallBegun,
+    StepJson,
 )
 from service.store import (
     BIG_WORKFLOW,
@@ -206,6 +207,36 @@ def _step_error(e: Mapping[str, Any]) -> types_pb2.StepError:
     )
 
 
+def _step_proto(s: StepJson, step_errors: list[types_pb2.StepError]) -> types_pb2.Step:
+    """One step as GetRun shows it (with its journal when the row has one)."""
+    step = types_pb2.Step(
+        node=s["node"],
+        action=s["action"],
+        status=convert.STEP_STATUS[s["status"]],
+        attempt=s["attempt"],
+        max_attempts=s["max_attempts"],
+        depends_on=s["depends_on"],
+        trigger_rule=convert.TRIGGER_RULE_ENUM[s["trigger_rule"]],
+        errors=step_errors,
+        worker_id=s["worker_id"] or "",
+        lease_expires_at=convert.timestamp(s["lease_expires_at"]),
+        available_at=convert.timestamp(s["available_at"]),
+        started_at=convert.timestamp(s["started_at"]),
+        finished_at=convert.timestamp(s["finished_at"]),
+        effect_uncertain=s["effect_uncertain"],
+        last_heartbeat_at=convert.timestamp(s["last_heartbeat_at"]),
+        resumes=s["resumes"],
+        waiting_for=s["waiting_for"] or "",
+        priority=s["priority"],
+        concurrency_key=s["concurrency_key"] or "",
+    )
+    step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
+    for field in ("input", "output", "progress"):
+        convert.set_json(step, field, s[field])
+    step.journal.extend(convert.step_call(j) for j in s.get("journal") or ())
+    return step
+
+
 def _run_proto(row: RunRow) -> types_pb2.Run:
     """A run with its steps, their errors and its audit trail."""
     run = _run_head(row)
@@ -216,31 +247,7 @@ def _run_proto(row: RunRow) -> types_pb2.Run:
     for e in row.errors:
         errors_by_node.setdefault(e["node"], []).append(_step_error(e))
     for s in row.steps:
-        step = types_pb2.Step(
-            node=s["node"],
-            action=s["action"],
-            status=convert.STEP_STATUS[s["status"]],
-            attempt=s["attempt"],
-            max_attempts=s["max_attempts"],
-            depends_on=s["depends_on"],
-            trigger_rule=convert.TRIGGER_RULE_ENUM[s["trigger_rule"]],
-            errors=errors_by_node.get(s["node"], []),
-            worker_id=s["worker_id"] or "",
-            lease_expires_at=convert.timestamp(s["lease_expires_at"]),
-            available_at=convert.timestamp(s["available_at"]),
-            started_at=convert.timestamp(s["started_at"]),
-            finished_at=convert.timestamp(s["finished_at"]),
-            effect_uncertain=s["effect_uncertain"],
-            last_heartbeat_at=convert.timestamp(s["last_heartbeat_at"]),
-            resumes=s["resumes"],
-            waiting_for=s["waiting_for"] or "",
-            priority=s["priority"],
-            concurrency_key=s["concurrency_key"] or "",
-        )
-        step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
-        for field in ("input", "output", "progress"):
-            convert.set_json(step, field, s[field])
-        step.journal.extend(convert.step_call(j) for j in s.get("journal") or ())
+        step = _step_proto(s, errors_by_node.get(s["node"], []))
         run.steps.append(step)
         run.step_counts[s["status"]] = run.step_counts[s["status"]] + 1
     for a in row.audit:
@@ -443,35 +450,9 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         self, request: workflow_pb.ListRunsRequest, context: Context
     ) -> workflow_pb.ListRunsResponse:
         size = _page_size(request.page_size)
-        if len(request.statuses) > len(convert.RUN_STATUS):
-            raise errors.InvalidArgument(
-                f"statuses names {len(request.statuses)} statuses; there are "
-                f"{len(convert.RUN_STATUS)}"
-            )
-        statuses = []
-        for s in request.statuses:
-            if s not in convert.RUN_STATUS_NAME:
-                raise errors.InvalidArgument(f"unknown run status {s} in statuses")
-            statuses.append(convert.RUN_STATUS_NAME[s])
-        if request.workflow:
-            dag.check_name("workflow", request.workflow)
+        filters = _run_filters(request)
         after = _decode_page_token(request.page_token) if request.page_token else None
-        rows = await self.store.runs_list(
-            workflow=request.workflow or None,
-            statuses=statuses or None,
-            created_after=(
-                convert.to_datetime(request.created_after, "created_after")
-                if request.HasField("created_after")
-                else None
-            ),
-            created_before=(
-                convert.to_datetime(request.created_before, "created_before")
-                if request.HasField("created_before")
-                else None
-            ),
-            after=after,
-            limit=size + 1,
-        )
+        rows = await self.store.runs_list(**filters, after=after, limit=size + 1)
         page = rows[:size]
         token = ""
         if len(rows) > size:
@@ -479,6 +460,120 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             token = _encode_page_token(last.created_at, last.run_id)
         return workflow_pb.ListRunsResponse(
             runs=[_run_summary(r) for r in page], next_page_token=token
+        )
+
+    @rpc
+    async def CountRuns(
+        self, request: workflow_pb.CountRunsRequest, context: Context
+    ) -> workflow_pb.CountRunsResponse:
+        limit = request.limit or DEFAULT_COUNT_LIMIT
+        if not 1 <= limit <= MAX_COUNT_LIMIT:
+            raise errors.InvalidArgument(
+                f"limit must be between 1 and {MAX_COUNT_LIMIT:,}, got {limit}"
+            )
+        filters = _run_filters(request)
+        statuses = filters.pop("statuses") or list(convert.RUN_STATUS)
+        counted = await self.store.runs_count(**filters, statuses=statuses, limit=limit + 1)
+        return workflow_pb.CountRunsResponse(
+            counts=[
+                workflow_pb.RunCount(
+                    status=convert.RUN_STATUS[status],
+                    count=min(counted[status], limit),
+                    at_least=counted[status] > limit,
+                )
+                for status in convert.RUN_STATUS
+                if status in statuses
+            ]
+        )
+
+    @rpc
+    async def ListSteps(
+        self, request: workflow_pb.ListStepsRequest, context: Context
+    ) -> workflow_pb.ListStepsResponse:
+        size = _page_size(request.page_size)
+        running = request.status == types_pb2.STEP_STATUS_RUNNING
+        if request.backing_off:
+            if request.status not in (
+                types_pb2.STEP_STATUS_UNSPECIFIED,
+                types_pb2.STEP_STATUS_AVAILABLE,
+            ):
+                raise errors.InvalidArgument(
+                    "backing_off lists available steps; it cannot be combined with status "
+                    + types_pb2.StepStatus.Name(request.status)
+                )
+            if request.lease_expired:
+                raise errors.InvalidArgument("lease_expired applies to running steps only")
+        elif not running:
+            raise errors.InvalidArgument(
+                "status must be STEP_STATUS_RUNNING, or set backing_off for the available "
+                "steps backing off; other steps are listed per run (GetRun)"
+            )
+        for value, what in ((request.worker_id, "worker_id"), (request.action, "action")):
+            if value:
+                _text(value, what, MAX_FILTER)
+        after = _decode_position(request.page_token) if request.page_token else None
+        rows = await self.store.steps_list(
+            kind="running" if running else "backing_off",
+            lease_expired=request.lease_expired,
+            worker_id=request.worker_id or None,
+            action=request.action or None,
+            after=after,
+            limit=size + 1,
+        )
+        page = rows[:size]
+        token = ""
+        if len(rows) > size:
+            last = page[-1]
+            token = _encode_page_token(last.at, last.run_id, last.step["node"])
+        return workflow_pb.ListStepsResponse(
+            steps=[
+                workflow_pb.RunStep(
+                    run_id=str(r.run_id),
+                    workflow=r.workflow,
+                    step=_step_proto(r.step, [_step_error(e) for e in r.errors]),
+                )
+                for r in page
+            ],
+            next_page_token=token,
+        )
+
+    @rpc
+    async def ListWorkers(
+        self, request: workflow_pb.ListWorkersRequest, context: Context
+    ) -> workflow_pb.ListWorkersResponse:
+        await self.report_activity()
+        running, actions = await self.store.workers_list()
+        workers: dict[str, workflow_pb.WorkerSummary] = {}
+        by_action: dict[str, int] = {}
+        for r in running:
+            by_action[r.action] = by_action.get(r.action, 0) + r.running
+            w = workers.get(r.worker_id)
+            if w is None:
+                if len(workers) == MAX_WORKERS_LISTED:
+                    continue
+                w = workers[r.worker_id] = workflow_pb.WorkerSummary(worker_id=r.worker_id)
+            w.actions.append(r.action)
+            w.running += r.running
+            w.lease_expired += r.lease_expired
+            beat = r.last_heartbeat_at
+            if beat is not None and (
+                not w.HasField("last_heartbeat_at") or beat > w.last_heartbeat_at.ToDatetime(UTC)
+            ):
+                w.last_heartbeat_at.FromDatetime(beat)
+        return workflow_pb.ListWorkersResponse(
+            workers=list(workers.values()),
+            actions=[
+                workflow_pb.ActionActivity(
+                    action=a.action,
+                    last_polled_at=convert.timestamp(a.polled_at),
+                    last_polled_by=a.polled_by or "",
+                    last_claimed_at=convert.timestamp(a.claimed_at),
+                    last_claimed_by=a.claimed_by or "",
+                    ready_ahead=a.ready_count,
+                    running=by_action.get(a.action, 0),
+                )
+                for a in actions
+            ],
         )
 
     @rpc
@@ -600,9 +695,55 @@ def _refusal(refused: Refused) -> worker_pb.CompleteError:
     return answer
 
 
-def _encode_page_token(created_at: datetime, run_id: uuid.UUID) -> str:
-    raw = json.dumps([created_at.isoformat(), str(run_id)]).encode()
-    return base64.urlsafe_b64encode(raw).decode()
+#: CountRuns counts each status exactly up to its limit: this one by default, at most
+#: MAX_COUNT_LIMIT (each count reads up to limit + 1 index entries).
+DEFAULT_COUNT_LIMIT = 1000
+MAX_COUNT_LIMIT = 100_000
+#: Longest worker_id or action a ListSteps filter takes.
+MAX_FILTER = 200
+#: ListWorkers' most workers.
+MAX_WORKERS_LISTED = 1000
+
+
+def _run_filters(
+    request: workflow_pb.ListRunsRequest | workflow_pb.CountRunsRequest,
+) -> dict[str, Any]:
+    """ListRuns' and CountRuns' filters, validated, as the store takes them."""
+    if len(request.statuses) > len(convert.RUN_STATUS):
+        raise errors.InvalidArgument(
+            f"statuses names {len(request.statuses)} statuses; there are {len(convert.RUN_STATUS)}"
+        )
+    statuses = []
+    for s in request.statuses:
+        if s not in convert.RUN_STATUS_NAME:
+            raise errors.InvalidArgument(f"unknown run status {s} in statuses")
+        statuses.append(convert.RUN_STATUS_NAME[s])
+    if request.workflow:
+        dag.check_name("workflow", request.workflow)
+    if request.key:
+        dag.check_submit_key(request.key)
+    return {
+        "workflow": request.workflow or None,
+        "statuses": statuses or None,
+        "created_after": (
+            convert.to_datetime(request.created_after, "created_after")
+            if request.HasField("created_after")
+            else None
+        ),
+        "created_before": (
+            convert.to_datetime(request.created_before, "created_before")
+            if request.HasField("created_before")
+            else None
+        ),
+        "key": request.key or None,
+    }
+
+
+def _encode_page_token(at: datetime, run_id: uuid.UUID, node: str | None = None) -> str:
+    """A position in a list: a run's (created_at, run_id), or a step's (time, run_id,
+    node)."""
+    parts = [at.isoformat(), str(run_id)] + ([node] if node is not None else [])
+    return base64.urlsafe_b64encode(json.dumps(parts).encode()).decode()
 
 
 #: Longer than any token this server issues (about 100 characters).
@@ -610,9 +751,16 @@ MAX_PAGE_TOKEN = 256
 
 
 def _decode_page_token(token: str) -> tuple[datetime, uuid.UUID]:
-    """The position a page token names. Anything this server did not issue (too long,
-    not base64, not a two-string JSON list, a naive time, not a UUID) is
-    INVALID_ARGUMENT, and a token is never parsed past its length limit."""
+    """The run a ListRuns page token names."""
+    at, run_id, _ = _decode_position(token, node=False)
+    return at, run_id
+
+
+def _decode_position(token: str, *, node: bool = True) -> tuple[datetime, uuid.UUID, str]:
+    """The position a page token names (a step's with ``node``; else node is "").
+    Anything this server did not issue (too long, not base64, not a JSON list of two
+    strings, or three for a step, a naive time, not a UUID) is INVALID_ARGUMENT, and a
+    token is never parsed past its length limit."""
     bad = errors.InvalidArgument("page_token is not one this server issued")
     if len(token) > MAX_PAGE_TOKEN:
         raise bad
@@ -620,14 +768,14 @@ def _decode_page_token(token: str) -> tuple[datetime, uuid.UUID]:
         decoded = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))
         if not (
             isinstance(decoded, list)
-            and len(decoded) == 2
+            and len(decoded) == (3 if node else 2)
             and all(isinstance(part, str) for part in decoded)
         ):
             raise bad
-        created = datetime.fromisoformat(decoded[0])
-        if created.tzinfo is None:
+        at = datetime.fromisoformat(decoded[0])
+        if at.tzinfo is None:
             raise bad
-        return created, uuid.UUID(decoded[1])
+        return at, uuid.UUID(decoded[1]), decoded[2] if node else ""
     except (ValueError, TypeError, UnicodeError, RecursionError):
         raise bad from None
 

@@ -32,6 +32,7 @@ from cyclone import codes
 from cyclone.dag import NodeSpec, excerpt
 from service import errors
 from service.records import (
+    ActionSeenRow,
     Attempt,
     BatchRow,
     CallResolved,
@@ -58,6 +59,7 @@ from service.records import (
     Refused,
     ReportRow,
     Retried,
+    RunCountRow,
     RunErrorRow,
     RunRow,
     RunSummary,
@@ -65,13 +67,21 @@ from service.records import (
     ScheduleRow,
     StepCallBegun,
     StepCallEnded,
+    StepListed,
     Submitted,
     Swept,
     Waited,
+    WorkerAction,
 )
 
 #: A row type of service.records: a NamedTuple of the query's columns, in order.
 R = TypeVar("R", bound=tuple[Any, ...])
+
+#: Reads with optional filters written "(:x IS NULL OR column = :x)": never prepared, so
+#: that each call is planned with its values (the filters not given fold away and the
+#: planner picks the index of those given), never with a generic plan that must serve
+#: every combination by walking one index past rows it then filters out.
+UNPREPARED = frozenset({"runs_list", "runs_count", "steps_list"})
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.M)
 
@@ -317,7 +327,7 @@ class Store:
         self, driver: psycopg.AsyncConnection[Any], name: str, row: type[R], **params: Any
     ) -> list[R]:
         cursor = driver.cursor(row_factory=_rows_as(row))
-        await cursor.execute(self._sql(name), params)
+        await cursor.execute(self._sql(name), params, prepare=False if name in UNPREPARED else None)
         return await cursor.fetchall() if cursor.description else []
 
     async def _all(self, name: str, row: type[R], **params: Any) -> list[R]:
@@ -400,6 +410,7 @@ class Store:
         created_before: datetime | None,
         after: tuple[datetime, uuid.UUID] | None,
         limit: int,
+        key: str | None = None,
     ) -> list[RunSummary]:
         return await self._all(
             "runs_list",
@@ -408,10 +419,62 @@ class Store:
             statuses=statuses,
             created_after=created_after,
             created_before=created_before,
+            key=key,
             after_created=after[0] if after else None,
             after_run_id=str(after[1]) if after else None,
             limit=limit,
         )
+
+    async def runs_count(
+        self,
+        *,
+        workflow: str | None,
+        statuses: list[str],
+        created_after: datetime | None,
+        created_before: datetime | None,
+        key: str | None,
+        limit: int,
+    ) -> dict[str, int]:
+        """Runs per status in ``statuses``, each counted up to ``limit``."""
+        rows = await self._all(
+            "runs_count",
+            RunCountRow,
+            workflow=workflow,
+            statuses=statuses,
+            created_after=created_after,
+            created_before=created_before,
+            key=key,
+            limit=limit,
+        )
+        return {r.status: r.n for r in rows}
+
+    async def steps_list(
+        self,
+        *,
+        kind: str,
+        lease_expired: bool,
+        worker_id: str | None,
+        action: str | None,
+        after: tuple[datetime, uuid.UUID, str] | None,
+        limit: int,
+    ) -> list[StepListed]:
+        return await self._all(
+            "steps_list",
+            StepListed,
+            kind=kind,
+            lease_expired=lease_expired,
+            worker_id=worker_id,
+            action=action,
+            after_at=after[0] if after else None,
+            after_run_id=str(after[1]) if after else None,
+            after_node=after[2] if after else None,
+            limit=limit,
+        )
+
+    async def workers_list(self) -> tuple[list[WorkerAction], list[ActionSeenRow]]:
+        """The running steps by worker and action, and every action's activity."""
+        running = await self._all("workers_running", WorkerAction)
+        return running, await self._all("actions_activity", ActionSeenRow)
 
     async def run_cancel(
         self, run_id: uuid.UUID, *, actor: str, reason: str, keep_children: bool = False

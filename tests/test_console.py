@@ -390,7 +390,9 @@ def test_the_workers_page_shows_who_runs_what_and_the_activity_of_ready_actions(
     expect(workers).to_contain_text("renderer-7")
     expect(workers.locator("td").nth(1)).to_have_text("render")
     expect(workers.locator("td").nth(2)).to_have_text("1")
-    expect(page.locator("#a-h + div")).to_contain_text("send")
+    # An action no worker asked for: listed with its ready step, asked for by nobody.
+    expect(page.locator('tr[data-action="send"]')).to_contain_text("nobody")
+    expect(page.locator('tr[data-action="send"] td').nth(5)).to_have_text("1")
     shoot(page, "workers")
 
 
@@ -414,6 +416,11 @@ def test_the_runs_list_filters_by_workflow_status_and_key(
     page.goto(f"{console.url}/runs?workflow=order&key=order-42")
     expect(row(page, keyed)).to_contain_text("order-42")
     expect(page.locator("tr[data-run]")).to_have_count(1)
+    # A key alone: the server's filter (CountRuns counts by it too).
+    page.goto(f"{console.url}/runs?key=order-42")
+    expect(row(page, keyed)).to_be_visible()
+    expect(page.locator("tr[data-run]")).to_have_count(1)
+    expect(page.locator('[data-status="running"]')).to_have_text("1")
     [step] = claim(cyclone_server, "work", n=1)
     fail(cyclone_server, step, "no", non_retryable=True)
     failed = step.run_id
@@ -478,3 +485,95 @@ def test_the_console_calls_a_server_that_serves_tls(
         expect(row(page, run_id)).to_contain_text("running")
     finally:
         console.stop()
+
+
+def schedules_client(server: Any, token: str | None = None) -> Any:
+    from pyclient.client import Client
+
+    return Client(server.address, token=token)
+
+
+def nightly(client: Any, name: str = "nightly") -> None:
+    from pyclient.workflow import Workflow
+
+    wf = Workflow("report")
+    wf.node("build")
+    client.create_schedule(name, wf, {"full": True}, cron="0 3 * * *", time_zone="Europe/Paris")
+
+
+def schedule_row(page: Page, name: str) -> Any:
+    return page.locator(f'tr[data-schedule="{name}"]')
+
+
+def test_the_schedules_page_lists_a_schedule_and_pauses_and_resumes_it(
+    cyclone_server: Any, console: ConsoleThread, page: Page
+) -> None:
+    with schedules_client(cyclone_server) as client:
+        nightly(client)
+        page.goto(f"{console.url}/schedules")
+        found = schedule_row(page, "nightly")
+        expect(found).to_contain_text("0 3 * * *")
+        expect(found).to_contain_text("Europe/Paris")
+        expect(found.locator(".state")).to_have_text("active")
+        shoot(page, "schedules")
+        page.get_by_role("link", name="Pause nightly").click()
+        page.get_by_role("button", name=re.compile("Confirm")).click()
+        expect(page.get_by_role("status")).to_contain_text("nightly paused")
+        expect(schedule_row(page, "nightly").locator(".state")).to_have_text("paused")
+        assert client.get_schedule("nightly").paused is True
+        page.get_by_role("link", name="Resume nightly").click()
+        page.get_by_role("button", name=re.compile("Confirm")).click()
+        expect(schedule_row(page, "nightly").locator(".state")).to_have_text("active")
+        assert client.get_schedule("nightly").paused is False
+        page.get_by_role("link", name="Delete nightly").click()
+        page.get_by_role("button", name=re.compile("Confirm")).click()
+        expect(page.get_by_role("status")).to_contain_text("nightly deleted")
+        expect(schedule_row(page, "nightly")).to_have_count(0)
+        assert client.list_schedules().schedules == ()
+
+
+def test_a_schedule_is_created_from_the_console_and_the_apis_refusal_is_shown(
+    cyclone_server: Any, console: ConsoleThread, page: Page
+) -> None:
+    page.goto(f"{console.url}/schedules/new")
+    page.get_by_label("Name", exact=True).fill("poll")
+    page.get_by_label("At a fixed interval").check()
+    page.get_by_label("Every (seconds)").fill("300")
+    page.get_by_label(re.compile("^Workflow")).fill('{"name": "poll", "nodes": [{"name": "x"}]}')
+    page.get_by_label(re.compile("^Run input")).fill("{not json")
+    page.get_by_role("button", name="Create the schedule").click()
+    expect(page.get_by_role("alert")).to_contain_text("the input is not valid JSON")
+    page.get_by_label(re.compile("^Run input")).fill('{"since": 0}')
+    page.get_by_label("On a cron expression").check()
+    page.get_by_label(re.compile("^Cron expression")).fill("61 * * * *")
+    page.get_by_role("button", name="Create the schedule").click()
+    # The server's own message for a bad cron expression, with its status.
+    expect(page.get_by_role("alert")).to_contain_text("INVALID_ARGUMENT")
+    expect(page.get_by_role("alert")).to_contain_text("61")
+    with schedules_client(cyclone_server) as client:
+        assert client.list_schedules().schedules == ()
+        page.get_by_label("At a fixed interval").check()
+        page.get_by_role("button", name="Create the schedule").click()
+        expect(schedule_row(page, "poll")).to_contain_text("every 300")
+        made = client.get_schedule("poll")
+        assert (made.interval.total_seconds(), made.input) == (300, {"since": 0})
+
+
+def test_a_client_token_is_refused_pausing_a_schedule(
+    server_factory: Any, tmp_path: Path, page: Page
+) -> None:
+    server = server_factory(token_file=write_tokens(tmp_path / "tokens.txt"))
+    with schedules_client(server, TOKENS["admin"]) as admin:
+        nightly(admin)
+        console = console_for(server)
+        try:
+            page.goto(f"{console.url}/schedules")
+            page.get_by_label("Token").fill(TOKENS["client"])
+            page.get_by_role("button", name="Sign in").click()
+            expect(schedule_row(page, "nightly").locator(".state")).to_have_text("active")
+            page.get_by_role("link", name="Pause nightly").click()
+            page.get_by_role("button", name=re.compile("Confirm")).click()
+            expect(page.get_by_role("alert")).to_contain_text("PERMISSION_DENIED")
+            assert admin.get_schedule("nightly").paused is False
+        finally:
+            console.stop()

@@ -502,3 +502,54 @@ def test_a_claim_naming_an_action_twice_hands_each_step_out_once(cyclone_server)
     assert sorted(s.run_id for s in steps) == sorted({s.run_id for s in steps})
     assert len(steps) == 3
     assert cyclone_server.sql("SELECT sum(attempt) FROM cyclone.steps") == [(3,)]
+
+
+#: The console's reads (service/sql/queries.sql), each with the parameters of one
+#: filter the console or an operator uses; unset parameters are NULL.
+CONSOLE_READS: list[tuple[str, dict[str, Any]]] = [
+    ("runs_list", {}),
+    ("runs_list", {"workflow": "history"}),
+    ("runs_list", {"statuses": ["failed"]}),
+    ("runs_list", {"key": "k-1"}),
+    ("runs_count", {}),
+    ("runs_count", {"workflow": "history"}),
+    ("runs_count", {"created_after": "-infinity", "created_before": "infinity"}),
+    ("runs_count", {"key": "k-1"}),
+    ("steps_list", {"kind": "running"}),
+    ("steps_list", {"kind": "running", "lease_expired": True, "worker_id": "w"}),
+    ("steps_list", {"kind": "backing_off", "action": "one"}),
+    ("workers_running", {}),
+    ("actions_activity", {}),
+]
+
+
+@pytest.mark.parametrize("statistics", ["none", "fresh"])
+def test_the_console_reads_never_scan_steps_or_runs_whole(database_url, statistics):
+    """CountRuns, ListRuns (with its key filter), ListSteps and ListWorkers, planned as
+    the server plans them (with their values: service.store.UNPREPARED), on tens of
+    thousands of finished runs and a backlog of 20,000 ready steps: no sequential scan
+    of runs or steps in any plan, with fresh statistics or none."""
+    from sqlalchemy.dialects import postgresql
+
+    from service.store import UNPREPARED, Q
+
+    everything = ["running", "completed", "failed", "blocked", "cancelled"]
+    dialect = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
+    with psycopg.connect(database_url, autocommit=True) as live:
+        if statistics == "none":
+            for table in ("runs", "steps"):
+                live.execute(f"ALTER TABLE cyclone.{table} SET (autovacuum_enabled = off)")
+        _fill_history(live)
+        if statistics == "fresh":
+            live.execute("ANALYZE cyclone.runs, cyclone.steps")
+        scanned = []
+        for name, given in CONSOLE_READS:
+            assert name in UNPREPARED or name in ("workers_running", "actions_activity")
+            compiled = Q[name].compile(dialect=dialect)
+            params = {**compiled.params, "limit": 1001, "lease_expired": False, **given}
+            if name == "runs_count" and params["statuses"] is None:
+                params["statuses"] = everything
+            sql = str(compiled)
+            [(plan,)] = live.execute(f"EXPLAIN (FORMAT JSON) {sql}", params).fetchall()
+            scanned += [(name, str(given), t) for t in _seq_scans_in(plan[0]["Plan"])]
+    assert scanned == [], f"with {statistics} statistics: {scanned}"

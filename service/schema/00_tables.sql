@@ -68,7 +68,12 @@ CREATE INDEX runs_created_idx ON cyclone.runs (created_at DESC, run_id DESC);
 CREATE INDEX runs_workflow_created_idx ON cyclone.runs (workflow, created_at DESC, run_id DESC);
 CREATE INDEX runs_status_created_idx ON cyclone.runs (status, created_at DESC, run_id DESC)
     WHERE status <> 'completed';
-CREATE INDEX runs_workflow_key_idx ON cyclone.runs (workflow, submit_key)
+-- The completed runs, which runs_status_created_idx leaves out: CountRuns counts them
+-- (up to its limit) from the newest, reading this index only, whatever else is newer.
+CREATE INDEX runs_completed_created_idx ON cyclone.runs (created_at DESC, run_id DESC)
+    WHERE status = 'completed';
+-- ListRuns' and CountRuns' key filter, with or without a workflow.
+CREATE INDEX runs_key_idx ON cyclone.runs (submit_key, workflow)
     WHERE submit_key IS NOT NULL;
 -- Retention (runs_purge): exactly the runs each policy may delete, oldest first, so a
 -- batch reads off the front of an index however many runs are kept.
@@ -201,6 +206,10 @@ CREATE INDEX steps_uncertain_idx ON cyclone.steps (action)
 -- statistics saw few running steps walks this index (every running step) for each
 -- lookup instead of the primary key: under load, most of Postgres's work per step.
 CREATE INDEX steps_leased_idx ON cyclone.steps (lease_expires_at) WHERE status = 'running';
+-- Steps backing off after a failed or lost attempt, soonest due first (ListSteps):
+-- few rows (a failure puts a step in it, its next claim takes it out).
+CREATE INDEX steps_backoff_idx ON cyclone.steps (available_at)
+    WHERE status = 'available' AND attempt > 0 AND waiting_for IS NULL;
 -- A run's discarded steps, first first: _runs_close finds a failed run's error by key.
 CREATE INDEX steps_discarded_idx ON cyclone.steps (run_id, finished_at, node)
     WHERE status = 'discarded';

@@ -317,11 +317,174 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
    AND (CAST(:statuses AS text[]) IS NULL OR r.status = ANY (CAST(:statuses AS text[])))
    AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
    AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
+   AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
    AND (CAST(:after_created AS timestamptz) IS NULL
         OR (r.created_at, r.run_id) < (CAST(:after_created AS timestamptz),
                                        CAST(:after_run_id AS uuid)))
  ORDER BY r.created_at DESC, r.run_id DESC
  LIMIT :limit;
+
+-- name: runs_count
+-- CountRuns: per status asked, the runs matching the filters, counted up to :limit (the
+-- caller asks for one more than it shows, to know when there are more). Each status is
+-- its own branch so that the planner sees it as a constant and reads that status's
+-- index (completed: runs_completed_created_idx; the others: runs_status_created_idx; a
+-- key: runs_key_idx), at most :limit entries of it. The order (which a count does not
+-- need) keeps the planner on an index walked from the newest, however many rows the
+-- status has: without it, a LIMIT over a common status is planned as a sequential scan
+-- that stops early, which reads the whole table when the matching rows are at its end.
+-- Planned at each call (service.store.UNPREPARED), with the filters given.
+SELECT 'running' AS status, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM cyclone.runs r
+         WHERE r.status = 'running'
+           AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
+           AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+         ORDER BY r.created_at DESC, r.run_id DESC
+         LIMIT :limit) c) AS n
+ WHERE 'running' = ANY (CAST(:statuses AS text[]))
+UNION ALL
+SELECT 'completed' AS status, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM cyclone.runs r
+         WHERE r.status = 'completed'
+           AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
+           AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+         ORDER BY r.created_at DESC, r.run_id DESC
+         LIMIT :limit) c) AS n
+ WHERE 'completed' = ANY (CAST(:statuses AS text[]))
+UNION ALL
+SELECT 'failed' AS status, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM cyclone.runs r
+         WHERE r.status = 'failed'
+           AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
+           AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+         ORDER BY r.created_at DESC, r.run_id DESC
+         LIMIT :limit) c) AS n
+ WHERE 'failed' = ANY (CAST(:statuses AS text[]))
+UNION ALL
+SELECT 'blocked' AS status, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM cyclone.runs r
+         WHERE r.status = 'blocked'
+           AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
+           AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+         ORDER BY r.created_at DESC, r.run_id DESC
+         LIMIT :limit) c) AS n
+ WHERE 'blocked' = ANY (CAST(:statuses AS text[]))
+UNION ALL
+SELECT 'cancelled' AS status, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM cyclone.runs r
+         WHERE r.status = 'cancelled'
+           AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
+           AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+         ORDER BY r.created_at DESC, r.run_id DESC
+         LIMIT :limit) c) AS n
+ WHERE 'cancelled' = ANY (CAST(:statuses AS text[]));
+
+-- name: steps_list
+-- ListSteps: running steps by lease expiry (:kind 'running'; with :lease_expired only
+-- those whose lease ran out), or steps backing off by due time (:kind 'backing_off'),
+-- keyset-paged on (time, run_id, node). The running ones are read through
+-- steps_leased_idx (every running step: as many as the workers hold), the backing-off
+-- ones through steps_backoff_idx; each page's steps and runs then by key. Planned at
+-- each call (service.store.UNPREPARED).
+SELECT k.at, k.run_id,
+       (SELECT r.workflow FROM cyclone.runs r WHERE r.run_id = k.run_id) AS workflow,
+       jsonb_build_object(
+           'node', s.node, 'action', s.action, 'status', s.status,
+           'attempt', s.attempt, 'max_attempts', s.max_attempts,
+           'depends_on', s.depends_on, 'trigger_rule', s.trigger_rule,
+           'input', s.input, 'output', s.output, 'progress', s.progress,
+           'worker_id', s.worker_id,
+           'lease_expires_at', CASE WHEN s.status = 'running' THEN s.lease_expires_at END,
+           'last_heartbeat_at', s.last_heartbeat_at,
+           'available_at', CASE WHEN s.status = 'available' THEN s.available_at END,
+           'started_at', s.started_at, 'finished_at', s.finished_at,
+           'effect_uncertain', s.effect_uncertain,
+           'timeout_s', extract(epoch FROM s.timeout),
+           'resumes', s.resumes, 'waiting_for', NULL,
+           'priority', s.priority, 'concurrency_key', s.concurrency_key) AS step,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'node', e.node, 'attempt', e.attempt, 'kind', e.kind, 'type', e.type,
+                   'message', e.message, 'details', e.details, 'retryable', e.retryable,
+                   'at', e.at) ORDER BY e.at), '[]')
+          FROM cyclone.step_errors e
+         WHERE e.run_id = s.run_id AND e.node = s.node) AS errors
+  FROM (SELECT q.run_id, q.node, q.at
+          FROM (SELECT s.run_id, s.node, s.lease_expires_at AS at
+                  FROM cyclone.steps s
+                 WHERE :kind = 'running' AND s.status = 'running'
+                   AND (NOT :lease_expired OR s.lease_expires_at <= cyclone.now())
+                   AND (CAST(:worker_id AS text) IS NULL OR s.worker_id = :worker_id)
+                   AND (CAST(:action AS text) IS NULL OR s.action = :action)
+                UNION ALL
+                SELECT s.run_id, s.node, s.available_at
+                  FROM cyclone.steps s
+                 WHERE :kind = 'backing_off' AND s.status = 'available' AND s.attempt > 0
+                   AND s.waiting_for IS NULL AND s.available_at > cyclone.now()
+                   AND (CAST(:worker_id AS text) IS NULL OR s.worker_id = :worker_id)
+                   AND (CAST(:action AS text) IS NULL OR s.action = :action)) q
+         WHERE CAST(:after_at AS timestamptz) IS NULL
+            OR (q.at, q.run_id, q.node) > (CAST(:after_at AS timestamptz),
+                                           CAST(:after_run_id AS uuid), :after_node)
+         ORDER BY q.at, q.run_id, q.node
+         LIMIT :limit) k
+  -- Each step of the page by its key (a lateral lookup, never a join the planner
+  -- could hash over a scan of steps), its run's workflow likewise.
+ CROSS JOIN LATERAL (SELECT * FROM cyclone.steps t
+                      WHERE t.run_id = k.run_id AND t.node = k.node LIMIT 1) s
+ ORDER BY k.at, k.run_id, k.node;
+
+-- name: workers_running
+-- ListWorkers: the running steps by worker and action (read through steps_leased_idx:
+-- every running step, as many as the workers hold).
+SELECT coalesce(s.worker_id, '') AS worker_id, s.action, count(*) AS running,
+       max(s.last_heartbeat_at) AS last_heartbeat_at,
+       count(*) FILTER (WHERE s.lease_expires_at <= cyclone.now()) AS lease_expired
+  FROM cyclone.steps s
+ WHERE s.status = 'running'
+ GROUP BY 1, 2
+ ORDER BY 1, 2;
+
+-- name: actions_activity
+-- ListWorkers: every action a Claim ever named or a step waits to run, with the last
+-- poll and claim and by whom (NULL polled_at: no Claim ever named it), and its ready
+-- steps (counted up to 10,000). The actions of the available steps are found by
+-- skipping through steps_ready_idx, one probe per action.
+WITH RECURSIVE waiting(action) AS (
+    (SELECT s.action FROM cyclone.steps s WHERE s.status = 'available'
+      ORDER BY s.action LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.action FROM cyclone.steps s
+             WHERE s.status = 'available' AND s.action > w.action
+             ORDER BY s.action LIMIT 1)
+      FROM waiting w
+     WHERE w.action IS NOT NULL)
+SELECT n.action, a.polled_at, a.polled_by, a.claimed_at, a.claimed_by,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM cyclone.steps q
+             WHERE q.status = 'available' AND q.action = n.action
+               AND q.available_at <= cyclone.now()
+             LIMIT 10000) x) AS ready_count
+  FROM (SELECT w.action FROM waiting w WHERE w.action IS NOT NULL
+        UNION
+        SELECT c.action FROM cyclone.action_claims c) n
+  LEFT JOIN cyclone.action_claims a ON a.action = n.action
+ ORDER BY n.action
+ LIMIT 1000;
 
 -- name: clock_advance
 -- Tests only: moves cyclone.now() forward.

@@ -278,10 +278,11 @@ def test_run_show_json_is_the_run_as_a_dict(capsys):
 def test_runs_list_passes_filters_and_prints_a_table(capsys):
     client = FakeClient()
     argv = ["runs", "list", "--workflow", "order", "--status", "failed", "--status", "blocked"]
-    assert cli.main([*argv, "--limit", "5"], client=client) == 0
+    assert cli.main([*argv, "--key", "o-7", "--limit", "5"], client=client) == 0
     assert client.calls[0][2] == {
         "workflow": "order",
         "status": ["failed", "blocked"],
+        "key": "o-7",
         "page_size": 5,
         "limit": 5,
     }

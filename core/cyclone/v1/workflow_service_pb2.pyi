@@ -96,20 +96,22 @@ class GetRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[_types_pb2.Run, _Mapping]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("workflow", "statuses", "created_after", "created_before", "page_size", "page_token")
+    __slots__ = ("workflow", "statuses", "created_after", "created_before", "page_size", "page_token", "key")
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
     CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     workflow: str
     statuses: _containers.RepeatedScalarFieldContainer[_types_pb2.RunStatus]
     created_after: _timestamp_pb2.Timestamp
     created_before: _timestamp_pb2.Timestamp
     page_size: int
     page_token: str
-    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    key: str
+    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_token")
@@ -210,3 +212,97 @@ class SendEventResponse(_message.Message):
     event_id: int
     created: bool
     def __init__(self, event_id: _Optional[int] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class CountRunsRequest(_message.Message):
+    __slots__ = ("workflow", "statuses", "created_after", "created_before", "key", "limit")
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    workflow: str
+    statuses: _containers.RepeatedScalarFieldContainer[_types_pb2.RunStatus]
+    created_after: _timestamp_pb2.Timestamp
+    created_before: _timestamp_pb2.Timestamp
+    key: str
+    limit: int
+    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class CountRunsResponse(_message.Message):
+    __slots__ = ("counts",)
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    counts: _containers.RepeatedCompositeFieldContainer[RunCount]
+    def __init__(self, counts: _Optional[_Iterable[_Union[RunCount, _Mapping]]] = ...) -> None: ...
+
+class RunCount(_message.Message):
+    __slots__ = ("status", "count", "at_least")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    AT_LEAST_FIELD_NUMBER: _ClassVar[int]
+    status: _types_pb2.RunStatus
+    count: int
+    at_least: bool
+    def __init__(self, status: _Optional[_Union[_types_pb2.RunStatus, str]] = ..., count: _Optional[int] = ..., at_least: _Optional[bool] = ...) -> None: ...
+
+class ListStepsRequest(_message.Message):
+    __slots__ = ("status", "lease_expired", "backing_off", "worker_id", "action", "page_size", "page_token")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    BACKING_OFF_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    status: _types_pb2.StepStatus
+    lease_expired: bool
+    backing_off: bool
+    worker_id: str
+    action: str
+    page_size: int
+    page_token: str
+    def __init__(self, status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., lease_expired: _Optional[bool] = ..., backing_off: _Optional[bool] = ..., worker_id: _Optional[str] = ..., action: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListStepsResponse(_message.Message):
+    __slots__ = ("steps", "next_page_token")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[RunStep]
+    next_page_token: str
+    def __init__(self, steps: _Optional[_Iterable[_Union[RunStep, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class RunStep(_message.Message):
+    __slots__ = ("run_id", "workflow", "step")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    workflow: str
+    step: _types_pb2.Step
+    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., step: _Optional[_Union[_types_pb2.Step, _Mapping]] = ...) -> None: ...
+
+class ListWorkersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListWorkersResponse(_message.Message):
+    __slots__ = ("workers", "actions")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerSummary]
+    actions: _containers.RepeatedCompositeFieldContainer[ActionActivity]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerSummary, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[ActionActivity, _Mapping]]] = ...) -> None: ...
+
+class WorkerSummary(_message.Message):
+    __slots__ = ("worker_id", "actions", "running", "last_heartbeat_at", "lease_expired")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_AT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    actions: _containers.RepeatedScalarFieldContainer[str]
+    running: int
+    last_heartbeat_at: _timestamp_pb2.Timestamp
+    lease_expired: int
+    def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., running: _Optional[int] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expired: _Optional[int] = ...) -> None: ...

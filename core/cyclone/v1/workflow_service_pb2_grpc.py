@@ -70,6 +70,21 @@ class WorkflowServiceStub:
                 request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.SendEventRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.SendEventResponse.FromString,
                 _registered_method=True)
+        self.CountRuns = channel.unary_unary(
+                '/cyclone.v1.WorkflowService/CountRuns',
+                request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.CountRunsRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.CountRunsResponse.FromString,
+                _registered_method=True)
+        self.ListSteps = channel.unary_unary(
+                '/cyclone.v1.WorkflowService/ListSteps',
+                request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ListStepsRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ListStepsResponse.FromString,
+                _registered_method=True)
+        self.ListWorkers = channel.unary_unary(
+                '/cyclone.v1.WorkflowService/ListWorkers',
+                request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ListWorkersResponse.FromString,
+                _registered_method=True)
 
 
 class WorkflowServiceServicer:
@@ -143,6 +158,33 @@ class WorkflowServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CountRuns(self, request, context):
+        """How many runs are in each status, with ListRuns' filters: exact up to a limit per
+        status, then "at least" the limit. Each status is counted by walking its index
+        from the newest run until limit + 1 runs matched (or the index ended), so a count
+        costs about the same at a million runs as at a thousand. Reads only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSteps(self, request, context):
+        """Steps across runs: the running ones (optionally only those whose lease ran out),
+        or the ones backing off after a failed attempt; filtered by worker and action,
+        paged. Reads only; see docs/api.md for what each listing reads.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkers(self, request, context):
+        """The workers holding steps now (grouped by worker_id) and, per action, the last
+        Claim that named it and the last one that got a step of it. Reads only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +222,21 @@ def add_WorkflowServiceServicer_to_server(servicer, server):
                     servicer.SendEvent,
                     request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.SendEventRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.SendEventResponse.SerializeToString,
+            ),
+            'CountRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.CountRuns,
+                    request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.CountRunsRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.CountRunsResponse.SerializeToString,
+            ),
+            'ListSteps': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSteps,
+                    request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ListStepsRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ListStepsResponse.SerializeToString,
+            ),
+            'ListWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkers,
+                    request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ListWorkersRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ListWorkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -372,6 +429,87 @@ class WorkflowService:
             '/cyclone.v1.WorkflowService/SendEvent',
             cyclone_dot_v1_dot_workflow__service__pb2.SendEventRequest.SerializeToString,
             cyclone_dot_v1_dot_workflow__service__pb2.SendEventResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CountRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkflowService/CountRuns',
+            cyclone_dot_v1_dot_workflow__service__pb2.CountRunsRequest.SerializeToString,
+            cyclone_dot_v1_dot_workflow__service__pb2.CountRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSteps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkflowService/ListSteps',
+            cyclone_dot_v1_dot_workflow__service__pb2.ListStepsRequest.SerializeToString,
+            cyclone_dot_v1_dot_workflow__service__pb2.ListStepsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkflowService/ListWorkers',
+            cyclone_dot_v1_dot_workflow__service__pb2.ListWorkersRequest.SerializeToString,
+            cyclone_dot_v1_dot_workflow__service__pb2.ListWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -496,7 +496,10 @@ type ListRunsRequest struct {
 	// Page size, 1-1000. Default 50.
 	PageSize int32 `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// next_page_token of the previous page; empty for the first page.
-	PageToken     string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only the run made by SubmitOnce with this key (exact match; one per workflow),
+	// when set.
+	Key           string `protobuf:"bytes,7,opt,name=key,proto3" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -569,6 +572,13 @@ func (x *ListRunsRequest) GetPageSize() int32 {
 func (x *ListRunsRequest) GetPageToken() string {
 	if x != nil {
 		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListRunsRequest) GetKey() string {
+	if x != nil {
+		return x.Key
 	}
 	return ""
 }
@@ -1204,6 +1214,612 @@ func (x *SendEventResponse) GetCreated() bool {
 	return false
 }
 
+// Arguments of WorkflowService.CountRuns. Filters combine with AND, as in ListRuns.
+type CountRunsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only runs of this workflow, when set.
+	Workflow string `protobuf:"bytes,1,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// The statuses to count; empty: every status.
+	Statuses []RunStatus `protobuf:"varint,2,rep,packed,name=statuses,proto3,enum=cyclone.v1.RunStatus" json:"statuses,omitempty"`
+	// Only runs created at or after this time, when set.
+	CreatedAfter *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_after,json=createdAfter,proto3" json:"created_after,omitempty"`
+	// Only runs created before this time, when set.
+	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
+	// Only the run made by SubmitOnce with this key, when set.
+	Key string `protobuf:"bytes,5,opt,name=key,proto3" json:"key,omitempty"`
+	// Count each status exactly up to this many, 1-100000. Default 1000. Each status
+	// reads up to limit + 1 index entries; a workflow or time filter may read more
+	// (the entries of the status that it filters out), so ask for what you will show.
+	Limit         int32 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CountRunsRequest) Reset() {
+	*x = CountRunsRequest{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CountRunsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CountRunsRequest) ProtoMessage() {}
+
+func (x *CountRunsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CountRunsRequest.ProtoReflect.Descriptor instead.
+func (*CountRunsRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CountRunsRequest) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+func (x *CountRunsRequest) GetStatuses() []RunStatus {
+	if x != nil {
+		return x.Statuses
+	}
+	return nil
+}
+
+func (x *CountRunsRequest) GetCreatedAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAfter
+	}
+	return nil
+}
+
+func (x *CountRunsRequest) GetCreatedBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedBefore
+	}
+	return nil
+}
+
+func (x *CountRunsRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CountRunsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// Result of WorkflowService.CountRuns.
+type CountRunsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per status counted, in the order of RunStatus.
+	Counts        []*RunCount `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CountRunsResponse) Reset() {
+	*x = CountRunsResponse{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CountRunsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CountRunsResponse) ProtoMessage() {}
+
+func (x *CountRunsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CountRunsResponse.ProtoReflect.Descriptor instead.
+func (*CountRunsResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CountRunsResponse) GetCounts() []*RunCount {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+// The runs in one status (CountRunsResponse).
+type RunCount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The status.
+	Status RunStatus `protobuf:"varint,1,opt,name=status,proto3,enum=cyclone.v1.RunStatus" json:"status,omitempty"`
+	// How many runs: exact when at_least is false; else the request's limit.
+	Count int64 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// True when there are more than count: the count stopped at the limit.
+	AtLeast       bool `protobuf:"varint,3,opt,name=at_least,json=atLeast,proto3" json:"at_least,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunCount) Reset() {
+	*x = RunCount{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCount) ProtoMessage() {}
+
+func (x *RunCount) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCount.ProtoReflect.Descriptor instead.
+func (*RunCount) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RunCount) GetStatus() RunStatus {
+	if x != nil {
+		return x.Status
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
+}
+
+func (x *RunCount) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *RunCount) GetAtLeast() bool {
+	if x != nil {
+		return x.AtLeast
+	}
+	return false
+}
+
+// Arguments of WorkflowService.ListSteps. Filters combine with AND.
+type ListStepsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// STEP_STATUS_RUNNING: steps held by a worker, soonest lease expiry first.
+	// STEP_STATUS_AVAILABLE with backing_off: steps waiting out a backoff after a failed
+	// or lost attempt, soonest due first. Other statuses are not listed across runs
+	// (INVALID_ARGUMENT): read them per run with GetRun.
+	Status StepStatus `protobuf:"varint,1,opt,name=status,proto3,enum=cyclone.v1.StepStatus" json:"status,omitempty"`
+	// With STEP_STATUS_RUNNING: only steps whose lease ran out with no outcome (the
+	// recovery sweep has not reclaimed them yet).
+	LeaseExpired bool `protobuf:"varint,2,opt,name=lease_expired,json=leaseExpired,proto3" json:"lease_expired,omitempty"`
+	// Available steps not due before a later time after a failed or lost attempt
+	// (durable sleeps and event waits are not included). Implies STEP_STATUS_AVAILABLE.
+	BackingOff bool `protobuf:"varint,3,opt,name=backing_off,json=backingOff,proto3" json:"backing_off,omitempty"`
+	// Only steps held (or last held) by this worker, when set.
+	WorkerId string `protobuf:"bytes,4,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// Only steps of this action, when set.
+	Action string `protobuf:"bytes,5,opt,name=action,proto3" json:"action,omitempty"`
+	// Page size, 1-1000. Default 50.
+	PageSize int32 `protobuf:"varint,6,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous page; empty for the first page.
+	PageToken     string `protobuf:"bytes,7,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListStepsRequest) Reset() {
+	*x = ListStepsRequest{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListStepsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListStepsRequest) ProtoMessage() {}
+
+func (x *ListStepsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListStepsRequest.ProtoReflect.Descriptor instead.
+func (*ListStepsRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ListStepsRequest) GetStatus() StepStatus {
+	if x != nil {
+		return x.Status
+	}
+	return StepStatus_STEP_STATUS_UNSPECIFIED
+}
+
+func (x *ListStepsRequest) GetLeaseExpired() bool {
+	if x != nil {
+		return x.LeaseExpired
+	}
+	return false
+}
+
+func (x *ListStepsRequest) GetBackingOff() bool {
+	if x != nil {
+		return x.BackingOff
+	}
+	return false
+}
+
+func (x *ListStepsRequest) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *ListStepsRequest) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *ListStepsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListStepsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// Result of WorkflowService.ListSteps.
+type ListStepsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The steps, each with its run, in the order the request's status names.
+	Steps []*RunStep `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	// Pass as page_token to get the next page; empty on the last page. A lease extended
+	// while you page moves its step in the order: it may show twice, or not at all.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListStepsResponse) Reset() {
+	*x = ListStepsResponse{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListStepsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListStepsResponse) ProtoMessage() {}
+
+func (x *ListStepsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListStepsResponse.ProtoReflect.Descriptor instead.
+func (*ListStepsResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ListStepsResponse) GetSteps() []*RunStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *ListStepsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// A step with the run it belongs to (ListStepsResponse).
+type RunStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run's id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The run's workflow.
+	Workflow string `protobuf:"bytes,2,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// The step as GetRun shows it, without its journal (its errors are included).
+	Step          *Step `protobuf:"bytes,3,opt,name=step,proto3" json:"step,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunStep) Reset() {
+	*x = RunStep{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunStep) ProtoMessage() {}
+
+func (x *RunStep) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
+func (*RunStep) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RunStep) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *RunStep) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+func (x *RunStep) GetStep() *Step {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
+// Arguments of WorkflowService.ListWorkers.
+type ListWorkersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorkersRequest) Reset() {
+	*x = ListWorkersRequest{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorkersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkersRequest) ProtoMessage() {}
+
+func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
+func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{22}
+}
+
+// Result of WorkflowService.ListWorkers.
+type ListWorkersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The workers holding at least one step now, by worker_id (at most 1000).
+	Workers []*WorkerSummary `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	// Every action a Claim ever named or an available step waits for, by name (at most
+	// 1000): who last asked for it and who last got a step of it (recorded by the
+	// servers every few seconds; unset when no Claim named it), how many of its steps
+	// run now (running), and how many are ready to be claimed (ready_ahead: all of
+	// them, counted up to 10,000).
+	Actions       []*ActionActivity `protobuf:"bytes,2,rep,name=actions,proto3" json:"actions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorkersResponse) Reset() {
+	*x = ListWorkersResponse{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorkersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkersResponse) ProtoMessage() {}
+
+func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
+func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ListWorkersResponse) GetWorkers() []*WorkerSummary {
+	if x != nil {
+		return x.Workers
+	}
+	return nil
+}
+
+func (x *ListWorkersResponse) GetActions() []*ActionActivity {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+// One worker, as the steps it holds show it (ListWorkersResponse).
+type WorkerSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The worker_id it claims with.
+	WorkerId string `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// The actions of the steps it holds, by name.
+	Actions []string `protobuf:"bytes,2,rep,name=actions,proto3" json:"actions,omitempty"`
+	// How many steps it holds.
+	Running int32 `protobuf:"varint,3,opt,name=running,proto3" json:"running,omitempty"`
+	// Its latest claim or heartbeat over the steps it holds.
+	LastHeartbeatAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_heartbeat_at,json=lastHeartbeatAt,proto3" json:"last_heartbeat_at,omitempty"`
+	// How many of its steps' leases ran out with no outcome.
+	LeaseExpired  int32 `protobuf:"varint,5,opt,name=lease_expired,json=leaseExpired,proto3" json:"lease_expired,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkerSummary) Reset() {
+	*x = WorkerSummary{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerSummary) ProtoMessage() {}
+
+func (x *WorkerSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerSummary.ProtoReflect.Descriptor instead.
+func (*WorkerSummary) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *WorkerSummary) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *WorkerSummary) GetActions() []string {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+func (x *WorkerSummary) GetRunning() int32 {
+	if x != nil {
+		return x.Running
+	}
+	return 0
+}
+
+func (x *WorkerSummary) GetLastHeartbeatAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastHeartbeatAt
+	}
+	return nil
+}
+
+func (x *WorkerSummary) GetLeaseExpired() int32 {
+	if x != nil {
+		return x.LeaseExpired
+	}
+	return 0
+}
+
 var File_cyclone_v1_workflow_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
@@ -1230,7 +1846,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04logs\x18\x02 \x01(\bR\x04logs\"3\n" +
 	"\x0eGetRunResponse\x12!\n" +
-	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\xa0\x02\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\xb2\x02\n" +
 	"\x0fListRunsRequest\x12\x1a\n" +
 	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x121\n" +
 	"\bstatuses\x18\x02 \x03(\x0e2\x15.cyclone.v1.RunStatusR\bstatuses\x12?\n" +
@@ -1238,7 +1854,8 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x0ecreated_before\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\x12\x1b\n" +
 	"\tpage_size\x18\x05 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x06 \x01(\tR\tpageToken\"_\n" +
+	"page_token\x18\x06 \x01(\tR\tpageToken\x12\x10\n" +
+	"\x03key\x18\a \x01(\tR\x03key\"_\n" +
 	"\x10ListRunsResponse\x12#\n" +
 	"\x04runs\x18\x01 \x03(\v2\x0f.cyclone.v1.RunR\x04runs\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"f\n" +
@@ -1282,7 +1899,47 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x03key\x18\x04 \x01(\tR\x03key\"H\n" +
 	"\x11SendEventResponse\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\x03R\aeventId\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated*\x9a\x03\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"\x8d\x02\n" +
+	"\x10CountRunsRequest\x12\x1a\n" +
+	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x121\n" +
+	"\bstatuses\x18\x02 \x03(\x0e2\x15.cyclone.v1.RunStatusR\bstatuses\x12?\n" +
+	"\rcreated_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fcreatedAfter\x12A\n" +
+	"\x0ecreated_before\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\x12\x10\n" +
+	"\x03key\x18\x05 \x01(\tR\x03key\x12\x14\n" +
+	"\x05limit\x18\x06 \x01(\x05R\x05limit\"A\n" +
+	"\x11CountRunsResponse\x12,\n" +
+	"\x06counts\x18\x01 \x03(\v2\x14.cyclone.v1.RunCountR\x06counts\"j\n" +
+	"\bRunCount\x12-\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x15.cyclone.v1.RunStatusR\x06status\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x19\n" +
+	"\bat_least\x18\x03 \x01(\bR\aatLeast\"\xf9\x01\n" +
+	"\x10ListStepsRequest\x12.\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x16.cyclone.v1.StepStatusR\x06status\x12#\n" +
+	"\rlease_expired\x18\x02 \x01(\bR\fleaseExpired\x12\x1f\n" +
+	"\vbacking_off\x18\x03 \x01(\bR\n" +
+	"backingOff\x12\x1b\n" +
+	"\tworker_id\x18\x04 \x01(\tR\bworkerId\x12\x16\n" +
+	"\x06action\x18\x05 \x01(\tR\x06action\x12\x1b\n" +
+	"\tpage_size\x18\x06 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\a \x01(\tR\tpageToken\"f\n" +
+	"\x11ListStepsResponse\x12)\n" +
+	"\x05steps\x18\x01 \x03(\v2\x13.cyclone.v1.RunStepR\x05steps\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"b\n" +
+	"\aRunStep\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
+	"\bworkflow\x18\x02 \x01(\tR\bworkflow\x12$\n" +
+	"\x04step\x18\x03 \x01(\v2\x10.cyclone.v1.StepR\x04step\"\x14\n" +
+	"\x12ListWorkersRequest\"\x80\x01\n" +
+	"\x13ListWorkersResponse\x123\n" +
+	"\aworkers\x18\x01 \x03(\v2\x19.cyclone.v1.WorkerSummaryR\aworkers\x124\n" +
+	"\aactions\x18\x02 \x03(\v2\x1a.cyclone.v1.ActionActivityR\aactions\"\xcd\x01\n" +
+	"\rWorkerSummary\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x18\n" +
+	"\aactions\x18\x02 \x03(\tR\aactions\x12\x18\n" +
+	"\arunning\x18\x03 \x01(\x05R\arunning\x12F\n" +
+	"\x11last_heartbeat_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastHeartbeatAt\x12#\n" +
+	"\rlease_expired\x18\x05 \x01(\x05R\fleaseExpired*\x9a\x03\n" +
 	"\rExplainReason\x12\x1e\n" +
 	"\x1aEXPLAIN_REASON_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"EXPLAIN_REASON_WAITING_ON_UPSTREAM\x10\x01\x12\x1e\n" +
@@ -1297,7 +1954,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x16EXPLAIN_REASON_SKIPPED\x10\n" +
 	"\x12\x1c\n" +
 	"\x18EXPLAIN_REASON_CANCELLED\x10\v\x12\x1c\n" +
-	"\x18EXPLAIN_REASON_COMPLETED\x10\f2\xff\x03\n" +
+	"\x18EXPLAIN_REASON_COMPLETED\x10\f2\xe3\x05\n" +
 	"\x0fWorkflowService\x12?\n" +
 	"\x06Submit\x12\x19.cyclone.v1.SubmitRequest\x1a\x1a.cyclone.v1.SubmitResponse\x12K\n" +
 	"\n" +
@@ -1306,7 +1963,10 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\bListRuns\x12\x1b.cyclone.v1.ListRunsRequest\x1a\x1c.cyclone.v1.ListRunsResponse\x12H\n" +
 	"\tCancelRun\x12\x1c.cyclone.v1.CancelRunRequest\x1a\x1d.cyclone.v1.CancelRunResponse\x12B\n" +
 	"\aExplain\x12\x1a.cyclone.v1.ExplainRequest\x1a\x1b.cyclone.v1.ExplainResponse\x12H\n" +
-	"\tSendEvent\x12\x1c.cyclone.v1.SendEventRequest\x1a\x1d.cyclone.v1.SendEventResponseb\x06proto3"
+	"\tSendEvent\x12\x1c.cyclone.v1.SendEventRequest\x1a\x1d.cyclone.v1.SendEventResponse\x12H\n" +
+	"\tCountRuns\x12\x1c.cyclone.v1.CountRunsRequest\x1a\x1d.cyclone.v1.CountRunsResponse\x12H\n" +
+	"\tListSteps\x12\x1c.cyclone.v1.ListStepsRequest\x1a\x1d.cyclone.v1.ListStepsResponse\x12N\n" +
+	"\vListWorkers\x12\x1e.cyclone.v1.ListWorkersRequest\x1a\x1f.cyclone.v1.ListWorkersResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_workflow_service_proto_rawDescOnce sync.Once
@@ -1321,7 +1981,7 @@ func file_cyclone_v1_workflow_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_workflow_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(ExplainReason)(0),            // 0: cyclone.v1.ExplainReason
 	(*SubmitRequest)(nil),         // 1: cyclone.v1.SubmitRequest
@@ -1340,59 +2000,85 @@ var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(*ActionActivity)(nil),        // 14: cyclone.v1.ActionActivity
 	(*SendEventRequest)(nil),      // 15: cyclone.v1.SendEventRequest
 	(*SendEventResponse)(nil),     // 16: cyclone.v1.SendEventResponse
-	(*Workflow)(nil),              // 17: cyclone.v1.Workflow
-	(*structpb.Value)(nil),        // 18: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
-	(*Run)(nil),                   // 20: cyclone.v1.Run
-	(RunStatus)(0),                // 21: cyclone.v1.RunStatus
-	(*Step)(nil),                  // 22: cyclone.v1.Step
-	(*RunError)(nil),              // 23: cyclone.v1.RunError
-	(StepStatus)(0),               // 24: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 25: cyclone.v1.StepError
+	(*CountRunsRequest)(nil),      // 17: cyclone.v1.CountRunsRequest
+	(*CountRunsResponse)(nil),     // 18: cyclone.v1.CountRunsResponse
+	(*RunCount)(nil),              // 19: cyclone.v1.RunCount
+	(*ListStepsRequest)(nil),      // 20: cyclone.v1.ListStepsRequest
+	(*ListStepsResponse)(nil),     // 21: cyclone.v1.ListStepsResponse
+	(*RunStep)(nil),               // 22: cyclone.v1.RunStep
+	(*ListWorkersRequest)(nil),    // 23: cyclone.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),   // 24: cyclone.v1.ListWorkersResponse
+	(*WorkerSummary)(nil),         // 25: cyclone.v1.WorkerSummary
+	(*Workflow)(nil),              // 26: cyclone.v1.Workflow
+	(*structpb.Value)(nil),        // 27: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	(*Run)(nil),                   // 29: cyclone.v1.Run
+	(RunStatus)(0),                // 30: cyclone.v1.RunStatus
+	(*Step)(nil),                  // 31: cyclone.v1.Step
+	(*RunError)(nil),              // 32: cyclone.v1.RunError
+	(StepStatus)(0),               // 33: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 34: cyclone.v1.StepError
 }
 var file_cyclone_v1_workflow_service_proto_depIdxs = []int32{
-	17, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
-	18, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
-	19, // 2: cyclone.v1.SubmitRequest.start_at:type_name -> google.protobuf.Timestamp
-	17, // 3: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
-	18, // 4: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
-	19, // 5: cyclone.v1.SubmitOnceRequest.start_at:type_name -> google.protobuf.Timestamp
-	20, // 6: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
-	21, // 7: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
-	19, // 8: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
-	19, // 9: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
-	20, // 10: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
-	20, // 11: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
+	26, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
+	27, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
+	28, // 2: cyclone.v1.SubmitRequest.start_at:type_name -> google.protobuf.Timestamp
+	26, // 3: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
+	27, // 4: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
+	28, // 5: cyclone.v1.SubmitOnceRequest.start_at:type_name -> google.protobuf.Timestamp
+	29, // 6: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
+	30, // 7: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
+	28, // 8: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
+	28, // 9: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
+	29, // 10: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
+	29, // 11: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
 	0,  // 12: cyclone.v1.ExplainResponse.reason:type_name -> cyclone.v1.ExplainReason
-	22, // 13: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
-	21, // 14: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
-	23, // 15: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
+	31, // 13: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
+	30, // 14: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
+	32, // 15: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
 	13, // 16: cyclone.v1.ExplainResponse.upstream:type_name -> cyclone.v1.NodeState
 	14, // 17: cyclone.v1.ExplainResponse.action:type_name -> cyclone.v1.ActionActivity
-	24, // 18: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
-	25, // 19: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
-	19, // 20: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
-	19, // 21: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
-	18, // 22: cyclone.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
-	1,  // 23: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
-	3,  // 24: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
-	5,  // 25: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
-	7,  // 26: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
-	9,  // 27: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
-	11, // 28: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
-	15, // 29: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
-	2,  // 30: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
-	4,  // 31: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
-	6,  // 32: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
-	8,  // 33: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
-	10, // 34: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
-	12, // 35: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
-	16, // 36: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
-	30, // [30:37] is the sub-list for method output_type
-	23, // [23:30] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	33, // 18: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
+	34, // 19: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
+	28, // 20: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
+	28, // 21: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
+	27, // 22: cyclone.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
+	30, // 23: cyclone.v1.CountRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
+	28, // 24: cyclone.v1.CountRunsRequest.created_after:type_name -> google.protobuf.Timestamp
+	28, // 25: cyclone.v1.CountRunsRequest.created_before:type_name -> google.protobuf.Timestamp
+	19, // 26: cyclone.v1.CountRunsResponse.counts:type_name -> cyclone.v1.RunCount
+	30, // 27: cyclone.v1.RunCount.status:type_name -> cyclone.v1.RunStatus
+	33, // 28: cyclone.v1.ListStepsRequest.status:type_name -> cyclone.v1.StepStatus
+	22, // 29: cyclone.v1.ListStepsResponse.steps:type_name -> cyclone.v1.RunStep
+	31, // 30: cyclone.v1.RunStep.step:type_name -> cyclone.v1.Step
+	25, // 31: cyclone.v1.ListWorkersResponse.workers:type_name -> cyclone.v1.WorkerSummary
+	14, // 32: cyclone.v1.ListWorkersResponse.actions:type_name -> cyclone.v1.ActionActivity
+	28, // 33: cyclone.v1.WorkerSummary.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	1,  // 34: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
+	3,  // 35: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
+	5,  // 36: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
+	7,  // 37: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
+	9,  // 38: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
+	11, // 39: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
+	15, // 40: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
+	17, // 41: cyclone.v1.WorkflowService.CountRuns:input_type -> cyclone.v1.CountRunsRequest
+	20, // 42: cyclone.v1.WorkflowService.ListSteps:input_type -> cyclone.v1.ListStepsRequest
+	23, // 43: cyclone.v1.WorkflowService.ListWorkers:input_type -> cyclone.v1.ListWorkersRequest
+	2,  // 44: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
+	4,  // 45: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
+	6,  // 46: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
+	8,  // 47: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
+	10, // 48: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
+	12, // 49: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
+	16, // 50: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
+	18, // 51: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
+	21, // 52: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
+	24, // 53: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
+	44, // [44:54] is the sub-list for method output_type
+	34, // [34:44] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_workflow_service_proto_init() }
@@ -1407,7 +2093,7 @@ func file_cyclone_v1_workflow_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_workflow_service_proto_rawDesc), len(file_cyclone_v1_workflow_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,13 +19,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	WorkflowService_Submit_FullMethodName     = "/cyclone.v1.WorkflowService/Submit"
-	WorkflowService_SubmitOnce_FullMethodName = "/cyclone.v1.WorkflowService/SubmitOnce"
-	WorkflowService_GetRun_FullMethodName     = "/cyclone.v1.WorkflowService/GetRun"
-	WorkflowService_ListRuns_FullMethodName   = "/cyclone.v1.WorkflowService/ListRuns"
-	WorkflowService_CancelRun_FullMethodName  = "/cyclone.v1.WorkflowService/CancelRun"
-	WorkflowService_Explain_FullMethodName    = "/cyclone.v1.WorkflowService/Explain"
-	WorkflowService_SendEvent_FullMethodName  = "/cyclone.v1.WorkflowService/SendEvent"
+	WorkflowService_Submit_FullMethodName      = "/cyclone.v1.WorkflowService/Submit"
+	WorkflowService_SubmitOnce_FullMethodName  = "/cyclone.v1.WorkflowService/SubmitOnce"
+	WorkflowService_GetRun_FullMethodName      = "/cyclone.v1.WorkflowService/GetRun"
+	WorkflowService_ListRuns_FullMethodName    = "/cyclone.v1.WorkflowService/ListRuns"
+	WorkflowService_CancelRun_FullMethodName   = "/cyclone.v1.WorkflowService/CancelRun"
+	WorkflowService_Explain_FullMethodName     = "/cyclone.v1.WorkflowService/Explain"
+	WorkflowService_SendEvent_FullMethodName   = "/cyclone.v1.WorkflowService/SendEvent"
+	WorkflowService_CountRuns_FullMethodName   = "/cyclone.v1.WorkflowService/CountRuns"
+	WorkflowService_ListSteps_FullMethodName   = "/cyclone.v1.WorkflowService/ListSteps"
+	WorkflowService_ListWorkers_FullMethodName = "/cyclone.v1.WorkflowService/ListWorkers"
 )
 
 // WorkflowServiceClient is the client API for WorkflowService service.
@@ -66,6 +69,18 @@ type WorkflowServiceClient interface {
 	// "send_event", with the actor). NOT_FOUND for an unknown run, FAILED_PRECONDITION
 	// for a completed or cancelled run.
 	SendEvent(ctx context.Context, in *SendEventRequest, opts ...grpc.CallOption) (*SendEventResponse, error)
+	// How many runs are in each status, with ListRuns' filters: exact up to a limit per
+	// status, then "at least" the limit. Each status is counted by walking its index
+	// from the newest run until limit + 1 runs matched (or the index ended), so a count
+	// costs about the same at a million runs as at a thousand. Reads only.
+	CountRuns(ctx context.Context, in *CountRunsRequest, opts ...grpc.CallOption) (*CountRunsResponse, error)
+	// Steps across runs: the running ones (optionally only those whose lease ran out),
+	// or the ones backing off after a failed attempt; filtered by worker and action,
+	// paged. Reads only; see docs/api.md for what each listing reads.
+	ListSteps(ctx context.Context, in *ListStepsRequest, opts ...grpc.CallOption) (*ListStepsResponse, error)
+	// The workers holding steps now (grouped by worker_id) and, per action, the last
+	// Claim that named it and the last one that got a step of it. Reads only.
+	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
 }
 
 type workflowServiceClient struct {
@@ -146,6 +161,36 @@ func (c *workflowServiceClient) SendEvent(ctx context.Context, in *SendEventRequ
 	return out, nil
 }
 
+func (c *workflowServiceClient) CountRuns(ctx context.Context, in *CountRunsRequest, opts ...grpc.CallOption) (*CountRunsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CountRunsResponse)
+	err := c.cc.Invoke(ctx, WorkflowService_CountRuns_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workflowServiceClient) ListSteps(ctx context.Context, in *ListStepsRequest, opts ...grpc.CallOption) (*ListStepsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListStepsResponse)
+	err := c.cc.Invoke(ctx, WorkflowService_ListSteps_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workflowServiceClient) ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListWorkersResponse)
+	err := c.cc.Invoke(ctx, WorkflowService_ListWorkers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkflowServiceServer is the server API for WorkflowService service.
 // All implementations must embed UnimplementedWorkflowServiceServer
 // for forward compatibility.
@@ -184,6 +229,18 @@ type WorkflowServiceServer interface {
 	// "send_event", with the actor). NOT_FOUND for an unknown run, FAILED_PRECONDITION
 	// for a completed or cancelled run.
 	SendEvent(context.Context, *SendEventRequest) (*SendEventResponse, error)
+	// How many runs are in each status, with ListRuns' filters: exact up to a limit per
+	// status, then "at least" the limit. Each status is counted by walking its index
+	// from the newest run until limit + 1 runs matched (or the index ended), so a count
+	// costs about the same at a million runs as at a thousand. Reads only.
+	CountRuns(context.Context, *CountRunsRequest) (*CountRunsResponse, error)
+	// Steps across runs: the running ones (optionally only those whose lease ran out),
+	// or the ones backing off after a failed attempt; filtered by worker and action,
+	// paged. Reads only; see docs/api.md for what each listing reads.
+	ListSteps(context.Context, *ListStepsRequest) (*ListStepsResponse, error)
+	// The workers holding steps now (grouped by worker_id) and, per action, the last
+	// Claim that named it and the last one that got a step of it. Reads only.
+	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
 	mustEmbedUnimplementedWorkflowServiceServer()
 }
 
@@ -214,6 +271,15 @@ func (UnimplementedWorkflowServiceServer) Explain(context.Context, *ExplainReque
 }
 func (UnimplementedWorkflowServiceServer) SendEvent(context.Context, *SendEventRequest) (*SendEventResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SendEvent not implemented")
+}
+func (UnimplementedWorkflowServiceServer) CountRuns(context.Context, *CountRunsRequest) (*CountRunsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CountRuns not implemented")
+}
+func (UnimplementedWorkflowServiceServer) ListSteps(context.Context, *ListStepsRequest) (*ListStepsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSteps not implemented")
+}
+func (UnimplementedWorkflowServiceServer) ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListWorkers not implemented")
 }
 func (UnimplementedWorkflowServiceServer) mustEmbedUnimplementedWorkflowServiceServer() {}
 func (UnimplementedWorkflowServiceServer) testEmbeddedByValue()                         {}
@@ -362,6 +428,60 @@ func _WorkflowService_SendEvent_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkflowService_CountRuns_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CountRunsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkflowServiceServer).CountRuns(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkflowService_CountRuns_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkflowServiceServer).CountRuns(ctx, req.(*CountRunsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _WorkflowService_ListSteps_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListStepsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkflowServiceServer).ListSteps(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkflowService_ListSteps_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkflowServiceServer).ListSteps(ctx, req.(*ListStepsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _WorkflowService_ListWorkers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWorkersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkflowServiceServer).ListWorkers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkflowService_ListWorkers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkflowServiceServer).ListWorkers(ctx, req.(*ListWorkersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkflowService_ServiceDesc is the grpc.ServiceDesc for WorkflowService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -396,6 +516,18 @@ var WorkflowService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SendEvent",
 			Handler:    _WorkflowService_SendEvent_Handler,
+		},
+		{
+			MethodName: "CountRuns",
+			Handler:    _WorkflowService_CountRuns_Handler,
+		},
+		{
+			MethodName: "ListSteps",
+			Handler:    _WorkflowService_ListSteps_Handler,
+		},
+		{
+			MethodName: "ListWorkers",
+			Handler:    _WorkflowService_ListWorkers_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

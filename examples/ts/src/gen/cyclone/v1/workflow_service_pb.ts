@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/workflow_service.proto.
  */
 export const file_cyclone_v1_workflow_service: GenFile = /*@__PURE__*/
-  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEingEKDVN1Ym1pdFJlcXVlc3QSJgoId29ya2Zsb3cYASABKAsyFC5jeWNsb25lLnYxLldvcmtmbG93EiUKBWlucHV0GAIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiwKCHN0YXJ0X2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgEIAEoBSIgCg5TdWJtaXRSZXNwb25zZRIOCgZydW5faWQYASABKAkirwEKEVN1Ym1pdE9uY2VSZXF1ZXN0EiYKCHdvcmtmbG93GAEgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRILCgNrZXkYAyABKAkSLAoIc3RhcnRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHByaW9yaXR5GAUgASgFIjUKElN1Ym1pdE9uY2VSZXNwb25zZRIOCgZydW5faWQYASABKAkSDwoHY3JlYXRlZBgCIAEoCCItCg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRsb2dzGAIgASgIIi4KDkdldFJ1blJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuItoBCg9MaXN0UnVuc1JlcXVlc3QSEAoId29ya2Zsb3cYASABKAkSJwoIc3RhdHVzZXMYAiADKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIxCg1jcmVhdGVkX2FmdGVyGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jcmVhdGVkX2JlZm9yZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkiSgoQTGlzdFJ1bnNSZXNwb25zZRIdCgRydW5zGAEgAygLMg8uY3ljbG9uZS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkkKEENhbmNlbFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIVCg1rZWVwX2NoaWxkcmVuGAMgASgIIjEKEUNhbmNlbFJ1blJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuIi4KDkV4cGxhaW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJIpYCCg9FeHBsYWluUmVzcG9uc2USKQoGcmVhc29uGAEgASgOMhkuY3ljbG9uZS52MS5FeHBsYWluUmVhc29uEg8KB21lc3NhZ2UYAiABKAkSHgoEc3RlcBgDIAEoCzIQLmN5Y2xvbmUudjEuU3RlcBIpCgpydW5fc3RhdHVzGAQgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSJwoJcnVuX2Vycm9yGAUgASgLMhQuY3ljbG9uZS52MS5SdW5FcnJvchInCgh1cHN0cmVhbRgGIAMoCzIVLmN5Y2xvbmUudjEuTm9kZVN0YXRlEioKBmFjdGlvbhgHIAEoCzIaLmN5Y2xvbmUudjEuQWN0aW9uQWN0aXZpdHkifQoJTm9kZVN0YXRlEgwKBG5vZGUYASABKAkSJgoGc3RhdHVzGAIgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEg8KB2F0dGVtcHQYAyABKAUSKQoKbGFzdF9lcnJvchgEIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIuABCg5BY3Rpb25BY3Rpdml0eRIOCgZhY3Rpb24YASABKAkSMgoObGFzdF9wb2xsZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmxhc3RfcG9sbGVkX2J5GAMgASgJEjMKD2xhc3RfY2xhaW1lZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPbGFzdF9jbGFpbWVkX2J5GAUgASgJEhMKC3JlYWR5X2FoZWFkGAYgASgFEg8KB3J1bm5pbmcYByABKAUiZgoQU2VuZEV2ZW50UmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbmFtZRgCIAEoCRInCgdwYXlsb2FkGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEgsKA2tleRgEIAEoCSI2ChFTZW5kRXZlbnRSZXNwb25zZRIQCghldmVudF9pZBgBIAEoAxIPCgdjcmVhdGVkGAIgASgIKpoDCg1FeHBsYWluUmVhc29uEh4KGkVYUExBSU5fUkVBU09OX1VOU1BFQ0lGSUVEEAASJgoiRVhQTEFJTl9SRUFTT05fV0FJVElOR19PTl9VUFNUUkVBTRABEh4KGkVYUExBSU5fUkVBU09OX0JBQ0tJTkdfT0ZGEAISGAoURVhQTEFJTl9SRUFTT05fUkVBRFkQAxIZChVFWFBMQUlOX1JFQVNPTl9RVUVVRUQQBBIcChhFWFBMQUlOX1JFQVNPTl9OT19XT1JLRVIQBRIaChZFWFBMQUlOX1JFQVNPTl9SVU5OSU5HEAYSIAocRVhQTEFJTl9SRUFTT05fTEVBU0VfRVhQSVJFRBAHEhoKFkVYUExBSU5fUkVBU09OX0JMT0NLRUQQCBIcChhFWFBMQUlOX1JFQVNPTl9ESVNDQVJERUQQCRIaChZFWFBMQUlOX1JFQVNPTl9TS0lQUEVEEAoSHAoYRVhQTEFJTl9SRUFTT05fQ0FOQ0VMTEVEEAsSHAoYRVhQTEFJTl9SRUFTT05fQ09NUExFVEVEEAwy/wMKD1dvcmtmbG93U2VydmljZRI/CgZTdWJtaXQSGS5jeWNsb25lLnYxLlN1Ym1pdFJlcXVlc3QaGi5jeWNsb25lLnYxLlN1Ym1pdFJlc3BvbnNlEksKClN1Ym1pdE9uY2USHS5jeWNsb25lLnYxLlN1Ym1pdE9uY2VSZXF1ZXN0Gh4uY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVzcG9uc2USPwoGR2V0UnVuEhkuY3ljbG9uZS52MS5HZXRSdW5SZXF1ZXN0GhouY3ljbG9uZS52MS5HZXRSdW5SZXNwb25zZRJFCghMaXN0UnVucxIbLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXF1ZXN0GhwuY3ljbG9uZS52MS5MaXN0UnVuc1Jlc3BvbnNlEkgKCUNhbmNlbFJ1bhIcLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVzcG9uc2USQgoHRXhwbGFpbhIaLmN5Y2xvbmUudjEuRXhwbGFpblJlcXVlc3QaGy5jeWNsb25lLnYxLkV4cGxhaW5SZXNwb25zZRJICglTZW5kRXZlbnQSHC5jeWNsb25lLnYxLlNlbmRFdmVudFJlcXVlc3QaHS5jeWNsb25lLnYxLlNlbmRFdmVudFJlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEingEKDVN1Ym1pdFJlcXVlc3QSJgoId29ya2Zsb3cYASABKAsyFC5jeWNsb25lLnYxLldvcmtmbG93EiUKBWlucHV0GAIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiwKCHN0YXJ0X2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgEIAEoBSIgCg5TdWJtaXRSZXNwb25zZRIOCgZydW5faWQYASABKAkirwEKEVN1Ym1pdE9uY2VSZXF1ZXN0EiYKCHdvcmtmbG93GAEgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRILCgNrZXkYAyABKAkSLAoIc3RhcnRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHByaW9yaXR5GAUgASgFIjUKElN1Ym1pdE9uY2VSZXNwb25zZRIOCgZydW5faWQYASABKAkSDwoHY3JlYXRlZBgCIAEoCCItCg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRsb2dzGAIgASgIIi4KDkdldFJ1blJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuIucBCg9MaXN0UnVuc1JlcXVlc3QSEAoId29ya2Zsb3cYASABKAkSJwoIc3RhdHVzZXMYAiADKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIxCg1jcmVhdGVkX2FmdGVyGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jcmVhdGVkX2JlZm9yZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkSCwoDa2V5GAcgASgJIkoKEExpc3RSdW5zUmVzcG9uc2USHQoEcnVucxgBIAMoCzIPLmN5Y2xvbmUudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJJChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkSFQoNa2VlcF9jaGlsZHJlbhgDIAEoCCIxChFDYW5jZWxSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biIuCg5FeHBsYWluUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCSKWAgoPRXhwbGFpblJlc3BvbnNlEikKBnJlYXNvbhgBIAEoDjIZLmN5Y2xvbmUudjEuRXhwbGFpblJlYXNvbhIPCgdtZXNzYWdlGAIgASgJEh4KBHN0ZXAYAyABKAsyEC5jeWNsb25lLnYxLlN0ZXASKQoKcnVuX3N0YXR1cxgEIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzEicKCXJ1bl9lcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISJwoIdXBzdHJlYW0YBiADKAsyFS5jeWNsb25lLnYxLk5vZGVTdGF0ZRIqCgZhY3Rpb24YByABKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5In0KCU5vZGVTdGF0ZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIPCgdhdHRlbXB0GAMgASgFEikKCmxhc3RfZXJyb3IYBCABKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvciLgAQoOQWN0aW9uQWN0aXZpdHkSDgoGYWN0aW9uGAEgASgJEjIKDmxhc3RfcG9sbGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5sYXN0X3BvbGxlZF9ieRgDIAEoCRIzCg9sYXN0X2NsYWltZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2xhc3RfY2xhaW1lZF9ieRgFIAEoCRITCgtyZWFkeV9haGVhZBgGIAEoBRIPCgdydW5uaW5nGAcgASgFImYKEFNlbmRFdmVudFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSJwoHcGF5bG9hZBgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRILCgNrZXkYBCABKAkiNgoRU2VuZEV2ZW50UmVzcG9uc2USEAoIZXZlbnRfaWQYASABKAMSDwoHY3JlYXRlZBgCIAEoCCLQAQoQQ291bnRSdW5zUmVxdWVzdBIQCgh3b3JrZmxvdxgBIAEoCRInCghzdGF0dXNlcxgCIAMoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzEjEKDWNyZWF0ZWRfYWZ0ZXIYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKDmNyZWF0ZWRfYmVmb3JlGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBILCgNrZXkYBSABKAkSDQoFbGltaXQYBiABKAUiOQoRQ291bnRSdW5zUmVzcG9uc2USJAoGY291bnRzGAEgAygLMhQuY3ljbG9uZS52MS5SdW5Db3VudCJSCghSdW5Db3VudBIlCgZzdGF0dXMYASABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxINCgVjb3VudBgCIAEoAxIQCghhdF9sZWFzdBgDIAEoCCKwAQoQTGlzdFN0ZXBzUmVxdWVzdBImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSFQoNbGVhc2VfZXhwaXJlZBgCIAEoCBITCgtiYWNraW5nX29mZhgDIAEoCBIRCgl3b3JrZXJfaWQYBCABKAkSDgoGYWN0aW9uGAUgASgJEhEKCXBhZ2Vfc2l6ZRgGIAEoBRISCgpwYWdlX3Rva2VuGAcgASgJIlAKEUxpc3RTdGVwc1Jlc3BvbnNlEiIKBXN0ZXBzGAEgAygLMhMuY3ljbG9uZS52MS5SdW5TdGVwEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJLCgdSdW5TdGVwEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRIeCgRzdGVwGAMgASgLMhAuY3ljbG9uZS52MS5TdGVwIhQKEkxpc3RXb3JrZXJzUmVxdWVzdCJuChNMaXN0V29ya2Vyc1Jlc3BvbnNlEioKB3dvcmtlcnMYASADKAsyGS5jeWNsb25lLnYxLldvcmtlclN1bW1hcnkSKwoHYWN0aW9ucxgCIAMoCzIaLmN5Y2xvbmUudjEuQWN0aW9uQWN0aXZpdHkikgEKDVdvcmtlclN1bW1hcnkSEQoJd29ya2VyX2lkGAEgASgJEg8KB2FjdGlvbnMYAiADKAkSDwoHcnVubmluZxgDIAEoBRI1ChFsYXN0X2hlYXJ0YmVhdF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFQoNbGVhc2VfZXhwaXJlZBgFIAEoBSqaAwoNRXhwbGFpblJlYXNvbhIeChpFWFBMQUlOX1JFQVNPTl9VTlNQRUNJRklFRBAAEiYKIkVYUExBSU5fUkVBU09OX1dBSVRJTkdfT05fVVBTVFJFQU0QARIeChpFWFBMQUlOX1JFQVNPTl9CQUNLSU5HX09GRhACEhgKFEVYUExBSU5fUkVBU09OX1JFQURZEAMSGQoVRVhQTEFJTl9SRUFTT05fUVVFVUVEEAQSHAoYRVhQTEFJTl9SRUFTT05fTk9fV09SS0VSEAUSGgoWRVhQTEFJTl9SRUFTT05fUlVOTklORxAGEiAKHEVYUExBSU5fUkVBU09OX0xFQVNFX0VYUElSRUQQBxIaChZFWFBMQUlOX1JFQVNPTl9CTE9DS0VEEAgSHAoYRVhQTEFJTl9SRUFTT05fRElTQ0FSREVEEAkSGgoWRVhQTEFJTl9SRUFTT05fU0tJUFBFRBAKEhwKGEVYUExBSU5fUkVBU09OX0NBTkNFTExFRBALEhwKGEVYUExBSU5fUkVBU09OX0NPTVBMRVRFRBAMMuMFCg9Xb3JrZmxvd1NlcnZpY2USPwoGU3VibWl0EhkuY3ljbG9uZS52MS5TdWJtaXRSZXF1ZXN0GhouY3ljbG9uZS52MS5TdWJtaXRSZXNwb25zZRJLCgpTdWJtaXRPbmNlEh0uY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVxdWVzdBoeLmN5Y2xvbmUudjEuU3VibWl0T25jZVJlc3BvbnNlEj8KBkdldFJ1bhIZLmN5Y2xvbmUudjEuR2V0UnVuUmVxdWVzdBoaLmN5Y2xvbmUudjEuR2V0UnVuUmVzcG9uc2USRQoITGlzdFJ1bnMSGy5jeWNsb25lLnYxLkxpc3RSdW5zUmVxdWVzdBocLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXNwb25zZRJICglDYW5jZWxSdW4SHC5jeWNsb25lLnYxLkNhbmNlbFJ1blJlcXVlc3QaHS5jeWNsb25lLnYxLkNhbmNlbFJ1blJlc3BvbnNlEkIKB0V4cGxhaW4SGi5jeWNsb25lLnYxLkV4cGxhaW5SZXF1ZXN0GhsuY3ljbG9uZS52MS5FeHBsYWluUmVzcG9uc2USSAoJU2VuZEV2ZW50EhwuY3ljbG9uZS52MS5TZW5kRXZlbnRSZXF1ZXN0Gh0uY3ljbG9uZS52MS5TZW5kRXZlbnRSZXNwb25zZRJICglDb3VudFJ1bnMSHC5jeWNsb25lLnYxLkNvdW50UnVuc1JlcXVlc3QaHS5jeWNsb25lLnYxLkNvdW50UnVuc1Jlc3BvbnNlEkgKCUxpc3RTdGVwcxIcLmN5Y2xvbmUudjEuTGlzdFN0ZXBzUmVxdWVzdBodLmN5Y2xvbmUudjEuTGlzdFN0ZXBzUmVzcG9uc2USTgoLTGlzdFdvcmtlcnMSHi5jeWNsb25lLnYxLkxpc3RXb3JrZXJzUmVxdWVzdBofLmN5Y2xvbmUudjEuTGlzdFdvcmtlcnNSZXNwb25zZWIGcHJvdG8z", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * Arguments of WorkflowService.Submit.
@@ -256,6 +256,14 @@ export type ListRunsRequest = Message<"cyclone.v1.ListRunsRequest"> & {
    * @generated from field: string page_token = 6;
    */
   pageToken: string;
+
+  /**
+   * Only the run made by SubmitOnce with this key (exact match; one per workflow),
+   * when set.
+   *
+   * @generated from field: string key = 7;
+   */
+  key: string;
 };
 
 /**
@@ -626,6 +634,348 @@ export const SendEventResponseSchema: GenMessage<SendEventResponse> = /*@__PURE_
   messageDesc(file_cyclone_v1_workflow_service, 15);
 
 /**
+ * Arguments of WorkflowService.CountRuns. Filters combine with AND, as in ListRuns.
+ *
+ * @generated from message cyclone.v1.CountRunsRequest
+ */
+export type CountRunsRequest = Message<"cyclone.v1.CountRunsRequest"> & {
+  /**
+   * Only runs of this workflow, when set.
+   *
+   * @generated from field: string workflow = 1;
+   */
+  workflow: string;
+
+  /**
+   * The statuses to count; empty: every status.
+   *
+   * @generated from field: repeated cyclone.v1.RunStatus statuses = 2;
+   */
+  statuses: RunStatus[];
+
+  /**
+   * Only runs created at or after this time, when set.
+   *
+   * @generated from field: google.protobuf.Timestamp created_after = 3;
+   */
+  createdAfter?: Timestamp | undefined;
+
+  /**
+   * Only runs created before this time, when set.
+   *
+   * @generated from field: google.protobuf.Timestamp created_before = 4;
+   */
+  createdBefore?: Timestamp | undefined;
+
+  /**
+   * Only the run made by SubmitOnce with this key, when set.
+   *
+   * @generated from field: string key = 5;
+   */
+  key: string;
+
+  /**
+   * Count each status exactly up to this many, 1-100000. Default 1000. Each status
+   * reads up to limit + 1 index entries; a workflow or time filter may read more
+   * (the entries of the status that it filters out), so ask for what you will show.
+   *
+   * @generated from field: int32 limit = 6;
+   */
+  limit: number;
+};
+
+/**
+ * Describes the message cyclone.v1.CountRunsRequest.
+ * Use `create(CountRunsRequestSchema)` to create a new message.
+ */
+export const CountRunsRequestSchema: GenMessage<CountRunsRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 16);
+
+/**
+ * Result of WorkflowService.CountRuns.
+ *
+ * @generated from message cyclone.v1.CountRunsResponse
+ */
+export type CountRunsResponse = Message<"cyclone.v1.CountRunsResponse"> & {
+  /**
+   * One per status counted, in the order of RunStatus.
+   *
+   * @generated from field: repeated cyclone.v1.RunCount counts = 1;
+   */
+  counts: RunCount[];
+};
+
+/**
+ * Describes the message cyclone.v1.CountRunsResponse.
+ * Use `create(CountRunsResponseSchema)` to create a new message.
+ */
+export const CountRunsResponseSchema: GenMessage<CountRunsResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 17);
+
+/**
+ * The runs in one status (CountRunsResponse).
+ *
+ * @generated from message cyclone.v1.RunCount
+ */
+export type RunCount = Message<"cyclone.v1.RunCount"> & {
+  /**
+   * The status.
+   *
+   * @generated from field: cyclone.v1.RunStatus status = 1;
+   */
+  status: RunStatus;
+
+  /**
+   * How many runs: exact when at_least is false; else the request's limit.
+   *
+   * @generated from field: int64 count = 2;
+   */
+  count: bigint;
+
+  /**
+   * True when there are more than count: the count stopped at the limit.
+   *
+   * @generated from field: bool at_least = 3;
+   */
+  atLeast: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.RunCount.
+ * Use `create(RunCountSchema)` to create a new message.
+ */
+export const RunCountSchema: GenMessage<RunCount> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 18);
+
+/**
+ * Arguments of WorkflowService.ListSteps. Filters combine with AND.
+ *
+ * @generated from message cyclone.v1.ListStepsRequest
+ */
+export type ListStepsRequest = Message<"cyclone.v1.ListStepsRequest"> & {
+  /**
+   * STEP_STATUS_RUNNING: steps held by a worker, soonest lease expiry first.
+   * STEP_STATUS_AVAILABLE with backing_off: steps waiting out a backoff after a failed
+   * or lost attempt, soonest due first. Other statuses are not listed across runs
+   * (INVALID_ARGUMENT): read them per run with GetRun.
+   *
+   * @generated from field: cyclone.v1.StepStatus status = 1;
+   */
+  status: StepStatus;
+
+  /**
+   * With STEP_STATUS_RUNNING: only steps whose lease ran out with no outcome (the
+   * recovery sweep has not reclaimed them yet).
+   *
+   * @generated from field: bool lease_expired = 2;
+   */
+  leaseExpired: boolean;
+
+  /**
+   * Available steps not due before a later time after a failed or lost attempt
+   * (durable sleeps and event waits are not included). Implies STEP_STATUS_AVAILABLE.
+   *
+   * @generated from field: bool backing_off = 3;
+   */
+  backingOff: boolean;
+
+  /**
+   * Only steps held (or last held) by this worker, when set.
+   *
+   * @generated from field: string worker_id = 4;
+   */
+  workerId: string;
+
+  /**
+   * Only steps of this action, when set.
+   *
+   * @generated from field: string action = 5;
+   */
+  action: string;
+
+  /**
+   * Page size, 1-1000. Default 50.
+   *
+   * @generated from field: int32 page_size = 6;
+   */
+  pageSize: number;
+
+  /**
+   * next_page_token of the previous page; empty for the first page.
+   *
+   * @generated from field: string page_token = 7;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message cyclone.v1.ListStepsRequest.
+ * Use `create(ListStepsRequestSchema)` to create a new message.
+ */
+export const ListStepsRequestSchema: GenMessage<ListStepsRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 19);
+
+/**
+ * Result of WorkflowService.ListSteps.
+ *
+ * @generated from message cyclone.v1.ListStepsResponse
+ */
+export type ListStepsResponse = Message<"cyclone.v1.ListStepsResponse"> & {
+  /**
+   * The steps, each with its run, in the order the request's status names.
+   *
+   * @generated from field: repeated cyclone.v1.RunStep steps = 1;
+   */
+  steps: RunStep[];
+
+  /**
+   * Pass as page_token to get the next page; empty on the last page. A lease extended
+   * while you page moves its step in the order: it may show twice, or not at all.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message cyclone.v1.ListStepsResponse.
+ * Use `create(ListStepsResponseSchema)` to create a new message.
+ */
+export const ListStepsResponseSchema: GenMessage<ListStepsResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 20);
+
+/**
+ * A step with the run it belongs to (ListStepsResponse).
+ *
+ * @generated from message cyclone.v1.RunStep
+ */
+export type RunStep = Message<"cyclone.v1.RunStep"> & {
+  /**
+   * The run's id.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The run's workflow.
+   *
+   * @generated from field: string workflow = 2;
+   */
+  workflow: string;
+
+  /**
+   * The step as GetRun shows it, without its journal (its errors are included).
+   *
+   * @generated from field: cyclone.v1.Step step = 3;
+   */
+  step?: Step | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.RunStep.
+ * Use `create(RunStepSchema)` to create a new message.
+ */
+export const RunStepSchema: GenMessage<RunStep> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 21);
+
+/**
+ * Arguments of WorkflowService.ListWorkers.
+ *
+ * @generated from message cyclone.v1.ListWorkersRequest
+ */
+export type ListWorkersRequest = Message<"cyclone.v1.ListWorkersRequest"> & {
+};
+
+/**
+ * Describes the message cyclone.v1.ListWorkersRequest.
+ * Use `create(ListWorkersRequestSchema)` to create a new message.
+ */
+export const ListWorkersRequestSchema: GenMessage<ListWorkersRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 22);
+
+/**
+ * Result of WorkflowService.ListWorkers.
+ *
+ * @generated from message cyclone.v1.ListWorkersResponse
+ */
+export type ListWorkersResponse = Message<"cyclone.v1.ListWorkersResponse"> & {
+  /**
+   * The workers holding at least one step now, by worker_id (at most 1000).
+   *
+   * @generated from field: repeated cyclone.v1.WorkerSummary workers = 1;
+   */
+  workers: WorkerSummary[];
+
+  /**
+   * Every action a Claim ever named or an available step waits for, by name (at most
+   * 1000): who last asked for it and who last got a step of it (recorded by the
+   * servers every few seconds; unset when no Claim named it), how many of its steps
+   * run now (running), and how many are ready to be claimed (ready_ahead: all of
+   * them, counted up to 10,000).
+   *
+   * @generated from field: repeated cyclone.v1.ActionActivity actions = 2;
+   */
+  actions: ActionActivity[];
+};
+
+/**
+ * Describes the message cyclone.v1.ListWorkersResponse.
+ * Use `create(ListWorkersResponseSchema)` to create a new message.
+ */
+export const ListWorkersResponseSchema: GenMessage<ListWorkersResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 23);
+
+/**
+ * One worker, as the steps it holds show it (ListWorkersResponse).
+ *
+ * @generated from message cyclone.v1.WorkerSummary
+ */
+export type WorkerSummary = Message<"cyclone.v1.WorkerSummary"> & {
+  /**
+   * The worker_id it claims with.
+   *
+   * @generated from field: string worker_id = 1;
+   */
+  workerId: string;
+
+  /**
+   * The actions of the steps it holds, by name.
+   *
+   * @generated from field: repeated string actions = 2;
+   */
+  actions: string[];
+
+  /**
+   * How many steps it holds.
+   *
+   * @generated from field: int32 running = 3;
+   */
+  running: number;
+
+  /**
+   * Its latest claim or heartbeat over the steps it holds.
+   *
+   * @generated from field: google.protobuf.Timestamp last_heartbeat_at = 4;
+   */
+  lastHeartbeatAt?: Timestamp | undefined;
+
+  /**
+   * How many of its steps' leases ran out with no outcome.
+   *
+   * @generated from field: int32 lease_expired = 5;
+   */
+  leaseExpired: number;
+};
+
+/**
+ * Describes the message cyclone.v1.WorkerSummary.
+ * Use `create(WorkerSummarySchema)` to create a new message.
+ */
+export const WorkerSummarySchema: GenMessage<WorkerSummary> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 24);
+
+/**
  * Why a node is not running now (ExplainResponse.reason).
  *
  * @generated from enum cyclone.v1.ExplainReason
@@ -827,6 +1177,42 @@ export const WorkflowService: GenService<{
     methodKind: "unary";
     input: typeof SendEventRequestSchema;
     output: typeof SendEventResponseSchema;
+  },
+  /**
+   * How many runs are in each status, with ListRuns' filters: exact up to a limit per
+   * status, then "at least" the limit. Each status is counted by walking its index
+   * from the newest run until limit + 1 runs matched (or the index ended), so a count
+   * costs about the same at a million runs as at a thousand. Reads only.
+   *
+   * @generated from rpc cyclone.v1.WorkflowService.CountRuns
+   */
+  countRuns: {
+    methodKind: "unary";
+    input: typeof CountRunsRequestSchema;
+    output: typeof CountRunsResponseSchema;
+  },
+  /**
+   * Steps across runs: the running ones (optionally only those whose lease ran out),
+   * or the ones backing off after a failed attempt; filtered by worker and action,
+   * paged. Reads only; see docs/api.md for what each listing reads.
+   *
+   * @generated from rpc cyclone.v1.WorkflowService.ListSteps
+   */
+  listSteps: {
+    methodKind: "unary";
+    input: typeof ListStepsRequestSchema;
+    output: typeof ListStepsResponseSchema;
+  },
+  /**
+   * The workers holding steps now (grouped by worker_id) and, per action, the last
+   * Claim that named it and the last one that got a step of it. Reads only.
+   *
+   * @generated from rpc cyclone.v1.WorkflowService.ListWorkers
+   */
+  listWorkers: {
+    methodKind: "unary";
+    input: typeof ListWorkersRequestSchema;
+    output: typeof ListWorkersResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_workflow_service, 0);
