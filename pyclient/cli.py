@@ -139,6 +139,8 @@ facts behind it. The reason is one of:
   ready                ready, and workers ask for its action: the next claim takes it
   queued               ready, but steps of its action are ahead or its workers busy
   no_worker            ready, but no worker has asked for its action lately
+  concurrency_limited  ready, but its concurrency key has its limit of steps running
+  rate_limited         ready, but its action's rate limit is used up (until when)
   running              leased: by which worker, since when, last heartbeat, lease end
   lease_expired        the lease ran out with no outcome; the sweep will reclaim it
   blocked              its run is blocked (this step is uncertain, or held)

@@ -462,6 +462,8 @@ class ExplainReason(enum.StrEnum):
     SKIPPED = "skipped"
     CANCELLED = "cancelled"
     COMPLETED = "completed"
+    CONCURRENCY_LIMITED = "concurrency_limited"
+    RATE_LIMITED = "rate_limited"
 
 
 @dataclass(frozen=True, slots=True)

@@ -269,6 +269,22 @@ def _ready(row: ExplainFacts, now: datetime) -> Explanation:
             f"it{uncertain}",
             about_workers=True,
         )
+    key, limit = row.concurrency_key, row.concurrency_limit
+    if key is not None and limit is not None and (row.key_running or 0) >= limit:
+        return Explanation(
+            "concurrency_limited",
+            f"{since}; its concurrency key {key!r} has {limit} of {limit} step(s) running: "
+            "it can start when one of them stops (a waiting worker looks again every "
+            f"0.2 s){uncertain}",
+            about_workers=True,
+        )
+    if row.rate_reopens_at is not None:
+        return Explanation(
+            "rate_limited",
+            f"{since}; the rate limit of action {row.action} is used up until "
+            f"{_at(now, row.rate_reopens_at)}{uncertain}",
+            about_workers=True,
+        )
     if row.ready_ahead:
         more = "+" if row.ready_ahead >= 10000 else ""
         return Explanation(

@@ -466,6 +466,10 @@ class ExplainFacts(NamedTuple):
     run_id: uuid.UUID
     waiting_for: str | None
     resumes: int | None
+    concurrency_key: str | None
+    concurrency_limit: int | None
+    key_running: int | None
+    rate_reopens_at: datetime | None
 
 
 class GaugeRow(NamedTuple):

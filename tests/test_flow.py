@@ -437,3 +437,33 @@ def test_explain_counts_the_steps_ahead_in_claim_order(cyclone_server):
         return int(cyclone_server.workflows.Explain(request).action.ready_ahead)
 
     assert [ahead(high), ahead(low[0]), ahead(low[1])] == [0, 1, 2]
+
+
+def _explain(server: Any, run_id: str) -> Any:
+    return server.workflows.Explain(workflow_service_pb2.ExplainRequest(run_id=run_id, node="n"))
+
+
+def test_explain_says_a_ready_step_waits_for_its_full_concurrency_key(cyclone_server):
+    runs = [
+        _submit(cyclone_server, workflow("w", _keyed("n", "customer:{run.c}", 1)), input={"c": 7})
+        for _ in range(2)
+    ]
+    [held] = _claim(cyclone_server, "work", 10)
+    [waiting] = [r for r in runs if r != held.run_id]
+    answer = _explain(cyclone_server, waiting)
+    assert answer.reason == workflow_service_pb2.EXPLAIN_REASON_CONCURRENCY_LIMITED
+    assert "'customer:7' has 1 of 1 step(s) running" in answer.message
+    _complete(cyclone_server, held)
+    # The key has room again: the next claim takes it.
+    assert _explain(cyclone_server, waiting).reason == workflow_service_pb2.EXPLAIN_REASON_READY
+
+
+def test_explain_says_a_ready_step_waits_for_its_actions_rate(cyclone_server):
+    runs = [submit(cyclone_server, workflow("w", node("n", "rated"))) for _ in range(2)]
+    [taken] = _claim(cyclone_server, "rated", 10, rate=(1, 60.0))
+    [waiting] = [r for r in runs if r != taken.run_id]
+    answer = _explain(cyclone_server, waiting)
+    assert answer.reason == workflow_service_pb2.EXPLAIN_REASON_RATE_LIMITED
+    assert "the rate limit of action rated is used up until" in answer.message
+    cyclone_server.advance_clock(61)  # the window opens (no worker asked meanwhile)
+    assert _explain(cyclone_server, waiting).reason == workflow_service_pb2.EXPLAIN_REASON_QUEUED

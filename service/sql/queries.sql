@@ -233,7 +233,17 @@ SELECT r.status AS run_status, r.error AS run_error, cyclone.now() AS now,
           FROM cyclone.audit c
          WHERE c.run_id = r.run_id AND c.action = 'cancel'
          ORDER BY c.id DESC LIMIT 1) AS cancel,
-       r.run_id, s.waiting_for, s.resumes
+       r.run_id, s.waiting_for, s.resumes,
+       -- For a ready step with a concurrency key: its running steps, up to its limit.
+       s.concurrency_key, s.concurrency_limit,
+       CASE WHEN s.status = 'available' AND s.concurrency_key IS NOT NULL THEN (
+           SELECT count(*) FROM (
+               SELECT 1 FROM cyclone.steps k
+                WHERE k.concurrency_key = s.concurrency_key AND k.status = 'running'
+                LIMIT s.concurrency_limit) n) END AS key_running,
+       -- When its action's rate limit opens again, if it is used up now.
+       (SELECT t.reopens_at FROM cyclone.action_rates t
+         WHERE t.action = s.action AND t.reopens_at > cyclone.now()) AS rate_reopens_at
   FROM cyclone.runs r
   LEFT JOIN cyclone.steps s ON s.run_id = r.run_id AND s.node = :node
   LEFT JOIN cyclone.action_claims a ON a.action = s.action

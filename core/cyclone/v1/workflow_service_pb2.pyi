@@ -27,6 +27,8 @@ class ExplainReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXPLAIN_REASON_SKIPPED: _ClassVar[ExplainReason]
     EXPLAIN_REASON_CANCELLED: _ClassVar[ExplainReason]
     EXPLAIN_REASON_COMPLETED: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_CONCURRENCY_LIMITED: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_RATE_LIMITED: _ClassVar[ExplainReason]
 EXPLAIN_REASON_UNSPECIFIED: ExplainReason
 EXPLAIN_REASON_WAITING_ON_UPSTREAM: ExplainReason
 EXPLAIN_REASON_BACKING_OFF: ExplainReason
@@ -40,6 +42,8 @@ EXPLAIN_REASON_DISCARDED: ExplainReason
 EXPLAIN_REASON_SKIPPED: ExplainReason
 EXPLAIN_REASON_CANCELLED: ExplainReason
 EXPLAIN_REASON_COMPLETED: ExplainReason
+EXPLAIN_REASON_CONCURRENCY_LIMITED: ExplainReason
+EXPLAIN_REASON_RATE_LIMITED: ExplainReason
 
 class SubmitRequest(_message.Message):
     __slots__ = ("workflow", "input", "start_at", "priority")

@@ -58,6 +58,11 @@ const (
 	ExplainReason_EXPLAIN_REASON_CANCELLED ExplainReason = 11
 	// Completed.
 	ExplainReason_EXPLAIN_REASON_COMPLETED ExplainReason = 12
+	// Ready now, but its concurrency key (step.concurrency_key) has as many steps
+	// running as its limit allows: it can start when one of them stops.
+	ExplainReason_EXPLAIN_REASON_CONCURRENCY_LIMITED ExplainReason = 13
+	// Ready now, but its action's rate limit is used up until the window opens again.
+	ExplainReason_EXPLAIN_REASON_RATE_LIMITED ExplainReason = 14
 )
 
 // Enum value maps for ExplainReason.
@@ -76,6 +81,8 @@ var (
 		10: "EXPLAIN_REASON_SKIPPED",
 		11: "EXPLAIN_REASON_CANCELLED",
 		12: "EXPLAIN_REASON_COMPLETED",
+		13: "EXPLAIN_REASON_CONCURRENCY_LIMITED",
+		14: "EXPLAIN_REASON_RATE_LIMITED",
 	}
 	ExplainReason_value = map[string]int32{
 		"EXPLAIN_REASON_UNSPECIFIED":         0,
@@ -91,6 +98,8 @@ var (
 		"EXPLAIN_REASON_SKIPPED":             10,
 		"EXPLAIN_REASON_CANCELLED":           11,
 		"EXPLAIN_REASON_COMPLETED":           12,
+		"EXPLAIN_REASON_CONCURRENCY_LIMITED": 13,
+		"EXPLAIN_REASON_RATE_LIMITED":        14,
 	}
 )
 
@@ -1939,7 +1948,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\aactions\x18\x02 \x03(\tR\aactions\x12\x18\n" +
 	"\arunning\x18\x03 \x01(\x05R\arunning\x12F\n" +
 	"\x11last_heartbeat_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastHeartbeatAt\x12#\n" +
-	"\rlease_expired\x18\x05 \x01(\x05R\fleaseExpired*\x9a\x03\n" +
+	"\rlease_expired\x18\x05 \x01(\x05R\fleaseExpired*\xe3\x03\n" +
 	"\rExplainReason\x12\x1e\n" +
 	"\x1aEXPLAIN_REASON_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"EXPLAIN_REASON_WAITING_ON_UPSTREAM\x10\x01\x12\x1e\n" +
@@ -1954,7 +1963,9 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x16EXPLAIN_REASON_SKIPPED\x10\n" +
 	"\x12\x1c\n" +
 	"\x18EXPLAIN_REASON_CANCELLED\x10\v\x12\x1c\n" +
-	"\x18EXPLAIN_REASON_COMPLETED\x10\f2\xe3\x05\n" +
+	"\x18EXPLAIN_REASON_COMPLETED\x10\f\x12&\n" +
+	"\"EXPLAIN_REASON_CONCURRENCY_LIMITED\x10\r\x12\x1f\n" +
+	"\x1bEXPLAIN_REASON_RATE_LIMITED\x10\x0e2\xe3\x05\n" +
 	"\x0fWorkflowService\x12?\n" +
 	"\x06Submit\x12\x19.cyclone.v1.SubmitRequest\x1a\x1a.cyclone.v1.SubmitResponse\x12K\n" +
 	"\n" +
