@@ -100,13 +100,18 @@ END;
 $$;
 
 -- Propagates steps that just became final to their dependents, in waves: each wave's
--- finals are counted at their pending dependents in one statement (deps_open - 1, and
--- deps_failed + 1 for a final that is not completed); a pending step whose upstream is
--- all final is judged by its trigger rule and becomes ready, or skipped (a skip is
--- final in turn and joins the next wave). A root (no upstream) always runs, as at
--- submit. Ready steps become available when the run is running; while it is blocked
--- they stay pending (held until Resolve). Then the run is closed by the count of steps
--- made final (_run_close). Returns the run's status.
+-- finals are counted at their pending dependents (deps_open - 1, and deps_failed + 1
+-- for a final that is not completed); a pending step whose upstream is all final is
+-- judged by its trigger rule and becomes ready, or skipped (a skip is final in turn
+-- and joins the next wave). A root (no upstream) always runs, as at submit. Ready
+-- steps become available when the run is running; while it is blocked they stay
+-- pending (held until Resolve). Then the run is closed by the count of steps made
+-- final (_run_close). Returns the run's status.
+-- Every statement reaches the run's steps by key (node = ANY of a list): none joins
+-- steps to a set of nodes. For such a join a planner that expects a run to have a few
+-- steps (no statistics, or statistics of small runs) put the run's steps outside and
+-- the set inside: for a fan-out of 10,000 that was 50 million comparisons, 15 s to
+-- complete its root (docs/performance.md, the fan scenario).
 --   p_final:  nodes that just became final
 --   p_decide: pending nodes to judge now (step_retry, step_resolve)
 --   p_closed: how many steps the caller made final itself
@@ -124,21 +129,28 @@ DECLARE
     v_runs    text[];
     v_closed  integer := p_closed;
     v_status  text;
+    -- The wave's dependents, and for each its count of finals and of failed finals.
+    v_targets text[];
+    v_counts  jsonb;
 BEGIN
     LOOP
         IF cardinality(v_wave) > 0 THEN
-            -- Count the whole wave at each pending dependent, in one statement.
-            WITH fin AS (
-                SELECT d.node, count(*)::integer AS n,
-                       (count(*) FILTER (WHERE f.status <> 'completed'))::integer AS failed
-                  FROM cyclone.steps f CROSS JOIN LATERAL unnest(f.dependents) AS d(node)
-                 WHERE f.run_id = p_run_id AND f.node = ANY (v_wave)
-                 GROUP BY d.node
-            ), counted AS (
+            -- Count the whole wave at each pending dependent: the counts first, then
+            -- the dependents updated by key, each looking its count up by name.
+            SELECT array_agg(fin.node),
+                   jsonb_object_agg(fin.node, jsonb_build_array(fin.n, fin.failed))
+              INTO v_targets, v_counts
+              FROM (SELECT d.node, count(*)::integer AS n,
+                           (count(*) FILTER (WHERE f.status <> 'completed'))::integer AS failed
+                      FROM cyclone.steps f CROSS JOIN LATERAL unnest(f.dependents) AS d(node)
+                     WHERE f.run_id = p_run_id AND f.node = ANY (v_wave)
+                     GROUP BY d.node) fin;
+            WITH counted AS (
                 UPDATE cyclone.steps s
-                   SET deps_open = s.deps_open - fin.n, deps_failed = s.deps_failed + fin.failed
-                  FROM fin
-                 WHERE s.run_id = p_run_id AND s.node = fin.node AND s.status = 'pending'
+                   SET deps_open = s.deps_open - (v_counts->s.node->>0)::integer,
+                       deps_failed = s.deps_failed + (v_counts->s.node->>1)::integer
+                 WHERE s.run_id = p_run_id AND s.node = ANY (v_targets)
+                   AND s.status = 'pending'
                 RETURNING s.node, s.deps_open
             )
             SELECT v_decide || coalesce(array_agg(node), '{}') INTO v_decide
@@ -162,8 +174,8 @@ BEGIN
                AND status = 'pending' AND deps_open = 0
         ), skipped AS (
             UPDATE cyclone.steps s SET status = 'skipped', finished_at = v_now
-              FROM judged j
-             WHERE s.run_id = p_run_id AND s.node = j.node AND NOT j.runs
+             WHERE s.run_id = p_run_id
+               AND s.node = ANY (ARRAY(SELECT j.node FROM judged j WHERE NOT j.runs))
                AND s.status = 'pending'
             RETURNING s.node
         )
