@@ -219,3 +219,33 @@ def test_completing_the_root_of_a_wide_fan_out_takes_linear_time(database_url, s
             ).fetchall()
         )
     assert counts == {"completed:0": 1, "available:0": SETTLE_WIDTH, f"pending:{SETTLE_WIDTH}": 1}
+
+
+def test_a_join_made_ready_while_its_run_is_blocked_is_held_until_resolve(cyclone_server):
+    """The counting update releases a ready dependent only in a running run: leaves that
+    complete while another node has blocked the run leave their join pending (held),
+    and Resolve releases it."""
+    from tests.test_blocked import _abandon, resolve
+
+    leaves = [f"leaf{i}" for i in range(3)]
+    run_id = submit(
+        cyclone_server,
+        workflow(
+            "order",
+            node("charge", action="charge"),
+            *(node(n, "leaf") for n in leaves),
+            node("join", "join", leaves),
+        ),
+    )
+    held = claim(cyclone_server, "leaf")
+    assert len(held) == 3
+    [charge] = claim(cyclone_server, "charge", unsafe=("charge",))
+    cyclone_server.workers.Complete(_abandon(cyclone_server, charge))
+    assert run_status(get_run(cyclone_server, run_id)) == "blocked"
+    _complete_many(cyclone_server, held, {n: n for n in leaves})
+    run = get_run(cyclone_server, run_id)
+    assert statuses(run)["join"] == "pending"
+    assert claim(cyclone_server, "join") == []
+    resolve(cyclone_server, run_id, discard=True)
+    [joined] = claim(cyclone_server, "join")
+    assert set(joined.upstream_outputs) == set(leaves)
