@@ -41,6 +41,23 @@ def _wide_server(server_factory: Any, width: int) -> Any:
     )
 
 
+def _submit_wide(server: Any, joins: dict[str, str], **leaf: Any) -> tuple[str, list[str]]:
+    """Submits a root, WIDTH leaves depending on it (``leaf`` options) and one join per
+    entry of ``joins`` (name: trigger rule, action = name) depending on every leaf;
+    returns the run id and the leaves' names."""
+    names = [f"leaf{i}" for i in range(WIDTH)]
+    run_id = submit(
+        server,
+        workflow(
+            "wide",
+            node("root", "root"),
+            *(node(n, "leaf", ["root"], **leaf) for n in names),
+            *(node(j, j, names, rule=rule) for j, rule in joins.items()),
+        ),
+    )
+    return run_id, names
+
+
 def _complete_many(server: Any, steps: list, outputs: dict[str, Any]) -> None:
     request = worker_service_pb2.CompleteManyRequest(
         completions=[
@@ -80,16 +97,7 @@ def _complete_from_two_workers(server: Any, steps: list, outputs: dict[str, Any]
 
 def test_a_wide_join_runs_once_after_every_leaf_with_their_outputs(server_factory):
     server = _wide_server(server_factory, WIDTH)
-    names = [f"leaf{i}" for i in range(WIDTH)]
-    run_id = submit(
-        server,
-        workflow(
-            "wide",
-            node("root", "root"),
-            *(node(n, "leaf", ["root"]) for n in names),
-            node("join", "join", names),
-        ),
-    )
+    run_id, names = _submit_wide(server, {"join": "all_success"})
     [root] = claim(server, "root")
     complete(server, root, {"root": True})
     outputs = {n: {"leaf": i} for i, n in enumerate(names)}
@@ -120,18 +128,8 @@ def test_a_failed_leaf_skips_the_all_success_join_and_runs_the_others(server_fac
     """One leaf of a wide fan-out is discarded: the all_success join is skipped, the
     all_done and one_failed joins run once, after every leaf, told which leaf failed."""
     server = _wide_server(server_factory, WIDTH)
-    names = [f"leaf{i}" for i in range(WIDTH)]
-    run_id = submit(
-        server,
-        workflow(
-            "wide",
-            node("root", "root"),
-            *(node(n, "leaf", ["root"], max_attempts=1) for n in names),
-            node("join", "join", names),
-            node("report", "report", names, rule="all_done"),
-            node("undo", "undo", names, rule="one_failed"),
-        ),
-    )
+    joins = {"join": "all_success", "report": "all_done", "undo": "one_failed"}
+    run_id, names = _submit_wide(server, joins, max_attempts=1)
     [root] = claim(server, "root")
     complete(server, root)
     leaves = claim(server, "leaf", n=1000) + claim(server, "leaf", n=1000)
