@@ -19,6 +19,13 @@ Scenarios (fixed counts, every loop bounded in count and time):
               wake-to-resume latency, from each sleep's wake time to the claim that
               resumed it (p50, p99; target p50 within 50 ms)
   history     throughput again after 1,000,000 finished steps are in the tables
+  fan         one run of a root, a 10,000-wide fan-out and a join, drained as throughput:
+              steps/s (ratio to throughput), and how long after the last leaf's
+              completion the join became available and was claimed. The server runs
+              with its workflow limits raised for it (FAN_LIMITS)
+  backlog     1,000,000 one-node runs put in ready (run_submit from SQL, in batches)
+              before the workers start, drained as throughput: steps/s over the first
+              100,000 completed (--backlog-measure; 0 drains all), ratio to throughput
   submit      runs submitted per second by 4 concurrent clients
   big         health checks answered while one Submit at the default caps (2,000 nodes,
               ~100,000 edges) is validated and stored: their latency, and the Submit's own
@@ -91,7 +98,7 @@ def fresh_database(base: str, name: str) -> str:
 
 
 class Server:
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, flags: tuple[str, ...] = ()) -> None:
         env = {**os.environ, "CYCLONE_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [
@@ -104,6 +111,7 @@ class Server:
                 "WARNING",
                 "--pool-size",
                 "16",
+                *flags,
             ],
             env=env,
             stdout=subprocess.PIPE,
@@ -193,7 +201,7 @@ def one_node(name: str, action: str) -> types_pb2.Workflow:
     return types_pb2.Workflow(name=name, nodes=[types_pb2.Node(name="only", action=action)])
 
 
-def fan_workflow(action: str, width: int = 18) -> types_pb2.Workflow:
+def fan_workflow(action: str, width: int = 18, name: str = "fan") -> types_pb2.Workflow:
     nodes = [types_pb2.Node(name="root", action=action)]
     nodes += [
         types_pb2.Node(name=f"leaf{i}", action=action, depends_on=["root"]) for i in range(width)
@@ -201,7 +209,7 @@ def fan_workflow(action: str, width: int = 18) -> types_pb2.Workflow:
     nodes.append(
         types_pb2.Node(name="join", action=action, depends_on=[f"leaf{i}" for i in range(width)])
     )
-    return types_pb2.Workflow(name="fan", nodes=nodes)
+    return types_pb2.Workflow(name=name, nodes=nodes)
 
 
 def submit_many(
@@ -244,12 +252,15 @@ def worker_process(
     calls: int = 0,
     unsafe: bool = False,
     batched: bool = False,
+    quota: tuple | None = None,
 ) -> None:
     """A Python worker process: long-poll claims batched to free slots, no-op handler.
     With ``calls``, the handler is a durable function of that many no-op step calls,
     made with the journal RPCs themselves (BeginStepCall first when ``unsafe``); with
     ``batched``, the ends of safe calls are held and sent in CompleteMany's step_call_ends
-    with the node's completion instead of one EndStepCall each."""
+    with the node's completion instead of one EndStepCall each. With ``quota`` (a shared
+    counter, an event and a count), the workers count their completions together and
+    stop claiming once they reached the count (they finish what they hold)."""
     import asyncio
 
     async def main() -> None:
@@ -280,6 +291,12 @@ def worker_process(
                     await stub.CompleteMany(request)
                     for _, future in batch:
                         future.set_result(None)
+                    if quota is not None:
+                        counter, reached, count = quota
+                        with counter.get_lock():
+                            counter.value += len(batch)
+                            if counter.value >= count:
+                                reached.set()
 
             async def handle(step: worker_service_pb2.ClaimedStep) -> None:
                 nonlocal flusher
@@ -320,6 +337,8 @@ def worker_process(
 
             inflight: set[asyncio.Task] = set()
             while time.monotonic() - started < DEADLINE_S:
+                if quota is not None and quota[1].is_set():
+                    break
                 free = concurrency - len(inflight)
                 if free <= 0:
                     await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
@@ -427,7 +446,10 @@ def start_workers(
     calls: int = 0,
     unsafe: bool = False,
     batched: bool = False,
+    quota: tuple | None = None,
 ):
+    """Start bare-stub worker processes (worker_process); with a ``quota`` (quota()),
+    they stop claiming once they completed its count of steps together."""
     ctx = multiprocessing.get_context("spawn")
     procs = [
         ctx.Process(
@@ -441,6 +463,7 @@ def start_workers(
                 calls,
                 unsafe,
                 batched,
+                quota,
             ),
         )
         for _ in range(processes)
@@ -448,6 +471,13 @@ def start_workers(
     for p in procs:
         p.start()
     return procs
+
+
+def quota(count: int) -> tuple:
+    """A count of completions for start_workers' processes to share; the caller keeps
+    it until they end (a process started by spawn reads it after start() returns)."""
+    ctx = multiprocessing.get_context("spawn")
+    return (ctx.Value("q", 0), ctx.Event(), count)
 
 
 def join(procs) -> None:
@@ -791,6 +821,136 @@ def scenario_history(database_url: str, finished: int) -> None:
         conn.execute("VACUUM ANALYZE cyclone.steps")
 
 
+#: The server's workflow limits for the fan scenario (a root, FAN_WIDTH leaves and a
+#: join): raised by flags for the bench's server only; the defaults (cyclone.dag)
+#: stay as they are.
+FAN_WIDTH = 10_000
+
+
+def fan_flags(width: int) -> tuple[str, ...]:
+    return (
+        "--max-nodes",
+        str(max(dag_default("MAX_NODES"), width + 2)),
+        "--max-dependencies",
+        str(max(dag_default("MAX_DEPENDENCIES"), width)),
+        "--max-dependents",
+        str(max(dag_default("MAX_DEPENDENTS"), width)),
+    )
+
+
+def dag_default(name: str) -> int:
+    from cyclone import dag
+
+    return int(getattr(dag, name))
+
+
+def scenario_fan(server: Server, database_url: str, width: int, action: str) -> dict:
+    """One run: a root, ``width`` leaves depending on it, a join depending on every
+    leaf; drained by the throughput scenario's workers. Steps per second from the
+    root's claim to the join's completion, and how the join followed its last leaf."""
+    started = time.perf_counter()
+    submit_many(server.address, [fan_workflow(action, width, name="wide")], clients=1)
+    submit_ms = (time.perf_counter() - started) * 1000
+    wal_before = wal_lsn(database_url)
+    with CpuMeter(server) as cpu:
+        join(start_workers(server.address, action))
+    wal_bytes = wal_lsn(database_url) - wal_before
+    n, rate = steps_per_second(database_url, action)
+    assert n == width + 2, f"{n} of {width + 2} steps completed"
+    with psycopg.connect(database_url) as conn:
+        release, pickup, upstream, run_status = conn.execute(
+            """
+            SELECT extract(epoch FROM j.available_at - l.last) * 1000,
+                   extract(epoch FROM j.started_at - l.last) * 1000,
+                   (SELECT count(*) FROM cyclone.steps u
+                     WHERE u.run_id = j.run_id AND u.node = ANY (j.depends_on)
+                       AND u.status = 'completed' AND u.finished_at <= j.available_at),
+                   r.status
+              FROM cyclone.steps j
+              JOIN cyclone.runs r USING (run_id)
+             CROSS JOIN LATERAL (SELECT max(f.finished_at) AS last FROM cyclone.steps f
+                                  WHERE f.run_id = j.run_id AND f.node LIKE 'leaf%%') l
+             WHERE j.action = %s AND j.node = 'join'
+            """,
+            (action,),
+        ).fetchone()
+    assert upstream == width and run_status == "completed", (upstream, run_status)
+    return {
+        "width": width,
+        "steps": n,
+        "steps_per_s": round(rate, 1),
+        "submit_ms": round(submit_ms, 1),
+        "join_released_after_last_leaf_ms": round(float(release), 2),
+        "join_claimed_after_last_leaf_ms": round(float(pickup), 2),
+        "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
+        "wal_bytes_per_step": round(wal_bytes / n),
+    }
+
+
+def backlog_load(database_url: str, runs: int, action: str, batch: int = 50_000) -> float:
+    """Put ``runs`` one-node runs of ``action`` in the tables, ready to claim, as Submit
+    would make them: cyclone.run_submit called from SQL for a batch of UUIDv7 run ids
+    at a time (one transaction per batch), with the node JSON the server would pass.
+    Then VACUUM ANALYZE, as autovacuum would soon after such an insert. Returns the
+    runs loaded per second."""
+    from uuid6 import uuid7
+
+    from cyclone import dag
+    from service.store import nodes_json
+
+    nodes = nodes_json(dag.validate_workflow("backlog", [dag.NodeSpec("only", action)]))
+    start = time.perf_counter()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for done in range(0, runs, batch):
+            ids = [uuid7() for _ in range(min(batch, runs - done))]
+            conn.execute(
+                "SELECT count(s.created) FROM unnest(%s::uuid[]) AS r(id)"
+                " CROSS JOIN LATERAL cyclone.run_submit(r.id, 'backlog', NULL, NULL,"
+                " %s::jsonb) s",
+                (ids, nodes),
+            )
+        conn.execute("VACUUM ANALYZE cyclone.runs")
+        conn.execute("VACUUM ANALYZE cyclone.steps")
+    return runs / (time.perf_counter() - start)
+
+
+def scenario_backlog(
+    server: Server, database_url: str, runs: int, measure: int, action: str
+) -> dict:
+    """``runs`` one-node runs ready before the workers start (backlog_load), drained by
+    the throughput scenario's workers: all of them (``measure`` = 0), or until
+    ``measure`` completed, the rest still ready. Steps per second from the first claim
+    to the ``measure``-th completion (or the last)."""
+    loaded_per_s = backlog_load(database_url, runs, action)
+    measure = min(measure, runs) if measure else runs
+    wal_before = wal_lsn(database_url)
+    shared = quota(measure) if measure < runs else None
+    with CpuMeter(server) as cpu:
+        join(start_workers(server.address, action, quota=shared))
+    wal_bytes = wal_lsn(database_url) - wal_before
+    with psycopg.connect(database_url) as conn:
+        n, first = conn.execute(
+            "SELECT count(*), min(started_at) FROM cyclone.steps"
+            " WHERE action = %s AND status = 'completed'",
+            (action,),
+        ).fetchone()
+        nth = conn.execute(
+            "SELECT finished_at FROM cyclone.steps WHERE action = %s AND status = 'completed'"
+            " ORDER BY finished_at OFFSET %s LIMIT 1",
+            (action, measure - 1),
+        ).fetchone()[0]
+    assert n >= measure, f"{n} of {measure} steps completed"
+    return {
+        "runs": runs,
+        "loaded_per_s": round(loaded_per_s, 1),
+        "measured_steps": measure,
+        "steps_completed": n,
+        "steps_per_s": round(measure / (nth - first).total_seconds(), 1),
+        "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
+        "wal_bytes_per_step": round(wal_bytes / n),
+    }
+
+
 def percentiles(values: list[float]) -> dict:
     values = sorted(values)
     q = statistics.quantiles(values, n=100)
@@ -847,6 +1007,22 @@ def main() -> None:
         "--durable-calls", type=int, default=10, help="step calls per durable body (default 10)"
     )
     parser.add_argument("--history", type=int, default=1_000_000)
+    parser.add_argument(
+        "--backlog-runs",
+        type=int,
+        default=1_000_000,
+        help="one-node runs ready before the backlog's workers start (default 1,000,000)",
+    )
+    parser.add_argument(
+        "--backlog-measure",
+        type=int,
+        default=100_000,
+        help="completions the backlog's rate is measured over, the rest left ready "
+        "(default 100,000; 0 drains the whole backlog)",
+    )
+    parser.add_argument(
+        "--fan-width", type=int, default=FAN_WIDTH, help="leaves of the fan scenario's run"
+    )
     parser.add_argument("--only", default="", help="comma-separated scenarios to run")
     parser.add_argument(
         "--database",
@@ -880,7 +1056,9 @@ def main() -> None:
         pg_version = conn.execute("SHOW server_version").fetchone()[0]
         data_directory = conn.execute("SHOW data_directory").fetchone()[0]
     CpuMeter.pid_file = Path(data_directory) / "postmaster.pid"
-    server = Server(database_url)
+    # The fan scenario's workflow is past the default limits: raised for this server.
+    flags = fan_flags(args.fan_width) if wanted("fan") else ()
+    server = Server(database_url, flags)
     results: dict = {
         "machine": {
             "cpus": os.cpu_count(),
@@ -888,6 +1066,7 @@ def main() -> None:
             "platform": platform.platform(),
         },
         "postgres": pg_version,
+        "server_flags": " ".join(flags),
     }
     tmp = RESULTS / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -983,6 +1162,13 @@ def main() -> None:
         if wanted("pickup"):
             results["pickup_ms"] = scenario_pickup(server.address, args.pickups, "pick", tmp)
             print("pickup_ms", results["pickup_ms"], flush=True)
+        if wanted("fan"):
+            results["fan"] = scenario_fan(server, database_url, args.fan_width, "fanop")
+            if "throughput" in results:
+                results["fan"]["ratio"] = round(
+                    results["fan"]["steps_per_s"] / results["throughput"]["steps_per_s"], 2
+                )
+            print("fan", results["fan"], flush=True)
         if wanted("history") and "throughput" in results:
             scenario_history(database_url, args.history)
             again = scenario_throughput(server, database_url, args.runs, "noop2")
@@ -994,6 +1180,16 @@ def main() -> None:
                 "ratio": round(again["steps_per_s"] / results["throughput"]["steps_per_s"], 2),
             }
             print("history", results["history"], flush=True)
+        if wanted("backlog"):
+            # Last: the rest of the backlog stays in the tables, ready.
+            results["backlog"] = scenario_backlog(
+                server, database_url, args.backlog_runs, args.backlog_measure, "backlogop"
+            )
+            if "throughput" in results:
+                results["backlog"]["ratio"] = round(
+                    results["backlog"]["steps_per_s"] / results["throughput"]["steps_per_s"], 2
+                )
+            print("backlog", results["backlog"], flush=True)
     finally:
         server.stop()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -1109,6 +1305,36 @@ def print_table(r: dict, out: Path) -> None:
                 f"{r['history']['steps_per_s']}, {r['history']['wal_bytes_per_step']}",
             )
         )
+    if "fan" in r:
+        f = r["fan"]
+        rows += [
+            (f"fan: one run of {f['width']:,} leaves and a join, steps/s", f["steps_per_s"]),
+            (
+                "  CPU ms per step: server / workers / Postgres",
+                " / ".join(str(v) for v in f["cpu_ms_per_step"].values()),
+            ),
+            (
+                "  join available / claimed after the last leaf, ms (target <= 1000)",
+                f"{f['join_released_after_last_leaf_ms']} / {f['join_claimed_after_last_leaf_ms']}",
+            ),
+        ]
+        if "ratio" in f:
+            rows.append(("  fan / throughput (target >= 0.8)", f["ratio"]))
+    if "backlog" in r:
+        b = r["backlog"]
+        rows += [
+            (
+                f"backlog: {b['runs']:,} ready, steps/s over the first {b['measured_steps']:,}",
+                b["steps_per_s"],
+            ),
+            (
+                "  CPU ms per step: server / workers / Postgres",
+                " / ".join(str(v) for v in b["cpu_ms_per_step"].values()),
+            ),
+            ("  loaded (run_submit from SQL), runs/s", b["loaded_per_s"]),
+        ]
+        if "ratio" in b:
+            rows.append(("  backlog / throughput (target >= 0.9)", b["ratio"]))
     if "big" in r:
         b = r["big"]
         rows.append(

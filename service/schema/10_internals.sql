@@ -99,14 +99,32 @@ BEGIN
 END;
 $$;
 
+-- Whether a step whose upstream is all final runs, by its trigger rule and how many
+-- of its upstream steps ended discarded or skipped (_settle).
+CREATE FUNCTION cyclone._rule_met(p_rule text, p_failed integer) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE p_rule
+               WHEN 'all_success' THEN p_failed = 0
+               WHEN 'all_done' THEN true
+               ELSE p_failed > 0
+           END
+$$;
+
 -- Propagates steps that just became final to their dependents, in waves: each wave's
--- finals are counted at their pending dependents in one statement (deps_open - 1, and
--- deps_failed + 1 for a final that is not completed); a pending step whose upstream is
--- all final is judged by its trigger rule and becomes ready, or skipped (a skip is
+-- finals are counted at their pending dependents (deps_open - 1, and deps_failed + 1
+-- for a final that is not completed); a pending step whose upstream is all final is
+-- judged by its trigger rule (_rule_met) and becomes ready, or skipped (a skip is
 -- final in turn and joins the next wave). A root (no upstream) always runs, as at
 -- submit. Ready steps become available when the run is running; while it is blocked
 -- they stay pending (held until Resolve). Then the run is closed by the count of steps
 -- made final (_run_close). Returns the run's status.
+-- A dependent that the count leaves ready in a running run is made available by the
+-- counting update itself: one new version of its row, not two.
+-- Every statement reaches the run's steps by key (node = ANY of a list): none joins
+-- steps to a set of nodes. For such a join a planner that expects a run to have a few
+-- steps (no statistics, or statistics of small runs) put the run's steps outside and
+-- the set inside: for a fan-out of 10,000 that was 50 million comparisons, 15 s to
+-- complete its root (docs/performance.md, the fan scenario).
 --   p_final:  nodes that just became final
 --   p_decide: pending nodes to judge now (step_retry, step_resolve)
 --   p_closed: how many steps the caller made final itself
@@ -117,31 +135,56 @@ RETURNS text
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_now     timestamptz := cyclone.now();
-    v_wave    text[] := p_final;
-    v_decide  text[] := p_decide;
-    v_ready   text[] := '{}';
-    v_runs    text[];
-    v_closed  integer := p_closed;
-    v_status  text;
+    v_now      timestamptz := cyclone.now();
+    v_wave     text[] := p_final;
+    v_decide   text[] := p_decide;
+    v_ready    text[] := '{}';
+    v_runs     text[];
+    v_closed   integer := p_closed;
+    v_running  boolean;
+    -- The actions of the steps made available, for _notify_ready.
+    v_actions  text[] := '{}';
+    -- The wave's dependents, and for each its count of finals and of failed finals.
+    v_targets  text[];
+    v_counts   jsonb;
 BEGIN
+    v_running := (SELECT r.status = 'running' FROM cyclone.runs r WHERE r.run_id = p_run_id);
     LOOP
         IF cardinality(v_wave) > 0 THEN
-            -- Count the whole wave at each pending dependent, in one statement.
-            WITH fin AS (
-                SELECT d.node, count(*)::integer AS n,
-                       (count(*) FILTER (WHERE f.status <> 'completed'))::integer AS failed
-                  FROM cyclone.steps f CROSS JOIN LATERAL unnest(f.dependents) AS d(node)
-                 WHERE f.run_id = p_run_id AND f.node = ANY (v_wave)
-                 GROUP BY d.node
-            ), counted AS (
+            -- Count the whole wave at each pending dependent: the counts first, then
+            -- the dependents updated by key, each looking its count up by name. One
+            -- left with no open upstream is released here when its rule is met and the
+            -- run is running; the others left with none are judged below.
+            SELECT array_agg(fin.node),
+                   jsonb_object_agg(fin.node, jsonb_build_array(fin.n, fin.failed))
+              INTO v_targets, v_counts
+              FROM (SELECT d.node, count(*)::integer AS n,
+                           (count(*) FILTER (WHERE f.status <> 'completed'))::integer AS failed
+                      FROM cyclone.steps f CROSS JOIN LATERAL unnest(f.dependents) AS d(node)
+                     WHERE f.run_id = p_run_id AND f.node = ANY (v_wave)
+                     GROUP BY d.node) fin;
+            WITH counted AS (
                 UPDATE cyclone.steps s
-                   SET deps_open = s.deps_open - fin.n, deps_failed = s.deps_failed + fin.failed
-                  FROM fin
-                 WHERE s.run_id = p_run_id AND s.node = fin.node AND s.status = 'pending'
-                RETURNING s.node, s.deps_open
+                   SET deps_open = s.deps_open - (v_counts->s.node->>0)::integer,
+                       deps_failed = s.deps_failed + (v_counts->s.node->>1)::integer,
+                       status = CASE
+                           WHEN v_running AND s.deps_open = (v_counts->s.node->>0)::integer
+                                AND cyclone._rule_met(s.trigger_rule, s.deps_failed
+                                                      + (v_counts->s.node->>1)::integer)
+                           THEN 'available' ELSE s.status END,
+                       available_at = CASE
+                           WHEN v_running AND s.deps_open = (v_counts->s.node->>0)::integer
+                                AND cyclone._rule_met(s.trigger_rule, s.deps_failed
+                                                      + (v_counts->s.node->>1)::integer)
+                           THEN v_now ELSE s.available_at END
+                 WHERE s.run_id = p_run_id AND s.node = ANY (v_targets)
+                   AND s.status = 'pending'
+                RETURNING s.node, s.deps_open, s.status, s.action
             )
-            SELECT v_decide || coalesce(array_agg(node), '{}') INTO v_decide
+            SELECT v_decide || coalesce(array_agg(node) FILTER (WHERE status = 'pending'), '{}'),
+                   v_actions || coalesce(array_agg(action) FILTER (WHERE status = 'available'),
+                                         '{}')
+              INTO v_decide, v_actions
               FROM counted WHERE deps_open = 0;
         END IF;
         EXIT WHEN cardinality(v_decide) = 0;
@@ -150,20 +193,15 @@ BEGIN
         WITH judged AS (
             -- A node with no upstream always runs, whatever its rule, as at submit
             -- (it is judged here when released after Resolve or reset by Retry).
-            SELECT node, CASE WHEN cardinality(depends_on) = 0 THEN true
-                              ELSE CASE trigger_rule
-                                       WHEN 'all_success' THEN deps_failed = 0
-                                       WHEN 'all_done' THEN true
-                                       ELSE deps_failed > 0
-                                   END
-                         END AS runs
+            SELECT node, cardinality(depends_on) = 0
+                         OR cyclone._rule_met(trigger_rule, deps_failed) AS runs
               FROM cyclone.steps
              WHERE run_id = p_run_id AND node = ANY (v_decide)
                AND status = 'pending' AND deps_open = 0
         ), skipped AS (
             UPDATE cyclone.steps s SET status = 'skipped', finished_at = v_now
-              FROM judged j
-             WHERE s.run_id = p_run_id AND s.node = j.node AND NOT j.runs
+             WHERE s.run_id = p_run_id
+               AND s.node = ANY (ARRAY(SELECT j.node FROM judged j WHERE NOT j.runs))
                AND s.status = 'pending'
             RETURNING s.node
         )
@@ -175,17 +213,14 @@ BEGIN
         v_decide := '{}';
     END LOOP;
 
-    IF cardinality(v_ready) > 0 THEN
-        SELECT status INTO v_status FROM cyclone.runs WHERE run_id = p_run_id;
-        IF v_status = 'running' THEN
-            WITH released AS (
-                UPDATE cyclone.steps SET status = 'available', available_at = v_now
-                 WHERE run_id = p_run_id AND node = ANY (v_ready) AND status = 'pending'
-                RETURNING action)
-            SELECT array_agg(action) INTO v_ready FROM released;
-            PERFORM cyclone._notify_ready(v_ready);
-        END IF;
+    IF cardinality(v_ready) > 0 AND v_running THEN
+        WITH released AS (
+            UPDATE cyclone.steps SET status = 'available', available_at = v_now
+             WHERE run_id = p_run_id AND node = ANY (v_ready) AND status = 'pending'
+            RETURNING action)
+        SELECT v_actions || coalesce(array_agg(action), '{}') INTO v_actions FROM released;
     END IF;
+    PERFORM cyclone._notify_ready(v_actions);
     IF v_closed = 0 THEN
         RETURN (SELECT status FROM cyclone.runs WHERE run_id = p_run_id);
     END IF;

@@ -1,0 +1,249 @@
+"""Wide fan-outs: a root, thousands of leaves depending on it, and joins depending on
+every leaf (issue 19, the bench's fan scenario). The leaves complete in batches, from
+two workers at once; each join is released once, after the last leaf, by its trigger
+rule, with every leaf's output; and settling the root's wave costs time in proportion
+to the fan-out, whatever statistics the planner has.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from google.protobuf import json_format
+
+from cyclone.v1 import worker_service_pb2
+from tests.helpers import (
+    claim,
+    complete,
+    fail,
+    get_run,
+    node,
+    run_status,
+    statuses,
+    submit,
+    value,
+    workflow,
+)
+
+WIDTH = 2_000
+
+
+def _wide_server(server_factory: Any, width: int) -> Any:
+    """A server whose workflow limits admit a root, ``width`` leaves and a few joins
+    (the defaults stop at 5,000 nodes and 1,000 dependents or dependencies)."""
+    return server_factory(
+        max_nodes=width + 10, max_dependents=width + 10, max_dependencies=width + 10
+    )
+
+
+def _submit_wide(server: Any, joins: dict[str, str], **leaf: Any) -> tuple[str, list[str]]:
+    """Submits a root, WIDTH leaves depending on it (``leaf`` options) and one join per
+    entry of ``joins`` (name: trigger rule, action = name) depending on every leaf;
+    returns the run id and the leaves' names."""
+    names = [f"leaf{i}" for i in range(WIDTH)]
+    run_id = submit(
+        server,
+        workflow(
+            "wide",
+            node("root", "root"),
+            *(node(n, "leaf", ["root"], **leaf) for n in names),
+            *(node(j, j, names, rule=rule) for j, rule in joins.items()),
+        ),
+    )
+    return run_id, names
+
+
+def _complete_many(server: Any, steps: list, outputs: dict[str, Any]) -> None:
+    request = worker_service_pb2.CompleteManyRequest(
+        completions=[
+            worker_service_pb2.CompleteRequest(
+                run_id=s.run_id,
+                node=s.node,
+                lease_token=s.lease_token,
+                output=value(outputs[s.node]),
+            )
+            for s in steps
+        ]
+    )
+    reply = server.workers.CompleteMany(request)
+    assert len(reply.results) == len(steps)
+    assert [r.WhichOneof("result") for r in reply.results] == ["response"] * len(steps), reply
+
+
+def _complete_from_two_workers(server: Any, steps: list, outputs: dict[str, Any]) -> None:
+    """Complete ``steps`` in CompleteMany batches of 97, sent by two threads at once."""
+    batches = [steps[i : i + 97] for i in range(0, len(steps), 97)]
+    errors: list[BaseException] = []
+
+    def send(mine: list) -> None:
+        try:
+            for batch in mine:
+                _complete_many(server, batch, outputs)
+        except BaseException as e:  # reported below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=send, args=(batches[i::2],)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == [] and not any(t.is_alive() for t in threads), errors
+
+
+def test_a_wide_join_runs_once_after_every_leaf_with_their_outputs(server_factory):
+    server = _wide_server(server_factory, WIDTH)
+    run_id, names = _submit_wide(server, {"join": "all_success"})
+    [root] = claim(server, "root")
+    complete(server, root, {"root": True})
+    outputs = {n: {"leaf": i} for i, n in enumerate(names)}
+    rounds = 0
+    while leaves := claim(server, "leaf", n=1000):  # at most 1,000 a claim: two rounds
+        _complete_from_two_workers(server, leaves, outputs)
+        rounds += 1
+        if rounds == 1:  # half the leaves are done: the join waits for the rest
+            assert statuses(get_run(server, run_id))["join"] == "pending"
+            assert claim(server, "join") == []
+    assert rounds == 2
+
+    [joined] = claim(server, "join")
+    assert claim(server, "join") == []
+    assert joined.attempt == 1
+    got = {k: json_format.MessageToDict(v) for k, v in joined.upstream_outputs.items()}
+    assert got == {n: {"leaf": float(i)} for i, n in enumerate(names)}
+    complete(server, joined, {"joined": WIDTH})
+    run = get_run(server, run_id)
+    assert run_status(run) == "completed"
+    assert set(statuses(run).values()) == {"completed"}
+    finished = {s.node: s.finished_at.ToDatetime() for s in run.steps}
+    [started] = [s.started_at.ToDatetime() for s in run.steps if s.node == "join"]
+    assert started >= max(finished[n] for n in names)
+
+
+def test_a_failed_leaf_skips_the_all_success_join_and_runs_the_others(server_factory):
+    """One leaf of a wide fan-out is discarded: the all_success join is skipped, the
+    all_done and one_failed joins run once, after every leaf, told which leaf failed."""
+    server = _wide_server(server_factory, WIDTH)
+    joins = {"join": "all_success", "report": "all_done", "undo": "one_failed"}
+    run_id, names = _submit_wide(server, joins, max_attempts=1)
+    [root] = claim(server, "root")
+    complete(server, root)
+    leaves = claim(server, "leaf", n=1000) + claim(server, "leaf", n=1000)
+    assert len(leaves) == WIDTH
+    [bad] = [s for s in leaves if s.node == "leaf1234"]
+    fail(server, bad, "leaf broke", non_retryable=True)
+    good = [s for s in leaves if s.node != "leaf1234"]
+    _complete_from_two_workers(server, good, {n: None for n in names})
+
+    assert claim(server, "join") == []
+    [report] = claim(server, "report")
+    [undo] = claim(server, "undo")
+    for step in (report, undo):
+        assert [f.node for f in step.upstream_failures] == ["leaf1234"]
+        assert len(step.upstream_outputs) == WIDTH - 1
+        complete(server, step)
+    run = get_run(server, run_id)
+    assert statuses(run)["join"] == "skipped"
+    assert statuses(run)["leaf1234"] == "discarded"
+    assert run_status(run) == "failed"
+
+
+SETTLE_WIDTH = 20_000
+
+
+def _wide_nodes(width: int) -> str:
+    leaves = [f"leaf{i}" for i in range(width)]
+    nodes: list[dict[str, Any]] = [{"name": "root", "depends_on": [], "dependents": leaves}]
+    nodes += [{"name": n, "depends_on": ["root"], "dependents": ["join"]} for n in leaves]
+    nodes.append({"name": "join", "depends_on": leaves, "dependents": []})
+    defaults = {
+        "action": "fan",
+        "trigger_rule": "all_success",
+        "max_attempts": 3,
+        "initial_backoff_s": 1.0,
+        "max_backoff_s": 60.0,
+        "backoff_multiplier": 2.0,
+        "timeout_s": 300.0,
+    }
+    return json.dumps([{**defaults, **n, "position": i} for i, n in enumerate(nodes)])
+
+
+@pytest.mark.parametrize("statistics", ["none", "small runs"])
+def test_completing_the_root_of_a_wide_fan_out_takes_linear_time(database_url, statistics):
+    """The root's completion counts its wave at 20,000 dependents. With a join of the
+    run's steps to the counts, a planner that expected few steps per run (none analyzed,
+    or thousands of small runs analyzed) compared every pending step with every count:
+    4 * 10^8 comparisons, minutes. By key, about a second; the statement timeout (20 s)
+    leaves the margin of a loaded machine."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        if statistics == "none":
+            conn.execute("ALTER TABLE cyclone.steps SET (autovacuum_enabled = off)")
+            conn.execute("ALTER TABLE cyclone.runs SET (autovacuum_enabled = off)")
+        else:
+            small = json.dumps(json.loads(_wide_nodes(3)))
+            conn.execute(
+                "SELECT count(*) FROM generate_series(1, 2000) g,"
+                " LATERAL cyclone.run_submit(gen_random_uuid(), 'small', NULL, NULL, %s)",
+                (small,),
+            )
+            conn.execute("ANALYZE cyclone.runs, cyclone.steps")
+        run_id = str(uuid.uuid4())
+        conn.execute(
+            "SELECT cyclone.run_submit(%s, 'wide', NULL, NULL, %s)",
+            (run_id, _wide_nodes(SETTLE_WIDTH)),
+        )
+        conn.execute("UPDATE cyclone.steps SET action = 'other' WHERE run_id <> %s", (run_id,))
+        [(node_name, token)] = conn.execute(
+            "SELECT node, lease_token FROM cyclone.step_claim('t', '{fan}', '{}', 10, '1 min')"
+        ).fetchall()
+        assert node_name == "root"
+        item = [{"i": 0, "run_id": run_id, "node": "root", "lease_token": str(token)}]
+        with conn.transaction():
+            conn.execute("SET LOCAL statement_timeout = '20s'")
+            [row] = conn.execute(
+                "SELECT step_status, error_state FROM cyclone.step_complete_many(%s)",
+                (json.dumps(item),),
+            ).fetchall()
+        assert row == ("completed", None)
+        counts = dict(
+            conn.execute(
+                "SELECT status || ':' || deps_open, count(*) FROM cyclone.steps"
+                " WHERE run_id = %s GROUP BY 1",
+                (run_id,),
+            ).fetchall()
+        )
+    assert counts == {"completed:0": 1, "available:0": SETTLE_WIDTH, f"pending:{SETTLE_WIDTH}": 1}
+
+
+def test_a_join_made_ready_while_its_run_is_blocked_is_held_until_resolve(cyclone_server):
+    """The counting update releases a ready dependent only in a running run: leaves that
+    complete while another node has blocked the run leave their join pending (held),
+    and Resolve releases it."""
+    from tests.test_blocked import _abandon, resolve
+
+    leaves = [f"leaf{i}" for i in range(3)]
+    run_id = submit(
+        cyclone_server,
+        workflow(
+            "order",
+            node("charge", action="charge"),
+            *(node(n, "leaf") for n in leaves),
+            node("join", "join", leaves),
+        ),
+    )
+    held = claim(cyclone_server, "leaf")
+    assert len(held) == 3
+    [charge] = claim(cyclone_server, "charge", unsafe=("charge",))
+    cyclone_server.workers.Complete(_abandon(cyclone_server, charge))
+    assert run_status(get_run(cyclone_server, run_id)) == "blocked"
+    _complete_many(cyclone_server, held, {n: n for n in leaves})
+    run = get_run(cyclone_server, run_id)
+    assert statuses(run)["join"] == "pending"
+    assert claim(cyclone_server, "join") == []
+    resolve(cyclone_server, run_id, discard=True)
+    [joined] = claim(cyclone_server, "join")
+    assert set(joined.upstream_outputs) == set(leaves)
