@@ -1041,7 +1041,17 @@ def main() -> None:
         default=RESULTS / "latest.json",
         help="where to write the results (default bench/results/latest.json)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the selected scenarios N times, each on a fresh database, and report "
+        "the median of every figure (all runs are kept in the results; default 1)",
+    )
     args = parser.parse_args()
+    if args.repeat > 1:
+        repeat(args)
+        return
     only = set(filter(None, args.only.split(",")))
 
     def wanted(name: str) -> bool:
@@ -1195,6 +1205,44 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print_table(results, args.out)
+
+
+def repeat(args: argparse.Namespace) -> None:
+    """``--repeat N``: this bench N times over, one after the other, each in a process
+    of its own on a fresh database; the results hold each run and, under the usual
+    keys, the median of every number the runs share (issue 19: medians of 3)."""
+    argv = [a for a in sys.argv[1:]]
+    at = next(i for i, a in enumerate(argv) if a.startswith("--repeat"))
+    del argv[at : at + (1 if "=" in argv[at] else 2)]
+    runs = []
+    for i in range(args.repeat):
+        out = args.out.with_name(f"{args.out.stem}.run{i + 1}.json")
+        print(f"--- run {i + 1} of {args.repeat} ---", flush=True)
+        subprocess.run([sys.executable, __file__, *argv, "--out", str(out)], check=True)
+        runs.append(json.loads(out.read_text()))
+    results = _medians(runs)
+    results["runs"] = runs
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nmedians of {args.repeat} runs:")
+    print_table(results, args.out)
+
+
+def _medians(runs: list) -> object:
+    """The median of each number found at the same place in every run (the first
+    run's value for anything else)."""
+    first = runs[0]
+    if isinstance(first, dict):
+        return {
+            k: _medians([r[k] for r in runs])
+            if all(isinstance(r, dict) and k in r for r in runs)
+            else v
+            for k, v in first.items()
+        }
+    if all(isinstance(r, int) and not isinstance(r, bool) for r in runs):
+        return statistics.median_low(runs)  # counts stay whole
+    if all(isinstance(r, int | float) and not isinstance(r, bool) for r in runs):
+        return round(statistics.median(runs), 2)
+    return first
 
 
 def print_table(r: dict, out: Path) -> None:
