@@ -482,9 +482,17 @@ def test_hot_paths_never_scan_steps_or_runs_whole(database_url, statistics):
     )
     if session.explained:
         assert {f for f, _ in session.plans} >= set(HOT) - {"_runs_close"}
+    walking = sorted(
+        {
+            (function, plan["Query Text"].strip()[:300])
+            for function, plan in session.plans
+            if LEASED in json.dumps(plan["Plan"])
+        }
+    )
     assert sorted(set(session.leased_walks)) == [], (
         f"with {statistics} statistics, these walked {LEASED} (every running step) to "
-        "find a held step instead of using its key"
+        f"find a held step instead of using its key; the statements (with auto_explain): "
+        f"{walking}"
     )
 
 
