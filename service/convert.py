@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf import struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
 from cyclone.jsonvalue import parsed_value
@@ -67,13 +67,12 @@ class Payloads:
             raise errors.ResourceExhausted(
                 f"{what} is {value.ByteSize()} bytes; the limit is {self.max_bytes}"
             )
-        _check_shape(value, what, self.max_depth)
-        return json_format.MessageToDict(value)
+        return _checked_python(value, what, self.max_depth, 1)
 
     def to_json(self, value: struct_pb2.Value, what: str) -> str:
         """A protobuf Value as JSON text for a jsonb parameter."""
         obj = self.to_python(value, what)
-        # _check_shape has refused real NUL characters; the six characters ``\u0000``
+        # _checked_python has refused real NUL characters; the six characters ``\u0000``
         # in a string are plain text, escaped here as any backslash is.
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
@@ -88,28 +87,38 @@ class Payloads:
 _NUL = "{} contains a NUL character, which Postgres refuses"
 
 
-def _check_shape(value: struct_pb2.Value, what: str, max_depth: int) -> None:
-    """Refuse nesting past the limit, NaN and infinities (not JSON), and NUL
+def _checked_python(value: struct_pb2.Value, what: str, max_depth: int, depth: int) -> Any:
+    """``value`` as a Python JSON value (numbers as floats, as JSON's are), in one walk
+    that refuses nesting past the limit, NaN and infinities (not JSON), and NUL
     characters, which Postgres's jsonb refuses (in a string or a key)."""
-    stack = [(value, 1)]
-    while stack:
-        v, depth = stack.pop()
-        if depth > max_depth:
-            raise errors.InvalidArgument(f"{what} is nested more than {max_depth} levels deep")
-        kind = v.WhichOneof("kind")
-        if kind == "string_value" and "\x00" in v.string_value:
+    if depth > max_depth:
+        raise errors.InvalidArgument(f"{what} is nested more than {max_depth} levels deep")
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        text = value.string_value
+        if "\x00" in text:
             raise errors.InvalidArgument(_NUL.format(what))
-        if kind == "number_value" and not math.isfinite(v.number_value):
-            raise errors.InvalidArgument(
-                f"{what} holds {v.number_value}, which JSON has no value for"
-            )
-        if kind == "struct_value":
-            fields = v.struct_value.fields
-            if any("\x00" in key for key in fields):
-                raise errors.InvalidArgument(_NUL.format(what))
-            stack.extend((child, depth + 1) for child in fields.values())
-        elif kind == "list_value":
-            stack.extend((child, depth + 1) for child in v.list_value.values)
+        return text
+    if kind == "number_value":
+        number = value.number_value
+        if not math.isfinite(number):
+            raise errors.InvalidArgument(f"{what} holds {number}, which JSON has no value for")
+        return number
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        fields = value.struct_value.fields
+        if any("\x00" in key for key in fields):
+            raise errors.InvalidArgument(_NUL.format(what))
+        return {
+            key: _checked_python(child, what, max_depth, depth + 1) for key, child in fields.items()
+        }
+    if kind == "list_value":
+        return [
+            _checked_python(child, what, max_depth, depth + 1) for child in value.list_value.values
+        ]
+    # null_value, or no kind set: JSON null, as MessageToDict reads it.
+    return None
 
 
 #: The range of google.protobuf.Timestamp: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
@@ -133,9 +142,19 @@ def timestamp(dt: datetime | str | None) -> timestamp_pb2.Timestamp | None:
         return None
     if isinstance(dt, str):
         dt = datetime.fromisoformat(dt)
-    ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(dt)
-    return ts
+    if dt.tzinfo is None:
+        ts = timestamp_pb2.Timestamp()
+        ts.FromDatetime(dt)
+        return ts
+    # The arithmetic of Timestamp.FromDatetime, without its checks and calendar calls:
+    # every claimed step carries two of these.
+    delta = dt - _EPOCH
+    return timestamp_pb2.Timestamp(
+        seconds=delta.days * 86400 + delta.seconds, nanos=delta.microseconds * 1000
+    )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def set_json(message: Message, field: str, obj: Any) -> None:

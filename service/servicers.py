@@ -959,13 +959,14 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             if (e := u["error"]) is not None:
                 failure.error.CopyFrom(_step_error(e))
         step.journal.extend(convert.step_call(j) for j in r.journal or ())
-        log.debug(
-            "claimed %s/%s attempt %d",
-            r.run_id,
-            r.node,
-            r.attempt,
-            extra={"run_id": str(r.run_id), "node": r.node, "attempt": r.attempt},
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "claimed %s/%s attempt %d",
+                r.run_id,
+                r.node,
+                r.attempt,
+                extra={"run_id": str(r.run_id), "node": r.node, "attempt": r.attempt},
+            )
         return step
 
     def _step_key(
