@@ -205,7 +205,14 @@ CREATE INDEX steps_uncertain_idx ON cyclone.steps (action)
 -- because with status = 'running' and an expiry range in plain sight, a planner whose
 -- statistics saw few running steps walks this index (every running step) for each
 -- lookup instead of the primary key: under load, most of Postgres's work per step.
-CREATE INDEX steps_leased_idx ON cyclone.steps (lease_expires_at) WHERE status = 'running';
+-- Its predicate also names lease_expires_at (always set on a running step), which a
+-- query must state, or imply with a range on it, to use the index: the claim's list of
+-- full concurrency keys (status = 'running' AND concurrency_key IS NOT NULL) then
+-- cannot walk it instead of steps_key_running_idx, as PostgreSQL 15 sometimes did with
+-- fresh statistics. The reads of every running step (ListSteps, ListWorkers, Explain,
+-- the metrics) state it.
+CREATE INDEX steps_leased_idx ON cyclone.steps (lease_expires_at)
+    WHERE status = 'running' AND lease_expires_at IS NOT NULL;
 -- Steps backing off after a failed or lost attempt, soonest due first (ListSteps):
 -- few rows (a failure puts a step in it, its next claim takes it out).
 CREATE INDEX steps_backoff_idx ON cyclone.steps (available_at)

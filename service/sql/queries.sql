@@ -228,7 +228,8 @@ SELECT r.status AS run_status, r.error AS run_error, cyclone.now() AS now,
                 LIMIT 10000) ahead) END AS ready_ahead,
        CASE WHEN s.status = 'available' THEN (
            SELECT count(*) FROM cyclone.steps q
-            WHERE q.status = 'running' AND q.action = s.action) END AS action_running,
+            WHERE q.status = 'running' AND q.lease_expires_at IS NOT NULL
+              AND q.action = s.action) END AS action_running,
        (SELECT jsonb_build_object('actor', c.actor, 'reason', c.reason, 'at', c.at)
           FROM cyclone.audit c
          WHERE c.run_id = r.run_id AND c.action = 'cancel'
@@ -268,7 +269,7 @@ SELECT 'available', action,
 UNION ALL
 SELECT 'running', action, count(*), NULL,
        count(*) FILTER (WHERE lease_expires_at <= cyclone.now())
-  FROM cyclone.steps WHERE status = 'running' GROUP BY action;
+  FROM cyclone.steps WHERE status = 'running' AND lease_expires_at IS NOT NULL GROUP BY action;
 
 -- name: run_get
 -- A run with its steps, their errors and the audit trail, read in one statement so
@@ -437,6 +438,7 @@ SELECT k.at, k.run_id,
           FROM (SELECT s.run_id, s.node, s.lease_expires_at AS at
                   FROM cyclone.steps s
                  WHERE :kind = 'running' AND s.status = 'running'
+                   AND s.lease_expires_at IS NOT NULL
                    AND (NOT :lease_expired OR s.lease_expires_at <= cyclone.now())
                    AND (CAST(:worker_id AS text) IS NULL OR s.worker_id = :worker_id)
                    AND (CAST(:action AS text) IS NULL OR s.action = :action)
@@ -465,7 +467,7 @@ SELECT coalesce(s.worker_id, '') AS worker_id, s.action, count(*) AS running,
        max(s.last_heartbeat_at) AS last_heartbeat_at,
        count(*) FILTER (WHERE s.lease_expires_at <= cyclone.now()) AS lease_expired
   FROM cyclone.steps s
- WHERE s.status = 'running'
+ WHERE s.status = 'running' AND s.lease_expires_at IS NOT NULL
  GROUP BY 1, 2
  ORDER BY 1, 2;
 
