@@ -274,8 +274,7 @@ def _ready(row: ExplainFacts, now: datetime) -> Explanation:
         return Explanation(
             "concurrency_limited",
             f"{since}; its concurrency key {key!r} has {limit} of {limit} step(s) running: "
-            "it can start when one of them stops (a waiting worker looks again every "
-            f"0.2 s){uncertain}",
+            f"it can start when one of them stops{uncertain}",
             about_workers=True,
         )
     if row.rate_reopens_at is not None:

@@ -17,6 +17,7 @@ from google.protobuf import timestamp_pb2
 
 from cyclone.v1 import types_pb2, worker_service_pb2, workflow_service_pb2
 from tests.helpers import PATIENCE, eventually, node, seconds, submit, value, workflow
+from tests.test_steps import WATCHED, claim_in_thread
 
 
 def _spec(action: str, rate: tuple[int, float] | None = None) -> worker_service_pb2.ActionSpec:
@@ -178,6 +179,37 @@ def test_a_full_key_is_passed_over_and_frees_a_slot_when_a_step_ends(cyclone_ser
     assert cyclone_server.sql(
         "SELECT concurrency_key FROM cyclone.steps WHERE run_id = %s", third.run_id
     ) == [("customer:a",)]
+
+
+@pytest.mark.parametrize("freed_by", ["a completion", "a discarding failure"])
+@pytest.mark.parametrize("through", ["the same server", "another server"])
+def test_a_step_that_frees_its_keys_slot_wakes_a_claim_waiting_for_it(
+    server_factory, freed_by, through
+):
+    """A key with limit 1 and two ready steps: the second waits for the first. The
+    periodic re-check is out of reach, so only the wake-up sent when the first step
+    leaves `running` (in this server, or by NOTIFY from the other) can end the waiting
+    claim before its 30 s."""
+    waiting = server_factory(claim_recheck_s=3600, **WATCHED)
+    finishing = waiting if through == "the same server" else server_factory(claim_recheck_s=3600)
+    runs = {_submit(waiting, workflow("w", _keyed("n", "serial", 1, "serial"))) for _ in "ab"}
+    [held] = _claim(finishing, "serial", 10)
+    assert _claim(finishing, "serial", 10) == []
+    waiter, result = claim_in_thread(waiting, "serial")
+    if freed_by == "a completion":
+        _complete(finishing, held)
+    else:
+        finishing.workers.Complete(
+            worker_service_pb2.CompleteRequest(
+                run_id=held.run_id,
+                node=held.node,
+                lease_token=held.lease_token,
+                failure=worker_service_pb2.Failure(type="E", message="no", non_retryable=True),
+            )
+        )
+    waiter.join(20)
+    assert not waiter.is_alive(), "the claim was not woken when the key's slot freed"
+    assert [s.run_id for s in result] == list(runs - {held.run_id})
 
 
 def test_a_key_with_limit_two_never_has_three_running_across_servers(server_factory):

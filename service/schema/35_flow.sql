@@ -116,9 +116,12 @@ $$;
 -- once, through steps_ready_idx (a loose index scan), and gives the earliest later
 -- available_at of that priority. A ready row whose time has come though the claim
 -- just took nothing is held back by its concurrency key or its action's rate limit:
--- the rate's row says when its window opens (reopens_at); a key has no such time, so
--- the claim looks again in 0.2 s. Called by a waiting Claim (the named query
--- step_next_due) each time it finds nothing.
+-- the rate's row says when its window opens (reopens_at); a key has no such time, but
+-- a step that frees a slot of its key (completed, failed, waiting, reclaimed by the
+-- sweep) wakes the claims of its action (_notify_ready), so the claim waits for that
+-- (or for the server's --claim-recheck, for a slot freed otherwise: a cancel, or a
+-- key that steps of several actions share). Called by a waiting Claim (the named
+-- query step_next_due) each time it finds nothing.
 CREATE FUNCTION cyclone.step_next_due(p_actions text[])
 RETURNS float8
 -- PL/pgSQL keeps a generic plan of the statement (the same index probes for every
@@ -156,10 +159,10 @@ BEGIN
                     ORDER BY s.available_at LIMIT 1) AS next_at) f
      CROSS JOIN LATERAL (
            SELECT least(f.next_at,
-                        CASE WHEN f.first_at <= c.now THEN coalesce(
+                        CASE WHEN f.first_at <= c.now THEN
                             (SELECT t.reopens_at FROM cyclone.action_rates t
-                              WHERE t.action = l.action AND t.reopens_at > c.now),
-                            c.now + interval '0.2 s') END) AS due) d
+                              WHERE t.action = l.action AND t.reopens_at > c.now) END)
+                  AS due) d
      WHERE l.priority IS NOT NULL);
 END;
 $$;

@@ -15,6 +15,7 @@ DECLARE
     v_now        timestamptz := cyclone.now();
     v_status     text := cyclone._run_lock(p_run_id);
     v_dependents text[];
+    v_freed      text;
     v_step       record;
 BEGIN
     UPDATE cyclone.steps s
@@ -23,7 +24,8 @@ BEGIN
      WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
        -- By key: see steps_leased_idx.
        AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
-    RETURNING s.dependents INTO v_dependents;
+    RETURNING s.dependents, CASE WHEN s.concurrency_key IS NOT NULL THEN s.action END
+         INTO v_dependents, v_freed;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
           FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
@@ -37,6 +39,10 @@ BEGIN
         v_status := cyclone._run_close(p_run_id, 1, v_now);
     ELSE
         v_status := cyclone._settle(p_run_id, ARRAY[p_node], '{}', 1);
+    END IF;
+    IF v_freed IS NOT NULL THEN
+        -- A slot of the step's concurrency key is free: wake the claims of its action.
+        PERFORM cyclone._notify_ready(ARRAY[v_freed]);
     END IF;
     RETURN ROW('completed', v_status, false, NULL)::cyclone.completion;
 END;
@@ -97,6 +103,7 @@ DECLARE
     v_run      uuid[];
     v_node     text[];
     v_has_deps boolean[];
+    v_freed    text[];
     v_statuses jsonb;
     v_group    record;
     v_item     jsonb;
@@ -124,12 +131,16 @@ BEGIN
          WHERE s.run_id = t.run_id AND s.node = t.node AND s.lease_token = t.lease_token
            -- By key: see steps_leased_idx.
            AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
-        RETURNING t.i, s.run_id, s.node, cardinality(s.dependents) > 0 AS has_deps
+        RETURNING t.i, s.run_id, s.node, cardinality(s.dependents) > 0 AS has_deps,
+                  CASE WHEN s.concurrency_key IS NOT NULL THEN s.action END AS freed
     )
     SELECT coalesce(array_agg(i), '{}'), coalesce(array_agg(run_id), '{}'),
-           coalesce(array_agg(node), '{}'), coalesce(array_agg(has_deps), '{}')
-      INTO v_applied, v_run, v_node, v_has_deps
+           coalesce(array_agg(node), '{}'), coalesce(array_agg(has_deps), '{}'),
+           coalesce(array_agg(DISTINCT freed) FILTER (WHERE freed IS NOT NULL), '{}')
+      INTO v_applied, v_run, v_node, v_has_deps, v_freed
       FROM done;
+    -- Slots of concurrency keys are free: wake the claims of those steps' actions.
+    PERFORM cyclone._notify_ready(v_freed);
 
     -- Runs where no completed step has a dependent: close them by the count, at once.
     SELECT coalesce(jsonb_object_agg(c.run_id, c.status), '{}') INTO v_statuses
