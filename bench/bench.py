@@ -650,17 +650,19 @@ def scenario_durable(
     sdk: bool,
     batched: bool = False,
     processes: int = 2,
-    concurrency: int = 128,
+    concurrency: int | None = None,
 ) -> dict:
     """``runs`` one-node runs whose node calls ``calls`` no-op steps; step calls per
     second from the first claim to the last completion, and CPU per step call.
 
-    128 bodies in flight per process (the throughput scenario's workers hold 64
-    steps): an unsafe call waits for a durable commit before its function runs, so
+    With the SDK, 128 bodies in flight per process (``concurrency``; the bare-stub
+    variants and the throughput scenario's workers hold 64): an unsafe call waits for a durable commit before its function runs, so
     with 64 bodies per process the two processes' batches take turns and the rate
     measured the bench's pipeline more than the call's cost (docs/performance.md,
     "Durable functions"). Safe calls, which wait for nothing, run at the same rate
     with either."""
+    if concurrency is None:
+        concurrency = 128 if sdk else 64
     submit_many(server.address, [one_node("durable", action)] * runs)
     with CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
         if sdk:
