@@ -347,39 +347,45 @@ def worker_process(
     stop claiming once they reached the count (they finish what they hold)."""
     import asyncio
 
+    async def noop(step: worker_service_pb2.ClaimedStep) -> None:
+        return None  # the handler
+
     async def main() -> None:
         async with grpc.aio.insecure_channel(address) as channel:
             stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
             spec = [worker_service_pb2.ActionSpec(name=action)]
+            null = struct_null()
             worker_ready()
             idle_since = time.monotonic()
             started = time.monotonic()
             pickups = []
 
-            pending: list[tuple[worker_service_pb2.CompleteRequest, asyncio.Future]] = []
-            held: list = []  # ends of safe step calls not sent yet (batched)
+            # A step holds its slot from its claim until its CompleteMany is answered.
+            held = 0
+            freed = asyncio.Event()
+            pending: list[worker_service_pb2.CompleteRequest] = []
+            ends: list = []  # ends of safe step calls not sent yet (batched)
             flusher: asyncio.Task | None = None
+            running: set[asyncio.Task] = set()
 
             async def flush() -> None:
                 # One CompleteMany carries every completion that finished meanwhile,
                 # after the step call ends held for it.
+                nonlocal held
                 while pending:
-                    batch = pending[:]
-                    del pending[:]
-                    ends = held[:]
-                    del held[:]
-                    request = worker_service_pb2.CompleteManyRequest(
-                        completions=[request for request, _ in batch]
-                    )
+                    request = worker_service_pb2.CompleteManyRequest(completions=pending)
                     if ends:
                         request.step_call_ends.extend(ends)
+                        del ends[:]
+                    sent = len(pending)
+                    del pending[:]
                     await stub.CompleteMany(request)
-                    for _, future in batch:
-                        future.set_result(None)
+                    held -= sent
+                    freed.set()
                     if quota is not None:
                         counter, reached, count = quota
                         with counter.get_lock():
-                            counter.value += len(batch)
+                            counter.value += sent
                             if counter.value >= count:
                                 reached.set()
 
@@ -399,34 +405,26 @@ def worker_process(
                     )
                     if unsafe:
                         await stub.BeginStepCall(worker_service_pb2.BeginStepCallRequest(**call))
-                    end = worker_service_pb2.EndStepCallRequest(**call, output=struct_null())
+                    end = worker_service_pb2.EndStepCallRequest(**call, output=null)
                     if batched and not unsafe:
-                        held.append(end)
+                        ends.append(end)
                     else:
                         await stub.EndStepCall(end)
-                future = asyncio.get_running_loop().create_future()
-                pending.append(
-                    (
-                        worker_service_pb2.CompleteRequest(
-                            run_id=step.run_id,
-                            node=step.node,
-                            lease_token=step.lease_token,
-                            output=struct_null(),
-                        ),
-                        future,
-                    )
+                await noop(step)
+                done = worker_service_pb2.CompleteRequest(
+                    run_id=step.run_id, node=step.node, lease_token=step.lease_token, output=null
                 )
+                pending.append(done)
                 if flusher is None or flusher.done():
                     flusher = asyncio.create_task(flush())
-                await future
 
-            inflight: set[asyncio.Task] = set()
             while time.monotonic() - started < DEADLINE_S:
                 if quota is not None and quota[1].is_set():
                     break
-                free = concurrency - len(inflight)
+                free = concurrency - held
                 if free <= 0:
-                    await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                    freed.clear()
+                    await freed.wait()
                     continue
                 request = worker_service_pb2.ClaimRequest(
                     worker_id=f"bench-{os.getpid()}", actions=spec, max_steps=free
@@ -434,16 +432,18 @@ def worker_process(
                 request.wait.FromMilliseconds(500)
                 reply = await stub.Claim(request)
                 if not reply.steps:
-                    if not inflight and time.monotonic() - idle_since > stop_after_idle:
+                    if not held and time.monotonic() - idle_since > stop_after_idle:
                         break
                     continue
                 idle_since = time.monotonic()
+                held += len(reply.steps)
                 for step in reply.steps:
                     task = asyncio.create_task(handle(step))
-                    inflight.add(task)
-                    task.add_done_callback(inflight.discard)
-            if inflight:
-                await asyncio.wait(inflight)
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+            while held:  # what was claimed is reported
+                freed.clear()
+                await freed.wait()
             if pickup_file:
                 Path(pickup_file).write_text(json.dumps(pickups))
 
@@ -1368,7 +1368,7 @@ def print_table(r: dict, out: Path) -> None:
                 f"{t.get('commits_per_step')}, {t['wal_bytes_per_step']},"
                 f" {t.get('wal_records_per_step')}, {t.get('wal_fpi_per_step')}",
             ),
-            ("  worker start-up CPU ms per process (not in the above)", t.get("worker_startup_cpu_ms")),
+            ("  worker start-up CPU ms per process (not in the above)", t["worker_startup_cpu_ms"]),
             (
                 "CPU ms per baseline job: client / Postgres = total",
                 cpu_split(t["baseline_cpu_ms_per_job"]),
@@ -1398,7 +1398,7 @@ def print_table(r: dict, out: Path) -> None:
                 f"{d.get('commits_per_step')}, {d.get('wal_records_per_step')},"
                 f" {d.get('wal_fpi_per_step')}",
             ),
-            ("  worker start-up CPU ms per process (not in the above)", d.get("worker_startup_cpu_ms")),
+            ("  worker start-up CPU ms per process (not in the above)", d["worker_startup_cpu_ms"]),
         ]
         if "ratio" in d:
             rows.append(("  SDK ratio: steps/s / baseline jobs/s (target >= 3.2)", d["ratio"]))

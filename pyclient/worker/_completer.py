@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
+from google.protobuf import struct_pb2
 
 from cyclone.jsonvalue import dumps, json_value, to_value
 from cyclone.v1 import worker_service_pb2 as pb
@@ -116,7 +117,9 @@ class Completer:
         request = pb.CompleteRequest(
             run_id=step.run_id, node=step.node, lease_token=step.lease_token
         )
-        request.logs.extend(step_logs.take(control))  # what the handler logged (._logs)
+        lines = step_logs.take(control)  # what the handler logged (._logs)
+        if lines:
+            request.logs.extend(lines)
         if error is None and tx is not None and tx.opened:
             await step_logs.send_by_heartbeat(self.rt, step, request, slog)
             assert output_json is not None
@@ -134,7 +137,10 @@ class Completer:
                 return
         if error is None:
             assert output_json is not None
-            request.output.CopyFrom(json_value(output_json))
+            if output_json == "null":  # what most handlers return
+                request.output.null_value = struct_pb2.NULL_VALUE
+            else:
+                request.output.CopyFrom(json_value(output_json))
         else:
             if tx is not None:
                 await asyncio.to_thread(tx.rollback)
