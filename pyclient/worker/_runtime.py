@@ -118,32 +118,44 @@ class Runtime:
             log.info("worker %s: stopped", w.worker_id)
 
     async def _drain(self) -> None:
+        """Wait up to the shutdown grace (or a second stop) for the handlers in flight
+        and then for their outcomes' answers; abandon the handlers still running."""
+        give_up = self.loop.time() + self.w.shutdown_grace
         inflight = self.producer.inflight
-        if not inflight:
-            return
-        grace = self.w.shutdown_grace
-        log.info(
-            "worker %s: waiting up to %gs for %d handler(s)",
-            self.w.worker_id,
-            grace,
-            len(inflight),
-        )
-        everything = asyncio.ensure_future(asyncio.wait(set(inflight)))
-        forced = asyncio.ensure_future(self.forced.wait())
-        await asyncio.wait({everything, forced}, timeout=grace, return_when="FIRST_COMPLETED")
-        everything.cancel()
-        forced.cancel()
-        left = set(inflight)
-        if left:
-            log.warning(
-                "worker %s: abandoning %d handler(s); their leases will lapse and the "
-                "steps run again",
+        if inflight:
+            await self._until_forced(asyncio.wait(set(inflight)), give_up, len(inflight))
+            left = set(inflight)
+            if left:
+                log.warning(
+                    "worker %s: abandoning %d handler(s); their leases will lapse and the "
+                    "steps run again",
+                    self.w.worker_id,
+                    len(left),
+                )
+                for task in left:
+                    task.cancel()
+                await asyncio.gather(*left, return_exceptions=True)
+        if self.completer.holding and not self.forced.is_set():
+            await self._until_forced(self.completer.settled(), give_up)
+
+    async def _until_forced(self, aw: Any, give_up: float, handlers: int = 0) -> None:
+        """Await ``aw`` until ``give_up`` (loop time) or a second stop."""
+        if handlers:
+            log.info(
+                "worker %s: waiting up to %gs for %d handler(s)",
                 self.w.worker_id,
-                len(left),
+                max(give_up - self.loop.time(), 0.0),
+                handlers,
             )
-            for task in left:
-                task.cancel()
-            await asyncio.gather(*left, return_exceptions=True)
+        waited = asyncio.ensure_future(aw)
+        forced = asyncio.ensure_future(self.forced.wait())
+        await asyncio.wait(
+            {waited, forced},
+            timeout=max(give_up - self.loop.time(), 0.0),
+            return_when="FIRST_COMPLETED",
+        )
+        waited.cancel()
+        forced.cancel()
 
     async def run_step(self, step: pb.ClaimedStep) -> None:
         """One claimed step, start to end: its context, its handler under watch, its
