@@ -625,14 +625,20 @@ def scenario_sdk(
 ) -> dict:
     """The throughput scenario drained by the SDK's Worker instead of bare stubs."""
     submit_many(server.address, [one_node("one", action)] * runs)
-    with (
-        DbMeter(database_url) as db,
-        CpuMeter(server) as cpu,
-        psycopg.connect(database_url, autocommit=True) as conn,
-    ):
-        drain_with_sdk(
-            conn, action, runs, processes, sdk_worker_process, server.address, action, concurrency
-        )
+    with DbMeter(database_url) as db:
+        wal_before = wal_lsn(database_url)
+        with CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
+            drain_with_sdk(
+                conn,
+                action,
+                runs,
+                processes,
+                sdk_worker_process,
+                server.address,
+                action,
+                concurrency,
+            )
+        wal_bytes = wal_lsn(database_url) - wal_before
     n, rate = steps_per_second(database_url, action)
     assert n == runs, f"{n} of {runs} steps completed"
     return {
@@ -640,6 +646,7 @@ def scenario_sdk(
         "steps_per_s": round(rate, 1),
         "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
         "worker_startup_cpu_ms": cpu.startup_ms(),
+        "wal_bytes_per_step": round(wal_bytes / n),
         **db.per_step(n),
     }
 
@@ -1351,6 +1358,23 @@ def cpu_split(cpu: dict) -> str:
     return f"{parts} = {cpu['total']}" if "total" in cpu else parts
 
 
+def drain_rows(d: dict, indent: str, target: float) -> list[tuple[str, object]]:
+    """The CPU split (and its target), commits and WAL per step, and the workers'
+    start-up, of a throughput or sdk drain."""
+    return [
+        (
+            f"{indent}CPU ms per step: server / workers / Postgres = total (target <= {target})",
+            cpu_split(d["cpu_ms_per_step"]),
+        ),
+        (
+            "  commits, WAL bytes, WAL records, full-page images per step",
+            f"{d.get('commits_per_step')}, {d.get('wal_bytes_per_step')},"
+            f" {d.get('wal_records_per_step')}, {d.get('wal_fpi_per_step')}",
+        ),
+        ("  worker start-up CPU ms per process (not in the above)", d["worker_startup_cpu_ms"]),
+    ]
+
+
 def print_table(r: dict, out: Path) -> None:
     rows = []
     if "throughput" in r:
@@ -1359,16 +1383,7 @@ def print_table(r: dict, out: Path) -> None:
             ("throughput steps/s", t["steps_per_s"]),
             ("baseline jobs/s (psycopg loop)", t["baseline_jobs_per_s"]),
             ("throughput ratio (target >= 4.0)", t["ratio"]),
-            (
-                "CPU ms per step: server / workers / Postgres = total (target <= 0.13)",
-                cpu_split(t["cpu_ms_per_step"]),
-            ),
-            (
-                "  commits, WAL bytes, WAL records, full-page images per step",
-                f"{t.get('commits_per_step')}, {t['wal_bytes_per_step']},"
-                f" {t.get('wal_records_per_step')}, {t.get('wal_fpi_per_step')}",
-            ),
-            ("  worker start-up CPU ms per process (not in the above)", t["worker_startup_cpu_ms"]),
+            *drain_rows(t, "", 0.13),
             (
                 "CPU ms per baseline job: client / Postgres = total",
                 cpu_split(t["baseline_cpu_ms_per_job"]),
@@ -1389,16 +1404,7 @@ def print_table(r: dict, out: Path) -> None:
         d = r["sdk"]
         rows += [
             ("throughput with the SDK's Worker, steps/s", d["steps_per_s"]),
-            (
-                "  CPU ms per step: server / workers / Postgres = total (target <= 0.18)",
-                cpu_split(d["cpu_ms_per_step"]),
-            ),
-            (
-                "  commits, WAL records, full-page images per step",
-                f"{d.get('commits_per_step')}, {d.get('wal_records_per_step')},"
-                f" {d.get('wal_fpi_per_step')}",
-            ),
-            ("  worker start-up CPU ms per process (not in the above)", d["worker_startup_cpu_ms"]),
+            *drain_rows(d, "  ", 0.18),
         ]
         if "ratio" in d:
             rows.append(("  SDK ratio: steps/s / baseline jobs/s (target >= 3.2)", d["ratio"]))
