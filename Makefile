@@ -147,8 +147,9 @@ test-pg15: $(VENV)/.stamp tools ## Only the engine's tests, on a throwaway Postg
 	tests/pg15.sh $(PG15_PYTEST_ARGS)
 
 .PHONY: bench
-bench: $(VENV)/.stamp ## Benchmarks with a same-run baseline; writes bench/results/latest.json
-	$(PY) bench/bench.py $(BENCH_ARGS)
+BENCH_REPEAT ?= 3
+bench: $(VENV)/.stamp ## Benchmarks with a same-run baseline, medians of BENCH_REPEAT (3) runs; writes bench/results/latest.json
+	$(PY) bench/bench.py --repeat $(BENCH_REPEAT) $(BENCH_ARGS)
 
 .PHONY: bench-console
 bench-console: $(VENV)/.stamp ## The console's pages with 1,000,000 runs: p50/p95, plans, seq scans; writes bench/results/console.json

@@ -17,9 +17,11 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from pyclient.errors import OutsideHandler
+from pyclient.models import timestamp_datetime
 
 if TYPE_CHECKING:
     import psycopg
+    from google.protobuf.timestamp_pb2 import Timestamp
 
     from pyclient.completion import CompletionTx
     from pyclient.durable._replay import Replay, StepScope
@@ -40,6 +42,22 @@ class StepControl:
     handlers never look, and a worker would otherwise make three per step.
     """
 
+    __slots__ = (
+        "__weakref__",
+        "_delivered",
+        "_events",
+        "_lease_expires_at",
+        "_lease_timestamp",
+        "_lock",
+        "_raised",
+        "_recorded",
+        "_taken",
+        "completion_tx",
+        "on_heartbeat",
+        "progress",
+        "progress_set",
+    )
+
     def __init__(
         self,
         *,
@@ -47,7 +65,9 @@ class StepControl:
         completion_tx: CompletionTx | None = None,
         on_heartbeat: Callable[[], None] | None = None,
     ):
-        self.lease_expires_at = lease_expires_at
+        self._lease_expires_at = lease_expires_at
+        #: The lease expiry as the server sent it, made a datetime when first read.
+        self._lease_timestamp: Timestamp | None = None
         self.completion_tx = completion_tx
         self.on_heartbeat = on_heartbeat
         self.progress: Any = None
@@ -58,6 +78,26 @@ class StepControl:
         self._raised = 0
         self._events: dict[int, threading.Event] | None = None
         self._lock = threading.Lock()
+
+    @property
+    def lease_expires_at(self) -> dt.datetime | None:
+        if self._lease_timestamp is not None:
+            with self._lock:
+                if self._lease_timestamp is not None:
+                    self._lease_expires_at = timestamp_datetime(self._lease_timestamp)
+                    self._lease_timestamp = None
+        return self._lease_expires_at
+
+    @lease_expires_at.setter
+    def lease_expires_at(self, value: dt.datetime | None) -> None:
+        with self._lock:
+            self._lease_expires_at, self._lease_timestamp = value, None
+
+    def lease_until(self, timestamp: Timestamp) -> None:
+        """Set the lease expiry from the server's Timestamp (read as a datetime only
+        if someone asks: most handlers never do)."""
+        with self._lock:
+            self._lease_timestamp = timestamp
 
     @property
     def cancelled(self) -> threading.Event:

@@ -60,12 +60,20 @@ def _enum_of(cls: type[enum.StrEnum], prefix: str, number: int, proto_enum: Any)
     return cls(name) if name in cls._value2member_map_ else name
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def timestamp_datetime(ts: timestamp_pb2.Timestamp) -> dt.datetime:
+    """``ts`` as an aware UTC datetime: what ``ts.ToDatetime(tzinfo=dt.UTC)`` gives
+    (truncated to the microsecond), for half its cost (a worker reads two per step)."""
+    return _EPOCH + dt.timedelta(seconds=ts.seconds, microseconds=ts.nanos // 1000)
+
+
 def time_field(owner: Any, name: str) -> dt.datetime | None:
     """A Timestamp field as an aware UTC datetime; None when unset."""
     if not owner.HasField(name):
         return None
-    when: dt.datetime = getattr(owner, name).ToDatetime(tzinfo=dt.UTC)
-    return when
+    return timestamp_datetime(getattr(owner, name))
 
 
 def value_field(owner: Any, name: str) -> Any:

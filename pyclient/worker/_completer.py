@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
+from google.protobuf import struct_pb2
 
 from cyclone.jsonvalue import dumps, json_value, to_value
 from cyclone.v1 import worker_service_pb2 as pb
@@ -66,7 +67,10 @@ class Completer:
     def __init__(self, runtime: Runtime, on_answered: Callable[[], None]):
         self.rt = runtime
         self.on_answered = on_answered
-        self.outbox: list[tuple[pb.CompleteRequest, asyncio.Future[pb.CompleteResult]]] = []
+        self.outbox: list[tuple[pb.CompleteRequest, StepLog]] = []
+        #: Outcomes queued or on their way: each keeps its step's handler slot taken
+        #: until its CompleteMany is answered (the producer counts them).
+        self.holding = 0
         #: Ends of safe step calls, sent first in the next CompleteMany, not waited for.
         self.ends: list[pb.EndStepCallRequest] = []
         #: Begins of step calls, sent with the next CompleteMany; their callers wait.
@@ -116,7 +120,9 @@ class Completer:
         request = pb.CompleteRequest(
             run_id=step.run_id, node=step.node, lease_token=step.lease_token
         )
-        request.logs.extend(step_logs.take(control))  # what the handler logged (._logs)
+        lines = step_logs.take(control)  # what the handler logged (._logs)
+        if lines:
+            request.logs.extend(lines)
         if error is None and tx is not None and tx.opened:
             await step_logs.send_by_heartbeat(self.rt, step, request, slog)
             assert output_json is not None
@@ -134,7 +140,10 @@ class Completer:
                 return
         if error is None:
             assert output_json is not None
-            request.output.CopyFrom(json_value(output_json))
+            if output_json == "null":  # what most handlers return
+                request.output.null_value = struct_pb2.NULL_VALUE
+            else:
+                request.output.CopyFrom(json_value(output_json))
         else:
             if tx is not None:
                 await asyncio.to_thread(tx.rollback)
@@ -142,7 +151,7 @@ class Completer:
             request.failure.CopyFrom(failure(error))
             request.failure.effect_uncertain = uncertain
             slog.warning("failed: %s: %s", request.failure.type, request.failure.message)
-        await self._complete(request, slog)
+        self._complete(request, slog)
 
     async def abandon(self, step: pb.ClaimedStep, kind: str, why: str, slog: StepLog) -> None:
         """Say that the handler of an unsafe action stopped without an outcome: its
@@ -243,22 +252,31 @@ class Completer:
         if self.flusher is None or self.flusher.done():
             self.flusher = asyncio.create_task(self._flush())
 
-    async def _complete(self, request: pb.CompleteRequest, slog: StepLog) -> None:
-        """Report one outcome, in the next CompleteMany."""
-        future: asyncio.Future[pb.CompleteResult] = self.rt.loop.create_future()
-        self.outbox.append((request, future))
+    def _complete(self, request: pb.CompleteRequest, slog: StepLog) -> None:
+        """Report one outcome, in the next CompleteMany. Its step's task ends here, but
+        its slot stays taken (``holding``) until the answer, which is logged then."""
+        self.outbox.append((request, slog))
+        self.holding += 1
         self._kick()
-        try:
-            result = await future
-        except CycloneError as err:
-            slog.error("completion not delivered: %s", err)
-            return
-        if result.HasField("error"):
+
+    @staticmethod
+    def _log_result(
+        request: pb.CompleteRequest, slog: StepLog, result: pb.CompleteResult | CycloneError
+    ) -> None:
+        if isinstance(result, CycloneError):
+            slog.error("completion not delivered: %s", result)
+        elif result.HasField("error"):
             refusal = error_for_code(result.error.code, result.error.message)
             level = logging.WARNING if isinstance(refusal, LeaseLost) else logging.ERROR
             slog.log(level, "completion refused: %s", refusal)
         elif request.HasField("output") and slog.isEnabledFor(logging.INFO):
             slog.info("completed; the run is %s", run_status(result.response.run_status))
+
+    async def settled(self) -> None:
+        """Wait until every outcome queued is answered (or given up on)."""
+        while self.sending:
+            assert self.flusher is not None
+            await asyncio.wait({self.flusher})
 
     async def _flush(self) -> None:
         """Send completions and step call ends, a batch at a time, in order: a node's
@@ -275,14 +293,17 @@ class Completer:
             request = pb.CompleteManyRequest(
                 completions=[r for r, _ in batch], step_call_ends=ends, brief=True
             )
-            reply = await self._send(request)
+            try:
+                reply = await self._send(request)
+            finally:
+                self.holding -= len(batch)
             self._ended(ends, reply)
             if isinstance(reply, CycloneError):
-                for _, future in batch:
-                    future.set_exception(reply)
+                for done, slog in batch:
+                    self._log_result(done, slog, reply)
             else:
-                for (_, future), result in zip(batch, reply.results, strict=True):
-                    future.set_result(result)
+                for (done, slog), result in zip(batch, reply.results, strict=True):
+                    self._log_result(done, slog, result)
 
     async def _flush_begins(self) -> None:
         """Send step call begins in batches (up to BEGIN_BATCHES at once), beside the

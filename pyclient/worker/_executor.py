@@ -139,6 +139,8 @@ class AsyncCall:
     """An async handler running on the handler loop; its outcome settles on the
     worker's loop."""
 
+    __slots__ = ("aborted", "budget", "handlers", "outcome", "results", "task", "timed_out")
+
     def __init__(
         self,
         action: Action,

@@ -32,7 +32,8 @@ class Producer:
         self.w = runtime.w
         #: Set when the claim loop should look again: a slot freed, a report answered.
         self.look_again = asyncio.Event()
-        #: The steps in flight, one per slot taken.
+        #: The steps running (each takes a slot; so does each outcome not yet answered,
+        #: Completer.holding).
         self.inflight: set[asyncio.Task[None]] = set()
         #: The CompleteMany whose answer the claim loop waits for before it claims
         #: (see _more_slots_coming).
@@ -65,7 +66,8 @@ class Producer:
         rt, w = self.rt, self.w
         backoff = Backoff(w.reconnect_max_delay, jitter=True)
         while not rt.stopping.is_set():
-            free = w.concurrency - len(self.inflight)
+            # A slot is taken by a step running, or reported and not yet answered.
+            free = w.concurrency - len(self.inflight) - rt.completer.holding
             if free <= 0 or self._more_slots_coming():
                 self.look_again.clear()
                 await self.until_stopping(self.look_again.wait())

@@ -5,10 +5,13 @@ them (:meth:`Runtime.run_step`), and shuts down."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import logging
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from cyclone.jsonvalue import from_value
 from cyclone.v1 import worker_service_pb2 as pb
@@ -17,7 +20,7 @@ from pyclient.client import call_metadata
 from pyclient.completion import CompletionTx, open_pool
 from pyclient.context import Context, StepControl
 from pyclient.durable._replay import Replay, Suspended
-from pyclient.models import StepCall, UpstreamFailure, time_field, value_field
+from pyclient.models import StepCall, UpstreamFailure, timestamp_datetime, value_field
 from pyclient.worker import _logs as step_logs
 from pyclient.worker._common import StepLog, log
 from pyclient.worker._completer import Completer
@@ -30,6 +33,14 @@ from pyclient.worker._watch import Watch, WatchPolicy
 
 if TYPE_CHECKING:
     from pyclient.worker import Worker
+
+#: The upstream outputs of a step that has none (most).
+NO_UPSTREAM: MappingProxyType[str, Any] = MappingProxyType({})
+
+
+def seconds(ts: Timestamp) -> float:
+    """A Timestamp as seconds since the epoch."""
+    return ts.seconds + ts.nanos * 1e-9
 
 
 class Runtime:
@@ -51,12 +62,23 @@ class Runtime:
         self.producer = Producer(self)
         self.completer = Completer(self, self.producer.look_again.set)
         self.executor: Executor | None = None
+        self._last_time: tuple[tuple[int, int], dt.datetime] = (
+            (0, 0),
+            timestamp_datetime(Timestamp()),
+        )
         # Reconnect as eagerly as the claim loop retries, not after gRPC's default backoff.
         self.channel_options = [
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", max(100, int(worker.reconnect_max_delay * 1000))),
         ]
+
+    def _datetime(self, ts: Timestamp) -> dt.datetime:
+        """``ts`` as a datetime; the steps of a claim share their deadline, made once."""
+        key = (ts.seconds, ts.nanos)
+        if key != self._last_time[0]:
+            self._last_time = (key, timestamp_datetime(ts))
+        return self._last_time[1]
 
     def request_stop(self) -> None:
         if self.stopping.is_set():
@@ -96,32 +118,44 @@ class Runtime:
             log.info("worker %s: stopped", w.worker_id)
 
     async def _drain(self) -> None:
+        """Wait up to the shutdown grace (or a second stop) for the handlers in flight
+        and then for their outcomes' answers; abandon the handlers still running."""
+        give_up = self.loop.time() + self.w.shutdown_grace
         inflight = self.producer.inflight
-        if not inflight:
-            return
-        grace = self.w.shutdown_grace
-        log.info(
-            "worker %s: waiting up to %gs for %d handler(s)",
-            self.w.worker_id,
-            grace,
-            len(inflight),
-        )
-        everything = asyncio.ensure_future(asyncio.wait(set(inflight)))
-        forced = asyncio.ensure_future(self.forced.wait())
-        await asyncio.wait({everything, forced}, timeout=grace, return_when="FIRST_COMPLETED")
-        everything.cancel()
-        forced.cancel()
-        left = set(inflight)
-        if left:
-            log.warning(
-                "worker %s: abandoning %d handler(s); their leases will lapse and the "
-                "steps run again",
+        if inflight:
+            await self._until_forced(asyncio.wait(set(inflight)), give_up, len(inflight))
+            left = set(inflight)
+            if left:
+                log.warning(
+                    "worker %s: abandoning %d handler(s); their leases will lapse and the "
+                    "steps run again",
+                    self.w.worker_id,
+                    len(left),
+                )
+                for task in left:
+                    task.cancel()
+                await asyncio.gather(*left, return_exceptions=True)
+        if self.completer.holding and not self.forced.is_set():
+            await self._until_forced(self.completer.settled(), give_up)
+
+    async def _until_forced(self, aw: Any, give_up: float, handlers: int = 0) -> None:
+        """Await ``aw`` until ``give_up`` (loop time) or a second stop."""
+        if handlers:
+            log.info(
+                "worker %s: waiting up to %gs for %d handler(s)",
                 self.w.worker_id,
-                len(left),
+                max(give_up - self.loop.time(), 0.0),
+                handlers,
             )
-            for task in left:
-                task.cancel()
-            await asyncio.gather(*left, return_exceptions=True)
+        waited = asyncio.ensure_future(aw)
+        forced = asyncio.ensure_future(self.forced.wait())
+        await asyncio.wait(
+            {waited, forced},
+            timeout=max(give_up - self.loop.time(), 0.0),
+            return_when="FIRST_COMPLETED",
+        )
+        waited.cancel()
+        forced.cancel()
 
     async def run_step(self, step: pb.ClaimedStep) -> None:
         """One claimed step, start to end: its context, its handler under watch, its
@@ -136,8 +170,15 @@ class Runtime:
             if self.pool is not None
             else None
         )
-        lease_end, deadline = time_field(step, "lease_expires_at"), time_field(step, "deadline")
-        control = StepControl(lease_expires_at=lease_end, completion_tx=tx)
+        control = StepControl(completion_tx=tx)
+        lease_end = deadline = None
+        if step.HasField("lease_expires_at"):
+            control.lease_until(step.lease_expires_at)
+            lease_end = seconds(step.lease_expires_at)
+        deadline_at = None
+        if step.HasField("deadline"):
+            deadline = seconds(step.deadline)
+            deadline_at = self._datetime(step.deadline)
         replay = (
             Replay(
                 map(StepCall.from_proto, step.journal),
@@ -156,18 +197,23 @@ class Runtime:
             max_attempts=step.max_attempts,
             input=value_field(step, "input"),
             run_input=value_field(step, "run_input"),
-            upstream=MappingProxyType({k: from_value(v) for k, v in step.upstream_outputs.items()}),
-            deadline=deadline,
+            upstream=MappingProxyType({k: from_value(v) for k, v in step.upstream_outputs.items()})
+            if step.upstream_outputs
+            else NO_UPSTREAM,
+            deadline=deadline_at,
             progress=value_field(step, "progress"),
             effect_uncertain=step.effect_uncertain,
             worker_id=self.w.worker_id,
-            upstream_failures=tuple(map(UpstreamFailure.from_proto, step.upstream_failures)),
+            upstream_failures=tuple(map(UpstreamFailure.from_proto, step.upstream_failures))
+            if step.upstream_failures
+            else (),
             _control=control,
             _durable=replay,
         )
         policy = self.policy
         budget = policy.budget(lease_end, deadline, action)
-        slog.info("running %s (budget %.1fs)", action.name, budget)
+        if log.isEnabledFor(logging.INFO):
+            slog.info("running %s (budget %.1fs)", action.name, budget)
         watch = Watch(self, step, control, slog, budget, action)
         assert self.executor is not None
         handler, watch.call = self.executor.start(action, ctx, budget)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import math
+import time
 from typing import TYPE_CHECKING
 
 import grpc
@@ -20,7 +20,6 @@ from cyclone.v1 import worker_service_pb2 as pb
 from pyclient.actions import Action
 from pyclient.context import StepControl
 from pyclient.errors import LeaseLost, from_rpc_error
-from pyclient.models import time_field
 from pyclient.worker import _logs as step_logs
 from pyclient.worker._common import HandlerTimeout, StepLog
 from pyclient.worker._executor import AsyncCall
@@ -60,19 +59,18 @@ class WatchPolicy:
         self.heartbeat_timeout = max(self.interval, 1.0)
         self.cancel_grace = cancel_grace
 
-    def budget(
-        self, lease_end: dt.datetime | None, deadline: dt.datetime | None, action: Action
-    ) -> float:
+    def budget(self, lease_end: float | None, deadline: float | None, action: Action) -> float:
         """Seconds the handler may run: to the node's deadline, or the action's timeout.
+        ``lease_end`` and ``deadline`` are the claim's, in seconds since the epoch.
 
         Worked out from the server's own timestamps where possible (lease expiry and
         deadline are read on one clock), so clock skew between hosts does not matter.
         """
         budget = math.inf
         if deadline is not None and lease_end is not None and lease_end < deadline:
-            budget = (deadline - lease_end).total_seconds() + self.lease
+            budget = deadline - lease_end + self.lease
         elif deadline is not None:
-            budget = min(self.lease, (deadline - dt.datetime.now(dt.UTC)).total_seconds())
+            budget = min(self.lease, deadline - time.time())
         if action.timeout is not None:
             budget = min(budget, action.timeout)
         return max(budget, 0.0)
@@ -114,6 +112,27 @@ class Watch:
     is due first; the task that heartbeats starts when the first heartbeat is due or
     the handler asks for one.
     """
+
+    __slots__ = (
+        "abandoned",
+        "abandoning",
+        "alarm",
+        "alarm_at",
+        "beat_at",
+        "budget",
+        "call",
+        "control",
+        "give_up_at",
+        "policy",
+        "rt",
+        "slog",
+        "step",
+        "stopped",
+        "task",
+        "time_out_at",
+        "unsafe",
+        "wake",
+    )
 
     def __init__(
         self,
@@ -248,7 +267,10 @@ class Watch:
             slog.warning("heartbeat failed: %s", err)
             step_logs.lines_of(control).give_back(lines)
             return True
-        control.lease_expires_at = time_field(response, "lease_expires_at")
+        if response.HasField("lease_expires_at"):
+            control.lease_until(response.lease_expires_at)
+        else:
+            control.lease_expires_at = None
         if has_progress:
             control.progress_delivered()
         if response.cancelled:

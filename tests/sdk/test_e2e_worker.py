@@ -485,3 +485,29 @@ def test_sdk_handlers_read_the_failures_from_their_context(client, make_worker):
         ("charge", StepStatus.DISCARDED, failure.error),
         ("ship", StepStatus.SKIPPED, None),
     ]
+
+
+def test_a_worker_stopped_as_its_handlers_end_still_reports_their_outcomes(client, make_worker):
+    # A step's task ends once its outcome is queued for the next CompleteMany; the
+    # slot, and the worker's shutdown, wait for that CompleteMany's answer.
+    worker = make_worker(concurrency=4)
+    # The last handler to arrive stops the worker (once: a second stop would cut the
+    # shutdown short); then they all return.
+    started = threading.Barrier(4, action=worker.stop, timeout=PATIENCE)
+    stopped: list[str] = []
+
+    @worker.action("last")
+    def last(ctx):
+        started.wait()
+        stopped.append(ctx.node)
+        return {"node": ctx.node}
+
+    wf = Workflow("stopping")
+    for i in range(4):
+        wf.node(f"n{i}", action="last")
+    run_id = client.submit(wf)
+    with running(worker):
+        eventually(lambda: len(stopped) == 4 and worker._runtime is None, "the stop")
+    run = client.get_run(run_id)
+    assert run.status == "completed"
+    assert {s.node: s.output for s in run.steps} == {f"n{i}": {"node": f"n{i}"} for i in range(4)}
