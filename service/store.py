@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import time
@@ -120,6 +121,19 @@ def sql_url(database_url: str) -> str:
         if database_url.startswith(prefix):
             return "postgresql+psycopg://" + database_url[len(prefix) :]
     return database_url
+
+
+def submit_key_id(workflow: str, submit_key: str) -> uuid.UUID:
+    """The id of a SubmitOnce key and of the run it makes, as cyclone.submit_key_id
+    computes it: a name-based UUID (version 8) of SHA-256 over a prefix, the workflow, a
+    NUL and the key."""
+    digest = hashlib.sha256(
+        b"cyclone submit key\0" + workflow.encode() + b"\0" + submit_key.encode()
+    ).digest()
+    raw = bytearray(digest[:16])
+    raw[6] = raw[6] & 0x0F | 0x80
+    raw[8] = raw[8] & 0x3F | 0x80
+    return uuid.UUID(bytes=bytes(raw))
 
 
 def parse_uuid(value: str, what: str = "run_id") -> uuid.UUID:
@@ -383,7 +397,9 @@ class Store:
         row = await self._one(
             "run_submit",
             Submitted,
-            run_id=str(uuid7()),
+            # A keyed run's id is its key's: run_submit would take it anyway, and on
+            # Citus the call is routed by it.
+            run_id=str(uuid7() if submit_key is None else submit_key_id(workflow, submit_key)),
             workflow=workflow,
             submit_key=submit_key,
             input=input_json,

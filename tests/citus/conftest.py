@@ -1,0 +1,124 @@
+"""The Citus suite: Cyclone on a coordinator and two workers (docs/scaling.md).
+
+Collected only when CYCLONE_CITUS is set (tests/citus.sh, the third pass of `make test`,
+sets it). The session's cluster is CYCLONE_CITUS_URL when given (a superuser URL of a
+coordinator with workers added), else a local cluster that this session starts with
+the cluster.sh of ../shared/citus (CITUS_DIR) and stops at the end. One database for
+the session, migrated (and so distributed) once; each test starts from empty tables.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from service.migrate import migrate
+from tests.conftest import TEST_SETTINGS, RunningServer
+
+ROOT = Path(__file__).resolve().parents[2]
+CITUS_DIR = Path(os.environ.get("CITUS_DIR", ROOT.parent / "shared" / "citus"))
+
+if not os.environ.get("CYCLONE_CITUS"):
+    collect_ignore_glob = ["test_*.py"]
+
+
+def _free_port_block(count: int) -> int:
+    import random
+    import socket
+
+    for _ in range(50):
+        base = random.randrange(21000, 39000)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free block of ports for the Citus cluster")
+
+
+@pytest.fixture(scope="session")
+def citus_url() -> Iterator[str]:
+    """A superuser URL of a Citus coordinator with two workers, database cyclone."""
+    given = os.environ.get("CYCLONE_CITUS_URL")
+    if given:
+        yield given
+        return
+    script = CITUS_DIR / "cluster.sh"
+    if not script.exists():
+        pytest.fail(f"no {script}: set CITUS_DIR or CYCLONE_CITUS_URL")
+    work = Path(tempfile.mkdtemp(prefix="cyclone-citus."))
+    port = _free_port_block(3)
+    try:
+        subprocess.run(
+            ["bash", str(script), "start", str(work), str(port), "2", "cyclone"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        url = f"postgresql://postgres@127.0.0.1:{port}/cyclone"
+        # Tests kill processes, never this cluster: durability only costs time here.
+        for p in range(port, port + 3):
+            with psycopg.connect(url.replace(str(port), str(p)), autocommit=True) as conn:
+                conn.execute("ALTER SYSTEM SET fsync = off")
+                conn.execute("ALTER SYSTEM SET synchronous_commit = off")
+                conn.execute("SELECT pg_reload_conf()")
+        yield url
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(work)], check=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def citus_database(citus_url: str) -> str:
+    """citus_url, migrated with --citus on: every run-level table distributed."""
+    migrate(citus_url, citus="on")
+    return citus_url
+
+
+# Run-level tables are emptied before each test; the reference tables are put back.
+_RESET = """
+TRUNCATE cyclone.runs, cyclone.steps, cyclone.step_errors, cyclone.step_calls,
+         cyclone.audit, cyclone.events, cyclone.step_logs, cyclone.submit_keys;
+DELETE FROM cyclone.action_claims;
+DELETE FROM cyclone.action_rates;
+DELETE FROM cyclone.schedules;
+UPDATE cyclone.clock SET offset_by = '0';
+"""
+
+
+@pytest.fixture
+def database_url(citus_database: str) -> str:
+    with psycopg.connect(citus_database, autocommit=True) as conn:
+        conn.execute(_RESET)
+    return citus_database
+
+
+@pytest.fixture
+def server_factory(database_url: str) -> Iterator[Any]:
+    """Cyclone servers on the cluster's coordinator: server_factory(**overrides)."""
+    started: list[RunningServer] = []
+
+    def start(**overrides: Any) -> RunningServer:
+        server = RunningServer(database_url, replace(TEST_SETTINGS, **overrides)).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def cyclone_server(server_factory: Any) -> RunningServer:
+    return server_factory()
