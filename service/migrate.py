@@ -221,6 +221,8 @@ def distribute(conn: psycopg.Connection) -> None:
                     "SELECT create_distributed_table(%s, %s, colocate_with => %s)",
                     (f"cyclone.{name}", column, "none" if name == "runs" else "cyclone.runs"),
                 )
+        # The variants of functions Citus cannot plan in their set-based form.
+        conn.execute(resources.files("service.sql").joinpath("citus.sql").read_text())
         for signature, by_run in conn.execute(_FUNCTIONS).fetchall():
             if by_run:
                 conn.execute(

@@ -38,6 +38,7 @@ from service.records import (
     BatchRow,
     CallResolved,
     Cancelled,
+    Candidate,
     ChildStarted,
     ClaimedStep,
     Completion,
@@ -66,6 +67,7 @@ from service.records import (
     RunSummary,
     ScheduleName,
     ScheduleRow,
+    Sharded,
     StepCallBegun,
     StepCallEnded,
     StepListed,
@@ -286,6 +288,8 @@ class Store:
         self.on_ready = on_ready
         # Hears how long each statement waited for a pooled connection (a metric).
         self.on_acquire = on_acquire
+        # Whether the database is sharded (Citus); asked once, on the first claim.
+        self.sharded: bool | None = None
         options = "-c application_name=cyclone-server -c cyclone.defer_notify=on"
         if statement_timeout_ms:
             options += f" -c statement_timeout={int(statement_timeout_ms)}"
@@ -544,6 +548,8 @@ class Store:
         rates: Mapping[str, tuple[int, float]] | None = None,
     ) -> list[ClaimedStep]:
         """rates: the actions the worker declares rate limited, with (count, period_s)."""
+        if await self.is_sharded():
+            return await self._claim_by_run(worker_id, actions, unsafe, limit, lease_s)
         rated = list((rates or {}).items())
         return await self._all(
             "step_claim",
@@ -557,6 +563,44 @@ class Store:
             rate_counts=[c for _, (c, _) in rated],
             rate_periods=[p for _, (_, p) in rated],
         )
+
+    async def is_sharded(self) -> bool:
+        """Whether the run-level tables are distributed (Citus, docs/scaling.md): then
+        claims, retention and key retention go run by run (95_shards.sql)."""
+        if self.sharded is None:
+            row = await self._one("sharded", Sharded)
+            self.sharded = bool(row and row.sharded)
+        return self.sharded
+
+    async def _claim_by_run(
+        self, worker_id: str, actions: list[str], unsafe: list[str], limit: int, lease_s: float
+    ) -> list[ClaimedStep]:
+        """A claim on a sharded database: one multi-shard read of the ready steps (no
+        locks), then each run's taken by step_claim_run, a single-shard transaction.
+        Twice the steps asked are read, as other servers may take some first."""
+        found = await self._all("step_candidates", Candidate, actions=actions, limit=limit * 2)
+        by_run: dict[uuid.UUID, list[str]] = {}
+        for c in found:
+            by_run.setdefault(c.run_id, []).append(c.node)
+        claimed: list[ClaimedStep] = []
+        taken = 0
+        async with self._connection() as driver:
+            for run_id, nodes in by_run.items():
+                if taken >= limit:
+                    break
+                rows = await self._run(
+                    driver,
+                    "step_claim_run",
+                    ClaimedStep,
+                    run_id=str(run_id),
+                    nodes=nodes[: limit - taken],
+                    worker_id=worker_id,
+                    unsafe=unsafe,
+                    lease_s=lease_s,
+                )
+                claimed += rows
+                taken += sum(not r.blocked for r in rows)
+        return claimed
 
     async def steps_release(self, claimed: Sequence[ClaimedStep]) -> int:
         """Hand back claimed steps that never reached their worker."""
@@ -584,7 +628,8 @@ class Store:
         return {row.run_id: row.error for row in rows}
 
     async def step_next_due(self, actions: list[str]) -> float | None:
-        row = await self._one("step_next_due", NextDue, actions=actions)
+        name = "step_next_due_sharded" if await self.is_sharded() else "step_next_due"
+        row = await self._one(name, NextDue, actions=actions)
         return None if row is None or row.seconds is None else float(row.seconds)
 
     async def step_attempt(self, run_id: uuid.UUID, node: str) -> int | None:

@@ -113,3 +113,106 @@ BEGIN
     RETURN v_count;
 END;
 $$;
+
+-- Statements Citus can route to one shard. On a Citus coordinator each statement of a
+-- transition is planned on its own and sent to the shard of its run: SQL-language
+-- functions with parameters cannot be (so _run_block and _run_cancel_one become
+-- PL/pgSQL), and an UPDATE of a distributed table may call no volatile
+-- function, nor a STABLE one on its columns (so step_fail's backoff takes its jitter
+-- from a variable, and adds it to the time with _later). Same results on one Postgres.
+DROP FUNCTION cyclone._backoff(interval, interval, float8, integer);
+
+CREATE FUNCTION cyclone._backoff(
+    p_initial interval, p_max interval, p_multiplier float8, p_attempt integer,
+    p_jitter float8)
+RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT d * (1 - p_jitter / 2)
+      FROM (SELECT least(p_max, p_initial * power(p_multiplier, least(p_attempt - 1, 60)))) b(d)
+$$;
+
+CREATE FUNCTION cyclone._later(p_at timestamptz, p_by interval) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_at + p_by
+$$;
+
+CREATE OR REPLACE FUNCTION cyclone._run_block(p_run_id uuid, p_error jsonb, p_now timestamptz)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_workflow text;
+BEGIN
+    UPDATE cyclone.steps s SET status = 'pending', available_at = NULL
+     WHERE s.run_id = p_run_id AND s.status = 'available';
+    UPDATE cyclone.runs r SET status = 'blocked', updated_at = p_now, error = p_error
+     WHERE r.run_id = p_run_id
+    RETURNING r.workflow INTO v_workflow;
+    RETURN v_workflow;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION cyclone._run_cancel_one(p_run_id uuid, p_actor text, p_reason text,
+                                        p_details jsonb, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE cyclone.steps s SET status = 'cancelled', finished_at = p_now, lease_expires_at = NULL
+     WHERE s.run_id = p_run_id AND s.status IN ('pending', 'available', 'running', 'uncertain');
+    UPDATE cyclone.runs r
+       SET status = 'cancelled', steps_open = 0, error = NULL, finished_at = p_now,
+           updated_at = p_now
+     WHERE r.run_id = p_run_id;
+    INSERT INTO cyclone.audit (run_id, action, actor, reason, details, at)
+    VALUES (p_run_id, 'cancel', p_actor, p_reason, p_details, p_now);
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION cyclone._step_fail_unheld(
+    p_run_id uuid, p_node text, p_lease_token uuid, p_type text, p_message text,
+    p_details text, p_retryable boolean, p_retry_after interval)
+RETURNS cyclone.completion
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text := cyclone._run_lock(p_run_id);
+    v_step   record;
+    v_jitter float8 := random();
+BEGIN
+    UPDATE cyclone.steps s
+       SET status = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
+                         THEN 'available' ELSE 'discarded' END,
+           available_at = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
+                               THEN cyclone._later(v_now, coalesce(
+                                        p_retry_after,
+                                        cyclone._backoff(s.initial_backoff, s.max_backoff,
+                                                         s.backoff_multiplier,
+                                                         s.attempt - s.resumes, v_jitter)))
+                          END,
+           finished_at = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
+                              THEN NULL ELSE v_now END,
+           lease_expires_at = NULL, waiting_for = NULL
+     WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
+       -- By key: see steps_leased_idx.
+       AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
+    RETURNING s.status, s.attempt, s.action, s.available_at INTO v_step;
+    IF NOT FOUND THEN
+        SELECT s.status, s.lease_token, s.attempt INTO v_step
+          FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
+        PERFORM cyclone._lease_lost(p_run_id, p_node, p_lease_token, v_step.status,
+                                v_step.lease_token, v_step.attempt);
+    END IF;
+    INSERT INTO cyclone.step_errors (run_id, node, attempt, kind, type, message, details,
+                                     retryable, at)
+    VALUES (p_run_id, p_node, v_step.attempt, 'handler', coalesce(p_type, ''),
+            coalesce(p_message, ''), coalesce(p_details, ''), v_step.status = 'available',
+            v_now);
+    IF v_step.status = 'discarded' THEN
+        PERFORM cyclone._settle(p_run_id, ARRAY[p_node], '{}', 1);
+    ELSE
+        PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
+    END IF;
+    RETURN ROW(v_step.status, (SELECT r.status FROM cyclone.runs r WHERE r.run_id = p_run_id),
+               false, v_step.available_at)::cyclone.completion;
+END;
+$$;

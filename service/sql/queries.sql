@@ -20,6 +20,20 @@ SELECT *
                                   FROM unnest(CAST(:rate_periods AS float8[]))
                                        WITH ORDINALITY AS u(p, i) ORDER BY u.i));
 
+-- name: step_candidates
+SELECT run_id, node FROM cyclone.step_candidates(CAST(:actions AS text[]), :limit);
+
+-- name: step_claim_run
+SELECT *
+  FROM cyclone.step_claim_run(CAST(:run_id AS uuid), CAST(:nodes AS text[]), :worker_id,
+                              CAST(:unsafe AS text[]), make_interval(secs => :lease_s));
+
+-- name: step_next_due_sharded
+SELECT cyclone.step_next_due_sharded(CAST(:actions AS text[])) AS seconds;
+
+-- name: sharded
+SELECT cyclone.sharded() AS sharded;
+
 -- name: steps_release
 -- Hands back steps that a Claim took but could not deliver (its caller went away):
 -- available again as if never claimed, attempt and uncertainty as they were.
@@ -292,7 +306,9 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'waiting_for', CASE WHEN s.status IN ('available', 'pending')
                                        THEN s.waiting_for END,
                    'priority', s.priority, 'concurrency_key', s.concurrency_key,
-                   'journal', (SELECT jsonb_agg(cyclone._step_call_json(j) ORDER BY j.seq)
+                   -- _step_call_json's shape, written out: on Citus the row is a
+                   -- shard's, of another type.
+                   'journal', (SELECT jsonb_agg(to_jsonb(j) - 'run_id' - 'node' ORDER BY j.seq)
                                  FROM cyclone.step_calls j
                                 WHERE j.run_id = s.run_id AND j.node = s.node))
                    ORDER BY s.position), '[]')
