@@ -188,11 +188,11 @@ SELECT c.relname,
 """
 _FUNCTIONS = """
 SELECT p.oid::regprocedure::text,
-       (p.proargnames)[1] = 'p_run_id' AND p.proargtypes[0] = 'uuid'::regtype
+       (p.proargnames)[1] = 'p_run_id' AND p.proargtypes[0] = 'uuid'::regtype,
+       o.objid IS NOT NULL, o.distribution_argument_index IS NOT NULL
   FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+  LEFT JOIN pg_dist_object o ON o.classid = 'pg_proc'::regclass AND o.objid = p.oid
  WHERE n.nspname = 'cyclone'
-   AND NOT EXISTS (SELECT 1 FROM pg_dist_object o
-                    WHERE o.classid = 'pg_proc'::regclass AND o.objid = p.oid)
 """
 
 
@@ -223,7 +223,11 @@ def distribute(conn: psycopg.Connection) -> None:
                 )
         # The variants of functions Citus cannot plan in their set-based form.
         conn.execute(resources.files("service.sql").joinpath("citus.sql").read_text())
-        for signature, by_run in conn.execute(_FUNCTIONS).fetchall():
+        # Citus creates on every node a function it can (one that depends on no local
+        # table) when it is created: those are distributed already, without argument.
+        for signature, by_run, done, by_argument in conn.execute(_FUNCTIONS).fetchall():
+            if by_argument or (done and not by_run):
+                continue
             if by_run:
                 conn.execute(
                     "SELECT create_distributed_function(%s, 'p_run_id',"

@@ -703,12 +703,23 @@ class Store:
     async def step_complete_many(self, outcomes: Sequence[Outcome]) -> list[Completion | Refused]:
         """Apply several outcomes in one transaction; one answer per outcome, in order.
         An outcome the engine refused (a lost lease, an unknown step) is a Refused that
-        changed nothing, and does not affect the others."""
+        changed nothing, and does not affect the others. On a sharded database each
+        outcome is its own transaction on its run's shard (docs/scaling.md)."""
+        if await self.is_sharded():
+            return [await self._complete_alone(o) for o in outcomes]
         payload = _outcome_items(outcomes)
         rows = await self._logged(
             "step_complete_many", BatchRow, _logs_items(outcomes), items=_dump_items(payload)
         )
         return [_batch_answer(row) for row in sorted(rows, key=lambda r: r.i)]
+
+    async def _complete_alone(self, outcome: Outcome) -> Completion | Refused:
+        try:
+            return await self.step_complete(outcome)
+        except errors.Unavailable:
+            raise
+        except errors.CycloneError as exc:
+            return Refused(exc)
 
     async def step_report_many(
         self,
@@ -897,14 +908,16 @@ class Store:
 
     async def submit_keys_purge(self, *, age_s: float, limit: int) -> int:
         """Forget up to ``limit`` SubmitOnce keys older than ``age_s`` whose run is gone."""
-        row = await self._one("submit_keys_purge", Deleted, age_s=age_s, limit=limit)
+        name = "submit_keys_purge_sharded" if await self.is_sharded() else "submit_keys_purge"
+        row = await self._one(name, Deleted, age_s=age_s, limit=limit)
         assert row is not None
         return int(row.deleted)
 
     async def runs_purge(self, *, age_s: float, failed: bool, limit: int) -> int:
         """Delete up to ``limit`` runs finished more than ``age_s`` ago (runs_purge,
         service/schema/80_retention.sql)."""
-        row = await self._one("runs_purge", Deleted, age_s=age_s, failed=failed, limit=limit)
+        name = "runs_purge_sharded" if await self.is_sharded() else "runs_purge"
+        row = await self._one(name, Deleted, age_s=age_s, failed=failed, limit=limit)
         return int(row.deleted) if row else 0
 
     # Schedules --------------------------------------------------------------------

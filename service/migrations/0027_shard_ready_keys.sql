@@ -119,7 +119,10 @@ $$;
 -- functions with parameters cannot be (so _run_block and _run_cancel_one become
 -- PL/pgSQL), and an UPDATE of a distributed table may call no volatile
 -- function, nor a STABLE one on its columns (so step_fail's backoff takes its jitter
--- from a variable, and adds it to the time with _later). Same results on one Postgres.
+-- from a variable, and adds it to the time with _later); an INSERT may hold no
+-- subquery (step_retry's audit entry); a lock is taken on one shard at a time
+-- (run_cancel locks the descendants one by one, in the same order). Same results on
+-- one Postgres.
 DROP FUNCTION cyclone._backoff(interval, interval, float8, integer);
 
 CREATE FUNCTION cyclone._backoff(
@@ -214,5 +217,157 @@ BEGIN
     END IF;
     RETURN ROW(v_step.status, (SELECT r.status FROM cyclone.runs r WHERE r.run_id = p_run_id),
                false, v_step.available_at)::cyclone.completion;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION cyclone.step_retry(p_run_id uuid, p_nodes text[], p_actor text,
+                                              p_reason text)
+RETURNS text[]
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text := cyclone._run_lock(p_run_id);
+    v_nodes  text[];
+    v_bad    record;
+    v_reset  text[];
+    v_decide text[];
+BEGIN
+    IF v_status IN ('blocked', 'cancelled') THEN
+        RAISE EXCEPTION 'run % is %: only a running or failed run can be retried',
+            p_run_id, v_status USING ERRCODE = 'CY003';
+    END IF;
+    IF p_nodes IS NULL THEN
+        v_nodes := ARRAY(SELECT s.node FROM cyclone.steps s
+                          WHERE s.run_id = p_run_id AND s.status = 'discarded' ORDER BY s.node);
+        IF cardinality(v_nodes) = 0 THEN
+            RAISE EXCEPTION 'run % has no discarded node to retry', p_run_id
+                USING ERRCODE = 'CY003';
+        END IF;
+    ELSE
+        v_nodes := p_nodes;
+        SELECT n.node, s.status INTO v_bad
+          FROM unnest(p_nodes) n(node)
+          LEFT JOIN cyclone.steps s ON s.run_id = p_run_id AND s.node = n.node
+         WHERE s.status IS DISTINCT FROM 'discarded' LIMIT 1;
+        IF FOUND AND v_bad.status IS NULL THEN
+            RAISE EXCEPTION 'run % has no node %', p_run_id, left(v_bad.node, 200)
+                USING ERRCODE = 'CY002';
+        ELSIF FOUND THEN
+            RAISE EXCEPTION 'node % is %, not discarded: only a discarded node can be retried',
+                v_bad.node, v_bad.status USING ERRCODE = 'CY003';
+        END IF;
+    END IF;
+
+    WITH RECURSIVE down(node) AS (
+        SELECT unnest(v_nodes)
+        UNION
+        SELECT t.node
+          FROM down d
+          JOIN cyclone.steps s ON s.run_id = p_run_id AND s.node = d.node
+          JOIN cyclone.steps t ON t.run_id = p_run_id AND t.node = ANY (s.dependents)
+         WHERE t.status <> 'completed'
+    )
+    SELECT array_agg(node) INTO v_reset FROM down;
+
+    INSERT INTO cyclone.step_errors (run_id, node, attempt, kind, type, message, retryable, at)
+    SELECT p_run_id, s.node, s.attempt, 'reset', 'Reset',
+           format('lease of worker %s revoked: an upstream node was retried', s.worker_id),
+           true, v_now
+      FROM cyclone.steps s
+     WHERE s.run_id = p_run_id AND s.node = ANY (v_reset) AND s.status = 'running';
+
+    -- Counts read the statuses before this statement: a reset upstream node counts as
+    -- open, whatever it was.
+    UPDATE cyclone.steps s
+       SET status = 'pending', available_at = NULL, finished_at = NULL,
+           lease_expires_at = NULL,
+           effect_uncertain = s.effect_uncertain OR s.status = 'running',
+           max_attempts = s.attempt - s.resumes + s.attempt_budget,
+           deps_open = c.open, deps_failed = c.failed
+      FROM (SELECT t.node,
+                   count(u.node) FILTER (
+                       WHERE u.node = ANY (v_reset)
+                          OR u.status IN ('pending', 'available', 'running', 'uncertain'))
+                       AS open,
+                   count(u.node) FILTER (
+                       WHERE NOT u.node = ANY (v_reset)
+                         AND u.status IN ('discarded', 'skipped')) AS failed
+              FROM cyclone.steps t
+              LEFT JOIN cyclone.steps u ON u.run_id = t.run_id AND u.node = ANY (t.depends_on)
+             WHERE t.run_id = p_run_id AND t.node = ANY (v_reset)
+             GROUP BY t.node) c
+     WHERE s.run_id = p_run_id AND s.node = c.node;
+
+    UPDATE cyclone.runs r
+       SET status = 'running', error = NULL, finished_at = NULL, updated_at = v_now,
+           steps_open = (SELECT count(*) FROM cyclone.steps s
+                          WHERE s.run_id = p_run_id
+                            AND s.status IN ('pending', 'available', 'running', 'uncertain'))
+     WHERE r.run_id = p_run_id;
+
+    v_decide := ARRAY(SELECT s.node FROM cyclone.steps s
+                       WHERE s.run_id = p_run_id AND s.node = ANY (v_reset) AND s.deps_open = 0);
+    PERFORM cyclone._settle(p_run_id, '{}', v_decide, 0);
+    -- The details first: Citus takes no subquery in an INSERT.
+    v_reset := ARRAY(SELECT unnest(v_reset) EXCEPT SELECT unnest(v_nodes));
+    INSERT INTO cyclone.audit (run_id, node, action, actor, reason, details, at)
+    VALUES (p_run_id, CASE WHEN p_nodes IS NULL THEN '' ELSE p_nodes[1] END,
+            CASE WHEN p_nodes IS NULL THEN 'retry_all' ELSE 'retry' END, p_actor,
+            coalesce(p_reason, ''),
+            jsonb_build_object('nodes', to_jsonb(v_nodes), 'reset', to_jsonb(v_reset)),
+            v_now);
+    RETURN v_nodes;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION cyclone.run_cancel(p_run_id uuid, p_actor text, p_reason text,
+                                   p_keep_children boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text := cyclone._run_lock(p_run_id);
+    v_level  uuid[] := ARRAY[p_run_id];
+    v_tree   uuid[] := '{}';
+    v_child  record;
+    v_child_id uuid;
+BEGIN
+    IF v_status IN ('completed', 'cancelled') THEN
+        RAISE EXCEPTION 'run % is already %', p_run_id, v_status USING ERRCODE = 'CY003';
+    END IF;
+    IF NOT p_keep_children THEN
+        LOOP
+            -- Found, then locked one by one in run_id order (on Citus a lock is taken
+            -- on one shard at a time).
+            v_level := ARRAY(SELECT r.run_id FROM cyclone.runs r
+                              WHERE r.parent_run_id = ANY (v_level) ORDER BY r.run_id);
+            EXIT WHEN cardinality(v_level) = 0;
+            FOR i IN 1 .. cardinality(v_level) LOOP
+                v_child_id := v_level[i];
+                PERFORM 1 FROM cyclone.runs r WHERE r.run_id = v_child_id FOR NO KEY UPDATE;
+            END LOOP;
+            v_tree := v_tree || v_level;
+        END LOOP;
+    END IF;
+    PERFORM cyclone._run_cancel_one(p_run_id, p_actor, coalesce(p_reason, ''),
+                                    jsonb_build_object('previous_status', v_status,
+                                                       'keep_children', p_keep_children),
+                                    v_now);
+    -- A child cancelled on its own: its parent may wait for it.
+    PERFORM cyclone._child_finished(r.run_id, r.parent_run_id, r.status)
+       FROM cyclone.runs r WHERE r.run_id = p_run_id AND r.parent_run_id IS NOT NULL;
+    FOR v_child IN
+        SELECT r.run_id, r.status FROM cyclone.runs r
+         WHERE r.run_id = ANY (v_tree) AND r.status IN ('running', 'blocked')
+         ORDER BY r.run_id
+    LOOP
+        PERFORM cyclone._run_cancel_one(
+            v_child.run_id, p_actor,
+            concat('run ', p_run_id, ' was cancelled', ': ' || nullif(p_reason, '')),
+            jsonb_build_object('previous_status', v_child.status, 'cancelled_with', p_run_id),
+            v_now);
+    END LOOP;
 END;
 $$;

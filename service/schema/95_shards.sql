@@ -209,3 +209,57 @@ BEGIN
                                   AND s.available_at > v_now) - v_now)::float8;
 END;
 $$;
+
+-- runs_purge on a sharded database: the same runs (finished more than p_age ago,
+-- failed ones when p_failed, else completed and cancelled ones, oldest first, up to
+-- p_limit), found by a multi-shard read and then deleted one by one by key, each
+-- delete re-checking the status on its run's shard (the cascades stay on that shard).
+-- Returns how many runs it deleted. Called by each server's retention loop, on Citus.
+CREATE FUNCTION cyclone.runs_purge_sharded(p_age interval, p_failed boolean, p_limit integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_before   timestamptz := cyclone.now() - p_age;
+    v_statuses text[] := CASE WHEN p_failed THEN ARRAY['failed']
+                              ELSE ARRAY['completed', 'cancelled'] END;
+    v_runs     uuid[];
+    v_run      uuid;
+    v_count    integer := 0;
+BEGIN
+    v_runs := ARRAY(SELECT r.run_id FROM cyclone.runs r
+                     WHERE r.status = ANY (v_statuses) AND r.finished_at < v_before
+                     ORDER BY r.finished_at LIMIT p_limit);
+    FOREACH v_run IN ARRAY v_runs LOOP
+        DELETE FROM cyclone.runs r WHERE r.run_id = v_run AND r.status = ANY (v_statuses);
+        v_count := v_count + (CASE WHEN FOUND THEN 1 ELSE 0 END);
+    END LOOP;
+    RETURN v_count;
+END;
+$$;
+
+-- submit_keys_purge on a sharded database: up to p_limit keys older than p_age whose
+-- run is gone, found by a multi-shard read (a key and its run share a shard: the run's
+-- id is the key's) and deleted one by one by key. Keys made before migration 0027,
+-- whose run has another id, are kept. Called by each server's retention loop, on Citus.
+CREATE FUNCTION cyclone.submit_keys_purge_sharded(p_age interval, p_limit integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_before timestamptz := cyclone.now() - p_age;
+    v_keys   uuid[];
+    v_key    uuid;
+    v_count  integer := 0;
+BEGIN
+    v_keys := ARRAY(SELECT k.key_id FROM cyclone.submit_keys k
+                     WHERE k.created_at < v_before AND k.run_id = k.key_id
+                       AND NOT EXISTS (SELECT 1 FROM cyclone.runs r WHERE r.run_id = k.key_id)
+                     ORDER BY k.created_at LIMIT p_limit);
+    FOREACH v_key IN ARRAY v_keys LOOP
+        DELETE FROM cyclone.submit_keys k
+         WHERE k.key_id = v_key
+           AND NOT EXISTS (SELECT 1 FROM cyclone.runs r WHERE r.run_id = v_key);
+        v_count := v_count + (CASE WHEN FOUND THEN 1 ELSE 0 END);
+    END LOOP;
+    RETURN v_count;
+END;
+$$;

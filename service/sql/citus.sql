@@ -59,3 +59,34 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- cyclone.now() reads the clock, a reference table; a statement that Citus runs on a
+-- shard and that calls now() reads it there, from the node's own copy, which Citus
+-- counts as a nested distributed query unless allowed. The copy is local, so the read
+-- is correct.
+ALTER FUNCTION cyclone.now() SET citus.allow_nested_distributed_execution = on;
+
+-- _notify_ready (10_internals.sql): a transition that Citus delegates to the worker node
+-- of its run (a call SELECT ... FROM cyclone.f(run_id, ...) outside a transaction
+-- block) runs there whole, the server's cyclone.ready read included; the worker's
+-- sessions do not have the server's cyclone.defer_notify, so they defer by the node.
+CREATE OR REPLACE FUNCTION cyclone._notify_ready(p_actions text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF cardinality(p_actions) = 0 THEN
+        RETURN;
+    END IF;
+    -- On a worker node (a transition delegated there), always: no server listens
+    -- there, and the delegated statement returns cyclone.ready to the coordinator.
+    IF current_setting('cyclone.defer_notify', true) = 'on'
+       OR (SELECT l.groupid <> 0 FROM pg_catalog.pg_dist_local_group l) THEN
+        -- Action names cannot contain a comma (pyclient.dag.NAME_PATTERN).
+        PERFORM set_config('cyclone.ready',
+                           concat_ws(',', nullif(current_setting('cyclone.ready', true), ''),
+                                     array_to_string(p_actions, ',')),
+                           true);
+    ELSE
+        PERFORM pg_notify('cyclone_ready', a) FROM (SELECT DISTINCT unnest(p_actions) AS a) t;
+    END IF;
+END;
+$$;

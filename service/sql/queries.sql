@@ -31,6 +31,12 @@ SELECT *
 -- name: step_next_due_sharded
 SELECT cyclone.step_next_due_sharded(CAST(:actions AS text[])) AS seconds;
 
+-- name: runs_purge_sharded
+SELECT cyclone.runs_purge_sharded(make_interval(secs => :age_s), :failed, :limit) AS deleted;
+
+-- name: submit_keys_purge_sharded
+SELECT cyclone.submit_keys_purge_sharded(make_interval(secs => :age_s), :limit) AS deleted;
+
 -- name: sharded
 SELECT cyclone.sharded() AS sharded;
 
