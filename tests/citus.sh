@@ -30,4 +30,4 @@ if [[ -z ${CYCLONE_CITUS_URL:-} && ! -x $dir/cluster.sh ]]; then
     exit 1
 fi
 echo "== the Citus suite: a coordinator and two workers"
-CYCLONE_CITUS=1 CITUS_DIR=$dir .venv/bin/pytest tests/citus "$@"
+CYCLONE_TEST_CITUS=1 CITUS_DIR=$dir .venv/bin/pytest tests/citus "$@"

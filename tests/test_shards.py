@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 
+from service.config import parse
+from service.migrate import migrate
+
 from tests.test_blocked import (  # noqa: F401
     test_an_uncertain_outcome_in_complete_many_blocks_the_run_and_is_counted,
     test_resolve_discard_runs_the_step_again_on_the_next_claim,
@@ -55,3 +58,16 @@ def server_factory(server_factory: Any) -> Iterator[Any]:
 
 def test_a_plain_database_is_not_sharded(cyclone_server):
     assert cyclone_server.sql("SELECT cyclone.sharded()") == [(False,)]
+
+
+def test_citus_on_refuses_a_database_without_citus(database_url):
+    with pytest.raises(RuntimeError, match="citus extension is not installed"):
+        migrate(database_url, citus="on")
+    assert migrate(database_url, citus="auto") == []  # nothing to distribute, no error
+
+
+def test_the_citus_switch_is_auto_on_or_off():
+    assert parse([]).citus == "auto"
+    assert parse(["--citus", "off"]).citus == "off"
+    with pytest.raises(SystemExit):
+        parse(["--citus", "maybe"])

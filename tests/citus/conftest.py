@@ -1,6 +1,6 @@
 """The Citus suite: Cyclone on a coordinator and two workers (docs/scaling.md).
 
-Collected only when CYCLONE_CITUS is set (tests/citus.sh, the third pass of `make test`,
+Collected only when CYCLONE_TEST_CITUS is set (tests/citus.sh, the third pass of `make test`,
 sets it). The session's cluster is CYCLONE_CITUS_URL when given (a superuser URL of a
 coordinator with workers added), else a local cluster that this session starts with
 the cluster.sh of ../shared/citus (CITUS_DIR) and stops at the end. One database for
@@ -27,7 +27,7 @@ from tests.conftest import TEST_SETTINGS, RunningServer
 ROOT = Path(__file__).resolve().parents[2]
 CITUS_DIR = Path(os.environ.get("CITUS_DIR", ROOT.parent / "shared" / "citus"))
 
-if not os.environ.get("CYCLONE_CITUS"):
+if not os.environ.get("CYCLONE_TEST_CITUS"):
     collect_ignore_glob = ["test_*.py"]
 
 
