@@ -13,7 +13,6 @@ import pytest
 
 from service.config import parse
 from service.migrate import migrate
-
 from tests.test_blocked import (  # noqa: F401
     test_an_uncertain_outcome_in_complete_many_blocks_the_run_and_is_counted,
     test_resolve_discard_runs_the_step_again_on_the_next_claim,
