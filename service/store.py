@@ -17,7 +17,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from importlib import resources
@@ -78,6 +78,7 @@ from service.records import (
 )
 
 #: A row type of service.records: a NamedTuple of the query's columns, in order.
+T = TypeVar("T")
 R = TypeVar("R", bound=tuple[Any, ...])
 
 #: Reads with optional filters written "(:x IS NULL OR column = :x)": never prepared, so
@@ -706,20 +707,12 @@ class Store:
         changed nothing, and does not affect the others. On a sharded database each
         outcome is its own transaction on its run's shard (docs/scaling.md)."""
         if await self.is_sharded():
-            return [await self._complete_alone(o) for o in outcomes]
+            return [await _alone(self.step_complete(o)) for o in outcomes]
         payload = _outcome_items(outcomes)
         rows = await self._logged(
             "step_complete_many", BatchRow, _logs_items(outcomes), items=_dump_items(payload)
         )
         return [_batch_answer(row) for row in sorted(rows, key=lambda r: r.i)]
-
-    async def _complete_alone(self, outcome: Outcome) -> Completion | Refused:
-        try:
-            return await self.step_complete(outcome)
-        except errors.Unavailable:
-            raise
-        except errors.CycloneError as exc:
-            return Refused(exc)
 
     async def step_report_many(
         self,
@@ -733,7 +726,10 @@ class Store:
         answer per item, in order, each refusal standing alone as in
         step_complete_many. Ends of safe step calls alone are committed without waiting
         for the WAL flush. ``brief``: the entries of ends and of RUN answers may be
-        left out (None)."""
+        left out (None). On a sharded database each item is its own single-shard
+        transaction, in the same order (docs/scaling.md)."""
+        if await self.is_sharded():
+            return await self._report_alone(ends, begins, outcomes)
         end_items = []
         for i, end in enumerate(ends):
             item: dict[str, Any] = {"i": i, **end.key.params()}
@@ -775,6 +771,23 @@ class Store:
             begins=[answers["begin", i] for i in range(len(begins))],
             completions=[answers["step", i] for i in range(len(outcomes))],
         )
+
+    async def _report_alone(
+        self,
+        ends: Sequence[StepCallEnd],
+        begins: Sequence[StepCallKey],
+        outcomes: Sequence[Outcome],
+    ) -> Report:
+        """step_report_many item by item (Citus: a transaction may lock one shard)."""
+        ended = [
+            await _alone(
+                self.step_call_end(e.key, output_json=e.output_json, error_json=e.error_json)
+            )
+            for e in ends
+        ]
+        begun = [await _alone(self.step_call_begin(key)) for key in begins]
+        done = [await _alone(self.step_complete(o)) for o in outcomes]
+        return Report(ends=ended, begins=begun, completions=done)
 
     async def step_call_begin(self, call: StepCallKey) -> StepCallBegun:
         """BeginStepCall: what the caller must do with one step call of a held step."""
@@ -1084,6 +1097,17 @@ def _dump_items(items: list[dict[str, Any]]) -> str:
             text = f'{text[:-1]},"{key}":{raw}}}'
         parts.append(text)
     return "[" + ",".join(parts) + "]"
+
+
+async def _alone(call: Awaitable[T]) -> T | Refused:
+    """One item of a batch applied on its own (a sharded database): its refusal is its
+    answer, as in a batch; an unavailable database still fails the call."""
+    try:
+        return await call
+    except errors.Unavailable:
+        raise
+    except errors.CycloneError as exc:
+        return Refused(exc)
 
 
 def _batch_answer(row: BatchRow) -> Completion | Refused:

@@ -28,6 +28,9 @@ from tests.test_retention import (  # noqa: F401
 from tests.test_step_calls import (  # noqa: F401
     test_the_claim_carries_the_journal_in_seq_order_and_retry_keeps_it,
 )
+from tests.test_step_calls_batched import (  # noqa: F401
+    test_each_refused_step_call_stands_alone,
+)
 from tests.test_steps import (  # noqa: F401
     test_claimed_step_carries_input_run_input_attempt_and_lease,
     test_complete_many_applies_each_outcome_and_reports_each_in_request_order,

@@ -34,6 +34,11 @@ from tests.test_step_calls import (  # noqa: F401
     test_resolve_result_records_the_call_and_the_node_replays,
     test_the_claim_carries_the_journal_in_seq_order_and_retry_keeps_it,
 )
+from tests.test_step_calls_batched import (  # noqa: F401
+    test_a_batch_of_step_calls_and_the_completion_after_them_commit_together,
+    test_each_refused_step_call_stands_alone,
+    test_unsafe_calls_begun_in_a_batch_get_each_their_decision,
+)
 from tests.test_steps import (  # noqa: F401
     test_a_step_whose_lease_expires_at_every_attempt_is_discarded_after_the_last,
     test_chain_runs_in_order_and_completes_the_run,
