@@ -14,15 +14,12 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
 from service.migrate import migrate
-from tests.conftest import TEST_SETTINGS, RunningServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CITUS_DIR = Path(os.environ.get("CITUS_DIR", ROOT.parent / "shared" / "citus"))
@@ -115,21 +112,5 @@ def database_url(citus_database: str) -> str:
     return citus_database
 
 
-@pytest.fixture
-def server_factory(database_url: str) -> Iterator[Any]:
-    """Cyclone servers on the cluster's coordinator: server_factory(**overrides)."""
-    started: list[RunningServer] = []
-
-    def start(**overrides: Any) -> RunningServer:
-        server = RunningServer(database_url, replace(TEST_SETTINGS, **overrides)).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-
-
-@pytest.fixture
-def cyclone_server(server_factory: Any) -> RunningServer:
-    return server_factory()
+# server_factory and cyclone_server are tests/conftest.py's: they start servers on
+# database_url, which is the cluster's here.
