@@ -1,0 +1,1 @@
+from tests.test_waits import *  # noqa
