@@ -174,10 +174,22 @@ def has_citus(conn: psycopg.Connection) -> bool:
 _DISTRIBUTED_FIRST = ("runs", "steps")
 _DISTRIBUTION_COLUMN = {"submit_keys": "key_id"}
 
-# A function whose first argument is p_run_id uuid is distributed by it: a call of the
-# form SELECT cyclone.f(...) is delegated to the node holding the run's shard. The
-# others are distributed without an argument, which creates them on every node (the
-# statements a coordinator routes call them there).
+# Transitions that never touch another run are distributed by their p_run_id: a call
+# SELECT ... FROM cyclone.f(run_id, ...) outside a transaction block is delegated whole
+# to the node holding the run's shard. Those that may finish a child run (and so wake
+# its parent's node, on another shard) or cancel a tree of runs are not: Citus runs a
+# delegated function on one node only. They, and every other function, are created on
+# every node without an argument; the coordinator then routes each of their statements
+# to the run's shard (a single-shard transaction, or a distributed one for a parent).
+_DELEGATED = {
+    "run_submit",
+    "step_heartbeat",
+    "step_claim_run",
+    "step_call_begin",
+    "_step_call_end",
+    "step_call_record",
+    "event_send",
+}
 _TABLES = """
 SELECT c.relname,
        EXISTS (SELECT 1 FROM pg_attribute a
@@ -187,8 +199,7 @@ SELECT c.relname,
  WHERE n.nspname = 'cyclone' AND c.relkind IN ('r', 'p')
 """
 _FUNCTIONS = """
-SELECT p.oid::regprocedure::text,
-       (p.proargnames)[1] = 'p_run_id' AND p.proargtypes[0] = 'uuid'::regtype,
+SELECT p.oid::regprocedure::text, p.proname,
        o.objid IS NOT NULL, o.distribution_argument_index IS NOT NULL
   FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
   LEFT JOIN pg_dist_object o ON o.classid = 'pg_proc'::regclass AND o.objid = p.oid
@@ -225,7 +236,8 @@ def distribute(conn: psycopg.Connection) -> None:
         conn.execute(resources.files("service.sql").joinpath("citus.sql").read_text())
         # Citus creates on every node a function it can (one that depends on no local
         # table) when it is created: those are distributed already, without argument.
-        for signature, by_run, done, by_argument in conn.execute(_FUNCTIONS).fetchall():
+        for signature, name, done, by_argument in conn.execute(_FUNCTIONS).fetchall():
+            by_run = name in _DELEGATED
             if by_argument or (done and not by_run):
                 continue
             if by_run:

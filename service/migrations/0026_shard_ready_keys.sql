@@ -120,7 +120,8 @@ $$;
 -- PL/pgSQL), and an UPDATE of a distributed table may call no volatile
 -- function, nor a STABLE one on its columns (so step_fail's backoff takes its jitter
 -- from a variable, and adds it to the time with _later); an INSERT may hold no
--- subquery (step_retry's audit entry); a lock is taken on one shard at a time
+-- subquery (step_retry's audit entry), nor a simple CASE on a parameter (step_wait's,
+-- which Citus sends as a comparison of text with boolean); a lock is taken on one shard at a time
 -- (run_cancel locks the descendants one by one, in the same order). Same results on
 -- one Postgres.
 DROP FUNCTION cyclone._backoff(interval, interval, float8, integer);
@@ -333,6 +334,7 @@ DECLARE
     v_tree   uuid[] := '{}';
     v_child  record;
     v_child_id uuid;
+    v_parent uuid;
 BEGIN
     IF v_status IN ('completed', 'cancelled') THEN
         RAISE EXCEPTION 'run % is already %', p_run_id, v_status USING ERRCODE = 'CY003';
@@ -355,9 +357,12 @@ BEGIN
                                     jsonb_build_object('previous_status', v_status,
                                                        'keep_children', p_keep_children),
                                     v_now);
-    -- A child cancelled on its own: its parent may wait for it.
-    PERFORM cyclone._child_finished(r.run_id, r.parent_run_id, r.status)
-       FROM cyclone.runs r WHERE r.run_id = p_run_id AND r.parent_run_id IS NOT NULL;
+    -- A child cancelled on its own: its parent may wait for it. (The parent is read
+    -- first: on Citus it may live on another shard than this run's statement.)
+    v_parent := (SELECT r.parent_run_id FROM cyclone.runs r WHERE r.run_id = p_run_id);
+    IF v_parent IS NOT NULL THEN
+        PERFORM cyclone._child_finished(p_run_id, v_parent, 'cancelled');
+    END IF;
     FOR v_child IN
         SELECT r.run_id, r.status FROM cyclone.runs r
          WHERE r.run_id = ANY (v_tree) AND r.status IN ('running', 'blocked')
@@ -369,5 +374,128 @@ BEGIN
             jsonb_build_object('previous_status', v_child.status, 'cancelled_with', p_run_id),
             v_now);
     END LOOP;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION cyclone.step_wait(
+    p_run_id uuid, p_node text, p_lease_token uuid, p_step_id text, p_seq integer,
+    p_function text, p_wake_at timestamptz, p_event text, p_timeout interval,
+    p_child uuid)
+RETURNS TABLE (decision text, call jsonb)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := cyclone.now();
+    v_status  text;
+    v_attempt integer;
+    v_for     text;
+    v_call    cyclone.step_calls;
+    v_outcome jsonb;
+    v_payload jsonb;
+    v_action  text;
+BEGIN
+    PERFORM cyclone._step_call_check(p_step_id, p_seq, p_function);
+    IF p_function = 'cyclone.sleep' THEN
+        IF p_wake_at IS NULL OR NOT isfinite(p_wake_at) THEN
+            RAISE EXCEPTION 'a sleep needs a finite wake time' USING ERRCODE = 'CY004';
+        END IF;
+        v_for := 'sleep';
+    ELSIF p_function = 'cyclone.event' THEN
+        PERFORM cyclone._event_text_check(p_event, 'an event name');
+        IF p_timeout IS NOT NULL
+           AND (p_timeout < interval '1 millisecond' OR p_timeout > interval '366 days') THEN
+            RAISE EXCEPTION 'an event timeout must be between 1ms and 366 days, got %',
+                p_timeout USING ERRCODE = 'CY004';
+        END IF;
+        v_for := 'event ' || p_event;
+    ELSIF p_function = 'cyclone.child' THEN
+        IF p_child IS NULL THEN
+            RAISE EXCEPTION 'a child wait needs the child''s run_id' USING ERRCODE = 'CY004';
+        END IF;
+        v_for := 'child ' || p_child;
+    ELSE
+        RAISE EXCEPTION 'a wait''s function is cyclone.sleep, cyclone.event or cyclone.child'
+            USING ERRCODE = 'CY004';
+    END IF;
+
+    v_status := cyclone._run_lock(p_run_id);
+    v_attempt := cyclone._step_held(p_run_id, p_node, p_lease_token, true);
+    SELECT * INTO v_call FROM cyclone.step_calls c
+     WHERE c.run_id = p_run_id AND c.node = p_node AND c.step_id = p_step_id;
+    IF FOUND THEN
+        IF v_call.function <> p_function OR v_call.waiting_for IS DISTINCT FROM v_for THEN
+            RAISE EXCEPTION 'step call % of node % is recorded as % (%), not as this wait (%)',
+                p_step_id, p_node, v_call.function, coalesce(v_call.waiting_for, 'no wait'),
+                v_for USING ERRCODE = 'CY004';
+        END IF;
+        IF v_call.status <> 'waiting' THEN
+            RETURN QUERY SELECT 'ready', cyclone._step_call_json(v_call);
+            RETURN;
+        END IF;
+    ELSE
+        PERFORM cyclone._step_call_room(p_run_id, p_node);
+        INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
+                                             unsafe, attempt, started_at, wake_at,
+                                             waiting_for)
+        VALUES (p_run_id, p_node, p_step_id, p_seq, p_function, 'waiting', false, v_attempt,
+                -- Searched, not simple, CASE: Citus sends the simple form to the shard
+                -- as a comparison of text with boolean.
+                v_now, CASE WHEN p_function = 'cyclone.sleep' THEN p_wake_at
+                            WHEN p_function = 'cyclone.event' THEN v_now + p_timeout END,
+                v_for)
+        RETURNING c.* INTO v_call;
+    END IF;
+
+    IF p_function = 'cyclone.sleep' THEN
+        IF v_call.wake_at <= v_now THEN
+            v_outcome := jsonb_build_object('output', 'null'::jsonb);
+        END IF;
+    ELSIF p_function = 'cyclone.event' THEN
+        UPDATE cyclone.events e
+           SET consumed_at = v_now, consumed_node = p_node, consumed_step_id = p_step_id
+         WHERE e.run_id = p_run_id
+           AND e.event_id = (SELECT o.event_id FROM cyclone.events o
+                              WHERE o.run_id = p_run_id AND o.name = p_event
+                                AND o.consumed_at IS NULL
+                              ORDER BY o.event_id LIMIT 1)
+        RETURNING e.payload INTO v_payload;
+        IF FOUND THEN
+            v_outcome := jsonb_build_object('output', v_payload);
+        ELSIF v_call.wake_at <= v_now THEN
+            v_outcome := jsonb_build_object('error', jsonb_build_object(
+                'type', 'EventTimeout',
+                'message', format('no event %s came within %s', p_event,
+                                  v_call.wake_at - v_call.started_at),
+                'details', ''));
+        END IF;
+    ELSE
+        v_outcome := cyclone._wait_child(p_run_id, p_node, p_step_id, p_child);
+    END IF;
+
+    IF v_outcome IS NOT NULL THEN
+        UPDATE cyclone.step_calls c
+           SET status = CASE WHEN v_outcome ? 'error' THEN 'failed' ELSE 'succeeded' END,
+               output = v_outcome->'output', error = v_outcome->'error', attempt = v_attempt,
+               finished_at = v_now
+         WHERE c.run_id = p_run_id AND c.node = p_node AND c.step_id = p_step_id
+        RETURNING c.* INTO v_call;
+        UPDATE cyclone.steps s SET waiting_for = NULL
+         WHERE s.run_id = p_run_id AND s.node = p_node AND s.waiting_for IS NOT NULL;
+        RETURN QUERY SELECT 'ready', cyclone._step_call_json(v_call);
+        RETURN;
+    END IF;
+
+    UPDATE cyclone.steps s
+       SET status = CASE WHEN v_status = 'running' THEN 'available' ELSE 'pending' END,
+           available_at = CASE WHEN v_status = 'running'
+                               THEN coalesce(v_call.wake_at, cyclone._wait_forever()) END,
+           lease_token = NULL, lease_expires_at = NULL, resumes = s.resumes + 1,
+           waiting_for = v_for
+     WHERE s.run_id = p_run_id AND s.node = p_node
+    RETURNING s.action INTO v_action;
+    IF v_status = 'running' THEN
+        PERFORM cyclone._notify_ready(ARRAY[v_action]);
+    END IF;
+    RETURN QUERY SELECT 'suspended', cyclone._step_call_json(v_call);
 END;
 $$;

@@ -312,6 +312,7 @@ DECLARE
     v_tree   uuid[] := '{}';
     v_child  record;
     v_child_id uuid;
+    v_parent uuid;
 BEGIN
     IF v_status IN ('completed', 'cancelled') THEN
         RAISE EXCEPTION 'run % is already %', p_run_id, v_status USING ERRCODE = 'CY003';
@@ -334,9 +335,12 @@ BEGIN
                                     jsonb_build_object('previous_status', v_status,
                                                        'keep_children', p_keep_children),
                                     v_now);
-    -- A child cancelled on its own: its parent may wait for it.
-    PERFORM cyclone._child_finished(r.run_id, r.parent_run_id, r.status)
-       FROM cyclone.runs r WHERE r.run_id = p_run_id AND r.parent_run_id IS NOT NULL;
+    -- A child cancelled on its own: its parent may wait for it. (The parent is read
+    -- first: on Citus it may live on another shard than this run's statement.)
+    v_parent := (SELECT r.parent_run_id FROM cyclone.runs r WHERE r.run_id = p_run_id);
+    IF v_parent IS NOT NULL THEN
+        PERFORM cyclone._child_finished(p_run_id, v_parent, 'cancelled');
+    END IF;
     FOR v_child IN
         SELECT r.run_id, r.status FROM cyclone.runs r
          WHERE r.run_id = ANY (v_tree) AND r.status IN ('running', 'blocked')

@@ -570,9 +570,11 @@ SELECT name, workflow, input, cron, time_zone, interval_s, overlap, catch_up, pa
  LIMIT :limit;
 
 -- name: schedule_pause
+-- (The time is read in FROM: Citus takes no STABLE function inside a CASE of an UPDATE.)
 UPDATE cyclone.schedules AS s
    SET paused = true,
-       updated_at = CASE WHEN s.paused THEN s.updated_at ELSE cyclone.now() END
+       updated_at = CASE WHEN s.paused THEN s.updated_at ELSE t.now END
+  FROM (SELECT cyclone.now() AS now) t
  WHERE s.name = :schedule
 RETURNING s.name, s.workflow, s.input, s.cron, s.time_zone, s.interval_s, s.overlap,
           s.catch_up, s.paused, s.next_fire_at, s.last_fire_at, s.last_run_id, s.created_at,
@@ -584,7 +586,8 @@ RETURNING s.name, s.workflow, s.input, s.cron, s.time_zone, s.interval_s, s.over
 UPDATE cyclone.schedules AS s
    SET paused = false,
        next_fire_at = CASE WHEN s.paused THEN :next_fire_at ELSE s.next_fire_at END,
-       updated_at = CASE WHEN s.paused THEN cyclone.now() ELSE s.updated_at END
+       updated_at = CASE WHEN s.paused THEN t.now ELSE s.updated_at END
+  FROM (SELECT cyclone.now() AS now) t
  WHERE s.name = :schedule
 RETURNING s.name, s.workflow, s.input, s.cron, s.time_zone, s.interval_s, s.overlap,
           s.catch_up, s.paused, s.next_fire_at, s.last_fire_at, s.last_run_id, s.created_at,

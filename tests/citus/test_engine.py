@@ -3,7 +3,8 @@ one Postgres (imported from their modules, so they cannot drift apart), run with
 Citus suite's fixtures (tests/citus/conftest.py). What they cover, as issue 21 lists it:
 DAG order, SubmitOnce under concurrency, leases and the sweep, fencing (a stale token
 is refused), Retry / RetryAll / Resolve, durable functions (step calls, their journal,
-resolving them), CompleteMany, and retention of runs and keys. The completion
+resolving them), CompleteMany, retention of runs and keys, waits and events, and child
+runs (whose parent lives on another shard). The completion
 transaction from a worker, and what is Citus's own, are in test_citus.py."""
 
 from tests.test_blocked import (  # noqa: F401
@@ -14,6 +15,13 @@ from tests.test_blocked import (  # noqa: F401
     test_retry_all_refuses_a_blocked_run,
     test_two_operators_resolving_at_once_one_wins_and_the_other_is_refused,
     test_unsafe_step_that_lost_its_lease_blocks_the_run,
+)
+from tests.test_children import (  # noqa: F401
+    test_a_cancelled_child_is_a_failed_wait,
+    test_a_finished_child_wakes_its_waiting_parent,
+    test_cancelling_a_child_leaves_its_parent_alone,
+    test_cancelling_a_parent_cancels_its_descendants,
+    test_start_child_submits_a_linked_run_and_journals_the_call,
 )
 from tests.test_operator_order import (  # noqa: F401
     test_a_running_node_below_a_retried_one_loses_its_lease_and_waits,
@@ -62,4 +70,10 @@ from tests.test_submit import (  # noqa: F401
     test_submit_once_keys_are_scoped_by_workflow_name,
     test_submit_once_makes_one_run_under_20_concurrent_calls,
     test_submit_once_returns_the_existing_run_and_says_so,
+)
+from tests.test_waits import (  # noqa: F401
+    test_a_dag_event_node_completes_with_the_payload,
+    test_a_sleep_gives_up_the_lease_and_resumes_without_using_up_an_attempt,
+    test_an_event_sent_before_the_wait_is_kept_and_one_after_wakes_the_node,
+    test_an_event_timeout_fails_the_wait_with_event_timeout,
 )
