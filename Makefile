@@ -138,9 +138,14 @@ migrate: $(VENV)/.serve-stamp ## Apply migrations and exit
 	$(VENV)/bin/cyclone-server --migrate-only
 
 .PHONY: test
-test: $(VENV)/.stamp tools ## Run the test suite (real Postgres, real servers), then the engine's on PostgreSQL 15
+test: $(VENV)/.stamp tools ## Run the test suite (real Postgres, real servers), the engine's on PostgreSQL 15, then on Citus
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 	tests/pg15.sh $(PG15_PYTEST_ARGS)
+	tests/citus.sh $(CITUS_PYTEST_ARGS)
+
+.PHONY: test-citus
+test-citus: $(VENV)/.stamp ## Only the Citus suite, on a local coordinator and two workers (needs ../shared/citus/build.sh once)
+	tests/citus.sh $(CITUS_PYTEST_ARGS)
 
 .PHONY: test-pg15
 test-pg15: $(VENV)/.stamp tools ## Only the engine's tests, on a throwaway PostgreSQL 15 cluster (PG15_BIN)

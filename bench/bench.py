@@ -1147,6 +1147,14 @@ def main() -> None:
         "cluster (default: CYCLONE_DATABASE_URL, else the embedded one)",
     )
     parser.add_argument(
+        "--citus",
+        default=None,
+        metavar="URL",
+        help="measure on a Citus cluster: URL is a superuser URL of its coordinator's "
+        "database (workers added, e.g. tests/citus.sh's cluster.sh); its cyclone schema "
+        "is dropped and made again, distributed (docs/scaling.md)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=RESULTS / "latest.json",
@@ -1168,11 +1176,19 @@ def main() -> None:
     def wanted(name: str) -> bool:
         return not only or name in only
 
-    base = admin_url(args.url)
-    database_url = fresh_database(base, args.database)
     from service.migrate import migrate
 
-    migrate(database_url)
+    if args.citus:
+        # A Citus database cannot simply be created afresh (every node needs it): the
+        # schema is dropped (on every node) and migrated again, which distributes it.
+        database_url = args.citus
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("DROP SCHEMA IF EXISTS cyclone CASCADE")
+        migrate(database_url, citus="on")
+    else:
+        base = admin_url(args.url)
+        database_url = fresh_database(base, args.database)
+        migrate(database_url)
     with psycopg.connect(database_url) as conn:
         pg_version = conn.execute("SHOW server_version").fetchone()[0]
         data_directory = conn.execute("SHOW data_directory").fetchone()[0]
@@ -1189,6 +1205,7 @@ def main() -> None:
         },
         "postgres": pg_version,
         "server_flags": " ".join(flags),
+        "citus": bool(args.citus),
     }
     tmp = RESULTS / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,7 @@ class Settings:
     log_level: str = "INFO"
     log_json: bool = False
     migrate_only: bool = False
+    citus: str = "auto"
     # Security (service.auth, service.gate, service.tls; docs/security.md).
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -117,6 +118,9 @@ _HELP = {
     "log_level": "DEBUG, INFO, WARNING or ERROR",
     "log_json": "log one JSON object per line",
     "migrate_only": "apply migrations, then exit",
+    "citus": "on a Citus coordinator, distribute the tables by run_id and the transitions "
+    "by their run after migrating (docs/scaling.md): auto when the citus extension is "
+    "installed in the database, on to require it, off never",
     "tls_cert": "PEM certificate chain of the server: serve TLS (with --tls-key)",
     "tls_key": "PEM private key of --tls-cert",
     "tls_client_ca": "PEM CA that signs client certificates: require mutual TLS",
@@ -184,6 +188,8 @@ def parse(argv: list[str] | None = None) -> Settings:
     settings = Settings(**vars(parser.parse_args(argv)))
     if settings.claim_recheck_s <= 0:
         parser.error("--claim-recheck must be more than 0 seconds")
+    if settings.citus not in ("auto", "on", "off"):
+        parser.error(f"--citus must be auto, on or off, not {settings.citus!r}")
     return settings
 
 

@@ -60,11 +60,13 @@ def _start(settings: config.Settings) -> None:
                 f"{_first_line(exc)}"
             ) from None
     try:
-        applied = migrate(database_url)
+        applied = migrate(database_url, citus=settings.citus)
     except psycopg.Error as exc:
         raise StartupError(
             f"cannot use the database (--database-url, CYCLONE_DATABASE_URL): {_first_line(exc)}"
         ) from None
+    except RuntimeError as exc:  # --citus on without Citus
+        raise StartupError(str(exc)) from None
     if applied:
         log.info("applied migrations %s", ", ".join(f"{v:04d}" for v in applied))
     if settings.migrate_only:

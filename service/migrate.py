@@ -110,11 +110,14 @@ def apply_schema(database_url: str) -> list[int]:
     return versions
 
 
-def migrate(database_url: str, *, from_schema: bool = True) -> list[int]:
+def migrate(database_url: str, *, from_schema: bool = True, citus: str = "auto") -> list[int]:
     """Apply the migrations this database lacks; return the versions applied.
 
     An empty database is created from service/schema/ instead (all versions at once),
     unless from_schema is false: then every migration runs, as on a live database.
+    Then, on a Citus coordinator, the tables and functions are distributed
+    (distribute(); citus: "auto" when the citus extension is installed in the database,
+    "on" requires it, "off" never).
     """
     applied_now: list[int] = []
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -145,4 +148,103 @@ def migrate(database_url: str, *, from_schema: bool = True) -> list[int]:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             conn.execute(_PRIVATE)
+        if citus != "off":
+            if has_citus(conn):
+                distribute(conn)
+            elif citus == "on":
+                raise RuntimeError(
+                    "--citus on: the citus extension is not installed in this database "
+                    "(CREATE EXTENSION citus on the coordinator, then add the workers)"
+                )
     return applied_now
+
+
+def has_citus(conn: psycopg.Connection) -> bool:
+    """Whether the citus extension is installed in this database (a Citus coordinator)."""
+    row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
+    found = row.fetchone()
+    return bool(found and found[0])
+
+
+# Citus: every table with a run_id is distributed by it, co-located with cyclone.runs, so
+# that a run and all its rows live on one shard; the key table by its key's id, which
+# is the run_id of the run the key made (submit_key_id). The tables referenced by others
+# come first. Every other table of the schema is small and becomes a reference table
+# (a copy on every node). docs/scaling.md.
+_DISTRIBUTED_FIRST = ("runs", "steps")
+_DISTRIBUTION_COLUMN = {"submit_keys": "key_id"}
+
+# Transitions that never touch another run are distributed by their p_run_id: a call
+# SELECT ... FROM cyclone.f(run_id, ...) outside a transaction block is delegated whole
+# to the node holding the run's shard. Those that may finish a child run (and so wake
+# its parent's node, on another shard) or cancel a tree of runs are not: Citus runs a
+# delegated function on one node only. They, and every other function, are created on
+# every node without an argument; the coordinator then routes each of their statements
+# to the run's shard (a single-shard transaction, or a distributed one for a parent).
+_DELEGATED = {
+    "run_submit",
+    "step_heartbeat",
+    "step_claim_run",
+    "step_call_begin",
+    "_step_call_end",
+    "step_call_record",
+    "event_send",
+}
+_TABLES = """
+SELECT c.relname,
+       EXISTS (SELECT 1 FROM pg_attribute a
+                WHERE a.attrelid = c.oid AND a.attname = 'run_id' AND NOT a.attisdropped),
+       EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = c.oid)
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = 'cyclone' AND c.relkind IN ('r', 'p')
+"""
+_FUNCTIONS = """
+SELECT p.oid::regprocedure::text, p.proname,
+       o.objid IS NOT NULL, o.distribution_argument_index IS NOT NULL
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+  LEFT JOIN pg_dist_object o ON o.classid = 'pg_proc'::regclass AND o.objid = p.oid
+ WHERE n.nspname = 'cyclone'
+"""
+
+
+def distribute(conn: psycopg.Connection) -> None:
+    """On a Citus coordinator: distribute what is not distributed yet (idempotent, under
+    the migration lock): run-level tables by run_id, co-located; the other tables as
+    reference tables; functions by their run argument."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        # Functions are created on the workers over the connections the tables' shards
+        # were: one connection per node for the whole transaction.
+        conn.execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
+        tables = conn.execute(_TABLES).fetchall()
+        first = {name: i for i, name in enumerate(_DISTRIBUTED_FIRST)}
+        order = sorted(tables, key=lambda t: (first.get(t[0], len(first)), t[0]))
+        for name, has_run_id, done in order:
+            if done:
+                continue
+            column = _DISTRIBUTION_COLUMN.get(name, "run_id" if has_run_id else None)
+            if column is None:
+                log.info("citus: cyclone.%s becomes a reference table", name)
+                conn.execute("SELECT create_reference_table(%s)", (f"cyclone.{name}",))
+            else:
+                log.info("citus: cyclone.%s distributed by %s", name, column)
+                conn.execute(
+                    "SELECT create_distributed_table(%s, %s, colocate_with => %s)",
+                    (f"cyclone.{name}", column, "none" if name == "runs" else "cyclone.runs"),
+                )
+        # The variants of functions Citus cannot plan in their set-based form.
+        conn.execute(resources.files("service.sql").joinpath("citus.sql").read_text())
+        # Citus creates on every node a function it can (one that depends on no local
+        # table) when it is created: those are distributed already, without argument.
+        for signature, name, done, by_argument in conn.execute(_FUNCTIONS).fetchall():
+            by_run = name in _DELEGATED
+            if by_argument or (done and not by_run):
+                continue
+            if by_run:
+                conn.execute(
+                    "SELECT create_distributed_function(%s, 'p_run_id',"
+                    " colocate_with => 'cyclone.runs')",
+                    (signature,),
+                )
+            else:
+                conn.execute("SELECT create_distributed_function(%s)", (signature,))

@@ -273,6 +273,19 @@ class ClaimedStep(NamedTuple):
     journal: list[StepCallJson] | None
 
 
+class Candidate(NamedTuple):
+    """step_candidates: a ready step found on some shard (Citus claims)."""
+
+    run_id: uuid.UUID
+    node: str
+
+
+class Sharded(NamedTuple):
+    """sharded: whether the run-level tables are distributed (Citus)."""
+
+    sharded: bool
+
+
 class Ready(NamedTuple):
     """steps_release, step_resolve: the actions made claimable."""
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from importlib import resources
@@ -37,6 +38,7 @@ from service.records import (
     BatchRow,
     CallResolved,
     Cancelled,
+    Candidate,
     ChildStarted,
     ClaimedStep,
     Completion,
@@ -65,6 +67,7 @@ from service.records import (
     RunSummary,
     ScheduleName,
     ScheduleRow,
+    Sharded,
     StepCallBegun,
     StepCallEnded,
     StepListed,
@@ -75,6 +78,7 @@ from service.records import (
 )
 
 #: A row type of service.records: a NamedTuple of the query's columns, in order.
+T = TypeVar("T")
 R = TypeVar("R", bound=tuple[Any, ...])
 
 #: Reads with optional filters written "(:x IS NULL OR column = :x)": never prepared, so
@@ -120,6 +124,19 @@ def sql_url(database_url: str) -> str:
         if database_url.startswith(prefix):
             return "postgresql+psycopg://" + database_url[len(prefix) :]
     return database_url
+
+
+def submit_key_id(workflow: str, submit_key: str) -> uuid.UUID:
+    """The id of a SubmitOnce key and of the run it makes, as cyclone.submit_key_id
+    computes it: a name-based UUID (version 8) of SHA-256 over a prefix, the workflow, a
+    NUL and the key."""
+    digest = hashlib.sha256(
+        b"cyclone submit key\0" + workflow.encode() + b"\0" + submit_key.encode()
+    ).digest()
+    raw = bytearray(digest[:16])
+    raw[6] = raw[6] & 0x0F | 0x80
+    raw[8] = raw[8] & 0x3F | 0x80
+    return uuid.UUID(bytes=bytes(raw))
 
 
 def parse_uuid(value: str, what: str = "run_id") -> uuid.UUID:
@@ -272,6 +289,8 @@ class Store:
         self.on_ready = on_ready
         # Hears how long each statement waited for a pooled connection (a metric).
         self.on_acquire = on_acquire
+        # Whether the database is sharded (Citus); asked once, on the first claim.
+        self.sharded: bool | None = None
         options = "-c application_name=cyclone-server -c cyclone.defer_notify=on"
         if statement_timeout_ms:
             options += f" -c statement_timeout={int(statement_timeout_ms)}"
@@ -383,7 +402,9 @@ class Store:
         row = await self._one(
             "run_submit",
             Submitted,
-            run_id=str(uuid7()),
+            # A keyed run's id is its key's: run_submit would take it anyway, and on
+            # Citus the call is routed by it.
+            run_id=str(uuid7() if submit_key is None else submit_key_id(workflow, submit_key)),
             workflow=workflow,
             submit_key=submit_key,
             input=input_json,
@@ -528,6 +549,8 @@ class Store:
         rates: Mapping[str, tuple[int, float]] | None = None,
     ) -> list[ClaimedStep]:
         """rates: the actions the worker declares rate limited, with (count, period_s)."""
+        if await self.is_sharded():
+            return await self._claim_by_run(worker_id, actions, unsafe, limit, lease_s)
         rated = list((rates or {}).items())
         return await self._all(
             "step_claim",
@@ -541,6 +564,44 @@ class Store:
             rate_counts=[c for _, (c, _) in rated],
             rate_periods=[p for _, (_, p) in rated],
         )
+
+    async def is_sharded(self) -> bool:
+        """Whether the run-level tables are distributed (Citus, docs/scaling.md): then
+        claims, retention and key retention go run by run (95_shards.sql)."""
+        if self.sharded is None:
+            row = await self._one("sharded", Sharded)
+            self.sharded = bool(row and row.sharded)
+        return self.sharded
+
+    async def _claim_by_run(
+        self, worker_id: str, actions: list[str], unsafe: list[str], limit: int, lease_s: float
+    ) -> list[ClaimedStep]:
+        """A claim on a sharded database: one multi-shard read of the ready steps (no
+        locks), then each run's taken by step_claim_run, a single-shard transaction.
+        Twice the steps asked are read, as other servers may take some first."""
+        found = await self._all("step_candidates", Candidate, actions=actions, limit=limit * 2)
+        by_run: dict[uuid.UUID, list[str]] = {}
+        for c in found:
+            by_run.setdefault(c.run_id, []).append(c.node)
+        claimed: list[ClaimedStep] = []
+        taken = 0
+        async with self._connection() as driver:
+            for run_id, nodes in by_run.items():
+                if taken >= limit:
+                    break
+                rows = await self._run(
+                    driver,
+                    "step_claim_run",
+                    ClaimedStep,
+                    run_id=str(run_id),
+                    nodes=nodes[: limit - taken],
+                    worker_id=worker_id,
+                    unsafe=unsafe,
+                    lease_s=lease_s,
+                )
+                claimed += rows
+                taken += sum(not r.blocked for r in rows)
+        return claimed
 
     async def steps_release(self, claimed: Sequence[ClaimedStep]) -> int:
         """Hand back claimed steps that never reached their worker."""
@@ -568,7 +629,8 @@ class Store:
         return {row.run_id: row.error for row in rows}
 
     async def step_next_due(self, actions: list[str]) -> float | None:
-        row = await self._one("step_next_due", NextDue, actions=actions)
+        name = "step_next_due_sharded" if await self.is_sharded() else "step_next_due"
+        row = await self._one(name, NextDue, actions=actions)
         return None if row is None or row.seconds is None else float(row.seconds)
 
     async def step_attempt(self, run_id: uuid.UUID, node: str) -> int | None:
@@ -642,7 +704,10 @@ class Store:
     async def step_complete_many(self, outcomes: Sequence[Outcome]) -> list[Completion | Refused]:
         """Apply several outcomes in one transaction; one answer per outcome, in order.
         An outcome the engine refused (a lost lease, an unknown step) is a Refused that
-        changed nothing, and does not affect the others."""
+        changed nothing, and does not affect the others. On a sharded database each
+        outcome is its own transaction on its run's shard (docs/scaling.md)."""
+        if await self.is_sharded():
+            return [await _alone(self.step_complete(o)) for o in outcomes]
         payload = _outcome_items(outcomes)
         rows = await self._logged(
             "step_complete_many", BatchRow, _logs_items(outcomes), items=_dump_items(payload)
@@ -661,7 +726,10 @@ class Store:
         answer per item, in order, each refusal standing alone as in
         step_complete_many. Ends of safe step calls alone are committed without waiting
         for the WAL flush. ``brief``: the entries of ends and of RUN answers may be
-        left out (None)."""
+        left out (None). On a sharded database each item is its own single-shard
+        transaction, in the same order (docs/scaling.md)."""
+        if await self.is_sharded():
+            return await self._report_alone(ends, begins, outcomes)
         end_items = []
         for i, end in enumerate(ends):
             item: dict[str, Any] = {"i": i, **end.key.params()}
@@ -703,6 +771,23 @@ class Store:
             begins=[answers["begin", i] for i in range(len(begins))],
             completions=[answers["step", i] for i in range(len(outcomes))],
         )
+
+    async def _report_alone(
+        self,
+        ends: Sequence[StepCallEnd],
+        begins: Sequence[StepCallKey],
+        outcomes: Sequence[Outcome],
+    ) -> Report:
+        """step_report_many item by item (Citus: a transaction may lock one shard)."""
+        ended = [
+            await _alone(
+                self.step_call_end(e.key, output_json=e.output_json, error_json=e.error_json)
+            )
+            for e in ends
+        ]
+        begun = [await _alone(self.step_call_begin(key)) for key in begins]
+        done = [await _alone(self.step_complete(o)) for o in outcomes]
+        return Report(ends=ended, begins=begun, completions=done)
 
     async def step_call_begin(self, call: StepCallKey) -> StepCallBegun:
         """BeginStepCall: what the caller must do with one step call of a held step."""
@@ -836,14 +921,16 @@ class Store:
 
     async def submit_keys_purge(self, *, age_s: float, limit: int) -> int:
         """Forget up to ``limit`` SubmitOnce keys older than ``age_s`` whose run is gone."""
-        row = await self._one("submit_keys_purge", Deleted, age_s=age_s, limit=limit)
+        name = "submit_keys_purge_sharded" if await self.is_sharded() else "submit_keys_purge"
+        row = await self._one(name, Deleted, age_s=age_s, limit=limit)
         assert row is not None
         return int(row.deleted)
 
     async def runs_purge(self, *, age_s: float, failed: bool, limit: int) -> int:
         """Delete up to ``limit`` runs finished more than ``age_s`` ago (runs_purge,
         service/schema/80_retention.sql)."""
-        row = await self._one("runs_purge", Deleted, age_s=age_s, failed=failed, limit=limit)
+        name = "runs_purge_sharded" if await self.is_sharded() else "runs_purge"
+        row = await self._one(name, Deleted, age_s=age_s, failed=failed, limit=limit)
         return int(row.deleted) if row else 0
 
     # Schedules --------------------------------------------------------------------
@@ -1010,6 +1097,17 @@ def _dump_items(items: list[dict[str, Any]]) -> str:
             text = f'{text[:-1]},"{key}":{raw}}}'
         parts.append(text)
     return "[" + ",".join(parts) + "]"
+
+
+async def _alone(call: Awaitable[T]) -> T | Refused:
+    """One item of a batch applied on its own (a sharded database): its refusal is its
+    answer, as in a batch; an unavailable database still fails the call."""
+    try:
+        return await call
+    except errors.Unavailable:
+        raise
+    except errors.CycloneError as exc:
+        return Refused(exc)
 
 
 def _batch_answer(row: BatchRow) -> Completion | Refused:

@@ -214,7 +214,8 @@ def test_a_function_changed_only_in_the_schema_is_reported_with_a_diff(both):
     with psycopg.connect(schema, autocommit=True) as conn:
         conn.execute(
             """CREATE OR REPLACE FUNCTION cyclone._backoff(
-                   p_initial interval, p_max interval, p_multiplier float8, p_attempt integer)
+                   p_initial interval, p_max interval, p_multiplier float8, p_attempt integer,
+                   p_jitter float8)
                RETURNS interval LANGUAGE sql VOLATILE AS $$ SELECT p_initial $$"""
         )
         conn.execute("CREATE FUNCTION cyclone.step_new() RETURNS void LANGUAGE sql AS $$ $$")
@@ -224,7 +225,7 @@ def test_a_function_changed_only_in_the_schema_is_reported_with_a_diff(both):
         "schema/ defines function cyclone.step_new(), the migrations do not: add a migration"
     )
     assert found[1].startswith("function cyclone._backoff(")
-    assert "\n-SELECT d * (1 - random() / 2)\n" in found[1]
+    assert "\n-SELECT d * (1 - p_jitter / 2)\n" in found[1]
     assert "\n+AS $function$ SELECT p_initial $function$" in found[1]
 
 

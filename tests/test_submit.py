@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -152,6 +153,32 @@ def test_submit_once_makes_one_run_under_20_concurrent_calls(cyclone_server):
     assert sum(r.created for r in replies) == 1
     assert cyclone_server.sql("SELECT count(*) FROM cyclone.runs")[0][0] == 1
     assert cyclone_server.sql("SELECT count(*) FROM cyclone.steps")[0][0] == 1
+
+
+def test_a_keyed_run_takes_its_keys_name_based_id_the_same_in_sql_and_python(cyclone_server):
+    from service.store import submit_key_id
+
+    run_id = _submit_once(cyclone_server, "order-9").run_id
+    assert uuid.UUID(run_id) == submit_key_id("pay", "order-9")
+    assert uuid.UUID(run_id).version == 8
+    keys = [("pay", "order-9"), ("wf", "ключ ☃"), ("a.b", "x" * 256)]
+    for wf, key in keys:
+        (row,) = cyclone_server.sql("SELECT cyclone.submit_key_id(%s, %s)", wf, key)
+        assert row[0] == submit_key_id(wf, key)
+    # The workflow and the key are kept apart: ("ab", "c") is not ("a", "bc").
+    assert submit_key_id("ab", "c") != submit_key_id("a", "bc")
+
+
+def test_a_key_made_before_the_name_based_ids_keeps_its_run(cyclone_server):
+    """A key row whose run has a UUIDv7 id (made before migration 0026) still answers."""
+    legacy = uuid.UUID("01890000-0000-7000-8000-000000000001")
+    cyclone_server.sql(
+        "INSERT INTO cyclone.submit_keys (key_id, workflow, submit_key, run_id, created_at)"
+        " VALUES (cyclone.submit_key_id('pay', 'old'), 'pay', 'old', %s, now())",
+        legacy,
+    )
+    again = _submit_once(cyclone_server, "old")
+    assert (again.run_id, again.created) == (str(legacy), False)
 
 
 def test_submit_once_needs_a_key(cyclone_server):

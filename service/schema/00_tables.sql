@@ -286,18 +286,19 @@ CREATE TABLE cyclone.step_calls (
     CONSTRAINT step_calls_seq_in_range CHECK (seq BETWEEN 1 AND 100000)
 );
 
--- Operator actions (retry, retry_all, resolve_*, cancel), who made them and why.
+-- Operator actions (retry, retry_all, resolve_*, cancel), who made them and why. Keyed by
+-- run_id first, as every run-level table (a key must contain the shard key on Citus).
 CREATE TABLE cyclone.audit (
-    id      bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id      bigint      GENERATED ALWAYS AS IDENTITY,
     run_id  uuid        NOT NULL REFERENCES cyclone.runs ON DELETE CASCADE,
     node    text        NOT NULL DEFAULT '',
     action  text        NOT NULL,
     actor   text        NOT NULL,
     reason  text        NOT NULL DEFAULT '',
     details jsonb,
-    at      timestamptz NOT NULL
+    at      timestamptz NOT NULL,
+    PRIMARY KEY (run_id, id)
 );
-CREATE INDEX audit_run_idx ON cyclone.audit (run_id, id);
 
 -- Per action, the last Claim that asked for it and the last one that got a step of it
 -- (Explain: "no worker serves this action"). Written by each server from memory every
@@ -317,13 +318,17 @@ CREATE TABLE cyclone.action_claims (
 
 -- SubmitOnce keys, kept apart from the runs so that retention can delete a run and
 -- still answer its key with the run it made (submit_keys_purge deletes a key only once
--- its run is gone). The primary key is what makes a key unique per workflow.
+-- its run is gone). A key is found by its id, submit_key_id(workflow, key), a
+-- name-based UUID, and the primary key on it is what makes a key unique per workflow.
+-- A keyed run made since migration 0026 has that id as its run_id, so on Citus its key
+-- lives on its run's shard (docs/scaling.md); run_id differs from key_id only for keys
+-- made before.
 CREATE TABLE cyclone.submit_keys (
     workflow   text        NOT NULL,
     submit_key text        NOT NULL,
     run_id     uuid        NOT NULL,
     created_at timestamptz NOT NULL,
-    PRIMARY KEY (workflow, submit_key)
+    key_id     uuid        PRIMARY KEY
 );
 CREATE INDEX submit_keys_created_idx ON cyclone.submit_keys (created_at);
 
@@ -341,6 +346,20 @@ INSERT INTO cyclone.clock DEFAULT VALUES;
 CREATE FUNCTION cyclone.now() RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
     SELECT statement_timestamp() + offset_by FROM cyclone.clock
+$$;
+
+-- The id of a SubmitOnce key, and of the run it makes: a name-based UUID (version 8,
+-- RFC 9562) of the first 16 bytes of SHA-256 over a fixed prefix, the workflow name, a
+-- NUL and the key (neither can contain NUL). Deterministic, so a run's primary key
+-- enforces one run per key on whichever shard holds it (docs/scaling.md).
+-- service.store.submit_key_id computes the same. Called by run_submit.
+CREATE FUNCTION cyclone.submit_key_id(p_workflow text, p_submit_key text) RETURNS uuid
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT encode(set_byte(set_byte(d, 6, (get_byte(d, 6) & 15) | 128),
+                           8, (get_byte(d, 8) & 63) | 128), 'hex')::uuid
+      FROM (SELECT substring(sha256('cyclone submit key'::bytea || '\x00'::bytea
+                                    || convert_to(p_workflow, 'UTF8') || '\x00'::bytea
+                                    || convert_to(p_submit_key, 'UTF8')) FROM 1 FOR 16)) AS h(d)
 $$;
 
 -- What the Complete transitions (_step_complete, step_complete, step_fail, step_abandon)

@@ -37,14 +37,26 @@ BEGIN
 END;
 $$;
 
--- Exponential backoff before the attempt after p_attempt, less up to half as jitter
--- (step_fail, for a retryable failure with no retry_after).
+-- Exponential backoff before the attempt after p_attempt, less p_jitter (from 0 to 1)
+-- times half of it (step_fail, for a retryable failure with no retry_after, draws the
+-- jitter with random() itself: on Citus an UPDATE may call no volatile function).
 CREATE FUNCTION cyclone._backoff(
-    p_initial interval, p_max interval, p_multiplier float8, p_attempt integer)
+    p_initial interval, p_max interval, p_multiplier float8, p_attempt integer,
+    p_jitter float8)
 RETURNS interval
-LANGUAGE sql VOLATILE AS $$
-    SELECT d * (1 - random() / 2)
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT d * (1 - p_jitter / 2)
       FROM (SELECT least(p_max, p_initial * power(p_multiplier, least(p_attempt - 1, 60)))) b(d)
+$$;
+
+-- p_at + p_by, for a p_by of seconds only (as Cyclone's intervals are: the backoffs,
+-- timeouts and retry_after, made by make_interval(secs => ...)), so that the sum does
+-- not depend on the session's time zone: IMMUTABLE, where the operator is STABLE. On
+-- Citus an UPDATE of a distributed table may call no STABLE function on its columns.
+-- Called by _step_fail_unheld.
+CREATE FUNCTION cyclone._later(p_at timestamptz, p_by interval) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_at + p_by
 $$;
 
 -- Raises the error that explains why p_lease_token no longer holds (p_run_id, p_node),
@@ -306,12 +318,17 @@ $$;
 -- step_abandon and step_call_begin.
 CREATE FUNCTION cyclone._run_block(p_run_id uuid, p_error jsonb, p_now timestamptz)
 RETURNS text
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_workflow text;
+BEGIN
     UPDATE cyclone.steps s SET status = 'pending', available_at = NULL
      WHERE s.run_id = p_run_id AND s.status = 'available';
     UPDATE cyclone.runs r SET status = 'blocked', updated_at = p_now, error = p_error
      WHERE r.run_id = p_run_id
-    RETURNING r.workflow;
+    RETURNING r.workflow INTO v_workflow;
+    RETURN v_workflow;
+END;
 $$;
 
 -- One journal entry as JSON: every column of cyclone.step_calls but its node's key.

@@ -4,7 +4,10 @@
 -- (not before p_start_at when it is later than now), the others pending with
 -- deps_open = their number of upstream nodes. With a submit key, at most one run
 -- exists per (workflow, key), also under concurrent calls (the second waits on the
--- first's key row): a repeated call returns that run with created = false. p_nodes is
+-- first's key row): a repeated call returns that run with created = false. A keyed
+-- run's id is its key's, submit_key_id(p_workflow, p_submit_key), whatever p_run_id
+-- says (the server passes that id, so that Citus routes the call to the run's shard);
+-- the key row and the run then live on one shard. p_nodes is
 -- a JSON array of node objects in topological order, validated by the server
 -- (service/store.py), each with its priority (the node's, else p_priority) and its
 -- evaluated concurrency key and limit, if any. RPCs: Submit, SubmitOnce.
@@ -18,15 +21,23 @@ DECLARE
     v_now   timestamptz := cyclone.now();
     v_count integer := jsonb_array_length(p_nodes);
     v_ready timestamptz := greatest(v_now, coalesce(p_start_at, v_now));
+    v_key   record;
 BEGIN
     IF p_submit_key IS NOT NULL THEN
+        p_run_id := cyclone.submit_key_id(p_workflow, p_submit_key);
         -- A concurrent SubmitOnce with the same key waits here for the first to end.
-        INSERT INTO cyclone.submit_keys (workflow, submit_key, run_id, created_at)
-        VALUES (p_workflow, p_submit_key, p_run_id, v_now)
-        ON CONFLICT (workflow, submit_key) DO NOTHING;
+        INSERT INTO cyclone.submit_keys (key_id, workflow, submit_key, run_id, created_at)
+        VALUES (p_run_id, p_workflow, p_submit_key, p_run_id, v_now)
+        ON CONFLICT (key_id) DO NOTHING;
         IF NOT FOUND THEN
-            SELECT k.run_id INTO run_id FROM cyclone.submit_keys k
-             WHERE k.workflow = p_workflow AND k.submit_key = p_submit_key;
+            SELECT k.run_id, k.workflow, k.submit_key INTO v_key FROM cyclone.submit_keys k
+             WHERE k.key_id = p_run_id;
+            -- Two keys with one SHA-256 prefix: refused rather than answered wrongly.
+            IF v_key.workflow <> p_workflow OR v_key.submit_key <> p_submit_key THEN
+                RAISE EXCEPTION 'submit key % of workflow % has the id of another key',
+                    p_submit_key, p_workflow USING ERRCODE = 'CY004';
+            END IF;
+            run_id := v_key.run_id;
             created := false;
             RETURN;
         END IF;

@@ -145,8 +145,10 @@ BEGIN
                                              unsafe, attempt, started_at, wake_at,
                                              waiting_for)
         VALUES (p_run_id, p_node, p_step_id, p_seq, p_function, 'waiting', false, v_attempt,
-                v_now, CASE p_function WHEN 'cyclone.sleep' THEN p_wake_at
-                                       WHEN 'cyclone.event' THEN v_now + p_timeout END,
+                -- Searched, not simple, CASE: Citus sends the simple form to the shard
+                -- as a comparison of text with boolean.
+                v_now, CASE WHEN p_function = 'cyclone.sleep' THEN p_wake_at
+                            WHEN p_function = 'cyclone.event' THEN v_now + p_timeout END,
                 v_for)
         RETURNING c.* INTO v_call;
     END IF;

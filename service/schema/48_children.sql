@@ -67,7 +67,8 @@ $$;
 CREATE FUNCTION cyclone._run_cancel_one(p_run_id uuid, p_actor text, p_reason text,
                                         p_details jsonb, p_now timestamptz)
 RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     UPDATE cyclone.steps s SET status = 'cancelled', finished_at = p_now, lease_expires_at = NULL
      WHERE s.run_id = p_run_id AND s.status IN ('pending', 'available', 'running', 'uncertain');
     UPDATE cyclone.runs r
@@ -76,6 +77,7 @@ LANGUAGE sql AS $$
      WHERE r.run_id = p_run_id;
     INSERT INTO cyclone.audit (run_id, action, actor, reason, details, at)
     VALUES (p_run_id, 'cancel', p_actor, p_reason, p_details, p_now);
+END;
 $$;
 
 -- The outcome of the wait of node p_node of run p_run_id for its child p_child (the

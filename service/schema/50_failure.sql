@@ -18,15 +18,17 @@ DECLARE
     v_now    timestamptz := cyclone.now();
     v_status text := cyclone._run_lock(p_run_id);
     v_step   record;
+    v_jitter float8 := random();
 BEGIN
     UPDATE cyclone.steps s
        SET status = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
                          THEN 'available' ELSE 'discarded' END,
            available_at = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
-                               THEN v_now + coalesce(p_retry_after,
-                                                     cyclone._backoff(s.initial_backoff, s.max_backoff,
-                                                                      s.backoff_multiplier,
-                                                                      s.attempt - s.resumes))
+                               THEN cyclone._later(v_now, coalesce(
+                                        p_retry_after,
+                                        cyclone._backoff(s.initial_backoff, s.max_backoff,
+                                                         s.backoff_multiplier,
+                                                         s.attempt - s.resumes, v_jitter)))
                           END,
            finished_at = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
                               THEN NULL ELSE v_now END,

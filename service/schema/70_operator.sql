@@ -104,13 +104,13 @@ BEGIN
     v_decide := ARRAY(SELECT s.node FROM cyclone.steps s
                        WHERE s.run_id = p_run_id AND s.node = ANY (v_reset) AND s.deps_open = 0);
     PERFORM cyclone._settle(p_run_id, '{}', v_decide, 0);
+    -- The details first: Citus takes no subquery in an INSERT.
+    v_reset := ARRAY(SELECT unnest(v_reset) EXCEPT SELECT unnest(v_nodes));
     INSERT INTO cyclone.audit (run_id, node, action, actor, reason, details, at)
     VALUES (p_run_id, CASE WHEN p_nodes IS NULL THEN '' ELSE p_nodes[1] END,
             CASE WHEN p_nodes IS NULL THEN 'retry_all' ELSE 'retry' END, p_actor,
             coalesce(p_reason, ''),
-            jsonb_build_object('nodes', to_jsonb(v_nodes),
-                               'reset', to_jsonb(ARRAY(SELECT unnest(v_reset)
-                                                       EXCEPT SELECT unnest(v_nodes)))),
+            jsonb_build_object('nodes', to_jsonb(v_nodes), 'reset', to_jsonb(v_reset)),
             v_now);
     RETURN v_nodes;
 END;
@@ -311,17 +311,23 @@ DECLARE
     v_level  uuid[] := ARRAY[p_run_id];
     v_tree   uuid[] := '{}';
     v_child  record;
+    v_child_id uuid;
+    v_parent uuid;
 BEGIN
     IF v_status IN ('completed', 'cancelled') THEN
         RAISE EXCEPTION 'run % is already %', p_run_id, v_status USING ERRCODE = 'CY003';
     END IF;
     IF NOT p_keep_children THEN
         LOOP
-            SELECT coalesce(array_agg(t.run_id), '{}') INTO v_level
-              FROM (SELECT r.run_id FROM cyclone.runs r
-                     WHERE r.parent_run_id = ANY (v_level)
-                     ORDER BY r.run_id FOR NO KEY UPDATE) t;
+            -- Found, then locked one by one in run_id order (on Citus a lock is taken
+            -- on one shard at a time).
+            v_level := ARRAY(SELECT r.run_id FROM cyclone.runs r
+                              WHERE r.parent_run_id = ANY (v_level) ORDER BY r.run_id);
             EXIT WHEN cardinality(v_level) = 0;
+            FOR i IN 1 .. cardinality(v_level) LOOP
+                v_child_id := v_level[i];
+                PERFORM 1 FROM cyclone.runs r WHERE r.run_id = v_child_id FOR NO KEY UPDATE;
+            END LOOP;
             v_tree := v_tree || v_level;
         END LOOP;
     END IF;
@@ -329,9 +335,12 @@ BEGIN
                                     jsonb_build_object('previous_status', v_status,
                                                        'keep_children', p_keep_children),
                                     v_now);
-    -- A child cancelled on its own: its parent may wait for it.
-    PERFORM cyclone._child_finished(r.run_id, r.parent_run_id, r.status)
-       FROM cyclone.runs r WHERE r.run_id = p_run_id AND r.parent_run_id IS NOT NULL;
+    -- A child cancelled on its own: its parent may wait for it. (The parent is read
+    -- first: on Citus it may live on another shard than this run's statement.)
+    v_parent := (SELECT r.parent_run_id FROM cyclone.runs r WHERE r.run_id = p_run_id);
+    IF v_parent IS NOT NULL THEN
+        PERFORM cyclone._child_finished(p_run_id, v_parent, 'cancelled');
+    END IF;
     FOR v_child IN
         SELECT r.run_id, r.status FROM cyclone.runs r
          WHERE r.run_id = ANY (v_tree) AND r.status IN ('running', 'blocked')

@@ -49,8 +49,8 @@ DECLARE
     v_count integer;
 BEGIN
     DELETE FROM cyclone.submit_keys k
-     WHERE (k.workflow, k.submit_key) IN (
-           SELECT o.workflow, o.submit_key FROM cyclone.submit_keys o
+     WHERE k.key_id IN (
+           SELECT o.key_id FROM cyclone.submit_keys o
             WHERE o.created_at < cyclone.now() - p_age
               AND NOT EXISTS (SELECT 1 FROM cyclone.runs r WHERE r.run_id = o.run_id)
             ORDER BY o.created_at

@@ -20,6 +20,26 @@ SELECT *
                                   FROM unnest(CAST(:rate_periods AS float8[]))
                                        WITH ORDINALITY AS u(p, i) ORDER BY u.i));
 
+-- name: step_candidates
+SELECT run_id, node FROM cyclone.step_candidates(CAST(:actions AS text[]), :limit);
+
+-- name: step_claim_run
+SELECT *
+  FROM cyclone.step_claim_run(CAST(:run_id AS uuid), CAST(:nodes AS text[]), :worker_id,
+                              CAST(:unsafe AS text[]), make_interval(secs => :lease_s));
+
+-- name: step_next_due_sharded
+SELECT cyclone.step_next_due_sharded(CAST(:actions AS text[])) AS seconds;
+
+-- name: runs_purge_sharded
+SELECT cyclone.runs_purge_sharded(make_interval(secs => :age_s), :failed, :limit) AS deleted;
+
+-- name: submit_keys_purge_sharded
+SELECT cyclone.submit_keys_purge_sharded(make_interval(secs => :age_s), :limit) AS deleted;
+
+-- name: sharded
+SELECT cyclone.sharded() AS sharded;
+
 -- name: steps_release
 -- Hands back steps that a Claim took but could not deliver (its caller went away):
 -- available again as if never claimed, attempt and uncertainty as they were.
@@ -293,7 +313,9 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'waiting_for', CASE WHEN s.status IN ('available', 'pending')
                                        THEN s.waiting_for END,
                    'priority', s.priority, 'concurrency_key', s.concurrency_key,
-                   'journal', (SELECT jsonb_agg(cyclone._step_call_json(j) ORDER BY j.seq)
+                   -- _step_call_json's shape, written out: on Citus the row is a
+                   -- shard's, of another type.
+                   'journal', (SELECT jsonb_agg(to_jsonb(j) - 'run_id' - 'node' ORDER BY j.seq)
                                  FROM cyclone.step_calls j
                                 WHERE j.run_id = s.run_id AND j.node = s.node))
                    ORDER BY s.position), '[]')
@@ -550,9 +572,11 @@ SELECT name, workflow, input, cron, time_zone, interval_s, overlap, catch_up, pa
  LIMIT :limit;
 
 -- name: schedule_pause
+-- (The time is read in FROM: Citus takes no STABLE function inside a CASE of an UPDATE.)
 UPDATE cyclone.schedules AS s
    SET paused = true,
-       updated_at = CASE WHEN s.paused THEN s.updated_at ELSE cyclone.now() END
+       updated_at = CASE WHEN s.paused THEN s.updated_at ELSE t.now END
+  FROM (SELECT cyclone.now() AS now) t
  WHERE s.name = :schedule
 RETURNING s.name, s.workflow, s.input, s.cron, s.time_zone, s.interval_s, s.overlap,
           s.catch_up, s.paused, s.next_fire_at, s.last_fire_at, s.last_run_id, s.created_at,
@@ -564,7 +588,8 @@ RETURNING s.name, s.workflow, s.input, s.cron, s.time_zone, s.interval_s, s.over
 UPDATE cyclone.schedules AS s
    SET paused = false,
        next_fire_at = CASE WHEN s.paused THEN :next_fire_at ELSE s.next_fire_at END,
-       updated_at = CASE WHEN s.paused THEN cyclone.now() ELSE s.updated_at END
+       updated_at = CASE WHEN s.paused THEN t.now ELSE s.updated_at END
+  FROM (SELECT cyclone.now() AS now) t
  WHERE s.name = :schedule
 RETURNING s.name, s.workflow, s.input, s.cron, s.time_zone, s.interval_s, s.overlap,
           s.catch_up, s.paused, s.next_fire_at, s.last_fire_at, s.last_run_id, s.created_at,

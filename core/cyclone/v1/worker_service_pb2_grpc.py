@@ -120,7 +120,10 @@ class WorkerServiceServicer:
         refused completion (a lost lease, say) does not affect the others: each has its
         own result, in request order; a result's run_status is the run's status after the
         whole call. Workers that finish many steps at once use it to save round trips and
-        commits.
+        commits. On a database sharded by run_id (Citus, docs/scaling.md) each item is
+        applied in its own transaction, on its run's shard, in request order: the items of
+        one call are then not committed atomically together (a crash may commit some and
+        not others; the call repeated answers those duplicate = true).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,217 @@
+"""What is Citus's own: how the schema is distributed, that a transition is a
+single-shard transaction, claims that reach every shard, and the completion
+transaction of a worker whose business table is co-located with the runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+
+from service.store import submit_key_id
+from tests.helpers import claim, complete, get_run, node, rpc_error, run_status, submit, workflow
+
+RUN_TABLES = {
+    "runs": "run_id",
+    "steps": "run_id",
+    "step_errors": "run_id",
+    "step_calls": "run_id",
+    "audit": "run_id",
+    "events": "run_id",
+    "step_logs": "run_id",
+    "submit_keys": "key_id",
+}
+REFERENCE_TABLES = {"action_claims", "action_rates", "clock", "schedules", "schema_migrations"}
+
+
+def _node_of(server: Any, run_id: str) -> str:
+    """host:port of the worker holding the run's shard."""
+    [(where,)] = server.sql(
+        "SELECT n.nodename || ':' || n.nodeport FROM pg_dist_placement p"
+        " JOIN pg_dist_node n ON n.groupid = p.groupid"
+        " WHERE p.shardid = get_shard_id_for_distribution_column('cyclone.runs', %s::uuid)",
+        run_id,
+    )
+    return str(where)
+
+
+def test_every_run_level_table_is_distributed_by_its_run_and_co_located(cyclone_server):
+    rows = cyclone_server.sql(
+        "SELECT table_name::text, citus_table_type, distribution_column, colocation_id"
+        " FROM citus_tables WHERE table_name::text LIKE 'cyclone.%%'"
+    )
+    tables = {
+        name.removeprefix("cyclone."): (kind, column, group) for name, kind, column, group in rows
+    }
+    distributed = {n: c for n, (k, c, _) in tables.items() if k == "distributed"}
+    assert distributed == RUN_TABLES
+    assert len({tables[n][2] for n in RUN_TABLES}) == 1, "one co-location group"
+    assert {n for n, (k, _, _) in tables.items() if k == "reference"} == REFERENCE_TABLES
+    # Every table with a run_id is distributed: a table added later cannot be forgotten.
+    with_run_id = cyclone_server.sql(
+        "SELECT table_name FROM information_schema.columns"
+        " WHERE table_schema = 'cyclone' AND column_name = 'run_id'"
+    )
+    assert {t for (t,) in with_run_id} <= set(RUN_TABLES)
+
+
+def test_transitions_of_one_run_are_distributed_by_it_and_the_others_everywhere(
+    cyclone_server,
+):
+    rows = cyclone_server.sql(
+        "SELECT p.proname, o.distribution_argument_index, o.colocationid, o.objid"
+        " FROM pg_proc p LEFT JOIN pg_dist_object o"
+        "   ON o.classid = 'pg_proc'::regclass AND o.objid = p.oid"
+        " WHERE p.pronamespace = 'cyclone'::regnamespace"
+    )
+    by_name = {name: (index, group) for name, index, group, _ in rows}
+    assert [name for name, _, _, known in rows if known is None] == [], "on every node"
+    [(runs_group,)] = cyclone_server.sql(
+        "SELECT colocation_id FROM citus_tables WHERE table_name = 'cyclone.runs'::regclass"
+    )
+    for name in ("run_submit", "step_heartbeat", "step_claim_run", "step_call_begin"):
+        assert by_name[name] == (0, runs_group), name
+    # A completion may finish a child run and wake its parent, on another shard: it is
+    # routed statement by statement, not delegated (docs/scaling.md).
+    for name in ("_step_complete", "step_fail", "step_retry", "run_cancel", "sweep_steps"):
+        assert by_name[name][0] is None, name
+
+
+def _remote_commands(server: Any, statement: str, *params: Any) -> list[str]:
+    """The commands the coordinator sent to workers while running statement, in one
+    transaction (citus.log_remote_commands)."""
+    seen: list[str] = []
+    with psycopg.connect(server.database_url) as conn:
+        conn.add_notice_handler(lambda d: seen.append(d.message_primary or ""))
+        conn.execute("SET citus.log_remote_commands = on")
+        conn.execute("SET client_min_messages = log")
+        conn.execute("SET cyclone.defer_notify = on")
+        conn.execute(statement, params)
+        conn.commit()
+    return [m for m in seen if m.startswith("issuing")]
+
+
+def test_a_completion_is_a_single_shard_transaction(cyclone_server):
+    """Every statement the server's Complete runs goes to the run's worker and names
+    only shards of the run's shard group; the commit is one phase, on that worker."""
+    run_id = submit(cyclone_server, workflow("w", node("a"), node("b", deps=["a"])))
+    [a] = claim(cyclone_server)
+    commands = _remote_commands(
+        cyclone_server,
+        "SELECT * FROM cyclone._step_complete(%s::uuid, %s, %s::uuid, %s::jsonb)",
+        a.run_id,
+        a.node,
+        a.lease_token,
+        json.dumps({"ok": 1}),
+    )
+    assert commands, "the coordinator sent nothing"
+    shard = cyclone_server.sql(
+        "SELECT get_shard_id_for_distribution_column('cyclone.runs', %s::uuid)", run_id
+    )[0][0]
+    # The run's shard of each table: same index in each co-located table's shard list.
+    group = {
+        s
+        for (s,) in cyclone_server.sql(
+            "SELECT s.shardid FROM pg_dist_shard s"
+            " JOIN pg_dist_shard r ON r.logicalrelid = 'cyclone.runs'::regclass"
+            "  AND r.shardid = %s AND s.shardminvalue = r.shardminvalue",
+            shard,
+        )
+    }
+    named = {int(n) for c in commands for n in re.findall(r"_(\d{6,})\b", c)}
+    assert named and named <= group, (named, group)
+    assert not [c for c in commands if "PREPARE TRANSACTION" in c], "no two-phase commit"
+    assert run_status(get_run(cyclone_server, run_id)) == "running"
+    [b] = claim(cyclone_server)
+    assert b.node == "b"
+
+
+def test_a_delegated_transition_call_is_planned_for_one_node(cyclone_server):
+    """SELECT cyclone.f(run_id, ...) is delegated whole to the node of the run: the plan
+    of a heartbeat is one task, on that node."""
+    run_id = submit(cyclone_server, workflow("w", node("a")))
+    [a] = claim(cyclone_server)
+    [(plan,)] = cyclone_server.sql(
+        "EXPLAIN (FORMAT JSON) SELECT cyclone.step_heartbeat(%s::uuid, %s, %s::uuid,"
+        " interval '30 s', NULL)",
+        a.run_id,
+        a.node,
+        a.lease_token,
+    )
+    text = json.dumps(plan)
+    assert '"Task Count": 1' in text, text
+    assert _node_of(cyclone_server, run_id).split(":")[1] in text
+
+
+def test_runs_spread_over_both_workers_and_one_claim_takes_from_every_shard(cyclone_server):
+    runs = [submit(cyclone_server, workflow("w", node("a"))) for _ in range(16)]
+    workers = {_node_of(cyclone_server, r) for r in runs}
+    assert len(workers) == 2, workers
+    steps = claim(cyclone_server, n=16)
+    assert sorted(s.run_id for s in steps) == sorted(runs)
+    # Oldest first across shards: the first claims take the first submitted runs.
+    for s in steps:
+        complete(cyclone_server, s, 1)
+    more = [submit(cyclone_server, workflow("w", node("a"))) for _ in range(6)]
+    assert {s.run_id for s in claim(cyclone_server, n=3)} == set(more[:3])
+
+
+def test_submit_once_keys_live_on_their_runs_shard(cyclone_server):
+    from cyclone.v1 import workflow_service_pb2
+
+    reply = cyclone_server.workflows.SubmitOnce(
+        workflow_service_pb2.SubmitOnceRequest(workflow=workflow("pay", node("a")), key="k1")
+    )
+    assert uuid.UUID(reply.run_id) == submit_key_id("pay", "k1")
+    [(key_shard, run_shard)] = cyclone_server.sql(
+        "SELECT get_shard_id_for_distribution_column('cyclone.submit_keys', key_id),"
+        "       get_shard_id_for_distribution_column('cyclone.runs', run_id)"
+        "  FROM cyclone.submit_keys"
+    )
+    shard_index = cyclone_server.sql(
+        "SELECT (SELECT shardminvalue FROM pg_dist_shard WHERE shardid = %s)"
+        "     = (SELECT shardminvalue FROM pg_dist_shard WHERE shardid = %s)",
+        key_shard,
+        run_shard,
+    )
+    assert shard_index == [(True,)]
+
+
+LEDGER = "CREATE TABLE ledger (run_id uuid NOT NULL, node text NOT NULL, amount integer)"
+COMPLETE = "SELECT * FROM cyclone.step_complete(%s::uuid, %s, %s::uuid, %s::jsonb)"
+
+
+def test_the_completion_transaction_of_a_worker_commits_its_write_once(cyclone_server):
+    """A business table distributed by run_id beside the runs: the worker's write and
+    step_complete commit together on the run's shard; the attempt whose lease was taken
+    over is refused and its write rolls back (fencing)."""
+    cyclone_server.sql(LEDGER)
+    cyclone_server.sql(
+        "SELECT create_distributed_table('ledger', 'run_id', colocate_with => 'cyclone.runs')"
+    )
+    run_id = submit(cyclone_server, workflow("w", node("pay", max_attempts=3)))
+    [first] = claim(cyclone_server, lease=5)
+    cyclone_server.advance_clock(10)
+    assert cyclone_server.sweep() == 1
+    [second] = claim(cyclone_server)
+    assert second.attempt == 2
+    url = cyclone_server.database_url
+    with psycopg.connect(url) as conn:
+        conn.execute("INSERT INTO ledger VALUES (%s, %s, 10)", (run_id, "pay"))
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(COMPLETE, (run_id, "pay", first.lease_token, "1"))
+        assert refused.value.sqlstate == "CY001"
+        conn.rollback()
+    with psycopg.connect(url) as conn:
+        conn.execute("INSERT INTO ledger VALUES (%s, %s, 20)", (run_id, "pay"))
+        [row] = conn.execute(COMPLETE, (run_id, "pay", second.lease_token, "2")).fetchall()
+        conn.commit()
+    assert row[:2] == ("completed", "completed")
+    assert cyclone_server.sql("SELECT amount FROM ledger") == [(20,)]
+    error = rpc_error(complete, cyclone_server, first, 1)
+    assert error.code() == grpc.StatusCode.ABORTED

@@ -1,0 +1,79 @@
+"""The engine's core behaviours, on a coordinator and two workers: the same tests as on
+one Postgres (imported from their modules, so they cannot drift apart), run with the
+Citus suite's fixtures (tests/citus/conftest.py). What they cover, as issue 21 lists it:
+DAG order, SubmitOnce under concurrency, leases and the sweep, fencing (a stale token
+is refused), Retry / RetryAll / Resolve, durable functions (step calls, their journal,
+resolving them), CompleteMany, retention of runs and keys, waits and events, and child
+runs (whose parent lives on another shard). The completion
+transaction from a worker, and what is Citus's own, are in test_citus.py."""
+
+from tests.test_blocked import (  # noqa: F401
+    test_an_uncertain_outcome_in_complete_many_blocks_the_run_and_is_counted,
+    test_resolve_discard_runs_the_step_again_on_the_next_claim,
+    test_resolve_error_fails_the_step_so_compensation_runs,
+    test_resolve_result_records_the_output_and_releases_downstream,
+    test_retry_all_refuses_a_blocked_run,
+    test_two_operators_resolving_at_once_one_wins_and_the_other_is_refused,
+    test_unsafe_step_that_lost_its_lease_blocks_the_run,
+)
+from tests.test_children import (  # noqa: F401
+    test_a_cancelled_child_is_a_failed_wait,
+    test_a_finished_child_wakes_its_waiting_parent,
+    test_cancelling_a_child_leaves_its_parent_alone,
+    test_cancelling_a_parent_cancels_its_descendants,
+    test_start_child_submits_a_linked_run_and_journals_the_call,
+)
+from tests.test_operator_order import (  # noqa: F401
+    test_a_running_node_below_a_retried_one_loses_its_lease_and_waits,
+    test_retry_all_makes_a_cleanup_node_wait_for_its_reopened_upstream,
+    test_retry_grants_the_node_a_fresh_attempt_budget,
+)
+from tests.test_retention import (  # noqa: F401
+    test_a_key_is_never_forgotten_while_its_run_exists,
+    test_a_submit_once_key_outlives_its_deleted_run_for_the_key_retention,
+    test_finished_runs_past_the_age_go_with_their_steps_and_the_rest_stay,
+)
+from tests.test_step_calls import (  # noqa: F401
+    test_a_stale_token_is_aborted_and_writes_nothing,
+    test_a_trailing_safe_failure_is_not_kept_but_a_handled_one_is,
+    test_an_unsafe_call_started_by_an_earlier_attempt_blocks_the_run,
+    test_resolve_discard_deletes_the_entry_so_the_call_runs_again,
+    test_resolve_error_records_the_failure_for_the_body_to_handle,
+    test_resolve_result_records_the_call_and_the_node_replays,
+    test_the_claim_carries_the_journal_in_seq_order_and_retry_keeps_it,
+)
+from tests.test_step_calls_batched import (  # noqa: F401
+    test_a_batch_of_step_calls_and_the_completion_after_them_commit_together,
+    test_each_refused_step_call_stands_alone,
+    test_unsafe_calls_begun_in_a_batch_get_each_their_decision,
+)
+from tests.test_steps import (  # noqa: F401
+    test_a_step_whose_lease_expires_at_every_attempt_is_discarded_after_the_last,
+    test_chain_runs_in_order_and_completes_the_run,
+    test_complete_many_across_runs_completes_each_run,
+    test_complete_many_applies_each_outcome_and_reports_each_in_request_order,
+    test_concurrent_claims_never_hand_out_a_step_twice,
+    test_diamond_join_waits_for_both_branches_and_sees_their_outputs,
+    test_expired_lease_is_reclaimed_with_the_next_attempt,
+    test_heartbeat_extends_the_lease_but_never_past_the_timeout,
+    test_lease_expired_completion_is_refused_even_before_the_sweep,
+    test_out_of_attempts_discards_skips_dependents_and_fails_the_run,
+    test_repeated_complete_with_the_same_token_returns_the_recorded_result,
+    test_retryable_failure_backs_off_then_runs_again_with_the_next_attempt,
+    test_stale_token_is_refused_and_changes_nothing,
+    test_the_background_sweep_reclaims_a_lost_lease_and_wakes_a_waiting_claim,
+    test_waiting_claim_is_woken_by_a_submit,
+)
+from tests.test_submit import (  # noqa: F401
+    test_a_keyed_run_takes_its_keys_name_based_id_the_same_in_sql_and_python,
+    test_submit_creates_a_run_with_every_step_and_releases_only_roots,
+    test_submit_once_keys_are_scoped_by_workflow_name,
+    test_submit_once_makes_one_run_under_20_concurrent_calls,
+    test_submit_once_returns_the_existing_run_and_says_so,
+)
+from tests.test_waits import (  # noqa: F401
+    test_a_dag_event_node_completes_with_the_payload,
+    test_a_sleep_gives_up_the_lease_and_resumes_without_using_up_an_attempt,
+    test_an_event_sent_before_the_wait_is_kept_and_one_after_wakes_the_node,
+    test_an_event_timeout_fails_the_wait_with_event_timeout,
+)
