@@ -170,7 +170,7 @@ def test_a_keyed_run_takes_its_keys_name_based_id_the_same_in_sql_and_python(cyc
 
 
 def test_a_key_made_before_the_name_based_ids_keeps_its_run(cyclone_server):
-    """A key row whose run has a UUIDv7 id (made before migration 0026) still answers."""
+    """A key row whose run has a UUIDv7 id (made before migration 0027) still answers."""
     legacy = uuid.UUID("01890000-0000-7000-8000-000000000001")
     cyclone_server.sql(
         "INSERT INTO cyclone.submit_keys (key_id, workflow, submit_key, run_id, created_at)"

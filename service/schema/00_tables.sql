@@ -320,7 +320,7 @@ CREATE TABLE cyclone.action_claims (
 -- still answer its key with the run it made (submit_keys_purge deletes a key only once
 -- its run is gone). A key is found by its id, submit_key_id(workflow, key), a
 -- name-based UUID, and the primary key on it is what makes a key unique per workflow.
--- A keyed run made since migration 0026 has that id as its run_id, so on Citus its key
+-- A keyed run made since migration 0027 has that id as its run_id, so on Citus its key
 -- lives on its run's shard (docs/scaling.md); run_id differs from key_id only for keys
 -- made before.
 CREATE TABLE cyclone.submit_keys (

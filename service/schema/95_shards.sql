@@ -239,7 +239,7 @@ $$;
 
 -- submit_keys_purge on a sharded database: up to p_limit keys older than p_age whose
 -- run is gone, found by a multi-shard read (a key and its run share a shard: the run's
--- id is the key's) and deleted one by one by key. Keys made before migration 0026,
+-- id is the key's) and deleted one by one by key. Keys made before migration 0027,
 -- whose run has another id, are kept. Called by each server's retention loop, on Citus.
 CREATE FUNCTION cyclone.submit_keys_purge_sharded(p_age interval, p_limit integer)
 RETURNS integer

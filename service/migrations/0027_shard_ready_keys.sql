@@ -199,7 +199,8 @@ BEGIN
      WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
        -- By key: see steps_leased_idx.
        AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
-    RETURNING s.status, s.attempt, s.action, s.available_at INTO v_step;
+    RETURNING s.status, s.attempt, s.action, s.available_at,
+              s.concurrency_key IS NOT NULL AS keyed INTO v_step;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
           FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
@@ -213,7 +214,10 @@ BEGIN
             v_now);
     IF v_step.status = 'discarded' THEN
         PERFORM cyclone._settle(p_run_id, ARRAY[p_node], '{}', 1);
-    ELSE
+    END IF;
+    -- A retry is ready (now or later); a discarded step frees a slot of its
+    -- concurrency key: either way the claims of its action look again.
+    IF v_step.status = 'available' OR v_step.keyed THEN
         PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
     END IF;
     RETURN ROW(v_step.status, (SELECT r.status FROM cyclone.runs r WHERE r.run_id = p_run_id),
