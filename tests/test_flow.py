@@ -212,6 +212,28 @@ def test_a_step_that_frees_its_keys_slot_wakes_a_claim_waiting_for_it(
     assert [s.run_id for s in result] == list(runs - {held.run_id})
 
 
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_keyed_completion_wakes_claims_only_when_its_key_was_full(cyclone_server, limit):
+    """One step of a key runs. Its completion in the worker's own transaction
+    (cyclone.step_complete, which notifies inline) frees a slot: with limit 1 the key
+    was full, so a claim may be waiting for the slot and the action is notified; with
+    limit 2 the key had room, no claim was kept from it, and nothing is sent."""
+    server = cyclone_server
+    _submit(server, workflow("w", _keyed("n", "k", limit, "keyed")))
+    [held] = _claim(server, "keyed")
+    with psycopg.connect(server.database_url, autocommit=True) as listener:
+        listener.execute("LISTEN cyclone_ready")
+        with psycopg.connect(server.database_url, autocommit=True) as worker:
+            worker.execute(
+                "SELECT cyclone.step_complete(%s, %s, %s, 'null')",
+                (held.run_id, held.node, held.lease_token),
+            )
+        # The notification of a committed transaction is in the listener's queue by now;
+        # the timeout only bounds the wait for one that is there.
+        sent = [n.payload for n in listener.notifies(timeout=1.0, stop_after=1)]
+    assert sent == (["keyed"] if limit == 1 else [])
+
+
 def test_a_key_with_limit_two_never_has_three_running_across_servers(server_factory):
     """Several workers on two servers claim batches of steps of one key (limit 2), of
     another key and of none; a sampler reads the running steps per key from the

@@ -111,14 +111,36 @@ BEGIN
 END;
 $$;
 
+-- The action to wake when a step of action p_action, concurrency key p_key (limit
+-- p_limit), frees its slot: p_action when the key was full, so that a claim may have
+-- passed over the key and be waiting for a slot; NULL when the key had room (no claim
+-- was kept from it) or the step has no key. Counts the key's running steps as the
+-- calling statement sees them, the freed step still among them, at most p_limit of
+-- them through steps_key_running_idx. A wake-up makes every waiting claim of the
+-- action, on every server, claim again; completions of keyed steps send one only when
+-- a claim may need it. A claim that filled the key and committed after the caller's
+-- statement began is not seen; a claim that then waits for the slot looks again at
+-- the server's --claim-recheck. Called by the completion and failure transitions
+-- (_step_complete, step_complete_many, _step_fail_unheld).
+CREATE FUNCTION cyclone._key_wake(p_action text, p_key text, p_limit integer)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_key IS NOT NULL AND (
+                    SELECT count(*) FROM (
+                        SELECT 1 FROM cyclone.steps s
+                         WHERE s.concurrency_key = p_key AND s.status = 'running'
+                         LIMIT p_limit) n) >= p_limit
+                THEN p_action END
+$$;
+
 -- Seconds until a claim of these actions may find work (negative: now; NULL: none
 -- known). For each action, each priority present among its ready rows is visited
 -- once, through steps_ready_idx (a loose index scan), and gives the earliest later
 -- available_at of that priority. A ready row whose time has come though the claim
 -- just took nothing is held back by its concurrency key or its action's rate limit:
 -- the rate's row says when its window opens (reopens_at); a key has no such time, but
--- a step that frees a slot of its key (completed, failed, waiting, reclaimed by the
--- sweep) wakes the claims of its action (_notify_ready), so the claim waits for that
+-- a step that frees a slot of a full key (completed, failed, waiting, reclaimed by the
+-- sweep) wakes the claims of its action (_notify_ready, _key_wake), so the claim waits for that
 -- (or for the server's --claim-recheck, for a slot freed otherwise: a cancel, or a
 -- key that steps of several actions share). Called by a waiting Claim (the named
 -- query step_next_due) each time it finds nothing.

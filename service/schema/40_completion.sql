@@ -24,7 +24,7 @@ BEGIN
      WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
        -- By key: see steps_leased_idx.
        AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
-    RETURNING s.dependents, CASE WHEN s.concurrency_key IS NOT NULL THEN s.action END
+    RETURNING s.dependents, cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
          INTO v_dependents, v_freed;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
@@ -41,7 +41,7 @@ BEGIN
         v_status := cyclone._settle(p_run_id, ARRAY[p_node], '{}', 1);
     END IF;
     IF v_freed IS NOT NULL THEN
-        -- A slot of the step's concurrency key is free: wake the claims of its action.
+        -- A slot of the step's full concurrency key is free: wake its action's claims.
         PERFORM cyclone._notify_ready(ARRAY[v_freed]);
     END IF;
     RETURN ROW('completed', v_status, false, NULL)::cyclone.completion;
@@ -132,14 +132,15 @@ BEGIN
            -- By key: see steps_leased_idx.
            AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
         RETURNING t.i, s.run_id, s.node, cardinality(s.dependents) > 0 AS has_deps,
-                  CASE WHEN s.concurrency_key IS NOT NULL THEN s.action END AS freed
+                  cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
+                      AS freed
     )
     SELECT coalesce(array_agg(i), '{}'), coalesce(array_agg(run_id), '{}'),
            coalesce(array_agg(node), '{}'), coalesce(array_agg(has_deps), '{}'),
            coalesce(array_agg(DISTINCT freed) FILTER (WHERE freed IS NOT NULL), '{}')
       INTO v_applied, v_run, v_node, v_has_deps, v_freed
       FROM done;
-    -- Slots of concurrency keys are free: wake the claims of those steps' actions.
+    -- Slots of full concurrency keys are free: wake the claims of those steps' actions.
     PERFORM cyclone._notify_ready(v_freed);
 
     -- Runs where no completed step has a dependent: close them by the count, at once.

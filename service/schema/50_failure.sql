@@ -37,7 +37,8 @@ BEGIN
        -- By key: see steps_leased_idx.
        AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
     RETURNING s.status, s.attempt, s.action, s.available_at,
-              s.concurrency_key IS NOT NULL AS keyed INTO v_step;
+              cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit) AS freed
+         INTO v_step;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
           FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
@@ -52,9 +53,9 @@ BEGIN
     IF v_step.status = 'discarded' THEN
         PERFORM cyclone._settle(p_run_id, ARRAY[p_node], '{}', 1);
     END IF;
-    -- A retry is ready (now or later); a discarded step frees a slot of its
+    -- A retry is ready (now or later); a discarded step frees a slot of its full
     -- concurrency key: either way the claims of its action look again.
-    IF v_step.status = 'available' OR v_step.keyed THEN
+    IF v_step.status = 'available' OR v_step.freed IS NOT NULL THEN
         PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
     END IF;
     RETURN ROW(v_step.status, (SELECT r.status FROM cyclone.runs r WHERE r.run_id = p_run_id),

@@ -1,0 +1,281 @@
+-- A step that frees a slot of its concurrency key wakes the claims of its action only
+-- when the key was full (_key_wake), not at every completion of a keyed step. Each
+-- wake-up makes the action's waiting claims, on every server, claim again (and a
+-- worker's own completion transaction sends a NOTIFY, which makes notifying commits
+-- take turns); in the flow benchmark (issue 16) nearly every CompleteMany batch sent
+-- one that no claim needed, since its keys had room.
+
+-- The action to wake when a step of action p_action, concurrency key p_key (limit
+-- p_limit), frees its slot: p_action when the key was full, so that a claim may have
+-- passed over the key and be waiting for a slot; NULL when the key had room (no claim
+-- was kept from it) or the step has no key. Counts the key's running steps as the
+-- calling statement sees them, the freed step still among them, at most p_limit of
+-- them through steps_key_running_idx. A wake-up makes every waiting claim of the
+-- action, on every server, claim again; completions of keyed steps send one only when
+-- a claim may need it. A claim that filled the key and committed after the caller's
+-- statement began is not seen; a claim that then waits for the slot looks again at
+-- the server's --claim-recheck. Called by the completion and failure transitions
+-- (_step_complete, step_complete_many, _step_fail_unheld).
+CREATE FUNCTION cyclone._key_wake(p_action text, p_key text, p_limit integer)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_key IS NOT NULL AND (
+                    SELECT count(*) FROM (
+                        SELECT 1 FROM cyclone.steps s
+                         WHERE s.concurrency_key = p_key AND s.status = 'running'
+                         LIMIT p_limit) n) >= p_limit
+                THEN p_action END
+$$;
+
+-- The completion transition, as the server applies it: a held step (running, same
+-- token, lease not expired) becomes completed with its output; its dependents are
+-- counted (_settle), or, with none, the run is closed by the count (_run_close). A
+-- repeat with the token whose success was recorded answers duplicate = true and
+-- changes nothing; any other mismatch raises CY001 (or CY002). RPC: Complete with an
+-- output; also called by step_complete and step_complete_many.
+CREATE OR REPLACE FUNCTION cyclone._step_complete(p_run_id uuid, p_node text, p_lease_token uuid,
+                                       p_output jsonb)
+RETURNS cyclone.completion
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now        timestamptz := cyclone.now();
+    v_status     text := cyclone._run_lock(p_run_id);
+    v_dependents text[];
+    v_freed      text;
+    v_step       record;
+BEGIN
+    UPDATE cyclone.steps s
+       SET status = 'completed', output = coalesce(p_output, 'null'::jsonb),
+           finished_at = v_now, lease_expires_at = NULL
+     WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
+       -- By key: see steps_leased_idx.
+       AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
+    RETURNING s.dependents, cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
+         INTO v_dependents, v_freed;
+    IF NOT FOUND THEN
+        SELECT s.status, s.lease_token, s.attempt INTO v_step
+          FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
+        IF v_step.status = 'completed' AND v_step.lease_token = p_lease_token THEN
+            RETURN ROW('completed', v_status, true, NULL)::cyclone.completion;
+        END IF;
+        PERFORM cyclone._lease_lost(p_run_id, p_node, p_lease_token, v_step.status,
+                                    v_step.lease_token, v_step.attempt);
+    END IF;
+    IF cardinality(v_dependents) = 0 THEN
+        v_status := cyclone._run_close(p_run_id, 1, v_now);
+    ELSE
+        v_status := cyclone._settle(p_run_id, ARRAY[p_node], '{}', 1);
+    END IF;
+    IF v_freed IS NOT NULL THEN
+        -- A slot of the step's full concurrency key is free: wake its action's claims.
+        PERFORM cyclone._notify_ready(ARRAY[v_freed]);
+    END IF;
+    RETURN ROW('completed', v_status, false, NULL)::cyclone.completion;
+END;
+$$;
+
+-- CompleteMany: applies a batch of outcomes in one transaction. p_items is a JSON
+-- array of {i, run_id, node, lease_token, output} or {..., failure: {type, message,
+-- details, retryable, retry_after_s, uncertain}}. Locks every run of the batch in
+-- run_id order (so two batches cannot deadlock); applies every success whose lease
+-- holds in one statement, closes runs whose completed steps have no dependents by
+-- count (_runs_close) and settles the others once per run (_settle); then takes the
+-- rest one at a time in (run_id, node) order, each in its own subtransaction so that
+-- a refusal (CY001, CY002, CY003) stands alone and is returned in its row: failures
+-- through step_fail or step_abandon, and successes the first pass did not apply
+-- through _step_complete (a repeat answers duplicate). RPC: CompleteMany.
+CREATE OR REPLACE FUNCTION cyclone.step_complete_many(p_items jsonb)
+RETURNS TABLE (i integer, step_status text, run_status text, duplicate boolean,
+               retry_at timestamptz, error_state text, error_message text,
+               error_detail text)
+LANGUAGE plpgsql
+-- Each item's step is found by its key. Left to itself, the planner hashes the whole
+-- steps table for the batch's join while the table is small (a few thousand rows,
+-- plus the dead versions that a busy table piles up between vacuums): in the waits
+-- bench that was a sequential scan per batch, 1.5 million rows read for 3,000 runs.
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now      timestamptz := cyclone.now();
+    v_applied  integer[];
+    v_run      uuid[];
+    v_node     text[];
+    v_has_deps boolean[];
+    v_freed    text[];
+    v_statuses jsonb;
+    v_group    record;
+    v_item     jsonb;
+    v_done     cyclone.completion;
+BEGIN
+    -- Lock every run of the batch in run_id order, the order every batch locks in, so
+    -- that two batches cannot deadlock.
+    PERFORM 1 FROM cyclone.runs r
+     WHERE r.run_id = ANY (ARRAY(SELECT DISTINCT (e->>'run_id')::uuid
+                                   FROM jsonb_array_elements(p_items) e))
+     ORDER BY r.run_id
+       FOR NO KEY UPDATE;
+
+    -- Every success whose lease still holds, in one statement (as step_complete).
+    WITH item AS (
+        SELECT (e->>'i')::integer AS i, (e->>'run_id')::uuid AS run_id, e->>'node' AS node,
+               (e->>'lease_token')::uuid AS lease_token, e->'output' AS output
+          FROM jsonb_array_elements(p_items) e
+         WHERE NOT e ? 'failure'
+    ), done AS (
+        UPDATE cyclone.steps s
+           SET status = 'completed', output = coalesce(t.output, 'null'::jsonb),
+               finished_at = v_now, lease_expires_at = NULL
+          FROM item t
+         WHERE s.run_id = t.run_id AND s.node = t.node AND s.lease_token = t.lease_token
+           -- By key: see steps_leased_idx.
+           AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
+        RETURNING t.i, s.run_id, s.node, cardinality(s.dependents) > 0 AS has_deps,
+                  cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
+                      AS freed
+    )
+    SELECT coalesce(array_agg(i), '{}'), coalesce(array_agg(run_id), '{}'),
+           coalesce(array_agg(node), '{}'), coalesce(array_agg(has_deps), '{}'),
+           coalesce(array_agg(DISTINCT freed) FILTER (WHERE freed IS NOT NULL), '{}')
+      INTO v_applied, v_run, v_node, v_has_deps, v_freed
+      FROM done;
+    -- Slots of full concurrency keys are free: wake the claims of those steps' actions.
+    PERFORM cyclone._notify_ready(v_freed);
+
+    -- Runs where no completed step has a dependent: close them by the count, at once.
+    SELECT coalesce(jsonb_object_agg(c.run_id, c.status), '{}') INTO v_statuses
+      FROM (SELECT array_agg(g.run_id ORDER BY g.run_id) AS runs,
+                   array_agg(g.n ORDER BY g.run_id) AS closed
+              FROM (SELECT d.run_id, count(*)::integer AS n
+                      FROM unnest(v_run, v_has_deps) d(run_id, has_deps)
+                     GROUP BY d.run_id HAVING NOT bool_or(d.has_deps)) g) leaves,
+           cyclone._runs_close(leaves.runs, leaves.closed, v_now) c;
+
+    -- Runs with dependents to count: one graph walk per run, with all its finals.
+    FOR v_group IN
+        SELECT d.run_id, array_agg(d.node) AS nodes
+          FROM unnest(v_run, v_node, v_has_deps) d(run_id, node, has_deps)
+         GROUP BY d.run_id HAVING bool_or(d.has_deps)
+         ORDER BY d.run_id
+    LOOP
+        v_statuses := v_statuses || jsonb_build_object(
+            v_group.run_id::text,
+            cyclone._settle(v_group.run_id, v_group.nodes, '{}', cardinality(v_group.nodes)));
+    END LOOP;
+
+    RETURN QUERY
+        SELECT d.i, 'completed'::text, v_statuses->>(d.run_id::text), false,
+               NULL::timestamptz, NULL::text, NULL::text, NULL::text
+          FROM unnest(v_applied, v_run) d(i, run_id);
+
+    -- The rest one at a time, each in its own subtransaction so that a refusal stands
+    -- alone: failures, and successes the pass above did not apply (a lost lease, a
+    -- repeated completion, an unknown step), which _step_complete then explains.
+    FOR v_item IN
+        SELECT e FROM jsonb_array_elements(p_items) e
+         WHERE NOT (e->>'i')::integer = ANY (v_applied)
+         ORDER BY e->>'run_id', e->>'node', (e->>'i')::integer
+    LOOP
+        i := (v_item->>'i')::integer;
+        BEGIN
+            IF (v_item->'failure'->>'uncertain')::boolean THEN
+                v_done := cyclone.step_abandon(
+                    (v_item->>'run_id')::uuid, v_item->>'node', (v_item->>'lease_token')::uuid,
+                    v_item->'failure'->>'type', v_item->'failure'->>'message',
+                    v_item->'failure'->>'details');
+            ELSIF v_item ? 'failure' THEN
+                v_done := cyclone.step_fail(
+                    (v_item->>'run_id')::uuid, v_item->>'node', (v_item->>'lease_token')::uuid,
+                    v_item->'failure'->>'type', v_item->'failure'->>'message',
+                    v_item->'failure'->>'details', (v_item->'failure'->>'retryable')::boolean,
+                    make_interval(secs => (v_item->'failure'->>'retry_after_s')::float8));
+            ELSE
+                v_done := cyclone._step_complete(
+                    (v_item->>'run_id')::uuid, v_item->>'node', (v_item->>'lease_token')::uuid,
+                    v_item->'output');
+            END IF;
+            step_status := v_done.step_status;
+            run_status := v_done.run_status;
+            duplicate := v_done.duplicate;
+            retry_at := v_done.retry_at;
+            error_state := NULL;
+            error_message := NULL;
+            error_detail := NULL;
+        EXCEPTION WHEN SQLSTATE 'CY001' OR SQLSTATE 'CY002' OR SQLSTATE 'CY003' THEN
+            GET STACKED DIAGNOSTICS error_state = RETURNED_SQLSTATE,
+                                    error_message = MESSAGE_TEXT,
+                                    error_detail = PG_EXCEPTION_DETAIL;
+            step_status := NULL;
+            run_status := NULL;
+            duplicate := NULL;
+            retry_at := NULL;
+        END;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- Records a failed attempt of a held step (running, same token, lease not expired). A
+-- retryable failure with attempts left (attempt - resumes < max_attempts: a claim that
+-- resumed the node after a wait uses up no attempt) makes the step
+-- available again after p_retry_after, or else after the node's exponential backoff
+-- less a random jitter of up to half (_backoff); otherwise the step is discarded and
+-- its dependents judged (_settle). The error joins the step's history (kind handler).
+-- CY001 when the lease is lost. Does not look at the run's status: step_fail does.
+-- Called only by step_fail.
+CREATE OR REPLACE FUNCTION cyclone._step_fail_unheld(
+    p_run_id uuid, p_node text, p_lease_token uuid, p_type text, p_message text,
+    p_details text, p_retryable boolean, p_retry_after interval)
+RETURNS cyclone.completion
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text := cyclone._run_lock(p_run_id);
+    v_step   record;
+    v_jitter float8 := random();
+BEGIN
+    UPDATE cyclone.steps s
+       SET status = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
+                         THEN 'available' ELSE 'discarded' END,
+           available_at = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
+                               THEN cyclone._later(v_now, coalesce(
+                                        p_retry_after,
+                                        cyclone._backoff(s.initial_backoff, s.max_backoff,
+                                                         s.backoff_multiplier,
+                                                         s.attempt - s.resumes, v_jitter)))
+                          END,
+           finished_at = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
+                              THEN NULL ELSE v_now END,
+           lease_expires_at = NULL, waiting_for = NULL
+     WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
+       -- By key: see steps_leased_idx.
+       AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
+    RETURNING s.status, s.attempt, s.action, s.available_at,
+              cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit) AS freed
+         INTO v_step;
+    IF NOT FOUND THEN
+        SELECT s.status, s.lease_token, s.attempt INTO v_step
+          FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
+        PERFORM cyclone._lease_lost(p_run_id, p_node, p_lease_token, v_step.status,
+                                v_step.lease_token, v_step.attempt);
+    END IF;
+    INSERT INTO cyclone.step_errors (run_id, node, attempt, kind, type, message, details,
+                                     retryable, at)
+    VALUES (p_run_id, p_node, v_step.attempt, 'handler', coalesce(p_type, ''),
+            coalesce(p_message, ''), coalesce(p_details, ''), v_step.status = 'available',
+            v_now);
+    IF v_step.status = 'discarded' THEN
+        PERFORM cyclone._settle(p_run_id, ARRAY[p_node], '{}', 1);
+    END IF;
+    -- A retry is ready (now or later); a discarded step frees a slot of its full
+    -- concurrency key: either way the claims of its action look again.
+    IF v_step.status = 'available' OR v_step.freed IS NOT NULL THEN
+        PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
+    END IF;
+    RETURN ROW(v_step.status, (SELECT r.status FROM cyclone.runs r WHERE r.run_id = p_run_id),
+               false, v_step.available_at)::cyclone.completion;
+END;
+$$;
