@@ -282,6 +282,11 @@ BEGIN
 END;
 $$;
 
+-- A claim by a worker that marks no action unsafe to repeat commits without waiting for
+-- its WAL flush (performance, issue 19): half of a claim's time went to the flush.
+-- Losing it in a crash of Postgres loses nothing and doubles nothing
+-- (tests/test_claim_durability.py, docs/crash-matrix.md).
+--
 -- A claim that also took steps without a key does not wait for a key's lock that another
 -- claim holds (until its commit, WAL flush included): that key's steps are left to a
 -- later claim. In the flow benchmark, claims sharing a key spent a fifth of their time
@@ -380,7 +385,11 @@ DECLARE
     v_rated text[] := '{}';
     v_rooms integer[] := '{}';
 BEGIN
-    IF cardinality(p_unsafe) > 0 THEN
+    IF cardinality(p_unsafe) = 0 THEN
+        -- No step of this claim is unsafe to repeat: its commit does not wait for the
+        -- WAL flush (see above).
+        PERFORM set_config('synchronous_commit', 'off', true);
+    ELSE
         RETURN QUERY SELECT b.run_id, b.node, b.action, b.workflow, b.attempt, b.max_attempts,
                             NULL::jsonb, NULL::jsonb, NULL::jsonb, NULL::uuid,
                             NULL::timestamptz, NULL::timestamptz, NULL::jsonb, true, true,
