@@ -234,31 +234,6 @@ def test_a_keyed_completion_wakes_claims_only_when_its_key_was_full(cyclone_serv
     assert sent == (["keyed"] if limit == 1 else [])
 
 
-def test_a_claim_with_steps_without_a_key_does_not_wait_for_a_key_being_counted(
-    cyclone_server,
-):
-    """Another claim holds key k's lock (its transaction is still open). A claim that
-    also takes steps without a key returns at once with those, leaving k's step to a
-    later claim; a claim that found only k's steps waits for the lock, as it must, to
-    count k's running steps as the other claim leaves them."""
-    server = cyclone_server
-    for _ in range(2):
-        _submit(server, workflow("w", _keyed("n", "k", 5, "mixed")))
-    claim = "SELECT node, run_id FROM cyclone.step_claim('t', ARRAY['mixed'], '{}', %s, '60s')"
-    with psycopg.connect(server.database_url) as holder:
-        assert len(holder.execute(claim, (1,)).fetchall()) == 1  # k's lock held from here
-        _submit(server, workflow("w", node("plain", "mixed")))
-        with psycopg.connect(server.database_url, autocommit=True) as other:
-            # A wait for the lock would end in this timeout's error instead.
-            other.execute("SET lock_timeout = '2s'")
-            assert [n for n, _ in other.execute(claim, (10,))] == ["plain"]
-            with pytest.raises(psycopg.errors.LockNotAvailable):
-                other.execute("SET lock_timeout = '100ms'")
-                other.execute(claim, (10,))
-        holder.rollback()
-    assert sorted(n for n, _ in server.sql(claim, 10)) == ["n", "n"]
-
-
 def test_a_key_with_limit_two_never_has_three_running_across_servers(server_factory):
     """Several workers on two servers claim batches of steps of one key (limit 2), of
     another key and of none; a sampler reads the running steps per key from the

@@ -62,10 +62,8 @@ $$;
 -- concurrency key is taken only while fewer than its limit run with that key: the walk
 -- passes over keys already full (listed once, from steps_key_running_idx, as the
 -- statement's snapshot sees them), and _keys_room, under the keys' locks, gives the
--- room of each key picked (0 for a key another claim is counting, when this claim
--- also took steps without a key); its steps are admitted in claim order. Steps and
--- actions without them pay for none of this. A claim may so return fewer steps than
--- it could have.
+-- room of each key picked; its steps are admitted in claim order. Steps and actions without them pay for
+-- none of this. A claim may so return fewer steps than it could have.
 -- Each row carries the run's input, the completed upstream outputs, how long the step
 -- waited (waited_s) and, for a step allowed to run after a failure, its failed or
 -- skipped upstream nodes with their last errors (upstream_failures), and the node's
@@ -154,16 +152,13 @@ BEGIN
          ORDER BY c.priority DESC, c.available_at
          LIMIT p_limit
     ), keyed AS MATERIALIZED (
-        -- The room of each key picked, counted under the keys' locks (_keys_room),
-        -- which are waited for only when nothing picked is without a key.
+        -- The room of each key picked, counted under the keys' locks (_keys_room).
         SELECT r.concurrency_key, r.room
           FROM (SELECT array_agg(k.concurrency_key) AS keys, array_agg(k.lim) AS limits
                   FROM (SELECT p.concurrency_key, min(p.concurrency_limit) AS lim
                           FROM picked p WHERE p.concurrency_key IS NOT NULL
                          GROUP BY p.concurrency_key) k) g
-         CROSS JOIN LATERAL cyclone._keys_room(
-               g.keys, g.limits,
-               NOT EXISTS (SELECT 1 FROM picked p WHERE p.concurrency_key IS NULL)) r
+         CROSS JOIN LATERAL cyclone._keys_room(g.keys, g.limits) r
          WHERE g.keys IS NOT NULL
     ), admitted AS (
         SELECT p.row_id, p.run_id, p.node, p.effect_uncertain, p.available_at,

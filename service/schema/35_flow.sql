@@ -94,38 +94,19 @@ $$;
 -- previous one left them: VOLATILE, so the count is a new statement that reads the
 -- rows committed when the locks were granted, through steps_key_running_idx, at most
 -- the limit of them per key. A key's lock is the two-key advisory lock (1667,
--- hashtext(key)): keys whose hashes collide only share turns. With p_wait false (the
--- claim also took steps without a key, so it returns work anyway), a key whose lock
--- another claim holds is not waited for: its room is 0 for this claim, and its steps
--- are left to a later one. Such a claim waits for nothing, so it cannot be part of a
--- cycle of waits; one that waits takes its locks in lock order. A claim holds its
--- keys' locks until its commit, WAL flush included: in the flow benchmark, claims
--- sharing a key spent a fifth of their time waiting for each other. Called by
--- step_claim, once per claim that picked keyed steps.
-CREATE FUNCTION cyclone._keys_room(p_keys text[], p_limits integer[],
-                                   p_wait boolean DEFAULT true)
+-- hashtext(key)): keys whose hashes collide only share turns. Called by step_claim,
+-- once per claim that picked keyed steps.
+CREATE FUNCTION cyclone._keys_room(p_keys text[], p_limits integer[])
 RETURNS TABLE (concurrency_key text, room integer)
 LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    -- The lock keys taken without waiting; NULL when every lock was waited for.
-    v_held integer[];
 BEGIN
-    IF p_wait THEN
-        PERFORM pg_advisory_xact_lock(1667, l.h)
-           FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(p_keys) k ORDER BY 1) l;
-    ELSE
-        SELECT coalesce(array_agg(l.h), '{}') INTO v_held
-          FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(p_keys) k) l
-         WHERE pg_try_advisory_xact_lock(1667, l.h);
-    END IF;
+    PERFORM pg_advisory_xact_lock(1667, l.h)
+       FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(p_keys) k ORDER BY 1) l;
     RETURN QUERY
-    SELECT k.key,
-           CASE WHEN v_held IS NULL OR hashtext(k.key) = ANY (v_held) THEN
-               greatest(k.lim - (SELECT count(*) FROM (
-                   SELECT 1 FROM cyclone.steps s
-                    WHERE s.concurrency_key = k.key AND s.status = 'running'
-                    LIMIT k.lim) n), 0)::integer
-           ELSE 0 END
+    SELECT k.key, greatest(k.lim - (SELECT count(*) FROM (
+               SELECT 1 FROM cyclone.steps s
+                WHERE s.concurrency_key = k.key AND s.status = 'running'
+                LIMIT k.lim) n), 0)::integer
       FROM unnest(p_keys, p_limits) AS k(key, lim);
 END;
 $$;

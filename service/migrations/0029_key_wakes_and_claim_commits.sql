@@ -1,5 +1,3 @@
--- Flow control costs claims less (issue 16).
---
 -- A step that frees a slot of its concurrency key wakes the claims of its action only
 -- when the key was full (_key_wake), not at every completion of a keyed step. Each
 -- wake-up makes the action's waiting claims, on every server, claim again (and a
@@ -285,56 +283,7 @@ $$;
 -- A claim by a worker that marks no action unsafe to repeat commits without waiting for
 -- its WAL flush (performance, issue 19): half of a claim's time went to the flush.
 -- Losing it in a crash of Postgres loses nothing and doubles nothing
--- (tests/test_claim_durability.py, docs/crash-matrix.md).
---
--- A claim that also took steps without a key does not wait for a key's lock that another
--- claim holds (until its commit, WAL flush included): that key's steps are left to a
--- later claim. In the flow benchmark, claims sharing a key spent a fifth of their time
--- waiting for each other.
-DROP FUNCTION cyclone._keys_room(text[], integer[]);
-
--- Takes the locks of the concurrency keys p_keys until the claim's commit, in lock
--- order (so two claims never wait on each other), then returns how many more steps
--- of each key may start: its limit (p_limits, aligned) less its running steps, 0 or
--- more. Claims of one key so take turns, and each counts the running steps as the
--- previous one left them: VOLATILE, so the count is a new statement that reads the
--- rows committed when the locks were granted, through steps_key_running_idx, at most
--- the limit of them per key. A key's lock is the two-key advisory lock (1667,
--- hashtext(key)): keys whose hashes collide only share turns. With p_wait false (the
--- claim also took steps without a key, so it returns work anyway), a key whose lock
--- another claim holds is not waited for: its room is 0 for this claim, and its steps
--- are left to a later one. Such a claim waits for nothing, so it cannot be part of a
--- cycle of waits; one that waits takes its locks in lock order. A claim holds its
--- keys' locks until its commit, WAL flush included: in the flow benchmark, claims
--- sharing a key spent a fifth of their time waiting for each other. Called by
--- step_claim, once per claim that picked keyed steps.
-CREATE FUNCTION cyclone._keys_room(p_keys text[], p_limits integer[],
-                                   p_wait boolean DEFAULT true)
-RETURNS TABLE (concurrency_key text, room integer)
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    -- The lock keys taken without waiting; NULL when every lock was waited for.
-    v_held integer[];
-BEGIN
-    IF p_wait THEN
-        PERFORM pg_advisory_xact_lock(1667, l.h)
-           FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(p_keys) k ORDER BY 1) l;
-    ELSE
-        SELECT coalesce(array_agg(l.h), '{}') INTO v_held
-          FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(p_keys) k) l
-         WHERE pg_try_advisory_xact_lock(1667, l.h);
-    END IF;
-    RETURN QUERY
-    SELECT k.key,
-           CASE WHEN v_held IS NULL OR hashtext(k.key) = ANY (v_held) THEN
-               greatest(k.lim - (SELECT count(*) FROM (
-                   SELECT 1 FROM cyclone.steps s
-                    WHERE s.concurrency_key = k.key AND s.status = 'running'
-                    LIMIT k.lim) n), 0)::integer
-           ELSE 0 END
-      FROM unnest(p_keys, p_limits) AS k(key, lim);
-END;
-$$;
+-- (tests/test_claim_durability.py; docs/exactly-once.md, the crash matrix).
 
 -- Claims up to p_limit ready steps of the actions a worker serves, highest priority
 -- first, then oldest available_at, each action once however often p_actions names it,
@@ -435,16 +384,13 @@ BEGIN
          ORDER BY c.priority DESC, c.available_at
          LIMIT p_limit
     ), keyed AS MATERIALIZED (
-        -- The room of each key picked, counted under the keys' locks (_keys_room),
-        -- which are waited for only when nothing picked is without a key.
+        -- The room of each key picked, counted under the keys' locks (_keys_room).
         SELECT r.concurrency_key, r.room
           FROM (SELECT array_agg(k.concurrency_key) AS keys, array_agg(k.lim) AS limits
                   FROM (SELECT p.concurrency_key, min(p.concurrency_limit) AS lim
                           FROM picked p WHERE p.concurrency_key IS NOT NULL
                          GROUP BY p.concurrency_key) k) g
-         CROSS JOIN LATERAL cyclone._keys_room(
-               g.keys, g.limits,
-               NOT EXISTS (SELECT 1 FROM picked p WHERE p.concurrency_key IS NULL)) r
+         CROSS JOIN LATERAL cyclone._keys_room(g.keys, g.limits) r
          WHERE g.keys IS NOT NULL
     ), admitted AS (
         SELECT p.row_id, p.run_id, p.node, p.effect_uncertain, p.available_at,
