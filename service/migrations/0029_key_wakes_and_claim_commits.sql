@@ -15,7 +15,8 @@
 -- a claim may need it. A claim that filled the key and committed after the caller's
 -- statement began is not seen; a claim that then waits for the slot looks again at
 -- the server's --claim-recheck. Called by the completion and failure transitions
--- (_step_complete, step_complete_many, _step_fail_unheld).
+-- (_step_complete, step_complete_many, _step_fail_unheld) for a step with a key only:
+-- a SQL function with a subquery is not inlined, so each call costs a call.
 CREATE FUNCTION cyclone._key_wake(p_action text, p_key text, p_limit integer)
 RETURNS text
 LANGUAGE sql STABLE AS $$
@@ -51,7 +52,9 @@ BEGIN
      WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
        -- By key: see steps_leased_idx.
        AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
-    RETURNING s.dependents, cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
+    RETURNING s.dependents,
+              CASE WHEN s.concurrency_key IS NOT NULL
+                   THEN cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit) END
          INTO v_dependents, v_freed;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
@@ -133,8 +136,9 @@ BEGIN
            -- By key: see steps_leased_idx.
            AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
         RETURNING t.i, s.run_id, s.node, cardinality(s.dependents) > 0 AS has_deps,
-                  cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
-                      AS freed
+                  CASE WHEN s.concurrency_key IS NOT NULL
+                       THEN cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
+                  END AS freed
     )
     SELECT coalesce(array_agg(i), '{}'), coalesce(array_agg(run_id), '{}'),
            coalesce(array_agg(node), '{}'), coalesce(array_agg(has_deps), '{}'),
@@ -254,7 +258,9 @@ BEGIN
        -- By key: see steps_leased_idx.
        AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
     RETURNING s.status, s.attempt, s.action, s.available_at,
-              cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit) AS freed
+              CASE WHEN s.concurrency_key IS NOT NULL
+                   THEN cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
+              END AS freed
          INTO v_step;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step

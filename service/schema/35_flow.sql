@@ -121,7 +121,8 @@ $$;
 -- a claim may need it. A claim that filled the key and committed after the caller's
 -- statement began is not seen; a claim that then waits for the slot looks again at
 -- the server's --claim-recheck. Called by the completion and failure transitions
--- (_step_complete, step_complete_many, _step_fail_unheld).
+-- (_step_complete, step_complete_many, _step_fail_unheld) for a step with a key only:
+-- a SQL function with a subquery is not inlined, so each call costs a call.
 CREATE FUNCTION cyclone._key_wake(p_action text, p_key text, p_limit integer)
 RETURNS text
 LANGUAGE sql STABLE AS $$

@@ -24,7 +24,9 @@ BEGIN
      WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
        -- By key: see steps_leased_idx.
        AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
-    RETURNING s.dependents, cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
+    RETURNING s.dependents,
+              CASE WHEN s.concurrency_key IS NOT NULL
+                   THEN cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit) END
          INTO v_dependents, v_freed;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
@@ -132,8 +134,9 @@ BEGIN
            -- By key: see steps_leased_idx.
            AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
         RETURNING t.i, s.run_id, s.node, cardinality(s.dependents) > 0 AS has_deps,
-                  cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
-                      AS freed
+                  CASE WHEN s.concurrency_key IS NOT NULL
+                       THEN cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
+                  END AS freed
     )
     SELECT coalesce(array_agg(i), '{}'), coalesce(array_agg(run_id), '{}'),
            coalesce(array_agg(node), '{}'), coalesce(array_agg(has_deps), '{}'),

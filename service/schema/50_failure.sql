@@ -37,7 +37,9 @@ BEGIN
        -- By key: see steps_leased_idx.
        AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
     RETURNING s.status, s.attempt, s.action, s.available_at,
-              cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit) AS freed
+              CASE WHEN s.concurrency_key IS NOT NULL
+                   THEN cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
+              END AS freed
          INTO v_step;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
