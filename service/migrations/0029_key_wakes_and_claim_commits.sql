@@ -5,26 +5,27 @@
 -- take turns); in the flow benchmark (issue 16) nearly every CompleteMany batch sent
 -- one that no claim needed, since its keys had room.
 
--- The action to wake when a step of action p_action, concurrency key p_key (limit
--- p_limit), frees its slot: p_action when the key was full, so that a claim may have
--- passed over the key and be waiting for a slot; NULL when the key had room (no claim
--- was kept from it) or the step has no key. Counts the key's running steps as the
--- calling statement sees them, the freed step still among them, at most p_limit of
--- them through steps_key_running_idx. A wake-up makes every waiting claim of the
--- action, on every server, claim again; completions of keyed steps send one only when
--- a claim may need it. A claim that filled the key and committed after the caller's
--- statement began is not seen; a claim that then waits for the slot looks again at
--- the server's --claim-recheck. Called by the completion and failure transitions
--- (_step_complete, step_complete_many, _step_fail_unheld) for a step with a key only:
--- a SQL function with a subquery is not inlined, so each call costs a call.
-CREATE FUNCTION cyclone._key_wake(p_action text, p_key text, p_limit integer)
+-- The action to wake when p_freed steps of action p_action with concurrency key p_key
+-- (limit p_limit) have just left `running`: p_action when the key was full before
+-- they left, so that a claim may have passed over the key and be waiting for a slot;
+-- NULL when the key had room (no claim was kept from it). Called after the transition
+-- that freed them (so their rows are no longer among the running ones): counts the
+-- key's running steps, at most p_limit of them, through steps_key_running_idx. A
+-- wake-up makes every waiting claim of the action, on every server, claim again;
+-- completions of keyed steps send one only when a claim may need it. A claim that
+-- filled the key after this count is not seen; a claim that then waits for the slot
+-- looks again at the server's --claim-recheck. Called by the completion and failure
+-- transitions (_step_complete, step_complete_many, _step_fail_unheld) for steps with
+-- a key only, in a statement of their own (Citus allows no such function in an
+-- UPDATE's RETURNING).
+CREATE FUNCTION cyclone._key_wake(p_action text, p_key text, p_limit integer,
+                                  p_freed integer)
 RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN p_key IS NOT NULL AND (
-                    SELECT count(*) FROM (
-                        SELECT 1 FROM cyclone.steps s
-                         WHERE s.concurrency_key = p_key AND s.status = 'running'
-                         LIMIT p_limit) n) >= p_limit
+    SELECT CASE WHEN (SELECT count(*) FROM (
+                          SELECT 1 FROM cyclone.steps s
+                           WHERE s.concurrency_key = p_key AND s.status = 'running'
+                           LIMIT p_limit) n) + p_freed >= p_limit
                 THEN p_action END
 $$;
 
@@ -43,7 +44,9 @@ DECLARE
     v_now        timestamptz := cyclone.now();
     v_status     text := cyclone._run_lock(p_run_id);
     v_dependents text[];
-    v_freed      text;
+    v_action     text;
+    v_key        text;
+    v_limit      integer;
     v_step       record;
 BEGIN
     UPDATE cyclone.steps s
@@ -52,10 +55,8 @@ BEGIN
      WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
        -- By key: see steps_leased_idx.
        AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
-    RETURNING s.dependents,
-              CASE WHEN s.concurrency_key IS NOT NULL
-                   THEN cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit) END
-         INTO v_dependents, v_freed;
+    RETURNING s.dependents, s.action, s.concurrency_key, s.concurrency_limit
+         INTO v_dependents, v_action, v_key, v_limit;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
           FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
@@ -70,9 +71,9 @@ BEGIN
     ELSE
         v_status := cyclone._settle(p_run_id, ARRAY[p_node], '{}', 1);
     END IF;
-    IF v_freed IS NOT NULL THEN
+    IF v_key IS NOT NULL AND cyclone._key_wake(v_action, v_key, v_limit, 1) IS NOT NULL THEN
         -- A slot of the step's full concurrency key is free: wake its action's claims.
-        PERFORM cyclone._notify_ready(ARRAY[v_freed]);
+        PERFORM cyclone._notify_ready(ARRAY[v_action]);
     END IF;
     RETURN ROW('completed', v_status, false, NULL)::cyclone.completion;
 END;
@@ -107,7 +108,10 @@ DECLARE
     v_run      uuid[];
     v_node     text[];
     v_has_deps boolean[];
-    v_freed    text[];
+    -- The completed steps with a concurrency key: their actions, keys and limits.
+    v_keyed    text[];
+    v_keys     text[];
+    v_limits   integer[];
     v_statuses jsonb;
     v_group    record;
     v_item     jsonb;
@@ -136,17 +140,27 @@ BEGIN
            -- By key: see steps_leased_idx.
            AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
         RETURNING t.i, s.run_id, s.node, cardinality(s.dependents) > 0 AS has_deps,
-                  CASE WHEN s.concurrency_key IS NOT NULL
-                       THEN cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
-                  END AS freed
+                  s.action, s.concurrency_key, s.concurrency_limit
     )
     SELECT coalesce(array_agg(i), '{}'), coalesce(array_agg(run_id), '{}'),
            coalesce(array_agg(node), '{}'), coalesce(array_agg(has_deps), '{}'),
-           coalesce(array_agg(DISTINCT freed) FILTER (WHERE freed IS NOT NULL), '{}')
-      INTO v_applied, v_run, v_node, v_has_deps, v_freed
+           coalesce(array_agg(action) FILTER (WHERE concurrency_key IS NOT NULL), '{}'),
+           coalesce(array_agg(concurrency_key) FILTER (WHERE concurrency_key IS NOT NULL), '{}'),
+           coalesce(array_agg(concurrency_limit) FILTER (WHERE concurrency_key IS NOT NULL),
+                    '{}')
+      INTO v_applied, v_run, v_node, v_has_deps, v_keyed, v_keys, v_limits
       FROM done;
     -- Slots of full concurrency keys are free: wake the claims of those steps' actions.
-    PERFORM cyclone._notify_ready(v_freed);
+    IF cardinality(v_keys) > 0 THEN
+        PERFORM cyclone._notify_ready(ARRAY(
+            SELECT DISTINCT w.action
+              FROM (SELECT k.action, k.key, min(k.lim) AS lim, count(*)::integer AS n
+                      FROM unnest(v_keyed, v_keys, v_limits) AS k(action, key, lim)
+                     GROUP BY k.action, k.key) k
+             CROSS JOIN LATERAL (SELECT cyclone._key_wake(k.action, k.key, k.lim, k.n)
+                                        AS action) w
+             WHERE w.action IS NOT NULL));
+    END IF;
 
     -- Runs where no completed step has a dependent: close them by the count, at once.
     SELECT coalesce(jsonb_object_agg(c.run_id, c.status), '{}') INTO v_statuses
@@ -258,10 +272,7 @@ BEGIN
        -- By key: see steps_leased_idx.
        AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
     RETURNING s.status, s.attempt, s.action, s.available_at,
-              CASE WHEN s.concurrency_key IS NOT NULL
-                   THEN cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
-              END AS freed
-         INTO v_step;
+              s.concurrency_key, s.concurrency_limit INTO v_step;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
           FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
@@ -278,7 +289,10 @@ BEGIN
     END IF;
     -- A retry is ready (now or later); a discarded step frees a slot of its full
     -- concurrency key: either way the claims of its action look again.
-    IF v_step.status = 'available' OR v_step.freed IS NOT NULL THEN
+    IF v_step.status = 'available'
+       OR v_step.concurrency_key IS NOT NULL
+          AND cyclone._key_wake(v_step.action, v_step.concurrency_key,
+                                v_step.concurrency_limit, 1) IS NOT NULL THEN
         PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
     END IF;
     RETURN ROW(v_step.status, (SELECT r.status FROM cyclone.runs r WHERE r.run_id = p_run_id),

@@ -111,26 +111,27 @@ BEGIN
 END;
 $$;
 
--- The action to wake when a step of action p_action, concurrency key p_key (limit
--- p_limit), frees its slot: p_action when the key was full, so that a claim may have
--- passed over the key and be waiting for a slot; NULL when the key had room (no claim
--- was kept from it) or the step has no key. Counts the key's running steps as the
--- calling statement sees them, the freed step still among them, at most p_limit of
--- them through steps_key_running_idx. A wake-up makes every waiting claim of the
--- action, on every server, claim again; completions of keyed steps send one only when
--- a claim may need it. A claim that filled the key and committed after the caller's
--- statement began is not seen; a claim that then waits for the slot looks again at
--- the server's --claim-recheck. Called by the completion and failure transitions
--- (_step_complete, step_complete_many, _step_fail_unheld) for a step with a key only:
--- a SQL function with a subquery is not inlined, so each call costs a call.
-CREATE FUNCTION cyclone._key_wake(p_action text, p_key text, p_limit integer)
+-- The action to wake when p_freed steps of action p_action with concurrency key p_key
+-- (limit p_limit) have just left `running`: p_action when the key was full before
+-- they left, so that a claim may have passed over the key and be waiting for a slot;
+-- NULL when the key had room (no claim was kept from it). Called after the transition
+-- that freed them (so their rows are no longer among the running ones): counts the
+-- key's running steps, at most p_limit of them, through steps_key_running_idx. A
+-- wake-up makes every waiting claim of the action, on every server, claim again;
+-- completions of keyed steps send one only when a claim may need it. A claim that
+-- filled the key after this count is not seen; a claim that then waits for the slot
+-- looks again at the server's --claim-recheck. Called by the completion and failure
+-- transitions (_step_complete, step_complete_many, _step_fail_unheld) for steps with
+-- a key only, in a statement of their own (Citus allows no such function in an
+-- UPDATE's RETURNING).
+CREATE FUNCTION cyclone._key_wake(p_action text, p_key text, p_limit integer,
+                                  p_freed integer)
 RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN p_key IS NOT NULL AND (
-                    SELECT count(*) FROM (
-                        SELECT 1 FROM cyclone.steps s
-                         WHERE s.concurrency_key = p_key AND s.status = 'running'
-                         LIMIT p_limit) n) >= p_limit
+    SELECT CASE WHEN (SELECT count(*) FROM (
+                          SELECT 1 FROM cyclone.steps s
+                           WHERE s.concurrency_key = p_key AND s.status = 'running'
+                           LIMIT p_limit) n) + p_freed >= p_limit
                 THEN p_action END
 $$;
 

@@ -15,7 +15,9 @@ DECLARE
     v_now        timestamptz := cyclone.now();
     v_status     text := cyclone._run_lock(p_run_id);
     v_dependents text[];
-    v_freed      text;
+    v_action     text;
+    v_key        text;
+    v_limit      integer;
     v_step       record;
 BEGIN
     UPDATE cyclone.steps s
@@ -24,10 +26,8 @@ BEGIN
      WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token
        -- By key: see steps_leased_idx.
        AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
-    RETURNING s.dependents,
-              CASE WHEN s.concurrency_key IS NOT NULL
-                   THEN cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit) END
-         INTO v_dependents, v_freed;
+    RETURNING s.dependents, s.action, s.concurrency_key, s.concurrency_limit
+         INTO v_dependents, v_action, v_key, v_limit;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
           FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
@@ -42,9 +42,9 @@ BEGIN
     ELSE
         v_status := cyclone._settle(p_run_id, ARRAY[p_node], '{}', 1);
     END IF;
-    IF v_freed IS NOT NULL THEN
+    IF v_key IS NOT NULL AND cyclone._key_wake(v_action, v_key, v_limit, 1) IS NOT NULL THEN
         -- A slot of the step's full concurrency key is free: wake its action's claims.
-        PERFORM cyclone._notify_ready(ARRAY[v_freed]);
+        PERFORM cyclone._notify_ready(ARRAY[v_action]);
     END IF;
     RETURN ROW('completed', v_status, false, NULL)::cyclone.completion;
 END;
@@ -105,7 +105,10 @@ DECLARE
     v_run      uuid[];
     v_node     text[];
     v_has_deps boolean[];
-    v_freed    text[];
+    -- The completed steps with a concurrency key: their actions, keys and limits.
+    v_keyed    text[];
+    v_keys     text[];
+    v_limits   integer[];
     v_statuses jsonb;
     v_group    record;
     v_item     jsonb;
@@ -134,17 +137,27 @@ BEGIN
            -- By key: see steps_leased_idx.
            AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
         RETURNING t.i, s.run_id, s.node, cardinality(s.dependents) > 0 AS has_deps,
-                  CASE WHEN s.concurrency_key IS NOT NULL
-                       THEN cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
-                  END AS freed
+                  s.action, s.concurrency_key, s.concurrency_limit
     )
     SELECT coalesce(array_agg(i), '{}'), coalesce(array_agg(run_id), '{}'),
            coalesce(array_agg(node), '{}'), coalesce(array_agg(has_deps), '{}'),
-           coalesce(array_agg(DISTINCT freed) FILTER (WHERE freed IS NOT NULL), '{}')
-      INTO v_applied, v_run, v_node, v_has_deps, v_freed
+           coalesce(array_agg(action) FILTER (WHERE concurrency_key IS NOT NULL), '{}'),
+           coalesce(array_agg(concurrency_key) FILTER (WHERE concurrency_key IS NOT NULL), '{}'),
+           coalesce(array_agg(concurrency_limit) FILTER (WHERE concurrency_key IS NOT NULL),
+                    '{}')
+      INTO v_applied, v_run, v_node, v_has_deps, v_keyed, v_keys, v_limits
       FROM done;
     -- Slots of full concurrency keys are free: wake the claims of those steps' actions.
-    PERFORM cyclone._notify_ready(v_freed);
+    IF cardinality(v_keys) > 0 THEN
+        PERFORM cyclone._notify_ready(ARRAY(
+            SELECT DISTINCT w.action
+              FROM (SELECT k.action, k.key, min(k.lim) AS lim, count(*)::integer AS n
+                      FROM unnest(v_keyed, v_keys, v_limits) AS k(action, key, lim)
+                     GROUP BY k.action, k.key) k
+             CROSS JOIN LATERAL (SELECT cyclone._key_wake(k.action, k.key, k.lim, k.n)
+                                        AS action) w
+             WHERE w.action IS NOT NULL));
+    END IF;
 
     -- Runs where no completed step has a dependent: close them by the count, at once.
     SELECT coalesce(jsonb_object_agg(c.run_id, c.status), '{}') INTO v_statuses

@@ -37,10 +37,7 @@ BEGIN
        -- By key: see steps_leased_idx.
        AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
     RETURNING s.status, s.attempt, s.action, s.available_at,
-              CASE WHEN s.concurrency_key IS NOT NULL
-                   THEN cyclone._key_wake(s.action, s.concurrency_key, s.concurrency_limit)
-              END AS freed
-         INTO v_step;
+              s.concurrency_key, s.concurrency_limit INTO v_step;
     IF NOT FOUND THEN
         SELECT s.status, s.lease_token, s.attempt INTO v_step
           FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
@@ -57,7 +54,10 @@ BEGIN
     END IF;
     -- A retry is ready (now or later); a discarded step frees a slot of its full
     -- concurrency key: either way the claims of its action look again.
-    IF v_step.status = 'available' OR v_step.freed IS NOT NULL THEN
+    IF v_step.status = 'available'
+       OR v_step.concurrency_key IS NOT NULL
+          AND cyclone._key_wake(v_step.action, v_step.concurrency_key,
+                                v_step.concurrency_limit, 1) IS NOT NULL THEN
         PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
     END IF;
     RETURN ROW(v_step.status, (SELECT r.status FROM cyclone.runs r WHERE r.run_id = p_run_id),
