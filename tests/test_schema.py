@@ -139,6 +139,11 @@ def catalog(url: str) -> dict[str, str]:
                 WHERE relnamespace = 'cyclone'::regnamespace AND relkind IN ('r', 'S', 'v', 'p')"""
         ):
             objects[f"privileges on cyclone.{name}"] = f"relkind {kind}, {sorted(acl or [])}"
+        for name, options in rows(
+            """SELECT relname, reloptions FROM pg_class
+                WHERE relnamespace = 'cyclone'::regnamespace AND reloptions IS NOT NULL"""
+        ):
+            objects[f"storage parameters of cyclone.{name}"] = str(sorted(options))
         for name, params in rows(
             """SELECT c.relname, row(s.seqtypid::regtype, s.seqstart, s.seqincrement,
                                       s.seqmax, s.seqmin, s.seqcache, s.seqcycle)::text

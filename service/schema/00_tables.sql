@@ -61,7 +61,15 @@ CREATE TABLE cyclone.runs (
     CONSTRAINT runs_steps_open_in_range CHECK (steps_open BETWEEN 0 AND steps_total),
     CONSTRAINT runs_open_iff_unfinished
         CHECK ((steps_open = 0) = (status IN ('completed', 'failed', 'cancelled')))
-);
+)
+-- Room on each page for the new versions of its rows. A transition changes status, so
+-- no update of a run or a step is HOT (status is in the partial indexes' conditions);
+-- but a new version that fits on its old row's page is written without a lock record
+-- for the old one, with only the changed bytes logged, and without touching another
+-- page. A one-node run is updated once (closed), a step twice (claimed, completed); at
+-- 60 most of those stay on their page (docs/performance.md, "Postgres per step,
+-- session 8"). The cost: pages of finished rows stay partly empty.
+WITH (fillfactor = 60);
 
 -- ListRuns' orders and filters.
 CREATE INDEX runs_created_idx ON cyclone.runs (created_at DESC, run_id DESC);
@@ -185,7 +193,9 @@ CREATE TABLE cyclone.steps (
     CONSTRAINT steps_output_only_completed CHECK (output IS NULL OR status = 'completed'),
     CONSTRAINT steps_attempt_budget_positive CHECK (attempt_budget >= 1),
     CONSTRAINT steps_resumes_in_range CHECK (resumes BETWEEN 0 AND attempt)
-);
+)
+-- Room for the claim's and the completion's versions of a row on its page: see runs.
+WITH (fillfactor = 60);
 
 -- The claim's index: exactly the ready rows, per action, highest priority first, then
 -- oldest first. Claimed rows leave it, so a long drain does not walk over what it
