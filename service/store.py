@@ -24,6 +24,7 @@ from importlib import resources
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.types.json
 import sqlalchemy as sa
 from psycopg.rows import RowMaker
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -118,6 +119,27 @@ def _rows_as(cls: type[R]) -> Callable[[Any], RowMaker[R]]:
     return factory
 
 
+_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def loads_json(data: str | bytes) -> Any:
+    """A json or jsonb value read from Postgres: what json.loads gives, through its C
+    scanner directly. Postgres writes jsonb as one value with no space around it;
+    anything else (a json value with spaces around it) goes through json.loads."""
+    text = data if isinstance(data, str) else data.decode()
+    try:
+        obj, end = _scan_json(text, 0)
+    except StopIteration:
+        return json.loads(text)  # raises the JSONDecodeError it should
+    return obj if end == len(text) else json.loads(text)
+
+
+def _configure(dbapi_connection: Any, record: Any) -> None:
+    """A new pooled connection: JSON results parsed by loads_json (json.loads spends
+    more on checking its input than on parsing a small value)."""
+    psycopg.types.json.set_json_loads(loads_json, dbapi_connection.driver_connection)
+
+
 def sql_url(database_url: str) -> str:
     """A libpq URL as SQLAlchemy wants it for psycopg 3."""
     for prefix in ("postgresql://", "postgres://"):
@@ -144,6 +166,18 @@ def parse_uuid(value: str, what: str = "run_id") -> uuid.UUID:
         return uuid.UUID(value)
     except (ValueError, TypeError, AttributeError):
         raise errors.InvalidArgument(f"{what} {excerpt(value)} is not a UUID") from None
+
+
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def uuid_text(value: str, what: str = "run_id") -> str:
+    """A UUID from a client as canonical text (lower case, hyphenated, as Postgres and
+    str(uuid.UUID) write it); INVALID_ARGUMENT when it is not a UUID. The canonical
+    text workers send back is taken as it is, without making a uuid.UUID of it."""
+    if _CANONICAL_UUID.fullmatch(value) is not None:
+        return value
+    return str(parse_uuid(value, what))
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,11 +212,12 @@ class StepCallEnd:
 
 @dataclass(frozen=True, slots=True)
 class StepCallKey:
-    """One step call of a held step, as BeginStepCall and EndStepCall name it."""
+    """One step call of a held step, as BeginStepCall and EndStepCall name it (ids as
+    canonical text, service.store.uuid_text)."""
 
-    run_id: uuid.UUID
+    run_id: str
     node: str
-    lease_token: uuid.UUID
+    lease_token: str
     step_id: str
     seq: int
     function: str
@@ -190,9 +225,9 @@ class StepCallKey:
 
     def params(self) -> dict[str, Any]:
         return {
-            "run_id": str(self.run_id),
+            "run_id": self.run_id,
             "node": self.node,
-            "lease_token": str(self.lease_token),
+            "lease_token": self.lease_token,
             "step_id": self.step_id,
             "seq": self.seq,
             "function": self.function,
@@ -209,9 +244,9 @@ class WaitKey:
     """One wait of a held step, as Wait names it: a sleep (wake_at), an event (event,
     timeout_s: None for no limit) or a child run (child)."""
 
-    run_id: uuid.UUID
+    run_id: str
     node: str
-    lease_token: uuid.UUID
+    lease_token: str
     step_id: str
     seq: int
     function: str
@@ -307,6 +342,7 @@ class Store:
             isolation_level="AUTOCOMMIT",
             connect_args={"options": options},
         )
+        sa.event.listen(self.engine.sync_engine, "connect", _configure)
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -608,9 +644,9 @@ class Store:
         rows = await self._all(
             "steps_release",
             Ready,
-            run_ids=[str(r.run_id) for r in claimed],
+            run_ids=[r.run_id for r in claimed],
             nodes=[r.node for r in claimed],
-            tokens=[str(r.lease_token) for r in claimed],
+            tokens=[r.lease_token for r in claimed],
             uncertain=[r.effect_uncertain for r in claimed],
         )
         return len(rows)
@@ -623,25 +659,25 @@ class Store:
             "step_logs_get", LogRow, run_id=str(run_id), node=node, attempt=attempt
         )
 
-    async def runs_errors(self, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Any]:
-        """The errors of these runs (those a claim blocked), by run."""
-        rows = await self._all("runs_errors", RunErrorRow, run_ids=[str(r) for r in run_ids])
-        return {row.run_id: row.error for row in rows}
+    async def runs_errors(self, run_ids: Sequence[str]) -> dict[str, Any]:
+        """The errors of these runs (those a claim blocked), by run (ids as text)."""
+        rows = await self._all("runs_errors", RunErrorRow, run_ids=list(run_ids))
+        return {str(row.run_id): row.error for row in rows}
 
     async def step_next_due(self, actions: list[str]) -> float | None:
         name = "step_next_due_sharded" if await self.is_sharded() else "step_next_due"
         row = await self._one(name, NextDue, actions=actions)
         return None if row is None or row.seconds is None else float(row.seconds)
 
-    async def step_attempt(self, run_id: uuid.UUID, node: str) -> int | None:
-        row = await self._one("step_attempt", Attempt, run_id=str(run_id), node=node)
+    async def step_attempt(self, run_id: str, node: str) -> int | None:
+        row = await self._one("step_attempt", Attempt, run_id=run_id, node=node)
         return None if row is None else int(row.attempt)
 
     async def step_heartbeat(
         self,
-        run_id: uuid.UUID,
+        run_id: str,
         node: str,
-        lease_token: uuid.UUID,
+        lease_token: str,
         *,
         lease_s: float,
         progress_json: str | None,
@@ -655,9 +691,9 @@ class Store:
             "step_heartbeat",
             Heartbeat,
             logs,
-            run_id=str(run_id),
+            run_id=run_id,
             node=node,
-            lease_token=str(lease_token),
+            lease_token=lease_token,
             lease_s=lease_s,
             progress=progress_json,
         )
@@ -666,11 +702,7 @@ class Store:
     async def step_complete(self, outcome: Outcome) -> Completion:
         """Apply one outcome: an output, or a failure (step_fail; step_abandon when an
         unsafe handler stopped without an outcome)."""
-        key = {
-            "run_id": str(outcome.run_id),
-            "node": outcome.node,
-            "lease_token": str(outcome.lease_token),
-        }
+        key = {"run_id": outcome.run_id, "node": outcome.node, "lease_token": outcome.lease_token}
         failure = outcome.failure
         logs = _logs_items([outcome])
         if failure is None:
@@ -708,9 +740,8 @@ class Store:
         outcome is its own transaction on its run's shard (docs/scaling.md)."""
         if await self.is_sharded():
             return [await _alone(self.step_complete(o)) for o in outcomes]
-        payload = _outcome_items(outcomes)
         rows = await self._logged(
-            "step_complete_many", BatchRow, _logs_items(outcomes), items=_dump_items(payload)
+            "step_complete_many", BatchRow, _logs_items(outcomes), items=outcomes_json(outcomes)
         )
         return [_batch_answer(row) for row in sorted(rows, key=lambda r: r.i)]
 
@@ -744,7 +775,7 @@ class Store:
             _logs_items(outcomes),
             ends=_dump_items(end_items),
             begins=_dump_items([{"i": i, **key.params()} for i, key in enumerate(begins)]),
-            items=_dump_items(_outcome_items(outcomes)),
+            items=outcomes_json(outcomes),
             durable=bool(outcomes or begins) or any(end.key.unsafe for end in ends),
             brief=brief,
         )
@@ -1053,31 +1084,29 @@ class _RawJson(str):
     """JSON text to embed as is when dumping a batch."""
 
 
-def _outcome_items(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
-    """step_complete_many's items: {i, run_id, node, lease_token, failure | output}."""
-    payload = []
-    for i, outcome in enumerate(outcomes):
-        entry: dict[str, Any] = {
-            "i": i,
-            "run_id": str(outcome.run_id),
-            "node": outcome.node,
-            "lease_token": str(outcome.lease_token),
-        }
-        if outcome.failure is not None:
-            entry["failure"] = asdict(outcome.failure)
+def outcomes_json(outcomes: Sequence[Outcome]) -> str:
+    """step_complete_many's items, a JSON array of {i, run_id, node, lease_token,
+    output | failure}. An outcome's ids are canonical UUID text and its node a checked
+    name (service.records.Outcome): they are written as they are, and its output is
+    JSON text already, so only a failure goes through the JSON encoder."""
+    items = []
+    for i, o in enumerate(outcomes):
+        head = f'{{"i":{i},"run_id":"{o.run_id}","node":"{o.node}","lease_token":"{o.lease_token}"'
+        if o.failure is None:
+            items.append(f'{head},"output":{o.output_json or "null"}}}')
         else:
-            entry["output"] = _RawJson(outcome.output_json or "null")
-        payload.append(entry)
-    return payload
+            failure = json.dumps(asdict(o.failure), separators=(",", ":"))
+            items.append(f'{head},"failure":{failure}}}')
+    return "[" + ",".join(items) + "]"
 
 
 def _logs_items(outcomes: Sequence[Outcome]) -> str | None:
     """step_logs_add's items for the outcomes that carry log lines; None when none does."""
     items = [
         {
-            "run_id": str(o.run_id),
+            "run_id": o.run_id,
             "node": o.node,
-            "lease_token": str(o.lease_token),
+            "lease_token": o.lease_token,
             "lines": _RawJson(o.logs_json),
         }
         for o in outcomes

@@ -631,9 +631,9 @@ def test_steps_a_cancelled_claim_took_are_handed_back_as_they_were(cyclone_serve
     assert {s.node: s.attempt for s in taken} == {"a": 2, "b": 2}
     rows = [
         SimpleNamespace(
-            run_id=uuid_mod.UUID(s.run_id),
+            run_id=s.run_id,
             node=s.node,
-            lease_token=uuid_mod.UUID(s.lease_token),
+            lease_token=s.lease_token,
             effect_uncertain=s.effect_uncertain,
         )
         for s in taken
