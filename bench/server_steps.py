@@ -134,7 +134,7 @@ def _complete_bytes(steps: list[worker_service_pb2.ClaimedStep]) -> bytes:
     return request.SerializeToString()
 
 
-async def _run(url: str, steps: int) -> None:
+async def _run(url: str, steps: int, batch: int = BATCH) -> None:
     servicer, store = _servicer(url)
     context: Any = _Context()
     claim_cpu = complete_cpu = 0.0
@@ -142,7 +142,7 @@ async def _run(url: str, steps: int) -> None:
     # One claim and completion first, outside the figures: connections, plans.
     warm = True
     while done < steps:
-        limit = 1 if warm else min(BATCH, steps - done)
+        limit = 1 if warm else min(batch, steps - done)
         raw = _claim_bytes(limit)
         t0 = time.process_time()
         request = worker_service_pb2.ClaimRequest.FromString(raw)
@@ -232,6 +232,7 @@ def main() -> None:
     parser.add_argument("--input", choices=["none", "flow"], default="none")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--number", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=BATCH, help="run: steps per claim")
     parser.add_argument(
         "--profile", type=int, default=0, help="run: print the N costliest functions (cProfile)"
     )
@@ -250,10 +251,10 @@ def main() -> None:
         import pstats
 
         profile = cProfile.Profile(time.process_time)
-        profile.runcall(asyncio.run, _run(url, args.steps))
+        profile.runcall(asyncio.run, _run(url, args.steps, args.batch))
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
     elif args.what == "run":
-        asyncio.run(_run(url, args.steps))
+        asyncio.run(_run(url, args.steps, args.batch))
     else:
         asyncio.run(_micro(url, args.number, args.only))
     os._exit(0)  # the embedded Postgres keeps running for the next call

@@ -24,10 +24,12 @@ from importlib import resources
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.pq
 import psycopg.types.json
 import sqlalchemy as sa
 from psycopg.rows import RowMaker
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.util import greenlet_spawn
 from uuid6 import uuid7
 
 from cyclone import codes
@@ -119,6 +121,19 @@ def _rows_as(cls: type[R]) -> Callable[[Any], RowMaker[R]]:
     return factory
 
 
+def _rows_made(cls: type[R]) -> Callable[[Any], RowMaker[R]]:
+    """_rows_as without the check, for a statement whose columns it has checked."""
+    factory = _UNCHECKED.get(cls)
+    if factory is None:
+        make: RowMaker[R] = getattr(cls, "_make")  # noqa: B009
+        factory = _UNCHECKED[cls] = lambda cursor: make
+    return factory
+
+
+_UNCHECKED: dict[type[Any], Callable[[Any], RowMaker[Any]]] = {}
+
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 _scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
@@ -330,6 +345,8 @@ class Store:
         if statement_timeout_ms:
             options += f" -c statement_timeout={int(statement_timeout_ms)}"
         self._compiled: dict[str, str] = {}
+        # (query, row type) pairs whose columns _run has checked.
+        self._checked: set[tuple[str, type[Any]]] = set()
         self.engine: AsyncEngine = create_async_engine(
             sql_url(database_url),
             pool_size=pool_size,
@@ -339,10 +356,13 @@ class Store:
             # connections (plans and compiled functions cached) serve everything.
             pool_use_lifo=True,
             pool_pre_ping=False,
+            # _connection returns only idle connections to the pool: nothing to reset.
+            pool_reset_on_return=None,
             isolation_level="AUTOCOMMIT",
             connect_args={"options": options},
         )
         sa.event.listen(self.engine.sync_engine, "connect", _configure)
+        self._pool = self.engine.sync_engine.pool
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -352,25 +372,37 @@ class Store:
         """A pooled connection's psycopg connection, database errors translated."""
         # SQLAlchemy keeps the pool and compiles the named query once; the statement
         # itself runs on the psycopg connection underneath. Its execution layer cost
-        # more CPU than the hot transitions themselves (docs/performance.md).
+        # more CPU than the hot transitions themselves, and so did engine.connect()'s
+        # wrappers around a check-out (docs/performance.md): the pool is used directly.
         try:
             asked = time.perf_counter()
-            async with self.engine.connect() as conn:
-                if self.on_acquire is not None:
-                    self.on_acquire(time.perf_counter() - asked)
-                raw = await conn.get_raw_connection()
-                driver: psycopg.AsyncConnection[Any] = raw.driver_connection  # type: ignore[assignment]
-                try:
-                    yield driver
-                except BaseException as exc:
-                    # A broken connection, or one left mid-statement by a cancellation,
-                    # must not go back to the pool.
-                    if not isinstance(exc, psycopg.Error) or driver.closed or driver.broken:
-                        # Closed here (close() never suspends, so a cancellation cannot
-                        # cut it short), then dropped from the pool.
-                        await driver.close()
-                        await conn.invalidate()
-                    raise
+            pooled = await greenlet_spawn(self._pool.connect)
+            if self.on_acquire is not None:
+                self.on_acquire(time.perf_counter() - asked)
+            driver: psycopg.AsyncConnection[Any] = pooled.driver_connection  # type: ignore[assignment]
+            keep = False
+            try:
+                yield driver
+                keep = True
+            except psycopg.Error:
+                keep = True
+                raise
+            finally:
+                # A broken connection, one left mid-statement by a cancellation or in
+                # a transaction, must not go back to the pool. The check-in never
+                # suspends (no reset on return), so a cancellation cannot cut it short.
+                if (
+                    keep
+                    and not driver.closed
+                    and not driver.broken
+                    and driver.pgconn.transaction_status == _IDLE
+                ):
+                    pooled.close()
+                else:
+                    # Closed here (close() never suspends), then dropped from the pool
+                    # (invalidate() checks its entry in, to be connected anew).
+                    await driver.close()
+                    await greenlet_spawn(pooled.invalidate)
         except psycopg.Error as exc:
             raise _translate(exc) from exc
         except sa.exc.DBAPIError as exc:  # raised while connecting
@@ -381,9 +413,17 @@ class Store:
     async def _run(
         self, driver: psycopg.AsyncConnection[Any], name: str, row: type[R], **params: Any
     ) -> list[R]:
-        cursor = driver.cursor(row_factory=_rows_as(row))
+        # A statement's columns are checked against its row type once per process: the
+        # check reads cursor.description, which makes an object per column every time.
+        checked = (name, row) in self._checked
+        cursor = driver.cursor(row_factory=_rows_made(row) if checked else _rows_as(row))
         await cursor.execute(self._sql(name), params, prepare=False if name in UNPREPARED else None)
-        return await cursor.fetchall() if cursor.description else []
+        result = cursor.pgresult
+        if result is None or result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+            return []
+        if not checked:
+            self._checked.add((name, row))
+        return await cursor.fetchall()
 
     async def _all(self, name: str, row: type[R], **params: Any) -> list[R]:
         async with self._connection() as driver:
