@@ -617,7 +617,6 @@ def test_complete_many_settles_a_fan_out_that_finishes_in_one_batch(cyclone_serv
 
 def test_steps_a_cancelled_claim_took_are_handed_back_as_they_were(cyclone_server):
     import asyncio
-    import uuid as uuid_mod
     from types import SimpleNamespace
 
     from service.store import Store
