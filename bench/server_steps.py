@@ -14,7 +14,11 @@ runs in its own processes, so only the server's Python is counted. Under
 ``valgrind --tool=callgrind`` the difference of two ``run``s (e.g. 500 and 1500
 steps, each after its own ``prepare``) gives instructions per step, which do not
 depend on the machine's load. ``micro`` times the per-step functions themselves on
-claimed rows and parsed items (``prepare`` first).
+claimed rows and parsed items (``prepare`` first). ``run --profile N`` prints a
+cProfile (on process time) of the drain, ``--batch`` sets the steps per claim, and
+SERVER_STEPS_DB names the database (on the embedded Postgres under
+.cyclone/server-steps; ``cyclone-server embedded stop --data-dir .cyclone/server-steps``
+stops it). docs/performance.md, "Server per step, session 8", has the figures.
 """
 
 from __future__ import annotations
