@@ -14,7 +14,6 @@ completion statements are left exactly as they are.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -44,18 +43,18 @@ class Handouts:
 
     def __init__(self, limit: int = 100_000) -> None:
         self.limit = limit
-        self._by_token: dict[uuid.UUID, Handout] = {}
+        self._by_token: dict[str, Handout] = {}
 
     def __len__(self) -> int:
         return len(self._by_token)
 
-    def add(self, token: uuid.UUID, action: str, attempt: int, lifetime_s: float) -> None:
+    def add(self, token: str, action: str, attempt: int, lifetime_s: float) -> None:
         if len(self._by_token) >= self.limit:
             return
         now = time.monotonic()
         self._by_token[token] = Handout(action, attempt, now, now + lifetime_s + _SLACK_S)
 
-    def pop(self, token: uuid.UUID) -> Handout | None:
+    def pop(self, token: str) -> Handout | None:
         return self._by_token.pop(token, None)
 
     def prune(self) -> int:

@@ -63,14 +63,20 @@ class Payloads:
 
     def to_python(self, value: struct_pb2.Value, what: str) -> Any:
         """A protobuf Value as a Python JSON value, checked against the limits."""
-        if value.ByteSize() > self.max_bytes:
-            raise errors.ResourceExhausted(
-                f"{what} is {value.ByteSize()} bytes; the limit is {self.max_bytes}"
-            )
+        self._check_size(value, what)
         return _checked_python(value, what, self.max_depth, 1)
+
+    def _check_size(self, value: struct_pb2.Value, what: str) -> None:
+        if (size := value.ByteSize()) > self.max_bytes:
+            raise errors.ResourceExhausted(f"{what} is {size} bytes; the limit is {self.max_bytes}")
 
     def to_json(self, value: struct_pb2.Value, what: str) -> str:
         """A protobuf Value as JSON text for a jsonb parameter."""
+        kind = value.WhichOneof("kind")
+        if kind is None or kind == "null_value":
+            # What most handlers return; unset reads as null, as in _checked_python.
+            self._check_size(value, what)
+            return "null"
         obj = self.to_python(value, what)
         # _checked_python has refused real NUL characters; the six characters ``\u0000``
         # in a string are plain text, escaped here as any backslash is.

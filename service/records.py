@@ -251,9 +251,10 @@ class Cancelled(NamedTuple):
 
 
 class ClaimedStep(NamedTuple):
-    """step_claim: a step handed out, or one that blocked its run instead."""
+    """step_claim: a step handed out, or one that blocked its run instead; the ids as
+    text (canonical: lower case, hyphenated), as workers get them."""
 
-    run_id: uuid.UUID
+    run_id: str
     node: str
     action: str
     workflow: str
@@ -262,7 +263,7 @@ class ClaimedStep(NamedTuple):
     input: Any
     run_input: Any
     upstream: dict[str, Any] | None
-    lease_token: uuid.UUID
+    lease_token: str
     lease_expires_at: datetime
     deadline_at: datetime
     progress: Any
@@ -575,13 +576,15 @@ class Failure:
     uncertain: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """One step's outcome to apply: an output (JSON text) or a failure."""
+class Outcome(NamedTuple):
+    """One step's outcome to apply: an output (JSON text) or a failure. The ids are
+    canonical text (service.store.uuid_text) and the node a checked name, so that
+    they go into JSON as they are. (A NamedTuple, as Completion: one is made per step,
+    and a frozen dataclass costs a call per field to make.)"""
 
-    run_id: uuid.UUID
+    run_id: str
     node: str
-    lease_token: uuid.UUID
+    lease_token: str
     output_json: str | None = None
     failure: Failure | None = None
     # The handler's log lines sent with it: a JSON array of {at, level, logger,
@@ -589,8 +592,7 @@ class Outcome:
     logs_json: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
+class Completion(NamedTuple):
     """An outcome applied: where it left the step and its run."""
 
     step_status: str

@@ -22,7 +22,6 @@ import grpc
 from google.protobuf import duration_pb2
 
 from cyclone import dag, flow
-from cyclone.jsonvalue import parsed_value
 from cyclone.v1 import (
     admin_service_pb2 as admin_pb,
 )
@@ -44,7 +43,7 @@ from cyclone.v1 import (
 from cyclone.v1 import (
     workflow_service_pb2_grpc as workflow_grpc,
 )
-from service import auth, convert, errors
+from service import auth, convert, errors, wire
 from service.activity import ActionActivity, Handouts
 from service.config import Settings
 from service.errors import rpc
@@ -71,6 +70,7 @@ from service.store import (
     Store,
     WaitKey,
     parse_uuid,
+    uuid_text,
 )
 from service.waits import EVENT_ACTION, RESERVED_PREFIX, event_node_input, event_wait
 
@@ -780,6 +780,22 @@ def _decode_position(token: str, *, node: bool = True) -> tuple[datetime, uuid.U
         raise bad from None
 
 
+def _rare_parts(r: ClaimedStep) -> worker_pb.ClaimedStep | None:
+    """The parts of a claimed step that service.wire leaves to the Python API (its
+    upstream failures and journal), or None when it has none."""
+    if not r.upstream_failures and not r.journal:
+        return None
+    step = worker_pb.ClaimedStep()
+    for u in r.upstream_failures or ():
+        failure = step.upstream_failures.add(
+            node=u["node"], status=convert.STEP_STATUS[u["status"]]
+        )
+        if (e := u["error"]) is not None:
+            failure.error.CopyFrom(_step_error(e))
+    step.journal.extend(convert.step_call(j) for j in r.journal or ())
+    return step
+
+
 class WorkerServicer(worker_grpc.WorkerServiceServicer):
     def __init__(
         self,
@@ -799,6 +815,8 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         self.payloads = _payloads(settings)
         self.limits = _limits(settings)
         self.stopping = asyncio.Event()
+        # The finished-runs counter by final status: labels() costs a lock per call.
+        self.finished: dict[str, Any] = {}
 
     def _lease(self, requested: duration_pb2.Duration | None) -> float:
         if requested is None:
@@ -864,14 +882,16 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     self.activity.polled(actions, worker_id)
                     rows = await self._claim(worker_id, actions, unsafe, limit, lease, rates)
                     blocked = [r for r in rows if self._blocked(r)]
-                    steps = [self._claimed(r, lease) for r in rows if not r.blocked]
+                    steps = [r for r in rows if not r.blocked]
                     if steps:
-                        self.activity.claimed({s.action for s in steps}, worker_id)
+                        self._handed_out(steps, lease)
+                        self.activity.claimed({r.action for r in steps}, worker_id)
                     remaining = deadline - loop.time()
                     if steps or blocked or remaining <= 0 or self.stopping.is_set():
-                        return worker_pb.ClaimResponse(
-                            steps=steps, blocked=await self._blocked_steps(blocked)
-                        )
+                        response = wire.claim_response(steps, _rare_parts)
+                        if blocked:
+                            response.blocked.extend(await self._blocked_steps(blocked))
+                        return response
                     if not waiting:
                         waiting = True
                         self.metrics.waiting_claims.inc()
@@ -929,45 +949,24 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     )
             raise
 
-    def _claimed(self, r: ClaimedStep, lease: float) -> worker_pb.ClaimedStep:
-        lifetime = (r.deadline_at - r.lease_expires_at).total_seconds() + lease
-        self.handouts.add(r.lease_token, r.action, r.attempt, lifetime)
-        per_action = self.metrics.action(r.action)
-        per_action.claimed.inc()
-        per_action.claim_wait.observe(r.waited_s)
-        step = worker_pb.ClaimedStep(
-            run_id=str(r.run_id),
-            node=r.node,
-            action=r.action,
-            workflow=r.workflow,
-            attempt=r.attempt,
-            max_attempts=r.max_attempts,
-            lease_token=str(r.lease_token),
-            lease_expires_at=convert.timestamp(r.lease_expires_at),
-            deadline=convert.timestamp(r.deadline_at),
-            effect_uncertain=r.effect_uncertain,
-        )
-        convert.set_json(step, "input", r.input)
-        convert.set_json(step, "run_input", r.run_input)
-        convert.set_json(step, "progress", r.progress)
-        for node, output in (r.upstream or {}).items():
-            step.upstream_outputs[node].CopyFrom(parsed_value(output))
-        for u in r.upstream_failures or ():
-            failure = step.upstream_failures.add(
-                node=u["node"], status=convert.STEP_STATUS[u["status"]]
-            )
-            if (e := u["error"]) is not None:
-                failure.error.CopyFrom(_step_error(e))
-        step.journal.extend(convert.step_call(j) for j in r.journal or ())
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "claimed %s/%s attempt %d",
-                r.run_id,
-                r.node,
-                r.attempt,
-                extra={"run_id": str(r.run_id), "node": r.node, "attempt": r.attempt},
-            )
-        return step
+    def _handed_out(self, rows: Sequence[ClaimedStep], lease: float) -> None:
+        """Note the steps handed out (their outcomes are timed and logged with their
+        attempt) and count them."""
+        debug = log.isEnabledFor(logging.DEBUG)
+        for r in rows:
+            lifetime = (r.deadline_at - r.lease_expires_at).total_seconds() + lease
+            self.handouts.add(r.lease_token, r.action, r.attempt, lifetime)
+            per_action = self.metrics.action(r.action)
+            per_action.claimed.inc()
+            per_action.claim_wait.observe(r.waited_s)
+            if debug:
+                log.debug(
+                    "claimed %s/%s attempt %d",
+                    r.run_id,
+                    r.node,
+                    r.attempt,
+                    extra={"run_id": r.run_id, "node": r.node, "attempt": r.attempt},
+                )
 
     def _step_key(
         self,
@@ -977,11 +976,12 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         | worker_pb.EndStepCallRequest
         | worker_pb.StartChildRequest
         | worker_pb.WaitRequest,
-    ) -> tuple[uuid.UUID, str, uuid.UUID]:
+    ) -> tuple[str, str, str]:
+        """The held step a request names: its run and lease token as canonical text."""
         return (
-            parse_uuid(request.run_id),
+            uuid_text(request.run_id),
             _node_name(request.node),
-            parse_uuid(request.lease_token, "lease_token"),
+            uuid_text(request.lease_token, "lease_token"),
         )
 
     @rpc
@@ -1206,14 +1206,17 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             self._report_calls(report, begins, response, brief=request.brief)
         else:
             answers = await self.store.step_complete_many(outcomes)
+        results = []
         for outcome, answer in zip(outcomes, answers, strict=True):
             if isinstance(answer, Refused):
                 self.metrics.refused.inc()
-                response.results.add(error=_refusal(answer))
+                results.append(_result_bytes(worker_pb.CompleteResult(error=_refusal(answer))))
                 continue
             if self._outcome(outcome, answer):
                 _log_outcome(outcome, answer, await self._attempt(outcome))
-            response.results.add(response=_complete_response(answer))
+            results.append(_answer_bytes(answer))
+        # The results, appended as the bytes they serialize to (service.wire).
+        response.MergeFromString(b"".join(results))
         return response
 
     def _report_calls(
@@ -1278,7 +1281,10 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             if done.step_status == "discarded":
                 m.discarded.labels("handler").inc()
         if done.run_status in _FINAL_RUN and done.step_status in _FINAL:
-            m.finished.labels(done.run_status).inc()
+            finished = self.finished.get(done.run_status)
+            if finished is None:
+                finished = self.finished[done.run_status] = m.finished.labels(done.run_status)
+            finished.inc()
         handout = self.handouts.pop(outcome.lease_token)
         if done.step_status == "uncertain":
             # An unsafe handler stopped without an outcome: the run is blocked now.
@@ -1307,7 +1313,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             error = run_errors.get(r.run_id) or {}
             found.append(
                 worker_pb.BlockedStep(
-                    run_id=str(r.run_id),
+                    run_id=r.run_id,
                     node=r.node,
                     attempt=r.attempt,
                     action=r.action,
@@ -1364,9 +1370,7 @@ def _check_seq(seq: int) -> None:
         raise errors.InvalidArgument(f"seq must be between 1 and {MAX_STEP_CALL_SEQ}, got {seq}")
 
 
-def _wait_key(
-    run_id: uuid.UUID, node: str, token: uuid.UUID, request: worker_pb.WaitRequest
-) -> WaitKey:
+def _wait_key(run_id: str, node: str, token: str, request: worker_pb.WaitRequest) -> WaitKey:
     """A validated Wait: the step call's key and what it waits for."""
     _check_seq(request.seq)
     key = WaitKey(run_id, node, token, _step_call_name(request.step_id, "step_id"), request.seq, "")
@@ -1383,6 +1387,29 @@ def _wait_key(
         child = parse_uuid(request.child_run_id, "child_run_id")
         return dataclasses.replace(key, function="cyclone.child", child=child)
     raise errors.InvalidArgument("until is required: wake_at, event or child_run_id")
+
+
+_RESULTS = wire.field_tag(worker_pb.CompleteManyResponse, "results")
+#: CompleteManyResponse.results entries without a retry time, serialized, by (step
+#: status, run status, duplicate): a few dozen at most, each made once.
+_ANSWERS: dict[tuple[str, str, bool], bytes] = {}
+
+
+def _result_bytes(result: worker_pb.CompleteResult) -> bytes:
+    """One entry of CompleteManyResponse.results, serialized."""
+    return wire.length_delimited(_RESULTS, result.SerializeToString())
+
+
+def _answer_bytes(done: Completion) -> bytes:
+    """The serialized CompleteManyResponse.results entry answering an applied outcome."""
+    if done.retry_at is not None:
+        return _result_bytes(worker_pb.CompleteResult(response=_complete_response(done)))
+    key = (done.step_status, done.run_status, done.duplicate)
+    answer = _ANSWERS.get(key)
+    if answer is None:
+        result = worker_pb.CompleteResult(response=_complete_response(done))
+        answer = _ANSWERS[key] = _result_bytes(result)
+    return answer
 
 
 def _complete_response(done: Completion) -> worker_pb.CompleteResponse:

@@ -24,9 +24,12 @@ from importlib import resources
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.pq
+import psycopg.types.json
 import sqlalchemy as sa
 from psycopg.rows import RowMaker
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.util import greenlet_spawn
 from uuid6 import uuid7
 
 from cyclone import codes
@@ -118,6 +121,40 @@ def _rows_as(cls: type[R]) -> Callable[[Any], RowMaker[R]]:
     return factory
 
 
+def _rows_made(cls: type[R]) -> Callable[[Any], RowMaker[R]]:
+    """_rows_as without the check, for a statement whose columns it has checked."""
+    factory = _UNCHECKED.get(cls)
+    if factory is None:
+        make: RowMaker[R] = getattr(cls, "_make")  # noqa: B009
+        factory = _UNCHECKED[cls] = lambda cursor: make
+    return factory
+
+
+_UNCHECKED: dict[type[Any], Callable[[Any], RowMaker[Any]]] = {}
+
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def loads_json(data: str | bytes) -> Any:
+    """A json or jsonb value read from Postgres: what json.loads gives, through its C
+    scanner directly. Postgres writes jsonb as one value with no space around it;
+    anything else (a json value with spaces around it) goes through json.loads."""
+    text = data if isinstance(data, str) else data.decode()
+    try:
+        obj, end = _scan_json(text, 0)
+    except StopIteration:
+        return json.loads(text)  # raises the JSONDecodeError it should
+    return obj if end == len(text) else json.loads(text)
+
+
+def _configure(dbapi_connection: Any, record: Any) -> None:
+    """A new pooled connection: JSON results parsed by loads_json (json.loads spends
+    more on checking its input than on parsing a small value)."""
+    psycopg.types.json.set_json_loads(loads_json, dbapi_connection.driver_connection)
+
+
 def sql_url(database_url: str) -> str:
     """A libpq URL as SQLAlchemy wants it for psycopg 3."""
     for prefix in ("postgresql://", "postgres://"):
@@ -144,6 +181,18 @@ def parse_uuid(value: str, what: str = "run_id") -> uuid.UUID:
         return uuid.UUID(value)
     except (ValueError, TypeError, AttributeError):
         raise errors.InvalidArgument(f"{what} {excerpt(value)} is not a UUID") from None
+
+
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def uuid_text(value: str, what: str = "run_id") -> str:
+    """A UUID from a client as canonical text (lower case, hyphenated, as Postgres and
+    str(uuid.UUID) write it); INVALID_ARGUMENT when it is not a UUID. The canonical
+    text workers send back is taken as it is, without making a uuid.UUID of it."""
+    if _CANONICAL_UUID.fullmatch(value) is not None:
+        return value
+    return str(parse_uuid(value, what))
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,11 +227,12 @@ class StepCallEnd:
 
 @dataclass(frozen=True, slots=True)
 class StepCallKey:
-    """One step call of a held step, as BeginStepCall and EndStepCall name it."""
+    """One step call of a held step, as BeginStepCall and EndStepCall name it (ids as
+    canonical text, service.store.uuid_text)."""
 
-    run_id: uuid.UUID
+    run_id: str
     node: str
-    lease_token: uuid.UUID
+    lease_token: str
     step_id: str
     seq: int
     function: str
@@ -190,9 +240,9 @@ class StepCallKey:
 
     def params(self) -> dict[str, Any]:
         return {
-            "run_id": str(self.run_id),
+            "run_id": self.run_id,
             "node": self.node,
-            "lease_token": str(self.lease_token),
+            "lease_token": self.lease_token,
             "step_id": self.step_id,
             "seq": self.seq,
             "function": self.function,
@@ -209,9 +259,9 @@ class WaitKey:
     """One wait of a held step, as Wait names it: a sleep (wake_at), an event (event,
     timeout_s: None for no limit) or a child run (child)."""
 
-    run_id: uuid.UUID
+    run_id: str
     node: str
-    lease_token: uuid.UUID
+    lease_token: str
     step_id: str
     seq: int
     function: str
@@ -295,6 +345,8 @@ class Store:
         if statement_timeout_ms:
             options += f" -c statement_timeout={int(statement_timeout_ms)}"
         self._compiled: dict[str, str] = {}
+        # (query, row type) pairs whose columns _run has checked.
+        self._checked: set[tuple[str, type[Any]]] = set()
         self.engine: AsyncEngine = create_async_engine(
             sql_url(database_url),
             pool_size=pool_size,
@@ -304,9 +356,13 @@ class Store:
             # connections (plans and compiled functions cached) serve everything.
             pool_use_lifo=True,
             pool_pre_ping=False,
+            # _connection returns only idle connections to the pool: nothing to reset.
+            pool_reset_on_return=None,
             isolation_level="AUTOCOMMIT",
             connect_args={"options": options},
         )
+        sa.event.listen(self.engine.sync_engine, "connect", _configure)
+        self._pool = self.engine.sync_engine.pool
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -316,25 +372,37 @@ class Store:
         """A pooled connection's psycopg connection, database errors translated."""
         # SQLAlchemy keeps the pool and compiles the named query once; the statement
         # itself runs on the psycopg connection underneath. Its execution layer cost
-        # more CPU than the hot transitions themselves (docs/performance.md).
+        # more CPU than the hot transitions themselves, and so did engine.connect()'s
+        # wrappers around a check-out (docs/performance.md): the pool is used directly.
         try:
             asked = time.perf_counter()
-            async with self.engine.connect() as conn:
-                if self.on_acquire is not None:
-                    self.on_acquire(time.perf_counter() - asked)
-                raw = await conn.get_raw_connection()
-                driver: psycopg.AsyncConnection[Any] = raw.driver_connection  # type: ignore[assignment]
-                try:
-                    yield driver
-                except BaseException as exc:
-                    # A broken connection, or one left mid-statement by a cancellation,
-                    # must not go back to the pool.
-                    if not isinstance(exc, psycopg.Error) or driver.closed or driver.broken:
-                        # Closed here (close() never suspends, so a cancellation cannot
-                        # cut it short), then dropped from the pool.
-                        await driver.close()
-                        await conn.invalidate()
-                    raise
+            pooled = await greenlet_spawn(self._pool.connect)
+            if self.on_acquire is not None:
+                self.on_acquire(time.perf_counter() - asked)
+            driver: psycopg.AsyncConnection[Any] = pooled.driver_connection  # type: ignore[assignment]
+            keep = False
+            try:
+                yield driver
+                keep = True
+            except psycopg.Error:
+                keep = True
+                raise
+            finally:
+                # A broken connection, one left mid-statement by a cancellation or in
+                # a transaction, must not go back to the pool. The check-in never
+                # suspends (no reset on return), so a cancellation cannot cut it short.
+                if (
+                    keep
+                    and not driver.closed
+                    and not driver.broken
+                    and driver.pgconn.transaction_status == _IDLE
+                ):
+                    pooled.close()
+                else:
+                    # Closed here (close() never suspends), then dropped from the pool
+                    # (invalidate() checks its entry in, to be connected anew).
+                    await driver.close()
+                    await greenlet_spawn(pooled.invalidate)
         except psycopg.Error as exc:
             raise _translate(exc) from exc
         except sa.exc.DBAPIError as exc:  # raised while connecting
@@ -345,9 +413,17 @@ class Store:
     async def _run(
         self, driver: psycopg.AsyncConnection[Any], name: str, row: type[R], **params: Any
     ) -> list[R]:
-        cursor = driver.cursor(row_factory=_rows_as(row))
+        # A statement's columns are checked against its row type once per process: the
+        # check reads cursor.description, which makes an object per column every time.
+        checked = (name, row) in self._checked
+        cursor = driver.cursor(row_factory=_rows_made(row) if checked else _rows_as(row))
         await cursor.execute(self._sql(name), params, prepare=False if name in UNPREPARED else None)
-        return await cursor.fetchall() if cursor.description else []
+        result = cursor.pgresult
+        if result is None or result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+            return []
+        if not checked:
+            self._checked.add((name, row))
+        return await cursor.fetchall()
 
     async def _all(self, name: str, row: type[R], **params: Any) -> list[R]:
         async with self._connection() as driver:
@@ -608,9 +684,9 @@ class Store:
         rows = await self._all(
             "steps_release",
             Ready,
-            run_ids=[str(r.run_id) for r in claimed],
+            run_ids=[r.run_id for r in claimed],
             nodes=[r.node for r in claimed],
-            tokens=[str(r.lease_token) for r in claimed],
+            tokens=[r.lease_token for r in claimed],
             uncertain=[r.effect_uncertain for r in claimed],
         )
         return len(rows)
@@ -623,25 +699,25 @@ class Store:
             "step_logs_get", LogRow, run_id=str(run_id), node=node, attempt=attempt
         )
 
-    async def runs_errors(self, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Any]:
-        """The errors of these runs (those a claim blocked), by run."""
-        rows = await self._all("runs_errors", RunErrorRow, run_ids=[str(r) for r in run_ids])
-        return {row.run_id: row.error for row in rows}
+    async def runs_errors(self, run_ids: Sequence[str]) -> dict[str, Any]:
+        """The errors of these runs (those a claim blocked), by run (ids as text)."""
+        rows = await self._all("runs_errors", RunErrorRow, run_ids=list(run_ids))
+        return {str(row.run_id): row.error for row in rows}
 
     async def step_next_due(self, actions: list[str]) -> float | None:
         name = "step_next_due_sharded" if await self.is_sharded() else "step_next_due"
         row = await self._one(name, NextDue, actions=actions)
         return None if row is None or row.seconds is None else float(row.seconds)
 
-    async def step_attempt(self, run_id: uuid.UUID, node: str) -> int | None:
-        row = await self._one("step_attempt", Attempt, run_id=str(run_id), node=node)
+    async def step_attempt(self, run_id: str, node: str) -> int | None:
+        row = await self._one("step_attempt", Attempt, run_id=run_id, node=node)
         return None if row is None else int(row.attempt)
 
     async def step_heartbeat(
         self,
-        run_id: uuid.UUID,
+        run_id: str,
         node: str,
-        lease_token: uuid.UUID,
+        lease_token: str,
         *,
         lease_s: float,
         progress_json: str | None,
@@ -655,9 +731,9 @@ class Store:
             "step_heartbeat",
             Heartbeat,
             logs,
-            run_id=str(run_id),
+            run_id=run_id,
             node=node,
-            lease_token=str(lease_token),
+            lease_token=lease_token,
             lease_s=lease_s,
             progress=progress_json,
         )
@@ -666,11 +742,7 @@ class Store:
     async def step_complete(self, outcome: Outcome) -> Completion:
         """Apply one outcome: an output, or a failure (step_fail; step_abandon when an
         unsafe handler stopped without an outcome)."""
-        key = {
-            "run_id": str(outcome.run_id),
-            "node": outcome.node,
-            "lease_token": str(outcome.lease_token),
-        }
+        key = {"run_id": outcome.run_id, "node": outcome.node, "lease_token": outcome.lease_token}
         failure = outcome.failure
         logs = _logs_items([outcome])
         if failure is None:
@@ -708,9 +780,8 @@ class Store:
         outcome is its own transaction on its run's shard (docs/scaling.md)."""
         if await self.is_sharded():
             return [await _alone(self.step_complete(o)) for o in outcomes]
-        payload = _outcome_items(outcomes)
         rows = await self._logged(
-            "step_complete_many", BatchRow, _logs_items(outcomes), items=_dump_items(payload)
+            "step_complete_many", BatchRow, _logs_items(outcomes), items=outcomes_json(outcomes)
         )
         return [_batch_answer(row) for row in sorted(rows, key=lambda r: r.i)]
 
@@ -744,7 +815,7 @@ class Store:
             _logs_items(outcomes),
             ends=_dump_items(end_items),
             begins=_dump_items([{"i": i, **key.params()} for i, key in enumerate(begins)]),
-            items=_dump_items(_outcome_items(outcomes)),
+            items=outcomes_json(outcomes),
             durable=bool(outcomes or begins) or any(end.key.unsafe for end in ends),
             brief=brief,
         )
@@ -1053,31 +1124,29 @@ class _RawJson(str):
     """JSON text to embed as is when dumping a batch."""
 
 
-def _outcome_items(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
-    """step_complete_many's items: {i, run_id, node, lease_token, failure | output}."""
-    payload = []
-    for i, outcome in enumerate(outcomes):
-        entry: dict[str, Any] = {
-            "i": i,
-            "run_id": str(outcome.run_id),
-            "node": outcome.node,
-            "lease_token": str(outcome.lease_token),
-        }
-        if outcome.failure is not None:
-            entry["failure"] = asdict(outcome.failure)
+def outcomes_json(outcomes: Sequence[Outcome]) -> str:
+    """step_complete_many's items, a JSON array of {i, run_id, node, lease_token,
+    output | failure}. An outcome's ids are canonical UUID text and its node a checked
+    name (service.records.Outcome): they are written as they are, and its output is
+    JSON text already, so only a failure goes through the JSON encoder."""
+    items = []
+    for i, o in enumerate(outcomes):
+        head = f'{{"i":{i},"run_id":"{o.run_id}","node":"{o.node}","lease_token":"{o.lease_token}"'
+        if o.failure is None:
+            items.append(f'{head},"output":{o.output_json or "null"}}}')
         else:
-            entry["output"] = _RawJson(outcome.output_json or "null")
-        payload.append(entry)
-    return payload
+            failure = json.dumps(asdict(o.failure), separators=(",", ":"))
+            items.append(f'{head},"failure":{failure}}}')
+    return "[" + ",".join(items) + "]"
 
 
 def _logs_items(outcomes: Sequence[Outcome]) -> str | None:
     """step_logs_add's items for the outcomes that carry log lines; None when none does."""
     items = [
         {
-            "run_id": str(o.run_id),
+            "run_id": o.run_id,
             "node": o.node,
-            "lease_token": str(o.lease_token),
+            "lease_token": o.lease_token,
             "lines": _RawJson(o.logs_json),
         }
         for o in outcomes

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import socket
 import urllib.request
+from typing import Any
 
 import grpc
 import pytest
@@ -13,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.metrics import parse_listen
 from tests.conftest import ROOT
-from tests.helpers import claim, complete, fail, node, rpc_error, submit, workflow
+from tests.helpers import claim, complete, eventually, fail, node, rpc_error, submit, workflow
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -53,7 +54,17 @@ def test_counters_and_histograms_follow_the_work(metered):
     stale = rpc_error(complete, metered, steps[3])
     assert stale.code() == grpc.StatusCode.ABORTED
 
-    m = scrape(metered.server.metrics_port)
+    def scraped() -> Any:
+        # An aborted call is counted once its status has gone out: it may reach the
+        # client first.
+        samples = scrape(metered.server.metrics_port)
+        done = (
+            value(samples, "cyclone_rpc_duration_seconds_count", method="WorkerService/Complete")
+            == 5
+        )
+        return samples if done else None
+
+    m = eventually(scraped, "the five Completes counted")
     assert value(m, "cyclone_runs_submitted_total", workflow="order") == 4
     assert value(m, "cyclone_steps_claimed_total", action="work") == 4
     assert value(m, "cyclone_steps_completed_total") == 1

@@ -617,7 +617,6 @@ def test_complete_many_settles_a_fan_out_that_finishes_in_one_batch(cyclone_serv
 
 def test_steps_a_cancelled_claim_took_are_handed_back_as_they_were(cyclone_server):
     import asyncio
-    import uuid as uuid_mod
     from types import SimpleNamespace
 
     from service.store import Store
@@ -631,9 +630,9 @@ def test_steps_a_cancelled_claim_took_are_handed_back_as_they_were(cyclone_serve
     assert {s.node: s.attempt for s in taken} == {"a": 2, "b": 2}
     rows = [
         SimpleNamespace(
-            run_id=uuid_mod.UUID(s.run_id),
+            run_id=s.run_id,
             node=s.node,
-            lease_token=uuid_mod.UUID(s.lease_token),
+            lease_token=s.lease_token,
             effect_uncertain=s.effect_uncertain,
         )
         for s in taken

@@ -12,21 +12,30 @@ SELECT run_id, created, current_setting('cyclone.ready', true) AS ready
                           CAST(:start_at AS timestamptz), :priority);
 
 -- name: step_claim
-SELECT *
+-- The ids as text: the server hands them to workers as they are (service/wire.py), and
+-- text costs the driver less than a uuid.UUID.
+SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts,
+       c.input, c.run_input, c.upstream, c.lease_token::text AS lease_token,
+       c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
+       c.waited_s, c.upstream_failures, c.journal
   FROM cyclone.step_claim(:worker_id, CAST(:actions AS text[]), CAST(:unsafe AS text[]),
                           :limit, make_interval(secs => :lease_s),
                           CAST(:rate_actions AS text[]), CAST(:rate_counts AS integer[]),
                           ARRAY(SELECT make_interval(secs => p)
                                   FROM unnest(CAST(:rate_periods AS float8[]))
-                                       WITH ORDINALITY AS u(p, i) ORDER BY u.i));
+                                       WITH ORDINALITY AS u(p, i) ORDER BY u.i)) c;
 
 -- name: step_candidates
 SELECT run_id, node FROM cyclone.step_candidates(CAST(:actions AS text[]), :limit);
 
 -- name: step_claim_run
-SELECT *
+-- The columns of step_claim, ids as text.
+SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts,
+       c.input, c.run_input, c.upstream, c.lease_token::text AS lease_token,
+       c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
+       c.waited_s, c.upstream_failures, c.journal
   FROM cyclone.step_claim_run(CAST(:run_id AS uuid), CAST(:nodes AS text[]), :worker_id,
-                              CAST(:unsafe AS text[]), make_interval(secs => :lease_s));
+                              CAST(:unsafe AS text[]), make_interval(secs => :lease_s)) c;
 
 -- name: step_next_due_sharded
 SELECT cyclone.step_next_due_sharded(CAST(:actions AS text[])) AS seconds;
