@@ -1185,6 +1185,7 @@ def main() -> None:
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute("DROP SCHEMA IF EXISTS cyclone CASCADE")
         migrate(database_url, citus="on")
+        base = database_url
     else:
         base = admin_url(args.url)
         database_url = fresh_database(base, args.database)
