@@ -287,9 +287,9 @@ def test_a_claim_takes_a_shards_runs_in_one_delegated_single_shard_call(cyclone_
     issued = [m for m in seen if m.startswith("issuing")]
     assert [m for m in issued if "step_claim_shard" in m], issued
     assert not [m for m in issued if "PREPARE TRANSACTION" in m], issued
-    assert cyclone_server.sql(
-        "SELECT count(*) FROM cyclone.steps WHERE status = 'running'"
-    ) == [(2,)]
+    assert cyclone_server.sql("SELECT count(*) FROM cyclone.steps WHERE status = 'running'") == [
+        (2,)
+    ]
 
 
 def test_a_keys_limit_holds_for_runs_on_both_workers(cyclone_server):
