@@ -294,6 +294,11 @@ class Store:
         # Whether the database is sharded (Citus); asked once, on the first claim.
         self.sharded: bool | None = None
         options = "-c application_name=cyclone-server -c cyclone.defer_notify=on"
+        # On Citus: a multi-shard statement uses one connection per worker node (the
+        # cached one) instead of opening more, in parallel, and closing them after the
+        # transaction; opening them cost the worker nodes more than the claim itself
+        # (docs/scaling.md). A setting without effect on a database without Citus.
+        options += " -c citus.max_adaptive_executor_pool_size=1"
         if statement_timeout_ms:
             options += f" -c statement_timeout={int(statement_timeout_ms)}"
         self._compiled: dict[str, str] = {}
