@@ -150,7 +150,106 @@ DECLARE
     -- A lease token for each node of the run, drawn here: Citus refuses a volatile
     -- function in an UPDATE of a distributed table.
     v_tokens uuid[];
+    -- The tables as this node holds them: on Citus the shards of p_run_id's group,
+    -- which this call (delegated to their node) reads and writes as the plain tables
+    -- they are, planned once per statement rather than twice.
+    v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.step_errors',
+                             'cyclone.runs'];
+    v_sql    text;
 BEGIN
+    IF cyclone.sharded() AND cardinality(p_unsafe) = 0 THEN
+        v_tables := ARRAY(SELECT format('cyclone.%I', t.name || '_'
+                                        || get_shard_id_for_distribution_column(
+                                               ('cyclone.' || t.name)::regclass, p_run_id))
+                            FROM unnest(ARRAY['steps', 'step_calls', 'step_errors', 'runs'])
+                                 WITH ORDINALITY AS t(name, i)
+                           ORDER BY t.i);
+    END IF;
+    -- One statement per run; $1 the run, $2 its nodes, $3 their tokens, $4 the time,
+    -- $5 the worker, $6 the lease; %1$s steps, %2$s step_calls, %3$s step_errors,
+    -- %4$s runs.
+    v_sql := format($q$
+            WITH picked AS (
+                SELECT s.node, t.token, s.effect_uncertain AS uncertain, s.available_at AS since,
+                       s.waiting_for = 'sleep' AS slept, t.i
+                  FROM %1$s s
+                  JOIN unnest($2, $3) WITH ORDINALITY AS t(node, token, i)
+                    ON t.node = s.node
+                 WHERE s.run_id = $1 AND s.status = 'available' AND s.available_at <= $4
+                   FOR UPDATE OF s SKIP LOCKED
+            ), claimed AS (
+                UPDATE %1$s s
+                   SET status = 'running',
+                       attempt = s.attempt + 1,
+                       lease_token = p.token,
+                       started_at = $4,
+                       last_heartbeat_at = $4,
+                       deadline_at = cyclone._later($4, s.timeout),
+                       lease_expires_at = cyclone._later($4, least($6, s.timeout)),
+                       worker_id = $5,
+                       unsafe = false,
+                       effect_uncertain = false,
+                       waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
+                                          ELSE s.waiting_for END
+                  FROM picked p
+                 WHERE s.run_id = $1 AND s.node = p.node
+                RETURNING s.node, s.action, s.attempt, s.max_attempts, s.input, s.depends_on,
+                          s.deps_failed, s.lease_token, s.lease_expires_at, s.deadline_at,
+                          s.progress
+            ), slept AS (
+                -- As in step_claim: a sleep is over once its node is claimed at its wake time.
+                UPDATE %2$s j
+                   SET status = 'succeeded', output = 'null', finished_at = $4,
+                       attempt = c.attempt
+                  FROM claimed c JOIN picked p ON p.node = c.node AND p.slept
+                 WHERE j.run_id = $1 AND j.node = c.node
+                   AND j.status = 'waiting' AND j.function = 'cyclone.sleep'
+                   AND j.wake_at <= $4
+                RETURNING j.node, j.step_id
+            )
+            SELECT $1, c.node, c.action, r.workflow, c.attempt, c.max_attempts, c.input,
+                   r.input,
+                   CASE WHEN cardinality(c.depends_on) > 0 THEN (
+                       SELECT jsonb_object_agg(u.node, u.output) FROM %1$s u
+                        WHERE u.run_id = $1 AND u.node = ANY (c.depends_on)
+                          AND u.status = 'completed') END,
+                   c.lease_token, c.lease_expires_at, c.deadline_at, c.progress,
+                   p.uncertain, false, extract(epoch FROM $4 - p.since)::float8,
+                   CASE WHEN c.deps_failed > 0 THEN (
+                       SELECT jsonb_agg(jsonb_build_object(
+                                  'node', u.node, 'status', u.status,
+                                  'error', CASE WHEN u.status = 'discarded' THEN (
+                                      SELECT jsonb_build_object(
+                                                 'attempt', e.attempt, 'kind', e.kind,
+                                                 'type', e.type, 'message', e.message,
+                                                 'details', e.details, 'retryable', e.retryable,
+                                                 'at', e.at)
+                                        FROM %3$s e
+                                       WHERE e.run_id = $1 AND e.node = u.node
+                                       ORDER BY e.at DESC, e.attempt DESC LIMIT 1) END)
+                              ORDER BY u.position)
+                         FROM %1$s u
+                        WHERE u.run_id = $1 AND u.node = ANY (c.depends_on)
+                          AND u.status IN ('discarded', 'skipped')) END,
+                   -- _step_call_json's shape (on Citus a shard's row has the shard's type); a
+                   -- sleep this claim ended, as slept left it (the statement still sees the
+                   -- old version of its row).
+                   (SELECT jsonb_agg(CASE WHEN w.step_id IS NULL
+                                          THEN to_jsonb(j) - 'run_id' - 'node'
+                                          ELSE to_jsonb(j) - 'run_id' - 'node'
+                                               || jsonb_build_object('status', 'succeeded',
+                                                                     'output', 'null'::jsonb,
+                                                                     'finished_at', $4,
+                                                                     'attempt', c.attempt) END
+                                     ORDER BY j.seq)
+                      FROM %2$s j
+                      LEFT JOIN slept w ON w.node = j.node AND w.step_id = j.step_id
+                     WHERE j.run_id = $1 AND j.node = c.node)
+              FROM claimed c
+              JOIN picked p ON p.node = c.node
+             CROSS JOIN (SELECT r.workflow, r.input FROM %4$s r WHERE r.run_id = $1) r
+             ORDER BY p.i
+$q$, v_tables[1], v_tables[2], v_tables[3], v_tables[4]);
     FOR v_run IN
         SELECT u.r FROM unnest(p_runs) WITH ORDINALITY AS u(r, i) GROUP BY u.r ORDER BY min(u.i)
     LOOP
@@ -162,87 +261,7 @@ BEGIN
             CONTINUE;
         END IF;
         v_tokens := ARRAY(SELECT gen_random_uuid() FROM unnest(v_nodes));
-        RETURN QUERY
-        WITH picked AS (
-            SELECT s.node, t.token, s.effect_uncertain AS uncertain, s.available_at AS since,
-                   s.waiting_for = 'sleep' AS slept, t.i
-              FROM cyclone.steps s
-              JOIN unnest(v_nodes, v_tokens) WITH ORDINALITY AS t(node, token, i)
-                ON t.node = s.node
-             WHERE s.run_id = v_run AND s.status = 'available' AND s.available_at <= v_now
-               FOR UPDATE OF s SKIP LOCKED
-        ), claimed AS (
-            UPDATE cyclone.steps s
-               SET status = 'running',
-                   attempt = s.attempt + 1,
-                   lease_token = p.token,
-                   started_at = v_now,
-                   last_heartbeat_at = v_now,
-                   deadline_at = cyclone._later(v_now, s.timeout),
-                   lease_expires_at = cyclone._later(v_now, least(p_lease, s.timeout)),
-                   worker_id = p_worker,
-                   unsafe = false,
-                   effect_uncertain = false,
-                   waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
-                                      ELSE s.waiting_for END
-              FROM picked p
-             WHERE s.run_id = v_run AND s.node = p.node
-            RETURNING s.node, s.action, s.attempt, s.max_attempts, s.input, s.depends_on,
-                      s.deps_failed, s.lease_token, s.lease_expires_at, s.deadline_at,
-                      s.progress
-        ), slept AS (
-            -- As in step_claim: a sleep is over once its node is claimed at its wake time.
-            UPDATE cyclone.step_calls j
-               SET status = 'succeeded', output = 'null', finished_at = v_now,
-                   attempt = c.attempt
-              FROM claimed c JOIN picked p ON p.node = c.node AND p.slept
-             WHERE j.run_id = v_run AND j.node = c.node
-               AND j.status = 'waiting' AND j.function = 'cyclone.sleep'
-               AND j.wake_at <= v_now
-            RETURNING j.node, j.step_id
-        )
-        SELECT v_run, c.node, c.action, r.workflow, c.attempt, c.max_attempts, c.input,
-               r.input,
-               CASE WHEN cardinality(c.depends_on) > 0 THEN (
-                   SELECT jsonb_object_agg(u.node, u.output) FROM cyclone.steps u
-                    WHERE u.run_id = v_run AND u.node = ANY (c.depends_on)
-                      AND u.status = 'completed') END,
-               c.lease_token, c.lease_expires_at, c.deadline_at, c.progress,
-               p.uncertain, false, extract(epoch FROM v_now - p.since)::float8,
-               CASE WHEN c.deps_failed > 0 THEN (
-                   SELECT jsonb_agg(jsonb_build_object(
-                              'node', u.node, 'status', u.status,
-                              'error', CASE WHEN u.status = 'discarded' THEN (
-                                  SELECT jsonb_build_object(
-                                             'attempt', e.attempt, 'kind', e.kind,
-                                             'type', e.type, 'message', e.message,
-                                             'details', e.details, 'retryable', e.retryable,
-                                             'at', e.at)
-                                    FROM cyclone.step_errors e
-                                   WHERE e.run_id = v_run AND e.node = u.node
-                                   ORDER BY e.at DESC, e.attempt DESC LIMIT 1) END)
-                          ORDER BY u.position)
-                     FROM cyclone.steps u
-                    WHERE u.run_id = v_run AND u.node = ANY (c.depends_on)
-                      AND u.status IN ('discarded', 'skipped')) END,
-               -- _step_call_json's shape (on Citus a shard's row has the shard's type); a
-               -- sleep this claim ended, as slept left it (the statement still sees the
-               -- old version of its row).
-               (SELECT jsonb_agg(CASE WHEN w.step_id IS NULL
-                                      THEN to_jsonb(j) - 'run_id' - 'node'
-                                      ELSE to_jsonb(j) - 'run_id' - 'node'
-                                           || jsonb_build_object('status', 'succeeded',
-                                                                 'output', 'null'::jsonb,
-                                                                 'finished_at', v_now,
-                                                                 'attempt', c.attempt) END
-                                 ORDER BY j.seq)
-                  FROM cyclone.step_calls j
-                  LEFT JOIN slept w ON w.node = j.node AND w.step_id = j.step_id
-                 WHERE j.run_id = v_run AND j.node = c.node)
-          FROM claimed c
-          JOIN picked p ON p.node = c.node
-         CROSS JOIN (SELECT r.workflow, r.input FROM cyclone.runs r WHERE r.run_id = v_run) r
-         ORDER BY p.i;
+        RETURN QUERY EXECUTE v_sql USING v_run, v_nodes, v_tokens, v_now, p_worker, p_lease;
     END LOOP;
 END;
 $$;
