@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from datetime import UTC, timedelta
 from typing import Any
 
 import grpc
@@ -226,30 +225,9 @@ def test_a_schedule_another_server_is_firing_is_passed_by_then_fired_once_it_die
     submitted the run. Another server's pass is not held up: it fires nothing and
     returns; once the holder's connection dies, the next pass fires the schedule once."""
     from service.store import load_queries
-    from tests.test_schedules import create, runs_of, schedule, to_next_firing
+    from tests.test_schedules import held_by_a_dying_server
 
-    one, two = server_factory(), server_factory()
-    create(one, schedule(every=60))
-    to_next_firing(one)
-    holder = psycopg.connect(database_url)
-    assert holder.execute(load_queries()["schedules_turn"].text).fetchone() == (True,)
-    holder.execute("SELECT * FROM cyclone.schedules WHERE name = 'tick' FOR UPDATE")
-    [(due,)] = holder.execute("SELECT next_fire_at FROM cyclone.schedules").fetchall()
-    holder.execute(
-        "SELECT * FROM cyclone.schedule_fire('tick', ARRAY[%s]::timestamptz[],"
-        " ARRAY[gen_random_uuid()], %s)",
-        (due, due + timedelta(seconds=60)),
-    )
-    assert two.fire_schedules() == 0  # passed by, not waited for
-    with psycopg.connect(database_url, autocommit=True) as killer:
-        [(gone,)] = killer.execute(
-            "SELECT pg_terminate_backend(%s::integer, 10000)", (holder.info.backend_pid,)
-        ).fetchall()
-    assert gone
-    holder.close()
-    assert two.fire_schedules() == 1
-    assert one.fire_schedules() == 0
-    assert runs_of(one) == [(f"schedule:tick:{due.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}", "running")]
+    held_by_a_dying_server(server_factory, database_url, load_queries()["schedules_turn"].text)
 
 
 def _shard_of(server: Any, run_id: str) -> int:
