@@ -155,15 +155,21 @@ DECLARE
     -- they are, planned once per statement rather than twice.
     v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.step_errors',
                              'cyclone.runs'];
+    v_shards text[];
     v_sql    text;
 BEGIN
     IF cyclone.sharded() AND cardinality(p_unsafe) = 0 THEN
-        v_tables := ARRAY(SELECT format('cyclone.%I', t.name || '_'
+        v_shards := ARRAY(SELECT format('cyclone.%I', t.name || '_'
                                         || get_shard_id_for_distribution_column(
                                                ('cyclone.' || t.name)::regclass, p_run_id))
                             FROM unnest(ARRAY['steps', 'step_calls', 'step_errors', 'runs'])
                                  WITH ORDINALITY AS t(name, i)
                            ORDER BY t.i);
+        -- Not delegated (called in a transaction block, or the shard moved meanwhile):
+        -- the shards are elsewhere, and the distributed tables serve, planned by Citus.
+        IF NOT EXISTS (SELECT 1 FROM unnest(v_shards) n WHERE to_regclass(n) IS NULL) THEN
+            v_tables := v_shards;
+        END IF;
     END IF;
     -- One statement per run; $1 the run, $2 its nodes, $3 their tokens, $4 the time,
     -- $5 the worker, $6 the lease; %1$s steps, %2$s step_calls, %3$s step_errors,

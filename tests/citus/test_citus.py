@@ -268,6 +268,12 @@ def test_a_claim_takes_a_shards_runs_in_one_delegated_single_shard_call(cyclone_
     assert cyclone_server.sql("SELECT count(*) FROM cyclone.steps WHERE status = 'running'") == [
         (2,)
     ]
+    # In a transaction block the call is not delegated: it runs on the coordinator, on
+    # the distributed tables, with the same result.
+    third = submit(cyclone_server, workflow("w", node("a")))
+    with psycopg.connect(cyclone_server.database_url) as conn:
+        rows = conn.execute(call, (third, third, third)).fetchall()
+    assert [str(r[0]) for r in rows] == [third]
 
 
 def test_a_keys_limit_holds_for_runs_on_both_workers(cyclone_server):
