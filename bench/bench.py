@@ -43,6 +43,7 @@ before and after the drain, so the cluster must not be busy with anything else).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -161,24 +162,41 @@ class CpuMeter:
 
     #: The postmaster's pid file, found by main().
     pid_file: Path | None = None
+    #: On Citus, each node's postmaster pid file by the node's name ("coordinator",
+    #: "worker 1", ...), found by main(): their CPU is measured apart (nodes_s).
+    node_pid_files: dict[str, Path] = {}
 
     def __init__(self, server: Server | None) -> None:
         self.server = psutil.Process(server.proc.pid) if server else None
-        self.postmaster = None
-        if self.pid_file is not None and self.pid_file.exists():
-            self.postmaster = psutil.Process(int(self.pid_file.read_text().split()[0]))
+        files = self.node_pid_files or ({"postgres": self.pid_file} if self.pid_file else {})
+        self.postmasters = {
+            name: psutil.Process(int(f.read_text().split()[0]))
+            for name, f in files.items()
+            if f.exists()
+        }
+        self.postmaster = next(iter(self.postmasters.values()), None)
+        self.nodes_s: dict[str, float] = {}
 
     def _postgres(self) -> dict[int, float]:
-        if self.postmaster is None:
-            return {}
+        """CPU seconds by process of every node's postmaster and its children."""
         seconds = {}
-        for p in [self.postmaster, *self.postmaster.children(recursive=True)]:
-            try:
-                t = p.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            seconds[p.pid] = t.user + t.system
+        for postmaster in self.postmasters.values():
+            for p in [postmaster, *postmaster.children(recursive=True)]:
+                try:
+                    t = p.cpu_times()
+                except psutil.NoSuchProcess:
+                    continue
+                seconds[p.pid] = t.user + t.system
         return seconds
+
+    def _by_node(self) -> dict[int, str]:
+        """The node each postgres process belongs to."""
+        node = {}
+        for name, postmaster in self.postmasters.items():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for p in [postmaster, *postmaster.children(recursive=True)]:
+                    node[p.pid] = name
+        return node
 
     def _snapshot(self) -> tuple[float, float, float, dict[int, float]]:
         server = sum(self.server.cpu_times()[:2]) if self.server else 0.0
@@ -211,6 +229,12 @@ class CpuMeter:
         self.postgres_s = (
             sum(t - before.get(pid, 0.0) for pid, t in end[3].items()) if self.postmaster else None
         )
+        if len(self.postmasters) > 1:
+            nodes = self._by_node()
+            self.nodes_s = dict.fromkeys(self.postmasters, 0.0)
+            for pid, t in end[3].items():
+                if pid in nodes:
+                    self.nodes_s[nodes[pid]] += t - before.get(pid, 0.0)
         startups = [float(path.read_text()) for path in self._startups()]
         self.startup_s, self.startup_processes = sum(startups), len(startups)
         self.workers_s -= self.startup_s
@@ -225,6 +249,10 @@ class CpuMeter:
         if None not in out.values():
             out["total"] = round(sum(out.values()), 3)
         return out
+
+    def per_node(self, steps: int) -> dict:
+        """On Citus: milliseconds of CPU per step of each node's Postgres (empty else)."""
+        return {name: round(t * 1000 / steps, 3) for name, t in self.nodes_s.items()}
 
     def startup_ms(self) -> float | None:
         """CPU milliseconds each worker process spent starting, on average."""
@@ -609,6 +637,7 @@ def scenario_throughput(server: Server, database_url: str, runs: int, action: st
         "steps": n,
         "steps_per_s": round(rate, 1),
         "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
+        **({"postgres_cpu_ms_per_step_by_node": cpu.per_node(n)} if cpu.nodes_s else {}),
         "worker_startup_cpu_ms": cpu.startup_ms(),
         "wal_bytes_per_step": round(wal_bytes / n),
         **db.per_step(n),
@@ -1167,9 +1196,17 @@ def main() -> None:
         help="run the selected scenarios N times, each on a fresh database, and report "
         "the median of every figure (all runs are kept in the results; default 1)",
     )
+    parser.add_argument(
+        "--citus-only",
+        action="store_true",
+        help="with --citus: measure the cluster alone, not single Postgres beside it",
+    )
     args = parser.parse_args()
     if args.repeat > 1:
         repeat(args)
+        return
+    if args.citus and not args.citus_only:
+        compare_citus(args)
         return
     only = set(filter(None, args.only.split(",")))
 
@@ -1185,6 +1222,7 @@ def main() -> None:
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute("DROP SCHEMA IF EXISTS cyclone CASCADE")
         migrate(database_url, citus="on")
+        base = database_url
     else:
         base = admin_url(args.url)
         database_url = fresh_database(base, args.database)
@@ -1193,6 +1231,8 @@ def main() -> None:
         pg_version = conn.execute("SHOW server_version").fetchone()[0]
         data_directory = conn.execute("SHOW data_directory").fetchone()[0]
     CpuMeter.pid_file = Path(data_directory) / "postmaster.pid"
+    if args.citus:
+        CpuMeter.node_pid_files = citus_nodes(database_url)
     DbMeter.admin_url = base
     # The fan scenario's workflow is past the default limits: raised for this server.
     flags = fan_flags(args.fan_width) if wanted("fan") else ()
@@ -1340,6 +1380,88 @@ def main() -> None:
     print_table(results, args.out)
 
 
+def citus_nodes(coordinator_url: str) -> dict[str, Path]:
+    """The postmaster pid file of each node of a local Citus cluster, by name: the
+    coordinator, then "worker 1", "worker 2"... (nodes on other machines are left out)."""
+    with psycopg.connect(coordinator_url, autocommit=True) as conn:
+        nodes = conn.execute(
+            "SELECT groupid, nodename, nodeport FROM pg_dist_node ORDER BY groupid"
+        ).fetchall()
+    found = {}
+    for group, host, port in nodes:
+        url = psycopg.conninfo.make_conninfo(coordinator_url, host=host, port=port)
+        with psycopg.connect(url, autocommit=True) as conn:
+            data = conn.execute("SHOW data_directory").fetchone()[0]
+        pid_file = Path(data) / "postmaster.pid"
+        if pid_file.exists():
+            found["coordinator" if group == 0 else f"worker {group}"] = pid_file
+    return found
+
+
+def compare_citus(args: argparse.Namespace) -> None:
+    """``--citus URL``: the selected scenarios on single Postgres (a plain database on
+    the coordinator's instance), then on the cluster, each in a process of its own, one
+    after the other on the same machine; the results hold both and a table sets them
+    side by side (docs/scaling.md)."""
+    argv = sys.argv[1:]
+    drop = ("--citus", "--out", "--url", "--database")
+    while at := [i for i, a in enumerate(argv) if a.split("=")[0] in drop]:
+        del argv[at[0] : at[0] + (1 if "=" in argv[at[0]] else 2)]
+    single_url = re.sub(r"(postgres(?:ql)?://[^/]*/)([^?]*)", r"\g<1>postgres", args.citus, count=1)
+    outs = {
+        "single": args.out.with_name(f"{args.out.stem}.single.json"),
+        "citus": args.out.with_name(f"{args.out.stem}.citus.json"),
+    }
+    print("--- single Postgres (the coordinator's instance, a plain database) ---", flush=True)
+    subprocess.run(
+        [sys.executable, __file__, *argv, "--url", single_url, "--out", str(outs["single"])],
+        check=True,
+    )
+    print("--- Citus: the coordinator and its workers ---", flush=True)
+    subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            *argv,
+            "--citus",
+            args.citus,
+            "--citus-only",
+            "--out",
+            str(outs["citus"]),
+        ],
+        check=True,
+    )
+    results = {k: json.loads(v.read_text()) for k, v in outs.items()}
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print_citus_table(results, args.out)
+
+
+def print_citus_table(r: dict, out: Path) -> None:
+    """Single Postgres beside Citus: throughput, pickup and CPU per step on each node."""
+    rows: list[tuple[str, object, object]] = []
+    one, cluster = r["single"], r["citus"]
+    if "throughput" in one and "throughput" in cluster:
+        a, b = one["throughput"], cluster["throughput"]
+        rows.append(("throughput steps/s", a["steps_per_s"], b["steps_per_s"]))
+        for part in ("server", "workers", "postgres"):
+            rows.append(
+                (f"CPU ms per step: {part}", a["cpu_ms_per_step"][part], b["cpu_ms_per_step"][part])
+            )
+        for node, ms in b.get("postgres_cpu_ms_per_step_by_node", {}).items():
+            rows.append((f"  of which Postgres on {node}", "", ms))
+        rows.append(
+            ("commits per step (coordinator)", a["commits_per_step"], b["commits_per_step"])
+        )
+    if "pickup_ms" in one and "pickup_ms" in cluster:
+        a, b = one["pickup_ms"], cluster["pickup_ms"]
+        rows.append(("pickup p50 / p99 ms", f"{a['p50']} / {a['p99']}", f"{b['p50']} / {b['p99']}"))
+    width = max(len(label) for label, _, _ in rows) + 2
+    print(f"\n  {'':{width}}{'single Postgres':>20}{'Citus 1+2':>20}")
+    for label, a, b in rows:
+        print(f"  {label:{width}}{a!s:>20}{b!s:>20}")
+    print(f"\n  Postgres {one['postgres']}, {one['machine']['cpus']} CPUs; {out} written")
+
+
 def repeat(args: argparse.Namespace) -> None:
     """``--repeat N``: this bench N times over, one after the other, each in a process
     of its own on a fresh database; the results hold each run and, under the usual
@@ -1379,7 +1501,7 @@ def _medians(runs: list) -> object:
 
 
 def cpu_split(cpu: dict) -> str:
-    """"server / workers / Postgres = total" (or the parts given, and their total)."""
+    """ "server / workers / Postgres = total" (or the parts given, and their total)."""
     parts = " / ".join(str(v) for k, v in cpu.items() if k != "total")
     return f"{parts} = {cpu['total']}" if "total" in cpu else parts
 

@@ -51,6 +51,13 @@ and, if pg_ctl is not on PATH, --pg-bin; run as root, pg_ctl runs as the owner o
 the data directory. Without --pg-data-dir an external Postgres cannot be restarted
 and --postgres-restarts must be 0.
 
+On Citus (--citus): a coordinator and two workers of its own (../shared/citus/cluster.sh,
+or CITUS_DIR; Citus built with its build.sh), in the work directory, stopped at the end.
+The schema is distributed, the business tables distributed by run_id (not co-located
+with the runs: the workers write them under their own role, docs/scaling.md), and the Postgres
+crashes (--postgres-restarts, 2 by default there) take turns between a worker node,
+chosen by the seed, and the coordinator, starting with a worker.
+
     python bench/chaos.py worker ADDRESS CALLS_DIR   (internal: one worker process)
     python bench/chaos.py server FLAGS...            (internal: the server process)
 """
@@ -259,6 +266,7 @@ class Postgres:
     bin_dir: Path | None = None
     user: str | None = None  # run pg_ctl as this system user (when we are root)
     owned: bool = False  # started here: stopped and removed at the end
+    hard: bool = False  # crashed by SIGKILL rather than pg_ctl (a Citus node)
 
     @classmethod
     def embedded(cls, root: Path) -> Postgres:
@@ -294,11 +302,26 @@ class Postgres:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             user=self.user,
+            # The user's own home: a Citus node's libpq reads ~/.postgresql/ (certificates)
+            # when it connects to the other nodes, and root's is not readable by it.
+            env={**os.environ, "HOME": pwd.getpwnam(self.user).pw_dir} if self.user else None,
         )
 
     def crash(self) -> None:
-        """Stop at once, like a power cut: no checkpoint, crash recovery at the next start."""
-        self.pg_ctl("-m", "immediate", "-w", "stop")
+        """Stop at once, like a power cut: no checkpoint, crash recovery at the next start.
+        A node of a Citus cluster (hard) is SIGKILLed, postmaster and children: pg_ctl's
+        immediate stop waited forever there for children forked while it stopped."""
+        if not self.hard:
+            self.pg_ctl("-m", "immediate", "-w", "stop")
+            return
+        assert self.data_dir is not None
+        import psutil
+
+        postmaster = psutil.Process(int((self.data_dir / "postmaster.pid").read_text().split()[0]))
+        family = [postmaster, *postmaster.children(recursive=True)]
+        for p in family:
+            with_suppressed(p.kill)
+        psutil.wait_procs(family, timeout=30)
 
     def start(self) -> None:
         assert self.data_dir is not None
@@ -311,6 +334,70 @@ class Postgres:
     def close(self) -> None:
         if self.owned:
             with_suppressed(lambda: self.pg_ctl("-m", "fast", "-w", "stop"))
+
+
+CITUS_DIR = Path(os.environ.get("CITUS_DIR", ROOT.parent / "shared" / "citus"))
+CITUS_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+@dataclass
+class Cluster:
+    """A local Citus cluster of its own (cluster.sh): a coordinator and two workers, each a
+    Postgres that the soak can crash; database DATABASE exists on every node."""
+
+    directory: Path
+    port: int
+    nodes: list[Postgres]
+
+    @classmethod
+    def start(cls, work: Path) -> Cluster:
+        directory = work / "citus"
+        port = free_port_block(3)
+        subprocess.run(
+            [
+                "bash",
+                str(CITUS_DIR / "cluster.sh"),
+                "start",
+                str(directory),
+                str(port),
+                "2",
+                DATABASE,
+            ],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        nodes = [
+            Postgres.external(
+                f"postgresql://postgres@127.0.0.1:{port + i}/{DATABASE}",
+                str(directory / f"node{port + i}"),
+                str(CITUS_BIN),
+            )
+            for i in range(3)
+        ]
+        for node in nodes:
+            node.hard = True
+        return cls(directory, port, nodes)
+
+    def close(self) -> None:
+        with_suppressed(
+            lambda: subprocess.run(
+                ["bash", str(CITUS_DIR / "cluster.sh"), "stop", str(self.directory)],
+                check=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+            )
+        )
+
+
+def free_port_block(count: int) -> int:
+    """The first of ``count`` consecutive free ports."""
+    rng = random.Random()
+    for _ in range(50):
+        base = rng.randrange(21000, 39000)
+        if all(not listening(p) for p in range(base, base + count)):
+            return base
+    raise RuntimeError("no free block of ports for the Citus cluster")
 
 
 def with_suppressed(action: Callable[[], object]) -> None:
@@ -504,19 +591,32 @@ def milestones(rng: random.Random, count: int, runs: int) -> list[int]:
     return [int(0.1 * runs + (k + rng.uniform(0.1, 0.9)) * share) for k in range(count)]
 
 
-def prepare_database(pg: Postgres) -> tuple[str, str]:
+def prepare_database(pg: Postgres, citus: bool = False) -> tuple[str, str]:
     """A fresh database with Cyclone's schema and the business tables; returns its URL
-    and the worker role's conninfo."""
+    and the worker role's conninfo. On a Citus coordinator (citus), the cluster's
+    database: the schema distributed, the business tables by run_id beside the runs."""
     from service.migrate import migrate
 
-    with psycopg.connect(pg.admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{DATABASE}"')
-    url = with_database(pg.admin_url, DATABASE)
-    migrate(url)
+    if citus:
+        url = pg.admin_url
+    else:
+        with psycopg.connect(pg.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{DATABASE}"')
+        url = with_database(pg.admin_url, DATABASE)
+    migrate(url, citus="on" if citus else "off")
     password = uuid.uuid4().hex
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(TABLES)
+        # Distributed by run_id but not co-located with the runs: the workers write them
+        # under their own role and Citus refuses, in one transaction, to reach a
+        # co-located placement that another role (step_complete's owner) changed
+        # (docs/scaling.md); the completion commits on two connections, in two phases.
+        for table in BUSINESS_TABLES.split(", ") if citus else ():
+            conn.execute(
+                "SELECT create_distributed_table(%s, 'run_id', colocate_with => 'none')",
+                (table,),
+            )
         conn.execute(
             f"""DO $$ BEGIN
                 IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{WORKER_ROLE}') THEN
@@ -542,9 +642,17 @@ def progress(url: str) -> tuple[int, int] | None:
     return row[0], row[1]
 
 
-def soak(args: argparse.Namespace, pg: Postgres, work: Path) -> int:
+def crash_order(rng: random.Random, nodes: list[Postgres], count: int) -> list[Postgres]:
+    """Which Postgres each crash stops: the only one, or on Citus (coordinator first in
+    ``nodes``) a worker node chosen by the seed and the coordinator, in turns."""
+    if len(nodes) == 1:
+        return nodes * count
+    return [rng.choice(nodes[1:]) if k % 2 == 0 else nodes[0] for k in range(count)]
+
+
+def soak(args: argparse.Namespace, nodes: list[Postgres], work: Path) -> int:
     rng = random.Random(args.seed)
-    url, worker_dsn = prepare_database(pg)
+    url, worker_dsn = prepare_database(nodes[0], citus=len(nodes) > 1)
     port = free_port()
     address = f"127.0.0.1:{port}"
     calls_dir = work / "calls"
@@ -569,6 +677,8 @@ def soak(args: argparse.Namespace, pg: Postgres, work: Path) -> int:
         w.start()
     server_at = milestones(rng, args.server_kills, args.runs)
     postgres_at = milestones(rng, args.postgres_restarts, args.runs)
+    victims = crash_order(rng, nodes, args.postgres_restarts)
+    crashed: Postgres | None = None
     log(f"server kills after {server_at} submissions, Postgres crashes after {postgres_at}")
     clients = Submissions(address, args.runs, args.rate, args.seed, args.durable_share)
     counts = Counts()
@@ -606,15 +716,21 @@ def soak(args: argparse.Namespace, pg: Postgres, work: Path) -> int:
                 log(f"t={now - began:.1f}s SIGKILL server (after {submitted} submissions)")
             elif calm and postgres_at and submitted >= postgres_at[0]:
                 postgres_at.pop(0)
-                pg.crash()
+                crashed = victims.pop(0)
+                crashed.crash()
                 counts.postgres_crashes += 1
                 postgres_back_at = now + rng.uniform(0.5, 2.0)
-                log(f"t={now - began:.1f}s Postgres stopped -m immediate ({submitted} submitted)")
+                log(
+                    f"t={now - began:.1f}s Postgres {name_of(crashed, nodes)}"
+                    f" {'SIGKILLed' if crashed.hard else 'stopped -m immediate'}"
+                    f" ({submitted} submitted)"
+                )
             if server_back_at is not None and now >= server_back_at:
                 server.start()
                 server_back_at = None
             if postgres_back_at is not None and now >= postgres_back_at:
-                pg.start()
+                assert crashed is not None
+                crashed.start()
                 postgres_back_at = None
                 log(f"t={time.monotonic() - began:.1f}s Postgres started again")
             if now >= next_report:
@@ -640,11 +756,18 @@ def soak(args: argparse.Namespace, pg: Postgres, work: Path) -> int:
         clients.stop.set()
         for t in threads:
             t.join(10)
-        if postgres_back_at is not None:
-            pg.start()
+        if postgres_back_at is not None and crashed is not None:
+            crashed.start()
         stop_all([*workers, server])
     elapsed = time.monotonic() - began
     return report(args, url, clients, counts, workers, server, calls_dir, elapsed, finished)
+
+
+def name_of(pg: Postgres, nodes: list[Postgres]) -> str:
+    """How the log names a crashed Postgres: the coordinator or a worker (on Citus)."""
+    if len(nodes) == 1:
+        return ""
+    return "(coordinator)" if pg is nodes[0] else f"(worker node {nodes.index(pg)})"
 
 
 def report(
@@ -670,16 +793,22 @@ def report(
         ledger = dict(
             conn.execute("SELECT run_id::text, count(*) FROM chaos_ledger GROUP BY run_id")
         )
-        [(ledger_duplicates, orphans, audit_duplicates, max_attempt)] = conn.execute(
+        # Each table is read on its own, and the rows matched here: on Citus the
+        # business tables are not co-located with the engine's, so no join spans both.
+        [(ledger_duplicates, audit_duplicates, max_attempt)] = conn.execute(
             """SELECT (SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM chaos_ledger
                         GROUP BY run_id, node) g),
-                      (SELECT count(*) FROM chaos_ledger l
-                        WHERE NOT EXISTS (SELECT 1 FROM cyclone.steps s
-                                           WHERE s.run_id = l.run_id AND s.node = l.node
-                                             AND s.status = 'completed')),
                       (SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM chaos_audit
                         GROUP BY run_id, node) g),
                       (SELECT max(attempt) FROM cyclone.steps)"""
+        )
+        completed_steps = set(
+            conn.execute("SELECT run_id, node FROM cyclone.steps WHERE status = 'completed'")
+        )
+        orphans = sum(
+            1
+            for key in conn.execute("SELECT run_id, node FROM chaos_ledger")
+            if key not in completed_steps
         )
         step_ledger = dict(
             conn.execute(
@@ -688,17 +817,22 @@ def report(
         )
         # A row beyond one per step call is a duplicate; a row whose step call has no
         # recorded success, or whose node did not complete, escaped its transaction.
-        [(durable_duplicates, step_orphans)] = conn.execute(
-            """SELECT (SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n
-                         FROM chaos_step_ledger GROUP BY run_id, node, step_id) g),
-                      (SELECT count(*) FROM chaos_step_ledger l
-                        WHERE NOT EXISTS (SELECT 1 FROM cyclone.step_calls c
-                                           WHERE c.run_id = l.run_id AND c.node = l.node
-                                             AND c.step_id = l.step_id
-                                             AND c.status = 'succeeded')
-                           OR NOT EXISTS (SELECT 1 FROM cyclone.steps s
-                                           WHERE s.run_id = l.run_id AND s.node = l.node
-                                             AND s.status = 'completed'))"""
+        [(durable_duplicates,)] = conn.execute(
+            """SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n
+                         FROM chaos_step_ledger GROUP BY run_id, node, step_id) g"""
+        )
+        succeeded_calls = set(
+            conn.execute(
+                "SELECT run_id, node, step_id FROM cyclone.step_calls WHERE status = 'succeeded'"
+            )
+        )
+        step_orphans = sum(
+            1
+            for run_id, node, step_id in conn.execute(
+                "SELECT run_id, node, step_id FROM chaos_step_ledger"
+            )
+            if (run_id, node, step_id) not in succeeded_calls
+            or (run_id, node) not in completed_steps
         )
     keys = [clients.key(i) for i in range(args.runs)]
     never_acked = [k for k in keys if k not in clients.acked]
@@ -777,7 +911,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="replay a soak (default: random)")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--server-kills", type=int, default=3)
-    parser.add_argument("--postgres-restarts", type=int, default=1)
+    parser.add_argument(
+        "--postgres-restarts", type=int, default=None, help="Postgres crashes (1; 2 on Citus)"
+    )
     parser.add_argument(
         "--kill-every",
         type=interval,
@@ -796,23 +932,38 @@ def main() -> None:
     parser.add_argument("--pg-data-dir", help="data directory of --database-url's server")
     parser.add_argument("--pg-bin", help="directory of its pg_ctl")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument(
+        "--citus",
+        action="store_true",
+        help="on a Citus cluster of its own: a coordinator and two workers (CITUS_DIR)",
+    )
     args = parser.parse_args()
+    if args.postgres_restarts is None:
+        args.postgres_restarts = 2 if args.citus else 1
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**9)
     work = Path(tempfile.mkdtemp(prefix="cyclone-chaos-"))
     log(f"chaos: seed={args.seed} runs={args.runs} workers={args.workers} logs in {work}")
     os.chmod(work, 0o755)  # the embedded Postgres runs as another user when we are root
-    if args.database_url:
-        pg = Postgres.external(args.database_url, args.pg_data_dir, args.pg_bin)
+    cluster = None
+    if args.citus:
+        os.chmod(work, 0o777)  # the cluster's nodes run as postgres
+        cluster = Cluster.start(work)
+        nodes = cluster.nodes
+        log(f"on Citus: coordinator on port {cluster.port}, workers on the next two")
+    elif args.database_url:
+        nodes = [Postgres.external(args.database_url, args.pg_data_dir, args.pg_bin)]
     else:
-        pg = Postgres.embedded(work)
-    if args.postgres_restarts and not pg.restartable:
+        nodes = [Postgres.embedded(work)]
+    if args.postgres_restarts and not all(pg.restartable for pg in nodes):
         raise SystemExit("restarting an external Postgres needs --pg-data-dir (or pass 0)")
     status = 1
     try:
-        status = soak(args, pg, work)
+        status = soak(args, nodes, work)
     finally:
-        pg.close()
+        nodes[0].close()
+        if cluster is not None:
+            cluster.close()
         if status == 0 and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     sys.exit(status)

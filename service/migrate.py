@@ -185,6 +185,7 @@ _DELEGATED = {
     "run_submit",
     "step_heartbeat",
     "step_claim_run",
+    "step_claim_shard",
     "step_call_begin",
     "_step_call_end",
     "step_call_record",

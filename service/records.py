@@ -275,10 +275,16 @@ class ClaimedStep(NamedTuple):
 
 
 class Candidate(NamedTuple):
-    """step_candidates: a ready step found on some shard (Citus claims)."""
+    """step_candidates_sharded: a ready step found on some shard (Citus claims), with
+    its run's shard and whether flow control applies to it."""
 
     run_id: uuid.UUID
     node: str
+    action: str
+    shard: int
+    concurrency_key: str | None
+    concurrency_limit: int | None
+    flow: bool
 
 
 class Sharded(NamedTuple):
@@ -486,6 +492,14 @@ class ExplainFacts(NamedTuple):
     rate_reopens_at: datetime | None
 
 
+class ExplainCounts(NamedTuple):
+    """step_explain_counts: Explain's counts of other steps (read across shards)."""
+
+    ready_ahead: int | None
+    action_running: int | None
+    key_running: int | None
+
+
 class GaugeRow(NamedTuple):
     """metrics_gauges: one gauge reading (part: runs, available or running)."""
 
@@ -494,6 +508,12 @@ class GaugeRow(NamedTuple):
     n: int
     age_s: float | None
     extra: int
+
+
+class ScheduleTurn(NamedTuple):
+    """schedules_turn: whether this server's firing pass may go on (Citus)."""
+
+    turn: bool
 
 
 class ScheduleRow(NamedTuple):

@@ -48,6 +48,7 @@ from service.records import (
     Deleted,
     DueSchedule,
     EventSent,
+    ExplainCounts,
     ExplainFacts,
     Fired,
     GaugeRow,
@@ -70,6 +71,7 @@ from service.records import (
     RunSummary,
     ScheduleName,
     ScheduleRow,
+    ScheduleTurn,
     Sharded,
     StepCallBegun,
     StepCallEnded,
@@ -342,6 +344,11 @@ class Store:
         # Whether the database is sharded (Citus); asked once, on the first claim.
         self.sharded: bool | None = None
         options = "-c application_name=cyclone-server -c cyclone.defer_notify=on"
+        # On Citus: a multi-shard statement uses one connection per worker node (the
+        # cached one) instead of opening more, in parallel, and closing them after the
+        # transaction; opening them cost the worker nodes more than the claim itself
+        # (docs/scaling.md). A setting without effect on a database without Citus.
+        options += " -c citus.max_adaptive_executor_pool_size=1"
         if statement_timeout_ms:
             options += f" -c statement_timeout={int(statement_timeout_ms)}"
         self._compiled: dict[str, str] = {}
@@ -625,9 +632,14 @@ class Store:
         rates: Mapping[str, tuple[int, float]] | None = None,
     ) -> list[ClaimedStep]:
         """rates: the actions the worker declares rate limited, with (count, period_s)."""
-        if await self.is_sharded():
-            return await self._claim_by_run(worker_id, actions, unsafe, limit, lease_s)
         rated = list((rates or {}).items())
+        flow: dict[str, list[Any]] = {
+            "rate_actions": [a for a, _ in rated],
+            "rate_counts": [c for _, (c, _) in rated],
+            "rate_periods": [p for _, (_, p) in rated],
+        }
+        if await self.is_sharded():
+            return await self._claim_sharded(worker_id, actions, unsafe, limit, lease_s, flow)
         return await self._all(
             "step_claim",
             ClaimedStep,
@@ -636,9 +648,7 @@ class Store:
             unsafe=unsafe,
             limit=limit,
             lease_s=lease_s,
-            rate_actions=[a for a, _ in rated],
-            rate_counts=[c for _, (c, _) in rated],
-            rate_periods=[p for _, (_, p) in rated],
+            **flow,
         )
 
     async def is_sharded(self) -> bool:
@@ -649,34 +659,62 @@ class Store:
             self.sharded = bool(row and row.sharded)
         return self.sharded
 
-    async def _claim_by_run(
-        self, worker_id: str, actions: list[str], unsafe: list[str], limit: int, lease_s: float
+    async def _claim_sharded(
+        self,
+        worker_id: str,
+        actions: list[str],
+        unsafe: list[str],
+        limit: int,
+        lease_s: float,
+        flow: dict[str, list[Any]],
     ) -> list[ClaimedStep]:
-        """A claim on a sharded database: one multi-shard read of the ready steps (no
-        locks), then each run's taken by step_claim_run, a single-shard transaction.
-        Twice the steps asked are read, as other servers may take some first."""
-        found = await self._all("step_candidates", Candidate, actions=actions, limit=limit * 2)
-        by_run: dict[uuid.UUID, list[str]] = {}
-        for c in found:
-            by_run.setdefault(c.run_id, []).append(c.node)
+        """A claim on a sharded database (95_shards.sql): one multi-shard read of the
+        ready steps (no locks), then each shard's taken in one delegated call, a
+        single-shard transaction (step_claim_shard), and those under flow control
+        admitted under their locks on the coordinator (step_claim_flow). Twice the steps
+        asked are read, as other servers may take some first."""
+        found = await self._all(
+            "step_candidates_sharded", Candidate, actions=actions, limit=limit * 2, **flow
+        )
         claimed: list[ClaimedStep] = []
-        taken = 0
         async with self._connection() as driver:
-            for run_id, nodes in by_run.items():
-                if taken >= limit:
+            by_shard: dict[int, list[Candidate]] = {}
+            for c in found:
+                if not c.flow:
+                    by_shard.setdefault(c.shard, []).append(c)
+            for group in by_shard.values():
+                left = limit - sum(not r.blocked for r in claimed)
+                if left <= 0:
                     break
-                rows = await self._run(
+                claimed += await self._run(
                     driver,
-                    "step_claim_run",
+                    "step_claim_shard",
                     ClaimedStep,
-                    run_id=str(run_id),
-                    nodes=nodes[: limit - taken],
+                    run_id=str(group[0].run_id),
+                    runs=[str(c.run_id) for c in group[:left]],
+                    nodes=[c.node for c in group[:left]],
                     worker_id=worker_id,
                     unsafe=unsafe,
                     lease_s=lease_s,
                 )
-                claimed += rows
-                taken += sum(not r.blocked for r in rows)
+            held = [c for c in found if c.flow]
+            left = limit - sum(not r.blocked for r in claimed)
+            if held and left > 0:
+                claimed += await self._run(
+                    driver,
+                    "step_claim_flow",
+                    ClaimedStep,
+                    runs=[str(c.run_id) for c in held],
+                    nodes=[c.node for c in held],
+                    actions=[c.action for c in held],
+                    keys=[c.concurrency_key for c in held],
+                    limits=[c.concurrency_limit for c in held],
+                    worker_id=worker_id,
+                    unsafe=unsafe,
+                    lease_s=lease_s,
+                    limit=left,
+                    **flow,
+                )
         return claimed
 
     async def steps_release(self, claimed: Sequence[ClaimedStep]) -> int:
@@ -974,7 +1012,10 @@ class Store:
             raise errors.NotFound(f"run {run_id} not found")
         if row.node is None:
             raise errors.NotFound(f"run {run_id} has no node {node!r}")
-        return row
+        counts = await self._one(
+            "step_explain_counts", ExplainCounts, run_id=str(run_id), node=node
+        )
+        return row if counts is None else row._replace(**counts._asdict())
 
     async def action_claims_note(self, seen: Sequence[ActionSeen]) -> None:
         """Record what this server saw of the workers serving each action."""
@@ -1046,7 +1087,12 @@ class Store:
         under a savepoint: one that fails (its plan, or its submit) is left due, with
         its error in ``failed``, and the others fire."""
         fires = Fires(due=0, fired=[], missed={}, more=False, failed={})
+        sharded = await self.is_sharded()
         async with self._connection() as driver, driver.transaction():
+            if sharded:
+                [turn] = await self._run(driver, "schedules_turn", ScheduleTurn)
+                if not turn.turn:
+                    return fires  # another server is firing: passed by, not waited for
             due = await self._run(driver, "schedules_due", DueSchedule, limit=limit)
             fires.due = len(due)
             for schedule in due:

@@ -371,14 +371,14 @@ def test_claims_of_a_rate_limited_action_stay_within_the_limit_across_servers(se
         for t in workers:
             t.join(PATIENCE)
     assert errors == []
-    busiest = servers[0].sql(
-        "SELECT max((SELECT count(*) FROM cyclone.steps o"
-        "            WHERE o.action = 'rated' AND o.started_at >= s.started_at"
-        "              AND o.started_at < s.started_at + make_interval(secs => %s)))"
-        "  FROM cyclone.steps s WHERE s.action = 'rated'",
-        period,
+    # Counted here rather than by a correlated subquery, which Citus cannot plan (the
+    # Citus suite runs this test too).
+    started = sorted(
+        t for (t,) in servers[0].sql("SELECT started_at FROM cyclone.steps WHERE action = 'rated'")
     )
-    assert 1 <= busiest[0][0] <= count, busiest
+    window = timedelta(seconds=period)
+    busiest = max(sum(1 for o in started if s <= o < s + window) for s in started)
+    assert 1 <= busiest <= count, started
 
 
 # -- hostile values -----------------------------------------------------------------

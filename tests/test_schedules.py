@@ -279,10 +279,18 @@ def test_a_schedule_another_server_holds_is_skipped_then_fired_once_its_holder_d
     """A server that dies in the middle of a pass: its transaction holds the schedule
     and has submitted the run; the other servers pass it by (SKIP LOCKED); when the
     holder's connection dies, its transaction rolls back and the next pass fires it."""
+    held_by_a_dying_server(server_factory, database_url)
+
+
+def held_by_a_dying_server(server_factory, database_url, first: str | None = None) -> None:
+    """The test above; ``first``: a statement the holder runs before it locks the
+    schedule, as a server does on Citus (tests/citus/test_citus.py)."""
     one, two = server_factory(), server_factory()
     create(one, schedule(every=60))
     to_next_firing(one)
     holder = psycopg.connect(database_url)
+    if first is not None:
+        assert holder.execute(first).fetchone() == (True,)
     holder.execute("SELECT * FROM cyclone.schedules WHERE name = 'tick' FOR UPDATE")
     [(due,)] = holder.execute("SELECT next_fire_at FROM cyclone.schedules").fetchall()
     holder.execute(
@@ -296,7 +304,7 @@ def test_a_schedule_another_server_holds_is_skipped_then_fired_once_its_holder_d
     killer = psycopg.connect(database_url, autocommit=True)
     with killer:
         [(gone,)] = killer.execute(
-            "SELECT pg_terminate_backend(%s, 10000)", (holder.info.backend_pid,)
+            "SELECT pg_terminate_backend(%s::integer, 10000)", (holder.info.backend_pid,)
         ).fetchall()
     assert gone
     holder.close()

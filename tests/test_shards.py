@@ -1,6 +1,8 @@
 """The sharded path (service/schema/95_shards.sql) on one Postgres: a server told that
-its database is sharded claims run by run (step_candidates, step_claim_run), applies
-CompleteMany outcome by outcome and purges by key, as it does on Citus; the same tests
+its database is sharded claims shard by shard (step_candidates_sharded,
+step_claim_shard) and admits steps under flow control under the coordinator's locks
+(step_claim_flow), applies CompleteMany outcome by outcome, purges by key and takes
+turns to fire schedules, as it does on Citus; the same tests
 as the set-based path, imported from their modules. tests/citus/ runs them on a
 cluster."""
 
@@ -19,11 +21,19 @@ from tests.test_blocked import (  # noqa: F401
     test_unsafe_step_that_lost_its_lease_blocks_the_run,
 )
 from tests.test_flow import (  # noqa: F401
+    test_a_full_key_is_passed_over_and_frees_a_slot_when_a_step_ends,
+    test_a_key_with_limit_two_never_has_three_running_across_servers,
+    test_a_rate_limit_admits_count_claims_per_window,
+    test_a_waiting_claim_wakes_when_the_rate_window_opens,
+    test_claims_of_a_rate_limited_action_stay_within_the_limit_across_servers,
     test_claims_take_higher_priorities_first_and_each_priority_in_order,
 )
 from tests.test_retention import (  # noqa: F401
     test_a_submit_once_key_outlives_its_deleted_run_for_the_key_retention,
     test_finished_runs_past_the_age_go_with_their_steps_and_the_rest_stay,
+)
+from tests.test_schedules import (  # noqa: F401
+    test_a_schedule_another_server_holds_is_skipped_then_fired_once_its_holder_dies,
 )
 from tests.test_step_calls import (  # noqa: F401
     test_the_claim_carries_the_journal_in_seq_order_and_retry_keeps_it,

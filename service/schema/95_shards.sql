@@ -20,11 +20,11 @@ LANGUAGE sql STABLE AS $$
         'node', p_node, 'attempt', p_attempt, 'started_at', p_started_at)
 $$;
 
--- A claim on a sharded database, its first read: up to p_limit ready steps of these
--- actions on every shard, highest priority first, then oldest, as step_claim walks
--- them; no locks. step_claim_run then takes them, one run (one shard) at a time. (The
--- time is read here, not in the statement: on Citus a shard's statement may not read
--- the clock, a reference table.) RPC: Claim, on Citus.
+-- A claim on a sharded database, its first read, as servers before migration 0029 made
+-- it (kept for them during an upgrade; step_candidates_sharded replaces it): up to
+-- p_limit ready steps of these actions on every shard, highest priority first, then
+-- oldest, as step_claim walks them; no locks. (The time is read here, not in the
+-- statement: on Citus a shard's statement may not read the clock, a reference table.)
 CREATE FUNCTION cyclone.step_candidates(p_actions text[], p_limit integer)
 RETURNS TABLE (run_id uuid, node text)
 LANGUAGE plpgsql STABLE AS $$
@@ -42,13 +42,14 @@ END;
 $$;
 
 -- step_claim for the ready steps p_nodes of one run, which a multi-shard read found
--- (the named query step_candidates): the same rows, the same changes, on one shard.
+-- (step_candidates_sharded): the same rows, the same changes, on one shard.
 -- Each step is taken only if it is still available and due (FOR UPDATE SKIP LOCKED: a
 -- step another claim holds or took is passed over), so candidates read by several
 -- servers at once are handed out once. An uncertain step of an action the worker
 -- marks unsafe blocks the run instead and is returned first with blocked = true (as
 -- _block_uncertain does). Flow control (rate limits, concurrency keys) is not applied
--- here: it counts across runs (docs/scaling.md). RPC: Claim, on Citus.
+-- here: it counts across runs, under locks step_claim_flow takes before calling this.
+-- Called by step_claim_shard and step_claim_flow, on Citus.
 CREATE FUNCTION cyclone.step_claim_run(
     p_run_id uuid, p_nodes text[], p_worker text, p_unsafe text[], p_lease interval)
 RETURNS TABLE (
@@ -195,18 +196,32 @@ BEGIN
 END;
 $$;
 
--- step_next_due on a sharded database: seconds until the soonest ready step of these
--- actions comes due (a backoff, a start time), read across shards; NULL when none
--- waits. Rate limits and concurrency keys are not applied on Citus (step_claim_run).
--- Asked by a waiting Claim to set its timer.
+-- step_next_due on a sharded database: seconds until a claim of these actions may find
+-- work, read across shards; NULL when none waits: the soonest ready step coming due (a
+-- backoff, a start time), or, when a step is due already but the claim took nothing,
+-- the time a rate-limited action's window opens again (reopens_at). A key has no such
+-- time: the step that frees its slot wakes the claims of its action (as on one
+-- Postgres, step_next_due). Asked by a waiting Claim to set its timer.
 CREATE FUNCTION cyclone.step_next_due_sharded(p_actions text[]) RETURNS float8
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_now timestamptz := cyclone.now();
+    v_now   timestamptz := cyclone.now();
+    v_next  timestamptz;
+    v_due   text[];
+    v_opens timestamptz;
 BEGIN
-    RETURN extract(epoch FROM (SELECT min(s.available_at) FROM cyclone.steps s
-                                WHERE s.status = 'available' AND s.action = ANY (p_actions)
-                                  AND s.available_at > v_now) - v_now)::float8;
+    v_next := (SELECT min(s.available_at) FROM cyclone.steps s
+                WHERE s.status = 'available' AND s.action = ANY (p_actions)
+                  AND s.available_at > v_now);
+    IF EXISTS (SELECT 1 FROM cyclone.action_rates t
+                WHERE t.action = ANY (p_actions) AND t.reopens_at > v_now) THEN
+        v_due := ARRAY(SELECT DISTINCT s.action FROM cyclone.steps s
+                        WHERE s.status = 'available' AND s.action = ANY (p_actions)
+                          AND s.available_at <= v_now);
+        v_opens := (SELECT min(t.reopens_at) FROM cyclone.action_rates t
+                     WHERE t.action = ANY (v_due) AND t.reopens_at > v_now);
+    END IF;
+    RETURN extract(epoch FROM least(v_next, v_opens) - v_now)::float8;
 END;
 $$;
 
@@ -261,5 +276,385 @@ BEGIN
         v_count := v_count + (CASE WHEN FOUND THEN 1 ELSE 0 END);
     END LOOP;
     RETURN v_count;
+END;
+$$;
+
+-- The shard of each run of p_runs (aligned), to group a claim's runs by shard: Citus's
+-- shard id, or 0 for all on a database that is not distributed. Called by
+-- step_candidates_sharded.
+CREATE FUNCTION cyclone._shards_of(p_runs uuid[]) RETURNS bigint[]
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT cyclone.sharded() THEN
+        RETURN array_fill(0::bigint, ARRAY[coalesce(cardinality(p_runs), 0)]);
+    END IF;
+    -- Citus's own function, so only run on Citus (PL/pgSQL plans it at first use).
+    RETURN ARRAY(SELECT get_shard_id_for_distribution_column('cyclone.runs', u.r)
+                   FROM unnest(p_runs) WITH ORDINALITY AS u(r, i) ORDER BY u.i);
+END;
+$$;
+
+-- A claim on a sharded database, its first read (Store._claim_sharded): up to p_limit
+-- ready steps of these actions across every shard, highest priority first, then oldest
+-- (step_claim's order), no locks, each with its run's shard and whether flow control
+-- applies to it (flow: it has a concurrency key, or its action is one the worker
+-- declares rate limited, p_rate_actions with p_rate_counts per p_rate_periods). As in
+-- step_claim's walk, keys already full and rated actions whose window is full (as last
+-- written) are passed over, so that they do not fill the batch; step_claim_flow counts
+-- both again under their locks. Keys are looked at only when the read met a keyed step.
+-- RPC: Claim, on Citus.
+CREATE FUNCTION cyclone.step_candidates_sharded(
+    p_actions text[], p_limit integer, p_rate_actions text[], p_rate_counts integer[],
+    p_rate_periods interval[])
+RETURNS TABLE (run_id uuid, node text, action text, shard bigint, concurrency_key text,
+               concurrency_limit integer, flow boolean)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_shut   text[] := '{}';
+    v_full   text[] := '{}';
+    v_runs   uuid[];
+    v_nodes  text[];
+    v_acts   text[];
+    v_keys   text[];
+    v_limits integer[];
+BEGIN
+    IF cardinality(p_rate_actions) > 0 THEN
+        v_shut := ARRAY(
+            SELECT r.action
+              FROM unnest(p_rate_actions, p_rate_counts, p_rate_periods) AS r(action, count, period)
+              JOIN cyclone.action_rates t ON t.action = r.action
+             WHERE (SELECT coalesce(sum(b.n), 0) FROM unnest(t.lasts, t.counts) AS b(last, n)
+                     WHERE b.last > v_now - r.period) >= r.count);
+    END IF;
+    FOR pass IN 1 .. 2 LOOP
+        SELECT array_agg(c.run_id ORDER BY c.i), array_agg(c.node ORDER BY c.i),
+               array_agg(c.action ORDER BY c.i), array_agg(c.concurrency_key ORDER BY c.i),
+               array_agg(c.concurrency_limit ORDER BY c.i)
+          INTO v_runs, v_nodes, v_acts, v_keys, v_limits
+          FROM (SELECT s.run_id, s.node, s.action, s.concurrency_key, s.concurrency_limit,
+                       row_number() OVER (ORDER BY s.priority DESC, s.available_at) AS i
+                  FROM (SELECT s.run_id, s.node, s.action, s.concurrency_key,
+                               s.concurrency_limit, s.priority, s.available_at
+                          FROM cyclone.steps s
+                         WHERE s.status = 'available' AND s.action = ANY (p_actions)
+                           AND s.available_at <= v_now AND s.action <> ALL (v_shut)
+                           AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (v_full))
+                         ORDER BY s.priority DESC, s.available_at
+                         LIMIT p_limit) s) c;
+        EXIT WHEN pass = 2 OR v_runs IS NULL
+                  OR NOT EXISTS (SELECT 1 FROM unnest(v_keys) k WHERE k IS NOT NULL);
+        -- The keys with as many running steps as their limit (a multi-shard read).
+        v_full := ARRAY(SELECT k.concurrency_key FROM cyclone.steps k
+                         WHERE k.status = 'running' AND k.concurrency_key IS NOT NULL
+                         GROUP BY k.concurrency_key
+                        HAVING count(*) >= min(k.concurrency_limit));
+        EXIT WHEN NOT EXISTS (SELECT 1 FROM unnest(v_keys) k WHERE k = ANY (v_full));
+    END LOOP;
+    IF v_runs IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT u.run_id, u.node, u.action, u.shard, u.concurrency_key, u.concurrency_limit,
+           u.concurrency_key IS NOT NULL OR u.action = ANY (p_rate_actions)
+      FROM unnest(v_runs, v_nodes, v_acts, cyclone._shards_of(v_runs), v_keys, v_limits)
+           WITH ORDINALITY AS u(run_id, node, action, shard, concurrency_key,
+                                concurrency_limit, i)
+     ORDER BY u.i;
+END;
+$$;
+
+-- step_claim_run for the steps p_nodes of the runs p_runs (aligned), all of one shard,
+-- in one call: distributed by p_run_id (any of p_runs), a call is delegated whole to
+-- the node holding that shard and is one single-shard transaction there, one round trip
+-- for the shard's part of a claim. The same rows and changes as step_claim_run, in one
+-- statement per run instead of five: on a worker node Citus plans each statement twice
+-- (as a distributed query, then as its shard's), which cost more than the work, and
+-- each statement names its run, so it stays on the shard (a statement over several
+-- runs was planned for every shard). When the worker marks actions unsafe, the runs
+-- are taken by step_claim_run (an uncertain step blocks its run there). Only steps
+-- without flow control are passed here (step_candidates_sharded's flow = false); the
+-- others go through step_claim_flow. RPC: Claim, on Citus.
+CREATE FUNCTION cyclone.step_claim_shard(
+    p_run_id uuid, p_runs uuid[], p_nodes text[], p_worker text, p_unsafe text[],
+    p_lease interval)
+RETURNS TABLE (
+    run_id uuid, node text, action text, workflow text, attempt integer,
+    max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
+    lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
+    effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
+    journal jsonb)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_run    uuid;
+    v_nodes  text[];
+    -- A lease token for each node of the run, drawn here: Citus refuses a volatile
+    -- function in an UPDATE of a distributed table.
+    v_tokens uuid[];
+    -- The tables as this node holds them: on Citus the shards of p_run_id's group,
+    -- which this call (delegated to their node) reads and writes as the plain tables
+    -- they are, planned once per statement rather than twice.
+    v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.step_errors',
+                             'cyclone.runs'];
+    v_shards text[];
+    v_sql    text;
+BEGIN
+    IF cyclone.sharded() AND cardinality(p_unsafe) = 0 THEN
+        v_shards := ARRAY(SELECT format('cyclone.%I', t.name || '_'
+                                        || get_shard_id_for_distribution_column(
+                                               ('cyclone.' || t.name)::regclass, p_run_id))
+                            FROM unnest(ARRAY['steps', 'step_calls', 'step_errors', 'runs'])
+                                 WITH ORDINALITY AS t(name, i)
+                           ORDER BY t.i);
+        -- Not delegated (called in a transaction block, or the shard moved meanwhile):
+        -- the shards are elsewhere, and the distributed tables serve, planned by Citus.
+        IF NOT EXISTS (SELECT 1 FROM unnest(v_shards) n WHERE to_regclass(n) IS NULL) THEN
+            v_tables := v_shards;
+        END IF;
+    END IF;
+    -- One statement per run; $1 the run, $2 its nodes, $3 their tokens, $4 the time,
+    -- $5 the worker, $6 the lease; %1$s steps, %2$s step_calls, %3$s step_errors,
+    -- %4$s runs.
+    v_sql := format($q$
+            WITH picked AS (
+                SELECT s.node, t.token, s.effect_uncertain AS uncertain, s.available_at AS since,
+                       s.waiting_for = 'sleep' AS slept, t.i
+                  FROM %1$s s
+                  JOIN unnest($2, $3) WITH ORDINALITY AS t(node, token, i)
+                    ON t.node = s.node
+                 WHERE s.run_id = $1 AND s.status = 'available' AND s.available_at <= $4
+                   FOR UPDATE OF s SKIP LOCKED
+            ), claimed AS (
+                UPDATE %1$s s
+                   SET status = 'running',
+                       attempt = s.attempt + 1,
+                       lease_token = p.token,
+                       started_at = $4,
+                       last_heartbeat_at = $4,
+                       deadline_at = cyclone._later($4, s.timeout),
+                       lease_expires_at = cyclone._later($4, least($6, s.timeout)),
+                       worker_id = $5,
+                       unsafe = false,
+                       effect_uncertain = false,
+                       waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
+                                          ELSE s.waiting_for END
+                  FROM picked p
+                 WHERE s.run_id = $1 AND s.node = p.node
+                RETURNING s.node, s.action, s.attempt, s.max_attempts, s.input, s.depends_on,
+                          s.deps_failed, s.lease_token, s.lease_expires_at, s.deadline_at,
+                          s.progress
+            ), slept AS (
+                -- As in step_claim: a sleep is over once its node is claimed at its wake time.
+                UPDATE %2$s j
+                   SET status = 'succeeded', output = 'null', finished_at = $4,
+                       attempt = c.attempt
+                  FROM claimed c JOIN picked p ON p.node = c.node AND p.slept
+                 WHERE j.run_id = $1 AND j.node = c.node
+                   AND j.status = 'waiting' AND j.function = 'cyclone.sleep'
+                   AND j.wake_at <= $4
+                RETURNING j.node, j.step_id
+            )
+            SELECT $1, c.node, c.action, r.workflow, c.attempt, c.max_attempts, c.input,
+                   r.input,
+                   CASE WHEN cardinality(c.depends_on) > 0 THEN (
+                       SELECT jsonb_object_agg(u.node, u.output) FROM %1$s u
+                        WHERE u.run_id = $1 AND u.node = ANY (c.depends_on)
+                          AND u.status = 'completed') END,
+                   c.lease_token, c.lease_expires_at, c.deadline_at, c.progress,
+                   p.uncertain, false, extract(epoch FROM $4 - p.since)::float8,
+                   CASE WHEN c.deps_failed > 0 THEN (
+                       SELECT jsonb_agg(jsonb_build_object(
+                                  'node', u.node, 'status', u.status,
+                                  'error', CASE WHEN u.status = 'discarded' THEN (
+                                      SELECT jsonb_build_object(
+                                                 'attempt', e.attempt, 'kind', e.kind,
+                                                 'type', e.type, 'message', e.message,
+                                                 'details', e.details, 'retryable', e.retryable,
+                                                 'at', e.at)
+                                        FROM %3$s e
+                                       WHERE e.run_id = $1 AND e.node = u.node
+                                       ORDER BY e.at DESC, e.attempt DESC LIMIT 1) END)
+                              ORDER BY u.position)
+                         FROM %1$s u
+                        WHERE u.run_id = $1 AND u.node = ANY (c.depends_on)
+                          AND u.status IN ('discarded', 'skipped')) END,
+                   -- _step_call_json's shape (on Citus a shard's row has the shard's type); a
+                   -- sleep this claim ended, as slept left it (the statement still sees the
+                   -- old version of its row).
+                   (SELECT jsonb_agg(CASE WHEN w.step_id IS NULL
+                                          THEN to_jsonb(j) - 'run_id' - 'node'
+                                          ELSE to_jsonb(j) - 'run_id' - 'node'
+                                               || jsonb_build_object('status', 'succeeded',
+                                                                     'output', 'null'::jsonb,
+                                                                     'finished_at', $4,
+                                                                     'attempt', c.attempt) END
+                                     ORDER BY j.seq)
+                      FROM %2$s j
+                      LEFT JOIN slept w ON w.node = j.node AND w.step_id = j.step_id
+                     WHERE j.run_id = $1 AND j.node = c.node)
+              FROM claimed c
+              JOIN picked p ON p.node = c.node
+             CROSS JOIN (SELECT r.workflow, r.input FROM %4$s r WHERE r.run_id = $1) r
+             ORDER BY p.i
+$q$, v_tables[1], v_tables[2], v_tables[3], v_tables[4]);
+    FOR v_run IN
+        SELECT u.r FROM unnest(p_runs) WITH ORDINALITY AS u(r, i) GROUP BY u.r ORDER BY min(u.i)
+    LOOP
+        v_nodes := ARRAY(SELECT u.n FROM unnest(p_runs, p_nodes) WITH ORDINALITY AS u(r, n, i)
+                          WHERE u.r = v_run ORDER BY u.i);
+        IF cardinality(p_unsafe) > 0 THEN
+            RETURN QUERY
+            SELECT * FROM cyclone.step_claim_run(v_run, v_nodes, p_worker, p_unsafe, p_lease);
+            CONTINUE;
+        END IF;
+        v_tokens := ARRAY(SELECT gen_random_uuid() FROM unnest(v_nodes));
+        RETURN QUERY EXECUTE v_sql USING v_run, v_nodes, v_tokens, v_now, p_worker, p_lease;
+    END LOOP;
+END;
+$$;
+
+-- The part of a claim on a sharded database that flow control applies to: the
+-- candidates p_runs / p_nodes (aligned with their p_actions, p_keys and p_limits, in
+-- claim order; step_candidates_sharded's flow = true) admitted as step_claim admits
+-- them, under the same locks, taken on the coordinator, so that they hold across
+-- shards: each rate-limited action's row of action_rates (_rate_room, in action order),
+-- then the keys' locks and their running steps counted across shards (_keys_room).
+-- Candidates are admitted in order while their action's window and their key have
+-- room, up to p_limit; each run's are then taken by step_claim_run, and the admitted
+-- claims join their action's window (counted when admitted: a step another claim took
+-- meanwhile still counts, so a window may hold fewer claims than it could, never
+-- more). The locks are held until this call's transaction commits, after the shards
+-- have: a later claim counts what this one took. Not delegated: one transaction on
+-- the coordinator, distributed when it takes from several shards or writes a rate.
+-- RPC: Claim, on Citus.
+CREATE FUNCTION cyclone.step_claim_flow(
+    p_runs uuid[], p_nodes text[], p_actions text[], p_keys text[], p_limits integer[],
+    p_worker text, p_unsafe text[], p_lease interval, p_limit integer,
+    p_rate_actions text[], p_rate_counts integer[], p_rate_periods interval[])
+RETURNS TABLE (
+    run_id uuid, node text, action text, workflow text, attempt integer,
+    max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
+    lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
+    effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
+    journal jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_rated  text[] := '{}';
+    v_rooms  integer[] := '{}';
+    v_keys   text[];
+    v_limits integer[];
+    v_kroom  integer[];
+    v_runs   uuid[] := '{}';
+    v_nodes  text[] := '{}';
+    v_used   integer[];
+    v_j      integer;
+    v_k      integer;
+    v_run    uuid;
+    v_rate   record;
+BEGIN
+    IF cardinality(p_rate_actions) > 0 THEN
+        SELECT array_agg(o.action ORDER BY o.action), array_agg(o.room ORDER BY o.action)
+          INTO v_rated, v_rooms
+          FROM (SELECT r.action, cyclone._rate_room(r.action, r.count, r.period, v_now) AS room
+                  FROM (SELECT * FROM unnest(p_rate_actions, p_rate_counts, p_rate_periods)
+                                   AS r(action, count, period)
+                         ORDER BY r.action OFFSET 0) r) o;
+    END IF;
+    v_used := array_fill(0, ARRAY[cardinality(v_rated)]);
+    SELECT array_agg(k.key ORDER BY k.key), array_agg(k.lim ORDER BY k.key)
+      INTO v_keys, v_limits
+      FROM (SELECT u.key, min(u.lim) AS lim FROM unnest(p_keys, p_limits) AS u(key, lim)
+             WHERE u.key IS NOT NULL GROUP BY u.key) k;
+    IF v_keys IS NOT NULL THEN
+        v_kroom := ARRAY(SELECT r.room
+                           FROM cyclone._keys_room(v_keys, v_limits) r
+                           JOIN unnest(v_keys) WITH ORDINALITY AS k(key, i)
+                             ON k.key = r.concurrency_key
+                          ORDER BY k.i);
+    END IF;
+    FOR i IN 1 .. coalesce(cardinality(p_runs), 0) LOOP
+        EXIT WHEN cardinality(v_runs) >= p_limit;
+        v_j := array_position(v_rated, p_actions[i]);
+        CONTINUE WHEN v_j IS NOT NULL AND v_rooms[v_j] <= v_used[v_j];
+        IF p_keys[i] IS NOT NULL THEN
+            v_k := array_position(v_keys, p_keys[i]);
+            CONTINUE WHEN v_kroom[v_k] <= 0;
+            v_kroom[v_k] := v_kroom[v_k] - 1;
+        END IF;
+        IF v_j IS NOT NULL THEN
+            v_used[v_j] := v_used[v_j] + 1;
+        END IF;
+        v_runs := v_runs || p_runs[i];
+        v_nodes := v_nodes || p_nodes[i];
+    END LOOP;
+    FOR v_run IN
+        SELECT u.r FROM unnest(v_runs) WITH ORDINALITY AS u(r, i) GROUP BY u.r ORDER BY min(u.i)
+    LOOP
+        RETURN QUERY
+        SELECT * FROM cyclone.step_claim_run(
+            v_run, ARRAY(SELECT u.n FROM unnest(v_runs, v_nodes) AS u(r, n) WHERE u.r = v_run),
+            p_worker, p_unsafe, p_lease);
+    END LOOP;
+    -- The admitted claims join their action's window (its row locked by _rate_room).
+    FOR i IN 1 .. coalesce(cardinality(v_rated), 0) LOOP
+        CONTINUE WHEN v_used[i] = 0;
+        v_j := array_position(p_rate_actions, v_rated[i]);
+        SELECT n.firsts, n.lasts, n.counts, n.reopens_at INTO v_rate
+          FROM cyclone.action_rates t
+         CROSS JOIN LATERAL cyclone._rate_next(t.firsts, t.lasts, t.counts, p_rate_counts[v_j],
+                                               p_rate_periods[v_j], v_now, v_used[i]) n
+         WHERE t.action = v_rated[i];
+        UPDATE cyclone.action_rates t
+           SET firsts = v_rate.firsts, lasts = v_rate.lasts, counts = v_rate.counts,
+               reopens_at = v_rate.reopens_at, updated_at = v_now
+         WHERE t.action = v_rated[i];
+    END LOOP;
+END;
+$$;
+
+-- Explain's counts of other steps, which on a sharded database are read across shards
+-- (so not in the named query step_explain, which reads one run): for a ready step of
+-- p_run_id, how many ready steps of its action are ahead of it in claim order (higher
+-- priority, or the same and older; at most 10,000 are counted), how many of its action
+-- run, and how many run with its concurrency key (up to its limit); NULL where they do
+-- not apply, no row for an unknown step. Called by Explain (Store.step_explain).
+CREATE FUNCTION cyclone.step_explain_counts(p_run_id uuid, p_node text)
+RETURNS TABLE (ready_ahead bigint, action_running bigint, key_running bigint)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_now  timestamptz := cyclone.now();
+    v_step record;
+BEGIN
+    SELECT s.status, s.action, s.priority, s.available_at, s.concurrency_key,
+           s.concurrency_limit
+      INTO v_step
+      FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_step.status = 'available' AND v_step.available_at <= v_now THEN
+        ready_ahead := (SELECT count(*) FROM (
+            SELECT 1 FROM cyclone.steps q
+             WHERE q.status = 'available' AND q.action = v_step.action
+               AND q.priority >= v_step.priority AND q.available_at <= v_now
+               AND (q.priority > v_step.priority OR q.available_at < v_step.available_at)
+             LIMIT 10000) ahead);
+    END IF;
+    IF v_step.status = 'available' THEN
+        action_running := (SELECT count(*) FROM cyclone.steps q
+                            WHERE q.status = 'running' AND q.lease_expires_at IS NOT NULL
+                              AND q.action = v_step.action);
+        IF v_step.concurrency_key IS NOT NULL THEN
+            key_running := (SELECT count(*) FROM (
+                SELECT 1 FROM cyclone.steps k
+                 WHERE k.concurrency_key = v_step.concurrency_key AND k.status = 'running'
+                 LIMIT v_step.concurrency_limit) n);
+        END IF;
+    END IF;
+    RETURN NEXT;
 END;
 $$;

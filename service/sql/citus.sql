@@ -90,3 +90,28 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- _keys_room (35_flow.sql), key by key: its count of a key's running steps is a
+-- subquery correlated with the key, which Citus cannot plan over a distributed table.
+-- The same locks, taken on the coordinator (step_claim_flow is not delegated), so
+-- claims of one key take turns across every shard; each key's running steps are
+-- counted across shards once its lock is held.
+CREATE OR REPLACE FUNCTION cyclone._keys_room(p_keys text[], p_limits integer[])
+RETURNS TABLE (concurrency_key text, room integer)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_running integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock(1667, l.h)
+       FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(p_keys) k ORDER BY 1) l;
+    FOR i IN 1 .. coalesce(cardinality(p_keys), 0) LOOP
+        v_running := (SELECT count(*) FROM (
+                         SELECT 1 FROM cyclone.steps s
+                          WHERE s.concurrency_key = p_keys[i] AND s.status = 'running'
+                          LIMIT p_limits[i]) n);
+        concurrency_key := p_keys[i];
+        room := greatest(p_limits[i] - v_running, 0);
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;

@@ -25,8 +25,14 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
                                   FROM unnest(CAST(:rate_periods AS float8[]))
                                        WITH ORDINALITY AS u(p, i) ORDER BY u.i)) c;
 
--- name: step_candidates
-SELECT run_id, node FROM cyclone.step_candidates(CAST(:actions AS text[]), :limit);
+-- name: step_candidates_sharded
+SELECT run_id, node, action, shard, concurrency_key, concurrency_limit, flow
+  FROM cyclone.step_candidates_sharded(
+           CAST(:actions AS text[]), :limit, CAST(:rate_actions AS text[]),
+           CAST(:rate_counts AS integer[]),
+           ARRAY(SELECT make_interval(secs => p)
+                   FROM unnest(CAST(:rate_periods AS float8[])) WITH ORDINALITY AS u(p, i)
+                  ORDER BY u.i));
 
 -- name: step_claim_run
 -- The columns of step_claim, ids as text.
@@ -36,6 +42,32 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
        c.waited_s, c.upstream_failures, c.journal
   FROM cyclone.step_claim_run(CAST(:run_id AS uuid), CAST(:nodes AS text[]), :worker_id,
                               CAST(:unsafe AS text[]), make_interval(secs => :lease_s)) c;
+
+-- name: step_claim_shard
+-- Delegated whole to the node of :run_id's shard (a call outside a transaction block).
+-- The columns of step_claim, ids as text.
+SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts,
+       c.input, c.run_input, c.upstream, c.lease_token::text AS lease_token,
+       c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
+       c.waited_s, c.upstream_failures, c.journal
+  FROM cyclone.step_claim_shard(CAST(:run_id AS uuid), CAST(:runs AS uuid[]),
+                                CAST(:nodes AS text[]), :worker_id, CAST(:unsafe AS text[]),
+                                make_interval(secs => :lease_s)) c;
+
+-- name: step_claim_flow
+-- The columns of step_claim, ids as text.
+SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts,
+       c.input, c.run_input, c.upstream, c.lease_token::text AS lease_token,
+       c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
+       c.waited_s, c.upstream_failures, c.journal
+  FROM cyclone.step_claim_flow(CAST(:runs AS uuid[]), CAST(:nodes AS text[]),
+                               CAST(:actions AS text[]), CAST(:keys AS text[]),
+                               CAST(:limits AS integer[]), :worker_id, CAST(:unsafe AS text[]),
+                               make_interval(secs => :lease_s), :limit,
+                               CAST(:rate_actions AS text[]), CAST(:rate_counts AS integer[]),
+                               ARRAY(SELECT make_interval(secs => p)
+                                       FROM unnest(CAST(:rate_periods AS float8[]))
+                                            WITH ORDINALITY AS u(p, i) ORDER BY u.i)) c;
 
 -- name: step_next_due_sharded
 SELECT cyclone.step_next_due_sharded(CAST(:actions AS text[])) AS seconds;
@@ -208,8 +240,11 @@ SELECT a.action, cyclone.now() - make_interval(secs => a.polled_ago), a.polled_b
                          ELSE c.claimed_by END;
 
 -- name: step_explain
--- Everything Explain needs to say why one step is not running, read in one statement
--- so that the picture is consistent. No step columns when the run has no such node.
+-- Everything Explain needs to say why one step is not running, about its run read in
+-- one statement so that the picture is consistent. No step columns when the run has no
+-- such node. Every table is read by the run's id (:run_id), so that on Citus the
+-- statement runs on the run's shard; the counts of other steps (ready_ahead,
+-- action_running, key_running) are read apart, across shards: step_explain_counts.
 SELECT r.status AS run_status, r.error AS run_error, cyclone.now() AS now,
        s.node, s.action, s.status, s.attempt, s.max_attempts, s.trigger_rule, s.deps_open,
        s.available_at, s.lease_expires_at, s.deadline_at, s.worker_id, s.started_at,
@@ -217,14 +252,14 @@ SELECT r.status AS run_status, r.error AS run_error, cyclone.now() AS now,
        (SELECT jsonb_build_object('attempt', e.attempt, 'kind', e.kind, 'type', e.type,
                                   'message', e.message, 'at', e.at)
           FROM cyclone.step_errors e
-         WHERE e.run_id = s.run_id AND e.node = s.node
+         WHERE e.run_id = CAST(:run_id AS uuid) AND e.node = s.node
          ORDER BY e.at DESC LIMIT 1) AS last_error,
        -- The direct upstream nodes, in topological order.
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'node', u.node, 'status', u.status, 'attempt', u.attempt)
                    ORDER BY u.position), '[]')
           FROM cyclone.steps u
-         WHERE u.run_id = s.run_id AND u.node = ANY (s.depends_on)) AS upstream,
+         WHERE u.run_id = CAST(:run_id AS uuid) AND u.node = ANY (s.depends_on)) AS upstream,
        -- For a skipped step: the discarded nodes upstream of it, through skipped ones.
        CASE WHEN s.status = 'skipped' THEN (
            WITH RECURSIVE up(node) AS (
@@ -232,45 +267,26 @@ SELECT r.status AS run_status, r.error AS run_error, cyclone.now() AS now,
                UNION
                SELECT unnest(k.depends_on)
                  FROM cyclone.steps k JOIN up ON k.node = up.node
-                WHERE k.run_id = s.run_id AND k.status = 'skipped')
+                WHERE k.run_id = CAST(:run_id AS uuid) AND k.status = 'skipped')
            SELECT coalesce(jsonb_agg(jsonb_build_object(
                       'node', f.node, 'status', f.status, 'attempt', f.attempt,
                       'error', (SELECT jsonb_build_object(
                                     'attempt', e.attempt, 'kind', e.kind, 'type', e.type,
                                     'message', e.message, 'at', e.at)
                                   FROM cyclone.step_errors e
-                                 WHERE e.run_id = f.run_id AND e.node = f.node
+                                 WHERE e.run_id = CAST(:run_id AS uuid) AND e.node = f.node
                                  ORDER BY e.at DESC LIMIT 1))
                       ORDER BY f.position), '[]')
              FROM cyclone.steps f JOIN up ON f.node = up.node
-            WHERE f.run_id = s.run_id AND f.status = 'discarded') END AS failed_upstream,
+            WHERE f.run_id = CAST(:run_id AS uuid) AND f.status = 'discarded') END AS failed_upstream,
        a.polled_at, a.polled_by, a.claimed_at, a.claimed_by,
-       -- For a ready step: how many ready steps of its action are ahead of it in claim
-       -- order (higher priority, or the same and older; at most 10,000 are counted), and
-       -- how many of its action are running.
-       CASE WHEN s.status = 'available' AND s.available_at <= cyclone.now() THEN (
-           SELECT count(*) FROM (
-               SELECT 1 FROM cyclone.steps q
-                WHERE q.status = 'available' AND q.action = s.action
-                  AND q.priority >= s.priority AND q.available_at <= cyclone.now()
-                  AND (q.priority > s.priority OR q.available_at < s.available_at)
-                LIMIT 10000) ahead) END AS ready_ahead,
-       CASE WHEN s.status = 'available' THEN (
-           SELECT count(*) FROM cyclone.steps q
-            WHERE q.status = 'running' AND q.lease_expires_at IS NOT NULL
-              AND q.action = s.action) END AS action_running,
+       NULL::bigint AS ready_ahead, NULL::bigint AS action_running,
        (SELECT jsonb_build_object('actor', c.actor, 'reason', c.reason, 'at', c.at)
           FROM cyclone.audit c
-         WHERE c.run_id = r.run_id AND c.action = 'cancel'
+         WHERE c.run_id = CAST(:run_id AS uuid) AND c.action = 'cancel'
          ORDER BY c.id DESC LIMIT 1) AS cancel,
        r.run_id, s.waiting_for, s.resumes,
-       -- For a ready step with a concurrency key: its running steps, up to its limit.
-       s.concurrency_key, s.concurrency_limit,
-       CASE WHEN s.status = 'available' AND s.concurrency_key IS NOT NULL THEN (
-           SELECT count(*) FROM (
-               SELECT 1 FROM cyclone.steps k
-                WHERE k.concurrency_key = s.concurrency_key AND k.status = 'running'
-                LIMIT s.concurrency_limit) n) END AS key_running,
+       s.concurrency_key, s.concurrency_limit, NULL::bigint AS key_running,
        -- When its action's rate limit opens again, if it is used up now.
        (SELECT t.reopens_at FROM cyclone.action_rates t
          WHERE t.action = s.action AND t.reopens_at > cyclone.now()) AS rate_reopens_at
@@ -278,6 +294,10 @@ SELECT r.status AS run_status, r.error AS run_error, cyclone.now() AS now,
   LEFT JOIN cyclone.steps s ON s.run_id = r.run_id AND s.node = :node
   LEFT JOIN cyclone.action_claims a ON a.action = s.action
  WHERE r.run_id = CAST(:run_id AS uuid);
+
+-- name: step_explain_counts
+SELECT ready_ahead, action_running, key_running
+  FROM cyclone.step_explain_counts(CAST(:run_id AS uuid), :node);
 
 -- name: metrics_gauges
 -- The gauges read from the database at a scrape: runs by status (completed runs are
@@ -606,6 +626,15 @@ RETURNING s.name, s.workflow, s.input, s.cron, s.time_zone, s.interval_s, s.over
 
 -- name: schedule_delete
 DELETE FROM cyclone.schedules WHERE name = :schedule RETURNING name;
+
+-- name: schedules_turn
+-- On a sharded database (Citus) the firing transaction's first statement. There,
+-- schedules is a reference table, and Citus locks the whole table (every copy) for a
+-- row lock or an update of one of its rows, until commit: SKIP LOCKED cannot pass by
+-- the one schedule another server is firing, a pass would wait for that server's. So
+-- servers take turns instead, without waiting: a pass that does not get this lock (on
+-- the coordinator, until its commit) fires nothing, and the next one tries again.
+SELECT pg_try_advisory_xact_lock(1668, 0) AS turn;
 
 -- name: schedules_due
 -- The firing transaction's first statement: due schedules, locked; those another

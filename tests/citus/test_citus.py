@@ -215,3 +215,81 @@ def test_the_completion_transaction_of_a_worker_commits_its_write_once(cyclone_s
     assert cyclone_server.sql("SELECT amount FROM ledger") == [(20,)]
     error = rpc_error(complete, cyclone_server, first, 1)
     assert error.code() == grpc.StatusCode.ABORTED
+
+
+def test_a_schedule_another_server_is_firing_is_passed_by_then_fired_once_it_dies(
+    server_factory, database_url
+):
+    """tests/test_schedules.py's holder test as a server on Citus holds a schedule: its
+    pass took the servers' turn (schedules_turn) before it locked the schedule and
+    submitted the run. Another server's pass is not held up: it fires nothing and
+    returns; once the holder's connection dies, the next pass fires the schedule once."""
+    from service.store import load_queries
+    from tests.test_schedules import held_by_a_dying_server
+
+    held_by_a_dying_server(server_factory, database_url, load_queries()["schedules_turn"].text)
+
+
+def _shard_of(server: Any, run_id: str) -> int:
+    [(shard,)] = server.sql(
+        "SELECT get_shard_id_for_distribution_column('cyclone.runs', %s::uuid)", run_id
+    )
+    return int(shard)
+
+
+def test_a_claim_takes_a_shards_runs_in_one_delegated_single_shard_call(cyclone_server):
+    """The claim's second step, step_claim_shard, for two runs of one shard: planned as
+    one task on that shard's node, and run there whole, in one single-shard transaction:
+    the coordinator sends the worker the one call and no two-phase commit."""
+    by_shard: dict[int, list[str]] = {}
+    while not any(len(r) >= 2 for r in by_shard.values()):
+        run_id = submit(cyclone_server, workflow("w", node("a")))
+        by_shard.setdefault(_shard_of(cyclone_server, run_id), []).append(run_id)
+        assert sum(map(len, by_shard.values())) < 200
+    first, second = next(r for r in by_shard.values() if len(r) >= 2)[:2]
+    call = (
+        "SELECT * FROM cyclone.step_claim_shard(%s::uuid, ARRAY[%s, %s]::uuid[],"
+        " ARRAY['a', 'a'], 'w', '{}', interval '30 s')"
+    )
+    [(plan,)] = cyclone_server.sql("EXPLAIN (FORMAT JSON) " + call, first, first, second)
+    text = json.dumps(plan)
+    assert '"Task Count": 1' in text, text
+    assert _node_of(cyclone_server, first).split(":")[1] in text
+    seen: list[str] = []
+    with psycopg.connect(cyclone_server.database_url, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: seen.append(d.message_primary or ""))
+        conn.execute("SET citus.log_remote_commands = on")
+        conn.execute("SET client_min_messages = log")
+        rows = conn.execute(call, (first, first, second)).fetchall()
+    assert sorted(str(r[0]) for r in rows) == sorted([first, second])
+    issued = [m for m in seen if m.startswith("issuing")]
+    assert [m for m in issued if "step_claim_shard" in m], issued
+    assert not [m for m in issued if "PREPARE TRANSACTION" in m], issued
+    assert cyclone_server.sql("SELECT count(*) FROM cyclone.steps WHERE status = 'running'") == [
+        (2,)
+    ]
+    # In a transaction block the call is not delegated: it runs on the coordinator, on
+    # the distributed tables, with the same result.
+    third = submit(cyclone_server, workflow("w", node("a")))
+    with psycopg.connect(cyclone_server.database_url) as conn:
+        rows = conn.execute(call, (third, third, third)).fetchall()
+    assert [str(r[0]) for r in rows] == [third]
+
+
+def test_a_keys_limit_holds_for_runs_on_both_workers(cyclone_server):
+    """Six runs of one key (limit 2) spread over both workers: a claim across shards takes
+    two, the next none, and a completion frees one slot, wherever the runs live."""
+    from tests.test_flow import _keyed
+
+    runs = [submit(cyclone_server, workflow("w", _keyed("n", "k", 2))) for _ in range(6)]
+    while len({_node_of(cyclone_server, r) for r in runs}) < 2:
+        runs.append(submit(cyclone_server, workflow("w", _keyed("n", "k", 2))))
+        assert len(runs) < 50
+    taken = claim(cyclone_server, n=10)
+    assert len(taken) == 2
+    assert claim(cyclone_server, n=10) == []
+    complete(cyclone_server, taken[0], 1)
+    assert len(claim(cyclone_server, n=10)) == 1
+    assert cyclone_server.sql(
+        "SELECT count(*) FROM cyclone.steps WHERE status = 'running' AND concurrency_key = 'k'"
+    ) == [(2,)]
