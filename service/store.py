@@ -678,25 +678,29 @@ class Store:
         )
         claimed: list[ClaimedStep] = []
         async with self._connection() as driver:
-            by_shard: dict[int, list[Candidate]] = {}
-            for c in found:
-                if not c.flow:
-                    by_shard.setdefault(c.shard, []).append(c)
-            for group in by_shard.values():
+            # The first candidates in claim order, each shard's in one call; the next
+            # ones, in the same way, while other servers took some of these first.
+            pending = [c for c in found if not c.flow]
+            while pending:
                 left = limit - sum(not r.blocked for r in claimed)
                 if left <= 0:
                     break
-                claimed += await self._run(
-                    driver,
-                    "step_claim_shard",
-                    ClaimedStep,
-                    run_id=str(group[0].run_id),
-                    runs=[str(c.run_id) for c in group[:left]],
-                    nodes=[c.node for c in group[:left]],
-                    worker_id=worker_id,
-                    unsafe=unsafe,
-                    lease_s=lease_s,
-                )
+                by_shard: dict[int, list[Candidate]] = {}
+                for c in pending[:left]:
+                    by_shard.setdefault(c.shard, []).append(c)
+                pending = pending[left:]
+                for group in by_shard.values():
+                    claimed += await self._run(
+                        driver,
+                        "step_claim_shard",
+                        ClaimedStep,
+                        run_id=str(group[0].run_id),
+                        runs=[str(c.run_id) for c in group],
+                        nodes=[c.node for c in group],
+                        worker_id=worker_id,
+                        unsafe=unsafe,
+                        lease_s=lease_s,
+                    )
             held = [c for c in found if c.flow]
             left = limit - sum(not r.blocked for r in claimed)
             if held and left > 0:

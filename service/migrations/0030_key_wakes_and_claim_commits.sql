@@ -21,12 +21,15 @@
 CREATE FUNCTION cyclone._key_wake(p_action text, p_key text, p_limit integer,
                                   p_freed integer)
 RETURNS text
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN (SELECT count(*) FROM (
+-- PL/pgSQL: Citus cannot plan a SQL function's statement with parameters.
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN CASE WHEN (SELECT count(*) FROM (
                           SELECT 1 FROM cyclone.steps s
                            WHERE s.concurrency_key = p_key AND s.status = 'running'
                            LIMIT p_limit) n) + p_freed >= p_limit
-                THEN p_action END
+                THEN p_action END;
+END;
 $$;
 
 -- The completion transition, as the server applies it: a held step (running, same
