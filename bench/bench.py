@@ -624,8 +624,18 @@ def wal_lsn(database_url: str) -> int:
         ).fetchone()[0]
 
 
+def vacuumed(database_url: str) -> None:
+    """VACUUM ANALYZE the whole database before a measured drain, outside the measure:
+    each scenario then starts without the dead rows the ones before it left (the
+    `throughput` drain and the psycopg loop leave tens of thousands), instead of
+    sharing the two cores with autovacuum cleaning up after them."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("VACUUM (ANALYZE)")
+
+
 def scenario_throughput(server: Server, database_url: str, runs: int, action: str) -> dict:
     submit_many(server.address, [one_node("one", action)] * runs)
+    vacuumed(database_url)
     with DbMeter(database_url) as db:
         wal_before = wal_lsn(database_url)
         with CpuMeter(server) as cpu:
@@ -718,6 +728,7 @@ def scenario_baseline(database_url: str, jobs: int, threads: int = 8) -> dict:
             "FROM generate_series(1, %s)",
             (jobs,),
         )
+    vacuumed(database_url)
     done = [0] * threads
     # Opened before and closed after the measured span, so their CPU is all counted.
     conns = [psycopg.connect(database_url) for _ in range(threads)]
@@ -1121,6 +1132,7 @@ def flow_requests(runs: int, action: str, seed: int = 16) -> list:
 def scenario_flow(server: Server, database_url: str, runs: int, action: str) -> dict:
     """throughput, with priorities and concurrency keys in use (flow_requests)."""
     submit_many(server.address, flow_requests(runs, action))
+    vacuumed(database_url)
     with CpuMeter(server) as cpu:
         join(start_workers(server.address, action))
     n, rate = steps_per_second(database_url, action)
