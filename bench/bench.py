@@ -635,6 +635,14 @@ def vacuumed(database_url: str) -> None:
 
 def scenario_throughput(server: Server, database_url: str, runs: int, action: str) -> dict:
     submit_many(server.address, [one_node("one", action)] * runs)
+    return measured_drain(server, database_url, runs, action)
+
+
+def measured_drain(server: Server, database_url: str, runs: int, action: str) -> dict:
+    """The submitted runs of ``action`` drained by the bare-stub workers, measured: steps
+    per second, CPU per step by part, WAL and commits per step. Every scenario compared
+    with `throughput` drains through this, so that each starts from the same state: the
+    database vacuumed, then idle for DbMeter's settle time (background work done)."""
     vacuumed(database_url)
     with DbMeter(database_url) as db:
         wal_before = wal_lsn(database_url)
@@ -798,7 +806,8 @@ def scenario_durable(
     second from the first claim to the last completion, and CPU per step call.
 
     With the SDK, 128 bodies in flight per process (``concurrency``; the bare-stub
-    variants and the throughput scenario's workers hold 64): an unsafe call waits for a durable commit before its function runs, so
+    variants and the throughput scenario's workers hold 64): an unsafe call waits for a
+    durable commit before its function runs, so
     with 64 bodies per process the two processes' batches take turns and the rate
     measured the bench's pipeline more than the call's cost (docs/performance.md,
     "Durable functions"). Safe calls, which wait for nothing, run at the same rate
@@ -1132,16 +1141,7 @@ def flow_requests(runs: int, action: str, seed: int = 16) -> list:
 def scenario_flow(server: Server, database_url: str, runs: int, action: str) -> dict:
     """throughput, with priorities and concurrency keys in use (flow_requests)."""
     submit_many(server.address, flow_requests(runs, action))
-    vacuumed(database_url)
-    with CpuMeter(server) as cpu:
-        join(start_workers(server.address, action))
-    n, rate = steps_per_second(database_url, action)
-    assert n == runs, f"{n} of {runs} steps completed"
-    return {
-        "steps": n,
-        "steps_per_s": round(rate, 1),
-        "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
-    }
+    return measured_drain(server, database_url, runs, action)
 
 
 def main() -> None:
@@ -1520,7 +1520,7 @@ def cpu_split(cpu: dict) -> str:
 
 def drain_rows(d: dict, indent: str, target: float) -> list[tuple[str, object]]:
     """The CPU split (and its target), commits and WAL per step, and the workers'
-    start-up, of a throughput or sdk drain."""
+    start-up, of a throughput, flow or sdk drain."""
     return [
         (
             f"{indent}CPU ms per step: server / workers / Postgres = total (target <= {target})",
@@ -1553,10 +1553,7 @@ def print_table(r: dict, out: Path) -> None:
         f = r["flow"]
         rows += [
             ("flow (priorities, concurrency keys) steps/s", f["steps_per_s"]),
-            (
-                "  CPU ms per step: server / workers / Postgres = total",
-                cpu_split(f["cpu_ms_per_step"]),
-            ),
+            *drain_rows(f, "  ", 0.13),
         ]
         if "ratio" in f:
             rows.append(("  flow / throughput (target >= 0.8)", f["ratio"]))
