@@ -1011,12 +1011,7 @@ def scenario_fan(server: Server, database_url: str, width: int, action: str) -> 
     started = time.perf_counter()
     submit_many(server.address, [fan_workflow(action, width, name="wide")], clients=1)
     submit_ms = (time.perf_counter() - started) * 1000
-    wal_before = wal_lsn(database_url)
-    with CpuMeter(server) as cpu:
-        join(start_workers(server.address, action))
-    wal_bytes = wal_lsn(database_url) - wal_before
-    n, rate = steps_per_second(database_url, action)
-    assert n == width + 2, f"{n} of {width + 2} steps completed"
+    drained = measured_drain(server, database_url, width + 2, action)
     with psycopg.connect(database_url) as conn:
         release, pickup, upstream, run_status = conn.execute(
             """
@@ -1037,13 +1032,10 @@ def scenario_fan(server: Server, database_url: str, width: int, action: str) -> 
     assert upstream == width and run_status == "completed", (upstream, run_status)
     return {
         "width": width,
-        "steps": n,
-        "steps_per_s": round(rate, 1),
+        **drained,
         "submit_ms": round(submit_ms, 1),
         "join_released_after_last_leaf_ms": round(float(release), 2),
         "join_claimed_after_last_leaf_ms": round(float(pickup), 2),
-        "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
-        "wal_bytes_per_step": round(wal_bytes / n),
     }
 
 
