@@ -1075,11 +1075,13 @@ def scenario_backlog(
     to the ``measure``-th completion (or the last)."""
     loaded_per_s = backlog_load(database_url, runs, action)
     measure = min(measure, runs) if measure else runs
-    wal_before = wal_lsn(database_url)
     shared = quota(measure) if measure < runs else None
-    with CpuMeter(server) as cpu:
-        join(start_workers(server.address, action, quota=shared))
-    wal_bytes = wal_lsn(database_url) - wal_before
+    # As measured_drain: idle for DbMeter's settle time before the workers start.
+    with DbMeter(database_url) as db:
+        wal_before = wal_lsn(database_url)
+        with CpuMeter(server) as cpu:
+            join(start_workers(server.address, action, quota=shared))
+        wal_bytes = wal_lsn(database_url) - wal_before
     with psycopg.connect(database_url) as conn:
         n, first = conn.execute(
             "SELECT count(*), min(started_at) FROM cyclone.steps"
@@ -1100,6 +1102,7 @@ def scenario_backlog(
         "steps_per_s": round(measure / (nth - first).total_seconds(), 1),
         "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
         "wal_bytes_per_step": round(wal_bytes / n),
+        **db.per_step(n),
     }
 
 
