@@ -51,11 +51,13 @@ def as_owner(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", OWNER, "--", *cmd] if os.geteuid() == 0 else cmd
 
 
-def start_cluster(pgbin: Path, port: int, extra: str = "") -> tuple[Path, str]:
+def start_cluster(
+    pgbin: Path, port: int, extra: str = "", where: Path | None = None
+) -> tuple[Path, str]:
     version = subprocess.run(
         [str(pgbin / "postgres"), "--version"], capture_output=True, text=True, check=True
     ).stdout.split()[-1]
-    base = Path(f"/tmp/cyclone-pg-drain-{version.split('.')[0]}")
+    base = where or Path(f"/tmp/cyclone-pg-drain-{version.split('.')[0]}")
     if base.exists():
         subprocess.run(
             as_owner([str(pgbin / "pg_ctl"), "-D", str(base / "data"), "stop", "-m", "fast"]),
@@ -233,6 +235,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--port", type=int, default=54329)
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="the cluster's directory (default /tmp/...)"
+    )
     parser.add_argument("--setup", default="", help="SQL to run after the migrations")
     parser.add_argument("--options", default="", help="more postgres -c options")
     parser.add_argument(
@@ -245,7 +250,7 @@ def main() -> None:
     from service.migrate import migrate
 
     pgbin = args.bin or embedded_bin()
-    base, url = start_cluster(pgbin, args.port, args.options)
+    base, url = start_cluster(pgbin, args.port, args.options, args.dir)
     try:
         migrate(url)
         if args.setup:

@@ -247,15 +247,17 @@ BEGIN
                  FROM cyclone.steps u
                 WHERE u.run_id = c.run_id AND u.node = ANY (c.depends_on)
                   AND u.status IN ('discarded', 'skipped')) END,
-           -- One probe of the journal's key per claimed step (a sleep that ended at
-           -- this claim as slept left it: the statement still sees the old version).
-           (SELECT jsonb_agg(cyclone._step_call_json(
+           -- One probe of the journal's key per claimed step that was claimed before
+           -- (a sleep that ended at this claim as slept left it: the statement still
+           -- sees the old version). A first claim (attempt 1) has no journal: every
+           -- entry is written under a lease (_step_held), so none before a first claim.
+           CASE WHEN c.attempt > 1 THEN (SELECT jsonb_agg(cyclone._step_call_json(
                        CASE WHEN w.step_id IS NULL THEN j ELSE w::cyclone.step_calls END)
                        ORDER BY j.seq)
               FROM cyclone.step_calls j
               LEFT JOIN slept w ON p.slept AND w.run_id = j.run_id AND w.node = j.node
                                AND w.step_id = j.step_id
-             WHERE j.run_id = c.run_id AND j.node = c.node)
+             WHERE j.run_id = c.run_id AND j.node = c.node) END
       FROM claimed c
       JOIN admitted p ON p.run_id = c.run_id AND p.node = c.node
      -- OFFSET 0 keeps the lookup a subquery run once per claimed step, by key.

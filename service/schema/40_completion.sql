@@ -187,7 +187,11 @@ BEGIN
 
     -- The rest one at a time, each in its own subtransaction so that a refusal stands
     -- alone: failures, and successes the pass above did not apply (a lost lease, a
-    -- repeated completion, an unknown step), which _step_complete then explains.
+    -- repeated completion, an unknown step), which _step_complete then explains. None
+    -- when the pass applied every item (an item names one step: one row each).
+    IF cardinality(v_applied) = jsonb_array_length(p_items) THEN
+        RETURN;
+    END IF;
     FOR v_item IN
         SELECT e FROM jsonb_array_elements(p_items) e
          WHERE NOT (e->>'i')::integer = ANY (v_applied)

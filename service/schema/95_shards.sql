@@ -171,10 +171,12 @@ BEGIN
                  FROM cyclone.steps u
                 WHERE u.run_id = p_run_id AND u.node = ANY (c.depends_on)
                   AND u.status IN ('discarded', 'skipped')) END,
-           -- _step_call_json's shape; on Citus a shard's row has the shard's type.
-           (SELECT jsonb_agg(to_jsonb(j) - 'run_id' - 'node' ORDER BY j.seq)
-              FROM cyclone.step_calls j
-             WHERE j.run_id = p_run_id AND j.node = c.node)
+           -- _step_call_json's shape; on Citus a shard's row has the shard's type. A
+           -- first claim has no journal (step_claim).
+           CASE WHEN c.attempt > 1 THEN (
+               SELECT jsonb_agg(to_jsonb(j) - 'run_id' - 'node' ORDER BY j.seq)
+                 FROM cyclone.step_calls j
+                WHERE j.run_id = p_run_id AND j.node = c.node) END
       FROM cyclone.steps c
       JOIN unnest(v_nodes, v_tokens, v_unsure, v_since) AS t(node, token, uncertain, since)
         ON t.node = c.node AND t.token = c.lease_token
@@ -483,8 +485,8 @@ BEGIN
                           AND u.status IN ('discarded', 'skipped')) END,
                    -- _step_call_json's shape (on Citus a shard's row has the shard's type); a
                    -- sleep this claim ended, as slept left it (the statement still sees the
-                   -- old version of its row).
-                   (SELECT jsonb_agg(CASE WHEN w.step_id IS NULL
+                   -- old version of its row). A first claim has no journal (step_claim).
+                   CASE WHEN c.attempt > 1 THEN (SELECT jsonb_agg(CASE WHEN w.step_id IS NULL
                                           THEN to_jsonb(j) - 'run_id' - 'node'
                                           ELSE to_jsonb(j) - 'run_id' - 'node'
                                                || jsonb_build_object('status', 'succeeded',
@@ -494,7 +496,7 @@ BEGIN
                                      ORDER BY j.seq)
                       FROM %2$s j
                       LEFT JOIN slept w ON w.node = j.node AND w.step_id = j.step_id
-                     WHERE j.run_id = $1 AND j.node = c.node)
+                     WHERE j.run_id = $1 AND j.node = c.node) END
               FROM claimed c
               JOIN picked p ON p.node = c.node
              CROSS JOIN (SELECT r.workflow, r.input FROM %4$s r WHERE r.run_id = $1) r

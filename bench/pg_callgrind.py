@@ -1,0 +1,98 @@
+"""Postgres's instructions per step of a drain, counted by callgrind: a measure that
+does not move with the load of a shared machine, for A/B comparisons of the engine's
+SQL (docs/performance.md, "Postgres per step, session 9").
+
+For each of two sizes (--small, --large steps) it makes a fresh cluster of the given
+Postgres (default Debian's PostgreSQL 15), migrates it with this checkout's
+service/migrations, runs --setup, loads one-node runs with cyclone.run_submit (as
+bench/pg_drain.py does), stops it, and drains it in single-user mode under
+`valgrind --tool=callgrind`: per batch of 64, step_claim into an unlogged scratch table,
+then step_complete_many of those items, each statement its own transaction. Prints the
+total instructions of each run and the difference per step between them, which leaves
+out start-up and catalog loading. The scratch table and the building of the items
+(jsonb_build_object, uuid_in) are the harness's, included in the figure on both sides.
+
+    .venv/bin/python bench/pg_callgrind.py
+    .venv/bin/python bench/pg_callgrind.py --setup "DROP INDEX cyclone.runs_finished_idx"
+
+Needs valgrind. About a minute per side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pg_drain
+
+CLAIM = (
+    "INSERT INTO public.scratch SELECT run_id, node, lease_token FROM cyclone.step_claim("
+    "'w', ARRAY['a'], '{}', 64, interval '60 s');\n"
+)
+COMPLETE = (
+    "SELECT count(*) FROM cyclone.step_complete_many((SELECT jsonb_agg(jsonb_build_object("
+    "'i', i - 1, 'run_id', run_id, 'node', node, 'lease_token', lease_token, 'output', NULL))"
+    " FROM (SELECT s.*, row_number() OVER () AS i FROM public.scratch s) x));\n"
+    "TRUNCATE public.scratch;\n"
+)
+
+
+def instructions(pgbin: Path, steps: int, setup: str, port: int, where: Path) -> int:
+    from service.migrate import migrate
+
+    base, url = pg_drain.start_cluster(pgbin, port, "-c autovacuum=off", where)
+    migrate(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        if setup:
+            conn.execute(setup)
+    pg_drain.load(url, steps, "a")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE UNLOGGED TABLE public.scratch (run_id uuid, node text, lease_token uuid)"
+        )
+        conn.execute("CHECKPOINT")
+    subprocess.run(
+        pg_drain.as_owner([str(pgbin / "pg_ctl"), "-D", str(base / "data"), "stop", "-m", "fast"]),
+        check=True,
+        capture_output=True,
+    )
+    script = base / "drain.sql"
+    script.write_text("SET cyclone.defer_notify = on;\n" + (CLAIM + COMPLETE) * (-(-steps // 64)))
+    out = base / "callgrind.out"
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", str(pgbin / "postgres")]
+    cmd += ["--single", "-D", str(base / "data"), "-j", "postgres"]
+    with script.open() as stdin:
+        done = subprocess.run(pg_drain.as_owner(cmd), stdin=stdin, capture_output=True, text=True)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if not found or "ERROR" in done.stdout:
+        raise RuntimeError(done.stdout[-2000:] + done.stderr[-2000:])
+    shutil.rmtree(base)
+    return int(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--bin", type=Path, default=Path("/usr/lib/postgresql/15/bin"))
+    parser.add_argument("--small", type=int, default=640)
+    parser.add_argument("--large", type=int, default=6400)
+    parser.add_argument("--setup", default="", help="SQL to run after the migrations")
+    parser.add_argument("--port", type=int, default=54339)
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/cyclone-pg-callgrind"))
+    args = parser.parse_args()
+    small = instructions(args.bin, args.small, args.setup, args.port, args.dir)
+    large = instructions(args.bin, args.large, args.setup, args.port, args.dir)
+    print(f"instructions: {small:,} for {args.small} steps, {large:,} for {args.large}")
+    print(f"per step (the difference): {(large - small) // (args.large - args.small):,}")
+
+
+if __name__ == "__main__":
+    main()
