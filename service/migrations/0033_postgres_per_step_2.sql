@@ -111,8 +111,11 @@ BEGIN
                -- A node claimed at its wake time has slept: see slept below.
                waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
                                   ELSE s.waiting_for END
+         -- The rows picked locked, by their ctids alone: no status condition here,
+         -- which would let the planner read them through steps_ready_idx instead, a
+         -- walk of every ready row (statistics taken while few rows were ready, as
+         -- before a fan-out is released, make it look cheaper than the TID scan).
          WHERE s.ctid = ANY (ARRAY(SELECT p.row_id FROM admitted p))
-           AND s.status = 'available'
         RETURNING s.run_id, s.node, s.action, s.attempt, s.max_attempts, s.input,
                   s.depends_on, s.deps_failed, s.lease_token, s.lease_expires_at,
                   s.deadline_at, s.progress
