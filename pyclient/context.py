@@ -12,7 +12,7 @@ import contextvars
 import datetime as dt
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -311,6 +311,65 @@ class Context:
                 "completion_tx() needs a database: create the Worker with database_url="
             )
         return self._control.completion_tx.connection()
+
+
+#: Each field of Context, in order, as its slot's setter (claimed_context).
+_SLOT_SETTERS = tuple(getattr(Context, f.name).__set__ for f in fields(Context))
+_new_object = object.__new__
+
+
+def claimed_context(
+    run_id: str,
+    node: str,
+    action: str,
+    workflow: str,
+    attempt: int,
+    max_attempts: int,
+    input: Any,
+    run_input: Any,
+    upstream: MappingProxyType[str, Any],
+    deadline: dt.datetime | None,
+    progress: Any,
+    effect_uncertain: bool,
+    worker_id: str,
+    upstream_failures: tuple[UpstreamFailure, ...],
+    control: StepControl,
+    durable: Replay | None,
+) -> Context:
+    """The Context of a claimed step, as ``Context(...)`` makes it with these fields
+    (no step call, ``step_id`` None), at half the cost: the worker makes one per step,
+    and the frozen dataclass's ``__init__`` sets each of its 18 fields through
+    ``object.__setattr__`` by name and then runs ``__post_init__``. Here each slot is
+    set directly; ``upstream`` must already be a MappingProxyType and
+    ``upstream_failures`` a tuple (what ``__post_init__`` would make them).
+    """
+    ctx: Context = _new_object(Context)
+    for set_slot, value in zip(
+        _SLOT_SETTERS,
+        (
+            run_id,
+            node,
+            action,
+            workflow,
+            attempt,
+            max_attempts,
+            input,
+            run_input,
+            upstream,
+            deadline,
+            progress,
+            effect_uncertain,
+            worker_id,
+            upstream_failures,
+            None,  # step_id
+            control,
+            durable,
+            None,  # _scope
+        ),
+        strict=True,
+    ):
+        set_slot(ctx, value)
+    return ctx
 
 
 def current() -> Context:

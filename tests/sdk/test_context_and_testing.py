@@ -324,3 +324,46 @@ def test_progress_that_is_not_json_fails_the_heartbeat_under_test():
     env = testing.HandlerEnvironment()
     with pytest.raises(TypeError, match="progress is not JSON"):
         env.run(lambda ctx: ctx.heartbeat({"at": object()}))
+
+
+def test_the_workers_context_of_a_claimed_step_is_the_one_context_makes():
+    # The worker builds each step's Context with claimed_context (its slots set
+    # directly); it must be the very value Context(...) makes of the same fields, and
+    # behave as one: frozen, read-only upstream, equal, replaceable.
+    from types import MappingProxyType
+
+    from pyclient.context import Context, claimed_context
+
+    control = StepControl()
+    failures = (UpstreamFailure(node="a", status=StepStatus.SKIPPED, error=None),)
+    upstream = MappingProxyType({"a": {"x": [1, 2]}})
+    values = dict(
+        run_id="r1",
+        node="charge",
+        action="pay",
+        workflow="orders",
+        attempt=2,
+        max_attempts=5,
+        input={"amount": 3},
+        run_input=["run", None],
+        upstream=upstream,
+        deadline=None,
+        progress={"done": 1},
+        effect_uncertain=True,
+        worker_id="w1",
+        upstream_failures=failures,
+    )
+    made = Context(**values, _control=control, _durable=None)
+    fast = claimed_context(*values.values(), control, None)
+    assert type(fast) is Context
+    for f in dataclasses.fields(Context):
+        assert getattr(fast, f.name) == getattr(made, f.name), f.name
+    assert fast == made
+    assert fast.step_id is None
+    assert fast.idempotency_key == "r1:charge"
+    assert fast.should_stop is control.should_stop
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.input = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        fast.upstream["b"] = 1  # type: ignore[index]
+    assert dataclasses.replace(fast, attempt=3).attempt == 3
