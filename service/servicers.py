@@ -64,6 +64,7 @@ from service.records import (
 )
 from service.store import (
     BIG_WORKFLOW,
+    CANONICAL_UUID,
     Report,
     StepCallEnd,
     StepCallKey,
@@ -129,6 +130,10 @@ def _step_call_name(value: str, what: str) -> str:
             f"{what} {dag.excerpt(value)} holds a control or other unprintable character"
         )
     return value
+
+
+#: Most node names WorkerServicer keeps as checked (node_names).
+_MAX_NODE_NAMES = 10_000
 
 
 def _node_name(value: str) -> str:
@@ -817,6 +822,9 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         self.stopping = asyncio.Event()
         # The finished-runs counter by final status: labels() costs a lock per call.
         self.finished: dict[str, Any] = {}
+        # Node names already found valid (dag.check_name), so that a step's outcome
+        # need not check its node's name again; at most _MAX_NODE_NAMES of them.
+        self.node_names: set[str] = set()
 
     def _lease(self, requested: duration_pb2.Duration | None) -> float:
         if requested is None:
@@ -1155,11 +1163,23 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
 
     def _completion(self, request: worker_pb.CompleteRequest) -> Outcome:
         """A validated outcome: the step's key plus its output or failure."""
-        run_id, node, token = self._step_key(request)
+        run_id, node, token = request.run_id, request.node, request.lease_token
+        # What workers send back is canonical UUID text and a node name seen before:
+        # one regex match per id and a set lookup; anything else takes the full checks
+        # (and their errors).
+        if (
+            CANONICAL_UUID.fullmatch(run_id) is None
+            or CANONICAL_UUID.fullmatch(token) is None
+            or node not in self.node_names
+        ):
+            run_id, node, token = self._step_key(request)
+            if len(self.node_names) < _MAX_NODE_NAMES:
+                self.node_names.add(node)
         outcome = request.WhichOneof("outcome")
         if outcome == "output":
             output = self.payloads.to_json(request.output, "output")
-            return Outcome(run_id, node, token, output_json=output, logs_json=_logs_json(request))
+            logs = _logs_json(request) if request.logs else None
+            return Outcome(run_id, node, token, output_json=output, logs_json=logs)
         if outcome == "failure":
             f = request.failure
             retry_after = _seconds(f.retry_after) if f.HasField("retry_after") else None

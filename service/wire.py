@@ -199,10 +199,15 @@ class ClaimWriter:
             parts += (_ATTEMPT, varint(r.attempt))
         if r.effect_uncertain:
             parts.append(_EFFECT_UNCERTAIN)
-        for tag, obj in ((_INPUT, r.input), (_RUN_INPUT, r.run_input), (_PROGRESS, r.progress)):
-            if obj is not None:
-                value = value_bytes(obj)
-                parts += (tag, varint(len(value)), value)
+        if r.input is not None or r.run_input is not None or r.progress is not None:
+            for tag, obj in (
+                (_INPUT, r.input),
+                (_RUN_INPUT, r.run_input),
+                (_PROGRESS, r.progress),
+            ):
+                if obj is not None:
+                    value = value_bytes(obj)
+                    parts += (tag, varint(len(value)), value)
         if r.upstream:
             for node, output in r.upstream.items():
                 name = node.encode()
