@@ -48,10 +48,14 @@ class Handouts:
     def __len__(self) -> int:
         return len(self._by_token)
 
-    def add(self, token: str, action: str, attempt: int, lifetime_s: float) -> None:
+    def add(
+        self, token: str, action: str, attempt: int, lifetime_s: float, now: float | None = None
+    ) -> None:
+        """Keep a handout; ``now``: time.monotonic() of its claim, when the caller has it."""
         if len(self._by_token) >= self.limit:
             return
-        now = time.monotonic()
+        if now is None:
+            now = time.monotonic()
         self._by_token[token] = Handout(action, attempt, now, now + lifetime_s + _SLACK_S)
 
     def pop(self, token: str) -> Handout | None:

@@ -64,6 +64,7 @@ from service.records import (
 )
 from service.store import (
     BIG_WORKFLOW,
+    CANONICAL_UUID,
     Report,
     StepCallEnd,
     StepCallKey,
@@ -129,6 +130,10 @@ def _step_call_name(value: str, what: str) -> str:
             f"{what} {dag.excerpt(value)} holds a control or other unprintable character"
         )
     return value
+
+
+#: Most node names WorkerServicer keeps as checked (node_names).
+_MAX_NODE_NAMES = 10_000
 
 
 def _node_name(value: str) -> str:
@@ -817,6 +822,9 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         self.stopping = asyncio.Event()
         # The finished-runs counter by final status: labels() costs a lock per call.
         self.finished: dict[str, Any] = {}
+        # Node names already found valid (dag.check_name), so that a step's outcome
+        # need not check its node's name again; at most _MAX_NODE_NAMES of them.
+        self.node_names: set[str] = set()
 
     def _lease(self, requested: duration_pb2.Duration | None) -> float:
         if requested is None:
@@ -953,11 +961,27 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         """Note the steps handed out (their outcomes are timed and logged with their
         attempt) and count them."""
         debug = log.isEnabledFor(logging.DEBUG)
+        now = time.monotonic()
+        add = self.handouts.add
+        # One claim's steps mostly share their action and lease times: the lifetime
+        # (datetime arithmetic) and the action's metrics are looked up once per value.
+        lifetimes: dict[tuple[Any, Any], float] = {}
+        actions: dict[str, Any] = {}
+        claimed: dict[str, int] = {}
         for r in rows:
-            lifetime = (r.deadline_at - r.lease_expires_at).total_seconds() + lease
-            self.handouts.add(r.lease_token, r.action, r.attempt, lifetime)
-            per_action = self.metrics.action(r.action)
-            per_action.claimed.inc()
+            times = (r.deadline_at, r.lease_expires_at)
+            lifetime = lifetimes.get(times)
+            if lifetime is None:
+                lifetime = lifetimes[times] = (
+                    r.deadline_at - r.lease_expires_at
+                ).total_seconds() + lease
+            action = r.action
+            add(r.lease_token, action, r.attempt, lifetime, now)
+            per_action = actions.get(action)
+            if per_action is None:
+                per_action = actions[action] = self.metrics.action(action)
+                claimed[action] = 0
+            claimed[action] += 1
             per_action.claim_wait.observe(r.waited_s)
             if debug:
                 log.debug(
@@ -967,6 +991,8 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     r.attempt,
                     extra={"run_id": r.run_id, "node": r.node, "attempt": r.attempt},
                 )
+        for action, n in claimed.items():
+            actions[action].claimed.inc(n)
 
     def _step_key(
         self,
@@ -1137,11 +1163,23 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
 
     def _completion(self, request: worker_pb.CompleteRequest) -> Outcome:
         """A validated outcome: the step's key plus its output or failure."""
-        run_id, node, token = self._step_key(request)
+        run_id, node, token = request.run_id, request.node, request.lease_token
+        # What workers send back is canonical UUID text and a node name seen before:
+        # one regex match per id and a set lookup; anything else takes the full checks
+        # (and their errors).
+        if (
+            CANONICAL_UUID.fullmatch(run_id) is None
+            or CANONICAL_UUID.fullmatch(token) is None
+            or node not in self.node_names
+        ):
+            run_id, node, token = self._step_key(request)
+            if len(self.node_names) < _MAX_NODE_NAMES:
+                self.node_names.add(node)
         outcome = request.WhichOneof("outcome")
         if outcome == "output":
             output = self.payloads.to_json(request.output, "output")
-            return Outcome(run_id, node, token, output_json=output, logs_json=_logs_json(request))
+            logs = _logs_json(request) if request.logs else None
+            return Outcome(run_id, node, token, output_json=output, logs_json=logs)
         if outcome == "failure":
             f = request.failure
             retry_after = _seconds(f.retry_after) if f.HasField("retry_after") else None
@@ -1207,14 +1245,21 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         else:
             answers = await self.store.step_complete_many(outcomes)
         results = []
-        for outcome, answer in zip(outcomes, answers, strict=True):
-            if isinstance(answer, Refused):
-                self.metrics.refused.inc()
-                results.append(_result_bytes(worker_pb.CompleteResult(error=_refusal(answer))))
-                continue
-            if self._outcome(outcome, answer):
-                _log_outcome(outcome, answer, await self._attempt(outcome))
-            results.append(_answer_bytes(answer))
+        now = time.monotonic()
+        # Runs finished, by status: their counters are incremented once per batch.
+        finished: dict[str, int] = {}
+        try:
+            for outcome, answer in zip(outcomes, answers, strict=True):
+                if isinstance(answer, Refused):
+                    self.metrics.refused.inc()
+                    results.append(_result_bytes(worker_pb.CompleteResult(error=_refusal(answer))))
+                    continue
+                if self._outcome(outcome, answer, now, finished):
+                    _log_outcome(outcome, answer, await self._attempt(outcome))
+                results.append(_answer_bytes(answer))
+        finally:
+            for status, n in finished.items():
+                self._finished(status).inc(n)
         # The results, appended as the bytes they serialize to (service.wire).
         response.MergeFromString(b"".join(results))
         return response
@@ -1267,9 +1312,24 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             _log_uncertain_call(call, row)
         return response
 
-    def _outcome(self, outcome: Outcome, done: Completion) -> bool:
+    def _finished(self, status: str) -> Any:
+        """The counter of runs finished with ``status``."""
+        finished = self.finished.get(status)
+        if finished is None:
+            finished = self.finished[status] = self.metrics.finished.labels(status)
+        return finished
+
+    def _outcome(
+        self,
+        outcome: Outcome,
+        done: Completion,
+        now: float | None = None,
+        finished: dict[str, int] | None = None,
+    ) -> bool:
         """Count, time and log an accepted outcome. True when its log line still needs
-        the attempt: the step was handed out by another server."""
+        the attempt: the step was handed out by another server. ``now``: time.monotonic()
+        of the answer, when the caller has it; ``finished``: runs finished by status,
+        tallied there for the caller to count rather than counted here."""
         if done.duplicate:
             return False
         failure = outcome.failure
@@ -1281,10 +1341,10 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             if done.step_status == "discarded":
                 m.discarded.labels("handler").inc()
         if done.run_status in _FINAL_RUN and done.step_status in _FINAL:
-            finished = self.finished.get(done.run_status)
             if finished is None:
-                finished = self.finished[done.run_status] = m.finished.labels(done.run_status)
-            finished.inc()
+                self._finished(done.run_status).inc()
+            else:
+                finished[done.run_status] = finished.get(done.run_status, 0) + 1
         handout = self.handouts.pop(outcome.lease_token)
         if done.step_status == "uncertain":
             # An unsafe handler stopped without an outcome: the run is blocked now.
@@ -1294,7 +1354,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             return logged
         per_action = m.action(handout.action)
         seconds = per_action.completed_seconds if failure is None else per_action.failed_seconds
-        seconds.observe(time.monotonic() - handout.claimed)
+        seconds.observe((time.monotonic() if now is None else now) - handout.claimed)
         if logged:
             _log_outcome(outcome, done, handout.attempt)
         return False

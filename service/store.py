@@ -185,14 +185,14 @@ def parse_uuid(value: str, what: str = "run_id") -> uuid.UUID:
         raise errors.InvalidArgument(f"{what} {excerpt(value)} is not a UUID") from None
 
 
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def uuid_text(value: str, what: str = "run_id") -> str:
     """A UUID from a client as canonical text (lower case, hyphenated, as Postgres and
     str(uuid.UUID) write it); INVALID_ARGUMENT when it is not a UUID. The canonical
     text workers send back is taken as it is, without making a uuid.UUID of it."""
-    if _CANONICAL_UUID.fullmatch(value) is not None:
+    if CANONICAL_UUID.fullmatch(value) is not None:
         return value
     return str(parse_uuid(value, what))
 

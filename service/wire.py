@@ -148,6 +148,8 @@ _UPSTREAM = _tag(_CS, "upstream_outputs", _LEN)
 _UPSTREAM_KEY = _tag(_CS.fields_by_name["upstream_outputs"].message_type, "key", _LEN)
 _UPSTREAM_VALUE = _tag(_CS.fields_by_name["upstream_outputs"].message_type, "value", _LEN)
 _STEPS = _tag(worker_pb.ClaimResponse.DESCRIPTOR, "steps", _LEN)
+_RUN_ID_36 = _RUN_ID + varint(36)
+_TOKEN_36 = _LEASE_TOKEN + varint(36)
 
 
 class ClaimWriter:
@@ -186,24 +188,26 @@ class ClaimWriter:
         """The serialized ClaimedStep of a claimed row."""
         run_id = r.run_id.encode()
         token = r.lease_token.encode()
+        # Ids are canonical UUID text, 36 bytes: their tag and length are one constant.
         parts = [
-            _RUN_ID,
-            varint(len(run_id)),
-            run_id,
+            _RUN_ID_36 + run_id if len(run_id) == 36 else length_delimited(_RUN_ID, run_id),
             self._node(r.node),
             self._head(r),
-            _LEASE_TOKEN,
-            varint(len(token)),
-            token,
+            _TOKEN_36 + token if len(token) == 36 else length_delimited(_LEASE_TOKEN, token),
         ]
         if r.attempt:
             parts += (_ATTEMPT, varint(r.attempt))
         if r.effect_uncertain:
             parts.append(_EFFECT_UNCERTAIN)
-        for tag, obj in ((_INPUT, r.input), (_RUN_INPUT, r.run_input), (_PROGRESS, r.progress)):
-            if obj is not None:
-                value = value_bytes(obj)
-                parts += (tag, varint(len(value)), value)
+        if r.input is not None or r.run_input is not None or r.progress is not None:
+            for tag, obj in (
+                (_INPUT, r.input),
+                (_RUN_INPUT, r.run_input),
+                (_PROGRESS, r.progress),
+            ):
+                if obj is not None:
+                    value = value_bytes(obj)
+                    parts += (tag, varint(len(value)), value)
         if r.upstream:
             for node, output in r.upstream.items():
                 name = node.encode()

@@ -551,6 +551,27 @@ def test_complete_many_refuses_an_invalid_item_and_writes_nothing(cyclone_server
     assert "must hold 0 to 1000 items each, at least one in all" in error.details()
 
 
+def test_complete_many_checks_each_item_past_the_names_it_has_seen(cyclone_server):
+    # The server remembers node names it found valid and takes canonical ids at a
+    # glance: an item with a bad name is still refused after good ones, and ids in
+    # upper case still go through the full check and are accepted.
+    submit(cyclone_server, workflow("w", node("a"), node("b")))
+    a, b = claim(cyclone_server)
+    before = cyclone_server.sql("SELECT * FROM cyclone.steps ORDER BY node")
+    bad = worker_service_pb2.CompleteRequest(
+        run_id=b.run_id, node="no such/node", lease_token=b.lease_token, output=value(1)
+    )
+    error = rpc_error(complete_many, cyclone_server, completion(a, 1), bad)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("completions[1]: ")
+    assert cyclone_server.sql("SELECT * FROM cyclone.steps ORDER BY node") == before
+    upper = worker_service_pb2.CompleteRequest(
+        run_id=b.run_id.upper(), node=b.node, lease_token=b.lease_token.upper(), output=value(2)
+    )
+    results = complete_many(cyclone_server, completion(a, 1), upper)
+    assert [r.response.status for r in results] == [types_pb2.STEP_STATUS_COMPLETED] * 2
+
+
 def test_complete_many_across_runs_completes_each_run(cyclone_server):
     run_ids = [submit(cyclone_server, workflow("w", node("a"))) for _ in range(20)]
     steps = claim(cyclone_server, n=20)
