@@ -319,6 +319,7 @@ _new_object = object.__new__
 
 
 def claimed_context(
+    *,
     run_id: str,
     node: str,
     action: str,

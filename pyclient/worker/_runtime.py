@@ -20,7 +20,7 @@ from pyclient.client import call_metadata
 from pyclient.completion import CompletionTx, open_pool
 from pyclient.context import StepControl, claimed_context
 from pyclient.durable._replay import Replay, Suspended
-from pyclient.models import StepCall, UpstreamFailure, timestamp_datetime
+from pyclient.models import StepCall, UpstreamFailure, timestamp_datetime, value_field
 from pyclient.worker import _logs as step_logs
 from pyclient.worker._common import StepLog, log
 from pyclient.worker._completer import Completer
@@ -189,26 +189,26 @@ class Runtime:
             else None
         )
         ctx = claimed_context(
-            step.run_id,
-            step.node,
-            step.action,
-            step.workflow,
-            step.attempt,
-            step.max_attempts,
-            from_value(step.input) if step.HasField("input") else None,
-            from_value(step.run_input) if step.HasField("run_input") else None,
-            MappingProxyType({k: from_value(v) for k, v in step.upstream_outputs.items()})
+            run_id=step.run_id,
+            node=step.node,
+            action=step.action,
+            workflow=step.workflow,
+            attempt=step.attempt,
+            max_attempts=step.max_attempts,
+            input=value_field(step, "input"),
+            run_input=value_field(step, "run_input"),
+            upstream=MappingProxyType({k: from_value(v) for k, v in step.upstream_outputs.items()})
             if step.upstream_outputs
             else NO_UPSTREAM,
-            deadline_at,
-            from_value(step.progress) if step.HasField("progress") else None,
-            step.effect_uncertain,
-            self.w.worker_id,
-            tuple(map(UpstreamFailure.from_proto, step.upstream_failures))
+            deadline=deadline_at,
+            progress=value_field(step, "progress"),
+            effect_uncertain=step.effect_uncertain,
+            worker_id=self.w.worker_id,
+            upstream_failures=tuple(map(UpstreamFailure.from_proto, step.upstream_failures))
             if step.upstream_failures
             else (),
-            control,
-            replay,
+            control=control,
+            durable=replay,
         )
         policy = self.policy
         budget = policy.budget(lease_end, deadline, action)

@@ -354,7 +354,7 @@ def test_the_workers_context_of_a_claimed_step_is_the_one_context_makes():
         upstream_failures=failures,
     )
     made = Context(**values, _control=control, _durable=None)
-    fast = claimed_context(*values.values(), control, None)
+    fast = claimed_context(**values, control=control, durable=None)
     assert type(fast) is Context
     for f in dataclasses.fields(Context):
         assert getattr(fast, f.name) == getattr(made, f.name), f.name
