@@ -7,7 +7,11 @@ Postgres (default Debian's PostgreSQL 15), migrates it with this checkout's
 service/migrations, runs --setup, loads one-node runs with cyclone.run_submit (as
 bench/pg_drain.py does), stops it, and drains it in single-user mode under
 `valgrind --tool=callgrind`: per batch of 64, step_claim into an unlogged scratch table,
-then step_complete_many of those items, each statement its own transaction. Prints the
+then step_complete_many of those items, each statement its own transaction (with -j a
+single-user backend ends a command at a semicolon followed by an empty line; until
+session 10 the script had none, so the whole drain ran as one transaction: no commit
+was counted, and each completion paid a foreign-key check that the server's never do,
+because the step's row had been written by the same transaction). Prints the
 total instructions of each run and the difference per step between them, which leaves
 out start-up and catalog loading. The scratch table and the building of the items
 (jsonb_build_object, uuid_in) are the harness's, included in the figure on both sides.
@@ -34,17 +38,19 @@ import pg_drain
 
 CLAIM = (
     "INSERT INTO public.scratch SELECT run_id, node, lease_token FROM cyclone.step_claim("
-    "'w', ARRAY['a'], '{}', 64, interval '60 s');\n"
+    "'w', ARRAY['a'], '{}', 64, interval '60 s');\n\n"
 )
 COMPLETE = (
     "SELECT count(*) FROM cyclone.step_complete_many((SELECT jsonb_agg(jsonb_build_object("
     "'i', i - 1, 'run_id', run_id, 'node', node, 'lease_token', lease_token, 'output', NULL))"
-    " FROM (SELECT s.*, row_number() OVER () AS i FROM public.scratch s) x));\n"
-    "TRUNCATE public.scratch;\n"
+    " FROM (SELECT s.*, row_number() OVER () AS i FROM public.scratch s) x));\n\n"
+    "DELETE FROM public.scratch;\n\n"
 )
 
 
-def instructions(pgbin: Path, steps: int, setup: str, port: int, where: Path) -> int:
+def instructions(
+    pgbin: Path, steps: int, setup: str, port: int, where: Path, keep: Path | None = None
+) -> int:
     from service.migrate import migrate
 
     base, url = pg_drain.start_cluster(pgbin, port, "-c autovacuum=off", where)
@@ -64,7 +70,7 @@ def instructions(pgbin: Path, steps: int, setup: str, port: int, where: Path) ->
         capture_output=True,
     )
     script = base / "drain.sql"
-    script.write_text("SET cyclone.defer_notify = on;\n" + (CLAIM + COMPLETE) * (-(-steps // 64)))
+    script.write_text("SET cyclone.defer_notify = on;\n\n" + (CLAIM + COMPLETE) * (-(-steps // 64)))
     out = base / "callgrind.out"
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", str(pgbin / "postgres")]
     cmd += ["--single", "-D", str(base / "data"), "-j", "postgres"]
@@ -73,6 +79,9 @@ def instructions(pgbin: Path, steps: int, setup: str, port: int, where: Path) ->
     found = re.search(r"Collected : (\d+)", done.stderr)
     if not found or "ERROR" in done.stdout:
         raise RuntimeError(done.stdout[-2000:] + done.stderr[-2000:])
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(out, keep / f"callgrind.{steps}.out")
     shutil.rmtree(base)
     return int(found.group(1))
 
@@ -87,9 +96,14 @@ def main() -> None:
     parser.add_argument("--setup", default="", help="SQL to run after the migrations")
     parser.add_argument("--port", type=int, default=54339)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/cyclone-pg-callgrind"))
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="copy each run's callgrind.out here (callgrind.STEPS.out), for callgrind_annotate",
+    )
     args = parser.parse_args()
-    small = instructions(args.bin, args.small, args.setup, args.port, args.dir)
-    large = instructions(args.bin, args.large, args.setup, args.port, args.dir)
+    small = instructions(args.bin, args.small, args.setup, args.port, args.dir, args.keep)
+    large = instructions(args.bin, args.large, args.setup, args.port, args.dir, args.keep)
     print(f"instructions: {small:,} for {args.small} steps, {large:,} for {args.large}")
     print(f"per step (the difference): {(large - small) // (args.large - args.small):,}")
 
