@@ -2,7 +2,10 @@
 against a baseline measured in the same run on the same database.
 
 Scenarios (fixed counts, every loop bounded in count and time):
-  throughput  20,000 one-node runs drained by 2 worker processes through gRPC
+  throughput  20,000 one-node runs drained through gRPC by 2 bare-stub worker processes,
+              each on one Work stream (64 slots of credit)
+  unary       throughput again, its workers on Claim and CompleteMany calls instead of a
+              Work stream (the protocol before session 10; ratio to the baseline)
   flow        the same, each run with a priority (0-9) and half of them with a
               concurrency key (200 customers, 5 at once each); ratio to throughput
   sdk         the same, drained by 2 processes running the SDK's Worker
@@ -60,6 +63,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psutil
@@ -478,6 +482,116 @@ def worker_process(
     asyncio.run(main())
 
 
+def stream_worker_process(
+    address: str,
+    action: str,
+    concurrency: int,
+    stop_after_idle: float,
+    pickup_file: str | None,
+    quota: tuple | None = None,
+) -> None:
+    """worker_process on one Work stream (WorkerService.Work) instead of Claim and
+    CompleteMany calls: the stream opens with the worker's slots as credit, the server
+    hands out steps as they are ready, and each report of the completions that finished
+    while the previous one was on its way grants the credit of the slots it frees; its
+    answer comes back with the next steps. Each handler is still a task of its own."""
+    import asyncio
+
+    async def noop(step: worker_service_pb2.ClaimedStep) -> None:
+        return None  # the handler
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
+            null = struct_null()
+            worker_ready()
+            call = stub.Work()
+            opened = worker_service_pb2.WorkOpen(
+                worker_id=f"bench-{os.getpid()}",
+                actions=[worker_service_pb2.ActionSpec(name=action)],
+            )
+            await call.write(worker_service_pb2.WorkRequest(open=opened, credit=concurrency))
+            last_step = time.monotonic()
+            pickups = []
+            # A step holds its slot from its hand-out until its report is answered.
+            held = 0
+            pending: list[tuple[str, str, str]] = []
+            sent: list[int] = []  # the sizes of the reports on their way, oldest first
+            stopping = False
+            running: set[asyncio.Task] = set()
+
+            reporter: asyncio.Task | None = None
+
+            async def report() -> None:
+                # One report in flight at a time: the completions that finish meanwhile
+                # go together in the next. Sent from a task of its own, which runs after
+                # the handlers that finish in the same turn of the loop: they go too.
+                if not pending:
+                    return
+                request = worker_service_pb2.WorkRequest(credit=0 if stopping else len(pending))
+                completions = request.report.completions
+                for run_id, node, token in pending:
+                    completions.add(run_id=run_id, node=node, lease_token=token, output=null)
+                sent.append(len(pending))
+                del pending[:]
+                await call.write(request)
+
+            async def handle(step: worker_service_pb2.ClaimedStep) -> None:
+                if pickup_file:
+                    pickups.append((step.run_id, time.time()))
+                nonlocal reporter
+                await noop(step)
+                pending.append((step.run_id, step.node, step.lease_token))
+                if not sent and (reporter is None or reporter.done()):
+                    reporter = asyncio.create_task(report())
+
+            async def watch() -> None:
+                # Close the stream once idle with nothing held (or the quota reached).
+                nonlocal stopping
+                while True:
+                    await asyncio.sleep(0.05)
+                    if quota is not None and quota[1].is_set():
+                        stopping = True
+                    idle = time.monotonic() - last_step > stop_after_idle
+                    if (
+                        (stopping or idle or time.monotonic() - started > DEADLINE_S)
+                        and not held
+                        and not sent
+                    ):
+                        await call.done_writing()
+                        return
+
+            started = time.monotonic()
+            watcher = asyncio.create_task(watch())
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    break
+                if response.HasField("report"):
+                    answered = sent.pop(0)
+                    held -= answered
+                    if quota is not None:
+                        counter, reached, count = quota
+                        with counter.get_lock():
+                            counter.value += answered
+                            if counter.value >= count:
+                                reached.set()
+                    if pending and (reporter is None or reporter.done()):
+                        reporter = asyncio.create_task(report())
+                if response.steps:
+                    last_step = time.monotonic()
+                    held += len(response.steps)
+                    for step in response.steps:
+                        task = asyncio.create_task(handle(step))
+                        running.add(task)
+                        task.add_done_callback(running.discard)
+            await watcher
+            if pickup_file:
+                Path(pickup_file).write_text(json.dumps(pickups))
+
+    asyncio.run(main())
+
+
 def sdk_worker_process(address: str, action: str, concurrency: int, finished) -> None:
     """A worker built with the SDK (pyclient.Worker), async no-op handler; it stops
     when the bench says every step is done."""
@@ -561,27 +675,30 @@ def start_workers(
     unsafe: bool = False,
     batched: bool = False,
     quota: tuple | None = None,
+    stream: bool = True,
 ):
-    """Start bare-stub worker processes (worker_process); with a ``quota`` (quota()),
-    they stop claiming once they completed its count of steps together."""
+    """Start bare-stub worker processes: on a Work stream (stream_worker_process), or
+    with Claim and CompleteMany calls (worker_process: always so for durable bodies,
+    whose step calls are made with their own RPCs); with a ``quota`` (quota()), they
+    stop claiming once they completed its count of steps together."""
     ctx = multiprocessing.get_context("spawn")
-    procs = [
-        ctx.Process(
-            target=worker_process,
-            args=(
-                address,
-                action,
-                concurrency,
-                stop_after_idle,
-                pickup_file,
-                calls,
-                unsafe,
-                batched,
-                quota,
-            ),
+    if stream and not calls:
+        target: Any = stream_worker_process
+        args: tuple = (address, action, concurrency, stop_after_idle, pickup_file, quota)
+    else:
+        target = worker_process
+        args = (
+            address,
+            action,
+            concurrency,
+            stop_after_idle,
+            pickup_file,
+            calls,
+            unsafe,
+            batched,
+            quota,
         )
-        for _ in range(processes)
-    ]
+    procs = [ctx.Process(target=target, args=args) for _ in range(processes)]
     for p in procs:
         p.start()
     return procs
@@ -633,12 +750,16 @@ def vacuumed(database_url: str) -> None:
         conn.execute("VACUUM (ANALYZE)")
 
 
-def scenario_throughput(server: Server, database_url: str, runs: int, action: str) -> dict:
+def scenario_throughput(
+    server: Server, database_url: str, runs: int, action: str, stream: bool = True
+) -> dict:
     submit_many(server.address, [one_node("one", action)] * runs)
-    return measured_drain(server, database_url, runs, action)
+    return measured_drain(server, database_url, runs, action, stream)
 
 
-def measured_drain(server: Server, database_url: str, runs: int, action: str) -> dict:
+def measured_drain(
+    server: Server, database_url: str, runs: int, action: str, stream: bool = True
+) -> dict:
     """The submitted runs of ``action`` drained by the bare-stub workers, measured: steps
     per second, CPU per step by part, WAL and commits per step. Every scenario compared
     with `throughput` drains through this, so that each starts from the same state: the
@@ -647,7 +768,7 @@ def measured_drain(server: Server, database_url: str, runs: int, action: str) ->
     with DbMeter(database_url) as db:
         wal_before = wal_lsn(database_url)
         with CpuMeter(server) as cpu:
-            join(start_workers(server.address, action))
+            join(start_workers(server.address, action, stream=stream))
         wal_bytes = wal_lsn(database_url) - wal_before
     n, rate = steps_per_second(database_url, action)
     assert n == runs, f"{n} of {runs} steps completed"
@@ -1283,6 +1404,16 @@ def main() -> None:
                 results["throughput"]["steps_per_s"] / base_result["jobs_per_s"], 2
             )
             print("throughput", results["throughput"], flush=True)
+        if wanted("unary"):
+            results["unary"] = scenario_throughput(
+                server, database_url, args.runs, "unaryop", stream=False
+            )
+            if "throughput" in results:
+                results["unary"]["ratio"] = round(
+                    results["unary"]["steps_per_s"] / results["throughput"]["baseline_jobs_per_s"],
+                    2,
+                )
+            print("unary", results["unary"], flush=True)
         if wanted("flow"):
             results["flow"] = scenario_flow(server, database_url, args.runs, "flowop")
             if "throughput" in results:
@@ -1544,6 +1675,14 @@ def print_table(r: dict, out: Path) -> None:
                 cpu_split(t["baseline_cpu_ms_per_job"]),
             ),
         ]
+    if "unary" in r:
+        u = r["unary"]
+        rows += [
+            ("throughput over Claim and CompleteMany calls, steps/s", u["steps_per_s"]),
+            *drain_rows(u, "  ", 0.13),
+        ]
+        if "ratio" in u:
+            rows.append(("  its ratio: steps/s / baseline jobs/s", u["ratio"]))
     if "flow" in r:
         f = r["flow"]
         rows += [

@@ -52,6 +52,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "EndStepCall",
             "StartChild",
             "Wait",
+            "Work",
         )
     },
     **{

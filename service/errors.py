@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -183,10 +183,38 @@ def rpc(
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            answer = status(exc, method.__name__)
-            if answer.metadata:
-                context.set_trailing_metadata(answer.metadata)
-            await context.abort(answer.code, answer.message)
+            await _abort(context, exc, method.__name__)
             raise  # abort raises; this line is never reached
+
+    return wrapper
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception, where: str) -> None:
+    """End the call with the status that answers ``exc`` (abort raises AbortError)."""
+    answer = status(exc, where)
+    if answer.metadata:
+        context.set_trailing_metadata(answer.metadata)
+    await context.abort(answer.code, answer.message)
+
+
+def stream_rpc(
+    method: Callable[
+        [Servicer, Request, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Response]
+    ],
+) -> Callable[[Servicer, Request, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Response]]:
+    """:func:`rpc` for a servicer method that answers with a stream (an async
+    generator): whatever it raises ends the stream with its :func:`status`."""
+
+    @functools.wraps(method)
+    async def wrapper(
+        self: Servicer, request: Request, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Response]:
+        try:
+            async for response in method(self, request, context):
+                yield response
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort(context, exc, method.__name__)
 
     return wrapper

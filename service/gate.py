@@ -107,8 +107,9 @@ class Gate(grpc.aio.ServerInterceptor):
     # Handlers --------------------------------------------------------------------
 
     def _wrap(self, method: str, handler: Handler) -> Handler:
-        """The same handler behind the gate. A unary request arrives as bytes and is
-        decoded here; a streamed one is decoded by gRPC (only reflection streams)."""
+        """The same handler behind the gate. Requests arrive as bytes and are decoded
+        here, a streamed one message by message. A servicer may answer with bytes it
+        serialized itself (WorkerService.Work does): they are sent as they are."""
         kind = next(k for k in _MAKERS if getattr(handler, k) is not None)
         # The stubs type a handler as a plain function; under grpc.aio it is async.
         inner: Any = getattr(handler, kind)
@@ -128,13 +129,17 @@ class Gate(grpc.aio.ServerInterceptor):
             async for response in result:
                 yield response
 
+        async def decoded(requests: Any, context: Context) -> Any:
+            async for raw in requests:
+                yield await decode(raw, context)
+
         async def stream_unary(requests: Any, context: Context) -> Any:
             await admit(method, context)
-            return await inner(requests, context)
+            return await inner(decoded(requests, context), context)
 
         async def stream_stream(requests: Any, context: Context) -> Any:
             await admit(method, context)
-            async for response in inner(requests, context):
+            async for response in inner(decoded(requests, context), context):
                 yield response
 
         behaviors = {
@@ -145,8 +150,8 @@ class Gate(grpc.aio.ServerInterceptor):
         }
         return _MAKERS[kind](
             behaviors[kind],
-            request_deserializer=None if kind.startswith("unary") else handler.request_deserializer,
-            response_serializer=handler.response_serializer,
+            request_deserializer=None,
+            response_serializer=_serializer(handler.response_serializer),
         )
 
 
@@ -156,6 +161,17 @@ _MAKERS = {
     "stream_unary": grpc.stream_unary_rpc_method_handler,
     "stream_stream": grpc.stream_stream_rpc_method_handler,
 }
+
+
+def _serializer(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """A response serializer that sends bytes as they are and serializes messages."""
+    if serialize is None:
+        return None
+
+    def serializer(response: Any) -> bytes:
+        return response if type(response) is bytes else serialize(response)
+
+    return serializer
 
 
 def _decoder(method: str, deserializer: Callable[[bytes], Any] | None) -> Any:

@@ -307,7 +307,13 @@ class Metrics:
         )
         self.waiting_claims = Gauge(
             "cyclone_claims_waiting",
-            "Claims long-polling on this server for work (idle worker slots)",
+            "Claims long-polling on this server for work (idle worker slots), and Work "
+            "streams waiting for a step with credit left",
+            registry=r,
+        )
+        self.work_streams = Gauge(
+            "cyclone_work_streams",
+            "Work streams open on this server (WorkerService.Work: a worker's session)",
             registry=r,
         )
         #: How long gauges read from the database are reused (tests set 0).

@@ -14,9 +14,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf import duration_pb2
@@ -46,7 +46,7 @@ from cyclone.v1 import (
 from service import auth, convert, errors, wire
 from service.activity import ActionActivity, Handouts
 from service.config import Settings
-from service.errors import rpc
+from service.errors import rpc, stream_rpc
 from service.explain import explain
 from service.metrics import Metrics
 from service.notify import Dispatcher
@@ -785,6 +785,18 @@ def _decode_position(token: str, *, node: bool = True) -> tuple[datetime, uuid.U
         raise bad from None
 
 
+class Claimer(NamedTuple):
+    """Who claims, and what: a Claim's (or a Work stream's) worker and actions, checked."""
+
+    worker_id: str
+    actions: list[str]
+    #: The actions the worker marks unsafe_to_repeat.
+    unsafe: list[str]
+    #: The actions it declares rate limited: (count, period_s).
+    rates: dict[str, tuple[int, float]]
+    lease_s: float
+
+
 def _rare_parts(r: ClaimedStep) -> worker_pb.ClaimedStep | None:
     """The parts of a claimed step that service.wire leaves to the Python API (its
     upstream failures and journal), or None when it has none."""
@@ -836,22 +848,25 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             )
         return lease
 
-    @rpc
-    async def Claim(
-        self, request: worker_pb.ClaimRequest, context: Context
-    ) -> worker_pb.ClaimResponse:
-        worker_id = _text(request.worker_id, "worker_id", MAX_WORKER_ID)
+    def _claimer(
+        self,
+        worker_id: str,
+        specs: Sequence[worker_pb.ActionSpec],
+        lease: duration_pb2.Duration | None,
+    ) -> Claimer:
+        """Who claims and what, validated (ClaimRequest's and WorkOpen's fields)."""
+        worker_id = _text(worker_id, "worker_id", MAX_WORKER_ID)
         if not worker_id:
             raise errors.InvalidArgument("worker_id is required")
-        if not request.actions:
+        if not specs:
             raise errors.InvalidArgument("actions must name at least one action")
-        if len(request.actions) > MAX_CLAIM_ACTIONS:
+        if len(specs) > MAX_CLAIM_ACTIONS:
             raise errors.InvalidArgument(
-                f"actions names {len(request.actions)} actions; the limit is {MAX_CLAIM_ACTIONS}"
+                f"actions names {len(specs)} actions; the limit is {MAX_CLAIM_ACTIONS}"
             )
         actions, unsafe = [], []
         rates: dict[str, tuple[int, float]] = {}
-        for spec in request.actions:
+        for spec in specs:
             dag.check_name("action", spec.name)
             if spec.name.startswith(RESERVED_PREFIX):
                 raise errors.InvalidArgument(
@@ -869,6 +884,16 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 flow.check_rate_limit(where, spec.rate_limit.count, period)
                 # The first declaration of an action counts, as for the rest of its spec.
                 rates.setdefault(spec.name, (spec.rate_limit.count, period))
+        return Claimer(worker_id, actions, unsafe, rates, self._lease(lease))
+
+    @rpc
+    async def Claim(
+        self, request: worker_pb.ClaimRequest, context: Context
+    ) -> worker_pb.ClaimResponse:
+        who = self._claimer(
+            request.worker_id, request.actions, request.lease if request.HasField("lease") else None
+        )
+        worker_id, actions, unsafe, rates, lease = who
         limit = request.max_steps or 1
         if not 1 <= limit <= self.settings.max_claim_batch:
             raise errors.InvalidArgument(
@@ -879,7 +904,6 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             raise errors.InvalidArgument(
                 f"wait must be between 0s and {self.settings.max_wait_s:g}s, got {wait:g}s"
             )
-        lease = self._lease(request.lease if request.HasField("lease") else None)
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
@@ -1216,6 +1240,10 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     async def CompleteMany(
         self, request: worker_pb.CompleteManyRequest, context: Context
     ) -> worker_pb.CompleteManyResponse:
+        return worker_pb.CompleteManyResponse.FromString(await self._report(request))
+
+    async def _report(self, request: worker_pb.CompleteManyRequest) -> bytes:
+        """CompleteMany's work: the items checked and applied; the answer serialized."""
         sizes = (
             len(request.completions),
             len(request.step_call_ends),
@@ -1260,9 +1288,124 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         finally:
             for status, n in finished.items():
                 self._finished(status).inc(n)
-        # The results, appended as the bytes they serialize to (service.wire).
-        response.MergeFromString(b"".join(results))
-        return response
+        # The results, appended as the bytes they serialize to (service.wire): a
+        # message's fields may come in any order, a repeated field's items apart.
+        results.append(response.SerializeToString())
+        return b"".join(results)
+
+    @stream_rpc
+    async def Work(
+        self, requests: AsyncIterator[worker_pb.WorkRequest], context: Context
+    ) -> AsyncIterator[bytes]:
+        """A worker's session: claims made as the credit allows, reports answered in
+        order (WorkerService.Work in the protos). Yields serialized WorkResponses."""
+        stream = aiter(requests)
+        request = await anext(stream, None)
+        if request is None:
+            return
+        if not request.HasField("open"):
+            raise errors.InvalidArgument("the first message of a Work stream must set open")
+        opened = request.open
+        who = self._claimer(
+            opened.worker_id, opened.actions, opened.lease if opened.HasField("lease") else None
+        )
+        credit = 0
+        reading: asyncio.Future[worker_pb.WorkRequest | None] | None = None
+        self.metrics.work_streams.inc()
+        try:
+            with self.dispatcher.subscribe(who.actions) as ready:
+                while True:
+                    answer: bytes | None = None
+                    if request is not None:
+                        if reading is not None and request.HasField("open"):
+                            raise errors.InvalidArgument(
+                                "open may be set only in the first message of a Work stream"
+                            )
+                        credit = _credit(credit, request.credit)
+                        if request.HasField("report"):
+                            answer = await self._report(request.report)
+                        request = None
+                        # The next request is read meanwhile; its arrival wakes the wait.
+                        reading = asyncio.ensure_future(anext(stream, None))
+                        reading.add_done_callback(lambda _: ready.set())
+                    assert reading is not None
+                    if self.stopping.is_set():
+                        if answer is not None:
+                            yield _work_answer(answer)
+                        return
+                    steps = b""
+                    full = False
+                    if credit > 0:
+                        # Cleared before the claim: a wake-up while it runs is not lost.
+                        ready.clear()
+                        limit = min(credit, self.settings.max_claim_batch)
+                        try:
+                            steps, handed = await self._work_claim(who, limit)
+                        except Exception:
+                            if answer is not None:  # applied: its answer goes first
+                                yield _work_answer(answer)
+                            raise
+                        credit -= handed
+                        full = handed == limit
+                    if answer is not None:
+                        yield steps + _work_answer(answer)
+                    elif steps:
+                        yield steps
+                    if full and credit > 0:
+                        continue  # as many as asked: more may be ready
+                    if not reading.done():
+                        await self._work_wait(who, ready, reading, credit > 0)
+                    if reading.done():
+                        request = reading.result()
+                        if request is None:
+                            return  # the worker closed its side: the session is over
+        finally:
+            self.metrics.work_streams.dec()
+            if reading is not None and not reading.done():
+                reading.cancel()
+
+    async def _work_claim(self, who: Claimer, limit: int) -> tuple[bytes, int]:
+        """One claim of a Work stream: the serialized steps and blocked runs of a
+        WorkResponse, and how many steps it hands out."""
+        worker_id, actions, unsafe, rates, lease = who
+        self.activity.polled(actions, worker_id)
+        rows = await self._claim(worker_id, actions, unsafe, limit, lease, rates)
+        blocked = [r for r in rows if self._blocked(r)]
+        steps = [r for r in rows if not r.blocked]
+        out = b""
+        if steps:
+            self._handed_out(steps, lease)
+            self.activity.claimed({r.action for r in steps}, worker_id)
+            out = wire.work_steps(steps, _rare_parts)
+        if blocked:
+            response = worker_pb.WorkResponse(blocked=await self._blocked_steps(blocked))
+            out += response.SerializeToString()
+        return out, len(steps)
+
+    async def _work_wait(
+        self,
+        who: Claimer,
+        ready: asyncio.Event,
+        reading: asyncio.Future[Any],
+        claiming: bool,
+    ) -> None:
+        """Wait for the next request of a Work stream, and while the worker has credit
+        left, for a step to become ready (a notification, or a backoff coming due)."""
+        if not claiming:
+            ready.clear()
+            if not reading.done():
+                await ready.wait()  # set by the request's arrival (and by notifications)
+            return
+        due = await self.store.step_next_due(who.actions)
+        recheck = self.settings.claim_recheck_s
+        timeout = recheck if due is None else min(recheck, max(due, 0.001))
+        self.metrics.waiting_claims.inc()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await ready.wait()
+        finally:
+            self.metrics.waiting_claims.dec()
 
     def _report_calls(
         self,
@@ -1453,6 +1596,27 @@ _RESULTS = wire.field_tag(worker_pb.CompleteManyResponse, "results")
 #: CompleteManyResponse.results entries without a retry time, serialized, by (step
 #: status, run status, duplicate): a few dozen at most, each made once.
 _ANSWERS: dict[tuple[str, str, bool], bytes] = {}
+
+
+#: The most credit a Work stream may hold unused.
+MAX_WORK_CREDIT = 10_000
+_WORK_REPORT = wire.field_tag(worker_pb.WorkResponse, "report")
+
+
+def _credit(held: int, granted: int) -> int:
+    """A Work stream's credit after a request grants ``granted`` more."""
+    if not 0 <= granted <= 1000:
+        raise errors.InvalidArgument(f"credit must be between 0 and 1000, got {granted}")
+    if held + granted > MAX_WORK_CREDIT:
+        raise errors.InvalidArgument(
+            f"credit unused would be {held + granted}; the limit is {MAX_WORK_CREDIT}"
+        )
+    return held + granted
+
+
+def _work_answer(report: bytes) -> bytes:
+    """WorkResponse.report, serialized, from a serialized CompleteManyResponse."""
+    return wire.length_delimited(_WORK_REPORT, report)
 
 
 def _result_bytes(result: worker_pb.CompleteResult) -> bytes:

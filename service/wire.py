@@ -233,3 +233,15 @@ def claim_response(
 ) -> worker_pb.ClaimResponse:
     """The ClaimResponse handing out ``rows`` (``rare``: see ClaimWriter)."""
     return ClaimWriter(rare).response(rows)
+
+
+_WORK_STEPS = _tag(worker_pb.WorkResponse.DESCRIPTOR, "steps", _LEN)
+
+
+def work_steps(
+    rows: Sequence[ClaimedStep], rare: Callable[[ClaimedStep], worker_pb.ClaimedStep | None]
+) -> bytes:
+    """The serialized WorkResponse handing out ``rows``, as gRPC sends it: the steps
+    are written once, never parsed (``rare``: see ClaimWriter)."""
+    writer = ClaimWriter(rare)
+    return b"".join([_WORK_STEPS + varint(len(s)) + s for s in map(writer.step, rows)])

@@ -226,7 +226,7 @@ def test_every_command_of_the_grpcurl_page_works_as_written(cyclone_server, grpc
     shell = Shell(shell_env(grpcurl, tmp_path), tmp_path)
     try:
         ran = run_page("docs/grpcurl.md", page, cyclone_server, shell)
-        names = ("RUN", "RUN_A", "RUN_B", "RUN_C", "RUN_D", "RUN_E")
+        names = ("RUN", "RUN_A", "RUN_B", "RUN_C", "RUN_D", "RUN_E", "RUN_W")
         ids = {name: shell.value(name) for name in names}
     finally:
         shell.close()
@@ -246,6 +246,9 @@ def test_every_command_of_the_grpcurl_page_works_as_written(cyclone_server, grpc
 
     # The story ends as the page says.
     assert run_status(cyclone_server, ids["RUN"]) == "completed"
+    # The step a Work stream took, completed by the report of a second stream.
+    assert run_status(cyclone_server, ids["RUN_W"]) == "completed"
+    assert step_states(cyclone_server, ids["RUN_W"]) == {"only": ("completed", 1)}
     assert step_states(cyclone_server, ids["RUN"]) == {
         "charge": ("completed", 1),
         "receipt": ("completed", 3),

@@ -266,6 +266,36 @@ class CompleteError(_message.Message):
     current_attempt: int
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., current_attempt: _Optional[int] = ...) -> None: ...
 
+class WorkRequest(_message.Message):
+    __slots__ = ("open", "credit", "report")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    open: WorkOpen
+    credit: int
+    report: CompleteManyRequest
+    def __init__(self, open: _Optional[_Union[WorkOpen, _Mapping]] = ..., credit: _Optional[int] = ..., report: _Optional[_Union[CompleteManyRequest, _Mapping]] = ...) -> None: ...
+
+class WorkOpen(_message.Message):
+    __slots__ = ("worker_id", "actions", "lease")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    actions: _containers.RepeatedCompositeFieldContainer[ActionSpec]
+    lease: _duration_pb2.Duration
+    def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class WorkResponse(_message.Message):
+    __slots__ = ("steps", "blocked", "report")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[ClaimedStep]
+    blocked: _containers.RepeatedCompositeFieldContainer[BlockedStep]
+    report: CompleteManyResponse
+    def __init__(self, steps: _Optional[_Iterable[_Union[ClaimedStep, _Mapping]]] = ..., blocked: _Optional[_Iterable[_Union[BlockedStep, _Mapping]]] = ..., report: _Optional[_Union[CompleteManyResponse, _Mapping]] = ...) -> None: ...
+
 class BeginStepCallRequest(_message.Message):
     __slots__ = ("run_id", "node", "lease_token", "step_id", "seq", "function", "unsafe_to_repeat")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

@@ -76,6 +76,11 @@ class WorkerServiceStub:
                 request_serializer=cyclone_dot_v1_dot_worker__service__pb2.WaitRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.WaitResponse.FromString,
                 _registered_method=True)
+        self.Work = channel.stream_stream(
+                '/cyclone.v1.WorkerService/Work',
+                request_serializer=cyclone_dot_v1_dot_worker__service__pb2.WorkRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.WorkResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -195,6 +200,31 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Work(self, request_iterator, context):
+        """A worker's session on one stream: Claim and CompleteMany for a worker that runs
+        many steps, with one message each way per batch instead of two calls (in Python a
+        call costs the server several times what a message on an open stream does). The
+        first request opens the session: `open` says who the worker is and what it serves,
+        as a ClaimRequest would, and `credit` how many steps it can take. The server hands
+        out ready steps as they become ready, in claims made as Claim makes them, never
+        more than the credit left (each step handed out uses one): an idle worker waits
+        for work without asking again. A later request may grant more credit (typically
+        the slots its reported steps free) and carry a report: outcomes, step call ends
+        and begins, applied as CompleteMany applies them, durable before the answer. Each
+        report is answered by exactly one response, in the order the reports were sent,
+        and that response also carries the steps claimed with the credit granted so far;
+        a response may also carry steps alone. A request the server refuses (bad input)
+        or cannot apply ends the stream with the status CompleteMany would have answered,
+        and a stopping server ends its streams (OK) after answering the reports it has
+        read: open a new stream and send the reports not answered again (a completion
+        sent twice is answered duplicate = true). Steps handed out keep their leases
+        however their stream ends: Heartbeat them as usual, and complete them on any
+        stream or with CompleteMany.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -237,6 +267,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Wait,
                     request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.WaitRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_worker__service__pb2.WaitResponse.SerializeToString,
+            ),
+            'Work': grpc.stream_stream_rpc_method_handler(
+                    servicer.Work,
+                    request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.WorkRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_worker__service__pb2.WorkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -457,6 +492,33 @@ class WorkerService:
             '/cyclone.v1.WorkerService/Wait',
             cyclone_dot_v1_dot_worker__service__pb2.WaitRequest.SerializeToString,
             cyclone_dot_v1_dot_worker__service__pb2.WaitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Work(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/cyclone.v1.WorkerService/Work',
+            cyclone_dot_v1_dot_worker__service__pb2.WorkRequest.SerializeToString,
+            cyclone_dot_v1_dot_worker__service__pb2.WorkResponse.FromString,
             options,
             channel_credentials,
             insecure,

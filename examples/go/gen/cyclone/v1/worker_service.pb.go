@@ -1662,6 +1662,204 @@ func (x *CompleteError) GetCurrentAttempt() int32 {
 	return 0
 }
 
+// Arguments of WorkerService.Work: one message of the worker's stream.
+type WorkRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required in the first message, and only there: who the worker is and what it
+	// serves, for the life of the stream.
+	Open *WorkOpen `protobuf:"bytes,1,opt,name=open,proto3" json:"open,omitempty"`
+	// Steps the server may hand out beyond the credit granted before, 0-1000 (in the
+	// first message: the worker's free slots). The credit not yet used may not exceed
+	// 10,000.
+	Credit int32 `protobuf:"varint,2,opt,name=credit,proto3" json:"credit,omitempty"`
+	// Outcomes to apply, as CompleteMany takes them (at least one item when set);
+	// answered by one WorkResponse, in the order sent.
+	Report        *CompleteManyRequest `protobuf:"bytes,3,opt,name=report,proto3" json:"report,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkRequest) Reset() {
+	*x = WorkRequest{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkRequest) ProtoMessage() {}
+
+func (x *WorkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkRequest.ProtoReflect.Descriptor instead.
+func (*WorkRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *WorkRequest) GetOpen() *WorkOpen {
+	if x != nil {
+		return x.Open
+	}
+	return nil
+}
+
+func (x *WorkRequest) GetCredit() int32 {
+	if x != nil {
+		return x.Credit
+	}
+	return 0
+}
+
+func (x *WorkRequest) GetReport() *CompleteManyRequest {
+	if x != nil {
+		return x.Report
+	}
+	return nil
+}
+
+// Who the worker of a Work stream is and what it serves.
+type WorkOpen struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// As in ClaimRequest.
+	WorkerId string `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// As in ClaimRequest: at least one, with their unsafe_to_repeat marks and rate
+	// limits, read once for the stream.
+	Actions []*ActionSpec `protobuf:"bytes,2,rep,name=actions,proto3" json:"actions,omitempty"`
+	// As in ClaimRequest: the lease of every step handed out. Default: the server's.
+	Lease         *durationpb.Duration `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkOpen) Reset() {
+	*x = WorkOpen{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkOpen) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkOpen) ProtoMessage() {}
+
+func (x *WorkOpen) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkOpen.ProtoReflect.Descriptor instead.
+func (*WorkOpen) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *WorkOpen) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *WorkOpen) GetActions() []*ActionSpec {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+func (x *WorkOpen) GetLease() *durationpb.Duration {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+// Result of WorkerService.Work: one message of the server's stream.
+type WorkResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Steps handed out, each using one of the credit.
+	Steps []*ClaimedStep `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	// Runs a claim blocked instead of handing out a step, as in ClaimResponse.blocked.
+	Blocked []*BlockedStep `protobuf:"bytes,2,rep,name=blocked,proto3" json:"blocked,omitempty"`
+	// The answer to the oldest report not yet answered, as CompleteMany would answer
+	// it; unset in a response that only hands out steps.
+	Report        *CompleteManyResponse `protobuf:"bytes,3,opt,name=report,proto3" json:"report,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkResponse) Reset() {
+	*x = WorkResponse{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkResponse) ProtoMessage() {}
+
+func (x *WorkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkResponse.ProtoReflect.Descriptor instead.
+func (*WorkResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *WorkResponse) GetSteps() []*ClaimedStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *WorkResponse) GetBlocked() []*BlockedStep {
+	if x != nil {
+		return x.Blocked
+	}
+	return nil
+}
+
+func (x *WorkResponse) GetReport() *CompleteManyResponse {
+	if x != nil {
+		return x.Report
+	}
+	return nil
+}
+
 // Arguments of WorkerService.BeginStepCall. The node is named by run_id and node;
 // lease_token is the one its Claim returned.
 type BeginStepCallRequest struct {
@@ -1690,7 +1888,7 @@ type BeginStepCallRequest struct {
 
 func (x *BeginStepCallRequest) Reset() {
 	*x = BeginStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1702,7 +1900,7 @@ func (x *BeginStepCallRequest) String() string {
 func (*BeginStepCallRequest) ProtoMessage() {}
 
 func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[18]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1715,7 +1913,7 @@ func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallRequest.ProtoReflect.Descriptor instead.
 func (*BeginStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{18}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BeginStepCallRequest) GetRunId() string {
@@ -1783,7 +1981,7 @@ type BeginStepCallResponse struct {
 
 func (x *BeginStepCallResponse) Reset() {
 	*x = BeginStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1795,7 +1993,7 @@ func (x *BeginStepCallResponse) String() string {
 func (*BeginStepCallResponse) ProtoMessage() {}
 
 func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[19]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1808,7 +2006,7 @@ func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallResponse.ProtoReflect.Descriptor instead.
 func (*BeginStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{19}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BeginStepCallResponse) GetDecision() StepCallDecision {
@@ -1862,7 +2060,7 @@ type EndStepCallRequest struct {
 
 func (x *EndStepCallRequest) Reset() {
 	*x = EndStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1874,7 +2072,7 @@ func (x *EndStepCallRequest) String() string {
 func (*EndStepCallRequest) ProtoMessage() {}
 
 func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[20]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1887,7 +2085,7 @@ func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallRequest.ProtoReflect.Descriptor instead.
 func (*EndStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{20}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EndStepCallRequest) GetRunId() string {
@@ -1996,7 +2194,7 @@ type EndStepCallResponse struct {
 
 func (x *EndStepCallResponse) Reset() {
 	*x = EndStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2008,7 +2206,7 @@ func (x *EndStepCallResponse) String() string {
 func (*EndStepCallResponse) ProtoMessage() {}
 
 func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2021,7 +2219,7 @@ func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallResponse.ProtoReflect.Descriptor instead.
 func (*EndStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{21}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EndStepCallResponse) GetCall() *StepCall {
@@ -2063,7 +2261,7 @@ type StartChildRequest struct {
 
 func (x *StartChildRequest) Reset() {
 	*x = StartChildRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2075,7 +2273,7 @@ func (x *StartChildRequest) String() string {
 func (*StartChildRequest) ProtoMessage() {}
 
 func (x *StartChildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2088,7 +2286,7 @@ func (x *StartChildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartChildRequest.ProtoReflect.Descriptor instead.
 func (*StartChildRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{22}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StartChildRequest) GetRunId() string {
@@ -2158,7 +2356,7 @@ type StartChildResponse struct {
 
 func (x *StartChildResponse) Reset() {
 	*x = StartChildResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2170,7 +2368,7 @@ func (x *StartChildResponse) String() string {
 func (*StartChildResponse) ProtoMessage() {}
 
 func (x *StartChildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2183,7 +2381,7 @@ func (x *StartChildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartChildResponse.ProtoReflect.Descriptor instead.
 func (*StartChildResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{23}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StartChildResponse) GetChildRunId() string {
@@ -2236,7 +2434,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2248,7 +2446,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2261,7 +2459,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{24}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WaitRequest) GetRunId() string {
@@ -2373,7 +2571,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[25]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2385,7 +2583,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[25]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2398,7 +2596,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{25}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WaitResponse) GetDecision() WaitDecision {
@@ -2530,7 +2728,19 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\rCompleteError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12'\n" +
-	"\x0fcurrent_attempt\x18\x03 \x01(\x05R\x0ecurrentAttempt\"\xd3\x01\n" +
+	"\x0fcurrent_attempt\x18\x03 \x01(\x05R\x0ecurrentAttempt\"\x88\x01\n" +
+	"\vWorkRequest\x12(\n" +
+	"\x04open\x18\x01 \x01(\v2\x14.cyclone.v1.WorkOpenR\x04open\x12\x16\n" +
+	"\x06credit\x18\x02 \x01(\x05R\x06credit\x127\n" +
+	"\x06report\x18\x03 \x01(\v2\x1f.cyclone.v1.CompleteManyRequestR\x06report\"\x8a\x01\n" +
+	"\bWorkOpen\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x120\n" +
+	"\aactions\x18\x02 \x03(\v2\x16.cyclone.v1.ActionSpecR\aactions\x12/\n" +
+	"\x05lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05lease\"\xaa\x01\n" +
+	"\fWorkResponse\x12-\n" +
+	"\x05steps\x18\x01 \x03(\v2\x17.cyclone.v1.ClaimedStepR\x05steps\x121\n" +
+	"\ablocked\x18\x02 \x03(\v2\x17.cyclone.v1.BlockedStepR\ablocked\x128\n" +
+	"\x06report\x18\x03 \x01(\v2 .cyclone.v1.CompleteManyResponseR\x06report\"\xd3\x01\n" +
 	"\x14BeginStepCallRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
@@ -2597,7 +2807,7 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\fWaitDecision\x12\x1d\n" +
 	"\x19WAIT_DECISION_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13WAIT_DECISION_READY\x10\x01\x12\x1b\n" +
-	"\x17WAIT_DECISION_SUSPENDED\x10\x022\xdf\x04\n" +
+	"\x17WAIT_DECISION_SUSPENDED\x10\x022\x9e\x05\n" +
 	"\rWorkerService\x12<\n" +
 	"\x05Claim\x12\x18.cyclone.v1.ClaimRequest\x1a\x19.cyclone.v1.ClaimResponse\x12H\n" +
 	"\tHeartbeat\x12\x1c.cyclone.v1.HeartbeatRequest\x1a\x1d.cyclone.v1.HeartbeatResponse\x12E\n" +
@@ -2607,7 +2817,8 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\vEndStepCall\x12\x1e.cyclone.v1.EndStepCallRequest\x1a\x1f.cyclone.v1.EndStepCallResponse\x12K\n" +
 	"\n" +
 	"StartChild\x12\x1d.cyclone.v1.StartChildRequest\x1a\x1e.cyclone.v1.StartChildResponse\x129\n" +
-	"\x04Wait\x12\x17.cyclone.v1.WaitRequest\x1a\x18.cyclone.v1.WaitResponseb\x06proto3"
+	"\x04Wait\x12\x17.cyclone.v1.WaitRequest\x1a\x18.cyclone.v1.WaitResponse\x12=\n" +
+	"\x04Work\x12\x17.cyclone.v1.WorkRequest\x1a\x18.cyclone.v1.WorkResponse(\x010\x01b\x06proto3"
 
 var (
 	file_cyclone_v1_worker_service_proto_rawDescOnce sync.Once
@@ -2622,7 +2833,7 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
 	(WaitDecision)(0),             // 1: cyclone.v1.WaitDecision
@@ -2644,103 +2855,115 @@ var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(*StepCallBeginResult)(nil),   // 17: cyclone.v1.StepCallBeginResult
 	(*CompleteResult)(nil),        // 18: cyclone.v1.CompleteResult
 	(*CompleteError)(nil),         // 19: cyclone.v1.CompleteError
-	(*BeginStepCallRequest)(nil),  // 20: cyclone.v1.BeginStepCallRequest
-	(*BeginStepCallResponse)(nil), // 21: cyclone.v1.BeginStepCallResponse
-	(*EndStepCallRequest)(nil),    // 22: cyclone.v1.EndStepCallRequest
-	(*EndStepCallResponse)(nil),   // 23: cyclone.v1.EndStepCallResponse
-	(*StartChildRequest)(nil),     // 24: cyclone.v1.StartChildRequest
-	(*StartChildResponse)(nil),    // 25: cyclone.v1.StartChildResponse
-	(*WaitRequest)(nil),           // 26: cyclone.v1.WaitRequest
-	(*WaitResponse)(nil),          // 27: cyclone.v1.WaitResponse
-	nil,                           // 28: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 30: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
-	(*StepCall)(nil),              // 32: cyclone.v1.StepCall
-	(StepStatus)(0),               // 33: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 34: cyclone.v1.StepError
-	(*LogLine)(nil),               // 35: cyclone.v1.LogLine
-	(RunStatus)(0),                // 36: cyclone.v1.RunStatus
-	(*StepCallError)(nil),         // 37: cyclone.v1.StepCallError
-	(*Workflow)(nil),              // 38: cyclone.v1.Workflow
-	(*EventWait)(nil),             // 39: cyclone.v1.EventWait
+	(*WorkRequest)(nil),           // 20: cyclone.v1.WorkRequest
+	(*WorkOpen)(nil),              // 21: cyclone.v1.WorkOpen
+	(*WorkResponse)(nil),          // 22: cyclone.v1.WorkResponse
+	(*BeginStepCallRequest)(nil),  // 23: cyclone.v1.BeginStepCallRequest
+	(*BeginStepCallResponse)(nil), // 24: cyclone.v1.BeginStepCallResponse
+	(*EndStepCallRequest)(nil),    // 25: cyclone.v1.EndStepCallRequest
+	(*EndStepCallResponse)(nil),   // 26: cyclone.v1.EndStepCallResponse
+	(*StartChildRequest)(nil),     // 27: cyclone.v1.StartChildRequest
+	(*StartChildResponse)(nil),    // 28: cyclone.v1.StartChildResponse
+	(*WaitRequest)(nil),           // 29: cyclone.v1.WaitRequest
+	(*WaitResponse)(nil),          // 30: cyclone.v1.WaitResponse
+	nil,                           // 31: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 33: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
+	(*StepCall)(nil),              // 35: cyclone.v1.StepCall
+	(StepStatus)(0),               // 36: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 37: cyclone.v1.StepError
+	(*LogLine)(nil),               // 38: cyclone.v1.LogLine
+	(RunStatus)(0),                // 39: cyclone.v1.RunStatus
+	(*StepCallError)(nil),         // 40: cyclone.v1.StepCallError
+	(*Workflow)(nil),              // 41: cyclone.v1.Workflow
+	(*EventWait)(nil),             // 42: cyclone.v1.EventWait
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	3,  // 0: cyclone.v1.ActionSpec.rate_limit:type_name -> cyclone.v1.RateLimit
-	29, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
+	32, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
 	2,  // 2: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	29, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	29, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	32, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	32, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
 	7,  // 5: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
 	6,  // 6: cyclone.v1.ClaimResponse.blocked:type_name -> cyclone.v1.BlockedStep
-	30, // 7: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	30, // 8: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	28, // 9: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	31, // 10: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	31, // 11: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	30, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	33, // 7: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	33, // 8: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	31, // 9: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	34, // 10: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	34, // 11: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	33, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
 	8,  // 13: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	32, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	33, // 15: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	34, // 16: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	30, // 17: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	29, // 18: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	35, // 19: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
-	31, // 20: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	30, // 21: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	35, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	36, // 15: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	37, // 16: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	33, // 17: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	32, // 18: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	38, // 19: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
+	34, // 20: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	33, // 21: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
 	12, // 22: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	35, // 23: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
-	29, // 24: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	33, // 25: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	31, // 26: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	36, // 27: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	38, // 23: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
+	32, // 24: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	36, // 25: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	34, // 26: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	39, // 27: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
 	11, // 28: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
-	22, // 29: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
-	20, // 30: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
+	25, // 29: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
+	23, // 30: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
 	18, // 31: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
 	16, // 32: cyclone.v1.CompleteManyResponse.step_call_end_results:type_name -> cyclone.v1.StepCallEndResult
 	17, // 33: cyclone.v1.CompleteManyResponse.step_call_begin_results:type_name -> cyclone.v1.StepCallBeginResult
-	23, // 34: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
+	26, // 34: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
 	19, // 35: cyclone.v1.StepCallEndResult.error:type_name -> cyclone.v1.CompleteError
-	21, // 36: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
+	24, // 36: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
 	19, // 37: cyclone.v1.StepCallBeginResult.error:type_name -> cyclone.v1.CompleteError
 	13, // 38: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
 	19, // 39: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
-	0,  // 40: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	32, // 41: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	36, // 42: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	30, // 43: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	37, // 44: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	32, // 45: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	38, // 46: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
-	30, // 47: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
-	32, // 48: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
-	31, // 49: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
-	39, // 50: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
-	1,  // 51: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
-	32, // 52: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
-	30, // 53: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	4,  // 54: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	9,  // 55: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	11, // 56: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	14, // 57: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	20, // 58: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	22, // 59: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	24, // 60: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
-	26, // 61: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
-	5,  // 62: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	10, // 63: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	13, // 64: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	15, // 65: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	21, // 66: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	23, // 67: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	25, // 68: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
-	27, // 69: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
-	62, // [62:70] is the sub-list for method output_type
-	54, // [54:62] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	21, // 40: cyclone.v1.WorkRequest.open:type_name -> cyclone.v1.WorkOpen
+	14, // 41: cyclone.v1.WorkRequest.report:type_name -> cyclone.v1.CompleteManyRequest
+	2,  // 42: cyclone.v1.WorkOpen.actions:type_name -> cyclone.v1.ActionSpec
+	32, // 43: cyclone.v1.WorkOpen.lease:type_name -> google.protobuf.Duration
+	7,  // 44: cyclone.v1.WorkResponse.steps:type_name -> cyclone.v1.ClaimedStep
+	6,  // 45: cyclone.v1.WorkResponse.blocked:type_name -> cyclone.v1.BlockedStep
+	15, // 46: cyclone.v1.WorkResponse.report:type_name -> cyclone.v1.CompleteManyResponse
+	0,  // 47: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
+	35, // 48: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	39, // 49: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	33, // 50: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	40, // 51: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	35, // 52: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	41, // 53: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
+	33, // 54: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
+	35, // 55: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
+	34, // 56: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
+	42, // 57: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
+	1,  // 58: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
+	35, // 59: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
+	33, // 60: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	4,  // 61: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	9,  // 62: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	11, // 63: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	14, // 64: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	23, // 65: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	25, // 66: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	27, // 67: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
+	29, // 68: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
+	20, // 69: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
+	5,  // 70: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	10, // 71: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	13, // 72: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	15, // 73: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	24, // 74: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	26, // 75: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	28, // 76: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
+	30, // 77: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
+	22, // 78: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
+	70, // [70:79] is the sub-list for method output_type
+	61, // [61:70] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -2765,11 +2988,11 @@ func file_cyclone_v1_worker_service_proto_init() {
 		(*CompleteResult_Response)(nil),
 		(*CompleteResult_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[20].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[23].OneofWrappers = []any{
 		(*EndStepCallRequest_Output)(nil),
 		(*EndStepCallRequest_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[24].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[27].OneofWrappers = []any{
 		(*WaitRequest_WakeAt)(nil),
 		(*WaitRequest_Event)(nil),
 		(*WaitRequest_ChildRunId)(nil),
@@ -2780,7 +3003,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   27,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,7 @@ const (
 	WorkerService_EndStepCall_FullMethodName   = "/cyclone.v1.WorkerService/EndStepCall"
 	WorkerService_StartChild_FullMethodName    = "/cyclone.v1.WorkerService/StartChild"
 	WorkerService_Wait_FullMethodName          = "/cyclone.v1.WorkerService/Wait"
+	WorkerService_Work_FullMethodName          = "/cyclone.v1.WorkerService/Work"
 )
 
 // WorkerServiceClient is the client API for WorkerService service.
@@ -108,6 +109,26 @@ type WorkerServiceClient interface {
 	// up an attempt (Step.resumes). The first Wait of a call fixes its wake time and
 	// deadline: a replay keeps them.
 	Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*WaitResponse, error)
+	// A worker's session on one stream: Claim and CompleteMany for a worker that runs
+	// many steps, with one message each way per batch instead of two calls (in Python a
+	// call costs the server several times what a message on an open stream does). The
+	// first request opens the session: `open` says who the worker is and what it serves,
+	// as a ClaimRequest would, and `credit` how many steps it can take. The server hands
+	// out ready steps as they become ready, in claims made as Claim makes them, never
+	// more than the credit left (each step handed out uses one): an idle worker waits
+	// for work without asking again. A later request may grant more credit (typically
+	// the slots its reported steps free) and carry a report: outcomes, step call ends
+	// and begins, applied as CompleteMany applies them, durable before the answer. Each
+	// report is answered by exactly one response, in the order the reports were sent,
+	// and that response also carries the steps claimed with the credit granted so far;
+	// a response may also carry steps alone. A request the server refuses (bad input)
+	// or cannot apply ends the stream with the status CompleteMany would have answered,
+	// and a stopping server ends its streams (OK) after answering the reports it has
+	// read: open a new stream and send the reports not answered again (a completion
+	// sent twice is answered duplicate = true). Steps handed out keep their leases
+	// however their stream ends: Heartbeat them as usual, and complete them on any
+	// stream or with CompleteMany.
+	Work(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[WorkRequest, WorkResponse], error)
 }
 
 type workerServiceClient struct {
@@ -198,6 +219,19 @@ func (c *workerServiceClient) Wait(ctx context.Context, in *WaitRequest, opts ..
 	return out, nil
 }
 
+func (c *workerServiceClient) Work(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[WorkRequest, WorkResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &WorkerService_ServiceDesc.Streams[0], WorkerService_Work_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WorkRequest, WorkResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type WorkerService_WorkClient = grpc.BidiStreamingClient[WorkRequest, WorkResponse]
+
 // WorkerServiceServer is the server API for WorkerService service.
 // All implementations must embed UnimplementedWorkerServiceServer
 // for forward compatibility.
@@ -277,6 +311,26 @@ type WorkerServiceServer interface {
 	// up an attempt (Step.resumes). The first Wait of a call fixes its wake time and
 	// deadline: a replay keeps them.
 	Wait(context.Context, *WaitRequest) (*WaitResponse, error)
+	// A worker's session on one stream: Claim and CompleteMany for a worker that runs
+	// many steps, with one message each way per batch instead of two calls (in Python a
+	// call costs the server several times what a message on an open stream does). The
+	// first request opens the session: `open` says who the worker is and what it serves,
+	// as a ClaimRequest would, and `credit` how many steps it can take. The server hands
+	// out ready steps as they become ready, in claims made as Claim makes them, never
+	// more than the credit left (each step handed out uses one): an idle worker waits
+	// for work without asking again. A later request may grant more credit (typically
+	// the slots its reported steps free) and carry a report: outcomes, step call ends
+	// and begins, applied as CompleteMany applies them, durable before the answer. Each
+	// report is answered by exactly one response, in the order the reports were sent,
+	// and that response also carries the steps claimed with the credit granted so far;
+	// a response may also carry steps alone. A request the server refuses (bad input)
+	// or cannot apply ends the stream with the status CompleteMany would have answered,
+	// and a stopping server ends its streams (OK) after answering the reports it has
+	// read: open a new stream and send the reports not answered again (a completion
+	// sent twice is answered duplicate = true). Steps handed out keep their leases
+	// however their stream ends: Heartbeat them as usual, and complete them on any
+	// stream or with CompleteMany.
+	Work(grpc.BidiStreamingServer[WorkRequest, WorkResponse]) error
 	mustEmbedUnimplementedWorkerServiceServer()
 }
 
@@ -310,6 +364,9 @@ func (UnimplementedWorkerServiceServer) StartChild(context.Context, *StartChildR
 }
 func (UnimplementedWorkerServiceServer) Wait(context.Context, *WaitRequest) (*WaitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Wait not implemented")
+}
+func (UnimplementedWorkerServiceServer) Work(grpc.BidiStreamingServer[WorkRequest, WorkResponse]) error {
+	return status.Error(codes.Unimplemented, "method Work not implemented")
 }
 func (UnimplementedWorkerServiceServer) mustEmbedUnimplementedWorkerServiceServer() {}
 func (UnimplementedWorkerServiceServer) testEmbeddedByValue()                       {}
@@ -476,6 +533,13 @@ func _WorkerService_Wait_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkerService_Work_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(WorkerServiceServer).Work(&grpc.GenericServerStream[WorkRequest, WorkResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type WorkerService_WorkServer = grpc.BidiStreamingServer[WorkRequest, WorkResponse]
+
 // WorkerService_ServiceDesc is the grpc.ServiceDesc for WorkerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -516,6 +580,13 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _WorkerService_Wait_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Work",
+			Handler:       _WorkerService_Work_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "cyclone/v1/worker_service.proto",
 }

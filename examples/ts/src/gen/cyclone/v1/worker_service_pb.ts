@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/worker_service.proto.
  */
 export const file_cyclone_v1_worker_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIl8KCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIEikKCnJhdGVfbGltaXQYAyABKAsyFS5jeWNsb25lLnYxLlJhdGVMaW1pdCJFCglSYXRlTGltaXQSDQoFY291bnQYASABKAUSKQoGcGVyaW9kGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iYQoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXASKAoHYmxvY2tlZBgCIAMoCzIXLmN5Y2xvbmUudjEuQmxvY2tlZFN0ZXAibQoLQmxvY2tlZFN0ZXASDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDwoHYXR0ZW1wdBgDIAEoBRIPCgdzdGVwX2lkGAQgASgJEg4KBnJlYXNvbhgFIAEoCRIOCgZhY3Rpb24YBiABKAki+gQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIrwBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiEKBGxvZ3MYBiADKAsyEy5jeWNsb25lLnYxLkxvZ0xpbmUiXAoRSGVhcnRiZWF0UmVzcG9uc2USNAoQbGVhc2VfZXhwaXJlc19hdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJY2FuY2VsbGVkGAIgASgIIsQBCg9Db21wbGV0ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSKAoGb3V0cHV0GAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASJgoHZmFpbHVyZRgFIAEoCzITLmN5Y2xvbmUudjEuRmFpbHVyZUgAEiEKBGxvZ3MYBiADKAsyEy5jeWNsb25lLnYxLkxvZ0xpbmVCCQoHb3V0Y29tZSKaAQoHRmFpbHVyZRIPCgdtZXNzYWdlGAEgASgJEgwKBHR5cGUYAiABKAkSDwoHZGV0YWlscxgDIAEoCRIVCg1ub25fcmV0cnlhYmxlGAQgASgIEi4KC3JldHJ5X2FmdGVyGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhgKEGVmZmVjdF91bmNlcnRhaW4YBiABKAgipgEKEENvbXBsZXRlUmVzcG9uc2USJgoGc3RhdHVzGAEgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEiwKCHJldHJ5X2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIpCgpydW5fc3RhdHVzGAMgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSEQoJZHVwbGljYXRlGAQgASgIIsoBChNDb21wbGV0ZU1hbnlSZXF1ZXN0EjAKC2NvbXBsZXRpb25zGAEgAygLMhsuY3ljbG9uZS52MS5Db21wbGV0ZVJlcXVlc3QSNgoOc3RlcF9jYWxsX2VuZHMYAiADKAsyHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdBI6ChBzdGVwX2NhbGxfYmVnaW5zGAMgAygLMiAuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVxdWVzdBINCgVicmllZhgEIAEoCCLDAQoUQ29tcGxldGVNYW55UmVzcG9uc2USKwoHcmVzdWx0cxgBIAMoCzIaLmN5Y2xvbmUudjEuQ29tcGxldGVSZXN1bHQSPAoVc3RlcF9jYWxsX2VuZF9yZXN1bHRzGAIgAygLMh0uY3ljbG9uZS52MS5TdGVwQ2FsbEVuZFJlc3VsdBJAChdzdGVwX2NhbGxfYmVnaW5fcmVzdWx0cxgDIAMoCzIfLmN5Y2xvbmUudjEuU3RlcENhbGxCZWdpblJlc3VsdCJ+ChFTdGVwQ2FsbEVuZFJlc3VsdBIzCghyZXNwb25zZRgBIAEoCzIfLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IoIBChNTdGVwQ2FsbEJlZ2luUmVzdWx0EjUKCHJlc3BvbnNlGAEgASgLMiEuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVzcG9uc2VIABIqCgVlcnJvchgCIAEoCzIZLmN5Y2xvbmUudjEuQ29tcGxldGVFcnJvckgAQggKBnJlc3VsdCJ4Cg5Db21wbGV0ZVJlc3VsdBIwCghyZXNwb25zZRgBIAEoCzIcLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IkcKDUNvbXBsZXRlRXJyb3ISDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJEhcKD2N1cnJlbnRfYXR0ZW1wdBgDIAEoBSKTAQoUQmVnaW5TdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCCKWAQoVQmVnaW5TdGVwQ2FsbFJlc3BvbnNlEi4KCGRlY2lzaW9uGAEgASgOMhwuY3ljbG9uZS52MS5TdGVwQ2FsbERlY2lzaW9uEiIKBGNhbGwYAiABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cyLyAQoSRW5kU3RlcENhbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEhAKCGZ1bmN0aW9uGAYgASgJEhgKEHVuc2FmZV90b19yZXBlYXQYByABKAgSKAoGb3V0cHV0GAggASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASKgoFZXJyb3IYCSABKAsyGS5jeWNsb25lLnYxLlN0ZXBDYWxsRXJyb3JIAEIJCgdvdXRjb21lIkwKE0VuZFN0ZXBDYWxsUmVzcG9uc2USIgoEY2FsbBgBIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSEQoJZHVwbGljYXRlGAIgASgIIrMBChFTdGFydENoaWxkUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRImCgh3b3JrZmxvdxgGIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYByABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiXwoSU3RhcnRDaGlsZFJlc3BvbnNlEhQKDGNoaWxkX3J1bl9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIEiIKBGNhbGwYAyABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsItYBCgtXYWl0UmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRItCgd3YWtlX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAEiYKBWV2ZW50GAcgASgLMhUuY3ljbG9uZS52MS5FdmVudFdhaXRIABIWCgxjaGlsZF9ydW5faWQYCCABKAlIAEIHCgV1bnRpbCJeCgxXYWl0UmVzcG9uc2USKgoIZGVjaXNpb24YASABKA4yGC5jeWNsb25lLnYxLldhaXREZWNpc2lvbhIiCgRjYWxsGAIgASgLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbCqVAQoQU3RlcENhbGxEZWNpc2lvbhIiCh5TVEVQX0NBTExfREVDSVNJT05fVU5TUEVDSUZJRUQQABIaChZTVEVQX0NBTExfREVDSVNJT05fUlVOEAESHwobU1RFUF9DQUxMX0RFQ0lTSU9OX1JFQ09SREVEEAISIAocU1RFUF9DQUxMX0RFQ0lTSU9OX1VOQ0VSVEFJThADKmMKDFdhaXREZWNpc2lvbhIdChlXQUlUX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASFwoTV0FJVF9ERUNJU0lPTl9SRUFEWRABEhsKF1dBSVRfREVDSVNJT05fU1VTUEVOREVEEAIy3wQKDVdvcmtlclNlcnZpY2USPAoFQ2xhaW0SGC5jeWNsb25lLnYxLkNsYWltUmVxdWVzdBoZLmN5Y2xvbmUudjEuQ2xhaW1SZXNwb25zZRJICglIZWFydGJlYXQSHC5jeWNsb25lLnYxLkhlYXJ0YmVhdFJlcXVlc3QaHS5jeWNsb25lLnYxLkhlYXJ0YmVhdFJlc3BvbnNlEkUKCENvbXBsZXRlEhsuY3ljbG9uZS52MS5Db21wbGV0ZVJlcXVlc3QaHC5jeWNsb25lLnYxLkNvbXBsZXRlUmVzcG9uc2USUQoMQ29tcGxldGVNYW55Eh8uY3ljbG9uZS52MS5Db21wbGV0ZU1hbnlSZXF1ZXN0GiAuY3ljbG9uZS52MS5Db21wbGV0ZU1hbnlSZXNwb25zZRJUCg1CZWdpblN0ZXBDYWxsEiAuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVxdWVzdBohLmN5Y2xvbmUudjEuQmVnaW5TdGVwQ2FsbFJlc3BvbnNlEk4KC0VuZFN0ZXBDYWxsEh4uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlcXVlc3QaHy5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVzcG9uc2USSwoKU3RhcnRDaGlsZBIdLmN5Y2xvbmUudjEuU3RhcnRDaGlsZFJlcXVlc3QaHi5jeWNsb25lLnYxLlN0YXJ0Q2hpbGRSZXNwb25zZRI5CgRXYWl0EhcuY3ljbG9uZS52MS5XYWl0UmVxdWVzdBoYLmN5Y2xvbmUudjEuV2FpdFJlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIl8KCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIEikKCnJhdGVfbGltaXQYAyABKAsyFS5jeWNsb25lLnYxLlJhdGVMaW1pdCJFCglSYXRlTGltaXQSDQoFY291bnQYASABKAUSKQoGcGVyaW9kGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIrABCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iYQoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXASKAoHYmxvY2tlZBgCIAMoCzIXLmN5Y2xvbmUudjEuQmxvY2tlZFN0ZXAibQoLQmxvY2tlZFN0ZXASDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDwoHYXR0ZW1wdBgDIAEoBRIPCgdzdGVwX2lkGAQgASgJEg4KBnJlYXNvbhgFIAEoCRIOCgZhY3Rpb24YBiABKAki+gQKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBpOChRVcHN0cmVhbU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSJQoFdmFsdWUYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWU6AjgBIm0KD1Vwc3RyZWFtRmFpbHVyZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIkCgVlcnJvchgDIAEoCzIVLmN5Y2xvbmUudjEuU3RlcEVycm9yIrwBChBIZWFydGJlYXRSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEigKCHByb2dyZXNzGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEigKBWxlYXNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiEKBGxvZ3MYBiADKAsyEy5jeWNsb25lLnYxLkxvZ0xpbmUiXAoRSGVhcnRiZWF0UmVzcG9uc2USNAoQbGVhc2VfZXhwaXJlc19hdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJY2FuY2VsbGVkGAIgASgIIsQBCg9Db21wbGV0ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSKAoGb3V0cHV0GAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASJgoHZmFpbHVyZRgFIAEoCzITLmN5Y2xvbmUudjEuRmFpbHVyZUgAEiEKBGxvZ3MYBiADKAsyEy5jeWNsb25lLnYxLkxvZ0xpbmVCCQoHb3V0Y29tZSKaAQoHRmFpbHVyZRIPCgdtZXNzYWdlGAEgASgJEgwKBHR5cGUYAiABKAkSDwoHZGV0YWlscxgDIAEoCRIVCg1ub25fcmV0cnlhYmxlGAQgASgIEi4KC3JldHJ5X2FmdGVyGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhgKEGVmZmVjdF91bmNlcnRhaW4YBiABKAgipgEKEENvbXBsZXRlUmVzcG9uc2USJgoGc3RhdHVzGAEgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEiwKCHJldHJ5X2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIpCgpydW5fc3RhdHVzGAMgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSEQoJZHVwbGljYXRlGAQgASgIIsoBChNDb21wbGV0ZU1hbnlSZXF1ZXN0EjAKC2NvbXBsZXRpb25zGAEgAygLMhsuY3ljbG9uZS52MS5Db21wbGV0ZVJlcXVlc3QSNgoOc3RlcF9jYWxsX2VuZHMYAiADKAsyHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdBI6ChBzdGVwX2NhbGxfYmVnaW5zGAMgAygLMiAuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVxdWVzdBINCgVicmllZhgEIAEoCCLDAQoUQ29tcGxldGVNYW55UmVzcG9uc2USKwoHcmVzdWx0cxgBIAMoCzIaLmN5Y2xvbmUudjEuQ29tcGxldGVSZXN1bHQSPAoVc3RlcF9jYWxsX2VuZF9yZXN1bHRzGAIgAygLMh0uY3ljbG9uZS52MS5TdGVwQ2FsbEVuZFJlc3VsdBJAChdzdGVwX2NhbGxfYmVnaW5fcmVzdWx0cxgDIAMoCzIfLmN5Y2xvbmUudjEuU3RlcENhbGxCZWdpblJlc3VsdCJ+ChFTdGVwQ2FsbEVuZFJlc3VsdBIzCghyZXNwb25zZRgBIAEoCzIfLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IoIBChNTdGVwQ2FsbEJlZ2luUmVzdWx0EjUKCHJlc3BvbnNlGAEgASgLMiEuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVzcG9uc2VIABIqCgVlcnJvchgCIAEoCzIZLmN5Y2xvbmUudjEuQ29tcGxldGVFcnJvckgAQggKBnJlc3VsdCJ4Cg5Db21wbGV0ZVJlc3VsdBIwCghyZXNwb25zZRgBIAEoCzIcLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IkcKDUNvbXBsZXRlRXJyb3ISDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJEhcKD2N1cnJlbnRfYXR0ZW1wdBgDIAEoBSJyCgtXb3JrUmVxdWVzdBIiCgRvcGVuGAEgASgLMhQuY3ljbG9uZS52MS5Xb3JrT3BlbhIOCgZjcmVkaXQYAiABKAUSLwoGcmVwb3J0GAMgASgLMh8uY3ljbG9uZS52MS5Db21wbGV0ZU1hbnlSZXF1ZXN0InAKCFdvcmtPcGVuEhEKCXdvcmtlcl9pZBgBIAEoCRInCgdhY3Rpb25zGAIgAygLMhYuY3ljbG9uZS52MS5BY3Rpb25TcGVjEigKBWxlYXNlGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIpIBCgxXb3JrUmVzcG9uc2USJgoFc3RlcHMYASADKAsyFy5jeWNsb25lLnYxLkNsYWltZWRTdGVwEigKB2Jsb2NrZWQYAiADKAsyFy5jeWNsb25lLnYxLkJsb2NrZWRTdGVwEjAKBnJlcG9ydBgDIAEoCzIgLmN5Y2xvbmUudjEuQ29tcGxldGVNYW55UmVzcG9uc2UikwEKFEJlZ2luU3RlcENhbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEhAKCGZ1bmN0aW9uGAYgASgJEhgKEHVuc2FmZV90b19yZXBlYXQYByABKAgilgEKFUJlZ2luU3RlcENhbGxSZXNwb25zZRIuCghkZWNpc2lvbhgBIAEoDjIcLmN5Y2xvbmUudjEuU3RlcENhbGxEZWNpc2lvbhIiCgRjYWxsGAIgASgLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIpCgpydW5fc3RhdHVzGAMgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMi8gEKEkVuZFN0ZXBDYWxsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRIQCghmdW5jdGlvbhgGIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAcgASgIEigKBm91dHB1dBgIIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEioKBWVycm9yGAkgASgLMhkuY3ljbG9uZS52MS5TdGVwQ2FsbEVycm9ySABCCQoHb3V0Y29tZSJMChNFbmRTdGVwQ2FsbFJlc3BvbnNlEiIKBGNhbGwYASABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsEhEKCWR1cGxpY2F0ZRgCIAEoCCKzAQoRU3RhcnRDaGlsZFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSJgoId29ya2Zsb3cYBiABKAsyFC5jeWNsb25lLnYxLldvcmtmbG93EiUKBWlucHV0GAcgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlIl8KElN0YXJ0Q2hpbGRSZXNwb25zZRIUCgxjaGlsZF9ydW5faWQYASABKAkSDwoHY3JlYXRlZBgCIAEoCBIiCgRjYWxsGAMgASgLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbCLWAQoLV2FpdFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSLQoHd2FrZV9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIABImCgVldmVudBgHIAEoCzIVLmN5Y2xvbmUudjEuRXZlbnRXYWl0SAASFgoMY2hpbGRfcnVuX2lkGAggASgJSABCBwoFdW50aWwiXgoMV2FpdFJlc3BvbnNlEioKCGRlY2lzaW9uGAEgASgOMhguY3ljbG9uZS52MS5XYWl0RGVjaXNpb24SIgoEY2FsbBgCIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwqlQEKEFN0ZXBDYWxsRGVjaXNpb24SIgoeU1RFUF9DQUxMX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASGgoWU1RFUF9DQUxMX0RFQ0lTSU9OX1JVThABEh8KG1NURVBfQ0FMTF9ERUNJU0lPTl9SRUNPUkRFRBACEiAKHFNURVBfQ0FMTF9ERUNJU0lPTl9VTkNFUlRBSU4QAypjCgxXYWl0RGVjaXNpb24SHQoZV0FJVF9ERUNJU0lPTl9VTlNQRUNJRklFRBAAEhcKE1dBSVRfREVDSVNJT05fUkVBRFkQARIbChdXQUlUX0RFQ0lTSU9OX1NVU1BFTkRFRBACMp4FCg1Xb3JrZXJTZXJ2aWNlEjwKBUNsYWltEhguY3ljbG9uZS52MS5DbGFpbVJlcXVlc3QaGS5jeWNsb25lLnYxLkNsYWltUmVzcG9uc2USSAoJSGVhcnRiZWF0EhwuY3ljbG9uZS52MS5IZWFydGJlYXRSZXF1ZXN0Gh0uY3ljbG9uZS52MS5IZWFydGJlYXRSZXNwb25zZRJFCghDb21wbGV0ZRIbLmN5Y2xvbmUudjEuQ29tcGxldGVSZXF1ZXN0GhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlElEKDENvbXBsZXRlTWFueRIfLmN5Y2xvbmUudjEuQ29tcGxldGVNYW55UmVxdWVzdBogLmN5Y2xvbmUudjEuQ29tcGxldGVNYW55UmVzcG9uc2USVAoNQmVnaW5TdGVwQ2FsbBIgLmN5Y2xvbmUudjEuQmVnaW5TdGVwQ2FsbFJlcXVlc3QaIS5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXNwb25zZRJOCgtFbmRTdGVwQ2FsbBIeLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXF1ZXN0Gh8uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlc3BvbnNlEksKClN0YXJ0Q2hpbGQSHS5jeWNsb25lLnYxLlN0YXJ0Q2hpbGRSZXF1ZXN0Gh4uY3ljbG9uZS52MS5TdGFydENoaWxkUmVzcG9uc2USOQoEV2FpdBIXLmN5Y2xvbmUudjEuV2FpdFJlcXVlc3QaGC5jeWNsb25lLnYxLldhaXRSZXNwb25zZRI9CgRXb3JrEhcuY3ljbG9uZS52MS5Xb3JrUmVxdWVzdBoYLmN5Y2xvbmUudjEuV29ya1Jlc3BvbnNlKAEwAWIGcHJvdG8z", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * An action a worker serves.
@@ -881,6 +881,117 @@ export const CompleteErrorSchema: GenMessage<CompleteError> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_worker_service, 17);
 
 /**
+ * Arguments of WorkerService.Work: one message of the worker's stream.
+ *
+ * @generated from message cyclone.v1.WorkRequest
+ */
+export type WorkRequest = Message<"cyclone.v1.WorkRequest"> & {
+  /**
+   * Required in the first message, and only there: who the worker is and what it
+   * serves, for the life of the stream.
+   *
+   * @generated from field: cyclone.v1.WorkOpen open = 1;
+   */
+  open?: WorkOpen | undefined;
+
+  /**
+   * Steps the server may hand out beyond the credit granted before, 0-1000 (in the
+   * first message: the worker's free slots). The credit not yet used may not exceed
+   * 10,000.
+   *
+   * @generated from field: int32 credit = 2;
+   */
+  credit: number;
+
+  /**
+   * Outcomes to apply, as CompleteMany takes them (at least one item when set);
+   * answered by one WorkResponse, in the order sent.
+   *
+   * @generated from field: cyclone.v1.CompleteManyRequest report = 3;
+   */
+  report?: CompleteManyRequest | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.WorkRequest.
+ * Use `create(WorkRequestSchema)` to create a new message.
+ */
+export const WorkRequestSchema: GenMessage<WorkRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 18);
+
+/**
+ * Who the worker of a Work stream is and what it serves.
+ *
+ * @generated from message cyclone.v1.WorkOpen
+ */
+export type WorkOpen = Message<"cyclone.v1.WorkOpen"> & {
+  /**
+   * As in ClaimRequest.
+   *
+   * @generated from field: string worker_id = 1;
+   */
+  workerId: string;
+
+  /**
+   * As in ClaimRequest: at least one, with their unsafe_to_repeat marks and rate
+   * limits, read once for the stream.
+   *
+   * @generated from field: repeated cyclone.v1.ActionSpec actions = 2;
+   */
+  actions: ActionSpec[];
+
+  /**
+   * As in ClaimRequest: the lease of every step handed out. Default: the server's.
+   *
+   * @generated from field: google.protobuf.Duration lease = 3;
+   */
+  lease?: Duration | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.WorkOpen.
+ * Use `create(WorkOpenSchema)` to create a new message.
+ */
+export const WorkOpenSchema: GenMessage<WorkOpen> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 19);
+
+/**
+ * Result of WorkerService.Work: one message of the server's stream.
+ *
+ * @generated from message cyclone.v1.WorkResponse
+ */
+export type WorkResponse = Message<"cyclone.v1.WorkResponse"> & {
+  /**
+   * Steps handed out, each using one of the credit.
+   *
+   * @generated from field: repeated cyclone.v1.ClaimedStep steps = 1;
+   */
+  steps: ClaimedStep[];
+
+  /**
+   * Runs a claim blocked instead of handing out a step, as in ClaimResponse.blocked.
+   *
+   * @generated from field: repeated cyclone.v1.BlockedStep blocked = 2;
+   */
+  blocked: BlockedStep[];
+
+  /**
+   * The answer to the oldest report not yet answered, as CompleteMany would answer
+   * it; unset in a response that only hands out steps.
+   *
+   * @generated from field: cyclone.v1.CompleteManyResponse report = 3;
+   */
+  report?: CompleteManyResponse | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.WorkResponse.
+ * Use `create(WorkResponseSchema)` to create a new message.
+ */
+export const WorkResponseSchema: GenMessage<WorkResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 20);
+
+/**
  * Arguments of WorkerService.BeginStepCall. The node is named by run_id and node;
  * lease_token is the one its Claim returned.
  *
@@ -946,7 +1057,7 @@ export type BeginStepCallRequest = Message<"cyclone.v1.BeginStepCallRequest"> & 
  * Use `create(BeginStepCallRequestSchema)` to create a new message.
  */
 export const BeginStepCallRequestSchema: GenMessage<BeginStepCallRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 18);
+  messageDesc(file_cyclone_v1_worker_service, 21);
 
 /**
  * Result of WorkerService.BeginStepCall.
@@ -982,7 +1093,7 @@ export type BeginStepCallResponse = Message<"cyclone.v1.BeginStepCallResponse"> 
  * Use `create(BeginStepCallResponseSchema)` to create a new message.
  */
 export const BeginStepCallResponseSchema: GenMessage<BeginStepCallResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 19);
+  messageDesc(file_cyclone_v1_worker_service, 22);
 
 /**
  * Arguments of WorkerService.EndStepCall.
@@ -1069,7 +1180,7 @@ export type EndStepCallRequest = Message<"cyclone.v1.EndStepCallRequest"> & {
  * Use `create(EndStepCallRequestSchema)` to create a new message.
  */
 export const EndStepCallRequestSchema: GenMessage<EndStepCallRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 20);
+  messageDesc(file_cyclone_v1_worker_service, 23);
 
 /**
  * Result of WorkerService.EndStepCall.
@@ -1097,7 +1208,7 @@ export type EndStepCallResponse = Message<"cyclone.v1.EndStepCallResponse"> & {
  * Use `create(EndStepCallResponseSchema)` to create a new message.
  */
 export const EndStepCallResponseSchema: GenMessage<EndStepCallResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 21);
+  messageDesc(file_cyclone_v1_worker_service, 24);
 
 /**
  * Arguments of WorkerService.StartChild. The parent node is named by run_id and node;
@@ -1162,7 +1273,7 @@ export type StartChildRequest = Message<"cyclone.v1.StartChildRequest"> & {
  * Use `create(StartChildRequestSchema)` to create a new message.
  */
 export const StartChildRequestSchema: GenMessage<StartChildRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 22);
+  messageDesc(file_cyclone_v1_worker_service, 25);
 
 /**
  * Result of WorkerService.StartChild.
@@ -1200,7 +1311,7 @@ export type StartChildResponse = Message<"cyclone.v1.StartChildResponse"> & {
  * Use `create(StartChildResponseSchema)` to create a new message.
  */
 export const StartChildResponseSchema: GenMessage<StartChildResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 23);
+  messageDesc(file_cyclone_v1_worker_service, 26);
 
 /**
  * Arguments of WorkerService.Wait. The node is named by run_id and node; lease_token
@@ -1284,7 +1395,7 @@ export type WaitRequest = Message<"cyclone.v1.WaitRequest"> & {
  * Use `create(WaitRequestSchema)` to create a new message.
  */
 export const WaitRequestSchema: GenMessage<WaitRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 24);
+  messageDesc(file_cyclone_v1_worker_service, 27);
 
 /**
  * Result of WorkerService.Wait.
@@ -1312,7 +1423,7 @@ export type WaitResponse = Message<"cyclone.v1.WaitResponse"> & {
  * Use `create(WaitResponseSchema)` to create a new message.
  */
 export const WaitResponseSchema: GenMessage<WaitResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_worker_service, 25);
+  messageDesc(file_cyclone_v1_worker_service, 28);
 
 /**
  * What the caller of BeginStepCall must do.
@@ -1535,6 +1646,34 @@ export const WorkerService: GenService<{
     methodKind: "unary";
     input: typeof WaitRequestSchema;
     output: typeof WaitResponseSchema;
+  },
+  /**
+   * A worker's session on one stream: Claim and CompleteMany for a worker that runs
+   * many steps, with one message each way per batch instead of two calls (in Python a
+   * call costs the server several times what a message on an open stream does). The
+   * first request opens the session: `open` says who the worker is and what it serves,
+   * as a ClaimRequest would, and `credit` how many steps it can take. The server hands
+   * out ready steps as they become ready, in claims made as Claim makes them, never
+   * more than the credit left (each step handed out uses one): an idle worker waits
+   * for work without asking again. A later request may grant more credit (typically
+   * the slots its reported steps free) and carry a report: outcomes, step call ends
+   * and begins, applied as CompleteMany applies them, durable before the answer. Each
+   * report is answered by exactly one response, in the order the reports were sent,
+   * and that response also carries the steps claimed with the credit granted so far;
+   * a response may also carry steps alone. A request the server refuses (bad input)
+   * or cannot apply ends the stream with the status CompleteMany would have answered,
+   * and a stopping server ends its streams (OK) after answering the reports it has
+   * read: open a new stream and send the reports not answered again (a completion
+   * sent twice is answered duplicate = true). Steps handed out keep their leases
+   * however their stream ends: Heartbeat them as usual, and complete them on any
+   * stream or with CompleteMany.
+   *
+   * @generated from rpc cyclone.v1.WorkerService.Work
+   */
+  work: {
+    methodKind: "bidi_streaming";
+    input: typeof WorkRequestSchema;
+    output: typeof WorkResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_worker_service, 0);
