@@ -52,15 +52,20 @@ CREATE TABLE cyclone.runs (
     priority     integer     NOT NULL DEFAULT 0,
     -- The start time given to Submit (root steps available then); NULL: at once.
     start_at     timestamptz,
-    CONSTRAINT runs_status_known
-        CHECK (status IN ('running', 'completed', 'failed', 'blocked', 'cancelled')),
-    CONSTRAINT runs_finished_at_iff_finished
-        CHECK ((status IN ('completed', 'failed', 'cancelled')) = (finished_at IS NOT NULL)),
-    CONSTRAINT runs_error_iff_failed_or_blocked
-        CHECK ((status IN ('failed', 'blocked')) = (error IS NOT NULL)),
-    CONSTRAINT runs_steps_open_in_range CHECK (steps_open BETWEEN 0 AND steps_total),
-    CONSTRAINT runs_open_iff_unfinished
-        CHECK ((steps_open = 0) = (status IN ('completed', 'failed', 'cancelled')))
+    -- What each status implies, in one constraint: a known status; finished_at set
+    -- exactly when finished (completed, failed, cancelled); an error exactly when failed
+    -- or blocked; no step open exactly when finished; steps_open within 0 and
+    -- steps_total. One constraint rather than five, its lists written as array
+    -- constants: PostgreSQL reads every CHECK expression again (from its stored node
+    -- text) in each statement that writes the table, and evaluates each one per row,
+    -- and the close of a run is on every run's path (docs/performance.md, "Postgres per
+    -- step, session 10").
+    CONSTRAINT runs_status_valid CHECK (
+        status = ANY ('{running,completed,failed,blocked,cancelled}'::text[])
+        AND (finished_at IS NOT NULL) = (status = ANY ('{completed,failed,cancelled}'::text[]))
+        AND (error IS NOT NULL) = (status = ANY ('{failed,blocked}'::text[]))
+        AND (steps_open = 0) = (finished_at IS NOT NULL)
+        AND steps_open >= 0 AND steps_open <= steps_total)
 )
 -- Room on each page for the new versions of its rows. A transition changes status, so
 -- no update of a run or a step is HOT (status is in the partial indexes' conditions);
@@ -175,24 +180,27 @@ CREATE TABLE cyclone.steps (
     concurrency_key    text,
     concurrency_limit  integer,
     PRIMARY KEY (run_id, node),
-    CONSTRAINT steps_status_known CHECK (status IN
-        ('pending', 'available', 'running', 'completed', 'discarded', 'uncertain',
-         'skipped', 'cancelled')),
-    CONSTRAINT steps_trigger_rule_known
-        CHECK (trigger_rule IN ('all_success', 'all_done', 'one_failed')),
-    CONSTRAINT steps_finished_at_iff_final
-        CHECK ((status IN ('completed', 'discarded', 'skipped', 'cancelled'))
-               = (finished_at IS NOT NULL)),
-    CONSTRAINT steps_available_has_time CHECK (status <> 'available' OR available_at IS NOT NULL),
-    CONSTRAINT steps_running_has_lease CHECK (status <> 'running' OR
-        (lease_token IS NOT NULL AND lease_expires_at IS NOT NULL AND deadline_at IS NOT NULL)),
-    CONSTRAINT steps_deps_in_range
-        CHECK (deps_open >= 0 AND deps_failed >= 0
-               AND deps_open + deps_failed <= cardinality(depends_on)),
-    CONSTRAINT steps_attempts_in_range CHECK (attempt >= 0 AND max_attempts >= 1),
-    CONSTRAINT steps_output_only_completed CHECK (output IS NULL OR status = 'completed'),
-    CONSTRAINT steps_attempt_budget_positive CHECK (attempt_budget >= 1),
-    CONSTRAINT steps_resumes_in_range CHECK (resumes BETWEEN 0 AND attempt)
+    -- What each status implies, and the counts (two constraints rather than ten, as for
+    -- runs): a known status; finished_at set exactly in a final status (completed,
+    -- discarded, skipped, cancelled); an output only when completed; a time when
+    -- available; a lease (token, expiry, deadline) when running.
+    CONSTRAINT steps_status_valid CHECK (
+        status = ANY ('{pending,available,running,completed,discarded,uncertain,skipped,cancelled}'::text[])
+        AND (finished_at IS NOT NULL)
+            = (status = ANY ('{completed,discarded,skipped,cancelled}'::text[]))
+        AND (output IS NULL OR status = 'completed')
+        AND (available_at IS NOT NULL OR status <> 'available')
+        AND (status <> 'running' OR (lease_token IS NOT NULL AND lease_expires_at IS NOT NULL
+                                     AND deadline_at IS NOT NULL))),
+    -- A known trigger rule, and the counts in range: open and failed upstream steps
+    -- within the node's upstream, max_attempts and attempt_budget at least 1, resumes
+    -- within 0 and attempt (so attempt is 0 or more).
+    CONSTRAINT steps_counts_in_range CHECK (
+        trigger_rule = ANY ('{all_success,all_done,one_failed}'::text[])
+        AND deps_open >= 0 AND deps_failed >= 0
+        AND deps_open + deps_failed <= cardinality(depends_on)
+        AND max_attempts >= 1 AND attempt_budget >= 1
+        AND resumes >= 0 AND resumes <= attempt)
 )
 -- Room for the claim's and the completion's versions of a row on its page: see runs.
 WITH (fillfactor = 60);

@@ -258,9 +258,10 @@ $$;
 -- that became final; a running run left with none open is completed, or failed with
 -- a StepDiscarded error naming its first discarded step. A child run that finishes so
 -- wakes its parent's node when it waits for it (_child_finished, called for those
--- runs only). Returns each run's status. Runs are found by primary key, and a closing
--- run's discarded step is looked up once, by key, through steps_discarded_idx, so no
--- plan scans steps. PL/pgSQL so that the statement's plan is kept for the session
+-- runs only). Returns each run's status. Each run is found by primary key and updated
+-- by its ctid (a join of the list with runs by = ANY was a scan of the list per run),
+-- and a closing run's discarded step is looked up once, by key, through
+-- steps_discarded_idx, so no plan scans steps or runs. PL/pgSQL so that the statement's plan is kept for the session
 -- (before PostgreSQL 18 a SQL function's was made again at every call: a fifth of
 -- this function's time in a drain on PostgreSQL 15). Called by _run_close and by
 -- step_complete_many (runs whose completed steps have no dependents).
@@ -271,45 +272,43 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    WITH closed AS (
         UPDATE cyclone.runs r
            SET steps_open = r.steps_open - c.closed,
                updated_at = p_now,
-               -- One sub-select for the three: the first discarded step is looked up
-               -- once, and only for a run that closes here (the lateral's condition
-               -- on the outer row is checked before any lookup).
-               (status, finished_at, error) = (
-                   SELECT CASE WHEN x.run_id IS NULL THEN r.status
-                               WHEN x.node IS NULL THEN 'completed'
-                               ELSE 'failed' END,
-                          CASE WHEN x.run_id IS NULL THEN r.finished_at ELSE p_now END,
-                          CASE WHEN x.node IS NULL THEN r.error
-                               ELSE jsonb_build_object(
-                                        'kind', 'StepDiscarded',
-                                        'message', format('node %s was discarded at attempt %s',
-                                                          x.node, x.attempt),
-                                        'node', x.node, 'attempt', x.attempt,
-                                        'started_at', x.started_at) END
-                     FROM (SELECT) AS one
-                     LEFT JOIN LATERAL (
-                          SELECT r.run_id, d.node, d.attempt, d.started_at
-                            FROM (SELECT) AS closing
-                            LEFT JOIN LATERAL (
-                                 SELECT s.node, s.attempt, s.started_at FROM cyclone.steps s
-                                  WHERE s.run_id = r.run_id AND s.status = 'discarded'
-                                  ORDER BY s.finished_at, s.node LIMIT 1) d ON true
-                           WHERE r.steps_open <= c.closed AND r.status = 'running') x
-                       ON true)
-          FROM unnest(p_runs, p_closed) AS c(run_id, closed)
-         WHERE r.run_id = c.run_id AND r.run_id = ANY (p_runs)
-        RETURNING r.run_id, r.status, r.parent_run_id, r.finished_at)
-    -- CASE evaluates its branch only when taken: runs without a parent, and runs
-    -- that did not finish here, cost nothing more.
-    SELECT c.run_id,
-           CASE WHEN c.parent_run_id IS NOT NULL AND c.finished_at = p_now
-                THEN cyclone._child_finished(c.run_id, c.parent_run_id, c.status)
-                ELSE c.status END
-      FROM closed c;
+               status = CASE WHEN NOT c.closing THEN r.status
+                             WHEN c.error IS NULL THEN 'completed' ELSE 'failed' END,
+               finished_at = CASE WHEN c.closing THEN p_now ELSE r.finished_at END,
+               error = coalesce(c.error, r.error)
+          -- Each run read once by key (the callers hold its lock, so the version read
+          -- is the one updated), then updated by its ctid: no join of the runs with the
+          -- list, whatever the statistics. A run that closes here has its first
+          -- discarded step looked up, once, by key (CASE evaluates the lookup only for
+          -- a closing run); its StepDiscarded error makes it failed.
+          FROM (SELECT c.closed, x.row_id, x.closing,
+                       CASE WHEN x.closing THEN (
+                           SELECT jsonb_build_object(
+                                      'kind', 'StepDiscarded',
+                                      'message', format('node %s was discarded at attempt %s',
+                                                        s.node, s.attempt),
+                                      'node', s.node, 'attempt', s.attempt,
+                                      'started_at', s.started_at)
+                             FROM cyclone.steps s
+                            WHERE s.run_id = c.run_id AND s.status = 'discarded'
+                            ORDER BY s.finished_at, s.node LIMIT 1) END AS error
+                  FROM unnest(p_runs, p_closed) AS c(run_id, closed)
+                 CROSS JOIN LATERAL (
+                       SELECT x.ctid AS row_id,
+                              x.steps_open <= c.closed AND x.status = 'running' AS closing
+                         FROM cyclone.runs x WHERE x.run_id = c.run_id OFFSET 0) x
+                -- OFFSET 0: one lookup per run, however often its error is named.
+                OFFSET 0) c
+         WHERE r.ctid = c.row_id
+        -- CASE evaluates its branch only when taken: runs without a parent, and runs
+        -- that did not finish here, cost nothing more.
+        RETURNING r.run_id,
+                  CASE WHEN r.parent_run_id IS NOT NULL AND r.finished_at = p_now
+                       THEN cyclone._child_finished(r.run_id, r.parent_run_id, r.status)
+                       ELSE r.status END;
 END;
 $$;
 

@@ -58,20 +58,24 @@ $$;
 -- Flow control (docs/flow-control.md): an action the worker declares rate limited
 -- (p_rate_actions, with p_rate_counts claims per p_rate_periods) gets at most the room
 -- _rate_room leaves in its window (its cyclone.action_rates row stays locked until
--- commit, and the claims made are added to it in the same statement); a step with a
+-- commit, and the claims made are added to it before the claim's update); a step with a
 -- concurrency key is taken only while fewer than its limit run with that key: the walk
 -- passes over keys already full (listed once, from steps_key_running_idx, as the
--- statement's snapshot sees them), and _keys_room, under the keys' locks, gives the
--- room of each key picked; its steps are admitted in claim order. Steps and actions without them pay for
--- none of this. A claim may so return fewer steps than it could have.
+-- pick sees them), and _keys_room, under the keys' locks, gives the room of each key
+-- picked; its steps are admitted in claim order. Steps and actions without them pay
+-- for none of this. A claim may so return fewer steps than it could have.
 -- Each row carries the run's input, the completed upstream outputs, how long the step
 -- waited (waited_s) and, for a step allowed to run after a failure, its failed or
 -- skipped upstream nodes with their last errors (upstream_failures), and the node's
 -- journal of step calls in seq order (NULL when it has none).
--- The claimed rows are updated by the ctids locked in the same statement and each
--- run read by key, so no plan scans steps; a generic plan is forced (the plan is the
--- same walk of the ready index for every argument, and replanning cost ~0.45 ms of a
--- 1.5 ms claim). A claim by a worker that marks no action unsafe to repeat commits
+-- Two statements for plain steps: the pick (the walk, its locks, and what the rows
+-- need beyond the plain case), then one update of the rows picked, by their ctids,
+-- that reads each run by key and returns the rows; so no plan scans steps. A key, a
+-- sleep that ends or a rate limit adds a statement of its own, only when there is one
+-- (docs/performance.md, "Postgres per step, session 10"). A generic plan is forced
+-- (the plan is the same walk of the ready index for every argument, and replanning
+-- cost ~0.45 ms of a 1.5 ms claim), and no hash or merge join: each join is a lookup
+-- by key or ctid, whatever the statistics. A claim by a worker that marks no action unsafe to repeat commits
 -- without waiting for its WAL flush (synchronous_commit off for the caller's
 -- transaction: only the server calls this function, in a transaction of its own).
 -- A crash of Postgres in the next few hundred milliseconds may lose it: the steps are
@@ -92,8 +96,11 @@ RETURNS TABLE (
     effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
     journal jsonb)
 LANGUAGE plpgsql
--- The plan is the same walk of the ready index for every argument (see above).
+-- The plan is the same walk of the ready index for every argument, each join a lookup
+-- by key or ctid (see above).
 SET plan_cache_mode = force_generic_plan
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -101,6 +108,15 @@ DECLARE
     -- The rate-limited actions, and the room left in the window of each.
     v_rated text[] := '{}';
     v_rooms integer[] := '{}';
+    -- The rows picked (then those admitted), by ctid; whether any has a concurrency key
+    -- or ends a sleep; the steps (run_id || node) whose last lease expired unreported.
+    v_rows      tid[];
+    v_keyed     boolean;
+    v_slept     boolean;
+    v_uncertain text[];
+    -- Whether every row picked is a first claim of a node with no upstream: then none
+    -- has upstream outputs, upstream failures or a journal to hand out.
+    v_plain     boolean;
 BEGIN
     IF cardinality(p_unsafe) = 0 THEN
         -- No step of this claim is unsafe to repeat: its commit does not wait for the
@@ -123,56 +139,141 @@ BEGIN
                          ORDER BY r.action OFFSET 0) r) o;
     END IF;
 
+    -- The pick: the ready rows, locked, in claim order (the walk of steps_ready_idx).
+    -- What the claim needs beyond the plain case is found here: a concurrency key, a
+    -- sleep that ends, an uncertain effect; each has a statement of its own below, run
+    -- only when a picked row needs it, so a claim of plain steps runs two statements.
+    SELECT coalesce(array_agg(c.row_id), '{}'), coalesce(bool_or(c.keyed), false),
+           coalesce(bool_or(c.slept), false),
+           coalesce(array_agg(c.uncertain) FILTER (WHERE c.uncertain IS NOT NULL), '{}'),
+           coalesce(bool_and(c.plain), true)
+      INTO v_rows, v_keyed, v_slept, v_uncertain, v_plain
+      FROM (SELECT x.action,
+                   least(p_limit, coalesce(v_rooms[array_position(v_rated, x.action)],
+                                           p_limit)) AS room
+              FROM (SELECT DISTINCT x FROM unnest(p_actions) x) AS x(action)) AS a
+     CROSS JOIN LATERAL (
+           SELECT s.ctid AS row_id, s.concurrency_key IS NOT NULL AS keyed,
+                  s.waiting_for IS NOT DISTINCT FROM 'sleep' AS slept,
+                  -- A run_id's text has a fixed length: run_id || node names a step.
+                  CASE WHEN s.effect_uncertain THEN s.run_id::text || s.node END
+                      AS uncertain,
+                  s.attempt = 0 AND cardinality(s.depends_on) = 0 AS plain
+             FROM cyclone.steps s
+            WHERE s.status = 'available' AND s.action = a.action
+              AND s.available_at <= v_now
+              AND NOT (s.effect_uncertain AND s.action = ANY (p_unsafe))
+              -- Pass over the keys already full as this statement sees them: listed
+              -- once per claim, when the walk first meets a keyed step.
+              AND (s.concurrency_key IS NULL
+                   OR s.concurrency_key <> ALL (ARRAY(
+                          SELECT k.concurrency_key FROM cyclone.steps k
+                           WHERE k.status = 'running' AND k.concurrency_key IS NOT NULL
+                           GROUP BY k.concurrency_key
+                          HAVING count(*) >= min(k.concurrency_limit))))
+            ORDER BY s.priority DESC, s.available_at
+            LIMIT a.room
+              FOR UPDATE SKIP LOCKED) c;
+    IF cardinality(v_rows) = 0 THEN
+        RETURN;
+    END IF;
+    IF cardinality(v_rows) > p_limit THEN
+        -- Several actions gave more rows than the claim takes: the first p_limit of
+        -- them in claim order. The rows past it stay locked until commit, unclaimed
+        -- (the flags above may then speak of a row left out: each statement below
+        -- reads the rows kept). One action never gives more than p_limit.
+        v_rows := ARRAY(SELECT s.ctid FROM cyclone.steps s WHERE s.ctid = ANY (v_rows)
+                         ORDER BY s.priority DESC, s.available_at LIMIT p_limit);
+    END IF;
+
+    IF v_keyed THEN
+        -- Of the keyed rows picked, those each key has room for (_keys_room counts it
+        -- under the keys' locks), in claim order; the others stay locked, unclaimed.
+        -- The picked rows are read again by their ctids: this claim holds their locks.
+        v_rows := ARRAY(
+            WITH picked AS (
+                SELECT s.ctid AS row_id, s.priority, s.available_at, s.concurrency_key,
+                       s.concurrency_limit
+                  FROM cyclone.steps s WHERE s.ctid = ANY (v_rows)
+            ), keyed AS MATERIALIZED (
+                SELECT r.concurrency_key, r.room
+                  FROM (SELECT array_agg(k.concurrency_key) AS keys, array_agg(k.lim) AS limits
+                          FROM (SELECT p.concurrency_key, min(p.concurrency_limit) AS lim
+                                  FROM picked p WHERE p.concurrency_key IS NOT NULL
+                                 GROUP BY p.concurrency_key) k) g
+                 CROSS JOIN LATERAL cyclone._keys_room(g.keys, g.limits) r
+            )
+            SELECT p.row_id FROM picked p WHERE p.concurrency_key IS NULL
+            UNION ALL
+            SELECT p.row_id
+              FROM (SELECT p.*, row_number() OVER (PARTITION BY p.concurrency_key
+                                                   ORDER BY p.priority DESC, p.available_at) AS n
+                      FROM picked p WHERE p.concurrency_key IS NOT NULL) p
+              JOIN keyed k ON k.concurrency_key = p.concurrency_key
+             WHERE p.n <= k.room);
+    END IF;
+
+    IF v_slept THEN
+        -- A sleep is over once its node is claimed at or after the wake time: its
+        -- journal entry succeeds here, as step_wait would record it when the body's
+        -- replay reached the sleep, so the replay needs no Wait to go past it. Before
+        -- the claim's update, which then hands out the journal as it is now.
+        UPDATE cyclone.step_calls j
+           SET status = 'succeeded', output = 'null', finished_at = v_now,
+               attempt = s.attempt + 1
+          FROM cyclone.steps s
+         WHERE s.ctid = ANY (v_rows) AND s.waiting_for = 'sleep'
+           AND j.run_id = s.run_id AND j.node = s.node
+           AND j.status = 'waiting' AND j.function = 'cyclone.sleep'
+           AND j.wake_at <= v_now;
+    END IF;
+
+    IF cardinality(p_rate_actions) > 0 THEN
+        -- The claims of each rate-limited action join its window (locked by _rate_room).
+        UPDATE cyclone.action_rates t
+           SET (firsts, lasts, counts, reopens_at) = (
+                   SELECT n.firsts, n.lasts, n.counts, n.reopens_at
+                     FROM cyclone._rate_next(t.firsts, t.lasts, t.counts, r.count, r.period,
+                                             v_now, r.n) n),
+               updated_at = v_now
+          FROM (SELECT r.action, r.count, r.period, c.n
+                  FROM unnest(p_rate_actions, p_rate_counts, p_rate_periods)
+                       AS r(action, count, period)
+                  JOIN (SELECT s.action, count(*)::integer AS n FROM cyclone.steps s
+                         WHERE s.ctid = ANY (v_rows) GROUP BY s.action) c
+                    ON c.action = r.action) r
+         WHERE t.action = r.action;
+    END IF;
+
+    IF v_plain THEN
+        -- The same update, with none of the lookups of upstream steps and journal.
+        RETURN QUERY
+            UPDATE cyclone.steps s
+               SET status = 'running',
+                   attempt = s.attempt + 1,
+                   lease_token = gen_random_uuid(),
+                   started_at = v_now,
+                   last_heartbeat_at = v_now,
+                   deadline_at = v_now + s.timeout,
+                   lease_expires_at = v_now + least(p_lease, s.timeout),
+                   worker_id = p_worker,
+                   unsafe = s.action = ANY (p_unsafe),
+                   effect_uncertain = false,
+                   -- A node claimed at its wake time has slept: see v_slept above.
+                   waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
+                                      ELSE s.waiting_for END
+              FROM cyclone.runs r
+             WHERE s.ctid = ANY (v_rows) AND r.run_id = s.run_id
+            RETURNING s.run_id, s.node, s.action, r.workflow, s.attempt, s.max_attempts, s.input,
+                      r.input, NULL::jsonb, s.lease_token, s.lease_expires_at, s.deadline_at,
+                      s.progress,
+                      cardinality(v_uncertain) > 0 AND s.run_id::text || s.node = ANY (v_uncertain),
+                      false, date_part('epoch', v_now - s.available_at), NULL::jsonb,
+                      NULL::jsonb;
+        RETURN;
+    END IF;
+
     RETURN QUERY
-    WITH picked AS (
-        SELECT c.row_id, c.run_id, c.node, c.effect_uncertain, c.available_at, c.priority,
-               c.concurrency_key, c.concurrency_limit, c.waiting_for
-          FROM (SELECT x.action,
-                       least(p_limit, coalesce(v_rooms[array_position(v_rated, x.action)],
-                                               p_limit)) AS room
-                  FROM (SELECT DISTINCT x FROM unnest(p_actions) x) AS x(action)) AS a
-         CROSS JOIN LATERAL (
-               SELECT s.ctid AS row_id, s.run_id, s.node, s.available_at, s.effect_uncertain,
-                      s.priority, s.concurrency_key, s.concurrency_limit, s.waiting_for
-                 FROM cyclone.steps s
-                WHERE s.status = 'available' AND s.action = a.action
-                  AND s.available_at <= v_now
-                  AND NOT (s.effect_uncertain AND s.action = ANY (p_unsafe))
-                  -- Pass over the keys already full as this statement sees them: listed
-                  -- once per claim, when the walk first meets a keyed step.
-                  AND (s.concurrency_key IS NULL
-                       OR s.concurrency_key <> ALL (ARRAY(
-                              SELECT k.concurrency_key FROM cyclone.steps k
-                               WHERE k.status = 'running' AND k.concurrency_key IS NOT NULL
-                               GROUP BY k.concurrency_key
-                              HAVING count(*) >= min(k.concurrency_limit))))
-                ORDER BY s.priority DESC, s.available_at
-                LIMIT a.room
-                  FOR UPDATE SKIP LOCKED) c
-         ORDER BY c.priority DESC, c.available_at
-         LIMIT p_limit
-    ), keyed AS MATERIALIZED (
-        -- The room of each key picked, counted under the keys' locks (_keys_room).
-        SELECT r.concurrency_key, r.room
-          FROM (SELECT array_agg(k.concurrency_key) AS keys, array_agg(k.lim) AS limits
-                  FROM (SELECT p.concurrency_key, min(p.concurrency_limit) AS lim
-                          FROM picked p WHERE p.concurrency_key IS NOT NULL
-                         GROUP BY p.concurrency_key) k) g
-         CROSS JOIN LATERAL cyclone._keys_room(g.keys, g.limits) r
-         WHERE g.keys IS NOT NULL
-    ), admitted AS (
-        SELECT p.row_id, p.run_id, p.node, p.effect_uncertain, p.available_at,
-               p.waiting_for = 'sleep' AS slept
-          FROM picked p WHERE p.concurrency_key IS NULL
-        UNION ALL
-        SELECT p.row_id, p.run_id, p.node, p.effect_uncertain, p.available_at,
-               p.waiting_for = 'sleep'
-          FROM (SELECT p.*, row_number() OVER (PARTITION BY p.concurrency_key
-                                               ORDER BY p.priority DESC, p.available_at) AS n
-                  FROM picked p WHERE p.concurrency_key IS NOT NULL) p
-          JOIN keyed k ON k.concurrency_key = p.concurrency_key
-         WHERE p.n <= k.room
-    ), claimed AS (
         UPDATE cyclone.steps s
            SET status = 'running',
                attempt = s.attempt + 1,
@@ -184,55 +285,27 @@ BEGIN
                worker_id = p_worker,
                unsafe = s.action = ANY (p_unsafe),
                effect_uncertain = false,
-               -- A node claimed at its wake time has slept: see slept below.
+               -- A node claimed at its wake time has slept: see v_slept above.
                waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
                                   ELSE s.waiting_for END
          -- The rows picked locked, by their ctids alone: no status condition here,
          -- which would let the planner read them through steps_ready_idx instead, a
          -- walk of every ready row (statistics taken while few rows were ready, as
          -- before a fan-out is released, make it look cheaper than the TID scan).
-         WHERE s.ctid = ANY (ARRAY(SELECT p.row_id FROM admitted p))
-        RETURNING s.run_id, s.node, s.action, s.attempt, s.max_attempts, s.input,
-                  s.depends_on, s.deps_failed, s.lease_token, s.lease_expires_at,
-                  s.deadline_at, s.progress
-    ), slept AS (
-        -- A sleep is over once its node is claimed at or after the wake time: its
-        -- journal entry succeeds here, as step_wait would record it when the body's
-        -- replay reached the sleep, so the replay needs no Wait to go past it.
-        UPDATE cyclone.step_calls j
-           SET status = 'succeeded', output = 'null', finished_at = v_now,
-               attempt = c.attempt
-          FROM claimed c
-          JOIN admitted p ON p.run_id = c.run_id AND p.node = c.node AND p.slept
-         WHERE j.run_id = c.run_id AND j.node = c.node
-           AND j.status = 'waiting' AND j.function = 'cyclone.sleep'
-           AND j.wake_at <= v_now
-        RETURNING j.*
-    ), rated AS (
-        -- The claims of each rate-limited action join its window (locked by _rate_room).
-        UPDATE cyclone.action_rates t
-           SET (firsts, lasts, counts, reopens_at) = (
-                   SELECT n.firsts, n.lasts, n.counts, n.reopens_at
-                     FROM cyclone._rate_next(t.firsts, t.lasts, t.counts, r.count, r.period,
-                                             v_now, r.n) n),
-               updated_at = v_now
-          FROM (SELECT r.action, r.count, r.period, c.n
-                  FROM unnest(p_rate_actions, p_rate_counts, p_rate_periods)
-                       AS r(action, count, period)
-                  JOIN (SELECT c.action, count(*)::integer AS n FROM claimed c
-                         GROUP BY c.action) c ON c.action = r.action
-                 WHERE cardinality(p_rate_actions) > 0) r
-         WHERE t.action = r.action
-    )
-    SELECT c.run_id, c.node, c.action, r.workflow, c.attempt, c.max_attempts, c.input,
+          FROM cyclone.runs r
+         WHERE s.ctid = ANY (v_rows) AND r.run_id = s.run_id
+        RETURNING s.run_id, s.node, s.action, r.workflow, s.attempt, s.max_attempts, s.input,
            r.input,
-           CASE WHEN cardinality(c.depends_on) > 0 THEN (
+           CASE WHEN cardinality(s.depends_on) > 0 THEN (
                SELECT jsonb_object_agg(u.node, u.output) FROM cyclone.steps u
-                WHERE u.run_id = c.run_id AND u.node = ANY (c.depends_on)
+                WHERE u.run_id = s.run_id AND u.node = ANY (s.depends_on)
                   AND u.status = 'completed') END,
-           c.lease_token, c.lease_expires_at, c.deadline_at, c.progress,
-           p.effect_uncertain, false, extract(epoch FROM v_now - p.available_at)::float8,
-           CASE WHEN c.deps_failed > 0 THEN (
+           s.lease_token, s.lease_expires_at, s.deadline_at, s.progress,
+           -- A run_id's text has a fixed length: run_id || node names one step.
+           cardinality(v_uncertain) > 0 AND s.run_id::text || s.node = ANY (v_uncertain),
+           -- date_part: a float8 at once (extract's numeric costs a conversion per row).
+           false, date_part('epoch', v_now - s.available_at),
+           CASE WHEN s.deps_failed > 0 THEN (
                SELECT jsonb_agg(jsonb_build_object(
                           'node', u.node, 'status', u.status,
                           'error', CASE WHEN u.status = 'discarded' THEN (
@@ -245,24 +318,17 @@ BEGIN
                                ORDER BY e.at DESC, e.attempt DESC LIMIT 1) END)
                       ORDER BY u.position)
                  FROM cyclone.steps u
-                WHERE u.run_id = c.run_id AND u.node = ANY (c.depends_on)
+                WHERE u.run_id = s.run_id AND u.node = ANY (s.depends_on)
                   AND u.status IN ('discarded', 'skipped')) END,
            -- One probe of the journal's key per claimed step that was claimed before
-           -- (a sleep that ended at this claim as slept left it: the statement still
-           -- sees the old version). A first claim (attempt 1) has no journal: every
-           -- entry is written under a lease (_step_held), so none before a first claim.
-           CASE WHEN c.attempt > 1 THEN (SELECT jsonb_agg(cyclone._step_call_json(
-                       CASE WHEN w.step_id IS NULL THEN j ELSE w::cyclone.step_calls END)
-                       ORDER BY j.seq)
-              FROM cyclone.step_calls j
-              LEFT JOIN slept w ON p.slept AND w.run_id = j.run_id AND w.node = j.node
-                               AND w.step_id = j.step_id
-             WHERE j.run_id = c.run_id AND j.node = c.node) END
-      FROM claimed c
-      JOIN admitted p ON p.run_id = c.run_id AND p.node = c.node
-     -- OFFSET 0 keeps the lookup a subquery run once per claimed step, by key.
-     CROSS JOIN LATERAL (SELECT r.workflow, r.input FROM cyclone.runs r
-                          WHERE r.run_id = c.run_id OFFSET 0) r;
+           -- (a sleep that ended at this claim was recorded above, before this
+           -- statement). A first claim (attempt 1) has no journal: every entry is
+           -- written under a lease (_step_held), so none before a first claim.
+           CASE WHEN s.attempt > 1 THEN (
+               SELECT jsonb_agg(cyclone._step_call_json(j) ORDER BY j.seq)
+                 FROM cyclone.step_calls j
+                WHERE j.run_id = s.run_id AND j.node = s.node) END
+;
 END;
 $$;
 

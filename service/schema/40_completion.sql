@@ -102,6 +102,8 @@ AS $$
 DECLARE
     v_now      timestamptz := cyclone.now();
     v_applied  integer[];
+    -- Each item's run_id, in item order, parsed once (for the locks and the update).
+    v_item_run uuid[];
     v_run      uuid[];
     v_node     text[];
     v_has_deps boolean[];
@@ -109,31 +111,44 @@ DECLARE
     v_keyed    text[];
     v_keys     text[];
     v_limits   integer[];
+    -- The status of each run of the batch that is not completed now, by run_id (a
+    -- run of the batch that is absent is completed): most batches close all their
+    -- runs, and then no run_id is written as text, neither here nor in the answer.
     v_statuses jsonb;
+    v_all_completed boolean;
     v_group    record;
+    v_status   text;
     v_item     jsonb;
     v_done     cyclone.completion;
 BEGIN
     -- Lock every run of the batch in run_id order, the order every batch locks in, so
     -- that two batches cannot deadlock.
+    -- (An index scan by = ANY reads each distinct key once, in key order.)
+    v_item_run := ARRAY(SELECT (e.value->>'run_id')::uuid
+                          FROM jsonb_array_elements(p_items) WITH ORDINALITY AS e(value, n)
+                         ORDER BY e.n);
     PERFORM 1 FROM cyclone.runs r
-     WHERE r.run_id = ANY (ARRAY(SELECT DISTINCT (e->>'run_id')::uuid
-                                   FROM jsonb_array_elements(p_items) e))
+     WHERE r.run_id = ANY (v_item_run)
      ORDER BY r.run_id
        FOR NO KEY UPDATE;
 
     -- Every success whose lease still holds, in one statement (as step_complete).
     WITH item AS (
-        SELECT (e->>'i')::integer AS i, (e->>'run_id')::uuid AS run_id, e->>'node' AS node,
-               (e->>'lease_token')::uuid AS lease_token, e->'output' AS output
-          FROM jsonb_array_elements(p_items) e
+        SELECT (e->>'i')::integer AS i, v_item_run[x.n] AS run_id, e->>'node' AS node,
+               e->>'lease_token' AS lease_token, e->'output' AS output
+          FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, n)
          WHERE NOT e ? 'failure'
     ), done AS (
         UPDATE cyclone.steps s
            SET status = 'completed', output = coalesce(t.output, 'null'::jsonb),
                finished_at = v_now, lease_expires_at = NULL
           FROM item t
-         WHERE s.run_id = t.run_id AND s.node = t.node AND s.lease_token = t.lease_token
+         WHERE s.run_id = t.run_id AND s.node = t.node
+           -- The token as text: the server writes ids in their canonical form
+           -- (service.store.outcomes_json), and printing the step's token costs less
+           -- than parsing the item's. An item whose token is written otherwise is not
+           -- applied here, and _step_complete applies it below.
+           AND s.lease_token::text = t.lease_token
            -- By key: see steps_leased_idx.
            AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > v_now END
         RETURNING t.i, s.run_id, s.node, cardinality(s.dependents) > 0 AS has_deps,
@@ -160,7 +175,9 @@ BEGIN
     END IF;
 
     -- Runs where no completed step has a dependent: close them by the count, at once.
-    SELECT coalesce(jsonb_object_agg(c.run_id, c.status), '{}') INTO v_statuses
+    SELECT coalesce(jsonb_object_agg(c.run_id, c.status)
+                        FILTER (WHERE c.status IS DISTINCT FROM 'completed'), '{}')
+      INTO v_statuses
       FROM (SELECT array_agg(g.run_id ORDER BY g.run_id) AS runs,
                    array_agg(g.n ORDER BY g.run_id) AS closed
               FROM (SELECT d.run_id, count(*)::integer AS n
@@ -168,20 +185,28 @@ BEGIN
                      GROUP BY d.run_id HAVING NOT bool_or(d.has_deps)) g) leaves,
            cyclone._runs_close(leaves.runs, leaves.closed, v_now) c;
 
-    -- Runs with dependents to count: one graph walk per run, with all its finals.
-    FOR v_group IN
-        SELECT d.run_id, array_agg(d.node) AS nodes
-          FROM unnest(v_run, v_node, v_has_deps) d(run_id, node, has_deps)
-         GROUP BY d.run_id HAVING bool_or(d.has_deps)
-         ORDER BY d.run_id
-    LOOP
-        v_statuses := v_statuses || jsonb_build_object(
-            v_group.run_id::text,
-            cyclone._settle(v_group.run_id, v_group.nodes, '{}', cardinality(v_group.nodes)));
-    END LOOP;
+    -- Runs with dependents to count: one graph walk per run, with all its finals. None
+    -- when no completed step has a dependent (the query is not even opened).
+    IF true = ANY (v_has_deps) THEN
+        FOR v_group IN
+            SELECT d.run_id, array_agg(d.node) AS nodes
+              FROM unnest(v_run, v_node, v_has_deps) d(run_id, node, has_deps)
+             GROUP BY d.run_id HAVING bool_or(d.has_deps)
+             ORDER BY d.run_id
+        LOOP
+            v_status := cyclone._settle(v_group.run_id, v_group.nodes, '{}',
+                                        cardinality(v_group.nodes));
+            IF v_status IS DISTINCT FROM 'completed' THEN
+                v_statuses := v_statuses || jsonb_build_object(v_group.run_id::text, v_status);
+            END IF;
+        END LOOP;
+    END IF;
 
+    v_all_completed := v_statuses = '{}';
     RETURN QUERY
-        SELECT d.i, 'completed'::text, v_statuses->>(d.run_id::text), false,
+        SELECT d.i, 'completed'::text,
+               CASE WHEN v_all_completed THEN 'completed'
+                    ELSE coalesce(v_statuses->>(d.run_id::text), 'completed') END, false,
                NULL::timestamptz, NULL::text, NULL::text, NULL::text
           FROM unnest(v_applied, v_run) d(i, run_id);
 
