@@ -8,7 +8,8 @@ Scenarios (fixed counts, every loop bounded in count and time):
               Work stream (the protocol before session 10; ratio to the baseline)
   flow        the same, each run with a priority (0-9) and half of them with a
               concurrency key (200 customers, 5 at once each); ratio to throughput
-  sdk         the same, drained by 2 processes running the SDK's Worker
+  sdk         the same, drained by 2 processes running the SDK's Worker (each on one Work
+              stream since session 10)
   baseline    the same 20,000 jobs drained by a minimal psycopg loop, 8 threads
   dag         500 runs of a 20-node workflow (root, fan-out of 18, join)
   durable     1,000 one-node runs whose node is a durable function of 10 no-op step

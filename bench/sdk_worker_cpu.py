@@ -5,7 +5,8 @@ one-node runs of an async no-op handler (concurrency CONC, 64 by default) from a
 local server, and prints CPU ms per step of this process (all its threads, and by
 thread), counted from the worker's start to the last step completed.
 ``--profile FILE`` writes a cProfile of the worker's loop thread (in thread CPU
-time); COUNT_CALLS=1 prints how many steps each Claim and CompleteMany carried.
+time); COUNT_CALLS=1 prints how many steps each Claim and CompleteMany carried, and
+each report and each response handing out steps on the Work stream.
 
     .venv/bin/python bench/sdk_worker_cpu.py --runs 8000 --repeat 3
 
@@ -29,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -121,7 +123,8 @@ def drain(address: str, database_url: str, runs: int, action: str, profile) -> f
 
     from pyclient.worker import _runtime
 
-    calls = {"Claim": [0, 0], "CompleteMany": [0, 0]}
+    # Calls (or Work messages) and the steps they carried: claimed, or reported.
+    calls = {"Claim": [0, 0], "CompleteMany": [0, 0], "Work reports": [0, 0], "Work steps": [0, 0]}
     serve = _runtime.Runtime.serve
 
     async def counting_serve(rt):  # counts the calls and what each carried
@@ -130,6 +133,8 @@ def drain(address: str, database_url: str, runs: int, action: str, profile) -> f
         class Stub:
             def __getattr__(self, name):
                 fn = getattr(real_stub, name)
+                if name == "Work":
+                    return lambda **kw: _WorkCall(fn(**kw))
                 if name not in calls:
                     return fn
 
@@ -160,6 +165,28 @@ def drain(address: str, database_url: str, runs: int, action: str, profile) -> f
 
             def cancel(self):
                 return self.call.cancel()
+
+        class _WorkCall:
+            """A Work stream, counting its reports and the responses that hand out steps."""
+
+            def __init__(self, call):
+                self.call = call
+
+            async def write(self, request):
+                if request.HasField("report"):
+                    calls["Work reports"][0] += 1
+                    calls["Work reports"][1] += len(request.report.completions)
+                await self.call.write(request)
+
+            async def read(self):
+                response = await self.call.read()
+                if response is not grpc.aio.EOF and response.steps:
+                    calls["Work steps"][0] += 1
+                    calls["Work steps"][1] += len(response.steps)
+                return response
+
+            def __getattr__(self, name):
+                return getattr(self.call, name)
 
         def _claim(fn, request, **kw):
             return _ClaimCall(fn(request, **kw))
