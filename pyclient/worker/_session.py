@@ -287,7 +287,8 @@ class Session:
                 if response.HasField("report"):
                     report = pending.popleft()
                     self.pregranted -= report.pregranted
-                    report.answer.set_result(response.report)
+                    if not report.answer.done():  # (its sender may have been cancelled)
+                        report.answer.set_result(response.report)
         except grpc.RpcError as exc:
             ended.code = exc.code()
             ended.error = from_rpc_error(exc)
