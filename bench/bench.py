@@ -108,10 +108,14 @@ def fresh_database(base: str, name: str) -> str:
 
 
 class Server:
-    def __init__(self, database_url: str, flags: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, database_url: str, flags: tuple[str, ...] = (), prefix: tuple[str, ...] = ()
+    ) -> None:
+        """``prefix``: the command that runs the server's (valgrind ..., say)."""
         env = {**os.environ, "CYCLONE_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [
+                *prefix,
                 sys.executable,
                 "-m",
                 "service",
@@ -137,9 +141,9 @@ class Server:
             raise RuntimeError("server did not start")
         threading.Thread(target=lambda: self.proc.stdout.read(), daemon=True).start()
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 30) -> None:
         self.proc.terminate()
-        self.proc.wait(30)
+        self.proc.wait(wait)
 
 
 def worker_ready() -> None:
