@@ -8,7 +8,8 @@ Scenarios (fixed counts, every loop bounded in count and time):
               Work stream (the protocol before session 10; ratio to the baseline)
   flow        the same, each run with a priority (0-9) and half of them with a
               concurrency key (200 customers, 5 at once each); ratio to throughput
-  sdk         the same, drained by 2 processes running the SDK's Worker
+  sdk         the same, drained by 2 processes running the SDK's Worker (each on one Work
+              stream since session 10)
   baseline    the same 20,000 jobs drained by a minimal psycopg loop, 8 threads
   dag         500 runs of a 20-node workflow (root, fan-out of 18, join)
   durable     1,000 one-node runs whose node is a durable function of 10 no-op step
@@ -107,10 +108,14 @@ def fresh_database(base: str, name: str) -> str:
 
 
 class Server:
-    def __init__(self, database_url: str, flags: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, database_url: str, flags: tuple[str, ...] = (), prefix: tuple[str, ...] = ()
+    ) -> None:
+        """``prefix``: the command that runs the server's (valgrind ..., say)."""
         env = {**os.environ, "CYCLONE_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [
+                *prefix,
                 sys.executable,
                 "-m",
                 "service",
@@ -136,9 +141,9 @@ class Server:
             raise RuntimeError("server did not start")
         threading.Thread(target=lambda: self.proc.stdout.read(), daemon=True).start()
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 30) -> None:
         self.proc.terminate()
-        self.proc.wait(30)
+        self.proc.wait(wait)
 
 
 def worker_ready() -> None:

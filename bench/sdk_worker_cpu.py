@@ -5,7 +5,8 @@ one-node runs of an async no-op handler (concurrency CONC, 64 by default) from a
 local server, and prints CPU ms per step of this process (all its threads, and by
 thread), counted from the worker's start to the last step completed.
 ``--profile FILE`` writes a cProfile of the worker's loop thread (in thread CPU
-time); COUNT_CALLS=1 prints how many steps each Claim and CompleteMany carried.
+time); COUNT_CALLS=1 prints how many steps each Claim and CompleteMany carried, and
+each report and each response handing out steps on the Work stream.
 
     .venv/bin/python bench/sdk_worker_cpu.py --runs 8000 --repeat 3
 
@@ -14,6 +15,14 @@ sizes cancels the start-up:
 
     POLL=1 valgrind --tool=callgrind --trace-children=no \
         .venv/bin/python bench/sdk_worker_cpu.py --runs 300 --repeat 1   # then 1500
+
+The server's instructions per step, serving this worker: ``SERVER_CALLGRIND=FILE``
+runs the worker's server under callgrind (its periodic loops stopped, so that they
+do not count the drain's length; the runs submitted through a second server), writing
+FILE when it stops, and the worker as usual:
+
+    SERVER_CALLGRIND=/tmp/server-300.out .venv/bin/python bench/sdk_worker_cpu.py \
+        --runs 300 --repeat 1   # then 1500; callgrind_annotate FILE | head: the total
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -58,7 +68,9 @@ def threads_cpu() -> dict[str, float]:
     return out
 
 
-def drain(address: str, database_url: str, runs: int, action: str, profile) -> float:
+def drain(
+    address: str, database_url: str, runs: int, action: str, profile, submit_to: str = ""
+) -> float:
     from pyclient import Worker
 
     # Submitted by another process: its CPU is not the worker's (callgrind counts
@@ -68,7 +80,8 @@ def drain(address: str, database_url: str, runs: int, action: str, profile) -> f
             sys.executable,
             "-c",
             "import sys; sys.path.insert(0, 'bench'); import bench;"
-            f"bench.submit_many({address!r}, [bench.one_node('one', {action!r})] * {runs})",
+            f"bench.submit_many({submit_to or address!r},"
+            f" [bench.one_node('one', {action!r})] * {runs})",
         ],
         check=True,
         cwd=Path(__file__).resolve().parent.parent,
@@ -121,7 +134,14 @@ def drain(address: str, database_url: str, runs: int, action: str, profile) -> f
 
     from pyclient.worker import _runtime
 
-    calls = {"Claim": [0, 0], "CompleteMany": [0, 0]}
+    # Calls (or Work messages) and the steps they carried: claimed, or reported.
+    calls = {
+        "Claim": [0, 0],
+        "CompleteMany": [0, 0],
+        "Work reports": [0, 0],
+        "Work credit only": [0, 0],
+        "Work steps": [0, 0],
+    }
     serve = _runtime.Runtime.serve
 
     async def counting_serve(rt):  # counts the calls and what each carried
@@ -130,6 +150,8 @@ def drain(address: str, database_url: str, runs: int, action: str, profile) -> f
         class Stub:
             def __getattr__(self, name):
                 fn = getattr(real_stub, name)
+                if name == "Work":
+                    return lambda **kw: _WorkCall(fn(**kw))
                 if name not in calls:
                     return fn
 
@@ -160,6 +182,31 @@ def drain(address: str, database_url: str, runs: int, action: str, profile) -> f
 
             def cancel(self):
                 return self.call.cancel()
+
+        class _WorkCall:
+            """A Work stream, counting its reports and the responses that hand out steps."""
+
+            def __init__(self, call):
+                self.call = call
+
+            async def write(self, request):
+                if request.HasField("report"):
+                    calls["Work reports"][0] += 1
+                    calls["Work reports"][1] += len(request.report.completions)
+                elif not request.HasField("open"):
+                    calls["Work credit only"][0] += 1
+                    calls["Work credit only"][1] += request.credit
+                await self.call.write(request)
+
+            async def read(self):
+                response = await self.call.read()
+                if response is not grpc.aio.EOF and response.steps:
+                    calls["Work steps"][0] += 1
+                    calls["Work steps"][1] += len(response.steps)
+                return response
+
+            def __getattr__(self, name):
+                return getattr(self.call, name)
 
         def _claim(fn, request, **kw):
             return _ClaimCall(fn(request, **kw))
@@ -204,19 +251,37 @@ def main() -> None:
     base = bench.admin_url(None)
     database_url = bench.fresh_database(base, "cyclone_sdk_cpu")
     migrate(database_url)
-    server = bench.Server(database_url)
+    traced = os.environ.get("SERVER_CALLGRIND")
+    server = bench.Server(
+        database_url,
+        ("--sweep-interval", "3600", "--schedule-interval", "3600", "--retention-interval", "3600")
+        if traced
+        else (),
+        ("valgrind", "--tool=callgrind", f"--callgrind-out-file={traced}") if traced else (),
+    )
+    # Traced, the server only serves the worker: the runs are submitted through another.
+    submitter = bench.Server(database_url) if traced else None
     try:
         figures = []
         for i in range(args.repeat):
             profile = cProfile.Profile(time.thread_time) if args.profile else None
-            cpu = drain(server.address, database_url, args.runs, f"noop{i}", profile)
+            cpu = drain(
+                server.address,
+                database_url,
+                args.runs,
+                f"noop{i}",
+                profile,
+                submitter.address if submitter else "",
+            )
             figures.append(cpu * 1000 / args.runs)
             print(f"run {i}: worker CPU ms per step {figures[-1]:.4f}", flush=True)
             if profile:
                 profile.dump_stats(args.profile)
         print("median", sorted(figures)[len(figures) // 2])
     finally:
-        server.stop()
+        server.stop(300 if traced else 30)
+        if submitter:
+            submitter.stop()
 
 
 if __name__ == "__main__":

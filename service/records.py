@@ -248,6 +248,8 @@ class Cancelled(NamedTuple):
     """run_cancel"""
 
     run_cancel: Any
+    #: The actions of the steps it made claimable (parents woken), comma-separated.
+    ready: str | None
 
 
 class ClaimedStep(NamedTuple):

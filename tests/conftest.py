@@ -173,11 +173,16 @@ class RunningServer:
             return cur.fetchall() if cur.description else []
 
     def advance_clock(self, seconds: float) -> None:
-        """Move cyclone.now() forward, e.g. past a lease, instead of sleeping."""
+        """Move cyclone.now() forward, e.g. past a lease, instead of sleeping. The
+        server's waiting claims and Work streams look again, as they would when the
+        time they wait for came (they wait on the real clock: a step's backoff ending
+        by the moved one wakes nobody, and a Work stream never asks again by itself)."""
         self.sql(
             "UPDATE cyclone.clock SET offset_by = offset_by + make_interval(secs => %s)",
             seconds,
         )
+        if self._loop is not None and self._server is not None:
+            self._loop.call_soon_threadsafe(self._server.dispatcher.wake_all)
 
     def sweep(self) -> int:
         """Run the recovery sweep now; returns how many leases it reclaimed."""

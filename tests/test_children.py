@@ -422,6 +422,24 @@ def test_a_cancelled_child_is_a_failed_wait(cyclone_server: Any) -> None:
     assert "stop" in answer.call.error.message
 
 
+def test_a_cancelled_child_wakes_a_claim_waiting_for_its_parent(cyclone_server: Any) -> None:
+    """The cancel that wakes the parent's node wakes the claims waiting for its action
+    (the tests' servers never look again without a wake-up: claim_recheck_s)."""
+    parent_id, child_id = waiting_parent(cyclone_server)
+    registry = cyclone_server.server.metrics.registry
+    claimed: list[Any] = []
+    waiting = threading.Thread(target=lambda: claimed.extend(claim(cyclone_server, wait=20)))
+    waiting.start()
+    eventually(
+        lambda: registry.get_sample_value("cyclone_claims_waiting") == 1,
+        "the claim to wait",
+    )
+    cancel(cyclone_server, child_id)
+    waiting.join(10)
+    assert not waiting.is_alive(), "the claim was not woken"
+    assert [s.run_id for s in claimed] == [parent_id]
+
+
 def test_a_child_finished_before_the_wait_answers_at_once(cyclone_server: Any) -> None:
     _, step = parent_and_step(cyclone_server)
     child_id = start_child(cyclone_server, step).child_run_id

@@ -7,9 +7,12 @@
 
     worker.run()   # until SIGTERM or SIGINT
 
-How it runs. An asyncio control loop does all the talking to the server: long-poll
-claims sized to the free handler slots, heartbeats for each held step (every third
-of the lease), completions. Sync handlers run each in a thread of their own (idle
+How it runs. An asyncio control loop does all the talking to the server: one Work
+stream (WorkerService.Work) that hands out steps as the free handler slots allow and
+carries the completion reports, heartbeats for each held step (every third of the
+lease), and the begins of durable functions' unsafe step calls. A server without
+Work streams is claimed from with long-poll claims sized to the free slots and
+reported to with CompleteMany instead. Sync handlers run each in a thread of their own (idle
 threads are reused) and async handlers on a second event loop in its own thread, so
 neither a CPU-bound handler nor a blocking async one can starve the heartbeats.
 
@@ -49,15 +52,18 @@ The package, one module per job (the worker's seams):
 - ``__init__``: :class:`Worker`, the public API: registering actions, run and stop.
 - ``_runtime``: one run of a worker: the channel, the parts below wired together,
   each claimed step's life (:meth:`Runtime.run_step`), shutdown.
-- ``_producer``: claiming, sized to the free handler slots, and the slot accounting.
+- ``_session``: the Work stream: steps handed out within the credit of the free
+  slots, reports answered on it, reopened with backoff, failed over to CompleteMany.
+- ``_producer``: the handler slots, and the long-poll claims of a server without
+  Work streams.
 - ``_executor``: running handlers: threads for sync ones, the handler loop for async.
 - ``_watch``: heartbeats and time limits. **Change the heartbeat here**: one policy
   object, :class:`~pyclient.worker._watch.WatchPolicy` (interval, time budget, what a
   timeout does, the unsafe_to_repeat rule).
-- ``_completer``: reporting outcomes: CompleteMany batching, the completion
-  transaction path, effect_uncertain reports.
-- ``_retry``: **change retry here**: the one backoff that claims and CompleteMany use
-  while the server is unavailable.
+- ``_completer``: reporting outcomes: batching (on the stream, or CompleteMany), the
+  completion transaction path, effect_uncertain reports.
+- ``_retry``: **change retry here**: the one backoff that streams, claims and
+  CompleteMany use while the server is unavailable.
 - ``_journal``: durable functions (``@worker.workflow``): Begin and End of their step
   calls, sent from the worker's loop for the replay engine of :mod:`pyclient.durable`.
 - ``_timers``, ``_mailbox``, ``_common``: alarms on the worker's loop, calls handed
@@ -92,9 +98,10 @@ class Worker:
     """Serves actions: ``concurrency`` handler slots, leases of ``lease`` seconds.
 
     ``database_url`` gives the worker its own psycopg pool for ``ctx.completion_tx()``.
-    ``claim_wait`` is the long-poll of each claim; ``shutdown_grace`` how long a stop
-    waits for handlers in flight; ``reconnect_max_delay`` caps the backoff while the
-    server is unavailable.
+    ``claim_wait`` is the long-poll of each claim, only on a server without Work
+    streams (on a stream the server hands steps out as they become ready);
+    ``shutdown_grace`` how long a stop waits for handlers in flight;
+    ``reconnect_max_delay`` caps the backoff while the server is unavailable.
     """
 
     def __init__(

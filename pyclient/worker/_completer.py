@@ -1,8 +1,11 @@
 """Reporting outcomes: a handler's return value or exception becomes a Complete
-request, sent with the others that end meanwhile (and with the begins and ends of
-durable functions' step calls) in one CompleteMany (retried under
-:mod:`._retry` while the server is unavailable), or, when the handler used
-``ctx.completion_tx()``, committed by ``cyclone.step_complete`` in that transaction.
+request, sent with the others that end meanwhile (and with the ends of durable
+functions' step calls) in one report on the worker's Work stream (:mod:`._session`),
+or in one CompleteMany when no stream is open or the stream ended before answering
+(retried under :mod:`._retry` while the server is unavailable), or, when the handler
+used ``ctx.completion_tx()``, committed by ``cyclone.step_complete`` in that
+transaction. Step call begins go by CompleteMany, beside the reports: bodies wait for
+them, and they must not wait behind a claim.
 """
 
 from __future__ import annotations
@@ -59,9 +62,9 @@ BEGIN_BATCHES = 2
 class Completer:
     """Sends the outcomes of one worker's steps.
 
-    Outcomes that finish while a CompleteMany is on its way are sent together in the
-    next: one round trip and one commit. ``on_answered`` is called whenever a
-    CompleteMany is answered (or fails): the producer may claim for the freed slots.
+    Outcomes that finish while a report is on its way are sent together in the next:
+    one round trip and one commit. ``on_answered`` is called whenever a report is
+    answered (or fails): the freed slots may be claimed for, or granted as credit.
     """
 
     def __init__(self, runtime: Runtime, on_answered: Callable[[], None]):
@@ -294,7 +297,7 @@ class Completer:
                 completions=[r for r, _ in batch], step_call_ends=ends, brief=True
             )
             try:
-                reply = await self._send(request)
+                reply = await self._send(request, stream=True)
             finally:
                 self.holding -= len(batch)
             self._ended(ends, reply)
@@ -365,11 +368,19 @@ class Completer:
         self._ends_answered(len(ends))
 
     async def _send(
-        self, request: pb.CompleteManyRequest
+        self, request: pb.CompleteManyRequest, *, stream: bool = False
     ) -> pb.CompleteManyResponse | CycloneError:
         """One CompleteMany, retried while the server is unavailable (for up to a
-        lease); the SDK's error when it cannot be sent."""
+        lease); the SDK's error when it cannot be sent. ``stream``: as a report on the
+        Work stream when one is open (:mod:`._session`), and by CompleteMany only when
+        the stream ends before answering it (a completion sent twice is answered
+        duplicate = true)."""
         rt = self.rt
+        if stream:
+            answer = await rt.session.report(request)
+            if answer is not None:
+                self._answered()
+                return answer
         backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
         give_up = rt.loop.time() + backoff.window
         while True:

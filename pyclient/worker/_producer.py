@@ -1,6 +1,7 @@
-"""Claiming: long-poll claims sized to the free handler slots, and the slot accounting
-that sizes them. Each claimed step becomes a task of :meth:`Runtime.run_step`, which
-holds its slot until it ends."""
+"""Claiming: the handler slots and their accounting, and the long-poll claims sized to
+the free slots that a worker makes when its server offers no Work stream (see
+:mod:`._session`, which claims otherwise). Each step handed out becomes a task of
+:meth:`Runtime.run_step` (:meth:`Producer.start`), which holds its slot until it ends."""
 
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ FATAL = (InvalidArgument, Unauthenticated, PermissionDenied)
 
 
 class Producer:
-    """The claim loop of one worker run, and its handler slots."""
+    """The handler slots of one worker run, and its claim loop (used when the server
+    offers no Work stream)."""
 
     def __init__(self, runtime: Runtime):
         self.rt = runtime
         self.w = runtime.w
-        #: Set when the claim loop should look again: a slot freed, a report answered.
+        #: Set when the claim loop should look again: a slot freed, a report answered
+        #: (:meth:`freed`).
         self.look_again = asyncio.Event()
         #: The steps running (each takes a slot; so does each outcome not yet answered,
         #: Completer.holding).
@@ -39,11 +42,15 @@ class Producer:
         #: (see _more_slots_coming).
         self.awaited_report: int | None = None
 
+    def actions(self) -> list[pb.ActionSpec]:
+        """The actions served, as a claim (or a Work stream's open) names them."""
+        return [_spec(a) for a in sorted(self.w._actions.values(), key=lambda a: a.name)]
+
     def claim_request(self, free: int) -> pb.ClaimRequest:
         w = self.w
         return pb.ClaimRequest(
             worker_id=w.worker_id,
-            actions=[_spec(a) for a in sorted(w._actions.values(), key=lambda a: a.name)],
+            actions=self.actions(),
             max_steps=free,
             wait=duration(w.claim_wait),
             lease=duration(w.lease),
@@ -102,9 +109,20 @@ class Producer:
             for blocked in response.blocked:
                 log_blocked(w.worker_id, blocked)
             for step in response.steps:
-                task = asyncio.create_task(rt.run_step(step))
-                self.inflight.add(task)
-                task.add_done_callback(self._release)
+                self.start(step)
+
+    def start(self, step: pb.ClaimedStep) -> None:
+        """Run a step handed out (by a claim or on a Work stream) in a task of its own,
+        which holds the step's slot until it ends."""
+        task = asyncio.create_task(self.rt.run_step(step))
+        self.inflight.add(task)
+        task.add_done_callback(self._release)
+
+    def freed(self) -> None:
+        """A slot may have come free (a step ended, a report was answered): claim for
+        it, or grant it as credit on the Work stream."""
+        self.look_again.set()
+        self.rt.session.regrant()
 
     def _more_slots_coming(self) -> bool:
         """Whether to wait before claiming for the free slots: the CompleteMany on its
@@ -126,7 +144,7 @@ class Producer:
 
     def _release(self, task: asyncio.Task[None]) -> None:
         self.inflight.discard(task)
-        self.look_again.set()
+        self.freed()
         if not task.cancelled() and task.exception() is not None:
             log.error("worker %s: step task crashed", self.w.worker_id, exc_info=task.exception())
 

@@ -1,6 +1,6 @@
 """One run of a worker: opens the channel (and the completion pool), wires the
-producer, executor, watch and completer together, runs each claimed step through
-them (:meth:`Runtime.run_step`), and shuts down."""
+session, producer, executor, watch and completer together, runs each claimed step
+through them (:meth:`Runtime.run_step`), and shuts down."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from pyclient.worker._executor import Executor
 from pyclient.worker._journal import GrpcJournal
 from pyclient.worker._mailbox import Mailbox
 from pyclient.worker._producer import Producer
+from pyclient.worker._session import Session
 from pyclient.worker._timers import Alarms
 from pyclient.worker._watch import Watch, WatchPolicy
 
@@ -60,7 +61,8 @@ class Runtime:
         self.inbox = Mailbox(loop)
         self.alarms = Alarms(loop)
         self.producer = Producer(self)
-        self.completer = Completer(self, self.producer.look_again.set)
+        self.completer = Completer(self, self.producer.freed)
+        self.session = Session(self)
         self.executor: Executor | None = None
         self._last_time: tuple[tuple[int, int], dt.datetime] = (
             (0, 0),
@@ -108,7 +110,11 @@ class Runtime:
         )
         try:
             with step_logs.capturing():
-                await self.producer.claim_loop()
+                # On Work streams; with Claim and CompleteMany on a server without them.
+                # Either returns once nothing more can be handed out (the last stream
+                # has ended): the drain below then sees every step handed out.
+                if not await self.session.serve():
+                    await self.producer.claim_loop()
         finally:
             await self._drain()
             await self.channel.close()

@@ -198,7 +198,10 @@ SELECT child_run_id, created, call, current_setting('cyclone.ready', true) AS re
                            CAST(:input AS jsonb), CAST(:nodes AS jsonb));
 
 -- name: run_cancel
-SELECT cyclone.run_cancel(CAST(:run_id AS uuid), :actor, :reason, :keep_children);
+-- With the actions it made claimable (a parent's node waiting for a child cancelled
+-- here is woken), as the transitions' queries return them.
+SELECT c.run_cancel, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.run_cancel(CAST(:run_id AS uuid), :actor, :reason, :keep_children) AS c(run_cancel);
 
 -- name: sweep
 -- One row per expired lease reclaimed: run_id, node, action, attempt, worker_id, and
