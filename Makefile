@@ -102,7 +102,10 @@ verify: $(VENV)/.stamp $(BUF) ## buf lint, buf breaking against the released con
 		{ test "$$(git rev-parse --is-shallow-repository)" = true && git fetch -q --unshallow; } || true
 	@git cat-file -e $(BREAKING_BASELINE):buf.yaml 2>/dev/null || { \
 		echo "commit $(BREAKING_BASELINE) (BREAKING_BASELINE) is not in this clone: clone with history"; exit 1; }
-	@echo "buf breaking against $(BREAKING_BASELINE)"; $(BUF) breaking --against '.git#ref=$(BREAKING_BASELINE)'
+	@# buf clones this repository shallow (50 commits unless told): ask for enough history to reach the baseline
+	@depth=$$(( $$(git rev-list --count $(BREAKING_BASELINE)..HEAD) + 1 )); \
+		echo "buf breaking against $(BREAKING_BASELINE) ($$depth commits deep)"; \
+		$(BUF) breaking --against ".git#ref=$(BREAKING_BASELINE),depth=$$depth"
 	$(MAKE) --no-print-directory proto
 	git diff --exit-code -- $(GENERATED) || { echo "generated code differs from protos/: run make proto and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- $(GENERATED))" || { git status --porcelain -- $(GENERATED); echo "untracked generated files: run make proto and commit"; exit 1; }
