@@ -349,24 +349,21 @@ class Session:
                 return None
             rt = self.rt
             freed = len(request.completions)
-            grant = 0
-            if not rt.stopping.is_set():
-                grant = min(
-                    freed + max(self.available(), 0), MAX_GRANT, MAX_CREDIT - self.outstanding
-                )
+            grant = self._grant(freed)
             pregranted = min(freed, grant)
             report = _Report(rt.loop.create_future(), pregranted, rt.loop.time())
             self.pending.append(report)
             self.pregranted += pregranted
-            self.outstanding += grant
             await self._write(call, pb.WorkRequest(credit=grant, report=request))
         return await report.answer
 
-    def _grant(self) -> int:
-        """Credit to grant now (under the lock), counted as outstanding."""
+    def _grant(self, freed: int = 0) -> int:
+        """Credit to grant now (under the lock), counted as outstanding: what is free,
+        and the slots of ``freed`` completions a report carries (still counted taken
+        until it is answered)."""
         if self.rt.stopping.is_set():
             return 0
-        grant = min(self.available(), MAX_GRANT, MAX_CREDIT - self.outstanding)
+        grant = min(freed + max(self.available(), 0), MAX_GRANT, MAX_CREDIT - self.outstanding)
         if grant <= 0:
             return 0
         self.outstanding += grant

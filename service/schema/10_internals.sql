@@ -261,12 +261,13 @@ $$;
 -- runs only). Returns each run's status. Each run is found by primary key and updated
 -- by its ctid (a join of the list with runs by = ANY was a scan of the list per run),
 -- and a closing run's discarded step is looked up once, by key, through
--- steps_discarded_idx, so no plan scans steps or runs. PL/pgSQL so that the statement's plan is kept for the session
--- (before PostgreSQL 18 a SQL function's was made again at every call: a fifth of
--- this function's time in a drain on PostgreSQL 15). Called by _run_close and by
--- step_complete_many (runs whose completed steps have no dependents).
+-- steps_discarded_idx, so no plan scans steps or runs. PL/pgSQL so that the
+-- statement's plan is kept for the session (before PostgreSQL 18 a SQL function's was
+-- made again at every call: a fifth of this function's time in a drain on PostgreSQL
+-- 15). Called by _run_close and by step_complete_many (runs whose completed steps have
+-- no dependents).
 CREATE FUNCTION cyclone._runs_close(p_runs uuid[], p_closed integer[],
-                                               p_now timestamptz)
+                                    p_now timestamptz)
 RETURNS TABLE (run_id uuid, status text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
