@@ -18,6 +18,11 @@ out start-up and catalog loading. The scratch table and the building of the item
 
     .venv/bin/python bench/pg_callgrind.py
     .venv/bin/python bench/pg_callgrind.py --setup "DROP INDEX cyclone.runs_finished_idx"
+    .venv/bin/python bench/pg_callgrind.py --fan    # one run: a root, a fan-out, a join
+
+With --fan, each size is one run of that many steps (a root, a fan-out of all but two,
+a join), as the bench's fan scenario: the difference per step is then what one more
+leaf costs (its release, claim and completion, and its count at the join).
 
 Needs valgrind. About a minute per side.
 """
@@ -49,7 +54,13 @@ COMPLETE = (
 
 
 def instructions(
-    pgbin: Path, steps: int, setup: str, port: int, where: Path, keep: Path | None = None
+    pgbin: Path,
+    steps: int,
+    setup: str,
+    port: int,
+    where: Path,
+    keep: Path | None = None,
+    fan: bool = False,
 ) -> int:
     from service.migrate import migrate
 
@@ -58,7 +69,7 @@ def instructions(
     with psycopg.connect(url, autocommit=True) as conn:
         if setup:
             conn.execute(setup)
-    pg_drain.load(url, steps, "a")
+    (pg_drain.load_fan if fan else pg_drain.load)(url, steps, "a")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             "CREATE UNLOGGED TABLE public.scratch (run_id uuid, node text, lease_token uuid)"
@@ -70,7 +81,9 @@ def instructions(
         capture_output=True,
     )
     script = base / "drain.sql"
-    script.write_text("SET cyclone.defer_notify = on;\n\n" + (CLAIM + COMPLETE) * (-(-steps // 64)))
+    # A fan's first batch is its root alone, and its last its join: two more batches.
+    batches = -(-steps // 64) + (2 if fan else 0)
+    script.write_text("SET cyclone.defer_notify = on;\n\n" + (CLAIM + COMPLETE) * batches)
     out = base / "callgrind.out"
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", str(pgbin / "postgres")]
     cmd += ["--single", "-D", str(base / "data"), "-j", "postgres"]
@@ -101,9 +114,16 @@ def main() -> None:
         type=Path,
         help="copy each run's callgrind.out here (callgrind.STEPS.out), for callgrind_annotate",
     )
+    parser.add_argument(
+        "--fan",
+        action="store_true",
+        help="each size one run of a root, a fan-out and a join (default: one-node runs)",
+    )
     args = parser.parse_args()
-    small = instructions(args.bin, args.small, args.setup, args.port, args.dir, args.keep)
-    large = instructions(args.bin, args.large, args.setup, args.port, args.dir, args.keep)
+    small, large = (
+        instructions(args.bin, n, args.setup, args.port, args.dir, args.keep, args.fan)
+        for n in (args.small, args.large)
+    )
     print(f"instructions: {small:,} for {args.small} steps, {large:,} for {args.large}")
     print(f"per step (the difference): {(large - small) // (args.large - args.small):,}")
 

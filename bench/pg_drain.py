@@ -110,6 +110,37 @@ def postgres_cpu(postmaster: psutil.Process) -> float:
     return total
 
 
+def load_fan(url: str, steps: int, action: str) -> None:
+    """One run of ``steps`` steps: a root, ``steps - 2`` leaves depending on it and a
+    join depending on every leaf (the bench's fan scenario), all of ``action``."""
+    from cyclone import dag
+    from service.store import nodes_json
+
+    width = steps - 2
+    leaves = [f"leaf{i}" for i in range(width)]
+    limits = dag.Limits(
+        max_nodes=steps, max_dependencies=width, max_dependents=width, max_edges=2 * width
+    )
+    nodes = nodes_json(
+        dag.validate_workflow(
+            "fan",
+            [
+                dag.NodeSpec("root", action),
+                *(dag.NodeSpec(leaf, action, depends_on=("root",)) for leaf in leaves),
+                dag.NodeSpec("join", action, depends_on=tuple(leaves)),
+            ],
+            limits,
+        )
+    )
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT cyclone.run_submit(gen_random_uuid(), 'fan', NULL, NULL, %s::jsonb)",
+            (nodes,),
+        )
+        conn.execute("VACUUM ANALYZE cyclone.runs")
+        conn.execute("VACUUM ANALYZE cyclone.steps")
+
+
 def load(url: str, runs: int, action: str) -> None:
     from uuid6 import uuid7
 
