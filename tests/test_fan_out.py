@@ -280,3 +280,55 @@ def test_a_join_made_ready_while_its_run_is_blocked_is_held_until_resolve(cyclon
     resolve(cyclone_server, run_id, discard=True)
     [joined] = claim(cyclone_server, "join")
     assert set(joined.upstream_outputs) == set(leaves)
+
+
+def test_a_discarded_root_is_counted_once_at_each_dependent_by_its_rule(database_url):
+    """A wave of one final is counted without a map of counts (_settle): each dependent
+    of a root counts it once, and as failed when the root was discarded. So its
+    all_success dependents are skipped, its all_done and one_failed ones run, and the
+    join, all of whose upstream ended, is judged in turn (skipped: its upstream
+    failed)."""
+    rules = ["all_success", "all_done", "one_failed"]
+    leaves = [f"leaf{i}" for i in range(30)]
+    nodes: list[dict[str, Any]] = [{"name": "root", "depends_on": [], "dependents": leaves}]
+    nodes += [
+        {"name": n, "depends_on": ["root"], "dependents": ["join"], "trigger_rule": rules[i % 3]}
+        for i, n in enumerate(leaves)
+    ]
+    nodes.append({"name": "join", "depends_on": leaves, "dependents": []})
+    defaults = json.loads(_wide_nodes(0))[0]
+    payload = json.dumps(
+        [
+            {**defaults, "trigger_rule": "all_success", **n, "position": i, "max_attempts": 1}
+            for i, n in enumerate(nodes)
+        ]
+    )
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        run_id = str(uuid.uuid4())
+        conn.execute("SELECT cyclone.run_submit(%s, 'rules', NULL, NULL, %s)", (run_id, payload))
+        [(root, token)] = conn.execute(
+            "SELECT node, lease_token FROM cyclone.step_claim('t', '{fan}', '{}', 10, '1 min')"
+        ).fetchall()
+        assert root == "root"
+        conn.execute(
+            "SELECT cyclone.step_fail(%s, 'root', %s, 'Boom', 'no', NULL, false, NULL)",
+            (run_id, token),
+        )
+        rows = conn.execute(
+            "SELECT node, trigger_rule, status, deps_open, deps_failed FROM cyclone.steps"
+            " WHERE run_id = %s AND node <> 'root'",
+            (run_id,),
+        ).fetchall()
+    by_rule = {
+        (rule, status, deps_open, deps_failed)
+        for name, rule, status, deps_open, deps_failed in rows
+        if name != "join"
+    }
+    assert by_rule == {
+        ("all_success", "skipped", 0, 1),
+        ("all_done", "available", 0, 1),
+        ("one_failed", "available", 0, 1),
+    }
+    # The skipped leaves are a wave of their own, counted at the join (failed, ten).
+    [join] = [r for r in rows if r[0] == "join"]
+    assert join[2:] == ("pending", 20, 10)
