@@ -434,6 +434,20 @@ class Retried(NamedTuple):
     ready: str | None
 
 
+class Pending(NamedTuple):
+    """releases_pending: a run with a release in progress."""
+
+    run_id: uuid.UUID
+
+
+class Continued(NamedTuple):
+    """release_continue: whether dependents are left to count, and the actions made
+    claimable."""
+
+    more: bool
+    ready: str | None
+
+
 class Swept(NamedTuple):
     """sweep: a step whose lease expired, and the status it was left in."""
 

@@ -38,6 +38,11 @@ log = logging.getLogger("cyclone")
 
 #: Seconds between reports of worker activity to cyclone.action_claims (Explain).
 ACTIVITY_REPORT_S = 5.0
+#: The name a transition makes ready when it leaves a release in progress
+#: (cyclone._settle): no action can have it (the prefix cyclone. is reserved).
+RELEASE = "cyclone.release"
+#: Runs with a release in progress read at a time by the release loop.
+RELEASE_BATCH = 100
 
 SERVICE_NAMES = (
     workflow_service_pb2.DESCRIPTOR.services_by_name["WorkflowService"].full_name,
@@ -127,6 +132,7 @@ class CycloneServer:
                 name="cyclone-event-nodes",
             )
         )
+        self._tasks.append(asyncio.create_task(self.releases(), name="cyclone-releases"))
         await self.grpc.start()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -180,6 +186,31 @@ class CycloneServer:
         if reclaimed:
             log.info("sweep reclaimed %d expired lease(s)", len(reclaimed))
         return len(reclaimed)
+
+    async def releases(self) -> None:
+        """Until cancelled: continue each release in progress (cyclone.releases: the
+        dependents of a wide fan-out's root, counted 1,000 per transaction), a chunk per
+        transaction, so that the run's claims and completions go on between chunks; then
+        sleep until a transition starts one (it makes the name RELEASE ready, here or on
+        another server) or a sweep interval has passed (a release that a stopped server
+        left half way). Several servers may continue one run: each chunk takes the run's
+        lock and reads where the last one stopped."""
+        while True:
+            with self.dispatcher.subscribe([RELEASE]) as woken:
+                try:
+                    pending = await self.store.releases_pending(RELEASE_BATCH)
+                    for run_id in pending:
+                        while await self.store.release_continue(run_id):
+                            pass
+                    if len(pending) == RELEASE_BATCH:
+                        continue
+                except errors.CycloneError as exc:
+                    log.warning("release of a wide fan-out failed: %s", exc)
+                except Exception:
+                    log.exception("release of a wide fan-out failed")
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.settings.sweep_interval_s):
+                        await woken.wait()
 
     async def fire_schedules(self) -> int:
         """Fire the due schedules once (service.schedules); returns how many runs the

@@ -45,6 +45,7 @@ from service.records import (
     ChildStarted,
     ClaimedStep,
     Completion,
+    Continued,
     Deleted,
     DueSchedule,
     EventSent,
@@ -60,6 +61,7 @@ from service.records import (
     Now,
     Outcome,
     OutcomeRow,
+    Pending,
     Ready,
     ReadyActions,
     Refused,
@@ -1004,6 +1006,16 @@ class Store:
             actor=actor,
             reason=reason,
         )
+
+    async def releases_pending(self, limit: int = 100) -> list[uuid.UUID]:
+        """The runs with a release in progress, oldest first."""
+        return [r.run_id for r in await self._all("releases_pending", Pending, limit=limit)]
+
+    async def release_continue(self, run_id: uuid.UUID) -> bool:
+        """Count the next chunk of a run's release in progress, in a transaction of its
+        own; whether any is left."""
+        row = await self._one("release_continue", Continued, run_id=str(run_id))
+        return bool(row and row.more)
 
     async def sweep(self, limit: int = 1000) -> list[Swept]:
         """Reclaim expired leases; one row per step."""

@@ -95,20 +95,36 @@ def _complete_from_two_workers(server: Any, steps: list, outputs: dict[str, Any]
     assert errors == [] and not any(t.is_alive() for t in threads), errors
 
 
+def _claim_all(server: Any, action: str, count: int) -> list:
+    """Claims of ``action`` until ``count`` steps are claimed: after the first 1,000,
+    a wide root's dependents are released by the server's release loop, a chunk per
+    transaction (tests/test_release_chunks.py)."""
+    steps: list = []
+    while len(steps) < count:
+        got = claim(server, action, n=1000, wait=10)
+        assert got, f"{len(steps)} of {count} claimed"
+        steps += got
+    assert len(steps) == count
+    return steps
+
+
 def test_a_wide_join_runs_once_after_every_leaf_with_their_outputs(server_factory):
     server = _wide_server(server_factory, WIDTH)
     run_id, names = _submit_wide(server, {"join": "all_success"})
     [root] = claim(server, "root")
     complete(server, root, {"root": True})
     outputs = {n: {"leaf": i} for i, n in enumerate(names)}
-    rounds = 0
-    while leaves := claim(server, "leaf", n=1000):  # at most 1,000 a claim: two rounds
+    done = 0
+    while done < WIDTH:  # at most 1,000 a claim
+        leaves = claim(server, "leaf", n=1000, wait=10)
+        assert leaves, f"{done} of {WIDTH} leaves claimed"
         _complete_from_two_workers(server, leaves, outputs)
-        rounds += 1
-        if rounds == 1:  # half the leaves are done: the join waits for the rest
+        done += len(leaves)
+        if done < WIDTH:  # the join waits for the rest
             assert statuses(get_run(server, run_id))["join"] == "pending"
             assert claim(server, "join") == []
-    assert rounds == 2
+    assert done == WIDTH
+    assert claim(server, "leaf") == []
 
     [joined] = claim(server, "join")
     assert claim(server, "join") == []
@@ -132,8 +148,7 @@ def test_a_failed_leaf_skips_the_all_success_join_and_runs_the_others(server_fac
     run_id, names = _submit_wide(server, joins, max_attempts=1)
     [root] = claim(server, "root")
     complete(server, root)
-    leaves = claim(server, "leaf", n=1000) + claim(server, "leaf", n=1000)
-    assert len(leaves) == WIDTH
+    leaves = _claim_all(server, "leaf", WIDTH)
     [bad] = [s for s in leaves if s.node == "leaf1234"]
     fail(server, bad, "leaf broke", non_retryable=True)
     good = [s for s in leaves if s.node != "leaf1234"]
@@ -177,7 +192,8 @@ NODE_DEFAULTS: dict[str, Any] = {
 
 @pytest.mark.parametrize("statistics", ["none", "small runs"])
 def test_completing_the_root_of_a_wide_fan_out_takes_linear_time(database_url, statistics):
-    """The root's completion counts its wave at 20,000 dependents. With a join of the
+    """The root's completion counts its wave at 20,000 dependents, 1,000 with the root
+    and 1,000 per transaction after it (a release in chunks). With a join of the
     run's steps to the counts, a planner that expected few steps per run (none analyzed,
     or thousands of small runs analyzed) compared every pending step with every count:
     4 * 10^8 comparisons, minutes. By key, about a second; the statement timeout (20 s)
@@ -212,14 +228,40 @@ def test_completing_the_root_of_a_wide_fan_out_takes_linear_time(database_url, s
                 (json.dumps(item),),
             ).fetchall()
         assert row == ("completed", None)
-        counts = dict(
-            conn.execute(
-                "SELECT status || ':' || deps_open, count(*) FROM cyclone.steps"
-                " WHERE run_id = %s GROUP BY 1",
-                (run_id,),
-            ).fetchall()
-        )
+        # The release in chunks: the first 1,000 leaves with the root, then 1,000 a
+        # transaction (release_continue, which the servers' release loop calls).
+        assert _counts(conn, run_id) == {
+            "completed:0": 1,
+            "available:0": 1000,
+            "pending:1": SETTLE_WIDTH - 1000,
+            f"pending:{SETTLE_WIDTH}": 1,
+        }
+        chunks = 0
+        while True:
+            with conn.transaction():
+                conn.execute("SET LOCAL statement_timeout = '20s'")
+                [(more,)] = conn.execute(
+                    "SELECT cyclone.release_continue(%s)", (run_id,)
+                ).fetchall()
+            chunks += 1
+            if not more:
+                break
+        counts = _counts(conn, run_id)
+        left = conn.execute("SELECT count(*) FROM cyclone.releases").fetchone()
+    assert chunks == SETTLE_WIDTH // 1000 - 1
     assert counts == {"completed:0": 1, "available:0": SETTLE_WIDTH, f"pending:{SETTLE_WIDTH}": 1}
+    assert left == (0,)
+
+
+def _counts(conn: psycopg.Connection, run_id: str) -> dict[str, int]:
+    """The run's steps counted by status and open upstream count ("pending:1": 19)."""
+    return dict(
+        conn.execute(
+            "SELECT status || ':' || deps_open, count(*) FROM cyclone.steps"
+            " WHERE run_id = %s GROUP BY 1",
+            (run_id,),
+        ).fetchall()
+    )
 
 
 CLAIM_WIDTH = 2_000

@@ -304,6 +304,24 @@ CREATE TABLE cyclone.step_calls (
     CONSTRAINT step_calls_seq_in_range CHECK (seq BETWEEN 1 AND 100000)
 );
 
+-- A wide release in progress: a node that became final alone with more dependents than
+-- one transaction counts (cyclone._settle, RELEASE_CHUNK in 10_internals.sql) had the
+-- first of them counted with it; the rest, from position next of its dependents on,
+-- are counted a chunk per transaction by cyclone.release_continue, which the servers
+-- run as soon as this row is committed (woken by the name cyclone.release), and at
+-- their start and every sweep interval (a server that stopped half way). At most one
+-- row per run: a second wide node that becomes final meanwhile is counted whole.
+-- Retry counts its nodes again from the graph, so it finishes the run's release first.
+-- A small table apart from runs and steps, written only for such a node: the one-node
+-- runs and the claims pay nothing for it. Keyed by run_id (shard-ready for Citus).
+CREATE TABLE cyclone.releases (
+    run_id     uuid        PRIMARY KEY,
+    node       text        NOT NULL,
+    next       integer     NOT NULL CHECK (next > 1),
+    created_at timestamptz NOT NULL,
+    FOREIGN KEY (run_id, node) REFERENCES cyclone.steps ON DELETE CASCADE
+);
+
 -- Operator actions (retry, retry_all, resolve_*, cancel), who made them and why. Keyed by
 -- run_id first, as every run-level table (a key must contain the shard key on Citus).
 CREATE TABLE cyclone.audit (

@@ -140,9 +140,19 @@ $$;
 --   p_final:  nodes that just became final
 --   p_decide: pending nodes to judge now (step_retry, step_resolve)
 --   p_closed: how many steps the caller made final itself
+--   p_from:   for a p_final of one node whose release is in progress (cyclone.releases,
+--             release_continue), the position in its dependents to count from
+-- A release in chunks: a wave of one final with more than 1,000 dependents (c_chunk),
+-- in a run with no release in progress, is counted at its first 1,000 dependents only,
+-- and the rest are left in cyclone.releases for release_continue, 1,000 per
+-- transaction, so that the first dependents can be claimed while the others are
+-- counted. For a fan-out of 10,000 the whole count was one 80 ms transaction, and no
+-- leaf could be claimed before its commit (docs/performance.md, "A wide release in
+-- chunks").
 -- The caller holds the run row lock. Called by _step_complete, step_complete_many,
--- step_fail, sweep_steps, step_retry and step_resolve.
-CREATE FUNCTION cyclone._settle(p_run_id uuid, p_final text[], p_decide text[], p_closed integer)
+-- step_fail, sweep_steps, step_retry, step_resolve and release_continue.
+CREATE FUNCTION cyclone._settle(p_run_id uuid, p_final text[], p_decide text[], p_closed integer,
+                                p_from integer DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -163,6 +173,10 @@ DECLARE
     v_counts   jsonb;
     v_one      integer;
     v_one_failed integer;
+    -- Dependents counted in one transaction, at most, for a wave of one final; and
+    -- p_from, for the first wave only.
+    c_chunk    constant integer := 1000;
+    v_from     integer := p_from;
 BEGIN
     v_running := (SELECT r.status = 'running' FROM cyclone.runs r WHERE r.run_id = p_run_id);
     LOOP
@@ -179,6 +193,27 @@ BEGIN
                 SELECT f.dependents, 1, (f.status <> 'completed')::integer
                   INTO v_targets, v_one, v_one_failed
                   FROM cyclone.steps f WHERE f.run_id = p_run_id AND f.node = v_wave[1];
+                IF v_from IS NOT NULL THEN
+                    -- The next chunk of a release in progress; its row is the last
+                    -- when no dependent is left after it.
+                    IF v_from + c_chunk > cardinality(v_targets) THEN
+                        DELETE FROM cyclone.releases x WHERE x.run_id = p_run_id;
+                    ELSE
+                        UPDATE cyclone.releases x SET next = v_from + c_chunk
+                         WHERE x.run_id = p_run_id;
+                    END IF;
+                    v_targets := v_targets[v_from : v_from + c_chunk - 1];
+                ELSIF cardinality(v_targets) > c_chunk
+                      AND NOT EXISTS (SELECT 1 FROM cyclone.releases x
+                                       WHERE x.run_id = p_run_id) THEN
+                    -- A release in chunks: the first now, the others by release_continue,
+                    -- which the servers run as soon as this commits (woken by the name
+                    -- cyclone.release, which no action has).
+                    INSERT INTO cyclone.releases (run_id, node, next, created_at)
+                    VALUES (p_run_id, v_wave[1], c_chunk + 1, v_now);
+                    v_targets := v_targets[1:c_chunk];
+                    v_actions := v_actions || 'cyclone.release'::text;
+                END IF;
             ELSE
                 SELECT array_agg(fin.node),
                        jsonb_object_agg(fin.node, jsonb_build_array(fin.n, fin.failed)),
@@ -224,6 +259,7 @@ BEGIN
                                          '{}')
               INTO v_decide, v_actions
               FROM counted WHERE deps_open = 0;
+            v_from := NULL;
         END IF;
         EXIT WHEN cardinality(v_decide) = 0;
 

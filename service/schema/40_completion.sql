@@ -260,3 +260,53 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- The next chunk of a run's release in progress (cyclone.releases, _settle): its node
+-- counted at up to 1,000 more of its dependents, under the run lock, taken first as
+-- by every transition. Returns whether dependents are left to count; false when the
+-- run has no release in progress, is gone, or is cancelled (its release is then
+-- dropped: a cancelled run's steps are final). One chunk per call: the servers' release
+-- loop (service/server.py) calls it in a transaction of its own until it answers false,
+-- so that the run's completions and claims go on between chunks. Called also by
+-- _release_finish.
+CREATE FUNCTION cyclone.release_continue(p_run_id uuid) RETURNS boolean
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_status text;
+    v_node   text;
+    v_next   integer;
+BEGIN
+    SELECT r.status INTO v_status FROM cyclone.runs r WHERE r.run_id = p_run_id
+       FOR NO KEY UPDATE;
+    SELECT x.node, x.next INTO v_node, v_next FROM cyclone.releases x
+     WHERE x.run_id = p_run_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    ELSIF v_status = 'cancelled' THEN
+        DELETE FROM cyclone.releases x WHERE x.run_id = p_run_id;
+        RETURN false;
+    END IF;
+    PERFORM cyclone._settle(p_run_id, ARRAY[v_node], '{}', 0, v_next);
+    RETURN EXISTS (SELECT 1 FROM cyclone.releases x WHERE x.run_id = p_run_id);
+END;
+$$;
+
+-- The rest of a run's release in progress, in the caller's transaction: for a
+-- transition that counts a run's steps from the graph (step_retry), which needs every
+-- final counted at its dependents first. The caller holds the run lock.
+CREATE FUNCTION cyclone._release_finish(p_run_id uuid) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    WHILE cyclone.release_continue(p_run_id) LOOP
+    END LOOP;
+END;
+$$;
+
+-- The runs with a release in progress, oldest first: the servers' release loop
+-- continues each (release_continue) when woken, and at every sweep interval, for a
+-- release that a stopped server left half way.
+CREATE FUNCTION cyclone.releases_pending(p_limit integer) RETURNS SETOF uuid
+LANGUAGE sql STABLE AS $$
+    SELECT x.run_id FROM cyclone.releases x ORDER BY x.created_at LIMIT p_limit
+$$;

@@ -28,6 +28,9 @@ DECLARE
     v_reset  text[];
     v_decide text[];
 BEGIN
+    -- The counts below are read from the graph: every final must be counted at its
+    -- dependents first, a release in progress too.
+    PERFORM cyclone._release_finish(p_run_id);
     IF v_status IN ('blocked', 'cancelled') THEN
         RAISE EXCEPTION 'run % is %: only a running or failed run can be retried',
             p_run_id, v_status USING ERRCODE = 'CY003';

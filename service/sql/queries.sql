@@ -203,6 +203,15 @@ SELECT child_run_id, created, call, current_setting('cyclone.ready', true) AS re
 SELECT c.run_cancel, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.run_cancel(CAST(:run_id AS uuid), :actor, :reason, :keep_children) AS c(run_cancel);
 
+-- name: releases_pending
+-- The runs with a release in progress (cyclone.releases), oldest first.
+SELECT p.run_id FROM cyclone.releases_pending(:limit) AS p(run_id);
+
+-- name: release_continue
+-- The next chunk of a run's release in progress; more: whether any is left.
+SELECT more, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.release_continue(CAST(:run_id AS uuid)) AS more;
+
 -- name: sweep
 -- One row per expired lease reclaimed: run_id, node, action, attempt, worker_id, and
 -- the status the step was left in (available, or discarded when out of attempts).

@@ -3,9 +3,10 @@ one Postgres (imported from their modules, so they cannot drift apart), run with
 Citus suite's fixtures (tests/citus/conftest.py). What they cover, as issue 21 lists it:
 DAG order, SubmitOnce under concurrency, leases and the sweep, fencing (a stale token
 is refused), Retry / RetryAll / Resolve, durable functions (step calls, their journal,
-resolving them), CompleteMany, retention of runs and keys, waits and events, and child
-runs (whose parent lives on another shard). The completion
-transaction from a worker, and what is Citus's own, are in test_citus.py."""
+resolving them), CompleteMany, retention of runs and keys, waits and events, child
+runs (whose parent lives on another shard), and a wide fan-out's release in chunks.
+The completion transaction from a worker, and what is Citus's own, are in
+test_citus.py."""
 
 from tests.test_blocked import (  # noqa: F401
     test_an_uncertain_outcome_in_complete_many_blocks_the_run_and_is_counted,
@@ -27,6 +28,11 @@ from tests.test_operator_order import (  # noqa: F401
     test_a_running_node_below_a_retried_one_loses_its_lease_and_waits,
     test_retry_all_makes_a_cleanup_node_wait_for_its_reopened_upstream,
     test_retry_grants_the_node_a_fresh_attempt_budget,
+)
+from tests.test_release_chunks import (  # noqa: F401
+    test_a_server_starting_finishes_a_release_left_half_way,
+    test_retry_in_the_middle_of_a_release_counts_each_upstream_once,
+    test_the_root_releases_its_first_chunk_and_the_rest_follow_a_chunk_a_call,
 )
 from tests.test_retention import (  # noqa: F401
     test_a_key_is_never_forgotten_while_its_run_exists,
