@@ -22,7 +22,10 @@ out start-up and catalog loading. The scratch table and the building of the item
 
 With --fan, each size is one run of that many steps (a root, a fan-out of all but two,
 a join), as the bench's fan scenario: the difference per step is then what one more
-leaf costs (its release, claim and completion, and its count at the join).
+leaf costs (its release, claim and completion, and its count at the join). Past the
+first 1,000 leaves the release goes on a chunk per batch (release_continue), as the
+server's release loop would count it. Every run is checked to have completed every
+step.
 
 Needs valgrind. About a minute per side.
 """
@@ -51,6 +54,11 @@ COMPLETE = (
     " FROM (SELECT s.*, row_number() OVER () AS i FROM public.scratch s) x));\n\n"
     "DELETE FROM public.scratch;\n\n"
 )
+# A fan's release past its first 1,000 leaves (cyclone.releases): a chunk per batch, as
+# the server's release loop would count it meanwhile.
+CONTINUE = "SELECT count(cyclone.release_continue(x.run_id)) FROM cyclone.releases x;\n\n"
+# Printed by the single-user backend at the end: the steps the drain left unfinished.
+LEFT = "SELECT 'left=' || count(*) FROM cyclone.steps WHERE status <> 'completed';\n\n"
 
 
 def instructions(
@@ -83,7 +91,8 @@ def instructions(
     script = base / "drain.sql"
     # A fan's first batch is its root alone, and its last its join: two more batches.
     batches = -(-steps // 64) + (2 if fan else 0)
-    script.write_text("SET cyclone.defer_notify = on;\n\n" + (CLAIM + COMPLETE) * batches)
+    batch = CLAIM + COMPLETE + (CONTINUE if fan else "")
+    script.write_text("SET cyclone.defer_notify = on;\n\n" + batch * batches + LEFT)
     out = base / "callgrind.out"
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", str(pgbin / "postgres")]
     cmd += ["--single", "-D", str(base / "data"), "-j", "postgres"]
@@ -92,6 +101,9 @@ def instructions(
     found = re.search(r"Collected : (\d+)", done.stderr)
     if not found or "ERROR" in done.stdout:
         raise RuntimeError(done.stdout[-2000:] + done.stderr[-2000:])
+    left = re.search(r'"left=(\d+)"', done.stdout)
+    if not left or left.group(1) != "0":
+        raise RuntimeError(f"the drain left steps unfinished: {done.stdout[-500:]}")
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         shutil.copy(out, keep / f"callgrind.{steps}.out")

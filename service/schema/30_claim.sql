@@ -273,62 +273,77 @@ BEGIN
         RETURN;
     END IF;
 
+    -- The upstream outputs are read after the update, joined to its rows: a claim's
+    -- steps that share their upstream (the leaves of one fan-out) share one lookup
+    -- (the plan memoizes it by run_id and depends_on), where a subquery per row probed
+    -- the same key once per step (docs/performance.md, "The upstream of a fan-out's
+    -- leaves, read once per claim").
     RETURN QUERY
-        UPDATE cyclone.steps s
-           SET status = 'running',
-               attempt = s.attempt + 1,
-               lease_token = gen_random_uuid(),
-               started_at = v_now,
-               last_heartbeat_at = v_now,
-               deadline_at = v_now + s.timeout,
-               lease_expires_at = v_now + least(p_lease, s.timeout),
-               worker_id = p_worker,
-               unsafe = s.action = ANY (p_unsafe),
-               effect_uncertain = false,
-               -- A node claimed at its wake time has slept: see v_slept above.
-               waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
-                                  ELSE s.waiting_for END
-         -- The rows picked locked, by their ctids alone: no status condition here,
-         -- which would let the planner read them through steps_ready_idx instead, a
-         -- walk of every ready row (statistics taken while few rows were ready, as
-         -- before a fan-out is released, make it look cheaper than the TID scan).
-          FROM cyclone.runs r
-         WHERE s.ctid = ANY (v_rows) AND r.run_id = s.run_id
-        RETURNING s.run_id, s.node, s.action, r.workflow, s.attempt, s.max_attempts, s.input,
-           r.input,
-           CASE WHEN cardinality(s.depends_on) > 0 THEN (
-               SELECT jsonb_object_agg(u.node, u.output) FROM cyclone.steps u
-                WHERE u.run_id = s.run_id AND u.node = ANY (s.depends_on)
-                  AND u.status = 'completed') END,
-           s.lease_token, s.lease_expires_at, s.deadline_at, s.progress,
-           -- A run_id's text has a fixed length: run_id || node names one step.
-           cardinality(v_uncertain) > 0 AND s.run_id::text || s.node = ANY (v_uncertain),
-           -- date_part: a float8 at once (extract's numeric costs a conversion per row).
-           false, date_part('epoch', v_now - s.available_at),
-           CASE WHEN s.deps_failed > 0 THEN (
-               SELECT jsonb_agg(jsonb_build_object(
-                          'node', u.node, 'status', u.status,
-                          'error', CASE WHEN u.status = 'discarded' THEN (
-                              SELECT jsonb_build_object(
-                                         'attempt', e.attempt, 'kind', e.kind, 'type', e.type,
-                                         'message', e.message, 'details', e.details,
-                                         'retryable', e.retryable, 'at', e.at)
-                                FROM cyclone.step_errors e
-                               WHERE e.run_id = u.run_id AND e.node = u.node
-                               ORDER BY e.at DESC, e.attempt DESC LIMIT 1) END)
-                      ORDER BY u.position)
-                 FROM cyclone.steps u
-                WHERE u.run_id = s.run_id AND u.node = ANY (s.depends_on)
-                  AND u.status IN ('discarded', 'skipped')) END,
-           -- One probe of the journal's key per claimed step that was claimed before
-           -- (a sleep that ended at this claim was recorded above, before this
-           -- statement). A first claim (attempt 1) has no journal: every entry is
-           -- written under a lease (_step_held), so none before a first claim.
-           CASE WHEN s.attempt > 1 THEN (
-               SELECT jsonb_agg(cyclone._step_call_json(j) ORDER BY j.seq)
-                 FROM cyclone.step_calls j
-                WHERE j.run_id = s.run_id AND j.node = s.node) END
-;
+        WITH claimed AS (
+            UPDATE cyclone.steps s
+               SET status = 'running',
+                   attempt = s.attempt + 1,
+                   lease_token = gen_random_uuid(),
+                   started_at = v_now,
+                   last_heartbeat_at = v_now,
+                   deadline_at = v_now + s.timeout,
+                   lease_expires_at = v_now + least(p_lease, s.timeout),
+                   worker_id = p_worker,
+                   unsafe = s.action = ANY (p_unsafe),
+                   effect_uncertain = false,
+                   -- A node claimed at its wake time has slept: see v_slept above.
+                   waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
+                                      ELSE s.waiting_for END
+             -- The rows picked locked, by their ctids alone: no status condition here,
+             -- which would let the planner read them through steps_ready_idx instead,
+             -- a walk of every ready row (statistics taken while few rows were ready,
+             -- as before a fan-out is released, make it look cheaper than the TID
+             -- scan).
+              FROM cyclone.runs r
+             WHERE s.ctid = ANY (v_rows) AND r.run_id = s.run_id
+            RETURNING s.run_id, s.node, s.action, r.workflow, s.attempt, s.max_attempts,
+               s.input, r.input AS run_input, s.depends_on, s.lease_token, s.lease_expires_at,
+               s.deadline_at, s.progress,
+               -- A run_id's text has a fixed length: run_id || node names one step.
+               cardinality(v_uncertain) > 0 AND s.run_id::text || s.node = ANY (v_uncertain)
+                   AS uncertain,
+               -- date_part: a float8 at once (extract's numeric costs a conversion per
+               -- row).
+               date_part('epoch', v_now - s.available_at) AS waited_s,
+               CASE WHEN s.deps_failed > 0 THEN (
+                   SELECT jsonb_agg(jsonb_build_object(
+                              'node', u.node, 'status', u.status,
+                              'error', CASE WHEN u.status = 'discarded' THEN (
+                                  SELECT jsonb_build_object(
+                                             'attempt', e.attempt, 'kind', e.kind,
+                                             'type', e.type, 'message', e.message,
+                                             'details', e.details,
+                                             'retryable', e.retryable, 'at', e.at)
+                                    FROM cyclone.step_errors e
+                                   WHERE e.run_id = u.run_id AND e.node = u.node
+                                   ORDER BY e.at DESC, e.attempt DESC LIMIT 1) END)
+                          ORDER BY u.position)
+                     FROM cyclone.steps u
+                    WHERE u.run_id = s.run_id AND u.node = ANY (s.depends_on)
+                      AND u.status IN ('discarded', 'skipped')) END AS failures,
+               -- One probe of the journal's key per claimed step that was claimed
+               -- before (a sleep that ended at this claim was recorded above, before
+               -- this statement). A first claim (attempt 1) has no journal: every entry
+               -- is written under a lease (_step_held), so none before a first claim.
+               CASE WHEN s.attempt > 1 THEN (
+                   SELECT jsonb_agg(cyclone._step_call_json(j) ORDER BY j.seq)
+                     FROM cyclone.step_calls j
+                    WHERE j.run_id = s.run_id AND j.node = s.node) END AS journal
+        )
+        SELECT c.run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts, c.input,
+               c.run_input, up.outputs, c.lease_token, c.lease_expires_at, c.deadline_at,
+               c.progress, c.uncertain, false, c.waited_s, c.failures, c.journal
+          FROM claimed c
+          -- A node with no upstream gets no row here: outputs NULL, as before.
+          LEFT JOIN LATERAL (
+                SELECT jsonb_object_agg(u.node, u.output) AS outputs FROM cyclone.steps u
+                 WHERE u.run_id = c.run_id AND u.node = ANY (c.depends_on)
+                   AND u.status = 'completed') up ON true;
 END;
 $$;
 
