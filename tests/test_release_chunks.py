@@ -49,24 +49,32 @@ def _submit(conn: psycopg.Connection, nodes: str) -> str:
     return run_id
 
 
-def _claim(conn: psycopg.Connection, action: str = "fan", n: int = 10) -> list[tuple]:
-    return conn.execute(
-        "SELECT node, lease_token FROM cyclone.step_claim('t', %s, '{}', %s, '1 min')",
-        ([action], n),
-    ).fetchall()
+def _claimed(server_factory: Any, action: str = "fan", n: int = 10) -> list:
+    """Steps claimed through a server that stops right after: a release that their
+    outcome then starts from SQL stays in cyclone.releases, since no server's loop
+    runs, for the test to continue by hand (release_continue). (The claim from SQL is
+    step_claim, which a Citus database does not use.)"""
+    server = server_factory()
+    steps = claim(server, action, n=n)
+    server.stop()
+    return steps
 
 
 def _outcome(
     conn: psycopg.Connection, run_id: str, node: str, token: Any, broke: bool = False
 ) -> tuple:
-    item: dict[str, Any] = {"i": 0, "run_id": run_id, "node": node, "lease_token": str(token)}
+    """The step's completion, or its failure for good (``broke``), from SQL, as the
+    server applies one outcome: (step status, run status)."""
     if broke:
-        item["failure"] = {"type": "Broke", "message": "broke", "retryable": False}
-    [row] = conn.execute(
-        "SELECT step_status, error_state FROM cyclone.step_complete_many(%s)",
-        (json.dumps([item]),),
-    ).fetchall()
-    return row
+        return conn.execute(
+            "SELECT step_status, run_status FROM cyclone.step_fail(%s, %s, %s, 'Broke',"
+            " 'broke', NULL, false, NULL)",
+            (run_id, node, str(token)),
+        ).fetchone()
+    return conn.execute(
+        "SELECT step_status, run_status FROM cyclone._step_complete(%s, %s, %s, NULL)",
+        (run_id, node, str(token)),
+    ).fetchone()
 
 
 def _continue_all(conn: psycopg.Connection, run_id: str) -> int:
@@ -79,12 +87,14 @@ def _continue_all(conn: psycopg.Connection, run_id: str) -> int:
             return calls
 
 
-def test_the_root_releases_its_first_chunk_and_the_rest_follow_a_chunk_a_call(database_url):
+def test_the_root_releases_its_first_chunk_and_the_rest_follow_a_chunk_a_call(
+    server_factory, database_url
+):
     with psycopg.connect(database_url, autocommit=True) as conn:
         run_id = _submit(conn, _fan(WIDTH))
-        [(root, token)] = _claim(conn)
-        assert root == "root"
-        assert _outcome(conn, run_id, "root", token) == ("completed", None)
+        [root] = _claimed(server_factory)
+        assert root.node == "root"
+        assert _outcome(conn, run_id, "root", root.lease_token) == ("completed", "running")
         assert _counts(conn, run_id) == {
             "completed:0": 1,
             "available:0": CHUNK,
@@ -119,14 +129,19 @@ def test_the_root_releases_its_first_chunk_and_the_rest_follow_a_chunk_a_call(da
         assert _counts(conn, run_id)["available:0"] == WIDTH
 
 
-def test_a_discarded_roots_skips_are_counted_at_the_join_chunk_by_chunk(database_url):
+def test_a_discarded_roots_skips_are_counted_at_the_join_chunk_by_chunk(
+    server_factory, database_url
+):
     """A root discarded: its all_success leaves are skipped 1,000 at a time, each chunk
     a wave that counts its skips at the join; the last chunk skips the join, and the
     run fails, closed by the count, once every leaf is final."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         run_id = _submit(conn, _fan(WIDTH))
-        [(_, token)] = _claim(conn)
-        assert _outcome(conn, run_id, "root", token, broke=True) == ("discarded", None)
+        [root] = _claimed(server_factory)
+        assert _outcome(conn, run_id, "root", root.lease_token, broke=True) == (
+            "discarded",
+            "running",
+        )
         assert _counts(conn, run_id) == {
             "discarded:0": 1,
             "skipped:0": CHUNK,
@@ -144,7 +159,7 @@ def test_a_discarded_roots_skips_are_counted_at_the_join_chunk_by_chunk(database
     assert (status, open_) == ("failed", 0)
 
 
-def test_retry_in_the_middle_of_a_release_counts_each_upstream_once(database_url):
+def test_retry_in_the_middle_of_a_release_counts_each_upstream_once(server_factory, database_url):
     """A node below the root and below a discarded node x, in the root's second chunk.
     Retry(x) counts x's downstream from the graph: the root's release is finished first,
     so the root is counted there once. Had the chunk come after Retry's count, it would
@@ -153,10 +168,10 @@ def test_retry_in_the_middle_of_a_release_counts_each_upstream_once(database_url
     x = {"name": "x", "action": "x", "depends_on": [], "dependents": ["late"], "max_attempts": 1}
     with psycopg.connect(database_url, autocommit=True) as conn:
         run_id = _submit(conn, _fan(1500, [late, x]))
-        [(_, x_token)] = _claim(conn, "x")
-        assert _outcome(conn, run_id, "x", x_token, broke=True) == ("discarded", None)
-        [(_, token)] = _claim(conn)
-        assert _outcome(conn, run_id, "root", token) == ("completed", None)
+        [x_step] = _claimed(server_factory, "x")
+        assert _outcome(conn, run_id, "x", x_step.lease_token, broke=True)[0] == "discarded"
+        [root] = _claimed(server_factory)
+        assert _outcome(conn, run_id, "root", root.lease_token)[0] == "completed"
         # late is root's dependent 1,501: in the second chunk, not counted yet.
         assert conn.execute(
             "SELECT status, deps_open, deps_failed FROM cyclone.steps"
@@ -173,18 +188,18 @@ def test_retry_in_the_middle_of_a_release_counts_each_upstream_once(database_url
         assert late_now == ("pending", 1, 0)  # waits for x, and only for x
         assert conn.execute("SELECT count(*) FROM cyclone.releases").fetchone() == (0,)
         assert _counts(conn, run_id)["available:0"] == 1500 + 1  # the leaves and x
-        [(_, x_token)] = _claim(conn, "x")
-        assert _outcome(conn, run_id, "x", x_token) == ("completed", None)
+        [x_step] = _claimed(server_factory, "x")
+        assert _outcome(conn, run_id, "x", x_step.lease_token)[0] == "completed"
         assert conn.execute(
             "SELECT status FROM cyclone.steps WHERE run_id = %s AND node = 'late'", (run_id,)
         ).fetchone() == ("available",)
 
 
-def test_a_cancelled_run_drops_its_release(database_url):
+def test_a_cancelled_run_drops_its_release(server_factory, database_url):
     with psycopg.connect(database_url, autocommit=True) as conn:
         run_id = _submit(conn, _fan(WIDTH))
-        [(_, token)] = _claim(conn)
-        _outcome(conn, run_id, "root", token)
+        [root] = _claimed(server_factory)
+        _outcome(conn, run_id, "root", root.lease_token)
         conn.execute("SELECT cyclone.run_cancel(%s, 'test', 'enough')", (run_id,))
         [(more,)] = conn.execute("SELECT cyclone.release_continue(%s)", (run_id,)).fetchall()
         assert more is False
@@ -197,13 +212,13 @@ def test_a_cancelled_run_drops_its_release(database_url):
         }
 
 
-def test_two_continuers_at_once_count_each_chunk_once(database_url):
+def test_two_continuers_at_once_count_each_chunk_once(server_factory, database_url):
     """Two servers woken for one release: each chunk takes the run's lock and reads
     where the last stopped, so the two never count one chunk twice."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         run_id = _submit(conn, _fan(10 * CHUNK))
-        [(_, token)] = _claim(conn)
-        _outcome(conn, run_id, "root", token)
+        [root] = _claimed(server_factory)
+        _outcome(conn, run_id, "root", root.lease_token)
     calls: list[int] = []
     errors: list[BaseException] = []
 
@@ -261,13 +276,13 @@ def test_a_server_continues_the_release_its_completion_started(server_factory, d
 
 
 def test_a_server_starting_finishes_a_release_left_half_way(server_factory, database_url):
-    """A release whose continuer stopped (here: the root completed from SQL, with no
-    server running): a server that starts counts the rest, and the run then runs
-    through to the end."""
+    """A release whose continuer stopped (here: the root completed from SQL while no
+    server runs): a server that starts counts the rest, and the run then runs through
+    to the end."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         run_id = _submit(conn, _fan(WIDTH))
-        [(_, token)] = _claim(conn)
-        _outcome(conn, run_id, "root", token)
+        [root] = _claimed(server_factory)
+        _outcome(conn, run_id, "root", root.lease_token)
         assert conn.execute("SELECT count(*) FROM cyclone.releases").fetchone() == (1,)
     server = server_factory(**_limits(WIDTH))
     with psycopg.connect(database_url, autocommit=True) as conn:

@@ -206,8 +206,10 @@ $$;
 
 
 CREATE FUNCTION cyclone.releases_pending(p_limit integer) RETURNS SETOF uuid
-LANGUAGE sql STABLE AS $$
-    SELECT x.run_id FROM cyclone.releases x ORDER BY x.created_at LIMIT p_limit
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY SELECT x.run_id FROM cyclone.releases x ORDER BY x.created_at LIMIT p_limit;
+END;
 $$;
 
 

@@ -305,8 +305,11 @@ $$;
 
 -- The runs with a release in progress, oldest first: the servers' release loop
 -- continues each (release_continue) when woken, and at every sweep interval, for a
--- release that a stopped server left half way.
+-- release that a stopped server left half way. PL/pgSQL: Citus plans no SQL function
+-- with a parameter that reads a distributed table.
 CREATE FUNCTION cyclone.releases_pending(p_limit integer) RETURNS SETOF uuid
-LANGUAGE sql STABLE AS $$
-    SELECT x.run_id FROM cyclone.releases x ORDER BY x.created_at LIMIT p_limit
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY SELECT x.run_id FROM cyclone.releases x ORDER BY x.created_at LIMIT p_limit;
+END;
 $$;

@@ -24,6 +24,7 @@ RUN_TABLES = {
     "audit": "run_id",
     "events": "run_id",
     "step_logs": "run_id",
+    "releases": "run_id",
     "submit_keys": "key_id",
 }
 REFERENCE_TABLES = {"action_claims", "action_rates", "clock", "schedules", "schema_migrations"}

@@ -30,9 +30,13 @@ from tests.test_operator_order import (  # noqa: F401
     test_retry_grants_the_node_a_fresh_attempt_budget,
 )
 from tests.test_release_chunks import (  # noqa: F401
+    test_a_cancelled_run_drops_its_release,
+    test_a_discarded_roots_skips_are_counted_at_the_join_chunk_by_chunk,
+    test_a_server_continues_the_release_its_completion_started,
     test_a_server_starting_finishes_a_release_left_half_way,
     test_retry_in_the_middle_of_a_release_counts_each_upstream_once,
     test_the_root_releases_its_first_chunk_and_the_rest_follow_a_chunk_a_call,
+    test_two_continuers_at_once_count_each_chunk_once,
 )
 from tests.test_retention import (  # noqa: F401
     test_a_key_is_never_forgotten_while_its_run_exists,
