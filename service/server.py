@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import uuid
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -197,17 +198,29 @@ class CycloneServer:
         lock and reads where the last one stopped."""
         while True:
             with self.dispatcher.subscribe([RELEASE]) as woken:
+                pending: list[uuid.UUID] = []
                 try:
                     pending = await self.store.releases_pending(RELEASE_BATCH)
-                    for run_id in pending:
+                except errors.CycloneError as exc:
+                    log.warning("the releases in progress could not be read: %s", exc)
+                # One run whose release fails is tried again at the next pass; the
+                # others go on meanwhile.
+                failed = 0
+                for run_id in pending:
+                    try:
                         while await self.store.release_continue(run_id):
                             pass
-                    if len(pending) == RELEASE_BATCH:
-                        continue
-                except errors.CycloneError as exc:
-                    log.warning("release of a wide fan-out failed: %s", exc)
-                except Exception:
-                    log.exception("release of a wide fan-out failed")
+                    except Exception as exc:
+                        failed += 1
+                        log.error(
+                            "the release of run %s failed: %s",
+                            run_id,
+                            exc,
+                            exc_info=not isinstance(exc, errors.CycloneError),
+                            extra={"run_id": str(run_id)},
+                        )
+                if len(pending) == RELEASE_BATCH and not failed:
+                    continue
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.settings.sweep_interval_s):
                         await woken.wait()

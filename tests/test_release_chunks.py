@@ -293,3 +293,35 @@ def test_a_server_starting_finishes_a_release_left_half_way(server_factory, data
     run = get_run(server, run_id)
     assert run_status(run) == "completed"
     assert set(statuses(run).values()) == {"completed"}
+
+
+def test_a_release_that_fails_holds_up_no_other_and_is_tried_again(server_factory, database_url):
+    """Two runs with a release in progress, the first of which cannot be counted (a
+    trigger refuses its steps' updates): the server's loop finishes the second, and
+    the first once it can be counted, at a later pass."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        bad = _submit(conn, _fan(WIDTH))
+        good = _submit(conn, _fan(WIDTH))
+        roots = {s.run_id: s for s in _claimed(server_factory)}
+        for run_id in (bad, good):  # bad's release is the older
+            _outcome(conn, run_id, "root", roots[run_id].lease_token)
+        conn.execute(
+            "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN IF NEW.run_id = '" + bad + "' THEN RAISE EXCEPTION 'refused by the test';"
+            " END IF; RETURN NEW; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER refuse BEFORE UPDATE ON cyclone.steps"
+            " FOR EACH ROW EXECUTE FUNCTION public.refuse()"
+        )
+
+        def left() -> list[str]:
+            return [str(r) for (r,) in conn.execute("SELECT run_id FROM cyclone.releases")]
+
+        server_factory(sweep_interval_s=0.2)
+        _wait_for(lambda: left() == [bad])
+        assert _counts(conn, good)["available:0"] == WIDTH
+        assert _counts(conn, bad)["available:0"] == CHUNK
+        conn.execute("DROP TRIGGER refuse ON cyclone.steps")
+        _wait_for(lambda: left() == [])
+        assert _counts(conn, bad)["available:0"] == WIDTH
