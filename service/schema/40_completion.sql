@@ -9,7 +9,10 @@
 CREATE FUNCTION cyclone._step_complete(p_run_id uuid, p_node text, p_lease_token uuid,
                                        p_output jsonb)
 RETURNS cyclone.completion
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Generic plans, here and in the functions it calls (step_complete_many says why).
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     v_now        timestamptz := cyclone.now();
@@ -97,6 +100,14 @@ LANGUAGE plpgsql
 -- bench that was a sequential scan per batch, 1.5 million rows read for 3,000 runs.
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+-- Generic plans, for its own statements and for those of every function it calls
+-- (_settle, _runs_close, ...): each is the same lookups by key for any argument, but a
+-- list parameter is costed at ten items in a generic plan, so a statement passed one
+-- or two (the join that a batch of a fan-out's leaves counts, the one run that _settle
+-- closes, the lock of a batch all of one run) looked dearer generic and was planned
+-- again at every call: 2.5 plans per batch of a fan-out's leaves, 5.5 % of Postgres's
+-- work per step (docs/performance.md, "Plans made at every completion").
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -270,7 +281,10 @@ $$;
 -- so that the run's completions and claims go on between chunks. Called also by
 -- _release_finish.
 CREATE FUNCTION cyclone.release_continue(p_run_id uuid) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Generic plans, here and in _settle (step_complete_many says why).
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     v_status text;

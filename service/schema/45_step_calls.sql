@@ -279,7 +279,10 @@ CREATE FUNCTION cyclone.step_report_many(p_ends jsonb, p_begins jsonb, p_items j
 RETURNS TABLE (kind text, i integer, step_status text, run_status text, duplicate boolean,
                retry_at timestamptz, decision text, call jsonb, error_state text,
                error_message text, error_detail text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Generic plans, here and in the functions it calls (step_complete_many says why).
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     v_now     timestamptz := cyclone.now();

@@ -77,7 +77,10 @@ CREATE FUNCTION cyclone.step_fail(
     p_run_id uuid, p_node text, p_lease_token uuid, p_type text, p_message text,
     p_details text, p_retryable boolean, p_retry_after interval)
 RETURNS cyclone.completion
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- Generic plans, here and in the functions it calls (step_complete_many says why).
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     -- Takes the run lock, which holds until the caller's transaction ends.
     v_done cyclone.completion := cyclone._step_fail_unheld(
