@@ -263,8 +263,12 @@ class ClaimedStep(NamedTuple):
     attempt: int
     max_attempts: int
     input: Any
-    run_input: Any
-    upstream: dict[str, Any] | None
+    # The run's input and the outputs of the upstream nodes (an object by node name)
+    # as JSON text, not parsed: the steps of one claim often share them (all the
+    # leaves of a fan-out have the same upstream), and service.wire writes each
+    # distinct text once per claim.
+    run_input: str | None
+    upstream: str | None
     lease_token: str
     lease_expires_at: datetime
     deadline_at: datetime

@@ -15,6 +15,7 @@ concatenated are the message merged from them.
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -154,14 +155,17 @@ _TOKEN_36 = _LEASE_TOKEN + varint(36)
 
 class ClaimWriter:
     """Writes one Claim's steps. The parts its steps share (the lease's expiry and
-    deadline, action, workflow, max attempts: one claim's steps mostly have the same)
-    are written once per claim and reused; nothing outlives the claim."""
+    deadline, action, workflow, max attempts: one claim's steps mostly have the same;
+    their run's input and their upstream outputs, which the leaves of one fan-out
+    share) are written once per claim and reused; nothing outlives the claim."""
 
     def __init__(self, rare: Callable[[ClaimedStep], worker_pb.ClaimedStep | None]) -> None:
         # rare(row): the parts of a step written through the Python API, or None.
         self._rare = rare
         self._shared: dict[tuple[Any, ...], bytes] = {}
         self._strings: dict[str, bytes] = {}
+        self._run_inputs: dict[str, bytes] = {}
+        self._upstreams: dict[str, bytes] = {}
 
     def _head(self, r: ClaimedStep) -> bytes:
         key = (r.action, r.workflow, r.max_attempts, r.lease_expires_at, r.deadline_at)
@@ -184,6 +188,35 @@ class ClaimWriter:
             encoded = self._strings[node] = length_delimited(_NODE, node.encode())
         return encoded
 
+    def _run_input(self, text: str) -> bytes:
+        """The run_input field of a run's input given as JSON text (none for JSON null,
+        as for no input)."""
+        encoded = self._run_inputs.get(text)
+        if encoded is None:
+            obj = json.loads(text)
+            value = b"" if obj is None else value_bytes(obj)
+            encoded = self._run_inputs[text] = (
+                _RUN_INPUT + varint(len(value)) + value if value else b""
+            )
+        return encoded
+
+    def _upstream(self, text: str) -> bytes:
+        """The upstream_outputs entries of a JSON object of outputs by node, given as
+        text: a fan-out's leaves have the same one, parsed and written once per claim
+        (for 64 leaves, 64 times before: docs/performance.md, "The server's part of a
+        fan step")."""
+        encoded = self._upstreams.get(text)
+        if encoded is None:
+            entries = []
+            for node, output in json.loads(text).items():
+                name = node.encode()
+                value = value_bytes(output)
+                entry = _UPSTREAM_KEY + varint(len(name)) + name + _UPSTREAM_VALUE
+                entry += varint(len(value)) + value
+                entries += (_UPSTREAM, varint(len(entry)), entry)
+            encoded = self._upstreams[text] = b"".join(entries)
+        return encoded
+
     def step(self, r: ClaimedStep) -> bytes:
         """The serialized ClaimedStep of a claimed row."""
         run_id = r.run_id.encode()
@@ -199,22 +232,17 @@ class ClaimWriter:
             parts += (_ATTEMPT, varint(r.attempt))
         if r.effect_uncertain:
             parts.append(_EFFECT_UNCERTAIN)
-        if r.input is not None or r.run_input is not None or r.progress is not None:
-            for tag, obj in (
-                (_INPUT, r.input),
-                (_RUN_INPUT, r.run_input),
-                (_PROGRESS, r.progress),
-            ):
-                if obj is not None:
-                    value = value_bytes(obj)
-                    parts += (tag, varint(len(value)), value)
-        if r.upstream:
-            for node, output in r.upstream.items():
-                name = node.encode()
-                value = value_bytes(output)
-                entry = _UPSTREAM_KEY + varint(len(name)) + name + _UPSTREAM_VALUE
-                entry += varint(len(value)) + value
-                parts += (_UPSTREAM, varint(len(entry)), entry)
+        # The fields in their numbers' order, as the Python API writes them.
+        if r.input is not None:
+            value = value_bytes(r.input)
+            parts += (_INPUT, varint(len(value)), value)
+        if r.run_input is not None:
+            parts.append(self._run_input(r.run_input))
+        if r.upstream is not None:
+            parts.append(self._upstream(r.upstream))
+        if r.progress is not None:
+            value = value_bytes(r.progress)
+            parts += (_PROGRESS, varint(len(value)), value)
         rare = self._rare(r)
         if rare is not None:
             parts.append(rare.SerializeToString())

@@ -77,7 +77,16 @@ def test_varint_is_protobufs(n: int) -> None:
 AT = datetime(2026, 12, 1, 5, 23, 3, 206171, tzinfo=UTC)
 
 
+class Raw(str):
+    """JSON text for row(), taken as it is."""
+
+
 def row(**changes: Any) -> ClaimedStep:
+    """A claimed row; run_input and upstream given as objects, held as the JSON text
+    that the claim reads them as (None: SQL NULL; Raw("null") for a JSON null)."""
+    for field in ("run_input", "upstream"):
+        if changes.get(field) is not None and not isinstance(changes[field], Raw):
+            changes[field] = json.dumps(changes[field], ensure_ascii=False)
     values: dict[str, Any] = dict(
         run_id="01a2300d-b5b3-7613-b271-c6a2ced52838",
         node="only",
@@ -116,10 +125,11 @@ def built(r: ClaimedStep) -> worker_service_pb2.ClaimedStep:
     )
     step.lease_expires_at.FromDatetime(r.lease_expires_at)
     step.deadline.FromDatetime(r.deadline_at)
-    for field, obj in (("input", r.input), ("run_input", r.run_input), ("progress", r.progress)):
+    run_input = None if r.run_input is None else json.loads(r.run_input)
+    for field, obj in (("input", r.input), ("run_input", run_input), ("progress", r.progress)):
         if obj is not None:
             getattr(step, field).CopyFrom(reference(obj))
-    for node, output in (r.upstream or {}).items():
+    for node, output in (json.loads(r.upstream) if r.upstream else {}).items():
         step.upstream_outputs[node].CopyFrom(reference(output))
     rare = servicers._rare_parts(r)
     if rare is not None:
@@ -173,6 +183,11 @@ ROWS = [
         ]
     ),
     row(journal=JOURNAL, run_input={"deep": nested(30)}),
+    # A fan-out's leaves in one claim: the same upstream and run input (written once),
+    # then another; and a run input of JSON null, written as none (as SQL NULL).
+    row(node="leaf1", upstream={"root": [1, "☃"]}, run_input={"batch": 3}),
+    row(node="leaf2", upstream={"root": [1, "☃"]}, run_input={"batch": 3}),
+    row(node="leaf3", upstream={"root": None}, run_input=Raw("null")),
 ]
 
 
@@ -194,6 +209,12 @@ def test_a_claim_answer_parses_to_the_steps_the_api_builds() -> None:
         types_pb2.STEP_STATUS_SKIPPED,
     ]
     assert response.steps[11].journal[0].output.struct_value.fields["id"].number_value == 7
+    leaf1, leaf2, leaf3 = response.steps[12:15]
+    assert leaf1.upstream_outputs == leaf2.upstream_outputs
+    assert leaf1.upstream_outputs["root"].list_value.values[1].string_value == "☃"
+    assert leaf2.run_input.struct_value.fields["batch"].number_value == 3
+    assert leaf3.upstream_outputs["root"].HasField("null_value")
+    assert not leaf3.HasField("run_input")
 
 
 def test_an_empty_claim_answer_is_empty() -> None:

@@ -13,9 +13,11 @@ SELECT run_id, created, current_setting('cyclone.ready', true) AS ready
 
 -- name: step_claim
 -- The ids as text: the server hands them to workers as they are (service/wire.py), and
--- text costs the driver less than a uuid.UUID.
+-- text costs the driver less than a uuid.UUID. The run's input and the upstream
+-- outputs as JSON text too: service/wire.py parses each distinct one once per claim.
 SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts,
-       c.input, c.run_input, c.upstream, c.lease_token::text AS lease_token,
+       c.input, c.run_input::text AS run_input, c.upstream::text AS upstream,
+       c.lease_token::text AS lease_token,
        c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
        c.waited_s, c.upstream_failures, c.journal
   FROM cyclone.step_claim(:worker_id, CAST(:actions AS text[]), CAST(:unsafe AS text[]),
@@ -37,7 +39,8 @@ SELECT run_id, node, action, shard, concurrency_key, concurrency_limit, flow
 -- name: step_claim_run
 -- The columns of step_claim, ids as text.
 SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts,
-       c.input, c.run_input, c.upstream, c.lease_token::text AS lease_token,
+       c.input, c.run_input::text AS run_input, c.upstream::text AS upstream,
+       c.lease_token::text AS lease_token,
        c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
        c.waited_s, c.upstream_failures, c.journal
   FROM cyclone.step_claim_run(CAST(:run_id AS uuid), CAST(:nodes AS text[]), :worker_id,
@@ -47,7 +50,8 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
 -- Delegated whole to the node of :run_id's shard (a call outside a transaction block).
 -- The columns of step_claim, ids as text.
 SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts,
-       c.input, c.run_input, c.upstream, c.lease_token::text AS lease_token,
+       c.input, c.run_input::text AS run_input, c.upstream::text AS upstream,
+       c.lease_token::text AS lease_token,
        c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
        c.waited_s, c.upstream_failures, c.journal
   FROM cyclone.step_claim_shard(CAST(:run_id AS uuid), CAST(:runs AS uuid[]),
@@ -57,7 +61,8 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
 -- name: step_claim_flow
 -- The columns of step_claim, ids as text.
 SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts,
-       c.input, c.run_input, c.upstream, c.lease_token::text AS lease_token,
+       c.input, c.run_input::text AS run_input, c.upstream::text AS upstream,
+       c.lease_token::text AS lease_token,
        c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
        c.waited_s, c.upstream_failures, c.journal
   FROM cyclone.step_claim_flow(CAST(:runs AS uuid[]), CAST(:nodes AS text[]),
