@@ -143,9 +143,14 @@ def test_a_server_without_work_streams_is_claimed_from(
     runs = [client.submit(one_node()) for _ in range(6)]
     with caplog.at_level(logging.INFO, logger="pyclient.worker"), running(worker):
         done = [client.wait(run_id, timeout=PATIENCE) for run_id in runs]
+        tried = len(opened)
         time.sleep(1.5)  # a few idle claims: it does not try the stream again
+        assert len(opened) == tried
     assert [r.status for r in done] == ["completed"] * 6
-    assert opened == [1]
+    # Once, or twice: the opening's write can race the server's answer, and gRPC then
+    # ends the call INTERNAL ("Internal error from Core"), which the worker takes as a
+    # failed stream and opens another, answered UNIMPLEMENTED.
+    assert 1 <= tried <= 2
     assert rpcs(old, "Claim") >= 2 and rpcs(old, "CompleteMany") >= 1
     said = [r for r in caplog.records if "offers no Work stream" in r.getMessage()]
     assert len(said) == 1
