@@ -207,7 +207,7 @@ class ClaimWriter:
         fan step")."""
         encoded = self._upstreams.get(text)
         if encoded is None:
-            entries = []
+            entries: list[bytes] = []
             for node, output in json.loads(text).items():
                 name = node.encode()
                 value = value_bytes(output)
