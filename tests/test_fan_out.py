@@ -204,11 +204,15 @@ def test_completing_the_root_of_a_wide_fan_out_takes_linear_time(database_url, s
             conn.execute("ALTER TABLE cyclone.runs SET (autovacuum_enabled = off)")
         else:
             small = json.dumps(json.loads(_wide_nodes(3)))
+            # The ids made in a subquery: a call of gen_random_uuid() in the lateral
+            # call's arguments is made once, and the one run is submitted 2,000 times.
             conn.execute(
-                "SELECT count(*) FROM generate_series(1, 2000) g,"
-                " LATERAL cyclone.run_submit(gen_random_uuid(), 'small', NULL, NULL, %s)",
+                "SELECT count(*) FROM"
+                " (SELECT gen_random_uuid() AS id FROM generate_series(1, 2000)) g,"
+                " LATERAL cyclone.run_submit(g.id, 'small', NULL, NULL, %s)",
                 (small,),
             )
+            assert conn.execute("SELECT count(*) FROM cyclone.runs").fetchone() == (2000,)
             conn.execute("ANALYZE cyclone.runs, cyclone.steps")
         run_id = str(uuid.uuid4())
         conn.execute(
@@ -295,6 +299,69 @@ def test_a_claim_after_a_fan_out_is_released_reads_only_the_steps_it_takes(datab
     assert len(taken) == 10
     # The walk reads the ten it takes and perhaps a few more; not the 2,000 ready.
     assert entries < 100, f"{entries} ready-index entries read to claim 10"
+
+
+def test_a_fan_out_after_small_runs_is_claimed_and_completed_by_key(database_url):
+    """After a history of small runs (analyzed: a run has a few steps), each claim of a
+    wide fan-out's leaves and each batch of their completions reads the primary key
+    for the steps they name, not for every step of the run. Written as node = ANY
+    (list), PostgreSQL 15 planned the run's steps read by run_id and filtered by the
+    list: every claimed leaf's upstream lookup, and every count at the join, read all
+    2,002 steps of the run (docs/performance.md, "Wide fan-outs on PostgreSQL 15")."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        small = json.dumps(json.loads(_wide_nodes(3)))
+        conn.execute(
+            "SELECT count(*) FROM"
+            " (SELECT gen_random_uuid() AS id FROM generate_series(1, 2000)) g,"
+            " LATERAL cyclone.run_submit(g.id, 'small', NULL, NULL, %s)",
+            (small,),
+        )
+        conn.execute("UPDATE cyclone.steps SET action = 'other'")
+        conn.execute("ANALYZE cyclone.runs, cyclone.steps")
+        assert conn.execute("SELECT count(*) FROM cyclone.runs").fetchone() == (2000,)
+        run_id = str(uuid.uuid4())
+        conn.execute(
+            "SELECT cyclone.run_submit(%s, 'wide', NULL, NULL, %s)",
+            (run_id, _wide_nodes(CLAIM_WIDTH)),
+        )
+        claim = (
+            "SELECT run_id, node, lease_token FROM cyclone.step_claim('t', '{fan}', '{}', %s,"
+            " '1 min')"
+        )
+
+        def items(rows: list) -> str:
+            return json.dumps(
+                [
+                    {"i": i, "run_id": str(r), "node": n, "lease_token": str(t)}
+                    for i, (r, n, t) in enumerate(rows)
+                ]
+            )
+
+        [root] = conn.execute(claim, (10,)).fetchall()
+        conn.execute("SELECT cyclone.step_complete_many(%s)", (items([root]),))
+        while conn.execute("SELECT cyclone.release_continue(%s)", (run_id,)).fetchone()[0]:
+            pass
+        # The counters hold what this backend has not reported yet (earlier transactions
+        # too): each statement's reads are the difference across it.
+        read = "SELECT pg_stat_get_xact_tuples_returned('cyclone.steps_pkey'::regclass)"
+        with conn.transaction():
+            [before] = conn.execute(read).fetchone()
+            leaves = conn.execute(claim, (64,)).fetchall()
+            [claimed] = conn.execute(read).fetchone()
+            claimed -= before
+        with conn.transaction():
+            [before] = conn.execute(read).fetchone()
+            done = conn.execute(
+                "SELECT step_status FROM cyclone.step_complete_many(%s)", (items(leaves),)
+            ).fetchall()
+            [completed] = conn.execute(read).fetchone()
+            completed -= before
+        counts = _counts(conn, run_id)
+    assert len(leaves) == 64 and done == [("completed",)] * 64
+    assert counts[f"pending:{CLAIM_WIDTH - 64}"] == 1  # the join counted them
+    # A few entries per step named (the leaf, its root, the join): not 2,002 per leaf.
+    assert claimed < 64 * 4, f"{claimed} primary key entries read to claim 64 leaves"
+    assert completed < 64 * 8, f"{completed} primary key entries read to complete 64 leaves"
 
 
 def test_a_join_made_ready_while_its_run_is_blocked_is_held_until_resolve(cyclone_server):

@@ -277,7 +277,12 @@ BEGIN
     -- steps that share their upstream (the leaves of one fan-out) share one lookup
     -- (the plan memoizes it by run_id and depends_on), where a subquery per row probed
     -- the same key once per step (docs/performance.md, "The upstream of a fan-out's
-    -- leaves, read once per claim").
+    -- leaves, read once per claim"). Each upstream node is one probe of the primary
+    -- key by (run_id, node), OFFSET 0 keeping it so: written as node = ANY
+    -- (depends_on), PostgreSQL 15 and 16, with statistics of runs of one or two steps,
+    -- put only run_id in the index condition and filtered the run's steps by the list,
+    -- a read of every step of a fan-out's run for each leaf claimed (docs/performance.md,
+    -- "Wide fan-outs on PostgreSQL 15").
     RETURN QUERY
         WITH claimed AS (
             UPDATE cyclone.steps s
@@ -341,9 +346,12 @@ BEGIN
           FROM claimed c
           -- A node with no upstream gets no row here: outputs NULL, as before.
           LEFT JOIN LATERAL (
-                SELECT jsonb_object_agg(u.node, u.output) AS outputs FROM cyclone.steps u
-                 WHERE u.run_id = c.run_id AND u.node = ANY (c.depends_on)
-                   AND u.status = 'completed') up ON true;
+                SELECT jsonb_object_agg(u.node, u.output) AS outputs
+                  FROM unnest(c.depends_on) AS d(node)
+                 CROSS JOIN LATERAL (
+                       SELECT u.node, u.output FROM cyclone.steps u
+                        WHERE u.run_id = c.run_id AND u.node = d.node
+                          AND u.status = 'completed' OFFSET 0) u) up ON true;
 END;
 $$;
 
