@@ -122,32 +122,6 @@ LANGUAGE sql IMMUTABLE AS $$
            END
 $$;
 
--- The current row versions (ctids) of the steps of run p_run_id named in p_nodes, each
--- found by its key (run_id, node); names with no step are left out. For _settle, whose
--- statements then read and update those rows by ctid. PostgreSQL 17 and later scan the
--- primary key once for the whole list (node = ANY); PostgreSQL 15 and 16, whose
--- statistics of a history of one-node runs say that a run has one or two steps, plan
--- node = ANY as a filter over every step of the run, a read of all 10,002 steps of a
--- fan-out's run for each count at its join and 1,000 name comparisons per step for
--- each chunk of its release (docs/performance.md, "Wide fan-outs on PostgreSQL 15"),
--- so there each name is one probe of the key. The caller holds the run lock, under
--- which every write of a run's pending steps is made: the versions found stay current
--- until the caller's next write.
-CREATE FUNCTION cyclone._step_rows(p_run_id uuid, p_nodes text[]) RETURNS tid[]
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    IF current_setting('server_version_num')::integer >= 170000 THEN
-        RETURN ARRAY(SELECT s.ctid FROM cyclone.steps s
-                      WHERE s.run_id = p_run_id AND s.node = ANY (p_nodes));
-    END IF;
-    RETURN ARRAY(SELECT x.row_id
-                   FROM unnest(p_nodes) AS n(node)
-                  CROSS JOIN LATERAL (SELECT s.ctid AS row_id FROM cyclone.steps s
-                                       WHERE s.run_id = p_run_id AND s.node = n.node
-                                      OFFSET 0) x);
-END;
-$$;
-
 -- Propagates steps that just became final to their dependents, in waves: each wave's
 -- finals are counted at their pending dependents (deps_open - 1, and deps_failed + 1
 -- for a final that is not completed); a pending step whose upstream is all final is
@@ -158,14 +132,11 @@ $$;
 -- made final (_run_close). Returns the run's status.
 -- A dependent that the count leaves ready in a running run is made available by the
 -- counting update itself: one new version of its row, not two.
--- Every statement reaches the run's steps by key, through _step_rows (their ctids,
--- found by key): none joins steps to a set of nodes. For such a join a planner that
--- expects a run to have a few steps (no statistics, or statistics of small runs) put
--- the run's steps outside and the set inside: for a fan-out of 10,000 that was 50
--- million comparisons, 15 s to complete its root (docs/performance.md, the fan
--- scenario). The statements name no run_id besides: with one, a planner that expects
--- a run to have one step could read the run's steps by the primary key instead of
--- the ctids.
+-- Every statement reaches the run's steps by key (node = ANY of a list): none joins
+-- steps to a set of nodes. For such a join a planner that expects a run to have a few
+-- steps (no statistics, or statistics of small runs) put the run's steps outside and
+-- the set inside: for a fan-out of 10,000 that was 50 million comparisons, 15 s to
+-- complete its root (docs/performance.md, the fan scenario).
 --   p_final:  nodes that just became final
 --   p_decide: pending nodes to judge now (step_retry, step_resolve)
 --   p_closed: how many steps the caller made final itself
@@ -253,7 +224,7 @@ BEGIN
                                    AS failed
                           FROM cyclone.steps f
                          CROSS JOIN LATERAL unnest(f.dependents) AS d(node)
-                         WHERE f.ctid = ANY (cyclone._step_rows(p_run_id, v_wave))
+                         WHERE f.run_id = p_run_id AND f.node = ANY (v_wave)
                          GROUP BY d.node) fin;
             END IF;
             -- coalesce evaluates the lookup by name only when there is no v_one.
@@ -279,7 +250,7 @@ BEGIN
                                         + coalesce(v_one_failed,
                                                    (v_counts->s.node->>1)::integer))
                            THEN v_now ELSE s.available_at END
-                 WHERE s.ctid = ANY (cyclone._step_rows(p_run_id, v_targets))
+                 WHERE s.run_id = p_run_id AND s.node = ANY (v_targets)
                    AND s.status = 'pending'
                 RETURNING s.node, s.deps_open, s.status, s.action
             )
@@ -296,14 +267,15 @@ BEGIN
         WITH judged AS (
             -- A node with no upstream always runs, whatever its rule, as at submit
             -- (it is judged here when released after Resolve or reset by Retry).
-            SELECT ctid AS row_id, node, cardinality(depends_on) = 0
+            SELECT node, cardinality(depends_on) = 0
                          OR cyclone._rule_met(trigger_rule, deps_failed) AS runs
               FROM cyclone.steps
-             WHERE ctid = ANY (cyclone._step_rows(p_run_id, v_decide))
+             WHERE run_id = p_run_id AND node = ANY (v_decide)
                AND status = 'pending' AND deps_open = 0
         ), skipped AS (
             UPDATE cyclone.steps s SET status = 'skipped', finished_at = v_now
-             WHERE s.ctid = ANY (ARRAY(SELECT j.row_id FROM judged j WHERE NOT j.runs))
+             WHERE s.run_id = p_run_id
+               AND s.node = ANY (ARRAY(SELECT j.node FROM judged j WHERE NOT j.runs))
                AND s.status = 'pending'
             RETURNING s.node
         )
@@ -318,7 +290,7 @@ BEGIN
     IF cardinality(v_ready) > 0 AND v_running THEN
         WITH released AS (
             UPDATE cyclone.steps SET status = 'available', available_at = v_now
-             WHERE ctid = ANY (cyclone._step_rows(p_run_id, v_ready)) AND status = 'pending'
+             WHERE run_id = p_run_id AND node = ANY (v_ready) AND status = 'pending'
             RETURNING action)
         SELECT v_actions || coalesce(array_agg(action), '{}') INTO v_actions FROM released;
     END IF;

@@ -115,3 +115,14 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- The completion entry points force generic plans on plain Postgres (migration 0040,
+-- 40_completion.sql). A Citus coordinator prunes a statement's shards by the values of
+-- its parameters, which a generic plan does not have ("could not create distributed
+-- plan"), so on Citus they plan with their arguments' values, as before 0040.
+ALTER FUNCTION cyclone.step_complete_many(jsonb) RESET plan_cache_mode;
+ALTER FUNCTION cyclone.step_report_many(jsonb, jsonb, jsonb, boolean) RESET plan_cache_mode;
+ALTER FUNCTION cyclone._step_complete(uuid, text, uuid, jsonb) RESET plan_cache_mode;
+ALTER FUNCTION cyclone.step_fail(uuid, text, uuid, text, text, text, boolean, interval)
+    RESET plan_cache_mode;
+ALTER FUNCTION cyclone.release_continue(uuid) RESET plan_cache_mode;
