@@ -102,19 +102,22 @@ def catalog(url: str) -> dict[str, str]:
                 f"{normalize(definition)}\n-- proconfig={config} prosecdef={secdef} "
                 f"provolatile={volatile}\n-- grants={sorted(acl or [])}"
             )
-        for table, position, column, type_, default, notnull, identity in rows(
+        for table, position, column, type_, default, notnull, identity, collation in rows(
             """SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod),
-                      pg_get_expr(d.adbin, d.adrelid), a.attnotnull, a.attidentity
+                      pg_get_expr(d.adbin, d.adrelid), a.attnotnull, a.attidentity,
+                      co.collname
                  FROM pg_attribute a
                  JOIN pg_class c ON c.oid = a.attrelid
                  LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                 LEFT JOIN pg_collation co ON co.oid = a.attcollation
                 WHERE c.relnamespace = 'cyclone'::regnamespace
                   AND c.relkind IN ('r', 'c', 'v', 'm', 'p')
                   AND a.attnum > 0 AND NOT a.attisdropped"""
         ):
             objects[f"column cyclone.{table}.{column}"] = (
                 f"position {position}, {type_}, default {default}, "
-                f"{'NOT NULL' if notnull else 'NULL'}, identity {identity!r}"
+                f"{'NOT NULL' if notnull else 'NULL'}, identity {identity!r}, "
+                f"collation {collation}"
             )
         for relation, name, definition in rows(
             """SELECT coalesce(c.relname, t.typname), k.conname, pg_get_constraintdef(k.oid)

@@ -9,7 +9,7 @@
 -- lines are dropped. Deleted with their step, and so with their run (retention).
 CREATE TABLE cyclone.step_logs (
     run_id  uuid        NOT NULL,
-    node    text        NOT NULL,
+    node    text        COLLATE "C" NOT NULL,
     attempt integer     NOT NULL,
     -- Position within the attempt, 1 for the first line; 1001 is the cap's marker.
     seq     integer     NOT NULL,

@@ -58,7 +58,8 @@ BEGIN
     END IF;
 
     WITH RECURSIVE down(node) AS (
-        SELECT unnest(v_nodes)
+        -- In the node names' collation (steps.node is COLLATE "C", migration 0042).
+        SELECT unnest(v_nodes) COLLATE "C"
         UNION
         SELECT t.node
           FROM down d
