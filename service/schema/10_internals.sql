@@ -177,6 +177,14 @@ DECLARE
     -- p_from, for the first wave only.
     c_chunk    constant integer := 1000;
     v_from     integer := p_from;
+    -- The first and the last name of the list a statement looks up (byte order, as the
+    -- primary key): every lookup by a list also names this range of the key. Before
+    -- PostgreSQL 17 a generic plan may leave node = ANY (list) out of the index
+    -- condition when the statistics say a run has a step or two, and read every step of
+    -- the run for it (10,000 per count at a fan-out's join); a range of the key's second
+    -- column is always in it (docs/performance.md, "Wide fan-outs on PostgreSQL 15").
+    v_lo       text COLLATE "C";
+    v_hi       text COLLATE "C";
 BEGIN
     v_running := (SELECT r.status = 'running' FROM cyclone.runs r WHERE r.run_id = p_run_id);
     LOOP
@@ -215,6 +223,9 @@ BEGIN
                     v_actions := v_actions || 'cyclone.release'::text;
                 END IF;
             ELSE
+                -- The finals one probe of the key each (OFFSET 0 keeps the lookup a
+                -- lateral probe): their names are any set, so no range of the key
+                -- holds them alone.
                 SELECT array_agg(fin.node),
                        jsonb_object_agg(fin.node, jsonb_build_array(fin.n, fin.failed)),
                        NULL, NULL
@@ -222,60 +233,70 @@ BEGIN
                   FROM (SELECT d.node, count(*)::integer AS n,
                                (count(*) FILTER (WHERE f.status <> 'completed'))::integer
                                    AS failed
-                          FROM cyclone.steps f
+                          FROM (SELECT DISTINCT x FROM unnest(v_wave) x) w(node)
+                         CROSS JOIN LATERAL (SELECT f.status, f.dependents FROM cyclone.steps f
+                                              WHERE f.run_id = p_run_id AND f.node = w.node
+                                             OFFSET 0) f
                          CROSS JOIN LATERAL unnest(f.dependents) AS d(node)
-                         WHERE f.run_id = p_run_id AND f.node = ANY (v_wave)
                          GROUP BY d.node) fin;
             END IF;
-            -- coalesce evaluates the lookup by name only when there is no v_one.
-            WITH counted AS (
-                UPDATE cyclone.steps s
-                   SET deps_open = s.deps_open
-                                   - coalesce(v_one, (v_counts->s.node->>0)::integer),
-                       deps_failed = s.deps_failed
-                                     + coalesce(v_one_failed, (v_counts->s.node->>1)::integer),
-                       status = CASE
-                           WHEN v_running
-                                AND s.deps_open = coalesce(v_one,
-                                                           (v_counts->s.node->>0)::integer)
-                                AND cyclone._rule_met(s.trigger_rule, s.deps_failed
-                                        + coalesce(v_one_failed,
-                                                   (v_counts->s.node->>1)::integer))
-                           THEN 'available' ELSE s.status END,
-                       available_at = CASE
-                           WHEN v_running
-                                AND s.deps_open = coalesce(v_one,
-                                                           (v_counts->s.node->>0)::integer)
-                                AND cyclone._rule_met(s.trigger_rule, s.deps_failed
-                                        + coalesce(v_one_failed,
-                                                   (v_counts->s.node->>1)::integer))
-                           THEN v_now ELSE s.available_at END
-                 WHERE s.run_id = p_run_id AND s.node = ANY (v_targets)
-                   AND s.status = 'pending'
-                RETURNING s.node, s.deps_open, s.status, s.action
-            )
-            SELECT v_decide || coalesce(array_agg(node) FILTER (WHERE status = 'pending'), '{}'),
-                   v_actions || coalesce(array_agg(action) FILTER (WHERE status = 'available'),
-                                         '{}')
-              INTO v_decide, v_actions
-              FROM counted WHERE deps_open = 0;
+            -- No dependents, no count (on Citus an empty range is no shard at all).
+            IF cardinality(v_targets) > 0 THEN
+                SELECT min(x COLLATE "C"), max(x COLLATE "C") INTO v_lo, v_hi
+                  FROM unnest(v_targets) x;
+                -- coalesce evaluates the lookup by name only when there is no v_one.
+                WITH counted AS (
+                    UPDATE cyclone.steps s
+                       SET deps_open = s.deps_open
+                                       - coalesce(v_one, (v_counts->s.node->>0)::integer),
+                           deps_failed = s.deps_failed
+                                         + coalesce(v_one_failed, (v_counts->s.node->>1)::integer),
+                           status = CASE
+                               WHEN v_running
+                                    AND s.deps_open = coalesce(v_one,
+                                                               (v_counts->s.node->>0)::integer)
+                                    AND cyclone._rule_met(s.trigger_rule, s.deps_failed
+                                            + coalesce(v_one_failed,
+                                                       (v_counts->s.node->>1)::integer))
+                               THEN 'available' ELSE s.status END,
+                           available_at = CASE
+                               WHEN v_running
+                                    AND s.deps_open = coalesce(v_one,
+                                                               (v_counts->s.node->>0)::integer)
+                                    AND cyclone._rule_met(s.trigger_rule, s.deps_failed
+                                            + coalesce(v_one_failed,
+                                                       (v_counts->s.node->>1)::integer))
+                               THEN v_now ELSE s.available_at END
+                     WHERE s.run_id = p_run_id AND s.node = ANY (v_targets)
+                       AND s.node BETWEEN v_lo AND v_hi
+                       AND s.status = 'pending'
+                    RETURNING s.node, s.deps_open, s.status, s.action
+                )
+                SELECT v_decide || coalesce(array_agg(node) FILTER (WHERE status = 'pending'), '{}'),
+                       v_actions || coalesce(array_agg(action) FILTER (WHERE status = 'available'),
+                                             '{}')
+                  INTO v_decide, v_actions
+                  FROM counted WHERE deps_open = 0;
+            END IF;
             v_from := NULL;
         END IF;
         EXIT WHEN cardinality(v_decide) = 0;
 
         -- Judge the pending steps whose upstream is all final.
+        SELECT min(x COLLATE "C"), max(x COLLATE "C") INTO v_lo, v_hi FROM unnest(v_decide) x;
         WITH judged AS (
             -- A node with no upstream always runs, whatever its rule, as at submit
             -- (it is judged here when released after Resolve or reset by Retry).
             SELECT node, cardinality(depends_on) = 0
                          OR cyclone._rule_met(trigger_rule, deps_failed) AS runs
               FROM cyclone.steps
-             WHERE run_id = p_run_id AND node = ANY (v_decide)
+             WHERE run_id = p_run_id AND node = ANY (v_decide) AND node BETWEEN v_lo AND v_hi
                AND status = 'pending' AND deps_open = 0
         ), skipped AS (
             UPDATE cyclone.steps s SET status = 'skipped', finished_at = v_now
              WHERE s.run_id = p_run_id
                AND s.node = ANY (ARRAY(SELECT j.node FROM judged j WHERE NOT j.runs))
+               AND s.node BETWEEN v_lo AND v_hi
                AND s.status = 'pending'
             RETURNING s.node
         )
@@ -288,9 +309,11 @@ BEGIN
     END LOOP;
 
     IF cardinality(v_ready) > 0 AND v_running THEN
+        SELECT min(x COLLATE "C"), max(x COLLATE "C") INTO v_lo, v_hi FROM unnest(v_ready) x;
         WITH released AS (
             UPDATE cyclone.steps SET status = 'available', available_at = v_now
-             WHERE run_id = p_run_id AND node = ANY (v_ready) AND status = 'pending'
+             WHERE run_id = p_run_id AND node = ANY (v_ready) AND node BETWEEN v_lo AND v_hi
+               AND status = 'pending'
             RETURNING action)
         SELECT v_actions || coalesce(array_agg(action), '{}') INTO v_actions FROM released;
     END IF;
