@@ -4,7 +4,7 @@
 -- All steps of a run share its run_id, so within a run the primary key (run_id, node)
 -- orders them by name, and each comparison of two names went through the database's
 -- collation: strcoll() for any libc locale but "C" (C.UTF-8, the embedded default,
--- included). Counted by callgrind, that was about 25,000 instructions per step of a
+-- included). Counted by callgrind, that was about 18,000 instructions per step of a
 -- fan-out (its release, claim and completion each look a leaf up among 10,000 names),
 -- and one-node runs paid nothing, their names being equal when compared. Names are
 -- identifiers: their order needs no language, so every column that holds a node name

@@ -127,7 +127,7 @@ CREATE TABLE cyclone.steps (
     run_id             uuid        NOT NULL REFERENCES cyclone.runs ON DELETE CASCADE,
     -- Node names, here and in every table keyed by (run_id, node), compare byte by byte
     -- (COLLATE "C"): within a run the primary key orders its steps by name, and with the
-    -- database's collation each comparison was a strcoll() call, 5 % of a fan-out's
+    -- database's collation each comparison was a strcoll() call, 4 % of a fan-out's
     -- instructions per step (migration 0042, docs/performance.md). For UTF-8 the order
     -- is that of code points, the order of C.UTF-8.
     node               text        COLLATE "C" NOT NULL,
