@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any, NoReturn
 
 from cyclone import dag
+from service import loop
 
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
 _AGE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -72,6 +73,7 @@ class Settings:
     log_json: bool = False
     migrate_only: bool = False
     citus: str = "auto"
+    event_loop: str = "auto"
     # Security (service.auth, service.gate, service.tls; docs/security.md).
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -121,6 +123,8 @@ _HELP = {
     "citus": "on a Citus coordinator, distribute the tables by run_id and the transitions "
     "by their run after migrating (docs/scaling.md): auto when the citus extension is "
     "installed in the database, on to require it, off never",
+    "event_loop": "the asyncio event loop: uvloop (installed with the server extra), "
+    "asyncio (the standard library's), or auto: uvloop when it is installed",
     "tls_cert": "PEM certificate chain of the server: serve TLS (with --tls-key)",
     "tls_key": "PEM private key of --tls-cert",
     "tls_client_ca": "PEM CA that signs client certificates: require mutual TLS",
@@ -190,6 +194,8 @@ def parse(argv: list[str] | None = None) -> Settings:
         parser.error("--claim-recheck must be more than 0 seconds")
     if settings.citus not in ("auto", "on", "off"):
         parser.error(f"--citus must be auto, on or off, not {settings.citus!r}")
+    if settings.event_loop not in loop.CHOICES:
+        parser.error(f"--event-loop must be auto, uvloop or asyncio, not {settings.event_loop!r}")
     return settings
 
 

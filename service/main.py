@@ -10,6 +10,7 @@ import sys
 import psycopg
 
 from service import auth, config, embedded, logs, metrics, tls
+from service import loop as event_loop
 from service.migrate import migrate
 from service.server import CycloneServer
 
@@ -42,8 +43,11 @@ def _start(settings: config.Settings) -> None:
         if settings.token_file:
             auth.Tokens(settings.token_file)  # a malformed line is named now
         metrics.parse_listen(config.metrics_listen(settings))
+        loop_factory = event_loop.factory(settings.event_loop)
     except auth.TokenFileError as exc:
         raise StartupError(f"--token-file {exc}") from None
+    except event_loop.Unavailable as exc:
+        raise StartupError(exc) from None
     except (tls.ListenError, ValueError) as exc:
         raise StartupError(exc) from None
     local: embedded.Embedded | None = None
@@ -72,7 +76,8 @@ def _start(settings: config.Settings) -> None:
     if settings.migrate_only:
         return
     try:
-        asyncio.run(_serve(settings, database_url))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(_serve(settings, database_url))
     except tls.ListenError as exc:  # the port, bound once the server is built
         raise StartupError(exc) from None
     finally:
@@ -94,7 +99,7 @@ async def _serve(settings: config.Settings, database_url: str) -> None:
         loop.add_signal_handler(sig, stop.set)
     host = settings.listen.rsplit(":", 1)[0]
     address = f"{host}:{server.port}"
-    log.info("Cyclone serving on %s", address)
+    log.info("Cyclone serving on %s (event loop: %s)", address, event_loop.name(loop))
     # grpcurl flags for this server: TLS instead of -plaintext, and the token header.
     flags = "-cacert CA.pem" if settings.tls_cert else "-plaintext"
     if settings.tls_client_ca:

@@ -32,6 +32,7 @@ from cyclone.v1 import (
     worker_service_pb2_grpc,
     workflow_service_pb2_grpc,
 )
+from service import loop
 from service.config import Settings
 from service.migrate import migrate
 from service.server import CycloneServer
@@ -102,13 +103,18 @@ class RunningServer:
     _failure: BaseException | None = None
 
     def start(self) -> RunningServer:
-        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), daemon=True)
+        # On the loop the server process would run on (--event-loop, service.loop).
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         self._started.wait(30)
         if self._failure or self._server is None:
             raise RuntimeError("test server failed to start") from self._failure
         self.address = f"127.0.0.1:{self._server.port}"
         return self
+
+    def _run(self) -> None:
+        with asyncio.Runner(loop_factory=loop.factory(self.settings.event_loop)) as runner:
+            runner.run(self._main())
 
     async def _main(self) -> None:
         # grpc.aio binds a server to the event loop it is created on.

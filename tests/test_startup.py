@@ -4,6 +4,7 @@ setting and what is wrong with it, and no traceback."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from service import loop
+from tests.conftest import ROOT, RunningServer
 from tests.test_tls import make_cert
 
 SERVER = [sys.executable, "-m", "service", "--listen", "127.0.0.1:0", "--metrics-listen", "off"]
@@ -78,6 +80,7 @@ def cases(files: dict[str, str], busy_port: int) -> list[tuple[list[str], dict, 
         ([], {"CYCLONE_LEASE": "long"}, "CYCLONE_LEASE"),
         (["--lease", "long"], {}, "--lease"),
         (["--claim-recheck", "0"], {}, "--claim-recheck"),
+        (["--event-loop", "tokio"], {}, "--event-loop"),
     ]
 
 
@@ -101,3 +104,24 @@ def test_every_misconfiguration_is_one_line_without_a_traceback(
             if not ok:
                 failures.append((flags, env, status, output[-600:]))
     assert not failures, "\n\n".join(map(str, failures))
+
+
+def test_the_server_runs_on_uvloop_unless_told_otherwise(
+    database_url: str, cyclone_server: RunningServer
+) -> None:
+    """The server extra installs uvloop, and auto picks it (service/loop.py); asyncio's
+    own loop stays one flag away. The in-process test servers run on the same choice."""
+    seen = {}
+    for flags in ((), ("--event-loop", "uvloop"), ("--event-loop", "asyncio")):
+        status, output = start(database_url, *flags)
+        assert status == 0, output
+        match = re.search(r"\(event loop: (\w+)\)", output)
+        assert match, output
+        seen[flags] = match.group(1)
+    assert seen == {
+        (): "uvloop",
+        ("--event-loop", "uvloop"): "uvloop",
+        ("--event-loop", "asyncio"): "asyncio",
+    }
+    assert cyclone_server._loop is not None
+    assert loop.name(cyclone_server._loop) == "uvloop"
