@@ -201,11 +201,11 @@ BEGIN
     -- steps that share their upstream (the leaves of one fan-out) share one lookup
     -- (the plan memoizes it by run_id and depends_on), where a subquery per row probed
     -- the same key once per step (docs/performance.md, "Wide fan-outs"). Each
-    -- upstream node is one probe of the primary
-    -- key by (run_id, node), OFFSET 0 keeping it so: written as node = ANY
-    -- (depends_on), PostgreSQL 15 and 16, with statistics of runs of one or two steps,
-    -- put only run_id in the index condition and filtered the run's steps by the list,
-    -- a read of every step of a fan-out's run for each leaf claimed.
+    -- upstream node is one probe of the primary key by (run_id, node), OFFSET 0
+    -- keeping it so: written as node = ANY (depends_on), PostgreSQL 15 and 16, with
+    -- statistics of runs of one or two steps, put only run_id in the index condition
+    -- and filtered the run's steps by the list, a read of every step of a fan-out's
+    -- run for each leaf claimed.
     RETURN QUERY
         WITH claimed AS (
             UPDATE cyclone.steps s
