@@ -3,9 +3,10 @@ does not move with the load of a shared machine, for A/B comparisons of the engi
 SQL (docs/performance.md, "Tools for one part at a time").
 
 For each of two sizes (--small, --large steps) it makes a fresh cluster of the given
-Postgres (default Debian's PostgreSQL 15), migrates it with this checkout's
-service/migrations, runs --setup, loads one-node runs with cyclone.run_submit (as
-bench/pg_drain.py does), stops it, and drains it in single-user mode under
+Postgres (default Debian's PostgreSQL 15), creates the engine from this checkout's
+service/schema (service.migrate.migrate on an empty database), runs --setup, loads
+one-node runs with cyclone.run_submit (as bench/pg_drain.py does), stops it, and
+drains it in single-user mode under
 `valgrind --tool=callgrind`: per batch of 64, step_claim into an unlogged scratch table,
 then step_complete_many of those items, each statement its own transaction (with -j a
 single-user backend ends a command at a semicolon followed by an empty line, which the
