@@ -5,11 +5,11 @@ Scenarios (fixed counts, every loop bounded in count and time):
   throughput  20,000 one-node runs drained through gRPC by 2 bare-stub worker processes,
               each on one Work stream (64 slots of credit)
   unary       throughput again, its workers on Claim and CompleteMany calls instead of a
-              Work stream (the protocol before session 10; ratio to the baseline)
+              Work stream (as workers without stream support do; ratio to the baseline)
   flow        the same, each run with a priority (0-9) and half of them with a
               concurrency key (200 customers, 5 at once each); ratio to throughput
   sdk         the same, drained by 2 processes running the SDK's Worker (each on one Work
-              stream since session 10)
+              stream)
   baseline    the same 20,000 jobs drained by a minimal psycopg loop, 8 threads
   dag         500 runs of a 20-node workflow (root, fan-out of 18, join)
   durable     1,000 one-node runs whose node is a durable function of 10 no-op step
@@ -933,11 +933,10 @@ def scenario_durable(
 
     With the SDK, 128 bodies in flight per process (``concurrency``; the bare-stub
     variants and the throughput scenario's workers hold 64): an unsafe call waits for a
-    durable commit before its function runs, so
-    with 64 bodies per process the two processes' batches take turns and the rate
-    measured the bench's pipeline more than the call's cost (docs/performance.md,
-    "Durable functions"). Safe calls, which wait for nothing, run at the same rate
-    with either."""
+    durable commit before its function runs, so with 64 bodies per process the two
+    processes' batches take turns and the rate measured the bench's pipeline more than
+    the call's cost. Safe calls, which wait for nothing, run at the same rate with
+    either."""
     if concurrency is None:
         concurrency = 128 if sdk else 64
     submit_many(server.address, [one_node("durable", action)] * runs)
@@ -1608,7 +1607,7 @@ def print_citus_table(r: dict, out: Path) -> None:
 def repeat(args: argparse.Namespace) -> None:
     """``--repeat N``: this bench N times over, one after the other, each in a process
     of its own on a fresh database; the results hold each run and, under the usual
-    keys, the median of every number the runs share (issue 19: medians of 3)."""
+    keys, the median of every number the runs share (`make bench` takes medians of 3)."""
     argv = sys.argv[1:]
     while at := [i for i, a in enumerate(argv) if a.startswith("--repeat")]:
         del argv[at[0] : at[0] + (1 if "=" in argv[at[0]] else 2)]

@@ -1,13 +1,13 @@
 """What the server's connections wait on during a drain, fan against throughput.
 
 A sampler reads pg_stat_activity every 2 ms while the bench's workers drain one
-10,000-leaf fan, then 10,000 one-node runs (both on one fresh database, ROUNDS times).
+10,000-leaf fan, then 10,000 one-node runs (both on one fresh database, REPEATS times).
 For each drain it prints the share of the active client backends' samples on CPU and
 in each wait event, and for the waits on a lock the commonest pairs of the waiting
 statement and its blockers (pg_blocking_pids), with each blocker's state.
-docs/performance.md, "What a fan's connections wait on (session 16)".
+docs/performance.md, "Known and left alone", has the figures.
 
-    .venv/bin/python bench/fan_waits.py [ROUNDS]
+    .venv/bin/python bench/fan_waits.py [REPEATS]
 """
 
 from __future__ import annotations
@@ -71,11 +71,11 @@ def drain(server: bench.Server, url: str, label: str) -> None:
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     url = bench.fresh_database(bench.admin_url(None), "cyclone_fan_waits")
     server = bench.Server(url, bench.fan_flags(10000))
     try:
-        for _ in range(rounds):
+        for _ in range(repeats):
             bench.submit_many(
                 server.address, [bench.fan_workflow("a", 10000, name="wide")], clients=1
             )

@@ -8,7 +8,7 @@ from /proc (the server's) and process_time (the client's).
 
     python bench/grpc_calls.py [--batches 1500] [--clients 1]
 
-docs/performance.md, "One stream per worker", has the figures that led to Work.
+docs/performance.md, "Commits and round trips", has the figures (one stream per worker).
 """
 
 from __future__ import annotations

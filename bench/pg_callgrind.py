@@ -1,17 +1,19 @@
 """Postgres's instructions per step of a drain, counted by callgrind: a measure that
 does not move with the load of a shared machine, for A/B comparisons of the engine's
-SQL (docs/performance.md, "Postgres per step, session 9").
+SQL (docs/performance.md, "Tools for one part at a time").
 
 For each of two sizes (--small, --large steps) it makes a fresh cluster of the given
-Postgres (default Debian's PostgreSQL 15), migrates it with this checkout's
-service/migrations, runs --setup, loads one-node runs with cyclone.run_submit (as
-bench/pg_drain.py does), stops it, and drains it in single-user mode under
+Postgres (default Debian's PostgreSQL 15), creates the engine from this checkout's
+service/schema (service.migrate.migrate on an empty database), runs --setup, loads
+one-node runs with cyclone.run_submit (as bench/pg_drain.py does), stops it, and
+drains it in single-user mode under
 `valgrind --tool=callgrind`: per batch of 64, step_claim into an unlogged scratch table,
 then step_complete_many of those items, each statement its own transaction (with -j a
-single-user backend ends a command at a semicolon followed by an empty line; until
-session 10 the script had none, so the whole drain ran as one transaction: no commit
-was counted, and each completion paid a foreign-key check that the server's never do,
-because the step's row had been written by the same transaction). Prints the
+single-user backend ends a command at a semicolon followed by an empty line, which the
+script writes after each statement; without it the whole drain would run as one
+transaction: no commit would be counted, and each completion would pay a foreign-key
+check that the server's never do, because the step's row would have been written by
+the same transaction). Prints the
 total instructions of each run and the difference per step between them, which leaves
 out start-up and catalog loading. The scratch table and the building of the items
 (jsonb_build_object, uuid_in) are the harness's, included in the figure on both sides.

@@ -18,7 +18,15 @@ claimed rows and parsed items (``prepare`` first). ``run --profile N`` prints a
 cProfile (on process time) of the drain, ``--batch`` sets the steps per claim, and
 SERVER_STEPS_DB names the database (on the embedded Postgres under
 .cyclone/server-steps; ``cyclone-server embedded stop --data-dir .cyclone/server-steps``
-stops it). docs/performance.md, "Server per step, session 8", has the figures.
+stops it). docs/performance.md, "The server", has the figures.
+
+``micro --answers`` says how the server under test builds its answers: ``wire`` (the
+default) times this tree's servicer, whose claim answer is written as protobuf bytes
+(``service/wire.py``) and whose completion items go to SQL as one JSON text
+(``store.outcomes_json``); ``messages`` times a server that builds one ClaimedStep
+message per step through the protobuf API (``servicer._claimed``) and dumps the items
+one by one (``store._outcome_items``), for A/B runs of this script copied into such a
+checkout.
 """
 
 from __future__ import annotations
@@ -176,7 +184,7 @@ async def _run(url: str, steps: int, batch: int = BATCH) -> None:
     )
 
 
-async def _micro(url: str, number: int, only: str | None = None) -> None:
+async def _micro(url: str, number: int, only: str | None = None, answers: str = "wire") -> None:
     servicer, store = _servicer(url)
     rows = await store.step_claim(
         worker_id="micro", actions=[ACTION], unsafe=[], limit=BATCH, lease_s=30.0
@@ -185,7 +193,9 @@ async def _micro(url: str, number: int, only: str | None = None) -> None:
         raise SystemExit("nothing to claim: prepare first")
     lease = 30.0
 
-    if hasattr(servicer, "_claimed"):  # before session 8
+    if answers == "messages":
+        if not hasattr(servicer, "_claimed"):
+            raise SystemExit("--answers messages: this server has no servicer._claimed")
 
         def claimed() -> Any:
             steps = [servicer._claimed(r, lease) for r in rows]
@@ -211,10 +221,10 @@ async def _micro(url: str, number: int, only: str | None = None) -> None:
     outcomes = [servicer._completion(c) for c in items]
 
     def dumped() -> None:
-        if hasattr(store_module, "outcomes_json"):
-            store_module.outcomes_json(outcomes)
-        else:  # before session 8
+        if answers == "messages":
             store_module._dump_items(store_module._outcome_items(outcomes))
+        else:
+            store_module.outcomes_json(outcomes)
 
     parts = {"claim answer": claimed, "_completion": completion, "items json": dumped}
     if only is not None:
@@ -245,6 +255,15 @@ def main() -> None:
         choices=["claim answer", "_completion", "items json"],
         help="micro: run only this part, --number times, untimed (for callgrind)",
     )
+    parser.add_argument(
+        "--answers",
+        choices=["wire", "messages"],
+        default="wire",
+        help="micro: how the server builds its answers: claim answers written as protobuf "
+        "bytes and completion items as one JSON text (wire, this tree), or one ClaimedStep "
+        "message per step and items dumped one by one (messages, a server with "
+        "servicer._claimed)",
+    )
     args = parser.parse_args()
     if args.what == "prepare":
         prepare(args.runs, args.input == "flow")
@@ -260,7 +279,7 @@ def main() -> None:
     elif args.what == "run":
         asyncio.run(_run(url, args.steps, args.batch))
     else:
-        asyncio.run(_micro(url, args.number, args.only))
+        asyncio.run(_micro(url, args.number, args.only, args.answers))
     os._exit(0)  # the embedded Postgres keeps running for the next call
 
 

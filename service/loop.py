@@ -4,7 +4,7 @@ it), else asyncio's own; ``--event-loop`` chooses.
 The server's Python per step is mostly the loop's own work around each message and
 each statement (polling, callbacks, the psycopg waits), and uvloop does that work in
 C: about a tenth less server CPU per step in ``make bench`` (docs/performance.md,
-"The server on uvloop"). Nothing else changes with the loop; the tests run the server
+"The server"). Nothing else changes with the loop; the tests run the server
 on the loop that ``auto`` picks.
 """
 

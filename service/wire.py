@@ -201,8 +201,7 @@ class ClaimWriter:
     def _upstream(self, text: str) -> bytes:
         """The upstream_outputs entries of a JSON object of outputs by node, given as
         text: a fan-out's leaves have the same one, parsed and written once per claim
-        (for 64 leaves, 64 times before: docs/performance.md, "The server's part of a
-        fan step")."""
+        rather than once per leaf (docs/performance.md, "Wide fan-outs")."""
         encoded = self._upstreams.get(text)
         if encoded is None:
             # Written inline: a join's upstream has an entry per upstream node (10,000

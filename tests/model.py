@@ -1,7 +1,7 @@
 """A reference model of runs and steps, and the engine's invariants, for the
 model-based test (tests/test_model.py) and for any test that wants to check a database.
 
-The model follows docs/state-machine.md as specified for issue 20 (the operator
+The model follows docs/state-machine.md, operator actions included (their
 semantics: Retry / RetryAll reset every node below the retried ones that has not
 completed, give a fresh attempt budget; Resolve result / error / discard). It is kept
 deliberately naive: dependency counts are recomputed from the graph every time they are

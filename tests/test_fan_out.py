@@ -1,5 +1,5 @@
 """Wide fan-outs: a root, thousands of leaves depending on it, and joins depending on
-every leaf (issue 19, the bench's fan scenario). The leaves complete in batches, from
+every leaf (as in the bench's fan scenario). The leaves complete in batches, from
 two workers at once; each join is released once, after the last leaf, by its trigger
 rule, with every leaf's output; and settling the root's wave costs time in proportion
 to the fan-out, whatever statistics the planner has.
@@ -307,7 +307,7 @@ def test_a_fan_out_after_small_runs_is_claimed_and_completed_by_key(database_url
     step of the run. Written as node = ANY (depends_on), PostgreSQL 15 planned each
     claimed leaf's upstream lookup as a read of the run's steps by run_id filtered by
     the list: all 2,002 steps of the run for each leaf (docs/performance.md, "Wide
-    fan-outs on PostgreSQL 15"). So did _settle's lookups when the leaves completed:
+    fan-outs"). So did _settle's lookups when the leaves completed:
     the count of their dependents, and the count at the join."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         small = json.dumps(json.loads(_wide_nodes(3)))

@@ -1,4 +1,4 @@
-"""Flow control (issue 16): start times, priorities, concurrency keys and rate limits,
+"""Flow control: start times, priorities, concurrency keys and rate limits,
 enforced by the claim (docs/flow-control.md). Limits are checked from the database,
 not from what the workers say, while workers on two servers claim at once."""
 

@@ -1,5 +1,5 @@
-"""Hostile and oversized input, and what a client learns while the database is down
-(issue 13, items 7 to 12): every client mistake is INVALID_ARGUMENT with a short
+"""Hostile and oversized input, and what a client learns while the database is down:
+every client mistake is INVALID_ARGUMENT with a short
 message, per-name memory is bounded, and a large Submit does not stall other calls."""
 
 from __future__ import annotations

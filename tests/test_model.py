@@ -1,4 +1,4 @@
-"""Model-based test of the SQL engine (issue 20): Hypothesis drives random sequences of
+"""Model-based test of the SQL engine: Hypothesis drives random sequences of
 submit, claim (with unsafe marks), complete, fail, heartbeat, clock moves, sweep,
 cancel, Retry, RetryAll and Resolve against the real cyclone.* functions, on small random
 DAGs with every trigger rule, and after every step compares the database with the
@@ -572,7 +572,8 @@ def test_engine_agrees_with_the_model(postgres_url: str, template_url: str) -> N
     run_state_machine_as_test(EngineMachine, settings=PROFILE)
 
 
-# The sequences of issue 20, replayed through the same machine, so that they are checked
+# Fixed operator sequences (a Retry, RetryAll or Resolve around a discarded, blocked
+# or lost step), replayed through the same machine, so that they are checked
 # whatever the random search happens to try.
 
 
@@ -652,7 +653,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_issue_20_sequences_agree_with_the_model(
+def test_known_operator_sequences_agree_with_the_model(
     postgres_url: str, template_url: str, case: str
 ) -> None:
     EngineMachine.postgres_url = postgres_url

@@ -1,4 +1,4 @@
-"""Every operator action sent twice at once, to two servers on one database (issue 20):
+"""Every operator action sent twice at once, to two servers on one database:
 exactly one of the two takes effect, the other is refused with FAILED_PRECONDITION
 naming why, the audit trail records the action once, and the engine's invariants
 (tests.model.database_violations) hold afterwards."""

@@ -1,4 +1,4 @@
-"""Plans that do not depend on luck (issue 22): every hot-path function reaches the
+"""Plans that do not depend on luck: every hot-path function reaches the
 rows of cyclone.steps, cyclone.runs and cyclone.step_calls through an index or a key,
 however many finished rows those tables hold and whether or not they have been analyzed.
 

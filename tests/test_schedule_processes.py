@@ -1,4 +1,4 @@
-"""The issue's test: a schedule firing every second for a minute with three
+"""A schedule firing every second for a minute with three
 cyclone-server processes, one killed (SIGKILL) midway, yields exactly one run per
 firing, counted from the database."""
 

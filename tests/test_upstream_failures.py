@@ -1,4 +1,4 @@
-"""Cleanup nodes see what failed (issue 13, item 5): a node whose trigger rule lets it
+"""Cleanup nodes see what failed: a node whose trigger rule lets it
 run after a failure receives, with its claim, each direct upstream node that did not
 succeed and that node's last error, the way an except block sees its exception."""
 

@@ -1,5 +1,5 @@
--- Plans that do not depend on statistics (issue 22), and the failed upstream nodes
--- handed to a cleanup node with its claim (issue 13, item 5).
+-- Plans that do not depend on statistics, and the failed upstream nodes handed to a
+-- cleanup node with its claim.
 --
 -- Every statement on the claim, completion, sweep and retention paths now reaches the
 -- rows of steps and runs by key or by ctid, so no plan can turn into a scan of the

@@ -1,4 +1,4 @@
--- Durable functions (issue 15): the journal of step calls.
+-- Durable functions: the journal of step calls.
 --
 -- A node whose handler is a durable function records each step call its body makes in
 -- cyclone.step_calls, keyed (run_id, node, step_id). New:

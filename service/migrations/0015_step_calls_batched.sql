@@ -1,4 +1,4 @@
--- Durable functions, batched (issue 15): the begins and ends of many step calls in one
+-- Durable functions, batched: the begins and ends of many step calls in one
 -- transaction, alone or before the completions of the same CompleteMany.
 --   step_calls_end_many    _step_call_end for a batch: new entries and STARTED ones in
 --                          one statement, the rest one at a time; a refusal stands alone

@@ -1,4 +1,4 @@
--- CompleteMany's brief answers (issue 15, speed): a worker that only needs the decision
+-- CompleteMany's brief answers, for speed: a worker that only needs the decision
 -- of a step call's begin and the fact of its end asks for answers without their
 -- journal entries; building, sending and parsing them was a fifth of an unsafe call.
 --   step_calls_end_many, step_calls_begin_many, step_report_many  gain p_brief

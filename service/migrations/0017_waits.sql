@@ -1,4 +1,4 @@
--- Waiting without a worker (issue 16): durable sleep, events, and the suspend
+-- Waiting without a worker: durable sleep, events, and the suspend
 -- mechanism child runs build on.
 --   steps.resumes, steps.waiting_for     a node that waits gives up its lease; the
 --                                        claims that resume it use up no attempt

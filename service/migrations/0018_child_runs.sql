@@ -1,4 +1,4 @@
--- Child runs (issue 16): a durable function starts a run of another workflow as a step
+-- Child runs: a durable function starts a run of another workflow as a step
 -- call of its body, waits for its outcome, and cancelling a run cancels its children.
 --   runs.parent_run_id, parent_node, parent_step_id   the link of a child run
 --   runs_parent_idx                                   a run's children

@@ -1,4 +1,4 @@
--- Flow control (issue 16): start times, priorities, concurrency keys and rate limits,
+-- Flow control: start times, priorities, concurrency keys and rate limits,
 -- all enforced by the claim.
 --   runs.priority, runs.start_at           Submit's start_at and priority
 --   steps.priority, concurrency_key/limit  per node, set at submit (run_submit)

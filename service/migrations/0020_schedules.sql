@@ -1,4 +1,4 @@
--- Schedules kept by the server (issue 16): the table cyclone.schedules and
+-- Schedules kept by the server: the table cyclone.schedules and
 -- schedule_fire, which submits a schedule's due firings and moves it forward.
 
 -- One schedule. Not a run's table: keyed by its name.

@@ -1,4 +1,4 @@
--- Issue 18: step logs and readable blocked messages.
+-- Step logs and readable blocked messages.
 -- * cyclone.step_logs and cyclone.step_logs_add (service/schema/55_step_logs.sql): the
 --   lines handlers log, sent with Heartbeat and Complete, kept per attempt within a cap.
 -- * cyclone._when: a time as a message shows it ("2026-05-01 14:03:07 UTC"); the

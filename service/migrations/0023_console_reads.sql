@@ -1,4 +1,4 @@
--- The console's reads at any size (issue 17): CountRuns, ListRuns' key filter and
+-- The console's reads at any size: CountRuns, ListRuns' key filter and
 -- ListSteps reach their rows through indexes, never by a scan of runs or steps.
 --
 --   runs_completed_created_idx  the completed runs, newest first: CountRuns counts them

@@ -1,5 +1,5 @@
--- A wide fan-out settles in linear time, and a released step is written once (issue
--- 19, the bench's fan scenario).
+-- A wide fan-out settles in linear time, and a released step is written once (the
+-- bench's fan scenario).
 --
 -- _settle counted a wave of finals at their dependents by joining the run's steps to
 -- the set of counts. A planner that expects a run to hold a few steps (no statistics,

@@ -1,5 +1,5 @@
--- An unsafe step call's end and the next begin in one statement (performance, issue
--- 15): CompleteMany's ends and begins were two passes, each locking the batch's runs,
+-- An unsafe step call's end and the next begin in one statement (performance):
+-- CompleteMany's ends and begins were two passes, each locking the batch's runs,
 -- checking each node's lease and counting its journal; step_report_many now writes
 -- the common cases of both in one statement, each node's lease checked and its
 -- journal counted once, and the two passes' functions are gone.

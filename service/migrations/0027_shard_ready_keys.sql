@@ -1,4 +1,4 @@
--- Shard-ready keys (issue 21): every unique constraint contains run_id, so that the
+-- Shard-ready keys: every unique constraint contains run_id, so that the
 -- run-level tables can be distributed by run_id on Citus (docs/scaling.md), and the
 -- engine behaves the same on one Postgres.
 --

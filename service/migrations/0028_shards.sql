@@ -1,4 +1,4 @@
--- Transitions by run, for a database sharded by run_id (issue 21, docs/scaling.md):
+-- Transitions by run, for a database sharded by run_id (docs/scaling.md):
 -- the Citus claim path (step_candidates, step_claim_run, step_next_due_sharded),
 -- retention by key (runs_purge_sharded, submit_keys_purge_sharded) and
 -- cyclone.sharded(), which tells the server to use them.

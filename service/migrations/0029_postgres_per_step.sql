@@ -1,5 +1,5 @@
--- Postgres's cost per step (issue 19, session 8; docs/performance.md, "Postgres per
--- step, session 8").
+-- Postgres's cost per step: fillfactor 60 on runs and steps, and the run's close in
+-- PL/pgSQL (docs/performance.md, "The engine's SQL").
 --
 -- Room on each page of runs and steps for the new versions of their rows, so that a
 -- transition's update stays on its row's page (no lock record for the old version,

@@ -2,7 +2,7 @@
 -- when the key was full (_key_wake), not at every completion of a keyed step. Each
 -- wake-up makes the action's waiting claims, on every server, claim again (and a
 -- worker's own completion transaction sends a NOTIFY, which makes notifying commits
--- take turns); in the flow benchmark (issue 16) nearly every CompleteMany batch sent
+-- take turns); in the flow benchmark nearly every CompleteMany batch sent
 -- one that no claim needed, since its keys had room.
 
 -- The action to wake when p_freed steps of action p_action with concurrency key p_key
@@ -304,7 +304,7 @@ END;
 $$;
 
 -- A claim by a worker that marks no action unsafe to repeat commits without waiting for
--- its WAL flush (performance, issue 19): half of a claim's time went to the flush.
+-- its WAL flush (performance): half of a claim's time went to the flush.
 -- Losing it in a crash of Postgres loses nothing and doubles nothing
 -- (tests/test_claim_durability.py; docs/exactly-once.md, the crash matrix).
 

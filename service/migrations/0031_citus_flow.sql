@@ -1,4 +1,4 @@
--- Citus, flow control and a cheaper claim (issue 21; docs/scaling.md): a claim on a
+-- Citus, flow control and a cheaper claim (docs/scaling.md): a claim on a
 -- sharded database groups its candidates by shard and takes each shard's in one
 -- delegated call (step_claim_shard); candidates under a rate limit or a concurrency key
 -- are admitted under locks on the coordinator (step_claim_flow), so the limits hold

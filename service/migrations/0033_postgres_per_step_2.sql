@@ -1,5 +1,6 @@
--- Postgres's cost per step, again (issue 19, session 9; docs/performance.md, "Postgres
--- per step, session 9").
+-- Postgres's cost per step: no journal lookup at a first claim, and no last pass in
+-- step_complete_many when every item was applied (docs/performance.md, "The engine's
+-- SQL").
 --
 -- The claim reads a claimed step's journal only when the step was claimed before: a
 -- first claim (attempt 1) has none, since every journal entry is written under a lease.

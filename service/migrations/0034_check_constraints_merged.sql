@@ -1,11 +1,11 @@
 -- The CHECK constraints of runs and steps, the same rules in three constraints instead
--- of fifteen (issue 19, session 10; docs/performance.md, "Postgres per step, session
--- 10"). PostgreSQL reads each CHECK expression again from its stored node text in every
--- statement that writes the table, and evaluates each one per row: on the claim, the
--- completion and the run's close, that was about 21,000 instructions per step. The
--- merged constraints allow exactly the rows the old ones allowed, their lists written
--- as array constants (shorter node text than IN lists or a CASE by status). Adding
--- them checks every row of runs and steps.
+-- of fifteen (docs/performance.md, "The engine's SQL"). PostgreSQL reads each CHECK
+-- expression again from its stored node text in every statement that writes the
+-- table, and evaluates each one per row: on the claim, the completion and the run's
+-- close, that was about 21,000 instructions per step. The merged constraints allow
+-- exactly the rows the old ones allowed, their lists written as array constants
+-- (shorter node text than IN lists or a CASE by status). Adding them checks every row
+-- of runs and steps.
 ALTER TABLE cyclone.runs
     DROP CONSTRAINT runs_status_known,
     DROP CONSTRAINT runs_finished_at_iff_finished,

@@ -1,5 +1,5 @@
--- step_claim in two statements for plain steps (issue 19, session 10; docs/performance.md,
--- "Postgres per step, session 10"): the pick (the walk of steps_ready_idx, its locks,
+-- step_claim in two statements for plain steps (docs/performance.md, "The engine's
+-- SQL"): the pick (the walk of steps_ready_idx, its locks,
 -- and what the rows need), then one update of the rows picked, by ctid, that reads
 -- each run by key in its FROM and returns the claim's rows. The statements for a
 -- concurrency key, a sleep that ends and a rate window, and the lookups of upstream

@@ -1,5 +1,5 @@
--- The run's close and step_complete_many, cheaper per step (issue 19, session 10;
--- docs/performance.md, "Postgres per step, session 10").
+-- The run's close and step_complete_many, cheaper per step (docs/performance.md, "The
+-- engine's SQL").
 --
 -- _runs_close finds each run by key and updates it by ctid: its join of the list with
 -- runs by = ANY compared every run with every entry of the list. It looks a closing

@@ -1,5 +1,4 @@
--- The release of a wide fan-out, cheaper (issue 19, session 11; docs/performance.md,
--- "The release of a wide fan-out").
+-- The release of a wide fan-out, cheaper (docs/performance.md, "Wide fan-outs").
 --
 -- _settle counts a wave of one final (a root's completion) without looking each
 -- dependent's count up by name: every dependent counts that final once. For a
@@ -38,7 +37,7 @@ BEGIN
                 -- One final (a root's completion, the wave of a single failure): each
                 -- of its dependents counts it once, so no count is looked up by name.
                 -- For a fan-out of 10,000 the lookups were a third of the release
-                -- (docs/performance.md, "The release of a wide fan-out").
+                -- (docs/performance.md, "Wide fan-outs").
                 SELECT f.dependents, 1, (f.status <> 'completed')::integer
                   INTO v_targets, v_one, v_one_failed
                   FROM cyclone.steps f WHERE f.run_id = p_run_id AND f.node = v_wave[1];

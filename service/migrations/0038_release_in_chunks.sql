@@ -1,5 +1,4 @@
--- A wide release in chunks (issue 19, session 12; docs/performance.md, "A wide release
--- in chunks").
+-- A wide release in chunks (docs/performance.md, "Wide fan-outs").
 --
 -- A node that becomes final alone with more than 1,000 dependents (a fan-out's root)
 -- is counted at its first 1,000 dependents in its own transaction; the rest are left
@@ -58,7 +57,7 @@ BEGIN
                 -- One final (a root's completion, the wave of a single failure): each
                 -- of its dependents counts it once, so no count is looked up by name.
                 -- For a fan-out of 10,000 the lookups were a third of the release
-                -- (docs/performance.md, "The release of a wide fan-out").
+                -- (docs/performance.md, "Wide fan-outs").
                 SELECT f.dependents, 1, (f.status <> 'completed')::integer
                   INTO v_targets, v_one, v_one_failed
                   FROM cyclone.steps f WHERE f.run_id = p_run_id AND f.node = v_wave[1];

@@ -1,5 +1,5 @@
--- The upstream of a fan-out's leaves, read once per claim (issue 19, session 12;
--- docs/performance.md, "The upstream of a fan-out's leaves, read once per claim").
+-- The upstream of a fan-out's leaves, read once per claim (docs/performance.md, "Wide
+-- fan-outs").
 --
 -- step_claim read each claimed step's upstream outputs in a subquery of its update's
 -- RETURNING, one probe of the primary key per step, though a claim of a fan-out's
@@ -198,8 +198,7 @@ BEGIN
     -- The upstream outputs are read after the update, joined to its rows: a claim's
     -- steps that share their upstream (the leaves of one fan-out) share one lookup
     -- (the plan memoizes it by run_id and depends_on), where a subquery per row probed
-    -- the same key once per step (docs/performance.md, "The upstream of a fan-out's
-    -- leaves, read once per claim").
+    -- the same key once per step (docs/performance.md, "Wide fan-outs").
     RETURN QUERY
         WITH claimed AS (
             UPDATE cyclone.steps s

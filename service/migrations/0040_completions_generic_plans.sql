@@ -1,5 +1,4 @@
--- Completions run on generic plans (issue 19, session 13; docs/performance.md, "Plans
--- made at every completion").
+-- Completions run on generic plans (docs/performance.md, "The engine's SQL").
 --
 -- PL/pgSQL plans a statement with its arguments' values for its first five runs, then
 -- keeps a generic plan only when that does not look dearer. A list parameter

@@ -1,5 +1,5 @@
--- The claim's upstream lookup, one probe per upstream node (issue 19, session 13;
--- docs/performance.md, "Wide fan-outs on PostgreSQL 15").
+-- The claim's upstream lookup, one probe per upstream node (docs/performance.md, "Wide
+-- fan-outs").
 --
 -- step_claim read each claimed step's upstream outputs with node = ANY (depends_on).
 -- On PostgreSQL 15 and 16, with statistics gathered while runs had one or two steps (a
@@ -200,13 +200,12 @@ BEGIN
     -- The upstream outputs are read after the update, joined to its rows: a claim's
     -- steps that share their upstream (the leaves of one fan-out) share one lookup
     -- (the plan memoizes it by run_id and depends_on), where a subquery per row probed
-    -- the same key once per step (docs/performance.md, "The upstream of a fan-out's
-    -- leaves, read once per claim"). Each upstream node is one probe of the primary
-    -- key by (run_id, node), OFFSET 0 keeping it so: written as node = ANY
-    -- (depends_on), PostgreSQL 15 and 16, with statistics of runs of one or two steps,
-    -- put only run_id in the index condition and filtered the run's steps by the list,
-    -- a read of every step of a fan-out's run for each leaf claimed (docs/performance.md,
-    -- "Wide fan-outs on PostgreSQL 15").
+    -- the same key once per step (docs/performance.md, "Wide fan-outs"). Each
+    -- upstream node is one probe of the primary key by (run_id, node), OFFSET 0
+    -- keeping it so: written as node = ANY (depends_on), PostgreSQL 15 and 16, with
+    -- statistics of runs of one or two steps, put only run_id in the index condition
+    -- and filtered the run's steps by the list, a read of every step of a fan-out's
+    -- run for each leaf claimed.
     RETURN QUERY
         WITH claimed AS (
             UPDATE cyclone.steps s

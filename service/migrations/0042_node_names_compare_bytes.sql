@@ -1,5 +1,4 @@
--- Node names compare byte by byte (issue 19, session 14; docs/performance.md, "Node
--- names in the database's collation").
+-- Node names compare byte by byte (docs/performance.md, "The engine's SQL").
 --
 -- All steps of a run share its run_id, so within a run the primary key (run_id, node)
 -- orders them by name, and each comparison of two names went through the database's

@@ -1,5 +1,5 @@
--- The steps' count constraint no longer reads depends_on (issue 19, session 14;
--- docs/performance.md, "The join's constraint").
+-- The steps' count constraint no longer reads depends_on (docs/performance.md, "The
+-- engine's SQL").
 --
 -- steps_counts_in_range checked deps_open + deps_failed <= cardinality(depends_on) at
 -- every update of a step. A join's depends_on of 10,000 names is stored compressed in

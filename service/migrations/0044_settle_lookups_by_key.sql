@@ -1,5 +1,4 @@
--- _settle's lookups of a run's steps by key (issue 19, session 14; docs/performance.md,
--- "Wide fan-outs on PostgreSQL 15").
+-- _settle's lookups of a run's steps by key (docs/performance.md, "Wide fan-outs").
 --
 -- _settle found a run's steps with run_id = p_run_id AND node = ANY (list). With
 -- statistics of small runs (a history of one-node runs, analyzed), PostgreSQL 15 and 16
@@ -44,7 +43,7 @@ DECLARE
     -- PostgreSQL 17 a generic plan may leave node = ANY (list) out of the index
     -- condition when the statistics say a run has a step or two, and read every step of
     -- the run for it (10,000 per count at a fan-out's join); a range of the key's second
-    -- column is always in it (docs/performance.md, "Wide fan-outs on PostgreSQL 15").
+    -- column is always in it.
     v_lo       text COLLATE "C";
     v_hi       text COLLATE "C";
 BEGIN
@@ -59,7 +58,7 @@ BEGIN
                 -- One final (a root's completion, the wave of a single failure): each
                 -- of its dependents counts it once, so no count is looked up by name.
                 -- For a fan-out of 10,000 the lookups were a third of the release
-                -- (docs/performance.md, "The release of a wide fan-out").
+                -- (docs/performance.md, "Wide fan-outs").
                 SELECT f.dependents, 1, (f.status <> 'completed')::integer
                   INTO v_targets, v_one, v_one_failed
                   FROM cyclone.steps f WHERE f.run_id = p_run_id AND f.node = v_wave[1];

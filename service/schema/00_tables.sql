@@ -58,8 +58,8 @@ CREATE TABLE cyclone.runs (
     -- steps_total. One constraint rather than five, its lists written as array
     -- constants: PostgreSQL reads every CHECK expression again (from its stored node
     -- text) in each statement that writes the table, and evaluates each one per row,
-    -- and the close of a run is on every run's path (docs/performance.md, "Postgres per
-    -- step, session 10").
+    -- and the close of a run is on every run's path (docs/performance.md, "The
+    -- engine's SQL").
     CONSTRAINT runs_status_valid CHECK (
         status = ANY ('{running,completed,failed,blocked,cancelled}'::text[])
         AND (finished_at IS NOT NULL) = (status = ANY ('{completed,failed,cancelled}'::text[]))
@@ -72,8 +72,8 @@ CREATE TABLE cyclone.runs (
 -- but a new version that fits on its old row's page is written without a lock record
 -- for the old one, with only the changed bytes logged, and without touching another
 -- page. A one-node run is updated once (closed), a step twice (claimed, completed); at
--- 60 most of those stay on their page (docs/performance.md, "Postgres per step,
--- session 8"). The cost: pages of finished rows stay partly empty.
+-- 60 most of those stay on their page (docs/performance.md, "The engine's SQL").
+-- The cost: pages of finished rows stay partly empty.
 WITH (fillfactor = 60);
 
 -- ListRuns' orders and filters.

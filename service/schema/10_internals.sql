@@ -136,7 +136,7 @@ $$;
 -- steps to a set of nodes. For such a join a planner that expects a run to have a few
 -- steps (no statistics, or statistics of small runs) put the run's steps outside and
 -- the set inside: for a fan-out of 10,000 that was 50 million comparisons, 15 s to
--- complete its root (docs/performance.md, the fan scenario).
+-- complete its root (docs/performance.md, "Wide fan-outs").
 --   p_final:  nodes that just became final
 --   p_decide: pending nodes to judge now (step_retry, step_resolve)
 --   p_closed: how many steps the caller made final itself
@@ -147,8 +147,7 @@ $$;
 -- and the rest are left in cyclone.releases for release_continue, 1,000 per
 -- transaction, so that the first dependents can be claimed while the others are
 -- counted. For a fan-out of 10,000 the whole count was one 80 ms transaction, and no
--- leaf could be claimed before its commit (docs/performance.md, "A wide release in
--- chunks").
+-- leaf could be claimed before its commit (docs/performance.md, "Wide fan-outs").
 -- The caller holds the run row lock. Called by _step_complete, step_complete_many,
 -- step_fail, sweep_steps, step_retry, step_resolve and release_continue.
 CREATE FUNCTION cyclone._settle(p_run_id uuid, p_final text[], p_decide text[], p_closed integer,
@@ -182,7 +181,7 @@ DECLARE
     -- PostgreSQL 17 a generic plan may leave node = ANY (list) out of the index
     -- condition when the statistics say a run has a step or two, and read every step of
     -- the run for it (10,000 per count at a fan-out's join); a range of the key's second
-    -- column is always in it (docs/performance.md, "Wide fan-outs on PostgreSQL 15").
+    -- column is always in it.
     v_lo       text COLLATE "C";
     v_hi       text COLLATE "C";
 BEGIN
@@ -197,7 +196,7 @@ BEGIN
                 -- One final (a root's completion, the wave of a single failure): each
                 -- of its dependents counts it once, so no count is looked up by name.
                 -- For a fan-out of 10,000 the lookups were a third of the release
-                -- (docs/performance.md, "The release of a wide fan-out").
+                -- (docs/performance.md, "Wide fan-outs").
                 SELECT f.dependents, 1, (f.status <> 'completed')::integer
                   INTO v_targets, v_one, v_one_failed
                   FROM cyclone.steps f WHERE f.run_id = p_run_id AND f.node = v_wave[1];

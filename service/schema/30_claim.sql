@@ -72,7 +72,7 @@ $$;
 -- need beyond the plain case), then one update of the rows picked, by their ctids,
 -- that reads each run by key and returns the rows; so no plan scans steps. A key, a
 -- sleep that ends or a rate limit adds a statement of its own, only when there is one
--- (docs/performance.md, "Postgres per step, session 10"). A generic plan is forced
+-- (docs/performance.md, "The engine's SQL"). A generic plan is forced
 -- (the plan is the same walk of the ready index for every argument, and replanning
 -- cost ~0.45 ms of a 1.5 ms claim), and no hash or merge join: each join is a lookup
 -- by key or ctid, whatever the statistics. A claim by a worker that marks no action unsafe to repeat commits
@@ -276,13 +276,12 @@ BEGIN
     -- The upstream outputs are read after the update, joined to its rows: a claim's
     -- steps that share their upstream (the leaves of one fan-out) share one lookup
     -- (the plan memoizes it by run_id and depends_on), where a subquery per row probed
-    -- the same key once per step (docs/performance.md, "The upstream of a fan-out's
-    -- leaves, read once per claim"). Each upstream node is one probe of the primary
-    -- key by (run_id, node), OFFSET 0 keeping it so: written as node = ANY
-    -- (depends_on), PostgreSQL 15 and 16, with statistics of runs of one or two steps,
-    -- put only run_id in the index condition and filtered the run's steps by the list,
-    -- a read of every step of a fan-out's run for each leaf claimed (docs/performance.md,
-    -- "Wide fan-outs on PostgreSQL 15").
+    -- the same key once per step (docs/performance.md, "Wide fan-outs"). Each
+    -- upstream node is one probe of the primary key by (run_id, node), OFFSET 0
+    -- keeping it so: written as node = ANY (depends_on), PostgreSQL 15 and 16, with
+    -- statistics of runs of one or two steps, put only run_id in the index condition
+    -- and filtered the run's steps by the list, a read of every step of a fan-out's
+    -- run for each leaf claimed.
     RETURN QUERY
         WITH claimed AS (
             UPDATE cyclone.steps s

@@ -106,7 +106,7 @@ SET enable_mergejoin = off
 -- or two (the join that a batch of a fan-out's leaves counts, the one run that _settle
 -- closes, the lock of a batch all of one run) looked dearer generic and was planned
 -- again at every call: 2.5 plans per batch of a fan-out's leaves, 5.5 % of Postgres's
--- work per step (docs/performance.md, "Plans made at every completion").
+-- work per step (docs/performance.md, "The engine's SQL").
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column

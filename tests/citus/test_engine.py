@@ -1,6 +1,6 @@
 """The engine's core behaviours, on a coordinator and two workers: the same tests as on
 one Postgres (imported from their modules, so they cannot drift apart), run with the
-Citus suite's fixtures (tests/citus/conftest.py). What they cover, as issue 21 lists it:
+Citus suite's fixtures (tests/citus/conftest.py). What they cover:
 DAG order, SubmitOnce under concurrency, leases and the sweep, fencing (a stale token
 is refused), Retry / RetryAll / Resolve, durable functions (step calls, their journal,
 resolving them), CompleteMany, retention of runs and keys, waits and events, child
