@@ -55,6 +55,10 @@ def runs_of(server, name: str = "tick") -> list[tuple[str, str]]:
     )
 
 
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
 def db_now(server) -> datetime:
     return server.sql("SELECT cyclone.now()")[0][0]
 
@@ -271,6 +275,30 @@ def test_cron_fires_in_its_time_zone(cyclone_server):
     to_next_firing(cyclone_server)
     assert cyclone_server.fire_schedules() == 1
     assert runs_of(cyclone_server) == [(f"schedule:tick:{fire_at:%Y-%m-%dT%H:%M:%SZ}", "running")]
+
+
+def test_catch_up_across_chathams_change_submits_each_missed_firing_once(cyclone_server):
+    """Every server down across 2027-04-04 in Pacific/Chatham, where 03:45 (+13:45)
+    becomes 02:45 (+12:45): 02:45 happens twice and fires once, the first time."""
+    cyclone_server.advance_clock((utc(2027, 4, 2, 12) - db_now(cyclone_server)).total_seconds())
+    made = create(
+        cyclone_server,
+        schedule(cron="*/15 2 * * *", zone="Pacific/Chatham", catch_up=pb.CATCH_UP_POLICY_ALL),
+    )
+    assert made.next_fire_at.ToDatetime(tzinfo=UTC) == utc(2027, 4, 2, 12, 15)  # 02:00 +13:45
+    cyclone_server.advance_clock(2 * 86400 + 3 * 3600)  # to 2027-04-04 15:00Z
+    assert cyclone_server.fire_schedules() == 12
+    assert [k for k, _ in runs_of(cyclone_server)] == [
+        f"schedule:tick:{t:%Y-%m-%dT%H:%M:%SZ}"
+        for day, minutes in ((2, (15, 30, 45, 60)), (3, (15, 30, 45, 60)), (4, (75, 90, 105, 120)))
+        for t in (utc(2027, 4, day, 12) + timedelta(minutes=m) for m in minutes)
+    ]
+    # And it goes on firing: at 02:00 (+12:45) the next day.
+    got = cyclone_server.schedules.GetSchedule(pb.GetScheduleRequest(name="tick")).schedule
+    assert got.next_fire_at.ToDatetime(tzinfo=UTC) == utc(2027, 4, 5, 13, 15)
+    to_next_firing(cyclone_server)
+    assert cyclone_server.fire_schedules() == 1
+    assert len(runs_of(cyclone_server)) == 13
 
 
 def test_a_schedule_another_server_holds_is_skipped_then_fired_once_its_holder_dies(
