@@ -51,9 +51,9 @@ export type Schedule = Message<"cyclone.v1.Schedule"> & {
   spec: {
     /**
      * A cron expression: five fields (minute hour day-of-month month day-of-week),
-     * or six with seconds first, read in time_zone. Daylight saving time follows
-     * Debian cron: a time skipped by the change fires right after it, a repeated
-     * time fires once.
+     * or six with seconds first, read on time_zone's clock. When that clock changes
+     * (daylight saving time), a time it skips fires once, at the first moment after
+     * the jump, and a time that happens twice fires once, the first time.
      *
      * @generated from field: string cron = 4;
      */
