@@ -26,7 +26,7 @@ from service.config import Settings
 from service.errors import rpc
 from service.metrics import Metrics
 from service.records import DueSchedule, ScheduleRow
-from service.servicers import Context, _limits, _page_size, _payloads, _validated_off_loop
+from service.servicers import Context, _limits, _page_size, _payloads, new_run_of
 from service.store import FirePlan, Store, nodes_json
 
 log = logging.getLogger("cyclone")
@@ -211,15 +211,16 @@ class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
             raise errors.InvalidArgument(f"unknown overlap policy {s.overlap}")
         if s.catch_up not in CATCH_UP:
             raise errors.InvalidArgument(f"unknown catch_up policy {s.catch_up}")
-        nodes = await _validated_off_loop(s.workflow, self.limits, self.payloads)
-        run_input = self.payloads.optional_json(s, "input", "run input")
+        # The input is fixed: each key is evaluated here, once, and a firing submits
+        # the nodes as they are stored, as SubmitOnce would submit them.
+        run = await new_run_of(s, self.limits, self.payloads)
         when = When(cron, zone, interval_s)
         row = await self.store.schedule_create(
             schedule=name,
             workflow=json.dumps(json_format.MessageToDict(s.workflow)),
             workflow_name=s.workflow.name,
-            nodes=nodes_json(nodes),
-            input=run_input,
+            nodes=nodes_json(run.nodes),
+            input=run.input_json,
             cron=cron,
             time_zone=zone,
             interval_s=interval_s,
