@@ -81,8 +81,9 @@ class RetryPolicy:
 @dataclass(frozen=True, slots=True)
 class Concurrency:
     """At most ``limit`` steps with the same key run at once (docs/flow-control.md).
-    ``key`` is a template evaluated at submit: ``{run.a.b}`` is a field of the run input,
-    ``{node.a}`` one of the node's input, ``{{`` and ``}}`` are braces."""
+    ``key`` is a template evaluated once per run, when it is created (submit, a child's
+    start, or create_schedule for all its firings): ``{run.a.b}`` is a field of the run
+    input, ``{node.a}`` one of the node's input, ``{{`` and ``}}`` are braces."""
 
     key: str
     limit: int

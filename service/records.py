@@ -558,7 +558,9 @@ class ScheduleRow(NamedTuple):
 
 class DueSchedule(NamedTuple):
     """schedules_due: a schedule due to fire, locked by the firing transaction, with
-    the database's time."""
+    the database's time. One whose nodes still hold key templates (not nodes_keyed)
+    comes with its workflow (the Workflow message as JSON) and input; otherwise both
+    are None."""
 
     now: datetime
     name: str
@@ -567,6 +569,9 @@ class DueSchedule(NamedTuple):
     interval_s: int | None
     catch_up: str
     next_fire_at: datetime
+    nodes_keyed: bool = True
+    workflow: dict[str, Any] | None = None
+    input: Any = None
 
 
 class Fired(NamedTuple):

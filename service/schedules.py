@@ -11,11 +11,11 @@ import itertools
 import json
 import logging
 import zoneinfo
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 from cronsim import CronSim, CronSimError
-from google.protobuf import json_format
+from google.protobuf import json_format, struct_pb2
 
 from cyclone import dag
 from cyclone.v1 import schedule_service_pb2 as schedule_pb
@@ -26,7 +26,7 @@ from service.config import Settings
 from service.errors import rpc
 from service.metrics import Metrics
 from service.records import DueSchedule, ScheduleRow
-from service.servicers import Context, _limits, _page_size, _payloads, _validated_off_loop
+from service.servicers import Context, _limits, _page_size, _payloads, new_run, new_run_of
 from service.store import FirePlan, Store, nodes_json
 
 log = logging.getLogger("cyclone")
@@ -287,15 +287,16 @@ class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
             raise errors.InvalidArgument(f"unknown overlap policy {s.overlap}")
         if s.catch_up not in CATCH_UP:
             raise errors.InvalidArgument(f"unknown catch_up policy {s.catch_up}")
-        nodes = await _validated_off_loop(s.workflow, self.limits, self.payloads)
-        run_input = self.payloads.optional_json(s, "input", "run input")
+        # The input is fixed: each key is evaluated here, once, and a firing submits
+        # the nodes as they are stored, as SubmitOnce would submit them.
+        run = await new_run_of(s, self.limits, self.payloads)
         when = When(cron, zone, interval_s)
         row = await self.store.schedule_create(
             schedule=name,
             workflow=json.dumps(json_format.MessageToDict(s.workflow)),
             workflow_name=s.workflow.name,
-            nodes=nodes_json(nodes),
-            input=run_input,
+            nodes=nodes_json(run.nodes),
+            input=run.input_json,
             cron=cron,
             time_zone=zone,
             interval_s=interval_s,
@@ -377,14 +378,36 @@ class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
 # The firing pass ----------------------------------------------------------------------
 
 
-async def fire_due(store: Store, metrics: Metrics) -> int:
+def keyed(settings: Settings) -> Callable[[DueSchedule], Awaitable[list[dag.NodeSpec]]]:
+    """For the firing pass: the nodes of a schedule whose nodes still hold key
+    templates (stored by a server that did not evaluate them), as CreateSchedule
+    stores them now (service.servicers.new_run: validated, keys evaluated for its
+    input). A schedule whose input lacks a key's field cannot fire: its error says
+    which."""
+    limits, payloads = _limits(settings), _payloads(settings)
+
+    async def nodes(schedule: DueSchedule) -> list[dag.NodeSpec]:
+        assert schedule.workflow is not None
+        workflow = json_format.ParseDict(schedule.workflow, types_pb2.Workflow())
+        run_input = (
+            None
+            if schedule.input is None
+            else json_format.ParseDict(schedule.input, struct_pb2.Value())
+        )
+        return (await new_run(workflow, run_input, limits, payloads)).nodes
+
+    return nodes
+
+
+async def fire_due(store: Store, metrics: Metrics, settings: Settings) -> int:
     """Fire every due schedule, a transaction per SCHEDULES_PER_PASS; returns how many
     firings submitted a run. Bounded: a schedule fired is due again only at a later
     fire time, or with firings left to catch up (at most CATCH_UP_LIMIT), so passes
     stop once none is due, or after 50."""
     submitted = 0
+    nodes = keyed(settings)
     for _ in range(50):
-        fires = await store.schedules_fire(plan, SCHEDULES_PER_PASS)
+        fires = await store.schedules_fire(plan, SCHEDULES_PER_PASS, nodes)
         for name, fired in fires.fired:
             metrics.schedule_firings.labels(name, fired.outcome).inc()
             extra = {"schedule": name, "run_id": str(fired.run_id or "")}

@@ -228,7 +228,7 @@ class CycloneServer:
     async def fire_schedules(self) -> int:
         """Fire the due schedules once (service.schedules); returns how many runs the
         firings submitted."""
-        return await schedules.fire_due(self.store, self.metrics)
+        return await schedules.fire_due(self.store, self.metrics, self.settings)
 
     async def purge(self) -> int:
         """One retention pass: delete runs past their age, a batch per statement, until

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 import grpc
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 from cyclone import dag, flow
 from cyclone.v1 import (
@@ -27,6 +27,9 @@ from cyclone.v1 import (
 )
 from cyclone.v1 import (
     admin_service_pb2_grpc as admin_grpc,
+)
+from cyclone.v1 import (
+    schedule_service_pb2 as schedule_pb,
 )
 from cyclone.v1 import (
     types_pb2,
@@ -370,6 +373,49 @@ async def _validated_off_loop(
     return _validated(workflow, limits, payloads)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewRun:
+    """A run as it is stored: the validated nodes, each concurrency key evaluated for
+    this run input, and the input as JSON text (None when there is none)."""
+
+    nodes: list[dag.NodeSpec]
+    input_json: str | None
+
+
+async def new_run(
+    workflow: types_pb2.Workflow,
+    run_input: struct_pb2.Value | None,
+    limits: dag.Limits,
+    payloads: convert.Payloads,
+) -> NewRun:
+    """What every path that creates a run stores (Submit, SubmitOnce, CreateSchedule
+    for its firings, StartChild): the workflow validated and its key templates
+    evaluated against ``run_input`` (docs/flow-control.md). InvalidWorkflow, or the
+    payload's INVALID_ARGUMENT or RESOURCE_EXHAUSTED, names what is wrong; nothing is
+    written before it returns."""
+    nodes = await _validated_off_loop(workflow, limits, payloads)
+    input_json = None if run_input is None else payloads.to_json(run_input, "run input")
+    if any(n.concurrency_key is not None for n in nodes):
+        value = None if run_input is None else payloads.to_python(run_input, "run input")
+        nodes = _keyed(nodes, value)
+    return NewRun(nodes, input_json)
+
+
+#: The requests that create runs: each has a ``workflow`` and an optional ``input``.
+RunRequest: TypeAlias = (
+    workflow_pb.SubmitRequest
+    | workflow_pb.SubmitOnceRequest
+    | worker_pb.StartChildRequest
+    | schedule_pb.Schedule
+)
+
+
+async def new_run_of(request: RunRequest, limits: dag.Limits, payloads: convert.Payloads) -> NewRun:
+    """new_run of a request's workflow and input."""
+    run_input = request.input if request.HasField("input") else None
+    return await new_run(request.workflow, run_input, limits, payloads)
+
+
 class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
     def __init__(
         self,
@@ -396,15 +442,12 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             raise errors.InvalidArgument("workflow is required")
         flow.check_priority("run", request.priority)
         start_at = _start_at(request)
-        nodes = await _validated_off_loop(request.workflow, self.limits, self.payloads)
-        run_input = self.payloads.optional_json(request, "input", "run input")
-        if any(n.concurrency_key is not None for n in nodes):
-            value = self.payloads.to_python(request.input, "run input")
-            nodes = _keyed(nodes, value if request.HasField("input") else None)
+        run = await new_run_of(request, self.limits, self.payloads)
+        nodes = run.nodes
         run_id, created = await self.store.run_submit(
             workflow=request.workflow.name,
             nodes=nodes,
-            input_json=run_input,
+            input_json=run.input_json,
             submit_key=key,
             start_at=start_at,
             priority=request.priority,
@@ -1085,11 +1128,11 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         parent = self._step_call(request)
         if not request.HasField("workflow"):
             raise errors.InvalidArgument("workflow is required")
-        nodes = await _validated_off_loop(request.workflow, self.limits, self.payloads)
-        child_input = self.payloads.optional_json(request, "input", "run input")
+        child = await new_run_of(request, self.limits, self.payloads)
+        nodes = child.nodes
         try:
             row = await self.store.child_start(
-                parent, workflow=request.workflow.name, nodes=nodes, input_json=child_input
+                parent, workflow=request.workflow.name, nodes=nodes, input_json=child.input_json
             )
         except (errors.LeaseLost, errors.NotFound):
             self.metrics.refused.inc()

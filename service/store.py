@@ -1095,13 +1095,19 @@ class Store:
     async def schedule_delete(self, name: str) -> None:
         _schedule_found(name, await self._one("schedule_delete", ScheduleName, schedule=name))
 
-    async def schedules_fire(self, plan: Callable[[DueSchedule], FirePlan], limit: int) -> Fires:
+    async def schedules_fire(
+        self,
+        plan: Callable[[DueSchedule], FirePlan],
+        limit: int,
+        keyed: Callable[[DueSchedule], Awaitable[Sequence[NodeSpec]]],
+    ) -> Fires:
         """One firing pass, in one transaction: lock up to ``limit`` due schedules
         (skipping those another server holds), fire each as ``plan`` says, move each
         forward, commit. A server that dies before the commit fires nothing: the
         schedules stay due for the next pass of any server. Each schedule is fired
-        under a savepoint: one that fails (its plan, or its submit) is left due, with
-        its error in ``failed``, and the others fire."""
+        under a savepoint: one that fails (its plan, its keys, or its submit) is left
+        due, with its error in ``failed``, and the others fire. A schedule whose nodes
+        still hold key templates first gets the nodes ``keyed`` gives in their place."""
         fires = Fires(due=0, fired=[], missed={}, more=False, failed={})
         sharded = await self.is_sharded()
         async with self._connection() as driver, driver.transaction():
@@ -1114,7 +1120,16 @@ class Store:
             for schedule in due:
                 try:
                     fire = plan(schedule)
+                    nodes = None if schedule.nodes_keyed else await _encoded(await keyed(schedule))
                     async with driver.transaction():
+                        if nodes is not None:
+                            await self._run(
+                                driver,
+                                "schedule_nodes_keyed",
+                                NoRows,
+                                schedule=schedule.name,
+                                nodes=nodes,
+                            )
                         rows = await self._run(
                             driver,
                             "schedule_fire",
@@ -1129,7 +1144,8 @@ class Store:
                         raise
                     fires.failed[schedule.name] = str(_translate(exc))
                     continue
-                except Exception as exc:  # the plan: a fire time the cron library cannot give
+                except Exception as exc:  # the plan (a fire time the cron library cannot
+                    # give), or keys that cannot be evaluated for the schedule's input
                     fires.failed[schedule.name] = f"{type(exc).__name__}: {exc}"
                     continue
                 if fire.missed:

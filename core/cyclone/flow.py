@@ -4,7 +4,8 @@ limits and rate limits, and the concurrency key template (docs/flow-control.md).
 A key template is text with fields in braces: ``{run.a.b}`` is the field ``a.b`` of the
 run input, ``{node.a}`` the field ``a`` of the node's own input; ``{{`` and ``}}`` stand
 for literal braces. A field must hold a string (used as is), a number or a boolean
-(written as JSON); anything else, or a missing field, is an error at submit.
+(written as JSON); anything else, or a missing field, is an error of the call that
+creates the run (Submit, SubmitOnce, StartChild, CreateSchedule for its firings).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@
 CREATE TABLE cyclone.schedules (
     name          text        PRIMARY KEY,
     -- The Workflow message as JSON (what GetSchedule shows), and what each firing
-    -- submits: its name, and its nodes validated at creation as run_submit takes them.
+    -- submits: its name, and its nodes validated at creation as run_submit takes them,
+    -- each concurrency key evaluated for the input (Submit's validation, done once).
     workflow      jsonb       NOT NULL,
     workflow_name text        NOT NULL,
     nodes         jsonb       NOT NULL,
@@ -35,6 +36,11 @@ CREATE TABLE cyclone.schedules (
     last_run_id   uuid,
     created_at    timestamptz NOT NULL,
     updated_at    timestamptz NOT NULL,
+    -- Whether nodes hold each concurrency key evaluated for input (CreateSchedule
+    -- evaluates them). False only for a schedule stored by a server that kept the
+    -- key templates as written: the firing pass evaluates its keys from workflow and
+    -- input, stores them and sets this, before its next firing submits anything.
+    nodes_keyed   boolean     NOT NULL DEFAULT true,
     CONSTRAINT schedules_name_valid CHECK (name ~ '^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$'),
     CONSTRAINT schedules_workflow_named CHECK (workflow ->> 'name' = workflow_name),
     CONSTRAINT schedules_nodes_array

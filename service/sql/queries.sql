@@ -655,13 +655,23 @@ SELECT pg_try_advisory_xact_lock(1668, 0) AS turn;
 
 -- name: schedules_due
 -- The firing transaction's first statement: due schedules, locked; those another
--- server is firing are skipped, not waited for.
-SELECT cyclone.now() AS now, name, cron, time_zone, interval_s, catch_up, next_fire_at
+-- server is firing are skipped, not waited for. The workflow and input only of one
+-- whose keys are still templates (nodes_keyed), for the pass to evaluate them.
+SELECT cyclone.now() AS now, name, cron, time_zone, interval_s, catch_up, next_fire_at,
+       nodes_keyed,
+       CASE WHEN nodes_keyed THEN NULL ELSE workflow END AS workflow,
+       CASE WHEN nodes_keyed THEN NULL ELSE input END AS input
   FROM cyclone.schedules
  WHERE NOT paused AND next_fire_at <= cyclone.now()
  ORDER BY next_fire_at
  LIMIT :limit
    FOR UPDATE SKIP LOCKED;
+
+-- name: schedule_nodes_keyed
+-- A locked schedule's nodes with their keys evaluated, in place of the templates.
+UPDATE cyclone.schedules
+   SET nodes = CAST(:nodes AS jsonb), nodes_keyed = true
+ WHERE name = :schedule;
 
 -- name: schedule_fire
 SELECT fire_at, submit_key, run_id, outcome
