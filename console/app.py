@@ -230,6 +230,23 @@ def create_app(
     return app
 
 
+class ListenError(OSError):
+    """The console cannot listen on the address it was given."""
+
+
+def _bind(listen: str) -> socket.socket:
+    """A listening socket on ``listen`` (host:port, port 0 for a free one)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise ListenError(
+            f"cannot serve the console on {listen!r}: not host:port with a port from 0 to 65535"
+        )
+    try:
+        return socket.create_server((host.strip("[]") or "127.0.0.1", int(port)))
+    except OSError as exc:
+        raise ListenError(f"cannot serve the console on {listen}: {exc.strerror or exc}") from None
+
+
 async def serve(
     address: str,
     listen: str,
@@ -240,8 +257,9 @@ async def serve(
 ) -> None:
     """Serve the console on ``listen`` (host:port; port 0 picks one) until cancelled.
 
-    The port is bound here first, so a port in use is an OSError for the caller (uvicorn
-    would exit the process). ``started`` gets the console's URL once it serves.
+    The port is bound here first, so a port in use (or out of range) is a ListenError
+    for the caller (uvicorn would exit the process). ``started`` gets the console's URL
+    once it serves.
     """
     import uvicorn
 
@@ -251,9 +269,8 @@ async def serve(
         def capture_signals(self) -> Iterator[None]:
             yield
 
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    sock = socket.create_server((host, int(port)))
+    sock = _bind(listen)
+    host = listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
     bound = sock.getsockname()[1]
     config = uvicorn.Config(
         create_app(address, actor=actor, credentials=credentials),
