@@ -427,21 +427,28 @@ async def login(request: Request) -> Response:
 
 
 async def login_post(request: Request) -> Response:
-    """Sign in: a session is kept only for a token the server accepts. The browser's
-    previous session, signed in or not, is left behind either way (a new id)."""
+    """Sign in: a session is kept only for a token that a server requiring tokens
+    accepts. The browser's previous session, signed in or not, is left behind either
+    way (a new id)."""
     form = form_of(request)
     token = form.get("token", "").strip()
     target = _safe_next(form.get("next", "/runs"))
     sessions: Sessions = request.app.state.sessions
     console: Console = request.app.state.console
+    request.state.session = sessions.sign_out(session_of(request))
+    try:
+        await console.client(None).list_runs(page_size=1)
+    except Unauthenticated:
+        pass  # the server requires a token: try this one
+    else:
+        # A server that requires none takes any: nothing to keep, the browser stays
+        # anonymous (else any string typed here would make a session).
+        return RedirectResponse(target, status_code=303)
     try:
         await console.client(token or None).list_runs(page_size=1)
     except (Unauthenticated, PermissionDenied) as exc:
-        request.state.session = sessions.sign_out(session_of(request))
         return render(request, "login.html", {"next": target, "error": exc}, status_code=401)
-    signed_out = sessions.sign_out(session_of(request))
-    # A server that needs no token: nothing to keep, the browser stays anonymous.
-    request.state.session = sessions.sign_in(token) if token else signed_out
+    request.state.session = sessions.sign_in(token)
     return RedirectResponse(target, status_code=303)
 
 

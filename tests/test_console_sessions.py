@@ -180,6 +180,22 @@ def test_sign_ins_with_one_token_push_out_only_that_tokens_sessions(
     assert admin.signed_in() and len(sessions) == 3
 
 
+def test_a_server_without_tokens_makes_sign_ins_keep_nothing(cyclone_server: Any) -> None:
+    """Such a server takes any token, so none is worth keeping: a sign-in, whatever
+    was typed, leaves the browser anonymous, as it was."""
+    sessions = Sessions()
+    console = ConsoleThread(cyclone_server.address, sessions=sessions)
+    try:
+        browser = Browser(console.url)
+        assert browser.signed_in()  # no token needed to read runs
+        for typed in ("", "anything", "x" * 500):
+            assert browser.sign_in(typed) == 303
+            assert browser.signed_in()
+        assert len(sessions) == 0
+    finally:
+        console.stop()
+
+
 def test_anonymous_sessions_are_made_per_request_and_kept_nowhere() -> None:
     sessions = Sessions()
     first = sessions.anonymous(None)
