@@ -9,6 +9,6 @@ DAG. Starlette serves it (through uvicorn), Jinja2 renders it, htmx refreshes it
 static files ship in this package.
 """
 
-from console.app import create_app, serve
+from console.app import ListenError, create_app, serve
 
-__all__ = ["create_app", "serve"]
+__all__ = ["ListenError", "create_app", "serve"]

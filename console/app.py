@@ -54,11 +54,9 @@ class Console:
     credentials: grpc.ChannelCredentials | None = None
     channel: grpc.aio.Channel | None = None
 
-    def client(self, session: Session) -> AsyncClient:
+    def client(self, token: str | None) -> AsyncClient:
         assert self.channel is not None, "the console's channel opens with the app"
-        return AsyncClient(
-            self.address, token=session.token, actor=self.actor, channel=self.channel
-        )
+        return AsyncClient(self.address, token=token, actor=self.actor, channel=self.channel)
 
 
 def session_of(request: Request) -> Session:
@@ -74,18 +72,19 @@ def form_of(request: Request) -> dict[str, str]:
 
 def client_of(request: Request) -> AsyncClient:
     console: Console = request.app.state.console
-    return console.client(session_of(request))
+    return console.client(session_of(request).token)
 
 
 class _Sessions(BaseHTTPMiddleware):
-    """Finds or makes the browser's session, checks CSRF on every POST, sets headers."""
+    """Finds the browser's session (signed in, or anonymous and kept nowhere), checks
+    CSRF on every POST, sets headers."""
 
     async def dispatch(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         sessions: Sessions = request.app.state.sessions
-        found = sessions.find(request.cookies.get(COOKIE))
-        session = found or sessions.create()
+        cookie = request.cookies.get(COOKIE)
+        session = sessions.find(cookie) or sessions.anonymous(cookie)
         request.state.session = session
         if request.method == "POST" and not await _csrf_ok(request, session):
             response: Response = PlainTextResponse(
@@ -96,7 +95,7 @@ class _Sessions(BaseHTTPMiddleware):
         else:
             response = await call_next(request)
         final: Session = request.state.session  # sign-in and sign-out renew it
-        if final is not found:
+        if final.id != cookie:
             response.set_cookie(
                 COOKIE,
                 final.id,
@@ -201,8 +200,10 @@ def create_app(
     *,
     actor: str | None = None,
     credentials: grpc.ChannelCredentials | None = None,
+    sessions: Sessions | None = None,
 ) -> Starlette:
-    """The console for the Cyclone server at ``address`` (host:port)."""
+    """The console for the Cyclone server at ``address`` (host:port); ``sessions``: where
+    it keeps its signed-in sessions (new ones by default)."""
     from console import views
 
     console = Console(address, actor, credentials)
@@ -226,8 +227,25 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.console = console
-    app.state.sessions = Sessions()
+    app.state.sessions = sessions if sessions is not None else Sessions()
     return app
+
+
+class ListenError(OSError):
+    """The console cannot listen on the address it was given."""
+
+
+def _bind(listen: str) -> socket.socket:
+    """A listening socket on ``listen`` (host:port, port 0 for a free one)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise ListenError(
+            f"cannot serve the console on {listen!r}: not host:port with a port from 0 to 65535"
+        )
+    try:
+        return socket.create_server((host.strip("[]") or "127.0.0.1", int(port)))
+    except OSError as exc:
+        raise ListenError(f"cannot serve the console on {listen}: {exc.strerror or exc}") from None
 
 
 async def serve(
@@ -237,11 +255,13 @@ async def serve(
     actor: str | None = None,
     credentials: grpc.ChannelCredentials | None = None,
     started: Callable[[str], None] | None = None,
+    sessions: Sessions | None = None,
 ) -> None:
     """Serve the console on ``listen`` (host:port; port 0 picks one) until cancelled.
 
-    The port is bound here first, so a port in use is an OSError for the caller (uvicorn
-    would exit the process). ``started`` gets the console's URL once it serves.
+    The port is bound here first, so a port in use (or out of range) is a ListenError
+    for the caller (uvicorn would exit the process). ``started`` gets the console's URL
+    once it serves.
     """
     import uvicorn
 
@@ -251,12 +271,11 @@ async def serve(
         def capture_signals(self) -> Iterator[None]:
             yield
 
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    sock = socket.create_server((host, int(port)))
+    sock = _bind(listen)
+    host = listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
     bound = sock.getsockname()[1]
     config = uvicorn.Config(
-        create_app(address, actor=actor, credentials=credentials),
+        create_app(address, actor=actor, credentials=credentials, sessions=sessions),
         log_level="warning",
         access_log=False,
         lifespan="on",

@@ -15,7 +15,8 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from console import graph, survey
-from console.app import client_of, form_of, render, session_of
+from console.app import Console, client_of, form_of, render, session_of
+from console.sessions import Sessions
 from pyclient.errors import CycloneError, InvalidArgument, PermissionDenied, Unauthenticated
 from pyclient.models import Explanation, Run, RunStatus, Step, StepStatus
 from pyclient.workflow import Workflow
@@ -426,23 +427,33 @@ async def login(request: Request) -> Response:
 
 
 async def login_post(request: Request) -> Response:
+    """Sign in: a session is kept only for a token that a server requiring tokens
+    accepts. The browser's previous session, signed in or not, is left behind either
+    way (a new id)."""
     form = form_of(request)
     token = form.get("token", "").strip()
     target = _safe_next(form.get("next", "/runs"))
-    sessions = request.app.state.sessions
-    trial = sessions.renew(session_of(request))
-    trial.token = token or None
-    request.state.session = trial
+    sessions: Sessions = request.app.state.sessions
+    console: Console = request.app.state.console
+    request.state.session = sessions.sign_out(session_of(request))
     try:
-        await client_of(request).list_runs(page_size=1)
+        await console.client(None).list_runs(page_size=1)
+    except Unauthenticated:
+        pass  # the server requires a token: try this one
+    else:
+        # A server that requires none takes any: nothing to keep, the browser stays
+        # anonymous (else any string typed here would make a session).
+        return RedirectResponse(target, status_code=303)
+    try:
+        await console.client(token or None).list_runs(page_size=1)
     except (Unauthenticated, PermissionDenied) as exc:
-        trial.token = None
         return render(request, "login.html", {"next": target, "error": exc}, status_code=401)
+    request.state.session = sessions.sign_in(token)
     return RedirectResponse(target, status_code=303)
 
 
 async def logout(request: Request) -> Response:
-    request.state.session = request.app.state.sessions.renew(session_of(request))
+    request.state.session = request.app.state.sessions.sign_out(session_of(request))
     return RedirectResponse("/login", status_code=303)
 
 

@@ -653,7 +653,7 @@ def _console(client: Client, args: argparse.Namespace) -> Any:
     import asyncio
     import contextlib
 
-    from console import serve
+    from console import ListenError, serve
 
     def started(url: str) -> None:
         print(f"Cyclone console for {args.address} on {url}", flush=True)
@@ -664,16 +664,19 @@ def _console(client: Client, args: argparse.Namespace) -> Any:
 
         ca = Path(args.tls_ca).read_bytes()
         credentials = grpc.ssl_channel_credentials(root_certificates=ca)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(
-            serve(
-                args.address,
-                args.listen,
-                actor=args.actor,
-                credentials=credentials,
-                started=started,
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(
+                serve(
+                    args.address,
+                    args.listen,
+                    actor=args.actor,
+                    credentials=credentials,
+                    started=started,
+                )
             )
-        )
+    except ListenError as exc:
+        raise InvalidArgument(f"{exc}; set --listen to a free host:port") from None
     return "console stopped"
 
 

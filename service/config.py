@@ -199,14 +199,35 @@ def parse(argv: list[str] | None = None) -> Settings:
     return settings
 
 
+#: The highest TCP port.
+MAX_PORT = 65535
+
+
+def port_of(listen: str) -> int | None:
+    """The port of ``host:port`` when it is one a socket can bind (ASCII digits, 0 to
+    MAX_PORT); None otherwise."""
+    _, sep, port = listen.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or int(port) > MAX_PORT:
+        return None
+    return int(port)
+
+
 def metrics_listen(settings: Settings) -> str:
     """Where the metrics endpoint listens: ``--metrics-listen``, or with ``auto`` the host
     of ``--listen`` and its port + 2 (an ephemeral port for port 0; `make run` gives + 1
     to the console), so that
-    a second local server needs one setting, its ``--listen``."""
+    a second local server needs one setting, its ``--listen``. ValueError when the port
+    ``auto`` derives is past MAX_PORT."""
     if settings.metrics_listen.strip().lower() != "auto":
         return settings.metrics_listen
-    host, _, port = settings.listen.rpartition(":")
-    if not port.isdigit():
+    port = port_of(settings.listen)
+    if port is None:
         return settings.metrics_listen  # --listen is refused with its own message
-    return f"{host}:{int(port) + 2 if int(port) else 0}"
+    if port + 2 > MAX_PORT:
+        raise ValueError(
+            f"--metrics-listen auto takes the port of --listen {settings.listen} plus 2, "
+            f"{port + 2}, past {MAX_PORT}: set --metrics-listen (CYCLONE_METRICS_LISTEN) "
+            "to a host:port, or off"
+        )
+    host = settings.listen.rpartition(":")[0]
+    return f"{host}:{port + 2 if port else 0}"

@@ -42,6 +42,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from service import config
 from service.records import GaugeRow
 
 log = logging.getLogger("cyclone")
@@ -201,10 +202,13 @@ def parse_listen(value: str) -> tuple[str, int] | None:
     """``host:port`` (``[::1]:9464`` for IPv6) as (host, port); None for ``off``."""
     if value.strip().lower() in ("off", "", "none"):
         return None
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"--metrics-listen {value!r} is not host:port or off")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    port = config.port_of(value)
+    if port is None:
+        raise ValueError(
+            f"--metrics-listen {value!r} is not host:port with a port from 0 to "
+            f"{config.MAX_PORT}, or off"
+        )
+    return value.rpartition(":")[0].strip("[]") or "0.0.0.0", port
 
 
 class Metrics:

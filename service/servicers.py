@@ -1587,18 +1587,27 @@ MAX_LOG_MESSAGE = 4096
 
 
 def _logs_json(request: worker_pb.HeartbeatRequest | worker_pb.CompleteRequest) -> str | None:
-    """step_logs_add's lines of a request, as JSON; None when it carries none."""
+    """step_logs_add's lines of a request, as JSON; None when it carries none. Every line
+    sent is checked, kept or not: a NUL character in a text (which Postgres refuses) or
+    a time outside the Timestamp range refuses the whole request, naming the line."""
     if not request.logs:
         return None
     lines = []
-    for line in request.logs[:MAX_LOG_LINES]:
+    for i, line in enumerate(request.logs):
+        level, logger, message = line.level, line.logger, line.message
+        for field, text in (("level", level), ("logger", logger), ("message", message)):
+            if "\x00" in text:
+                raise errors.InvalidArgument(f"logs[{i}].{field} contains a NUL character")
+        at = convert.to_datetime(line.at, f"logs[{i}].at") if line.HasField("at") else None
+        if i >= MAX_LOG_LINES:
+            continue  # more than an attempt keeps: checked, not sent on
         item: dict[str, Any] = {
-            "level": line.level[:16],
-            "logger": line.logger[:200],
-            "message": line.message[:MAX_LOG_MESSAGE],
+            "level": level[:16],
+            "logger": logger[:200],
+            "message": message[:MAX_LOG_MESSAGE],
         }
-        if line.HasField("at"):
-            item["at"] = line.at.ToDatetime(UTC).isoformat()
+        if at is not None:
+            item["at"] = at.isoformat()
         lines.append(item)
     return json.dumps(lines, ensure_ascii=False)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from service.config import Settings
+from service.config import Settings, port_of
 
 log = logging.getLogger("cyclone")
 
@@ -34,8 +34,7 @@ def is_loopback(listen: str) -> bool:
 
 def check_listen(listen: str) -> None:
     """Raise ListenError unless ``listen`` is ``host:port`` with a port in 0-65535."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not listen.rpartition(":")[0] or port_of(listen) is None:
         raise ListenError(
             f"--listen {listen!r} is not host:port with a port from 0 to 65535 "
             "(e.g. 127.0.0.1:50051; port 0 picks a free one)"

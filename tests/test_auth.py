@@ -3,13 +3,16 @@ token, an unknown token or the wrong role, and changes nothing in the database."
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cyclone.v1 import (
@@ -27,16 +30,22 @@ from tests.snapshot import database_snapshot
 TOKENS = {"worker": "tok-worker-1", "client": "tok-client-1", "admin": "tok-admin-1"}
 NAMES = {"worker": "wendy", "client": "carl", "admin": "alice"}
 
-SERVICES = [
-    module.DESCRIPTOR.services_by_name[name]
-    for module, name in (
-        (workflow_service_pb2, "WorkflowService"),
-        (worker_service_pb2, "WorkerService"),
-        (admin_service_pb2, "AdminService"),
-        (schedule_service_pb2, "ScheduleService"),
-    )
-]
-METHODS = [f"/{s.full_name}/{m.name}" for s in SERVICES for m in s.methods]
+
+def _contract() -> dict[str, descriptor_pb2.MethodDescriptorProto]:
+    """Every method of every service the protos define, by path: read from the
+    descriptor set `make proto` writes beside the generated code (cyclone.binpb), so
+    that a service in a new file is here without a change to this list."""
+    raw = resources.files("cyclone.v1").joinpath("cyclone.binpb").read_bytes()
+    return {
+        f"/{file.package}.{service.name}/{method.name}": method
+        for file in descriptor_pb2.FileDescriptorSet.FromString(raw).file
+        for service in file.service
+        for method in service.method
+    }
+
+
+CONTRACT = _contract()
+METHODS = sorted(CONTRACT)
 
 
 def write_tokens(path: Path, tokens: dict[str, str] = TOKENS) -> str:
@@ -86,14 +95,61 @@ class _WithMetadata:
         return lambda request, **kw: method(request, metadata=self._metadata, **kw)
 
 
-def raw_call(server: Any, method: str, metadata: tuple = (), payload: bytes = b"") -> grpc.RpcError:
-    """Call ``method`` with raw request bytes; the error it must end in."""
-    call = server.channel.unary_unary(method, request_serializer=None, response_deserializer=None)
-    return rpc_error(call, payload, metadata=metadata, timeout=10)
-
-
 def test_the_role_table_names_every_method_of_every_service_and_no_other() -> None:
-    assert set(auth.METHOD_ROLES) == set(METHODS)
+    """A method added to the protos fails here until METHOD_ROLES gives it its roles."""
+    generated = {
+        f"/{service.full_name}/{method.name}"
+        for module in (
+            workflow_service_pb2,
+            worker_service_pb2,
+            admin_service_pb2,
+            schedule_service_pb2,
+        )
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+    }
+    assert generated == set(METHODS)  # the generated code is the contract's
+    assert sorted(set(METHODS) - set(auth.METHOD_ROLES)) == [], "methods without roles"
+    assert sorted(set(auth.METHOD_ROLES) - set(METHODS)) == [], "roles of no method"
+
+
+def documented_roles() -> dict[str, frozenset[str]]:
+    """The role table of docs/security.md, as METHOD_ROLES spells it: a row's first
+    cell names `Service/Method` and then more methods of that service; a ✓ under a
+    role's column allows it."""
+    text = (ROOT / "docs" / "security.md").read_text()
+    section = text.split("\n## Roles\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    assert [cell.strip() for cell in rows[0].strip("|").split("|")] == ["method", *auth.ROLES]
+    found: dict[str, frozenset[str]] = {}
+    others = []
+    for row in rows[2:]:
+        first, *marks = (cell.strip() for cell in row.strip("|").split("|"))
+        names = re.findall(r"`([^`]+)`", first)
+        service, _, method = names[0].partition("/") if names else ("", "", "")
+        if not re.fullmatch(r"[A-Za-z]+Service", service):
+            others.append(first)
+            continue
+        roles = frozenset(role for role, mark in zip(auth.ROLES, marks, strict=True) if "✓" in mark)
+        for name in (method, *names[1:]):
+            path = f"/cyclone.v1.{service}/{name}"
+            assert path not in found, f"{path} is in the table twice"
+            found[path] = roles
+    # The rows that name no method of ours: gated apart (service/auth.py: allowed).
+    assert others == ["`grpc.health.v1.Health/*`", "server reflection", "any other method"]
+    return found
+
+
+def test_the_role_table_of_the_docs_is_method_roles() -> None:
+    documented = documented_roles()
+    assert sorted(set(auth.METHOD_ROLES) - set(documented)) == [], "missing from the docs"
+    assert sorted(set(documented) - set(auth.METHOD_ROLES)) == [], "not in METHOD_ROLES"
+    wrong = {
+        method: (sorted(roles), sorted(auth.METHOD_ROLES[method]))
+        for method, roles in documented.items()
+        if roles != auth.METHOD_ROLES[method]
+    }
+    assert wrong == {}, "(documented roles, METHOD_ROLES)"
 
 
 def test_a_method_missing_from_the_role_table_is_denied_to_every_role() -> None:
@@ -103,42 +159,95 @@ def test_a_method_missing_from_the_role_table_is_denied_to_every_role() -> None:
         )
 
 
-def test_every_method_refuses_no_token_unknown_token_and_wrong_role_changing_nothing(
+def reflected_methods(server: Any, metadata: tuple) -> dict[str, tuple[bool, bool]]:
+    """Every method of every service the server's reflection lists, but health and
+    reflection themselves, by path: whether the client streams, whether the server does."""
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    services = reflection_services(server, metadata)
+    services -= {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
+    stub = reflection_pb2_grpc.ServerReflectionStub(server.channel)
+    requests = [
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol=name)
+        for name in sorted(services)
+    ]
+    found: dict[str, tuple[bool, bool]] = {}
+    for response in stub.ServerReflectionInfo(iter(requests), metadata=metadata, timeout=10):
+        for raw in response.file_descriptor_response.file_descriptor_proto:
+            file = descriptor_pb2.FileDescriptorProto.FromString(raw)
+            for service in file.service:
+                if (name := f"{file.package}.{service.name}") in services:
+                    for m in service.method:
+                        found[f"/{name}/{m.name}"] = (m.client_streaming, m.server_streaming)
+    assert {path.split("/")[1] for path in found} == services, "a service without its file"
+    return found
+
+
+def call(server: Any, method: str, streaming: tuple[bool, bool], metadata: tuple) -> Any:
+    """Call ``method`` with an empty request, shaped as the method takes it (a stream of
+    one empty message when the client streams, every answer read when the server
+    does); the status it ends with (OK, or the error's code) and its message."""
+    kinds = {
+        (False, False): server.channel.unary_unary,
+        (False, True): server.channel.unary_stream,
+        (True, False): server.channel.stream_unary,
+        (True, True): server.channel.stream_stream,
+    }
+    client_streams, server_streams = streaming
+    request = iter([b""]) if client_streams else b""
+    try:
+        answer = kinds[streaming](method)(request, metadata=metadata, timeout=10)
+        if server_streams:
+            for _ in answer:
+                pass
+    except grpc.RpcError as error:
+        return error.code(), error.details()
+    return grpc.StatusCode.OK, ""
+
+
+#: The reads whose fields are all optional: an empty request is a valid one.
+OPTIONAL_READS = ("/ListRuns", "/CountRuns", "/ListWorkers", "/ListSchedules")
+
+
+def test_every_method_the_server_serves_refuses_exactly_the_callers_its_roles_leave_out(
     secured: Any,
 ) -> None:
+    """Built from what the server says it serves (reflection), not from a list here:
+    each method, streaming ones included, is called with no token, with tokens that are
+    not valid, and with each role's; the auth codes come exactly where METHOD_ROLES says,
+    and nothing in the database changes."""
     before = database_snapshot(secured)
     assert before["steps"][0] == 4 and before["step_errors"][0] == 1
-    refusals = 0
-    for method in METHODS:
-        cases = [
-            ((), grpc.StatusCode.UNAUTHENTICATED),
-            (bearer("not-a-token"), grpc.StatusCode.UNAUTHENTICATED),
-            ((("authorization", f"Basic {TOKENS['admin']}"),), grpc.StatusCode.UNAUTHENTICATED),
-            (bearer(TOKENS["admin"] + "x"), grpc.StatusCode.UNAUTHENTICATED),
-        ]
-        allowed = auth.METHOD_ROLES.get(method, frozenset())
-        cases += [
-            (bearer(TOKENS[role]), grpc.StatusCode.PERMISSION_DENIED)
-            for role in auth.ROLES
-            if role not in allowed
-        ]
-        for metadata, code in cases:
-            error = raw_call(secured, method, metadata)
-            assert error.code() == code, (method, metadata, error.details())
-            refusals += 1
-        # The allowed roles get past the gate: an empty request is then invalid input
-        # (or, for the reads whose filters are all optional, a valid one).
-        for role in allowed:
-            call = secured.channel.unary_unary(method)
-            try:
-                call(b"", metadata=bearer(TOKENS[role]), timeout=10)
-            except grpc.RpcError as error:
-                assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, role)
+    served = reflected_methods(secured, bearer(TOKENS["worker"]))
+    assert sorted(served) == METHODS  # what the server serves is what the protos define
+    assert sorted(set(served) - set(auth.METHOD_ROLES)) == [], "served methods without roles"
+    admin = TOKENS["admin"]
+    not_valid = [
+        (),
+        bearer("not-a-token"),
+        (("authorization", f"Basic {admin}"),),
+        bearer(admin + "x"),
+    ]
+    failures = []
+    for method, streaming in served.items():
+        allowed = auth.METHOD_ROLES[method]
+        for metadata in not_valid:
+            code, details = call(secured, method, streaming, metadata)
+            if code != grpc.StatusCode.UNAUTHENTICATED:
+                failures.append((method, metadata, code, details))
+        for role in auth.ROLES:
+            code, details = call(secured, method, streaming, bearer(TOKENS[role]))
+            if role not in allowed:
+                ok = code == grpc.StatusCode.PERMISSION_DENIED and role in details
             else:
-                assert method.endswith(
-                    ("/ListRuns", "/CountRuns", "/ListWorkers", "/ListSchedules")
-                ), method
-    assert refusals >= 4 * len(METHODS) + len(METHODS)
+                # Past the gate: the empty request is invalid input (or a valid read).
+                ok = code == grpc.StatusCode.INVALID_ARGUMENT or (
+                    code == grpc.StatusCode.OK and method.endswith(OPTIONAL_READS)
+                )
+            if not ok:
+                failures.append((method, role, code, details))
+    assert failures == []
+    assert any(streaming == (True, True) for streaming in served.values())  # Work
     assert database_snapshot(secured) == before
 
 

@@ -37,6 +37,25 @@ def test_an_unreachable_server_is_named_with_what_to_check():
     assert "CYCLONE_ADDRESS" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_console_port_out_of_range_or_taken_is_one_line_naming_the_setting():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for listen in ("127.0.0.1:70000", f"127.0.0.1:{port}"):
+            done = subprocess.run(
+                [str(CYCLONE), "console", "--listen", listen, "--address", "127.0.0.1:1"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 1, done.stderr
+            assert "Traceback" not in done.stderr
+            [line] = done.stderr.splitlines()
+            assert line.startswith("cyclone: error: cannot serve the console on ")
+            assert listen in line and "--listen" in line
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly(cyclone_server):
     for _ in range(300):
         submit(cyclone_server, workflow("piped", node("a")))

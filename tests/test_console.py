@@ -7,10 +7,8 @@ docs/console.md there.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from console import serve
+from tests.console_thread import ConsoleThread
 from tests.helpers import claim, complete, drain, fail, get_run, node, run_status, submit, workflow
 from tests.test_auth import TOKENS, write_tokens
 from tests.test_blocked import blocked_run
@@ -43,50 +41,6 @@ CHROMIUM_ARGS = [
 LIVE_MS = 20_000
 SHOTS = os.environ.get("CYCLONE_SCREENSHOTS")
 expect.set_options(timeout=LIVE_MS)
-
-
-class ConsoleThread:
-    """The console serving in a thread of its own, on its own event loop."""
-
-    def __init__(self, address: str, credentials: Any = None):
-        self.url = ""
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._thread = threading.Thread(
-            target=asyncio.run, args=(self._main(address, credentials),)
-        )
-        self._thread.start()
-        assert self._ready.wait(30), "the console did not start"
-        assert self.url, "the console failed to start"
-
-    async def _main(self, address: str, credentials: Any) -> None:
-        self._loop = asyncio.get_running_loop()
-
-        def started(url: str) -> None:
-            self.url = url.rstrip("/")
-            self._ready.set()
-
-        self._task = asyncio.create_task(
-            serve(
-                address,
-                "127.0.0.1:0",
-                actor="console-test",
-                credentials=credentials,
-                started=started,
-            )
-        )
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self._ready.set()
-
-    def stop(self) -> None:
-        assert self._loop is not None and self._task is not None
-        self._loop.call_soon_threadsafe(self._task.cancel)
-        self._thread.join(30)
 
 
 # One browser for this module, closed after it: while Playwright's sync API is open, the
@@ -455,21 +409,6 @@ def test_a_durable_function_shows_its_journal_and_a_blocked_step_call_is_resolve
     run = get_run(cyclone_server, run_id)
     assert run_status(run) == "running"
     assert run.audit[0].action == "resolve_discard"
-
-
-def test_sessions_forget_the_least_recently_used_and_renew_with_new_secrets() -> None:
-    from console.sessions import Sessions
-
-    sessions = Sessions(max_sessions=2)
-    first, second = sessions.create(), sessions.create()
-    assert sessions.find(first.id) is first  # now the most recently used
-    third = sessions.create()
-    assert sessions.find(second.id) is None
-    assert sessions.find(first.id) is first and sessions.find(third.id) is third
-    renewed = sessions.renew(first)
-    assert sessions.find(first.id) is None
-    assert (renewed.id, renewed.csrf) != (first.id, first.csrf)
-    assert not renewed.csrf_ok(first.csrf) and renewed.csrf_ok(renewed.csrf)
 
 
 def test_the_console_calls_a_server_that_serves_tls(

@@ -106,6 +106,52 @@ def test_every_misconfiguration_is_one_line_without_a_traceback(
     assert not failures, "\n\n".join(map(str, failures))
 
 
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        pytest.param(
+            ["--metrics-listen", "127.0.0.1:70000"],
+            ("--metrics-listen '127.0.0.1:70000'", "65535"),
+            id="metrics",
+        ),
+        pytest.param(
+            # auto: the port of --listen plus 2.
+            ["--listen", "127.0.0.1:65535", "--metrics-listen", "auto"],
+            ("--metrics-listen auto", "65537", "set --metrics-listen"),
+            id="auto",
+        ),
+        pytest.param(
+            ["--listen", "127.0.0.1:65534"], ("--metrics-listen auto", "65536"), id="default"
+        ),
+        pytest.param(
+            ["--listen", "127.0.0.1:70000"], ("--listen '127.0.0.1:70000'", "65535"), id="listen"
+        ),
+        pytest.param(
+            # Digits that int() reads, but not ASCII ones.
+            ["--metrics-listen", "127.0.0.1:\u0665\u0660"],
+            ("--metrics-listen",),
+            id="arabic-indic-digits",
+        ),
+    ],
+)
+def test_a_port_past_65535_is_one_line_on_stderr_naming_the_setting(
+    database_url: str, flags: list[str], words: tuple[str, ...]
+) -> None:
+    env = {**os.environ, "CYCLONE_DATABASE_URL": database_url}
+    env.pop("CYCLONE_METRICS_LISTEN", None)
+    argv = [*SERVER, *flags]
+    if "--metrics-listen" not in flags:
+        argv.remove("--metrics-listen")
+        argv.remove("off")  # the default, auto
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    [line] = done.stderr.splitlines()
+    assert line.startswith("cyclone-server: ")
+    for word in words:
+        assert word in line, line
+
+
 def test_the_server_runs_on_uvloop_unless_told_otherwise(
     database_url: str, cyclone_server: RunningServer
 ) -> None:

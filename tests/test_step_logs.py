@@ -7,9 +7,21 @@ from __future__ import annotations
 import re
 
 import grpc
+import pytest
 
 from cyclone.v1 import types_pb2, worker_service_pb2, workflow_service_pb2
-from tests.helpers import claim, fail, node, rpc_error, submit, value, workflow
+from tests.helpers import (
+    claim,
+    fail,
+    get_run,
+    node,
+    rpc_error,
+    statuses,
+    submit,
+    value,
+    workflow,
+)
+from tests.snapshot import database_snapshot
 
 
 def lines(*messages: str, level: str = "INFO") -> list[types_pb2.LogLine]:
@@ -137,4 +149,102 @@ def test_completions_in_a_batch_carry_their_own_lines(cyclone_server):
         "a": ["a done"],
         "b": [],
         "c": [],
+    }
+
+
+def bad_line(fault: str) -> types_pb2.LogLine:
+    line = types_pb2.LogLine(level="INFO", message="fine", logger="handler")
+    if fault == "message":
+        line.message = "half\x00way"
+    elif fault == "logger":
+        line.logger = "app\x00"
+    else:  # a time past the Timestamp range, which Python cannot hold
+        line.at.seconds = 2**62
+    return line
+
+
+#: What each fault of bad_line is refused with; the bad line is the second of two.
+FAULTS = {
+    "message": "logs[1].message contains a NUL character",
+    "logger": "logs[1].logger contains a NUL character",
+    "at": "logs[1].at must lie between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z",
+}
+
+
+def completion(step, logs, output="done") -> worker_service_pb2.CompleteRequest:
+    return worker_service_pb2.CompleteRequest(
+        run_id=step.run_id,
+        node=step.node,
+        lease_token=step.lease_token,
+        output=value(output),
+        logs=logs,
+    )
+
+
+def send_heartbeat(server, good, bad, logs):
+    server.workers.Heartbeat(
+        worker_service_pb2.HeartbeatRequest(
+            run_id=bad.run_id,
+            node=bad.node,
+            lease_token=bad.lease_token,
+            progress=value({"halfway": True}),
+            logs=logs,
+        )
+    )
+
+
+def send_complete(server, good, bad, logs):
+    server.workers.Complete(completion(bad, logs))
+
+
+def send_complete_many(server, good, bad, logs):
+    server.workers.CompleteMany(
+        worker_service_pb2.CompleteManyRequest(
+            completions=[completion(good, lines("fine")), completion(bad, logs)]
+        )
+    )
+
+
+def send_work_report(server, good, bad, logs):
+    from tests.test_work import Stream, opening
+
+    stream = Stream(server, opening(0, "work"))
+    report = worker_service_pb2.CompleteManyRequest(
+        completions=[completion(good, lines("fine")), completion(bad, logs)]
+    )
+    stream.send(worker_service_pb2.WorkRequest(report=report))
+    while (response := stream.next()) is not None:  # raises the stream's status
+        assert not response.HasField("report")
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize(
+    "send", [send_heartbeat, send_complete, send_complete_many, send_work_report]
+)
+def test_a_line_with_a_nul_or_a_time_out_of_range_refuses_the_request_and_writes_nothing(
+    cyclone_server, send, fault
+):
+    """Whichever call carries it, the whole request is refused with INVALID_ARGUMENT
+    naming the line and the field (in a batch, the item too), never INTERNAL; no line,
+    outcome or progress is stored, and the steps stay held."""
+    run_id = submit(cyclone_server, workflow("logs", node("a"), node("b")))
+    good, bad = sorted(claim(cyclone_server), key=lambda s: s.node)
+    before = database_snapshot(cyclone_server)
+    error = rpc_error(send, cyclone_server, good, bad, [*lines("first"), bad_line(fault)])
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    batch = send in (send_complete_many, send_work_report)
+    assert error.details() == ("completions[1]: " if batch else "") + FAULTS[fault] + (
+        f" (seconds {2**62}, nanos 0)" if fault == "at" else ""
+    )
+    assert database_snapshot(cyclone_server) == before
+    assert cyclone_server.sql("SELECT count(*) FROM cyclone.step_logs") == [(0,)]
+    assert statuses(get_run(cyclone_server, run_id)) == {"a": "running", "b": "running"}
+    # The same steps, with their lines sent right, still go through.
+    complete(cyclone_server, good, "first")
+    complete(cyclone_server, bad, "first")
+    assert {
+        n: [line.message for line in ls] for n, ls in logged(cyclone_server, run_id).items()
+    } == {
+        "a": ["first"],
+        "b": ["first"],
     }

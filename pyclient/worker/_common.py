@@ -51,6 +51,12 @@ def log_blocked(worker_id: str, blocked: Any) -> None:
     )
 
 
+def no_nul(text: str) -> str:
+    """``text`` with each NUL character written as the two characters ``\\0``: the
+    server refuses NUL in any text it stores (Postgres cannot hold it)."""
+    return text.replace("\x00", "\\0") if "\x00" in text else text
+
+
 def call(fn: Callable[..., Any], *args: Any) -> None:
     """``fn(*args)``, logging a failure: it must not keep the calls after it from being made."""
     try:

@@ -34,7 +34,7 @@ from pyclient.errors import (
 )
 from pyclient.models import RunStatus
 from pyclient.worker import _logs as step_logs
-from pyclient.worker._common import RPC_TIMEOUT, StepLog, log
+from pyclient.worker._common import RPC_TIMEOUT, StepLog, log, no_nul
 from pyclient.worker._retry import Backoff
 from pyclient.workflow import duration
 
@@ -429,4 +429,7 @@ def failure(error: BaseException) -> pb.Failure:
         )
     if isinstance(error, RetryAfter):
         result.retry_after.CopyFrom(duration(error.seconds))
+    result.message, result.type, result.details = map(
+        no_nul, (result.message, result.type, result.details)
+    )
     return result

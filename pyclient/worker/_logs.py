@@ -25,7 +25,7 @@ from cyclone.v1 import types_pb2
 from cyclone.v1 import worker_service_pb2 as pb
 from pyclient.context import StepControl, active
 from pyclient.errors import from_rpc_error
-from pyclient.worker._common import RPC_TIMEOUT, StepLog
+from pyclient.worker._common import RPC_TIMEOUT, StepLog, no_nul
 
 if TYPE_CHECKING:
     from pyclient.worker._runtime import Runtime
@@ -47,7 +47,9 @@ class StepLines:
 
     def add(self, record: logging.LogRecord, text: str) -> None:
         line = types_pb2.LogLine(
-            level=record.levelname[:16], message=text[:MAX_MESSAGE], logger=record.name[:200]
+            level=no_nul(record.levelname)[:16],
+            message=no_nul(text)[:MAX_MESSAGE],
+            logger=no_nul(record.name)[:200],
         )
         line.at.FromNanoseconds(int(record.created * 1e9))
         with self._lock:

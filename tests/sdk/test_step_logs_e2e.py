@@ -122,3 +122,27 @@ def test_a_worker_logs_the_run_its_claim_blocked(make_worker, cyclone_server, ca
     assert "node charge" in text and "attempt 1" in text
     assert text.count(f"cyclone resolve {run_id} charge") == 1
     assert " UTC" in text and "." not in text.split("started ")[1].split(")")[0]
+
+
+def test_nul_characters_in_lines_and_errors_are_sent_escaped(client, make_worker):
+    """The server refuses a NUL character in any text; the worker writes it as the two
+    characters \\0, so that a handler's line or error never costs it its completion."""
+    worker = make_worker()
+
+    @worker.action("parse")
+    def parse(ctx):
+        shop.warning("read %s", "half\x00way")
+        if ctx.attempt == 1:
+            raise ValueError("bad byte \x00 in input")
+        return "ok"
+
+    wf = Workflow("nul")
+    wf.node("parse", retry=RetryPolicy(max_attempts=2, initial_backoff=0.05))
+    with running(worker):
+        run_id = client.submit(wf)
+        assert client.wait(run_id, timeout=PATIENCE).status == "completed"
+    step = client.get_run(run_id, logs=True).step("parse")
+    assert [line.message for line in step.logs] == ["read half\\0way", "read half\\0way"]
+    [error] = step.errors
+    assert error.message == "bad byte \\0 in input"
+    assert "bad byte \\0 in input" in error.details and "\x00" not in error.details
