@@ -7,10 +7,8 @@ docs/console.md there.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +16,19 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from console import serve
-from tests.helpers import claim, complete, drain, fail, get_run, node, run_status, submit, workflow
+from tests.console_thread import ConsoleThread
+from tests.helpers import (
+    claim,
+    complete,
+    drain,
+    fail,
+    get_run,
+    missing_tool,
+    node,
+    run_status,
+    submit,
+    workflow,
+)
 from tests.test_auth import TOKENS, write_tokens
 from tests.test_blocked import blocked_run
 from tests.test_tls import credentials as tls_credentials
@@ -45,56 +54,12 @@ SHOTS = os.environ.get("CYCLONE_SCREENSHOTS")
 expect.set_options(timeout=LIVE_MS)
 
 
-class ConsoleThread:
-    """The console serving in a thread of its own, on its own event loop."""
-
-    def __init__(self, address: str, credentials: Any = None):
-        self.url = ""
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._thread = threading.Thread(
-            target=asyncio.run, args=(self._main(address, credentials),)
-        )
-        self._thread.start()
-        assert self._ready.wait(30), "the console did not start"
-        assert self.url, "the console failed to start"
-
-    async def _main(self, address: str, credentials: Any) -> None:
-        self._loop = asyncio.get_running_loop()
-
-        def started(url: str) -> None:
-            self.url = url.rstrip("/")
-            self._ready.set()
-
-        self._task = asyncio.create_task(
-            serve(
-                address,
-                "127.0.0.1:0",
-                actor="console-test",
-                credentials=credentials,
-                started=started,
-            )
-        )
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self._ready.set()
-
-    def stop(self) -> None:
-        assert self._loop is not None and self._task is not None
-        self._loop.call_soon_threadsafe(self._task.cancel)
-        self._thread.join(30)
-
-
 # One browser for this module, closed after it: while Playwright's sync API is open, the
 # main thread has a running event loop, and later tests' asyncio.run() would fail.
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does)")
+        missing_tool(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does)")
     with sync_playwright() as pw:
         launched = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield launched
