@@ -16,12 +16,13 @@
 #   root: run by another user, the script builds as that user and runs those two
 #   with sudo.
 # - The build tree is kept in .cyclone/citus/citus-VERSION (CITUS_BUILD_DIR moves it):
-#   a second install of the same version, say after a reinstall of PostgreSQL, only runs
-#   `make install`. `make clean` removes it with the rest of .cyclone.
+#   installing the same version again for the same PostgreSQL (after the extension's
+#   files were removed, say) only runs `make install`. `make clean` removes it with the
+#   rest of .cyclone.
 # - PG15_BIN names the PostgreSQL bin directory (default /usr/lib/postgresql/15/bin).
 #
-# The first build takes about 4 minutes on two cores. Citus is AGPL-3.0: it is a tool
-# the tests run against, never part of Cyclone's code or packages.
+# The first build takes a few minutes (two and a half on two cores). Citus is AGPL-3.0:
+# a tool the tests run against, never part of Cyclone's code or packages.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${PG15_BIN:-/usr/lib/postgresql/15/bin}
@@ -102,7 +103,7 @@ built_for="$("$bin/pg_config" --version) $("$bin/pg_config" --includedir-server)
 if [[ -f $stamp && $(cat "$stamp") == "$built_for" ]]; then
     say "reusing the build of Citus $version in $tree"
 else
-    say "building Citus $version in $tree (about 4 minutes on two cores)"
+    say "building Citus $version in $tree (a few minutes)"
     rm -rf "$tree"
     mkdir -p "$tree"
     if [[ -d $source ]]; then
