@@ -12,17 +12,12 @@
 # make test-citus set it) that is a failure, otherwise it is skipped with the reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tests/missing_tool.sh
 
 bin=${PG15_BIN:-/usr/lib/postgresql/15/bin}
 lib=$("$bin/pg_config" --pkglibdir 2>/dev/null || echo "$bin/../lib")
 if [[ -z ${CYCLONE_CITUS_URL:-} && ! -f $lib/citus.so ]]; then
-    reason="the Citus suite needs Citus for PostgreSQL 15 ($lib/citus.so): build it once with CITUS_SOURCE=/path/to/citus-13.2.2-src.tar.gz make citus, or set CYCLONE_CITUS_URL"
-    if [[ ${CYCLONE_TEST_ALL:-} == 1 ]]; then
-        echo "FAILED: $reason" >&2
-        exit 1
-    fi
-    echo "SKIPPED: $reason" >&2
-    exit 0
+    missing_tool "the Citus suite needs Citus for PostgreSQL 15 ($lib/citus.so): build it once with CITUS_SOURCE=/path/to/citus-13.2.2-src.tar.gz make citus, or set CYCLONE_CITUS_URL"
 fi
 echo "== the Citus suite: a coordinator and two workers"
 CYCLONE_TEST_CITUS=1 .venv/bin/pytest tests/citus "$@"

@@ -16,16 +16,11 @@
 # make test-pg15 set it) that is a failure, otherwise they are skipped with the reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tests/missing_tool.sh
 
 BIN=${PG15_BIN:-/usr/lib/postgresql/15/bin}
 if [[ ! -x $BIN/initdb || ! -x $BIN/pg_ctl ]]; then
-    reason="the PostgreSQL 15 pass needs PostgreSQL 15 ($BIN/initdb not found): apt-get install postgresql-15, or set PG15_BIN to the bin directory of any PostgreSQL 15"
-    if [[ ${CYCLONE_TEST_ALL:-} == 1 ]]; then
-        echo "FAILED: $reason" >&2
-        exit 1
-    fi
-    echo "SKIPPED: $reason" >&2
-    exit 0
+    missing_tool "the PostgreSQL 15 pass needs PostgreSQL 15 ($BIN/initdb not found): apt-get install postgresql-15, or set PG15_BIN to the bin directory of any PostgreSQL 15"
 fi
 version=$("$BIN/pg_ctl" --version)
 [[ $version == *" 15."* ]] || { echo "tests/pg15.sh: $BIN is not PostgreSQL 15: $version" >&2; exit 1; }
