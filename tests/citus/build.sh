@@ -44,7 +44,7 @@ installed_version() {
 source_version() {
     local line
     if [[ -d $source ]]; then
-        line=$(grep -m1 "^PACKAGE_VERSION=" "$source/configure" || true)
+        line=$(grep -m1 "^PACKAGE_VERSION=" "$source/configure" 2>/dev/null || true)
     else
         line=$(tar -xzOf "$source" --wildcards '*/configure' 2>/dev/null \
             | grep -m1 "^PACKAGE_VERSION=" || true)
