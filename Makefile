@@ -36,7 +36,7 @@ export PATH := $(TOOLS)/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help
 help: ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 # Serving needs only the server's packages: `make run` installs those (once, saying so);
 # the test and lint tools come with the first target that needs them.
@@ -141,18 +141,34 @@ migrate: $(VENV)/.serve-stamp ## Apply migrations and exit
 	$(VENV)/bin/cyclone-server --migrate-only
 
 .PHONY: test
-test: $(VENV)/.stamp tools ## Run the test suite (real Postgres, real servers), the engine's on PostgreSQL 15, then on Citus
+# The fast default: what needs only Python (the embedded Postgres comes as a wheel). The
+# tests of processes killed and crashed, of the browser and of the Go and TypeScript
+# examples are markers (pyproject.toml) that only test-all runs.
+FAST_TESTS := not slow and not browser and not polyglot
+test: $(VENV)/.stamp ## The fast tests: engine, server, SDK, CLI, console HTML on the embedded Postgres (Python only)
+	$(VENV)/bin/pytest -m "$(FAST_TESTS)" $(PYTEST_ARGS)
+
+# test-all and its parts must run everything: a missing tool (grpcurl, Go, Node.js,
+# Chromium, PostgreSQL 15, Citus) fails them instead of being skipped.
+test-all test-pg15 test-citus: export CYCLONE_TEST_ALL := 1
+
+.PHONY: test-all
+test-all: $(VENV)/.stamp tools ## What CI runs: every test, then the engine's on PostgreSQL 15, then on Citus
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 	tests/pg15.sh $(PG15_PYTEST_ARGS)
-	tests/citus.sh $(CITUS_PYTEST_ARGS)
-
-.PHONY: test-citus
-test-citus: $(VENV)/.stamp ## Only the Citus suite, on a local coordinator and two workers (needs ../shared/citus/build.sh once)
 	tests/citus.sh $(CITUS_PYTEST_ARGS)
 
 .PHONY: test-pg15
 test-pg15: $(VENV)/.stamp tools ## Only the engine's tests, on a throwaway PostgreSQL 15 cluster (PG15_BIN)
 	tests/pg15.sh $(PG15_PYTEST_ARGS)
+
+.PHONY: test-citus
+test-citus: $(VENV)/.stamp ## Only the Citus suite, on a local coordinator and two workers (after make citus)
+	tests/citus.sh $(CITUS_PYTEST_ARGS)
+
+.PHONY: citus
+citus: ## Build and install Citus for PostgreSQL 15 from CITUS_SOURCE (a tarball or directory; as root)
+	tests/citus/build.sh
 
 .PHONY: bench
 BENCH_REPEAT ?= 3

@@ -1312,7 +1312,7 @@ def main() -> None:
         default=None,
         metavar="URL",
         help="measure on a Citus cluster: URL is a superuser URL of its coordinator's "
-        "database (workers added, e.g. tests/citus.sh's cluster.sh); its cyclone schema "
+        "database (workers added, e.g. one of tests/citus/cluster.sh); its cyclone schema "
         "is dropped and made again, distributed (docs/scaling.md)",
     )
     parser.add_argument(

@@ -51,8 +51,8 @@ and, if pg_ctl is not on PATH, --pg-bin; run as root, pg_ctl runs as the owner o
 the data directory. Without --pg-data-dir an external Postgres cannot be restarted
 and --postgres-restarts must be 0.
 
-On Citus (--citus): a coordinator and two workers of its own (../shared/citus/cluster.sh,
-or CITUS_DIR; Citus built with its build.sh), in the work directory, stopped at the end.
+On Citus (--citus): a coordinator and two workers of its own (tests/citus/cluster.sh;
+Citus installed by tests/citus/build.sh), in the work directory, stopped at the end.
 The schema is distributed, the business tables distributed by run_id (not co-located
 with the runs: the workers write them under their own role, docs/scaling.md), and the Postgres
 crashes (--postgres-restarts, 2 by default there) take turns between a worker node,
@@ -336,7 +336,7 @@ class Postgres:
             with_suppressed(lambda: self.pg_ctl("-m", "fast", "-w", "stop"))
 
 
-CITUS_DIR = Path(os.environ.get("CITUS_DIR", ROOT.parent / "shared" / "citus"))
+CITUS_CLUSTER = ROOT / "tests" / "citus" / "cluster.sh"
 CITUS_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
@@ -356,7 +356,7 @@ class Cluster:
         subprocess.run(
             [
                 "bash",
-                str(CITUS_DIR / "cluster.sh"),
+                str(CITUS_CLUSTER),
                 "start",
                 str(directory),
                 str(port),
@@ -382,7 +382,7 @@ class Cluster:
     def close(self) -> None:
         with_suppressed(
             lambda: subprocess.run(
-                ["bash", str(CITUS_DIR / "cluster.sh"), "stop", str(self.directory)],
+                ["bash", str(CITUS_CLUSTER), "stop", str(self.directory)],
                 check=True,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -935,7 +935,7 @@ def main() -> None:
     parser.add_argument(
         "--citus",
         action="store_true",
-        help="on a Citus cluster of its own: a coordinator and two workers (CITUS_DIR)",
+        help="on a Citus cluster of its own, a coordinator and two workers: tests/citus/cluster.sh",
     )
     args = parser.parse_args()
     if args.postgres_restarts is None:

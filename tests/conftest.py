@@ -36,10 +36,22 @@ from service import loop
 from service.config import Settings
 from service.migrate import migrate
 from service.server import CycloneServer
+from tests.helpers import missing_tool
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
 # One template per pytest session, so that sessions sharing a Postgres do not collide.
 TEMPLATE = f"cyclone_test_template_{os.getpid()}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the browser fixture (tests/test_console.py) is marked `browser`,
+    before `-m` selects: `make test` leaves browser tests out, `make test-all` runs them."""
+    for item in items:
+        if "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)
 
 
 def _with_database(url: str, database: str) -> str:
@@ -332,7 +344,8 @@ def server_process(database_url: str) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def grpcurl() -> str:
-    """The grpcurl binary; `make tools` installs it. Missing is a failure, not a skip."""
+    """The grpcurl binary; `make tools` installs it (with Go)."""
     path = shutil.which("grpcurl") or str(ROOT / ".tools" / "bin" / "grpcurl")
-    assert Path(path).exists(), "grpcurl is not installed: run `make tools`"
+    if not Path(path).exists():
+        missing_tool("grpcurl is not installed: run `make tools` (needs Go)")
     return path

@@ -1,5 +1,6 @@
 """The console serving in a thread of its own, for the tests that talk to it (through a
-browser, tests/test_console.py, or plain HTTP, tests/test_console_sessions.py)."""
+browser, tests/test_console.py, or plain HTTP, tests/test_console_html.py and
+tests/test_console_sessions.py)."""
 
 from __future__ import annotations
 

@@ -1,30 +1,29 @@
 #!/usr/bin/env bash
-# `make test`, second pass: the engine's tests on the lowest supported PostgreSQL (15),
-# on a throwaway cluster of Debian's packaged server that this script starts and stops.
+# The engine's tests on the lowest supported PostgreSQL (15), a part of `make test-all`
+# (and all of `make test-pg15`), on a throwaway cluster of Debian's packaged server that
+# this script starts and stops.
 #
 #   tests/pg15.sh [more pytest arguments]
 #
-# runs tests/ without tests/sdk (the SDK does not see the server's Postgres) and the chaos
-# soak (which brings its own Postgres); PG15_TESTS replaces that selection.
-# PG15_BIN names the directory of initdb and pg_ctl (default: Debian's
+# runs tests/ without tests/sdk (the SDK does not see the server's Postgres), the chaos
+# soak (which brings its own Postgres) and the browser tests; PG15_TESTS replaces that
+# selection. PG15_BIN names the directory of initdb and pg_ctl (default: Debian's
 # /usr/lib/postgresql/15/bin). The cluster listens on a private Unix socket only, with
 # trust authentication, under a temporary directory removed at exit. initdb refuses to
 # run as root, so as root the cluster runs as the postgres user.
+#
+# Without PostgreSQL 15 the tests cannot run: with CYCLONE_TEST_ALL=1 (make test-all and
+# make test-pg15 set it) that is a failure, otherwise they are skipped with the reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tests/missing_tool.sh
 
 BIN=${PG15_BIN:-/usr/lib/postgresql/15/bin}
 if [[ ! -x $BIN/initdb || ! -x $BIN/pg_ctl ]]; then
-    cat >&2 <<EOF
-make test: PostgreSQL 15 is missing ($BIN/initdb not found).
-The engine's tests also run on the lowest supported PostgreSQL. Install it:
-    Debian/Ubuntu:  sudo apt-get install postgresql-15    (Debian 12: also "postgresql")
-    elsewhere:      any PostgreSQL 15 build; set PG15_BIN=/path/to/its/bin
-EOF
-    exit 1
+    missing_tool "the PostgreSQL 15 pass needs PostgreSQL 15 ($BIN/initdb not found): apt-get install postgresql-15, or set PG15_BIN to the bin directory of any PostgreSQL 15"
 fi
 version=$("$BIN/pg_ctl" --version)
-[[ $version == *" 15."* ]] || { echo "make test: $BIN is not PostgreSQL 15: $version" >&2; exit 1; }
+[[ $version == *" 15."* ]] || { echo "tests/pg15.sh: $BIN is not PostgreSQL 15: $version" >&2; exit 1; }
 
 dir=$(mktemp -d /tmp/cyclone-pg15.XXXXXX)
 as_owner=()

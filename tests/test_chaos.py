@@ -1,4 +1,4 @@
-"""`make chaos`, shortened so that `make test` runs it: 200 runs, a quarter of them
+"""`make chaos`, shortened so that `make test-all` runs it: 200 runs, a quarter of them
 durable bodies, while worker processes are SIGKILLed every 0.5-2 s, the server once,
 and Postgres crashes once (its own Postgres, so the suite's shared one is left
 alone)."""

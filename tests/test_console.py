@@ -17,7 +17,18 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.console_thread import ConsoleThread
-from tests.helpers import claim, complete, drain, fail, get_run, node, run_status, submit, workflow
+from tests.helpers import (
+    claim,
+    complete,
+    drain,
+    fail,
+    get_run,
+    missing_tool,
+    node,
+    run_status,
+    submit,
+    workflow,
+)
 from tests.test_auth import TOKENS, write_tokens
 from tests.test_blocked import blocked_run
 from tests.test_tls import credentials as tls_credentials
@@ -48,7 +59,7 @@ expect.set_options(timeout=LIVE_MS)
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does)")
+        missing_tool(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does)")
     with sync_playwright() as pw:
         launched = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield launched
@@ -409,6 +420,21 @@ def test_a_durable_function_shows_its_journal_and_a_blocked_step_call_is_resolve
     run = get_run(cyclone_server, run_id)
     assert run_status(run) == "running"
     assert run.audit[0].action == "resolve_discard"
+
+
+def test_sessions_forget_the_least_recently_used_and_renew_with_new_secrets() -> None:
+    from console.sessions import Sessions
+
+    sessions = Sessions(max_sessions=2)
+    first, second = sessions.create(), sessions.create()
+    assert sessions.find(first.id) is first  # now the most recently used
+    third = sessions.create()
+    assert sessions.find(second.id) is None
+    assert sessions.find(first.id) is first and sessions.find(third.id) is third
+    renewed = sessions.renew(first)
+    assert sessions.find(first.id) is None
+    assert (renewed.id, renewed.csrf) != (first.id, first.csrf)
+    assert not renewed.csrf_ok(first.csrf) and renewed.csrf_ok(renewed.csrf)
 
 
 def test_the_console_calls_a_server_that_serves_tls(

@@ -81,6 +81,8 @@ def valid_requests(server: Any) -> list[bytes]:
     ]
 
 
+# A fuzz loop of thousands of requests: make test-all.
+@pytest.mark.slow
 def test_random_and_truncated_protobuf_bytes_never_crash_and_refusals_change_nothing(
     busy: Any,
 ) -> None:

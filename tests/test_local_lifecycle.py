@@ -104,6 +104,8 @@ def test_stopping_the_server_stops_the_embedded_postgres_it_started(tmp_path):
     assert not postgres_runs(tmp_path)
 
 
+# Two servers and their embedded Postgres: make test-all (make test starts and stops one).
+@pytest.mark.slow
 def test_the_embedded_postgres_keeps_running_while_another_server_uses_it(tmp_path):
     first = Local(tmp_path, "--listen", "127.0.0.1:0")
     second = Local(tmp_path, "--listen", "127.0.0.1:0")
@@ -114,6 +116,7 @@ def test_the_embedded_postgres_keeps_running_while_another_server_uses_it(tmp_pa
     assert not postgres_runs(tmp_path)
 
 
+@pytest.mark.slow
 def test_embedded_stop_stops_it_whoever_started_it(tmp_path):
     server = Local(tmp_path, "--listen", "127.0.0.1:0")
     try:

@@ -4,8 +4,9 @@ its `price` node handled by the Python worker, its `charge` node by the Go worke
 retrying it with grpcurl. Then a durable function in Go (examples/go's order-worker):
 its journaled step calls are not repeated after a SIGKILL, and its unsafe call killed
 mid-call blocks the run until the operator resolves it with the `cyclone` command.
-The examples are built as their READMEs say, once per session; a missing go, node or
-npm fails these tests instead of skipping them.
+The examples are built as their READMEs say, once per session. They need Go and
+Node.js: `make test` leaves them out (marker `polyglot`), `make test-all` runs them, and
+there a missing go, node or npm fails them.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from pathlib import Path
 import pytest
 
 from pyclient import Client, RetryPolicy, Run, Workflow
-from tests.helpers import eventually
+from tests.helpers import eventually, missing_tool
 
 # The first test also builds the examples: on a machine with cold Go caches, compiling
 # grpc-go and pgx takes minutes. Every wait inside a test is bounded far below this.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.polyglot, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parent.parent
 GO_EXAMPLE = ROOT / "examples" / "go"
@@ -43,7 +44,8 @@ CHARGED = {"charged": DEFAULT_TOTAL, "currency": "EUR", "booked": True}
 
 def _tool(name: str) -> str:
     path = shutil.which(name)
-    assert path, f"{name} is not installed: the polyglot tests need Go and Node.js"
+    if path is None:
+        missing_tool(f"{name} is not installed: the polyglot tests need Go and Node.js")
     return path
 
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import grpc
 import psycopg
+import pytest
 
 from cyclone.v1 import (
     worker_service_pb2,
@@ -31,6 +32,7 @@ def stubs(address):
     )
 
 
+@pytest.mark.slow
 def test_two_servers_on_one_database_share_the_work_and_sweep_without_fighting(
     server_process, database_url
 ):

@@ -84,6 +84,8 @@ def cases(files: dict[str, str], busy_port: int) -> list[tuple[list[str], dict, 
     ]
 
 
+# A server process per case: make test-all (the uvloop test starts one in make test).
+@pytest.mark.slow
 def test_every_misconfiguration_is_one_line_without_a_traceback(
     database_url: str, files: dict[str, str]
 ) -> None:

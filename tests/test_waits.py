@@ -409,7 +409,8 @@ def test_a_dag_event_node_that_times_out_is_discarded_and_compensation_runs(
 
 
 # About 30,000 transitions in the engine: half a minute on a quiet machine, more when
-# the cores are shared.
+# the cores are shared; make test-all runs it.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_ten_thousand_sleeping_runs_finish_with_one_worker_slot(cyclone_server: Any) -> None:
     """10,000 runs each sleep 1s once, served by a single slot that takes one step at a

@@ -1,10 +1,10 @@
 """The Citus suite: Cyclone on a coordinator and two workers (docs/scaling.md).
 
-Collected only when CYCLONE_TEST_CITUS is set (tests/citus.sh, the third pass of `make test`,
+Collected only when CYCLONE_TEST_CITUS is set (tests/citus.sh, a part of `make test-all`,
 sets it). The session's cluster is CYCLONE_CITUS_URL when given (a superuser URL of a
 coordinator with workers added), else a local cluster that this session starts with
-the cluster.sh of ../shared/citus (CITUS_DIR) and stops at the end. One database for
-the session, migrated (and so distributed) once; each test starts from empty tables.
+tests/citus/cluster.sh and stops at the end. One database for the session, migrated
+(and so distributed) once; each test starts from empty tables.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 from service.migrate import migrate
 
 ROOT = Path(__file__).resolve().parents[2]
-CITUS_DIR = Path(os.environ.get("CITUS_DIR", ROOT.parent / "shared" / "citus"))
+CLUSTER = ROOT / "tests" / "citus" / "cluster.sh"
 
 if not os.environ.get("CYCLONE_TEST_CITUS"):
     collect_ignore_glob = ["test_*.py"]
@@ -51,18 +51,16 @@ def citus_url() -> Iterator[str]:
     if given:
         yield given
         return
-    script = CITUS_DIR / "cluster.sh"
-    if not script.exists():
-        pytest.fail(f"no {script}: set CITUS_DIR or CYCLONE_CITUS_URL")
     work = Path(tempfile.mkdtemp(prefix="cyclone-citus."))
     port = _free_port_block(3)
     try:
-        subprocess.run(
-            ["bash", str(script), "start", str(work), str(port), "2", "cyclone"],
-            check=True,
+        started = subprocess.run(
+            ["bash", str(CLUSTER), "start", str(work), str(port), "2", "cyclone"],
             capture_output=True,
             text=True,
         )
+        if started.returncode:
+            pytest.fail(f"{CLUSTER.name} start failed:\n{started.stdout}{started.stderr}")
         url = f"postgresql://postgres@127.0.0.1:{port}/cyclone"
         # Tests kill processes, never this cluster: durability only costs time here.
         for p in range(port, port + 3):
@@ -72,7 +70,7 @@ def citus_url() -> Iterator[str]:
                 conn.execute("SELECT pg_reload_conf()")
         yield url
     finally:
-        subprocess.run(["bash", str(script), "stop", str(work)], check=False)
+        subprocess.run(["bash", str(CLUSTER), "stop", str(work)], check=False)
         shutil.rmtree(work, ignore_errors=True)
 
 
