@@ -422,21 +422,6 @@ def test_a_durable_function_shows_its_journal_and_a_blocked_step_call_is_resolve
     assert run.audit[0].action == "resolve_discard"
 
 
-def test_sessions_forget_the_least_recently_used_and_renew_with_new_secrets() -> None:
-    from console.sessions import Sessions
-
-    sessions = Sessions(max_sessions=2)
-    first, second = sessions.create(), sessions.create()
-    assert sessions.find(first.id) is first  # now the most recently used
-    third = sessions.create()
-    assert sessions.find(second.id) is None
-    assert sessions.find(first.id) is first and sessions.find(third.id) is third
-    renewed = sessions.renew(first)
-    assert sessions.find(first.id) is None
-    assert (renewed.id, renewed.csrf) != (first.id, first.csrf)
-    assert not renewed.csrf_ok(first.csrf) and renewed.csrf_ok(renewed.csrf)
-
-
 def test_the_console_calls_a_server_that_serves_tls(
     server_factory: Any,
     pki: dict[str, Any],
