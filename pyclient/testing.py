@@ -57,8 +57,10 @@ from typing import Any
 from cyclone.jsonvalue import dumps, from_value
 from pyclient.actions import Action
 from pyclient.context import Context, StepControl, bind, unbind
+from pyclient.durable._calls import Call
+from pyclient.durable._errors import BodyStopped, Suspended
 from pyclient.durable._memory import MemoryBackend, NodeJournal
-from pyclient.durable._replay import BodyStopped, Call, Replay, Suspended
+from pyclient.durable._replay import Replay
 from pyclient.errors import NonRetryableError
 from pyclient.models import StepCall, StepCallError, UpstreamFailure
 

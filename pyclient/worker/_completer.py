@@ -22,7 +22,7 @@ from google.protobuf import struct_pb2
 from cyclone.jsonvalue import dumps, json_value, to_value
 from cyclone.v1 import worker_service_pb2 as pb
 from pyclient.context import StepControl
-from pyclient.durable._replay import StepFailed
+from pyclient.durable._errors import StepFailed
 from pyclient.errors import (
     CycloneError,
     LeaseLost,

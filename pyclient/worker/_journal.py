@@ -26,7 +26,8 @@ from cyclone.v1 import types_pb2
 from cyclone.v1 import worker_service_pb2 as pb
 from pyclient.completion import CompletionTx, record_step_call
 from pyclient.context import StepControl
-from pyclient.durable._replay import BodyStopped, Call, Decision, Outcome, Until, WaitDecision
+from pyclient.durable._calls import Call, Decision, Outcome, Until, WaitDecision
+from pyclient.durable._errors import BodyStopped
 from pyclient.errors import CycloneError, Unavailable, from_rpc_error
 from pyclient.models import StepCall, StepCallError
 from pyclient.worker._common import RPC_TIMEOUT

@@ -19,7 +19,8 @@ from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
 from pyclient.client import call_metadata
 from pyclient.completion import CompletionTx, open_pool
 from pyclient.context import StepControl, claimed_context
-from pyclient.durable._replay import Replay, Suspended
+from pyclient.durable._errors import Suspended
+from pyclient.durable._replay import Replay
 from pyclient.models import StepCall, UpstreamFailure, timestamp_datetime, value_field
 from pyclient.worker import _logs as step_logs
 from pyclient.worker._common import StepLog, log
