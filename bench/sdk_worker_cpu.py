@@ -132,7 +132,7 @@ def drain(
         await serving
         return cpu
 
-    from pyclient.worker import _runtime
+    import pyclient.worker as worker_package
 
     # Calls (or Work messages) and the steps they carried: claimed, or reported.
     calls = {
@@ -142,7 +142,7 @@ def drain(
         "Work credit only": [0, 0],
         "Work steps": [0, 0],
     }
-    serve = _runtime.Runtime.serve
+    serve = worker_package._Run.serve
 
     async def counting_serve(rt):  # counts the calls and what each carried
         real_stub = None
@@ -211,7 +211,7 @@ def drain(
         def _claim(fn, request, **kw):
             return _ClaimCall(fn(request, **kw))
 
-        import pyclient.worker._runtime as r
+        r = worker_package  # where the run opens its channel and makes its stub
 
         real_grpc = r.pb_grpc.WorkerServiceStub
 
@@ -228,11 +228,11 @@ def drain(
 
     counting_serve.__wrapped__ = serve
     if os.environ.get("COUNT_CALLS"):
-        _runtime.Runtime.serve = lambda rt: counting_serve(rt)
+        worker_package._Run.serve = lambda rt: counting_serve(rt)
     try:
         return asyncio.run(main())
     finally:
-        _runtime.Runtime.serve = serve
+        worker_package._Run.serve = serve
         if os.environ.get("COUNT_CALLS"):
             print(
                 "  calls, steps per call:",

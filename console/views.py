@@ -15,7 +15,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from console import graph, survey
-from console.app import Console, client_of, form_of, render, session_of
+from console.pages import Console, client_of, form_of, render, session_of
 from console.sessions import Sessions
 from pyclient.errors import CycloneError, InvalidArgument, PermissionDenied, Unauthenticated
 from pyclient.models import Explanation, Run, RunStatus, Step, StepStatus

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyclient.errors import OutsideHandler
 from pyclient.models import timestamp_datetime
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from google.protobuf.timestamp_pb2 import Timestamp
 
     from pyclient.completion import CompletionTx
-    from pyclient.durable._replay import Replay, StepScope
     from pyclient.models import UpstreamFailure
 
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("cyclone_context")
@@ -185,6 +184,15 @@ class StepControl:
 _NO_PROGRESS: Any = object()
 
 
+class StepCallScope(Protocol):
+    """The step call of a durable function running now, as its context uses it (the
+    replay engine's StepScope)."""
+
+    def connection(self) -> Any: ...
+
+    def record(self, conn: Any, output: Any) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
     """The step a handler runs. ``(run_id, node)`` is its idempotency key."""
@@ -217,10 +225,11 @@ class Context:
     #: ``charge#2``); None elsewhere.
     step_id: str | None = None
     _control: StepControl = field(default_factory=StepControl, repr=False, compare=False)
-    #: The replay of a durable function's step calls; None for a plain handler.
-    _durable: Replay | None = field(default=None, repr=False, compare=False)
+    #: The replay of a durable function's step calls (a pyclient.durable Replay, read
+    #: through ``replay_of``); None for a plain handler.
+    _durable: object | None = field(default=None, repr=False, compare=False)
     #: The step call running here, inside one.
-    _scope: StepScope | None = field(default=None, repr=False, compare=False)
+    _scope: StepCallScope | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.upstream, MappingProxyType):
@@ -335,7 +344,7 @@ def claimed_context(
     worker_id: str,
     upstream_failures: tuple[UpstreamFailure, ...],
     control: StepControl,
-    durable: Replay | None,
+    durable: object | None,
 ) -> Context:
     """The Context of a claimed step, as ``Context(...)`` makes it with these fields
     (no step call, ``step_id`` None), at half the cost: the worker makes one per step,

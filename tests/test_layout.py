@@ -39,3 +39,170 @@ def test_server_and_sdk_import_each_other_never_only_the_core(folder, forbidden)
     imported = _imported_packages(ROOT / folder)
     assert "cyclone" in imported or folder in ("core/cyclone", "console")
     assert {name: sorted(imported[name]) for name in forbidden & imported.keys()} == {}
+
+
+# General rules of the code's shape: modules import each other without cycles, and no
+# module or function grows past what a reader can hold. Each rule is parametrized by
+# folder, so that a folder is added to a rule by adding it to the rule's list.
+
+#: Import name of each folder's package, for the folders these rules look at.
+PACKAGES = {
+    "service": "service",
+    "pyclient": "pyclient",
+    "core/cyclone": "cyclone",
+    "console": "console",
+}
+#: Generated code, which these rules do not judge.
+GENERATED = ("core/cyclone/v1",)
+
+#: The folders whose modules must not import each other around a cycle.
+ACYCLIC = ["service", "pyclient", "core/cyclone", "console"]
+#: The folders whose modules and functions must stay under the sizes below.
+SIZED = ["pyclient", "core/cyclone", "console"]
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def _sources(folder: str) -> list[Path]:
+    return sorted(
+        path
+        for path in (ROOT / folder).rglob("*.py")
+        if not any(path.is_relative_to(ROOT / generated) for generated in GENERATED)
+    )
+
+
+def _modules(folder: str) -> dict[str, Path]:
+    """{dotted module name: its file} for the package in ``folder``."""
+    found = {}
+    for path in _sources(folder):
+        parts = [PACKAGES[folder], *path.relative_to(ROOT / folder).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of ``known`` that module ``name`` imports, anywhere in its body
+    (under ``TYPE_CHECKING`` and inside functions too). ``from pkg import sub`` depends
+    on the submodule ``pkg.sub`` only, not on ``pkg``'s ``__init__``."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                origin = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                origin = node.module or ""
+            submodules = {f"{origin}.{alias.name}" for alias in node.names} & known.keys()
+            found.update(submodules)
+            if len(submodules) < len(node.names):
+                found.add(origin)
+    return (found & known.keys()) - {name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm,
+    iterative), each sorted, then sorted by their first module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for target in edges:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return sorted(found)
+
+
+def test_import_graph_counts_every_import_and_a_submodule_as_itself(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    sources = {
+        "__init__.py": "from pkg.a import thing\n",
+        "a.py": "from pkg import b\n",
+        "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.c import C\n",
+        "c.py": "def f():\n    from . import d\n",
+        "d.py": "from pkg import VALUE\n",
+    }
+    for name, text in sources.items():
+        (package / name).write_text(text)
+    known = {"pkg": package / "__init__.py"} | {
+        f"pkg.{name[:-3]}": package / name for name in sources if name != "__init__.py"
+    }
+    graph = {name: _imports(name, path, known) for name, path in known.items()}
+    assert graph == {
+        "pkg": {"pkg.a"},
+        "pkg.a": {"pkg.b"},  # the submodule, not the package's __init__
+        "pkg.b": {"pkg.c"},  # under TYPE_CHECKING
+        "pkg.c": {"pkg.d"},  # inside a function, relative
+        "pkg.d": {"pkg"},  # a name of the package's __init__
+    }
+    assert _cycles(graph) == [["pkg", "pkg.a", "pkg.b", "pkg.c", "pkg.d"]]
+
+
+def test_cycle_finder_finds_cycles_and_only_them():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": set()}
+    assert _cycles(graph) == [["a", "b", "c"], ["d", "e"]]
+
+
+@pytest.mark.parametrize("folder", ACYCLIC)
+def test_modules_import_each_other_without_cycles(folder):
+    modules = _modules(folder)
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    cycles = _cycles(graph)
+    assert not cycles, "modules that reach each other by imports, one group a line:\n" + (
+        "\n".join(", ".join(cycle) for cycle in cycles)
+    )
+
+
+@pytest.mark.parametrize("folder", SIZED)
+def test_no_module_is_over_600_lines(folder):
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in _sources(folder)}
+    over = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"
+
+
+@pytest.mark.parametrize("folder", SIZED)
+def test_no_function_is_over_80_lines(folder):
+    long = {}
+    for path in _sources(folder):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                assert node.end_lineno is not None
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(ROOT)}:{node.name}"] = lines
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"

@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cyclone import flow
+from cyclone.errors import InvalidWorkflow
+
 __all__ = [
     "DEFAULT_BACKOFF_MULTIPLIER",
     "DEFAULT_INITIAL_BACKOFF_S",
@@ -116,10 +119,6 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-class InvalidWorkflow(ValueError):
-    """The workflow definition is invalid."""
-
-
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     """One node as validated and stored; defaults already applied."""
@@ -205,8 +204,6 @@ def _check_node_settings(node: NodeSpec) -> None:
             f"{where}: backoff_multiplier must be between 1 and {MAX_BACKOFF_MULTIPLIER:g}, "
             f"got {node.backoff_multiplier:g}"
         )
-    from cyclone import flow  # flow builds on this module
-
     if node.priority is not None:
         flow.check_priority(where, node.priority)
     if (node.concurrency_key is None) != (node.concurrency_limit is None):

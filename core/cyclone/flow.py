@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cyclone.dag import InvalidWorkflow
+from cyclone.errors import InvalidFlow
 
 __all__ = [
     "MAX_CONCURRENCY_LIMIT",
@@ -46,10 +46,6 @@ MAX_START_AHEAD_S = 366 * 24 * 3600.0
 
 _FIELD = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _PATH = re.compile(r"(run|node)((?:\.[A-Za-z0-9_-]+)+)")
-
-
-class InvalidFlow(InvalidWorkflow):
-    """A priority, limit, start time or key template out of range (INVALID_ARGUMENT)."""
 
 
 def check_priority(where: str, priority: int) -> None:

@@ -19,13 +19,15 @@ See docs/python-sdk.md and docs/durable-functions.md. The pieces:
 
 - ``_step``: the :func:`step` decorator and :class:`StepFunction`;
 - ``_replay``: the replay engine (:class:`Replay`), one for the worker and for
-  pyclient.testing, with its journal backend protocol and its exceptions;
+  pyclient.testing;
+- ``_calls``: how a step call is named to the journal, and the journal backend
+  protocol; ``_errors``: the exceptions a body sees;
 - ``_memory``: the in-memory journal pyclient.testing runs bodies on. The worker's
   backend (Begin and End over gRPC) is pyclient.worker._journal.
 """
 
 from pyclient.durable._child import ChildFailed, ChildRun, start_child
-from pyclient.durable._replay import (
+from pyclient.durable._errors import (
     BodyStopped,
     DuplicateStepId,
     EffectUncertain,

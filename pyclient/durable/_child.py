@@ -28,14 +28,17 @@ from typing import TYPE_CHECKING, Any
 from cyclone.jsonvalue import to_value
 from cyclone.v1 import types_pb2
 from pyclient.context import active
-from pyclient.durable._replay import MAX_ID, ReplayMismatch, StepFailed, Until, WaitFn
+from pyclient.durable._calls import MAX_ID, Until, WaitFn
+from pyclient.durable._errors import ReplayMismatch, StepFailed
+from pyclient.durable._replay import replay_of
 from pyclient.errors import InvalidArgument
 from pyclient.models import CHILD_START_FUNCTION as START_FUNCTION
 from pyclient.models import StepCall, StepCallStatus
 from pyclient.workflow import Workflow
 
 if TYPE_CHECKING:
-    from pyclient.durable._replay import Call, Replay
+    from pyclient.durable._calls import Call
+    from pyclient.durable._replay import Replay
 
 #: The function of the wait for a child's outcome (Wait with child_run_id).
 WAIT_FUNCTION = "cyclone.child"
@@ -205,7 +208,7 @@ def start_child(workflow: Any, input: Any = None, *, step_id: str | None = None)
     keeps children. Returns a :class:`ChildRun`; in an async body, await it.
     RuntimeError outside a durable function."""
     ctx = active()
-    replay = ctx._durable if ctx is not None and ctx.step_id is None else None
+    replay = replay_of(ctx)
     if ctx is None or replay is None:
         raise RuntimeError(
             "start_child() works inside a durable function (@worker.workflow); "

@@ -17,7 +17,7 @@ from google.protobuf import struct_pb2
 
 from cyclone.jsonvalue import from_value, json_value
 from cyclone.v1 import types_pb2
-from pyclient.durable._replay import Call, Decision, Outcome, Until, WaitDecision
+from pyclient.durable._calls import Call, Decision, Outcome, Until, WaitDecision
 from pyclient.models import StepCall, StepCallError, StepCallStatus
 
 #: Called by a backend at each point of a call: "begun" (an unsafe call was recorded

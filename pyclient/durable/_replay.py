@@ -21,240 +21,43 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import threading
 import traceback
 from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-
-from google.protobuf import struct_pb2
+from typing import Any, TypeVar
 
 from cyclone.jsonvalue import dumps, from_value, json_value
-from cyclone.v1 import types_pb2
 from pyclient.context import Context, bind, unbind
+from pyclient.durable._calls import (
+    MAX_ID,
+    Call,
+    CallSpec,
+    CallTx,
+    Decision,
+    JournalBackend,
+    Outcome,
+    StepSpec,
+    Until,
+    WaitDecision,
+)
+from pyclient.durable._errors import (
+    BodyStopped,
+    DuplicateStepId,
+    EffectUncertain,
+    EventTimeout,
+    ReplayMismatch,
+    StepFailed,
+    Suspended,
+)
 from pyclient.errors import CycloneError, LeaseLost, NonRetryableError
 from pyclient.models import StepCall, StepCallError, StepCallStatus
 
-if TYPE_CHECKING:
-    from pyclient.durable._step import StepFunction
-
 T = TypeVar("T")
 
-#: Longest step id, function name and error type the server accepts.
-MAX_ID = 200
 #: Longest error message and details recorded (the server takes 64 KiB; this leaves
 #: room for what the worker adds when the body lets the failure through).
 MAX_ERROR_TEXT = 60 * 1024
-
-
-class StepFailed(Exception):
-    """A step call raised. The body sees this exception for a step's failure on every
-    run: the first (``__cause__`` is then the original exception) and each replay
-    (the exception's class is not rebuilt from the journal: match ``type_name``).
-
-        try:
-            charge(order)
-        except StepFailed as e:
-            if e.type_name != "CardDeclined":
-                raise
-            release(order)            # a cleanup step: it runs once, durably
-    """
-
-    def __init__(
-        self,
-        step_id: str,
-        type_name: str,
-        message: str,
-        details: str = "",
-        *,
-        non_retryable: bool = False,
-    ):
-        super().__init__(f"{type_name}: {message}" if message else type_name)
-        #: The step call that raised.
-        self.step_id = step_id
-        #: The type name of the exception the function raised, e.g. ``"CardDeclined"``;
-        #: ``"EffectFailed"`` for a failure an operator recorded with Resolve.
-        self.type_name = type_name
-        self.message = message
-        #: Its traceback, as recorded.
-        self.details = details
-        #: Not worth retrying the node for if the body lets it through: the function
-        #: raised NonRetryableError or returned a value that is not JSON, or the call is
-        #: unsafe_to_repeat (its recorded failure is kept, so a retry would replay it).
-        self.non_retryable = non_retryable
-
-
-class ReplayMismatch(NonRetryableError):
-    """A replay called its steps in another order than the journal recorded them (the
-    code changed under a running node, or the body depends on more than its input and
-    its step results). The node fails for good."""
-
-
-class DuplicateStepId(NonRetryableError):
-    """Two step calls of one body have the same step id."""
-
-
-class BodyStopped(BaseException):
-    """Stops a durable function where it stands: its node cannot go on in this attempt
-    (the lease was lost, the run was cancelled, an effect is uncertain). A
-    BaseException, so that ``except Exception`` in the body does not swallow it; every
-    later step call raises it again, and the worker reports no outcome for the node."""
-
-
-class EffectUncertain(BodyStopped):
-    """An unsafe step call was started by an earlier attempt and never recorded an
-    outcome: its effect may have happened. The node is uncertain and its run blocked
-    until an operator resolves the call (result, error or discard)."""
-
-    def __init__(self, call: StepCall):
-        super().__init__(
-            f"step call {call.step_id!r} ({call.function}) is unsafe to repeat and was "
-            f"started by attempt {call.attempt} with no outcome recorded: its effect may "
-            "have happened; the run is blocked until it is resolved"
-        )
-        self.call = call
-
-
-class Suspended(BodyStopped):
-    """The body waits (a durable sleep, an event, a child run) and its node has given
-    up its lease: the attempt ends here, with no outcome, and the node is claimed again
-    when the wait is over (its body replays up to the same wait, which then returns)."""
-
-    def __init__(self, call: StepCall):
-        super().__init__(
-            f"waiting for {call.waiting_for or call.function} ({call.step_id!r}); the node "
-            "resumes when the wait is over"
-        )
-        self.call = call
-
-
-class EventTimeout(StepFailed):
-    """``wait_for_event`` found no event within its timeout. Recorded in the journal, so
-    every replay raises it again (a StepFailed whose ``type_name`` is ``EventTimeout``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class WaitFn:
-    """What the journal knows of a wait, as of a step function: the base of its step
-    ids and its function (cyclone.sleep, cyclone.event, cyclone.child)."""
-
-    name: str
-    function: str
-    is_async: bool = False
-    unsafe_to_repeat: bool = False
-
-
-class WaitDecision(enum.Enum):
-    """What Wait answers."""
-
-    READY = "ready"
-    SUSPENDED = "suspended"
-
-
-@dataclass(frozen=True, slots=True)
-class Until:
-    """What a wait waits for: exactly one of a wake time (a sleep), an event (with an
-    optional timeout in seconds) or a child run."""
-
-    wake_at: Any = None
-    event: str | None = None
-    timeout: float | None = None
-    child_run_id: str | None = None
-
-
-class Decision(enum.Enum):
-    """What Begin answers for an unsafe call."""
-
-    RUN = "run"
-    RECORDED = "recorded"
-    UNCERTAIN = "uncertain"
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One step call as the journal names it."""
-
-    step_id: str
-    seq: int
-    function: str
-    unsafe: bool
-
-
-#: A call's outcome as recorded: its JSON output, or its error.
-Outcome = struct_pb2.Value | StepCallError
-
-
-class CallSpec(Protocol):
-    """What names a call's function for the journal: a StepFunction, or a WaitFn (the
-    SDK's own calls: a wait, a child's start)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def function(self) -> str: ...
-
-    @property
-    def unsafe_to_repeat(self) -> bool: ...
-
-    @property
-    def is_async(self) -> bool: ...
-
-
-class CallTx(Protocol):
-    """A step call's own transaction (``ctx.completion_tx()`` inside a step call): its
-    commit records the call's success with the writes made on it."""
-
-    def connection(self) -> Any: ...
-
-    def commit(self, output_json: str) -> None: ...
-
-    def rollback(self) -> None: ...
-
-
-class JournalBackend(Protocol):
-    """Where a node's journal is written. Sync methods are called from sync step
-    calls (a body's thread), async ones from async step calls (a body's event loop).
-
-    A backend raises LeaseLost when the node is no longer this attempt's, BodyStopped
-    when the body must stop for another reason, other CycloneErrors when the journal
-    refuses a write (the node then fails with it)."""
-
-    def before_run(self, call: Call) -> None:
-        """The function of ``call`` is about to run."""
-
-    def begin(self, call: Call) -> tuple[Decision, StepCall | None]:
-        """Begin an unsafe call (it is recorded ``started`` before RUN is answered)."""
-
-    async def begin_async(self, call: Call) -> tuple[Decision, StepCall | None]: ...
-
-    def end(self, call: Call, outcome: Outcome) -> None:
-        """Record the call's outcome."""
-
-    async def end_async(self, call: Call, outcome: Outcome) -> None: ...
-
-    def transaction(self, call: Call) -> CallTx:
-        """A transaction for ``call`` (RuntimeError when there is no database)."""
-
-    def wait(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]:
-        """Wait (journaled): READY with the entry's outcome, or SUSPENDED (the node
-        has given up its lease)."""
-
-    async def wait_async(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]: ...
-
-    def record(self, call: Call, conn: Any, output_json: str) -> None:
-        """Record the success of ``call`` in ``conn``'s transaction (the caller's)."""
-
-    def start_child(
-        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
-    ) -> StepCall:
-        """Start the child run of ``call`` (or find the one it started): its entry,
-        SUCCEEDED with {"run_id": ...}."""
-
-    async def start_child_async(
-        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
-    ) -> StepCall: ...
 
 
 class StepScope:
@@ -411,7 +214,7 @@ class Replay:
     def call(
         self,
         ctx: Context,
-        fn: StepFunction[..., Any],
+        fn: StepSpec,
         step_id: str | None,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -438,7 +241,7 @@ class Replay:
     async def call_async(
         self,
         ctx: Context,
-        fn: StepFunction[..., Any],
+        fn: StepSpec,
         call: Call,
         entry: StepCall | None,
         args: tuple[Any, ...],
@@ -614,6 +417,16 @@ def _rollback(tx: CallTx | None) -> None:
     """Undo a step call's writes (it failed, or was cut off)."""
     if tx is not None:
         tx.rollback()
+
+
+def replay_of(ctx: Context | None) -> Replay | None:
+    """The replay of the durable function that ``ctx`` runs, when the caller is its body
+    (not one of its step calls); None anywhere else, where a step is a plain call."""
+    if ctx is None or ctx.step_id is not None:
+        return None
+    replay = ctx._durable
+    assert replay is None or isinstance(replay, Replay)
+    return replay
 
 
 def _clip(text: str, limit: int) -> str:

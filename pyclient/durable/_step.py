@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from pyclient.context import active
-from pyclient.durable._replay import MAX_ID
+from pyclient.durable._calls import MAX_ID
+from pyclient.durable._replay import replay_of
 from pyclient.errors import InvalidArgument
 
 P = ParamSpec("P")
@@ -65,7 +66,7 @@ class StepFunction(Generic[P, R]):
     def _call(self, step_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
         ctx = active()
         # Outside a durable function, or inside another step call: a plain call.
-        replay = ctx._durable if ctx is not None and ctx.step_id is None else None
+        replay = replay_of(ctx)
         if replay is None:
             return self.fn(*args, **kwargs)
         assert ctx is not None

@@ -24,7 +24,8 @@ import time
 from typing import Any
 
 from pyclient.context import active
-from pyclient.durable._replay import Replay, Until, WaitFn
+from pyclient.durable._calls import Until, WaitFn
+from pyclient.durable._replay import Replay, replay_of
 from pyclient.errors import InvalidArgument, OutsideHandler
 
 #: The step ids of sleeps: "sleep", "sleep#2", ...
@@ -34,9 +35,8 @@ MAX_EVENT_NAME = 200
 
 
 def _replay() -> Replay | None:
-    ctx = active()
     # Inside a step call, a wait is a plain wait of that call (it is not journaled).
-    return ctx._durable if ctx is not None and ctx.step_id is None else None
+    return replay_of(active())
 
 
 def _wait(replay: Replay, fn: WaitFn, step_id: str | None, until: Until) -> Any:

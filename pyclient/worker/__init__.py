@@ -49,9 +49,13 @@ exponential backoff while the channel reconnects.
 
 The package, one module per job (the worker's seams):
 
-- ``__init__``: :class:`Worker`, the public API: registering actions, run and stop.
-- ``_runtime``: one run of a worker: the channel, the parts below wired together,
-  each claimed step's life (:meth:`Runtime.run_step`), shutdown.
+- ``__init__``: :class:`Worker`, the public API: registering actions, run and stop;
+  and one run of a worker (``_Run``): the channel, the parts below composed with
+  explicit arguments, shutdown.
+- ``_config``: the worker's settings as a run serves them, and the server as the
+  parts call it (stub and metadata). No part holds a reference to the run or the
+  Worker: each takes its collaborators (events, callbacks, other parts) by argument.
+- ``_runner``: each claimed step's life (:meth:`StepRunner.run`).
 - ``_session``: the Work stream: steps handed out within the credit of the free
   slots, reports answered on it, reopened with backoff, failed over to CompleteMany.
 - ``_producer``: the handler slots, and the long-poll claims of a server without
@@ -80,15 +84,28 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import grpc
 
+from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
 from pyclient.actions import Action, RateLimit
-from pyclient.client import default_address
+from pyclient.client import call_metadata, default_address
+from pyclient.completion import open_pool
 from pyclient.errors import InvalidArgument
+from pyclient.worker import _logs as step_logs
 from pyclient.worker._common import HandlerTimeout, log
-from pyclient.worker._runtime import Runtime
+from pyclient.worker._completer import Completer
+from pyclient.worker._config import Server, WorkerConfig
+from pyclient.worker._executor import Executor
+from pyclient.worker._journal import Journaling
+from pyclient.worker._mailbox import Mailbox
+from pyclient.worker._producer import Producer
+from pyclient.worker._runner import StepRunner
+from pyclient.worker._session import Session
+from pyclient.worker._timers import Alarms
+from pyclient.worker._watch import Watching, WatchPolicy
 from pyclient.workflow import Seconds
 
 __all__ = ["HandlerTimeout", "Worker"]
@@ -138,7 +155,7 @@ class Worker:
         self._credentials = credentials
         self._actions: dict[str, Action] = {}
         self._stop_requests = 0
-        self._runtime: Runtime | None = None
+        self._runtime: _Run | None = None
         self._lock = threading.Lock()
 
     @property
@@ -238,7 +255,18 @@ class Worker:
         """:meth:`run` on the running event loop."""
         if not self._actions:
             raise InvalidArgument("the worker serves no action: register one first")
-        runtime = Runtime(self, asyncio.get_running_loop())
+        config = WorkerConfig(
+            worker_id=self.worker_id,
+            address=self.address,
+            actions=MappingProxyType(dict(self._actions)),
+            concurrency=self.concurrency,
+            lease=self.lease,
+            claim_wait=self.claim_wait,
+            shutdown_grace=self.shutdown_grace,
+            reconnect_max_delay=self.reconnect_max_delay,
+            database_url=self.database_url,
+        )
+        runtime = _Run(config, asyncio.get_running_loop(), self._token, self._credentials)
         with self._lock:
             self._runtime = runtime
             for _ in range(self._stop_requests):
@@ -272,3 +300,186 @@ class Worker:
             runtime = self._runtime
         if runtime is not None:
             runtime.loop.call_soon_threadsafe(runtime.request_stop)
+
+
+class _Run:
+    """One run of a worker: opens the channel (and the completion pool), composes the
+    parts, serves until stopped, then drains."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        loop: asyncio.AbstractEventLoop,
+        token: str | None,
+        credentials: grpc.ChannelCredentials | None,
+    ):
+        self.config = config
+        self.loop = loop
+        self.credentials = credentials
+        self.metadata = call_metadata(token, None)
+        self.stopping = asyncio.Event()
+        self.forced = asyncio.Event()
+        # Reconnect as eagerly as the claim loop retries, not after gRPC's default backoff.
+        self.channel_options = [
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", max(100, int(config.reconnect_max_delay * 1000))),
+        ]
+
+    def request_stop(self) -> None:
+        if self.stopping.is_set():
+            self.forced.set()
+        self.stopping.set()
+
+    async def serve(self) -> None:
+        config, options = self.config, self.channel_options
+        channel = (
+            grpc.aio.secure_channel(config.address, self.credentials, options=options)
+            if self.credentials
+            else grpc.aio.insecure_channel(config.address, options=options)
+        )
+        pool = None
+        if config.database_url:
+            pool = await asyncio.to_thread(open_pool, config.database_url, config.concurrency)
+        inbox = Mailbox(self.loop)  # handler outcomes and heartbeat requests
+        executor = Executor(
+            self.loop, inbox, any_async=any(a.is_async for a in config.actions.values())
+        )
+        producer, completer, session = self._compose(
+            Server(pb_grpc.WorkerServiceStub(channel), self.metadata), executor, inbox, pool
+        )
+        log.info(
+            "worker %s: serving %s on %s with %d slots",
+            config.worker_id,
+            ", ".join(sorted(config.actions)),
+            config.address,
+            config.concurrency,
+        )
+        try:
+            with step_logs.capturing():
+                # On Work streams; with Claim and CompleteMany on a server without them.
+                # Either returns once nothing more can be handed out (the last stream
+                # has ended): the drain below then sees every step handed out.
+                if not await session.serve():
+                    await producer.claim_loop()
+        finally:
+            await self._drain(producer, completer)
+            await channel.close()
+            executor.close()
+            if pool is not None:
+                await asyncio.to_thread(pool.close)
+            log.info("worker %s: stopped", config.worker_id)
+
+    def _compose(
+        self, server: Server, executor: Executor, inbox: Mailbox, pool: Any
+    ) -> tuple[Producer, Completer, Session]:
+        """The parts, each given its collaborators. The completer, producer and session
+        call each other back: a report answered frees slots (the producer's), a freed
+        slot is granted on the stream (the session's), a report goes on the stream."""
+        config, loop = self.config, self.loop
+        policy = WatchPolicy(config.lease)
+        session: Session | None = None
+        producer: Producer | None = None
+
+        async def send_on_stream(request: Any) -> Any:
+            assert session is not None
+            return await session.report(request)
+
+        def freed() -> None:
+            assert producer is not None
+            producer.freed()
+
+        def regrant() -> None:
+            assert session is not None
+            session.regrant()
+
+        completer = Completer(
+            server=server,
+            loop=loop,
+            policy=policy,
+            reconnect_max_delay=config.reconnect_max_delay,
+            send_on_stream=send_on_stream,
+            on_answered=freed,
+        )
+        runner = StepRunner(
+            config=config,
+            executor=executor,
+            completer=completer,
+            pool=pool,
+            watching=Watching(
+                policy=policy,
+                server=server,
+                loop=loop,
+                inbox=inbox,
+                alarms=Alarms(loop),
+                abandon=completer.abandon,
+            ),
+            journaling=Journaling(
+                server=server,
+                loop=loop,
+                inbox=inbox,
+                completer=completer,
+                handler_loop=executor.handler_loop,
+                pool=pool,
+                lease=policy.lease,
+                reconnect_max_delay=config.reconnect_max_delay,
+            ),
+        )
+        producer = Producer(
+            config=config,
+            server=server,
+            stopping=self.stopping,
+            completer=completer,
+            run_step=runner.run,
+            regrant=regrant,
+        )
+        session = Session(
+            config=config,
+            server=server,
+            loop=loop,
+            stopping=self.stopping,
+            forced=self.forced,
+            producer=producer,
+            completer=completer,
+        )
+        return producer, completer, session
+
+    async def _drain(self, producer: Producer, completer: Completer) -> None:
+        """Wait up to the shutdown grace (or a second stop) for the handlers in flight
+        and then for their outcomes' answers; abandon the handlers still running."""
+        give_up = self.loop.time() + self.config.shutdown_grace
+        inflight = producer.inflight
+        if inflight:
+            await self._until_forced(asyncio.wait(set(inflight)), give_up, len(inflight))
+            left = set(inflight)
+            if left:
+                log.warning(
+                    "worker %s: abandoning %d handler(s); their leases will lapse and the "
+                    "steps run again",
+                    self.config.worker_id,
+                    len(left),
+                )
+                for task in left:
+                    task.cancel()
+                await asyncio.gather(*left, return_exceptions=True)
+        if completer.holding and not self.forced.is_set():
+            await self._until_forced(completer.settled(), give_up)
+
+    async def _until_forced(self, aw: Any, give_up: float, handlers: int = 0) -> None:
+        """Await ``aw`` until ``give_up`` (loop time) or a second stop."""
+        if handlers:
+            log.info(
+                "worker %s: waiting up to %gs for %d handler(s)",
+                self.config.worker_id,
+                max(give_up - self.loop.time(), 0.0),
+                handlers,
+            )
+        waited = asyncio.ensure_future(aw)
+        forced = asyncio.ensure_future(self.forced.wait())
+        await asyncio.wait(
+            {waited, forced},
+            timeout=max(give_up - self.loop.time(), 0.0),
+            return_when="FIRST_COMPLETED",
+        )
+        waited.cancel()
+        forced.cancel()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
@@ -22,7 +22,7 @@ from google.protobuf import struct_pb2
 from cyclone.jsonvalue import dumps, json_value, to_value
 from cyclone.v1 import worker_service_pb2 as pb
 from pyclient.context import StepControl
-from pyclient.durable._replay import StepFailed
+from pyclient.durable._errors import StepFailed
 from pyclient.errors import (
     CycloneError,
     LeaseLost,
@@ -39,7 +39,12 @@ from pyclient.worker._retry import Backoff
 from pyclient.workflow import duration
 
 if TYPE_CHECKING:
-    from pyclient.worker._runtime import Runtime
+    from pyclient.worker._config import Server
+    from pyclient.worker._watch import WatchPolicy
+
+#: Sends a report on the Work stream: its answer, or None when the stream could not
+#: answer it (none open, or it ended first).
+SendOnStream = Callable[[pb.CompleteManyRequest], Awaitable[pb.CompleteManyResponse | None]]
 
 
 class Answer(Protocol):
@@ -65,10 +70,26 @@ class Completer:
     Outcomes that finish while a report is on its way are sent together in the next:
     one round trip and one commit. ``on_answered`` is called whenever a report is
     answered (or fails): the freed slots may be claimed for, or granted as credit.
+    ``send_on_stream`` sends a report on the Work stream; a report it does not answer
+    goes by CompleteMany, retried for up to a lease while the server is unavailable
+    (backoff capped at ``reconnect_max_delay``).
     """
 
-    def __init__(self, runtime: Runtime, on_answered: Callable[[], None]):
-        self.rt = runtime
+    def __init__(
+        self,
+        *,
+        server: Server,
+        loop: asyncio.AbstractEventLoop,
+        policy: WatchPolicy,
+        reconnect_max_delay: float,
+        send_on_stream: SendOnStream,
+        on_answered: Callable[[], None],
+    ):
+        self.server = server
+        self.loop = loop
+        self.policy = policy
+        self.reconnect_max_delay = reconnect_max_delay
+        self.send_on_stream = send_on_stream
         self.on_answered = on_answered
         self.outbox: list[tuple[pb.CompleteRequest, StepLog]] = []
         #: Outcomes queued or on their way: each keeps its step's handler slot taken
@@ -127,7 +148,9 @@ class Completer:
         if lines:
             request.logs.extend(lines)
         if error is None and tx is not None and tx.opened:
-            await step_logs.send_by_heartbeat(self.rt, step, request, slog)
+            if request.logs:
+                beat = self.policy.heartbeat_request(step)
+                await step_logs.send_by_heartbeat(self.server, beat, request, slog)
             assert output_json is not None
             await self.ends_sent()
             try:
@@ -160,7 +183,7 @@ class Completer:
         """Say that the handler of an unsafe action stopped without an outcome: its
         effect may have happened, so the server blocks the run (EffectUncertain) rather
         than let another attempt repeat it."""
-        rt = self.rt
+        server = self.server
         request = pb.CompleteRequest(
             run_id=step.run_id,
             node=step.node,
@@ -168,7 +191,7 @@ class Completer:
             failure=pb.Failure(type=kind, message=why, effect_uncertain=True),
         )
         try:
-            await rt.stub.Complete(request, timeout=RPC_TIMEOUT, metadata=rt.metadata)
+            await server.stub.Complete(request, timeout=RPC_TIMEOUT, metadata=server.metadata)
         except grpc.RpcError as exc:
             slog.warning(
                 "unsafe handler stopped without an outcome (%s), not reported: %s; its "
@@ -191,11 +214,11 @@ class Completer:
         pending, progress = control.undelivered_progress()
         if not pending:
             return
-        rt = self.rt
-        request = rt.policy.heartbeat_request(step)
+        server = self.server
+        request = self.policy.heartbeat_request(step)
         try:
             request.progress.CopyFrom(to_value(progress))
-            await rt.stub.Heartbeat(request, timeout=RPC_TIMEOUT, metadata=rt.metadata)
+            await server.stub.Heartbeat(request, timeout=RPC_TIMEOUT, metadata=server.metadata)
         except (TypeError, ValueError) as exc:
             slog.warning("progress is not JSON, not sent: %s", exc)
         except grpc.RpcError as exc:
@@ -218,7 +241,7 @@ class Completer:
         # A body's next begin is usually posted in the same turn as this end: looking
         # again at the end of the turn lets the batch of begins carry the end (one
         # transaction for both) rather than send it alone.
-        self.rt.loop.call_soon(self._kick_unless_begins)
+        self.loop.call_soon(self._kick_unless_begins)
 
     def _kick_unless_begins(self) -> None:
         """Send the queued ends now, unless a batch of begins will carry them."""
@@ -231,7 +254,7 @@ class Completer:
         target = self.ends_queued if upto is None else upto
         if self.ends_answered >= target:
             return
-        waiter: asyncio.Future[None] = self.rt.loop.create_future()
+        waiter: asyncio.Future[None] = self.loop.create_future()
         self.end_waiters.append((target, waiter))
         self._kick()
         await waiter
@@ -324,7 +347,7 @@ class Completer:
             before = self.ends_queued
             carried: asyncio.Future[None] | None = None
             if ends:
-                carried = self.rt.loop.create_future()
+                carried = self.loop.create_future()
                 self.carrying.add(carried)
             request = pb.CompleteManyRequest(
                 step_call_begins=[r for r, _ in begins], step_call_ends=ends, brief=True
@@ -375,23 +398,23 @@ class Completer:
         Work stream when one is open (:mod:`._session`), and by CompleteMany only when
         the stream ends before answering it (a completion sent twice is answered
         duplicate = true)."""
-        rt = self.rt
+        server = self.server
         if stream:
-            answer = await rt.session.report(request)
+            answer = await self.send_on_stream(request)
             if answer is not None:
                 self._answered()
                 return answer
-        backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
-        give_up = rt.loop.time() + backoff.window
+        backoff = Backoff(self.reconnect_max_delay, window=self.policy.lease)
+        give_up = self.loop.time() + backoff.window
         while True:
             try:
-                reply: pb.CompleteManyResponse = await rt.stub.CompleteMany(
-                    request, timeout=RPC_TIMEOUT, metadata=rt.metadata
+                reply: pb.CompleteManyResponse = await server.stub.CompleteMany(
+                    request, timeout=RPC_TIMEOUT, metadata=server.metadata
                 )
             except grpc.RpcError as exc:
                 self._answered()
                 err = from_rpc_error(exc)
-                if isinstance(err, Unavailable) and rt.loop.time() < give_up:
+                if isinstance(err, Unavailable) and self.loop.time() < give_up:
                     delay = backoff.next()
                     log.warning("complete failed (%s); retrying in %.1fs", err, delay)
                     await asyncio.sleep(delay)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -26,7 +27,8 @@ from cyclone.v1 import types_pb2
 from cyclone.v1 import worker_service_pb2 as pb
 from pyclient.completion import CompletionTx, record_step_call
 from pyclient.context import StepControl
-from pyclient.durable._replay import BodyStopped, Call, Decision, Outcome, Until, WaitDecision
+from pyclient.durable._calls import Call, Decision, Outcome, Until, WaitDecision
+from pyclient.durable._errors import BodyStopped
 from pyclient.errors import CycloneError, Unavailable, from_rpc_error
 from pyclient.models import StepCall, StepCallError
 from pyclient.worker._common import RPC_TIMEOUT
@@ -35,8 +37,8 @@ from pyclient.worker._mailbox import Mailbox
 from pyclient.worker._retry import Backoff
 
 if TYPE_CHECKING:
-    from pyclient.worker._completer import Answer
-    from pyclient.worker._runtime import Runtime
+    from pyclient.worker._completer import Answer, Completer
+    from pyclient.worker._config import Server
 
 R = TypeVar("R", pb.BeginStepCallRequest, pb.EndStepCallRequest)
 T = TypeVar("T")
@@ -54,11 +56,29 @@ _WAIT_DECISIONS = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Journaling:
+    """What the journals of one worker run share: the server and the worker's loop
+    with its inbox (where sync bodies post), the completer that batches Begin and End,
+    the handler loop of async bodies, the completion pool (None without a database),
+    and how long calls are retried while the server is unavailable (up to ``lease``,
+    backoff capped at ``reconnect_max_delay``)."""
+
+    server: Server
+    loop: asyncio.AbstractEventLoop
+    inbox: Mailbox
+    completer: Completer
+    handler_loop: HandlerLoop | None
+    pool: Any
+    lease: float
+    reconnect_max_delay: float
+
+
 class GrpcJournal:
     """The journal of one claimed step (one attempt of a node), on the server."""
 
-    def __init__(self, runtime: Runtime, step: pb.ClaimedStep, control: StepControl):
-        self.rt = runtime
+    def __init__(self, shared: Journaling, step: pb.ClaimedStep, control: StepControl):
+        self.shared = shared
         self.step = step
         self.control = control
 
@@ -74,7 +94,7 @@ class GrpcJournal:
 
     def begin(self, call: Call) -> tuple[Decision, StepCall | None]:
         answer: concurrent.futures.Future[pb.BeginStepCallResponse] = concurrent.futures.Future()
-        self._begin_soon(call, self.rt.inbox, answer)
+        self._begin_soon(call, self.shared.inbox, answer)
         try:
             return self._decision(answer.result(timeout=self._patience))
         except concurrent.futures.TimeoutError:
@@ -89,15 +109,17 @@ class GrpcJournal:
         return self._decision(await answer)
 
     def end(self, call: Call, outcome: Outcome) -> None:
-        self.rt.inbox.post(self.rt.completer.end_later, self._end_request(call, outcome))
+        self.shared.inbox.post(self.shared.completer.end_later, self._end_request(call, outcome))
 
     async def end_async(self, call: Call, outcome: Outcome) -> None:
-        self._handlers().outbox.post(self.rt.completer.end_later, self._end_request(call, outcome))
+        self._handlers().outbox.post(
+            self.shared.completer.end_later, self._end_request(call, outcome)
+        )
 
     def wait(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]:
         answer: concurrent.futures.Future[pb.WaitResponse] = concurrent.futures.Future()
         # Through the mailbox the body's ends went through: they are queued first.
-        self.rt.inbox.post(self._wait_soon, self._wait_request(call, until), answer)
+        self.shared.inbox.post(self._wait_soon, self._wait_request(call, until), answer)
         try:
             return self._waited(answer.result(timeout=self._patience))
         except concurrent.futures.TimeoutError:
@@ -115,17 +137,17 @@ class GrpcJournal:
         """On the worker's loop: send the Wait once the ends queued before it are
         recorded (the node gives up its lease with it: a later end would be refused,
         and its call run again on resume)."""
-        task = self.rt.loop.create_task(self._send_wait(request, answer))
-        self.rt.completer.keep(task)
+        task = self.shared.loop.create_task(self._send_wait(request, answer))
+        self.shared.completer.keep(task)
 
     async def _send_wait(self, request: pb.WaitRequest, answer: Answer) -> None:
         """Wait, retried while the server is unavailable, for up to a lease (a Wait
         whose reply was lost and that suspended the node is refused when repeated: the
         lease is over, and the body stops as it would have)."""
-        rt = self.rt
+        shared = self.shared
         try:
-            await rt.completer.ends_sent()
-            response = await _retried(rt, rt.stub.Wait, request)
+            await shared.completer.ends_sent()
+            response = await _retried(shared, shared.server.stub.Wait, request)
         except BaseException as exc:
             answer.set_exception(exc)
         else:
@@ -161,17 +183,17 @@ class GrpcJournal:
         """Post the call's Begin, through ``mailbox``, to the completer, which sends it
         with the next CompleteMany and settles ``answer``."""
         mailbox.post(
-            self.rt.completer.begin_soon, self._request(pb.BeginStepCallRequest, call), answer
+            self.shared.completer.begin_soon, self._request(pb.BeginStepCallRequest, call), answer
         )
 
     @property
     def _patience(self) -> float:
         # The completer retries an unavailable server for up to a lease.
-        return self.rt.policy.lease + RPC_TIMEOUT
+        return self.shared.lease + RPC_TIMEOUT
 
     def _handlers(self) -> HandlerLoop:
         """The handler loop, where async bodies run."""
-        handlers = self.rt.executor.handler_loop if self.rt.executor else None
+        handlers = self.shared.handler_loop
         assert handlers is not None
         return handlers
 
@@ -181,13 +203,13 @@ class GrpcJournal:
         record_step_call(conn, key, output_json)
 
     def transaction(self, call: Call) -> CompletionTx:
-        if self.rt.pool is None:
+        if self.shared.pool is None:
             raise RuntimeError(
                 "completion_tx() needs a database: create the Worker with database_url="
             )
         step = self.step
         return CompletionTx(
-            self.rt.pool,
+            self.shared.pool,
             step.run_id,
             step.node,
             step.lease_token,
@@ -200,7 +222,7 @@ class GrpcJournal:
         self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
     ) -> StepCall:
         started = asyncio.run_coroutine_threadsafe(
-            self._start_child(call, workflow, input), self.rt.loop
+            self._start_child(call, workflow, input), self.shared.loop
         )
         try:
             return started.result(timeout=self._patience)
@@ -213,7 +235,7 @@ class GrpcJournal:
     ) -> StepCall:
         # The stub belongs to the worker's loop; an async body runs on the handler loop.
         started = asyncio.run_coroutine_threadsafe(
-            self._start_child(call, workflow, input), self.rt.loop
+            self._start_child(call, workflow, input), self.shared.loop
         )
         return await asyncio.wrap_future(started)
 
@@ -222,7 +244,7 @@ class GrpcJournal:
     ) -> StepCall:
         """StartChild, on the worker's loop, retried while the server is unavailable
         (for up to a lease): it is idempotent by the step call."""
-        rt, step = self.rt, self.step
+        shared, step = self.shared, self.step
         request = pb.StartChildRequest(
             run_id=step.run_id,
             node=step.node,
@@ -232,7 +254,9 @@ class GrpcJournal:
             workflow=workflow,
             input=input,
         )
-        reply: pb.StartChildResponse = await _retried(rt, rt.stub.StartChild, request)
+        reply: pb.StartChildResponse = await _retried(
+            shared, shared.server.stub.StartChild, request
+        )
         return StepCall.from_proto(reply.call)
 
     # -- requests and answers
@@ -273,18 +297,18 @@ class GrpcJournal:
         return decision, StepCall.from_proto(response.call)
 
 
-async def _retried(rt: Runtime, method: Callable[..., Awaitable[T]], request: Any) -> T:
+async def _retried(shared: Journaling, method: Callable[..., Awaitable[T]], request: Any) -> T:
     """``method(request)`` on the worker's loop, retried while the server is
     unavailable, for up to a lease (Wait and StartChild are idempotent within an
     attempt); the SDK's error otherwise."""
-    backoff = Backoff(rt.w.reconnect_max_delay, window=rt.policy.lease)
-    give_up = rt.loop.time() + backoff.window
+    backoff = Backoff(shared.reconnect_max_delay, window=shared.lease)
+    give_up = shared.loop.time() + backoff.window
     while True:
         try:
-            return await method(request, timeout=RPC_TIMEOUT, metadata=rt.metadata)
+            return await method(request, timeout=RPC_TIMEOUT, metadata=shared.server.metadata)
         except grpc.RpcError as exc:
             err = from_rpc_error(exc)
-            if not isinstance(err, Unavailable) or rt.loop.time() >= give_up:
+            if not isinstance(err, Unavailable) or shared.loop.time() >= give_up:
                 raise err from None
             await asyncio.sleep(backoff.next())
 

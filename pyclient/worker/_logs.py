@@ -28,7 +28,7 @@ from pyclient.errors import from_rpc_error
 from pyclient.worker._common import RPC_TIMEOUT, StepLog, no_nul
 
 if TYPE_CHECKING:
-    from pyclient.worker._runtime import Runtime
+    from pyclient.worker._config import Server
 
 #: Lines an attempt may send: the server keeps 1000 and marks the rest as dropped, so
 #: one more line than that is enough for it to say so.
@@ -89,17 +89,17 @@ def take(control: StepControl) -> list[types_pb2.LogLine]:
 
 
 async def send_by_heartbeat(
-    rt: Runtime, step: pb.ClaimedStep, request: pb.CompleteRequest, slog: StepLog
+    server: Server, beat: pb.HeartbeatRequest, request: pb.CompleteRequest, slog: StepLog
 ) -> None:
     """A completion committed in the handler's own transaction (ctx.completion_tx())
-    cannot carry lines: the request's go with one last heartbeat, under the lease."""
+    cannot carry lines: the request's go with ``beat``, one last heartbeat of its step,
+    under the lease."""
     if not request.logs:
         return
-    beat = rt.policy.heartbeat_request(step)
     beat.logs.extend(request.logs)
     del request.logs[:]
     try:
-        await rt.stub.Heartbeat(beat, timeout=RPC_TIMEOUT, metadata=rt.metadata)
+        await server.stub.Heartbeat(beat, timeout=RPC_TIMEOUT, metadata=server.metadata)
     except grpc.RpcError as exc:
         slog.warning("log lines not sent: %s", from_rpc_error(exc))
 

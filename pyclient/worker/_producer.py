@@ -1,12 +1,14 @@
 """Claiming: the handler slots and their accounting, and the long-poll claims sized to
 the free slots that a worker makes when its server offers no Work stream (see
 :mod:`._session`, which claims otherwise). Each step handed out becomes a task of
-:meth:`Runtime.run_step` (:meth:`Producer.start`), which holds its slot until it ends."""
+:meth:`~pyclient.worker._runner.StepRunner.run` (:meth:`Producer.start`), which holds its
+slot until it ends."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -19,7 +21,8 @@ from pyclient.worker._retry import Backoff
 from pyclient.workflow import duration
 
 if TYPE_CHECKING:
-    from pyclient.worker._runtime import Runtime
+    from pyclient.worker._completer import Completer
+    from pyclient.worker._config import Server, WorkerConfig
 
 #: Errors of configuration: retrying the claim would only repeat them.
 FATAL = (InvalidArgument, Unauthenticated, PermissionDenied)
@@ -27,11 +30,26 @@ FATAL = (InvalidArgument, Unauthenticated, PermissionDenied)
 
 class Producer:
     """The handler slots of one worker run, and its claim loop (used when the server
-    offers no Work stream)."""
+    offers no Work stream). ``run_step`` runs a step handed out, start to end;
+    ``regrant`` grants freed slots as credit on the Work stream; the claim loop ends
+    when ``stopping`` is set."""
 
-    def __init__(self, runtime: Runtime):
-        self.rt = runtime
-        self.w = runtime.w
+    def __init__(
+        self,
+        *,
+        config: WorkerConfig,
+        server: Server,
+        stopping: asyncio.Event,
+        completer: Completer,
+        run_step: Callable[[pb.ClaimedStep], Coroutine[Any, Any, None]],
+        regrant: Callable[[], None],
+    ):
+        self.w = config
+        self.server = server
+        self.stopping = stopping
+        self.completer = completer
+        self.run_step = run_step
+        self.regrant = regrant
         #: Set when the claim loop should look again: a slot freed, a report answered
         #: (:meth:`freed`).
         self.look_again = asyncio.Event()
@@ -44,7 +62,7 @@ class Producer:
 
     def actions(self) -> list[pb.ActionSpec]:
         """The actions served, as a claim (or a Work stream's open) names them."""
-        return [_spec(a) for a in sorted(self.w._actions.values(), key=lambda a: a.name)]
+        return [_spec(a) for a in sorted(self.w.actions.values(), key=lambda a: a.name)]
 
     def claim_request(self, free: int) -> pb.ClaimRequest:
         w = self.w
@@ -59,7 +77,7 @@ class Producer:
     async def until_stopping(self, aw: Any, timeout: float | None = None) -> Any:
         """Await ``aw`` unless a stop comes first (then cancel it and return None)."""
         task = asyncio.ensure_future(aw)
-        stop = asyncio.ensure_future(self.rt.stopping.wait())
+        stop = asyncio.ensure_future(self.stopping.wait())
         done, _ = await asyncio.wait({task, stop}, timeout=timeout, return_when="FIRST_COMPLETED")
         stop.cancel()
         if task in done:
@@ -70,19 +88,19 @@ class Producer:
         return None
 
     async def claim_loop(self) -> None:
-        rt, w = self.rt, self.w
+        w, server = self.w, self.server
         backoff = Backoff(w.reconnect_max_delay, jitter=True)
-        while not rt.stopping.is_set():
+        while not self.stopping.is_set():
             # A slot is taken by a step running, or reported and not yet answered.
-            free = w.concurrency - len(self.inflight) - rt.completer.holding
+            free = w.concurrency - len(self.inflight) - self.completer.holding
             if free <= 0 or self._more_slots_coming():
                 self.look_again.clear()
                 await self.until_stopping(self.look_again.wait())
                 continue
-            call = rt.stub.Claim(
+            call = server.stub.Claim(
                 self.claim_request(free),
                 timeout=w.claim_wait + 10.0,
-                metadata=rt.metadata,
+                metadata=server.metadata,
             )
             try:
                 response = await self.until_stopping(call)
@@ -114,7 +132,7 @@ class Producer:
     def start(self, step: pb.ClaimedStep) -> None:
         """Run a step handed out (by a claim or on a Work stream) in a task of its own,
         which holds the step's slot until it ends."""
-        task = asyncio.create_task(self.rt.run_step(step))
+        task = asyncio.create_task(self.run_step(step))
         self.inflight.add(task)
         task.add_done_callback(self._release)
 
@@ -122,7 +140,7 @@ class Producer:
         """A slot may have come free (a step ended, a report was answered): claim for
         it, or grant it as credit on the Work stream."""
         self.look_again.set()
-        self.rt.session.regrant()
+        self.regrant()
 
     def _more_slots_coming(self) -> bool:
         """Whether to wait before claiming for the free slots: the CompleteMany on its
@@ -133,7 +151,7 @@ class Producer:
         its way when the slots were found free is waited for: a slot freed while
         handlers keep finishing waits one round trip at the most.
         """
-        completer = self.rt.completer
+        completer = self.completer
         if completer.sending:
             if self.awaited_report is None:
                 self.awaited_report = completer.reports + 1

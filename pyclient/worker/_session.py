@@ -38,7 +38,7 @@ silent (or a server behind a balancer that has others) is found out.
 Stop. No more credit is granted; the stream is half-closed at once: the server answers
 the reports it read, hands out nothing more, and ends it. The steps it sent before it
 saw the end run like the others in flight, and :meth:`Session.serve` returns only when
-the stream has ended, so the runtime's drain waits for them too. Reports made after the
+the stream has ended, so the run's drain waits for them too. Reports made after the
 half-close go by CompleteMany.
 """
 
@@ -59,7 +59,9 @@ from pyclient.worker._retry import Backoff
 from pyclient.workflow import duration
 
 if TYPE_CHECKING:
-    from pyclient.worker._runtime import Runtime
+    from pyclient.worker._completer import Completer
+    from pyclient.worker._config import Server, WorkerConfig
+    from pyclient.worker._producer import Producer
 
 #: Most credit one request may grant (WorkRequest.credit).
 MAX_GRANT = 1000
@@ -109,9 +111,25 @@ class _Ended:
 class Session:
     """The Work streams of one worker run, one at a time."""
 
-    def __init__(self, runtime: Runtime):
-        self.rt = runtime
-        self.w = runtime.w
+    def __init__(
+        self,
+        *,
+        config: WorkerConfig,
+        server: Server,
+        loop: asyncio.AbstractEventLoop,
+        stopping: asyncio.Event,
+        forced: asyncio.Event,
+        producer: Producer,
+        completer: Completer,
+    ):
+        self.w = config
+        self.server = server
+        self.loop = loop
+        #: Set by a stop: streams are closed; set again (``forced``): not waited for.
+        self.stopping = stopping
+        self.forced = forced
+        self.producer = producer
+        self.completer = completer
         #: The stream reports and credit are written on; None while no stream is open,
         #: and from its half-close on.
         self.call: Any = None
@@ -131,11 +149,10 @@ class Session:
 
     def available(self) -> int:
         """Slots neither taken nor granted: what may be granted now."""
-        rt = self.rt
         return (
             self.w.concurrency
-            - len(rt.producer.inflight)
-            - (rt.completer.holding - self.pregranted)
+            - len(self.producer.inflight)
+            - (self.completer.holding - self.pregranted)
             - self.outstanding
         )
 
@@ -144,11 +161,11 @@ class Session:
     async def serve(self) -> bool:
         """Claim on Work streams until the worker stops (the last stream ended);
         False when the server does not offer Work: claim with Claim instead."""
-        rt, w = self.rt, self.w
+        w = self.w
         backoff = self.backoff
-        while not rt.stopping.is_set():
+        while not self.stopping.is_set():
             ended = await self._stream()
-            if rt.stopping.is_set():
+            if self.stopping.is_set():
                 break
             if ended.error is None:
                 # The server stopping ends its streams (OK): open another, at once if
@@ -176,14 +193,13 @@ class Session:
                     ended.error,
                     backoff.delay,
                 )
-            await rt.producer.until_stopping(asyncio.sleep(delay))
+            await self.producer.until_stopping(asyncio.sleep(delay))
         return True
 
     async def _stream(self) -> _Ended:
         """One stream, from its open to its end."""
-        rt = self.rt
         ended = _Ended()
-        call = rt.stub.Work(metadata=rt.metadata)
+        call = self.server.stub.Work(metadata=self.server.metadata)
         reader: asyncio.Task[None] | None = None
         try:
             async with self.lock:
@@ -191,14 +207,14 @@ class Session:
                 opening = pb.WorkRequest(
                     open=pb.WorkOpen(
                         worker_id=self.w.worker_id,
-                        actions=rt.producer.actions(),
+                        actions=self.producer.actions(),
                         lease=duration(self.w.lease),
                     ),
                     credit=self._grant(),
                 )
                 if await self._write(call, opening):
                     self.call = call
-            self.last_read = rt.loop.time()
+            self.last_read = self.loop.time()
             self.regrant()  # past the most one request may grant
             reader = asyncio.create_task(self._read(call, ended))
             await self._tend(call, reader, ended)
@@ -213,14 +229,13 @@ class Session:
 
     async def _tend(self, call: Any, reader: asyncio.Task[None], ended: _Ended) -> None:
         """Until the stream ends: close it on stop, and look at it every WATCH_INTERVAL."""
-        rt = self.rt
-        stop = asyncio.ensure_future(rt.stopping.wait())
+        stop = asyncio.ensure_future(self.stopping.wait())
         try:
             while not reader.done():
-                if rt.stopping.is_set():
+                if self.stopping.is_set():
                     await self._close(call)
                     # The server answers what it read and ends the stream.
-                    forced = asyncio.ensure_future(rt.forced.wait())
+                    forced = asyncio.ensure_future(self.forced.wait())
                     await asyncio.wait(
                         {reader, forced}, timeout=RPC_TIMEOUT, return_when="FIRST_COMPLETED"
                     )
@@ -236,7 +251,7 @@ class Session:
 
     async def _watch(self, call: Any, ended: _Ended) -> None:
         """Cut off a stream whose report (or end) is overdue; close an idle one."""
-        now = self.rt.loop.time()
+        now = self.loop.time()
         if self.pending and now - self.pending[0].sent_at > RPC_TIMEOUT:
             log.warning(
                 "worker %s: a report on the work stream was not answered in %gs; "
@@ -258,14 +273,13 @@ class Session:
             if self.call is not call:
                 return
             self.call = None
-            self.closed_at = self.rt.loop.time()
+            self.closed_at = self.loop.time()
             with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
                 await call.done_writing()
 
     async def _read(self, call: Any, ended: _Ended) -> None:
         """Read the stream to its end: start the steps handed out, answer the reports."""
-        rt = self.rt
-        start = rt.producer.start
+        start = self.producer.start
         pending = self.pending
         try:
             while True:
@@ -273,7 +287,7 @@ class Session:
                 if response is grpc.aio.EOF:
                     return
                 ended.responses += 1
-                self.last_read = rt.loop.time()
+                self.last_read = self.loop.time()
                 if self.backoff.retrying:
                     log.info("worker %s: connected to %s again", self.w.worker_id, self.w.address)
                     self.backoff.reset()
@@ -347,11 +361,10 @@ class Session:
         async with self.lock:
             if self.call is not call:
                 return None
-            rt = self.rt
             freed = len(request.completions)
             grant = self._grant(freed)
             pregranted = min(freed, grant)
-            report = _Report(rt.loop.create_future(), pregranted, rt.loop.time())
+            report = _Report(self.loop.create_future(), pregranted, self.loop.time())
             self.pending.append(report)
             self.pregranted += pregranted
             await self._write(call, pb.WorkRequest(credit=grant, report=request))
@@ -361,7 +374,7 @@ class Session:
         """Credit to grant now (under the lock), counted as outstanding: what is free,
         and the slots of ``freed`` completions a report carries (still counted taken
         until it is answered)."""
-        if self.rt.stopping.is_set():
+        if self.stopping.is_set():
             return 0
         grant = min(freed + max(self.available(), 0), MAX_GRANT, MAX_CREDIT - self.outstanding)
         if grant <= 0:
@@ -375,11 +388,11 @@ class Session:
         if self.call is None or self._regranting:
             return
         self._regranting = True
-        self.rt.loop.call_soon(self._regrant)
+        self.loop.call_soon(self._regrant)
 
     def _regrant(self) -> None:
         self._regranting = False
-        if self.call is None or self.available() <= 0 or self.rt.stopping.is_set():
+        if self.call is None or self.available() <= 0 or self.stopping.is_set():
             return
         if self._granter is None or self._granter.done():
             self._granter = asyncio.create_task(self._send_credit())

@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import math
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -27,7 +29,12 @@ from pyclient.worker._timers import Alarm
 from pyclient.workflow import duration
 
 if TYPE_CHECKING:
-    from pyclient.worker._runtime import Runtime
+    from pyclient.worker._config import Server
+    from pyclient.worker._mailbox import Mailbox
+    from pyclient.worker._timers import Alarms
+
+#: Reports that an unsafe step's handler stopped without an outcome (kind, why).
+Abandon = Callable[[pb.ClaimedStep, str, str, StepLog], Coroutine[Any, Any, None]]
 
 
 class WatchPolicy:
@@ -103,6 +110,20 @@ class WatchPolicy:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Watching:
+    """What the watches of one worker run share: the policy, the server the heartbeats
+    go to, the worker's loop with its inbox (heartbeats asked for from the handlers'
+    threads) and alarms, and how an unsafe step given up on is reported."""
+
+    policy: WatchPolicy
+    server: Server
+    loop: asyncio.AbstractEventLoop
+    inbox: Mailbox
+    alarms: Alarms
+    abandon: Abandon
+
+
 class Watch:
     """Watches over one running step under the worker's :class:`WatchPolicy`:
     heartbeats every interval (and at once when the handler asks, ``ctx.heartbeat()``),
@@ -124,7 +145,7 @@ class Watch:
         "control",
         "give_up_at",
         "policy",
-        "rt",
+        "shared",
         "slog",
         "step",
         "stopped",
@@ -136,26 +157,26 @@ class Watch:
 
     def __init__(
         self,
-        runtime: Runtime,
+        shared: Watching,
         step: pb.ClaimedStep,
         control: StepControl,
         slog: StepLog,
         budget: float,
         action: Action,
     ):
-        policy = runtime.policy
+        policy = shared.policy
         self.policy = policy
         self.unsafe = policy.abandons(action)
         #: Given up on and reported uncertain (an unsafe action): its outcome is void.
         self.abandoned = False
-        self.rt = runtime
+        self.shared = shared
         self.step = step
         self.control = control
         self.slog = slog
         self.budget = budget
         #: The async handler, once started.
         self.call: AsyncCall | None = None
-        now = runtime.loop.time()
+        now = shared.loop.time()
         self.beat_at = now + policy.interval
         self.time_out_at, self.give_up_at = policy.limits(now, budget, action.is_async)
         self.alarm: Alarm | None = None
@@ -169,7 +190,7 @@ class Watch:
 
     def request(self) -> None:
         """Heartbeat now (from any thread)."""
-        self.rt.inbox.post(self._requested)
+        self.shared.inbox.post(self._requested)
 
     def abort(self) -> None:
         """Cancel the handler if it is async and has not ended."""
@@ -188,7 +209,7 @@ class Watch:
     def _arm(self) -> None:
         self.alarm_at = min(self.beat_at, self.time_out_at, self.give_up_at)
         if self.alarm_at != math.inf:
-            self.alarm = self.rt.alarms.at(self.alarm_at, self._ring)
+            self.alarm = self.shared.alarms.at(self.alarm_at, self._ring)
 
     def _ring(self) -> None:
         due, self.alarm = self.alarm_at, None
@@ -199,8 +220,8 @@ class Watch:
                 # Another attempt would repeat an effect that may have happened.
                 self.abandoned = True
                 why = f"the handler ran past its time limit of {self.budget:g}s"
-                self.abandoning = self.rt.loop.create_task(
-                    self.rt.completer.abandon(self.step, "HandlerTimeout", why, self.slog)
+                self.abandoning = self.shared.loop.create_task(
+                    self.shared.abandon(self.step, "HandlerTimeout", why, self.slog)
                 )
                 return
             self.slog.warning(
@@ -231,7 +252,7 @@ class Watch:
     def _start(self) -> None:
         self.beat_at = math.inf  # the task heartbeats from now on
         self.wake = asyncio.Event()
-        self.task = self.rt.loop.create_task(self._run(self.wake))
+        self.task = self.shared.loop.create_task(self._run(self.wake))
 
     async def _run(self, wake: asyncio.Event) -> None:
         while True:
@@ -243,7 +264,7 @@ class Watch:
 
     async def _beat(self) -> bool:
         """One heartbeat; False when the step is lost (lease lost, run cancelled)."""
-        rt, step, control, slog = self.rt, self.step, self.control, self.slog
+        server, step, control, slog = self.shared.server, self.step, self.control, self.slog
         request = self.policy.heartbeat_request(step)
         lines = step_logs.take(control)
         request.logs.extend(lines)
@@ -254,8 +275,8 @@ class Watch:
             except (TypeError, ValueError) as exc:
                 slog.warning("progress is not JSON, not sent: %s", exc)
         try:
-            response = await rt.stub.Heartbeat(
-                request, timeout=self.policy.heartbeat_timeout, metadata=rt.metadata
+            response = await server.stub.Heartbeat(
+                request, timeout=self.policy.heartbeat_timeout, metadata=server.metadata
             )
         except grpc.RpcError as exc:
             err = from_rpc_error(exc)

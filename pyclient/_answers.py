@@ -1,0 +1,231 @@
+"""What the schedule, explain, count and worker calls answer (re-exported by
+:mod:`pyclient.models`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from cyclone.v1 import schedule_service_pb2, types_pb2, workflow_service_pb2
+from pyclient._runs import (
+    RunError,
+    RunStatus,
+    Step,
+    StepError,
+    StepStatus,
+    _build,
+    _enum_of,
+    _jsonable,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A schedule kept by the server: the workflow it submits (by name; its nodes are
+    in the server's copy), when (``cron`` in ``time_zone``, or every ``interval``), and
+    its policies: ``overlap`` is ``"skip"`` or ``"allow"``, ``catch_up`` ``"skip"`` or
+    ``"all"`` (docs/schedules.md)."""
+
+    name: str
+    workflow: str
+    input: Any
+    cron: str | None
+    time_zone: str | None
+    interval: dt.timedelta | None
+    overlap: str
+    catch_up: str
+    paused: bool
+    next_fire_at: dt.datetime | None
+    last_fire_at: dt.datetime | None
+    last_run_id: str
+    created_at: dt.datetime | None
+    updated_at: dt.datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: times in ISO 8601, the interval in seconds."""
+        ready: dict[str, Any] = _jsonable(dataclasses.asdict(self))
+        return ready
+
+    @classmethod
+    def from_proto(cls, p: schedule_service_pb2.Schedule) -> Schedule:
+        cron = p.WhichOneof("spec") == "cron"
+        return _build(
+            cls,
+            p,
+            workflow=p.workflow.name,
+            cron=p.cron if cron else None,
+            time_zone=(p.time_zone or "UTC") if cron else None,
+            interval=None if cron else p.interval.ToTimedelta(),
+            overlap=_policy(schedule_service_pb2.OverlapPolicy, p.overlap, "OVERLAP_POLICY_"),
+            catch_up=_policy(schedule_service_pb2.CatchUpPolicy, p.catch_up, "CATCH_UP_POLICY_"),
+        )
+
+
+def _policy(enum_type: Any, number: int, prefix: str) -> str:
+    name: str = enum_type.Name(number) if number in enum_type.values() else str(number)
+    return "skip" if number == 0 else name.removeprefix(prefix).lower()
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulePage:
+    """One page of list_schedules; pass ``next_page_token`` back for the next one."""
+
+    schedules: tuple[Schedule, ...]
+    next_page_token: str
+
+
+class ExplainReason(enum.StrEnum):
+    """Why a node is not running now (see Client.explain)."""
+
+    WAITING_ON_UPSTREAM = "waiting_on_upstream"
+    BACKING_OFF = "backing_off"
+    READY = "ready"
+    QUEUED = "queued"
+    NO_WORKER = "no_worker"
+    RUNNING = "running"
+    LEASE_EXPIRED = "lease_expired"
+    BLOCKED = "blocked"
+    DISCARDED = "discarded"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+    COMPLETED = "completed"
+    CONCURRENCY_LIMITED = "concurrency_limited"
+    RATE_LIMITED = "rate_limited"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """An upstream node behind an explanation, with its last failure when discarded."""
+
+    node: str
+    status: StepStatus
+    attempt: int
+    last_error: StepError | None
+
+    @classmethod
+    def from_proto(cls, p: workflow_service_pb2.NodeState) -> NodeState:
+        return _build(
+            cls,
+            p,
+            status=_enum_of(StepStatus, "STEP_STATUS_", p.status, types_pb2.StepStatus),
+            last_error=StepError.from_proto(p.last_error) if p.HasField("last_error") else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ActionActivity:
+    """What the servers saw of the workers serving an action (a few seconds behind)."""
+
+    action: str
+    last_polled_at: dt.datetime | None
+    last_polled_by: str
+    last_claimed_at: dt.datetime | None
+    last_claimed_by: str
+    ready_ahead: int
+    running: int
+
+    @classmethod
+    def from_proto(cls, p: workflow_service_pb2.ActionActivity) -> ActionActivity:
+        return _build(cls, p)
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Why a node is not running now: a reason, a sentence, and the facts behind them."""
+
+    reason: ExplainReason
+    message: str
+    step: Step | None
+    run_status: RunStatus
+    run_error: RunError | None
+    upstream: tuple[NodeState, ...]
+    action: ActionActivity | None
+
+    def to_dict(self) -> dict[str, Any]:
+        ready: dict[str, Any] = _jsonable(dataclasses.asdict(self))
+        return ready
+
+    @classmethod
+    def from_proto(cls, p: workflow_service_pb2.ExplainResponse) -> Explanation:
+        return _build(
+            cls,
+            p,
+            reason=_enum_of(
+                ExplainReason, "EXPLAIN_REASON_", p.reason, workflow_service_pb2.ExplainReason
+            ),
+            step=Step.from_proto(p.step) if p.HasField("step") else None,
+            run_status=RunStatus.from_proto(p.run_status),
+            run_error=RunError.from_proto(p.run_error) if p.HasField("run_error") else None,
+            upstream=tuple(NodeState.from_proto(u) for u in p.upstream),
+            action=ActionActivity.from_proto(p.action) if p.HasField("action") else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EventSent:
+    """What ``send_event`` did: the event's id, and False for ``created`` when its key
+    named an event sent before (nothing was sent again)."""
+
+    event_id: int
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunCount:
+    """The runs in one status (count_runs): exact, or at least ``count`` when
+    ``at_least``."""
+
+    status: RunStatus | str
+    count: int
+    at_least: bool
+
+    @classmethod
+    def from_proto(cls, p: workflow_service_pb2.RunCount) -> RunCount:
+        return cls(RunStatus.from_proto(p.status), int(p.count), p.at_least)
+
+    def __str__(self) -> str:
+        return f"{self.count:,}+" if self.at_least else f"{self.count:,}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunStep:
+    """A step across runs (list_steps), with its run's id and workflow."""
+
+    run_id: str
+    workflow: str
+    step: Step
+
+
+@dataclass(frozen=True, slots=True)
+class StepPage:
+    """One page of list_steps; pass ``next_page_token`` back for the next one."""
+
+    steps: tuple[RunStep, ...]
+    next_page_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSummary:
+    """A worker as the steps it holds show it (list_workers)."""
+
+    worker_id: str
+    actions: tuple[str, ...]
+    running: int
+    last_heartbeat_at: dt.datetime | None
+    lease_expired: int
+
+    @classmethod
+    def from_proto(cls, p: workflow_service_pb2.WorkerSummary) -> WorkerSummary:
+        return _build(cls, p)
+
+
+@dataclass(frozen=True, slots=True)
+class Workers:
+    """What list_workers returns: the workers holding steps, and every action's
+    activity (``ready_ahead`` is its ready steps, counted up to 10,000)."""
+
+    workers: tuple[WorkerSummary, ...]
+    actions: tuple[ActionActivity, ...]

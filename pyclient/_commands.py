@@ -1,0 +1,314 @@
+"""The CLI's commands (see :mod:`pyclient.cli`): each takes the client and the parsed
+arguments and returns what to print."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from rich.live import Live
+
+from pyclient._render import (
+    FINAL_STEPS,
+    changes,
+    console,
+    follow_view,
+    logs_view,
+    render_run,
+)
+from pyclient.client import Client
+from pyclient.errors import InvalidArgument, WaitTimeout
+from pyclient.models import Run, RunStatus, Schedule
+from pyclient.workflow import Workflow
+
+#: How often a followed run (run wait --follow, logs --follow) is read again.
+FOLLOW_POLL_S = 0.5
+
+
+def load_workflow_file(path: str, stdin: TextIO | None = None) -> tuple[Workflow, Any]:
+    """The workflow and run input (or None) described by a YAML or JSON file."""
+    if path == "-":
+        text = (stdin or sys.stdin).read()
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise InvalidArgument(f"{path} is not valid JSON or YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{path} must hold a mapping with 'name' and 'nodes'")
+    data = dict(data)
+    run_input = data.pop("input", None)
+    return Workflow.from_dict(data), run_input
+
+
+_DELAY_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _start_at_arg(text: str) -> dt.datetime | dt.timedelta:
+    """--start-at: an aware ISO 8601 time, or a delay such as 90s, 15m, 2h, 1d."""
+    unit = _DELAY_UNITS.get(text[-1:])
+    if unit is not None:
+        try:
+            return dt.timedelta(seconds=float(text[:-1]) * unit)
+        except ValueError:
+            pass
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an ISO 8601 time nor a delay like 90s, 15m, 2h, 1d"
+        ) from None
+    if when.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} needs a time zone, e.g. {text}Z")
+    return when
+
+
+# -- commands: each returns what to print (a Run, a list of runs, or a message) -------
+
+
+def _workflow_and_input(args: argparse.Namespace) -> tuple[Workflow, Any]:
+    """The workflow of args.file, and its input unless --input gives another."""
+    workflow, run_input = load_workflow_file(args.file)
+    return workflow, run_input if args.input is None else args.input
+
+
+def _submit(client: Client, args: argparse.Namespace) -> Any:
+    workflow, run_input = _workflow_and_input(args)
+    # Only what was given, so that a submit without them is the plain call.
+    flow = {k: v for k, v in (("start_at", args.start_at), ("priority", args.priority)) if v}
+    if args.key:
+        submitted = client.submit_once(workflow, args.key, run_input, **flow)
+        run_id, created = submitted.run_id, submitted.created
+    else:
+        run_id, created = client.submit(workflow, run_input, **flow), True
+    if args.wait is not None:
+        return _settled(client, run_id, args.wait, args)
+    if args.json:
+        return {"run_id": run_id, "created": created}
+    return run_id if created else f"{run_id} (already submitted with this key)"
+
+
+def _show(client: Client, args: argparse.Namespace) -> Any:
+    return client.get_run(args.run_id, logs=not args.json)
+
+
+def _wait(client: Client, args: argparse.Namespace) -> Any:
+    return _settled(client, args.run_id, args.timeout, args)
+
+
+def _settled(client: Client, run_id: str, timeout: float | None, args: argparse.Namespace) -> Run:
+    """The run once it is finished or blocked, followed on the way when asked (and by
+    default on a terminal, unless --json)."""
+    follow = args.follow
+    if follow is None:
+        follow = sys.stdout.isatty()
+    if args.json:  # for scripts: the run alone
+        return client.wait(run_id, timeout=timeout)
+    if not follow:
+        client.wait(run_id, timeout=timeout)
+        return client.get_run(run_id, logs=True)  # shown as run show shows it
+    end = None if timeout is None else time.monotonic() + timeout
+    out = console(sys.stdout)
+
+    def polls() -> Any:
+        while True:
+            run = client.get_run(run_id)
+            yield run
+            if run.status != RunStatus.RUNNING:
+                return
+            if end is not None and time.monotonic() >= end:
+                raise WaitTimeout(f"run {run_id} is still {run.status} after {timeout:g}s")
+            time.sleep(FOLLOW_POLL_S if end is None else min(FOLLOW_POLL_S, end - time.monotonic()))
+
+    run: Run | None = None
+    if out.is_terminal:
+        # Redrawn in place, and gone at the end: the run is printed whole after it.
+        with Live(console=out, auto_refresh=False, transient=True) as live:
+            for run in polls():
+                live.update(follow_view(run), refresh=True)
+    else:
+        seen: dict[str, tuple[str, int]] = {}
+        for run in polls():
+            for line in changes(seen, run):
+                out.print(line)
+            sys.stdout.flush()
+    assert run is not None
+    return client.get_run(run_id, logs=True)  # shown as run show shows it
+
+
+def _logs(client: Client, args: argparse.Namespace) -> Any:
+    """A node's log lines (one attempt's), and with --follow the new ones as they come,
+    until the node is finished or its run is no longer running."""
+
+    def lines() -> tuple[bool, list[Any]]:
+        run = client.get_run(args.run_id, logs=True)
+        try:
+            step = run.step(args.node)
+        except KeyError:
+            raise InvalidArgument(f"run {args.run_id} has no node {args.node!r}") from None
+        found = [line for line in step.logs if args.attempt in (None, line.attempt)]
+        over = str(step.status) in FINAL_STEPS or run.status != RunStatus.RUNNING
+        return over, found
+
+    over, found = lines()
+    if args.json:
+        return {"node": args.node, "logs": [_log_dict(line) for line in found]}
+    if not args.follow:
+        return logs_view(found) if found else f"no log lines for node {args.node}"
+    out = console(sys.stdout)
+    printed = 0
+    while True:
+        if len(found) > printed:
+            out.print(logs_view(found[printed:]))
+            sys.stdout.flush()
+            printed = len(found)
+        if over:
+            return f"-- node {args.node}: no more lines (it is finished or its run is not running)"
+        time.sleep(FOLLOW_POLL_S)
+        over, found = lines()
+
+
+def _log_dict(line: Any) -> dict[str, Any]:
+    return {
+        "at": line.at.isoformat() if line.at else None,
+        "attempt": line.attempt,
+        "level": line.level,
+        "logger": line.logger,
+        "message": line.message,
+    }
+
+
+def _list(client: Client, args: argparse.Namespace) -> Any:
+    page_size = max(1, min(args.limit, 1000))
+    runs = client.iter_runs(
+        workflow=args.workflow,
+        status=args.status,
+        key=args.key,
+        page_size=page_size,
+        limit=args.limit,
+    )
+    return list(runs)
+
+
+def _explain(client: Client, args: argparse.Namespace) -> Any:
+    return client.explain(args.run_id, args.node)
+
+
+def _retry(client: Client, args: argparse.Namespace) -> Any:
+    return client.retry(args.run_id, args.node, args.reason)
+
+
+def _retry_all(client: Client, args: argparse.Namespace) -> Any:
+    retried = client.retry_all(args.run_id, args.reason)
+    if args.json:
+        return {"nodes": list(retried.nodes), "run": retried.run.to_dict()}
+    return f"reopened {', '.join(retried.nodes)}\n\n{render_run(retried.run)}"
+
+
+def _resolve(client: Client, args: argparse.Namespace) -> Any:
+    # --result null is a valid result, so "not given" is the attribute's absence.
+    choice: dict[str, Any] = {"result": args.result} if hasattr(args, "result") else {}
+    node = args.node
+    if node is None:
+        error = client.get_run(args.run_id).error
+        if error is not None and error.step_id:
+            node = error.node  # blocked on a step call: TARGET is its step id
+    if node is not None:
+        choice["step_id"] = args.target
+    return client.resolve(
+        args.run_id,
+        node if node is not None else args.target,
+        **choice,
+        error=args.error,
+        discard=args.discard,
+        reason=args.reason,
+    )
+
+
+def _cancel(client: Client, args: argparse.Namespace) -> Any:
+    return client.cancel(args.run_id, args.reason, keep_children=args.keep_children)
+
+
+def _send_event(client: Client, args: argparse.Namespace) -> Any:
+    sent = client.send_event(args.run_id, args.name, args.payload, args.key)
+    if args.json:
+        return {"event_id": sent.event_id, "created": sent.created}
+    if not sent.created:
+        return f"event {sent.event_id} was already sent with key {args.key}: nothing sent"
+    return f"event {args.name} sent to run {args.run_id} (id {sent.event_id})"
+
+
+def _console(client: Client, args: argparse.Namespace) -> Any:
+    import asyncio
+    import contextlib
+
+    from console import ListenError, serve
+
+    def started(url: str) -> None:
+        print(f"Cyclone console for {args.address} on {url}", flush=True)
+
+    credentials = None
+    if args.tls_ca:
+        import grpc
+
+        ca = Path(args.tls_ca).read_bytes()
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(
+                serve(
+                    args.address,
+                    args.listen,
+                    actor=args.actor,
+                    credentials=credentials,
+                    started=started,
+                )
+            )
+    except ListenError as exc:
+        raise InvalidArgument(f"{exc}; set --listen to a free host:port") from None
+    return "console stopped"
+
+
+# -- rendering ------------------------------------------------------------------------
+
+
+def _schedule_create(client: Client, args: argparse.Namespace) -> Any:
+    workflow, run_input = _workflow_and_input(args)
+    return client.create_schedule(
+        args.name,
+        workflow,
+        run_input,
+        cron=args.cron,
+        time_zone=args.time_zone,
+        every=args.every,
+        overlap=args.overlap,
+        catch_up=args.catch_up,
+        paused=args.paused,
+    )
+
+
+def _schedule_list(client: Client, args: argparse.Namespace) -> Any:
+    found: list[Schedule] = []
+    token = None
+    while len(found) < args.limit:
+        page = client.list_schedules(page_size=min(1000, args.limit - len(found)), page_token=token)
+        found.extend(page.schedules)
+        token = page.next_page_token
+        if not token:
+            break
+    return tuple(found)
+
+
+def _schedule_delete(client: Client, args: argparse.Namespace) -> Any:
+    client.delete_schedule(args.name)
+    return f"schedule {args.name} deleted"

@@ -1,0 +1,427 @@
+"""What each method of Client and AsyncClient does, described once: the request it
+builds (checked as the server checks it), the RPC, how to read the answer
+(:class:`calls`, :class:`schedule_calls`); with the polling schedule of ``wait()`` and
+the address and metadata every client uses. The two classes only differ in how they
+wait."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from google.protobuf import message as pb_message
+
+from cyclone import dag, flow
+from cyclone.jsonvalue import to_value
+from cyclone.v1 import (
+    admin_service_pb2 as admin_pb,
+)
+from cyclone.v1 import (
+    admin_service_pb2_grpc as admin_grpc,
+)
+from cyclone.v1 import (
+    schedule_service_pb2 as schedule_pb,
+)
+from cyclone.v1 import (
+    schedule_service_pb2_grpc as schedule_grpc,
+)
+from cyclone.v1 import (
+    workflow_service_pb2 as wf_pb,
+)
+from cyclone.v1 import (
+    workflow_service_pb2_grpc as wf_grpc,
+)
+from pyclient.errors import InvalidArgument, WaitTimeout
+from pyclient.models import (
+    ActionActivity,
+    EventSent,
+    Explanation,
+    Retried,
+    Run,
+    RunCount,
+    RunPage,
+    RunStatus,
+    RunStep,
+    Schedule,
+    SchedulePage,
+    Step,
+    StepPage,
+    StepStatus,
+    Submitted,
+    Workers,
+    WorkerSummary,
+)
+from pyclient.workflow import RetryPolicy, Workflow
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+#: Per-call deadline, in seconds, unless the client is given another.
+DEFAULT_CALL_TIMEOUT = 30.0
+
+T = TypeVar("T")
+UNSET: Any = object()
+
+
+def default_address() -> str:
+    """``$CYCLONE_ADDRESS`` or 127.0.0.1:50051."""
+    return os.environ.get("CYCLONE_ADDRESS") or DEFAULT_ADDRESS
+
+
+def call_metadata(token: str | None, actor: str | None) -> tuple[tuple[str, str], ...]:
+    """The metadata sent with every call: the bearer token and the audit actor."""
+    md: list[tuple[str, str]] = []
+    if token:
+        md.append(("authorization", f"Bearer {token}"))
+    if actor:
+        md.append(("cyclone-actor", actor))
+    return tuple(md)
+
+
+#: A start time: an aware datetime, or a delay from now.
+StartAt = dt.datetime | dt.timedelta
+
+
+def _set_flow(
+    req: wf_pb.SubmitRequest | wf_pb.SubmitOnceRequest, start_at: StartAt | None, priority: int
+) -> None:
+    """Start time and priority of a submit, checked as the server checks them."""
+    try:
+        flow.check_priority("run", priority)
+    except dag.InvalidWorkflow as exc:
+        raise InvalidArgument(str(exc)) from None
+    req.priority = priority
+    if start_at is None:
+        return
+    if isinstance(start_at, dt.timedelta):
+        start_at = dt.datetime.now(dt.UTC) + start_at
+    if start_at.tzinfo is None:
+        raise InvalidArgument("start_at must be an aware datetime (with a time zone)")
+    req.start_at.FromDatetime(start_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One RPC to make: which service and method, the request, how to read the answer."""
+
+    service: str  # "workflow", "admin" or "schedule"
+    method: str
+    request: pb_message.Message
+    parse: Callable[[Any], T]
+
+
+class calls:
+    @staticmethod
+    def submit(
+        workflow: Workflow, input: Any, start_at: StartAt | None = None, priority: int = 0
+    ) -> Call[str]:
+        req = wf_pb.SubmitRequest(workflow=workflow.to_proto())
+        _set_value(req, "input", input, "run input")
+        _set_flow(req, start_at, priority)
+        return Call("workflow", "Submit", req, lambda r: r.run_id)
+
+    @staticmethod
+    def submit_once(
+        workflow: Workflow,
+        key: str,
+        input: Any,
+        start_at: StartAt | None = None,
+        priority: int = 0,
+    ) -> Call[Submitted]:
+        try:
+            dag.check_submit_key(key)
+        except dag.InvalidWorkflow as exc:
+            raise InvalidArgument(str(exc)) from None
+        req = wf_pb.SubmitOnceRequest(workflow=workflow.to_proto(), key=key)
+        _set_value(req, "input", input, "run input")
+        _set_flow(req, start_at, priority)
+        return Call("workflow", "SubmitOnce", req, lambda r: Submitted(r.run_id, r.created))
+
+    @staticmethod
+    def start(
+        name: str | Callable[..., Any],
+        input: Any,
+        key: str | None,
+        timeout: float | dt.timedelta | None,
+        retry: RetryPolicy | None,
+    ) -> Call[str]:
+        """Submit (SubmitOnce with a key) the one-node workflow of a durable function:
+        workflow, node and action named after it."""
+        if not isinstance(name, str):
+            name = getattr(name, "__cyclone_action__", None) or name.__name__
+        wf = Workflow(name)
+        wf.node(name, action=name, timeout=timeout, retry=retry)
+        if key is None:
+            return calls.submit(wf, input)
+        once = calls.submit_once(wf, key, input)
+        return Call(once.service, once.method, once.request, lambda r: r.run_id)
+
+    @staticmethod
+    def get_run(run_id: str, logs: bool = False) -> Call[Run]:
+        req = wf_pb.GetRunRequest(run_id=run_id, logs=logs)
+        return Call("workflow", "GetRun", req, lambda r: Run.from_proto(r.run))
+
+    @staticmethod
+    def list_runs(
+        workflow: str | None,
+        status: str | Iterable[str] | None,
+        created_after: dt.datetime | None,
+        created_before: dt.datetime | None,
+        page_size: int | None,
+        page_token: str,
+        key: str | None = None,
+    ) -> Call[RunPage]:
+        req = wf_pb.ListRunsRequest(page_size=page_size or 0, page_token=page_token)
+        _set_run_filters(req, workflow, status, created_after, created_before, key)
+
+        def parse(r: wf_pb.ListRunsResponse) -> RunPage:
+            return RunPage(tuple(Run.from_proto(p) for p in r.runs), r.next_page_token)
+
+        return Call("workflow", "ListRuns", req, parse)
+
+    @staticmethod
+    def count_runs(
+        workflow: str | None,
+        status: str | Iterable[str] | None,
+        created_after: dt.datetime | None,
+        created_before: dt.datetime | None,
+        key: str | None,
+        limit: int | None,
+    ) -> Call[dict[str, RunCount]]:
+        req = wf_pb.CountRunsRequest(limit=limit or 0)
+        _set_run_filters(req, workflow, status, created_after, created_before, key)
+
+        def parse(r: wf_pb.CountRunsResponse) -> dict[str, RunCount]:
+            return {str(c.status): c for c in map(RunCount.from_proto, r.counts)}
+
+        return Call("workflow", "CountRuns", req, parse)
+
+    @staticmethod
+    def list_steps(
+        status: str | None,
+        lease_expired: bool,
+        backing_off: bool,
+        worker_id: str | None,
+        action: str | None,
+        page_size: int | None,
+        page_token: str,
+    ) -> Call[StepPage]:
+        if status is not None and status not in StepStatus.__members__.values():
+            raise InvalidArgument(f"unknown step status {status!r}")
+        code = f"STEP_STATUS_{status.upper()}" if status else "STEP_STATUS_UNSPECIFIED"
+        req = wf_pb.ListStepsRequest(
+            status=code,
+            lease_expired=lease_expired,
+            backing_off=backing_off,
+            worker_id=worker_id or "",
+            action=action or "",
+            page_size=page_size or 0,
+            page_token=page_token,
+        )
+
+        def parse(r: wf_pb.ListStepsResponse) -> StepPage:
+            steps = tuple(RunStep(s.run_id, s.workflow, Step.from_proto(s.step)) for s in r.steps)
+            return StepPage(steps, r.next_page_token)
+
+        return Call("workflow", "ListSteps", req, parse)
+
+    @staticmethod
+    def list_workers() -> Call[Workers]:
+        def parse(r: wf_pb.ListWorkersResponse) -> Workers:
+            return Workers(
+                tuple(WorkerSummary.from_proto(w) for w in r.workers),
+                tuple(ActionActivity.from_proto(a) for a in r.actions),
+            )
+
+        return Call("workflow", "ListWorkers", wf_pb.ListWorkersRequest(), parse)
+
+    @staticmethod
+    def cancel(run_id: str, reason: str, keep_children: bool) -> Call[Run]:
+        req = wf_pb.CancelRunRequest(run_id=run_id, reason=reason, keep_children=keep_children)
+        return Call("workflow", "CancelRun", req, lambda r: Run.from_proto(r.run))
+
+    @staticmethod
+    def send_event(run_id: str, name: str, payload: Any, key: str | None) -> Call[EventSent]:
+        req = wf_pb.SendEventRequest(run_id=run_id, name=name, key=key or "")
+        _set_value(req, "payload", payload, "the event's payload")
+        return Call(
+            "workflow", "SendEvent", req, lambda r: EventSent(int(r.event_id), bool(r.created))
+        )
+
+    @staticmethod
+    def explain(run_id: str, node: str) -> Call[Explanation]:
+        req = wf_pb.ExplainRequest(run_id=run_id, node=node)
+        return Call("workflow", "Explain", req, Explanation.from_proto)
+
+    @staticmethod
+    def retry(run_id: str, node: str, reason: str) -> Call[Run]:
+        req = admin_pb.RetryRequest(run_id=run_id, node=node, reason=reason)
+        return Call("admin", "Retry", req, lambda r: Run.from_proto(r.run))
+
+    @staticmethod
+    def retry_all(run_id: str, reason: str) -> Call[Retried]:
+        req = admin_pb.RetryAllRequest(run_id=run_id, reason=reason)
+        return Call(
+            "admin", "RetryAll", req, lambda r: Retried(tuple(r.nodes), Run.from_proto(r.run))
+        )
+
+    @staticmethod
+    def resolve(
+        run_id: str,
+        node: str,
+        result: Any,
+        error: str | None,
+        discard: bool,
+        reason: str,
+        step_id: str | None,
+    ) -> Call[Run]:
+        chosen = [result is not UNSET, error is not None, bool(discard)]
+        if sum(chosen) != 1:
+            raise InvalidArgument("resolve needs exactly one of result=, error= or discard=True")
+        if not node and not step_id:
+            raise InvalidArgument("resolve needs the node, or the step_id of a step call")
+        req = admin_pb.ResolveRequest(
+            run_id=run_id, node=node, reason=reason, step_id=step_id or ""
+        )
+        if result is not UNSET:
+            _set_value(req, "result", result, "result", allow_null=True)
+        elif error is not None:
+            req.error = error
+        else:
+            req.discard = True
+        return Call("admin", "Resolve", req, lambda r: Run.from_proto(r.run))
+
+
+_OVERLAP = {"skip": schedule_pb.OVERLAP_POLICY_SKIP, "allow": schedule_pb.OVERLAP_POLICY_ALLOW}
+_CATCH_UP = {"skip": schedule_pb.CATCH_UP_POLICY_SKIP, "all": schedule_pb.CATCH_UP_POLICY_ALL}
+
+
+class schedule_calls:
+    @staticmethod
+    def create(
+        name: str,
+        workflow: Workflow,
+        input: Any,
+        cron: str | None,
+        time_zone: str | None,
+        every: float | dt.timedelta | None,
+        overlap: str,
+        catch_up: str,
+        paused: bool,
+    ) -> Call[Schedule]:
+        if (cron is None) == (every is None):
+            raise InvalidArgument("give exactly one of cron and every")
+        if overlap not in _OVERLAP:
+            raise InvalidArgument(f"overlap must be one of {sorted(_OVERLAP)}, got {overlap!r}")
+        if catch_up not in _CATCH_UP:
+            raise InvalidArgument(f"catch_up must be one of {sorted(_CATCH_UP)}, got {catch_up!r}")
+        s = schedule_pb.Schedule(
+            name=name,
+            workflow=workflow.to_proto(),
+            time_zone=time_zone or "",
+            overlap=_OVERLAP[overlap],
+            catch_up=_CATCH_UP[catch_up],
+            paused=paused,
+        )
+        if cron is not None:
+            s.cron = cron
+        else:
+            seconds = every.total_seconds() if isinstance(every, dt.timedelta) else every
+            s.interval.FromNanoseconds(round(float(seconds or 0) * 1e9))
+        _set_value(s, "input", input, "run input")
+        req = schedule_pb.CreateScheduleRequest(schedule=s)
+        return Call("schedule", "CreateSchedule", req, _schedule)
+
+    @staticmethod
+    def one(method: str, name: str) -> Call[Schedule]:
+        req = getattr(schedule_pb, f"{method}Request")(name=name)
+        return Call("schedule", method, req, _schedule)
+
+    @staticmethod
+    def list(page_size: int | None, page_token: str | None) -> Call[SchedulePage]:
+        req = schedule_pb.ListSchedulesRequest(
+            page_size=page_size or 0, page_token=page_token or ""
+        )
+
+        def parse(r: schedule_pb.ListSchedulesResponse) -> SchedulePage:
+            return SchedulePage(
+                tuple(Schedule.from_proto(s) for s in r.schedules), r.next_page_token
+            )
+
+        return Call("schedule", "ListSchedules", req, parse)
+
+    @staticmethod
+    def delete(name: str) -> Call[None]:
+        req = schedule_pb.DeleteScheduleRequest(name=name)
+        return Call("schedule", "DeleteSchedule", req, lambda r: None)
+
+
+def _set_run_filters(
+    req: wf_pb.ListRunsRequest | wf_pb.CountRunsRequest,
+    workflow: str | None,
+    status: str | Iterable[str] | None,
+    created_after: dt.datetime | None,
+    created_before: dt.datetime | None,
+    key: str | None,
+) -> None:
+    """ListRuns' and CountRuns' filters."""
+    statuses = [status] if isinstance(status, str) else list(status or ())
+    try:
+        req.statuses.extend(RunStatus(s).to_proto() for s in statuses)
+    except ValueError:
+        raise InvalidArgument(
+            f"unknown run status in {statuses}; expected some of "
+            f"{', '.join(s.value for s in RunStatus)}"
+        ) from None
+    req.workflow = workflow or ""
+    req.key = key or ""
+    if created_after is not None:
+        req.created_after.FromDatetime(created_after)
+    if created_before is not None:
+        req.created_before.FromDatetime(created_before)
+
+
+def _schedule(r: Any) -> Schedule:
+    return Schedule.from_proto(r.schedule)
+
+
+def _set_value(
+    req: pb_message.Message, field: str, value: Any, what: str, allow_null: bool = False
+) -> None:
+    if value is None and not allow_null:
+        return
+    try:
+        getattr(req, field).CopyFrom(to_value(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{what} is not JSON: {exc}") from None
+
+
+class Waiter:
+    """The polling schedule of wait(): 50 ms doubling up to ``cap``, until ``timeout``."""
+
+    def __init__(self, run_id: str, timeout: float | None, cap: float):
+        self.run_id, self.timeout, self.cap = run_id, timeout, cap
+        self.end = None if timeout is None else time.monotonic() + timeout
+        self.delay = 0.05
+
+    def pause_after(self, run: Run) -> float | None:
+        """None when ``run`` is done waiting for; else how long to sleep before the next poll."""
+        if run.status != RunStatus.RUNNING:
+            return None
+        delay, self.delay = self.delay, min(self.delay * 2, self.cap)
+        if self.end is None:
+            return delay
+        remaining = self.end - time.monotonic()
+        if remaining <= 0:
+            raise WaitTimeout(f"run {self.run_id} is still {run.status} after {self.timeout:g}s")
+        return min(delay, remaining)
+
+
+def stubs(channel: Any) -> dict[str, Any]:
+    return {
+        "workflow": wf_grpc.WorkflowServiceStub(channel),
+        "admin": admin_grpc.AdminServiceStub(channel),
+        "schedule": schedule_grpc.ScheduleServiceStub(channel),
+    }

@@ -1,0 +1,265 @@
+"""AsyncClient: the asyncio twin of :class:`~pyclient.client.Client`, on a ``grpc.aio``
+channel; the requests both make are in :mod:`pyclient._requests`."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+import grpc
+
+from pyclient._requests import (
+    DEFAULT_CALL_TIMEOUT,
+    UNSET,
+    Call,
+    StartAt,
+    T,
+    Waiter,
+    call_metadata,
+    calls,
+    default_address,
+    schedule_calls,
+    stubs,
+)
+from pyclient.errors import from_rpc_error
+from pyclient.models import (
+    EventSent,
+    Explanation,
+    Retried,
+    Run,
+    RunCount,
+    RunPage,
+    Schedule,
+    SchedulePage,
+    StepPage,
+    Submitted,
+    Workers,
+)
+from pyclient.workflow import RetryPolicy, Workflow
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`Client`, on a ``grpc.aio`` channel."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        token: str | None = None,
+        actor: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        timeout: float = DEFAULT_CALL_TIMEOUT,
+        channel: grpc.aio.Channel | None = None,
+    ):
+        self.address = address or default_address()
+        if channel is None:
+            channel = (
+                grpc.aio.secure_channel(self.address, credentials)
+                if credentials
+                else grpc.aio.insecure_channel(self.address)
+            )
+        self._channel = channel
+        self._stubs = stubs(channel)
+        self._metadata = call_metadata(token, actor)
+        self.timeout = timeout
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _invoke(self, call: Call[T]) -> T:
+        rpc = getattr(self._stubs[call.service], call.method)
+        try:
+            response = await rpc(call.request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        return call.parse(response)
+
+    async def submit(
+        self,
+        workflow: Workflow,
+        input: Any = None,
+        *,
+        start_at: StartAt | None = None,
+        priority: int = 0,
+    ) -> str:
+        return await self._invoke(calls.submit(workflow, input, start_at, priority))
+
+    async def submit_once(
+        self,
+        workflow: Workflow,
+        key: str,
+        input: Any = None,
+        *,
+        start_at: StartAt | None = None,
+        priority: int = 0,
+    ) -> Submitted:
+        return await self._invoke(calls.submit_once(workflow, key, input, start_at, priority))
+
+    async def start(
+        self,
+        name: str | Callable[..., Any],
+        input: Any = None,
+        key: str | None = None,
+        *,
+        timeout: float | dt.timedelta | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> str:
+        return await self._invoke(calls.start(name, input, key, timeout, retry))
+
+    async def get_run(self, run_id: str, *, logs: bool = False) -> Run:
+        return await self._invoke(calls.get_run(run_id, logs))
+
+    async def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: str | Iterable[str] | None = None,
+        created_after: dt.datetime | None = None,
+        created_before: dt.datetime | None = None,
+        page_size: int | None = None,
+        page_token: str = "",
+        key: str | None = None,
+    ) -> RunPage:
+        return await self._invoke(
+            calls.list_runs(
+                workflow, status, created_after, created_before, page_size, page_token, key
+            )
+        )
+
+    async def count_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: str | Iterable[str] | None = None,
+        created_after: dt.datetime | None = None,
+        created_before: dt.datetime | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, RunCount]:
+        """Runs per status (all statuses unless ``status`` names some), exact up to
+        ``limit`` (server default 1,000), else ``at_least``."""
+        return await self._invoke(
+            calls.count_runs(workflow, status, created_after, created_before, key, limit)
+        )
+
+    async def list_steps(
+        self,
+        *,
+        status: str | None = None,
+        lease_expired: bool = False,
+        backing_off: bool = False,
+        worker_id: str | None = None,
+        action: str | None = None,
+        page_size: int | None = None,
+        page_token: str = "",
+    ) -> StepPage:
+        """Steps across runs: ``status="running"`` (``lease_expired`` for those whose
+        lease ran out), or ``backing_off=True``."""
+        return await self._invoke(
+            calls.list_steps(
+                status, lease_expired, backing_off, worker_id, action, page_size, page_token
+            )
+        )
+
+    async def list_workers(self) -> Workers:
+        return await self._invoke(calls.list_workers())
+
+    async def iter_runs(self, *, limit: int | None = None, **filters: Any) -> AsyncIterator[Run]:
+        token, seen = "", 0
+        while True:
+            page = await self.list_runs(page_token=token, **filters)
+            for run in page.runs:
+                if limit is not None and seen >= limit:
+                    return
+                seen += 1
+                yield run
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def cancel(self, run_id: str, reason: str = "", *, keep_children: bool = False) -> Run:
+        return await self._invoke(calls.cancel(run_id, reason, keep_children))
+
+    async def send_event(
+        self, run_id: str, name: str, payload: Any = None, key: str | None = None
+    ) -> EventSent:
+        return await self._invoke(calls.send_event(run_id, name, payload, key))
+
+    async def explain(self, run_id: str, node: str) -> Explanation:
+        return await self._invoke(calls.explain(run_id, node))
+
+    async def retry(self, run_id: str, node: str, reason: str = "") -> Run:
+        return await self._invoke(calls.retry(run_id, node, reason))
+
+    async def retry_all(self, run_id: str, reason: str = "") -> Retried:
+        return await self._invoke(calls.retry_all(run_id, reason))
+
+    async def resolve(
+        self,
+        run_id: str,
+        node: str = "",
+        *,
+        result: Any = UNSET,
+        error: str | None = None,
+        discard: bool = False,
+        reason: str = "",
+        step_id: str | None = None,
+    ) -> Run:
+        return await self._invoke(
+            calls.resolve(run_id, node, result, error, discard, reason, step_id)
+        )
+
+    async def create_schedule(
+        self,
+        name: str,
+        workflow: Workflow,
+        input: Any = None,
+        *,
+        cron: str | None = None,
+        time_zone: str | None = None,
+        every: float | dt.timedelta | None = None,
+        overlap: str = "skip",
+        catch_up: str = "skip",
+        paused: bool = False,
+    ) -> Schedule:
+        return await self._invoke(
+            schedule_calls.create(
+                name, workflow, input, cron, time_zone, every, overlap, catch_up, paused
+            )
+        )
+
+    async def get_schedule(self, name: str) -> Schedule:
+        return await self._invoke(schedule_calls.one("GetSchedule", name))
+
+    async def list_schedules(
+        self, *, page_size: int | None = None, page_token: str | None = None
+    ) -> SchedulePage:
+        return await self._invoke(schedule_calls.list(page_size, page_token))
+
+    async def pause_schedule(self, name: str) -> Schedule:
+        return await self._invoke(schedule_calls.one("PauseSchedule", name))
+
+    async def resume_schedule(self, name: str) -> Schedule:
+        return await self._invoke(schedule_calls.one("ResumeSchedule", name))
+
+    async def delete_schedule(self, name: str) -> None:
+        await self._invoke(schedule_calls.delete(name))
+
+    async def wait(
+        self, run_id: str, timeout: float | None = None, *, poll_cap: float = 1.0
+    ) -> Run:
+        waiter = Waiter(run_id, timeout, poll_cap)
+        while True:
+            run = await self.get_run(run_id)
+            pause = waiter.pause_after(run)
+            if pause is None:
+                return run
+            await asyncio.sleep(pause)

@@ -1,0 +1,148 @@
+"""How the replay engine names step calls to a journal, and the protocol of a journal
+backend (:class:`JournalBackend`): the worker's sends Begin and End to the server, the one
+of pyclient.testing keeps the journal in memory."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from google.protobuf import struct_pb2
+
+from cyclone.v1 import types_pb2
+from pyclient.models import StepCall, StepCallError
+
+#: Longest step id, function name and error type the server accepts.
+MAX_ID = 200
+
+
+@dataclass(frozen=True, slots=True)
+class WaitFn:
+    """What the journal knows of a wait, as of a step function: the base of its step
+    ids and its function (cyclone.sleep, cyclone.event, cyclone.child)."""
+
+    name: str
+    function: str
+    is_async: bool = False
+    unsafe_to_repeat: bool = False
+
+
+class WaitDecision(enum.Enum):
+    """What Wait answers."""
+
+    READY = "ready"
+    SUSPENDED = "suspended"
+
+
+@dataclass(frozen=True, slots=True)
+class Until:
+    """What a wait waits for: exactly one of a wake time (a sleep), an event (with an
+    optional timeout in seconds) or a child run."""
+
+    wake_at: Any = None
+    event: str | None = None
+    timeout: float | None = None
+    child_run_id: str | None = None
+
+
+class Decision(enum.Enum):
+    """What Begin answers for an unsafe call."""
+
+    RUN = "run"
+    RECORDED = "recorded"
+    UNCERTAIN = "uncertain"
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One step call as the journal names it."""
+
+    step_id: str
+    seq: int
+    function: str
+    unsafe: bool
+
+
+#: A call's outcome as recorded: its JSON output, or its error.
+Outcome = struct_pb2.Value | StepCallError
+
+
+class CallSpec(Protocol):
+    """What names a call's function for the journal: a StepFunction, or a WaitFn (the
+    SDK's own calls: a wait, a child's start)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def function(self) -> str: ...
+
+    @property
+    def unsafe_to_repeat(self) -> bool: ...
+
+    @property
+    def is_async(self) -> bool: ...
+
+
+class StepSpec(CallSpec, Protocol):
+    """A step function as the replay engine runs it: its names, and the function."""
+
+    @property
+    def fn(self) -> Callable[..., Any]: ...
+
+
+class CallTx(Protocol):
+    """A step call's own transaction (``ctx.completion_tx()`` inside a step call): its
+    commit records the call's success with the writes made on it."""
+
+    def connection(self) -> Any: ...
+
+    def commit(self, output_json: str) -> None: ...
+
+    def rollback(self) -> None: ...
+
+
+class JournalBackend(Protocol):
+    """Where a node's journal is written. Sync methods are called from sync step
+    calls (a body's thread), async ones from async step calls (a body's event loop).
+
+    A backend raises LeaseLost when the node is no longer this attempt's, BodyStopped
+    when the body must stop for another reason, other CycloneErrors when the journal
+    refuses a write (the node then fails with it)."""
+
+    def before_run(self, call: Call) -> None:
+        """The function of ``call`` is about to run."""
+
+    def begin(self, call: Call) -> tuple[Decision, StepCall | None]:
+        """Begin an unsafe call (it is recorded ``started`` before RUN is answered)."""
+
+    async def begin_async(self, call: Call) -> tuple[Decision, StepCall | None]: ...
+
+    def end(self, call: Call, outcome: Outcome) -> None:
+        """Record the call's outcome."""
+
+    async def end_async(self, call: Call, outcome: Outcome) -> None: ...
+
+    def transaction(self, call: Call) -> CallTx:
+        """A transaction for ``call`` (RuntimeError when there is no database)."""
+
+    def wait(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]:
+        """Wait (journaled): READY with the entry's outcome, or SUSPENDED (the node
+        has given up its lease)."""
+
+    async def wait_async(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]: ...
+
+    def record(self, call: Call, conn: Any, output_json: str) -> None:
+        """Record the success of ``call`` in ``conn``'s transaction (the caller's)."""
+
+    def start_child(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall:
+        """Start the child run of ``call`` (or find the one it started): its entry,
+        SUCCEEDED with {"run_id": ...}."""
+
+    async def start_child_async(
+        self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
+    ) -> StepCall: ...

@@ -1,0 +1,93 @@
+"""The exceptions of durable functions: what a step call raises into the body, and
+what stops the body where it stands."""
+
+from __future__ import annotations
+
+from pyclient.errors import NonRetryableError
+from pyclient.models import StepCall
+
+
+class StepFailed(Exception):
+    """A step call raised. The body sees this exception for a step's failure on every
+    run: the first (``__cause__`` is then the original exception) and each replay
+    (the exception's class is not rebuilt from the journal: match ``type_name``).
+
+        try:
+            charge(order)
+        except StepFailed as e:
+            if e.type_name != "CardDeclined":
+                raise
+            release(order)            # a cleanup step: it runs once, durably
+    """
+
+    def __init__(
+        self,
+        step_id: str,
+        type_name: str,
+        message: str,
+        details: str = "",
+        *,
+        non_retryable: bool = False,
+    ):
+        super().__init__(f"{type_name}: {message}" if message else type_name)
+        #: The step call that raised.
+        self.step_id = step_id
+        #: The type name of the exception the function raised, e.g. ``"CardDeclined"``;
+        #: ``"EffectFailed"`` for a failure an operator recorded with Resolve.
+        self.type_name = type_name
+        self.message = message
+        #: Its traceback, as recorded.
+        self.details = details
+        #: Not worth retrying the node for if the body lets it through: the function
+        #: raised NonRetryableError or returned a value that is not JSON, or the call is
+        #: unsafe_to_repeat (its recorded failure is kept, so a retry would replay it).
+        self.non_retryable = non_retryable
+
+
+class ReplayMismatch(NonRetryableError):
+    """A replay called its steps in another order than the journal recorded them (the
+    code changed under a running node, or the body depends on more than its input and
+    its step results). The node fails for good."""
+
+
+class DuplicateStepId(NonRetryableError):
+    """Two step calls of one body have the same step id."""
+
+
+class BodyStopped(BaseException):
+    """Stops a durable function where it stands: its node cannot go on in this attempt
+    (the lease was lost, the run was cancelled, an effect is uncertain). A
+    BaseException, so that ``except Exception`` in the body does not swallow it; every
+    later step call raises it again, and the worker reports no outcome for the node."""
+
+
+class EffectUncertain(BodyStopped):
+    """An unsafe step call was started by an earlier attempt and never recorded an
+    outcome: its effect may have happened. The node is uncertain and its run blocked
+    until an operator resolves the call (result, error or discard)."""
+
+    def __init__(self, call: StepCall):
+        super().__init__(
+            f"step call {call.step_id!r} ({call.function}) is unsafe to repeat and was "
+            f"started by attempt {call.attempt} with no outcome recorded: its effect may "
+            "have happened; the run is blocked until it is resolved"
+        )
+        self.call = call
+
+
+class Suspended(BodyStopped):
+    """The body waits (a durable sleep, an event, a child run) and its node has given
+    up its lease: the attempt ends here, with no outcome, and the node is claimed again
+    when the wait is over (its body replays up to the same wait, which then returns)."""
+
+    def __init__(self, call: StepCall):
+        super().__init__(
+            f"waiting for {call.waiting_for or call.function} ({call.step_id!r}); the node "
+            "resumes when the wait is over"
+        )
+        self.call = call
+
+
+class EventTimeout(StepFailed):
+    """``wait_for_event`` found no event within its timeout. Recorded in the journal, so
+    every replay raises it again (a StepFailed whose ``type_name`` is ``EventTimeout``)."""
