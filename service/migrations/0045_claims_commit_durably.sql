@@ -1,10 +1,10 @@
 -- Claims commit durably again. step_claim no longer sets synchronous_commit = off for
 -- a worker that marks no action unsafe to repeat: a crash of Postgres that lost such a
 -- claim put its step back at the attempt it had, and the next claim handed out the same
--- attempt number to another execution, so that the step logs, errors and progress of
--- two executions met under one attempt. A claim is now answered only once it is
--- flushed (docs/performance.md, "Claims that wait for their WAL flush"). Everything
--- else is as it was.
+-- attempt number to another execution: one attempt for two executions in ctx.attempt,
+-- the workers' log lines and the step's stored logs. A claim is now answered only once
+-- it is flushed (docs/performance.md, "Claims that wait for their WAL flush").
+-- Everything else is as it was.
 
 CREATE OR REPLACE FUNCTION cyclone.step_claim(
     p_worker text, p_actions text[], p_unsafe text[], p_limit integer, p_lease interval,

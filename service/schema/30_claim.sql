@@ -78,9 +78,9 @@ $$;
 -- by key or ctid, whatever the statistics.
 -- The claim commits durably, as every transition does (synchronous_commit is left as
 -- the server has it): a claim's attempt is handed to its worker only once it survives a
--- crash of Postgres, so that no attempt number of a step is handed out twice, and its
--- logs, errors and progress never mix two executions (tests/test_claim_durability.py).
--- RPC: Claim.
+-- crash of Postgres, so that no attempt number of a step is handed out twice, and the
+-- logs and errors kept under an attempt are one execution's
+-- (tests/test_claim_durability.py). RPC: Claim.
 CREATE FUNCTION cyclone.step_claim(
     p_worker text, p_actions text[], p_unsafe text[], p_limit integer, p_lease interval,
     p_rate_actions text[] DEFAULT '{}', p_rate_counts integer[] DEFAULT '{}',
