@@ -26,7 +26,7 @@ least once). Neither table has a unique key either.
 It ends when every run is terminal, and prints as its last line
 
     runs=N completed=N lost=0 ledger_duplicates=0 audit_duplicates=K handler_calls=H kills=M
-    durable_runs=D step_calls=S durable_duplicates=0
+    durable_runs=D step_calls=S durable_duplicates=0 attempt_duplicates=0 merged_logs=0
 
 lost: runs whose SubmitOnce was acknowledged but that are not in the database, runs
 never acknowledged or never finished (when --timeout ran out), completed runs
@@ -35,9 +35,14 @@ handler_calls: calls of any of the handlers (a durable body counts once per
 replay), counted from files the workers append to before doing anything. durable_runs:
 how many runs were durable bodies; step_calls: calls of their step functions (replays
 of recorded calls do not call them); durable_duplicates: step ledger rows beyond one
-per (run, step call). The exit status is 0 only when lost=0, ledger_duplicates=0,
-durable_duplicates=0, no ledger row belongs to an unfinished step or an unrecorded
-step call, and every run completed.
+per (run, step call). Each handler call also notes the attempt its claim gave it and an
+id of its own, and logs "execution <id>" as a step log line: attempt_duplicates counts
+handler calls beyond one per (run, node, attempt), however the claims behind them came
+about (a Postgres crash included); merged_logs counts attempts whose stored log lines
+come from two executions, or from one that was not handed that attempt. The exit
+status is 0 only when lost=0, ledger_duplicates=0, durable_duplicates=0,
+attempt_duplicates=0, merged_logs=0, no ledger row belongs to an unfinished step or an
+unrecorded step call, and every run completed.
 
 The seed (printed first; --seed replays it) decides every choice this script makes:
 which worker dies, when, the downtimes, the submission milestones of the server and
@@ -106,6 +111,8 @@ CREATE TABLE chaos_step_audit  (id bigint GENERATED ALWAYS AS IDENTITY, run_id u
                                 attempt integer NOT NULL);
 """
 BUSINESS_TABLES = "chaos_ledger, chaos_audit, chaos_step_ledger, chaos_step_audit"
+#: The logger of the line each handler call logs first, "execution <id>".
+EXECUTION_LOGGER = "chaos.execution"
 TERMINAL = ("completed", "failed", "cancelled")
 #: The server's settings besides its address: frequent sweeps, no grace at SIGTERM.
 SERVER_FLAGS = ("--sweep-interval", "0.5", "--grace", "0", "--log-level", "WARNING")
@@ -146,14 +153,24 @@ def serve_worker(address: str, calls_dir: str) -> None:
     from pyclient import Worker, current, step
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    # Each handler call logs one line naming its execution, kept as a step log line
+    # (the SDK sends it with the step's heartbeat or completion); the worker's own
+    # output leaves them out.
+    executions = logging.getLogger(EXECUTION_LOGGER)
+    executions.setLevel(logging.INFO)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(lambda record: record.name != EXECUTION_LOGGER)
     dsn = os.environ["CHAOS_WORKER_DSN"]
     calls = os.open(
         Path(calls_dir) / f"calls-{os.getpid()}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND
     )
 
     def called(ctx) -> None:
-        # One write(2) per call: it survives a SIGKILL of this process.
-        os.write(calls, f"{ctx.node} {ctx.run_id} {ctx.attempt}\n".encode())
+        # The claim's attempt and an id of this execution. One write(2) per call: it
+        # survives a SIGKILL of this process.
+        execution = uuid.uuid4().hex
+        os.write(calls, f"{ctx.node} {ctx.run_id} {ctx.attempt} {execution}\n".encode())
+        executions.info("execution %s", execution)
 
     def dawdle() -> None:
         time.sleep(random.uniform(0, 0.01))  # widen the windows the kills can hit
@@ -834,6 +851,15 @@ def report(
             if (run_id, node, step_id) not in succeeded_calls
             or (run_id, node) not in completed_steps
         )
+        # The executions whose lines each attempt kept (the ids the handlers logged).
+        logged: dict[tuple[str, str, int], set[str]] = {}
+        for run_id, node, attempt, message in conn.execute(
+            "SELECT run_id::text, node, attempt, message FROM cyclone.step_logs WHERE logger = %s",
+            (EXECUTION_LOGGER,),
+        ):
+            logged.setdefault((run_id, node, attempt), set()).add(
+                message.removeprefix("execution ")
+            )
     keys = [clients.key(i) for i in range(args.runs)]
     never_acked = [k for k in keys if k not in clients.acked]
     missing = [k for k in clients.acked if stored.get(k, (None,))[0] != clients.acked[k]]
@@ -856,13 +882,27 @@ def report(
     ]
     step_calls = sum(1 for line in call_lines if line.startswith(b"step "))
     handler_calls = len(call_lines) - step_calls
+    # Every claim's attempt that reached a handler, with the execution it started: an
+    # attempt number is handed out once per step, and an attempt's log lines are those
+    # of the one execution it was handed to.
+    handed: dict[tuple[str, str, int], list[str]] = {}
+    for line in call_lines:
+        if not line.startswith(b"step "):
+            node, run_id, attempt, execution = line.decode().split()
+            handed.setdefault((run_id, node, int(attempt)), []).append(execution)
+    attempt_duplicates = sum(len(executions) - 1 for executions in handed.values())
+    merged_logs = sum(
+        1
+        for key, executions in logged.items()
+        if len(executions) > 1 or not executions <= set(handed.get(key, ()))
+    )
     unexpected = sum(w.unexpected_exits for w in workers)
     log(
         f"seed={args.seed} elapsed={elapsed:.0f}s worker_kills={counts.worker_kills} "
         f"server_kills={counts.server_kills} postgres_crashes={counts.postgres_crashes} "
         f"submit_retries={clients.retries} repeated_submits_answered_once={clients.repeated} "
         f"max_attempt={max_attempt} worker_exits_unasked={unexpected} "
-        f"server_exits_unasked={server.unexpected_exits}"
+        f"server_exits_unasked={server.unexpected_exits} attempts_with_logs={len(logged)}"
     )
     log(
         f"lost: never_acknowledged={len(never_acked)} missing={len(missing)} "
@@ -875,12 +915,15 @@ def report(
         f"ledger_duplicates={ledger_duplicates} audit_duplicates={audit_duplicates} "
         f"handler_calls={handler_calls} kills={counts.kills} "
         f"durable_runs={len(durable_keys)} step_calls={step_calls} "
-        f"durable_duplicates={durable_duplicates}"
+        f"durable_duplicates={durable_duplicates} attempt_duplicates={attempt_duplicates} "
+        f"merged_logs={merged_logs}"
     )
     ok = (
         lost == 0
         and ledger_duplicates == 0
         and durable_duplicates == 0
+        and attempt_duplicates == 0
+        and merged_logs == 0
         and orphans == 0
         and step_orphans == 0
         and completed == args.runs

@@ -18,14 +18,17 @@ ROOT = Path(__file__).resolve().parent.parent
 LAST_LINE = re.compile(
     r"runs=(\d+) completed=(\d+) lost=(\d+) ledger_duplicates=(\d+) "
     r"audit_duplicates=(\d+) handler_calls=(\d+) kills=(\d+) "
-    r"durable_runs=(\d+) step_calls=(\d+) durable_duplicates=(\d+)"
+    r"durable_runs=(\d+) step_calls=(\d+) durable_duplicates=(\d+) "
+    r"attempt_duplicates=(\d+) merged_logs=(\d+)"
 )
 
 
 @pytest.mark.timeout(300)
 def test_a_short_soak_loses_no_run_and_writes_each_ledger_row_once():
     """Also for durable bodies: each step call's ledger row, written in the step's own
-    transaction with cyclone.step_call_record, exists once."""
+    transaction with cyclone.step_call_record, exists once. Through the Postgres crash
+    too, no attempt of a step reaches two handler calls, and no attempt keeps the log
+    lines of two executions."""
     soak = subprocess.Popen(
         [
             sys.executable,
@@ -55,11 +58,23 @@ def test_a_short_soak_loses_no_run_and_writes_each_ledger_row_once():
     lines = output.strip().splitlines()
     match = LAST_LINE.fullmatch(lines[-1])
     assert match, output
-    runs, completed, lost, ledger_dups, _audit_dups, calls, kills, durable, step_calls, dups = map(
-        int, match.groups()
-    )
+    (
+        runs,
+        completed,
+        lost,
+        ledger_dups,
+        _audit_dups,
+        calls,
+        kills,
+        durable,
+        step_calls,
+        dups,
+        attempt_dups,
+        merged_logs,
+    ) = map(int, match.groups())
     assert (runs, completed, lost, ledger_dups) == (200, 200, 0, 0), output
     assert (durable, dups) == (50, 0), output
+    assert (attempt_dups, merged_logs) == (0, 0), output
     assert soak.returncode == 0, output
     # Each node of every run ran at least once: three per DAG run, one body per durable
     # run, whose five step calls ran at least once each.

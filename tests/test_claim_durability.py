@@ -1,11 +1,10 @@
-"""A claim commits without waiting for its WAL flush unless the worker marks an action
-unsafe to repeat (cyclone.step_claim, docs/crash-matrix.md). These tests lose such a
-claim on purpose, in a Postgres of their own: its WAL writer is stopped (SIGSTOP), so
-that nothing flushes the claim's commit, and then every Postgres process is killed,
-like a power cut. Losing the claim loses nothing and doubles nothing: the step is
-ready again as before the claim, the worker's lease is refused with the business write
-of its completion transaction, and the step runs and completes once. A claim of an
-unsafe step is durable before its handler starts."""
+"""A claim commits durably (cyclone.step_claim, docs/exactly-once.md): its worker hears
+of it only once a crash of Postgres can no longer undo it, so that no attempt number of
+a step is handed out twice. These tests crash a Postgres of their own right after
+claims: its WAL writer is stopped (SIGSTOP), so that nothing but the claim's own commit
+flushes it, and then every Postgres process is killed, like a power cut. The claims
+survive with their leases; a step claimed again after its lease ran out gets a greater
+attempt number, and the log lines of its two executions stay under two attempts."""
 
 from __future__ import annotations
 
@@ -20,17 +19,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import grpc
 import psutil
 import psycopg
 import pytest
 
-from cyclone.v1 import worker_service_pb2
+from cyclone.v1 import types_pb2, worker_service_pb2, workflow_service_pb2
 from service.migrate import migrate
 from tests.conftest import TEST_SETTINGS, RunningServer
-from tests.helpers import node, submit, workflow
+from tests.helpers import node, seconds, submit, value, workflow
 
 pytestmark = pytest.mark.slow
+
+SETTINGS = replace(TEST_SETTINGS, pool_size=2)
+#: The claims' lease: longer than a crash and a restart take, so that only the moved
+#: clock ends it.
+LEASE_S = 600.0
 
 
 @dataclass
@@ -94,9 +97,12 @@ def crashable(tmp_path: Path) -> Iterator[CrashablePostgres]:
 
 
 def _claim(server: RunningServer, action: str, unsafe: bool) -> Any:
+    """One step of ``action``, under a lease long enough to outlast the crash."""
     spec = worker_service_pb2.ActionSpec(name=action, unsafe_to_repeat=unsafe)
     reply = server.workers.Claim(
-        worker_service_pb2.ClaimRequest(worker_id="w", actions=[spec], max_steps=1)
+        worker_service_pb2.ClaimRequest(
+            worker_id="w", actions=[spec], max_steps=1, lease=seconds(LEASE_S)
+        )
     )
     [step] = reply.steps
     return step
@@ -123,17 +129,35 @@ def _step(url: str, run_id: str) -> tuple:
     return row
 
 
+def _claim_then_crash(crashable: CrashablePostgres, action: str) -> tuple[str, Any]:
+    """Submit a one-node run, claim its step as a worker that marks nothing unsafe, and
+    crash Postgres before anything but the claim's own commit can flush the WAL."""
+    server = RunningServer(crashable.url, SETTINGS).start()
+    try:
+        run_id = submit(server, workflow("note", node(action, action)))
+        crashable.stop_wal_writer()
+        step = _claim(server, action, unsafe=False)
+        crashable.crash()
+    finally:
+        server.stop()
+    crashable.start()
+    return run_id, step
+
+
+def _lease_runs_out(server: RunningServer) -> int:
+    """The first execution's lease ends (the clock moved past it) and the sweep makes
+    the step ready again; how many leases it reclaimed."""
+    server.advance_clock(LEASE_S + 1)
+    return server.sweep()
+
+
 @pytest.mark.timeout(120)
-def test_a_claim_lost_in_a_crash_loses_nothing_and_doubles_nothing(
-    crashable: CrashablePostgres,
-) -> None:
-    settings = replace(TEST_SETTINGS, pool_size=2)
-    server = RunningServer(crashable.url, settings).start()
+def test_claims_survive_a_crash_of_postgres(crashable: CrashablePostgres) -> None:
+    server = RunningServer(crashable.url, SETTINGS).start()
     try:
         charge = submit(server, workflow("pay", node("charge", "charge")))
         mail = submit(server, workflow("note", node("mail", "mail")))
         crashable.stop_wal_writer()
-        # The unsafe claim first: its durable commit would flush any earlier WAL.
         unsafe = _claim(server, "charge", unsafe=True)
         safe = _claim(server, "mail", unsafe=False)
         assert (unsafe.attempt, safe.attempt) == (1, 1)
@@ -142,29 +166,22 @@ def test_a_claim_lost_in_a_crash_loses_nothing_and_doubles_nothing(
         server.stop()
     crashable.start()
 
-    # The unsafe claim was durable: its step is still held, by the same lease.
+    # Both claims were flushed by their own commits: each step is still held, by the
+    # lease its worker was given.
     assert _step(crashable.url, charge) == ("running", 1, uuid.UUID(unsafe.lease_token))
-    # The safe claim was lost: its step is ready again, as before the claim.
-    assert _step(crashable.url, mail) == ("available", 0, None)
+    assert _step(crashable.url, mail) == ("running", 1, uuid.UUID(safe.lease_token))
 
-    # The worker that held the lost lease finishes its handler: its completion
-    # transaction is refused, business write and all.
-    with pytest.raises(psycopg.DatabaseError) as refused:
-        _completion_transaction(crashable.url, safe)
-    assert refused.value.sqlstate == "CY001"
-
-    server = RunningServer(crashable.url, settings).start()
+    # The worker finishes its handler: its completion transaction commits, once.
+    _completion_transaction(crashable.url, safe)
+    server = RunningServer(crashable.url, SETTINGS).start()
     try:
-        again = _claim(server, "mail", unsafe=False)
-        assert again.attempt == 1 and again.lease_token != safe.lease_token
-        _completion_transaction(crashable.url, again)
-        with pytest.raises(grpc.RpcError) as late:
-            server.workers.Heartbeat(
-                worker_service_pb2.HeartbeatRequest(
-                    run_id=safe.run_id, node=safe.node, lease_token=safe.lease_token
-                )
+        # Nothing is left to claim: the step was not put back.
+        reply = server.workers.Claim(
+            worker_service_pb2.ClaimRequest(
+                worker_id="w", actions=[worker_service_pb2.ActionSpec(name="mail")]
             )
-        assert late.value.code() == grpc.StatusCode.ABORTED
+        )
+        assert list(reply.steps) == []
     finally:
         server.stop()
     with psycopg.connect(crashable.url) as conn:
@@ -172,3 +189,58 @@ def test_a_claim_lost_in_a_crash_loses_nothing_and_doubles_nothing(
         assert conn.execute(
             "SELECT status FROM cyclone.runs WHERE run_id = %s", (mail,)
         ).fetchall() == [("completed",)]
+
+
+@pytest.mark.timeout(120)
+def test_a_claim_after_a_crash_is_a_new_attempt(crashable: CrashablePostgres) -> None:
+    run_id, first = _claim_then_crash(crashable, "mail")
+    assert first.attempt == 1
+
+    server = RunningServer(crashable.url, SETTINGS).start()
+    try:
+        reclaimed = _lease_runs_out(server)
+        second = _claim(server, "mail", unsafe=False)
+    finally:
+        server.stop()
+    assert second.run_id == run_id and second.lease_token != first.lease_token
+    assert second.attempt > first.attempt
+    # The first execution's lease ran out unreported: the sweep reclaimed it.
+    assert reclaimed == 1 and second.effect_uncertain
+
+
+@pytest.mark.timeout(120)
+def test_two_executions_never_share_an_attempts_logs(crashable: CrashablePostgres) -> None:
+    run_id, first = _claim_then_crash(crashable, "mail")
+
+    server = RunningServer(crashable.url, SETTINGS).start()
+    try:
+        # The first execution goes on after the crash and sends its lines.
+        server.workers.Heartbeat(
+            worker_service_pb2.HeartbeatRequest(
+                run_id=first.run_id,
+                node=first.node,
+                lease_token=first.lease_token,
+                logs=[types_pb2.LogLine(level="INFO", message="first execution")],
+            )
+        )
+        assert _lease_runs_out(server) == 1
+        second = _claim(server, "mail", unsafe=False)
+        server.workers.Complete(
+            worker_service_pb2.CompleteRequest(
+                run_id=second.run_id,
+                node=second.node,
+                lease_token=second.lease_token,
+                output=value(None),
+                logs=[types_pb2.LogLine(level="INFO", message="second execution")],
+            )
+        )
+        run = server.workflows.GetRun(
+            workflow_service_pb2.GetRunRequest(run_id=run_id, logs=True)
+        ).run
+    finally:
+        server.stop()
+    by_attempt: dict[int, list[str]] = {}
+    for line in run.steps[0].logs:
+        by_attempt.setdefault(line.attempt, []).append(line.message)
+    # Each execution's lines under the attempt its claim gave it, and only there.
+    assert by_attempt == {first.attempt: ["first execution"], second.attempt: ["second execution"]}

@@ -75,16 +75,12 @@ $$;
 -- (docs/performance.md, "The engine's SQL"). A generic plan is forced
 -- (the plan is the same walk of the ready index for every argument, and replanning
 -- cost ~0.45 ms of a 1.5 ms claim), and no hash or merge join: each join is a lookup
--- by key or ctid, whatever the statistics. A claim by a worker that marks no action unsafe to repeat commits
--- without waiting for its WAL flush (synchronous_commit off for the caller's
--- transaction: only the server calls this function, in a transaction of its own).
--- A crash of Postgres in the next few hundred milliseconds may lose it: the steps are
--- ready again with their attempt as before, the worker's lease is unknown, so its
--- heartbeat and its completion (and the business writes of its completion
--- transaction) are refused, and the step runs again, as after a lost lease. Any
--- durable commit after the claim flushes it first: its node's completion, an unsafe
--- step call's begin. A claim that may hand out an unsafe step stays durable before the
--- handler starts (tests/test_claim_durability.py). RPC: Claim.
+-- by key or ctid, whatever the statistics.
+-- The claim commits durably, as every transition does (synchronous_commit is left as
+-- the server has it): a claim's attempt is handed to its worker only once it survives a
+-- crash of Postgres, so that no attempt number of a step is handed out twice, and the
+-- logs and errors kept under an attempt are one execution's
+-- (tests/test_claim_durability.py). RPC: Claim.
 CREATE FUNCTION cyclone.step_claim(
     p_worker text, p_actions text[], p_unsafe text[], p_limit integer, p_lease interval,
     p_rate_actions text[] DEFAULT '{}', p_rate_counts integer[] DEFAULT '{}',
@@ -118,11 +114,7 @@ DECLARE
     -- has upstream outputs, upstream failures or a journal to hand out.
     v_plain     boolean;
 BEGIN
-    IF cardinality(p_unsafe) = 0 THEN
-        -- No step of this claim is unsafe to repeat: its commit does not wait for the
-        -- WAL flush (see above).
-        PERFORM set_config('synchronous_commit', 'off', true);
-    ELSE
+    IF cardinality(p_unsafe) > 0 THEN
         RETURN QUERY SELECT b.run_id, b.node, b.action, b.workflow, b.attempt, b.max_attempts,
                             NULL::jsonb, NULL::jsonb, NULL::jsonb, NULL::uuid,
                             NULL::timestamptz, NULL::timestamptz, NULL::jsonb, true, true,
