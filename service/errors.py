@@ -2,9 +2,9 @@
 
 Errors are translated at two boundaries only:
 
-- on the way in, in service.store: a database error (an engine SQLSTATE, a lost
+- on the way in, in service.db.pool: a database error (an engine SQLSTATE, a lost
   connection, a timeout) becomes one of these classes, and so does an engine refusal
-  of one item of a CompleteMany batch (a typed result, store.Refused);
+  of one item of a CompleteMany batch (a typed result, service.db.records.Refused);
 - on the way out, here: :func:`status` turns whatever a servicer raised into a gRPC
   status, and :func:`rpc` applies it to every RPC (CompleteMany applies it to each
   refused item too). A workflow refused by the shared

@@ -43,7 +43,7 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from service import config
-from service.records import GaugeRow
+from service.db.workers import GaugeRow
 
 log = logging.getLogger("cyclone")
 

@@ -23,11 +23,12 @@ from cyclone.v1 import schedule_service_pb2_grpc as schedule_grpc
 from cyclone.v1 import types_pb2
 from service import convert, errors
 from service.config import Settings
+from service.db import Database
+from service.db.runs import nodes_json
+from service.db.schedules import DueSchedule, FirePlan, ScheduleRow
 from service.errors import rpc
 from service.metrics import Metrics
-from service.records import DueSchedule, ScheduleRow
 from service.servicers import Context, _limits, _page_size, _payloads, new_run, new_run_of
-from service.store import FirePlan, Store, nodes_json
 
 log = logging.getLogger("cyclone")
 
@@ -269,8 +270,8 @@ def schedule_proto(row: ScheduleRow) -> schedule_pb.Schedule:
 
 
 class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
-    def __init__(self, store: Store, settings: Settings) -> None:
-        self.store = store
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self.db = db
         self.limits = _limits(settings)
         self.payloads = _payloads(settings)
 
@@ -291,7 +292,7 @@ class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
         # the nodes as they are stored, as SubmitOnce would submit them.
         run = await new_run_of(s, self.limits, self.payloads)
         when = When(cron, zone, interval_s)
-        row = await self.store.schedule_create(
+        row = await self.db.schedules.schedule_create(
             schedule=name,
             workflow=json.dumps(json_format.MessageToDict(s.workflow)),
             workflow_name=s.workflow.name,
@@ -303,7 +304,7 @@ class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
             overlap=OVERLAP[s.overlap],
             catch_up=CATCH_UP[s.catch_up],
             paused=s.paused,
-            next_fire_at=when.after(await self.store.clock_now()),
+            next_fire_at=when.after(await self.db.schedules.clock_now()),
         )
         log.info(
             "schedule %s created (workflow %s, %s), first firing at %s",
@@ -319,7 +320,7 @@ class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
     async def GetSchedule(
         self, request: schedule_pb.GetScheduleRequest, context: Context
     ) -> schedule_pb.GetScheduleResponse:
-        row = await self.store.schedule_get(_name(request.name))
+        row = await self.db.schedules.schedule_get(_name(request.name))
         return schedule_pb.GetScheduleResponse(schedule=schedule_proto(row))
 
     @rpc
@@ -334,7 +335,7 @@ class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
             except dag.InvalidWorkflow:
                 raise errors.InvalidArgument("page_token is not one this server issued") from None
             after = request.page_token
-        rows = await self.store.schedules_list(after=after, limit=size + 1)
+        rows = await self.db.schedules.schedules_list(after=after, limit=size + 1)
         return schedule_pb.ListSchedulesResponse(
             schedules=[schedule_proto(r) for r in rows[:size]],
             next_page_token=rows[size - 1].name if len(rows) > size else "",
@@ -345,7 +346,7 @@ class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
         self, request: schedule_pb.PauseScheduleRequest, context: Context
     ) -> schedule_pb.PauseScheduleResponse:
         name = _name(request.name)
-        row = await self.store.schedule_pause(name)
+        row = await self.db.schedules.schedule_pause(name)
         log.info("schedule %s paused", name, extra={"schedule": name})
         return schedule_pb.PauseScheduleResponse(schedule=schedule_proto(row))
 
@@ -354,9 +355,11 @@ class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
         self, request: schedule_pb.ResumeScheduleRequest, context: Context
     ) -> schedule_pb.ResumeScheduleResponse:
         name = _name(request.name)
-        current = await self.store.schedule_get(name)
+        current = await self.db.schedules.schedule_get(name)
         when = When(current.cron, current.time_zone, current.interval_s)
-        row = await self.store.schedule_resume(name, when.after(await self.store.clock_now()))
+        row = await self.db.schedules.schedule_resume(
+            name, when.after(await self.db.schedules.clock_now())
+        )
         log.info(
             "schedule %s resumed, next firing at %s",
             name,
@@ -370,7 +373,7 @@ class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
         self, request: schedule_pb.DeleteScheduleRequest, context: Context
     ) -> schedule_pb.DeleteScheduleResponse:
         name = _name(request.name)
-        await self.store.schedule_delete(name)
+        await self.db.schedules.schedule_delete(name)
         log.info("schedule %s deleted", name, extra={"schedule": name})
         return schedule_pb.DeleteScheduleResponse()
 
@@ -399,7 +402,7 @@ def keyed(settings: Settings) -> Callable[[DueSchedule], Awaitable[list[dag.Node
     return nodes
 
 
-async def fire_due(store: Store, metrics: Metrics, settings: Settings) -> int:
+async def fire_due(db: Database, metrics: Metrics, settings: Settings) -> int:
     """Fire every due schedule, a transaction per SCHEDULES_PER_PASS; returns how many
     firings submitted a run. Bounded: a schedule fired is due again only at a later
     fire time, or with firings left to catch up (at most CATCH_UP_LIMIT), so passes
@@ -407,7 +410,7 @@ async def fire_due(store: Store, metrics: Metrics, settings: Settings) -> int:
     submitted = 0
     nodes = keyed(settings)
     for _ in range(50):
-        fires = await store.schedules_fire(plan, SCHEDULES_PER_PASS, nodes)
+        fires = await db.schedules.schedules_fire(plan, SCHEDULES_PER_PASS, nodes)
         for name, fired in fires.fired:
             metrics.schedule_firings.labels(name, fired.outcome).inc()
             extra = {"schedule": name, "run_id": str(fired.run_id or "")}

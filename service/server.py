@@ -28,11 +28,11 @@ from cyclone.v1 import (
 from service import config, errors, gate, schedules, tls
 from service.activity import ActionActivity, Handouts
 from service.config import Settings
+from service.db import Database
 from service.metrics import Metrics
 from service.notify import Dispatcher
 from service.reflection import DocumentedReflectionServicer
 from service.servicers import AdminServicer, WorkerServicer, WorkflowServicer
-from service.store import Store
 from service.waits import EventNodes
 
 log = logging.getLogger("cyclone")
@@ -70,14 +70,14 @@ class CycloneServer:
         self.settings = settings
         self.metrics = Metrics()
         self.dispatcher = Dispatcher(database_url)
-        self.store = Store(
+        self.db = Database(
             database_url,
             pool_size=settings.pool_size,
             statement_timeout_ms=settings.statement_timeout_ms,
             on_ready=self.dispatcher.publish,
             on_acquire=self.metrics.pool_wait.observe,
         )
-        self.metrics.watch_pool(self.store.pool_status, settings.pool_size)
+        self.metrics.watch_pool(self.db.pool_status, settings.pool_size)
         self.activity = ActionActivity()
         self.handouts = Handouts()
         options = [
@@ -88,18 +88,18 @@ class CycloneServer:
         self.interceptors = [self.metrics.interceptor(), *gate.interceptors(settings)]
         self.grpc = grpc.aio.server(options=options, interceptors=self.interceptors)
         self.worker = WorkerServicer(
-            self.store, self.dispatcher, settings, self.metrics, self.activity, self.handouts
+            self.db, self.dispatcher, settings, self.metrics, self.activity, self.handouts
         )
         workflow_service_pb2_grpc.add_WorkflowServiceServicer_to_server(
-            WorkflowServicer(self.store, settings, self.metrics, self.report_activity),
+            WorkflowServicer(self.db, settings, self.metrics, self.report_activity),
             self.grpc,
         )
         worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(self.worker, self.grpc)
         admin_service_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(self.store, settings), self.grpc
+            AdminServicer(self.db, settings), self.grpc
         )
         schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(
-            schedules.ScheduleServicer(self.store, settings), self.grpc
+            schedules.ScheduleServicer(self.db, settings), self.grpc
         )
         self.health = add_health_and_reflection(self.grpc)
         self.port = tls.listen(self.grpc, settings)
@@ -108,7 +108,7 @@ class CycloneServer:
 
     async def start(self) -> None:
         self.dispatcher.start()
-        self.metrics.watch_database(self.store.metrics_gauges, asyncio.get_running_loop())
+        self.metrics.watch_database(self.db.workers.metrics_gauges, asyncio.get_running_loop())
         listen = config.metrics_listen(self.settings)
         self.metrics_port = self.metrics.serve(listen)
         if self.metrics_port is not None:
@@ -129,7 +129,7 @@ class CycloneServer:
             )
         self._tasks.append(
             asyncio.create_task(
-                EventNodes(self.store, self.dispatcher, self.settings).run(),
+                EventNodes(self.db, self.dispatcher, self.settings).run(),
                 name="cyclone-event-nodes",
             )
         )
@@ -153,14 +153,14 @@ class CycloneServer:
                 await task
         await self.dispatcher.stop()
         await metrics_closed
-        await self.store.close()
+        await self.db.close()
 
     async def wait(self) -> None:
         await self.grpc.wait_for_termination()
 
     async def sweep(self) -> int:
         """Reclaim expired leases once; returns how many."""
-        reclaimed = await self.store.sweep(self.settings.sweep_batch)
+        reclaimed = await self.db.retention.sweep(self.settings.sweep_batch)
         for step in reclaimed:
             self.metrics.lease_expiries.labels(step.action).inc()
             extra = {"run_id": str(step.run_id), "node": step.node, "attempt": step.attempt}
@@ -200,7 +200,7 @@ class CycloneServer:
             with self.dispatcher.subscribe([RELEASE]) as woken:
                 pending: list[uuid.UUID] = []
                 try:
-                    pending = await self.store.releases_pending(RELEASE_BATCH)
+                    pending = await self.db.retention.releases_pending(RELEASE_BATCH)
                 except errors.CycloneError as exc:
                     log.warning("the releases in progress could not be read: %s", exc)
                 # One run whose release fails is tried again at the next pass; the
@@ -208,7 +208,7 @@ class CycloneServer:
                 failed = 0
                 for run_id in pending:
                     try:
-                        while await self.store.release_continue(run_id):
+                        while await self.db.retention.release_continue(run_id):
                             pass
                     except Exception as exc:
                         failed += 1
@@ -228,7 +228,7 @@ class CycloneServer:
     async def fire_schedules(self) -> int:
         """Fire the due schedules once (service.schedules); returns how many runs the
         firings submitted."""
-        return await schedules.fire_due(self.store, self.metrics, self.settings)
+        return await schedules.fire_due(self.db, self.metrics, self.settings)
 
     async def purge(self) -> int:
         """One retention pass: delete runs past their age, a batch per statement, until
@@ -242,7 +242,7 @@ class CycloneServer:
             if not age:
                 continue
             while True:
-                deleted = await self.store.runs_purge(
+                deleted = await self.db.retention.runs_purge(
                     age_s=age, failed=policy == "failed", limit=self.settings.retention_batch
                 )
                 self.metrics.retention_deleted.labels(policy).inc(deleted)
@@ -254,7 +254,7 @@ class CycloneServer:
             log.info("retention deleted %d run(s)", total)
         keys = 0
         while self.settings.key_retention_s:
-            deleted = await self.store.submit_keys_purge(
+            deleted = await self.db.retention.submit_keys_purge(
                 age_s=self.settings.key_retention_s, limit=self.settings.retention_batch
             )
             self.metrics.retention_deleted.labels("keys").inc(deleted)
@@ -270,7 +270,7 @@ class CycloneServer:
         """Write what this server saw of workers since the last report (for Explain),
         and forget the handouts whose outcome can no longer come."""
         self.handouts.prune()
-        await self.store.action_claims_note(self.activity.take())
+        await self.db.workers.action_claims_note(self.activity.take())
 
 
 async def _every(

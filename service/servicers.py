@@ -48,34 +48,25 @@ from cyclone.v1 import (
 )
 from service import auth, convert, errors, wire
 from service.activity import ActionActivity, Handouts
+from service.api.ids import CANONICAL_UUID, parse_uuid, uuid_text
 from service.config import Settings
+from service.db import Database
+from service.db.completion import Report, StepCallEnd, StepCallKey
+from service.db.records import (
+    ClaimedStep,
+    Completion,
+    Failure,
+    Outcome,
+    Refused,
+    StepCallBegun,
+    StepJson,
+)
+from service.db.runs import BIG_WORKFLOW, LogRow, RunRow, RunSummary
+from service.db.waits import WaitKey
 from service.errors import rpc, stream_rpc
 from service.explain import explain
 from service.metrics import Metrics
 from service.notify import Dispatcher
-from service.records import (
-    ClaimedStep,
-    Completion,
-    Failure,
-    LogRow,
-    Outcome,
-    Refused,
-    RunRow,
-    RunSummary,
-    StepCallBegun,
-    StepJson,
-)
-from service.store import (
-    BIG_WORKFLOW,
-    CANONICAL_UUID,
-    Report,
-    StepCallEnd,
-    StepCallKey,
-    Store,
-    WaitKey,
-    parse_uuid,
-    uuid_text,
-)
 from service.waits import EVENT_ACTION, RESERVED_PREFIX, event_node_input, event_wait
 
 log = logging.getLogger("cyclone")
@@ -419,12 +410,12 @@ async def new_run_of(request: RunRequest, limits: dag.Limits, payloads: convert.
 class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
     def __init__(
         self,
-        store: Store,
+        db: Database,
         settings: Settings,
         metrics: Metrics,
         report_activity: Callable[[], Awaitable[None]],
     ) -> None:
-        self.store = store
+        self.db = db
         self.settings = settings
         self.limits = _limits(settings)
         self.payloads = _payloads(settings)
@@ -444,7 +435,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         start_at = _start_at(request)
         run = await new_run_of(request, self.limits, self.payloads)
         nodes = run.nodes
-        run_id, created = await self.store.run_submit(
+        run_id, created = await self.db.runs.run_submit(
             workflow=request.workflow.name,
             nodes=nodes,
             input_json=run.input_json,
@@ -483,11 +474,11 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         self, request: workflow_pb.GetRunRequest, context: Context
     ) -> workflow_pb.GetRunResponse:
         run_id = parse_uuid(request.run_id)
-        row = await self.store.run_get(run_id)
+        row = await self.db.runs.run_get(run_id)
         run = _run_proto(row)
         if request.logs:
             by_node: dict[str, list[types_pb2.LogLine]] = {}
-            for line in await self.store.step_logs(run_id):
+            for line in await self.db.runs.step_logs(run_id):
                 by_node.setdefault(line.node, []).append(_log_line(line))
             for step in run.steps:
                 step.logs.extend(by_node.get(step.node, ()))
@@ -500,7 +491,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         size = _page_size(request.page_size)
         filters = _run_filters(request)
         after = _decode_page_token(request.page_token) if request.page_token else None
-        rows = await self.store.runs_list(**filters, after=after, limit=size + 1)
+        rows = await self.db.runs.runs_list(**filters, after=after, limit=size + 1)
         page = rows[:size]
         token = ""
         if len(rows) > size:
@@ -521,7 +512,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             )
         filters = _run_filters(request)
         statuses = filters.pop("statuses") or list(convert.RUN_STATUS)
-        counted = await self.store.runs_count(**filters, statuses=statuses, limit=limit + 1)
+        counted = await self.db.runs.runs_count(**filters, statuses=statuses, limit=limit + 1)
         return workflow_pb.CountRunsResponse(
             counts=[
                 workflow_pb.RunCount(
@@ -560,7 +551,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             if value:
                 _text(value, what, MAX_FILTER)
         after = _decode_position(request.page_token) if request.page_token else None
-        rows = await self.store.steps_list(
+        rows = await self.db.steps.steps_list(
             kind="running" if running else "backing_off",
             lease_expired=request.lease_expired,
             worker_id=request.worker_id or None,
@@ -590,7 +581,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         self, request: workflow_pb.ListWorkersRequest, context: Context
     ) -> workflow_pb.ListWorkersResponse:
         await self.report_activity()
-        running, actions = await self.store.workers_list()
+        running, actions = await self.db.workers.workers_list()
         workers: dict[str, workflow_pb.WorkerSummary] = {}
         by_action: dict[str, int] = {}
         for r in running:
@@ -630,7 +621,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
     ) -> workflow_pb.CancelRunResponse:
         run_id = parse_uuid(request.run_id)
         reason = _text(request.reason, "reason", MAX_REASON)
-        await self.store.run_cancel(
+        await self.db.operator.run_cancel(
             run_id, actor=_actor(context), reason=reason, keep_children=request.keep_children
         )
         log.info(
@@ -639,7 +630,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             " (its child runs kept)" if request.keep_children else "",
             extra={"run_id": str(run_id)},
         )
-        row = await self.store.run_get(run_id)
+        row = await self.db.runs.run_get(run_id)
         return workflow_pb.CancelRunResponse(run=_run_proto(row))
 
     @rpc
@@ -650,7 +641,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         name = _step_call_name(request.name, "name")
         key = _step_call_name(request.key, "key") if request.key else None
         payload = self.payloads.optional_json(request, "payload", "payload")
-        sent = await self.store.event_send(
+        sent = await self.db.waits.event_send(
             run_id, name, payload_json=payload, key=key, actor=_actor(context)
         )
         log.info(
@@ -670,9 +661,9 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         run_id = parse_uuid(request.run_id)
         node = _node_name(request.node)
         await self.report_activity()
-        row = await self.store.step_explain(run_id, node)
+        row = await self.db.runs.step_explain(run_id, node)
         why = explain(row)
-        run = await self.store.run_get(run_id, node)
+        run = await self.db.runs.run_get(run_id, node)
         response = workflow_pb.ExplainResponse(
             reason=EXPLAIN_REASON[why.reason],
             message=why.message,
@@ -859,14 +850,14 @@ def _rare_parts(r: ClaimedStep) -> worker_pb.ClaimedStep | None:
 class WorkerServicer(worker_grpc.WorkerServiceServicer):
     def __init__(
         self,
-        store: Store,
+        db: Database,
         dispatcher: Dispatcher,
         settings: Settings,
         metrics: Metrics,
         activity: ActionActivity,
         handouts: Handouts,
     ) -> None:
-        self.store = store
+        self.db = db
         self.dispatcher = dispatcher
         self.settings = settings
         self.metrics = metrics
@@ -970,7 +961,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     if not waiting:
                         waiting = True
                         self.metrics.waiting_claims.inc()
-                    due = await self.store.step_next_due(actions)
+                    due = await self.db.steps.step_next_due(actions)
                     # The wake-up is the notification; the timeout only covers backoffs
                     # coming due, and is a safety net (--claim-recheck) should a
                     # notification ever be missed.
@@ -997,7 +988,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         """Claim, and if the caller goes away meanwhile, hand the steps back at once
         rather than leave them leased to nobody until the lease runs out."""
         claim = asyncio.ensure_future(
-            self.store.step_claim(
+            self.db.steps.step_claim(
                 worker_id=worker_id,
                 actions=actions,
                 unsafe=unsafe,
@@ -1011,7 +1002,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         except asyncio.CancelledError:
             rows = [r for r in await claim if not r.blocked]
             if rows:
-                released = await asyncio.shield(self.store.steps_release(rows))
+                released = await asyncio.shield(self.db.steps.steps_release(rows))
                 log.info("claim cancelled by its caller: %d step(s) handed back", released)
                 for r in rows:
                     log.info(
@@ -1084,7 +1075,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         run_id, node, token = self._step_key(request)
         lease = self._lease(request.lease if request.HasField("lease") else None)
         progress = self.payloads.optional_json(request, "progress", "progress")
-        row = await self.store.step_heartbeat(
+        row = await self.db.steps.step_heartbeat(
             run_id,
             node,
             token,
@@ -1131,7 +1122,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         child = await new_run_of(request, self.limits, self.payloads)
         nodes = child.nodes
         try:
-            row = await self.store.child_start(
+            row = await self.db.runs.child_start(
                 parent, workflow=request.workflow.name, nodes=nodes, input_json=child.input_json
             )
         except (errors.LeaseLost, errors.NotFound):
@@ -1161,7 +1152,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     ) -> worker_pb.BeginStepCallResponse:
         call = self._step_call(request)
         try:
-            row = await self.store.step_call_begin(call)
+            row = await self.db.reports.step_call_begin(call)
         except (errors.LeaseLost, errors.NotFound):
             self.metrics.refused.inc()
             raise
@@ -1173,7 +1164,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     ) -> worker_pb.WaitResponse:
         wait = _wait_key(*self._step_key(request), request)
         try:
-            row = await self.store.step_wait(wait)
+            row = await self.db.waits.step_wait(wait)
         except (errors.LeaseLost, errors.NotFound):
             self.metrics.refused.inc()
             raise
@@ -1197,7 +1188,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     ) -> worker_pb.EndStepCallResponse:
         end = self._step_call_end(request)
         try:
-            row = await self.store.step_call_end(
+            row = await self.db.reports.step_call_end(
                 end.key, output_json=end.output_json, error_json=end.error_json
             )
         except (errors.LeaseLost, errors.NotFound):
@@ -1271,7 +1262,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     ) -> worker_pb.CompleteResponse:
         outcome = self._completion(request)
         try:
-            done = await self.store.step_complete(outcome)
+            done = await self.db.reports.step_complete(outcome)
         except (errors.LeaseLost, errors.NotFound):
             self.metrics.refused.inc()
             raise
@@ -1310,11 +1301,13 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         ]
         response = worker_pb.CompleteManyResponse()
         if ends or begins:
-            report = await self.store.step_report_many(ends, begins, outcomes, brief=request.brief)
+            report = await self.db.reports.step_report_many(
+                ends, begins, outcomes, brief=request.brief
+            )
             answers = report.completions
             self._report_calls(report, begins, response, brief=request.brief)
         else:
-            answers = await self.store.step_complete_many(outcomes)
+            answers = await self.db.reports.step_complete_many(outcomes)
         results = []
         now = time.monotonic()
         # Runs finished, by status: their counters are incremented once per batch.
@@ -1439,7 +1432,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             if not reading.done():
                 await ready.wait()  # set by the request's arrival (and by notifications)
             return
-        due = await self.store.step_next_due(who.actions)
+        due = await self.db.steps.step_next_due(who.actions)
         recheck = self.settings.claim_recheck_s
         timeout = recheck if due is None else min(recheck, max(due, 0.001))
         self.metrics.waiting_claims.inc()
@@ -1547,13 +1540,13 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
 
     async def _attempt(self, outcome: Outcome) -> int | None:
         """The attempt of a step another server handed out, for its log line."""
-        return await self.store.step_attempt(outcome.run_id, outcome.node)
+        return await self.db.steps.step_attempt(outcome.run_id, outcome.node)
 
     async def _blocked_steps(self, rows: Sequence[ClaimedStep]) -> list[worker_pb.BlockedStep]:
         """What a claim blocked, with the reason each run's error gives, for its worker."""
         if not rows:
             return []
-        run_errors = await self.store.runs_errors([r.run_id for r in rows])
+        run_errors = await self.db.runs.runs_errors([r.run_id for r in rows])
         found = []
         for r in rows:
             error = run_errors.get(r.run_id) or {}
@@ -1791,12 +1784,12 @@ def _attempt(run: types_pb2.Run, node: str) -> int:
 
 
 class AdminServicer(admin_grpc.AdminServiceServicer):
-    def __init__(self, store: Store, settings: Settings) -> None:
-        self.store = store
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self.db = db
         self.payloads = _payloads(settings)
 
     async def _run(self, run_id: uuid.UUID) -> types_pb2.Run:
-        return _run_proto(await self.store.run_get(run_id))
+        return _run_proto(await self.db.runs.run_get(run_id))
 
     @rpc
     async def Retry(
@@ -1805,7 +1798,7 @@ class AdminServicer(admin_grpc.AdminServiceServicer):
         run_id = parse_uuid(request.run_id)
         node = _node_name(request.node)
         reason = _text(request.reason, "reason", MAX_REASON)
-        await self.store.step_retry(run_id, [node], actor=_actor(context), reason=reason)
+        await self.db.operator.step_retry(run_id, [node], actor=_actor(context), reason=reason)
         run = await self._run(run_id)
         attempt = _attempt(run, node)
         log.info(
@@ -1823,7 +1816,9 @@ class AdminServicer(admin_grpc.AdminServiceServicer):
     ) -> admin_pb.RetryAllResponse:
         run_id = parse_uuid(request.run_id)
         reason = _text(request.reason, "reason", MAX_REASON)
-        nodes = await self.store.step_retry(run_id, None, actor=_actor(context), reason=reason)
+        nodes = await self.db.operator.step_retry(
+            run_id, None, actor=_actor(context), reason=reason
+        )
         log.info("run %s: retried %s", run_id, ", ".join(nodes), extra={"run_id": str(run_id)})
         return admin_pb.RetryAllResponse(nodes=nodes, run=await self._run(run_id))
 
@@ -1852,11 +1847,11 @@ class AdminServicer(admin_grpc.AdminServiceServicer):
         actor = _actor(context)
         if step_id is None:
             assert node is not None
-            await self.store.step_resolve(
+            await self.db.operator.step_resolve(
                 run_id, node, choice=choice, value_json=value, actor=actor, reason=reason
             )
         else:
-            node = await self.store.step_call_resolve(
+            node = await self.db.operator.step_call_resolve(
                 run_id, node, step_id, choice=choice, value_json=value, actor=actor, reason=reason
             )
         run = await self._run(run_id)

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from service.records import DueSchedule
+from service.db.schedules import DueSchedule
 from service.schedules import (
     CATCH_UP_LIMIT,
     FIRINGS_PER_PASS,

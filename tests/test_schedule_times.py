@@ -7,7 +7,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from service.records import DueSchedule
+from service.db.schedules import DueSchedule
 from service.schedules import CATCH_UP_LIMIT, FIRINGS_PER_PASS, MISSED_AFTER, When, plan
 
 

@@ -12,8 +12,9 @@ import pytest
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from cyclone.v1 import types_pb2, worker_service_pb2
-from service import servicers, store, wire
-from service.records import ClaimedStep
+from service import servicers, wire
+from service.db import pool as store
+from service.db.records import ClaimedStep
 
 JSON_VALUES: list[Any] = [
     None,
