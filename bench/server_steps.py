@@ -22,7 +22,7 @@ stops it). docs/performance.md, "The server", has the figures.
 
 ``micro --answers`` says how the server under test builds its answers: ``wire`` (the
 default) times this tree's servicer, whose claim answer is written as protobuf bytes
-(``service/wire.py``) and whose completion items go to SQL as one JSON text
+(``service/api/wire.py``) and whose completion items go to SQL as one JSON text
 (``service.db.completion.outcomes_json``); ``messages`` times a server that builds one ClaimedStep
 message per step through the protobuf API (``servicer._claimed``) and dumps the items
 one by one (``_outcome_items``), for A/B runs of this script copied into such a
@@ -48,13 +48,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "core")]
 
 from cyclone.v1 import worker_service_pb2  # noqa: E402
 from service import embedded  # noqa: E402
-from service.activity import ActionActivity, Handouts  # noqa: E402
+from service.api.worker import WorkerServicer  # noqa: E402
 from service.config import Settings  # noqa: E402
 from service.db import Database  # noqa: E402
+from service.engine.activity import ActionActivity, Handouts  # noqa: E402
+from service.engine.notify import Dispatcher  # noqa: E402
 from service.metrics import Metrics  # noqa: E402
 from service.migrate import migrate  # noqa: E402
-from service.notify import Dispatcher  # noqa: E402
-from service.servicers import WorkerServicer  # noqa: E402
 
 DATABASE = os.environ.get("SERVER_STEPS_DB", "cyclone_server_steps")
 ACTION = "micro"
@@ -202,11 +202,11 @@ async def _micro(url: str, number: int, only: str | None = None, answers: str = 
             return worker_service_pb2.ClaimResponse(steps=steps, blocked=[])
 
     else:
-        from service import servicers, wire
+        from service.api import build, wire
 
         def claimed() -> Any:
-            servicer._handed_out(rows, lease)
-            return wire.claim_response(rows, servicers._rare_parts)
+            servicer.claims.handed_out(rows, lease)
+            return wire.claim_response(rows, build.rare_parts)
 
     steps = list(claimed().steps)
     many = worker_service_pb2.CompleteManyRequest.FromString(_complete_bytes(steps))

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from service.db.schedules import DueSchedule
-from service.schedules import (
+from service.engine.schedules import (
     CATCH_UP_LIMIT,
     FIRINGS_PER_PASS,
     MISSED_COUNT_LIMIT,

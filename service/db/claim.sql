@@ -50,7 +50,7 @@ SELECT lease_expires_at, cancelled
 -- keyset-paged on (time, run_id, node). The running ones are read through
 -- steps_leased_idx (every running step: as many as the workers hold), the backing-off
 -- ones through steps_backoff_idx; each page's steps and runs then by key. Planned at
--- each call (service.store.UNPREPARED).
+-- each call (service.db.pool.UNPREPARED).
 SELECT k.at, k.run_id,
        (SELECT r.workflow FROM cyclone.runs r WHERE r.run_id = k.run_id) AS workflow,
        jsonb_build_object(
@@ -98,3 +98,6 @@ SELECT k.at, k.run_id,
  CROSS JOIN LATERAL (SELECT * FROM cyclone.steps t
                       WHERE t.run_id = k.run_id AND t.node = k.node LIMIT 1) s
  ORDER BY k.at, k.run_id, k.node;
+
+-- name: step_next_due_sharded
+SELECT cyclone.step_next_due_sharded(CAST(:actions AS text[])) AS seconds;

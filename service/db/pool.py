@@ -55,7 +55,6 @@ FAMILIES = (
 #: every combination by walking one index past rows it then filters out.
 UNPREPARED = frozenset({"runs_list", "runs_count", "steps_list"})
 
-
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.M)
 
 
@@ -103,9 +102,7 @@ def _rows_made(cls: type[R]) -> Callable[[Any], RowMaker[R]]:
 
 _UNCHECKED: dict[type[Any], Callable[[Any], RowMaker[Any]]] = {}
 
-
 _IDLE = psycopg.pq.TransactionStatus.IDLE
-
 
 _scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 

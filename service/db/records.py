@@ -153,7 +153,7 @@ class ClaimedStep(NamedTuple):
     input: Any
     # The run's input and the outputs of the upstream nodes (an object by node name)
     # as JSON text, not parsed: the steps of one claim often share them (all the
-    # leaves of a fan-out have the same upstream), and service.wire writes each
+    # leaves of a fan-out have the same upstream), and service.api.wire writes each
     # distinct text once per claim.
     run_input: str | None
     upstream: str | None

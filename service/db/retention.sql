@@ -26,3 +26,9 @@ SELECT cyclone.runs_purge(make_interval(secs => :age_s), :failed, :limit) AS del
 -- Retention of SubmitOnce keys: deletes up to :limit keys older than :age_s seconds
 -- whose run is gone.
 SELECT cyclone.submit_keys_purge(make_interval(secs => :age_s), :limit) AS deleted;
+
+-- name: runs_purge_sharded
+SELECT cyclone.runs_purge_sharded(make_interval(secs => :age_s), :failed, :limit) AS deleted;
+
+-- name: submit_keys_purge_sharded
+SELECT cyclone.submit_keys_purge_sharded(make_interval(secs => :age_s), :limit) AS deleted;

@@ -148,7 +148,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
 -- need) keeps the planner on an index walked from the newest, however many rows the
 -- status has: without it, a LIMIT over a common status is planned as a sequential scan
 -- that stops early, which reads the whole table when the matching rows are at its end.
--- Planned at each call (service.store.UNPREPARED), with the filters given.
+-- Planned at each call (service.db.pool.UNPREPARED), with the filters given.
 SELECT 'running' AS status, (
     SELECT count(*) FROM (
         SELECT 1 FROM cyclone.runs r

@@ -10,16 +10,6 @@ SELECT run_id, node, action, shard, concurrency_key, concurrency_limit, flow
                    FROM unnest(CAST(:rate_periods AS float8[])) WITH ORDINALITY AS u(p, i)
                   ORDER BY u.i));
 
--- name: step_claim_run
--- The columns of step_claim, ids as text.
-SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts,
-       c.input, c.run_input::text AS run_input, c.upstream::text AS upstream,
-       c.lease_token::text AS lease_token,
-       c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
-       c.waited_s, c.upstream_failures, c.journal
-  FROM cyclone.step_claim_run(CAST(:run_id AS uuid), CAST(:nodes AS text[]), :worker_id,
-                              CAST(:unsafe AS text[]), make_interval(secs => :lease_s)) c;
-
 -- name: step_claim_shard
 -- Delegated whole to the node of :run_id's shard (a call outside a transaction block).
 -- The columns of step_claim, ids as text.
@@ -47,15 +37,6 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
                                ARRAY(SELECT make_interval(secs => p)
                                        FROM unnest(CAST(:rate_periods AS float8[]))
                                             WITH ORDINALITY AS u(p, i) ORDER BY u.i)) c;
-
--- name: step_next_due_sharded
-SELECT cyclone.step_next_due_sharded(CAST(:actions AS text[])) AS seconds;
-
--- name: runs_purge_sharded
-SELECT cyclone.runs_purge_sharded(make_interval(secs => :age_s), :failed, :limit) AS deleted;
-
--- name: submit_keys_purge_sharded
-SELECT cyclone.submit_keys_purge_sharded(make_interval(secs => :age_s), :limit) AS deleted;
 
 -- name: sharded
 SELECT cyclone.sharded() AS sharded;

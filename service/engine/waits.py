@@ -36,7 +36,7 @@ from service.config import Settings
 from service.db import Database
 from service.db.records import ClaimedStep, Failure, Outcome
 from service.db.waits import WaitKey
-from service.notify import Dispatcher
+from service.engine.notify import Dispatcher
 
 log = logging.getLogger("cyclone")
 
