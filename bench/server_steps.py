@@ -216,15 +216,15 @@ async def _micro(url: str, number: int, only: str | None = None, answers: str = 
         for c in items:
             servicer._completion(c)
 
-    from service.db import completion as store_module
+    from service.db import completion as db_completion
 
     outcomes = [servicer._completion(c) for c in items]
 
     def dumped() -> None:
         if answers == "messages":
-            store_module._dump_items(store_module._outcome_items(outcomes))
+            db_completion._dump_items(db_completion._outcome_items(outcomes))
         else:
-            store_module.outcomes_json(outcomes)
+            db_completion.outcomes_json(outcomes)
 
     parts = {"claim answer": claimed, "_completion": completion, "items json": dumped}
     if only is not None:

@@ -112,6 +112,8 @@ class CycloneServer:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
+        # Whether the database is sharded decides how steps are claimed: asked once.
+        await self.db.start()
         self.dispatcher.start()
         self.metrics.watch_database(self.db.workers.metrics_gauges, asyncio.get_running_loop())
         listen = config.metrics_listen(self.settings)

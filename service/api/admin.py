@@ -16,7 +16,7 @@ from cyclone.v1 import (
     types_pb2,
 )
 from service import errors
-from service.api.build import _attempt, run_proto
+from service.api.build import attempt_of, run_proto
 from service.api.ids import parse_uuid
 from service.api.status import rpc
 from service.api.validate import (
@@ -52,7 +52,7 @@ class AdminServicer(admin_grpc.AdminServiceServicer):
         reason = text(request.reason, "reason", MAX_REASON)
         await self.db.operator.step_retry(run_id, [node], actor=actor_of(context), reason=reason)
         run = await self._run(run_id)
-        attempt = _attempt(run, node)
+        attempt = attempt_of(run, node)
         log.info(
             "node %s of run %s retried after attempt %d",
             node,
@@ -107,7 +107,7 @@ class AdminServicer(admin_grpc.AdminServiceServicer):
                 run_id, node, step_id, choice=choice, value_json=value, actor=actor, reason=reason
             )
         run = await self._run(run_id)
-        attempt = _attempt(run, node)
+        attempt = attempt_of(run, node)
         log.warning(
             "run %s: node %s%s resolved as %s at attempt %d (%s)",
             run_id,

@@ -227,5 +227,5 @@ def complete_response(done: Completion) -> worker_pb.CompleteResponse:
     return response
 
 
-def _attempt(run: types_pb2.Run, node: str) -> int:
+def attempt_of(run: types_pb2.Run, node: str) -> int:
     return next(s.attempt for s in run.steps if s.node == node)

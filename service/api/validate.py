@@ -90,7 +90,7 @@ def step_call_name(value: str, what: str) -> str:
 
 
 #: Most node names WorkerServicer keeps as checked (node_names).
-_MAX_NODE_NAMES = 10_000
+MAX_NODE_NAMES = 10_000
 
 
 def node_name(value: str) -> str:
@@ -141,7 +141,7 @@ MAX_WORKERS_LISTED = 1000
 def run_filters(
     request: workflow_pb.ListRunsRequest | workflow_pb.CountRunsRequest,
 ) -> dict[str, Any]:
-    """ListRuns' and CountRuns' filters, validated, as the store takes them."""
+    """ListRuns' and CountRuns' filters, validated, as the db wing takes them."""
     if len(request.statuses) > len(convert.RUN_STATUS):
         raise errors.InvalidArgument(
             f"statuses names {len(request.statuses)} statuses; there are {len(convert.RUN_STATUS)}"

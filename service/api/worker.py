@@ -75,7 +75,7 @@ class WorkerServicer(WorkStream, WorkerRequests, worker_grpc.WorkerServiceServic
         self.claims = Claims(db, dispatcher, settings, metrics, activity, handouts, self.stopping)
         self.outcomes = Outcomes(db, metrics, handouts)
         # Node names already found valid (dag.check_name), so that a step's outcome
-        # need not check its node's name again; at most _MAX_NODE_NAMES of them.
+        # need not check its node's name again; at most MAX_NODE_NAMES of them.
         self.node_names: set[str] = set()
 
     @rpc

@@ -16,10 +16,10 @@ from service import errors
 from service.api import convert
 from service.api.ids import CANONICAL_UUID, uuid_text
 from service.api.validate import (
-    _MAX_NODE_NAMES,
     CHILD_FUNCTION,
     MAX_CLAIM_ACTIONS,
     MAX_ERROR_TEXT,
+    MAX_NODE_NAMES,
     MAX_STEP_CALL_NAME,
     MAX_WORKER_ID,
     check_seq,
@@ -167,7 +167,7 @@ class WorkerRequests:
             or node not in self.node_names
         ):
             run_id, node, token = self._step_key(request)
-            if len(self.node_names) < _MAX_NODE_NAMES:
+            if len(self.node_names) < MAX_NODE_NAMES:
                 self.node_names.add(node)
         outcome = request.WhichOneof("outcome")
         if outcome == "output":

@@ -48,6 +48,16 @@ class Database:
         self.workers = Workers(self.pool)
         self.schedules = Schedules(self.pool)
 
+    async def start(self) -> None:
+        """Ask the database once whether it is sharded (Citus), and serve it so."""
+        self.shard(await self.pool.is_sharded())
+
+    def shard(self, sharded: bool) -> None:
+        """Serve a sharded database, or a plain one: the claim is chosen here, and the
+        few statements that differ on Citus follow ``pool.sharded``."""
+        self.pool.sharded = sharded
+        self.steps.choose(sharded)
+
     def pool_status(self) -> tuple[int, int]:
         return self.pool.pool_status()
 

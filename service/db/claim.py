@@ -86,8 +86,13 @@ class Steps(Repository):
 
     def __init__(self, pool: Pool) -> None:
         super().__init__(pool)
-        #: The claim, chosen on first use (whether the database is sharded).
+        #: The claim for this database (Database.start chooses it; else the first
+        #: claim does).
         self.claim: Claim | None = None
+
+    def choose(self, sharded: bool) -> None:
+        """Claim as a sharded (Citus) database needs, or as a plain one does."""
+        self.claim = ShardedClaim(self.pool) if sharded else PlainClaim(self.pool)
 
     async def step_claim(
         self,
@@ -106,17 +111,10 @@ class Steps(Repository):
             "rate_counts": [c for _, (c, _) in rated],
             "rate_periods": [p for _, (_, p) in rated],
         }
-        claim = await self._claim()
-        return await claim.claim(worker_id, actions, unsafe, limit, lease_s, flow)
-
-    async def _claim(self) -> Claim:
-        """The claim for this database, chosen once: the plain one, or on a sharded
-        database Citus's."""
         if self.claim is None:
-            self.claim = (
-                ShardedClaim(self.pool) if await self.is_sharded() else PlainClaim(self.pool)
-            )
-        return self.claim
+            self.choose(await self.is_sharded())
+            assert self.claim is not None
+        return await self.claim.claim(worker_id, actions, unsafe, limit, lease_s, flow)
 
     async def steps_release(self, claimed: Sequence[ClaimedStep]) -> int:
         """Hand back claimed steps that never reached their worker."""

@@ -175,7 +175,7 @@ def _batch_answer(row: BatchRow) -> Completion | Refused:
 
 
 class Reports(Repository):
-    """The completion family's named queries."""
+    """Outcomes applied and step calls begun and ended (cyclone.step_* transitions)."""
 
     async def step_complete(self, outcome: Outcome) -> Completion:
         """Apply one outcome: an output, or a failure (step_fail; step_abandon when an

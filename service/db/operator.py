@@ -33,7 +33,7 @@ class Retried(NamedTuple):
 
 
 class Operator(Repository):
-    """The operator family's named queries."""
+    """What operators do to runs: cancel, retry, resolve."""
 
     async def run_cancel(
         self, run_id: uuid.UUID, *, actor: str, reason: str, keep_children: bool = False

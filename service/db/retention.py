@@ -37,7 +37,7 @@ class Swept(NamedTuple):
 
 
 class Retention(Repository):
-    """The retention family's named queries."""
+    """The sweep, the releases in progress and the purges."""
 
     async def releases_pending(self, limit: int = 100) -> list[uuid.UUID]:
         """The runs with a release in progress, oldest first."""

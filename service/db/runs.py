@@ -222,7 +222,7 @@ async def encoded_nodes(nodes: Sequence[NodeSpec]) -> str:
 
 
 class Runs(Repository):
-    """The runs family's named queries."""
+    """Runs: created, read, listed, counted; their logs, errors and Explain's facts."""
 
     async def run_submit(
         self,

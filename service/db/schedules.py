@@ -123,7 +123,7 @@ class Fires:
 
 
 class Schedules(Repository):
-    """The schedules family's named queries."""
+    """Schedules, the engine's clock and the firing pass."""
 
     async def clock_now(self) -> datetime:
         """The engine's time (cyclone.now(): the tests' clock moves it)."""

@@ -55,7 +55,7 @@ class WaitKey:
 
 
 class Waits(Repository):
-    """The waits family's named queries."""
+    """Waits of durable functions and events sent to runs."""
 
     async def step_wait(self, wait: WaitKey) -> Waited:
         """Wait: a durable function waits (step_wait, service/schema/47_waits.sql; for a

@@ -57,7 +57,7 @@ class ActionSeen:
 
 
 class Workers(Repository):
-    """The workers family's named queries."""
+    """What servers saw of workers, and the database's gauges."""
 
     async def workers_list(self) -> tuple[list[WorkerAction], list[ActionSeenRow]]:
         """The running steps by worker and action, and every action's activity."""
