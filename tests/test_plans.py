@@ -512,7 +512,7 @@ def test_a_claim_naming_an_action_twice_hands_each_step_out_once(cyclone_server)
     assert cyclone_server.sql("SELECT sum(attempt) FROM cyclone.steps") == [(3,)]
 
 
-#: The console's reads (service/db/runs.sql), each with the parameters of one
+#: The console's reads (service/db/runs.sql and claim.sql), each with the parameters of one
 #: filter the console or an operator uses; unset parameters are NULL.
 CONSOLE_READS: list[tuple[str, dict[str, Any]]] = [
     ("runs_list", {}),
