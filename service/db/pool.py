@@ -292,33 +292,18 @@ class Pool:
 
 
 class Repository:
-    """One table family's queries, over the shared pool."""
+    """One table family's queries, over the shared pool. Its helpers are the pool's
+    own bound methods: no call in between on the way to the database."""
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
-
-    def _connection(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
-        return self.pool._connection()
-
-    async def _run(
-        self, driver: psycopg.AsyncConnection[Any], name: str, row: type[R], **params: Any
-    ) -> list[R]:
-        return await self.pool._run(driver, name, row, **params)
-
-    async def _all(self, name: str, row: type[R], **params: Any) -> list[R]:
-        return await self.pool._all(name, row, **params)
-
-    async def _one(self, name: str, row: type[R], **params: Any) -> R | None:
-        return await self.pool._one(name, row, **params)
-
-    async def _logged(self, name: str, row: type[R], logs: str | None, **params: Any) -> list[R]:
-        return await self.pool._logged(name, row, logs, **params)
-
-    def _published(self, ready: Iterable[str | None]) -> None:
-        self.pool._published(ready)
-
-    async def is_sharded(self) -> bool:
-        return await self.pool.is_sharded()
+        self._connection = pool._connection
+        self._run = pool._run
+        self._all = pool._all
+        self._one = pool._one
+        self._logged = pool._logged
+        self._published = pool._published
+        self.is_sharded = pool.is_sharded
 
 
 def domain_error(sqlstate: str, message: str, detail: str | None) -> errors.CycloneError:
