@@ -55,7 +55,7 @@ def test_server_and_sdk_import_each_other_never_only_the_core(folder, forbidden)
 # The top level keeps the wiring (server.py, main.py) and what every wing may use
 # (config, errors, logs, loop, metrics, tls, embedded, migrate).
 
-SERVICE = ROOT / "service"
+WINGS_ROOT = ROOT / "service"
 #: Top-level modules that may speak gRPC: the wiring (server.py builds the gRPC server
 #: and registers the api wing's servicers), metrics.py (its interceptor counts RPCs)
 #: and tls.py (the server's credentials).
@@ -64,7 +64,7 @@ GRPC_PACKAGES = ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "c
 SQL_START = ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH")
 
 
-def _imports(path: Path) -> set[str]:
+def _wing_imports(path: Path) -> set[str]:
     """The modules ``path`` imports, absolute dotted names (``from a import b`` gives
     both a and a.b)."""
     names: set[str] = set()
@@ -77,31 +77,34 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def _modules(folder: Path) -> list[Path]:
+def _wing_modules(folder: Path) -> list[Path]:
     return sorted(folder.rglob("*.py"))
 
 
-def _under(name: str, packages: tuple[str, ...]) -> bool:
+def _wing_under(name: str, packages: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
-def _rel(path: Path) -> str:
+def _wing_rel(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
 
 def test_only_the_api_wing_and_the_wiring_speak_grpc_and_protobuf():
     speaking = {
-        _rel(path): sorted(n for n in _imports(path) if _under(n, GRPC_PACKAGES))
-        for path in _modules(SERVICE)
-        if not _rel(path).startswith("service/api/") and _rel(path) not in GRPC_OUTSIDE_API
+        _wing_rel(path): sorted(n for n in _wing_imports(path) if _wing_under(n, GRPC_PACKAGES))
+        for path in _wing_modules(WINGS_ROOT)
+        if not _wing_rel(path).startswith("service/api/")
+        and _wing_rel(path) not in GRPC_OUTSIDE_API
     }
     assert {path: names for path, names in speaking.items() if names} == {}
 
 
 def test_the_engine_wing_imports_neither_the_api_nor_grpc_and_holds_no_sql():
-    for path in _modules(SERVICE / "engine"):
-        imported = _imports(path)
-        assert not sorted(n for n in imported if _under(n, ("service.api", *GRPC_PACKAGES))), path
+    for path in _wing_modules(WINGS_ROOT / "engine"):
+        imported = _wing_imports(path)
+        assert not sorted(n for n in imported if _wing_under(n, ("service.api", *GRPC_PACKAGES))), (
+            path
+        )
         texts = [
             node.value.lstrip()
             for node in ast.walk(ast.parse(path.read_text()))
@@ -112,10 +115,10 @@ def test_the_engine_wing_imports_neither_the_api_nor_grpc_and_holds_no_sql():
 
 def test_the_db_wing_imports_neither_the_api_nor_the_engine():
     found = {
-        _rel(path): sorted(
-            n for n in _imports(path) if _under(n, ("service.api", "service.engine"))
+        _wing_rel(path): sorted(
+            n for n in _wing_imports(path) if _wing_under(n, ("service.api", "service.engine"))
         )
-        for path in _modules(SERVICE / "db")
+        for path in _wing_modules(WINGS_ROOT / "db")
     }
     assert {path: names for path, names in found.items() if names} == {}
 
@@ -123,20 +126,20 @@ def test_the_db_wing_imports_neither_the_api_nor_the_engine():
 def test_no_module_of_the_server_is_over_600_lines_nor_a_function_over_80():
     long_modules = {}
     long_functions = {}
-    for path in _modules(SERVICE):
+    for path in _wing_modules(WINGS_ROOT):
         source = path.read_text()
         if source.count("\n") > 600:
-            long_modules[_rel(path)] = source.count("\n")
+            long_modules[_wing_rel(path)] = source.count("\n")
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > 80:
-                    long_functions[f"{_rel(path)}:{node.name}"] = lines
+                    long_functions[f"{_wing_rel(path)}:{node.name}"] = lines
     assert long_modules == {}
     assert long_functions == {}
 
 
-def _query_names_run(path: Path) -> set[str]:
+def _wing_query_names(path: Path) -> set[str]:
     """The names of the named queries a db module runs: the literal first argument of
     _all, _one and _logged (the second of _run), or a literal assigned to ``name``."""
     names: set[str] = set()
@@ -159,7 +162,7 @@ def _query_names_run(path: Path) -> set[str]:
 def test_every_named_query_the_db_wing_runs_exists_and_every_one_is_run():
     from service.db.pool import Q
 
-    run = set().union(*(_query_names_run(path) for path in _modules(SERVICE / "db")))
+    run = set().union(*(_wing_query_names(path) for path in _wing_modules(WINGS_ROOT / "db")))
     assert sorted(run - Q.keys()) == []
     assert sorted(Q.keys() - run) == []
 
@@ -167,12 +170,12 @@ def test_every_named_query_the_db_wing_runs_exists_and_every_one_is_run():
 def test_each_named_query_lives_in_the_sql_file_of_its_family():
     """Each .sql file of service/db/ sits beside the module of its table family, and
     that module runs its queries (pool.py runs the few every family shares)."""
-    shared = _query_names_run(SERVICE / "db" / "pool.py")
-    for sql in sorted((SERVICE / "db").glob("*.sql")):
+    shared = _wing_query_names(WINGS_ROOT / "db" / "pool.py")
+    for sql in sorted((WINGS_ROOT / "db").glob("*.sql")):
         names = set(re.findall(r"^-- name: (\w+)\s*$", sql.read_text(), re.M))
         module = sql.with_suffix(".py")
         assert module.exists(), sql
         assert names, sql
-        assert names <= _query_names_run(module) | shared | _query_names_run(
-            SERVICE / "db" / "shards.py"
+        assert names <= _wing_query_names(module) | shared | _wing_query_names(
+            WINGS_ROOT / "db" / "shards.py"
         ), sql
