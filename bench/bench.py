@@ -1173,7 +1173,7 @@ def backlog_load(database_url: str, runs: int, action: str, batch: int = 50_000)
     from uuid6 import uuid7
 
     from cyclone import dag
-    from service.store import nodes_json
+    from service.db.runs import nodes_json
 
     nodes = nodes_json(dag.validate_workflow("backlog", [dag.NodeSpec("only", action)]))
     start = time.perf_counter()

@@ -51,7 +51,7 @@ def main() -> None:
     from bench import admin_url, fresh_database
     from cyclone import dag
     from service.migrate import migrate
-    from service.store import nodes_json
+    from service.db.runs import nodes_json
 
     admin = admin_url(args.url)
     url = fresh_database(admin, DATABASE)

@@ -34,7 +34,7 @@ from bench import RESULTS, Server, admin_url, fresh_database  # bench/bench.py
 from console import serve
 from pyclient.client import Client
 from pyclient.workflow import Workflow
-from service.store import Q
+from service.db.pool import Q
 
 WORKFLOWS = ("orders", "reports", "emails")
 

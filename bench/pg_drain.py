@@ -114,7 +114,7 @@ def load_fan(url: str, steps: int, action: str) -> None:
     """One run of ``steps`` steps: a root, ``steps - 2`` leaves depending on it and a
     join depending on every leaf (the bench's fan scenario), all of ``action``."""
     from cyclone import dag
-    from service.store import nodes_json
+    from service.db.runs import nodes_json
 
     width = steps - 2
     leaves = [f"leaf{i}" for i in range(width)]
@@ -145,7 +145,7 @@ def load(url: str, runs: int, action: str) -> None:
     from uuid6 import uuid7
 
     from cyclone import dag
-    from service.store import nodes_json
+    from service.db.runs import nodes_json
 
     nodes = nodes_json(dag.validate_workflow("drain", [dag.NodeSpec("only", action)]))
     with psycopg.connect(url, autocommit=True) as conn:

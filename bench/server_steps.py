@@ -22,10 +22,10 @@ stops it). docs/performance.md, "The server", has the figures.
 
 ``micro --answers`` says how the server under test builds its answers: ``wire`` (the
 default) times this tree's servicer, whose claim answer is written as protobuf bytes
-(``service/wire.py``) and whose completion items go to SQL as one JSON text
-(``store.outcomes_json``); ``messages`` times a server that builds one ClaimedStep
+(``service/api/wire.py``) and whose completion items go to SQL as one JSON text
+(``service.db.completion.outcomes_json``); ``messages`` times a server that builds one ClaimedStep
 message per step through the protobuf API (``servicer._claimed``) and dumps the items
-one by one (``store._outcome_items``), for A/B runs of this script copied into such a
+one by one (``_outcome_items``), for A/B runs of this script copied into such a
 checkout.
 """
 
@@ -48,13 +48,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "core")]
 
 from cyclone.v1 import worker_service_pb2  # noqa: E402
 from service import embedded  # noqa: E402
-from service.activity import ActionActivity, Handouts  # noqa: E402
+from service.api.worker import WorkerServicer  # noqa: E402
 from service.config import Settings  # noqa: E402
+from service.db import Database  # noqa: E402
+from service.engine.activity import ActionActivity, Handouts  # noqa: E402
+from service.engine.notify import Dispatcher  # noqa: E402
 from service.metrics import Metrics  # noqa: E402
 from service.migrate import migrate  # noqa: E402
-from service.notify import Dispatcher  # noqa: E402
-from service.servicers import WorkerServicer  # noqa: E402
-from service.store import Store  # noqa: E402
 
 DATABASE = os.environ.get("SERVER_STEPS_DB", "cyclone_server_steps")
 ACTION = "micro"
@@ -75,13 +75,13 @@ def _db(url: str, name: str) -> str:
 async def _submit(url: str, runs: int, flow: bool) -> None:
     from cyclone.dag import NodeSpec
 
-    store = Store(url, pool_size=8)
+    store = Database(url, pool_size=8)
     node = NodeSpec(name="only", action=ACTION)
     sem = asyncio.Semaphore(8)
 
     async def one(i: int) -> None:
         async with sem:
-            await store.run_submit(
+            await store.runs.run_submit(
                 workflow="micro",
                 nodes=[node],
                 input_json=f'{{"customer":{i % 200}}}' if flow else None,
@@ -115,9 +115,9 @@ class _Context:
         pass
 
 
-def _servicer(url: str) -> tuple[WorkerServicer, Store]:
+def _servicer(url: str) -> tuple[WorkerServicer, Database]:
     settings = Settings(database_url=url)
-    store = Store(url, pool_size=2)
+    store = Database(url, pool_size=2)
     servicer = WorkerServicer(
         store, Dispatcher(url), settings, Metrics(), ActionActivity(), Handouts()
     )
@@ -186,7 +186,7 @@ async def _run(url: str, steps: int, batch: int = BATCH) -> None:
 
 async def _micro(url: str, number: int, only: str | None = None, answers: str = "wire") -> None:
     servicer, store = _servicer(url)
-    rows = await store.step_claim(
+    rows = await store.steps.step_claim(
         worker_id="micro", actions=[ACTION], unsafe=[], limit=BATCH, lease_s=30.0
     )
     if not rows:
@@ -202,11 +202,11 @@ async def _micro(url: str, number: int, only: str | None = None, answers: str = 
             return worker_service_pb2.ClaimResponse(steps=steps, blocked=[])
 
     else:
-        from service import servicers, wire
+        from service.api import build, wire
 
         def claimed() -> Any:
-            servicer._handed_out(rows, lease)
-            return wire.claim_response(rows, servicers._rare_parts)
+            servicer.claims.handed_out(rows, lease)
+            return wire.claim_response(rows, build.rare_parts)
 
     steps = list(claimed().steps)
     many = worker_service_pb2.CompleteManyRequest.FromString(_complete_bytes(steps))
@@ -216,15 +216,15 @@ async def _micro(url: str, number: int, only: str | None = None, answers: str = 
         for c in items:
             servicer._completion(c)
 
-    from service import store as store_module
+    from service.db import completion as db_completion
 
     outcomes = [servicer._completion(c) for c in items]
 
     def dumped() -> None:
         if answers == "messages":
-            store_module._dump_items(store_module._outcome_items(outcomes))
+            db_completion._dump_items(db_completion._outcome_items(outcomes))
         else:
-            store_module.outcomes_json(outcomes)
+            db_completion.outcomes_json(outcomes)
 
     parts = {"claim answer": claimed, "_completion": completion, "items json": dumped}
     if only is not None:
@@ -235,7 +235,7 @@ async def _micro(url: str, number: int, only: str | None = None, answers: str = 
     for name, fn in parts.items():
         best = min(timeit.repeat(fn, number=number, repeat=7, timer=time.process_time))
         print(f"{name:12} {best / number / len(rows) * 1e6:6.2f} µs/step")
-    await store.steps_release(rows)
+    await store.steps.steps_release(rows)
     await store.close()
 
 

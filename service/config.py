@@ -74,7 +74,7 @@ class Settings:
     migrate_only: bool = False
     citus: str = "auto"
     event_loop: str = "auto"
-    # Security (service.auth, service.gate, service.tls; docs/security.md).
+    # Security (service.api.auth, service.api.gate, service.tls; docs/security.md).
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None

@@ -9,8 +9,9 @@ import sys
 
 import psycopg
 
-from service import auth, config, embedded, logs, metrics, tls
+from service import config, embedded, logs, metrics, tls
 from service import loop as event_loop
+from service.api import auth
 from service.migrate import migrate
 from service.server import CycloneServer
 

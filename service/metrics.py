@@ -43,7 +43,7 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from service import config
-from service.records import GaugeRow
+from service.db.workers import GaugeRow
 
 log = logging.getLogger("cyclone")
 
@@ -249,6 +249,15 @@ class Metrics:
             ["schedule", "outcome"],
             registry=r,
         )
+        self._outcomes(r)
+        self._upkeep(r)
+        #: How long gauges read from the database are reused (tests set 0).
+        self.gauge_max_age_s = GAUGE_MAX_AGE_S
+        self._http: Any = None
+        self.action = self.per_step.action
+
+    def _outcomes(self, r: CollectorRegistry) -> None:
+        """The counters of what became of runs and steps."""
         self.finished = Counter(
             "cyclone_runs_finished",
             "Runs finished by an outcome reported to this server, by final status",
@@ -291,6 +300,9 @@ class Metrics:
                 registry=r,
             )
         )
+
+    def _upkeep(self, r: CollectorRegistry) -> None:
+        """Refusals, retention, the pool and the waiting claims and Work streams."""
         self.refused = Counter(
             "cyclone_completions_refused",
             "Completions refused because the lease was lost or the step is unknown",
@@ -320,10 +332,6 @@ class Metrics:
             "Work streams open on this server (WorkerService.Work: a worker's session)",
             registry=r,
         )
-        #: How long gauges read from the database are reused (tests set 0).
-        self.gauge_max_age_s = GAUGE_MAX_AGE_S
-        self._http: Any = None
-        self.action = self.per_step.action
 
     # -- wiring -------------------------------------------------------------------
 

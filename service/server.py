@@ -1,4 +1,4 @@
-"""Wiring only: the gRPC server, its servicers, health and reflection, the metrics
+"""Wiring only: the gRPC server, the api wing's servicers, health and reflection, the metrics
 endpoint, and the background tasks (LISTEN dispatcher, recovery sweep, retention,
 reports of worker activity, schedule firing)."""
 
@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import uuid
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -25,25 +24,26 @@ from cyclone.v1 import (
     workflow_service_pb2,
     workflow_service_pb2_grpc,
 )
-from service import config, errors, gate, schedules, tls
-from service.activity import ActionActivity, Handouts
+from service import config, errors, tls
+from service.api import gate
+from service.api.admin import AdminServicer
+from service.api.reflection import DocumentedReflectionServicer
+from service.api.schedule import ScheduleServicer, keyed
+from service.api.worker import WorkerServicer
+from service.api.workflow import WorkflowServicer
 from service.config import Settings
+from service.db import Database
+from service.engine.activity import ActionActivity, Handouts
+from service.engine.notify import Dispatcher
+from service.engine.recovery import Upkeep
+from service.engine.schedules import fire_due
+from service.engine.waits import EventNodes
 from service.metrics import Metrics
-from service.notify import Dispatcher
-from service.reflection import DocumentedReflectionServicer
-from service.servicers import AdminServicer, WorkerServicer, WorkflowServicer
-from service.store import Store
-from service.waits import EventNodes
 
 log = logging.getLogger("cyclone")
 
 #: Seconds between reports of worker activity to cyclone.action_claims (Explain).
 ACTIVITY_REPORT_S = 5.0
-#: The name a transition makes ready when it leaves a release in progress
-#: (cyclone._settle): no action can have it (the prefix cyclone. is reserved).
-RELEASE = "cyclone.release"
-#: Runs with a release in progress read at a time by the release loop.
-RELEASE_BATCH = 100
 
 SERVICE_NAMES = (
     workflow_service_pb2.DESCRIPTOR.services_by_name["WorkflowService"].full_name,
@@ -70,16 +70,21 @@ class CycloneServer:
         self.settings = settings
         self.metrics = Metrics()
         self.dispatcher = Dispatcher(database_url)
-        self.store = Store(
+        self.db = Database(
             database_url,
             pool_size=settings.pool_size,
             statement_timeout_ms=settings.statement_timeout_ms,
             on_ready=self.dispatcher.publish,
             on_acquire=self.metrics.pool_wait.observe,
         )
-        self.metrics.watch_pool(self.store.pool_status, settings.pool_size)
+        self.metrics.watch_pool(self.db.pool_status, settings.pool_size)
         self.activity = ActionActivity()
         self.handouts = Handouts()
+        self.upkeep = Upkeep(
+            self.db, self.dispatcher, settings, self.metrics, self.activity, self.handouts
+        )
+        #: The nodes the firing pass stores for a schedule whose keys are not evaluated.
+        self.keyed = keyed(settings)
         options = [
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -88,18 +93,18 @@ class CycloneServer:
         self.interceptors = [self.metrics.interceptor(), *gate.interceptors(settings)]
         self.grpc = grpc.aio.server(options=options, interceptors=self.interceptors)
         self.worker = WorkerServicer(
-            self.store, self.dispatcher, settings, self.metrics, self.activity, self.handouts
+            self.db, self.dispatcher, settings, self.metrics, self.activity, self.handouts
         )
         workflow_service_pb2_grpc.add_WorkflowServiceServicer_to_server(
-            WorkflowServicer(self.store, settings, self.metrics, self.report_activity),
+            WorkflowServicer(self.db, settings, self.metrics, self.report_activity),
             self.grpc,
         )
         worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(self.worker, self.grpc)
         admin_service_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(self.store, settings), self.grpc
+            AdminServicer(self.db, settings), self.grpc
         )
         schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(
-            schedules.ScheduleServicer(self.store, settings), self.grpc
+            ScheduleServicer(self.db, settings), self.grpc
         )
         self.health = add_health_and_reflection(self.grpc)
         self.port = tls.listen(self.grpc, settings)
@@ -107,8 +112,10 @@ class CycloneServer:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
+        # Whether the database is sharded decides how steps are claimed: asked once.
+        await self.db.start()
         self.dispatcher.start()
-        self.metrics.watch_database(self.store.metrics_gauges, asyncio.get_running_loop())
+        self.metrics.watch_database(self.db.workers.metrics_gauges, asyncio.get_running_loop())
         listen = config.metrics_listen(self.settings)
         self.metrics_port = self.metrics.serve(listen)
         if self.metrics_port is not None:
@@ -129,7 +136,7 @@ class CycloneServer:
             )
         self._tasks.append(
             asyncio.create_task(
-                EventNodes(self.store, self.dispatcher, self.settings).run(),
+                EventNodes(self.db, self.dispatcher, self.settings).run(),
                 name="cyclone-event-nodes",
             )
         )
@@ -153,124 +160,31 @@ class CycloneServer:
                 await task
         await self.dispatcher.stop()
         await metrics_closed
-        await self.store.close()
+        await self.db.close()
 
     async def wait(self) -> None:
         await self.grpc.wait_for_termination()
 
     async def sweep(self) -> int:
-        """Reclaim expired leases once; returns how many."""
-        reclaimed = await self.store.sweep(self.settings.sweep_batch)
-        for step in reclaimed:
-            self.metrics.lease_expiries.labels(step.action).inc()
-            extra = {"run_id": str(step.run_id), "node": step.node, "attempt": step.attempt}
-            if step.status == "discarded":
-                self.metrics.discarded.labels("lease_expired").inc()
-                log.error(
-                    "step %s/%s discarded: the lease of worker %s expired at attempt %d, its last",
-                    step.run_id,
-                    step.node,
-                    step.worker_id,
-                    step.attempt,
-                    extra=extra,
-                )
-            else:
-                log.warning(
-                    "step %s/%s available again: the lease of worker %s expired at "
-                    "attempt %d with no outcome",
-                    step.run_id,
-                    step.node,
-                    step.worker_id,
-                    step.attempt,
-                    extra=extra,
-                )
-        if reclaimed:
-            log.info("sweep reclaimed %d expired lease(s)", len(reclaimed))
-        return len(reclaimed)
+        """Reclaim expired leases once; returns how many (service.engine.recovery)."""
+        return await self.upkeep.sweep()
 
     async def releases(self) -> None:
-        """Until cancelled: continue each release in progress (cyclone.releases: the
-        dependents of a wide fan-out's root, counted 1,000 per transaction), a chunk per
-        transaction, so that the run's claims and completions go on between chunks; then
-        sleep until a transition starts one (it makes the name RELEASE ready, here or on
-        another server) or a sweep interval has passed (a release that a stopped server
-        left half way). Several servers may continue one run: each chunk takes the run's
-        lock and reads where the last one stopped."""
-        while True:
-            with self.dispatcher.subscribe([RELEASE]) as woken:
-                pending: list[uuid.UUID] = []
-                try:
-                    pending = await self.store.releases_pending(RELEASE_BATCH)
-                except errors.CycloneError as exc:
-                    log.warning("the releases in progress could not be read: %s", exc)
-                # One run whose release fails is tried again at the next pass; the
-                # others go on meanwhile.
-                failed = 0
-                for run_id in pending:
-                    try:
-                        while await self.store.release_continue(run_id):
-                            pass
-                    except Exception as exc:
-                        failed += 1
-                        log.error(
-                            "the release of run %s failed: %s",
-                            run_id,
-                            exc,
-                            exc_info=not isinstance(exc, errors.CycloneError),
-                            extra={"run_id": str(run_id)},
-                        )
-                if len(pending) == RELEASE_BATCH and not failed:
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.settings.sweep_interval_s):
-                        await woken.wait()
+        """Until cancelled: continue each release in progress."""
+        await self.upkeep.releases()
 
     async def fire_schedules(self) -> int:
-        """Fire the due schedules once (service.schedules); returns how many runs the
-        firings submitted."""
-        return await schedules.fire_due(self.store, self.metrics, self.settings)
+        """Fire the due schedules once (service.engine.schedules); returns how many runs
+        the firings submitted."""
+        return await fire_due(self.db, self.metrics, self.keyed)
 
     async def purge(self) -> int:
-        """One retention pass: delete runs past their age, a batch per statement, until
-        none is left; returns how many. Each batch skips what others hold locked."""
-        total = 0
-        policies = (
-            ("finished", self.settings.retention_s),
-            ("failed", self.settings.retention_failed_s),
-        )
-        for policy, age in policies:
-            if not age:
-                continue
-            while True:
-                deleted = await self.store.runs_purge(
-                    age_s=age, failed=policy == "failed", limit=self.settings.retention_batch
-                )
-                self.metrics.retention_deleted.labels(policy).inc(deleted)
-                total += deleted
-                if deleted < self.settings.retention_batch:
-                    break
-                await asyncio.sleep(0)  # let the calls in progress have the loop
-        if total:
-            log.info("retention deleted %d run(s)", total)
-        keys = 0
-        while self.settings.key_retention_s:
-            deleted = await self.store.submit_keys_purge(
-                age_s=self.settings.key_retention_s, limit=self.settings.retention_batch
-            )
-            self.metrics.retention_deleted.labels("keys").inc(deleted)
-            keys += deleted
-            if deleted < self.settings.retention_batch:
-                break
-            await asyncio.sleep(0)
-        if keys:
-            log.info("retention forgot %d SubmitOnce key(s)", keys)
-        return total
+        """One retention pass; returns how many runs it deleted."""
+        return await self.upkeep.purge()
 
     async def report_activity(self) -> None:
-        """Write what this server saw of workers since the last report (for Explain),
-        and forget the handouts whose outcome can no longer come."""
-        self.handouts.prune()
-        await self.store.action_claims_note(self.activity.take())
+        """Write what this server saw of workers since the last report (for Explain)."""
+        await self.upkeep.report_activity()
 
 
 async def _every(

@@ -22,7 +22,7 @@ from cyclone.v1 import (
     worker_service_pb2,
     workflow_service_pb2,
 )
-from service import auth
+from service.api import auth
 from tests.conftest import ROOT
 from tests.helpers import claim, complete, fail, node, rpc_error, submit, workflow
 from tests.snapshot import database_snapshot
@@ -135,7 +135,7 @@ def documented_roles() -> dict[str, frozenset[str]]:
             path = f"/cyclone.v1.{service}/{name}"
             assert path not in found, f"{path} is in the table twice"
             found[path] = roles
-    # The rows that name no method of ours: gated apart (service/auth.py: allowed).
+    # The rows that name no method of ours: gated apart (service/api/auth.py: allowed).
     assert others == ["`grpc.health.v1.Health/*`", "server reflection", "any other method"]
     return found
 

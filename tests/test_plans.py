@@ -512,7 +512,7 @@ def test_a_claim_naming_an_action_twice_hands_each_step_out_once(cyclone_server)
     assert cyclone_server.sql("SELECT sum(attempt) FROM cyclone.steps") == [(3,)]
 
 
-#: The console's reads (service/sql/queries.sql), each with the parameters of one
+#: The console's reads (service/db/runs.sql and claim.sql), each with the parameters of one
 #: filter the console or an operator uses; unset parameters are NULL.
 CONSOLE_READS: list[tuple[str, dict[str, Any]]] = [
     ("runs_list", {}),
@@ -534,12 +534,12 @@ CONSOLE_READS: list[tuple[str, dict[str, Any]]] = [
 @pytest.mark.parametrize("statistics", ["none", "fresh"])
 def test_the_console_reads_never_scan_steps_or_runs_whole(database_url, statistics):
     """CountRuns, ListRuns (with its key filter), ListSteps and ListWorkers, planned as
-    the server plans them (with their values: service.store.UNPREPARED), on tens of
+    the server plans them (with their values: service.db.pool.UNPREPARED), on tens of
     thousands of finished runs and a backlog of 20,000 ready steps: no sequential scan
     of runs or steps in any plan, with fresh statistics or none."""
     from sqlalchemy.dialects import postgresql
 
-    from service.store import UNPREPARED, Q
+    from service.db.pool import UNPREPARED, Q
 
     everything = ["running", "completed", "failed", "blocked", "cancelled"]
     dialect = postgresql.psycopg.dialect()  # type: ignore[attr-defined]

@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from service.records import DueSchedule
-from service.schedules import (
+from service.db.schedules import DueSchedule
+from service.engine.schedules import (
     CATCH_UP_LIMIT,
     FIRINGS_PER_PASS,
     MISSED_COUNT_LIMIT,

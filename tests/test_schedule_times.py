@@ -1,4 +1,4 @@
-"""Fire times and the firing plan (service.schedules), without a server: cron in a
+"""Fire times and the firing plan (service.engine.schedules), without a server: cron in a
 time zone across daylight saving changes, intervals, catch-up and its bounds."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from service.records import DueSchedule
-from service.schedules import CATCH_UP_LIMIT, FIRINGS_PER_PASS, MISSED_AFTER, When, plan
+from service.db.schedules import DueSchedule
+from service.engine.schedules import CATCH_UP_LIMIT, FIRINGS_PER_PASS, MISSED_AFTER, When, plan
 
 
 def utc(*args: int) -> datetime:

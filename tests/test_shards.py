@@ -62,7 +62,7 @@ def server_factory(server_factory: Any) -> Iterator[Any]:
 
     def start(**overrides: Any) -> Any:
         server = server_factory(**overrides)
-        server.server.store.sharded = True
+        server.server.db.shard(True)
         return server
 
     yield start

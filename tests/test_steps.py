@@ -640,7 +640,7 @@ def test_steps_a_cancelled_claim_took_are_handed_back_as_they_were(cyclone_serve
     import asyncio
     from types import SimpleNamespace
 
-    from service.store import Store
+    from service.db import Database
 
     run_id = submit(cyclone_server, workflow("w", node("a"), node("b")))
     first = claim(cyclone_server, "work", lease=5)
@@ -660,9 +660,9 @@ def test_steps_a_cancelled_claim_took_are_handed_back_as_they_were(cyclone_serve
     ]
 
     async def release():
-        store = Store(cyclone_server.database_url)
+        store = Database(cyclone_server.database_url)
         try:
-            return await store.steps_release(rows)
+            return await store.steps.steps_release(rows)
         finally:
             await store.close()
 

@@ -156,7 +156,7 @@ def test_submit_once_makes_one_run_under_20_concurrent_calls(cyclone_server):
 
 
 def test_a_keyed_run_takes_its_keys_name_based_id_the_same_in_sql_and_python(cyclone_server):
-    from service.store import submit_key_id
+    from service.db.runs import submit_key_id
 
     run_id = _submit_once(cyclone_server, "order-9").run_id
     assert uuid.UUID(run_id) == submit_key_id("pay", "order-9")

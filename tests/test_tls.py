@@ -18,7 +18,8 @@ from cryptography.x509.oid import NameOID
 
 from cyclone.v1 import workflow_service_pb2, workflow_service_pb2_grpc
 from pyclient import Client, Workflow
-from service import auth, tls
+from service import tls
+from service.api import auth
 from tests.conftest import TEST_SETTINGS
 from tests.helpers import node, workflow
 from tests.snapshot import database_snapshot

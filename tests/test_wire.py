@@ -1,4 +1,4 @@
-"""service.wire writes Claim answers as bytes: each must parse to the very message the
+"""service.api.wire writes Claim answers as bytes: each must parse to the very message the
 protobuf Python API builds from the same row (no database needed)."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from cyclone.v1 import types_pb2, worker_service_pb2
-from service import servicers, store, wire
-from service.records import ClaimedStep
+from service.api import build, wire
+from service.db import pool as store
+from service.db.records import ClaimedStep
 
 JSON_VALUES: list[Any] = [
     None,
@@ -131,7 +132,7 @@ def built(r: ClaimedStep) -> worker_service_pb2.ClaimedStep:
             getattr(step, field).CopyFrom(reference(obj))
     for node, output in (json.loads(r.upstream) if r.upstream else {}).items():
         step.upstream_outputs[node].CopyFrom(reference(output))
-    rare = servicers._rare_parts(r)
+    rare = build.rare_parts(r)
     if rare is not None:
         step.MergeFrom(rare)
     return step
@@ -192,7 +193,7 @@ ROWS = [
 
 
 def test_a_claim_answer_parses_to_the_steps_the_api_builds() -> None:
-    response = wire.claim_response(ROWS, servicers._rare_parts)
+    response = wire.claim_response(ROWS, build.rare_parts)
     assert list(response.steps) == [built(r) for r in ROWS]
     assert not response.blocked
     # Each field as a worker reads it, for a few.
@@ -218,7 +219,7 @@ def test_a_claim_answer_parses_to_the_steps_the_api_builds() -> None:
 
 
 def test_an_empty_claim_answer_is_empty() -> None:
-    assert wire.claim_response([], servicers._rare_parts) == worker_service_pb2.ClaimResponse()
+    assert wire.claim_response([], build.rare_parts) == worker_service_pb2.ClaimResponse()
 
 
 @pytest.mark.parametrize(

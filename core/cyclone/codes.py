@@ -2,7 +2,7 @@
 
 The SQL functions of the engine refuse a transition by raising one of the custom
 SQLSTATEs below (docs/exactly-once.md lists them for workers in any language). The
-server (service.store) reads them through :data:`SQLSTATE_KINDS`, the SDK's
+server (service.db.pool) reads them through :data:`SQLSTATE_KINDS`, the SDK's
 completion transaction (pyclient.completion) through its engine part,
 :data:`ENGINE_SQLSTATES`; each side raises its own exception for the kind, and the
 server answers with the kind's gRPC status code.

@@ -109,7 +109,7 @@ CREATE INDEX runs_parent_idx ON cyclone.runs (parent_run_id) WHERE parent_run_id
 --   available  run_submit (root node); _settle (upstream final, trigger rule met, run
 --              running); step_fail (retryable, attempts left: after the backoff);
 --              sweep_steps (lease expired, attempts left or action marked unsafe);
---              step_resolve discard; step_call_resolve (any choice: the node replays); steps_release (service/sql/queries.sql: a claim
+--              step_resolve discard; step_call_resolve (any choice: the node replays); steps_release (service/db/claim.sql: a claim
 --              whose caller went away); step_wait (the node waits: available from its
 --              wake time; pending while the run is blocked)
 --   running    step_claim
@@ -346,7 +346,7 @@ CREATE TABLE cyclone.audit (
 
 -- Per action, the last Claim that asked for it and the last one that got a step of it
 -- (Explain: "no worker serves this action"). Written by each server from memory every
--- few seconds (service/activity.py, the named query action_claims_note), never by the
+-- few seconds (service/engine/activity.py, the named query action_claims_note), never by the
 -- claim itself, so it costs the claim's plan nothing.
 CREATE TABLE cyclone.action_claims (
     action     text        PRIMARY KEY,
@@ -396,7 +396,7 @@ $$;
 -- RFC 9562) of the first 16 bytes of SHA-256 over a fixed prefix, the workflow name, a
 -- NUL and the key (neither can contain NUL). Deterministic, so a run's primary key
 -- enforces one run per key on whichever shard holds it (docs/scaling.md).
--- service.store.submit_key_id computes the same. Called by run_submit.
+-- service.db.runs.submit_key_id computes the same. Called by run_submit.
 CREATE FUNCTION cyclone.submit_key_id(p_workflow text, p_submit_key text) RETURNS uuid
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT encode(set_byte(set_byte(d, 6, (get_byte(d, 6) & 15) | 128),

@@ -89,7 +89,7 @@ $$;
 -- commit record is flushed, so every notifying transaction would wait for the previous
 -- one's fsync. Server connections therefore set cyclone.defer_notify = on: transitions
 -- then only record the actions they made ready in cyclone.ready (transaction-local),
--- which the server reads in the same statement (service/sql/queries.sql), wakes its own
+-- which the server reads in the same statement (service/db/*.sql), wakes its own
 -- waiting claims and sends one coalesced NOTIFY for other servers from a connection
 -- that writes nothing. Other callers (a worker's own completion transaction) notify
 -- inline, delivered at commit.

@@ -9,7 +9,7 @@
 -- says (the server passes that id, so that Citus routes the call to the run's shard);
 -- the key row and the run then live on one shard. p_nodes is
 -- a JSON array of node objects in topological order, validated by the server
--- (service/store.py), each with its priority (the node's, else p_priority) and its
+-- (service/db/runs.py), each with its priority (the node's, else p_priority) and its
 -- evaluated concurrency key and limit, if any. RPCs: Submit, SubmitOnce.
 CREATE FUNCTION cyclone.run_submit(
     p_run_id uuid, p_workflow text, p_submit_key text, p_input jsonb, p_nodes jsonb,

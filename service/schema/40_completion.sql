@@ -156,7 +156,7 @@ BEGIN
           FROM item t
          WHERE s.run_id = t.run_id AND s.node = t.node
            -- The token as text: the server writes ids in their canonical form
-           -- (service.store.outcomes_json), and printing the step's token costs less
+           -- (service.db.completion.outcomes_json), and printing the step's token costs less
            -- than parsing the item's. An item whose token is written otherwise is not
            -- applied here, and _step_complete applies it below.
            AND s.lease_token::text = t.lease_token

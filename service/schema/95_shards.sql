@@ -2,7 +2,7 @@
 -- function here touches one run's rows only, so on Citus each call is a single-shard
 -- transaction; they also work, and are tested, on one Postgres. The server uses them
 -- in place of the cross-run statements (step_claim, runs_purge, submit_keys_purge)
--- when the database is distributed (service/store.py, Store.sharded).
+-- when the database is distributed (service/db/pool.py, Pool.is_sharded).
 
 -- The EffectUncertain error of a run blocked on its uncertain node (the run's error
 -- and the claim's log line). Called by step_claim_run.

@@ -13,7 +13,7 @@ import grpc
 import psycopg
 import pytest
 
-from service.store import submit_key_id
+from service.db.runs import submit_key_id
 from tests.helpers import claim, complete, get_run, node, rpc_error, run_status, submit, workflow
 
 RUN_TABLES = {
@@ -225,7 +225,7 @@ def test_a_schedule_another_server_is_firing_is_passed_by_then_fired_once_it_die
     pass took the servers' turn (schedules_turn) before it locked the schedule and
     submitted the run. Another server's pass is not held up: it fires nothing and
     returns; once the holder's connection dies, the next pass fires the schedule once."""
-    from service.store import load_queries
+    from service.db.pool import load_queries
     from tests.test_schedules import held_by_a_dying_server
 
     held_by_a_dying_server(server_factory, database_url, load_queries()["schedules_turn"].text)

@@ -19,7 +19,7 @@ import pytest
 
 from pyclient import RetryPolicy, Workflow, sleep
 from pyclient.worker import _session
-from service.servicers import WorkerServicer
+from service.api.worker import WorkerServicer
 from tests.helpers import PATIENCE, eventually
 from tests.sdk.conftest import running
 

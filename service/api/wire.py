@@ -25,7 +25,7 @@ from google.protobuf import struct_pb2
 from google.protobuf.descriptor import FieldDescriptor
 
 from cyclone.v1 import worker_service_pb2 as worker_pb
-from service.records import ClaimedStep
+from service.db.records import ClaimedStep
 
 _VARINT, _I64, _LEN = 0, 1, 2
 _BYTE = [bytes((i,)) for i in range(128)]

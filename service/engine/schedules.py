@@ -1,5 +1,5 @@
-"""Schedules kept by the server (ScheduleService; docs/schedules.md): validation, fire
-times, the servicer, and the firing pass each server runs in a loop.
+"""Schedule firing (docs/schedules.md): fire times, what a pass does with a due
+schedule (its plan), and the firing pass each server runs in a loop.
 
 Fire times are computed here (a cron expression needs cronsim; an interval is
 arithmetic); the engine keeps the schedules and submits the firings
@@ -8,64 +8,47 @@ arithmetic); the engine keeps the schedules and submits the firings
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import zoneinfo
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
-from cronsim import CronSim, CronSimError
-from google.protobuf import json_format, struct_pb2
+from cronsim import CronSim
 
 from cyclone import dag
-from cyclone.v1 import schedule_service_pb2 as schedule_pb
-from cyclone.v1 import schedule_service_pb2_grpc as schedule_grpc
-from cyclone.v1 import types_pb2
-from service import convert, errors
-from service.config import Settings
-from service.errors import rpc
+from service.db import Database
+from service.db.schedules import DueSchedule, FirePlan
 from service.metrics import Metrics
-from service.records import DueSchedule, ScheduleRow
-from service.servicers import Context, _limits, _page_size, _payloads, new_run, new_run_of
-from service.store import FirePlan, Store, nodes_json
+
+#: The nodes to store for a schedule whose nodes still hold key templates
+#: (service.api.schedule.keyed).
+Keyed = Callable[[DueSchedule], Awaitable[list[dag.NodeSpec]]]
 
 log = logging.getLogger("cyclone")
+
 
 #: A firing is missed when a server gets to it more than this late (downtime, or every
 #: server too busy); the catch-up policy decides what becomes of it.
 MISSED_AFTER = timedelta(seconds=15)
+
 #: CATCH_UP_POLICY_ALL makes up at most this many missed firings of a schedule (the
 #: most recent); older ones are skipped.
 CATCH_UP_LIMIT = 100
+
 #: Missed firings older than the CATCH_UP_LIMIT most recent are counted exactly for an
 #: interval, and up to this many for a cron expression, whose fire times are found one
 #: by one: a long outage costs a pass a bounded amount of work.
 MISSED_COUNT_LIMIT = 1000
+
 #: Most firings of one schedule one pass submits; the rest wait for the next pass.
 FIRINGS_PER_PASS = 20
+
 #: Most schedules one pass fires (one transaction); a full pass is followed by another.
 SCHEDULES_PER_PASS = 100
-MAX_INTERVAL_S = 366 * 86400
-MAX_CRON = 200
-MAX_ZONE = 100
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
 _SECOND = timedelta(seconds=1)
-
-OVERLAP = {
-    schedule_pb.OVERLAP_POLICY_UNSPECIFIED: "skip",
-    schedule_pb.OVERLAP_POLICY_SKIP: "skip",
-    schedule_pb.OVERLAP_POLICY_ALLOW: "allow",
-}
-OVERLAP_ENUM = {"skip": schedule_pb.OVERLAP_POLICY_SKIP, "allow": schedule_pb.OVERLAP_POLICY_ALLOW}
-CATCH_UP = {
-    schedule_pb.CATCH_UP_POLICY_UNSPECIFIED: "skip",
-    schedule_pb.CATCH_UP_POLICY_SKIP: "skip",
-    schedule_pb.CATCH_UP_POLICY_ALL: "all",
-}
-CATCH_UP_ENUM = {"skip": schedule_pb.CATCH_UP_POLICY_SKIP, "all": schedule_pb.CATCH_UP_POLICY_ALL}
-
-
-# Fire times ---------------------------------------------------------------------------
 
 
 class When:
@@ -197,217 +180,14 @@ def plan(schedule: DueSchedule) -> FirePlan:
     return FirePlan(fire, missed, when.after(now))
 
 
-# Validation ---------------------------------------------------------------------------
-
-
-def _name(value: str) -> str:
-    try:
-        dag.check_name("schedule", value)
-    except dag.InvalidWorkflow as exc:
-        raise errors.InvalidArgument(str(exc)) from None
-    return value
-
-
-def _when(schedule: schedule_pb.Schedule) -> tuple[str | None, str | None, int | None]:
-    """(cron, time zone, interval seconds) of a schedule to create; INVALID_ARGUMENT
-    names what is wrong."""
-    spec = schedule.WhichOneof("spec")
-    if spec is None:
-        raise errors.InvalidArgument("schedule needs a cron expression or an interval")
-    if spec == "interval":
-        if schedule.time_zone:
-            raise errors.InvalidArgument("time_zone applies to cron only, not to interval")
-        d = schedule.interval
-        if d.nanos or not 1 <= d.seconds <= MAX_INTERVAL_S:
-            raise errors.InvalidArgument(
-                f"interval must be whole seconds from 1 to {MAX_INTERVAL_S}, got "
-                f"{d.seconds}s{f' {d.nanos}ns' if d.nanos else ''}"
-            )
-        return None, None, d.seconds
-    cron = schedule.cron.strip()
-    zone = schedule.time_zone or "UTC"
-    if not cron or len(cron) > MAX_CRON or not cron.isprintable():
-        raise errors.InvalidArgument(
-            f"cron must be 1 to {MAX_CRON} printable characters, got {dag.excerpt(cron)}"
-        )
-    if len(zone) > MAX_ZONE or not zone.isprintable():
-        raise errors.InvalidArgument(f"unknown time_zone {dag.excerpt(zone)}")
-    try:
-        tz = zoneinfo.ZoneInfo(zone)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
-        raise errors.InvalidArgument(f"unknown time_zone {dag.excerpt(zone)}") from None
-    try:
-        When(cron, zone, None).after(datetime.now(tz))
-    except (CronSimError, StopIteration) as exc:
-        raise errors.InvalidArgument(f"cron {dag.excerpt(cron)}: {exc or 'never fires'}") from None
-    return cron, zone, None
-
-
-def schedule_proto(row: ScheduleRow) -> schedule_pb.Schedule:
-    s = schedule_pb.Schedule(
-        name=row.name,
-        workflow=json_format.ParseDict(row.workflow, types_pb2.Workflow()),
-        overlap=OVERLAP_ENUM[row.overlap],
-        catch_up=CATCH_UP_ENUM[row.catch_up],
-        paused=row.paused,
-        next_fire_at=convert.timestamp(row.next_fire_at),
-        last_fire_at=convert.timestamp(row.last_fire_at),
-        last_run_id=str(row.last_run_id) if row.last_run_id else "",
-        created_at=convert.timestamp(row.created_at),
-        updated_at=convert.timestamp(row.updated_at),
-    )
-    convert.set_json(s, "input", row.input)
-    if row.cron is not None:
-        s.cron = row.cron
-        s.time_zone = row.time_zone or ""
-    else:
-        s.interval.FromSeconds(row.interval_s or 0)
-    return s
-
-
-# The service --------------------------------------------------------------------------
-
-
-class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
-    def __init__(self, store: Store, settings: Settings) -> None:
-        self.store = store
-        self.limits = _limits(settings)
-        self.payloads = _payloads(settings)
-
-    @rpc
-    async def CreateSchedule(
-        self, request: schedule_pb.CreateScheduleRequest, context: Context
-    ) -> schedule_pb.CreateScheduleResponse:
-        s = request.schedule
-        name = _name(s.name)
-        if not s.HasField("workflow"):
-            raise errors.InvalidArgument("workflow is required")
-        cron, zone, interval_s = _when(s)
-        if s.overlap not in OVERLAP:
-            raise errors.InvalidArgument(f"unknown overlap policy {s.overlap}")
-        if s.catch_up not in CATCH_UP:
-            raise errors.InvalidArgument(f"unknown catch_up policy {s.catch_up}")
-        # The input is fixed: each key is evaluated here, once, and a firing submits
-        # the nodes as they are stored, as SubmitOnce would submit them.
-        run = await new_run_of(s, self.limits, self.payloads)
-        when = When(cron, zone, interval_s)
-        row = await self.store.schedule_create(
-            schedule=name,
-            workflow=json.dumps(json_format.MessageToDict(s.workflow)),
-            workflow_name=s.workflow.name,
-            nodes=nodes_json(run.nodes),
-            input=run.input_json,
-            cron=cron,
-            time_zone=zone,
-            interval_s=interval_s,
-            overlap=OVERLAP[s.overlap],
-            catch_up=CATCH_UP[s.catch_up],
-            paused=s.paused,
-            next_fire_at=when.after(await self.store.clock_now()),
-        )
-        log.info(
-            "schedule %s created (workflow %s, %s), first firing at %s",
-            name,
-            s.workflow.name,
-            f"cron {cron!r} in {zone}" if cron else f"every {interval_s}s",
-            row.next_fire_at.isoformat(),
-            extra={"schedule": name, "workflow": s.workflow.name},
-        )
-        return schedule_pb.CreateScheduleResponse(schedule=schedule_proto(row))
-
-    @rpc
-    async def GetSchedule(
-        self, request: schedule_pb.GetScheduleRequest, context: Context
-    ) -> schedule_pb.GetScheduleResponse:
-        row = await self.store.schedule_get(_name(request.name))
-        return schedule_pb.GetScheduleResponse(schedule=schedule_proto(row))
-
-    @rpc
-    async def ListSchedules(
-        self, request: schedule_pb.ListSchedulesRequest, context: Context
-    ) -> schedule_pb.ListSchedulesResponse:
-        size = _page_size(request.page_size)
-        after = None
-        if request.page_token:
-            try:
-                dag.check_name("schedule", request.page_token)
-            except dag.InvalidWorkflow:
-                raise errors.InvalidArgument("page_token is not one this server issued") from None
-            after = request.page_token
-        rows = await self.store.schedules_list(after=after, limit=size + 1)
-        return schedule_pb.ListSchedulesResponse(
-            schedules=[schedule_proto(r) for r in rows[:size]],
-            next_page_token=rows[size - 1].name if len(rows) > size else "",
-        )
-
-    @rpc
-    async def PauseSchedule(
-        self, request: schedule_pb.PauseScheduleRequest, context: Context
-    ) -> schedule_pb.PauseScheduleResponse:
-        name = _name(request.name)
-        row = await self.store.schedule_pause(name)
-        log.info("schedule %s paused", name, extra={"schedule": name})
-        return schedule_pb.PauseScheduleResponse(schedule=schedule_proto(row))
-
-    @rpc
-    async def ResumeSchedule(
-        self, request: schedule_pb.ResumeScheduleRequest, context: Context
-    ) -> schedule_pb.ResumeScheduleResponse:
-        name = _name(request.name)
-        current = await self.store.schedule_get(name)
-        when = When(current.cron, current.time_zone, current.interval_s)
-        row = await self.store.schedule_resume(name, when.after(await self.store.clock_now()))
-        log.info(
-            "schedule %s resumed, next firing at %s",
-            name,
-            row.next_fire_at.isoformat(),
-            extra={"schedule": name},
-        )
-        return schedule_pb.ResumeScheduleResponse(schedule=schedule_proto(row))
-
-    @rpc
-    async def DeleteSchedule(
-        self, request: schedule_pb.DeleteScheduleRequest, context: Context
-    ) -> schedule_pb.DeleteScheduleResponse:
-        name = _name(request.name)
-        await self.store.schedule_delete(name)
-        log.info("schedule %s deleted", name, extra={"schedule": name})
-        return schedule_pb.DeleteScheduleResponse()
-
-
-# The firing pass ----------------------------------------------------------------------
-
-
-def keyed(settings: Settings) -> Callable[[DueSchedule], Awaitable[list[dag.NodeSpec]]]:
-    """For the firing pass: the nodes of a schedule whose nodes still hold key
-    templates (stored by a server that did not evaluate them), as CreateSchedule
-    stores them now (service.servicers.new_run: validated, keys evaluated for its
-    input). A schedule whose input lacks a key's field cannot fire: its error says
-    which."""
-    limits, payloads = _limits(settings), _payloads(settings)
-
-    async def nodes(schedule: DueSchedule) -> list[dag.NodeSpec]:
-        assert schedule.workflow is not None
-        workflow = json_format.ParseDict(schedule.workflow, types_pb2.Workflow())
-        run_input = (
-            None
-            if schedule.input is None
-            else json_format.ParseDict(schedule.input, struct_pb2.Value())
-        )
-        return (await new_run(workflow, run_input, limits, payloads)).nodes
-
-    return nodes
-
-
-async def fire_due(store: Store, metrics: Metrics, settings: Settings) -> int:
+async def fire_due(db: Database, metrics: Metrics, keyed: Keyed) -> int:
     """Fire every due schedule, a transaction per SCHEDULES_PER_PASS; returns how many
     firings submitted a run. Bounded: a schedule fired is due again only at a later
     fire time, or with firings left to catch up (at most CATCH_UP_LIMIT), so passes
     stop once none is due, or after 50."""
     submitted = 0
-    nodes = keyed(settings)
     for _ in range(50):
-        fires = await store.schedules_fire(plan, SCHEDULES_PER_PASS, nodes)
+        fires = await db.schedules.schedules_fire(plan, SCHEDULES_PER_PASS, keyed)
         for name, fired in fires.fired:
             metrics.schedule_firings.labels(name, fired.outcome).inc()
             extra = {"schedule": name, "run_id": str(fired.run_id or "")}

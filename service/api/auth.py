@@ -98,7 +98,7 @@ class Identity:
     role: str
 
 
-#: The identity of the call being served (set by the interceptor in service.gate).
+#: The identity of the call being served (set by the interceptor in service.api.gate).
 caller: contextvars.ContextVar[Identity | None] = contextvars.ContextVar(
     "cyclone_caller", default=None
 )

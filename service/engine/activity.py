@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from service.store import ActionSeen
+from service.db.workers import ActionSeen
 
 #: Longest a handout is kept after its deadline (the lease cannot outlive the
 #: deadline, so an outcome arriving later is refused anyway).
@@ -74,7 +74,7 @@ class ActionActivity:
     """Per action: the last Claim that named it, and the last one that got a step of it.
 
     :meth:`take` hands over what was seen since the previous call, as ages in seconds,
-    for ``Store.action_claims_note``.
+    for ``service.db.workers.Workers.action_claims_note``.
     """
 
     def __init__(self, limit: int = 10_000) -> None:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from service.records import CancelJson, ExplainFacts, LastErrorJson, UpstreamJson
+from service.db.records import CancelJson, LastErrorJson, UpstreamJson
+from service.db.runs import ExplainFacts
 
 #: A worker serving an action names it in a Claim at least every few seconds while it
 #: has a free slot (a long-poll claim looks again at least every 5 s); after this long

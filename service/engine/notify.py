@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import psycopg
 
-log = logging.getLogger(__name__)
+from service.db import channel
 
-CHANNEL = "cyclone_ready"
+log = logging.getLogger(__name__)
 
 
 class Dispatcher:
@@ -92,9 +92,7 @@ class Dispatcher:
         delay = 0.1
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self._url, autocommit=True
-                ) as conn:
+                async with await channel.connect(self._url) as conn:
                     delay = 0.1
                     await session(conn)
             except asyncio.CancelledError:
@@ -112,10 +110,7 @@ class Dispatcher:
                 actions, self._outbox = self._outbox, set()
                 self._own_pid = conn.info.backend_pid
                 try:
-                    await conn.execute(
-                        f"SELECT pg_notify('{CHANNEL}', a) FROM unnest(%s::text[]) a",
-                        (sorted(actions),),
-                    )
+                    await channel.announce(conn, actions)
                 except BaseException:
                     # Not sent (the connection was lost, e.g. Postgres restarted, or
                     # the server is stopping): back in the outbox, for the next
@@ -128,7 +123,7 @@ class Dispatcher:
 
     async def _listen(self) -> None:
         async def receive(conn: psycopg.AsyncConnection) -> None:
-            await conn.execute(f"LISTEN {CHANNEL}")
+            await channel.listen(conn)
             self.connected.set()
             try:
                 # Anything may have become ready while we were not listening.

@@ -17,7 +17,7 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from service import auth
+from service.api import auth
 from service.config import Settings
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"

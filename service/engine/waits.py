@@ -33,9 +33,10 @@ from typing import Any
 from cyclone import dag
 from service import errors
 from service.config import Settings
-from service.notify import Dispatcher
-from service.records import ClaimedStep, Failure, Outcome
-from service.store import Store, WaitKey
+from service.db import Database
+from service.db.records import ClaimedStep, Failure, Outcome
+from service.db.waits import WaitKey
+from service.engine.notify import Dispatcher
 
 log = logging.getLogger("cyclone")
 
@@ -76,8 +77,8 @@ def event_node_input(name: str, timeout_s: float | None, what: str) -> dict[str,
 class EventNodes:
     """The loop of one server that serves DAG nodes waiting for an event."""
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings) -> None:
-        self.store = store
+    def __init__(self, db: Database, dispatcher: Dispatcher, settings: Settings) -> None:
+        self.db = db
         self.dispatcher = dispatcher
         self.settings = settings
         self.worker_id = f"cyclone-server:{socket.gethostname()}:{os.getpid()}"
@@ -87,7 +88,7 @@ class EventNodes:
         while True:
             with self.dispatcher.subscribe([EVENT_ACTION]) as ready:
                 try:
-                    rows = await self.store.step_claim(
+                    rows = await self.db.steps.step_claim(
                         worker_id=self.worker_id,
                         actions=[EVENT_ACTION],
                         unsafe=[],
@@ -98,7 +99,7 @@ class EventNodes:
                         await self.serve(row)
                     if len(rows) == BATCH:
                         continue
-                    due = await self.store.step_next_due([EVENT_ACTION])
+                    due = await self.db.steps.step_next_due([EVENT_ACTION])
                 except errors.CycloneError as exc:
                     log.warning("event nodes: %s", exc)
                     due = None
@@ -126,7 +127,7 @@ class EventNodes:
         )
         extra = {"run_id": str(row.run_id), "node": row.node, "attempt": row.attempt}
         try:
-            waited = await self.store.step_wait(key)
+            waited = await self.db.waits.step_wait(key)
         except errors.LeaseLost:
             return  # cancelled meanwhile
         if waited.decision == "suspended":
@@ -163,4 +164,4 @@ class EventNodes:
                 extra=extra,
             )
         with contextlib.suppress(errors.LeaseLost):
-            await self.store.step_complete(outcome)
+            await self.db.reports.step_complete(outcome)

@@ -1,0 +1,121 @@
+"""AdminService: retry and resolve steps and step calls of blocked runs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+
+from cyclone.v1 import (
+    admin_service_pb2 as admin_pb,
+)
+from cyclone.v1 import (
+    admin_service_pb2_grpc as admin_grpc,
+)
+from cyclone.v1 import (
+    types_pb2,
+)
+from service import errors
+from service.api.build import attempt_of, run_proto
+from service.api.ids import parse_uuid
+from service.api.status import rpc
+from service.api.validate import (
+    MAX_ERROR_TEXT,
+    MAX_REASON,
+    Context,
+    actor_of,
+    node_name,
+    payloads_of,
+    step_call_name,
+    text,
+)
+from service.config import Settings
+from service.db import Database
+
+log = logging.getLogger("cyclone")
+
+
+class AdminServicer(admin_grpc.AdminServiceServicer):
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self.db = db
+        self.payloads = payloads_of(settings)
+
+    async def _run(self, run_id: uuid.UUID) -> types_pb2.Run:
+        return run_proto(await self.db.runs.run_get(run_id))
+
+    @rpc
+    async def Retry(
+        self, request: admin_pb.RetryRequest, context: Context
+    ) -> admin_pb.RetryResponse:
+        run_id = parse_uuid(request.run_id)
+        node = node_name(request.node)
+        reason = text(request.reason, "reason", MAX_REASON)
+        await self.db.operator.step_retry(run_id, [node], actor=actor_of(context), reason=reason)
+        run = await self._run(run_id)
+        attempt = attempt_of(run, node)
+        log.info(
+            "node %s of run %s retried after attempt %d",
+            node,
+            run_id,
+            attempt,
+            extra={"run_id": str(run_id), "node": node, "attempt": attempt},
+        )
+        return admin_pb.RetryResponse(run=run)
+
+    @rpc
+    async def RetryAll(
+        self, request: admin_pb.RetryAllRequest, context: Context
+    ) -> admin_pb.RetryAllResponse:
+        run_id = parse_uuid(request.run_id)
+        reason = text(request.reason, "reason", MAX_REASON)
+        nodes = await self.db.operator.step_retry(
+            run_id, None, actor=actor_of(context), reason=reason
+        )
+        log.info("run %s: retried %s", run_id, ", ".join(nodes), extra={"run_id": str(run_id)})
+        return admin_pb.RetryAllResponse(nodes=nodes, run=await self._run(run_id))
+
+    @rpc
+    async def Resolve(
+        self, request: admin_pb.ResolveRequest, context: Context
+    ) -> admin_pb.ResolveResponse:
+        run_id = parse_uuid(request.run_id)
+        step_id = step_call_name(request.step_id, "step_id") if request.step_id else None
+        # With a step_id the node may be left out: the one the run is blocked on.
+        node = node_name(request.node) if request.node or step_id is None else None
+        reason = text(request.reason, "reason", MAX_REASON)
+        choice = request.WhichOneof("resolution")
+        if choice == "result":
+            value: str | None = self.payloads.to_json(request.result, "result")
+        elif choice == "error":
+            if not request.error:
+                raise errors.InvalidArgument("error must say what failed")
+            value = json.dumps(text(request.error, "error", MAX_ERROR_TEXT))
+        elif choice == "discard":
+            if not request.discard:
+                raise errors.InvalidArgument("discard must be true to discard")
+            value = None
+        else:
+            raise errors.InvalidArgument("resolution is required: result, error or discard")
+        actor = actor_of(context)
+        if step_id is None:
+            assert node is not None
+            await self.db.operator.step_resolve(
+                run_id, node, choice=choice, value_json=value, actor=actor, reason=reason
+            )
+        else:
+            node = await self.db.operator.step_call_resolve(
+                run_id, node, step_id, choice=choice, value_json=value, actor=actor, reason=reason
+            )
+        run = await self._run(run_id)
+        attempt = attempt_of(run, node)
+        log.warning(
+            "run %s: node %s%s resolved as %s at attempt %d (%s)",
+            run_id,
+            node,
+            f", step call {step_id}," if step_id else "",
+            choice,
+            attempt,
+            reason or "no reason given",
+            extra={"run_id": str(run_id), "node": node, "attempt": attempt},
+        )
+        return admin_pb.ResolveResponse(run=run)

@@ -1,0 +1,270 @@
+"""Request validation shared by the services: texts, names, limits, page tokens,
+the log lines and waits of worker requests. Raises domain errors (service.errors)."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeAlias, TypeVar
+
+import grpc
+from google.protobuf import duration_pb2
+
+from cyclone import dag
+from cyclone.v1 import (
+    worker_service_pb2 as worker_pb,
+)
+from cyclone.v1 import (
+    workflow_service_pb2 as workflow_pb,
+)
+from service import errors
+from service.api import auth, convert
+from service.api.ids import parse_uuid
+from service.config import Settings
+from service.db.waits import WaitKey
+from service.engine.waits import event_wait
+
+T = TypeVar("T")
+
+MAX_WORKER_ID = 200
+
+MAX_REASON = 2000
+
+MAX_ERROR_TEXT = 64 * 1024
+
+#: Longest step_id and function name of a step call, and the largest seq.
+MAX_STEP_CALL_NAME = 200
+
+MAX_STEP_CALL_SEQ = 100_000
+
+#: Most actions one Claim may name.
+MAX_CLAIM_ACTIONS = 1000
+
+#: The function a child run's step call is journaled under (StartChild).
+CHILD_FUNCTION = "cyclone.start_child"
+
+
+def seconds(d: duration_pb2.Duration) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
+def text(value: str, what: str, limit: int) -> str:
+    if len(value) > limit:
+        raise errors.InvalidArgument(f"{what} is {len(value)} characters; the limit is {limit}")
+    if "\x00" in value:
+        raise errors.InvalidArgument(f"{what} contains a NUL character")
+    return value
+
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+
+def actor_of(context: Context) -> str:
+    """Who to name in audit entries: the authenticated caller when auth is on."""
+    identity = auth.caller.get()
+    if identity is not None:
+        return identity.name
+    for key, value in context.invocation_metadata() or ():
+        if key == "cyclone-actor" and value:
+            return text(str(value), "cyclone-actor metadata", 200)
+    return context.peer() or "unknown"
+
+
+def step_call_name(value: str, what: str) -> str:
+    """A step call's step_id or function: 1 to 200 printable characters."""
+    if not value:
+        raise errors.InvalidArgument(f"{what} is required")
+    if len(value) > MAX_STEP_CALL_NAME:
+        raise errors.InvalidArgument(
+            f"{what} is {len(value)} characters; the limit is {MAX_STEP_CALL_NAME}"
+        )
+    if not value.isprintable():
+        raise errors.InvalidArgument(
+            f"{what} {dag.excerpt(value)} holds a control or other unprintable character"
+        )
+    return value
+
+
+#: Most node names WorkerServicer keeps as checked (node_names).
+MAX_NODE_NAMES = 10_000
+
+
+def node_name(value: str) -> str:
+    dag.check_name("node", value)
+    return value
+
+
+def payloads_of(settings: Settings) -> convert.Payloads:
+    return convert.Payloads(settings.max_payload_bytes, settings.max_json_depth)
+
+
+def limits_of(settings: Settings) -> dag.Limits:
+    """The workflow limits of this server (--max-nodes and the others)."""
+    return dag.Limits(
+        settings.max_nodes, settings.max_dependencies, settings.max_dependents, settings.max_edges
+    )
+
+
+def page_size(asked: int) -> int:
+    """A List call's page size: 1 to 1000, 50 when not given."""
+    size = asked or 50
+    if not 1 <= size <= 1000:
+        raise errors.InvalidArgument(f"page_size must be between 1 and 1000, got {size}")
+    return size
+
+
+def item(i: int, field: str, parse: Callable[[Any], T], request: Any) -> T:
+    """One item of a batch, validated; its errors name it (field[i])."""
+    try:
+        return parse(request)
+    except (errors.CycloneError, dag.InvalidWorkflow) as exc:
+        raise type(exc)(f"{field}[{i}]: {exc}") from None
+
+
+#: CountRuns counts each status exactly up to its limit: this one by default, at most
+#: MAX_COUNT_LIMIT (each count reads up to limit + 1 index entries).
+DEFAULT_COUNT_LIMIT = 1000
+
+MAX_COUNT_LIMIT = 100_000
+
+#: Longest worker_id or action a ListSteps filter takes.
+MAX_FILTER = 200
+
+#: ListWorkers' most workers.
+MAX_WORKERS_LISTED = 1000
+
+
+def run_filters(
+    request: workflow_pb.ListRunsRequest | workflow_pb.CountRunsRequest,
+) -> dict[str, Any]:
+    """ListRuns' and CountRuns' filters, validated, as the db wing takes them."""
+    if len(request.statuses) > len(convert.RUN_STATUS):
+        raise errors.InvalidArgument(
+            f"statuses names {len(request.statuses)} statuses; there are {len(convert.RUN_STATUS)}"
+        )
+    statuses = []
+    for s in request.statuses:
+        if s not in convert.RUN_STATUS_NAME:
+            raise errors.InvalidArgument(f"unknown run status {s} in statuses")
+        statuses.append(convert.RUN_STATUS_NAME[s])
+    if request.workflow:
+        dag.check_name("workflow", request.workflow)
+    if request.key:
+        dag.check_submit_key(request.key)
+    return {
+        "workflow": request.workflow or None,
+        "statuses": statuses or None,
+        "created_after": (
+            convert.to_datetime(request.created_after, "created_after")
+            if request.HasField("created_after")
+            else None
+        ),
+        "created_before": (
+            convert.to_datetime(request.created_before, "created_before")
+            if request.HasField("created_before")
+            else None
+        ),
+        "key": request.key or None,
+    }
+
+
+def encode_page_token(at: datetime, run_id: uuid.UUID, node: str | None = None) -> str:
+    """A position in a list: a run's (created_at, run_id), or a step's (time, run_id,
+    node)."""
+    parts = [at.isoformat(), str(run_id)] + ([node] if node is not None else [])
+    return base64.urlsafe_b64encode(json.dumps(parts).encode()).decode()
+
+
+#: Longer than any token this server issues (about 100 characters).
+MAX_PAGE_TOKEN = 256
+
+
+def decode_page_token(token: str) -> tuple[datetime, uuid.UUID]:
+    """The run a ListRuns page token names."""
+    at, run_id, _ = decode_position(token, node=False)
+    return at, run_id
+
+
+def decode_position(token: str, *, node: bool = True) -> tuple[datetime, uuid.UUID, str]:
+    """The position a page token names (a step's with ``node``; else node is "").
+    Anything this server did not issue (too long, not base64, not a JSON list of two
+    strings, or three for a step, a naive time, not a UUID) is INVALID_ARGUMENT, and a
+    token is never parsed past its length limit."""
+    bad = errors.InvalidArgument("page_token is not one this server issued")
+    if len(token) > MAX_PAGE_TOKEN:
+        raise bad
+    try:
+        decoded = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))
+        if not (
+            isinstance(decoded, list)
+            and len(decoded) == (3 if node else 2)
+            and all(isinstance(part, str) for part in decoded)
+        ):
+            raise bad
+        at = datetime.fromisoformat(decoded[0])
+        if at.tzinfo is None:
+            raise bad
+        return at, uuid.UUID(decoded[1]), decoded[2] if node else ""
+    except (ValueError, TypeError, UnicodeError, RecursionError):
+        raise bad from None
+
+
+#: Lines one Heartbeat or Complete may carry; the cap per attempt is the engine's
+#: (service/schema/55_step_logs.sql: 1000 lines, 256 KiB), this bounds one request.
+MAX_LOG_LINES = 1001
+
+MAX_LOG_MESSAGE = 4096
+
+
+def logs_json(request: worker_pb.HeartbeatRequest | worker_pb.CompleteRequest) -> str | None:
+    """step_logs_add's lines of a request, as JSON; None when it carries none. Every line
+    sent is checked, kept or not: a NUL character in a text (which Postgres refuses) or
+    a time outside the Timestamp range refuses the whole request, naming the line."""
+    if not request.logs:
+        return None
+    lines = []
+    for i, line in enumerate(request.logs):
+        level, logger, message = line.level, line.logger, line.message
+        for field, text in (("level", level), ("logger", logger), ("message", message)):
+            if "\x00" in text:
+                raise errors.InvalidArgument(f"logs[{i}].{field} contains a NUL character")
+        at = convert.to_datetime(line.at, f"logs[{i}].at") if line.HasField("at") else None
+        if i >= MAX_LOG_LINES:
+            continue  # more than an attempt keeps: checked, not sent on
+        item: dict[str, Any] = {
+            "level": level[:16],
+            "logger": logger[:200],
+            "message": message[:MAX_LOG_MESSAGE],
+        }
+        if at is not None:
+            item["at"] = at.isoformat()
+        lines.append(item)
+    return json.dumps(lines, ensure_ascii=False)
+
+
+def check_seq(seq: int) -> None:
+    if not 1 <= seq <= MAX_STEP_CALL_SEQ:
+        raise errors.InvalidArgument(f"seq must be between 1 and {MAX_STEP_CALL_SEQ}, got {seq}")
+
+
+def wait_key(run_id: str, node: str, token: str, request: worker_pb.WaitRequest) -> WaitKey:
+    """A validated Wait: the step call's key and what it waits for."""
+    check_seq(request.seq)
+    key = WaitKey(run_id, node, token, step_call_name(request.step_id, "step_id"), request.seq, "")
+    until = request.WhichOneof("until")
+    if until == "wake_at":
+        wake_at = convert.to_datetime(request.wake_at, "wake_at")
+        return dataclasses.replace(key, function="cyclone.sleep", wake_at=wake_at)
+    if until == "event":
+        event = request.event
+        timeout = seconds(event.timeout) if event.HasField("timeout") else None
+        name, timeout = event_wait(event.name, timeout, "event")
+        return dataclasses.replace(key, function="cyclone.event", event=name, timeout_s=timeout)
+    if until == "child_run_id":
+        child = parse_uuid(request.child_run_id, "child_run_id")
+        return dataclasses.replace(key, function="cyclone.child", child=child)
+    raise errors.InvalidArgument("until is required: wake_at, event or child_run_id")

@@ -1,0 +1,161 @@
+"""The Work stream's message protocol: credit, claims as the credit allows, and
+reports answered in order (WorkerService.Work in the protos)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+from google.protobuf import duration_pb2
+
+from cyclone.v1 import (
+    worker_service_pb2 as worker_pb,
+)
+from service import errors
+from service.api import wire
+from service.api.build import rare_parts
+from service.api.status import stream_rpc
+from service.api.validate import Context
+from service.config import Settings
+from service.db import Database
+from service.db.records import ClaimedStep
+from service.engine.claims import Claimer, Claims
+from service.engine.notify import Dispatcher
+from service.metrics import Metrics
+
+#: The most credit a Work stream may hold unused.
+MAX_WORK_CREDIT = 10_000
+
+_WORK_REPORT = wire.field_tag(worker_pb.WorkResponse, "report")
+
+
+def _credit(held: int, granted: int) -> int:
+    """A Work stream's credit after a request grants ``granted`` more."""
+    if not 0 <= granted <= 1000:
+        raise errors.InvalidArgument(f"credit must be between 0 and 1000, got {granted}")
+    if held + granted > MAX_WORK_CREDIT:
+        raise errors.InvalidArgument(
+            f"credit unused would be {held + granted}; the limit is {MAX_WORK_CREDIT}"
+        )
+    return held + granted
+
+
+def _work_answer(report: bytes) -> bytes:
+    """WorkResponse.report, serialized, from a serialized CompleteManyResponse."""
+    return wire.length_delimited(_WORK_REPORT, report)
+
+
+class WorkStream:
+    """WorkerService.Work (a base of WorkerServicer)."""
+
+    db: Database
+    claims: Claims
+    metrics: Metrics
+    settings: Settings
+    dispatcher: Dispatcher
+    # WorkerServicer's: a report applied and answered, and who claims what.
+    _report: Callable[[worker_pb.CompleteManyRequest], Awaitable[bytes]]
+    _claimer: Callable[[str, Sequence[worker_pb.ActionSpec], duration_pb2.Duration | None], Claimer]
+
+    @stream_rpc
+    async def Work(
+        self, requests: AsyncIterator[worker_pb.WorkRequest], context: Context
+    ) -> AsyncIterator[bytes]:
+        """A worker's session: claims made as the credit allows, reports answered in
+        order (WorkerService.Work in the protos). Yields serialized WorkResponses."""
+        stream = aiter(requests)
+        request = await anext(stream, None)
+        if request is None:
+            return
+        if not request.HasField("open"):
+            raise errors.InvalidArgument("the first message of a Work stream must set open")
+        opened = request.open
+        who = self._claimer(
+            opened.worker_id, opened.actions, opened.lease if opened.HasField("lease") else None
+        )
+        credit = 0
+        reading: asyncio.Future[worker_pb.WorkRequest | None] | None = None
+        self.metrics.work_streams.inc()
+        try:
+            with self.dispatcher.subscribe(who.actions) as ready:
+                while True:
+                    answer: bytes | None = None
+                    if request is not None:
+                        if reading is not None and request.HasField("open"):
+                            raise errors.InvalidArgument(
+                                "open may be set only in the first message of a Work stream"
+                            )
+                        credit = _credit(credit, request.credit)
+                        if request.HasField("report"):
+                            answer = await self._report(request.report)
+                        request = None
+                        # The next request is read meanwhile; its arrival wakes the wait.
+                        reading = asyncio.ensure_future(anext(stream, None))
+                        reading.add_done_callback(lambda _: ready.set())
+                    assert reading is not None
+                    if self.claims.stopping.is_set():
+                        if answer is not None:
+                            yield _work_answer(answer)
+                        return
+                    steps = b""
+                    full = False
+                    if credit > 0:
+                        # Cleared before the claim: a wake-up while it runs is not lost.
+                        ready.clear()
+                        limit = min(credit, self.settings.max_claim_batch)
+                        try:
+                            steps, handed = await self._work_claim(who, limit)
+                        except Exception:
+                            if answer is not None:  # applied: its answer goes first
+                                yield _work_answer(answer)
+                            raise
+                        credit -= handed
+                        full = handed == limit
+                    if answer is not None:
+                        yield steps + _work_answer(answer)
+                    elif steps:
+                        yield steps
+                    if full and credit > 0:
+                        continue  # as many as asked: more may be ready
+                    if not reading.done():
+                        await self.claims.wait_for_work(who, ready, reading, credit > 0)
+                    if reading.done():
+                        request = reading.result()
+                        if request is None:
+                            return  # the worker closed its side: the session is over
+        finally:
+            self.metrics.work_streams.dec()
+            if reading is not None and not reading.done():
+                reading.cancel()
+
+    async def _work_claim(self, who: Claimer, limit: int) -> tuple[bytes, int]:
+        """One claim of a Work stream: the serialized steps and blocked runs of a
+        WorkResponse, and how many steps it hands out."""
+        steps, blocked = await self.claims.take(who, limit)
+        out = b""
+        if steps:
+            out = wire.work_steps(steps, rare_parts)
+        if blocked:
+            response = worker_pb.WorkResponse(blocked=await self._blocked_steps(blocked))
+            out += response.SerializeToString()
+        return out, len(steps)
+
+    async def _blocked_steps(self, rows: Sequence[ClaimedStep]) -> list[worker_pb.BlockedStep]:
+        """What a claim blocked, with the reason each run's error gives, for its worker."""
+        if not rows:
+            return []
+        run_errors = await self.db.runs.runs_errors([r.run_id for r in rows])
+        found = []
+        for r in rows:
+            error = run_errors.get(r.run_id) or {}
+            found.append(
+                worker_pb.BlockedStep(
+                    run_id=r.run_id,
+                    node=r.node,
+                    attempt=r.attempt,
+                    action=r.action,
+                    step_id=error.get("step_id") or "",
+                    reason=error.get("message") or "EffectUncertain",
+                )
+            )
+        return found

@@ -1,0 +1,187 @@
+"""Steps: the claim (plain, or Citus's behind the same seam), handing back
+undelivered claims, heartbeats, due times and the listing of running steps."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, NamedTuple, Protocol
+
+from service.db.completion import logs_items
+from service.db.pool import Pool, Repository
+from service.db.records import ClaimedStep, Outcome, Ready, StepErrorJson, StepJson
+from service.db.shards import ShardedClaim
+
+
+class StepListed(NamedTuple):
+    """steps_list: a step across runs, with its run's workflow and its errors."""
+
+    at: datetime
+    run_id: uuid.UUID
+    workflow: str
+    step: StepJson
+    errors: list[StepErrorJson]
+
+
+class NextDue(NamedTuple):
+    """step_next_due"""
+
+    seconds: float | None
+
+
+class Attempt(NamedTuple):
+    """step_attempt"""
+
+    attempt: int
+
+
+class Heartbeat(NamedTuple):
+    """step_heartbeat"""
+
+    lease_expires_at: datetime
+    cancelled: bool
+
+
+class Claim(Protocol):
+    """How steps are claimed: one claim's statements, for a worker."""
+
+    async def claim(
+        self,
+        worker_id: str,
+        actions: list[str],
+        unsafe: list[str],
+        limit: int,
+        lease_s: float,
+        flow: Mapping[str, list[Any]],
+    ) -> list[ClaimedStep]: ...
+
+
+class PlainClaim(Repository):
+    """A claim on a plain database: one call of step_claim."""
+
+    async def claim(
+        self,
+        worker_id: str,
+        actions: list[str],
+        unsafe: list[str],
+        limit: int,
+        lease_s: float,
+        flow: Mapping[str, list[Any]],
+    ) -> list[ClaimedStep]:
+        return await self._all(
+            "step_claim",
+            ClaimedStep,
+            worker_id=worker_id,
+            actions=actions,
+            unsafe=unsafe,
+            limit=limit,
+            lease_s=lease_s,
+            **flow,
+        )
+
+
+class Steps(Repository):
+    """Claims, hand-backs, heartbeats and reads of steps."""
+
+    def __init__(self, pool: Pool) -> None:
+        super().__init__(pool)
+        #: The claim for this database (Database.start chooses it; else the first
+        #: claim does).
+        self.claim: Claim | None = None
+
+    def choose(self, sharded: bool) -> None:
+        """Claim as a sharded (Citus) database needs, or as a plain one does."""
+        self.claim = ShardedClaim(self.pool) if sharded else PlainClaim(self.pool)
+
+    async def step_claim(
+        self,
+        *,
+        worker_id: str,
+        actions: list[str],
+        unsafe: list[str],
+        limit: int,
+        lease_s: float,
+        rates: Mapping[str, tuple[int, float]] | None = None,
+    ) -> list[ClaimedStep]:
+        """rates: the actions the worker declares rate limited, with (count, period_s)."""
+        rated = list((rates or {}).items())
+        flow: dict[str, list[Any]] = {
+            "rate_actions": [a for a, _ in rated],
+            "rate_counts": [c for _, (c, _) in rated],
+            "rate_periods": [p for _, (_, p) in rated],
+        }
+        if self.claim is None:
+            self.choose(await self.is_sharded())
+            assert self.claim is not None
+        return await self.claim.claim(worker_id, actions, unsafe, limit, lease_s, flow)
+
+    async def steps_release(self, claimed: Sequence[ClaimedStep]) -> int:
+        """Hand back claimed steps that never reached their worker."""
+        rows = await self._all(
+            "steps_release",
+            Ready,
+            run_ids=[r.run_id for r in claimed],
+            nodes=[r.node for r in claimed],
+            tokens=[r.lease_token for r in claimed],
+            uncertain=[r.effect_uncertain for r in claimed],
+        )
+        return len(rows)
+
+    async def step_next_due(self, actions: list[str]) -> float | None:
+        name = "step_next_due_sharded" if await self.is_sharded() else "step_next_due"
+        row = await self._one(name, NextDue, actions=actions)
+        return None if row is None or row.seconds is None else float(row.seconds)
+
+    async def step_attempt(self, run_id: str, node: str) -> int | None:
+        row = await self._one("step_attempt", Attempt, run_id=run_id, node=node)
+        return None if row is None else int(row.attempt)
+
+    async def step_heartbeat(
+        self,
+        run_id: str,
+        node: str,
+        lease_token: str,
+        *,
+        lease_s: float,
+        progress_json: str | None,
+        logs_json: str | None = None,
+    ) -> Heartbeat:
+        """``logs_json``: the handler's log lines (a JSON array), stored with it."""
+        logs = None
+        if logs_json is not None:
+            logs = logs_items([Outcome(run_id, node, lease_token, logs_json=logs_json)])
+        [row] = await self._logged(
+            "step_heartbeat",
+            Heartbeat,
+            logs,
+            run_id=run_id,
+            node=node,
+            lease_token=lease_token,
+            lease_s=lease_s,
+            progress=progress_json,
+        )
+        return row
+
+    async def steps_list(
+        self,
+        *,
+        kind: str,
+        lease_expired: bool,
+        worker_id: str | None,
+        action: str | None,
+        after: tuple[datetime, uuid.UUID, str] | None,
+        limit: int,
+    ) -> list[StepListed]:
+        return await self._all(
+            "steps_list",
+            StepListed,
+            kind=kind,
+            lease_expired=lease_expired,
+            worker_id=worker_id,
+            action=action,
+            after_at=after[0] if after else None,
+            after_run_id=str(after[1]) if after else None,
+            after_node=after[2] if after else None,
+            limit=limit,
+        )

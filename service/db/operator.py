@@ -1,0 +1,105 @@
+"""Operator actions: cancel a run, retry or resolve steps, resolve a blocked
+step call."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, NamedTuple
+
+from service.db.pool import Repository
+from service.db.records import Ready
+
+
+class Cancelled(NamedTuple):
+    """run_cancel"""
+
+    run_cancel: Any
+    #: The actions of the steps it made claimable (parents woken), comma-separated.
+    ready: str | None
+
+
+class CallResolved(NamedTuple):
+    """step_call_resolve: the node whose step call was resolved."""
+
+    node: str
+    ready: str | None
+
+
+class Retried(NamedTuple):
+    """step_retry"""
+
+    nodes: list[str]
+    ready: str | None
+
+
+class Operator(Repository):
+    """What operators do to runs: cancel, retry, resolve."""
+
+    async def run_cancel(
+        self, run_id: uuid.UUID, *, actor: str, reason: str, keep_children: bool = False
+    ) -> None:
+        await self._all(
+            "run_cancel",
+            Cancelled,
+            run_id=str(run_id),
+            actor=actor,
+            reason=reason,
+            keep_children=keep_children,
+        )
+
+    async def step_call_resolve(
+        self,
+        run_id: uuid.UUID,
+        node: str | None,
+        step_id: str,
+        *,
+        choice: str,
+        value_json: str | None,
+        actor: str,
+        reason: str,
+    ) -> str:
+        """Resolve a run blocked on a step call; returns the node (``node`` None: the
+        one the run's error names)."""
+        row = await self._one(
+            "step_call_resolve",
+            CallResolved,
+            run_id=str(run_id),
+            node=node,
+            step_id=step_id,
+            choice=choice,
+            value=value_json,
+            actor=actor,
+            reason=reason,
+        )
+        assert row is not None
+        return row.node
+
+    async def step_retry(
+        self, run_id: uuid.UUID, nodes: list[str] | None, *, actor: str, reason: str
+    ) -> list[str]:
+        row = await self._one(
+            "step_retry", Retried, run_id=str(run_id), nodes=nodes, actor=actor, reason=reason
+        )
+        assert row is not None
+        return list(row.nodes)
+
+    async def step_resolve(
+        self,
+        run_id: uuid.UUID,
+        node: str,
+        *,
+        choice: str,
+        value_json: str | None,
+        actor: str,
+        reason: str,
+    ) -> None:
+        await self._all(
+            "step_resolve",
+            Ready,
+            run_id=str(run_id),
+            node=node,
+            choice=choice,
+            value=value_json,
+            actor=actor,
+            reason=reason,
+        )

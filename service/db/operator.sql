@@ -1,0 +1,23 @@
+-- Named queries of the server's db wing: operator (service/db/operator.py).
+-- Each block starts with "-- name: <name>"; parameters are bound (:name), never formatted in.
+
+-- name: step_retry
+SELECT nodes, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.step_retry(CAST(:run_id AS uuid), CAST(:nodes AS text[]), :actor, :reason)
+       AS nodes;
+
+-- name: step_resolve
+SELECT current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.step_resolve(CAST(:run_id AS uuid), :node, :choice, CAST(:value AS jsonb),
+                            :actor, :reason);
+
+-- name: step_call_resolve
+SELECT node, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.step_call_resolve(CAST(:run_id AS uuid), :node, :step_id, :choice,
+                                 CAST(:value AS jsonb), :actor, :reason) AS node;
+
+-- name: run_cancel
+-- With the actions it made claimable (a parent's node waiting for a child cancelled
+-- here is woken), as the transitions' queries return them.
+SELECT c.run_cancel, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.run_cancel(CAST(:run_id AS uuid), :actor, :reason, :keep_children) AS c(run_cancel);

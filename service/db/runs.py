@@ -1,0 +1,356 @@
+"""Runs: submitting one (and a child run of a step call), reading one with its
+steps, listing and counting them, their log lines, errors and what Explain reads."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from uuid6 import uuid7
+
+from cyclone.dag import NodeSpec
+from service import errors
+from service.db.completion import StepCallKey
+from service.db.pool import Repository
+from service.db.records import (
+    AuditJson,
+    CancelJson,
+    LastErrorJson,
+    RunErrorJson,
+    StepCallJson,
+    StepErrorJson,
+    StepJson,
+    UpstreamJson,
+)
+
+
+class Submitted(NamedTuple):
+    """run_submit"""
+
+    run_id: uuid.UUID
+    created: bool
+    ready: str | None
+
+
+class RunRow(NamedTuple):
+    """run_get: a run with its steps, errors and audit trail."""
+
+    run_id: uuid.UUID
+    workflow: str
+    status: str
+    input: Any
+    error: RunErrorJson | None
+    submit_key: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    parent_run_id: uuid.UUID | None
+    parent_node: str | None
+    parent_step_id: str | None
+    steps: list[StepJson]
+    errors: list[StepErrorJson]
+    audit: list[AuditJson]
+    priority: int
+    start_at: datetime | None
+
+
+class RunSummary(NamedTuple):
+    """runs_list: a run with the count of its steps by status."""
+
+    run_id: uuid.UUID
+    workflow: str
+    status: str
+    input: Any
+    error: RunErrorJson | None
+    submit_key: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    parent_run_id: uuid.UUID | None
+    parent_node: str | None
+    parent_step_id: str | None
+    step_counts: dict[str, int] | None
+
+
+class RunCountRow(NamedTuple):
+    """runs_count: the runs in one status, counted up to the limit asked."""
+
+    status: str
+    n: int
+
+
+class ChildStarted(NamedTuple):
+    """child_start: the child run of a step call, and whether this call submitted it."""
+
+    child_run_id: uuid.UUID
+    created: bool
+    call: StepCallJson
+    ready: str | None
+
+
+class LogRow(NamedTuple):
+    """step_logs_get: one log line of a step's attempt."""
+
+    node: str
+    attempt: int
+    seq: int
+    at: datetime
+    level: str
+    logger: str
+    message: str
+
+
+class RunErrorRow(NamedTuple):
+    """runs_errors"""
+
+    run_id: uuid.UUID
+    error: Any
+
+
+class ExplainFacts(NamedTuple):
+    """step_explain: everything Explain needs about one step (step columns are None
+    when the run has no such node)."""
+
+    run_status: str
+    run_error: RunErrorJson | None
+    now: datetime
+    node: str | None
+    action: str
+    status: str
+    attempt: int
+    max_attempts: int
+    trigger_rule: str
+    deps_open: int
+    available_at: datetime | None
+    lease_expires_at: datetime | None
+    deadline_at: datetime | None
+    worker_id: str | None
+    started_at: datetime | None
+    last_heartbeat_at: datetime | None
+    finished_at: datetime | None
+    unsafe: bool | None
+    effect_uncertain: bool
+    last_error: LastErrorJson | None
+    upstream: list[UpstreamJson]
+    failed_upstream: list[UpstreamJson] | None
+    polled_at: datetime | None
+    polled_by: str | None
+    claimed_at: datetime | None
+    claimed_by: str | None
+    ready_ahead: int | None
+    action_running: int | None
+    cancel: CancelJson | None
+    run_id: uuid.UUID
+    waiting_for: str | None
+    resumes: int | None
+    concurrency_key: str | None
+    concurrency_limit: int | None
+    key_running: int | None
+    rate_reopens_at: datetime | None
+
+
+class ExplainCounts(NamedTuple):
+    """step_explain_counts: Explain's counts of other steps (read across shards)."""
+
+    ready_ahead: int | None
+    action_running: int | None
+    key_running: int | None
+
+
+def submit_key_id(workflow: str, submit_key: str) -> uuid.UUID:
+    """The id of a SubmitOnce key and of the run it makes, as cyclone.submit_key_id
+    computes it: a name-based UUID (version 8) of SHA-256 over a prefix, the workflow, a
+    NUL and the key."""
+    digest = hashlib.sha256(
+        b"cyclone submit key\0" + workflow.encode() + b"\0" + submit_key.encode()
+    ).digest()
+    raw = bytearray(digest[:16])
+    raw[6] = raw[6] & 0x0F | 0x80
+    raw[8] = raw[8] & 0x3F | 0x80
+    return uuid.UUID(bytes=bytes(raw))
+
+
+#: Nodes plus edges past which a workflow is validated and encoded in a worker thread
+#: rather than on the event loop, so that other calls keep being answered meanwhile.
+BIG_WORKFLOW = 2000
+
+
+def nodes_json(nodes: Sequence[NodeSpec]) -> str:
+    """The nodes of a validated workflow as run_submit's JSON argument; linear time.
+    Encoded node by node: one call of the C encoder over megabytes would hold the GIL,
+    and so the event loop, for all of its duration."""
+    return (
+        "["
+        + ",".join(
+            json.dumps(
+                {
+                    "name": n.name,
+                    "action": n.action,
+                    "depends_on": n.depends_on,
+                    "trigger_rule": n.trigger_rule,
+                    "max_attempts": n.max_attempts,
+                    "initial_backoff_s": n.initial_backoff_s,
+                    "max_backoff_s": n.max_backoff_s,
+                    "backoff_multiplier": n.backoff_multiplier,
+                    "timeout_s": n.timeout_s,
+                    "input": n.input,
+                    "dependents": n.dependents,
+                    "priority": n.priority,
+                    "concurrency_key": n.concurrency_key,
+                    "concurrency_limit": n.concurrency_limit,
+                    "position": i,
+                },
+                separators=(",", ":"),
+            )
+            for i, n in enumerate(nodes)
+        )
+        + "]"
+    )
+
+
+async def encoded_nodes(nodes: Sequence[NodeSpec]) -> str:
+    """nodes_json, off the event loop for a large workflow."""
+    if len(nodes) + sum(len(n.depends_on) for n in nodes) > BIG_WORKFLOW:
+        # Encoding a large workflow takes a while: not on the event loop.
+        return await asyncio.to_thread(nodes_json, nodes)
+    return nodes_json(nodes)
+
+
+class Runs(Repository):
+    """Runs: created, read, listed, counted; their logs, errors and Explain's facts."""
+
+    async def run_submit(
+        self,
+        *,
+        workflow: str,
+        nodes: Sequence[NodeSpec],
+        input_json: str | None,
+        submit_key: str | None,
+        start_at: datetime | None = None,
+        priority: int = 0,
+    ) -> tuple[uuid.UUID, bool]:
+        encoded = await encoded_nodes(nodes)
+        row = await self._one(
+            "run_submit",
+            Submitted,
+            # A keyed run's id is its key's: run_submit would take it anyway, and on
+            # Citus the call is routed by it.
+            run_id=str(uuid7() if submit_key is None else submit_key_id(workflow, submit_key)),
+            workflow=workflow,
+            submit_key=submit_key,
+            input=input_json,
+            nodes=encoded,
+            start_at=start_at,
+            priority=priority,
+        )
+        assert row is not None
+        return row.run_id, row.created
+
+    async def run_get(self, run_id: uuid.UUID, node: str | None = None) -> RunRow:
+        """The run with its steps (only ``node``'s when given), errors and audit trail."""
+        row = await self._one("run_get", RunRow, run_id=str(run_id), node=node)
+        if row is None:
+            raise errors.NotFound(f"run {run_id} not found")
+        return row
+
+    async def runs_list(
+        self,
+        *,
+        workflow: str | None,
+        statuses: list[str] | None,
+        created_after: datetime | None,
+        created_before: datetime | None,
+        after: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+        key: str | None = None,
+    ) -> list[RunSummary]:
+        return await self._all(
+            "runs_list",
+            RunSummary,
+            workflow=workflow,
+            statuses=statuses,
+            created_after=created_after,
+            created_before=created_before,
+            key=key,
+            after_created=after[0] if after else None,
+            after_run_id=str(after[1]) if after else None,
+            limit=limit,
+        )
+
+    async def runs_count(
+        self,
+        *,
+        workflow: str | None,
+        statuses: list[str],
+        created_after: datetime | None,
+        created_before: datetime | None,
+        key: str | None,
+        limit: int,
+    ) -> dict[str, int]:
+        """Runs per status in ``statuses``, each counted up to ``limit``."""
+        rows = await self._all(
+            "runs_count",
+            RunCountRow,
+            workflow=workflow,
+            statuses=statuses,
+            created_after=created_after,
+            created_before=created_before,
+            key=key,
+            limit=limit,
+        )
+        return {r.status: r.n for r in rows}
+
+    async def child_start(
+        self,
+        parent: StepCallKey,
+        *,
+        workflow: str,
+        nodes: Sequence[NodeSpec],
+        input_json: str | None,
+    ) -> ChildStarted:
+        """StartChild: submit the child run of one step call of a held step, or find the
+        one it started before."""
+        encoded = await encoded_nodes(nodes)
+        key = parent.params()
+        del key["function"], key["unsafe"]
+        row = await self._one(
+            "child_start",
+            ChildStarted,
+            **key,
+            child_run_id=str(uuid7()),
+            workflow=workflow,
+            input=input_json,
+            nodes=encoded,
+        )
+        assert row is not None
+        return row
+
+    async def step_logs(
+        self, run_id: uuid.UUID, node: str | None = None, attempt: int | None = None
+    ) -> list[LogRow]:
+        """A run's log lines (one node's, one attempt's), by node, attempt and order."""
+        return await self._all(
+            "step_logs_get", LogRow, run_id=str(run_id), node=node, attempt=attempt
+        )
+
+    async def runs_errors(self, run_ids: Sequence[str]) -> dict[str, Any]:
+        """The errors of these runs (those a claim blocked), by run (ids as text)."""
+        rows = await self._all("runs_errors", RunErrorRow, run_ids=list(run_ids))
+        return {str(row.run_id): row.error for row in rows}
+
+    async def step_explain(self, run_id: uuid.UUID, node: str) -> ExplainFacts:
+        """What Explain needs about one step; NotFound for an unknown run or node."""
+        row = await self._one("step_explain", ExplainFacts, run_id=str(run_id), node=node)
+        if row is None:
+            raise errors.NotFound(f"run {run_id} not found")
+        if row.node is None:
+            raise errors.NotFound(f"run {run_id} has no node {node!r}")
+        counts = await self._one(
+            "step_explain_counts", ExplainCounts, run_id=str(run_id), node=node
+        )
+        return row if counts is None else row._replace(**counts._asdict())

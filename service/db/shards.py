@@ -1,0 +1,90 @@
+"""A sharded database (Citus, docs/scaling.md): the claim as Citus can run it, behind
+the same seam (service.db.claim.Claim) as the plain one."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from service.db.pool import Repository
+from service.db.records import ClaimedStep
+
+
+class Candidate(NamedTuple):
+    """step_candidates_sharded: a ready step found on some shard (Citus claims), with
+    its run's shard and whether flow control applies to it."""
+
+    run_id: uuid.UUID
+    node: str
+    action: str
+    shard: int
+    concurrency_key: str | None
+    concurrency_limit: int | None
+    flow: bool
+
+
+class ShardedClaim(Repository):
+    """Claims on a sharded database."""
+
+    async def claim(
+        self,
+        worker_id: str,
+        actions: list[str],
+        unsafe: list[str],
+        limit: int,
+        lease_s: float,
+        flow: Mapping[str, list[Any]],
+    ) -> list[ClaimedStep]:
+        """A claim on a sharded database (95_shards.sql): one multi-shard read of the
+        ready steps (no locks), then each shard's taken in one delegated call, a
+        single-shard transaction (step_claim_shard), and those under flow control
+        admitted under their locks on the coordinator (step_claim_flow). Twice the steps
+        asked are read, as other servers may take some first."""
+        found = await self._all(
+            "step_candidates_sharded", Candidate, actions=actions, limit=limit * 2, **flow
+        )
+        claimed: list[ClaimedStep] = []
+        async with self._connection() as driver:
+            # The first candidates in claim order, each shard's in one call; the next
+            # ones, in the same way, while other servers took some of these first.
+            pending = [c for c in found if not c.flow]
+            while pending:
+                left = limit - sum(not r.blocked for r in claimed)
+                if left <= 0:
+                    break
+                by_shard: dict[int, list[Candidate]] = {}
+                for c in pending[:left]:
+                    by_shard.setdefault(c.shard, []).append(c)
+                pending = pending[left:]
+                for group in by_shard.values():
+                    claimed += await self._run(
+                        driver,
+                        "step_claim_shard",
+                        ClaimedStep,
+                        run_id=str(group[0].run_id),
+                        runs=[str(c.run_id) for c in group],
+                        nodes=[c.node for c in group],
+                        worker_id=worker_id,
+                        unsafe=unsafe,
+                        lease_s=lease_s,
+                    )
+            held = [c for c in found if c.flow]
+            left = limit - sum(not r.blocked for r in claimed)
+            if held and left > 0:
+                claimed += await self._run(
+                    driver,
+                    "step_claim_flow",
+                    ClaimedStep,
+                    runs=[str(c.run_id) for c in held],
+                    nodes=[c.node for c in held],
+                    actions=[c.action for c in held],
+                    keys=[c.concurrency_key for c in held],
+                    limits=[c.concurrency_limit for c in held],
+                    worker_id=worker_id,
+                    unsafe=unsafe,
+                    lease_s=lease_s,
+                    limit=left,
+                    **flow,
+                )
+        return claimed

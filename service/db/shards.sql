@@ -1,0 +1,42 @@
+-- Named queries of the server's db wing: shards (service/db/shards.py).
+-- Each block starts with "-- name: <name>"; parameters are bound (:name), never formatted in.
+
+-- name: step_candidates_sharded
+SELECT run_id, node, action, shard, concurrency_key, concurrency_limit, flow
+  FROM cyclone.step_candidates_sharded(
+           CAST(:actions AS text[]), :limit, CAST(:rate_actions AS text[]),
+           CAST(:rate_counts AS integer[]),
+           ARRAY(SELECT make_interval(secs => p)
+                   FROM unnest(CAST(:rate_periods AS float8[])) WITH ORDINALITY AS u(p, i)
+                  ORDER BY u.i));
+
+-- name: step_claim_shard
+-- Delegated whole to the node of :run_id's shard (a call outside a transaction block).
+-- The columns of step_claim, ids as text.
+SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts,
+       c.input, c.run_input::text AS run_input, c.upstream::text AS upstream,
+       c.lease_token::text AS lease_token,
+       c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
+       c.waited_s, c.upstream_failures, c.journal
+  FROM cyclone.step_claim_shard(CAST(:run_id AS uuid), CAST(:runs AS uuid[]),
+                                CAST(:nodes AS text[]), :worker_id, CAST(:unsafe AS text[]),
+                                make_interval(secs => :lease_s)) c;
+
+-- name: step_claim_flow
+-- The columns of step_claim, ids as text.
+SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts,
+       c.input, c.run_input::text AS run_input, c.upstream::text AS upstream,
+       c.lease_token::text AS lease_token,
+       c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
+       c.waited_s, c.upstream_failures, c.journal
+  FROM cyclone.step_claim_flow(CAST(:runs AS uuid[]), CAST(:nodes AS text[]),
+                               CAST(:actions AS text[]), CAST(:keys AS text[]),
+                               CAST(:limits AS integer[]), :worker_id, CAST(:unsafe AS text[]),
+                               make_interval(secs => :lease_s), :limit,
+                               CAST(:rate_actions AS text[]), CAST(:rate_counts AS integer[]),
+                               ARRAY(SELECT make_interval(secs => p)
+                                       FROM unnest(CAST(:rate_periods AS float8[]))
+                                            WITH ORDINALITY AS u(p, i) ORDER BY u.i)) c;
+
+-- name: sharded
+SELECT cyclone.sharded() AS sharded;

@@ -1,0 +1,216 @@
+"""The claim loop: claims made for a worker (a Claim's long poll, or a Work stream's
+claims as its credit allows), the steps handed back when the caller went away, the
+bookkeeping of steps handed out, and the wait for work to become ready."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from service.config import Settings
+from service.db import Database
+from service.db.records import ClaimedStep
+from service.engine.activity import ActionActivity, Handouts
+from service.engine.notify import Dispatcher
+from service.metrics import Metrics
+
+log = logging.getLogger("cyclone")
+
+
+class Claimer(NamedTuple):
+    """Who claims, and what: a Claim's (or a Work stream's) worker and actions, checked."""
+
+    worker_id: str
+    actions: list[str]
+    #: The actions the worker marks unsafe_to_repeat.
+    unsafe: list[str]
+    #: The actions it declares rate limited: (count, period_s).
+    rates: dict[str, tuple[int, float]]
+    lease_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Claims:
+    """Claims for the workers of one server."""
+
+    db: Database
+    dispatcher: Dispatcher
+    settings: Settings
+    metrics: Metrics
+    activity: ActionActivity
+    handouts: Handouts
+    #: Set when the server stops: waiting claims answer at once.
+    stopping: asyncio.Event
+
+    async def take(self, who: Claimer, limit: int) -> tuple[list[ClaimedStep], list[ClaimedStep]]:
+        """One claim for ``who``: the steps handed out, and those that blocked their run
+        instead (unsafe to repeat, their lease lost)."""
+        worker_id, actions, unsafe, rates, lease = who
+        self.activity.polled(actions, worker_id)
+        rows = await self.claim(worker_id, actions, unsafe, limit, lease, rates)
+        blocked = [r for r in rows if self.blocked(r)]
+        steps = [r for r in rows if not r.blocked]
+        if steps:
+            self.handed_out(steps, lease)
+            self.activity.claimed({r.action for r in steps}, worker_id)
+        return steps, blocked
+
+    async def waiting(
+        self, who: Claimer, limit: int, wait: float
+    ) -> tuple[list[ClaimedStep], list[ClaimedStep]]:
+        """A Claim's long poll: :meth:`take` until it finds a step (handed out or
+        blocked), ``wait`` seconds run out, or the server stops."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        waiting = False
+        try:
+            while True:
+                with self.dispatcher.subscribe(who.actions) as ready:
+                    steps, blocked = await self.take(who, limit)
+                    remaining = deadline - loop.time()
+                    if steps or blocked or remaining <= 0 or self.stopping.is_set():
+                        return steps, blocked
+                    if not waiting:
+                        waiting = True
+                        self.metrics.waiting_claims.inc()
+                    due = await self.db.steps.step_next_due(who.actions)
+                    # The wake-up is the notification; the timeout only covers backoffs
+                    # coming due, and is a safety net (--claim-recheck) should a
+                    # notification ever be missed.
+                    recheck = self.settings.claim_recheck_s
+                    timeout = min(remaining, recheck if due is None else max(due, 0.001))
+                    # Awaited directly, not through a task: a wake-up resumes this claim
+                    # in one turn of the event loop. A stopping server wakes every waiter.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(timeout):
+                            await ready.wait()
+        finally:
+            if waiting:
+                self.metrics.waiting_claims.dec()
+
+    async def claim(
+        self,
+        worker_id: str,
+        actions: list[str],
+        unsafe: list[str],
+        limit: int,
+        lease: float,
+        rates: Mapping[str, tuple[int, float]],
+    ) -> Sequence[ClaimedStep]:
+        """Claim, and if the caller goes away meanwhile, hand the steps back at once
+        rather than leave them leased to nobody until the lease runs out."""
+        claim = asyncio.ensure_future(
+            self.db.steps.step_claim(
+                worker_id=worker_id,
+                actions=actions,
+                unsafe=unsafe,
+                limit=limit,
+                lease_s=lease,
+                rates=rates,
+            )
+        )
+        try:
+            return await asyncio.shield(claim)
+        except asyncio.CancelledError:
+            rows = [r for r in await claim if not r.blocked]
+            if rows:
+                released = await asyncio.shield(self.db.steps.steps_release(rows))
+                log.info("claim cancelled by its caller: %d step(s) handed back", released)
+                for r in rows:
+                    log.info(
+                        "step %s/%s handed back: the caller of its claim went away, so "
+                        "attempt %d did not start",
+                        r.run_id,
+                        r.node,
+                        r.attempt,
+                        extra={"run_id": str(r.run_id), "node": r.node, "attempt": r.attempt},
+                    )
+            raise
+
+    def handed_out(self, rows: Sequence[ClaimedStep], lease: float) -> None:
+        """Note the steps handed out (their outcomes are timed and logged with their
+        attempt) and count them."""
+        debug = log.isEnabledFor(logging.DEBUG)
+        now = time.monotonic()
+        add = self.handouts.add
+        # One claim's steps mostly share their action and lease times: the lifetime
+        # (datetime arithmetic) and the action's metrics are looked up once per value.
+        lifetimes: dict[tuple[Any, Any], float] = {}
+        actions: dict[str, Any] = {}
+        claimed: dict[str, int] = {}
+        for r in rows:
+            times = (r.deadline_at, r.lease_expires_at)
+            lifetime = lifetimes.get(times)
+            if lifetime is None:
+                lifetime = lifetimes[times] = (
+                    r.deadline_at - r.lease_expires_at
+                ).total_seconds() + lease
+            action = r.action
+            add(r.lease_token, action, r.attempt, lifetime, now)
+            per_action = actions.get(action)
+            if per_action is None:
+                per_action = actions[action] = self.metrics.action(action)
+                claimed[action] = 0
+            claimed[action] += 1
+            per_action.claim_wait.observe(r.waited_s)
+            if debug:
+                log.debug(
+                    "claimed %s/%s attempt %d",
+                    r.run_id,
+                    r.node,
+                    r.attempt,
+                    extra={"run_id": r.run_id, "node": r.node, "attempt": r.attempt},
+                )
+        for action, n in claimed.items():
+            actions[action].claimed.inc(n)
+
+    def blocked(self, row: ClaimedStep) -> bool:
+        if row.blocked:
+            self.metrics.blocked.labels(row.action).inc()
+        return log_blocked(row)
+
+    async def wait_for_work(
+        self,
+        who: Claimer,
+        ready: asyncio.Event,
+        reading: asyncio.Future[Any],
+        claiming: bool,
+    ) -> None:
+        """Wait for the next request of a Work stream, and while the worker has credit
+        left, for a step to become ready (a notification, or a backoff coming due)."""
+        if not claiming:
+            ready.clear()
+            if not reading.done():
+                await ready.wait()  # set by the request's arrival (and by notifications)
+            return
+        due = await self.db.steps.step_next_due(who.actions)
+        recheck = self.settings.claim_recheck_s
+        timeout = recheck if due is None else min(recheck, max(due, 0.001))
+        self.metrics.waiting_claims.inc()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await ready.wait()
+        finally:
+            self.metrics.waiting_claims.dec()
+
+
+def log_blocked(row: ClaimedStep) -> bool:
+    if row.blocked:
+        log.warning(
+            "run %s blocked: node %s (action %s) lost its lease at attempt %d with no "
+            "outcome and is unsafe to repeat; resolve it with `cyclone resolve %s %s`",
+            row.run_id,
+            row.node,
+            row.action,
+            row.attempt,
+            row.run_id,
+            row.node,
+            extra={"run_id": str(row.run_id), "node": row.node, "attempt": row.attempt},
+        )
+    return bool(row.blocked)
