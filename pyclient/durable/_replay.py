@@ -168,33 +168,42 @@ class Replay:
                 )
             self._used.add(step_id)
             self._seq += 1
-            call = Call(step_id, self._seq, fn.function, fn.unsafe_to_repeat)
-        return call, self._entry(call)
+            legacy = getattr(fn, "legacy_function", None)
+            call = Call(step_id, self._seq, fn.function, fn.unsafe_to_repeat, legacy)
+        entry = self._entry(call)
+        if entry is not None and entry.function != call.function:
+            # Recorded under an older form of its name: the journal keeps that one.
+            call = dataclasses.replace(call, function=entry.function)
+        return call, entry
 
     def _entry(self, call: Call) -> StepCall | None:
         entry = self._by_seq.get(call.seq)
+        now = f"step {call.step_id!r} of {call.function}"
         problem = None
         if entry is not None and entry.step_id != call.step_id:
             problem = (
-                f"call #{call.seq} is step {call.step_id!r} ({call.function}), but the "
-                f"journal recorded step {entry.step_id!r} ({entry.function}) there"
+                f"call #{call.seq} recorded step {entry.step_id!r} of {entry.function}; "
+                f"this replay makes {now} there"
             )
         elif entry is None and (other := self._by_id.get(call.step_id)) is not None:
             problem = (
-                f"call #{call.seq} is step {call.step_id!r}, but the journal recorded "
-                f"step {other.step_id!r} as call #{other.seq}"
+                f"step {other.step_id!r} of {other.function} was recorded as call "
+                f"#{other.seq}; this replay makes {now} as call #{call.seq}"
             )
-        elif entry is not None and entry.function != call.function:
+        elif entry is not None and not call.records(entry.function):
             problem = (
-                f"step {call.step_id!r} (call #{call.seq}) calls {call.function}, but the "
-                f"journal recorded step {entry.step_id!r} for {entry.function}"
+                f"call #{call.seq} recorded step {entry.step_id!r} of {entry.function}; "
+                f"this replay makes {now} there"
             )
         if problem is not None:
             raise self._fail(
                 ReplayMismatch(
-                    f"the durable function does not replay its journal: {problem}. A body "
-                    "must make the same step calls in the same order on every replay: "
-                    "branch only on its input and on step results"
+                    f"the durable function does not replay its journal: {problem}. The "
+                    "code changed under a run in flight, or the body depends on more than "
+                    "its input and its step results. Keep the step calls of runs in flight "
+                    "in the same order (or let them finish before deploying), and keep a "
+                    "renamed step's name with @step(name=...): see 'Changing code safely' "
+                    "in docs/durable-functions.md"
                 )
             )
         return entry

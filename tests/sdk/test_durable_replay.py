@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 
 import pytest
 
@@ -76,7 +77,7 @@ def test_a_body_of_steps_completes_and_journals_each_call_in_order():
         (2, "charge", StepCallStatus.SUCCEEDED, {"charge_id": "ch_42"}),
     ]
     assert [e.unsafe_to_repeat for e in node.journal] == [False, True]
-    assert node.journal[0].function == f"{__name__}.reserve"
+    assert node.journal[0].function == "reserve"
 
 
 def test_a_replay_after_a_crash_returns_recorded_outcomes_without_running_them():
@@ -338,7 +339,9 @@ def test_a_replay_that_calls_steps_in_another_order_fails_naming_both_step_ids()
     assert attempt.status == "failed" and not attempt.retryable
     assert isinstance(attempt.error, ReplayMismatch)
     message = str(attempt.error)
-    assert "call #1 is step 'charge'" in message and "recorded step 'reserve'" in message
+    assert "call #1 recorded step 'reserve' of reserve" in message
+    assert "this replay makes step 'charge' of charge there" in message
+    assert "Changing code safely" in message
 
 
 def test_a_replay_mismatch_fails_the_node_even_if_the_body_catches_it():
@@ -361,21 +364,88 @@ def test_a_replay_mismatch_fails_the_node_even_if_the_body_catches_it():
 
 
 def test_a_step_id_recorded_for_another_function_fails_the_replay():
+    @step
+    def work() -> int:
+        return 1
+
+    @step
+    def other() -> int:
+        return 2
+
+    use = [work]
+    node = testing.DurableNode(lambda ctx: use[0]())
+    node.run(crash=testing.END)
+    use[0] = other.with_step_id("work")
+    attempt = node.run()
+    assert isinstance(attempt.error, ReplayMismatch)
+    message = str(attempt.error)
+    assert "recorded step 'work' of " in message and ".work;" in message
+    assert "this replay makes step 'work' of " in message and ".other there" in message
+
+
+def _step_in_module(module: str, name: str | None = None):
+    """A step ``lookup`` whose function says it was defined in ``module``, as the same
+    code is when run as a script (``__main__``) and when imported."""
+
+    def lookup(key: str) -> str:
+        effects.append(f"lookup {key}")
+        return key.upper()
+
+    lookup.__module__ = module
+    lookup.__qualname__ = "lookup"
+    return step(lookup) if name is None else step(name=name)(lookup)
+
+
+def test_a_step_records_its_name_without_its_module_so_a_script_replays_imported():
+    use = [_step_in_module("__main__")]
+
+    def body(ctx):
+        return [use[0]("a"), release("a")]
+
+    node = testing.DurableNode(body)
+    node.run(crash="release", when="before_call")
+    assert [e.function for e in node.journal] == ["lookup"]
+    use[0] = _step_in_module("shop.features")
+    attempt = node.run()
+    assert attempt.status == "completed" and attempt.output == ["A", None]
+    assert effects == ["lookup a", "release a"]
+
+
+def test_a_step_name_names_the_recorded_function_so_a_renamed_function_replays():
     @step(name="work")
     def work_v1() -> int:
+        effects.append("v1")
         return 1
 
     @step(name="work")
     def work_v2() -> int:
+        effects.append("v2")
         return 2
 
     use = [work_v1]
     node = testing.DurableNode(lambda ctx: use[0]())
     node.run(crash=testing.END)
+    assert [(e.step_id, e.function) for e in node.journal] == [("work", "work")]
     use[0] = work_v2
+    assert node.run().output == 1
+    assert effects == ["v1"]
+
+
+@pytest.mark.parametrize(
+    ("recorded", "name"),
+    [("__main__.lookup", None), ("shop.features.lookup", None), ("shop.features.lookup", "x")],
+)
+def test_a_journal_recorded_with_the_module_in_the_function_still_replays(recorded, name):
+    old = _step_in_module("shop.features", name)
+    node = testing.DurableNode(lambda ctx: [old("a"), release("a")])
+    node.run(crash="release", when="before_call")
+    # What the journal of a run in flight holds when it was recorded as module.qualname.
+    journal = node._journal
+    entry = journal.get(old.name)
+    journal._entries[old.name] = dataclasses.replace(entry, function=recorded)
     attempt = node.run()
-    assert isinstance(attempt.error, ReplayMismatch)
-    assert "work_v2" in str(attempt.error) and "work_v1" in str(attempt.error)
+    assert attempt.status == "completed" and attempt.output == ["A", None]
+    assert effects == ["lookup a", "release a"]
 
 
 def test_a_step_output_must_be_json():
