@@ -35,7 +35,7 @@ def write(phase: str, detail: object = None) -> None:
 
 
 class Declined(Exception):
-    """A failure whose class belongs to this file."""
+    """A failure with attributes, whose class belongs to this file."""
 
     def __init__(self, code: str, amount: int):
         super().__init__(f"declined: {code}")
@@ -66,9 +66,20 @@ def features(ctx, data: dict, *, hang: bool) -> dict:
     try:
         pay(data["amount"])
     except StepFailed as e:
+        cause = e.exception
         write(
             "caught",
-            {"type_name": e.type_name, "message": e.message, "module": __name__},
+            {
+                "type": e.type,
+                "type_name": e.type_name,
+                "message": e.message,
+                "attributes": e.attributes,
+                "args": e.error_args,
+                "class": type(cause).__name__,
+                "is_declined": isinstance(cause, Declined),
+                "code": getattr(cause, "code", None),
+                "module": __name__,
+            },
         )
     if hang:
         write("paused")

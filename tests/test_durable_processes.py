@@ -381,8 +381,21 @@ def test_a_body_run_as_a_script_replays_when_a_worker_imports_it_and_sees_the_sa
     phases = Counter(line["phase"] for line in lab.lines())
     assert (phases["lookup"], phases["pay"], phases["finish"]) == (1, 1, 1)
     first, replay = (line["detail"] for line in seen())
-    # The same failure on both runs, though the body was __main__ the first time.
+    # The same failure on both runs, though its class was __main__'s the first time.
     assert (first.pop("module"), replay.pop("module")) == ("__main__", "tests.durable_features")
-    assert first == replay == {"type_name": "Declined", "message": "declined: insufficient_funds"}
+    assert (
+        first
+        == replay
+        == {
+            "type": "__main__.Declined",
+            "type_name": "Declined",
+            "message": "declined: insufficient_funds",
+            "attributes": {"code": "insufficient_funds", "amount": 7},
+            "args": ["declined: insufficient_funds"],
+            "class": "Declined",
+            "is_declined": True,
+            "code": "insufficient_funds",
+        }
+    )
     [step_row] = [s for s in get_run(lab.server, run_id).steps if s.node == "features"]
     assert [c.function for c in step_row.journal] == ["lookup", "pay", "finish"]

@@ -65,6 +65,9 @@ class Call:
     unsafe: bool
     #: Another recorded function that names the same call (an older form of it).
     legacy_function: str | None = None
+    #: The module of the step function (where a recorded exception's class is looked
+    #: for when the journal names the script's, ``__main__``).
+    module: str | None = None
 
     def records(self, recorded: str) -> bool:
         """Whether a journal entry recorded for ``recorded`` is a call of this

@@ -63,6 +63,7 @@ class ChildFailed(StepFailed):
             failed.message,
             failed.details,
             non_retryable=failed.non_retryable,
+            **failed.recorded(),
         )
         #: The child run.
         self.run_id = run_id
