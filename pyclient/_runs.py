@@ -154,11 +154,16 @@ class StepCallStatus(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class StepCallError:
-    """The error a step call raised: its exception's type name, message and details."""
+    """The error a step call raised: its exception's type name, message and details;
+    the module of its type, its args (a list) and its JSON attributes (a dict) when
+    its worker recorded them (empty and None otherwise)."""
 
     type: str
     message: str
     details: str
+    module: str = ""
+    args: Any = None
+    attributes: Any = None
 
     @classmethod
     def from_proto(cls, p: types_pb2.StepCallError) -> StepCallError:

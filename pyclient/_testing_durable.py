@@ -181,8 +181,13 @@ class DurableNode:
                 "ChildCancelled", f"child run {run_id} (workflow {workflow}) was cancelled", ""
             )
         elif error is not None:
+            # As the server gives it: the child run's error as the details.
+            node = next(iter(outputs)) if outputs else workflow
+            failed = {"kind": "StepDiscarded", "message": error, "node": node, "attempt": 1}
             failure = StepCallError(
-                "ChildFailed", f"child run {run_id} (workflow {workflow}) failed: {error}", ""
+                "ChildFailed",
+                f"child run {run_id} (workflow {workflow}) failed: {error}",
+                dumps(failed),
             )
         done = json.loads(dumps(outputs if outputs is not None else {workflow: output}))
         result = {"run_id": run_id, "status": "completed", "outputs": done}

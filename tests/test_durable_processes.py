@@ -352,3 +352,50 @@ def test_a_step_effect_recorded_in_its_own_transaction_happens_once_under_kills(
     # The kills landed where they were meant to: some calls ran more than once.
     entered = lab.effects("entered")
     assert sum(entered.values()) > 8
+
+
+FEATURES = Path(__file__).with_name("durable_features.py")
+
+
+def test_a_body_run_as_a_script_replays_when_a_worker_imports_it_and_sees_the_same_failure(
+    lab,
+):
+    def seen() -> list[dict[str, Any]]:
+        return [line for line in lab.lines() if line["phase"] == "caught"]
+
+    run_id = lab.client.start("features", {"key": "a", "amount": 7})
+    script = lab.spawn([str(FEATURES), lab.server.address, str(lab.effects_file), "--hang"])
+    importer = "from tests import durable_features; durable_features.main()"
+    following = lab.spawn(
+        ["-c", importer, lab.server.address, str(lab.effects_file), "--gated"], gated=True
+    )
+    eventually(lambda: any(line["phase"] == "paused" for line in lab.lines()), "the pause")
+    assert lab.journal(run_id, "features") == [("lookup", 1, "succeeded"), ("pay", 2, "failed")]
+    lab.kill(script)
+    lab.expire_leases()
+    lab.release(following)
+    run = lab.wait(run_id)
+
+    assert run.status == "completed", run
+    assert run.step("features").output == {"key": "A", "end": "done A"}
+    phases = Counter(line["phase"] for line in lab.lines())
+    assert (phases["lookup"], phases["pay"], phases["finish"]) == (1, 1, 1)
+    first, replay = (line["detail"] for line in seen())
+    # The same failure on both runs, though its class was __main__'s the first time.
+    assert (first.pop("module"), replay.pop("module")) == ("__main__", "tests.durable_features")
+    assert (
+        first
+        == replay
+        == {
+            "type": "__main__.Declined",
+            "type_name": "Declined",
+            "message": "declined: insufficient_funds",
+            "attributes": {"code": "insufficient_funds", "amount": 7},
+            "args": ["declined: insufficient_funds"],
+            "class": "Declined",
+            "is_declined": True,
+            "code": "insufficient_funds",
+        }
+    )
+    [step_row] = [s for s in get_run(lab.server, run_id).steps if s.node == "features"]
+    assert [c.function for c in step_row.journal] == ["lookup", "pay", "finish"]

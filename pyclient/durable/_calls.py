@@ -63,6 +63,20 @@ class Call:
     seq: int
     function: str
     unsafe: bool
+    #: Another recorded function that names the same call (an older form of it).
+    legacy_function: str | None = None
+    #: The module of the step function (where a recorded exception's class is looked
+    #: for when the journal names the script's, ``__main__``).
+    module: str | None = None
+
+    def records(self, recorded: str) -> bool:
+        """Whether a journal entry recorded for ``recorded`` is a call of this
+        function: the same name, or the older ``module.name`` form of it."""
+        return (
+            recorded == self.function
+            or recorded.endswith("." + self.function)
+            or (self.legacy_function is not None and recorded == self.legacy_function)
+        )
 
 
 #: A call's outcome as recorded: its JSON output, or its error.

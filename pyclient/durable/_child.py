@@ -21,6 +21,7 @@ never starts a second. ``result()`` is a wait (function ``cyclone.child``, step 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,7 +50,11 @@ RESULT_SUFFIX = ".result"
 class ChildFailed(StepFailed):
     """A child run failed or was cancelled: ``child.result()`` raises it, the same on
     every replay. ``type_name`` is ``"ChildFailed"`` or ``"ChildCancelled"`` and
-    ``message`` the child's error. A StepFailed, so ``except StepFailed`` sees it too."""
+    ``message`` the child's error. A StepFailed, so ``except StepFailed`` sees it too.
+
+    ``child_error`` is the failed child run's error as the server recorded it (its
+    ``kind``, ``message``, and the ``node`` and ``attempt`` that failed it; empty for a
+    cancelled child), ``child_node`` that node."""
 
     def __init__(self, run_id: str, failed: StepFailed):
         super().__init__(
@@ -58,9 +63,24 @@ class ChildFailed(StepFailed):
             failed.message,
             failed.details,
             non_retryable=failed.non_retryable,
+            **failed.recorded(),
         )
         #: The child run.
         self.run_id = run_id
+        #: The child run's error, as recorded when it failed ({} when not recorded).
+        self.child_error: dict[str, Any] = _run_error(failed.details)
+        #: The child's node whose failure failed it ("" when not recorded).
+        node = self.child_error.get("node")
+        self.child_node = node if isinstance(node, str) else ""
+
+
+def _run_error(details: str) -> dict[str, Any]:
+    """The run error a failed child's wait keeps as its details (JSON), or {}."""
+    try:
+        error = json.loads(details)
+    except ValueError:
+        return {}
+    return error if isinstance(error, dict) else {}
 
 
 #: The journal's names of a child's start ("child", "child#2"...) and of its wait

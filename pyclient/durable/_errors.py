@@ -3,21 +3,27 @@ what stops the body where it stands."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pyclient.errors import NonRetryableError
 from pyclient.models import StepCall
 
 
 class StepFailed(Exception):
-    """A step call raised. The body sees this exception for a step's failure on every
-    run: the first (``__cause__`` is then the original exception) and each replay
-    (the exception's class is not rebuilt from the journal: match ``type_name``).
+    """A step call raised. The body sees this exception for a step's failure, the same
+    on every run: the first and each replay see it as rebuilt from the journal's record
+    of the failure, so an ``except`` block takes the same path every time.
 
         try:
             charge(order)
         except StepFailed as e:
-            if e.type_name != "CardDeclined":
+            if not isinstance(e.exception, CardDeclined):
                 raise
-            release(order)            # a cleanup step: it runs once, durably
+            release(order, e.attributes["code"])   # a cleanup step: it runs once, durably
+
+    ``exception`` (also ``__cause__``) is the exception the function raised, rebuilt
+    from the record: its class (when the class is loaded in this process), ``args`` and
+    JSON attributes, not the original object; None when it cannot be rebuilt.
     """
 
     def __init__(
@@ -28,20 +34,43 @@ class StepFailed(Exception):
         details: str = "",
         *,
         non_retryable: bool = False,
+        type: str | None = None,
+        attributes: dict[str, Any] | None = None,
+        error_args: list[Any] | None = None,
+        exception: Exception | None = None,
     ):
         super().__init__(f"{type_name}: {message}" if message else type_name)
         #: The step call that raised.
         self.step_id = step_id
-        #: The type name of the exception the function raised, e.g. ``"CardDeclined"``;
+        #: The qualified name of the exception's class, e.g. ``"CardDeclined"``;
         #: ``"EffectFailed"`` for a failure an operator recorded with Resolve.
         self.type_name = type_name
+        #: Its importable name, module and qualified name (``"shop.errors.CardDeclined"``);
+        #: ``type_name`` alone when the journal does not record the module.
+        self.type = type or type_name
         self.message = message
         #: Its traceback, as recorded.
         self.details = details
+        #: The exception's attributes whose values are JSON, as recorded.
+        self.attributes: dict[str, Any] = dict(attributes or {})
+        #: The exception's args, as recorded (its message alone when they are not JSON).
+        self.error_args: list[Any] = list(error_args or [])
+        #: The exception rebuilt from the record, or None.
+        self.exception = exception
+        self.__cause__ = exception
         #: Not worth retrying the node for if the body lets it through: the function
         #: raised NonRetryableError or returned a value that is not JSON, or the call is
         #: unsafe_to_repeat (its recorded failure is kept, so a retry would replay it).
         self.non_retryable = non_retryable
+
+    def recorded(self) -> dict[str, Any]:
+        """The fields read from the journal, to make another StepFailed of them."""
+        return {
+            "type": self.type,
+            "attributes": self.attributes,
+            "error_args": self.error_args,
+            "exception": self.exception,
+        }
 
 
 class ReplayMismatch(NonRetryableError):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-import traceback
 from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -50,6 +49,7 @@ from pyclient.durable._errors import (
     StepFailed,
     Suspended,
 )
+from pyclient.durable._failure import Recorded, record_error
 from pyclient.errors import CycloneError, LeaseLost, NonRetryableError
 from pyclient.models import StepCall, StepCallError, StepCallStatus
 
@@ -168,33 +168,43 @@ class Replay:
                 )
             self._used.add(step_id)
             self._seq += 1
-            call = Call(step_id, self._seq, fn.function, fn.unsafe_to_repeat)
-        return call, self._entry(call)
+            legacy = getattr(fn, "legacy_function", None)
+            module = getattr(getattr(fn, "fn", None), "__module__", None)
+            call = Call(step_id, self._seq, fn.function, fn.unsafe_to_repeat, legacy, module)
+        entry = self._entry(call)
+        if entry is not None and entry.function != call.function:
+            # Recorded under an older form of its name: the journal keeps that one.
+            call = dataclasses.replace(call, function=entry.function)
+        return call, entry
 
     def _entry(self, call: Call) -> StepCall | None:
         entry = self._by_seq.get(call.seq)
+        now = f"step {call.step_id!r} of {call.function}"
         problem = None
         if entry is not None and entry.step_id != call.step_id:
             problem = (
-                f"call #{call.seq} is step {call.step_id!r} ({call.function}), but the "
-                f"journal recorded step {entry.step_id!r} ({entry.function}) there"
+                f"call #{call.seq} recorded step {entry.step_id!r} of {entry.function}; "
+                f"this replay makes {now} there"
             )
         elif entry is None and (other := self._by_id.get(call.step_id)) is not None:
             problem = (
-                f"call #{call.seq} is step {call.step_id!r}, but the journal recorded "
-                f"step {other.step_id!r} as call #{other.seq}"
+                f"step {other.step_id!r} of {other.function} was recorded as call "
+                f"#{other.seq}; this replay makes {now} as call #{call.seq}"
             )
-        elif entry is not None and entry.function != call.function:
+        elif entry is not None and not call.records(entry.function):
             problem = (
-                f"step {call.step_id!r} (call #{call.seq}) calls {call.function}, but the "
-                f"journal recorded step {entry.step_id!r} for {entry.function}"
+                f"call #{call.seq} recorded step {entry.step_id!r} of {entry.function}; "
+                f"this replay makes {now} there"
             )
         if problem is not None:
             raise self._fail(
                 ReplayMismatch(
-                    f"the durable function does not replay its journal: {problem}. A body "
-                    "must make the same step calls in the same order on every replay: "
-                    "branch only on its input and on step results"
+                    f"the durable function does not replay its journal: {problem}. The "
+                    "code changed under a run in flight, or the body depends on more than "
+                    "its input and its step results. Keep the step calls of runs in flight "
+                    "in the same order (or let them finish before deploying), and keep a "
+                    "renamed step's name with @step(name=...): see 'Changing code safely' "
+                    "in docs/durable-functions.md"
                 )
             )
         return entry
@@ -221,7 +231,7 @@ class Replay:
     ) -> Any:
         call, entry = self.open(fn, step_id)
         if entry is not None and entry.status != StepCallStatus.STARTED:
-            return self._replayed(entry)
+            return self._replayed(entry, call)
         if call.unsafe:
             decision, recorded = self._journal(self.backend.begin, call)
             if decision is not Decision.RUN:
@@ -248,7 +258,7 @@ class Replay:
         kwargs: dict[str, Any],
     ) -> Any:
         if entry is not None and entry.status != StepCallStatus.STARTED:
-            return self._replayed(entry)
+            return self._replayed(entry, call)
         self._raise_if_over()
         if call.unsafe:
             decision, recorded = await self._ajournal(self.backend.begin_async(call))
@@ -343,20 +353,14 @@ class Replay:
         if decision is Decision.UNCERTAIN:
             self.stopped = EffectUncertain(entry)
             raise self.stopped
-        return self._replayed(entry)
+        return self._replayed(entry, call)
 
-    def _replayed(self, entry: StepCall) -> Any:
+    def _replayed(self, entry: StepCall, call: Call | None = None) -> Any:
         self.replayed.append(entry.step_id)
         if entry.status == StepCallStatus.SUCCEEDED:
             return entry.output
         error = entry.error or StepCallError("UnknownError", "", "")
-        raise StepFailed(
-            entry.step_id,
-            error.type,
-            error.message,
-            error.details,
-            non_retryable=entry.unsafe_to_repeat,
-        )
+        raise step_failed(entry.step_id, error, call, non_retryable=entry.unsafe_to_repeat)
 
     def _succeeded(self, call: Call, value: Any) -> _Result:
         try:
@@ -370,20 +374,11 @@ class Replay:
 
     @staticmethod
     def _failed(call: Call, exc: Exception, *, non_retryable: bool = False) -> _Result:
-        error = StepCallError(
-            type=_clip(type(exc).__qualname__, MAX_ID),
-            message=_clip(str(exc), MAX_ERROR_TEXT),
-            details=_clip("".join(traceback.format_exception(exc)), MAX_ERROR_TEXT),
-        )
-        failed = StepFailed(
-            call.step_id,
-            error.type,
-            error.message,
-            error.details,
-            non_retryable=non_retryable or call.unsafe or isinstance(exc, NonRetryableError),
-        )
-        failed.__cause__ = exc
-        return _Result(error, error=failed)
+        """The function raised ``exc``: its record, and what the body gets, which is
+        what a replay will raise (the failure read back from its record)."""
+        error = record_error(exc, limit=MAX_ERROR_TEXT, type_limit=MAX_ID)
+        retry = non_retryable or call.unsafe or isinstance(exc, NonRetryableError)
+        return _Result(error, error=step_failed(call.step_id, error, call, non_retryable=retry))
 
     # -- the backend's answers
 
@@ -429,6 +424,19 @@ def replay_of(ctx: Context | None) -> Replay | None:
     return replay
 
 
-def _clip(text: str, limit: int) -> str:
-    text = text.replace("\x00", "\\0")
-    return text if len(text) <= limit else text[: limit - 20] + " ...(cut)"
+def step_failed(
+    step_id: str, error: StepCallError, call: Call | None, *, non_retryable: bool
+) -> StepFailed:
+    """The StepFailed a body sees for the recorded failure ``error`` of a call."""
+    recorded = Recorded(error, call.module if call is not None else None)
+    return StepFailed(
+        step_id,
+        recorded.type_name,
+        recorded.message,
+        recorded.details,
+        non_retryable=non_retryable,
+        type=recorded.type,
+        attributes=recorded.attributes,
+        error_args=recorded.args,
+        exception=recorded.exception,
+    )

@@ -38,8 +38,14 @@ class StepFunction(Generic[P, R]):
         self.name = check_step_id(fn.__name__ if name is None else name, "step name")
         if len(self.name) > MAX_ID - _SUFFIX:
             raise InvalidArgument(f"a step name must be at most {MAX_ID - _SUFFIX} characters")
-        #: What the journal records as the function (module and qualified name).
-        self.function = f"{fn.__module__}.{fn.__qualname__}"[-MAX_ID:]
+        #: What the journal records as the function: ``name`` when given, else the
+        #: function's qualified name without its module (``charge``,
+        #: ``Checkout.charge``), so the same code records the same calls whether its
+        #: module runs as ``__main__`` or is imported.
+        self.function = (fn.__qualname__ if name is None else name)[-MAX_ID:]
+        #: The form journals recorded before (module and qualified name): a replay
+        #: of a run in flight that recorded it still matches.
+        self.legacy_function = f"{fn.__module__}.{fn.__qualname__}"[-MAX_ID:]
         self.unsafe_to_repeat = unsafe_to_repeat
         self.is_async = inspect.iscoroutinefunction(fn)
         functools.update_wrapper(self, fn)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 from google.protobuf import struct_pb2
 
+from cyclone.jsonvalue import parsed_value
 from cyclone.v1 import types_pb2
 from cyclone.v1 import worker_service_pb2 as pb
 from pyclient.completion import CompletionTx, record_step_call
@@ -276,11 +277,15 @@ class GrpcJournal:
     def _end_request(self, call: Call, outcome: Outcome) -> pb.EndStepCallRequest:
         request = self._request(pb.EndStepCallRequest, call)
         if isinstance(outcome, StepCallError):
-            request.error.CopyFrom(
-                types_pb2.StepCallError(
-                    type=outcome.type, message=outcome.message, details=outcome.details
-                )
-            )
+            error = request.error
+            error.type = outcome.type
+            error.message = outcome.message
+            error.details = outcome.details
+            error.module = outcome.module
+            if outcome.args is not None:
+                error.args.CopyFrom(parsed_value(outcome.args))
+            if outcome.attributes is not None:
+                error.attributes.CopyFrom(parsed_value(outcome.attributes))
         else:
             request.output.CopyFrom(outcome)
         return request

@@ -196,6 +196,15 @@ def step_call(entry: Mapping[str, Any]) -> types_pb2.StepCall:
         call.output.CopyFrom(parsed_value(entry["output"]))
     if (e := entry["error"]) is not None:
         call.error.CopyFrom(
-            types_pb2.StepCallError(type=e["type"], message=e["message"], details=e["details"])
+            types_pb2.StepCallError(
+                type=e["type"],
+                message=e["message"],
+                details=e["details"],
+                module=e.get("module", ""),
+            )
         )
+        if "args" in e:
+            call.error.args.CopyFrom(parsed_value(e["args"]))
+        if "attributes" in e:
+            call.error.attributes.CopyFrom(parsed_value(e["attributes"]))
     return call

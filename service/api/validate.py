@@ -36,6 +36,9 @@ MAX_REASON = 2000
 
 MAX_ERROR_TEXT = 64 * 1024
 
+#: Most JSON text a step call's error may keep in args and attributes together.
+MAX_ERROR_DATA = 16 * 1024
+
 #: Longest step_id and function name of a step call, and the largest seq.
 MAX_STEP_CALL_NAME = 200
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from google.protobuf import duration_pb2
 
 from cyclone import dag, flow
+from cyclone.v1 import (
+    types_pb2,
+)
 from cyclone.v1 import (
     worker_service_pb2 as worker_pb,
 )
@@ -18,6 +22,7 @@ from service.api.ids import CANONICAL_UUID, uuid_text
 from service.api.validate import (
     CHILD_FUNCTION,
     MAX_CLAIM_ACTIONS,
+    MAX_ERROR_DATA,
     MAX_ERROR_TEXT,
     MAX_NODE_NAMES,
     MAX_STEP_CALL_NAME,
@@ -143,17 +148,35 @@ class WorkerRequests:
             output = self.payloads.to_json(request.output, "output")
             return StepCallEnd(call, output_json=output, error_json=None)
         if outcome == "error":
-            e = request.error
-            error = json.dumps(
-                {
-                    "type": text(e.type, "error.type", MAX_STEP_CALL_NAME),
-                    "message": text(e.message, "error.message", MAX_ERROR_TEXT),
-                    "details": text(e.details, "error.details", MAX_ERROR_TEXT),
-                },
-                ensure_ascii=False,
-            )
+            error = json.dumps(self._step_call_error(request.error), ensure_ascii=False)
             return StepCallEnd(call, output_json=None, error_json=error)
         raise errors.InvalidArgument("outcome is required: set output or error")
+
+    def _step_call_error(self, e: types_pb2.StepCallError) -> dict[str, Any]:
+        """A step call's error as step_calls.error keeps it: module, args and attributes
+        only when the worker set them, so an error without them keeps its old shape."""
+        error: dict[str, Any] = {
+            "type": text(e.type, "error.type", MAX_STEP_CALL_NAME),
+            "message": text(e.message, "error.message", MAX_ERROR_TEXT),
+            "details": text(e.details, "error.details", MAX_ERROR_TEXT),
+        }
+        if e.module:
+            error["module"] = text(e.module, "error.module", MAX_STEP_CALL_NAME)
+        data: dict[str, Any] = {}
+        for field, kind in (("args", list), ("attributes", dict)):
+            if e.HasField(field):
+                value = self.payloads.to_python(getattr(e, field), f"error.{field}")
+                if not isinstance(value, kind):
+                    shape = "a list" if kind is list else "an object"
+                    raise errors.InvalidArgument(f"error.{field} must be {shape} of JSON values")
+                data[field] = value
+        size = len(json.dumps(data, separators=(",", ":"), ensure_ascii=False))
+        if size > MAX_ERROR_DATA:
+            raise errors.InvalidArgument(
+                f"error.args and error.attributes are {size} characters of JSON together; "
+                f"the limit is {MAX_ERROR_DATA}: leave the largest attributes out"
+            )
+        return error | data
 
     def _completion(self, request: worker_pb.CompleteRequest) -> Outcome:
         """A validated outcome: the step's key plus its output or failure."""

@@ -30,11 +30,15 @@ class RunErrorJson(TypedDict, total=False):
 
 
 class StepCallErrorJson(TypedDict):
-    """step_calls.error: the error a step call raised."""
+    """step_calls.error: the error a step call raised (module, args and attributes
+    when its worker recorded them)."""
 
     type: str
     message: str
     details: str
+    module: NotRequired[str]
+    args: NotRequired[list[Any]]
+    attributes: NotRequired[dict[str, Any]]
 
 
 class StepCallJson(TypedDict):

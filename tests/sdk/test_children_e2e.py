@@ -267,7 +267,13 @@ def test_an_async_body_awaits_a_failed_child(client: Client, make_worker: Any) -
         try:
             await child.result()
         except ChildFailed as failed:
-            return {"type": failed.type_name, "message": failed.message, "run": failed.run_id}
+            return {
+                "type": failed.type_name,
+                "message": failed.message,
+                "run": failed.run_id,
+                "node": failed.child_node,
+                "kind": failed.child_error.get("kind"),
+            }
         return {"type": None}
 
     with running(worker):
@@ -275,6 +281,7 @@ def test_an_async_body_awaits_a_failed_child(client: Client, make_worker: Any) -
     assert run.status == "completed", run
     out = run.step("parent").output
     assert out["type"] == "ChildFailed" and "discarded" in out["message"]
+    assert (out["node"], out["kind"]) == ("kid", "StepDiscarded")
     assert client.get_run(out["run"]).status == "failed"
 
 
@@ -310,7 +317,7 @@ def test_durable_node_runs_a_childs_wait_in_memory() -> None:
         try:
             return child.result()
         except ChildFailed as failed:
-            return failed.type_name
+            return f"{failed.type_name} {failed.child_node}".strip()
 
     node = testing.DurableNode(parent, input=3)
     assert node.run().status == "waiting"
@@ -320,7 +327,7 @@ def test_durable_node_runs_a_childs_wait_in_memory() -> None:
     assert done.status == "completed" and done.output == {"double": 6}
 
     for finish, expected in (
-        ({"error": "boom"}, "ChildFailed"),
+        ({"error": "boom"}, "ChildFailed kid"),
         ({"cancelled": True}, "ChildCancelled"),
     ):
         other = testing.DurableNode(parent, input=1)

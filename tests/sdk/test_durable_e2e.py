@@ -341,8 +341,8 @@ def test_a_replay_out_of_order_fails_the_node_for_good_naming_both_step_ids(clie
     assert run.status == "failed" and attempts == [1, 2]
     error = run.step("drift").last_error
     assert error is not None and error.type == "ReplayMismatch" and not error.retryable
-    assert "call #1 is step 'second'" in error.message
-    assert "recorded step 'first'" in error.message
+    assert "call #1 recorded step 'first' of " in error.message
+    assert "this replay makes step 'second' of " in error.message
 
 
 def test_a_durable_function_is_a_node_of_a_dag(client, make_worker):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 
 import pytest
 
@@ -13,6 +14,7 @@ from pyclient import (
     InvalidArgument,
     NonRetryableError,
     ReplayMismatch,
+    StepCallError,
     StepCallStatus,
     StepFailed,
     context,
@@ -76,7 +78,7 @@ def test_a_body_of_steps_completes_and_journals_each_call_in_order():
         (2, "charge", StepCallStatus.SUCCEEDED, {"charge_id": "ch_42"}),
     ]
     assert [e.unsafe_to_repeat for e in node.journal] == [False, True]
-    assert node.journal[0].function == f"{__name__}.reserve"
+    assert node.journal[0].function == "reserve"
 
 
 def test_a_replay_after_a_crash_returns_recorded_outcomes_without_running_them():
@@ -164,7 +166,7 @@ def test_a_recorded_failure_is_raised_again_and_its_except_block_runs_cleanup_on
     assert "Traceback" in entry.error.details
 
 
-def test_the_first_run_raises_step_failed_too_with_the_original_as_its_cause():
+def test_the_first_run_raises_step_failed_too_with_the_failure_rebuilt_as_its_cause():
     caught: list[BaseException] = []
 
     def body(ctx):
@@ -176,6 +178,147 @@ def test_the_first_run_raises_step_failed_too_with_the_original_as_its_cause():
     testing.DurableNode(body).run()
     assert isinstance(caught[0].__cause__, CardDeclined)
     assert isinstance(caught[0], Exception)
+
+
+class Refused(Exception):
+    """A failure with attributes: a JSON one, and one that is not."""
+
+    def __init__(self, code: str, amount: int):
+        super().__init__(f"refused {code}")
+        self.code = code
+        self.limits = (amount, amount * 2)
+        self.session = object()
+
+
+@step
+def refuse(amount: int) -> None:
+    effects.append(f"refuse {amount}")
+    raise Refused("limit", amount)
+
+
+def _seen(e: StepFailed) -> dict:
+    cause = e.__cause__
+    return {
+        "class": type(e).__name__,
+        "type": e.type,
+        "type_name": e.type_name,
+        "message": e.message,
+        "attributes": e.attributes,
+        "args": e.error_args,
+        "cause": type(cause).__name__,
+        "same": cause is e.exception,
+        "cause_args": getattr(cause, "args", None),
+        "code": getattr(cause, "code", None),
+        "limits": getattr(cause, "limits", None),
+        "session": hasattr(cause, "session"),
+    }
+
+
+def test_a_caught_failure_looks_the_same_on_the_first_run_and_on_replay():
+    seen: list[dict] = []
+
+    def body(ctx):
+        try:
+            refuse(5)
+        except StepFailed as e:
+            seen.append(_seen(e))
+        return release("x")
+
+    node = testing.DurableNode(body)
+    node.run(crash="release", when="before_call")
+    node.run()
+    assert effects == ["refuse 5", "release x"]
+    assert (
+        seen[0]
+        == seen[1]
+        == {
+            "class": "StepFailed",
+            "type": f"{__name__}.Refused",
+            "type_name": "Refused",
+            "message": "refused limit",
+            "attributes": {"code": "limit", "limits": [5, 10]},
+            "args": ["refused limit"],
+            "cause": "Refused",
+            "same": True,
+            "cause_args": ("refused limit",),
+            "code": "limit",
+            "limits": [5, 10],
+            "session": False,
+        }
+    )
+    [entry] = [e for e in node.journal if e.step_id == "refuse"]
+    assert entry.error is not None and entry.error.type == "Refused"
+    assert (entry.error.module, entry.error.attributes) == (
+        __name__,
+        {"code": "limit", "limits": [5, 10]},
+    )
+    assert entry.error.details.startswith("Traceback")
+
+
+def test_a_failure_recorded_without_its_module_replays_as_a_bare_step_failed():
+    seen: list[dict] = []
+
+    def body(ctx):
+        try:
+            decline(1)
+        except StepFailed as e:
+            seen.append(_seen(e))
+        return release("x")
+
+    node = testing.DurableNode(body)
+    node.run(crash="release", when="before_call")
+    # As an older SDK, another language or an operator's Resolve recorded it.
+    entry = node._journal.get("decline")
+    error = StepCallError("CardDeclined", "card declined for 1", "Traceback ...")
+    node._journal._entries["decline"] = dataclasses.replace(entry, error=error)
+    node.run()
+    assert seen[1]["type"] == "CardDeclined" and seen[1]["cause"] == "NoneType"
+    assert seen[1]["attributes"] == {} and seen[1]["message"] == "card declined for 1"
+
+
+class Big(Exception):
+    pass
+
+
+def _caught(fn) -> list[StepFailed]:
+    """The StepFailed a body catches when it calls the step ``fn``, once."""
+    seen: list[StepFailed] = []
+
+    def body(ctx):
+        try:
+            fn()
+        except StepFailed as e:
+            seen.append(e)
+
+    testing.DurableNode(body).run()
+    return seen
+
+
+def test_a_failure_whose_attributes_are_too_big_keeps_the_others():
+    @step
+    def big() -> None:
+        exc = Big("big")
+        exc.blob = "x" * 20_000
+        exc.small = 1
+        raise exc
+
+    seen = _caught(big)
+    assert seen[0].attributes == {"small": 1}
+    assert isinstance(seen[0].exception, Big) and seen[0].exception.small == 1
+    assert not hasattr(seen[0].exception, "blob")
+
+
+def test_a_failure_whose_class_cannot_be_found_has_no_rebuilt_exception():
+    class Local(Exception):
+        pass
+
+    @step
+    def local() -> None:
+        raise Local("here")
+
+    seen = _caught(local)
+    assert seen[0].exception is None and seen[0].__cause__ is None
+    assert seen[0].type_name.endswith("<locals>.Local") and seen[0].error_args == ["here"]
 
 
 def test_a_failure_the_body_lets_through_fails_the_attempt_and_is_called_again():
@@ -338,7 +481,9 @@ def test_a_replay_that_calls_steps_in_another_order_fails_naming_both_step_ids()
     assert attempt.status == "failed" and not attempt.retryable
     assert isinstance(attempt.error, ReplayMismatch)
     message = str(attempt.error)
-    assert "call #1 is step 'charge'" in message and "recorded step 'reserve'" in message
+    assert "call #1 recorded step 'reserve' of reserve" in message
+    assert "this replay makes step 'charge' of charge there" in message
+    assert "Changing code safely" in message
 
 
 def test_a_replay_mismatch_fails_the_node_even_if_the_body_catches_it():
@@ -361,21 +506,88 @@ def test_a_replay_mismatch_fails_the_node_even_if_the_body_catches_it():
 
 
 def test_a_step_id_recorded_for_another_function_fails_the_replay():
+    @step
+    def work() -> int:
+        return 1
+
+    @step
+    def other() -> int:
+        return 2
+
+    use = [work]
+    node = testing.DurableNode(lambda ctx: use[0]())
+    node.run(crash=testing.END)
+    use[0] = other.with_step_id("work")
+    attempt = node.run()
+    assert isinstance(attempt.error, ReplayMismatch)
+    message = str(attempt.error)
+    assert "recorded step 'work' of " in message and ".work;" in message
+    assert "this replay makes step 'work' of " in message and ".other there" in message
+
+
+def _step_in_module(module: str, name: str | None = None):
+    """A step ``lookup`` whose function says it was defined in ``module``, as the same
+    code is when run as a script (``__main__``) and when imported."""
+
+    def lookup(key: str) -> str:
+        effects.append(f"lookup {key}")
+        return key.upper()
+
+    lookup.__module__ = module
+    lookup.__qualname__ = "lookup"
+    return step(lookup) if name is None else step(name=name)(lookup)
+
+
+def test_a_step_records_its_name_without_its_module_so_a_script_replays_imported():
+    use = [_step_in_module("__main__")]
+
+    def body(ctx):
+        return [use[0]("a"), release("a")]
+
+    node = testing.DurableNode(body)
+    node.run(crash="release", when="before_call")
+    assert [e.function for e in node.journal] == ["lookup"]
+    use[0] = _step_in_module("shop.features")
+    attempt = node.run()
+    assert attempt.status == "completed" and attempt.output == ["A", None]
+    assert effects == ["lookup a", "release a"]
+
+
+def test_a_step_name_names_the_recorded_function_so_a_renamed_function_replays():
     @step(name="work")
     def work_v1() -> int:
+        effects.append("v1")
         return 1
 
     @step(name="work")
     def work_v2() -> int:
+        effects.append("v2")
         return 2
 
     use = [work_v1]
     node = testing.DurableNode(lambda ctx: use[0]())
     node.run(crash=testing.END)
+    assert [(e.step_id, e.function) for e in node.journal] == [("work", "work")]
     use[0] = work_v2
+    assert node.run().output == 1
+    assert effects == ["v1"]
+
+
+@pytest.mark.parametrize(
+    ("recorded", "name"),
+    [("__main__.lookup", None), ("shop.features.lookup", None), ("shop.features.lookup", "x")],
+)
+def test_a_journal_recorded_with_the_module_in_the_function_still_replays(recorded, name):
+    old = _step_in_module("shop.features", name)
+    node = testing.DurableNode(lambda ctx: [old("a"), release("a")])
+    node.run(crash="release", when="before_call")
+    # What the journal of a run in flight holds when it was recorded as module.qualname.
+    journal = node._journal
+    entry = journal.get(old.name)
+    journal._entries[old.name] = dataclasses.replace(entry, function=recorded)
     attempt = node.run()
-    assert isinstance(attempt.error, ReplayMismatch)
-    assert "work_v2" in str(attempt.error) and "work_v1" in str(attempt.error)
+    assert attempt.status == "completed" and attempt.output == ["A", None]
+    assert effects == ["lookup a", "release a"]
 
 
 def test_a_step_output_must_be_json():
@@ -563,3 +775,25 @@ def test_an_unsafe_calls_failure_the_body_lets_through_fails_the_node_for_good()
     assert [e.step_id for e in node.journal] == ["wire"]
     node.run_to_end()  # an operator's Retry replays it, and fails as fast
     assert node.executions == {"wire": 1} and not node.attempts[-1].retryable
+
+
+class Frozen(Exception):
+    """A failure with a read-only attribute, which a rebuilt instance cannot set."""
+
+    @property
+    def code(self) -> str:
+        return "fixed"
+
+
+def test_a_rebuilt_failure_leaves_out_an_attribute_its_class_refuses():
+    @step
+    def frozen() -> None:
+        exc = Frozen("cold")
+        exc.__dict__["code"] = "recorded"
+        exc.reason = "ice"
+        raise exc
+
+    seen = _caught(frozen)
+    assert seen[0].attributes == {"code": "recorded", "reason": "ice"}
+    rebuilt = seen[0].exception
+    assert isinstance(rebuilt, Frozen) and rebuilt.reason == "ice" and rebuilt.code == "fixed"

@@ -290,14 +290,20 @@ class StepCall(_message.Message):
     def __init__(self, step_id: _Optional[str] = ..., seq: _Optional[int] = ..., function: _Optional[str] = ..., status: _Optional[_Union[StepCallStatus, str]] = ..., unsafe_to_repeat: _Optional[bool] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[StepCallError, _Mapping]] = ..., attempt: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., wake_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., waiting_for: _Optional[str] = ...) -> None: ...
 
 class StepCallError(_message.Message):
-    __slots__ = ("type", "message", "details")
+    __slots__ = ("type", "message", "details", "module", "args", "attributes")
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
+    MODULE_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     type: str
     message: str
     details: str
-    def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., details: _Optional[str] = ...) -> None: ...
+    module: str
+    args: _struct_pb2.Value
+    attributes: _struct_pb2.Value
+    def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., details: _Optional[str] = ..., module: _Optional[str] = ..., args: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., attributes: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
 
 class StepError(_message.Message):
     __slots__ = ("attempt", "kind", "type", "message", "details", "retryable", "at")

@@ -1478,8 +1478,21 @@ type StepCallError struct {
 	Type string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
 	// Its message.
 	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
-	// Traceback or other detail.
-	Details       string `protobuf:"bytes,3,opt,name=details,proto3" json:"details,omitempty"`
+	// Traceback or other detail, as free text for people to read.
+	Details string `protobuf:"bytes,3,opt,name=details,proto3" json:"details,omitempty"`
+	// What a worker needs to rebuild the exception when the journal is replayed, set by
+	// the SDKs that can (all three empty or unset otherwise: an older worker's record,
+	// an operator's Resolve, a failed wait):
+	// the module (or package) of the exception's type, e.g. "shop.errors", so that
+	// module and type name the class. Up to 200 characters.
+	Module string `protobuf:"bytes,4,opt,name=module,proto3" json:"module,omitempty"`
+	// The exception's arguments, a JSON list (those that are JSON). Unset when not
+	// recorded.
+	Args *structpb.Value `protobuf:"bytes,5,opt,name=args,proto3" json:"args,omitempty"`
+	// The exception's attributes whose values are JSON, a JSON object by attribute
+	// name. Unset when not recorded. args and attributes take at most 16 KiB of JSON
+	// together: past that, EndStepCall fails with INVALID_ARGUMENT.
+	Attributes    *structpb.Value `protobuf:"bytes,6,opt,name=attributes,proto3" json:"attributes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1533,6 +1546,27 @@ func (x *StepCallError) GetDetails() string {
 		return x.Details
 	}
 	return ""
+}
+
+func (x *StepCallError) GetModule() string {
+	if x != nil {
+		return x.Module
+	}
+	return ""
+}
+
+func (x *StepCallError) GetArgs() *structpb.Value {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *StepCallError) GetAttributes() *structpb.Value {
+	if x != nil {
+		return x.Attributes
+	}
+	return nil
 }
 
 // One failure of a node.
@@ -1850,11 +1884,16 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"finishedAt\x123\n" +
 	"\awake_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x06wakeAt\x12\x1f\n" +
 	"\vwaiting_for\x18\f \x01(\tR\n" +
-	"waitingFor\"W\n" +
+	"waitingFor\"\xd3\x01\n" +
 	"\rStepCallError\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x18\n" +
-	"\adetails\x18\x03 \x01(\tR\adetails\"\xcb\x01\n" +
+	"\adetails\x18\x03 \x01(\tR\adetails\x12\x16\n" +
+	"\x06module\x18\x04 \x01(\tR\x06module\x12*\n" +
+	"\x04args\x18\x05 \x01(\v2\x16.google.protobuf.ValueR\x04args\x126\n" +
+	"\n" +
+	"attributes\x18\x06 \x01(\v2\x16.google.protobuf.ValueR\n" +
+	"attributes\"\xcb\x01\n" +
 	"\tStepError\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
@@ -1981,14 +2020,16 @@ var file_cyclone_v1_types_proto_depIdxs = []int32{
 	20, // 39: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
 	20, // 40: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
 	20, // 41: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
-	20, // 42: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
-	20, // 43: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	19, // 44: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
-	45, // [45:45] is the sub-list for method output_type
-	45, // [45:45] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	19, // 42: cyclone.v1.StepCallError.args:type_name -> google.protobuf.Value
+	19, // 43: cyclone.v1.StepCallError.attributes:type_name -> google.protobuf.Value
+	20, // 44: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
+	20, // 45: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	19, // 46: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
+	47, // [47:47] is the sub-list for method output_type
+	47, // [47:47] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_types_proto_init() }
