@@ -370,7 +370,9 @@ def test_a_body_run_as_a_script_replays_when_a_worker_imports_it_and_sees_the_sa
         ["-c", importer, lab.server.address, str(lab.effects_file), "--gated"], gated=True
     )
     eventually(lambda: any(line["phase"] == "paused" for line in lab.lines()), "the pause")
-    assert lab.journal(run_id, "features") == [("lookup", 1, "succeeded"), ("pay", 2, "failed")]
+    # A safe call's record is sent after the call returns: wait for both to land.
+    recorded = [("lookup", 1, "succeeded"), ("pay", 2, "failed")]
+    eventually(lambda: lab.journal(run_id, "features") == recorded, "both calls recorded")
     lab.kill(script)
     lab.expire_leases()
     lab.release(following)
