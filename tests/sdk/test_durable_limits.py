@@ -157,3 +157,26 @@ def test_a_journal_at_its_limit_fails_the_node_for_good_naming_the_limit(client,
     assert node.attempt == 1 and made == [0, 1, 2, 3, 4, 5]
     assert [c.seq for c in node.journal] == [1, 2, 3, 4, 5]
     assert JournalFull.__name__ == error.type
+
+
+def test_the_call_past_the_journals_10000_fails_the_node_for_good(client, make_worker):
+    @step
+    def noop() -> None:
+        return None
+
+    worker = make_worker()
+
+    @worker.workflow("ten_thousand")
+    def ten_thousand(ctx: Any) -> str:
+        for _ in range(10_001):
+            noop()
+        return "unreachable"
+
+    with running(worker):
+        run = client.wait(client.start("ten_thousand", retry=AT_ONCE), timeout=PATIENCE)
+    assert run.status == "failed"
+    node = run.step("ten_thousand")
+    error = node.last_error
+    assert error is not None and error.type == "JournalFull" and not error.retryable
+    assert "more than 10000 step calls" in error.message
+    assert node.attempt == 1 and len(node.journal) == 10_000
