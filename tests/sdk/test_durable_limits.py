@@ -180,3 +180,37 @@ def test_the_call_past_the_journals_10000_fails_the_node_for_good(client, make_w
     assert error is not None and error.type == "JournalFull" and not error.retryable
     assert "more than 10000 step calls" in error.message
     assert node.attempt == 1 and len(node.journal) == 10_000
+
+
+def test_a_retried_attempt_replays_the_too_large_result_as_the_same_failure(client, make_worker):
+    runs: list[int] = []
+    seen: list[tuple[int, str]] = []
+
+    @step
+    def big() -> str:
+        runs.append(1)
+        return BIG
+
+    @step
+    def fallback() -> str:
+        return "small"
+
+    worker = make_worker()
+
+    @worker.workflow("big_replayed")
+    def big_replayed(ctx: Any) -> str:
+        try:
+            big()
+        except StepFailed as e:
+            assert isinstance(e.exception, StepResultTooLarge)
+            seen.append((ctx.attempt, e.message))
+            fallback()  # the body went on from the failure: its entry is kept
+        if ctx.attempt == 1:
+            raise ConnectionError("crash after the call")
+        return "done"
+
+    with running(worker):
+        run = client.wait(client.start("big_replayed", retry=AT_ONCE), timeout=PATIENCE)
+    assert run.status == "completed" and run.step("big_replayed").attempt == 2
+    assert runs == [1]
+    assert [a for a, _ in seen] == [1, 2] and seen[0][1] == seen[1][1]
