@@ -136,6 +136,25 @@ class NonRetryableError(Exception):
     """
 
 
+class StepResultTooLarge(CycloneError):
+    """A step call returned a value larger than the journal keeps (the server's
+    payload limit). The call is recorded failed with this error, so the body sees it
+    (as the ``exception`` of the StepFailed the call raises) on every replay too."""
+
+    def __init__(self, message: str | None = None, *, code: grpc.StatusCode | None = None):
+        super().__init__(message, code=code)
+
+
+class OutputTooLarge(CycloneError, NonRetryableError):
+    """A handler (or a durable function's body) returned a value larger than the
+    server's payload limit: the node fails for good with this error."""
+
+
+class JournalFull(CycloneError, NonRetryableError):
+    """A durable function made more step calls than its node's journal holds: the node
+    fails for good with this error."""
+
+
 class RetryAfter(Exception):
     """Raised by a handler: the step failed, retry it no sooner than ``seconds`` from now.
 

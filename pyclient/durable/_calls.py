@@ -17,6 +17,23 @@ from pyclient.models import StepCall, StepCallError
 #: Longest step id, function name and error type the server accepts.
 MAX_ID = 200
 
+#: The server's default payload limit (``--max-payload-bytes``): the largest step call
+#: result or handler output it takes, in bytes of its protobuf Value. See "Limits" in
+#: docs/operations.md.
+MAX_PAYLOAD_BYTES = 1 << 20
+
+#: The most step calls a node's journal holds (the engine's limit).
+MAX_STEP_CALLS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The limits a durable function's step calls are checked against before they are
+    sent: the server's payload limit and the journal's size."""
+
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    max_step_calls: int = MAX_STEP_CALLS
+
 
 @dataclass(frozen=True, slots=True)
 class WaitFn:

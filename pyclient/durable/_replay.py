@@ -35,6 +35,7 @@ from pyclient.durable._calls import (
     CallTx,
     Decision,
     JournalBackend,
+    Limits,
     Outcome,
     StepSpec,
     Until,
@@ -50,7 +51,13 @@ from pyclient.durable._errors import (
     Suspended,
 )
 from pyclient.durable._failure import Recorded, record_error
-from pyclient.errors import CycloneError, LeaseLost, NonRetryableError
+from pyclient.errors import (
+    CycloneError,
+    JournalFull,
+    LeaseLost,
+    NonRetryableError,
+    StepResultTooLarge,
+)
 from pyclient.models import StepCall, StepCallError, StepCallStatus
 
 T = TypeVar("T")
@@ -118,8 +125,16 @@ class Replay:
     coroutine function (an async step cannot be called from a sync body).
     """
 
-    def __init__(self, journal: Iterable[StepCall], backend: JournalBackend, *, is_async: bool):
+    def __init__(
+        self,
+        journal: Iterable[StepCall],
+        backend: JournalBackend,
+        *,
+        is_async: bool,
+        limits: Limits | None = None,
+    ):
         entries = list(journal)
+        self.limits = limits or Limits()
         self._by_seq = {e.seq: e for e in entries}
         self._by_id = {e.step_id: e for e in entries}
         self.backend = backend
@@ -164,6 +179,15 @@ class Replay:
                     DuplicateStepId(
                         f"step id {step_id!r} is used twice in this durable function; give "
                         f"one of the calls its own with {fn.name}.with_step_id(...)"
+                    )
+                )
+            if self._seq >= self.limits.max_step_calls:
+                raise self._fail(
+                    JournalFull(
+                        f"the durable function made more than {self.limits.max_step_calls} "
+                        "step calls, the most a node's journal holds (the call past it was "
+                        f"{fn.name!r}); split the work into child runs (start_child), each "
+                        "with its own journal"
                     )
                 )
             self._used.add(step_id)
@@ -369,6 +393,15 @@ class Replay:
         except (TypeError, ValueError) as exc:
             problem = TypeError(f"step {call.step_id!r} returned a value that is not JSON: {exc}")
             return self._failed(call, problem, non_retryable=True)
+        limit = self.limits.max_payload_bytes
+        if (size := output.ByteSize()) > limit:
+            too_large = StepResultTooLarge(
+                f"step {call.step_id!r} ({call.function}) returned {size} bytes; the limit "
+                f"of a step result is {limit} bytes. Keep a large value outside the "
+                "journal: store it elsewhere (a bucket, a table) and return a reference "
+                "to it"
+            )
+            return self._failed(call, too_large, non_retryable=True)
         # What a replay will return: the same value, read back from the journal.
         return _Result(output, json=text, value=from_value(output))
 

@@ -93,6 +93,7 @@ from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
 from pyclient.actions import Action, RateLimit
 from pyclient.client import call_metadata, default_address
 from pyclient.completion import open_pool
+from pyclient.durable._calls import MAX_PAYLOAD_BYTES, MAX_STEP_CALLS
 from pyclient.errors import InvalidArgument
 from pyclient.worker import _logs as step_logs
 from pyclient.worker._common import HandlerTimeout, log
@@ -119,6 +120,10 @@ class Worker:
     streams (on a stream the server hands steps out as they become ready);
     ``shutdown_grace`` how long a stop waits for handlers in flight;
     ``reconnect_max_delay`` caps the backoff while the server is unavailable.
+    ``max_payload_bytes`` is the server's payload limit (``--max-payload-bytes``, 1 MiB
+    by default) and ``max_step_calls`` the most step calls a durable function's journal
+    holds (10,000, the server's limit; a lower one may be set): results are checked
+    against them before they are sent (see "Limits" in docs/operations.md).
     """
 
     def __init__(
@@ -134,6 +139,8 @@ class Worker:
         claim_wait: float = 10.0,
         shutdown_grace: float = 30.0,
         reconnect_max_delay: float = 10.0,
+        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+        max_step_calls: int = MAX_STEP_CALLS,
     ):
         if concurrency < 1:
             raise InvalidArgument(f"concurrency must be at least 1, got {concurrency}")
@@ -141,6 +148,14 @@ class Worker:
             raise InvalidArgument(f"lease must be between 1s and 600s, got {lease:g}s")
         if not 0.0 <= claim_wait <= 60.0:
             raise InvalidArgument(f"claim_wait must be between 0s and 60s, got {claim_wait:g}s")
+        if max_payload_bytes < 1:
+            raise InvalidArgument(f"max_payload_bytes must be positive, got {max_payload_bytes}")
+        if not 1 <= max_step_calls <= MAX_STEP_CALLS:
+            raise InvalidArgument(
+                f"max_step_calls must be between 1 and {MAX_STEP_CALLS}, got {max_step_calls}"
+            )
+        self.max_payload_bytes = max_payload_bytes
+        self.max_step_calls = max_step_calls
         self.address = address or default_address()
         self.worker_id = worker_id or (
             f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
@@ -265,6 +280,8 @@ class Worker:
             shutdown_grace=self.shutdown_grace,
             reconnect_max_delay=self.reconnect_max_delay,
             database_url=self.database_url,
+            max_payload_bytes=self.max_payload_bytes,
+            max_step_calls=self.max_step_calls,
         )
         runtime = _Run(config, asyncio.get_running_loop(), self._token, self._credentials)
         with self._lock:
@@ -398,6 +415,7 @@ class _Run:
             loop=loop,
             policy=policy,
             reconnect_max_delay=config.reconnect_max_delay,
+            max_payload_bytes=config.max_payload_bytes,
             send_on_stream=send_on_stream,
             on_answered=freed,
         )

@@ -22,11 +22,13 @@ from google.protobuf import struct_pb2
 from cyclone.jsonvalue import dumps, json_value, to_value
 from cyclone.v1 import worker_service_pb2 as pb
 from pyclient.context import StepControl
+from pyclient.durable._calls import MAX_PAYLOAD_BYTES
 from pyclient.durable._errors import StepFailed
 from pyclient.errors import (
     CycloneError,
     LeaseLost,
     NonRetryableError,
+    OutputTooLarge,
     RetryAfter,
     Unavailable,
     error_for_code,
@@ -84,7 +86,9 @@ class Completer:
         reconnect_max_delay: float,
         send_on_stream: SendOnStream,
         on_answered: Callable[[], None],
+        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
     ):
+        self.max_payload_bytes = max_payload_bytes
         self.server = server
         self.loop = loop
         self.policy = policy
@@ -136,11 +140,14 @@ class Completer:
                 await asyncio.to_thread(tx.rollback)
             return
         output_json = None
+        value = None
         if error is None:
             try:
                 output_json = dumps(output)
             except (TypeError, ValueError) as exc:
                 error = NonRetryableError(f"the handler's output is not JSON: {exc}")
+            else:
+                value, error = self._sized(output_json)
         request = pb.CompleteRequest(
             run_id=step.run_id, node=step.node, lease_token=step.lease_token
         )
@@ -166,10 +173,10 @@ class Completer:
                 return
         if error is None:
             assert output_json is not None
-            if output_json == "null":  # what most handlers return
+            if value is None:  # what most handlers return: null
                 request.output.null_value = struct_pb2.NULL_VALUE
             else:
-                request.output.CopyFrom(json_value(output_json))
+                request.output.CopyFrom(value)
         else:
             if tx is not None:
                 await asyncio.to_thread(tx.rollback)
@@ -178,6 +185,21 @@ class Completer:
             request.failure.effect_uncertain = uncertain
             slog.warning("failed: %s: %s", request.failure.type, request.failure.message)
         self._complete(request, slog)
+
+    def _sized(self, output_json: str) -> tuple[struct_pb2.Value | None, OutputTooLarge | None]:
+        """The output as sent (None for null), or the error that fails the node when it
+        is larger than the server takes: checked here, so that the server never
+        refuses it (which would leave the node to its lease, and the cause unseen)."""
+        if output_json == "null":
+            return None, None
+        value = json_value(output_json)
+        if (size := value.ByteSize()) <= self.max_payload_bytes:
+            return value, None
+        return None, OutputTooLarge(
+            f"the handler returned {size} bytes; the limit of an output is "
+            f"{self.max_payload_bytes} bytes. Keep a large value outside: store it "
+            "elsewhere (a bucket, a table) and return a reference to it"
+        )
 
     async def abandon(self, step: pb.ClaimedStep, kind: str, why: str, slog: StepLog) -> None:
         """Say that the handler of an unsafe action stopped without an outcome: its

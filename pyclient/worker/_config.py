@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyclient.actions import Action
+from pyclient.durable._calls import MAX_PAYLOAD_BYTES, MAX_STEP_CALLS
 
 __all__ = ["Server", "WorkerConfig"]
 
@@ -30,6 +31,10 @@ class WorkerConfig:
     shutdown_grace: float
     reconnect_max_delay: float
     database_url: str | None = None
+    #: The server's payload limit, checked before a result is sent.
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    #: The most step calls a durable function's journal holds.
+    max_step_calls: int = MAX_STEP_CALLS
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from cyclone.v1 import worker_service_pb2 as pb
 from pyclient.actions import Action
 from pyclient.completion import CompletionTx
 from pyclient.context import Context, StepControl, claimed_context
+from pyclient.durable._calls import Limits
 from pyclient.durable._errors import Suspended
 from pyclient.durable._replay import Replay
 from pyclient.models import StepCall, UpstreamFailure, timestamp_datetime, value_field
@@ -57,6 +58,7 @@ class StepRunner:
         self.watching = watching
         self.journaling = journaling
         self.policy = watching.policy
+        self.limits = Limits(config.max_payload_bytes, config.max_step_calls)
         self._last_time: tuple[tuple[int, int], dt.datetime] = (
             (0, 0),
             timestamp_datetime(Timestamp()),
@@ -94,6 +96,7 @@ class StepRunner:
                 map(StepCall.from_proto, step.journal),
                 GrpcJournal(self.journaling, step, control),
                 is_async=action.is_async,
+                limits=self.limits,
             )
             if action.durable
             else None
