@@ -46,7 +46,7 @@ class Upkeep:
             self.metrics.lease_expiries.labels(step.action).inc()
             extra = {"run_id": str(step.run_id), "node": step.node, "attempt": step.attempt}
             if step.status == "discarded":
-                self.metrics.discarded.labels("lease_expired").inc()
+                self.metrics.discarded.labels("worker_lost" if step.lost else "lease_expired").inc()
                 log.error(
                     "step %s/%s discarded: the lease of worker %s expired at attempt %d, %s",
                     step.run_id,
