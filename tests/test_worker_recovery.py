@@ -59,6 +59,9 @@ class Lab(ProcessLab):
         its lease lapse; ``sweep``: a sweep, returning how many leases it reclaimed."""
         proc = self.start_worker(worker_id, "--hang")
         eventually(lambda: self.paused(worker_id), f"{worker_id} to reach the pause")
+        # A safe call's end is sent without waiting: kill once it is recorded.
+        recorded = "SELECT count(*) FROM cyclone.step_calls WHERE status = 'succeeded'"
+        eventually(lambda: self.server.sql(recorded) == [(1,)], "first's end to be recorded")
         self.kill(proc)
         self.lapse(sweep)
 
