@@ -209,13 +209,16 @@ class StepPage:
 
 @dataclass(frozen=True, slots=True)
 class WorkerSummary:
-    """A worker as the steps it holds show it (list_workers)."""
+    """A worker as the steps it holds show it (list_workers); ``unhealthy``: a lease of
+    it lapsed with no outcome, and it is handed nothing until it reports again."""
 
     worker_id: str
     actions: tuple[str, ...]
     running: int
     last_heartbeat_at: dt.datetime | None
     lease_expired: int
+    unhealthy: bool = False
+    unhealthy_since: dt.datetime | None = None
 
     @classmethod
     def from_proto(cls, p: workflow_service_pb2.WorkerSummary) -> WorkerSummary:

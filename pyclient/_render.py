@@ -115,14 +115,15 @@ def _table(*headers: str) -> Table:
 
 def failed_attempts(step: Step) -> int:
     """Attempts that ended in a failure: the node's errors, less the marks of operator
-    retries (kind "reset")."""
-    return sum(1 for e in step.errors if e.kind != "reset")
+    retries (kind "reset") and the attempts whose worker was lost."""
+    return sum(1 for e in step.errors if e.kind != "reset" and not e.worker_lost)
 
 
 def attempts(step: Step) -> str:
     """``attempt`` as it is (claims so far: for logs, never a key), then what it is made
-    of: failed attempts, claims that resumed a wait (which use up no attempt), operator
-    retries, and the attempts left under the retry policy."""
+    of: failed attempts, claims that resumed a wait and attempts whose worker was lost
+    (which use up no attempt), operator retries, and the attempts left under the retry
+    policy."""
     if step.attempt == 0:
         return "not started"
     parts = []
@@ -131,11 +132,14 @@ def attempts(step: Step) -> str:
         parts.append(f"{failed} failed")
     if step.resumes:
         parts.append(f"{step.resumes} resumed")
+    if step.recoveries:
+        budget = f" of {step.max_recoveries}" if step.max_recoveries else ""
+        parts.append(f"{step.recoveries}{budget} worker lost")
     retries = sum(1 for e in step.errors if e.kind == "reset")
     if retries:
         parts.append(f"{retries} operator retr{'y' if retries == 1 else 'ies'}")
     if step.status not in FINAL_STEPS:
-        left = max(0, step.max_attempts - (step.attempt - step.resumes))
+        left = max(0, step.max_attempts - (step.attempt - step.resumes - step.recoveries))
         parts.append(f"{left} left")
     return f"attempt {step.attempt}" + (f" ({', '.join(parts)})" if parts else "")
 
@@ -268,7 +272,8 @@ def detail(step: Step) -> str:
         parts.append(f"retry at {when(step.available_at)}")
     if step.last_error is not None and step.status != StepStatus.COMPLETED:
         e = step.last_error
-        parts.append(excerpt(f"last error (attempt {e.attempt}): {e.type or e.kind}: {e.message}"))
+        what = "worker lost" if e.worker_lost else "last error"
+        parts.append(excerpt(f"{what} (attempt {e.attempt}): {e.type or e.kind}: {e.message}"))
     return "  ".join(parts)
 
 
@@ -290,7 +295,7 @@ def _failures(steps: Sequence[Step]) -> list[RenderableType]:
 
 def _error_line(e: StepError) -> Text:
     return Text.assemble(
-        f"  attempt {e.attempt}  {when(e.at)}  {e.kind}  ",
+        f"  attempt {e.attempt}  {when(e.at)}  {'worker lost' if e.worker_lost else e.kind}  ",
         (f"{e.type}: " if e.type else "", "red"),
         e.message,
         " (retried)" if e.retryable else "",

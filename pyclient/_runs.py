@@ -118,6 +118,12 @@ class StepError:
     retryable: bool
     at: dt.datetime | None
 
+    @property
+    def worker_lost(self) -> bool:
+        """The attempt lost its worker (it died or froze: its lease lapsed before the
+        step's deadline): not a failure, and not counted against the retry policy."""
+        return self.kind == "lease_expired" and self.type == "WorkerLost"
+
     @classmethod
     def from_proto(cls, p: types_pb2.StepError) -> StepError:
         return _build(cls, p)
@@ -252,6 +258,11 @@ class Step:
     #: Claims that resumed the node after it waited: counted in ``attempt``, not
     #: against ``max_attempts``.
     resumes: int = 0
+    #: Attempts that lost their worker (its lease lapsed with no outcome): counted in
+    #: ``attempt``, not against ``max_attempts``, but against the server's recovery
+    #: budget ``max_recoveries`` (get_run only).
+    recoveries: int = 0
+    max_recoveries: int = 0
     #: While the node waits (available until ``available_at`` or woken): what for.
     waiting_for: str = ""
     #: Its claim priority (the node's, else the run's) and evaluated concurrency key

@@ -52,6 +52,7 @@ class Settings:
     claim_recheck_s: float = 5.0
     sweep_interval_s: float = 1.0
     sweep_batch: int = 1000
+    max_recoveries: int = 10
     schedule_interval_s: float = 0.5
     pool_size: int = 10
     statement_timeout_ms: int = 30_000
@@ -96,6 +97,9 @@ _HELP = {
     "notification (a safety net: NOTIFY wakes it at once)",
     "sweep_interval_s": "seconds between recovery sweeps (expired leases)",
     "sweep_batch": "most expired leases one sweep reclaims",
+    "max_recoveries": "how many times a step may lose its worker (its lease lapsed before "
+    "the step's deadline with no outcome) before it is discarded; these attempts do not "
+    "count against the node's retry policy",
     "schedule_interval_s": "seconds between passes of the loop that fires due schedules",
     "pool_size": "database connections kept per server process",
     "statement_timeout_ms": "database statement timeout in ms (0: none)",
@@ -192,6 +196,8 @@ def parse(argv: list[str] | None = None) -> Settings:
     settings = Settings(**vars(parser.parse_args(argv)))
     if settings.claim_recheck_s <= 0:
         parser.error("--claim-recheck must be more than 0 seconds")
+    if settings.max_recoveries < 0:
+        parser.error("--max-recoveries must be 0 or more")
     if settings.citus not in ("auto", "on", "off"):
         parser.error(f"--citus must be auto, on or off, not {settings.citus!r}")
     if settings.event_loop not in loop.CHOICES:

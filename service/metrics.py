@@ -288,7 +288,8 @@ class Metrics:
         self.discarded = Counter(
             "cyclone_steps_discarded",
             "Steps discarded, by cause (handler: a failure; lease_expired: out of "
-            "attempts when the sweep reclaimed it)",
+            "attempts when the sweep reclaimed a lease that ran to its timeout; "
+            "worker_lost: past --max-recoveries when the sweep reclaimed it)",
             ["cause"],
             registry=r,
         )

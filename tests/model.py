@@ -26,6 +26,10 @@ RULES = ("all_success", "all_done", "one_failed")
 #: by whole multiples of TICK, so no lease or backoff ever ends exactly at "now".
 LEASE = 1500
 TICK = 1000
+#: The recovery budget of cyclone.sweep (its default): a step that lost its worker more
+#: often is discarded. The model's timeouts are years long, so every lease the sweep
+#: reclaims lapsed before its deadline: its worker was lost.
+MAX_RECOVERIES = 10
 
 
 class Refused(Exception):
@@ -64,6 +68,9 @@ class Step:
     status: str
     max_attempts: int
     attempt: int = 0
+    # Attempts whose worker was lost (the sweep reclaimed their lease): not counted
+    # against max_attempts.
+    recoveries: int = 0
     # None: either (see RunModel.retry).
     effect_uncertain: bool | None = False
     available_at: float | None = None
@@ -217,7 +224,7 @@ class RunModel:
             raise Refused("CY001", f"{node} is {s.status}: this lease does not hold it")
         self.errors.append((node, s.attempt, "handler"))
         s.lease_expires_at = None
-        if retryable and s.attempt < s.max_attempts:
+        if retryable and s.attempt - s.recoveries < s.max_attempts:
             if self.status == "blocked":
                 s.status = "pending"
                 s.available_at = None
@@ -248,7 +255,11 @@ class RunModel:
             self.errors.append((name, s.attempt, "lease_expired"))
             s.effect_uncertain = True
             s.lease_expires_at = None
-            if s.attempt >= s.max_attempts and not s.unsafe:
+            s.recoveries += 1
+            out_of_budget = (
+                s.recoveries > MAX_RECOVERIES or s.attempt - s.recoveries >= s.max_attempts
+            )
+            if out_of_budget and not s.unsafe:
                 s.status = "discarded"
             else:
                 s.status = "available"
@@ -313,7 +324,7 @@ class RunModel:
             s.status = "pending"
             s.available_at = None
             s.lease_expires_at = None
-            s.max_attempts = s.attempt + self.nodes[name].max_attempts
+            s.max_attempts = s.attempt - s.recoveries + self.nodes[name].max_attempts
         self.status = "running"
         self._settle()
         return retried
@@ -340,7 +351,7 @@ class RunModel:
         else:
             s.status = "available"
             s.available_at = self.now
-            s.max_attempts = s.attempt + self.nodes[node].max_attempts
+            s.max_attempts = s.attempt - s.recoveries + self.nodes[node].max_attempts
         self._settle()
 
 

@@ -25,7 +25,7 @@ def test_the_worker_role_may_execute_step_complete_and_no_other_function(cyclone
 
 def test_migrate_takes_back_what_public_was_given_since(cyclone_server):
     # As a function created by a migration after 0005 is, until migrate revokes it.
-    cyclone_server.sql("GRANT EXECUTE ON FUNCTION cyclone.sweep(integer) TO PUBLIC")
+    cyclone_server.sql("GRANT EXECUTE ON FUNCTION cyclone.sweep(integer, integer) TO PUBLIC")
     assert len(cyclone_server.sql(WORKER_MAY_EXECUTE)) == 3
     assert migrate(cyclone_server.database_url) == []  # nothing left to apply
     rows = cyclone_server.sql(WORKER_MAY_EXECUTE)

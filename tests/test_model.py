@@ -277,6 +277,8 @@ class EngineMachine(RuleBasedStateMachine):
     def do_claim(self, run: str, node: str, marks: bool) -> Lease | None:
         model = self.models[run]
         action = self.action(run, node)
+        # A Claim shows its worker is alive: the server clears the mark a lost lease left.
+        self.sql("DELETE FROM cyclone.worker_health WHERE worker_id = 'model-worker'")
         rows = self.sql(
             "SELECT node, attempt, lease_token::text, blocked FROM cyclone.step_claim("
             "'model-worker', %s::text[], %s::text[], 1, make_interval(secs => %s))",

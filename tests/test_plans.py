@@ -414,6 +414,9 @@ def _round(s: Session, live: psycopg.Connection, i: int) -> None:
     s.claim("slow", lease_s=1)
     live.execute("UPDATE cyclone.clock SET offset_by = offset_by + interval '10 s'")
     s.call("sweep_steps", "SELECT * FROM cyclone.sweep_steps(100)")
+    # Its leases lapsed, so the worker was marked unhealthy; its next Claim clears the
+    # mark (the server's worker_alive) before it claims.
+    live.execute("DELETE FROM cyclone.worker_health WHERE worker_id = 'plan-test'")
     # The lease of the unsafe step expired with no outcome: its run blocks.
     [blocked] = s.claim("unsafe", unsafe=("unsafe",))
     assert blocked[2] is None

@@ -355,8 +355,12 @@ def test_lease_expired_completion_is_refused_even_before_the_sweep(cyclone_serve
     assert dict(error.trailing_metadata())["cyclone-current-attempt"] == "1"
 
 
-def test_a_step_whose_lease_expires_at_every_attempt_is_discarded_after_the_last(cyclone_server):
-    run_id = submit(cyclone_server, workflow("w", node("a", max_attempts=3)))
+def test_a_step_that_runs_out_its_timeout_at_every_attempt_is_discarded_after_the_last(
+    cyclone_server,
+):
+    # The lease runs to the deadline (timeout 5 s): a timeout, which counts as an attempt
+    # (a lease that lapses before the deadline lost its worker, which does not).
+    run_id = submit(cyclone_server, workflow("w", node("a", max_attempts=3, timeout=5)))
     for attempt in (1, 2, 3):
         [step] = claim(cyclone_server, lease=5)
         assert step.attempt == attempt
@@ -475,7 +479,7 @@ def test_the_background_sweep_reclaims_a_lost_lease_and_wakes_a_waiting_claim(se
     # only the server's own sweep and its notification end the wait.
     server = server_factory(sweep_interval_s=0.05, claim_recheck_s=3600, **WATCHED)
     submit(server, workflow("w", node("a")))
-    [step] = claim(server, lease=5)
+    [step] = claim(server, lease=5, worker="lost-worker")
     waiter, result = claim_in_thread(server, "work")  # waiting before the lease ends
     server.advance_clock(6)
     waiter.join(20)

@@ -53,7 +53,8 @@ def test_a_lease_expiry_that_discards_is_what_the_cleanup_sees(cyclone_server):
         cyclone_server,
         workflow(
             "w",
-            node("a", max_attempts=1),
+            # The lease runs to the deadline: a timeout, which uses up the attempt.
+            node("a", max_attempts=1, timeout=5),
             node("undo", action="undo", deps=["a"], rule="one_failed"),
         ),
     )

@@ -98,6 +98,7 @@ def step_proto(s: StepJson, step_errors: list[types_pb2.StepError]) -> types_pb2
         effect_uncertain=s["effect_uncertain"],
         last_heartbeat_at=convert.timestamp(s["last_heartbeat_at"]),
         resumes=s["resumes"],
+        recoveries=s.get("recoveries") or 0,
         waiting_for=s["waiting_for"] or "",
         priority=s["priority"],
         concurrency_key=s["concurrency_key"] or "",

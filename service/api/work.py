@@ -74,6 +74,8 @@ class WorkStream:
             opened.worker_id, opened.actions, opened.lease if opened.HasField("lease") else None
         )
         credit = 0
+        # A message came since the last claim: the worker is alive (Claims.take).
+        heard = True
         reading: asyncio.Future[worker_pb.WorkRequest | None] | None = None
         self.metrics.work_streams.inc()
         try:
@@ -104,7 +106,8 @@ class WorkStream:
                         ready.clear()
                         limit = min(credit, self.settings.max_claim_batch)
                         try:
-                            steps, handed = await self._work_claim(who, limit)
+                            steps, handed = await self._work_claim(who, limit, heard)
+                            heard = False
                         except Exception:
                             if answer is not None:  # applied: its answer goes first
                                 yield _work_answer(answer)
@@ -123,15 +126,17 @@ class WorkStream:
                         request = reading.result()
                         if request is None:
                             return  # the worker closed its side: the session is over
+                        heard = True
         finally:
             self.metrics.work_streams.dec()
             if reading is not None and not reading.done():
                 reading.cancel()
 
-    async def _work_claim(self, who: Claimer, limit: int) -> tuple[bytes, int]:
+    async def _work_claim(self, who: Claimer, limit: int, heard: bool) -> tuple[bytes, int]:
         """One claim of a Work stream: the serialized steps and blocked runs of a
-        WorkResponse, and how many steps it hands out."""
-        steps, blocked = await self.claims.take(who, limit)
+        WorkResponse, and how many steps it hands out. ``heard``: a message of the
+        worker came since the last claim (Claims.take)."""
+        steps, blocked = await self.claims.take(who, limit, heard)
         out = b""
         if steps:
             out = wire.work_steps(steps, rare_parts)

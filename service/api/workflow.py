@@ -126,6 +126,8 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         run_id = parse_uuid(request.run_id)
         row = await self.db.runs.run_get(run_id)
         run = run_proto(row)
+        for step in run.steps:
+            self._with_budget(step)
         if request.logs:
             by_node: dict[str, list[types_pb2.LogLine]] = {}
             for line in await self.db.runs.step_logs(run_id):
@@ -133,6 +135,11 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             for step in run.steps:
                 step.logs.extend(by_node.get(step.node, ()))
         return workflow_pb.GetRunResponse(run=run)
+
+    def _with_budget(self, step: types_pb2.Step) -> types_pb2.Step:
+        """The step with this server's recovery budget (--max-recoveries)."""
+        step.max_recoveries = self.settings.max_recoveries
+        return step
 
     @rpc
     async def ListRuns(
@@ -219,7 +226,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
                 workflow_pb.RunStep(
                     run_id=str(r.run_id),
                     workflow=r.workflow,
-                    step=step_proto(r.step, [step_error(e) for e in r.errors]),
+                    step=self._with_budget(step_proto(r.step, [step_error(e) for e in r.errors])),
                 )
                 for r in page
             ],
@@ -249,8 +256,16 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
                 not w.HasField("last_heartbeat_at") or beat > w.last_heartbeat_at.ToDatetime(UTC)
             ):
                 w.last_heartbeat_at.FromDatetime(beat)
+        for u in await self.db.workers.workers_unhealthy():
+            w = workers.get(u.worker_id)
+            if w is None:
+                if len(workers) == MAX_WORKERS_LISTED:
+                    continue
+                w = workers[u.worker_id] = workflow_pb.WorkerSummary(worker_id=u.worker_id)
+            w.unhealthy = True
+            w.unhealthy_since.FromDatetime(u.unhealthy_since)
         return workflow_pb.ListWorkersResponse(
-            workers=list(workers.values()),
+            workers=[workers[w] for w in sorted(workers)],
             actions=[
                 workflow_pb.ActionActivity(
                     action=a.action,
@@ -312,7 +327,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         node = node_name(request.node)
         await self.report_activity()
         row = await self.db.runs.step_explain(run_id, node)
-        why = explain(row)
+        why = explain(row, self.settings.max_recoveries)
         run = await self.db.runs.run_get(run_id, node)
         response = workflow_pb.ExplainResponse(
             reason=EXPLAIN_REASON[why.reason],

@@ -65,7 +65,7 @@ SELECT k.at, k.run_id,
            'started_at', s.started_at, 'finished_at', s.finished_at,
            'effect_uncertain', s.effect_uncertain,
            'timeout_s', extract(epoch FROM s.timeout),
-           'resumes', s.resumes, 'waiting_for', NULL,
+           'resumes', s.resumes, 'recoveries', s.recoveries, 'waiting_for', NULL,
            'priority', s.priority, 'concurrency_key', s.concurrency_key) AS step,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'node', e.node, 'attempt', e.attempt, 'kind', e.kind, 'type', e.type,

@@ -103,6 +103,7 @@ class StepJson(TypedDict):
     effect_uncertain: bool
     timeout_s: float
     resumes: int
+    recoveries: int
     waiting_for: str | None
     priority: int
     concurrency_key: str | None

@@ -33,6 +33,8 @@ class Swept(NamedTuple):
     attempt: int
     worker_id: str | None
     status: str
+    #: The lease lapsed before the step's deadline: its worker was lost.
+    lost: bool
     ready: str | None
 
 
@@ -49,9 +51,10 @@ class Retention(Repository):
         row = await self._one("release_continue", Continued, run_id=str(run_id))
         return bool(row and row.more)
 
-    async def sweep(self, limit: int = 1000) -> list[Swept]:
-        """Reclaim expired leases; one row per step."""
-        return await self._all("sweep", Swept, limit=limit)
+    async def sweep(self, limit: int = 1000, max_recoveries: int = 10) -> list[Swept]:
+        """Reclaim expired leases; one row per step. A step that lost its worker more
+        than ``max_recoveries`` times is discarded."""
+        return await self._all("sweep", Swept, limit=limit, max_recoveries=max_recoveries)
 
     async def submit_keys_purge(self, *, age_s: float, limit: int) -> int:
         """Forget up to ``limit`` SubmitOnce keys older than ``age_s`` whose run is gone."""

@@ -11,11 +11,13 @@ SELECT more, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.release_continue(CAST(:run_id AS uuid)) AS more;
 
 -- name: sweep
--- One row per expired lease reclaimed: run_id, node, action, attempt, worker_id, and
--- the status the step was left in (available, or discarded when out of attempts).
-SELECT s.run_id, s.node, s.action, s.attempt, s.worker_id, s.status,
+-- One row per expired lease reclaimed: run_id, node, action, attempt, worker_id, the
+-- status the step was left in (available, or discarded when out of attempts or past
+-- the recovery budget :max_recoveries) and whether its worker was lost (the lease
+-- lapsed before the step's deadline).
+SELECT s.run_id, s.node, s.action, s.attempt, s.worker_id, s.status, s.lost,
        current_setting('cyclone.ready', true) AS ready
-  FROM cyclone.sweep_steps(:limit) s;
+  FROM cyclone.sweep_steps(:limit, :max_recoveries) s;
 
 -- name: runs_purge
 -- Retention: deletes up to :limit runs finished more than :age_s seconds ago, failed

@@ -148,6 +148,7 @@ class ExplainFacts(NamedTuple):
     run_id: uuid.UUID
     waiting_for: str | None
     resumes: int | None
+    recoveries: int | None
     concurrency_key: str | None
     concurrency_limit: int | None
     key_running: int | None

@@ -59,7 +59,7 @@ SELECT r.status AS run_status, r.error AS run_error, cyclone.now() AS now,
           FROM cyclone.audit c
          WHERE c.run_id = CAST(:run_id AS uuid) AND c.action = 'cancel'
          ORDER BY c.id DESC LIMIT 1) AS cancel,
-       r.run_id, s.waiting_for, s.resumes,
+       r.run_id, s.waiting_for, s.resumes, s.recoveries,
        s.concurrency_key, s.concurrency_limit, NULL::bigint AS key_running,
        -- When its action's rate limit opens again, if it is used up now.
        (SELECT t.reopens_at FROM cyclone.action_rates t
@@ -91,7 +91,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'started_at', s.started_at, 'finished_at', s.finished_at,
                    'effect_uncertain', s.effect_uncertain,
                    'timeout_s', extract(epoch FROM s.timeout),
-                   'resumes', s.resumes,
+                   'resumes', s.resumes, 'recoveries', s.recoveries,
                    'waiting_for', CASE WHEN s.status IN ('available', 'pending')
                                        THEN s.waiting_for END,
                    'priority', s.priority, 'concurrency_key', s.concurrency_key,

@@ -24,6 +24,12 @@ class Candidate(NamedTuple):
     flow: bool
 
 
+class Unhealthy(NamedTuple):
+    """worker_unhealthy_sharded."""
+
+    unhealthy: bool
+
+
 class ShardedClaim(Repository):
     """Claims on a sharded database."""
 
@@ -40,7 +46,11 @@ class ShardedClaim(Repository):
         ready steps (no locks), then each shard's taken in one delegated call, a
         single-shard transaction (step_claim_shard), and those under flow control
         admitted under their locks on the coordinator (step_claim_flow). Twice the steps
-        asked are read, as other servers may take some first."""
+        asked are read, as other servers may take some first. A worker marked
+        unhealthy (a lease of it lapsed) gets nothing."""
+        marked = await self._one("worker_unhealthy_sharded", Unhealthy, worker_id=worker_id)
+        if marked is not None and marked.unhealthy:
+            return []
         found = await self._all(
             "step_candidates_sharded", Candidate, actions=actions, limit=limit * 2, **flow
         )

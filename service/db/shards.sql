@@ -1,6 +1,12 @@
 -- Named queries of the server's db wing: shards (service/db/shards.py).
 -- Each block starts with "-- name: <name>"; parameters are bound (:name), never formatted in.
 
+-- name: worker_unhealthy_sharded
+-- Whether a worker is marked unhealthy (a lease of it lapsed): a claim on a sharded
+-- database asks before it claims (step_claim asks itself on a plain one).
+SELECT EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = :worker_id)
+       AS unhealthy;
+
 -- name: step_candidates_sharded
 SELECT run_id, node, action, shard, concurrency_key, concurrency_limit, flow
   FROM cyclone.step_candidates_sharded(

@@ -34,6 +34,20 @@ class ActionSeenRow(NamedTuple):
     ready_count: int
 
 
+class UnhealthyWorker(NamedTuple):
+    """workers_unhealthy: a worker whose lease lapsed, since when and why."""
+
+    worker_id: str
+    unhealthy_since: datetime
+    reason: str
+
+
+class WorkerGone(NamedTuple):
+    """worker_alive: the mark removed."""
+
+    worker_id: str
+
+
 class GaugeRow(NamedTuple):
     """metrics_gauges: one gauge reading (part: runs, available or running)."""
 
@@ -63,6 +77,14 @@ class Workers(Repository):
         """The running steps by worker and action, and every action's activity."""
         running = await self._all("workers_running", WorkerAction)
         return running, await self._all("actions_activity", ActionSeenRow)
+
+    async def workers_unhealthy(self) -> list[UnhealthyWorker]:
+        """The workers marked unhealthy (a lease of theirs lapsed)."""
+        return await self._all("workers_unhealthy", UnhealthyWorker)
+
+    async def worker_alive(self, worker_id: str) -> bool:
+        """The worker showed it is alive: clear its unhealthy mark; whether it had one."""
+        return bool(await self._all("worker_alive", WorkerGone, worker_id=worker_id))
 
     async def action_claims_note(self, seen: Sequence[ActionSeen]) -> None:
         """Record what this server saw of the workers serving each action."""

@@ -81,3 +81,16 @@ SELECT n.action, a.polled_at, a.polled_by, a.claimed_at, a.claimed_by,
   LEFT JOIN cyclone.action_claims a ON a.action = n.action
  ORDER BY n.action
  LIMIT 1000;
+
+-- name: workers_unhealthy
+-- ListWorkers: the workers marked unhealthy (a lease of theirs lapsed), by worker_id.
+SELECT h.worker_id, h.unhealthy_since, h.reason
+  FROM cyclone.worker_health h
+ ORDER BY h.worker_id
+ LIMIT 1000;
+
+-- name: worker_alive
+-- A worker showed it is alive (a Claim, a message on its Work stream): it is no longer
+-- unhealthy. Deletes nothing (and writes nothing) when it was not marked.
+DELETE FROM cyclone.worker_health h WHERE h.worker_id = :worker_id
+RETURNING h.worker_id;

@@ -47,18 +47,33 @@ class Claims:
     #: Set when the server stops: waiting claims answer at once.
     stopping: asyncio.Event
 
-    async def take(self, who: Claimer, limit: int) -> tuple[list[ClaimedStep], list[ClaimedStep]]:
+    async def take(
+        self, who: Claimer, limit: int, heard: bool = False
+    ) -> tuple[list[ClaimedStep], list[ClaimedStep]]:
         """One claim for ``who``: the steps handed out, and those that blocked their run
-        instead (unsafe to repeat, their lease lost)."""
+        instead (unsafe to repeat, their lease lost). ``heard``: the worker sent a
+        message since its last claim, so it is alive: a claim that finds nothing then
+        clears its unhealthy mark, if it has one, and claims again (a marked worker is
+        handed nothing; the mark costs a claim that finds steps no statement)."""
         worker_id, actions, unsafe, rates, lease = who
         self.activity.polled(actions, worker_id)
         rows = await self.claim(worker_id, actions, unsafe, limit, lease, rates)
+        if not rows and heard and await self.alive(worker_id):
+            rows = await self.claim(worker_id, actions, unsafe, limit, lease, rates)
         blocked = [r for r in rows if self.blocked(r)]
         steps = [r for r in rows if not r.blocked]
         if steps:
             self.handed_out(steps, lease)
             self.activity.claimed({r.action for r in steps}, worker_id)
         return steps, blocked
+
+    async def alive(self, worker_id: str) -> bool:
+        """The worker showed it is alive: clear its unhealthy mark (a lease of it lapsed
+        with no outcome); whether it had one."""
+        if not await self.db.workers.worker_alive(worker_id):
+            return False
+        log.info("worker %s reported again: it is no longer marked unhealthy", worker_id)
+        return True
 
     async def waiting(
         self, who: Claimer, limit: int, wait: float
@@ -68,10 +83,12 @@ class Claims:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         waiting = False
+        heard = True  # the Claim itself: the first take may clear an unhealthy mark
         try:
             while True:
                 with self.dispatcher.subscribe(who.actions) as ready:
-                    steps, blocked = await self.take(who, limit)
+                    steps, blocked = await self.take(who, limit, heard)
+                    heard = False
                     remaining = deadline - loop.time()
                     if steps or blocked or remaining <= 0 or self.stopping.is_set():
                         return steps, blocked

@@ -11,7 +11,8 @@ available              backing_off (not before available_at: a retry's backoff, 
                        no_worker (no Claim named the action lately), queued (ready
                        steps of the action ahead of it, or its workers all busy),
                        ready (the next claim of the action takes it)
-running                running (leased), lease_expired (the sweep will reclaim it)
+running                running (leased), lease_expired (the sweep will reclaim it: its
+                       worker was lost when the lease lapsed before the deadline)
 uncertain              blocked (the run waits for Resolve)
 completed, discarded,  the status itself, with the failure behind a discard or a skip
 skipped, cancelled
@@ -100,12 +101,24 @@ def _node_list(nodes: Sequence[UpstreamJson]) -> str:
     return ", ".join(f"{n['node']} ({n['status']}, attempt {n['attempt']})" for n in nodes)
 
 
-def explain(row: ExplainFacts) -> Explanation:
-    """The explanation of one step_explain row."""
+def _counted(row: ExplainFacts) -> int:
+    """The attempts that count against the retry policy: claims that resumed a wait and
+    attempts whose worker was lost do not."""
+    return row.attempt - (row.resumes or 0) - (row.recoveries or 0)
+
+
+def explain(row: ExplainFacts, max_recoveries: int = 10) -> Explanation:
+    """The explanation of one step_explain row; ``max_recoveries``: the server's recovery
+    budget (--max-recoveries)."""
     now: datetime = row.now
     status: str = row.status
     run_blocked = row.run_status == "blocked"
     attempts = f"attempt {row.attempt} of {row.max_attempts}"
+    if row.recoveries:
+        attempts = (
+            f"attempt {row.attempt}, {_counted(row)} of {row.max_attempts} counted: "
+            f"{row.recoveries} lost {'its worker' if row.recoveries == 1 else 'their worker'}"
+        )
 
     if status == "completed":
         return Explanation("completed", f"completed {_at(now, row.finished_at)} ({attempts})")
@@ -134,7 +147,7 @@ def explain(row: ExplainFacts) -> Explanation:
             "`cyclone resolve` it",
         )
     if status == "running":
-        return _running(row, now, attempts)
+        return _running(row, now, attempts, max_recoveries)
     if status == "pending":
         waiting = [u for u in row.upstream if u["status"] in _OPEN]
         if run_blocked:
@@ -157,7 +170,7 @@ def explain(row: ExplainFacts) -> Explanation:
         return Explanation(
             "backing_off",
             f"backing off until {_at(now, row.available_at)} after attempt {row.attempt} "
-            f"failed ({_error(row.last_error)}); {row.max_attempts - row.attempt} "
+            f"failed ({_error(row.last_error)}); {row.max_attempts - _counted(row)} "
             f"attempt(s) left",
         )
     return _ready(row, now)
@@ -218,23 +231,37 @@ def _skipped(row: ExplainFacts) -> Explanation:
     )
 
 
-def _running(row: ExplainFacts, now: datetime, attempts: str) -> Explanation:
+def _running(row: ExplainFacts, now: datetime, attempts: str, max_recoveries: int) -> Explanation:
     beat = row.last_heartbeat_at
     if beat is None or (row.started_at is not None and beat <= row.started_at):
         heard = "no heartbeat since its claim"
     else:
         heard = f"last heartbeat {_ago(now, beat)}"
     if row.lease_expires_at is not None and row.lease_expires_at <= now:
+        # A lease that lapsed before the deadline: the worker was lost (not a failure).
+        lost = row.deadline_at is None or row.lease_expires_at < row.deadline_at
+        recovery = (row.recoveries or 0) + 1
         then = (
             "the run will block (the action is unsafe to repeat)"
             if row.unsafe
+            else f"it will be discarded (it lost its worker {recovery} times, past the "
+            f"recovery budget of {max_recoveries})"
+            if lost and recovery > max_recoveries
+            else f"it will run again (recovery {recovery} of {max_recoveries}; a lost "
+            "worker uses up no attempt)"
+            if lost
             else "it will be discarded (no attempt left)"
-            if row.attempt >= row.max_attempts
+            if _counted(row) >= row.max_attempts
             else "it will run again"
+        )
+        what = (
+            f"worker {row.worker_id} lost: its lease lapsed"
+            if lost
+            else f"the lease of worker {row.worker_id} ran to the step's timeout and expired"
         )
         return Explanation(
             "lease_expired",
-            f"the lease of worker {row.worker_id} expired {_ago(now, row.lease_expires_at)} "
+            f"{what} {_ago(now, row.lease_expires_at)} "
             f"with no outcome ({attempts}, claimed {_ago(now, row.started_at)}, {heard}); "
             f"the recovery sweep will reclaim it and {then}",
         )

@@ -39,28 +39,38 @@ class Upkeep:
 
     async def sweep(self) -> int:
         """Reclaim expired leases once; returns how many."""
-        reclaimed = await self.db.retention.sweep(self.settings.sweep_batch)
+        reclaimed = await self.db.retention.sweep(
+            self.settings.sweep_batch, self.settings.max_recoveries
+        )
         for step in reclaimed:
             self.metrics.lease_expiries.labels(step.action).inc()
             extra = {"run_id": str(step.run_id), "node": step.node, "attempt": step.attempt}
             if step.status == "discarded":
-                self.metrics.discarded.labels("lease_expired").inc()
+                self.metrics.discarded.labels("worker_lost" if step.lost else "lease_expired").inc()
                 log.error(
-                    "step %s/%s discarded: the lease of worker %s expired at attempt %d, its last",
+                    "step %s/%s discarded: the lease of worker %s expired at attempt %d, %s",
                     step.run_id,
                     step.node,
                     step.worker_id,
                     step.attempt,
+                    "past the recovery budget (--max-recoveries)" if step.lost else "its last",
                     extra=extra,
                 )
             else:
                 log.warning(
-                    "step %s/%s available again: the lease of worker %s expired at "
-                    "attempt %d with no outcome",
+                    "step %s/%s available again: %s at attempt %d with no outcome",
                     step.run_id,
                     step.node,
-                    step.worker_id,
+                    f"worker {step.worker_id} was lost (its lease lapsed)"
+                    if step.lost
+                    else f"the lease of worker {step.worker_id} ran to the step's timeout",
                     step.attempt,
+                    extra=extra,
+                )
+            if step.lost:
+                log.warning(
+                    "worker %s marked unhealthy: it is handed no step until it reports again",
+                    step.worker_id,
                     extra=extra,
                 )
         if reclaimed:

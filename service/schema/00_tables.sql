@@ -169,11 +169,12 @@ CREATE TABLE cyclone.steps (
     -- When the holder of the lease last showed signs of life: step_claim, step_heartbeat.
     last_heartbeat_at  timestamptz,
     -- What an operator's Retry (or Resolve discard) grants: max_attempts becomes
-    -- attempt - resumes + attempt_budget. The node's retry policy, set at submit.
+    -- attempt - resumes - recoveries + attempt_budget. The node's retry policy, set at
+    -- submit.
     attempt_budget     integer     NOT NULL,
     -- Claims that resumed the node after it waited (step_wait suspended it): counted in
     -- attempt, but not against max_attempts (step_fail and the sweep compare
-    -- attempt - resumes).
+    -- attempt - resumes - recoveries).
     resumes            integer     NOT NULL DEFAULT 0,
     -- What the node waits for while step_wait has it available at its wake time:
     -- "sleep", "event <name>", "child <run_id>". Cleared when the wait is over.
@@ -184,6 +185,10 @@ CREATE TABLE cyclone.steps (
     -- are running at once (step_claim). Both NULL for a node with no limit.
     concurrency_key    text,
     concurrency_limit  integer,
+    -- Attempts whose worker was lost: their lease lapsed before the step's deadline with
+    -- no outcome (sweep_steps). Counted in attempt, but not against max_attempts; against
+    -- the server's recovery budget instead (--max-recoveries).
+    recoveries         integer     NOT NULL DEFAULT 0,
     PRIMARY KEY (run_id, node),
     -- What each status implies, and the counts (two constraints rather than ten, as for
     -- runs): a known status; finished_at set exactly in a final status (completed,
@@ -198,8 +203,8 @@ CREATE TABLE cyclone.steps (
         AND (status <> 'running' OR (lease_token IS NOT NULL AND lease_expires_at IS NOT NULL
                                      AND deadline_at IS NOT NULL))),
     -- A known trigger rule, and the counts in range: open and failed upstream steps
-    -- never below 0, max_attempts and attempt_budget at least 1, resumes within 0 and
-    -- attempt (so attempt is 0 or more). The counts' upper bound (their sum at most
+    -- never below 0, max_attempts and attempt_budget at least 1, resumes and recoveries
+    -- at least 0 and together at most attempt (so attempt is 0 or more). The counts' upper bound (their sum at most
     -- cardinality(depends_on)) is not checked here: it read the whole depends_on at
     -- every update of the row, and a join's is compressed in TOAST, so each count of a
     -- batch of leaves at a 10,000-wide join decompressed 10,000 names (3 % of a fan
@@ -208,7 +213,7 @@ CREATE TABLE cyclone.steps (
         trigger_rule = ANY ('{all_success,all_done,one_failed}'::text[])
         AND deps_open >= 0 AND deps_failed >= 0
         AND max_attempts >= 1 AND attempt_budget >= 1
-        AND resumes >= 0 AND resumes <= attempt)
+        AND resumes >= 0 AND recoveries >= 0 AND resumes + recoveries <= attempt)
 )
 -- Room for the claim's and the completion's versions of a row on its page: see runs.
 WITH (fillfactor = 60);
@@ -252,7 +257,8 @@ CREATE TABLE cyclone.step_errors (
     run_id    uuid        NOT NULL,
     node      text        COLLATE "C" NOT NULL,
     attempt   integer     NOT NULL,
-    -- handler (step_fail, step_abandon) | lease_expired (sweep_steps) |
+    -- handler (step_fail, step_abandon) | lease_expired (sweep_steps: type WorkerLost
+    -- when the lease lapsed before the deadline, LeaseExpired at the deadline) |
     -- resolved (step_resolve error) | reset (step_retry revoked a lease below a retry)
     kind      text        NOT NULL,
     type      text        NOT NULL DEFAULT '',
@@ -358,6 +364,18 @@ CREATE TABLE cyclone.action_claims (
     claimed_by text,
     CONSTRAINT action_claims_claimed_by_iff_claimed
         CHECK ((claimed_at IS NULL) = (claimed_by IS NULL))
+);
+
+-- Workers whose lease lapsed with no outcome before the step's deadline (sweep_steps):
+-- the worker died, froze or lost its connection. A worker listed here is handed no step
+-- (step_claim, and the server before a sharded claim) until it shows it is alive: its
+-- next Claim or message on its Work stream removes its row (service/db/workers.sql,
+-- worker_alive). ListWorkers shows it as unhealthy.
+CREATE TABLE cyclone.worker_health (
+    worker_id       text        COLLATE "C" PRIMARY KEY,
+    unhealthy_since timestamptz NOT NULL,
+    -- What made it unhealthy: the first step whose lease lapsed.
+    reason          text        NOT NULL DEFAULT ''
 );
 
 -- SubmitOnce keys, kept apart from the runs so that retention can delete a run and

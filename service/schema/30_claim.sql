@@ -68,6 +68,7 @@ $$;
 -- waited (waited_s) and, for a step allowed to run after a failure, its failed or
 -- skipped upstream nodes with their last errors (upstream_failures), and the node's
 -- journal of step calls in seq order (NULL when it has none).
+-- A worker marked unhealthy (cyclone.worker_health: a lease of it lapsed) gets nothing.
 -- Two statements for plain steps: the pick (the walk, its locks, and what the rows
 -- need beyond the plain case), then one update of the rows picked, by their ctids,
 -- that reads each run by key and returns the rows; so no plan scans steps. A key, a
@@ -114,6 +115,10 @@ DECLARE
     -- has upstream outputs, upstream failures or a journal to hand out.
     v_plain     boolean;
 BEGIN
+    -- A worker whose lease lapsed is handed nothing until it shows it is alive.
+    IF EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = p_worker) THEN
+        RETURN;
+    END IF;
     IF cardinality(p_unsafe) > 0 THEN
         RETURN QUERY SELECT b.run_id, b.node, b.action, b.workflow, b.attempt, b.max_attempts,
                             NULL::jsonb, NULL::jsonb, NULL::jsonb, NULL::uuid,

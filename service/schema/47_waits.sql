@@ -78,8 +78,8 @@ $$;
 --   suspended  the entry stays WAITING and the node gives up its lease: available from
 --              the wake time (_wait_forever() for none; pending while the run is
 --              blocked), lease cleared, resumes + 1 (so this claim does not use up an
---              attempt: step_fail and the sweep compare attempt - resumes with
---              max_attempts), waiting_for set ("sleep", "event <name>",
+--              attempt: step_fail and the sweep compare attempt - resumes -
+--              recoveries with max_attempts), waiting_for set ("sleep", "event <name>",
 --              "child <run_id>"). Waiting claims are notified, so that they look at
 --              the new wake time.
 -- CY004 for a bad identity or wait, or a step_id recorded for another call; CY003

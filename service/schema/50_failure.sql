@@ -1,8 +1,9 @@
 -- Complete with a failure.
 
 -- Records a failed attempt of a held step (running, same token, lease not expired). A
--- retryable failure with attempts left (attempt - resumes < max_attempts: a claim that
--- resumed the node after a wait uses up no attempt) makes the step
+-- retryable failure with attempts left (attempt - resumes - recoveries < max_attempts: a
+-- claim that resumed the node after a wait, or whose worker was lost, uses up no
+-- attempt) makes the step
 -- available again after p_retry_after, or else after the node's exponential backoff
 -- less a random jitter of up to half (_backoff); otherwise the step is discarded and
 -- its dependents judged (_settle). The error joins the step's history (kind handler).
@@ -21,16 +22,19 @@ DECLARE
     v_jitter float8 := random();
 BEGIN
     UPDATE cyclone.steps s
-       SET status = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
+       SET status = CASE WHEN p_retryable
+                              AND s.attempt - s.resumes - s.recoveries < s.max_attempts
                          THEN 'available' ELSE 'discarded' END,
-           available_at = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
+           available_at = CASE WHEN p_retryable
+                                    AND s.attempt - s.resumes - s.recoveries < s.max_attempts
                                THEN cyclone._later(v_now, coalesce(
                                         p_retry_after,
                                         cyclone._backoff(s.initial_backoff, s.max_backoff,
                                                          s.backoff_multiplier,
-                                                         s.attempt - s.resumes, v_jitter)))
+                                                         s.attempt - s.resumes - s.recoveries, v_jitter)))
                           END,
-           finished_at = CASE WHEN p_retryable AND s.attempt - s.resumes < s.max_attempts
+           finished_at = CASE WHEN p_retryable
+                                   AND s.attempt - s.resumes - s.recoveries < s.max_attempts
                               THEN NULL ELSE v_now END,
            lease_expires_at = NULL, waiting_for = NULL
      WHERE s.run_id = p_run_id AND s.node = p_node AND s.lease_token = p_lease_token

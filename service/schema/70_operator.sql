@@ -7,8 +7,9 @@
 -- not completed waits again for its upstream: the walk goes down the dependents but
 -- never through a completed node, whose output stands. Each node it reaches (the
 -- retried ones included) becomes pending with its counters recounted from the graph
--- and a fresh attempt budget (max_attempts = attempt - resumes + attempt_budget: the
--- claims that resumed a wait never counted); one that was
+-- and a fresh attempt budget (max_attempts = attempt - resumes - recoveries +
+-- attempt_budget: the claims that resumed a wait and the attempts whose worker was lost
+-- never counted); one that was
 -- running loses its lease (a reset error is recorded), and since its effect may have
 -- happened it is marked effect_uncertain like a lost lease. The run becomes running,
 -- and the reset nodes whose upstream is all final are judged by their trigger rule
@@ -82,7 +83,7 @@ BEGIN
        SET status = 'pending', available_at = NULL, finished_at = NULL,
            lease_expires_at = NULL,
            effect_uncertain = s.effect_uncertain OR s.status = 'running',
-           max_attempts = s.attempt - s.resumes + s.attempt_budget,
+           max_attempts = s.attempt - s.resumes - s.recoveries + s.attempt_budget,
            deps_open = c.open, deps_failed = c.failed
       FROM (SELECT t.node,
                    count(u.node) FILTER (
@@ -189,7 +190,8 @@ BEGIN
     WHEN 'discard' THEN
         UPDATE cyclone.steps s
            SET status = 'available', available_at = v_now, effect_uncertain = false,
-               lease_token = NULL, max_attempts = s.attempt - s.resumes + s.attempt_budget
+               lease_token = NULL,
+               max_attempts = s.attempt - s.resumes - s.recoveries + s.attempt_budget
          WHERE s.run_id = p_run_id AND s.node = p_node;
         PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
         PERFORM cyclone._settle(p_run_id, '{}', v_held, 0);
@@ -280,7 +282,8 @@ BEGIN
                      WHERE s.run_id = p_run_id AND s.status = 'pending' AND s.deps_open = 0);
     UPDATE cyclone.steps s
        SET status = 'available', available_at = v_now, effect_uncertain = false,
-           lease_token = NULL, max_attempts = s.attempt - s.resumes + s.attempt_budget
+           lease_token = NULL,
+               max_attempts = s.attempt - s.resumes - s.recoveries + s.attempt_budget
      WHERE s.run_id = p_run_id AND s.node = v_node;
     PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
     PERFORM cyclone._settle(p_run_id, '{}', v_held, 0);

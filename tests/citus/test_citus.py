@@ -27,7 +27,14 @@ RUN_TABLES = {
     "releases": "run_id",
     "submit_keys": "key_id",
 }
-REFERENCE_TABLES = {"action_claims", "action_rates", "clock", "schedules", "schema_migrations"}
+REFERENCE_TABLES = {
+    "action_claims",
+    "action_rates",
+    "clock",
+    "schedules",
+    "schema_migrations",
+    "worker_health",
+}
 
 
 def _node_of(server: Any, run_id: str) -> str:

@@ -58,7 +58,7 @@ from tests.test_step_calls_batched import (  # noqa: F401
     test_unsafe_calls_begun_in_a_batch_get_each_their_decision,
 )
 from tests.test_steps import (  # noqa: F401
-    test_a_step_whose_lease_expires_at_every_attempt_is_discarded_after_the_last,
+    test_a_step_that_runs_out_its_timeout_at_every_attempt_is_discarded_after_the_last,
     test_chain_runs_in_order_and_completes_the_run,
     test_complete_many_across_runs_completes_each_run,
     test_complete_many_applies_each_outcome_and_reports_each_in_request_order,

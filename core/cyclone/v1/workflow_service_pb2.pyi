@@ -298,15 +298,19 @@ class ListWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerSummary, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[ActionActivity, _Mapping]]] = ...) -> None: ...
 
 class WorkerSummary(_message.Message):
-    __slots__ = ("worker_id", "actions", "running", "last_heartbeat_at", "lease_expired")
+    __slots__ = ("worker_id", "actions", "running", "last_heartbeat_at", "lease_expired", "unhealthy", "unhealthy_since")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_AT_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_SINCE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     actions: _containers.RepeatedScalarFieldContainer[str]
     running: int
     last_heartbeat_at: _timestamp_pb2.Timestamp
     lease_expired: int
-    def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., running: _Optional[int] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expired: _Optional[int] = ...) -> None: ...
+    unhealthy: bool
+    unhealthy_since: _timestamp_pb2.Timestamp
+    def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., running: _Optional[int] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expired: _Optional[int] = ..., unhealthy: _Optional[bool] = ..., unhealthy_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -1015,7 +1015,7 @@ type Step struct {
 	// How many times the node gave up its lease to wait (a durable sleep, an event, a
 	// child run) and was claimed again. Each of those claims adds 1 to `attempt` too,
 	// but none uses up an attempt: the retry policy compares max_attempts with
-	// attempt - resumes.
+	// attempt - resumes - recoveries.
 	Resumes int32 `protobuf:"varint,21,opt,name=resumes,proto3" json:"resumes,omitempty"`
 	// While the node is AVAILABLE because it waits (see `available_at` for until when):
 	// what for, e.g. "sleep", "event order.approved", "child <run_id>". Empty otherwise.
@@ -1028,7 +1028,15 @@ type Step struct {
 	// What the node's handlers logged, every attempt, oldest first (sent with Heartbeat
 	// and Complete, kept within a cap per attempt; see docs/operations.md). Filled by
 	// GetRun only when GetRunRequest.logs is set.
-	Logs          []*LogLine `protobuf:"bytes,25,rep,name=logs,proto3" json:"logs,omitempty"`
+	Logs []*LogLine `protobuf:"bytes,25,rep,name=logs,proto3" json:"logs,omitempty"`
+	// How many attempts lost their worker: the lease lapsed before the step's deadline
+	// with no outcome (the worker died or froze). Each adds 1 to `attempt` too, but none
+	// uses up an attempt of the retry policy; they count against the server's recovery
+	// budget instead (max_recoveries).
+	Recoveries int32 `protobuf:"varint,26,opt,name=recoveries,proto3" json:"recoveries,omitempty"`
+	// The recovery budget of the server that answered (--max-recoveries): a step that
+	// loses its worker more often than this is discarded with a WorkerLost error.
+	MaxRecoveries int32 `protobuf:"varint,27,opt,name=max_recoveries,json=maxRecoveries,proto3" json:"max_recoveries,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1236,6 +1244,20 @@ func (x *Step) GetLogs() []*LogLine {
 		return x.Logs
 	}
 	return nil
+}
+
+func (x *Step) GetRecoveries() int32 {
+	if x != nil {
+		return x.Recoveries
+	}
+	return 0
+}
+
+func (x *Step) GetMaxRecoveries() int32 {
+	if x != nil {
+		return x.MaxRecoveries
+	}
+	return 0
 }
 
 // One line a handler logged, as a worker sends it with HeartbeatRequest.logs and
@@ -1574,7 +1596,9 @@ type StepError struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The attempt that failed.
 	Attempt int32 `protobuf:"varint,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	// "handler" (reported by the worker), "lease_expired", "resolved" (Resolve error).
+	// "handler" (reported by the worker), "lease_expired" (type "WorkerLost" when the
+	// worker was lost before the step's deadline, "LeaseExpired" at the deadline),
+	// "resolved" (Resolve error), "reset" (Retry revoked a lease).
 	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	// Exception type or error class, e.g. "ValueError".
 	Type string `protobuf:"bytes,3,opt,name=type,proto3" json:"type,omitempty"`
@@ -1830,7 +1854,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x129\n" +
 	"\n" +
 	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x17\n" +
-	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xd6\b\n" +
+	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\x9d\t\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12.\n" +
@@ -1861,7 +1885,11 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"waitingFor\x12\x1a\n" +
 	"\bpriority\x18\x17 \x01(\x05R\bpriority\x12'\n" +
 	"\x0fconcurrency_key\x18\x18 \x01(\tR\x0econcurrencyKey\x12'\n" +
-	"\x04logs\x18\x19 \x03(\v2\x13.cyclone.v1.LogLineR\x04logs\"\x97\x01\n" +
+	"\x04logs\x18\x19 \x03(\v2\x13.cyclone.v1.LogLineR\x04logs\x12\x1e\n" +
+	"\n" +
+	"recoveries\x18\x1a \x01(\x05R\n" +
+	"recoveries\x12%\n" +
+	"\x0emax_recoveries\x18\x1b \x01(\x05R\rmaxRecoveries\"\x97\x01\n" +
 	"\aLogLine\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x14\n" +
 	"\x05level\x18\x02 \x01(\tR\x05level\x12\x18\n" +

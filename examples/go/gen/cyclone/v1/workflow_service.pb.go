@@ -1691,7 +1691,8 @@ func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
 // Result of WorkflowService.ListWorkers.
 type ListWorkersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The workers holding at least one step now, by worker_id (at most 1000).
+	// The workers holding at least one step now, and those marked unhealthy, by
+	// worker_id (at most 1000).
 	Workers []*WorkerSummary `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
 	// Every action a Claim ever named or an available step waits for, by name (at most
 	// 1000): who last asked for it and who last got a step of it (recorded by the
@@ -1759,9 +1760,14 @@ type WorkerSummary struct {
 	// Its latest claim or heartbeat over the steps it holds.
 	LastHeartbeatAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_heartbeat_at,json=lastHeartbeatAt,proto3" json:"last_heartbeat_at,omitempty"`
 	// How many of its steps' leases ran out with no outcome.
-	LeaseExpired  int32 `protobuf:"varint,5,opt,name=lease_expired,json=leaseExpired,proto3" json:"lease_expired,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LeaseExpired int32 `protobuf:"varint,5,opt,name=lease_expired,json=leaseExpired,proto3" json:"lease_expired,omitempty"`
+	// A lease of it lapsed with no outcome (it died, froze or lost its connection): it is
+	// handed no step until its next Claim or Work stream message.
+	Unhealthy bool `protobuf:"varint,6,opt,name=unhealthy,proto3" json:"unhealthy,omitempty"`
+	// Since when it is unhealthy; unset when it is not.
+	UnhealthySince *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=unhealthy_since,json=unhealthySince,proto3" json:"unhealthy_since,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *WorkerSummary) Reset() {
@@ -1827,6 +1833,20 @@ func (x *WorkerSummary) GetLeaseExpired() int32 {
 		return x.LeaseExpired
 	}
 	return 0
+}
+
+func (x *WorkerSummary) GetUnhealthy() bool {
+	if x != nil {
+		return x.Unhealthy
+	}
+	return false
+}
+
+func (x *WorkerSummary) GetUnhealthySince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UnhealthySince
+	}
+	return nil
 }
 
 var File_cyclone_v1_workflow_service_proto protoreflect.FileDescriptor
@@ -1942,13 +1962,15 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x12ListWorkersRequest\"\x80\x01\n" +
 	"\x13ListWorkersResponse\x123\n" +
 	"\aworkers\x18\x01 \x03(\v2\x19.cyclone.v1.WorkerSummaryR\aworkers\x124\n" +
-	"\aactions\x18\x02 \x03(\v2\x1a.cyclone.v1.ActionActivityR\aactions\"\xcd\x01\n" +
+	"\aactions\x18\x02 \x03(\v2\x1a.cyclone.v1.ActionActivityR\aactions\"\xb0\x02\n" +
 	"\rWorkerSummary\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x18\n" +
 	"\aactions\x18\x02 \x03(\tR\aactions\x12\x18\n" +
 	"\arunning\x18\x03 \x01(\x05R\arunning\x12F\n" +
 	"\x11last_heartbeat_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastHeartbeatAt\x12#\n" +
-	"\rlease_expired\x18\x05 \x01(\x05R\fleaseExpired*\xe3\x03\n" +
+	"\rlease_expired\x18\x05 \x01(\x05R\fleaseExpired\x12\x1c\n" +
+	"\tunhealthy\x18\x06 \x01(\bR\tunhealthy\x12C\n" +
+	"\x0funhealthy_since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0eunhealthySince*\xe3\x03\n" +
 	"\rExplainReason\x12\x1e\n" +
 	"\x1aEXPLAIN_REASON_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"EXPLAIN_REASON_WAITING_ON_UPSTREAM\x10\x01\x12\x1e\n" +
@@ -2065,31 +2087,32 @@ var file_cyclone_v1_workflow_service_proto_depIdxs = []int32{
 	25, // 31: cyclone.v1.ListWorkersResponse.workers:type_name -> cyclone.v1.WorkerSummary
 	14, // 32: cyclone.v1.ListWorkersResponse.actions:type_name -> cyclone.v1.ActionActivity
 	28, // 33: cyclone.v1.WorkerSummary.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	1,  // 34: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
-	3,  // 35: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
-	5,  // 36: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
-	7,  // 37: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
-	9,  // 38: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
-	11, // 39: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
-	15, // 40: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
-	17, // 41: cyclone.v1.WorkflowService.CountRuns:input_type -> cyclone.v1.CountRunsRequest
-	20, // 42: cyclone.v1.WorkflowService.ListSteps:input_type -> cyclone.v1.ListStepsRequest
-	23, // 43: cyclone.v1.WorkflowService.ListWorkers:input_type -> cyclone.v1.ListWorkersRequest
-	2,  // 44: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
-	4,  // 45: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
-	6,  // 46: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
-	8,  // 47: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
-	10, // 48: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
-	12, // 49: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
-	16, // 50: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
-	18, // 51: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
-	21, // 52: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
-	24, // 53: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
-	44, // [44:54] is the sub-list for method output_type
-	34, // [34:44] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	28, // 34: cyclone.v1.WorkerSummary.unhealthy_since:type_name -> google.protobuf.Timestamp
+	1,  // 35: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
+	3,  // 36: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
+	5,  // 37: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
+	7,  // 38: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
+	9,  // 39: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
+	11, // 40: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
+	15, // 41: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
+	17, // 42: cyclone.v1.WorkflowService.CountRuns:input_type -> cyclone.v1.CountRunsRequest
+	20, // 43: cyclone.v1.WorkflowService.ListSteps:input_type -> cyclone.v1.ListStepsRequest
+	23, // 44: cyclone.v1.WorkflowService.ListWorkers:input_type -> cyclone.v1.ListWorkersRequest
+	2,  // 45: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
+	4,  // 46: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
+	6,  // 47: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
+	8,  // 48: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
+	10, // 49: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
+	12, // 50: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
+	16, // 51: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
+	18, // 52: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
+	21, // 53: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
+	24, // 54: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
+	45, // [45:55] is the sub-list for method output_type
+	35, // [35:45] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_workflow_service_proto_init() }
