@@ -1028,7 +1028,12 @@ type Step struct {
 	// What the node's handlers logged, every attempt, oldest first (sent with Heartbeat
 	// and Complete, kept within a cap per attempt; see docs/operations.md). Filled by
 	// GetRun only when GetRunRequest.logs is set.
-	Logs          []*LogLine `protobuf:"bytes,25,rep,name=logs,proto3" json:"logs,omitempty"`
+	Logs []*LogLine `protobuf:"bytes,25,rep,name=logs,proto3" json:"logs,omitempty"`
+	// The build of the worker whose claim started the node's current body
+	// (ClaimRequest.build_id); empty when that worker declared none. While the node has a
+	// journal, its later attempts go only to workers of this build or of one compatible
+	// with it.
+	BuildId       string `protobuf:"bytes,28,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1236,6 +1241,13 @@ func (x *Step) GetLogs() []*LogLine {
 		return x.Logs
 	}
 	return nil
+}
+
+func (x *Step) GetBuildId() string {
+	if x != nil {
+		return x.BuildId
+	}
+	return ""
 }
 
 // One line a handler logged, as a worker sends it with HeartbeatRequest.logs and
@@ -1830,7 +1842,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x129\n" +
 	"\n" +
 	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x17\n" +
-	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xd6\b\n" +
+	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xf1\b\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12.\n" +
@@ -1861,7 +1873,8 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"waitingFor\x12\x1a\n" +
 	"\bpriority\x18\x17 \x01(\x05R\bpriority\x12'\n" +
 	"\x0fconcurrency_key\x18\x18 \x01(\tR\x0econcurrencyKey\x12'\n" +
-	"\x04logs\x18\x19 \x03(\v2\x13.cyclone.v1.LogLineR\x04logs\"\x97\x01\n" +
+	"\x04logs\x18\x19 \x03(\v2\x13.cyclone.v1.LogLineR\x04logs\x12\x19\n" +
+	"\bbuild_id\x18\x1c \x01(\tR\abuildId\"\x97\x01\n" +
 	"\aLogLine\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x14\n" +
 	"\x05level\x18\x02 \x01(\tR\x05level\x12\x18\n" +
