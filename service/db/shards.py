@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from service.db.builds import BuildSet
 from service.db.pool import Repository
 from service.db.records import ClaimedStep
 
@@ -35,14 +36,27 @@ class ShardedClaim(Repository):
         limit: int,
         lease_s: float,
         flow: Mapping[str, list[Any]],
+        build_id: str | None,
     ) -> list[ClaimedStep]:
         """A claim on a sharded database (95_shards.sql): one multi-shard read of the
         ready steps (no locks), then each shard's taken in one delegated call, a
         single-shard transaction (step_claim_shard), and those under flow control
         admitted under their locks on the coordinator (step_claim_flow). Twice the steps
-        asked are read, as other servers may take some first."""
+        asked are read, as other servers may take some first. A worker's build set is
+        read first (on the coordinator, where the builds are) and passed to each."""
+        builds: list[str] | None = []
+        if build_id is not None:
+            row = await self._one("build_set", BuildSet, build_id=build_id)
+            builds = None if row is None else row.builds
+            if builds is None:
+                return []  # a retired build's workers take nothing
         found = await self._all(
-            "step_candidates_sharded", Candidate, actions=actions, limit=limit * 2, **flow
+            "step_candidates_sharded",
+            Candidate,
+            actions=actions,
+            limit=limit * 2,
+            builds=builds,
+            **flow,
         )
         claimed: list[ClaimedStep] = []
         async with self._connection() as driver:
@@ -68,6 +82,8 @@ class ShardedClaim(Repository):
                         worker_id=worker_id,
                         unsafe=unsafe,
                         lease_s=lease_s,
+                        build_id=build_id,
+                        builds=builds,
                     )
             held = [c for c in found if c.flow]
             left = limit - sum(not r.blocked for r in claimed)
@@ -85,6 +101,8 @@ class ShardedClaim(Repository):
                     unsafe=unsafe,
                     lease_s=lease_s,
                     limit=left,
+                    build_id=build_id,
+                    builds=builds,
                     **flow,
                 )
         return claimed
