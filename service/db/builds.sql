@@ -29,7 +29,7 @@ SELECT b.build_id, b.created_at, b.retired_at,
          FROM cyclone.steps s
         WHERE s.build_id = b.build_id AND s.finished_at IS NULL
           AND EXISTS (SELECT 1 FROM cyclone.step_calls j
-                       WHERE j.run_id = s.run_id AND j.node = s.node)) p
+                       WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0)) p
  WHERE CAST(:build_id AS text) IS NULL OR b.build_id = :build_id
  ORDER BY b.created_at, b.build_id;
 

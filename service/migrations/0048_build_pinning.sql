@@ -38,7 +38,10 @@ CREATE TABLE cyclone.build_workers (
 -- any worker may take it, whatever build claimed it before. A plain SQL expression, so
 -- that the planner inlines it: each claim calls it with p_journaled an EXISTS on the
 -- node's journal, which is evaluated only for a node pinned to a build outside the
--- worker's set (OR is read left to right); an unpinned node costs one NULL test.
+-- worker's set (OR is read left to right); an unpinned node costs one NULL test. The
+-- EXISTS ends in OFFSET 0, so that it stays one probe of the journal's key per row:
+-- without it the planner may make it a hashed subplan, a read of the whole journal
+-- table the first time a claim meets a pinned node.
 -- Called by step_claim, step_candidates_sharded, step_claim_run and step_claim_shard.
 CREATE FUNCTION cyclone._build_admits(p_pin text, p_builds text[], p_journaled boolean)
 RETURNS boolean
@@ -340,7 +343,7 @@ BEGIN
               AND NOT (s.effect_uncertain AND s.action = ANY (p_unsafe))
               AND cyclone._build_admits(s.build_id, v_builds, EXISTS (
                       SELECT 1 FROM cyclone.step_calls j
-                       WHERE j.run_id = s.run_id AND j.node = s.node))
+                       WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
               -- Pass over the keys already full as this statement sees them: listed
               -- once per claim, when the walk first meets a keyed step.
               AND (s.concurrency_key IS NULL
@@ -481,7 +484,7 @@ BEGIN
                    -- The pin stays while the node has a journal; else this build's.
                    build_id = CASE WHEN s.build_id IS NOT NULL AND EXISTS (
                                         SELECT 1 FROM cyclone.step_calls j
-                                         WHERE j.run_id = s.run_id AND j.node = s.node)
+                                         WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0)
                                    THEN s.build_id ELSE p_build END
              -- The rows picked locked, by their ctids alone: no status condition here,
              -- which would let the planner read them through steps_ready_idx instead,
@@ -607,7 +610,7 @@ BEGIN
                -- The pin stays while the node has a journal; else this build's.
                CASE WHEN s.build_id IS NOT NULL AND EXISTS (
                          SELECT 1 FROM cyclone.step_calls j
-                          WHERE j.run_id = p_run_id AND j.node = s.node)
+                          WHERE j.run_id = p_run_id AND j.node = s.node OFFSET 0)
                     THEN s.build_id ELSE p_build END AS pin
           FROM cyclone.steps s
          WHERE s.run_id = p_run_id AND s.node = ANY (p_nodes) AND s.status = 'available'
@@ -615,7 +618,7 @@ BEGIN
            AND NOT (s.effect_uncertain AND s.action = ANY (p_unsafe))
            AND cyclone._build_admits(s.build_id, p_builds, EXISTS (
                    SELECT 1 FROM cyclone.step_calls j
-                    WHERE j.run_id = p_run_id AND j.node = s.node))
+                    WHERE j.run_id = p_run_id AND j.node = s.node OFFSET 0))
            FOR UPDATE SKIP LOCKED
     LOOP
         v_pins := v_pins || v_step.pin;
@@ -749,7 +752,7 @@ BEGIN
                            AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (v_full))
                            AND cyclone._build_admits(s.build_id, p_builds, EXISTS (
                                    SELECT 1 FROM cyclone.step_calls j
-                                    WHERE j.run_id = s.run_id AND j.node = s.node))
+                                    WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
                          ORDER BY s.priority DESC, s.available_at
                          LIMIT p_limit) s) c;
         EXIT WHEN pass = 2 OR v_runs IS NULL
@@ -832,14 +835,14 @@ BEGIN
                 SELECT s.node, t.token, s.effect_uncertain AS uncertain, s.available_at AS since,
                        s.waiting_for = 'sleep' AS slept, t.i,
                        CASE WHEN s.build_id IS NOT NULL AND EXISTS (
-                                 SELECT 1 FROM %2$s j WHERE j.run_id = $1 AND j.node = s.node)
+                                 SELECT 1 FROM %2$s j WHERE j.run_id = $1 AND j.node = s.node OFFSET 0)
                             THEN s.build_id ELSE $7 END AS pin
                   FROM %1$s s
                   JOIN unnest($2, $3) WITH ORDINALITY AS t(node, token, i)
                     ON t.node = s.node
                  WHERE s.run_id = $1 AND s.status = 'available' AND s.available_at <= $4
                    AND cyclone._build_admits(s.build_id, $8, EXISTS (
-                           SELECT 1 FROM %2$s j WHERE j.run_id = $1 AND j.node = s.node))
+                           SELECT 1 FROM %2$s j WHERE j.run_id = $1 AND j.node = s.node OFFSET 0))
                    FOR UPDATE OF s SKIP LOCKED
             ), claimed AS (
                 UPDATE %1$s s

@@ -173,7 +173,7 @@ BEGIN
               AND NOT (s.effect_uncertain AND s.action = ANY (p_unsafe))
               AND cyclone._build_admits(s.build_id, v_builds, EXISTS (
                       SELECT 1 FROM cyclone.step_calls j
-                       WHERE j.run_id = s.run_id AND j.node = s.node))
+                       WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
               -- Pass over the keys already full as this statement sees them: listed
               -- once per claim, when the walk first meets a keyed step.
               AND (s.concurrency_key IS NULL
@@ -314,7 +314,7 @@ BEGIN
                    -- The pin stays while the node has a journal; else this build's.
                    build_id = CASE WHEN s.build_id IS NOT NULL AND EXISTS (
                                         SELECT 1 FROM cyclone.step_calls j
-                                         WHERE j.run_id = s.run_id AND j.node = s.node)
+                                         WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0)
                                    THEN s.build_id ELSE p_build END
              -- The rows picked locked, by their ctids alone: no status condition here,
              -- which would let the planner read them through steps_ready_idx instead,

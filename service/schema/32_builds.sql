@@ -29,7 +29,10 @@ CREATE TABLE cyclone.build_workers (
 -- any worker may take it, whatever build claimed it before. A plain SQL expression, so
 -- that the planner inlines it: each claim calls it with p_journaled an EXISTS on the
 -- node's journal, which is evaluated only for a node pinned to a build outside the
--- worker's set (OR is read left to right); an unpinned node costs one NULL test.
+-- worker's set (OR is read left to right); an unpinned node costs one NULL test. The
+-- EXISTS ends in OFFSET 0, so that it stays one probe of the journal's key per row:
+-- without it the planner may make it a hashed subplan, a read of the whole journal
+-- table the first time a claim meets a pinned node.
 -- Called by step_claim, step_candidates_sharded, step_claim_run and step_claim_shard.
 CREATE FUNCTION cyclone._build_admits(p_pin text, p_builds text[], p_journaled boolean)
 RETURNS boolean

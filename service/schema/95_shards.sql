@@ -109,7 +109,7 @@ BEGIN
                -- The pin stays while the node has a journal; else this build's.
                CASE WHEN s.build_id IS NOT NULL AND EXISTS (
                          SELECT 1 FROM cyclone.step_calls j
-                          WHERE j.run_id = p_run_id AND j.node = s.node)
+                          WHERE j.run_id = p_run_id AND j.node = s.node OFFSET 0)
                     THEN s.build_id ELSE p_build END AS pin
           FROM cyclone.steps s
          WHERE s.run_id = p_run_id AND s.node = ANY (p_nodes) AND s.status = 'available'
@@ -117,7 +117,7 @@ BEGIN
            AND NOT (s.effect_uncertain AND s.action = ANY (p_unsafe))
            AND cyclone._build_admits(s.build_id, p_builds, EXISTS (
                    SELECT 1 FROM cyclone.step_calls j
-                    WHERE j.run_id = p_run_id AND j.node = s.node))
+                    WHERE j.run_id = p_run_id AND j.node = s.node OFFSET 0))
            FOR UPDATE SKIP LOCKED
     LOOP
         v_pins := v_pins || v_step.pin;
@@ -362,7 +362,7 @@ BEGIN
                            AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (v_full))
                            AND cyclone._build_admits(s.build_id, p_builds, EXISTS (
                                    SELECT 1 FROM cyclone.step_calls j
-                                    WHERE j.run_id = s.run_id AND j.node = s.node))
+                                    WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
                          ORDER BY s.priority DESC, s.available_at
                          LIMIT p_limit) s) c;
         EXIT WHEN pass = 2 OR v_runs IS NULL
@@ -445,14 +445,14 @@ BEGIN
                 SELECT s.node, t.token, s.effect_uncertain AS uncertain, s.available_at AS since,
                        s.waiting_for = 'sleep' AS slept, t.i,
                        CASE WHEN s.build_id IS NOT NULL AND EXISTS (
-                                 SELECT 1 FROM %2$s j WHERE j.run_id = $1 AND j.node = s.node)
+                                 SELECT 1 FROM %2$s j WHERE j.run_id = $1 AND j.node = s.node OFFSET 0)
                             THEN s.build_id ELSE $7 END AS pin
                   FROM %1$s s
                   JOIN unnest($2, $3) WITH ORDINALITY AS t(node, token, i)
                     ON t.node = s.node
                  WHERE s.run_id = $1 AND s.status = 'available' AND s.available_at <= $4
                    AND cyclone._build_admits(s.build_id, $8, EXISTS (
-                           SELECT 1 FROM %2$s j WHERE j.run_id = $1 AND j.node = s.node))
+                           SELECT 1 FROM %2$s j WHERE j.run_id = $1 AND j.node = s.node OFFSET 0))
                    FOR UPDATE OF s SKIP LOCKED
             ), claimed AS (
                 UPDATE %1$s s
