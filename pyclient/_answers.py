@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from cyclone.v1 import schedule_service_pb2, types_pb2, workflow_service_pb2
+from cyclone.v1 import admin_service_pb2, schedule_service_pb2, types_pb2, workflow_service_pb2
 from pyclient._runs import (
     RunError,
     RunStatus,
@@ -232,3 +232,60 @@ class Workers:
 
     workers: tuple[WorkerSummary, ...]
     actions: tuple[ActionActivity, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BuildWorker:
+    """A worker seen declaring a build, and when it last did."""
+
+    worker_id: str
+    seen_at: dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Build:
+    """A build workers declared (list_builds): its compatibility set (``compatible``,
+    itself included), the workers seen with it, its unfinished nodes with a journal
+    (and their runs), and whether it is retired."""
+
+    build_id: str
+    compatible: tuple[str, ...]
+    workers: tuple[BuildWorker, ...]
+    pinned_nodes: int
+    pinned_runs: int
+    retired: bool
+    retired_at: dt.datetime | None
+    created_at: dt.datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: times in ISO 8601."""
+        ready: dict[str, Any] = _jsonable(dataclasses.asdict(self))
+        return ready
+
+    @classmethod
+    def from_proto(cls, p: admin_service_pb2.Build) -> Build:
+        workers = tuple(_build(BuildWorker, w) for w in p.workers)
+        return _build(cls, p, workers=workers)
+
+
+@dataclass(frozen=True, slots=True)
+class BuildRun:
+    """A run with unfinished nodes pinned to a build (list_build_runs)."""
+
+    run_id: str
+    workflow: str
+    nodes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "workflow": self.workflow, "nodes": list(self.nodes)}
+
+
+@dataclass(frozen=True, slots=True)
+class BuildMoved:
+    """What move_build moved: unfinished nodes, and the runs they belong to."""
+
+    nodes_moved: int
+    runs_moved: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes_moved": self.nodes_moved, "runs_moved": self.runs_moved}

@@ -24,7 +24,7 @@ from pyclient._render import (
 )
 from pyclient.client import Client
 from pyclient.errors import InvalidArgument, WaitTimeout
-from pyclient.models import Run, RunStatus, Schedule
+from pyclient.models import Build, Run, RunStatus, Schedule
 from pyclient.workflow import Workflow
 
 #: How often a followed run (run wait --follow, logs --follow) is read again.
@@ -312,3 +312,50 @@ def _schedule_list(client: Client, args: argparse.Namespace) -> Any:
 def _schedule_delete(client: Client, args: argparse.Namespace) -> Any:
     client.delete_schedule(args.name)
     return f"schedule {args.name} deleted"
+
+
+def _build_line(b: Build) -> str:
+    seen = ", ".join(w.worker_id for w in b.workers[:3]) or "none"
+    if len(b.workers) > 3:
+        seen += f" (+{len(b.workers) - 3})"
+    others = [x for x in b.compatible if x != b.build_id]
+    state = f"retired {b.retired_at:%Y-%m-%d %H:%M:%S} UTC" if b.retired_at else "in service"
+    return (
+        f"{b.build_id}  {state}  pinned: {b.pinned_nodes} node(s) of {b.pinned_runs} run(s)"
+        f"  compatible with: {', '.join(others) or '-'}  workers: {seen}"
+    )
+
+
+def _builds_list(client: Client, args: argparse.Namespace) -> Any:
+    builds = client.list_builds()
+    if args.json:
+        return builds
+    return "\n".join(_build_line(b) for b in builds) or "no build declared yet"
+
+
+def _builds_runs(client: Client, args: argparse.Namespace) -> Any:
+    runs = client.list_build_runs(args.build, limit=args.limit)
+    if args.json:
+        return runs
+    lines = [f"{r.run_id}  {r.workflow}  nodes: {', '.join(r.nodes)}" for r in runs]
+    return "\n".join(lines) or f"no unfinished node is pinned to build {args.build}"
+
+
+def _builds_compatible(client: Client, args: argparse.Namespace) -> Any:
+    build = client.set_build_compatible(args.build, args.with_build, reason=args.reason)
+    return [build] if args.json else _build_line(build)
+
+
+def _builds_retire(client: Client, args: argparse.Namespace) -> Any:
+    build = client.retire_build(args.build, reason=args.reason)
+    return [build] if args.json else _build_line(build)
+
+
+def _builds_move(client: Client, args: argparse.Namespace) -> Any:
+    moved = client.move_build(args.from_build, args.to_build, reason=args.reason)
+    if args.json:
+        return moved.to_dict()
+    return (
+        f"moved {moved.nodes_moved} unfinished node(s) of {moved.runs_moved} run(s) "
+        f"from build {args.from_build} to build {args.to_build}"
+    )

@@ -11,6 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 from pyclient._commands import (
+    _builds_compatible,
+    _builds_list,
+    _builds_move,
+    _builds_retire,
+    _builds_runs,
     _cancel,
     _console,
     _explain,
@@ -184,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         _runs_commands,
         _operator_commands,
         _schedule_commands,
+        _builds_commands,
         _event_commands,
         _console_command,
     ):
@@ -354,6 +360,52 @@ def _operator_commands(command: Command, common: argparse.ArgumentParser) -> Non
     p.add_argument("--reason", default="", help="recorded in the audit trail")
     p.add_argument("--keep-children", action="store_true", help="leave its child runs running")
     p.set_defaults(handler=_cancel)
+
+
+BUILDS_HELP = """\
+Workers that declare a build (Worker(build_id=...), CYCLONE_BUILD_ID) pin the durable
+bodies they start: a node with a journal goes only to workers of its build, or of a
+build declared compatible with it (docs/durable-functions.md, "Build pinning"). A
+deploy: start the new build's workers; declare it compatible with the old one, or let
+the old one drain; stop the old workers; retire the old build; move what is left.
+
+  cyclone builds list
+  cyclone builds compatible v2 --with v1
+  cyclone builds retire v1 --reason 'v2 deployed'
+  cyclone builds runs v1
+  cyclone builds move v1 v2
+"""
+
+
+def _builds_commands(command: Command, common: argparse.ArgumentParser) -> None:
+    """ "builds list|runs|compatible|retire|move"."""
+    p = command("builds", "deploy new code under durable runs: builds and their pins", BUILDS_HELP)
+    sub = p.add_subparsers(dest="builds_command", required=True, metavar="SUBCOMMAND")
+
+    def builds_command(name: str, help: str) -> Any:
+        return sub.add_parser(name, help=help, description=help, parents=[common])
+
+    builds_command("list", "every build workers declared").set_defaults(handler=_builds_list)
+    runs = builds_command("runs", "the runs with unfinished nodes pinned to a build")
+    runs.add_argument("build", metavar="BUILD")
+    runs.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    runs.set_defaults(handler=_builds_runs)
+    compatible = builds_command(
+        "compatible", "let BUILD's workers and OTHER's take each other's pinned nodes"
+    )
+    compatible.add_argument("build", metavar="BUILD")
+    compatible.add_argument("--with", dest="with_build", metavar="OTHER", required=True)
+    compatible.add_argument("--reason", default="", help="why (logged by the server)")
+    compatible.set_defaults(handler=_builds_compatible)
+    retire = builds_command("retire", "hand a build's workers nothing from now on")
+    retire.add_argument("build", metavar="BUILD")
+    retire.add_argument("--reason", default="", help="why (logged by the server)")
+    retire.set_defaults(handler=_builds_retire)
+    move = builds_command("move", "move a retired build's unfinished nodes to another build")
+    move.add_argument("from_build", metavar="FROM")
+    move.add_argument("to_build", metavar="TO")
+    move.add_argument("--reason", default="", help="why (in each run's audit trail)")
+    move.set_defaults(handler=_builds_move)
 
 
 def _schedule_commands(command: Command, common: argparse.ArgumentParser) -> None:

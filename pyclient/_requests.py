@@ -38,6 +38,9 @@ from cyclone.v1 import (
 from pyclient.errors import InvalidArgument, WaitTimeout
 from pyclient.models import (
     ActionActivity,
+    Build,
+    BuildMoved,
+    BuildRun,
     EventSent,
     Explanation,
     Retried,
@@ -292,6 +295,44 @@ class calls:
         else:
             req.discard = True
         return Call("admin", "Resolve", req, lambda r: Run.from_proto(r.run))
+
+    @staticmethod
+    def list_builds() -> Call[list[Build]]:
+        return Call(
+            "admin",
+            "ListBuilds",
+            admin_pb.ListBuildsRequest(),
+            lambda r: [Build.from_proto(b) for b in r.builds],
+        )
+
+    @staticmethod
+    def list_build_runs(build_id: str, limit: int) -> Call[list[BuildRun]]:
+        req = admin_pb.ListBuildRunsRequest(build_id=build_id, limit=limit)
+        return Call(
+            "admin",
+            "ListBuildRuns",
+            req,
+            lambda r: [BuildRun(x.run_id, x.workflow, tuple(x.nodes)) for x in r.runs],
+        )
+
+    @staticmethod
+    def set_build_compatible(build_id: str, compatible_with: str, reason: str) -> Call[Build]:
+        req = admin_pb.SetBuildCompatibleRequest(
+            build_id=build_id, compatible_with=compatible_with, reason=reason
+        )
+        return Call("admin", "SetBuildCompatible", req, lambda r: Build.from_proto(r.build))
+
+    @staticmethod
+    def retire_build(build_id: str, reason: str) -> Call[Build]:
+        req = admin_pb.RetireBuildRequest(build_id=build_id, reason=reason)
+        return Call("admin", "RetireBuild", req, lambda r: Build.from_proto(r.build))
+
+    @staticmethod
+    def move_build(from_build_id: str, to_build_id: str, reason: str) -> Call[BuildMoved]:
+        req = admin_pb.MoveBuildRequest(
+            from_build_id=from_build_id, to_build_id=to_build_id, reason=reason
+        )
+        return Call("admin", "MoveBuild", req, lambda r: BuildMoved(r.nodes_moved, r.runs_moved))
 
 
 _OVERLAP = {"skip": schedule_pb.OVERLAP_POLICY_SKIP, "allow": schedule_pb.OVERLAP_POLICY_ALLOW}

@@ -269,6 +269,9 @@ class Step:
     #: ("" without one); docs/flow-control.md.
     priority: int = 0
     concurrency_key: str = ""
+    #: The build of the worker whose claim started its current body ("" for none);
+    #: while it has a journal, only that build's workers (or a compatible one's) take it.
+    build_id: str = ""
     #: What its handlers logged, every attempt, oldest first (``get_run(..., logs=True)``).
     logs: tuple[LogLine, ...] = ()
 

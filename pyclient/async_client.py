@@ -25,6 +25,9 @@ from pyclient._requests import (
 )
 from pyclient.errors import from_rpc_error
 from pyclient.models import (
+    Build,
+    BuildMoved,
+    BuildRun,
     EventSent,
     Explanation,
     Retried,
@@ -216,6 +219,25 @@ class AsyncClient:
         return await self._invoke(
             calls.resolve(run_id, node, result, error, discard, reason, step_id)
         )
+
+    async def list_builds(self) -> list[Build]:
+        return await self._invoke(calls.list_builds())
+
+    async def list_build_runs(self, build_id: str, *, limit: int = 100) -> list[BuildRun]:
+        return await self._invoke(calls.list_build_runs(build_id, limit))
+
+    async def set_build_compatible(
+        self, build_id: str, compatible_with: str, reason: str = ""
+    ) -> Build:
+        return await self._invoke(calls.set_build_compatible(build_id, compatible_with, reason))
+
+    async def retire_build(self, build_id: str, reason: str = "") -> Build:
+        return await self._invoke(calls.retire_build(build_id, reason))
+
+    async def move_build(
+        self, from_build_id: str, to_build_id: str, reason: str = ""
+    ) -> BuildMoved:
+        return await self._invoke(calls.move_build(from_build_id, to_build_id, reason))
 
     async def create_schedule(
         self,

@@ -33,6 +33,9 @@ from pyclient._requests import (
 from pyclient.async_client import AsyncClient
 from pyclient.errors import from_rpc_error
 from pyclient.models import (
+    Build,
+    BuildMoved,
+    BuildRun,
     EventSent,
     Explanation,
     Retried,
@@ -278,6 +281,30 @@ class Client:
         may then be left out: the run's blocked node. ``reason`` is recorded in the
         audit trail with the actor."""
         return self._invoke(calls.resolve(run_id, node, result, error, discard, reason, step_id))
+
+    # Builds (docs/durable-functions.md, "Build pinning") -------------------------------
+
+    def list_builds(self) -> list[Build]:
+        """Every build workers declared, oldest first: its compatibility set, the
+        workers seen with it, its unfinished nodes with a journal, retired or not."""
+        return self._invoke(calls.list_builds())
+
+    def list_build_runs(self, build_id: str, *, limit: int = 100) -> list[BuildRun]:
+        """The runs with unfinished nodes pinned to ``build_id`` (NotFound if unknown)."""
+        return self._invoke(calls.list_build_runs(build_id, limit))
+
+    def set_build_compatible(self, build_id: str, compatible_with: str, reason: str = "") -> Build:
+        """Make ``build_id`` compatible with ``compatible_with``: it joins that build's
+        set, and the workers of each take the nodes pinned to the other."""
+        return self._invoke(calls.set_build_compatible(build_id, compatible_with, reason))
+
+    def retire_build(self, build_id: str, reason: str = "") -> Build:
+        """Retire a build: its workers are handed nothing from then on."""
+        return self._invoke(calls.retire_build(build_id, reason))
+
+    def move_build(self, from_build_id: str, to_build_id: str, reason: str = "") -> BuildMoved:
+        """Move the unfinished nodes pinned to a retired build to another build."""
+        return self._invoke(calls.move_build(from_build_id, to_build_id, reason))
 
     # Schedules (docs/schedules.md) ---------------------------------------------------
 

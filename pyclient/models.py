@@ -8,6 +8,10 @@ the schedule, explain, count and worker calls in ``_answers``; import them from 
 
 from pyclient._answers import (
     ActionActivity,
+    Build,
+    BuildMoved,
+    BuildRun,
+    BuildWorker,
     EventSent,
     ExplainReason,
     Explanation,
@@ -47,6 +51,10 @@ __all__ = [
     "CHILD_START_FUNCTION",
     "ActionActivity",
     "AuditEntry",
+    "Build",
+    "BuildMoved",
+    "BuildRun",
+    "BuildWorker",
     "EventSent",
     "ExplainReason",
     "Explanation",

@@ -29,6 +29,7 @@ __all__ = [
     "MAX_ATTEMPTS",
     "MAX_BACKOFF_MULTIPLIER",
     "MAX_BACKOFF_S",
+    "MAX_BUILD_ID_LENGTH",
     "MAX_DEPENDENCIES",
     "MAX_DEPENDENTS",
     "MAX_EDGES",
@@ -42,6 +43,7 @@ __all__ = [
     "InvalidWorkflow",
     "Limits",
     "NodeSpec",
+    "check_build_id",
     "check_edges",
     "check_name",
     "check_submit_key",
@@ -154,6 +156,26 @@ def check_name(kind: str, value: str) -> None:
         raise InvalidWorkflow(
             f"{kind} name {excerpt(value)} is invalid: use letters, digits and _ . : - "
             "and start with a letter or _"
+        )
+
+
+#: The longest build id a worker may declare (ClaimRequest.build_id).
+MAX_BUILD_ID_LENGTH = 200
+
+
+def check_build_id(value: str) -> None:
+    """Raise InvalidWorkflow unless ``value`` is a valid build id: 1-200 printable
+    characters (no control characters, no line breaks)."""
+    if not value:
+        raise InvalidWorkflow("build id is empty")
+    if len(value) > MAX_BUILD_ID_LENGTH:
+        raise InvalidWorkflow(
+            f"build id {excerpt(value)} is {len(value)} characters; the limit is "
+            f"{MAX_BUILD_ID_LENGTH}"
+        )
+    if not value.isprintable():
+        raise InvalidWorkflow(
+            f"build id {excerpt(value)} is invalid: use printable characters only"
         )
 
 

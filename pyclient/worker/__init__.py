@@ -89,6 +89,7 @@ from typing import Any
 
 import grpc
 
+from cyclone.dag import InvalidWorkflow, check_build_id
 from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
 from pyclient.actions import Action, RateLimit
 from pyclient.client import call_metadata, default_address
@@ -124,6 +125,10 @@ class Worker:
     by default) and ``max_step_calls`` the most step calls a durable function's journal
     holds (10,000, the server's limit; a lower one may be set): results are checked
     against them before they are sent (see "Limits" in docs/operations.md).
+    ``build_id`` names the build of this worker's code (default: the environment's
+    ``CYCLONE_BUILD_ID``; none when unset), 1-200 printable characters: a durable
+    body a worker of one build started replays only on workers of that build or of one
+    declared compatible with it ("Build pinning" in docs/durable-functions.md).
     """
 
     def __init__(
@@ -141,7 +146,16 @@ class Worker:
         reconnect_max_delay: float = 10.0,
         max_payload_bytes: int = MAX_PAYLOAD_BYTES,
         max_step_calls: int = MAX_STEP_CALLS,
+        build_id: str | None = None,
     ):
+        if build_id is None:
+            build_id = os.environ.get("CYCLONE_BUILD_ID") or None
+        if build_id is not None:
+            try:
+                check_build_id(build_id)
+            except InvalidWorkflow as e:
+                raise InvalidArgument(str(e)) from None
+        self.build_id = build_id
         if concurrency < 1:
             raise InvalidArgument(f"concurrency must be at least 1, got {concurrency}")
         if not 1.0 <= lease <= 600.0:
@@ -282,6 +296,7 @@ class Worker:
             database_url=self.database_url,
             max_payload_bytes=self.max_payload_bytes,
             max_step_calls=self.max_step_calls,
+            build_id=self.build_id or "",
         )
         runtime = _Run(config, asyncio.get_running_loop(), self._token, self._credentials)
         with self._lock:
@@ -366,11 +381,12 @@ class _Run:
             Server(pb_grpc.WorkerServiceStub(channel), self.metadata), executor, inbox, pool
         )
         log.info(
-            "worker %s: serving %s on %s with %d slots",
+            "worker %s: serving %s on %s with %d slots%s",
             config.worker_id,
             ", ".join(sorted(config.actions)),
             config.address,
             config.concurrency,
+            f", build {config.build_id}" if config.build_id else "",
         )
         try:
             with step_logs.capturing():

@@ -35,6 +35,8 @@ class WorkerConfig:
     max_payload_bytes: int = MAX_PAYLOAD_BYTES
     #: The most step calls a durable function's journal holds.
     max_step_calls: int = MAX_STEP_CALLS
+    #: The build of the worker's code ("": none), sent with every claim.
+    build_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

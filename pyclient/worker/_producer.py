@@ -72,6 +72,7 @@ class Producer:
             max_steps=free,
             wait=duration(w.claim_wait),
             lease=duration(w.lease),
+            build_id=w.build_id,
         )
 
     async def until_stopping(self, aw: Any, timeout: float | None = None) -> Any:

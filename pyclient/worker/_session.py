@@ -209,6 +209,7 @@ class Session:
                         worker_id=self.w.worker_id,
                         actions=self.producer.actions(),
                         lease=duration(self.w.lease),
+                        build_id=self.w.build_id,
                     ),
                     credit=self._grant(),
                 )

@@ -1,4 +1,5 @@
-"""AdminService: retry and resolve steps and step calls of blocked runs."""
+"""AdminService: retry and resolve steps and step calls of blocked runs; the builds' RPCs
+are in service.api.builds."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from cyclone.v1 import (
 )
 from service import errors
 from service.api.build import attempt_of, run_proto
+from service.api.builds import BuildsAdmin
 from service.api.ids import parse_uuid
 from service.api.status import rpc
 from service.api.validate import (
@@ -35,7 +37,7 @@ from service.db import Database
 log = logging.getLogger("cyclone")
 
 
-class AdminServicer(admin_grpc.AdminServiceServicer):
+class AdminServicer(BuildsAdmin, admin_grpc.AdminServiceServicer):
     def __init__(self, db: Database, settings: Settings) -> None:
         self.db = db
         self.payloads = payloads_of(settings)

@@ -70,7 +70,18 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "ListWorkers",
         )
     },
-    **{_ADMIN + m: frozenset({"admin"}) for m in ("Retry", "RetryAll", "Resolve")},
+    **{
+        _ADMIN + m: frozenset({"admin"})
+        for m in (
+            "Retry",
+            "RetryAll",
+            "Resolve",
+            "SetBuildCompatible",
+            "RetireBuild",
+            "MoveBuild",
+        )
+    },
+    **{_ADMIN + m: frozenset({"client", "admin"}) for m in ("ListBuilds", "ListBuildRuns")},
     **{_SCHEDULE + m: frozenset({"client", "admin"}) for m in ("GetSchedule", "ListSchedules")},
     **{
         _SCHEDULE + m: frozenset({"admin"})

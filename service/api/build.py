@@ -102,6 +102,7 @@ def step_proto(s: StepJson, step_errors: list[types_pb2.StepError]) -> types_pb2
         waiting_for=s["waiting_for"] or "",
         priority=s["priority"],
         concurrency_key=s["concurrency_key"] or "",
+        build_id=s.get("build_id") or "",
     )
     step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
     for field in ("input", "output", "progress"):

@@ -55,7 +55,9 @@ class WorkStream:
     dispatcher: Dispatcher
     # WorkerServicer's: a report applied and answered, and who claims what.
     _report: Callable[[worker_pb.CompleteManyRequest], Awaitable[bytes]]
-    _claimer: Callable[[str, Sequence[worker_pb.ActionSpec], duration_pb2.Duration | None], Claimer]
+    _claimer: Callable[
+        [str, Sequence[worker_pb.ActionSpec], duration_pb2.Duration | None, str], Claimer
+    ]
 
     @stream_rpc
     async def Work(
@@ -71,7 +73,10 @@ class WorkStream:
             raise errors.InvalidArgument("the first message of a Work stream must set open")
         opened = request.open
         who = self._claimer(
-            opened.worker_id, opened.actions, opened.lease if opened.HasField("lease") else None
+            opened.worker_id,
+            opened.actions,
+            opened.lease if opened.HasField("lease") else None,
+            opened.build_id,
         )
         credit = 0
         # A message came since the last claim: the worker is alive (Claims.take).

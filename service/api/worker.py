@@ -83,7 +83,10 @@ class WorkerServicer(WorkStream, WorkerRequests, worker_grpc.WorkerServiceServic
         self, request: worker_pb.ClaimRequest, context: Context
     ) -> worker_pb.ClaimResponse:
         who = self._claimer(
-            request.worker_id, request.actions, request.lease if request.HasField("lease") else None
+            request.worker_id,
+            request.actions,
+            request.lease if request.HasField("lease") else None,
+            request.build_id,
         )
         limit = request.max_steps or 1
         if not 1 <= limit <= self.settings.max_claim_batch:

@@ -66,8 +66,11 @@ class WorkerRequests:
         worker_id: str,
         specs: Sequence[worker_pb.ActionSpec],
         lease: duration_pb2.Duration | None,
+        build_id: str,
     ) -> Claimer:
         """Who claims and what, validated (ClaimRequest's and WorkOpen's fields)."""
+        if build_id:
+            dag.check_build_id(build_id)
         worker_id = text(worker_id, "worker_id", MAX_WORKER_ID)
         if not worker_id:
             raise errors.InvalidArgument("worker_id is required")
@@ -97,7 +100,7 @@ class WorkerRequests:
                 flow.check_rate_limit(where, spec.rate_limit.count, period)
                 # The first declaration of an action counts, as for the rest of its spec.
                 rates.setdefault(spec.name, (spec.rate_limit.count, period))
-        return Claimer(worker_id, actions, unsafe, rates, self._lease(lease))
+        return Claimer(worker_id, actions, unsafe, rates, self._lease(lease), build_id or None)
 
     def _step_key(
         self,

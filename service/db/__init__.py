@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from service.db.builds import Builds
 from service.db.claim import Steps
 from service.db.completion import Reports
 from service.db.operator import Operator
@@ -47,6 +48,7 @@ class Database:
         self.retention = Retention(self.pool)
         self.workers = Workers(self.pool)
         self.schedules = Schedules(self.pool)
+        self.builds = Builds(self.pool)
 
     async def start(self) -> None:
         """Ask the database once whether it is sharded (Citus), and serve it so."""

@@ -54,6 +54,7 @@ class Claim(Protocol):
         limit: int,
         lease_s: float,
         flow: Mapping[str, list[Any]],
+        build_id: str | None,
     ) -> list[ClaimedStep]: ...
 
 
@@ -68,6 +69,7 @@ class PlainClaim(Repository):
         limit: int,
         lease_s: float,
         flow: Mapping[str, list[Any]],
+        build_id: str | None,
     ) -> list[ClaimedStep]:
         return await self._all(
             "step_claim",
@@ -77,6 +79,7 @@ class PlainClaim(Repository):
             unsafe=unsafe,
             limit=limit,
             lease_s=lease_s,
+            build_id=build_id,
             **flow,
         )
 
@@ -103,8 +106,10 @@ class Steps(Repository):
         limit: int,
         lease_s: float,
         rates: Mapping[str, tuple[int, float]] | None = None,
+        build_id: str | None = None,
     ) -> list[ClaimedStep]:
-        """rates: the actions the worker declares rate limited, with (count, period_s)."""
+        """rates: the actions the worker declares rate limited, with (count, period_s);
+        build_id: the worker's build (None: it declared none)."""
         rated = list((rates or {}).items())
         flow: dict[str, list[Any]] = {
             "rate_actions": [a for a, _ in rated],
@@ -114,7 +119,7 @@ class Steps(Repository):
         if self.claim is None:
             self.choose(await self.is_sharded())
             assert self.claim is not None
-        return await self.claim.claim(worker_id, actions, unsafe, limit, lease_s, flow)
+        return await self.claim.claim(worker_id, actions, unsafe, limit, lease_s, flow, build_id)
 
     async def steps_release(self, claimed: Sequence[ClaimedStep]) -> int:
         """Hand back claimed steps that never reached their worker."""

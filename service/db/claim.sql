@@ -15,7 +15,8 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
                           CAST(:rate_actions AS text[]), CAST(:rate_counts AS integer[]),
                           ARRAY(SELECT make_interval(secs => p)
                                   FROM unnest(CAST(:rate_periods AS float8[]))
-                                       WITH ORDINALITY AS u(p, i) ORDER BY u.i)) c;
+                                       WITH ORDINALITY AS u(p, i) ORDER BY u.i),
+                          CAST(:build_id AS text)) c;
 
 -- name: steps_release
 -- Hands back steps that a Claim took but could not deliver (its caller went away):

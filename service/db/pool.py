@@ -47,13 +47,14 @@ FAMILIES = (
     "retention",
     "workers",
     "schedules",
+    "builds",
 )
 
 #: Reads with optional filters written "(:x IS NULL OR column = :x)": never prepared, so
 #: that each call is planned with its values (the filters not given fold away and the
 #: planner picks the index of those given), never with a generic plan that must serve
 #: every combination by walking one index past rows it then filters out.
-UNPREPARED = frozenset({"runs_list", "runs_count", "steps_list"})
+UNPREPARED = frozenset({"runs_list", "runs_count", "steps_list", "builds_list"})
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.M)
 

@@ -107,6 +107,7 @@ class StepJson(TypedDict):
     waiting_for: str | None
     priority: int
     concurrency_key: str | None
+    build_id: NotRequired[str | None]
     journal: list[StepCallJson] | None
 
 

@@ -95,6 +95,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'waiting_for', CASE WHEN s.status IN ('available', 'pending')
                                        THEN s.waiting_for END,
                    'priority', s.priority, 'concurrency_key', s.concurrency_key,
+                   'build_id', s.build_id,
                    -- _step_call_json's shape, written out: on Citus the row is a
                    -- shard's, of another type.
                    'journal', (SELECT jsonb_agg(to_jsonb(j) - 'run_id' - 'node' ORDER BY j.seq)

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from service.db.builds import BuildSet
 from service.db.pool import Repository
 from service.db.records import ClaimedStep
 
@@ -33,6 +34,17 @@ class Unhealthy(NamedTuple):
 class ShardedClaim(Repository):
     """Claims on a sharded database."""
 
+    async def _admitted(self, worker_id: str, build_id: str | None) -> list[str] | None:
+        """The builds whose pinned nodes ``worker_id`` may take (empty without a build),
+        or None when it is handed nothing: it is marked unhealthy, or its build retired."""
+        marked = await self._one("worker_unhealthy_sharded", Unhealthy, worker_id=worker_id)
+        if marked is not None and marked.unhealthy:
+            return None
+        if build_id is None:
+            return []
+        row = await self._one("build_set", BuildSet, build_id=build_id)
+        return None if row is None else row.builds
+
     async def claim(
         self,
         worker_id: str,
@@ -41,18 +53,25 @@ class ShardedClaim(Repository):
         limit: int,
         lease_s: float,
         flow: Mapping[str, list[Any]],
+        build_id: str | None,
     ) -> list[ClaimedStep]:
         """A claim on a sharded database (95_shards.sql): one multi-shard read of the
         ready steps (no locks), then each shard's taken in one delegated call, a
         single-shard transaction (step_claim_shard), and those under flow control
         admitted under their locks on the coordinator (step_claim_flow). Twice the steps
         asked are read, as other servers may take some first. A worker marked
-        unhealthy (a lease of it lapsed) gets nothing."""
-        marked = await self._one("worker_unhealthy_sharded", Unhealthy, worker_id=worker_id)
-        if marked is not None and marked.unhealthy:
+        unhealthy (a lease of it lapsed) gets nothing. A worker's build set is read
+        first (on the coordinator, where the builds are) and passed to each."""
+        builds = await self._admitted(worker_id, build_id)
+        if builds is None:
             return []
         found = await self._all(
-            "step_candidates_sharded", Candidate, actions=actions, limit=limit * 2, **flow
+            "step_candidates_sharded",
+            Candidate,
+            actions=actions,
+            limit=limit * 2,
+            builds=builds,
+            **flow,
         )
         claimed: list[ClaimedStep] = []
         async with self._connection() as driver:
@@ -78,6 +97,8 @@ class ShardedClaim(Repository):
                         worker_id=worker_id,
                         unsafe=unsafe,
                         lease_s=lease_s,
+                        build_id=build_id,
+                        builds=builds,
                     )
             held = [c for c in found if c.flow]
             left = limit - sum(not r.blocked for r in claimed)
@@ -95,6 +116,8 @@ class ShardedClaim(Repository):
                     unsafe=unsafe,
                     lease_s=lease_s,
                     limit=left,
+                    build_id=build_id,
+                    builds=builds,
                     **flow,
                 )
         return claimed

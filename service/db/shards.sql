@@ -14,7 +14,8 @@ SELECT run_id, node, action, shard, concurrency_key, concurrency_limit, flow
            CAST(:rate_counts AS integer[]),
            ARRAY(SELECT make_interval(secs => p)
                    FROM unnest(CAST(:rate_periods AS float8[])) WITH ORDINALITY AS u(p, i)
-                  ORDER BY u.i));
+                  ORDER BY u.i),
+           CAST(:builds AS text[]));
 
 -- name: step_claim_shard
 -- Delegated whole to the node of :run_id's shard (a call outside a transaction block).
@@ -26,7 +27,8 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
        c.waited_s, c.upstream_failures, c.journal
   FROM cyclone.step_claim_shard(CAST(:run_id AS uuid), CAST(:runs AS uuid[]),
                                 CAST(:nodes AS text[]), :worker_id, CAST(:unsafe AS text[]),
-                                make_interval(secs => :lease_s)) c;
+                                make_interval(secs => :lease_s), CAST(:build_id AS text),
+                                CAST(:builds AS text[])) c;
 
 -- name: step_claim_flow
 -- The columns of step_claim, ids as text.
@@ -42,7 +44,8 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
                                CAST(:rate_actions AS text[]), CAST(:rate_counts AS integer[]),
                                ARRAY(SELECT make_interval(secs => p)
                                        FROM unnest(CAST(:rate_periods AS float8[]))
-                                            WITH ORDINALITY AS u(p, i) ORDER BY u.i)) c;
+                                            WITH ORDINALITY AS u(p, i) ORDER BY u.i),
+                               CAST(:build_id AS text), CAST(:builds AS text[])) c;
 
 -- name: sharded
 SELECT cyclone.sharded() AS sharded;

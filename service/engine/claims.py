@@ -9,7 +9,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from service.config import Settings
@@ -32,6 +32,13 @@ class Claimer(NamedTuple):
     #: The actions it declares rate limited: (count, period_s).
     rates: dict[str, tuple[int, float]]
     lease_s: float
+    #: The build it declares (ClaimRequest.build_id); None: none.
+    build_id: str | None = None
+
+
+#: How often a worker's build is recorded again (ListBuilds' "workers seen") while it
+#: keeps claiming with it.
+BUILD_SEEN_EVERY_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,8 @@ class Claims:
     handouts: Handouts
     #: Set when the server stops: waiting claims answer at once.
     stopping: asyncio.Event
+    #: When each (build, worker) was last recorded (time.monotonic()).
+    builds_seen: dict[tuple[str, str], float] = field(default_factory=dict)
 
     async def take(
         self, who: Claimer, limit: int, heard: bool = False
@@ -55,11 +64,13 @@ class Claims:
         message since its last claim, so it is alive: a claim that finds nothing then
         clears its unhealthy mark, if it has one, and claims again (a marked worker is
         handed nothing; the mark costs a claim that finds steps no statement)."""
-        worker_id, actions, unsafe, rates, lease = who
+        worker_id, actions, unsafe, rates, lease, build_id = who
         self.activity.polled(actions, worker_id)
-        rows = await self.claim(worker_id, actions, unsafe, limit, lease, rates)
+        if build_id is not None:
+            await self.build_seen(build_id, worker_id)
+        rows = await self.claim(worker_id, actions, unsafe, limit, lease, rates, build_id)
         if not rows and heard and await self.alive(worker_id):
-            rows = await self.claim(worker_id, actions, unsafe, limit, lease, rates)
+            rows = await self.claim(worker_id, actions, unsafe, limit, lease, rates, build_id)
         blocked = [r for r in rows if self.blocked(r)]
         steps = [r for r in rows if not r.blocked]
         if steps:
@@ -110,6 +121,24 @@ class Claims:
             if waiting:
                 self.metrics.waiting_claims.dec()
 
+    async def build_seen(self, build_id: str, worker_id: str) -> None:
+        """Record a worker's build, at most every BUILD_SEEN_EVERY_S per worker."""
+        key = (build_id, worker_id)
+        at = time.monotonic()
+        last = self.builds_seen.get(key)
+        if last is not None and at - last < BUILD_SEEN_EVERY_S:
+            return
+        if len(self.builds_seen) > 10_000:
+            self.builds_seen.clear()
+        self.builds_seen[key] = at
+        if await self.db.builds.build_seen(build_id, worker_id):
+            log.warning(
+                "worker %s declares build %s, which is retired: it is handed no step; "
+                "stop it, or deploy it with a build in service",
+                worker_id,
+                build_id,
+            )
+
     async def claim(
         self,
         worker_id: str,
@@ -118,6 +147,7 @@ class Claims:
         limit: int,
         lease: float,
         rates: Mapping[str, tuple[int, float]],
+        build_id: str | None = None,
     ) -> Sequence[ClaimedStep]:
         """Claim, and if the caller goes away meanwhile, hand the steps back at once
         rather than leave them leased to nobody until the lease runs out."""
@@ -129,6 +159,7 @@ class Claims:
                 limit=limit,
                 lease_s=lease,
                 rates=rates,
+                build_id=build_id,
             )
         )
         try:

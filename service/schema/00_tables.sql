@@ -189,6 +189,11 @@ CREATE TABLE cyclone.steps (
     -- no outcome (sweep_steps). Counted in attempt, but not against max_attempts; against
     -- the server's recovery budget instead (--max-recoveries).
     recoveries         integer     NOT NULL DEFAULT 0,
+    -- The build of the worker whose claim started the node's body (its journal), set by
+    -- the claim: a node with a journal is handed only to workers of a build compatible
+    -- with it (_build_admits, 32_builds.sql). NULL: claimed by a worker without a build,
+    -- or never claimed. build_move changes it.
+    build_id           text,
     PRIMARY KEY (run_id, node),
     -- What each status implies, and the counts (two constraints rather than ten, as for
     -- runs): a known status; finished_at set exactly in a final status (completed,
@@ -248,6 +253,10 @@ CREATE INDEX steps_leased_idx ON cyclone.steps (lease_expires_at)
 -- few rows (a failure puts a step in it, its next claim takes it out).
 CREATE INDEX steps_backoff_idx ON cyclone.steps (available_at)
     WHERE status = 'available' AND attempt > 0 AND waiting_for IS NULL;
+-- The unfinished steps of each build (ListBuilds, build_move): none while no worker
+-- declares a build, so a claim of such steps never writes to it.
+CREATE INDEX steps_build_idx ON cyclone.steps (build_id)
+    WHERE build_id IS NOT NULL AND finished_at IS NULL;
 -- A run's discarded steps, first first: _runs_close finds a failed run's error by key.
 CREATE INDEX steps_discarded_idx ON cyclone.steps (run_id, finished_at, node)
     WHERE status = 'discarded';

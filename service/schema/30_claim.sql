@@ -69,6 +69,13 @@ $$;
 -- skipped upstream nodes with their last errors (upstream_failures), and the node's
 -- journal of step calls in seq order (NULL when it has none).
 -- A worker marked unhealthy (cyclone.worker_health: a lease of it lapsed) gets nothing.
+-- Builds (32_builds.sql): a worker of build p_build takes a node pinned to another build
+-- only when the node has no journal, or the build is in p_build's compatibility set;
+-- a worker without a build (p_build NULL) takes pinned nodes only when they have no
+-- journal (_build_admits). The claim pins the node to p_build, unless it has a journal
+-- and a pin already (a compatible build's worker keeps it on the build that started it).
+-- A retired build's workers get nothing. With no builds declared, the rule costs the
+-- walk one NULL test per row and the claim no statement.
 -- Two statements for plain steps: the pick (the walk, its locks, and what the rows
 -- need beyond the plain case), then one update of the rows picked, by their ctids,
 -- that reads each run by key and returns the rows; so no plan scans steps. A key, a
@@ -85,7 +92,7 @@ $$;
 CREATE FUNCTION cyclone.step_claim(
     p_worker text, p_actions text[], p_unsafe text[], p_limit integer, p_lease interval,
     p_rate_actions text[] DEFAULT '{}', p_rate_counts integer[] DEFAULT '{}',
-    p_rate_periods interval[] DEFAULT '{}')
+    p_rate_periods interval[] DEFAULT '{}', p_build text DEFAULT NULL)
 RETURNS TABLE (
     run_id uuid, node text, action text, workflow text, attempt integer,
     max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
@@ -114,11 +121,20 @@ DECLARE
     -- Whether every row picked is a first claim of a node with no upstream: then none
     -- has upstream outputs, upstream failures or a journal to hand out.
     v_plain     boolean;
+    -- The builds whose pinned nodes this worker may take (_build_set).
+    v_builds    text[] := '{}';
 BEGIN
     -- A worker whose lease lapsed is handed nothing until it shows it is alive.
     IF EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = p_worker) THEN
         RETURN;
     END IF;
+    IF p_build IS NOT NULL THEN
+        v_builds := cyclone._build_set(p_build);
+        IF v_builds IS NULL THEN
+            RETURN;  -- a retired build's workers take nothing
+        END IF;
+    END IF;
+
     IF cardinality(p_unsafe) > 0 THEN
         RETURN QUERY SELECT b.run_id, b.node, b.action, b.workflow, b.attempt, b.max_attempts,
                             NULL::jsonb, NULL::jsonb, NULL::jsonb, NULL::uuid,
@@ -160,6 +176,9 @@ BEGIN
             WHERE s.status = 'available' AND s.action = a.action
               AND s.available_at <= v_now
               AND NOT (s.effect_uncertain AND s.action = ANY (p_unsafe))
+              AND cyclone._build_admits(s.build_id, v_builds, EXISTS (
+                      SELECT 1 FROM cyclone.step_calls j
+                       WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
               -- Pass over the keys already full as this statement sees them: listed
               -- once per claim, when the walk first meets a keyed step.
               AND (s.concurrency_key IS NULL
@@ -258,7 +277,9 @@ BEGIN
                    effect_uncertain = false,
                    -- A node claimed at its wake time has slept: see v_slept above.
                    waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
-                                      ELSE s.waiting_for END
+                                      ELSE s.waiting_for END,
+                   -- A first claim: no journal, no pin yet.
+                   build_id = p_build
               FROM cyclone.runs r
              WHERE s.ctid = ANY (v_rows) AND r.run_id = s.run_id
             RETURNING s.run_id, s.node, s.action, r.workflow, s.attempt, s.max_attempts, s.input,
@@ -294,7 +315,12 @@ BEGIN
                    effect_uncertain = false,
                    -- A node claimed at its wake time has slept: see v_slept above.
                    waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
-                                      ELSE s.waiting_for END
+                                      ELSE s.waiting_for END,
+                   -- The pin stays while the node has a journal; else this build's.
+                   build_id = CASE WHEN s.build_id IS NOT NULL AND EXISTS (
+                                        SELECT 1 FROM cyclone.step_calls j
+                                         WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0)
+                                   THEN s.build_id ELSE p_build END
              -- The rows picked locked, by their ctids alone: no status condition here,
              -- which would let the planner read them through steps_ready_idx instead,
              -- a walk of every ready row (statistics taken while few rows were ready,

@@ -49,9 +49,13 @@ $$;
 -- marks unsafe blocks the run instead and is returned first with blocked = true (as
 -- _block_uncertain does). Flow control (rate limits, concurrency keys) is not applied
 -- here: it counts across runs, under locks step_claim_flow takes before calling this.
+-- Builds as in step_claim: p_build the worker's (NULL: none), p_builds its set
+-- (cyclone._build_set, read by the server on the coordinator); a step the worker's
+-- build may not take (_build_admits) is passed over.
 -- Called by step_claim_shard and step_claim_flow, on Citus.
 CREATE FUNCTION cyclone.step_claim_run(
-    p_run_id uuid, p_nodes text[], p_worker text, p_unsafe text[], p_lease interval)
+    p_run_id uuid, p_nodes text[], p_worker text, p_unsafe text[], p_lease interval,
+    p_build text DEFAULT NULL, p_builds text[] DEFAULT '{}')
 RETURNS TABLE (
     run_id uuid, node text, action text, workflow text, attempt integer,
     max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
@@ -75,6 +79,7 @@ DECLARE
     v_unsure  boolean[] := '{}';
     v_since   timestamptz[] := '{}';
     v_slept   text[] := '{}';
+    v_pins    text[] := '{}';
 BEGIN
     FOR v_step IN
         SELECT s.node, s.action, s.attempt, s.max_attempts, s.started_at
@@ -100,13 +105,22 @@ BEGIN
     FOR v_step IN
         SELECT s.node, s.effect_uncertain, s.available_at, s.waiting_for = 'sleep' AS slept,
                v_now + s.timeout AS deadline_at,
-               v_now + least(p_lease, s.timeout) AS lease_expires_at
+               v_now + least(p_lease, s.timeout) AS lease_expires_at,
+               -- The pin stays while the node has a journal; else this build's.
+               CASE WHEN s.build_id IS NOT NULL AND EXISTS (
+                         SELECT 1 FROM cyclone.step_calls j
+                          WHERE j.run_id = p_run_id AND j.node = s.node OFFSET 0)
+                    THEN s.build_id ELSE p_build END AS pin
           FROM cyclone.steps s
          WHERE s.run_id = p_run_id AND s.node = ANY (p_nodes) AND s.status = 'available'
            AND s.available_at <= v_now
            AND NOT (s.effect_uncertain AND s.action = ANY (p_unsafe))
+           AND cyclone._build_admits(s.build_id, p_builds, EXISTS (
+                   SELECT 1 FROM cyclone.step_calls j
+                    WHERE j.run_id = p_run_id AND j.node = s.node OFFSET 0))
            FOR UPDATE SKIP LOCKED
     LOOP
+        v_pins := v_pins || v_step.pin;
         v_nodes := v_nodes || v_step.node;
         v_tokens := v_tokens || gen_random_uuid();
         v_ends := v_ends || v_step.deadline_at;
@@ -132,9 +146,10 @@ BEGIN
            worker_id = p_worker,
            unsafe = s.action = ANY (p_unsafe),
            effect_uncertain = false,
-           waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL ELSE s.waiting_for END
-      FROM unnest(v_nodes, v_tokens, v_ends, v_leases)
-           AS t(node, token, deadline_at, lease_expires_at)
+           waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL ELSE s.waiting_for END,
+           build_id = t.pin
+      FROM unnest(v_nodes, v_tokens, v_ends, v_leases, v_pins)
+           AS t(node, token, deadline_at, lease_expires_at, pin)
      WHERE s.run_id = p_run_id AND s.node = t.node AND s.status = 'available';
 
     -- As in step_claim: a sleep is over once its node is claimed at its wake time.
@@ -304,10 +319,12 @@ $$;
 -- step_claim's walk, keys already full and rated actions whose window is full (as last
 -- written) are passed over, so that they do not fill the batch; step_claim_flow counts
 -- both again under their locks. Keys are looked at only when the read met a keyed step.
+-- Steps the worker's build may not take (p_builds its set, as in step_claim_run) are
+-- passed over too.
 -- RPC: Claim, on Citus.
 CREATE FUNCTION cyclone.step_candidates_sharded(
     p_actions text[], p_limit integer, p_rate_actions text[], p_rate_counts integer[],
-    p_rate_periods interval[])
+    p_rate_periods interval[], p_builds text[] DEFAULT '{}')
 RETURNS TABLE (run_id uuid, node text, action text, shard bigint, concurrency_key text,
                concurrency_limit integer, flow boolean)
 LANGUAGE plpgsql STABLE AS $$
@@ -343,6 +360,9 @@ BEGIN
                          WHERE s.status = 'available' AND s.action = ANY (p_actions)
                            AND s.available_at <= v_now AND s.action <> ALL (v_shut)
                            AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (v_full))
+                           AND cyclone._build_admits(s.build_id, p_builds, EXISTS (
+                                   SELECT 1 FROM cyclone.step_calls j
+                                    WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
                          ORDER BY s.priority DESC, s.available_at
                          LIMIT p_limit) s) c;
         EXIT WHEN pass = 2 OR v_runs IS NULL
@@ -377,10 +397,10 @@ $$;
 -- runs was planned for every shard). When the worker marks actions unsafe, the runs
 -- are taken by step_claim_run (an uncertain step blocks its run there). Only steps
 -- without flow control are passed here (step_candidates_sharded's flow = false); the
--- others go through step_claim_flow. RPC: Claim, on Citus.
+-- others go through step_claim_flow. Builds as in step_claim_run. RPC: Claim, on Citus.
 CREATE FUNCTION cyclone.step_claim_shard(
     p_run_id uuid, p_runs uuid[], p_nodes text[], p_worker text, p_unsafe text[],
-    p_lease interval)
+    p_lease interval, p_build text DEFAULT NULL, p_builds text[] DEFAULT '{}')
 RETURNS TABLE (
     run_id uuid, node text, action text, workflow text, attempt integer,
     max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
@@ -418,16 +438,21 @@ BEGIN
         END IF;
     END IF;
     -- One statement per run; $1 the run, $2 its nodes, $3 their tokens, $4 the time,
-    -- $5 the worker, $6 the lease; %1$s steps, %2$s step_calls, %3$s step_errors,
+    -- $5 the worker, $6 the lease, $7 the worker's build, $8 its set; %1$s steps, %2$s step_calls, %3$s step_errors,
     -- %4$s runs.
     v_sql := format($q$
             WITH picked AS (
                 SELECT s.node, t.token, s.effect_uncertain AS uncertain, s.available_at AS since,
-                       s.waiting_for = 'sleep' AS slept, t.i
+                       s.waiting_for = 'sleep' AS slept, t.i,
+                       CASE WHEN s.build_id IS NOT NULL AND EXISTS (
+                                 SELECT 1 FROM %2$s j WHERE j.run_id = $1 AND j.node = s.node OFFSET 0)
+                            THEN s.build_id ELSE $7 END AS pin
                   FROM %1$s s
                   JOIN unnest($2, $3) WITH ORDINALITY AS t(node, token, i)
                     ON t.node = s.node
                  WHERE s.run_id = $1 AND s.status = 'available' AND s.available_at <= $4
+                   AND cyclone._build_admits(s.build_id, $8, EXISTS (
+                           SELECT 1 FROM %2$s j WHERE j.run_id = $1 AND j.node = s.node OFFSET 0))
                    FOR UPDATE OF s SKIP LOCKED
             ), claimed AS (
                 UPDATE %1$s s
@@ -442,7 +467,8 @@ BEGIN
                        unsafe = false,
                        effect_uncertain = false,
                        waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
-                                          ELSE s.waiting_for END
+                                          ELSE s.waiting_for END,
+                       build_id = p.pin
                   FROM picked p
                  WHERE s.run_id = $1 AND s.node = p.node
                 RETURNING s.node, s.action, s.attempt, s.max_attempts, s.input, s.depends_on,
@@ -509,11 +535,13 @@ $q$, v_tables[1], v_tables[2], v_tables[3], v_tables[4]);
                           WHERE u.r = v_run ORDER BY u.i);
         IF cardinality(p_unsafe) > 0 THEN
             RETURN QUERY
-            SELECT * FROM cyclone.step_claim_run(v_run, v_nodes, p_worker, p_unsafe, p_lease);
+            SELECT * FROM cyclone.step_claim_run(v_run, v_nodes, p_worker, p_unsafe, p_lease,
+                                                 p_build, p_builds);
             CONTINUE;
         END IF;
         v_tokens := ARRAY(SELECT gen_random_uuid() FROM unnest(v_nodes));
-        RETURN QUERY EXECUTE v_sql USING v_run, v_nodes, v_tokens, v_now, p_worker, p_lease;
+        RETURN QUERY EXECUTE v_sql USING v_run, v_nodes, v_tokens, v_now, p_worker, p_lease,
+                                         p_build, p_builds;
     END LOOP;
 END;
 $$;
@@ -531,11 +559,12 @@ $$;
 -- more). The locks are held until this call's transaction commits, after the shards
 -- have: a later claim counts what this one took. Not delegated: one transaction on
 -- the coordinator, distributed when it takes from several shards or writes a rate.
--- RPC: Claim, on Citus.
+-- Builds as in step_claim_run. RPC: Claim, on Citus.
 CREATE FUNCTION cyclone.step_claim_flow(
     p_runs uuid[], p_nodes text[], p_actions text[], p_keys text[], p_limits integer[],
     p_worker text, p_unsafe text[], p_lease interval, p_limit integer,
-    p_rate_actions text[], p_rate_counts integer[], p_rate_periods interval[])
+    p_rate_actions text[], p_rate_counts integer[], p_rate_periods interval[],
+    p_build text DEFAULT NULL, p_builds text[] DEFAULT '{}')
 RETURNS TABLE (
     run_id uuid, node text, action text, workflow text, attempt integer,
     max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
@@ -599,7 +628,7 @@ BEGIN
         RETURN QUERY
         SELECT * FROM cyclone.step_claim_run(
             v_run, ARRAY(SELECT u.n FROM unnest(v_runs, v_nodes) AS u(r, n) WHERE u.r = v_run),
-            p_worker, p_unsafe, p_lease);
+            p_worker, p_unsafe, p_lease, p_build, p_builds);
     END LOOP;
     -- The admitted claims join their action's window (its row locked by _rate_room).
     FOR i IN 1 .. coalesce(cardinality(v_rated), 0) LOOP

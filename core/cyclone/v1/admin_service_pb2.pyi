@@ -1,5 +1,8 @@
+import datetime
+
 from cyclone.v1 import types_pb2 as _types_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -7,6 +10,116 @@ from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class Build(_message.Message):
+    __slots__ = ("build_id", "compatible", "workers", "pinned_nodes", "pinned_runs", "retired", "retired_at", "created_at")
+    BUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPATIBLE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PINNED_NODES_FIELD_NUMBER: _ClassVar[int]
+    PINNED_RUNS_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_AT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    build_id: str
+    compatible: _containers.RepeatedScalarFieldContainer[str]
+    workers: _containers.RepeatedCompositeFieldContainer[BuildWorker]
+    pinned_nodes: int
+    pinned_runs: int
+    retired: bool
+    retired_at: _timestamp_pb2.Timestamp
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, build_id: _Optional[str] = ..., compatible: _Optional[_Iterable[str]] = ..., workers: _Optional[_Iterable[_Union[BuildWorker, _Mapping]]] = ..., pinned_nodes: _Optional[int] = ..., pinned_runs: _Optional[int] = ..., retired: _Optional[bool] = ..., retired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class BuildWorker(_message.Message):
+    __slots__ = ("worker_id", "seen_at")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SEEN_AT_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    seen_at: _timestamp_pb2.Timestamp
+    def __init__(self, worker_id: _Optional[str] = ..., seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListBuildsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListBuildsResponse(_message.Message):
+    __slots__ = ("builds",)
+    BUILDS_FIELD_NUMBER: _ClassVar[int]
+    builds: _containers.RepeatedCompositeFieldContainer[Build]
+    def __init__(self, builds: _Optional[_Iterable[_Union[Build, _Mapping]]] = ...) -> None: ...
+
+class ListBuildRunsRequest(_message.Message):
+    __slots__ = ("build_id", "limit")
+    BUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    build_id: str
+    limit: int
+    def __init__(self, build_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class BuildRun(_message.Message):
+    __slots__ = ("run_id", "workflow", "nodes")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    workflow: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListBuildRunsResponse(_message.Message):
+    __slots__ = ("runs",)
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[BuildRun]
+    def __init__(self, runs: _Optional[_Iterable[_Union[BuildRun, _Mapping]]] = ...) -> None: ...
+
+class SetBuildCompatibleRequest(_message.Message):
+    __slots__ = ("build_id", "compatible_with", "reason")
+    BUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPATIBLE_WITH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    build_id: str
+    compatible_with: str
+    reason: str
+    def __init__(self, build_id: _Optional[str] = ..., compatible_with: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetBuildCompatibleResponse(_message.Message):
+    __slots__ = ("build",)
+    BUILD_FIELD_NUMBER: _ClassVar[int]
+    build: Build
+    def __init__(self, build: _Optional[_Union[Build, _Mapping]] = ...) -> None: ...
+
+class RetireBuildRequest(_message.Message):
+    __slots__ = ("build_id", "reason")
+    BUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    build_id: str
+    reason: str
+    def __init__(self, build_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RetireBuildResponse(_message.Message):
+    __slots__ = ("build",)
+    BUILD_FIELD_NUMBER: _ClassVar[int]
+    build: Build
+    def __init__(self, build: _Optional[_Union[Build, _Mapping]] = ...) -> None: ...
+
+class MoveBuildRequest(_message.Message):
+    __slots__ = ("from_build_id", "to_build_id", "reason")
+    FROM_BUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_BUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    from_build_id: str
+    to_build_id: str
+    reason: str
+    def __init__(self, from_build_id: _Optional[str] = ..., to_build_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class MoveBuildResponse(_message.Message):
+    __slots__ = ("nodes_moved", "runs_moved")
+    NODES_MOVED_FIELD_NUMBER: _ClassVar[int]
+    RUNS_MOVED_FIELD_NUMBER: _ClassVar[int]
+    nodes_moved: int
+    runs_moved: int
+    def __init__(self, nodes_moved: _Optional[int] = ..., runs_moved: _Optional[int] = ...) -> None: ...
 
 class RetryRequest(_message.Message):
     __slots__ = ("run_id", "node", "reason")

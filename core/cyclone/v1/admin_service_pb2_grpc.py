@@ -50,6 +50,31 @@ class AdminServiceStub:
                 request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ResolveRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ResolveResponse.FromString,
                 _registered_method=True)
+        self.ListBuilds = channel.unary_unary(
+                '/cyclone.v1.AdminService/ListBuilds',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListBuildsRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListBuildsResponse.FromString,
+                _registered_method=True)
+        self.ListBuildRuns = channel.unary_unary(
+                '/cyclone.v1.AdminService/ListBuildRuns',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListBuildRunsRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListBuildRunsResponse.FromString,
+                _registered_method=True)
+        self.SetBuildCompatible = channel.unary_unary(
+                '/cyclone.v1.AdminService/SetBuildCompatible',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.SetBuildCompatibleRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.SetBuildCompatibleResponse.FromString,
+                _registered_method=True)
+        self.RetireBuild = channel.unary_unary(
+                '/cyclone.v1.AdminService/RetireBuild',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.RetireBuildRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.RetireBuildResponse.FromString,
+                _registered_method=True)
+        self.MoveBuild = channel.unary_unary(
+                '/cyclone.v1.AdminService/MoveBuild',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.MoveBuildRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.MoveBuildResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -84,6 +109,52 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListBuilds(self, request, context):
+        """Every build workers declared (ClaimRequest.build_id), oldest first: its
+        compatibility set, the workers seen with it, how many unfinished nodes with a
+        journal are pinned to it, and whether it is retired.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBuildRuns(self, request, context):
+        """The runs with unfinished nodes pinned to a build (a retired one's leftovers).
+        NOT_FOUND for an unknown build.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetBuildCompatible(self, request, context):
+        """Makes build_id compatible with compatible_with: build_id joins the other's set,
+        and the workers of each take the nodes pinned to the other. NOT_FOUND for an
+        unknown build, INVALID_ARGUMENT when both are the same, FAILED_PRECONDITION when
+        either is retired.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetireBuild(self, request, context):
+        """Retires a build: its workers are handed nothing from then on; the nodes pinned to
+        it wait for a compatible build, or for MoveBuild. Retiring it again changes
+        nothing. NOT_FOUND for an unknown build.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MoveBuild(self, request, context):
+        """Moves the unfinished nodes pinned to a retired build to another build (not
+        retired): their next attempts go to its workers. Each run moved gets an audit
+        entry. NOT_FOUND for an unknown build, INVALID_ARGUMENT when both are the same,
+        FAILED_PRECONDITION when from_build_id is not retired or to_build_id is.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -101,6 +172,31 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Resolve,
                     request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ResolveRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ResolveResponse.SerializeToString,
+            ),
+            'ListBuilds': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBuilds,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListBuildsRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListBuildsResponse.SerializeToString,
+            ),
+            'ListBuildRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBuildRuns,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListBuildRunsRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListBuildRunsResponse.SerializeToString,
+            ),
+            'SetBuildCompatible': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetBuildCompatible,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.SetBuildCompatibleRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.SetBuildCompatibleResponse.SerializeToString,
+            ),
+            'RetireBuild': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetireBuild,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.RetireBuildRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.RetireBuildResponse.SerializeToString,
+            ),
+            'MoveBuild': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveBuild,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.MoveBuildRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.MoveBuildResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -185,6 +281,141 @@ class AdminService:
             '/cyclone.v1.AdminService/Resolve',
             cyclone_dot_v1_dot_admin__service__pb2.ResolveRequest.SerializeToString,
             cyclone_dot_v1_dot_admin__service__pb2.ResolveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBuilds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/ListBuilds',
+            cyclone_dot_v1_dot_admin__service__pb2.ListBuildsRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.ListBuildsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBuildRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/ListBuildRuns',
+            cyclone_dot_v1_dot_admin__service__pb2.ListBuildRunsRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.ListBuildRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetBuildCompatible(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/SetBuildCompatible',
+            cyclone_dot_v1_dot_admin__service__pb2.SetBuildCompatibleRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.SetBuildCompatibleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetireBuild(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/RetireBuild',
+            cyclone_dot_v1_dot_admin__service__pb2.RetireBuildRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.RetireBuildResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveBuild(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/MoveBuild',
+            cyclone_dot_v1_dot_admin__service__pb2.MoveBuildRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.MoveBuildResponse.FromString,
             options,
             channel_credentials,
             insecure,

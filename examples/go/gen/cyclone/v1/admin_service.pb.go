@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	structpb "google.golang.org/protobuf/types/known/structpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -21,6 +22,748 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// A build, as ListBuilds shows it.
+type Build struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The build id workers declare.
+	BuildId string `protobuf:"bytes,1,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	// The builds of its compatibility set, itself included, by id.
+	Compatible []string `protobuf:"bytes,2,rep,name=compatible,proto3" json:"compatible,omitempty"`
+	// The workers seen declaring it, latest first (at most 20).
+	Workers []*BuildWorker `protobuf:"bytes,3,rep,name=workers,proto3" json:"workers,omitempty"`
+	// Unfinished nodes with a journal pinned to it.
+	PinnedNodes int64 `protobuf:"varint,4,opt,name=pinned_nodes,json=pinnedNodes,proto3" json:"pinned_nodes,omitempty"`
+	// The runs of those nodes.
+	PinnedRuns int64 `protobuf:"varint,5,opt,name=pinned_runs,json=pinnedRuns,proto3" json:"pinned_runs,omitempty"`
+	// Whether an operator retired it, and when.
+	Retired bool `protobuf:"varint,6,opt,name=retired,proto3" json:"retired,omitempty"`
+	// When it was retired; unset while in service.
+	RetiredAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=retired_at,json=retiredAt,proto3" json:"retired_at,omitempty"`
+	// When a worker first declared it.
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Build) Reset() {
+	*x = Build{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Build) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Build) ProtoMessage() {}
+
+func (x *Build) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Build.ProtoReflect.Descriptor instead.
+func (*Build) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Build) GetBuildId() string {
+	if x != nil {
+		return x.BuildId
+	}
+	return ""
+}
+
+func (x *Build) GetCompatible() []string {
+	if x != nil {
+		return x.Compatible
+	}
+	return nil
+}
+
+func (x *Build) GetWorkers() []*BuildWorker {
+	if x != nil {
+		return x.Workers
+	}
+	return nil
+}
+
+func (x *Build) GetPinnedNodes() int64 {
+	if x != nil {
+		return x.PinnedNodes
+	}
+	return 0
+}
+
+func (x *Build) GetPinnedRuns() int64 {
+	if x != nil {
+		return x.PinnedRuns
+	}
+	return 0
+}
+
+func (x *Build) GetRetired() bool {
+	if x != nil {
+		return x.Retired
+	}
+	return false
+}
+
+func (x *Build) GetRetiredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetiredAt
+	}
+	return nil
+}
+
+func (x *Build) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+// A worker seen declaring a build.
+type BuildWorker struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The worker's id (ClaimRequest.worker_id).
+	WorkerId string `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// When it last opened a Work stream or claimed with the build.
+	SeenAt        *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=seen_at,json=seenAt,proto3" json:"seen_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildWorker) Reset() {
+	*x = BuildWorker{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildWorker) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildWorker) ProtoMessage() {}
+
+func (x *BuildWorker) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildWorker.ProtoReflect.Descriptor instead.
+func (*BuildWorker) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *BuildWorker) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *BuildWorker) GetSeenAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SeenAt
+	}
+	return nil
+}
+
+// Arguments of AdminService.ListBuilds.
+type ListBuildsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBuildsRequest) Reset() {
+	*x = ListBuildsRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBuildsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBuildsRequest) ProtoMessage() {}
+
+func (x *ListBuildsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBuildsRequest.ProtoReflect.Descriptor instead.
+func (*ListBuildsRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{2}
+}
+
+// Result of AdminService.ListBuilds.
+type ListBuildsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The builds, oldest first.
+	Builds        []*Build `protobuf:"bytes,1,rep,name=builds,proto3" json:"builds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBuildsResponse) Reset() {
+	*x = ListBuildsResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBuildsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBuildsResponse) ProtoMessage() {}
+
+func (x *ListBuildsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBuildsResponse.ProtoReflect.Descriptor instead.
+func (*ListBuildsResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ListBuildsResponse) GetBuilds() []*Build {
+	if x != nil {
+		return x.Builds
+	}
+	return nil
+}
+
+// Arguments of AdminService.ListBuildRuns.
+type ListBuildRunsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The build, 1-200 printable characters.
+	BuildId string `protobuf:"bytes,1,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	// Most runs to return, 1-1000. Default 100.
+	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBuildRunsRequest) Reset() {
+	*x = ListBuildRunsRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBuildRunsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBuildRunsRequest) ProtoMessage() {}
+
+func (x *ListBuildRunsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBuildRunsRequest.ProtoReflect.Descriptor instead.
+func (*ListBuildRunsRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ListBuildRunsRequest) GetBuildId() string {
+	if x != nil {
+		return x.BuildId
+	}
+	return ""
+}
+
+func (x *ListBuildRunsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// A run with unfinished nodes pinned to a build.
+type BuildRun struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, by id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Its workflow's name.
+	Workflow string `protobuf:"bytes,2,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// Its nodes pinned to the build, by name.
+	Nodes         []string `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildRun) Reset() {
+	*x = BuildRun{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildRun) ProtoMessage() {}
+
+func (x *BuildRun) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildRun.ProtoReflect.Descriptor instead.
+func (*BuildRun) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *BuildRun) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *BuildRun) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+func (x *BuildRun) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// Result of AdminService.ListBuildRuns.
+type ListBuildRunsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The runs, oldest first.
+	Runs          []*BuildRun `protobuf:"bytes,1,rep,name=runs,proto3" json:"runs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBuildRunsResponse) Reset() {
+	*x = ListBuildRunsResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBuildRunsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBuildRunsResponse) ProtoMessage() {}
+
+func (x *ListBuildRunsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBuildRunsResponse.ProtoReflect.Descriptor instead.
+func (*ListBuildRunsResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ListBuildRunsResponse) GetRuns() []*BuildRun {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+// Arguments of AdminService.SetBuildCompatible.
+type SetBuildCompatibleRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The build that joins the set, e.g. the one being deployed.
+	BuildId string `protobuf:"bytes,1,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	// The build whose set it joins, e.g. the one in service.
+	CompatibleWith string `protobuf:"bytes,2,opt,name=compatible_with,json=compatibleWith,proto3" json:"compatible_with,omitempty"`
+	// Why, for the server's log.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetBuildCompatibleRequest) Reset() {
+	*x = SetBuildCompatibleRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetBuildCompatibleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetBuildCompatibleRequest) ProtoMessage() {}
+
+func (x *SetBuildCompatibleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetBuildCompatibleRequest.ProtoReflect.Descriptor instead.
+func (*SetBuildCompatibleRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SetBuildCompatibleRequest) GetBuildId() string {
+	if x != nil {
+		return x.BuildId
+	}
+	return ""
+}
+
+func (x *SetBuildCompatibleRequest) GetCompatibleWith() string {
+	if x != nil {
+		return x.CompatibleWith
+	}
+	return ""
+}
+
+func (x *SetBuildCompatibleRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.SetBuildCompatible.
+type SetBuildCompatibleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// build_id as it is now.
+	Build         *Build `protobuf:"bytes,1,opt,name=build,proto3" json:"build,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetBuildCompatibleResponse) Reset() {
+	*x = SetBuildCompatibleResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetBuildCompatibleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetBuildCompatibleResponse) ProtoMessage() {}
+
+func (x *SetBuildCompatibleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetBuildCompatibleResponse.ProtoReflect.Descriptor instead.
+func (*SetBuildCompatibleResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SetBuildCompatibleResponse) GetBuild() *Build {
+	if x != nil {
+		return x.Build
+	}
+	return nil
+}
+
+// Arguments of AdminService.RetireBuild.
+type RetireBuildRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The build to retire.
+	BuildId string `protobuf:"bytes,1,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	// Why, for the server's log.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetireBuildRequest) Reset() {
+	*x = RetireBuildRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetireBuildRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetireBuildRequest) ProtoMessage() {}
+
+func (x *RetireBuildRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetireBuildRequest.ProtoReflect.Descriptor instead.
+func (*RetireBuildRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RetireBuildRequest) GetBuildId() string {
+	if x != nil {
+		return x.BuildId
+	}
+	return ""
+}
+
+func (x *RetireBuildRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.RetireBuild.
+type RetireBuildResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The build as it is now.
+	Build         *Build `protobuf:"bytes,1,opt,name=build,proto3" json:"build,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetireBuildResponse) Reset() {
+	*x = RetireBuildResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetireBuildResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetireBuildResponse) ProtoMessage() {}
+
+func (x *RetireBuildResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetireBuildResponse.ProtoReflect.Descriptor instead.
+func (*RetireBuildResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RetireBuildResponse) GetBuild() *Build {
+	if x != nil {
+		return x.Build
+	}
+	return nil
+}
+
+// Arguments of AdminService.MoveBuild.
+type MoveBuildRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The retired build whose nodes move.
+	FromBuildId string `protobuf:"bytes,1,opt,name=from_build_id,json=fromBuildId,proto3" json:"from_build_id,omitempty"`
+	// The build they move to.
+	ToBuildId string `protobuf:"bytes,2,opt,name=to_build_id,json=toBuildId,proto3" json:"to_build_id,omitempty"`
+	// Why, recorded in each run's audit trail.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveBuildRequest) Reset() {
+	*x = MoveBuildRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveBuildRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveBuildRequest) ProtoMessage() {}
+
+func (x *MoveBuildRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveBuildRequest.ProtoReflect.Descriptor instead.
+func (*MoveBuildRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *MoveBuildRequest) GetFromBuildId() string {
+	if x != nil {
+		return x.FromBuildId
+	}
+	return ""
+}
+
+func (x *MoveBuildRequest) GetToBuildId() string {
+	if x != nil {
+		return x.ToBuildId
+	}
+	return ""
+}
+
+func (x *MoveBuildRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.MoveBuild.
+type MoveBuildResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many unfinished nodes moved, and from how many runs.
+	NodesMoved int64 `protobuf:"varint,1,opt,name=nodes_moved,json=nodesMoved,proto3" json:"nodes_moved,omitempty"`
+	// The runs those nodes belong to.
+	RunsMoved     int64 `protobuf:"varint,2,opt,name=runs_moved,json=runsMoved,proto3" json:"runs_moved,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveBuildResponse) Reset() {
+	*x = MoveBuildResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveBuildResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveBuildResponse) ProtoMessage() {}
+
+func (x *MoveBuildResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveBuildResponse.ProtoReflect.Descriptor instead.
+func (*MoveBuildResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *MoveBuildResponse) GetNodesMoved() int64 {
+	if x != nil {
+		return x.NodesMoved
+	}
+	return 0
+}
+
+func (x *MoveBuildResponse) GetRunsMoved() int64 {
+	if x != nil {
+		return x.RunsMoved
+	}
+	return 0
+}
 
 // Arguments of AdminService.Retry.
 type RetryRequest struct {
@@ -37,7 +780,7 @@ type RetryRequest struct {
 
 func (x *RetryRequest) Reset() {
 	*x = RetryRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[0]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +792,7 @@ func (x *RetryRequest) String() string {
 func (*RetryRequest) ProtoMessage() {}
 
 func (x *RetryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[0]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +805,7 @@ func (x *RetryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryRequest.ProtoReflect.Descriptor instead.
 func (*RetryRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{0}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RetryRequest) GetRunId() string {
@@ -97,7 +840,7 @@ type RetryResponse struct {
 
 func (x *RetryResponse) Reset() {
 	*x = RetryResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[1]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -109,7 +852,7 @@ func (x *RetryResponse) String() string {
 func (*RetryResponse) ProtoMessage() {}
 
 func (x *RetryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[1]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -122,7 +865,7 @@ func (x *RetryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryResponse.ProtoReflect.Descriptor instead.
 func (*RetryResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{1}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RetryResponse) GetRun() *Run {
@@ -145,7 +888,7 @@ type RetryAllRequest struct {
 
 func (x *RetryAllRequest) Reset() {
 	*x = RetryAllRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[2]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -157,7 +900,7 @@ func (x *RetryAllRequest) String() string {
 func (*RetryAllRequest) ProtoMessage() {}
 
 func (x *RetryAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[2]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -170,7 +913,7 @@ func (x *RetryAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAllRequest.ProtoReflect.Descriptor instead.
 func (*RetryAllRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{2}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RetryAllRequest) GetRunId() string {
@@ -200,7 +943,7 @@ type RetryAllResponse struct {
 
 func (x *RetryAllResponse) Reset() {
 	*x = RetryAllResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[3]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -212,7 +955,7 @@ func (x *RetryAllResponse) String() string {
 func (*RetryAllResponse) ProtoMessage() {}
 
 func (x *RetryAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[3]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -225,7 +968,7 @@ func (x *RetryAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAllResponse.ProtoReflect.Descriptor instead.
 func (*RetryAllResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{3}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RetryAllResponse) GetNodes() []string {
@@ -271,7 +1014,7 @@ type ResolveRequest struct {
 
 func (x *ResolveRequest) Reset() {
 	*x = ResolveRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -283,7 +1026,7 @@ func (x *ResolveRequest) String() string {
 func (*ResolveRequest) ProtoMessage() {}
 
 func (x *ResolveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -296,7 +1039,7 @@ func (x *ResolveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{4}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ResolveRequest) GetRunId() string {
@@ -397,7 +1140,7 @@ type ResolveResponse struct {
 
 func (x *ResolveResponse) Reset() {
 	*x = ResolveResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -409,7 +1152,7 @@ func (x *ResolveResponse) String() string {
 func (*ResolveResponse) ProtoMessage() {}
 
 func (x *ResolveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -422,7 +1165,7 @@ func (x *ResolveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveResponse.ProtoReflect.Descriptor instead.
 func (*ResolveResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{5}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ResolveResponse) GetRun() *Run {
@@ -437,7 +1180,56 @@ var File_cyclone_v1_admin_service_proto protoreflect.FileDescriptor
 const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
 	"\x1ecyclone/v1/admin_service.proto\x12\n" +
-	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\"Q\n" +
+	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x02\n" +
+	"\x05Build\x12\x19\n" +
+	"\bbuild_id\x18\x01 \x01(\tR\abuildId\x12\x1e\n" +
+	"\n" +
+	"compatible\x18\x02 \x03(\tR\n" +
+	"compatible\x121\n" +
+	"\aworkers\x18\x03 \x03(\v2\x17.cyclone.v1.BuildWorkerR\aworkers\x12!\n" +
+	"\fpinned_nodes\x18\x04 \x01(\x03R\vpinnedNodes\x12\x1f\n" +
+	"\vpinned_runs\x18\x05 \x01(\x03R\n" +
+	"pinnedRuns\x12\x18\n" +
+	"\aretired\x18\x06 \x01(\bR\aretired\x129\n" +
+	"\n" +
+	"retired_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tretiredAt\x129\n" +
+	"\n" +
+	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"_\n" +
+	"\vBuildWorker\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x123\n" +
+	"\aseen_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06seenAt\"\x13\n" +
+	"\x11ListBuildsRequest\"?\n" +
+	"\x12ListBuildsResponse\x12)\n" +
+	"\x06builds\x18\x01 \x03(\v2\x11.cyclone.v1.BuildR\x06builds\"G\n" +
+	"\x14ListBuildRunsRequest\x12\x19\n" +
+	"\bbuild_id\x18\x01 \x01(\tR\abuildId\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"S\n" +
+	"\bBuildRun\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
+	"\bworkflow\x18\x02 \x01(\tR\bworkflow\x12\x14\n" +
+	"\x05nodes\x18\x03 \x03(\tR\x05nodes\"A\n" +
+	"\x15ListBuildRunsResponse\x12(\n" +
+	"\x04runs\x18\x01 \x03(\v2\x14.cyclone.v1.BuildRunR\x04runs\"w\n" +
+	"\x19SetBuildCompatibleRequest\x12\x19\n" +
+	"\bbuild_id\x18\x01 \x01(\tR\abuildId\x12'\n" +
+	"\x0fcompatible_with\x18\x02 \x01(\tR\x0ecompatibleWith\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"E\n" +
+	"\x1aSetBuildCompatibleResponse\x12'\n" +
+	"\x05build\x18\x01 \x01(\v2\x11.cyclone.v1.BuildR\x05build\"G\n" +
+	"\x12RetireBuildRequest\x12\x19\n" +
+	"\bbuild_id\x18\x01 \x01(\tR\abuildId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\">\n" +
+	"\x13RetireBuildResponse\x12'\n" +
+	"\x05build\x18\x01 \x01(\v2\x11.cyclone.v1.BuildR\x05build\"n\n" +
+	"\x10MoveBuildRequest\x12\"\n" +
+	"\rfrom_build_id\x18\x01 \x01(\tR\vfromBuildId\x12\x1e\n" +
+	"\vto_build_id\x18\x02 \x01(\tR\ttoBuildId\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"S\n" +
+	"\x11MoveBuildResponse\x12\x1f\n" +
+	"\vnodes_moved\x18\x01 \x01(\x03R\n" +
+	"nodesMoved\x12\x1d\n" +
+	"\n" +
+	"runs_moved\x18\x02 \x01(\x03R\trunsMoved\"Q\n" +
 	"\fRetryRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x16\n" +
@@ -461,11 +1253,17 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
 	"resolution\"4\n" +
 	"\x0fResolveResponse\x12!\n" +
-	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run2\xd7\x01\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run2\xf9\x04\n" +
 	"\fAdminService\x12<\n" +
 	"\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12E\n" +
 	"\bRetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12B\n" +
-	"\aResolve\x12\x1a.cyclone.v1.ResolveRequest\x1a\x1b.cyclone.v1.ResolveResponseb\x06proto3"
+	"\aResolve\x12\x1a.cyclone.v1.ResolveRequest\x1a\x1b.cyclone.v1.ResolveResponse\x12K\n" +
+	"\n" +
+	"ListBuilds\x12\x1d.cyclone.v1.ListBuildsRequest\x1a\x1e.cyclone.v1.ListBuildsResponse\x12T\n" +
+	"\rListBuildRuns\x12 .cyclone.v1.ListBuildRunsRequest\x1a!.cyclone.v1.ListBuildRunsResponse\x12c\n" +
+	"\x12SetBuildCompatible\x12%.cyclone.v1.SetBuildCompatibleRequest\x1a&.cyclone.v1.SetBuildCompatibleResponse\x12N\n" +
+	"\vRetireBuild\x12\x1e.cyclone.v1.RetireBuildRequest\x1a\x1f.cyclone.v1.RetireBuildResponse\x12H\n" +
+	"\tMoveBuild\x12\x1c.cyclone.v1.MoveBuildRequest\x1a\x1d.cyclone.v1.MoveBuildResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_admin_service_proto_rawDescOnce sync.Once
@@ -479,33 +1277,65 @@ func file_cyclone_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_cyclone_v1_admin_service_proto_rawDescData
 }
 
-var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_cyclone_v1_admin_service_proto_goTypes = []any{
-	(*RetryRequest)(nil),     // 0: cyclone.v1.RetryRequest
-	(*RetryResponse)(nil),    // 1: cyclone.v1.RetryResponse
-	(*RetryAllRequest)(nil),  // 2: cyclone.v1.RetryAllRequest
-	(*RetryAllResponse)(nil), // 3: cyclone.v1.RetryAllResponse
-	(*ResolveRequest)(nil),   // 4: cyclone.v1.ResolveRequest
-	(*ResolveResponse)(nil),  // 5: cyclone.v1.ResolveResponse
-	(*Run)(nil),              // 6: cyclone.v1.Run
-	(*structpb.Value)(nil),   // 7: google.protobuf.Value
+	(*Build)(nil),                      // 0: cyclone.v1.Build
+	(*BuildWorker)(nil),                // 1: cyclone.v1.BuildWorker
+	(*ListBuildsRequest)(nil),          // 2: cyclone.v1.ListBuildsRequest
+	(*ListBuildsResponse)(nil),         // 3: cyclone.v1.ListBuildsResponse
+	(*ListBuildRunsRequest)(nil),       // 4: cyclone.v1.ListBuildRunsRequest
+	(*BuildRun)(nil),                   // 5: cyclone.v1.BuildRun
+	(*ListBuildRunsResponse)(nil),      // 6: cyclone.v1.ListBuildRunsResponse
+	(*SetBuildCompatibleRequest)(nil),  // 7: cyclone.v1.SetBuildCompatibleRequest
+	(*SetBuildCompatibleResponse)(nil), // 8: cyclone.v1.SetBuildCompatibleResponse
+	(*RetireBuildRequest)(nil),         // 9: cyclone.v1.RetireBuildRequest
+	(*RetireBuildResponse)(nil),        // 10: cyclone.v1.RetireBuildResponse
+	(*MoveBuildRequest)(nil),           // 11: cyclone.v1.MoveBuildRequest
+	(*MoveBuildResponse)(nil),          // 12: cyclone.v1.MoveBuildResponse
+	(*RetryRequest)(nil),               // 13: cyclone.v1.RetryRequest
+	(*RetryResponse)(nil),              // 14: cyclone.v1.RetryResponse
+	(*RetryAllRequest)(nil),            // 15: cyclone.v1.RetryAllRequest
+	(*RetryAllResponse)(nil),           // 16: cyclone.v1.RetryAllResponse
+	(*ResolveRequest)(nil),             // 17: cyclone.v1.ResolveRequest
+	(*ResolveResponse)(nil),            // 18: cyclone.v1.ResolveResponse
+	(*timestamppb.Timestamp)(nil),      // 19: google.protobuf.Timestamp
+	(*Run)(nil),                        // 20: cyclone.v1.Run
+	(*structpb.Value)(nil),             // 21: google.protobuf.Value
 }
 var file_cyclone_v1_admin_service_proto_depIdxs = []int32{
-	6, // 0: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
-	6, // 1: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
-	7, // 2: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
-	6, // 3: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
-	0, // 4: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
-	2, // 5: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
-	4, // 6: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
-	1, // 7: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
-	3, // 8: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
-	5, // 9: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
-	7, // [7:10] is the sub-list for method output_type
-	4, // [4:7] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	1,  // 0: cyclone.v1.Build.workers:type_name -> cyclone.v1.BuildWorker
+	19, // 1: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
+	19, // 2: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
+	19, // 3: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
+	0,  // 4: cyclone.v1.ListBuildsResponse.builds:type_name -> cyclone.v1.Build
+	5,  // 5: cyclone.v1.ListBuildRunsResponse.runs:type_name -> cyclone.v1.BuildRun
+	0,  // 6: cyclone.v1.SetBuildCompatibleResponse.build:type_name -> cyclone.v1.Build
+	0,  // 7: cyclone.v1.RetireBuildResponse.build:type_name -> cyclone.v1.Build
+	20, // 8: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
+	20, // 9: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
+	21, // 10: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
+	20, // 11: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
+	13, // 12: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
+	15, // 13: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
+	17, // 14: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
+	2,  // 15: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
+	4,  // 16: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
+	7,  // 17: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
+	9,  // 18: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
+	11, // 19: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
+	14, // 20: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
+	16, // 21: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
+	18, // 22: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
+	3,  // 23: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
+	6,  // 24: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
+	8,  // 25: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
+	10, // 26: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
+	12, // 27: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
+	20, // [20:28] is the sub-list for method output_type
+	12, // [12:20] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_admin_service_proto_init() }
@@ -514,7 +1344,7 @@ func file_cyclone_v1_admin_service_proto_init() {
 		return
 	}
 	file_cyclone_v1_types_proto_init()
-	file_cyclone_v1_admin_service_proto_msgTypes[4].OneofWrappers = []any{
+	file_cyclone_v1_admin_service_proto_msgTypes[17].OneofWrappers = []any{
 		(*ResolveRequest_Result)(nil),
 		(*ResolveRequest_Error)(nil),
 		(*ResolveRequest_Discard)(nil),
@@ -525,7 +1355,7 @@ func file_cyclone_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_admin_service_proto_rawDesc), len(file_cyclone_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,9 +19,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_Retry_FullMethodName    = "/cyclone.v1.AdminService/Retry"
-	AdminService_RetryAll_FullMethodName = "/cyclone.v1.AdminService/RetryAll"
-	AdminService_Resolve_FullMethodName  = "/cyclone.v1.AdminService/Resolve"
+	AdminService_Retry_FullMethodName              = "/cyclone.v1.AdminService/Retry"
+	AdminService_RetryAll_FullMethodName           = "/cyclone.v1.AdminService/RetryAll"
+	AdminService_Resolve_FullMethodName            = "/cyclone.v1.AdminService/Resolve"
+	AdminService_ListBuilds_FullMethodName         = "/cyclone.v1.AdminService/ListBuilds"
+	AdminService_ListBuildRuns_FullMethodName      = "/cyclone.v1.AdminService/ListBuildRuns"
+	AdminService_SetBuildCompatible_FullMethodName = "/cyclone.v1.AdminService/SetBuildCompatible"
+	AdminService_RetireBuild_FullMethodName        = "/cyclone.v1.AdminService/RetireBuild"
+	AdminService_MoveBuild_FullMethodName          = "/cyclone.v1.AdminService/MoveBuild"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -43,6 +48,27 @@ type AdminServiceClient interface {
 	// effect did not happen; the step runs on the next claim). Only while the run is
 	// blocked, and only its uncertain step; FAILED_PRECONDITION otherwise.
 	Resolve(ctx context.Context, in *ResolveRequest, opts ...grpc.CallOption) (*ResolveResponse, error)
+	// Every build workers declared (ClaimRequest.build_id), oldest first: its
+	// compatibility set, the workers seen with it, how many unfinished nodes with a
+	// journal are pinned to it, and whether it is retired.
+	ListBuilds(ctx context.Context, in *ListBuildsRequest, opts ...grpc.CallOption) (*ListBuildsResponse, error)
+	// The runs with unfinished nodes pinned to a build (a retired one's leftovers).
+	// NOT_FOUND for an unknown build.
+	ListBuildRuns(ctx context.Context, in *ListBuildRunsRequest, opts ...grpc.CallOption) (*ListBuildRunsResponse, error)
+	// Makes build_id compatible with compatible_with: build_id joins the other's set,
+	// and the workers of each take the nodes pinned to the other. NOT_FOUND for an
+	// unknown build, INVALID_ARGUMENT when both are the same, FAILED_PRECONDITION when
+	// either is retired.
+	SetBuildCompatible(ctx context.Context, in *SetBuildCompatibleRequest, opts ...grpc.CallOption) (*SetBuildCompatibleResponse, error)
+	// Retires a build: its workers are handed nothing from then on; the nodes pinned to
+	// it wait for a compatible build, or for MoveBuild. Retiring it again changes
+	// nothing. NOT_FOUND for an unknown build.
+	RetireBuild(ctx context.Context, in *RetireBuildRequest, opts ...grpc.CallOption) (*RetireBuildResponse, error)
+	// Moves the unfinished nodes pinned to a retired build to another build (not
+	// retired): their next attempts go to its workers. Each run moved gets an audit
+	// entry. NOT_FOUND for an unknown build, INVALID_ARGUMENT when both are the same,
+	// FAILED_PRECONDITION when from_build_id is not retired or to_build_id is.
+	MoveBuild(ctx context.Context, in *MoveBuildRequest, opts ...grpc.CallOption) (*MoveBuildResponse, error)
 }
 
 type adminServiceClient struct {
@@ -83,6 +109,56 @@ func (c *adminServiceClient) Resolve(ctx context.Context, in *ResolveRequest, op
 	return out, nil
 }
 
+func (c *adminServiceClient) ListBuilds(ctx context.Context, in *ListBuildsRequest, opts ...grpc.CallOption) (*ListBuildsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListBuildsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListBuilds_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListBuildRuns(ctx context.Context, in *ListBuildRunsRequest, opts ...grpc.CallOption) (*ListBuildRunsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListBuildRunsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListBuildRuns_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) SetBuildCompatible(ctx context.Context, in *SetBuildCompatibleRequest, opts ...grpc.CallOption) (*SetBuildCompatibleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetBuildCompatibleResponse)
+	err := c.cc.Invoke(ctx, AdminService_SetBuildCompatible_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RetireBuild(ctx context.Context, in *RetireBuildRequest, opts ...grpc.CallOption) (*RetireBuildResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RetireBuildResponse)
+	err := c.cc.Invoke(ctx, AdminService_RetireBuild_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) MoveBuild(ctx context.Context, in *MoveBuildRequest, opts ...grpc.CallOption) (*MoveBuildResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveBuildResponse)
+	err := c.cc.Invoke(ctx, AdminService_MoveBuild_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -102,6 +178,27 @@ type AdminServiceServer interface {
 	// effect did not happen; the step runs on the next claim). Only while the run is
 	// blocked, and only its uncertain step; FAILED_PRECONDITION otherwise.
 	Resolve(context.Context, *ResolveRequest) (*ResolveResponse, error)
+	// Every build workers declared (ClaimRequest.build_id), oldest first: its
+	// compatibility set, the workers seen with it, how many unfinished nodes with a
+	// journal are pinned to it, and whether it is retired.
+	ListBuilds(context.Context, *ListBuildsRequest) (*ListBuildsResponse, error)
+	// The runs with unfinished nodes pinned to a build (a retired one's leftovers).
+	// NOT_FOUND for an unknown build.
+	ListBuildRuns(context.Context, *ListBuildRunsRequest) (*ListBuildRunsResponse, error)
+	// Makes build_id compatible with compatible_with: build_id joins the other's set,
+	// and the workers of each take the nodes pinned to the other. NOT_FOUND for an
+	// unknown build, INVALID_ARGUMENT when both are the same, FAILED_PRECONDITION when
+	// either is retired.
+	SetBuildCompatible(context.Context, *SetBuildCompatibleRequest) (*SetBuildCompatibleResponse, error)
+	// Retires a build: its workers are handed nothing from then on; the nodes pinned to
+	// it wait for a compatible build, or for MoveBuild. Retiring it again changes
+	// nothing. NOT_FOUND for an unknown build.
+	RetireBuild(context.Context, *RetireBuildRequest) (*RetireBuildResponse, error)
+	// Moves the unfinished nodes pinned to a retired build to another build (not
+	// retired): their next attempts go to its workers. Each run moved gets an audit
+	// entry. NOT_FOUND for an unknown build, INVALID_ARGUMENT when both are the same,
+	// FAILED_PRECONDITION when from_build_id is not retired or to_build_id is.
+	MoveBuild(context.Context, *MoveBuildRequest) (*MoveBuildResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -120,6 +217,21 @@ func (UnimplementedAdminServiceServer) RetryAll(context.Context, *RetryAllReques
 }
 func (UnimplementedAdminServiceServer) Resolve(context.Context, *ResolveRequest) (*ResolveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Resolve not implemented")
+}
+func (UnimplementedAdminServiceServer) ListBuilds(context.Context, *ListBuildsRequest) (*ListBuildsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListBuilds not implemented")
+}
+func (UnimplementedAdminServiceServer) ListBuildRuns(context.Context, *ListBuildRunsRequest) (*ListBuildRunsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListBuildRuns not implemented")
+}
+func (UnimplementedAdminServiceServer) SetBuildCompatible(context.Context, *SetBuildCompatibleRequest) (*SetBuildCompatibleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetBuildCompatible not implemented")
+}
+func (UnimplementedAdminServiceServer) RetireBuild(context.Context, *RetireBuildRequest) (*RetireBuildResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RetireBuild not implemented")
+}
+func (UnimplementedAdminServiceServer) MoveBuild(context.Context, *MoveBuildRequest) (*MoveBuildResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MoveBuild not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -196,6 +308,96 @@ func _AdminService_Resolve_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListBuilds_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListBuildsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListBuilds(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListBuilds_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListBuilds(ctx, req.(*ListBuildsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListBuildRuns_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListBuildRunsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListBuildRuns(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListBuildRuns_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListBuildRuns(ctx, req.(*ListBuildRunsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_SetBuildCompatible_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetBuildCompatibleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SetBuildCompatible(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SetBuildCompatible_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SetBuildCompatible(ctx, req.(*SetBuildCompatibleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RetireBuild_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RetireBuildRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RetireBuild(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RetireBuild_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RetireBuild(ctx, req.(*RetireBuildRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_MoveBuild_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveBuildRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).MoveBuild(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_MoveBuild_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).MoveBuild(ctx, req.(*MoveBuildRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -214,6 +416,26 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Resolve",
 			Handler:    _AdminService_Resolve_Handler,
+		},
+		{
+			MethodName: "ListBuilds",
+			Handler:    _AdminService_ListBuilds_Handler,
+		},
+		{
+			MethodName: "ListBuildRuns",
+			Handler:    _AdminService_ListBuildRuns_Handler,
+		},
+		{
+			MethodName: "SetBuildCompatible",
+			Handler:    _AdminService_SetBuildCompatible_Handler,
+		},
+		{
+			MethodName: "RetireBuild",
+			Handler:    _AdminService_RetireBuild_Handler,
+		},
+		{
+			MethodName: "MoveBuild",
+			Handler:    _AdminService_MoveBuild_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1037,6 +1037,11 @@ type Step struct {
 	// The recovery budget of the server that answered (--max-recoveries): a step that
 	// loses its worker more often than this is discarded with a WorkerLost error.
 	MaxRecoveries int32 `protobuf:"varint,27,opt,name=max_recoveries,json=maxRecoveries,proto3" json:"max_recoveries,omitempty"`
+	// The build of the worker whose claim started the node's current body
+	// (ClaimRequest.build_id); empty when that worker declared none. While the node has a
+	// journal, its later attempts go only to workers of this build or of one compatible
+	// with it.
+	BuildId       string `protobuf:"bytes,28,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1258,6 +1263,13 @@ func (x *Step) GetMaxRecoveries() int32 {
 		return x.MaxRecoveries
 	}
 	return 0
+}
+
+func (x *Step) GetBuildId() string {
+	if x != nil {
+		return x.BuildId
+	}
+	return ""
 }
 
 // One line a handler logged, as a worker sends it with HeartbeatRequest.logs and
@@ -1854,7 +1866,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x129\n" +
 	"\n" +
 	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x17\n" +
-	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\x9d\t\n" +
+	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xb8\t\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12.\n" +
@@ -1889,7 +1901,8 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"recoveries\x18\x1a \x01(\x05R\n" +
 	"recoveries\x12%\n" +
-	"\x0emax_recoveries\x18\x1b \x01(\x05R\rmaxRecoveries\"\x97\x01\n" +
+	"\x0emax_recoveries\x18\x1b \x01(\x05R\rmaxRecoveries\x12\x19\n" +
+	"\bbuild_id\x18\x1c \x01(\tR\abuildId\"\x97\x01\n" +
 	"\aLogLine\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x14\n" +
 	"\x05level\x18\x02 \x01(\tR\x05level\x12\x18\n" +

@@ -275,7 +275,14 @@ type ClaimRequest struct {
 	Wait *durationpb.Duration `protobuf:"bytes,4,opt,name=wait,proto3" json:"wait,omitempty"`
 	// Lease length wanted, 1s-10min, capped by each node's timeout. Default: the
 	// server's lease (30s). Heartbeat at about a third of it.
-	Lease         *durationpb.Duration `protobuf:"bytes,5,opt,name=lease,proto3" json:"lease,omitempty"`
+	Lease *durationpb.Duration `protobuf:"bytes,5,opt,name=lease,proto3" json:"lease,omitempty"`
+	// The build of the worker's code, 1-200 printable characters (a release tag, a
+	// commit). A node whose durable body has a journal is handed only to workers of the
+	// build that started it, or of a build declared compatible with it
+	// (AdminService.SetBuildCompatible); the first claim by a worker with a build pins
+	// the node to it. Empty: no build; such a worker takes only nodes that are not
+	// pinned, and the nodes it claims stay unpinned. See docs/durable-functions.md.
+	BuildId       string `protobuf:"bytes,6,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -343,6 +350,13 @@ func (x *ClaimRequest) GetLease() *durationpb.Duration {
 		return x.Lease
 	}
 	return nil
+}
+
+func (x *ClaimRequest) GetBuildId() string {
+	if x != nil {
+		return x.BuildId
+	}
+	return ""
 }
 
 // Result of WorkerService.Claim.
@@ -1739,7 +1753,9 @@ type WorkOpen struct {
 	// limits, read once for the stream.
 	Actions []*ActionSpec `protobuf:"bytes,2,rep,name=actions,proto3" json:"actions,omitempty"`
 	// As in ClaimRequest: the lease of every step handed out. Default: the server's.
-	Lease         *durationpb.Duration `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	Lease *durationpb.Duration `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	// As in ClaimRequest: the worker's build, for every claim of the stream.
+	BuildId       string `protobuf:"bytes,4,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1793,6 +1809,13 @@ func (x *WorkOpen) GetLease() *durationpb.Duration {
 		return x.Lease
 	}
 	return nil
+}
+
+func (x *WorkOpen) GetBuildId() string {
+	if x != nil {
+		return x.BuildId
+	}
+	return ""
 }
 
 // Result of WorkerService.Work: one message of the server's stream.
@@ -2627,13 +2650,14 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"rate_limit\x18\x03 \x01(\v2\x15.cyclone.v1.RateLimitR\trateLimit\"T\n" +
 	"\tRateLimit\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\x05R\x05count\x121\n" +
-	"\x06period\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x06period\"\xda\x01\n" +
+	"\x06period\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x06period\"\xf5\x01\n" +
 	"\fClaimRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x120\n" +
 	"\aactions\x18\x02 \x03(\v2\x16.cyclone.v1.ActionSpecR\aactions\x12\x1b\n" +
 	"\tmax_steps\x18\x03 \x01(\x05R\bmaxSteps\x12-\n" +
 	"\x04wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12/\n" +
-	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\"q\n" +
+	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x12\x19\n" +
+	"\bbuild_id\x18\x06 \x01(\tR\abuildId\"q\n" +
 	"\rClaimResponse\x12-\n" +
 	"\x05steps\x18\x01 \x03(\v2\x17.cyclone.v1.ClaimedStepR\x05steps\x121\n" +
 	"\ablocked\x18\x02 \x03(\v2\x17.cyclone.v1.BlockedStepR\ablocked\"\x9b\x01\n" +
@@ -2732,11 +2756,12 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\vWorkRequest\x12(\n" +
 	"\x04open\x18\x01 \x01(\v2\x14.cyclone.v1.WorkOpenR\x04open\x12\x16\n" +
 	"\x06credit\x18\x02 \x01(\x05R\x06credit\x127\n" +
-	"\x06report\x18\x03 \x01(\v2\x1f.cyclone.v1.CompleteManyRequestR\x06report\"\x8a\x01\n" +
+	"\x06report\x18\x03 \x01(\v2\x1f.cyclone.v1.CompleteManyRequestR\x06report\"\xa5\x01\n" +
 	"\bWorkOpen\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x120\n" +
 	"\aactions\x18\x02 \x03(\v2\x16.cyclone.v1.ActionSpecR\aactions\x12/\n" +
-	"\x05lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05lease\"\xaa\x01\n" +
+	"\x05lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x12\x19\n" +
+	"\bbuild_id\x18\x04 \x01(\tR\abuildId\"\xaa\x01\n" +
 	"\fWorkResponse\x12-\n" +
 	"\x05steps\x18\x01 \x03(\v2\x17.cyclone.v1.ClaimedStepR\x05steps\x121\n" +
 	"\ablocked\x18\x02 \x03(\v2\x17.cyclone.v1.BlockedStepR\ablocked\x128\n" +

@@ -6,15 +6,401 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Run } from "./types_pb.js";
 import { file_cyclone_v1_types } from "./types_pb.js";
-import type { Value } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
+import type { Timestamp, Value } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file cyclone/v1/admin_service.proto.
  */
 export const file_cyclone_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEiPAoMUmV0cnlSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBnJlYXNvbhgDIAEoCSItCg1SZXRyeVJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuIjEKD1JldHJ5QWxsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDgoGcmVhc29uGAIgASgJIj8KEFJldHJ5QWxsUmVzcG9uc2USDQoFbm9kZXMYASADKAkSHAoDcnVuGAIgASgLMg8uY3ljbG9uZS52MS5SdW4iqwEKDlJlc29sdmVSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEigKBnJlc3VsdBgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUgAEg8KBWVycm9yGAQgASgJSAASEQoHZGlzY2FyZBgFIAEoCEgAEg4KBnJlYXNvbhgGIAEoCRIPCgdzdGVwX2lkGAcgASgJQgwKCnJlc29sdXRpb24iLwoPUmVzb2x2ZVJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuMtcBCgxBZG1pblNlcnZpY2USPAoFUmV0cnkSGC5jeWNsb25lLnYxLlJldHJ5UmVxdWVzdBoZLmN5Y2xvbmUudjEuUmV0cnlSZXNwb25zZRJFCghSZXRyeUFsbBIbLmN5Y2xvbmUudjEuUmV0cnlBbGxSZXF1ZXN0GhwuY3ljbG9uZS52MS5SZXRyeUFsbFJlc3BvbnNlEkIKB1Jlc29sdmUSGi5jeWNsb25lLnYxLlJlc29sdmVSZXF1ZXN0GhsuY3ljbG9uZS52MS5SZXNvbHZlUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_struct]);
+  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEi8wEKBUJ1aWxkEhAKCGJ1aWxkX2lkGAEgASgJEhIKCmNvbXBhdGlibGUYAiADKAkSKAoHd29ya2VycxgDIAMoCzIXLmN5Y2xvbmUudjEuQnVpbGRXb3JrZXISFAoMcGlubmVkX25vZGVzGAQgASgDEhMKC3Bpbm5lZF9ydW5zGAUgASgDEg8KB3JldGlyZWQYBiABKAgSLgoKcmV0aXJlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoLQnVpbGRXb3JrZXISEQoJd29ya2VyX2lkGAEgASgJEisKB3NlZW5fYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhMKEUxpc3RCdWlsZHNSZXF1ZXN0IjcKEkxpc3RCdWlsZHNSZXNwb25zZRIhCgZidWlsZHMYASADKAsyES5jeWNsb25lLnYxLkJ1aWxkIjcKFExpc3RCdWlsZFJ1bnNSZXF1ZXN0EhAKCGJ1aWxkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFIjsKCEJ1aWxkUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRINCgVub2RlcxgDIAMoCSI7ChVMaXN0QnVpbGRSdW5zUmVzcG9uc2USIgoEcnVucxgBIAMoCzIULmN5Y2xvbmUudjEuQnVpbGRSdW4iVgoZU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBIQCghidWlsZF9pZBgBIAEoCRIXCg9jb21wYXRpYmxlX3dpdGgYAiABKAkSDgoGcmVhc29uGAMgASgJIj4KGlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEiAKBWJ1aWxkGAEgASgLMhEuY3ljbG9uZS52MS5CdWlsZCI2ChJSZXRpcmVCdWlsZFJlcXVlc3QSEAoIYnVpbGRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjcKE1JldGlyZUJ1aWxkUmVzcG9uc2USIAoFYnVpbGQYASABKAsyES5jeWNsb25lLnYxLkJ1aWxkIk4KEE1vdmVCdWlsZFJlcXVlc3QSFQoNZnJvbV9idWlsZF9pZBgBIAEoCRITCgt0b19idWlsZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPAoRTW92ZUJ1aWxkUmVzcG9uc2USEwoLbm9kZXNfbW92ZWQYASABKAMSEgoKcnVuc19tb3ZlZBgCIAEoAyI8CgxSZXRyeVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDgoGcmVhc29uGAMgASgJIi0KDVJldHJ5UmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUmV0cnlBbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiPwoQUmV0cnlBbGxSZXNwb25zZRINCgVub2RlcxgBIAMoCRIcCgNydW4YAiABKAsyDy5jeWNsb25lLnYxLlJ1biKrAQoOUmVzb2x2ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSKAoGcmVzdWx0GAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASDwoFZXJyb3IYBCABKAlIABIRCgdkaXNjYXJkGAUgASgISAASDgoGcmVhc29uGAYgASgJEg8KB3N0ZXBfaWQYByABKAlCDAoKcmVzb2x1dGlvbiIvCg9SZXNvbHZlUmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4y+QQKDEFkbWluU2VydmljZRI8CgVSZXRyeRIYLmN5Y2xvbmUudjEuUmV0cnlSZXF1ZXN0GhkuY3ljbG9uZS52MS5SZXRyeVJlc3BvbnNlEkUKCFJldHJ5QWxsEhsuY3ljbG9uZS52MS5SZXRyeUFsbFJlcXVlc3QaHC5jeWNsb25lLnYxLlJldHJ5QWxsUmVzcG9uc2USQgoHUmVzb2x2ZRIaLmN5Y2xvbmUudjEuUmVzb2x2ZVJlcXVlc3QaGy5jeWNsb25lLnYxLlJlc29sdmVSZXNwb25zZRJLCgpMaXN0QnVpbGRzEh0uY3ljbG9uZS52MS5MaXN0QnVpbGRzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdEJ1aWxkc1Jlc3BvbnNlElQKDUxpc3RCdWlsZFJ1bnMSIC5jeWNsb25lLnYxLkxpc3RCdWlsZFJ1bnNSZXF1ZXN0GiEuY3ljbG9uZS52MS5MaXN0QnVpbGRSdW5zUmVzcG9uc2USYwoSU2V0QnVpbGRDb21wYXRpYmxlEiUuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXF1ZXN0GiYuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXNwb25zZRJOCgtSZXRpcmVCdWlsZBIeLmN5Y2xvbmUudjEuUmV0aXJlQnVpbGRSZXF1ZXN0Gh8uY3ljbG9uZS52MS5SZXRpcmVCdWlsZFJlc3BvbnNlEkgKCU1vdmVCdWlsZBIcLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVxdWVzdBodLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+
+/**
+ * A build, as ListBuilds shows it.
+ *
+ * @generated from message cyclone.v1.Build
+ */
+export type Build = Message<"cyclone.v1.Build"> & {
+  /**
+   * The build id workers declare.
+   *
+   * @generated from field: string build_id = 1;
+   */
+  buildId: string;
+
+  /**
+   * The builds of its compatibility set, itself included, by id.
+   *
+   * @generated from field: repeated string compatible = 2;
+   */
+  compatible: string[];
+
+  /**
+   * The workers seen declaring it, latest first (at most 20).
+   *
+   * @generated from field: repeated cyclone.v1.BuildWorker workers = 3;
+   */
+  workers: BuildWorker[];
+
+  /**
+   * Unfinished nodes with a journal pinned to it.
+   *
+   * @generated from field: int64 pinned_nodes = 4;
+   */
+  pinnedNodes: bigint;
+
+  /**
+   * The runs of those nodes.
+   *
+   * @generated from field: int64 pinned_runs = 5;
+   */
+  pinnedRuns: bigint;
+
+  /**
+   * Whether an operator retired it, and when.
+   *
+   * @generated from field: bool retired = 6;
+   */
+  retired: boolean;
+
+  /**
+   * When it was retired; unset while in service.
+   *
+   * @generated from field: google.protobuf.Timestamp retired_at = 7;
+   */
+  retiredAt?: Timestamp | undefined;
+
+  /**
+   * When a worker first declared it.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 8;
+   */
+  createdAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.Build.
+ * Use `create(BuildSchema)` to create a new message.
+ */
+export const BuildSchema: GenMessage<Build> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 0);
+
+/**
+ * A worker seen declaring a build.
+ *
+ * @generated from message cyclone.v1.BuildWorker
+ */
+export type BuildWorker = Message<"cyclone.v1.BuildWorker"> & {
+  /**
+   * The worker's id (ClaimRequest.worker_id).
+   *
+   * @generated from field: string worker_id = 1;
+   */
+  workerId: string;
+
+  /**
+   * When it last opened a Work stream or claimed with the build.
+   *
+   * @generated from field: google.protobuf.Timestamp seen_at = 2;
+   */
+  seenAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.BuildWorker.
+ * Use `create(BuildWorkerSchema)` to create a new message.
+ */
+export const BuildWorkerSchema: GenMessage<BuildWorker> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 1);
+
+/**
+ * Arguments of AdminService.ListBuilds.
+ *
+ * @generated from message cyclone.v1.ListBuildsRequest
+ */
+export type ListBuildsRequest = Message<"cyclone.v1.ListBuildsRequest"> & {
+};
+
+/**
+ * Describes the message cyclone.v1.ListBuildsRequest.
+ * Use `create(ListBuildsRequestSchema)` to create a new message.
+ */
+export const ListBuildsRequestSchema: GenMessage<ListBuildsRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 2);
+
+/**
+ * Result of AdminService.ListBuilds.
+ *
+ * @generated from message cyclone.v1.ListBuildsResponse
+ */
+export type ListBuildsResponse = Message<"cyclone.v1.ListBuildsResponse"> & {
+  /**
+   * The builds, oldest first.
+   *
+   * @generated from field: repeated cyclone.v1.Build builds = 1;
+   */
+  builds: Build[];
+};
+
+/**
+ * Describes the message cyclone.v1.ListBuildsResponse.
+ * Use `create(ListBuildsResponseSchema)` to create a new message.
+ */
+export const ListBuildsResponseSchema: GenMessage<ListBuildsResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 3);
+
+/**
+ * Arguments of AdminService.ListBuildRuns.
+ *
+ * @generated from message cyclone.v1.ListBuildRunsRequest
+ */
+export type ListBuildRunsRequest = Message<"cyclone.v1.ListBuildRunsRequest"> & {
+  /**
+   * The build, 1-200 printable characters.
+   *
+   * @generated from field: string build_id = 1;
+   */
+  buildId: string;
+
+  /**
+   * Most runs to return, 1-1000. Default 100.
+   *
+   * @generated from field: int32 limit = 2;
+   */
+  limit: number;
+};
+
+/**
+ * Describes the message cyclone.v1.ListBuildRunsRequest.
+ * Use `create(ListBuildRunsRequestSchema)` to create a new message.
+ */
+export const ListBuildRunsRequestSchema: GenMessage<ListBuildRunsRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 4);
+
+/**
+ * A run with unfinished nodes pinned to a build.
+ *
+ * @generated from message cyclone.v1.BuildRun
+ */
+export type BuildRun = Message<"cyclone.v1.BuildRun"> & {
+  /**
+   * The run, by id.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * Its workflow's name.
+   *
+   * @generated from field: string workflow = 2;
+   */
+  workflow: string;
+
+  /**
+   * Its nodes pinned to the build, by name.
+   *
+   * @generated from field: repeated string nodes = 3;
+   */
+  nodes: string[];
+};
+
+/**
+ * Describes the message cyclone.v1.BuildRun.
+ * Use `create(BuildRunSchema)` to create a new message.
+ */
+export const BuildRunSchema: GenMessage<BuildRun> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 5);
+
+/**
+ * Result of AdminService.ListBuildRuns.
+ *
+ * @generated from message cyclone.v1.ListBuildRunsResponse
+ */
+export type ListBuildRunsResponse = Message<"cyclone.v1.ListBuildRunsResponse"> & {
+  /**
+   * The runs, oldest first.
+   *
+   * @generated from field: repeated cyclone.v1.BuildRun runs = 1;
+   */
+  runs: BuildRun[];
+};
+
+/**
+ * Describes the message cyclone.v1.ListBuildRunsResponse.
+ * Use `create(ListBuildRunsResponseSchema)` to create a new message.
+ */
+export const ListBuildRunsResponseSchema: GenMessage<ListBuildRunsResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 6);
+
+/**
+ * Arguments of AdminService.SetBuildCompatible.
+ *
+ * @generated from message cyclone.v1.SetBuildCompatibleRequest
+ */
+export type SetBuildCompatibleRequest = Message<"cyclone.v1.SetBuildCompatibleRequest"> & {
+  /**
+   * The build that joins the set, e.g. the one being deployed.
+   *
+   * @generated from field: string build_id = 1;
+   */
+  buildId: string;
+
+  /**
+   * The build whose set it joins, e.g. the one in service.
+   *
+   * @generated from field: string compatible_with = 2;
+   */
+  compatibleWith: string;
+
+  /**
+   * Why, for the server's log.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.SetBuildCompatibleRequest.
+ * Use `create(SetBuildCompatibleRequestSchema)` to create a new message.
+ */
+export const SetBuildCompatibleRequestSchema: GenMessage<SetBuildCompatibleRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 7);
+
+/**
+ * Result of AdminService.SetBuildCompatible.
+ *
+ * @generated from message cyclone.v1.SetBuildCompatibleResponse
+ */
+export type SetBuildCompatibleResponse = Message<"cyclone.v1.SetBuildCompatibleResponse"> & {
+  /**
+   * build_id as it is now.
+   *
+   * @generated from field: cyclone.v1.Build build = 1;
+   */
+  build?: Build | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.SetBuildCompatibleResponse.
+ * Use `create(SetBuildCompatibleResponseSchema)` to create a new message.
+ */
+export const SetBuildCompatibleResponseSchema: GenMessage<SetBuildCompatibleResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 8);
+
+/**
+ * Arguments of AdminService.RetireBuild.
+ *
+ * @generated from message cyclone.v1.RetireBuildRequest
+ */
+export type RetireBuildRequest = Message<"cyclone.v1.RetireBuildRequest"> & {
+  /**
+   * The build to retire.
+   *
+   * @generated from field: string build_id = 1;
+   */
+  buildId: string;
+
+  /**
+   * Why, for the server's log.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.RetireBuildRequest.
+ * Use `create(RetireBuildRequestSchema)` to create a new message.
+ */
+export const RetireBuildRequestSchema: GenMessage<RetireBuildRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 9);
+
+/**
+ * Result of AdminService.RetireBuild.
+ *
+ * @generated from message cyclone.v1.RetireBuildResponse
+ */
+export type RetireBuildResponse = Message<"cyclone.v1.RetireBuildResponse"> & {
+  /**
+   * The build as it is now.
+   *
+   * @generated from field: cyclone.v1.Build build = 1;
+   */
+  build?: Build | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.RetireBuildResponse.
+ * Use `create(RetireBuildResponseSchema)` to create a new message.
+ */
+export const RetireBuildResponseSchema: GenMessage<RetireBuildResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 10);
+
+/**
+ * Arguments of AdminService.MoveBuild.
+ *
+ * @generated from message cyclone.v1.MoveBuildRequest
+ */
+export type MoveBuildRequest = Message<"cyclone.v1.MoveBuildRequest"> & {
+  /**
+   * The retired build whose nodes move.
+   *
+   * @generated from field: string from_build_id = 1;
+   */
+  fromBuildId: string;
+
+  /**
+   * The build they move to.
+   *
+   * @generated from field: string to_build_id = 2;
+   */
+  toBuildId: string;
+
+  /**
+   * Why, recorded in each run's audit trail.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.MoveBuildRequest.
+ * Use `create(MoveBuildRequestSchema)` to create a new message.
+ */
+export const MoveBuildRequestSchema: GenMessage<MoveBuildRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 11);
+
+/**
+ * Result of AdminService.MoveBuild.
+ *
+ * @generated from message cyclone.v1.MoveBuildResponse
+ */
+export type MoveBuildResponse = Message<"cyclone.v1.MoveBuildResponse"> & {
+  /**
+   * How many unfinished nodes moved, and from how many runs.
+   *
+   * @generated from field: int64 nodes_moved = 1;
+   */
+  nodesMoved: bigint;
+
+  /**
+   * The runs those nodes belong to.
+   *
+   * @generated from field: int64 runs_moved = 2;
+   */
+  runsMoved: bigint;
+};
+
+/**
+ * Describes the message cyclone.v1.MoveBuildResponse.
+ * Use `create(MoveBuildResponseSchema)` to create a new message.
+ */
+export const MoveBuildResponseSchema: GenMessage<MoveBuildResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 12);
 
 /**
  * Arguments of AdminService.Retry.
@@ -49,7 +435,7 @@ export type RetryRequest = Message<"cyclone.v1.RetryRequest"> & {
  * Use `create(RetryRequestSchema)` to create a new message.
  */
 export const RetryRequestSchema: GenMessage<RetryRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 0);
+  messageDesc(file_cyclone_v1_admin_service, 13);
 
 /**
  * Result of AdminService.Retry.
@@ -70,7 +456,7 @@ export type RetryResponse = Message<"cyclone.v1.RetryResponse"> & {
  * Use `create(RetryResponseSchema)` to create a new message.
  */
 export const RetryResponseSchema: GenMessage<RetryResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 1);
+  messageDesc(file_cyclone_v1_admin_service, 14);
 
 /**
  * Arguments of AdminService.RetryAll.
@@ -98,7 +484,7 @@ export type RetryAllRequest = Message<"cyclone.v1.RetryAllRequest"> & {
  * Use `create(RetryAllRequestSchema)` to create a new message.
  */
 export const RetryAllRequestSchema: GenMessage<RetryAllRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 2);
+  messageDesc(file_cyclone_v1_admin_service, 15);
 
 /**
  * Result of AdminService.RetryAll.
@@ -126,7 +512,7 @@ export type RetryAllResponse = Message<"cyclone.v1.RetryAllResponse"> & {
  * Use `create(RetryAllResponseSchema)` to create a new message.
  */
 export const RetryAllResponseSchema: GenMessage<RetryAllResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 3);
+  messageDesc(file_cyclone_v1_admin_service, 16);
 
 /**
  * Arguments of AdminService.Resolve.
@@ -203,7 +589,7 @@ export type ResolveRequest = Message<"cyclone.v1.ResolveRequest"> & {
  * Use `create(ResolveRequestSchema)` to create a new message.
  */
 export const ResolveRequestSchema: GenMessage<ResolveRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 4);
+  messageDesc(file_cyclone_v1_admin_service, 17);
 
 /**
  * Result of AdminService.Resolve.
@@ -224,7 +610,7 @@ export type ResolveResponse = Message<"cyclone.v1.ResolveResponse"> & {
  * Use `create(ResolveResponseSchema)` to create a new message.
  */
 export const ResolveResponseSchema: GenMessage<ResolveResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 5);
+  messageDesc(file_cyclone_v1_admin_service, 18);
 
 /**
  * Operator actions. Each is recorded in the run's audit trail with its actor and reason.
@@ -268,6 +654,67 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof ResolveRequestSchema;
     output: typeof ResolveResponseSchema;
+  },
+  /**
+   * Every build workers declared (ClaimRequest.build_id), oldest first: its
+   * compatibility set, the workers seen with it, how many unfinished nodes with a
+   * journal are pinned to it, and whether it is retired.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ListBuilds
+   */
+  listBuilds: {
+    methodKind: "unary";
+    input: typeof ListBuildsRequestSchema;
+    output: typeof ListBuildsResponseSchema;
+  },
+  /**
+   * The runs with unfinished nodes pinned to a build (a retired one's leftovers).
+   * NOT_FOUND for an unknown build.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ListBuildRuns
+   */
+  listBuildRuns: {
+    methodKind: "unary";
+    input: typeof ListBuildRunsRequestSchema;
+    output: typeof ListBuildRunsResponseSchema;
+  },
+  /**
+   * Makes build_id compatible with compatible_with: build_id joins the other's set,
+   * and the workers of each take the nodes pinned to the other. NOT_FOUND for an
+   * unknown build, INVALID_ARGUMENT when both are the same, FAILED_PRECONDITION when
+   * either is retired.
+   *
+   * @generated from rpc cyclone.v1.AdminService.SetBuildCompatible
+   */
+  setBuildCompatible: {
+    methodKind: "unary";
+    input: typeof SetBuildCompatibleRequestSchema;
+    output: typeof SetBuildCompatibleResponseSchema;
+  },
+  /**
+   * Retires a build: its workers are handed nothing from then on; the nodes pinned to
+   * it wait for a compatible build, or for MoveBuild. Retiring it again changes
+   * nothing. NOT_FOUND for an unknown build.
+   *
+   * @generated from rpc cyclone.v1.AdminService.RetireBuild
+   */
+  retireBuild: {
+    methodKind: "unary";
+    input: typeof RetireBuildRequestSchema;
+    output: typeof RetireBuildResponseSchema;
+  },
+  /**
+   * Moves the unfinished nodes pinned to a retired build to another build (not
+   * retired): their next attempts go to its workers. Each run moved gets an audit
+   * entry. NOT_FOUND for an unknown build, INVALID_ARGUMENT when both are the same,
+   * FAILED_PRECONDITION when from_build_id is not retired or to_build_id is.
+   *
+   * @generated from rpc cyclone.v1.AdminService.MoveBuild
+   */
+  moveBuild: {
+    methodKind: "unary";
+    input: typeof MoveBuildRequestSchema;
+    output: typeof MoveBuildResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_admin_service, 0);
