@@ -16,6 +16,7 @@ from pyclient.actions import Action, InputMismatch, RateLimit
 from pyclient.client import AsyncClient, Client
 from pyclient.context import Context, current
 from pyclient.durable import (
+    ArgumentsNotJson,
     BodyStopped,
     ChildFailed,
     ChildRun,
@@ -25,6 +26,7 @@ from pyclient.durable import (
     ReplayMismatch,
     StepFailed,
     StepFunction,
+    StepTimeout,
     Suspended,
     sleep,
     sleep_until,
@@ -85,6 +87,7 @@ from pyclient.workflow import Concurrency, Node, RetryPolicy, Workflow
 __all__ = [
     "Action",
     "ActionActivity",
+    "ArgumentsNotJson",
     "AsyncClient",
     "AuditEntry",
     "BodyStopped",
@@ -138,6 +141,7 @@ __all__ = [
     "StepPage",
     "StepResultTooLarge",
     "StepStatus",
+    "StepTimeout",
     "Submitted",
     "Suspended",
     "Unauthenticated",

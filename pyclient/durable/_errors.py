@@ -120,3 +120,11 @@ class Suspended(BodyStopped):
 class EventTimeout(StepFailed):
     """``wait_for_event`` found no event within its timeout. Recorded in the journal, so
     every replay raises it again (a StepFailed whose ``type_name`` is ``EventTimeout``)."""
+
+
+class StepTimeout(StepFailed):
+    """A try of a step with ``@step(timeout=...)`` did not finish in time. Recorded in
+    the journal, so every replay raises it again (a StepFailed whose ``type_name`` is
+    ``StepTimeout``); retried like any failure when the step has ``retries``. For an
+    ``unsafe_to_repeat`` step the body does not see it: the effect is uncertain and
+    the run blocks."""
