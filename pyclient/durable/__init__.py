@@ -31,6 +31,7 @@ from pyclient.durable._digest import ArgumentsNotJson
 from pyclient.durable._errors import (
     BodyStopped,
     DuplicateStepId,
+    EffectTimedOut,
     EffectUncertain,
     EventTimeout,
     ReplayMismatch,
@@ -47,6 +48,7 @@ __all__ = [
     "ChildFailed",
     "ChildRun",
     "DuplicateStepId",
+    "EffectTimedOut",
     "EffectUncertain",
     "EventTimeout",
     "ReplayMismatch",

@@ -45,6 +45,7 @@ from pyclient.durable._calls import (
 from pyclient.durable._errors import (
     BodyStopped,
     DuplicateStepId,
+    EffectTimedOut,
     EffectUncertain,
     EventTimeout,
     ReplayMismatch,
@@ -58,7 +59,6 @@ from pyclient.errors import (
     JournalFull,
     LeaseLost,
     NonRetryableError,
-    RetryAfter,
     StepResultTooLarge,
 )
 from pyclient.models import StepCall, StepCallError, StepCallStatus
@@ -418,12 +418,11 @@ class Replay:
     def _uncertain_if_unsafe(self, call: Call, exc: Exception) -> Exception:
         """``exc``, the call's failure, unless it is the timeout of an unsafe call: its
         effect is then uncertain, so nothing is recorded (its entry stays ``started``)
-        and the attempt fails at once with RetryAfter(0), whatever the body does; the
+        and the attempt fails at once (EffectTimedOut), whatever the body does; the
         next attempt finds the call started with no outcome and blocks the run."""
         if not (call.unsafe and isinstance(exc, StepTimeout)):
             return exc
-        failure = RetryAfter(
-            0,
+        failure = EffectTimedOut(
             f"step call {call.step_id!r} ({call.function}) is unsafe to repeat and did not "
             f"finish in time ({exc.message}); its effect is uncertain, so the next attempt "
             "blocks the run until the call is resolved",
