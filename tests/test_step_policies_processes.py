@@ -13,20 +13,14 @@ from typing import Any
 
 import pytest
 
-from cyclone.v1 import types_pb2
 from pyclient import Client
 from tests.helpers import eventually, get_run
 from tests.process_lab import ProcessLab
+from tests.test_durable_processes import STATUS
 
 pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("policy_worker_process.py")
-STATUS = {
-    types_pb2.STEP_CALL_STATUS_SUCCEEDED: "succeeded",
-    types_pb2.STEP_CALL_STATUS_FAILED: "failed",
-    types_pb2.STEP_CALL_STATUS_WAITING: "waiting",
-    types_pb2.STEP_CALL_STATUS_STARTED: "started",
-}
 #: Past the backoffs of the step (an hour, then two), on the fake clock.
 HOUR = 3600
 
