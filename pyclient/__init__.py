@@ -16,15 +16,18 @@ from pyclient.actions import Action, InputMismatch, RateLimit
 from pyclient.client import AsyncClient, Client
 from pyclient.context import Context, current
 from pyclient.durable import (
+    ArgumentsNotJson,
     BodyStopped,
     ChildFailed,
     ChildRun,
     DuplicateStepId,
+    EffectTimedOut,
     EffectUncertain,
     EventTimeout,
     ReplayMismatch,
     StepFailed,
     StepFunction,
+    StepTimeout,
     Suspended,
     sleep,
     sleep_until,
@@ -85,6 +88,7 @@ from pyclient.workflow import Concurrency, Node, RetryPolicy, Workflow
 __all__ = [
     "Action",
     "ActionActivity",
+    "ArgumentsNotJson",
     "AsyncClient",
     "AuditEntry",
     "BodyStopped",
@@ -96,6 +100,7 @@ __all__ = [
     "CycloneError",
     "DeadlineExceeded",
     "DuplicateStepId",
+    "EffectTimedOut",
     "EffectUncertain",
     "EventSent",
     "EventTimeout",
@@ -138,6 +143,7 @@ __all__ = [
     "StepPage",
     "StepResultTooLarge",
     "StepStatus",
+    "StepTimeout",
     "Submitted",
     "Suspended",
     "Unauthenticated",

@@ -200,6 +200,8 @@ class StepCall:
     wake_at: dt.datetime | None = None
     #: For a wait: what for ("sleep", "event order.approved", "child <run_id>").
     waiting_for: str = ""
+    #: The digest of the call's arguments its worker recorded ("" when none was).
+    args_digest: str = ""
 
     @classmethod
     def from_proto(cls, p: types_pb2.StepCall) -> StepCall:

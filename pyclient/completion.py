@@ -25,9 +25,10 @@ if TYPE_CHECKING:
     import psycopg_pool
 
 STEP_COMPLETE_SQL = "SELECT cyclone.step_complete(%s::uuid, %s, %s::uuid, %s::jsonb)"
-#: A step call's success recorded in the caller's transaction (durable functions).
+#: A step call's success recorded in the caller's transaction (durable functions),
+#: with the digest of its arguments (NULL for none).
 STEP_CALL_RECORD_SQL = (
-    "SELECT cyclone.step_call_record(%s::uuid, %s, %s::uuid, %s, %s, %s, %s::jsonb)"
+    "SELECT cyclone.step_call_record(%s::uuid, %s, %s::uuid, %s, %s, %s, %s::jsonb, %s)"
 )
 
 
@@ -54,9 +55,9 @@ def open_pool(database_url: str, max_size: int) -> psycopg_pool.ConnectionPool:
 
 class CompletionTx:
     """One step's completion transaction, opened on first use. With ``call`` (step
-    id, seq, function), the transaction of that step call of a durable function:
-    its commit records the call's success (``cyclone.step_call_record``) instead of
-    completing the step."""
+    id, seq, function) and its ``args_digest``, the transaction of that step call of a
+    durable function: its commit records the call's success
+    (``cyclone.step_call_record``) instead of completing the step."""
 
     def __init__(
         self,
@@ -65,10 +66,13 @@ class CompletionTx:
         node: str,
         lease_token: str,
         call: tuple[str, int, str] | None = None,
+        *,
+        args_digest: str = "",
     ):
         self._pool = pool
         self._sql = STEP_COMPLETE_SQL if call is None else STEP_CALL_RECORD_SQL
         self._key: tuple[Any, ...] = (run_id, node, lease_token, *(call or ()))
+        self._digest: tuple[Any, ...] = () if call is None else (args_digest or None,)
         self._conn: psycopg.Connection | None = None
         self._lock = threading.Lock()
 
@@ -88,7 +92,7 @@ class CompletionTx:
         step is done, and its effects were committed once, with the first."""
         conn = self._take()
         try:
-            conn.execute(self._sql, (*self._key, output_json))
+            conn.execute(self._sql, (*self._key, output_json, *self._digest))
             conn.commit()
         except Exception as exc:
             _rollback(conn)
@@ -113,12 +117,15 @@ class CompletionTx:
         return conn
 
 
-def record_step_call(conn: Any, key: tuple[Any, ...], output_json: str) -> None:
+def record_step_call(
+    conn: Any, key: tuple[Any, ...], output_json: str, args_digest: str = ""
+) -> None:
     """Record a step call's success in ``conn``'s open transaction
     (``cyclone.step_call_record``; ``key`` is run_id, node, lease token, step id, seq,
-    function). The engine's refusals are raised as SDK errors (LeaseLost...)."""
+    function; ``args_digest`` the digest of its arguments, "" for none). The engine's
+    refusals are raised as SDK errors (LeaseLost...)."""
     try:
-        conn.execute(STEP_CALL_RECORD_SQL, (*key, output_json))
+        conn.execute(STEP_CALL_RECORD_SQL, (*key, output_json, args_digest or None))
     except Exception as exc:
         translated = _translate(exc)
         if translated is exc:

@@ -13,7 +13,7 @@ SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p
 
 
 WORKER_FUNCTIONS = [
-    "cyclone.step_call_record(uuid,text,uuid,text,integer,text,jsonb)",
+    "cyclone.step_call_record(uuid,text,uuid,text,integer,text,jsonb,text)",
     "cyclone.step_complete(uuid,text,uuid,jsonb)",
 ]
 

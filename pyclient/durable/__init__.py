@@ -27,28 +27,34 @@ See docs/python-sdk.md and docs/durable-functions.md. The pieces:
 """
 
 from pyclient.durable._child import ChildFailed, ChildRun, start_child
+from pyclient.durable._digest import ArgumentsNotJson
 from pyclient.durable._errors import (
     BodyStopped,
     DuplicateStepId,
+    EffectTimedOut,
     EffectUncertain,
     EventTimeout,
     ReplayMismatch,
     StepFailed,
+    StepTimeout,
     Suspended,
 )
 from pyclient.durable._step import StepFunction, step
 from pyclient.durable._wait import sleep, sleep_until, wait_for_event
 
 __all__ = [
+    "ArgumentsNotJson",
     "BodyStopped",
     "ChildFailed",
     "ChildRun",
     "DuplicateStepId",
+    "EffectTimedOut",
     "EffectUncertain",
     "EventTimeout",
     "ReplayMismatch",
     "StepFailed",
     "StepFunction",
+    "StepTimeout",
     "Suspended",
     "sleep",
     "sleep_until",

@@ -85,6 +85,8 @@ class Call:
     #: The module of the step function (where a recorded exception's class is looked
     #: for when the journal names the script's, ``__main__``).
     module: str | None = None
+    #: The digest of the call's arguments (pyclient.durable._digest), "" for none.
+    args_digest: str = ""
 
     def records(self, recorded: str) -> bool:
         """Whether a journal entry recorded for ``recorded`` is a call of this
@@ -122,6 +124,15 @@ class StepSpec(CallSpec, Protocol):
 
     @property
     def fn(self) -> Callable[..., Any]: ...
+
+    @property
+    def runner(self) -> Callable[..., Any]:
+        """What runs one try of the call: ``fn``, or ``fn`` under its timeout."""
+
+    @property
+    def on_args_change(self) -> str:
+        """``"fail"`` or ``"allow"``: what a replay does when the arguments of a
+        recorded call changed."""
 
 
 class CallTx(Protocol):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyclient.errors import NonRetryableError
+from pyclient.errors import NonRetryableError, RetryAfter
 from pyclient.models import StepCall
 
 
@@ -120,3 +120,22 @@ class Suspended(BodyStopped):
 class EventTimeout(StepFailed):
     """``wait_for_event`` found no event within its timeout. Recorded in the journal, so
     every replay raises it again (a StepFailed whose ``type_name`` is ``EventTimeout``)."""
+
+
+class StepTimeout(StepFailed):
+    """A try of a step with ``@step(timeout=...)`` did not finish in time. Recorded in
+    the journal, so every replay raises it again (a StepFailed whose ``type_name`` is
+    ``StepTimeout``); retried like any failure when the step has ``retries``. For an
+    ``unsafe_to_repeat`` step the body does not see it: the effect is uncertain and
+    the run blocks."""
+
+
+class EffectTimedOut(RetryAfter):
+    """An ``unsafe_to_repeat`` step call did not finish within its ``timeout``: its
+    effect may have happened. Nothing is recorded (its entry stays ``started``) and
+    the attempt fails with this, whatever the body does, to be retried at once; the
+    next attempt finds the call started with no outcome and blocks the run
+    (EffectUncertain) until an operator resolves it."""
+
+    def __init__(self, message: str):
+        super().__init__(0, message)

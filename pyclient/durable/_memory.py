@@ -155,6 +155,7 @@ def _entry(
         attempt=attempt,
         started_at=None,
         finished_at=None,
+        args_digest=call.args_digest,
     )
 
 

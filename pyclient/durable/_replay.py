@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass
@@ -44,10 +45,12 @@ from pyclient.durable._calls import (
 from pyclient.durable._errors import (
     BodyStopped,
     DuplicateStepId,
+    EffectTimedOut,
     EffectUncertain,
     EventTimeout,
     ReplayMismatch,
     StepFailed,
+    StepTimeout,
     Suspended,
 )
 from pyclient.durable._failure import Recorded, record_error
@@ -61,6 +64,8 @@ from pyclient.errors import (
 from pyclient.models import StepCall, StepCallError, StepCallStatus
 
 T = TypeVar("T")
+
+log = logging.getLogger("pyclient.durable")
 
 #: Longest error message and details recorded (the server takes 64 KiB; this leaves
 #: room for what the worker adds when the body lets the failure through).
@@ -162,8 +167,22 @@ class Replay:
 
     # -- making a call: its seq and step id, checked against the journal
 
-    def open(self, fn: CallSpec, step_id: str | None) -> tuple[Call, StepCall | None]:
-        """Number the call (at call time, before any await) and find its entry."""
+    def name_call(self, fn: CallSpec) -> str:
+        """The step id of the next call of ``fn``: its name, then ``name#2``, ..."""
+        with self._lock:
+            self._raise_if_over()
+            return self._next_id(fn)
+
+    def _next_id(self, fn: CallSpec) -> str:
+        n = self._occurrences[fn.name] = self._occurrences.get(fn.name, 0) + 1
+        return fn.name if n == 1 else f"{fn.name}#{n}"
+
+    def open(
+        self, fn: CallSpec, step_id: str | None, args_digest: str = ""
+    ) -> tuple[Call, StepCall | None]:
+        """Number the call (at call time, before any await) and find its entry; a
+        recorded entry whose arguments digest differs from ``args_digest`` is a
+        mismatch (or a warning, for a step that allows it)."""
         if fn.is_async and not self.is_async:
             raise TypeError(
                 f"async step {fn.name!r} called from a sync durable function: it cannot "
@@ -172,8 +191,7 @@ class Replay:
         with self._lock:
             self._raise_if_over()
             if step_id is None:
-                n = self._occurrences[fn.name] = self._occurrences.get(fn.name, 0) + 1
-                step_id = fn.name if n == 1 else f"{fn.name}#{n}"
+                step_id = self._next_id(fn)
             if step_id in self._used:
                 raise self._fail(
                     DuplicateStepId(
@@ -194,8 +212,15 @@ class Replay:
             self._seq += 1
             legacy = getattr(fn, "legacy_function", None)
             module = getattr(getattr(fn, "fn", None), "__module__", None)
-            call = Call(step_id, self._seq, fn.function, fn.unsafe_to_repeat, legacy, module)
+            call = Call(
+                step_id, self._seq, fn.function, fn.unsafe_to_repeat, legacy, module, args_digest
+            )
         entry = self._entry(call)
+        # An entry or a call without a digest (check_args=False) is not checked.
+        recorded = entry.args_digest if entry is not None else ""
+        if recorded and args_digest and args_digest != recorded:
+            assert entry is not None
+            self._arguments_changed(call, entry, getattr(fn, "on_args_change", "fail"))
         if entry is not None and entry.function != call.function:
             # Recorded under an older form of its name: the journal keeps that one.
             call = dataclasses.replace(call, function=entry.function)
@@ -233,6 +258,31 @@ class Replay:
             )
         return entry
 
+    def _arguments_changed(self, call: Call, entry: StepCall, on_change: str) -> None:
+        what = (
+            f"step {call.step_id!r} of {entry.function} (call #{call.seq}) was recorded "
+            "with other arguments than this replay calls it with"
+        )
+        if on_change == "allow":
+            log.warning(
+                "%s; its recorded outcome is replayed, as @step(on_args_change='allow') "
+                "asks (recorded digest %s, now %s)",
+                what,
+                entry.args_digest[:12],
+                call.args_digest[:12],
+            )
+            return
+        raise self._fail(
+            ReplayMismatch(
+                f"the durable function does not replay its journal: {what}, so its "
+                "recorded outcome may not be what these arguments would give. The code "
+                "or the input changed under a run in flight. Keep the arguments of the "
+                "calls of runs in flight, branch new code with patched(), or accept the "
+                "recorded outcome with @step(on_args_change='allow'): see 'Changing code "
+                "safely' (docs/durable-functions.md#changing-code-safely)"
+            )
+        )
+
     def _raise_if_over(self) -> None:
         if self.stopped is not None:
             raise self.stopped
@@ -252,8 +302,10 @@ class Replay:
         step_id: str | None,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        *,
+        digest: str = "",
     ) -> Any:
-        call, entry = self.open(fn, step_id)
+        call, entry = self.open(fn, step_id, digest)
         if entry is not None and entry.status != StepCallStatus.STARTED:
             return self._replayed(entry, call)
         if call.unsafe:
@@ -262,9 +314,9 @@ class Replay:
                 return self._decided(call, decision, recorded)
         with self._running(ctx, call) as scope:
             try:
-                result = self._succeeded(call, fn.fn(*args, **kwargs))
+                result = self._succeeded(call, fn.runner(*args, **kwargs))
             except Exception as exc:
-                result = self._failed(call, exc)
+                result = self._failed(call, self._uncertain_if_unsafe(call, exc))
         result = self._settle(scope, call, result)
         if not result.recorded:
             self._journal(self.backend.end, call, result.outcome)
@@ -290,9 +342,9 @@ class Replay:
                 return self._decided(call, decision, recorded)
         with self._running(ctx, call) as scope:
             try:
-                result = self._succeeded(call, await fn.fn(*args, **kwargs))
+                result = self._succeeded(call, await fn.runner(*args, **kwargs))
             except Exception as exc:
-                result = self._failed(call, exc)
+                result = self._failed(call, self._uncertain_if_unsafe(call, exc))
         result = self._settle(scope, call, result)
         if not result.recorded:
             await self._ajournal(self.backend.end_async(call, result.outcome))
@@ -362,6 +414,20 @@ class Replay:
         return result
 
     # -- outcomes
+
+    def _uncertain_if_unsafe(self, call: Call, exc: Exception) -> Exception:
+        """``exc``, the call's failure, unless it is the timeout of an unsafe call: its
+        effect is then uncertain, so nothing is recorded (its entry stays ``started``)
+        and the attempt fails at once (EffectTimedOut), whatever the body does; the
+        next attempt finds the call started with no outcome and blocks the run."""
+        if not (call.unsafe and isinstance(exc, StepTimeout)):
+            return exc
+        failure = EffectTimedOut(
+            f"step call {call.step_id!r} ({call.function}) is unsafe to repeat and did not "
+            f"finish in time ({exc.message}); its effect is uncertain, so the next attempt "
+            "blocks the run until the call is resolved",
+        )
+        raise self._fail(failure)
 
     def _uncommitted(self, call: Call, exc: Exception) -> _Result:
         """The call's transaction did not commit: its writes and its record are undone.
@@ -462,7 +528,8 @@ def step_failed(
 ) -> StepFailed:
     """The StepFailed a body sees for the recorded failure ``error`` of a call."""
     recorded = Recorded(error, call.module if call is not None else None)
-    return StepFailed(
+    cls = StepTimeout if recorded.type_name == "StepTimeout" else StepFailed
+    return cls(
         step_id,
         recorded.type_name,
         recorded.message,

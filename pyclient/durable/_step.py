@@ -9,6 +9,16 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from pyclient.context import active
 from pyclient.durable._calls import MAX_ID
+from pyclient.durable._digest import args_digest
+from pyclient.durable._policy import (
+    Backoff,
+    StepPolicy,
+    call_with_policy,
+    call_with_policy_async,
+    check_room,
+    timed,
+    timed_async,
+)
 from pyclient.durable._replay import replay_of
 from pyclient.errors import InvalidArgument
 
@@ -32,7 +42,25 @@ class StepFunction(Generic[P, R]):
     """A function decorated with :func:`step`. Called inside a durable function, each
     call is a journaled step call; called anywhere else, it simply runs."""
 
-    def __init__(self, fn: Callable[P, R], *, name: str | None, unsafe_to_repeat: bool):
+    def __init__(
+        self,
+        fn: Callable[P, R],
+        *,
+        name: str | None,
+        unsafe_to_repeat: bool,
+        policy: StepPolicy | None = None,
+        check_args: bool = True,
+        digest: Callable[..., Any] | None = None,
+        on_args_change: str = "fail",
+    ):
+        if digest is not None and not callable(digest):
+            raise TypeError(
+                f"digest= must be a function of the step's arguments returning JSON, got {digest!r}"
+            )
+        if on_args_change not in ("fail", "allow"):
+            raise InvalidArgument(
+                f"on_args_change must be 'fail' or 'allow', got {on_args_change!r}"
+            )
         self.fn = fn
         #: The base of the step ids of its calls: ``name``, ``name#2``, ...
         self.name = check_step_id(fn.__name__ if name is None else name, "step name")
@@ -48,10 +76,24 @@ class StepFunction(Generic[P, R]):
         self.legacy_function = f"{fn.__module__}.{fn.__qualname__}"[-MAX_ID:]
         self.unsafe_to_repeat = unsafe_to_repeat
         self.is_async = inspect.iscoroutinefunction(fn)
+        #: Retries, backoff and timeout of its calls inside a durable function.
+        self.policy = policy or StepPolicy()
+        if self.policy.retries:
+            check_room(self.name + "#" * _SUFFIX, self.policy)
+        #: Whether its calls record a digest of their arguments, checked on replay.
+        self.check_args = check_args
+        self.digest = digest
+        #: "fail" (a changed argument is a ReplayMismatch) or "allow" (a warning).
+        self.on_args_change = on_args_change
+        #: What runs one try: the function, or the function under its timeout.
+        self.runner: Callable[..., Any] = fn
+        if self.policy.timeout is not None:
+            wrap = timed_async if self.is_async else timed
+            self.runner = wrap(fn, self.policy.timeout)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self._call(None, args, kwargs)
+        return self._call(None, args, kwargs, 0)
 
     def with_step_id(self, step_id: str) -> Callable[P, R]:
         """This step, called under the step id ``step_id`` instead of the next
@@ -59,7 +101,7 @@ class StepFunction(Generic[P, R]):
         check_step_id(step_id)
 
         def call(*args: P.args, **kwargs: P.kwargs) -> R:
-            return self._call(step_id, args, kwargs)
+            return self._call(step_id, args, kwargs, 0)
 
         return call
 
@@ -69,19 +111,40 @@ class StepFunction(Generic[P, R]):
             return self
         return _BoundStep(self, obj)
 
-    def _call(self, step_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    def _call(
+        self, step_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any], bound: int
+    ) -> R:
+        """A call with ``args`` (the first ``bound`` of them the instance of a method,
+        left out of the digest)."""
         ctx = active()
         # Outside a durable function, or inside another step call: a plain call.
         replay = replay_of(ctx)
         if replay is None:
             return self.fn(*args, **kwargs)
         assert ctx is not None
+        digest = self._digest(args[bound:], kwargs)
+        result: Any
         if self.is_async:
-            call, entry = replay.open(self, step_id)
-            result: Any = replay.call_async(ctx, self, call, entry, args, kwargs)
+            if self.policy.retries and step_id is None:
+                step_id = replay.name_call(self)
+            if step_id is not None and self.policy.retries:
+                check_room(step_id, self.policy)
+            first = replay.open(self, step_id, digest)
+            if self.policy.retries:
+                result = call_with_policy_async(replay, ctx, self, first, args, kwargs, digest)
+            else:
+                result = replay.call_async(ctx, self, *first, args, kwargs)
+        elif self.policy.retries:
+            result = call_with_policy(replay, ctx, self, step_id, args, kwargs, digest)
         else:
-            result = replay.call(ctx, self, step_id, args, kwargs)
+            result = replay.call(ctx, self, step_id, args, kwargs, digest=digest)
         return result  # type: ignore[no-any-return]
+
+    def _digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The digest of a call's arguments, "" when the step does not check them."""
+        if not self.check_args:
+            return ""
+        return args_digest(self.name, self.fn, args, kwargs, self.digest)
 
     def __repr__(self) -> str:
         mark = ", unsafe_to_repeat=True" if self.unsafe_to_repeat else ""
@@ -95,11 +158,11 @@ class _BoundStep:
         self._step, self._obj = step, obj
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._step._call(None, (self._obj, *args), kwargs)
+        return self._step._call(None, (self._obj, *args), kwargs, 1)
 
     def with_step_id(self, step_id: str) -> Callable[..., Any]:
         check_step_id(step_id)
-        return lambda *args, **kwargs: self._step._call(step_id, (self._obj, *args), kwargs)
+        return lambda *args, **kwargs: self._step._call(step_id, (self._obj, *args), kwargs, 1)
 
 
 @overload
@@ -108,7 +171,16 @@ def step(fn: Callable[P, R], /) -> StepFunction[P, R]: ...
 
 @overload
 def step(
-    *, name: str | None = None, unsafe_to_repeat: bool = False
+    *,
+    name: str | None = None,
+    unsafe_to_repeat: bool = False,
+    retries: int = 0,
+    backoff: Backoff = 1.0,
+    timeout: float | None = None,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+    check_args: bool = True,
+    digest: Callable[..., Any] | None = None,
+    on_args_change: str = "fail",
 ) -> Callable[[Callable[P, R]], StepFunction[P, R]]: ...
 
 
@@ -118,6 +190,13 @@ def step(
     *,
     name: str | None = None,
     unsafe_to_repeat: bool = False,
+    retries: int = 0,
+    backoff: Backoff = 1.0,
+    timeout: float | None = None,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+    check_args: bool = True,
+    digest: Callable[..., Any] | None = None,
+    on_args_change: str = "fail",
 ) -> StepFunction[P, R] | Callable[[Callable[P, R]], StepFunction[P, R]]:
     """Make ``fn`` a step: inside a durable function each call is journaled under a
     step id (``name``, then ``name#2``, ... in call order; ``name`` defaults to the
@@ -132,9 +211,31 @@ def step(
 
         @step(unsafe_to_repeat=True)
         def charge(order_id, amount): ...
+
+    Policies (inside a durable function): ``retries=N`` more tries after a failure
+    (each try journaled: ``charge``, ``charge~2``, ...), ``backoff`` seconds before the
+    second try, doubling after (or a function of the failed try's number), slept
+    durably; ``retry_on`` the exception classes retried (default: any Exception but
+    the SDK's non-retryable ones); ``timeout`` seconds a try may take (StepTimeout;
+    for an unsafe step the run blocks instead).
+
+    Arguments: each call records a digest of its arguments (JSON; a dataclass as its
+    fields) and a replay whose arguments differ fails with ReplayMismatch.
+    ``check_args=False`` records none; ``digest=f`` digests ``f(*args, **kwargs)``
+    instead (the JSON that stands for the arguments); ``on_args_change="allow"``
+    replays the recorded outcome with a warning. See docs/durable-functions.md.
     """
+    policy = StepPolicy.of(retries, backoff, timeout, retry_on)
 
     def decorate(f: Callable[P, R]) -> StepFunction[P, R]:
-        return StepFunction(f, name=name, unsafe_to_repeat=unsafe_to_repeat)
+        return StepFunction(
+            f,
+            name=name,
+            unsafe_to_repeat=unsafe_to_repeat,
+            policy=policy,
+            check_args=check_args,
+            digest=digest,
+            on_args_change=on_args_change,
+        )
 
     return decorate if fn is None else decorate(fn)

@@ -201,7 +201,7 @@ class GrpcJournal:
     def record(self, call: Call, conn: Any, output_json: str) -> None:
         step = self.step
         key = (step.run_id, step.node, step.lease_token, call.step_id, call.seq, call.function)
-        record_step_call(conn, key, output_json)
+        record_step_call(conn, key, output_json, call.args_digest)
 
     def transaction(self, call: Call) -> CompletionTx:
         if self.shared.pool is None:
@@ -215,6 +215,7 @@ class GrpcJournal:
             step.node,
             step.lease_token,
             (call.step_id, call.seq, call.function),
+            args_digest=call.args_digest,
         )
 
     # -- child runs
@@ -272,6 +273,7 @@ class GrpcJournal:
             seq=call.seq,
             function=call.function,
             unsafe_to_repeat=call.unsafe,
+            args_digest=call.args_digest,
         )
 
     def _end_request(self, call: Call, outcome: Outcome) -> pb.EndStepCallRequest:

@@ -190,6 +190,7 @@ def step_call(entry: Mapping[str, Any]) -> types_pb2.StepCall:
         finished_at=timestamp(entry["finished_at"]),
         wake_at=timestamp(entry.get("wake_at")),
         waiting_for=entry.get("waiting_for") or "",
+        args_digest=entry.get("args_digest") or "",
     )
     if entry["status"] == "succeeded":
         # JSON null included: a function that returned nothing still has an output.

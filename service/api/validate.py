@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import re
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -88,6 +89,20 @@ def step_call_name(value: str, what: str) -> str:
     if not value.isprintable():
         raise errors.InvalidArgument(
             f"{what} {dag.excerpt(value)} holds a control or other unprintable character"
+        )
+    return value
+
+
+#: A step call's arguments digest: a SHA-256 as lowercase hexadecimal.
+_ARGS_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def args_digest(value: str) -> str:
+    """A step call's args_digest: empty (none), or 64 lowercase hexadecimal characters."""
+    if value and not _ARGS_DIGEST.fullmatch(value):
+        raise errors.InvalidArgument(
+            f"args_digest must be 64 lowercase hexadecimal characters (a SHA-256) or empty, "
+            f"got {dag.excerpt(value)}"
         )
     return value
 

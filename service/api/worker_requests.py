@@ -27,6 +27,7 @@ from service.api.validate import (
     MAX_NODE_NAMES,
     MAX_STEP_CALL_NAME,
     MAX_WORKER_ID,
+    args_digest,
     check_seq,
     logs_json,
     node_name,
@@ -129,10 +130,11 @@ class WorkerRequests:
         run_id, node, token = self._step_key(request)
         check_seq(request.seq)
         if isinstance(request, worker_pb.StartChildRequest):
-            function, unsafe = CHILD_FUNCTION, False
+            function, unsafe, digest = CHILD_FUNCTION, False, ""
         else:
             function = step_call_name(request.function, "function")
             unsafe = request.unsafe_to_repeat
+            digest = args_digest(request.args_digest)
         return StepCallKey(
             run_id=run_id,
             node=node,
@@ -141,6 +143,7 @@ class WorkerRequests:
             seq=request.seq,
             function=function,
             unsafe=unsafe,
+            args_digest=digest,
         )
 
     def _step_call_end(self, request: worker_pb.EndStepCallRequest) -> StepCallEnd:

@@ -95,6 +95,8 @@ class StepCallKey:
     seq: int
     function: str
     unsafe: bool
+    #: The digest of the call's arguments (64 lowercase hex characters), or "" for none.
+    args_digest: str = ""
 
     def params(self) -> dict[str, Any]:
         return {
@@ -105,6 +107,7 @@ class StepCallKey:
             "seq": self.seq,
             "function": self.function,
             "unsafe": self.unsafe,
+            "args_digest": self.args_digest,
         }
 
 

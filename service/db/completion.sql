@@ -34,7 +34,7 @@ SELECT i, step_status, run_status, duplicate, retry_at, error_state, error_messa
 -- name: step_call_begin
 SELECT decision, run_status, call
   FROM cyclone.step_call_begin(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid),
-                               :step_id, :seq, :function, :unsafe);
+                               :step_id, :seq, :function, :unsafe, :args_digest);
 
 -- name: step_call_end
 -- The server's path: a repeat answers duplicate = true, where the public
@@ -44,7 +44,7 @@ SELECT decision, run_status, call
 SELECT e.duplicate, e.call
   FROM cyclone._step_call_end(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid),
                               :step_id, :seq, :function, :unsafe, CAST(:output AS jsonb),
-                              CAST(:error AS jsonb)) e
+                              CAST(:error AS jsonb), :args_digest) e
  CROSS JOIN LATERAL (SELECT set_config('synchronous_commit',
                                        CASE WHEN :unsafe THEN 'on' ELSE 'off' END,
                                        true)) c;

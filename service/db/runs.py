@@ -318,7 +318,7 @@ class Runs(Repository):
         one it started before."""
         encoded = await encoded_nodes(nodes)
         key = parent.params()
-        del key["function"], key["unsafe"]
+        del key["function"], key["unsafe"], key["args_digest"]
         row = await self._one(
             "child_start",
             ChildStarted,

@@ -315,6 +315,10 @@ CREATE TABLE cyclone.step_calls (
     -- what it waits for ("sleep", "event <name>", "child <run_id>").
     wake_at     timestamptz,
     waiting_for text,
+    -- The digest of the call's arguments its worker recorded (SHA-256, 64 lowercase
+    -- hexadecimal characters; docs/other-languages.md), NULL when none was: a replay
+    -- compares it with the digest of the arguments it calls with now.
+    args_digest text,
     PRIMARY KEY (run_id, node, step_id),
     FOREIGN KEY (run_id, node) REFERENCES cyclone.steps ON DELETE CASCADE,
     CONSTRAINT step_calls_status_known
@@ -324,7 +328,8 @@ CREATE TABLE cyclone.step_calls (
     CONSTRAINT step_calls_finished_at_iff_outcome
         CHECK ((finished_at IS NOT NULL) = (status NOT IN ('started', 'waiting'))),
     CONSTRAINT step_calls_waiting_is_a_wait CHECK (status <> 'waiting' OR waiting_for IS NOT NULL),
-    CONSTRAINT step_calls_seq_in_range CHECK (seq BETWEEN 1 AND 100000)
+    CONSTRAINT step_calls_seq_in_range CHECK (seq BETWEEN 1 AND 100000),
+    CONSTRAINT step_calls_args_digest_hex CHECK (args_digest ~ '^[0-9a-f]{64}$')
 );
 
 -- A wide release in progress: a node that became final alone with more dependents than

@@ -27,6 +27,23 @@ BEGIN
 END;
 $$;
 
+-- A step call's arguments digest as stored: NULL for none (NULL or empty), else 64
+-- lowercase hexadecimal characters (a SHA-256, docs/other-languages.md); anything else
+-- is refused, CY004.
+CREATE FUNCTION cyclone._step_call_digest(p_args_digest text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_args_digest IS NULL OR p_args_digest = '' THEN
+        RETURN NULL;
+    END IF;
+    IF p_args_digest !~ '^[0-9a-f]{64}$' THEN
+        RAISE EXCEPTION 'args_digest must be 64 lowercase hexadecimal characters or empty'
+            USING ERRCODE = 'CY004';
+    END IF;
+    RETURN p_args_digest;
+END;
+$$;
+
 -- The attempt of a held step (running, this token, lease not expired), with its row
 -- share-locked until the transaction ends when p_lock (a caller that writes the
 -- journal); else the error _lease_lost raises (CY001, or CY002 for an unknown step).
@@ -86,11 +103,13 @@ $$;
 --              and step_id; _run_block), in a blocked run it is held (pending,
 --              effect_uncertain) and blocks the run again when it replays. The error
 --              joins the node's history (kind handler, type EffectUncertain).
--- An unsafe call takes the run lock first, as Complete does. CY001 when the lease is
--- lost, CY004 for a bad identity, CY003 past the journal's limit. RPC: BeginStepCall.
+-- The `started` entry keeps p_args_digest (the digest of the call's arguments, NULL or
+-- empty for none). An unsafe call takes the run lock first, as Complete does. CY001
+-- when the lease is lost, CY004 for a bad identity or digest, CY003 past the journal's
+-- limit. RPC: BeginStepCall.
 CREATE FUNCTION cyclone.step_call_begin(
     p_run_id uuid, p_node text, p_lease_token uuid, p_step_id text, p_seq integer,
-    p_function text, p_unsafe boolean)
+    p_function text, p_unsafe boolean, p_args_digest text DEFAULT NULL)
 RETURNS TABLE (decision text, run_status text, call jsonb)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -101,6 +120,7 @@ DECLARE
     v_call    cyclone.step_calls;
     v_found   boolean;
     v_message text;
+    v_digest  text := cyclone._step_call_digest(p_args_digest);
 BEGIN
     PERFORM cyclone._step_call_check(p_step_id, p_seq, p_function);
     IF p_unsafe THEN
@@ -124,9 +144,9 @@ BEGIN
     IF NOT v_found THEN
         PERFORM cyclone._step_call_room(p_run_id, p_node);
         INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
-                                             unsafe, attempt, started_at)
+                                             unsafe, attempt, started_at, args_digest)
         VALUES (p_run_id, p_node, p_step_id, p_seq, p_function, 'started', true, v_attempt,
-                v_now)
+                v_now, v_digest)
         RETURNING c.* INTO v_call;
         RETURN QUERY SELECT 'run', v_status, cyclone._step_call_json(v_call);
         RETURN;
@@ -165,13 +185,15 @@ $$;
 -- when it returned nothing) or p_error ({type, message, details}), exactly one. A
 -- `started` entry is updated in place (attempt, finished_at); with no entry one is
 -- added (started_at = now); an entry that has an outcome already is left as it is and
--- answered with duplicate = true. CY001 when the lease is lost, CY004 for a bad
--- identity or outcome, CY003 past the journal's limit. RPC: EndStepCall (the server
+-- answered with duplicate = true. p_args_digest (NULL or empty for none) is kept with
+-- the entry; a `started` entry keeps its own when none is given. CY001 when the lease
+-- is lost, CY004 for a bad identity, digest or outcome, CY003 past the journal's limit. RPC: EndStepCall (the server
 -- commits a safe call's end without waiting for its flush: losing it only runs a safe
 -- call again); also called by step_call_record.
 CREATE FUNCTION cyclone._step_call_end(
     p_run_id uuid, p_node text, p_lease_token uuid, p_step_id text, p_seq integer,
-    p_function text, p_unsafe boolean, p_output jsonb, p_error jsonb)
+    p_function text, p_unsafe boolean, p_output jsonb, p_error jsonb,
+    p_args_digest text DEFAULT NULL)
 RETURNS TABLE (duplicate boolean, call jsonb)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -179,6 +201,7 @@ DECLARE
     v_now     timestamptz := cyclone.now();
     v_attempt integer;
     v_call    cyclone.step_calls;
+    v_digest  text := cyclone._step_call_digest(p_args_digest);
 BEGIN
     PERFORM cyclone._step_call_check(p_step_id, p_seq, p_function);
     IF (p_output IS NULL) = (p_error IS NULL) THEN
@@ -188,7 +211,8 @@ BEGIN
     v_attempt := cyclone._step_held(p_run_id, p_node, p_lease_token, true);
     UPDATE cyclone.step_calls c
        SET status = CASE WHEN p_error IS NULL THEN 'succeeded' ELSE 'failed' END,
-           output = p_output, error = p_error, attempt = v_attempt, finished_at = v_now
+           output = p_output, error = p_error, attempt = v_attempt, finished_at = v_now,
+           args_digest = coalesce(v_digest, c.args_digest)
      WHERE c.run_id = p_run_id AND c.node = p_node AND c.step_id = p_step_id
        AND c.status = 'started'
     RETURNING c.* INTO v_call;
@@ -202,10 +226,10 @@ BEGIN
         PERFORM cyclone._step_call_room(p_run_id, p_node);
         INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
                                              unsafe, output, error, attempt, started_at,
-                                             finished_at)
+                                             finished_at, args_digest)
         VALUES (p_run_id, p_node, p_step_id, p_seq, p_function,
                 CASE WHEN p_error IS NULL THEN 'succeeded' ELSE 'failed' END, p_unsafe,
-                p_output, p_error, v_attempt, v_now, v_now)
+                p_output, p_error, v_attempt, v_now, v_now, v_digest)
         ON CONFLICT (run_id, node, step_id) DO NOTHING
         RETURNING c.* INTO v_call;
         IF NOT FOUND THEN
@@ -223,12 +247,13 @@ $$;
 -- writes (docs/exactly-once.md), so that the call's Postgres effect commits with its
 -- record, once: a repeat (the call has an outcome already) raises CY005 and a lost
 -- lease CY001, and either rolls the business write back. An unsafe call's `started`
--- entry is updated in place. SECURITY DEFINER with a pinned search_path, executable by
--- cyclone_worker (90_roles.sql): the lease token is the capability. Not called by the
--- server.
+-- entry is updated in place. p_args_digest, the digest of the call's arguments (NULL
+-- or empty for none, CY004 when malformed), is kept with the entry. SECURITY DEFINER
+-- with a pinned search_path, executable by cyclone_worker (90_roles.sql): the lease
+-- token is the capability. Not called by the server.
 CREATE FUNCTION cyclone.step_call_record(
     p_run_id uuid, p_node text, p_lease_token uuid, p_step_id text, p_seq integer,
-    p_function text, p_output jsonb)
+    p_function text, p_output jsonb, p_args_digest text DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -239,7 +264,7 @@ BEGIN
         EXISTS (SELECT 1 FROM cyclone.step_calls c
                  WHERE c.run_id = p_run_id AND c.node = p_node AND c.step_id = p_step_id
                    AND c.unsafe),
-        coalesce(p_output, 'null'::jsonb), NULL);
+        coalesce(p_output, 'null'::jsonb), NULL, p_args_digest);
     IF v_done.duplicate THEN
         RAISE EXCEPTION 'step call % of (%, %) already has an outcome', left(p_step_id, 200),
             p_run_id, p_node
@@ -271,8 +296,9 @@ $$;
 -- 'begin' (i into p_begins: the decision, the run's status and the entry) or 'step'
 -- (i into p_items), or the refusal of that item alone (error_state CY001 lease lost,
 -- CY002 unknown step, CY003 full journal, CY004 bad identity). Ends and begins:
--- {i, run_id, node, lease_token, step_id, seq, function, unsafe}, ends with output or
--- error. p_brief: the entries the batch statement wrote are not returned (call NULL),
+-- {i, run_id, node, lease_token, step_id, seq, function, unsafe, args_digest}, ends
+-- with output or error (args_digest validated by the caller; the table's check
+-- refuses a malformed one). p_brief: the entries the batch statement wrote are not returned (call NULL),
 -- for a caller that only needs to know that they were recorded. RPC: CompleteMany.
 CREATE FUNCTION cyclone.step_report_many(p_ends jsonb, p_begins jsonb, p_items jsonb,
                                          p_brief boolean DEFAULT false)
@@ -316,13 +342,14 @@ BEGIN
                    (e->>'lease_token')::uuid AS lease_token, e->>'step_id' AS step_id,
                    (e->>'seq')::integer AS seq, e->>'function' AS function,
                    coalesce((e->>'unsafe')::boolean, false) AS unsafe, e->'output' AS output,
-                   e->'error' AS error
+                   e->'error' AS error, nullif(e->>'args_digest', '') AS args_digest
               FROM jsonb_array_elements(p_ends) e
              WHERE (e->'output' IS NULL) <> (e->'error' IS NULL)
         ), begun_item AS MATERIALIZED (
             SELECT (e->>'run_id')::uuid AS run_id, e->>'node' AS node,
                    (e->>'lease_token')::uuid AS lease_token, e->>'step_id' AS step_id,
-                   (e->>'seq')::integer AS seq, e->>'function' AS function
+                   (e->>'seq')::integer AS seq, e->>'function' AS function,
+                   nullif(e->>'args_digest', '') AS args_digest
               FROM jsonb_array_elements(p_begins) e
              WHERE coalesce((e->>'unsafe')::boolean, false)
                AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_ends) x
@@ -348,7 +375,8 @@ BEGIN
         ), ended AS (
             UPDATE cyclone.step_calls AS c
                SET status = CASE WHEN t.error IS NULL THEN 'succeeded' ELSE 'failed' END,
-                   output = t.output, error = t.error, attempt = h.attempt, finished_at = v_now
+                   output = t.output, error = t.error, attempt = h.attempt, finished_at = v_now,
+                   args_digest = coalesce(t.args_digest, c.args_digest)
               FROM ended_item t
               JOIN held h
                 ON h.run_id = t.run_id AND h.node = t.node AND h.lease_token = t.lease_token
@@ -358,10 +386,10 @@ BEGIN
         ), added AS (
             INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
                                                  unsafe, output, error, attempt, started_at,
-                                                 finished_at)
+                                                 finished_at, args_digest)
             SELECT t.run_id, t.node, t.step_id, t.seq, t.function,
                    CASE WHEN t.error IS NULL THEN 'succeeded' ELSE 'failed' END, t.unsafe,
-                   t.output, t.error, h.attempt, v_now, v_now
+                   t.output, t.error, h.attempt, v_now, v_now, t.args_digest
               FROM ended_item t
               JOIN held h
                 ON h.run_id = t.run_id AND h.node = t.node AND h.lease_token = t.lease_token
@@ -370,9 +398,9 @@ BEGIN
             RETURNING c.*
         ), started AS (
             INSERT INTO cyclone.step_calls AS c (run_id, node, step_id, seq, function, status,
-                                                 unsafe, attempt, started_at)
+                                                 unsafe, attempt, started_at, args_digest)
             SELECT t.run_id, t.node, t.step_id, t.seq, t.function, 'started', true,
-                   h.attempt, v_now
+                   h.attempt, v_now, t.args_digest
               FROM begun_item t
               JOIN held h
                 ON h.run_id = t.run_id AND h.node = t.node AND h.lease_token = t.lease_token
@@ -421,7 +449,7 @@ BEGIN
                     (v_item->>'lease_token')::uuid, v_item->>'step_id',
                     (v_item->>'seq')::integer, v_item->>'function',
                     coalesce((v_item->>'unsafe')::boolean, false), v_item->'output',
-                    v_item->'error');
+                    v_item->'error', v_item->>'args_digest');
                 duplicate := v_end.duplicate;
                 call := v_end.call;
                 error_state := NULL;
@@ -455,7 +483,7 @@ BEGIN
                     (v_item->>'run_id')::uuid, v_item->>'node',
                     (v_item->>'lease_token')::uuid, v_item->>'step_id',
                     (v_item->>'seq')::integer, v_item->>'function',
-                    coalesce((v_item->>'unsafe')::boolean, false));
+                    coalesce((v_item->>'unsafe')::boolean, false), v_item->>'args_digest');
                 decision := v_begun.decision;
                 run_status := v_begun.run_status;
                 call := v_begun.call;

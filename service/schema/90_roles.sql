@@ -33,5 +33,6 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA cyclone FROM PUBLIC;
 
 GRANT USAGE ON SCHEMA cyclone TO cyclone_worker;
 GRANT EXECUTE ON FUNCTION cyclone.step_complete(uuid, text, uuid, jsonb) TO cyclone_worker;
-GRANT EXECUTE ON FUNCTION cyclone.step_call_record(uuid, text, uuid, text, integer, text, jsonb)
+GRANT EXECUTE ON FUNCTION cyclone.step_call_record(uuid, text, uuid, text, integer, text, jsonb,
+                                                   text)
     TO cyclone_worker;

@@ -268,7 +268,7 @@ class LogLine(_message.Message):
     def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., level: _Optional[str] = ..., message: _Optional[str] = ..., attempt: _Optional[int] = ..., logger: _Optional[str] = ...) -> None: ...
 
 class StepCall(_message.Message):
-    __slots__ = ("step_id", "seq", "function", "status", "unsafe_to_repeat", "output", "error", "attempt", "started_at", "finished_at", "wake_at", "waiting_for")
+    __slots__ = ("step_id", "seq", "function", "status", "unsafe_to_repeat", "output", "error", "attempt", "started_at", "finished_at", "wake_at", "waiting_for", "args_digest")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +281,7 @@ class StepCall(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     WAKE_AT_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
+    ARGS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     step_id: str
     seq: int
     function: str
@@ -293,7 +294,8 @@ class StepCall(_message.Message):
     finished_at: _timestamp_pb2.Timestamp
     wake_at: _timestamp_pb2.Timestamp
     waiting_for: str
-    def __init__(self, step_id: _Optional[str] = ..., seq: _Optional[int] = ..., function: _Optional[str] = ..., status: _Optional[_Union[StepCallStatus, str]] = ..., unsafe_to_repeat: _Optional[bool] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[StepCallError, _Mapping]] = ..., attempt: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., wake_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., waiting_for: _Optional[str] = ...) -> None: ...
+    args_digest: str
+    def __init__(self, step_id: _Optional[str] = ..., seq: _Optional[int] = ..., function: _Optional[str] = ..., status: _Optional[_Union[StepCallStatus, str]] = ..., unsafe_to_repeat: _Optional[bool] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[StepCallError, _Mapping]] = ..., attempt: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., wake_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., waiting_for: _Optional[str] = ..., args_digest: _Optional[str] = ...) -> None: ...
 
 class StepCallError(_message.Message):
     __slots__ = ("type", "message", "details", "module", "args", "attributes")

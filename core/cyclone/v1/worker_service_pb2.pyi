@@ -301,7 +301,7 @@ class WorkResponse(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[ClaimedStep, _Mapping]]] = ..., blocked: _Optional[_Iterable[_Union[BlockedStep, _Mapping]]] = ..., report: _Optional[_Union[CompleteManyResponse, _Mapping]] = ...) -> None: ...
 
 class BeginStepCallRequest(_message.Message):
-    __slots__ = ("run_id", "node", "lease_token", "step_id", "seq", "function", "unsafe_to_repeat")
+    __slots__ = ("run_id", "node", "lease_token", "step_id", "seq", "function", "unsafe_to_repeat", "args_digest")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +309,7 @@ class BeginStepCallRequest(_message.Message):
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     UNSAFE_TO_REPEAT_FIELD_NUMBER: _ClassVar[int]
+    ARGS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node: str
     lease_token: str
@@ -316,7 +317,8 @@ class BeginStepCallRequest(_message.Message):
     seq: int
     function: str
     unsafe_to_repeat: bool
-    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., step_id: _Optional[str] = ..., seq: _Optional[int] = ..., function: _Optional[str] = ..., unsafe_to_repeat: _Optional[bool] = ...) -> None: ...
+    args_digest: str
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., step_id: _Optional[str] = ..., seq: _Optional[int] = ..., function: _Optional[str] = ..., unsafe_to_repeat: _Optional[bool] = ..., args_digest: _Optional[str] = ...) -> None: ...
 
 class BeginStepCallResponse(_message.Message):
     __slots__ = ("decision", "call", "run_status")
@@ -329,7 +331,7 @@ class BeginStepCallResponse(_message.Message):
     def __init__(self, decision: _Optional[_Union[StepCallDecision, str]] = ..., call: _Optional[_Union[_types_pb2.StepCall, _Mapping]] = ..., run_status: _Optional[_Union[_types_pb2.RunStatus, str]] = ...) -> None: ...
 
 class EndStepCallRequest(_message.Message):
-    __slots__ = ("run_id", "node", "lease_token", "step_id", "seq", "function", "unsafe_to_repeat", "output", "error")
+    __slots__ = ("run_id", "node", "lease_token", "step_id", "seq", "function", "unsafe_to_repeat", "output", "error", "args_digest")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -339,6 +341,7 @@ class EndStepCallRequest(_message.Message):
     UNSAFE_TO_REPEAT_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    ARGS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node: str
     lease_token: str
@@ -348,7 +351,8 @@ class EndStepCallRequest(_message.Message):
     unsafe_to_repeat: bool
     output: _struct_pb2.Value
     error: _types_pb2.StepCallError
-    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., step_id: _Optional[str] = ..., seq: _Optional[int] = ..., function: _Optional[str] = ..., unsafe_to_repeat: _Optional[bool] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StepCallError, _Mapping]] = ...) -> None: ...
+    args_digest: str
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., step_id: _Optional[str] = ..., seq: _Optional[int] = ..., function: _Optional[str] = ..., unsafe_to_repeat: _Optional[bool] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StepCallError, _Mapping]] = ..., args_digest: _Optional[str] = ...) -> None: ...
 
 class EndStepCallResponse(_message.Message):
     __slots__ = ("call", "duplicate")

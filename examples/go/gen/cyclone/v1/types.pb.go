@@ -1386,7 +1386,10 @@ type StepCall struct {
 	WakeAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=wake_at,json=wakeAt,proto3" json:"wake_at,omitempty"`
 	// For a wait: what it waits for, e.g. "sleep", "event order.approved",
 	// "child <run_id>". Empty for other step calls.
-	WaitingFor    string `protobuf:"bytes,12,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
+	WaitingFor string `protobuf:"bytes,12,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
+	// The digest of the call's arguments its worker recorded (64 lowercase hexadecimal
+	// characters), or empty when none was recorded.
+	ArgsDigest    string `protobuf:"bytes,13,opt,name=args_digest,json=argsDigest,proto3" json:"args_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1501,6 +1504,13 @@ func (x *StepCall) GetWakeAt() *timestamppb.Timestamp {
 func (x *StepCall) GetWaitingFor() string {
 	if x != nil {
 		return x.WaitingFor
+	}
+	return ""
+}
+
+func (x *StepCall) GetArgsDigest() string {
+	if x != nil {
+		return x.ArgsDigest
 	}
 	return ""
 }
@@ -1908,7 +1918,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x05level\x18\x02 \x01(\tR\x05level\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x18\n" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x12\x16\n" +
-	"\x06logger\x18\x05 \x01(\tR\x06logger\"\xf8\x03\n" +
+	"\x06logger\x18\x05 \x01(\tR\x06logger\"\x99\x04\n" +
 	"\bStepCall\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x05R\x03seq\x12\x1a\n" +
@@ -1925,7 +1935,9 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"finishedAt\x123\n" +
 	"\awake_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x06wakeAt\x12\x1f\n" +
 	"\vwaiting_for\x18\f \x01(\tR\n" +
-	"waitingFor\"\xd3\x01\n" +
+	"waitingFor\x12\x1f\n" +
+	"\vargs_digest\x18\r \x01(\tR\n" +
+	"argsDigest\"\xd3\x01\n" +
 	"\rStepCallError\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x18\n" +

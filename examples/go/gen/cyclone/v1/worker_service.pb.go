@@ -1905,8 +1905,12 @@ type BeginStepCallRequest struct {
 	Function string `protobuf:"bytes,6,opt,name=function,proto3" json:"function,omitempty"`
 	// The current code marks the step unsafe_to_repeat.
 	UnsafeToRepeat bool `protobuf:"varint,7,opt,name=unsafe_to_repeat,json=unsafeToRepeat,proto3" json:"unsafe_to_repeat,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// A digest of the call's arguments, recorded with the entry so that a replay can tell
+	// that a call's arguments changed: 64 lowercase hexadecimal characters (SHA-256, see
+	// "The arguments digest" in docs/other-languages.md), or empty for none.
+	ArgsDigest    string `protobuf:"bytes,8,opt,name=args_digest,json=argsDigest,proto3" json:"args_digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BeginStepCallRequest) Reset() {
@@ -1986,6 +1990,13 @@ func (x *BeginStepCallRequest) GetUnsafeToRepeat() bool {
 		return x.UnsafeToRepeat
 	}
 	return false
+}
+
+func (x *BeginStepCallRequest) GetArgsDigest() string {
+	if x != nil {
+		return x.ArgsDigest
+	}
+	return ""
 }
 
 // Result of WorkerService.BeginStepCall.
@@ -2076,7 +2087,9 @@ type EndStepCallRequest struct {
 	//
 	//	*EndStepCallRequest_Output
 	//	*EndStepCallRequest_Error
-	Outcome       isEndStepCallRequest_Outcome `protobuf_oneof:"outcome"`
+	Outcome isEndStepCallRequest_Outcome `protobuf_oneof:"outcome"`
+	// A digest of the call's arguments, as in BeginStepCallRequest (empty: none).
+	ArgsDigest    string `protobuf:"bytes,10,opt,name=args_digest,json=argsDigest,proto3" json:"args_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2183,6 +2196,13 @@ func (x *EndStepCallRequest) GetError() *StepCallError {
 		}
 	}
 	return nil
+}
+
+func (x *EndStepCallRequest) GetArgsDigest() string {
+	if x != nil {
+		return x.ArgsDigest
+	}
+	return ""
 }
 
 type isEndStepCallRequest_Outcome interface {
@@ -2765,7 +2785,7 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\fWorkResponse\x12-\n" +
 	"\x05steps\x18\x01 \x03(\v2\x17.cyclone.v1.ClaimedStepR\x05steps\x121\n" +
 	"\ablocked\x18\x02 \x03(\v2\x17.cyclone.v1.BlockedStepR\ablocked\x128\n" +
-	"\x06report\x18\x03 \x01(\v2 .cyclone.v1.CompleteManyResponseR\x06report\"\xd3\x01\n" +
+	"\x06report\x18\x03 \x01(\v2 .cyclone.v1.CompleteManyResponseR\x06report\"\xf4\x01\n" +
 	"\x14BeginStepCallRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
@@ -2774,12 +2794,14 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\astep_id\x18\x04 \x01(\tR\x06stepId\x12\x10\n" +
 	"\x03seq\x18\x05 \x01(\x05R\x03seq\x12\x1a\n" +
 	"\bfunction\x18\x06 \x01(\tR\bfunction\x12(\n" +
-	"\x10unsafe_to_repeat\x18\a \x01(\bR\x0eunsafeToRepeat\"\xb1\x01\n" +
+	"\x10unsafe_to_repeat\x18\a \x01(\bR\x0eunsafeToRepeat\x12\x1f\n" +
+	"\vargs_digest\x18\b \x01(\tR\n" +
+	"argsDigest\"\xb1\x01\n" +
 	"\x15BeginStepCallResponse\x128\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x1c.cyclone.v1.StepCallDecisionR\bdecision\x12(\n" +
 	"\x04call\x18\x02 \x01(\v2\x14.cyclone.v1.StepCallR\x04call\x124\n" +
 	"\n" +
-	"run_status\x18\x03 \x01(\x0e2\x15.cyclone.v1.RunStatusR\trunStatus\"\xc1\x02\n" +
+	"run_status\x18\x03 \x01(\x0e2\x15.cyclone.v1.RunStatusR\trunStatus\"\xe2\x02\n" +
 	"\x12EndStepCallRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
@@ -2790,7 +2812,10 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\bfunction\x18\x06 \x01(\tR\bfunction\x12(\n" +
 	"\x10unsafe_to_repeat\x18\a \x01(\bR\x0eunsafeToRepeat\x120\n" +
 	"\x06output\x18\b \x01(\v2\x16.google.protobuf.ValueH\x00R\x06output\x121\n" +
-	"\x05error\x18\t \x01(\v2\x19.cyclone.v1.StepCallErrorH\x00R\x05errorB\t\n" +
+	"\x05error\x18\t \x01(\v2\x19.cyclone.v1.StepCallErrorH\x00R\x05error\x12\x1f\n" +
+	"\vargs_digest\x18\n" +
+	" \x01(\tR\n" +
+	"argsDigestB\t\n" +
 	"\aoutcome\"]\n" +
 	"\x13EndStepCallResponse\x12(\n" +
 	"\x04call\x18\x01 \x01(\v2\x14.cyclone.v1.StepCallR\x04call\x12\x1c\n" +
