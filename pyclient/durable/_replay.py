@@ -46,6 +46,7 @@ from pyclient.durable._errors import (
     DuplicateStepId,
     EffectUncertain,
     EventTimeout,
+    InvalidPatch,
     ReplayMismatch,
     StepFailed,
     Suspended,
@@ -61,6 +62,17 @@ from pyclient.errors import (
 from pyclient.models import StepCall, StepCallError, StepCallStatus
 
 T = TypeVar("T")
+
+#: The function a patch marker is recorded under, and the prefix of its step id.
+PATCH_FUNCTION = "cyclone.patch"
+PATCH_PREFIX = "patch:"
+#: Longest patch id (the marker's step id, "patch:" and the id, fits MAX_ID).
+MAX_PATCH_ID = 190
+#: What a patch marker records as its output.
+_PATCH_OUTPUT = json_value("true")
+
+#: Where a ReplayMismatch points for the ways to change a body under runs in flight.
+CHANGING_CODE = "docs/durable-functions.md#changing-code-safely"
 
 #: Longest error message and details recorded (the server takes 64 KiB; this leaves
 #: room for what the worker adds when the body lets the failure through).
@@ -203,35 +215,101 @@ class Replay:
 
     def _entry(self, call: Call) -> StepCall | None:
         entry = self._by_seq.get(call.seq)
-        now = f"step {call.step_id!r} of {call.function}"
         problem = None
         if entry is not None and entry.step_id != call.step_id:
-            problem = (
-                f"call #{call.seq} recorded step {entry.step_id!r} of {entry.function}; "
-                f"this replay makes {now} there"
-            )
+            problem = f"call #{call.seq} recorded {_named(entry)}; {_now(call)} there"
         elif entry is None and (other := self._by_id.get(call.step_id)) is not None:
             problem = (
-                f"step {other.step_id!r} of {other.function} was recorded as call "
-                f"#{other.seq}; this replay makes {now} as call #{call.seq}"
+                f"{_named(other)} was recorded as call #{other.seq}; {_now(call)} as call "
+                f"#{call.seq}"
             )
         elif entry is not None and not call.records(entry.function):
-            problem = (
-                f"call #{call.seq} recorded step {entry.step_id!r} of {entry.function}; "
-                f"this replay makes {now} there"
-            )
+            problem = f"call #{call.seq} recorded {_named(entry)}; {_now(call)} there"
         if problem is not None:
+            raise self._fail(mismatch(problem, entry))
+        return entry
+
+    # -- patch markers: patched() and deprecate_patch()
+
+    def patch(self, patch_id: str, *, deprecated: bool = False) -> bool:
+        """Whether the body takes the new branch of the patch ``patch_id`` at this
+        point: True when the journal's next entry is its marker (consumed), or when
+        the journal has no entry at or after the next seq (a marker is recorded, unless
+        ``deprecated``); False, with no seq consumed, when the run recorded something
+        else there or later (it passed this point on code without the patch)."""
+        if (
+            not isinstance(patch_id, str)
+            or not 1 <= len(patch_id) <= MAX_PATCH_ID
+            or not patch_id.isprintable()
+        ):
             raise self._fail(
-                ReplayMismatch(
-                    f"the durable function does not replay its journal: {problem}. The "
-                    "code changed under a run in flight, or the body depends on more than "
-                    "its input and its step results. Keep the step calls of runs in flight "
-                    "in the same order (or let them finish before deploying), and keep a "
-                    "renamed step's name with @step(name=...): see 'Changing code safely' "
-                    "in docs/durable-functions.md"
+                InvalidPatch(
+                    f"a patch id must be 1-{MAX_PATCH_ID} printable characters, got {patch_id!r}"
                 )
             )
-        return entry
+        step_id = PATCH_PREFIX + patch_id
+        with self._lock:
+            self._raise_if_over()
+            if step_id in self._used:
+                raise self._fail(
+                    InvalidPatch(
+                        f"patch {patch_id!r} is checked twice in this durable function "
+                        "(patched() or deprecate_patch()); each patch id marks one point of "
+                        "the body: give the other point its own id"
+                    )
+                )
+            self._used.add(step_id)
+            seq = self._seq + 1
+            entry = self._by_seq.get(seq)
+            if entry is not None and entry.step_id == step_id:
+                if entry.function != PATCH_FUNCTION:
+                    problem = f"call #{seq} recorded {_named(entry)}; this replay checks "
+                    raise self._fail(mismatch(problem + f"patch {patch_id!r} there", entry))
+                self._seq = seq
+                self.replayed.append(step_id)
+                return True
+            if (other := self._by_id.get(step_id)) is not None:
+                problem = (
+                    f"patch {patch_id!r} was recorded as call #{other.seq}; this replay checks "
+                    f"it as call #{seq}"
+                )
+                raise self._fail(mismatch(problem, other))
+            if any(recorded >= seq for recorded in self._by_seq):
+                return False  # the run went past this point on code without the patch
+            if deprecated:
+                return True
+            if seq > self.limits.max_step_calls:
+                raise self._fail(
+                    JournalFull(
+                        f"the durable function made more than {self.limits.max_step_calls} "
+                        f"step calls, the most a node's journal holds (the call past it was "
+                        f"patch {patch_id!r})"
+                    )
+                )
+            self._seq = seq
+        call = Call(step_id, seq, PATCH_FUNCTION, False)
+        self._record_marker(call)
+        return True
+
+    def _record_marker(self, call: Call) -> None:
+        """Record a patch marker as a safe call's end, before the body goes on. In an
+        async body through ``end_async``, which posts the End and does not suspend
+        (patched() returns a bool, not an awaitable), so that the marker is sent in
+        order with the body's other ends."""
+        if not self.is_async:
+            self._journal(self.backend.end, call, _PATCH_OUTPUT)
+            return
+        pending = self.backend.end_async(call, _PATCH_OUTPUT)
+        try:
+            pending.send(None)
+        except StopIteration:
+            return
+        except BaseException as exc:
+            raise self._refused(exc)  # noqa: B904 (the refusal is chained to exc)
+        pending.close()
+        raise self._fail(
+            RuntimeError("the journal backend's end_async suspended on a patch marker")
+        )
 
     def _raise_if_over(self) -> None:
         if self.stopped is not None:
@@ -439,6 +517,39 @@ class Replay:
         else:  # cancellation of the body, an interrupt: not the journal's business
             return exc
         return self.stopped or exc
+
+
+def _named(entry: StepCall) -> str:
+    """A recorded entry as a ReplayMismatch names it."""
+    if entry.function == PATCH_FUNCTION and entry.step_id.startswith(PATCH_PREFIX):
+        return f"patch {entry.step_id.removeprefix(PATCH_PREFIX)!r} (a patched() marker)"
+    return f"step {entry.step_id!r} of {entry.function}"
+
+
+def _now(call: Call) -> str:
+    return f"this replay makes step {call.step_id!r} of {call.function}"
+
+
+def mismatch(problem: str, recorded: StepCall | None) -> ReplayMismatch:
+    """The ReplayMismatch for ``problem`` (which names the recorded call and the call
+    made now), with the ways to change code under runs in flight."""
+    hint = (
+        "Guard the changed calls with patched(ID) so that runs recorded before the change "
+        "keep their path (then deprecate_patch(ID) once none of them is in flight), or pin "
+        "the runs in flight to the build that started them"
+    )
+    if recorded is not None and recorded.function == PATCH_FUNCTION:
+        patch_id = recorded.step_id.removeprefix(PATCH_PREFIX)
+        hint = (
+            f"The run recorded patched({patch_id!r}) here: keep patched({patch_id!r}) or "
+            f"deprecate_patch({patch_id!r}) at this point until no run in flight recorded it"
+        )
+    return ReplayMismatch(
+        f"the durable function does not replay its journal: {problem}. The code changed "
+        "under a run in flight, or the body depends on more than its input and its step "
+        f"results. {hint}; a renamed step keeps its name with @step(name=...). See "
+        f"'Changing code safely' in {CHANGING_CODE}"
+    )
 
 
 def _rollback(tx: CallTx | None) -> None:
