@@ -290,12 +290,7 @@ def _runs_commands(command: Command, common: argparse.ArgumentParser) -> None:
         parents=[common],
     )
     lst.add_argument("--workflow", help="only runs of this workflow")
-    lst.add_argument(
-        "--status",
-        action="append",
-        choices=[s.value for s in RunStatus],
-        help="only runs in this status (repeat for several)",
-    )
+    _status_flag(lst)
     lst.add_argument("--key", help="only the run SubmitOnce made with this key")
     lst.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     lst.set_defaults(handler=_list)
@@ -452,12 +447,7 @@ def _journal_commands(command: Command, common: argparse.ArgumentParser) -> None
     )
     export.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to export")
     export.add_argument("--workflow", help="the newest runs of this workflow")
-    export.add_argument(
-        "--status",
-        action="append",
-        choices=[s.value for s in RunStatus],
-        help="only runs in this status (repeat for several)",
-    )
+    _status_flag(export)
     export.add_argument("--action", help="only the nodes of this action")
     export.add_argument(
         "--limit", type=int, default=100, help="at most this many runs (default 100)"
@@ -481,6 +471,16 @@ def _console_command(command: Command, common: argparse.ArgumentParser) -> None:
         "--tls-ca", metavar="PEM", help="call the server over TLS, trusting this CA certificate"
     )
     p.set_defaults(handler=_console)
+
+
+def _status_flag(p: argparse.ArgumentParser) -> None:
+    """--status, repeatable: the runs in these statuses only."""
+    p.add_argument(
+        "--status",
+        action="append",
+        choices=[s.value for s in RunStatus],
+        help="only runs in this status (repeat for several)",
+    )
 
 
 def _follow_flags(p: argparse.ArgumentParser) -> None:
