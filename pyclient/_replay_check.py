@@ -176,6 +176,12 @@ class _Unanswered:
     async def end_async(self, call: Call, outcome: Outcome) -> None:
         self.end(call, outcome)
 
+    def flush(self) -> None:
+        pass
+
+    async def flush_async(self) -> None:
+        pass
+
     def transaction(self, call: Call) -> CallTx:
         raise self._stop(call)
 

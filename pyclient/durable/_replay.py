@@ -162,6 +162,9 @@ class Replay:
         #: What fails the node whatever the body does (a replay mismatch, a journal
         #: write refused). Every later step call raises it again.
         self.failure: BaseException | None = None
+        #: A patch marker was recorded and may not be durable yet: the next call that
+        #: runs waits for it (flush) first.
+        self._marker_unsent = False
         #: Step ids whose function ran in this attempt, in the order they returned.
         self.ran: list[str] = []
         #: Step ids answered from the journal in this attempt.
@@ -289,7 +292,22 @@ class Replay:
             self._seq = seq
         call = Call(step_id, seq, PATCH_FUNCTION, False)
         self._record_marker(call)
+        self._marker_unsent = True
         return True
+
+    def markers_flushed(self) -> None:
+        """Before a call runs: the patch markers recorded so far are durable. A call may
+        record itself out of the order of the ends (its own transaction, a child's
+        start); were it recorded and the marker before it lost, a replay would find a
+        later entry and no marker, and take the old path."""
+        if self._marker_unsent:
+            self._journal(self.backend.flush)
+            self._marker_unsent = False
+
+    async def markers_flushed_async(self) -> None:
+        if self._marker_unsent:
+            await self._ajournal(self.backend.flush_async())
+            self._marker_unsent = False
 
     def _record_marker(self, call: Call) -> None:
         """Record a patch marker as a safe call's end, before the body goes on. In an
@@ -334,6 +352,7 @@ class Replay:
         call, entry = self.open(fn, step_id)
         if entry is not None and entry.status != StepCallStatus.STARTED:
             return self._replayed(entry, call)
+        self.markers_flushed()
         if call.unsafe:
             decision, recorded = self._journal(self.backend.begin, call)
             if decision is not Decision.RUN:
@@ -362,6 +381,7 @@ class Replay:
         if entry is not None and entry.status != StepCallStatus.STARTED:
             return self._replayed(entry, call)
         self._raise_if_over()
+        await self.markers_flushed_async()
         if call.unsafe:
             decision, recorded = await self._ajournal(self.backend.begin_async(call))
             if decision is not Decision.RUN:

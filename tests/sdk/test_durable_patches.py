@@ -21,12 +21,14 @@ from pyclient import (
     OutsideHandler,
     ReplayMismatch,
     StepCallStatus,
+    current,
     patched,
     step,
     testing,
 )
 from tests.helpers import PATIENCE, eventually
 from tests.sdk import patch_bodies
+from tests.sdk.conftest import running
 from tests.sdk.patch_bodies import VERSIONS
 
 WORKER_SCRIPT = Path(__file__).with_name("patch_worker_process.py")
@@ -344,3 +346,47 @@ def test_a_duplicate_patch_id_fails_the_node_for_good_on_a_server(client, deploy
 def test_patch_bodies_are_all_named() -> None:
     assert set(VERSIONS) >= {"v1", "v2", "v3", "breaking", "twice", "async-v1", "async-v2"}
     assert patch_bodies.v2 is VERSIONS["v2"]
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_new_marker_is_recorded_before_the_next_call_runs(
+    cyclone_server, client, make_worker, is_async
+) -> None:
+    """A call may record itself outside the order of the ends (its own transaction, a
+    child's start): were it recorded and the marker before it lost in a crash, a replay
+    would see a later entry and no marker, and take the old path. So the first call
+    after a new marker runs once the marker is recorded: the step reads its own
+    journal from the server and finds the marker there."""
+    seen: list[list[str]] = []
+
+    def journal_now() -> list[str]:
+        with Client(cyclone_server.address) as reader:
+            run = reader.get_run(current().run_id)
+        return [e.step_id for e in run.steps[0].journal]
+
+    @step(name="look")
+    def look() -> None:
+        seen.append(journal_now())
+
+    @step(name="look_async")
+    async def look_async() -> None:
+        seen.append(await asyncio.to_thread(journal_now))
+
+    worker = make_worker()
+
+    @worker.workflow("look_sync")
+    def sync_body(ctx: Any) -> str:
+        if patched("x"):
+            look()
+        return "done"
+
+    @worker.workflow("look_async")
+    async def async_body(ctx: Any) -> str:
+        if patched("x"):
+            await look_async()
+        return "done"
+
+    with running(worker):
+        run = client.wait(client.start("look_async" if is_async else "look_sync"), timeout=PATIENCE)
+    assert run.status == "completed", run.error
+    assert seen == [["patch:x"]]
