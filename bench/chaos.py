@@ -28,7 +28,7 @@ by default), every worker process is SIGKILLed at once and started again on code
 durable body checks ``patched("chaos-check")`` after prepare_amount and then calls the
 step check. Bodies in flight at that moment replay on the new code: a run that went past
 the patch's place on the old code takes the old path (no marker, no check), the others
-record the marker and call check. The line before the last counts them:
+record the marker and call check. A line before the summary counts them:
 
     patch: deployed_after=N patched_runs=P old_path_runs=O patch_mismatches=0
 
@@ -948,6 +948,10 @@ def report(
     # A marker or a check call alone.
     patch_mismatches = sum(1 for r in durable_ids if len(journals.get(r, ())) == 1)
     log(
+        f"patch: deployed_after={counts.deployed_after} patched_runs={patched_runs} "
+        f"old_path_runs={len(durable_ids) - patched_runs} patch_mismatches={patch_mismatches}"
+    )
+    log(
         f"seed={args.seed} elapsed={elapsed:.0f}s worker_kills={counts.worker_kills} "
         f"server_kills={counts.server_kills} postgres_crashes={counts.postgres_crashes} "
         f"submit_retries={clients.retries} repeated_submits_answered_once={clients.repeated} "
@@ -959,10 +963,6 @@ def report(
         f"unfinished={len(unfinished)} completed_without_ledger_row={len(no_effect)}; "
         f"ledger rows of unfinished steps={orphans}; step ledger rows of unfinished steps "
         f"or unrecorded step calls={step_orphans}; finished={finished}"
-    )
-    log(
-        f"patch: deployed_after={counts.deployed_after} patched_runs={patched_runs} "
-        f"old_path_runs={len(durable_ids) - patched_runs} patch_mismatches={patch_mismatches}"
     )
     log(
         f"runs={args.runs} completed={completed} lost={lost} "
