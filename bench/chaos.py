@@ -23,6 +23,19 @@ total. Each book call writes a row of chaos_step_ledger in a transaction of its 
 cyclone.step_call_record before it commits (exactly once per step call); note writes chaos_step_audit on its own connection (at
 least once). Neither table has a unique key either.
 
+A patch is deployed mid-soak: once a share of the runs is submitted (--patch-at, half
+by default), every worker process is SIGKILLed at once and started again on code whose
+durable body checks ``patched("chaos-check")`` after prepare_amount and then calls the
+step check. Bodies in flight at that moment replay on the new code: a run that went past
+the patch's place on the old code takes the old path (no marker, no check), the others
+record the marker and call check. A line before the summary counts them:
+
+    patch: deployed_after=N patched_runs=P old_path_runs=O patch_mismatches=0
+
+patch_mismatches: durable runs with a marker and no check call, or a check call and no
+marker (a patch decided differently on two replays); a run the new code could not replay
+would fail with ReplayMismatch and not complete.
+
 It ends when every run is terminal, and prints as its last line
 
     runs=N completed=N lost=0 ledger_duplicates=0 audit_duplicates=K handler_calls=H kills=M
@@ -42,7 +55,7 @@ about (a Postgres crash included); merged_logs counts attempts whose stored log 
 come from two executions, or from one that was not handed that attempt. The exit
 status is 0 only when lost=0, ledger_duplicates=0, durable_duplicates=0,
 attempt_duplicates=0, merged_logs=0, no ledger row belongs to an unfinished step or an
-unrecorded step call, and every run completed.
+unrecorded step call, patch_mismatches=0, and every run completed.
 
 The seed (printed first; --seed replays it) decides every choice this script makes:
 which worker dies, when, the downtimes, the submission milestones of the server and
@@ -63,7 +76,7 @@ with the runs: the workers write them under their own role, docs/scaling.md), an
 crashes (--postgres-restarts, 2 by default there) take turns between a worker node,
 chosen by the seed, and the coordinator, starting with a worker.
 
-    python bench/chaos.py worker ADDRESS CALLS_DIR   (internal: one worker process)
+    python bench/chaos.py worker ADDRESS CALLS_DIR [--patched]   (internal: one worker)
     python bench/chaos.py server FLAGS...            (internal: the server process)
 """
 
@@ -111,6 +124,8 @@ CREATE TABLE chaos_step_audit  (id bigint GENERATED ALWAYS AS IDENTITY, run_id u
                                 attempt integer NOT NULL);
 """
 BUSINESS_TABLES = "chaos_ledger, chaos_audit, chaos_step_ledger, chaos_step_audit"
+#: The patch the deployed code checks in the durable body.
+PATCH_ID = "chaos-check"
 #: The logger of the line each handler call logs first, "execution <id>".
 EXECUTION_LOGGER = "chaos.execution"
 TERMINAL = ("completed", "failed", "cancelled")
@@ -146,11 +161,14 @@ def serve_server(argv: list[str]) -> None:
     server_main(argv)
 
 
-def serve_worker(address: str, calls_dir: str) -> None:
-    """One worker process: the three actions, with the ledger on the completion tx."""
+def serve_worker(address: str, calls_dir: str, *flags: str) -> None:
+    """One worker process: the three actions, with the ledger on the completion tx, and
+    the durable body (with the patch PATCH_ID when ``--patched``)."""
     import logging
 
-    from pyclient import Worker, current, step
+    from pyclient import Worker, current, patched, step
+
+    deployed = "--patched" in flags
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     # Each handler call logs one line naming its execution, kept as a step log line
@@ -253,10 +271,18 @@ def serve_worker(address: str, calls_dir: str) -> None:
         step_called()
         return int(first["booked"]) + int(second["booked"])
 
+    @step
+    def check(amount: int) -> int:
+        step_called()
+        return amount
+
     @worker.workflow("chaos_body")
     def chaos_body(ctx) -> dict:
         called(ctx)
         amount = prepare_amount(ctx.run_input["i"])
+        if deployed and patched(PATCH_ID):
+            dawdle()
+            check(amount)
         first = book(amount)
         note(amount)
         dawdle()
@@ -593,6 +619,7 @@ class Submissions:
 
 @dataclass
 class Counts:
+    deployed_after: int | None = None
     worker_kills: int = 0
     server_kills: int = 0
     postgres_crashes: int = 0
@@ -704,6 +731,7 @@ def soak(args: argparse.Namespace, nodes: list[Postgres], work: Path) -> int:
     server_back_at: float | None = None  # the server is down until then
     postgres_back_at: float | None = None
     next_report = began + 5
+    deploy_at: int | None = int(args.runs * args.patch_at)
     threads = clients.start()
     finished = False
     try:
@@ -724,6 +752,16 @@ def soak(args: argparse.Namespace, nodes: list[Postgres], work: Path) -> int:
                 counts.worker_kills += 1
                 next_worker_kill = now + rng.uniform(*args.kill_every)
             submitted = clients.done
+            if deploy_at is not None and submitted >= deploy_at:
+                # A deploy: every worker at once, so no old worker replays a new marker.
+                for w in workers:
+                    w.argv.append("--patched")
+                    w.kill()
+                for w in workers:
+                    w.start()
+                counts.deployed_after = submitted
+                deploy_at = None
+                log(f"t={now - began:.1f}s patch deployed (after {submitted} submissions)")
             calm = server_back_at is None and postgres_back_at is None
             if calm and server_at and submitted >= server_at[0] and listening(port):
                 server_at.pop(0)
@@ -851,6 +889,14 @@ def report(
             if (run_id, node, step_id) not in succeeded_calls
             or (run_id, node) not in completed_steps
         )
+        # Each durable run's patch: its marker, and whether it called check.
+        journals: dict[str, set[str]] = {}
+        for run_id, step_id in conn.execute(
+            "SELECT run_id::text, step_id FROM cyclone.step_calls"
+            " WHERE step_id IN (%s, 'check') AND status = 'succeeded'",
+            ("patch:" + PATCH_ID,),
+        ):
+            journals.setdefault(run_id, set()).add(step_id)
         # The executions whose lines each attempt kept (the ids the handlers logged).
         logged: dict[tuple[str, str, int], set[str]] = {}
         for run_id, node, attempt, message in conn.execute(
@@ -897,6 +943,14 @@ def report(
         if len(executions) > 1 or not executions <= set(handed.get(key, ()))
     )
     unexpected = sum(w.unexpected_exits for w in workers)
+    durable_ids = {stored[k][0] for k in durable_keys if k in stored}
+    patched_runs = sum(1 for r in durable_ids if "patch:" + PATCH_ID in journals.get(r, ()))
+    # A marker or a check call alone.
+    patch_mismatches = sum(1 for r in durable_ids if len(journals.get(r, ())) == 1)
+    log(
+        f"patch: deployed_after={counts.deployed_after} patched_runs={patched_runs} "
+        f"old_path_runs={len(durable_ids) - patched_runs} patch_mismatches={patch_mismatches}"
+    )
     log(
         f"seed={args.seed} elapsed={elapsed:.0f}s worker_kills={counts.worker_kills} "
         f"server_kills={counts.server_kills} postgres_crashes={counts.postgres_crashes} "
@@ -926,6 +980,7 @@ def report(
         and merged_logs == 0
         and orphans == 0
         and step_orphans == 0
+        and patch_mismatches == 0
         and completed == args.runs
     )
     return 0 if ok else 1
@@ -940,7 +995,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("worker", "server"):
         exit_with_parent()
         if sys.argv[1] == "worker":
-            serve_worker(*sys.argv[2:4])
+            serve_worker(*sys.argv[2:])
         else:
             serve_server(sys.argv[2:])
         return
@@ -969,6 +1024,12 @@ def main() -> None:
         type=float,
         default=0.25,
         help="the share of runs that are durable bodies (0 to 1)",
+    )
+    parser.add_argument(
+        "--patch-at",
+        type=float,
+        default=0.5,
+        help="deploy the patched durable body after this share of the submissions (0 to 1)",
     )
     parser.add_argument("--timeout", type=float, default=1800.0, help="give up after (seconds)")
     parser.add_argument("--database-url", default=os.environ.get("CYCLONE_DATABASE_URL"))

@@ -4,6 +4,7 @@
     from pyclient import step               # durable functions (pyclient.durable)
     from pyclient import start_child        # child runs, from a durable function
     from pyclient import sleep, wait_for_event   # waits in durable functions
+    from pyclient import patched, deprecate_patch  # changing a body under runs in flight
 
 The generated protobuf stubs import as ``cyclone.v1.*_pb2``. What the SDK shares with
 the server (the stubs, workflow validation, JSON conversion, error codes) is the
@@ -24,11 +25,14 @@ from pyclient.durable import (
     EffectTimedOut,
     EffectUncertain,
     EventTimeout,
+    InvalidPatch,
     ReplayMismatch,
     StepFailed,
     StepFunction,
     StepTimeout,
     Suspended,
+    deprecate_patch,
+    patched,
     sleep,
     sleep_until,
     start_child,
@@ -110,6 +114,7 @@ __all__ = [
     "HandlerTimeout",
     "InputMismatch",
     "InvalidArgument",
+    "InvalidPatch",
     "JournalFull",
     "LeaseLost",
     "LogLine",
@@ -155,6 +160,8 @@ __all__ = [
     "Workers",
     "Workflow",
     "current",
+    "deprecate_patch",
+    "patched",
     "sleep",
     "sleep_until",
     "start_child",

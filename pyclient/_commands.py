@@ -22,6 +22,7 @@ from pyclient._render import (
     logs_view,
     render_run,
 )
+from pyclient._replay_check import export_runs
 from pyclient.client import Client
 from pyclient.errors import InvalidArgument, WaitTimeout
 from pyclient.models import Build, Run, RunStatus, Schedule
@@ -198,6 +199,29 @@ def _list(client: Client, args: argparse.Namespace) -> Any:
         limit=args.limit,
     )
     return list(runs)
+
+
+def _journal_export(client: Client, args: argparse.Namespace) -> Any:
+    """The journals of the durable nodes of the runs named, or of the newest runs that
+    match the filters, as JSON (``pyclient.testing.replay`` reads it)."""
+    if args.run_ids and (args.workflow or args.status):
+        raise InvalidArgument("give run ids or --workflow/--status, not both")
+    run_ids = list(args.run_ids)
+    if not run_ids:
+        limit = max(1, args.limit)
+        found = client.iter_runs(
+            workflow=args.workflow,
+            status=args.status,
+            page_size=min(limit, 1000),
+            limit=limit,
+        )
+        run_ids = [run.run_id for run in found]
+    exported = export_runs((client.get_run(run_id) for run_id in run_ids), action=args.action)
+    if args.output is None:
+        return exported if args.json else json.dumps(exported, indent=2)
+    Path(args.output).write_text(json.dumps(exported, indent=2) + "\n")
+    count = len(exported["nodes"])
+    return f"wrote {count} journal(s) of {len(run_ids)} run(s) to {args.output}"
 
 
 def _explain(client: Client, args: argparse.Namespace) -> Any:

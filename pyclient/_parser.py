@@ -19,6 +19,7 @@ from pyclient._commands import (
     _cancel,
     _console,
     _explain,
+    _journal_export,
     _list,
     _logs,
     _resolve,
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         _schedule_commands,
         _builds_commands,
         _event_commands,
+        _journal_commands,
         _console_command,
     ):
         add(command, common)
@@ -294,12 +296,7 @@ def _runs_commands(command: Command, common: argparse.ArgumentParser) -> None:
         parents=[common],
     )
     lst.add_argument("--workflow", help="only runs of this workflow")
-    lst.add_argument(
-        "--status",
-        action="append",
-        choices=[s.value for s in RunStatus],
-        help="only runs in this status (repeat for several)",
-    )
+    _status_flag(lst)
     lst.add_argument("--key", help="only the run SubmitOnce made with this key")
     lst.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     lst.set_defaults(handler=_list)
@@ -473,6 +470,44 @@ def _event_commands(command: Command, common: argparse.ArgumentParser) -> None:
     send.set_defaults(handler=_send_event)
 
 
+JOURNAL_EXPORT_HELP = """\
+Write the journals of the durable functions' nodes of some runs as JSON, for the
+replay check: pyclient.testing.replay(body, FILE) replays each journal against
+today's code of the body in a unit test, and fails on a change that a run in flight
+could not replay (docs/durable-functions.md, "The replay check").
+
+  cyclone journal export 01a2... 01a3... -o journals.json
+  cyclone journal export --workflow checkout --status running --limit 200 -o journals.json
+
+Give run ids, or filters (the newest runs first, --limit at most; default 100). Each
+node that has a journal is written with its run, action, input, run input, the
+outputs of the nodes it depends on, and its journal's entries (outputs and errors).
+--action keeps the nodes of one action. Without -o the JSON goes to stdout.
+"""
+
+
+def _journal_commands(command: Command, common: argparse.ArgumentParser) -> None:
+    """ "journal export"."""
+    p = command("journal", "export the journals of durable functions")
+    journal = p.add_subparsers(dest="journal_command", required=True, metavar="SUBCOMMAND")
+    export = journal.add_parser(
+        "export",
+        help="write the journals of runs' durable nodes as JSON (for the replay check)",
+        description=JOURNAL_EXPORT_HELP,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    export.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to export")
+    export.add_argument("--workflow", help="the newest runs of this workflow")
+    _status_flag(export)
+    export.add_argument("--action", help="only the nodes of this action")
+    export.add_argument(
+        "--limit", type=int, default=100, help="at most this many runs (default 100)"
+    )
+    export.add_argument("-o", "--output", metavar="FILE", help="write here (default stdout)")
+    export.set_defaults(handler=_journal_export)
+
+
 def _console_command(command: Command, common: argparse.ArgumentParser) -> None:
     """ "console": serve the web console."""
     p = command(
@@ -488,6 +523,16 @@ def _console_command(command: Command, common: argparse.ArgumentParser) -> None:
         "--tls-ca", metavar="PEM", help="call the server over TLS, trusting this CA certificate"
     )
     p.set_defaults(handler=_console)
+
+
+def _status_flag(p: argparse.ArgumentParser) -> None:
+    """--status, repeatable: the runs in these statuses only."""
+    p.add_argument(
+        "--status",
+        action="append",
+        choices=[s.value for s in RunStatus],
+        help="only runs in this status (repeat for several)",
+    )
 
 
 def _follow_flags(p: argparse.ArgumentParser) -> None:

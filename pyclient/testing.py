@@ -40,8 +40,16 @@ on unsafe calls and their resolution. :func:`explore` tries every crash point:
         assert node.executions == {"reserve": 1, "charge": 1}
 
         testing.explore(checkout, input={"order_id": "o-1", "amount": 42}).assert_ok()
+
+:func:`replay` is the replay check: the journals ``cyclone journal export`` took from a
+server, replayed against today's code of the body, failing the test on a change that
+would break a run in flight:
+
+    def test_checkout_still_replays_production_journals():
+        testing.replay(checkout, "tests/journals/checkout.json")
 """
 
+from pyclient._replay_check import NodeReplay, ReplayCheckFailed, ReplayReport, replay
 from pyclient._testing_durable import (
     END,
     Attempt,
@@ -67,11 +75,15 @@ __all__ = [
     "DurableNode",
     "Exploration",
     "HandlerEnvironment",
+    "NodeReplay",
     "RepeatReport",
+    "ReplayCheckFailed",
+    "ReplayReport",
     "Scenario",
     "SimulatedCrash",
     "explore",
     "make_context",
+    "replay",
     "run",
     "run_twice",
 ]

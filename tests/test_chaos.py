@@ -1,7 +1,7 @@
 """`make chaos`, shortened so that `make test-all` runs it: 200 runs, a quarter of them
 durable bodies, while worker processes are SIGKILLed every 0.5-2 s, the server once,
 and Postgres crashes once (its own Postgres, so the suite's shared one is left
-alone)."""
+alone); halfway, every worker restarts on a durable body with a patch."""
 
 from __future__ import annotations
 
@@ -81,4 +81,10 @@ def test_a_short_soak_loses_no_run_and_writes_each_ledger_row_once():
     assert calls >= 3 * (runs - durable) + durable
     assert step_calls >= 5 * durable
     assert "server_kills=1 postgres_crashes=1" in lines[-3], output
+    # The patch deployed mid-soak: some durable runs took it, none decided it twice.
+    patch = re.search(
+        r"patch: deployed_after=(\d+) patched_runs=(\d+) .*patch_mismatches=(\d+)", output
+    )
+    assert patch, output
+    assert int(patch[2]) > 0 and int(patch[3]) == 0, output
     assert kills >= 3

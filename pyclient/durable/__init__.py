@@ -22,6 +22,7 @@ See docs/python-sdk.md and docs/durable-functions.md. The pieces:
   pyclient.testing;
 - ``_calls``: how a step call is named to the journal, and the journal backend
   protocol; ``_errors``: the exceptions a body sees;
+- ``_patch``: patch markers (:func:`patched`, :func:`deprecate_patch`);
 - ``_memory``: the in-memory journal pyclient.testing runs bodies on. The worker's
   backend (Begin and End over gRPC) is pyclient.worker._journal.
 """
@@ -34,11 +35,13 @@ from pyclient.durable._errors import (
     EffectTimedOut,
     EffectUncertain,
     EventTimeout,
+    InvalidPatch,
     ReplayMismatch,
     StepFailed,
     StepTimeout,
     Suspended,
 )
+from pyclient.durable._patch import deprecate_patch, patched
 from pyclient.durable._step import StepFunction, step
 from pyclient.durable._wait import sleep, sleep_until, wait_for_event
 
@@ -51,11 +54,14 @@ __all__ = [
     "EffectTimedOut",
     "EffectUncertain",
     "EventTimeout",
+    "InvalidPatch",
     "ReplayMismatch",
     "StepFailed",
     "StepFunction",
     "StepTimeout",
     "Suspended",
+    "deprecate_patch",
+    "patched",
     "sleep",
     "sleep_until",
     "start_child",

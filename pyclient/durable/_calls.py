@@ -167,6 +167,13 @@ class JournalBackend(Protocol):
 
     async def end_async(self, call: Call, outcome: Outcome) -> None: ...
 
+    def flush(self) -> None:
+        """Wait until the ends sent so far are recorded (or refused): a patch marker is
+        made durable this way before a call that may record out of their order (its
+        own transaction, a child's start) runs."""
+
+    async def flush_async(self) -> None: ...
+
     def transaction(self, call: Call) -> CallTx:
         """A transaction for ``call`` (RuntimeError when there is no database)."""
 

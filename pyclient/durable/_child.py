@@ -250,7 +250,12 @@ def start_child(workflow: Any, input: Any = None, *, step_id: str | None = None)
         return child._started(entry)
     replay.ran.append(call.step_id)
     if replay.is_async:
-        start = replay.backend.start_child_async(call, proto, value)
-        child._starting = asyncio.ensure_future(replay._ajournal(start))
+
+        async def starting() -> StepCall:
+            await replay.markers_flushed_async()
+            return await replay._ajournal(replay.backend.start_child_async(call, proto, value))
+
+        child._starting = asyncio.ensure_future(starting())
         return child
+    replay.markers_flushed()
     return child._started(replay._journal(replay.backend.start_child, call, proto, value))

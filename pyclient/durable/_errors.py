@@ -83,6 +83,12 @@ class DuplicateStepId(NonRetryableError):
     """Two step calls of one body have the same step id."""
 
 
+class InvalidPatch(NonRetryableError, ValueError):
+    """``patched()`` or ``deprecate_patch()`` was given an id that is not 1 to 190
+    printable characters, or the same id twice in one attempt of the body. The node
+    fails for good: every retry would find the same code."""
+
+
 class BodyStopped(BaseException):
     """Stops a durable function where it stands: its node cannot go on in this attempt
     (the lease was lost, the run was cancelled, an effect is uncertain). A

@@ -19,6 +19,8 @@ import traceback
 from typing import Any
 
 from cyclone.jsonvalue import dumps
+from pyclient.durable._calls import Call
+from pyclient.durable._errors import StepFailed, StepTimeout
 from pyclient.models import StepCallError
 
 #: Most JSON text kept for an exception's args and attributes together: under the
@@ -119,3 +121,22 @@ def _rebuild(cls: type | None, args: list[Any], attributes: dict[str, Any]) -> E
 def clip(text: str, limit: int) -> str:
     text = text.replace("\x00", "\\0")
     return text if len(text) <= limit else text[: limit - 20] + " ...(cut)"
+
+
+def step_failed(
+    step_id: str, error: StepCallError, call: Call | None, *, non_retryable: bool
+) -> StepFailed:
+    """The StepFailed a body sees for the recorded failure ``error`` of a call."""
+    recorded = Recorded(error, call.module if call is not None else None)
+    cls = StepTimeout if recorded.type_name == "StepTimeout" else StepFailed
+    return cls(
+        step_id,
+        recorded.type_name,
+        recorded.message,
+        recorded.details,
+        non_retryable=non_retryable,
+        type=recorded.type,
+        attributes=recorded.attributes,
+        error_args=recorded.args,
+        exception=recorded.exception,
+    )

@@ -200,6 +200,12 @@ class MemoryBackend:
     def record(self, call: Call, conn: Any, output_json: str) -> None:
         self.end(call, json_value(output_json))
 
+    def flush(self) -> None:
+        """Every end is recorded at once in memory."""
+
+    async def flush_async(self) -> None:
+        pass
+
     def start_child(
         self, call: Call, workflow: types_pb2.Workflow, input: struct_pb2.Value
     ) -> StepCall:

@@ -48,12 +48,23 @@ from pyclient.durable._errors import (
     EffectTimedOut,
     EffectUncertain,
     EventTimeout,
-    ReplayMismatch,
+    InvalidPatch,
     StepFailed,
     StepTimeout,
     Suspended,
 )
-from pyclient.durable._failure import Recorded, record_error
+from pyclient.durable._failure import record_error, step_failed
+from pyclient.durable._mismatch import (
+    MAX_PATCH_ID,
+    PATCH_FUNCTION,
+    PATCH_PREFIX,
+    args_mismatch,
+    arguments_changed,
+    mismatch,
+    named,
+    now_making,
+)
+from pyclient.durable._scope import StepScope
 from pyclient.errors import (
     CycloneError,
     JournalFull,
@@ -65,44 +76,14 @@ from pyclient.models import StepCall, StepCallError, StepCallStatus
 
 T = TypeVar("T")
 
+#: What a patch marker records as its output.
+_PATCH_OUTPUT = json_value("true")
+
 log = logging.getLogger("pyclient.durable")
 
 #: Longest error message and details recorded (the server takes 64 KiB; this leaves
 #: room for what the worker adds when the body lets the failure through).
 MAX_ERROR_TEXT = 60 * 1024
-
-
-class StepScope:
-    """The step call running now, as its context sees it: it opens the call's
-    transaction when the function asks for it, once."""
-
-    def __init__(self, call: Call, backend: JournalBackend):
-        self.call = call
-        self._backend: JournalBackend | None = backend
-        self.tx: CallTx | None = None
-
-    def connection(self) -> Any:
-        if self._backend is None:
-            raise RuntimeError(
-                f"step call {self.call.step_id!r} is over: its completion_tx() is closed"
-            )
-        if self.tx is None:
-            self.tx = self._backend.transaction(self.call)
-        return self.tx.connection()
-
-    def record(self, conn: Any, output: Any) -> None:
-        try:
-            text = dumps(output)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"a step call's output must be JSON: {exc}") from None
-        if self._backend is None:
-            raise RuntimeError(f"step call {self.call.step_id!r} is over")
-        self._backend.record(self.call, conn, text)
-
-    def close(self) -> CallTx | None:
-        """The call is over: its transaction, if one was opened, to commit or roll back."""
-        self._backend = None
-        return self.tx
 
 
 @dataclass(slots=True)
@@ -155,6 +136,9 @@ class Replay:
         #: What fails the node whatever the body does (a replay mismatch, a journal
         #: write refused). Every later step call raises it again.
         self.failure: BaseException | None = None
+        #: A patch marker was recorded and may not be durable yet: the next call that
+        #: runs waits for it (flush) first.
+        self._marker_unsent = False
         #: Step ids whose function ran in this attempt, in the order they returned.
         self.ran: list[str] = []
         #: Step ids answered from the journal in this attempt.
@@ -228,59 +212,127 @@ class Replay:
 
     def _entry(self, call: Call) -> StepCall | None:
         entry = self._by_seq.get(call.seq)
-        now = f"step {call.step_id!r} of {call.function}"
         problem = None
         if entry is not None and entry.step_id != call.step_id:
-            problem = (
-                f"call #{call.seq} recorded step {entry.step_id!r} of {entry.function}; "
-                f"this replay makes {now} there"
-            )
+            problem = f"call #{call.seq} recorded {named(entry)}; {now_making(call)} there"
         elif entry is None and (other := self._by_id.get(call.step_id)) is not None:
             problem = (
-                f"step {other.step_id!r} of {other.function} was recorded as call "
-                f"#{other.seq}; this replay makes {now} as call #{call.seq}"
+                f"{named(other)} was recorded as call #{other.seq}; {now_making(call)} as call "
+                f"#{call.seq}"
             )
         elif entry is not None and not call.records(entry.function):
-            problem = (
-                f"call #{call.seq} recorded step {entry.step_id!r} of {entry.function}; "
-                f"this replay makes {now} there"
-            )
+            problem = f"call #{call.seq} recorded {named(entry)}; {now_making(call)} there"
         if problem is not None:
-            raise self._fail(
-                ReplayMismatch(
-                    f"the durable function does not replay its journal: {problem}. The "
-                    "code changed under a run in flight, or the body depends on more than "
-                    "its input and its step results. Keep the step calls of runs in flight "
-                    "in the same order (or let them finish before deploying), and keep a "
-                    "renamed step's name with @step(name=...): see 'Changing code safely' "
-                    "in docs/durable-functions.md"
-                )
-            )
+            raise self._fail(mismatch(problem, entry))
         return entry
 
-    def _arguments_changed(self, call: Call, entry: StepCall, on_change: str) -> None:
-        what = (
-            f"step {call.step_id!r} of {entry.function} (call #{call.seq}) was recorded "
-            "with other arguments than this replay calls it with"
-        )
-        if on_change == "allow":
-            log.warning(
-                "%s; its recorded outcome is replayed, as @step(on_args_change='allow') "
-                "asks (recorded digest %s, now %s)",
-                what,
-                entry.args_digest[:12],
-                call.args_digest[:12],
+    # -- patch markers: patched() and deprecate_patch()
+
+    def patch(self, patch_id: str, *, deprecated: bool = False) -> bool:
+        """Whether the body takes the new branch of the patch ``patch_id`` at this
+        point: True when the journal's next entry is its marker (consumed), or when
+        the journal has no entry at or after the next seq (a marker is recorded, unless
+        ``deprecated``); False, with no seq consumed, when the run recorded something
+        else there or later (it passed this point on code without the patch)."""
+        if (
+            not isinstance(patch_id, str)
+            or not 1 <= len(patch_id) <= MAX_PATCH_ID
+            or not patch_id.isprintable()
+        ):
+            raise self._fail(
+                InvalidPatch(
+                    f"a patch id must be 1-{MAX_PATCH_ID} printable characters, got {patch_id!r}"
+                )
             )
+        step_id = PATCH_PREFIX + patch_id
+        with self._lock:
+            self._raise_if_over()
+            if step_id in self._used:
+                raise self._fail(
+                    InvalidPatch(
+                        f"patch {patch_id!r} is checked twice in this durable function "
+                        "(patched() or deprecate_patch()); each patch id marks one point of "
+                        "the body: give the other point its own id"
+                    )
+                )
+            self._used.add(step_id)
+            seq = self._seq + 1
+            entry = self._by_seq.get(seq)
+            if entry is not None and entry.step_id == step_id:
+                if entry.function != PATCH_FUNCTION:
+                    problem = f"call #{seq} recorded {named(entry)}; this replay checks "
+                    raise self._fail(mismatch(problem + f"patch {patch_id!r} there", entry))
+                self._seq = seq
+                self.replayed.append(step_id)
+                return True
+            if (other := self._by_id.get(step_id)) is not None:
+                problem = (
+                    f"patch {patch_id!r} was recorded as call #{other.seq}; this replay checks "
+                    f"it as call #{seq}"
+                )
+                raise self._fail(mismatch(problem, other))
+            if any(recorded >= seq for recorded in self._by_seq):
+                return False  # the run went past this point on code without the patch
+            if deprecated:
+                return True
+            if seq > self.limits.max_step_calls:
+                raise self._fail(
+                    JournalFull(
+                        f"the durable function made more than {self.limits.max_step_calls} "
+                        f"step calls, the most a node's journal holds (the call past it was "
+                        f"patch {patch_id!r})"
+                    )
+                )
+            self._seq = seq
+        call = Call(step_id, seq, PATCH_FUNCTION, False)
+        self._record_marker(call)
+        self._marker_unsent = True
+        return True
+
+    def markers_flushed(self) -> None:
+        """Before a call runs: the patch markers recorded so far are durable. A call may
+        record itself out of the order of the ends (its own transaction, a child's
+        start); were it recorded and the marker before it lost, a replay would find a
+        later entry and no marker, and take the old path."""
+        if self._marker_unsent:
+            self._journal(self.backend.flush)
+            self._marker_unsent = False
+
+    async def markers_flushed_async(self) -> None:
+        if self._marker_unsent:
+            await self._ajournal(self.backend.flush_async())
+            self._marker_unsent = False
+
+    def _record_marker(self, call: Call) -> None:
+        """Record a patch marker as a safe call's end, before the body goes on. In an
+        async body through ``end_async``, which posts the End and does not suspend
+        (patched() returns a bool, not an awaitable), so that the marker is sent in
+        order with the body's other ends."""
+        if not self.is_async:
+            self._journal(self.backend.end, call, _PATCH_OUTPUT)
             return
+        pending = self.backend.end_async(call, _PATCH_OUTPUT)
+        try:
+            pending.send(None)
+        except StopIteration:
+            return
+        except BaseException as exc:
+            raise self._refused(exc)  # noqa: B904 (the refusal is chained to exc)
+        pending.close()
         raise self._fail(
-            ReplayMismatch(
-                f"the durable function does not replay its journal: {what}, so its "
-                "recorded outcome may not be what these arguments would give. The code "
-                "or the input changed under a run in flight. Keep the arguments of the "
-                "calls of runs in flight, branch new code with patched(), or accept the "
-                "recorded outcome with @step(on_args_change='allow'): see 'Changing code "
-                "safely' (docs/durable-functions.md#changing-code-safely)"
-            )
+            RuntimeError("the journal backend's end_async suspended on a patch marker")
+        )
+
+    def _arguments_changed(self, call: Call, entry: StepCall, on_change: str) -> None:
+        what = arguments_changed(call, entry)
+        if on_change != "allow":
+            raise self._fail(args_mismatch(what))
+        log.warning(
+            "%s; its recorded outcome is replayed, as @step(on_args_change='allow') asks "
+            "(recorded digest %s, now %s)",
+            what,
+            entry.args_digest[:12],
+            call.args_digest[:12],
         )
 
     def _raise_if_over(self) -> None:
@@ -308,6 +360,7 @@ class Replay:
         call, entry = self.open(fn, step_id, digest)
         if entry is not None and entry.status != StepCallStatus.STARTED:
             return self._replayed(entry, call)
+        self.markers_flushed()
         if call.unsafe:
             decision, recorded = self._journal(self.backend.begin, call)
             if decision is not Decision.RUN:
@@ -336,6 +389,7 @@ class Replay:
         if entry is not None and entry.status != StepCallStatus.STARTED:
             return self._replayed(entry, call)
         self._raise_if_over()
+        await self.markers_flushed_async()
         if call.unsafe:
             decision, recorded = await self._ajournal(self.backend.begin_async(call))
             if decision is not Decision.RUN:
@@ -521,22 +575,3 @@ def replay_of(ctx: Context | None) -> Replay | None:
     replay = ctx._durable
     assert replay is None or isinstance(replay, Replay)
     return replay
-
-
-def step_failed(
-    step_id: str, error: StepCallError, call: Call | None, *, non_retryable: bool
-) -> StepFailed:
-    """The StepFailed a body sees for the recorded failure ``error`` of a call."""
-    recorded = Recorded(error, call.module if call is not None else None)
-    cls = StepTimeout if recorded.type_name == "StepTimeout" else StepFailed
-    return cls(
-        step_id,
-        recorded.type_name,
-        recorded.message,
-        recorded.details,
-        non_retryable=non_retryable,
-        type=recorded.type,
-        attributes=recorded.attributes,
-        error_args=recorded.args,
-        exception=recorded.exception,
-    )

@@ -117,6 +117,35 @@ class GrpcJournal:
             self.shared.completer.end_later, self._end_request(call, outcome)
         )
 
+    def flush(self) -> None:
+        answer: concurrent.futures.Future[None] = concurrent.futures.Future()
+        # Through the mailbox the body's ends went through: they are queued first.
+        self.shared.inbox.post(self._flush_soon, answer)
+        try:
+            answer.result(timeout=self._patience)
+        except concurrent.futures.TimeoutError:
+            raise Unavailable("the step calls' ends were not answered in time") from None
+
+    async def flush_async(self) -> None:
+        handlers = self._handlers()
+        answer: asyncio.Future[None] = handlers.loop.create_future()
+        handlers.outbox.post(self._flush_soon, _Posted(answer, handlers.inbox))
+        await answer
+
+    def _flush_soon(self, answer: concurrent.futures.Future[None] | _Posted) -> None:
+        """On the worker's loop: settle ``answer`` once the ends queued so far are
+        answered."""
+        task = self.shared.loop.create_task(self._send_flush(answer))
+        self.shared.completer.keep(task)
+
+    async def _send_flush(self, answer: concurrent.futures.Future[None] | _Posted) -> None:
+        try:
+            await self.shared.completer.ends_sent()
+        except BaseException as exc:
+            answer.set_exception(exc)
+        else:
+            answer.set_result(None)
+
     def wait(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]:
         answer: concurrent.futures.Future[pb.WaitResponse] = concurrent.futures.Future()
         # Through the mailbox the body's ends went through: they are queued first.
