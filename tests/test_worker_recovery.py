@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +173,10 @@ def test_a_frozen_worker_is_handed_nothing_until_it_reports_again(lab):
     eventually(lambda: lab.paused("frozen"), "the frozen worker to hold the body")
     # Stopped with its Work stream open and 3 slots of credit unused.
     frozen.send_signal(signal.SIGSTOP)
+    # A message the worker wrote just before it stopped is read by the server first, as
+    # it would be long before a real lease lapses (here it lapses at once, by the test
+    # clock); read after the lapse, it would rightly count as a sign of life.
+    time.sleep(1.0)
     lab.lapse(lab.server.sweep)
     # Ready steps, and no healthy worker yet: the frozen one's open stream and credit
     # must not take them.
