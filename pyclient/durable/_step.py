@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from pyclient.context import active
 from pyclient.durable._calls import MAX_ID
@@ -17,6 +17,10 @@ R = TypeVar("R")
 
 #: Room left in a step id for the occurrence suffix ("#12345").
 _SUFFIX = 7
+
+#: When a safe step call's record must be durable: "window" (before the body's next
+#: step call runs its function) or "async" (whenever its batch lands).
+Record = Literal["window", "async"]
 
 
 def check_step_id(step_id: str, what: str = "step id") -> str:
@@ -32,8 +36,19 @@ class StepFunction(Generic[P, R]):
     """A function decorated with :func:`step`. Called inside a durable function, each
     call is a journaled step call; called anywhere else, it simply runs."""
 
-    def __init__(self, fn: Callable[P, R], *, name: str | None, unsafe_to_repeat: bool):
+    def __init__(
+        self,
+        fn: Callable[P, R],
+        *,
+        name: str | None,
+        unsafe_to_repeat: bool,
+        record: Record = "window",
+    ):
+        if record not in ("window", "async"):
+            raise InvalidArgument(f'record must be "window" or "async", got {record!r}')
         self.fn = fn
+        #: "async": the body's next step call does not wait for this call's record.
+        self.record: Record = record
         #: The base of the step ids of its calls: ``name``, ``name#2``, ...
         self.name = check_step_id(fn.__name__ if name is None else name, "step name")
         if len(self.name) > MAX_ID - _SUFFIX:
@@ -85,6 +100,7 @@ class StepFunction(Generic[P, R]):
 
     def __repr__(self) -> str:
         mark = ", unsafe_to_repeat=True" if self.unsafe_to_repeat else ""
+        mark += ', record="async"' if self.record == "async" else ""
         return f"<step {self.name!r} of {self.function}{mark}>"
 
 
@@ -108,7 +124,7 @@ def step(fn: Callable[P, R], /) -> StepFunction[P, R]: ...
 
 @overload
 def step(
-    *, name: str | None = None, unsafe_to_repeat: bool = False
+    *, name: str | None = None, unsafe_to_repeat: bool = False, record: Record = "window"
 ) -> Callable[[Callable[P, R]], StepFunction[P, R]]: ...
 
 
@@ -118,6 +134,7 @@ def step(
     *,
     name: str | None = None,
     unsafe_to_repeat: bool = False,
+    record: Record = "window",
 ) -> StepFunction[P, R] | Callable[[Callable[P, R]], StepFunction[P, R]]:
     """Make ``fn`` a step: inside a durable function each call is journaled under a
     step id (``name``, then ``name#2``, ... in call order; ``name`` defaults to the
@@ -127,6 +144,12 @@ def step(
     runs; when a later attempt finds it started with no outcome, the run blocks
     instead of running it again, until an operator resolves it.
 
+    ``record``: a call's record is durable before the body's next step call runs its
+    function ("window", the default), so a crash runs again at most the call the body
+    was in. ``record="async"`` lets the next call start while the record is on its way
+    (more calls per second); a crash may then run again the calls whose records had not
+    landed, however far the body went past them.
+
         @step
         def reserve(order_id): ...
 
@@ -135,6 +158,6 @@ def step(
     """
 
     def decorate(f: Callable[P, R]) -> StepFunction[P, R]:
-        return StepFunction(f, name=name, unsafe_to_repeat=unsafe_to_repeat)
+        return StepFunction(f, name=name, unsafe_to_repeat=unsafe_to_repeat, record=record)
 
     return decorate if fn is None else decorate(fn)
