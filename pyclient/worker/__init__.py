@@ -453,16 +453,6 @@ class _Run:
             run_step=runner.run,
             regrant=regrant,
         )
-        announced: list[Any] = [None]
-
-        def adopt(limits: Any) -> None:
-            """The server announced its limits: checked against from now on."""
-            if limits == announced[0]:
-                return
-            announced[0] = limits
-            runner.limits = worker_limits(config, limits)
-            completer.max_payload_bytes = runner.limits.max_payload_bytes
-
         session = Session(
             config=config,
             server=server,
@@ -471,7 +461,7 @@ class _Run:
             forced=self.forced,
             producer=producer,
             completer=completer,
-            on_limits=adopt,
+            on_limits=_adopter(config, runner, completer),
         )
         return producer, completer, session
 
@@ -514,3 +504,20 @@ class _Run:
         )
         waited.cancel()
         forced.cancel()
+
+
+def _adopter(
+    config: WorkerConfig, runner: StepRunner, completer: Completer
+) -> Callable[[Any], None]:
+    """What takes the limits a server announces on a Work stream: checked against from
+    then on (lowered by the worker's settings), looked at again only when they change."""
+    announced: list[Any] = [None]
+
+    def adopt(limits: Any) -> None:
+        if limits == announced[0]:
+            return
+        announced[0] = limits
+        runner.limits = worker_limits(config, limits)
+        completer.max_payload_bytes = runner.limits.max_payload_bytes
+
+    return adopt
