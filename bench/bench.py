@@ -13,7 +13,10 @@ Scenarios (fixed counts, every loop bounded in count and time):
   baseline    the same 20,000 jobs drained by a minimal psycopg loop, 8 threads
   dag         500 runs of a 20-node workflow (root, fan-out of 18, join)
   durable     1,000 one-node runs whose node is a durable function of 10 no-op step
-              calls, safe, then unsafe_to_repeat; drained by the SDK's Worker, and by
+              calls, safe, then unsafe_to_repeat; drained by the SDK's Worker (safe
+              calls twice: with the window of one call, each call's function waiting
+              for the last one's record, and with @step(record="async"), which does
+              not wait; ratio window / async, target >= 0.8), and by
               bare stubs speaking the journal protocol (EndStepCall, BeginStepCall);
               when the contract has CompleteMany.step_call_ends, also bare stubs that send
               the ends of safe calls there, with the node's completion
@@ -612,15 +615,22 @@ def sdk_worker_process(address: str, action: str, concurrency: int, finished) ->
 
 
 def sdk_durable_worker_process(
-    address: str, action: str, concurrency: int, finished, calls: int, unsafe: bool
+    address: str,
+    action: str,
+    concurrency: int,
+    finished,
+    calls: int,
+    unsafe: bool,
+    record: str = "window",
 ) -> None:
     """A worker built with the SDK serving a durable function of ``calls`` no-op step
-    calls (unsafe_to_repeat when ``unsafe``); it stops when the bench says so."""
+    calls (unsafe_to_repeat when ``unsafe``; ``record``: when their records must be
+    durable, see @step); it stops when the bench says so."""
     from pyclient import Worker, step
 
     worker = Worker(address, concurrency=concurrency, claim_wait=0.5)
 
-    @step(unsafe_to_repeat=unsafe)
+    @step(unsafe_to_repeat=unsafe, record=record)
     async def noop() -> None:
         return None
 
@@ -927,6 +937,7 @@ def scenario_durable(
     batched: bool = False,
     processes: int = 2,
     concurrency: int | None = None,
+    record: str = "window",
 ) -> dict:
     """``runs`` one-node runs whose node calls ``calls`` no-op steps; step calls per
     second from the first claim to the last completion, and CPU per step call.
@@ -953,6 +964,7 @@ def scenario_durable(
                 concurrency,
                 calls=calls,
                 unsafe=unsafe,
+                record=record,
             )
         else:
             join(
@@ -1450,6 +1462,24 @@ def main() -> None:
                         sdk,
                     )
                     print("durable", label, durable[label], flush=True)
+            # Safe calls that do not wait for the last call's record: what the window
+            # of one call costs, measured against them in the same run.
+            durable["sdk_safe_async"] = scenario_durable(
+                server,
+                database_url,
+                args.durable_runs,
+                args.durable_calls,
+                "durable-sdk_safe_async",
+                False,
+                True,
+                record="async",
+            )
+            print("durable sdk_safe_async", durable["sdk_safe_async"], flush=True)
+            durable["sdk_window_vs_async"] = round(
+                durable["sdk_safe"]["step_calls_per_s"]
+                / durable["sdk_safe_async"]["step_calls_per_s"],
+                2,
+            )
             if BATCHED_ENDS:
                 durable["stubs_batched_safe"] = scenario_durable(
                     server,
@@ -1734,6 +1764,18 @@ def print_table(r: dict, out: Path) -> None:
                 rows.append(
                     ("  safe step calls/s / dag steps/s (target >= 1)", d[f"{kind}_vs_dag"])
                 )
+            if kind == "sdk" and "sdk_safe_async" in d:
+                rows += [
+                    (
+                        '  safe calls/s with record="async" (no window)',
+                        d["sdk_safe_async"]["step_calls_per_s"],
+                    ),
+                    (
+                        '  CPU ms per record="async" call: server / workers / Postgres = total',
+                        cpu_split(d["sdk_safe_async"]["cpu_ms_per_step_call"]),
+                    ),
+                    ("  window / async, safe calls/s (target >= 0.8)", d["sdk_window_vs_async"]),
+                ]
         if "stubs_batched_safe" in d:
             b = d["stubs_batched_safe"]
             rows += [

@@ -39,7 +39,7 @@ would fail with ReplayMismatch and not complete.
 It ends when every run is terminal, and prints as its last line
 
     runs=N completed=N lost=0 ledger_duplicates=0 audit_duplicates=K handler_calls=H kills=M
-    durable_runs=D step_calls=S durable_duplicates=0 attempt_duplicates=0 merged_logs=0
+    durable_runs=D step_calls=S durable_duplicates=0 attempt_duplicates=0 merged_logs=0 moved_past_reruns=0
 
 lost: runs whose SubmitOnce was acknowledged but that are not in the database, runs
 never acknowledged or never finished (when --timeout ran out), completed runs
@@ -55,7 +55,10 @@ about (a Postgres crash included); merged_logs counts attempts whose stored log 
 come from two executions, or from one that was not handed that attempt. The exit
 status is 0 only when lost=0, ledger_duplicates=0, durable_duplicates=0,
 attempt_duplicates=0, merged_logs=0, no ledger row belongs to an unfinished step or an
-unrecorded step call, patch_mismatches=0, and every run completed.
+unrecorded step call, no safe step call ran again after its body had moved past it
+(moved_past_reruns=0: a later call of the body had started in an earlier attempt), and
+every run completed, with patch_mismatches=0. About one durable body in 8 also returns a step result just under the
+server's payload limit and catches one over it.
 
 The seed (printed first; --seed replays it) decides every choice this script makes:
 which worker dies, when, the downtimes, the submission milestones of the server and
@@ -98,6 +101,7 @@ import threading
 import time
 import uuid
 import warnings
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +132,15 @@ BUSINESS_TABLES = "chaos_ledger, chaos_audit, chaos_step_ledger, chaos_step_audi
 PATCH_ID = "chaos-check"
 #: The logger of the line each handler call logs first, "execution <id>".
 EXECUTION_LOGGER = "chaos.execution"
+
+#: The server's payload limit (its default --max-payload-bytes): every LARGE_EVERY-th
+#: durable body also makes a step call whose result is just under it, and one whose
+#: result is over it, which the body catches (StepResultTooLarge).
+PAYLOAD_LIMIT = 1 << 20
+LARGE_EVERY = 8
+
+#: The step ids of the durable body, in the order it calls them.
+BODY_ORDER = ("prepare_amount", "book", "note", "book#2", "large", "large#2", "total")
 TERMINAL = ("completed", "failed", "cancelled")
 #: The server's settings besides its address: frequent sweeps, no grace at SIGTERM.
 SERVER_FLAGS = ("--sweep-interval", "0.5", "--grace", "0", "--log-level", "WARNING")
@@ -166,7 +179,7 @@ def serve_worker(address: str, calls_dir: str, *flags: str) -> None:
     the durable body (with the patch PATCH_ID when ``--patched``)."""
     import logging
 
-    from pyclient import Worker, current, patched, step
+    from pyclient import StepFailed, StepResultTooLarge, Worker, current, patched, step
 
     deployed = "--patched" in flags
 
@@ -276,6 +289,11 @@ def serve_worker(address: str, calls_dir: str, *flags: str) -> None:
         step_called()
         return amount
 
+    @step
+    def large(size: int) -> str:
+        step_called()
+        return "x" * size
+
     @worker.workflow("chaos_body")
     def chaos_body(ctx) -> dict:
         called(ctx)
@@ -287,9 +305,41 @@ def serve_worker(address: str, calls_dir: str, *flags: str) -> None:
         note(amount)
         dawdle()
         second = book(amount)
-        return {"total": total(first, second)}
+        sizes = {}
+        # About one body in LARGE_EVERY, whatever the share of durable runs.
+        if zlib.crc32(str(ctx.run_input["i"]).encode()) % LARGE_EVERY == 0:
+            sizes["near"] = len(large(PAYLOAD_LIMIT - 1024))  # just under the limit
+            try:
+                large(PAYLOAD_LIMIT + 1024)
+            except StepFailed as failed:  # over it: the call fails, the body goes on
+                assert isinstance(failed.exception, StepResultTooLarge), failed
+                sizes["over"] = "StepResultTooLarge"
+        return {"total": total(first, second), **sizes}
 
     worker.run()
+
+
+def reruns_moved_past(call_lines: list[bytes]) -> int:
+    """Safe step calls that ran again although an earlier attempt had already started
+    a later call of the body: a call's record is durable before the body's next call
+    runs (the window of one call), so a replay runs again at most the call the body was
+    in. Counted from the lines "step STEP_ID RUN_ID ATTEMPT" the step functions write."""
+    started: dict[str, dict[int, set[str]]] = {}
+    for line in call_lines:
+        if line.startswith(b"step "):
+            _, step_id, run_id, attempt = line.decode().split()
+            started.setdefault(run_id, {}).setdefault(int(attempt), set()).add(step_id)
+    position = {step_id: i for i, step_id in enumerate(BODY_ORDER)}
+    reruns = 0
+    for attempts in started.values():
+        for step_id in position:
+            ran = sorted(a for a, ids in attempts.items() if step_id in ids)
+            reruns += sum(
+                1
+                for earlier in ran[:-1]
+                if any(position[other] > position[step_id] for other in attempts[earlier])
+            )
+    return reruns
 
 
 # -- Postgres ------------------------------------------------------------------------------
@@ -937,6 +987,7 @@ def report(
             node, run_id, attempt, execution = line.decode().split()
             handed.setdefault((run_id, node, int(attempt)), []).append(execution)
     attempt_duplicates = sum(len(executions) - 1 for executions in handed.values())
+    moved_past = reruns_moved_past(call_lines)
     merged_logs = sum(
         1
         for key, executions in logged.items()
@@ -970,7 +1021,7 @@ def report(
         f"handler_calls={handler_calls} kills={counts.kills} "
         f"durable_runs={len(durable_keys)} step_calls={step_calls} "
         f"durable_duplicates={durable_duplicates} attempt_duplicates={attempt_duplicates} "
-        f"merged_logs={merged_logs}"
+        f"merged_logs={merged_logs} moved_past_reruns={moved_past}"
     )
     ok = (
         lost == 0
@@ -978,6 +1029,7 @@ def report(
         and durable_duplicates == 0
         and attempt_duplicates == 0
         and merged_logs == 0
+        and moved_past == 0
         and orphans == 0
         and step_orphans == 0
         and patch_mismatches == 0

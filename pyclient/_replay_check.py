@@ -164,6 +164,9 @@ class _Unanswered:
     def before_run(self, call: Call) -> None:
         raise self._stop(call)
 
+    async def before_run_async(self, call: Call) -> None:
+        raise self._stop(call)
+
     def begin(self, call: Call) -> tuple[Decision, StepCall | None]:
         raise self._stop(call)
 

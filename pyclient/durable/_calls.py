@@ -25,14 +25,20 @@ MAX_PAYLOAD_BYTES = 1 << 20
 #: The most step calls a node's journal holds (the engine's limit).
 MAX_STEP_CALLS = 10_000
 
+#: The longest error message or details the server takes, in characters.
+MAX_ERROR_TEXT = 64 * 1024
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
     """The limits a durable function's step calls are checked against before they are
-    sent: the server's payload limit and the journal's size."""
+    sent: the server's payload limit, the journal's size, the longest error text and
+    error type. A worker adopts those its server announces (WorkResponse.limits)."""
 
     max_payload_bytes: int = MAX_PAYLOAD_BYTES
     max_step_calls: int = MAX_STEP_CALLS
+    max_error_text: int = MAX_ERROR_TEXT
+    max_name: int = MAX_ID
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +93,9 @@ class Call:
     module: str | None = None
     #: The digest of the call's arguments (pyclient.durable._digest), "" for none.
     args_digest: str = ""
+    #: ``@step(record="async")``: the body's next step call does not wait for this
+    #: call's record (it may run again after a crash even once the body moved past it).
+    record_async: bool = False
 
     def records(self, recorded: str) -> bool:
         """Whether a journal entry recorded for ``recorded`` is a call of this
@@ -155,7 +164,13 @@ class JournalBackend(Protocol):
     refuses a write (the node then fails with it)."""
 
     def before_run(self, call: Call) -> None:
-        """The function of ``call`` is about to run."""
+        """The function of ``call`` (of a sync body) is about to run: it returns once
+        the records of the node's earlier calls are durable (all but those of
+        ``record="async"`` steps), so that a call the body moved past never runs
+        again."""
+
+    async def before_run_async(self, call: Call) -> None:
+        """The same, for a call of an async body."""
 
     def begin(self, call: Call) -> tuple[Decision, StepCall | None]:
         """Begin an unsafe call (it is recorded ``started`` before RUN is answered)."""
@@ -163,7 +178,8 @@ class JournalBackend(Protocol):
     async def begin_async(self, call: Call) -> tuple[Decision, StepCall | None]: ...
 
     def end(self, call: Call, outcome: Outcome) -> None:
-        """Record the call's outcome."""
+        """Record the call's outcome (it may still be on its way when this returns:
+        the next ``before_run`` waits for it)."""
 
     async def end_async(self, call: Call, outcome: Outcome) -> None: ...
 

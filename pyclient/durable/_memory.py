@@ -179,6 +179,9 @@ class MemoryBackend:
     def before_run(self, call: Call) -> None:
         self.hook("before_run", call)
 
+    async def before_run_async(self, call: Call) -> None:
+        self.before_run(call)
+
     def begin(self, call: Call) -> tuple[Decision, StepCall | None]:
         decision, entry = self.journal.begin(call, self.attempt)
         if decision is Decision.RUN:

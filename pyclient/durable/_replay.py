@@ -6,7 +6,11 @@ step call gets its position (``seq``) and its step id when it is made, then:
 
 - recorded with an outcome: the value is returned (or :class:`StepFailed` raised)
   without running the function;
-- unrecorded and safe: the function runs, then its outcome is recorded (End);
+- unrecorded and safe: the function runs, then its outcome is recorded (End). The
+  body goes on at once, but the next call's function runs only once that record is
+  durable (the backend's ``before_run``): the window of one call, in which a crash
+  runs a call again, never reaches back past a call the body has moved on from
+  (``@step(record="async")`` opts a step out of it);
 - unrecorded and ``unsafe_to_repeat``: Begin first, which records it ``started``
   durably and answers RUN, RECORDED (here is its outcome) or UNCERTAIN (an earlier
   attempt started it and never recorded an outcome: the body stops with
@@ -30,7 +34,6 @@ from typing import Any, TypeVar
 from cyclone.jsonvalue import dumps, from_value, json_value
 from pyclient.context import Context, bind, unbind
 from pyclient.durable._calls import (
-    MAX_ID,
     Call,
     CallSpec,
     CallTx,
@@ -81,9 +84,9 @@ _PATCH_OUTPUT = json_value("true")
 
 log = logging.getLogger("pyclient.durable")
 
-#: Longest error message and details recorded (the server takes 64 KiB; this leaves
-#: room for what the worker adds when the body lets the failure through).
-MAX_ERROR_TEXT = 60 * 1024
+#: Room left under the server's longest error text (64 KiB by default) for what the
+#: worker adds when the body lets a step's failure through.
+ERROR_TEXT_ROOM = 4 * 1024
 
 
 @dataclass(slots=True)
@@ -196,8 +199,16 @@ class Replay:
             self._seq += 1
             legacy = getattr(fn, "legacy_function", None)
             module = getattr(getattr(fn, "fn", None), "__module__", None)
+            record_async = getattr(fn, "record", "window") == "async"
             call = Call(
-                step_id, self._seq, fn.function, fn.unsafe_to_repeat, legacy, module, args_digest
+                step_id,
+                self._seq,
+                fn.function,
+                fn.unsafe_to_repeat,
+                legacy,
+                module,
+                args_digest=args_digest,
+                record_async=record_async,
             )
         entry = self._entry(call)
         # An entry or a call without a digest (check_args=False) is not checked.
@@ -365,6 +376,7 @@ class Replay:
             decision, recorded = self._journal(self.backend.begin, call)
             if decision is not Decision.RUN:
                 return self._decided(call, decision, recorded)
+        self._journal(self.backend.before_run, call)
         with self._running(ctx, call) as scope:
             try:
                 result = self._succeeded(call, fn.runner(*args, **kwargs))
@@ -394,6 +406,7 @@ class Replay:
             decision, recorded = await self._ajournal(self.backend.begin_async(call))
             if decision is not Decision.RUN:
                 return self._decided(call, decision, recorded)
+        await self._ajournal(self.backend.before_run_async(call))
         with self._running(ctx, call) as scope:
             try:
                 result = self._succeeded(call, await fn.runner(*args, **kwargs))
@@ -437,9 +450,10 @@ class Replay:
 
     @contextlib.contextmanager
     def _running(self, ctx: Context, call: Call) -> Iterator[StepScope]:
-        """The function of ``call`` runs in this block, with its context bound; when it
-        is cut off (cancelled, stopped) the writes of its transaction are undone."""
-        self._journal(self.backend.before_run, call)
+        """The function of ``call`` runs in this block (once the backend's before_run
+        let it: the records of the earlier calls are durable), with its context bound;
+        when it is cut off (cancelled, stopped) the writes of its transaction are
+        undone."""
         scope = StepScope(call, self.backend)
         token = bind(dataclasses.replace(ctx, step_id=call.step_id, _scope=scope))
         try:
@@ -525,11 +539,12 @@ class Replay:
         # What a replay will return: the same value, read back from the journal.
         return _Result(output, json=text, value=from_value(output))
 
-    @staticmethod
-    def _failed(call: Call, exc: Exception, *, non_retryable: bool = False) -> _Result:
+    def _failed(self, call: Call, exc: Exception, *, non_retryable: bool = False) -> _Result:
         """The function raised ``exc``: its record, and what the body gets, which is
         what a replay will raise (the failure read back from its record)."""
-        error = record_error(exc, limit=MAX_ERROR_TEXT, type_limit=MAX_ID)
+        limits = self.limits
+        text = max(limits.max_error_text - ERROR_TEXT_ROOM, limits.max_error_text // 2)
+        error = record_error(exc, limit=text, type_limit=limits.max_name)
         retry = non_retryable or call.unsafe or isinstance(exc, NonRetryableError)
         return _Result(error, error=step_failed(call.step_id, error, call, non_retryable=retry))
 

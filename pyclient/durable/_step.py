@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from pyclient.context import active
 from pyclient.durable._calls import MAX_ID
@@ -27,6 +27,10 @@ R = TypeVar("R")
 
 #: Room left in a step id for the occurrence suffix ("#12345").
 _SUFFIX = 7
+
+#: When a safe step call's record must be durable: "window" (before the body's next
+#: step call runs its function) or "async" (whenever its batch lands).
+Record = Literal["window", "async"]
 
 
 def check_step_id(step_id: str, what: str = "step id") -> str:
@@ -52,7 +56,10 @@ class StepFunction(Generic[P, R]):
         check_args: bool = True,
         digest: Callable[..., Any] | None = None,
         on_args_change: str = "fail",
+        record: Record = "window",
     ):
+        if record not in ("window", "async"):
+            raise InvalidArgument(f'record must be "window" or "async", got {record!r}')
         if digest is not None and not callable(digest):
             raise TypeError(
                 f"digest= must be a function of the step's arguments returning JSON, got {digest!r}"
@@ -62,6 +69,8 @@ class StepFunction(Generic[P, R]):
                 f"on_args_change must be 'fail' or 'allow', got {on_args_change!r}"
             )
         self.fn = fn
+        #: "async": the body's next step call does not wait for this call's record.
+        self.record: Record = record
         #: The base of the step ids of its calls: ``name``, ``name#2``, ...
         self.name = check_step_id(fn.__name__ if name is None else name, "step name")
         if len(self.name) > MAX_ID - _SUFFIX:
@@ -148,6 +157,7 @@ class StepFunction(Generic[P, R]):
 
     def __repr__(self) -> str:
         mark = ", unsafe_to_repeat=True" if self.unsafe_to_repeat else ""
+        mark += ', record="async"' if self.record == "async" else ""
         return f"<step {self.name!r} of {self.function}{mark}>"
 
 
@@ -181,6 +191,7 @@ def step(
     check_args: bool = True,
     digest: Callable[..., Any] | None = None,
     on_args_change: str = "fail",
+    record: Record = "window",
 ) -> Callable[[Callable[P, R]], StepFunction[P, R]]: ...
 
 
@@ -197,6 +208,7 @@ def step(
     check_args: bool = True,
     digest: Callable[..., Any] | None = None,
     on_args_change: str = "fail",
+    record: Record = "window",
 ) -> StepFunction[P, R] | Callable[[Callable[P, R]], StepFunction[P, R]]:
     """Make ``fn`` a step: inside a durable function each call is journaled under a
     step id (``name``, then ``name#2``, ... in call order; ``name`` defaults to the
@@ -205,6 +217,12 @@ def step(
     ``unsafe_to_repeat=True``: the call is recorded ``started`` before the function
     runs; when a later attempt finds it started with no outcome, the run blocks
     instead of running it again, until an operator resolves it.
+
+    ``record``: a call's record is durable before the body's next step call runs its
+    function ("window", the default), so a crash runs again at most the call the body
+    was in. ``record="async"`` lets the next call start while the record is on its way
+    (more calls per second); a crash may then run again the calls whose records had not
+    landed, however far the body went past them.
 
         @step
         def reserve(order_id): ...
@@ -236,6 +254,7 @@ def step(
             check_args=check_args,
             digest=digest,
             on_args_change=on_args_change,
+            record=record,
         )
 
     return decorate if fn is None else decorate(fn)

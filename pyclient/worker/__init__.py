@@ -94,12 +94,12 @@ from cyclone.v1 import worker_service_pb2_grpc as pb_grpc
 from pyclient.actions import Action, RateLimit
 from pyclient.client import call_metadata, default_address
 from pyclient.completion import open_pool
-from pyclient.durable._calls import MAX_PAYLOAD_BYTES, MAX_STEP_CALLS
+from pyclient.durable._calls import MAX_STEP_CALLS
 from pyclient.errors import InvalidArgument
 from pyclient.worker import _logs as step_logs
 from pyclient.worker._common import HandlerTimeout, log
 from pyclient.worker._completer import Completer
-from pyclient.worker._config import Server, WorkerConfig
+from pyclient.worker._config import Server, WorkerConfig, worker_limits
 from pyclient.worker._executor import Executor
 from pyclient.worker._journal import Journaling
 from pyclient.worker._mailbox import Mailbox
@@ -121,10 +121,12 @@ class Worker:
     streams (on a stream the server hands steps out as they become ready);
     ``shutdown_grace`` how long a stop waits for handlers in flight;
     ``reconnect_max_delay`` caps the backoff while the server is unavailable.
-    ``max_payload_bytes`` is the server's payload limit (``--max-payload-bytes``, 1 MiB
-    by default) and ``max_step_calls`` the most step calls a durable function's journal
-    holds (10,000, the server's limit; a lower one may be set): results are checked
-    against them before they are sent (see "Limits" in docs/operations.md).
+    Results are checked against the server's limits before they are sent: the server
+    announces them on the Work stream (its ``--max-payload-bytes``, the journal's
+    10,000 step calls, the longest error text); ``max_payload_bytes`` and
+    ``max_step_calls`` may lower them for this worker, never raise them (see "Limits"
+    in docs/operations.md). Before the first announcement, and with a server that
+    makes none, they are the defaults (1 MiB, 10,000) or the values given.
     ``build_id`` names the build of this worker's code (default: the environment's
     ``CYCLONE_BUILD_ID``; none when unset), 1-200 printable characters: a durable
     body a worker of one build started replays only on workers of that build or of one
@@ -144,8 +146,8 @@ class Worker:
         claim_wait: float = 10.0,
         shutdown_grace: float = 30.0,
         reconnect_max_delay: float = 10.0,
-        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
-        max_step_calls: int = MAX_STEP_CALLS,
+        max_payload_bytes: int | None = None,
+        max_step_calls: int | None = None,
         build_id: str | None = None,
     ):
         if build_id is None:
@@ -162,9 +164,9 @@ class Worker:
             raise InvalidArgument(f"lease must be between 1s and 600s, got {lease:g}s")
         if not 0.0 <= claim_wait <= 60.0:
             raise InvalidArgument(f"claim_wait must be between 0s and 60s, got {claim_wait:g}s")
-        if max_payload_bytes < 1:
+        if max_payload_bytes is not None and max_payload_bytes < 1:
             raise InvalidArgument(f"max_payload_bytes must be positive, got {max_payload_bytes}")
-        if not 1 <= max_step_calls <= MAX_STEP_CALLS:
+        if max_step_calls is not None and not 1 <= max_step_calls <= MAX_STEP_CALLS:
             raise InvalidArgument(
                 f"max_step_calls must be between 1 and {MAX_STEP_CALLS}, got {max_step_calls}"
             )
@@ -431,7 +433,7 @@ class _Run:
             loop=loop,
             policy=policy,
             reconnect_max_delay=config.reconnect_max_delay,
-            max_payload_bytes=config.max_payload_bytes,
+            max_payload_bytes=worker_limits(config).max_payload_bytes,
             send_on_stream=send_on_stream,
             on_answered=freed,
         )
@@ -475,6 +477,7 @@ class _Run:
             forced=self.forced,
             producer=producer,
             completer=completer,
+            on_limits=_adopter(config, runner, completer),
         )
         return producer, completer, session
 
@@ -517,3 +520,20 @@ class _Run:
         )
         waited.cancel()
         forced.cancel()
+
+
+def _adopter(
+    config: WorkerConfig, runner: StepRunner, completer: Completer
+) -> Callable[[Any], None]:
+    """What takes the limits a server announces on a Work stream: checked against from
+    then on (lowered by the worker's settings), looked at again only when they change."""
+    announced: list[Any] = [None]
+
+    def adopt(limits: Any) -> None:
+        if limits == announced[0]:
+            return
+        announced[0] = limits
+        runner.limits = worker_limits(config, limits)
+        completer.max_payload_bytes = runner.limits.max_payload_bytes
+
+    return adopt

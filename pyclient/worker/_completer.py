@@ -50,10 +50,10 @@ SendOnStream = Callable[[pb.CompleteManyRequest], Awaitable[pb.CompleteManyRespo
 
 
 class Answer(Protocol):
-    """Where a begin's answer goes: a concurrent future (a sync body waits on it in its
-    thread) or an asyncio future of the handler loop behind its mailbox."""
+    """Where a begin's or an end's answer goes: a concurrent future (a sync body waits
+    on it in its thread) or an asyncio future of the handler loop behind its mailbox."""
 
-    def set_result(self, value: pb.BeginStepCallResponse) -> None: ...
+    def set_result(self, value: Any) -> None: ...
 
     def set_exception(self, error: BaseException) -> None: ...
 
@@ -99,8 +99,9 @@ class Completer:
         #: Outcomes queued or on their way: each keeps its step's handler slot taken
         #: until its CompleteMany is answered (the producer counts them).
         self.holding = 0
-        #: Ends of safe step calls, sent first in the next CompleteMany, not waited for.
-        self.ends: list[pb.EndStepCallRequest] = []
+        #: Ends of step calls, sent first in the next CompleteMany, each with where its
+        #: answer goes (its body's next step call waits for it), None when nobody waits.
+        self.ends: list[tuple[pb.EndStepCallRequest, Answer | None]] = []
         #: Begins of step calls, sent with the next CompleteMany; their callers wait.
         self.begins: list[tuple[pb.BeginStepCallRequest, Answer]] = []
         #: Ends queued and answered so far, and who waits for which count answered.
@@ -255,10 +256,11 @@ class Completer:
             self.begin_flushers.add(flusher)
             flusher.add_done_callback(self.begin_flushers.discard)
 
-    def end_later(self, request: pb.EndStepCallRequest) -> None:
+    def end_later(self, request: pb.EndStepCallRequest, answer: Answer | None = None) -> None:
         """Record a step call's end with the next CompleteMany (on the worker's loop).
-        Nobody waits for it: a refusal (a lost lease) is only logged."""
-        self.ends.append(request)
+        ``answer`` is settled when it is recorded (None, its result) or refused (the
+        SDK's error); without one, a refusal (a lost lease) is only logged."""
+        self.ends.append((request, answer))
         self.ends_queued += 1
         # A body's next begin is usually posted in the same turn as this end: looking
         # again at the end of the turn lets the batch of begins carry the end (one
@@ -339,7 +341,7 @@ class Completer:
                 # Ends that left with batches of begins land before these completions.
                 await asyncio.wait(list(self.carrying))
             request = pb.CompleteManyRequest(
-                completions=[r for r, _ in batch], step_call_ends=ends, brief=True
+                completions=[r for r, _ in batch], step_call_ends=[e for e, _ in ends], brief=True
             )
             try:
                 reply = await self._send(request, stream=True)
@@ -372,7 +374,9 @@ class Completer:
                 carried = self.loop.create_future()
                 self.carrying.add(carried)
             request = pb.CompleteManyRequest(
-                step_call_begins=[r for r, _ in begins], step_call_ends=ends, brief=True
+                step_call_begins=[r for r, _ in begins],
+                step_call_ends=[e for e, _ in ends],
+                brief=True,
             )
             try:
                 reply = await self._send(request)
@@ -392,24 +396,35 @@ class Completer:
                 else:
                     answer.set_result(begun.response)
 
-    def take_ends(self) -> list[pb.EndStepCallRequest]:
+    def take_ends(self) -> list[tuple[pb.EndStepCallRequest, Answer | None]]:
         ends = self.ends[:MAX_COMPLETIONS]
         del self.ends[:MAX_COMPLETIONS]
         return ends
 
     def _ended(
-        self, ends: list[pb.EndStepCallRequest], reply: pb.CompleteManyResponse | CycloneError
+        self,
+        ends: list[tuple[pb.EndStepCallRequest, Answer | None]],
+        reply: pb.CompleteManyResponse | CycloneError,
     ) -> None:
-        """Log the step call ends a batch did not record (nobody waits for them)."""
+        """Settle the answers of a batch's step call ends, and log those it did not
+        record."""
         if isinstance(reply, CycloneError):
             if ends:
                 log.warning("%d step call ends not recorded: %s", len(ends), reply)
+            for _, answer in ends:
+                if answer is not None:
+                    answer.set_exception(reply)
         else:
-            for end, ended in zip(ends, reply.step_call_end_results, strict=True):
-                if ended.HasField("error"):
-                    refusal = error_for_code(ended.error.code, ended.error.message)
-                    level = logging.INFO if isinstance(refusal, LeaseLost) else logging.WARNING
-                    log.log(level, "step call %r not recorded: %s", end.step_id, refusal)
+            for (end, answer), ended in zip(ends, reply.step_call_end_results, strict=True):
+                if not ended.HasField("error"):
+                    if answer is not None:
+                        answer.set_result(None)
+                    continue
+                refusal = error_for_code(ended.error.code, ended.error.message)
+                level = logging.INFO if isinstance(refusal, LeaseLost) else logging.WARNING
+                log.log(level, "step call %r not recorded: %s", end.step_id, refusal)
+                if answer is not None:
+                    answer.set_exception(refusal)
         self._ends_answered(len(ends))
 
     async def _send(

@@ -4,10 +4,14 @@ calls, sent to the server from where the body runs.
 Begins and ends go to the worker's loop, through the mailbox its handler's outcome
 takes after them, and the completer sends them with the other begins, ends and
 completions of the moment in one CompleteMany, before the node's completion: one round
-trip and one commit for many. A Begin is waited for (an unsafe call runs only once its
-STARTED entry is durable); an End is not: losing a safe call's end in a crash only runs
-the call again, and an unsafe call's end is committed durably with the next batch,
-which leaves at once. The completer retries a batch the server cannot take now
+trip and one commit for many, committed durably. A Begin is waited for (an unsafe call
+runs only once its STARTED entry is durable). An End is not waited for by the call
+that made it: the body goes on at once, and its next step call waits in
+``before_run``, before its function runs, until the node's earlier ends are
+acknowledged (the window of one call: a crash runs again at most the call the body was
+in, never one it moved past). The ends of many bodies still share one CompleteMany.
+``@step(record="async")`` ends are waited for by nobody: a crash may run such a call
+again after the body moved past it. The completer retries a batch the server cannot take now
 (UNAVAILABLE) for up to a lease: both are idempotent within an attempt (a repeated
 Begin answers RUN again, a repeated End is a duplicate).
 """
@@ -82,8 +86,29 @@ class GrpcJournal:
         self.shared = shared
         self.step = step
         self.control = control
+        #: The ends of this node's calls not acknowledged yet (a sync body's, an async
+        #: body's): the next call's function waits for them.
+        self._unrecorded: list[concurrent.futures.Future[None]] = []
+        self._unrecorded_async: list[asyncio.Future[None]] = []
 
     def before_run(self, call: Call) -> None:
+        """The node's earlier ends are recorded (durably), then the function of
+        ``call`` may run, unless the node is lost or given up on."""
+        for recorded in list(self._unrecorded):
+            try:
+                recorded.result(timeout=self._patience)
+            except concurrent.futures.TimeoutError:
+                raise Unavailable("EndStepCall was not answered in time") from None
+        self._unrecorded = [r for r in self._unrecorded if not r.done()]
+        self._check()
+
+    async def before_run_async(self, call: Call) -> None:
+        for recorded in list(self._unrecorded_async):
+            await recorded
+        self._unrecorded_async = [r for r in self._unrecorded_async if not r.done()]
+        self._check()
+
+    def _check(self) -> None:
         """No step call starts once the node is lost or given up on."""
         control = self.control
         if control.is_cancelled:
@@ -110,12 +135,24 @@ class GrpcJournal:
         return self._decision(await answer)
 
     def end(self, call: Call, outcome: Outcome) -> None:
-        self.shared.inbox.post(self.shared.completer.end_later, self._end_request(call, outcome))
+        recorded: concurrent.futures.Future[None] | None = None
+        if not call.record_async:
+            recorded = concurrent.futures.Future()
+            self._unrecorded.append(recorded)
+        request = self._end_request(call, outcome)
+        self.shared.inbox.post(self.shared.completer.end_later, request, recorded)
 
     async def end_async(self, call: Call, outcome: Outcome) -> None:
-        self._handlers().outbox.post(
-            self.shared.completer.end_later, self._end_request(call, outcome)
-        )
+        handlers = self._handlers()
+        answer: _Posted | None = None
+        if not call.record_async:
+            recorded: asyncio.Future[None] = handlers.loop.create_future()
+            # A refusal nobody awaits (the body made no later call) is not an error.
+            recorded.add_done_callback(_retrieved)
+            self._unrecorded_async.append(recorded)
+            answer = _Posted(recorded, handlers.inbox)
+        request = self._end_request(call, outcome)
+        handlers.outbox.post(self.shared.completer.end_later, request, answer)
 
     def flush(self) -> None:
         answer: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -361,6 +398,11 @@ class _Posted:
 
     def set_exception(self, error: BaseException) -> None:
         self.mailbox.post(_settle, self.future, None, error)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:

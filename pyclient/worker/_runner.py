@@ -22,7 +22,7 @@ from pyclient.durable._replay import Replay
 from pyclient.models import StepCall, UpstreamFailure, timestamp_datetime, value_field
 from pyclient.worker._common import StepLog, log
 from pyclient.worker._completer import Completer
-from pyclient.worker._config import WorkerConfig
+from pyclient.worker._config import WorkerConfig, worker_limits
 from pyclient.worker._executor import Executor
 from pyclient.worker._journal import GrpcJournal, Journaling
 from pyclient.worker._watch import Watch, Watching
@@ -58,7 +58,8 @@ class StepRunner:
         self.watching = watching
         self.journaling = journaling
         self.policy = watching.policy
-        self.limits = Limits(config.max_payload_bytes, config.max_step_calls)
+        #: What step calls are checked against: the server's limits once announced.
+        self.limits: Limits = worker_limits(config)
         self._last_time: tuple[tuple[int, int], dt.datetime] = (
             (0, 0),
             timestamp_datetime(Timestamp()),

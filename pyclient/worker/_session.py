@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -121,8 +122,11 @@ class Session:
         forced: asyncio.Event,
         producer: Producer,
         completer: Completer,
+        on_limits: Callable[[pb.ServerLimits], None] | None = None,
     ):
         self.w = config
+        #: Called with the server's limits, which a stream's first response carries.
+        self.on_limits = on_limits
         self.server = server
         self.loop = loop
         #: Set by a stop: streams are closed; set again (``forced``): not waited for.
@@ -292,6 +296,8 @@ class Session:
                 if self.backoff.retrying:
                     log.info("worker %s: connected to %s again", self.w.worker_id, self.w.address)
                     self.backoff.reset()
+                if response.HasField("limits") and self.on_limits is not None:
+                    self.on_limits(response.limits)
                 for blocked in response.blocked:
                     log_blocked(self.w.worker_id, blocked)
                 steps = response.steps

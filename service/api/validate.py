@@ -45,6 +45,10 @@ MAX_STEP_CALL_NAME = 200
 
 MAX_STEP_CALL_SEQ = 100_000
 
+#: Most step calls one node's journal holds (the engine's limit, cyclone.step_call_begin
+#: and its kin in service/schema/45_step_calls.sql).
+MAX_STEP_CALLS = 10_000
+
 #: Most actions one Claim may name.
 MAX_CLAIM_ACTIONS = 1000
 

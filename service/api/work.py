@@ -15,7 +15,12 @@ from service import errors
 from service.api import wire
 from service.api.build import rare_parts
 from service.api.status import stream_rpc
-from service.api.validate import Context
+from service.api.validate import (
+    MAX_ERROR_TEXT,
+    MAX_STEP_CALL_NAME,
+    MAX_STEP_CALLS,
+    Context,
+)
 from service.config import Settings
 from service.db import Database
 from service.db.records import ClaimedStep
@@ -43,6 +48,17 @@ def _credit(held: int, granted: int) -> int:
 def _work_answer(report: bytes) -> bytes:
     """WorkResponse.report, serialized, from a serialized CompleteManyResponse."""
     return wire.length_delimited(_WORK_REPORT, report)
+
+
+def _limits(settings: Settings) -> bytes:
+    """WorkResponse.limits, serialized: what the first response of a stream carries."""
+    limits = worker_pb.ServerLimits(
+        max_payload_bytes=settings.max_payload_bytes,
+        max_step_calls=MAX_STEP_CALLS,
+        max_error_text=MAX_ERROR_TEXT,
+        max_step_call_name=MAX_STEP_CALL_NAME,
+    )
+    return worker_pb.WorkResponse(limits=limits).SerializeToString()
 
 
 class WorkStream:
@@ -81,6 +97,8 @@ class WorkStream:
         credit = 0
         # A message came since the last claim: the worker is alive (Claims.take).
         heard = True
+        # Put before the first response: the server's limits, which the worker adopts.
+        first = _limits(self.settings)
         reading: asyncio.Future[worker_pb.WorkRequest | None] | None = None
         self.metrics.work_streams.inc()
         try:
@@ -102,7 +120,7 @@ class WorkStream:
                     assert reading is not None
                     if self.claims.stopping.is_set():
                         if answer is not None:
-                            yield _work_answer(answer)
+                            yield first + _work_answer(answer)
                         return
                     steps = b""
                     full = False
@@ -115,14 +133,16 @@ class WorkStream:
                             heard = False
                         except Exception:
                             if answer is not None:  # applied: its answer goes first
-                                yield _work_answer(answer)
+                                yield first + _work_answer(answer)
                             raise
                         credit -= handed
                         full = handed == limit
                     if answer is not None:
-                        yield steps + _work_answer(answer)
+                        yield first + steps + _work_answer(answer)
+                        first = b""
                     elif steps:
-                        yield steps
+                        yield first + steps
+                        first = b""
                     if full and credit > 0:
                         continue  # as many as asked: more may be ready
                     if not reading.done():

@@ -236,10 +236,10 @@ class Reports(Repository):
     ) -> Report:
         """End step calls, begin others, then apply outcomes, in one transaction: one
         answer per item, in order, each refusal standing alone as in
-        step_complete_many. Ends of safe step calls alone are committed without waiting
-        for the WAL flush. ``brief``: the entries of ends and of RUN answers may be
-        left out (None). On a sharded database each item is its own single-shard
-        transaction, in the same order (docs/scaling.md)."""
+        step_complete_many, committed durably (ends too: a body's next step call
+        starts only once its last one's end is recorded). ``brief``: the entries of
+        ends and of RUN answers may be left out (None). On a sharded database each item
+        is its own single-shard transaction, in the same order (docs/scaling.md)."""
         if await self.is_sharded():
             return await self._report_alone(ends, begins, outcomes)
         end_items = []
@@ -257,7 +257,6 @@ class Reports(Repository):
             ends=_dump_items(end_items),
             begins=_dump_items([{"i": i, **key.params()} for i, key in enumerate(begins)]),
             items=outcomes_json(outcomes),
-            durable=bool(outcomes or begins) or any(end.key.unsafe for end in ends),
             brief=brief,
         )
         answers: dict[tuple[str, int], Any] = {}

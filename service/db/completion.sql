@@ -38,30 +38,24 @@ SELECT decision, run_status, call
 
 -- name: step_call_end
 -- The server's path: a repeat answers duplicate = true, where the public
--- cyclone.step_call_record (a worker's own transaction) raises CY005. A safe call's end
--- is committed without waiting for its WAL flush: losing it only runs a safe call
--- again, and the node's Complete, durable, flushes it first.
+-- cyclone.step_call_record (a worker's own transaction) raises CY005. Committed
+-- durably, as every transition is: a worker that heard back starts the body's next
+-- step call on the strength of it.
 SELECT e.duplicate, e.call
   FROM cyclone._step_call_end(CAST(:run_id AS uuid), :node, CAST(:lease_token AS uuid),
                               :step_id, :seq, :function, :unsafe, CAST(:output AS jsonb),
-                              CAST(:error AS jsonb), :args_digest) e
- CROSS JOIN LATERAL (SELECT set_config('synchronous_commit',
-                                       CASE WHEN :unsafe THEN 'on' ELSE 'off' END,
-                                       true)) c;
+                              CAST(:error AS jsonb), :args_digest) e;
 
 -- name: step_report_many
 -- CompleteMany: step calls ended, step calls begun, then the completions, in one
--- transaction. A batch of safe step calls' ends alone is committed without waiting for
--- its WAL flush (durable = false), as EndStepCall commits a safe call's end; anything
--- else (an unsafe call's begin or end, a completion) waits for it.
+-- transaction, committed durably (its WAL flushed before the reply): a step call's end
+-- is in the body's window of one call, so a worker that heard back may start the
+-- body's next step call.
 SELECT m.kind, m.i, m.step_status, m.run_status, m.duplicate, m.retry_at, m.decision,
        m.call, m.error_state, m.error_message, m.error_detail,
        current_setting('cyclone.ready', true) AS ready
   FROM cyclone.step_report_many(CAST(:ends AS jsonb), CAST(:begins AS jsonb),
-                                CAST(:items AS jsonb), :brief) m
- CROSS JOIN LATERAL (SELECT set_config('synchronous_commit',
-                                       CASE WHEN :durable THEN 'on' ELSE 'off' END,
-                                       true)) c;
+                                CAST(:items AS jsonb), :brief) m;
 
 -- Schedules (service/schema/85_schedules.sql) ------------------------------------
 

@@ -291,14 +291,28 @@ class WorkOpen(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., build_id: _Optional[str] = ...) -> None: ...
 
 class WorkResponse(_message.Message):
-    __slots__ = ("steps", "blocked", "report")
+    __slots__ = ("steps", "blocked", "report", "limits")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BLOCKED_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     steps: _containers.RepeatedCompositeFieldContainer[ClaimedStep]
     blocked: _containers.RepeatedCompositeFieldContainer[BlockedStep]
     report: CompleteManyResponse
-    def __init__(self, steps: _Optional[_Iterable[_Union[ClaimedStep, _Mapping]]] = ..., blocked: _Optional[_Iterable[_Union[BlockedStep, _Mapping]]] = ..., report: _Optional[_Union[CompleteManyResponse, _Mapping]] = ...) -> None: ...
+    limits: ServerLimits
+    def __init__(self, steps: _Optional[_Iterable[_Union[ClaimedStep, _Mapping]]] = ..., blocked: _Optional[_Iterable[_Union[BlockedStep, _Mapping]]] = ..., report: _Optional[_Union[CompleteManyResponse, _Mapping]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ...) -> None: ...
+
+class ServerLimits(_message.Message):
+    __slots__ = ("max_payload_bytes", "max_step_calls", "max_error_text", "max_step_call_name")
+    MAX_PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEP_CALLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ERROR_TEXT_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEP_CALL_NAME_FIELD_NUMBER: _ClassVar[int]
+    max_payload_bytes: int
+    max_step_calls: int
+    max_error_text: int
+    max_step_call_name: int
+    def __init__(self, max_payload_bytes: _Optional[int] = ..., max_step_calls: _Optional[int] = ..., max_error_text: _Optional[int] = ..., max_step_call_name: _Optional[int] = ...) -> None: ...
 
 class BeginStepCallRequest(_message.Message):
     __slots__ = ("run_id", "node", "lease_token", "step_id", "seq", "function", "unsafe_to_repeat", "args_digest")

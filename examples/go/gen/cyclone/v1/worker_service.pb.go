@@ -1827,7 +1827,10 @@ type WorkResponse struct {
 	Blocked []*BlockedStep `protobuf:"bytes,2,rep,name=blocked,proto3" json:"blocked,omitempty"`
 	// The answer to the oldest report not yet answered, as CompleteMany would answer
 	// it; unset in a response that only hands out steps.
-	Report        *CompleteManyResponse `protobuf:"bytes,3,opt,name=report,proto3" json:"report,omitempty"`
+	Report *CompleteManyResponse `protobuf:"bytes,3,opt,name=report,proto3" json:"report,omitempty"`
+	// The server's limits, set in the first response of a stream (and only there): a
+	// worker checks what it sends against them, so that nothing is refused on the wire.
+	Limits        *ServerLimits `protobuf:"bytes,4,opt,name=limits,proto3" json:"limits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1883,6 +1886,89 @@ func (x *WorkResponse) GetReport() *CompleteManyResponse {
 	return nil
 }
 
+func (x *WorkResponse) GetLimits() *ServerLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+// The limits a server holds a worker's reports to (docs/operations.md, "Limits"). A
+// worker may keep lower ones of its own, never higher.
+type ServerLimits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The largest JSON payload (a step call's result, a handler's output), in bytes of
+	// its protobuf Value encoding: the server's --max-payload-bytes.
+	MaxPayloadBytes int64 `protobuf:"varint,1,opt,name=max_payload_bytes,json=maxPayloadBytes,proto3" json:"max_payload_bytes,omitempty"`
+	// The most step calls (steps, sleeps, events, children) one node's journal holds.
+	MaxStepCalls int32 `protobuf:"varint,2,opt,name=max_step_calls,json=maxStepCalls,proto3" json:"max_step_calls,omitempty"`
+	// The longest failure message or details, of a node or of a step call, in
+	// characters.
+	MaxErrorText int32 `protobuf:"varint,3,opt,name=max_error_text,json=maxErrorText,proto3" json:"max_error_text,omitempty"`
+	// The longest step_id, function and error type of a step call, in characters.
+	MaxStepCallName int32 `protobuf:"varint,4,opt,name=max_step_call_name,json=maxStepCallName,proto3" json:"max_step_call_name,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ServerLimits) Reset() {
+	*x = ServerLimits{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServerLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServerLimits) ProtoMessage() {}
+
+func (x *ServerLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServerLimits.ProtoReflect.Descriptor instead.
+func (*ServerLimits) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ServerLimits) GetMaxPayloadBytes() int64 {
+	if x != nil {
+		return x.MaxPayloadBytes
+	}
+	return 0
+}
+
+func (x *ServerLimits) GetMaxStepCalls() int32 {
+	if x != nil {
+		return x.MaxStepCalls
+	}
+	return 0
+}
+
+func (x *ServerLimits) GetMaxErrorText() int32 {
+	if x != nil {
+		return x.MaxErrorText
+	}
+	return 0
+}
+
+func (x *ServerLimits) GetMaxStepCallName() int32 {
+	if x != nil {
+		return x.MaxStepCallName
+	}
+	return 0
+}
+
 // Arguments of WorkerService.BeginStepCall. The node is named by run_id and node;
 // lease_token is the one its Claim returned.
 type BeginStepCallRequest struct {
@@ -1915,7 +2001,7 @@ type BeginStepCallRequest struct {
 
 func (x *BeginStepCallRequest) Reset() {
 	*x = BeginStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1927,7 +2013,7 @@ func (x *BeginStepCallRequest) String() string {
 func (*BeginStepCallRequest) ProtoMessage() {}
 
 func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[21]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1940,7 +2026,7 @@ func (x *BeginStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallRequest.ProtoReflect.Descriptor instead.
 func (*BeginStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{21}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BeginStepCallRequest) GetRunId() string {
@@ -2015,7 +2101,7 @@ type BeginStepCallResponse struct {
 
 func (x *BeginStepCallResponse) Reset() {
 	*x = BeginStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2113,7 @@ func (x *BeginStepCallResponse) String() string {
 func (*BeginStepCallResponse) ProtoMessage() {}
 
 func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[22]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2126,7 @@ func (x *BeginStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginStepCallResponse.ProtoReflect.Descriptor instead.
 func (*BeginStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{22}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *BeginStepCallResponse) GetDecision() StepCallDecision {
@@ -2096,7 +2182,7 @@ type EndStepCallRequest struct {
 
 func (x *EndStepCallRequest) Reset() {
 	*x = EndStepCallRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2108,7 +2194,7 @@ func (x *EndStepCallRequest) String() string {
 func (*EndStepCallRequest) ProtoMessage() {}
 
 func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[23]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2121,7 +2207,7 @@ func (x *EndStepCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallRequest.ProtoReflect.Descriptor instead.
 func (*EndStepCallRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{23}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EndStepCallRequest) GetRunId() string {
@@ -2237,7 +2323,7 @@ type EndStepCallResponse struct {
 
 func (x *EndStepCallResponse) Reset() {
 	*x = EndStepCallResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2249,7 +2335,7 @@ func (x *EndStepCallResponse) String() string {
 func (*EndStepCallResponse) ProtoMessage() {}
 
 func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[24]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2262,7 +2348,7 @@ func (x *EndStepCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndStepCallResponse.ProtoReflect.Descriptor instead.
 func (*EndStepCallResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{24}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *EndStepCallResponse) GetCall() *StepCall {
@@ -2304,7 +2390,7 @@ type StartChildRequest struct {
 
 func (x *StartChildRequest) Reset() {
 	*x = StartChildRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[25]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2316,7 +2402,7 @@ func (x *StartChildRequest) String() string {
 func (*StartChildRequest) ProtoMessage() {}
 
 func (x *StartChildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[25]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2329,7 +2415,7 @@ func (x *StartChildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartChildRequest.ProtoReflect.Descriptor instead.
 func (*StartChildRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{25}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StartChildRequest) GetRunId() string {
@@ -2399,7 +2485,7 @@ type StartChildResponse struct {
 
 func (x *StartChildResponse) Reset() {
 	*x = StartChildResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[26]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +2497,7 @@ func (x *StartChildResponse) String() string {
 func (*StartChildResponse) ProtoMessage() {}
 
 func (x *StartChildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[26]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +2510,7 @@ func (x *StartChildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartChildResponse.ProtoReflect.Descriptor instead.
 func (*StartChildResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{26}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StartChildResponse) GetChildRunId() string {
@@ -2477,7 +2563,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[27]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2489,7 +2575,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[27]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2502,7 +2588,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{27}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WaitRequest) GetRunId() string {
@@ -2614,7 +2700,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[28]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2626,7 +2712,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_worker_service_proto_msgTypes[28]
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2639,7 +2725,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{28}
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WaitResponse) GetDecision() WaitDecision {
@@ -2781,11 +2867,17 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x120\n" +
 	"\aactions\x18\x02 \x03(\v2\x16.cyclone.v1.ActionSpecR\aactions\x12/\n" +
 	"\x05lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x12\x19\n" +
-	"\bbuild_id\x18\x04 \x01(\tR\abuildId\"\xaa\x01\n" +
+	"\bbuild_id\x18\x04 \x01(\tR\abuildId\"\xdc\x01\n" +
 	"\fWorkResponse\x12-\n" +
 	"\x05steps\x18\x01 \x03(\v2\x17.cyclone.v1.ClaimedStepR\x05steps\x121\n" +
 	"\ablocked\x18\x02 \x03(\v2\x17.cyclone.v1.BlockedStepR\ablocked\x128\n" +
-	"\x06report\x18\x03 \x01(\v2 .cyclone.v1.CompleteManyResponseR\x06report\"\xf4\x01\n" +
+	"\x06report\x18\x03 \x01(\v2 .cyclone.v1.CompleteManyResponseR\x06report\x120\n" +
+	"\x06limits\x18\x04 \x01(\v2\x18.cyclone.v1.ServerLimitsR\x06limits\"\xb3\x01\n" +
+	"\fServerLimits\x12*\n" +
+	"\x11max_payload_bytes\x18\x01 \x01(\x03R\x0fmaxPayloadBytes\x12$\n" +
+	"\x0emax_step_calls\x18\x02 \x01(\x05R\fmaxStepCalls\x12$\n" +
+	"\x0emax_error_text\x18\x03 \x01(\x05R\fmaxErrorText\x12+\n" +
+	"\x12max_step_call_name\x18\x04 \x01(\x05R\x0fmaxStepCallName\"\xf4\x01\n" +
 	"\x14BeginStepCallRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
@@ -2883,7 +2975,7 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
 	(WaitDecision)(0),             // 1: cyclone.v1.WaitDecision
@@ -2908,112 +3000,114 @@ var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(*WorkRequest)(nil),           // 20: cyclone.v1.WorkRequest
 	(*WorkOpen)(nil),              // 21: cyclone.v1.WorkOpen
 	(*WorkResponse)(nil),          // 22: cyclone.v1.WorkResponse
-	(*BeginStepCallRequest)(nil),  // 23: cyclone.v1.BeginStepCallRequest
-	(*BeginStepCallResponse)(nil), // 24: cyclone.v1.BeginStepCallResponse
-	(*EndStepCallRequest)(nil),    // 25: cyclone.v1.EndStepCallRequest
-	(*EndStepCallResponse)(nil),   // 26: cyclone.v1.EndStepCallResponse
-	(*StartChildRequest)(nil),     // 27: cyclone.v1.StartChildRequest
-	(*StartChildResponse)(nil),    // 28: cyclone.v1.StartChildResponse
-	(*WaitRequest)(nil),           // 29: cyclone.v1.WaitRequest
-	(*WaitResponse)(nil),          // 30: cyclone.v1.WaitResponse
-	nil,                           // 31: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 33: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
-	(*StepCall)(nil),              // 35: cyclone.v1.StepCall
-	(StepStatus)(0),               // 36: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 37: cyclone.v1.StepError
-	(*LogLine)(nil),               // 38: cyclone.v1.LogLine
-	(RunStatus)(0),                // 39: cyclone.v1.RunStatus
-	(*StepCallError)(nil),         // 40: cyclone.v1.StepCallError
-	(*Workflow)(nil),              // 41: cyclone.v1.Workflow
-	(*EventWait)(nil),             // 42: cyclone.v1.EventWait
+	(*ServerLimits)(nil),          // 23: cyclone.v1.ServerLimits
+	(*BeginStepCallRequest)(nil),  // 24: cyclone.v1.BeginStepCallRequest
+	(*BeginStepCallResponse)(nil), // 25: cyclone.v1.BeginStepCallResponse
+	(*EndStepCallRequest)(nil),    // 26: cyclone.v1.EndStepCallRequest
+	(*EndStepCallResponse)(nil),   // 27: cyclone.v1.EndStepCallResponse
+	(*StartChildRequest)(nil),     // 28: cyclone.v1.StartChildRequest
+	(*StartChildResponse)(nil),    // 29: cyclone.v1.StartChildResponse
+	(*WaitRequest)(nil),           // 30: cyclone.v1.WaitRequest
+	(*WaitResponse)(nil),          // 31: cyclone.v1.WaitResponse
+	nil,                           // 32: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 34: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
+	(*StepCall)(nil),              // 36: cyclone.v1.StepCall
+	(StepStatus)(0),               // 37: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 38: cyclone.v1.StepError
+	(*LogLine)(nil),               // 39: cyclone.v1.LogLine
+	(RunStatus)(0),                // 40: cyclone.v1.RunStatus
+	(*StepCallError)(nil),         // 41: cyclone.v1.StepCallError
+	(*Workflow)(nil),              // 42: cyclone.v1.Workflow
+	(*EventWait)(nil),             // 43: cyclone.v1.EventWait
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	3,  // 0: cyclone.v1.ActionSpec.rate_limit:type_name -> cyclone.v1.RateLimit
-	32, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
+	33, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
 	2,  // 2: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	32, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	32, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	33, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	33, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
 	7,  // 5: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
 	6,  // 6: cyclone.v1.ClaimResponse.blocked:type_name -> cyclone.v1.BlockedStep
-	33, // 7: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	33, // 8: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	31, // 9: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	34, // 10: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	34, // 11: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	33, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	34, // 7: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	34, // 8: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	32, // 9: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	35, // 10: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	35, // 11: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	34, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
 	8,  // 13: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	35, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	36, // 15: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	37, // 16: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	33, // 17: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	32, // 18: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	38, // 19: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
-	34, // 20: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	33, // 21: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	36, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	37, // 15: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	38, // 16: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	34, // 17: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	33, // 18: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	39, // 19: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
+	35, // 20: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	34, // 21: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
 	12, // 22: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	38, // 23: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
-	32, // 24: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	36, // 25: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	34, // 26: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	39, // 27: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	39, // 23: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
+	33, // 24: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	37, // 25: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	35, // 26: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	40, // 27: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
 	11, // 28: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
-	25, // 29: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
-	23, // 30: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
+	26, // 29: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
+	24, // 30: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
 	18, // 31: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
 	16, // 32: cyclone.v1.CompleteManyResponse.step_call_end_results:type_name -> cyclone.v1.StepCallEndResult
 	17, // 33: cyclone.v1.CompleteManyResponse.step_call_begin_results:type_name -> cyclone.v1.StepCallBeginResult
-	26, // 34: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
+	27, // 34: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
 	19, // 35: cyclone.v1.StepCallEndResult.error:type_name -> cyclone.v1.CompleteError
-	24, // 36: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
+	25, // 36: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
 	19, // 37: cyclone.v1.StepCallBeginResult.error:type_name -> cyclone.v1.CompleteError
 	13, // 38: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
 	19, // 39: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
 	21, // 40: cyclone.v1.WorkRequest.open:type_name -> cyclone.v1.WorkOpen
 	14, // 41: cyclone.v1.WorkRequest.report:type_name -> cyclone.v1.CompleteManyRequest
 	2,  // 42: cyclone.v1.WorkOpen.actions:type_name -> cyclone.v1.ActionSpec
-	32, // 43: cyclone.v1.WorkOpen.lease:type_name -> google.protobuf.Duration
+	33, // 43: cyclone.v1.WorkOpen.lease:type_name -> google.protobuf.Duration
 	7,  // 44: cyclone.v1.WorkResponse.steps:type_name -> cyclone.v1.ClaimedStep
 	6,  // 45: cyclone.v1.WorkResponse.blocked:type_name -> cyclone.v1.BlockedStep
 	15, // 46: cyclone.v1.WorkResponse.report:type_name -> cyclone.v1.CompleteManyResponse
-	0,  // 47: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	35, // 48: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	39, // 49: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	33, // 50: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	40, // 51: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	35, // 52: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	41, // 53: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
-	33, // 54: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
-	35, // 55: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
-	34, // 56: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
-	42, // 57: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
-	1,  // 58: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
-	35, // 59: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
-	33, // 60: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	4,  // 61: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	9,  // 62: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	11, // 63: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	14, // 64: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	23, // 65: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	25, // 66: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	27, // 67: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
-	29, // 68: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
-	20, // 69: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
-	5,  // 70: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	10, // 71: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	13, // 72: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	15, // 73: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	24, // 74: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	26, // 75: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	28, // 76: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
-	30, // 77: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
-	22, // 78: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
-	70, // [70:79] is the sub-list for method output_type
-	61, // [61:70] is the sub-list for method input_type
-	61, // [61:61] is the sub-list for extension type_name
-	61, // [61:61] is the sub-list for extension extendee
-	0,  // [0:61] is the sub-list for field type_name
+	23, // 47: cyclone.v1.WorkResponse.limits:type_name -> cyclone.v1.ServerLimits
+	0,  // 48: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
+	36, // 49: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	40, // 50: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	34, // 51: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	41, // 52: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	36, // 53: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	42, // 54: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
+	34, // 55: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
+	36, // 56: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
+	35, // 57: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
+	43, // 58: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
+	1,  // 59: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
+	36, // 60: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
+	34, // 61: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	4,  // 62: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	9,  // 63: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	11, // 64: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	14, // 65: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	24, // 66: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	26, // 67: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	28, // 68: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
+	30, // 69: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
+	20, // 70: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
+	5,  // 71: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	10, // 72: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	13, // 73: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	15, // 74: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	25, // 75: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	27, // 76: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	29, // 77: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
+	31, // 78: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
+	22, // 79: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
+	71, // [71:80] is the sub-list for method output_type
+	62, // [62:71] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -3038,11 +3132,11 @@ func file_cyclone_v1_worker_service_proto_init() {
 		(*CompleteResult_Response)(nil),
 		(*CompleteResult_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[23].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[24].OneofWrappers = []any{
 		(*EndStepCallRequest_Output)(nil),
 		(*EndStepCallRequest_Error)(nil),
 	}
-	file_cyclone_v1_worker_service_proto_msgTypes[27].OneofWrappers = []any{
+	file_cyclone_v1_worker_service_proto_msgTypes[28].OneofWrappers = []any{
 		(*WaitRequest_WakeAt)(nil),
 		(*WaitRequest_Event)(nil),
 		(*WaitRequest_ChildRunId)(nil),
@@ -3053,7 +3147,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
