@@ -136,14 +136,29 @@ func recordedFailure(rec *cyclonev1.StepCallError) *Failure {
 }
 
 // typeName is the name and package path of err's dynamic type ("PathError",
-// "io/fs"), the pointer taken off.
+// "io/fs"), the pointer taken off. The wrappers of fmt.Errorf and errors.Join name
+// nothing: the error they wrap (the first) does.
 func typeName(err error) (string, string) {
 	t := reflect.TypeOf(err)
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
+	if pkg := t.PkgPath(); pkg == "fmt" || pkg == "errors" {
+		var inner error
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			inner = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			if errs := u.Unwrap(); len(errs) > 0 {
+				inner = errs[0]
+			}
+		}
+		if inner != nil {
+			return typeName(inner)
+		}
+	}
 	if t.Name() == "" {
-		return strings.TrimPrefix(t.String(), "*"), t.PkgPath()
+		return t.String(), t.PkgPath()
 	}
 	return t.Name(), t.PkgPath()
 }
