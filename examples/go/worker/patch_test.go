@@ -117,8 +117,11 @@ func TestAPatchIdUsedTwiceOrMalformedFailsTheNodeForGood(t *testing.T) {
 			_, _ = s.Patched(ctx, "p")
 			return s.DeprecatePatch(ctx, "p")
 		}, "DuplicateStepId"},
-		"empty":     {func(ctx context.Context, s *Step) error { _, err := s.Patched(ctx, ""); return err }, "InvalidPatchId"},
-		"too long":  {func(ctx context.Context, s *Step) error { _, err := s.Patched(ctx, strings.Repeat("p", 191)); return err }, "InvalidPatchId"},
+		"empty": {func(ctx context.Context, s *Step) error { _, err := s.Patched(ctx, ""); return err }, "InvalidPatchId"},
+		"too long": {func(ctx context.Context, s *Step) error {
+			_, err := s.Patched(ctx, strings.Repeat("p", 191))
+			return err
+		}, "InvalidPatchId"},
 		"a newline": {func(ctx context.Context, s *Step) error { return s.DeprecatePatch(ctx, "p\n") }, "InvalidPatchId"},
 	} {
 		t.Run(name, func(t *testing.T) {
