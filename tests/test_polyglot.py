@@ -517,6 +517,125 @@ def test_a_blocked_go_durable_function_resumes_as_resolved(
     second.stop()
 
 
+def _kill_and_block(server, operator, worker: Process, run_id: str, restarted) -> Process:
+    """Kill ``worker`` (in the unsafe charge of ``run_id``), let its lease run out and
+    start ``restarted()``: the replay blocks the run on the charge."""
+    worker.popen.kill()
+    worker.popen.wait()
+    server.advance_clock(120)
+    assert server.sweep() == 1
+    replaying = restarted()
+    assert operator.wait(run_id, timeout=PATIENCE).status == "blocked", replaying.log
+    resolved = _cyclone(
+        server, "resolve", run_id, "charge_card", "--result", '{"charge_id": "ch_found"}'
+    )
+    assert resolved.returncode == 0, resolved.stderr
+    return replaying
+
+
+def test_a_go_run_in_flight_on_old_code_takes_the_old_path_of_a_patch_after_a_restart(
+    cyclone_server, order_worker, operator
+):
+    # The code before the patch prices, reserves, and dies in the charge.
+    old = order_worker("-gateway-delay", "10m")
+    in_flight = operator.submit(_order_workflow(), ORDER)
+    eventually(
+        lambda: (
+            _calls(cyclone_server, in_flight) == ["price_order", "reserve_stock", "charge_card"]
+        ),
+        "the old body to reach the charge",
+        PATIENCE,
+    )
+    # The new code (free shipping behind the marker "free-shipping") replays it.
+    new = _kill_and_block(
+        cyclone_server,
+        operator,
+        old,
+        in_flight,
+        lambda: order_worker("-free-shipping", "-gateway-delay", "10m"),
+    )
+    run = operator.wait(in_flight, timeout=PATIENCE)
+    assert run.status == "completed", new.log
+    # The journal had reserve_stock where the marker would be: the old path, no waiver.
+    assert [c.step_id for c in run.step("fulfil").journal] == [
+        "price_order",
+        "reserve_stock",
+        "charge_card",
+        "send_receipt",
+    ]
+    assert run.step("fulfil").output["charged"] == 2290
+    assert _calls(cyclone_server, in_flight) == [
+        "price_order",
+        "reserve_stock",
+        "charge_card",
+        "send_receipt",
+    ]
+
+    # A run that starts on the new code records the marker and takes the new path...
+    fresh = operator.submit(_order_workflow(), {"order_id": "o-8", "amount": 1800})
+    eventually(
+        lambda: "charge_card" in _calls(cyclone_server, fresh), "the new body's charge", PATIENCE
+    )
+    journal = operator.get_run(fresh).step("fulfil").journal
+    assert [(c.step_id, c.function, str(c.status), c.output) for c in journal[:3]] == [
+        ("price_order", "price_order", "succeeded", 2290),
+        ("patch:free-shipping", "cyclone.patch", "succeeded", True),
+        ("waive_shipping", "waive_shipping", "succeeded", 1800),
+    ]
+    assert not journal[1].unsafe_to_repeat
+    # ... and keeps it when it replays after a restart: the marker is consumed.
+    last = _kill_and_block(
+        cyclone_server, operator, new, fresh, lambda: order_worker("-free-shipping")
+    )
+    run = operator.wait(fresh, timeout=PATIENCE)
+    assert run.status == "completed", last.log
+    assert run.step("fulfil").output["charged"] == 1800
+    assert [c.seq for c in run.step("fulfil").journal] == [1, 2, 3, 4, 5, 6]
+    assert _calls(cyclone_server, fresh) == [
+        "price_order",
+        "waive_shipping",
+        "reserve_stock",
+        "charge_card",
+        "send_receipt",
+    ]
+    last.stop()
+
+
+def test_a_go_step_result_over_the_payload_limit_is_its_recorded_failure(
+    cyclone_server, order_worker, operator
+):
+    # An invoice of 30,000 lines is over 1 MiB: render_invoice fails with
+    # StepResultTooLarge, and the body stores the invoice instead.
+    first = order_worker("-gateway-delay", "10m")
+    run_id = operator.submit(_order_workflow(), {**ORDER, "invoice_lines": 30_000})
+    expected = ["price_order", "reserve_stock", "render_invoice", "store_invoice", "charge_card"]
+    eventually(
+        lambda: _calls(cyclone_server, run_id) == expected, "the body to reach the charge", PATIENCE
+    )
+    journal = {c.step_id: c for c in operator.get_run(run_id).step("fulfil").journal}
+    rendered = journal["render_invoice"]
+    assert str(rendered.status) == "failed" and rendered.error is not None
+    assert (rendered.error.type, rendered.error.module) == (
+        "StepResultTooLarge",
+        "cyclone/examples/go/worker",
+    )
+    assert "the limit of a step result is 1048576 bytes" in rendered.error.message
+    assert rendered.error.attributes["limit"] == 1048576
+    assert rendered.error.attributes["size"] > 1048576
+    assert journal["store_invoice"].output == f"invoices/{run_id}"
+
+    # After a restart the replay gets the same typed failure from the journal and
+    # takes the same path, without rendering or storing again.
+    second = _kill_and_block(cyclone_server, operator, first, run_id, order_worker)
+    run = operator.wait(run_id, timeout=PATIENCE)
+    assert run.status == "completed", second.log
+    assert run.step("fulfil").output["invoice"] == f"invoices/{run_id}"
+    assert _calls(cyclone_server, run_id) == [*expected, "send_receipt"]
+    [(size,)] = cyclone_server.sql("SELECT length(body) FROM invoices WHERE run_id = %s", run_id)
+    assert size > 1048576
+    second.stop()
+
+
 def test_the_typescript_cli_says_what_the_server_answered_and_has_help(ts):
     helped = ts("--help")
     assert helped.returncode == 0 and "cyclone-ts wait RUN_ID" in helped.stdout

@@ -81,6 +81,8 @@ type Flags struct {
 	GatewayDelay time.Duration // how long the fake payment gateway takes to answer
 	Concurrency  int
 	Lease        time.Duration
+	// The server's --max-payload-bytes: outputs and step results are checked against it.
+	MaxPayloadBytes int
 }
 
 func parseFlags() Flags {
@@ -93,6 +95,8 @@ func parseFlags() Flags {
 		"how long the payment gateway takes to answer (for demos: kill the worker meanwhile)")
 	flag.IntVar(&f.Concurrency, "concurrency", 4, "handlers running at once")
 	flag.DurationVar(&f.Lease, "lease", 30*time.Second, "lease asked for each step; heartbeats every third")
+	flag.IntVar(&f.MaxPayloadBytes, "max-payload-bytes", DefaultMaxPayloadBytes,
+		"the server's payload limit (its --max-payload-bytes): larger outputs and step results fail")
 	flag.Parse()
 	return f
 }
@@ -106,7 +110,8 @@ func parseFlags() Flags {
 func Main(name, schema string, actions func(f Flags, db *pgxpool.Pool) []Action) {
 	f := parseFlags()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := serve(f, schema, Options{Concurrency: f.Concurrency, Lease: f.Lease, Logger: log}, actions); err != nil {
+	if err := serve(f, schema, Options{Concurrency: f.Concurrency, Lease: f.Lease, Logger: log,
+		Limits: Limits{MaxPayloadBytes: f.MaxPayloadBytes}}, actions); err != nil {
 		log.Error(name+" failed", "error", err)
 		os.Exit(1)
 	}

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -36,10 +35,22 @@ const stepCompleteSQL = `SELECT run_status FROM cyclone.step_complete($1, $2, $3
 // wraps ErrLeaseLost. The handler should return the error; the worker then drops the
 // step without reporting anything. A repeat of a completion that already committed
 // raises CY005 and is rolled back the same way; the step is done, so it returns nil.
+//
+// An output over the payload limit is not recorded: tx is rolled back and the error is
+// a non-retryable OutputTooLarge failure, for the handler to return.
 func (s *Step) CompleteInTx(ctx context.Context, tx pgx.Tx, output any) error {
-	raw, err := json.Marshal(output)
+	value, err := toValue(output)
+	if err == nil {
+		err = outputTooLarge(value, s.limits)
+	}
 	if err != nil {
-		return fmt.Errorf("output is not JSON: %w", err)
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	raw, err := value.MarshalJSON()
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return err
 	}
 	var runStatus string
 	err = tx.QueryRow(ctx, stepCompleteSQL, s.RunId, s.Node, s.LeaseToken, raw).Scan(&runStatus)
@@ -84,7 +95,7 @@ func CallInTx[T any](ctx context.Context, s *Step, db TxStarter, name string, fn
 	var c *stepCall
 	if s != nil {
 		var err error
-		if c, err = s.begin(ctx, name, opts); err != nil || c.recorded != nil {
+		if c, err = s.begin(ctx, name, fn, opts); err != nil || c.recorded != nil {
 			return replayed[T](c, err)
 		}
 	}
@@ -107,6 +118,11 @@ func CallInTx[T any](ctx context.Context, s *Step, db TxStarter, name string, fn
 	value, err := toValue(out)
 	if err != nil {
 		return zero, s.stop(fatal("StepCallError", "the return value of step call %s is not JSON: %v", c.id, err))
+	}
+	if tooLarge := c.tooLarge(value); tooLarge != nil {
+		// Recorded as the call's failure, and its writes undone with the transaction.
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return replayed[T](c.end(ctx, nil, tooLarge))
 	}
 	raw, err := value.MarshalJSON()
 	if err != nil {

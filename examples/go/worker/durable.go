@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	cyclonev1 "cyclone/examples/go/gen/cyclone/v1"
@@ -59,6 +60,7 @@ type journal struct {
 	bySeq    map[int32]*cyclonev1.StepCall
 	seq      int32
 	occurred map[string]int
+	used     map[string]bool // the step ids of this attempt's calls and patch markers
 	// The node must stop: its effect is uncertain, its lease is lost, or the body
 	// called steps out of the recorded order. Every later call returns it.
 	stopped error
@@ -70,6 +72,7 @@ func (s *Step) journal() *journal {
 			byID:     make(map[string]*cyclonev1.StepCall),
 			bySeq:    make(map[int32]*cyclonev1.StepCall),
 			occurred: make(map[string]int),
+			used:     make(map[string]bool),
 		}
 		for _, c := range s.Journal {
 			j.byID[c.StepId] = c
@@ -92,14 +95,21 @@ type stepCall struct {
 
 // Call runs fn as the step call name of the durable function s, or answers it from
 // the journal. The value is what fn returned, passed through JSON as a replay would
-// decode it. A recorded failure comes back as a *Failure with the original type and
-// message. Outside a durable function (s nil), fn simply runs.
+// decode it. A failure comes back as a *Failure read from what the journal recorded
+// (the same on the first run and on replays): the original type and message, and
+// the error rebuilt when this package knows it (errors.As finds a
+// *StepResultTooLarge). Outside a durable function (s nil), fn simply runs.
+//
+// name is what the journal records as the called function and the base of the step
+// ids of its calls; empty, it is fn's own name without its package path
+// ("priceOrder", "orders.charge" for a method), which needs a named function: a
+// function literal has no name that stays the same when the code around it changes.
 func Call[T any](ctx context.Context, s *Step, name string, fn func(context.Context) (T, error), opts ...CallOption) (T, error) {
 	var zero T
 	if s == nil {
 		return fn(ctx)
 	}
-	c, err := s.begin(ctx, name, opts)
+	c, err := s.begin(ctx, name, fn, opts)
 	if err != nil || c.recorded != nil {
 		return replayed[T](c, err)
 	}
@@ -114,8 +124,22 @@ func Call[T any](ctx context.Context, s *Step, name string, fn func(context.Cont
 		if value, err = toValue(out); err != nil {
 			return zero, s.stop(fatal("StepCallError", "the return value of step call %s is not JSON: %v", c.id, err))
 		}
+		if fnErr = c.tooLarge(value); fnErr != nil {
+			value = nil
+		}
 	}
 	return replayed[T](c.end(ctx, value, fnErr))
+}
+
+// tooLarge is the failure of the call when its result is over the payload limit:
+// it is recorded as the call's failure instead of the result, which the server would
+// refuse.
+func (c *stepCall) tooLarge(value *structpb.Value) error {
+	limit := c.step.limits.payload()
+	if size := proto.Size(value); size > limit {
+		return &StepResultTooLarge{StepID: c.id, Function: c.function, Size: size, Limit: limit}
+	}
+	return nil
 }
 
 // replayed turns a recorded entry into what Call returns.
@@ -124,8 +148,8 @@ func replayed[T any](c *stepCall, err error) (T, error) {
 	if err != nil {
 		return out, err
 	}
-	if f := c.recorded.GetError(); c.recorded.GetStatus() == cyclonev1.StepCallStatus_STEP_CALL_STATUS_FAILED {
-		return out, &Failure{Type: f.GetType(), Message: f.GetMessage()}
+	if c.recorded.GetStatus() == cyclonev1.StepCallStatus_STEP_CALL_STATUS_FAILED {
+		return out, recordedFailure(c.recorded.GetError())
 	}
 	if err := decode(c.recorded.GetOutput(), &out); err != nil {
 		return out, fmt.Errorf("step call %s: the recorded output does not decode: %w", c.recorded.GetStepId(), err)
@@ -136,10 +160,17 @@ func replayed[T any](c *stepCall, err error) (T, error) {
 // begin gives the call its seq and step id, checks that the journal agrees with the
 // body, and finds its outcome: from the claimed journal, or for an unsafe call from
 // BeginStepCall. c.recorded stays nil when the call must run.
-func (s *Step) begin(ctx context.Context, name string, opts []CallOption) (*stepCall, error) {
+func (s *Step) begin(ctx context.Context, name string, fn any, opts []CallOption) (*stepCall, error) {
 	var o callOptions
 	for _, opt := range opts {
 		opt(&o)
+	}
+	function, err := stepName(name, fn)
+	if err == nil && o.stepID != "" {
+		err = checkName("step id", o.stepID, maxName)
+	}
+	if err != nil {
+		return nil, s.stop(fatal("InvalidStepName", "%v", err))
 	}
 	j := s.journal()
 	j.mu.Lock()
@@ -147,26 +178,28 @@ func (s *Step) begin(ctx context.Context, name string, opts []CallOption) (*step
 		j.mu.Unlock()
 		return nil, j.stopped
 	}
-	j.seq++
-	j.occurred[name]++
 	id := o.stepID
 	if id == "" {
-		id = name
-		if n := j.occurred[name]; n > 1 {
-			id = fmt.Sprintf("%s#%d", name, n)
+		id = function
+		if n := j.occurred[function] + 1; n > 1 {
+			id = fmt.Sprintf("%s#%d", function, n)
 		}
 	}
-	c := &stepCall{step: s, id: id, seq: j.seq, function: name, unsafe: o.unsafe, recorded: j.byID[id]}
+	if err := j.take(id, function, s.limits); err != nil {
+		j.mu.Unlock()
+		return nil, s.stop(err)
+	}
+	j.occurred[function]++
+	c := &stepCall{step: s, id: id, seq: j.seq, function: function, unsafe: o.unsafe, recorded: j.byID[id]}
 	atSeq := j.bySeq[c.seq]
 	j.mu.Unlock()
 
-	switch {
-	case atSeq != nil && atSeq.StepId != c.id:
-		return nil, s.stop(fatal("ReplayMismatch", "step call %d of the body is %s, but the journal recorded %s there: "+
-			"a replay must make its step calls in the recorded order", c.seq, c.id, atSeq.StepId))
-	case c.recorded != nil && c.recorded.Function != c.function:
-		return nil, s.stop(fatal("ReplayMismatch", "step id %s was recorded for function %s, and the body now calls %s with it",
-			c.id, c.recorded.Function, c.function))
+	if err := c.matches(atSeq); err != nil {
+		return nil, s.stop(err)
+	}
+	if atSeq != nil {
+		// The journal's name for the function stands (an older form of it).
+		c.function = atSeq.Function
 	}
 	if c.recorded.GetStatus() == cyclonev1.StepCallStatus_STEP_CALL_STATUS_STARTED {
 		// Begun by an unsafe call with no outcome. Only BeginStepCall may decide
@@ -204,8 +237,7 @@ func (c *stepCall) end(ctx context.Context, value *structpb.Value, fnErr error) 
 		StepId: c.id, Seq: c.seq, Function: c.function, UnsafeToRepeat: c.unsafe,
 	}
 	if fnErr != nil {
-		f := failure(fnErr)
-		req.Outcome = &cyclonev1.EndStepCallRequest_Error{Error: &cyclonev1.StepCallError{Type: f.Type, Message: f.Message}}
+		req.Outcome = &cyclonev1.EndStepCallRequest_Error{Error: errorRecord(fnErr)}
 	} else {
 		req.Outcome = &cyclonev1.EndStepCallRequest_Output{Output: value}
 	}

@@ -25,6 +25,7 @@ type Step struct {
 	cancel      context.CancelCauseFunc       // stops the handler (see stop)
 	journalOnce sync.Once
 	steps       *journal // the step calls of a durable function; see Call
+	limits      Limits   // checked before anything is sent; zero fields: the defaults
 }
 
 // Key is the step's idempotency key, "run_id:node": the same on every attempt, so an
@@ -48,13 +49,28 @@ func (s *Step) DecodeUpstream(node string, v any) error {
 
 // Failure is a handler error with a class name (Failure.type in the protocol) and
 // whether retrying can help. Other errors are reported as retryable.
+//
+// A step call's failure comes back to the body as a *Failure too, read from what the
+// journal recorded (on the first run as on every replay): Type, Message, Details and
+// Module as recorded, and Err the error rebuilt from the record when this package
+// knows its type (a *StepResultTooLarge), so errors.As finds it.
 type Failure struct {
-	Type         string
-	Message      string
+	Type    string
+	Message string
+	// Free text for people: for an error recorded by this package, the chain of
+	// wrapped errors with their Go types.
+	Details string
+	// The Go package path of the error's type (StepCallError.module), when known.
+	Module       string
 	NonRetryable bool
+	// The error this failure stands for, when it can be rebuilt; see Unwrap.
+	Err error
 }
 
 func (f *Failure) Error() string { return f.Type + ": " + f.Message }
+
+// Unwrap is the rebuilt error, for errors.As and errors.Is.
+func (f *Failure) Unwrap() error { return f.Err }
 
 // NonRetryable makes err a failure that discards the step at once: another attempt
 // would fail the same way.

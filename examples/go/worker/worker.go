@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -53,6 +52,9 @@ type Options struct {
 	Lease       time.Duration // lease asked at claim and at each heartbeat; default 30s
 	ClaimWait   time.Duration // long-poll of each Claim; default 10s
 	Logger      *slog.Logger
+	// The server's payload limit and the journal's size, which outputs and step
+	// results are checked against before they are sent; zero fields: the defaults.
+	Limits Limits
 }
 
 // Worker serves a set of actions. Run it with Run.
@@ -102,6 +104,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	if len(w.actions) == 0 {
 		return errors.New("the worker serves no action")
 	}
+	if l := w.opts.Limits; l.MaxPayloadBytes < 0 || l.MaxStepCalls < 0 || l.MaxStepCalls > MaxStepCalls {
+		return fmt.Errorf("limits: MaxPayloadBytes must be positive, MaxStepCalls 1-%d; got %d and %d",
+			MaxStepCalls, l.MaxPayloadBytes, l.MaxStepCalls)
+	}
 	specs := make([]*cyclonev1.ActionSpec, 0, len(w.actions))
 	for _, a := range w.actions {
 		specs = append(specs, &cyclonev1.ActionSpec{Name: a.Name, UnsafeToRepeat: a.UnsafeToRepeat})
@@ -143,7 +149,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			running.Add(1)
 			go func() {
 				defer func() { <-slots; running.Done() }()
-				w.runStep(&Step{ClaimedStep: claimed, client: w.client})
+				w.runStep(&Step{ClaimedStep: claimed, client: w.client, limits: w.opts.Limits})
 			}()
 		}
 	}
@@ -215,6 +221,9 @@ func (w *Worker) runStep(step *Step) {
 		if err == nil {
 			var value *structpb.Value
 			if value, err = toValue(output); err == nil {
+				err = outputTooLarge(value, step.limits)
+			}
+			if err == nil {
 				req := completeRequest(step)
 				req.Outcome = &cyclonev1.CompleteRequest_Output{Output: value}
 				w.report(req, step, log)
@@ -308,12 +317,14 @@ func completeRequest(step *Step) *cyclonev1.CompleteRequest {
 	return &cyclonev1.CompleteRequest{RunId: step.RunId, Node: step.Node, LeaseToken: step.LeaseToken}
 }
 
+// failure is the node's failure for err: a *Failure's type and retry mark, else the
+// error's Go type, retryable; texts made to fit what the server takes, so that a
+// long or odd message never gets the report refused.
 func failure(err error) *cyclonev1.Failure {
+	rec := errorRecord(err)
 	var f *Failure
-	if errors.As(err, &f) {
-		return &cyclonev1.Failure{Type: f.Type, Message: f.Message, NonRetryable: f.NonRetryable}
-	}
-	return &cyclonev1.Failure{Type: strings.TrimPrefix(fmt.Sprintf("%T", err), "*"), Message: err.Error()}
+	return &cyclonev1.Failure{Type: rec.Type, Message: rec.Message, Details: rec.Details,
+		NonRetryable: errors.As(err, &f) && f.NonRetryable}
 }
 
 // backoff is an exponential delay from 100ms to 5s.

@@ -16,10 +16,20 @@
 // reservation with another step call and completes with status "cancelled": a handled
 // failure.
 //
+// An order that asks for an invoice ("invoice_lines": n in the run's input) has it
+// rendered by render_invoice before the charge. A large one is over the payload limit
+// of a step result: the call fails with worker.StepResultTooLarge, recorded as its
+// failure, and the body stores the invoice in the invoices table instead
+// (store_invoice) and keeps a reference to it.
+//
+// With -free-shipping the worker runs the next version of the body: shipping is
+// waived (waive_shipping) behind the patch marker "free-shipping", so that a run that
+// went past pricing on the code before keeps its price when it replays on this one.
+//
 // Every step writes a row to the order_log table, so a test (or you) can count how
 // many times each one really ran.
 //
-//	order-worker [-address HOST:PORT] [-database-url URL] [-limit CENTS] [-gateway-delay D]
+//	order-worker [-address HOST:PORT] [-database-url URL] [-limit CENTS] [-gateway-delay D] [-free-shipping]
 //
 // SIGINT or SIGTERM stops claiming and waits for the orders in flight; a second
 // signal exits at once.
@@ -28,7 +38,9 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -49,11 +61,17 @@ CREATE TABLE IF NOT EXISTS order_log (
     run_id uuid        NOT NULL,
     call   text        NOT NULL,
     at     timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS invoices (
+    run_id uuid NOT NULL PRIMARY KEY,
+    body   text NOT NULL
 )`
 
 func main() {
+	freeShipping := flag.Bool("free-shipping", false,
+		"run the next version of the body: shipping is free (behind the patch marker \"free-shipping\")")
 	worker.Main("order-worker", schema, func(f worker.Flags, db *pgxpool.Pool) []worker.Action {
-		o := &orders{db: db, limit: f.Limit, gatewayDelay: f.GatewayDelay}
+		o := &orders{db: db, limit: f.Limit, gatewayDelay: f.GatewayDelay, freeShipping: *freeShipping}
 		return []worker.Action{{Name: "order.fulfil", Handler: o.fulfil}}
 	})
 }
@@ -62,12 +80,14 @@ type orders struct {
 	db           *pgxpool.Pool
 	limit        int
 	gatewayDelay time.Duration
+	freeShipping bool
 }
 
 // order is the run's input.
 type order struct {
-	OrderID string `json:"order_id"`
-	Amount  int    `json:"amount"` // cents
+	OrderID      string `json:"order_id"`
+	Amount       int    `json:"amount"`        // cents
+	InvoiceLines int    `json:"invoice_lines"` // 0: no invoice
 }
 
 // shipping is added to every order, in cents.
@@ -91,6 +111,21 @@ func (o *orders) fulfil(ctx context.Context, step *worker.Step) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.freeShipping {
+		// The change this version brings. A run that went past this point on the code
+		// before has no marker here: it takes the old path, and replays.
+		free, err := step.Patched(ctx, "free-shipping")
+		if err != nil {
+			return nil, err
+		}
+		if free {
+			if total, err = worker.Call(ctx, step, "waive_shipping", func(ctx context.Context) (int, error) {
+				return total - shipping, o.log(ctx, o.db, step, "waive_shipping")
+			}); err != nil {
+				return nil, err
+			}
+		}
+	}
 
 	reservation, err := worker.CallInTx(ctx, step, o.db, "reserve_stock",
 		func(ctx context.Context, tx pgx.Tx) (string, error) {
@@ -102,6 +137,13 @@ func (o *orders) fulfil(ctx context.Context, step *worker.Step) (any, error) {
 		})
 	if err != nil {
 		return nil, err
+	}
+
+	var invoice string
+	if in.InvoiceLines > 0 {
+		if invoice, err = o.invoice(ctx, step, in, total); err != nil {
+			return nil, err
+		}
 	}
 
 	paid, err := worker.Call(ctx, step, "charge_card", func(ctx context.Context) (charge, error) {
@@ -142,7 +184,42 @@ func (o *orders) fulfil(ctx context.Context, step *worker.Step) (any, error) {
 	}); err != nil {
 		return nil, err
 	}
-	return map[string]any{"status": "fulfilled", "reservation": reservation, "charge_id": paid.ChargeID, "charged": total}, nil
+	done := map[string]any{"status": "fulfilled", "reservation": reservation, "charge_id": paid.ChargeID, "charged": total}
+	if invoice != "" {
+		done["invoice"] = invoice
+	}
+	return done, nil
+}
+
+// invoice renders the order's invoice with a step call, and returns it; when it is
+// too large for the journal, it stores it with another and returns its reference.
+func (o *orders) invoice(ctx context.Context, step *worker.Step, in order, total int) (string, error) {
+	text, err := worker.Call(ctx, step, "render_invoice", func(ctx context.Context) (string, error) {
+		return renderInvoice(in, total), o.log(ctx, o.db, step, "render_invoice")
+	})
+	var tooLarge *worker.StepResultTooLarge
+	if !errors.As(err, &tooLarge) {
+		return text, err
+	}
+	// Recorded as the call's failure: a replay gets the same error and comes here too.
+	return worker.CallInTx(ctx, step, o.db, "store_invoice", func(ctx context.Context, tx pgx.Tx) (string, error) {
+		if err := o.log(ctx, tx, step, "store_invoice"); err != nil {
+			return "", err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO invoices (run_id, body) VALUES ($1, $2)`, step.RunId, renderInvoice(in, total))
+		return "invoices/" + step.RunId, err
+	})
+}
+
+// renderInvoice is the invoice's text: one line per item, then the total.
+func renderInvoice(in order, total int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Invoice for order %s\n", in.OrderID)
+	for i := range in.InvoiceLines {
+		fmt.Fprintf(&b, "%6d  item of order %s  %10d cents\n", i+1, in.OrderID, in.Amount/in.InvoiceLines)
+	}
+	fmt.Fprintf(&b, "Total (shipping included): %d cents\n", total)
+	return b.String()
 }
 
 type execer interface {
