@@ -35,10 +35,12 @@ WORKER = Path(__file__).with_name("build_worker_process.py")
 
 @dataclass
 class BuildLab(ProcessLab):
-    def start(self, build: str | None) -> subprocess.Popen:
+    def start(self, build: str | None, *, patched: bool = False) -> subprocess.Popen:
         """A worker process of ``build`` (None: a worker that declares none) serving the
-        actions of tests/build_worker_process.py."""
+        actions of tests/build_worker_process.py; ``patched``: its code has the patch
+        of the ``checkout`` body."""
         env = {k: v for k, v in os.environ.items() if k != "CYCLONE_BUILD_ID"}
+        env["CYCLONE_TEST_PATCHED"] = "1" if patched else "0"
         if build is not None:
             env["CYCLONE_BUILD_ID"] = build
         out = (self.logs / f"worker-{len(self.workers)}-{build}.log").open("w")
