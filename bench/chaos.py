@@ -138,9 +138,23 @@ EXECUTION_LOGGER = "chaos.execution"
 #: result is over it, which the body catches (StepResultTooLarge).
 PAYLOAD_LIMIT = 1 << 20
 LARGE_EVERY = 8
+#: About one durable body in this many calls a step whose first try fails and whose
+#: policy retries it after a durable backoff.
+RETRY_EVERY = 4
 
 #: The step ids of the durable body, in the order it calls them.
-BODY_ORDER = ("prepare_amount", "book", "note", "book#2", "large", "large#2", "total")
+BODY_ORDER = (
+    "prepare_amount",
+    "check",
+    "book",
+    "note",
+    "book#2",
+    "flaky",
+    "flaky~2",
+    "large",
+    "large#2",
+    "total",
+)
 TERMINAL = ("completed", "failed", "cancelled")
 #: The server's settings besides its address: frequent sweeps, no grace at SIGTERM.
 SERVER_FLAGS = ("--sweep-interval", "0.5", "--grace", "0", "--log-level", "WARNING")
@@ -289,6 +303,15 @@ def serve_worker(address: str, calls_dir: str, *flags: str) -> None:
         step_called()
         return amount
 
+    @step(retries=2, backoff=0.2, retry_on=ConnectionError)
+    def flaky(amount: int) -> int:
+        # A per-step policy: the first try of each call fails, the second (after a
+        # durable backoff) succeeds; each try is its own journal entry.
+        step_called()
+        if "~" not in current().step_id:
+            raise ConnectionError("the first try fails")
+        return amount
+
     @step
     def large(size: int) -> str:
         step_called()
@@ -306,6 +329,9 @@ def serve_worker(address: str, calls_dir: str, *flags: str) -> None:
         dawdle()
         second = book(amount)
         sizes = {}
+        # About one body in RETRY_EVERY retries a step inside the body.
+        if zlib.crc32(str(ctx.run_input["i"]).encode()) % RETRY_EVERY == 1:
+            sizes["retried"] = flaky(amount)
         # About one body in LARGE_EVERY, whatever the share of durable runs.
         if zlib.crc32(str(ctx.run_input["i"]).encode()) % LARGE_EVERY == 0:
             sizes["near"] = len(large(PAYLOAD_LIMIT - 1024))  # just under the limit

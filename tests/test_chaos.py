@@ -19,7 +19,7 @@ LAST_LINE = re.compile(
     r"runs=(\d+) completed=(\d+) lost=(\d+) ledger_duplicates=(\d+) "
     r"audit_duplicates=(\d+) handler_calls=(\d+) kills=(\d+) "
     r"durable_runs=(\d+) step_calls=(\d+) durable_duplicates=(\d+) "
-    r"attempt_duplicates=(\d+) merged_logs=(\d+)"
+    r"attempt_duplicates=(\d+) merged_logs=(\d+) moved_past_reruns=(\d+)"
 )
 
 
@@ -71,10 +71,11 @@ def test_a_short_soak_loses_no_run_and_writes_each_ledger_row_once():
         dups,
         attempt_dups,
         merged_logs,
+        moved_past,
     ) = map(int, match.groups())
     assert (runs, completed, lost, ledger_dups) == (200, 200, 0, 0), output
     assert (durable, dups) == (50, 0), output
-    assert (attempt_dups, merged_logs) == (0, 0), output
+    assert (attempt_dups, merged_logs, moved_past) == (0, 0, 0), output
     assert soak.returncode == 0, output
     # Each node of every run ran at least once: three per DAG run, one body per durable
     # run, whose five step calls ran at least once each.
