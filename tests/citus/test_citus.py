@@ -30,6 +30,8 @@ RUN_TABLES = {
 REFERENCE_TABLES = {
     "action_claims",
     "action_rates",
+    "build_workers",
+    "builds",
     "clock",
     "schedules",
     "schema_migrations",
