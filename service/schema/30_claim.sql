@@ -68,7 +68,10 @@ $$;
 -- waited (waited_s) and, for a step allowed to run after a failure, its failed or
 -- skipped upstream nodes with their last errors (upstream_failures), and the node's
 -- journal of step calls in seq order (NULL when it has none).
--- A worker marked unhealthy (cyclone.worker_health: a lease of it lapsed) gets nothing.
+-- A worker marked unhealthy (cyclone.worker_health: a lease of it lapsed) gets nothing:
+-- the pick reads the mark in its own snapshot, so a sweep that made steps available and
+-- marked their worker (one commit) is seen whole or not at all; a claim for that worker
+-- racing the sweep cannot take the steps the sweep freed.
 -- Builds (32_builds.sql): a worker of build p_build takes a node pinned to another build
 -- only when the node has no journal, or the build is in p_build's compatibility set;
 -- a worker without a build (p_build NULL) takes pinned nodes only when they have no
@@ -124,7 +127,8 @@ DECLARE
     -- The builds whose pinned nodes this worker may take (_build_set).
     v_builds    text[] := '{}';
 BEGIN
-    -- A worker whose lease lapsed is handed nothing until it shows it is alive.
+    -- A worker whose lease lapsed is handed nothing until it shows it is alive (checked
+    -- here to block no run for it, and again by the pick, in the pick's snapshot).
     IF EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = p_worker) THEN
         RETURN;
     END IF;
@@ -189,7 +193,9 @@ BEGIN
                           HAVING count(*) >= min(k.concurrency_limit))))
             ORDER BY s.priority DESC, s.available_at
             LIMIT a.room
-              FOR UPDATE SKIP LOCKED) c;
+              FOR UPDATE SKIP LOCKED) c
+     -- Evaluated once, in this statement's snapshot.
+     WHERE NOT EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = p_worker);
     IF cardinality(v_rows) = 0 THEN
         RETURN;
     END IF;
