@@ -19,7 +19,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from console import views
+from console import actions, views
 from console.pages import HERE, Console, http_status, render
 from console.sessions import COOKIE, Session, Sessions
 from pyclient.errors import CycloneError, Unauthenticated
@@ -122,7 +122,11 @@ def create_app(
             await console.channel.close()
 
     app = Starlette(
-        routes=[*views.routes, Mount("/static", StaticFiles(directory=HERE / "static"))],
+        routes=[
+            *actions.routes,
+            *views.routes,
+            Mount("/static", StaticFiles(directory=HERE / "static")),
+        ],
         middleware=[Middleware(_Sessions)],
         exception_handlers={CycloneError: _cyclone_error},
         lifespan=lifespan,

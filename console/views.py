@@ -19,7 +19,7 @@ from console.pages import Console, client_of, form_of, render, session_of
 from console.sessions import Sessions
 from pyclient.errors import CycloneError, InvalidArgument, PermissionDenied, Unauthenticated
 from pyclient.models import Explanation, Run, RunStatus, Step, StepStatus
-from pyclient.workflow import Workflow
+from pyclient.workflow import EVENT_ACTION, Workflow
 
 PAGE_SIZES = (20, 50, 100, 200)
 #: Counts by status are exact up to this many, then shown as "1,000+" (CountRuns).
@@ -159,6 +159,8 @@ async def _run(request: Request, template: str) -> Response:
 def run_actions(run: Run) -> list[str]:
     """What the page offers for the run; the server decides in the end."""
     offered = []
+    if run.status == RunStatus.BLOCKED and run.error is not None and run.error.node:
+        offered.append("resolve")
     if run.status == RunStatus.FAILED:
         offered.append("retry-all")
     if run.status in (RunStatus.RUNNING, RunStatus.BLOCKED, RunStatus.FAILED):
@@ -172,7 +174,20 @@ def step_actions(run: Run, step: Step) -> list[str]:
         offered.append("retry")
     if run.status == RunStatus.BLOCKED and run.error is not None and run.error.node == step.node:
         offered.append("resolve")
+    if awaited_event(step) and not RunStatus(run.status).finished:
+        offered.append("event")
     return offered
+
+
+def awaited_event(step: Step) -> str:
+    """The name of the event the node waits for now; "" when it waits for none."""
+    if step.waiting_for.startswith("event "):
+        return step.waiting_for.removeprefix("event ")
+    unfinished = step.status in (StepStatus.PENDING, StepStatus.AVAILABLE, StepStatus.RUNNING)
+    if step.action == EVENT_ACTION and unfinished and isinstance(step.input, Mapping):
+        name = step.input.get("event")
+        return name if isinstance(name, str) else ""
+    return ""
 
 
 #: Each action: its title, and whether it names a node.
