@@ -1,10 +1,11 @@
 """Starting a run from the console: of a workflow already seen, with the definition its
 latest run was submitted with, as that run's steps keep it, and an input typed as JSON.
 
-A run keeps, per node, its action, dependencies, trigger rule, attempt limit, timeout,
-static input, priority and event wait, and the page rebuilds the workflow from those.
-What a run does not keep (retry backoffs, concurrency limits) takes its default; the
-definition is shown, and can be edited, before the run starts. Submit (or SubmitOnce,
+A run keeps, per node, its action, dependencies, trigger rule, retry policy, timeout,
+static input, priority, concurrency limit and event wait, and the page rebuilds the
+workflow from those (GetRun's steps). A concurrency key is kept as it was evaluated
+for that run's input, not as the template it may have come from. The definition is
+shown, and can be edited, before the run starts. Submit (or SubmitOnce,
 with a key) validates everything and writes the run in one transaction: a refused
 definition or input leaves nothing behind and is shown on the form."""
 
@@ -20,7 +21,7 @@ from starlette.responses import RedirectResponse, Response
 
 from console.pages import client_of, form_of, http_status, render
 from pyclient.errors import CycloneError, InvalidArgument, NotFound, PermissionDenied
-from pyclient.models import Run
+from pyclient.models import Run, Step
 from pyclient.workflow import EVENT_ACTION, Workflow
 
 #: Runs read, newest first, for the names of the workflows seen.
@@ -58,15 +59,31 @@ def definition_of(run: Run) -> dict[str, Any]:
             nodes.append(node)
             continue
         node["action"] = s.action
-        node["retry"] = {"max_attempts": s.max_attempts}
+        node["retry"] = _retry_of(s)
         if s.timeout_s is not None:
             node["timeout"] = s.timeout_s
         if s.input is not None:
             node["input"] = s.input
         if s.priority != run.priority:
             node["priority"] = s.priority
+        if s.concurrency_key and s.concurrency_limit:
+            node["concurrency"] = {"key": s.concurrency_key, "limit": s.concurrency_limit}
         nodes.append(node)
     return {"name": run.workflow, "nodes": nodes}
+
+
+def _retry_of(step: Step) -> dict[str, Any]:
+    """The node's retry policy as submitted; from a server that does not say, only its
+    attempt limit (which an operator's retry may have raised)."""
+    policy = step.retry
+    if policy is None:
+        return {"max_attempts": step.max_attempts}
+    return {
+        "max_attempts": policy.max_attempts,
+        "initial_backoff": policy.initial_backoff,
+        "max_backoff": policy.max_backoff,
+        "multiplier": policy.multiplier,
+    }
 
 
 def _pretty(value: Any) -> str:

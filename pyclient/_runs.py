@@ -14,6 +14,7 @@ from google.protobuf import struct_pb2, timestamp_pb2
 
 from cyclone.jsonvalue import from_value
 from cyclone.v1 import types_pb2
+from pyclient.workflow import RetryPolicy
 
 T = TypeVar("T")
 
@@ -276,6 +277,10 @@ class Step:
     build_id: str = ""
     #: What its handlers logged, every attempt, oldest first (``get_run(..., logs=True)``).
     logs: tuple[LogLine, ...] = ()
+    #: The node's retry policy as submitted (``max_attempts`` before any operator retry)
+    #: and its concurrency limit (0 for none) (get_run only).
+    retry: RetryPolicy | None = None
+    concurrency_limit: int = 0
 
     @property
     def last_error(self) -> StepError | None:
@@ -292,7 +297,17 @@ class Step:
             journal=tuple(StepCall.from_proto(c) for c in p.journal),
             logs=tuple(LogLine.from_proto(line) for line in p.logs),
             timeout_s=p.timeout.ToTimedelta().total_seconds() if p.HasField("timeout") else None,
+            retry=_retry_of(p.retry) if p.HasField("retry") else None,
         )
+
+
+def _retry_of(p: types_pb2.RetryPolicy) -> RetryPolicy:
+    return RetryPolicy(
+        max_attempts=p.max_attempts,
+        initial_backoff=p.initial_backoff.ToTimedelta().total_seconds(),
+        max_backoff=p.max_backoff.ToTimedelta().total_seconds(),
+        multiplier=p.backoff_multiplier,
+    )
 
 
 @dataclass(frozen=True, slots=True)

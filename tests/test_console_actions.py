@@ -130,13 +130,14 @@ def test_a_waiting_node_offers_send_event_prefilled_and_bad_json_sends_nothing(
 def test_start_run_reuses_the_latest_definition_and_refusals_write_nothing(
     cyclone_server: Any, visitor: Browserless
 ) -> None:
+    fetch_node = node(
+        "fetch", action="fetch", max_attempts=4, backoff=7, timeout=30, input={"src": "s3"}
+    )
+    fetch_node.concurrency.key = "{run.day}"
+    fetch_node.concurrency.limit = 2
     first = submit(
         cyclone_server,
-        workflow(
-            "report",
-            node("fetch", action="fetch", max_attempts=4, timeout=30, input={"src": "s3"}),
-            node("build", deps=["fetch"], rule="all_done"),
-        ),
+        workflow("report", fetch_node, node("build", deps=["fetch"], rule="all_done")),
         input={"day": "monday"},
     )
     runs = visitor.get("/runs")
@@ -152,6 +153,8 @@ def test_start_run_reuses_the_latest_definition_and_refusals_write_nothing(
     )
     assert '"max_attempts": 4' in definition and '"timeout": 30.0' in definition
     assert '"trigger_rule": "all_done"' in definition and '"src": "s3"' in definition
+    assert '"initial_backoff": 7.0' in definition and '"max_backoff": 7.0' in definition
+    assert '"key": "monday"' in definition and '"limit": 2' in definition
     form = {"workflow": "report", "definition": definition, "key": "", "priority": "0"}
 
     def count() -> int:
@@ -179,6 +182,8 @@ def test_start_run_reuses_the_latest_definition_and_refusals_write_nothing(
     )
     fetch, build = run.steps
     assert (fetch.node, fetch.max_attempts, fetch.timeout.seconds) == ("fetch", 4, 30)
+    assert (fetch.retry.initial_backoff.seconds, fetch.retry.max_backoff.seconds) == (7, 7)
+    assert (fetch.concurrency_key, fetch.concurrency_limit) == ("monday", 2)
     assert fetch.input.struct_value.fields["src"].string_value == "s3"
     assert (build.node, list(build.depends_on)) == ("build", ["fetch"])
 
@@ -210,6 +215,8 @@ def test_retry_failed_runs_confirms_the_count_and_retries_each_with_an_audit(
         assert [(a.action, a.node, a.actor, a.reason) for a in run.audit] == [
             ("retry_all", "", "console-test", "disk freed")
         ]
+        # The retry raised the node's limit; its policy, as submitted, is unchanged.
+        assert (run.steps[0].max_attempts, run.steps[0].retry.max_attempts) == (2, 1)
     assert run_status(get_run(cyclone_server, other)) == "failed"
     # Posted again: no run is failed any more, and each one says why.
     again = visitor.post("/runs/retry-failed?workflow=report", {**form, "csrf": csrf_of(confirm)})

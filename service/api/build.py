@@ -105,6 +105,12 @@ def step_proto(s: StepJson, step_errors: list[types_pb2.StepError]) -> types_pb2
         build_id=s.get("build_id") or "",
     )
     step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
+    if "attempt_budget" in s:
+        step.retry.max_attempts = s["attempt_budget"]
+        step.retry.initial_backoff.FromNanoseconds(int(float(s["initial_backoff_s"]) * 1e9))
+        step.retry.max_backoff.FromNanoseconds(int(float(s["max_backoff_s"]) * 1e9))
+        step.retry.backoff_multiplier = s["backoff_multiplier"]
+    step.concurrency_limit = s.get("concurrency_limit") or 0
     for field in ("input", "output", "progress"):
         convert.set_json(step, field, s[field])
     step.journal.extend(convert.step_call(j) for j in s.get("journal") or ())

@@ -109,6 +109,12 @@ class StepJson(TypedDict):
     concurrency_key: str | None
     build_id: NotRequired[str | None]
     journal: list[StepCallJson] | None
+    # The node's policy as submitted (run_get reads them; other readers of steps not).
+    concurrency_limit: NotRequired[int | None]
+    attempt_budget: NotRequired[int]
+    initial_backoff_s: NotRequired[float]
+    max_backoff_s: NotRequired[float]
+    backoff_multiplier: NotRequired[float]
 
 
 class AuditJson(TypedDict):

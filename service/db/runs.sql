@@ -95,7 +95,11 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'waiting_for', CASE WHEN s.status IN ('available', 'pending')
                                        THEN s.waiting_for END,
                    'priority', s.priority, 'concurrency_key', s.concurrency_key,
-                   'build_id', s.build_id,
+                   'concurrency_limit', s.concurrency_limit, 'build_id', s.build_id,
+                   'attempt_budget', s.attempt_budget,
+                   'initial_backoff_s', extract(epoch FROM s.initial_backoff),
+                   'max_backoff_s', extract(epoch FROM s.max_backoff),
+                   'backoff_multiplier', s.backoff_multiplier,
                    -- _step_call_json's shape, written out: on Citus the row is a
                    -- shard's, of another type.
                    'journal', (SELECT jsonb_agg(to_jsonb(j) - 'run_id' - 'node' ORDER BY j.seq)

@@ -1041,9 +1041,16 @@ type Step struct {
 	// (ClaimRequest.build_id); empty when that worker declared none. While the node has a
 	// journal, its later attempts go only to workers of this build or of one compatible
 	// with it.
-	BuildId       string `protobuf:"bytes,28,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	BuildId string `protobuf:"bytes,28,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	// The node's retry policy as submitted (Node.retry with the server's defaults filled
+	// in): max_attempts is the policy's, before any operator Retry raised the node's
+	// limit (that is max_attempts above). GetRun only.
+	Retry *RetryPolicy `protobuf:"bytes,80,opt,name=retry,proto3" json:"retry,omitempty"`
+	// The node's concurrency limit (Node.concurrency.limit); 0 for a node without one.
+	// Its key, as evaluated at submit, is concurrency_key.
+	ConcurrencyLimit int32 `protobuf:"varint,81,opt,name=concurrency_limit,json=concurrencyLimit,proto3" json:"concurrency_limit,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
@@ -1270,6 +1277,20 @@ func (x *Step) GetBuildId() string {
 		return x.BuildId
 	}
 	return ""
+}
+
+func (x *Step) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+func (x *Step) GetConcurrencyLimit() int32 {
+	if x != nil {
+		return x.ConcurrencyLimit
+	}
+	return 0
 }
 
 // One line a handler logged, as a worker sends it with HeartbeatRequest.logs and
@@ -1876,7 +1897,8 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x129\n" +
 	"\n" +
 	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x17\n" +
-	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xb8\t\n" +
+	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\x94\n" +
+	"\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12.\n" +
@@ -1912,7 +1934,9 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"recoveries\x18\x1a \x01(\x05R\n" +
 	"recoveries\x12%\n" +
 	"\x0emax_recoveries\x18\x1b \x01(\x05R\rmaxRecoveries\x12\x19\n" +
-	"\bbuild_id\x18\x1c \x01(\tR\abuildId\"\x97\x01\n" +
+	"\bbuild_id\x18\x1c \x01(\tR\abuildId\x12-\n" +
+	"\x05retry\x18P \x01(\v2\x17.cyclone.v1.RetryPolicyR\x05retry\x12+\n" +
+	"\x11concurrency_limit\x18Q \x01(\x05R\x10concurrencyLimit\"\x97\x01\n" +
 	"\aLogLine\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x14\n" +
 	"\x05level\x18\x02 \x01(\tR\x05level\x12\x18\n" +
@@ -2066,23 +2090,24 @@ var file_cyclone_v1_types_proto_depIdxs = []int32{
 	20, // 32: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
 	13, // 33: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
 	12, // 34: cyclone.v1.Step.logs:type_name -> cyclone.v1.LogLine
-	20, // 35: cyclone.v1.LogLine.at:type_name -> google.protobuf.Timestamp
-	3,  // 36: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
-	19, // 37: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
-	14, // 38: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
-	20, // 39: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
-	20, // 40: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
-	20, // 41: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
-	19, // 42: cyclone.v1.StepCallError.args:type_name -> google.protobuf.Value
-	19, // 43: cyclone.v1.StepCallError.attributes:type_name -> google.protobuf.Value
-	20, // 44: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
-	20, // 45: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	19, // 46: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
-	47, // [47:47] is the sub-list for method output_type
-	47, // [47:47] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	8,  // 35: cyclone.v1.Step.retry:type_name -> cyclone.v1.RetryPolicy
+	20, // 36: cyclone.v1.LogLine.at:type_name -> google.protobuf.Timestamp
+	3,  // 37: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
+	19, // 38: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
+	14, // 39: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
+	20, // 40: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
+	20, // 41: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
+	20, // 42: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
+	19, // 43: cyclone.v1.StepCallError.args:type_name -> google.protobuf.Value
+	19, // 44: cyclone.v1.StepCallError.attributes:type_name -> google.protobuf.Value
+	20, // 45: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
+	20, // 46: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	19, // 47: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
+	48, // [48:48] is the sub-list for method output_type
+	48, // [48:48] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_types_proto_init() }
