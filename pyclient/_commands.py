@@ -32,6 +32,15 @@ from pyclient.workflow import Workflow
 FOLLOW_POLL_S = 0.5
 
 
+class Interrupted(Exception):
+    """Ctrl-C while the CLI waited for a run: the run goes on, and this names it."""
+
+    def __init__(self, run_id: str, following: bool) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
+        self.following = following
+
+
 def load_workflow_file(path: str, stdin: TextIO | None = None) -> tuple[Workflow, Any]:
     """The workflow and run input (or None) described by a YAML or JSON file."""
     if path == "-":
@@ -109,10 +118,19 @@ def _wait(client: Client, args: argparse.Namespace) -> Any:
 
 def _settled(client: Client, run_id: str, timeout: float | None, args: argparse.Namespace) -> Run:
     """The run once it is finished or blocked, followed on the way when asked (and by
-    default on a terminal, unless --json)."""
+    default on a terminal, unless --json). Ctrl-C is Interrupted, naming the run."""
     follow = args.follow
     if follow is None:
         follow = sys.stdout.isatty()
+    try:
+        return _settle(client, run_id, timeout, args, follow and not args.json)
+    except KeyboardInterrupt:
+        raise Interrupted(run_id, follow and not args.json) from None
+
+
+def _settle(
+    client: Client, run_id: str, timeout: float | None, args: argparse.Namespace, follow: bool
+) -> Run:
     if args.json:  # for scripts: the run alone
         return client.wait(run_id, timeout=timeout)
     if not follow:
@@ -138,6 +156,8 @@ def _settled(client: Client, run_id: str, timeout: float | None, args: argparse.
             for run in polls():
                 live.update(follow_view(run), refresh=True)
     else:
+        # The id first: the lines after it name only nodes.
+        out.print(f"following run {run_id} (Ctrl-C stops following; the run goes on)")
         seen: dict[str, tuple[str, int]] = {}
         for run in polls():
             for line in changes(seen, run):
@@ -242,17 +262,13 @@ def _retry_all(client: Client, args: argparse.Namespace) -> Any:
 def _resolve(client: Client, args: argparse.Namespace) -> Any:
     # --result null is a valid result, so "not given" is the attribute's absence.
     choice: dict[str, Any] = {"result": args.result} if hasattr(args, "result") else {}
-    node = args.node
-    if node is None:
-        error = client.get_run(args.run_id).error
-        if error is not None and error.step_id:
-            node = error.node  # blocked on a step call: TARGET is its step id
-    if node is not None:
-        choice["step_id"] = args.target
+    # TARGET is a step id when the run is blocked on a step call, its node otherwise:
+    # Client.resolve takes the same words.
     return client.resolve(
         args.run_id,
-        node if node is not None else args.target,
+        args.target,
         **choice,
+        node=args.node,
         error=args.error,
         discard=args.discard,
         reason=args.reason,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -150,6 +151,28 @@ def _json_arg(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
 
 
+def _count(text: str) -> int:
+    """A number of things, at least 1 (--limit, --attempt)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds, 0 or more and finite (--timeout, --wait)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, not {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: a command's options only override the top-level values when given.
@@ -220,7 +243,7 @@ def _submit_command(command: Command, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--wait",
-        type=float,
+        type=_seconds,
         metavar="SECONDS",
         help="then wait up to SECONDS for the run to finish or block, and show it "
         "(exit status and --follow as for run wait)",
@@ -258,7 +281,7 @@ def _run_commands(command: Command, common: argparse.ArgumentParser) -> None:
         parents=[common],
     )
     wait.add_argument("run_id", metavar="RUN")
-    wait.add_argument("--timeout", type=float, default=None, help="seconds (default: no limit)")
+    wait.add_argument("--timeout", type=_seconds, default=None, help="seconds (default: no limit)")
     _follow_flags(wait)
     wait.set_defaults(handler=_wait, settles=True)
 
@@ -276,7 +299,7 @@ def _logs_command(command: Command, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("node", metavar="NODE")
-    p.add_argument("--attempt", type=int, help="only this attempt's lines")
+    p.add_argument("--attempt", type=_count, help="only this attempt's lines")
     p.add_argument(
         "--follow",
         action="store_true",
@@ -298,7 +321,7 @@ def _runs_commands(command: Command, common: argparse.ArgumentParser) -> None:
     lst.add_argument("--workflow", help="only runs of this workflow")
     _status_flag(lst)
     lst.add_argument("--key", help="only the run SubmitOnce made with this key")
-    lst.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    lst.add_argument("--limit", type=_count, default=50, help="at most this many (default 50)")
     lst.set_defaults(handler=_list)
 
 
@@ -385,7 +408,7 @@ def _builds_commands(command: Command, common: argparse.ArgumentParser) -> None:
     builds_command("list", "every build workers declared").set_defaults(handler=_builds_list)
     runs = builds_command("runs", "the runs with unfinished nodes pinned to a build")
     runs.add_argument("build", metavar="BUILD")
-    runs.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    runs.add_argument("--limit", type=_count, default=100, help="at most this many (default 100)")
     runs.set_defaults(handler=_builds_runs)
     compatible = builds_command(
         "compatible", "let BUILD's workers and OTHER's take each other's pinned nodes"
@@ -426,7 +449,7 @@ def _schedule_commands(command: Command, common: argparse.ArgumentParser) -> Non
     create.add_argument("file", help="workflow file (YAML or JSON), '-' for stdin")
     when = create.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", metavar="EXPR", help="cron expression, e.g. '0 9 * * 1-5'")
-    when.add_argument("--every", type=int, metavar="SECONDS", help="a fixed interval")
+    when.add_argument("--every", type=_count, metavar="SECONDS", help="a fixed interval")
     create.add_argument("--time-zone", metavar="ZONE", help="IANA zone of --cron (default UTC)")
     create.add_argument("--input", type=_json_arg, help="run input as JSON (overrides the file's)")
     create.add_argument("--overlap", choices=["skip", "allow"], default="skip")
@@ -437,7 +460,7 @@ def _schedule_commands(command: Command, common: argparse.ArgumentParser) -> Non
         handler=lambda c, a: c.get_schedule(a.name)
     )
     lst = schedule_command("list", "list schedules by name")
-    lst.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
+    lst.add_argument("--limit", type=_count, default=1000, help="at most this many (default 1000)")
     lst.set_defaults(handler=_schedule_list)
     schedule_command("pause", "stop a schedule from firing").set_defaults(
         handler=lambda c, a: c.pause_schedule(a.name)
@@ -502,7 +525,7 @@ def _journal_commands(command: Command, common: argparse.ArgumentParser) -> None
     _status_flag(export)
     export.add_argument("--action", help="only the nodes of this action")
     export.add_argument(
-        "--limit", type=int, default=100, help="at most this many runs (default 100)"
+        "--limit", type=_count, default=100, help="at most this many runs (default 100)"
     )
     export.add_argument("-o", "--output", metavar="FILE", help="write here (default stdout)")
     export.set_defaults(handler=_journal_export)
