@@ -315,7 +315,7 @@ def _console(client: Client, args: argparse.Namespace) -> Any:
                 )
             )
     except ListenError as exc:
-        raise InvalidArgument(f"{exc}; set --listen to a free host:port") from None
+        raise InvalidArgument(f"{exc}; set {args.listen_setting} to a free host:port") from None
     return "console stopped"
 
 

@@ -545,6 +545,8 @@ def _console_command(command: Command, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tls-ca", metavar="PEM", help="call the server over TLS, trusting this CA certificate"
     )
+    # make run gives --listen from its CONSOLE variable: a refused port names that.
+    p.add_argument("--listen-setting", default="--listen", help=argparse.SUPPRESS)
     p.set_defaults(handler=_console)
 
 
