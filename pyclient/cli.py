@@ -86,6 +86,15 @@ def _print(result: Any, as_json: bool, out: TextIO) -> None:
         print(to_text(shown), file=out)
 
 
+def _interrupted(run_id: str | None, following: bool = False) -> None:
+    """The line Ctrl-C leaves: the run waited for goes on, and how to follow it again."""
+    if run_id is None:
+        print("cyclone: interrupted", file=sys.stderr)
+        return
+    again = f"cyclone run wait {run_id}" + (" --follow" if following else "")
+    print(f"cyclone: interrupted; run {run_id} goes on. Follow it again: {again}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None, *, client: Client | None = None) -> int:
     args = build_parser().parse_args(argv)
     own = client is None
@@ -104,15 +113,11 @@ def main(argv: Sequence[str] | None = None, *, client: Client | None = None) -> 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return READER_GONE
     except Interrupted as exc:
-        print(
-            f"cyclone: interrupted; run {exc.run_id} goes on. "
-            f"Follow it again with: cyclone run wait {exc.run_id}"
-            + (" --follow" if exc.following else ""),
-            file=sys.stderr,
-        )
+        _interrupted(exc.run_id, exc.following)
         return INTERRUPTED
     except KeyboardInterrupt:
-        print("cyclone: interrupted", file=sys.stderr)
+        # run wait names its run from the start; other commands had none to name yet.
+        _interrupted(getattr(args, "run_id", None) if getattr(args, "settles", False) else None)
         return INTERRUPTED
     except Unavailable as exc:
         print(
