@@ -47,6 +47,11 @@ The server is --address (default $CYCLONE_ADDRESS or 127.0.0.1:50051); --token (
 $CYCLONE_TOKEN) is sent as a bearer token; --actor (default $CYCLONE_ACTOR or your user
 name) is recorded in the audit trail of retry, resolve and cancel. --json prints
 machine-readable output. Options go before or after the command.
+
+Exit status: 0 success (a run waited for completed); 1 the call failed or was refused,
+or a wait timed out; 2 a usage error, or a run waited for failed, was cancelled or is
+blocked; 130 Ctrl-C (the run waited for goes on: the line names it); 141 the reader of
+the output went away (| head).
 """
 
 SUBMIT_HELP = """\
@@ -275,9 +280,9 @@ def _run_commands(command: Command, common: argparse.ArgumentParser) -> None:
         help="wait until a run is finished or blocked",
         description="Poll a run until it is completed, failed, cancelled or blocked, then "
         "show it. Exit status 0 when it completed, 2 when it failed, was cancelled or is "
-        "blocked, 1 when --timeout passes first. On a terminal it follows the run live "
-        "(a table of its steps, redrawn as they change) unless --no-follow or --json; "
-        "--follow elsewhere prints one line per change of a step.",
+        "blocked, 1 when --timeout passes first, 130 on Ctrl-C (the run goes on). On a "
+        "terminal it follows the run live (a table of its steps, redrawn as they change) "
+        "unless --no-follow or --json; --follow elsewhere prints one line per change of a step.",
         parents=[common],
     )
     wait.add_argument("run_id", metavar="RUN")

@@ -5,11 +5,22 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pyclient import NotFound, Run, RunStatus, Step, StepError, StepStatus, Submitted, cli
+from pyclient import (
+    AuditEntry,
+    NotFound,
+    Run,
+    RunStatus,
+    Step,
+    StepError,
+    StepStatus,
+    Submitted,
+    cli,
+)
 from pyclient import _render as render
 from pyclient.models import Retried, RunError, StepCall, StepCallError
 
@@ -424,3 +435,21 @@ def test_resolve_help_gives_the_shape_and_explains_each_choice(capsys):
     assert "so the body's except block and its cleanup run on replay" in text
     assert "--discard the effect did not happen; the step runs again" in text
     assert "false alarm" in text and "--reason is optional" in text
+
+
+def test_the_exit_status_table_in_the_docs_and_help_is_the_one_the_cli_uses():
+    docs = (Path(__file__).parents[2] / "docs" / "python-sdk.md").read_text()
+    table = docs.split("**Exit status.**", 1)[1].split("\n\n")[1]
+    documented = {int(row.split("|")[1]) for row in table.splitlines()[2:]}
+    assert documented == set(cli.EXIT_STATUS) == {0, 1, 2, 130, 141}
+    described = cli.build_parser().description or ""
+    for status in cli.EXIT_STATUS:
+        assert f" {status} " in described.split("Exit status:", 1)[1].replace("\n", " ")
+
+
+def test_run_show_heads_the_audit_trail():
+    entry = AuditEntry("resolve", "charge", "ops", "found at the PSP", None, None)
+    lines = render.render_run(replace(_run(), audit=(entry,))).splitlines()
+    heading = lines.index("audit trail (operator actions):")
+    assert "resolve charge by ops: found at the PSP" in lines[heading + 1]
+    assert "audit trail" not in render.render_run(_run())
