@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, TextIO
 import yaml
 from rich.live import Live
 
+from cyclone import flow
 from pyclient._render import (
     FINAL_STEPS,
     changes,
@@ -81,6 +83,41 @@ def _start_at_arg(text: str) -> dt.datetime | dt.timedelta:
     if when.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{text!r} needs a time zone, e.g. {text}Z")
     return when
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def _count(text: str) -> int:
+    """A number of things, at least 1 (--limit, --attempt)."""
+    value = _whole(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
+def _priority(text: str) -> int:
+    value = _whole(text)
+    try:
+        flow.check_priority("--priority", value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--priority: ")) from None
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds, 0 or more and finite (--timeout, --wait)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, not {text}")
+    return value
 
 
 # -- commands: each returns what to print (a Run, a list of runs, or a message) -------

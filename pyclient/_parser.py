@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -19,16 +18,19 @@ from pyclient._commands import (
     _builds_runs,
     _cancel,
     _console,
+    _count,
     _explain,
     _journal_export,
     _list,
     _logs,
+    _priority,
     _resolve,
     _retry,
     _retry_all,
     _schedule_create,
     _schedule_delete,
     _schedule_list,
+    _seconds,
     _send_event,
     _show,
     _start_at_arg,
@@ -156,28 +158,6 @@ def _json_arg(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
 
 
-def _count(text: str) -> int:
-    """A number of things, at least 1 (--limit, --attempt)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """A number of seconds, 0 or more and finite (--timeout, --wait)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, not {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: a command's options only override the top-level values when given.
@@ -244,7 +224,10 @@ def _submit_command(command: Command, common: argparse.ArgumentParser) -> None:
         help="not before TIME: ISO 8601 with a zone, or a delay (90s, 15m, 2h, 1d)",
     )
     p.add_argument(
-        "--priority", type=int, default=0, help="claim priority of the run's steps (default 0)"
+        "--priority",
+        type=_priority,
+        default=0,
+        help="claim priority of the run's steps (default 0)",
     )
     p.add_argument(
         "--wait",

@@ -362,6 +362,9 @@ def test_submit_follow_piped_to_head_in_a_shell_is_not_exit_1(cyclone_server, tm
         ["builds", "runs", "b1", "--limit", "-1"],
         ["journal", "export", "--limit", "-1"],
         ["schedule", "list", "--limit", "0"],
+        ["schedule", "create", "n", "f.yaml", "--every", "0"],
+        ["submit", "f.yaml", "--wait", "-1"],
+        ["submit", "f.yaml", "--priority", "2000000"],
     ],
     ids=lambda argv: " ".join(argv),
 )
