@@ -127,8 +127,11 @@ class ResolveTarget:
     def on(self, blocked_node: str | None, blocked_step_id: str | None) -> ResolveTarget:
         """The target read against the run's error: a step id when the run is blocked
         on a step call, its node otherwise."""
-        if blocked_step_id and blocked_node:
+        if blocked_step_id and blocked_node and self.node != blocked_node:
             return ResolveTarget(blocked_node, self.node)
+        if blocked_step_id and self.node == blocked_step_id:
+            return ResolveTarget(blocked_node or "", self.node)
+        # The node (the server names the step call when that is what blocks the run).
         return ResolveTarget(self.node, None)
 
 

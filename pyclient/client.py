@@ -277,7 +277,9 @@ class Client:
         ``target`` is what ``cyclone resolve RUN TARGET`` takes: the step id when the
         run is blocked on a step call of a durable function (``run.error.step_id``),
         the blocked node otherwise; this reads the run to tell which (``node=`` names
-        the node of the step call instead, and then no read is needed). For a step
+        the node of the step call instead, and then no read is needed). The node of a
+        run blocked on a step call is sent as the node, which the server refuses with
+        the step id to give. For a step
         call, ``result=`` records the call's return value, ``error=`` its failure (the
         body's replay raises StepFailed with type_name ``"EffectFailed"``, so its except
         runs) and ``discard=True`` deletes its entry (it runs on replay).

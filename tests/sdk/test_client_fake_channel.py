@@ -231,20 +231,34 @@ def test_resolve_of_a_step_call_sends_its_step_id_and_needs_no_node_nor_reason(s
 
 
 @pytest.mark.parametrize(
-    ("error", "sent"),
+    ("error", "target", "sent"),
     [
         (
             types_pb2.RunError(kind="EffectUncertain", node="pay", step_id="charge"),
+            "charge",
             ("pay", "charge"),
         ),
-        (types_pb2.RunError(kind="EffectUncertain", node="charge"), ("charge", "")),
+        (types_pb2.RunError(kind="EffectUncertain", node="charge"), "charge", ("charge", "")),
+        # The node of a step-call block, as older callers wrote it: sent as the node, so
+        # the server's refusal names the step id to give.
+        (
+            types_pb2.RunError(kind="EffectUncertain", node="pay", step_id="charge"),
+            "pay",
+            ("pay", ""),
+        ),
+        # A step call named like its node is the step call.
+        (
+            types_pb2.RunError(kind="EffectUncertain", node="pay", step_id="pay"),
+            "pay",
+            ("pay", "pay"),
+        ),
     ],
-    ids=["step-call", "node"],
+    ids=["step-call", "node", "node-of-a-step-call", "step-call-named-as-its-node"],
 )
-def test_resolve_takes_the_clis_target_a_step_id_or_the_blocked_node(server, error, sent):
+def test_resolve_takes_the_clis_target_a_step_id_or_the_blocked_node(server, error, target, sent):
     """As `cyclone resolve RUN TARGET`: the run's error tells a step id from a node."""
     client = Client(channel=server.channel)
-    future = server.call(lambda: client.resolve("r1", "charge", discard=True))
+    future = server.call(lambda: client.resolve("r1", target, discard=True))
     blocked = _run(types_pb2.RUN_STATUS_BLOCKED)
     blocked.error.CopyFrom(error)
     server.answer("WorkflowService", "GetRun", wf_pb.GetRunResponse(run=blocked))
