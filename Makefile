@@ -69,6 +69,9 @@ $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) &: examples/go/go.mod
 $(TS_NPM)/.package-lock.json: examples/ts/package-lock.json
 	cd examples/ts && npm ci --silent --no-audit --no-fund
 
+.PHONY: grpcurl
+grpcurl: $(GRPCURL) ## Install only grpcurl, in .tools/bin (needs Go; make tools installs it with the rest)
+
 .PHONY: tools
 tools: $(BUF) $(GRPCURL) $(PROTOC_GEN_GO) $(TS_NPM)/.package-lock.json ## Install buf, grpcurl, the Go and TS protoc plugins
 
@@ -123,9 +126,16 @@ fmt: $(VENV)/.stamp ## Format hand-written code
 
 .PHONY: run
 # The console is a second process, a client of the server; it goes when the server does.
+# The server starts once the console serves (it prints its URL in ready): a console that
+# cannot listen ends make run with its one line, and no server starts without it.
 run: $(VENV)/.serve-stamp ## Serve on $(ADDR), the console on http://$(CONSOLE)/; embedded Postgres unless CYCLONE_DATABASE_URL is set
-	$(VENV)/bin/cyclone console --address $(ADDR) --listen $(CONSOLE) --actor console & \
-	trap "kill $$! 2>/dev/null" EXIT; $(VENV)/bin/cyclone-server --listen $(ADDR)
+	@ready=$$(mktemp); trap 'kill $$console 2>/dev/null; rm -f $$ready' EXIT; \
+	$(VENV)/bin/cyclone console --address $(ADDR) --listen $(CONSOLE) --actor console \
+		--listen-setting CONSOLE >$$ready & console=$$!; \
+	until [[ -s $$ready ]]; do \
+		kill -0 $$console 2>/dev/null || { wait $$console; exit; }; sleep 0.1; \
+	done; \
+	$(VENV)/bin/cyclone-server --listen $(ADDR) --console-url "$$(sed -n 's/.* on //p' $$ready)"
 
 .PHONY: screenshots
 screenshots: $(VENV)/.stamp ## Regenerate docs/console/*.png: the console's browser tests, saving pictures

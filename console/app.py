@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from urllib.parse import quote, urlsplit
@@ -150,7 +151,9 @@ def _bind(listen: str) -> socket.socket:
     try:
         return socket.create_server((host.strip("[]") or "127.0.0.1", int(port)))
     except OSError as exc:
-        raise ListenError(f"cannot serve the console on {listen}: {exc.strerror or exc}") from None
+        # The errno's own words: create_server adds the address again to some.
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ListenError(f"cannot serve the console on {listen}: {reason}") from None
 
 
 async def serve(

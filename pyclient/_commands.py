@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, TextIO
 import yaml
 from rich.live import Live
 
+from cyclone import flow
 from pyclient._render import (
     FINAL_STEPS,
     changes,
@@ -30,6 +32,15 @@ from pyclient.workflow import Workflow
 
 #: How often a followed run (run wait --follow, logs --follow) is read again.
 FOLLOW_POLL_S = 0.5
+
+
+class Interrupted(Exception):
+    """Ctrl-C while the CLI waited for a run: the run goes on, and this names it."""
+
+    def __init__(self, run_id: str, following: bool) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
+        self.following = following
 
 
 def load_workflow_file(path: str, stdin: TextIO | None = None) -> tuple[Workflow, Any]:
@@ -74,6 +85,41 @@ def _start_at_arg(text: str) -> dt.datetime | dt.timedelta:
     return when
 
 
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def _count(text: str) -> int:
+    """A number of things, at least 1 (--limit, --attempt)."""
+    value = _whole(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
+def _priority(text: str) -> int:
+    value = _whole(text)
+    try:
+        flow.check_priority("--priority", value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--priority: ")) from None
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds, 0 or more and finite (--timeout, --wait)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, not {text}")
+    return value
+
+
 # -- commands: each returns what to print (a Run, a list of runs, or a message) -------
 
 
@@ -109,10 +155,19 @@ def _wait(client: Client, args: argparse.Namespace) -> Any:
 
 def _settled(client: Client, run_id: str, timeout: float | None, args: argparse.Namespace) -> Run:
     """The run once it is finished or blocked, followed on the way when asked (and by
-    default on a terminal, unless --json)."""
+    default on a terminal, unless --json). Ctrl-C is Interrupted, naming the run."""
     follow = args.follow
     if follow is None:
         follow = sys.stdout.isatty()
+    try:
+        return _settle(client, run_id, timeout, args, follow and not args.json)
+    except KeyboardInterrupt:
+        raise Interrupted(run_id, follow and not args.json) from None
+
+
+def _settle(
+    client: Client, run_id: str, timeout: float | None, args: argparse.Namespace, follow: bool
+) -> Run:
     if args.json:  # for scripts: the run alone
         return client.wait(run_id, timeout=timeout)
     if not follow:
@@ -138,6 +193,8 @@ def _settled(client: Client, run_id: str, timeout: float | None, args: argparse.
             for run in polls():
                 live.update(follow_view(run), refresh=True)
     else:
+        # The id first: the lines after it name only nodes.
+        out.print(f"following run {run_id} (Ctrl-C stops following; the run goes on)")
         seen: dict[str, tuple[str, int]] = {}
         for run in polls():
             for line in changes(seen, run):
@@ -242,17 +299,13 @@ def _retry_all(client: Client, args: argparse.Namespace) -> Any:
 def _resolve(client: Client, args: argparse.Namespace) -> Any:
     # --result null is a valid result, so "not given" is the attribute's absence.
     choice: dict[str, Any] = {"result": args.result} if hasattr(args, "result") else {}
-    node = args.node
-    if node is None:
-        error = client.get_run(args.run_id).error
-        if error is not None and error.step_id:
-            node = error.node  # blocked on a step call: TARGET is its step id
-    if node is not None:
-        choice["step_id"] = args.target
+    # TARGET is a step id when the run is blocked on a step call, its node otherwise:
+    # Client.resolve takes the same words.
     return client.resolve(
         args.run_id,
-        node if node is not None else args.target,
+        args.target,
         **choice,
+        node=args.node,
         error=args.error,
         discard=args.discard,
         reason=args.reason,
@@ -299,7 +352,7 @@ def _console(client: Client, args: argparse.Namespace) -> Any:
                 )
             )
     except ListenError as exc:
-        raise InvalidArgument(f"{exc}; set --listen to a free host:port") from None
+        raise InvalidArgument(f"{exc}; set {args.listen_setting} to a free host:port") from None
     return "console stopped"
 
 

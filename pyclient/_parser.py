@@ -18,16 +18,19 @@ from pyclient._commands import (
     _builds_runs,
     _cancel,
     _console,
+    _count,
     _explain,
     _journal_export,
     _list,
     _logs,
+    _priority,
     _resolve,
     _retry,
     _retry_all,
     _schedule_create,
     _schedule_delete,
     _schedule_list,
+    _seconds,
     _send_event,
     _show,
     _start_at_arg,
@@ -46,6 +49,11 @@ The server is --address (default $CYCLONE_ADDRESS or 127.0.0.1:50051); --token (
 $CYCLONE_TOKEN) is sent as a bearer token; --actor (default $CYCLONE_ACTOR or your user
 name) is recorded in the audit trail of retry, resolve and cancel. --json prints
 machine-readable output. Options go before or after the command.
+
+Exit status: 0 success (a run waited for completed); 1 the call failed or was refused,
+or a wait timed out; 2 a usage error, or a run waited for failed, was cancelled or is
+blocked; 130 Ctrl-C (the run waited for goes on: the line names it); 141 the reader of
+the output went away (| head).
 """
 
 SUBMIT_HELP = """\
@@ -216,11 +224,14 @@ def _submit_command(command: Command, common: argparse.ArgumentParser) -> None:
         help="not before TIME: ISO 8601 with a zone, or a delay (90s, 15m, 2h, 1d)",
     )
     p.add_argument(
-        "--priority", type=int, default=0, help="claim priority of the run's steps (default 0)"
+        "--priority",
+        type=_priority,
+        default=0,
+        help="claim priority of the run's steps (default 0)",
     )
     p.add_argument(
         "--wait",
-        type=float,
+        type=_seconds,
         metavar="SECONDS",
         help="then wait up to SECONDS for the run to finish or block, and show it "
         "(exit status and --follow as for run wait)",
@@ -252,13 +263,13 @@ def _run_commands(command: Command, common: argparse.ArgumentParser) -> None:
         help="wait until a run is finished or blocked",
         description="Poll a run until it is completed, failed, cancelled or blocked, then "
         "show it. Exit status 0 when it completed, 2 when it failed, was cancelled or is "
-        "blocked, 1 when --timeout passes first. On a terminal it follows the run live "
-        "(a table of its steps, redrawn as they change) unless --no-follow or --json; "
-        "--follow elsewhere prints one line per change of a step.",
+        "blocked, 1 when --timeout passes first, 130 on Ctrl-C (the run goes on). On a "
+        "terminal it follows the run live (a table of its steps, redrawn as they change) "
+        "unless --no-follow or --json; --follow elsewhere prints one line per change of a step.",
         parents=[common],
     )
     wait.add_argument("run_id", metavar="RUN")
-    wait.add_argument("--timeout", type=float, default=None, help="seconds (default: no limit)")
+    wait.add_argument("--timeout", type=_seconds, default=None, help="seconds (default: no limit)")
     _follow_flags(wait)
     wait.set_defaults(handler=_wait, settles=True)
 
@@ -276,7 +287,7 @@ def _logs_command(command: Command, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("node", metavar="NODE")
-    p.add_argument("--attempt", type=int, help="only this attempt's lines")
+    p.add_argument("--attempt", type=_count, help="only this attempt's lines")
     p.add_argument(
         "--follow",
         action="store_true",
@@ -298,7 +309,7 @@ def _runs_commands(command: Command, common: argparse.ArgumentParser) -> None:
     lst.add_argument("--workflow", help="only runs of this workflow")
     _status_flag(lst)
     lst.add_argument("--key", help="only the run SubmitOnce made with this key")
-    lst.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    lst.add_argument("--limit", type=_count, default=50, help="at most this many (default 50)")
     lst.set_defaults(handler=_list)
 
 
@@ -385,7 +396,7 @@ def _builds_commands(command: Command, common: argparse.ArgumentParser) -> None:
     builds_command("list", "every build workers declared").set_defaults(handler=_builds_list)
     runs = builds_command("runs", "the runs with unfinished nodes pinned to a build")
     runs.add_argument("build", metavar="BUILD")
-    runs.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    runs.add_argument("--limit", type=_count, default=100, help="at most this many (default 100)")
     runs.set_defaults(handler=_builds_runs)
     compatible = builds_command(
         "compatible", "let BUILD's workers and OTHER's take each other's pinned nodes"
@@ -426,7 +437,7 @@ def _schedule_commands(command: Command, common: argparse.ArgumentParser) -> Non
     create.add_argument("file", help="workflow file (YAML or JSON), '-' for stdin")
     when = create.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", metavar="EXPR", help="cron expression, e.g. '0 9 * * 1-5'")
-    when.add_argument("--every", type=int, metavar="SECONDS", help="a fixed interval")
+    when.add_argument("--every", type=_count, metavar="SECONDS", help="a fixed interval")
     create.add_argument("--time-zone", metavar="ZONE", help="IANA zone of --cron (default UTC)")
     create.add_argument("--input", type=_json_arg, help="run input as JSON (overrides the file's)")
     create.add_argument("--overlap", choices=["skip", "allow"], default="skip")
@@ -437,7 +448,7 @@ def _schedule_commands(command: Command, common: argparse.ArgumentParser) -> Non
         handler=lambda c, a: c.get_schedule(a.name)
     )
     lst = schedule_command("list", "list schedules by name")
-    lst.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
+    lst.add_argument("--limit", type=_count, default=1000, help="at most this many (default 1000)")
     lst.set_defaults(handler=_schedule_list)
     schedule_command("pause", "stop a schedule from firing").set_defaults(
         handler=lambda c, a: c.pause_schedule(a.name)
@@ -502,7 +513,7 @@ def _journal_commands(command: Command, common: argparse.ArgumentParser) -> None
     _status_flag(export)
     export.add_argument("--action", help="only the nodes of this action")
     export.add_argument(
-        "--limit", type=int, default=100, help="at most this many runs (default 100)"
+        "--limit", type=_count, default=100, help="at most this many runs (default 100)"
     )
     export.add_argument("-o", "--output", metavar="FILE", help="write here (default stdout)")
     export.set_defaults(handler=_journal_export)
@@ -522,6 +533,8 @@ def _console_command(command: Command, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tls-ca", metavar="PEM", help="call the server over TLS, trusting this CA certificate"
     )
+    # make run gives --listen from its CONSOLE variable: a refused port names that.
+    p.add_argument("--listen-setting", default="--listen", help=argparse.SUPPRESS)
     p.set_defaults(handler=_console)
 
 

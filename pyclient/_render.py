@@ -55,10 +55,20 @@ FINAL_STEPS = {"completed", "discarded", "skipped", "cancelled", "uncertain"}
 SHOWN_LOG_LINES = 10
 
 
+class _Console(Console):
+    """rich's Console, except that a reader going away (``| head``) is a BrokenPipeError
+    for the CLI to end on (rich's own answer is to exit with status 1, the status of a
+    call that failed or timed out)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def console(out: TextIO) -> Console:
     """A console on ``out``: colour on a terminal only, plain and unwrapped elsewhere."""
     terminal = out.isatty()
-    return Console(
+    return _Console(
         file=out,
         markup=False,
         emoji=False,
@@ -181,7 +191,7 @@ def run_view(run: Run) -> Group:
         parts += _failures(run.steps)
         parts += _logs(run)
     if run.audit:
-        parts.append(Text(""))
+        parts += [Text(""), Text("audit trail (operator actions):", style="bold")]
         for a in run.audit:
             target = f" {a.node}" if a.node else ""
             reason = f": {a.reason}" if a.reason else ""

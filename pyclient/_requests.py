@@ -115,6 +115,26 @@ class Call(Generic[T]):
     parse: Callable[[Any], T]
 
 
+@dataclass(frozen=True, slots=True)
+class ResolveTarget:
+    """What a resolve names: the node and the step call, or (``lookup``) a target that
+    the run's error tells apart, as ``cyclone resolve RUN TARGET`` does."""
+
+    node: str
+    step_id: str | None
+    lookup: bool = False
+
+    def on(self, blocked_node: str | None, blocked_step_id: str | None) -> ResolveTarget:
+        """The target read against the run's error: a step id when the run is blocked
+        on a step call, its node otherwise."""
+        if blocked_step_id and blocked_node and self.node != blocked_node:
+            return ResolveTarget(blocked_node, self.node)
+        if blocked_step_id and self.node == blocked_step_id:
+            return ResolveTarget(blocked_node or "", self.node)
+        # The node (the server names the step call when that is what blocks the run).
+        return ResolveTarget(self.node, None)
+
+
 class calls:
     @staticmethod
     def submit(
@@ -269,6 +289,24 @@ class calls:
         return Call(
             "admin", "RetryAll", req, lambda r: Retried(tuple(r.nodes), Run.from_proto(r.run))
         )
+
+    @staticmethod
+    def resolve_target(
+        target: str, node: str | None, step_id: str | None, chosen: list[bool]
+    ) -> ResolveTarget:
+        """Client.resolve's words: ``target`` (a step id or a node, as for the CLI),
+        ``node=`` (the node of a step call), ``step_id=``."""
+        if sum(chosen) != 1:
+            raise InvalidArgument("resolve needs exactly one of result=, error= or discard=True")
+        if step_id:
+            if target and node and target != node:
+                raise InvalidArgument("with step_id=, give the node once (target or node=)")
+            return ResolveTarget(node or target, step_id)
+        if node and target:
+            return ResolveTarget(node, target)  # as cyclone resolve RUN STEP_ID --node NODE
+        if node or not target:
+            return ResolveTarget(node or "", None)
+        return ResolveTarget(target, None, lookup=True)
 
     @staticmethod
     def resolve(

@@ -208,16 +208,25 @@ class AsyncClient:
     async def resolve(
         self,
         run_id: str,
-        node: str = "",
+        target: str = "",
         *,
         result: Any = UNSET,
         error: str | None = None,
         discard: bool = False,
         reason: str = "",
+        node: str | None = None,
         step_id: str | None = None,
     ) -> Run:
+        """As :meth:`pyclient.Client.resolve`: ``target`` is a step id or a node, as
+        for ``cyclone resolve``."""
+        call = calls.resolve_target(
+            target, node, step_id, [result is not UNSET, error is not None, bool(discard)]
+        )
+        if call.lookup:
+            blocked = (await self.get_run(run_id)).error
+            call = call.on(blocked.node if blocked else None, blocked.step_id if blocked else None)
         return await self._invoke(
-            calls.resolve(run_id, node, result, error, discard, reason, step_id)
+            calls.resolve(run_id, call.node, result, error, discard, reason, call.step_id)
         )
 
     async def list_builds(self) -> list[Build]:

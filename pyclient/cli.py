@@ -1,8 +1,10 @@
 """``cyclone``: the operator's command line. Every command is one RPC of the Client.
 
-Exit status: 0 on success, 1 when the server refused or failed the call (the message
-is printed on stderr), 2 for a usage error. The parser is in ``_parser``, the commands
-in ``_commands``; this module runs one and prints its result.
+Exit status (EXIT_STATUS below, the table in docs/python-sdk.md): 0 on success, 1 when
+the server refused or failed the call or a wait timed out (the message is on stderr), 2
+for a usage error or a run waited for that did not complete, 130 on Ctrl-C, 141 when
+the reader of the output went away. The parser is in ``_parser``, the commands in
+``_commands``; this module runs one and prints its result.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, TextIO
 from rich.console import Group
 from rich.text import Text
 
-from pyclient._commands import load_workflow_file
+from pyclient._commands import Interrupted, load_workflow_file
 from pyclient._parser import build_parser
 from pyclient._render import (
     console,
@@ -32,7 +34,23 @@ from pyclient.client import Client
 from pyclient.errors import CycloneError, Unavailable
 from pyclient.models import Explanation, Run, RunStatus, Schedule
 
-__all__ = ["build_parser", "load_workflow_file", "main", "render_run"]
+__all__ = ["EXIT_STATUS", "build_parser", "load_workflow_file", "main", "render_run"]
+
+#: What each exit status of ``cyclone`` means, whatever reads its output.
+EXIT_STATUS = {
+    0: "success; a run waited for (submit --wait/--follow, run wait) completed",
+    1: "the server refused or failed the call, could not be reached, or --timeout/--wait "
+    "passed before the run finished",
+    2: "a usage error (bad arguments); or a run waited for failed, was cancelled or is blocked",
+    130: "interrupted (Ctrl-C); a run waited for goes on, and the line on stderr says how "
+    "to follow it again",
+    141: "the reader of the output went away (`| head`) before the command was done, "
+    "as for a program that SIGPIPE ends",
+}
+#: Ctrl-C, as a shell reports a program that SIGINT ended.
+INTERRUPTED = 130
+#: The reader of the output went away, as a shell reports a program that SIGPIPE ended.
+READER_GONE = 141
 
 
 def _print(result: Any, as_json: bool, out: TextIO) -> None:
@@ -68,6 +86,15 @@ def _print(result: Any, as_json: bool, out: TextIO) -> None:
         print(to_text(shown), file=out)
 
 
+def _interrupted(run_id: str | None, following: bool = False) -> None:
+    """The line Ctrl-C leaves: the run waited for goes on, and how to follow it again."""
+    if run_id is None:
+        print("cyclone: interrupted", file=sys.stderr)
+        return
+    again = f"cyclone run wait {run_id}" + (" --follow" if following else "")
+    print(f"cyclone: interrupted; run {run_id} goes on. Follow it again: {again}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None, *, client: Client | None = None) -> int:
     args = build_parser().parse_args(argv)
     own = client is None
@@ -81,9 +108,17 @@ def main(argv: Sequence[str] | None = None, *, client: Client | None = None) -> 
             # A script can tell a run that needs a person from one that completed.
             return 0 if result.status is RunStatus.COMPLETED else 2
     except BrokenPipeError:
-        # The reader went away (`cyclone ... | head`): end quietly, as other tools do.
+        # The reader went away (`cyclone ... | head`): end quietly, with the status a
+        # shell shows for tools that SIGPIPE ends (not 0: a wait did not see its run end).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return READER_GONE
+    except Interrupted as exc:
+        _interrupted(exc.run_id, exc.following)
+        return INTERRUPTED
+    except KeyboardInterrupt:
+        # run wait names its run from the start; other commands had none to name yet.
+        _interrupted(getattr(args, "run_id", None) if getattr(args, "settles", False) else None)
+        return INTERRUPTED
     except Unavailable as exc:
         print(
             f"cyclone: error: cannot reach a Cyclone server at {args.address} ({exc.message}). "

@@ -261,26 +261,41 @@ class Client:
     def resolve(
         self,
         run_id: str,
-        node: str = "",
+        target: str = "",
         *,
         result: Any = UNSET,
         error: str | None = None,
         discard: bool = False,
         reason: str = "",
+        node: str | None = None,
         step_id: str | None = None,
     ) -> Run:
-        """Resolve the uncertain step of a blocked run: exactly one of ``result=``
-        (the effect happened; this is its output), ``error=`` (it happened and
-        failed) or ``discard=True`` (it did not happen; run the step again).
+        """Resolve what blocks a blocked run: exactly one of ``result=`` (the effect
+        happened; this is its output), ``error=`` (it happened and failed) or
+        ``discard=True`` (it did not happen; run it again).
 
-        For a run blocked on a step call of a durable function (``run.error.step_id``)
-        give its ``step_id``: then ``result=`` records the call's return value,
-        ``error=`` its failure (the body's replay raises StepFailed with type_name
-        ``"EffectFailed"``, so its except runs) and ``discard=True``
-        deletes its entry (it runs on replay); the node replays either way. ``node``
-        may then be left out: the run's blocked node. ``reason`` is recorded in the
-        audit trail with the actor."""
-        return self._invoke(calls.resolve(run_id, node, result, error, discard, reason, step_id))
+        ``target`` is what ``cyclone resolve RUN TARGET`` takes: the step id when the
+        run is blocked on a step call of a durable function (``run.error.step_id``),
+        the blocked node otherwise; this reads the run to tell which (``node=`` names
+        the node of the step call instead, and then no read is needed). The node of a
+        run blocked on a step call is sent as the node, which the server refuses with
+        the step id to give. For a step
+        call, ``result=`` records the call's return value, ``error=`` its failure (the
+        body's replay raises StepFailed with type_name ``"EffectFailed"``, so its except
+        runs) and ``discard=True`` deletes its entry (it runs on replay).
+
+        Given ``step_id=``, ``target`` (or ``node=``) is the node of the step call, and
+        may be left out: the run's blocked node. ``node=`` alone is the blocked node.
+        ``reason`` (optional) is recorded in the audit trail with the actor."""
+        call = calls.resolve_target(
+            target, node, step_id, [result is not UNSET, error is not None, bool(discard)]
+        )
+        if call.lookup:
+            blocked = self.get_run(run_id).error
+            call = call.on(blocked.node if blocked else None, blocked.step_id if blocked else None)
+        return self._invoke(
+            calls.resolve(run_id, call.node, result, error, discard, reason, call.step_id)
+        )
 
     # Builds (docs/durable-functions.md, "Build pinning") -------------------------------
 

@@ -65,6 +65,7 @@ class Settings:
     max_edges: int = dag.MAX_EDGES
     grace_s: float = 10.0
     metrics_listen: str = "auto"
+    console_url: str = ""
     retention_s: float | None = 7 * 86400.0
     retention_failed_s: float | None = None
     key_retention_s: float | None = 30 * 86400.0
@@ -113,6 +114,8 @@ _HELP = {
     "grace_s": "seconds in-flight calls get to finish on SIGTERM",
     "metrics_listen": "host:port of the Prometheus metrics endpoint (/metrics); auto: the "
     "host of --listen and its port + 2 (50051: 50053; the console takes + 1); off to disable",
+    "console_url": "the URL of this server's web console (`cyclone console`), printed when "
+    "the server starts serving (make run sets it)",
     "retention_s": "delete completed and cancelled runs this long after they finished "
     "(e.g. 7d, 12h; off keeps them)",
     "retention_failed_s": "delete failed runs this long after they failed (off keeps them "

@@ -101,20 +101,33 @@ async def _serve(settings: config.Settings, database_url: str) -> None:
     host = settings.listen.rsplit(":", 1)[0]
     address = f"{host}:{server.port}"
     log.info("Cyclone serving on %s (event loop: %s)", address, event_loop.name(loop))
-    # grpcurl flags for this server: TLS instead of -plaintext, and the token header.
+    print(_banner(settings, address, server.metrics_url), flush=True)
+    await stop.wait()
+    log.info("shutting down: finishing in-flight calls (grace %.0fs)", settings.grace_s)
+    await server.stop()
+
+
+def _banner(settings: config.Settings, address: str, metrics_url: str | None) -> str:
+    """What the server prints once it serves: every address it answers on, then grpcurl
+    commands to try (with the flags this server needs: TLS, a client certificate, a
+    token)."""
     flags = "-cacert CA.pem" if settings.tls_cert else "-plaintext"
     if settings.tls_client_ca:
         flags += " -cert CLIENT.crt -key CLIENT.key"
     if settings.token_file:
         flags += ' -H "authorization: Bearer $CYCLONE_TOKEN"'
-    print(
-        f"\nCyclone is serving on {address}. Try (`make tools` puts grpcurl in .tools/bin):\n"
+    console = settings.console_url or (
+        f"not served by this process: cyclone console --address {address} serves it"
+    )
+    metrics = metrics_url or "off (--metrics-listen)"
+    return (
+        f"\nCyclone is serving on {address}.\n"
+        f"  gRPC     {address}\n"
+        f"  console  {console}\n"
+        f"  metrics  {metrics}\n"
+        "Try (`make grpcurl` puts grpcurl in .tools/bin):\n"
         f"  .tools/bin/grpcurl {flags} {address} list\n"
         f'  .tools/bin/grpcurl {flags} -d \'{{"workflow": {{"name": "hello", '
         f'"nodes": [{{"name": "greet", "action": "greet"}}]}}}}\' '
-        f"{address} cyclone.v1.WorkflowService/Submit\n",
-        flush=True,
+        f"{address} cyclone.v1.WorkflowService/Submit\n"
     )
-    await stop.wait()
-    log.info("shutting down: finishing in-flight calls (grace %.0fs)", settings.grace_s)
-    await server.stop()

@@ -109,6 +109,8 @@ class CycloneServer:
         self.health = add_health_and_reflection(self.grpc)
         self.port = tls.listen(self.grpc, settings)
         self.metrics_port: int | None = None
+        #: Where /metrics is served, once started (None when off or unavailable).
+        self.metrics_url: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -119,8 +121,9 @@ class CycloneServer:
         listen = config.metrics_listen(self.settings)
         self.metrics_port = self.metrics.serve(listen)
         if self.metrics_port is not None:
-            host = listen.rpartition(":")[0]
-            log.info("metrics on http://%s:%d/metrics", host, self.metrics_port)
+            host = listen.rpartition(":")[0] or "127.0.0.1"
+            self.metrics_url = f"http://{host}:{self.metrics_port}/metrics"
+            log.info("metrics on %s", self.metrics_url)
         # Jitter keeps several servers from sweeping (or purging) in lockstep.
         loops = [
             ("sweep", self.sweep, self.settings.sweep_interval_s, 0.5),

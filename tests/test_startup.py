@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,97 @@ def test_the_server_runs_on_uvloop_unless_told_otherwise(
     }
     assert cyclone_server._loop is not None
     assert loop.name(cyclone_server._loop) == "uvloop"
+
+
+def _banner(proc: subprocess.Popen[str]) -> list[str]:
+    """The lines the server prints up to its grpcurl advice (it serves by then)."""
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if line.startswith("Try ("):
+            return lines
+    raise AssertionError(f"no banner in {lines}")
+
+
+def test_the_banner_names_every_address_the_server_answers_on(database_url: str) -> None:
+    argv = [*SERVER[:-1], "auto", "--console-url", "http://127.0.0.1:8080/"]
+    proc = subprocess.Popen(
+        argv,
+        env={**os.environ, "CYCLONE_DATABASE_URL": database_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        lines = _banner(proc)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    address = re.search(r"Cyclone is serving on (\S+)\.", "\n".join(lines))
+    assert address, lines
+    rows = {line.split()[0]: line.split()[1] for line in lines if line.startswith("  ")}
+    assert rows["gRPC"] == address.group(1)
+    assert rows["console"] == "http://127.0.0.1:8080/"
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics", rows["metrics"]), rows
+
+
+MAKE_RUN = ["make", "--no-print-directory", "-o", ".venv/.serve-stamp", "run"]
+
+
+def _make_run(database_url: str, addr: str, console: str) -> subprocess.Popen[str]:
+    # -o: never reinstall the packages here; the test runs what is installed.
+    return subprocess.Popen(
+        [*MAKE_RUN, f"ADDR={addr}", f"CONSOLE={console}"],
+        env={**os.environ, "CYCLONE_DATABASE_URL": database_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_make_run_prints_the_console_url_in_the_servers_banner(database_url: str) -> None:
+    port = _free_port()
+    addr, console = f"127.0.0.1:{port}", f"127.0.0.1:{_free_port()}"
+    proc = _make_run(database_url, addr, console)
+    try:
+        lines = _banner(proc)
+        rows = {line.split()[0]: line.split()[1] for line in lines if line.startswith("  ")}
+        assert rows["gRPC"] == addr
+        assert rows["console"] == f"http://{console}/"
+        with urllib.request.urlopen(rows["console"], timeout=30) as page:
+            assert page.status == 200
+        assert rows["metrics"].startswith("http://127.0.0.1:")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=60)
+
+
+def test_make_run_with_the_console_port_taken_is_one_line_and_serves_nothing(
+    database_url: str,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        console = f"127.0.0.1:{taken.getsockname()[1]}"
+        port = _free_port()
+        proc = _make_run(database_url, f"127.0.0.1:{port}", console)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "Traceback" not in out + err
+    # make adds its own line ("make: *** [run] Error 1") after the command's.
+    [line] = [line for line in err.splitlines() if not line.startswith("make")]
+    assert line.startswith(f"cyclone: error: cannot serve the console on {console}: ")
+    assert "set CONSOLE to a free host:port" in line
+    assert "Cyclone is serving" not in out  # no server without its console
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0

@@ -793,3 +793,23 @@ def test_the_client_reads_the_journal_and_resolves_a_step_call(cyclone_server):
         [third] = claim(cyclone_server)
         reply = begin(cyclone_server, third, "charge", 2, unsafe=True)
         assert reply.call.error.message == "declined"
+
+
+def test_the_client_resolves_with_the_clis_words_a_step_id_or_a_node(cyclone_server):
+    """Client.resolve(run, TARGET) as `cyclone resolve RUN TARGET`: the step id of the
+    blocking call, or the node of a run blocked on a node."""
+    from pyclient import Client
+
+    run_id, _ = _blocked(cyclone_server)
+    blocked = submit(cyclone_server, workflow("order", node("pay", action="pay")))
+    claim(cyclone_server, "pay", unsafe=("pay",), lease=5)
+    cyclone_server.advance_clock(6)
+    cyclone_server.sweep()
+    assert claim(cyclone_server, "pay", unsafe=("pay",)) == []
+    with Client(cyclone_server.address) as client:
+        assert client.get_run(blocked).status == "blocked"
+        run = client.resolve(run_id, "charge", error="declined")  # a step id
+        assert run.status == "running"
+        assert run.audit[-1].details["step_id"] == "charge"
+        run = client.resolve(blocked, "pay", discard=True)  # a node
+        assert run.status == "running" and run.audit[-1].node == "pay"

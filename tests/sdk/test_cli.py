@@ -5,11 +5,22 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pyclient import NotFound, Run, RunStatus, Step, StepError, StepStatus, Submitted, cli
+from pyclient import (
+    AuditEntry,
+    NotFound,
+    Run,
+    RunStatus,
+    Step,
+    StepError,
+    StepStatus,
+    Submitted,
+    cli,
+)
 from pyclient import _render as render
 from pyclient.models import Retried, RunError, StepCall, StepCallError
 
@@ -103,8 +114,8 @@ class FakeClient:
         self._record("retry_all", run_id, reason)
         return Retried(("charge",), self.run)
 
-    def resolve(self, run_id, node, **kwargs):
-        self._record("resolve", run_id, node, **kwargs)
+    def resolve(self, run_id, target, **kwargs):
+        self._record("resolve", run_id, target, **kwargs)
         return self.run
 
     def cancel(self, run_id, reason="", *, keep_children=False):
@@ -307,12 +318,11 @@ def test_runs_list_refuses_an_unknown_status(capsys):
     ],
 )
 def test_resolve_sends_the_one_resolution_given(flags, kwargs):
-    client = FakeClient(_run("blocked"))  # blocked on a node: TARGET is the node
+    client = FakeClient(_run("blocked"))
     assert cli.main(["resolve", "r1", "charge", *flags, "--reason", "checked"], client=client) == 0
-    assert client.calls[0] == ("get_run", ("r1",), {})
-    name, args, sent = client.calls[1]
+    [(name, args, sent)] = client.calls
     assert (name, args, sent["reason"]) == ("resolve", ("r1", "charge"), "checked")
-    expected = {"error": None, "discard": False, **kwargs}
+    expected = {"error": None, "discard": False, "node": None, **kwargs}
     assert {k: v for k, v in sent.items() if k != "reason"} == expected
 
 
@@ -322,32 +332,36 @@ def _blocked_on_a_step_call() -> Run:
     return replace(run, error=error)
 
 
-def test_resolve_takes_the_step_id_of_a_run_blocked_on_a_step_call_as_the_seed_writes_it():
-    client = FakeClient(_blocked_on_a_step_call())
+def test_resolve_hands_target_to_the_client_which_takes_the_same_words():
+    """Client.resolve tells a step id from a node as the CLI's TARGET does
+    (tests/sdk/test_client_fake_channel.py checks how)."""
+    client = FakeClient()
     argv = ["resolve", "r1", "charge", "--result", '{"charge_id": "ch_1"}']
     assert cli.main(argv, client=client) == 0
-    assert client.calls[1] == (
-        "resolve",
-        ("r1", "fulfil"),
-        {
-            "result": {"charge_id": "ch_1"},
-            "step_id": "charge",
-            "error": None,
-            "discard": False,
-            "reason": "",  # optional: the actor is recorded either way
-        },
-    )
+    assert client.calls == [
+        (
+            "resolve",
+            ("r1", "charge"),
+            {
+                "result": {"charge_id": "ch_1"},
+                "node": None,
+                "error": None,
+                "discard": False,
+                "reason": "",  # optional: the actor is recorded either way
+            },
+        )
+    ]
 
 
-def test_resolve_with_node_names_a_step_call_without_reading_the_run():
+def test_resolve_with_node_names_the_node_of_the_step_call():
     client = FakeClient()
     argv = ["resolve", "r1", "charge#2", "--node", "fulfil", "--error", "declined"]
     assert cli.main(argv, client=client) == 0
     [(name, args, sent)] = client.calls
-    assert (name, args, sent["step_id"], sent["error"]) == (
+    assert (name, args, sent["node"], sent["error"]) == (
         "resolve",
-        ("r1", "fulfil"),
-        "charge#2",
+        ("r1", "charge#2"),
+        "fulfil",
         "declined",
     )
 
@@ -421,3 +435,21 @@ def test_resolve_help_gives_the_shape_and_explains_each_choice(capsys):
     assert "so the body's except block and its cleanup run on replay" in text
     assert "--discard the effect did not happen; the step runs again" in text
     assert "false alarm" in text and "--reason is optional" in text
+
+
+def test_the_exit_status_table_in_the_docs_and_help_is_the_one_the_cli_uses():
+    docs = (Path(__file__).parents[2] / "docs" / "python-sdk.md").read_text()
+    table = docs.split("**Exit status.**", 1)[1].split("\n\n")[1]
+    documented = {int(row.split("|")[1]) for row in table.splitlines()[2:]}
+    assert documented == set(cli.EXIT_STATUS) == {0, 1, 2, 130, 141}
+    described = cli.build_parser().description or ""
+    for status in cli.EXIT_STATUS:
+        assert f" {status} " in described.split("Exit status:", 1)[1].replace("\n", " ")
+
+
+def test_run_show_heads_the_audit_trail():
+    entry = AuditEntry("resolve", "charge", "ops", "found at the PSP", None, None)
+    lines = render.render_run(replace(_run(), audit=(entry,))).splitlines()
+    heading = lines.index("audit trail (operator actions):")
+    assert "resolve charge by ops: found at the PSP" in lines[heading + 1]
+    assert "audit trail" not in render.render_run(_run())

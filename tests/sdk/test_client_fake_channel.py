@@ -200,7 +200,7 @@ def test_an_unknown_status_filter_is_refused():
 )
 def test_resolve_sends_exactly_the_chosen_resolution(server, kwargs, field, value):
     client = Client(channel=server.channel, actor="ops")
-    future = server.call(client.resolve, "r1", "charge", reason="checked stripe", **kwargs)
+    future = server.call(client.resolve, "r1", node="charge", reason="checked stripe", **kwargs)
     metadata, request = server.answer(
         "AdminService", "Resolve", admin_pb.ResolveResponse(run=_run())
     )
@@ -228,6 +228,51 @@ def test_resolve_of_a_step_call_sends_its_step_id_and_needs_no_node_nor_reason(s
     future.result(5)
     assert (request.run_id, request.node, request.step_id) == ("r1", "", "charge")
     assert request.reason == "" and request.discard
+
+
+@pytest.mark.parametrize(
+    ("error", "target", "sent"),
+    [
+        (
+            types_pb2.RunError(kind="EffectUncertain", node="pay", step_id="charge"),
+            "charge",
+            ("pay", "charge"),
+        ),
+        (types_pb2.RunError(kind="EffectUncertain", node="charge"), "charge", ("charge", "")),
+        # The node of a step-call block, as older callers wrote it: sent as the node, so
+        # the server's refusal names the step id to give.
+        (
+            types_pb2.RunError(kind="EffectUncertain", node="pay", step_id="charge"),
+            "pay",
+            ("pay", ""),
+        ),
+        # A step call named like its node is the step call.
+        (
+            types_pb2.RunError(kind="EffectUncertain", node="pay", step_id="pay"),
+            "pay",
+            ("pay", "pay"),
+        ),
+    ],
+    ids=["step-call", "node", "node-of-a-step-call", "step-call-named-as-its-node"],
+)
+def test_resolve_takes_the_clis_target_a_step_id_or_the_blocked_node(server, error, target, sent):
+    """As `cyclone resolve RUN TARGET`: the run's error tells a step id from a node."""
+    client = Client(channel=server.channel)
+    future = server.call(lambda: client.resolve("r1", target, discard=True))
+    blocked = _run(types_pb2.RUN_STATUS_BLOCKED)
+    blocked.error.CopyFrom(error)
+    server.answer("WorkflowService", "GetRun", wf_pb.GetRunResponse(run=blocked))
+    _, request = server.answer("AdminService", "Resolve", admin_pb.ResolveResponse(run=_run()))
+    future.result(5)
+    assert (request.node, request.step_id) == sent
+
+
+def test_resolve_with_node_and_target_sends_the_target_as_the_step_id_unread(server):
+    client = Client(channel=server.channel)
+    future = server.call(lambda: client.resolve("r1", "charge", node="pay", result=1))
+    _, request = server.answer("AdminService", "Resolve", admin_pb.ResolveResponse(run=_run()))
+    future.result(5)
+    assert (request.node, request.step_id) == ("pay", "charge")
 
 
 def test_retry_refused_by_the_server_is_failed_precondition(server):

@@ -13,8 +13,6 @@ import pytest
 from pyclient import cli
 from tests.helpers import PATIENCE, eventually
 
-pytestmark = pytest.mark.slow
-
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "python"
 
 
@@ -26,6 +24,7 @@ def _load(name: str):
     return module
 
 
+@pytest.mark.slow
 def test_order_example_charges_once_per_order(cyclone_server, client, capsys):
     worker = subprocess.Popen(
         [
@@ -63,3 +62,43 @@ def test_order_example_charges_once_per_order(cyclone_server, client, capsys):
     assert ledger == [("charge", 1500), ("charge", 4200)]
     assert cyclone_server.sql("SELECT count(*) FROM audit_log") == [(2,)]
     assert "mail to ada@example.com" in stderr
+
+
+def test_refund_example_runs_its_durable_function_against_a_real_server(cyclone_server, capsys):
+    """examples/python/refund.py: a worker process runs the body; start() prints the run
+    with its journal, the flaky provider's failed tries and backoffs included."""
+    address = cyclone_server.address
+    worker = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "refund.py"), "worker", "--address", address],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        refund = _load("refund")
+        assert refund.main(["start", "o-1001", "--address", address]) == "completed"
+        first = capsys.readouterr().out
+        # Once per order: a second start is the same run, already done.
+        assert refund.main(["start", "o-1001", "--address", address]) == "completed"
+        again = capsys.readouterr().out
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=PATIENCE)
+    assert worker.returncode == 0, stderr
+    run_id = first.split()[1]
+    assert again.split()[1] == run_id
+    assert "COMPLETED" in first
+    journal = [line.split()[2:4] for line in first.splitlines() if line.lstrip().startswith("·")]
+    assert journal == [
+        ["list_items", "succeeded"],
+        ["refund_item", "failed"],
+        ["refund_item~2:backoff", "succeeded"],
+        ["refund_item~2", "succeeded"],
+        ["refund_item#2", "failed"],
+        ["refund_item#2~2:backoff", "succeeded"],
+        ["refund_item#2~2", "succeeded"],
+        ["sleep", "succeeded"],
+        ["notify", "succeeded"],
+    ], first
+    assert "mail: order o-1001 refunded 2000 in 2 refund(s)" in stderr
+    assert stderr.count("refunded mug of o-1001") == 1
