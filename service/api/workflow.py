@@ -6,6 +6,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC
+from typing import Any
 
 from cyclone import dag, flow
 from cyclone.v1 import (
@@ -36,10 +37,11 @@ from service.api.validate import (
     MAX_FILTER,
     MAX_REASON,
     MAX_WORKERS_LISTED,
+    NEWER,
     Context,
     actor_of,
-    decode_page_token,
     decode_position,
+    decode_runs_page_token,
     encode_page_token,
     limits_of,
     node_name,
@@ -55,6 +57,9 @@ from service.engine.explain import explain
 from service.metrics import Metrics
 
 log = logging.getLogger("cyclone")
+
+#: Most workflow names a ListRuns or CountRuns workflow_prefix may match.
+MAX_PREFIX_NAMES = 1000
 
 
 class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
@@ -146,17 +151,38 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         self, request: workflow_pb.ListRunsRequest, context: Context
     ) -> workflow_pb.ListRunsResponse:
         size = page_size(request.page_size)
+        filters = await self._run_filters(request)
+        at = decode_runs_page_token(request.page_token) if request.page_token else None
+        newer = at is not None and at[2]
+        after = (at[0], at[1]) if at else None
+        rows = await self.db.runs.runs_list(**filters, after=after, newer=newer, limit=size + 1)
+        more = len(rows) > size
+        page = rows[1:] if more and newer else rows[:size]
+        older = newer or more  # a page of newer runs came from older ones
+        newest = not (at and not newer) and not (newer and more)
+        response = workflow_pb.ListRunsResponse(runs=[run_summary(r) for r in page])
+        if page and older:
+            response.next_page_token = encode_page_token(page[-1].created_at, page[-1].run_id)
+        if page and not newest:
+            first = page[0]
+            response.prev_page_token = encode_page_token(first.created_at, first.run_id, NEWER)
+        return response
+
+    async def _run_filters(
+        self, request: workflow_pb.ListRunsRequest | workflow_pb.CountRunsRequest
+    ) -> dict[str, Any]:
+        """The request's filters, a workflow prefix turned into the names it matches."""
         filters = run_filters(request)
-        after = decode_page_token(request.page_token) if request.page_token else None
-        rows = await self.db.runs.runs_list(**filters, after=after, limit=size + 1)
-        page = rows[:size]
-        token = ""
-        if len(rows) > size:
-            last = page[-1]
-            token = encode_page_token(last.created_at, last.run_id)
-        return workflow_pb.ListRunsResponse(
-            runs=[run_summary(r) for r in page], next_page_token=token
-        )
+        prefix = filters.pop("workflow_prefix")
+        if prefix is not None:
+            names = await self.db.runs.runs_workflows(prefix, MAX_PREFIX_NAMES + 1)
+            if len(names) > MAX_PREFIX_NAMES:
+                raise errors.InvalidArgument(
+                    f"workflow_prefix {dag.excerpt(prefix)} matches more than "
+                    f"{MAX_PREFIX_NAMES} workflows; give more of the name"
+                )
+            filters["workflows"] = names
+        return filters
 
     @rpc
     async def CountRuns(
@@ -167,7 +193,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             raise errors.InvalidArgument(
                 f"limit must be between 1 and {MAX_COUNT_LIMIT:,}, got {limit}"
             )
-        filters = run_filters(request)
+        filters = await self._run_filters(request)
         statuses = filters.pop("statuses") or list(convert.RUN_STATUS)
         counted = await self.db.runs.runs_count(**filters, statuses=statuses, limit=limit + 1)
         return workflow_pb.CountRunsResponse(

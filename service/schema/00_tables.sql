@@ -85,8 +85,10 @@ CREATE INDEX runs_status_created_idx ON cyclone.runs (status, created_at DESC, r
 -- (up to its limit) from the newest, reading this index only, whatever else is newer.
 CREATE INDEX runs_completed_created_idx ON cyclone.runs (created_at DESC, run_id DESC)
     WHERE status = 'completed';
--- ListRuns' and CountRuns' key filter, with or without a workflow.
-CREATE INDEX runs_key_idx ON cyclone.runs (submit_key, workflow)
+-- ListRuns' and CountRuns' key filter, with or without a workflow: an exact key, or a
+-- prefix (LIKE 'prefix%', a range of this index in any collation: text_pattern_ops
+-- compares byte by byte, migration 0054).
+CREATE INDEX runs_key_idx ON cyclone.runs (submit_key text_pattern_ops, workflow)
     WHERE submit_key IS NOT NULL;
 -- Retention (runs_purge): exactly the runs each policy may delete, oldest first, so a
 -- batch reads off the front of an index however many runs are kept.

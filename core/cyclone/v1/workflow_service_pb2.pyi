@@ -100,7 +100,7 @@ class GetRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[_types_pb2.Run, _Mapping]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("workflow", "statuses", "created_after", "created_before", "page_size", "page_token", "key")
+    __slots__ = ("workflow", "statuses", "created_after", "created_before", "page_size", "page_token", "key", "run_id_prefix", "workflow_prefix", "key_prefix")
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,9 @@ class ListRunsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    KEY_PREFIX_FIELD_NUMBER: _ClassVar[int]
     workflow: str
     statuses: _containers.RepeatedScalarFieldContainer[_types_pb2.RunStatus]
     created_after: _timestamp_pb2.Timestamp
@@ -115,15 +118,20 @@ class ListRunsRequest(_message.Message):
     page_size: int
     page_token: str
     key: str
-    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+    run_id_prefix: str
+    workflow_prefix: str
+    key_prefix: str
+    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., key: _Optional[str] = ..., run_id_prefix: _Optional[str] = ..., workflow_prefix: _Optional[str] = ..., key_prefix: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
-    __slots__ = ("runs", "next_page_token")
+    __slots__ = ("runs", "next_page_token", "prev_page_token")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PREV_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[_types_pb2.Run]
     next_page_token: str
-    def __init__(self, runs: _Optional[_Iterable[_Union[_types_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    prev_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[_types_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., prev_page_token: _Optional[str] = ...) -> None: ...
 
 class CancelRunRequest(_message.Message):
     __slots__ = ("run_id", "reason", "keep_children")
@@ -218,20 +226,26 @@ class SendEventResponse(_message.Message):
     def __init__(self, event_id: _Optional[int] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class CountRunsRequest(_message.Message):
-    __slots__ = ("workflow", "statuses", "created_after", "created_before", "key", "limit")
+    __slots__ = ("workflow", "statuses", "created_after", "created_before", "key", "limit", "run_id_prefix", "workflow_prefix", "key_prefix")
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
     CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    KEY_PREFIX_FIELD_NUMBER: _ClassVar[int]
     workflow: str
     statuses: _containers.RepeatedScalarFieldContainer[_types_pb2.RunStatus]
     created_after: _timestamp_pb2.Timestamp
     created_before: _timestamp_pb2.Timestamp
     key: str
     limit: int
-    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    run_id_prefix: str
+    workflow_prefix: str
+    key_prefix: str
+    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key: _Optional[str] = ..., limit: _Optional[int] = ..., run_id_prefix: _Optional[str] = ..., workflow_prefix: _Optional[str] = ..., key_prefix: _Optional[str] = ...) -> None: ...
 
 class CountRunsResponse(_message.Message):
     __slots__ = ("counts",)

@@ -504,11 +504,19 @@ type ListRunsRequest struct {
 	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
 	// Page size, 1-1000. Default 50.
 	PageSize int32 `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	// next_page_token of the previous page; empty for the first page.
+	// next_page_token or prev_page_token of a page; empty for the first (newest) page.
 	PageToken string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	// Only the run made by SubmitOnce with this key (exact match; one per workflow),
 	// when set.
-	Key           string `protobuf:"bytes,7,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,7,opt,name=key,proto3" json:"key,omitempty"`
+	// Only runs whose id starts with these hex digits (dashes ignored; 1-32 digits),
+	// when set. A whole id finds that run.
+	RunIdPrefix string `protobuf:"bytes,100,opt,name=run_id_prefix,json=runIdPrefix,proto3" json:"run_id_prefix,omitempty"`
+	// Only runs of workflows whose name starts with this, when set. The server finds the
+	// matching names first (at most 1000; more is INVALID_ARGUMENT).
+	WorkflowPrefix string `protobuf:"bytes,101,opt,name=workflow_prefix,json=workflowPrefix,proto3" json:"workflow_prefix,omitempty"`
+	// Only runs whose SubmitOnce key starts with this, when set.
+	KeyPrefix     string `protobuf:"bytes,102,opt,name=key_prefix,json=keyPrefix,proto3" json:"key_prefix,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -592,13 +600,36 @@ func (x *ListRunsRequest) GetKey() string {
 	return ""
 }
 
+func (x *ListRunsRequest) GetRunIdPrefix() string {
+	if x != nil {
+		return x.RunIdPrefix
+	}
+	return ""
+}
+
+func (x *ListRunsRequest) GetWorkflowPrefix() string {
+	if x != nil {
+		return x.WorkflowPrefix
+	}
+	return ""
+}
+
+func (x *ListRunsRequest) GetKeyPrefix() string {
+	if x != nil {
+		return x.KeyPrefix
+	}
+	return ""
+}
+
 // Result of WorkflowService.ListRuns.
 type ListRunsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Runs, newest first, without their steps (step_counts is filled).
 	Runs []*Run `protobuf:"bytes,1,rep,name=runs,proto3" json:"runs,omitempty"`
-	// Pass as page_token to get the next page; empty on the last page.
+	// Pass as page_token to get the next page (older runs); empty on the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// Pass as page_token to get the previous page (newer runs); empty on the first page.
+	PrevPageToken string `protobuf:"bytes,100,opt,name=prev_page_token,json=prevPageToken,proto3" json:"prev_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -643,6 +674,13 @@ func (x *ListRunsResponse) GetRuns() []*Run {
 func (x *ListRunsResponse) GetNextPageToken() string {
 	if x != nil {
 		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListRunsResponse) GetPrevPageToken() string {
+	if x != nil {
+		return x.PrevPageToken
 	}
 	return ""
 }
@@ -1239,7 +1277,13 @@ type CountRunsRequest struct {
 	// Count each status exactly up to this many, 1-100000. Default 1000. Each status
 	// reads up to limit + 1 index entries; a workflow or time filter may read more
 	// (the entries of the status that it filters out), so ask for what you will show.
-	Limit         int32 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
+	Limit int32 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
+	// As ListRunsRequest's.
+	RunIdPrefix string `protobuf:"bytes,100,opt,name=run_id_prefix,json=runIdPrefix,proto3" json:"run_id_prefix,omitempty"`
+	// As ListRunsRequest's.
+	WorkflowPrefix string `protobuf:"bytes,101,opt,name=workflow_prefix,json=workflowPrefix,proto3" json:"workflow_prefix,omitempty"`
+	// As ListRunsRequest's.
+	KeyPrefix     string `protobuf:"bytes,102,opt,name=key_prefix,json=keyPrefix,proto3" json:"key_prefix,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1314,6 +1358,27 @@ func (x *CountRunsRequest) GetLimit() int32 {
 		return x.Limit
 	}
 	return 0
+}
+
+func (x *CountRunsRequest) GetRunIdPrefix() string {
+	if x != nil {
+		return x.RunIdPrefix
+	}
+	return ""
+}
+
+func (x *CountRunsRequest) GetWorkflowPrefix() string {
+	if x != nil {
+		return x.WorkflowPrefix
+	}
+	return ""
+}
+
+func (x *CountRunsRequest) GetKeyPrefix() string {
+	if x != nil {
+		return x.KeyPrefix
+	}
+	return ""
 }
 
 // Result of WorkflowService.CountRuns.
@@ -1875,7 +1940,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04logs\x18\x02 \x01(\bR\x04logs\"3\n" +
 	"\x0eGetRunResponse\x12!\n" +
-	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\xb2\x02\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\x9e\x03\n" +
 	"\x0fListRunsRequest\x12\x1a\n" +
 	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x121\n" +
 	"\bstatuses\x18\x02 \x03(\x0e2\x15.cyclone.v1.RunStatusR\bstatuses\x12?\n" +
@@ -1884,10 +1949,15 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\tpage_size\x18\x05 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
 	"page_token\x18\x06 \x01(\tR\tpageToken\x12\x10\n" +
-	"\x03key\x18\a \x01(\tR\x03key\"_\n" +
+	"\x03key\x18\a \x01(\tR\x03key\x12\"\n" +
+	"\rrun_id_prefix\x18d \x01(\tR\vrunIdPrefix\x12'\n" +
+	"\x0fworkflow_prefix\x18e \x01(\tR\x0eworkflowPrefix\x12\x1d\n" +
+	"\n" +
+	"key_prefix\x18f \x01(\tR\tkeyPrefix\"\x87\x01\n" +
 	"\x10ListRunsResponse\x12#\n" +
 	"\x04runs\x18\x01 \x03(\v2\x0f.cyclone.v1.RunR\x04runs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"f\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12&\n" +
+	"\x0fprev_page_token\x18d \x01(\tR\rprevPageToken\"f\n" +
 	"\x10CancelRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -1928,14 +1998,18 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x03key\x18\x04 \x01(\tR\x03key\"H\n" +
 	"\x11SendEventResponse\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\x03R\aeventId\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"\x8d\x02\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"\xf9\x02\n" +
 	"\x10CountRunsRequest\x12\x1a\n" +
 	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x121\n" +
 	"\bstatuses\x18\x02 \x03(\x0e2\x15.cyclone.v1.RunStatusR\bstatuses\x12?\n" +
 	"\rcreated_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fcreatedAfter\x12A\n" +
 	"\x0ecreated_before\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\x12\x10\n" +
 	"\x03key\x18\x05 \x01(\tR\x03key\x12\x14\n" +
-	"\x05limit\x18\x06 \x01(\x05R\x05limit\"A\n" +
+	"\x05limit\x18\x06 \x01(\x05R\x05limit\x12\"\n" +
+	"\rrun_id_prefix\x18d \x01(\tR\vrunIdPrefix\x12'\n" +
+	"\x0fworkflow_prefix\x18e \x01(\tR\x0eworkflowPrefix\x12\x1d\n" +
+	"\n" +
+	"key_prefix\x18f \x01(\tR\tkeyPrefix\"A\n" +
 	"\x11CountRunsResponse\x12,\n" +
 	"\x06counts\x18\x01 \x03(\v2\x14.cyclone.v1.RunCountR\x06counts\"j\n" +
 	"\bRunCount\x12-\n" +
