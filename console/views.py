@@ -308,7 +308,9 @@ async def _needs_person(request: Request, template: str) -> Response:
 
 async def workers(request: Request) -> Response:
     found = await client_of(request).list_workers()
-    return render(request, "workers.html", {"found": found})
+    now = dt.datetime.now(dt.UTC)
+    states = {w.worker_id: survey.worker_state(w, now) for w in found.workers}
+    return render(request, "workers.html", {"found": found, "states": states})
 
 
 async def schedules(request: Request) -> Response:

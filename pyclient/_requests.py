@@ -213,6 +213,7 @@ class calls:
         action: str | None,
         page_size: int | None,
         page_token: str,
+        ready: bool = False,
     ) -> Call[StepPage]:
         if status is not None and status not in StepStatus.__members__.values():
             raise InvalidArgument(f"unknown step status {status!r}")
@@ -225,6 +226,7 @@ class calls:
             action=action or "",
             page_size=page_size or 0,
             page_token=page_token,
+            ready=ready,
         )
 
         def parse(r: wf_pb.ListStepsResponse) -> StepPage:

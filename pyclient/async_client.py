@@ -192,12 +192,14 @@ class AsyncClient:
         action: str | None = None,
         page_size: int | None = None,
         page_token: str = "",
+        ready: bool = False,
     ) -> StepPage:
         """Steps across runs: ``status="running"`` (``lease_expired`` for those whose
-        lease ran out), or ``backing_off=True``."""
+        lease ran out), ``backing_off=True``, or ``ready=True`` with an ``action`` (its
+        steps ready now, waiting for a worker)."""
         return await self._invoke(
             calls.list_steps(
-                status, lease_expired, backing_off, worker_id, action, page_size, page_token
+                status, lease_expired, backing_off, worker_id, action, page_size, page_token, ready
             )
         )
 

@@ -231,12 +231,14 @@ class Client:
         action: str | None = None,
         page_size: int | None = None,
         page_token: str = "",
+        ready: bool = False,
     ) -> StepPage:
         """Steps across runs: ``status="running"`` (``lease_expired`` for those whose
-        lease ran out), or ``backing_off=True``; by worker and action, paged."""
+        lease ran out), ``backing_off=True``, or ``ready=True`` with an ``action`` (its
+        steps ready now, waiting for a worker); by worker and action, paged."""
         return self._invoke(
             calls.list_steps(
-                status, lease_expired, backing_off, worker_id, action, page_size, page_token
+                status, lease_expired, backing_off, worker_id, action, page_size, page_token, ready
             )
         )
 

@@ -544,6 +544,8 @@ CONSOLE_READS: list[tuple[str, dict[str, Any]]] = [
     ("steps_list", {"kind": "running"}),
     ("steps_list", {"kind": "running", "lease_expired": True, "worker_id": "w"}),
     ("steps_list", {"kind": "backing_off", "action": "one"}),
+    ("steps_list", {"kind": "ready", "action": "one"}),
+    ("workers_seen_list", {}),
     ("workers_running", {}),
     ("actions_activity", {}),
 ]
@@ -570,7 +572,12 @@ def test_the_console_reads_never_scan_steps_or_runs_whole(database_url, statisti
             live.execute("ANALYZE cyclone.runs, cyclone.steps")
         scanned = []
         for name, given in CONSOLE_READS:
-            prepared = ("workers_running", "actions_activity", "runs_workflows")
+            prepared = (
+                "workers_running",
+                "actions_activity",
+                "runs_workflows",
+                "workers_seen_list",
+            )
             assert name in UNPREPARED or name in prepared
             compiled = Q[name].compile(dialect=dialect)
             params = {**compiled.params, "limit": 1001, "lease_expired": False, **given}

@@ -1,5 +1,6 @@
 """ListRuns and CountRuns by run id prefix, workflow prefix and key prefix, and paged
-both ways (prev_page_token: newer runs), against a real server."""
+both ways (prev_page_token: newer runs); ListSteps of an action's ready steps;
+ListWorkers' idle workers; against a real server."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from typing import Any
 import grpc
 import pytest
 
+from cyclone.v1 import types_pb2
+from cyclone.v1 import worker_service_pb2 as K
 from cyclone.v1 import workflow_service_pb2 as W
-from tests.helpers import node, rpc_error, submit, workflow
+from tests.helpers import claim, node, rpc_error, submit, workflow
 
 
 def submit_once(server: Any, name: str, key: str) -> str:
@@ -98,3 +101,49 @@ def test_bad_prefixes_are_refused_with_the_reason(
         error = rpc_error(call, request)
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert says in error.details()
+
+
+def test_ready_steps_of_an_action_are_listed_longest_ready_first(cyclone_server: Any) -> None:
+    first = submit(cyclone_server, workflow("w", node("a", action="slow")))
+    second = submit(cyclone_server, workflow("w", node("a", action="slow")))
+    submit(cyclone_server, workflow("w", node("a", action="other")))
+    request = W.ListStepsRequest(ready=True, action="slow", page_size=1)
+    page = cyclone_server.workflows.ListSteps(request)
+    assert [s.run_id for s in page.steps] == [first]
+    assert page.next_page_token
+    request.page_token = page.next_page_token
+    assert [s.run_id for s in cyclone_server.workflows.ListSteps(request).steps] == [second]
+    claim(cyclone_server, "slow", n=1)
+    left = cyclone_server.workflows.ListSteps(W.ListStepsRequest(ready=True, action="slow"))
+    assert [s.run_id for s in left.steps] == [second]
+
+
+@pytest.mark.parametrize(
+    "fields, says",
+    [
+        ({"ready": True}, "needs an action"),
+        ({"ready": True, "action": "a", "backing_off": True}, "cannot be combined"),
+        ({"ready": True, "action": "a", "status": types_pb2.STEP_STATUS_RUNNING}, "cannot be"),
+    ],
+)
+def test_ready_needs_an_action_and_no_other_kind(
+    cyclone_server: Any, fields: dict[str, Any], says: str
+) -> None:
+    error = rpc_error(cyclone_server.workflows.ListSteps, W.ListStepsRequest(**fields))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in error.details()
+
+
+def test_list_workers_shows_a_worker_that_asked_for_work_and_got_none(cyclone_server: Any) -> None:
+    request = K.ClaimRequest(
+        worker_id="idle-7", actions=[K.ActionSpec(name="b"), K.ActionSpec(name="a")], build_id="b1"
+    )
+    assert not cyclone_server.workers.Claim(request).steps
+    [worker] = cyclone_server.workflows.ListWorkers(W.ListWorkersRequest()).workers
+    assert (worker.worker_id, worker.running, worker.build_id) == ("idle-7", 0, "b1")
+    assert list(worker.serves) == ["a", "b"]
+    assert worker.HasField("last_seen_at") and not worker.unhealthy
+    [(actions, build)] = cyclone_server.sql(
+        "SELECT actions, build_id FROM cyclone.workers_seen WHERE worker_id = 'idle-7'"
+    )
+    assert (actions, build) == (["a", "b"], "b1")

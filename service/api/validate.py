@@ -17,6 +17,9 @@ from google.protobuf import duration_pb2
 
 from cyclone import dag
 from cyclone.v1 import (
+    types_pb2,
+)
+from cyclone.v1 import (
     worker_service_pb2 as worker_pb,
 )
 from cyclone.v1 import (
@@ -233,6 +236,36 @@ def key_like(prefix: str) -> str | None:
         )
     escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return escaped + "%"
+
+
+def steps_kind(request: workflow_pb.ListStepsRequest) -> str:
+    """Which steps a ListSteps request lists: running, backing_off or ready."""
+    available = (types_pb2.STEP_STATUS_UNSPECIFIED, types_pb2.STEP_STATUS_AVAILABLE)
+    if request.ready:
+        if request.backing_off or request.lease_expired or request.status not in available:
+            raise errors.InvalidArgument(
+                "ready lists the available steps due now; it cannot be combined with "
+                "backing_off, lease_expired or another status"
+            )
+        if not request.action:
+            raise errors.InvalidArgument("ready needs an action: the ready steps of which action")
+        return "ready"
+    if request.backing_off:
+        if request.status not in available:
+            raise errors.InvalidArgument(
+                "backing_off lists available steps; it cannot be combined with status "
+                + types_pb2.StepStatus.Name(request.status)
+            )
+        if request.lease_expired:
+            raise errors.InvalidArgument("lease_expired applies to running steps only")
+        return "backing_off"
+    if request.status != types_pb2.STEP_STATUS_RUNNING:
+        raise errors.InvalidArgument(
+            "status must be STEP_STATUS_RUNNING, or set backing_off for the available "
+            "steps backing off, or ready for an action's ready steps; other steps are "
+            "listed per run (GetRun)"
+        )
+    return "running"
 
 
 def encode_page_token(at: datetime, run_id: uuid.UUID, node: str | None = None) -> str:

@@ -49,11 +49,13 @@ from service.api.validate import (
     payloads_of,
     run_filters,
     step_call_name,
+    steps_kind,
     text,
 )
 from service.config import Settings
 from service.db import Database
 from service.engine.explain import explain
+from service.engine.waits import RESERVED_PREFIX
 from service.metrics import Metrics
 
 log = logging.getLogger("cyclone")
@@ -213,29 +215,13 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         self, request: workflow_pb.ListStepsRequest, context: Context
     ) -> workflow_pb.ListStepsResponse:
         size = page_size(request.page_size)
-        running = request.status == types_pb2.STEP_STATUS_RUNNING
-        if request.backing_off:
-            if request.status not in (
-                types_pb2.STEP_STATUS_UNSPECIFIED,
-                types_pb2.STEP_STATUS_AVAILABLE,
-            ):
-                raise errors.InvalidArgument(
-                    "backing_off lists available steps; it cannot be combined with status "
-                    + types_pb2.StepStatus.Name(request.status)
-                )
-            if request.lease_expired:
-                raise errors.InvalidArgument("lease_expired applies to running steps only")
-        elif not running:
-            raise errors.InvalidArgument(
-                "status must be STEP_STATUS_RUNNING, or set backing_off for the available "
-                "steps backing off; other steps are listed per run (GetRun)"
-            )
+        kind = steps_kind(request)
         for value, what in ((request.worker_id, "worker_id"), (request.action, "action")):
             if value:
                 text(value, what, MAX_FILTER)
         after = decode_position(request.page_token) if request.page_token else None
         rows = await self.db.steps.steps_list(
-            kind="running" if running else "backing_off",
+            kind=kind,
             lease_expired=request.lease_expired,
             worker_id=request.worker_id or None,
             action=request.action or None,
@@ -290,6 +276,15 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
                 w = workers[u.worker_id] = workflow_pb.WorkerSummary(worker_id=u.worker_id)
             w.unhealthy = True
             w.unhealthy_since.FromDatetime(u.unhealthy_since)
+        for seen in await self.db.workers.workers_seen_list():
+            w = workers.get(seen.worker_id)
+            if w is None:
+                if len(workers) == MAX_WORKERS_LISTED:
+                    continue
+                w = workers[seen.worker_id] = workflow_pb.WorkerSummary(worker_id=seen.worker_id)
+            w.build_id = seen.build_id or ""
+            w.last_seen_at.FromDatetime(seen.seen_at)
+            w.serves.extend(seen.actions)
         return workflow_pb.ListWorkersResponse(
             workers=[workers[w] for w in sorted(workers)],
             actions=[
@@ -301,6 +296,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
                     last_claimed_by=a.claimed_by or "",
                     ready_ahead=a.ready_count,
                     running=by_action.get(a.action, 0),
+                    served_by_server=a.action.startswith(RESERVED_PREFIX),
                 )
                 for a in actions
             ],

@@ -394,6 +394,18 @@ CREATE TABLE cyclone.worker_health (
     reason          text        NOT NULL DEFAULT ''
 );
 
+-- The workers the servers saw ask for work (a Claim, or a claim of a Work stream): the
+-- actions they serve, their build, when last (ListWorkers lists them, idle or not).
+-- Written by each server from memory every few seconds (service/engine/activity.py, the
+-- named query workers_seen_note), never by the claim; a worker not seen for a day is
+-- forgotten by the same statement.
+CREATE TABLE cyclone.workers_seen (
+    worker_id text        COLLATE "C" PRIMARY KEY,
+    actions   text[]      NOT NULL,
+    build_id  text,
+    seen_at   timestamptz NOT NULL
+);
+
 -- SubmitOnce keys, kept apart from the runs so that retention can delete a run and
 -- still answer its key with the run it made (submit_keys_purge deletes a key only once
 -- its run is gone). A key is found by its id, submit_key_id(workflow, key), a

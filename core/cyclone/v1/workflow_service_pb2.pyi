@@ -188,7 +188,7 @@ class NodeState(_message.Message):
     def __init__(self, node: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., attempt: _Optional[int] = ..., last_error: _Optional[_Union[_types_pb2.StepError, _Mapping]] = ...) -> None: ...
 
 class ActionActivity(_message.Message):
-    __slots__ = ("action", "last_polled_at", "last_polled_by", "last_claimed_at", "last_claimed_by", "ready_ahead", "running")
+    __slots__ = ("action", "last_polled_at", "last_polled_by", "last_claimed_at", "last_claimed_by", "ready_ahead", "running", "served_by_server")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     LAST_POLLED_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_POLLED_BY_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +196,7 @@ class ActionActivity(_message.Message):
     LAST_CLAIMED_BY_FIELD_NUMBER: _ClassVar[int]
     READY_AHEAD_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BY_SERVER_FIELD_NUMBER: _ClassVar[int]
     action: str
     last_polled_at: _timestamp_pb2.Timestamp
     last_polled_by: str
@@ -203,7 +204,8 @@ class ActionActivity(_message.Message):
     last_claimed_by: str
     ready_ahead: int
     running: int
-    def __init__(self, action: _Optional[str] = ..., last_polled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_polled_by: _Optional[str] = ..., last_claimed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_claimed_by: _Optional[str] = ..., ready_ahead: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
+    served_by_server: bool
+    def __init__(self, action: _Optional[str] = ..., last_polled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_polled_by: _Optional[str] = ..., last_claimed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_claimed_by: _Optional[str] = ..., ready_ahead: _Optional[int] = ..., running: _Optional[int] = ..., served_by_server: _Optional[bool] = ...) -> None: ...
 
 class SendEventRequest(_message.Message):
     __slots__ = ("run_id", "name", "payload", "key")
@@ -264,7 +266,7 @@ class RunCount(_message.Message):
     def __init__(self, status: _Optional[_Union[_types_pb2.RunStatus, str]] = ..., count: _Optional[int] = ..., at_least: _Optional[bool] = ...) -> None: ...
 
 class ListStepsRequest(_message.Message):
-    __slots__ = ("status", "lease_expired", "backing_off", "worker_id", "action", "page_size", "page_token")
+    __slots__ = ("status", "lease_expired", "backing_off", "worker_id", "action", "page_size", "page_token", "ready")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     BACKING_OFF_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +274,7 @@ class ListStepsRequest(_message.Message):
     ACTION_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
     status: _types_pb2.StepStatus
     lease_expired: bool
     backing_off: bool
@@ -279,7 +282,8 @@ class ListStepsRequest(_message.Message):
     action: str
     page_size: int
     page_token: str
-    def __init__(self, status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., lease_expired: _Optional[bool] = ..., backing_off: _Optional[bool] = ..., worker_id: _Optional[str] = ..., action: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    ready: bool
+    def __init__(self, status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., lease_expired: _Optional[bool] = ..., backing_off: _Optional[bool] = ..., worker_id: _Optional[str] = ..., action: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., ready: _Optional[bool] = ...) -> None: ...
 
 class ListStepsResponse(_message.Message):
     __slots__ = ("steps", "next_page_token")
@@ -312,7 +316,7 @@ class ListWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerSummary, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[ActionActivity, _Mapping]]] = ...) -> None: ...
 
 class WorkerSummary(_message.Message):
-    __slots__ = ("worker_id", "actions", "running", "last_heartbeat_at", "lease_expired", "unhealthy", "unhealthy_since")
+    __slots__ = ("worker_id", "actions", "running", "last_heartbeat_at", "lease_expired", "unhealthy", "unhealthy_since", "build_id", "last_seen_at", "serves")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -320,6 +324,9 @@ class WorkerSummary(_message.Message):
     LEASE_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     UNHEALTHY_FIELD_NUMBER: _ClassVar[int]
     UNHEALTHY_SINCE_FIELD_NUMBER: _ClassVar[int]
+    BUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_AT_FIELD_NUMBER: _ClassVar[int]
+    SERVES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     actions: _containers.RepeatedScalarFieldContainer[str]
     running: int
@@ -327,4 +334,7 @@ class WorkerSummary(_message.Message):
     lease_expired: int
     unhealthy: bool
     unhealthy_since: _timestamp_pb2.Timestamp
-    def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., running: _Optional[int] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expired: _Optional[int] = ..., unhealthy: _Optional[bool] = ..., unhealthy_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    build_id: str
+    last_seen_at: _timestamp_pb2.Timestamp
+    serves: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., running: _Optional[int] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expired: _Optional[int] = ..., unhealthy: _Optional[bool] = ..., unhealthy_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., build_id: _Optional[str] = ..., last_seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., serves: _Optional[_Iterable[str]] = ...) -> None: ...
