@@ -5,6 +5,7 @@ long texts cut at a word."""
 
 from __future__ import annotations
 
+import datetime as dt
 import html
 import re
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from console.text import clip, clip_text
 from cyclone.v1 import worker_service_pb2 as K
 from cyclone.v1 import workflow_service_pb2 as W
 from tests.console_thread import ConsoleThread
-from tests.helpers import claim, complete, eventually, node, submit, workflow
+from tests.helpers import claim, complete, eventually, fail, node, submit, workflow
 from tests.test_console_html import Browserless
 from tests.test_waits import event_node
 
@@ -196,3 +197,60 @@ def test_long_texts_are_cut_at_a_word_with_the_whole_text_in_a_title(
     shown = html.unescape(cell.group(2))
     assert shown.endswith("…") and len(shown) <= 61
     assert key.startswith(shown[:-1]) and key[len(shown) - 1] == " "
+
+
+def lane_of(page: str, node_name: str) -> str:
+    found = re.search(rf'<g class="tl-lane" data-node="{node_name}">(.*?)</g>\s*</g>', page, re.S)
+    assert found, page
+    return found.group(1)
+
+
+def kinds(lane: str) -> list[tuple[str, str]]:
+    return re.findall(r'data-kind="(\w+)" data-attempt="(\d+)"', lane)
+
+
+def test_the_run_page_draws_a_timeline_of_attempts_waits_resumes_and_operator_actions(
+    cyclone_server: Any, visitor: Browserless
+) -> None:
+    from cyclone.v1 import admin_service_pb2 as A
+    from tests.test_waits import server_now, wait_request
+
+    run_id = submit(
+        cyclone_server,
+        workflow(
+            "tl",
+            node("a", max_attempts=3, backoff=0.001),
+            node("b", deps=["a"], max_attempts=1),
+        ),
+    )
+    [first] = claim(cyclone_server, n=1)
+    fail(cyclone_server, first, "first try failed")
+    second = eventually(lambda: claim(cyclone_server, n=1), "the second attempt")[0]
+    wake = server_now(cyclone_server) + dt.timedelta(seconds=30)
+    cyclone_server.workers.Wait(wait_request(second, wake_at=wake))
+    cyclone_server.advance_clock(31)
+    [third] = claim(cyclone_server, n=1)
+    complete(cyclone_server, third, {"ok": True})
+    [b] = claim(cyclone_server, n=1)
+    fail(cyclone_server, b, "no luck", non_retryable=True)
+    cyclone_server.admin.Retry(A.RetryRequest(run_id=run_id, node="b", reason="try b again"))
+
+    page = visitor.get(f"/runs/{run_id}")
+    assert page.status == 200
+    assert '<svg class="timeline"' in page.text
+    a = lane_of(page.text, "a")
+    found = kinds(a)
+    assert ("fail", "1") in found
+    # The journal entry of the sleep names the attempt that last wrote it (the third,
+    # whose claim ended the sleep).
+    assert ("wait", "3") in found and ("resume", "3") in found
+    assert ("attempt", "3") in found
+    assert [k for k, _ in found].count("attempt") == 1
+    assert "first try failed" in a
+    assert "wait for sleep" in a and "the node resumes" in a
+    lane_b = lane_of(page.text, "b")
+    assert ("fail", "1") in kinds(lane_b) and "no luck" in lane_b
+    ops = re.findall(r'class="tl-op op-(\w+)" data-kind="op"[^>]*><title>([^<]*)</title>', lane_b)
+    assert [(action, "try b again" in title) for action, title in ops] == [("retry", True)]
+    # The axis is labelled from the run's creation on.
+    assert ">+0 ms<" in page.text or ">+0.0 s<" in page.text
