@@ -254,3 +254,44 @@ def test_the_run_page_draws_a_timeline_of_attempts_waits_resumes_and_operator_ac
     assert [(action, "try b again" in title) for action, title in ops] == [("retry", True)]
     # The axis is labelled from the run's creation on.
     assert ">+0 ms<" in page.text or ">+0.0 s<" in page.text
+
+
+def test_an_action_is_unserved_once_no_worker_asked_for_it_lately() -> None:
+    from console.survey import NO_WORKER_AFTER, unserved, worker_state
+    from pyclient.models import ActionActivity, WorkerSummary
+
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+    def action(
+        name: str,
+        polled: dt.datetime | None,
+        ready: int = 3,
+        running: int = 0,
+        by_server: bool = False,
+    ) -> ActionActivity:
+        return ActionActivity(
+            name, polled, "w" if polled else "", None, "", ready, running, by_server
+        )
+
+    lately = now - NO_WORKER_AFTER + dt.timedelta(seconds=1)
+    long_ago = now - NO_WORKER_AFTER - dt.timedelta(seconds=1)
+    found = unserved(
+        [
+            action("never", None),
+            action("stale", long_ago),
+            action("asked", lately),
+            action("idle", None, ready=0),
+            action("busy", long_ago, running=1),
+            action("cyclone.event", None, by_server=True),
+        ],
+        now,
+    )
+    assert [a.action for a in found] == ["never", "stale"]
+
+    def worker(running: int, seen: dt.datetime | None) -> WorkerSummary:
+        return WorkerSummary("w", (), running, None, 0, last_seen_at=seen)
+
+    assert worker_state(worker(1, None), now) == "busy"
+    assert worker_state(worker(0, now - dt.timedelta(seconds=5)), now) == "idle"
+    assert worker_state(worker(0, now - dt.timedelta(minutes=5)), now) == "quiet"
+    assert worker_state(worker(0, None), now) == "quiet"
