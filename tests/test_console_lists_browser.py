@@ -7,6 +7,7 @@ texts, the timeline. With CYCLONE_SCREENSHOTS=DIR they save docs/console's pictu
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import Any
 
 from playwright.sync_api import Page, expect
@@ -133,15 +134,19 @@ def test_the_run_page_draws_the_timeline_with_attempts_waits_and_operator_action
         cyclone_server,
         workflow("tl", node("a", max_attempts=3, backoff=0.001), node("b", deps=["a"])),
     )
+    # Real (short) durations, so that the picture shows bars in proportion.
     [first] = claim(cyclone_server, n=1)
+    time.sleep(0.4)
     fail(cyclone_server, first, "first try failed")
     second = eventually(lambda: claim(cyclone_server, n=1), "the second attempt")[0]
-    wake = server_now(cyclone_server) + dt.timedelta(seconds=30)
+    time.sleep(0.3)
+    wake = server_now(cyclone_server) + dt.timedelta(seconds=1.5)
     cyclone_server.workers.Wait(wait_request(second, wake_at=wake))
-    cyclone_server.advance_clock(31)
-    [third] = claim(cyclone_server, n=1)
+    third = eventually(lambda: claim(cyclone_server, n=1), "the end of the sleep")[0]
+    time.sleep(0.5)
     complete(cyclone_server, third, {"ok": True})
     [b] = claim(cyclone_server, n=1)
+    time.sleep(0.3)
     fail(cyclone_server, b, "no luck", non_retryable=True)
     cyclone_server.admin.Retry(A.RetryRequest(run_id=run_id, node="b", reason="try b again"))
     page.goto(f"{console.url}/runs/{run_id}")
