@@ -139,7 +139,7 @@ run: $(VENV)/.serve-stamp ## Serve on $(ADDR), the console on http://$(CONSOLE)/
 
 .PHONY: screenshots
 screenshots: $(VENV)/.stamp ## Regenerate docs/console/*.png: the console's browser tests, saving pictures
-	CYCLONE_SCREENSHOTS=docs/console $(VENV)/bin/pytest tests/test_console.py tests/test_console_buttons.py -q -p no:randomly
+	CYCLONE_SCREENSHOTS=docs/console $(VENV)/bin/pytest tests/test_console.py tests/test_console_buttons.py tests/test_console_lists_browser.py -q -p no:randomly
 
 .PHONY: stop
 stop: ## Stop the embedded Postgres under .cyclone/ (make run stops it when it started it)

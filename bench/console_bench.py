@@ -86,6 +86,23 @@ PLANS: dict[str, tuple[str, dict[str, Any]]] = {
     "ListRuns, one workflow": ("runs_list", {"workflow": "reports"}),
     "ListRuns, one status": ("runs_list", {"statuses": ["cancelled"]}),
     "ListRuns, a key (no workflow)": ("runs_list", {"key": "key-500001"}),
+    "ListRuns, a key prefix": ("runs_list", {"key_like": "key-5000%"}),
+    "ListRuns, a workflow prefix": ("runs_list", {"workflows": ["reports"]}),
+    "ListRuns, a run id prefix": (
+        "runs_list",
+        {
+            "run_id_lo": "abc00000-0000-0000-0000-000000000000",
+            "run_id_hi": "abcfffff-ffff-ffff-ffff-ffffffffffff",
+        },
+    ),
+    "ListRuns, newer page": (
+        "runs_list_newer",
+        {
+            "after_created": "2000-01-01T00:00:00+00:00",
+            "after_run_id": "00000000-0000-0000-0000-000000000000",
+        },
+    ),
+    "ListRuns, workflow names of a prefix": ("runs_workflows", {"prefix": "rep"}),
     "CountRuns, every status": ("runs_count", {}),
     "CountRuns, one workflow": ("runs_count", {"workflow": "reports"}),
     "CountRuns, a time range": (
@@ -93,9 +110,12 @@ PLANS: dict[str, tuple[str, dict[str, Any]]] = {
         {"created_after": "-infinity", "created_before": "infinity"},
     ),
     "CountRuns, a key": ("runs_count", {"key": "key-500001"}),
+    "CountRuns, a key prefix": ("runs_count", {"key_like": "key-5000%"}),
     "ListSteps, running": ("steps_list", {"kind": "running"}),
     "ListSteps, lease expired": ("steps_list", {"kind": "running", "lease_expired": True}),
     "ListSteps, backing off": ("steps_list", {"kind": "backing_off"}),
+    "ListSteps, ready (one action)": ("steps_list", {"kind": "ready", "action": "charge"}),
+    "ListWorkers, workers seen": ("workers_seen_list", {}),
     "ListWorkers, running steps": ("workers_running", {}),
     "ListWorkers, actions": ("actions_activity", {}),
 }
@@ -212,6 +232,11 @@ def main() -> None:
             running = [client.submit(wf, {"i": i}) for i in range(100)]
             old = next(iter(client.list_runs(status="cancelled", page_size=1).runs)).run_id
             busy(server.address)
+            # A page deep in the list, and the page of newer runs before it.
+            deep = client.list_runs(page_size=50, page_token="")
+            for _ in range(20):
+                deep = client.list_runs(page_size=50, page_token=deep.next_page_token)
+            pages_at = (deep.next_page_token, deep.prev_page_token)
             every = Workflow("reports")
             every.node("build")
             client.create_schedule("hourly-report", every, cron="0 * * * *")
@@ -225,7 +250,13 @@ def main() -> None:
             "runs of one workflow": "/runs?workflow=reports",
             "cancelled runs": "/runs?status=cancelled",
             "runs in a time range": "/runs?after=2000-01-01T00:00&before=2100-01-01T00:00",
-            "runs by key (no workflow)": "/runs?key=key-500001",
+            "runs by key (no workflow)": "/runs?key=key-500001&match=exact",
+            "runs by key prefix": "/runs?key=key-5000",
+            "runs by workflow prefix": "/runs?workflow=rep",
+            "runs by run id prefix": f"/runs?run={old[:4]}",
+            "runs by whole run id": f"/runs?run={old}",
+            "runs, an older page": f"/runs?page={pages_at[0]}",
+            "runs, a newer page": f"/runs?page={pages_at[1]}",
             "a running run": f"/runs/{running[-1]}?node=charge",
             "a finished run": f"/runs/{old}?node=only",
             "needs a person": "/attention",

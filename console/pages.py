@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
+from console import text, timeline
 from console.sessions import Session
 from pyclient.client import AsyncClient
 from pyclient.errors import CycloneError
@@ -98,6 +99,8 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(when=_when, pretty=_pretty, cut=cut, code=error_code)
+    env.filters.update(clip=text.clip, started=text.started, duration=text.duration)
+    env.globals.update(timeline_of=timeline.timeline_of)
     return env
 
 

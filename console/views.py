@@ -28,6 +28,10 @@ COUNT_LIMIT = 1000
 POLL_S = 2
 
 
+#: How the runs page matches a workflow and a key: by their start, or whole.
+MATCHES = ("prefix", "exact")
+
+
 @dataclass(frozen=True, slots=True)
 class RunFilters:
     workflow: str
@@ -37,6 +41,8 @@ class RunFilters:
     key: str
     size: int
     page: str
+    run: str = ""  # a run id, or its first hex digits
+    match: str = "prefix"  # MATCHES
 
     @classmethod
     def of(cls, request: Request) -> RunFilters:
@@ -50,15 +56,19 @@ class RunFilters:
             key=q.get("key", "").strip(),
             size=int(size) if size.isdigit() and int(size) in PAGE_SIZES else 50,
             page=q.get("page", ""),
+            run=q.get("run", "").strip(),
+            match="exact" if q.get("match") == "exact" else "prefix",
         )
 
     def query(self, **change: Any) -> str:
         values = {
+            "run": self.run,
             "workflow": self.workflow,
+            "key": self.key,
+            "match": self.match if self.match != "prefix" else "",
             "status": list(self.statuses),
             "after": self.after,
             "before": self.before,
-            "key": self.key,
             "size": self.size,
             "page": self.page,
         }
@@ -67,9 +77,13 @@ class RunFilters:
 
     def api(self) -> dict[str, Any]:
         """The ListRuns and CountRuns filters (without statuses and paging)."""
+        exact = self.match == "exact"
         return {
-            "workflow": self.workflow or None,
-            "key": self.key or None,
+            "workflow": (self.workflow if exact else None) or None,
+            "key": (self.key if exact else None) or None,
+            "workflow_prefix": (None if exact else self.workflow) or None,
+            "key_prefix": (None if exact else self.key) or None,
+            "run_id_prefix": self.run or None,
             "created_after": _instant(self.after, "created after"),
             "created_before": _instant(self.before, "created before"),
         }
@@ -103,9 +117,14 @@ async def _runs(request: Request, template: str) -> Response:
         page = await client_of(request).list_runs(
             status=f.statuses or None, page_size=f.size, page_token=f.page, **f.api()
         )
-        context.update(runs=page.runs, next_page=page.next_page_token, error=None)
+        context.update(
+            runs=page.runs,
+            next_page=page.next_page_token,
+            prev_page=page.prev_page_token,
+            error=None,
+        )
     except (InvalidArgument, PermissionDenied) as exc:
-        context.update(runs=(), next_page="", error=exc)
+        context.update(runs=(), next_page="", prev_page="", error=exc)
     return render(request, template, context)
 
 
@@ -304,7 +323,9 @@ async def _needs_person(request: Request, template: str) -> Response:
 
 async def workers(request: Request) -> Response:
     found = await client_of(request).list_workers()
-    return render(request, "workers.html", {"found": found})
+    now = dt.datetime.now(dt.UTC)
+    states = {w.worker_id: survey.worker_state(w, now) for w in found.workers}
+    return render(request, "workers.html", {"found": found, "states": states})
 
 
 async def schedules(request: Request) -> Response:

@@ -126,6 +126,8 @@ class ActionActivity:
     last_claimed_by: str
     ready_ahead: int
     running: int
+    #: The server serves it itself (cyclone.event): no worker asks for it.
+    served_by_server: bool = False
 
     @classmethod
     def from_proto(cls, p: workflow_service_pb2.ActionActivity) -> ActionActivity:
@@ -209,8 +211,9 @@ class StepPage:
 
 @dataclass(frozen=True, slots=True)
 class WorkerSummary:
-    """A worker as the steps it holds show it (list_workers); ``unhealthy``: a lease of
-    it lapsed with no outcome, and it is handed nothing until it reports again."""
+    """A worker as the steps it holds and its last requests for work show it
+    (list_workers; idle when it holds none); ``unhealthy``: a lease of it lapsed with no
+    outcome, and it is handed nothing until it reports again."""
 
     worker_id: str
     actions: tuple[str, ...]
@@ -219,6 +222,10 @@ class WorkerSummary:
     lease_expired: int
     unhealthy: bool = False
     unhealthy_since: dt.datetime | None = None
+    #: Its build, when it last asked for work, and the actions it asked for then.
+    build_id: str = ""
+    last_seen_at: dt.datetime | None = None
+    serves: tuple[str, ...] = ()
 
     @classmethod
     def from_proto(cls, p: workflow_service_pb2.WorkerSummary) -> WorkerSummary:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -195,12 +195,14 @@ class calls:
         page_size: int | None,
         page_token: str,
         key: str | None = None,
+        prefixes: Mapping[str, str | None] | None = None,
     ) -> Call[RunPage]:
         req = wf_pb.ListRunsRequest(page_size=page_size or 0, page_token=page_token)
-        _set_run_filters(req, workflow, status, created_after, created_before, key)
+        _set_run_filters(req, workflow, status, created_after, created_before, key, prefixes)
 
         def parse(r: wf_pb.ListRunsResponse) -> RunPage:
-            return RunPage(tuple(Run.from_proto(p) for p in r.runs), r.next_page_token)
+            runs = tuple(Run.from_proto(p) for p in r.runs)
+            return RunPage(runs, r.next_page_token, r.prev_page_token)
 
         return Call("workflow", "ListRuns", req, parse)
 
@@ -212,9 +214,10 @@ class calls:
         created_before: dt.datetime | None,
         key: str | None,
         limit: int | None,
+        prefixes: Mapping[str, str | None] | None = None,
     ) -> Call[dict[str, RunCount]]:
         req = wf_pb.CountRunsRequest(limit=limit or 0)
-        _set_run_filters(req, workflow, status, created_after, created_before, key)
+        _set_run_filters(req, workflow, status, created_after, created_before, key, prefixes)
 
         def parse(r: wf_pb.CountRunsResponse) -> dict[str, RunCount]:
             return {str(c.status): c for c in map(RunCount.from_proto, r.counts)}
@@ -230,6 +233,7 @@ class calls:
         action: str | None,
         page_size: int | None,
         page_token: str,
+        ready: bool = False,
     ) -> Call[StepPage]:
         if status is not None and status not in StepStatus.__members__.values():
             raise InvalidArgument(f"unknown step status {status!r}")
@@ -242,6 +246,7 @@ class calls:
             action=action or "",
             page_size=page_size or 0,
             page_token=page_token,
+            ready=ready,
         )
 
         def parse(r: wf_pb.ListStepsResponse) -> StepPage:
@@ -437,6 +442,10 @@ class schedule_calls:
         return Call("schedule", "DeleteSchedule", req, lambda r: None)
 
 
+#: The prefix filters of list_runs and count_runs.
+RUN_PREFIXES = ("run_id_prefix", "workflow_prefix", "key_prefix")
+
+
 def _set_run_filters(
     req: wf_pb.ListRunsRequest | wf_pb.CountRunsRequest,
     workflow: str | None,
@@ -444,8 +453,14 @@ def _set_run_filters(
     created_after: dt.datetime | None,
     created_before: dt.datetime | None,
     key: str | None,
+    prefixes: Mapping[str, str | None] | None = None,
 ) -> None:
-    """ListRuns' and CountRuns' filters."""
+    """ListRuns' and CountRuns' filters; ``prefixes``: run_id_prefix, workflow_prefix,
+    key_prefix."""
+    for name, value in (prefixes or {}).items():
+        if name not in RUN_PREFIXES:
+            raise InvalidArgument(f"unknown run filter {name!r}; expected {RUN_PREFIXES}")
+        setattr(req, name, value or "")
     statuses = [status] if isinstance(status, str) else list(status or ())
     try:
         req.statuses.extend(RunStatus(s).to_proto() for s in statuses)

@@ -380,7 +380,7 @@ class Run:
             and isinstance(call.output.get("run_id"), str)
         )
 
-    #: The run's priority and the start time given to submit (get_run only).
+    #: The run's priority (get_run only) and the start time given to submit.
     priority: int = 0
     start_at: dt.datetime | None = None
 
@@ -410,10 +410,12 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class RunPage:
-    """One page of list_runs; pass ``next_page_token`` back for the next one."""
+    """One page of list_runs; pass ``next_page_token`` back for the next (older) one,
+    ``prev_page_token`` for the previous (newer) one; each is empty at its end."""
 
     runs: tuple[Run, ...]
     next_page_token: str
+    prev_page_token: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,10 +130,24 @@ class AsyncClient:
         page_size: int | None = None,
         page_token: str = "",
         key: str | None = None,
+        run_id_prefix: str | None = None,
+        workflow_prefix: str | None = None,
+        key_prefix: str | None = None,
     ) -> RunPage:
         return await self._invoke(
             calls.list_runs(
-                workflow, status, created_after, created_before, page_size, page_token, key
+                workflow,
+                status,
+                created_after,
+                created_before,
+                page_size,
+                page_token,
+                key,
+                {
+                    "run_id_prefix": run_id_prefix,
+                    "workflow_prefix": workflow_prefix,
+                    "key_prefix": key_prefix,
+                },
             )
         )
 
@@ -146,11 +160,26 @@ class AsyncClient:
         created_before: dt.datetime | None = None,
         key: str | None = None,
         limit: int | None = None,
+        run_id_prefix: str | None = None,
+        workflow_prefix: str | None = None,
+        key_prefix: str | None = None,
     ) -> dict[str, RunCount]:
         """Runs per status (all statuses unless ``status`` names some), exact up to
         ``limit`` (server default 1,000), else ``at_least``."""
         return await self._invoke(
-            calls.count_runs(workflow, status, created_after, created_before, key, limit)
+            calls.count_runs(
+                workflow,
+                status,
+                created_after,
+                created_before,
+                key,
+                limit,
+                {
+                    "run_id_prefix": run_id_prefix,
+                    "workflow_prefix": workflow_prefix,
+                    "key_prefix": key_prefix,
+                },
+            )
         )
 
     async def list_steps(
@@ -163,12 +192,14 @@ class AsyncClient:
         action: str | None = None,
         page_size: int | None = None,
         page_token: str = "",
+        ready: bool = False,
     ) -> StepPage:
         """Steps across runs: ``status="running"`` (``lease_expired`` for those whose
-        lease ran out), or ``backing_off=True``."""
+        lease ran out), ``backing_off=True``, or ``ready=True`` with an ``action`` (its
+        steps ready now, waiting for a worker)."""
         return await self._invoke(
             calls.list_steps(
-                status, lease_expired, backing_off, worker_id, action, page_size, page_token
+                status, lease_expired, backing_off, worker_id, action, page_size, page_token, ready
             )
         )
 

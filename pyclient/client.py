@@ -168,12 +168,26 @@ class Client:
         page_size: int | None = None,
         page_token: str = "",
         key: str | None = None,
+        run_id_prefix: str | None = None,
+        workflow_prefix: str | None = None,
+        key_prefix: str | None = None,
     ) -> RunPage:
         """One page of runs, newest first, without their steps (``key``: the run
         SubmitOnce made with it, one per workflow)."""
         return self._invoke(
             calls.list_runs(
-                workflow, status, created_after, created_before, page_size, page_token, key
+                workflow,
+                status,
+                created_after,
+                created_before,
+                page_size,
+                page_token,
+                key,
+                {
+                    "run_id_prefix": run_id_prefix,
+                    "workflow_prefix": workflow_prefix,
+                    "key_prefix": key_prefix,
+                },
             )
         )
 
@@ -186,10 +200,25 @@ class Client:
         created_before: dt.datetime | None = None,
         key: str | None = None,
         limit: int | None = None,
+        run_id_prefix: str | None = None,
+        workflow_prefix: str | None = None,
+        key_prefix: str | None = None,
     ) -> dict[str, RunCount]:
         """Runs per status, exact up to ``limit`` (server default 1,000)."""
         return self._invoke(
-            calls.count_runs(workflow, status, created_after, created_before, key, limit)
+            calls.count_runs(
+                workflow,
+                status,
+                created_after,
+                created_before,
+                key,
+                limit,
+                {
+                    "run_id_prefix": run_id_prefix,
+                    "workflow_prefix": workflow_prefix,
+                    "key_prefix": key_prefix,
+                },
+            )
         )
 
     def list_steps(
@@ -202,12 +231,14 @@ class Client:
         action: str | None = None,
         page_size: int | None = None,
         page_token: str = "",
+        ready: bool = False,
     ) -> StepPage:
         """Steps across runs: ``status="running"`` (``lease_expired`` for those whose
-        lease ran out), or ``backing_off=True``; by worker and action, paged."""
+        lease ran out), ``backing_off=True``, or ``ready=True`` with an ``action`` (its
+        steps ready now, waiting for a worker); by worker and action, paged."""
         return self._invoke(
             calls.list_steps(
-                status, lease_expired, backing_off, worker_id, action, page_size, page_token
+                status, lease_expired, backing_off, worker_id, action, page_size, page_token, ready
             )
         )
 

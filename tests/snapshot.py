@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 #: Written by the server's own background report of what it saw of workers (for
-#: Explain), on its own schedule; not state that a call may or may not change.
-NOT_STATE = ("action_claims",)
+#: Explain and ListWorkers), on its own schedule; not state that a call may or may not
+#: change.
+NOT_STATE = ("action_claims", "workers_seen")
 
 _TABLES = (
     "SELECT table_name FROM information_schema.tables WHERE table_schema = 'cyclone' "

@@ -130,7 +130,8 @@ def test_a_claimed_step_shows_on_the_workers_page(
     row = re.search(r'<tr data-worker="worker-7">(.*?)</tr>', page.text, re.S)
     assert row, page.text
     cells = re.findall(r"<td>(.*?)</td>", row.group(1))
-    assert cells[:3] == ["worker-7", "charge-card", "1"]
+    assert cells[:2] == ["worker-7", "1: charge-card"]
+    assert '<td class="serves">charge-card</td>' in row.group(1)
 
 
 def test_a_server_that_requires_tokens_sends_the_console_to_sign_in(

@@ -62,6 +62,8 @@ def run_summary(row: RunSummary) -> types_pb2.Run:
     run = _run_head(row)
     for status, n in (row.step_counts or {}).items():
         run.step_counts[status] = n
+    if row.start_at is not None:
+        run.start_at.FromDatetime(row.start_at)
     return run
 
 

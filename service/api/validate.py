@@ -17,6 +17,9 @@ from google.protobuf import duration_pb2
 
 from cyclone import dag
 from cyclone.v1 import (
+    types_pb2,
+)
+from cyclone.v1 import (
     worker_service_pb2 as worker_pb,
 )
 from cyclone.v1 import (
@@ -191,7 +194,78 @@ def run_filters(
             else None
         ),
         "key": request.key or None,
+        "run_id_range": run_id_range(request.run_id_prefix),
+        "workflow_prefix": name_prefix("workflow_prefix", request.workflow_prefix),
+        "key_like": key_like(request.key_prefix),
     }
+
+
+_HEX = re.compile(r"[0-9a-f]{1,32}")
+
+
+def run_id_range(prefix: str) -> tuple[uuid.UUID, uuid.UUID] | None:
+    """The lowest and highest run id that start with these hex digits (dashes and
+    surrounding blanks ignored); None when no prefix is given."""
+    if not prefix:
+        return None
+    digits = prefix.strip().replace("-", "").lower()
+    if not _HEX.fullmatch(digits):
+        raise errors.InvalidArgument(
+            f"run_id_prefix {dag.excerpt(prefix)} is not 1 to 32 hex digits of a run id"
+        )
+    return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))
+
+
+def name_prefix(field: str, prefix: str) -> str | None:
+    if not prefix:
+        return None
+    if len(prefix) > dag.MAX_NAME_LENGTH:
+        raise errors.InvalidArgument(
+            f"{field} is {len(prefix)} characters; a name has at most {dag.MAX_NAME_LENGTH}"
+        )
+    return prefix
+
+
+def key_like(prefix: str) -> str | None:
+    """A LIKE pattern for the keys that start with ``prefix``."""
+    if not prefix:
+        return None
+    if len(prefix) > dag.MAX_SUBMIT_KEY_LENGTH or "\x00" in prefix:
+        raise errors.InvalidArgument(
+            f"key_prefix: at most {dag.MAX_SUBMIT_KEY_LENGTH} characters and no NUL"
+        )
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "%"
+
+
+def steps_kind(request: workflow_pb.ListStepsRequest) -> str:
+    """Which steps a ListSteps request lists: running, backing_off or ready."""
+    available = (types_pb2.STEP_STATUS_UNSPECIFIED, types_pb2.STEP_STATUS_AVAILABLE)
+    if request.ready:
+        if request.backing_off or request.lease_expired or request.status not in available:
+            raise errors.InvalidArgument(
+                "ready lists the available steps due now; it cannot be combined with "
+                "backing_off, lease_expired or another status"
+            )
+        if not request.action:
+            raise errors.InvalidArgument("ready needs an action: the ready steps of which action")
+        return "ready"
+    if request.backing_off:
+        if request.status not in available:
+            raise errors.InvalidArgument(
+                "backing_off lists available steps; it cannot be combined with status "
+                + types_pb2.StepStatus.Name(request.status)
+            )
+        if request.lease_expired:
+            raise errors.InvalidArgument("lease_expired applies to running steps only")
+        return "backing_off"
+    if request.status != types_pb2.STEP_STATUS_RUNNING:
+        raise errors.InvalidArgument(
+            "status must be STEP_STATUS_RUNNING, or set backing_off for the available "
+            "steps backing off, or ready for an action's ready steps; other steps are "
+            "listed per run (GetRun)"
+        )
+    return "running"
 
 
 def encode_page_token(at: datetime, run_id: uuid.UUID, node: str | None = None) -> str:
@@ -209,6 +283,21 @@ def decode_page_token(token: str) -> tuple[datetime, uuid.UUID]:
     """The run a ListRuns page token names."""
     at, run_id, _ = decode_position(token, node=False)
     return at, run_id
+
+
+#: The mark of a ListRuns token for the page of newer runs (prev_page_token).
+NEWER = "newer"
+
+
+def decode_runs_page_token(token: str) -> tuple[datetime, uuid.UUID, bool]:
+    """The run a ListRuns page token names, and whether it asks for the newer page."""
+    try:
+        return (*decode_page_token(token), False)
+    except errors.InvalidArgument:
+        at, run_id, mark = decode_position(token)
+        if mark != NEWER:
+            raise
+        return at, run_id, True
 
 
 def decode_position(token: str, *, node: bool = True) -> tuple[datetime, uuid.UUID, str]:

@@ -6,6 +6,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC
+from typing import Any
 
 from cyclone import dag, flow
 from cyclone.v1 import (
@@ -36,10 +37,11 @@ from service.api.validate import (
     MAX_FILTER,
     MAX_REASON,
     MAX_WORKERS_LISTED,
+    NEWER,
     Context,
     actor_of,
-    decode_page_token,
     decode_position,
+    decode_runs_page_token,
     encode_page_token,
     limits_of,
     node_name,
@@ -47,14 +49,19 @@ from service.api.validate import (
     payloads_of,
     run_filters,
     step_call_name,
+    steps_kind,
     text,
 )
 from service.config import Settings
 from service.db import Database
 from service.engine.explain import explain
+from service.engine.waits import RESERVED_PREFIX
 from service.metrics import Metrics
 
 log = logging.getLogger("cyclone")
+
+#: Most workflow names a ListRuns or CountRuns workflow_prefix may match.
+MAX_PREFIX_NAMES = 1000
 
 
 class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
@@ -146,17 +153,38 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         self, request: workflow_pb.ListRunsRequest, context: Context
     ) -> workflow_pb.ListRunsResponse:
         size = page_size(request.page_size)
+        filters = await self._run_filters(request)
+        at = decode_runs_page_token(request.page_token) if request.page_token else None
+        newer = at is not None and at[2]
+        after = (at[0], at[1]) if at else None
+        rows = await self.db.runs.runs_list(**filters, after=after, newer=newer, limit=size + 1)
+        more = len(rows) > size
+        page = rows[1:] if more and newer else rows[:size]
+        older = newer or more  # a page of newer runs came from older ones
+        newest = not (at and not newer) and not (newer and more)
+        response = workflow_pb.ListRunsResponse(runs=[run_summary(r) for r in page])
+        if page and older:
+            response.next_page_token = encode_page_token(page[-1].created_at, page[-1].run_id)
+        if page and not newest:
+            first = page[0]
+            response.prev_page_token = encode_page_token(first.created_at, first.run_id, NEWER)
+        return response
+
+    async def _run_filters(
+        self, request: workflow_pb.ListRunsRequest | workflow_pb.CountRunsRequest
+    ) -> dict[str, Any]:
+        """The request's filters, a workflow prefix turned into the names it matches."""
         filters = run_filters(request)
-        after = decode_page_token(request.page_token) if request.page_token else None
-        rows = await self.db.runs.runs_list(**filters, after=after, limit=size + 1)
-        page = rows[:size]
-        token = ""
-        if len(rows) > size:
-            last = page[-1]
-            token = encode_page_token(last.created_at, last.run_id)
-        return workflow_pb.ListRunsResponse(
-            runs=[run_summary(r) for r in page], next_page_token=token
-        )
+        prefix = filters.pop("workflow_prefix")
+        if prefix is not None:
+            names = await self.db.runs.runs_workflows(prefix, MAX_PREFIX_NAMES + 1)
+            if len(names) > MAX_PREFIX_NAMES:
+                raise errors.InvalidArgument(
+                    f"workflow_prefix {dag.excerpt(prefix)} matches more than "
+                    f"{MAX_PREFIX_NAMES} workflows; give more of the name"
+                )
+            filters["workflows"] = names
+        return filters
 
     @rpc
     async def CountRuns(
@@ -167,7 +195,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             raise errors.InvalidArgument(
                 f"limit must be between 1 and {MAX_COUNT_LIMIT:,}, got {limit}"
             )
-        filters = run_filters(request)
+        filters = await self._run_filters(request)
         statuses = filters.pop("statuses") or list(convert.RUN_STATUS)
         counted = await self.db.runs.runs_count(**filters, statuses=statuses, limit=limit + 1)
         return workflow_pb.CountRunsResponse(
@@ -187,29 +215,13 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         self, request: workflow_pb.ListStepsRequest, context: Context
     ) -> workflow_pb.ListStepsResponse:
         size = page_size(request.page_size)
-        running = request.status == types_pb2.STEP_STATUS_RUNNING
-        if request.backing_off:
-            if request.status not in (
-                types_pb2.STEP_STATUS_UNSPECIFIED,
-                types_pb2.STEP_STATUS_AVAILABLE,
-            ):
-                raise errors.InvalidArgument(
-                    "backing_off lists available steps; it cannot be combined with status "
-                    + types_pb2.StepStatus.Name(request.status)
-                )
-            if request.lease_expired:
-                raise errors.InvalidArgument("lease_expired applies to running steps only")
-        elif not running:
-            raise errors.InvalidArgument(
-                "status must be STEP_STATUS_RUNNING, or set backing_off for the available "
-                "steps backing off; other steps are listed per run (GetRun)"
-            )
+        kind = steps_kind(request)
         for value, what in ((request.worker_id, "worker_id"), (request.action, "action")):
             if value:
                 text(value, what, MAX_FILTER)
         after = decode_position(request.page_token) if request.page_token else None
         rows = await self.db.steps.steps_list(
-            kind="running" if running else "backing_off",
+            kind=kind,
             lease_expired=request.lease_expired,
             worker_id=request.worker_id or None,
             action=request.action or None,
@@ -264,6 +276,15 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
                 w = workers[u.worker_id] = workflow_pb.WorkerSummary(worker_id=u.worker_id)
             w.unhealthy = True
             w.unhealthy_since.FromDatetime(u.unhealthy_since)
+        for seen in await self.db.workers.workers_seen_list():
+            w = workers.get(seen.worker_id)
+            if w is None:
+                if len(workers) == MAX_WORKERS_LISTED:
+                    continue
+                w = workers[seen.worker_id] = workflow_pb.WorkerSummary(worker_id=seen.worker_id)
+            w.build_id = seen.build_id or ""
+            w.last_seen_at.FromDatetime(seen.seen_at)
+            w.serves.extend(seen.actions)
         return workflow_pb.ListWorkersResponse(
             workers=[workers[w] for w in sorted(workers)],
             actions=[
@@ -275,6 +296,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
                     last_claimed_by=a.claimed_by or "",
                     ready_ahead=a.ready_count,
                     running=by_action.get(a.action, 0),
+                    served_by_server=a.action.startswith(RESERVED_PREFIX),
                 )
                 for a in actions
             ],

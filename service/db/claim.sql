@@ -47,11 +47,12 @@ SELECT lease_expires_at, cancelled
 
 -- name: steps_list
 -- ListSteps: running steps by lease expiry (:kind 'running'; with :lease_expired only
--- those whose lease ran out), or steps backing off by due time (:kind 'backing_off'),
--- keyset-paged on (time, run_id, node). The running ones are read through
--- steps_leased_idx (every running step: as many as the workers hold), the backing-off
--- ones through steps_backoff_idx; each page's steps and runs then by key. Planned at
--- each call (service.db.pool.UNPREPARED).
+-- those whose lease ran out), steps backing off by due time (:kind 'backing_off'), or
+-- the ready steps of one action, longest ready first (:kind 'ready'), keyset-paged on
+-- (time, run_id, node). The running ones are read through steps_leased_idx (every
+-- running step: as many as the workers hold), the backing-off ones through
+-- steps_backoff_idx, the ready ones through steps_ready_idx (that action's part); each
+-- page's steps and runs then by key. Planned at each call (service.db.pool.UNPREPARED).
 SELECT k.at, k.run_id,
        (SELECT r.workflow FROM cyclone.runs r WHERE r.run_id = k.run_id) AS workflow,
        jsonb_build_object(
@@ -88,7 +89,13 @@ SELECT k.at, k.run_id,
                  WHERE :kind = 'backing_off' AND s.status = 'available' AND s.attempt > 0
                    AND s.waiting_for IS NULL AND s.available_at > cyclone.now()
                    AND (CAST(:worker_id AS text) IS NULL OR s.worker_id = :worker_id)
-                   AND (CAST(:action AS text) IS NULL OR s.action = :action)) q
+                   AND (CAST(:action AS text) IS NULL OR s.action = :action)
+                UNION ALL
+                SELECT s.run_id, s.node, s.available_at
+                  FROM cyclone.steps s
+                 WHERE :kind = 'ready' AND s.status = 'available' AND s.action = :action
+                   AND s.available_at <= cyclone.now()
+                   AND (CAST(:worker_id AS text) IS NULL OR s.worker_id = :worker_id)) q
          WHERE CAST(:after_at AS timestamptz) IS NULL
             OR (q.at, q.run_id, q.node) > (CAST(:after_at AS timestamptz),
                                            CAST(:after_run_id AS uuid), :after_node)

@@ -75,6 +75,39 @@ class RunSummary(NamedTuple):
     parent_node: str | None
     parent_step_id: str | None
     step_counts: dict[str, int] | None
+    start_at: datetime | None
+
+
+class WorkflowName(NamedTuple):
+    """runs_workflows: one workflow name."""
+
+    name: str
+
+
+#: The filters of runs_list and runs_count, None when not given: ``run_id_range``
+#: (lowest and highest id of a prefix), ``workflows`` (the names a prefix matched) and
+#: ``key_like`` (a LIKE pattern) besides the exact ones.
+RUN_FILTERS = (
+    "workflow",
+    "statuses",
+    "created_after",
+    "created_before",
+    "key",
+    "run_id_range",
+    "workflows",
+    "key_like",
+)
+
+
+def run_filter_params(filters: dict[str, Any]) -> dict[str, Any]:
+    """The filters as the queries' parameters (each one absent: None)."""
+    unknown = set(filters) - set(RUN_FILTERS)
+    assert not unknown, f"unknown run filters {unknown}"
+    params = {name: filters.get(name) for name in RUN_FILTERS if name != "run_id_range"}
+    lo_hi = filters.get("run_id_range")
+    params["run_id_lo"] = str(lo_hi[0]) if lo_hi else None
+    params["run_id_hi"] = str(lo_hi[1]) if lo_hi else None
+    return params
 
 
 class RunCountRow(NamedTuple):
@@ -262,46 +295,37 @@ class Runs(Repository):
     async def runs_list(
         self,
         *,
-        workflow: str | None,
-        statuses: list[str] | None,
-        created_after: datetime | None,
-        created_before: datetime | None,
         after: tuple[datetime, uuid.UUID] | None,
         limit: int,
-        key: str | None = None,
+        newer: bool = False,
+        **filters: Any,
     ) -> list[RunSummary]:
-        return await self._all(
-            "runs_list",
-            RunSummary,
-            workflow=workflow,
-            statuses=statuses,
-            created_after=created_after,
-            created_before=created_before,
-            key=key,
-            after_created=after[0] if after else None,
-            after_run_id=str(after[1]) if after else None,
-            limit=limit,
-        )
+        """A page of runs, newest first: older than ``after`` (the first page without
+        it), or with ``newer`` the page just newer than it. ``filters``: see
+        :data:`RUN_FILTERS`."""
+        params = {
+            **run_filter_params(filters),
+            "after_created": after[0] if after else None,
+            "after_run_id": str(after[1]) if after else None,
+            "limit": limit,
+        }
+        if newer:
+            return (await self._all("runs_list_newer", RunSummary, **params))[::-1]
+        return await self._all("runs_list", RunSummary, **params)
+
+    async def runs_workflows(self, prefix: str, limit: int) -> list[str]:
+        """The workflow names that start with ``prefix``, at most ``limit``."""
+        rows = await self._all("runs_workflows", WorkflowName, prefix=prefix, limit=limit)
+        return [r.name for r in rows]
 
     async def runs_count(
-        self,
-        *,
-        workflow: str | None,
-        statuses: list[str],
-        created_after: datetime | None,
-        created_before: datetime | None,
-        key: str | None,
-        limit: int,
+        self, *, statuses: list[str], limit: int, **filters: Any
     ) -> dict[str, int]:
         """Runs per status in ``statuses``, each counted up to ``limit``."""
         rows = await self._all(
             "runs_count",
             RunCountRow,
-            workflow=workflow,
-            statuses=statuses,
-            created_after=created_after,
-            created_before=created_before,
-            key=key,
+            **{**run_filter_params(filters), "statuses": statuses},
             limit=limit,
         )
         return {r.status: r.n for r in rows}

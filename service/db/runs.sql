@@ -125,23 +125,70 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
  WHERE r.run_id = CAST(:run_id AS uuid);
 
 -- name: runs_list
--- Newest first, keyset-paged on (created_at, run_id).
+-- Newest first, keyset-paged on (created_at, run_id): the page after :after_created.
+-- A run id prefix is a range of the primary key; a workflow prefix arrives as the
+-- names it matches (runs_workflows); a key prefix is a LIKE pattern, which
+-- runs_key_idx (text_pattern_ops) answers as a range whatever the database's collation.
+-- Planned at each call (service.db.pool.UNPREPARED), with the filters given.
 SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created_at,
        r.updated_at, r.finished_at,
        r.parent_run_id, r.parent_node, r.parent_step_id,
        (SELECT jsonb_object_agg(c.status, c.n)
           FROM (SELECT s.status, count(*) AS n FROM cyclone.steps s
-                 WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts
+                 WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts,
+       r.start_at
   FROM cyclone.runs r
  WHERE (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
    AND (CAST(:statuses AS text[]) IS NULL OR r.status = ANY (CAST(:statuses AS text[])))
    AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
    AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
    AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+   AND (CAST(:run_id_lo AS uuid) IS NULL
+        OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+   AND (CAST(:workflows AS text[]) IS NULL OR r.workflow = ANY (CAST(:workflows AS text[])))
+   AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
    AND (CAST(:after_created AS timestamptz) IS NULL
         OR (r.created_at, r.run_id) < (CAST(:after_created AS timestamptz),
                                        CAST(:after_run_id AS uuid)))
  ORDER BY r.created_at DESC, r.run_id DESC
+ LIMIT :limit;
+
+-- name: runs_list_newer
+-- The page before a position (newer runs), oldest first: the caller reverses it.
+SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created_at,
+       r.updated_at, r.finished_at,
+       r.parent_run_id, r.parent_node, r.parent_step_id,
+       (SELECT jsonb_object_agg(c.status, c.n)
+          FROM (SELECT s.status, count(*) AS n FROM cyclone.steps s
+                 WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts,
+       r.start_at
+  FROM cyclone.runs r
+ WHERE (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+   AND (CAST(:statuses AS text[]) IS NULL OR r.status = ANY (CAST(:statuses AS text[])))
+   AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+   AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
+   AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+   AND (CAST(:run_id_lo AS uuid) IS NULL
+        OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+   AND (CAST(:workflows AS text[]) IS NULL OR r.workflow = ANY (CAST(:workflows AS text[])))
+   AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
+   AND (r.created_at, r.run_id) > (CAST(:after_created AS timestamptz),
+                                   CAST(:after_run_id AS uuid))
+ ORDER BY r.created_at, r.run_id
+ LIMIT :limit;
+
+-- name: runs_workflows
+-- The workflow names starting with :prefix, in order: a skip scan of
+-- runs_workflow_created_idx, one index probe per distinct name (however many runs
+-- each has), stopped by the LIMIT once enough names match.
+WITH RECURSIVE w(name) AS (
+    (SELECT r.workflow FROM cyclone.runs r ORDER BY r.workflow LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.workflow FROM cyclone.runs r
+             WHERE r.workflow > w.name ORDER BY r.workflow LIMIT 1)
+      FROM w WHERE w.name IS NOT NULL)
+SELECT w.name FROM w
+ WHERE w.name IS NOT NULL AND starts_with(w.name, :prefix)
  LIMIT :limit;
 
 -- name: runs_count
@@ -162,6 +209,11 @@ SELECT 'running' AS status, (
            AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
            AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+           AND (CAST(:run_id_lo AS uuid) IS NULL
+                OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+           AND (CAST(:workflows AS text[]) IS NULL
+                OR r.workflow = ANY (CAST(:workflows AS text[])))
+           AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
          ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'running' = ANY (CAST(:statuses AS text[]))
@@ -174,6 +226,11 @@ SELECT 'completed' AS status, (
            AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
            AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+           AND (CAST(:run_id_lo AS uuid) IS NULL
+                OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+           AND (CAST(:workflows AS text[]) IS NULL
+                OR r.workflow = ANY (CAST(:workflows AS text[])))
+           AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
          ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'completed' = ANY (CAST(:statuses AS text[]))
@@ -186,6 +243,11 @@ SELECT 'failed' AS status, (
            AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
            AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+           AND (CAST(:run_id_lo AS uuid) IS NULL
+                OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+           AND (CAST(:workflows AS text[]) IS NULL
+                OR r.workflow = ANY (CAST(:workflows AS text[])))
+           AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
          ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'failed' = ANY (CAST(:statuses AS text[]))
@@ -198,6 +260,11 @@ SELECT 'blocked' AS status, (
            AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
            AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+           AND (CAST(:run_id_lo AS uuid) IS NULL
+                OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+           AND (CAST(:workflows AS text[]) IS NULL
+                OR r.workflow = ANY (CAST(:workflows AS text[])))
+           AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
          ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'blocked' = ANY (CAST(:statuses AS text[]))
@@ -210,6 +277,11 @@ SELECT 'cancelled' AS status, (
            AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
            AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+           AND (CAST(:run_id_lo AS uuid) IS NULL
+                OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+           AND (CAST(:workflows AS text[]) IS NULL
+                OR r.workflow = ANY (CAST(:workflows AS text[])))
+           AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
          ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'cancelled' = ANY (CAST(:statuses AS text[]));

@@ -3,6 +3,7 @@ workers serving each action, and the database's gauges."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -70,6 +71,30 @@ class ActionSeen:
     claimed_by: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerSeen:
+    """A worker a server saw ask for work: the actions it serves, its build (None:
+    none declared), seconds since."""
+
+    worker_id: str
+    actions: list[str]
+    build_id: str | None
+    seen_ago: float
+
+
+class SeenWorker(NamedTuple):
+    """workers_seen_list: a worker that asked for work, what it serves, when last."""
+
+    worker_id: str
+    actions: list[str]
+    build_id: str | None
+    seen_at: datetime
+
+
+#: A worker not seen for this long is forgotten (workers_seen_note).
+FORGET_WORKER_S = 86_400.0
+
+
 class Workers(Repository):
     """What servers saw of workers, and the database's gauges."""
 
@@ -99,6 +124,25 @@ class Workers(Repository):
             claimed_ago=[a.claimed_ago for a in seen],
             claimed_by=[a.claimed_by for a in seen],
         )
+
+    async def workers_seen_note(self, seen: Sequence[WorkerSeen]) -> None:
+        """Record the workers this server saw ask for work; forget those not seen for
+        :data:`FORGET_WORKER_S`."""
+        if not seen:
+            return
+        await self._all(
+            "workers_seen_note",
+            NoRows,
+            worker_ids=[w.worker_id for w in seen],
+            actions=[json.dumps(w.actions) for w in seen],
+            build_ids=[w.build_id for w in seen],
+            seen_ago=[w.seen_ago for w in seen],
+        )
+        await self._all("workers_seen_forget", NoRows, forget_s=FORGET_WORKER_S)
+
+    async def workers_seen_list(self) -> list[SeenWorker]:
+        """The workers seen asking for work, latest first (at most 1000)."""
+        return await self._all("workers_seen_list", SeenWorker)
 
     async def metrics_gauges(self) -> list[GaugeRow]:
         return await self._all("metrics_gauges", GaugeRow)

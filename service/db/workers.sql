@@ -23,6 +23,38 @@ SELECT a.action, cyclone.now() - make_interval(secs => a.polled_ago), a.polled_b
                          THEN coalesce(excluded.claimed_by, c.claimed_by)
                          ELSE c.claimed_by END;
 
+-- name: workers_seen_note
+-- What this server saw of the workers asking for work since its last report: per worker
+-- the actions it serves (a JSON list each: arrays of arrays must be rectangular), its
+-- build, how long ago. Newer facts win; rows are written in worker order, so two
+-- reports cannot deadlock.
+INSERT INTO cyclone.workers_seen AS w (worker_id, actions, build_id, seen_at)
+SELECT a.worker_id,
+       ARRAY(SELECT jsonb_array_elements_text(CAST(a.actions AS jsonb))),
+       a.build_id, cyclone.now() - make_interval(secs => a.seen_ago)
+  FROM unnest(CAST(:worker_ids AS text[]), CAST(:actions AS text[]),
+              CAST(:build_ids AS text[]), CAST(:seen_ago AS float8[]))
+       AS a(worker_id, actions, build_id, seen_ago)
+ ORDER BY a.worker_id
+    ON CONFLICT (worker_id) DO UPDATE
+   SET actions = CASE WHEN excluded.seen_at >= w.seen_at THEN excluded.actions
+                      ELSE w.actions END,
+       build_id = CASE WHEN excluded.seen_at >= w.seen_at THEN excluded.build_id
+                       ELSE w.build_id END,
+       seen_at = greatest(w.seen_at, excluded.seen_at);
+
+-- name: workers_seen_forget
+-- The workers not seen asking for work for :forget_s are forgotten.
+DELETE FROM cyclone.workers_seen w
+ WHERE w.seen_at < cyclone.now() - make_interval(secs => :forget_s);
+
+-- name: workers_seen_list
+-- ListWorkers: the workers seen asking for work, latest first.
+SELECT w.worker_id, w.actions, w.build_id, w.seen_at
+  FROM cyclone.workers_seen w
+ ORDER BY w.seen_at DESC
+ LIMIT 1000;
+
 -- name: metrics_gauges
 -- The gauges read from the database at a scrape: runs by status (completed runs are
 -- not counted: that would read the whole table; count completions with the

@@ -5,7 +5,8 @@
   and logged with its attempt, neither of which the completion itself carries.
 - :class:`ActionActivity`: the actions workers asked for and got steps of, written to
   ``cyclone.action_claims`` every few seconds (service.server) so that Explain can
-  tell a step nobody serves from one waiting its turn.
+  tell a step nobody serves from one waiting its turn; and the workers that asked, with
+  their actions and build, written to ``cyclone.workers_seen`` (ListWorkers).
 
 Both cost a few dictionary operations per Claim and none per query: the claim and
 completion statements are left exactly as they are.
@@ -17,7 +18,7 @@ import time
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from service.db.workers import ActionSeen
+from service.db.workers import ActionSeen, WorkerSeen
 
 #: Longest a handout is kept after its deadline (the lease cannot outlive the
 #: deadline, so an outcome arriving later is refused anyway).
@@ -83,12 +84,26 @@ class ActionActivity:
         self.limit = limit
         self._polled: dict[str, tuple[float, str]] = {}
         self._claimed: dict[str, tuple[float, str]] = {}
+        self._workers: dict[str, tuple[float, tuple[str, ...], str | None]] = {}
 
-    def polled(self, actions: Iterable[str], worker_id: str) -> None:
-        seen = (time.monotonic(), worker_id)
-        for action in actions:
+    def polled(self, actions: Iterable[str], worker_id: str, build_id: str | None = None) -> None:
+        now = time.monotonic()
+        seen = (now, worker_id)
+        names = tuple(actions)
+        for action in names:
             if action in self._polled or len(self._polled) < self.limit:
                 self._polled[action] = seen
+        if worker_id in self._workers or len(self._workers) < self.limit:
+            self._workers[worker_id] = (now, names, build_id)
+
+    def take_workers(self) -> list[WorkerSeen]:
+        """The workers that asked for work since the last call, by worker_id."""
+        workers, self._workers = self._workers, {}
+        now = time.monotonic()
+        return [
+            WorkerSeen(worker_id, sorted(set(actions)), build_id, now - at)
+            for worker_id, (at, actions, build_id) in sorted(workers.items())
+        ]
 
     def claimed(self, actions: Iterable[str], worker_id: str) -> None:
         seen = (time.monotonic(), worker_id)

@@ -65,7 +65,7 @@ class Claims:
         clears its unhealthy mark, if it has one, and claims again (a marked worker is
         handed nothing; the mark costs a claim that finds steps no statement)."""
         worker_id, actions, unsafe, rates, lease, build_id = who
-        self.activity.polled(actions, worker_id)
+        self.activity.polled(actions, worker_id, build_id)
         if build_id is not None:
             await self.build_seen(build_id, worker_id)
         rows = await self.claim(worker_id, actions, unsafe, limit, lease, rates, build_id)

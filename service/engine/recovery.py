@@ -151,7 +151,8 @@ class Upkeep:
         return total
 
     async def report_activity(self) -> None:
-        """Write what this server saw of workers since the last report (for Explain),
-        and forget the handouts whose outcome can no longer come."""
+        """Write what this server saw of workers since the last report (for Explain and
+        ListWorkers), and forget the handouts whose outcome can no longer come."""
         self.handouts.prune()
         await self.db.workers.action_claims_note(self.activity.take())
+        await self.db.workers.workers_seen_note(self.activity.take_workers())

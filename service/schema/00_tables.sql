@@ -85,8 +85,10 @@ CREATE INDEX runs_status_created_idx ON cyclone.runs (status, created_at DESC, r
 -- (up to its limit) from the newest, reading this index only, whatever else is newer.
 CREATE INDEX runs_completed_created_idx ON cyclone.runs (created_at DESC, run_id DESC)
     WHERE status = 'completed';
--- ListRuns' and CountRuns' key filter, with or without a workflow.
-CREATE INDEX runs_key_idx ON cyclone.runs (submit_key, workflow)
+-- ListRuns' and CountRuns' key filter, with or without a workflow: an exact key, or a
+-- prefix (LIKE 'prefix%', a range of this index in any collation: text_pattern_ops
+-- compares byte by byte, migration 0054).
+CREATE INDEX runs_key_idx ON cyclone.runs (submit_key text_pattern_ops, workflow)
     WHERE submit_key IS NOT NULL;
 -- Retention (runs_purge): exactly the runs each policy may delete, oldest first, so a
 -- batch reads off the front of an index however many runs are kept.
@@ -390,6 +392,18 @@ CREATE TABLE cyclone.worker_health (
     unhealthy_since timestamptz NOT NULL,
     -- What made it unhealthy: the first step whose lease lapsed.
     reason          text        NOT NULL DEFAULT ''
+);
+
+-- The workers the servers saw ask for work (a Claim, or a claim of a Work stream): the
+-- actions they serve, their build, when last (ListWorkers lists them, idle or not).
+-- Written by each server from memory every few seconds (service/engine/activity.py, the
+-- named query workers_seen_note), never by the claim; a worker not seen for a day is
+-- forgotten by the same statement.
+CREATE TABLE cyclone.workers_seen (
+    worker_id text        COLLATE "C" PRIMARY KEY,
+    actions   text[]      NOT NULL,
+    build_id  text,
+    seen_at   timestamptz NOT NULL
 );
 
 -- SubmitOnce keys, kept apart from the runs so that retention can delete a run and

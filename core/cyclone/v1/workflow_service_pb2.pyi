@@ -100,7 +100,7 @@ class GetRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[_types_pb2.Run, _Mapping]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("workflow", "statuses", "created_after", "created_before", "page_size", "page_token", "key")
+    __slots__ = ("workflow", "statuses", "created_after", "created_before", "page_size", "page_token", "key", "run_id_prefix", "workflow_prefix", "key_prefix")
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,9 @@ class ListRunsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    KEY_PREFIX_FIELD_NUMBER: _ClassVar[int]
     workflow: str
     statuses: _containers.RepeatedScalarFieldContainer[_types_pb2.RunStatus]
     created_after: _timestamp_pb2.Timestamp
@@ -115,15 +118,20 @@ class ListRunsRequest(_message.Message):
     page_size: int
     page_token: str
     key: str
-    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+    run_id_prefix: str
+    workflow_prefix: str
+    key_prefix: str
+    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., key: _Optional[str] = ..., run_id_prefix: _Optional[str] = ..., workflow_prefix: _Optional[str] = ..., key_prefix: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
-    __slots__ = ("runs", "next_page_token")
+    __slots__ = ("runs", "next_page_token", "prev_page_token")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PREV_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[_types_pb2.Run]
     next_page_token: str
-    def __init__(self, runs: _Optional[_Iterable[_Union[_types_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    prev_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[_types_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., prev_page_token: _Optional[str] = ...) -> None: ...
 
 class CancelRunRequest(_message.Message):
     __slots__ = ("run_id", "reason", "keep_children")
@@ -180,7 +188,7 @@ class NodeState(_message.Message):
     def __init__(self, node: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., attempt: _Optional[int] = ..., last_error: _Optional[_Union[_types_pb2.StepError, _Mapping]] = ...) -> None: ...
 
 class ActionActivity(_message.Message):
-    __slots__ = ("action", "last_polled_at", "last_polled_by", "last_claimed_at", "last_claimed_by", "ready_ahead", "running")
+    __slots__ = ("action", "last_polled_at", "last_polled_by", "last_claimed_at", "last_claimed_by", "ready_ahead", "running", "served_by_server")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     LAST_POLLED_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_POLLED_BY_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +196,7 @@ class ActionActivity(_message.Message):
     LAST_CLAIMED_BY_FIELD_NUMBER: _ClassVar[int]
     READY_AHEAD_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BY_SERVER_FIELD_NUMBER: _ClassVar[int]
     action: str
     last_polled_at: _timestamp_pb2.Timestamp
     last_polled_by: str
@@ -195,7 +204,8 @@ class ActionActivity(_message.Message):
     last_claimed_by: str
     ready_ahead: int
     running: int
-    def __init__(self, action: _Optional[str] = ..., last_polled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_polled_by: _Optional[str] = ..., last_claimed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_claimed_by: _Optional[str] = ..., ready_ahead: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
+    served_by_server: bool
+    def __init__(self, action: _Optional[str] = ..., last_polled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_polled_by: _Optional[str] = ..., last_claimed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_claimed_by: _Optional[str] = ..., ready_ahead: _Optional[int] = ..., running: _Optional[int] = ..., served_by_server: _Optional[bool] = ...) -> None: ...
 
 class SendEventRequest(_message.Message):
     __slots__ = ("run_id", "name", "payload", "key")
@@ -218,20 +228,26 @@ class SendEventResponse(_message.Message):
     def __init__(self, event_id: _Optional[int] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class CountRunsRequest(_message.Message):
-    __slots__ = ("workflow", "statuses", "created_after", "created_before", "key", "limit")
+    __slots__ = ("workflow", "statuses", "created_after", "created_before", "key", "limit", "run_id_prefix", "workflow_prefix", "key_prefix")
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
     CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    KEY_PREFIX_FIELD_NUMBER: _ClassVar[int]
     workflow: str
     statuses: _containers.RepeatedScalarFieldContainer[_types_pb2.RunStatus]
     created_after: _timestamp_pb2.Timestamp
     created_before: _timestamp_pb2.Timestamp
     key: str
     limit: int
-    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    run_id_prefix: str
+    workflow_prefix: str
+    key_prefix: str
+    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key: _Optional[str] = ..., limit: _Optional[int] = ..., run_id_prefix: _Optional[str] = ..., workflow_prefix: _Optional[str] = ..., key_prefix: _Optional[str] = ...) -> None: ...
 
 class CountRunsResponse(_message.Message):
     __slots__ = ("counts",)
@@ -250,7 +266,7 @@ class RunCount(_message.Message):
     def __init__(self, status: _Optional[_Union[_types_pb2.RunStatus, str]] = ..., count: _Optional[int] = ..., at_least: _Optional[bool] = ...) -> None: ...
 
 class ListStepsRequest(_message.Message):
-    __slots__ = ("status", "lease_expired", "backing_off", "worker_id", "action", "page_size", "page_token")
+    __slots__ = ("status", "lease_expired", "backing_off", "worker_id", "action", "page_size", "page_token", "ready")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     BACKING_OFF_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +274,7 @@ class ListStepsRequest(_message.Message):
     ACTION_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
     status: _types_pb2.StepStatus
     lease_expired: bool
     backing_off: bool
@@ -265,7 +282,8 @@ class ListStepsRequest(_message.Message):
     action: str
     page_size: int
     page_token: str
-    def __init__(self, status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., lease_expired: _Optional[bool] = ..., backing_off: _Optional[bool] = ..., worker_id: _Optional[str] = ..., action: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    ready: bool
+    def __init__(self, status: _Optional[_Union[_types_pb2.StepStatus, str]] = ..., lease_expired: _Optional[bool] = ..., backing_off: _Optional[bool] = ..., worker_id: _Optional[str] = ..., action: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., ready: _Optional[bool] = ...) -> None: ...
 
 class ListStepsResponse(_message.Message):
     __slots__ = ("steps", "next_page_token")
@@ -298,7 +316,7 @@ class ListWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerSummary, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[ActionActivity, _Mapping]]] = ...) -> None: ...
 
 class WorkerSummary(_message.Message):
-    __slots__ = ("worker_id", "actions", "running", "last_heartbeat_at", "lease_expired", "unhealthy", "unhealthy_since")
+    __slots__ = ("worker_id", "actions", "running", "last_heartbeat_at", "lease_expired", "unhealthy", "unhealthy_since", "build_id", "last_seen_at", "serves")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -306,6 +324,9 @@ class WorkerSummary(_message.Message):
     LEASE_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     UNHEALTHY_FIELD_NUMBER: _ClassVar[int]
     UNHEALTHY_SINCE_FIELD_NUMBER: _ClassVar[int]
+    BUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_AT_FIELD_NUMBER: _ClassVar[int]
+    SERVES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     actions: _containers.RepeatedScalarFieldContainer[str]
     running: int
@@ -313,4 +334,7 @@ class WorkerSummary(_message.Message):
     lease_expired: int
     unhealthy: bool
     unhealthy_since: _timestamp_pb2.Timestamp
-    def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., running: _Optional[int] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expired: _Optional[int] = ..., unhealthy: _Optional[bool] = ..., unhealthy_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    build_id: str
+    last_seen_at: _timestamp_pb2.Timestamp
+    serves: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., running: _Optional[int] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expired: _Optional[int] = ..., unhealthy: _Optional[bool] = ..., unhealthy_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., build_id: _Optional[str] = ..., last_seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., serves: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -504,11 +504,19 @@ type ListRunsRequest struct {
 	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
 	// Page size, 1-1000. Default 50.
 	PageSize int32 `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	// next_page_token of the previous page; empty for the first page.
+	// next_page_token or prev_page_token of a page; empty for the first (newest) page.
 	PageToken string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	// Only the run made by SubmitOnce with this key (exact match; one per workflow),
 	// when set.
-	Key           string `protobuf:"bytes,7,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,7,opt,name=key,proto3" json:"key,omitempty"`
+	// Only runs whose id starts with these hex digits (dashes ignored; 1-32 digits),
+	// when set. A whole id finds that run.
+	RunIdPrefix string `protobuf:"bytes,100,opt,name=run_id_prefix,json=runIdPrefix,proto3" json:"run_id_prefix,omitempty"`
+	// Only runs of workflows whose name starts with this, when set. The server finds the
+	// matching names first (at most 1000; more is INVALID_ARGUMENT).
+	WorkflowPrefix string `protobuf:"bytes,101,opt,name=workflow_prefix,json=workflowPrefix,proto3" json:"workflow_prefix,omitempty"`
+	// Only runs whose SubmitOnce key starts with this, when set.
+	KeyPrefix     string `protobuf:"bytes,102,opt,name=key_prefix,json=keyPrefix,proto3" json:"key_prefix,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -592,13 +600,36 @@ func (x *ListRunsRequest) GetKey() string {
 	return ""
 }
 
+func (x *ListRunsRequest) GetRunIdPrefix() string {
+	if x != nil {
+		return x.RunIdPrefix
+	}
+	return ""
+}
+
+func (x *ListRunsRequest) GetWorkflowPrefix() string {
+	if x != nil {
+		return x.WorkflowPrefix
+	}
+	return ""
+}
+
+func (x *ListRunsRequest) GetKeyPrefix() string {
+	if x != nil {
+		return x.KeyPrefix
+	}
+	return ""
+}
+
 // Result of WorkflowService.ListRuns.
 type ListRunsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Runs, newest first, without their steps (step_counts is filled).
 	Runs []*Run `protobuf:"bytes,1,rep,name=runs,proto3" json:"runs,omitempty"`
-	// Pass as page_token to get the next page; empty on the last page.
+	// Pass as page_token to get the next page (older runs); empty on the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// Pass as page_token to get the previous page (newer runs); empty on the first page.
+	PrevPageToken string `protobuf:"bytes,100,opt,name=prev_page_token,json=prevPageToken,proto3" json:"prev_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -643,6 +674,13 @@ func (x *ListRunsResponse) GetRuns() []*Run {
 func (x *ListRunsResponse) GetNextPageToken() string {
 	if x != nil {
 		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListRunsResponse) GetPrevPageToken() string {
+	if x != nil {
+		return x.PrevPageToken
 	}
 	return ""
 }
@@ -1010,9 +1048,12 @@ type ActionActivity struct {
 	// Ready steps of this action ahead of this one (counted up to 10,000).
 	ReadyAhead int32 `protobuf:"varint,6,opt,name=ready_ahead,json=readyAhead,proto3" json:"ready_ahead,omitempty"`
 	// Steps of this action running now.
-	Running       int32 `protobuf:"varint,7,opt,name=running,proto3" json:"running,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Running int32 `protobuf:"varint,7,opt,name=running,proto3" json:"running,omitempty"`
+	// The server itself serves this action (cyclone.event: the nodes waiting for an
+	// event); no worker asks for it. Set by ListWorkers.
+	ServedByServer bool `protobuf:"varint,100,opt,name=served_by_server,json=servedByServer,proto3" json:"served_by_server,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ActionActivity) Reset() {
@@ -1092,6 +1133,13 @@ func (x *ActionActivity) GetRunning() int32 {
 		return x.Running
 	}
 	return 0
+}
+
+func (x *ActionActivity) GetServedByServer() bool {
+	if x != nil {
+		return x.ServedByServer
+	}
+	return false
 }
 
 // Arguments of WorkflowService.SendEvent.
@@ -1239,7 +1287,13 @@ type CountRunsRequest struct {
 	// Count each status exactly up to this many, 1-100000. Default 1000. Each status
 	// reads up to limit + 1 index entries; a workflow or time filter may read more
 	// (the entries of the status that it filters out), so ask for what you will show.
-	Limit         int32 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
+	Limit int32 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
+	// As ListRunsRequest's.
+	RunIdPrefix string `protobuf:"bytes,100,opt,name=run_id_prefix,json=runIdPrefix,proto3" json:"run_id_prefix,omitempty"`
+	// As ListRunsRequest's.
+	WorkflowPrefix string `protobuf:"bytes,101,opt,name=workflow_prefix,json=workflowPrefix,proto3" json:"workflow_prefix,omitempty"`
+	// As ListRunsRequest's.
+	KeyPrefix     string `protobuf:"bytes,102,opt,name=key_prefix,json=keyPrefix,proto3" json:"key_prefix,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1314,6 +1368,27 @@ func (x *CountRunsRequest) GetLimit() int32 {
 		return x.Limit
 	}
 	return 0
+}
+
+func (x *CountRunsRequest) GetRunIdPrefix() string {
+	if x != nil {
+		return x.RunIdPrefix
+	}
+	return ""
+}
+
+func (x *CountRunsRequest) GetWorkflowPrefix() string {
+	if x != nil {
+		return x.WorkflowPrefix
+	}
+	return ""
+}
+
+func (x *CountRunsRequest) GetKeyPrefix() string {
+	if x != nil {
+		return x.KeyPrefix
+	}
+	return ""
 }
 
 // Result of WorkflowService.CountRuns.
@@ -1447,7 +1522,10 @@ type ListStepsRequest struct {
 	// Page size, 1-1000. Default 50.
 	PageSize int32 `protobuf:"varint,6,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// next_page_token of the previous page; empty for the first page.
-	PageToken     string `protobuf:"bytes,7,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,7,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// The steps of `action` (required) ready to be claimed now, waiting for a worker,
+	// longest ready first. Implies STEP_STATUS_AVAILABLE.
+	Ready         bool `protobuf:"varint,100,opt,name=ready,proto3" json:"ready,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1529,6 +1607,13 @@ func (x *ListStepsRequest) GetPageToken() string {
 		return x.PageToken
 	}
 	return ""
+}
+
+func (x *ListStepsRequest) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
 }
 
 // Result of WorkflowService.ListSteps.
@@ -1691,8 +1776,8 @@ func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
 // Result of WorkflowService.ListWorkers.
 type ListWorkersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The workers holding at least one step now, and those marked unhealthy, by
-	// worker_id (at most 1000).
+	// The workers holding at least one step now, those marked unhealthy, and those seen
+	// asking for work in the last day (idle ones too), by worker_id (at most 1000).
 	Workers []*WorkerSummary `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
 	// Every action a Claim ever named or an available step waits for, by name (at most
 	// 1000): who last asked for it and who last got a step of it (recorded by the
@@ -1748,7 +1833,8 @@ func (x *ListWorkersResponse) GetActions() []*ActionActivity {
 	return nil
 }
 
-// One worker, as the steps it holds show it (ListWorkersResponse).
+// One worker, as the steps it holds and its last requests for work show it
+// (ListWorkersResponse).
 type WorkerSummary struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The worker_id it claims with.
@@ -1766,8 +1852,15 @@ type WorkerSummary struct {
 	Unhealthy bool `protobuf:"varint,6,opt,name=unhealthy,proto3" json:"unhealthy,omitempty"`
 	// Since when it is unhealthy; unset when it is not.
 	UnhealthySince *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=unhealthy_since,json=unhealthySince,proto3" json:"unhealthy_since,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The build it declared when it last asked for work; empty: none (or not seen).
+	BuildId string `protobuf:"bytes,100,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	// When a server last saw it ask for work (recorded every few seconds); unset when
+	// not seen in the last day.
+	LastSeenAt *timestamppb.Timestamp `protobuf:"bytes,101,opt,name=last_seen_at,json=lastSeenAt,proto3" json:"last_seen_at,omitempty"`
+	// The actions it asked for then, by name: what it serves.
+	Serves        []string `protobuf:"bytes,102,rep,name=serves,proto3" json:"serves,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerSummary) Reset() {
@@ -1849,6 +1942,27 @@ func (x *WorkerSummary) GetUnhealthySince() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *WorkerSummary) GetBuildId() string {
+	if x != nil {
+		return x.BuildId
+	}
+	return ""
+}
+
+func (x *WorkerSummary) GetLastSeenAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastSeenAt
+	}
+	return nil
+}
+
+func (x *WorkerSummary) GetServes() []string {
+	if x != nil {
+		return x.Serves
+	}
+	return nil
+}
+
 var File_cyclone_v1_workflow_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
@@ -1875,7 +1989,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04logs\x18\x02 \x01(\bR\x04logs\"3\n" +
 	"\x0eGetRunResponse\x12!\n" +
-	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\xb2\x02\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\x9e\x03\n" +
 	"\x0fListRunsRequest\x12\x1a\n" +
 	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x121\n" +
 	"\bstatuses\x18\x02 \x03(\x0e2\x15.cyclone.v1.RunStatusR\bstatuses\x12?\n" +
@@ -1884,10 +1998,15 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\tpage_size\x18\x05 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
 	"page_token\x18\x06 \x01(\tR\tpageToken\x12\x10\n" +
-	"\x03key\x18\a \x01(\tR\x03key\"_\n" +
+	"\x03key\x18\a \x01(\tR\x03key\x12\"\n" +
+	"\rrun_id_prefix\x18d \x01(\tR\vrunIdPrefix\x12'\n" +
+	"\x0fworkflow_prefix\x18e \x01(\tR\x0eworkflowPrefix\x12\x1d\n" +
+	"\n" +
+	"key_prefix\x18f \x01(\tR\tkeyPrefix\"\x87\x01\n" +
 	"\x10ListRunsResponse\x12#\n" +
 	"\x04runs\x18\x01 \x03(\v2\x0f.cyclone.v1.RunR\x04runs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"f\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12&\n" +
+	"\x0fprev_page_token\x18d \x01(\tR\rprevPageToken\"f\n" +
 	"\x10CancelRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
@@ -1911,7 +2030,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x06status\x18\x02 \x01(\x0e2\x16.cyclone.v1.StepStatusR\x06status\x12\x18\n" +
 	"\aattempt\x18\x03 \x01(\x05R\aattempt\x124\n" +
 	"\n" +
-	"last_error\x18\x04 \x01(\v2\x15.cyclone.v1.StepErrorR\tlastError\"\xb7\x02\n" +
+	"last_error\x18\x04 \x01(\v2\x15.cyclone.v1.StepErrorR\tlastError\"\xe1\x02\n" +
 	"\x0eActionActivity\x12\x16\n" +
 	"\x06action\x18\x01 \x01(\tR\x06action\x12@\n" +
 	"\x0elast_polled_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\flastPolledAt\x12$\n" +
@@ -1920,7 +2039,8 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x0flast_claimed_by\x18\x05 \x01(\tR\rlastClaimedBy\x12\x1f\n" +
 	"\vready_ahead\x18\x06 \x01(\x05R\n" +
 	"readyAhead\x12\x18\n" +
-	"\arunning\x18\a \x01(\x05R\arunning\"\x81\x01\n" +
+	"\arunning\x18\a \x01(\x05R\arunning\x12(\n" +
+	"\x10served_by_server\x18d \x01(\bR\x0eservedByServer\"\x81\x01\n" +
 	"\x10SendEventRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x120\n" +
@@ -1928,20 +2048,24 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x03key\x18\x04 \x01(\tR\x03key\"H\n" +
 	"\x11SendEventResponse\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\x03R\aeventId\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"\x8d\x02\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"\xf9\x02\n" +
 	"\x10CountRunsRequest\x12\x1a\n" +
 	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x121\n" +
 	"\bstatuses\x18\x02 \x03(\x0e2\x15.cyclone.v1.RunStatusR\bstatuses\x12?\n" +
 	"\rcreated_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fcreatedAfter\x12A\n" +
 	"\x0ecreated_before\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\x12\x10\n" +
 	"\x03key\x18\x05 \x01(\tR\x03key\x12\x14\n" +
-	"\x05limit\x18\x06 \x01(\x05R\x05limit\"A\n" +
+	"\x05limit\x18\x06 \x01(\x05R\x05limit\x12\"\n" +
+	"\rrun_id_prefix\x18d \x01(\tR\vrunIdPrefix\x12'\n" +
+	"\x0fworkflow_prefix\x18e \x01(\tR\x0eworkflowPrefix\x12\x1d\n" +
+	"\n" +
+	"key_prefix\x18f \x01(\tR\tkeyPrefix\"A\n" +
 	"\x11CountRunsResponse\x12,\n" +
 	"\x06counts\x18\x01 \x03(\v2\x14.cyclone.v1.RunCountR\x06counts\"j\n" +
 	"\bRunCount\x12-\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x15.cyclone.v1.RunStatusR\x06status\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x19\n" +
-	"\bat_least\x18\x03 \x01(\bR\aatLeast\"\xf9\x01\n" +
+	"\bat_least\x18\x03 \x01(\bR\aatLeast\"\x8f\x02\n" +
 	"\x10ListStepsRequest\x12.\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x16.cyclone.v1.StepStatusR\x06status\x12#\n" +
 	"\rlease_expired\x18\x02 \x01(\bR\fleaseExpired\x12\x1f\n" +
@@ -1951,7 +2075,8 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x06action\x18\x05 \x01(\tR\x06action\x12\x1b\n" +
 	"\tpage_size\x18\x06 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\a \x01(\tR\tpageToken\"f\n" +
+	"page_token\x18\a \x01(\tR\tpageToken\x12\x14\n" +
+	"\x05ready\x18d \x01(\bR\x05ready\"f\n" +
 	"\x11ListStepsResponse\x12)\n" +
 	"\x05steps\x18\x01 \x03(\v2\x13.cyclone.v1.RunStepR\x05steps\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"b\n" +
@@ -1962,7 +2087,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x12ListWorkersRequest\"\x80\x01\n" +
 	"\x13ListWorkersResponse\x123\n" +
 	"\aworkers\x18\x01 \x03(\v2\x19.cyclone.v1.WorkerSummaryR\aworkers\x124\n" +
-	"\aactions\x18\x02 \x03(\v2\x1a.cyclone.v1.ActionActivityR\aactions\"\xb0\x02\n" +
+	"\aactions\x18\x02 \x03(\v2\x1a.cyclone.v1.ActionActivityR\aactions\"\xa1\x03\n" +
 	"\rWorkerSummary\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x18\n" +
 	"\aactions\x18\x02 \x03(\tR\aactions\x12\x18\n" +
@@ -1970,7 +2095,11 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x11last_heartbeat_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastHeartbeatAt\x12#\n" +
 	"\rlease_expired\x18\x05 \x01(\x05R\fleaseExpired\x12\x1c\n" +
 	"\tunhealthy\x18\x06 \x01(\bR\tunhealthy\x12C\n" +
-	"\x0funhealthy_since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0eunhealthySince*\xe3\x03\n" +
+	"\x0funhealthy_since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0eunhealthySince\x12\x19\n" +
+	"\bbuild_id\x18d \x01(\tR\abuildId\x12<\n" +
+	"\flast_seen_at\x18e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"lastSeenAt\x12\x16\n" +
+	"\x06serves\x18f \x03(\tR\x06serves*\xe3\x03\n" +
 	"\rExplainReason\x12\x1e\n" +
 	"\x1aEXPLAIN_REASON_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"EXPLAIN_REASON_WAITING_ON_UPSTREAM\x10\x01\x12\x1e\n" +
@@ -2088,31 +2217,32 @@ var file_cyclone_v1_workflow_service_proto_depIdxs = []int32{
 	14, // 32: cyclone.v1.ListWorkersResponse.actions:type_name -> cyclone.v1.ActionActivity
 	28, // 33: cyclone.v1.WorkerSummary.last_heartbeat_at:type_name -> google.protobuf.Timestamp
 	28, // 34: cyclone.v1.WorkerSummary.unhealthy_since:type_name -> google.protobuf.Timestamp
-	1,  // 35: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
-	3,  // 36: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
-	5,  // 37: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
-	7,  // 38: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
-	9,  // 39: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
-	11, // 40: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
-	15, // 41: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
-	17, // 42: cyclone.v1.WorkflowService.CountRuns:input_type -> cyclone.v1.CountRunsRequest
-	20, // 43: cyclone.v1.WorkflowService.ListSteps:input_type -> cyclone.v1.ListStepsRequest
-	23, // 44: cyclone.v1.WorkflowService.ListWorkers:input_type -> cyclone.v1.ListWorkersRequest
-	2,  // 45: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
-	4,  // 46: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
-	6,  // 47: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
-	8,  // 48: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
-	10, // 49: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
-	12, // 50: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
-	16, // 51: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
-	18, // 52: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
-	21, // 53: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
-	24, // 54: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
-	45, // [45:55] is the sub-list for method output_type
-	35, // [35:45] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	28, // 35: cyclone.v1.WorkerSummary.last_seen_at:type_name -> google.protobuf.Timestamp
+	1,  // 36: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
+	3,  // 37: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
+	5,  // 38: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
+	7,  // 39: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
+	9,  // 40: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
+	11, // 41: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
+	15, // 42: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
+	17, // 43: cyclone.v1.WorkflowService.CountRuns:input_type -> cyclone.v1.CountRunsRequest
+	20, // 44: cyclone.v1.WorkflowService.ListSteps:input_type -> cyclone.v1.ListStepsRequest
+	23, // 45: cyclone.v1.WorkflowService.ListWorkers:input_type -> cyclone.v1.ListWorkersRequest
+	2,  // 46: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
+	4,  // 47: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
+	6,  // 48: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
+	8,  // 49: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
+	10, // 50: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
+	12, // 51: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
+	16, // 52: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
+	18, // 53: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
+	21, // 54: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
+	24, // 55: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
+	46, // [46:56] is the sub-list for method output_type
+	36, // [36:46] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_workflow_service_proto_init() }

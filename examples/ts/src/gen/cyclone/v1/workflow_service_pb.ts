@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/workflow_service.proto.
  */
 export const file_cyclone_v1_workflow_service: GenFile = /*@__PURE__*/
-  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEingEKDVN1Ym1pdFJlcXVlc3QSJgoId29ya2Zsb3cYASABKAsyFC5jeWNsb25lLnYxLldvcmtmbG93EiUKBWlucHV0GAIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiwKCHN0YXJ0X2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgEIAEoBSIgCg5TdWJtaXRSZXNwb25zZRIOCgZydW5faWQYASABKAkirwEKEVN1Ym1pdE9uY2VSZXF1ZXN0EiYKCHdvcmtmbG93GAEgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRILCgNrZXkYAyABKAkSLAoIc3RhcnRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHByaW9yaXR5GAUgASgFIjUKElN1Ym1pdE9uY2VSZXNwb25zZRIOCgZydW5faWQYASABKAkSDwoHY3JlYXRlZBgCIAEoCCItCg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRsb2dzGAIgASgIIi4KDkdldFJ1blJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuIucBCg9MaXN0UnVuc1JlcXVlc3QSEAoId29ya2Zsb3cYASABKAkSJwoIc3RhdHVzZXMYAiADKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIxCg1jcmVhdGVkX2FmdGVyGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jcmVhdGVkX2JlZm9yZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkSCwoDa2V5GAcgASgJIkoKEExpc3RSdW5zUmVzcG9uc2USHQoEcnVucxgBIAMoCzIPLmN5Y2xvbmUudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJJChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkSFQoNa2VlcF9jaGlsZHJlbhgDIAEoCCIxChFDYW5jZWxSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biIuCg5FeHBsYWluUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCSKWAgoPRXhwbGFpblJlc3BvbnNlEikKBnJlYXNvbhgBIAEoDjIZLmN5Y2xvbmUudjEuRXhwbGFpblJlYXNvbhIPCgdtZXNzYWdlGAIgASgJEh4KBHN0ZXAYAyABKAsyEC5jeWNsb25lLnYxLlN0ZXASKQoKcnVuX3N0YXR1cxgEIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzEicKCXJ1bl9lcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISJwoIdXBzdHJlYW0YBiADKAsyFS5jeWNsb25lLnYxLk5vZGVTdGF0ZRIqCgZhY3Rpb24YByABKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5In0KCU5vZGVTdGF0ZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIPCgdhdHRlbXB0GAMgASgFEikKCmxhc3RfZXJyb3IYBCABKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvciLgAQoOQWN0aW9uQWN0aXZpdHkSDgoGYWN0aW9uGAEgASgJEjIKDmxhc3RfcG9sbGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5sYXN0X3BvbGxlZF9ieRgDIAEoCRIzCg9sYXN0X2NsYWltZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2xhc3RfY2xhaW1lZF9ieRgFIAEoCRITCgtyZWFkeV9haGVhZBgGIAEoBRIPCgdydW5uaW5nGAcgASgFImYKEFNlbmRFdmVudFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSJwoHcGF5bG9hZBgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRILCgNrZXkYBCABKAkiNgoRU2VuZEV2ZW50UmVzcG9uc2USEAoIZXZlbnRfaWQYASABKAMSDwoHY3JlYXRlZBgCIAEoCCLQAQoQQ291bnRSdW5zUmVxdWVzdBIQCgh3b3JrZmxvdxgBIAEoCRInCghzdGF0dXNlcxgCIAMoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzEjEKDWNyZWF0ZWRfYWZ0ZXIYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKDmNyZWF0ZWRfYmVmb3JlGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBILCgNrZXkYBSABKAkSDQoFbGltaXQYBiABKAUiOQoRQ291bnRSdW5zUmVzcG9uc2USJAoGY291bnRzGAEgAygLMhQuY3ljbG9uZS52MS5SdW5Db3VudCJSCghSdW5Db3VudBIlCgZzdGF0dXMYASABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxINCgVjb3VudBgCIAEoAxIQCghhdF9sZWFzdBgDIAEoCCKwAQoQTGlzdFN0ZXBzUmVxdWVzdBImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSFQoNbGVhc2VfZXhwaXJlZBgCIAEoCBITCgtiYWNraW5nX29mZhgDIAEoCBIRCgl3b3JrZXJfaWQYBCABKAkSDgoGYWN0aW9uGAUgASgJEhEKCXBhZ2Vfc2l6ZRgGIAEoBRISCgpwYWdlX3Rva2VuGAcgASgJIlAKEUxpc3RTdGVwc1Jlc3BvbnNlEiIKBXN0ZXBzGAEgAygLMhMuY3ljbG9uZS52MS5SdW5TdGVwEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJLCgdSdW5TdGVwEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRIeCgRzdGVwGAMgASgLMhAuY3ljbG9uZS52MS5TdGVwIhQKEkxpc3RXb3JrZXJzUmVxdWVzdCJuChNMaXN0V29ya2Vyc1Jlc3BvbnNlEioKB3dvcmtlcnMYASADKAsyGS5jeWNsb25lLnYxLldvcmtlclN1bW1hcnkSKwoHYWN0aW9ucxgCIAMoCzIaLmN5Y2xvbmUudjEuQWN0aW9uQWN0aXZpdHki2gEKDVdvcmtlclN1bW1hcnkSEQoJd29ya2VyX2lkGAEgASgJEg8KB2FjdGlvbnMYAiADKAkSDwoHcnVubmluZxgDIAEoBRI1ChFsYXN0X2hlYXJ0YmVhdF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFQoNbGVhc2VfZXhwaXJlZBgFIAEoBRIRCgl1bmhlYWx0aHkYBiABKAgSMwoPdW5oZWFsdGh5X3NpbmNlGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCrjAwoNRXhwbGFpblJlYXNvbhIeChpFWFBMQUlOX1JFQVNPTl9VTlNQRUNJRklFRBAAEiYKIkVYUExBSU5fUkVBU09OX1dBSVRJTkdfT05fVVBTVFJFQU0QARIeChpFWFBMQUlOX1JFQVNPTl9CQUNLSU5HX09GRhACEhgKFEVYUExBSU5fUkVBU09OX1JFQURZEAMSGQoVRVhQTEFJTl9SRUFTT05fUVVFVUVEEAQSHAoYRVhQTEFJTl9SRUFTT05fTk9fV09SS0VSEAUSGgoWRVhQTEFJTl9SRUFTT05fUlVOTklORxAGEiAKHEVYUExBSU5fUkVBU09OX0xFQVNFX0VYUElSRUQQBxIaChZFWFBMQUlOX1JFQVNPTl9CTE9DS0VEEAgSHAoYRVhQTEFJTl9SRUFTT05fRElTQ0FSREVEEAkSGgoWRVhQTEFJTl9SRUFTT05fU0tJUFBFRBAKEhwKGEVYUExBSU5fUkVBU09OX0NBTkNFTExFRBALEhwKGEVYUExBSU5fUkVBU09OX0NPTVBMRVRFRBAMEiYKIkVYUExBSU5fUkVBU09OX0NPTkNVUlJFTkNZX0xJTUlURUQQDRIfChtFWFBMQUlOX1JFQVNPTl9SQVRFX0xJTUlURUQQDjLjBQoPV29ya2Zsb3dTZXJ2aWNlEj8KBlN1Ym1pdBIZLmN5Y2xvbmUudjEuU3VibWl0UmVxdWVzdBoaLmN5Y2xvbmUudjEuU3VibWl0UmVzcG9uc2USSwoKU3VibWl0T25jZRIdLmN5Y2xvbmUudjEuU3VibWl0T25jZVJlcXVlc3QaHi5jeWNsb25lLnYxLlN1Ym1pdE9uY2VSZXNwb25zZRI/CgZHZXRSdW4SGS5jeWNsb25lLnYxLkdldFJ1blJlcXVlc3QaGi5jeWNsb25lLnYxLkdldFJ1blJlc3BvbnNlEkUKCExpc3RSdW5zEhsuY3ljbG9uZS52MS5MaXN0UnVuc1JlcXVlc3QaHC5jeWNsb25lLnYxLkxpc3RSdW5zUmVzcG9uc2USSAoJQ2FuY2VsUnVuEhwuY3ljbG9uZS52MS5DYW5jZWxSdW5SZXF1ZXN0Gh0uY3ljbG9uZS52MS5DYW5jZWxSdW5SZXNwb25zZRJCCgdFeHBsYWluEhouY3ljbG9uZS52MS5FeHBsYWluUmVxdWVzdBobLmN5Y2xvbmUudjEuRXhwbGFpblJlc3BvbnNlEkgKCVNlbmRFdmVudBIcLmN5Y2xvbmUudjEuU2VuZEV2ZW50UmVxdWVzdBodLmN5Y2xvbmUudjEuU2VuZEV2ZW50UmVzcG9uc2USSAoJQ291bnRSdW5zEhwuY3ljbG9uZS52MS5Db3VudFJ1bnNSZXF1ZXN0Gh0uY3ljbG9uZS52MS5Db3VudFJ1bnNSZXNwb25zZRJICglMaXN0U3RlcHMSHC5jeWNsb25lLnYxLkxpc3RTdGVwc1JlcXVlc3QaHS5jeWNsb25lLnYxLkxpc3RTdGVwc1Jlc3BvbnNlEk4KC0xpc3RXb3JrZXJzEh4uY3ljbG9uZS52MS5MaXN0V29ya2Vyc1JlcXVlc3QaHy5jeWNsb25lLnYxLkxpc3RXb3JrZXJzUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEingEKDVN1Ym1pdFJlcXVlc3QSJgoId29ya2Zsb3cYASABKAsyFC5jeWNsb25lLnYxLldvcmtmbG93EiUKBWlucHV0GAIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiwKCHN0YXJ0X2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgEIAEoBSIgCg5TdWJtaXRSZXNwb25zZRIOCgZydW5faWQYASABKAkirwEKEVN1Ym1pdE9uY2VSZXF1ZXN0EiYKCHdvcmtmbG93GAEgASgLMhQuY3ljbG9uZS52MS5Xb3JrZmxvdxIlCgVpbnB1dBgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRILCgNrZXkYAyABKAkSLAoIc3RhcnRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHByaW9yaXR5GAUgASgFIjUKElN1Ym1pdE9uY2VSZXNwb25zZRIOCgZydW5faWQYASABKAkSDwoHY3JlYXRlZBgCIAEoCCItCg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRsb2dzGAIgASgIIi4KDkdldFJ1blJlc3BvbnNlEhwKA3J1bhgBIAEoCzIPLmN5Y2xvbmUudjEuUnVuIqsCCg9MaXN0UnVuc1JlcXVlc3QSEAoId29ya2Zsb3cYASABKAkSJwoIc3RhdHVzZXMYAiADKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIxCg1jcmVhdGVkX2FmdGVyGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jcmVhdGVkX2JlZm9yZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkSCwoDa2V5GAcgASgJEhUKDXJ1bl9pZF9wcmVmaXgYZCABKAkSFwoPd29ya2Zsb3dfcHJlZml4GGUgASgJEhIKCmtleV9wcmVmaXgYZiABKAkiYwoQTGlzdFJ1bnNSZXNwb25zZRIdCgRydW5zGAEgAygLMg8uY3ljbG9uZS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhcKD3ByZXZfcGFnZV90b2tlbhhkIAEoCSJJChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkSFQoNa2VlcF9jaGlsZHJlbhgDIAEoCCIxChFDYW5jZWxSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biIuCg5FeHBsYWluUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCSKWAgoPRXhwbGFpblJlc3BvbnNlEikKBnJlYXNvbhgBIAEoDjIZLmN5Y2xvbmUudjEuRXhwbGFpblJlYXNvbhIPCgdtZXNzYWdlGAIgASgJEh4KBHN0ZXAYAyABKAsyEC5jeWNsb25lLnYxLlN0ZXASKQoKcnVuX3N0YXR1cxgEIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzEicKCXJ1bl9lcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISJwoIdXBzdHJlYW0YBiADKAsyFS5jeWNsb25lLnYxLk5vZGVTdGF0ZRIqCgZhY3Rpb24YByABKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5In0KCU5vZGVTdGF0ZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIPCgdhdHRlbXB0GAMgASgFEikKCmxhc3RfZXJyb3IYBCABKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvciL6AQoOQWN0aW9uQWN0aXZpdHkSDgoGYWN0aW9uGAEgASgJEjIKDmxhc3RfcG9sbGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5sYXN0X3BvbGxlZF9ieRgDIAEoCRIzCg9sYXN0X2NsYWltZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2xhc3RfY2xhaW1lZF9ieRgFIAEoCRITCgtyZWFkeV9haGVhZBgGIAEoBRIPCgdydW5uaW5nGAcgASgFEhgKEHNlcnZlZF9ieV9zZXJ2ZXIYZCABKAgiZgoQU2VuZEV2ZW50UmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbmFtZRgCIAEoCRInCgdwYXlsb2FkGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEgsKA2tleRgEIAEoCSI2ChFTZW5kRXZlbnRSZXNwb25zZRIQCghldmVudF9pZBgBIAEoAxIPCgdjcmVhdGVkGAIgASgIIpQCChBDb3VudFJ1bnNSZXF1ZXN0EhAKCHdvcmtmbG93GAEgASgJEicKCHN0YXR1c2VzGAIgAygOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgsKA2tleRgFIAEoCRINCgVsaW1pdBgGIAEoBRIVCg1ydW5faWRfcHJlZml4GGQgASgJEhcKD3dvcmtmbG93X3ByZWZpeBhlIAEoCRISCgprZXlfcHJlZml4GGYgASgJIjkKEUNvdW50UnVuc1Jlc3BvbnNlEiQKBmNvdW50cxgBIAMoCzIULmN5Y2xvbmUudjEuUnVuQ291bnQiUgoIUnVuQ291bnQSJQoGc3RhdHVzGAEgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSDQoFY291bnQYAiABKAMSEAoIYXRfbGVhc3QYAyABKAgivwEKEExpc3RTdGVwc1JlcXVlc3QSJgoGc3RhdHVzGAEgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEhUKDWxlYXNlX2V4cGlyZWQYAiABKAgSEwoLYmFja2luZ19vZmYYAyABKAgSEQoJd29ya2VyX2lkGAQgASgJEg4KBmFjdGlvbhgFIAEoCRIRCglwYWdlX3NpemUYBiABKAUSEgoKcGFnZV90b2tlbhgHIAEoCRINCgVyZWFkeRhkIAEoCCJQChFMaXN0U3RlcHNSZXNwb25zZRIiCgVzdGVwcxgBIAMoCzITLmN5Y2xvbmUudjEuUnVuU3RlcBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiSwoHUnVuU3RlcBIOCgZydW5faWQYASABKAkSEAoId29ya2Zsb3cYAiABKAkSHgoEc3RlcBgDIAEoCzIQLmN5Y2xvbmUudjEuU3RlcCIUChJMaXN0V29ya2Vyc1JlcXVlc3QibgoTTGlzdFdvcmtlcnNSZXNwb25zZRIqCgd3b3JrZXJzGAEgAygLMhkuY3ljbG9uZS52MS5Xb3JrZXJTdW1tYXJ5EisKB2FjdGlvbnMYAiADKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5Iq4CCg1Xb3JrZXJTdW1tYXJ5EhEKCXdvcmtlcl9pZBgBIAEoCRIPCgdhY3Rpb25zGAIgAygJEg8KB3J1bm5pbmcYAyABKAUSNQoRbGFzdF9oZWFydGJlYXRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDWxlYXNlX2V4cGlyZWQYBSABKAUSEQoJdW5oZWFsdGh5GAYgASgIEjMKD3VuaGVhbHRoeV9zaW5jZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIYnVpbGRfaWQYZCABKAkSMAoMbGFzdF9zZWVuX2F0GGUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZzZXJ2ZXMYZiADKAkq4wMKDUV4cGxhaW5SZWFzb24SHgoaRVhQTEFJTl9SRUFTT05fVU5TUEVDSUZJRUQQABImCiJFWFBMQUlOX1JFQVNPTl9XQUlUSU5HX09OX1VQU1RSRUFNEAESHgoaRVhQTEFJTl9SRUFTT05fQkFDS0lOR19PRkYQAhIYChRFWFBMQUlOX1JFQVNPTl9SRUFEWRADEhkKFUVYUExBSU5fUkVBU09OX1FVRVVFRBAEEhwKGEVYUExBSU5fUkVBU09OX05PX1dPUktFUhAFEhoKFkVYUExBSU5fUkVBU09OX1JVTk5JTkcQBhIgChxFWFBMQUlOX1JFQVNPTl9MRUFTRV9FWFBJUkVEEAcSGgoWRVhQTEFJTl9SRUFTT05fQkxPQ0tFRBAIEhwKGEVYUExBSU5fUkVBU09OX0RJU0NBUkRFRBAJEhoKFkVYUExBSU5fUkVBU09OX1NLSVBQRUQQChIcChhFWFBMQUlOX1JFQVNPTl9DQU5DRUxMRUQQCxIcChhFWFBMQUlOX1JFQVNPTl9DT01QTEVURUQQDBImCiJFWFBMQUlOX1JFQVNPTl9DT05DVVJSRU5DWV9MSU1JVEVEEA0SHwobRVhQTEFJTl9SRUFTT05fUkFURV9MSU1JVEVEEA4y4wUKD1dvcmtmbG93U2VydmljZRI/CgZTdWJtaXQSGS5jeWNsb25lLnYxLlN1Ym1pdFJlcXVlc3QaGi5jeWNsb25lLnYxLlN1Ym1pdFJlc3BvbnNlEksKClN1Ym1pdE9uY2USHS5jeWNsb25lLnYxLlN1Ym1pdE9uY2VSZXF1ZXN0Gh4uY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVzcG9uc2USPwoGR2V0UnVuEhkuY3ljbG9uZS52MS5HZXRSdW5SZXF1ZXN0GhouY3ljbG9uZS52MS5HZXRSdW5SZXNwb25zZRJFCghMaXN0UnVucxIbLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXF1ZXN0GhwuY3ljbG9uZS52MS5MaXN0UnVuc1Jlc3BvbnNlEkgKCUNhbmNlbFJ1bhIcLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVzcG9uc2USQgoHRXhwbGFpbhIaLmN5Y2xvbmUudjEuRXhwbGFpblJlcXVlc3QaGy5jeWNsb25lLnYxLkV4cGxhaW5SZXNwb25zZRJICglTZW5kRXZlbnQSHC5jeWNsb25lLnYxLlNlbmRFdmVudFJlcXVlc3QaHS5jeWNsb25lLnYxLlNlbmRFdmVudFJlc3BvbnNlEkgKCUNvdW50UnVucxIcLmN5Y2xvbmUudjEuQ291bnRSdW5zUmVxdWVzdBodLmN5Y2xvbmUudjEuQ291bnRSdW5zUmVzcG9uc2USSAoJTGlzdFN0ZXBzEhwuY3ljbG9uZS52MS5MaXN0U3RlcHNSZXF1ZXN0Gh0uY3ljbG9uZS52MS5MaXN0U3RlcHNSZXNwb25zZRJOCgtMaXN0V29ya2VycxIeLmN5Y2xvbmUudjEuTGlzdFdvcmtlcnNSZXF1ZXN0Gh8uY3ljbG9uZS52MS5MaXN0V29ya2Vyc1Jlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * Arguments of WorkflowService.Submit.
@@ -251,7 +251,7 @@ export type ListRunsRequest = Message<"cyclone.v1.ListRunsRequest"> & {
   pageSize: number;
 
   /**
-   * next_page_token of the previous page; empty for the first page.
+   * next_page_token or prev_page_token of a page; empty for the first (newest) page.
    *
    * @generated from field: string page_token = 6;
    */
@@ -264,6 +264,29 @@ export type ListRunsRequest = Message<"cyclone.v1.ListRunsRequest"> & {
    * @generated from field: string key = 7;
    */
   key: string;
+
+  /**
+   * Only runs whose id starts with these hex digits (dashes ignored; 1-32 digits),
+   * when set. A whole id finds that run.
+   *
+   * @generated from field: string run_id_prefix = 100;
+   */
+  runIdPrefix: string;
+
+  /**
+   * Only runs of workflows whose name starts with this, when set. The server finds the
+   * matching names first (at most 1000; more is INVALID_ARGUMENT).
+   *
+   * @generated from field: string workflow_prefix = 101;
+   */
+  workflowPrefix: string;
+
+  /**
+   * Only runs whose SubmitOnce key starts with this, when set.
+   *
+   * @generated from field: string key_prefix = 102;
+   */
+  keyPrefix: string;
 };
 
 /**
@@ -287,11 +310,18 @@ export type ListRunsResponse = Message<"cyclone.v1.ListRunsResponse"> & {
   runs: Run[];
 
   /**
-   * Pass as page_token to get the next page; empty on the last page.
+   * Pass as page_token to get the next page (older runs); empty on the last page.
    *
    * @generated from field: string next_page_token = 2;
    */
   nextPageToken: string;
+
+  /**
+   * Pass as page_token to get the previous page (newer runs); empty on the first page.
+   *
+   * @generated from field: string prev_page_token = 100;
+   */
+  prevPageToken: string;
 };
 
 /**
@@ -553,6 +583,14 @@ export type ActionActivity = Message<"cyclone.v1.ActionActivity"> & {
    * @generated from field: int32 running = 7;
    */
   running: number;
+
+  /**
+   * The server itself serves this action (cyclone.event: the nodes waiting for an
+   * event); no worker asks for it. Set by ListWorkers.
+   *
+   * @generated from field: bool served_by_server = 100;
+   */
+  servedByServer: boolean;
 };
 
 /**
@@ -682,6 +720,27 @@ export type CountRunsRequest = Message<"cyclone.v1.CountRunsRequest"> & {
    * @generated from field: int32 limit = 6;
    */
   limit: number;
+
+  /**
+   * As ListRunsRequest's.
+   *
+   * @generated from field: string run_id_prefix = 100;
+   */
+  runIdPrefix: string;
+
+  /**
+   * As ListRunsRequest's.
+   *
+   * @generated from field: string workflow_prefix = 101;
+   */
+  workflowPrefix: string;
+
+  /**
+   * As ListRunsRequest's.
+   *
+   * @generated from field: string key_prefix = 102;
+   */
+  keyPrefix: string;
 };
 
 /**
@@ -806,6 +865,14 @@ export type ListStepsRequest = Message<"cyclone.v1.ListStepsRequest"> & {
    * @generated from field: string page_token = 7;
    */
   pageToken: string;
+
+  /**
+   * The steps of `action` (required) ready to be claimed now, waiting for a worker,
+   * longest ready first. Implies STEP_STATUS_AVAILABLE.
+   *
+   * @generated from field: bool ready = 100;
+   */
+  ready: boolean;
 };
 
 /**
@@ -901,8 +968,8 @@ export const ListWorkersRequestSchema: GenMessage<ListWorkersRequest> = /*@__PUR
  */
 export type ListWorkersResponse = Message<"cyclone.v1.ListWorkersResponse"> & {
   /**
-   * The workers holding at least one step now, and those marked unhealthy, by
-   * worker_id (at most 1000).
+   * The workers holding at least one step now, those marked unhealthy, and those seen
+   * asking for work in the last day (idle ones too), by worker_id (at most 1000).
    *
    * @generated from field: repeated cyclone.v1.WorkerSummary workers = 1;
    */
@@ -928,7 +995,8 @@ export const ListWorkersResponseSchema: GenMessage<ListWorkersResponse> = /*@__P
   messageDesc(file_cyclone_v1_workflow_service, 23);
 
 /**
- * One worker, as the steps it holds show it (ListWorkersResponse).
+ * One worker, as the steps it holds and its last requests for work show it
+ * (ListWorkersResponse).
  *
  * @generated from message cyclone.v1.WorkerSummary
  */
@@ -982,6 +1050,28 @@ export type WorkerSummary = Message<"cyclone.v1.WorkerSummary"> & {
    * @generated from field: google.protobuf.Timestamp unhealthy_since = 7;
    */
   unhealthySince?: Timestamp | undefined;
+
+  /**
+   * The build it declared when it last asked for work; empty: none (or not seen).
+   *
+   * @generated from field: string build_id = 100;
+   */
+  buildId: string;
+
+  /**
+   * When a server last saw it ask for work (recorded every few seconds); unset when
+   * not seen in the last day.
+   *
+   * @generated from field: google.protobuf.Timestamp last_seen_at = 101;
+   */
+  lastSeenAt?: Timestamp | undefined;
+
+  /**
+   * The actions it asked for then, by name: what it serves.
+   *
+   * @generated from field: repeated string serves = 102;
+   */
+  serves: string[];
 };
 
 /**
