@@ -36,6 +36,7 @@ REFERENCE_TABLES = {
     "schedules",
     "schema_migrations",
     "worker_health",
+    "workers_seen",
 }
 
 
