@@ -103,12 +103,49 @@ def step_proto(s: StepJson, step_errors: list[types_pb2.StepError]) -> types_pb2
         priority=s["priority"],
         concurrency_key=s["concurrency_key"] or "",
         build_id=s.get("build_id") or "",
+        unsafe=bool(s.get("unsafe")),
     )
     step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
+    if s.get("waiting"):
+        _waiting(step, s["waiting"])
     for field in ("input", "output", "progress"):
         convert.set_json(step, field, s[field])
     step.journal.extend(convert.step_call(j) for j in s.get("journal") or ())
     return step
+
+
+#: Available at this time or later: a wait with no time limit (_wait_forever()).
+FOREVER_YEAR = 9999
+
+
+def _waiting(step: types_pb2.Step, waiting: str) -> None:
+    """Step.waiting and the plain reason and time limit behind it."""
+    what = step.waiting_for.partition(" ")[2]
+    step.waiting = waiting
+    step.waiting_reason = {
+        "sleep": "a durable sleep",
+        "event": f"event {what} (sent with SendEvent, `cyclone event send`)",
+        "child": f"child run {what} to finish",
+        "start": "its run's start time",
+        "backoff": f"the retry backoff after attempt {step.attempt} failed",
+    }.get(waiting, waiting)
+    if step.HasField("available_at") and step.available_at.ToDatetime().year < FOREVER_YEAR:
+        step.waiting_until.CopyFrom(step.available_at)
+
+
+def set_flow_wait(step: types_pb2.Step, reason: str, until: Any) -> None:
+    """Explain's step: waiting for a concurrency slot or a rate limit (reasons
+    concurrency_limited, rate_limited), which only Explain reads."""
+    if reason == "concurrency_limited":
+        step.waiting = "concurrency"
+        step.waiting_reason = (
+            f"a free slot of concurrency key {step.concurrency_key!r} (it is full)"
+        )
+    elif reason == "rate_limited":
+        step.waiting = "rate_limit"
+        step.waiting_reason = f"the rate limit of action {step.action} (used up)"
+        if until is not None:
+            step.waiting_until.CopyFrom(convert.timestamp(until))
 
 
 def run_proto(row: RunRow) -> types_pb2.Run:

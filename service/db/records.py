@@ -108,6 +108,8 @@ class StepJson(TypedDict):
     priority: int
     concurrency_key: str | None
     build_id: NotRequired[str | None]
+    waiting: NotRequired[str | None]
+    unsafe: NotRequired[bool]
     journal: list[StepCallJson] | None
 
 

@@ -95,7 +95,16 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'waiting_for', CASE WHEN s.status IN ('available', 'pending')
                                        THEN s.waiting_for END,
                    'priority', s.priority, 'concurrency_key', s.concurrency_key,
-                   'build_id', s.build_id,
+                   'build_id', s.build_id, 'unsafe', s.unsafe,
+                   -- What it waits for with no worker: a durable wait ("sleep",
+                   -- "event", "child"), its run's start time, a retry's backoff.
+                   'waiting', CASE
+                       WHEN s.waiting_for IS NOT NULL
+                            AND (s.status = 'pending' OR (s.status = 'available'
+                                                          AND s.available_at > cyclone.now()))
+                           THEN split_part(s.waiting_for, ' ', 1)
+                       WHEN s.status = 'available' AND s.available_at > cyclone.now()
+                           THEN CASE WHEN s.attempt = 0 THEN 'start' ELSE 'backoff' END END,
                    -- _step_call_json's shape, written out: on Citus the row is a
                    -- shard's, of another type.
                    'journal', (SELECT jsonb_agg(to_jsonb(j) - 'run_id' - 'node' ORDER BY j.seq)

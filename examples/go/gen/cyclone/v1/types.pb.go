@@ -1041,7 +1041,24 @@ type Step struct {
 	// (ClaimRequest.build_id); empty when that worker declared none. While the node has a
 	// journal, its later attempts go only to workers of this build or of one compatible
 	// with it.
-	BuildId       string `protobuf:"bytes,28,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	BuildId string `protobuf:"bytes,28,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	// While the node waits with no worker holding it, for what, as one word: "sleep",
+	// "event", "child" (a durable function's wait: see waiting_for), "start" (its run's
+	// start time has not come), "backoff" (a retry's backoff after a failed attempt);
+	// and, in ExplainResponse.step only, "concurrency" (its concurrency key is full) or
+	// "rate_limit" (its action's rate limit is used up). Empty when it does not wait so.
+	// The status stays AVAILABLE (PENDING while its run is blocked).
+	Waiting string `protobuf:"bytes,60,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// The same in plain words, e.g. "event order.approved (send it with SendEvent)".
+	WaitingReason string `protobuf:"bytes,61,opt,name=waiting_reason,json=waitingReason,proto3" json:"waiting_reason,omitempty"`
+	// Until when it waits, when that is known: the wake time, the event's deadline, the
+	// start time, the backoff's end, the time the rate limit's window opens. Unset for a
+	// wait with no time limit.
+	WaitingUntil *timestamppb.Timestamp `protobuf:"bytes,62,opt,name=waiting_until,json=waitingUntil,proto3" json:"waiting_until,omitempty"`
+	// True when the worker holding the node, or that last held it, declared its action
+	// unsafe to repeat (ActionSpec.unsafe_to_repeat): then effect_uncertain matters, a
+	// lost lease blocks the run.
+	Unsafe        bool `protobuf:"varint,63,opt,name=unsafe,proto3" json:"unsafe,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1270,6 +1287,34 @@ func (x *Step) GetBuildId() string {
 		return x.BuildId
 	}
 	return ""
+}
+
+func (x *Step) GetWaiting() string {
+	if x != nil {
+		return x.Waiting
+	}
+	return ""
+}
+
+func (x *Step) GetWaitingReason() string {
+	if x != nil {
+		return x.WaitingReason
+	}
+	return ""
+}
+
+func (x *Step) GetWaitingUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WaitingUntil
+	}
+	return nil
+}
+
+func (x *Step) GetUnsafe() bool {
+	if x != nil {
+		return x.Unsafe
+	}
+	return false
 }
 
 // One line a handler logged, as a worker sends it with HeartbeatRequest.logs and
@@ -1876,7 +1921,8 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x129\n" +
 	"\n" +
 	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x17\n" +
-	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xb8\t\n" +
+	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xd2\n" +
+	"\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12.\n" +
@@ -1912,7 +1958,11 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"recoveries\x18\x1a \x01(\x05R\n" +
 	"recoveries\x12%\n" +
 	"\x0emax_recoveries\x18\x1b \x01(\x05R\rmaxRecoveries\x12\x19\n" +
-	"\bbuild_id\x18\x1c \x01(\tR\abuildId\"\x97\x01\n" +
+	"\bbuild_id\x18\x1c \x01(\tR\abuildId\x12\x18\n" +
+	"\awaiting\x18< \x01(\tR\awaiting\x12%\n" +
+	"\x0ewaiting_reason\x18= \x01(\tR\rwaitingReason\x12?\n" +
+	"\rwaiting_until\x18> \x01(\v2\x1a.google.protobuf.TimestampR\fwaitingUntil\x12\x16\n" +
+	"\x06unsafe\x18? \x01(\bR\x06unsafe\"\x97\x01\n" +
 	"\aLogLine\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x14\n" +
 	"\x05level\x18\x02 \x01(\tR\x05level\x12\x18\n" +
@@ -2066,23 +2116,24 @@ var file_cyclone_v1_types_proto_depIdxs = []int32{
 	20, // 32: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
 	13, // 33: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
 	12, // 34: cyclone.v1.Step.logs:type_name -> cyclone.v1.LogLine
-	20, // 35: cyclone.v1.LogLine.at:type_name -> google.protobuf.Timestamp
-	3,  // 36: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
-	19, // 37: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
-	14, // 38: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
-	20, // 39: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
-	20, // 40: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
-	20, // 41: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
-	19, // 42: cyclone.v1.StepCallError.args:type_name -> google.protobuf.Value
-	19, // 43: cyclone.v1.StepCallError.attributes:type_name -> google.protobuf.Value
-	20, // 44: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
-	20, // 45: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	19, // 46: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
-	47, // [47:47] is the sub-list for method output_type
-	47, // [47:47] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	20, // 35: cyclone.v1.Step.waiting_until:type_name -> google.protobuf.Timestamp
+	20, // 36: cyclone.v1.LogLine.at:type_name -> google.protobuf.Timestamp
+	3,  // 37: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
+	19, // 38: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
+	14, // 39: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
+	20, // 40: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
+	20, // 41: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
+	20, // 42: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
+	19, // 43: cyclone.v1.StepCallError.args:type_name -> google.protobuf.Value
+	19, // 44: cyclone.v1.StepCallError.attributes:type_name -> google.protobuf.Value
+	20, // 45: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
+	20, // 46: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	19, // 47: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
+	48, // [48:48] is the sub-list for method output_type
+	48, // [48:48] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_types_proto_init() }
