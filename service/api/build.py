@@ -106,8 +106,8 @@ def step_proto(s: StepJson, step_errors: list[types_pb2.StepError]) -> types_pb2
         unsafe=bool(s.get("unsafe")),
     )
     step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
-    if s.get("waiting"):
-        _waiting(step, s["waiting"])
+    if waiting := s.get("waiting"):
+        _waiting(step, waiting)
     for field in ("input", "output", "progress"):
         convert.set_json(step, field, s[field])
     step.journal.extend(convert.step_call(j) for j in s.get("journal") or ())
@@ -124,7 +124,7 @@ def _waiting(step: types_pb2.Step, waiting: str) -> None:
     step.waiting = waiting
     step.waiting_reason = {
         "sleep": "a durable sleep",
-        "event": f"event {what} (sent with SendEvent, `cyclone event send`)",
+        "event": f"event {what} (send it with SendEvent or `cyclone event send`)",
         "child": f"child run {what} to finish",
         "start": "its run's start time",
         "backoff": f"the retry backoff after attempt {step.attempt} failed",
@@ -144,8 +144,9 @@ def set_flow_wait(step: types_pb2.Step, reason: str, until: Any) -> None:
     elif reason == "rate_limited":
         step.waiting = "rate_limit"
         step.waiting_reason = f"the rate limit of action {step.action} (used up)"
-        if until is not None:
-            step.waiting_until.CopyFrom(convert.timestamp(until))
+        reopens = convert.timestamp(until)
+        if reopens is not None:
+            step.waiting_until.CopyFrom(reopens)
 
 
 def run_proto(row: RunRow) -> types_pb2.Run:
