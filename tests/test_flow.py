@@ -509,6 +509,9 @@ def test_explain_says_a_ready_step_waits_for_its_full_concurrency_key(cyclone_se
     answer = _explain(cyclone_server, waiting)
     assert answer.reason == workflow_service_pb2.EXPLAIN_REASON_CONCURRENCY_LIMITED
     assert "'customer:7' has 1 of 1 step(s) running" in answer.message
+    # Explain's step says it waits, for what, with no time known.
+    assert answer.step.waiting == "concurrency" and "'customer:7'" in answer.step.waiting_reason
+    assert not answer.step.HasField("waiting_until")
     _complete(cyclone_server, held)
     # The key has room again: the next claim takes it.
     assert _explain(cyclone_server, waiting).reason == workflow_service_pb2.EXPLAIN_REASON_READY
@@ -521,5 +524,6 @@ def test_explain_says_a_ready_step_waits_for_its_actions_rate(cyclone_server):
     answer = _explain(cyclone_server, waiting)
     assert answer.reason == workflow_service_pb2.EXPLAIN_REASON_RATE_LIMITED
     assert "the rate limit of action rated is used up until" in answer.message
+    assert answer.step.waiting == "rate_limit" and answer.step.HasField("waiting_until")
     cyclone_server.advance_clock(61)  # the window opens (no worker asked meanwhile)
     assert _explain(cyclone_server, waiting).reason == workflow_service_pb2.EXPLAIN_REASON_QUEUED
