@@ -233,7 +233,7 @@ def _journal_row(table: Table, prefix: str, c: StepCall, run_status: str = "") -
         parts.append(excerpt(f"error {c.error.type}: {c.error.message}"))
     elif c.status == "succeeded":
         parts.append(excerpt(f"-> {json.dumps(c.output)}"))
-    elif c.status == "waiting" and run_status == "cancelled":
+    elif states.journal_status(str(c.status), run_status) == "cancelled":
         parts.append(f"was waiting for {c.waiting_for}: the run was cancelled")
     elif c.status == "waiting":
         until = f" until {when(c.wake_at)}" if c.wake_at else ""

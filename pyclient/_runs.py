@@ -156,6 +156,8 @@ class StepCallStatus(enum.StrEnum):
     FAILED = "failed"
     #: A wait (sleep, event, child run) that is not over: its node gave up its lease.
     WAITING = "waiting"
+    #: A wait that never ended: its run was cancelled (GetRun's view of such a wait).
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)

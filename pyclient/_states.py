@@ -37,7 +37,8 @@ ERROR_MEANINGS = {
 def suspended(step: Step) -> bool:
     """Whether the node gave up its lease to wait and has not been claimed again since:
     its journal has a waiting entry and it is not running."""
-    return str(step.status) != "running" and any(str(c.status) == "waiting" for c in step.journal)
+    open_wait = ("waiting", "cancelled")  # a cancelled run's wait never ended
+    return str(step.status) != "running" and any(str(c.status) in open_wait for c in step.journal)
 
 
 def resumed(step: Step) -> int:
@@ -96,8 +97,9 @@ def uncertain_matters(step: Step, run_status: str) -> bool:
 
 
 def journal_status(call_status: str, run_status: str) -> str:
-    """A journal entry's status to show: a wait of a cancelled run never ends."""
-    if call_status == "waiting" and run_status == "cancelled":
+    """A journal entry's status to show: a wait of a cancelled run never ends (GetRun
+    says so itself; an older server says waiting)."""
+    if call_status in ("waiting", "cancelled") and run_status == "cancelled":
         return "cancelled"
     return call_status
 

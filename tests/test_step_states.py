@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from cyclone.v1 import workflow_service_pb2
+from cyclone.v1 import types_pb2, workflow_service_pb2
 from tests.helpers import claim, fail, get_run, node, submit, workflow
 from tests.test_waits import wait_request
 
@@ -93,3 +93,21 @@ def test_a_ready_or_running_node_does_not_wait_and_unsafe_is_shown(cyclone_serve
         ("a", False),
         ("b", True),
     ]
+
+
+def test_a_cancelled_runs_wait_reads_cancelled_in_get_run(cyclone_server: Any) -> None:
+    run_id = submit(cyclone_server, workflow("gate", node("a"), node("b")))
+    steps = {s.node: s for s in claim(cyclone_server)}
+    cyclone_server.workers.Wait(wait_request(steps["a"], "event:go", event="go"))
+    cyclone_server.workers.Wait(wait_request(steps["b"], "sleep", wake_at=_db_now(cyclone_server)))
+    running = {s.node: s.journal[0].status for s in get_run(cyclone_server, run_id).steps}
+    assert running == {
+        "a": types_pb2.STEP_CALL_STATUS_WAITING,
+        "b": types_pb2.STEP_CALL_STATUS_SUCCEEDED,  # a sleep already over
+    }
+    cyclone_server.workflows.CancelRun(workflow_service_pb2.CancelRunRequest(run_id=run_id))
+    cancelled = {s.node: s.journal[0].status for s in get_run(cyclone_server, run_id).steps}
+    assert cancelled == {
+        "a": types_pb2.STEP_CALL_STATUS_CANCELLED,
+        "b": types_pb2.STEP_CALL_STATUS_SUCCEEDED,
+    }

@@ -160,6 +160,10 @@ def run_proto(row: RunRow) -> types_pb2.Run:
         errors_by_node.setdefault(e["node"], []).append(step_error(e))
     for s in row.steps:
         step = step_proto(s, errors_by_node.get(s["node"], []))
+        if row.status == "cancelled":
+            for call in step.journal:
+                if call.status == types_pb2.STEP_CALL_STATUS_WAITING:
+                    call.status = types_pb2.STEP_CALL_STATUS_CANCELLED
         run.steps.append(step)
         run.step_counts[s["status"]] = run.step_counts[s["status"]] + 1
     for a in row.audit:

@@ -47,6 +47,7 @@ class StepCallStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STEP_CALL_STATUS_SUCCEEDED: _ClassVar[StepCallStatus]
     STEP_CALL_STATUS_FAILED: _ClassVar[StepCallStatus]
     STEP_CALL_STATUS_WAITING: _ClassVar[StepCallStatus]
+    STEP_CALL_STATUS_CANCELLED: _ClassVar[StepCallStatus]
 TRIGGER_RULE_UNSPECIFIED: TriggerRule
 TRIGGER_RULE_ALL_SUCCESS: TriggerRule
 TRIGGER_RULE_ALL_DONE: TriggerRule
@@ -71,6 +72,7 @@ STEP_CALL_STATUS_STARTED: StepCallStatus
 STEP_CALL_STATUS_SUCCEEDED: StepCallStatus
 STEP_CALL_STATUS_FAILED: StepCallStatus
 STEP_CALL_STATUS_WAITING: StepCallStatus
+STEP_CALL_STATUS_CANCELLED: StepCallStatus
 
 class Workflow(_message.Message):
     __slots__ = ("name", "nodes")

@@ -243,16 +243,20 @@ const (
 	// wake_at, or until it is woken (an event sent, a child run finished). The next
 	// Wait of the same step call decides again; it then becomes SUCCEEDED or FAILED.
 	StepCallStatus_STEP_CALL_STATUS_WAITING StepCallStatus = 4
+	// A wait that never ended because its run was cancelled: how GetRun and Explain show
+	// a WAITING entry of a cancelled run (the stored entry stays WAITING).
+	StepCallStatus_STEP_CALL_STATUS_CANCELLED StepCallStatus = 60
 )
 
 // Enum value maps for StepCallStatus.
 var (
 	StepCallStatus_name = map[int32]string{
-		0: "STEP_CALL_STATUS_UNSPECIFIED",
-		1: "STEP_CALL_STATUS_STARTED",
-		2: "STEP_CALL_STATUS_SUCCEEDED",
-		3: "STEP_CALL_STATUS_FAILED",
-		4: "STEP_CALL_STATUS_WAITING",
+		0:  "STEP_CALL_STATUS_UNSPECIFIED",
+		1:  "STEP_CALL_STATUS_STARTED",
+		2:  "STEP_CALL_STATUS_SUCCEEDED",
+		3:  "STEP_CALL_STATUS_FAILED",
+		4:  "STEP_CALL_STATUS_WAITING",
+		60: "STEP_CALL_STATUS_CANCELLED",
 	}
 	StepCallStatus_value = map[string]int32{
 		"STEP_CALL_STATUS_UNSPECIFIED": 0,
@@ -260,6 +264,7 @@ var (
 		"STEP_CALL_STATUS_SUCCEEDED":   2,
 		"STEP_CALL_STATUS_FAILED":      3,
 		"STEP_CALL_STATUS_WAITING":     4,
+		"STEP_CALL_STATUS_CANCELLED":   60,
 	}
 )
 
@@ -2035,13 +2040,14 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x15STEP_STATUS_DISCARDED\x10\x05\x12\x19\n" +
 	"\x15STEP_STATUS_UNCERTAIN\x10\x06\x12\x17\n" +
 	"\x13STEP_STATUS_SKIPPED\x10\a\x12\x19\n" +
-	"\x15STEP_STATUS_CANCELLED\x10\b*\xab\x01\n" +
+	"\x15STEP_STATUS_CANCELLED\x10\b*\xcb\x01\n" +
 	"\x0eStepCallStatus\x12 \n" +
 	"\x1cSTEP_CALL_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18STEP_CALL_STATUS_STARTED\x10\x01\x12\x1e\n" +
 	"\x1aSTEP_CALL_STATUS_SUCCEEDED\x10\x02\x12\x1b\n" +
 	"\x17STEP_CALL_STATUS_FAILED\x10\x03\x12\x1c\n" +
-	"\x18STEP_CALL_STATUS_WAITING\x10\x04b\x06proto3"
+	"\x18STEP_CALL_STATUS_WAITING\x10\x04\x12\x1e\n" +
+	"\x1aSTEP_CALL_STATUS_CANCELLED\x10<b\x06proto3"
 
 var (
 	file_cyclone_v1_types_proto_rawDescOnce sync.Once
