@@ -279,9 +279,9 @@ class Step:
     #: What its handlers logged, every attempt, oldest first (``get_run(..., logs=True)``).
     logs: tuple[LogLine, ...] = ()
     #: While it waits with no worker holding it, for what: "sleep", "event", "child",
-    #: "start" (its run's start time), "backoff" (a retry's); in Explain's step also
-    #: "concurrency" or "rate_limit". "" otherwise. With the reason in plain words and
-    #: until when (None: no time limit).
+    #: "start" (its run's start time), "backoff" (a retry's), "rate_limit"; in Explain's
+    #: step also "concurrency". "" otherwise. With the reason in plain words and until
+    #: when (None: no time limit).
     waiting: str = ""
     waiting_reason: str = ""
     waiting_until: dt.datetime | None = None

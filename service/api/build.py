@@ -108,6 +108,8 @@ def step_proto(s: StepJson, step_errors: list[types_pb2.StepError]) -> types_pb2
     step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
     if waiting := s.get("waiting"):
         _waiting(step, waiting)
+    elif reopens := s.get("rate_reopens_at"):
+        set_flow_wait(step, "rate_limited", reopens)
     for field in ("input", "output", "progress"):
         convert.set_json(step, field, s[field])
     step.journal.extend(convert.step_call(j) for j in s.get("journal") or ())
@@ -134,8 +136,8 @@ def _waiting(step: types_pb2.Step, waiting: str) -> None:
 
 
 def set_flow_wait(step: types_pb2.Step, reason: str, until: Any) -> None:
-    """Explain's step: waiting for a concurrency slot or a rate limit (reasons
-    concurrency_limited, rate_limited), which only Explain reads."""
+    """A ready step that waits for a concurrency slot (which only Explain reads) or for
+    its action's rate limit (Explain's reasons concurrency_limited, rate_limited)."""
     if reason == "concurrency_limited":
         step.waiting = "concurrency"
         step.waiting_reason = (

@@ -109,6 +109,7 @@ class StepJson(TypedDict):
     concurrency_key: str | None
     build_id: NotRequired[str | None]
     waiting: NotRequired[str | None]
+    rate_reopens_at: NotRequired[str | None]
     unsafe: NotRequired[bool]
     journal: list[StepCallJson] | None
 

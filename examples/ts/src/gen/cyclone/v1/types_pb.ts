@@ -665,9 +665,10 @@ export type Step = Message<"cyclone.v1.Step"> & {
   /**
    * While the node waits with no worker holding it, for what, as one word: "sleep",
    * "event", "child" (a durable function's wait: see waiting_for), "start" (its run's
-   * start time has not come), "backoff" (a retry's backoff after a failed attempt);
-   * and, in ExplainResponse.step only, "concurrency" (its concurrency key is full) or
-   * "rate_limit" (its action's rate limit is used up). Empty when it does not wait so.
+   * start time has not come), "backoff" (a retry's backoff after a failed attempt),
+   * "rate_limit" (ready, but its action's rate limit is used up); and, in
+   * ExplainResponse.step only, "concurrency" (ready, but its concurrency key is full).
+   * Empty when it does not wait so.
    * The status stays AVAILABLE (PENDING while its run is blocked).
    *
    * @generated from field: string waiting = 60;
