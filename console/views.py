@@ -17,8 +17,10 @@ from starlette.routing import Route
 from console import graph, survey
 from console.pages import Console, client_of, form_of, render, session_of
 from console.sessions import Sessions
+from pyclient import _states as states
+from pyclient.async_client import AsyncClient
 from pyclient.errors import CycloneError, InvalidArgument, PermissionDenied, Unauthenticated
-from pyclient.models import Explanation, Run, RunStatus, Step, StepStatus
+from pyclient.models import Explanation, LogLine, Run, RunStatus, Step, StepStatus
 from pyclient.workflow import EVENT_ACTION, Workflow
 
 PAGE_SIZES = (20, 50, 100, 200)
@@ -152,8 +154,8 @@ async def run_live(request: Request) -> Response:
 
 async def _run(request: Request, template: str) -> Response:
     client = client_of(request)
-    run = await client.get_run(request.path_params["run_id"])
     node = request.query_params.get("node", "")
+    run = await _run_with_logs(client, request.path_params["run_id"], node)
     step = next((s for s in run.steps if s.node == node), None)
     explanation: Explanation | None = None
     if step is not None:
@@ -164,7 +166,9 @@ async def _run(request: Request, template: str) -> Response:
         "step": step,
         "explanation": explanation,
         "picture": await graph.picture_of(run),
-        "status_of": {s.node: str(s.status) for s in run.steps},
+        "status_of": {s.node: states.shown_status(s) for s in run.steps},
+        "states": states,
+        "logs_by_attempt": _logs_by_attempt(step) if step else {},
         "sinks": [s for s in run.steps if s.node not in dependents],
         "actions": run_actions(run),
         "step_actions": step_actions(run, step) if step else [],
@@ -173,6 +177,25 @@ async def _run(request: Request, template: str) -> Response:
         "poll_s": POLL_S,
     }
     return render(request, template, context)
+
+
+async def _run_with_logs(client: AsyncClient, run_id: str, node: str) -> Run:
+    """The run, with the selected node's log lines (none for a node name the server
+    refuses: the page says there is no such node)."""
+    if not node:
+        return await client.get_run(run_id)
+    try:
+        return await client.get_run(run_id, logs=True, logs_node=node)
+    except InvalidArgument:
+        return await client.get_run(run_id)
+
+
+def _logs_by_attempt(step: Step) -> dict[int, list[LogLine]]:
+    """The node's log lines by attempt, newest attempt first."""
+    found: dict[int, list[LogLine]] = {}
+    for line in sorted(step.logs, key=lambda line: -line.attempt):
+        found.setdefault(line.attempt, []).append(line)
+    return found
 
 
 def run_actions(run: Run) -> list[str]:

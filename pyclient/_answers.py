@@ -94,6 +94,8 @@ class ExplainReason(enum.StrEnum):
     COMPLETED = "completed"
     CONCURRENCY_LIMITED = "concurrency_limited"
     RATE_LIMITED = "rate_limited"
+    WAITING = "waiting"
+    NOT_BEFORE = "not_before"
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from pyclient import _states as states
 from pyclient.models import (
     Explanation,
     LogLine,
@@ -131,26 +132,23 @@ def failed_attempts(step: Step) -> int:
 
 def attempts(step: Step) -> str:
     """``attempt`` as it is (claims so far: for logs, never a key), then what it is made
-    of: failed attempts, claims that resumed a wait and attempts whose worker was lost
-    (which use up no attempt), operator retries, and the attempts left under the retry
-    policy."""
+    of: the tries of the retry policy (when claims that resumed a wait or lost their
+    worker make them fewer), failed attempts, resumes and lost workers (which use up no
+    try), operator retries, and the tries left."""
     if step.attempt == 0:
         return "not started"
     parts = []
+    if states.tries(step) != step.attempt:
+        parts.append(f"try {states.tries(step)} of {step.max_attempts}")
     failed = failed_attempts(step)
     if failed:
         parts.append(f"{failed} failed")
-    if step.resumes:
-        parts.append(f"{step.resumes} resumed")
-    if step.recoveries:
-        budget = f" of {step.max_recoveries}" if step.max_recoveries else ""
-        parts.append(f"{step.recoveries}{budget} worker lost")
+    parts += states.counts(step)
     retries = sum(1 for e in step.errors if e.kind == "reset")
     if retries:
         parts.append(f"{retries} operator retr{'y' if retries == 1 else 'ies'}")
     if step.status not in FINAL_STEPS:
-        left = max(0, step.max_attempts - (step.attempt - step.resumes - step.recoveries))
-        parts.append(f"{left} left")
+        parts.append(f"{states.tries_left(step)} left")
     return f"attempt {step.attempt}" + (f" ({', '.join(parts)})" if parts else "")
 
 
@@ -187,7 +185,7 @@ def run_view(run: Run) -> Group:
             Text(f"  {e.kind}: {e.message} (node {e.node}{call}, attempt {e.attempt})", style)
         )
     if run.steps:
-        parts += [Text(""), steps_table(run.steps)]
+        parts += [Text(""), steps_table(run.steps, str(run.status))]
         parts += _failures(run.steps)
         parts += _logs(run)
     if run.audit:
@@ -204,7 +202,7 @@ def render_run(run: Run) -> str:
     return to_text(run_view(run))
 
 
-def steps_table(steps: Sequence[Step]) -> Table:
+def steps_table(steps: Sequence[Step], run_status: str = "") -> Table:
     """Steps (in topological order) as a tree, each under its first upstream node, with
     its journal's step calls under it."""
     table = _table("NODE", "STATUS", "ATTEMPT", "STARTED", "DETAIL")
@@ -219,22 +217,22 @@ def steps_table(steps: Sequence[Step]) -> Table:
             branch = "" if parent is None else ("└─ " if last else "├─ ")
             table.add_row(
                 f"{prefix}{branch}{step.node}",
-                status(step.status),
+                status(states.shown_status(step)),
                 attempts(step),
                 when(step.started_at),
-                detail(step),
+                detail(step, run_status),
             )
             inner = prefix + ("" if parent is None else ("   " if last else "│  "))
             below = "│  " if children.get(step.node) else "   "
             for call in step.journal:
-                _journal_row(table, f"{inner}{below}", call)
+                _journal_row(table, f"{inner}{below}", call, run_status)
             walk(step.node, inner)
 
     walk(None, "")
     return table
 
 
-def _journal_row(table: Table, prefix: str, c: StepCall) -> None:
+def _journal_row(table: Table, prefix: str, c: StepCall, run_status: str = "") -> None:
     parts = []
     if c.unsafe_to_repeat:
         parts.append("unsafe")
@@ -245,6 +243,8 @@ def _journal_row(table: Table, prefix: str, c: StepCall) -> None:
         parts.append(excerpt(f"error {c.error.type}: {c.error.message}"))
     elif c.status == "succeeded":
         parts.append(excerpt(f"-> {json.dumps(c.output)}"))
+    elif states.journal_status(str(c.status), run_status) == "cancelled":
+        parts.append(f"was waiting for {c.waiting_for}: the run was cancelled")
     elif c.status == "waiting":
         until = f" until {when(c.wake_at)}" if c.wake_at else ""
         parts.append(f"waiting for {c.waiting_for}{until}")
@@ -252,28 +252,32 @@ def _journal_row(table: Table, prefix: str, c: StepCall) -> None:
         parts.append("no outcome")
     table.add_row(
         f"{prefix}· {c.seq} {c.step_id}",
-        status(c.status),
+        status(states.journal_status(str(c.status), run_status)),
         f"attempt {c.attempt}",
         when(c.started_at),
         "  ".join(parts),
     )
 
 
-def detail(step: Step) -> str:
-    """What else there is to know of a step, on one line."""
+def detail(step: Step, run_status: str = "") -> str:
+    """What else there is to know of a step, on one line (``run_status``: its run's,
+    when known: "effect uncertain" is said only when it matters)."""
     parts = []
     if len(step.depends_on) > 1:
         parts.append(f"after {', '.join(step.depends_on)}")
     if step.trigger_rule != "all_success":
         parts.append(step.trigger_rule)
-    if step.effect_uncertain:
+    if states.uncertain_matters(step, run_status):
         parts.append("effect uncertain")
     if step.status == StepStatus.RUNNING:
         parts.append(f"worker {step.worker_id}")
         parts.append(f"heartbeat {when(step.last_heartbeat_at, step.started_at)}")
     if step.progress is not None:
         parts.append(excerpt(f"progress {json.dumps(step.progress)}", 60))
-    if step.waiting_for and step.status in ("available", "pending"):
+    if step.waiting and step.waiting != "backoff" and step.status in ("available", "pending"):
+        until = f" until {when(step.waiting_until)}" if step.waiting_until else ""
+        parts.append(f"waiting for {step.waiting_reason or step.waiting}{until}")
+    elif step.waiting_for and step.status in ("available", "pending"):
         until = f" until {when(step.available_at)}" if step.available_at else ""
         if step.available_at is not None and step.available_at.year == 9999:
             until = ""
@@ -284,6 +288,8 @@ def detail(step: Step) -> str:
         e = step.last_error
         what = "worker lost" if e.worker_lost else "last error"
         parts.append(excerpt(f"{what} (attempt {e.attempt}): {e.type or e.kind}: {e.message}"))
+        if meaning := states.error_meaning(e):
+            parts.append(f"({meaning})")
     return "  ".join(parts)
 
 
@@ -296,19 +302,22 @@ def _failures(steps: Sequence[Step]) -> list[RenderableType]:
             continue
         shown += [Text(""), Text(f"errors of {step.node}:", style="bold")]
         for e in errors:
-            shown.append(_error_line(e))
+            shown.append(_error_line(step, e))
         last = errors[-1]
         if last.details.strip():
             shown.append(Text(_indent(last.details.rstrip(), "      "), style="dim"))
     return shown
 
 
-def _error_line(e: StepError) -> Text:
+def _error_line(step: Step, e: StepError) -> Text:
+    meaning = states.error_meaning(e)
+    not_retried = states.why_not_retried(step, e)
     return Text.assemble(
         f"  attempt {e.attempt}  {when(e.at)}  {'worker lost' if e.worker_lost else e.kind}  ",
         (f"{e.type}: " if e.type else "", "red"),
         e.message,
-        " (retried)" if e.retryable else "",
+        f" ({meaning})" if meaning else "",
+        " (retried)" if e.retryable else f" ({not_retried})" if not_retried else "",
     )
 
 
@@ -394,7 +403,8 @@ def explanation_view(e: Explanation) -> Text:
     lines = [f"{e.reason.upper()}: {e.message}"]
     step = e.step
     if step is not None:
-        lines += ["", f"  step    {step.node}  {step.status}  {attempts(step)}  {detail(step)}"]
+        shown = f"{states.shown_status(step)}  {attempts(step)}  {detail(step, str(e.run_status))}"
+        lines += ["", f"  step    {step.node}  {shown}"]
         if step.worker_id:
             lines.append(
                 f"  worker  {step.worker_id}  claimed {when(step.started_at)}"
@@ -435,7 +445,7 @@ def follow_view(run: Run) -> Group:
     head = Text.assemble(
         f"run {run.run_id}  workflow {run.workflow}  ", status(str(run.status).upper())
     )
-    return Group(head, steps_table(run.steps)) if run.steps else Group(head)
+    return Group(head, steps_table(run.steps, str(run.status))) if run.steps else Group(head)
 
 
 def changes(before: dict[str, tuple[str, int]], run: Run) -> list[Text]:
@@ -447,7 +457,7 @@ def changes(before: dict[str, tuple[str, int]], run: Run) -> list[Text]:
             continue
         before[step.node] = now
         at = step.finished_at or step.started_at if step.status != "available" else None
-        extra = detail(step)
+        extra = detail(step, str(run.status))
         lines.append(
             Text.assemble(
                 f"{when(at or dt.datetime.now(dt.UTC))}  {step.node}  ",

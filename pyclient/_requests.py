@@ -182,8 +182,8 @@ class calls:
         return Call(once.service, once.method, once.request, lambda r: r.run_id)
 
     @staticmethod
-    def get_run(run_id: str, logs: bool = False) -> Call[Run]:
-        req = wf_pb.GetRunRequest(run_id=run_id, logs=logs)
+    def get_run(run_id: str, logs: bool = False, logs_node: str = "") -> Call[Run]:
+        req = wf_pb.GetRunRequest(run_id=run_id, logs=logs, logs_node=logs_node)
         return Call("workflow", "GetRun", req, lambda r: Run.from_proto(r.run))
 
     @staticmethod

@@ -157,6 +157,8 @@ class StepCallStatus(enum.StrEnum):
     FAILED = "failed"
     #: A wait (sleep, event, child run) that is not over: its node gave up its lease.
     WAITING = "waiting"
+    #: A wait that never ended: its run was cancelled (GetRun's view of such a wait).
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +283,15 @@ class Step:
     #: and its concurrency limit (0 for none) (get_run only).
     retry: RetryPolicy | None = None
     concurrency_limit: int = 0
+    #: While it waits with no worker holding it, for what: "sleep", "event", "child",
+    #: "start" (its run's start time), "backoff" (a retry's), "rate_limit"; in Explain's
+    #: step also "concurrency". "" otherwise. With the reason in plain words and until
+    #: when (None: no time limit).
+    waiting: str = ""
+    waiting_reason: str = ""
+    waiting_until: dt.datetime | None = None
+    #: Whether its action was declared unsafe to repeat (by the worker that last held it).
+    unsafe: bool = False
 
     @property
     def last_error(self) -> StepError | None:

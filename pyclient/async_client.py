@@ -117,8 +117,9 @@ class AsyncClient:
     ) -> str:
         return await self._invoke(calls.start(name, input, key, timeout, retry))
 
-    async def get_run(self, run_id: str, *, logs: bool = False) -> Run:
-        return await self._invoke(calls.get_run(run_id, logs))
+    async def get_run(self, run_id: str, *, logs: bool = False, logs_node: str = "") -> Run:
+        """As Client.get_run."""
+        return await self._invoke(calls.get_run(run_id, logs, logs_node))
 
     async def list_runs(
         self,

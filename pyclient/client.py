@@ -153,10 +153,11 @@ class Client:
         Returns the run id; :meth:`wait` waits for its outcome."""
         return self._invoke(calls.start(name, input, key, timeout, retry))
 
-    def get_run(self, run_id: str, *, logs: bool = False) -> Run:
+    def get_run(self, run_id: str, *, logs: bool = False, logs_node: str = "") -> Run:
         """The run with every step and its audit trail; NotFound for an unknown id.
-        ``logs``: each step's log lines too (Step.logs)."""
-        return self._invoke(calls.get_run(run_id, logs))
+        ``logs``: each step's log lines too (Step.logs); ``logs_node``: with ``logs``,
+        only that node's."""
+        return self._invoke(calls.get_run(run_id, logs, logs_node))
 
     def list_runs(
         self,

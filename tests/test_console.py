@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from cyclone.v1 import types_pb2, worker_service_pb2
 from tests.console_thread import ConsoleThread
 from tests.helpers import (
     claim,
@@ -142,6 +143,31 @@ def test_a_run_page_draws_the_dag_and_updates_the_nodes_live(
     complete(cyclone_server, step, {"charge_id": "ch_1"})
     expect(page.locator('svg.dag a[data-node="charge"]')).to_have_class(re.compile("s-completed"))
     shoot(page, "run")
+
+
+def test_a_running_nodes_log_lines_appear_live_by_attempt(
+    cyclone_server: Any, console: ConsoleThread, page: Page
+) -> None:
+    run_id = submit(cyclone_server, workflow("order", node("charge")))
+    [first] = claim(cyclone_server)
+    fail(cyclone_server, first, "declined")
+    cyclone_server.advance_clock(3600)
+    [second] = claim(cyclone_server)
+    page.goto(f"{console.url}/runs/{run_id}?node=charge")
+    page.evaluate("window.notReloaded = true")
+    expect(page.locator("#no-logs")).to_contain_text("come with the step's heartbeats")
+    cyclone_server.workers.Heartbeat(
+        worker_service_pb2.HeartbeatRequest(
+            run_id=run_id,
+            node="charge",
+            lease_token=second.lease_token,
+            logs=[types_pb2.LogLine(level="WARNING", message="card slow", logger="shop")],
+        )
+    )
+    lines = page.locator('pre.log[data-attempt="2"]')
+    expect(lines).to_contain_text("WARNING shop: card slow")
+    expect(page.locator("#logs-2")).to_have_text("Attempt 2 · 1 line")
+    assert page.evaluate("window.notReloaded") is True
 
 
 def test_a_blocked_run_is_resolved_from_the_console_and_completes(

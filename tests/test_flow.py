@@ -16,7 +16,7 @@ import pytest
 from google.protobuf import timestamp_pb2
 
 from cyclone.v1 import types_pb2, worker_service_pb2, workflow_service_pb2
-from tests.helpers import PATIENCE, eventually, node, seconds, submit, value, workflow
+from tests.helpers import PATIENCE, eventually, get_run, node, seconds, submit, value, workflow
 from tests.test_steps import WATCHED, claim_in_thread
 
 
@@ -509,6 +509,9 @@ def test_explain_says_a_ready_step_waits_for_its_full_concurrency_key(cyclone_se
     answer = _explain(cyclone_server, waiting)
     assert answer.reason == workflow_service_pb2.EXPLAIN_REASON_CONCURRENCY_LIMITED
     assert "'customer:7' has 1 of 1 step(s) running" in answer.message
+    # Explain's step says it waits, for what, with no time known.
+    assert answer.step.waiting == "concurrency" and "'customer:7'" in answer.step.waiting_reason
+    assert not answer.step.HasField("waiting_until")
     _complete(cyclone_server, held)
     # The key has room again: the next claim takes it.
     assert _explain(cyclone_server, waiting).reason == workflow_service_pb2.EXPLAIN_REASON_READY
@@ -521,5 +524,11 @@ def test_explain_says_a_ready_step_waits_for_its_actions_rate(cyclone_server):
     answer = _explain(cyclone_server, waiting)
     assert answer.reason == workflow_service_pb2.EXPLAIN_REASON_RATE_LIMITED
     assert "the rate limit of action rated is used up until" in answer.message
+    assert answer.step.waiting == "rate_limit" and answer.step.HasField("waiting_until")
+    # GetRun says it too, with the same time; the step taken does not wait.
+    got = {s.node: s for s in get_run(cyclone_server, waiting).steps}["n"]
+    assert (got.waiting, got.waiting_until) == ("rate_limit", answer.step.waiting_until)
+    assert "rate limit of action rated" in got.waiting_reason
+    assert get_run(cyclone_server, taken.run_id).steps[0].waiting == ""
     cyclone_server.advance_clock(61)  # the window opens (no worker asked meanwhile)
     assert _explain(cyclone_server, waiting).reason == workflow_service_pb2.EXPLAIN_REASON_QUEUED

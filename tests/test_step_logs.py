@@ -248,3 +248,19 @@ def test_a_line_with_a_nul_or_a_time_out_of_range_refuses_the_request_and_writes
         "a": ["first"],
         "b": ["first"],
     }
+
+
+def test_get_run_fills_one_nodes_logs_when_asked_and_refuses_a_bad_node_name(cyclone_server):
+    run_id = submit(cyclone_server, workflow("logs", node("a"), node("b")))
+    steps = {s.node: s for s in claim(cyclone_server)}
+    heartbeat(cyclone_server, steps["a"], "from a")
+    heartbeat(cyclone_server, steps["b"], "from b")
+    request = workflow_service_pb2.GetRunRequest(run_id=run_id, logs=True, logs_node="b")
+    run = cyclone_server.workflows.GetRun(request).run
+    assert {s.node: [line.message for line in s.logs] for s in run.steps} == {
+        "a": [],
+        "b": ["from b"],
+    }
+    bad = workflow_service_pb2.GetRunRequest(run_id=run_id, logs=True, logs_node="a\x00")
+    refused = rpc_error(cyclone_server.workflows.GetRun, bad)
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT

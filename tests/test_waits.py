@@ -503,8 +503,10 @@ def test_explain_says_what_a_waiting_node_waits_for(cyclone_server: Any) -> None
     why = cyclone_server.workflows.Explain(
         workflow_service_pb2.ExplainRequest(run_id=run_id, node="a")
     )
-    assert why.reason == workflow_service_pb2.EXPLAIN_REASON_BACKING_OFF
+    assert why.reason == workflow_service_pb2.EXPLAIN_REASON_WAITING
     assert why.message.startswith("waiting for event approved with no time limit")
+    assert why.message.endswith("resumed 0 time(s) so far")
+    assert why.step.waiting == "event" and not why.step.HasField("waiting_until")
     assert f"cyclone event send {run_id} approved" in why.message
 
 

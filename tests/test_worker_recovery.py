@@ -130,7 +130,7 @@ def test_a_body_whose_worker_is_killed_three_times_still_completes(lab):
 
     shown = lab.cli("run", "show", run_id)
     assert shown.returncode == 0, shown.stderr
-    assert "attempt 4 (3 of 10 worker lost)" in shown.stdout
+    assert "attempt 4 (try 1 of 3, 3 of 10 worker lost)" in shown.stdout
     error_lines = [line for line in shown.stdout.splitlines() if "WorkerLost" in line]
     assert len(error_lines) == 3
     assert all("worker lost" in line for line in error_lines)

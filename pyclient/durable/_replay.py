@@ -81,6 +81,9 @@ T = TypeVar("T")
 
 #: What a patch marker records as its output.
 _PATCH_OUTPUT = json_value("true")
+#: A wait's entry that has no outcome: not over, or never over (GetRun shows a wait of a
+#: cancelled run as cancelled, as a replay check reads it).
+_NOT_OVER = (StepCallStatus.WAITING, StepCallStatus.CANCELLED)
 
 log = logging.getLogger("pyclient.durable")
 
@@ -420,13 +423,13 @@ class Replay:
     # -- a wait (sleep, event, child): numbered by open() when called
 
     def wait(self, call: Call, entry: StepCall | None, until: Until) -> Any:
-        if entry is not None and entry.status != StepCallStatus.WAITING:
+        if entry is not None and entry.status not in _NOT_OVER:
             return self._waited(entry)
         self._raise_if_over()
         return self._wait_answer(*self._journal(self.backend.wait, call, until))
 
     async def wait_async(self, call: Call, entry: StepCall | None, until: Until) -> Any:
-        if entry is not None and entry.status != StepCallStatus.WAITING:
+        if entry is not None and entry.status not in _NOT_OVER:
             return self._waited(entry)
         self._raise_if_over()
         return self._wait_answer(*await self._ajournal(self.backend.wait_async(call, until)))

@@ -36,6 +36,7 @@ from pyclient.durable._calls import Call, Decision, Outcome, Until, WaitDecision
 from pyclient.durable._errors import BodyStopped
 from pyclient.errors import CycloneError, Unavailable, from_rpc_error
 from pyclient.models import StepCall, StepCallError
+from pyclient.worker import _logs as step_logs
 from pyclient.worker._common import RPC_TIMEOUT
 from pyclient.worker._executor import HandlerLoop
 from pyclient.worker._mailbox import Mailbox
@@ -216,6 +217,8 @@ class GrpcJournal:
             await shared.completer.ends_sent()
             response = await _retried(shared, shared.server.stub.Wait, request)
         except BaseException as exc:
+            # Not stored: the lines go with the node's next report instead.
+            step_logs.lines_of(self.control).give_back(list(request.logs))
             answer.set_exception(exc)
         else:
             answer.set_result(response)
@@ -229,6 +232,9 @@ class GrpcJournal:
             step_id=call.step_id,
             seq=call.seq,
         )
+        # What the body logged so far goes with the Wait: a node that suspends sends no
+        # Complete, and its resume is another attempt.
+        request.logs.extend(step_logs.take(self.control))
         if until.event is not None:
             request.event.name = until.event
             if until.timeout is not None:

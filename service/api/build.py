@@ -105,6 +105,7 @@ def step_proto(s: StepJson, step_errors: list[types_pb2.StepError]) -> types_pb2
         priority=s["priority"],
         concurrency_key=s["concurrency_key"] or "",
         build_id=s.get("build_id") or "",
+        unsafe=bool(s.get("unsafe")),
     )
     step.timeout.FromNanoseconds(int(float(s["timeout_s"]) * 1e9))
     if "attempt_budget" in s:
@@ -113,10 +114,49 @@ def step_proto(s: StepJson, step_errors: list[types_pb2.StepError]) -> types_pb2
         step.retry.max_backoff.FromNanoseconds(int(float(s["max_backoff_s"]) * 1e9))
         step.retry.backoff_multiplier = s["backoff_multiplier"]
     step.concurrency_limit = s.get("concurrency_limit") or 0
+    if waiting := s.get("waiting"):
+        _waiting(step, waiting)
+    elif reopens := s.get("rate_reopens_at"):
+        set_flow_wait(step, "rate_limited", reopens)
     for field in ("input", "output", "progress"):
         convert.set_json(step, field, s[field])
     step.journal.extend(convert.step_call(j) for j in s.get("journal") or ())
     return step
+
+
+#: Available at this time or later: a wait with no time limit (_wait_forever()).
+FOREVER_YEAR = 9999
+
+
+def _waiting(step: types_pb2.Step, waiting: str) -> None:
+    """Step.waiting and the plain reason and time limit behind it."""
+    what = step.waiting_for.partition(" ")[2]
+    step.waiting = waiting
+    step.waiting_reason = {
+        "sleep": "a durable sleep",
+        "event": f"event {what} (send it with SendEvent or `cyclone event send`)",
+        "child": f"child run {what} to finish",
+        "start": "its run's start time",
+        "backoff": f"the retry backoff after attempt {step.attempt} failed",
+    }.get(waiting, waiting)
+    if step.HasField("available_at") and step.available_at.ToDatetime().year < FOREVER_YEAR:
+        step.waiting_until.CopyFrom(step.available_at)
+
+
+def set_flow_wait(step: types_pb2.Step, reason: str, until: Any) -> None:
+    """A ready step that waits for a concurrency slot (which only Explain reads) or for
+    its action's rate limit (Explain's reasons concurrency_limited, rate_limited)."""
+    if reason == "concurrency_limited":
+        step.waiting = "concurrency"
+        step.waiting_reason = (
+            f"a free slot of concurrency key {step.concurrency_key!r} (it is full)"
+        )
+    elif reason == "rate_limited":
+        step.waiting = "rate_limit"
+        step.waiting_reason = f"the rate limit of action {step.action} (used up)"
+        reopens = convert.timestamp(until)
+        if reopens is not None:
+            step.waiting_until.CopyFrom(reopens)
 
 
 def run_proto(row: RunRow) -> types_pb2.Run:
@@ -130,6 +170,10 @@ def run_proto(row: RunRow) -> types_pb2.Run:
         errors_by_node.setdefault(e["node"], []).append(step_error(e))
     for s in row.steps:
         step = step_proto(s, errors_by_node.get(s["node"], []))
+        if row.status == "cancelled":
+            for call in step.journal:
+                if call.status == types_pb2.STEP_CALL_STATUS_WAITING:
+                    call.status = types_pb2.STEP_CALL_STATUS_CANCELLED
         run.steps.append(step)
         run.step_counts[s["status"]] = run.step_counts[s["status"]] + 1
     for a in row.audit:

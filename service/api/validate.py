@@ -331,7 +331,9 @@ MAX_LOG_LINES = 1001
 MAX_LOG_MESSAGE = 4096
 
 
-def logs_json(request: worker_pb.HeartbeatRequest | worker_pb.CompleteRequest) -> str | None:
+def logs_json(
+    request: worker_pb.HeartbeatRequest | worker_pb.CompleteRequest | worker_pb.WaitRequest,
+) -> str | None:
     """step_logs_add's lines of a request, as JSON; None when it carries none. Every line
     sent is checked, kept or not: a NUL character in a text (which Postgres refuses) or
     a time outside the Timestamp range refuses the whole request, naming the line."""

@@ -176,7 +176,7 @@ class WorkerServicer(WorkStream, WorkerRequests, worker_grpc.WorkerServiceServic
     ) -> worker_pb.WaitResponse:
         wait = wait_key(*self._step_key(request), request)
         try:
-            row = await self.db.waits.step_wait(wait)
+            row = await self.db.waits.step_wait(wait, logs_json(request))
         except (errors.LeaseLost, errors.NotFound):
             self.metrics.refused.inc()
             raise

@@ -25,6 +25,7 @@ from service.api.build import (
     log_line,
     run_proto,
     run_summary,
+    set_flow_wait,
     step_error,
     step_proto,
 )
@@ -131,13 +132,14 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         self, request: workflow_pb.GetRunRequest, context: Context
     ) -> workflow_pb.GetRunResponse:
         run_id = parse_uuid(request.run_id)
+        logs_node = node_name(request.logs_node) if request.logs_node else None
         row = await self.db.runs.run_get(run_id)
         run = run_proto(row)
         for step in run.steps:
             self._with_budget(step)
         if request.logs:
             by_node: dict[str, list[types_pb2.LogLine]] = {}
-            for line in await self.db.runs.step_logs(run_id):
+            for line in await self.db.runs.step_logs(run_id, logs_node):
                 by_node.setdefault(line.node, []).append(log_line(line))
             for step in run.steps:
                 step.logs.extend(by_node.get(step.node, ()))
@@ -358,6 +360,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         )
         proto = run_proto(run)
         response.step.CopyFrom(proto.steps[0])
+        set_flow_wait(response.step, why.reason, row.rate_reopens_at)
         if proto.HasField("error"):
             response.run_error.CopyFrom(proto.error)
         for u in why.upstream:

@@ -108,6 +108,9 @@ class StepJson(TypedDict):
     priority: int
     concurrency_key: str | None
     build_id: NotRequired[str | None]
+    waiting: NotRequired[str | None]
+    rate_reopens_at: NotRequired[str | None]
+    unsafe: NotRequired[bool]
     journal: list[StepCallJson] | None
     # The node's policy as submitted (run_get reads them; other readers of steps not).
     concurrency_limit: NotRequired[int | None]

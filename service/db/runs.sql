@@ -100,6 +100,21 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'initial_backoff_s', extract(epoch FROM s.initial_backoff),
                    'max_backoff_s', extract(epoch FROM s.max_backoff),
                    'backoff_multiplier', s.backoff_multiplier,
+                   'unsafe', s.unsafe,
+                   -- What it waits for with no worker: a durable wait ("sleep",
+                   -- "event", "child"), its run's start time, a retry's backoff.
+                   'waiting', CASE
+                       WHEN s.waiting_for IS NOT NULL
+                            AND (s.status = 'pending' OR (s.status = 'available'
+                                                          AND s.available_at > cyclone.now()))
+                           THEN split_part(s.waiting_for, ' ', 1)
+                       WHEN s.status = 'available' AND s.available_at > cyclone.now()
+                           THEN CASE WHEN s.attempt = 0 THEN 'start' ELSE 'backoff' END END,
+                   -- A ready step whose action's rate limit is used up: until when (as
+                   -- step_explain reads it; a full concurrency key only Explain says).
+                   'rate_reopens_at', CASE WHEN s.status = 'available' THEN (
+                       SELECT t.reopens_at FROM cyclone.action_rates t
+                        WHERE t.action = s.action AND t.reopens_at > cyclone.now()) END,
                    -- _step_call_json's shape, written out: on Citus the row is a
                    -- shard's, of another type.
                    'journal', (SELECT jsonb_agg(to_jsonb(j) - 'run_id' - 'node' ORDER BY j.seq)

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from service.db.completion import logs_items
 from service.db.pool import Repository
-from service.db.records import StepCallJson
+from service.db.records import Outcome, StepCallJson
 
 
 class Waited(NamedTuple):
@@ -57,12 +58,17 @@ class WaitKey:
 class Waits(Repository):
     """Waits of durable functions and events sent to runs."""
 
-    async def step_wait(self, wait: WaitKey) -> Waited:
+    async def step_wait(self, wait: WaitKey, logs_json: str | None = None) -> Waited:
         """Wait: a durable function waits (step_wait, service/schema/47_waits.sql; for a
-        child run through child_wait, 48_children.sql, which locks the child first)."""
+        child run through child_wait, 48_children.sql, which locks the child first).
+        ``logs_json``: the body's log lines (a JSON array), stored in the same
+        transaction first, under the lease's attempt."""
         name = "step_wait" if wait.child is None else "child_wait"
-        row = await self._one(name, Waited, **wait.params())
-        assert row is not None
+        logs = None
+        if logs_json is not None:
+            outcome = Outcome(wait.run_id, wait.node, wait.lease_token, logs_json=logs_json)
+            logs = logs_items([outcome])
+        [row] = await self._logged(name, Waited, logs, **wait.params())
         return row
 
     async def event_send(

@@ -6,8 +6,10 @@ The reasons follow the step's status, and the run's:
 =====================  ============================================================
 pending                waiting_on_upstream (upstream nodes not finished), or
                        blocked (held while its run is blocked)
-available              backing_off (not before available_at: a retry's backoff, or a
-                       durable sleep or event wait, said as such), blocked (its run is),
+available              waiting (a durable sleep, event or child wait: not before
+                       available_at, or until the event or the child comes),
+                       not_before (its run's start time), backing_off (not before
+                       available_at: a retry's backoff), blocked (its run is),
                        no_worker (no Claim named the action lately), queued (ready
                        steps of the action ahead of it, or its workers all busy),
                        ready (the next claim of the action takes it)
@@ -166,6 +168,10 @@ def explain(row: ExplainFacts, max_recoveries: int = 10) -> Explanation:
         return _held(row, [])
     if row.available_at is not None and row.available_at > now and row.waiting_for:
         return _waiting(row, now)
+    if row.available_at is not None and row.available_at > now and row.attempt == 0:
+        return Explanation(
+            "not_before", f"its run starts at {_at(now, row.available_at)}; it holds no worker"
+        )
     if row.available_at is not None and row.available_at > now:
         return Explanation(
             "backing_off",
@@ -192,7 +198,9 @@ def _waiting(row: ExplainFacts, now: datetime) -> Explanation:
             f" (it resumes at once when the event is sent: cyclone event send {row.run_id} "
             f"{what.removeprefix('event ')})"
         )
-    return Explanation("backing_off", f"{message}; {row.resumes or 0} resume(s) so far")
+    # resumes counts this wait already: the claims that resumed a wait so far are one less.
+    resumed = max(0, (row.resumes or 0) - 1)
+    return Explanation("waiting", f"{message}; resumed {resumed} time(s) so far")
 
 
 def _plural(items: list[Any], word: str) -> str:

@@ -233,7 +233,9 @@ def test_attempts_say_what_they_are_made_of():
         max_attempts=6,
         errors=(failed, failed, failed, reset),
     )
-    assert render.attempts(step) == "attempt 6 (3 failed, 2 resumed, 1 operator retry, 2 left)"
+    assert render.attempts(step) == (
+        "attempt 6 (try 4 of 6, 3 failed, 2 resumed, 1 operator retry, 2 left)"
+    )
 
 
 def test_run_show_lists_each_nodes_journal_and_the_advice_once(capsys):
@@ -453,3 +455,53 @@ def test_run_show_heads_the_audit_trail():
     heading = lines.index("audit trail (operator actions):")
     assert "resolve charge by ops: found at the PSP" in lines[heading + 1]
     assert "audit trail" not in render.render_run(_run())
+
+
+def test_run_show_says_why_an_error_was_not_retried_and_what_it_means():
+    spent = StepError(3, "handler", "CardError", "card declined", "", False, None)
+    refused = StepError(1, "handler", "CardError", "card stolen", "", False, None)
+    timed_out = StepError(
+        1, "lease_expired", "LeaseExpired", "no outcome by the deadline", "", True, None
+    )
+    lost = StepError(2, "lease_expired", "WorkerLost", "worker w-1 lost", "", True, None)
+    retried = StepError(1, "handler", "CardError", "declined", "", True, None)
+    run = _run(
+        steps=(
+            _step("charge", "discarded", attempt=3, errors=(retried, retried, spent)),
+            _step("refund", "discarded", errors=(refused,)),
+            _step("ship", "running", attempt=3, recoveries=1, errors=(timed_out, lost)),
+        )
+    )
+    lines = [line for line in render.render_run(run).splitlines() if line.startswith("  attempt")]
+    [exhausted] = [line for line in lines if "card declined" in line]
+    assert exhausted.endswith("(retries exhausted: 3 of 3 tries)")
+    assert "not retryable" not in exhausted
+    [stolen] = [line for line in lines if "card stolen" in line]
+    assert stolen.endswith("(not retryable)")
+    [limit] = [line for line in lines if "no outcome by the deadline" in line]
+    assert "(the step's time limit (its timeout) was reached with no outcome)" in limit
+    [worker] = [line for line in lines if "worker w-1 lost" in line]
+    assert "its worker stopped answering" in worker
+
+
+def test_effect_uncertain_is_said_only_when_it_matters():
+    at = dt.datetime(2026, 11, 30, 18, 0, tzinfo=dt.UTC)
+    unsafe_call = StepCall("pay", 1, "shop.pay", "succeeded", True, None, None, 1, at, at)
+    safe = _step("a", "running", attempt=2, effect_uncertain=True)
+    assert "effect uncertain" not in render.detail(safe, "running")
+    assert "effect uncertain" in render.detail(safe, "blocked")
+    assert "effect uncertain" in render.detail(replace(safe, unsafe=True), "running")
+    assert "effect uncertain" in render.detail(replace(safe, journal=(unsafe_call,)), "running")
+
+
+def test_a_cancelled_runs_waits_read_cancelled():
+    at = dt.datetime(2026, 11, 30, 18, 0, tzinfo=dt.UTC)
+    wait = StepCall("event:go", 1, "cyclone.event", "waiting", False, None, None, 1, at, None)
+    wait = replace(wait, waiting_for="event go")
+    step = _step("a", "cancelled", resumes=1, journal=(wait,))
+    shown = render.render_run(replace(_run("cancelled", (step,)), error=None))
+    [row] = [line for line in shown.splitlines() if "event:go" in line]
+    assert row.split()[3] == "cancelled" and "waiting" not in row.split()[3]
+    assert "the run was cancelled" in row
+    # The wait never ended: no resume, one try.
+    assert render.attempts(step) == "attempt 1"

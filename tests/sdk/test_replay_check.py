@@ -59,8 +59,13 @@ def step_log(tmp_path, monkeypatch) -> Path:
 # -- in memory, from hand-made exports
 
 
-def test_a_compatible_change_passes_and_runs_no_step(step_log) -> None:
-    export = {"nodes": [_node(WAITING_ON_V1)]}
+CANCELLED_ON_V1 = [WAITING_ON_V1[0], {**WAITING_ON_V1[1], "status": "cancelled"}]
+
+
+@pytest.mark.parametrize("journal", [WAITING_ON_V1, CANCELLED_ON_V1], ids=["waiting", "cancelled"])
+def test_a_compatible_change_passes_and_runs_no_step(step_log, journal) -> None:
+    """A cancelled run's wait (GetRun says cancelled) stops the replay as a wait does."""
+    export = {"nodes": [_node(journal)]}
     for version in ("v1", "v2"):
         report = testing.replay(VERSIONS[version], export, action="order")
         assert report.ok

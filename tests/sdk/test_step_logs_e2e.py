@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pyclient import RetryPolicy, Workflow
+from pyclient import RetryPolicy, Workflow, cli, sleep
 from tests.helpers import PATIENCE, claim, eventually, node, submit, workflow
 from tests.sdk.conftest import running
 
@@ -146,3 +146,35 @@ def test_nul_characters_in_lines_and_errors_are_sent_escaped(client, make_worker
     [error] = step.errors
     assert error.message == "bad byte \\0 in input"
     assert "bad byte \\0 in input" in error.details and "\x00" not in error.details
+
+
+def test_a_durable_bodys_lines_before_a_sleep_are_kept_with_their_attempt(
+    client, make_worker, capsys, caplog
+):
+    """The attempt that suspends on a durable sleep sends no Complete: its lines go with
+    the Wait, and the resumed attempt's with its completion."""
+    caplog.set_level(logging.INFO)
+    worker = make_worker()
+
+    @worker.workflow("napper")
+    def napper(ctx, order: str) -> str:
+        shop.info("before the nap, attempt %d", ctx.attempt)
+        sleep(0.2)
+        shop.info("after the nap, attempt %d", ctx.attempt)
+        return order
+
+    with running(worker):
+        run_id = client.start("napper", "o-1")
+        assert client.wait(run_id, timeout=PATIENCE).status == "completed"
+    step = client.get_run(run_id, logs=True).steps[0]
+    assert step.resumes == 1
+    # The resumed attempt runs the body again from its start (replaying the journal).
+    assert [(line.attempt, line.message) for line in step.logs] == [
+        (1, "before the nap, attempt 1"),
+        (2, "before the nap, attempt 2"),
+        (2, "after the nap, attempt 2"),
+    ]
+    assert cli.main(["logs", run_id, step.node], client=client) == 0
+    shown = capsys.readouterr().out
+    assert "attempt 1" in shown and "before the nap, attempt 1" in shown
+    assert "attempt 2" in shown and "after the nap, attempt 2" in shown

@@ -234,13 +234,20 @@ def test_cyclone_event_send_and_run_show_of_a_waiting_node(client, make_worker, 
         eventually(lambda: waiting_for(client, run_id, "event open"), "the wait")
         assert cli.main(["run", "show", run_id], client=client) == 0
         shown = capsys.readouterr().out
-        assert "1 resume" in shown and "waiting for event open until" in shown
+        [row] = [line for line in shown.splitlines() if line.startswith("gate ")]
+        # Waiting, not resumed yet: one try under way of the policy's three.
+        assert row.split()[1:5] == ["waiting", "attempt", "1", "(2"]
+        assert "resume" not in shown
+        assert "waiting for event open (send it with SendEvent" in row and " until " in row
         argv = ["event", "send", run_id, "open", "--payload", '{"door": 1}', "--key", "k"]
         assert cli.main(argv, client=client) == 0
         assert "sent to run" in capsys.readouterr().out
         assert cli.main(argv, client=client) == 0
         assert "already sent with key k" in capsys.readouterr().out
         run = client.wait(run_id, timeout=PATIENCE)
+        assert cli.main(["run", "show", run_id], client=client) == 0
+        # Finished: two claims, one try of the retry policy and one resume.
+        assert "attempt 2 (try 1 of 3, 1 resumed)" in capsys.readouterr().out
     assert run.steps[0].output == {"door": 1}
     assert [(a.action, a.actor) for a in run.audit] == [("send_event", "sdk-tests")]
 

@@ -47,6 +47,7 @@ class StepCallStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STEP_CALL_STATUS_SUCCEEDED: _ClassVar[StepCallStatus]
     STEP_CALL_STATUS_FAILED: _ClassVar[StepCallStatus]
     STEP_CALL_STATUS_WAITING: _ClassVar[StepCallStatus]
+    STEP_CALL_STATUS_CANCELLED: _ClassVar[StepCallStatus]
 TRIGGER_RULE_UNSPECIFIED: TriggerRule
 TRIGGER_RULE_ALL_SUCCESS: TriggerRule
 TRIGGER_RULE_ALL_DONE: TriggerRule
@@ -71,6 +72,7 @@ STEP_CALL_STATUS_STARTED: StepCallStatus
 STEP_CALL_STATUS_SUCCEEDED: StepCallStatus
 STEP_CALL_STATUS_FAILED: StepCallStatus
 STEP_CALL_STATUS_WAITING: StepCallStatus
+STEP_CALL_STATUS_CANCELLED: StepCallStatus
 
 class Workflow(_message.Message):
     __slots__ = ("name", "nodes")
@@ -194,7 +196,7 @@ class RunError(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., node: _Optional[str] = ..., attempt: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., step_id: _Optional[str] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("node", "action", "status", "attempt", "max_attempts", "depends_on", "trigger_rule", "input", "output", "errors", "worker_id", "lease_expires_at", "available_at", "started_at", "finished_at", "effect_uncertain", "timeout", "progress", "last_heartbeat_at", "journal", "resumes", "waiting_for", "priority", "concurrency_key", "logs", "recoveries", "max_recoveries", "build_id", "retry", "concurrency_limit")
+    __slots__ = ("node", "action", "status", "attempt", "max_attempts", "depends_on", "trigger_rule", "input", "output", "errors", "worker_id", "lease_expires_at", "available_at", "started_at", "finished_at", "effect_uncertain", "timeout", "progress", "last_heartbeat_at", "journal", "resumes", "waiting_for", "priority", "concurrency_key", "logs", "recoveries", "max_recoveries", "build_id", "retry", "concurrency_limit", "waiting", "waiting_reason", "waiting_until", "unsafe")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +227,10 @@ class Step(_message.Message):
     BUILD_ID_FIELD_NUMBER: _ClassVar[int]
     RETRY_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REASON_FIELD_NUMBER: _ClassVar[int]
+    WAITING_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    UNSAFE_FIELD_NUMBER: _ClassVar[int]
     node: str
     action: str
     status: StepStatus
@@ -255,7 +261,11 @@ class Step(_message.Message):
     build_id: str
     retry: RetryPolicy
     concurrency_limit: int
-    def __init__(self, node: _Optional[str] = ..., action: _Optional[str] = ..., status: _Optional[_Union[StepStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[StepError, _Mapping]]] = ..., worker_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., journal: _Optional[_Iterable[_Union[StepCall, _Mapping]]] = ..., resumes: _Optional[int] = ..., waiting_for: _Optional[str] = ..., priority: _Optional[int] = ..., concurrency_key: _Optional[str] = ..., logs: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., recoveries: _Optional[int] = ..., max_recoveries: _Optional[int] = ..., build_id: _Optional[str] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., concurrency_limit: _Optional[int] = ...) -> None: ...
+    waiting: str
+    waiting_reason: str
+    waiting_until: _timestamp_pb2.Timestamp
+    unsafe: bool
+    def __init__(self, node: _Optional[str] = ..., action: _Optional[str] = ..., status: _Optional[_Union[StepStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., depends_on: _Optional[_Iterable[str]] = ..., trigger_rule: _Optional[_Union[TriggerRule, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[StepError, _Mapping]]] = ..., worker_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., journal: _Optional[_Iterable[_Union[StepCall, _Mapping]]] = ..., resumes: _Optional[int] = ..., waiting_for: _Optional[str] = ..., priority: _Optional[int] = ..., concurrency_key: _Optional[str] = ..., logs: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., recoveries: _Optional[int] = ..., max_recoveries: _Optional[int] = ..., build_id: _Optional[str] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., concurrency_limit: _Optional[int] = ..., waiting: _Optional[str] = ..., waiting_reason: _Optional[str] = ..., waiting_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., unsafe: _Optional[bool] = ...) -> None: ...
 
 class LogLine(_message.Message):
     __slots__ = ("at", "level", "message", "attempt", "logger")

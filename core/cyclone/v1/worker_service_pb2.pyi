@@ -405,7 +405,7 @@ class StartChildResponse(_message.Message):
     def __init__(self, child_run_id: _Optional[str] = ..., created: _Optional[bool] = ..., call: _Optional[_Union[_types_pb2.StepCall, _Mapping]] = ...) -> None: ...
 
 class WaitRequest(_message.Message):
-    __slots__ = ("run_id", "node", "lease_token", "step_id", "seq", "wake_at", "event", "child_run_id")
+    __slots__ = ("run_id", "node", "lease_token", "step_id", "seq", "wake_at", "event", "child_run_id", "logs")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -414,6 +414,7 @@ class WaitRequest(_message.Message):
     WAKE_AT_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     CHILD_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node: str
     lease_token: str
@@ -422,7 +423,8 @@ class WaitRequest(_message.Message):
     wake_at: _timestamp_pb2.Timestamp
     event: _types_pb2.EventWait
     child_run_id: str
-    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., step_id: _Optional[str] = ..., seq: _Optional[int] = ..., wake_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., event: _Optional[_Union[_types_pb2.EventWait, _Mapping]] = ..., child_run_id: _Optional[str] = ...) -> None: ...
+    logs: _containers.RepeatedCompositeFieldContainer[_types_pb2.LogLine]
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., step_id: _Optional[str] = ..., seq: _Optional[int] = ..., wake_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., event: _Optional[_Union[_types_pb2.EventWait, _Mapping]] = ..., child_run_id: _Optional[str] = ..., logs: _Optional[_Iterable[_Union[_types_pb2.LogLine, _Mapping]]] = ...) -> None: ...
 
 class WaitResponse(_message.Message):
     __slots__ = ("decision", "call")

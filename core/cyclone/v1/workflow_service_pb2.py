@@ -27,15 +27,15 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cyclone/v1/workflow_service.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9e\x01\n\rSubmitRequest\x12&\n\x08workflow\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Workflow\x12%\n\x05input\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12,\n\x08start_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\x04 \x01(\x05\" \n\x0eSubmitResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xaf\x01\n\x11SubmitOnceRequest\x12&\n\x08workflow\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Workflow\x12%\n\x05input\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x0b\n\x03key\x18\x03 \x01(\t\x12,\n\x08start_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\x05 \x01(\x05\"5\n\x12SubmitOnceResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"-\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04logs\x18\x02 \x01(\x08\".\n\x0eGetRunResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\"\xab\x02\n\x0fListRunsRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\'\n\x08statuses\x18\x02 \x03(\x0e\x32\x15.cyclone.v1.RunStatus\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\x12\x0b\n\x03key\x18\x07 \x01(\t\x12\x15\n\rrun_id_prefix\x18\x64 \x01(\t\x12\x17\n\x0fworkflow_prefix\x18\x65 \x01(\t\x12\x12\n\nkey_prefix\x18\x66 \x01(\t\"c\n\x10ListRunsResponse\x12\x1d\n\x04runs\x18\x01 \x03(\x0b\x32\x0f.cyclone.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x17\n\x0fprev_page_token\x18\x64 \x01(\t\"I\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x15\n\rkeep_children\x18\x03 \x01(\x08\"1\n\x11\x43\x61ncelRunResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\".\n\x0e\x45xplainRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\"\x96\x02\n\x0f\x45xplainResponse\x12)\n\x06reason\x18\x01 \x01(\x0e\x32\x19.cyclone.v1.ExplainReason\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x1e\n\x04step\x18\x03 \x01(\x0b\x32\x10.cyclone.v1.Step\x12)\n\nrun_status\x18\x04 \x01(\x0e\x32\x15.cyclone.v1.RunStatus\x12\'\n\trun_error\x18\x05 \x01(\x0b\x32\x14.cyclone.v1.RunError\x12\'\n\x08upstream\x18\x06 \x03(\x0b\x32\x15.cyclone.v1.NodeState\x12*\n\x06\x61\x63tion\x18\x07 \x01(\x0b\x32\x1a.cyclone.v1.ActionActivity\"}\n\tNodeState\x12\x0c\n\x04node\x18\x01 \x01(\t\x12&\n\x06status\x18\x02 \x01(\x0e\x32\x16.cyclone.v1.StepStatus\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12)\n\nlast_error\x18\x04 \x01(\x0b\x32\x15.cyclone.v1.StepError\"\xfa\x01\n\x0e\x41\x63tionActivity\x12\x0e\n\x06\x61\x63tion\x18\x01 \x01(\t\x12\x32\n\x0elast_polled_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0elast_polled_by\x18\x03 \x01(\t\x12\x33\n\x0flast_claimed_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0flast_claimed_by\x18\x05 \x01(\t\x12\x13\n\x0bready_ahead\x18\x06 \x01(\x05\x12\x0f\n\x07running\x18\x07 \x01(\x05\x12\x18\n\x10served_by_server\x18\x64 \x01(\x08\"f\n\x10SendEventRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\'\n\x07payload\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x0b\n\x03key\x18\x04 \x01(\t\"6\n\x11SendEventResponse\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x94\x02\n\x10\x43ountRunsRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\'\n\x08statuses\x18\x02 \x03(\x0e\x32\x15.cyclone.v1.RunStatus\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03key\x18\x05 \x01(\t\x12\r\n\x05limit\x18\x06 \x01(\x05\x12\x15\n\rrun_id_prefix\x18\x64 \x01(\t\x12\x17\n\x0fworkflow_prefix\x18\x65 \x01(\t\x12\x12\n\nkey_prefix\x18\x66 \x01(\t\"9\n\x11\x43ountRunsResponse\x12$\n\x06\x63ounts\x18\x01 \x03(\x0b\x32\x14.cyclone.v1.RunCount\"R\n\x08RunCount\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.cyclone.v1.RunStatus\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\x12\x10\n\x08\x61t_least\x18\x03 \x01(\x08\"\xbf\x01\n\x10ListStepsRequest\x12&\n\x06status\x18\x01 \x01(\x0e\x32\x16.cyclone.v1.StepStatus\x12\x15\n\rlease_expired\x18\x02 \x01(\x08\x12\x13\n\x0b\x62\x61\x63king_off\x18\x03 \x01(\x08\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x05 \x01(\t\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\x12\r\n\x05ready\x18\x64 \x01(\x08\"P\n\x11ListStepsResponse\x12\"\n\x05steps\x18\x01 \x03(\x0b\x32\x13.cyclone.v1.RunStep\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"K\n\x07RunStep\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\x1e\n\x04step\x18\x03 \x01(\x0b\x32\x10.cyclone.v1.Step\"\x14\n\x12ListWorkersRequest\"n\n\x13ListWorkersResponse\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.cyclone.v1.WorkerSummary\x12+\n\x07\x61\x63tions\x18\x02 \x03(\x0b\x32\x1a.cyclone.v1.ActionActivity\"\xae\x02\n\rWorkerSummary\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63tions\x18\x02 \x03(\t\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x35\n\x11last_heartbeat_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rlease_expired\x18\x05 \x01(\x05\x12\x11\n\tunhealthy\x18\x06 \x01(\x08\x12\x33\n\x0funhealthy_since\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x62uild_id\x18\x64 \x01(\t\x12\x30\n\x0clast_seen_at\x18\x65 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06serves\x18\x66 \x03(\t*\xe3\x03\n\rExplainReason\x12\x1e\n\x1a\x45XPLAIN_REASON_UNSPECIFIED\x10\x00\x12&\n\"EXPLAIN_REASON_WAITING_ON_UPSTREAM\x10\x01\x12\x1e\n\x1a\x45XPLAIN_REASON_BACKING_OFF\x10\x02\x12\x18\n\x14\x45XPLAIN_REASON_READY\x10\x03\x12\x19\n\x15\x45XPLAIN_REASON_QUEUED\x10\x04\x12\x1c\n\x18\x45XPLAIN_REASON_NO_WORKER\x10\x05\x12\x1a\n\x16\x45XPLAIN_REASON_RUNNING\x10\x06\x12 \n\x1c\x45XPLAIN_REASON_LEASE_EXPIRED\x10\x07\x12\x1a\n\x16\x45XPLAIN_REASON_BLOCKED\x10\x08\x12\x1c\n\x18\x45XPLAIN_REASON_DISCARDED\x10\t\x12\x1a\n\x16\x45XPLAIN_REASON_SKIPPED\x10\n\x12\x1c\n\x18\x45XPLAIN_REASON_CANCELLED\x10\x0b\x12\x1c\n\x18\x45XPLAIN_REASON_COMPLETED\x10\x0c\x12&\n\"EXPLAIN_REASON_CONCURRENCY_LIMITED\x10\r\x12\x1f\n\x1b\x45XPLAIN_REASON_RATE_LIMITED\x10\x0e\x32\xe3\x05\n\x0fWorkflowService\x12?\n\x06Submit\x12\x19.cyclone.v1.SubmitRequest\x1a\x1a.cyclone.v1.SubmitResponse\x12K\n\nSubmitOnce\x12\x1d.cyclone.v1.SubmitOnceRequest\x1a\x1e.cyclone.v1.SubmitOnceResponse\x12?\n\x06GetRun\x12\x19.cyclone.v1.GetRunRequest\x1a\x1a.cyclone.v1.GetRunResponse\x12\x45\n\x08ListRuns\x12\x1b.cyclone.v1.ListRunsRequest\x1a\x1c.cyclone.v1.ListRunsResponse\x12H\n\tCancelRun\x12\x1c.cyclone.v1.CancelRunRequest\x1a\x1d.cyclone.v1.CancelRunResponse\x12\x42\n\x07\x45xplain\x12\x1a.cyclone.v1.ExplainRequest\x1a\x1b.cyclone.v1.ExplainResponse\x12H\n\tSendEvent\x12\x1c.cyclone.v1.SendEventRequest\x1a\x1d.cyclone.v1.SendEventResponse\x12H\n\tCountRuns\x12\x1c.cyclone.v1.CountRunsRequest\x1a\x1d.cyclone.v1.CountRunsResponse\x12H\n\tListSteps\x12\x1c.cyclone.v1.ListStepsRequest\x1a\x1d.cyclone.v1.ListStepsResponse\x12N\n\x0bListWorkers\x12\x1e.cyclone.v1.ListWorkersRequest\x1a\x1f.cyclone.v1.ListWorkersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cyclone/v1/workflow_service.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9e\x01\n\rSubmitRequest\x12&\n\x08workflow\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Workflow\x12%\n\x05input\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12,\n\x08start_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\x04 \x01(\x05\" \n\x0eSubmitResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xaf\x01\n\x11SubmitOnceRequest\x12&\n\x08workflow\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Workflow\x12%\n\x05input\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x0b\n\x03key\x18\x03 \x01(\t\x12,\n\x08start_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\x05 \x01(\x05\"5\n\x12SubmitOnceResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"@\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04logs\x18\x02 \x01(\x08\x12\x11\n\tlogs_node\x18< \x01(\t\".\n\x0eGetRunResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\"\xab\x02\n\x0fListRunsRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\'\n\x08statuses\x18\x02 \x03(\x0e\x32\x15.cyclone.v1.RunStatus\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\x12\x0b\n\x03key\x18\x07 \x01(\t\x12\x15\n\rrun_id_prefix\x18\x64 \x01(\t\x12\x17\n\x0fworkflow_prefix\x18\x65 \x01(\t\x12\x12\n\nkey_prefix\x18\x66 \x01(\t\"c\n\x10ListRunsResponse\x12\x1d\n\x04runs\x18\x01 \x03(\x0b\x32\x0f.cyclone.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x17\n\x0fprev_page_token\x18\x64 \x01(\t\"I\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x15\n\rkeep_children\x18\x03 \x01(\x08\"1\n\x11\x43\x61ncelRunResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\".\n\x0e\x45xplainRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\"\x96\x02\n\x0f\x45xplainResponse\x12)\n\x06reason\x18\x01 \x01(\x0e\x32\x19.cyclone.v1.ExplainReason\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x1e\n\x04step\x18\x03 \x01(\x0b\x32\x10.cyclone.v1.Step\x12)\n\nrun_status\x18\x04 \x01(\x0e\x32\x15.cyclone.v1.RunStatus\x12\'\n\trun_error\x18\x05 \x01(\x0b\x32\x14.cyclone.v1.RunError\x12\'\n\x08upstream\x18\x06 \x03(\x0b\x32\x15.cyclone.v1.NodeState\x12*\n\x06\x61\x63tion\x18\x07 \x01(\x0b\x32\x1a.cyclone.v1.ActionActivity\"}\n\tNodeState\x12\x0c\n\x04node\x18\x01 \x01(\t\x12&\n\x06status\x18\x02 \x01(\x0e\x32\x16.cyclone.v1.StepStatus\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12)\n\nlast_error\x18\x04 \x01(\x0b\x32\x15.cyclone.v1.StepError\"\xfa\x01\n\x0e\x41\x63tionActivity\x12\x0e\n\x06\x61\x63tion\x18\x01 \x01(\t\x12\x32\n\x0elast_polled_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0elast_polled_by\x18\x03 \x01(\t\x12\x33\n\x0flast_claimed_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0flast_claimed_by\x18\x05 \x01(\t\x12\x13\n\x0bready_ahead\x18\x06 \x01(\x05\x12\x0f\n\x07running\x18\x07 \x01(\x05\x12\x18\n\x10served_by_server\x18\x64 \x01(\x08\"f\n\x10SendEventRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\'\n\x07payload\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x0b\n\x03key\x18\x04 \x01(\t\"6\n\x11SendEventResponse\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x94\x02\n\x10\x43ountRunsRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\'\n\x08statuses\x18\x02 \x03(\x0e\x32\x15.cyclone.v1.RunStatus\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03key\x18\x05 \x01(\t\x12\r\n\x05limit\x18\x06 \x01(\x05\x12\x15\n\rrun_id_prefix\x18\x64 \x01(\t\x12\x17\n\x0fworkflow_prefix\x18\x65 \x01(\t\x12\x12\n\nkey_prefix\x18\x66 \x01(\t\"9\n\x11\x43ountRunsResponse\x12$\n\x06\x63ounts\x18\x01 \x03(\x0b\x32\x14.cyclone.v1.RunCount\"R\n\x08RunCount\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.cyclone.v1.RunStatus\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\x12\x10\n\x08\x61t_least\x18\x03 \x01(\x08\"\xbf\x01\n\x10ListStepsRequest\x12&\n\x06status\x18\x01 \x01(\x0e\x32\x16.cyclone.v1.StepStatus\x12\x15\n\rlease_expired\x18\x02 \x01(\x08\x12\x13\n\x0b\x62\x61\x63king_off\x18\x03 \x01(\x08\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x05 \x01(\t\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\x12\r\n\x05ready\x18\x64 \x01(\x08\"P\n\x11ListStepsResponse\x12\"\n\x05steps\x18\x01 \x03(\x0b\x32\x13.cyclone.v1.RunStep\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"K\n\x07RunStep\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\x1e\n\x04step\x18\x03 \x01(\x0b\x32\x10.cyclone.v1.Step\"\x14\n\x12ListWorkersRequest\"n\n\x13ListWorkersResponse\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.cyclone.v1.WorkerSummary\x12+\n\x07\x61\x63tions\x18\x02 \x03(\x0b\x32\x1a.cyclone.v1.ActionActivity\"\xae\x02\n\rWorkerSummary\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63tions\x18\x02 \x03(\t\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x35\n\x11last_heartbeat_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rlease_expired\x18\x05 \x01(\x05\x12\x11\n\tunhealthy\x18\x06 \x01(\x08\x12\x33\n\x0funhealthy_since\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x62uild_id\x18\x64 \x01(\t\x12\x30\n\x0clast_seen_at\x18\x65 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06serves\x18\x66 \x03(\t*\x9e\x04\n\rExplainReason\x12\x1e\n\x1a\x45XPLAIN_REASON_UNSPECIFIED\x10\x00\x12&\n\"EXPLAIN_REASON_WAITING_ON_UPSTREAM\x10\x01\x12\x1e\n\x1a\x45XPLAIN_REASON_BACKING_OFF\x10\x02\x12\x18\n\x14\x45XPLAIN_REASON_READY\x10\x03\x12\x19\n\x15\x45XPLAIN_REASON_QUEUED\x10\x04\x12\x1c\n\x18\x45XPLAIN_REASON_NO_WORKER\x10\x05\x12\x1a\n\x16\x45XPLAIN_REASON_RUNNING\x10\x06\x12 \n\x1c\x45XPLAIN_REASON_LEASE_EXPIRED\x10\x07\x12\x1a\n\x16\x45XPLAIN_REASON_BLOCKED\x10\x08\x12\x1c\n\x18\x45XPLAIN_REASON_DISCARDED\x10\t\x12\x1a\n\x16\x45XPLAIN_REASON_SKIPPED\x10\n\x12\x1c\n\x18\x45XPLAIN_REASON_CANCELLED\x10\x0b\x12\x1c\n\x18\x45XPLAIN_REASON_COMPLETED\x10\x0c\x12&\n\"EXPLAIN_REASON_CONCURRENCY_LIMITED\x10\r\x12\x1f\n\x1b\x45XPLAIN_REASON_RATE_LIMITED\x10\x0e\x12\x1a\n\x16\x45XPLAIN_REASON_WAITING\x10<\x12\x1d\n\x19\x45XPLAIN_REASON_NOT_BEFORE\x10=2\xe3\x05\n\x0fWorkflowService\x12?\n\x06Submit\x12\x19.cyclone.v1.SubmitRequest\x1a\x1a.cyclone.v1.SubmitResponse\x12K\n\nSubmitOnce\x12\x1d.cyclone.v1.SubmitOnceRequest\x1a\x1e.cyclone.v1.SubmitOnceResponse\x12?\n\x06GetRun\x12\x19.cyclone.v1.GetRunRequest\x1a\x1a.cyclone.v1.GetRunResponse\x12\x45\n\x08ListRuns\x12\x1b.cyclone.v1.ListRunsRequest\x1a\x1c.cyclone.v1.ListRunsResponse\x12H\n\tCancelRun\x12\x1c.cyclone.v1.CancelRunRequest\x1a\x1d.cyclone.v1.CancelRunResponse\x12\x42\n\x07\x45xplain\x12\x1a.cyclone.v1.ExplainRequest\x1a\x1b.cyclone.v1.ExplainResponse\x12H\n\tSendEvent\x12\x1c.cyclone.v1.SendEventRequest\x1a\x1d.cyclone.v1.SendEventResponse\x12H\n\tCountRuns\x12\x1c.cyclone.v1.CountRunsRequest\x1a\x1d.cyclone.v1.CountRunsResponse\x12H\n\tListSteps\x12\x1c.cyclone.v1.ListStepsRequest\x1a\x1d.cyclone.v1.ListStepsResponse\x12N\n\x0bListWorkers\x12\x1e.cyclone.v1.ListWorkersRequest\x1a\x1f.cyclone.v1.ListWorkersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cyclone.v1.workflow_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EXPLAINREASON']._serialized_start=3272
-  _globals['_EXPLAINREASON']._serialized_end=3755
+  _globals['_EXPLAINREASON']._serialized_start=3291
+  _globals['_EXPLAINREASON']._serialized_end=3833
   _globals['_SUBMITREQUEST']._serialized_start=137
   _globals['_SUBMITREQUEST']._serialized_end=295
   _globals['_SUBMITRESPONSE']._serialized_start=297
@@ -45,47 +45,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITONCERESPONSE']._serialized_start=509
   _globals['_SUBMITONCERESPONSE']._serialized_end=562
   _globals['_GETRUNREQUEST']._serialized_start=564
-  _globals['_GETRUNREQUEST']._serialized_end=609
-  _globals['_GETRUNRESPONSE']._serialized_start=611
-  _globals['_GETRUNRESPONSE']._serialized_end=657
-  _globals['_LISTRUNSREQUEST']._serialized_start=660
-  _globals['_LISTRUNSREQUEST']._serialized_end=959
-  _globals['_LISTRUNSRESPONSE']._serialized_start=961
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1060
-  _globals['_CANCELRUNREQUEST']._serialized_start=1062
-  _globals['_CANCELRUNREQUEST']._serialized_end=1135
-  _globals['_CANCELRUNRESPONSE']._serialized_start=1137
-  _globals['_CANCELRUNRESPONSE']._serialized_end=1186
-  _globals['_EXPLAINREQUEST']._serialized_start=1188
-  _globals['_EXPLAINREQUEST']._serialized_end=1234
-  _globals['_EXPLAINRESPONSE']._serialized_start=1237
-  _globals['_EXPLAINRESPONSE']._serialized_end=1515
-  _globals['_NODESTATE']._serialized_start=1517
-  _globals['_NODESTATE']._serialized_end=1642
-  _globals['_ACTIONACTIVITY']._serialized_start=1645
-  _globals['_ACTIONACTIVITY']._serialized_end=1895
-  _globals['_SENDEVENTREQUEST']._serialized_start=1897
-  _globals['_SENDEVENTREQUEST']._serialized_end=1999
-  _globals['_SENDEVENTRESPONSE']._serialized_start=2001
-  _globals['_SENDEVENTRESPONSE']._serialized_end=2055
-  _globals['_COUNTRUNSREQUEST']._serialized_start=2058
-  _globals['_COUNTRUNSREQUEST']._serialized_end=2334
-  _globals['_COUNTRUNSRESPONSE']._serialized_start=2336
-  _globals['_COUNTRUNSRESPONSE']._serialized_end=2393
-  _globals['_RUNCOUNT']._serialized_start=2395
-  _globals['_RUNCOUNT']._serialized_end=2477
-  _globals['_LISTSTEPSREQUEST']._serialized_start=2480
-  _globals['_LISTSTEPSREQUEST']._serialized_end=2671
-  _globals['_LISTSTEPSRESPONSE']._serialized_start=2673
-  _globals['_LISTSTEPSRESPONSE']._serialized_end=2753
-  _globals['_RUNSTEP']._serialized_start=2755
-  _globals['_RUNSTEP']._serialized_end=2830
-  _globals['_LISTWORKERSREQUEST']._serialized_start=2832
-  _globals['_LISTWORKERSREQUEST']._serialized_end=2852
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=2854
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=2964
-  _globals['_WORKERSUMMARY']._serialized_start=2967
-  _globals['_WORKERSUMMARY']._serialized_end=3269
-  _globals['_WORKFLOWSERVICE']._serialized_start=3758
-  _globals['_WORKFLOWSERVICE']._serialized_end=4497
+  _globals['_GETRUNREQUEST']._serialized_end=628
+  _globals['_GETRUNRESPONSE']._serialized_start=630
+  _globals['_GETRUNRESPONSE']._serialized_end=676
+  _globals['_LISTRUNSREQUEST']._serialized_start=679
+  _globals['_LISTRUNSREQUEST']._serialized_end=978
+  _globals['_LISTRUNSRESPONSE']._serialized_start=980
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1079
+  _globals['_CANCELRUNREQUEST']._serialized_start=1081
+  _globals['_CANCELRUNREQUEST']._serialized_end=1154
+  _globals['_CANCELRUNRESPONSE']._serialized_start=1156
+  _globals['_CANCELRUNRESPONSE']._serialized_end=1205
+  _globals['_EXPLAINREQUEST']._serialized_start=1207
+  _globals['_EXPLAINREQUEST']._serialized_end=1253
+  _globals['_EXPLAINRESPONSE']._serialized_start=1256
+  _globals['_EXPLAINRESPONSE']._serialized_end=1534
+  _globals['_NODESTATE']._serialized_start=1536
+  _globals['_NODESTATE']._serialized_end=1661
+  _globals['_ACTIONACTIVITY']._serialized_start=1664
+  _globals['_ACTIONACTIVITY']._serialized_end=1914
+  _globals['_SENDEVENTREQUEST']._serialized_start=1916
+  _globals['_SENDEVENTREQUEST']._serialized_end=2018
+  _globals['_SENDEVENTRESPONSE']._serialized_start=2020
+  _globals['_SENDEVENTRESPONSE']._serialized_end=2074
+  _globals['_COUNTRUNSREQUEST']._serialized_start=2077
+  _globals['_COUNTRUNSREQUEST']._serialized_end=2353
+  _globals['_COUNTRUNSRESPONSE']._serialized_start=2355
+  _globals['_COUNTRUNSRESPONSE']._serialized_end=2412
+  _globals['_RUNCOUNT']._serialized_start=2414
+  _globals['_RUNCOUNT']._serialized_end=2496
+  _globals['_LISTSTEPSREQUEST']._serialized_start=2499
+  _globals['_LISTSTEPSREQUEST']._serialized_end=2690
+  _globals['_LISTSTEPSRESPONSE']._serialized_start=2692
+  _globals['_LISTSTEPSRESPONSE']._serialized_end=2772
+  _globals['_RUNSTEP']._serialized_start=2774
+  _globals['_RUNSTEP']._serialized_end=2849
+  _globals['_LISTWORKERSREQUEST']._serialized_start=2851
+  _globals['_LISTWORKERSREQUEST']._serialized_end=2871
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=2873
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=2983
+  _globals['_WORKERSUMMARY']._serialized_start=2986
+  _globals['_WORKERSUMMARY']._serialized_end=3288
+  _globals['_WORKFLOWSERVICE']._serialized_start=3836
+  _globals['_WORKFLOWSERVICE']._serialized_end=4575
 # @@protoc_insertion_point(module_scope)

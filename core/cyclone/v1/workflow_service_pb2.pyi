@@ -29,6 +29,8 @@ class ExplainReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXPLAIN_REASON_COMPLETED: _ClassVar[ExplainReason]
     EXPLAIN_REASON_CONCURRENCY_LIMITED: _ClassVar[ExplainReason]
     EXPLAIN_REASON_RATE_LIMITED: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_WAITING: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_NOT_BEFORE: _ClassVar[ExplainReason]
 EXPLAIN_REASON_UNSPECIFIED: ExplainReason
 EXPLAIN_REASON_WAITING_ON_UPSTREAM: ExplainReason
 EXPLAIN_REASON_BACKING_OFF: ExplainReason
@@ -44,6 +46,8 @@ EXPLAIN_REASON_CANCELLED: ExplainReason
 EXPLAIN_REASON_COMPLETED: ExplainReason
 EXPLAIN_REASON_CONCURRENCY_LIMITED: ExplainReason
 EXPLAIN_REASON_RATE_LIMITED: ExplainReason
+EXPLAIN_REASON_WAITING: ExplainReason
+EXPLAIN_REASON_NOT_BEFORE: ExplainReason
 
 class SubmitRequest(_message.Message):
     __slots__ = ("workflow", "input", "start_at", "priority")
@@ -86,12 +90,14 @@ class SubmitOnceResponse(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class GetRunRequest(_message.Message):
-    __slots__ = ("run_id", "logs")
+    __slots__ = ("run_id", "logs", "logs_node")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     LOGS_FIELD_NUMBER: _ClassVar[int]
+    LOGS_NODE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     logs: bool
-    def __init__(self, run_id: _Optional[str] = ..., logs: _Optional[bool] = ...) -> None: ...
+    logs_node: str
+    def __init__(self, run_id: _Optional[str] = ..., logs: _Optional[bool] = ..., logs_node: _Optional[str] = ...) -> None: ...
 
 class GetRunResponse(_message.Message):
     __slots__ = ("run",)

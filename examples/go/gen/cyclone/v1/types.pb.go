@@ -243,16 +243,20 @@ const (
 	// wake_at, or until it is woken (an event sent, a child run finished). The next
 	// Wait of the same step call decides again; it then becomes SUCCEEDED or FAILED.
 	StepCallStatus_STEP_CALL_STATUS_WAITING StepCallStatus = 4
+	// A wait that never ended because its run was cancelled: how GetRun and Explain show
+	// a WAITING entry of a cancelled run (the stored entry stays WAITING).
+	StepCallStatus_STEP_CALL_STATUS_CANCELLED StepCallStatus = 60
 )
 
 // Enum value maps for StepCallStatus.
 var (
 	StepCallStatus_name = map[int32]string{
-		0: "STEP_CALL_STATUS_UNSPECIFIED",
-		1: "STEP_CALL_STATUS_STARTED",
-		2: "STEP_CALL_STATUS_SUCCEEDED",
-		3: "STEP_CALL_STATUS_FAILED",
-		4: "STEP_CALL_STATUS_WAITING",
+		0:  "STEP_CALL_STATUS_UNSPECIFIED",
+		1:  "STEP_CALL_STATUS_STARTED",
+		2:  "STEP_CALL_STATUS_SUCCEEDED",
+		3:  "STEP_CALL_STATUS_FAILED",
+		4:  "STEP_CALL_STATUS_WAITING",
+		60: "STEP_CALL_STATUS_CANCELLED",
 	}
 	StepCallStatus_value = map[string]int32{
 		"STEP_CALL_STATUS_UNSPECIFIED": 0,
@@ -260,6 +264,7 @@ var (
 		"STEP_CALL_STATUS_SUCCEEDED":   2,
 		"STEP_CALL_STATUS_FAILED":      3,
 		"STEP_CALL_STATUS_WAITING":     4,
+		"STEP_CALL_STATUS_CANCELLED":   60,
 	}
 )
 
@@ -1049,8 +1054,26 @@ type Step struct {
 	// The node's concurrency limit (Node.concurrency.limit); 0 for a node without one.
 	// Its key, as evaluated at submit, is concurrency_key.
 	ConcurrencyLimit int32 `protobuf:"varint,81,opt,name=concurrency_limit,json=concurrencyLimit,proto3" json:"concurrency_limit,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// While the node waits with no worker holding it, for what, as one word: "sleep",
+	// "event", "child" (a durable function's wait: see waiting_for), "start" (its run's
+	// start time has not come), "backoff" (a retry's backoff after a failed attempt),
+	// "rate_limit" (ready, but its action's rate limit is used up); and, in
+	// ExplainResponse.step only, "concurrency" (ready, but its concurrency key is full).
+	// Empty when it does not wait so.
+	// The status stays AVAILABLE (PENDING while its run is blocked).
+	Waiting string `protobuf:"bytes,60,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// The same in plain words, e.g. "event order.approved (send it with SendEvent)".
+	WaitingReason string `protobuf:"bytes,61,opt,name=waiting_reason,json=waitingReason,proto3" json:"waiting_reason,omitempty"`
+	// Until when it waits, when that is known: the wake time, the event's deadline, the
+	// start time, the backoff's end, the time the rate limit's window opens. Unset for a
+	// wait with no time limit.
+	WaitingUntil *timestamppb.Timestamp `protobuf:"bytes,62,opt,name=waiting_until,json=waitingUntil,proto3" json:"waiting_until,omitempty"`
+	// True when the worker holding the node, or that last held it, declared its action
+	// unsafe to repeat (ActionSpec.unsafe_to_repeat): then effect_uncertain matters, a
+	// lost lease blocks the run.
+	Unsafe        bool `protobuf:"varint,63,opt,name=unsafe,proto3" json:"unsafe,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
@@ -1291,6 +1314,34 @@ func (x *Step) GetConcurrencyLimit() int32 {
 		return x.ConcurrencyLimit
 	}
 	return 0
+}
+
+func (x *Step) GetWaiting() string {
+	if x != nil {
+		return x.Waiting
+	}
+	return ""
+}
+
+func (x *Step) GetWaitingReason() string {
+	if x != nil {
+		return x.WaitingReason
+	}
+	return ""
+}
+
+func (x *Step) GetWaitingUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WaitingUntil
+	}
+	return nil
+}
+
+func (x *Step) GetUnsafe() bool {
+	if x != nil {
+		return x.Unsafe
+	}
+	return false
 }
 
 // One line a handler logged, as a worker sends it with HeartbeatRequest.logs and
@@ -1897,8 +1948,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x129\n" +
 	"\n" +
 	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x17\n" +
-	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\x94\n" +
-	"\n" +
+	"\astep_id\x18\x06 \x01(\tR\x06stepId\"\xae\v\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12.\n" +
@@ -1936,7 +1986,11 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x0emax_recoveries\x18\x1b \x01(\x05R\rmaxRecoveries\x12\x19\n" +
 	"\bbuild_id\x18\x1c \x01(\tR\abuildId\x12-\n" +
 	"\x05retry\x18P \x01(\v2\x17.cyclone.v1.RetryPolicyR\x05retry\x12+\n" +
-	"\x11concurrency_limit\x18Q \x01(\x05R\x10concurrencyLimit\"\x97\x01\n" +
+	"\x11concurrency_limit\x18Q \x01(\x05R\x10concurrencyLimit\x12\x18\n" +
+	"\awaiting\x18< \x01(\tR\awaiting\x12%\n" +
+	"\x0ewaiting_reason\x18= \x01(\tR\rwaitingReason\x12?\n" +
+	"\rwaiting_until\x18> \x01(\v2\x1a.google.protobuf.TimestampR\fwaitingUntil\x12\x16\n" +
+	"\x06unsafe\x18? \x01(\bR\x06unsafe\"\x97\x01\n" +
 	"\aLogLine\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x14\n" +
 	"\x05level\x18\x02 \x01(\tR\x05level\x12\x18\n" +
@@ -2009,13 +2063,14 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x15STEP_STATUS_DISCARDED\x10\x05\x12\x19\n" +
 	"\x15STEP_STATUS_UNCERTAIN\x10\x06\x12\x17\n" +
 	"\x13STEP_STATUS_SKIPPED\x10\a\x12\x19\n" +
-	"\x15STEP_STATUS_CANCELLED\x10\b*\xab\x01\n" +
+	"\x15STEP_STATUS_CANCELLED\x10\b*\xcb\x01\n" +
 	"\x0eStepCallStatus\x12 \n" +
 	"\x1cSTEP_CALL_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18STEP_CALL_STATUS_STARTED\x10\x01\x12\x1e\n" +
 	"\x1aSTEP_CALL_STATUS_SUCCEEDED\x10\x02\x12\x1b\n" +
 	"\x17STEP_CALL_STATUS_FAILED\x10\x03\x12\x1c\n" +
-	"\x18STEP_CALL_STATUS_WAITING\x10\x04b\x06proto3"
+	"\x18STEP_CALL_STATUS_WAITING\x10\x04\x12\x1e\n" +
+	"\x1aSTEP_CALL_STATUS_CANCELLED\x10<b\x06proto3"
 
 var (
 	file_cyclone_v1_types_proto_rawDescOnce sync.Once
@@ -2091,23 +2146,24 @@ var file_cyclone_v1_types_proto_depIdxs = []int32{
 	13, // 33: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
 	12, // 34: cyclone.v1.Step.logs:type_name -> cyclone.v1.LogLine
 	8,  // 35: cyclone.v1.Step.retry:type_name -> cyclone.v1.RetryPolicy
-	20, // 36: cyclone.v1.LogLine.at:type_name -> google.protobuf.Timestamp
-	3,  // 37: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
-	19, // 38: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
-	14, // 39: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
-	20, // 40: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
-	20, // 41: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
-	20, // 42: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
-	19, // 43: cyclone.v1.StepCallError.args:type_name -> google.protobuf.Value
-	19, // 44: cyclone.v1.StepCallError.attributes:type_name -> google.protobuf.Value
-	20, // 45: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
-	20, // 46: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	19, // 47: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
-	48, // [48:48] is the sub-list for method output_type
-	48, // [48:48] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	20, // 36: cyclone.v1.Step.waiting_until:type_name -> google.protobuf.Timestamp
+	20, // 37: cyclone.v1.LogLine.at:type_name -> google.protobuf.Timestamp
+	3,  // 38: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
+	19, // 39: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
+	14, // 40: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
+	20, // 41: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
+	20, // 42: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
+	20, // 43: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
+	19, // 44: cyclone.v1.StepCallError.args:type_name -> google.protobuf.Value
+	19, // 45: cyclone.v1.StepCallError.attributes:type_name -> google.protobuf.Value
+	20, // 46: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
+	20, // 47: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	19, // 48: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
+	49, // [49:49] is the sub-list for method output_type
+	49, // [49:49] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_types_proto_init() }

@@ -2556,7 +2556,11 @@ type WaitRequest struct {
 	//	*WaitRequest_WakeAt
 	//	*WaitRequest_Event
 	//	*WaitRequest_ChildRunId
-	Until         isWaitRequest_Until `protobuf_oneof:"until"`
+	Until isWaitRequest_Until `protobuf_oneof:"until"`
+	// Lines the body logged since the last heartbeat, oldest first: stored under the
+	// lease's attempt before the wait (a suspended node sends no Complete, so these would
+	// have no other way to the server). As HeartbeatRequest.logs.
+	Logs          []*LogLine `protobuf:"bytes,60,rep,name=logs,proto3" json:"logs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2658,6 +2662,13 @@ func (x *WaitRequest) GetChildRunId() string {
 		}
 	}
 	return ""
+}
+
+func (x *WaitRequest) GetLogs() []*LogLine {
+	if x != nil {
+		return x.Logs
+	}
+	return nil
 }
 
 type isWaitRequest_Until interface {
@@ -2925,7 +2936,7 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\fchild_run_id\x18\x01 \x01(\tR\n" +
 	"childRunId\x12\x18\n" +
 	"\acreated\x18\x02 \x01(\bR\acreated\x12(\n" +
-	"\x04call\x18\x03 \x01(\v2\x14.cyclone.v1.StepCallR\x04call\"\x97\x02\n" +
+	"\x04call\x18\x03 \x01(\v2\x14.cyclone.v1.StepCallR\x04call\"\xc0\x02\n" +
 	"\vWaitRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
@@ -2936,7 +2947,8 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\awake_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampH\x00R\x06wakeAt\x12-\n" +
 	"\x05event\x18\a \x01(\v2\x15.cyclone.v1.EventWaitH\x00R\x05event\x12\"\n" +
 	"\fchild_run_id\x18\b \x01(\tH\x00R\n" +
-	"childRunIdB\a\n" +
+	"childRunId\x12'\n" +
+	"\x04logs\x18< \x03(\v2\x13.cyclone.v1.LogLineR\x04logsB\a\n" +
 	"\x05until\"n\n" +
 	"\fWaitResponse\x124\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x18.cyclone.v1.WaitDecisionR\bdecision\x12(\n" +
@@ -3082,32 +3094,33 @@ var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	36, // 56: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
 	35, // 57: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
 	43, // 58: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
-	1,  // 59: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
-	36, // 60: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
-	34, // 61: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	4,  // 62: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	9,  // 63: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	11, // 64: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	14, // 65: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	24, // 66: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	26, // 67: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	28, // 68: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
-	30, // 69: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
-	20, // 70: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
-	5,  // 71: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	10, // 72: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	13, // 73: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	15, // 74: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	25, // 75: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	27, // 76: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	29, // 77: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
-	31, // 78: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
-	22, // 79: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
-	71, // [71:80] is the sub-list for method output_type
-	62, // [62:71] is the sub-list for method input_type
-	62, // [62:62] is the sub-list for extension type_name
-	62, // [62:62] is the sub-list for extension extendee
-	0,  // [0:62] is the sub-list for field type_name
+	39, // 59: cyclone.v1.WaitRequest.logs:type_name -> cyclone.v1.LogLine
+	1,  // 60: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
+	36, // 61: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
+	34, // 62: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	4,  // 63: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	9,  // 64: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	11, // 65: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	14, // 66: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	24, // 67: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	26, // 68: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	28, // 69: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
+	30, // 70: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
+	20, // 71: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
+	5,  // 72: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	10, // 73: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	13, // 74: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	15, // 75: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	25, // 76: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	27, // 77: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	29, // 78: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
+	31, // 79: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
+	22, // 80: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
+	72, // [72:81] is the sub-list for method output_type
+	63, // [63:72] is the sub-list for method input_type
+	63, // [63:63] is the sub-list for extension type_name
+	63, // [63:63] is the sub-list for extension extendee
+	0,  // [0:63] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }

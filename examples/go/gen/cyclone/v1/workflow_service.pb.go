@@ -63,6 +63,11 @@ const (
 	ExplainReason_EXPLAIN_REASON_CONCURRENCY_LIMITED ExplainReason = 13
 	// Ready now, but its action's rate limit is used up until the window opens again.
 	ExplainReason_EXPLAIN_REASON_RATE_LIMITED ExplainReason = 14
+	// Available, but its durable function waits with no worker: a durable sleep, an
+	// event or a child run (step.waiting_for, until step.waiting_until).
+	ExplainReason_EXPLAIN_REASON_WAITING ExplainReason = 60
+	// Available, but its run's start time (Run.start_at) has not come.
+	ExplainReason_EXPLAIN_REASON_NOT_BEFORE ExplainReason = 61
 )
 
 // Enum value maps for ExplainReason.
@@ -83,6 +88,8 @@ var (
 		12: "EXPLAIN_REASON_COMPLETED",
 		13: "EXPLAIN_REASON_CONCURRENCY_LIMITED",
 		14: "EXPLAIN_REASON_RATE_LIMITED",
+		60: "EXPLAIN_REASON_WAITING",
+		61: "EXPLAIN_REASON_NOT_BEFORE",
 	}
 	ExplainReason_value = map[string]int32{
 		"EXPLAIN_REASON_UNSPECIFIED":         0,
@@ -100,6 +107,8 @@ var (
 		"EXPLAIN_REASON_COMPLETED":           12,
 		"EXPLAIN_REASON_CONCURRENCY_LIMITED": 13,
 		"EXPLAIN_REASON_RATE_LIMITED":        14,
+		"EXPLAIN_REASON_WAITING":             60,
+		"EXPLAIN_REASON_NOT_BEFORE":          61,
 	}
 )
 
@@ -396,7 +405,10 @@ type GetRunRequest struct {
 	// The run, by id.
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// Fill each step's logs (Step.logs): what its handlers logged, every attempt.
-	Logs          bool `protobuf:"varint,2,opt,name=logs,proto3" json:"logs,omitempty"`
+	Logs bool `protobuf:"varint,2,opt,name=logs,proto3" json:"logs,omitempty"`
+	// With logs: fill only this node's logs (the other steps' stay empty). Empty: every
+	// node's.
+	LogsNode      string `protobuf:"bytes,60,opt,name=logs_node,json=logsNode,proto3" json:"logs_node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -443,6 +455,13 @@ func (x *GetRunRequest) GetLogs() bool {
 		return x.Logs
 	}
 	return false
+}
+
+func (x *GetRunRequest) GetLogsNode() string {
+	if x != nil {
+		return x.LogsNode
+	}
+	return ""
 }
 
 // Result of WorkflowService.GetRun.
@@ -1984,10 +2003,11 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\bpriority\x18\x05 \x01(\x05R\bpriority\"E\n" +
 	"\x12SubmitOnceResponse\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\":\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"W\n" +
 	"\rGetRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
-	"\x04logs\x18\x02 \x01(\bR\x04logs\"3\n" +
+	"\x04logs\x18\x02 \x01(\bR\x04logs\x12\x1b\n" +
+	"\tlogs_node\x18< \x01(\tR\blogsNode\"3\n" +
 	"\x0eGetRunResponse\x12!\n" +
 	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\x9e\x03\n" +
 	"\x0fListRunsRequest\x12\x1a\n" +
@@ -2099,7 +2119,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\bbuild_id\x18d \x01(\tR\abuildId\x12<\n" +
 	"\flast_seen_at\x18e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastSeenAt\x12\x16\n" +
-	"\x06serves\x18f \x03(\tR\x06serves*\xe3\x03\n" +
+	"\x06serves\x18f \x03(\tR\x06serves*\x9e\x04\n" +
 	"\rExplainReason\x12\x1e\n" +
 	"\x1aEXPLAIN_REASON_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"EXPLAIN_REASON_WAITING_ON_UPSTREAM\x10\x01\x12\x1e\n" +
@@ -2116,7 +2136,9 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x18EXPLAIN_REASON_CANCELLED\x10\v\x12\x1c\n" +
 	"\x18EXPLAIN_REASON_COMPLETED\x10\f\x12&\n" +
 	"\"EXPLAIN_REASON_CONCURRENCY_LIMITED\x10\r\x12\x1f\n" +
-	"\x1bEXPLAIN_REASON_RATE_LIMITED\x10\x0e2\xe3\x05\n" +
+	"\x1bEXPLAIN_REASON_RATE_LIMITED\x10\x0e\x12\x1a\n" +
+	"\x16EXPLAIN_REASON_WAITING\x10<\x12\x1d\n" +
+	"\x19EXPLAIN_REASON_NOT_BEFORE\x10=2\xe3\x05\n" +
 	"\x0fWorkflowService\x12?\n" +
 	"\x06Submit\x12\x19.cyclone.v1.SubmitRequest\x1a\x1a.cyclone.v1.SubmitResponse\x12K\n" +
 	"\n" +
