@@ -87,7 +87,7 @@ CREATE INDEX runs_completed_created_idx ON cyclone.runs (created_at DESC, run_id
     WHERE status = 'completed';
 -- ListRuns' and CountRuns' key filter, with or without a workflow: an exact key, or a
 -- prefix (LIKE 'prefix%', a range of this index in any collation: text_pattern_ops
--- compares byte by byte, migration 0054).
+-- compares byte by byte, migration 0051).
 CREATE INDEX runs_key_idx ON cyclone.runs (submit_key text_pattern_ops, workflow)
     WHERE submit_key IS NOT NULL;
 -- Retention (runs_purge): exactly the runs each policy may delete, oldest first, so a
