@@ -104,8 +104,13 @@ class Completer:
         self.ends: list[tuple[pb.EndStepCallRequest, Answer | None]] = []
         #: Begins of step calls, sent with the next CompleteMany; their callers wait.
         self.begins: list[tuple[pb.BeginStepCallRequest, Answer]] = []
-        #: Ends queued and answered so far, and who waits for which count answered.
-        self.ends_queued = self.ends_answered = 0
+        #: Ends queued, taken into a batch and answered so far (answered counts only
+        #: the ends whose every predecessor is answered too: a batch of begins carrying
+        #: ends and a batch of completions may be answered out of order), and who waits
+        #: for which count answered.
+        self.ends_queued = self.ends_taken = self.ends_answered = 0
+        #: Batches answered ahead of an earlier one: their first end's number, and size.
+        self.answered_ahead: dict[int, int] = {}
         self.end_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.flusher: asyncio.Task[None] | None = None
         self.begin_flushers: set[asyncio.Task[None]] = set()
@@ -283,8 +288,11 @@ class Completer:
         self._kick()
         await waiter
 
-    def _ends_answered(self, n: int) -> None:
-        self.ends_answered += n
+    def _ends_answered(self, first: int, n: int) -> None:
+        """The batch of ``n`` ends numbered from ``first`` is answered."""
+        self.answered_ahead[first] = n
+        while self.ends_answered in self.answered_ahead:
+            self.ends_answered += self.answered_ahead.pop(self.ends_answered)
         waiting = []
         for target, waiter in self.end_waiters:
             if target <= self.ends_answered:
@@ -332,7 +340,7 @@ class Completer:
         """Send completions and step call ends, a batch at a time, in order: a node's
         ends go before (or with) its completion."""
         while self.outbox or self.ends:
-            ends = self.take_ends()
+            first, ends = self.take_ends()
             # Ends left queued past this batch may be those of its completions' nodes:
             # the completions wait for the next batch, after them.
             batch = [] if self.ends else self.outbox[:MAX_COMPLETIONS]
@@ -347,7 +355,7 @@ class Completer:
                 reply = await self._send(request, stream=True)
             finally:
                 self.holding -= len(batch)
-            self._ended(ends, reply)
+            self._ended(first, ends, reply)
             if isinstance(reply, CycloneError):
                 for done, slog in batch:
                     self._log_result(done, slog, reply)
@@ -364,7 +372,7 @@ class Completer:
         while self.begins:
             begins = self.begins[:MAX_COMPLETIONS]
             del self.begins[:MAX_COMPLETIONS]
-            ends = self.take_ends()
+            first, ends = self.take_ends()
             # The ends queued before these begins, this batch's or others in flight:
             # recorded before any of the calls begun here runs, so that a worker killed
             # in an unsafe call never leaves an earlier call unrecorded behind it.
@@ -384,7 +392,7 @@ class Completer:
                 if carried is not None:
                     carried.set_result(None)
                     self.carrying.discard(carried)
-            self._ended(ends, reply)
+            self._ended(first, ends, reply)
             await self.ends_sent(before)
             if isinstance(reply, CycloneError):
                 for _, answer in begins:
@@ -396,13 +404,17 @@ class Completer:
                 else:
                     answer.set_result(begun.response)
 
-    def take_ends(self) -> list[tuple[pb.EndStepCallRequest, Answer | None]]:
+    def take_ends(self) -> tuple[int, list[tuple[pb.EndStepCallRequest, Answer | None]]]:
+        """The next batch of ends, and the number of its first."""
+        first = self.ends_taken
         ends = self.ends[:MAX_COMPLETIONS]
         del self.ends[:MAX_COMPLETIONS]
-        return ends
+        self.ends_taken += len(ends)
+        return first, ends
 
     def _ended(
         self,
+        first: int,
         ends: list[tuple[pb.EndStepCallRequest, Answer | None]],
         reply: pb.CompleteManyResponse | CycloneError,
     ) -> None:
@@ -425,7 +437,7 @@ class Completer:
                 log.log(level, "step call %r not recorded: %s", end.step_id, refusal)
                 if answer is not None:
                     answer.set_exception(refusal)
-        self._ends_answered(len(ends))
+        self._ends_answered(first, len(ends))
 
     async def _send(
         self, request: pb.CompleteManyRequest, *, stream: bool = False

@@ -1,6 +1,6 @@
 """Parts of the worker: the daemon threads that run sync handlers (reused when idle,
 never shared by two handlers at once, ended when idle too long or when the worker
-stops), and the alarms that time its steps."""
+stops), the alarms that time its steps, and the count of step call ends answered."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import threading
 import weakref
 
 from pyclient import Workflow
-from pyclient.worker import _executor, _timers
+from pyclient.worker import _completer, _executor, _timers
+from pyclient.worker._watch import WatchPolicy
 from tests.helpers import PATIENCE, eventually
 from tests.sdk.conftest import running
 
@@ -157,3 +158,28 @@ def test_a_finished_step_is_freed_without_the_cycle_collector(client, make_worke
         )
     finally:
         gc.enable()
+
+
+def test_ends_count_as_answered_only_once_every_earlier_end_is():
+    """Two batches of ends are in flight at once: the later may be answered first. A
+    node's completion waits for the ends queued before it, so they count in order."""
+
+    async def scenario() -> None:
+        completer = _completer.Completer(
+            server=None,  # type: ignore[arg-type]  # nothing is sent here
+            loop=asyncio.get_running_loop(),
+            policy=WatchPolicy(lease=30.0),
+            reconnect_max_delay=1.0,
+            send_on_stream=None,  # type: ignore[arg-type]
+            on_answered=lambda: None,
+        )
+        completer.ends_queued = 8
+        waiting = asyncio.ensure_future(completer.ends_sent())
+        completer._ends_answered(5, 3)  # the second batch: ends 5 to 7
+        await asyncio.sleep(0)
+        assert completer.ends_answered == 0 and not waiting.done()
+        completer._ends_answered(0, 5)  # the first: ends 0 to 4
+        await asyncio.wait_for(waiting, PATIENCE)
+        assert completer.ends_answered == 8 and completer.answered_ahead == {}
+
+    asyncio.run(scenario())
