@@ -139,6 +139,8 @@ def test_an_unsafe_node_that_lost_its_worker_says_its_effect_is_uncertain(
     claim(cyclone_server, "pay", unsafe=("pay",))  # finds it uncertain: the run blocks
     panel = _panel(visitor.get(f"/runs/{run_id}?node=pay").text)
     assert "<dt>Effect</dt>" in panel
+    # Its lost worker's error was not retried: the claim blocked the run instead.
+    assert "not retried: its effect is uncertain" in panel
 
 
 def test_a_cancelled_runs_wait_reads_cancelled(cyclone_server: Any, visitor: Browserless) -> None:
