@@ -317,7 +317,7 @@ def _error_line(step: Step, e: StepError) -> Text:
         (f"{e.type}: " if e.type else "", "red"),
         e.message,
         f" ({meaning})" if meaning else "",
-        " (retried)" if e.retryable else f" ({not_retried})" if not_retried else "",
+        f" ({not_retried})" if not_retried else " (retried)" if e.retryable else "",
     )
 
 

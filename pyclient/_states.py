@@ -77,11 +77,15 @@ def error_meaning(error: StepError) -> str:
 
 def why_not_retried(step: Step, error: StepError) -> str:
     """Why ``error`` was not retried ("" when it was): the retry policy's tries were
-    used up, or the error was not retryable."""
-    if error.retryable or error.kind == "reset":
+    used up, the error was not retryable, or (the last error of an uncertain node) its
+    effect may have happened, so the next claim blocked the run instead."""
+    if error.kind == "reset":
         return ""
     counted = [e for e in step.errors if e.kind != "reset"]
     last = bool(counted) and counted[-1] is error
+    if error.retryable:
+        uncertain = last and str(step.status) == "uncertain"
+        return "not retried: its effect is uncertain" if uncertain else ""
     if last and step.max_attempts and tries(step) >= step.max_attempts:
         return f"retries exhausted: {tries(step)} of {step.max_attempts} tries"
     return "not retryable"

@@ -31,6 +31,7 @@ from tests.helpers import (
     value,
     workflow,
 )
+from tests.test_flow import _claim, _complete, _keyed, _submit
 
 CYCLONE = Path(sys.executable).with_name("cyclone")
 
@@ -380,3 +381,27 @@ def test_a_count_or_time_out_of_range_is_a_usage_error_exit_2(argv):
     assert "no runs" not in done.stdout and "Traceback" not in done.stderr
     flag = next(a for a in argv if a.startswith("--"))
     assert f"argument {flag}" in done.stderr
+
+
+def test_run_show_says_a_ready_node_waits_for_a_slot_of_its_full_concurrency_key(
+    cyclone_server,
+):
+    keyed = workflow("w", _keyed("n", "customer:{run.c}", 1))
+    runs = [_submit(cyclone_server, keyed, input={"c": 7}) for _ in range(2)]
+    [held] = _claim(cyclone_server, "work", 10)  # the key's one slot
+    [waiting] = [r for r in runs if r != held.run_id]
+
+    shown = _cli(cyclone_server, "run", "show", waiting)
+    assert shown.returncode == 0, shown.stderr
+    [row] = [line for line in shown.stdout.splitlines() if line.startswith("n ")]
+    assert row.split()[1] == "waiting", row
+    assert "waiting for a free slot of concurrency key 'customer:7' (it is full)" in row
+    # The JSON is GetRun's, untouched; the run that holds the slot does not wait.
+    as_json = json.loads(_cli(cyclone_server, "run", "show", waiting, "--json").stdout)
+    assert [s["status"] for s in as_json["steps"]] == ["available"]
+    assert "waiting" not in _cli(cyclone_server, "run", "show", held.run_id).stdout
+
+    _complete(cyclone_server, held)  # the slot is free: the node is simply ready
+    again = _cli(cyclone_server, "run", "show", waiting).stdout
+    [row] = [line for line in again.splitlines() if line.startswith("n ")]
+    assert row.split()[1] == "available" and "concurrency" not in row, row

@@ -139,6 +139,8 @@ def test_an_unsafe_node_that_lost_its_worker_says_its_effect_is_uncertain(
     claim(cyclone_server, "pay", unsafe=("pay",))  # finds it uncertain: the run blocks
     panel = _panel(visitor.get(f"/runs/{run_id}?node=pay").text)
     assert "<dt>Effect</dt>" in panel
+    # Its lost worker's error was not retried: the claim blocked the run instead.
+    assert "not retried: its effect is uncertain" in panel
 
 
 def test_a_cancelled_runs_wait_reads_cancelled(cyclone_server: Any, visitor: Browserless) -> None:
@@ -149,3 +151,20 @@ def test_a_cancelled_runs_wait_reads_cancelled(cyclone_server: Any, visitor: Bro
     panel = _panel(visitor.get(f"/runs/{run_id}?node=a").text)
     journal = re.search(r'<table class="journal">.*?</table>', panel, re.S)
     assert journal and "s-cancelled" in journal.group(0) and "waiting" not in journal.group(0)
+
+
+def test_the_steps_tables_last_error_is_clipped_with_the_whole_in_its_title(
+    cyclone_server: Any, visitor: Browserless
+) -> None:
+    long = "declined " + " ".join(f"reason{i}" for i in range(60)) + " " + HOSTILE
+    run_id = submit(cyclone_server, workflow("long", node("a", max_attempts=1)))
+    [step] = claim(cyclone_server)
+    fail(cyclone_server, step, long)
+    page = visitor.get(f"/runs/{run_id}").text
+    row = re.search(r'<tr[^>]*data-node="a".*?</tr>', page, re.S)
+    assert row, page
+    cell = re.search(r'<span class="clipped" title="([^"]*)">([^<]*)</span>', row.group(0))
+    assert cell, row.group(0)
+    title, shown = html.unescape(cell.group(1)), html.unescape(cell.group(2))
+    assert title.endswith(long) and title.startswith("RuntimeError: ")  # the whole text
+    assert shown.endswith("…") and len(shown) <= 121 and HOSTILE not in row.group(0)

@@ -482,6 +482,13 @@ def test_run_show_says_why_an_error_was_not_retried_and_what_it_means():
     assert "(the step's time limit (its timeout) was reached with no outcome)" in limit
     [worker] = [line for line in lines if "worker w-1 lost" in line]
     assert "its worker stopped answering" in worker
+    assert worker.endswith("(retried)")
+    # An unsafe node whose worker was lost is not retried: the next claim blocked its run.
+    blocked = _run(
+        status="blocked", steps=(_step("pay", "uncertain", recoveries=1, errors=(lost,)),)
+    )
+    [line] = [x for x in render.render_run(blocked).splitlines() if x.startswith("  attempt 2")]
+    assert line.endswith("(not retried: its effect is uncertain)"), line
 
 
 def test_effect_uncertain_is_said_only_when_it_matters():
