@@ -9,7 +9,6 @@ import json
 import math
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,8 +26,8 @@ from pyclient._render import (
 )
 from pyclient._replay_check import export_runs
 from pyclient.client import Client
-from pyclient.errors import CycloneError, InvalidArgument, WaitTimeout
-from pyclient.models import Build, ExplainReason, Run, RunStatus, Schedule, Step, StepStatus
+from pyclient.errors import InvalidArgument, WaitTimeout
+from pyclient.models import Build, Run, RunStatus, Schedule
 from pyclient.workflow import Workflow
 
 #: How often a followed run (run wait --follow, logs --follow) is read again.
@@ -147,43 +146,8 @@ def _submit(client: Client, args: argparse.Namespace) -> Any:
 
 
 #: The most ready nodes of a run that `run show` asks Explain about.
-EXPLAIN_READY_MAX = 20
-
-
 def _show(client: Client, args: argparse.Namespace) -> Any:
-    run = client.get_run(args.run_id, logs=not args.json)
-    return run if args.json else with_flow_waits(client, run)
-
-
-def with_flow_waits(client: Client, run: Run) -> Run:
-    """``run`` with its ready nodes that a full concurrency key holds back shown as
-    waiting for a slot. GetRun does not say so; Explain does, so it is asked about the
-    run's first EXPLAIN_READY_MAX nodes that are available with no wait of their own."""
-    if run.status != RunStatus.RUNNING:
-        return run
-    ready = [s for s in run.steps if s.status == StepStatus.AVAILABLE and not s.waiting]
-    waits: dict[str, Step] = {}
-    for step in ready[:EXPLAIN_READY_MAX]:
-        try:
-            why = client.explain(run.run_id, step.node)
-        except CycloneError:
-            continue  # the run moved on, or the server cannot say: show GetRun's view
-        if why.reason == ExplainReason.CONCURRENCY_LIMITED and why.step and why.step.waiting:
-            waits[step.node] = why.step
-    if not waits:
-        return run
-    steps = tuple(
-        replace(
-            s,
-            waiting=waits[s.node].waiting,
-            waiting_reason=waits[s.node].waiting_reason,
-            waiting_until=waits[s.node].waiting_until,
-        )
-        if s.node in waits
-        else s
-        for s in run.steps
-    )
-    return replace(run, steps=steps)
+    return client.get_run(args.run_id, logs=not args.json)
 
 
 def _wait(client: Client, args: argparse.Namespace) -> Any:

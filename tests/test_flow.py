@@ -512,7 +512,15 @@ def test_explain_says_a_ready_step_waits_for_its_full_concurrency_key(cyclone_se
     # Explain's step says it waits, for what, with no time known.
     assert answer.step.waiting == "concurrency" and "'customer:7'" in answer.step.waiting_reason
     assert not answer.step.HasField("waiting_until")
+    # GetRun says the same of it, and nothing of the step holding the slot.
+    [step] = get_run(cyclone_server, waiting).steps
+    assert step.waiting == "concurrency" and "'customer:7'" in step.waiting_reason
+    [running] = get_run(cyclone_server, held.run_id).steps
+    assert running.waiting == ""
     _complete(cyclone_server, held)
+    # The slot is free: it no longer waits.
+    [step] = get_run(cyclone_server, waiting).steps
+    assert step.waiting == ""
     # The key has room again: the next claim takes it.
     assert _explain(cyclone_server, waiting).reason == workflow_service_pb2.EXPLAIN_REASON_READY
 

@@ -144,8 +144,9 @@ def _waiting(step: types_pb2.Step, waiting: str) -> None:
 
 
 def set_flow_wait(step: types_pb2.Step, reason: str, until: Any) -> None:
-    """A ready step that waits for a concurrency slot (which only Explain reads) or for
-    its action's rate limit (Explain's reasons concurrency_limited, rate_limited)."""
+    """A ready step that waits for a concurrency slot (GetRun and Explain count the key's
+    running steps after reading the step) or for its action's rate limit (Explain's
+    reasons concurrency_limited, rate_limited)."""
     if reason == "concurrency_limited":
         step.waiting = "concurrency"
         step.waiting_reason = (

@@ -137,6 +137,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         run = run_proto(row)
         for step in run.steps:
             self._with_budget(step)
+        await self._with_full_keys(run)
         if request.logs:
             by_node: dict[str, list[types_pb2.LogLine]] = {}
             for line in await self.db.runs.step_logs(run_id, logs_node):
@@ -144,6 +145,24 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             for step in run.steps:
                 step.logs.extend(by_node.get(step.node, ()))
         return workflow_pb.GetRunResponse(run=run)
+
+    async def _with_full_keys(self, run: types_pb2.Run) -> None:
+        """Ready steps held back by a full concurrency key wait for a slot (counted
+        after the run's read: a step may take the slot meanwhile, as with Explain)."""
+        ready = [
+            s
+            for s in run.steps
+            if s.status == types_pb2.STEP_STATUS_AVAILABLE
+            and s.concurrency_key
+            and s.concurrency_limit > 0
+            and not s.waiting
+        ]
+        if not ready:
+            return
+        running = await self.db.runs.keys_running(sorted({s.concurrency_key for s in ready}))
+        for step in ready:
+            if running.get(step.concurrency_key, 0) >= step.concurrency_limit:
+                set_flow_wait(step, "concurrency_limited", None)
 
     def _with_budget(self, step: types_pb2.Step) -> types_pb2.Step:
         """The step with this server's recovery budget (--max-recoveries)."""

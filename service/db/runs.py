@@ -138,6 +138,13 @@ class LogRow(NamedTuple):
     message: str
 
 
+class KeyRunningRow(NamedTuple):
+    """keys_running: steps running under one concurrency key."""
+
+    concurrency_key: str
+    running: int
+
+
 class RunErrorRow(NamedTuple):
     """runs_errors"""
 
@@ -362,6 +369,11 @@ class Runs(Repository):
         return await self._all(
             "step_logs_get", LogRow, run_id=str(run_id), node=node, attempt=attempt
         )
+
+    async def keys_running(self, keys: Sequence[str]) -> dict[str, int]:
+        """How many steps run under each of ``keys`` (a key with none is left out)."""
+        rows = await self._all("keys_running", KeyRunningRow, keys=list(keys))
+        return {r.concurrency_key: r.running for r in rows}
 
     async def runs_errors(self, run_ids: Sequence[str]) -> dict[str, Any]:
         """The errors of these runs (those a claim blocked), by run (ids as text)."""

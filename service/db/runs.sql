@@ -111,7 +111,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                        WHEN s.status = 'available' AND s.available_at > cyclone.now()
                            THEN CASE WHEN s.attempt = 0 THEN 'start' ELSE 'backoff' END END,
                    -- A ready step whose action's rate limit is used up: until when (as
-                   -- step_explain reads it; a full concurrency key only Explain says).
+                   -- step_explain reads it; a full concurrency key GetRun counts apart).
                    'rate_reopens_at', CASE WHEN s.status = 'available' THEN (
                        SELECT t.reopens_at FROM cyclone.action_rates t
                         WHERE t.action = s.action AND t.reopens_at > cyclone.now()) END,
@@ -314,3 +314,11 @@ SELECT node, attempt, seq, at, level, logger, message
 -- name: runs_errors
 -- The errors of runs a claim blocked, for the claim's answer (ClaimResponse.blocked).
 SELECT run_id, error FROM cyclone.runs WHERE run_id = ANY (CAST(:run_ids AS uuid[]));
+
+-- name: keys_running
+-- GetRun: the steps running under each of the concurrency keys given, through
+-- steps_key_running_idx (one multi-shard read on Citus).
+SELECT s.concurrency_key, count(*)::integer AS running
+  FROM cyclone.steps s
+ WHERE s.status = 'running' AND s.concurrency_key = ANY (CAST(:keys AS text[]))
+ GROUP BY s.concurrency_key;
