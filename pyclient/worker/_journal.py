@@ -90,7 +90,7 @@ class GrpcJournal:
         #: The ends of this node's calls not acknowledged yet (a sync body's, an async
         #: body's): the next call's function waits for them.
         self._unrecorded: list[concurrent.futures.Future[None]] = []
-        self._unrecorded_async: list[asyncio.Future[None]] = []
+        self._unrecorded_async: _Unrecorded | None = None
 
     def before_run(self, call: Call) -> None:
         """The node's earlier ends are recorded (durably), then the function of
@@ -104,9 +104,8 @@ class GrpcJournal:
         self._check()
 
     async def before_run_async(self, call: Call) -> None:
-        for recorded in list(self._unrecorded_async):
-            await recorded
-        self._unrecorded_async = [r for r in self._unrecorded_async if not r.done()]
+        if self._unrecorded_async is not None:
+            await self._unrecorded_async.recorded()
         self._check()
 
     def _check(self) -> None:
@@ -145,13 +144,12 @@ class GrpcJournal:
 
     async def end_async(self, call: Call, outcome: Outcome) -> None:
         handlers = self._handlers()
-        answer: _Posted | None = None
+        answer: _Unrecorded | None = None
         if not call.record_async:
-            recorded: asyncio.Future[None] = handlers.loop.create_future()
-            # A refusal nobody awaits (the body made no later call) is not an error.
-            recorded.add_done_callback(_retrieved)
-            self._unrecorded_async.append(recorded)
-            answer = _Posted(recorded, handlers.inbox)
+            answer = self._unrecorded_async
+            if answer is None:
+                answer = self._unrecorded_async = _Unrecorded(handlers.loop, handlers.inbox)
+            answer.count += 1
         request = self._end_request(call, outcome)
         handlers.outbox.post(self.shared.completer.end_later, request, answer)
 
@@ -406,9 +404,44 @@ class _Posted:
         self.mailbox.post(_settle, self.future, None, error)
 
 
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
+class _Unrecorded:
+    """The ends of an async body's calls that are not answered yet, counted: the
+    answer the completer settles for each of them (on the worker's loop, through the
+    handler loop's mailbox), and what the body's next call waits for. A refusal stays:
+    every later call raises it (a refusal nobody waits for, when the body made no later
+    call, is not an error)."""
+
+    __slots__ = ("count", "error", "loop", "mailbox", "waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, mailbox: Mailbox):
+        self.loop, self.mailbox = loop, mailbox
+        self.count = 0
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future[None] | None = None
+
+    def set_result(self, value: Any) -> None:
+        self.mailbox.post(self._answered, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self.mailbox.post(self._answered, error)
+
+    def _answered(self, error: BaseException | None) -> None:
+        """On the handler loop: one end answered."""
+        self.count -= 1
+        if error is not None and self.error is None:
+            self.error = error
+        if self.count == 0 and self.waiter is not None:
+            waiter, self.waiter = self.waiter, None
+            if not waiter.done():  # the body was cancelled meanwhile
+                waiter.set_result(None)
+
+    async def recorded(self) -> None:
+        """Return once every end counted is answered; raise the first refusal."""
+        if self.count:
+            self.waiter = self.loop.create_future()
+            await self.waiter
+        if self.error is not None:
+            raise self.error
 
 
 def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
