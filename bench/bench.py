@@ -11,6 +11,9 @@ Scenarios (fixed counts, every loop bounded in count and time):
   sdk         the same, drained by 2 processes running the SDK's Worker (each on one Work
               stream)
   baseline    the same 20,000 jobs drained by a minimal psycopg loop, 8 threads
+  peer        the same 20,000 jobs drained by pgqueuer (bench/peer.py: 5 queue
+              managers, batches of 50), between `throughput` and `sdk`; both are
+              reported as ratios to it (rate, and total CPU per job)
   dag         500 runs of a 20-node workflow (root, fan-out of 18, join)
   durable     one-node runs whose node is a durable function of 10 no-op step calls,
               safe, then unsafe_to_repeat; 6,000 drained by the SDK's Worker (512
@@ -71,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import peer
 import psutil
 import psycopg
 
@@ -189,6 +193,7 @@ class CpuMeter:
         }
         self.postmaster = next(iter(self.postmasters.values()), None)
         self.nodes_s: dict[str, float] = {}
+        self.postgres_end: dict[int, float] | None = None
 
     def _postgres(self) -> dict[int, float]:
         """CPU seconds by process of every node's postmaster and its children."""
@@ -233,8 +238,15 @@ class CpuMeter:
         self.start = self._snapshot()
         return self
 
+    def postgres_now(self) -> None:
+        """End the span for Postgres here, not at exit: for clients whose backends
+        exit with them (the peer's queue managers), before they exit."""
+        self.postgres_end = self._postgres()
+
     def __exit__(self, *exc: object) -> None:
         end = self._snapshot()
+        if self.postgres_end is not None:
+            end = (*end[:3], self.postgres_end)
         self.server_s, self.workers_s, self.client_s = (
             b - a for a, b in zip(self.start[:3], end[:3], strict=True)
         )
@@ -833,6 +845,28 @@ def scenario_sdk(
         "wal_bytes_per_step": round(wal_bytes / n),
         **db.per_step(n),
     }
+
+
+def compare_sdk(sdk: dict, bare: dict) -> None:
+    """The SDK's Worker against bare stubs in the same run: its rate, and its worker
+    processes' CPU per step."""
+    sdk["vs_bare"] = round(sdk["steps_per_s"] / bare["steps_per_s"], 2)
+    sdk["workers_cpu_vs_bare"] = round(
+        sdk["cpu_ms_per_step"]["workers"] / bare["cpu_ms_per_step"]["workers"], 2
+    )
+
+
+def compare_peer(results: dict) -> None:
+    """Cyclone's bare stubs and SDK Worker against the peer in the same run: rate, and
+    total CPU per step over the peer's per job."""
+    p = results["peer"]
+    for name in ("throughput", "sdk"):
+        if name in results:
+            r = results[name]
+            p[f"{name}_rate_ratio"] = round(r["steps_per_s"] / p["jobs_per_s"], 2)
+            p[f"{name}_cpu_ratio"] = round(
+                r["cpu_ms_per_step"]["total"] / p["cpu_ms_per_job"]["total"], 2
+            )
 
 
 def drain_with_sdk(
@@ -1488,6 +1522,11 @@ def main() -> None:
                 results["throughput"]["steps_per_s"] / base_result["jobs_per_s"], 2
             )
             print("throughput", results["throughput"], flush=True)
+        if wanted("peer") and not args.citus:
+            # Beside `throughput`, before `sdk`: each is compared with it, run by run.
+            peer.install(database_url)
+            results["peer"] = peer.scenario_pgqueuer(database_url, args.runs, CpuMeter)
+            print("peer", results["peer"], flush=True)
         if wanted("unary"):
             results["unary"] = scenario_throughput(
                 server, database_url, args.runs, "unaryop", stream=False
@@ -1511,7 +1550,11 @@ def main() -> None:
                 results["sdk"]["ratio"] = round(
                     results["sdk"]["steps_per_s"] / results["throughput"]["baseline_jobs_per_s"], 2
                 )
+            if "throughput" in results:
+                compare_sdk(results["sdk"], results["throughput"])
             print("sdk", results["sdk"], flush=True)
+        if "peer" in results:
+            compare_peer(results)
         if wanted("dag"):
             results["dag"] = scenario_dag(server.address, database_url, args.dag_runs, "dagop")
             print("dag", results["dag"], flush=True)
@@ -1744,6 +1787,32 @@ def print_table(r: dict, out: Path) -> None:
         ]
         if "ratio" in d:
             rows.append(("  SDK ratio: steps/s / baseline jobs/s (target >= 3.2)", d["ratio"]))
+        if "vs_bare" in d:
+            rows += [
+                ("  SDK / bare stubs, steps/s (target >= 0.9)", d["vs_bare"]),
+                (
+                    "  SDK / bare stubs, worker CPU per step (target <= 1.5)",
+                    d["workers_cpu_vs_bare"],
+                ),
+            ]
+    if "peer" in r:
+        p = r["peer"]
+        rows += [
+            (
+                f"peer: pgqueuer, {p['managers']} queue managers, batches of {p['batch']}, jobs/s",
+                p["jobs_per_s"],
+            ),
+            ("  CPU ms per job: queue managers / Postgres = total", cpu_split(p["cpu_ms_per_job"])),
+        ]
+        for name, title, target in (("throughput", "bare stubs", 1.0), ("sdk", "SDK", 0.8)):
+            if f"{name}_rate_ratio" in p:
+                rows += [
+                    (
+                        f"  {title} / pgqueuer, steps/s (target >= {target})",
+                        p[f"{name}_rate_ratio"],
+                    ),
+                    (f"  {title} / pgqueuer, total CPU per step", p[f"{name}_cpu_ratio"]),
+                ]
     if "dag" in r:
         rows += [
             ("dag steps/s", r["dag"]["steps_per_s"]),
