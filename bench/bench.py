@@ -16,7 +16,7 @@ Scenarios (fixed counts, every loop bounded in count and time):
               reported as ratios to it (rate, and total CPU per job)
   dag         500 runs of a 20-node workflow (root, fan-out of 18, join)
   durable     one-node runs whose node is a durable function of 10 no-op step calls,
-              safe, then unsafe_to_repeat; 6,000 drained by the SDK's Worker (512
+              safe, then unsafe_to_repeat; 12,000 drained by the SDK's Worker (1,024
               bodies in flight per process; safe calls in 3 interleaved pairs: with
               the window of one call, each call's function waiting for the last
               one's record, and with @step(record="async"), which does not wait;
@@ -964,12 +964,12 @@ def scenario_dag(address: str, database_url: str, runs: int, action: str) -> dic
 #: Bodies in flight per SDK worker process in the durable scenarios. Each safe call
 #: with the window of one call, and each unsafe call, waits a round trip and a durable
 #: commit before the body's next call runs its function, so a process's rate is its
-#: bodies in flight over that round trip until the machine's CPU is busy. With 128 per
-#: process the two processes' batches took turns and the rate measured the bench's
-#: pipeline (window / async 0.67); from 256 on it measures the calls' cost (0.81 at
-#: 256, 0.83 at 512, 0.87 at 1,024; record="async" runs at the same rate with any of
-#: them). See docs/performance.md, "Durable functions".
-SDK_DURABLE_BODIES = 512
+#: bodies in flight over that round trip until the machine's CPU is busy, and then the
+#: records of more bodies share each batch and commit. window / async (median of 3
+#: interleaved pairs, 12,000 runs): 0.67 at 128, 0.76 at 256, 0.82 at 512, 0.91 at
+#: 1,024; record="async" runs at the same rate with any of them. See
+#: docs/performance.md, "Durable functions".
+SDK_DURABLE_BODIES = 1024
 
 #: Interleaved pairs of window and record="async" runs: their rate ratio is the median
 #: of the pairs' ratios (this machine's speed changes from minute to minute).
@@ -1383,7 +1383,7 @@ def main() -> None:
     parser.add_argument(
         "--durable-sdk-runs",
         type=int,
-        default=6000,
+        default=12_000,
         help="durable runs drained by the SDK's Worker (several waves of its bodies in flight)",
     )
     parser.add_argument(
