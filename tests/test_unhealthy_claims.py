@@ -67,3 +67,34 @@ def test_a_claim_racing_the_sweep_of_its_worker_takes_nothing_it_freed(cyclone_s
     # Another worker takes the step freed by the sweep.
     [again] = claim(server, "held", worker="healthy")
     assert (again.run_id, again.attempt) == (step.run_id, 2)
+
+
+def test_the_claims_of_a_sharded_database_hand_a_marked_worker_nothing(cyclone_server: Any) -> None:
+    """On Citus a claim reads candidates first (no locks), then takes each shard's with
+    step_claim_shard (or step_claim_run, for a worker with unsafe actions, and under
+    flow control): both read the worker's mark themselves, in the snapshot of their
+    pick, so that a sweep committed after the server's own check is still seen."""
+    server = cyclone_server
+    run_id = submit(server, workflow("held", node("held", action="held")))
+    [step] = claim(server, "held", worker="lost-worker", lease=2)
+    server.advance_clock(10)  # past the lease: the worker is lost
+    # The sweep frees the step and marks its worker, after the server's check.
+    assert server.sql("SELECT cyclone.sweep(100)") == [(1,)]
+
+    shard = server.sql(
+        "SELECT node FROM cyclone.step_claim_shard(%s, ARRAY[%s]::uuid[], ARRAY['held'],"
+        " 'lost-worker', '{}', interval '2 s')",
+        run_id,
+        run_id,
+    )
+    by_run = server.sql(
+        "SELECT node FROM cyclone.step_claim_run(%s, ARRAY['held'], 'lost-worker',"
+        " ARRAY['held'], interval '2 s')",
+        run_id,
+    )
+    assert (shard, by_run) == ([], [])
+    assert server.sql("SELECT status, attempt FROM cyclone.steps WHERE run_id = %s", run_id) == [
+        ("available", 1)
+    ]
+    [again] = claim(server, "held", worker="healthy")
+    assert (again.run_id, again.attempt) == (step.run_id, 2)

@@ -60,7 +60,8 @@ class ShardedClaim(Repository):
         single-shard transaction (step_claim_shard), and those under flow control
         admitted under their locks on the coordinator (step_claim_flow). Twice the steps
         asked are read, as other servers may take some first. A worker marked
-        unhealthy (a lease of it lapsed) gets nothing. A worker's build set is read
+        unhealthy (a lease of it lapsed) gets nothing: asked here first, and by the
+        shards' functions in the snapshot of their pick. A worker's build set is read
         first (on the coordinator, where the builds are) and passed to each."""
         builds = await self._admitted(worker_id, build_id)
         if builds is None:

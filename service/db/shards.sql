@@ -3,7 +3,9 @@
 
 -- name: worker_unhealthy_sharded
 -- Whether a worker is marked unhealthy (a lease of it lapsed): a claim on a sharded
--- database asks before it claims (step_claim asks itself on a plain one).
+-- database asks before it reads candidates, to skip that read; step_claim_shard and
+-- step_claim_run ask again in the statement that picks (step_claim asks itself on a
+-- plain one).
 SELECT EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = :worker_id)
        AS unhealthy;
 

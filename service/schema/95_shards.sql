@@ -81,6 +81,11 @@ DECLARE
     v_slept   text[] := '{}';
     v_pins    text[] := '{}';
 BEGIN
+    -- A worker whose lease lapsed is handed nothing until it shows it is alive (checked
+    -- here to block no run for it, and again by the pick, in the pick's snapshot).
+    IF EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = p_worker) THEN
+        RETURN;
+    END IF;
     FOR v_step IN
         SELECT s.node, s.action, s.attempt, s.max_attempts, s.started_at
           FROM cyclone.steps s
@@ -118,6 +123,9 @@ BEGIN
            AND cyclone._build_admits(s.build_id, p_builds, EXISTS (
                    SELECT 1 FROM cyclone.step_calls j
                     WHERE j.run_id = p_run_id AND j.node = s.node OFFSET 0))
+           -- In this statement's snapshot, with the steps: a sweep that freed a step
+           -- and marked this worker is seen whole or not at all.
+           AND NOT EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = p_worker)
            FOR UPDATE SKIP LOCKED
     LOOP
         v_pins := v_pins || v_step.pin;
@@ -420,15 +428,20 @@ DECLARE
     -- which this call (delegated to their node) reads and writes as the plain tables
     -- they are, planned once per statement rather than twice.
     v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.step_errors',
-                             'cyclone.runs'];
+                             'cyclone.runs', 'cyclone.worker_health'];
     v_shards text[];
     v_sql    text;
 BEGIN
+    -- A worker whose lease lapsed is handed nothing (and again in each pick's snapshot).
+    IF EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = p_worker) THEN
+        RETURN;
+    END IF;
     IF cyclone.sharded() AND cardinality(p_unsafe) = 0 THEN
         v_shards := ARRAY(SELECT format('cyclone.%I', t.name || '_'
                                         || get_shard_id_for_distribution_column(
                                                ('cyclone.' || t.name)::regclass, p_run_id))
-                            FROM unnest(ARRAY['steps', 'step_calls', 'step_errors', 'runs'])
+                            FROM unnest(ARRAY['steps', 'step_calls', 'step_errors', 'runs',
+                                              'worker_health'])
                                  WITH ORDINALITY AS t(name, i)
                            ORDER BY t.i);
         -- Not delegated (called in a transaction block, or the shard moved meanwhile):
@@ -439,7 +452,7 @@ BEGIN
     END IF;
     -- One statement per run; $1 the run, $2 its nodes, $3 their tokens, $4 the time,
     -- $5 the worker, $6 the lease, $7 the worker's build, $8 its set; %1$s steps, %2$s step_calls, %3$s step_errors,
-    -- %4$s runs.
+    -- %4$s runs, %5$s worker_health (a reference table: its shard is on every node).
     v_sql := format($q$
             WITH picked AS (
                 SELECT s.node, t.token, s.effect_uncertain AS uncertain, s.available_at AS since,
@@ -453,6 +466,8 @@ BEGIN
                  WHERE s.run_id = $1 AND s.status = 'available' AND s.available_at <= $4
                    AND cyclone._build_admits(s.build_id, $8, EXISTS (
                            SELECT 1 FROM %2$s j WHERE j.run_id = $1 AND j.node = s.node OFFSET 0))
+                   -- The worker's mark in the pick's snapshot (see step_claim_run).
+                   AND NOT EXISTS (SELECT 1 FROM %5$s h WHERE h.worker_id = $5)
                    FOR UPDATE OF s SKIP LOCKED
             ), claimed AS (
                 UPDATE %1$s s
@@ -527,7 +542,7 @@ BEGIN
               JOIN picked p ON p.node = c.node
              CROSS JOIN (SELECT r.workflow, r.input FROM %4$s r WHERE r.run_id = $1) r
              ORDER BY p.i
-$q$, v_tables[1], v_tables[2], v_tables[3], v_tables[4]);
+$q$, v_tables[1], v_tables[2], v_tables[3], v_tables[4], v_tables[5]);
     FOR v_run IN
         SELECT u.r FROM unnest(p_runs) WITH ORDINALITY AS u(r, i) GROUP BY u.r ORDER BY min(u.i)
     LOOP

@@ -4,7 +4,8 @@ Citus suite's fixtures (tests/citus/conftest.py). What they cover:
 DAG order, SubmitOnce under concurrency, leases and the sweep, fencing (a stale token
 is refused), Retry / RetryAll / Resolve, durable functions (step calls, their journal,
 resolving them), CompleteMany, retention of runs and keys, waits and events, child
-runs (whose parent lives on another shard), and a wide fan-out's release in chunks.
+runs (whose parent lives on another shard), a wide fan-out's release in chunks, and
+claims that hand a worker marked unhealthy nothing.
 The completion transaction from a worker, and what is Citus's own, are in
 test_citus.py."""
 
@@ -80,6 +81,9 @@ from tests.test_submit import (  # noqa: F401
     test_submit_once_keys_are_scoped_by_workflow_name,
     test_submit_once_makes_one_run_under_20_concurrent_calls,
     test_submit_once_returns_the_existing_run_and_says_so,
+)
+from tests.test_unhealthy_claims import (  # noqa: F401
+    test_the_claims_of_a_sharded_database_hand_a_marked_worker_nothing,
 )
 from tests.test_waits import (  # noqa: F401
     test_a_dag_event_node_completes_with_the_payload,
