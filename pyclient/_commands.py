@@ -85,6 +85,14 @@ def _start_at_arg(text: str) -> dt.datetime | dt.timedelta:
     return when
 
 
+def _moment_arg(text: str) -> dt.datetime:
+    """--since, --until: an aware ISO 8601 time, or how long ago (90s, 15m, 2h, 1d)."""
+    when = _start_at_arg(text)
+    if isinstance(when, dt.timedelta):
+        return dt.datetime.now(dt.UTC) - when
+    return when
+
+
 def _whole(text: str) -> int:
     try:
         return int(text)
@@ -248,15 +256,30 @@ def _log_dict(line: Any) -> dict[str, Any]:
 
 
 def _list(client: Client, args: argparse.Namespace) -> Any:
-    page_size = max(1, min(args.limit, 1000))
-    runs = client.iter_runs(
-        workflow=args.workflow,
-        status=args.status,
-        key=args.key,
-        page_size=page_size,
-        limit=args.limit,
+    # One more than asked: whether more runs match is said, not left to guess.
+    runs = list(
+        client.iter_runs(
+            workflow=args.workflow,
+            status=args.status,
+            key=args.key,
+            run_id_prefix=args.run_id,
+            workflow_prefix=args.workflow_prefix,
+            key_prefix=args.key_prefix,
+            created_after=args.since,
+            created_before=args.until,
+            page_size=max(1, min(args.limit + 1, 1000)),
+            limit=args.limit + 1,
+        )
     )
-    return list(runs)
+    if len(runs) > args.limit:
+        runs = runs[: args.limit]
+        older = runs[-1].created_at.isoformat() if runs and runs[-1].created_at else None
+        print(
+            f"cyclone: {args.limit} runs shown, newest first; more match"
+            + (f" (raise --limit, or add --until {older})" if older else " (raise --limit)"),
+            file=sys.stderr,
+        )
+    return runs
 
 
 def _journal_export(client: Client, args: argparse.Namespace) -> Any:

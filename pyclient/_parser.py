@@ -23,6 +23,7 @@ from pyclient._commands import (
     _journal_export,
     _list,
     _logs,
+    _moment_arg,
     _priority,
     _resolve,
     _retry,
@@ -307,8 +308,19 @@ def _runs_commands(command: Command, common: argparse.ArgumentParser) -> None:
         parents=[common],
     )
     lst.add_argument("--workflow", help="only runs of this workflow")
+    lst.add_argument("--workflow-prefix", metavar="TEXT", help="only workflows named so at first")
     _status_flag(lst)
     lst.add_argument("--key", help="only the run SubmitOnce made with this key")
+    lst.add_argument("--key-prefix", metavar="TEXT", help="only runs whose key starts so")
+    lst.add_argument(
+        "--run-id", metavar="PREFIX", help="only runs whose id starts with these 1-32 hex digits"
+    )
+    lst.add_argument(
+        "--since", type=_moment_arg, metavar="TIME", help="only runs created since (ISO time or 2h)"
+    )
+    lst.add_argument(
+        "--until", type=_moment_arg, metavar="TIME", help="only runs created before (ISO or 2h)"
+    )
     lst.add_argument("--limit", type=_count, default=50, help="at most this many (default 50)")
     lst.set_defaults(handler=_list)
 

@@ -4,6 +4,7 @@ ListWorkers' idle workers; against a real server."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import grpc
@@ -147,3 +148,40 @@ def test_list_workers_shows_a_worker_that_asked_for_work_and_got_none(cyclone_se
         "SELECT actions, build_id FROM cyclone.workers_seen WHERE worker_id = 'idle-7'"
     )
     assert (actions, build) == (["a", "b"], "b1")
+
+
+def test_the_cli_lists_runs_by_prefix_and_says_when_more_match(
+    cyclone_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pyclient import Client, cli
+
+    a = submit_once(cyclone_server, "billing.eu", "inv-1")
+    b = submit_once(cyclone_server, "billing.us", "inv-2")
+    submit_once(cyclone_server, "reports", "inv-3")
+    with Client(cyclone_server.address) as client:
+
+        def run_ids(*flags: str) -> list[str]:
+            argv = ["runs", "list", "--json", *flags]
+            assert cli.main(argv, client=client) == 0
+            return [r["run_id"] for r in json.loads(capsys.readouterr().out)]
+
+        assert run_ids("--workflow-prefix", "billing.") == [b, a]
+        assert run_ids("--key-prefix", "inv-", "--workflow-prefix", "billing.eu") == [a]
+        assert run_ids("--run-id", a.replace("-", "")) == [a]
+        assert run_ids("--since", "1h", "--workflow-prefix", "bill") == [b, a]
+        assert run_ids("--until", "2000-01-01T00:00:00Z") == []
+        # A list cut at --limit says that more match, and how to see them.
+        assert (
+            cli.main(
+                ["runs", "list", "--workflow-prefix", "billing.", "--limit", "1"], client=client
+            )
+            == 0
+        )
+        captured = capsys.readouterr()
+        assert b[:8] in captured.out and a[:8] not in captured.out
+        assert (
+            "1 runs shown, newest first; more match (raise --limit, or add --until" in captured.err
+        )
+        # A bad prefix is a clear refusal, not an empty list.
+        assert cli.main(["runs", "list", "--run-id", "xyz"], client=client) == 1
+        assert "hex digits" in capsys.readouterr().err

@@ -292,12 +292,18 @@ def test_runs_list_passes_filters_and_prints_a_table(capsys):
     client = FakeClient()
     argv = ["runs", "list", "--workflow", "order", "--status", "failed", "--status", "blocked"]
     assert cli.main([*argv, "--key", "o-7", "--limit", "5"], client=client) == 0
+    # One more than the limit: whether more runs match is said.
     assert client.calls[0][2] == {
         "workflow": "order",
         "status": ["failed", "blocked"],
         "key": "o-7",
-        "page_size": 5,
-        "limit": 5,
+        "run_id_prefix": None,
+        "workflow_prefix": None,
+        "key_prefix": None,
+        "created_after": None,
+        "created_before": None,
+        "page_size": 6,
+        "limit": 6,
     }
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["RUN", "WORKFLOW", "STATUS", "CREATED", "STEPS"]
