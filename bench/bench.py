@@ -1749,6 +1749,17 @@ def drain_rows(d: dict, indent: str, target: float) -> list[tuple[str, object]]:
     ]
 
 
+def window_ratios(r: dict) -> str:
+    """The durable window / async ratio and what it is the median of: one run's pairs,
+    or (with --repeat) each run's own median."""
+    d = r["durable"]
+    if "runs" in r:
+        each = [run["durable"]["sdk_window_vs_async"] for run in r["runs"]]
+        return f"{d['sdk_window_vs_async']} (runs: {', '.join(map(str, each))})"
+    pairs = d.get("sdk_window_vs_async_pairs", [])
+    return f"{d['sdk_window_vs_async']} (pairs: {', '.join(map(str, pairs))})"
+
+
 def print_table(r: dict, out: Path) -> None:
     rows = []
     if "throughput" in r:
@@ -1856,8 +1867,7 @@ def print_table(r: dict, out: Path) -> None:
                     ),
                     (
                         "  window / async, safe calls/s, median of pairs (target >= 0.8)",
-                        f"{d['sdk_window_vs_async']}"
-                        f" ({', '.join(map(str, d.get('sdk_window_vs_async_pairs', [])))})",
+                        window_ratios(r),
                     ),
                 ]
         if "stubs_batched_safe" in d:
