@@ -121,6 +121,8 @@ def migrate(database_url: str, *, from_schema: bool = True, citus: str = "auto")
     """
     applied_now: list[int] = []
     with psycopg.connect(database_url, autocommit=True) as conn:
+        if citus != "off" and has_citus(conn):
+            roles_on_every_node(conn)
         if from_schema:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
@@ -157,6 +159,49 @@ def migrate(database_url: str, *, from_schema: bool = True, citus: str = "auto")
                     "(CREATE EXTENSION citus on the coordinator, then add the workers)"
                 )
     return applied_now
+
+
+#: The roles the schema grants to (service/schema/90_roles.sql), created where missing.
+_ROLES = ("cyclone_worker",)
+# Run on a worker: with propagation off there, a worker would pass the CREATE ROLE on to
+# the other nodes, the coordinator among them, whose own command is waiting for it.
+_CREATE_ROLE = """DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN
+        PERFORM set_config('citus.enable_create_role_propagation', 'off', true);
+        CREATE ROLE {role} NOLOGIN;
+    END IF;
+EXCEPTION
+    WHEN duplicate_object OR unique_violation THEN
+        NULL;
+END;
+$$"""
+
+
+def roles_on_every_node(conn: psycopg.Connection) -> None:
+    """On a Citus coordinator: Cyclone's roles exist on every worker node before the
+    schema grants to them. A role belongs to a node's instance, not to a database, and
+    Citus creates it on the workers only when it is created in a Citus database: one
+    made first by a plain database on the coordinator's instance (a single-Postgres
+    Cyclone beside the Citus one, as `make bench --citus` has) exists on the
+    coordinator alone, and the grants distributed with the functions then fail on the
+    workers. Run on every migrate, so that a node added since gets them too. A role
+    the coordinator lacks is left to the schema, whose CREATE ROLE Citus propagates."""
+    for role in _ROLES:
+        here = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+        if here is None:
+            continue
+        command = _CREATE_ROLE.format(role=role)
+        rows = conn.execute(
+            "SELECT nodename, nodeport, success, result FROM run_command_on_workers(%s)",
+            (command,),
+        ).fetchall()
+        failed = [f"{host}:{port}: {result}" for host, port, ok, result in rows if not ok]
+        if failed:
+            raise RuntimeError(
+                f"cannot create role {role} on every Citus worker ({'; '.join(failed)}): "
+                f"create it there as a superuser (CREATE ROLE {role} NOLOGIN)"
+            )
 
 
 def has_citus(conn: psycopg.Connection) -> bool:
