@@ -44,6 +44,20 @@ def _free_port_block(count: int) -> int:
     raise RuntimeError("no free block of ports for the Citus cluster")
 
 
+def start_cluster(work: Path, workers: int) -> tuple[str, int]:
+    """Start a coordinator and ``workers`` workers under ``work`` (cluster.sh) on free
+    ports: the coordinator's URL (database cyclone) and port (worker i on port + i)."""
+    port = _free_port_block(workers + 1)
+    started = subprocess.run(
+        ["bash", str(CLUSTER), "start", str(work), str(port), str(workers), "cyclone"],
+        capture_output=True,
+        text=True,
+    )
+    if started.returncode:
+        pytest.fail(f"{CLUSTER.name} start failed:\n{started.stdout}{started.stderr}")
+    return f"postgresql://postgres@127.0.0.1:{port}/cyclone", port
+
+
 @pytest.fixture(scope="session")
 def citus_url() -> Iterator[str]:
     """A superuser URL of a Citus coordinator with two workers, database cyclone."""
@@ -52,16 +66,8 @@ def citus_url() -> Iterator[str]:
         yield given
         return
     work = Path(tempfile.mkdtemp(prefix="cyclone-citus."))
-    port = _free_port_block(3)
     try:
-        started = subprocess.run(
-            ["bash", str(CLUSTER), "start", str(work), str(port), "2", "cyclone"],
-            capture_output=True,
-            text=True,
-        )
-        if started.returncode:
-            pytest.fail(f"{CLUSTER.name} start failed:\n{started.stdout}{started.stderr}")
-        url = f"postgresql://postgres@127.0.0.1:{port}/cyclone"
+        url, port = start_cluster(work, workers=2)
         # Tests kill processes, never this cluster: durability only costs time here.
         for p in range(port, port + 3):
             with psycopg.connect(url.replace(str(port), str(p)), autocommit=True) as conn:

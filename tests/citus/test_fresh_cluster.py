@@ -16,22 +16,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.citus.conftest import CLUSTER, ROOT, _free_port_block
+from tests.citus.conftest import CLUSTER, ROOT, start_cluster
 
 pytestmark = pytest.mark.slow
 
 
 def test_the_documented_bench_command_runs_on_a_fresh_cluster() -> None:
     work = Path(tempfile.mkdtemp(prefix="cyclone-fresh-citus."))
-    port = _free_port_block(2)
     try:
-        started = subprocess.run(
-            ["bash", str(CLUSTER), "start", str(work), str(port), "1", "cyclone"],
-            capture_output=True,
-            text=True,
-        )
-        assert started.returncode == 0, started.stdout + started.stderr
-        url = f"postgresql://postgres@127.0.0.1:{port}/cyclone"
+        url, port = start_cluster(work, workers=1)
         out = work / "bench.json"
         command = ["bench/bench.py", "--citus", url, "--only", "throughput", "--runs", "300"]
         bench = subprocess.run(
