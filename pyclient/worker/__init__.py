@@ -55,7 +55,7 @@ The package, one module per job (the worker's seams):
 - ``_config``: the worker's settings as a run serves them, and the server as the
   parts call it (stub and metadata). No part holds a reference to the run or the
   Worker: each takes its collaborators (events, callbacks, other parts) by argument.
-- ``_runner``: each claimed step's life (:meth:`StepRunner.run`).
+- ``_runner``: each claimed step's life (:meth:`StepRunner.start`, :class:`StepRun`).
 - ``_session``: the Work stream: steps handed out within the credit of the free
   slots, reports answered on it, reopened with backoff, failed over to CompleteMany.
 - ``_producer``: the handler slots, and the long-poll claims of a server without
@@ -466,7 +466,7 @@ class _Run:
             server=server,
             stopping=self.stopping,
             completer=completer,
-            run_step=runner.run,
+            start_step=runner.start,
             regrant=regrant,
         )
         session = Session(
@@ -487,8 +487,8 @@ class _Run:
         give_up = self.loop.time() + self.config.shutdown_grace
         inflight = producer.inflight
         if inflight:
-            await self._until_forced(asyncio.wait(set(inflight)), give_up, len(inflight))
-            left = set(inflight)
+            await self._until_forced(producer.all_over(), give_up, len(inflight))
+            left = list(inflight)
             if left:
                 log.warning(
                     "worker %s: abandoning %d handler(s); their leases will lapse and the "
@@ -496,9 +496,7 @@ class _Run:
                     self.config.worker_id,
                     len(left),
                 )
-                for task in left:
-                    task.cancel()
-                await asyncio.gather(*left, return_exceptions=True)
+                await asyncio.gather(*(run.stop() for run in left), return_exceptions=True)
         if completer.holding and not self.forced.is_set():
             await self._until_forced(completer.settled(), give_up)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 #: Every part of the worker logs here (docs/python-sdk.md names it).
 log = logging.getLogger("pyclient.worker")
@@ -13,8 +13,18 @@ log = logging.getLogger("pyclient.worker")
 #: Deadline of heartbeat-free calls (Complete, CompleteMany, the last progress).
 RPC_TIMEOUT = 10.0
 
-#: What a handler ended with: its return value, or the exception it raised.
-Outcome = tuple[Any, BaseException | None]
+
+class Ending(Protocol):
+    """Where a handler's outcome goes, on the worker's loop: its step (one call of
+    either method, whichever comes first, counts; ``ended`` says one did)."""
+
+    ended: bool
+
+    def settle(self, value: Any, error: BaseException | None) -> None:
+        """The handler returned ``value`` or raised ``error``."""
+
+    def drop(self) -> None:
+        """The handler was cancelled, or its outcome is given up on."""
 
 
 class HandlerTimeout(Exception):

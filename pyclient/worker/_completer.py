@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
@@ -126,7 +126,7 @@ class Completer:
         """A CompleteMany is on its way (or about to be)."""
         return self.flusher is not None and not self.flusher.done()
 
-    async def report(
+    def report(
         self,
         step: pb.ClaimedStep,
         control: StepControl,
@@ -135,16 +135,21 @@ class Completer:
         slog: StepLog,
         *,
         uncertain: bool = False,
-    ) -> None:
+    ) -> Coroutine[Any, Any, None] | None:
         """Report what the handler ended with (``uncertain``: an unsafe handler cut off
-        at its time limit, which may have had its effect)."""
+        at its time limit, which may have had its effect).
+
+        Most outcomes are queued for the next report at once (None is returned); one
+        that needs a round trip or a thread first (its completion transaction to
+        commit or roll back, the last progress to deliver before a failure) returns
+        the coroutine that reports it, for the caller to run.
+        """
         tx = control.completion_tx
+        opened = tx is not None and tx.opened
         if control.is_cancelled or control.is_lease_lost:
             why = "the run was cancelled" if control.is_cancelled else "the lease was lost"
             slog.info("outcome not reported: %s", why)
-            if tx is not None:
-                await asyncio.to_thread(tx.rollback)
-            return
+            return _rolled_back(control) if opened else None
         output_json = None
         value = None
         if error is None:
@@ -160,37 +165,70 @@ class Completer:
         lines = step_logs.take(control)  # what the handler logged (._logs)
         if lines:
             request.logs.extend(lines)
-        if error is None and tx is not None and tx.opened:
-            if request.logs:
-                beat = self.policy.heartbeat_request(step)
-                await step_logs.send_by_heartbeat(self.server, beat, request, slog)
+        if error is None and opened:
             assert output_json is not None
-            await self.ends_sent()
-            try:
-                await asyncio.to_thread(tx.commit, output_json)
-            except LeaseLost as exc:
-                slog.warning("completion refused, effects rolled back: %s", exc.message)
-                return
-            except Exception as exc:
-                slog.warning("completion transaction failed: %r", exc)
-                error = exc
-            else:
-                slog.info("completed in the completion transaction")
-                return
-        if error is None:
-            assert output_json is not None
-            if value is None:  # what most handlers return: null
-                request.output.null_value = struct_pb2.NULL_VALUE
-            else:
-                request.output.CopyFrom(value)
+            return self._commit(step, control, request, output_json, slog)
+        if error is not None:
+            if opened or control.undelivered_progress()[0]:
+                return self._fail(step, control, request, error, uncertain, slog)
+            self._failure(request, error, uncertain, slog)
+        elif value is None:  # what most handlers return: null
+            request.output.null_value = struct_pb2.NULL_VALUE
         else:
-            if tx is not None:
-                await asyncio.to_thread(tx.rollback)
-            await self._deliver_progress(step, control, slog)
-            request.failure.CopyFrom(failure(error))
-            request.failure.effect_uncertain = uncertain
-            slog.warning("failed: %s: %s", request.failure.type, request.failure.message)
+            request.output.CopyFrom(value)
         self._complete(request, slog)
+        return None
+
+    async def _commit(
+        self,
+        step: pb.ClaimedStep,
+        control: StepControl,
+        request: pb.CompleteRequest,
+        output_json: str,
+        slog: StepLog,
+    ) -> None:
+        """Complete the step in the handler's completion transaction; a commit that
+        fails for another reason than a lost lease is reported as the step's failure."""
+        tx = control.completion_tx
+        assert tx is not None
+        if request.logs:
+            beat = self.policy.heartbeat_request(step)
+            await step_logs.send_by_heartbeat(self.server, beat, request, slog)
+        await self.ends_sent()
+        try:
+            await asyncio.to_thread(tx.commit, output_json)
+        except LeaseLost as exc:
+            slog.warning("completion refused, effects rolled back: %s", exc.message)
+            return
+        except Exception as exc:
+            slog.warning("completion transaction failed: %r", exc)
+            await self._fail(step, control, request, exc, False, slog)
+        else:
+            slog.info("completed in the completion transaction")
+
+    async def _fail(
+        self,
+        step: pb.ClaimedStep,
+        control: StepControl,
+        request: pb.CompleteRequest,
+        error: BaseException,
+        uncertain: bool,
+        slog: StepLog,
+    ) -> None:
+        """Report a failure after rolling back the handler's transaction and storing
+        its last progress."""
+        await _rolled_back(control)
+        await self._deliver_progress(step, control, slog)
+        self._failure(request, error, uncertain, slog)
+        self._complete(request, slog)
+
+    @staticmethod
+    def _failure(
+        request: pb.CompleteRequest, error: BaseException, uncertain: bool, slog: StepLog
+    ) -> None:
+        request.failure.CopyFrom(failure(error))
+        request.failure.effect_uncertain = uncertain
+        slog.warning("failed: %s: %s", request.failure.type, request.failure.message)
 
     def _sized(self, output_json: str) -> tuple[struct_pb2.Value | None, OutputTooLarge | None]:
         """The output as sent (None for null), or the error that fails the node when it
@@ -475,6 +513,12 @@ class Completer:
     def _answered(self) -> None:
         self.reports += 1
         self.on_answered()
+
+
+async def _rolled_back(control: StepControl) -> None:
+    """Undo the writes of the step's completion transaction, if it has one."""
+    if control.completion_tx is not None:
+        await asyncio.to_thread(control.completion_tx.rollback)
 
 
 def run_status(number: int) -> str:

@@ -1,7 +1,8 @@
 """Running handlers: sync ones each in a daemon thread of their own (idle threads are
 reused), async ones on a second event loop in its own thread. Either way the outcome
-settles a future on the worker's loop; neither a CPU-bound handler nor a blocking
-async one can starve the worker's loop (its heartbeats)."""
+is handed to its step on the worker's loop (:class:`~._common.Ending`); neither a
+CPU-bound handler nor a blocking async one can starve the worker's loop (its
+heartbeats)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import asyncio
 import contextvars
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 from pyclient.actions import Action
 from pyclient.context import Context, bind
-from pyclient.worker._common import HandlerTimeout, Outcome
+from pyclient.worker._common import Ending, HandlerTimeout
 from pyclient.worker._mailbox import Mailbox
 
 #: A handler thread left idle this long ends.
@@ -33,22 +34,20 @@ class Executor:
         self.threads = Threads()
         self.handler_loop = HandlerLoop(loop) if any_async else None
 
-    def start(
-        self, action: Action, ctx: Context, budget: float
-    ) -> tuple[asyncio.Future[Outcome], AsyncCall | None]:
+    def start(self, action: Action, ctx: Context, budget: float, run: Ending) -> AsyncCall | None:
         """Start the handler: a thread for a sync one, the handler loop for an async one.
+        Its outcome is given to ``run`` on the worker's loop.
 
-        Returns its outcome, and for an async one what cancels it (a sync handler
-        cannot be interrupted: it watches ctx.should_stop instead).
+        Returns, for an async one, what cancels it (a sync handler cannot be
+        interrupted: it watches ctx.should_stop instead).
         """
-        outcome: asyncio.Future[Outcome] = self.loop.create_future()
         if action.is_async:
             assert self.handler_loop is not None
-            return outcome, AsyncCall(action, ctx, budget, outcome, self.handler_loop)
+            return AsyncCall(action, ctx, budget, run, self.handler_loop)
         # In an empty context, as in a new thread: no context variable set by the
         # handler that ran before in the same thread.
-        self.threads.run(contextvars.Context().run, call_sync, action, ctx, outcome, self.inbox)
-        return outcome, None
+        self.threads.run(contextvars.Context().run, call_sync, action, ctx, run, self.inbox)
+        return None
 
     def close(self) -> None:
         self.threads.close()
@@ -136,47 +135,70 @@ class HandlerLoop:
 
 
 class AsyncCall:
-    """An async handler running on the handler loop; its outcome settles on the
-    worker's loop."""
+    """An async handler running on the handler loop; its outcome is given to its step
+    (:class:`Ending`) on the worker's loop.
 
-    __slots__ = ("aborted", "budget", "handlers", "outcome", "results", "task", "timed_out")
+    The handler starts eagerly: its coroutine runs at once, on the handler loop, in a
+    context of its own, and only one that awaits something unfinished becomes a task
+    (:func:`_resumed`); most handlers end without one, for the price of a call.
+    """
+
+    __slots__ = ("aborted", "budget", "handlers", "results", "run", "task", "timed_out")
 
     def __init__(
         self,
         action: Action,
         ctx: Context,
         budget: float,
-        outcome: asyncio.Future[Outcome],
+        run: Ending,
         handlers: HandlerLoop,
     ):
         self.handlers = handlers
         self.results = handlers.outbox
-        self.outcome = outcome
+        self.run = run
         self.budget = budget
         self.task: asyncio.Task[Any] | None = None
         self.timed_out = self.aborted = False
         self.handlers.inbox.post(self._start, action, ctx)
 
     def abort(self) -> None:
-        """Cancel the handler unless it has ended (on the worker's loop)."""
-        if self.aborted or (self.outcome.done() and not self.outcome.cancelled()):
+        """Give up on the handler's outcome and cancel it, unless it has ended (on the
+        worker's loop): its step goes on at once without waiting for it."""
+        if self.aborted or self.run.ended:
             return
         self.aborted = True
-        self.outcome.cancel()
+        self.run.drop()
+        self.cancel()
+
+    def cancel(self) -> None:
+        """Cancel the handler (on the worker's loop); its outcome, if any, still counts."""
         self.handlers.inbox.post(self._cancel)
 
     def time_out(self) -> None:
         """Cancel the handler, which then fails with HandlerTimeout (on the worker's loop)."""
-        if not self.outcome.done():
+        if not self.run.ended:
             self.timed_out = True
-            self.handlers.inbox.post(self._cancel)
+            self.cancel()
 
     def _start(self, action: Action, ctx: Context) -> None:
-        self.task = self.handlers.loop.create_task(self._call(action, ctx))
+        context = contextvars.Context()
+        coro = self._call(action, ctx)
+        try:
+            yielded = context.run(coro.send, None)
+        except StopIteration as stop:
+            self.results.post(self.run.settle, stop.value, None)
+            return
+        except asyncio.CancelledError:
+            self.results.post(self.run.drop)
+            return
+        except BaseException as exc:  # reported as the step's failure, whatever it is
+            self.results.post(self.run.settle, None, exc)
+            return
+        self.task = self.handlers.loop.create_task(_resumed(coro, yielded), context=context)
         self.task.add_done_callback(self._done)
 
     async def _call(self, action: Action, ctx: Context) -> Any:
-        bind(ctx)  # this task runs in a context of its own
+        bind(ctx)  # this coroutine runs in a context of its own
         try:
             return await action.fn(*action.arguments(ctx))
         except asyncio.CancelledError:
@@ -187,35 +209,63 @@ class AsyncCall:
             raise
 
     def _cancel(self) -> None:
-        assert self.task is not None
-        self.task.cancel()
+        if self.task is not None:  # else it ended when it started
+            self.task.cancel()
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         if task.cancelled():
-            self.results.post(self.outcome.cancel)
+            self.results.post(self.run.drop)
         elif (error := task.exception()) is not None:
-            self.results.post(settle, self.outcome, None, error)
+            self.results.post(self.run.settle, None, error)
         else:
-            self.results.post(settle, self.outcome, task.result(), None)
+            self.results.post(self.run.settle, task.result(), None)
 
 
-def settle(outcome: asyncio.Future[Outcome], value: Any, error: BaseException | None) -> None:
-    if not outcome.done():  # else given up on: aborted, or the worker is stopping
-        outcome.set_result((value, error))
+class _Resumed:
+    """The rest of a coroutine that has already run up to its first suspension and
+    yielded ``first`` (a future it waits for): awaited by a task, it hands that task
+    what the coroutine yields and gives the coroutine what the task sends or throws,
+    as ``yield from`` would. Cancelling the task throws CancelledError into the
+    coroutine."""
+
+    __slots__ = ("coro", "first")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any):
+        self.coro = coro
+        self.first = first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, yielded = self.coro, self.first
+        self.first = None
+        while True:
+            try:
+                sent = yield yielded
+            except BaseException as exc:
+                try:
+                    yielded = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    yielded = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
 
 
-def call_sync(
-    action: Action, ctx: Context, outcome: asyncio.Future[Outcome], results: Mailbox
-) -> None:
-    """Run a sync handler in a handler thread; the outcome goes to ``results``."""
+async def _resumed(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
+    return await _Resumed(coro, first)
+
+
+def call_sync(action: Action, ctx: Context, run: Ending, results: Mailbox) -> None:
+    """Run a sync handler in a handler thread; the outcome goes to ``run`` by ``results``."""
     thread = threading.current_thread()
     thread.name = f"cyclone-{ctx.node}-{ctx.attempt}"
     bind(ctx)
     try:
         result = action.fn(*action.arguments(ctx))
     except BaseException as exc:  # reported as the step's failure, whatever it is
-        results.post(settle, outcome, None, exc)
+        results.post(run.settle, None, exc)
     else:
-        results.post(settle, outcome, result, None)
+        results.post(run.settle, result, None)
     finally:
         thread.name = "cyclone-handler"

@@ -1,14 +1,14 @@
 """Claiming: the handler slots and their accounting, and the long-poll claims sized to
 the free slots that a worker makes when its server offers no Work stream (see
-:mod:`._session`, which claims otherwise). Each step handed out becomes a task of
-:meth:`~pyclient.worker._runner.StepRunner.run` (:meth:`Producer.start`), which holds its
-slot until it ends."""
+:mod:`._session`, which claims otherwise). Each step handed out is started by
+:meth:`~pyclient.worker._runner.StepRunner.start` (:meth:`Producer.start`) and holds its
+slot until its outcome is reported."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -23,6 +23,7 @@ from pyclient.workflow import duration
 if TYPE_CHECKING:
     from pyclient.worker._completer import Completer
     from pyclient.worker._config import Server, WorkerConfig
+    from pyclient.worker._runner import StepRun
 
 #: Errors of configuration: retrying the claim would only repeat them.
 FATAL = (InvalidArgument, Unauthenticated, PermissionDenied)
@@ -30,7 +31,8 @@ FATAL = (InvalidArgument, Unauthenticated, PermissionDenied)
 
 class Producer:
     """The handler slots of one worker run, and its claim loop (used when the server
-    offers no Work stream). ``run_step`` runs a step handed out, start to end;
+    offers no Work stream). ``start_step`` starts a step handed out, which calls back
+    once it no longer needs its slot;
     ``regrant`` grants freed slots as credit on the Work stream; the claim loop ends
     when ``stopping`` is set."""
 
@@ -41,21 +43,23 @@ class Producer:
         server: Server,
         stopping: asyncio.Event,
         completer: Completer,
-        run_step: Callable[[pb.ClaimedStep], Coroutine[Any, Any, None]],
+        start_step: Callable[[pb.ClaimedStep, Callable[[StepRun], None]], StepRun | None],
         regrant: Callable[[], None],
     ):
         self.w = config
         self.server = server
         self.stopping = stopping
         self.completer = completer
-        self.run_step = run_step
+        self.start_step = start_step
         self.regrant = regrant
         #: Set when the claim loop should look again: a slot freed, a report answered
         #: (:meth:`freed`).
         self.look_again = asyncio.Event()
         #: The steps running (each takes a slot; so does each outcome not yet answered,
         #: Completer.holding).
-        self.inflight: set[asyncio.Task[None]] = set()
+        self.inflight: set[StepRun] = set()
+        #: Set when the steps in flight are all over (:meth:`all_over`).
+        self._all_over: asyncio.Future[None] | None = None
         #: The CompleteMany whose answer the claim loop waits for before it claims
         #: (see _more_slots_coming).
         self.awaited_report: int | None = None
@@ -131,11 +135,20 @@ class Producer:
                 self.start(step)
 
     def start(self, step: pb.ClaimedStep) -> None:
-        """Run a step handed out (by a claim or on a Work stream) in a task of its own,
-        which holds the step's slot until it ends."""
-        task = asyncio.create_task(self.run_step(step))
-        self.inflight.add(task)
-        task.add_done_callback(self._release)
+        """Start a step handed out (by a claim or on a Work stream); it holds its slot
+        until it is over."""
+        run = self.start_step(step, self._release)
+        if run is not None:
+            self.inflight.add(run)
+        else:
+            self.freed()
+
+    async def all_over(self) -> None:
+        """Wait until no step is in flight."""
+        if self.inflight:
+            if self._all_over is None or self._all_over.done():
+                self._all_over = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._all_over)
 
     def freed(self) -> None:
         """A slot may have come free (a step ended, a report was answered): claim for
@@ -161,11 +174,11 @@ class Producer:
         self.awaited_report = None
         return False
 
-    def _release(self, task: asyncio.Task[None]) -> None:
-        self.inflight.discard(task)
+    def _release(self, run: StepRun) -> None:
+        self.inflight.discard(run)
+        if not self.inflight and self._all_over is not None and not self._all_over.done():
+            self._all_over.set_result(None)
         self.freed()
-        if not task.cancelled() and task.exception() is not None:
-            log.error("worker %s: step task crashed", self.w.worker_id, exc_info=task.exception())
 
 
 def _spec(a: Action) -> pb.ActionSpec:

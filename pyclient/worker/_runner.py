@@ -1,11 +1,13 @@
 """Each claimed step's life in a worker run: its context (and, for a durable function,
-its replay), its handler run under watch, its outcome reported."""
+its replay), its handler run under watch, its outcome reported (:class:`StepRun`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
+from collections.abc import Callable, Coroutine
 from types import MappingProxyType
 from typing import Any
 
@@ -72,14 +74,14 @@ class StepRunner:
             self._last_time = (key, timestamp_datetime(ts))
         return self._last_time[1]
 
-    async def run(self, step: pb.ClaimedStep) -> None:
-        """One claimed step, start to end: its context, its handler under watch, its
-        outcome reported."""
-        slog = StepLog(log, {"run_id": step.run_id, "node": step.node, "attempt": step.attempt})
+    def start(self, step: pb.ClaimedStep, release: Callable[[StepRun], None]) -> StepRun | None:
+        """Start one claimed step: its context, its handler under watch. What runs it
+        from then on is the returned :class:`StepRun`, which calls ``release`` once its
+        outcome is reported (or dropped)."""
         action = self.config.actions.get(step.action)
         if action is None:  # the server only hands out the actions we named
-            slog.error("no handler for action %r", step.action)
-            return
+            StepLog(log, _extra(step)).error("no handler for action %r", step.action)
+            return None
         tx = (
             CompletionTx(self.pool, step.run_id, step.node, step.lease_token)
             if self.pool is not None
@@ -104,11 +106,12 @@ class StepRunner:
         )
         ctx = self._context(step, control, replay)
         budget = self.policy.budget(lease_end, deadline, action)
+        run = StepRun(self, step, action, control, replay, release)
         if log.isEnabledFor(logging.INFO):
-            slog.info("running %s (budget %.1fs)", action.name, budget)
-        ended = await self._handle(step, action, ctx, control, budget, slog)
-        if ended is not None:
-            await self._report(step, action, control, replay, ended, slog)
+            run.slog.info("running %s (budget %.1fs)", action.name, budget)
+        watch = run.watch = Watch(self.watching, step, control, run.slog, budget, action)
+        watch.call = self.executor.start(action, ctx, budget, run)
+        return run
 
     def _context(
         self, step: pb.ClaimedStep, control: StepControl, replay: Replay | None
@@ -136,57 +139,147 @@ class StepRunner:
             durable=replay,
         )
 
-    async def _handle(
-        self,
-        step: pb.ClaimedStep,
-        action: Action,
-        ctx: Context,
-        control: StepControl,
-        budget: float,
-        slog: StepLog,
-    ) -> tuple[Any, BaseException | None] | None:
-        """Run the handler under watch: what it ended with (output, error), or None
-        when its outcome is void (the step was reported uncertain)."""
-        watch = Watch(self.watching, step, control, slog, budget, action)
-        handler, watch.call = self.executor.start(action, ctx, budget)
-        try:
-            output, error = await handler
-        except asyncio.CancelledError:
-            if not control.is_stopped:
-                # The worker itself is being cancelled (shutdown past its grace).
-                if self.policy.abandons(action):
-                    await self.completer.abandon(step, "WorkerStopped", "the worker stopped", slog)
-                raise
-            output, error = None, None
-        finally:
-            watch.stop()
-            control.stop()
-            watch.abort()
-        if watch.abandoned:
-            slog.warning("late outcome not reported: the step was reported uncertain")
-            await _roll_back(control)
-            return None
-        return output, error
 
-    async def _report(
+class StepRun:
+    """One claimed step from its handler's start on (:meth:`StepRunner.start`): the
+    handler's outcome comes to :meth:`settle` (or :meth:`drop`) on the worker's loop and
+    is reported; the step's slot is released then, or once the report's transaction
+    or round trip is done when it needs one. No task is made for a step whose report
+    needs neither (most): its whole life is a few calls on the worker's loop."""
+
+    __slots__ = (
+        "_slog",
+        "action",
+        "control",
+        "ended",
+        "finishing",
+        "release",
+        "replay",
+        "runner",
+        "step",
+        "watch",
+    )
+
+    def __init__(
         self,
+        runner: StepRunner,
         step: pb.ClaimedStep,
         action: Action,
         control: StepControl,
         replay: Replay | None,
-        ended: tuple[Any, BaseException | None],
-        slog: StepLog,
-    ) -> None:
-        output, error = ended
+        release: Callable[[StepRun], None],
+    ):
+        self.runner = runner
+        self.step = step
+        self.action = action
+        self.control = control
+        self.replay = replay
+        self.release = release
+        self.watch: Watch | None = None
+        #: The handler's outcome came (or was given up on): later ones are ignored.
+        self.ended = False
+        #: The task finishing the report, when it needs one.
+        self.finishing: asyncio.Task[None] | None = None
+        self._slog: StepLog | None = None
+
+    @property
+    def slog(self) -> StepLog:
+        """The step's logger (made when first used: most steps log nothing)."""
+        if self._slog is None:
+            self._slog = StepLog(log, _extra(self.step))
+        return self._slog
+
+    def settle(self, output: Any, error: BaseException | None) -> None:
+        """The handler ended with ``output`` or ``error``."""
+        if self.ended:
+            return
+        self.ended = True
+        self._over()
+        watch = self.watch
+        if watch is not None and watch.abandoned:
+            self.slog.warning("late outcome not reported: the step was reported uncertain")
+            self._then(_roll_back(self.control) if self._has_tx() else None)
+            return
+        self._then(self._report(output, error))
+
+    def drop(self) -> None:
+        """The handler was cancelled, or its outcome is given up on (a lost lease, a
+        cancelled run): nothing to report but that."""
+        if self.ended:
+            return
+        if not self.control.is_stopped:
+            # Cancelled from inside: no outcome to report. The lease lapses (or, for an
+            # unsafe action, the run is blocked) as when the worker stops mid-handler.
+            self.slog.warning("handler cancelled without an outcome; not reported")
+            self.ended = True
+            self._over()
+            self._then(self._abandoned("HandlerCancelled", "the handler was cancelled"))
+            return
+        self.settle(None, None)
+
+    async def stop(self) -> None:
+        """The worker stops past its grace with this step unfinished: cancel its
+        handler, or the report it is finishing. An unsafe handler cut off is reported
+        uncertain: another attempt could repeat its effect."""
+        if self.ended:
+            if self.finishing is not None:
+                self.finishing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.finishing
+            return
+        self.ended = True
+        watch = self.watch
+        call = watch.call if watch is not None else None
+        self._over()
+        if call is not None:
+            call.cancel()
+        await self._abandoned("WorkerStopped", "the worker stopped")
+        self.release(self)
+
+    def _over(self) -> None:
+        """No more heartbeats nor time limits; ctx.should_stop is set."""
+        watch = self.watch
+        if watch is not None:
+            watch.stop()
+            watch.call = None  # (a reference cycle, broken)
+        self.control.stop()
+
+    def _has_tx(self) -> bool:
+        return self.control.completion_tx is not None
+
+    def _then(self, rest: Coroutine[Any, Any, None] | None) -> None:
+        """Release the slot now, or once ``rest`` (what finishes the report) is done."""
+        if rest is None:
+            self.release(self)
+            return
+        self.finishing = asyncio.ensure_future(rest)
+        self.finishing.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.finishing = None
+        if not task.cancelled() and task.exception() is not None:
+            self.slog.error("reporting the outcome failed", exc_info=task.exception())
+        self.release(self)
+
+    async def _abandoned(self, kind: str, why: str) -> None:
+        if self.runner.policy.abandons(self.action):
+            await self.runner.completer.abandon(self.step, kind, why, self.slog)
+
+    def _report(self, output: Any, error: BaseException | None) -> Coroutine[Any, Any, None] | None:
+        replay, step, control = self.replay, self.step, self.control
         if replay is not None:
             if replay.stopped is not None:
-                _stopped_body(step, replay, slog)
-                await _roll_back(control)
-                return
+                _stopped_body(step, replay, self.slog)
+                return _roll_back(control) if self._has_tx() else None
             if replay.failure is not None:  # whatever the body made of it
                 output, error = None, replay.failure
-        uncertain = self.policy.uncertain_failure(action, error)
-        await self.completer.report(step, control, output, error, slog, uncertain=uncertain)
+        policy, completer = self.runner.policy, self.runner.completer
+        uncertain = policy.uncertain_failure(self.action, error)
+        return completer.report(step, control, output, error, self.slog, uncertain=uncertain)
+
+
+def _extra(step: pb.ClaimedStep) -> dict[str, Any]:
+    return {"run_id": step.run_id, "node": step.node, "attempt": step.attempt}
 
 
 async def _roll_back(control: StepControl) -> None:
