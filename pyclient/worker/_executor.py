@@ -188,9 +188,6 @@ class AsyncCall:
         except StopIteration as stop:
             self.results.post(self.run.settle, stop.value, None)
             return
-        except asyncio.CancelledError:
-            self.results.post(self.run.drop)
-            return
         except BaseException as exc:  # reported as the step's failure, whatever it is
             self.results.post(self.run.settle, None, exc)
             return
@@ -213,8 +210,9 @@ class AsyncCall:
             self.task.cancel()
 
     def _done(self, task: asyncio.Task[Any]) -> None:
-        if task.cancelled():
-            self.results.post(self.run.drop)
+        if task.cancelled():  # by itself: the worker's cancels end the step first
+            cancelled = asyncio.CancelledError("the handler was cancelled")
+            self.results.post(self.run.settle, None, cancelled)
         elif (error := task.exception()) is not None:
             self.results.post(self.run.settle, None, error)
         else:

@@ -203,18 +203,7 @@ class StepRun:
         self._then(self._report(output, error))
 
     def drop(self) -> None:
-        """The handler was cancelled, or its outcome is given up on (a lost lease, a
-        cancelled run): nothing to report but that."""
-        if self.ended:
-            return
-        if not self.control.is_stopped:
-            # Cancelled from inside: no outcome to report. The lease lapses (or, for an
-            # unsafe action, the run is blocked) as when the worker stops mid-handler.
-            self.slog.warning("handler cancelled without an outcome; not reported")
-            self.ended = True
-            self._over()
-            self._then(self._abandoned("HandlerCancelled", "the handler was cancelled"))
-            return
+        """The handler's outcome is given up on (a lost lease, a cancelled run)."""
         self.settle(None, None)
 
     async def stop(self) -> None:

@@ -98,8 +98,10 @@ class WatchPolicy:
     @staticmethod
     def uncertain_failure(action: Action, error: BaseException | None) -> bool:
         """Whether a handler's failure is reported with effect_uncertain: an unsafe
-        handler cancelled at its time limit may have had its effect."""
-        return action.unsafe_to_repeat and isinstance(error, HandlerTimeout)
+        handler cancelled (at its time limit, or by itself) may have had its effect."""
+        return action.unsafe_to_repeat and isinstance(
+            error, (HandlerTimeout, asyncio.CancelledError)
+        )
 
     def heartbeat_request(self, step: pb.ClaimedStep) -> pb.HeartbeatRequest:
         return pb.HeartbeatRequest(

@@ -310,6 +310,29 @@ def test_lost_lease_reaches_the_handler_and_its_outcome_is_dropped(
     assert said and not any("lease lost: lease lost" in m for m in said), said
 
 
+@pytest.mark.parametrize("suspended", [False, True], ids=["at-once", "after-an-await"])
+def test_an_async_handler_that_cancels_itself_fails_its_attempt(client, make_worker, suspended):
+    # asyncio.CancelledError out of a handler the worker did not cancel is a failure
+    # of the attempt (retried as any other), never a success with no output.
+    worker = make_worker()
+
+    @worker.action("work")
+    async def work(ctx):
+        if ctx.attempt == 1:
+            if suspended:
+                await asyncio.sleep(0.01)
+            raise asyncio.CancelledError()
+        return "second"
+
+    wf = Workflow("w")
+    wf.node("work", retry=RetryPolicy(initial_backoff=0, max_backoff=0))
+    with running(worker):
+        run = client.wait(client.submit(wf), timeout=PATIENCE)
+    step = run.step("work")
+    assert (run.status, step.attempt, step.output) == ("completed", 2, "second")
+    assert [(e.kind, e.type) for e in step.errors] == [("handler", "CancelledError")]
+
+
 def test_cancelling_a_run_reaches_sync_and_async_handlers(client, make_worker):
     worker = make_worker(lease=1.0)
     started = threading.Barrier(3, timeout=PATIENCE)
@@ -444,6 +467,30 @@ def test_an_unsafe_handler_cut_off_at_its_time_limit_blocks_the_run(client, make
         1,
     )
     assert "time limit" in blocked.error.message or "timeout" in blocked.error.message
+    assert blocked.step("charge").status == "uncertain"
+    assert calls == [1]
+
+
+def test_an_unsafe_handler_that_cancels_itself_blocks_the_run(client, make_worker):
+    # Cancelled partway, it may have had its effect: as when cut off at its time limit.
+    worker = make_worker()
+    calls: list[int] = []
+
+    @worker.action("charge", unsafe_to_repeat=True)
+    async def charge(ctx):
+        calls.append(ctx.attempt)
+        await asyncio.sleep(0.01)
+        raise asyncio.CancelledError()
+
+    wf = Workflow("order")
+    wf.node("charge", retry=RetryPolicy(initial_backoff=0, max_backoff=0))
+    with running(worker):
+        run_id = client.submit(wf)
+        blocked = eventually(
+            lambda: (r := client.get_run(run_id)).status == "blocked" and r,
+            "the run to block",
+        )
+    assert (blocked.error.kind, blocked.error.node) == ("EffectUncertain", "charge")
     assert blocked.step("charge").status == "uncertain"
     assert calls == [1]
 
