@@ -322,9 +322,53 @@ class Context:
         return self._control.completion_tx.connection()
 
 
-#: Each field of Context, in order, as its slot's setter (claimed_context).
-_SLOT_SETTERS = tuple(getattr(Context, f.name).__set__ for f in fields(Context))
+#: Each field of Context as its slot's setter (claimed_context).
+_SET = {f.name: getattr(Context, f.name).__set__ for f in fields(Context)}
 _new_object = object.__new__
+(
+    _set_run_id,
+    _set_node,
+    _set_action,
+    _set_workflow,
+    _set_attempt,
+    _set_max_attempts,
+    _set_input,
+    _set_run_input,
+    _set_upstream,
+    _set_deadline,
+    _set_progress,
+    _set_effect_uncertain,
+    _set_worker_id,
+    _set_upstream_failures,
+    _set_step_id,
+    _set_control,
+    _set_durable,
+    _set_scope,
+) = (
+    _SET[name]
+    for name in (
+        "run_id",
+        "node",
+        "action",
+        "workflow",
+        "attempt",
+        "max_attempts",
+        "input",
+        "run_input",
+        "upstream",
+        "deadline",
+        "progress",
+        "effect_uncertain",
+        "worker_id",
+        "upstream_failures",
+        "step_id",
+        "_control",
+        "_durable",
+        "_scope",
+    )
+)
+# A field added to Context must be set by claimed_context too.
+assert len(_SET) == 18, "claimed_context sets every field of Context"
 
 
 def claimed_context(
@@ -347,38 +391,31 @@ def claimed_context(
     durable: object | None,
 ) -> Context:
     """The Context of a claimed step, as ``Context(...)`` makes it with these fields
-    (no step call, ``step_id`` None), at half the cost: the worker makes one per step,
-    and the frozen dataclass's ``__init__`` sets each of its 18 fields through
+    (no step call, ``step_id`` None), at a third of the cost: the worker makes one per
+    step, and the frozen dataclass's ``__init__`` sets each of its 18 fields through
     ``object.__setattr__`` by name and then runs ``__post_init__``. Here each slot is
     set directly; ``upstream`` must already be a MappingProxyType and
     ``upstream_failures`` a tuple (what ``__post_init__`` would make them).
     """
     ctx: Context = _new_object(Context)
-    for set_slot, value in zip(
-        _SLOT_SETTERS,
-        (
-            run_id,
-            node,
-            action,
-            workflow,
-            attempt,
-            max_attempts,
-            input,
-            run_input,
-            upstream,
-            deadline,
-            progress,
-            effect_uncertain,
-            worker_id,
-            upstream_failures,
-            None,  # step_id
-            control,
-            durable,
-            None,  # _scope
-        ),
-        strict=True,
-    ):
-        set_slot(ctx, value)
+    _set_run_id(ctx, run_id)
+    _set_node(ctx, node)
+    _set_action(ctx, action)
+    _set_workflow(ctx, workflow)
+    _set_attempt(ctx, attempt)
+    _set_max_attempts(ctx, max_attempts)
+    _set_input(ctx, input)
+    _set_run_input(ctx, run_input)
+    _set_upstream(ctx, upstream)
+    _set_deadline(ctx, deadline)
+    _set_progress(ctx, progress)
+    _set_effect_uncertain(ctx, effect_uncertain)
+    _set_worker_id(ctx, worker_id)
+    _set_upstream_failures(ctx, upstream_failures)
+    _set_step_id(ctx, None)
+    _set_control(ctx, control)
+    _set_durable(ctx, durable)
+    _set_scope(ctx, None)
     return ctx
 
 

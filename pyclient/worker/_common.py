@@ -35,10 +35,17 @@ class HandlerTimeout(Exception):
 
 
 class StepLog(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """Prefixes every message with run, node and attempt, and adds them as extras."""
+    """Prefixes every message with run, node and attempt, and adds them as extras.
+    ``step`` is anything with those three attributes (a ClaimedStep); they are read
+    only when a message is logged (most steps log none)."""
+
+    def __init__(self, logger: logging.Logger, step: Any):
+        super().__init__(logger)
+        self.step = step
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
-        e = self.extra or {}
+        step = self.step
+        e = {"run_id": step.run_id, "node": step.node, "attempt": step.attempt}
         kwargs["extra"] = {**e, **kwargs.get("extra", {})}
         return f"run={e['run_id']} node={e['node']} attempt={e['attempt']}: {msg}", kwargs
 

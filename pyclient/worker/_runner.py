@@ -80,7 +80,7 @@ class StepRunner:
         outcome is reported (or dropped)."""
         action = self.config.actions.get(step.action)
         if action is None:  # the server only hands out the actions we named
-            StepLog(log, _extra(step)).error("no handler for action %r", step.action)
+            StepLog(log, step).error("no handler for action %r", step.action)
             return None
         tx = (
             CompletionTx(self.pool, step.run_id, step.node, step.lease_token)
@@ -106,10 +106,11 @@ class StepRunner:
         )
         ctx = self._context(step, control, replay)
         budget = self.policy.budget(lease_end, deadline, action)
-        run = StepRun(self, step, action, control, replay, release)
+        slog = StepLog(log, step)
+        run = StepRun(self, step, action, control, replay, release, slog)
         if log.isEnabledFor(logging.INFO):
-            run.slog.info("running %s (budget %.1fs)", action.name, budget)
-        watch = run.watch = Watch(self.watching, step, control, run.slog, budget, action)
+            slog.info("running %s (budget %.1fs)", action.name, budget)
+        watch = run.watch = Watch(self.watching, step, control, slog, budget, action)
         watch.call = self.executor.start(action, ctx, budget, run)
         return run
 
@@ -148,7 +149,6 @@ class StepRun:
     needs neither (most): its whole life is a few calls on the worker's loop."""
 
     __slots__ = (
-        "_slog",
         "action",
         "control",
         "ended",
@@ -156,6 +156,7 @@ class StepRun:
         "release",
         "replay",
         "runner",
+        "slog",
         "step",
         "watch",
     )
@@ -168,6 +169,7 @@ class StepRun:
         control: StepControl,
         replay: Replay | None,
         release: Callable[[StepRun], None],
+        slog: StepLog,
     ):
         self.runner = runner
         self.step = step
@@ -180,14 +182,7 @@ class StepRun:
         self.ended = False
         #: The task finishing the report, when it needs one.
         self.finishing: asyncio.Task[None] | None = None
-        self._slog: StepLog | None = None
-
-    @property
-    def slog(self) -> StepLog:
-        """The step's logger (made when first used: most steps log nothing)."""
-        if self._slog is None:
-            self._slog = StepLog(log, _extra(self.step))
-        return self._slog
+        self.slog = slog
 
     def settle(self, output: Any, error: BaseException | None) -> None:
         """The handler ended with ``output`` or ``error``."""
@@ -265,10 +260,6 @@ class StepRun:
         policy, completer = self.runner.policy, self.runner.completer
         uncertain = policy.uncertain_failure(self.action, error)
         return completer.report(step, control, output, error, self.slog, uncertain=uncertain)
-
-
-def _extra(step: pb.ClaimedStep) -> dict[str, Any]:
-    return {"run_id": step.run_id, "node": step.node, "attempt": step.attempt}
 
 
 async def _roll_back(control: StepControl) -> None:
