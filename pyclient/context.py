@@ -52,6 +52,7 @@ class StepControl:
         "_recorded",
         "_taken",
         "completion_tx",
+        "log_lines",
         "on_heartbeat",
         "progress",
         "progress_set",
@@ -68,6 +69,8 @@ class StepControl:
         #: The lease expiry as the server sent it, made a datetime when first read.
         self._lease_timestamp: Timestamp | None = None
         self.completion_tx = completion_tx
+        #: What the handler logged and was not sent yet (the worker's StepLines).
+        self.log_lines: Any = None
         self.on_heartbeat = on_heartbeat
         self.progress: Any = None
         self.progress_set = False

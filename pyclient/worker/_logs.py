@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -68,23 +67,24 @@ class StepLines:
             self._lines[:0] = lines
 
 
-#: The lines of each step running, by its control (shared by the step's context).
-_steps: weakref.WeakKeyDictionary[StepControl, StepLines] = weakref.WeakKeyDictionary()
+#: Held while a step's lines are made (once for each step that logs).
+_making = threading.Lock()
 
 
 def lines_of(control: StepControl) -> StepLines:
     """The lines of the step that ``control`` runs (made the first time)."""
-    lines = _steps.get(control)
+    lines: StepLines | None = control.log_lines
     if lines is None:
-        lines = _steps[control] = StepLines()
+        with _making:
+            lines = control.log_lines
+            if lines is None:
+                lines = control.log_lines = StepLines()
     return lines
 
 
 def take(control: StepControl) -> list[types_pb2.LogLine]:
     """The step's lines not sent yet, to send now."""
-    if not _steps:  # no handler has logged a line: the common case, kept cheap
-        return []
-    lines = _steps.get(control)
+    lines: StepLines | None = control.log_lines
     return lines.take() if lines is not None else []
 
 
