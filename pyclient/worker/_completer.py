@@ -349,7 +349,7 @@ class Completer:
             self.flusher = asyncio.create_task(self._flush())
 
     def _complete(self, request: pb.CompleteRequest, slog: StepLog) -> None:
-        """Report one outcome, in the next CompleteMany. Its step's task ends here, but
+        """Report one outcome, in the next CompleteMany. Its step is over here, but
         its slot stays taken (``holding``) until the answer, which is logged then."""
         self.outbox.append((request, slog))
         self.holding += 1
