@@ -11,6 +11,9 @@ Scenarios (fixed counts, every loop bounded in count and time):
   sdk         the same, drained by 2 processes running the SDK's Worker (each on one Work
               stream)
   baseline    the same 20,000 jobs drained by a minimal psycopg loop, 8 threads
+  languages   the same runs drained by each SDK's worker in turn (bench/languages.py:
+              2 processes of 64 slots; Python, Go, TypeScript): steps/s and worker CPU
+              per step, each as a ratio to the Python SDK's
   peer        the same 20,000 jobs drained by pgqueuer (bench/peer.py: 5 queue
               managers, batches of 50), between `throughput` and `sdk`; both are
               reported as ratios to it (rate, and total CPU per job)
@@ -74,6 +77,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import languages
 import peer
 import psutil
 import psycopg
@@ -1555,6 +1559,9 @@ def main() -> None:
             print("sdk", results["sdk"], flush=True)
         if "peer" in results:
             compare_peer(results)
+        if wanted("languages") and not args.citus:
+            this = sys.modules[__name__]
+            results["languages"] = languages.scenario(this, server, database_url, args.runs)
         if wanted("dag"):
             results["dag"] = scenario_dag(server.address, database_url, args.dag_runs, "dagop")
             print("dag", results["dag"], flush=True)
@@ -1824,6 +1831,17 @@ def print_table(r: dict, out: Path) -> None:
                     ),
                     (f"  {title} / pgqueuer, total CPU per step", p[f"{name}_cpu_ratio"]),
                 ]
+    for name, d in r.get("languages", {}).items():
+        rows += [
+            (
+                f"{name} SDK worker: steps/s; / Python's",
+                f"{d['steps_per_s']}; {d['rate_vs_python']}",
+            ),
+            (
+                "  CPU ms per step: server / workers / Postgres = total; workers / Python's",
+                f"{cpu_split(d['cpu_ms_per_step'])}; {d['workers_cpu_vs_python']}",
+            ),
+        ]
     if "dag" in r:
         rows += [
             ("dag steps/s", r["dag"]["steps_per_s"]),

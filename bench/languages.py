@@ -1,0 +1,84 @@
+"""The `languages` scenario of `make bench`: the throughput scenario's one-node no-op
+runs drained by each SDK's worker in turn, 2 processes of 64 slots each, every SDK on
+the same server and database in the same run; steps/s and the worker processes' CPU
+per step, each also as a ratio to the Python SDK's.
+
+A language's bench worker (bench/workers/) takes ``--address``, ``--action`` and
+``--concurrency``, serves that action with a no-op handler through its SDK's Worker
+until SIGTERM, and, when CYCLONE_BENCH_STARTUP_DIR is set, writes the CPU seconds it
+spent starting (user and system) to a file named after its pid there, before its first
+claim: the bench leaves that out of the CPU per step.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Worker processes per SDK, and the slots of each.
+PROCESSES = 2
+CONCURRENCY = 64
+#: Longest a drain may take before the bench gives up on it.
+DEADLINE_S = 600.0
+
+
+def _python() -> list[str]:
+    return [sys.executable, str(ROOT / "bench" / "workers" / "python_worker.py")]
+
+
+#: Each SDK's bench worker: builds it (once) and returns the command that starts one.
+LANGUAGES: dict[str, Callable[[], list[str]]] = {"python": _python}
+
+
+def drain(
+    bench: Any, server: Any, database_url: str, runs: int, action: str, command: list[str]
+) -> dict:
+    """``runs`` one-node runs of ``action`` drained by PROCESSES workers of ``command``."""
+    import psycopg
+
+    bench.submit_many(server.address, [bench.one_node("one", action)] * runs)
+    with bench.CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
+        flags = ["--address", server.address, "--action", action, "--concurrency", str(CONCURRENCY)]
+        procs = [subprocess.Popen([*command, *flags], cwd=ROOT) for _ in range(PROCESSES)]
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            done = conn.execute(
+                "SELECT count(*) FROM cyclone.steps WHERE action = %s AND status = 'completed'",
+                (action,),
+            ).fetchone()[0]
+            if done == runs or any(p.poll() is not None for p in procs):
+                break
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        codes = [p.wait(60) for p in procs]
+    assert codes == [0] * PROCESSES, f"{command[0]}: worker exit statuses {codes}"
+    n, rate = bench.steps_per_second(database_url, action)
+    assert n == runs, f"{n} of {runs} steps completed"
+    return {
+        "steps": n,
+        "steps_per_s": round(rate, 1),
+        "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
+        "worker_startup_cpu_ms": cpu.startup_ms(),
+    }
+
+
+def scenario(bench: Any, server: Any, database_url: str, runs: int) -> dict:
+    """Every SDK's drain, then each one's ratios to Python's."""
+    results = {}
+    for name, build in LANGUAGES.items():
+        results[name] = drain(bench, server, database_url, runs, f"lang-{name}", build())
+        print("languages", name, results[name], flush=True)
+    python = results["python"]
+    for result in results.values():
+        result["rate_vs_python"] = round(result["steps_per_s"] / python["steps_per_s"], 2)
+        result["workers_cpu_vs_python"] = round(
+            result["cpu_ms_per_step"]["workers"] / python["cpu_ms_per_step"]["workers"], 2
+        )
+    return results
