@@ -885,6 +885,13 @@ def drain_with_sdk(
     ]
     for p in procs:
         p.start()
+    wait_drained(conn, action, runs)
+    finished.set()
+    join(procs)
+
+
+def wait_drained(conn: psycopg.Connection, action: str, runs: int, gave_up=lambda: False) -> None:
+    """Until ``runs`` steps of ``action`` completed, ``gave_up()`` or the deadline."""
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
         time.sleep(0.2)
@@ -892,10 +899,8 @@ def drain_with_sdk(
             "SELECT count(*) FROM cyclone.steps WHERE action = %s AND status = 'completed'",
             (action,),
         ).fetchone()[0]
-        if done == runs:
-            break
-    finished.set()
-    join(procs)
+        if done == runs or gave_up():
+            return
 
 
 def scenario_baseline(database_url: str, jobs: int, threads: int = 8) -> dict:

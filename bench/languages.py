@@ -15,7 +15,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Worker processes per SDK, and the slots of each.
 PROCESSES = 2
 CONCURRENCY = 64
-#: Longest a drain may take before the bench gives up on it.
-DEADLINE_S = 600.0
 
 
 def _python() -> list[str]:
@@ -46,15 +43,7 @@ def drain(
     with bench.CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
         flags = ["--address", server.address, "--action", action, "--concurrency", str(CONCURRENCY)]
         procs = [subprocess.Popen([*command, *flags], cwd=ROOT) for _ in range(PROCESSES)]
-        deadline = time.monotonic() + DEADLINE_S
-        while time.monotonic() < deadline:
-            time.sleep(0.2)
-            done = conn.execute(
-                "SELECT count(*) FROM cyclone.steps WHERE action = %s AND status = 'completed'",
-                (action,),
-            ).fetchone()[0]
-            if done == runs or any(p.poll() is not None for p in procs):
-                break
+        bench.wait_drained(conn, action, runs, lambda: any(p.poll() is not None for p in procs))
         for p in procs:
             p.send_signal(signal.SIGTERM)
         codes = [p.wait(60) for p in procs]
