@@ -5,7 +5,6 @@ go 1.26.0
 require (
 	github.com/cyclone-workflows/cyclone/sdk/go v0.0.0
 	github.com/jackc/pgx/v5 v5.13.0
-	google.golang.org/grpc v1.85.0
 )
 
 require (
@@ -17,6 +16,7 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/grpc v1.85.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 

@@ -16,11 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/cyclone-workflows/cyclone/sdk/go/client"
 	"github.com/cyclone-workflows/cyclone/sdk/go/worker"
-
-	"google.golang.org/grpc"
-	grpcbackoff "google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Env is the environment variable name, or fallback when it is unset or empty.
@@ -48,16 +45,6 @@ func EmbeddedDatabaseURL() string {
 		dir = parent
 	}
 	return ""
-}
-
-// Dial makes a plaintext connection to a Cyclone server that reconnects within
-// seconds when the server restarts (gRPC's default backoff grows to two minutes).
-func Dial(address string) (*grpc.ClientConn, error) {
-	return grpc.NewClient(address,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff: grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, MaxDelay: 5 * time.Second},
-		}))
 }
 
 // Pause waits d, or until ctx ends: then it returns why (context.Cause).
@@ -134,13 +121,16 @@ func serve(f Flags, schema string, opts worker.Options, actions func(f Flags, db
 	if _, err := pool.Exec(ctx, schema); err != nil {
 		return fmt.Errorf("creating the tables: %w", err)
 	}
-	conn, err := Dial(f.Address)
+	conn, err := client.Dial(f.Address)
 	if err != nil {
 		return fmt.Errorf("server %s: %w", f.Address, err)
 	}
 	defer conn.Close()
 
-	w := worker.New(conn, opts, actions(f, pool)...)
+	w, err := worker.New(conn, opts, actions(f, pool)...)
+	if err != nil {
+		return err
+	}
 	go func() {
 		<-ctx.Done()
 		stop() // a second signal now ends the process
