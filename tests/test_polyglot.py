@@ -343,7 +343,7 @@ def test_the_go_sdk_unit_tests_pass(go_binaries):
     # worker's loop, the client, and the testing package's crash-injection replay.
     out = _go_in_sdk("test", "./...")
     assert out.returncode == 0, out.stdout + out.stderr
-    for package in ("worker", "client"):
+    for package in ("worker", "client", "cyclonetest"):
         assert f"ok  \t{GO_MODULE}/{package}" in out.stdout, out.stdout
 
 
