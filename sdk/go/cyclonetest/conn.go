@@ -90,6 +90,10 @@ func (c *conn) Invoke(_ context.Context, method string, args, reply any, _ ...gr
 		resp, err = c.end(in)
 	case *cyclonev1.CompleteRequest:
 		resp, err = c.complete(in)
+	case *cyclonev1.WaitRequest:
+		resp, err = c.wait(in)
+	case *cyclonev1.StartChildRequest:
+		resp, err = c.startChild(in)
 	default:
 		return status.Errorf(codes.Unimplemented, "cyclonetest does not serve %s", method)
 	}

@@ -46,6 +46,7 @@ const (
 	Failed    Status = "failed"    // the handler returned an error (see Attempt.Failure)
 	Crashed   Status = "crashed"   // the injected crash stopped it; nothing was reported
 	Blocked   Status = "blocked"   // an unsafe call begun before has no outcome: see Resolve
+	Suspended Status = "suspended" // the body waits (a sleep, an event, a child run): see WaitingOn
 	Dropped   Status = "dropped"   // the body stopped for another reason and reported nothing
 )
 
@@ -60,6 +61,8 @@ type Attempt struct {
 	Ran []string
 	// Blocked: the step id of the unsafe call without an outcome.
 	BlockedOn string
+	// Suspended: the step id of the wait.
+	WaitingOn string
 	// The log lines the handler sent with its completion.
 	Logs []*cyclonev1.LogLine
 }
@@ -75,7 +78,7 @@ func (a Attempt) Decode(v any) error {
 // Retryable says whether the server would run the node again after this attempt.
 func (a Attempt) Retryable() bool {
 	switch a.Status {
-	case Crashed, Dropped:
+	case Crashed, Dropped, Suspended:
 		return true
 	case Failed:
 		return !a.Failure.GetNonRetryable()
@@ -127,6 +130,8 @@ type Node struct {
 	journal    map[string]*cyclonev1.StepCall // by step id
 	executions map[string]int
 	blockedOn  string
+	events     map[string][]*structpb.Value
+	children   map[string]*child
 	crash      *Crash
 	current    *Attempt
 }
@@ -146,6 +151,8 @@ func NewNode(h worker.Handler, opts ...Option) (*Node, error) {
 		opts:       worker.Options{ID: "cyclonetest", Concurrency: 1, Lease: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		journal:    map[string]*cyclonev1.StepCall{},
 		executions: map[string]int{},
+		events:     map[string][]*structpb.Value{},
+		children:   map[string]*child{},
 	}
 	for _, opt := range opts {
 		if err := opt(n); err != nil {
@@ -211,7 +218,9 @@ func (n *Node) Run(ctx context.Context, crash ...Crash) (Attempt, error) {
 }
 
 // RunToEnd runs attempts as the server would retry them, until one completes, fails
-// for good, blocks, or the node has had MaxAttempts attempts; it returns the last.
+// for good, blocks, or the node has had MaxAttempts attempts; it returns the last. A
+// suspended attempt is run again too (a sleep is over at the next attempt), and
+// counts as one.
 func (n *Node) RunToEnd(ctx context.Context) (Attempt, error) {
 	for {
 		a, err := n.Run(ctx)

@@ -248,6 +248,8 @@ func (w *Worker) runStep(step *Step) {
 		log.Info("step completed in its transaction")
 	case errors.Is(err, ErrLeaseLost) || errors.Is(cause, ErrLeaseLost):
 		log.Warn("lease lost: outcome dropped, the step runs again elsewhere", "error", err)
+	case errors.Is(err, ErrSuspended):
+		log.Info("waiting: the node gave up its lease until it can go on", "wait", err)
 	case errors.Is(err, ErrEffectUncertain):
 		log.Warn("effect uncertain: the run is blocked until an operator resolves it; node dropped", "error", err)
 	case errors.Is(cause, ErrRunCancelled):
