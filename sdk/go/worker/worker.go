@@ -1,15 +1,15 @@
-// Package worker is a small Cyclone worker written against the generated gRPC client
-// only: it claims steps of the actions it serves (long-poll), keeps each lease alive
-// with heartbeats at a third of the lease, runs the handler under the step's deadline
-// and reports the outcome with Complete.
+// Package worker runs Cyclone handlers and durable functions: it takes steps of the
+// actions it serves (on the Work stream, or with Claim where the server has none),
+// keeps each lease alive with heartbeats at a third of the lease, runs the handler
+// under the step's deadline and reports the outcome.
 //
 // The rules it follows are the protocol's, the same in every language:
-//   - a claim hands out a lease token; every Heartbeat and Complete presents it;
+//   - a claim hands out a lease token; every Heartbeat and completion presents it;
 //   - Heartbeat answering ABORTED means the lease is lost: the step may already run
 //     elsewhere, so the handler is stopped and its outcome dropped;
 //   - no heartbeat extends a lease past the node's timeout (ClaimedStep.deadline);
 //   - a handler that writes to the Cyclone database can complete inside its own
-//     transaction with Step.CompleteInTx instead of the Complete RPC.
+//     transaction with Step.CompleteInTx instead of a report.
 package worker
 
 import (
@@ -55,6 +55,9 @@ type Options struct {
 	// The server's payload limit and the journal's size, which outputs and step
 	// results are checked against before they are sent; zero fields: the defaults.
 	Limits Limits
+	// UseClaim speaks the loop with Claim and Complete calls instead of the Work
+	// stream. Without it, the worker uses Claim only when the server has no stream.
+	UseClaim bool
 }
 
 // Worker serves a set of actions. Run it with Run.
@@ -143,6 +146,18 @@ func (w *Worker) Run(ctx context.Context) error {
 		specs = append(specs, &cyclonev1.ActionSpec{Name: a.Name, UnsafeToRepeat: a.UnsafeToRepeat})
 	}
 	w.log.Info("worker started", "actions", len(specs), "concurrency", w.opts.Concurrency)
+	if !w.opts.UseClaim {
+		fallBack, err := w.work(ctx, specs)
+		if !fallBack {
+			return err
+		}
+		w.log.Info("the server has no Work stream: claiming with Claim")
+	}
+	return w.claimLoop(ctx, specs)
+}
+
+// claimLoop is the worker's loop with Claim and Complete calls.
+func (w *Worker) claimLoop(ctx context.Context, specs []*cyclonev1.ActionSpec) error {
 
 	slots := make(chan struct{}, w.opts.Concurrency) // one token per running handler
 	var running sync.WaitGroup
@@ -214,7 +229,15 @@ func (w *Worker) claim(ctx context.Context, specs []*cyclonev1.ActionSpec, n int
 }
 
 // runStep runs one claimed step's handler with heartbeats, then reports its outcome.
-func (w *Worker) runStep(step *Step) {
+func (w *Worker) runStep(step *Step) { w.runStepThen(step, w.report) }
+
+// reporter sends a step's outcome: with Complete, or in a report of the Work stream.
+type reporter func(req *cyclonev1.CompleteRequest, step *Step, log *slog.Logger)
+
+// runStepThen runs one claimed step's handler with heartbeats, then hands its outcome
+// to report; a step whose outcome is dropped (or committed in its transaction)
+// reports nothing.
+func (w *Worker) runStepThen(step *Step, report reporter) {
 	log := w.log.With("run_id", step.RunId, "node", step.Node, "attempt", step.Attempt)
 	step.log = log
 	action, ok := w.actions[step.Action]
@@ -263,7 +286,7 @@ func (w *Worker) runStep(step *Step) {
 			if err == nil {
 				req := completeRequest(step)
 				req.Outcome = &cyclonev1.CompleteRequest_Output{Output: value}
-				w.report(req, step, log)
+				report(req, step, log)
 				return
 			}
 		}
@@ -273,7 +296,7 @@ func (w *Worker) runStep(step *Step) {
 		log.Warn("step failed", "error", err)
 		req := completeRequest(step)
 		req.Outcome = &cyclonev1.CompleteRequest_Failure{Failure: failure(err)}
-		w.report(req, step, log)
+		report(req, step, log)
 	}
 }
 
