@@ -8,15 +8,17 @@ PY := $(VENV)/bin/python
 TOOLS := $(CURDIR)/.tools
 BUF := $(TOOLS)/npm/node_modules/.bin/buf
 GRPCURL := $(TOOLS)/bin/grpcurl
+STATICCHECK := $(TOOLS)/bin/staticcheck
 # The Python stubs: the package cyclone.v1 inside the shared core package (core/cyclone).
 # Only this directory is generated; the hand-written modules beside it are never wiped.
 PY_OUT := core
 GEN := $(PY_OUT)/cyclone/v1
-# Go and TypeScript code from the same protos, for examples/go and examples/ts. The
-# protoc plugins are pinned by examples/go/go.mod (tool directives) and
-# examples/ts/package-lock.json.
-GO_GEN := examples/go/gen
-GO_MODULE := cyclone/examples/go
+# Go and TypeScript code from the same protos: the Go SDK's public package of messages
+# and stubs (sdk/go/gen), and examples/ts. The protoc plugins are pinned by
+# sdk/go/go.mod (tool directives) and examples/ts/package-lock.json.
+GO_SDK := sdk/go
+GO_GEN := $(GO_SDK)/gen
+GO_MODULE := github.com/cyclone-workflows/cyclone/sdk/go
 TS_GEN := examples/ts/src/gen
 PROTOC_GEN_GO := $(TOOLS)/bin/protoc-gen-go
 PROTOC_GEN_GO_GRPC := $(TOOLS)/bin/protoc-gen-go-grpc
@@ -62,18 +64,21 @@ $(BUF):
 $(GRPCURL):
 	GOBIN=$(TOOLS)/bin go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4
 
-$(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) &: examples/go/go.mod
-	cd examples/go && GOBIN=$(TOOLS)/bin go install tool
+$(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) &: $(GO_SDK)/go.mod
+	cd $(GO_SDK) && GOBIN=$(TOOLS)/bin go install tool
 
 # npm rewrites node_modules/.package-lock.json at every install: it dates the install.
 $(TS_NPM)/.package-lock.json: examples/ts/package-lock.json
 	cd examples/ts && npm ci --silent --no-audit --no-fund
 
+$(STATICCHECK):
+	GOBIN=$(TOOLS)/bin go install honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 .PHONY: grpcurl
 grpcurl: $(GRPCURL) ## Install only grpcurl, in .tools/bin (needs Go; make tools installs it with the rest)
 
 .PHONY: tools
-tools: $(BUF) $(GRPCURL) $(PROTOC_GEN_GO) $(TS_NPM)/.package-lock.json ## Install buf, grpcurl, the Go and TS protoc plugins
+tools: $(BUF) $(GRPCURL) $(PROTOC_GEN_GO) $(STATICCHECK) $(TS_NPM)/.package-lock.json ## Install buf, grpcurl, staticcheck, the Go and TS protoc plugins
 
 .PHONY: proto
 proto: $(VENV)/.stamp $(PROTOC_GEN_GO) $(TS_NPM)/.package-lock.json ## Regenerate the Python, Go and TS code from protos/

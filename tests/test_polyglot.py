@@ -32,6 +32,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.polyglot, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parent.parent
 GO_EXAMPLE = ROOT / "examples" / "go"
+GO_SDK = ROOT / "sdk" / "go"
+#: The Go SDK's module path, as its README and go.mod give it.
+GO_MODULE = "github.com/cyclone-workflows/cyclone/sdk/go"
 TS_EXAMPLE = ROOT / "examples" / "ts"
 PRICE_WORKER = ROOT / "examples" / "polyglot" / "price_worker.py"
 #: Upper bound of any wait here; reached only when something is broken.
@@ -329,13 +332,33 @@ def test_a_charge_that_loses_its_lease_before_commit_rolls_back_and_is_booked_on
     python_worker.stop()
 
 
-def test_the_go_worker_unit_tests_pass(go_binaries):
-    # The journal's replay rules in examples/go/worker, against a fake server.
-    out = subprocess.run(
-        [_tool("go"), "test", "./..."], cwd=GO_EXAMPLE, capture_output=True, text=True, timeout=300
+def _go_in_sdk(*args: str, tool: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [tool or _tool("go"), *args], cwd=GO_SDK, capture_output=True, text=True, timeout=300
     )
+
+
+def test_the_go_sdk_unit_tests_pass(go_binaries):
+    # The SDK's own tests: the journal's replay rules against a fake server, the
+    # worker's loop, the client, and the testing package's crash-injection replay.
+    out = _go_in_sdk("test", "./...")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "ok  \tcyclone/examples/go/worker" in out.stdout
+    for package in ("worker", "client", "cyclonetest"):
+        assert f"ok  \t{GO_MODULE}/{package}" in out.stdout, out.stdout
+
+
+def test_the_go_sdk_is_vet_and_staticcheck_clean(go_binaries):
+    vet = _go_in_sdk("vet", "./...")
+    assert vet.returncode == 0, vet.stdout + vet.stderr
+    # make tools installs staticcheck into .tools/bin; one on PATH does as well.
+    staticcheck = ROOT / ".tools" / "bin" / "staticcheck"
+    if not staticcheck.exists():
+        found = shutil.which("staticcheck")
+        if found is None:
+            missing_tool("staticcheck is not installed: make tools installs it")
+        staticcheck = Path(found)
+    checked = _go_in_sdk("./...", tool=str(staticcheck))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_the_typescript_client_unit_tests_pass(ts_cli):
@@ -617,7 +640,7 @@ def test_a_go_step_result_over_the_payload_limit_is_its_recorded_failure(
     assert str(rendered.status) == "failed" and rendered.error is not None
     assert (rendered.error.type, rendered.error.module) == (
         "StepResultTooLarge",
-        "cyclone/examples/go/worker",
+        f"{GO_MODULE}/worker",
     )
     assert "the limit of a step result is 1048576 bytes" in rendered.error.message
     assert rendered.error.attributes["limit"] == 1048576

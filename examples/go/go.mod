@@ -2,15 +2,9 @@ module cyclone/examples/go
 
 go 1.26.0
 
-tool (
-	google.golang.org/grpc/cmd/protoc-gen-go-grpc
-	google.golang.org/protobuf/cmd/protoc-gen-go
-)
-
 require (
+	github.com/cyclone-workflows/cyclone/sdk/go v0.0.0
 	github.com/jackc/pgx/v5 v5.13.0
-	google.golang.org/grpc v1.85.0
-	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -22,5 +16,9 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
-	google.golang.org/grpc/cmd/protoc-gen-go-grpc v1.6.1 // indirect
+	google.golang.org/grpc v1.85.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+// The SDK of this repository, as checked out beside the examples.
+replace github.com/cyclone-workflows/cyclone/sdk/go => ../../sdk/go

@@ -17,7 +17,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"cyclone/examples/go/worker"
+	"github.com/cyclone-workflows/cyclone/sdk/go/worker"
+
+	"cyclone/examples/go/internal/example"
 )
 
 // The ledger, as examples/python creates it too: one row per (run_id, node).
@@ -30,7 +32,7 @@ CREATE TABLE IF NOT EXISTS ledger (
 )`
 
 func main() {
-	worker.Main("checkout-worker", ledgerSchema, func(f worker.Flags, db *pgxpool.Pool) []worker.Action {
+	example.Main("checkout-worker", ledgerSchema, func(f example.Flags, db *pgxpool.Pool) []worker.Action {
 		c := &checkout{db: db, limit: f.Limit, gatewayDelay: f.GatewayDelay}
 		return []worker.Action{{Name: "checkout.charge", Handler: c.charge}}
 	})
@@ -79,7 +81,7 @@ func (c *checkout) charge(ctx context.Context, step *worker.Step) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := worker.Pause(ctx, c.gatewayDelay); err != nil {
+	if err := example.Pause(ctx, c.gatewayDelay); err != nil {
 		return nil, err
 	}
 	// Completes the step in tx and commits; the worker then reports nothing.

@@ -47,7 +47,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"cyclone/examples/go/worker"
+	"github.com/cyclone-workflows/cyclone/sdk/go/worker"
+
+	"cyclone/examples/go/internal/example"
 )
 
 // The reservations (one per order) and a log of every step function that ran.
@@ -70,7 +72,7 @@ CREATE TABLE IF NOT EXISTS invoices (
 func main() {
 	freeShipping := flag.Bool("free-shipping", false,
 		"run the next version of the body: shipping is free (behind the patch marker \"free-shipping\")")
-	worker.Main("order-worker", schema, func(f worker.Flags, db *pgxpool.Pool) []worker.Action {
+	example.Main("order-worker", schema, func(f example.Flags, db *pgxpool.Pool) []worker.Action {
 		o := &orders{db: db, limit: f.Limit, gatewayDelay: f.GatewayDelay, freeShipping: *freeShipping}
 		return []worker.Action{{Name: "order.fulfil", Handler: o.fulfil}}
 	})
@@ -155,7 +157,7 @@ func (o *orders) fulfil(ctx context.Context, step *worker.Step) (any, error) {
 			return charge{}, &worker.Failure{Type: "CardDeclined",
 				Message: fmt.Sprintf("%d cents is over the card's limit of %d", total, o.limit)}
 		}
-		if err := worker.Pause(ctx, o.gatewayDelay); err != nil {
+		if err := example.Pause(ctx, o.gatewayDelay); err != nil {
 			return charge{}, err
 		}
 		return charge{ChargeID: "ch_" + in.OrderID}, nil

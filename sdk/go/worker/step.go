@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	cyclonev1 "cyclone/examples/go/gen/cyclone/v1"
+	cyclonev1 "github.com/cyclone-workflows/cyclone/sdk/go/gen/cyclone/v1"
 )
 
 // Step is one claimed step, as its handler sees it: the ClaimedStep of the protocol
@@ -26,6 +27,11 @@ type Step struct {
 	journalOnce sync.Once
 	steps       *journal // the step calls of a durable function; see Call
 	limits      Limits   // checked before anything is sent; zero fields: the defaults
+
+	log        *slog.Logger // the worker's, with the step's ids
+	logs       stepLogs     // lines for the next heartbeat or the completion
+	loggerOnce sync.Once
+	logger     *slog.Logger
 }
 
 // Key is the step's idempotency key, "run_id:node": the same on every attempt, so an
@@ -116,4 +122,15 @@ func decode(in *structpb.Value, v any) error {
 		return err
 	}
 	return json.Unmarshal(raw, v)
+}
+
+// outputValue is a handler's output as the server takes it. One that cannot be
+// encoded as JSON fails the node for good (OutputNotJSON): the same code would return
+// the same value at every attempt.
+func outputValue(output any) (*structpb.Value, error) {
+	value, err := toValue(output)
+	if err != nil {
+		return nil, fatal("OutputNotJSON", "the handler's output (%T) cannot be sent: %v", output, err)
+	}
+	return value, nil
 }

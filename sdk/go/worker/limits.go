@@ -11,7 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	cyclonev1 "cyclone/examples/go/gen/cyclone/v1"
+	cyclonev1 "github.com/cyclone-workflows/cyclone/sdk/go/gen/cyclone/v1"
 )
 
 // What the server takes, checked before anything is sent: a value the server would

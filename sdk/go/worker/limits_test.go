@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	cyclonev1 "cyclone/examples/go/gen/cyclone/v1"
+	cyclonev1 "github.com/cyclone-workflows/cyclone/sdk/go/gen/cyclone/v1"
 )
 
 // runBody runs body as the handler of a claimed step with journal, the way the worker
@@ -65,7 +65,7 @@ func TestAStepResultIsMeasuredAsItsProtobufValueAgainstTheDefaultLimit(t *testin
 	if end.GetOutput() != nil || end.GetError() == nil {
 		t.Fatalf("the too large result was sent: %v", end.GetOutput() != nil)
 	}
-	if e := end.GetError(); e.Type != "StepResultTooLarge" || e.Module != "cyclone/examples/go/worker" ||
+	if e := end.GetError(); e.Type != "StepResultTooLarge" || e.Module != "github.com/cyclone-workflows/cyclone/sdk/go/worker" ||
 		!strings.Contains(e.Message, "1048577 bytes") || !strings.Contains(e.Message, "1048576 bytes") ||
 		e.GetAttributes().GetStructValue().GetFields()["size"].GetNumberValue() != DefaultMaxPayloadBytes+1 {
 		t.Fatalf("recorded error = %v", e)
@@ -107,7 +107,7 @@ func TestARecordedTooLargeResultReplaysAsTheSameTypedError(t *testing.T) {
 	attributes, _ := structpb.NewValue(map[string]any{"step_id": "render", "function": "render", "size": 2e6, "limit": 1048576})
 	recorded := &cyclonev1.StepCall{StepId: "render", Seq: 1, Function: "render", Attempt: 1,
 		Status: cyclonev1.StepCallStatus_STEP_CALL_STATUS_FAILED,
-		Error: &cyclonev1.StepCallError{Type: "StepResultTooLarge", Module: "cyclone/examples/go/worker",
+		Error: &cyclonev1.StepCallError{Type: "StepResultTooLarge", Module: "github.com/cyclone-workflows/cyclone/sdk/go/worker",
 			Message: "too large", Attributes: attributes}}
 	s, ctx := claimed(f, recorded)
 	var calls int
@@ -164,7 +164,7 @@ func TestAFailureIsRecordedWithItsTypeModuleAndDetails(t *testing.T) {
 		})
 	})
 	e := f.ends[0].GetError()
-	if e.Type != "cardDeclined" || e.Module != "cyclone/examples/go/worker" || e.Message != "charge: card declined: insufficient_funds" ||
+	if e.Type != "cardDeclined" || e.Module != "github.com/cyclone-workflows/cyclone/sdk/go/worker" || e.Message != "charge: card declined: insufficient_funds" ||
 		!strings.Contains(e.Details, "*fmt.wrapError: charge: card declined") || !strings.Contains(e.Details, "*worker.cardDeclined: card declined") {
 		t.Fatalf("recorded %v", e)
 	}

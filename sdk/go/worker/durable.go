@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	cyclonev1 "cyclone/examples/go/gen/cyclone/v1"
+	cyclonev1 "github.com/cyclone-workflows/cyclone/sdk/go/gen/cyclone/v1"
 )
 
 // A handler is a durable function when it runs parts of its work through Call: each
@@ -166,40 +166,12 @@ func (s *Step) begin(ctx context.Context, name string, fn any, opts []CallOption
 		opt(&o)
 	}
 	function, err := stepName(name, fn)
-	if err == nil && o.stepID != "" {
-		err = checkName("step id", o.stepID, maxName)
-	}
 	if err != nil {
 		return nil, s.stop(fatal("InvalidStepName", "%v", err))
 	}
-	j := s.journal()
-	j.mu.Lock()
-	if j.stopped != nil {
-		j.mu.Unlock()
-		return nil, j.stopped
-	}
-	id := o.stepID
-	if id == "" {
-		id = function
-		if n := j.occurred[function] + 1; n > 1 {
-			id = fmt.Sprintf("%s#%d", function, n)
-		}
-	}
-	if err := j.take(id, function, s.limits); err != nil {
-		j.mu.Unlock()
-		return nil, s.stop(err)
-	}
-	j.occurred[function]++
-	c := &stepCall{step: s, id: id, seq: j.seq, function: function, unsafe: o.unsafe, recorded: j.byID[id]}
-	atSeq := j.bySeq[c.seq]
-	j.mu.Unlock()
-
-	if err := c.matches(atSeq); err != nil {
-		return nil, s.stop(err)
-	}
-	if atSeq != nil {
-		// The journal's name for the function stands (an older form of it).
-		c.function = atSeq.Function
+	c, err := s.open(function, function, o)
+	if err != nil {
+		return nil, err
 	}
 	if c.recorded.GetStatus() == cyclonev1.StepCallStatus_STEP_CALL_STATUS_STARTED {
 		// Begun by an unsafe call with no outcome. Only BeginStepCall may decide
@@ -224,6 +196,47 @@ func (s *Step) begin(ctx context.Context, name string, fn any, opts []CallOption
 			ErrEffectUncertain, c.id, resp.Call.GetAttempt(), s.RunId))
 	default:
 		return nil, fmt.Errorf("BeginStepCall for %s: unknown decision %v", c.id, resp.Decision)
+	}
+	return c, nil
+}
+
+// open gives the next call of the body, of function, its seq and its step id (o's,
+// else base, base#2, ... by occurrence), checks that the journal agrees, and finds
+// what the claimed journal holds for it (c.recorded, nil when nothing).
+func (s *Step) open(function, base string, o callOptions) (*stepCall, error) {
+	if o.stepID != "" {
+		if err := checkName("step id", o.stepID, maxName); err != nil {
+			return nil, s.stop(fatal("InvalidStepName", "%v", err))
+		}
+	}
+	j := s.journal()
+	j.mu.Lock()
+	if j.stopped != nil {
+		j.mu.Unlock()
+		return nil, j.stopped
+	}
+	id := o.stepID
+	if id == "" {
+		id = base
+		if n := j.occurred[base] + 1; n > 1 {
+			id = fmt.Sprintf("%s#%d", base, n)
+		}
+	}
+	if err := j.take(id, function, s.limits); err != nil {
+		j.mu.Unlock()
+		return nil, s.stop(err)
+	}
+	j.occurred[base]++
+	c := &stepCall{step: s, id: id, seq: j.seq, function: function, unsafe: o.unsafe, recorded: j.byID[id]}
+	atSeq := j.bySeq[c.seq]
+	j.mu.Unlock()
+
+	if err := c.matches(atSeq); err != nil {
+		return nil, s.stop(err)
+	}
+	if atSeq != nil {
+		// The journal's name for the function stands (an older form of it).
+		c.function = atSeq.Function
 	}
 	return c, nil
 }

@@ -1,4 +1,6 @@
-package worker
+// Package example is what the example commands share: their flags and defaults, the
+// database of their effects and the connection to the server.
+package example
 
 import (
 	"context"
@@ -14,12 +16,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"google.golang.org/grpc"
-	grpcbackoff "google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
+	"github.com/cyclone-workflows/cyclone/sdk/go/client"
+	"github.com/cyclone-workflows/cyclone/sdk/go/worker"
 )
-
-// What the example commands share: their defaults and the connection to the server.
 
 // Env is the environment variable name, or fallback when it is unset or empty.
 func Env(name, fallback string) string {
@@ -46,16 +45,6 @@ func EmbeddedDatabaseURL() string {
 		dir = parent
 	}
 	return ""
-}
-
-// Dial makes a plaintext connection to a Cyclone server that reconnects within
-// seconds when the server restarts (gRPC's default backoff grows to two minutes).
-func Dial(address string) (*grpc.ClientConn, error) {
-	return grpc.NewClient(address,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff: grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, MaxDelay: 5 * time.Second},
-		}))
 }
 
 // Pause waits d, or until ctx ends: then it returns why (context.Cause).
@@ -95,7 +84,7 @@ func parseFlags() Flags {
 		"how long the payment gateway takes to answer (for demos: kill the worker meanwhile)")
 	flag.IntVar(&f.Concurrency, "concurrency", 4, "handlers running at once")
 	flag.DurationVar(&f.Lease, "lease", 30*time.Second, "lease asked for each step; heartbeats every third")
-	flag.IntVar(&f.MaxPayloadBytes, "max-payload-bytes", DefaultMaxPayloadBytes,
+	flag.IntVar(&f.MaxPayloadBytes, "max-payload-bytes", worker.DefaultMaxPayloadBytes,
 		"the server's payload limit (its --max-payload-bytes): larger outputs and step results fail")
 	flag.Parse()
 	return f
@@ -107,17 +96,17 @@ func parseFlags() Flags {
 // actions that actions returns until SIGINT or SIGTERM; then it waits for the
 // handlers in flight, and a second signal ends the process at once. It exits 1 when
 // the worker cannot start or fails.
-func Main(name, schema string, actions func(f Flags, db *pgxpool.Pool) []Action) {
+func Main(name, schema string, actions func(f Flags, db *pgxpool.Pool) []worker.Action) {
 	f := parseFlags()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := serve(f, schema, Options{Concurrency: f.Concurrency, Lease: f.Lease, Logger: log,
-		Limits: Limits{MaxPayloadBytes: f.MaxPayloadBytes}}, actions); err != nil {
+	if err := serve(f, schema, worker.Options{Concurrency: f.Concurrency, Lease: f.Lease, Logger: log,
+		Limits: worker.Limits{MaxPayloadBytes: f.MaxPayloadBytes}}, actions); err != nil {
 		log.Error(name+" failed", "error", err)
 		os.Exit(1)
 	}
 }
 
-func serve(f Flags, schema string, opts Options, actions func(f Flags, db *pgxpool.Pool) []Action) error {
+func serve(f Flags, schema string, opts worker.Options, actions func(f Flags, db *pgxpool.Pool) []worker.Action) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -132,13 +121,16 @@ func serve(f Flags, schema string, opts Options, actions func(f Flags, db *pgxpo
 	if _, err := pool.Exec(ctx, schema); err != nil {
 		return fmt.Errorf("creating the tables: %w", err)
 	}
-	conn, err := Dial(f.Address)
+	conn, err := client.Dial(f.Address)
 	if err != nil {
 		return fmt.Errorf("server %s: %w", f.Address, err)
 	}
 	defer conn.Close()
 
-	w := New(conn, opts, actions(f, pool)...)
+	w, err := worker.New(conn, opts, actions(f, pool)...)
+	if err != nil {
+		return err
+	}
 	go func() {
 		<-ctx.Done()
 		stop() // a second signal now ends the process

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	cyclonev1 "cyclone/examples/go/gen/cyclone/v1"
+	cyclonev1 "github.com/cyclone-workflows/cyclone/sdk/go/gen/cyclone/v1"
 )
 
 // SQLSTATEs raised by the Cyclone SQL functions.
@@ -39,7 +39,7 @@ const stepCompleteSQL = `SELECT run_status FROM cyclone.step_complete($1, $2, $3
 // An output over the payload limit is not recorded: tx is rolled back and the error is
 // a non-retryable OutputTooLarge failure, for the handler to return.
 func (s *Step) CompleteInTx(ctx context.Context, tx pgx.Tx, output any) error {
-	value, err := toValue(output)
+	value, err := outputValue(output)
 	if err == nil {
 		err = outputTooLarge(value, s.limits)
 	}

@@ -7,7 +7,7 @@ import (
 	"runtime"
 	"strings"
 
-	cyclonev1 "cyclone/examples/go/gen/cyclone/v1"
+	cyclonev1 "github.com/cyclone-workflows/cyclone/sdk/go/gen/cyclone/v1"
 )
 
 // A step call is known to the journal by its seq, its step id and its function: the

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	cyclonev1 "cyclone/examples/go/gen/cyclone/v1"
+	cyclonev1 "github.com/cyclone-workflows/cyclone/sdk/go/gen/cyclone/v1"
 )
 
 // fakeServer answers the step call RPCs and Complete from memory, as the server's

@@ -1,15 +1,15 @@
-// Package worker is a small Cyclone worker written against the generated gRPC client
-// only: it claims steps of the actions it serves (long-poll), keeps each lease alive
-// with heartbeats at a third of the lease, runs the handler under the step's deadline
-// and reports the outcome with Complete.
+// Package worker runs Cyclone handlers and durable functions: it takes steps of the
+// actions it serves (on the Work stream, or with Claim where the server has none),
+// keeps each lease alive with heartbeats at a third of the lease, runs the handler
+// under the step's deadline and reports the outcome.
 //
 // The rules it follows are the protocol's, the same in every language:
-//   - a claim hands out a lease token; every Heartbeat and Complete presents it;
+//   - a claim hands out a lease token; every Heartbeat and completion presents it;
 //   - Heartbeat answering ABORTED means the lease is lost: the step may already run
 //     elsewhere, so the handler is stopped and its outcome dropped;
 //   - no heartbeat extends a lease past the node's timeout (ClaimedStep.deadline);
 //   - a handler that writes to the Cyclone database can complete inside its own
-//     transaction with Step.CompleteInTx instead of the Complete RPC.
+//     transaction with Step.CompleteInTx instead of a report.
 package worker
 
 import (
@@ -27,7 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	cyclonev1 "cyclone/examples/go/gen/cyclone/v1"
+	cyclonev1 "github.com/cyclone-workflows/cyclone/sdk/go/gen/cyclone/v1"
 )
 
 // Handler runs one step. Its return value is the step's output (any JSON-encodable
@@ -55,6 +55,9 @@ type Options struct {
 	// The server's payload limit and the journal's size, which outputs and step
 	// results are checked against before they are sent; zero fields: the defaults.
 	Limits Limits
+	// UseClaim speaks the loop with Claim and Complete calls instead of the Work
+	// stream. Without it, the worker uses Claim only when the server has no stream.
+	UseClaim bool
 }
 
 // Worker serves a set of actions. Run it with Run.
@@ -65,13 +68,32 @@ type Worker struct {
 	log     *slog.Logger
 }
 
-// New makes a worker on a gRPC connection to a Cyclone server.
-func New(conn grpc.ClientConnInterface, opts Options, actions ...Action) *Worker {
+// New makes a worker of actions on a gRPC connection to a Cyclone server (see
+// client.Dial). It checks the actions and the options: an action without a name or a
+// handler, a name given twice, or limits out of range are an error naming it.
+func New(conn grpc.ClientConnInterface, opts Options, actions ...Action) (*Worker, error) {
+	if conn == nil {
+		return nil, errors.New("worker: no connection to a server")
+	}
+	if len(actions) == 0 {
+		return nil, errors.New("worker: no action to serve")
+	}
+	if l := opts.Limits; l.MaxPayloadBytes < 0 || l.MaxStepCalls < 0 || l.MaxStepCalls > MaxStepCalls {
+		return nil, fmt.Errorf("worker: limits: MaxPayloadBytes must be positive, MaxStepCalls 1-%d; got %d and %d",
+			MaxStepCalls, l.MaxPayloadBytes, l.MaxStepCalls)
+	}
+	if opts.Concurrency < 0 || opts.Lease < 0 || opts.ClaimWait < 0 {
+		return nil, fmt.Errorf("worker: Concurrency, Lease and ClaimWait cannot be negative; got %d, %v and %v",
+			opts.Concurrency, opts.Lease, opts.ClaimWait)
+	}
+	if opts.Lease != 0 && opts.Lease < 3*time.Second {
+		return nil, fmt.Errorf("worker: a lease of %v is too short: heartbeats go every third of it; take 3s or more", opts.Lease)
+	}
 	if opts.ID == "" {
 		host, _ := os.Hostname()
 		opts.ID = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
-	if opts.Concurrency < 1 {
+	if opts.Concurrency == 0 {
 		opts.Concurrency = 4
 	}
 	if opts.Lease == 0 {
@@ -90,29 +112,52 @@ func New(conn grpc.ClientConnInterface, opts Options, actions ...Action) *Worker
 		log:     opts.Logger.With("worker", opts.ID),
 	}
 	for _, a := range actions {
+		switch _, twice := w.actions[a.Name]; {
+		case a.Name == "":
+			return nil, errors.New("worker: an action has no name")
+		case a.Handler == nil:
+			return nil, fmt.Errorf("worker: action %q has no handler", a.Name)
+		case twice:
+			return nil, fmt.Errorf("worker: action %q is given twice", a.Name)
+		}
 		w.actions[a.Name] = a
 	}
-	return w
+	return w, nil
+}
+
+// A Claim answered with one of these codes will never succeed as it is: the worker
+// stops with the error instead of retrying it.
+var permanent = map[codes.Code]bool{
+	codes.InvalidArgument: true, codes.PermissionDenied: true, codes.Unauthenticated: true,
+	codes.Unimplemented: true, codes.FailedPrecondition: true,
 }
 
 // Run claims and runs steps until ctx is done, then waits for the handlers in flight
-// to finish (each is bounded by its step's deadline) and returns.
+// to finish (each is bounded by its step's deadline) and returns nil. A server that
+// cannot be reached is retried with a backoff up to 5s (it may be restarting); one
+// that refuses the claims for good (a bad token, a role without the right, a request
+// it rejects) ends Run with that error, once the handlers in flight are done.
 //
 // A Claim cancelled by the stop may have claimed steps whose answer never arrives:
 // they stay leased to nobody until the lease expires, then run again elsewhere.
 func (w *Worker) Run(ctx context.Context) error {
-	if len(w.actions) == 0 {
-		return errors.New("the worker serves no action")
-	}
-	if l := w.opts.Limits; l.MaxPayloadBytes < 0 || l.MaxStepCalls < 0 || l.MaxStepCalls > MaxStepCalls {
-		return fmt.Errorf("limits: MaxPayloadBytes must be positive, MaxStepCalls 1-%d; got %d and %d",
-			MaxStepCalls, l.MaxPayloadBytes, l.MaxStepCalls)
-	}
 	specs := make([]*cyclonev1.ActionSpec, 0, len(w.actions))
 	for _, a := range w.actions {
 		specs = append(specs, &cyclonev1.ActionSpec{Name: a.Name, UnsafeToRepeat: a.UnsafeToRepeat})
 	}
 	w.log.Info("worker started", "actions", len(specs), "concurrency", w.opts.Concurrency)
+	if !w.opts.UseClaim {
+		fallBack, err := w.work(ctx, specs)
+		if !fallBack {
+			return err
+		}
+		w.log.Info("the server has no Work stream: claiming with Claim")
+	}
+	return w.claimLoop(ctx, specs)
+}
+
+// claimLoop is the worker's loop with Claim and Complete calls.
+func (w *Worker) claimLoop(ctx context.Context, specs []*cyclonev1.ActionSpec) error {
 
 	slots := make(chan struct{}, w.opts.Concurrency) // one token per running handler
 	var running sync.WaitGroup
@@ -138,6 +183,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				continue // stopping
+			}
+			if permanent[status.Code(err)] {
+				w.log.Error("the server refuses this worker's claims; stopping", "error", err)
+				return fmt.Errorf("worker: Claim refused: %w", err)
 			}
 			delay := retry.next()
 			w.log.Warn("claim failed; retrying", "error", err, "in", delay)
@@ -180,8 +229,17 @@ func (w *Worker) claim(ctx context.Context, specs []*cyclonev1.ActionSpec, n int
 }
 
 // runStep runs one claimed step's handler with heartbeats, then reports its outcome.
-func (w *Worker) runStep(step *Step) {
+func (w *Worker) runStep(step *Step) { w.runStepThen(step, w.report) }
+
+// reporter sends a step's outcome: with Complete, or in a report of the Work stream.
+type reporter func(req *cyclonev1.CompleteRequest, step *Step, log *slog.Logger)
+
+// runStepThen runs one claimed step's handler with heartbeats, then hands its outcome
+// to report; a step whose outcome is dropped (or committed in its transaction)
+// reports nothing.
+func (w *Worker) runStepThen(step *Step, report reporter) {
 	log := w.log.With("run_id", step.RunId, "node", step.Node, "attempt", step.Attempt)
+	step.log = log
 	action, ok := w.actions[step.Action]
 	if !ok { // the server only hands out the actions we claimed
 		log.Error("claimed a step of an action this worker does not serve", "action", step.Action)
@@ -213,6 +271,8 @@ func (w *Worker) runStep(step *Step) {
 		log.Info("step completed in its transaction")
 	case errors.Is(err, ErrLeaseLost) || errors.Is(cause, ErrLeaseLost):
 		log.Warn("lease lost: outcome dropped, the step runs again elsewhere", "error", err)
+	case errors.Is(err, ErrSuspended):
+		log.Info("waiting: the node gave up its lease until it can go on", "wait", err)
 	case errors.Is(err, ErrEffectUncertain):
 		log.Warn("effect uncertain: the run is blocked until an operator resolves it; node dropped", "error", err)
 	case errors.Is(cause, ErrRunCancelled):
@@ -220,13 +280,13 @@ func (w *Worker) runStep(step *Step) {
 	default:
 		if err == nil {
 			var value *structpb.Value
-			if value, err = toValue(output); err == nil {
+			if value, err = outputValue(output); err == nil {
 				err = outputTooLarge(value, step.limits)
 			}
 			if err == nil {
 				req := completeRequest(step)
 				req.Outcome = &cyclonev1.CompleteRequest_Output{Output: value}
-				w.report(req, step, log)
+				report(req, step, log)
 				return
 			}
 		}
@@ -236,7 +296,7 @@ func (w *Worker) runStep(step *Step) {
 		log.Warn("step failed", "error", err)
 		req := completeRequest(step)
 		req.Outcome = &cyclonev1.CompleteRequest_Failure{Failure: failure(err)}
-		w.report(req, step, log)
+		report(req, step, log)
 	}
 }
 
@@ -264,13 +324,18 @@ func (w *Worker) heartbeat(ctx context.Context, step *Step, stop context.CancelC
 		case <-ticker.C:
 		}
 		callCtx, cancel := context.WithTimeout(ctx, every)
+		lines := step.logs.take()
 		resp, err := w.client.Heartbeat(callCtx, &cyclonev1.HeartbeatRequest{
 			RunId:      step.RunId,
 			Node:       step.Node,
 			LeaseToken: step.LeaseToken,
 			Lease:      durationpb.New(w.opts.Lease),
+			Logs:       lines,
 		})
 		cancel()
+		if err != nil {
+			step.logs.giveBack(lines) // the next beat carries them again
+		}
 		switch status.Code(err) {
 		case codes.OK:
 			if resp.Cancelled {
@@ -314,7 +379,8 @@ func (w *Worker) report(req *cyclonev1.CompleteRequest, step *Step, log *slog.Lo
 
 // completeRequest names the step and presents its lease token; the caller sets the outcome.
 func completeRequest(step *Step) *cyclonev1.CompleteRequest {
-	return &cyclonev1.CompleteRequest{RunId: step.RunId, Node: step.Node, LeaseToken: step.LeaseToken}
+	return &cyclonev1.CompleteRequest{RunId: step.RunId, Node: step.Node, LeaseToken: step.LeaseToken,
+		Logs: step.logs.take()}
 }
 
 // failure is the node's failure for err: a *Failure's type and retry mark, else the

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	cyclonev1 "cyclone/examples/go/gen/cyclone/v1"
+	cyclonev1 "github.com/cyclone-workflows/cyclone/sdk/go/gen/cyclone/v1"
 )
 
 func priceOrder(context.Context) (int, error) { return 2290, nil }

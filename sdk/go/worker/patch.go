@@ -5,7 +5,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/structpb"
 
-	cyclonev1 "cyclone/examples/go/gen/cyclone/v1"
+	cyclonev1 "github.com/cyclone-workflows/cyclone/sdk/go/gen/cyclone/v1"
 )
 
 // Patch markers let a durable function change the step calls it makes while runs are
