@@ -12,15 +12,15 @@ GRPCURL := $(TOOLS)/bin/grpcurl
 # Only this directory is generated; the hand-written modules beside it are never wiped.
 PY_OUT := core
 GEN := $(PY_OUT)/cyclone/v1
-# Go and TypeScript code from the same protos, for examples/go and examples/ts. The
-# protoc plugins are pinned by examples/go/go.mod (tool directives) and
-# examples/ts/package-lock.json.
+# Go and TypeScript code from the same protos, for examples/go and the TypeScript SDK
+# (sdk/ts). The protoc plugins are pinned by examples/go/go.mod (tool directives) and
+# sdk/ts/package-lock.json.
 GO_GEN := examples/go/gen
 GO_MODULE := cyclone/examples/go
-TS_GEN := examples/ts/src/gen
+TS_GEN := sdk/ts/src/gen
 PROTOC_GEN_GO := $(TOOLS)/bin/protoc-gen-go
 PROTOC_GEN_GO_GRPC := $(TOOLS)/bin/protoc-gen-go-grpc
-TS_NPM := examples/ts/node_modules
+TS_NPM := sdk/ts/node_modules
 PROTOC_GEN_ES := $(CURDIR)/$(TS_NPM)/.bin/protoc-gen-es
 GENERATED := $(GEN) $(GO_GEN) $(TS_GEN)
 PROTOS := $(shell find protos -name '*.proto' | sort)
@@ -66,8 +66,8 @@ $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) &: examples/go/go.mod
 	cd examples/go && GOBIN=$(TOOLS)/bin go install tool
 
 # npm rewrites node_modules/.package-lock.json at every install: it dates the install.
-$(TS_NPM)/.package-lock.json: examples/ts/package-lock.json
-	cd examples/ts && npm ci --silent --no-audit --no-fund
+$(TS_NPM)/.package-lock.json: sdk/ts/package-lock.json
+	cd sdk/ts && npm ci --silent --no-audit --no-fund
 
 .PHONY: grpcurl
 grpcurl: $(GRPCURL) ## Install only grpcurl, in .tools/bin (needs Go; make tools installs it with the rest)

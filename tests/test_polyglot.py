@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.polyglot, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parent.parent
 GO_EXAMPLE = ROOT / "examples" / "go"
 TS_EXAMPLE = ROOT / "examples" / "ts"
+TS_SDK = ROOT / "sdk" / "ts"
 PRICE_WORKER = ROOT / "examples" / "polyglot" / "price_worker.py"
 #: Upper bound of any wait here; reached only when something is broken.
 PATIENCE = 30.0
@@ -62,17 +63,38 @@ def go_binaries() -> Path:
     return GO_EXAMPLE / "bin"
 
 
-@pytest.fixture(scope="session")
-def ts_cli() -> list[str]:
-    """examples/ts's CLI, installed and compiled with the commands of its README."""
-    npm, node = _tool("npm"), _tool("node")
-    installed = TS_EXAMPLE / "node_modules" / ".package-lock.json"
-    lock = TS_EXAMPLE / "package-lock.json"
-    # `make tools` may have installed exactly this lock file already.
+def _npm_ci(npm: str, folder: Path) -> None:
+    """`npm ci` in folder, unless its node_modules hold exactly its lock file already
+    (`make tools` installs sdk/ts's)."""
+    installed = folder / "node_modules" / ".package-lock.json"
+    lock = folder / "package-lock.json"
     if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
-        _build(npm, "ci", "--no-audit", "--no-fund", cwd=TS_EXAMPLE)
+        _build(npm, "ci", "--no-audit", "--no-fund", cwd=folder)
+
+
+@pytest.fixture(scope="session")
+def ts_sdk() -> Path:
+    """sdk/ts, installed and compiled (dist/) with the commands of its README."""
+    npm = _tool("npm")
+    _tool("node")
+    _npm_ci(npm, TS_SDK)
+    _build(npm, "run", "build", cwd=TS_SDK)
+    return TS_SDK
+
+
+@pytest.fixture(scope="session")
+def ts_example(ts_sdk) -> Path:
+    """examples/ts (its CLI and worker), installed and compiled on the built SDK."""
+    npm = _tool("npm")
+    _npm_ci(npm, TS_EXAMPLE)
     _build(npm, "run", "build", cwd=TS_EXAMPLE)
-    return [node, str(TS_EXAMPLE / "dist" / "src" / "main.js")]
+    return TS_EXAMPLE / "dist" / "src"
+
+
+@pytest.fixture(scope="session")
+def ts_cli(ts_example) -> list[str]:
+    """examples/ts's CLI, `cyclone-ts`."""
+    return [_tool("node"), str(ts_example / "main.js")]
 
 
 @dataclass
