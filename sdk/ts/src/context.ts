@@ -129,6 +129,11 @@ export class StepContext {
     this.log = { debug: line("DEBUG"), info: line("INFO"), warn: line("WARNING"), error: line("ERROR") };
   }
 
+  /** The clock sleeps are counted from, in ms. */
+  protected now(): number {
+    return Date.now();
+  }
+
   /** "run_id:node": the same on every attempt, the idempotency key of the step's effects. */
   get key(): string {
     return `${this.runId}:${this.node}`;
@@ -174,7 +179,7 @@ export class StepContext {
 
   /** A durable sleep: the node gives its lease back and is claimed again when it is over. */
   async sleep(ms: number, options: { stepId?: string } = {}): Promise<void> {
-    await this.journal.sleepUntil(Date.now() + ms, options.stepId);
+    await this.journal.sleepUntil(this.now() + ms, options.stepId);
   }
 
   /** A durable sleep until `when`. */
