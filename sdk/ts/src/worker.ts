@@ -88,44 +88,38 @@ export interface WorkerOptions extends ConnectOptions {
 type WorkerClient = Client<typeof WorkerService>;
 
 /** A queue of requests that a stream reads as an async iterable. */
-class RequestQueue implements AsyncIterable<WorkRequest> {
+class RequestQueue {
   private items: WorkRequest[] = [];
-  private waiting: ((result: IteratorResult<WorkRequest>) => void) | undefined;
+  private wake: (() => void) | undefined;
   closed = false;
 
   push(item: WorkRequest): void {
     if (this.closed) return;
-    if (this.waiting) {
-      const resolve = this.waiting;
-      this.waiting = undefined;
-      resolve({ value: item, done: false });
-    } else {
-      this.items.push(item);
-    }
+    this.items.push(item);
+    this.notify();
   }
 
   close(): void {
     this.closed = true;
-    if (this.waiting && this.items.length === 0) {
-      const resolve = this.waiting;
-      this.waiting = undefined;
-      resolve({ value: undefined, done: true });
-    }
+    this.notify();
   }
 
-  [Symbol.asyncIterator](): AsyncIterator<WorkRequest> {
-    return {
-      next: () => {
-        const item = this.items.shift();
-        if (item) return Promise.resolve({ value: item, done: false });
-        if (this.closed) return Promise.resolve({ value: undefined, done: true });
-        return new Promise((resolve) => (this.waiting = resolve));
-      },
-      return: () => {
-        this.closed = true;
-        return Promise.resolve({ value: undefined, done: true });
-      },
-    };
+  private notify(): void {
+    const wake = this.wake;
+    this.wake = undefined;
+    wake?.();
+  }
+
+  async *stream(): AsyncGenerator<WorkRequest> {
+    for (;;) {
+      const item = this.items.shift();
+      if (item) {
+        yield item;
+        continue;
+      }
+      if (this.closed) return;
+      await new Promise<void>((resolve) => (this.wake = resolve));
+    }
   }
 }
 
@@ -145,6 +139,7 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
     signal?.addEventListener("abort", done, { once: true });
     function done(): void {
       clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
       resolve();
     }
   });
@@ -272,7 +267,7 @@ export class Worker {
       }),
     );
     try {
-      for await (const response of this.client.work(session.requests)) {
+      for await (const response of this.client.work(session.requests.stream())) {
         if (response.limits) this.adopt(response.limits.maxPayloadBytes, response.limits.maxStepCalls);
         this.blocked(response.blocked);
         for (const step of response.steps) this.start(step);
