@@ -499,7 +499,9 @@ def test_a_go_durable_function_replays_its_journal_after_a_kill(
     second.stop()
 
 
-@pytest.mark.parametrize(
+#: How an operator resolves the charge of a blocked order, the step functions that
+#: ran in the end, and the body's output (the Go and TypeScript bodies alike).
+RESOLUTIONS = pytest.mark.parametrize(
     ("resolution", "calls", "output"),
     [
         (
@@ -515,6 +517,9 @@ def test_a_go_durable_function_replays_its_journal_after_a_kill(
     ],
     ids=["error-runs-the-cleanup", "discard-runs-the-call-again"],
 )
+
+
+@RESOLUTIONS
 def test_a_blocked_go_durable_function_resumes_as_resolved(
     cyclone_server, order_worker, operator, resolution, calls, output
 ):

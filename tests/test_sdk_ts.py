@@ -12,31 +12,38 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-from pyclient import Client, RetryPolicy, Run, Workflow
+from pyclient import RetryPolicy, Workflow
+from tests import test_polyglot as polyglot
 from tests.helpers import eventually
 from tests.test_polyglot import (
+    ORDER,
     PATIENCE,
     PRICE_WORKER,
+    RESOLUTIONS,
     TS_SDK,
     Process,
+    _calls,
+    _cyclone,
+    _journal,
+    _order_workflow,
     _tool,
-    start_process,  # noqa: F401  (a fixture)
-    ts_example,  # noqa: F401  (a fixture)
-    ts_sdk,  # noqa: F401  (a fixture)
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.polyglot, pytest.mark.timeout(600)]
 
-CYCLONE_CLI = sys.executable.rsplit("/", 1)[0] + "/cyclone"
-ORDER = {"order_id": "o-7", "amount": 1800}
+# The fixtures of the Go and TypeScript examples' tests, shared.
+start_process = polyglot.start_process
+ts_sdk = polyglot.ts_sdk
+ts_example = polyglot.ts_example
+operator = polyglot.operator
 
 
 @pytest.fixture
-def ts_worker(cyclone_server, start_process, ts_example) -> Callable[..., Process]:  # noqa: F811
+def ts_worker(cyclone_server, start_process, ts_example) -> Callable[..., Process]:
     """Start examples/ts's worker (checkout.charge, order.fulfil), with extra flags."""
 
     def start(*flags: str) -> Process:
@@ -52,42 +59,6 @@ def ts_worker(cyclone_server, start_process, ts_example) -> Callable[..., Proces
         )
 
     return start
-
-
-@pytest.fixture
-def operator(cyclone_server) -> Iterator[Client]:
-    with Client(cyclone_server.address, actor="dora") as client:
-        yield client
-
-
-def _order_workflow() -> Workflow:
-    wf = Workflow("order")
-    wf.node("fulfil", action="order.fulfil", retry=RetryPolicy(max_attempts=5))
-    return wf
-
-
-def _calls(server, run_id: str) -> list[str]:
-    """The step functions of the TypeScript body that really ran, in order."""
-    if server.sql("SELECT to_regclass('order_log')") == [(None,)]:
-        return []
-    rows = server.sql("SELECT call FROM order_log WHERE run_id = %s ORDER BY at, call", run_id)
-    return [call for (call,) in rows]
-
-
-def _journal(run: Run) -> list[tuple[str, str, int, bool]]:
-    return [
-        (c.step_id, str(c.status), c.attempt, c.unsafe_to_repeat)
-        for c in run.step("fulfil").journal
-    ]
-
-
-def _cyclone(server, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [CYCLONE_CLI, "--address", server.address, "--actor", "dora", *argv],
-        capture_output=True,
-        text=True,
-        timeout=PATIENCE,
-    )
 
 
 def _kill_in_the_charge(server, operator, ts_worker, run_id: str) -> Process:
@@ -112,7 +83,9 @@ def _kill_in_the_charge(server, operator, ts_worker, run_id: str) -> Process:
 
 
 def test_a_ts_durable_function_replays_its_journal_after_a_kill(
-    cyclone_server, ts_worker, operator
+    cyclone_server,
+    ts_worker,
+    operator,
 ):
     run_id = operator.submit(_order_workflow(), ORDER)
     second = _kill_in_the_charge(cyclone_server, operator, ts_worker, run_id)
@@ -155,22 +128,7 @@ def test_a_ts_durable_function_replays_its_journal_after_a_kill(
     second.stop()
 
 
-@pytest.mark.parametrize(
-    ("resolution", "calls", "output"),
-    [
-        (
-            ["--error", "card declined"],
-            ["price_order", "reserve_stock", "charge_card", "release_stock"],
-            {"status": "cancelled", "reason": "EffectFailed: card declined"},
-        ),
-        (
-            ["--discard", "--node", "fulfil", "--reason", "no charge at the gateway"],
-            ["price_order", "reserve_stock", "charge_card", "charge_card", "send_receipt"],
-            {"status": "fulfilled", "reservation": "r-o-7", "charge_id": "ch_o-7", "charged": 2290},
-        ),
-    ],
-    ids=["error-runs-the-cleanup", "discard-runs-the-call-again"],
-)
+@RESOLUTIONS
 def test_a_blocked_ts_durable_function_resumes_as_resolved(
     cyclone_server, ts_worker, operator, resolution, calls, output
 ):
@@ -193,7 +151,9 @@ def test_a_blocked_ts_durable_function_resumes_as_resolved(
 def _checkout() -> Workflow:
     wf = Workflow("checkout")
     wf.node("price", action="checkout.price")
-    wf.node("charge", action="checkout.charge", depends_on=["price"], retry=RetryPolicy(max_attempts=3))
+    wf.node(
+        "charge", action="checkout.charge", depends_on=["price"], retry=RetryPolicy(max_attempts=3)
+    )
     return wf
 
 
@@ -201,7 +161,7 @@ CART = {"customer": "ada", "items": [{"sku": "tea", "qty": 2, "unit_price": 450}
 
 
 @pytest.fixture
-def price_worker(cyclone_server, start_process) -> Process:  # noqa: F811
+def price_worker(cyclone_server, start_process) -> Process:
     return start_process(
         "price-worker", sys.executable, PRICE_WORKER, "--address", cyclone_server.address
     )
@@ -263,7 +223,10 @@ def test_a_declined_ts_charge_fails_for_good_with_its_type(
     run = operator.wait(run_id, timeout=PATIENCE)
     assert run.status == "failed", worker.log
     [error] = run.step("charge").errors
-    assert (error.type, error.message) == ("CardDeclined", "900 cents is over the card's limit of 500")
+    assert (error.type, error.message) == (
+        "CardDeclined",
+        "900 cents is over the card's limit of 500",
+    )
     assert _ledger(cyclone_server) == []
     worker.stop()
     price_worker.stop()
@@ -278,13 +241,13 @@ def _npm(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_typescript_sdk_unit_tests_pass(ts_sdk):  # noqa: F811
+def test_the_typescript_sdk_unit_tests_pass(ts_sdk):
     out = _npm("test")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "# fail 0" in out.stdout
 
 
-def test_the_typescript_sdk_is_strict_and_lint_clean(ts_sdk):  # noqa: F811
+def test_the_typescript_sdk_is_strict_and_lint_clean(ts_sdk):
     typecheck = _npm("run", "typecheck")
     assert typecheck.returncode == 0, typecheck.stdout + typecheck.stderr
     lint = _npm("run", "lint")

@@ -124,8 +124,9 @@ function records(recorded: string, now: string): boolean {
   return recorded === now || recorded.endsWith("." + now);
 }
 
-const sleepFor = (ms: number, signal?: AbortSignal): Promise<void> =>
-  new Promise((resolve) => {
+/** Waits `ms`, or less when `signal` aborts first; never throws. */
+export function sleepFor(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
     const timer = setTimeout(done, ms);
     signal?.addEventListener("abort", done, { once: true });
     function done(): void {
@@ -134,6 +135,7 @@ const sleepFor = (ms: number, signal?: AbortSignal): Promise<void> =>
       resolve();
     }
   });
+}
 
 /** Calls `rpc` until it answers something else than UNAVAILABLE or `signal` aborts. */
 export async function retryUnavailable<R>(rpc: () => Promise<R>, signal?: AbortSignal): Promise<R> {

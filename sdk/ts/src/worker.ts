@@ -31,7 +31,7 @@ import {
   outputTooLarge,
   RunCancelled,
 } from "./errors.js";
-import { DEFAULT_LIMITS, Journal, retryUnavailable, type JournalLimits } from "./journal.js";
+import { DEFAULT_LIMITS, Journal, retryUnavailable, sleepFor as sleep, type JournalLimits } from "./journal.js";
 import { NotJsonError, toValue, valueSize } from "./json.js";
 import { makeTransport, type ConnectOptions } from "./transport.js";
 
@@ -131,18 +131,6 @@ class Session {
   /** The reports sent and not answered, oldest first. */
   inFlight: CompleteRequest[][] = [];
   ended = false;
-}
-
-function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const timer = setTimeout(done, ms);
-    signal?.addEventListener("abort", done, { once: true });
-    function done(): void {
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", done);
-      resolve();
-    }
-  });
 }
 
 export class Worker {
