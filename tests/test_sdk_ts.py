@@ -182,6 +182,11 @@ def test_a_ts_charge_is_booked_in_its_completion_transaction(
     assert run.step("charge").attempt == 1
     assert _ledger(cyclone_server) == [(run_id, "charge", 900)]
     assert "step completed in its transaction" in worker.log
+    # What the handler logged was sent before the completion committed.
+    logs = operator.get_run(run_id, logs=True).step("charge").logs
+    assert [(line.level, line.message, line.attempt) for line in logs] == [
+        ("INFO", "booking 900 cents", 1)
+    ]
     worker.stop()
     price_worker.stop()
 

@@ -91,6 +91,7 @@ async function charge(ctx: StepContext): Promise<void> {
   if (typeof price?.amount !== "number") throw nonRetryable("BadInput", "the price node's output has no amount");
   const amount = price.amount;
   if (amount > limit) throw nonRetryable("CardDeclined", `${amount} cents is over the card's limit of ${limit}`);
+  ctx.log.info(`booking ${amount} cents`); // stored with the step: cyclone logs RUN charge
   // The row and the completion commit together; (run_id, node), the step's identity,
   // is the ledger's key as well.
   await completeWith(ctx, db, async (client) => {

@@ -92,6 +92,11 @@ export class StepContext {
   completedInTx = false;
   /** The progress to send with the next heartbeat. */
   pendingProgress: JsonValue | undefined;
+  /**
+   * Sends the log lines not sent yet, now (the worker's heartbeat). A completion in the
+   * handler's own transaction calls it first: no Complete will carry them.
+   */
+  flushLogs: (() => Promise<void>) | undefined;
 
   constructor(
     readonly claimed: ClaimedStep,
@@ -125,6 +130,7 @@ export class StepContext {
     this.deadline = claimed.deadline ? new Date(timestampMs(claimed.deadline)) : new Date(Date.now() + 3600_000);
     this.signal = signal;
     this.journal = journal;
+    journal.takeLogs = () => logs.take();
     const line = (level: string) => (message: string) => logs.add(level, message);
     this.log = { debug: line("DEBUG"), info: line("INFO"), warn: line("WARNING"), error: line("ERROR") };
   }

@@ -14,6 +14,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 
 import {
   StepCallStatus,
+  type LogLine,
   type StepCall,
   type StepCallError,
   type Workflow,
@@ -163,6 +164,8 @@ export class Journal {
   private readonly used = new Set<string>();
   /** Why the body must stop; every later call throws it. */
   stopped: Error | undefined;
+  /** The step's log lines not sent yet: a Wait carries them (a suspended node reports nothing). */
+  takeLogs: (() => LogLine[]) | undefined;
 
   constructor(
     entries: readonly StepCall[],
@@ -510,7 +513,13 @@ export class Journal {
   ): Promise<JsonValue> {
     const call = this.take(base, fn, { stepId });
     if (hasOutcome(call.recorded)) return replayed(call.recorded);
-    const request = create(WaitRequestSchema, { ...this.leaseIds(), stepId: call.id, seq: call.seq, until });
+    const request = create(WaitRequestSchema, {
+      ...this.leaseIds(),
+      stepId: call.id,
+      seq: call.seq,
+      until,
+      logs: this.takeLogs?.() ?? [],
+    });
     const response = await this.rpc("Wait", call, () => this.transport.wait(request, { signal: this.signal }));
     if (response.decision === WaitDecision.READY && response.call) return replayed(this.remember(response.call));
     if (response.decision === WaitDecision.SUSPENDED) {

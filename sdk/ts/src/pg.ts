@@ -60,6 +60,7 @@ export async function completeInTx(ctx: StepContext, client: Queryable, output: 
     if (error instanceof NotJsonError) throw nonRetryable("OutputNotJson", `the handler's output is not JSON: ${error.message}`);
     throw error;
   }
+  await ctx.flushLogs?.();
   try {
     await client.query("SELECT run_status FROM cyclone.step_complete($1, $2, $3, $4::jsonb)", [ctx.runId, ctx.node, ctx.leaseToken, text]);
   } catch (error) {

@@ -400,6 +400,7 @@ export class Worker {
       controller.signal,
     );
     const ctx = new StepContext(step, journal, controller.signal, logs);
+    ctx.flushLogs = () => this.beat(ctx).then(() => undefined, () => undefined);
     const beating = this.heartbeat(ctx, abort, controller.signal);
     this.log.info("step started", { ...fields, action: step.action });
 
@@ -471,26 +472,11 @@ export class Worker {
 
   /** Extends the lease every third of it until `done` aborts; stops the handler on a lost lease or cancel. */
   private async heartbeat(ctx: StepContext, stop: (reason: Error) => void, done: AbortSignal): Promise<void> {
-    const every = this.leaseMs / 3;
     for (;;) {
-      await sleep(every, done);
+      await sleep(this.leaseMs / 3, done);
       if (done.aborted) return;
-      const lines = ctx.logs.take();
-      const progress = ctx.pendingProgress;
       try {
-        const response = await this.client.heartbeat(
-          {
-            runId: ctx.runId,
-            node: ctx.node,
-            leaseToken: ctx.leaseToken,
-            lease: durationFromMs(this.leaseMs),
-            logs: lines,
-            progress: progress === undefined ? undefined : toValue(progress),
-          },
-          { timeoutMs: every },
-        );
-        if (progress === ctx.pendingProgress) ctx.pendingProgress = undefined;
-        if (response.cancelled) {
+        if (await this.beat(ctx)) {
           stop(new RunCancelled("the run was cancelled"));
           return;
         }
@@ -499,9 +485,32 @@ export class Worker {
           stop(new LeaseLost(`lease lost: ${error.rawMessage}`));
           return;
         }
-        ctx.logs.restore(lines);
         if (!done.aborted) this.log.warn("heartbeat failed; retrying at the next beat", { run_id: ctx.runId, node: ctx.node, error: describe(error) });
       }
+    }
+  }
+
+  /** One heartbeat with the log lines and progress not sent yet; whether the run was cancelled. */
+  private async beat(ctx: StepContext): Promise<boolean> {
+    const lines = ctx.logs.take();
+    const progress = ctx.pendingProgress;
+    try {
+      const response = await this.client.heartbeat(
+        {
+          runId: ctx.runId,
+          node: ctx.node,
+          leaseToken: ctx.leaseToken,
+          lease: durationFromMs(this.leaseMs),
+          logs: lines,
+          progress: progress === undefined ? undefined : toValue(progress),
+        },
+        { timeoutMs: this.leaseMs / 3 },
+      );
+      if (progress === ctx.pendingProgress) ctx.pendingProgress = undefined;
+      return response.cancelled;
+    } catch (error) {
+      ctx.logs.restore(lines);
+      throw error;
     }
   }
 
