@@ -24,6 +24,7 @@ from tests.test_polyglot import (
     PATIENCE,
     PRICE_WORKER,
     RESOLUTIONS,
+    ROOT,
     TS_SDK,
     Process,
     _calls,
@@ -257,3 +258,67 @@ def test_the_typescript_sdk_is_strict_and_lint_clean(ts_sdk):
     assert typecheck.returncode == 0, typecheck.stdout + typecheck.stderr
     lint = _npm("run", "lint")
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+# -- durable waits, Claim, and outputs that JSON cannot carry -------------------------
+
+TS_WORKER = ROOT / "tests" / "ts_worker_process.mjs"
+
+
+@pytest.fixture(params=["work", "claim"])
+def js_worker(request, cyclone_server, start_process, ts_sdk) -> Process:
+    """tests/ts_worker_process.mjs on the Work stream, or on Claim and Complete."""
+    flags = ["--claim"] if request.param == "claim" else []
+    return start_process(
+        f"ts-{request.param}-worker", _tool("node"), TS_WORKER, cyclone_server.address, *flags
+    )
+
+
+def test_a_ts_body_sleeps_waits_for_an_event_and_for_a_child_run(
+    cyclone_server, js_worker, operator
+):
+    wf = Workflow("waits")
+    wf.node("body", action="ts.waits")
+    run_id = operator.submit(wf, None)
+    eventually(
+        lambda: any(
+            c.function == "cyclone.event" for c in operator.get_run(run_id).step("body").journal
+        ),
+        "the body to wait for its event",
+        PATIENCE,
+    )
+    operator.send_event(run_id, "approved", {"by": "ada"})
+    run = operator.wait(run_id, timeout=PATIENCE)
+    assert run.status == "completed", js_worker.log
+    output = run.step("body").output
+    assert output["approval"] == {"by": "ada"}
+    assert (output["first"], output["last"]) == (1, 2)
+    assert output["child"]["status"] == "completed"
+    assert output["child"]["outputs"] == {"double": {"doubled": 42}}
+    assert [c.step_id for c in run.step("body").journal] == [
+        "first",
+        "sleep",
+        "event:approved",
+        "child",
+        "child.result",
+        "last",
+    ]
+    js_worker.stop()
+
+
+@pytest.mark.parametrize(
+    ("action", "cause"),
+    [("ts.bigint", "a BigInt (10n)"), ("ts.cycle", "a cycle (an object that contains itself)")],
+)
+def test_a_ts_output_that_json_cannot_carry_fails_its_node_naming_the_cause(
+    cyclone_server, js_worker, operator, action, cause
+):
+    wf = Workflow("bad-output")
+    wf.node("bad", action=action, retry=RetryPolicy(max_attempts=3))
+    run_id = operator.submit(wf, None)
+    run = operator.wait(run_id, timeout=PATIENCE)
+    assert run.status == "failed", js_worker.log
+    [error] = run.step("bad").errors  # not retried: the same code returns the same value
+    assert error.type == "OutputNotJson"
+    assert cause in error.message
+    js_worker.stop()
