@@ -156,8 +156,12 @@ export class Worker {
   constructor(options: WorkerOptions) {
     this.id = options.id ?? `${hostname()}:${process.pid}`;
     this.client = createClient(WorkerService, makeTransport(options));
-    for (const [name, action] of Object.entries(options.actions)) {
-      this.actions.set(name, typeof action === "function" ? { handler: action } : action);
+    for (const [name, action] of Object.entries(options.actions ?? {})) {
+      const definition = typeof action === "function" ? { handler: action } : action;
+      if (typeof definition?.handler !== "function") {
+        throw new TypeError(`action "${name}": expected a handler function or { handler, unsafeToRepeat }, got ${typeof action}`);
+      }
+      this.actions.set(name, definition);
     }
     if (this.actions.size === 0) throw new Error("the worker serves no action: pass { actions: { name: handler } }");
     this.concurrency = Math.max(1, Math.floor(options.concurrency ?? 4));
