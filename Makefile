@@ -14,15 +14,15 @@ STATICCHECK := $(TOOLS)/bin/staticcheck
 PY_OUT := core
 GEN := $(PY_OUT)/cyclone/v1
 # Go and TypeScript code from the same protos: the Go SDK's public package of messages
-# and stubs (sdk/go/gen), and examples/ts. The protoc plugins are pinned by
-# sdk/go/go.mod (tool directives) and examples/ts/package-lock.json.
+# and stubs (sdk/go/gen), and the TypeScript SDK's (sdk/ts/src/gen). The protoc plugins
+# are pinned by sdk/go/go.mod (tool directives) and sdk/ts/package-lock.json.
 GO_SDK := sdk/go
 GO_GEN := $(GO_SDK)/gen
 GO_MODULE := github.com/cyclone-workflows/cyclone/sdk/go
-TS_GEN := examples/ts/src/gen
+TS_GEN := sdk/ts/src/gen
 PROTOC_GEN_GO := $(TOOLS)/bin/protoc-gen-go
 PROTOC_GEN_GO_GRPC := $(TOOLS)/bin/protoc-gen-go-grpc
-TS_NPM := examples/ts/node_modules
+TS_NPM := sdk/ts/node_modules
 PROTOC_GEN_ES := $(CURDIR)/$(TS_NPM)/.bin/protoc-gen-es
 GENERATED := $(GEN) $(GO_GEN) $(TS_GEN)
 PROTOS := $(shell find protos -name '*.proto' | sort)
@@ -68,8 +68,8 @@ $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) &: $(GO_SDK)/go.mod
 	cd $(GO_SDK) && GOBIN=$(TOOLS)/bin go install tool
 
 # npm rewrites node_modules/.package-lock.json at every install: it dates the install.
-$(TS_NPM)/.package-lock.json: examples/ts/package-lock.json
-	cd examples/ts && npm ci --silent --no-audit --no-fund
+$(TS_NPM)/.package-lock.json: sdk/ts/package-lock.json
+	cd sdk/ts && npm ci --silent --no-audit --no-fund
 
 $(STATICCHECK):
 	GOBIN=$(TOOLS)/bin go install honnef.co/go/tools/cmd/staticcheck@v0.8.2

@@ -36,6 +36,7 @@ GO_SDK = ROOT / "sdk" / "go"
 #: The Go SDK's module path, as its README and go.mod give it.
 GO_MODULE = "github.com/cyclone-workflows/cyclone/sdk/go"
 TS_EXAMPLE = ROOT / "examples" / "ts"
+TS_SDK = ROOT / "sdk" / "ts"
 PRICE_WORKER = ROOT / "examples" / "polyglot" / "price_worker.py"
 #: Upper bound of any wait here; reached only when something is broken.
 PATIENCE = 30.0
@@ -65,17 +66,38 @@ def go_binaries() -> Path:
     return GO_EXAMPLE / "bin"
 
 
-@pytest.fixture(scope="session")
-def ts_cli() -> list[str]:
-    """examples/ts's CLI, installed and compiled with the commands of its README."""
-    npm, node = _tool("npm"), _tool("node")
-    installed = TS_EXAMPLE / "node_modules" / ".package-lock.json"
-    lock = TS_EXAMPLE / "package-lock.json"
-    # `make tools` may have installed exactly this lock file already.
+def _npm_ci(npm: str, folder: Path) -> None:
+    """`npm ci` in folder, unless its node_modules hold exactly its lock file already
+    (`make tools` installs sdk/ts's)."""
+    installed = folder / "node_modules" / ".package-lock.json"
+    lock = folder / "package-lock.json"
     if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
-        _build(npm, "ci", "--no-audit", "--no-fund", cwd=TS_EXAMPLE)
+        _build(npm, "ci", "--no-audit", "--no-fund", cwd=folder)
+
+
+@pytest.fixture(scope="session")
+def ts_sdk() -> Path:
+    """sdk/ts, installed and compiled (dist/) with the commands of its README."""
+    npm = _tool("npm")
+    _tool("node")
+    _npm_ci(npm, TS_SDK)
+    _build(npm, "run", "build", cwd=TS_SDK)
+    return TS_SDK
+
+
+@pytest.fixture(scope="session")
+def ts_example(ts_sdk) -> Path:
+    """examples/ts (its CLI and worker), installed and compiled on the built SDK."""
+    npm = _tool("npm")
+    _npm_ci(npm, TS_EXAMPLE)
     _build(npm, "run", "build", cwd=TS_EXAMPLE)
-    return [node, str(TS_EXAMPLE / "dist" / "src" / "main.js")]
+    return TS_EXAMPLE / "dist" / "src"
+
+
+@pytest.fixture(scope="session")
+def ts_cli(ts_example) -> list[str]:
+    """examples/ts's CLI, `cyclone-ts`."""
+    return [_tool("node"), str(ts_example / "main.js")]
 
 
 @dataclass
@@ -500,7 +522,9 @@ def test_a_go_durable_function_replays_its_journal_after_a_kill(
     second.stop()
 
 
-@pytest.mark.parametrize(
+#: How an operator resolves the charge of a blocked order, the step functions that
+#: ran in the end, and the body's output (the Go and TypeScript bodies alike).
+RESOLUTIONS = pytest.mark.parametrize(
     ("resolution", "calls", "output"),
     [
         (
@@ -516,6 +540,9 @@ def test_a_go_durable_function_replays_its_journal_after_a_kill(
     ],
     ids=["error-runs-the-cleanup", "discard-runs-the-call-again"],
 )
+
+
+@RESOLUTIONS
 def test_a_blocked_go_durable_function_resumes_as_resolved(
     cyclone_server, order_worker, operator, resolution, calls, output
 ):

@@ -1,12 +1,11 @@
 // The checkout workflow: one node per language.
 //
 //   price  (checkout.price, a Python worker)  totals the order's items
-//   charge (checkout.charge, the Go worker)   books the total in the ledger, in the
-//                                             same transaction as its completion
+//   charge (checkout.charge, a Go or TypeScript worker)  books the total in the
+//                                             ledger, in the same transaction as its
+//                                             completion
 
-import { durationFromMs } from "@bufbuild/protobuf/wkt";
-
-import type { WorkflowInit } from "./cyclone.js";
+import { seconds, type WorkflowInit } from "@cyclone-workflows/sdk";
 
 export type Item = {
   sku: string;
@@ -24,14 +23,14 @@ export type Order = {
 export const checkoutWorkflow: WorkflowInit = {
   name: "checkout",
   nodes: [
-    { name: "price", action: "checkout.price", timeout: durationFromMs(30_000) },
+    { name: "price", action: "checkout.price", timeout: seconds(30) },
     {
       name: "charge",
       action: "checkout.charge",
       dependsOn: ["price"],
       // A declined card is not retried (the worker says so); a crash is, twice.
       retry: { maxAttempts: 3 },
-      timeout: durationFromMs(60_000),
+      timeout: seconds(60),
     },
   ],
 };

@@ -12,23 +12,21 @@
 
 import { parseArgs } from "node:util";
 
-import { Code, ConnectError } from "@connectrpc/connect";
-
-import { checkoutWorkflow, parseItem, type Order } from "./checkout.js";
 import {
-  connect,
+  Client,
+  Code,
+  ConnectError,
   defaultAddress,
   describeRun,
-  listRuns,
   parseRunStatus,
+  RunStatus,
   runStatusName,
   runToJson,
-  submit,
-  waitForRun,
   WaitTimeout,
-  type WorkflowClient,
-} from "./cyclone.js";
-import { RunStatus, type Run } from "./gen/cyclone/v1/types_pb.js";
+  type Run,
+} from "@cyclone-workflows/sdk";
+
+import { checkoutWorkflow, parseItem, type Order } from "./checkout.js";
 
 const USAGE = `usage:
   cyclone-ts submit [--customer NAME] [--item SKU:QTY:CENTS]... [--key KEY] [--wait] [--timeout SECONDS]
@@ -62,7 +60,7 @@ async function main(argv: string[]): Promise<number> {
   }
   address = values.address;
   const [command, ...rest] = positionals;
-  const client = connect(values.address);
+  const client = new Client({ address: values.address });
   switch (command) {
     case "submit":
       return submitCommand(client, values);
@@ -76,12 +74,12 @@ async function main(argv: string[]): Promise<number> {
   }
 }
 
-async function submitCommand(client: WorkflowClient, values: Values): Promise<number> {
+async function submitCommand(client: Client, values: Values): Promise<number> {
   const order: Order = {
     customer: values.customer,
     items: (values.item ?? ["tea:2:450", "scone:3:300"]).map(parseItem),
   };
-  const { runId, created } = await submit(client, checkoutWorkflow, order, values.key);
+  const { runId, created } = await client.submit(checkoutWorkflow, order, { key: values.key });
   if (values.json) {
     console.log(JSON.stringify({ runId, created }));
   } else {
@@ -90,10 +88,10 @@ async function submitCommand(client: WorkflowClient, values: Values): Promise<nu
   return values.wait ? waitCommand(client, runId, values) : 0;
 }
 
-async function waitCommand(client: WorkflowClient, runId: string, values: Values): Promise<number> {
+async function waitCommand(client: Client, runId: string, values: Values): Promise<number> {
   let run: Run;
   try {
-    run = await waitForRun(client, runId, { timeoutMs: positive(values.timeout) * 1000 });
+    run = await client.wait(runId, { timeoutMs: positive(values.timeout) * 1000 });
   } catch (error) {
     if (!(error instanceof WaitTimeout)) throw error;
     console.error(error.message);
@@ -105,13 +103,13 @@ async function waitCommand(client: WorkflowClient, runId: string, values: Values
   return run.status === RunStatus.COMPLETED ? 0 : 1;
 }
 
-async function listCommand(client: WorkflowClient, values: Values): Promise<number> {
+async function listCommand(client: Client, values: Values): Promise<number> {
   const statuses = (values.status ?? []).map((name) => {
     const status = parseRunStatus(name);
     if (status === undefined) throw new UsageError(`unknown run status ${name}`);
     return status;
   });
-  const runs = await listRuns(client, {
+  const runs = await client.listRuns({
     workflow: values.workflow,
     statuses,
     limit: Math.ceil(positive(values.limit)),

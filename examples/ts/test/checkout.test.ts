@@ -3,14 +3,12 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { create, toJson } from "@bufbuild/protobuf";
+import { parseRunStatus, RunStatus, runStatusName, workflowToJson } from "@cyclone-workflows/sdk";
 
 import { checkoutWorkflow, parseItem } from "../src/checkout.js";
-import { parseRunStatus, runStatusName } from "../src/cyclone.js";
-import { RunStatus, WorkflowSchema } from "../src/gen/cyclone/v1/types_pb.js";
 
 test("the checkout workflow is the JSON a grpcurl user would send", () => {
-  assert.deepEqual(toJson(WorkflowSchema, create(WorkflowSchema, checkoutWorkflow)), {
+  assert.deepEqual(workflowToJson(checkoutWorkflow), {
     name: "checkout",
     nodes: [
       { name: "price", action: "checkout.price", timeout: "30s" },
