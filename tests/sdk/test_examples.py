@@ -74,6 +74,7 @@ def test_refund_example_runs_its_durable_function_against_a_real_server(cyclone_
         stderr=subprocess.PIPE,
         text=True,
     )
+    failed = True
     try:
         refund = _load("refund")
         assert refund.main(["start", "o-1001", "--address", address]) == "completed"
@@ -81,9 +82,12 @@ def test_refund_example_runs_its_durable_function_against_a_real_server(cyclone_
         # Once per order: a second start is the same run, already done.
         assert refund.main(["start", "o-1001", "--address", address]) == "completed"
         again = capsys.readouterr().out
+        failed = False
     finally:
         worker.send_signal(signal.SIGTERM)
         _, stderr = worker.communicate(timeout=PATIENCE)
+        if failed:  # printed with the failure
+            print(f"the worker exited {worker.returncode}; its log:\n{stderr}")
     assert worker.returncode == 0, stderr
     run_id = first.split()[1]
     assert again.split()[1] == run_id
