@@ -250,7 +250,8 @@ func (c *conformance) call(ctx context.Context, step *worker.Step, op operation)
 	switch {
 	case op.Step != nil:
 		id := *op.Step
-		name, opts := "conformance.effect", []worker.CallOption{worker.WithStepID(id)}
+		// The step's only argument is its id, digested as every language digests it.
+		name, opts := "conformance.effect", []worker.CallOption{worker.WithStepID(id), worker.WithArgs(id)}
 		if op.Unsafe {
 			name, opts = "conformance.unsafe_effect", append(opts, worker.UnsafeToRepeat())
 		}
