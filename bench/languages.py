@@ -12,6 +12,7 @@ claim: the bench leaves that out of the CPU per step.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,8 +30,20 @@ def _python() -> list[str]:
     return [sys.executable, str(ROOT / "bench" / "workers" / "python_worker.py")]
 
 
+def _go() -> list[str]:
+    """bench/workers/go, built with `go build` into .cyclone/bench (git-ignored)."""
+    go = shutil.which("go")
+    if go is None:
+        raise SystemExit("the languages scenario needs Go (go on PATH) for the Go SDK's worker")
+    binary = ROOT / ".cyclone" / "bench" / "go-worker"
+    subprocess.run(
+        [go, "build", "-o", str(binary), "."], cwd=ROOT / "bench" / "workers" / "go", check=True
+    )
+    return [str(binary)]
+
+
 #: Each SDK's bench worker: builds it (once) and returns the command that starts one.
-LANGUAGES: dict[str, Callable[[], list[str]]] = {"python": _python}
+LANGUAGES: dict[str, Callable[[], list[str]]] = {"python": _python, "go": _go}
 
 
 def drain(

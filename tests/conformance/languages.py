@@ -5,12 +5,18 @@ which the suite adds the flags of the README."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.helpers import missing_tool
+
 ROOT = Path(__file__).resolve().parents[2]
+#: Where the workers that need building are built (git-ignored).
+BUILD = ROOT / ".cyclone" / "conformance"
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,24 @@ def _python() -> list[str]:
     return [sys.executable, "-m", "tests.conformance.python_worker"]
 
 
+def _go() -> list[str]:
+    """tests/conformance/go, built with `go build` (its go.mod takes the SDK from
+    sdk/go through a replace directive)."""
+    go = shutil.which("go")
+    if go is None:
+        missing_tool("the Go conformance worker needs Go (go on PATH)")
+    binary = BUILD / "go-worker"
+    out = subprocess.run(
+        [go, "build", "-o", str(binary), "."],
+        cwd=ROOT / "tests" / "conformance" / "go",
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, f"go build failed:\n{out.stdout}\n{out.stderr}"
+    return [str(binary)]
+
+
 LANGUAGES: dict[str, Language] = {
-    language.name: language for language in [Language("python", _python)]
+    language.name: language for language in [Language("python", _python), Language("go", _go)]
 }

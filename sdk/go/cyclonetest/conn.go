@@ -127,7 +127,8 @@ func (c *conn) begin(in *cyclonev1.BeginStepCallRequest) (proto.Message, error) 
 		return &cyclonev1.BeginStepCallResponse{Decision: cyclonev1.StepCallDecision_STEP_CALL_DECISION_RUN}, nil
 	}
 	n.journal[in.StepId] = &cyclonev1.StepCall{StepId: in.StepId, Seq: in.Seq, Function: in.Function,
-		Status: cyclonev1.StepCallStatus_STEP_CALL_STATUS_STARTED, UnsafeToRepeat: true, Attempt: int32(n.current.Number)}
+		Status: cyclonev1.StepCallStatus_STEP_CALL_STATUS_STARTED, UnsafeToRepeat: true, Attempt: int32(n.current.Number),
+		ArgsDigest: in.ArgsDigest}
 	if c.crashes(in.StepId, BeforeCall) {
 		return nil, errCrash
 	}
@@ -143,11 +144,16 @@ func (c *conn) end(in *cyclonev1.EndStepCallRequest) (proto.Message, error) {
 	if c.crashes(in.StepId, BeforeRecord) {
 		return nil, errCrash
 	}
-	if first := n.journal[in.StepId]; first != nil && first.Status != cyclonev1.StepCallStatus_STEP_CALL_STATUS_STARTED {
+	first := n.journal[in.StepId]
+	if first != nil && first.Status != cyclonev1.StepCallStatus_STEP_CALL_STATUS_STARTED {
 		return &cyclonev1.EndStepCallResponse{Call: first, Duplicate: true}, nil
 	}
 	entry := &cyclonev1.StepCall{StepId: in.StepId, Seq: in.Seq, Function: in.Function, UnsafeToRepeat: in.UnsafeToRepeat,
-		Status: cyclonev1.StepCallStatus_STEP_CALL_STATUS_SUCCEEDED, Output: in.GetOutput(), Attempt: int32(n.current.Number)}
+		Status: cyclonev1.StepCallStatus_STEP_CALL_STATUS_SUCCEEDED, Output: in.GetOutput(), Attempt: int32(n.current.Number),
+		ArgsDigest: in.ArgsDigest}
+	if entry.ArgsDigest == "" && first != nil { // an End without one keeps its Begin's
+		entry.ArgsDigest = first.ArgsDigest
+	}
 	if e := in.GetError(); e != nil {
 		entry.Status, entry.Output, entry.Error = cyclonev1.StepCallStatus_STEP_CALL_STATUS_FAILED, nil, e
 	}

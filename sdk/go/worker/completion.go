@@ -76,7 +76,7 @@ func (s *Step) CompleteInTx(ctx context.Context, tx pgx.Tx, output any) error {
 // The success of a step call, recorded in the caller's transaction: it checks the
 // lease token, records the output (or updates the STARTED entry of an unsafe call)
 // and raises CY005 when the call already has an outcome.
-const stepCallRecordSQL = `SELECT cyclone.step_call_record($1, $2, $3, $4, $5, $6, $7)`
+const stepCallRecordSQL = `SELECT cyclone.step_call_record($1, $2, $3, $4, $5, $6, $7, $8)`
 
 // TxStarter begins a transaction on the Cyclone database (a *pgxpool.Pool or a
 // *pgx.Conn).
@@ -128,7 +128,11 @@ func CallInTx[T any](ctx context.Context, s *Step, db TxStarter, name string, fn
 	if err != nil {
 		return zero, err
 	}
-	_, err = tx.Exec(ctx, stepCallRecordSQL, s.RunId, s.Node, s.LeaseToken, c.id, c.seq, c.function, raw)
+	var digest *string // NULL: no digest
+	if c.digest != "" {
+		digest = &c.digest
+	}
+	_, err = tx.Exec(ctx, stepCallRecordSQL, s.RunId, s.Node, s.LeaseToken, c.id, c.seq, c.function, raw, digest)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == SQLStateLeaseLost:
@@ -153,5 +157,6 @@ func CallInTx[T any](ctx context.Context, s *Step, db TxStarter, name string, fn
 	return replayed[T](c.remember(&cyclonev1.StepCall{
 		StepId: c.id, Seq: c.seq, Function: c.function, UnsafeToRepeat: c.unsafe,
 		Status: cyclonev1.StepCallStatus_STEP_CALL_STATUS_SUCCEEDED, Output: value, Attempt: s.Attempt,
+		ArgsDigest: c.digest,
 	}), nil)
 }

@@ -39,8 +39,10 @@ var ErrEffectUncertain = errors.New("effect uncertain")
 type CallOption func(*callOptions)
 
 type callOptions struct {
-	unsafe bool
-	stepID string
+	unsafe    bool
+	stepID    string
+	digest    string // WithArgs's digest, "" for none
+	digestErr error  // why WithArgs could not digest the arguments
 }
 
 // UnsafeToRepeat marks a step call whose effect must never happen twice: it is
@@ -90,6 +92,7 @@ type stepCall struct {
 	seq      int32
 	function string
 	unsafe   bool
+	digest   string              // of the call's arguments (WithArgs), "" for none
 	recorded *cyclonev1.StepCall // nil when the journal holds nothing for it
 }
 
@@ -169,9 +172,18 @@ func (s *Step) begin(ctx context.Context, name string, fn any, opts []CallOption
 	if err != nil {
 		return nil, s.stop(fatal("InvalidStepName", "%v", err))
 	}
+	if o.digestErr != nil {
+		return nil, s.stop(fatal("ArgumentsNotJson", "step %s: its arguments (WithArgs) are not JSON: %v", function, o.digestErr))
+	}
 	c, err := s.open(function, function, o)
 	if err != nil {
 		return nil, err
+	}
+	c.digest = o.digest
+	if recorded := c.recorded.GetArgsDigest(); recorded != "" && c.digest != "" && recorded != c.digest {
+		return nil, s.stop(fatal("ReplayMismatch",
+			"step call %s of %s is recorded with other arguments: its arguments changed since (digest %.12s recorded, %.12s now)",
+			c.id, c.function, recorded, c.digest))
 	}
 	if c.recorded.GetStatus() == cyclonev1.StepCallStatus_STEP_CALL_STATUS_STARTED {
 		// Begun by an unsafe call with no outcome. Only BeginStepCall may decide
@@ -247,7 +259,7 @@ func (c *stepCall) end(ctx context.Context, value *structpb.Value, fnErr error) 
 	s := c.step
 	req := &cyclonev1.EndStepCallRequest{
 		RunId: s.RunId, Node: s.Node, LeaseToken: s.LeaseToken,
-		StepId: c.id, Seq: c.seq, Function: c.function, UnsafeToRepeat: c.unsafe,
+		StepId: c.id, Seq: c.seq, Function: c.function, UnsafeToRepeat: c.unsafe, ArgsDigest: c.digest,
 	}
 	if fnErr != nil {
 		req.Outcome = &cyclonev1.EndStepCallRequest_Error{Error: errorRecord(fnErr)}
@@ -267,7 +279,7 @@ func (c *stepCall) beginRequest(unsafe bool) *cyclonev1.BeginStepCallRequest {
 	s := c.step
 	return &cyclonev1.BeginStepCallRequest{
 		RunId: s.RunId, Node: s.Node, LeaseToken: s.LeaseToken,
-		StepId: c.id, Seq: c.seq, Function: c.function, UnsafeToRepeat: unsafe,
+		StepId: c.id, Seq: c.seq, Function: c.function, UnsafeToRepeat: unsafe, ArgsDigest: c.digest,
 	}
 }
 
@@ -277,7 +289,7 @@ func (c *stepCall) remember(entry *cyclonev1.StepCall) *stepCall {
 	j.mu.Lock()
 	j.byID[c.id], j.bySeq[c.seq] = entry, entry
 	j.mu.Unlock()
-	return &stepCall{step: c.step, id: c.id, seq: c.seq, function: c.function, recorded: entry}
+	return &stepCall{step: c.step, id: c.id, seq: c.seq, function: c.function, digest: c.digest, recorded: entry}
 }
 
 // refused turns an error of BeginStepCall or EndStepCall into what the body gets: a

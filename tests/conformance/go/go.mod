@@ -1,0 +1,24 @@
+module cyclone/tests/conformance/go
+
+go 1.26.0
+
+require (
+	github.com/cyclone-workflows/cyclone/sdk/go v0.0.0
+	github.com/jackc/pgx/v5 v5.13.0
+)
+
+require (
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/grpc v1.85.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
+
+// The SDK of this repository, as checked out beside the suite.
+replace github.com/cyclone-workflows/cyclone/sdk/go => ../../../sdk/go
