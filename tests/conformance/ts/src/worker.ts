@@ -163,7 +163,8 @@ async function operation(ctx: StepContext, op: Operation): Promise<JsonValue> {
         crashIf(op, "after_effect", ctx, id);
         return op.result ?? null;
       },
-      { stepId: id, unsafe: op.unsafe ?? false },
+      // The only argument is the step id, as in every language: the same digest.
+      { stepId: id, unsafe: op.unsafe ?? false, args: [id] },
     );
     crashIf(op, "after_call", ctx, id);
     return result;
