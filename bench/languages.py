@@ -42,8 +42,30 @@ def _go() -> list[str]:
     return [str(binary)]
 
 
+def _npm(folder: Path, *args: str) -> None:
+    npm = shutil.which("npm")
+    assert npm is not None, "npm is not installed: the TypeScript bench worker needs Node.js"
+    out = subprocess.run([npm, *args], cwd=folder, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"npm {' '.join(args)} in {folder}:\n{out.stdout}\n{out.stderr}"
+
+
+def _ts() -> list[str]:
+    """bench/workers/ts, compiled on the SDK (sdk/ts) of this checkout."""
+    node = shutil.which("node")
+    assert node is not None, "node is not installed: the TypeScript bench worker needs it"
+    for folder in (ROOT / "sdk" / "ts", ROOT / "bench" / "workers" / "ts"):
+        installed = folder / "node_modules" / ".package-lock.json"  # npm dates its install
+        if (
+            not installed.exists()
+            or installed.stat().st_mtime < (folder / "package-lock.json").stat().st_mtime
+        ):
+            _npm(folder, "ci", "--no-audit", "--no-fund")
+        _npm(folder, "run", "build")
+    return [node, str(ROOT / "bench" / "workers" / "ts" / "dist" / "worker.js")]
+
+
 #: Each SDK's bench worker: builds it (once) and returns the command that starts one.
-LANGUAGES: dict[str, Callable[[], list[str]]] = {"python": _python, "go": _go}
+LANGUAGES: dict[str, Callable[[], list[str]]] = {"python": _python, "go": _go, "ts": _ts}
 
 
 def drain(

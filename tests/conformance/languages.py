@@ -49,6 +49,33 @@ def _go() -> list[str]:
     return [str(binary)]
 
 
+def _npm(*args: str, cwd: Path) -> None:
+    npm = shutil.which("npm")
+    assert npm is not None
+    out = subprocess.run([npm, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"npm {' '.join(args)} in {cwd} failed:\n{out.stdout}\n{out.stderr}"
+
+
+def _npm_ci(folder: Path) -> None:
+    """`npm ci` in folder, unless its node_modules hold its lock file already."""
+    installed = folder / "node_modules" / ".package-lock.json"
+    lock = folder / "package-lock.json"
+    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
+        _npm("ci", "--no-audit", "--no-fund", cwd=folder)
+
+
+def _ts() -> list[str]:
+    """tests/conformance/ts, compiled on the SDK (sdk/ts) built from this checkout."""
+    node = shutil.which("node")
+    if node is None or shutil.which("npm") is None:
+        missing_tool("node or npm is not installed: the TypeScript conformance worker needs them")
+    for folder in (ROOT / "sdk" / "ts", ROOT / "tests" / "conformance" / "ts"):
+        _npm_ci(folder)
+        _npm("run", "build", cwd=folder)
+    return [node, str(ROOT / "tests" / "conformance" / "ts" / "dist" / "worker.js")]
+
+
 LANGUAGES: dict[str, Language] = {
-    language.name: language for language in [Language("python", _python), Language("go", _go)]
+    language.name: language
+    for language in [Language("python", _python), Language("go", _go), Language("ts", _ts)]
 }

@@ -31,3 +31,4 @@ export type { WorkflowInit } from "./workflow.js";
 export { RunStatus, StepCallStatus, StepStatus, TriggerRule } from "./gen/cyclone/v1/types_pb.js";
 export type { Run, Step, StepCall, Workflow } from "./gen/cyclone/v1/types_pb.js";
 export { Code, ConnectError } from "@connectrpc/connect";
+export { argsDigest, canonicalJson, digestOf } from "./digest.js";

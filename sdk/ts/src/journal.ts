@@ -50,6 +50,7 @@ import {
   StepResultTooLarge,
   Suspended,
 } from "./errors.js";
+import { argsDigest } from "./digest.js";
 import { fromValue, NotJsonError, toValue, valueSize, type JsonValue } from "./json.js";
 
 /** The four WorkerService calls a durable function makes; the generated client has them. */
@@ -89,6 +90,13 @@ export interface StepOptions {
   unsafe?: boolean;
   /** The call's step id, instead of the step's name ("name", "name#2"...). */
   stepId?: string;
+  /**
+   * The arguments the call is made with (JSON values). Their digest is recorded with
+   * the call, and a replay that makes the recorded call with other arguments fails
+   * the node (ReplayMismatch) instead of answering it from the journal. The digest is
+   * the Python SDK's for a function called with these positional arguments.
+   */
+  args?: readonly unknown[];
 }
 
 /** The functions the journal records for what is not a step of the body. */
@@ -106,6 +114,8 @@ interface Call {
   seq: number;
   fn: string;
   unsafe: boolean;
+  /** The digest of the call's arguments; "" for none. */
+  digest: string;
   /** The entry with an outcome; undefined when the call must run. */
   recorded: StepCall | undefined;
 }
@@ -292,15 +302,29 @@ export class Journal {
         ),
       );
     }
+    const digest = this.digest(id, fn, options.args);
     this.next(id);
     this.used.add(id);
     this.occurred.set(base, (this.occurred.get(base) ?? 0) + 1);
-    const call: Call = { id, seq: this.seq, fn, unsafe: options.unsafe ?? false, recorded: this.byId.get(id) };
+    const call: Call = { id, seq: this.seq, fn, unsafe: options.unsafe ?? false, digest, recorded: this.byId.get(id) };
     const atSeq = this.bySeq.get(call.seq);
     const mismatch = this.mismatch(call, atSeq);
     if (mismatch) throw this.stop(mismatch);
     if (atSeq) call.fn = atSeq.function; // the journal's form of the name stands
     return call;
+  }
+
+  /** The digest of a call's arguments; "" when the call gives none. */
+  private digest(id: string, fn: string, args: readonly unknown[] | undefined): string {
+    if (args === undefined) return "";
+    try {
+      return argsDigest(args);
+    } catch (error) {
+      const why = error instanceof NotJsonError ? error.message : String(error);
+      throw this.stop(
+        nonRetryable("ArgumentsNotJson", `the arguments of step call ${id} (${fn}) are not JSON (${why}), so its replay cannot be checked`),
+      );
+    }
   }
 
   private next(id: string): void {
@@ -327,6 +351,8 @@ export class Journal {
       problem = `step "${other.stepId}" of ${other.function} was recorded as call #${other.seq}; this replay makes ${now} as call #${call.seq}`;
     } else if (atSeq && !records(atSeq.function, call.fn)) {
       problem = `call #${call.seq} recorded step "${atSeq.stepId}" of ${atSeq.function}; this replay makes ${now} there`;
+    } else if (atSeq?.argsDigest && call.digest && atSeq.argsDigest !== call.digest) {
+      problem = `${now} was recorded with other arguments (digest ${atSeq.argsDigest.slice(0, 12)}, now ${call.digest.slice(0, 12)}): its arguments changed`;
     }
     if (problem === undefined) return undefined;
     return nonRetryable(
@@ -346,6 +372,7 @@ export class Journal {
       seq: call.seq,
       function: call.fn,
       unsafeToRepeat: call.unsafe,
+      argsDigest: call.digest,
       outcome: error ? { case: "error", value: error } : { case: "output", value: output ?? toValue(null) },
     });
     const response = await this.rpc("EndStepCall", call, () => this.transport.endStepCall(request, { signal: this.signal }));
@@ -356,7 +383,6 @@ export class Journal {
       output,
       error,
       attempt: this.lease.attempt,
-      argsDigest: "",
       waitingFor: "",
     };
     return this.remember(entry as StepCall);
@@ -405,6 +431,7 @@ export class Journal {
       seq: call.seq,
       function: call.fn,
       unsafeToRepeat: unsafe,
+      argsDigest: call.digest,
     });
   }
 
@@ -456,7 +483,7 @@ export class Journal {
       );
     }
     this.next(stepId);
-    const call: Call = { id: stepId, seq, fn: PATCH_FUNCTION, unsafe: false, recorded: undefined };
+    const call: Call = { id: stepId, seq, fn: PATCH_FUNCTION, unsafe: false, digest: "", recorded: undefined };
     await this.end(call, toValue(true), undefined);
     return true;
   }

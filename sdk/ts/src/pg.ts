@@ -147,7 +147,7 @@ export async function stepInTx<T>(
     }
     const { runId, node, leaseToken } = journal.ids;
     try {
-      await client.query("SELECT cyclone.step_call_record($1, $2, $3, $4, $5, $6, $7::jsonb)", [
+      await client.query("SELECT cyclone.step_call_record($1, $2, $3, $4, $5, $6, $7::jsonb, $8)", [
         runId,
         node,
         leaseToken,
@@ -155,6 +155,7 @@ export async function stepInTx<T>(
         call.seq,
         call.fn,
         JSON.stringify(fromValue(value)),
+        call.digest || null,
       ]);
     } catch (error) {
       await rollback(client);
@@ -172,6 +173,7 @@ export async function stepInTx<T>(
       status: StepCallStatus.SUCCEEDED,
       output: value,
       attempt: journal.ids.attempt,
+      argsDigest: call.digest,
     });
     return journal.replay(journal.remember(entry)) as T;
   } finally {

@@ -244,12 +244,16 @@ export class DurableNode implements StepCallTransport {
     return updated;
   }
 
-  private newEntry(request: { stepId: string; seq: number; function?: string; unsafeToRepeat?: boolean }, fn?: string): StepCall {
+  private newEntry(
+    request: { stepId: string; seq: number; function?: string; unsafeToRepeat?: boolean; argsDigest?: string },
+    fn?: string,
+  ): StepCall {
     return create(StepCallSchema, {
       stepId: request.stepId,
       seq: request.seq,
       function: fn ?? request.function ?? "",
       unsafeToRepeat: request.unsafeToRepeat ?? false,
+      argsDigest: request.argsDigest ?? "",
       attempt: this.attempt,
       startedAt: timestampFromMs(this.now),
     });
@@ -299,6 +303,7 @@ export class DurableNode implements StepCallTransport {
         ? this.record(base, StepCallStatus.FAILED, { error: request.outcome.value })
         : this.record(base, StepCallStatus.SUCCEEDED, { output: request.outcome.value ?? toValue(null) });
     recorded.unsafeToRepeat = request.unsafeToRepeat;
+    if (request.argsDigest) recorded.argsDigest = request.argsDigest; // else the Begin's stands
     return create(EndStepCallResponseSchema, { call: recorded });
   }
 
