@@ -4,11 +4,14 @@ arguments and returns what to print."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import math
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -197,10 +200,18 @@ def _settle(
 
     run: Run | None = None
     if out.is_terminal:
-        # Redrawn in place, and gone at the end: the run is printed whole after it.
-        with Live(console=out, auto_refresh=False, transient=True) as live:
+        # Redrawn in place, and gone at the end: the run is printed whole after it. The view
+        # starts and stops with Ctrl-C held back, so that it never stops half-started (stderr
+        # still redirected, the cursor hidden): a Ctrl-C then lands in the loop.
+        live = Live(console=out, auto_refresh=False, transient=True)
+        try:
+            with _sigint_held():
+                live.start()
             for run in polls():
                 live.update(follow_view(run), refresh=True)
+        finally:
+            with _sigint_held():
+                live.stop()
     else:
         # The id first: the lines after it name only nodes.
         out.print(f"following run {run_id} (Ctrl-C stops following; the run goes on)")
@@ -211,6 +222,20 @@ def _settle(
             sys.stdout.flush()
     assert run is not None
     return client.get_run(run_id, logs=True)  # shown as run show shows it
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Within: a Ctrl-C waits, and is raised as KeyboardInterrupt on the way out. (A signal
+    mask would not do: another thread of the process, gRPC's, would take the signal.)"""
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 def _logs(client: Client, args: argparse.Namespace) -> Any:
@@ -351,7 +376,6 @@ def _send_event(client: Client, args: argparse.Namespace) -> Any:
 
 def _console(client: Client, args: argparse.Namespace) -> Any:
     import asyncio
-    import contextlib
 
     from console import ListenError, serve
 

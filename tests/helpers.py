@@ -17,15 +17,22 @@ from cyclone.v1 import types_pb2, worker_service_pb2, workflow_service_pb2
 PATIENCE = 20.0
 
 
-def eventually(check: Callable[[], Any], what: str, timeout: float = PATIENCE) -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+def eventually(
+    check: Callable[[], Any],
+    what: str,
+    timeout: float = PATIENCE,
+    detail: Callable[[], str] | None = None,
+) -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``, with what
+    ``detail`` says then (a process's log, say)."""
     end = time.monotonic() + timeout
     while True:
         result = check()
         if result:
             return result
         if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what}")
+            said = f"\n{detail()}" if detail is not None else ""
+            pytest.fail(f"timed out waiting for {what}{said}")
         time.sleep(0.02)
 
 

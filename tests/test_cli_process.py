@@ -303,14 +303,30 @@ def test_ctrl_c_on_the_live_view_of_run_wait_names_the_run_and_exits_130(cyclone
         shown = b""
         while b"\x1b[?25l" not in shown:  # the live view is drawn: it is polling
             shown += os.read(leader, 65536)
+        # At once: Ctrl-C may land while the view is still starting.
         waiting.send_signal(signal.SIGINT)
         _, errors = waiting.communicate(timeout=60)
+    shown += _drain(leader)
     os.close(leader)
     assert waiting.returncode == 130, errors
     assert "Traceback" not in errors
     assert f"interrupted; run {run_id} goes on. Follow it again: cyclone run wait {run_id}" in (
         errors
     )
+    assert shown.rfind(b"\x1b[?25h") > shown.find(b"\x1b[?25l")  # the cursor is back
+
+
+def _drain(leader: int) -> bytes:
+    """What is left to read on a pty whose other end has closed."""
+    rest = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the other end is gone and all was read
+            return rest
+        if not chunk:
+            return rest
+        rest += chunk
 
 
 def test_a_reader_that_goes_away_from_submit_follow_is_141_not_the_timeout_status(

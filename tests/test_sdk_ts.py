@@ -286,6 +286,7 @@ def test_a_ts_body_sleeps_waits_for_an_event_and_for_a_child_run(
         ),
         "the body to wait for its event",
         PATIENCE,
+        detail=lambda: f"{operator.get_run(run_id).step('body')}\n{js_worker.log}",
     )
     operator.send_event(run_id, "approved", {"by": "ada"})
     run = operator.wait(run_id, timeout=PATIENCE)
