@@ -123,13 +123,23 @@ class RequestQueue {
   }
 }
 
-/** One Work stream: the completions it carries, one report in flight at a time. */
+/**
+ * One Work stream: the completions it carries, one report in flight at a time. The
+ * outcomes that finish while a report is on its way, or in the same turn of the event
+ * loop, go together in the next report, which grants the credit of the slots they free
+ * (so its answer comes with the next steps); the slots freed with nothing to report are
+ * granted at the end of the turn, with that report or in a request of credit alone.
+ */
 class Session {
   readonly requests = new RequestQueue();
   /** Completions waiting for the next report, and the slots they free. */
   queued: CompleteRequest[] = [];
   /** The reports sent and not answered, oldest first. */
   inFlight: CompleteRequest[][] = [];
+  /** Slots freed with nothing to report, not granted yet. */
+  alone = 0;
+  /** A flush is due at the end of this turn of the event loop. */
+  flushDue = false;
   ended = false;
 }
 
@@ -276,7 +286,7 @@ export class Worker {
               });
             }
           });
-          this.flush(session);
+          this.flushSoon(session);
         }
       }
     } finally {
@@ -292,17 +302,36 @@ export class Worker {
     }
   }
 
+  /** Flushes at the end of this turn: the outcomes finishing in it join the report. */
+  private flushSoon(session: Session): void {
+    if (session.flushDue) return;
+    session.flushDue = true;
+    setImmediate(() => {
+      session.flushDue = false;
+      this.flush(session);
+    });
+  }
+
+  /** Sends the queued outcomes (unless a report is on its way) and the credit of the slots freed. */
   private flush(session: Session): void {
-    if (session.inFlight.length > 0 || session.queued.length === 0 || session.requests.closed) return;
-    const completions = session.queued;
-    session.queued = [];
-    session.inFlight.push(completions);
-    session.requests.push(
-      create(WorkRequestSchema, {
-        report: { completions, brief: true },
-        credit: this.stopping.signal.aborted ? 0 : completions.length,
-      }),
-    );
+    if (session.ended || session.requests.closed) return;
+    const granting = !this.stopping.signal.aborted;
+    if (session.inFlight.length === 0 && session.queued.length > 0) {
+      const completions = session.queued;
+      session.queued = [];
+      session.inFlight.push(completions);
+      session.requests.push(
+        create(WorkRequestSchema, {
+          report: { completions, brief: true },
+          credit: granting ? completions.length + session.alone : 0,
+        }),
+      );
+      session.alone = 0;
+    }
+    if (session.alone > 0) {
+      if (granting) session.requests.push(create(WorkRequestSchema, { credit: session.alone }));
+      session.alone = 0;
+    }
   }
 
   private adopt(maxPayloadBytes: bigint, maxStepCalls: number): void {
@@ -368,12 +397,12 @@ export class Worker {
     freed?.();
     const session = this.session;
     const open = session !== undefined && !session.ended && !session.requests.closed;
-    if (reported && open) {
-      session.queued.push(reported);
-      this.flush(session);
+    if (open) {
+      if (reported) session.queued.push(reported);
+      else session.alone++;
+      this.flushSoon(session);
       return;
     }
-    if (open && !this.stopping.signal.aborted) session.requests.push(create(WorkRequestSchema, { credit: 1 }));
     if (reported) await this.complete(reported);
   }
 
