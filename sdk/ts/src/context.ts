@@ -83,7 +83,10 @@ export class StepContext {
    * Aborts when the step must stop: the lease is lost, the run cancelled, the deadline
    * passed, or the worker stops hard. `signal.reason` says which.
    */
-  readonly signal: AbortSignal;
+  get signal(): AbortSignal {
+    return this.signalOf();
+  }
+  private readonly signalOf: () => AbortSignal;
   readonly log: StepLogger;
   /** The journal of the node's durable calls. */
   readonly journal: Journal;
@@ -101,7 +104,8 @@ export class StepContext {
   constructor(
     readonly claimed: ClaimedStep,
     journal: Journal,
-    signal: AbortSignal,
+    /** The signal, or a function that gives it (called when the signal is first asked for). */
+    signal: AbortSignal | (() => AbortSignal),
     readonly logs: LogBuffer = new LogBuffer(),
   ) {
     this.runId = claimed.runId;
@@ -128,7 +132,7 @@ export class StepContext {
     this.effectUncertain = claimed.effectUncertain;
     this.leaseToken = claimed.leaseToken;
     this.deadline = claimed.deadline ? new Date(timestampMs(claimed.deadline)) : new Date(Date.now() + 3600_000);
-    this.signal = signal;
+    this.signalOf = typeof signal === "function" ? signal : () => signal;
     this.journal = journal;
     journal.takeLogs = () => logs.take();
     const line = (level: string) => (message: string) => logs.add(level, message);

@@ -176,6 +176,11 @@ export class Journal {
   stopped: Error | undefined;
   /** The step's log lines not sent yet: a Wait carries them (a suspended node reports nothing). */
   takeLogs: (() => LogLine[]) | undefined;
+  private readonly signalOf: () => AbortSignal | undefined;
+
+  private get signal(): AbortSignal | undefined {
+    return this.signalOf();
+  }
 
   constructor(
     entries: readonly StepCall[],
@@ -184,9 +189,13 @@ export class Journal {
     private readonly limits: JournalLimits = DEFAULT_LIMITS,
     /** Called once, when the body must stop: the worker aborts the handler's signal. */
     private readonly onStop: (reason: Error) => void = () => {},
-    /** Aborted when the node stops for another reason (lease lost, cancelled, deadline). */
-    private readonly signal?: AbortSignal,
+    /**
+     * Aborted when the node stops for another reason (lease lost, cancelled, deadline);
+     * or a function that gives it, called only when a call needs it.
+     */
+    signal?: AbortSignal | (() => AbortSignal),
   ) {
+    this.signalOf = typeof signal === "function" ? signal : () => signal;
     for (const entry of entries) {
       this.byId.set(entry.stepId, entry);
       this.bySeq.set(entry.seq, entry);

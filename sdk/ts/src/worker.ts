@@ -123,14 +123,63 @@ class RequestQueue {
   }
 }
 
-/** One Work stream: the completions it carries, one report in flight at a time. */
+/**
+ * One Work stream: the completions it carries, one report in flight at a time. The
+ * outcomes that finish while a report is on its way, or in the same turn of the event
+ * loop, go together in the next report, which grants the credit of the slots they free
+ * (so its answer comes with the next steps); the slots freed with nothing to report are
+ * granted at the end of the turn, with that report or in a request of credit alone.
+ */
 class Session {
   readonly requests = new RequestQueue();
   /** Completions waiting for the next report, and the slots they free. */
   queued: CompleteRequest[] = [];
   /** The reports sent and not answered, oldest first. */
   inFlight: CompleteRequest[][] = [];
+  /** Slots freed with nothing to report, not granted yet. */
+  alone = 0;
+  /** A flush is due at the end of this turn of the event loop. */
+  flushDue = false;
   ended = false;
+}
+
+/**
+ * How one step stops. Its AbortSignal is made only when something asks for it (the
+ * handler's ctx.signal, a durable call), already aborted if the step has stopped: a
+ * step whose handler returns with nobody holding its signal makes no controller, no
+ * NodeStopped and no abort event.
+ */
+class StepStop {
+  private controller: AbortController | undefined;
+  /** Why the step must stop, when something stopped it before its handler returned. */
+  reason: Error | undefined;
+  private done = false;
+
+  readonly signal = (): AbortSignal => {
+    if (this.controller === undefined) {
+      this.controller = new AbortController();
+      const reason = this.reason ?? (this.done ? new NodeStopped("the handler returned") : undefined);
+      if (reason !== undefined) this.controller.abort(reason);
+    }
+    return this.controller.signal;
+  };
+
+  /** Stops the step (the first reason wins); its signal aborts with `reason`. */
+  readonly abort = (reason: Error): void => {
+    if (this.done || this.reason !== undefined) return;
+    this.reason = reason;
+    this.controller?.abort(reason);
+  };
+
+  /** Whether the step has stopped, or its handler returned. */
+  readonly stopped = (): boolean => this.done || this.reason !== undefined;
+
+  /** The handler returned: whatever it left running sees its signal abort (NodeStopped). */
+  returned(): void {
+    if (this.done) return;
+    this.done = true;
+    if (this.reason === undefined) this.controller?.abort(new NodeStopped("the handler returned"));
+  }
 }
 
 export class Worker {
@@ -276,7 +325,7 @@ export class Worker {
               });
             }
           });
-          this.flush(session);
+          this.flushSoon(session);
         }
       }
     } finally {
@@ -292,17 +341,36 @@ export class Worker {
     }
   }
 
+  /** Flushes at the end of this turn: the outcomes finishing in it join the report. */
+  private flushSoon(session: Session): void {
+    if (session.flushDue) return;
+    session.flushDue = true;
+    setImmediate(() => {
+      session.flushDue = false;
+      this.flush(session);
+    });
+  }
+
+  /** Sends the queued outcomes (unless a report is on its way) and the credit of the slots freed. */
   private flush(session: Session): void {
-    if (session.inFlight.length > 0 || session.queued.length === 0 || session.requests.closed) return;
-    const completions = session.queued;
-    session.queued = [];
-    session.inFlight.push(completions);
-    session.requests.push(
-      create(WorkRequestSchema, {
-        report: { completions, brief: true },
-        credit: this.stopping.signal.aborted ? 0 : completions.length,
-      }),
-    );
+    if (session.ended || session.requests.closed) return;
+    const granting = !this.stopping.signal.aborted;
+    if (session.inFlight.length === 0 && session.queued.length > 0) {
+      const completions = session.queued;
+      session.queued = [];
+      session.inFlight.push(completions);
+      session.requests.push(
+        create(WorkRequestSchema, {
+          report: { completions, brief: true },
+          credit: granting ? completions.length + session.alone : 0,
+        }),
+      );
+      session.alone = 0;
+    }
+    if (session.alone > 0) {
+      if (granting) session.requests.push(create(WorkRequestSchema, { credit: session.alone }));
+      session.alone = 0;
+    }
   }
 
   private adopt(maxPayloadBytes: bigint, maxStepCalls: number): void {
@@ -368,12 +436,12 @@ export class Worker {
     freed?.();
     const session = this.session;
     const open = session !== undefined && !session.ended && !session.requests.closed;
-    if (reported && open) {
-      session.queued.push(reported);
-      this.flush(session);
+    if (open) {
+      if (reported) session.queued.push(reported);
+      else session.alone++;
+      this.flushSoon(session);
       return;
     }
-    if (open && !this.stopping.signal.aborted) session.requests.push(create(WorkRequestSchema, { credit: 1 }));
     if (reported) await this.complete(reported);
   }
 
@@ -385,10 +453,8 @@ export class Worker {
       await this.release(this.failure(step, nonRetryable("UnknownAction", `this worker does not serve the action "${step.action}"`), new LogBuffer()));
       return;
     }
-    const controller = new AbortController();
-    const abort = (reason: Error): void => {
-      if (!controller.signal.aborted) controller.abort(reason);
-    };
+    const stop = new StepStop();
+    const abort = stop.abort;
     const deadlineMs = step.deadline ? Number(step.deadline.seconds) * 1000 + step.deadline.nanos / 1e6 : Date.now() + 3600_000;
     const deadline = setTimeout(
       () => abort(new Failure("the handler ran past the node's timeout", { type: "HandlerTimeout" })),
@@ -401,11 +467,11 @@ export class Worker {
       this.client,
       this.limits,
       abort,
-      controller.signal,
+      stop.signal,
     );
-    const ctx = new StepContext(step, journal, controller.signal, logs);
+    const ctx = new StepContext(step, journal, stop.signal, logs);
     ctx.flushLogs = () => this.beat(ctx).then(() => undefined, () => undefined);
-    const beating = this.heartbeat(ctx, abort, controller.signal);
+    const stopBeating = this.heartbeat(ctx, abort, stop.stopped);
     this.log.info("step started", { ...fields, action: step.action });
 
     let output: unknown;
@@ -418,9 +484,9 @@ export class Worker {
       error = thrown;
     }
     clearTimeout(deadline);
-    const reason: unknown = controller.signal.aborted ? controller.signal.reason : undefined;
-    abort(new NodeStopped("the handler returned"));
-    await beating;
+    const reason: unknown = stop.reason;
+    stop.returned();
+    await stopBeating();
 
     const stopped = journal.stopped; // a durable call stopped the body: that decides
     if (ctx.completedInTx) {
@@ -474,24 +540,50 @@ export class Worker {
     });
   }
 
-  /** Extends the lease every third of it until `done` aborts; stops the handler on a lost lease or cancel. */
-  private async heartbeat(ctx: StepContext, stop: (reason: Error) => void, done: AbortSignal): Promise<void> {
-    for (;;) {
-      await sleep(this.leaseMs / 3, done);
-      if (done.aborted) return;
-      try {
-        if (await this.beat(ctx)) {
-          stop(new RunCancelled("the run was cancelled"));
-          return;
-        }
-      } catch (error) {
-        if (error instanceof ConnectError && (error.code === Code.Aborted || error.code === Code.NotFound)) {
-          stop(new LeaseLost(`lease lost: ${error.rawMessage}`));
-          return;
-        }
-        if (!done.aborted) this.log.warn("heartbeat failed; retrying at the next beat", { run_id: ctx.runId, node: ctx.node, error: describe(error) });
+  /**
+   * Extends the lease every third of it until the handler returns or the step is `done`;
+   * stops the handler on a lost lease or cancel. Returns the stopper: no beat after it,
+   * and it resolves once a beat on its way is over. (A timer the stopper clears, not a
+   * sleep on the step's signal: the signal need not exist.)
+   */
+  private heartbeat(ctx: StepContext, stop: (reason: Error) => void, done: () => boolean): () => Promise<void> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let beating: Promise<void> | undefined;
+    let over = false;
+    const schedule = (): void => {
+      if (!over) timer = setTimeout(tick, this.leaseMs / 3);
+    };
+    const tick = (): void => {
+      timer = undefined;
+      if (over || done()) return;
+      beating = this.beatOnce(ctx, stop, done).then((again) => {
+        beating = undefined;
+        if (again) schedule();
+      });
+    };
+    schedule();
+    return () => {
+      over = true;
+      clearTimeout(timer);
+      return beating ?? Promise.resolve();
+    };
+  }
+
+  /** One beat of `heartbeat`; whether to beat again. */
+  private async beatOnce(ctx: StepContext, stop: (reason: Error) => void, done: () => boolean): Promise<boolean> {
+    try {
+      if (await this.beat(ctx)) {
+        stop(new RunCancelled("the run was cancelled"));
+        return false;
       }
+    } catch (error) {
+      if (error instanceof ConnectError && (error.code === Code.Aborted || error.code === Code.NotFound)) {
+        stop(new LeaseLost(`lease lost: ${error.rawMessage}`));
+        return false;
+      }
+      if (!done()) this.log.warn("heartbeat failed; retrying at the next beat", { run_id: ctx.runId, node: ctx.node, error: describe(error) });
     }
+    return !done();
   }
 
   /** One heartbeat with the log lines and progress not sent yet; whether the run was cancelled. */
