@@ -25,6 +25,7 @@ ERROR_MEANINGS = {
     "LeaseExpired": "the step's time limit (its timeout) was reached with no outcome",
     "HandlerTimeout": "the handler ran past the step's time limit and was stopped",
     "OutputTooLarge": "the handler's output was larger than the server accepts",
+    "OutputNotJson": "the handler's output could not be encoded as JSON",
     "StepResultTooLarge": "a step call's result was larger than the server accepts",
     "StepTimeout": "a step call ran past its own time limit",
     "EventTimeout": "no event came before the wait's deadline",

@@ -20,7 +20,7 @@ from pyclient.durable._calls import Call
 from pyclient.durable._errors import BodyStopped, Suspended
 from pyclient.durable._memory import MemoryBackend, NodeJournal
 from pyclient.durable._replay import Replay
-from pyclient.errors import NonRetryableError
+from pyclient.errors import NonRetryableError, OutputNotJson
 from pyclient.models import StepCall, StepCallError
 
 #: A crash point after the body returned, before the node's outcome was reported.
@@ -329,7 +329,7 @@ class DurableNode:
                 output = json.loads(dumps(output))
             except (TypeError, ValueError) as exc:
                 status = "failed"
-                error = NonRetryableError(f"the handler's output is not JSON: {exc}")
+                error = OutputNotJson(f"the handler's output is not JSON: {exc}")
         if status == "failed":
             self._journal.forget_trailing_failures()
         attempt = Attempt(

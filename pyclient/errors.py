@@ -150,6 +150,12 @@ class OutputTooLarge(CycloneError, NonRetryableError):
     server's payload limit: the node fails for good with this error."""
 
 
+class OutputNotJson(CycloneError, NonRetryableError):
+    """A handler (or a durable function's body) returned a value JSON cannot carry (a
+    set, bytes, NaN, an object of a class of yours): the node fails for good with this
+    error, which names the cause. The same code would return the same value again."""
+
+
 class JournalFull(CycloneError, NonRetryableError):
     """A durable function made more step calls than its node's journal holds: the node
     fails for good with this error."""

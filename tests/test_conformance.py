@@ -240,6 +240,8 @@ def _check(scenario: Scenario) -> None:
         assert run.step(node).status == status, (node, context)
     for node, output in expect.get("outputs", {}).items():
         assert run.step(node).output == output, (node, context)
+    for node, types in expect.get("errors", {}).items():
+        assert [error.type for error in run.step(node).errors] == types, (node, context)
     for node, journal in expect.get("journal", {}).items():
         got = [[call.step_id, str(call.status)] for call in run.step(node).journal]
         assert got == journal, (node, context)

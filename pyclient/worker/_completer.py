@@ -28,6 +28,7 @@ from pyclient.errors import (
     CycloneError,
     LeaseLost,
     NonRetryableError,
+    OutputNotJson,
     OutputTooLarge,
     RetryAfter,
     Unavailable,
@@ -156,7 +157,7 @@ class Completer:
             try:
                 output_json = dumps(output)
             except (TypeError, ValueError) as exc:
-                error = NonRetryableError(f"the handler's output is not JSON: {exc}")
+                error = OutputNotJson(f"the handler's output is not JSON: {exc}")
             else:
                 value, error = self._sized(output_json)
         request = pb.CompleteRequest(

@@ -79,6 +79,10 @@ def make_worker(args: argparse.Namespace) -> Worker:
         effects.crash_if(spec, "after_effect", ctx.node)
         if ctx.attempt <= spec.get("fail_attempts", 0):
             raise PlannedFailure(f"planned failure {ctx.attempt}")
+        if spec.get("unencodable_output"):
+            return {"tags": {"a", "b"}}  # a set: JSON has none
+        if "big_output" in spec:
+            return {"text": "x" * spec["big_output"]}
         return {
             "value": spec.get("value"),
             "attempt": ctx.attempt,

@@ -125,12 +125,12 @@ func decode(in *structpb.Value, v any) error {
 }
 
 // outputValue is a handler's output as the server takes it. One that cannot be
-// encoded as JSON fails the node for good (OutputNotJSON): the same code would return
+// encoded as JSON fails the node for good (OutputNotJson): the same code would return
 // the same value at every attempt.
 func outputValue(output any) (*structpb.Value, error) {
 	value, err := toValue(output)
 	if err != nil {
-		return nil, fatal("OutputNotJSON", "the handler's output (%T) cannot be sent: %v", output, err)
+		return nil, fatal("OutputNotJson", "the handler's output (%T) cannot be sent: %v", output, err)
 	}
 	return value, nil
 }

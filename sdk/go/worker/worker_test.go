@@ -25,7 +25,7 @@ func TestAnOutputThatIsNotJSONFailsTheNodeForGoodNamingTheCause(t *testing.T) {
 		t.Fatalf("completes %v", f.completes)
 	}
 	failure := f.completes[0].GetFailure()
-	if failure.GetType() != "OutputNotJSON" || !failure.GetNonRetryable() ||
+	if failure.GetType() != "OutputNotJson" || !failure.GetNonRetryable() ||
 		!strings.Contains(failure.GetMessage(), "unsupported type: func()") {
 		t.Fatalf("failure %v", failure)
 	}

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -149,8 +150,10 @@ type conformance struct {
 func (c *conformance) task(_ context.Context, step *worker.Step) (any, error) {
 	var spec struct {
 		crashPlan
-		Value        any `json:"value"`
-		FailAttempts int `json:"fail_attempts"`
+		Value        any  `json:"value"`
+		FailAttempts int  `json:"fail_attempts"`
+		Unencodable  bool `json:"unencodable_output"`
+		BigOutput    *int `json:"big_output"`
 	}
 	if err := step.DecodeInput(&spec); err != nil {
 		return nil, worker.NonRetryable("BadInput", err)
@@ -159,6 +162,12 @@ func (c *conformance) task(_ context.Context, step *worker.Step) (any, error) {
 	c.effects.crashIf(step, spec.crashPlan, "after_effect", step.Node)
 	if int(step.Attempt) <= spec.FailAttempts {
 		return nil, &worker.Failure{Type: "PlannedFailure", Message: fmt.Sprintf("planned failure %d", step.Attempt)}
+	}
+	if spec.Unencodable {
+		return map[string]any{"tags": make(chan string)}, nil // a channel: JSON has none
+	}
+	if spec.BigOutput != nil {
+		return map[string]any{"text": strings.Repeat("x", *spec.BigOutput)}, nil
 	}
 	upstream := make([]string, 0, len(step.UpstreamOutputs))
 	for name := range step.UpstreamOutputs {

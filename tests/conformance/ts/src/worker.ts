@@ -39,6 +39,8 @@ if (!address || !databaseUrl || !effectsPath) {
 interface Spec {
   value?: JsonValue;
   fail_attempts?: number;
+  unencodable_output?: boolean;
+  big_output?: number;
   crash?: string;
   crash_attempts?: number[];
   entry?: string;
@@ -101,6 +103,10 @@ async function task(ctx: StepContext): Promise<JsonValue> {
   if (ctx.attempt <= (spec.fail_attempts ?? 0)) {
     throw new Failure(`planned failure ${ctx.attempt}`, { type: "PlannedFailure" });
   }
+  if (spec.unencodable_output) {
+    return { tags: 10n } as unknown as JsonValue; // a BigInt: JSON has none
+  }
+  if (spec.big_output !== undefined) return { text: "x".repeat(spec.big_output) };
   return { value: spec.value ?? null, attempt: ctx.attempt, upstream: Object.keys(ctx.upstream).sort() };
 }
 
