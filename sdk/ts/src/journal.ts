@@ -53,12 +53,26 @@ import {
 import { argsDigest } from "./digest.js";
 import { fromValue, NotJsonError, toValue, valueSize, type JsonValue } from "./json.js";
 
+/**
+ * How long one durable call's RPC may take (each try, when UNAVAILABLE is retried): a
+ * server that stopped answering without closing the connection fails the call with
+ * DeadlineExceeded, and so the attempt, instead of holding the body until its node's
+ * timeout.
+ */
+export const CALL_TIMEOUT_MS = 30_000;
+
+/** What each call of a StepCallTransport is given. */
+export interface CallOptions {
+  signal?: AbortSignal;
+  timeoutMs?: number;
+}
+
 /** The four WorkerService calls a durable function makes; the generated client has them. */
 export interface StepCallTransport {
-  beginStepCall(request: BeginStepCallRequest, options?: { signal?: AbortSignal }): Promise<BeginStepCallResponse>;
-  endStepCall(request: EndStepCallRequest, options?: { signal?: AbortSignal }): Promise<EndStepCallResponse>;
-  wait(request: WaitRequest, options?: { signal?: AbortSignal }): Promise<WaitResponse>;
-  startChild(request: StartChildRequest, options?: { signal?: AbortSignal }): Promise<StartChildResponse>;
+  beginStepCall(request: BeginStepCallRequest, options?: CallOptions): Promise<BeginStepCallResponse>;
+  endStepCall(request: EndStepCallRequest, options?: CallOptions): Promise<EndStepCallResponse>;
+  wait(request: WaitRequest, options?: CallOptions): Promise<WaitResponse>;
+  startChild(request: StartChildRequest, options?: CallOptions): Promise<StartChildResponse>;
 }
 
 /** The node a journal belongs to, and the lease its calls present. */
@@ -182,6 +196,11 @@ export class Journal {
     return this.signalOf();
   }
 
+  /** The options of one try of a call's RPC. */
+  private get callOptions(): CallOptions {
+    return { signal: this.signal, timeoutMs: this.callTimeoutMs };
+  }
+
   constructor(
     entries: readonly StepCall[],
     private readonly lease: NodeLease,
@@ -194,6 +213,7 @@ export class Journal {
      * or a function that gives it, called only when a call needs it.
      */
     signal?: AbortSignal | (() => AbortSignal),
+    private readonly callTimeoutMs: number = CALL_TIMEOUT_MS,
   ) {
     this.signalOf = typeof signal === "function" ? signal : () => signal;
     for (const entry of entries) {
@@ -273,7 +293,7 @@ export class Journal {
     if (call.recorded && !hasOutcome(call.recorded)) call.recorded = undefined; // WAITING: not a step's
     if (call.recorded || !call.unsafe) return call;
     const response = await this.rpc("BeginStepCall", call, () =>
-      this.transport.beginStepCall(this.beginRequest(call, true), { signal: this.signal }),
+      this.transport.beginStepCall(this.beginRequest(call, true), this.callOptions),
     );
     switch (response.decision) {
       case StepCallDecision.RUN:
@@ -384,7 +404,7 @@ export class Journal {
       argsDigest: call.digest,
       outcome: error ? { case: "error", value: error } : { case: "output", value: output ?? toValue(null) },
     });
-    const response = await this.rpc("EndStepCall", call, () => this.transport.endStepCall(request, { signal: this.signal }));
+    const response = await this.rpc("EndStepCall", call, () => this.transport.endStepCall(request, this.callOptions));
     const entry = response.call ?? {
       ...request,
       $typeName: "cyclone.v1.StepCall" as const,
@@ -410,7 +430,7 @@ export class Journal {
    */
   async recordedElsewhere(call: Call): Promise<StepCall> {
     const response = await this.rpc("BeginStepCall", call, () =>
-      this.transport.beginStepCall(this.beginRequest(call, false), { signal: this.signal }),
+      this.transport.beginStepCall(this.beginRequest(call, false), this.callOptions),
     );
     if (!response.call || !hasOutcome(response.call)) {
       throw new Error(`BeginStepCall for ${call.id}: the call was recorded in another transaction, and the server has no outcome of it`);
@@ -556,7 +576,7 @@ export class Journal {
       until,
       logs: this.takeLogs?.() ?? [],
     });
-    const response = await this.rpc("Wait", call, () => this.transport.wait(request, { signal: this.signal }));
+    const response = await this.rpc("Wait", call, () => this.transport.wait(request, this.callOptions));
     if (response.decision === WaitDecision.READY && response.call) return replayed(this.remember(response.call));
     if (response.decision === WaitDecision.SUSPENDED) {
       throw this.stop(new Suspended(`waiting for ${response.call?.waitingFor || call.id}: the node gave its lease back`));
@@ -601,7 +621,7 @@ export class Journal {
       workflow,
       input: toValue(input),
     });
-    const response = await this.rpc("StartChild", call, () => this.transport.startChild(request, { signal: this.signal }));
+    const response = await this.rpc("StartChild", call, () => this.transport.startChild(request, this.callOptions));
     if (response.call) this.remember(response.call);
     return { runId: response.childRunId, stepId: call.id };
   }
