@@ -148,6 +148,28 @@ def test_a_waiting_claim_wakes_at_the_start_time(cyclone_server):
     assert time.monotonic() - began < PATIENCE - 1  # woken by its timer, not the end
 
 
+@pytest.mark.parametrize("function", ["step_next_due", "step_next_due_sharded"])
+def test_a_step_that_came_due_after_the_claim_is_due_now_not_held_back(cyclone_server, function):
+    """A claim that took nothing asks step_next_due when to look again, passing the
+    seconds since it claimed. A step that came due in between is due now (negative
+    seconds): the claim looks again at once. One due before the claim was passed over
+    by it (a full key, a rate, a lock), and sets no timer."""
+    start = _db_now(cyclone_server)
+    start.seconds += 10
+    _submit(cyclone_server, workflow("soon", node("a")), start_at=start)
+    cyclone_server.advance_clock(12)  # due 2 s ago
+
+    def due(since: float) -> float | None:
+        [(seconds,)] = cyclone_server.sql(
+            f"SELECT cyclone.{function}(ARRAY['work'], %s::float8)", since
+        )
+        return seconds
+
+    assert -2.5 < due(5) < -1.5  # came due after a claim 5 s ago
+    assert due(1) is None  # was due already when a claim 1 s ago took nothing
+    assert due(0) is None
+
+
 # -- concurrency keys ---------------------------------------------------------------
 
 

@@ -100,6 +100,7 @@ class WorkStream:
         # Put before the first response: the server's limits, which the worker adopts.
         first = _limits(self.settings)
         reading: asyncio.Future[worker_pb.WorkRequest | None] | None = None
+        loop = asyncio.get_running_loop()
         self.metrics.work_streams.inc()
         try:
             with self.dispatcher.subscribe(who.actions) as ready:
@@ -124,9 +125,13 @@ class WorkStream:
                         return
                     steps = b""
                     full = False
+                    claimed_at = None
                     if credit > 0:
                         # Cleared before the claim: a wake-up while it runs is not lost.
                         ready.clear()
+                        # And the time taken before it: a step coming due while it runs
+                        # is not lost either (Claims.wait_for_work).
+                        claimed_at = loop.time()
                         limit = min(credit, self.settings.max_claim_batch)
                         try:
                             steps, handed = await self._work_claim(who, limit, heard)
@@ -146,7 +151,9 @@ class WorkStream:
                     if full and credit > 0:
                         continue  # as many as asked: more may be ready
                     if not reading.done():
-                        await self.claims.wait_for_work(who, ready, reading, credit > 0)
+                        await self.claims.wait_for_work(
+                            who, ready, reading, claimed_at if credit > 0 else None
+                        )
                     if reading.done():
                         request = reading.result()
                         if request is None:

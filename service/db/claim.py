@@ -133,9 +133,12 @@ class Steps(Repository):
         )
         return len(rows)
 
-    async def step_next_due(self, actions: list[str]) -> float | None:
+    async def step_next_due(self, actions: list[str], since: float) -> float | None:
+        """Seconds until a claim of ``actions`` may find work (NULL: none known), for a
+        claim made ``since`` seconds ago that took nothing: a step that came due after
+        it is due now (negative)."""
         name = "step_next_due_sharded" if await self.is_sharded() else "step_next_due"
-        row = await self._one(name, NextDue, actions=actions)
+        row = await self._one(name, NextDue, actions=actions, since=since)
         return None if row is None or row.seconds is None else float(row.seconds)
 
     async def step_attempt(self, run_id: str, node: str) -> int | None:

@@ -33,8 +33,9 @@ RETURNING s.action AS ready;
 
 -- name: step_next_due
 -- Seconds until a claim of these actions may find work: a backoff or start time
--- coming due, a rate limit's window opening, or a concurrency key to look at again.
-SELECT cyclone.step_next_due(CAST(:actions AS text[])) AS seconds;
+-- coming due (since the claim made :since seconds ago), a rate limit's window opening,
+-- or a concurrency key to look at again.
+SELECT cyclone.step_next_due(CAST(:actions AS text[]), CAST(:since AS float8)) AS seconds;
 
 -- name: step_attempt
 -- A step's attempt, for a log line about an outcome this server did not hand out.
@@ -108,4 +109,4 @@ SELECT k.at, k.run_id,
  ORDER BY k.at, k.run_id, k.node;
 
 -- name: step_next_due_sharded
-SELECT cyclone.step_next_due_sharded(CAST(:actions AS text[])) AS seconds;
+SELECT cyclone.step_next_due_sharded(CAST(:actions AS text[]), CAST(:since AS float8)) AS seconds;

@@ -85,8 +85,10 @@ class EventNodes:
 
     async def run(self) -> None:
         """Until cancelled: claim what is due, serve it, sleep until notified or due."""
+        loop = asyncio.get_running_loop()
         while True:
             with self.dispatcher.subscribe([EVENT_ACTION]) as ready:
+                claimed_at = loop.time()
                 try:
                     rows = await self.db.steps.step_claim(
                         worker_id=self.worker_id,
@@ -99,7 +101,9 @@ class EventNodes:
                         await self.serve(row)
                     if len(rows) == BATCH:
                         continue
-                    due = await self.db.steps.step_next_due([EVENT_ACTION])
+                    due = await self.db.steps.step_next_due(
+                        [EVENT_ACTION], loop.time() - claimed_at
+                    )
                 except errors.CycloneError as exc:
                     log.warning("event nodes: %s", exc)
                     due = None

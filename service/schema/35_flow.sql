@@ -140,16 +140,19 @@ $$;
 
 -- Seconds until a claim of these actions may find work (negative: now; NULL: none
 -- known). For each action, each priority present among its ready rows is visited
--- once, through steps_ready_idx (a loose index scan), and gives the earliest later
--- available_at of that priority. A ready row whose time has come though the claim
--- just took nothing is held back by its concurrency key or its action's rate limit:
+-- once, through steps_ready_idx (a loose index scan), and gives the earliest
+-- available_at of that priority later than the last claim (p_since seconds ago, which
+-- the caller measures from before it claimed): a row that came due between that claim
+-- and this call is due now, and the caller claims again at once rather than sleeping
+-- past it. A ready row that was due already when the claim took nothing is held back
+-- by its concurrency key or its action's rate limit (or was locked by another claim):
 -- the rate's row says when its window opens (reopens_at); a key has no such time, but
 -- a step that frees a slot of a full key (completed, failed, waiting, reclaimed by the
 -- sweep) wakes the claims of its action (_notify_ready, _key_wake), so the claim waits for that
 -- (or for the server's --claim-recheck, for a slot freed otherwise: a cancel, or a
 -- key that steps of several actions share). Called by a waiting Claim (the named
 -- query step_next_due) each time it finds nothing.
-CREATE FUNCTION cyclone.step_next_due(p_actions text[])
+CREATE FUNCTION cyclone.step_next_due(p_actions text[], p_since float8 DEFAULT 0)
 RETURNS float8
 -- PL/pgSQL keeps a generic plan of the statement (the same index probes for every
 -- argument); planning it took four times as long as running it.
@@ -158,7 +161,9 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     RETURN (
-    WITH RECURSIVE clock(now) AS (SELECT cyclone.now()),
+    WITH RECURSIVE clock(now, claimed) AS (
+        SELECT n, n - make_interval(secs => greatest(p_since, 0))
+          FROM cyclone.now() AS n),
     levels(action, priority) AS (
         SELECT a.action, (SELECT s.priority FROM cyclone.steps s
                            WHERE s.status = 'available' AND s.action = a.action
@@ -182,7 +187,7 @@ BEGIN
                     ORDER BY s.available_at LIMIT 1) AS first_at,
                   (SELECT s.available_at FROM cyclone.steps s
                     WHERE s.status = 'available' AND s.action = l.action
-                      AND s.priority = l.priority AND s.available_at > c.now
+                      AND s.priority = l.priority AND s.available_at > c.claimed
                     ORDER BY s.available_at LIMIT 1) AS next_at) f
      CROSS JOIN LATERAL (
            SELECT least(f.next_at,

@@ -222,22 +222,25 @@ END;
 $$;
 
 -- step_next_due on a sharded database: seconds until a claim of these actions may find
--- work, read across shards; NULL when none waits: the soonest ready step coming due (a
--- backoff, a start time), or, when a step is due already but the claim took nothing,
+-- work, read across shards; NULL when none waits: the soonest ready step coming due
+-- since the last claim, p_since seconds ago (a backoff, a start time; negative when it
+-- came due after that claim), or, when a step is due already but the claim took nothing,
 -- the time a rate-limited action's window opens again (reopens_at). A key has no such
 -- time: the step that frees its slot wakes the claims of its action (as on one
 -- Postgres, step_next_due). Asked by a waiting Claim to set its timer.
-CREATE FUNCTION cyclone.step_next_due_sharded(p_actions text[]) RETURNS float8
+CREATE FUNCTION cyclone.step_next_due_sharded(p_actions text[], p_since float8 DEFAULT 0)
+RETURNS float8
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_now   timestamptz := cyclone.now();
+    v_claim timestamptz := v_now - make_interval(secs => greatest(p_since, 0));
     v_next  timestamptz;
     v_due   text[];
     v_opens timestamptz;
 BEGIN
     v_next := (SELECT min(s.available_at) FROM cyclone.steps s
                 WHERE s.status = 'available' AND s.action = ANY (p_actions)
-                  AND s.available_at > v_now);
+                  AND s.available_at > v_claim);
     IF EXISTS (SELECT 1 FROM cyclone.action_rates t
                 WHERE t.action = ANY (p_actions) AND t.reopens_at > v_now) THEN
         v_due := ARRAY(SELECT DISTINCT s.action FROM cyclone.steps s
