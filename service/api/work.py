@@ -4,6 +4,7 @@ reports answered in order (WorkerService.Work in the protos)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from google.protobuf import duration_pb2
@@ -100,7 +101,6 @@ class WorkStream:
         # Put before the first response: the server's limits, which the worker adopts.
         first = _limits(self.settings)
         reading: asyncio.Future[worker_pb.WorkRequest | None] | None = None
-        loop = asyncio.get_running_loop()
         self.metrics.work_streams.inc()
         try:
             with self.dispatcher.subscribe(who.actions) as ready:
@@ -131,7 +131,7 @@ class WorkStream:
                         ready.clear()
                         # And the time taken before it: a step coming due while it runs
                         # is not lost either (Claims.wait_for_work).
-                        claimed_at = loop.time()
+                        claimed_at = time.monotonic()
                         limit = min(credit, self.settings.max_claim_batch)
                         try:
                             steps, handed = await self._work_claim(who, limit, heard)

@@ -13,6 +13,14 @@ from service.db.pool import Pool, Repository
 from service.db.records import ClaimedStep, Outcome, Ready, StepErrorJson, StepJson
 from service.db.shards import ShardedClaim
 
+#: Added to the seconds since a claim that step_next_due is given. The claim's clock
+#: started on the database a little after the caller measured, and this call's a little
+#: after too, by a delay that may differ (a connection to wait for): the slack keeps
+#: a step that came due just after the claim from passing for one due before it. The
+#: price: a step held back (a full key, a lock) within this long of coming due makes
+#: the caller claim again once or twice more.
+NEXT_DUE_SLACK_S = 0.01
+
 
 class StepListed(NamedTuple):
     """steps_list: a step across runs, with its run's workflow and its errors."""
@@ -135,9 +143,10 @@ class Steps(Repository):
 
     async def step_next_due(self, actions: list[str], since: float) -> float | None:
         """Seconds until a claim of ``actions`` may find work (NULL: none known), for a
-        claim made ``since`` seconds ago that took nothing: a step that came due after
-        it is due now (negative)."""
+        claim made ``since`` seconds ago (time.monotonic() before it was sent) that took
+        nothing: a step that came due after it is due now (negative)."""
         name = "step_next_due_sharded" if await self.is_sharded() else "step_next_due"
+        since += NEXT_DUE_SLACK_S
         row = await self._one(name, NextDue, actions=actions, since=since)
         return None if row is None or row.seconds is None else float(row.seconds)
 

@@ -98,7 +98,7 @@ class Claims:
         try:
             while True:
                 with self.dispatcher.subscribe(who.actions) as ready:
-                    claimed_at = loop.time()
+                    claimed_at = time.monotonic()
                     steps, blocked = await self.take(who, limit, heard)
                     heard = False
                     remaining = deadline - loop.time()
@@ -107,7 +107,9 @@ class Claims:
                     if not waiting:
                         waiting = True
                         self.metrics.waiting_claims.inc()
-                    due = await self.db.steps.step_next_due(who.actions, loop.time() - claimed_at)
+                    due = await self.db.steps.step_next_due(
+                        who.actions, time.monotonic() - claimed_at
+                    )
                     # The wake-up is the notification; the timeout only covers backoffs
                     # coming due, and is a safety net (--claim-recheck) should a
                     # notification ever be missed.
@@ -232,15 +234,14 @@ class Claims:
     ) -> None:
         """Wait for the next request of a Work stream, and while the worker has credit
         left, for a step to become ready (a notification, or a backoff coming due).
-        ``claimed_at``: the event loop's time before the claim that left credit unused
+        ``claimed_at``: time.monotonic() before the claim that left credit unused
         (None: no credit)."""
         if claimed_at is None:
             ready.clear()
             if not reading.done():
                 await ready.wait()  # set by the request's arrival (and by notifications)
             return
-        loop = asyncio.get_running_loop()
-        due = await self.db.steps.step_next_due(who.actions, loop.time() - claimed_at)
+        due = await self.db.steps.step_next_due(who.actions, time.monotonic() - claimed_at)
         recheck = self.settings.claim_recheck_s
         timeout = recheck if due is None else min(recheck, max(due, 0.001))
         self.metrics.waiting_claims.inc()

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 from cyclone import dag
@@ -85,10 +86,9 @@ class EventNodes:
 
     async def run(self) -> None:
         """Until cancelled: claim what is due, serve it, sleep until notified or due."""
-        loop = asyncio.get_running_loop()
         while True:
             with self.dispatcher.subscribe([EVENT_ACTION]) as ready:
-                claimed_at = loop.time()
+                claimed_at = time.monotonic()
                 try:
                     rows = await self.db.steps.step_claim(
                         worker_id=self.worker_id,
@@ -102,7 +102,7 @@ class EventNodes:
                     if len(rows) == BATCH:
                         continue
                     due = await self.db.steps.step_next_due(
-                        [EVENT_ACTION], loop.time() - claimed_at
+                        [EVENT_ACTION], time.monotonic() - claimed_at
                     )
                 except errors.CycloneError as exc:
                     log.warning("event nodes: %s", exc)
