@@ -86,15 +86,7 @@ class WorkStream:
         request = await anext(stream, None)
         if request is None:
             return
-        if not request.HasField("open"):
-            raise errors.InvalidArgument("the first message of a Work stream must set open")
-        opened = request.open
-        who = self._claimer(
-            opened.worker_id,
-            opened.actions,
-            opened.lease if opened.HasField("lease") else None,
-            opened.build_id,
-        )
+        who = self._opened(request)
         credit = 0
         # A message came since the last claim: the worker is alive (Claims.take).
         heard = True
@@ -127,10 +119,9 @@ class WorkStream:
                     full = False
                     claimed_at = None
                     if credit > 0:
-                        # Cleared before the claim: a wake-up while it runs is not lost.
+                        # Cleared, and the time taken, before the claim: neither a
+                        # wake-up nor a step coming due while it runs is lost.
                         ready.clear()
-                        # And the time taken before it: a step coming due while it runs
-                        # is not lost either (Claims.wait_for_work).
                         claimed_at = time.monotonic()
                         limit = min(credit, self.settings.max_claim_batch)
                         try:
@@ -151,9 +142,8 @@ class WorkStream:
                     if full and credit > 0:
                         continue  # as many as asked: more may be ready
                     if not reading.done():
-                        await self.claims.wait_for_work(
-                            who, ready, reading, claimed_at if credit > 0 else None
-                        )
+                        since = claimed_at if credit > 0 else None
+                        await self.claims.wait_for_work(who, ready, reading, since)
                     if reading.done():
                         request = reading.result()
                         if request is None:
@@ -163,6 +153,18 @@ class WorkStream:
             self.metrics.work_streams.dec()
             if reading is not None and not reading.done():
                 reading.cancel()
+
+    def _opened(self, request: worker_pb.WorkRequest) -> Claimer:
+        """Who claims on a Work stream, from its first message (which must open it)."""
+        if not request.HasField("open"):
+            raise errors.InvalidArgument("the first message of a Work stream must set open")
+        opened = request.open
+        return self._claimer(
+            opened.worker_id,
+            opened.actions,
+            opened.lease if opened.HasField("lease") else None,
+            opened.build_id,
+        )
 
     async def _work_claim(self, who: Claimer, limit: int, heard: bool) -> tuple[bytes, int]:
         """One claim of a Work stream: the serialized steps and blocked runs of a
