@@ -1452,6 +1452,13 @@ def main() -> None:
         "the median of every figure (all runs are kept in the results; default 1)",
     )
     parser.add_argument(
+        "--citus-shards",
+        type=int,
+        default=0,
+        help="with --citus: the runs' shards (cyclone-server --citus-shards; default 0, "
+        "Citus's citus.shard_count)",
+    )
+    parser.add_argument(
         "--citus-only",
         action="store_true",
         help="with --citus: measure the cluster alone, not single Postgres beside it",
@@ -1476,7 +1483,7 @@ def main() -> None:
         database_url = args.citus
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute("DROP SCHEMA IF EXISTS cyclone CASCADE")
-        migrate(database_url, citus="on")
+        migrate(database_url, citus="on", citus_shards=args.citus_shards)
         base = database_url
     else:
         base = admin_url(args.url)

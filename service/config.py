@@ -75,6 +75,7 @@ class Settings:
     log_json: bool = False
     migrate_only: bool = False
     citus: str = "auto"
+    citus_shards: int = 0
     event_loop: str = "auto"
     # Security (service.api.auth, service.api.gate, service.tls; docs/security.md).
     tls_cert: str | None = None
@@ -130,6 +131,9 @@ _HELP = {
     "citus": "on a Citus coordinator, distribute the tables by run_id and the transitions "
     "by their run after migrating (docs/scaling.md): auto when the citus extension is "
     "installed in the database, on to require it, off never",
+    "citus_shards": "shards of the runs when a Citus database is distributed first (0: "
+    "Citus's citus.shard_count); fewer shards make claims and completions cheaper, more "
+    "let the runs spread over more nodes later (docs/scaling.md)",
     "event_loop": "the asyncio event loop: uvloop (installed with the server extra), "
     "asyncio (the standard library's), or auto: uvloop when it is installed",
     "tls_cert": "PEM certificate chain of the server: serve TLS (with --tls-key)",
@@ -203,6 +207,8 @@ def parse(argv: list[str] | None = None) -> Settings:
         parser.error("--max-recoveries must be 0 or more")
     if settings.citus not in ("auto", "on", "off"):
         parser.error(f"--citus must be auto, on or off, not {settings.citus!r}")
+    if not 0 <= settings.citus_shards <= 4096:
+        parser.error(f"--citus-shards must be from 0 to 4096, not {settings.citus_shards}")
     if settings.event_loop not in loop.CHOICES:
         parser.error(f"--event-loop must be auto, uvloop or asyncio, not {settings.event_loop!r}")
     return settings

@@ -65,7 +65,7 @@ def _start(settings: config.Settings) -> None:
                 f"{_first_line(exc)}"
             ) from None
     try:
-        applied = migrate(database_url, citus=settings.citus)
+        applied = migrate(database_url, citus=settings.citus, citus_shards=settings.citus_shards)
     except psycopg.Error as exc:
         raise StartupError(
             f"cannot use the database (--database-url, CYCLONE_DATABASE_URL): {_first_line(exc)}"

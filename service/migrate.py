@@ -110,14 +110,17 @@ def apply_schema(database_url: str) -> list[int]:
     return versions
 
 
-def migrate(database_url: str, *, from_schema: bool = True, citus: str = "auto") -> list[int]:
+def migrate(
+    database_url: str, *, from_schema: bool = True, citus: str = "auto", citus_shards: int = 0
+) -> list[int]:
     """Apply the migrations this database lacks; return the versions applied.
 
     An empty database is created from service/schema/ instead (all versions at once),
     unless from_schema is false: then every migration runs, as on a live database.
     Then, on a Citus coordinator, the tables and functions are distributed
     (distribute(); citus: "auto" when the citus extension is installed in the database,
-    "on" requires it, "off" never).
+    "on" requires it, "off" never), the runs in citus_shards shards when they are
+    distributed first (0: Citus's citus.shard_count).
     """
     applied_now: list[int] = []
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -152,7 +155,7 @@ def migrate(database_url: str, *, from_schema: bool = True, citus: str = "auto")
             conn.execute(_PRIVATE)
         if citus != "off":
             if has_citus(conn):
-                distribute(conn)
+                distribute(conn, citus_shards)
             elif citus == "on":
                 raise RuntimeError(
                     "--citus on: the citus extension is not installed in this database "
@@ -219,18 +222,23 @@ def has_citus(conn: psycopg.Connection) -> bool:
 _DISTRIBUTED_FIRST = ("runs", "steps", "builds")
 _DISTRIBUTION_COLUMN = {"submit_keys": "key_id"}
 
-# Transitions that never touch another run are distributed by their p_run_id: a call
+# Transitions that never touch another shard are distributed by their p_run_id: a call
 # SELECT ... FROM cyclone.f(run_id, ...) outside a transaction block is delegated whole
-# to the node holding the run's shard. Those that may finish a child run (and so wake
-# its parent's node, on another shard) or cancel a tree of runs are not: Citus runs a
-# delegated function on one node only. They, and every other function, are created on
-# every node without an argument; the coordinator then routes each of their statements
-# to the run's shard (a single-shard transaction, or a distributed one for a parent).
+# to the node holding the run's shard. A completion there may finish a child run: the
+# wake of its parent's node (another shard) is delivered after the commit
+# (step_complete_shard, child_wakes). Those that cancel a tree of runs are not
+# delegated: Citus runs a delegated function on one node only. They, and every other
+# function, are created on every node without an argument; the coordinator then routes
+# each of their statements to the run's shard (a single-shard transaction, or a
+# distributed one for a parent).
 _DELEGATED = {
     "run_submit",
     "step_heartbeat",
     "step_claim_run",
     "step_claim_shard",
+    "step_complete_shard",
+    "child_wake",
+    "child_wake_done",
     "step_call_begin",
     "_step_call_end",
     "step_call_record",
@@ -253,15 +261,18 @@ SELECT p.oid::regprocedure::text, p.proname,
 """
 
 
-def distribute(conn: psycopg.Connection) -> None:
+def distribute(conn: psycopg.Connection, shards: int = 0) -> None:
     """On a Citus coordinator: distribute what is not distributed yet (idempotent, under
-    the migration lock): run-level tables by run_id, co-located; the other tables as
-    reference tables; functions by their run argument."""
+    the migration lock): run-level tables by run_id, co-located, in ``shards`` shards
+    (0: citus.shard_count; the tables distributed already keep theirs); the other tables
+    as reference tables; functions by their run argument."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         # Functions are created on the workers over the connections the tables' shards
         # were: one connection per node for the whole transaction.
         conn.execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
+        if shards:
+            conn.execute("SELECT set_config('citus.shard_count', %s, true)", (str(shards),))
         tables = conn.execute(_TABLES).fetchall()
         first = {name: i for i, name in enumerate(_DISTRIBUTED_FIRST)}
         order = sorted(tables, key=lambda t: (first.get(t[0], len(first)), t[0]))

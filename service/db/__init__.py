@@ -17,6 +17,7 @@ from service.db.pool import Pool
 from service.db.retention import Retention
 from service.db.runs import Runs
 from service.db.schedules import Schedules
+from service.db.shard_reports import ShardReports
 from service.db.waits import Waits
 from service.db.workers import Workers
 
@@ -42,7 +43,8 @@ class Database:
         )
         self.runs = Runs(self.pool)
         self.steps = Steps(self.pool)
-        self.reports = Reports(self.pool)
+        self.shard_reports = ShardReports(self.pool)
+        self.reports = Reports(self.pool, self.shard_reports)
         self.waits = Waits(self.pool)
         self.operator = Operator(self.pool)
         self.retention = Retention(self.pool)

@@ -7,10 +7,10 @@ import json
 from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from service import errors
-from service.db.pool import Repository, domain_error
+from service.db.pool import Pool, Repository, domain_error
 from service.db.records import (
     Completion,
     Outcome,
@@ -21,6 +21,31 @@ from service.db.records import (
 )
 
 T = TypeVar("T")
+
+
+class ByShard(Protocol):
+    """Outcomes applied on a sharded database (service.db.shard_reports.ShardReports)."""
+
+    async def complete(self, outcomes: Sequence[Outcome]) -> list[Completion | Refused]: ...
+
+
+class ShardRowLike(Protocol):
+    """An answer row of a batch: step_complete_many's, or step_complete_shard's."""
+
+    @property
+    def step_status(self) -> str | None: ...
+    @property
+    def run_status(self) -> str | None: ...
+    @property
+    def duplicate(self) -> bool | None: ...
+    @property
+    def retry_at(self) -> datetime | None: ...
+    @property
+    def error_state(self) -> str | None: ...
+    @property
+    def error_message(self) -> str | None: ...
+    @property
+    def error_detail(self) -> str | None: ...
 
 
 class OutcomeRow(NamedTuple):
@@ -170,7 +195,7 @@ async def _alone(call: Awaitable[T]) -> T | Refused:
         return Refused(exc)
 
 
-def _batch_answer(row: BatchRow) -> Completion | Refused:
+def batch_answer(row: BatchRow | ShardRowLike) -> Completion | Refused:
     if row.error_state is not None:
         return Refused(domain_error(row.error_state, row.error_message or "", row.error_detail))
     assert row.step_status is not None and row.run_status is not None
@@ -180,9 +205,20 @@ def _batch_answer(row: BatchRow) -> Completion | Refused:
 class Reports(Repository):
     """Outcomes applied and step calls begun and ended (cyclone.step_* transitions)."""
 
+    def __init__(self, pool: Pool, by_shard: ByShard) -> None:
+        super().__init__(pool)
+        #: Outcomes on a sharded database, applied where their runs live.
+        self.by_shard = by_shard
+
     async def step_complete(self, outcome: Outcome) -> Completion:
         """Apply one outcome: an output, or a failure (step_fail; step_abandon when an
-        unsafe handler stopped without an outcome)."""
+        unsafe handler stopped without an outcome). On a sharded database, on the node
+        that holds its run."""
+        if await self.is_sharded():
+            [answer] = await self.by_shard.complete([outcome])
+            if isinstance(answer, Refused):
+                raise answer.error
+            return answer
         key = {"run_id": outcome.run_id, "node": outcome.node, "lease_token": outcome.lease_token}
         failure = outcome.failure
         logs = logs_items([outcome])
@@ -217,14 +253,15 @@ class Reports(Repository):
     async def step_complete_many(self, outcomes: Sequence[Outcome]) -> list[Completion | Refused]:
         """Apply several outcomes in one transaction; one answer per outcome, in order.
         An outcome the engine refused (a lost lease, an unknown step) is a Refused that
-        changed nothing, and does not affect the others. On a sharded database each
-        outcome is its own transaction on its run's shard (docs/scaling.md)."""
+        changed nothing, and does not affect the others. On a sharded database the
+        outcomes of each shard are one transaction on the node that holds it
+        (docs/scaling.md)."""
         if await self.is_sharded():
-            return [await _alone(self.step_complete(o)) for o in outcomes]
+            return await self.by_shard.complete(outcomes)
         rows = await self._logged(
             "step_complete_many", BatchRow, logs_items(outcomes), items=outcomes_json(outcomes)
         )
-        return [_batch_answer(row) for row in sorted(rows, key=lambda r: r.i)]
+        return [batch_answer(row) for row in sorted(rows, key=lambda r: r.i)]
 
     async def step_report_many(
         self,
@@ -297,7 +334,7 @@ class Reports(Repository):
             for e in ends
         ]
         begun = [await _alone(self.step_call_begin(key)) for key in begins]
-        done = [await _alone(self.step_complete(o)) for o in outcomes]
+        done = await self.by_shard.complete(outcomes) if outcomes else []
         return Report(ends=ended, begins=begun, completions=done)
 
     async def step_call_begin(self, call: StepCallKey) -> StepCallBegun:

@@ -42,6 +42,7 @@ FAMILIES = (
     "claim",
     "shards",
     "completion",
+    "shard_reports",
     "waits",
     "operator",
     "retention",
@@ -154,6 +155,9 @@ class Pool:
         self.on_acquire = on_acquire
         # Whether the database is sharded (Citus); asked once, on first need.
         self.sharded: bool | None = None
+        # On a sharded database: the shard of runs this server met (run id text ->
+        # Citus shard id), to group a batch's outcomes by shard (service.db.shard_reports).
+        self.shard_of: dict[str, int] = {}
         options = "-c application_name=cyclone-server -c cyclone.defer_notify=on"
         # On Citus: a multi-shard statement uses one connection per worker node (the
         # cached one) instead of opening more, in parallel, and closing them after the

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 from service.db.builds import BuildSet
 from service.db.pool import Repository
 from service.db.records import ClaimedStep
+from service.db.shard_reports import remember_shards
 
 
 class Candidate(NamedTuple):
@@ -74,6 +75,7 @@ class ShardedClaim(Repository):
             builds=builds,
             **flow,
         )
+        remember_shards(self.pool, [(str(c.run_id), c.shard) for c in found])
         claimed: list[ClaimedStep] = []
         async with self._connection() as driver:
             # The first candidates in claim order, each shard's in one call; the next

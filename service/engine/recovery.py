@@ -38,7 +38,8 @@ class Upkeep:
     handouts: Handouts
 
     async def sweep(self) -> int:
-        """Reclaim expired leases once; returns how many."""
+        """Reclaim expired leases once, and on a sharded database deliver the parent
+        wakes still owed; returns how many leases."""
         reclaimed = await self.db.retention.sweep(
             self.settings.sweep_batch, self.settings.max_recoveries
         )
@@ -75,6 +76,12 @@ class Upkeep:
                 )
         if reclaimed:
             log.info("sweep reclaimed %d expired lease(s)", len(reclaimed))
+        if await self.db.pool.is_sharded():
+            # Parent wakes that child runs finished on a worker node still owe (a crash
+            # or an unreachable node came between their commit and the wake).
+            delivered = await self.db.shard_reports.wakes_owed(self.settings.sweep_batch)
+            if delivered:
+                log.info("sweep delivered %d parent wake(s) owed by child runs", delivered)
         return len(reclaimed)
 
     async def releases(self) -> None:

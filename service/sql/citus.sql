@@ -126,3 +126,49 @@ ALTER FUNCTION cyclone._step_complete(uuid, text, uuid, jsonb) RESET plan_cache_
 ALTER FUNCTION cyclone.step_fail(uuid, text, uuid, text, text, text, boolean, interval)
     RESET plan_cache_mode;
 ALTER FUNCTION cyclone.release_continue(uuid) RESET plan_cache_mode;
+
+-- _child_finished (10_internals.sql): a child run that finishes in a transition
+-- delegated to a worker node (step_complete_shard) may not write to its parent's shard
+-- there. The wake it owes is kept on its own shard (child_wakes) and named in
+-- cyclone.woken, which the server reads and delivers after the commit (child_wake).
+-- On the coordinator (Cancel, Resolve, a worker's own completion transaction) the
+-- parent's node is woken in the same transaction, as on one Postgres.
+CREATE OR REPLACE FUNCTION cyclone._child_finished(p_run_id uuid, p_parent uuid,
+                                                   p_status text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF (SELECT l.groupid <> 0 FROM pg_catalog.pg_dist_local_group l) THEN
+        INSERT INTO cyclone.child_wakes (run_id, parent_run_id, created_at)
+        VALUES (p_run_id, p_parent, cyclone.now())
+        ON CONFLICT (run_id) DO NOTHING;
+        PERFORM set_config('cyclone.woken',
+                           concat_ws(',', nullif(current_setting('cyclone.woken', true), ''),
+                                     p_parent || ':' || p_run_id),
+                           true);
+    ELSE
+        PERFORM cyclone._wake_waiting(p_parent, 'child ' || p_run_id);
+    END IF;
+    RETURN p_status;
+END;
+$$;
+
+-- _key_wake (35_flow.sql) counts a key's running steps on every shard, which a
+-- transition delegated to a worker node may not read. There it wakes the claims of the
+-- step's action whenever a keyed step frees its slot, full key or not: a claim woken
+-- for nothing finds nothing and waits again.
+CREATE OR REPLACE FUNCTION cyclone._key_wake(p_action text, p_key text, p_limit integer,
+                                             p_freed integer)
+RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF (SELECT l.groupid <> 0 FROM pg_catalog.pg_dist_local_group l) THEN
+        RETURN p_action;
+    END IF;
+    RETURN CASE WHEN (SELECT count(*) FROM (
+                          SELECT 1 FROM cyclone.steps s
+                           WHERE s.concurrency_key = p_key AND s.status = 'running'
+                           LIMIT p_limit) n) + p_freed >= p_limit
+                THEN p_action END;
+END;
+$$;

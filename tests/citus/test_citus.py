@@ -14,7 +14,17 @@ import psycopg
 import pytest
 
 from service.db.runs import submit_key_id
-from tests.helpers import claim, complete, get_run, node, rpc_error, run_status, submit, workflow
+from tests.helpers import (
+    claim,
+    complete,
+    get_run,
+    node,
+    rpc_error,
+    run_status,
+    submit,
+    value,
+    workflow,
+)
 
 RUN_TABLES = {
     "runs": "run_id",
@@ -25,6 +35,7 @@ RUN_TABLES = {
     "events": "run_id",
     "step_logs": "run_id",
     "releases": "run_id",
+    "child_wakes": "run_id",
     "submit_keys": "key_id",
 }
 REFERENCE_TABLES = {
@@ -85,10 +96,12 @@ def test_transitions_of_one_run_are_distributed_by_it_and_the_others_everywhere(
     [(runs_group,)] = cyclone_server.sql(
         "SELECT colocation_id FROM citus_tables WHERE table_name = 'cyclone.runs'::regclass"
     )
-    for name in ("run_submit", "step_heartbeat", "step_claim_run", "step_call_begin"):
+    delegated = ("run_submit", "step_heartbeat", "step_claim_run", "step_call_begin")
+    for name in (*delegated, "step_complete_shard", "child_wake", "child_wake_done"):
         assert by_name[name] == (0, runs_group), name
-    # A completion may finish a child run and wake its parent, on another shard: it is
-    # routed statement by statement, not delegated (docs/scaling.md).
+    # Called alone (a worker's own completion transaction, Retry, Cancel, the sweep),
+    # these may reach other runs' shards: they run on the coordinator, which routes each
+    # statement (docs/scaling.md).
     for name in ("_step_complete", "step_fail", "step_retry", "run_cancel", "sweep_steps"):
         assert by_name[name][0] is None, name
 
@@ -304,3 +317,85 @@ def test_a_keys_limit_holds_for_runs_on_both_workers(cyclone_server):
     assert cyclone_server.sql(
         "SELECT count(*) FROM cyclone.steps WHERE status = 'running' AND concurrency_key = 'k'"
     ) == [(2,)]
+
+
+def _runs_on_two_shards(server: Any, per_shard: int) -> list[list[str]]:
+    """One-node runs submitted until two shards hold ``per_shard`` each: those runs."""
+    by_shard: dict[int, list[str]] = {}
+    while sum(len(r) >= per_shard for r in by_shard.values()) < 2:
+        run_id = submit(server, workflow("w", node("a")))
+        by_shard.setdefault(_shard_of(server, run_id), []).append(run_id)
+        assert sum(map(len, by_shard.values())) < 400
+    return [r[:per_shard] for r in by_shard.values() if len(r) >= per_shard][:2]
+
+
+def test_a_batch_of_outcomes_is_applied_one_delegated_call_per_shard(cyclone_server):
+    """step_complete_shard, the outcomes of one shard's runs, is planned as one task on
+    that shard's node and runs there whole, one phase; CompleteMany over runs of two
+    shards answers each outcome in order, refusals standing alone."""
+    first, second = _runs_on_two_shards(cyclone_server, 2)
+    steps = {s.run_id: s for s in claim(cyclone_server, n=50)}
+    items = [
+        {"i": i, "run_id": r, "node": "a", "lease_token": steps[r].lease_token, "output": i}
+        for i, r in enumerate(first)
+    ]
+    call = "SELECT * FROM cyclone.step_complete_shard(%s::uuid, %s::jsonb, NULL)"
+    [(plan,)] = cyclone_server.sql("EXPLAIN (FORMAT JSON) " + call, first[0], json.dumps(items))
+    text = json.dumps(plan)
+    assert '"Task Count": 1' in text, text
+    assert _node_of(cyclone_server, first[0]).split(":")[1] in text
+    seen: list[str] = []
+    with psycopg.connect(cyclone_server.database_url, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: seen.append(d.message_primary or ""))
+        conn.execute("SET citus.log_remote_commands = on")
+        conn.execute("SET client_min_messages = log")
+        rows = conn.execute(call, (first[0], json.dumps(items))).fetchall()
+    assert sorted((r[0], r[1], r[2]) for r in rows) == [
+        (0, "completed", "completed"),
+        (1, "completed", "completed"),
+    ]
+    issued = [m for m in seen if m.startswith("issuing")]
+    assert [m for m in issued if "step_complete_shard" in m], issued
+    assert not [m for m in issued if "PREPARE TRANSACTION" in m], issued
+
+    # Through the server: the other shard's runs, one lease lost, in one CompleteMany.
+    from cyclone.v1 import worker_service_pb2
+
+    stale = worker_service_pb2.CompleteRequest(
+        run_id=second[0], node="a", lease_token=str(uuid.uuid4()), output=value("x")
+    )
+    good = worker_service_pb2.CompleteRequest(
+        run_id=second[1], node="a", lease_token=steps[second[1]].lease_token, output=value("y")
+    )
+    reply = cyclone_server.workers.CompleteMany(
+        worker_service_pb2.CompleteManyRequest(completions=[stale, good])
+    )
+    assert [r.WhichOneof("result") for r in reply.results] == ["error", "response"], reply
+    assert run_status(get_run(cyclone_server, second[1])) == "completed"
+    assert run_status(get_run(cyclone_server, second[0])) == "running"
+
+
+def test_a_parent_wake_a_crash_left_owed_is_delivered_by_the_sweep(cyclone_server):
+    """A child finished on its worker node owes its parent's node a wake, kept on the
+    child's shard (child_wakes) until delivered. Applied without the server (as if it
+    died at the commit), the wake waits for the sweep, which delivers it once."""
+    from tests.test_children import resumed, waiting_parent
+
+    parent_id, child_id = waiting_parent(cyclone_server)
+    [kid] = claim(cyclone_server, "kid_work")
+    item = {"i": 0, "run_id": kid.run_id, "node": kid.node, "lease_token": kid.lease_token}
+    # A statement that names none of the function's columns is not delegated.
+    [(_, woken)] = cyclone_server.sql(
+        "SELECT i, current_setting('cyclone.woken', true)"
+        "  FROM cyclone.step_complete_shard(%s::uuid, %s::jsonb, NULL)",
+        kid.run_id,
+        json.dumps([{**item, "output": 1}]),
+    )
+    assert woken == f"{parent_id}:{child_id}"
+    assert cyclone_server.sql("SELECT run_id::text FROM cyclone.child_wakes") == [(child_id,)]
+    assert claim(cyclone_server) == [], "the parent waits until the wake is delivered"
+    cyclone_server.call(cyclone_server.server.sweep)
+    assert cyclone_server.sql("SELECT count(*) FROM cyclone.child_wakes") == [(0,)]
+    assert resumed(cyclone_server, parent_id).run_id == parent_id
+    cyclone_server.call(cyclone_server.server.sweep)
+    assert claim(cyclone_server) == [], "delivered once"

@@ -1654,10 +1654,10 @@ export const WorkerService: GenService<{
    * refused completion (a lost lease, say) does not affect the others: each has its
    * own result, in request order; a result's run_status is the run's status after the
    * whole call. Workers that finish many steps at once use it to save round trips and
-   * commits. On a database sharded by run_id (Citus, docs/scaling.md) each item is
-   * applied in its own transaction, on its run's shard, in request order: the items of
-   * one call are then not committed atomically together (a crash may commit some and
-   * not others; the call repeated answers those duplicate = true).
+   * commits. On a database sharded by run_id (Citus, docs/scaling.md) the items of each
+   * shard are applied in one transaction, on that shard's node: the items of one call
+   * are then not committed atomically together (a crash may commit some shards' and not
+   * others'; the call repeated answers those duplicate = true).
    *
    * @generated from rpc cyclone.v1.WorkerService.CompleteMany
    */

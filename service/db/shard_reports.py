@@ -1,0 +1,150 @@
+"""Completions on a sharded database (Citus, docs/scaling.md): a batch of outcomes
+applied by shard, each shard's part in one call delegated to the node that holds it
+(step_complete_shard), and the parent wakes that child runs finished there owed,
+delivered after the commit (child_wakes, 95_shards.sql)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import NamedTuple
+
+from service import errors
+from service.db.completion import batch_answer, logs_items, outcomes_json
+from service.db.pool import Pool, Repository
+from service.db.records import Completion, Outcome, Refused
+
+log = logging.getLogger("cyclone")
+
+#: Runs whose shard a server remembers (learnt from its claims and lookups) before it
+#: forgets them all and starts again: a shard id and a run id are some 100 bytes.
+SHARDS_KEPT = 200_000
+
+
+class ShardRow(NamedTuple):
+    """step_complete_shard: one row per item, and what the call owes after it commits."""
+
+    i: int
+    step_status: str | None
+    run_status: str | None
+    duplicate: bool | None
+    retry_at: datetime | None
+    error_state: str | None
+    error_message: str | None
+    error_detail: str | None
+    ready: str | None
+    woken: str | None
+
+
+class Shards(NamedTuple):
+    """shards_of."""
+
+    shards: list[int]
+
+
+class Ready(NamedTuple):
+    """child_wake."""
+
+    ready: str | None
+
+
+class Done(NamedTuple):
+    """child_wake_done."""
+
+    child_wake_done: object
+
+
+class Owed(NamedTuple):
+    """child_wakes_pending: a parent wake a child run still owes."""
+
+    run_id: str
+    parent_run_id: str
+
+
+def remember_shards(pool: Pool, runs: Sequence[tuple[str, int]]) -> None:
+    """Keep the shard of each run (canonical id text) a claim met, so that its outcome is
+    grouped without asking the database."""
+    kept = pool.shard_of
+    if len(kept) + len(runs) > SHARDS_KEPT:
+        kept.clear()
+    kept.update(runs)
+
+
+class ShardReports(Repository):
+    """Outcomes applied where their runs live."""
+
+    async def complete(self, outcomes: Sequence[Outcome]) -> list[Completion | Refused]:
+        """Apply outcomes (step_complete_many's answers, in order): the outcomes of each
+        shard in one delegated call, a single-shard transaction on its node, shard after
+        shard. A call that fails (its node down) fails the whole request once the shards
+        before it committed: a worker that sends the batch again is answered duplicate
+        for those."""
+        shards = await self._shards([o.run_id for o in outcomes])
+        groups: dict[int, list[int]] = {}
+        for index, shard in enumerate(shards):
+            groups.setdefault(shard, []).append(index)
+        answers: list[Completion | Refused | None] = [None] * len(outcomes)
+        woken: list[str] = []
+        async with self._connection() as driver:
+            for indexes in groups.values():
+                group = [outcomes[k] for k in indexes]
+                rows = await self._run(
+                    driver,
+                    "step_complete_shard",
+                    ShardRow,
+                    run_id=group[0].run_id,
+                    items=outcomes_json(group),
+                    logs=logs_items(group),
+                )
+                for row in rows:
+                    answers[indexes[row.i]] = batch_answer(row)
+                self._published(r.ready for r in rows)
+                woken += {pair for r in rows if r.woken for pair in r.woken.split(",")}
+        if woken:
+            await self.wake_parents(woken)
+        # A missing answer is a bug, answered INTERNAL.
+        assert all(a is not None for a in answers)
+        return answers  # type: ignore[return-value]
+
+    async def _shards(self, runs: list[str]) -> list[int]:
+        """The shard of each run: remembered from claims, else asked once for all (none
+        for a batch of one run)."""
+        if len(set(runs)) == 1:
+            return [0] * len(runs)
+        kept = self.pool.shard_of
+        unknown = [r for r in runs if r not in kept]
+        if unknown:
+            row = await self._one("shards_of", Shards, runs=unknown)
+            assert row is not None
+            remember_shards(self.pool, list(zip(unknown, row.shards, strict=True)))
+        return [kept[r] for r in runs]
+
+    async def wake_parents(self, pairs: Sequence[str]) -> int:
+        """Deliver the parent wakes ("parent:child") that finished child runs owe: the
+        parent's nodes waiting for each child woken (child_wake, on the parent's node),
+        then the debt forgotten (child_wake_done, on the child's). One that fails is
+        left for the sweep (wakes_owed). Returns how many were delivered."""
+        delivered = 0
+        for pair in pairs:
+            parent, _, child = pair.partition(":")
+            try:
+                await self._all("child_wake", Ready, run_id=parent, child=child)
+                await self._all("child_wake_done", Done, run_id=child)
+            except errors.CycloneError as exc:
+                log.warning(
+                    "the wake of run %s by its child %s is left for the sweep: %s",
+                    parent,
+                    child,
+                    exc,
+                    extra={"run_id": parent},
+                )
+                continue
+            delivered += 1
+        return delivered
+
+    async def wakes_owed(self, limit: int) -> int:
+        """The sweep's part: deliver up to ``limit`` parent wakes that a crash or an
+        unreachable node left owed; returns how many were delivered."""
+        owed = await self._all("child_wakes_pending", Owed, limit=limit)
+        return await self.wake_parents([f"{o.parent_run_id}:{o.run_id}" for o in owed])

@@ -1,0 +1,247 @@
+-- On Citus a completion ran on the coordinator, which sent each statement of the
+-- transition to the run's worker node as a round trip of its own: some 40 times the
+-- Postgres CPU of one Postgres per step. A batch of outcomes is now applied by shard,
+-- each shard's part in one call delegated to the node that holds it
+-- (step_complete_shard), and a child run finished there leaves its parent's wake to be
+-- delivered after the commit (child_wakes, child_wake, child_wake_done,
+-- child_wakes_pending). On one Postgres nothing calls them.
+
+-- The parent wakes that child runs finishing on a worker node of a sharded database
+-- owe (Citus: _child_finished's variant in service/sql/citus.sql), one row per child,
+-- on the child's shard. A completion there runs where its run lives and may not write
+-- to another shard, so the wake of the parent's node, on the parent's shard, is made
+-- after that transaction commits, in one of its own (child_wake), and the row is then
+-- deleted (child_wake_done): the server that applied the completion does both at once,
+-- and every server's sweep delivers rows a crash left (child_wakes_pending). A wake
+-- delivered twice changes nothing the second time: it only makes the parent's nodes
+-- that still wait for that child available now.
+CREATE TABLE cyclone.child_wakes (
+    run_id        uuid        PRIMARY KEY REFERENCES cyclone.runs ON DELETE CASCADE,
+    parent_run_id uuid        NOT NULL,
+    created_at    timestamptz NOT NULL
+);
+
+-- CompleteMany on a sharded database: the outcomes p_items (step_complete_many's
+-- items) of runs all on the shard of p_run_id (any of them), and their log lines
+-- p_logs (step_logs_add's items, or NULL), in one call. Distributed by p_run_id, a
+-- call is delegated whole to the node holding that shard and is one single-shard
+-- transaction there: one round trip from the server. The items are applied as
+-- step_complete_many applies them: a first pass locks the runs and applies every
+-- success whose lease holds in one statement, closes runs by count and settles the
+-- others (the first pass only where the call was delegated, on the shards' node);
+-- then each item left (step_abandon, step_fail or _step_complete, in (run_id, node)
+-- order) in its own subtransaction so that a refusal stands alone in its row. What the
+-- call owes others once it commits is left in its transaction's settings, which the
+-- server's statement reads: cyclone.ready, the actions it made claimable, and
+-- cyclone.woken, the "parent:child" pairs of the child runs it finished on a worker
+-- node (child_wakes). RPC: CompleteMany and Complete, on Citus.
+CREATE FUNCTION cyclone.step_complete_shard(p_run_id uuid, p_items jsonb, p_logs jsonb)
+RETURNS TABLE (i integer, step_status text, run_status text, duplicate boolean,
+               retry_at timestamptz, error_state text, error_message text,
+               error_detail text)
+LANGUAGE plpgsql
+-- Each item's step is found by its key (step_complete_many says why).
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now      timestamptz := cyclone.now();
+    v_item     jsonb;
+    v_done     cyclone.completion;
+    -- The shards of p_run_id's group that this node holds (runs, steps), when the call
+    -- was delegated here: the first pass reads and writes them as the plain tables they
+    -- are, each statement planned once by Postgres, where Citus plans a statement on a
+    -- distributed table twice (as a distributed query, then its shard's).
+    v_shards   text[];
+    v_applied  integer[] := '{}';
+    v_run      uuid[];
+    v_node     text[];
+    v_has_deps boolean[];
+    v_keyed    text[];
+    v_statuses jsonb := '{}';
+    v_closed   record;
+    v_group    record;
+    v_status   text;
+BEGIN
+    IF p_logs IS NOT NULL THEN
+        PERFORM cyclone.step_logs_add(p_logs);
+    END IF;
+    IF cyclone.sharded() THEN
+        v_shards := ARRAY(SELECT format('cyclone.%I', t.name || '_'
+                                        || get_shard_id_for_distribution_column(
+                                               ('cyclone.' || t.name)::regclass, p_run_id))
+                            FROM unnest(ARRAY['runs', 'steps']) WITH ORDINALITY AS t(name, n)
+                           ORDER BY t.n);
+        IF EXISTS (SELECT 1 FROM unnest(v_shards) s WHERE to_regclass(s) IS NULL) THEN
+            v_shards := NULL;  -- not delegated: the shards are elsewhere
+        END IF;
+    END IF;
+    IF v_shards IS NOT NULL THEN
+        -- The first pass, as step_complete_many's: lock the runs in run_id order, then
+        -- every success whose lease holds in one statement.
+        EXECUTE format('SELECT 1 FROM %s r WHERE r.run_id = ANY ($1) ORDER BY r.run_id'
+                       ' FOR NO KEY UPDATE', v_shards[1])
+          USING ARRAY(SELECT DISTINCT (e->>'run_id')::uuid FROM jsonb_array_elements(p_items) e);
+        EXECUTE format($q$
+            WITH done AS (
+                UPDATE %s s
+                   SET status = 'completed', output = coalesce(t.e->'output', 'null'::jsonb),
+                       finished_at = $2, lease_expires_at = NULL
+                  FROM jsonb_array_elements($1) t(e)
+                 WHERE NOT t.e ? 'failure'
+                   AND s.run_id = (t.e->>'run_id')::uuid AND s.node = t.e->>'node'
+                   AND s.lease_token::text = t.e->>'lease_token'
+                   AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > $2 END
+                RETURNING (t.e->>'i')::integer AS i, s.run_id, s.node,
+                          cardinality(s.dependents) > 0 AS has_deps, s.action,
+                          s.concurrency_key)
+            SELECT coalesce(array_agg(i), '{}'), coalesce(array_agg(run_id), '{}'),
+                   coalesce(array_agg(node), '{}'), coalesce(array_agg(has_deps), '{}'),
+                   coalesce(array_agg(DISTINCT action)
+                                FILTER (WHERE concurrency_key IS NOT NULL), '{}')
+              FROM done
+        $q$, v_shards[2])
+          INTO v_applied, v_run, v_node, v_has_deps, v_keyed
+          USING p_items, v_now;
+        -- A slot of a key is free: its action's claims look again (_key_wake on a
+        -- worker node: a key is not counted across shards here).
+        PERFORM cyclone._notify_ready(v_keyed);
+        -- Runs where no completed step has a dependent: closed by the count, as
+        -- _runs_close closes them; a child that finishes owes its parent a wake.
+        FOR v_closed IN EXECUTE format($q$
+            UPDATE %1$s r
+               SET steps_open = r.steps_open - c.closed, updated_at = $3,
+                   status = CASE WHEN NOT c.closing THEN r.status
+                                 WHEN c.error IS NULL THEN 'completed' ELSE 'failed' END,
+                   finished_at = CASE WHEN c.closing THEN $3 ELSE r.finished_at END,
+                   error = coalesce(c.error, r.error)
+              FROM (SELECT c.run_id, c.closed, x.closing,
+                           CASE WHEN x.closing THEN (
+                               SELECT jsonb_build_object(
+                                          'kind', 'StepDiscarded',
+                                          'message', format('node %%s was discarded at attempt %%s',
+                                                            s.node, s.attempt),
+                                          'node', s.node, 'attempt', s.attempt,
+                                          'started_at', s.started_at)
+                                 FROM %2$s s
+                                WHERE s.run_id = c.run_id AND s.status = 'discarded'
+                                ORDER BY s.finished_at, s.node LIMIT 1) END AS error
+                      FROM (SELECT d.run_id, count(*)::integer AS closed
+                              FROM unnest($1::uuid[], $2::boolean[]) d(run_id, has_deps)
+                             GROUP BY d.run_id HAVING NOT bool_or(d.has_deps)) c
+                     CROSS JOIN LATERAL (
+                           SELECT x.steps_open <= c.closed AND x.status = 'running' AS closing
+                             FROM %1$s x WHERE x.run_id = c.run_id OFFSET 0) x
+                    OFFSET 0) c
+             WHERE r.run_id = c.run_id
+            RETURNING r.run_id, r.status, r.parent_run_id, c.closing
+        $q$, v_shards[1], v_shards[2]) USING v_run, v_has_deps, v_now
+        LOOP
+            v_status := v_closed.status;
+            IF v_closed.closing AND v_closed.parent_run_id IS NOT NULL THEN
+                v_status := cyclone._child_finished(v_closed.run_id, v_closed.parent_run_id,
+                                                    v_status);
+            END IF;
+            IF v_status IS DISTINCT FROM 'completed' THEN
+                v_statuses := v_statuses || jsonb_build_object(v_closed.run_id::text, v_status);
+            END IF;
+        END LOOP;
+        -- Runs with dependents to count: one graph walk per run, with all its finals.
+        FOR v_group IN
+            SELECT d.run_id, array_agg(d.node) AS nodes
+              FROM unnest(v_run, v_node, v_has_deps) d(run_id, node, has_deps)
+             GROUP BY d.run_id HAVING bool_or(d.has_deps)
+             ORDER BY d.run_id
+        LOOP
+            v_status := cyclone._settle(v_group.run_id, v_group.nodes, '{}',
+                                        cardinality(v_group.nodes));
+            IF v_status IS DISTINCT FROM 'completed' THEN
+                v_statuses := v_statuses || jsonb_build_object(v_group.run_id::text, v_status);
+            END IF;
+        END LOOP;
+        RETURN QUERY
+            SELECT d.i, 'completed'::text,
+                   coalesce(v_statuses->>(d.run_id::text), 'completed'), false,
+                   NULL::timestamptz, NULL::text, NULL::text, NULL::text
+              FROM unnest(v_applied, v_run) d(i, run_id);
+    END IF;
+    -- The rest, each in its own subtransaction so that a refusal stands alone: failures,
+    -- and successes the first pass did not apply (a lost lease, a repeat, an unknown
+    -- step), which _step_complete then explains; every item when not delegated.
+    FOR v_item IN
+        SELECT e FROM jsonb_array_elements(p_items) e
+         WHERE NOT (e->>'i')::integer = ANY (v_applied)
+         ORDER BY e->>'run_id', e->>'node', (e->>'i')::integer
+    LOOP
+        i := (v_item->>'i')::integer;
+        BEGIN
+            IF (v_item->'failure'->>'uncertain')::boolean THEN
+                v_done := cyclone.step_abandon(
+                    (v_item->>'run_id')::uuid, v_item->>'node', (v_item->>'lease_token')::uuid,
+                    v_item->'failure'->>'type', v_item->'failure'->>'message',
+                    v_item->'failure'->>'details');
+            ELSIF v_item ? 'failure' THEN
+                v_done := cyclone.step_fail(
+                    (v_item->>'run_id')::uuid, v_item->>'node', (v_item->>'lease_token')::uuid,
+                    v_item->'failure'->>'type', v_item->'failure'->>'message',
+                    v_item->'failure'->>'details', (v_item->'failure'->>'retryable')::boolean,
+                    make_interval(secs => (v_item->'failure'->>'retry_after_s')::float8));
+            ELSE
+                v_done := cyclone._step_complete(
+                    (v_item->>'run_id')::uuid, v_item->>'node', (v_item->>'lease_token')::uuid,
+                    v_item->'output');
+            END IF;
+            step_status := v_done.step_status;
+            run_status := v_done.run_status;
+            duplicate := v_done.duplicate;
+            retry_at := v_done.retry_at;
+            error_state := NULL;
+            error_message := NULL;
+            error_detail := NULL;
+        EXCEPTION WHEN SQLSTATE 'CY001' OR SQLSTATE 'CY002' OR SQLSTATE 'CY003' THEN
+            GET STACKED DIAGNOSTICS error_state = RETURNED_SQLSTATE,
+                                    error_message = MESSAGE_TEXT,
+                                    error_detail = PG_EXCEPTION_DETAIL;
+            step_status := NULL;
+            run_status := NULL;
+            duplicate := NULL;
+            retry_at := NULL;
+        END;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- Wakes the nodes of run p_run_id that wait for its child p_child (_wake_waiting), after
+-- the child's finish committed on another shard (child_wakes). Distributed by
+-- p_run_id: delegated to the parent's node. Called by the server after a completion
+-- that finished a child, and for the rows child_wakes_pending finds.
+CREATE FUNCTION cyclone.child_wake(p_run_id uuid, p_child uuid) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cyclone._wake_waiting(p_run_id, 'child ' || p_child);
+END;
+$$;
+
+-- Forgets the parent wake that child run p_run_id owed, once child_wake delivered it.
+-- Distributed by p_run_id: delegated to the child's node.
+CREATE FUNCTION cyclone.child_wake_done(p_run_id uuid) RETURNS void
+-- PL/pgSQL: Citus cannot plan a SQL function's statement with parameters.
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM cyclone.child_wakes w WHERE w.run_id = p_run_id;
+END;
+$$;
+
+-- Up to p_limit parent wakes still owed (child_wakes), oldest first: the ones whose
+-- delivery a crash or an unreachable node interrupted. Read by each server's sweep,
+-- which delivers them (child_wake, then child_wake_done).
+CREATE FUNCTION cyclone.child_wakes_pending(p_limit integer)
+RETURNS TABLE (run_id uuid, parent_run_id uuid)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY SELECT w.run_id, w.parent_run_id FROM cyclone.child_wakes w
+                  ORDER BY w.created_at LIMIT p_limit;
+END;
+$$;
