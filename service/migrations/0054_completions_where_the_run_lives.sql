@@ -5,6 +5,10 @@
 -- (step_complete_shard), and a child run finished there leaves its parent's wake to be
 -- delivered after the commit (child_wakes, child_wake, child_wake_done,
 -- child_wakes_pending). On one Postgres nothing calls them.
+--
+-- The claim's part on a shard (step_claim_shard) takes all the shard's runs in one
+-- statement on the shard's tables, where it ran one statement per run, each planned
+-- anew: planning was most of a claim's cost on a worker node.
 
 -- The parent wakes that child runs finishing on a worker node of a sharded database
 -- owe (Citus: _child_finished's variant in service/sql/citus.sql), one row per child,
@@ -243,5 +247,181 @@ LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN QUERY SELECT w.run_id, w.parent_run_id FROM cyclone.child_wakes w
                   ORDER BY w.created_at LIMIT p_limit;
+END;
+$$;
+
+-- step_claim_run for the steps p_nodes of the runs p_runs (aligned), all of one shard,
+-- in one call: distributed by p_run_id (any of p_runs), a call is delegated whole to
+-- the node holding that shard and is one single-shard transaction there, one round trip
+-- for the shard's part of a claim. The same rows and changes as step_claim_run, in one
+-- statement for all the runs instead of five per run, on the shard's own tables: on a
+-- worker node Citus plans each statement on a distributed table twice (as a distributed
+-- query, then as its shard's), which cost more than the work, and a statement over
+-- several runs of a distributed table was planned for every shard. When the worker
+-- marks actions unsafe, the runs are taken by step_claim_run (an uncertain step blocks
+-- its run there). Only steps without flow control are passed here
+-- (step_candidates_sharded's flow = false); the others go through step_claim_flow.
+-- Builds as in step_claim_run. RPC: Claim, on Citus.
+CREATE OR REPLACE FUNCTION cyclone.step_claim_shard(
+    p_run_id uuid, p_runs uuid[], p_nodes text[], p_worker text, p_unsafe text[],
+    p_lease interval, p_build text DEFAULT NULL, p_builds text[] DEFAULT '{}')
+RETURNS TABLE (
+    run_id uuid, node text, action text, workflow text, attempt integer,
+    max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
+    lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
+    effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
+    journal jsonb)
+LANGUAGE plpgsql
+-- Each step is found by its key (step_complete_many says why).
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_run    uuid;
+    v_nodes  text[];
+    -- The tables as this node holds them: on Citus the shards of p_run_id's group,
+    -- which this call (delegated to their node) reads and writes as the plain tables
+    -- they are, planned once per statement rather than twice.
+    v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.step_errors',
+                             'cyclone.runs', 'cyclone.worker_health'];
+    v_shards text[];
+BEGIN
+    -- A worker whose lease lapsed is handed nothing (and again in the pick's snapshot).
+    IF EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = p_worker) THEN
+        RETURN;
+    END IF;
+    IF cardinality(p_unsafe) = 0 AND cyclone.sharded() THEN
+        v_shards := ARRAY(SELECT format('cyclone.%I', t.name || '_'
+                                        || get_shard_id_for_distribution_column(
+                                               ('cyclone.' || t.name)::regclass, p_run_id))
+                            FROM unnest(ARRAY['steps', 'step_calls', 'step_errors', 'runs',
+                                              'worker_health'])
+                                 WITH ORDINALITY AS t(name, i)
+                           ORDER BY t.i);
+        -- Not delegated (called in a transaction block, or the shard moved meanwhile):
+        -- the shards are elsewhere, and the runs are taken one by one below.
+        IF NOT EXISTS (SELECT 1 FROM unnest(v_shards) n WHERE to_regclass(n) IS NULL) THEN
+            v_tables := v_shards;
+        END IF;
+    END IF;
+    -- Run by run, by step_claim_run: when the worker marks actions unsafe, and on the
+    -- distributed tables, where a statement over several runs would be planned for
+    -- every shard and each of step_claim_run's names its run.
+    IF cardinality(p_unsafe) > 0 OR (cyclone.sharded() AND v_tables[1] = 'cyclone.steps') THEN
+        FOR v_run IN
+            SELECT u.r FROM unnest(p_runs) WITH ORDINALITY AS u(r, i) GROUP BY u.r
+             ORDER BY min(u.i)
+        LOOP
+            v_nodes := ARRAY(SELECT u.n
+                               FROM unnest(p_runs, p_nodes) WITH ORDINALITY AS u(r, n, i)
+                              WHERE u.r = v_run ORDER BY u.i);
+            RETURN QUERY
+            SELECT * FROM cyclone.step_claim_run(v_run, v_nodes, p_worker, p_unsafe, p_lease,
+                                                 p_build, p_builds);
+        END LOOP;
+        RETURN;
+    END IF;
+    -- One statement for every run; $1 the runs, $2 their nodes (aligned), $3 a lease token
+    -- for each, drawn here (Citus refuses a volatile function in an UPDATE of a
+    -- distributed table), $4 the time, $5 the worker, $6 the lease, $7 the worker's build,
+    -- $8 its set; %1$s steps, %2$s step_calls, %3$s step_errors, %4$s runs, %5$s
+    -- worker_health (a reference table: its shard is on every node).
+    RETURN QUERY EXECUTE format($q$
+            WITH picked AS (
+                SELECT s.run_id, s.node, t.token, s.effect_uncertain AS uncertain,
+                       s.available_at AS since, s.waiting_for = 'sleep' AS slept, t.i,
+                       CASE WHEN s.build_id IS NOT NULL AND EXISTS (
+                                 SELECT 1 FROM %2$s j
+                                  WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0)
+                            THEN s.build_id ELSE $7 END AS pin
+                  FROM unnest($1, $2, $3) WITH ORDINALITY AS t(run_id, node, token, i)
+                  JOIN %1$s s ON s.run_id = t.run_id AND s.node = t.node
+                 WHERE s.status = 'available' AND s.available_at <= $4
+                   AND cyclone._build_admits(s.build_id, $8, EXISTS (
+                           SELECT 1 FROM %2$s j
+                            WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
+                   -- The worker's mark in the pick's snapshot (see step_claim_run).
+                   AND NOT EXISTS (SELECT 1 FROM %5$s h WHERE h.worker_id = $5)
+                   FOR UPDATE OF s SKIP LOCKED
+            ), claimed AS (
+                UPDATE %1$s s
+                   SET status = 'running',
+                       attempt = s.attempt + 1,
+                       lease_token = p.token,
+                       started_at = $4,
+                       last_heartbeat_at = $4,
+                       deadline_at = cyclone._later($4, s.timeout),
+                       lease_expires_at = cyclone._later($4, least($6, s.timeout)),
+                       worker_id = $5,
+                       unsafe = false,
+                       effect_uncertain = false,
+                       waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
+                                          ELSE s.waiting_for END,
+                       build_id = p.pin
+                  FROM picked p
+                 WHERE s.run_id = p.run_id AND s.node = p.node
+                RETURNING s.run_id, s.node, s.action, s.attempt, s.max_attempts, s.input,
+                          s.depends_on, s.deps_failed, s.lease_token, s.lease_expires_at,
+                          s.deadline_at, s.progress
+            ), slept AS (
+                -- As in step_claim: a sleep is over once its node is claimed at its wake time.
+                UPDATE %2$s j
+                   SET status = 'succeeded', output = 'null', finished_at = $4,
+                       attempt = c.attempt
+                  FROM claimed c
+                  JOIN picked p ON p.run_id = c.run_id AND p.node = c.node AND p.slept
+                 WHERE j.run_id = c.run_id AND j.node = c.node
+                   AND j.status = 'waiting' AND j.function = 'cyclone.sleep'
+                   AND j.wake_at <= $4
+                RETURNING j.run_id, j.node, j.step_id
+            )
+            SELECT c.run_id, c.node, c.action, r.workflow, c.attempt, c.max_attempts, c.input,
+                   r.input,
+                   CASE WHEN cardinality(c.depends_on) > 0 THEN (
+                       SELECT jsonb_object_agg(u.node, u.output) FROM %1$s u
+                        WHERE u.run_id = c.run_id AND u.node = ANY (c.depends_on)
+                          AND u.status = 'completed') END,
+                   c.lease_token, c.lease_expires_at, c.deadline_at, c.progress,
+                   p.uncertain, false, extract(epoch FROM $4 - p.since)::float8,
+                   CASE WHEN c.deps_failed > 0 THEN (
+                       SELECT jsonb_agg(jsonb_build_object(
+                                  'node', u.node, 'status', u.status,
+                                  'error', CASE WHEN u.status = 'discarded' THEN (
+                                      SELECT jsonb_build_object(
+                                                 'attempt', e.attempt, 'kind', e.kind,
+                                                 'type', e.type, 'message', e.message,
+                                                 'details', e.details, 'retryable', e.retryable,
+                                                 'at', e.at)
+                                        FROM %3$s e
+                                       WHERE e.run_id = c.run_id AND e.node = u.node
+                                       ORDER BY e.at DESC, e.attempt DESC LIMIT 1) END)
+                              ORDER BY u.position)
+                         FROM %1$s u
+                        WHERE u.run_id = c.run_id AND u.node = ANY (c.depends_on)
+                          AND u.status IN ('discarded', 'skipped')) END,
+                   -- _step_call_json's shape (on Citus a shard's row has the shard's type); a
+                   -- sleep this claim ended, as slept left it (the statement still sees the
+                   -- old version of its row). A first claim has no journal (step_claim).
+                   CASE WHEN c.attempt > 1 THEN (SELECT jsonb_agg(CASE WHEN w.step_id IS NULL
+                                          THEN to_jsonb(j) - 'run_id' - 'node'
+                                          ELSE to_jsonb(j) - 'run_id' - 'node'
+                                               || jsonb_build_object('status', 'succeeded',
+                                                                     'output', 'null'::jsonb,
+                                                                     'finished_at', $4,
+                                                                     'attempt', c.attempt) END
+                                     ORDER BY j.seq)
+                      FROM %2$s j
+                      LEFT JOIN slept w
+                        ON w.run_id = j.run_id AND w.node = j.node AND w.step_id = j.step_id
+                     WHERE j.run_id = c.run_id AND j.node = c.node) END
+              FROM claimed c
+              JOIN picked p ON p.run_id = c.run_id AND p.node = c.node
+              JOIN %4$s r ON r.run_id = c.run_id
+             ORDER BY p.i
+$q$, v_tables[1], v_tables[2], v_tables[3], v_tables[4], v_tables[5])
+        USING p_runs, p_nodes, ARRAY(SELECT gen_random_uuid() FROM unnest(p_nodes)), v_now,
+              p_worker, p_lease, p_build, p_builds;
 END;
 $$;

@@ -402,13 +402,14 @@ $$;
 -- in one call: distributed by p_run_id (any of p_runs), a call is delegated whole to
 -- the node holding that shard and is one single-shard transaction there, one round trip
 -- for the shard's part of a claim. The same rows and changes as step_claim_run, in one
--- statement per run instead of five: on a worker node Citus plans each statement twice
--- (as a distributed query, then as its shard's), which cost more than the work, and
--- each statement names its run, so it stays on the shard (a statement over several
--- runs was planned for every shard). When the worker marks actions unsafe, the runs
--- are taken by step_claim_run (an uncertain step blocks its run there). Only steps
--- without flow control are passed here (step_candidates_sharded's flow = false); the
--- others go through step_claim_flow. Builds as in step_claim_run. RPC: Claim, on Citus.
+-- statement for all the runs instead of five per run, on the shard's own tables: on a
+-- worker node Citus plans each statement on a distributed table twice (as a distributed
+-- query, then as its shard's), which cost more than the work, and a statement over
+-- several runs of a distributed table was planned for every shard. When the worker
+-- marks actions unsafe, the runs are taken by step_claim_run (an uncertain step blocks
+-- its run there). Only steps without flow control are passed here
+-- (step_candidates_sharded's flow = false); the others go through step_claim_flow.
+-- Builds as in step_claim_run. RPC: Claim, on Citus.
 CREATE FUNCTION cyclone.step_claim_shard(
     p_run_id uuid, p_runs uuid[], p_nodes text[], p_worker text, p_unsafe text[],
     p_lease interval, p_build text DEFAULT NULL, p_builds text[] DEFAULT '{}')
@@ -418,28 +419,28 @@ RETURNS TABLE (
     lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
     effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
     journal jsonb)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Each step is found by its key (step_complete_many says why).
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz := cyclone.now();
     v_run    uuid;
     v_nodes  text[];
-    -- A lease token for each node of the run, drawn here: Citus refuses a volatile
-    -- function in an UPDATE of a distributed table.
-    v_tokens uuid[];
     -- The tables as this node holds them: on Citus the shards of p_run_id's group,
     -- which this call (delegated to their node) reads and writes as the plain tables
     -- they are, planned once per statement rather than twice.
     v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.step_errors',
                              'cyclone.runs', 'cyclone.worker_health'];
     v_shards text[];
-    v_sql    text;
 BEGIN
-    -- A worker whose lease lapsed is handed nothing (and again in each pick's snapshot).
+    -- A worker whose lease lapsed is handed nothing (and again in the pick's snapshot).
     IF EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = p_worker) THEN
         RETURN;
     END IF;
-    IF cyclone.sharded() AND cardinality(p_unsafe) = 0 THEN
+    IF cardinality(p_unsafe) = 0 AND cyclone.sharded() THEN
         v_shards := ARRAY(SELECT format('cyclone.%I', t.name || '_'
                                         || get_shard_id_for_distribution_column(
                                                ('cyclone.' || t.name)::regclass, p_run_id))
@@ -448,27 +449,47 @@ BEGIN
                                  WITH ORDINALITY AS t(name, i)
                            ORDER BY t.i);
         -- Not delegated (called in a transaction block, or the shard moved meanwhile):
-        -- the shards are elsewhere, and the distributed tables serve, planned by Citus.
+        -- the shards are elsewhere, and the runs are taken one by one below.
         IF NOT EXISTS (SELECT 1 FROM unnest(v_shards) n WHERE to_regclass(n) IS NULL) THEN
             v_tables := v_shards;
         END IF;
     END IF;
-    -- One statement per run; $1 the run, $2 its nodes, $3 their tokens, $4 the time,
-    -- $5 the worker, $6 the lease, $7 the worker's build, $8 its set; %1$s steps, %2$s step_calls, %3$s step_errors,
-    -- %4$s runs, %5$s worker_health (a reference table: its shard is on every node).
-    v_sql := format($q$
+    -- Run by run, by step_claim_run: when the worker marks actions unsafe, and on the
+    -- distributed tables, where a statement over several runs would be planned for
+    -- every shard and each of step_claim_run's names its run.
+    IF cardinality(p_unsafe) > 0 OR (cyclone.sharded() AND v_tables[1] = 'cyclone.steps') THEN
+        FOR v_run IN
+            SELECT u.r FROM unnest(p_runs) WITH ORDINALITY AS u(r, i) GROUP BY u.r
+             ORDER BY min(u.i)
+        LOOP
+            v_nodes := ARRAY(SELECT u.n
+                               FROM unnest(p_runs, p_nodes) WITH ORDINALITY AS u(r, n, i)
+                              WHERE u.r = v_run ORDER BY u.i);
+            RETURN QUERY
+            SELECT * FROM cyclone.step_claim_run(v_run, v_nodes, p_worker, p_unsafe, p_lease,
+                                                 p_build, p_builds);
+        END LOOP;
+        RETURN;
+    END IF;
+    -- One statement for every run; $1 the runs, $2 their nodes (aligned), $3 a lease token
+    -- for each, drawn here (Citus refuses a volatile function in an UPDATE of a
+    -- distributed table), $4 the time, $5 the worker, $6 the lease, $7 the worker's build,
+    -- $8 its set; %1$s steps, %2$s step_calls, %3$s step_errors, %4$s runs, %5$s
+    -- worker_health (a reference table: its shard is on every node).
+    RETURN QUERY EXECUTE format($q$
             WITH picked AS (
-                SELECT s.node, t.token, s.effect_uncertain AS uncertain, s.available_at AS since,
-                       s.waiting_for = 'sleep' AS slept, t.i,
+                SELECT s.run_id, s.node, t.token, s.effect_uncertain AS uncertain,
+                       s.available_at AS since, s.waiting_for = 'sleep' AS slept, t.i,
                        CASE WHEN s.build_id IS NOT NULL AND EXISTS (
-                                 SELECT 1 FROM %2$s j WHERE j.run_id = $1 AND j.node = s.node OFFSET 0)
+                                 SELECT 1 FROM %2$s j
+                                  WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0)
                             THEN s.build_id ELSE $7 END AS pin
-                  FROM %1$s s
-                  JOIN unnest($2, $3) WITH ORDINALITY AS t(node, token, i)
-                    ON t.node = s.node
-                 WHERE s.run_id = $1 AND s.status = 'available' AND s.available_at <= $4
+                  FROM unnest($1, $2, $3) WITH ORDINALITY AS t(run_id, node, token, i)
+                  JOIN %1$s s ON s.run_id = t.run_id AND s.node = t.node
+                 WHERE s.status = 'available' AND s.available_at <= $4
                    AND cyclone._build_admits(s.build_id, $8, EXISTS (
-                           SELECT 1 FROM %2$s j WHERE j.run_id = $1 AND j.node = s.node OFFSET 0))
+                           SELECT 1 FROM %2$s j
+                            WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
                    -- The worker's mark in the pick's snapshot (see step_claim_run).
                    AND NOT EXISTS (SELECT 1 FROM %5$s h WHERE h.worker_id = $5)
                    FOR UPDATE OF s SKIP LOCKED
@@ -488,26 +509,27 @@ BEGIN
                                           ELSE s.waiting_for END,
                        build_id = p.pin
                   FROM picked p
-                 WHERE s.run_id = $1 AND s.node = p.node
-                RETURNING s.node, s.action, s.attempt, s.max_attempts, s.input, s.depends_on,
-                          s.deps_failed, s.lease_token, s.lease_expires_at, s.deadline_at,
-                          s.progress
+                 WHERE s.run_id = p.run_id AND s.node = p.node
+                RETURNING s.run_id, s.node, s.action, s.attempt, s.max_attempts, s.input,
+                          s.depends_on, s.deps_failed, s.lease_token, s.lease_expires_at,
+                          s.deadline_at, s.progress
             ), slept AS (
                 -- As in step_claim: a sleep is over once its node is claimed at its wake time.
                 UPDATE %2$s j
                    SET status = 'succeeded', output = 'null', finished_at = $4,
                        attempt = c.attempt
-                  FROM claimed c JOIN picked p ON p.node = c.node AND p.slept
-                 WHERE j.run_id = $1 AND j.node = c.node
+                  FROM claimed c
+                  JOIN picked p ON p.run_id = c.run_id AND p.node = c.node AND p.slept
+                 WHERE j.run_id = c.run_id AND j.node = c.node
                    AND j.status = 'waiting' AND j.function = 'cyclone.sleep'
                    AND j.wake_at <= $4
-                RETURNING j.node, j.step_id
+                RETURNING j.run_id, j.node, j.step_id
             )
-            SELECT $1, c.node, c.action, r.workflow, c.attempt, c.max_attempts, c.input,
+            SELECT c.run_id, c.node, c.action, r.workflow, c.attempt, c.max_attempts, c.input,
                    r.input,
                    CASE WHEN cardinality(c.depends_on) > 0 THEN (
                        SELECT jsonb_object_agg(u.node, u.output) FROM %1$s u
-                        WHERE u.run_id = $1 AND u.node = ANY (c.depends_on)
+                        WHERE u.run_id = c.run_id AND u.node = ANY (c.depends_on)
                           AND u.status = 'completed') END,
                    c.lease_token, c.lease_expires_at, c.deadline_at, c.progress,
                    p.uncertain, false, extract(epoch FROM $4 - p.since)::float8,
@@ -521,11 +543,11 @@ BEGIN
                                                  'details', e.details, 'retryable', e.retryable,
                                                  'at', e.at)
                                         FROM %3$s e
-                                       WHERE e.run_id = $1 AND e.node = u.node
+                                       WHERE e.run_id = c.run_id AND e.node = u.node
                                        ORDER BY e.at DESC, e.attempt DESC LIMIT 1) END)
                               ORDER BY u.position)
                          FROM %1$s u
-                        WHERE u.run_id = $1 AND u.node = ANY (c.depends_on)
+                        WHERE u.run_id = c.run_id AND u.node = ANY (c.depends_on)
                           AND u.status IN ('discarded', 'skipped')) END,
                    -- _step_call_json's shape (on Citus a shard's row has the shard's type); a
                    -- sleep this claim ended, as slept left it (the statement still sees the
@@ -539,28 +561,16 @@ BEGIN
                                                                      'attempt', c.attempt) END
                                      ORDER BY j.seq)
                       FROM %2$s j
-                      LEFT JOIN slept w ON w.node = j.node AND w.step_id = j.step_id
-                     WHERE j.run_id = $1 AND j.node = c.node) END
+                      LEFT JOIN slept w
+                        ON w.run_id = j.run_id AND w.node = j.node AND w.step_id = j.step_id
+                     WHERE j.run_id = c.run_id AND j.node = c.node) END
               FROM claimed c
-              JOIN picked p ON p.node = c.node
-             CROSS JOIN (SELECT r.workflow, r.input FROM %4$s r WHERE r.run_id = $1) r
+              JOIN picked p ON p.run_id = c.run_id AND p.node = c.node
+              JOIN %4$s r ON r.run_id = c.run_id
              ORDER BY p.i
-$q$, v_tables[1], v_tables[2], v_tables[3], v_tables[4], v_tables[5]);
-    FOR v_run IN
-        SELECT u.r FROM unnest(p_runs) WITH ORDINALITY AS u(r, i) GROUP BY u.r ORDER BY min(u.i)
-    LOOP
-        v_nodes := ARRAY(SELECT u.n FROM unnest(p_runs, p_nodes) WITH ORDINALITY AS u(r, n, i)
-                          WHERE u.r = v_run ORDER BY u.i);
-        IF cardinality(p_unsafe) > 0 THEN
-            RETURN QUERY
-            SELECT * FROM cyclone.step_claim_run(v_run, v_nodes, p_worker, p_unsafe, p_lease,
-                                                 p_build, p_builds);
-            CONTINUE;
-        END IF;
-        v_tokens := ARRAY(SELECT gen_random_uuid() FROM unnest(v_nodes));
-        RETURN QUERY EXECUTE v_sql USING v_run, v_nodes, v_tokens, v_now, p_worker, p_lease,
-                                         p_build, p_builds;
-    END LOOP;
+$q$, v_tables[1], v_tables[2], v_tables[3], v_tables[4], v_tables[5])
+        USING p_runs, p_nodes, ARRAY(SELECT gen_random_uuid() FROM unnest(p_nodes)), v_now,
+              p_worker, p_lease, p_build, p_builds;
 END;
 $$;
 
