@@ -1677,12 +1677,45 @@ def compare_citus(args: argparse.Namespace) -> None:
         check=True,
     )
     results = {k: json.loads(v.read_text()) for k, v in outs.items()}
+    results["ratios"] = citus_ratios(results["single"], results["citus"])
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print_citus_table(results, args.out)
 
 
+#: docs/scaling.md's targets for the cluster against single Postgres in the same run.
+CITUS_TARGETS = {
+    "postgres_cpu_per_step": ("Postgres CPU per step, all nodes", "<= 3"),
+    "server_cpu_per_step": ("server CPU per step", "<= 1.5"),
+    "coordinator_share": ("coordinator's share of the cluster's Postgres CPU", "<= 0.2"),
+    "pickup_p50": ("pickup p50", "<= 3"),
+    "throughput": ("throughput", ""),
+}
+
+
+def citus_ratios(one: dict, cluster: dict) -> dict:
+    """The cluster's figures as ratios to single Postgres's of the same run (with
+    --repeat, the medians of these are the medians of the pairwise ratios)."""
+    ratios: dict[str, float] = {}
+    if "throughput" in one and "throughput" in cluster:
+        a, b = one["throughput"], cluster["throughput"]
+        for part in ("postgres", "server"):
+            if a["cpu_ms_per_step"][part]:
+                ratios[f"{part}_cpu_per_step"] = round(
+                    b["cpu_ms_per_step"][part] / a["cpu_ms_per_step"][part], 2
+                )
+        nodes = b.get("postgres_cpu_ms_per_step_by_node", {})
+        if nodes and sum(nodes.values()):
+            ratios["coordinator_share"] = round(nodes["coordinator"] / sum(nodes.values()), 2)
+        if a["steps_per_s"]:
+            ratios["throughput"] = round(b["steps_per_s"] / a["steps_per_s"], 2)
+    if "pickup_ms" in one and "pickup_ms" in cluster and one["pickup_ms"]["p50"]:
+        ratios["pickup_p50"] = round(cluster["pickup_ms"]["p50"] / one["pickup_ms"]["p50"], 2)
+    return ratios
+
+
 def print_citus_table(r: dict, out: Path) -> None:
-    """Single Postgres beside Citus: throughput, pickup and CPU per step on each node."""
+    """Single Postgres beside Citus: throughput, pickup and CPU per step on each node,
+    then the cluster's figures as ratios to single Postgres's, against their targets."""
     rows: list[tuple[str, object, object]] = []
     one, cluster = r["single"], r["citus"]
     if "throughput" in one and "throughput" in cluster:
@@ -1704,6 +1737,13 @@ def print_citus_table(r: dict, out: Path) -> None:
     print(f"\n  {'':{width}}{'single Postgres':>20}{'Citus 1+2':>20}")
     for label, a, b in rows:
         print(f"  {label:{width}}{a!s:>20}{b!s:>20}")
+    ratios = r.get("ratios") or citus_ratios(one, cluster)
+    if ratios:
+        print("\n  Citus ÷ single Postgres")
+        for key, (label, target) in CITUS_TARGETS.items():
+            if key in ratios:
+                goal = f"  (target {target})" if target else ""
+                print(f"    {label:{width + 10}}{ratios[key]!s:>10}{goal}")
     print(f"\n  Postgres {one['postgres']}, {one['machine']['cpus']} CPUs; {out} written")
 
 
@@ -1724,6 +1764,9 @@ def repeat(args: argparse.Namespace) -> None:
     results["runs"] = runs
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nmedians of {args.repeat} runs:")
+    if args.citus and not args.citus_only:
+        print_citus_table(results, args.out)
+        return
     print_table(results, args.out)
 
 
