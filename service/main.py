@@ -70,7 +70,7 @@ def _start(settings: config.Settings) -> None:
         raise StartupError(
             f"cannot use the database (--database-url, CYCLONE_DATABASE_URL): {_first_line(exc)}"
         ) from None
-    except RuntimeError as exc:  # --citus on without Citus
+    except RuntimeError as exc:  # --citus on without Citus; a Citus worker node not current
         raise StartupError(str(exc)) from None
     if applied:
         log.info("applied migrations %s", ", ".join(f"{v:04d}" for v in applied))

@@ -120,10 +120,15 @@ def migrate(
     Then, on a Citus coordinator, the tables and functions are distributed
     (distribute(); citus: "auto" when the citus extension is installed in the database,
     "on" requires it, "off" never), the runs in citus_shards shards when they are
-    distributed first (0: Citus's citus.shard_count).
+    distributed first (0: Citus's citus.shard_count). On a worker node of a Citus
+    cluster, which takes no DDL, nothing is applied: the coordinator's server does that,
+    and this one only checks that the schema is current (schema_is_current).
     """
     applied_now: list[int] = []
     with psycopg.connect(database_url, autocommit=True) as conn:
+        if citus != "off" and has_citus(conn) and is_worker_node(conn):
+            schema_is_current(conn)
+            return []
         if citus != "off" and has_citus(conn):
             roles_on_every_node(conn)
         if from_schema:
@@ -205,6 +210,32 @@ def roles_on_every_node(conn: psycopg.Connection) -> None:
                 f"cannot create role {role} on every Citus worker ({'; '.join(failed)}): "
                 f"create it there as a superuser (CREATE ROLE {role} NOLOGIN)"
             )
+
+
+def is_worker_node(conn: psycopg.Connection) -> bool:
+    """Whether this Citus database is a worker node of its cluster, not its coordinator
+    (the caller checked has_citus)."""
+    row = conn.execute("SELECT groupid <> 0 FROM pg_catalog.pg_dist_local_group").fetchone()
+    return bool(row and row[0])
+
+
+def schema_is_current(conn: psycopg.Connection) -> None:
+    """On a Citus worker node: every shipped migration is recorded (schema_migrations
+    is a reference table, a copy on every node), or a RuntimeError that says to start
+    on the coordinator first."""
+    shipped = [m.version for m in available()]
+    exists = conn.execute("SELECT to_regclass('cyclone.schema_migrations') IS NOT NULL").fetchone()
+    recorded: set[int] = set()
+    if exists and exists[0]:
+        recorded = {v for (v,) in conn.execute("SELECT version FROM cyclone.schema_migrations")}
+    missing = [v for v in shipped if v not in recorded]
+    if missing:
+        raise RuntimeError(
+            "this database is a worker node of a Citus cluster, where only the coordinator "
+            f"applies migrations, and {len(missing)} of this server's are not applied (the "
+            f"first is {missing[0]:04d}): start a server on the coordinator first, or run "
+            "cyclone-server --migrate-only there"
+        )
 
 
 def has_citus(conn: psycopg.Connection) -> bool:
