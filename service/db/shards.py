@@ -26,21 +26,12 @@ class Candidate(NamedTuple):
     flow: bool
 
 
-class Unhealthy(NamedTuple):
-    """worker_unhealthy_sharded."""
-
-    unhealthy: bool
-
-
 class ShardedClaim(Repository):
     """Claims on a sharded database."""
 
-    async def _admitted(self, worker_id: str, build_id: str | None) -> list[str] | None:
-        """The builds whose pinned nodes ``worker_id`` may take (empty without a build),
-        or None when it is handed nothing: it is marked unhealthy, or its build retired."""
-        marked = await self._one("worker_unhealthy_sharded", Unhealthy, worker_id=worker_id)
-        if marked is not None and marked.unhealthy:
-            return None
+    async def _builds(self, build_id: str | None) -> list[str] | None:
+        """The builds whose pinned nodes a worker of ``build_id`` may take (empty without
+        a build), or None when its build retired and it is handed nothing."""
         if build_id is None:
             return []
         row = await self._one("build_set", BuildSet, build_id=build_id)
@@ -61,15 +52,16 @@ class ShardedClaim(Repository):
         single-shard transaction (step_claim_shard), and those under flow control
         admitted under their locks on the coordinator (step_claim_flow). Twice the steps
         asked are read, as other servers may take some first. A worker marked
-        unhealthy (a lease of it lapsed) gets nothing: asked here first, and by the
-        shards' functions in the snapshot of their pick. A worker's build set is read
-        first (on the coordinator, where the builds are) and passed to each."""
-        builds = await self._admitted(worker_id, build_id)
+        unhealthy (a lease of it lapsed) gets nothing: asked by the first read, and by
+        the shards' functions in the snapshot of their pick. A worker's build set is
+        read first (on the coordinator, where the builds are) and passed to each."""
+        builds = await self._builds(build_id)
         if builds is None:
             return []
         found = await self._all(
             "step_candidates_sharded",
             Candidate,
+            worker_id=worker_id,
             actions=actions,
             limit=limit * 2,
             builds=builds,

@@ -1,15 +1,10 @@
 -- Named queries of the server's db wing: shards (service/db/shards.py).
 -- Each block starts with "-- name: <name>"; parameters are bound (:name), never formatted in.
 
--- name: worker_unhealthy_sharded
--- Whether a worker is marked unhealthy (a lease of it lapsed): a claim on a sharded
--- database asks before it reads candidates, to skip that read; step_claim_shard and
--- step_claim_run ask again in the statement that picks (step_claim asks itself on a
--- plain one).
-SELECT EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = :worker_id)
-       AS unhealthy;
-
 -- name: step_candidates_sharded
+-- A worker marked unhealthy (a lease of it lapsed) is handed nothing: asked here, in the
+-- claim's first statement, and again by the shards' functions in the snapshot of their
+-- pick (step_claim does it on one Postgres).
 SELECT run_id, node, action, shard, concurrency_key, concurrency_limit, flow
   FROM cyclone.step_candidates_sharded(
            CAST(:actions AS text[]), :limit, CAST(:rate_actions AS text[]),
@@ -17,7 +12,8 @@ SELECT run_id, node, action, shard, concurrency_key, concurrency_limit, flow
            ARRAY(SELECT make_interval(secs => p)
                    FROM unnest(CAST(:rate_periods AS float8[])) WITH ORDINALITY AS u(p, i)
                   ORDER BY u.i),
-           CAST(:builds AS text[]));
+           CAST(:builds AS text[]))
+ WHERE NOT EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = :worker_id);
 
 -- name: step_claim_shard
 -- Delegated whole to the node of :run_id's shard (a call outside a transaction block).
