@@ -268,6 +268,7 @@ _DELEGATED = {
     "step_claim_run",
     "step_claim_shard",
     "step_complete_shard",
+    "step_candidates_on",
     "child_wake",
     "child_wake_done",
     "step_call_begin",

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
+from service import errors
 from service.db.completion import logs_items
 from service.db.pool import Pool, Repository
 from service.db.records import ClaimedStep, Outcome, Ready, StepErrorJson, StepJson
@@ -20,6 +21,8 @@ from service.db.shards import ShardedClaim
 #: price: a step held back (a full key, a lock) within this long of coming due makes
 #: the caller claim again once or twice more.
 NEXT_DUE_SLACK_S = 0.01
+#: On a sharded database with a node down: how soon a waiting claim looks again.
+NODE_DOWN_RECHECK_S = 1.0
 
 
 class StepListed(NamedTuple):
@@ -145,9 +148,17 @@ class Steps(Repository):
         """Seconds until a claim of ``actions`` may find work (NULL: none known), for a
         claim made ``since`` seconds ago (time.monotonic() before it was sent) that took
         nothing: a step that came due after it is due now (negative)."""
-        name = "step_next_due_sharded" if await self.is_sharded() else "step_next_due"
+        sharded = await self.is_sharded()
+        name = "step_next_due_sharded" if sharded else "step_next_due"
         since += NEXT_DUE_SLACK_S
-        row = await self._one(name, NextDue, actions=actions, since=since)
+        try:
+            row = await self._one(name, NextDue, actions=actions, since=since)
+        except errors.Unavailable:
+            if not sharded:
+                raise
+            # A node is down and the read across shards fails: the claim, which reads
+            # the shards that are up one by one, looks again soon.
+            return NODE_DOWN_RECHECK_S
         return None if row is None or row.seconds is None else float(row.seconds)
 
     async def step_attempt(self, run_id: str, node: str) -> int | None:

@@ -158,6 +158,9 @@ class Pool:
         # On a sharded database: the shard of runs this server met (run id text ->
         # Citus shard id), to group a batch's outcomes by shard (service.db.shard_reports).
         self.shard_of: dict[str, int] = {}
+        # On a sharded database: a run id in each shard (none is a run), to read each
+        # shard alone while a node is down (service.db.shards).
+        self.shard_runs: list[str] = []
         options = "-c application_name=cyclone-server -c cyclone.defer_notify=on"
         # On Citus: a multi-shard statement uses one connection per worker node (the
         # cached one) instead of opening more, in parallel, and closing them after the

@@ -4,13 +4,18 @@ the same seam (service.db.claim.Claim) as the plain one."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NamedTuple, TypeVar
 
+import psycopg
+
+from service import errors
 from service.db.builds import BuildSet
 from service.db.pool import Repository
 from service.db.records import ClaimedStep
 from service.db.shard_reports import remember_shards
+
+T = TypeVar("T")
 
 
 class Candidate(NamedTuple):
@@ -24,6 +29,53 @@ class Candidate(NamedTuple):
     concurrency_key: str | None
     concurrency_limit: int | None
     flow: bool
+
+
+class ShardCandidate(NamedTuple):
+    """step_candidates_on: a Candidate of one shard, with its place in claim order."""
+
+    run_id: uuid.UUID
+    node: str
+    action: str
+    shard: int
+    concurrency_key: str | None
+    concurrency_limit: int | None
+    flow: bool
+    priority: int
+    due: float
+
+
+class Representative(NamedTuple):
+    """shard_representatives."""
+
+    shard: int
+    run_id: str
+
+
+def _node_down(exc: psycopg.Error) -> bool:
+    """Whether a statement failed because a node of the cluster could not be reached."""
+    return (getattr(exc, "sqlstate", None) or "").startswith("08")
+
+
+class _Tolerant:
+    """Runs a claim's calls to shards: one whose node is down is passed over (an empty
+    answer) and the others' steps are handed out (those claimed already are committed
+    on their nodes)."""
+
+    def __init__(self) -> None:
+        self.down: list[psycopg.Error] = []
+        self.answered = 0
+
+    async def __call__(self, call: Callable[[], Awaitable[list[T]]]) -> list[T]:
+        try:
+            rows = await call()
+        except psycopg.Error as exc:
+            if not _node_down(exc):
+                raise
+            self.down.append(exc)
+            return []
+        self.answered += 1
+        return rows
 
 
 class ShardedClaim(Repository):
@@ -58,17 +110,10 @@ class ShardedClaim(Repository):
         builds = await self._builds(build_id)
         if builds is None:
             return []
-        found = await self._all(
-            "step_candidates_sharded",
-            Candidate,
-            worker_id=worker_id,
-            actions=actions,
-            limit=limit * 2,
-            builds=builds,
-            **flow,
-        )
+        found = await self._candidates(worker_id, actions, limit * 2, builds, flow)
         remember_shards(self.pool, [(str(c.run_id), c.shard) for c in found])
         claimed: list[ClaimedStep] = []
+        tolerant = _Tolerant()
         async with self._connection() as driver:
             # The first candidates in claim order, each shard's in one call; the next
             # ones, in the same way, while other servers took some of these first.
@@ -82,37 +127,98 @@ class ShardedClaim(Repository):
                     by_shard.setdefault(c.shard, []).append(c)
                 pending = pending[left:]
                 for group in by_shard.values():
-                    claimed += await self._run(
-                        driver,
-                        "step_claim_shard",
-                        ClaimedStep,
-                        run_id=str(group[0].run_id),
-                        runs=[str(c.run_id) for c in group],
-                        nodes=[c.node for c in group],
-                        worker_id=worker_id,
-                        unsafe=unsafe,
-                        lease_s=lease_s,
-                        build_id=build_id,
-                        builds=builds,
+                    claimed += await tolerant(
+                        lambda group=group: self._run(  # type: ignore[misc]
+                            driver,
+                            "step_claim_shard",
+                            ClaimedStep,
+                            run_id=str(group[0].run_id),
+                            runs=[str(c.run_id) for c in group],
+                            nodes=[c.node for c in group],
+                            worker_id=worker_id,
+                            unsafe=unsafe,
+                            lease_s=lease_s,
+                            build_id=build_id,
+                            builds=builds,
+                        )
                     )
             held = [c for c in found if c.flow]
             left = limit - sum(not r.blocked for r in claimed)
             if held and left > 0:
-                claimed += await self._run(
-                    driver,
-                    "step_claim_flow",
-                    ClaimedStep,
-                    runs=[str(c.run_id) for c in held],
-                    nodes=[c.node for c in held],
-                    actions=[c.action for c in held],
-                    keys=[c.concurrency_key for c in held],
-                    limits=[c.concurrency_limit for c in held],
-                    worker_id=worker_id,
-                    unsafe=unsafe,
-                    lease_s=lease_s,
-                    limit=left,
-                    build_id=build_id,
+                claimed += await tolerant(
+                    lambda: self._run(
+                        driver,
+                        "step_claim_flow",
+                        ClaimedStep,
+                        runs=[str(c.run_id) for c in held],
+                        nodes=[c.node for c in held],
+                        actions=[c.action for c in held],
+                        keys=[c.concurrency_key for c in held],
+                        limits=[c.concurrency_limit for c in held],
+                        worker_id=worker_id,
+                        unsafe=unsafe,
+                        lease_s=lease_s,
+                        limit=left,
+                        build_id=build_id,
+                        builds=builds,
+                        **flow,
+                    )
+                )
+        if tolerant.down and not tolerant.answered:
+            raise errors.Unavailable(detail=f"database unavailable: {tolerant.down[0]}")
+        return claimed
+
+    async def _candidates(
+        self,
+        worker_id: str,
+        actions: list[str],
+        limit: int,
+        builds: list[str],
+        flow: Mapping[str, list[Any]],
+    ) -> list[Candidate]:
+        """The claim's first read, across shards; shard by shard while a node is down."""
+        try:
+            return await self._all(
+                "step_candidates_sharded",
+                Candidate,
+                worker_id=worker_id,
+                actions=actions,
+                limit=limit,
+                builds=builds,
+                **flow,
+            )
+        except errors.Unavailable:
+            # A node is down: the shards on the others, read one by one, go on.
+            return await self._candidates_by_shard(actions, limit, builds, flow)
+
+    async def _candidates_by_shard(
+        self, actions: list[str], limit: int, builds: list[str], flow: Mapping[str, list[Any]]
+    ) -> list[Candidate]:
+        """step_candidates_sharded's answer made shard by shard (step_candidates_on, each
+        call delegated to the shard's node), for the shards whose node answers, merged in
+        claim order; Unavailable when none does (a shard that answers with nothing is
+        an answer: the claim then finds no work, as it would with every node up)."""
+        if not self.pool.shard_runs:
+            rows = await self._all("shard_representatives", Representative)
+            self.pool.shard_runs = [r.run_id for r in rows]
+        found: list[ShardCandidate] = []
+        failed: errors.Unavailable | None = None
+        answered = 0
+        for run_id in self.pool.shard_runs:
+            try:
+                found += await self._all(
+                    "step_candidates_on",
+                    ShardCandidate,
+                    run_id=run_id,
+                    actions=actions,
+                    limit=limit,
                     builds=builds,
                     **flow,
                 )
-        return claimed
+                answered += 1
+            except errors.Unavailable as exc:
+                failed = exc
+        if failed is not None and not answered:
+            raise failed
+        found.sort(key=lambda c: (-c.priority, c.due))
+        return [Candidate(*c[:7]) for c in found[:limit]]

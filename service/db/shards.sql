@@ -15,6 +15,26 @@ SELECT run_id, node, action, shard, concurrency_key, concurrency_limit, flow
            CAST(:builds AS text[]))
  WHERE NOT EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = :worker_id);
 
+-- name: step_candidates_on
+-- Delegated whole to the node of :run_id's shard: that shard's candidates alone.
+SELECT run_id, node, action, shard, concurrency_key, concurrency_limit, flow, priority,
+       extract(epoch FROM available_at)::float8 AS due
+  FROM cyclone.step_candidates_on(
+           CAST(:run_id AS uuid), CAST(:actions AS text[]), :limit,
+           CAST(:rate_actions AS text[]), CAST(:rate_counts AS integer[]),
+           CAST(:rate_periods AS float8[]), CAST(:builds AS text[]));
+
+-- name: shard_representatives
+-- A run id (made up: no such run) in each shard of the runs, the argument of a call
+-- delegated to that shard's node; 64 tries per shard leave none out.
+SELECT DISTINCT ON (shard) shard, u::text AS run_id
+  FROM (SELECT g.u, get_shard_id_for_distribution_column('cyclone.runs', g.u) AS shard
+          FROM (SELECT gen_random_uuid() AS u
+                  FROM generate_series(1, 64 * (SELECT count(*)::integer FROM pg_dist_shard
+                                                 WHERE logicalrelid = 'cyclone.runs'::regclass))
+               ) g) x
+ ORDER BY shard, u;
+
 -- name: step_claim_shard
 -- Delegated whole to the node of :run_id's shard (a call outside a transaction block).
 -- The columns of step_claim, ids as text.

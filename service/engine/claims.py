@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from service import errors
 from service.config import Settings
 from service.db import Database
 from service.db.records import ClaimedStep
@@ -81,7 +82,14 @@ class Claims:
     async def alive(self, worker_id: str) -> bool:
         """The worker showed it is alive: clear its unhealthy mark (a lease of it lapsed
         with no outcome); whether it had one."""
-        if not await self.db.workers.worker_alive(worker_id):
+        try:
+            if not await self.db.workers.worker_alive(worker_id):
+                return False
+        except errors.Unavailable:
+            if not await self.db.pool.is_sharded():
+                raise
+            # On Citus the mark is in a reference table, a copy on every node, which
+            # cannot be written while a node is down: it stays until the node is back.
             return False
         log.info("worker %s reported again: it is no longer marked unhealthy", worker_id)
         return True
