@@ -180,6 +180,8 @@ def run_filters(
         dag.check_name("workflow", request.workflow)
     if request.key:
         dag.check_submit_key(request.key)
+    if request.tags:
+        raise errors.InvalidArgument("tags: this server does not filter by tags yet")
     return {
         "workflow": request.workflow or None,
         "statuses": statuses or None,

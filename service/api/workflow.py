@@ -90,6 +90,8 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         if not request.HasField("workflow"):
             raise errors.InvalidArgument("workflow is required")
         flow.check_priority("run", request.priority)
+        if request.tags or request.HasField("deadline"):
+            raise errors.InvalidArgument("tags and deadline: this server does not take them yet")
         start_at = start_time(request)
         run = await new_run_of(request, self.limits, self.payloads)
         nodes = run.nodes

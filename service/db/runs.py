@@ -274,6 +274,9 @@ class Runs(Repository):
         submit_key: str | None,
         start_at: datetime | None = None,
         priority: int = 0,
+        tags_json: str | None = None,
+        deadline: datetime | None = None,
+        traceparent: str | None = None,
     ) -> tuple[uuid.UUID, bool]:
         encoded = await encoded_nodes(nodes)
         row = await self._one(
@@ -288,6 +291,9 @@ class Runs(Repository):
             nodes=encoded,
             start_at=start_at,
             priority=priority,
+            tags=tags_json,
+            deadline=deadline,
+            traceparent=traceparent,
         )
         assert row is not None
         return row.run_id, row.created

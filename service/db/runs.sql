@@ -5,7 +5,8 @@
 SELECT run_id, created, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.run_submit(CAST(:run_id AS uuid), :workflow, :submit_key,
                           CAST(:input AS jsonb), CAST(:nodes AS jsonb),
-                          CAST(:start_at AS timestamptz), :priority);
+                          CAST(:start_at AS timestamptz), :priority, CAST(:tags AS jsonb),
+                          CAST(:deadline AS timestamptz), :traceparent);
 
 -- name: child_start
 SELECT child_run_id, created, call, current_setting('cyclone.ready', true) AS ready

@@ -52,6 +52,13 @@ CREATE TABLE cyclone.runs (
     priority     integer     NOT NULL DEFAULT 0,
     -- The start time given to Submit (root steps available then); NULL: at once.
     start_at     timestamptz,
+    -- The run's tags given to Submit: a JSON object of key = value strings (validated and
+    -- capped by the server), NULL for none. Fixed at submit.
+    tags         jsonb,
+    -- The run's time limit given to Submit; NULL: none.
+    deadline     timestamptz,
+    -- The W3C traceparent of the submitting client's span, NULL when tracing is off.
+    traceparent  text,
     -- What each status implies, in one constraint: a known status; finished_at set
     -- exactly when finished (completed, failed, cancelled); an error exactly when failed
     -- or blocked; no step open exactly when finished; steps_open within 0 and

@@ -10,10 +10,13 @@
 -- the key row and the run then live on one shard. p_nodes is
 -- a JSON array of node objects in topological order, validated by the server
 -- (service/db/runs.py), each with its priority (the node's, else p_priority) and its
--- evaluated concurrency key and limit, if any. RPCs: Submit, SubmitOnce.
+-- evaluated concurrency key and limit, if any. p_tags, p_deadline and p_traceparent are
+-- stored with the run as given (validated by the server). RPCs: Submit, SubmitOnce.
 CREATE FUNCTION cyclone.run_submit(
     p_run_id uuid, p_workflow text, p_submit_key text, p_input jsonb, p_nodes jsonb,
     p_start_at timestamptz DEFAULT NULL, p_priority integer DEFAULT 0,
+    p_tags jsonb DEFAULT NULL, p_deadline timestamptz DEFAULT NULL,
+    p_traceparent text DEFAULT NULL,
     OUT run_id uuid, OUT created boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -44,9 +47,11 @@ BEGIN
     END IF;
 
     INSERT INTO cyclone.runs (run_id, workflow, submit_key, status, input, steps_total,
-                              steps_open, created_at, updated_at, priority, start_at)
+                              steps_open, created_at, updated_at, priority, start_at, tags,
+                              deadline, traceparent)
     VALUES (p_run_id, p_workflow, p_submit_key, 'running', p_input, v_count, v_count,
-            v_now, v_now, coalesce(p_priority, 0), p_start_at);
+            v_now, v_now, coalesce(p_priority, 0), p_start_at, p_tags, p_deadline,
+            p_traceparent);
 
     INSERT INTO cyclone.steps (run_id, node, position, action, status, trigger_rule, depends_on,
                                dependents, deps_open, max_attempts, attempt_budget,

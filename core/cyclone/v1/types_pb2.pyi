@@ -135,7 +135,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max_attempts: _Optional[int] = ..., initial_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff_multiplier: _Optional[float] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "workflow", "status", "input", "error", "submit_key", "created_at", "updated_at", "finished_at", "steps", "audit", "step_counts", "parent_run_id", "parent_node", "parent_step_id", "priority", "start_at")
+    __slots__ = ("run_id", "workflow", "status", "input", "error", "submit_key", "created_at", "updated_at", "finished_at", "steps", "audit", "step_counts", "parent_run_id", "parent_node", "parent_step_id", "priority", "start_at", "tags", "deadline")
     class StepCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,13 @@ class Run(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +167,8 @@ class Run(_message.Message):
     PARENT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     START_AT_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     workflow: str
     status: RunStatus
@@ -177,7 +186,9 @@ class Run(_message.Message):
     parent_step_id: str
     priority: int
     start_at: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[RunError, _Mapping]] = ..., submit_key: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., audit: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., step_counts: _Optional[_Mapping[str, int]] = ..., parent_run_id: _Optional[str] = ..., parent_node: _Optional[str] = ..., parent_step_id: _Optional[str] = ..., priority: _Optional[int] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    tags: _containers.ScalarMap[str, str]
+    deadline: _timestamp_pb2.Timestamp
+    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[RunError, _Mapping]] = ..., submit_key: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., audit: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., step_counts: _Optional[_Mapping[str, int]] = ..., parent_run_id: _Optional[str] = ..., parent_node: _Optional[str] = ..., parent_step_id: _Optional[str] = ..., priority: _Optional[int] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RunError(_message.Message):
     __slots__ = ("kind", "message", "node", "attempt", "started_at", "step_id")

@@ -92,7 +92,7 @@ class BlockedStep(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., attempt: _Optional[int] = ..., step_id: _Optional[str] = ..., reason: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
 
 class ClaimedStep(_message.Message):
-    __slots__ = ("run_id", "node", "action", "workflow", "attempt", "max_attempts", "input", "run_input", "upstream_outputs", "lease_token", "lease_expires_at", "deadline", "progress", "effect_uncertain", "upstream_failures", "journal")
+    __slots__ = ("run_id", "node", "action", "workflow", "attempt", "max_attempts", "input", "run_input", "upstream_outputs", "lease_token", "lease_expires_at", "deadline", "progress", "effect_uncertain", "upstream_failures", "journal", "run_deadline", "traceparent")
     class UpstreamOutputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +116,8 @@ class ClaimedStep(_message.Message):
     EFFECT_UNCERTAIN_FIELD_NUMBER: _ClassVar[int]
     UPSTREAM_FAILURES_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_FIELD_NUMBER: _ClassVar[int]
+    RUN_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node: str
     action: str
@@ -132,7 +134,9 @@ class ClaimedStep(_message.Message):
     effect_uncertain: bool
     upstream_failures: _containers.RepeatedCompositeFieldContainer[UpstreamFailure]
     journal: _containers.RepeatedCompositeFieldContainer[_types_pb2.StepCall]
-    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., action: _Optional[str] = ..., workflow: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., run_input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., upstream_outputs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., lease_token: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ..., upstream_failures: _Optional[_Iterable[_Union[UpstreamFailure, _Mapping]]] = ..., journal: _Optional[_Iterable[_Union[_types_pb2.StepCall, _Mapping]]] = ...) -> None: ...
+    run_deadline: _timestamp_pb2.Timestamp
+    traceparent: str
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., action: _Optional[str] = ..., workflow: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., run_input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., upstream_outputs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., lease_token: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., progress: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., effect_uncertain: _Optional[bool] = ..., upstream_failures: _Optional[_Iterable[_Union[UpstreamFailure, _Mapping]]] = ..., journal: _Optional[_Iterable[_Union[_types_pb2.StepCall, _Mapping]]] = ..., run_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class UpstreamFailure(_message.Message):
     __slots__ = ("node", "status", "error")

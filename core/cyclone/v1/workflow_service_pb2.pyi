@@ -50,16 +50,27 @@ EXPLAIN_REASON_WAITING: ExplainReason
 EXPLAIN_REASON_NOT_BEFORE: ExplainReason
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("workflow", "input", "start_at", "priority")
+    __slots__ = ("workflow", "input", "start_at", "priority", "tags", "deadline")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     START_AT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
     workflow: _types_pb2.Workflow
     input: _struct_pb2.Value
     start_at: _timestamp_pb2.Timestamp
     priority: int
-    def __init__(self, workflow: _Optional[_Union[_types_pb2.Workflow, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ...) -> None: ...
+    tags: _containers.ScalarMap[str, str]
+    deadline: _timestamp_pb2.Timestamp
+    def __init__(self, workflow: _Optional[_Union[_types_pb2.Workflow, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., tags: _Optional[_Mapping[str, str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SubmitResponse(_message.Message):
     __slots__ = ("run_id",)
@@ -68,18 +79,29 @@ class SubmitResponse(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class SubmitOnceRequest(_message.Message):
-    __slots__ = ("workflow", "input", "key", "start_at", "priority")
+    __slots__ = ("workflow", "input", "key", "start_at", "priority", "tags", "deadline")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     START_AT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
     workflow: _types_pb2.Workflow
     input: _struct_pb2.Value
     key: str
     start_at: _timestamp_pb2.Timestamp
     priority: int
-    def __init__(self, workflow: _Optional[_Union[_types_pb2.Workflow, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., key: _Optional[str] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ...) -> None: ...
+    tags: _containers.ScalarMap[str, str]
+    deadline: _timestamp_pb2.Timestamp
+    def __init__(self, workflow: _Optional[_Union[_types_pb2.Workflow, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., key: _Optional[str] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., tags: _Optional[_Mapping[str, str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SubmitOnceResponse(_message.Message):
     __slots__ = ("run_id", "created")
@@ -106,7 +128,14 @@ class GetRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[_types_pb2.Run, _Mapping]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("workflow", "statuses", "created_after", "created_before", "page_size", "page_token", "key", "run_id_prefix", "workflow_prefix", "key_prefix")
+    __slots__ = ("workflow", "statuses", "created_after", "created_before", "page_size", "page_token", "key", "run_id_prefix", "workflow_prefix", "key_prefix", "tags")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +146,7 @@ class ListRunsRequest(_message.Message):
     RUN_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_PREFIX_FIELD_NUMBER: _ClassVar[int]
     KEY_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
     workflow: str
     statuses: _containers.RepeatedScalarFieldContainer[_types_pb2.RunStatus]
     created_after: _timestamp_pb2.Timestamp
@@ -127,7 +157,8 @@ class ListRunsRequest(_message.Message):
     run_id_prefix: str
     workflow_prefix: str
     key_prefix: str
-    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., key: _Optional[str] = ..., run_id_prefix: _Optional[str] = ..., workflow_prefix: _Optional[str] = ..., key_prefix: _Optional[str] = ...) -> None: ...
+    tags: _containers.ScalarMap[str, str]
+    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., key: _Optional[str] = ..., run_id_prefix: _Optional[str] = ..., workflow_prefix: _Optional[str] = ..., key_prefix: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_token", "prev_page_token")
@@ -234,7 +265,14 @@ class SendEventResponse(_message.Message):
     def __init__(self, event_id: _Optional[int] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class CountRunsRequest(_message.Message):
-    __slots__ = ("workflow", "statuses", "created_after", "created_before", "key", "limit", "run_id_prefix", "workflow_prefix", "key_prefix")
+    __slots__ = ("workflow", "statuses", "created_after", "created_before", "key", "limit", "run_id_prefix", "workflow_prefix", "key_prefix", "tags")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
@@ -244,6 +282,7 @@ class CountRunsRequest(_message.Message):
     RUN_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_PREFIX_FIELD_NUMBER: _ClassVar[int]
     KEY_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
     workflow: str
     statuses: _containers.RepeatedScalarFieldContainer[_types_pb2.RunStatus]
     created_after: _timestamp_pb2.Timestamp
@@ -253,7 +292,8 @@ class CountRunsRequest(_message.Message):
     run_id_prefix: str
     workflow_prefix: str
     key_prefix: str
-    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key: _Optional[str] = ..., limit: _Optional[int] = ..., run_id_prefix: _Optional[str] = ..., workflow_prefix: _Optional[str] = ..., key_prefix: _Optional[str] = ...) -> None: ...
+    tags: _containers.ScalarMap[str, str]
+    def __init__(self, workflow: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.RunStatus, str]]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key: _Optional[str] = ..., limit: _Optional[int] = ..., run_id_prefix: _Optional[str] = ..., workflow_prefix: _Optional[str] = ..., key_prefix: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CountRunsResponse(_message.Message):
     __slots__ = ("counts",)

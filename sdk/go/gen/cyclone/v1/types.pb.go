@@ -725,7 +725,11 @@ type Run struct {
 	// The run's priority (SubmitRequest.priority), 0 by default.
 	Priority int32 `protobuf:"varint,16,opt,name=priority,proto3" json:"priority,omitempty"`
 	// The start time given to Submit; unset when the run started at once.
-	StartAt       *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=start_at,json=startAt,proto3" json:"start_at,omitempty"`
+	StartAt *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=start_at,json=startAt,proto3" json:"start_at,omitempty"`
+	// The run's tags (SubmitRequest.tags).
+	Tags map[string]string `protobuf:"bytes,18,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The run's deadline (SubmitRequest.deadline, or its workflow's default); unset: none.
+	Deadline      *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -875,6 +879,20 @@ func (x *Run) GetPriority() int32 {
 func (x *Run) GetStartAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.StartAt
+	}
+	return nil
+}
+
+func (x *Run) GetTags() map[string]string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
+func (x *Run) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
 	}
 	return nil
 }
@@ -1912,7 +1930,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
 	"\vmax_backoff\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"maxBackoff\x12-\n" +
-	"\x12backoff_multiplier\x18\x04 \x01(\x01R\x11backoffMultiplier\"\xa8\x06\n" +
+	"\x12backoff_multiplier\x18\x04 \x01(\x01R\x11backoffMultiplier\"\xc8\a\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
 	"\bworkflow\x18\x02 \x01(\tR\bworkflow\x12-\n" +
@@ -1937,10 +1955,15 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"parentNode\x12$\n" +
 	"\x0eparent_step_id\x18\x0f \x01(\tR\fparentStepId\x12\x1a\n" +
 	"\bpriority\x18\x10 \x01(\x05R\bpriority\x125\n" +
-	"\bstart_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\astartAt\x1a=\n" +
+	"\bstart_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\astartAt\x12-\n" +
+	"\x04tags\x18\x12 \x03(\v2\x19.cyclone.v1.Run.TagsEntryR\x04tags\x126\n" +
+	"\bdeadline\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x1a=\n" +
 	"\x0fStepCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xba\x01\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1a7\n" +
+	"\tTagsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xba\x01\n" +
 	"\bRunError\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x12\n" +
@@ -2085,7 +2108,7 @@ func file_cyclone_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_cyclone_v1_types_proto_goTypes = []any{
 	(TriggerRule)(0),              // 0: cyclone.v1.TriggerRule
 	(RunStatus)(0),                // 1: cyclone.v1.RunStatus
@@ -2105,65 +2128,68 @@ var file_cyclone_v1_types_proto_goTypes = []any{
 	(*StepError)(nil),             // 15: cyclone.v1.StepError
 	(*AuditEntry)(nil),            // 16: cyclone.v1.AuditEntry
 	nil,                           // 17: cyclone.v1.Run.StepCountsEntry
-	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 19: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	nil,                           // 18: cyclone.v1.Run.TagsEntry
+	(*durationpb.Duration)(nil),   // 19: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 20: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
 }
 var file_cyclone_v1_types_proto_depIdxs = []int32{
 	5,  // 0: cyclone.v1.Workflow.nodes:type_name -> cyclone.v1.Node
 	0,  // 1: cyclone.v1.Node.trigger_rule:type_name -> cyclone.v1.TriggerRule
 	8,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
-	18, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
-	19, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
+	19, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
+	20, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
 	6,  // 5: cyclone.v1.Node.event:type_name -> cyclone.v1.EventWait
 	7,  // 6: cyclone.v1.Node.concurrency:type_name -> cyclone.v1.ConcurrencyLimit
-	18, // 7: cyclone.v1.EventWait.timeout:type_name -> google.protobuf.Duration
-	18, // 8: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	18, // 9: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	19, // 7: cyclone.v1.EventWait.timeout:type_name -> google.protobuf.Duration
+	19, // 8: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	19, // 9: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
 	1,  // 10: cyclone.v1.Run.status:type_name -> cyclone.v1.RunStatus
-	19, // 11: cyclone.v1.Run.input:type_name -> google.protobuf.Value
+	20, // 11: cyclone.v1.Run.input:type_name -> google.protobuf.Value
 	10, // 12: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
-	20, // 13: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	20, // 14: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	20, // 15: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	21, // 13: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	21, // 14: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	21, // 15: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
 	11, // 16: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
 	16, // 17: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
 	17, // 18: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
-	20, // 19: cyclone.v1.Run.start_at:type_name -> google.protobuf.Timestamp
-	20, // 20: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
-	2,  // 21: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
-	0,  // 22: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	19, // 23: cyclone.v1.Step.input:type_name -> google.protobuf.Value
-	19, // 24: cyclone.v1.Step.output:type_name -> google.protobuf.Value
-	15, // 25: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
-	20, // 26: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
-	20, // 27: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
-	20, // 28: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
-	20, // 29: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
-	18, // 30: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
-	19, // 31: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
-	20, // 32: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	13, // 33: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
-	12, // 34: cyclone.v1.Step.logs:type_name -> cyclone.v1.LogLine
-	8,  // 35: cyclone.v1.Step.retry:type_name -> cyclone.v1.RetryPolicy
-	20, // 36: cyclone.v1.Step.waiting_until:type_name -> google.protobuf.Timestamp
-	20, // 37: cyclone.v1.LogLine.at:type_name -> google.protobuf.Timestamp
-	3,  // 38: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
-	19, // 39: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
-	14, // 40: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
-	20, // 41: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
-	20, // 42: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
-	20, // 43: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
-	19, // 44: cyclone.v1.StepCallError.args:type_name -> google.protobuf.Value
-	19, // 45: cyclone.v1.StepCallError.attributes:type_name -> google.protobuf.Value
-	20, // 46: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
-	20, // 47: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	19, // 48: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
-	49, // [49:49] is the sub-list for method output_type
-	49, // [49:49] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	21, // 19: cyclone.v1.Run.start_at:type_name -> google.protobuf.Timestamp
+	18, // 20: cyclone.v1.Run.tags:type_name -> cyclone.v1.Run.TagsEntry
+	21, // 21: cyclone.v1.Run.deadline:type_name -> google.protobuf.Timestamp
+	21, // 22: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
+	2,  // 23: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
+	0,  // 24: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
+	20, // 25: cyclone.v1.Step.input:type_name -> google.protobuf.Value
+	20, // 26: cyclone.v1.Step.output:type_name -> google.protobuf.Value
+	15, // 27: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
+	21, // 28: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
+	21, // 29: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
+	21, // 30: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
+	21, // 31: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
+	19, // 32: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
+	20, // 33: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
+	21, // 34: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	13, // 35: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
+	12, // 36: cyclone.v1.Step.logs:type_name -> cyclone.v1.LogLine
+	8,  // 37: cyclone.v1.Step.retry:type_name -> cyclone.v1.RetryPolicy
+	21, // 38: cyclone.v1.Step.waiting_until:type_name -> google.protobuf.Timestamp
+	21, // 39: cyclone.v1.LogLine.at:type_name -> google.protobuf.Timestamp
+	3,  // 40: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
+	20, // 41: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
+	14, // 42: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
+	21, // 43: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
+	21, // 44: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
+	21, // 45: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
+	20, // 46: cyclone.v1.StepCallError.args:type_name -> google.protobuf.Value
+	20, // 47: cyclone.v1.StepCallError.attributes:type_name -> google.protobuf.Value
+	21, // 48: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
+	21, // 49: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	20, // 50: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
+	51, // [51:51] is the sub-list for method output_type
+	51, // [51:51] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_types_proto_init() }
@@ -2178,7 +2204,7 @@ func file_cyclone_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_types_proto_rawDesc), len(file_cyclone_v1_types_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -547,7 +547,13 @@ type ClaimedStep struct {
 	// The node's journal: the step calls its durable function recorded in earlier
 	// attempts, in call order (seq). A replay reads outcomes from here, with no round
 	// trip. Empty for a node that never recorded one.
-	Journal       []*StepCall `protobuf:"bytes,16,rep,name=journal,proto3" json:"journal,omitempty"`
+	Journal []*StepCall `protobuf:"bytes,16,rep,name=journal,proto3" json:"journal,omitempty"`
+	// The run's deadline (Run.deadline); unset: none. A handler may read it to budget its
+	// work; at the deadline the run is cancelled.
+	RunDeadline *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=run_deadline,json=runDeadline,proto3" json:"run_deadline,omitempty"`
+	// The W3C traceparent of the span that submitted the run, when tracing was on: a
+	// worker's handler span continues that trace.
+	Traceparent   string `protobuf:"bytes,18,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -692,6 +698,20 @@ func (x *ClaimedStep) GetJournal() []*StepCall {
 		return x.Journal
 	}
 	return nil
+}
+
+func (x *ClaimedStep) GetRunDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RunDeadline
+	}
+	return nil
+}
+
+func (x *ClaimedStep) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 // An upstream node that did not succeed, as handed to a cleanup node.
@@ -2784,7 +2804,7 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\aattempt\x18\x03 \x01(\x05R\aattempt\x12\x17\n" +
 	"\astep_id\x18\x04 \x01(\tR\x06stepId\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x16\n" +
-	"\x06action\x18\x06 \x01(\tR\x06action\"\xb9\x06\n" +
+	"\x06action\x18\x06 \x01(\tR\x06action\"\x9a\a\n" +
 	"\vClaimedStep\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x16\n" +
@@ -2803,7 +2823,9 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\bprogress\x18\r \x01(\v2\x16.google.protobuf.ValueR\bprogress\x12)\n" +
 	"\x10effect_uncertain\x18\x0e \x01(\bR\x0feffectUncertain\x12H\n" +
 	"\x11upstream_failures\x18\x0f \x03(\v2\x1b.cyclone.v1.UpstreamFailureR\x10upstreamFailures\x12.\n" +
-	"\ajournal\x18\x10 \x03(\v2\x14.cyclone.v1.StepCallR\ajournal\x1aZ\n" +
+	"\ajournal\x18\x10 \x03(\v2\x14.cyclone.v1.StepCallR\ajournal\x12=\n" +
+	"\frun_deadline\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\vrunDeadline\x12 \n" +
+	"\vtraceparent\x18\x12 \x01(\tR\vtraceparent\x1aZ\n" +
 	"\x14UpstreamOutputsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05value:\x028\x01\"\x82\x01\n" +
@@ -3050,77 +3072,78 @@ var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	34, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
 	8,  // 13: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
 	36, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	37, // 15: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	38, // 16: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	34, // 17: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	33, // 18: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	39, // 19: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
-	35, // 20: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	34, // 21: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
-	12, // 22: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	39, // 23: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
-	33, // 24: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	37, // 25: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	35, // 26: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	40, // 27: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
-	11, // 28: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
-	26, // 29: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
-	24, // 30: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
-	18, // 31: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
-	16, // 32: cyclone.v1.CompleteManyResponse.step_call_end_results:type_name -> cyclone.v1.StepCallEndResult
-	17, // 33: cyclone.v1.CompleteManyResponse.step_call_begin_results:type_name -> cyclone.v1.StepCallBeginResult
-	27, // 34: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
-	19, // 35: cyclone.v1.StepCallEndResult.error:type_name -> cyclone.v1.CompleteError
-	25, // 36: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
-	19, // 37: cyclone.v1.StepCallBeginResult.error:type_name -> cyclone.v1.CompleteError
-	13, // 38: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
-	19, // 39: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
-	21, // 40: cyclone.v1.WorkRequest.open:type_name -> cyclone.v1.WorkOpen
-	14, // 41: cyclone.v1.WorkRequest.report:type_name -> cyclone.v1.CompleteManyRequest
-	2,  // 42: cyclone.v1.WorkOpen.actions:type_name -> cyclone.v1.ActionSpec
-	33, // 43: cyclone.v1.WorkOpen.lease:type_name -> google.protobuf.Duration
-	7,  // 44: cyclone.v1.WorkResponse.steps:type_name -> cyclone.v1.ClaimedStep
-	6,  // 45: cyclone.v1.WorkResponse.blocked:type_name -> cyclone.v1.BlockedStep
-	15, // 46: cyclone.v1.WorkResponse.report:type_name -> cyclone.v1.CompleteManyResponse
-	23, // 47: cyclone.v1.WorkResponse.limits:type_name -> cyclone.v1.ServerLimits
-	0,  // 48: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	36, // 49: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	40, // 50: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	34, // 51: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	41, // 52: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	36, // 53: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	42, // 54: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
-	34, // 55: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
-	36, // 56: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
-	35, // 57: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
-	43, // 58: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
-	39, // 59: cyclone.v1.WaitRequest.logs:type_name -> cyclone.v1.LogLine
-	1,  // 60: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
-	36, // 61: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
-	34, // 62: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	4,  // 63: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	9,  // 64: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	11, // 65: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	14, // 66: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	24, // 67: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	26, // 68: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	28, // 69: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
-	30, // 70: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
-	20, // 71: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
-	5,  // 72: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	10, // 73: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	13, // 74: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	15, // 75: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	25, // 76: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	27, // 77: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	29, // 78: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
-	31, // 79: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
-	22, // 80: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
-	72, // [72:81] is the sub-list for method output_type
-	63, // [63:72] is the sub-list for method input_type
-	63, // [63:63] is the sub-list for extension type_name
-	63, // [63:63] is the sub-list for extension extendee
-	0,  // [0:63] is the sub-list for field type_name
+	35, // 15: cyclone.v1.ClaimedStep.run_deadline:type_name -> google.protobuf.Timestamp
+	37, // 16: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	38, // 17: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	34, // 18: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	33, // 19: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	39, // 20: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
+	35, // 21: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	34, // 22: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	12, // 23: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
+	39, // 24: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
+	33, // 25: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	37, // 26: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	35, // 27: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	40, // 28: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	11, // 29: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
+	26, // 30: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
+	24, // 31: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
+	18, // 32: cyclone.v1.CompleteManyResponse.results:type_name -> cyclone.v1.CompleteResult
+	16, // 33: cyclone.v1.CompleteManyResponse.step_call_end_results:type_name -> cyclone.v1.StepCallEndResult
+	17, // 34: cyclone.v1.CompleteManyResponse.step_call_begin_results:type_name -> cyclone.v1.StepCallBeginResult
+	27, // 35: cyclone.v1.StepCallEndResult.response:type_name -> cyclone.v1.EndStepCallResponse
+	19, // 36: cyclone.v1.StepCallEndResult.error:type_name -> cyclone.v1.CompleteError
+	25, // 37: cyclone.v1.StepCallBeginResult.response:type_name -> cyclone.v1.BeginStepCallResponse
+	19, // 38: cyclone.v1.StepCallBeginResult.error:type_name -> cyclone.v1.CompleteError
+	13, // 39: cyclone.v1.CompleteResult.response:type_name -> cyclone.v1.CompleteResponse
+	19, // 40: cyclone.v1.CompleteResult.error:type_name -> cyclone.v1.CompleteError
+	21, // 41: cyclone.v1.WorkRequest.open:type_name -> cyclone.v1.WorkOpen
+	14, // 42: cyclone.v1.WorkRequest.report:type_name -> cyclone.v1.CompleteManyRequest
+	2,  // 43: cyclone.v1.WorkOpen.actions:type_name -> cyclone.v1.ActionSpec
+	33, // 44: cyclone.v1.WorkOpen.lease:type_name -> google.protobuf.Duration
+	7,  // 45: cyclone.v1.WorkResponse.steps:type_name -> cyclone.v1.ClaimedStep
+	6,  // 46: cyclone.v1.WorkResponse.blocked:type_name -> cyclone.v1.BlockedStep
+	15, // 47: cyclone.v1.WorkResponse.report:type_name -> cyclone.v1.CompleteManyResponse
+	23, // 48: cyclone.v1.WorkResponse.limits:type_name -> cyclone.v1.ServerLimits
+	0,  // 49: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
+	36, // 50: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	40, // 51: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	34, // 52: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	41, // 53: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	36, // 54: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	42, // 55: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
+	34, // 56: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
+	36, // 57: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
+	35, // 58: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
+	43, // 59: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
+	39, // 60: cyclone.v1.WaitRequest.logs:type_name -> cyclone.v1.LogLine
+	1,  // 61: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
+	36, // 62: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
+	34, // 63: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	4,  // 64: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	9,  // 65: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	11, // 66: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	14, // 67: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	24, // 68: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	26, // 69: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	28, // 70: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
+	30, // 71: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
+	20, // 72: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
+	5,  // 73: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	10, // 74: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	13, // 75: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	15, // 76: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	25, // 77: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	27, // 78: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	29, // 79: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
+	31, // 80: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
+	22, // 81: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
+	73, // [73:82] is the sub-list for method output_type
+	64, // [64:73] is the sub-list for method input_type
+	64, // [64:64] is the sub-list for extension type_name
+	64, // [64:64] is the sub-list for extension extendee
+	0,  // [0:64] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }

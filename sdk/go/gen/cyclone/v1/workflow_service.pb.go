@@ -151,7 +151,15 @@ type SubmitRequest struct {
 	StartAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=start_at,json=startAt,proto3" json:"start_at,omitempty"`
 	// Claim priority of every node of the run (Node.priority overrides it per node),
 	// -1000000 to 1000000, default 0. Higher first; see docs/flow-control.md.
-	Priority      int32 `protobuf:"varint,4,opt,name=priority,proto3" json:"priority,omitempty"`
+	Priority int32 `protobuf:"varint,4,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Tags of the run, key = value, fixed at submit: at most 16; a key is 1-64 letters,
+	// digits or . _ - / : ; a value at most 256 characters, no NUL. ListRuns and CountRuns
+	// filter by them.
+	Tags map[string]string `protobuf:"bytes,5,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The run's time limit: at the deadline the run is cancelled, its running steps told
+	// through their cancel signal, with the reason recorded. Unset: the workflow's default
+	// deadline, if any. Must be in the future and at most 366 days ahead.
+	Deadline      *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -214,6 +222,20 @@ func (x *SubmitRequest) GetPriority() int32 {
 	return 0
 }
 
+func (x *SubmitRequest) GetTags() map[string]string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
+func (x *SubmitRequest) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
 // Result of WorkflowService.Submit.
 type SubmitResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -274,7 +296,15 @@ type SubmitOnceRequest struct {
 	StartAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=start_at,json=startAt,proto3" json:"start_at,omitempty"`
 	// Claim priority of every node of the run (Node.priority overrides it per node),
 	// -1000000 to 1000000, default 0. Higher first; see docs/flow-control.md.
-	Priority      int32 `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
+	Priority int32 `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Tags of the run, key = value, fixed at submit: at most 16; a key is 1-64 letters,
+	// digits or . _ - / : ; a value at most 256 characters, no NUL. ListRuns and CountRuns
+	// filter by them.
+	Tags map[string]string `protobuf:"bytes,6,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The run's time limit: at the deadline the run is cancelled, its running steps told
+	// through their cancel signal, with the reason recorded. Unset: the workflow's default
+	// deadline, if any. Must be in the future and at most 366 days ahead.
+	Deadline      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -342,6 +372,20 @@ func (x *SubmitOnceRequest) GetPriority() int32 {
 		return x.Priority
 	}
 	return 0
+}
+
+func (x *SubmitOnceRequest) GetTags() map[string]string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
+func (x *SubmitOnceRequest) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
 }
 
 // Result of WorkflowService.SubmitOnce.
@@ -535,7 +579,9 @@ type ListRunsRequest struct {
 	// matching names first (at most 1000; more is INVALID_ARGUMENT).
 	WorkflowPrefix string `protobuf:"bytes,101,opt,name=workflow_prefix,json=workflowPrefix,proto3" json:"workflow_prefix,omitempty"`
 	// Only runs whose SubmitOnce key starts with this, when set.
-	KeyPrefix     string `protobuf:"bytes,102,opt,name=key_prefix,json=keyPrefix,proto3" json:"key_prefix,omitempty"`
+	KeyPrefix string `protobuf:"bytes,102,opt,name=key_prefix,json=keyPrefix,proto3" json:"key_prefix,omitempty"`
+	// Only runs carrying every one of these tags (key = value), when set: at most 4.
+	Tags          map[string]string `protobuf:"bytes,103,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -638,6 +684,13 @@ func (x *ListRunsRequest) GetKeyPrefix() string {
 		return x.KeyPrefix
 	}
 	return ""
+}
+
+func (x *ListRunsRequest) GetTags() map[string]string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
 }
 
 // Result of WorkflowService.ListRuns.
@@ -1312,7 +1365,9 @@ type CountRunsRequest struct {
 	// As ListRunsRequest's.
 	WorkflowPrefix string `protobuf:"bytes,101,opt,name=workflow_prefix,json=workflowPrefix,proto3" json:"workflow_prefix,omitempty"`
 	// As ListRunsRequest's.
-	KeyPrefix     string `protobuf:"bytes,102,opt,name=key_prefix,json=keyPrefix,proto3" json:"key_prefix,omitempty"`
+	KeyPrefix string `protobuf:"bytes,102,opt,name=key_prefix,json=keyPrefix,proto3" json:"key_prefix,omitempty"`
+	// As ListRunsRequest's.
+	Tags          map[string]string `protobuf:"bytes,103,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1408,6 +1463,13 @@ func (x *CountRunsRequest) GetKeyPrefix() string {
 		return x.KeyPrefix
 	}
 	return ""
+}
+
+func (x *CountRunsRequest) GetTags() map[string]string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
 }
 
 // Result of WorkflowService.CountRuns.
@@ -1987,20 +2049,30 @@ var File_cyclone_v1_workflow_service_proto protoreflect.FileDescriptor
 const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\n" +
 	"!cyclone/v1/workflow_service.proto\x12\n" +
-	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc2\x01\n" +
+	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xec\x02\n" +
 	"\rSubmitRequest\x120\n" +
 	"\bworkflow\x18\x01 \x01(\v2\x14.cyclone.v1.WorkflowR\bworkflow\x12,\n" +
 	"\x05input\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05input\x125\n" +
 	"\bstart_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\astartAt\x12\x1a\n" +
-	"\bpriority\x18\x04 \x01(\x05R\bpriority\"'\n" +
+	"\bpriority\x18\x04 \x01(\x05R\bpriority\x127\n" +
+	"\x04tags\x18\x05 \x03(\v2#.cyclone.v1.SubmitRequest.TagsEntryR\x04tags\x126\n" +
+	"\bdeadline\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x1a7\n" +
+	"\tTagsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"'\n" +
 	"\x0eSubmitResponse\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\"\xd8\x01\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\"\x86\x03\n" +
 	"\x11SubmitOnceRequest\x120\n" +
 	"\bworkflow\x18\x01 \x01(\v2\x14.cyclone.v1.WorkflowR\bworkflow\x12,\n" +
 	"\x05input\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05input\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x125\n" +
 	"\bstart_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\astartAt\x12\x1a\n" +
-	"\bpriority\x18\x05 \x01(\x05R\bpriority\"E\n" +
+	"\bpriority\x18\x05 \x01(\x05R\bpriority\x12;\n" +
+	"\x04tags\x18\x06 \x03(\v2'.cyclone.v1.SubmitOnceRequest.TagsEntryR\x04tags\x126\n" +
+	"\bdeadline\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x1a7\n" +
+	"\tTagsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"E\n" +
 	"\x12SubmitOnceResponse\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
 	"\acreated\x18\x02 \x01(\bR\acreated\"W\n" +
@@ -2009,7 +2081,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x04logs\x18\x02 \x01(\bR\x04logs\x12\x1b\n" +
 	"\tlogs_node\x18< \x01(\tR\blogsNode\"3\n" +
 	"\x0eGetRunResponse\x12!\n" +
-	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\x9e\x03\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\x92\x04\n" +
 	"\x0fListRunsRequest\x12\x1a\n" +
 	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x121\n" +
 	"\bstatuses\x18\x02 \x03(\x0e2\x15.cyclone.v1.RunStatusR\bstatuses\x12?\n" +
@@ -2022,7 +2094,11 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\rrun_id_prefix\x18d \x01(\tR\vrunIdPrefix\x12'\n" +
 	"\x0fworkflow_prefix\x18e \x01(\tR\x0eworkflowPrefix\x12\x1d\n" +
 	"\n" +
-	"key_prefix\x18f \x01(\tR\tkeyPrefix\"\x87\x01\n" +
+	"key_prefix\x18f \x01(\tR\tkeyPrefix\x129\n" +
+	"\x04tags\x18g \x03(\v2%.cyclone.v1.ListRunsRequest.TagsEntryR\x04tags\x1a7\n" +
+	"\tTagsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x01\n" +
 	"\x10ListRunsResponse\x12#\n" +
 	"\x04runs\x18\x01 \x03(\v2\x0f.cyclone.v1.RunR\x04runs\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12&\n" +
@@ -2068,7 +2144,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x03key\x18\x04 \x01(\tR\x03key\"H\n" +
 	"\x11SendEventResponse\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\x03R\aeventId\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"\xf9\x02\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"\xee\x03\n" +
 	"\x10CountRunsRequest\x12\x1a\n" +
 	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x121\n" +
 	"\bstatuses\x18\x02 \x03(\x0e2\x15.cyclone.v1.RunStatusR\bstatuses\x12?\n" +
@@ -2079,7 +2155,11 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\rrun_id_prefix\x18d \x01(\tR\vrunIdPrefix\x12'\n" +
 	"\x0fworkflow_prefix\x18e \x01(\tR\x0eworkflowPrefix\x12\x1d\n" +
 	"\n" +
-	"key_prefix\x18f \x01(\tR\tkeyPrefix\"A\n" +
+	"key_prefix\x18f \x01(\tR\tkeyPrefix\x12:\n" +
+	"\x04tags\x18g \x03(\v2&.cyclone.v1.CountRunsRequest.TagsEntryR\x04tags\x1a7\n" +
+	"\tTagsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"A\n" +
 	"\x11CountRunsResponse\x12,\n" +
 	"\x06counts\x18\x01 \x03(\v2\x14.cyclone.v1.RunCountR\x06counts\"j\n" +
 	"\bRunCount\x12-\n" +
@@ -2165,7 +2245,7 @@ func file_cyclone_v1_workflow_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_workflow_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(ExplainReason)(0),            // 0: cyclone.v1.ExplainReason
 	(*SubmitRequest)(nil),         // 1: cyclone.v1.SubmitRequest
@@ -2193,78 +2273,88 @@ var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(*ListWorkersRequest)(nil),    // 23: cyclone.v1.ListWorkersRequest
 	(*ListWorkersResponse)(nil),   // 24: cyclone.v1.ListWorkersResponse
 	(*WorkerSummary)(nil),         // 25: cyclone.v1.WorkerSummary
-	(*Workflow)(nil),              // 26: cyclone.v1.Workflow
-	(*structpb.Value)(nil),        // 27: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
-	(*Run)(nil),                   // 29: cyclone.v1.Run
-	(RunStatus)(0),                // 30: cyclone.v1.RunStatus
-	(*Step)(nil),                  // 31: cyclone.v1.Step
-	(*RunError)(nil),              // 32: cyclone.v1.RunError
-	(StepStatus)(0),               // 33: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 34: cyclone.v1.StepError
+	nil,                           // 26: cyclone.v1.SubmitRequest.TagsEntry
+	nil,                           // 27: cyclone.v1.SubmitOnceRequest.TagsEntry
+	nil,                           // 28: cyclone.v1.ListRunsRequest.TagsEntry
+	nil,                           // 29: cyclone.v1.CountRunsRequest.TagsEntry
+	(*Workflow)(nil),              // 30: cyclone.v1.Workflow
+	(*structpb.Value)(nil),        // 31: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*Run)(nil),                   // 33: cyclone.v1.Run
+	(RunStatus)(0),                // 34: cyclone.v1.RunStatus
+	(*Step)(nil),                  // 35: cyclone.v1.Step
+	(*RunError)(nil),              // 36: cyclone.v1.RunError
+	(StepStatus)(0),               // 37: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 38: cyclone.v1.StepError
 }
 var file_cyclone_v1_workflow_service_proto_depIdxs = []int32{
-	26, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
-	27, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
-	28, // 2: cyclone.v1.SubmitRequest.start_at:type_name -> google.protobuf.Timestamp
-	26, // 3: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
-	27, // 4: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
-	28, // 5: cyclone.v1.SubmitOnceRequest.start_at:type_name -> google.protobuf.Timestamp
-	29, // 6: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
-	30, // 7: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
-	28, // 8: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
-	28, // 9: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
-	29, // 10: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
-	29, // 11: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
-	0,  // 12: cyclone.v1.ExplainResponse.reason:type_name -> cyclone.v1.ExplainReason
-	31, // 13: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
-	30, // 14: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
-	32, // 15: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
-	13, // 16: cyclone.v1.ExplainResponse.upstream:type_name -> cyclone.v1.NodeState
-	14, // 17: cyclone.v1.ExplainResponse.action:type_name -> cyclone.v1.ActionActivity
-	33, // 18: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
-	34, // 19: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
-	28, // 20: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
-	28, // 21: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
-	27, // 22: cyclone.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
-	30, // 23: cyclone.v1.CountRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
-	28, // 24: cyclone.v1.CountRunsRequest.created_after:type_name -> google.protobuf.Timestamp
-	28, // 25: cyclone.v1.CountRunsRequest.created_before:type_name -> google.protobuf.Timestamp
-	19, // 26: cyclone.v1.CountRunsResponse.counts:type_name -> cyclone.v1.RunCount
-	30, // 27: cyclone.v1.RunCount.status:type_name -> cyclone.v1.RunStatus
-	33, // 28: cyclone.v1.ListStepsRequest.status:type_name -> cyclone.v1.StepStatus
-	22, // 29: cyclone.v1.ListStepsResponse.steps:type_name -> cyclone.v1.RunStep
-	31, // 30: cyclone.v1.RunStep.step:type_name -> cyclone.v1.Step
-	25, // 31: cyclone.v1.ListWorkersResponse.workers:type_name -> cyclone.v1.WorkerSummary
-	14, // 32: cyclone.v1.ListWorkersResponse.actions:type_name -> cyclone.v1.ActionActivity
-	28, // 33: cyclone.v1.WorkerSummary.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	28, // 34: cyclone.v1.WorkerSummary.unhealthy_since:type_name -> google.protobuf.Timestamp
-	28, // 35: cyclone.v1.WorkerSummary.last_seen_at:type_name -> google.protobuf.Timestamp
-	1,  // 36: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
-	3,  // 37: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
-	5,  // 38: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
-	7,  // 39: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
-	9,  // 40: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
-	11, // 41: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
-	15, // 42: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
-	17, // 43: cyclone.v1.WorkflowService.CountRuns:input_type -> cyclone.v1.CountRunsRequest
-	20, // 44: cyclone.v1.WorkflowService.ListSteps:input_type -> cyclone.v1.ListStepsRequest
-	23, // 45: cyclone.v1.WorkflowService.ListWorkers:input_type -> cyclone.v1.ListWorkersRequest
-	2,  // 46: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
-	4,  // 47: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
-	6,  // 48: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
-	8,  // 49: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
-	10, // 50: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
-	12, // 51: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
-	16, // 52: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
-	18, // 53: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
-	21, // 54: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
-	24, // 55: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
-	46, // [46:56] is the sub-list for method output_type
-	36, // [36:46] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	30, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
+	31, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
+	32, // 2: cyclone.v1.SubmitRequest.start_at:type_name -> google.protobuf.Timestamp
+	26, // 3: cyclone.v1.SubmitRequest.tags:type_name -> cyclone.v1.SubmitRequest.TagsEntry
+	32, // 4: cyclone.v1.SubmitRequest.deadline:type_name -> google.protobuf.Timestamp
+	30, // 5: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
+	31, // 6: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
+	32, // 7: cyclone.v1.SubmitOnceRequest.start_at:type_name -> google.protobuf.Timestamp
+	27, // 8: cyclone.v1.SubmitOnceRequest.tags:type_name -> cyclone.v1.SubmitOnceRequest.TagsEntry
+	32, // 9: cyclone.v1.SubmitOnceRequest.deadline:type_name -> google.protobuf.Timestamp
+	33, // 10: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
+	34, // 11: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
+	32, // 12: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
+	32, // 13: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
+	28, // 14: cyclone.v1.ListRunsRequest.tags:type_name -> cyclone.v1.ListRunsRequest.TagsEntry
+	33, // 15: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
+	33, // 16: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
+	0,  // 17: cyclone.v1.ExplainResponse.reason:type_name -> cyclone.v1.ExplainReason
+	35, // 18: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
+	34, // 19: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
+	36, // 20: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
+	13, // 21: cyclone.v1.ExplainResponse.upstream:type_name -> cyclone.v1.NodeState
+	14, // 22: cyclone.v1.ExplainResponse.action:type_name -> cyclone.v1.ActionActivity
+	37, // 23: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
+	38, // 24: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
+	32, // 25: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
+	32, // 26: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
+	31, // 27: cyclone.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
+	34, // 28: cyclone.v1.CountRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
+	32, // 29: cyclone.v1.CountRunsRequest.created_after:type_name -> google.protobuf.Timestamp
+	32, // 30: cyclone.v1.CountRunsRequest.created_before:type_name -> google.protobuf.Timestamp
+	29, // 31: cyclone.v1.CountRunsRequest.tags:type_name -> cyclone.v1.CountRunsRequest.TagsEntry
+	19, // 32: cyclone.v1.CountRunsResponse.counts:type_name -> cyclone.v1.RunCount
+	34, // 33: cyclone.v1.RunCount.status:type_name -> cyclone.v1.RunStatus
+	37, // 34: cyclone.v1.ListStepsRequest.status:type_name -> cyclone.v1.StepStatus
+	22, // 35: cyclone.v1.ListStepsResponse.steps:type_name -> cyclone.v1.RunStep
+	35, // 36: cyclone.v1.RunStep.step:type_name -> cyclone.v1.Step
+	25, // 37: cyclone.v1.ListWorkersResponse.workers:type_name -> cyclone.v1.WorkerSummary
+	14, // 38: cyclone.v1.ListWorkersResponse.actions:type_name -> cyclone.v1.ActionActivity
+	32, // 39: cyclone.v1.WorkerSummary.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	32, // 40: cyclone.v1.WorkerSummary.unhealthy_since:type_name -> google.protobuf.Timestamp
+	32, // 41: cyclone.v1.WorkerSummary.last_seen_at:type_name -> google.protobuf.Timestamp
+	1,  // 42: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
+	3,  // 43: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
+	5,  // 44: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
+	7,  // 45: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
+	9,  // 46: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
+	11, // 47: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
+	15, // 48: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
+	17, // 49: cyclone.v1.WorkflowService.CountRuns:input_type -> cyclone.v1.CountRunsRequest
+	20, // 50: cyclone.v1.WorkflowService.ListSteps:input_type -> cyclone.v1.ListStepsRequest
+	23, // 51: cyclone.v1.WorkflowService.ListWorkers:input_type -> cyclone.v1.ListWorkersRequest
+	2,  // 52: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
+	4,  // 53: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
+	6,  // 54: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
+	8,  // 55: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
+	10, // 56: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
+	12, // 57: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
+	16, // 58: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
+	18, // 59: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
+	21, // 60: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
+	24, // 61: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
+	52, // [52:62] is the sub-list for method output_type
+	42, // [42:52] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_workflow_service_proto_init() }
@@ -2279,7 +2369,7 @@ func file_cyclone_v1_workflow_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_workflow_service_proto_rawDesc), len(file_cyclone_v1_workflow_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
