@@ -114,8 +114,8 @@ BEGIN
         END IF;
         v_token := CASE WHEN v_end IS NULL THEN v_c
                         ELSE substr(p_template, v_pos, v_end - v_pos + 1) END;
-        v_field := substr(v_token, 2, length(v_token) - 2);
-        IF v_end IS NULL OR v_field !~ '^(run|node)(\.[A-Za-z0-9_-]+)+$' THEN
+        v_field := CASE WHEN v_end IS NOT NULL THEN substr(v_token, 2, length(v_token) - 2) END;
+        IF v_field IS NULL OR v_field !~ '^(run|node)(\.[A-Za-z0-9_-]+)+$' THEN
             PERFORM cyclone._refuse(format(
                 '%s: concurrency key %s: %s at %s is not a field: write {run.name} or '
                 '{node.name} (a dotted path), and {{ or }} for a brace',
