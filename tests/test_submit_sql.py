@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -49,12 +48,16 @@ def sql_submit(conn: psycopg.Connection, wf: Any, run_input: Any = None, **args:
     return row
 
 
-@pytest.fixture
-def app(cyclone_server: Any) -> Iterator[str]:
-    """The application's database, which holds its own orders table beside Cyclone."""
-    with psycopg.connect(cyclone_server.database_url, autocommit=True) as conn:
+def with_orders(database_url: str) -> str:
+    """The application's database: its own orders table beside Cyclone's."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE orders (id text PRIMARY KEY, run_id uuid)")
-    yield cyclone_server.database_url
+    return database_url
+
+
+@pytest.fixture
+def app(cyclone_server: Any) -> str:
+    return with_orders(cyclone_server.database_url)
 
 
 def orders(url: str) -> list[tuple]:
@@ -277,6 +280,11 @@ def _grpc_refusal(server: Any, case: Case) -> grpc.RpcError:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_submit_and_sql_submit_refuse_alike(cyclone_server, app, case: Case):
+    refused_alike(cyclone_server, app, case)
+
+
+def refused_alike(cyclone_server: Any, app: str, case: Case) -> None:
+    """Submit and cyclone.submit refuse ``case`` with its message, and write nothing."""
     refused = _grpc_refusal(cyclone_server, case)
     assert refused.code().name == case.code
     assert case.message in (refused.details() or "")
