@@ -255,7 +255,7 @@ BEGIN
                'name', j->>'name',
                'action', j->>'action',
                'depends_on', coalesce(nullif(j->'depends_on', 'null'), '[]'),
-               'trigger_rule', coalesce(j->>'trigger_rule', 'all_success'),
+               'trigger_rule', coalesce(nullif(j->>'trigger_rule', ''), 'all_success'),
                'max_attempts', coalesce(nullif(j #> '{retry,max_attempts}', 'null'), '3'),
                'initial_backoff_s', coalesce(nullif(j #> '{retry,initial_backoff}', 'null'), '1'),
                'max_backoff_s', coalesce(nullif(j #> '{retry,max_backoff}', 'null'), '300'),
@@ -562,7 +562,7 @@ $$;
 -- string of at most 256 characters.
 CREATE FUNCTION cyclone._submit_args_error(p_key text, p_start_at timestamptz,
                                            p_priority integer, p_tags jsonb) RETURNS text
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql AS $$
 SELECT CASE
     WHEN p_key = '' THEN 'submit key is empty'
     WHEN length(p_key) > 256
