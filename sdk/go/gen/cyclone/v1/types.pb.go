@@ -295,6 +295,59 @@ func (StepCallStatus) EnumDescriptor() ([]byte, []int) {
 	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
+// What a Pause holds back.
+type PauseKind int32
+
+const (
+	// Never returned.
+	PauseKind_PAUSE_KIND_UNSPECIFIED PauseKind = 0
+	// Every step of the runs of a workflow.
+	PauseKind_PAUSE_KIND_WORKFLOW PauseKind = 1
+	// Every step of an action (handler name), in any run.
+	PauseKind_PAUSE_KIND_ACTION PauseKind = 2
+)
+
+// Enum value maps for PauseKind.
+var (
+	PauseKind_name = map[int32]string{
+		0: "PAUSE_KIND_UNSPECIFIED",
+		1: "PAUSE_KIND_WORKFLOW",
+		2: "PAUSE_KIND_ACTION",
+	}
+	PauseKind_value = map[string]int32{
+		"PAUSE_KIND_UNSPECIFIED": 0,
+		"PAUSE_KIND_WORKFLOW":    1,
+		"PAUSE_KIND_ACTION":      2,
+	}
+)
+
+func (x PauseKind) Enum() *PauseKind {
+	p := new(PauseKind)
+	*p = x
+	return p
+}
+
+func (x PauseKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PauseKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_cyclone_v1_types_proto_enumTypes[4].Descriptor()
+}
+
+func (PauseKind) Type() protoreflect.EnumType {
+	return &file_cyclone_v1_types_proto_enumTypes[4]
+}
+
+func (x PauseKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PauseKind.Descriptor instead.
+func (PauseKind) EnumDescriptor() ([]byte, []int) {
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{4}
+}
+
 // A workflow definition: a named DAG of nodes. It is sent whole with every Submit;
 // the server keeps a copy with the run, so a run never changes when the code that
 // submitted it does.
@@ -725,7 +778,10 @@ type Run struct {
 	// The run's priority (SubmitRequest.priority), 0 by default.
 	Priority int32 `protobuf:"varint,16,opt,name=priority,proto3" json:"priority,omitempty"`
 	// The start time given to Submit; unset when the run started at once.
-	StartAt       *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=start_at,json=startAt,proto3" json:"start_at,omitempty"`
+	StartAt *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=start_at,json=startAt,proto3" json:"start_at,omitempty"`
+	// Set while the run is paused (AdminService.PauseRun): who paused it, why and when.
+	// A paused run keeps its status; none of its steps is claimed until ResumeRun.
+	Pause         *RunPause `protobuf:"bytes,20,opt,name=pause,proto3" json:"pause,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -875,6 +931,13 @@ func (x *Run) GetPriority() int32 {
 func (x *Run) GetStartAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.StartAt
+	}
+	return nil
+}
+
+func (x *Run) GetPause() *RunPause {
+	if x != nil {
+		return x.Pause
 	}
 	return nil
 }
@@ -1787,10 +1850,139 @@ func (x *StepError) GetAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// A pause of a run (Run.pause), a workflow or an action (Pause): who, why, when.
+type RunPause struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Who paused it: the authenticated identity, else the "cyclone-actor" metadata value.
+	Actor string `protobuf:"bytes,1,opt,name=actor,proto3" json:"actor,omitempty"`
+	// The reason given with the call; empty when none was.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// When it was paused.
+	At            *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunPause) Reset() {
+	*x = RunPause{}
+	mi := &file_cyclone_v1_types_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunPause) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunPause) ProtoMessage() {}
+
+func (x *RunPause) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_types_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunPause.ProtoReflect.Descriptor instead.
+func (*RunPause) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RunPause) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *RunPause) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RunPause) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+// A paused workflow or action (AdminService.ListPauses).
+type Pause struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Workflow or action.
+	Kind PauseKind `protobuf:"varint,1,opt,name=kind,proto3,enum=cyclone.v1.PauseKind" json:"kind,omitempty"`
+	// The workflow's or the action's name.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Who paused it, why and when.
+	Pause         *RunPause `protobuf:"bytes,3,opt,name=pause,proto3" json:"pause,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Pause) Reset() {
+	*x = Pause{}
+	mi := &file_cyclone_v1_types_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Pause) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Pause) ProtoMessage() {}
+
+func (x *Pause) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_types_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Pause.ProtoReflect.Descriptor instead.
+func (*Pause) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Pause) GetKind() PauseKind {
+	if x != nil {
+		return x.Kind
+	}
+	return PauseKind_PAUSE_KIND_UNSPECIFIED
+}
+
+func (x *Pause) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Pause) GetPause() *RunPause {
+	if x != nil {
+		return x.Pause
+	}
+	return nil
+}
+
 // One operator action, as recorded.
 type AuditEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "retry", "retry_all", "resolve_result", "resolve_error", "resolve_discard", "cancel".
+	// "retry", "retry_all", "resolve_result", "resolve_error", "resolve_discard", "cancel",
+	// "pause", "resume".
 	Action string `protobuf:"bytes,1,opt,name=action,proto3" json:"action,omitempty"`
 	// The node concerned, empty for run-wide actions.
 	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
@@ -1808,7 +2000,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[12]
+	mi := &file_cyclone_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1820,7 +2012,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[12]
+	mi := &file_cyclone_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1833,7 +2025,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AuditEntry) GetAction() string {
@@ -1912,7 +2104,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
 	"\vmax_backoff\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"maxBackoff\x12-\n" +
-	"\x12backoff_multiplier\x18\x04 \x01(\x01R\x11backoffMultiplier\"\xa8\x06\n" +
+	"\x12backoff_multiplier\x18\x04 \x01(\x01R\x11backoffMultiplier\"\xd4\x06\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
 	"\bworkflow\x18\x02 \x01(\tR\bworkflow\x12-\n" +
@@ -1937,7 +2129,8 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"parentNode\x12$\n" +
 	"\x0eparent_step_id\x18\x0f \x01(\tR\fparentStepId\x12\x1a\n" +
 	"\bpriority\x18\x10 \x01(\x05R\bpriority\x125\n" +
-	"\bstart_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\astartAt\x1a=\n" +
+	"\bstart_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\astartAt\x12*\n" +
+	"\x05pause\x18\x14 \x01(\v2\x14.cyclone.v1.RunPauseR\x05pause\x1a=\n" +
 	"\x0fStepCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xba\x01\n" +
@@ -2032,7 +2225,15 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x18\n" +
 	"\adetails\x18\x05 \x01(\tR\adetails\x12\x1c\n" +
 	"\tretryable\x18\x06 \x01(\bR\tretryable\x12*\n" +
-	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xc4\x01\n" +
+	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"d\n" +
+	"\bRunPause\x12\x14\n" +
+	"\x05actor\x18\x01 \x01(\tR\x05actor\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12*\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"r\n" +
+	"\x05Pause\x12)\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x15.cyclone.v1.PauseKindR\x04kind\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12*\n" +
+	"\x05pause\x18\x03 \x01(\v2\x14.cyclone.v1.RunPauseR\x05pause\"\xc4\x01\n" +
 	"\n" +
 	"AuditEntry\x12\x16\n" +
 	"\x06action\x18\x01 \x01(\tR\x06action\x12\x12\n" +
@@ -2070,7 +2271,11 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x1aSTEP_CALL_STATUS_SUCCEEDED\x10\x02\x12\x1b\n" +
 	"\x17STEP_CALL_STATUS_FAILED\x10\x03\x12\x1c\n" +
 	"\x18STEP_CALL_STATUS_WAITING\x10\x04\x12\x1e\n" +
-	"\x1aSTEP_CALL_STATUS_CANCELLED\x10<b\x06proto3"
+	"\x1aSTEP_CALL_STATUS_CANCELLED\x10<*W\n" +
+	"\tPauseKind\x12\x1a\n" +
+	"\x16PAUSE_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13PAUSE_KIND_WORKFLOW\x10\x01\x12\x15\n" +
+	"\x11PAUSE_KIND_ACTION\x10\x02b\x06proto3"
 
 var (
 	file_cyclone_v1_types_proto_rawDescOnce sync.Once
@@ -2084,86 +2289,93 @@ func file_cyclone_v1_types_proto_rawDescGZIP() []byte {
 	return file_cyclone_v1_types_proto_rawDescData
 }
 
-var file_cyclone_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_cyclone_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_cyclone_v1_types_proto_goTypes = []any{
 	(TriggerRule)(0),              // 0: cyclone.v1.TriggerRule
 	(RunStatus)(0),                // 1: cyclone.v1.RunStatus
 	(StepStatus)(0),               // 2: cyclone.v1.StepStatus
 	(StepCallStatus)(0),           // 3: cyclone.v1.StepCallStatus
-	(*Workflow)(nil),              // 4: cyclone.v1.Workflow
-	(*Node)(nil),                  // 5: cyclone.v1.Node
-	(*EventWait)(nil),             // 6: cyclone.v1.EventWait
-	(*ConcurrencyLimit)(nil),      // 7: cyclone.v1.ConcurrencyLimit
-	(*RetryPolicy)(nil),           // 8: cyclone.v1.RetryPolicy
-	(*Run)(nil),                   // 9: cyclone.v1.Run
-	(*RunError)(nil),              // 10: cyclone.v1.RunError
-	(*Step)(nil),                  // 11: cyclone.v1.Step
-	(*LogLine)(nil),               // 12: cyclone.v1.LogLine
-	(*StepCall)(nil),              // 13: cyclone.v1.StepCall
-	(*StepCallError)(nil),         // 14: cyclone.v1.StepCallError
-	(*StepError)(nil),             // 15: cyclone.v1.StepError
-	(*AuditEntry)(nil),            // 16: cyclone.v1.AuditEntry
-	nil,                           // 17: cyclone.v1.Run.StepCountsEntry
-	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 19: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(PauseKind)(0),                // 4: cyclone.v1.PauseKind
+	(*Workflow)(nil),              // 5: cyclone.v1.Workflow
+	(*Node)(nil),                  // 6: cyclone.v1.Node
+	(*EventWait)(nil),             // 7: cyclone.v1.EventWait
+	(*ConcurrencyLimit)(nil),      // 8: cyclone.v1.ConcurrencyLimit
+	(*RetryPolicy)(nil),           // 9: cyclone.v1.RetryPolicy
+	(*Run)(nil),                   // 10: cyclone.v1.Run
+	(*RunError)(nil),              // 11: cyclone.v1.RunError
+	(*Step)(nil),                  // 12: cyclone.v1.Step
+	(*LogLine)(nil),               // 13: cyclone.v1.LogLine
+	(*StepCall)(nil),              // 14: cyclone.v1.StepCall
+	(*StepCallError)(nil),         // 15: cyclone.v1.StepCallError
+	(*StepError)(nil),             // 16: cyclone.v1.StepError
+	(*RunPause)(nil),              // 17: cyclone.v1.RunPause
+	(*Pause)(nil),                 // 18: cyclone.v1.Pause
+	(*AuditEntry)(nil),            // 19: cyclone.v1.AuditEntry
+	nil,                           // 20: cyclone.v1.Run.StepCountsEntry
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 22: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_cyclone_v1_types_proto_depIdxs = []int32{
-	5,  // 0: cyclone.v1.Workflow.nodes:type_name -> cyclone.v1.Node
+	6,  // 0: cyclone.v1.Workflow.nodes:type_name -> cyclone.v1.Node
 	0,  // 1: cyclone.v1.Node.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	8,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
-	18, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
-	19, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
-	6,  // 5: cyclone.v1.Node.event:type_name -> cyclone.v1.EventWait
-	7,  // 6: cyclone.v1.Node.concurrency:type_name -> cyclone.v1.ConcurrencyLimit
-	18, // 7: cyclone.v1.EventWait.timeout:type_name -> google.protobuf.Duration
-	18, // 8: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	18, // 9: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	9,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
+	21, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
+	22, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
+	7,  // 5: cyclone.v1.Node.event:type_name -> cyclone.v1.EventWait
+	8,  // 6: cyclone.v1.Node.concurrency:type_name -> cyclone.v1.ConcurrencyLimit
+	21, // 7: cyclone.v1.EventWait.timeout:type_name -> google.protobuf.Duration
+	21, // 8: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	21, // 9: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
 	1,  // 10: cyclone.v1.Run.status:type_name -> cyclone.v1.RunStatus
-	19, // 11: cyclone.v1.Run.input:type_name -> google.protobuf.Value
-	10, // 12: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
-	20, // 13: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	20, // 14: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	20, // 15: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	11, // 16: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
-	16, // 17: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
-	17, // 18: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
-	20, // 19: cyclone.v1.Run.start_at:type_name -> google.protobuf.Timestamp
-	20, // 20: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
-	2,  // 21: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
-	0,  // 22: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	19, // 23: cyclone.v1.Step.input:type_name -> google.protobuf.Value
-	19, // 24: cyclone.v1.Step.output:type_name -> google.protobuf.Value
-	15, // 25: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
-	20, // 26: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
-	20, // 27: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
-	20, // 28: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
-	20, // 29: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
-	18, // 30: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
-	19, // 31: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
-	20, // 32: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	13, // 33: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
-	12, // 34: cyclone.v1.Step.logs:type_name -> cyclone.v1.LogLine
-	8,  // 35: cyclone.v1.Step.retry:type_name -> cyclone.v1.RetryPolicy
-	20, // 36: cyclone.v1.Step.waiting_until:type_name -> google.protobuf.Timestamp
-	20, // 37: cyclone.v1.LogLine.at:type_name -> google.protobuf.Timestamp
-	3,  // 38: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
-	19, // 39: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
-	14, // 40: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
-	20, // 41: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
-	20, // 42: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
-	20, // 43: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
-	19, // 44: cyclone.v1.StepCallError.args:type_name -> google.protobuf.Value
-	19, // 45: cyclone.v1.StepCallError.attributes:type_name -> google.protobuf.Value
-	20, // 46: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
-	20, // 47: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	19, // 48: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
-	49, // [49:49] is the sub-list for method output_type
-	49, // [49:49] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	22, // 11: cyclone.v1.Run.input:type_name -> google.protobuf.Value
+	11, // 12: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
+	23, // 13: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	23, // 14: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	23, // 15: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	12, // 16: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
+	19, // 17: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
+	20, // 18: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
+	23, // 19: cyclone.v1.Run.start_at:type_name -> google.protobuf.Timestamp
+	17, // 20: cyclone.v1.Run.pause:type_name -> cyclone.v1.RunPause
+	23, // 21: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
+	2,  // 22: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
+	0,  // 23: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
+	22, // 24: cyclone.v1.Step.input:type_name -> google.protobuf.Value
+	22, // 25: cyclone.v1.Step.output:type_name -> google.protobuf.Value
+	16, // 26: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
+	23, // 27: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
+	23, // 28: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
+	23, // 29: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
+	23, // 30: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
+	21, // 31: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
+	22, // 32: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
+	23, // 33: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	14, // 34: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
+	13, // 35: cyclone.v1.Step.logs:type_name -> cyclone.v1.LogLine
+	9,  // 36: cyclone.v1.Step.retry:type_name -> cyclone.v1.RetryPolicy
+	23, // 37: cyclone.v1.Step.waiting_until:type_name -> google.protobuf.Timestamp
+	23, // 38: cyclone.v1.LogLine.at:type_name -> google.protobuf.Timestamp
+	3,  // 39: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
+	22, // 40: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
+	15, // 41: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
+	23, // 42: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
+	23, // 43: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
+	23, // 44: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
+	22, // 45: cyclone.v1.StepCallError.args:type_name -> google.protobuf.Value
+	22, // 46: cyclone.v1.StepCallError.attributes:type_name -> google.protobuf.Value
+	23, // 47: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
+	23, // 48: cyclone.v1.RunPause.at:type_name -> google.protobuf.Timestamp
+	4,  // 49: cyclone.v1.Pause.kind:type_name -> cyclone.v1.PauseKind
+	17, // 50: cyclone.v1.Pause.pause:type_name -> cyclone.v1.RunPause
+	23, // 51: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	22, // 52: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
+	53, // [53:53] is the sub-list for method output_type
+	53, // [53:53] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_types_proto_init() }
@@ -2177,8 +2389,8 @@ func file_cyclone_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_types_proto_rawDesc), len(file_cyclone_v1_types_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   14,
+			NumEnums:      5,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
