@@ -263,3 +263,68 @@ def test_the_engine_refuses_names_no_workflow_has(cyclone_server: Any) -> None:
             with pytest.raises(psycopg.Error) as info:
                 conn.execute("SELECT cyclone.pause_set(%s, %s, 'me', '')", (kind, name))
             assert info.value.sqlstate == "CY004"
+
+
+@pytest.mark.slow
+def test_no_step_of_a_paused_run_starts_under_claims_from_three_servers(
+    server_factory: Any,
+) -> None:
+    servers = [server_factory() for _ in range(3)]
+    # Chains, so that a pause meets each run half way: the run's claims go one by one.
+    nodes = [node("n0")] + [node(f"n{i}", deps=[f"n{i - 1}"]) for i in range(1, 30)]
+    runs = [submit(servers[0], workflow("w", *nodes)) for _ in range(16)]
+    to_pause, to_run = runs[::2], runs[1::2]
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def work(server: Any, worker: str) -> None:
+        try:
+            while not stop.is_set():
+                for step in claim(server, n=3, worker=worker):
+                    complete(server, step, step.node)
+        except BaseException as exc:  # reported by the main thread
+            failures.append(exc)
+
+    claimers = [
+        threading.Thread(target=work, args=(s, f"w{i}-{j}"))
+        for i, s in enumerate(servers)
+        for j in range(2)
+    ]
+    for t in claimers:
+        t.start()
+    started: dict[str, set[str]] = {}
+    for i, run_id in enumerate(to_pause):
+        assert pause_run(servers[i % 3], run_id).changed
+        # Every claim of the run committed before the pause did (the pause waits for the
+        # locks of the steps being claimed): from here on no attempt may start.
+        started[run_id] = {
+            r[0]
+            for r in servers[0].sql(
+                "SELECT node FROM cyclone.steps WHERE run_id = %s::uuid AND attempt > 0", run_id
+            )
+        }
+    try:
+        for run_id in to_run:
+            while run_status(get_run(servers[0], run_id)) != "completed" and not failures:
+                claim(servers[0], "idle", wait=0.2)  # let the claimers go on
+    finally:
+        stop.set()
+        for t in claimers:
+            t.join()
+    assert not failures, failures
+    for run_id in to_pause:
+        now_started = {
+            r[0]
+            for r in servers[0].sql(
+                "SELECT node FROM cyclone.steps WHERE run_id = %s::uuid AND attempt > 0", run_id
+            )
+        }
+        assert now_started == started[run_id], run_id
+        if len(started[run_id]) < len(nodes):
+            assert run_status(get_run(servers[0], run_id)) == "running"
+    for run_id in to_pause:
+        resume_run(servers[1], run_id)
+    while steps := claim(servers[2], n=50):
+        for step in steps:
+            complete(servers[2], step, step.node)
+    assert {run_status(get_run(servers[0], r)) for r in runs} == {"completed"}
