@@ -328,3 +328,77 @@ def test_no_step_of_a_paused_run_starts_under_claims_from_three_servers(
         for step in steps:
             complete(servers[2], step, step.node)
     assert {run_status(get_run(servers[0], r)) for r in runs} == {"completed"}
+
+
+def test_the_command_line_pauses_resumes_and_lists(cyclone_server: Any) -> None:
+    import contextlib
+    import io
+
+    from pyclient import cli
+
+    def run(*argv: str) -> tuple[int, str]:
+        out = io.StringIO()
+        full = ["--address", cyclone_server.address, "--actor", "carol", *argv]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            try:
+                code = cli.main(full)
+            except SystemExit as exc:
+                code = exc.code
+        return int(code or 0), out.getvalue()
+
+    run_id = submit(cyclone_server, workflow("billing", node("a", "charge")))
+    code, out = run("pause", "run", run_id, "--reason", "checking")
+    assert code == 0 and f"run {run_id} paused" in out
+    assert "already paused" in run("pause", "run", run_id)[1]
+    code, out = run("run", "show", run_id)
+    assert "PAUSED by carol" in out and "checking" in out
+    assert claim(cyclone_server, "charge") == []
+    assert run("resume", "run", run_id)[0] == 0
+    assert "workflow billing paused" in run("pause", "workflow", "billing", "--reason", "x")[1]
+    assert "action charge paused" in run("pause", "action", "charge")[1]
+    code, out = run("pauses")
+    assert code == 0 and "workflow billing" in out and "action   charge" in out
+    code, out = run("--json", "pauses")
+    assert [(p["kind"], p["name"]) for p in __import__("json").loads(out)] == [
+        ("workflow", "billing"),
+        ("action", "charge"),
+    ]
+    assert claim(cyclone_server, "charge") == []
+    assert run("resume", "workflow", "billing")[0] == 0
+    assert run("resume", "action", "charge")[0] == 0
+    assert "nothing is paused" in run("pauses")[1]
+    assert [s.node for s in claim(cyclone_server, "charge")] == ["a"]
+    code, _ = run("pause", "workflow", "bad name")
+    assert code == 1
+    code, _ = run("pause", "run", str(uuid.uuid4()))
+    assert code == 1
+
+
+def test_the_python_clients_pause_and_resume(cyclone_server: Any) -> None:
+    import asyncio
+
+    from pyclient import AsyncClient, Client
+
+    run_id = submit(cyclone_server, workflow("w", node("a")))
+    with Client(cyclone_server.address, actor="dana") as client:
+        paused = client.pause_run(run_id, "why not")
+        assert paused.changed and paused.run.pause is not None
+        assert paused.run.pause.actor == "dana" and paused.run.pause.reason == "why not"
+        assert client.get_run(run_id).pause is not None
+        assert not client.pause_run(run_id).changed
+        assert client.resume_run(run_id).run.pause is None
+        held = client.pause_action("work", "later")
+        assert held.changed and held.pause is not None and held.pause.actor == "dana"
+        assert [p.name for p in client.list_pauses()] == ["work"]
+
+    async def async_side() -> None:
+        async with AsyncClient(cyclone_server.address, actor="dana") as client:
+            assert (await client.resume_action("work")).changed
+            assert (await client.pause_workflow("w")).changed
+            assert [p.kind for p in await client.list_pauses()] == ["workflow"]
+            assert (await client.resume_workflow("w")).changed
+            assert (await client.pause_run(run_id)).changed
+            assert (await client.resume_run(run_id)).changed
+
+    asyncio.run(async_side())
+    assert [s.node for s in claim(cyclone_server)] == ["a"]
