@@ -10,7 +10,7 @@ from typing import Any
 from tests.console_thread import ConsoleThread
 from tests.helpers import claim, get_run, node, submit, workflow
 from tests.test_auth import TOKENS, bearer, write_tokens
-from tests.test_console_html import Browserless, csrf_of, visitor
+from tests.test_console_html import Browserless, csrf_of, signed_in, visitor
 
 __all__ = ["visitor"]  # the fixture, used by name
 
@@ -58,12 +58,7 @@ def test_a_client_token_cannot_pause_a_run_and_nothing_changes(
     ).run_id
     console = ConsoleThread(server.address)
     try:
-        client = Browserless(console.url)
-        login = client.get("/login")
-        signed = client.post(
-            "/login", {"token": TOKENS["client"], "next": "/runs", "csrf": csrf_of(login)}
-        )
-        assert signed.status == 303
+        client = signed_in(console.url, TOKENS["client"])
         confirm = client.get(f"/runs/{run_id}/act/pause")
         refused = client.post(
             f"/runs/{run_id}/act/pause", {"reason": "x", "csrf": csrf_of(confirm)}
