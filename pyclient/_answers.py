@@ -98,6 +98,7 @@ class ExplainReason(enum.StrEnum):
     RATE_LIMITED = "rate_limited"
     WAITING = "waiting"
     NOT_BEFORE = "not_before"
+    PAUSED = "paused"
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,3 +70,15 @@ def test_a_client_token_cannot_pause_a_run_and_nothing_changes(
         assert not run.HasField("pause") and list(run.audit) == []
     finally:
         console.stop()
+
+
+def test_the_node_of_a_paused_run_says_why_on_its_page(
+    cyclone_server: Any, visitor: Browserless
+) -> None:
+    from tests.test_pauses import pause_run
+
+    run_id = submit(cyclone_server, workflow("order", node("charge")))
+    pause_run(cyclone_server, run_id, "audit")
+    page = visitor.get(f"/runs/{run_id}?node=charge")
+    assert page.status == 200
+    assert "Why: paused" in page.text and "paused by ops@example" in page.text

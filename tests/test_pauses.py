@@ -385,6 +385,7 @@ def test_the_python_clients_pause_and_resume(cyclone_server: Any) -> None:
         assert paused.changed and paused.run.pause is not None
         assert paused.run.pause.actor == "dana" and paused.run.pause.reason == "why not"
         assert client.get_run(run_id).pause is not None
+        assert client.explain(run_id, "a").reason == "paused"
         assert not client.pause_run(run_id).changed
         assert client.resume_run(run_id).run.pause is None
         held = client.pause_action("work", "later")
