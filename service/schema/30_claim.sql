@@ -198,12 +198,14 @@ BEGIN
                            GROUP BY k.concurrency_key
                           HAVING count(*) >= min(k.concurrency_limit))))
               -- Pass over the runs of a paused workflow: the run is looked up only
-              -- while some workflow is paused (the first test is read once per claim).
+              -- while some workflow is paused (the first test, and the list, are read
+              -- once per claim). A scalar lookup of the run by key, OFFSET 0 keeping it
+              -- one: written as NOT EXISTS, PostgreSQL 18 made it a hashed subplan
+              -- that read every run.
               AND (NOT EXISTS (SELECT 1 FROM cyclone.pauses p WHERE p.kind = 'workflow')
-                   OR NOT EXISTS (SELECT 1 FROM cyclone.runs w
-                                    JOIN cyclone.pauses p
-                                      ON p.kind = 'workflow' AND p.name = w.workflow
-                                   WHERE w.run_id = s.run_id))
+                   OR (SELECT w.workflow FROM cyclone.runs w WHERE w.run_id = s.run_id OFFSET 0)
+                      <> ALL (ARRAY(SELECT p.name FROM cyclone.pauses p
+                                     WHERE p.kind = 'workflow')))
             ORDER BY s.priority DESC, s.available_at
             LIMIT a.room
               FOR UPDATE SKIP LOCKED) c
