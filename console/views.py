@@ -205,6 +205,10 @@ def run_actions(run: Run) -> list[str]:
         offered.append("resolve")
     if run.status == RunStatus.FAILED:
         offered.append("retry-all")
+    if run.pause is not None:
+        offered.append("resume")
+    elif run.status in (RunStatus.RUNNING, RunStatus.BLOCKED):
+        offered.append("pause")
     if run.status in (RunStatus.RUNNING, RunStatus.BLOCKED, RunStatus.FAILED):
         offered.append("cancel")
     return offered
@@ -235,6 +239,8 @@ def awaited_event(step: Step) -> str:
 #: Each action: its title, and whether it names a node.
 ACTIONS: Mapping[str, tuple[str, bool]] = {
     "cancel": ("Cancel the run", False),
+    "pause": ("Pause the run: none of its steps is claimed until it is resumed", False),
+    "resume": ("Resume the run", False),
     "retry-all": ("Retry every discarded node", False),
     "retry": ("Retry this node", True),
     "resolve": ("Resolve the blocked run", True),
@@ -288,6 +294,10 @@ async def act(request: Request) -> Response:
         if action == "cancel":
             await client.cancel(run_id, reason)
             done = "Run cancelled."
+        elif action in ("pause", "resume"):
+            change = client.pause_run if action == "pause" else client.resume_run
+            changed = (await change(run_id, reason)).changed
+            done = f"Run {action}d." if changed else f"Nothing changed: the run was not {action}d."
         elif action == "retry-all":
             retried = await client.retry_all(run_id, reason)
             done = f"Reopened {', '.join(retried.nodes)}."

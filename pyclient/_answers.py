@@ -11,7 +11,9 @@ from typing import Any
 
 from cyclone.v1 import admin_service_pb2, schedule_service_pb2, types_pb2, workflow_service_pb2
 from pyclient._runs import (
+    Run,
     RunError,
+    RunPause,
     RunStatus,
     Step,
     StepError,
@@ -96,6 +98,7 @@ class ExplainReason(enum.StrEnum):
     RATE_LIMITED = "rate_limited"
     WAITING = "waiting"
     NOT_BEFORE = "not_before"
+    PAUSED = "paused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,3 +301,42 @@ class BuildMoved:
 
     def to_dict(self) -> dict[str, Any]:
         return {"nodes_moved": self.nodes_moved, "runs_moved": self.runs_moved}
+
+
+@dataclass(frozen=True, slots=True)
+class Paused:
+    """What pause_run / resume_run answer: the run after the call, and whether it
+    changed anything (False: it was paused already, or not paused)."""
+
+    run: Run
+    changed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"changed": self.changed, "run": self.run.to_dict()}
+
+
+@dataclass(frozen=True, slots=True)
+class NamePause:
+    """A paused workflow or action (``kind``), as list_pauses shows it, or what
+    pause_workflow, pause_action and their resumes answer (``changed``: False when it
+    was paused already, or not paused; ``pause`` None after a resume)."""
+
+    kind: str
+    name: str
+    changed: bool
+    pause: RunPause | None
+
+    def to_dict(self) -> dict[str, Any]:
+        pause = self.pause
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "changed": self.changed,
+            "pause": None
+            if pause is None
+            else {
+                "actor": pause.actor,
+                "reason": pause.reason,
+                "at": pause.at.isoformat() if pause.at else None,
+            },
+        }

@@ -38,17 +38,18 @@ from pyclient._commands import (
     _submit,
     _wait,
 )
+from pyclient._pause_cli import pause_commands
 from pyclient.client import default_address
 from pyclient.models import RunStatus
 
 DESCRIPTION = """\
 Operate Cyclone, the durable workflow service: submit workflows, inspect runs, ask
 why a node is not running (explain), and steer runs (retry discarded nodes, resolve
-blocked runs, cancel).
+blocked runs, cancel, pause and resume runs, workflows and actions).
 
 The server is --address (default $CYCLONE_ADDRESS or 127.0.0.1:50051); --token (default
 $CYCLONE_TOKEN) is sent as a bearer token; --actor (default $CYCLONE_ACTOR or your user
-name) is recorded in the audit trail of retry, resolve and cancel. --json prints
+name) is recorded in the audit trail of retry, resolve, cancel and pause. --json prints
 machine-readable output. Options go before or after the command.
 
 Exit status: 0 success (a run waited for completed); 1 the call failed or was refused,
@@ -198,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         _logs_command,
         _runs_commands,
         _operator_commands,
+        pause_commands,
         _schedule_commands,
         _builds_commands,
         _event_commands,

@@ -177,6 +177,15 @@ def run_view(run: Run) -> Group:
         )
     for node, step_id, child in run.children:
         parts.append(Text(f"  child run {child}  (node {node}, step call {step_id})"))
+    if run.pause is not None:
+        why = f": {run.pause.reason}" if run.pause.reason else ""
+        parts.append(
+            Text(
+                f"  PAUSED by {run.pause.actor or '?'} {when(run.pause.at)}{why} "
+                f"(cyclone resume run {run.run_id})",
+                "yellow",
+            )
+        )
     if run.error is not None:
         e = run.error
         call = f", step call {e.step_id}" if e.step_id else ""

@@ -30,6 +30,9 @@ from cyclone.v1 import (
     schedule_service_pb2_grpc as schedule_grpc,
 )
 from cyclone.v1 import (
+    types_pb2,
+)
+from cyclone.v1 import (
     workflow_service_pb2 as wf_pb,
 )
 from cyclone.v1 import (
@@ -43,10 +46,13 @@ from pyclient.models import (
     BuildRun,
     EventSent,
     Explanation,
+    NamePause,
+    Paused,
     Retried,
     Run,
     RunCount,
     RunPage,
+    RunPause,
     RunStatus,
     RunStep,
     Schedule,
@@ -376,6 +382,42 @@ class calls:
             from_build_id=from_build_id, to_build_id=to_build_id, reason=reason
         )
         return Call("admin", "MoveBuild", req, lambda r: BuildMoved(r.nodes_moved, r.runs_moved))
+
+    @staticmethod
+    def pause_run(run_id: str, reason: str) -> Call[Paused]:
+        req = admin_pb.PauseRunRequest(run_id=run_id, reason=reason)
+        return Call("admin", "PauseRun", req, lambda r: Paused(Run.from_proto(r.run), r.changed))
+
+    @staticmethod
+    def resume_run(run_id: str, reason: str) -> Call[Paused]:
+        req = admin_pb.ResumeRunRequest(run_id=run_id, reason=reason)
+        return Call("admin", "ResumeRun", req, lambda r: Paused(Run.from_proto(r.run), r.changed))
+
+    @staticmethod
+    def pause_name(kind: str, name: str, reason: str, pause: bool) -> Call[NamePause]:
+        """PauseWorkflow, ResumeWorkflow, PauseAction, ResumeAction (``kind``)."""
+        verb = "Pause" if pause else "Resume"
+        method = verb + kind.capitalize()
+        req = getattr(admin_pb, method + "Request")(name=name, reason=reason)
+
+        def answer(r: Any) -> NamePause:
+            held = RunPause.from_proto(r.pause) if pause and r.HasField("pause") else None
+            return NamePause(kind, name, bool(r.changed), held)
+
+        return Call("admin", method, req, answer)
+
+    @staticmethod
+    def list_pauses() -> Call[list[NamePause]]:
+        kinds = {types_pb2.PAUSE_KIND_WORKFLOW: "workflow", types_pb2.PAUSE_KIND_ACTION: "action"}
+        return Call(
+            "admin",
+            "ListPauses",
+            admin_pb.ListPausesRequest(),
+            lambda r: [
+                NamePause(kinds.get(p.kind, "?"), p.name, False, RunPause.from_proto(p.pause))
+                for p in r.pauses
+            ],
+        )
 
 
 _OVERLAP = {"skip": schedule_pb.OVERLAP_POLICY_SKIP, "allow": schedule_pb.OVERLAP_POLICY_ALLOW}

@@ -356,6 +356,19 @@ class AuditEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class RunPause:
+    """A pause of a run (``Run.pause``), a workflow or an action: who, why, when."""
+
+    actor: str
+    reason: str
+    at: dt.datetime | None
+
+    @classmethod
+    def from_proto(cls, p: types_pb2.RunPause) -> RunPause:
+        return _build(cls, p)
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     """One execution of a workflow. ``steps`` and ``audit`` are filled by get_run only."""
 
@@ -394,6 +407,8 @@ class Run:
     #: The run's priority (get_run only) and the start time given to submit.
     priority: int = 0
     start_at: dt.datetime | None = None
+    #: Set while the run is paused (pause_run): no step of it is claimed until resume_run.
+    pause: RunPause | None = None
 
     def step(self, node: str) -> Step:
         """The step of ``node``; KeyError when the run has none (or steps were not loaded)."""
@@ -416,6 +431,7 @@ class Run:
             error=RunError.from_proto(p.error) if p.HasField("error") else None,
             steps=tuple(Step.from_proto(s) for s in p.steps),
             audit=tuple(AuditEntry.from_proto(a) for a in p.audit),
+            pause=RunPause.from_proto(p.pause) if p.HasField("pause") else None,
         )
 
 

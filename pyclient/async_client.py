@@ -30,6 +30,8 @@ from pyclient.models import (
     BuildRun,
     EventSent,
     Explanation,
+    NamePause,
+    Paused,
     Retried,
     Run,
     RunCount,
@@ -279,6 +281,29 @@ class AsyncClient:
         self, from_build_id: str, to_build_id: str, reason: str = ""
     ) -> BuildMoved:
         return await self._invoke(calls.move_build(from_build_id, to_build_id, reason))
+
+    # Pauses -----------------------------------------------------------------------
+
+    async def pause_run(self, run_id: str, reason: str = "") -> Paused:
+        return await self._invoke(calls.pause_run(run_id, reason))
+
+    async def resume_run(self, run_id: str, reason: str = "") -> Paused:
+        return await self._invoke(calls.resume_run(run_id, reason))
+
+    async def pause_workflow(self, name: str, reason: str = "") -> NamePause:
+        return await self._invoke(calls.pause_name("workflow", name, reason, True))
+
+    async def resume_workflow(self, name: str, reason: str = "") -> NamePause:
+        return await self._invoke(calls.pause_name("workflow", name, reason, False))
+
+    async def pause_action(self, name: str, reason: str = "") -> NamePause:
+        return await self._invoke(calls.pause_name("action", name, reason, True))
+
+    async def resume_action(self, name: str, reason: str = "") -> NamePause:
+        return await self._invoke(calls.pause_name("action", name, reason, False))
+
+    async def list_pauses(self) -> list[NamePause]:
+        return await self._invoke(calls.list_pauses())
 
     async def create_schedule(
         self,

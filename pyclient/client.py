@@ -38,6 +38,8 @@ from pyclient.models import (
     BuildRun,
     EventSent,
     Explanation,
+    NamePause,
+    Paused,
     Retried,
     Run,
     RunCount,
@@ -352,6 +354,40 @@ class Client:
     def move_build(self, from_build_id: str, to_build_id: str, reason: str = "") -> BuildMoved:
         """Move the unfinished nodes pinned to a retired build to another build."""
         return self._invoke(calls.move_build(from_build_id, to_build_id, reason))
+
+    # Pauses -----------------------------------------------------------------------
+
+    def pause_run(self, run_id: str, reason: str = "") -> Paused:
+        """Pause a running or blocked run: no step of it is claimed until resume_run;
+        running steps go on. ``changed`` is False when it was paused already."""
+        return self._invoke(calls.pause_run(run_id, reason))
+
+    def resume_run(self, run_id: str, reason: str = "") -> Paused:
+        """Resume a paused run: its held steps are claimable again. ``changed`` is
+        False when it was not paused."""
+        return self._invoke(calls.resume_run(run_id, reason))
+
+    def pause_workflow(self, name: str, reason: str = "") -> NamePause:
+        """Pause a workflow: no server hands out a step of any run of it until
+        resume_workflow."""
+        return self._invoke(calls.pause_name("workflow", name, reason, True))
+
+    def resume_workflow(self, name: str, reason: str = "") -> NamePause:
+        """Resume a paused workflow."""
+        return self._invoke(calls.pause_name("workflow", name, reason, False))
+
+    def pause_action(self, name: str, reason: str = "") -> NamePause:
+        """Pause an action (a handler name): no server hands out a step of it, in any
+        run, until resume_action."""
+        return self._invoke(calls.pause_name("action", name, reason, True))
+
+    def resume_action(self, name: str, reason: str = "") -> NamePause:
+        """Resume a paused action."""
+        return self._invoke(calls.pause_name("action", name, reason, False))
+
+    def list_pauses(self) -> list[NamePause]:
+        """The workflows and actions paused now: workflows first, each by name."""
+        return self._invoke(calls.list_pauses())
 
     # Schedules (docs/schedules.md) ---------------------------------------------------
 

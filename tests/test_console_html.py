@@ -69,6 +69,15 @@ def csrf_of(page: Page) -> str:
     return match.group(1)
 
 
+def signed_in(base: str, token: str) -> Browserless:
+    """A visitor of the console at ``base`` signed in with ``token``."""
+    client = Browserless(base)
+    login = client.get("/login")
+    signed = client.post("/login", {"token": token, "next": "/runs", "csrf": csrf_of(login)})
+    assert signed.status == 303
+    return client
+
+
 @pytest.fixture
 def visitor(cyclone_server: Any) -> Iterator[Browserless]:
     console = ConsoleThread(cyclone_server.address)

@@ -1,5 +1,5 @@
 """AdminService: retry and resolve steps and step calls of blocked runs; the builds' RPCs
-are in service.api.builds."""
+are in service.api.builds, the pauses' in service.api.pauses."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from service import errors
 from service.api.build import attempt_of, run_proto
 from service.api.builds import BuildsAdmin
 from service.api.ids import parse_uuid
+from service.api.pauses import PausesAdmin
 from service.api.status import rpc
 from service.api.validate import (
     MAX_ERROR_TEXT,
@@ -37,7 +38,7 @@ from service.db import Database
 log = logging.getLogger("cyclone")
 
 
-class AdminServicer(BuildsAdmin, admin_grpc.AdminServiceServicer):
+class AdminServicer(BuildsAdmin, PausesAdmin, admin_grpc.AdminServiceServicer):
     def __init__(self, db: Database, settings: Settings) -> None:
         self.db = db
         self.payloads = payloads_of(settings)

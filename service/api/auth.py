@@ -79,9 +79,18 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "SetBuildCompatible",
             "RetireBuild",
             "MoveBuild",
+            "PauseRun",
+            "ResumeRun",
+            "PauseWorkflow",
+            "ResumeWorkflow",
+            "PauseAction",
+            "ResumeAction",
         )
     },
-    **{_ADMIN + m: frozenset({"client", "admin"}) for m in ("ListBuilds", "ListBuildRuns")},
+    **{
+        _ADMIN + m: frozenset({"client", "admin"})
+        for m in ("ListBuilds", "ListBuildRuns", "ListPauses")
+    },
     **{_SCHEDULE + m: frozenset({"client", "admin"}) for m in ("GetSchedule", "ListSchedules")},
     **{
         _SCHEDULE + m: frozenset({"admin"})

@@ -42,6 +42,14 @@ def _run_head(row: RunRow | RunSummary) -> types_pb2.Run:
         parent_step_id=row.parent_step_id or "",
     )
     convert.set_json(run, "input", row.input)
+    if row.paused_at is not None:
+        run.pause.CopyFrom(
+            types_pb2.RunPause(
+                actor=row.paused_by or "",
+                reason=row.pause_reason or "",
+                at=convert.timestamp(row.paused_at),
+            )
+        )
     if row.error:
         e = row.error
         run.error.CopyFrom(

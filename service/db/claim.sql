@@ -20,16 +20,11 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
 
 -- name: steps_release
 -- Hands back steps that a Claim took but could not deliver (its caller went away):
--- available again as if never claimed, attempt and uncertainty as they were.
-UPDATE cyclone.steps s
-   SET status = 'available', attempt = s.attempt - 1, available_at = cyclone.now(),
-       lease_expires_at = NULL, effect_uncertain = r.uncertain
-  FROM unnest(CAST(:run_ids AS uuid[]), CAST(:nodes AS text[]), CAST(:tokens AS uuid[]),
-              CAST(:uncertain AS boolean[])) AS r(run_id, node, token, uncertain)
- WHERE s.run_id = r.run_id AND s.node = r.node AND s.status = 'running'
-   AND s.lease_token = r.token
-   AND EXISTS (SELECT 1 FROM cyclone.runs u WHERE u.run_id = s.run_id AND u.status = 'running')
-RETURNING s.action AS ready;
+-- available again as if never claimed (held in a paused run), attempt and uncertainty
+-- as they were.
+SELECT a AS ready
+  FROM cyclone.steps_release(CAST(:run_ids AS uuid[]), CAST(:nodes AS text[]),
+                             CAST(:tokens AS uuid[]), CAST(:uncertain AS boolean[])) a;
 
 -- name: step_next_due
 -- Seconds until a claim of these actions may find work: a backoff or start time

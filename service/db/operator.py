@@ -1,9 +1,10 @@
 """Operator actions: cancel a run, retry or resolve steps, resolve a blocked
-step call."""
+step call, pause and resume runs, workflows and actions."""
 
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from service.db.pool import Repository
@@ -30,6 +31,23 @@ class Retried(NamedTuple):
 
     nodes: list[str]
     ready: str | None
+
+
+class Paused(NamedTuple):
+    """run_pause, run_resume, pause_set, pause_clear: whether it changed anything."""
+
+    changed: bool
+    ready: str | None
+
+
+class Pause(NamedTuple):
+    """pauses_list: a paused workflow or action."""
+
+    kind: str
+    name: str
+    actor: str
+    reason: str
+    at: datetime
 
 
 class Operator(Repository):
@@ -103,3 +121,35 @@ class Operator(Repository):
             actor=actor,
             reason=reason,
         )
+
+    async def run_pause(self, run_id: uuid.UUID, *, actor: str, reason: str) -> bool:
+        """Pause a run; False when it was paused already."""
+        row = await self._one("run_pause", Paused, run_id=str(run_id), actor=actor, reason=reason)
+        assert row is not None
+        return row.changed
+
+    async def run_resume(self, run_id: uuid.UUID, *, actor: str, reason: str) -> bool:
+        """Resume a paused run; False when it was not paused."""
+        row = await self._one("run_resume", Paused, run_id=str(run_id), actor=actor, reason=reason)
+        assert row is not None
+        return row.changed
+
+    async def pause_set(self, kind: str, name: str, *, actor: str, reason: str) -> bool:
+        """Pause a workflow or an action (``kind``); False when it was paused already."""
+        row = await self._one(
+            "pause_set", Paused, kind=kind, target=name, actor=actor, reason=reason
+        )
+        assert row is not None
+        return row.changed
+
+    async def pause_clear(self, kind: str, name: str, *, actor: str, reason: str) -> bool:
+        """Resume a paused workflow or action; False when it was not paused."""
+        row = await self._one(
+            "pause_clear", Paused, kind=kind, target=name, actor=actor, reason=reason
+        )
+        assert row is not None
+        return row.changed
+
+    async def pauses_list(self) -> list[Pause]:
+        """The workflows and actions paused now."""
+        return await self._all("pauses_list", Pause)

@@ -21,3 +21,26 @@ SELECT node, current_setting('cyclone.ready', true) AS ready
 -- here is woken), as the transitions' queries return them.
 SELECT c.run_cancel, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.run_cancel(CAST(:run_id AS uuid), :actor, :reason, :keep_children) AS c(run_cancel);
+
+-- name: run_pause
+SELECT p.changed, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.run_pause(CAST(:run_id AS uuid), :actor, :reason) AS p(changed);
+
+-- name: run_resume
+-- With the actions it made claimable again, as the transitions' queries return them.
+SELECT p.changed, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.run_resume(CAST(:run_id AS uuid), :actor, :reason) AS p(changed);
+
+-- name: pause_set
+SELECT p.changed, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.pause_set(:kind, :target, :actor, :reason) AS p(changed);
+
+-- name: pause_clear
+SELECT p.changed, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.pause_clear(:kind, :target, :actor, :reason) AS p(changed);
+
+-- name: pauses_list
+-- The workflows and actions paused now, by kind and name.
+SELECT p.kind, p.name, p.actor, p.reason, p.at
+  FROM cyclone.pauses p
+ ORDER BY p.kind, p.name;

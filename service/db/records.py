@@ -155,6 +155,16 @@ class CancelJson(TypedDict):
     at: str
 
 
+class PauseJson(TypedDict):
+    """step_explain: the pause holding a step; kind run, workflow or action."""
+
+    kind: str
+    name: str
+    actor: str
+    reason: str
+    at: str
+
+
 class ClaimedStep(NamedTuple):
     """step_claim: a step handed out, or one that blocked its run instead; the ids as
     text (canonical: lower case, hyphenated), as workers get them."""

@@ -21,6 +21,7 @@ from service.db.records import (
     AuditJson,
     CancelJson,
     LastErrorJson,
+    PauseJson,
     RunErrorJson,
     StepCallJson,
     StepErrorJson,
@@ -57,6 +58,9 @@ class RunRow(NamedTuple):
     audit: list[AuditJson]
     priority: int
     start_at: datetime | None
+    paused_at: datetime | None
+    paused_by: str | None
+    pause_reason: str | None
 
 
 class RunSummary(NamedTuple):
@@ -76,6 +80,9 @@ class RunSummary(NamedTuple):
     parent_step_id: str | None
     step_counts: dict[str, int] | None
     start_at: datetime | None
+    paused_at: datetime | None
+    paused_by: str | None
+    pause_reason: str | None
 
 
 class WorkflowName(NamedTuple):
@@ -193,6 +200,7 @@ class ExplainFacts(NamedTuple):
     concurrency_limit: int | None
     key_running: int | None
     rate_reopens_at: datetime | None
+    pause: PauseJson | None
 
 
 class ExplainCounts(NamedTuple):

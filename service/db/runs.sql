@@ -64,7 +64,18 @@ SELECT r.status AS run_status, r.error AS run_error, cyclone.now() AS now,
        s.concurrency_key, s.concurrency_limit, NULL::bigint AS key_running,
        -- When its action's rate limit opens again, if it is used up now.
        (SELECT t.reopens_at FROM cyclone.action_rates t
-         WHERE t.action = s.action AND t.reopens_at > cyclone.now()) AS rate_reopens_at
+         WHERE t.action = s.action AND t.reopens_at > cyclone.now()) AS rate_reopens_at,
+       -- The pause that holds it, if any: its run's, else its workflow's, else its
+       -- action's (75_pauses.sql).
+       CASE WHEN r.paused_at IS NOT NULL
+            THEN jsonb_build_object('kind', 'run', 'name', r.run_id, 'actor', r.paused_by,
+                                    'reason', r.pause_reason, 'at', r.paused_at)
+            ELSE (SELECT jsonb_build_object('kind', p.kind, 'name', p.name, 'actor', p.actor,
+                                            'reason', p.reason, 'at', p.at)
+                    FROM cyclone.pauses p
+                   WHERE (p.kind = 'workflow' AND p.name = r.workflow)
+                      OR (p.kind = 'action' AND p.name = s.action)
+                   ORDER BY p.kind DESC LIMIT 1) END AS pause
   FROM cyclone.runs r
   LEFT JOIN cyclone.steps s ON s.run_id = r.run_id AND s.node = :node
   LEFT JOIN cyclone.action_claims a ON a.action = s.action
@@ -136,7 +147,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'action', a.action, 'node', a.node, 'actor', a.actor, 'reason', a.reason,
                    'details', a.details, 'at', a.at) ORDER BY a.id), '[]')
           FROM cyclone.audit a WHERE a.run_id = r.run_id) AS audit,
-       r.priority, r.start_at
+       r.priority, r.start_at, r.paused_at, r.paused_by, r.pause_reason
   FROM cyclone.runs r
  WHERE r.run_id = CAST(:run_id AS uuid);
 
@@ -152,7 +163,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
        (SELECT jsonb_object_agg(c.status, c.n)
           FROM (SELECT s.status, count(*) AS n FROM cyclone.steps s
                  WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts,
-       r.start_at
+       r.start_at, r.paused_at, r.paused_by, r.pause_reason
   FROM cyclone.runs r
  WHERE (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
    AND (CAST(:statuses AS text[]) IS NULL OR r.status = ANY (CAST(:statuses AS text[])))
@@ -177,7 +188,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
        (SELECT jsonb_object_agg(c.status, c.n)
           FROM (SELECT s.status, count(*) AS n FROM cyclone.steps s
                  WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts,
-       r.start_at
+       r.start_at, r.paused_at, r.paused_by, r.pause_reason
   FROM cyclone.runs r
  WHERE (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
    AND (CAST(:statuses AS text[]) IS NULL OR r.status = ANY (CAST(:statuses AS text[])))

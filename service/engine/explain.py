@@ -6,6 +6,8 @@ The reasons follow the step's status, and the run's:
 =====================  ============================================================
 pending                waiting_on_upstream (upstream nodes not finished), or
                        blocked (held while its run is blocked)
+pending, available      paused (ready, but held by a pause of its run, its workflow or
+                       its action: who paused it, when and why)
 available              waiting (a durable sleep, event or child wait: not before
                        available_at, or until the event or the child comes),
                        not_before (its run's start time), backing_off (not before
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from service.db.records import CancelJson, LastErrorJson, UpstreamJson
+from service.db.records import CancelJson, LastErrorJson, PauseJson, UpstreamJson
 from service.db.runs import ExplainFacts
 
 #: A worker serving an action names it in a Claim at least every few seconds while it
@@ -154,6 +156,8 @@ def explain(row: ExplainFacts, max_recoveries: int = 10) -> Explanation:
         waiting = [u for u in row.upstream if u["status"] in _OPEN]
         if run_blocked:
             return _held(row, waiting)
+        if row.pause and not waiting:
+            return _paused(row, now)
         if waiting:
             return Explanation(
                 "waiting_on_upstream",
@@ -166,6 +170,8 @@ def explain(row: ExplainFacts, max_recoveries: int = 10) -> Explanation:
     # available
     if run_blocked:
         return _held(row, [])
+    if row.pause:
+        return _paused(row, now)
     if row.available_at is not None and row.available_at > now and row.waiting_for:
         return _waiting(row, now)
     if row.available_at is not None and row.available_at > now and row.attempt == 0:
@@ -183,6 +189,23 @@ def explain(row: ExplainFacts, max_recoveries: int = 10) -> Explanation:
 
 
 _OPEN = ("pending", "available", "running", "uncertain")
+
+
+def _paused(row: ExplainFacts, now: datetime) -> Explanation:
+    """A ready step held by a pause of its run, its workflow or its action."""
+    pause: PauseJson = row.pause or {"kind": "run", "name": "", "actor": "", "reason": "", "at": ""}
+    kind = pause["kind"]
+    at = _at(now, datetime.fromisoformat(pause["at"])) if pause.get("at") else "-"
+    why = f": {pause['reason']}" if pause.get("reason") else ""
+    if kind == "run":
+        what, resume = "its run", f"cyclone resume run {row.run_id}"
+    else:
+        what, resume = f"{kind} {pause['name']}", f"cyclone resume {kind} {pause['name']}"
+    return Explanation(
+        "paused",
+        f"paused by {pause.get('actor') or 'unknown'}: {what} was paused {at}{why}. It is "
+        f"not claimed until `{resume}`",
+    )
 
 
 def _waiting(row: ExplainFacts, now: datetime) -> Explanation:

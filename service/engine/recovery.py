@@ -59,9 +59,10 @@ class Upkeep:
                 )
             else:
                 log.warning(
-                    "step %s/%s available again: %s at attempt %d with no outcome",
+                    "step %s/%s %s: %s at attempt %d with no outcome",
                     step.run_id,
                     step.node,
+                    "held by its run's pause" if step.status == "pending" else "available again",
                     f"worker {step.worker_id} was lost (its lease lapsed)"
                     if step.lost
                     else f"the lease of worker {step.worker_id} ran to the step's timeout",

@@ -28,6 +28,9 @@
 --              and attempt, and the step_id of a step call
 --   cancelled  run_cancel (from running, failed or blocked; and, unless told to keep
 --              them, its running or blocked descendant runs, through _run_cancel_one)
+-- A running or blocked run may also be paused (paused_at set: run_pause, cleared by
+-- run_resume), which is not a status: its steps that would be available are held
+-- pending (with the time they are due kept in available_at) until it is resumed.
 CREATE TABLE cyclone.runs (
     run_id       uuid        PRIMARY KEY,
     workflow     text        NOT NULL,
@@ -59,6 +62,12 @@ CREATE TABLE cyclone.runs (
     deadline     timestamptz,
     -- The W3C traceparent of the submitting client's span, NULL when tracing is off.
     traceparent  text,
+    -- A pause (run_pause, 75_pauses.sql): when, by whom and why; all NULL while the run
+    -- is not paused. While it is paused the steps it makes ready stay pending, so that
+    -- no claim reads them, until run_resume.
+    paused_at    timestamptz,
+    paused_by    text,
+    pause_reason text,
     -- What each status implies, in one constraint: a known status; finished_at set
     -- exactly when finished (completed, failed, cancelled); an error exactly when failed
     -- or blocked; no step open exactly when finished; steps_open within 0 and
@@ -110,6 +119,10 @@ CREATE INDEX runs_parent_idx ON cyclone.runs (parent_run_id) WHERE parent_run_id
 -- Step statuses, and the functions that set each one:
 --   pending    run_submit (the node has upstream nodes); step_retry (the retried nodes
 --              and every node below them that has not completed); held while the run is
+--              paused though ready: by run_pause (its available steps, available_at
+--              kept), by _settle, step_fail, sweep_steps, steps_release, step_wait,
+--              step_resolve and step_call_resolve (what they would make available);
+--              held while the run is
 --              blocked though ready (deps_open = 0): by _block_uncertain and
 --              step_abandon when they block the run (its available steps), by _settle
 --              (a step that becomes ready), by step_fail (a retryable failure) and by
@@ -359,8 +372,9 @@ CREATE TABLE cyclone.releases (
     FOREIGN KEY (run_id, node) REFERENCES cyclone.steps ON DELETE CASCADE
 );
 
--- Operator actions (retry, retry_all, resolve_*, cancel), who made them and why. Keyed by
--- run_id first, as every run-level table (a key must contain the shard key on Citus).
+-- Operator actions (retry, retry_all, resolve_*, cancel, pause, resume), who made them
+-- and why. Keyed by run_id first, as every run-level table (a key must contain the
+-- shard key on Citus).
 CREATE TABLE cyclone.audit (
     id      bigint      GENERATED ALWAYS AS IDENTITY,
     run_id  uuid        NOT NULL REFERENCES cyclone.runs ON DELETE CASCADE,
@@ -372,6 +386,37 @@ CREATE TABLE cyclone.audit (
     at      timestamptz NOT NULL,
     PRIMARY KEY (run_id, id)
 );
+
+-- Workflows and actions an operator paused (pause_set, pause_clear; 75_pauses.sql): no
+-- claim hands out a step of a paused action, nor of a run of a paused workflow (step_claim
+-- and step_candidates_sharded read this table in their pick). A few rows at most; on
+-- Citus a reference table, so that every node reads it where it claims.
+CREATE TABLE cyclone.pauses (
+    -- 'workflow' or 'action'.
+    kind   text        NOT NULL,
+    name   text        NOT NULL,
+    actor  text        NOT NULL,
+    reason text        NOT NULL DEFAULT '',
+    at     timestamptz NOT NULL,
+    PRIMARY KEY (kind, name),
+    CONSTRAINT pauses_kind_known CHECK (kind IN ('workflow', 'action'))
+);
+
+-- Every pause and resume of a workflow or an action, oldest first (a run's are in its
+-- audit trail): what, who, why, when. Written by pause_set and pause_clear when they
+-- change something; ListPauses shows the latest.
+CREATE TABLE cyclone.pause_log (
+    kind   text        NOT NULL,
+    name   text        NOT NULL,
+    -- 'pause' or 'resume'.
+    action text        NOT NULL,
+    actor  text        NOT NULL,
+    reason text        NOT NULL DEFAULT '',
+    at     timestamptz NOT NULL,
+    CONSTRAINT pause_log_known CHECK (kind IN ('workflow', 'action')
+                                      AND action IN ('pause', 'resume'))
+);
+CREATE INDEX pause_log_name_idx ON cyclone.pause_log (kind, name, at);
 
 -- Per action, the last Claim that asked for it and the last one that got a step of it
 -- (Explain: "no worker serves this action"). Written by each server from memory every

@@ -128,8 +128,9 @@ $$;
 -- for a final that is not completed); a pending step whose upstream is all final is
 -- judged by its trigger rule (_rule_met) and becomes ready, or skipped (a skip is
 -- final in turn and joins the next wave). A root (no upstream) always runs, as at
--- submit. Ready steps become available when the run is running; while it is blocked
--- they stay pending (held until Resolve). Then the run is closed by the count of steps
+-- submit. Ready steps become available when the run is running and not paused; while
+-- it is blocked they stay pending (held until Resolve), while it is paused too (held
+-- until run_resume). Then the run is closed by the count of steps
 -- made final (_run_close). Returns the run's status.
 -- A dependent that the count leaves ready in a running run is made available by the
 -- counting update itself: one new version of its row, not two.
@@ -186,7 +187,9 @@ DECLARE
     v_lo       text COLLATE "C";
     v_hi       text COLLATE "C";
 BEGIN
-    v_running := (SELECT r.status = 'running' FROM cyclone.runs r WHERE r.run_id = p_run_id);
+    -- Steps are released in a running run that is not paused (75_pauses.sql).
+    v_running := (SELECT r.status = 'running' AND r.paused_at IS NULL
+                    FROM cyclone.runs r WHERE r.run_id = p_run_id);
     LOOP
         IF cardinality(v_wave) > 0 THEN
             -- Count the whole wave at each pending dependent: the counts first, then

@@ -68,6 +68,9 @@ $$;
 -- waited (waited_s) and, for a step allowed to run after a failure, its failed or
 -- skipped upstream nodes with their last errors (upstream_failures), and the node's
 -- journal of step calls in seq order (NULL when it has none).
+-- Pauses (75_pauses.sql): a paused run's steps are pending, so the walk never meets
+-- them; the walk skips a paused action (cyclone.pauses), and the steps of a run of a
+-- paused workflow, read in the pick's own snapshot.
 -- A worker marked unhealthy (cyclone.worker_health: a lease of it lapsed) gets nothing:
 -- the pick reads the mark in its own snapshot, so a sweep that made steps available and
 -- marked their worker (one commit) is seen whole or not at all; a claim for that worker
@@ -169,7 +172,10 @@ BEGIN
       FROM (SELECT x.action,
                    least(p_limit, coalesce(v_rooms[array_position(v_rated, x.action)],
                                            p_limit)) AS room
-              FROM (SELECT DISTINCT x FROM unnest(p_actions) x) AS x(action)) AS a
+              -- A paused action (cyclone.pauses) is not walked at all.
+              FROM (SELECT DISTINCT x FROM unnest(p_actions) x
+                     WHERE NOT EXISTS (SELECT 1 FROM cyclone.pauses p
+                                        WHERE p.kind = 'action' AND p.name = x)) AS x(action)) AS a
      CROSS JOIN LATERAL (
            SELECT s.ctid AS row_id, s.concurrency_key IS NOT NULL AS keyed,
                   s.waiting_for IS NOT DISTINCT FROM 'sleep' AS slept,
@@ -192,6 +198,15 @@ BEGIN
                            WHERE k.status = 'running' AND k.concurrency_key IS NOT NULL
                            GROUP BY k.concurrency_key
                           HAVING count(*) >= min(k.concurrency_limit))))
+              -- Pass over the runs of a paused workflow: the run is looked up only
+              -- while some workflow is paused (the first test, and the list, are read
+              -- once per claim). A scalar lookup of the run by key, OFFSET 0 keeping it
+              -- one: written as NOT EXISTS, PostgreSQL 18 made it a hashed subplan
+              -- that read every run.
+              AND (NOT EXISTS (SELECT 1 FROM cyclone.pauses p WHERE p.kind = 'workflow')
+                   OR (SELECT w.workflow FROM cyclone.runs w WHERE w.run_id = s.run_id OFFSET 0)
+                      <> ALL (ARRAY(SELECT p.name FROM cyclone.pauses p
+                                     WHERE p.kind = 'workflow')))
             ORDER BY s.priority DESC, s.available_at
             LIMIT a.room
               FOR UPDATE SKIP LOCKED) c
@@ -420,5 +435,43 @@ BEGIN
     END IF;
     PERFORM cyclone._lease_lost(p_run_id, p_node, p_lease_token, v_step.status,
                                 v_step.lease_token, v_step.attempt);
+END;
+$$;
+
+-- Hands back steps that a Claim took but could not deliver (its caller went away):
+-- available again as if never claimed, attempt and uncertainty as they were; held
+-- pending instead in a paused run (75_pauses.sql). Each run is locked first (in run_id
+-- order, as step_complete_many locks them), so that a pause of it is seen whole or
+-- not at all; a run no longer running is left alone. Returns the actions of the steps
+-- made available, one row each. Called by the server (steps_release, claim.sql).
+CREATE FUNCTION cyclone.steps_release(p_run_ids uuid[], p_nodes text[], p_tokens uuid[],
+                                      p_uncertain boolean[])
+RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_step   record;
+    v_paused boolean;
+    v_action text;
+BEGIN
+    FOR v_step IN
+        SELECT r.run_id, r.node, r.token, r.uncertain
+          FROM unnest(p_run_ids, p_nodes, p_tokens, p_uncertain)
+               AS r(run_id, node, token, uncertain)
+         ORDER BY r.run_id
+    LOOP
+        SELECT u.paused_at IS NOT NULL INTO v_paused FROM cyclone.runs u
+         WHERE u.run_id = v_step.run_id AND u.status = 'running' FOR NO KEY UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        UPDATE cyclone.steps s
+           SET status = CASE WHEN v_paused THEN 'pending' ELSE 'available' END,
+               attempt = s.attempt - 1, available_at = cyclone.now(),
+               lease_expires_at = NULL, effect_uncertain = v_step.uncertain
+         WHERE s.run_id = v_step.run_id AND s.node = v_step.node AND s.status = 'running'
+           AND s.lease_token = v_step.token
+        RETURNING s.action INTO v_action;
+        IF FOUND AND NOT v_paused THEN
+            RETURN NEXT v_action;
+        END IF;
+    END LOOP;
 END;
 $$;

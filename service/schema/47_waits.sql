@@ -94,6 +94,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_now     timestamptz := cyclone.now();
     v_status  text;
+    v_paused  boolean;
     v_attempt integer;
     v_for     text;
     v_call    cyclone.step_calls;
@@ -192,15 +193,18 @@ BEGIN
         RETURN;
     END IF;
 
+    -- In a paused run the node is held pending with its wake time (run_resume).
+    v_paused := (SELECT r.paused_at IS NOT NULL FROM cyclone.runs r WHERE r.run_id = p_run_id);
     UPDATE cyclone.steps s
-       SET status = CASE WHEN v_status = 'running' THEN 'available' ELSE 'pending' END,
+       SET status = CASE WHEN v_status = 'running' AND NOT v_paused THEN 'available'
+                         ELSE 'pending' END,
            available_at = CASE WHEN v_status = 'running'
                                THEN coalesce(v_call.wake_at, cyclone._wait_forever()) END,
            lease_token = NULL, lease_expires_at = NULL, resumes = s.resumes + 1,
            waiting_for = v_for
      WHERE s.run_id = p_run_id AND s.node = p_node
     RETURNING s.action INTO v_action;
-    IF v_status = 'running' THEN
+    IF v_status = 'running' AND NOT v_paused THEN
         PERFORM cyclone._notify_ready(ARRAY[v_action]);
     END IF;
     RETURN QUERY SELECT 'suspended', cyclone._step_call_json(v_call);
@@ -219,12 +223,14 @@ DECLARE
     v_now   timestamptz := cyclone.now();
     v_woken text[];
 BEGIN
+    -- A node held while its run is paused (pending, its wake time kept) is woken too:
+    -- run_resume then makes it available at once.
     WITH woken AS (
         UPDATE cyclone.steps s SET available_at = v_now
-         WHERE s.run_id = p_run_id AND s.status = 'available'
+         WHERE s.run_id = p_run_id AND s.status IN ('available', 'pending')
            AND s.waiting_for = p_waiting_for AND s.available_at > v_now
-        RETURNING s.action)
-    SELECT array_agg(action) INTO v_woken FROM woken;
+        RETURNING s.action, s.status)
+    SELECT array_agg(action) FILTER (WHERE status = 'available') INTO v_woken FROM woken;
     PERFORM cyclone._notify_ready(coalesce(v_woken, '{}'));
 END;
 $$;

@@ -71,7 +71,8 @@ $$;
 
 -- _step_fail_unheld, and while the run is blocked a retry is held like the run's other
 -- ready steps: pending, released by Resolve together with them (at once: the backoff
--- is not kept across the block), and the answer says pending with no retry_at.
+-- is not kept across the block), and the answer says pending with no retry_at. While
+-- the run is paused a retry is held too, pending until run_resume, its retry_at kept.
 -- For a durable function, the failure that ended its body is not kept in its journal:
 -- the node's last entry (greatest seq), when it is a safe call's failure, is deleted,
 -- so that the next attempt calls it again. A failure the body handled and went on from
@@ -96,6 +97,12 @@ BEGIN
          WHERE s.run_id = p_run_id AND s.node = p_node AND s.status = 'available';
         v_done.step_status := 'pending';
         v_done.retry_at := NULL;
+    ELSIF v_done.step_status = 'available'
+          AND (SELECT r.paused_at IS NOT NULL FROM cyclone.runs r WHERE r.run_id = p_run_id) THEN
+        -- A paused run: held with the end of its backoff kept (run_resume).
+        UPDATE cyclone.steps s SET status = 'pending'
+         WHERE s.run_id = p_run_id AND s.node = p_node AND s.status = 'available';
+        v_done.step_status := 'pending';
     END IF;
     DELETE FROM cyclone.step_calls c
      WHERE c.run_id = p_run_id AND c.node = p_node AND c.status = 'failed' AND NOT c.unsafe

@@ -8,7 +8,8 @@
 -- node's retry policy, and the worker is marked unhealthy in cyclone.worker_health (it
 -- is handed nothing until it shows it is alive). A lease that ran to the deadline is the
 -- step's timeout: that attempt counts against the retry policy as a failure would.
--- Each step becomes available at once, remembered as effect_uncertain (the next claim
+-- Each step becomes available at once (held pending in a paused run, until run_resume),
+-- remembered as effect_uncertain (the next claim
 -- decides: an unsafe claimer blocks the run, any other runs it again), or discarded
 -- when its holder did not mark the action unsafe and either its worker was lost more
 -- than p_max_recoveries times (the server's --max-recoveries) or it is out of attempts
@@ -32,6 +33,7 @@ DECLARE
     v_step    record;
     v_rec     integer;
     v_discard boolean;
+    v_held    boolean;
     v_lost    text[] := '{}';
     v_reasons text[] := '{}';
 BEGIN
@@ -40,10 +42,11 @@ BEGIN
          WHERE s.status = 'running' AND s.lease_expires_at <= v_now
          ORDER BY s.lease_expires_at LIMIT p_limit
     LOOP
-        CONTINUE WHEN NOT EXISTS (
-            SELECT 1 FROM cyclone.runs r
-             WHERE r.run_id = v_cand.run_id AND r.status = 'running'
-               FOR NO KEY UPDATE SKIP LOCKED);
+        -- A paused run's step is held (pending) rather than made available.
+        SELECT r.paused_at IS NOT NULL INTO v_held FROM cyclone.runs r
+         WHERE r.run_id = v_cand.run_id AND r.status = 'running'
+           FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
         SELECT s.attempt, s.resumes, s.recoveries, s.max_attempts, s.unsafe, s.action,
                s.worker_id, s.lease_expires_at < s.deadline_at AS lost
           INTO v_step
@@ -57,7 +60,8 @@ BEGIN
                      AND (v_step.lost AND v_rec > p_max_recoveries
                           OR v_step.attempt - v_step.resumes - v_rec >= v_step.max_attempts);
         UPDATE cyclone.steps s
-           SET status = CASE WHEN v_discard THEN 'discarded' ELSE 'available' END,
+           SET status = CASE WHEN v_discard THEN 'discarded'
+                             WHEN v_held THEN 'pending' ELSE 'available' END,
                available_at = CASE WHEN v_discard THEN NULL ELSE v_now END,
                finished_at = CASE WHEN v_discard THEN v_now END,
                effect_uncertain = true,
@@ -89,7 +93,7 @@ BEGIN
         END IF;
         IF v_discard THEN
             PERFORM cyclone._settle(v_cand.run_id, ARRAY[v_cand.node], '{}', 1);
-        ELSE
+        ELSIF NOT v_held THEN
             PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
         END IF;
         run_id := v_cand.run_id;
@@ -97,7 +101,8 @@ BEGIN
         action := v_step.action;
         attempt := v_step.attempt;
         worker_id := v_step.worker_id;
-        status := CASE WHEN v_discard THEN 'discarded' ELSE 'available' END;
+        status := CASE WHEN v_discard THEN 'discarded'
+                       WHEN v_held THEN 'pending' ELSE 'available' END;
         lost := v_step.lost;
         RETURN NEXT;
     END LOOP;

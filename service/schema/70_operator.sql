@@ -125,7 +125,8 @@ $$;
 -- its output, completed), error (it happened and failed: discarded, a resolved error
 -- recorded, so failure-handling nodes run) or discard (it did not happen: available
 -- again, with a fresh attempt budget as Retry grants). The run becomes running and the
--- steps held while it was blocked are released (_settle). The lease token of the
+-- steps held while it was blocked are released (_settle); in a paused run they, and a
+-- discarded node, stay held until run_resume. The lease token of the
 -- attempt that lost its lease is forgotten: a late Complete with it is refused, never
 -- told that its outcome was recorded. CY003 when the run is not blocked or the node is
 -- not its uncertain step or the run is blocked on a step call (step_call_resolve),
@@ -141,6 +142,7 @@ DECLARE
     v_step   record;
     v_held   text[];
     v_error  jsonb;
+    v_paused boolean;
 BEGIN
     IF v_status <> 'blocked' THEN
         RAISE EXCEPTION 'run % is %, not blocked: only a blocked run can be resolved',
@@ -166,9 +168,10 @@ BEGIN
             USING ERRCODE = 'CY003';
     END IF;
 
-    UPDATE cyclone.runs SET status = 'running', error = NULL, updated_at = v_now
-     WHERE run_id = p_run_id;
-    -- Release what was held while blocked.
+    UPDATE cyclone.runs r SET status = 'running', error = NULL, updated_at = v_now
+     WHERE r.run_id = p_run_id
+    RETURNING r.paused_at IS NOT NULL INTO v_paused;
+    -- Release what was held while blocked (_settle holds it still in a paused run).
     v_held := ARRAY(SELECT s.node FROM cyclone.steps s
                      WHERE s.run_id = p_run_id AND s.status = 'pending' AND s.deps_open = 0);
     CASE p_choice
@@ -189,11 +192,11 @@ BEGIN
         PERFORM cyclone._settle(p_run_id, ARRAY[p_node], v_held, 1);
     WHEN 'discard' THEN
         UPDATE cyclone.steps s
-           SET status = 'available', available_at = v_now, effect_uncertain = false,
-               lease_token = NULL,
+           SET status = CASE WHEN v_paused THEN 'pending' ELSE 'available' END,
+               available_at = v_now, effect_uncertain = false, lease_token = NULL,
                max_attempts = s.attempt - s.resumes - s.recoveries + s.attempt_budget
          WHERE s.run_id = p_run_id AND s.node = p_node;
-        PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
+        PERFORM cyclone._notify_ready(CASE WHEN v_paused THEN '{}' ELSE ARRAY[v_step.action] END);
         PERFORM cyclone._settle(p_run_id, '{}', v_held, 0);
     ELSE
         RAISE EXCEPTION 'unknown resolution %', left(p_choice, 50) USING ERRCODE = 'CY004';
@@ -226,6 +229,7 @@ DECLARE
     v_node   text;
     v_step   record;
     v_held   text[];
+    v_paused boolean;
 BEGIN
     IF p_choice IS NULL OR p_choice NOT IN ('result', 'error', 'discard') THEN
         RAISE EXCEPTION 'unknown resolution %', left(p_choice, 50) USING ERRCODE = 'CY004';
@@ -275,17 +279,18 @@ BEGIN
            AND c.status = 'started';
     END CASE;
 
-    UPDATE cyclone.runs SET status = 'running', error = NULL, updated_at = v_now
-     WHERE run_id = p_run_id;
-    -- Release what was held while blocked.
+    UPDATE cyclone.runs r SET status = 'running', error = NULL, updated_at = v_now
+     WHERE r.run_id = p_run_id
+    RETURNING r.paused_at IS NOT NULL INTO v_paused;
+    -- Release what was held while blocked (_settle holds it still in a paused run).
     v_held := ARRAY(SELECT s.node FROM cyclone.steps s
                      WHERE s.run_id = p_run_id AND s.status = 'pending' AND s.deps_open = 0);
     UPDATE cyclone.steps s
-       SET status = 'available', available_at = v_now, effect_uncertain = false,
-           lease_token = NULL,
-               max_attempts = s.attempt - s.resumes - s.recoveries + s.attempt_budget
+       SET status = CASE WHEN v_paused THEN 'pending' ELSE 'available' END,
+           available_at = v_now, effect_uncertain = false, lease_token = NULL,
+           max_attempts = s.attempt - s.resumes - s.recoveries + s.attempt_budget
      WHERE s.run_id = p_run_id AND s.node = v_node;
-    PERFORM cyclone._notify_ready(ARRAY[v_step.action]);
+    PERFORM cyclone._notify_ready(CASE WHEN v_paused THEN '{}' ELSE ARRAY[v_step.action] END);
     PERFORM cyclone._settle(p_run_id, '{}', v_held, 0);
     INSERT INTO cyclone.audit (run_id, node, action, actor, reason, details, at)
     VALUES (p_run_id, v_node, 'resolve_' || p_choice, p_actor, coalesce(p_reason, ''),

@@ -30,12 +30,19 @@ RETURNS TABLE (run_id uuid, node text)
 LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := cyclone.now();
+    v_now   timestamptz := cyclone.now();
+    -- Paused actions and workflows (75_pauses.sql), passed over.
+    v_off   text[] := ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'action');
+    v_flows text[] := ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'workflow');
 BEGIN
     RETURN QUERY
     SELECT s.run_id, s.node
       FROM cyclone.steps s
      WHERE s.status = 'available' AND s.action = ANY (p_actions) AND s.available_at <= v_now
+       AND s.action <> ALL (v_off)
+       AND (cardinality(v_flows) = 0
+            OR NOT EXISTS (SELECT 1 FROM cyclone.runs w
+                            WHERE w.run_id = s.run_id AND w.workflow = ANY (v_flows)))
      ORDER BY s.priority DESC, s.available_at
      LIMIT p_limit;
 END;
@@ -345,7 +352,10 @@ LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz := cyclone.now();
-    v_shut   text[] := '{}';
+    -- Rate-limited actions whose window is full, and paused actions (75_pauses.sql).
+    v_shut   text[] := ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'action');
+    -- Paused workflows: their runs' steps are passed over.
+    v_flows  text[] := ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'workflow');
     v_full   text[] := '{}';
     v_runs   uuid[];
     v_nodes  text[];
@@ -354,7 +364,7 @@ DECLARE
     v_limits integer[];
 BEGIN
     IF cardinality(p_rate_actions) > 0 THEN
-        v_shut := ARRAY(
+        v_shut := v_shut || ARRAY(
             SELECT r.action
               FROM unnest(p_rate_actions, p_rate_counts, p_rate_periods) AS r(action, count, period)
               JOIN cyclone.action_rates t ON t.action = r.action
@@ -377,6 +387,10 @@ BEGIN
                            AND cyclone._build_admits(s.build_id, p_builds, EXISTS (
                                    SELECT 1 FROM cyclone.step_calls j
                                     WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
+                           AND (cardinality(v_flows) = 0
+                                OR NOT EXISTS (SELECT 1 FROM cyclone.runs w
+                                                WHERE w.run_id = s.run_id
+                                                  AND w.workflow = ANY (v_flows)))
                          ORDER BY s.priority DESC, s.available_at
                          LIMIT p_limit) s) c;
         EXIT WHEN pass = 2 OR v_runs IS NULL
@@ -982,12 +996,15 @@ LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz := cyclone.now();
-    v_shut   text[] := '{}';
+    -- Rate-limited actions whose window is full, and paused actions (75_pauses.sql).
+    v_shut   text[] := ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'action');
+    -- Paused workflows: their runs' steps are passed over.
+    v_flows  text[] := ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'workflow');
     v_shard  bigint := 0;
-    v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls'];
+    v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.runs'];
 BEGIN
     IF cardinality(p_rate_actions) > 0 THEN
-        v_shut := ARRAY(
+        v_shut := v_shut || ARRAY(
             SELECT r.action
               FROM unnest(p_rate_actions, p_rate_counts, p_rate_periods) AS r(action, count, period)
               JOIN cyclone.action_rates t ON t.action = r.action
@@ -999,7 +1016,8 @@ BEGIN
         v_tables := ARRAY(SELECT format('cyclone.%I', t.name || '_'
                                         || get_shard_id_for_distribution_column(
                                                ('cyclone.' || t.name)::regclass, p_run_id))
-                            FROM unnest(ARRAY['steps', 'step_calls']) WITH ORDINALITY AS t(name, i)
+                            FROM unnest(ARRAY['steps', 'step_calls', 'runs'])
+                                 WITH ORDINALITY AS t(name, i)
                            ORDER BY t.i);
         IF EXISTS (SELECT 1 FROM unnest(v_tables) n WHERE to_regclass(n) IS NULL) THEN
             RETURN;  -- not on the shard's node: nothing is read
@@ -1015,9 +1033,12 @@ BEGIN
            AND cyclone._build_admits(s.build_id, $6, EXISTS (
                    SELECT 1 FROM %2$s j
                     WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
+           AND (cardinality($8) = 0
+                OR NOT EXISTS (SELECT 1 FROM %3$s w
+                                WHERE w.run_id = s.run_id AND w.workflow = ANY ($8)))
          ORDER BY s.priority DESC, s.available_at
          LIMIT $4
-    $q$, v_tables[1], v_tables[2])
-      USING p_actions, v_now, v_shut, p_limit, p_rate_actions, p_builds, v_shard;
+    $q$, v_tables[1], v_tables[2], v_tables[3])
+      USING p_actions, v_now, v_shut, p_limit, p_rate_actions, p_builds, v_shard, v_flows;
 END;
 $$;

@@ -44,6 +44,8 @@ REFERENCE_TABLES = {
     "build_workers",
     "builds",
     "clock",
+    "pause_log",
+    "pauses",
     "schedules",
     "schema_migrations",
     "worker_health",

@@ -5,7 +5,8 @@ DAG order, SubmitOnce under concurrency, leases and the sweep, fencing (a stale 
 is refused), Retry / RetryAll / Resolve, durable functions (step calls, their journal,
 resolving them), CompleteMany, retention of runs and keys, waits and events, child
 runs (whose parent lives on another shard), a wide fan-out's release in chunks, and
-claims that hand a worker marked unhealthy nothing.
+claims that hand a worker marked unhealthy nothing, pauses of runs, workflows and
+actions.
 The completion transaction from a worker, and what is Citus's own, are in
 test_citus.py."""
 
@@ -29,6 +30,18 @@ from tests.test_operator_order import (  # noqa: F401
     test_a_running_node_below_a_retried_one_loses_its_lease_and_waits,
     test_retry_all_makes_a_cleanup_node_wait_for_its_reopened_upstream,
     test_retry_grants_the_node_a_fresh_attempt_budget,
+)
+from tests.test_pauses import (  # noqa: F401
+    test_a_paused_action_is_not_claimed_until_resumed,
+    test_a_paused_run_can_be_cancelled,
+    test_a_paused_run_is_not_claimed_while_other_runs_are_until_resumed,
+    test_a_paused_workflow_is_not_claimed_on_any_server_until_resumed,
+    test_a_retry_of_a_paused_run_is_held_until_resume,
+    test_a_running_step_completes_while_paused_and_its_dependents_wait_for_resume,
+    test_an_event_for_a_paused_run_arrives_but_the_body_waits_for_resume,
+    test_an_expired_lease_of_a_paused_run_is_swept_but_held,
+    test_no_step_of_a_paused_run_starts_under_claims_from_three_servers,
+    test_pausing_runs_refuses_bad_input_and_writes_nothing,
 )
 from tests.test_release_chunks import (  # noqa: F401
     test_a_cancelled_run_drops_its_release,

@@ -176,3 +176,105 @@ class ResolveResponse(_message.Message):
     RUN_FIELD_NUMBER: _ClassVar[int]
     run: _types_pb2.Run
     def __init__(self, run: _Optional[_Union[_types_pb2.Run, _Mapping]] = ...) -> None: ...
+
+class PauseRunRequest(_message.Message):
+    __slots__ = ("run_id", "reason")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    reason: str
+    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PauseRunResponse(_message.Message):
+    __slots__ = ("run", "changed")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    run: _types_pb2.Run
+    changed: bool
+    def __init__(self, run: _Optional[_Union[_types_pb2.Run, _Mapping]] = ..., changed: _Optional[bool] = ...) -> None: ...
+
+class ResumeRunRequest(_message.Message):
+    __slots__ = ("run_id", "reason")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    reason: str
+    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ResumeRunResponse(_message.Message):
+    __slots__ = ("run", "changed")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    run: _types_pb2.Run
+    changed: bool
+    def __init__(self, run: _Optional[_Union[_types_pb2.Run, _Mapping]] = ..., changed: _Optional[bool] = ...) -> None: ...
+
+class PauseWorkflowRequest(_message.Message):
+    __slots__ = ("name", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PauseWorkflowResponse(_message.Message):
+    __slots__ = ("changed", "pause")
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_FIELD_NUMBER: _ClassVar[int]
+    changed: bool
+    pause: _types_pb2.RunPause
+    def __init__(self, changed: _Optional[bool] = ..., pause: _Optional[_Union[_types_pb2.RunPause, _Mapping]] = ...) -> None: ...
+
+class ResumeWorkflowRequest(_message.Message):
+    __slots__ = ("name", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ResumeWorkflowResponse(_message.Message):
+    __slots__ = ("changed",)
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    changed: bool
+    def __init__(self, changed: _Optional[bool] = ...) -> None: ...
+
+class PauseActionRequest(_message.Message):
+    __slots__ = ("name", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PauseActionResponse(_message.Message):
+    __slots__ = ("changed", "pause")
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_FIELD_NUMBER: _ClassVar[int]
+    changed: bool
+    pause: _types_pb2.RunPause
+    def __init__(self, changed: _Optional[bool] = ..., pause: _Optional[_Union[_types_pb2.RunPause, _Mapping]] = ...) -> None: ...
+
+class ResumeActionRequest(_message.Message):
+    __slots__ = ("name", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ResumeActionResponse(_message.Message):
+    __slots__ = ("changed",)
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    changed: bool
+    def __init__(self, changed: _Optional[bool] = ...) -> None: ...
+
+class ListPausesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListPausesResponse(_message.Message):
+    __slots__ = ("pauses",)
+    PAUSES_FIELD_NUMBER: _ClassVar[int]
+    pauses: _containers.RepeatedCompositeFieldContainer[_types_pb2.Pause]
+    def __init__(self, pauses: _Optional[_Iterable[_Union[_types_pb2.Pause, _Mapping]]] = ...) -> None: ...

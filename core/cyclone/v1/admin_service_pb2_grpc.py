@@ -75,6 +75,41 @@ class AdminServiceStub:
                 request_serializer=cyclone_dot_v1_dot_admin__service__pb2.MoveBuildRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.MoveBuildResponse.FromString,
                 _registered_method=True)
+        self.PauseRun = channel.unary_unary(
+                '/cyclone.v1.AdminService/PauseRun',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.PauseRunRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.PauseRunResponse.FromString,
+                _registered_method=True)
+        self.ResumeRun = channel.unary_unary(
+                '/cyclone.v1.AdminService/ResumeRun',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ResumeRunRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ResumeRunResponse.FromString,
+                _registered_method=True)
+        self.PauseWorkflow = channel.unary_unary(
+                '/cyclone.v1.AdminService/PauseWorkflow',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.PauseWorkflowRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.PauseWorkflowResponse.FromString,
+                _registered_method=True)
+        self.ResumeWorkflow = channel.unary_unary(
+                '/cyclone.v1.AdminService/ResumeWorkflow',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ResumeWorkflowRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ResumeWorkflowResponse.FromString,
+                _registered_method=True)
+        self.PauseAction = channel.unary_unary(
+                '/cyclone.v1.AdminService/PauseAction',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.PauseActionRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.PauseActionResponse.FromString,
+                _registered_method=True)
+        self.ResumeAction = channel.unary_unary(
+                '/cyclone.v1.AdminService/ResumeAction',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ResumeActionRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ResumeActionResponse.FromString,
+                _registered_method=True)
+        self.ListPauses = channel.unary_unary(
+                '/cyclone.v1.AdminService/ListPauses',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListPausesRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListPausesResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -155,6 +190,71 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseRun(self, request, context):
+        """Pauses a run: no step of it is claimed until ResumeRun. Steps running now go on and
+        their outcomes are recorded (completions, failures, retries); steps they make ready,
+        retries whose backoff ends and waits that resolve (sleeps, events, child runs) are
+        held. The run keeps its status; Run.pause says who paused it, why and when, and
+        Explain says so for each held step. Audited ("pause"). Pausing a paused run changes
+        nothing (changed = false). NOT_FOUND for an unknown run, FAILED_PRECONDITION for a
+        finished one (completed, failed or cancelled). CancelRun cancels a paused run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeRun(self, request, context):
+        """Resumes a paused run: the steps it held are claimable at once (or when their
+        backoff or wait ends), and waiting claims are woken. Audited ("resume"). Resuming a
+        run that is not paused changes nothing (changed = false). NOT_FOUND for an unknown
+        run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseWorkflow(self, request, context):
+        """Pauses a workflow: from then on no server hands out a step of any run of it (the
+        claim itself checks the pause, in the database). Running steps go on; runs may
+        still be submitted. Pausing it again changes nothing (changed = false).
+        INVALID_ARGUMENT for an empty or invalid name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeWorkflow(self, request, context):
+        """Resumes a paused workflow: its steps are claimable again. changed = false when it
+        was not paused. INVALID_ARGUMENT for an empty or invalid name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseAction(self, request, context):
+        """Pauses an action (a handler name): from then on no server hands out a step of it,
+        in any run. Pausing it again changes nothing (changed = false). INVALID_ARGUMENT
+        for an empty or invalid name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeAction(self, request, context):
+        """Resumes a paused action. changed = false when it was not paused.
+        INVALID_ARGUMENT for an empty or invalid name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPauses(self, request, context):
+        """The workflows and actions paused now, by kind and name. Reads only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +297,41 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.MoveBuild,
                     request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.MoveBuildRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_admin__service__pb2.MoveBuildResponse.SerializeToString,
+            ),
+            'PauseRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseRun,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.PauseRunRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.PauseRunResponse.SerializeToString,
+            ),
+            'ResumeRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeRun,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ResumeRunRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ResumeRunResponse.SerializeToString,
+            ),
+            'PauseWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseWorkflow,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.PauseWorkflowRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.PauseWorkflowResponse.SerializeToString,
+            ),
+            'ResumeWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeWorkflow,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ResumeWorkflowRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ResumeWorkflowResponse.SerializeToString,
+            ),
+            'PauseAction': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseAction,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.PauseActionRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.PauseActionResponse.SerializeToString,
+            ),
+            'ResumeAction': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeAction,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ResumeActionRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ResumeActionResponse.SerializeToString,
+            ),
+            'ListPauses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPauses,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListPausesRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListPausesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -416,6 +551,195 @@ class AdminService:
             '/cyclone.v1.AdminService/MoveBuild',
             cyclone_dot_v1_dot_admin__service__pb2.MoveBuildRequest.SerializeToString,
             cyclone_dot_v1_dot_admin__service__pb2.MoveBuildResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/PauseRun',
+            cyclone_dot_v1_dot_admin__service__pb2.PauseRunRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.PauseRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/ResumeRun',
+            cyclone_dot_v1_dot_admin__service__pb2.ResumeRunRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.ResumeRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/PauseWorkflow',
+            cyclone_dot_v1_dot_admin__service__pb2.PauseWorkflowRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.PauseWorkflowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/ResumeWorkflow',
+            cyclone_dot_v1_dot_admin__service__pb2.ResumeWorkflowRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.ResumeWorkflowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseAction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/PauseAction',
+            cyclone_dot_v1_dot_admin__service__pb2.PauseActionRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.PauseActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeAction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/ResumeAction',
+            cyclone_dot_v1_dot_admin__service__pb2.ResumeActionRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.ResumeActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPauses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/ListPauses',
+            cyclone_dot_v1_dot_admin__service__pb2.ListPausesRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.ListPausesResponse.FromString,
             options,
             channel_credentials,
             insecure,

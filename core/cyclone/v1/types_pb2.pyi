@@ -48,6 +48,12 @@ class StepCallStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STEP_CALL_STATUS_FAILED: _ClassVar[StepCallStatus]
     STEP_CALL_STATUS_WAITING: _ClassVar[StepCallStatus]
     STEP_CALL_STATUS_CANCELLED: _ClassVar[StepCallStatus]
+
+class PauseKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PAUSE_KIND_UNSPECIFIED: _ClassVar[PauseKind]
+    PAUSE_KIND_WORKFLOW: _ClassVar[PauseKind]
+    PAUSE_KIND_ACTION: _ClassVar[PauseKind]
 TRIGGER_RULE_UNSPECIFIED: TriggerRule
 TRIGGER_RULE_ALL_SUCCESS: TriggerRule
 TRIGGER_RULE_ALL_DONE: TriggerRule
@@ -73,6 +79,9 @@ STEP_CALL_STATUS_SUCCEEDED: StepCallStatus
 STEP_CALL_STATUS_FAILED: StepCallStatus
 STEP_CALL_STATUS_WAITING: StepCallStatus
 STEP_CALL_STATUS_CANCELLED: StepCallStatus
+PAUSE_KIND_UNSPECIFIED: PauseKind
+PAUSE_KIND_WORKFLOW: PauseKind
+PAUSE_KIND_ACTION: PauseKind
 
 class Workflow(_message.Message):
     __slots__ = ("name", "nodes")
@@ -135,7 +144,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max_attempts: _Optional[int] = ..., initial_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff_multiplier: _Optional[float] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "workflow", "status", "input", "error", "submit_key", "created_at", "updated_at", "finished_at", "steps", "audit", "step_counts", "parent_run_id", "parent_node", "parent_step_id", "priority", "start_at", "tags", "deadline")
+    __slots__ = ("run_id", "workflow", "status", "input", "error", "submit_key", "created_at", "updated_at", "finished_at", "steps", "audit", "step_counts", "parent_run_id", "parent_node", "parent_step_id", "priority", "start_at", "tags", "deadline", "pause")
     class StepCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +178,7 @@ class Run(_message.Message):
     START_AT_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     workflow: str
     status: RunStatus
@@ -188,7 +198,8 @@ class Run(_message.Message):
     start_at: _timestamp_pb2.Timestamp
     tags: _containers.ScalarMap[str, str]
     deadline: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[RunError, _Mapping]] = ..., submit_key: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., audit: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., step_counts: _Optional[_Mapping[str, int]] = ..., parent_run_id: _Optional[str] = ..., parent_node: _Optional[str] = ..., parent_step_id: _Optional[str] = ..., priority: _Optional[int] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    pause: RunPause
+    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[RunError, _Mapping]] = ..., submit_key: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., audit: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., step_counts: _Optional[_Mapping[str, int]] = ..., parent_run_id: _Optional[str] = ..., parent_node: _Optional[str] = ..., parent_step_id: _Optional[str] = ..., priority: _Optional[int] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pause: _Optional[_Union[RunPause, _Mapping]] = ...) -> None: ...
 
 class RunError(_message.Message):
     __slots__ = ("kind", "message", "node", "attempt", "started_at", "step_id")
@@ -355,6 +366,26 @@ class StepError(_message.Message):
     retryable: bool
     at: _timestamp_pb2.Timestamp
     def __init__(self, attempt: _Optional[int] = ..., kind: _Optional[str] = ..., type: _Optional[str] = ..., message: _Optional[str] = ..., details: _Optional[str] = ..., retryable: _Optional[bool] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class RunPause(_message.Message):
+    __slots__ = ("actor", "reason", "at")
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    actor: str
+    reason: str
+    at: _timestamp_pb2.Timestamp
+    def __init__(self, actor: _Optional[str] = ..., reason: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Pause(_message.Message):
+    __slots__ = ("kind", "name", "pause")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_FIELD_NUMBER: _ClassVar[int]
+    kind: PauseKind
+    name: str
+    pause: RunPause
+    def __init__(self, kind: _Optional[_Union[PauseKind, str]] = ..., name: _Optional[str] = ..., pause: _Optional[_Union[RunPause, _Mapping]] = ...) -> None: ...
 
 class AuditEntry(_message.Message):
     __slots__ = ("action", "node", "actor", "reason", "at", "details")

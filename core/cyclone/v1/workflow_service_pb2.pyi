@@ -31,6 +31,7 @@ class ExplainReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXPLAIN_REASON_RATE_LIMITED: _ClassVar[ExplainReason]
     EXPLAIN_REASON_WAITING: _ClassVar[ExplainReason]
     EXPLAIN_REASON_NOT_BEFORE: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_PAUSED: _ClassVar[ExplainReason]
 EXPLAIN_REASON_UNSPECIFIED: ExplainReason
 EXPLAIN_REASON_WAITING_ON_UPSTREAM: ExplainReason
 EXPLAIN_REASON_BACKING_OFF: ExplainReason
@@ -48,6 +49,7 @@ EXPLAIN_REASON_CONCURRENCY_LIMITED: ExplainReason
 EXPLAIN_REASON_RATE_LIMITED: ExplainReason
 EXPLAIN_REASON_WAITING: ExplainReason
 EXPLAIN_REASON_NOT_BEFORE: ExplainReason
+EXPLAIN_REASON_PAUSED: ExplainReason
 
 class SubmitRequest(_message.Message):
     __slots__ = ("workflow", "input", "start_at", "priority", "tags", "deadline")

@@ -1175,6 +1175,731 @@ func (x *ResolveResponse) GetRun() *Run {
 	return nil
 }
 
+// Arguments of AdminService.PauseRun.
+type PauseRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, by id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Why, recorded in the run's audit trail. Optional.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseRunRequest) Reset() {
+	*x = PauseRunRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseRunRequest) ProtoMessage() {}
+
+func (x *PauseRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseRunRequest.ProtoReflect.Descriptor instead.
+func (*PauseRunRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PauseRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *PauseRunRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.PauseRun.
+type PauseRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run after the call.
+	Run *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	// False when the run was paused already: nothing changed.
+	Changed       bool `protobuf:"varint,2,opt,name=changed,proto3" json:"changed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseRunResponse) Reset() {
+	*x = PauseRunResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseRunResponse) ProtoMessage() {}
+
+func (x *PauseRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseRunResponse.ProtoReflect.Descriptor instead.
+func (*PauseRunResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *PauseRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+func (x *PauseRunResponse) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
+// Arguments of AdminService.ResumeRun.
+type ResumeRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, by id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Why, recorded in the run's audit trail. Optional.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRunRequest) Reset() {
+	*x = ResumeRunRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRunRequest) ProtoMessage() {}
+
+func (x *ResumeRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRunRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRunRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ResumeRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ResumeRunRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.ResumeRun.
+type ResumeRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run after the call.
+	Run *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	// False when the run was not paused: nothing changed.
+	Changed       bool `protobuf:"varint,2,opt,name=changed,proto3" json:"changed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRunResponse) Reset() {
+	*x = ResumeRunResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRunResponse) ProtoMessage() {}
+
+func (x *ResumeRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRunResponse.ProtoReflect.Descriptor instead.
+func (*ResumeRunResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ResumeRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+func (x *ResumeRunResponse) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
+// Arguments of AdminService.PauseWorkflow.
+type PauseWorkflowRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The workflow's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Why, recorded with the pause. Optional.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseWorkflowRequest) Reset() {
+	*x = PauseWorkflowRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseWorkflowRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseWorkflowRequest) ProtoMessage() {}
+
+func (x *PauseWorkflowRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseWorkflowRequest.ProtoReflect.Descriptor instead.
+func (*PauseWorkflowRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *PauseWorkflowRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PauseWorkflowRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.PauseWorkflow.
+type PauseWorkflowResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the workflow was paused already: nothing changed.
+	Changed bool `protobuf:"varint,1,opt,name=changed,proto3" json:"changed,omitempty"`
+	// The pause in force after the call (the first one's, when it was paused already).
+	Pause         *RunPause `protobuf:"bytes,2,opt,name=pause,proto3" json:"pause,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseWorkflowResponse) Reset() {
+	*x = PauseWorkflowResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseWorkflowResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseWorkflowResponse) ProtoMessage() {}
+
+func (x *PauseWorkflowResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseWorkflowResponse.ProtoReflect.Descriptor instead.
+func (*PauseWorkflowResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *PauseWorkflowResponse) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
+func (x *PauseWorkflowResponse) GetPause() *RunPause {
+	if x != nil {
+		return x.Pause
+	}
+	return nil
+}
+
+// Arguments of AdminService.ResumeWorkflow.
+type ResumeWorkflowRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The workflow's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Why, recorded with the pause. Optional.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeWorkflowRequest) Reset() {
+	*x = ResumeWorkflowRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeWorkflowRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeWorkflowRequest) ProtoMessage() {}
+
+func (x *ResumeWorkflowRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeWorkflowRequest.ProtoReflect.Descriptor instead.
+func (*ResumeWorkflowRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ResumeWorkflowRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ResumeWorkflowRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.ResumeWorkflow.
+type ResumeWorkflowResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the workflow was not paused: nothing changed.
+	Changed       bool `protobuf:"varint,1,opt,name=changed,proto3" json:"changed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeWorkflowResponse) Reset() {
+	*x = ResumeWorkflowResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeWorkflowResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeWorkflowResponse) ProtoMessage() {}
+
+func (x *ResumeWorkflowResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeWorkflowResponse.ProtoReflect.Descriptor instead.
+func (*ResumeWorkflowResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ResumeWorkflowResponse) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
+// Arguments of AdminService.PauseAction.
+type PauseActionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The action's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Why, recorded with the pause. Optional.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseActionRequest) Reset() {
+	*x = PauseActionRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseActionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseActionRequest) ProtoMessage() {}
+
+func (x *PauseActionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseActionRequest.ProtoReflect.Descriptor instead.
+func (*PauseActionRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *PauseActionRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PauseActionRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.PauseAction.
+type PauseActionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the action was paused already: nothing changed.
+	Changed bool `protobuf:"varint,1,opt,name=changed,proto3" json:"changed,omitempty"`
+	// The pause in force after the call (the first one's, when it was paused already).
+	Pause         *RunPause `protobuf:"bytes,2,opt,name=pause,proto3" json:"pause,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseActionResponse) Reset() {
+	*x = PauseActionResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseActionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseActionResponse) ProtoMessage() {}
+
+func (x *PauseActionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseActionResponse.ProtoReflect.Descriptor instead.
+func (*PauseActionResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *PauseActionResponse) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
+func (x *PauseActionResponse) GetPause() *RunPause {
+	if x != nil {
+		return x.Pause
+	}
+	return nil
+}
+
+// Arguments of AdminService.ResumeAction.
+type ResumeActionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The action's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Why, recorded with the pause. Optional.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeActionRequest) Reset() {
+	*x = ResumeActionRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeActionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeActionRequest) ProtoMessage() {}
+
+func (x *ResumeActionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeActionRequest.ProtoReflect.Descriptor instead.
+func (*ResumeActionRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ResumeActionRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ResumeActionRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.ResumeAction.
+type ResumeActionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the action was not paused: nothing changed.
+	Changed       bool `protobuf:"varint,1,opt,name=changed,proto3" json:"changed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeActionResponse) Reset() {
+	*x = ResumeActionResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeActionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeActionResponse) ProtoMessage() {}
+
+func (x *ResumeActionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeActionResponse.ProtoReflect.Descriptor instead.
+func (*ResumeActionResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ResumeActionResponse) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
+// Arguments of AdminService.ListPauses.
+type ListPausesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPausesRequest) Reset() {
+	*x = ListPausesRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPausesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPausesRequest) ProtoMessage() {}
+
+func (x *ListPausesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPausesRequest.ProtoReflect.Descriptor instead.
+func (*ListPausesRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{31}
+}
+
+// Result of AdminService.ListPauses.
+type ListPausesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The paused workflows, then the paused actions, each by name.
+	Pauses        []*Pause `protobuf:"bytes,1,rep,name=pauses,proto3" json:"pauses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPausesResponse) Reset() {
+	*x = ListPausesResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPausesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPausesResponse) ProtoMessage() {}
+
+func (x *ListPausesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPausesResponse.ProtoReflect.Descriptor instead.
+func (*ListPausesResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ListPausesResponse) GetPauses() []*Pause {
+	if x != nil {
+		return x.Pauses
+	}
+	return nil
+}
+
 var File_cyclone_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_admin_service_proto_rawDesc = "" +
@@ -1253,7 +1978,44 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
 	"resolution\"4\n" +
 	"\x0fResolveResponse\x12!\n" +
-	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run2\xf9\x04\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"@\n" +
+	"\x0fPauseRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"O\n" +
+	"\x10PauseRunResponse\x12!\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\x12\x18\n" +
+	"\achanged\x18\x02 \x01(\bR\achanged\"A\n" +
+	"\x10ResumeRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"P\n" +
+	"\x11ResumeRunResponse\x12!\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\x12\x18\n" +
+	"\achanged\x18\x02 \x01(\bR\achanged\"B\n" +
+	"\x14PauseWorkflowRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"]\n" +
+	"\x15PauseWorkflowResponse\x12\x18\n" +
+	"\achanged\x18\x01 \x01(\bR\achanged\x12*\n" +
+	"\x05pause\x18\x02 \x01(\v2\x14.cyclone.v1.RunPauseR\x05pause\"C\n" +
+	"\x15ResumeWorkflowRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"2\n" +
+	"\x16ResumeWorkflowResponse\x12\x18\n" +
+	"\achanged\x18\x01 \x01(\bR\achanged\"@\n" +
+	"\x12PauseActionRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"[\n" +
+	"\x13PauseActionResponse\x12\x18\n" +
+	"\achanged\x18\x01 \x01(\bR\achanged\x12*\n" +
+	"\x05pause\x18\x02 \x01(\v2\x14.cyclone.v1.RunPauseR\x05pause\"A\n" +
+	"\x13ResumeActionRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"0\n" +
+	"\x14ResumeActionResponse\x12\x18\n" +
+	"\achanged\x18\x01 \x01(\bR\achanged\"\x13\n" +
+	"\x11ListPausesRequest\"?\n" +
+	"\x12ListPausesResponse\x12)\n" +
+	"\x06pauses\x18\x01 \x03(\v2\x11.cyclone.v1.PauseR\x06pauses2\xa9\t\n" +
 	"\fAdminService\x12<\n" +
 	"\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12E\n" +
 	"\bRetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12B\n" +
@@ -1263,7 +2025,15 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\rListBuildRuns\x12 .cyclone.v1.ListBuildRunsRequest\x1a!.cyclone.v1.ListBuildRunsResponse\x12c\n" +
 	"\x12SetBuildCompatible\x12%.cyclone.v1.SetBuildCompatibleRequest\x1a&.cyclone.v1.SetBuildCompatibleResponse\x12N\n" +
 	"\vRetireBuild\x12\x1e.cyclone.v1.RetireBuildRequest\x1a\x1f.cyclone.v1.RetireBuildResponse\x12H\n" +
-	"\tMoveBuild\x12\x1c.cyclone.v1.MoveBuildRequest\x1a\x1d.cyclone.v1.MoveBuildResponseb\x06proto3"
+	"\tMoveBuild\x12\x1c.cyclone.v1.MoveBuildRequest\x1a\x1d.cyclone.v1.MoveBuildResponse\x12E\n" +
+	"\bPauseRun\x12\x1b.cyclone.v1.PauseRunRequest\x1a\x1c.cyclone.v1.PauseRunResponse\x12H\n" +
+	"\tResumeRun\x12\x1c.cyclone.v1.ResumeRunRequest\x1a\x1d.cyclone.v1.ResumeRunResponse\x12T\n" +
+	"\rPauseWorkflow\x12 .cyclone.v1.PauseWorkflowRequest\x1a!.cyclone.v1.PauseWorkflowResponse\x12W\n" +
+	"\x0eResumeWorkflow\x12!.cyclone.v1.ResumeWorkflowRequest\x1a\".cyclone.v1.ResumeWorkflowResponse\x12N\n" +
+	"\vPauseAction\x12\x1e.cyclone.v1.PauseActionRequest\x1a\x1f.cyclone.v1.PauseActionResponse\x12Q\n" +
+	"\fResumeAction\x12\x1f.cyclone.v1.ResumeActionRequest\x1a .cyclone.v1.ResumeActionResponse\x12K\n" +
+	"\n" +
+	"ListPauses\x12\x1d.cyclone.v1.ListPausesRequest\x1a\x1e.cyclone.v1.ListPausesResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_admin_service_proto_rawDescOnce sync.Once
@@ -1277,7 +2047,7 @@ func file_cyclone_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_cyclone_v1_admin_service_proto_rawDescData
 }
 
-var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_cyclone_v1_admin_service_proto_goTypes = []any{
 	(*Build)(nil),                      // 0: cyclone.v1.Build
 	(*BuildWorker)(nil),                // 1: cyclone.v1.BuildWorker
@@ -1298,44 +2068,79 @@ var file_cyclone_v1_admin_service_proto_goTypes = []any{
 	(*RetryAllResponse)(nil),           // 16: cyclone.v1.RetryAllResponse
 	(*ResolveRequest)(nil),             // 17: cyclone.v1.ResolveRequest
 	(*ResolveResponse)(nil),            // 18: cyclone.v1.ResolveResponse
-	(*timestamppb.Timestamp)(nil),      // 19: google.protobuf.Timestamp
-	(*Run)(nil),                        // 20: cyclone.v1.Run
-	(*structpb.Value)(nil),             // 21: google.protobuf.Value
+	(*PauseRunRequest)(nil),            // 19: cyclone.v1.PauseRunRequest
+	(*PauseRunResponse)(nil),           // 20: cyclone.v1.PauseRunResponse
+	(*ResumeRunRequest)(nil),           // 21: cyclone.v1.ResumeRunRequest
+	(*ResumeRunResponse)(nil),          // 22: cyclone.v1.ResumeRunResponse
+	(*PauseWorkflowRequest)(nil),       // 23: cyclone.v1.PauseWorkflowRequest
+	(*PauseWorkflowResponse)(nil),      // 24: cyclone.v1.PauseWorkflowResponse
+	(*ResumeWorkflowRequest)(nil),      // 25: cyclone.v1.ResumeWorkflowRequest
+	(*ResumeWorkflowResponse)(nil),     // 26: cyclone.v1.ResumeWorkflowResponse
+	(*PauseActionRequest)(nil),         // 27: cyclone.v1.PauseActionRequest
+	(*PauseActionResponse)(nil),        // 28: cyclone.v1.PauseActionResponse
+	(*ResumeActionRequest)(nil),        // 29: cyclone.v1.ResumeActionRequest
+	(*ResumeActionResponse)(nil),       // 30: cyclone.v1.ResumeActionResponse
+	(*ListPausesRequest)(nil),          // 31: cyclone.v1.ListPausesRequest
+	(*ListPausesResponse)(nil),         // 32: cyclone.v1.ListPausesResponse
+	(*timestamppb.Timestamp)(nil),      // 33: google.protobuf.Timestamp
+	(*Run)(nil),                        // 34: cyclone.v1.Run
+	(*structpb.Value)(nil),             // 35: google.protobuf.Value
+	(*RunPause)(nil),                   // 36: cyclone.v1.RunPause
+	(*Pause)(nil),                      // 37: cyclone.v1.Pause
 }
 var file_cyclone_v1_admin_service_proto_depIdxs = []int32{
 	1,  // 0: cyclone.v1.Build.workers:type_name -> cyclone.v1.BuildWorker
-	19, // 1: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
-	19, // 2: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
-	19, // 3: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
+	33, // 1: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
+	33, // 2: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
+	33, // 3: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
 	0,  // 4: cyclone.v1.ListBuildsResponse.builds:type_name -> cyclone.v1.Build
 	5,  // 5: cyclone.v1.ListBuildRunsResponse.runs:type_name -> cyclone.v1.BuildRun
 	0,  // 6: cyclone.v1.SetBuildCompatibleResponse.build:type_name -> cyclone.v1.Build
 	0,  // 7: cyclone.v1.RetireBuildResponse.build:type_name -> cyclone.v1.Build
-	20, // 8: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
-	20, // 9: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
-	21, // 10: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
-	20, // 11: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
-	13, // 12: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
-	15, // 13: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
-	17, // 14: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
-	2,  // 15: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
-	4,  // 16: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
-	7,  // 17: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
-	9,  // 18: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
-	11, // 19: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
-	14, // 20: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
-	16, // 21: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
-	18, // 22: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
-	3,  // 23: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
-	6,  // 24: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
-	8,  // 25: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
-	10, // 26: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
-	12, // 27: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	34, // 8: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
+	34, // 9: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
+	35, // 10: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
+	34, // 11: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
+	34, // 12: cyclone.v1.PauseRunResponse.run:type_name -> cyclone.v1.Run
+	34, // 13: cyclone.v1.ResumeRunResponse.run:type_name -> cyclone.v1.Run
+	36, // 14: cyclone.v1.PauseWorkflowResponse.pause:type_name -> cyclone.v1.RunPause
+	36, // 15: cyclone.v1.PauseActionResponse.pause:type_name -> cyclone.v1.RunPause
+	37, // 16: cyclone.v1.ListPausesResponse.pauses:type_name -> cyclone.v1.Pause
+	13, // 17: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
+	15, // 18: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
+	17, // 19: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
+	2,  // 20: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
+	4,  // 21: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
+	7,  // 22: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
+	9,  // 23: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
+	11, // 24: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
+	19, // 25: cyclone.v1.AdminService.PauseRun:input_type -> cyclone.v1.PauseRunRequest
+	21, // 26: cyclone.v1.AdminService.ResumeRun:input_type -> cyclone.v1.ResumeRunRequest
+	23, // 27: cyclone.v1.AdminService.PauseWorkflow:input_type -> cyclone.v1.PauseWorkflowRequest
+	25, // 28: cyclone.v1.AdminService.ResumeWorkflow:input_type -> cyclone.v1.ResumeWorkflowRequest
+	27, // 29: cyclone.v1.AdminService.PauseAction:input_type -> cyclone.v1.PauseActionRequest
+	29, // 30: cyclone.v1.AdminService.ResumeAction:input_type -> cyclone.v1.ResumeActionRequest
+	31, // 31: cyclone.v1.AdminService.ListPauses:input_type -> cyclone.v1.ListPausesRequest
+	14, // 32: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
+	16, // 33: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
+	18, // 34: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
+	3,  // 35: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
+	6,  // 36: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
+	8,  // 37: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
+	10, // 38: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
+	12, // 39: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
+	20, // 40: cyclone.v1.AdminService.PauseRun:output_type -> cyclone.v1.PauseRunResponse
+	22, // 41: cyclone.v1.AdminService.ResumeRun:output_type -> cyclone.v1.ResumeRunResponse
+	24, // 42: cyclone.v1.AdminService.PauseWorkflow:output_type -> cyclone.v1.PauseWorkflowResponse
+	26, // 43: cyclone.v1.AdminService.ResumeWorkflow:output_type -> cyclone.v1.ResumeWorkflowResponse
+	28, // 44: cyclone.v1.AdminService.PauseAction:output_type -> cyclone.v1.PauseActionResponse
+	30, // 45: cyclone.v1.AdminService.ResumeAction:output_type -> cyclone.v1.ResumeActionResponse
+	32, // 46: cyclone.v1.AdminService.ListPauses:output_type -> cyclone.v1.ListPausesResponse
+	32, // [32:47] is the sub-list for method output_type
+	17, // [17:32] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_admin_service_proto_init() }
@@ -1355,7 +2160,7 @@ func file_cyclone_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_admin_service_proto_rawDesc), len(file_cyclone_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

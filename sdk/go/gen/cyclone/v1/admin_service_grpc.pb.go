@@ -27,6 +27,13 @@ const (
 	AdminService_SetBuildCompatible_FullMethodName = "/cyclone.v1.AdminService/SetBuildCompatible"
 	AdminService_RetireBuild_FullMethodName        = "/cyclone.v1.AdminService/RetireBuild"
 	AdminService_MoveBuild_FullMethodName          = "/cyclone.v1.AdminService/MoveBuild"
+	AdminService_PauseRun_FullMethodName           = "/cyclone.v1.AdminService/PauseRun"
+	AdminService_ResumeRun_FullMethodName          = "/cyclone.v1.AdminService/ResumeRun"
+	AdminService_PauseWorkflow_FullMethodName      = "/cyclone.v1.AdminService/PauseWorkflow"
+	AdminService_ResumeWorkflow_FullMethodName     = "/cyclone.v1.AdminService/ResumeWorkflow"
+	AdminService_PauseAction_FullMethodName        = "/cyclone.v1.AdminService/PauseAction"
+	AdminService_ResumeAction_FullMethodName       = "/cyclone.v1.AdminService/ResumeAction"
+	AdminService_ListPauses_FullMethodName         = "/cyclone.v1.AdminService/ListPauses"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -69,6 +76,36 @@ type AdminServiceClient interface {
 	// entry. NOT_FOUND for an unknown build, INVALID_ARGUMENT when both are the same,
 	// FAILED_PRECONDITION when from_build_id is not retired or to_build_id is.
 	MoveBuild(ctx context.Context, in *MoveBuildRequest, opts ...grpc.CallOption) (*MoveBuildResponse, error)
+	// Pauses a run: no step of it is claimed until ResumeRun. Steps running now go on and
+	// their outcomes are recorded (completions, failures, retries); steps they make ready,
+	// retries whose backoff ends and waits that resolve (sleeps, events, child runs) are
+	// held. The run keeps its status; Run.pause says who paused it, why and when, and
+	// Explain says so for each held step. Audited ("pause"). Pausing a paused run changes
+	// nothing (changed = false). NOT_FOUND for an unknown run, FAILED_PRECONDITION for a
+	// finished one (completed, failed or cancelled). CancelRun cancels a paused run.
+	PauseRun(ctx context.Context, in *PauseRunRequest, opts ...grpc.CallOption) (*PauseRunResponse, error)
+	// Resumes a paused run: the steps it held are claimable at once (or when their
+	// backoff or wait ends), and waiting claims are woken. Audited ("resume"). Resuming a
+	// run that is not paused changes nothing (changed = false). NOT_FOUND for an unknown
+	// run.
+	ResumeRun(ctx context.Context, in *ResumeRunRequest, opts ...grpc.CallOption) (*ResumeRunResponse, error)
+	// Pauses a workflow: from then on no server hands out a step of any run of it (the
+	// claim itself checks the pause, in the database). Running steps go on; runs may
+	// still be submitted. Pausing it again changes nothing (changed = false).
+	// INVALID_ARGUMENT for an empty or invalid name.
+	PauseWorkflow(ctx context.Context, in *PauseWorkflowRequest, opts ...grpc.CallOption) (*PauseWorkflowResponse, error)
+	// Resumes a paused workflow: its steps are claimable again. changed = false when it
+	// was not paused. INVALID_ARGUMENT for an empty or invalid name.
+	ResumeWorkflow(ctx context.Context, in *ResumeWorkflowRequest, opts ...grpc.CallOption) (*ResumeWorkflowResponse, error)
+	// Pauses an action (a handler name): from then on no server hands out a step of it,
+	// in any run. Pausing it again changes nothing (changed = false). INVALID_ARGUMENT
+	// for an empty or invalid name.
+	PauseAction(ctx context.Context, in *PauseActionRequest, opts ...grpc.CallOption) (*PauseActionResponse, error)
+	// Resumes a paused action. changed = false when it was not paused.
+	// INVALID_ARGUMENT for an empty or invalid name.
+	ResumeAction(ctx context.Context, in *ResumeActionRequest, opts ...grpc.CallOption) (*ResumeActionResponse, error)
+	// The workflows and actions paused now, by kind and name. Reads only.
+	ListPauses(ctx context.Context, in *ListPausesRequest, opts ...grpc.CallOption) (*ListPausesResponse, error)
 }
 
 type adminServiceClient struct {
@@ -159,6 +196,76 @@ func (c *adminServiceClient) MoveBuild(ctx context.Context, in *MoveBuildRequest
 	return out, nil
 }
 
+func (c *adminServiceClient) PauseRun(ctx context.Context, in *PauseRunRequest, opts ...grpc.CallOption) (*PauseRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseRunResponse)
+	err := c.cc.Invoke(ctx, AdminService_PauseRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ResumeRun(ctx context.Context, in *ResumeRunRequest, opts ...grpc.CallOption) (*ResumeRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResumeRunResponse)
+	err := c.cc.Invoke(ctx, AdminService_ResumeRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) PauseWorkflow(ctx context.Context, in *PauseWorkflowRequest, opts ...grpc.CallOption) (*PauseWorkflowResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseWorkflowResponse)
+	err := c.cc.Invoke(ctx, AdminService_PauseWorkflow_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ResumeWorkflow(ctx context.Context, in *ResumeWorkflowRequest, opts ...grpc.CallOption) (*ResumeWorkflowResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResumeWorkflowResponse)
+	err := c.cc.Invoke(ctx, AdminService_ResumeWorkflow_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) PauseAction(ctx context.Context, in *PauseActionRequest, opts ...grpc.CallOption) (*PauseActionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseActionResponse)
+	err := c.cc.Invoke(ctx, AdminService_PauseAction_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ResumeAction(ctx context.Context, in *ResumeActionRequest, opts ...grpc.CallOption) (*ResumeActionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResumeActionResponse)
+	err := c.cc.Invoke(ctx, AdminService_ResumeAction_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListPauses(ctx context.Context, in *ListPausesRequest, opts ...grpc.CallOption) (*ListPausesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListPausesResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListPauses_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -199,6 +306,36 @@ type AdminServiceServer interface {
 	// entry. NOT_FOUND for an unknown build, INVALID_ARGUMENT when both are the same,
 	// FAILED_PRECONDITION when from_build_id is not retired or to_build_id is.
 	MoveBuild(context.Context, *MoveBuildRequest) (*MoveBuildResponse, error)
+	// Pauses a run: no step of it is claimed until ResumeRun. Steps running now go on and
+	// their outcomes are recorded (completions, failures, retries); steps they make ready,
+	// retries whose backoff ends and waits that resolve (sleeps, events, child runs) are
+	// held. The run keeps its status; Run.pause says who paused it, why and when, and
+	// Explain says so for each held step. Audited ("pause"). Pausing a paused run changes
+	// nothing (changed = false). NOT_FOUND for an unknown run, FAILED_PRECONDITION for a
+	// finished one (completed, failed or cancelled). CancelRun cancels a paused run.
+	PauseRun(context.Context, *PauseRunRequest) (*PauseRunResponse, error)
+	// Resumes a paused run: the steps it held are claimable at once (or when their
+	// backoff or wait ends), and waiting claims are woken. Audited ("resume"). Resuming a
+	// run that is not paused changes nothing (changed = false). NOT_FOUND for an unknown
+	// run.
+	ResumeRun(context.Context, *ResumeRunRequest) (*ResumeRunResponse, error)
+	// Pauses a workflow: from then on no server hands out a step of any run of it (the
+	// claim itself checks the pause, in the database). Running steps go on; runs may
+	// still be submitted. Pausing it again changes nothing (changed = false).
+	// INVALID_ARGUMENT for an empty or invalid name.
+	PauseWorkflow(context.Context, *PauseWorkflowRequest) (*PauseWorkflowResponse, error)
+	// Resumes a paused workflow: its steps are claimable again. changed = false when it
+	// was not paused. INVALID_ARGUMENT for an empty or invalid name.
+	ResumeWorkflow(context.Context, *ResumeWorkflowRequest) (*ResumeWorkflowResponse, error)
+	// Pauses an action (a handler name): from then on no server hands out a step of it,
+	// in any run. Pausing it again changes nothing (changed = false). INVALID_ARGUMENT
+	// for an empty or invalid name.
+	PauseAction(context.Context, *PauseActionRequest) (*PauseActionResponse, error)
+	// Resumes a paused action. changed = false when it was not paused.
+	// INVALID_ARGUMENT for an empty or invalid name.
+	ResumeAction(context.Context, *ResumeActionRequest) (*ResumeActionResponse, error)
+	// The workflows and actions paused now, by kind and name. Reads only.
+	ListPauses(context.Context, *ListPausesRequest) (*ListPausesResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -232,6 +369,27 @@ func (UnimplementedAdminServiceServer) RetireBuild(context.Context, *RetireBuild
 }
 func (UnimplementedAdminServiceServer) MoveBuild(context.Context, *MoveBuildRequest) (*MoveBuildResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method MoveBuild not implemented")
+}
+func (UnimplementedAdminServiceServer) PauseRun(context.Context, *PauseRunRequest) (*PauseRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PauseRun not implemented")
+}
+func (UnimplementedAdminServiceServer) ResumeRun(context.Context, *ResumeRunRequest) (*ResumeRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeRun not implemented")
+}
+func (UnimplementedAdminServiceServer) PauseWorkflow(context.Context, *PauseWorkflowRequest) (*PauseWorkflowResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PauseWorkflow not implemented")
+}
+func (UnimplementedAdminServiceServer) ResumeWorkflow(context.Context, *ResumeWorkflowRequest) (*ResumeWorkflowResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeWorkflow not implemented")
+}
+func (UnimplementedAdminServiceServer) PauseAction(context.Context, *PauseActionRequest) (*PauseActionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PauseAction not implemented")
+}
+func (UnimplementedAdminServiceServer) ResumeAction(context.Context, *ResumeActionRequest) (*ResumeActionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeAction not implemented")
+}
+func (UnimplementedAdminServiceServer) ListPauses(context.Context, *ListPausesRequest) (*ListPausesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListPauses not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -398,6 +556,132 @@ func _AdminService_MoveBuild_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_PauseRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PauseRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PauseRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PauseRun(ctx, req.(*PauseRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ResumeRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ResumeRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ResumeRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ResumeRun(ctx, req.(*ResumeRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PauseWorkflow_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseWorkflowRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PauseWorkflow(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PauseWorkflow_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PauseWorkflow(ctx, req.(*PauseWorkflowRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ResumeWorkflow_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeWorkflowRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ResumeWorkflow(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ResumeWorkflow_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ResumeWorkflow(ctx, req.(*ResumeWorkflowRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PauseAction_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseActionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PauseAction(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PauseAction_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PauseAction(ctx, req.(*PauseActionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ResumeAction_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeActionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ResumeAction(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ResumeAction_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ResumeAction(ctx, req.(*ResumeActionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListPauses_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListPausesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListPauses(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListPauses_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListPauses(ctx, req.(*ListPausesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -436,6 +720,34 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MoveBuild",
 			Handler:    _AdminService_MoveBuild_Handler,
+		},
+		{
+			MethodName: "PauseRun",
+			Handler:    _AdminService_PauseRun_Handler,
+		},
+		{
+			MethodName: "ResumeRun",
+			Handler:    _AdminService_ResumeRun_Handler,
+		},
+		{
+			MethodName: "PauseWorkflow",
+			Handler:    _AdminService_PauseWorkflow_Handler,
+		},
+		{
+			MethodName: "ResumeWorkflow",
+			Handler:    _AdminService_ResumeWorkflow_Handler,
+		},
+		{
+			MethodName: "PauseAction",
+			Handler:    _AdminService_PauseAction_Handler,
+		},
+		{
+			MethodName: "ResumeAction",
+			Handler:    _AdminService_ResumeAction_Handler,
+		},
+		{
+			MethodName: "ListPauses",
+			Handler:    _AdminService_ListPauses_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

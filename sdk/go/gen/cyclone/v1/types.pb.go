@@ -295,6 +295,59 @@ func (StepCallStatus) EnumDescriptor() ([]byte, []int) {
 	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
+// What a Pause holds back.
+type PauseKind int32
+
+const (
+	// Never returned.
+	PauseKind_PAUSE_KIND_UNSPECIFIED PauseKind = 0
+	// Every step of the runs of a workflow.
+	PauseKind_PAUSE_KIND_WORKFLOW PauseKind = 1
+	// Every step of an action (handler name), in any run.
+	PauseKind_PAUSE_KIND_ACTION PauseKind = 2
+)
+
+// Enum value maps for PauseKind.
+var (
+	PauseKind_name = map[int32]string{
+		0: "PAUSE_KIND_UNSPECIFIED",
+		1: "PAUSE_KIND_WORKFLOW",
+		2: "PAUSE_KIND_ACTION",
+	}
+	PauseKind_value = map[string]int32{
+		"PAUSE_KIND_UNSPECIFIED": 0,
+		"PAUSE_KIND_WORKFLOW":    1,
+		"PAUSE_KIND_ACTION":      2,
+	}
+)
+
+func (x PauseKind) Enum() *PauseKind {
+	p := new(PauseKind)
+	*p = x
+	return p
+}
+
+func (x PauseKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PauseKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_cyclone_v1_types_proto_enumTypes[4].Descriptor()
+}
+
+func (PauseKind) Type() protoreflect.EnumType {
+	return &file_cyclone_v1_types_proto_enumTypes[4]
+}
+
+func (x PauseKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PauseKind.Descriptor instead.
+func (PauseKind) EnumDescriptor() ([]byte, []int) {
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{4}
+}
+
 // A workflow definition: a named DAG of nodes. It is sent whole with every Submit;
 // the server keeps a copy with the run, so a run never changes when the code that
 // submitted it does.
@@ -729,7 +782,10 @@ type Run struct {
 	// The run's tags (SubmitRequest.tags).
 	Tags map[string]string `protobuf:"bytes,18,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The run's deadline (SubmitRequest.deadline, or its workflow's default); unset: none.
-	Deadline      *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	Deadline *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// Set while the run is paused (AdminService.PauseRun): who paused it, why and when.
+	// A paused run keeps its status; none of its steps is claimed until ResumeRun.
+	Pause         *RunPause `protobuf:"bytes,20,opt,name=pause,proto3" json:"pause,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -893,6 +949,13 @@ func (x *Run) GetTags() map[string]string {
 func (x *Run) GetDeadline() *timestamppb.Timestamp {
 	if x != nil {
 		return x.Deadline
+	}
+	return nil
+}
+
+func (x *Run) GetPause() *RunPause {
+	if x != nil {
+		return x.Pause
 	}
 	return nil
 }
@@ -1805,10 +1868,139 @@ func (x *StepError) GetAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// A pause of a run (Run.pause), a workflow or an action (Pause): who, why, when.
+type RunPause struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Who paused it: the authenticated identity, else the "cyclone-actor" metadata value.
+	Actor string `protobuf:"bytes,1,opt,name=actor,proto3" json:"actor,omitempty"`
+	// The reason given with the call; empty when none was.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// When it was paused.
+	At            *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunPause) Reset() {
+	*x = RunPause{}
+	mi := &file_cyclone_v1_types_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunPause) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunPause) ProtoMessage() {}
+
+func (x *RunPause) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_types_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunPause.ProtoReflect.Descriptor instead.
+func (*RunPause) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RunPause) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *RunPause) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RunPause) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+// A paused workflow or action (AdminService.ListPauses).
+type Pause struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Workflow or action.
+	Kind PauseKind `protobuf:"varint,1,opt,name=kind,proto3,enum=cyclone.v1.PauseKind" json:"kind,omitempty"`
+	// The workflow's or the action's name.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Who paused it, why and when.
+	Pause         *RunPause `protobuf:"bytes,3,opt,name=pause,proto3" json:"pause,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Pause) Reset() {
+	*x = Pause{}
+	mi := &file_cyclone_v1_types_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Pause) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Pause) ProtoMessage() {}
+
+func (x *Pause) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_types_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Pause.ProtoReflect.Descriptor instead.
+func (*Pause) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Pause) GetKind() PauseKind {
+	if x != nil {
+		return x.Kind
+	}
+	return PauseKind_PAUSE_KIND_UNSPECIFIED
+}
+
+func (x *Pause) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Pause) GetPause() *RunPause {
+	if x != nil {
+		return x.Pause
+	}
+	return nil
+}
+
 // One operator action, as recorded.
 type AuditEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "retry", "retry_all", "resolve_result", "resolve_error", "resolve_discard", "cancel".
+	// "retry", "retry_all", "resolve_result", "resolve_error", "resolve_discard", "cancel",
+	// "pause", "resume".
 	Action string `protobuf:"bytes,1,opt,name=action,proto3" json:"action,omitempty"`
 	// The node concerned, empty for run-wide actions.
 	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
@@ -1826,7 +2018,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_cyclone_v1_types_proto_msgTypes[12]
+	mi := &file_cyclone_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1838,7 +2030,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_types_proto_msgTypes[12]
+	mi := &file_cyclone_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1851,7 +2043,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_cyclone_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AuditEntry) GetAction() string {
@@ -1930,7 +2122,7 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
 	"\vmax_backoff\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"maxBackoff\x12-\n" +
-	"\x12backoff_multiplier\x18\x04 \x01(\x01R\x11backoffMultiplier\"\xc8\a\n" +
+	"\x12backoff_multiplier\x18\x04 \x01(\x01R\x11backoffMultiplier\"\xf4\a\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
 	"\bworkflow\x18\x02 \x01(\tR\bworkflow\x12-\n" +
@@ -1957,7 +2149,8 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\bpriority\x18\x10 \x01(\x05R\bpriority\x125\n" +
 	"\bstart_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\astartAt\x12-\n" +
 	"\x04tags\x18\x12 \x03(\v2\x19.cyclone.v1.Run.TagsEntryR\x04tags\x126\n" +
-	"\bdeadline\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x1a=\n" +
+	"\bdeadline\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12*\n" +
+	"\x05pause\x18\x14 \x01(\v2\x14.cyclone.v1.RunPauseR\x05pause\x1a=\n" +
 	"\x0fStepCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1a7\n" +
@@ -2055,7 +2248,15 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x18\n" +
 	"\adetails\x18\x05 \x01(\tR\adetails\x12\x1c\n" +
 	"\tretryable\x18\x06 \x01(\bR\tretryable\x12*\n" +
-	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xc4\x01\n" +
+	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"d\n" +
+	"\bRunPause\x12\x14\n" +
+	"\x05actor\x18\x01 \x01(\tR\x05actor\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12*\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"r\n" +
+	"\x05Pause\x12)\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x15.cyclone.v1.PauseKindR\x04kind\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12*\n" +
+	"\x05pause\x18\x03 \x01(\v2\x14.cyclone.v1.RunPauseR\x05pause\"\xc4\x01\n" +
 	"\n" +
 	"AuditEntry\x12\x16\n" +
 	"\x06action\x18\x01 \x01(\tR\x06action\x12\x12\n" +
@@ -2093,7 +2294,11 @@ const file_cyclone_v1_types_proto_rawDesc = "" +
 	"\x1aSTEP_CALL_STATUS_SUCCEEDED\x10\x02\x12\x1b\n" +
 	"\x17STEP_CALL_STATUS_FAILED\x10\x03\x12\x1c\n" +
 	"\x18STEP_CALL_STATUS_WAITING\x10\x04\x12\x1e\n" +
-	"\x1aSTEP_CALL_STATUS_CANCELLED\x10<b\x06proto3"
+	"\x1aSTEP_CALL_STATUS_CANCELLED\x10<*W\n" +
+	"\tPauseKind\x12\x1a\n" +
+	"\x16PAUSE_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13PAUSE_KIND_WORKFLOW\x10\x01\x12\x15\n" +
+	"\x11PAUSE_KIND_ACTION\x10\x02b\x06proto3"
 
 var (
 	file_cyclone_v1_types_proto_rawDescOnce sync.Once
@@ -2107,89 +2312,96 @@ func file_cyclone_v1_types_proto_rawDescGZIP() []byte {
 	return file_cyclone_v1_types_proto_rawDescData
 }
 
-var file_cyclone_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_cyclone_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_cyclone_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_cyclone_v1_types_proto_goTypes = []any{
 	(TriggerRule)(0),              // 0: cyclone.v1.TriggerRule
 	(RunStatus)(0),                // 1: cyclone.v1.RunStatus
 	(StepStatus)(0),               // 2: cyclone.v1.StepStatus
 	(StepCallStatus)(0),           // 3: cyclone.v1.StepCallStatus
-	(*Workflow)(nil),              // 4: cyclone.v1.Workflow
-	(*Node)(nil),                  // 5: cyclone.v1.Node
-	(*EventWait)(nil),             // 6: cyclone.v1.EventWait
-	(*ConcurrencyLimit)(nil),      // 7: cyclone.v1.ConcurrencyLimit
-	(*RetryPolicy)(nil),           // 8: cyclone.v1.RetryPolicy
-	(*Run)(nil),                   // 9: cyclone.v1.Run
-	(*RunError)(nil),              // 10: cyclone.v1.RunError
-	(*Step)(nil),                  // 11: cyclone.v1.Step
-	(*LogLine)(nil),               // 12: cyclone.v1.LogLine
-	(*StepCall)(nil),              // 13: cyclone.v1.StepCall
-	(*StepCallError)(nil),         // 14: cyclone.v1.StepCallError
-	(*StepError)(nil),             // 15: cyclone.v1.StepError
-	(*AuditEntry)(nil),            // 16: cyclone.v1.AuditEntry
-	nil,                           // 17: cyclone.v1.Run.StepCountsEntry
-	nil,                           // 18: cyclone.v1.Run.TagsEntry
-	(*durationpb.Duration)(nil),   // 19: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 20: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(PauseKind)(0),                // 4: cyclone.v1.PauseKind
+	(*Workflow)(nil),              // 5: cyclone.v1.Workflow
+	(*Node)(nil),                  // 6: cyclone.v1.Node
+	(*EventWait)(nil),             // 7: cyclone.v1.EventWait
+	(*ConcurrencyLimit)(nil),      // 8: cyclone.v1.ConcurrencyLimit
+	(*RetryPolicy)(nil),           // 9: cyclone.v1.RetryPolicy
+	(*Run)(nil),                   // 10: cyclone.v1.Run
+	(*RunError)(nil),              // 11: cyclone.v1.RunError
+	(*Step)(nil),                  // 12: cyclone.v1.Step
+	(*LogLine)(nil),               // 13: cyclone.v1.LogLine
+	(*StepCall)(nil),              // 14: cyclone.v1.StepCall
+	(*StepCallError)(nil),         // 15: cyclone.v1.StepCallError
+	(*StepError)(nil),             // 16: cyclone.v1.StepError
+	(*RunPause)(nil),              // 17: cyclone.v1.RunPause
+	(*Pause)(nil),                 // 18: cyclone.v1.Pause
+	(*AuditEntry)(nil),            // 19: cyclone.v1.AuditEntry
+	nil,                           // 20: cyclone.v1.Run.StepCountsEntry
+	nil,                           // 21: cyclone.v1.Run.TagsEntry
+	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 23: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
 }
 var file_cyclone_v1_types_proto_depIdxs = []int32{
-	5,  // 0: cyclone.v1.Workflow.nodes:type_name -> cyclone.v1.Node
+	6,  // 0: cyclone.v1.Workflow.nodes:type_name -> cyclone.v1.Node
 	0,  // 1: cyclone.v1.Node.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	8,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
-	19, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
-	20, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
-	6,  // 5: cyclone.v1.Node.event:type_name -> cyclone.v1.EventWait
-	7,  // 6: cyclone.v1.Node.concurrency:type_name -> cyclone.v1.ConcurrencyLimit
-	19, // 7: cyclone.v1.EventWait.timeout:type_name -> google.protobuf.Duration
-	19, // 8: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	19, // 9: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	9,  // 2: cyclone.v1.Node.retry:type_name -> cyclone.v1.RetryPolicy
+	22, // 3: cyclone.v1.Node.timeout:type_name -> google.protobuf.Duration
+	23, // 4: cyclone.v1.Node.input:type_name -> google.protobuf.Value
+	7,  // 5: cyclone.v1.Node.event:type_name -> cyclone.v1.EventWait
+	8,  // 6: cyclone.v1.Node.concurrency:type_name -> cyclone.v1.ConcurrencyLimit
+	22, // 7: cyclone.v1.EventWait.timeout:type_name -> google.protobuf.Duration
+	22, // 8: cyclone.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	22, // 9: cyclone.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
 	1,  // 10: cyclone.v1.Run.status:type_name -> cyclone.v1.RunStatus
-	20, // 11: cyclone.v1.Run.input:type_name -> google.protobuf.Value
-	10, // 12: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
-	21, // 13: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	21, // 14: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	21, // 15: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	11, // 16: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
-	16, // 17: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
-	17, // 18: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
-	21, // 19: cyclone.v1.Run.start_at:type_name -> google.protobuf.Timestamp
-	18, // 20: cyclone.v1.Run.tags:type_name -> cyclone.v1.Run.TagsEntry
-	21, // 21: cyclone.v1.Run.deadline:type_name -> google.protobuf.Timestamp
-	21, // 22: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
-	2,  // 23: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
-	0,  // 24: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
-	20, // 25: cyclone.v1.Step.input:type_name -> google.protobuf.Value
-	20, // 26: cyclone.v1.Step.output:type_name -> google.protobuf.Value
-	15, // 27: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
-	21, // 28: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
-	21, // 29: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
-	21, // 30: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
-	21, // 31: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
-	19, // 32: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
-	20, // 33: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
-	21, // 34: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	13, // 35: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
-	12, // 36: cyclone.v1.Step.logs:type_name -> cyclone.v1.LogLine
-	8,  // 37: cyclone.v1.Step.retry:type_name -> cyclone.v1.RetryPolicy
-	21, // 38: cyclone.v1.Step.waiting_until:type_name -> google.protobuf.Timestamp
-	21, // 39: cyclone.v1.LogLine.at:type_name -> google.protobuf.Timestamp
-	3,  // 40: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
-	20, // 41: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
-	14, // 42: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
-	21, // 43: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
-	21, // 44: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
-	21, // 45: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
-	20, // 46: cyclone.v1.StepCallError.args:type_name -> google.protobuf.Value
-	20, // 47: cyclone.v1.StepCallError.attributes:type_name -> google.protobuf.Value
-	21, // 48: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
-	21, // 49: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	20, // 50: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
-	51, // [51:51] is the sub-list for method output_type
-	51, // [51:51] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	23, // 11: cyclone.v1.Run.input:type_name -> google.protobuf.Value
+	11, // 12: cyclone.v1.Run.error:type_name -> cyclone.v1.RunError
+	24, // 13: cyclone.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	24, // 14: cyclone.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	24, // 15: cyclone.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	12, // 16: cyclone.v1.Run.steps:type_name -> cyclone.v1.Step
+	19, // 17: cyclone.v1.Run.audit:type_name -> cyclone.v1.AuditEntry
+	20, // 18: cyclone.v1.Run.step_counts:type_name -> cyclone.v1.Run.StepCountsEntry
+	24, // 19: cyclone.v1.Run.start_at:type_name -> google.protobuf.Timestamp
+	21, // 20: cyclone.v1.Run.tags:type_name -> cyclone.v1.Run.TagsEntry
+	24, // 21: cyclone.v1.Run.deadline:type_name -> google.protobuf.Timestamp
+	17, // 22: cyclone.v1.Run.pause:type_name -> cyclone.v1.RunPause
+	24, // 23: cyclone.v1.RunError.started_at:type_name -> google.protobuf.Timestamp
+	2,  // 24: cyclone.v1.Step.status:type_name -> cyclone.v1.StepStatus
+	0,  // 25: cyclone.v1.Step.trigger_rule:type_name -> cyclone.v1.TriggerRule
+	23, // 26: cyclone.v1.Step.input:type_name -> google.protobuf.Value
+	23, // 27: cyclone.v1.Step.output:type_name -> google.protobuf.Value
+	16, // 28: cyclone.v1.Step.errors:type_name -> cyclone.v1.StepError
+	24, // 29: cyclone.v1.Step.lease_expires_at:type_name -> google.protobuf.Timestamp
+	24, // 30: cyclone.v1.Step.available_at:type_name -> google.protobuf.Timestamp
+	24, // 31: cyclone.v1.Step.started_at:type_name -> google.protobuf.Timestamp
+	24, // 32: cyclone.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
+	22, // 33: cyclone.v1.Step.timeout:type_name -> google.protobuf.Duration
+	23, // 34: cyclone.v1.Step.progress:type_name -> google.protobuf.Value
+	24, // 35: cyclone.v1.Step.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	14, // 36: cyclone.v1.Step.journal:type_name -> cyclone.v1.StepCall
+	13, // 37: cyclone.v1.Step.logs:type_name -> cyclone.v1.LogLine
+	9,  // 38: cyclone.v1.Step.retry:type_name -> cyclone.v1.RetryPolicy
+	24, // 39: cyclone.v1.Step.waiting_until:type_name -> google.protobuf.Timestamp
+	24, // 40: cyclone.v1.LogLine.at:type_name -> google.protobuf.Timestamp
+	3,  // 41: cyclone.v1.StepCall.status:type_name -> cyclone.v1.StepCallStatus
+	23, // 42: cyclone.v1.StepCall.output:type_name -> google.protobuf.Value
+	15, // 43: cyclone.v1.StepCall.error:type_name -> cyclone.v1.StepCallError
+	24, // 44: cyclone.v1.StepCall.started_at:type_name -> google.protobuf.Timestamp
+	24, // 45: cyclone.v1.StepCall.finished_at:type_name -> google.protobuf.Timestamp
+	24, // 46: cyclone.v1.StepCall.wake_at:type_name -> google.protobuf.Timestamp
+	23, // 47: cyclone.v1.StepCallError.args:type_name -> google.protobuf.Value
+	23, // 48: cyclone.v1.StepCallError.attributes:type_name -> google.protobuf.Value
+	24, // 49: cyclone.v1.StepError.at:type_name -> google.protobuf.Timestamp
+	24, // 50: cyclone.v1.RunPause.at:type_name -> google.protobuf.Timestamp
+	4,  // 51: cyclone.v1.Pause.kind:type_name -> cyclone.v1.PauseKind
+	17, // 52: cyclone.v1.Pause.pause:type_name -> cyclone.v1.RunPause
+	24, // 53: cyclone.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	23, // 54: cyclone.v1.AuditEntry.details:type_name -> google.protobuf.Value
+	55, // [55:55] is the sub-list for method output_type
+	55, // [55:55] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_types_proto_init() }
@@ -2203,8 +2415,8 @@ func file_cyclone_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_types_proto_rawDesc), len(file_cyclone_v1_types_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   15,
+			NumEnums:      5,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -68,28 +68,32 @@ const (
 	ExplainReason_EXPLAIN_REASON_WAITING ExplainReason = 60
 	// Available, but its run's start time (Run.start_at) has not come.
 	ExplainReason_EXPLAIN_REASON_NOT_BEFORE ExplainReason = 61
+	// Held by a pause: its run's (Run.pause), its workflow's or its action's
+	// (AdminService.ListPauses). The message says who paused it, when and why.
+	ExplainReason_EXPLAIN_REASON_PAUSED ExplainReason = 200
 )
 
 // Enum value maps for ExplainReason.
 var (
 	ExplainReason_name = map[int32]string{
-		0:  "EXPLAIN_REASON_UNSPECIFIED",
-		1:  "EXPLAIN_REASON_WAITING_ON_UPSTREAM",
-		2:  "EXPLAIN_REASON_BACKING_OFF",
-		3:  "EXPLAIN_REASON_READY",
-		4:  "EXPLAIN_REASON_QUEUED",
-		5:  "EXPLAIN_REASON_NO_WORKER",
-		6:  "EXPLAIN_REASON_RUNNING",
-		7:  "EXPLAIN_REASON_LEASE_EXPIRED",
-		8:  "EXPLAIN_REASON_BLOCKED",
-		9:  "EXPLAIN_REASON_DISCARDED",
-		10: "EXPLAIN_REASON_SKIPPED",
-		11: "EXPLAIN_REASON_CANCELLED",
-		12: "EXPLAIN_REASON_COMPLETED",
-		13: "EXPLAIN_REASON_CONCURRENCY_LIMITED",
-		14: "EXPLAIN_REASON_RATE_LIMITED",
-		60: "EXPLAIN_REASON_WAITING",
-		61: "EXPLAIN_REASON_NOT_BEFORE",
+		0:   "EXPLAIN_REASON_UNSPECIFIED",
+		1:   "EXPLAIN_REASON_WAITING_ON_UPSTREAM",
+		2:   "EXPLAIN_REASON_BACKING_OFF",
+		3:   "EXPLAIN_REASON_READY",
+		4:   "EXPLAIN_REASON_QUEUED",
+		5:   "EXPLAIN_REASON_NO_WORKER",
+		6:   "EXPLAIN_REASON_RUNNING",
+		7:   "EXPLAIN_REASON_LEASE_EXPIRED",
+		8:   "EXPLAIN_REASON_BLOCKED",
+		9:   "EXPLAIN_REASON_DISCARDED",
+		10:  "EXPLAIN_REASON_SKIPPED",
+		11:  "EXPLAIN_REASON_CANCELLED",
+		12:  "EXPLAIN_REASON_COMPLETED",
+		13:  "EXPLAIN_REASON_CONCURRENCY_LIMITED",
+		14:  "EXPLAIN_REASON_RATE_LIMITED",
+		60:  "EXPLAIN_REASON_WAITING",
+		61:  "EXPLAIN_REASON_NOT_BEFORE",
+		200: "EXPLAIN_REASON_PAUSED",
 	}
 	ExplainReason_value = map[string]int32{
 		"EXPLAIN_REASON_UNSPECIFIED":         0,
@@ -109,6 +113,7 @@ var (
 		"EXPLAIN_REASON_RATE_LIMITED":        14,
 		"EXPLAIN_REASON_WAITING":             60,
 		"EXPLAIN_REASON_NOT_BEFORE":          61,
+		"EXPLAIN_REASON_PAUSED":              200,
 	}
 )
 
@@ -2199,7 +2204,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\bbuild_id\x18d \x01(\tR\abuildId\x12<\n" +
 	"\flast_seen_at\x18e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastSeenAt\x12\x16\n" +
-	"\x06serves\x18f \x03(\tR\x06serves*\x9e\x04\n" +
+	"\x06serves\x18f \x03(\tR\x06serves*\xba\x04\n" +
 	"\rExplainReason\x12\x1e\n" +
 	"\x1aEXPLAIN_REASON_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"EXPLAIN_REASON_WAITING_ON_UPSTREAM\x10\x01\x12\x1e\n" +
@@ -2218,7 +2223,8 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\"EXPLAIN_REASON_CONCURRENCY_LIMITED\x10\r\x12\x1f\n" +
 	"\x1bEXPLAIN_REASON_RATE_LIMITED\x10\x0e\x12\x1a\n" +
 	"\x16EXPLAIN_REASON_WAITING\x10<\x12\x1d\n" +
-	"\x19EXPLAIN_REASON_NOT_BEFORE\x10=2\xe3\x05\n" +
+	"\x19EXPLAIN_REASON_NOT_BEFORE\x10=\x12\x1a\n" +
+	"\x15EXPLAIN_REASON_PAUSED\x10\xc8\x012\xe3\x05\n" +
 	"\x0fWorkflowService\x12?\n" +
 	"\x06Submit\x12\x19.cyclone.v1.SubmitRequest\x1a\x1a.cyclone.v1.SubmitResponse\x12K\n" +
 	"\n" +

@@ -4,7 +4,7 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { Run } from "./types_pb.js";
+import type { Pause, Run, RunPause } from "./types_pb.js";
 import { file_cyclone_v1_types } from "./types_pb.js";
 import type { Timestamp, Value } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/admin_service.proto.
  */
 export const file_cyclone_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEi8wEKBUJ1aWxkEhAKCGJ1aWxkX2lkGAEgASgJEhIKCmNvbXBhdGlibGUYAiADKAkSKAoHd29ya2VycxgDIAMoCzIXLmN5Y2xvbmUudjEuQnVpbGRXb3JrZXISFAoMcGlubmVkX25vZGVzGAQgASgDEhMKC3Bpbm5lZF9ydW5zGAUgASgDEg8KB3JldGlyZWQYBiABKAgSLgoKcmV0aXJlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoLQnVpbGRXb3JrZXISEQoJd29ya2VyX2lkGAEgASgJEisKB3NlZW5fYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhMKEUxpc3RCdWlsZHNSZXF1ZXN0IjcKEkxpc3RCdWlsZHNSZXNwb25zZRIhCgZidWlsZHMYASADKAsyES5jeWNsb25lLnYxLkJ1aWxkIjcKFExpc3RCdWlsZFJ1bnNSZXF1ZXN0EhAKCGJ1aWxkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFIjsKCEJ1aWxkUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRINCgVub2RlcxgDIAMoCSI7ChVMaXN0QnVpbGRSdW5zUmVzcG9uc2USIgoEcnVucxgBIAMoCzIULmN5Y2xvbmUudjEuQnVpbGRSdW4iVgoZU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBIQCghidWlsZF9pZBgBIAEoCRIXCg9jb21wYXRpYmxlX3dpdGgYAiABKAkSDgoGcmVhc29uGAMgASgJIj4KGlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEiAKBWJ1aWxkGAEgASgLMhEuY3ljbG9uZS52MS5CdWlsZCI2ChJSZXRpcmVCdWlsZFJlcXVlc3QSEAoIYnVpbGRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjcKE1JldGlyZUJ1aWxkUmVzcG9uc2USIAoFYnVpbGQYASABKAsyES5jeWNsb25lLnYxLkJ1aWxkIk4KEE1vdmVCdWlsZFJlcXVlc3QSFQoNZnJvbV9idWlsZF9pZBgBIAEoCRITCgt0b19idWlsZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPAoRTW92ZUJ1aWxkUmVzcG9uc2USEwoLbm9kZXNfbW92ZWQYASABKAMSEgoKcnVuc19tb3ZlZBgCIAEoAyI8CgxSZXRyeVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDgoGcmVhc29uGAMgASgJIi0KDVJldHJ5UmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUmV0cnlBbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiPwoQUmV0cnlBbGxSZXNwb25zZRINCgVub2RlcxgBIAMoCRIcCgNydW4YAiABKAsyDy5jeWNsb25lLnYxLlJ1biKrAQoOUmVzb2x2ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSKAoGcmVzdWx0GAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASDwoFZXJyb3IYBCABKAlIABIRCgdkaXNjYXJkGAUgASgISAASDgoGcmVhc29uGAYgASgJEg8KB3N0ZXBfaWQYByABKAlCDAoKcmVzb2x1dGlvbiIvCg9SZXNvbHZlUmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4y+QQKDEFkbWluU2VydmljZRI8CgVSZXRyeRIYLmN5Y2xvbmUudjEuUmV0cnlSZXF1ZXN0GhkuY3ljbG9uZS52MS5SZXRyeVJlc3BvbnNlEkUKCFJldHJ5QWxsEhsuY3ljbG9uZS52MS5SZXRyeUFsbFJlcXVlc3QaHC5jeWNsb25lLnYxLlJldHJ5QWxsUmVzcG9uc2USQgoHUmVzb2x2ZRIaLmN5Y2xvbmUudjEuUmVzb2x2ZVJlcXVlc3QaGy5jeWNsb25lLnYxLlJlc29sdmVSZXNwb25zZRJLCgpMaXN0QnVpbGRzEh0uY3ljbG9uZS52MS5MaXN0QnVpbGRzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdEJ1aWxkc1Jlc3BvbnNlElQKDUxpc3RCdWlsZFJ1bnMSIC5jeWNsb25lLnYxLkxpc3RCdWlsZFJ1bnNSZXF1ZXN0GiEuY3ljbG9uZS52MS5MaXN0QnVpbGRSdW5zUmVzcG9uc2USYwoSU2V0QnVpbGRDb21wYXRpYmxlEiUuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXF1ZXN0GiYuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXNwb25zZRJOCgtSZXRpcmVCdWlsZBIeLmN5Y2xvbmUudjEuUmV0aXJlQnVpbGRSZXF1ZXN0Gh8uY3ljbG9uZS52MS5SZXRpcmVCdWlsZFJlc3BvbnNlEkgKCU1vdmVCdWlsZBIcLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVxdWVzdBodLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEi8wEKBUJ1aWxkEhAKCGJ1aWxkX2lkGAEgASgJEhIKCmNvbXBhdGlibGUYAiADKAkSKAoHd29ya2VycxgDIAMoCzIXLmN5Y2xvbmUudjEuQnVpbGRXb3JrZXISFAoMcGlubmVkX25vZGVzGAQgASgDEhMKC3Bpbm5lZF9ydW5zGAUgASgDEg8KB3JldGlyZWQYBiABKAgSLgoKcmV0aXJlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoLQnVpbGRXb3JrZXISEQoJd29ya2VyX2lkGAEgASgJEisKB3NlZW5fYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhMKEUxpc3RCdWlsZHNSZXF1ZXN0IjcKEkxpc3RCdWlsZHNSZXNwb25zZRIhCgZidWlsZHMYASADKAsyES5jeWNsb25lLnYxLkJ1aWxkIjcKFExpc3RCdWlsZFJ1bnNSZXF1ZXN0EhAKCGJ1aWxkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFIjsKCEJ1aWxkUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRINCgVub2RlcxgDIAMoCSI7ChVMaXN0QnVpbGRSdW5zUmVzcG9uc2USIgoEcnVucxgBIAMoCzIULmN5Y2xvbmUudjEuQnVpbGRSdW4iVgoZU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBIQCghidWlsZF9pZBgBIAEoCRIXCg9jb21wYXRpYmxlX3dpdGgYAiABKAkSDgoGcmVhc29uGAMgASgJIj4KGlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEiAKBWJ1aWxkGAEgASgLMhEuY3ljbG9uZS52MS5CdWlsZCI2ChJSZXRpcmVCdWlsZFJlcXVlc3QSEAoIYnVpbGRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjcKE1JldGlyZUJ1aWxkUmVzcG9uc2USIAoFYnVpbGQYASABKAsyES5jeWNsb25lLnYxLkJ1aWxkIk4KEE1vdmVCdWlsZFJlcXVlc3QSFQoNZnJvbV9idWlsZF9pZBgBIAEoCRITCgt0b19idWlsZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPAoRTW92ZUJ1aWxkUmVzcG9uc2USEwoLbm9kZXNfbW92ZWQYASABKAMSEgoKcnVuc19tb3ZlZBgCIAEoAyI8CgxSZXRyeVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDgoGcmVhc29uGAMgASgJIi0KDVJldHJ5UmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUmV0cnlBbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiPwoQUmV0cnlBbGxSZXNwb25zZRINCgVub2RlcxgBIAMoCRIcCgNydW4YAiABKAsyDy5jeWNsb25lLnYxLlJ1biKrAQoOUmVzb2x2ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSKAoGcmVzdWx0GAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASDwoFZXJyb3IYBCABKAlIABIRCgdkaXNjYXJkGAUgASgISAASDgoGcmVhc29uGAYgASgJEg8KB3N0ZXBfaWQYByABKAlCDAoKcmVzb2x1dGlvbiIvCg9SZXNvbHZlUmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUGF1c2VSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoQUGF1c2VSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjIKEFJlc3VtZVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJCChFSZXN1bWVSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjQKFFBhdXNlV29ya2Zsb3dSZXF1ZXN0EgwKBG5hbWUYASABKAkSDgoGcmVhc29uGAIgASgJIk0KFVBhdXNlV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIEiMKBXBhdXNlGAIgASgLMhQuY3ljbG9uZS52MS5SdW5QYXVzZSI1ChVSZXN1bWVXb3JrZmxvd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiKQoWUmVzdW1lV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIIjIKElBhdXNlQWN0aW9uUmVxdWVzdBIMCgRuYW1lGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJLChNQYXVzZUFjdGlvblJlc3BvbnNlEg8KB2NoYW5nZWQYASABKAgSIwoFcGF1c2UYAiABKAsyFC5jeWNsb25lLnYxLlJ1blBhdXNlIjMKE1Jlc3VtZUFjdGlvblJlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiJwoUUmVzdW1lQWN0aW9uUmVzcG9uc2USDwoHY2hhbmdlZBgBIAEoCCITChFMaXN0UGF1c2VzUmVxdWVzdCI3ChJMaXN0UGF1c2VzUmVzcG9uc2USIQoGcGF1c2VzGAEgAygLMhEuY3ljbG9uZS52MS5QYXVzZTKpCQoMQWRtaW5TZXJ2aWNlEjwKBVJldHJ5EhguY3ljbG9uZS52MS5SZXRyeVJlcXVlc3QaGS5jeWNsb25lLnYxLlJldHJ5UmVzcG9uc2USRQoIUmV0cnlBbGwSGy5jeWNsb25lLnYxLlJldHJ5QWxsUmVxdWVzdBocLmN5Y2xvbmUudjEuUmV0cnlBbGxSZXNwb25zZRJCCgdSZXNvbHZlEhouY3ljbG9uZS52MS5SZXNvbHZlUmVxdWVzdBobLmN5Y2xvbmUudjEuUmVzb2x2ZVJlc3BvbnNlEksKCkxpc3RCdWlsZHMSHS5jeWNsb25lLnYxLkxpc3RCdWlsZHNSZXF1ZXN0Gh4uY3ljbG9uZS52MS5MaXN0QnVpbGRzUmVzcG9uc2USVAoNTGlzdEJ1aWxkUnVucxIgLmN5Y2xvbmUudjEuTGlzdEJ1aWxkUnVuc1JlcXVlc3QaIS5jeWNsb25lLnYxLkxpc3RCdWlsZFJ1bnNSZXNwb25zZRJjChJTZXRCdWlsZENvbXBhdGlibGUSJS5jeWNsb25lLnYxLlNldEJ1aWxkQ29tcGF0aWJsZVJlcXVlc3QaJi5jeWNsb25lLnYxLlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEk4KC1JldGlyZUJ1aWxkEh4uY3ljbG9uZS52MS5SZXRpcmVCdWlsZFJlcXVlc3QaHy5jeWNsb25lLnYxLlJldGlyZUJ1aWxkUmVzcG9uc2USSAoJTW92ZUJ1aWxkEhwuY3ljbG9uZS52MS5Nb3ZlQnVpbGRSZXF1ZXN0Gh0uY3ljbG9uZS52MS5Nb3ZlQnVpbGRSZXNwb25zZRJFCghQYXVzZVJ1bhIbLmN5Y2xvbmUudjEuUGF1c2VSdW5SZXF1ZXN0GhwuY3ljbG9uZS52MS5QYXVzZVJ1blJlc3BvbnNlEkgKCVJlc3VtZVJ1bhIcLmN5Y2xvbmUudjEuUmVzdW1lUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuUmVzdW1lUnVuUmVzcG9uc2USVAoNUGF1c2VXb3JrZmxvdxIgLmN5Y2xvbmUudjEuUGF1c2VXb3JrZmxvd1JlcXVlc3QaIS5jeWNsb25lLnYxLlBhdXNlV29ya2Zsb3dSZXNwb25zZRJXCg5SZXN1bWVXb3JrZmxvdxIhLmN5Y2xvbmUudjEuUmVzdW1lV29ya2Zsb3dSZXF1ZXN0GiIuY3ljbG9uZS52MS5SZXN1bWVXb3JrZmxvd1Jlc3BvbnNlEk4KC1BhdXNlQWN0aW9uEh4uY3ljbG9uZS52MS5QYXVzZUFjdGlvblJlcXVlc3QaHy5jeWNsb25lLnYxLlBhdXNlQWN0aW9uUmVzcG9uc2USUQoMUmVzdW1lQWN0aW9uEh8uY3ljbG9uZS52MS5SZXN1bWVBY3Rpb25SZXF1ZXN0GiAuY3ljbG9uZS52MS5SZXN1bWVBY3Rpb25SZXNwb25zZRJLCgpMaXN0UGF1c2VzEh0uY3ljbG9uZS52MS5MaXN0UGF1c2VzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdFBhdXNlc1Jlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * A build, as ListBuilds shows it.
@@ -613,6 +613,364 @@ export const ResolveResponseSchema: GenMessage<ResolveResponse> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_admin_service, 18);
 
 /**
+ * Arguments of AdminService.PauseRun.
+ *
+ * @generated from message cyclone.v1.PauseRunRequest
+ */
+export type PauseRunRequest = Message<"cyclone.v1.PauseRunRequest"> & {
+  /**
+   * The run, by id.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * Why, recorded in the run's audit trail. Optional.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.PauseRunRequest.
+ * Use `create(PauseRunRequestSchema)` to create a new message.
+ */
+export const PauseRunRequestSchema: GenMessage<PauseRunRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 19);
+
+/**
+ * Result of AdminService.PauseRun.
+ *
+ * @generated from message cyclone.v1.PauseRunResponse
+ */
+export type PauseRunResponse = Message<"cyclone.v1.PauseRunResponse"> & {
+  /**
+   * The run after the call.
+   *
+   * @generated from field: cyclone.v1.Run run = 1;
+   */
+  run?: Run | undefined;
+
+  /**
+   * False when the run was paused already: nothing changed.
+   *
+   * @generated from field: bool changed = 2;
+   */
+  changed: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.PauseRunResponse.
+ * Use `create(PauseRunResponseSchema)` to create a new message.
+ */
+export const PauseRunResponseSchema: GenMessage<PauseRunResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 20);
+
+/**
+ * Arguments of AdminService.ResumeRun.
+ *
+ * @generated from message cyclone.v1.ResumeRunRequest
+ */
+export type ResumeRunRequest = Message<"cyclone.v1.ResumeRunRequest"> & {
+  /**
+   * The run, by id.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * Why, recorded in the run's audit trail. Optional.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.ResumeRunRequest.
+ * Use `create(ResumeRunRequestSchema)` to create a new message.
+ */
+export const ResumeRunRequestSchema: GenMessage<ResumeRunRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 21);
+
+/**
+ * Result of AdminService.ResumeRun.
+ *
+ * @generated from message cyclone.v1.ResumeRunResponse
+ */
+export type ResumeRunResponse = Message<"cyclone.v1.ResumeRunResponse"> & {
+  /**
+   * The run after the call.
+   *
+   * @generated from field: cyclone.v1.Run run = 1;
+   */
+  run?: Run | undefined;
+
+  /**
+   * False when the run was not paused: nothing changed.
+   *
+   * @generated from field: bool changed = 2;
+   */
+  changed: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.ResumeRunResponse.
+ * Use `create(ResumeRunResponseSchema)` to create a new message.
+ */
+export const ResumeRunResponseSchema: GenMessage<ResumeRunResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 22);
+
+/**
+ * Arguments of AdminService.PauseWorkflow.
+ *
+ * @generated from message cyclone.v1.PauseWorkflowRequest
+ */
+export type PauseWorkflowRequest = Message<"cyclone.v1.PauseWorkflowRequest"> & {
+  /**
+   * The workflow's name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Why, recorded with the pause. Optional.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.PauseWorkflowRequest.
+ * Use `create(PauseWorkflowRequestSchema)` to create a new message.
+ */
+export const PauseWorkflowRequestSchema: GenMessage<PauseWorkflowRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 23);
+
+/**
+ * Result of AdminService.PauseWorkflow.
+ *
+ * @generated from message cyclone.v1.PauseWorkflowResponse
+ */
+export type PauseWorkflowResponse = Message<"cyclone.v1.PauseWorkflowResponse"> & {
+  /**
+   * False when the workflow was paused already: nothing changed.
+   *
+   * @generated from field: bool changed = 1;
+   */
+  changed: boolean;
+
+  /**
+   * The pause in force after the call (the first one's, when it was paused already).
+   *
+   * @generated from field: cyclone.v1.RunPause pause = 2;
+   */
+  pause?: RunPause | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.PauseWorkflowResponse.
+ * Use `create(PauseWorkflowResponseSchema)` to create a new message.
+ */
+export const PauseWorkflowResponseSchema: GenMessage<PauseWorkflowResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 24);
+
+/**
+ * Arguments of AdminService.ResumeWorkflow.
+ *
+ * @generated from message cyclone.v1.ResumeWorkflowRequest
+ */
+export type ResumeWorkflowRequest = Message<"cyclone.v1.ResumeWorkflowRequest"> & {
+  /**
+   * The workflow's name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Why, recorded with the pause. Optional.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.ResumeWorkflowRequest.
+ * Use `create(ResumeWorkflowRequestSchema)` to create a new message.
+ */
+export const ResumeWorkflowRequestSchema: GenMessage<ResumeWorkflowRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 25);
+
+/**
+ * Result of AdminService.ResumeWorkflow.
+ *
+ * @generated from message cyclone.v1.ResumeWorkflowResponse
+ */
+export type ResumeWorkflowResponse = Message<"cyclone.v1.ResumeWorkflowResponse"> & {
+  /**
+   * False when the workflow was not paused: nothing changed.
+   *
+   * @generated from field: bool changed = 1;
+   */
+  changed: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.ResumeWorkflowResponse.
+ * Use `create(ResumeWorkflowResponseSchema)` to create a new message.
+ */
+export const ResumeWorkflowResponseSchema: GenMessage<ResumeWorkflowResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 26);
+
+/**
+ * Arguments of AdminService.PauseAction.
+ *
+ * @generated from message cyclone.v1.PauseActionRequest
+ */
+export type PauseActionRequest = Message<"cyclone.v1.PauseActionRequest"> & {
+  /**
+   * The action's name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Why, recorded with the pause. Optional.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.PauseActionRequest.
+ * Use `create(PauseActionRequestSchema)` to create a new message.
+ */
+export const PauseActionRequestSchema: GenMessage<PauseActionRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 27);
+
+/**
+ * Result of AdminService.PauseAction.
+ *
+ * @generated from message cyclone.v1.PauseActionResponse
+ */
+export type PauseActionResponse = Message<"cyclone.v1.PauseActionResponse"> & {
+  /**
+   * False when the action was paused already: nothing changed.
+   *
+   * @generated from field: bool changed = 1;
+   */
+  changed: boolean;
+
+  /**
+   * The pause in force after the call (the first one's, when it was paused already).
+   *
+   * @generated from field: cyclone.v1.RunPause pause = 2;
+   */
+  pause?: RunPause | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.PauseActionResponse.
+ * Use `create(PauseActionResponseSchema)` to create a new message.
+ */
+export const PauseActionResponseSchema: GenMessage<PauseActionResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 28);
+
+/**
+ * Arguments of AdminService.ResumeAction.
+ *
+ * @generated from message cyclone.v1.ResumeActionRequest
+ */
+export type ResumeActionRequest = Message<"cyclone.v1.ResumeActionRequest"> & {
+  /**
+   * The action's name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Why, recorded with the pause. Optional.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.ResumeActionRequest.
+ * Use `create(ResumeActionRequestSchema)` to create a new message.
+ */
+export const ResumeActionRequestSchema: GenMessage<ResumeActionRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 29);
+
+/**
+ * Result of AdminService.ResumeAction.
+ *
+ * @generated from message cyclone.v1.ResumeActionResponse
+ */
+export type ResumeActionResponse = Message<"cyclone.v1.ResumeActionResponse"> & {
+  /**
+   * False when the action was not paused: nothing changed.
+   *
+   * @generated from field: bool changed = 1;
+   */
+  changed: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.ResumeActionResponse.
+ * Use `create(ResumeActionResponseSchema)` to create a new message.
+ */
+export const ResumeActionResponseSchema: GenMessage<ResumeActionResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 30);
+
+/**
+ * Arguments of AdminService.ListPauses.
+ *
+ * @generated from message cyclone.v1.ListPausesRequest
+ */
+export type ListPausesRequest = Message<"cyclone.v1.ListPausesRequest"> & {
+};
+
+/**
+ * Describes the message cyclone.v1.ListPausesRequest.
+ * Use `create(ListPausesRequestSchema)` to create a new message.
+ */
+export const ListPausesRequestSchema: GenMessage<ListPausesRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 31);
+
+/**
+ * Result of AdminService.ListPauses.
+ *
+ * @generated from message cyclone.v1.ListPausesResponse
+ */
+export type ListPausesResponse = Message<"cyclone.v1.ListPausesResponse"> & {
+  /**
+   * The paused workflows, then the paused actions, each by name.
+   *
+   * @generated from field: repeated cyclone.v1.Pause pauses = 1;
+   */
+  pauses: Pause[];
+};
+
+/**
+ * Describes the message cyclone.v1.ListPausesResponse.
+ * Use `create(ListPausesResponseSchema)` to create a new message.
+ */
+export const ListPausesResponseSchema: GenMessage<ListPausesResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 32);
+
+/**
  * Operator actions. Each is recorded in the run's audit trail with its actor and reason.
  *
  * @generated from service cyclone.v1.AdminService
@@ -715,6 +1073,92 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof MoveBuildRequestSchema;
     output: typeof MoveBuildResponseSchema;
+  },
+  /**
+   * Pauses a run: no step of it is claimed until ResumeRun. Steps running now go on and
+   * their outcomes are recorded (completions, failures, retries); steps they make ready,
+   * retries whose backoff ends and waits that resolve (sleeps, events, child runs) are
+   * held. The run keeps its status; Run.pause says who paused it, why and when, and
+   * Explain says so for each held step. Audited ("pause"). Pausing a paused run changes
+   * nothing (changed = false). NOT_FOUND for an unknown run, FAILED_PRECONDITION for a
+   * finished one (completed, failed or cancelled). CancelRun cancels a paused run.
+   *
+   * @generated from rpc cyclone.v1.AdminService.PauseRun
+   */
+  pauseRun: {
+    methodKind: "unary";
+    input: typeof PauseRunRequestSchema;
+    output: typeof PauseRunResponseSchema;
+  },
+  /**
+   * Resumes a paused run: the steps it held are claimable at once (or when their
+   * backoff or wait ends), and waiting claims are woken. Audited ("resume"). Resuming a
+   * run that is not paused changes nothing (changed = false). NOT_FOUND for an unknown
+   * run.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ResumeRun
+   */
+  resumeRun: {
+    methodKind: "unary";
+    input: typeof ResumeRunRequestSchema;
+    output: typeof ResumeRunResponseSchema;
+  },
+  /**
+   * Pauses a workflow: from then on no server hands out a step of any run of it (the
+   * claim itself checks the pause, in the database). Running steps go on; runs may
+   * still be submitted. Pausing it again changes nothing (changed = false).
+   * INVALID_ARGUMENT for an empty or invalid name.
+   *
+   * @generated from rpc cyclone.v1.AdminService.PauseWorkflow
+   */
+  pauseWorkflow: {
+    methodKind: "unary";
+    input: typeof PauseWorkflowRequestSchema;
+    output: typeof PauseWorkflowResponseSchema;
+  },
+  /**
+   * Resumes a paused workflow: its steps are claimable again. changed = false when it
+   * was not paused. INVALID_ARGUMENT for an empty or invalid name.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ResumeWorkflow
+   */
+  resumeWorkflow: {
+    methodKind: "unary";
+    input: typeof ResumeWorkflowRequestSchema;
+    output: typeof ResumeWorkflowResponseSchema;
+  },
+  /**
+   * Pauses an action (a handler name): from then on no server hands out a step of it,
+   * in any run. Pausing it again changes nothing (changed = false). INVALID_ARGUMENT
+   * for an empty or invalid name.
+   *
+   * @generated from rpc cyclone.v1.AdminService.PauseAction
+   */
+  pauseAction: {
+    methodKind: "unary";
+    input: typeof PauseActionRequestSchema;
+    output: typeof PauseActionResponseSchema;
+  },
+  /**
+   * Resumes a paused action. changed = false when it was not paused.
+   * INVALID_ARGUMENT for an empty or invalid name.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ResumeAction
+   */
+  resumeAction: {
+    methodKind: "unary";
+    input: typeof ResumeActionRequestSchema;
+    output: typeof ResumeActionResponseSchema;
+  },
+  /**
+   * The workflows and actions paused now, by kind and name. Reads only.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ListPauses
+   */
+  listPauses: {
+    methodKind: "unary";
+    input: typeof ListPausesRequestSchema;
+    output: typeof ListPausesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_admin_service, 0);
