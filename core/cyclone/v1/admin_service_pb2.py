@@ -23,55 +23,78 @@ _sym_db = _symbol_database.Default()
 
 
 from cyclone.v1 import types_pb2 as cyclone_dot_v1_dot_types__pb2
+from cyclone.v1 import workflow_service_pb2 as cyclone_dot_v1_dot_workflow__service__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63yclone/v1/admin_service.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf3\x01\n\x05\x42uild\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\x12\n\ncompatible\x18\x02 \x03(\t\x12(\n\x07workers\x18\x03 \x03(\x0b\x32\x17.cyclone.v1.BuildWorker\x12\x14\n\x0cpinned_nodes\x18\x04 \x01(\x03\x12\x13\n\x0bpinned_runs\x18\x05 \x01(\x03\x12\x0f\n\x07retired\x18\x06 \x01(\x08\x12.\n\nretired_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"M\n\x0b\x42uildWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12+\n\x07seen_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x13\n\x11ListBuildsRequest\"7\n\x12ListBuildsResponse\x12!\n\x06\x62uilds\x18\x01 \x03(\x0b\x32\x11.cyclone.v1.Build\"7\n\x14ListBuildRunsRequest\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\";\n\x08\x42uildRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\r\n\x05nodes\x18\x03 \x03(\t\";\n\x15ListBuildRunsResponse\x12\"\n\x04runs\x18\x01 \x03(\x0b\x32\x14.cyclone.v1.BuildRun\"V\n\x19SetBuildCompatibleRequest\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63ompatible_with\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\">\n\x1aSetBuildCompatibleResponse\x12 \n\x05\x62uild\x18\x01 \x01(\x0b\x32\x11.cyclone.v1.Build\"6\n\x12RetireBuildRequest\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"7\n\x13RetireBuildResponse\x12 \n\x05\x62uild\x18\x01 \x01(\x0b\x32\x11.cyclone.v1.Build\"N\n\x10MoveBuildRequest\x12\x15\n\rfrom_build_id\x18\x01 \x01(\t\x12\x13\n\x0bto_build_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"<\n\x11MoveBuildResponse\x12\x13\n\x0bnodes_moved\x18\x01 \x01(\x03\x12\x12\n\nruns_moved\x18\x02 \x01(\x03\"<\n\x0cRetryRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"-\n\rRetryResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\"1\n\x0fRetryAllRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"?\n\x10RetryAllResponse\x12\r\n\x05nodes\x18\x01 \x03(\t\x12\x1c\n\x03run\x18\x02 \x01(\x0b\x32\x0f.cyclone.v1.Run\"\xab\x01\n\x0eResolveRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12(\n\x06result\x18\x03 \x01(\x0b\x32\x16.google.protobuf.ValueH\x00\x12\x0f\n\x05\x65rror\x18\x04 \x01(\tH\x00\x12\x11\n\x07\x64iscard\x18\x05 \x01(\x08H\x00\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0f\n\x07step_id\x18\x07 \x01(\tB\x0c\n\nresolution\"/\n\x0fResolveResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run2\xf9\x04\n\x0c\x41\x64minService\x12<\n\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12\x45\n\x08RetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12\x42\n\x07Resolve\x12\x1a.cyclone.v1.ResolveRequest\x1a\x1b.cyclone.v1.ResolveResponse\x12K\n\nListBuilds\x12\x1d.cyclone.v1.ListBuildsRequest\x1a\x1e.cyclone.v1.ListBuildsResponse\x12T\n\rListBuildRuns\x12 .cyclone.v1.ListBuildRunsRequest\x1a!.cyclone.v1.ListBuildRunsResponse\x12\x63\n\x12SetBuildCompatible\x12%.cyclone.v1.SetBuildCompatibleRequest\x1a&.cyclone.v1.SetBuildCompatibleResponse\x12N\n\x0bRetireBuild\x12\x1e.cyclone.v1.RetireBuildRequest\x1a\x1f.cyclone.v1.RetireBuildResponse\x12H\n\tMoveBuild\x12\x1c.cyclone.v1.MoveBuildRequest\x1a\x1d.cyclone.v1.MoveBuildResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63yclone/v1/admin_service.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a!cyclone/v1/workflow_service.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf3\x01\n\x05\x42uild\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\x12\n\ncompatible\x18\x02 \x03(\t\x12(\n\x07workers\x18\x03 \x03(\x0b\x32\x17.cyclone.v1.BuildWorker\x12\x14\n\x0cpinned_nodes\x18\x04 \x01(\x03\x12\x13\n\x0bpinned_runs\x18\x05 \x01(\x03\x12\x0f\n\x07retired\x18\x06 \x01(\x08\x12.\n\nretired_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"M\n\x0b\x42uildWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12+\n\x07seen_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x13\n\x11ListBuildsRequest\"7\n\x12ListBuildsResponse\x12!\n\x06\x62uilds\x18\x01 \x03(\x0b\x32\x11.cyclone.v1.Build\"7\n\x14ListBuildRunsRequest\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\";\n\x08\x42uildRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\r\n\x05nodes\x18\x03 \x03(\t\";\n\x15ListBuildRunsResponse\x12\"\n\x04runs\x18\x01 \x03(\x0b\x32\x14.cyclone.v1.BuildRun\"V\n\x19SetBuildCompatibleRequest\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63ompatible_with\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\">\n\x1aSetBuildCompatibleResponse\x12 \n\x05\x62uild\x18\x01 \x01(\x0b\x32\x11.cyclone.v1.Build\"6\n\x12RetireBuildRequest\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"7\n\x13RetireBuildResponse\x12 \n\x05\x62uild\x18\x01 \x01(\x0b\x32\x11.cyclone.v1.Build\"N\n\x10MoveBuildRequest\x12\x15\n\rfrom_build_id\x18\x01 \x01(\t\x12\x13\n\x0bto_build_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"<\n\x11MoveBuildResponse\x12\x13\n\x0bnodes_moved\x18\x01 \x01(\x03\x12\x12\n\nruns_moved\x18\x02 \x01(\x03\"<\n\x0cRetryRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"-\n\rRetryResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\"1\n\x0fRetryAllRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"?\n\x10RetryAllResponse\x12\r\n\x05nodes\x18\x01 \x03(\t\x12\x1c\n\x03run\x18\x02 \x01(\x0b\x32\x0f.cyclone.v1.Run\"\xab\x01\n\x0eResolveRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12(\n\x06result\x18\x03 \x01(\x0b\x32\x16.google.protobuf.ValueH\x00\x12\x0f\n\x05\x65rror\x18\x04 \x01(\tH\x00\x12\x11\n\x07\x64iscard\x18\x05 \x01(\x08H\x00\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0f\n\x07step_id\x18\x07 \x01(\tB\x0c\n\nresolution\"/\n\x0fResolveResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\"\xd4\x03\n\nBulkAction\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12*\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x1a.cyclone.v1.BulkActionKind\x12+\n\x06\x66ilter\x18\x03 \x01(\x0b\x32\x1b.cyclone.v1.ListRunsRequest\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x05 \x01(\t\x12*\n\x05state\x18\x06 \x01(\x0e\x32\x1b.cyclone.v1.BulkActionState\x12\r\n\x05total\x18\x07 \x01(\x03\x12\x16\n\x0etotal_at_least\x18\x08 \x01(\x08\x12\x0f\n\x07touched\x18\t \x01(\x03\x12\x0f\n\x07skipped\x18\n \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x0b \x01(\x03\x12\x12\n\nlast_error\x18\x0c \x01(\t\x12\x14\n\x0c\x63\x61ncelled_by\x18\r \x01(\t\x12.\n\ncreated_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa7\x01\n\x16StartBulkActionRequest\x12*\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1a.cyclone.v1.BulkActionKind\x12+\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x1b.cyclone.v1.ListRunsRequest\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08\x12\x13\n\x0b\x63onfirm_all\x18\x05 \x01(\x08\"i\n\x17StartBulkActionResponse\x12#\n\x03job\x18\x01 \x01(\x0b\x32\x16.cyclone.v1.BulkAction\x12\x0f\n\x07matched\x18\x02 \x01(\x03\x12\x18\n\x10matched_at_least\x18\x03 \x01(\x08\"&\n\x14GetBulkActionRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"<\n\x15GetBulkActionResponse\x12#\n\x03job\x18\x01 \x01(\x0b\x32\x16.cyclone.v1.BulkAction\"?\n\x16ListBulkActionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"X\n\x17ListBulkActionsResponse\x12$\n\x04jobs\x18\x01 \x03(\x0b\x32\x16.cyclone.v1.BulkAction\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\")\n\x17\x43\x61ncelBulkActionRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"?\n\x18\x43\x61ncelBulkActionResponse\x12#\n\x03job\x18\x01 \x01(\x0b\x32\x16.cyclone.v1.BulkAction*\x91\x01\n\x0e\x42ulkActionKind\x12 \n\x1c\x42ULK_ACTION_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x42ULK_ACTION_KIND_CANCEL\x10\x01\x12\x1a\n\x16\x42ULK_ACTION_KIND_RETRY\x10\x02\x12$\n BULK_ACTION_KIND_RESOLVE_DISCARD\x10\x03*\x90\x01\n\x0f\x42ulkActionState\x12!\n\x1d\x42ULK_ACTION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x42ULK_ACTION_STATE_RUNNING\x10\x01\x12\x1a\n\x16\x42ULK_ACTION_STATE_DONE\x10\x02\x12\x1f\n\x1b\x42ULK_ACTION_STATE_CANCELLED\x10\x03\x32\xe6\x07\n\x0c\x41\x64minService\x12<\n\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12\x45\n\x08RetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12\x42\n\x07Resolve\x12\x1a.cyclone.v1.ResolveRequest\x1a\x1b.cyclone.v1.ResolveResponse\x12K\n\nListBuilds\x12\x1d.cyclone.v1.ListBuildsRequest\x1a\x1e.cyclone.v1.ListBuildsResponse\x12T\n\rListBuildRuns\x12 .cyclone.v1.ListBuildRunsRequest\x1a!.cyclone.v1.ListBuildRunsResponse\x12\x63\n\x12SetBuildCompatible\x12%.cyclone.v1.SetBuildCompatibleRequest\x1a&.cyclone.v1.SetBuildCompatibleResponse\x12N\n\x0bRetireBuild\x12\x1e.cyclone.v1.RetireBuildRequest\x1a\x1f.cyclone.v1.RetireBuildResponse\x12H\n\tMoveBuild\x12\x1c.cyclone.v1.MoveBuildRequest\x1a\x1d.cyclone.v1.MoveBuildResponse\x12Z\n\x0fStartBulkAction\x12\".cyclone.v1.StartBulkActionRequest\x1a#.cyclone.v1.StartBulkActionResponse\x12T\n\rGetBulkAction\x12 .cyclone.v1.GetBulkActionRequest\x1a!.cyclone.v1.GetBulkActionResponse\x12Z\n\x0fListBulkActions\x12\".cyclone.v1.ListBulkActionsRequest\x1a#.cyclone.v1.ListBulkActionsResponse\x12]\n\x10\x43\x61ncelBulkAction\x12#.cyclone.v1.CancelBulkActionRequest\x1a$.cyclone.v1.CancelBulkActionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cyclone.v1.admin_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BUILD']._serialized_start=134
-  _globals['_BUILD']._serialized_end=377
-  _globals['_BUILDWORKER']._serialized_start=379
-  _globals['_BUILDWORKER']._serialized_end=456
-  _globals['_LISTBUILDSREQUEST']._serialized_start=458
-  _globals['_LISTBUILDSREQUEST']._serialized_end=477
-  _globals['_LISTBUILDSRESPONSE']._serialized_start=479
-  _globals['_LISTBUILDSRESPONSE']._serialized_end=534
-  _globals['_LISTBUILDRUNSREQUEST']._serialized_start=536
-  _globals['_LISTBUILDRUNSREQUEST']._serialized_end=591
-  _globals['_BUILDRUN']._serialized_start=593
-  _globals['_BUILDRUN']._serialized_end=652
-  _globals['_LISTBUILDRUNSRESPONSE']._serialized_start=654
-  _globals['_LISTBUILDRUNSRESPONSE']._serialized_end=713
-  _globals['_SETBUILDCOMPATIBLEREQUEST']._serialized_start=715
-  _globals['_SETBUILDCOMPATIBLEREQUEST']._serialized_end=801
-  _globals['_SETBUILDCOMPATIBLERESPONSE']._serialized_start=803
-  _globals['_SETBUILDCOMPATIBLERESPONSE']._serialized_end=865
-  _globals['_RETIREBUILDREQUEST']._serialized_start=867
-  _globals['_RETIREBUILDREQUEST']._serialized_end=921
-  _globals['_RETIREBUILDRESPONSE']._serialized_start=923
-  _globals['_RETIREBUILDRESPONSE']._serialized_end=978
-  _globals['_MOVEBUILDREQUEST']._serialized_start=980
-  _globals['_MOVEBUILDREQUEST']._serialized_end=1058
-  _globals['_MOVEBUILDRESPONSE']._serialized_start=1060
-  _globals['_MOVEBUILDRESPONSE']._serialized_end=1120
-  _globals['_RETRYREQUEST']._serialized_start=1122
-  _globals['_RETRYREQUEST']._serialized_end=1182
-  _globals['_RETRYRESPONSE']._serialized_start=1184
-  _globals['_RETRYRESPONSE']._serialized_end=1229
-  _globals['_RETRYALLREQUEST']._serialized_start=1231
-  _globals['_RETRYALLREQUEST']._serialized_end=1280
-  _globals['_RETRYALLRESPONSE']._serialized_start=1282
-  _globals['_RETRYALLRESPONSE']._serialized_end=1345
-  _globals['_RESOLVEREQUEST']._serialized_start=1348
-  _globals['_RESOLVEREQUEST']._serialized_end=1519
-  _globals['_RESOLVERESPONSE']._serialized_start=1521
-  _globals['_RESOLVERESPONSE']._serialized_end=1568
-  _globals['_ADMINSERVICE']._serialized_start=1571
-  _globals['_ADMINSERVICE']._serialized_end=2204
+  _globals['_BULKACTIONKIND']._serialized_start=2719
+  _globals['_BULKACTIONKIND']._serialized_end=2864
+  _globals['_BULKACTIONSTATE']._serialized_start=2867
+  _globals['_BULKACTIONSTATE']._serialized_end=3011
+  _globals['_BUILD']._serialized_start=169
+  _globals['_BUILD']._serialized_end=412
+  _globals['_BUILDWORKER']._serialized_start=414
+  _globals['_BUILDWORKER']._serialized_end=491
+  _globals['_LISTBUILDSREQUEST']._serialized_start=493
+  _globals['_LISTBUILDSREQUEST']._serialized_end=512
+  _globals['_LISTBUILDSRESPONSE']._serialized_start=514
+  _globals['_LISTBUILDSRESPONSE']._serialized_end=569
+  _globals['_LISTBUILDRUNSREQUEST']._serialized_start=571
+  _globals['_LISTBUILDRUNSREQUEST']._serialized_end=626
+  _globals['_BUILDRUN']._serialized_start=628
+  _globals['_BUILDRUN']._serialized_end=687
+  _globals['_LISTBUILDRUNSRESPONSE']._serialized_start=689
+  _globals['_LISTBUILDRUNSRESPONSE']._serialized_end=748
+  _globals['_SETBUILDCOMPATIBLEREQUEST']._serialized_start=750
+  _globals['_SETBUILDCOMPATIBLEREQUEST']._serialized_end=836
+  _globals['_SETBUILDCOMPATIBLERESPONSE']._serialized_start=838
+  _globals['_SETBUILDCOMPATIBLERESPONSE']._serialized_end=900
+  _globals['_RETIREBUILDREQUEST']._serialized_start=902
+  _globals['_RETIREBUILDREQUEST']._serialized_end=956
+  _globals['_RETIREBUILDRESPONSE']._serialized_start=958
+  _globals['_RETIREBUILDRESPONSE']._serialized_end=1013
+  _globals['_MOVEBUILDREQUEST']._serialized_start=1015
+  _globals['_MOVEBUILDREQUEST']._serialized_end=1093
+  _globals['_MOVEBUILDRESPONSE']._serialized_start=1095
+  _globals['_MOVEBUILDRESPONSE']._serialized_end=1155
+  _globals['_RETRYREQUEST']._serialized_start=1157
+  _globals['_RETRYREQUEST']._serialized_end=1217
+  _globals['_RETRYRESPONSE']._serialized_start=1219
+  _globals['_RETRYRESPONSE']._serialized_end=1264
+  _globals['_RETRYALLREQUEST']._serialized_start=1266
+  _globals['_RETRYALLREQUEST']._serialized_end=1315
+  _globals['_RETRYALLRESPONSE']._serialized_start=1317
+  _globals['_RETRYALLRESPONSE']._serialized_end=1380
+  _globals['_RESOLVEREQUEST']._serialized_start=1383
+  _globals['_RESOLVEREQUEST']._serialized_end=1554
+  _globals['_RESOLVERESPONSE']._serialized_start=1556
+  _globals['_RESOLVERESPONSE']._serialized_end=1603
+  _globals['_BULKACTION']._serialized_start=1606
+  _globals['_BULKACTION']._serialized_end=2074
+  _globals['_STARTBULKACTIONREQUEST']._serialized_start=2077
+  _globals['_STARTBULKACTIONREQUEST']._serialized_end=2244
+  _globals['_STARTBULKACTIONRESPONSE']._serialized_start=2246
+  _globals['_STARTBULKACTIONRESPONSE']._serialized_end=2351
+  _globals['_GETBULKACTIONREQUEST']._serialized_start=2353
+  _globals['_GETBULKACTIONREQUEST']._serialized_end=2391
+  _globals['_GETBULKACTIONRESPONSE']._serialized_start=2393
+  _globals['_GETBULKACTIONRESPONSE']._serialized_end=2453
+  _globals['_LISTBULKACTIONSREQUEST']._serialized_start=2455
+  _globals['_LISTBULKACTIONSREQUEST']._serialized_end=2518
+  _globals['_LISTBULKACTIONSRESPONSE']._serialized_start=2520
+  _globals['_LISTBULKACTIONSRESPONSE']._serialized_end=2608
+  _globals['_CANCELBULKACTIONREQUEST']._serialized_start=2610
+  _globals['_CANCELBULKACTIONREQUEST']._serialized_end=2651
+  _globals['_CANCELBULKACTIONRESPONSE']._serialized_start=2653
+  _globals['_CANCELBULKACTIONRESPONSE']._serialized_end=2716
+  _globals['_ADMINSERVICE']._serialized_start=3014
+  _globals['_ADMINSERVICE']._serialized_end=4012
 # @@protoc_insertion_point(module_scope)

@@ -2,10 +2,12 @@
 // @generated from file cyclone/v1/admin_service.proto (package cyclone.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Run } from "./types_pb.js";
 import { file_cyclone_v1_types } from "./types_pb.js";
+import type { ListRunsRequest } from "./workflow_service_pb.js";
+import { file_cyclone_v1_workflow_service } from "./workflow_service_pb.js";
 import type { Timestamp, Value } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
@@ -14,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/admin_service.proto.
  */
 export const file_cyclone_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEi8wEKBUJ1aWxkEhAKCGJ1aWxkX2lkGAEgASgJEhIKCmNvbXBhdGlibGUYAiADKAkSKAoHd29ya2VycxgDIAMoCzIXLmN5Y2xvbmUudjEuQnVpbGRXb3JrZXISFAoMcGlubmVkX25vZGVzGAQgASgDEhMKC3Bpbm5lZF9ydW5zGAUgASgDEg8KB3JldGlyZWQYBiABKAgSLgoKcmV0aXJlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoLQnVpbGRXb3JrZXISEQoJd29ya2VyX2lkGAEgASgJEisKB3NlZW5fYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhMKEUxpc3RCdWlsZHNSZXF1ZXN0IjcKEkxpc3RCdWlsZHNSZXNwb25zZRIhCgZidWlsZHMYASADKAsyES5jeWNsb25lLnYxLkJ1aWxkIjcKFExpc3RCdWlsZFJ1bnNSZXF1ZXN0EhAKCGJ1aWxkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFIjsKCEJ1aWxkUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRINCgVub2RlcxgDIAMoCSI7ChVMaXN0QnVpbGRSdW5zUmVzcG9uc2USIgoEcnVucxgBIAMoCzIULmN5Y2xvbmUudjEuQnVpbGRSdW4iVgoZU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBIQCghidWlsZF9pZBgBIAEoCRIXCg9jb21wYXRpYmxlX3dpdGgYAiABKAkSDgoGcmVhc29uGAMgASgJIj4KGlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEiAKBWJ1aWxkGAEgASgLMhEuY3ljbG9uZS52MS5CdWlsZCI2ChJSZXRpcmVCdWlsZFJlcXVlc3QSEAoIYnVpbGRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjcKE1JldGlyZUJ1aWxkUmVzcG9uc2USIAoFYnVpbGQYASABKAsyES5jeWNsb25lLnYxLkJ1aWxkIk4KEE1vdmVCdWlsZFJlcXVlc3QSFQoNZnJvbV9idWlsZF9pZBgBIAEoCRITCgt0b19idWlsZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPAoRTW92ZUJ1aWxkUmVzcG9uc2USEwoLbm9kZXNfbW92ZWQYASABKAMSEgoKcnVuc19tb3ZlZBgCIAEoAyI8CgxSZXRyeVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDgoGcmVhc29uGAMgASgJIi0KDVJldHJ5UmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUmV0cnlBbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiPwoQUmV0cnlBbGxSZXNwb25zZRINCgVub2RlcxgBIAMoCRIcCgNydW4YAiABKAsyDy5jeWNsb25lLnYxLlJ1biKrAQoOUmVzb2x2ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSKAoGcmVzdWx0GAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASDwoFZXJyb3IYBCABKAlIABIRCgdkaXNjYXJkGAUgASgISAASDgoGcmVhc29uGAYgASgJEg8KB3N0ZXBfaWQYByABKAlCDAoKcmVzb2x1dGlvbiIvCg9SZXNvbHZlUmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4y+QQKDEFkbWluU2VydmljZRI8CgVSZXRyeRIYLmN5Y2xvbmUudjEuUmV0cnlSZXF1ZXN0GhkuY3ljbG9uZS52MS5SZXRyeVJlc3BvbnNlEkUKCFJldHJ5QWxsEhsuY3ljbG9uZS52MS5SZXRyeUFsbFJlcXVlc3QaHC5jeWNsb25lLnYxLlJldHJ5QWxsUmVzcG9uc2USQgoHUmVzb2x2ZRIaLmN5Y2xvbmUudjEuUmVzb2x2ZVJlcXVlc3QaGy5jeWNsb25lLnYxLlJlc29sdmVSZXNwb25zZRJLCgpMaXN0QnVpbGRzEh0uY3ljbG9uZS52MS5MaXN0QnVpbGRzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdEJ1aWxkc1Jlc3BvbnNlElQKDUxpc3RCdWlsZFJ1bnMSIC5jeWNsb25lLnYxLkxpc3RCdWlsZFJ1bnNSZXF1ZXN0GiEuY3ljbG9uZS52MS5MaXN0QnVpbGRSdW5zUmVzcG9uc2USYwoSU2V0QnVpbGRDb21wYXRpYmxlEiUuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXF1ZXN0GiYuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXNwb25zZRJOCgtSZXRpcmVCdWlsZBIeLmN5Y2xvbmUudjEuUmV0aXJlQnVpbGRSZXF1ZXN0Gh8uY3ljbG9uZS52MS5SZXRpcmVCdWlsZFJlc3BvbnNlEkgKCU1vdmVCdWlsZBIcLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVxdWVzdBodLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEi8wEKBUJ1aWxkEhAKCGJ1aWxkX2lkGAEgASgJEhIKCmNvbXBhdGlibGUYAiADKAkSKAoHd29ya2VycxgDIAMoCzIXLmN5Y2xvbmUudjEuQnVpbGRXb3JrZXISFAoMcGlubmVkX25vZGVzGAQgASgDEhMKC3Bpbm5lZF9ydW5zGAUgASgDEg8KB3JldGlyZWQYBiABKAgSLgoKcmV0aXJlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoLQnVpbGRXb3JrZXISEQoJd29ya2VyX2lkGAEgASgJEisKB3NlZW5fYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhMKEUxpc3RCdWlsZHNSZXF1ZXN0IjcKEkxpc3RCdWlsZHNSZXNwb25zZRIhCgZidWlsZHMYASADKAsyES5jeWNsb25lLnYxLkJ1aWxkIjcKFExpc3RCdWlsZFJ1bnNSZXF1ZXN0EhAKCGJ1aWxkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFIjsKCEJ1aWxkUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRINCgVub2RlcxgDIAMoCSI7ChVMaXN0QnVpbGRSdW5zUmVzcG9uc2USIgoEcnVucxgBIAMoCzIULmN5Y2xvbmUudjEuQnVpbGRSdW4iVgoZU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBIQCghidWlsZF9pZBgBIAEoCRIXCg9jb21wYXRpYmxlX3dpdGgYAiABKAkSDgoGcmVhc29uGAMgASgJIj4KGlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEiAKBWJ1aWxkGAEgASgLMhEuY3ljbG9uZS52MS5CdWlsZCI2ChJSZXRpcmVCdWlsZFJlcXVlc3QSEAoIYnVpbGRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjcKE1JldGlyZUJ1aWxkUmVzcG9uc2USIAoFYnVpbGQYASABKAsyES5jeWNsb25lLnYxLkJ1aWxkIk4KEE1vdmVCdWlsZFJlcXVlc3QSFQoNZnJvbV9idWlsZF9pZBgBIAEoCRITCgt0b19idWlsZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPAoRTW92ZUJ1aWxkUmVzcG9uc2USEwoLbm9kZXNfbW92ZWQYASABKAMSEgoKcnVuc19tb3ZlZBgCIAEoAyI8CgxSZXRyeVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDgoGcmVhc29uGAMgASgJIi0KDVJldHJ5UmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUmV0cnlBbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiPwoQUmV0cnlBbGxSZXNwb25zZRINCgVub2RlcxgBIAMoCRIcCgNydW4YAiABKAsyDy5jeWNsb25lLnYxLlJ1biKrAQoOUmVzb2x2ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSKAoGcmVzdWx0GAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASDwoFZXJyb3IYBCABKAlIABIRCgdkaXNjYXJkGAUgASgISAASDgoGcmVhc29uGAYgASgJEg8KB3N0ZXBfaWQYByABKAlCDAoKcmVzb2x1dGlvbiIvCg9SZXNvbHZlUmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4i1AMKCkJ1bGtBY3Rpb24SDgoGam9iX2lkGAEgASgJEioKBmFjdGlvbhgCIAEoDjIaLmN5Y2xvbmUudjEuQnVsa0FjdGlvbktpbmQSKwoGZmlsdGVyGAMgASgLMhsuY3ljbG9uZS52MS5MaXN0UnVuc1JlcXVlc3QSDgoGcmVhc29uGAQgASgJEg0KBWFjdG9yGAUgASgJEioKBXN0YXRlGAYgASgOMhsuY3ljbG9uZS52MS5CdWxrQWN0aW9uU3RhdGUSDQoFdG90YWwYByABKAMSFgoOdG90YWxfYXRfbGVhc3QYCCABKAgSDwoHdG91Y2hlZBgJIAEoAxIPCgdza2lwcGVkGAogASgDEg4KBmZhaWxlZBgLIAEoAxISCgpsYXN0X2Vycm9yGAwgASgJEhQKDGNhbmNlbGxlZF9ieRgNIAEoCRIuCgpjcmVhdGVkX2F0GA4gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgQIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAipwEKFlN0YXJ0QnVsa0FjdGlvblJlcXVlc3QSKgoGYWN0aW9uGAEgASgOMhouY3ljbG9uZS52MS5CdWxrQWN0aW9uS2luZBIrCgZmaWx0ZXIYAiABKAsyGy5jeWNsb25lLnYxLkxpc3RSdW5zUmVxdWVzdBIOCgZyZWFzb24YAyABKAkSDwoHZHJ5X3J1bhgEIAEoCBITCgtjb25maXJtX2FsbBgFIAEoCCJpChdTdGFydEJ1bGtBY3Rpb25SZXNwb25zZRIjCgNqb2IYASABKAsyFi5jeWNsb25lLnYxLkJ1bGtBY3Rpb24SDwoHbWF0Y2hlZBgCIAEoAxIYChBtYXRjaGVkX2F0X2xlYXN0GAMgASgIIiYKFEdldEJ1bGtBY3Rpb25SZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCSI8ChVHZXRCdWxrQWN0aW9uUmVzcG9uc2USIwoDam9iGAEgASgLMhYuY3ljbG9uZS52MS5CdWxrQWN0aW9uIj8KFkxpc3RCdWxrQWN0aW9uc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiWAoXTGlzdEJ1bGtBY3Rpb25zUmVzcG9uc2USJAoEam9icxgBIAMoCzIWLmN5Y2xvbmUudjEuQnVsa0FjdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiKQoXQ2FuY2VsQnVsa0FjdGlvblJlcXVlc3QSDgoGam9iX2lkGAEgASgJIj8KGENhbmNlbEJ1bGtBY3Rpb25SZXNwb25zZRIjCgNqb2IYASABKAsyFi5jeWNsb25lLnYxLkJ1bGtBY3Rpb24qkQEKDkJ1bGtBY3Rpb25LaW5kEiAKHEJVTEtfQUNUSU9OX0tJTkRfVU5TUEVDSUZJRUQQABIbChdCVUxLX0FDVElPTl9LSU5EX0NBTkNFTBABEhoKFkJVTEtfQUNUSU9OX0tJTkRfUkVUUlkQAhIkCiBCVUxLX0FDVElPTl9LSU5EX1JFU09MVkVfRElTQ0FSRBADKpABCg9CdWxrQWN0aW9uU3RhdGUSIQodQlVMS19BQ1RJT05fU1RBVEVfVU5TUEVDSUZJRUQQABIdChlCVUxLX0FDVElPTl9TVEFURV9SVU5OSU5HEAESGgoWQlVMS19BQ1RJT05fU1RBVEVfRE9ORRACEh8KG0JVTEtfQUNUSU9OX1NUQVRFX0NBTkNFTExFRBADMuYHCgxBZG1pblNlcnZpY2USPAoFUmV0cnkSGC5jeWNsb25lLnYxLlJldHJ5UmVxdWVzdBoZLmN5Y2xvbmUudjEuUmV0cnlSZXNwb25zZRJFCghSZXRyeUFsbBIbLmN5Y2xvbmUudjEuUmV0cnlBbGxSZXF1ZXN0GhwuY3ljbG9uZS52MS5SZXRyeUFsbFJlc3BvbnNlEkIKB1Jlc29sdmUSGi5jeWNsb25lLnYxLlJlc29sdmVSZXF1ZXN0GhsuY3ljbG9uZS52MS5SZXNvbHZlUmVzcG9uc2USSwoKTGlzdEJ1aWxkcxIdLmN5Y2xvbmUudjEuTGlzdEJ1aWxkc1JlcXVlc3QaHi5jeWNsb25lLnYxLkxpc3RCdWlsZHNSZXNwb25zZRJUCg1MaXN0QnVpbGRSdW5zEiAuY3ljbG9uZS52MS5MaXN0QnVpbGRSdW5zUmVxdWVzdBohLmN5Y2xvbmUudjEuTGlzdEJ1aWxkUnVuc1Jlc3BvbnNlEmMKElNldEJ1aWxkQ29tcGF0aWJsZRIlLmN5Y2xvbmUudjEuU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBomLmN5Y2xvbmUudjEuU2V0QnVpbGRDb21wYXRpYmxlUmVzcG9uc2USTgoLUmV0aXJlQnVpbGQSHi5jeWNsb25lLnYxLlJldGlyZUJ1aWxkUmVxdWVzdBofLmN5Y2xvbmUudjEuUmV0aXJlQnVpbGRSZXNwb25zZRJICglNb3ZlQnVpbGQSHC5jeWNsb25lLnYxLk1vdmVCdWlsZFJlcXVlc3QaHS5jeWNsb25lLnYxLk1vdmVCdWlsZFJlc3BvbnNlEloKD1N0YXJ0QnVsa0FjdGlvbhIiLmN5Y2xvbmUudjEuU3RhcnRCdWxrQWN0aW9uUmVxdWVzdBojLmN5Y2xvbmUudjEuU3RhcnRCdWxrQWN0aW9uUmVzcG9uc2USVAoNR2V0QnVsa0FjdGlvbhIgLmN5Y2xvbmUudjEuR2V0QnVsa0FjdGlvblJlcXVlc3QaIS5jeWNsb25lLnYxLkdldEJ1bGtBY3Rpb25SZXNwb25zZRJaCg9MaXN0QnVsa0FjdGlvbnMSIi5jeWNsb25lLnYxLkxpc3RCdWxrQWN0aW9uc1JlcXVlc3QaIy5jeWNsb25lLnYxLkxpc3RCdWxrQWN0aW9uc1Jlc3BvbnNlEl0KEENhbmNlbEJ1bGtBY3Rpb24SIy5jeWNsb25lLnYxLkNhbmNlbEJ1bGtBY3Rpb25SZXF1ZXN0GiQuY3ljbG9uZS52MS5DYW5jZWxCdWxrQWN0aW9uUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_cyclone_v1_workflow_service, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * A build, as ListBuilds shows it.
@@ -613,6 +615,439 @@ export const ResolveResponseSchema: GenMessage<ResolveResponse> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_admin_service, 18);
 
 /**
+ * A bulk action's job.
+ *
+ * @generated from message cyclone.v1.BulkAction
+ */
+export type BulkAction = Message<"cyclone.v1.BulkAction"> & {
+  /**
+   * The job's id.
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+
+  /**
+   * What it does to each run.
+   *
+   * @generated from field: cyclone.v1.BulkActionKind action = 2;
+   */
+  action: BulkActionKind;
+
+  /**
+   * The runs it takes, as given (page_size and page_token unset).
+   *
+   * @generated from field: cyclone.v1.ListRunsRequest filter = 3;
+   */
+  filter?: ListRunsRequest | undefined;
+
+  /**
+   * Why, recorded in each run's audit trail.
+   *
+   * @generated from field: string reason = 4;
+   */
+  reason: string;
+
+  /**
+   * Who started it, recorded in each run's audit trail.
+   *
+   * @generated from field: string actor = 5;
+   */
+  actor: string;
+
+  /**
+   * Where it is.
+   *
+   * @generated from field: cyclone.v1.BulkActionState state = 6;
+   */
+  state: BulkActionState;
+
+  /**
+   * The runs it was to take when it started, counted exactly up to 100,000.
+   *
+   * @generated from field: int64 total = 7;
+   */
+  total: bigint;
+
+  /**
+   * Whether there were more than total.
+   *
+   * @generated from field: bool total_at_least = 8;
+   */
+  totalAtLeast: boolean;
+
+  /**
+   * Runs acted on.
+   *
+   * @generated from field: int64 touched = 9;
+   */
+  touched: bigint;
+
+  /**
+   * Runs matched but left alone: no longer in a status the action applies to.
+   *
+   * @generated from field: int64 skipped = 10;
+   */
+  skipped: bigint;
+
+  /**
+   * Runs whose action failed (last_error says why, for the latest).
+   *
+   * @generated from field: int64 failed = 11;
+   */
+  failed: bigint;
+
+  /**
+   * The error of the latest run whose action failed; empty when none did.
+   *
+   * @generated from field: string last_error = 12;
+   */
+  lastError: string;
+
+  /**
+   * Who cancelled it; empty unless cancelled.
+   *
+   * @generated from field: string cancelled_by = 13;
+   */
+  cancelledBy: string;
+
+  /**
+   * When it was started.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 14;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * When a batch last moved it.
+   *
+   * @generated from field: google.protobuf.Timestamp updated_at = 15;
+   */
+  updatedAt?: Timestamp | undefined;
+
+  /**
+   * When it ended (done or cancelled); unset while running.
+   *
+   * @generated from field: google.protobuf.Timestamp finished_at = 16;
+   */
+  finishedAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.BulkAction.
+ * Use `create(BulkActionSchema)` to create a new message.
+ */
+export const BulkActionSchema: GenMessage<BulkAction> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 19);
+
+/**
+ * Arguments of AdminService.StartBulkAction.
+ *
+ * @generated from message cyclone.v1.StartBulkActionRequest
+ */
+export type StartBulkActionRequest = Message<"cyclone.v1.StartBulkActionRequest"> & {
+  /**
+   * What to do to each run. Required.
+   *
+   * @generated from field: cyclone.v1.BulkActionKind action = 1;
+   */
+  action: BulkActionKind;
+
+  /**
+   * Which runs: the fields of ListRuns (page_size and page_token must be unset).
+   *
+   * @generated from field: cyclone.v1.ListRunsRequest filter = 2;
+   */
+  filter?: ListRunsRequest | undefined;
+
+  /**
+   * Why, recorded in each run's audit trail.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+
+  /**
+   * Count the runs it would take, write nothing.
+   *
+   * @generated from field: bool dry_run = 4;
+   */
+  dryRun: boolean;
+
+  /**
+   * Required when the filter sets no field, i.e. takes every run.
+   *
+   * @generated from field: bool confirm_all = 5;
+   */
+  confirmAll: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.StartBulkActionRequest.
+ * Use `create(StartBulkActionRequestSchema)` to create a new message.
+ */
+export const StartBulkActionRequestSchema: GenMessage<StartBulkActionRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 20);
+
+/**
+ * Result of AdminService.StartBulkAction.
+ *
+ * @generated from message cyclone.v1.StartBulkActionResponse
+ */
+export type StartBulkActionResponse = Message<"cyclone.v1.StartBulkActionResponse"> & {
+  /**
+   * The job started; unset for a dry run.
+   *
+   * @generated from field: cyclone.v1.BulkAction job = 1;
+   */
+  job?: BulkAction | undefined;
+
+  /**
+   * The runs it takes (or, for a dry run, would take), counted exactly up to 100,000.
+   *
+   * @generated from field: int64 matched = 2;
+   */
+  matched: bigint;
+
+  /**
+   * Whether there are more than matched.
+   *
+   * @generated from field: bool matched_at_least = 3;
+   */
+  matchedAtLeast: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.StartBulkActionResponse.
+ * Use `create(StartBulkActionResponseSchema)` to create a new message.
+ */
+export const StartBulkActionResponseSchema: GenMessage<StartBulkActionResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 21);
+
+/**
+ * Arguments of AdminService.GetBulkAction.
+ *
+ * @generated from message cyclone.v1.GetBulkActionRequest
+ */
+export type GetBulkActionRequest = Message<"cyclone.v1.GetBulkActionRequest"> & {
+  /**
+   * The job, by id.
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+};
+
+/**
+ * Describes the message cyclone.v1.GetBulkActionRequest.
+ * Use `create(GetBulkActionRequestSchema)` to create a new message.
+ */
+export const GetBulkActionRequestSchema: GenMessage<GetBulkActionRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 22);
+
+/**
+ * Result of AdminService.GetBulkAction.
+ *
+ * @generated from message cyclone.v1.GetBulkActionResponse
+ */
+export type GetBulkActionResponse = Message<"cyclone.v1.GetBulkActionResponse"> & {
+  /**
+   * The job and its progress.
+   *
+   * @generated from field: cyclone.v1.BulkAction job = 1;
+   */
+  job?: BulkAction | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.GetBulkActionResponse.
+ * Use `create(GetBulkActionResponseSchema)` to create a new message.
+ */
+export const GetBulkActionResponseSchema: GenMessage<GetBulkActionResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 23);
+
+/**
+ * Arguments of AdminService.ListBulkActions.
+ *
+ * @generated from message cyclone.v1.ListBulkActionsRequest
+ */
+export type ListBulkActionsRequest = Message<"cyclone.v1.ListBulkActionsRequest"> & {
+  /**
+   * Page size, 1-1000. Default 50.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+
+  /**
+   * next_page_token of a page; empty for the first (newest) page.
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message cyclone.v1.ListBulkActionsRequest.
+ * Use `create(ListBulkActionsRequestSchema)` to create a new message.
+ */
+export const ListBulkActionsRequestSchema: GenMessage<ListBulkActionsRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 24);
+
+/**
+ * Result of AdminService.ListBulkActions.
+ *
+ * @generated from message cyclone.v1.ListBulkActionsResponse
+ */
+export type ListBulkActionsResponse = Message<"cyclone.v1.ListBulkActionsResponse"> & {
+  /**
+   * Jobs, newest first.
+   *
+   * @generated from field: repeated cyclone.v1.BulkAction jobs = 1;
+   */
+  jobs: BulkAction[];
+
+  /**
+   * Pass as page_token to get the next page (older jobs); empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message cyclone.v1.ListBulkActionsResponse.
+ * Use `create(ListBulkActionsResponseSchema)` to create a new message.
+ */
+export const ListBulkActionsResponseSchema: GenMessage<ListBulkActionsResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 25);
+
+/**
+ * Arguments of AdminService.CancelBulkAction.
+ *
+ * @generated from message cyclone.v1.CancelBulkActionRequest
+ */
+export type CancelBulkActionRequest = Message<"cyclone.v1.CancelBulkActionRequest"> & {
+  /**
+   * The job, by id.
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+};
+
+/**
+ * Describes the message cyclone.v1.CancelBulkActionRequest.
+ * Use `create(CancelBulkActionRequestSchema)` to create a new message.
+ */
+export const CancelBulkActionRequestSchema: GenMessage<CancelBulkActionRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 26);
+
+/**
+ * Result of AdminService.CancelBulkAction.
+ *
+ * @generated from message cyclone.v1.CancelBulkActionResponse
+ */
+export type CancelBulkActionResponse = Message<"cyclone.v1.CancelBulkActionResponse"> & {
+  /**
+   * The job after cancellation.
+   *
+   * @generated from field: cyclone.v1.BulkAction job = 1;
+   */
+  job?: BulkAction | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.CancelBulkActionResponse.
+ * Use `create(CancelBulkActionResponseSchema)` to create a new message.
+ */
+export const CancelBulkActionResponseSchema: GenMessage<CancelBulkActionResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 27);
+
+/**
+ * What a bulk action does to each run.
+ *
+ * @generated from enum cyclone.v1.BulkActionKind
+ */
+export enum BulkActionKind {
+  /**
+   * Not a valid action.
+   *
+   * @generated from enum value: BULK_ACTION_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * CancelRun (with its child runs) of each running, failed or blocked run.
+   *
+   * @generated from enum value: BULK_ACTION_KIND_CANCEL = 1;
+   */
+  CANCEL = 1,
+
+  /**
+   * RetryAll of each failed run: every discarded node reopened.
+   *
+   * @generated from enum value: BULK_ACTION_KIND_RETRY = 2;
+   */
+  RETRY = 2,
+
+  /**
+   * Resolve with discard of each blocked run: its uncertain step (or step call) runs
+   * again.
+   *
+   * @generated from enum value: BULK_ACTION_KIND_RESOLVE_DISCARD = 3;
+   */
+  RESOLVE_DISCARD = 3,
+}
+
+/**
+ * Describes the enum cyclone.v1.BulkActionKind.
+ */
+export const BulkActionKindSchema: GenEnum<BulkActionKind> = /*@__PURE__*/
+  enumDesc(file_cyclone_v1_admin_service, 0);
+
+/**
+ * Where a bulk action is.
+ *
+ * @generated from enum cyclone.v1.BulkActionState
+ */
+export enum BulkActionState {
+  /**
+   * Never stored.
+   *
+   * @generated from enum value: BULK_ACTION_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Being worked through.
+   *
+   * @generated from enum value: BULK_ACTION_STATE_RUNNING = 1;
+   */
+  RUNNING = 1,
+
+  /**
+   * Every matching run was taken.
+   *
+   * @generated from enum value: BULK_ACTION_STATE_DONE = 2;
+   */
+  DONE = 2,
+
+  /**
+   * Stopped by CancelBulkAction; the runs acted on before stay as they are.
+   *
+   * @generated from enum value: BULK_ACTION_STATE_CANCELLED = 3;
+   */
+  CANCELLED = 3,
+}
+
+/**
+ * Describes the enum cyclone.v1.BulkActionState.
+ */
+export const BulkActionStateSchema: GenEnum<BulkActionState> = /*@__PURE__*/
+  enumDesc(file_cyclone_v1_admin_service, 1);
+
+/**
  * Operator actions. Each is recorded in the run's audit trail with its actor and reason.
  *
  * @generated from service cyclone.v1.AdminService
@@ -715,6 +1150,58 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof MoveBuildRequestSchema;
     output: typeof MoveBuildResponseSchema;
+  },
+  /**
+   * Starts a bulk action: cancel, retry or resolve-discard every run that a ListRuns
+   * filter matches, as a job the servers work through in batches (at most
+   * --bulk-rate runs a second), resumed by another server when the one working it
+   * stops. Each run is acted on once, as CancelRun, RetryAll or Resolve with discard
+   * would, and its audit entry names the job (details.bulk_action). Only the runs
+   * created before the job and in a status the action applies to are taken (cancel:
+   * running, failed, blocked; retry: failed; resolve_discard: blocked). With dry_run,
+   * nothing is written: the response counts the runs it would take (exactly up to
+   * 100,000). INVALID_ARGUMENT for a filter ListRuns refuses, a filter that sets no
+   * field without confirm_all, or statuses none of which the action applies to.
+   *
+   * @generated from rpc cyclone.v1.AdminService.StartBulkAction
+   */
+  startBulkAction: {
+    methodKind: "unary";
+    input: typeof StartBulkActionRequestSchema;
+    output: typeof StartBulkActionResponseSchema;
+  },
+  /**
+   * A bulk action's progress: its state and the runs touched, skipped and failed so
+   * far, of about total. NOT_FOUND for an unknown job.
+   *
+   * @generated from rpc cyclone.v1.AdminService.GetBulkAction
+   */
+  getBulkAction: {
+    methodKind: "unary";
+    input: typeof GetBulkActionRequestSchema;
+    output: typeof GetBulkActionResponseSchema;
+  },
+  /**
+   * The bulk actions, newest first.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ListBulkActions
+   */
+  listBulkActions: {
+    methodKind: "unary";
+    input: typeof ListBulkActionsRequestSchema;
+    output: typeof ListBulkActionsResponseSchema;
+  },
+  /**
+   * Stops a running bulk action: no batch starts after it (a batch in progress ends
+   * first), and the runs it acted on stay as they are. NOT_FOUND for an unknown job,
+   * FAILED_PRECONDITION when it is no longer running.
+   *
+   * @generated from rpc cyclone.v1.AdminService.CancelBulkAction
+   */
+  cancelBulkAction: {
+    methodKind: "unary";
+    input: typeof CancelBulkActionRequestSchema;
+    output: typeof CancelBulkActionResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_admin_service, 0);
