@@ -5,10 +5,12 @@ refusals, progress and cancelling a job."""
 from __future__ import annotations
 
 import grpc
+import psycopg
+import pytest
 from google.protobuf import json_format
 
 from cyclone.v1 import admin_service_pb2 as admin_pb
-from cyclone.v1 import types_pb2
+from cyclone.v1 import admin_service_pb2_grpc, types_pb2
 from cyclone.v1 import workflow_service_pb2 as workflow_pb
 from tests.helpers import (
     claim,
@@ -22,6 +24,7 @@ from tests.helpers import (
     workflow,
 )
 from tests.test_blocked import blocked_run
+from tests.test_processes import stubs
 
 CANCEL = admin_pb.BULK_ACTION_KIND_CANCEL
 RETRY = admin_pb.BULK_ACTION_KIND_RETRY
@@ -211,3 +214,41 @@ def test_cancelling_a_job_stops_it_and_keeps_what_it_did(server_factory):
     ]
     assert after.touched == stopped.touched == len(cancelled)
     assert 0 < len(cancelled) < len(runs)
+
+
+@pytest.mark.slow
+def test_a_job_whose_server_is_killed_resumes_elsewhere_and_takes_each_run_once(
+    server_process, database_url
+):
+    flags = ("--bulk-rate", "4", "--bulk-lease", "2", "--sweep-interval", "0.2")
+    first = server_process(*flags)
+    client = stubs(first.address)
+    client.admin = admin_service_pb2_grpc.AdminServiceStub(client.channel)
+    runs = [submit(client, workflow("billing", node("a"))) for _ in range(24)]
+    job_id = start(
+        client, CANCEL, filter=workflow_pb.ListRunsRequest(workflow="billing")
+    ).job.job_id
+
+    def progress():
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT touched FROM cyclone.bulk_actions WHERE job_id = %s", (job_id,)
+            ).fetchone()
+        assert row is not None
+        return row[0]
+
+    eventually(lambda: progress() >= 4, "a first batch")
+    first.process.kill()
+    first.process.wait()
+    assert progress() < len(runs)
+    # A server started later (with another lease holder's name) takes the job over
+    # once the dead one's lease lapses, from its cursor.
+    second = stubs(server_process(*flags).address)
+    second.admin = admin_service_pb2_grpc.AdminServiceStub(second.channel)
+    job = finished(second, job_id)
+    assert (job.state, job.touched, job.skipped, job.failed) == (DONE, len(runs), 0, 0)
+    for run_id in runs:
+        entries = [
+            (a.action, a.details.struct_value["bulk_action"]) for a in get_run(second, run_id).audit
+        ]
+        assert entries == [("cancel", job_id)]
