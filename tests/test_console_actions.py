@@ -15,7 +15,7 @@ from tests.console_thread import ConsoleThread
 from tests.helpers import claim, eventually, get_run, node, run_status, submit, workflow
 from tests.test_auth import TOKENS, bearer, write_tokens
 from tests.test_blocked import blocked_run
-from tests.test_console_html import Browserless, csrf_of, visitor
+from tests.test_console_html import Browserless, csrf_of, signed_in, visitor
 from tests.test_waits import SUSPENDED, wait_request
 
 __all__ = ["visitor"]  # the fixture, used by name
@@ -233,12 +233,7 @@ def test_a_client_token_cannot_retry_failed_runs_and_nothing_changes(
     failed = [failed_run(server, metadata=admin) for _ in range(2)]
     console = ConsoleThread(server.address)
     try:
-        client = Browserless(console.url)
-        login = client.get("/login")
-        signed = client.post(
-            "/login", {"token": TOKENS["client"], "next": "/runs", "csrf": csrf_of(login)}
-        )
-        assert signed.status == 303
+        client = signed_in(console.url, TOKENS["client"])
         confirm = client.get("/runs/retry-failed")
         assert confirm.status == 200 and "<strong>2</strong> failed runs match" in confirm.text
         listed = re.search(r'name="runs" value="([^"]*)"', confirm.text).group(1)  # type: ignore[union-attr]

@@ -69,6 +69,15 @@ def csrf_of(page: Page) -> str:
     return match.group(1)
 
 
+def signed_in(url: str, token: str) -> Browserless:
+    """A visitor of the console at ``url`` signed in with ``token``."""
+    client = Browserless(url)
+    login = client.get("/login")
+    signed = client.post("/login", {"token": token, "next": "/runs", "csrf": csrf_of(login)})
+    assert signed.status == 303
+    return client
+
+
 @pytest.fixture
 def visitor(cyclone_server: Any) -> Iterator[Browserless]:
     console = ConsoleThread(cyclone_server.address)
