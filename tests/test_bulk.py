@@ -12,6 +12,7 @@ from google.protobuf import json_format
 from cyclone.v1 import admin_service_pb2 as admin_pb
 from cyclone.v1 import admin_service_pb2_grpc, types_pb2
 from cyclone.v1 import workflow_service_pb2 as workflow_pb
+from tests import test_step_calls as step_calls
 from tests.helpers import (
     claim,
     eventually,
@@ -107,20 +108,25 @@ def test_bulk_retry_reopens_the_failed_runs(cyclone_server):
 
 
 def test_bulk_resolve_discard_releases_the_blocked_runs(cyclone_server):
-    run_id, _ = blocked_run(cyclone_server)
+    run_id, _ = blocked_run(cyclone_server)  # blocked on its node "charge"
+    on_call, _ = step_calls._blocked(cyclone_server)  # blocked on a step call
+    running = submit(cyclone_server, workflow("order", node("other")))
     reply = start(
         cyclone_server,
         RESOLVE_DISCARD,
         filter=workflow_pb.ListRunsRequest(statuses=[types_pb2.RUN_STATUS_BLOCKED]),
     )
-    assert reply.matched == 1
+    assert reply.matched == 2
     job = finished(cyclone_server, reply.job.job_id)
-    assert (job.touched, job.skipped, job.failed) == (1, 0, 0)
-    run = get_run(cyclone_server, run_id)
-    assert run_status(run) == "running"
-    assert [(a.action, a.details.struct_value["bulk_action"]) for a in run.audit] == [
-        ("resolve_discard", job.job_id)
-    ]
+    assert (job.touched, job.skipped, job.failed) == (2, 0, 0)
+    for blocked in (run_id, on_call):
+        run = get_run(cyclone_server, blocked)
+        assert run_status(run) == "running"
+        assert [(a.action, a.details.struct_value["bulk_action"]) for a in run.audit] == [
+            ("resolve_discard", job.job_id)
+        ]
+    assert get_run(cyclone_server, on_call).audit[0].details.struct_value["step_id"] == "charge"
+    assert not get_run(cyclone_server, running).audit
 
 
 def test_dry_run_counts_and_writes_nothing(cyclone_server):
@@ -170,6 +176,16 @@ def test_bad_requests_are_refused(cyclone_server):
     assert "reason" in refused(
         CANCEL, filter=workflow_pb.ListRunsRequest(workflow="x"), reason="r" * 3000
     )
+    # What ListRuns refuses, a bulk action refuses alike.
+    for hostile in (
+        workflow_pb.ListRunsRequest(workflow="bad\x00name"),
+        workflow_pb.ListRunsRequest(key_prefix="k" * 100_000),
+        workflow_pb.ListRunsRequest(workflow_prefix="w" * 100_000),
+        workflow_pb.ListRunsRequest(key="k\x00"),
+    ):
+        listed = rpc_error(cyclone_server.workflows.ListRuns, hostile)
+        assert listed.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused(CANCEL, filter=hostile) == listed.details()
     missing = "0190a1b2-0000-7000-8000-000000000000"
     for call in (cyclone_server.admin.GetBulkAction, cyclone_server.admin.CancelBulkAction):
         request_type = (
