@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pyclient._commands import _count, run_filter_flags
@@ -28,9 +29,10 @@ one working it stops. Each run is taken once and its audit trail names the job.
 cancel takes running, failed and blocked runs; retry failed runs (every discarded node
 reopened); resolve-discard blocked runs (the uncertain step runs again). The filters are
 those of `cyclone runs list`; with none at all, --confirm-all is required. --dry-run
-prints how many runs it would take and changes nothing. It then shows a progress bar
-until the job is done (on a terminal; elsewhere it waits quietly), unless --no-wait;
-Ctrl-C stops the waiting, not the job: `cyclone bulk stop JOB` stops the job.
+prints how many runs it would take and changes nothing. Without it, the job starts and
+a progress bar shows until it is done (on a terminal; elsewhere the command waits
+quietly), then one line says what it did; --no-wait prints the job id at once. Ctrl-C
+stops the waiting, not the job: `cyclone bulk stop JOB` stops the job.
 """
 
 #: The CLI's names of the actions, as start_bulk takes them.
@@ -148,7 +150,7 @@ def _followed(client: Client, job: BulkAction, *, quiet: bool) -> BulkAction:
             MofNCompleteColumn(),
             TimeElapsedColumn(),
         )
-        with Progress(*columns, transient=True) as bar:
+        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task(job.action, total=max(job.total, 1))
             while job.running:
                 done = job.touched + job.skipped + job.failed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 
 import pytest
 
@@ -106,3 +107,11 @@ def test_cli_bulk_cancel_waits_then_status_and_list(capsys, client, cyclone_serv
     assert code == 0
     job = client.wait_bulk(out.strip(), poll=0.05)
     assert job.touched == 2 and {client.get_run(r).status for r in more} == {"cancelled"}
+
+
+def test_cli_bulk_shows_a_progress_bar_on_a_terminal(capsys, monkeypatch, client, cyclone_server):
+    runs = _runs(client, "billing", 3)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    code, out, _ = _cli(capsys, cyclone_server, "bulk", "cancel", "--workflow", "billing")
+    assert code == 0 and "done, 3 touched, 0 skipped, 0 failed of 3" in out
+    assert {client.get_run(r).status for r in runs} == {"cancelled"}
