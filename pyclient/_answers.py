@@ -9,6 +9,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf import json_format
+
 from cyclone.v1 import admin_service_pb2, schedule_service_pb2, types_pb2, workflow_service_pb2
 from pyclient._runs import (
     Run,
@@ -340,3 +342,71 @@ class NamePause:
                 "at": pause.at.isoformat() if pause.at else None,
             },
         }
+
+
+@dataclass(frozen=True, slots=True)
+class BulkAction:
+    """A bulk action's job (start_bulk, get_bulk): what it does to each run
+    (``"cancel"``, ``"retry"`` or ``"resolve_discard"``), the ListRuns filter of its
+    runs (as JSON), and its progress: ``state`` is ``"running"``, ``"done"`` or
+    ``"cancelled"``; ``total`` is the runs it was to take when it started (at least that
+    many when ``total_at_least``)."""
+
+    job_id: str
+    action: str
+    filter: dict[str, Any]
+    reason: str
+    actor: str
+    state: str
+    total: int
+    total_at_least: bool
+    touched: int
+    skipped: int
+    failed: int
+    last_error: str
+    cancelled_by: str
+    created_at: dt.datetime | None
+    updated_at: dt.datetime | None
+    finished_at: dt.datetime | None
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: times in ISO 8601."""
+        ready: dict[str, Any] = _jsonable(dataclasses.asdict(self))
+        return ready
+
+    @classmethod
+    def from_proto(cls, p: admin_service_pb2.BulkAction) -> BulkAction:
+        return _build(
+            cls,
+            p,
+            action=_policy(admin_service_pb2.BulkActionKind, p.action, "BULK_ACTION_KIND_"),
+            state=_policy(admin_service_pb2.BulkActionState, p.state, "BULK_ACTION_STATE_"),
+            filter=json_format.MessageToDict(p.filter),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BulkStarted:
+    """What start_bulk answers: the job (None for a dry run) and the runs it takes (or
+    would take), exactly up to 100,000 (``at_least``: more)."""
+
+    job: BulkAction | None
+    matched: int
+    at_least: bool
+
+    @classmethod
+    def from_proto(cls, p: admin_service_pb2.StartBulkActionResponse) -> BulkStarted:
+        job = BulkAction.from_proto(p.job) if p.HasField("job") else None
+        return cls(job, int(p.matched), p.matched_at_least)
+
+
+@dataclass(frozen=True, slots=True)
+class BulkPage:
+    """A page of bulk actions (list_bulk), newest first."""
+
+    jobs: tuple[BulkAction, ...]
+    next_page_token: str

@@ -484,3 +484,31 @@ def _builds_move(client: Client, args: argparse.Namespace) -> Any:
         f"moved {moved.nodes_moved} unfinished node(s) of {moved.runs_moved} run(s) "
         f"from build {args.from_build} to build {args.to_build}"
     )
+
+
+def status_flag(p: argparse.ArgumentParser) -> None:
+    """--status, repeatable: the runs in these statuses only."""
+    p.add_argument(
+        "--status",
+        action="append",
+        choices=[s.value for s in RunStatus],
+        help="only runs in this status (repeat for several)",
+    )
+
+
+def run_filter_flags(p: argparse.ArgumentParser) -> None:
+    """The filters of `cyclone runs list` (and of `cyclone bulk`)."""
+    p.add_argument("--workflow", help="only runs of this workflow")
+    p.add_argument("--workflow-prefix", metavar="TEXT", help="only workflows named so at first")
+    status_flag(p)
+    p.add_argument("--key", help="only the run SubmitOnce made with this key")
+    p.add_argument("--key-prefix", metavar="TEXT", help="only runs whose key starts so")
+    p.add_argument(
+        "--run-id", metavar="PREFIX", help="only runs whose id starts with these 1-32 hex digits"
+    )
+    p.add_argument(
+        "--since", type=_moment_arg, metavar="TIME", help="only runs created since (ISO time or 2h)"
+    )
+    p.add_argument(
+        "--until", type=_moment_arg, metavar="TIME", help="only runs created before (ISO or 2h)"
+    )

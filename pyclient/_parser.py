@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from pyclient._bulk_cli import bulk_commands
 from pyclient._commands import (
     _builds_compatible,
     _builds_list,
@@ -23,7 +24,6 @@ from pyclient._commands import (
     _journal_export,
     _list,
     _logs,
-    _moment_arg,
     _priority,
     _resolve,
     _retry,
@@ -37,10 +37,11 @@ from pyclient._commands import (
     _start_at_arg,
     _submit,
     _wait,
+    run_filter_flags,
+    status_flag,
 )
 from pyclient._pause_cli import pause_commands
 from pyclient.client import default_address
-from pyclient.models import RunStatus
 
 DESCRIPTION = """\
 Operate Cyclone, the durable workflow service: submit workflows, inspect runs, ask
@@ -200,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         _runs_commands,
         _operator_commands,
         pause_commands,
+        bulk_commands,
         _schedule_commands,
         _builds_commands,
         _event_commands,
@@ -309,20 +311,7 @@ def _runs_commands(command: Command, common: argparse.ArgumentParser) -> None:
         description="List runs, newest first, with their step counts.",
         parents=[common],
     )
-    lst.add_argument("--workflow", help="only runs of this workflow")
-    lst.add_argument("--workflow-prefix", metavar="TEXT", help="only workflows named so at first")
-    _status_flag(lst)
-    lst.add_argument("--key", help="only the run SubmitOnce made with this key")
-    lst.add_argument("--key-prefix", metavar="TEXT", help="only runs whose key starts so")
-    lst.add_argument(
-        "--run-id", metavar="PREFIX", help="only runs whose id starts with these 1-32 hex digits"
-    )
-    lst.add_argument(
-        "--since", type=_moment_arg, metavar="TIME", help="only runs created since (ISO time or 2h)"
-    )
-    lst.add_argument(
-        "--until", type=_moment_arg, metavar="TIME", help="only runs created before (ISO or 2h)"
-    )
+    run_filter_flags(lst)
     lst.add_argument("--limit", type=_count, default=50, help="at most this many (default 50)")
     lst.set_defaults(handler=_list)
 
@@ -524,7 +513,7 @@ def _journal_commands(command: Command, common: argparse.ArgumentParser) -> None
     )
     export.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to export")
     export.add_argument("--workflow", help="the newest runs of this workflow")
-    _status_flag(export)
+    status_flag(export)
     export.add_argument("--action", help="only the nodes of this action")
     export.add_argument(
         "--limit", type=_count, default=100, help="at most this many runs (default 100)"
@@ -550,16 +539,6 @@ def _console_command(command: Command, common: argparse.ArgumentParser) -> None:
     # make run gives --listen from its CONSOLE variable: a refused port names that.
     p.add_argument("--listen-setting", default="--listen", help=argparse.SUPPRESS)
     p.set_defaults(handler=_console)
-
-
-def _status_flag(p: argparse.ArgumentParser) -> None:
-    """--status, repeatable: the runs in these statuses only."""
-    p.add_argument(
-        "--status",
-        action="append",
-        choices=[s.value for s in RunStatus],
-        help="only runs in this status (repeat for several)",
-    )
 
 
 def _follow_flags(p: argparse.ArgumentParser) -> None:

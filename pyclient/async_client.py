@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from pyclient._bulk import bulk_calls
 from pyclient._requests import (
     DEFAULT_CALL_TIMEOUT,
     UNSET,
@@ -28,6 +29,9 @@ from pyclient.models import (
     Build,
     BuildMoved,
     BuildRun,
+    BulkAction,
+    BulkPage,
+    BulkStarted,
     EventSent,
     Explanation,
     NamePause,
@@ -235,6 +239,47 @@ class AsyncClient:
 
     async def retry(self, run_id: str, node: str, reason: str = "") -> Run:
         return await self._invoke(calls.retry(run_id, node, reason))
+
+    async def start_bulk(
+        self,
+        action: str,
+        *,
+        reason: str = "",
+        dry_run: bool = False,
+        confirm_all: bool = False,
+        **filters: Any,
+    ) -> BulkStarted:
+        """Start a bulk action: ``action`` (``"cancel"``, ``"retry"`` or
+        ``"resolve_discard"``) on every run the filters match, those of list_runs
+        (workflow, status, created_after, created_before, key, run_id_prefix,
+        workflow_prefix, key_prefix). The server works through it; get_bulk tells how
+        far it got. ``dry_run`` counts the runs and starts nothing; no filter at all
+        needs ``confirm_all``."""
+        return await self._invoke(
+            bulk_calls.start(
+                action, reason=reason, dry_run=dry_run, confirm_all=confirm_all, **filters
+            )
+        )
+
+    async def get_bulk(self, job_id: str) -> BulkAction:
+        """A bulk action and its progress."""
+        return await self._invoke(bulk_calls.get(job_id))
+
+    async def list_bulk(self, page_size: int | None = None, page_token: str = "") -> BulkPage:
+        """One page of bulk actions, newest first."""
+        return await self._invoke(bulk_calls.list(page_size, page_token))
+
+    async def cancel_bulk(self, job_id: str) -> BulkAction:
+        """Stop a running bulk action; the runs it acted on stay as they are."""
+        return await self._invoke(bulk_calls.cancel(job_id))
+
+    async def wait_bulk(self, job_id: str, *, poll: float = 0.5) -> BulkAction:
+        """The bulk action once it is done or cancelled, read every ``poll`` seconds."""
+        while True:
+            job = await self.get_bulk(job_id)
+            if not job.running:
+                return job
+            await asyncio.sleep(poll)
 
     async def retry_all(self, run_id: str, reason: str = "") -> Retried:
         return await self._invoke(calls.retry_all(run_id, reason))

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from pyclient._bulk import bulk_calls
 from pyclient._requests import (
     DEFAULT_ADDRESS,
     DEFAULT_CALL_TIMEOUT,
@@ -36,6 +37,9 @@ from pyclient.models import (
     Build,
     BuildMoved,
     BuildRun,
+    BulkAction,
+    BulkPage,
+    BulkStarted,
     EventSent,
     Explanation,
     NamePause,
@@ -287,6 +291,47 @@ class Client:
     def retry(self, run_id: str, node: str, reason: str = "") -> Run:
         """Reopen a discarded node in place (same run and node; next attempt)."""
         return self._invoke(calls.retry(run_id, node, reason))
+
+    def start_bulk(
+        self,
+        action: str,
+        *,
+        reason: str = "",
+        dry_run: bool = False,
+        confirm_all: bool = False,
+        **filters: Any,
+    ) -> BulkStarted:
+        """Start a bulk action: ``action`` (``"cancel"``, ``"retry"`` or
+        ``"resolve_discard"``) on every run the filters match, those of list_runs
+        (workflow, status, created_after, created_before, key, run_id_prefix,
+        workflow_prefix, key_prefix). The server works through it; get_bulk tells how
+        far it got. ``dry_run`` counts the runs and starts nothing; no filter at all
+        needs ``confirm_all``."""
+        return self._invoke(
+            bulk_calls.start(
+                action, reason=reason, dry_run=dry_run, confirm_all=confirm_all, **filters
+            )
+        )
+
+    def get_bulk(self, job_id: str) -> BulkAction:
+        """A bulk action and its progress."""
+        return self._invoke(bulk_calls.get(job_id))
+
+    def list_bulk(self, page_size: int | None = None, page_token: str = "") -> BulkPage:
+        """One page of bulk actions, newest first."""
+        return self._invoke(bulk_calls.list(page_size, page_token))
+
+    def cancel_bulk(self, job_id: str) -> BulkAction:
+        """Stop a running bulk action; the runs it acted on stay as they are."""
+        return self._invoke(bulk_calls.cancel(job_id))
+
+    def wait_bulk(self, job_id: str, *, poll: float = 0.5) -> BulkAction:
+        """The bulk action once it is done or cancelled, read every ``poll`` seconds."""
+        while True:
+            job = self.get_bulk(job_id)
+            if not job.running:
+                return job
+            time.sleep(poll)
 
     def retry_all(self, run_id: str, reason: str = "") -> Retried:
         """Reopen every discarded node of the run."""

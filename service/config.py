@@ -71,6 +71,8 @@ class Settings:
     key_retention_s: float | None = 30 * 86400.0
     retention_interval_s: float = 60.0
     retention_batch: int = 100
+    bulk_rate: int = 500
+    bulk_lease_s: float = 30.0
     log_level: str = "INFO"
     log_json: bool = False
     migrate_only: bool = False
@@ -125,6 +127,10 @@ _HELP = {
     "while that run exists (off keeps keys for good)",
     "retention_interval_s": "seconds between retention passes (each jittered by ±50%%)",
     "retention_batch": "most runs one retention statement deletes",
+    "bulk_rate": "most runs a second one bulk action acts on (cancel, retry or resolve by "
+    "filter; docs/operations.md)",
+    "bulk_lease_s": "seconds a server holds a bulk action without moving it before another "
+    "server may take it over (it moves it about every second)",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
     "log_json": "log one JSON object per line",
     "migrate_only": "apply migrations, then exit",
@@ -203,6 +209,10 @@ def parse(argv: list[str] | None = None) -> Settings:
     settings = Settings(**vars(parser.parse_args(argv)))
     if settings.claim_recheck_s <= 0:
         parser.error("--claim-recheck must be more than 0 seconds")
+    if settings.bulk_rate < 1:
+        parser.error("--bulk-rate must be 1 or more runs a second")
+    if settings.bulk_lease_s <= 0:
+        parser.error("--bulk-lease must be more than 0 seconds")
     if settings.max_recoveries < 0:
         parser.error("--max-recoveries must be 0 or more")
     if settings.citus not in ("auto", "on", "off"):

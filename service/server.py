@@ -144,6 +144,9 @@ class CycloneServer:
             )
         )
         self._tasks.append(asyncio.create_task(self.releases(), name="cyclone-releases"))
+        self._tasks.append(
+            asyncio.create_task(self.upkeep.bulk_actions(), name="cyclone-bulk-actions")
+        )
         await self.grpc.start()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -213,6 +213,7 @@ OPTIONAL_READS = (
     "/ListSchedules",
     "/ListBuilds",
     "/ListPauses",
+    "/ListBulkActions",
 )
 
 

@@ -1,5 +1,6 @@
 """AdminService: retry and resolve steps and step calls of blocked runs; the builds' RPCs
-are in service.api.builds, the pauses' in service.api.pauses."""
+are in service.api.builds, the pauses' in service.api.pauses, the bulk actions' in
+service.api.bulk."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from cyclone.v1 import (
 from service import errors
 from service.api.build import attempt_of, run_proto
 from service.api.builds import BuildsAdmin
+from service.api.bulk import BulkAdmin
 from service.api.ids import parse_uuid
 from service.api.pauses import PausesAdmin
 from service.api.status import rpc
@@ -38,7 +40,7 @@ from service.db import Database
 log = logging.getLogger("cyclone")
 
 
-class AdminServicer(BuildsAdmin, PausesAdmin, admin_grpc.AdminServiceServicer):
+class AdminServicer(BuildsAdmin, PausesAdmin, BulkAdmin, admin_grpc.AdminServiceServicer):
     def __init__(self, db: Database, settings: Settings) -> None:
         self.db = db
         self.payloads = payloads_of(settings)

@@ -85,11 +85,13 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "ResumeWorkflow",
             "PauseAction",
             "ResumeAction",
+            "StartBulkAction",
+            "CancelBulkAction",
         )
     },
     **{
         _ADMIN + m: frozenset({"client", "admin"})
-        for m in ("ListBuilds", "ListBuildRuns", "ListPauses")
+        for m in ("ListBuilds", "ListBuildRuns", "ListPauses", "GetBulkAction", "ListBulkActions")
     },
     **{_SCHEDULE + m: frozenset({"client", "admin"}) for m in ("GetSchedule", "ListSchedules")},
     **{

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeAlias, TypeVar
 
@@ -200,6 +200,29 @@ def run_filters(
         "workflow_prefix": name_prefix("workflow_prefix", request.workflow_prefix),
         "key_like": key_like(request.key_prefix),
     }
+
+
+#: Most workflow names a run filter's workflow_prefix may match.
+MAX_PREFIX_NAMES = 1000
+
+
+async def resolved_run_filters(
+    request: workflow_pb.ListRunsRequest | workflow_pb.CountRunsRequest,
+    workflows: Callable[[str, int], Awaitable[list[str]]],
+) -> dict[str, Any]:
+    """run_filters, a workflow prefix turned into the names it matches (``workflows``:
+    the names that start with a prefix, at most a limit)."""
+    filters = run_filters(request)
+    prefix = filters.pop("workflow_prefix")
+    if prefix is not None:
+        names = await workflows(prefix, MAX_PREFIX_NAMES + 1)
+        if len(names) > MAX_PREFIX_NAMES:
+            raise errors.InvalidArgument(
+                f"workflow_prefix {dag.excerpt(prefix)} matches more than "
+                f"{MAX_PREFIX_NAMES} workflows; give more of the name"
+            )
+        filters["workflows"] = names
+    return filters
 
 
 _HEX = re.compile(r"[0-9a-f]{1,32}")

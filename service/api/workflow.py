@@ -48,7 +48,7 @@ from service.api.validate import (
     node_name,
     page_size,
     payloads_of,
-    run_filters,
+    resolved_run_filters,
     step_call_name,
     steps_kind,
     text,
@@ -60,9 +60,6 @@ from service.engine.waits import RESERVED_PREFIX
 from service.metrics import Metrics
 
 log = logging.getLogger("cyclone")
-
-#: Most workflow names a ListRuns or CountRuns workflow_prefix may match.
-MAX_PREFIX_NAMES = 1000
 
 
 class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
@@ -197,17 +194,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         self, request: workflow_pb.ListRunsRequest | workflow_pb.CountRunsRequest
     ) -> dict[str, Any]:
         """The request's filters, a workflow prefix turned into the names it matches."""
-        filters = run_filters(request)
-        prefix = filters.pop("workflow_prefix")
-        if prefix is not None:
-            names = await self.db.runs.runs_workflows(prefix, MAX_PREFIX_NAMES + 1)
-            if len(names) > MAX_PREFIX_NAMES:
-                raise errors.InvalidArgument(
-                    f"workflow_prefix {dag.excerpt(prefix)} matches more than "
-                    f"{MAX_PREFIX_NAMES} workflows; give more of the name"
-                )
-            filters["workflows"] = names
-        return filters
+        return await resolved_run_filters(request, self.db.runs.runs_workflows)
 
     @rpc
     async def CountRuns(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from service.db.builds import Builds
+from service.db.bulk import Bulk
 from service.db.claim import Steps
 from service.db.completion import Reports
 from service.db.operator import Operator
@@ -51,6 +52,7 @@ class Database:
         self.workers = Workers(self.pool)
         self.schedules = Schedules(self.pool)
         self.builds = Builds(self.pool)
+        self.bulk = Bulk(self.pool)
 
     async def start(self) -> None:
         """Ask the database once whether it is sharded (Citus), and serve it so."""

@@ -49,6 +49,7 @@ FAMILIES = (
     "workers",
     "schedules",
     "builds",
+    "bulk",
 )
 
 #: Reads with optional filters written "(:x IS NULL OR column = :x)": never prepared, so

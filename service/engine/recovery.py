@@ -1,6 +1,7 @@
 """The server's upkeep, each pass run in a loop by the wiring: the recovery sweep of
 expired leases, the release loop (a wide fan-out's dependents released in chunks),
-retention, and the reports of worker activity (for Explain)."""
+retention, the reports of worker activity (for Explain), and the bulk actions' jobs
+(service.engine.bulk)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from service import errors
 from service.config import Settings
 from service.db import Database
 from service.engine.activity import ActionActivity, Handouts
+from service.engine.bulk import BulkWorker
 from service.engine.notify import Dispatcher
 from service.metrics import Metrics
 
@@ -121,6 +123,11 @@ class Upkeep:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.settings.sweep_interval_s):
                         await woken.wait()
+
+    async def bulk_actions(self) -> None:
+        """Until cancelled: take the bulk actions nobody works on and work them through,
+        a batch per transaction, at most --bulk-rate runs a second."""
+        await BulkWorker(self.db, self.dispatcher, self.settings).run()
 
     async def purge(self) -> int:
         """One retention pass: delete runs past their age, a batch per statement, until

@@ -97,6 +97,7 @@ DELETE FROM cyclone.action_rates;
 DELETE FROM cyclone.schedules;
 DELETE FROM cyclone.pauses;
 DELETE FROM cyclone.pause_log;
+DELETE FROM cyclone.bulk_actions;
 UPDATE cyclone.clock SET offset_by = '0';
 DO $$
 DECLARE

@@ -43,6 +43,7 @@ REFERENCE_TABLES = {
     "action_rates",
     "build_workers",
     "builds",
+    "bulk_actions",
     "clock",
     "pause_log",
     "pauses",

@@ -4,9 +4,10 @@ Citus suite's fixtures (tests/citus/conftest.py). What they cover:
 DAG order, SubmitOnce under concurrency, leases and the sweep, fencing (a stale token
 is refused), Retry / RetryAll / Resolve, durable functions (step calls, their journal,
 resolving them), CompleteMany, retention of runs and keys, waits and events, child
-runs (whose parent lives on another shard), a wide fan-out's release in chunks, and
+runs (whose parent lives on another shard), a wide fan-out's release in chunks,
 claims that hand a worker marked unhealthy nothing, pauses of runs, workflows and
-actions.
+actions, and bulk actions (a batch of runs on many shards acted on and the job's
+cursor moved in one transaction).
 The completion transaction from a worker, and what is Citus's own, are in
 test_citus.py."""
 
@@ -18,6 +19,13 @@ from tests.test_blocked import (  # noqa: F401
     test_retry_all_refuses_a_blocked_run,
     test_two_operators_resolving_at_once_one_wins_and_the_other_is_refused,
     test_unsafe_step_that_lost_its_lease_blocks_the_run,
+)
+from tests.test_bulk import (  # noqa: F401
+    test_bulk_cancel_by_workflow_cancels_exactly_the_matching_running_runs,
+    test_bulk_resolve_discard_releases_the_blocked_runs,
+    test_bulk_retry_reopens_the_failed_runs,
+    test_cancelling_a_job_stops_it_and_keeps_what_it_did,
+    test_dry_run_counts_and_writes_nothing,
 )
 from tests.test_children import (  # noqa: F401
     test_a_cancelled_child_is_a_failed_wait,

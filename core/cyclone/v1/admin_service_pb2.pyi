@@ -1,15 +1,39 @@
 import datetime
 
 from cyclone.v1 import types_pb2 as _types_pb2
+from cyclone.v1 import workflow_service_pb2 as _workflow_service_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class BulkActionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BULK_ACTION_KIND_UNSPECIFIED: _ClassVar[BulkActionKind]
+    BULK_ACTION_KIND_CANCEL: _ClassVar[BulkActionKind]
+    BULK_ACTION_KIND_RETRY: _ClassVar[BulkActionKind]
+    BULK_ACTION_KIND_RESOLVE_DISCARD: _ClassVar[BulkActionKind]
+
+class BulkActionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BULK_ACTION_STATE_UNSPECIFIED: _ClassVar[BulkActionState]
+    BULK_ACTION_STATE_RUNNING: _ClassVar[BulkActionState]
+    BULK_ACTION_STATE_DONE: _ClassVar[BulkActionState]
+    BULK_ACTION_STATE_CANCELLED: _ClassVar[BulkActionState]
+BULK_ACTION_KIND_UNSPECIFIED: BulkActionKind
+BULK_ACTION_KIND_CANCEL: BulkActionKind
+BULK_ACTION_KIND_RETRY: BulkActionKind
+BULK_ACTION_KIND_RESOLVE_DISCARD: BulkActionKind
+BULK_ACTION_STATE_UNSPECIFIED: BulkActionState
+BULK_ACTION_STATE_RUNNING: BulkActionState
+BULK_ACTION_STATE_DONE: BulkActionState
+BULK_ACTION_STATE_CANCELLED: BulkActionState
 
 class Build(_message.Message):
     __slots__ = ("build_id", "compatible", "workers", "pinned_nodes", "pinned_runs", "retired", "retired_at", "created_at")
@@ -278,3 +302,103 @@ class ListPausesResponse(_message.Message):
     PAUSES_FIELD_NUMBER: _ClassVar[int]
     pauses: _containers.RepeatedCompositeFieldContainer[_types_pb2.Pause]
     def __init__(self, pauses: _Optional[_Iterable[_Union[_types_pb2.Pause, _Mapping]]] = ...) -> None: ...
+
+class BulkAction(_message.Message):
+    __slots__ = ("job_id", "action", "filter", "reason", "actor", "state", "total", "total_at_least", "touched", "skipped", "failed", "last_error", "cancelled_by", "created_at", "updated_at", "finished_at")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_AT_LEAST_FIELD_NUMBER: _ClassVar[int]
+    TOUCHED_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_BY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    action: BulkActionKind
+    filter: _workflow_service_pb2.ListRunsRequest
+    reason: str
+    actor: str
+    state: BulkActionState
+    total: int
+    total_at_least: bool
+    touched: int
+    skipped: int
+    failed: int
+    last_error: str
+    cancelled_by: str
+    created_at: _timestamp_pb2.Timestamp
+    updated_at: _timestamp_pb2.Timestamp
+    finished_at: _timestamp_pb2.Timestamp
+    def __init__(self, job_id: _Optional[str] = ..., action: _Optional[_Union[BulkActionKind, str]] = ..., filter: _Optional[_Union[_workflow_service_pb2.ListRunsRequest, _Mapping]] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., state: _Optional[_Union[BulkActionState, str]] = ..., total: _Optional[int] = ..., total_at_least: _Optional[bool] = ..., touched: _Optional[int] = ..., skipped: _Optional[int] = ..., failed: _Optional[int] = ..., last_error: _Optional[str] = ..., cancelled_by: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class StartBulkActionRequest(_message.Message):
+    __slots__ = ("action", "filter", "reason", "dry_run", "confirm_all")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_ALL_FIELD_NUMBER: _ClassVar[int]
+    action: BulkActionKind
+    filter: _workflow_service_pb2.ListRunsRequest
+    reason: str
+    dry_run: bool
+    confirm_all: bool
+    def __init__(self, action: _Optional[_Union[BulkActionKind, str]] = ..., filter: _Optional[_Union[_workflow_service_pb2.ListRunsRequest, _Mapping]] = ..., reason: _Optional[str] = ..., dry_run: _Optional[bool] = ..., confirm_all: _Optional[bool] = ...) -> None: ...
+
+class StartBulkActionResponse(_message.Message):
+    __slots__ = ("job", "matched", "matched_at_least")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_AT_LEAST_FIELD_NUMBER: _ClassVar[int]
+    job: BulkAction
+    matched: int
+    matched_at_least: bool
+    def __init__(self, job: _Optional[_Union[BulkAction, _Mapping]] = ..., matched: _Optional[int] = ..., matched_at_least: _Optional[bool] = ...) -> None: ...
+
+class GetBulkActionRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetBulkActionResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: BulkAction
+    def __init__(self, job: _Optional[_Union[BulkAction, _Mapping]] = ...) -> None: ...
+
+class ListBulkActionsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListBulkActionsResponse(_message.Message):
+    __slots__ = ("jobs", "next_page_token")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[BulkAction]
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[BulkAction, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CancelBulkActionRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class CancelBulkActionResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: BulkAction
+    def __init__(self, job: _Optional[_Union[BulkAction, _Mapping]] = ...) -> None: ...

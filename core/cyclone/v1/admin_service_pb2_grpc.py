@@ -110,6 +110,26 @@ class AdminServiceStub:
                 request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListPausesRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListPausesResponse.FromString,
                 _registered_method=True)
+        self.StartBulkAction = channel.unary_unary(
+                '/cyclone.v1.AdminService/StartBulkAction',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.StartBulkActionRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.StartBulkActionResponse.FromString,
+                _registered_method=True)
+        self.GetBulkAction = channel.unary_unary(
+                '/cyclone.v1.AdminService/GetBulkAction',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.GetBulkActionRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.GetBulkActionResponse.FromString,
+                _registered_method=True)
+        self.ListBulkActions = channel.unary_unary(
+                '/cyclone.v1.AdminService/ListBulkActions',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListBulkActionsRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListBulkActionsResponse.FromString,
+                _registered_method=True)
+        self.CancelBulkAction = channel.unary_unary(
+                '/cyclone.v1.AdminService/CancelBulkAction',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.CancelBulkActionRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.CancelBulkActionResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -255,6 +275,46 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartBulkAction(self, request, context):
+        """Starts a bulk action: cancel, retry or resolve-discard every run that a ListRuns
+        filter matches, as a job the servers work through in batches (at most
+        --bulk-rate runs a second), resumed by another server when the one working it
+        stops. Each run is acted on once, as CancelRun, RetryAll or Resolve with discard
+        would, and its audit entry names the job (details.bulk_action). Only the runs
+        created before the job and in a status the action applies to are taken (cancel:
+        running, failed, blocked; retry: failed; resolve_discard: blocked). With dry_run,
+        nothing is written: the response counts the runs it would take (exactly up to
+        100,000). INVALID_ARGUMENT for a filter ListRuns refuses, a filter that sets no
+        field without confirm_all, or statuses none of which the action applies to.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBulkAction(self, request, context):
+        """A bulk action's progress: its state and the runs touched, skipped and failed so
+        far, of about total. NOT_FOUND for an unknown job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBulkActions(self, request, context):
+        """The bulk actions, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelBulkAction(self, request, context):
+        """Stops a running bulk action: no batch starts after it (a batch in progress ends
+        first), and the runs it acted on stay as they are. NOT_FOUND for an unknown job,
+        FAILED_PRECONDITION when it is no longer running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -332,6 +392,26 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListPauses,
                     request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListPausesRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListPausesResponse.SerializeToString,
+            ),
+            'StartBulkAction': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartBulkAction,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.StartBulkActionRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.StartBulkActionResponse.SerializeToString,
+            ),
+            'GetBulkAction': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBulkAction,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.GetBulkActionRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.GetBulkActionResponse.SerializeToString,
+            ),
+            'ListBulkActions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBulkActions,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListBulkActionsRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListBulkActionsResponse.SerializeToString,
+            ),
+            'CancelBulkAction': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelBulkAction,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.CancelBulkActionRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.CancelBulkActionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -740,6 +820,114 @@ class AdminService:
             '/cyclone.v1.AdminService/ListPauses',
             cyclone_dot_v1_dot_admin__service__pb2.ListPausesRequest.SerializeToString,
             cyclone_dot_v1_dot_admin__service__pb2.ListPausesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartBulkAction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/StartBulkAction',
+            cyclone_dot_v1_dot_admin__service__pb2.StartBulkActionRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.StartBulkActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBulkAction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/GetBulkAction',
+            cyclone_dot_v1_dot_admin__service__pb2.GetBulkActionRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.GetBulkActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBulkActions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/ListBulkActions',
+            cyclone_dot_v1_dot_admin__service__pb2.ListBulkActionsRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.ListBulkActionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelBulkAction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/CancelBulkAction',
+            cyclone_dot_v1_dot_admin__service__pb2.CancelBulkActionRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.CancelBulkActionResponse.FromString,
             options,
             channel_credentials,
             insecure,

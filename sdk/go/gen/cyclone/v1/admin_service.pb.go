@@ -23,6 +23,121 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// What a bulk action does to each run.
+type BulkActionKind int32
+
+const (
+	// Not a valid action.
+	BulkActionKind_BULK_ACTION_KIND_UNSPECIFIED BulkActionKind = 0
+	// CancelRun (with its child runs) of each running, failed or blocked run.
+	BulkActionKind_BULK_ACTION_KIND_CANCEL BulkActionKind = 1
+	// RetryAll of each failed run: every discarded node reopened.
+	BulkActionKind_BULK_ACTION_KIND_RETRY BulkActionKind = 2
+	// Resolve with discard of each blocked run: its uncertain step (or step call) runs
+	// again.
+	BulkActionKind_BULK_ACTION_KIND_RESOLVE_DISCARD BulkActionKind = 3
+)
+
+// Enum value maps for BulkActionKind.
+var (
+	BulkActionKind_name = map[int32]string{
+		0: "BULK_ACTION_KIND_UNSPECIFIED",
+		1: "BULK_ACTION_KIND_CANCEL",
+		2: "BULK_ACTION_KIND_RETRY",
+		3: "BULK_ACTION_KIND_RESOLVE_DISCARD",
+	}
+	BulkActionKind_value = map[string]int32{
+		"BULK_ACTION_KIND_UNSPECIFIED":     0,
+		"BULK_ACTION_KIND_CANCEL":          1,
+		"BULK_ACTION_KIND_RETRY":           2,
+		"BULK_ACTION_KIND_RESOLVE_DISCARD": 3,
+	}
+)
+
+func (x BulkActionKind) Enum() *BulkActionKind {
+	p := new(BulkActionKind)
+	*p = x
+	return p
+}
+
+func (x BulkActionKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BulkActionKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_cyclone_v1_admin_service_proto_enumTypes[0].Descriptor()
+}
+
+func (BulkActionKind) Type() protoreflect.EnumType {
+	return &file_cyclone_v1_admin_service_proto_enumTypes[0]
+}
+
+func (x BulkActionKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BulkActionKind.Descriptor instead.
+func (BulkActionKind) EnumDescriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{0}
+}
+
+// Where a bulk action is.
+type BulkActionState int32
+
+const (
+	// Never stored.
+	BulkActionState_BULK_ACTION_STATE_UNSPECIFIED BulkActionState = 0
+	// Being worked through.
+	BulkActionState_BULK_ACTION_STATE_RUNNING BulkActionState = 1
+	// Every matching run was taken.
+	BulkActionState_BULK_ACTION_STATE_DONE BulkActionState = 2
+	// Stopped by CancelBulkAction; the runs acted on before stay as they are.
+	BulkActionState_BULK_ACTION_STATE_CANCELLED BulkActionState = 3
+)
+
+// Enum value maps for BulkActionState.
+var (
+	BulkActionState_name = map[int32]string{
+		0: "BULK_ACTION_STATE_UNSPECIFIED",
+		1: "BULK_ACTION_STATE_RUNNING",
+		2: "BULK_ACTION_STATE_DONE",
+		3: "BULK_ACTION_STATE_CANCELLED",
+	}
+	BulkActionState_value = map[string]int32{
+		"BULK_ACTION_STATE_UNSPECIFIED": 0,
+		"BULK_ACTION_STATE_RUNNING":     1,
+		"BULK_ACTION_STATE_DONE":        2,
+		"BULK_ACTION_STATE_CANCELLED":   3,
+	}
+)
+
+func (x BulkActionState) Enum() *BulkActionState {
+	p := new(BulkActionState)
+	*p = x
+	return p
+}
+
+func (x BulkActionState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BulkActionState) Descriptor() protoreflect.EnumDescriptor {
+	return file_cyclone_v1_admin_service_proto_enumTypes[1].Descriptor()
+}
+
+func (BulkActionState) Type() protoreflect.EnumType {
+	return &file_cyclone_v1_admin_service_proto_enumTypes[1]
+}
+
+func (x BulkActionState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BulkActionState.Descriptor instead.
+func (BulkActionState) EnumDescriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{1}
+}
+
 // A build, as ListBuilds shows it.
 type Build struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1900,12 +2015,633 @@ func (x *ListPausesResponse) GetPauses() []*Pause {
 	return nil
 }
 
+// A bulk action's job.
+type BulkAction struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job's id.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// What it does to each run.
+	Action BulkActionKind `protobuf:"varint,2,opt,name=action,proto3,enum=cyclone.v1.BulkActionKind" json:"action,omitempty"`
+	// The runs it takes, as given (page_size and page_token unset).
+	Filter *ListRunsRequest `protobuf:"bytes,3,opt,name=filter,proto3" json:"filter,omitempty"`
+	// Why, recorded in each run's audit trail.
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Who started it, recorded in each run's audit trail.
+	Actor string `protobuf:"bytes,5,opt,name=actor,proto3" json:"actor,omitempty"`
+	// Where it is.
+	State BulkActionState `protobuf:"varint,6,opt,name=state,proto3,enum=cyclone.v1.BulkActionState" json:"state,omitempty"`
+	// The runs it was to take when it started, counted exactly up to 100,000.
+	Total int64 `protobuf:"varint,7,opt,name=total,proto3" json:"total,omitempty"`
+	// Whether there were more than total.
+	TotalAtLeast bool `protobuf:"varint,8,opt,name=total_at_least,json=totalAtLeast,proto3" json:"total_at_least,omitempty"`
+	// Runs acted on.
+	Touched int64 `protobuf:"varint,9,opt,name=touched,proto3" json:"touched,omitempty"`
+	// Runs matched but left alone: no longer in a status the action applies to.
+	Skipped int64 `protobuf:"varint,10,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	// Runs whose action failed (last_error says why, for the latest).
+	Failed int64 `protobuf:"varint,11,opt,name=failed,proto3" json:"failed,omitempty"`
+	// The error of the latest run whose action failed; empty when none did.
+	LastError string `protobuf:"bytes,12,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// Who cancelled it; empty unless cancelled.
+	CancelledBy string `protobuf:"bytes,13,opt,name=cancelled_by,json=cancelledBy,proto3" json:"cancelled_by,omitempty"`
+	// When it was started.
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// When a batch last moved it.
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// When it ended (done or cancelled); unset while running.
+	FinishedAt    *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkAction) Reset() {
+	*x = BulkAction{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkAction) ProtoMessage() {}
+
+func (x *BulkAction) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkAction.ProtoReflect.Descriptor instead.
+func (*BulkAction) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *BulkAction) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *BulkAction) GetAction() BulkActionKind {
+	if x != nil {
+		return x.Action
+	}
+	return BulkActionKind_BULK_ACTION_KIND_UNSPECIFIED
+}
+
+func (x *BulkAction) GetFilter() *ListRunsRequest {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *BulkAction) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *BulkAction) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *BulkAction) GetState() BulkActionState {
+	if x != nil {
+		return x.State
+	}
+	return BulkActionState_BULK_ACTION_STATE_UNSPECIFIED
+}
+
+func (x *BulkAction) GetTotal() int64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *BulkAction) GetTotalAtLeast() bool {
+	if x != nil {
+		return x.TotalAtLeast
+	}
+	return false
+}
+
+func (x *BulkAction) GetTouched() int64 {
+	if x != nil {
+		return x.Touched
+	}
+	return 0
+}
+
+func (x *BulkAction) GetSkipped() int64 {
+	if x != nil {
+		return x.Skipped
+	}
+	return 0
+}
+
+func (x *BulkAction) GetFailed() int64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *BulkAction) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *BulkAction) GetCancelledBy() string {
+	if x != nil {
+		return x.CancelledBy
+	}
+	return ""
+}
+
+func (x *BulkAction) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *BulkAction) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *BulkAction) GetFinishedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FinishedAt
+	}
+	return nil
+}
+
+// Arguments of AdminService.StartBulkAction.
+type StartBulkActionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What to do to each run. Required.
+	Action BulkActionKind `protobuf:"varint,1,opt,name=action,proto3,enum=cyclone.v1.BulkActionKind" json:"action,omitempty"`
+	// Which runs: the fields of ListRuns (page_size and page_token must be unset).
+	Filter *ListRunsRequest `protobuf:"bytes,2,opt,name=filter,proto3" json:"filter,omitempty"`
+	// Why, recorded in each run's audit trail.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Count the runs it would take, write nothing.
+	DryRun bool `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Required when the filter sets no field, i.e. takes every run.
+	ConfirmAll    bool `protobuf:"varint,5,opt,name=confirm_all,json=confirmAll,proto3" json:"confirm_all,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartBulkActionRequest) Reset() {
+	*x = StartBulkActionRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartBulkActionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartBulkActionRequest) ProtoMessage() {}
+
+func (x *StartBulkActionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartBulkActionRequest.ProtoReflect.Descriptor instead.
+func (*StartBulkActionRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *StartBulkActionRequest) GetAction() BulkActionKind {
+	if x != nil {
+		return x.Action
+	}
+	return BulkActionKind_BULK_ACTION_KIND_UNSPECIFIED
+}
+
+func (x *StartBulkActionRequest) GetFilter() *ListRunsRequest {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *StartBulkActionRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *StartBulkActionRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *StartBulkActionRequest) GetConfirmAll() bool {
+	if x != nil {
+		return x.ConfirmAll
+	}
+	return false
+}
+
+// Result of AdminService.StartBulkAction.
+type StartBulkActionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job started; unset for a dry run.
+	Job *BulkAction `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// The runs it takes (or, for a dry run, would take), counted exactly up to 100,000.
+	Matched int64 `protobuf:"varint,2,opt,name=matched,proto3" json:"matched,omitempty"`
+	// Whether there are more than matched.
+	MatchedAtLeast bool `protobuf:"varint,3,opt,name=matched_at_least,json=matchedAtLeast,proto3" json:"matched_at_least,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *StartBulkActionResponse) Reset() {
+	*x = StartBulkActionResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartBulkActionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartBulkActionResponse) ProtoMessage() {}
+
+func (x *StartBulkActionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartBulkActionResponse.ProtoReflect.Descriptor instead.
+func (*StartBulkActionResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *StartBulkActionResponse) GetJob() *BulkAction {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+func (x *StartBulkActionResponse) GetMatched() int64 {
+	if x != nil {
+		return x.Matched
+	}
+	return 0
+}
+
+func (x *StartBulkActionResponse) GetMatchedAtLeast() bool {
+	if x != nil {
+		return x.MatchedAtLeast
+	}
+	return false
+}
+
+// Arguments of AdminService.GetBulkAction.
+type GetBulkActionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job, by id.
+	JobId         string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBulkActionRequest) Reset() {
+	*x = GetBulkActionRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBulkActionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBulkActionRequest) ProtoMessage() {}
+
+func (x *GetBulkActionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBulkActionRequest.ProtoReflect.Descriptor instead.
+func (*GetBulkActionRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *GetBulkActionRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+// Result of AdminService.GetBulkAction.
+type GetBulkActionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job and its progress.
+	Job           *BulkAction `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBulkActionResponse) Reset() {
+	*x = GetBulkActionResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBulkActionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBulkActionResponse) ProtoMessage() {}
+
+func (x *GetBulkActionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBulkActionResponse.ProtoReflect.Descriptor instead.
+func (*GetBulkActionResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *GetBulkActionResponse) GetJob() *BulkAction {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+// Arguments of AdminService.ListBulkActions.
+type ListBulkActionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Page size, 1-1000. Default 50.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of a page; empty for the first (newest) page.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBulkActionsRequest) Reset() {
+	*x = ListBulkActionsRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBulkActionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBulkActionsRequest) ProtoMessage() {}
+
+func (x *ListBulkActionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBulkActionsRequest.ProtoReflect.Descriptor instead.
+func (*ListBulkActionsRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ListBulkActionsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListBulkActionsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// Result of AdminService.ListBulkActions.
+type ListBulkActionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Jobs, newest first.
+	Jobs []*BulkAction `protobuf:"bytes,1,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	// Pass as page_token to get the next page (older jobs); empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBulkActionsResponse) Reset() {
+	*x = ListBulkActionsResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBulkActionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBulkActionsResponse) ProtoMessage() {}
+
+func (x *ListBulkActionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBulkActionsResponse.ProtoReflect.Descriptor instead.
+func (*ListBulkActionsResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ListBulkActionsResponse) GetJobs() []*BulkAction {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+func (x *ListBulkActionsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// Arguments of AdminService.CancelBulkAction.
+type CancelBulkActionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job, by id.
+	JobId         string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelBulkActionRequest) Reset() {
+	*x = CancelBulkActionRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelBulkActionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelBulkActionRequest) ProtoMessage() {}
+
+func (x *CancelBulkActionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelBulkActionRequest.ProtoReflect.Descriptor instead.
+func (*CancelBulkActionRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *CancelBulkActionRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+// Result of AdminService.CancelBulkAction.
+type CancelBulkActionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job after cancellation.
+	Job           *BulkAction `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelBulkActionResponse) Reset() {
+	*x = CancelBulkActionResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelBulkActionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelBulkActionResponse) ProtoMessage() {}
+
+func (x *CancelBulkActionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelBulkActionResponse.ProtoReflect.Descriptor instead.
+func (*CancelBulkActionResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *CancelBulkActionResponse) GetJob() *BulkAction {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
 var File_cyclone_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
 	"\x1ecyclone/v1/admin_service.proto\x12\n" +
-	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x02\n" +
+	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a!cyclone/v1/workflow_service.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x02\n" +
 	"\x05Build\x12\x19\n" +
 	"\bbuild_id\x18\x01 \x01(\tR\abuildId\x12\x1e\n" +
 	"\n" +
@@ -2015,7 +2751,66 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\achanged\x18\x01 \x01(\bR\achanged\"\x13\n" +
 	"\x11ListPausesRequest\"?\n" +
 	"\x12ListPausesResponse\x12)\n" +
-	"\x06pauses\x18\x01 \x03(\v2\x11.cyclone.v1.PauseR\x06pauses2\xa9\t\n" +
+	"\x06pauses\x18\x01 \x03(\v2\x11.cyclone.v1.PauseR\x06pauses\"\xea\x04\n" +
+	"\n" +
+	"BulkAction\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x122\n" +
+	"\x06action\x18\x02 \x01(\x0e2\x1a.cyclone.v1.BulkActionKindR\x06action\x123\n" +
+	"\x06filter\x18\x03 \x01(\v2\x1b.cyclone.v1.ListRunsRequestR\x06filter\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05actor\x18\x05 \x01(\tR\x05actor\x121\n" +
+	"\x05state\x18\x06 \x01(\x0e2\x1b.cyclone.v1.BulkActionStateR\x05state\x12\x14\n" +
+	"\x05total\x18\a \x01(\x03R\x05total\x12$\n" +
+	"\x0etotal_at_least\x18\b \x01(\bR\ftotalAtLeast\x12\x18\n" +
+	"\atouched\x18\t \x01(\x03R\atouched\x12\x18\n" +
+	"\askipped\x18\n" +
+	" \x01(\x03R\askipped\x12\x16\n" +
+	"\x06failed\x18\v \x01(\x03R\x06failed\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\f \x01(\tR\tlastError\x12!\n" +
+	"\fcancelled_by\x18\r \x01(\tR\vcancelledBy\x129\n" +
+	"\n" +
+	"created_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"updated_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12;\n" +
+	"\vfinished_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"finishedAt\"\xd3\x01\n" +
+	"\x16StartBulkActionRequest\x122\n" +
+	"\x06action\x18\x01 \x01(\x0e2\x1a.cyclone.v1.BulkActionKindR\x06action\x123\n" +
+	"\x06filter\x18\x02 \x01(\v2\x1b.cyclone.v1.ListRunsRequestR\x06filter\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x17\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\x12\x1f\n" +
+	"\vconfirm_all\x18\x05 \x01(\bR\n" +
+	"confirmAll\"\x87\x01\n" +
+	"\x17StartBulkActionResponse\x12(\n" +
+	"\x03job\x18\x01 \x01(\v2\x16.cyclone.v1.BulkActionR\x03job\x12\x18\n" +
+	"\amatched\x18\x02 \x01(\x03R\amatched\x12(\n" +
+	"\x10matched_at_least\x18\x03 \x01(\bR\x0ematchedAtLeast\"-\n" +
+	"\x14GetBulkActionRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"A\n" +
+	"\x15GetBulkActionResponse\x12(\n" +
+	"\x03job\x18\x01 \x01(\v2\x16.cyclone.v1.BulkActionR\x03job\"T\n" +
+	"\x16ListBulkActionsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"m\n" +
+	"\x17ListBulkActionsResponse\x12*\n" +
+	"\x04jobs\x18\x01 \x03(\v2\x16.cyclone.v1.BulkActionR\x04jobs\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"0\n" +
+	"\x17CancelBulkActionRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"D\n" +
+	"\x18CancelBulkActionResponse\x12(\n" +
+	"\x03job\x18\x01 \x01(\v2\x16.cyclone.v1.BulkActionR\x03job*\x91\x01\n" +
+	"\x0eBulkActionKind\x12 \n" +
+	"\x1cBULK_ACTION_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17BULK_ACTION_KIND_CANCEL\x10\x01\x12\x1a\n" +
+	"\x16BULK_ACTION_KIND_RETRY\x10\x02\x12$\n" +
+	" BULK_ACTION_KIND_RESOLVE_DISCARD\x10\x03*\x90\x01\n" +
+	"\x0fBulkActionState\x12!\n" +
+	"\x1dBULK_ACTION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19BULK_ACTION_STATE_RUNNING\x10\x01\x12\x1a\n" +
+	"\x16BULK_ACTION_STATE_DONE\x10\x02\x12\x1f\n" +
+	"\x1bBULK_ACTION_STATE_CANCELLED\x10\x032\x96\f\n" +
 	"\fAdminService\x12<\n" +
 	"\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12E\n" +
 	"\bRetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12B\n" +
@@ -2033,7 +2828,11 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\vPauseAction\x12\x1e.cyclone.v1.PauseActionRequest\x1a\x1f.cyclone.v1.PauseActionResponse\x12Q\n" +
 	"\fResumeAction\x12\x1f.cyclone.v1.ResumeActionRequest\x1a .cyclone.v1.ResumeActionResponse\x12K\n" +
 	"\n" +
-	"ListPauses\x12\x1d.cyclone.v1.ListPausesRequest\x1a\x1e.cyclone.v1.ListPausesResponseb\x06proto3"
+	"ListPauses\x12\x1d.cyclone.v1.ListPausesRequest\x1a\x1e.cyclone.v1.ListPausesResponse\x12Z\n" +
+	"\x0fStartBulkAction\x12\".cyclone.v1.StartBulkActionRequest\x1a#.cyclone.v1.StartBulkActionResponse\x12T\n" +
+	"\rGetBulkAction\x12 .cyclone.v1.GetBulkActionRequest\x1a!.cyclone.v1.GetBulkActionResponse\x12Z\n" +
+	"\x0fListBulkActions\x12\".cyclone.v1.ListBulkActionsRequest\x1a#.cyclone.v1.ListBulkActionsResponse\x12]\n" +
+	"\x10CancelBulkAction\x12#.cyclone.v1.CancelBulkActionRequest\x1a$.cyclone.v1.CancelBulkActionResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_admin_service_proto_rawDescOnce sync.Once
@@ -2047,100 +2846,133 @@ func file_cyclone_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_cyclone_v1_admin_service_proto_rawDescData
 }
 
-var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_cyclone_v1_admin_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_cyclone_v1_admin_service_proto_goTypes = []any{
-	(*Build)(nil),                      // 0: cyclone.v1.Build
-	(*BuildWorker)(nil),                // 1: cyclone.v1.BuildWorker
-	(*ListBuildsRequest)(nil),          // 2: cyclone.v1.ListBuildsRequest
-	(*ListBuildsResponse)(nil),         // 3: cyclone.v1.ListBuildsResponse
-	(*ListBuildRunsRequest)(nil),       // 4: cyclone.v1.ListBuildRunsRequest
-	(*BuildRun)(nil),                   // 5: cyclone.v1.BuildRun
-	(*ListBuildRunsResponse)(nil),      // 6: cyclone.v1.ListBuildRunsResponse
-	(*SetBuildCompatibleRequest)(nil),  // 7: cyclone.v1.SetBuildCompatibleRequest
-	(*SetBuildCompatibleResponse)(nil), // 8: cyclone.v1.SetBuildCompatibleResponse
-	(*RetireBuildRequest)(nil),         // 9: cyclone.v1.RetireBuildRequest
-	(*RetireBuildResponse)(nil),        // 10: cyclone.v1.RetireBuildResponse
-	(*MoveBuildRequest)(nil),           // 11: cyclone.v1.MoveBuildRequest
-	(*MoveBuildResponse)(nil),          // 12: cyclone.v1.MoveBuildResponse
-	(*RetryRequest)(nil),               // 13: cyclone.v1.RetryRequest
-	(*RetryResponse)(nil),              // 14: cyclone.v1.RetryResponse
-	(*RetryAllRequest)(nil),            // 15: cyclone.v1.RetryAllRequest
-	(*RetryAllResponse)(nil),           // 16: cyclone.v1.RetryAllResponse
-	(*ResolveRequest)(nil),             // 17: cyclone.v1.ResolveRequest
-	(*ResolveResponse)(nil),            // 18: cyclone.v1.ResolveResponse
-	(*PauseRunRequest)(nil),            // 19: cyclone.v1.PauseRunRequest
-	(*PauseRunResponse)(nil),           // 20: cyclone.v1.PauseRunResponse
-	(*ResumeRunRequest)(nil),           // 21: cyclone.v1.ResumeRunRequest
-	(*ResumeRunResponse)(nil),          // 22: cyclone.v1.ResumeRunResponse
-	(*PauseWorkflowRequest)(nil),       // 23: cyclone.v1.PauseWorkflowRequest
-	(*PauseWorkflowResponse)(nil),      // 24: cyclone.v1.PauseWorkflowResponse
-	(*ResumeWorkflowRequest)(nil),      // 25: cyclone.v1.ResumeWorkflowRequest
-	(*ResumeWorkflowResponse)(nil),     // 26: cyclone.v1.ResumeWorkflowResponse
-	(*PauseActionRequest)(nil),         // 27: cyclone.v1.PauseActionRequest
-	(*PauseActionResponse)(nil),        // 28: cyclone.v1.PauseActionResponse
-	(*ResumeActionRequest)(nil),        // 29: cyclone.v1.ResumeActionRequest
-	(*ResumeActionResponse)(nil),       // 30: cyclone.v1.ResumeActionResponse
-	(*ListPausesRequest)(nil),          // 31: cyclone.v1.ListPausesRequest
-	(*ListPausesResponse)(nil),         // 32: cyclone.v1.ListPausesResponse
-	(*timestamppb.Timestamp)(nil),      // 33: google.protobuf.Timestamp
-	(*Run)(nil),                        // 34: cyclone.v1.Run
-	(*structpb.Value)(nil),             // 35: google.protobuf.Value
-	(*RunPause)(nil),                   // 36: cyclone.v1.RunPause
-	(*Pause)(nil),                      // 37: cyclone.v1.Pause
+	(BulkActionKind)(0),                // 0: cyclone.v1.BulkActionKind
+	(BulkActionState)(0),               // 1: cyclone.v1.BulkActionState
+	(*Build)(nil),                      // 2: cyclone.v1.Build
+	(*BuildWorker)(nil),                // 3: cyclone.v1.BuildWorker
+	(*ListBuildsRequest)(nil),          // 4: cyclone.v1.ListBuildsRequest
+	(*ListBuildsResponse)(nil),         // 5: cyclone.v1.ListBuildsResponse
+	(*ListBuildRunsRequest)(nil),       // 6: cyclone.v1.ListBuildRunsRequest
+	(*BuildRun)(nil),                   // 7: cyclone.v1.BuildRun
+	(*ListBuildRunsResponse)(nil),      // 8: cyclone.v1.ListBuildRunsResponse
+	(*SetBuildCompatibleRequest)(nil),  // 9: cyclone.v1.SetBuildCompatibleRequest
+	(*SetBuildCompatibleResponse)(nil), // 10: cyclone.v1.SetBuildCompatibleResponse
+	(*RetireBuildRequest)(nil),         // 11: cyclone.v1.RetireBuildRequest
+	(*RetireBuildResponse)(nil),        // 12: cyclone.v1.RetireBuildResponse
+	(*MoveBuildRequest)(nil),           // 13: cyclone.v1.MoveBuildRequest
+	(*MoveBuildResponse)(nil),          // 14: cyclone.v1.MoveBuildResponse
+	(*RetryRequest)(nil),               // 15: cyclone.v1.RetryRequest
+	(*RetryResponse)(nil),              // 16: cyclone.v1.RetryResponse
+	(*RetryAllRequest)(nil),            // 17: cyclone.v1.RetryAllRequest
+	(*RetryAllResponse)(nil),           // 18: cyclone.v1.RetryAllResponse
+	(*ResolveRequest)(nil),             // 19: cyclone.v1.ResolveRequest
+	(*ResolveResponse)(nil),            // 20: cyclone.v1.ResolveResponse
+	(*PauseRunRequest)(nil),            // 21: cyclone.v1.PauseRunRequest
+	(*PauseRunResponse)(nil),           // 22: cyclone.v1.PauseRunResponse
+	(*ResumeRunRequest)(nil),           // 23: cyclone.v1.ResumeRunRequest
+	(*ResumeRunResponse)(nil),          // 24: cyclone.v1.ResumeRunResponse
+	(*PauseWorkflowRequest)(nil),       // 25: cyclone.v1.PauseWorkflowRequest
+	(*PauseWorkflowResponse)(nil),      // 26: cyclone.v1.PauseWorkflowResponse
+	(*ResumeWorkflowRequest)(nil),      // 27: cyclone.v1.ResumeWorkflowRequest
+	(*ResumeWorkflowResponse)(nil),     // 28: cyclone.v1.ResumeWorkflowResponse
+	(*PauseActionRequest)(nil),         // 29: cyclone.v1.PauseActionRequest
+	(*PauseActionResponse)(nil),        // 30: cyclone.v1.PauseActionResponse
+	(*ResumeActionRequest)(nil),        // 31: cyclone.v1.ResumeActionRequest
+	(*ResumeActionResponse)(nil),       // 32: cyclone.v1.ResumeActionResponse
+	(*ListPausesRequest)(nil),          // 33: cyclone.v1.ListPausesRequest
+	(*ListPausesResponse)(nil),         // 34: cyclone.v1.ListPausesResponse
+	(*BulkAction)(nil),                 // 35: cyclone.v1.BulkAction
+	(*StartBulkActionRequest)(nil),     // 36: cyclone.v1.StartBulkActionRequest
+	(*StartBulkActionResponse)(nil),    // 37: cyclone.v1.StartBulkActionResponse
+	(*GetBulkActionRequest)(nil),       // 38: cyclone.v1.GetBulkActionRequest
+	(*GetBulkActionResponse)(nil),      // 39: cyclone.v1.GetBulkActionResponse
+	(*ListBulkActionsRequest)(nil),     // 40: cyclone.v1.ListBulkActionsRequest
+	(*ListBulkActionsResponse)(nil),    // 41: cyclone.v1.ListBulkActionsResponse
+	(*CancelBulkActionRequest)(nil),    // 42: cyclone.v1.CancelBulkActionRequest
+	(*CancelBulkActionResponse)(nil),   // 43: cyclone.v1.CancelBulkActionResponse
+	(*timestamppb.Timestamp)(nil),      // 44: google.protobuf.Timestamp
+	(*Run)(nil),                        // 45: cyclone.v1.Run
+	(*structpb.Value)(nil),             // 46: google.protobuf.Value
+	(*RunPause)(nil),                   // 47: cyclone.v1.RunPause
+	(*Pause)(nil),                      // 48: cyclone.v1.Pause
+	(*ListRunsRequest)(nil),            // 49: cyclone.v1.ListRunsRequest
 }
 var file_cyclone_v1_admin_service_proto_depIdxs = []int32{
-	1,  // 0: cyclone.v1.Build.workers:type_name -> cyclone.v1.BuildWorker
-	33, // 1: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
-	33, // 2: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
-	33, // 3: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
-	0,  // 4: cyclone.v1.ListBuildsResponse.builds:type_name -> cyclone.v1.Build
-	5,  // 5: cyclone.v1.ListBuildRunsResponse.runs:type_name -> cyclone.v1.BuildRun
-	0,  // 6: cyclone.v1.SetBuildCompatibleResponse.build:type_name -> cyclone.v1.Build
-	0,  // 7: cyclone.v1.RetireBuildResponse.build:type_name -> cyclone.v1.Build
-	34, // 8: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
-	34, // 9: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
-	35, // 10: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
-	34, // 11: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
-	34, // 12: cyclone.v1.PauseRunResponse.run:type_name -> cyclone.v1.Run
-	34, // 13: cyclone.v1.ResumeRunResponse.run:type_name -> cyclone.v1.Run
-	36, // 14: cyclone.v1.PauseWorkflowResponse.pause:type_name -> cyclone.v1.RunPause
-	36, // 15: cyclone.v1.PauseActionResponse.pause:type_name -> cyclone.v1.RunPause
-	37, // 16: cyclone.v1.ListPausesResponse.pauses:type_name -> cyclone.v1.Pause
-	13, // 17: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
-	15, // 18: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
-	17, // 19: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
-	2,  // 20: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
-	4,  // 21: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
-	7,  // 22: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
-	9,  // 23: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
-	11, // 24: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
-	19, // 25: cyclone.v1.AdminService.PauseRun:input_type -> cyclone.v1.PauseRunRequest
-	21, // 26: cyclone.v1.AdminService.ResumeRun:input_type -> cyclone.v1.ResumeRunRequest
-	23, // 27: cyclone.v1.AdminService.PauseWorkflow:input_type -> cyclone.v1.PauseWorkflowRequest
-	25, // 28: cyclone.v1.AdminService.ResumeWorkflow:input_type -> cyclone.v1.ResumeWorkflowRequest
-	27, // 29: cyclone.v1.AdminService.PauseAction:input_type -> cyclone.v1.PauseActionRequest
-	29, // 30: cyclone.v1.AdminService.ResumeAction:input_type -> cyclone.v1.ResumeActionRequest
-	31, // 31: cyclone.v1.AdminService.ListPauses:input_type -> cyclone.v1.ListPausesRequest
-	14, // 32: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
-	16, // 33: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
-	18, // 34: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
-	3,  // 35: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
-	6,  // 36: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
-	8,  // 37: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
-	10, // 38: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
-	12, // 39: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
-	20, // 40: cyclone.v1.AdminService.PauseRun:output_type -> cyclone.v1.PauseRunResponse
-	22, // 41: cyclone.v1.AdminService.ResumeRun:output_type -> cyclone.v1.ResumeRunResponse
-	24, // 42: cyclone.v1.AdminService.PauseWorkflow:output_type -> cyclone.v1.PauseWorkflowResponse
-	26, // 43: cyclone.v1.AdminService.ResumeWorkflow:output_type -> cyclone.v1.ResumeWorkflowResponse
-	28, // 44: cyclone.v1.AdminService.PauseAction:output_type -> cyclone.v1.PauseActionResponse
-	30, // 45: cyclone.v1.AdminService.ResumeAction:output_type -> cyclone.v1.ResumeActionResponse
-	32, // 46: cyclone.v1.AdminService.ListPauses:output_type -> cyclone.v1.ListPausesResponse
-	32, // [32:47] is the sub-list for method output_type
-	17, // [17:32] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	3,  // 0: cyclone.v1.Build.workers:type_name -> cyclone.v1.BuildWorker
+	44, // 1: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
+	44, // 2: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
+	44, // 3: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
+	2,  // 4: cyclone.v1.ListBuildsResponse.builds:type_name -> cyclone.v1.Build
+	7,  // 5: cyclone.v1.ListBuildRunsResponse.runs:type_name -> cyclone.v1.BuildRun
+	2,  // 6: cyclone.v1.SetBuildCompatibleResponse.build:type_name -> cyclone.v1.Build
+	2,  // 7: cyclone.v1.RetireBuildResponse.build:type_name -> cyclone.v1.Build
+	45, // 8: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
+	45, // 9: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
+	46, // 10: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
+	45, // 11: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
+	45, // 12: cyclone.v1.PauseRunResponse.run:type_name -> cyclone.v1.Run
+	45, // 13: cyclone.v1.ResumeRunResponse.run:type_name -> cyclone.v1.Run
+	47, // 14: cyclone.v1.PauseWorkflowResponse.pause:type_name -> cyclone.v1.RunPause
+	47, // 15: cyclone.v1.PauseActionResponse.pause:type_name -> cyclone.v1.RunPause
+	48, // 16: cyclone.v1.ListPausesResponse.pauses:type_name -> cyclone.v1.Pause
+	0,  // 17: cyclone.v1.BulkAction.action:type_name -> cyclone.v1.BulkActionKind
+	49, // 18: cyclone.v1.BulkAction.filter:type_name -> cyclone.v1.ListRunsRequest
+	1,  // 19: cyclone.v1.BulkAction.state:type_name -> cyclone.v1.BulkActionState
+	44, // 20: cyclone.v1.BulkAction.created_at:type_name -> google.protobuf.Timestamp
+	44, // 21: cyclone.v1.BulkAction.updated_at:type_name -> google.protobuf.Timestamp
+	44, // 22: cyclone.v1.BulkAction.finished_at:type_name -> google.protobuf.Timestamp
+	0,  // 23: cyclone.v1.StartBulkActionRequest.action:type_name -> cyclone.v1.BulkActionKind
+	49, // 24: cyclone.v1.StartBulkActionRequest.filter:type_name -> cyclone.v1.ListRunsRequest
+	35, // 25: cyclone.v1.StartBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
+	35, // 26: cyclone.v1.GetBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
+	35, // 27: cyclone.v1.ListBulkActionsResponse.jobs:type_name -> cyclone.v1.BulkAction
+	35, // 28: cyclone.v1.CancelBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
+	15, // 29: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
+	17, // 30: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
+	19, // 31: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
+	4,  // 32: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
+	6,  // 33: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
+	9,  // 34: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
+	11, // 35: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
+	13, // 36: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
+	21, // 37: cyclone.v1.AdminService.PauseRun:input_type -> cyclone.v1.PauseRunRequest
+	23, // 38: cyclone.v1.AdminService.ResumeRun:input_type -> cyclone.v1.ResumeRunRequest
+	25, // 39: cyclone.v1.AdminService.PauseWorkflow:input_type -> cyclone.v1.PauseWorkflowRequest
+	27, // 40: cyclone.v1.AdminService.ResumeWorkflow:input_type -> cyclone.v1.ResumeWorkflowRequest
+	29, // 41: cyclone.v1.AdminService.PauseAction:input_type -> cyclone.v1.PauseActionRequest
+	31, // 42: cyclone.v1.AdminService.ResumeAction:input_type -> cyclone.v1.ResumeActionRequest
+	33, // 43: cyclone.v1.AdminService.ListPauses:input_type -> cyclone.v1.ListPausesRequest
+	36, // 44: cyclone.v1.AdminService.StartBulkAction:input_type -> cyclone.v1.StartBulkActionRequest
+	38, // 45: cyclone.v1.AdminService.GetBulkAction:input_type -> cyclone.v1.GetBulkActionRequest
+	40, // 46: cyclone.v1.AdminService.ListBulkActions:input_type -> cyclone.v1.ListBulkActionsRequest
+	42, // 47: cyclone.v1.AdminService.CancelBulkAction:input_type -> cyclone.v1.CancelBulkActionRequest
+	16, // 48: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
+	18, // 49: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
+	20, // 50: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
+	5,  // 51: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
+	8,  // 52: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
+	10, // 53: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
+	12, // 54: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
+	14, // 55: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
+	22, // 56: cyclone.v1.AdminService.PauseRun:output_type -> cyclone.v1.PauseRunResponse
+	24, // 57: cyclone.v1.AdminService.ResumeRun:output_type -> cyclone.v1.ResumeRunResponse
+	26, // 58: cyclone.v1.AdminService.PauseWorkflow:output_type -> cyclone.v1.PauseWorkflowResponse
+	28, // 59: cyclone.v1.AdminService.ResumeWorkflow:output_type -> cyclone.v1.ResumeWorkflowResponse
+	30, // 60: cyclone.v1.AdminService.PauseAction:output_type -> cyclone.v1.PauseActionResponse
+	32, // 61: cyclone.v1.AdminService.ResumeAction:output_type -> cyclone.v1.ResumeActionResponse
+	34, // 62: cyclone.v1.AdminService.ListPauses:output_type -> cyclone.v1.ListPausesResponse
+	37, // 63: cyclone.v1.AdminService.StartBulkAction:output_type -> cyclone.v1.StartBulkActionResponse
+	39, // 64: cyclone.v1.AdminService.GetBulkAction:output_type -> cyclone.v1.GetBulkActionResponse
+	41, // 65: cyclone.v1.AdminService.ListBulkActions:output_type -> cyclone.v1.ListBulkActionsResponse
+	43, // 66: cyclone.v1.AdminService.CancelBulkAction:output_type -> cyclone.v1.CancelBulkActionResponse
+	48, // [48:67] is the sub-list for method output_type
+	29, // [29:48] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_admin_service_proto_init() }
@@ -2149,6 +2981,7 @@ func file_cyclone_v1_admin_service_proto_init() {
 		return
 	}
 	file_cyclone_v1_types_proto_init()
+	file_cyclone_v1_workflow_service_proto_init()
 	file_cyclone_v1_admin_service_proto_msgTypes[17].OneofWrappers = []any{
 		(*ResolveRequest_Result)(nil),
 		(*ResolveRequest_Error)(nil),
@@ -2159,13 +2992,14 @@ func file_cyclone_v1_admin_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_admin_service_proto_rawDesc), len(file_cyclone_v1_admin_service_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   33,
+			NumEnums:      2,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_cyclone_v1_admin_service_proto_goTypes,
 		DependencyIndexes: file_cyclone_v1_admin_service_proto_depIdxs,
+		EnumInfos:         file_cyclone_v1_admin_service_proto_enumTypes,
 		MessageInfos:      file_cyclone_v1_admin_service_proto_msgTypes,
 	}.Build()
 	File_cyclone_v1_admin_service_proto = out.File

@@ -34,6 +34,10 @@ const (
 	AdminService_PauseAction_FullMethodName        = "/cyclone.v1.AdminService/PauseAction"
 	AdminService_ResumeAction_FullMethodName       = "/cyclone.v1.AdminService/ResumeAction"
 	AdminService_ListPauses_FullMethodName         = "/cyclone.v1.AdminService/ListPauses"
+	AdminService_StartBulkAction_FullMethodName    = "/cyclone.v1.AdminService/StartBulkAction"
+	AdminService_GetBulkAction_FullMethodName      = "/cyclone.v1.AdminService/GetBulkAction"
+	AdminService_ListBulkActions_FullMethodName    = "/cyclone.v1.AdminService/ListBulkActions"
+	AdminService_CancelBulkAction_FullMethodName   = "/cyclone.v1.AdminService/CancelBulkAction"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -106,6 +110,26 @@ type AdminServiceClient interface {
 	ResumeAction(ctx context.Context, in *ResumeActionRequest, opts ...grpc.CallOption) (*ResumeActionResponse, error)
 	// The workflows and actions paused now, by kind and name. Reads only.
 	ListPauses(ctx context.Context, in *ListPausesRequest, opts ...grpc.CallOption) (*ListPausesResponse, error)
+	// Starts a bulk action: cancel, retry or resolve-discard every run that a ListRuns
+	// filter matches, as a job the servers work through in batches (at most
+	// --bulk-rate runs a second), resumed by another server when the one working it
+	// stops. Each run is acted on once, as CancelRun, RetryAll or Resolve with discard
+	// would, and its audit entry names the job (details.bulk_action). Only the runs
+	// created before the job and in a status the action applies to are taken (cancel:
+	// running, failed, blocked; retry: failed; resolve_discard: blocked). With dry_run,
+	// nothing is written: the response counts the runs it would take (exactly up to
+	// 100,000). INVALID_ARGUMENT for a filter ListRuns refuses, a filter that sets no
+	// field without confirm_all, or statuses none of which the action applies to.
+	StartBulkAction(ctx context.Context, in *StartBulkActionRequest, opts ...grpc.CallOption) (*StartBulkActionResponse, error)
+	// A bulk action's progress: its state and the runs touched, skipped and failed so
+	// far, of about total. NOT_FOUND for an unknown job.
+	GetBulkAction(ctx context.Context, in *GetBulkActionRequest, opts ...grpc.CallOption) (*GetBulkActionResponse, error)
+	// The bulk actions, newest first.
+	ListBulkActions(ctx context.Context, in *ListBulkActionsRequest, opts ...grpc.CallOption) (*ListBulkActionsResponse, error)
+	// Stops a running bulk action: no batch starts after it (a batch in progress ends
+	// first), and the runs it acted on stay as they are. NOT_FOUND for an unknown job,
+	// FAILED_PRECONDITION when it is no longer running.
+	CancelBulkAction(ctx context.Context, in *CancelBulkActionRequest, opts ...grpc.CallOption) (*CancelBulkActionResponse, error)
 }
 
 type adminServiceClient struct {
@@ -266,6 +290,46 @@ func (c *adminServiceClient) ListPauses(ctx context.Context, in *ListPausesReque
 	return out, nil
 }
 
+func (c *adminServiceClient) StartBulkAction(ctx context.Context, in *StartBulkActionRequest, opts ...grpc.CallOption) (*StartBulkActionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartBulkActionResponse)
+	err := c.cc.Invoke(ctx, AdminService_StartBulkAction_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetBulkAction(ctx context.Context, in *GetBulkActionRequest, opts ...grpc.CallOption) (*GetBulkActionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetBulkActionResponse)
+	err := c.cc.Invoke(ctx, AdminService_GetBulkAction_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListBulkActions(ctx context.Context, in *ListBulkActionsRequest, opts ...grpc.CallOption) (*ListBulkActionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListBulkActionsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListBulkActions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) CancelBulkAction(ctx context.Context, in *CancelBulkActionRequest, opts ...grpc.CallOption) (*CancelBulkActionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelBulkActionResponse)
+	err := c.cc.Invoke(ctx, AdminService_CancelBulkAction_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -336,6 +400,26 @@ type AdminServiceServer interface {
 	ResumeAction(context.Context, *ResumeActionRequest) (*ResumeActionResponse, error)
 	// The workflows and actions paused now, by kind and name. Reads only.
 	ListPauses(context.Context, *ListPausesRequest) (*ListPausesResponse, error)
+	// Starts a bulk action: cancel, retry or resolve-discard every run that a ListRuns
+	// filter matches, as a job the servers work through in batches (at most
+	// --bulk-rate runs a second), resumed by another server when the one working it
+	// stops. Each run is acted on once, as CancelRun, RetryAll or Resolve with discard
+	// would, and its audit entry names the job (details.bulk_action). Only the runs
+	// created before the job and in a status the action applies to are taken (cancel:
+	// running, failed, blocked; retry: failed; resolve_discard: blocked). With dry_run,
+	// nothing is written: the response counts the runs it would take (exactly up to
+	// 100,000). INVALID_ARGUMENT for a filter ListRuns refuses, a filter that sets no
+	// field without confirm_all, or statuses none of which the action applies to.
+	StartBulkAction(context.Context, *StartBulkActionRequest) (*StartBulkActionResponse, error)
+	// A bulk action's progress: its state and the runs touched, skipped and failed so
+	// far, of about total. NOT_FOUND for an unknown job.
+	GetBulkAction(context.Context, *GetBulkActionRequest) (*GetBulkActionResponse, error)
+	// The bulk actions, newest first.
+	ListBulkActions(context.Context, *ListBulkActionsRequest) (*ListBulkActionsResponse, error)
+	// Stops a running bulk action: no batch starts after it (a batch in progress ends
+	// first), and the runs it acted on stay as they are. NOT_FOUND for an unknown job,
+	// FAILED_PRECONDITION when it is no longer running.
+	CancelBulkAction(context.Context, *CancelBulkActionRequest) (*CancelBulkActionResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -390,6 +474,18 @@ func (UnimplementedAdminServiceServer) ResumeAction(context.Context, *ResumeActi
 }
 func (UnimplementedAdminServiceServer) ListPauses(context.Context, *ListPausesRequest) (*ListPausesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListPauses not implemented")
+}
+func (UnimplementedAdminServiceServer) StartBulkAction(context.Context, *StartBulkActionRequest) (*StartBulkActionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartBulkAction not implemented")
+}
+func (UnimplementedAdminServiceServer) GetBulkAction(context.Context, *GetBulkActionRequest) (*GetBulkActionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetBulkAction not implemented")
+}
+func (UnimplementedAdminServiceServer) ListBulkActions(context.Context, *ListBulkActionsRequest) (*ListBulkActionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListBulkActions not implemented")
+}
+func (UnimplementedAdminServiceServer) CancelBulkAction(context.Context, *CancelBulkActionRequest) (*CancelBulkActionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelBulkAction not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -682,6 +778,78 @@ func _AdminService_ListPauses_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_StartBulkAction_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartBulkActionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).StartBulkAction(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_StartBulkAction_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).StartBulkAction(ctx, req.(*StartBulkActionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetBulkAction_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetBulkActionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetBulkAction(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetBulkAction_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetBulkAction(ctx, req.(*GetBulkActionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListBulkActions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListBulkActionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListBulkActions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListBulkActions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListBulkActions(ctx, req.(*ListBulkActionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_CancelBulkAction_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelBulkActionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).CancelBulkAction(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_CancelBulkAction_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).CancelBulkAction(ctx, req.(*CancelBulkActionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -748,6 +916,22 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListPauses",
 			Handler:    _AdminService_ListPauses_Handler,
+		},
+		{
+			MethodName: "StartBulkAction",
+			Handler:    _AdminService_StartBulkAction_Handler,
+		},
+		{
+			MethodName: "GetBulkAction",
+			Handler:    _AdminService_GetBulkAction_Handler,
+		},
+		{
+			MethodName: "ListBulkActions",
+			Handler:    _AdminService_ListBulkActions_Handler,
+		},
+		{
+			MethodName: "CancelBulkAction",
+			Handler:    _AdminService_CancelBulkAction_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -2,10 +2,12 @@
 // @generated from file cyclone/v1/admin_service.proto (package cyclone.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Pause, Run, RunPause } from "./types_pb.js";
 import { file_cyclone_v1_types } from "./types_pb.js";
+import type { ListRunsRequest } from "./workflow_service_pb.js";
+import { file_cyclone_v1_workflow_service } from "./workflow_service_pb.js";
 import type { Timestamp, Value } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
@@ -14,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/admin_service.proto.
  */
 export const file_cyclone_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEi8wEKBUJ1aWxkEhAKCGJ1aWxkX2lkGAEgASgJEhIKCmNvbXBhdGlibGUYAiADKAkSKAoHd29ya2VycxgDIAMoCzIXLmN5Y2xvbmUudjEuQnVpbGRXb3JrZXISFAoMcGlubmVkX25vZGVzGAQgASgDEhMKC3Bpbm5lZF9ydW5zGAUgASgDEg8KB3JldGlyZWQYBiABKAgSLgoKcmV0aXJlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoLQnVpbGRXb3JrZXISEQoJd29ya2VyX2lkGAEgASgJEisKB3NlZW5fYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhMKEUxpc3RCdWlsZHNSZXF1ZXN0IjcKEkxpc3RCdWlsZHNSZXNwb25zZRIhCgZidWlsZHMYASADKAsyES5jeWNsb25lLnYxLkJ1aWxkIjcKFExpc3RCdWlsZFJ1bnNSZXF1ZXN0EhAKCGJ1aWxkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFIjsKCEJ1aWxkUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRINCgVub2RlcxgDIAMoCSI7ChVMaXN0QnVpbGRSdW5zUmVzcG9uc2USIgoEcnVucxgBIAMoCzIULmN5Y2xvbmUudjEuQnVpbGRSdW4iVgoZU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBIQCghidWlsZF9pZBgBIAEoCRIXCg9jb21wYXRpYmxlX3dpdGgYAiABKAkSDgoGcmVhc29uGAMgASgJIj4KGlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEiAKBWJ1aWxkGAEgASgLMhEuY3ljbG9uZS52MS5CdWlsZCI2ChJSZXRpcmVCdWlsZFJlcXVlc3QSEAoIYnVpbGRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjcKE1JldGlyZUJ1aWxkUmVzcG9uc2USIAoFYnVpbGQYASABKAsyES5jeWNsb25lLnYxLkJ1aWxkIk4KEE1vdmVCdWlsZFJlcXVlc3QSFQoNZnJvbV9idWlsZF9pZBgBIAEoCRITCgt0b19idWlsZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPAoRTW92ZUJ1aWxkUmVzcG9uc2USEwoLbm9kZXNfbW92ZWQYASABKAMSEgoKcnVuc19tb3ZlZBgCIAEoAyI8CgxSZXRyeVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDgoGcmVhc29uGAMgASgJIi0KDVJldHJ5UmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUmV0cnlBbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiPwoQUmV0cnlBbGxSZXNwb25zZRINCgVub2RlcxgBIAMoCRIcCgNydW4YAiABKAsyDy5jeWNsb25lLnYxLlJ1biKrAQoOUmVzb2x2ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSKAoGcmVzdWx0GAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASDwoFZXJyb3IYBCABKAlIABIRCgdkaXNjYXJkGAUgASgISAASDgoGcmVhc29uGAYgASgJEg8KB3N0ZXBfaWQYByABKAlCDAoKcmVzb2x1dGlvbiIvCg9SZXNvbHZlUmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUGF1c2VSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoQUGF1c2VSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjIKEFJlc3VtZVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJCChFSZXN1bWVSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjQKFFBhdXNlV29ya2Zsb3dSZXF1ZXN0EgwKBG5hbWUYASABKAkSDgoGcmVhc29uGAIgASgJIk0KFVBhdXNlV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIEiMKBXBhdXNlGAIgASgLMhQuY3ljbG9uZS52MS5SdW5QYXVzZSI1ChVSZXN1bWVXb3JrZmxvd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiKQoWUmVzdW1lV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIIjIKElBhdXNlQWN0aW9uUmVxdWVzdBIMCgRuYW1lGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJLChNQYXVzZUFjdGlvblJlc3BvbnNlEg8KB2NoYW5nZWQYASABKAgSIwoFcGF1c2UYAiABKAsyFC5jeWNsb25lLnYxLlJ1blBhdXNlIjMKE1Jlc3VtZUFjdGlvblJlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiJwoUUmVzdW1lQWN0aW9uUmVzcG9uc2USDwoHY2hhbmdlZBgBIAEoCCITChFMaXN0UGF1c2VzUmVxdWVzdCI3ChJMaXN0UGF1c2VzUmVzcG9uc2USIQoGcGF1c2VzGAEgAygLMhEuY3ljbG9uZS52MS5QYXVzZTKpCQoMQWRtaW5TZXJ2aWNlEjwKBVJldHJ5EhguY3ljbG9uZS52MS5SZXRyeVJlcXVlc3QaGS5jeWNsb25lLnYxLlJldHJ5UmVzcG9uc2USRQoIUmV0cnlBbGwSGy5jeWNsb25lLnYxLlJldHJ5QWxsUmVxdWVzdBocLmN5Y2xvbmUudjEuUmV0cnlBbGxSZXNwb25zZRJCCgdSZXNvbHZlEhouY3ljbG9uZS52MS5SZXNvbHZlUmVxdWVzdBobLmN5Y2xvbmUudjEuUmVzb2x2ZVJlc3BvbnNlEksKCkxpc3RCdWlsZHMSHS5jeWNsb25lLnYxLkxpc3RCdWlsZHNSZXF1ZXN0Gh4uY3ljbG9uZS52MS5MaXN0QnVpbGRzUmVzcG9uc2USVAoNTGlzdEJ1aWxkUnVucxIgLmN5Y2xvbmUudjEuTGlzdEJ1aWxkUnVuc1JlcXVlc3QaIS5jeWNsb25lLnYxLkxpc3RCdWlsZFJ1bnNSZXNwb25zZRJjChJTZXRCdWlsZENvbXBhdGlibGUSJS5jeWNsb25lLnYxLlNldEJ1aWxkQ29tcGF0aWJsZVJlcXVlc3QaJi5jeWNsb25lLnYxLlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEk4KC1JldGlyZUJ1aWxkEh4uY3ljbG9uZS52MS5SZXRpcmVCdWlsZFJlcXVlc3QaHy5jeWNsb25lLnYxLlJldGlyZUJ1aWxkUmVzcG9uc2USSAoJTW92ZUJ1aWxkEhwuY3ljbG9uZS52MS5Nb3ZlQnVpbGRSZXF1ZXN0Gh0uY3ljbG9uZS52MS5Nb3ZlQnVpbGRSZXNwb25zZRJFCghQYXVzZVJ1bhIbLmN5Y2xvbmUudjEuUGF1c2VSdW5SZXF1ZXN0GhwuY3ljbG9uZS52MS5QYXVzZVJ1blJlc3BvbnNlEkgKCVJlc3VtZVJ1bhIcLmN5Y2xvbmUudjEuUmVzdW1lUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuUmVzdW1lUnVuUmVzcG9uc2USVAoNUGF1c2VXb3JrZmxvdxIgLmN5Y2xvbmUudjEuUGF1c2VXb3JrZmxvd1JlcXVlc3QaIS5jeWNsb25lLnYxLlBhdXNlV29ya2Zsb3dSZXNwb25zZRJXCg5SZXN1bWVXb3JrZmxvdxIhLmN5Y2xvbmUudjEuUmVzdW1lV29ya2Zsb3dSZXF1ZXN0GiIuY3ljbG9uZS52MS5SZXN1bWVXb3JrZmxvd1Jlc3BvbnNlEk4KC1BhdXNlQWN0aW9uEh4uY3ljbG9uZS52MS5QYXVzZUFjdGlvblJlcXVlc3QaHy5jeWNsb25lLnYxLlBhdXNlQWN0aW9uUmVzcG9uc2USUQoMUmVzdW1lQWN0aW9uEh8uY3ljbG9uZS52MS5SZXN1bWVBY3Rpb25SZXF1ZXN0GiAuY3ljbG9uZS52MS5SZXN1bWVBY3Rpb25SZXNwb25zZRJLCgpMaXN0UGF1c2VzEh0uY3ljbG9uZS52MS5MaXN0UGF1c2VzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdFBhdXNlc1Jlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEi8wEKBUJ1aWxkEhAKCGJ1aWxkX2lkGAEgASgJEhIKCmNvbXBhdGlibGUYAiADKAkSKAoHd29ya2VycxgDIAMoCzIXLmN5Y2xvbmUudjEuQnVpbGRXb3JrZXISFAoMcGlubmVkX25vZGVzGAQgASgDEhMKC3Bpbm5lZF9ydW5zGAUgASgDEg8KB3JldGlyZWQYBiABKAgSLgoKcmV0aXJlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoLQnVpbGRXb3JrZXISEQoJd29ya2VyX2lkGAEgASgJEisKB3NlZW5fYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhMKEUxpc3RCdWlsZHNSZXF1ZXN0IjcKEkxpc3RCdWlsZHNSZXNwb25zZRIhCgZidWlsZHMYASADKAsyES5jeWNsb25lLnYxLkJ1aWxkIjcKFExpc3RCdWlsZFJ1bnNSZXF1ZXN0EhAKCGJ1aWxkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFIjsKCEJ1aWxkUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRINCgVub2RlcxgDIAMoCSI7ChVMaXN0QnVpbGRSdW5zUmVzcG9uc2USIgoEcnVucxgBIAMoCzIULmN5Y2xvbmUudjEuQnVpbGRSdW4iVgoZU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBIQCghidWlsZF9pZBgBIAEoCRIXCg9jb21wYXRpYmxlX3dpdGgYAiABKAkSDgoGcmVhc29uGAMgASgJIj4KGlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEiAKBWJ1aWxkGAEgASgLMhEuY3ljbG9uZS52MS5CdWlsZCI2ChJSZXRpcmVCdWlsZFJlcXVlc3QSEAoIYnVpbGRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjcKE1JldGlyZUJ1aWxkUmVzcG9uc2USIAoFYnVpbGQYASABKAsyES5jeWNsb25lLnYxLkJ1aWxkIk4KEE1vdmVCdWlsZFJlcXVlc3QSFQoNZnJvbV9idWlsZF9pZBgBIAEoCRITCgt0b19idWlsZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPAoRTW92ZUJ1aWxkUmVzcG9uc2USEwoLbm9kZXNfbW92ZWQYASABKAMSEgoKcnVuc19tb3ZlZBgCIAEoAyI8CgxSZXRyeVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDgoGcmVhc29uGAMgASgJIi0KDVJldHJ5UmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUmV0cnlBbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiPwoQUmV0cnlBbGxSZXNwb25zZRINCgVub2RlcxgBIAMoCRIcCgNydW4YAiABKAsyDy5jeWNsb25lLnYxLlJ1biKrAQoOUmVzb2x2ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSKAoGcmVzdWx0GAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASDwoFZXJyb3IYBCABKAlIABIRCgdkaXNjYXJkGAUgASgISAASDgoGcmVhc29uGAYgASgJEg8KB3N0ZXBfaWQYByABKAlCDAoKcmVzb2x1dGlvbiIvCg9SZXNvbHZlUmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUGF1c2VSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoQUGF1c2VSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjIKEFJlc3VtZVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJCChFSZXN1bWVSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjQKFFBhdXNlV29ya2Zsb3dSZXF1ZXN0EgwKBG5hbWUYASABKAkSDgoGcmVhc29uGAIgASgJIk0KFVBhdXNlV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIEiMKBXBhdXNlGAIgASgLMhQuY3ljbG9uZS52MS5SdW5QYXVzZSI1ChVSZXN1bWVXb3JrZmxvd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiKQoWUmVzdW1lV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIIjIKElBhdXNlQWN0aW9uUmVxdWVzdBIMCgRuYW1lGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJLChNQYXVzZUFjdGlvblJlc3BvbnNlEg8KB2NoYW5nZWQYASABKAgSIwoFcGF1c2UYAiABKAsyFC5jeWNsb25lLnYxLlJ1blBhdXNlIjMKE1Jlc3VtZUFjdGlvblJlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiJwoUUmVzdW1lQWN0aW9uUmVzcG9uc2USDwoHY2hhbmdlZBgBIAEoCCITChFMaXN0UGF1c2VzUmVxdWVzdCI3ChJMaXN0UGF1c2VzUmVzcG9uc2USIQoGcGF1c2VzGAEgAygLMhEuY3ljbG9uZS52MS5QYXVzZSLUAwoKQnVsa0FjdGlvbhIOCgZqb2JfaWQYASABKAkSKgoGYWN0aW9uGAIgASgOMhouY3ljbG9uZS52MS5CdWxrQWN0aW9uS2luZBIrCgZmaWx0ZXIYAyABKAsyGy5jeWNsb25lLnYxLkxpc3RSdW5zUmVxdWVzdBIOCgZyZWFzb24YBCABKAkSDQoFYWN0b3IYBSABKAkSKgoFc3RhdGUYBiABKA4yGy5jeWNsb25lLnYxLkJ1bGtBY3Rpb25TdGF0ZRINCgV0b3RhbBgHIAEoAxIWCg50b3RhbF9hdF9sZWFzdBgIIAEoCBIPCgd0b3VjaGVkGAkgASgDEg8KB3NraXBwZWQYCiABKAMSDgoGZmFpbGVkGAsgASgDEhIKCmxhc3RfZXJyb3IYDCABKAkSFAoMY2FuY2VsbGVkX2J5GA0gASgJEi4KCmNyZWF0ZWRfYXQYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYDyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKnAQoWU3RhcnRCdWxrQWN0aW9uUmVxdWVzdBIqCgZhY3Rpb24YASABKA4yGi5jeWNsb25lLnYxLkJ1bGtBY3Rpb25LaW5kEisKBmZpbHRlchgCIAEoCzIbLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXF1ZXN0Eg4KBnJlYXNvbhgDIAEoCRIPCgdkcnlfcnVuGAQgASgIEhMKC2NvbmZpcm1fYWxsGAUgASgIImkKF1N0YXJ0QnVsa0FjdGlvblJlc3BvbnNlEiMKA2pvYhgBIAEoCzIWLmN5Y2xvbmUudjEuQnVsa0FjdGlvbhIPCgdtYXRjaGVkGAIgASgDEhgKEG1hdGNoZWRfYXRfbGVhc3QYAyABKAgiJgoUR2V0QnVsa0FjdGlvblJlcXVlc3QSDgoGam9iX2lkGAEgASgJIjwKFUdldEJ1bGtBY3Rpb25SZXNwb25zZRIjCgNqb2IYASABKAsyFi5jeWNsb25lLnYxLkJ1bGtBY3Rpb24iPwoWTGlzdEJ1bGtBY3Rpb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJYChdMaXN0QnVsa0FjdGlvbnNSZXNwb25zZRIkCgRqb2JzGAEgAygLMhYuY3ljbG9uZS52MS5CdWxrQWN0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIpChdDYW5jZWxCdWxrQWN0aW9uUmVxdWVzdBIOCgZqb2JfaWQYASABKAkiPwoYQ2FuY2VsQnVsa0FjdGlvblJlc3BvbnNlEiMKA2pvYhgBIAEoCzIWLmN5Y2xvbmUudjEuQnVsa0FjdGlvbiqRAQoOQnVsa0FjdGlvbktpbmQSIAocQlVMS19BQ1RJT05fS0lORF9VTlNQRUNJRklFRBAAEhsKF0JVTEtfQUNUSU9OX0tJTkRfQ0FOQ0VMEAESGgoWQlVMS19BQ1RJT05fS0lORF9SRVRSWRACEiQKIEJVTEtfQUNUSU9OX0tJTkRfUkVTT0xWRV9ESVNDQVJEEAMqkAEKD0J1bGtBY3Rpb25TdGF0ZRIhCh1CVUxLX0FDVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEh0KGUJVTEtfQUNUSU9OX1NUQVRFX1JVTk5JTkcQARIaChZCVUxLX0FDVElPTl9TVEFURV9ET05FEAISHwobQlVMS19BQ1RJT05fU1RBVEVfQ0FOQ0VMTEVEEAMylgwKDEFkbWluU2VydmljZRI8CgVSZXRyeRIYLmN5Y2xvbmUudjEuUmV0cnlSZXF1ZXN0GhkuY3ljbG9uZS52MS5SZXRyeVJlc3BvbnNlEkUKCFJldHJ5QWxsEhsuY3ljbG9uZS52MS5SZXRyeUFsbFJlcXVlc3QaHC5jeWNsb25lLnYxLlJldHJ5QWxsUmVzcG9uc2USQgoHUmVzb2x2ZRIaLmN5Y2xvbmUudjEuUmVzb2x2ZVJlcXVlc3QaGy5jeWNsb25lLnYxLlJlc29sdmVSZXNwb25zZRJLCgpMaXN0QnVpbGRzEh0uY3ljbG9uZS52MS5MaXN0QnVpbGRzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdEJ1aWxkc1Jlc3BvbnNlElQKDUxpc3RCdWlsZFJ1bnMSIC5jeWNsb25lLnYxLkxpc3RCdWlsZFJ1bnNSZXF1ZXN0GiEuY3ljbG9uZS52MS5MaXN0QnVpbGRSdW5zUmVzcG9uc2USYwoSU2V0QnVpbGRDb21wYXRpYmxlEiUuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXF1ZXN0GiYuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXNwb25zZRJOCgtSZXRpcmVCdWlsZBIeLmN5Y2xvbmUudjEuUmV0aXJlQnVpbGRSZXF1ZXN0Gh8uY3ljbG9uZS52MS5SZXRpcmVCdWlsZFJlc3BvbnNlEkgKCU1vdmVCdWlsZBIcLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVxdWVzdBodLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVzcG9uc2USRQoIUGF1c2VSdW4SGy5jeWNsb25lLnYxLlBhdXNlUnVuUmVxdWVzdBocLmN5Y2xvbmUudjEuUGF1c2VSdW5SZXNwb25zZRJICglSZXN1bWVSdW4SHC5jeWNsb25lLnYxLlJlc3VtZVJ1blJlcXVlc3QaHS5jeWNsb25lLnYxLlJlc3VtZVJ1blJlc3BvbnNlElQKDVBhdXNlV29ya2Zsb3cSIC5jeWNsb25lLnYxLlBhdXNlV29ya2Zsb3dSZXF1ZXN0GiEuY3ljbG9uZS52MS5QYXVzZVdvcmtmbG93UmVzcG9uc2USVwoOUmVzdW1lV29ya2Zsb3cSIS5jeWNsb25lLnYxLlJlc3VtZVdvcmtmbG93UmVxdWVzdBoiLmN5Y2xvbmUudjEuUmVzdW1lV29ya2Zsb3dSZXNwb25zZRJOCgtQYXVzZUFjdGlvbhIeLmN5Y2xvbmUudjEuUGF1c2VBY3Rpb25SZXF1ZXN0Gh8uY3ljbG9uZS52MS5QYXVzZUFjdGlvblJlc3BvbnNlElEKDFJlc3VtZUFjdGlvbhIfLmN5Y2xvbmUudjEuUmVzdW1lQWN0aW9uUmVxdWVzdBogLmN5Y2xvbmUudjEuUmVzdW1lQWN0aW9uUmVzcG9uc2USSwoKTGlzdFBhdXNlcxIdLmN5Y2xvbmUudjEuTGlzdFBhdXNlc1JlcXVlc3QaHi5jeWNsb25lLnYxLkxpc3RQYXVzZXNSZXNwb25zZRJaCg9TdGFydEJ1bGtBY3Rpb24SIi5jeWNsb25lLnYxLlN0YXJ0QnVsa0FjdGlvblJlcXVlc3QaIy5jeWNsb25lLnYxLlN0YXJ0QnVsa0FjdGlvblJlc3BvbnNlElQKDUdldEJ1bGtBY3Rpb24SIC5jeWNsb25lLnYxLkdldEJ1bGtBY3Rpb25SZXF1ZXN0GiEuY3ljbG9uZS52MS5HZXRCdWxrQWN0aW9uUmVzcG9uc2USWgoPTGlzdEJ1bGtBY3Rpb25zEiIuY3ljbG9uZS52MS5MaXN0QnVsa0FjdGlvbnNSZXF1ZXN0GiMuY3ljbG9uZS52MS5MaXN0QnVsa0FjdGlvbnNSZXNwb25zZRJdChBDYW5jZWxCdWxrQWN0aW9uEiMuY3ljbG9uZS52MS5DYW5jZWxCdWxrQWN0aW9uUmVxdWVzdBokLmN5Y2xvbmUudjEuQ2FuY2VsQnVsa0FjdGlvblJlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_cyclone_v1_workflow_service, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * A build, as ListBuilds shows it.
@@ -971,6 +973,439 @@ export const ListPausesResponseSchema: GenMessage<ListPausesResponse> = /*@__PUR
   messageDesc(file_cyclone_v1_admin_service, 32);
 
 /**
+ * A bulk action's job.
+ *
+ * @generated from message cyclone.v1.BulkAction
+ */
+export type BulkAction = Message<"cyclone.v1.BulkAction"> & {
+  /**
+   * The job's id.
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+
+  /**
+   * What it does to each run.
+   *
+   * @generated from field: cyclone.v1.BulkActionKind action = 2;
+   */
+  action: BulkActionKind;
+
+  /**
+   * The runs it takes, as given (page_size and page_token unset).
+   *
+   * @generated from field: cyclone.v1.ListRunsRequest filter = 3;
+   */
+  filter?: ListRunsRequest | undefined;
+
+  /**
+   * Why, recorded in each run's audit trail.
+   *
+   * @generated from field: string reason = 4;
+   */
+  reason: string;
+
+  /**
+   * Who started it, recorded in each run's audit trail.
+   *
+   * @generated from field: string actor = 5;
+   */
+  actor: string;
+
+  /**
+   * Where it is.
+   *
+   * @generated from field: cyclone.v1.BulkActionState state = 6;
+   */
+  state: BulkActionState;
+
+  /**
+   * The runs it was to take when it started, counted exactly up to 100,000.
+   *
+   * @generated from field: int64 total = 7;
+   */
+  total: bigint;
+
+  /**
+   * Whether there were more than total.
+   *
+   * @generated from field: bool total_at_least = 8;
+   */
+  totalAtLeast: boolean;
+
+  /**
+   * Runs acted on.
+   *
+   * @generated from field: int64 touched = 9;
+   */
+  touched: bigint;
+
+  /**
+   * Runs matched but left alone: no longer in a status the action applies to.
+   *
+   * @generated from field: int64 skipped = 10;
+   */
+  skipped: bigint;
+
+  /**
+   * Runs whose action failed (last_error says why, for the latest).
+   *
+   * @generated from field: int64 failed = 11;
+   */
+  failed: bigint;
+
+  /**
+   * The error of the latest run whose action failed; empty when none did.
+   *
+   * @generated from field: string last_error = 12;
+   */
+  lastError: string;
+
+  /**
+   * Who cancelled it; empty unless cancelled.
+   *
+   * @generated from field: string cancelled_by = 13;
+   */
+  cancelledBy: string;
+
+  /**
+   * When it was started.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 14;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * When a batch last moved it.
+   *
+   * @generated from field: google.protobuf.Timestamp updated_at = 15;
+   */
+  updatedAt?: Timestamp | undefined;
+
+  /**
+   * When it ended (done or cancelled); unset while running.
+   *
+   * @generated from field: google.protobuf.Timestamp finished_at = 16;
+   */
+  finishedAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.BulkAction.
+ * Use `create(BulkActionSchema)` to create a new message.
+ */
+export const BulkActionSchema: GenMessage<BulkAction> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 33);
+
+/**
+ * Arguments of AdminService.StartBulkAction.
+ *
+ * @generated from message cyclone.v1.StartBulkActionRequest
+ */
+export type StartBulkActionRequest = Message<"cyclone.v1.StartBulkActionRequest"> & {
+  /**
+   * What to do to each run. Required.
+   *
+   * @generated from field: cyclone.v1.BulkActionKind action = 1;
+   */
+  action: BulkActionKind;
+
+  /**
+   * Which runs: the fields of ListRuns (page_size and page_token must be unset).
+   *
+   * @generated from field: cyclone.v1.ListRunsRequest filter = 2;
+   */
+  filter?: ListRunsRequest | undefined;
+
+  /**
+   * Why, recorded in each run's audit trail.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+
+  /**
+   * Count the runs it would take, write nothing.
+   *
+   * @generated from field: bool dry_run = 4;
+   */
+  dryRun: boolean;
+
+  /**
+   * Required when the filter sets no field, i.e. takes every run.
+   *
+   * @generated from field: bool confirm_all = 5;
+   */
+  confirmAll: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.StartBulkActionRequest.
+ * Use `create(StartBulkActionRequestSchema)` to create a new message.
+ */
+export const StartBulkActionRequestSchema: GenMessage<StartBulkActionRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 34);
+
+/**
+ * Result of AdminService.StartBulkAction.
+ *
+ * @generated from message cyclone.v1.StartBulkActionResponse
+ */
+export type StartBulkActionResponse = Message<"cyclone.v1.StartBulkActionResponse"> & {
+  /**
+   * The job started; unset for a dry run.
+   *
+   * @generated from field: cyclone.v1.BulkAction job = 1;
+   */
+  job?: BulkAction | undefined;
+
+  /**
+   * The runs it takes (or, for a dry run, would take), counted exactly up to 100,000.
+   *
+   * @generated from field: int64 matched = 2;
+   */
+  matched: bigint;
+
+  /**
+   * Whether there are more than matched.
+   *
+   * @generated from field: bool matched_at_least = 3;
+   */
+  matchedAtLeast: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.StartBulkActionResponse.
+ * Use `create(StartBulkActionResponseSchema)` to create a new message.
+ */
+export const StartBulkActionResponseSchema: GenMessage<StartBulkActionResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 35);
+
+/**
+ * Arguments of AdminService.GetBulkAction.
+ *
+ * @generated from message cyclone.v1.GetBulkActionRequest
+ */
+export type GetBulkActionRequest = Message<"cyclone.v1.GetBulkActionRequest"> & {
+  /**
+   * The job, by id.
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+};
+
+/**
+ * Describes the message cyclone.v1.GetBulkActionRequest.
+ * Use `create(GetBulkActionRequestSchema)` to create a new message.
+ */
+export const GetBulkActionRequestSchema: GenMessage<GetBulkActionRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 36);
+
+/**
+ * Result of AdminService.GetBulkAction.
+ *
+ * @generated from message cyclone.v1.GetBulkActionResponse
+ */
+export type GetBulkActionResponse = Message<"cyclone.v1.GetBulkActionResponse"> & {
+  /**
+   * The job and its progress.
+   *
+   * @generated from field: cyclone.v1.BulkAction job = 1;
+   */
+  job?: BulkAction | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.GetBulkActionResponse.
+ * Use `create(GetBulkActionResponseSchema)` to create a new message.
+ */
+export const GetBulkActionResponseSchema: GenMessage<GetBulkActionResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 37);
+
+/**
+ * Arguments of AdminService.ListBulkActions.
+ *
+ * @generated from message cyclone.v1.ListBulkActionsRequest
+ */
+export type ListBulkActionsRequest = Message<"cyclone.v1.ListBulkActionsRequest"> & {
+  /**
+   * Page size, 1-1000. Default 50.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+
+  /**
+   * next_page_token of a page; empty for the first (newest) page.
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message cyclone.v1.ListBulkActionsRequest.
+ * Use `create(ListBulkActionsRequestSchema)` to create a new message.
+ */
+export const ListBulkActionsRequestSchema: GenMessage<ListBulkActionsRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 38);
+
+/**
+ * Result of AdminService.ListBulkActions.
+ *
+ * @generated from message cyclone.v1.ListBulkActionsResponse
+ */
+export type ListBulkActionsResponse = Message<"cyclone.v1.ListBulkActionsResponse"> & {
+  /**
+   * Jobs, newest first.
+   *
+   * @generated from field: repeated cyclone.v1.BulkAction jobs = 1;
+   */
+  jobs: BulkAction[];
+
+  /**
+   * Pass as page_token to get the next page (older jobs); empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message cyclone.v1.ListBulkActionsResponse.
+ * Use `create(ListBulkActionsResponseSchema)` to create a new message.
+ */
+export const ListBulkActionsResponseSchema: GenMessage<ListBulkActionsResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 39);
+
+/**
+ * Arguments of AdminService.CancelBulkAction.
+ *
+ * @generated from message cyclone.v1.CancelBulkActionRequest
+ */
+export type CancelBulkActionRequest = Message<"cyclone.v1.CancelBulkActionRequest"> & {
+  /**
+   * The job, by id.
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+};
+
+/**
+ * Describes the message cyclone.v1.CancelBulkActionRequest.
+ * Use `create(CancelBulkActionRequestSchema)` to create a new message.
+ */
+export const CancelBulkActionRequestSchema: GenMessage<CancelBulkActionRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 40);
+
+/**
+ * Result of AdminService.CancelBulkAction.
+ *
+ * @generated from message cyclone.v1.CancelBulkActionResponse
+ */
+export type CancelBulkActionResponse = Message<"cyclone.v1.CancelBulkActionResponse"> & {
+  /**
+   * The job after cancellation.
+   *
+   * @generated from field: cyclone.v1.BulkAction job = 1;
+   */
+  job?: BulkAction | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.CancelBulkActionResponse.
+ * Use `create(CancelBulkActionResponseSchema)` to create a new message.
+ */
+export const CancelBulkActionResponseSchema: GenMessage<CancelBulkActionResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 41);
+
+/**
+ * What a bulk action does to each run.
+ *
+ * @generated from enum cyclone.v1.BulkActionKind
+ */
+export enum BulkActionKind {
+  /**
+   * Not a valid action.
+   *
+   * @generated from enum value: BULK_ACTION_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * CancelRun (with its child runs) of each running, failed or blocked run.
+   *
+   * @generated from enum value: BULK_ACTION_KIND_CANCEL = 1;
+   */
+  CANCEL = 1,
+
+  /**
+   * RetryAll of each failed run: every discarded node reopened.
+   *
+   * @generated from enum value: BULK_ACTION_KIND_RETRY = 2;
+   */
+  RETRY = 2,
+
+  /**
+   * Resolve with discard of each blocked run: its uncertain step (or step call) runs
+   * again.
+   *
+   * @generated from enum value: BULK_ACTION_KIND_RESOLVE_DISCARD = 3;
+   */
+  RESOLVE_DISCARD = 3,
+}
+
+/**
+ * Describes the enum cyclone.v1.BulkActionKind.
+ */
+export const BulkActionKindSchema: GenEnum<BulkActionKind> = /*@__PURE__*/
+  enumDesc(file_cyclone_v1_admin_service, 0);
+
+/**
+ * Where a bulk action is.
+ *
+ * @generated from enum cyclone.v1.BulkActionState
+ */
+export enum BulkActionState {
+  /**
+   * Never stored.
+   *
+   * @generated from enum value: BULK_ACTION_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Being worked through.
+   *
+   * @generated from enum value: BULK_ACTION_STATE_RUNNING = 1;
+   */
+  RUNNING = 1,
+
+  /**
+   * Every matching run was taken.
+   *
+   * @generated from enum value: BULK_ACTION_STATE_DONE = 2;
+   */
+  DONE = 2,
+
+  /**
+   * Stopped by CancelBulkAction; the runs acted on before stay as they are.
+   *
+   * @generated from enum value: BULK_ACTION_STATE_CANCELLED = 3;
+   */
+  CANCELLED = 3,
+}
+
+/**
+ * Describes the enum cyclone.v1.BulkActionState.
+ */
+export const BulkActionStateSchema: GenEnum<BulkActionState> = /*@__PURE__*/
+  enumDesc(file_cyclone_v1_admin_service, 1);
+
+/**
  * Operator actions. Each is recorded in the run's audit trail with its actor and reason.
  *
  * @generated from service cyclone.v1.AdminService
@@ -1159,6 +1594,58 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof ListPausesRequestSchema;
     output: typeof ListPausesResponseSchema;
+  },
+  /**
+   * Starts a bulk action: cancel, retry or resolve-discard every run that a ListRuns
+   * filter matches, as a job the servers work through in batches (at most
+   * --bulk-rate runs a second), resumed by another server when the one working it
+   * stops. Each run is acted on once, as CancelRun, RetryAll or Resolve with discard
+   * would, and its audit entry names the job (details.bulk_action). Only the runs
+   * created before the job and in a status the action applies to are taken (cancel:
+   * running, failed, blocked; retry: failed; resolve_discard: blocked). With dry_run,
+   * nothing is written: the response counts the runs it would take (exactly up to
+   * 100,000). INVALID_ARGUMENT for a filter ListRuns refuses, a filter that sets no
+   * field without confirm_all, or statuses none of which the action applies to.
+   *
+   * @generated from rpc cyclone.v1.AdminService.StartBulkAction
+   */
+  startBulkAction: {
+    methodKind: "unary";
+    input: typeof StartBulkActionRequestSchema;
+    output: typeof StartBulkActionResponseSchema;
+  },
+  /**
+   * A bulk action's progress: its state and the runs touched, skipped and failed so
+   * far, of about total. NOT_FOUND for an unknown job.
+   *
+   * @generated from rpc cyclone.v1.AdminService.GetBulkAction
+   */
+  getBulkAction: {
+    methodKind: "unary";
+    input: typeof GetBulkActionRequestSchema;
+    output: typeof GetBulkActionResponseSchema;
+  },
+  /**
+   * The bulk actions, newest first.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ListBulkActions
+   */
+  listBulkActions: {
+    methodKind: "unary";
+    input: typeof ListBulkActionsRequestSchema;
+    output: typeof ListBulkActionsResponseSchema;
+  },
+  /**
+   * Stops a running bulk action: no batch starts after it (a batch in progress ends
+   * first), and the runs it acted on stay as they are. NOT_FOUND for an unknown job,
+   * FAILED_PRECONDITION when it is no longer running.
+   *
+   * @generated from rpc cyclone.v1.AdminService.CancelBulkAction
+   */
+  cancelBulkAction: {
+    methodKind: "unary";
+    input: typeof CancelBulkActionRequestSchema;
+    output: typeof CancelBulkActionResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_admin_service, 0);
