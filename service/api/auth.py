@@ -79,6 +79,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "SetBuildCompatible",
             "RetireBuild",
             "MoveBuild",
+            "SetRunTags",
         )
     },
     **{_ADMIN + m: frozenset({"client", "admin"}) for m in ("ListBuilds", "ListBuildRuns")},

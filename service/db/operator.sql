@@ -21,3 +21,8 @@ SELECT node, current_setting('cyclone.ready', true) AS ready
 -- here is woken), as the transitions' queries return them.
 SELECT c.run_cancel, current_setting('cyclone.ready', true) AS ready
   FROM cyclone.run_cancel(CAST(:run_id AS uuid), :actor, :reason, :keep_children) AS c(run_cancel);
+
+-- name: run_tags_set
+SELECT run_tags_set AS tags
+  FROM cyclone.run_tags_set(CAST(:run_id AS uuid), CAST(:set AS jsonb),
+                            CAST(:remove AS text[]), :max, :actor, :reason) AS run_tags_set;

@@ -1175,6 +1175,125 @@ func (x *ResolveResponse) GetRun() *Run {
 	return nil
 }
 
+// Arguments of AdminService.SetRunTags.
+type SetRunTagsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, by id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Tags to add or change, key = value (checked as SubmitRequest.tags).
+	SetTags map[string]string `protobuf:"bytes,2,rep,name=set_tags,json=setTags,proto3" json:"set_tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Keys of tags to remove (a key the run does not carry is no error).
+	RemoveKeys []string `protobuf:"bytes,3,rep,name=remove_keys,json=removeKeys,proto3" json:"remove_keys,omitempty"`
+	// Why, recorded in the audit trail.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetRunTagsRequest) Reset() {
+	*x = SetRunTagsRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetRunTagsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetRunTagsRequest) ProtoMessage() {}
+
+func (x *SetRunTagsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetRunTagsRequest.ProtoReflect.Descriptor instead.
+func (*SetRunTagsRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SetRunTagsRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *SetRunTagsRequest) GetSetTags() map[string]string {
+	if x != nil {
+		return x.SetTags
+	}
+	return nil
+}
+
+func (x *SetRunTagsRequest) GetRemoveKeys() []string {
+	if x != nil {
+		return x.RemoveKeys
+	}
+	return nil
+}
+
+func (x *SetRunTagsRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.SetRunTags.
+type SetRunTagsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run after the change.
+	Run           *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetRunTagsResponse) Reset() {
+	*x = SetRunTagsResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetRunTagsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetRunTagsResponse) ProtoMessage() {}
+
+func (x *SetRunTagsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetRunTagsResponse.ProtoReflect.Descriptor instead.
+func (*SetRunTagsResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *SetRunTagsResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
 var File_cyclone_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_admin_service_proto_rawDesc = "" +
@@ -1253,7 +1372,18 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
 	"resolution\"4\n" +
 	"\x0fResolveResponse\x12!\n" +
-	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run2\xf9\x04\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\xe6\x01\n" +
+	"\x11SetRunTagsRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12E\n" +
+	"\bset_tags\x18\x02 \x03(\v2*.cyclone.v1.SetRunTagsRequest.SetTagsEntryR\asetTags\x12\x1f\n" +
+	"\vremove_keys\x18\x03 \x03(\tR\n" +
+	"removeKeys\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x1a:\n" +
+	"\fSetTagsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"7\n" +
+	"\x12SetRunTagsResponse\x12!\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run2\xc6\x05\n" +
 	"\fAdminService\x12<\n" +
 	"\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12E\n" +
 	"\bRetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12B\n" +
@@ -1263,7 +1393,9 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\rListBuildRuns\x12 .cyclone.v1.ListBuildRunsRequest\x1a!.cyclone.v1.ListBuildRunsResponse\x12c\n" +
 	"\x12SetBuildCompatible\x12%.cyclone.v1.SetBuildCompatibleRequest\x1a&.cyclone.v1.SetBuildCompatibleResponse\x12N\n" +
 	"\vRetireBuild\x12\x1e.cyclone.v1.RetireBuildRequest\x1a\x1f.cyclone.v1.RetireBuildResponse\x12H\n" +
-	"\tMoveBuild\x12\x1c.cyclone.v1.MoveBuildRequest\x1a\x1d.cyclone.v1.MoveBuildResponseb\x06proto3"
+	"\tMoveBuild\x12\x1c.cyclone.v1.MoveBuildRequest\x1a\x1d.cyclone.v1.MoveBuildResponse\x12K\n" +
+	"\n" +
+	"SetRunTags\x12\x1d.cyclone.v1.SetRunTagsRequest\x1a\x1e.cyclone.v1.SetRunTagsResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_admin_service_proto_rawDescOnce sync.Once
@@ -1277,7 +1409,7 @@ func file_cyclone_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_cyclone_v1_admin_service_proto_rawDescData
 }
 
-var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_cyclone_v1_admin_service_proto_goTypes = []any{
 	(*Build)(nil),                      // 0: cyclone.v1.Build
 	(*BuildWorker)(nil),                // 1: cyclone.v1.BuildWorker
@@ -1298,44 +1430,51 @@ var file_cyclone_v1_admin_service_proto_goTypes = []any{
 	(*RetryAllResponse)(nil),           // 16: cyclone.v1.RetryAllResponse
 	(*ResolveRequest)(nil),             // 17: cyclone.v1.ResolveRequest
 	(*ResolveResponse)(nil),            // 18: cyclone.v1.ResolveResponse
-	(*timestamppb.Timestamp)(nil),      // 19: google.protobuf.Timestamp
-	(*Run)(nil),                        // 20: cyclone.v1.Run
-	(*structpb.Value)(nil),             // 21: google.protobuf.Value
+	(*SetRunTagsRequest)(nil),          // 19: cyclone.v1.SetRunTagsRequest
+	(*SetRunTagsResponse)(nil),         // 20: cyclone.v1.SetRunTagsResponse
+	nil,                                // 21: cyclone.v1.SetRunTagsRequest.SetTagsEntry
+	(*timestamppb.Timestamp)(nil),      // 22: google.protobuf.Timestamp
+	(*Run)(nil),                        // 23: cyclone.v1.Run
+	(*structpb.Value)(nil),             // 24: google.protobuf.Value
 }
 var file_cyclone_v1_admin_service_proto_depIdxs = []int32{
 	1,  // 0: cyclone.v1.Build.workers:type_name -> cyclone.v1.BuildWorker
-	19, // 1: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
-	19, // 2: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
-	19, // 3: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
+	22, // 1: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
+	22, // 2: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
+	22, // 3: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
 	0,  // 4: cyclone.v1.ListBuildsResponse.builds:type_name -> cyclone.v1.Build
 	5,  // 5: cyclone.v1.ListBuildRunsResponse.runs:type_name -> cyclone.v1.BuildRun
 	0,  // 6: cyclone.v1.SetBuildCompatibleResponse.build:type_name -> cyclone.v1.Build
 	0,  // 7: cyclone.v1.RetireBuildResponse.build:type_name -> cyclone.v1.Build
-	20, // 8: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
-	20, // 9: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
-	21, // 10: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
-	20, // 11: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
-	13, // 12: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
-	15, // 13: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
-	17, // 14: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
-	2,  // 15: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
-	4,  // 16: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
-	7,  // 17: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
-	9,  // 18: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
-	11, // 19: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
-	14, // 20: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
-	16, // 21: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
-	18, // 22: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
-	3,  // 23: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
-	6,  // 24: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
-	8,  // 25: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
-	10, // 26: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
-	12, // 27: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	23, // 8: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
+	23, // 9: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
+	24, // 10: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
+	23, // 11: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
+	21, // 12: cyclone.v1.SetRunTagsRequest.set_tags:type_name -> cyclone.v1.SetRunTagsRequest.SetTagsEntry
+	23, // 13: cyclone.v1.SetRunTagsResponse.run:type_name -> cyclone.v1.Run
+	13, // 14: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
+	15, // 15: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
+	17, // 16: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
+	2,  // 17: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
+	4,  // 18: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
+	7,  // 19: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
+	9,  // 20: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
+	11, // 21: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
+	19, // 22: cyclone.v1.AdminService.SetRunTags:input_type -> cyclone.v1.SetRunTagsRequest
+	14, // 23: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
+	16, // 24: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
+	18, // 25: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
+	3,  // 26: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
+	6,  // 27: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
+	8,  // 28: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
+	10, // 29: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
+	12, // 30: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
+	20, // 31: cyclone.v1.AdminService.SetRunTags:output_type -> cyclone.v1.SetRunTagsResponse
+	23, // [23:32] is the sub-list for method output_type
+	14, // [14:23] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_admin_service_proto_init() }
@@ -1355,7 +1494,7 @@ func file_cyclone_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_admin_service_proto_rawDesc), len(file_cyclone_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
