@@ -394,6 +394,8 @@ class Run:
     #: The run's priority (get_run only) and the start time given to submit.
     priority: int = 0
     start_at: dt.datetime | None = None
+    #: The run's tags (key = value), given to submit; changed only by set_run_tags.
+    tags: Mapping[str, str] = field(default_factory=dict)
 
     def step(self, node: str) -> Step:
         """The step of ``node``; KeyError when the run has none (or steps were not loaded)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import grpc
@@ -116,12 +116,14 @@ class Client:
         *,
         start_at: StartAt | None = None,
         priority: int = 0,
+        tags: Mapping[str, str] | None = None,
     ) -> str:
         """Validate ``workflow``, start a new run with ``input``, return its run id.
         ``start_at`` (an aware datetime, or a timedelta from now) makes its first steps
         claimable only then; ``priority`` orders its steps among the ready ones (higher
-        first; docs/flow-control.md)."""
-        return self._invoke(calls.submit(workflow, input, start_at, priority))
+        first; docs/flow-control.md); ``tags`` (key = value strings, at most 16) label it
+        for list_runs and count_runs."""
+        return self._invoke(calls.submit(workflow, input, start_at, priority, tags))
 
     def submit_once(
         self,
@@ -131,10 +133,12 @@ class Client:
         *,
         start_at: StartAt | None = None,
         priority: int = 0,
+        tags: Mapping[str, str] | None = None,
     ) -> Submitted:
-        """At most one run per (workflow name, key): the new run or the existing one.
-        ``start_at`` and ``priority`` as for :meth:`submit`."""
-        return self._invoke(calls.submit_once(workflow, key, input, start_at, priority))
+        """At most one run per (workflow name, key): the new run or the existing one
+        (which keeps its own tags). ``start_at``, ``priority`` and ``tags`` as for
+        :meth:`submit`."""
+        return self._invoke(calls.submit_once(workflow, key, input, start_at, priority, tags))
 
     def start(
         self,
@@ -172,9 +176,11 @@ class Client:
         run_id_prefix: str | None = None,
         workflow_prefix: str | None = None,
         key_prefix: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
         """One page of runs, newest first, without their steps (``key``: the run
-        SubmitOnce made with it, one per workflow)."""
+        SubmitOnce made with it, one per workflow; ``tags``: runs carrying every one of
+        them, at most 4)."""
         return self._invoke(
             calls.list_runs(
                 workflow,
@@ -189,6 +195,7 @@ class Client:
                     "workflow_prefix": workflow_prefix,
                     "key_prefix": key_prefix,
                 },
+                tags,
             )
         )
 
@@ -204,6 +211,7 @@ class Client:
         run_id_prefix: str | None = None,
         workflow_prefix: str | None = None,
         key_prefix: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> dict[str, RunCount]:
         """Runs per status, exact up to ``limit`` (server default 1,000)."""
         return self._invoke(
@@ -219,6 +227,7 @@ class Client:
                     "workflow_prefix": workflow_prefix,
                     "key_prefix": key_prefix,
                 },
+                tags,
             )
         )
 
@@ -285,6 +294,17 @@ class Client:
     def retry(self, run_id: str, node: str, reason: str = "") -> Run:
         """Reopen a discarded node in place (same run and node; next attempt)."""
         return self._invoke(calls.retry(run_id, node, reason))
+
+    def set_run_tags(
+        self,
+        run_id: str,
+        set: Mapping[str, str] | None = None,
+        remove: Iterable[str] = (),
+        reason: str = "",
+    ) -> Run:
+        """Change a run's tags (admin; recorded in its audit trail): the keys of
+        ``remove`` go, then ``set``'s keys take their values."""
+        return self._invoke(calls.set_run_tags(run_id, set, remove, reason))
 
     def retry_all(self, run_id: str, reason: str = "") -> Retried:
         """Reopen every discarded node of the run."""

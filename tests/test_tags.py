@@ -5,6 +5,7 @@ real server."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import grpc
@@ -246,3 +247,71 @@ def test_retention_purges_a_runs_tags_with_it(server_factory: Any) -> None:
     assert listed(server, tags={"env": "prod"}) == [kept]
     assert counted(server, tags={"env": "prod"}) == {types_pb2.RUN_STATUS_RUNNING: 1}
     assert server.sql("SELECT count(*) FROM cyclone.runs WHERE run_id = %s", old) == [(0,)]
+
+
+def test_the_client_and_the_cli_submit_list_show_and_change_tags(
+    cyclone_server: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pyclient import Client, InvalidArgument, Workflow, cli
+
+    wf = Workflow("tagged")
+    wf.node("a")
+    with Client(cyclone_server.address) as client:
+        first = client.submit(wf, tags={"env": "prod", "team": "red"})
+        once = client.submit_once(wf, "k-1", tags={"env": "dev"})
+        assert [r.run_id for r in client.list_runs(tags={"env": "prod"}).runs] == [first]
+        assert client.get_run(once.run_id).tags == {"env": "dev"}
+        counts = client.count_runs(tags={"team": "red"})
+        assert counts["running"].count == 1
+        changed = client.set_run_tags(first, set={"team": "blue"}, reason="moved")
+        assert changed.tags == {"env": "prod", "team": "blue"}
+        with pytest.raises(InvalidArgument, match="at most 4"):
+            client.list_runs(tags={f"k{i}": "v" for i in range(5)})
+
+        path = tmp_path / "wf.yaml"
+        path.write_text("name: tagged\nnodes:\n  - name: a\n")
+        argv = ["submit", str(path), "--tag", "env=prod", "--tag", "ticket=T-9", "--json"]
+        assert cli.main(argv, client=client) == 0
+        made = json.loads(capsys.readouterr().out)["run_id"]
+        assert client.get_run(made).tags == {"env": "prod", "ticket": "T-9"}
+
+        def run_ids(*flags: str) -> list[str]:
+            assert cli.main(["runs", "list", "--json", *flags], client=client) == 0
+            return [r["run_id"] for r in json.loads(capsys.readouterr().out)]
+
+        assert run_ids("--tag", "env=prod") == [made, first]
+        assert run_ids("--tag", "env=prod", "--tag", "ticket=T-9") == [made]
+        argv = ["set-tags", made, "--set", "ticket=T-10", "--remove", "env", "--reason", "typo"]
+        assert cli.main(argv, client=client) == 0
+        capsys.readouterr()
+        assert cli.main(["run", "show", made], client=client) == 0
+        shown = capsys.readouterr().out
+        assert "tags ticket=T-10" in shown and "set_tags by" in shown and "typo" in shown
+        # A tag that is not KEY=VALUE, or a key given twice, is refused before any call.
+        with pytest.raises(SystemExit):
+            cli.main(["runs", "list", "--tag", "env"], client=client)
+        assert cli.main(["runs", "list", "--tag", "a=1", "--tag", "a=2"], client=client) == 1
+        assert "given twice" in capsys.readouterr().err
+
+
+def test_the_console_filters_runs_by_tags_and_shows_a_runs_tags(cyclone_server: Any) -> None:
+    from tests.console_thread import ConsoleThread
+    from tests.test_console_html import Browserless
+    from tests.test_console_lists import rows_of
+
+    prod = submit_tagged(cyclone_server, "orders", {"env": "prod", "team": "red"})
+    dev = submit_tagged(cyclone_server, "orders", {"env": "dev", "team": "red"})
+    console = ConsoleThread(cyclone_server.address)
+    try:
+        visitor = Browserless(console.url)
+        assert rows_of(visitor.get("/runs?tags=env%3Dprod").text) == [prod]
+        assert rows_of(visitor.get("/runs?tags=team%3Dred").text) == [dev, prod]
+        assert rows_of(visitor.get("/runs?tags=team%3Dred+env%3Ddev").text) == [dev]
+        counts = visitor.get("/runs/counts?tags=team%3Dred").text
+        assert 'data-status="running">2<' in counts
+        bad = visitor.get("/runs?tags=env").text
+        assert rows_of(bad) == [] and "is not KEY=VALUE" in bad
+        page = visitor.get(f"/runs/{prod}").text
+        assert "env=prod" in page and "team=red" in page
+    finally:
+        console.stop()
