@@ -223,17 +223,32 @@ def arguments(doc: str | None, requests: int, database: str, out: str) -> argpar
     parser.add_argument("--database", default=database)
     parser.add_argument("--url", default=None, help="a superuser URL of the Postgres to use")
     parser.add_argument("--out", type=Path, default=RESULTS / out)
+    parser.add_argument(
+        "--reuse", action="store_true", help="time the runs loaded by the last run (no load)"
+    )
     return parser.parse_args()
+
+
+def loaded_database(args: argparse.Namespace, tagged: bool = False) -> str:
+    """The bench's database: made afresh, migrated and loaded with --runs runs, or with
+    --reuse the one the last run loaded."""
+    from service.migrate import migrate
+
+    admin = admin_url(args.url)
+    if args.reuse:
+        return re.sub(
+            r"(postgres(?:ql)?://[^/]*/)([^?]*)", rf"\g<1>{args.database}", admin, count=1
+        )
+    database_url = fresh_database(admin, args.database)
+    migrate(database_url)
+    load(database_url, args.runs, tagged)
+    return database_url
 
 
 def main() -> None:
     args = arguments(__doc__, 40, "cyclone_console_bench", "console.json")
 
-    database_url = fresh_database(admin_url(args.url), args.database)
-    from service.migrate import migrate
-
-    migrate(database_url)
-    load(database_url, args.runs)
+    database_url = loaded_database(args)
     server = Server(database_url)
     ready = threading.Event()
     urls: list[str] = []

@@ -6,23 +6,25 @@ tagged: ``env`` (two values, half the runs each), ``team`` (five values), ``batc
 (500 values, 2,000 runs each) and ``customer`` (20,000 values, 50 runs each); then
 times ListRuns (a page of 50) and CountRuns (the console's limit, 1,000) through gRPC
 on loopback with tag filters: selective ones alone and with a status, a workflow or a
-second tag, a later page, and a common tag for comparison. Reports p50 and p95 in ms per call (target for a
-selective tag: p95 under 50 ms) and the plans (EXPLAIN ANALYZE) of the named queries.
+second tag, a later page, and a common tag for comparison. Reports p50 and p95 in ms
+per call (target for a selective tag: p95 under 50 ms), the plans (EXPLAIN ANALYZE) of
+the named queries and the machine's load average during the calls.
 
-Writes bench/results/tags.json (--out).
+Writes bench/results/tags.json (--out); --reuse times the runs the last run loaded.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from typing import Any
 
 import grpc
 
-from bench import Server, admin_url, fresh_database  # bench/bench.py
-from console_bench import arguments, load, plans  # bench/console_bench.py
+from bench import Server  # bench/bench.py
+from console_bench import arguments, loaded_database, plans  # bench/console_bench.py
 from cyclone.v1 import types_pb2
 from cyclone.v1 import workflow_service_pb2 as W
 from cyclone.v1 import workflow_service_pb2_grpc as WG
@@ -105,11 +107,7 @@ def timed(stub: WG.WorkflowServiceStub, kind: str, fields: dict[str, Any], n: in
 
 def main() -> None:
     args = arguments(__doc__, 100, "cyclone_tags_bench", "tags.json")
-    database_url = fresh_database(admin_url(args.url), args.database)
-    from service.migrate import migrate
-
-    migrate(database_url)
-    load(database_url, args.runs, tagged=True)
+    database_url = loaded_database(args, tagged=True)
     server = Server(database_url)
     try:
         results: dict[str, Any] = {"runs_loaded": args.runs, "calls_ms": {}}
@@ -118,6 +116,7 @@ def main() -> None:
             for name, (kind, fields) in CALLS.items():
                 results["calls_ms"][name] = timed(stub, kind, fields, args.requests)
                 print(f"{name:45} {results['calls_ms'][name]}", flush=True)
+        results["load_average"] = os.getloadavg()
         results["plans"] = plans(database_url, PLANS)
         for title, plan in results["plans"].items():
             took = next((line for line in plan if line.startswith("Execution Time")), "")
