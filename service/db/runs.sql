@@ -368,23 +368,26 @@ SELECT 'cancelled' AS status, (
  WHERE 'cancelled' = ANY (CAST(:statuses AS text[]));
 
 -- name: runs_count_tagged
--- runs_count with a tag filter: per status asked, run_tags_idx walked from the newest
--- run carrying one tag (the rarest), as runs_list_tagged, up to :limit matching runs.
+-- runs_count with a tag filter (:tags, led by :tag_key = :tag_value, the rarest, as in
+-- runs_list_tagged): per status asked, up to :limit matching runs, in the runs' order
+-- so that the planner may take either way in: the status's index from the newest run,
+-- each run's tag looked up by its key (a common tag, or a rare status), or the tag's
+-- range of run_tags_idx, each run read by its key, then sorted (a rare tag).
 SELECT 'running' AS status, (
     SELECT count(*) FROM (
         SELECT 1 FROM cyclone.run_tags t JOIN cyclone.runs r ON r.run_id = t.run_id
          WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
            AND r.status = 'running'
            AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
-           AND (CAST(:created_after AS timestamptz) IS NULL OR t.created_at >= :created_after)
-           AND (CAST(:created_before AS timestamptz) IS NULL OR t.created_at < :created_before)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
            AND (CAST(:run_id_lo AS uuid) IS NULL
                 OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
            AND (CAST(:workflows AS text[]) IS NULL
                 OR r.workflow = ANY (CAST(:workflows AS text[])))
            AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
-         ORDER BY t.created_at DESC, t.run_id DESC
+         ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'running' = ANY (CAST(:statuses AS text[]))
 UNION ALL
@@ -394,15 +397,15 @@ SELECT 'completed' AS status, (
          WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
            AND r.status = 'completed'
            AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
-           AND (CAST(:created_after AS timestamptz) IS NULL OR t.created_at >= :created_after)
-           AND (CAST(:created_before AS timestamptz) IS NULL OR t.created_at < :created_before)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
            AND (CAST(:run_id_lo AS uuid) IS NULL
                 OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
            AND (CAST(:workflows AS text[]) IS NULL
                 OR r.workflow = ANY (CAST(:workflows AS text[])))
            AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
-         ORDER BY t.created_at DESC, t.run_id DESC
+         ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'completed' = ANY (CAST(:statuses AS text[]))
 UNION ALL
@@ -412,15 +415,15 @@ SELECT 'failed' AS status, (
          WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
            AND r.status = 'failed'
            AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
-           AND (CAST(:created_after AS timestamptz) IS NULL OR t.created_at >= :created_after)
-           AND (CAST(:created_before AS timestamptz) IS NULL OR t.created_at < :created_before)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
            AND (CAST(:run_id_lo AS uuid) IS NULL
                 OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
            AND (CAST(:workflows AS text[]) IS NULL
                 OR r.workflow = ANY (CAST(:workflows AS text[])))
            AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
-         ORDER BY t.created_at DESC, t.run_id DESC
+         ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'failed' = ANY (CAST(:statuses AS text[]))
 UNION ALL
@@ -430,15 +433,15 @@ SELECT 'blocked' AS status, (
          WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
            AND r.status = 'blocked'
            AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
-           AND (CAST(:created_after AS timestamptz) IS NULL OR t.created_at >= :created_after)
-           AND (CAST(:created_before AS timestamptz) IS NULL OR t.created_at < :created_before)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
            AND (CAST(:run_id_lo AS uuid) IS NULL
                 OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
            AND (CAST(:workflows AS text[]) IS NULL
                 OR r.workflow = ANY (CAST(:workflows AS text[])))
            AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
-         ORDER BY t.created_at DESC, t.run_id DESC
+         ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'blocked' = ANY (CAST(:statuses AS text[]))
 UNION ALL
@@ -448,15 +451,15 @@ SELECT 'cancelled' AS status, (
          WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
            AND r.status = 'cancelled'
            AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
-           AND (CAST(:created_after AS timestamptz) IS NULL OR t.created_at >= :created_after)
-           AND (CAST(:created_before AS timestamptz) IS NULL OR t.created_at < :created_before)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
            AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
            AND (CAST(:run_id_lo AS uuid) IS NULL
                 OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
            AND (CAST(:workflows AS text[]) IS NULL
                 OR r.workflow = ANY (CAST(:workflows AS text[])))
            AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
-         ORDER BY t.created_at DESC, t.run_id DESC
+         ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'cancelled' = ANY (CAST(:statuses AS text[]));
 
