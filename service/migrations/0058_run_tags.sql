@@ -55,8 +55,10 @@ BEGIN
     VALUES (p_run_id, p_workflow, p_submit_key, 'running', p_input, v_count, v_count,
             v_now, v_now, coalesce(p_priority, 0), p_start_at, p_tags, p_deadline,
             p_traceparent);
-    INSERT INTO cyclone.run_tags (run_id, key, value, created_at)
-    SELECT p_run_id, t.key, t.value, v_now FROM jsonb_each_text(p_tags) t;
+    IF p_tags IS NOT NULL THEN
+        INSERT INTO cyclone.run_tags (run_id, key, value, created_at)
+        SELECT p_run_id, t.key, t.value, v_now FROM jsonb_each_text(p_tags) t;
+    END IF;
 
     INSERT INTO cyclone.steps (run_id, node, position, action, status, trigger_rule, depends_on,
                                dependents, deps_open, max_attempts, attempt_budget,
