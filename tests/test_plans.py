@@ -578,6 +578,10 @@ CONSOLE_READS: list[tuple[str, dict[str, Any]]] = [
             "after_run_id": "00000000-0000-0000-0000-000000000000",
         },
     ),
+    (
+        "runs_count_tag_whole",
+        {"tags": '{"env": "prod", "batch": "b1"}', "tag_key": "batch", "tag_value": "b1"},
+    ),
     # (The count of the common tag is left out: at this size a sequential scan of the
     # few runs is a fair plan for it.)
     (

@@ -63,6 +63,7 @@ UNPREPARED = frozenset(
         "runs_list_tagged",
         "runs_list_tagged_newer",
         "runs_count_tagged",
+        "runs_count_tag_whole",
         "steps_list",
         "builds_list",
     }

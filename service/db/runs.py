@@ -346,24 +346,25 @@ class Runs(Repository):
         rows = await self._all(name, RunSummary, **params)
         return rows[::-1] if newer else rows
 
-    async def _tag_params(self, tags_json: str | None) -> dict[str, Any]:
+    async def _tag_params(self, tags_json: str | None, sized: bool = False) -> dict[str, Any]:
         """A tag filter's parameters: the whole filter (a JSON object) and the tag whose
-        index range leads the read, the rarest (counted up to TAG_SIZE_CAP each when
-        there are several). None when no tags are given."""
+        index range leads the read, the rarest (each counted up to TAG_SIZE_CAP when
+        there are several, or when ``sized``: then ``lead_size`` is the lead's count).
+        None when no tags are given."""
         if not tags_json:
             return {}
         tags: dict[str, str] = json.loads(tags_json)
-        lead = next(iter(tags.items()))
-        if len(tags) > 1:
-            sizes = {}
+        sizes = {(key, value): TAG_SIZE_CAP for key, value in tags.items()}
+        if len(tags) > 1 or sized:
             for key, value in tags.items():
                 row = await self._one(
                     "run_tag_size", TagSize, tag_key=key, tag_value=value, cap=TAG_SIZE_CAP
                 )
                 assert row is not None
                 sizes[key, value] = row.n
-            lead = min(sizes, key=lambda tag: sizes[tag])
-        return {"tags": tags_json, "tag_key": lead[0], "tag_value": lead[1]}
+        lead = min(sizes, key=lambda tag: sizes[tag])
+        params = {"tags": tags_json, "tag_key": lead[0], "tag_value": lead[1]}
+        return {**params, "lead_size": sizes[lead]} if sized else params
 
     async def runs_workflows(self, prefix: str, limit: int) -> list[str]:
         """The workflow names that start with ``prefix``, at most ``limit``."""
@@ -373,17 +374,23 @@ class Runs(Repository):
     async def runs_count(
         self, *, statuses: list[str], limit: int, **filters: Any
     ) -> dict[str, int]:
-        """Runs per status in ``statuses``, each counted up to ``limit``."""
-        tagged = bool(filters.get("tags"))
-        name = "runs_count_tagged" if tagged else "runs_count"
+        """Runs per status in ``statuses``, each counted up to ``limit``. With tags
+        whose rarest is carried by fewer than TAG_SIZE_CAP runs, those runs are read
+        once and counted by status (exact); else each status is counted apart."""
+        tag_params = await self._tag_params(filters.get("tags"), sized=True)
+        whole = tag_params.pop("lead_size", TAG_SIZE_CAP) < TAG_SIZE_CAP
+        if whole:
+            name = "runs_count_tag_whole"
+        else:
+            name = "runs_count_tagged" if tag_params else "runs_count"
         rows = await self._all(
             name,
             RunCountRow,
             **{**run_filter_params(filters), "statuses": statuses},
-            **await self._tag_params(filters.get("tags")),
-            limit=limit,
+            **tag_params,
+            **({} if whole else {"limit": limit}),
         )
-        return {r.status: r.n for r in rows}
+        return {**dict.fromkeys(statuses, 0), **{r.status: r.n for r in rows}}
 
     async def child_start(
         self,

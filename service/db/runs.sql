@@ -463,6 +463,26 @@ SELECT 'cancelled' AS status, (
          LIMIT :limit) c) AS n
  WHERE 'cancelled' = ANY (CAST(:statuses AS text[]));
 
+-- name: runs_count_tag_whole
+-- CountRuns when the filter's rarest tag (:tag_key = :tag_value) is carried by fewer
+-- runs than run_tag_size's cap: its range of run_tags_idx read once, each run read by
+-- its key and counted by status (exact, whatever the limit), rather than a walk per
+-- status.
+SELECT r.status, count(*) AS n
+  FROM cyclone.run_tags t
+  JOIN cyclone.runs r ON r.run_id = t.run_id
+ WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
+   AND r.status = ANY (CAST(:statuses AS text[]))
+   AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+   AND (CAST(:created_after AS timestamptz) IS NULL OR t.created_at >= :created_after)
+   AND (CAST(:created_before AS timestamptz) IS NULL OR t.created_at < :created_before)
+   AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+   AND (CAST(:run_id_lo AS uuid) IS NULL
+        OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+   AND (CAST(:workflows AS text[]) IS NULL OR r.workflow = ANY (CAST(:workflows AS text[])))
+   AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
+ GROUP BY r.status;
+
 -- name: step_logs_get
 -- A run's log lines (GetRun with logs, `cyclone logs`): all its steps', or one node's,
 -- or one attempt's, in order.
