@@ -73,7 +73,7 @@ PLANS: dict[str, tuple[str, dict[str, Any]]] = {
         {"tags": '{"env": "prod"}', "tag_key": "env", "tag_value": "prod"},
     ),
     "CountRuns, a batch": (
-        "runs_count_tagged",
+        "runs_count_tag_whole",
         {"tags": '{"batch": "b7"}', "tag_key": "batch", "tag_value": "b7"},
     ),
     "CountRuns, a common tag": (
