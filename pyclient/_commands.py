@@ -310,7 +310,7 @@ def _list(client: Client, args: argparse.Namespace) -> Any:
             run_id_prefix=args.run_id,
             workflow_prefix=args.workflow_prefix,
             key_prefix=args.key_prefix,
-            tags=_tags(args.tag),
+            tags=_tags(args.tag) or None,
             created_after=args.since,
             created_before=args.until,
             page_size=max(1, min(args.limit + 1, 1000)),
