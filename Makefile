@@ -194,6 +194,10 @@ bench: $(VENV)/.stamp ## Benchmarks with a same-run baseline, medians of BENCH_R
 bench-console: $(VENV)/.stamp ## The console's pages with 1,000,000 runs: p50/p95, plans, seq scans; writes bench/results/console.json
 	$(PY) bench/console_bench.py $(BENCH_ARGS)
 
+.PHONY: bench-tags
+bench-tags: $(VENV)/.stamp ## ListRuns/CountRuns by tag with 1,000,000 runs: p50/p95, plans; writes bench/results/tags.json
+	$(PY) bench/tags_bench.py $(BENCH_ARGS)
+
 .PHONY: chaos
 chaos: $(VENV)/.stamp ## Soak: 2,000 runs (a quarter durable bodies) under kills (CHAOS_ARGS=--seed N), then the long model-based test
 	$(PY) bench/chaos.py $(CHAOS_ARGS)

@@ -39,8 +39,15 @@ from service.db.pool import Q
 WORKFLOWS = ("orders", "reports", "emails")
 
 
-def load(database_url: str, runs: int) -> None:
-    """Finished runs of one step each, inserted in batches by SQL."""
+#: The tags of --tagged runs (tags_bench.py): nine runs in ten carry ``env`` (two
+#: values, half the runs each), ``team`` (five values), ``batch`` (500 values, 2,000 runs
+#: each in a million) and ``customer`` (20,000 values, 50 runs each in a million).
+TEAMS = ("red", "green", "blue", "gold", "grey")
+
+
+def load(database_url: str, runs: int, tagged: bool = False) -> None:
+    """Finished runs of one step each, inserted in batches by SQL; with ``tagged``,
+    tagged as TEAMS says."""
     batch = 100_000
     with psycopg.connect(database_url, autocommit=True) as conn:
         for start in range(0, runs, batch):
@@ -48,13 +55,23 @@ def load(database_url: str, runs: int) -> None:
                 """
                 WITH r AS (
                     INSERT INTO cyclone.runs (run_id, workflow, status, steps_total, steps_open,
-                                              created_at, updated_at, finished_at, submit_key)
+                                              created_at, updated_at, finished_at, submit_key,
+                                              tags)
                     SELECT gen_random_uuid(), (%s::text[])[1 + i %% 3],
                            CASE WHEN i %% 10 = 0 THEN 'cancelled' ELSE 'completed' END, 1, 0,
                            now() - make_interval(secs => 30 * 86400.0 * i / %s::int),
-                           now(), now(), CASE WHEN i %% 10 = 1 THEN 'key-' || i END
+                           now(), now(), CASE WHEN i %% 10 = 1 THEN 'key-' || i END,
+                           CASE WHEN %s AND i %% 10 <> 5 THEN jsonb_build_object(
+                               'env', CASE WHEN i %% 2 = 0 THEN 'prod' ELSE 'staging' END,
+                               'team', (%s::text[])[1 + i %% 5],
+                               'batch', 'b' || (i %% 500),
+                               'customer', 'c' || (i %% 20000)) END
                       FROM generate_series(%s::int, %s::int) i
-                    RETURNING run_id, status, created_at)
+                    RETURNING run_id, status, created_at, tags),
+                t AS (
+                    INSERT INTO cyclone.run_tags (run_id, key, value, created_at)
+                    SELECT r.run_id, e.key, e.value, r.created_at
+                      FROM r, jsonb_each_text(r.tags) e)
                 INSERT INTO cyclone.steps (run_id, node, position, action, status, trigger_rule,
                     depends_on, dependents, deps_open, attempt, max_attempts, attempt_budget,
                     initial_backoff, max_backoff, backoff_multiplier, timeout, output,
@@ -64,11 +81,12 @@ def load(database_url: str, runs: int) -> None:
                        CASE WHEN status = 'completed' THEN 'null'::jsonb END, created_at, created_at
                   FROM r
                 """,
-                (list(WORKFLOWS), runs, start + 1, min(start + batch, runs)),
+                (list(WORKFLOWS), runs, tagged, list(TEAMS), start + 1, min(start + batch, runs)),
             )
             print(f"loaded {min(start + batch, runs):,} runs", flush=True)
         conn.execute("VACUUM ANALYZE cyclone.runs")
         conn.execute("VACUUM ANALYZE cyclone.steps")
+        conn.execute("VACUUM ANALYZE cyclone.run_tags")
 
 
 def seq_scans(database_url: str) -> dict[str, int]:
@@ -121,18 +139,20 @@ PLANS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def plans(database_url: str) -> dict[str, list[str]]:
+def plans(
+    database_url: str, wanted: dict[str, tuple[str, dict[str, Any]]] = PLANS
+) -> dict[str, list[str]]:
     """EXPLAIN ANALYZE of the named queries behind the pages, per filter, with the
     parameters the server sends (CountRuns' limit: the console's 1,000, plus one)."""
     found = {}
     statuses = ["running", "completed", "failed", "blocked", "cancelled"]
     with psycopg.connect(database_url) as conn:
-        for title, (name, given) in PLANS.items():
-            limit = 1_001 if name == "runs_count" else 51
+        for title, (name, given) in wanted.items():
+            limit = 1_001 if name.startswith("runs_count") else 51
             # The statement as the server sends it; its parameters, all unset (NULL).
             compiled = Q[name].compile(dialect=postgresql.psycopg.dialect())  # type: ignore[no-untyped-call]
             params = {**compiled.params, "limit": limit, "lease_expired": False, **given}
-            if name == "runs_count" and not params["statuses"]:
+            if name.startswith("runs_count") and not params["statuses"]:
                 params["statuses"] = statuses
             sql = str(compiled)
             rows = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", params)
@@ -193,22 +213,42 @@ def timed(url: str, n: int) -> dict[str, float]:
     return {"p50": round(q[49], 1), "p95": round(q[94], 1), "n": n}
 
 
-def main() -> None:
+def arguments(doc: str | None, requests: int, database: str, out: str) -> argparse.Namespace:
+    """The options of a bench with 1,000,000 runs loaded (this one's, tags_bench.py's)."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=1_000_000)
-    parser.add_argument("--requests", type=int, default=40, help="timed requests per page")
-    parser.add_argument("--database", default="cyclone_console_bench")
+    parser.add_argument("--requests", type=int, default=requests, help="timed requests each")
+    parser.add_argument("--database", default=database)
     parser.add_argument("--url", default=None, help="a superuser URL of the Postgres to use")
-    parser.add_argument("--out", type=Path, default=RESULTS / "console.json")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=RESULTS / out)
+    parser.add_argument(
+        "--reuse", action="store_true", help="time the runs loaded by the last run (no load)"
+    )
+    return parser.parse_args()
 
-    database_url = fresh_database(admin_url(args.url), args.database)
+
+def loaded_database(args: argparse.Namespace, tagged: bool = False) -> str:
+    """The bench's database: made afresh, migrated and loaded with --runs runs, or with
+    --reuse the one the last run loaded."""
     from service.migrate import migrate
 
+    admin = admin_url(args.url)
+    if args.reuse:
+        return re.sub(
+            r"(postgres(?:ql)?://[^/]*/)([^?]*)", rf"\g<1>{args.database}", admin, count=1
+        )
+    database_url = fresh_database(admin, args.database)
     migrate(database_url)
-    load(database_url, args.runs)
+    load(database_url, args.runs, tagged)
+    return database_url
+
+
+def main() -> None:
+    args = arguments(__doc__, 40, "cyclone_console_bench", "console.json")
+
+    database_url = loaded_database(args)
     server = Server(database_url)
     ready = threading.Event()
     urls: list[str] = []

@@ -45,6 +45,7 @@ class RunFilters:
     page: str
     run: str = ""  # a run id, or its first hex digits
     match: str = "prefix"  # MATCHES
+    tags: str = ""  # as typed: KEY=VALUE pairs separated by blanks
 
     @classmethod
     def of(cls, request: Request) -> RunFilters:
@@ -60,6 +61,7 @@ class RunFilters:
             page=q.get("page", ""),
             run=q.get("run", "").strip(),
             match="exact" if q.get("match") == "exact" else "prefix",
+            tags=q.get("tags", "").strip(),
         )
 
     def query(self, **change: Any) -> str:
@@ -68,6 +70,7 @@ class RunFilters:
             "workflow": self.workflow,
             "key": self.key,
             "match": self.match if self.match != "prefix" else "",
+            "tags": self.tags,
             "status": list(self.statuses),
             "after": self.after,
             "before": self.before,
@@ -88,7 +91,19 @@ class RunFilters:
             "run_id_prefix": self.run or None,
             "created_after": _instant(self.after, "created after"),
             "created_before": _instant(self.before, "created before"),
+            "tags": _tags(self.tags),
         }
+
+
+def _tags(text: str) -> dict[str, str] | None:
+    """The tags filter as typed (``env=prod team=red``): every one must match."""
+    tags = {}
+    for pair in text.split():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidArgument(f"tags: {pair[:60]!r} is not KEY=VALUE")
+        tags[key] = value
+    return tags or None
 
 
 def _instant(text: str, what: str) -> dt.datetime | None:

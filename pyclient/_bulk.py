@@ -4,11 +4,11 @@ resolve-discard every run a ListRuns filter matches, as a job on the server."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from cyclone.v1 import admin_service_pb2 as admin_pb
 from cyclone.v1 import workflow_service_pb2 as wf_pb
-from pyclient._requests import Call, _set_run_filters
+from pyclient._requests import Call, _set_run_filters, _set_tags
 from pyclient.errors import InvalidArgument
 from pyclient.models import BulkAction, BulkPage, BulkStarted
 
@@ -33,6 +33,7 @@ class bulk_calls:
         run_id_prefix: str | None = None,
         workflow_prefix: str | None = None,
         key_prefix: str | None = None,
+        tags: Mapping[str, str] | None = None,
         reason: str = "",
         dry_run: bool = False,
         confirm_all: bool = False,
@@ -48,6 +49,7 @@ class bulk_calls:
             "key_prefix": key_prefix,
         }
         _set_run_filters(run_filter, workflow, status, created_after, created_before, key, prefixes)
+        _set_tags(tags, run_filter.tags)
         req = admin_pb.StartBulkActionRequest(
             action=BULK_ACTIONS[action],
             filter=run_filter,

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pyclient._commands import _count, run_filter_flags
+from pyclient._commands import _count, _tags, run_filter_flags
 from pyclient.client import Client
 from pyclient.models import BulkAction
 
@@ -102,6 +102,7 @@ def _bulk_start(client: Client, args: argparse.Namespace) -> Any:
         key=args.key,
         key_prefix=args.key_prefix,
         run_id_prefix=args.run_id,
+        tags=_tags(args.tag) or None,
         created_after=args.since,
         created_before=args.until,
         reason=args.reason,

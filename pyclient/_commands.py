@@ -120,6 +120,24 @@ def _priority(text: str) -> int:
     return value
 
 
+def _tag_arg(text: str) -> tuple[str, str]:
+    """A tag given as KEY=VALUE (--tag); the server checks its bounds."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _tags(pairs: list[tuple[str, str]] | None) -> dict[str, str]:
+    """Repeated --tag (or --set) KEY=VALUE as a dict; a key given twice is refused."""
+    tags: dict[str, str] = {}
+    for key, value in pairs or ():
+        if key in tags:
+            raise InvalidArgument(f"tag {key!r} is given twice")
+        tags[key] = value
+    return tags
+
+
 def _seconds(text: str) -> float:
     """A number of seconds, 0 or more and finite (--timeout, --wait)."""
     try:
@@ -144,6 +162,8 @@ def _submit(client: Client, args: argparse.Namespace) -> Any:
     workflow, run_input = _workflow_and_input(args)
     # Only what was given, so that a submit without them is the plain call.
     flow = {k: v for k, v in (("start_at", args.start_at), ("priority", args.priority)) if v}
+    if args.tag:
+        flow["tags"] = _tags(args.tag)
     if args.key:
         submitted = client.submit_once(workflow, args.key, run_input, **flow)
         run_id, created = submitted.run_id, submitted.created
@@ -290,6 +310,7 @@ def _list(client: Client, args: argparse.Namespace) -> Any:
             run_id_prefix=args.run_id,
             workflow_prefix=args.workflow_prefix,
             key_prefix=args.key_prefix,
+            tags=_tags(args.tag) or None,
             created_after=args.since,
             created_before=args.until,
             page_size=max(1, min(args.limit + 1, 1000)),
@@ -336,6 +357,10 @@ def _explain(client: Client, args: argparse.Namespace) -> Any:
 
 def _retry(client: Client, args: argparse.Namespace) -> Any:
     return client.retry(args.run_id, args.node, args.reason)
+
+
+def _set_tags(client: Client, args: argparse.Namespace) -> Any:
+    return client.set_run_tags(args.run_id, _tags(args.set), args.remove or (), args.reason)
 
 
 def _retry_all(client: Client, args: argparse.Namespace) -> Any:
@@ -503,6 +528,9 @@ def run_filter_flags(p: argparse.ArgumentParser) -> None:
     status_flag(p)
     p.add_argument("--key", help="only the run SubmitOnce made with this key")
     p.add_argument("--key-prefix", metavar="TEXT", help="only runs whose key starts so")
+    p.add_argument(
+        "--tag", type=_tag_arg, action="append", metavar="KEY=VALUE", help="only runs tagged so"
+    )
     p.add_argument(
         "--run-id", metavar="PREFIX", help="only runs whose id starts with these 1-32 hex digits"
     )

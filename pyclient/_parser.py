@@ -33,9 +33,11 @@ from pyclient._commands import (
     _schedule_list,
     _seconds,
     _send_event,
+    _set_tags,
     _show,
     _start_at_arg,
     _submit,
+    _tag_arg,
     _wait,
     run_filter_flags,
     status_flag,
@@ -50,7 +52,7 @@ blocked runs, cancel, pause and resume runs, workflows and actions).
 
 The server is --address (default $CYCLONE_ADDRESS or 127.0.0.1:50051); --token (default
 $CYCLONE_TOKEN) is sent as a bearer token; --actor (default $CYCLONE_ACTOR or your user
-name) is recorded in the audit trail of retry, resolve, cancel and pause. --json prints
+name) is recorded in the audit trail of retry, resolve, cancel, pause and set-tags. --json prints
 machine-readable output. Options go before or after the command.
 
 Exit status: 0 success (a run waited for completed); 1 the call failed or was refused,
@@ -80,7 +82,8 @@ A node's action defaults to its name. Prints the run id. With --key, at most one
 is made per (workflow name, key): a repeated submit prints the existing run's id.
 --start-at (an ISO 8601 time with a zone, or a delay such as 90s, 15m, 2h) makes the
 first steps claimable only then; --priority orders the run's steps among the ready
-ones, higher first (docs/flow-control.md).
+ones, higher first (docs/flow-control.md). --tag KEY=VALUE (repeated, at most 16)
+tags the run: `cyclone runs list --tag KEY=VALUE` finds it.
 """
 
 RESOLVE_HELP = """\
@@ -234,6 +237,7 @@ def _submit_command(command: Command, common: argparse.ArgumentParser) -> None:
         default=0,
         help="claim priority of the run's steps (default 0)",
     )
+    p.add_argument("--tag", type=_tag_arg, action="append", metavar="KEY=VALUE", help="a tag")
     p.add_argument(
         "--wait",
         type=_seconds,
@@ -334,6 +338,13 @@ def _operator_commands(command: Command, common: argparse.ArgumentParser) -> Non
     p.add_argument("node", metavar="NODE")
     p.add_argument("--reason", default="", help="recorded in the audit trail")
     p.set_defaults(handler=_retry)
+
+    p = command("set-tags", "change a run's tags (recorded in its audit trail)")
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--set", type=_tag_arg, action="append", metavar="KEY=VALUE", help="set a tag")
+    p.add_argument("--remove", action="append", metavar="KEY", help="remove a tag")
+    p.add_argument("--reason", default="", help="recorded in the audit trail")
+    p.set_defaults(handler=_set_tags)
 
     p = command("retry-all", "reopen every discarded node of a run")
     p.add_argument("run_id", metavar="RUN")

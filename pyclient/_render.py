@@ -168,6 +168,8 @@ def run_view(run: Run) -> Group:
     if run.submit_key:
         times += f"  key {run.submit_key}"
     parts.append(Text(times))
+    if run.tags:
+        parts.append(Text("  tags " + "  ".join(f"{k}={v}" for k, v in sorted(run.tags.items()))))
     if run.parent_run_id:
         parts.append(
             Text(

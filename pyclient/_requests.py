@@ -93,6 +93,15 @@ def call_metadata(token: str | None, actor: str | None) -> tuple[tuple[str, str]
 StartAt = dt.datetime | dt.timedelta
 
 
+def _set_tags(tags: Mapping[str, str] | None, into: Any) -> None:
+    """Tags (a mapping of key = value strings) into a request's map field; the server
+    checks their bounds."""
+    for key, value in dict(tags or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise InvalidArgument(f"tags are key = value strings, got {key!r} = {value!r}")
+        into[key] = value
+
+
 def _set_flow(
     req: wf_pb.SubmitRequest | wf_pb.SubmitOnceRequest, start_at: StartAt | None, priority: int
 ) -> None:
@@ -144,11 +153,16 @@ class ResolveTarget:
 class calls:
     @staticmethod
     def submit(
-        workflow: Workflow, input: Any, start_at: StartAt | None = None, priority: int = 0
+        workflow: Workflow,
+        input: Any,
+        start_at: StartAt | None = None,
+        priority: int = 0,
+        tags: Mapping[str, str] | None = None,
     ) -> Call[str]:
         req = wf_pb.SubmitRequest(workflow=workflow.to_proto())
         _set_value(req, "input", input, "run input")
         _set_flow(req, start_at, priority)
+        _set_tags(tags, req.tags)
         return Call("workflow", "Submit", req, lambda r: r.run_id)
 
     @staticmethod
@@ -158,6 +172,7 @@ class calls:
         input: Any,
         start_at: StartAt | None = None,
         priority: int = 0,
+        tags: Mapping[str, str] | None = None,
     ) -> Call[Submitted]:
         try:
             dag.check_submit_key(key)
@@ -166,6 +181,7 @@ class calls:
         req = wf_pb.SubmitOnceRequest(workflow=workflow.to_proto(), key=key)
         _set_value(req, "input", input, "run input")
         _set_flow(req, start_at, priority)
+        _set_tags(tags, req.tags)
         return Call("workflow", "SubmitOnce", req, lambda r: Submitted(r.run_id, r.created))
 
     @staticmethod
@@ -202,9 +218,11 @@ class calls:
         page_token: str,
         key: str | None = None,
         prefixes: Mapping[str, str | None] | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> Call[RunPage]:
         req = wf_pb.ListRunsRequest(page_size=page_size or 0, page_token=page_token)
         _set_run_filters(req, workflow, status, created_after, created_before, key, prefixes)
+        _set_tags(tags, req.tags)
 
         def parse(r: wf_pb.ListRunsResponse) -> RunPage:
             runs = tuple(Run.from_proto(p) for p in r.runs)
@@ -221,9 +239,11 @@ class calls:
         key: str | None,
         limit: int | None,
         prefixes: Mapping[str, str | None] | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> Call[dict[str, RunCount]]:
         req = wf_pb.CountRunsRequest(limit=limit or 0)
         _set_run_filters(req, workflow, status, created_after, created_before, key, prefixes)
+        _set_tags(tags, req.tags)
 
         def parse(r: wf_pb.CountRunsResponse) -> dict[str, RunCount]:
             return {str(c.status): c for c in map(RunCount.from_proto, r.counts)}
@@ -293,6 +313,14 @@ class calls:
     def retry(run_id: str, node: str, reason: str) -> Call[Run]:
         req = admin_pb.RetryRequest(run_id=run_id, node=node, reason=reason)
         return Call("admin", "Retry", req, lambda r: Run.from_proto(r.run))
+
+    @staticmethod
+    def set_run_tags(
+        run_id: str, set_tags: Mapping[str, str] | None, remove: Iterable[str], reason: str
+    ) -> Call[Run]:
+        req = admin_pb.SetRunTagsRequest(run_id=run_id, remove_keys=list(remove), reason=reason)
+        _set_tags(set_tags, req.set_tags)
+        return Call("admin", "SetRunTags", req, lambda r: Run.from_proto(r.run))
 
     @staticmethod
     def retry_all(run_id: str, reason: str) -> Call[Retried]:

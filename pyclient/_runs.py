@@ -409,6 +409,8 @@ class Run:
     start_at: dt.datetime | None = None
     #: Set while the run is paused (pause_run): no step of it is claimed until resume_run.
     pause: RunPause | None = None
+    #: The run's tags (key = value), given to submit; changed only by set_run_tags.
+    tags: Mapping[str, str] = field(default_factory=dict)
 
     def step(self, node: str) -> Step:
         """The step of ``node``; KeyError when the run has none (or steps were not loaded)."""

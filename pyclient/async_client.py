@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
@@ -98,8 +98,9 @@ class AsyncClient:
         *,
         start_at: StartAt | None = None,
         priority: int = 0,
+        tags: Mapping[str, str] | None = None,
     ) -> str:
-        return await self._invoke(calls.submit(workflow, input, start_at, priority))
+        return await self._invoke(calls.submit(workflow, input, start_at, priority, tags))
 
     async def submit_once(
         self,
@@ -109,8 +110,9 @@ class AsyncClient:
         *,
         start_at: StartAt | None = None,
         priority: int = 0,
+        tags: Mapping[str, str] | None = None,
     ) -> Submitted:
-        return await self._invoke(calls.submit_once(workflow, key, input, start_at, priority))
+        return await self._invoke(calls.submit_once(workflow, key, input, start_at, priority, tags))
 
     async def start(
         self,
@@ -140,6 +142,7 @@ class AsyncClient:
         run_id_prefix: str | None = None,
         workflow_prefix: str | None = None,
         key_prefix: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
         return await self._invoke(
             calls.list_runs(
@@ -155,6 +158,7 @@ class AsyncClient:
                     "workflow_prefix": workflow_prefix,
                     "key_prefix": key_prefix,
                 },
+                tags,
             )
         )
 
@@ -170,6 +174,7 @@ class AsyncClient:
         run_id_prefix: str | None = None,
         workflow_prefix: str | None = None,
         key_prefix: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> dict[str, RunCount]:
         """Runs per status (all statuses unless ``status`` names some), exact up to
         ``limit`` (server default 1,000), else ``at_least``."""
@@ -186,6 +191,7 @@ class AsyncClient:
                     "workflow_prefix": workflow_prefix,
                     "key_prefix": key_prefix,
                 },
+                tags,
             )
         )
 
@@ -240,6 +246,17 @@ class AsyncClient:
     async def retry(self, run_id: str, node: str, reason: str = "") -> Run:
         return await self._invoke(calls.retry(run_id, node, reason))
 
+    async def set_run_tags(
+        self,
+        run_id: str,
+        set: Mapping[str, str] | None = None,
+        remove: Iterable[str] = (),
+        reason: str = "",
+    ) -> Run:
+        """Change a run's tags (admin; recorded in its audit trail): the keys of
+        ``remove`` go, then ``set``'s keys take their values."""
+        return await self._invoke(calls.set_run_tags(run_id, set, remove, reason))
+
     async def start_bulk(
         self,
         action: str,
@@ -252,7 +269,7 @@ class AsyncClient:
         """Start a bulk action: ``action`` (``"cancel"``, ``"retry"`` or
         ``"resolve_discard"``) on every run the filters match, those of list_runs
         (workflow, status, created_after, created_before, key, run_id_prefix,
-        workflow_prefix, key_prefix). The server works through it; get_bulk tells how
+        workflow_prefix, key_prefix, tags). The server works through it; get_bulk tells how
         far it got. ``dry_run`` counts the runs and starts nothing; no filter at all
         needs ``confirm_all``."""
         return await self._invoke(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import grpc
@@ -122,12 +122,14 @@ class Client:
         *,
         start_at: StartAt | None = None,
         priority: int = 0,
+        tags: Mapping[str, str] | None = None,
     ) -> str:
         """Validate ``workflow``, start a new run with ``input``, return its run id.
         ``start_at`` (an aware datetime, or a timedelta from now) makes its first steps
         claimable only then; ``priority`` orders its steps among the ready ones (higher
-        first; docs/flow-control.md)."""
-        return self._invoke(calls.submit(workflow, input, start_at, priority))
+        first; docs/flow-control.md); ``tags`` (key = value strings, at most 16) label it
+        for list_runs and count_runs."""
+        return self._invoke(calls.submit(workflow, input, start_at, priority, tags))
 
     def submit_once(
         self,
@@ -137,10 +139,12 @@ class Client:
         *,
         start_at: StartAt | None = None,
         priority: int = 0,
+        tags: Mapping[str, str] | None = None,
     ) -> Submitted:
-        """At most one run per (workflow name, key): the new run or the existing one.
-        ``start_at`` and ``priority`` as for :meth:`submit`."""
-        return self._invoke(calls.submit_once(workflow, key, input, start_at, priority))
+        """At most one run per (workflow name, key): the new run or the existing one
+        (which keeps its own tags). ``start_at``, ``priority`` and ``tags`` as for
+        :meth:`submit`."""
+        return self._invoke(calls.submit_once(workflow, key, input, start_at, priority, tags))
 
     def start(
         self,
@@ -178,9 +182,11 @@ class Client:
         run_id_prefix: str | None = None,
         workflow_prefix: str | None = None,
         key_prefix: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
         """One page of runs, newest first, without their steps (``key``: the run
-        SubmitOnce made with it, one per workflow)."""
+        SubmitOnce made with it, one per workflow; ``tags``: runs carrying every one of
+        them, at most 4)."""
         return self._invoke(
             calls.list_runs(
                 workflow,
@@ -195,6 +201,7 @@ class Client:
                     "workflow_prefix": workflow_prefix,
                     "key_prefix": key_prefix,
                 },
+                tags,
             )
         )
 
@@ -210,6 +217,7 @@ class Client:
         run_id_prefix: str | None = None,
         workflow_prefix: str | None = None,
         key_prefix: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> dict[str, RunCount]:
         """Runs per status, exact up to ``limit`` (server default 1,000)."""
         return self._invoke(
@@ -225,6 +233,7 @@ class Client:
                     "workflow_prefix": workflow_prefix,
                     "key_prefix": key_prefix,
                 },
+                tags,
             )
         )
 
@@ -292,6 +301,17 @@ class Client:
         """Reopen a discarded node in place (same run and node; next attempt)."""
         return self._invoke(calls.retry(run_id, node, reason))
 
+    def set_run_tags(
+        self,
+        run_id: str,
+        set: Mapping[str, str] | None = None,
+        remove: Iterable[str] = (),
+        reason: str = "",
+    ) -> Run:
+        """Change a run's tags (admin; recorded in its audit trail): the keys of
+        ``remove`` go, then ``set``'s keys take their values."""
+        return self._invoke(calls.set_run_tags(run_id, set, remove, reason))
+
     def start_bulk(
         self,
         action: str,
@@ -304,7 +324,7 @@ class Client:
         """Start a bulk action: ``action`` (``"cancel"``, ``"retry"`` or
         ``"resolve_discard"``) on every run the filters match, those of list_runs
         (workflow, status, created_after, created_before, key, run_id_prefix,
-        workflow_prefix, key_prefix). The server works through it; get_bulk tells how
+        workflow_prefix, key_prefix, tags). The server works through it; get_bulk tells how
         far it got. ``dry_run`` counts the runs and starts nothing; no filter at all
         needs ``confirm_all``."""
         return self._invoke(

@@ -1,6 +1,6 @@
-"""AdminService: retry and resolve steps and step calls of blocked runs; the builds' RPCs
-are in service.api.builds, the pauses' in service.api.pauses, the bulk actions' in
-service.api.bulk."""
+"""AdminService: retry and resolve steps and step calls of blocked runs, change a run's
+tags; the builds' RPCs are in service.api.builds, the pauses' in service.api.pauses, the
+bulk actions' in service.api.bulk."""
 
 from __future__ import annotations
 
@@ -27,11 +27,14 @@ from service.api.status import rpc
 from service.api.validate import (
     MAX_ERROR_TEXT,
     MAX_REASON,
+    MAX_TAGS,
     Context,
     actor_of,
     node_name,
     payloads_of,
     step_call_name,
+    tag_key,
+    tags_json,
     text,
 )
 from service.config import Settings
@@ -124,3 +127,35 @@ class AdminServicer(BuildsAdmin, PausesAdmin, BulkAdmin, admin_grpc.AdminService
             extra={"run_id": str(run_id), "node": node, "attempt": attempt},
         )
         return admin_pb.ResolveResponse(run=run)
+
+    @rpc
+    async def SetRunTags(
+        self, request: admin_pb.SetRunTagsRequest, context: Context
+    ) -> admin_pb.SetRunTagsResponse:
+        run_id = parse_uuid(request.run_id)
+        reason = text(request.reason, "reason", MAX_REASON)
+        set_json = tags_json(request.set_tags, "set_tags") or "{}"
+        if len(request.remove_keys) > MAX_TAGS:
+            raise errors.InvalidArgument(
+                f"remove_keys names {len(request.remove_keys)} keys; "
+                f"a run carries at most {MAX_TAGS} tags"
+            )
+        remove = [tag_key(k, "remove_keys") for k in request.remove_keys]
+        if not request.set_tags and not remove:
+            raise errors.InvalidArgument("set_tags or remove_keys is required")
+        tags = await self.db.operator.run_tags_set(
+            run_id,
+            set_json=set_json,
+            remove=remove,
+            max_tags=MAX_TAGS,
+            actor=actor_of(context),
+            reason=reason,
+        )
+        log.info(
+            "run %s: tags changed to %s (%s)",
+            run_id,
+            json.dumps(tags, sort_keys=True),
+            reason or "no reason given",
+            extra={"run_id": str(run_id)},
+        )
+        return admin_pb.SetRunTagsResponse(run=await self._run(run_id))

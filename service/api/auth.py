@@ -87,6 +87,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "ResumeAction",
             "StartBulkAction",
             "CancelBulkAction",
+            "SetRunTags",
         )
     },
     **{

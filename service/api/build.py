@@ -40,6 +40,7 @@ def _run_head(row: RunRow | RunSummary) -> types_pb2.Run:
         parent_run_id=str(row.parent_run_id or ""),
         parent_node=row.parent_node or "",
         parent_step_id=row.parent_step_id or "",
+        tags=row.tags or {},
     )
     convert.set_json(run, "input", row.input)
     if row.paused_at is not None:

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeAlias, TypeVar
 
@@ -69,6 +69,55 @@ def text(value: str, what: str, limit: int) -> str:
     if "\x00" in value:
         raise errors.InvalidArgument(f"{what} contains a NUL character")
     return value
+
+
+#: A run's tags: at most MAX_TAGS; a key of 1-MAX_TAG_KEY ASCII letters, digits or
+#: . _ - / : ; a value of at most MAX_TAG_VALUE characters, no NUL. A ListRuns or
+#: CountRuns filter names at most MAX_TAG_FILTER of them.
+MAX_TAGS = 16
+
+MAX_TAG_KEY = 64
+
+MAX_TAG_VALUE = 256
+
+MAX_TAG_FILTER = 4
+
+_TAG_KEY = re.compile(r"[A-Za-z0-9._\-/:]+")
+
+
+def tag_key(key: str, field: str) -> str:
+    """A tag's key, checked; its errors name the field and quote the key."""
+    if not key:
+        raise errors.InvalidArgument(f"{field}: a tag key is empty")
+    if len(key) > MAX_TAG_KEY:
+        raise errors.InvalidArgument(
+            f"{field}: tag key {dag.excerpt(key)} is {len(key)} characters; "
+            f"at most {MAX_TAG_KEY} are allowed"
+        )
+    if not _TAG_KEY.fullmatch(key):
+        raise errors.InvalidArgument(
+            f"{field}: tag key {dag.excerpt(key)} may hold only ASCII letters, digits and . _ - / :"
+        )
+    return key
+
+
+def tags_json(tags: Mapping[str, str], field: str, most: int = MAX_TAGS) -> str | None:
+    """Tags (a request's map), checked, as the JSON object the engine stores and
+    matches; None for none."""
+    if len(tags) > most:
+        raise errors.InvalidArgument(f"{field} has {len(tags)} tags; at most {most} are allowed")
+    for key, value in sorted(tags.items()):
+        tag_key(key, field)
+        if len(value) > MAX_TAG_VALUE:
+            raise errors.InvalidArgument(
+                f"{field}: the value of tag {key!r} is {len(value)} characters; "
+                f"at most {MAX_TAG_VALUE} are allowed"
+            )
+        if "\x00" in value:
+            raise errors.InvalidArgument(
+                f"{field}: the value of tag {key!r} contains a NUL character"
+            )
+    return json.dumps(dict(sorted(tags.items()))) if tags else None
 
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -180,8 +229,6 @@ def run_filters(
         dag.check_name("workflow", request.workflow)
     if request.key:
         dag.check_submit_key(request.key)
-    if request.tags:
-        raise errors.InvalidArgument("tags: this server does not filter by tags yet")
     return {
         "workflow": request.workflow or None,
         "statuses": statuses or None,
@@ -199,6 +246,7 @@ def run_filters(
         "run_id_range": run_id_range(request.run_id_prefix),
         "workflow_prefix": name_prefix("workflow_prefix", request.workflow_prefix),
         "key_like": key_like(request.key_prefix),
+        "tags": tags_json(request.tags, "tags", MAX_TAG_FILTER),
     }
 
 

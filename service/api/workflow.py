@@ -51,6 +51,7 @@ from service.api.validate import (
     resolved_run_filters,
     step_call_name,
     steps_kind,
+    tags_json,
     text,
 )
 from service.config import Settings
@@ -87,8 +88,9 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         if not request.HasField("workflow"):
             raise errors.InvalidArgument("workflow is required")
         flow.check_priority("run", request.priority)
-        if request.tags or request.HasField("deadline"):
-            raise errors.InvalidArgument("tags and deadline: this server does not take them yet")
+        if request.HasField("deadline"):
+            raise errors.InvalidArgument("deadline: this server does not take it yet")
+        tags = tags_json(request.tags, "tags")
         start_at = start_time(request)
         run = await new_run_of(request, self.limits, self.payloads)
         nodes = run.nodes
@@ -99,6 +101,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             submit_key=key,
             start_at=start_at,
             priority=request.priority,
+            tags_json=tags,
         )
         if created:
             self.metrics.submitted.labels(request.workflow.name).inc()

@@ -1,5 +1,5 @@
 """Operator actions: cancel a run, retry or resolve steps, resolve a blocked
-step call, pause and resume runs, workflows and actions."""
+step call, pause and resume runs, workflows and actions, change a run's tags."""
 
 from __future__ import annotations
 
@@ -48,6 +48,12 @@ class Pause(NamedTuple):
     actor: str
     reason: str
     at: datetime
+
+
+class TagsSet(NamedTuple):
+    """run_tags_set: the run's tags after the change."""
+
+    tags: dict[str, str]
 
 
 class Operator(Repository):
@@ -153,3 +159,27 @@ class Operator(Repository):
     async def pauses_list(self) -> list[Pause]:
         """The workflows and actions paused now."""
         return await self._all("pauses_list", Pause)
+
+    async def run_tags_set(
+        self,
+        run_id: uuid.UUID,
+        *,
+        set_json: str,
+        remove: list[str],
+        max_tags: int,
+        actor: str,
+        reason: str,
+    ) -> dict[str, str]:
+        """Sets and removes tags of one run (audited); its tags after."""
+        row = await self._one(
+            "run_tags_set",
+            TagsSet,
+            run_id=str(run_id),
+            set=set_json,
+            remove=remove,
+            max=max_tags,
+            actor=actor,
+            reason=reason,
+        )
+        assert row is not None
+        return row.tags

@@ -44,3 +44,8 @@ SELECT p.changed, current_setting('cyclone.ready', true) AS ready
 SELECT p.kind, p.name, p.actor, p.reason, p.at
   FROM cyclone.pauses p
  ORDER BY p.kind, p.name;
+
+-- name: run_tags_set
+SELECT run_tags_set AS tags
+  FROM cyclone.run_tags_set(CAST(:run_id AS uuid), CAST(:set AS jsonb),
+                            CAST(:remove AS text[]), :max, :actor, :reason) AS run_tags_set;

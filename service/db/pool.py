@@ -56,7 +56,19 @@ FAMILIES = (
 #: that each call is planned with its values (the filters not given fold away and the
 #: planner picks the index of those given), never with a generic plan that must serve
 #: every combination by walking one index past rows it then filters out.
-UNPREPARED = frozenset({"runs_list", "runs_list_newer", "runs_count", "steps_list", "builds_list"})
+UNPREPARED = frozenset(
+    {
+        "runs_list",
+        "runs_list_newer",
+        "runs_count",
+        "runs_list_tagged",
+        "runs_list_tagged_newer",
+        "runs_count_tagged",
+        "runs_count_tag_whole",
+        "steps_list",
+        "builds_list",
+    }
+)
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.M)
 

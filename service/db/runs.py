@@ -61,6 +61,7 @@ class RunRow(NamedTuple):
     paused_at: datetime | None
     paused_by: str | None
     pause_reason: str | None
+    tags: dict[str, str] | None
 
 
 class RunSummary(NamedTuple):
@@ -83,6 +84,7 @@ class RunSummary(NamedTuple):
     paused_at: datetime | None
     paused_by: str | None
     pause_reason: str | None
+    tags: dict[str, str] | None
 
 
 class WorkflowName(NamedTuple):
@@ -93,7 +95,8 @@ class WorkflowName(NamedTuple):
 
 #: The filters of runs_list and runs_count, None when not given: ``run_id_range``
 #: (lowest and highest id of a prefix), ``workflows`` (the names a prefix matched) and
-#: ``key_like`` (a LIKE pattern) besides the exact ones.
+#: ``key_like`` (a LIKE pattern) and ``tags`` (a JSON object the run's tags contain)
+#: besides the exact ones.
 RUN_FILTERS = (
     "workflow",
     "statuses",
@@ -103,18 +106,31 @@ RUN_FILTERS = (
     "run_id_range",
     "workflows",
     "key_like",
+    "tags",
 )
 
 
 def run_filter_params(filters: dict[str, Any]) -> dict[str, Any]:
-    """The filters as the queries' parameters (each one absent: None)."""
+    """The filters as the queries' parameters (each one absent: None; the tags apart,
+    see Runs._lead_tag)."""
     unknown = set(filters) - set(RUN_FILTERS)
     assert not unknown, f"unknown run filters {unknown}"
-    params = {name: filters.get(name) for name in RUN_FILTERS if name != "run_id_range"}
+    skipped = ("run_id_range", "tags")
+    params = {name: filters.get(name) for name in RUN_FILTERS if name not in skipped}
     lo_hi = filters.get("run_id_range")
     params["run_id_lo"] = str(lo_hi[0]) if lo_hi else None
     params["run_id_hi"] = str(lo_hi[1]) if lo_hi else None
     return params
+
+
+#: run_tag_size counts a tag's runs up to this: past it, a tag is as common as any.
+TAG_SIZE_CAP = 10_000
+
+
+class TagSize(NamedTuple):
+    """run_tag_size: how many runs carry one tag, up to the cap asked."""
+
+    n: int
 
 
 class RunCountRow(NamedTuple):
@@ -326,13 +342,37 @@ class Runs(Repository):
         :data:`RUN_FILTERS`."""
         params = {
             **run_filter_params(filters),
+            **await self._tag_params(filters.get("tags")),
             "after_created": after[0] if after else None,
             "after_run_id": str(after[1]) if after else None,
             "limit": limit,
         }
-        if newer:
-            return (await self._all("runs_list_newer", RunSummary, **params))[::-1]
-        return await self._all("runs_list", RunSummary, **params)
+        if filters.get("tags"):
+            name = "runs_list_tagged_newer" if newer else "runs_list_tagged"
+        else:
+            name = "runs_list_newer" if newer else "runs_list"
+        rows = await self._all(name, RunSummary, **params)
+        return rows[::-1] if newer else rows
+
+    async def _tag_params(self, tags_json: str | None, sized: bool = False) -> dict[str, Any]:
+        """A tag filter's parameters: the whole filter (a JSON object) and the tag whose
+        index range leads the read, the rarest (each counted up to TAG_SIZE_CAP when
+        there are several, or when ``sized``: then ``lead_size`` is the lead's count).
+        None when no tags are given."""
+        if not tags_json:
+            return {}
+        tags: dict[str, str] = json.loads(tags_json)
+        sizes = {(key, value): TAG_SIZE_CAP for key, value in tags.items()}
+        if len(tags) > 1 or sized:
+            for key, value in tags.items():
+                row = await self._one(
+                    "run_tag_size", TagSize, tag_key=key, tag_value=value, cap=TAG_SIZE_CAP
+                )
+                assert row is not None
+                sizes[key, value] = row.n
+        lead = min(sizes, key=lambda tag: sizes[tag])
+        params = {"tags": tags_json, "tag_key": lead[0], "tag_value": lead[1]}
+        return {**params, "lead_size": sizes[lead]} if sized else params
 
     async def runs_workflows(self, prefix: str, limit: int) -> list[str]:
         """The workflow names that start with ``prefix``, at most ``limit``."""
@@ -342,14 +382,23 @@ class Runs(Repository):
     async def runs_count(
         self, *, statuses: list[str], limit: int, **filters: Any
     ) -> dict[str, int]:
-        """Runs per status in ``statuses``, each counted up to ``limit``."""
+        """Runs per status in ``statuses``, each counted up to ``limit``. With tags
+        whose rarest is carried by fewer than TAG_SIZE_CAP runs, those runs are read
+        once and counted by status (exact); else each status is counted apart."""
+        tag_params = await self._tag_params(filters.get("tags"), sized=True)
+        whole = tag_params.pop("lead_size", TAG_SIZE_CAP) < TAG_SIZE_CAP
+        if whole:
+            name = "runs_count_tag_whole"
+        else:
+            name = "runs_count_tagged" if tag_params else "runs_count"
         rows = await self._all(
-            "runs_count",
+            name,
             RunCountRow,
             **{**run_filter_params(filters), "statuses": statuses},
-            limit=limit,
+            **tag_params,
+            **({} if whole else {"limit": limit}),
         )
-        return {r.status: r.n for r in rows}
+        return {**dict.fromkeys(statuses, 0), **{r.status: r.n for r in rows}}
 
     async def child_start(
         self,

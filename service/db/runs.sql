@@ -147,7 +147,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'action', a.action, 'node', a.node, 'actor', a.actor, 'reason', a.reason,
                    'details', a.details, 'at', a.at) ORDER BY a.id), '[]')
           FROM cyclone.audit a WHERE a.run_id = r.run_id) AS audit,
-       r.priority, r.start_at, r.paused_at, r.paused_by, r.pause_reason
+       r.priority, r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags
   FROM cyclone.runs r
  WHERE r.run_id = CAST(:run_id AS uuid);
 
@@ -156,6 +156,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
 -- A run id prefix is a range of the primary key; a workflow prefix arrives as the
 -- names it matches (runs_workflows); a key prefix is a LIKE pattern, which
 -- runs_key_idx (text_pattern_ops) answers as a range whatever the database's collation.
+-- With a tag filter: runs_list_tagged.
 -- Planned at each call (service.db.pool.UNPREPARED), with the filters given.
 SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created_at,
        r.updated_at, r.finished_at,
@@ -163,7 +164,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
        (SELECT jsonb_object_agg(c.status, c.n)
           FROM (SELECT s.status, count(*) AS n FROM cyclone.steps s
                  WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts,
-       r.start_at, r.paused_at, r.paused_by, r.pause_reason
+       r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags
   FROM cyclone.runs r
  WHERE (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
    AND (CAST(:statuses AS text[]) IS NULL OR r.status = ANY (CAST(:statuses AS text[])))
@@ -188,7 +189,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
        (SELECT jsonb_object_agg(c.status, c.n)
           FROM (SELECT s.status, count(*) AS n FROM cyclone.steps s
                  WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts,
-       r.start_at, r.paused_at, r.paused_by, r.pause_reason
+       r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags
   FROM cyclone.runs r
  WHERE (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
    AND (CAST(:statuses AS text[]) IS NULL OR r.status = ANY (CAST(:statuses AS text[])))
@@ -203,6 +204,70 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                                    CAST(:after_run_id AS uuid))
  ORDER BY r.created_at, r.run_id
  LIMIT :limit;
+
+-- name: runs_list_tagged
+-- runs_list with a tag filter: run_tags_idx walked from the newest run carrying one tag
+-- (:tag_key = :tag_value, the rarest of the filter's, see run_tag_size), each run read
+-- by its key and kept when it carries every tag of the filter (:tags, a JSON object) and
+-- passes the other filters, until the page is full. Keyset-paged on the same
+-- (created_at, run_id) as runs_list.
+SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created_at,
+       r.updated_at, r.finished_at,
+       r.parent_run_id, r.parent_node, r.parent_step_id,
+       (SELECT jsonb_object_agg(c.status, c.n)
+          FROM (SELECT s.status, count(*) AS n FROM cyclone.steps s
+                 WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts,
+       r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags
+  FROM cyclone.run_tags t
+  JOIN cyclone.runs r ON r.run_id = t.run_id
+ WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
+   AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+   AND (CAST(:statuses AS text[]) IS NULL OR r.status = ANY (CAST(:statuses AS text[])))
+   AND (CAST(:created_after AS timestamptz) IS NULL OR t.created_at >= :created_after)
+   AND (CAST(:created_before AS timestamptz) IS NULL OR t.created_at < :created_before)
+   AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+   AND (CAST(:run_id_lo AS uuid) IS NULL
+        OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+   AND (CAST(:workflows AS text[]) IS NULL OR r.workflow = ANY (CAST(:workflows AS text[])))
+   AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
+   AND (CAST(:after_created AS timestamptz) IS NULL
+        OR (t.created_at, t.run_id) < (CAST(:after_created AS timestamptz),
+                                       CAST(:after_run_id AS uuid)))
+ ORDER BY t.created_at DESC, t.run_id DESC
+ LIMIT :limit;
+
+-- name: runs_list_tagged_newer
+-- runs_list_newer with a tag filter, as runs_list_tagged.
+SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created_at,
+       r.updated_at, r.finished_at,
+       r.parent_run_id, r.parent_node, r.parent_step_id,
+       (SELECT jsonb_object_agg(c.status, c.n)
+          FROM (SELECT s.status, count(*) AS n FROM cyclone.steps s
+                 WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts,
+       r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags
+  FROM cyclone.run_tags t
+  JOIN cyclone.runs r ON r.run_id = t.run_id
+ WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
+   AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+   AND (CAST(:statuses AS text[]) IS NULL OR r.status = ANY (CAST(:statuses AS text[])))
+   AND (CAST(:created_after AS timestamptz) IS NULL OR t.created_at >= :created_after)
+   AND (CAST(:created_before AS timestamptz) IS NULL OR t.created_at < :created_before)
+   AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+   AND (CAST(:run_id_lo AS uuid) IS NULL
+        OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+   AND (CAST(:workflows AS text[]) IS NULL OR r.workflow = ANY (CAST(:workflows AS text[])))
+   AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
+   AND (t.created_at, t.run_id) > (CAST(:after_created AS timestamptz),
+                                   CAST(:after_run_id AS uuid))
+ ORDER BY t.created_at, t.run_id
+ LIMIT :limit;
+
+-- name: run_tag_size
+-- How many runs carry one tag, counted up to :cap (an index-only range of
+-- run_tags_idx): the filter's rarest tag leads runs_list_tagged and runs_count_tagged.
+SELECT count(*) AS n
+  FROM (SELECT 1 FROM cyclone.run_tags t
+         WHERE t.key = :tag_key AND t.value = :tag_value LIMIT :cap) c;
 
 -- name: runs_workflows
 -- The workflow names starting with :prefix, in order: a skip scan of
@@ -223,7 +288,7 @@ SELECT w.name FROM w
 -- caller asks for one more than it shows, to know when there are more). Each status is
 -- its own branch so that the planner sees it as a constant and reads that status's
 -- index (completed: runs_completed_created_idx; the others: runs_status_created_idx; a
--- key: runs_key_idx), at most :limit entries of it. The order (which a count does not
+-- key: runs_key_idx), at most :limit entries of it. With a tag filter: runs_count_tagged. The order (which a count does not
 -- need) keeps the planner on an index walked from the newest, however many rows the
 -- status has: without it, a LIMIT over a common status is planned as a sequential scan
 -- that stops early, which reads the whole table when the matching rows are at its end.
@@ -312,6 +377,122 @@ SELECT 'cancelled' AS status, (
          ORDER BY r.created_at DESC, r.run_id DESC
          LIMIT :limit) c) AS n
  WHERE 'cancelled' = ANY (CAST(:statuses AS text[]));
+
+-- name: runs_count_tagged
+-- runs_count with a tag filter (:tags, led by :tag_key = :tag_value, the rarest, as in
+-- runs_list_tagged): per status asked, up to :limit matching runs, in the runs' order
+-- so that the planner may take either way in: the status's index from the newest run,
+-- each run's tag looked up by its key (a common tag, or a rare status), or the tag's
+-- range of run_tags_idx, each run read by its key, then sorted (a rare tag).
+SELECT 'running' AS status, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM cyclone.run_tags t JOIN cyclone.runs r ON r.run_id = t.run_id
+         WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
+           AND r.status = 'running'
+           AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
+           AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+           AND (CAST(:run_id_lo AS uuid) IS NULL
+                OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+           AND (CAST(:workflows AS text[]) IS NULL
+                OR r.workflow = ANY (CAST(:workflows AS text[])))
+           AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
+         ORDER BY r.created_at DESC, r.run_id DESC
+         LIMIT :limit) c) AS n
+ WHERE 'running' = ANY (CAST(:statuses AS text[]))
+UNION ALL
+SELECT 'completed' AS status, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM cyclone.run_tags t JOIN cyclone.runs r ON r.run_id = t.run_id
+         WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
+           AND r.status = 'completed'
+           AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
+           AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+           AND (CAST(:run_id_lo AS uuid) IS NULL
+                OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+           AND (CAST(:workflows AS text[]) IS NULL
+                OR r.workflow = ANY (CAST(:workflows AS text[])))
+           AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
+         ORDER BY r.created_at DESC, r.run_id DESC
+         LIMIT :limit) c) AS n
+ WHERE 'completed' = ANY (CAST(:statuses AS text[]))
+UNION ALL
+SELECT 'failed' AS status, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM cyclone.run_tags t JOIN cyclone.runs r ON r.run_id = t.run_id
+         WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
+           AND r.status = 'failed'
+           AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
+           AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+           AND (CAST(:run_id_lo AS uuid) IS NULL
+                OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+           AND (CAST(:workflows AS text[]) IS NULL
+                OR r.workflow = ANY (CAST(:workflows AS text[])))
+           AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
+         ORDER BY r.created_at DESC, r.run_id DESC
+         LIMIT :limit) c) AS n
+ WHERE 'failed' = ANY (CAST(:statuses AS text[]))
+UNION ALL
+SELECT 'blocked' AS status, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM cyclone.run_tags t JOIN cyclone.runs r ON r.run_id = t.run_id
+         WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
+           AND r.status = 'blocked'
+           AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
+           AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+           AND (CAST(:run_id_lo AS uuid) IS NULL
+                OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+           AND (CAST(:workflows AS text[]) IS NULL
+                OR r.workflow = ANY (CAST(:workflows AS text[])))
+           AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
+         ORDER BY r.created_at DESC, r.run_id DESC
+         LIMIT :limit) c) AS n
+ WHERE 'blocked' = ANY (CAST(:statuses AS text[]))
+UNION ALL
+SELECT 'cancelled' AS status, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM cyclone.run_tags t JOIN cyclone.runs r ON r.run_id = t.run_id
+         WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
+           AND r.status = 'cancelled'
+           AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+           AND (CAST(:created_after AS timestamptz) IS NULL OR r.created_at >= :created_after)
+           AND (CAST(:created_before AS timestamptz) IS NULL OR r.created_at < :created_before)
+           AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+           AND (CAST(:run_id_lo AS uuid) IS NULL
+                OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+           AND (CAST(:workflows AS text[]) IS NULL
+                OR r.workflow = ANY (CAST(:workflows AS text[])))
+           AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
+         ORDER BY r.created_at DESC, r.run_id DESC
+         LIMIT :limit) c) AS n
+ WHERE 'cancelled' = ANY (CAST(:statuses AS text[]));
+
+-- name: runs_count_tag_whole
+-- CountRuns when the filter's rarest tag (:tag_key = :tag_value) is carried by fewer
+-- runs than run_tag_size's cap: its range of run_tags_idx read once, each run read by
+-- its key and counted by status (exact, whatever the limit), rather than a walk per
+-- status.
+SELECT r.status, count(*) AS n
+  FROM cyclone.run_tags t
+  JOIN cyclone.runs r ON r.run_id = t.run_id
+ WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
+   AND r.status = ANY (CAST(:statuses AS text[]))
+   AND (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
+   AND (CAST(:created_after AS timestamptz) IS NULL OR t.created_at >= :created_after)
+   AND (CAST(:created_before AS timestamptz) IS NULL OR t.created_at < :created_before)
+   AND (CAST(:key AS text) IS NULL OR r.submit_key = :key)
+   AND (CAST(:run_id_lo AS uuid) IS NULL
+        OR r.run_id BETWEEN CAST(:run_id_lo AS uuid) AND CAST(:run_id_hi AS uuid))
+   AND (CAST(:workflows AS text[]) IS NULL OR r.workflow = ANY (CAST(:workflows AS text[])))
+   AND (CAST(:key_like AS text) IS NULL OR r.submit_key LIKE :key_like)
+ GROUP BY r.status;
 
 -- name: step_logs_get
 -- A run's log lines (GetRun with logs, `cyclone logs`): all its steps', or one node's,

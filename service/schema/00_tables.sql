@@ -56,7 +56,8 @@ CREATE TABLE cyclone.runs (
     -- The start time given to Submit (root steps available then); NULL: at once.
     start_at     timestamptz,
     -- The run's tags given to Submit: a JSON object of key = value strings (validated and
-    -- capped by the server), NULL for none. Fixed at submit.
+    -- capped by the server), NULL for none; cyclone.run_tags holds them too, a row each.
+    -- Fixed at submit; changed after only by an operator (run_tags_set, audited).
     tags         jsonb,
     -- The run's time limit given to Submit; NULL: none.
     deadline     timestamptz,
@@ -372,9 +373,23 @@ CREATE TABLE cyclone.releases (
     FOREIGN KEY (run_id, node) REFERENCES cyclone.steps ON DELETE CASCADE
 );
 
--- Operator actions (retry, retry_all, resolve_*, cancel, pause, resume), who made them
--- and why. Keyed by run_id first, as every run-level table (a key must contain the
--- shard key on Citus).
+-- A run's tags, one row each, as runs.tags holds them (written with it: run_submit,
+-- run_tags_set): ListRuns' and CountRuns' tag filter walks run_tags_idx from one tag's
+-- newest run, in the runs' order (created_at, run_id), and stops at the page's end,
+-- however many runs carry the tag. Deleted with its run.
+CREATE TABLE cyclone.run_tags (
+    run_id     uuid        NOT NULL REFERENCES cyclone.runs ON DELETE CASCADE,
+    key        text        NOT NULL,
+    value      text        NOT NULL,
+    -- The run's created_at, copied: the index orders a tag's runs as ListRuns does.
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (run_id, key)
+);
+CREATE INDEX run_tags_idx ON cyclone.run_tags (key, value, created_at DESC, run_id DESC);
+
+-- Operator actions (retry, retry_all, resolve_*, cancel, pause, resume, set_tags), who
+-- made them and why. Keyed by run_id first, as every run-level table (a key must contain
+-- the shard key on Citus).
 CREATE TABLE cyclone.audit (
     id      bigint      GENERATED ALWAYS AS IDENTITY,
     run_id  uuid        NOT NULL REFERENCES cyclone.runs ON DELETE CASCADE,

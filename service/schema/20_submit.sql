@@ -11,7 +11,8 @@
 -- a JSON array of node objects in topological order, validated by the server
 -- (service/db/runs.py), each with its priority (the node's, else p_priority) and its
 -- evaluated concurrency key and limit, if any. p_tags, p_deadline and p_traceparent are
--- stored with the run as given (validated by the server). RPCs: Submit, SubmitOnce.
+-- stored with the run as given (validated by the server), p_tags also a row per tag in
+-- cyclone.run_tags. RPCs: Submit, SubmitOnce.
 CREATE FUNCTION cyclone.run_submit(
     p_run_id uuid, p_workflow text, p_submit_key text, p_input jsonb, p_nodes jsonb,
     p_start_at timestamptz DEFAULT NULL, p_priority integer DEFAULT 0,
@@ -52,6 +53,10 @@ BEGIN
     VALUES (p_run_id, p_workflow, p_submit_key, 'running', p_input, v_count, v_count,
             v_now, v_now, coalesce(p_priority, 0), p_start_at, p_tags, p_deadline,
             p_traceparent);
+    IF p_tags IS NOT NULL THEN
+        INSERT INTO cyclone.run_tags (run_id, key, value, created_at)
+        SELECT p_run_id, t.key, t.value, v_now FROM jsonb_each_text(p_tags) t;
+    END IF;
 
     INSERT INTO cyclone.steps (run_id, node, position, action, status, trigger_rule, depends_on,
                                dependents, deps_open, max_attempts, attempt_budget,

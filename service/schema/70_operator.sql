@@ -1,6 +1,6 @@
--- Operator transitions: Retry, Resolve, CancelRun. Each locks the run row first, so two
--- operators acting at once on one run are serialised, and records itself in
--- cyclone.audit. docs/state-machine.md says what each does to the nodes below.
+-- Operator transitions: Retry, Resolve, CancelRun, SetRunTags. Each locks the run row
+-- first, so two operators acting at once on one run are serialised, and records itself
+-- in cyclone.audit. docs/state-machine.md says what each does to the nodes below.
 
 -- Retry (p_nodes) and RetryAll (p_nodes NULL) reopen discarded nodes in place: same
 -- run_id and node; the next claim increments attempt. Every node below them that has
@@ -364,5 +364,42 @@ BEGIN
             jsonb_build_object('previous_status', v_child.status, 'cancelled_with', p_run_id),
             v_now);
     END LOOP;
+END;
+$$;
+
+-- Changes a run's tags, which are otherwise fixed at submit (SetRunTags): the keys of
+-- p_remove go, then the keys of p_set take its values (a key in both is set), in
+-- runs.tags and in cyclone.run_tags. CY004
+-- when the run would carry more than p_max tags. Recorded in the audit trail as
+-- set_tags, with the tags before and after. Returns the tags after ('{}': none).
+CREATE FUNCTION cyclone.run_tags_set(p_run_id uuid, p_set jsonb, p_remove text[],
+                                     p_max integer, p_actor text, p_reason text)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_status text := cyclone._run_lock(p_run_id);
+    v_run    record;
+    v_before jsonb;
+    v_after  jsonb;
+BEGIN
+    SELECT coalesce(r.tags, '{}') AS tags, r.created_at INTO v_run
+      FROM cyclone.runs r WHERE r.run_id = p_run_id;
+    v_before := v_run.tags;
+    v_after := (v_before - coalesce(p_remove, '{}')) || coalesce(p_set, '{}');
+    IF (SELECT count(*) FROM jsonb_object_keys(v_after)) > p_max THEN
+        RAISE EXCEPTION 'run % would carry % tags; at most % are allowed', p_run_id,
+            (SELECT count(*) FROM jsonb_object_keys(v_after)), p_max USING ERRCODE = 'CY004';
+    END IF;
+    UPDATE cyclone.runs r SET tags = nullif(v_after, '{}') WHERE r.run_id = p_run_id;
+    DELETE FROM cyclone.run_tags t WHERE t.run_id = p_run_id;
+    INSERT INTO cyclone.run_tags (run_id, key, value, created_at)
+    SELECT p_run_id, e.key, e.value, v_run.created_at FROM jsonb_each_text(v_after) e;
+    INSERT INTO cyclone.audit (run_id, node, action, actor, reason, details, at)
+    VALUES (p_run_id, '', 'set_tags', p_actor, coalesce(p_reason, ''),
+            jsonb_build_object('before', v_before, 'after', v_after, 'status', v_status),
+            v_now);
+    RETURN v_after;
 END;
 $$;

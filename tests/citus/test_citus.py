@@ -32,6 +32,7 @@ RUN_TABLES = {
     "step_errors": "run_id",
     "step_calls": "run_id",
     "audit": "run_id",
+    "run_tags": "run_id",
     "events": "run_id",
     "step_logs": "run_id",
     "releases": "run_id",

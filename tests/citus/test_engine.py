@@ -3,11 +3,11 @@ one Postgres (imported from their modules, so they cannot drift apart), run with
 Citus suite's fixtures (tests/citus/conftest.py). What they cover:
 DAG order, SubmitOnce under concurrency, leases and the sweep, fencing (a stale token
 is refused), Retry / RetryAll / Resolve, durable functions (step calls, their journal,
-resolving them), CompleteMany, retention of runs and keys, waits and events, child
-runs (whose parent lives on another shard), a wide fan-out's release in chunks,
-claims that hand a worker marked unhealthy nothing, pauses of runs, workflows and
-actions, and bulk actions (a batch of runs on many shards acted on and the job's
-cursor moved in one transaction).
+resolving them), CompleteMany, retention of runs and keys, run tags (stored, filtered,
+paged, changed by SetRunTags, purged), waits and events, child runs (whose parent lives
+on another shard), a wide fan-out's release in chunks, claims that hand a worker marked
+unhealthy nothing, pauses of runs, workflows and actions, and bulk actions (a batch of
+runs on many shards acted on and the job's cursor moved in one transaction).
 The completion transaction from a worker, and what is Citus's own, are in
 test_citus.py."""
 
@@ -102,6 +102,15 @@ from tests.test_submit import (  # noqa: F401
     test_submit_once_keys_are_scoped_by_workflow_name,
     test_submit_once_makes_one_run_under_20_concurrent_calls,
     test_submit_once_returns_the_existing_run_and_says_so,
+)
+from tests.test_tags import (  # noqa: F401
+    test_a_tag_filter_pages_to_older_runs_and_back,
+    test_list_and_count_by_one_and_two_tags_with_status_and_workflow,
+    test_retention_purges_a_runs_tags_with_it,
+    test_set_run_tags_changes_them_with_an_audit_entry,
+    test_set_run_tags_refusals,
+    test_submit_once_repeated_keeps_the_first_calls_tags,
+    test_tags_are_stored_and_shown_by_get_run_and_list_runs,
 )
 from tests.test_unhealthy_claims import (  # noqa: F401
     test_the_claims_of_a_sharded_database_hand_a_marked_worker_nothing,

@@ -300,6 +300,7 @@ def test_runs_list_passes_filters_and_prints_a_table(capsys):
         "run_id_prefix": None,
         "workflow_prefix": None,
         "key_prefix": None,
+        "tags": None,
         "created_after": None,
         "created_before": None,
         "page_size": 6,

@@ -402,3 +402,28 @@ class CancelBulkActionResponse(_message.Message):
     JOB_FIELD_NUMBER: _ClassVar[int]
     job: BulkAction
     def __init__(self, job: _Optional[_Union[BulkAction, _Mapping]] = ...) -> None: ...
+
+class SetRunTagsRequest(_message.Message):
+    __slots__ = ("run_id", "set_tags", "remove_keys", "reason")
+    class SetTagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SET_TAGS_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_KEYS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    set_tags: _containers.ScalarMap[str, str]
+    remove_keys: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    def __init__(self, run_id: _Optional[str] = ..., set_tags: _Optional[_Mapping[str, str]] = ..., remove_keys: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetRunTagsResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: _types_pb2.Run
+    def __init__(self, run: _Optional[_Union[_types_pb2.Run, _Mapping]] = ...) -> None: ...

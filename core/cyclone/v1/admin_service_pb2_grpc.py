@@ -75,6 +75,11 @@ class AdminServiceStub:
                 request_serializer=cyclone_dot_v1_dot_admin__service__pb2.MoveBuildRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.MoveBuildResponse.FromString,
                 _registered_method=True)
+        self.SetRunTags = channel.unary_unary(
+                '/cyclone.v1.AdminService/SetRunTags',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.SetRunTagsRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.SetRunTagsResponse.FromString,
+                _registered_method=True)
         self.PauseRun = channel.unary_unary(
                 '/cyclone.v1.AdminService/PauseRun',
                 request_serializer=cyclone_dot_v1_dot_admin__service__pb2.PauseRunRequest.SerializeToString,
@@ -205,6 +210,18 @@ class AdminServiceServicer:
         retired): their next attempts go to its workers. Each run moved gets an audit
         entry. NOT_FOUND for an unknown build, INVALID_ARGUMENT when both are the same,
         FAILED_PRECONDITION when from_build_id is not retired or to_build_id is.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetRunTags(self, request, context):
+        """Changes the tags of one run, which are otherwise fixed at submit: the keys of
+        remove_keys go, then the keys of set_tags take their values (a key in both is set).
+        Recorded in the run's audit trail (action set_tags, with the tags before and after)
+        with the actor and reason. INVALID_ARGUMENT for a tag SubmitRequest.tags would
+        refuse, when nothing is asked, or when the run would carry more than 16 tags;
+        NOT_FOUND for an unknown run. Any run, finished or not.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -357,6 +374,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.MoveBuild,
                     request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.MoveBuildRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_admin__service__pb2.MoveBuildResponse.SerializeToString,
+            ),
+            'SetRunTags': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRunTags,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.SetRunTagsRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.SetRunTagsResponse.SerializeToString,
             ),
             'PauseRun': grpc.unary_unary_rpc_method_handler(
                     servicer.PauseRun,
@@ -631,6 +653,33 @@ class AdminService:
             '/cyclone.v1.AdminService/MoveBuild',
             cyclone_dot_v1_dot_admin__service__pb2.MoveBuildRequest.SerializeToString,
             cyclone_dot_v1_dot_admin__service__pb2.MoveBuildResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRunTags(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/SetRunTags',
+            cyclone_dot_v1_dot_admin__service__pb2.SetRunTagsRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.SetRunTagsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2636,6 +2636,125 @@ func (x *CancelBulkActionResponse) GetJob() *BulkAction {
 	return nil
 }
 
+// Arguments of AdminService.SetRunTags.
+type SetRunTagsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, by id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Tags to add or change, key = value (checked as SubmitRequest.tags).
+	SetTags map[string]string `protobuf:"bytes,2,rep,name=set_tags,json=setTags,proto3" json:"set_tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Keys of tags to remove (a key the run does not carry is no error).
+	RemoveKeys []string `protobuf:"bytes,3,rep,name=remove_keys,json=removeKeys,proto3" json:"remove_keys,omitempty"`
+	// Why, recorded in the audit trail.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetRunTagsRequest) Reset() {
+	*x = SetRunTagsRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetRunTagsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetRunTagsRequest) ProtoMessage() {}
+
+func (x *SetRunTagsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetRunTagsRequest.ProtoReflect.Descriptor instead.
+func (*SetRunTagsRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *SetRunTagsRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *SetRunTagsRequest) GetSetTags() map[string]string {
+	if x != nil {
+		return x.SetTags
+	}
+	return nil
+}
+
+func (x *SetRunTagsRequest) GetRemoveKeys() []string {
+	if x != nil {
+		return x.RemoveKeys
+	}
+	return nil
+}
+
+func (x *SetRunTagsRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.SetRunTags.
+type SetRunTagsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run after the change.
+	Run           *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetRunTagsResponse) Reset() {
+	*x = SetRunTagsResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetRunTagsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetRunTagsResponse) ProtoMessage() {}
+
+func (x *SetRunTagsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetRunTagsResponse.ProtoReflect.Descriptor instead.
+func (*SetRunTagsResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *SetRunTagsResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
 var File_cyclone_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_admin_service_proto_rawDesc = "" +
@@ -2800,7 +2919,18 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\x17CancelBulkActionRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"D\n" +
 	"\x18CancelBulkActionResponse\x12(\n" +
-	"\x03job\x18\x01 \x01(\v2\x16.cyclone.v1.BulkActionR\x03job*\x91\x01\n" +
+	"\x03job\x18\x01 \x01(\v2\x16.cyclone.v1.BulkActionR\x03job\"\xe6\x01\n" +
+	"\x11SetRunTagsRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12E\n" +
+	"\bset_tags\x18\x02 \x03(\v2*.cyclone.v1.SetRunTagsRequest.SetTagsEntryR\asetTags\x12\x1f\n" +
+	"\vremove_keys\x18\x03 \x03(\tR\n" +
+	"removeKeys\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x1a:\n" +
+	"\fSetTagsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"7\n" +
+	"\x12SetRunTagsResponse\x12!\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run*\x91\x01\n" +
 	"\x0eBulkActionKind\x12 \n" +
 	"\x1cBULK_ACTION_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17BULK_ACTION_KIND_CANCEL\x10\x01\x12\x1a\n" +
@@ -2810,7 +2940,7 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\x1dBULK_ACTION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19BULK_ACTION_STATE_RUNNING\x10\x01\x12\x1a\n" +
 	"\x16BULK_ACTION_STATE_DONE\x10\x02\x12\x1f\n" +
-	"\x1bBULK_ACTION_STATE_CANCELLED\x10\x032\x96\f\n" +
+	"\x1bBULK_ACTION_STATE_CANCELLED\x10\x032\xe3\f\n" +
 	"\fAdminService\x12<\n" +
 	"\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12E\n" +
 	"\bRetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12B\n" +
@@ -2820,7 +2950,9 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\rListBuildRuns\x12 .cyclone.v1.ListBuildRunsRequest\x1a!.cyclone.v1.ListBuildRunsResponse\x12c\n" +
 	"\x12SetBuildCompatible\x12%.cyclone.v1.SetBuildCompatibleRequest\x1a&.cyclone.v1.SetBuildCompatibleResponse\x12N\n" +
 	"\vRetireBuild\x12\x1e.cyclone.v1.RetireBuildRequest\x1a\x1f.cyclone.v1.RetireBuildResponse\x12H\n" +
-	"\tMoveBuild\x12\x1c.cyclone.v1.MoveBuildRequest\x1a\x1d.cyclone.v1.MoveBuildResponse\x12E\n" +
+	"\tMoveBuild\x12\x1c.cyclone.v1.MoveBuildRequest\x1a\x1d.cyclone.v1.MoveBuildResponse\x12K\n" +
+	"\n" +
+	"SetRunTags\x12\x1d.cyclone.v1.SetRunTagsRequest\x1a\x1e.cyclone.v1.SetRunTagsResponse\x12E\n" +
 	"\bPauseRun\x12\x1b.cyclone.v1.PauseRunRequest\x1a\x1c.cyclone.v1.PauseRunResponse\x12H\n" +
 	"\tResumeRun\x12\x1c.cyclone.v1.ResumeRunRequest\x1a\x1d.cyclone.v1.ResumeRunResponse\x12T\n" +
 	"\rPauseWorkflow\x12 .cyclone.v1.PauseWorkflowRequest\x1a!.cyclone.v1.PauseWorkflowResponse\x12W\n" +
@@ -2847,7 +2979,7 @@ func file_cyclone_v1_admin_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_admin_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_cyclone_v1_admin_service_proto_goTypes = []any{
 	(BulkActionKind)(0),                // 0: cyclone.v1.BulkActionKind
 	(BulkActionState)(0),               // 1: cyclone.v1.BulkActionState
@@ -2893,86 +3025,93 @@ var file_cyclone_v1_admin_service_proto_goTypes = []any{
 	(*ListBulkActionsResponse)(nil),    // 41: cyclone.v1.ListBulkActionsResponse
 	(*CancelBulkActionRequest)(nil),    // 42: cyclone.v1.CancelBulkActionRequest
 	(*CancelBulkActionResponse)(nil),   // 43: cyclone.v1.CancelBulkActionResponse
-	(*timestamppb.Timestamp)(nil),      // 44: google.protobuf.Timestamp
-	(*Run)(nil),                        // 45: cyclone.v1.Run
-	(*structpb.Value)(nil),             // 46: google.protobuf.Value
-	(*RunPause)(nil),                   // 47: cyclone.v1.RunPause
-	(*Pause)(nil),                      // 48: cyclone.v1.Pause
-	(*ListRunsRequest)(nil),            // 49: cyclone.v1.ListRunsRequest
+	(*SetRunTagsRequest)(nil),          // 44: cyclone.v1.SetRunTagsRequest
+	(*SetRunTagsResponse)(nil),         // 45: cyclone.v1.SetRunTagsResponse
+	nil,                                // 46: cyclone.v1.SetRunTagsRequest.SetTagsEntry
+	(*timestamppb.Timestamp)(nil),      // 47: google.protobuf.Timestamp
+	(*Run)(nil),                        // 48: cyclone.v1.Run
+	(*structpb.Value)(nil),             // 49: google.protobuf.Value
+	(*RunPause)(nil),                   // 50: cyclone.v1.RunPause
+	(*Pause)(nil),                      // 51: cyclone.v1.Pause
+	(*ListRunsRequest)(nil),            // 52: cyclone.v1.ListRunsRequest
 }
 var file_cyclone_v1_admin_service_proto_depIdxs = []int32{
 	3,  // 0: cyclone.v1.Build.workers:type_name -> cyclone.v1.BuildWorker
-	44, // 1: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
-	44, // 2: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
-	44, // 3: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
+	47, // 1: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
+	47, // 2: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
+	47, // 3: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
 	2,  // 4: cyclone.v1.ListBuildsResponse.builds:type_name -> cyclone.v1.Build
 	7,  // 5: cyclone.v1.ListBuildRunsResponse.runs:type_name -> cyclone.v1.BuildRun
 	2,  // 6: cyclone.v1.SetBuildCompatibleResponse.build:type_name -> cyclone.v1.Build
 	2,  // 7: cyclone.v1.RetireBuildResponse.build:type_name -> cyclone.v1.Build
-	45, // 8: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
-	45, // 9: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
-	46, // 10: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
-	45, // 11: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
-	45, // 12: cyclone.v1.PauseRunResponse.run:type_name -> cyclone.v1.Run
-	45, // 13: cyclone.v1.ResumeRunResponse.run:type_name -> cyclone.v1.Run
-	47, // 14: cyclone.v1.PauseWorkflowResponse.pause:type_name -> cyclone.v1.RunPause
-	47, // 15: cyclone.v1.PauseActionResponse.pause:type_name -> cyclone.v1.RunPause
-	48, // 16: cyclone.v1.ListPausesResponse.pauses:type_name -> cyclone.v1.Pause
+	48, // 8: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
+	48, // 9: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
+	49, // 10: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
+	48, // 11: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
+	48, // 12: cyclone.v1.PauseRunResponse.run:type_name -> cyclone.v1.Run
+	48, // 13: cyclone.v1.ResumeRunResponse.run:type_name -> cyclone.v1.Run
+	50, // 14: cyclone.v1.PauseWorkflowResponse.pause:type_name -> cyclone.v1.RunPause
+	50, // 15: cyclone.v1.PauseActionResponse.pause:type_name -> cyclone.v1.RunPause
+	51, // 16: cyclone.v1.ListPausesResponse.pauses:type_name -> cyclone.v1.Pause
 	0,  // 17: cyclone.v1.BulkAction.action:type_name -> cyclone.v1.BulkActionKind
-	49, // 18: cyclone.v1.BulkAction.filter:type_name -> cyclone.v1.ListRunsRequest
+	52, // 18: cyclone.v1.BulkAction.filter:type_name -> cyclone.v1.ListRunsRequest
 	1,  // 19: cyclone.v1.BulkAction.state:type_name -> cyclone.v1.BulkActionState
-	44, // 20: cyclone.v1.BulkAction.created_at:type_name -> google.protobuf.Timestamp
-	44, // 21: cyclone.v1.BulkAction.updated_at:type_name -> google.protobuf.Timestamp
-	44, // 22: cyclone.v1.BulkAction.finished_at:type_name -> google.protobuf.Timestamp
+	47, // 20: cyclone.v1.BulkAction.created_at:type_name -> google.protobuf.Timestamp
+	47, // 21: cyclone.v1.BulkAction.updated_at:type_name -> google.protobuf.Timestamp
+	47, // 22: cyclone.v1.BulkAction.finished_at:type_name -> google.protobuf.Timestamp
 	0,  // 23: cyclone.v1.StartBulkActionRequest.action:type_name -> cyclone.v1.BulkActionKind
-	49, // 24: cyclone.v1.StartBulkActionRequest.filter:type_name -> cyclone.v1.ListRunsRequest
+	52, // 24: cyclone.v1.StartBulkActionRequest.filter:type_name -> cyclone.v1.ListRunsRequest
 	35, // 25: cyclone.v1.StartBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
 	35, // 26: cyclone.v1.GetBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
 	35, // 27: cyclone.v1.ListBulkActionsResponse.jobs:type_name -> cyclone.v1.BulkAction
 	35, // 28: cyclone.v1.CancelBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
-	15, // 29: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
-	17, // 30: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
-	19, // 31: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
-	4,  // 32: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
-	6,  // 33: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
-	9,  // 34: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
-	11, // 35: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
-	13, // 36: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
-	21, // 37: cyclone.v1.AdminService.PauseRun:input_type -> cyclone.v1.PauseRunRequest
-	23, // 38: cyclone.v1.AdminService.ResumeRun:input_type -> cyclone.v1.ResumeRunRequest
-	25, // 39: cyclone.v1.AdminService.PauseWorkflow:input_type -> cyclone.v1.PauseWorkflowRequest
-	27, // 40: cyclone.v1.AdminService.ResumeWorkflow:input_type -> cyclone.v1.ResumeWorkflowRequest
-	29, // 41: cyclone.v1.AdminService.PauseAction:input_type -> cyclone.v1.PauseActionRequest
-	31, // 42: cyclone.v1.AdminService.ResumeAction:input_type -> cyclone.v1.ResumeActionRequest
-	33, // 43: cyclone.v1.AdminService.ListPauses:input_type -> cyclone.v1.ListPausesRequest
-	36, // 44: cyclone.v1.AdminService.StartBulkAction:input_type -> cyclone.v1.StartBulkActionRequest
-	38, // 45: cyclone.v1.AdminService.GetBulkAction:input_type -> cyclone.v1.GetBulkActionRequest
-	40, // 46: cyclone.v1.AdminService.ListBulkActions:input_type -> cyclone.v1.ListBulkActionsRequest
-	42, // 47: cyclone.v1.AdminService.CancelBulkAction:input_type -> cyclone.v1.CancelBulkActionRequest
-	16, // 48: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
-	18, // 49: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
-	20, // 50: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
-	5,  // 51: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
-	8,  // 52: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
-	10, // 53: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
-	12, // 54: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
-	14, // 55: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
-	22, // 56: cyclone.v1.AdminService.PauseRun:output_type -> cyclone.v1.PauseRunResponse
-	24, // 57: cyclone.v1.AdminService.ResumeRun:output_type -> cyclone.v1.ResumeRunResponse
-	26, // 58: cyclone.v1.AdminService.PauseWorkflow:output_type -> cyclone.v1.PauseWorkflowResponse
-	28, // 59: cyclone.v1.AdminService.ResumeWorkflow:output_type -> cyclone.v1.ResumeWorkflowResponse
-	30, // 60: cyclone.v1.AdminService.PauseAction:output_type -> cyclone.v1.PauseActionResponse
-	32, // 61: cyclone.v1.AdminService.ResumeAction:output_type -> cyclone.v1.ResumeActionResponse
-	34, // 62: cyclone.v1.AdminService.ListPauses:output_type -> cyclone.v1.ListPausesResponse
-	37, // 63: cyclone.v1.AdminService.StartBulkAction:output_type -> cyclone.v1.StartBulkActionResponse
-	39, // 64: cyclone.v1.AdminService.GetBulkAction:output_type -> cyclone.v1.GetBulkActionResponse
-	41, // 65: cyclone.v1.AdminService.ListBulkActions:output_type -> cyclone.v1.ListBulkActionsResponse
-	43, // 66: cyclone.v1.AdminService.CancelBulkAction:output_type -> cyclone.v1.CancelBulkActionResponse
-	48, // [48:67] is the sub-list for method output_type
-	29, // [29:48] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	46, // 29: cyclone.v1.SetRunTagsRequest.set_tags:type_name -> cyclone.v1.SetRunTagsRequest.SetTagsEntry
+	48, // 30: cyclone.v1.SetRunTagsResponse.run:type_name -> cyclone.v1.Run
+	15, // 31: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
+	17, // 32: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
+	19, // 33: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
+	4,  // 34: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
+	6,  // 35: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
+	9,  // 36: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
+	11, // 37: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
+	13, // 38: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
+	44, // 39: cyclone.v1.AdminService.SetRunTags:input_type -> cyclone.v1.SetRunTagsRequest
+	21, // 40: cyclone.v1.AdminService.PauseRun:input_type -> cyclone.v1.PauseRunRequest
+	23, // 41: cyclone.v1.AdminService.ResumeRun:input_type -> cyclone.v1.ResumeRunRequest
+	25, // 42: cyclone.v1.AdminService.PauseWorkflow:input_type -> cyclone.v1.PauseWorkflowRequest
+	27, // 43: cyclone.v1.AdminService.ResumeWorkflow:input_type -> cyclone.v1.ResumeWorkflowRequest
+	29, // 44: cyclone.v1.AdminService.PauseAction:input_type -> cyclone.v1.PauseActionRequest
+	31, // 45: cyclone.v1.AdminService.ResumeAction:input_type -> cyclone.v1.ResumeActionRequest
+	33, // 46: cyclone.v1.AdminService.ListPauses:input_type -> cyclone.v1.ListPausesRequest
+	36, // 47: cyclone.v1.AdminService.StartBulkAction:input_type -> cyclone.v1.StartBulkActionRequest
+	38, // 48: cyclone.v1.AdminService.GetBulkAction:input_type -> cyclone.v1.GetBulkActionRequest
+	40, // 49: cyclone.v1.AdminService.ListBulkActions:input_type -> cyclone.v1.ListBulkActionsRequest
+	42, // 50: cyclone.v1.AdminService.CancelBulkAction:input_type -> cyclone.v1.CancelBulkActionRequest
+	16, // 51: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
+	18, // 52: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
+	20, // 53: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
+	5,  // 54: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
+	8,  // 55: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
+	10, // 56: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
+	12, // 57: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
+	14, // 58: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
+	45, // 59: cyclone.v1.AdminService.SetRunTags:output_type -> cyclone.v1.SetRunTagsResponse
+	22, // 60: cyclone.v1.AdminService.PauseRun:output_type -> cyclone.v1.PauseRunResponse
+	24, // 61: cyclone.v1.AdminService.ResumeRun:output_type -> cyclone.v1.ResumeRunResponse
+	26, // 62: cyclone.v1.AdminService.PauseWorkflow:output_type -> cyclone.v1.PauseWorkflowResponse
+	28, // 63: cyclone.v1.AdminService.ResumeWorkflow:output_type -> cyclone.v1.ResumeWorkflowResponse
+	30, // 64: cyclone.v1.AdminService.PauseAction:output_type -> cyclone.v1.PauseActionResponse
+	32, // 65: cyclone.v1.AdminService.ResumeAction:output_type -> cyclone.v1.ResumeActionResponse
+	34, // 66: cyclone.v1.AdminService.ListPauses:output_type -> cyclone.v1.ListPausesResponse
+	37, // 67: cyclone.v1.AdminService.StartBulkAction:output_type -> cyclone.v1.StartBulkActionResponse
+	39, // 68: cyclone.v1.AdminService.GetBulkAction:output_type -> cyclone.v1.GetBulkActionResponse
+	41, // 69: cyclone.v1.AdminService.ListBulkActions:output_type -> cyclone.v1.ListBulkActionsResponse
+	43, // 70: cyclone.v1.AdminService.CancelBulkAction:output_type -> cyclone.v1.CancelBulkActionResponse
+	51, // [51:71] is the sub-list for method output_type
+	31, // [31:51] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_admin_service_proto_init() }
@@ -2993,7 +3132,7 @@ func file_cyclone_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_admin_service_proto_rawDesc), len(file_cyclone_v1_admin_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   42,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,7 @@ const (
 	AdminService_SetBuildCompatible_FullMethodName = "/cyclone.v1.AdminService/SetBuildCompatible"
 	AdminService_RetireBuild_FullMethodName        = "/cyclone.v1.AdminService/RetireBuild"
 	AdminService_MoveBuild_FullMethodName          = "/cyclone.v1.AdminService/MoveBuild"
+	AdminService_SetRunTags_FullMethodName         = "/cyclone.v1.AdminService/SetRunTags"
 	AdminService_PauseRun_FullMethodName           = "/cyclone.v1.AdminService/PauseRun"
 	AdminService_ResumeRun_FullMethodName          = "/cyclone.v1.AdminService/ResumeRun"
 	AdminService_PauseWorkflow_FullMethodName      = "/cyclone.v1.AdminService/PauseWorkflow"
@@ -80,6 +81,13 @@ type AdminServiceClient interface {
 	// entry. NOT_FOUND for an unknown build, INVALID_ARGUMENT when both are the same,
 	// FAILED_PRECONDITION when from_build_id is not retired or to_build_id is.
 	MoveBuild(ctx context.Context, in *MoveBuildRequest, opts ...grpc.CallOption) (*MoveBuildResponse, error)
+	// Changes the tags of one run, which are otherwise fixed at submit: the keys of
+	// remove_keys go, then the keys of set_tags take their values (a key in both is set).
+	// Recorded in the run's audit trail (action set_tags, with the tags before and after)
+	// with the actor and reason. INVALID_ARGUMENT for a tag SubmitRequest.tags would
+	// refuse, when nothing is asked, or when the run would carry more than 16 tags;
+	// NOT_FOUND for an unknown run. Any run, finished or not.
+	SetRunTags(ctx context.Context, in *SetRunTagsRequest, opts ...grpc.CallOption) (*SetRunTagsResponse, error)
 	// Pauses a run: no step of it is claimed until ResumeRun. Steps running now go on and
 	// their outcomes are recorded (completions, failures, retries); steps they make ready,
 	// retries whose backoff ends and waits that resolve (sleeps, events, child runs) are
@@ -214,6 +222,16 @@ func (c *adminServiceClient) MoveBuild(ctx context.Context, in *MoveBuildRequest
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(MoveBuildResponse)
 	err := c.cc.Invoke(ctx, AdminService_MoveBuild_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) SetRunTags(ctx context.Context, in *SetRunTagsRequest, opts ...grpc.CallOption) (*SetRunTagsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetRunTagsResponse)
+	err := c.cc.Invoke(ctx, AdminService_SetRunTags_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -370,6 +388,13 @@ type AdminServiceServer interface {
 	// entry. NOT_FOUND for an unknown build, INVALID_ARGUMENT when both are the same,
 	// FAILED_PRECONDITION when from_build_id is not retired or to_build_id is.
 	MoveBuild(context.Context, *MoveBuildRequest) (*MoveBuildResponse, error)
+	// Changes the tags of one run, which are otherwise fixed at submit: the keys of
+	// remove_keys go, then the keys of set_tags take their values (a key in both is set).
+	// Recorded in the run's audit trail (action set_tags, with the tags before and after)
+	// with the actor and reason. INVALID_ARGUMENT for a tag SubmitRequest.tags would
+	// refuse, when nothing is asked, or when the run would carry more than 16 tags;
+	// NOT_FOUND for an unknown run. Any run, finished or not.
+	SetRunTags(context.Context, *SetRunTagsRequest) (*SetRunTagsResponse, error)
 	// Pauses a run: no step of it is claimed until ResumeRun. Steps running now go on and
 	// their outcomes are recorded (completions, failures, retries); steps they make ready,
 	// retries whose backoff ends and waits that resolve (sleeps, events, child runs) are
@@ -453,6 +478,9 @@ func (UnimplementedAdminServiceServer) RetireBuild(context.Context, *RetireBuild
 }
 func (UnimplementedAdminServiceServer) MoveBuild(context.Context, *MoveBuildRequest) (*MoveBuildResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method MoveBuild not implemented")
+}
+func (UnimplementedAdminServiceServer) SetRunTags(context.Context, *SetRunTagsRequest) (*SetRunTagsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetRunTags not implemented")
 }
 func (UnimplementedAdminServiceServer) PauseRun(context.Context, *PauseRunRequest) (*PauseRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PauseRun not implemented")
@@ -648,6 +676,24 @@ func _AdminService_MoveBuild_Handler(srv interface{}, ctx context.Context, dec f
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServiceServer).MoveBuild(ctx, req.(*MoveBuildRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_SetRunTags_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetRunTagsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SetRunTags(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SetRunTags_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SetRunTags(ctx, req.(*SetRunTagsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -888,6 +934,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MoveBuild",
 			Handler:    _AdminService_MoveBuild_Handler,
+		},
+		{
+			MethodName: "SetRunTags",
+			Handler:    _AdminService_SetRunTags_Handler,
 		},
 		{
 			MethodName: "PauseRun",

@@ -304,7 +304,8 @@ type SubmitOnceRequest struct {
 	Priority int32 `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
 	// Tags of the run, key = value, fixed at submit: at most 16; a key is 1-64 letters,
 	// digits or . _ - / : ; a value at most 256 characters, no NUL. ListRuns and CountRuns
-	// filter by them.
+	// filter by them. A repeated call with the same key returns the existing run with its
+	// own tags: these are ignored then, as the other fields are.
 	Tags map[string]string `protobuf:"bytes,6,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The run's time limit: at the deadline the run is cancelled, its running steps told
 	// through their cancel signal, with the reason recorded. Unset: the workflow's default

@@ -145,7 +145,8 @@ export type SubmitOnceRequest = Message<"cyclone.v1.SubmitOnceRequest"> & {
   /**
    * Tags of the run, key = value, fixed at submit: at most 16; a key is 1-64 letters,
    * digits or . _ - / : ; a value at most 256 characters, no NUL. ListRuns and CountRuns
-   * filter by them.
+   * filter by them. A repeated call with the same key returns the existing run with its
+   * own tags: these are ignored then, as the other fields are.
    *
    * @generated from field: map<string, string> tags = 6;
    */
