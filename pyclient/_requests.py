@@ -87,22 +87,35 @@ def call_metadata(token: str | None, actor: str | None) -> tuple[tuple[str, str]
 StartAt = dt.datetime | dt.timedelta
 
 
-def _set_flow(
-    req: wf_pb.SubmitRequest | wf_pb.SubmitOnceRequest, start_at: StartAt | None, priority: int
+def _set_time(
+    req: wf_pb.SubmitRequest | wf_pb.SubmitOnceRequest, field: str, when: StartAt | None
 ) -> None:
-    """Start time and priority of a submit, checked as the server checks them."""
+    """A time field of a submit (start_at, deadline): an aware datetime, or a delay from
+    now."""
+    if when is None:
+        return
+    if isinstance(when, dt.timedelta):
+        when = dt.datetime.now(dt.UTC) + when
+    if when.tzinfo is None:
+        raise InvalidArgument(f"{field} must be an aware datetime (with a time zone)")
+    getattr(req, field).FromDatetime(when)
+
+
+def _set_flow(
+    req: wf_pb.SubmitRequest | wf_pb.SubmitOnceRequest,
+    start_at: StartAt | None,
+    priority: int,
+    deadline: StartAt | None = None,
+) -> None:
+    """Start time, priority and deadline of a submit, checked as the server checks
+    them."""
     try:
         flow.check_priority("run", priority)
     except dag.InvalidWorkflow as exc:
         raise InvalidArgument(str(exc)) from None
     req.priority = priority
-    if start_at is None:
-        return
-    if isinstance(start_at, dt.timedelta):
-        start_at = dt.datetime.now(dt.UTC) + start_at
-    if start_at.tzinfo is None:
-        raise InvalidArgument("start_at must be an aware datetime (with a time zone)")
-    req.start_at.FromDatetime(start_at)
+    _set_time(req, "start_at", start_at)
+    _set_time(req, "deadline", deadline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,11 +151,15 @@ class ResolveTarget:
 class calls:
     @staticmethod
     def submit(
-        workflow: Workflow, input: Any, start_at: StartAt | None = None, priority: int = 0
+        workflow: Workflow,
+        input: Any,
+        start_at: StartAt | None = None,
+        priority: int = 0,
+        deadline: StartAt | None = None,
     ) -> Call[str]:
         req = wf_pb.SubmitRequest(workflow=workflow.to_proto())
         _set_value(req, "input", input, "run input")
-        _set_flow(req, start_at, priority)
+        _set_flow(req, start_at, priority, deadline)
         return Call("workflow", "Submit", req, lambda r: r.run_id)
 
     @staticmethod
@@ -152,6 +169,7 @@ class calls:
         input: Any,
         start_at: StartAt | None = None,
         priority: int = 0,
+        deadline: StartAt | None = None,
     ) -> Call[Submitted]:
         try:
             dag.check_submit_key(key)
@@ -159,7 +177,7 @@ class calls:
             raise InvalidArgument(str(exc)) from None
         req = wf_pb.SubmitOnceRequest(workflow=workflow.to_proto(), key=key)
         _set_value(req, "input", input, "run input")
-        _set_flow(req, start_at, priority)
+        _set_flow(req, start_at, priority, deadline)
         return Call("workflow", "SubmitOnce", req, lambda r: Submitted(r.run_id, r.created))
 
     @staticmethod

@@ -394,6 +394,9 @@ class Run:
     #: The run's priority (get_run only) and the start time given to submit.
     priority: int = 0
     start_at: dt.datetime | None = None
+    #: The run's deadline (given to submit, or its workflow's default): at it the run is
+    #: cancelled. None: none.
+    deadline: dt.datetime | None = None
 
     def step(self, node: str) -> Step:
         """The step of ``node``; KeyError when the run has none (or steps were not loaded)."""

@@ -92,8 +92,9 @@ class AsyncClient:
         *,
         start_at: StartAt | None = None,
         priority: int = 0,
+        deadline: StartAt | None = None,
     ) -> str:
-        return await self._invoke(calls.submit(workflow, input, start_at, priority))
+        return await self._invoke(calls.submit(workflow, input, start_at, priority, deadline))
 
     async def submit_once(
         self,
@@ -103,8 +104,11 @@ class AsyncClient:
         *,
         start_at: StartAt | None = None,
         priority: int = 0,
+        deadline: StartAt | None = None,
     ) -> Submitted:
-        return await self._invoke(calls.submit_once(workflow, key, input, start_at, priority))
+        return await self._invoke(
+            calls.submit_once(workflow, key, input, start_at, priority, deadline)
+        )
 
     async def start(
         self,

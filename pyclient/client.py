@@ -116,12 +116,15 @@ class Client:
         *,
         start_at: StartAt | None = None,
         priority: int = 0,
+        deadline: StartAt | None = None,
     ) -> str:
         """Validate ``workflow``, start a new run with ``input``, return its run id.
         ``start_at`` (an aware datetime, or a timedelta from now) makes its first steps
         claimable only then; ``priority`` orders its steps among the ready ones (higher
-        first; docs/flow-control.md)."""
-        return self._invoke(calls.submit(workflow, input, start_at, priority))
+        first; docs/flow-control.md); at ``deadline`` (an aware datetime, or a timedelta
+        from now; default: the workflow's default deadline, if any) the run is
+        cancelled (docs/time-and-events.md)."""
+        return self._invoke(calls.submit(workflow, input, start_at, priority, deadline))
 
     def submit_once(
         self,
@@ -131,10 +134,11 @@ class Client:
         *,
         start_at: StartAt | None = None,
         priority: int = 0,
+        deadline: StartAt | None = None,
     ) -> Submitted:
         """At most one run per (workflow name, key): the new run or the existing one.
-        ``start_at`` and ``priority`` as for :meth:`submit`."""
-        return self._invoke(calls.submit_once(workflow, key, input, start_at, priority))
+        ``start_at``, ``priority`` and ``deadline`` as for :meth:`submit`."""
+        return self._invoke(calls.submit_once(workflow, key, input, start_at, priority, deadline))
 
     def start(
         self,

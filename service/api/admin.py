@@ -1,5 +1,5 @@
 """AdminService: retry and resolve steps and step calls of blocked runs; the builds' RPCs
-are in service.api.builds."""
+are in service.api.builds, the default deadlines' in service.api.deadlines."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from cyclone.v1 import (
 from service import errors
 from service.api.build import attempt_of, run_proto
 from service.api.builds import BuildsAdmin
+from service.api.deadlines import DeadlinesAdmin
 from service.api.ids import parse_uuid
 from service.api.status import rpc
 from service.api.validate import (
@@ -37,7 +38,7 @@ from service.db import Database
 log = logging.getLogger("cyclone")
 
 
-class AdminServicer(BuildsAdmin, admin_grpc.AdminServiceServicer):
+class AdminServicer(BuildsAdmin, DeadlinesAdmin, admin_grpc.AdminServiceServicer):
     def __init__(self, db: Database, settings: Settings) -> None:
         self.db = db
         self.payloads = payloads_of(settings)

@@ -79,9 +79,14 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "SetBuildCompatible",
             "RetireBuild",
             "MoveBuild",
+            "SetWorkflowDeadline",
+            "ClearWorkflowDeadline",
         )
     },
-    **{_ADMIN + m: frozenset({"client", "admin"}) for m in ("ListBuilds", "ListBuildRuns")},
+    **{
+        _ADMIN + m: frozenset({"client", "admin"})
+        for m in ("ListBuilds", "ListBuildRuns", "ListWorkflowDeadlines")
+    },
     **{_SCHEDULE + m: frozenset({"client", "admin"}) for m in ("GetSchedule", "ListSchedules")},
     **{
         _SCHEDULE + m: frozenset({"admin"})

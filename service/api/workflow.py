@@ -31,7 +31,7 @@ from service.api.build import (
 )
 from service.api.ids import parse_uuid
 from service.api.status import rpc
-from service.api.submit import new_run_of, start_time
+from service.api.submit import deadline_time, new_run_of, start_time
 from service.api.validate import (
     DEFAULT_COUNT_LIMIT,
     MAX_COUNT_LIMIT,
@@ -90,9 +90,10 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         if not request.HasField("workflow"):
             raise errors.InvalidArgument("workflow is required")
         flow.check_priority("run", request.priority)
-        if request.tags or request.HasField("deadline"):
-            raise errors.InvalidArgument("tags and deadline: this server does not take them yet")
+        if request.tags:
+            raise errors.InvalidArgument("tags: this server does not take them yet")
         start_at = start_time(request)
+        deadline = deadline_time(request, start_at)
         run = await new_run_of(request, self.limits, self.payloads)
         nodes = run.nodes
         run_id, created = await self.db.runs.run_submit(
@@ -102,6 +103,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             submit_key=key,
             start_at=start_at,
             priority=request.priority,
+            deadline=deadline,
         )
         if created:
             self.metrics.submitted.labels(request.workflow.name).inc()

@@ -4,6 +4,7 @@ step call."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from service.db.pool import Repository
@@ -30,6 +31,17 @@ class Retried(NamedTuple):
 
     nodes: list[str]
     ready: str | None
+
+
+class WorkflowDeadline(NamedTuple):
+    """workflow_deadline_set, workflow_deadline_clear, workflow_deadlines_list: a
+    workflow's default deadline, in seconds, and who set it, when and why."""
+
+    workflow: str
+    seconds: float
+    set_by: str
+    set_at: datetime
+    reason: str
 
 
 class Operator(Repository):
@@ -103,3 +115,26 @@ class Operator(Repository):
             actor=actor,
             reason=reason,
         )
+
+    async def workflow_deadline_set(
+        self, workflow: str, seconds: float, *, actor: str, reason: str
+    ) -> WorkflowDeadline:
+        """Set (or replace) the default deadline of runs of ``workflow``."""
+        row = await self._one(
+            "workflow_deadline_set",
+            WorkflowDeadline,
+            workflow=workflow,
+            seconds=seconds,
+            actor=actor,
+            reason=reason,
+        )
+        assert row is not None
+        return row
+
+    async def workflow_deadline_clear(self, workflow: str) -> WorkflowDeadline | None:
+        """Clear the default deadline of ``workflow``; the one cleared, None if none."""
+        return await self._one("workflow_deadline_clear", WorkflowDeadline, workflow=workflow)
+
+    async def workflow_deadlines_list(self) -> list[WorkflowDeadline]:
+        """Every workflow's default deadline, by name."""
+        return await self._all("workflow_deadlines_list", WorkflowDeadline)

@@ -57,6 +57,7 @@ class RunRow(NamedTuple):
     audit: list[AuditJson]
     priority: int
     start_at: datetime | None
+    deadline: datetime | None
 
 
 class RunSummary(NamedTuple):
@@ -76,6 +77,7 @@ class RunSummary(NamedTuple):
     parent_step_id: str | None
     step_counts: dict[str, int] | None
     start_at: datetime | None
+    deadline: datetime | None
 
 
 class WorkflowName(NamedTuple):

@@ -23,55 +23,70 @@ _sym_db = _symbol_database.Default()
 
 
 from cyclone.v1 import types_pb2 as cyclone_dot_v1_dot_types__pb2
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63yclone/v1/admin_service.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf3\x01\n\x05\x42uild\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\x12\n\ncompatible\x18\x02 \x03(\t\x12(\n\x07workers\x18\x03 \x03(\x0b\x32\x17.cyclone.v1.BuildWorker\x12\x14\n\x0cpinned_nodes\x18\x04 \x01(\x03\x12\x13\n\x0bpinned_runs\x18\x05 \x01(\x03\x12\x0f\n\x07retired\x18\x06 \x01(\x08\x12.\n\nretired_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"M\n\x0b\x42uildWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12+\n\x07seen_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x13\n\x11ListBuildsRequest\"7\n\x12ListBuildsResponse\x12!\n\x06\x62uilds\x18\x01 \x03(\x0b\x32\x11.cyclone.v1.Build\"7\n\x14ListBuildRunsRequest\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\";\n\x08\x42uildRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\r\n\x05nodes\x18\x03 \x03(\t\";\n\x15ListBuildRunsResponse\x12\"\n\x04runs\x18\x01 \x03(\x0b\x32\x14.cyclone.v1.BuildRun\"V\n\x19SetBuildCompatibleRequest\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63ompatible_with\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\">\n\x1aSetBuildCompatibleResponse\x12 \n\x05\x62uild\x18\x01 \x01(\x0b\x32\x11.cyclone.v1.Build\"6\n\x12RetireBuildRequest\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"7\n\x13RetireBuildResponse\x12 \n\x05\x62uild\x18\x01 \x01(\x0b\x32\x11.cyclone.v1.Build\"N\n\x10MoveBuildRequest\x12\x15\n\rfrom_build_id\x18\x01 \x01(\t\x12\x13\n\x0bto_build_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"<\n\x11MoveBuildResponse\x12\x13\n\x0bnodes_moved\x18\x01 \x01(\x03\x12\x12\n\nruns_moved\x18\x02 \x01(\x03\"<\n\x0cRetryRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"-\n\rRetryResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\"1\n\x0fRetryAllRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"?\n\x10RetryAllResponse\x12\r\n\x05nodes\x18\x01 \x03(\t\x12\x1c\n\x03run\x18\x02 \x01(\x0b\x32\x0f.cyclone.v1.Run\"\xab\x01\n\x0eResolveRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12(\n\x06result\x18\x03 \x01(\x0b\x32\x16.google.protobuf.ValueH\x00\x12\x0f\n\x05\x65rror\x18\x04 \x01(\tH\x00\x12\x11\n\x07\x64iscard\x18\x05 \x01(\x08H\x00\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0f\n\x07step_id\x18\x07 \x01(\tB\x0c\n\nresolution\"/\n\x0fResolveResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run2\xf9\x04\n\x0c\x41\x64minService\x12<\n\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12\x45\n\x08RetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12\x42\n\x07Resolve\x12\x1a.cyclone.v1.ResolveRequest\x1a\x1b.cyclone.v1.ResolveResponse\x12K\n\nListBuilds\x12\x1d.cyclone.v1.ListBuildsRequest\x1a\x1e.cyclone.v1.ListBuildsResponse\x12T\n\rListBuildRuns\x12 .cyclone.v1.ListBuildRunsRequest\x1a!.cyclone.v1.ListBuildRunsResponse\x12\x63\n\x12SetBuildCompatible\x12%.cyclone.v1.SetBuildCompatibleRequest\x1a&.cyclone.v1.SetBuildCompatibleResponse\x12N\n\x0bRetireBuild\x12\x1e.cyclone.v1.RetireBuildRequest\x1a\x1f.cyclone.v1.RetireBuildResponse\x12H\n\tMoveBuild\x12\x1c.cyclone.v1.MoveBuildRequest\x1a\x1d.cyclone.v1.MoveBuildResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63yclone/v1/admin_service.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9d\x01\n\x10WorkflowDeadline\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12+\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06set_by\x18\x03 \x01(\t\x12*\n\x06set_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x05 \x01(\t\"k\n\x1aSetWorkflowDeadlineRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12+\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06reason\x18\x03 \x01(\t\"M\n\x1bSetWorkflowDeadlineResponse\x12.\n\x08\x64\x65\x61\x64line\x18\x01 \x01(\x0b\x32\x1c.cyclone.v1.WorkflowDeadline\"@\n\x1c\x43learWorkflowDeadlineRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"O\n\x1d\x43learWorkflowDeadlineResponse\x12.\n\x08\x64\x65\x61\x64line\x18\x01 \x01(\x0b\x32\x1c.cyclone.v1.WorkflowDeadline\"\x1e\n\x1cListWorkflowDeadlinesRequest\"P\n\x1dListWorkflowDeadlinesResponse\x12/\n\tdeadlines\x18\x01 \x03(\x0b\x32\x1c.cyclone.v1.WorkflowDeadline\"\xf3\x01\n\x05\x42uild\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\x12\n\ncompatible\x18\x02 \x03(\t\x12(\n\x07workers\x18\x03 \x03(\x0b\x32\x17.cyclone.v1.BuildWorker\x12\x14\n\x0cpinned_nodes\x18\x04 \x01(\x03\x12\x13\n\x0bpinned_runs\x18\x05 \x01(\x03\x12\x0f\n\x07retired\x18\x06 \x01(\x08\x12.\n\nretired_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"M\n\x0b\x42uildWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12+\n\x07seen_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x13\n\x11ListBuildsRequest\"7\n\x12ListBuildsResponse\x12!\n\x06\x62uilds\x18\x01 \x03(\x0b\x32\x11.cyclone.v1.Build\"7\n\x14ListBuildRunsRequest\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\";\n\x08\x42uildRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\r\n\x05nodes\x18\x03 \x03(\t\";\n\x15ListBuildRunsResponse\x12\"\n\x04runs\x18\x01 \x03(\x0b\x32\x14.cyclone.v1.BuildRun\"V\n\x19SetBuildCompatibleRequest\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63ompatible_with\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\">\n\x1aSetBuildCompatibleResponse\x12 \n\x05\x62uild\x18\x01 \x01(\x0b\x32\x11.cyclone.v1.Build\"6\n\x12RetireBuildRequest\x12\x10\n\x08\x62uild_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"7\n\x13RetireBuildResponse\x12 \n\x05\x62uild\x18\x01 \x01(\x0b\x32\x11.cyclone.v1.Build\"N\n\x10MoveBuildRequest\x12\x15\n\rfrom_build_id\x18\x01 \x01(\t\x12\x13\n\x0bto_build_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"<\n\x11MoveBuildResponse\x12\x13\n\x0bnodes_moved\x18\x01 \x01(\x03\x12\x12\n\nruns_moved\x18\x02 \x01(\x03\"<\n\x0cRetryRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"-\n\rRetryResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\"1\n\x0fRetryAllRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"?\n\x10RetryAllResponse\x12\r\n\x05nodes\x18\x01 \x03(\t\x12\x1c\n\x03run\x18\x02 \x01(\x0b\x32\x0f.cyclone.v1.Run\"\xab\x01\n\x0eResolveRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12(\n\x06result\x18\x03 \x01(\x0b\x32\x16.google.protobuf.ValueH\x00\x12\x0f\n\x05\x65rror\x18\x04 \x01(\tH\x00\x12\x11\n\x07\x64iscard\x18\x05 \x01(\x08H\x00\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0f\n\x07step_id\x18\x07 \x01(\tB\x0c\n\nresolution\"/\n\x0fResolveResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run2\xbd\x07\n\x0c\x41\x64minService\x12<\n\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12\x45\n\x08RetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12\x42\n\x07Resolve\x12\x1a.cyclone.v1.ResolveRequest\x1a\x1b.cyclone.v1.ResolveResponse\x12K\n\nListBuilds\x12\x1d.cyclone.v1.ListBuildsRequest\x1a\x1e.cyclone.v1.ListBuildsResponse\x12T\n\rListBuildRuns\x12 .cyclone.v1.ListBuildRunsRequest\x1a!.cyclone.v1.ListBuildRunsResponse\x12\x63\n\x12SetBuildCompatible\x12%.cyclone.v1.SetBuildCompatibleRequest\x1a&.cyclone.v1.SetBuildCompatibleResponse\x12N\n\x0bRetireBuild\x12\x1e.cyclone.v1.RetireBuildRequest\x1a\x1f.cyclone.v1.RetireBuildResponse\x12H\n\tMoveBuild\x12\x1c.cyclone.v1.MoveBuildRequest\x1a\x1d.cyclone.v1.MoveBuildResponse\x12\x66\n\x13SetWorkflowDeadline\x12&.cyclone.v1.SetWorkflowDeadlineRequest\x1a\'.cyclone.v1.SetWorkflowDeadlineResponse\x12l\n\x15\x43learWorkflowDeadline\x12(.cyclone.v1.ClearWorkflowDeadlineRequest\x1a).cyclone.v1.ClearWorkflowDeadlineResponse\x12l\n\x15ListWorkflowDeadlines\x12(.cyclone.v1.ListWorkflowDeadlinesRequest\x1a).cyclone.v1.ListWorkflowDeadlinesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cyclone.v1.admin_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BUILD']._serialized_start=134
-  _globals['_BUILD']._serialized_end=377
-  _globals['_BUILDWORKER']._serialized_start=379
-  _globals['_BUILDWORKER']._serialized_end=456
-  _globals['_LISTBUILDSREQUEST']._serialized_start=458
-  _globals['_LISTBUILDSREQUEST']._serialized_end=477
-  _globals['_LISTBUILDSRESPONSE']._serialized_start=479
-  _globals['_LISTBUILDSRESPONSE']._serialized_end=534
-  _globals['_LISTBUILDRUNSREQUEST']._serialized_start=536
-  _globals['_LISTBUILDRUNSREQUEST']._serialized_end=591
-  _globals['_BUILDRUN']._serialized_start=593
-  _globals['_BUILDRUN']._serialized_end=652
-  _globals['_LISTBUILDRUNSRESPONSE']._serialized_start=654
-  _globals['_LISTBUILDRUNSRESPONSE']._serialized_end=713
-  _globals['_SETBUILDCOMPATIBLEREQUEST']._serialized_start=715
-  _globals['_SETBUILDCOMPATIBLEREQUEST']._serialized_end=801
-  _globals['_SETBUILDCOMPATIBLERESPONSE']._serialized_start=803
-  _globals['_SETBUILDCOMPATIBLERESPONSE']._serialized_end=865
-  _globals['_RETIREBUILDREQUEST']._serialized_start=867
-  _globals['_RETIREBUILDREQUEST']._serialized_end=921
-  _globals['_RETIREBUILDRESPONSE']._serialized_start=923
-  _globals['_RETIREBUILDRESPONSE']._serialized_end=978
-  _globals['_MOVEBUILDREQUEST']._serialized_start=980
-  _globals['_MOVEBUILDREQUEST']._serialized_end=1058
-  _globals['_MOVEBUILDRESPONSE']._serialized_start=1060
-  _globals['_MOVEBUILDRESPONSE']._serialized_end=1120
-  _globals['_RETRYREQUEST']._serialized_start=1122
-  _globals['_RETRYREQUEST']._serialized_end=1182
-  _globals['_RETRYRESPONSE']._serialized_start=1184
-  _globals['_RETRYRESPONSE']._serialized_end=1229
-  _globals['_RETRYALLREQUEST']._serialized_start=1231
-  _globals['_RETRYALLREQUEST']._serialized_end=1280
-  _globals['_RETRYALLRESPONSE']._serialized_start=1282
-  _globals['_RETRYALLRESPONSE']._serialized_end=1345
-  _globals['_RESOLVEREQUEST']._serialized_start=1348
-  _globals['_RESOLVEREQUEST']._serialized_end=1519
-  _globals['_RESOLVERESPONSE']._serialized_start=1521
-  _globals['_RESOLVERESPONSE']._serialized_end=1568
-  _globals['_ADMINSERVICE']._serialized_start=1571
-  _globals['_ADMINSERVICE']._serialized_end=2204
+  _globals['_WORKFLOWDEADLINE']._serialized_start=166
+  _globals['_WORKFLOWDEADLINE']._serialized_end=323
+  _globals['_SETWORKFLOWDEADLINEREQUEST']._serialized_start=325
+  _globals['_SETWORKFLOWDEADLINEREQUEST']._serialized_end=432
+  _globals['_SETWORKFLOWDEADLINERESPONSE']._serialized_start=434
+  _globals['_SETWORKFLOWDEADLINERESPONSE']._serialized_end=511
+  _globals['_CLEARWORKFLOWDEADLINEREQUEST']._serialized_start=513
+  _globals['_CLEARWORKFLOWDEADLINEREQUEST']._serialized_end=577
+  _globals['_CLEARWORKFLOWDEADLINERESPONSE']._serialized_start=579
+  _globals['_CLEARWORKFLOWDEADLINERESPONSE']._serialized_end=658
+  _globals['_LISTWORKFLOWDEADLINESREQUEST']._serialized_start=660
+  _globals['_LISTWORKFLOWDEADLINESREQUEST']._serialized_end=690
+  _globals['_LISTWORKFLOWDEADLINESRESPONSE']._serialized_start=692
+  _globals['_LISTWORKFLOWDEADLINESRESPONSE']._serialized_end=772
+  _globals['_BUILD']._serialized_start=775
+  _globals['_BUILD']._serialized_end=1018
+  _globals['_BUILDWORKER']._serialized_start=1020
+  _globals['_BUILDWORKER']._serialized_end=1097
+  _globals['_LISTBUILDSREQUEST']._serialized_start=1099
+  _globals['_LISTBUILDSREQUEST']._serialized_end=1118
+  _globals['_LISTBUILDSRESPONSE']._serialized_start=1120
+  _globals['_LISTBUILDSRESPONSE']._serialized_end=1175
+  _globals['_LISTBUILDRUNSREQUEST']._serialized_start=1177
+  _globals['_LISTBUILDRUNSREQUEST']._serialized_end=1232
+  _globals['_BUILDRUN']._serialized_start=1234
+  _globals['_BUILDRUN']._serialized_end=1293
+  _globals['_LISTBUILDRUNSRESPONSE']._serialized_start=1295
+  _globals['_LISTBUILDRUNSRESPONSE']._serialized_end=1354
+  _globals['_SETBUILDCOMPATIBLEREQUEST']._serialized_start=1356
+  _globals['_SETBUILDCOMPATIBLEREQUEST']._serialized_end=1442
+  _globals['_SETBUILDCOMPATIBLERESPONSE']._serialized_start=1444
+  _globals['_SETBUILDCOMPATIBLERESPONSE']._serialized_end=1506
+  _globals['_RETIREBUILDREQUEST']._serialized_start=1508
+  _globals['_RETIREBUILDREQUEST']._serialized_end=1562
+  _globals['_RETIREBUILDRESPONSE']._serialized_start=1564
+  _globals['_RETIREBUILDRESPONSE']._serialized_end=1619
+  _globals['_MOVEBUILDREQUEST']._serialized_start=1621
+  _globals['_MOVEBUILDREQUEST']._serialized_end=1699
+  _globals['_MOVEBUILDRESPONSE']._serialized_start=1701
+  _globals['_MOVEBUILDRESPONSE']._serialized_end=1761
+  _globals['_RETRYREQUEST']._serialized_start=1763
+  _globals['_RETRYREQUEST']._serialized_end=1823
+  _globals['_RETRYRESPONSE']._serialized_start=1825
+  _globals['_RETRYRESPONSE']._serialized_end=1870
+  _globals['_RETRYALLREQUEST']._serialized_start=1872
+  _globals['_RETRYALLREQUEST']._serialized_end=1921
+  _globals['_RETRYALLRESPONSE']._serialized_start=1923
+  _globals['_RETRYALLRESPONSE']._serialized_end=1986
+  _globals['_RESOLVEREQUEST']._serialized_start=1989
+  _globals['_RESOLVEREQUEST']._serialized_end=2160
+  _globals['_RESOLVERESPONSE']._serialized_start=2162
+  _globals['_RESOLVERESPONSE']._serialized_end=2209
+  _globals['_ADMINSERVICE']._serialized_start=2212
+  _globals['_ADMINSERVICE']._serialized_end=3169
 # @@protoc_insertion_point(module_scope)

@@ -9,6 +9,7 @@ package cyclonev1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
@@ -22,6 +23,382 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// A workflow's default deadline, as SetWorkflowDeadline set it.
+type WorkflowDeadline struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The workflow name (Workflow.name).
+	Workflow string `protobuf:"bytes,1,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// How long after its submit a run of it is cancelled.
+	Deadline *durationpb.Duration `protobuf:"bytes,2,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// Who set it (the caller's identity).
+	SetBy string `protobuf:"bytes,3,opt,name=set_by,json=setBy,proto3" json:"set_by,omitempty"`
+	// When it was set.
+	SetAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=set_at,json=setAt,proto3" json:"set_at,omitempty"`
+	// Why, as given.
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkflowDeadline) Reset() {
+	*x = WorkflowDeadline{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkflowDeadline) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkflowDeadline) ProtoMessage() {}
+
+func (x *WorkflowDeadline) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkflowDeadline.ProtoReflect.Descriptor instead.
+func (*WorkflowDeadline) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WorkflowDeadline) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+func (x *WorkflowDeadline) GetDeadline() *durationpb.Duration {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+func (x *WorkflowDeadline) GetSetBy() string {
+	if x != nil {
+		return x.SetBy
+	}
+	return ""
+}
+
+func (x *WorkflowDeadline) GetSetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SetAt
+	}
+	return nil
+}
+
+func (x *WorkflowDeadline) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Arguments of AdminService.SetWorkflowDeadline.
+type SetWorkflowDeadlineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The workflow name.
+	Workflow string `protobuf:"bytes,1,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// The default deadline: above zero, at most 366 days.
+	Deadline *durationpb.Duration `protobuf:"bytes,2,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// Why, kept with it and logged.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetWorkflowDeadlineRequest) Reset() {
+	*x = SetWorkflowDeadlineRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetWorkflowDeadlineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetWorkflowDeadlineRequest) ProtoMessage() {}
+
+func (x *SetWorkflowDeadlineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetWorkflowDeadlineRequest.ProtoReflect.Descriptor instead.
+func (*SetWorkflowDeadlineRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SetWorkflowDeadlineRequest) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+func (x *SetWorkflowDeadlineRequest) GetDeadline() *durationpb.Duration {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+func (x *SetWorkflowDeadlineRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.SetWorkflowDeadline.
+type SetWorkflowDeadlineResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The default deadline as it is now.
+	Deadline      *WorkflowDeadline `protobuf:"bytes,1,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetWorkflowDeadlineResponse) Reset() {
+	*x = SetWorkflowDeadlineResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetWorkflowDeadlineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetWorkflowDeadlineResponse) ProtoMessage() {}
+
+func (x *SetWorkflowDeadlineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetWorkflowDeadlineResponse.ProtoReflect.Descriptor instead.
+func (*SetWorkflowDeadlineResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SetWorkflowDeadlineResponse) GetDeadline() *WorkflowDeadline {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+// Arguments of AdminService.ClearWorkflowDeadline.
+type ClearWorkflowDeadlineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The workflow name.
+	Workflow string `protobuf:"bytes,1,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// Why, for the server's log.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearWorkflowDeadlineRequest) Reset() {
+	*x = ClearWorkflowDeadlineRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearWorkflowDeadlineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearWorkflowDeadlineRequest) ProtoMessage() {}
+
+func (x *ClearWorkflowDeadlineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearWorkflowDeadlineRequest.ProtoReflect.Descriptor instead.
+func (*ClearWorkflowDeadlineRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ClearWorkflowDeadlineRequest) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+func (x *ClearWorkflowDeadlineRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.ClearWorkflowDeadline.
+type ClearWorkflowDeadlineResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The default deadline that was cleared.
+	Deadline      *WorkflowDeadline `protobuf:"bytes,1,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearWorkflowDeadlineResponse) Reset() {
+	*x = ClearWorkflowDeadlineResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearWorkflowDeadlineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearWorkflowDeadlineResponse) ProtoMessage() {}
+
+func (x *ClearWorkflowDeadlineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearWorkflowDeadlineResponse.ProtoReflect.Descriptor instead.
+func (*ClearWorkflowDeadlineResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ClearWorkflowDeadlineResponse) GetDeadline() *WorkflowDeadline {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+// Arguments of AdminService.ListWorkflowDeadlines.
+type ListWorkflowDeadlinesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorkflowDeadlinesRequest) Reset() {
+	*x = ListWorkflowDeadlinesRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorkflowDeadlinesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkflowDeadlinesRequest) ProtoMessage() {}
+
+func (x *ListWorkflowDeadlinesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkflowDeadlinesRequest.ProtoReflect.Descriptor instead.
+func (*ListWorkflowDeadlinesRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{5}
+}
+
+// Result of AdminService.ListWorkflowDeadlines.
+type ListWorkflowDeadlinesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every default deadline, by workflow name.
+	Deadlines     []*WorkflowDeadline `protobuf:"bytes,1,rep,name=deadlines,proto3" json:"deadlines,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorkflowDeadlinesResponse) Reset() {
+	*x = ListWorkflowDeadlinesResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorkflowDeadlinesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkflowDeadlinesResponse) ProtoMessage() {}
+
+func (x *ListWorkflowDeadlinesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkflowDeadlinesResponse.ProtoReflect.Descriptor instead.
+func (*ListWorkflowDeadlinesResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ListWorkflowDeadlinesResponse) GetDeadlines() []*WorkflowDeadline {
+	if x != nil {
+		return x.Deadlines
+	}
+	return nil
+}
 
 // A build, as ListBuilds shows it.
 type Build struct {
@@ -48,7 +425,7 @@ type Build struct {
 
 func (x *Build) Reset() {
 	*x = Build{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[0]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -60,7 +437,7 @@ func (x *Build) String() string {
 func (*Build) ProtoMessage() {}
 
 func (x *Build) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[0]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -73,7 +450,7 @@ func (x *Build) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Build.ProtoReflect.Descriptor instead.
 func (*Build) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{0}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Build) GetBuildId() string {
@@ -145,7 +522,7 @@ type BuildWorker struct {
 
 func (x *BuildWorker) Reset() {
 	*x = BuildWorker{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[1]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -157,7 +534,7 @@ func (x *BuildWorker) String() string {
 func (*BuildWorker) ProtoMessage() {}
 
 func (x *BuildWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[1]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -170,7 +547,7 @@ func (x *BuildWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildWorker.ProtoReflect.Descriptor instead.
 func (*BuildWorker) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{1}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BuildWorker) GetWorkerId() string {
@@ -196,7 +573,7 @@ type ListBuildsRequest struct {
 
 func (x *ListBuildsRequest) Reset() {
 	*x = ListBuildsRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[2]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -208,7 +585,7 @@ func (x *ListBuildsRequest) String() string {
 func (*ListBuildsRequest) ProtoMessage() {}
 
 func (x *ListBuildsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[2]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -221,7 +598,7 @@ func (x *ListBuildsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBuildsRequest.ProtoReflect.Descriptor instead.
 func (*ListBuildsRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{2}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{9}
 }
 
 // Result of AdminService.ListBuilds.
@@ -235,7 +612,7 @@ type ListBuildsResponse struct {
 
 func (x *ListBuildsResponse) Reset() {
 	*x = ListBuildsResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[3]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -247,7 +624,7 @@ func (x *ListBuildsResponse) String() string {
 func (*ListBuildsResponse) ProtoMessage() {}
 
 func (x *ListBuildsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[3]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -260,7 +637,7 @@ func (x *ListBuildsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBuildsResponse.ProtoReflect.Descriptor instead.
 func (*ListBuildsResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{3}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListBuildsResponse) GetBuilds() []*Build {
@@ -283,7 +660,7 @@ type ListBuildRunsRequest struct {
 
 func (x *ListBuildRunsRequest) Reset() {
 	*x = ListBuildRunsRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -295,7 +672,7 @@ func (x *ListBuildRunsRequest) String() string {
 func (*ListBuildRunsRequest) ProtoMessage() {}
 
 func (x *ListBuildRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -308,7 +685,7 @@ func (x *ListBuildRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBuildRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListBuildRunsRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{4}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListBuildRunsRequest) GetBuildId() string {
@@ -340,7 +717,7 @@ type BuildRun struct {
 
 func (x *BuildRun) Reset() {
 	*x = BuildRun{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -352,7 +729,7 @@ func (x *BuildRun) String() string {
 func (*BuildRun) ProtoMessage() {}
 
 func (x *BuildRun) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -365,7 +742,7 @@ func (x *BuildRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildRun.ProtoReflect.Descriptor instead.
 func (*BuildRun) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{5}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BuildRun) GetRunId() string {
@@ -400,7 +777,7 @@ type ListBuildRunsResponse struct {
 
 func (x *ListBuildRunsResponse) Reset() {
 	*x = ListBuildRunsResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[6]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -412,7 +789,7 @@ func (x *ListBuildRunsResponse) String() string {
 func (*ListBuildRunsResponse) ProtoMessage() {}
 
 func (x *ListBuildRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[6]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -425,7 +802,7 @@ func (x *ListBuildRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBuildRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListBuildRunsResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{6}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListBuildRunsResponse) GetRuns() []*BuildRun {
@@ -450,7 +827,7 @@ type SetBuildCompatibleRequest struct {
 
 func (x *SetBuildCompatibleRequest) Reset() {
 	*x = SetBuildCompatibleRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[7]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -462,7 +839,7 @@ func (x *SetBuildCompatibleRequest) String() string {
 func (*SetBuildCompatibleRequest) ProtoMessage() {}
 
 func (x *SetBuildCompatibleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[7]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -475,7 +852,7 @@ func (x *SetBuildCompatibleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBuildCompatibleRequest.ProtoReflect.Descriptor instead.
 func (*SetBuildCompatibleRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{7}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetBuildCompatibleRequest) GetBuildId() string {
@@ -510,7 +887,7 @@ type SetBuildCompatibleResponse struct {
 
 func (x *SetBuildCompatibleResponse) Reset() {
 	*x = SetBuildCompatibleResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[8]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -522,7 +899,7 @@ func (x *SetBuildCompatibleResponse) String() string {
 func (*SetBuildCompatibleResponse) ProtoMessage() {}
 
 func (x *SetBuildCompatibleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[8]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -535,7 +912,7 @@ func (x *SetBuildCompatibleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBuildCompatibleResponse.ProtoReflect.Descriptor instead.
 func (*SetBuildCompatibleResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{8}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SetBuildCompatibleResponse) GetBuild() *Build {
@@ -558,7 +935,7 @@ type RetireBuildRequest struct {
 
 func (x *RetireBuildRequest) Reset() {
 	*x = RetireBuildRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[9]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +947,7 @@ func (x *RetireBuildRequest) String() string {
 func (*RetireBuildRequest) ProtoMessage() {}
 
 func (x *RetireBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[9]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +960,7 @@ func (x *RetireBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireBuildRequest.ProtoReflect.Descriptor instead.
 func (*RetireBuildRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{9}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RetireBuildRequest) GetBuildId() string {
@@ -611,7 +988,7 @@ type RetireBuildResponse struct {
 
 func (x *RetireBuildResponse) Reset() {
 	*x = RetireBuildResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[10]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -623,7 +1000,7 @@ func (x *RetireBuildResponse) String() string {
 func (*RetireBuildResponse) ProtoMessage() {}
 
 func (x *RetireBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[10]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -636,7 +1013,7 @@ func (x *RetireBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireBuildResponse.ProtoReflect.Descriptor instead.
 func (*RetireBuildResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{10}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RetireBuildResponse) GetBuild() *Build {
@@ -661,7 +1038,7 @@ type MoveBuildRequest struct {
 
 func (x *MoveBuildRequest) Reset() {
 	*x = MoveBuildRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[11]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -673,7 +1050,7 @@ func (x *MoveBuildRequest) String() string {
 func (*MoveBuildRequest) ProtoMessage() {}
 
 func (x *MoveBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[11]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -686,7 +1063,7 @@ func (x *MoveBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveBuildRequest.ProtoReflect.Descriptor instead.
 func (*MoveBuildRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{11}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *MoveBuildRequest) GetFromBuildId() string {
@@ -723,7 +1100,7 @@ type MoveBuildResponse struct {
 
 func (x *MoveBuildResponse) Reset() {
 	*x = MoveBuildResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -735,7 +1112,7 @@ func (x *MoveBuildResponse) String() string {
 func (*MoveBuildResponse) ProtoMessage() {}
 
 func (x *MoveBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -748,7 +1125,7 @@ func (x *MoveBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveBuildResponse.ProtoReflect.Descriptor instead.
 func (*MoveBuildResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{12}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *MoveBuildResponse) GetNodesMoved() int64 {
@@ -780,7 +1157,7 @@ type RetryRequest struct {
 
 func (x *RetryRequest) Reset() {
 	*x = RetryRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +1169,7 @@ func (x *RetryRequest) String() string {
 func (*RetryRequest) ProtoMessage() {}
 
 func (x *RetryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +1182,7 @@ func (x *RetryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryRequest.ProtoReflect.Descriptor instead.
 func (*RetryRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{13}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RetryRequest) GetRunId() string {
@@ -840,7 +1217,7 @@ type RetryResponse struct {
 
 func (x *RetryResponse) Reset() {
 	*x = RetryResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -852,7 +1229,7 @@ func (x *RetryResponse) String() string {
 func (*RetryResponse) ProtoMessage() {}
 
 func (x *RetryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -865,7 +1242,7 @@ func (x *RetryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryResponse.ProtoReflect.Descriptor instead.
 func (*RetryResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{14}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RetryResponse) GetRun() *Run {
@@ -888,7 +1265,7 @@ type RetryAllRequest struct {
 
 func (x *RetryAllRequest) Reset() {
 	*x = RetryAllRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +1277,7 @@ func (x *RetryAllRequest) String() string {
 func (*RetryAllRequest) ProtoMessage() {}
 
 func (x *RetryAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +1290,7 @@ func (x *RetryAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAllRequest.ProtoReflect.Descriptor instead.
 func (*RetryAllRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{15}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RetryAllRequest) GetRunId() string {
@@ -943,7 +1320,7 @@ type RetryAllResponse struct {
 
 func (x *RetryAllResponse) Reset() {
 	*x = RetryAllResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -955,7 +1332,7 @@ func (x *RetryAllResponse) String() string {
 func (*RetryAllResponse) ProtoMessage() {}
 
 func (x *RetryAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -968,7 +1345,7 @@ func (x *RetryAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAllResponse.ProtoReflect.Descriptor instead.
 func (*RetryAllResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{16}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RetryAllResponse) GetNodes() []string {
@@ -1014,7 +1391,7 @@ type ResolveRequest struct {
 
 func (x *ResolveRequest) Reset() {
 	*x = ResolveRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1403,7 @@ func (x *ResolveRequest) String() string {
 func (*ResolveRequest) ProtoMessage() {}
 
 func (x *ResolveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1416,7 @@ func (x *ResolveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{17}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResolveRequest) GetRunId() string {
@@ -1140,7 +1517,7 @@ type ResolveResponse struct {
 
 func (x *ResolveResponse) Reset() {
 	*x = ResolveResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[18]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1529,7 @@ func (x *ResolveResponse) String() string {
 func (*ResolveResponse) ProtoMessage() {}
 
 func (x *ResolveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[18]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1542,7 @@ func (x *ResolveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveResponse.ProtoReflect.Descriptor instead.
 func (*ResolveResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{18}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResolveResponse) GetRun() *Run {
@@ -1180,7 +1557,27 @@ var File_cyclone_v1_admin_service_proto protoreflect.FileDescriptor
 const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
 	"\x1ecyclone/v1/admin_service.proto\x12\n" +
-	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x02\n" +
+	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc7\x01\n" +
+	"\x10WorkflowDeadline\x12\x1a\n" +
+	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x125\n" +
+	"\bdeadline\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12\x15\n" +
+	"\x06set_by\x18\x03 \x01(\tR\x05setBy\x121\n" +
+	"\x06set_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05setAt\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x87\x01\n" +
+	"\x1aSetWorkflowDeadlineRequest\x12\x1a\n" +
+	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x125\n" +
+	"\bdeadline\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"W\n" +
+	"\x1bSetWorkflowDeadlineResponse\x128\n" +
+	"\bdeadline\x18\x01 \x01(\v2\x1c.cyclone.v1.WorkflowDeadlineR\bdeadline\"R\n" +
+	"\x1cClearWorkflowDeadlineRequest\x12\x1a\n" +
+	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"Y\n" +
+	"\x1dClearWorkflowDeadlineResponse\x128\n" +
+	"\bdeadline\x18\x01 \x01(\v2\x1c.cyclone.v1.WorkflowDeadlineR\bdeadline\"\x1e\n" +
+	"\x1cListWorkflowDeadlinesRequest\"[\n" +
+	"\x1dListWorkflowDeadlinesResponse\x12:\n" +
+	"\tdeadlines\x18\x01 \x03(\v2\x1c.cyclone.v1.WorkflowDeadlineR\tdeadlines\"\xc9\x02\n" +
 	"\x05Build\x12\x19\n" +
 	"\bbuild_id\x18\x01 \x01(\tR\abuildId\x12\x1e\n" +
 	"\n" +
@@ -1253,7 +1650,7 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
 	"resolution\"4\n" +
 	"\x0fResolveResponse\x12!\n" +
-	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run2\xf9\x04\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run2\xbd\a\n" +
 	"\fAdminService\x12<\n" +
 	"\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12E\n" +
 	"\bRetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12B\n" +
@@ -1263,7 +1660,10 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\rListBuildRuns\x12 .cyclone.v1.ListBuildRunsRequest\x1a!.cyclone.v1.ListBuildRunsResponse\x12c\n" +
 	"\x12SetBuildCompatible\x12%.cyclone.v1.SetBuildCompatibleRequest\x1a&.cyclone.v1.SetBuildCompatibleResponse\x12N\n" +
 	"\vRetireBuild\x12\x1e.cyclone.v1.RetireBuildRequest\x1a\x1f.cyclone.v1.RetireBuildResponse\x12H\n" +
-	"\tMoveBuild\x12\x1c.cyclone.v1.MoveBuildRequest\x1a\x1d.cyclone.v1.MoveBuildResponseb\x06proto3"
+	"\tMoveBuild\x12\x1c.cyclone.v1.MoveBuildRequest\x1a\x1d.cyclone.v1.MoveBuildResponse\x12f\n" +
+	"\x13SetWorkflowDeadline\x12&.cyclone.v1.SetWorkflowDeadlineRequest\x1a'.cyclone.v1.SetWorkflowDeadlineResponse\x12l\n" +
+	"\x15ClearWorkflowDeadline\x12(.cyclone.v1.ClearWorkflowDeadlineRequest\x1a).cyclone.v1.ClearWorkflowDeadlineResponse\x12l\n" +
+	"\x15ListWorkflowDeadlines\x12(.cyclone.v1.ListWorkflowDeadlinesRequest\x1a).cyclone.v1.ListWorkflowDeadlinesResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_admin_service_proto_rawDescOnce sync.Once
@@ -1277,65 +1677,85 @@ func file_cyclone_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_cyclone_v1_admin_service_proto_rawDescData
 }
 
-var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_cyclone_v1_admin_service_proto_goTypes = []any{
-	(*Build)(nil),                      // 0: cyclone.v1.Build
-	(*BuildWorker)(nil),                // 1: cyclone.v1.BuildWorker
-	(*ListBuildsRequest)(nil),          // 2: cyclone.v1.ListBuildsRequest
-	(*ListBuildsResponse)(nil),         // 3: cyclone.v1.ListBuildsResponse
-	(*ListBuildRunsRequest)(nil),       // 4: cyclone.v1.ListBuildRunsRequest
-	(*BuildRun)(nil),                   // 5: cyclone.v1.BuildRun
-	(*ListBuildRunsResponse)(nil),      // 6: cyclone.v1.ListBuildRunsResponse
-	(*SetBuildCompatibleRequest)(nil),  // 7: cyclone.v1.SetBuildCompatibleRequest
-	(*SetBuildCompatibleResponse)(nil), // 8: cyclone.v1.SetBuildCompatibleResponse
-	(*RetireBuildRequest)(nil),         // 9: cyclone.v1.RetireBuildRequest
-	(*RetireBuildResponse)(nil),        // 10: cyclone.v1.RetireBuildResponse
-	(*MoveBuildRequest)(nil),           // 11: cyclone.v1.MoveBuildRequest
-	(*MoveBuildResponse)(nil),          // 12: cyclone.v1.MoveBuildResponse
-	(*RetryRequest)(nil),               // 13: cyclone.v1.RetryRequest
-	(*RetryResponse)(nil),              // 14: cyclone.v1.RetryResponse
-	(*RetryAllRequest)(nil),            // 15: cyclone.v1.RetryAllRequest
-	(*RetryAllResponse)(nil),           // 16: cyclone.v1.RetryAllResponse
-	(*ResolveRequest)(nil),             // 17: cyclone.v1.ResolveRequest
-	(*ResolveResponse)(nil),            // 18: cyclone.v1.ResolveResponse
-	(*timestamppb.Timestamp)(nil),      // 19: google.protobuf.Timestamp
-	(*Run)(nil),                        // 20: cyclone.v1.Run
-	(*structpb.Value)(nil),             // 21: google.protobuf.Value
+	(*WorkflowDeadline)(nil),              // 0: cyclone.v1.WorkflowDeadline
+	(*SetWorkflowDeadlineRequest)(nil),    // 1: cyclone.v1.SetWorkflowDeadlineRequest
+	(*SetWorkflowDeadlineResponse)(nil),   // 2: cyclone.v1.SetWorkflowDeadlineResponse
+	(*ClearWorkflowDeadlineRequest)(nil),  // 3: cyclone.v1.ClearWorkflowDeadlineRequest
+	(*ClearWorkflowDeadlineResponse)(nil), // 4: cyclone.v1.ClearWorkflowDeadlineResponse
+	(*ListWorkflowDeadlinesRequest)(nil),  // 5: cyclone.v1.ListWorkflowDeadlinesRequest
+	(*ListWorkflowDeadlinesResponse)(nil), // 6: cyclone.v1.ListWorkflowDeadlinesResponse
+	(*Build)(nil),                         // 7: cyclone.v1.Build
+	(*BuildWorker)(nil),                   // 8: cyclone.v1.BuildWorker
+	(*ListBuildsRequest)(nil),             // 9: cyclone.v1.ListBuildsRequest
+	(*ListBuildsResponse)(nil),            // 10: cyclone.v1.ListBuildsResponse
+	(*ListBuildRunsRequest)(nil),          // 11: cyclone.v1.ListBuildRunsRequest
+	(*BuildRun)(nil),                      // 12: cyclone.v1.BuildRun
+	(*ListBuildRunsResponse)(nil),         // 13: cyclone.v1.ListBuildRunsResponse
+	(*SetBuildCompatibleRequest)(nil),     // 14: cyclone.v1.SetBuildCompatibleRequest
+	(*SetBuildCompatibleResponse)(nil),    // 15: cyclone.v1.SetBuildCompatibleResponse
+	(*RetireBuildRequest)(nil),            // 16: cyclone.v1.RetireBuildRequest
+	(*RetireBuildResponse)(nil),           // 17: cyclone.v1.RetireBuildResponse
+	(*MoveBuildRequest)(nil),              // 18: cyclone.v1.MoveBuildRequest
+	(*MoveBuildResponse)(nil),             // 19: cyclone.v1.MoveBuildResponse
+	(*RetryRequest)(nil),                  // 20: cyclone.v1.RetryRequest
+	(*RetryResponse)(nil),                 // 21: cyclone.v1.RetryResponse
+	(*RetryAllRequest)(nil),               // 22: cyclone.v1.RetryAllRequest
+	(*RetryAllResponse)(nil),              // 23: cyclone.v1.RetryAllResponse
+	(*ResolveRequest)(nil),                // 24: cyclone.v1.ResolveRequest
+	(*ResolveResponse)(nil),               // 25: cyclone.v1.ResolveResponse
+	(*durationpb.Duration)(nil),           // 26: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),         // 27: google.protobuf.Timestamp
+	(*Run)(nil),                           // 28: cyclone.v1.Run
+	(*structpb.Value)(nil),                // 29: google.protobuf.Value
 }
 var file_cyclone_v1_admin_service_proto_depIdxs = []int32{
-	1,  // 0: cyclone.v1.Build.workers:type_name -> cyclone.v1.BuildWorker
-	19, // 1: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
-	19, // 2: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
-	19, // 3: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
-	0,  // 4: cyclone.v1.ListBuildsResponse.builds:type_name -> cyclone.v1.Build
-	5,  // 5: cyclone.v1.ListBuildRunsResponse.runs:type_name -> cyclone.v1.BuildRun
-	0,  // 6: cyclone.v1.SetBuildCompatibleResponse.build:type_name -> cyclone.v1.Build
-	0,  // 7: cyclone.v1.RetireBuildResponse.build:type_name -> cyclone.v1.Build
-	20, // 8: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
-	20, // 9: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
-	21, // 10: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
-	20, // 11: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
-	13, // 12: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
-	15, // 13: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
-	17, // 14: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
-	2,  // 15: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
-	4,  // 16: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
-	7,  // 17: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
-	9,  // 18: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
-	11, // 19: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
-	14, // 20: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
-	16, // 21: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
-	18, // 22: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
-	3,  // 23: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
-	6,  // 24: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
-	8,  // 25: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
-	10, // 26: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
-	12, // 27: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	26, // 0: cyclone.v1.WorkflowDeadline.deadline:type_name -> google.protobuf.Duration
+	27, // 1: cyclone.v1.WorkflowDeadline.set_at:type_name -> google.protobuf.Timestamp
+	26, // 2: cyclone.v1.SetWorkflowDeadlineRequest.deadline:type_name -> google.protobuf.Duration
+	0,  // 3: cyclone.v1.SetWorkflowDeadlineResponse.deadline:type_name -> cyclone.v1.WorkflowDeadline
+	0,  // 4: cyclone.v1.ClearWorkflowDeadlineResponse.deadline:type_name -> cyclone.v1.WorkflowDeadline
+	0,  // 5: cyclone.v1.ListWorkflowDeadlinesResponse.deadlines:type_name -> cyclone.v1.WorkflowDeadline
+	8,  // 6: cyclone.v1.Build.workers:type_name -> cyclone.v1.BuildWorker
+	27, // 7: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
+	27, // 8: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
+	27, // 9: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
+	7,  // 10: cyclone.v1.ListBuildsResponse.builds:type_name -> cyclone.v1.Build
+	12, // 11: cyclone.v1.ListBuildRunsResponse.runs:type_name -> cyclone.v1.BuildRun
+	7,  // 12: cyclone.v1.SetBuildCompatibleResponse.build:type_name -> cyclone.v1.Build
+	7,  // 13: cyclone.v1.RetireBuildResponse.build:type_name -> cyclone.v1.Build
+	28, // 14: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
+	28, // 15: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
+	29, // 16: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
+	28, // 17: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
+	20, // 18: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
+	22, // 19: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
+	24, // 20: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
+	9,  // 21: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
+	11, // 22: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
+	14, // 23: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
+	16, // 24: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
+	18, // 25: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
+	1,  // 26: cyclone.v1.AdminService.SetWorkflowDeadline:input_type -> cyclone.v1.SetWorkflowDeadlineRequest
+	3,  // 27: cyclone.v1.AdminService.ClearWorkflowDeadline:input_type -> cyclone.v1.ClearWorkflowDeadlineRequest
+	5,  // 28: cyclone.v1.AdminService.ListWorkflowDeadlines:input_type -> cyclone.v1.ListWorkflowDeadlinesRequest
+	21, // 29: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
+	23, // 30: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
+	25, // 31: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
+	10, // 32: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
+	13, // 33: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
+	15, // 34: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
+	17, // 35: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
+	19, // 36: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
+	2,  // 37: cyclone.v1.AdminService.SetWorkflowDeadline:output_type -> cyclone.v1.SetWorkflowDeadlineResponse
+	4,  // 38: cyclone.v1.AdminService.ClearWorkflowDeadline:output_type -> cyclone.v1.ClearWorkflowDeadlineResponse
+	6,  // 39: cyclone.v1.AdminService.ListWorkflowDeadlines:output_type -> cyclone.v1.ListWorkflowDeadlinesResponse
+	29, // [29:40] is the sub-list for method output_type
+	18, // [18:29] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_admin_service_proto_init() }
@@ -1344,7 +1764,7 @@ func file_cyclone_v1_admin_service_proto_init() {
 		return
 	}
 	file_cyclone_v1_types_proto_init()
-	file_cyclone_v1_admin_service_proto_msgTypes[17].OneofWrappers = []any{
+	file_cyclone_v1_admin_service_proto_msgTypes[24].OneofWrappers = []any{
 		(*ResolveRequest_Result)(nil),
 		(*ResolveRequest_Error)(nil),
 		(*ResolveRequest_Discard)(nil),
@@ -1355,7 +1775,7 @@ func file_cyclone_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_admin_service_proto_rawDesc), len(file_cyclone_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

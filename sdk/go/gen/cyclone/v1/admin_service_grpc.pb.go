@@ -19,14 +19,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_Retry_FullMethodName              = "/cyclone.v1.AdminService/Retry"
-	AdminService_RetryAll_FullMethodName           = "/cyclone.v1.AdminService/RetryAll"
-	AdminService_Resolve_FullMethodName            = "/cyclone.v1.AdminService/Resolve"
-	AdminService_ListBuilds_FullMethodName         = "/cyclone.v1.AdminService/ListBuilds"
-	AdminService_ListBuildRuns_FullMethodName      = "/cyclone.v1.AdminService/ListBuildRuns"
-	AdminService_SetBuildCompatible_FullMethodName = "/cyclone.v1.AdminService/SetBuildCompatible"
-	AdminService_RetireBuild_FullMethodName        = "/cyclone.v1.AdminService/RetireBuild"
-	AdminService_MoveBuild_FullMethodName          = "/cyclone.v1.AdminService/MoveBuild"
+	AdminService_Retry_FullMethodName                 = "/cyclone.v1.AdminService/Retry"
+	AdminService_RetryAll_FullMethodName              = "/cyclone.v1.AdminService/RetryAll"
+	AdminService_Resolve_FullMethodName               = "/cyclone.v1.AdminService/Resolve"
+	AdminService_ListBuilds_FullMethodName            = "/cyclone.v1.AdminService/ListBuilds"
+	AdminService_ListBuildRuns_FullMethodName         = "/cyclone.v1.AdminService/ListBuildRuns"
+	AdminService_SetBuildCompatible_FullMethodName    = "/cyclone.v1.AdminService/SetBuildCompatible"
+	AdminService_RetireBuild_FullMethodName           = "/cyclone.v1.AdminService/RetireBuild"
+	AdminService_MoveBuild_FullMethodName             = "/cyclone.v1.AdminService/MoveBuild"
+	AdminService_SetWorkflowDeadline_FullMethodName   = "/cyclone.v1.AdminService/SetWorkflowDeadline"
+	AdminService_ClearWorkflowDeadline_FullMethodName = "/cyclone.v1.AdminService/ClearWorkflowDeadline"
+	AdminService_ListWorkflowDeadlines_FullMethodName = "/cyclone.v1.AdminService/ListWorkflowDeadlines"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -69,6 +72,17 @@ type AdminServiceClient interface {
 	// entry. NOT_FOUND for an unknown build, INVALID_ARGUMENT when both are the same,
 	// FAILED_PRECONDITION when from_build_id is not retired or to_build_id is.
 	MoveBuild(ctx context.Context, in *MoveBuildRequest, opts ...grpc.CallOption) (*MoveBuildResponse, error)
+	// Sets the default deadline of a workflow name, replacing the one set before: a run of
+	// that workflow submitted without a deadline (SubmitRequest.deadline) gets its
+	// created_at plus this duration; runs submitted before keep theirs. Who set it, when
+	// and why is kept with it (ListWorkflowDeadlines) and logged. INVALID_ARGUMENT for a
+	// bad workflow name, or a duration not above zero or beyond 366 days.
+	SetWorkflowDeadline(ctx context.Context, in *SetWorkflowDeadlineRequest, opts ...grpc.CallOption) (*SetWorkflowDeadlineResponse, error)
+	// Clears the default deadline of a workflow name: its runs submitted from then on
+	// without a deadline have none. NOT_FOUND when it has no default deadline.
+	ClearWorkflowDeadline(ctx context.Context, in *ClearWorkflowDeadlineRequest, opts ...grpc.CallOption) (*ClearWorkflowDeadlineResponse, error)
+	// Every default deadline of a workflow name, by name.
+	ListWorkflowDeadlines(ctx context.Context, in *ListWorkflowDeadlinesRequest, opts ...grpc.CallOption) (*ListWorkflowDeadlinesResponse, error)
 }
 
 type adminServiceClient struct {
@@ -159,6 +173,36 @@ func (c *adminServiceClient) MoveBuild(ctx context.Context, in *MoveBuildRequest
 	return out, nil
 }
 
+func (c *adminServiceClient) SetWorkflowDeadline(ctx context.Context, in *SetWorkflowDeadlineRequest, opts ...grpc.CallOption) (*SetWorkflowDeadlineResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetWorkflowDeadlineResponse)
+	err := c.cc.Invoke(ctx, AdminService_SetWorkflowDeadline_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ClearWorkflowDeadline(ctx context.Context, in *ClearWorkflowDeadlineRequest, opts ...grpc.CallOption) (*ClearWorkflowDeadlineResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClearWorkflowDeadlineResponse)
+	err := c.cc.Invoke(ctx, AdminService_ClearWorkflowDeadline_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListWorkflowDeadlines(ctx context.Context, in *ListWorkflowDeadlinesRequest, opts ...grpc.CallOption) (*ListWorkflowDeadlinesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListWorkflowDeadlinesResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListWorkflowDeadlines_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -199,6 +243,17 @@ type AdminServiceServer interface {
 	// entry. NOT_FOUND for an unknown build, INVALID_ARGUMENT when both are the same,
 	// FAILED_PRECONDITION when from_build_id is not retired or to_build_id is.
 	MoveBuild(context.Context, *MoveBuildRequest) (*MoveBuildResponse, error)
+	// Sets the default deadline of a workflow name, replacing the one set before: a run of
+	// that workflow submitted without a deadline (SubmitRequest.deadline) gets its
+	// created_at plus this duration; runs submitted before keep theirs. Who set it, when
+	// and why is kept with it (ListWorkflowDeadlines) and logged. INVALID_ARGUMENT for a
+	// bad workflow name, or a duration not above zero or beyond 366 days.
+	SetWorkflowDeadline(context.Context, *SetWorkflowDeadlineRequest) (*SetWorkflowDeadlineResponse, error)
+	// Clears the default deadline of a workflow name: its runs submitted from then on
+	// without a deadline have none. NOT_FOUND when it has no default deadline.
+	ClearWorkflowDeadline(context.Context, *ClearWorkflowDeadlineRequest) (*ClearWorkflowDeadlineResponse, error)
+	// Every default deadline of a workflow name, by name.
+	ListWorkflowDeadlines(context.Context, *ListWorkflowDeadlinesRequest) (*ListWorkflowDeadlinesResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -232,6 +287,15 @@ func (UnimplementedAdminServiceServer) RetireBuild(context.Context, *RetireBuild
 }
 func (UnimplementedAdminServiceServer) MoveBuild(context.Context, *MoveBuildRequest) (*MoveBuildResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method MoveBuild not implemented")
+}
+func (UnimplementedAdminServiceServer) SetWorkflowDeadline(context.Context, *SetWorkflowDeadlineRequest) (*SetWorkflowDeadlineResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetWorkflowDeadline not implemented")
+}
+func (UnimplementedAdminServiceServer) ClearWorkflowDeadline(context.Context, *ClearWorkflowDeadlineRequest) (*ClearWorkflowDeadlineResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClearWorkflowDeadline not implemented")
+}
+func (UnimplementedAdminServiceServer) ListWorkflowDeadlines(context.Context, *ListWorkflowDeadlinesRequest) (*ListWorkflowDeadlinesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListWorkflowDeadlines not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -398,6 +462,60 @@ func _AdminService_MoveBuild_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_SetWorkflowDeadline_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetWorkflowDeadlineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SetWorkflowDeadline(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SetWorkflowDeadline_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SetWorkflowDeadline(ctx, req.(*SetWorkflowDeadlineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ClearWorkflowDeadline_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClearWorkflowDeadlineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ClearWorkflowDeadline(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ClearWorkflowDeadline_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ClearWorkflowDeadline(ctx, req.(*ClearWorkflowDeadlineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListWorkflowDeadlines_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWorkflowDeadlinesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListWorkflowDeadlines(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListWorkflowDeadlines_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListWorkflowDeadlines(ctx, req.(*ListWorkflowDeadlinesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -436,6 +554,18 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MoveBuild",
 			Handler:    _AdminService_MoveBuild_Handler,
+		},
+		{
+			MethodName: "SetWorkflowDeadline",
+			Handler:    _AdminService_SetWorkflowDeadline_Handler,
+		},
+		{
+			MethodName: "ClearWorkflowDeadline",
+			Handler:    _AdminService_ClearWorkflowDeadline_Handler,
+		},
+		{
+			MethodName: "ListWorkflowDeadlines",
+			Handler:    _AdminService_ListWorkflowDeadlines_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

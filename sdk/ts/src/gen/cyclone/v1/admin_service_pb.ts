@@ -6,15 +6,205 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Run } from "./types_pb.js";
 import { file_cyclone_v1_types } from "./types_pb.js";
-import type { Timestamp, Value } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import type { Duration, Timestamp, Value } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file cyclone/v1/admin_service.proto.
  */
 export const file_cyclone_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEi8wEKBUJ1aWxkEhAKCGJ1aWxkX2lkGAEgASgJEhIKCmNvbXBhdGlibGUYAiADKAkSKAoHd29ya2VycxgDIAMoCzIXLmN5Y2xvbmUudjEuQnVpbGRXb3JrZXISFAoMcGlubmVkX25vZGVzGAQgASgDEhMKC3Bpbm5lZF9ydW5zGAUgASgDEg8KB3JldGlyZWQYBiABKAgSLgoKcmV0aXJlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoLQnVpbGRXb3JrZXISEQoJd29ya2VyX2lkGAEgASgJEisKB3NlZW5fYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhMKEUxpc3RCdWlsZHNSZXF1ZXN0IjcKEkxpc3RCdWlsZHNSZXNwb25zZRIhCgZidWlsZHMYASADKAsyES5jeWNsb25lLnYxLkJ1aWxkIjcKFExpc3RCdWlsZFJ1bnNSZXF1ZXN0EhAKCGJ1aWxkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFIjsKCEJ1aWxkUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRINCgVub2RlcxgDIAMoCSI7ChVMaXN0QnVpbGRSdW5zUmVzcG9uc2USIgoEcnVucxgBIAMoCzIULmN5Y2xvbmUudjEuQnVpbGRSdW4iVgoZU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBIQCghidWlsZF9pZBgBIAEoCRIXCg9jb21wYXRpYmxlX3dpdGgYAiABKAkSDgoGcmVhc29uGAMgASgJIj4KGlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEiAKBWJ1aWxkGAEgASgLMhEuY3ljbG9uZS52MS5CdWlsZCI2ChJSZXRpcmVCdWlsZFJlcXVlc3QSEAoIYnVpbGRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjcKE1JldGlyZUJ1aWxkUmVzcG9uc2USIAoFYnVpbGQYASABKAsyES5jeWNsb25lLnYxLkJ1aWxkIk4KEE1vdmVCdWlsZFJlcXVlc3QSFQoNZnJvbV9idWlsZF9pZBgBIAEoCRITCgt0b19idWlsZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPAoRTW92ZUJ1aWxkUmVzcG9uc2USEwoLbm9kZXNfbW92ZWQYASABKAMSEgoKcnVuc19tb3ZlZBgCIAEoAyI8CgxSZXRyeVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDgoGcmVhc29uGAMgASgJIi0KDVJldHJ5UmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUmV0cnlBbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiPwoQUmV0cnlBbGxSZXNwb25zZRINCgVub2RlcxgBIAMoCRIcCgNydW4YAiABKAsyDy5jeWNsb25lLnYxLlJ1biKrAQoOUmVzb2x2ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSKAoGcmVzdWx0GAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASDwoFZXJyb3IYBCABKAlIABIRCgdkaXNjYXJkGAUgASgISAASDgoGcmVhc29uGAYgASgJEg8KB3N0ZXBfaWQYByABKAlCDAoKcmVzb2x1dGlvbiIvCg9SZXNvbHZlUmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4y+QQKDEFkbWluU2VydmljZRI8CgVSZXRyeRIYLmN5Y2xvbmUudjEuUmV0cnlSZXF1ZXN0GhkuY3ljbG9uZS52MS5SZXRyeVJlc3BvbnNlEkUKCFJldHJ5QWxsEhsuY3ljbG9uZS52MS5SZXRyeUFsbFJlcXVlc3QaHC5jeWNsb25lLnYxLlJldHJ5QWxsUmVzcG9uc2USQgoHUmVzb2x2ZRIaLmN5Y2xvbmUudjEuUmVzb2x2ZVJlcXVlc3QaGy5jeWNsb25lLnYxLlJlc29sdmVSZXNwb25zZRJLCgpMaXN0QnVpbGRzEh0uY3ljbG9uZS52MS5MaXN0QnVpbGRzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdEJ1aWxkc1Jlc3BvbnNlElQKDUxpc3RCdWlsZFJ1bnMSIC5jeWNsb25lLnYxLkxpc3RCdWlsZFJ1bnNSZXF1ZXN0GiEuY3ljbG9uZS52MS5MaXN0QnVpbGRSdW5zUmVzcG9uc2USYwoSU2V0QnVpbGRDb21wYXRpYmxlEiUuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXF1ZXN0GiYuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXNwb25zZRJOCgtSZXRpcmVCdWlsZBIeLmN5Y2xvbmUudjEuUmV0aXJlQnVpbGRSZXF1ZXN0Gh8uY3ljbG9uZS52MS5SZXRpcmVCdWlsZFJlc3BvbnNlEkgKCU1vdmVCdWlsZBIcLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVxdWVzdBodLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEinQEKEFdvcmtmbG93RGVhZGxpbmUSEAoId29ya2Zsb3cYASABKAkSKwoIZGVhZGxpbmUYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGc2V0X2J5GAMgASgJEioKBnNldF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGcmVhc29uGAUgASgJImsKGlNldFdvcmtmbG93RGVhZGxpbmVSZXF1ZXN0EhAKCHdvcmtmbG93GAEgASgJEisKCGRlYWRsaW5lGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBnJlYXNvbhgDIAEoCSJNChtTZXRXb3JrZmxvd0RlYWRsaW5lUmVzcG9uc2USLgoIZGVhZGxpbmUYASABKAsyHC5jeWNsb25lLnYxLldvcmtmbG93RGVhZGxpbmUiQAocQ2xlYXJXb3JrZmxvd0RlYWRsaW5lUmVxdWVzdBIQCgh3b3JrZmxvdxgBIAEoCRIOCgZyZWFzb24YAiABKAkiTwodQ2xlYXJXb3JrZmxvd0RlYWRsaW5lUmVzcG9uc2USLgoIZGVhZGxpbmUYASABKAsyHC5jeWNsb25lLnYxLldvcmtmbG93RGVhZGxpbmUiHgocTGlzdFdvcmtmbG93RGVhZGxpbmVzUmVxdWVzdCJQCh1MaXN0V29ya2Zsb3dEZWFkbGluZXNSZXNwb25zZRIvCglkZWFkbGluZXMYASADKAsyHC5jeWNsb25lLnYxLldvcmtmbG93RGVhZGxpbmUi8wEKBUJ1aWxkEhAKCGJ1aWxkX2lkGAEgASgJEhIKCmNvbXBhdGlibGUYAiADKAkSKAoHd29ya2VycxgDIAMoCzIXLmN5Y2xvbmUudjEuQnVpbGRXb3JrZXISFAoMcGlubmVkX25vZGVzGAQgASgDEhMKC3Bpbm5lZF9ydW5zGAUgASgDEg8KB3JldGlyZWQYBiABKAgSLgoKcmV0aXJlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoLQnVpbGRXb3JrZXISEQoJd29ya2VyX2lkGAEgASgJEisKB3NlZW5fYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhMKEUxpc3RCdWlsZHNSZXF1ZXN0IjcKEkxpc3RCdWlsZHNSZXNwb25zZRIhCgZidWlsZHMYASADKAsyES5jeWNsb25lLnYxLkJ1aWxkIjcKFExpc3RCdWlsZFJ1bnNSZXF1ZXN0EhAKCGJ1aWxkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFIjsKCEJ1aWxkUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRINCgVub2RlcxgDIAMoCSI7ChVMaXN0QnVpbGRSdW5zUmVzcG9uc2USIgoEcnVucxgBIAMoCzIULmN5Y2xvbmUudjEuQnVpbGRSdW4iVgoZU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBIQCghidWlsZF9pZBgBIAEoCRIXCg9jb21wYXRpYmxlX3dpdGgYAiABKAkSDgoGcmVhc29uGAMgASgJIj4KGlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEiAKBWJ1aWxkGAEgASgLMhEuY3ljbG9uZS52MS5CdWlsZCI2ChJSZXRpcmVCdWlsZFJlcXVlc3QSEAoIYnVpbGRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjcKE1JldGlyZUJ1aWxkUmVzcG9uc2USIAoFYnVpbGQYASABKAsyES5jeWNsb25lLnYxLkJ1aWxkIk4KEE1vdmVCdWlsZFJlcXVlc3QSFQoNZnJvbV9idWlsZF9pZBgBIAEoCRITCgt0b19idWlsZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPAoRTW92ZUJ1aWxkUmVzcG9uc2USEwoLbm9kZXNfbW92ZWQYASABKAMSEgoKcnVuc19tb3ZlZBgCIAEoAyI8CgxSZXRyeVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDgoGcmVhc29uGAMgASgJIi0KDVJldHJ5UmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUmV0cnlBbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiPwoQUmV0cnlBbGxSZXNwb25zZRINCgVub2RlcxgBIAMoCRIcCgNydW4YAiABKAsyDy5jeWNsb25lLnYxLlJ1biKrAQoOUmVzb2x2ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSKAoGcmVzdWx0GAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASDwoFZXJyb3IYBCABKAlIABIRCgdkaXNjYXJkGAUgASgISAASDgoGcmVhc29uGAYgASgJEg8KB3N0ZXBfaWQYByABKAlCDAoKcmVzb2x1dGlvbiIvCg9SZXNvbHZlUmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4yvQcKDEFkbWluU2VydmljZRI8CgVSZXRyeRIYLmN5Y2xvbmUudjEuUmV0cnlSZXF1ZXN0GhkuY3ljbG9uZS52MS5SZXRyeVJlc3BvbnNlEkUKCFJldHJ5QWxsEhsuY3ljbG9uZS52MS5SZXRyeUFsbFJlcXVlc3QaHC5jeWNsb25lLnYxLlJldHJ5QWxsUmVzcG9uc2USQgoHUmVzb2x2ZRIaLmN5Y2xvbmUudjEuUmVzb2x2ZVJlcXVlc3QaGy5jeWNsb25lLnYxLlJlc29sdmVSZXNwb25zZRJLCgpMaXN0QnVpbGRzEh0uY3ljbG9uZS52MS5MaXN0QnVpbGRzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdEJ1aWxkc1Jlc3BvbnNlElQKDUxpc3RCdWlsZFJ1bnMSIC5jeWNsb25lLnYxLkxpc3RCdWlsZFJ1bnNSZXF1ZXN0GiEuY3ljbG9uZS52MS5MaXN0QnVpbGRSdW5zUmVzcG9uc2USYwoSU2V0QnVpbGRDb21wYXRpYmxlEiUuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXF1ZXN0GiYuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXNwb25zZRJOCgtSZXRpcmVCdWlsZBIeLmN5Y2xvbmUudjEuUmV0aXJlQnVpbGRSZXF1ZXN0Gh8uY3ljbG9uZS52MS5SZXRpcmVCdWlsZFJlc3BvbnNlEkgKCU1vdmVCdWlsZBIcLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVxdWVzdBodLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVzcG9uc2USZgoTU2V0V29ya2Zsb3dEZWFkbGluZRImLmN5Y2xvbmUudjEuU2V0V29ya2Zsb3dEZWFkbGluZVJlcXVlc3QaJy5jeWNsb25lLnYxLlNldFdvcmtmbG93RGVhZGxpbmVSZXNwb25zZRJsChVDbGVhcldvcmtmbG93RGVhZGxpbmUSKC5jeWNsb25lLnYxLkNsZWFyV29ya2Zsb3dEZWFkbGluZVJlcXVlc3QaKS5jeWNsb25lLnYxLkNsZWFyV29ya2Zsb3dEZWFkbGluZVJlc3BvbnNlEmwKFUxpc3RXb3JrZmxvd0RlYWRsaW5lcxIoLmN5Y2xvbmUudjEuTGlzdFdvcmtmbG93RGVhZGxpbmVzUmVxdWVzdBopLmN5Y2xvbmUudjEuTGlzdFdvcmtmbG93RGVhZGxpbmVzUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+
+/**
+ * A workflow's default deadline, as SetWorkflowDeadline set it.
+ *
+ * @generated from message cyclone.v1.WorkflowDeadline
+ */
+export type WorkflowDeadline = Message<"cyclone.v1.WorkflowDeadline"> & {
+  /**
+   * The workflow name (Workflow.name).
+   *
+   * @generated from field: string workflow = 1;
+   */
+  workflow: string;
+
+  /**
+   * How long after its submit a run of it is cancelled.
+   *
+   * @generated from field: google.protobuf.Duration deadline = 2;
+   */
+  deadline?: Duration | undefined;
+
+  /**
+   * Who set it (the caller's identity).
+   *
+   * @generated from field: string set_by = 3;
+   */
+  setBy: string;
+
+  /**
+   * When it was set.
+   *
+   * @generated from field: google.protobuf.Timestamp set_at = 4;
+   */
+  setAt?: Timestamp | undefined;
+
+  /**
+   * Why, as given.
+   *
+   * @generated from field: string reason = 5;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.WorkflowDeadline.
+ * Use `create(WorkflowDeadlineSchema)` to create a new message.
+ */
+export const WorkflowDeadlineSchema: GenMessage<WorkflowDeadline> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 0);
+
+/**
+ * Arguments of AdminService.SetWorkflowDeadline.
+ *
+ * @generated from message cyclone.v1.SetWorkflowDeadlineRequest
+ */
+export type SetWorkflowDeadlineRequest = Message<"cyclone.v1.SetWorkflowDeadlineRequest"> & {
+  /**
+   * The workflow name.
+   *
+   * @generated from field: string workflow = 1;
+   */
+  workflow: string;
+
+  /**
+   * The default deadline: above zero, at most 366 days.
+   *
+   * @generated from field: google.protobuf.Duration deadline = 2;
+   */
+  deadline?: Duration | undefined;
+
+  /**
+   * Why, kept with it and logged.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.SetWorkflowDeadlineRequest.
+ * Use `create(SetWorkflowDeadlineRequestSchema)` to create a new message.
+ */
+export const SetWorkflowDeadlineRequestSchema: GenMessage<SetWorkflowDeadlineRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 1);
+
+/**
+ * Result of AdminService.SetWorkflowDeadline.
+ *
+ * @generated from message cyclone.v1.SetWorkflowDeadlineResponse
+ */
+export type SetWorkflowDeadlineResponse = Message<"cyclone.v1.SetWorkflowDeadlineResponse"> & {
+  /**
+   * The default deadline as it is now.
+   *
+   * @generated from field: cyclone.v1.WorkflowDeadline deadline = 1;
+   */
+  deadline?: WorkflowDeadline | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.SetWorkflowDeadlineResponse.
+ * Use `create(SetWorkflowDeadlineResponseSchema)` to create a new message.
+ */
+export const SetWorkflowDeadlineResponseSchema: GenMessage<SetWorkflowDeadlineResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 2);
+
+/**
+ * Arguments of AdminService.ClearWorkflowDeadline.
+ *
+ * @generated from message cyclone.v1.ClearWorkflowDeadlineRequest
+ */
+export type ClearWorkflowDeadlineRequest = Message<"cyclone.v1.ClearWorkflowDeadlineRequest"> & {
+  /**
+   * The workflow name.
+   *
+   * @generated from field: string workflow = 1;
+   */
+  workflow: string;
+
+  /**
+   * Why, for the server's log.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.ClearWorkflowDeadlineRequest.
+ * Use `create(ClearWorkflowDeadlineRequestSchema)` to create a new message.
+ */
+export const ClearWorkflowDeadlineRequestSchema: GenMessage<ClearWorkflowDeadlineRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 3);
+
+/**
+ * Result of AdminService.ClearWorkflowDeadline.
+ *
+ * @generated from message cyclone.v1.ClearWorkflowDeadlineResponse
+ */
+export type ClearWorkflowDeadlineResponse = Message<"cyclone.v1.ClearWorkflowDeadlineResponse"> & {
+  /**
+   * The default deadline that was cleared.
+   *
+   * @generated from field: cyclone.v1.WorkflowDeadline deadline = 1;
+   */
+  deadline?: WorkflowDeadline | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.ClearWorkflowDeadlineResponse.
+ * Use `create(ClearWorkflowDeadlineResponseSchema)` to create a new message.
+ */
+export const ClearWorkflowDeadlineResponseSchema: GenMessage<ClearWorkflowDeadlineResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 4);
+
+/**
+ * Arguments of AdminService.ListWorkflowDeadlines.
+ *
+ * @generated from message cyclone.v1.ListWorkflowDeadlinesRequest
+ */
+export type ListWorkflowDeadlinesRequest = Message<"cyclone.v1.ListWorkflowDeadlinesRequest"> & {
+};
+
+/**
+ * Describes the message cyclone.v1.ListWorkflowDeadlinesRequest.
+ * Use `create(ListWorkflowDeadlinesRequestSchema)` to create a new message.
+ */
+export const ListWorkflowDeadlinesRequestSchema: GenMessage<ListWorkflowDeadlinesRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 5);
+
+/**
+ * Result of AdminService.ListWorkflowDeadlines.
+ *
+ * @generated from message cyclone.v1.ListWorkflowDeadlinesResponse
+ */
+export type ListWorkflowDeadlinesResponse = Message<"cyclone.v1.ListWorkflowDeadlinesResponse"> & {
+  /**
+   * Every default deadline, by workflow name.
+   *
+   * @generated from field: repeated cyclone.v1.WorkflowDeadline deadlines = 1;
+   */
+  deadlines: WorkflowDeadline[];
+};
+
+/**
+ * Describes the message cyclone.v1.ListWorkflowDeadlinesResponse.
+ * Use `create(ListWorkflowDeadlinesResponseSchema)` to create a new message.
+ */
+export const ListWorkflowDeadlinesResponseSchema: GenMessage<ListWorkflowDeadlinesResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 6);
 
 /**
  * A build, as ListBuilds shows it.
@@ -84,7 +274,7 @@ export type Build = Message<"cyclone.v1.Build"> & {
  * Use `create(BuildSchema)` to create a new message.
  */
 export const BuildSchema: GenMessage<Build> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 0);
+  messageDesc(file_cyclone_v1_admin_service, 7);
 
 /**
  * A worker seen declaring a build.
@@ -112,7 +302,7 @@ export type BuildWorker = Message<"cyclone.v1.BuildWorker"> & {
  * Use `create(BuildWorkerSchema)` to create a new message.
  */
 export const BuildWorkerSchema: GenMessage<BuildWorker> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 1);
+  messageDesc(file_cyclone_v1_admin_service, 8);
 
 /**
  * Arguments of AdminService.ListBuilds.
@@ -127,7 +317,7 @@ export type ListBuildsRequest = Message<"cyclone.v1.ListBuildsRequest"> & {
  * Use `create(ListBuildsRequestSchema)` to create a new message.
  */
 export const ListBuildsRequestSchema: GenMessage<ListBuildsRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 2);
+  messageDesc(file_cyclone_v1_admin_service, 9);
 
 /**
  * Result of AdminService.ListBuilds.
@@ -148,7 +338,7 @@ export type ListBuildsResponse = Message<"cyclone.v1.ListBuildsResponse"> & {
  * Use `create(ListBuildsResponseSchema)` to create a new message.
  */
 export const ListBuildsResponseSchema: GenMessage<ListBuildsResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 3);
+  messageDesc(file_cyclone_v1_admin_service, 10);
 
 /**
  * Arguments of AdminService.ListBuildRuns.
@@ -176,7 +366,7 @@ export type ListBuildRunsRequest = Message<"cyclone.v1.ListBuildRunsRequest"> & 
  * Use `create(ListBuildRunsRequestSchema)` to create a new message.
  */
 export const ListBuildRunsRequestSchema: GenMessage<ListBuildRunsRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 4);
+  messageDesc(file_cyclone_v1_admin_service, 11);
 
 /**
  * A run with unfinished nodes pinned to a build.
@@ -211,7 +401,7 @@ export type BuildRun = Message<"cyclone.v1.BuildRun"> & {
  * Use `create(BuildRunSchema)` to create a new message.
  */
 export const BuildRunSchema: GenMessage<BuildRun> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 5);
+  messageDesc(file_cyclone_v1_admin_service, 12);
 
 /**
  * Result of AdminService.ListBuildRuns.
@@ -232,7 +422,7 @@ export type ListBuildRunsResponse = Message<"cyclone.v1.ListBuildRunsResponse"> 
  * Use `create(ListBuildRunsResponseSchema)` to create a new message.
  */
 export const ListBuildRunsResponseSchema: GenMessage<ListBuildRunsResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 6);
+  messageDesc(file_cyclone_v1_admin_service, 13);
 
 /**
  * Arguments of AdminService.SetBuildCompatible.
@@ -267,7 +457,7 @@ export type SetBuildCompatibleRequest = Message<"cyclone.v1.SetBuildCompatibleRe
  * Use `create(SetBuildCompatibleRequestSchema)` to create a new message.
  */
 export const SetBuildCompatibleRequestSchema: GenMessage<SetBuildCompatibleRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 7);
+  messageDesc(file_cyclone_v1_admin_service, 14);
 
 /**
  * Result of AdminService.SetBuildCompatible.
@@ -288,7 +478,7 @@ export type SetBuildCompatibleResponse = Message<"cyclone.v1.SetBuildCompatibleR
  * Use `create(SetBuildCompatibleResponseSchema)` to create a new message.
  */
 export const SetBuildCompatibleResponseSchema: GenMessage<SetBuildCompatibleResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 8);
+  messageDesc(file_cyclone_v1_admin_service, 15);
 
 /**
  * Arguments of AdminService.RetireBuild.
@@ -316,7 +506,7 @@ export type RetireBuildRequest = Message<"cyclone.v1.RetireBuildRequest"> & {
  * Use `create(RetireBuildRequestSchema)` to create a new message.
  */
 export const RetireBuildRequestSchema: GenMessage<RetireBuildRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 9);
+  messageDesc(file_cyclone_v1_admin_service, 16);
 
 /**
  * Result of AdminService.RetireBuild.
@@ -337,7 +527,7 @@ export type RetireBuildResponse = Message<"cyclone.v1.RetireBuildResponse"> & {
  * Use `create(RetireBuildResponseSchema)` to create a new message.
  */
 export const RetireBuildResponseSchema: GenMessage<RetireBuildResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 10);
+  messageDesc(file_cyclone_v1_admin_service, 17);
 
 /**
  * Arguments of AdminService.MoveBuild.
@@ -372,7 +562,7 @@ export type MoveBuildRequest = Message<"cyclone.v1.MoveBuildRequest"> & {
  * Use `create(MoveBuildRequestSchema)` to create a new message.
  */
 export const MoveBuildRequestSchema: GenMessage<MoveBuildRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 11);
+  messageDesc(file_cyclone_v1_admin_service, 18);
 
 /**
  * Result of AdminService.MoveBuild.
@@ -400,7 +590,7 @@ export type MoveBuildResponse = Message<"cyclone.v1.MoveBuildResponse"> & {
  * Use `create(MoveBuildResponseSchema)` to create a new message.
  */
 export const MoveBuildResponseSchema: GenMessage<MoveBuildResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 12);
+  messageDesc(file_cyclone_v1_admin_service, 19);
 
 /**
  * Arguments of AdminService.Retry.
@@ -435,7 +625,7 @@ export type RetryRequest = Message<"cyclone.v1.RetryRequest"> & {
  * Use `create(RetryRequestSchema)` to create a new message.
  */
 export const RetryRequestSchema: GenMessage<RetryRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 13);
+  messageDesc(file_cyclone_v1_admin_service, 20);
 
 /**
  * Result of AdminService.Retry.
@@ -456,7 +646,7 @@ export type RetryResponse = Message<"cyclone.v1.RetryResponse"> & {
  * Use `create(RetryResponseSchema)` to create a new message.
  */
 export const RetryResponseSchema: GenMessage<RetryResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 14);
+  messageDesc(file_cyclone_v1_admin_service, 21);
 
 /**
  * Arguments of AdminService.RetryAll.
@@ -484,7 +674,7 @@ export type RetryAllRequest = Message<"cyclone.v1.RetryAllRequest"> & {
  * Use `create(RetryAllRequestSchema)` to create a new message.
  */
 export const RetryAllRequestSchema: GenMessage<RetryAllRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 15);
+  messageDesc(file_cyclone_v1_admin_service, 22);
 
 /**
  * Result of AdminService.RetryAll.
@@ -512,7 +702,7 @@ export type RetryAllResponse = Message<"cyclone.v1.RetryAllResponse"> & {
  * Use `create(RetryAllResponseSchema)` to create a new message.
  */
 export const RetryAllResponseSchema: GenMessage<RetryAllResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 16);
+  messageDesc(file_cyclone_v1_admin_service, 23);
 
 /**
  * Arguments of AdminService.Resolve.
@@ -589,7 +779,7 @@ export type ResolveRequest = Message<"cyclone.v1.ResolveRequest"> & {
  * Use `create(ResolveRequestSchema)` to create a new message.
  */
 export const ResolveRequestSchema: GenMessage<ResolveRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 17);
+  messageDesc(file_cyclone_v1_admin_service, 24);
 
 /**
  * Result of AdminService.Resolve.
@@ -610,7 +800,7 @@ export type ResolveResponse = Message<"cyclone.v1.ResolveResponse"> & {
  * Use `create(ResolveResponseSchema)` to create a new message.
  */
 export const ResolveResponseSchema: GenMessage<ResolveResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 18);
+  messageDesc(file_cyclone_v1_admin_service, 25);
 
 /**
  * Operator actions. Each is recorded in the run's audit trail with its actor and reason.
@@ -715,6 +905,41 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof MoveBuildRequestSchema;
     output: typeof MoveBuildResponseSchema;
+  },
+  /**
+   * Sets the default deadline of a workflow name, replacing the one set before: a run of
+   * that workflow submitted without a deadline (SubmitRequest.deadline) gets its
+   * created_at plus this duration; runs submitted before keep theirs. Who set it, when
+   * and why is kept with it (ListWorkflowDeadlines) and logged. INVALID_ARGUMENT for a
+   * bad workflow name, or a duration not above zero or beyond 366 days.
+   *
+   * @generated from rpc cyclone.v1.AdminService.SetWorkflowDeadline
+   */
+  setWorkflowDeadline: {
+    methodKind: "unary";
+    input: typeof SetWorkflowDeadlineRequestSchema;
+    output: typeof SetWorkflowDeadlineResponseSchema;
+  },
+  /**
+   * Clears the default deadline of a workflow name: its runs submitted from then on
+   * without a deadline have none. NOT_FOUND when it has no default deadline.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ClearWorkflowDeadline
+   */
+  clearWorkflowDeadline: {
+    methodKind: "unary";
+    input: typeof ClearWorkflowDeadlineRequestSchema;
+    output: typeof ClearWorkflowDeadlineResponseSchema;
+  },
+  /**
+   * Every default deadline of a workflow name, by name.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ListWorkflowDeadlines
+   */
+  listWorkflowDeadlines: {
+    methodKind: "unary";
+    input: typeof ListWorkflowDeadlinesRequestSchema;
+    output: typeof ListWorkflowDeadlinesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_admin_service, 0);
