@@ -38,6 +38,7 @@ from pyclient._commands import (
     _submit,
     _wait,
 )
+from pyclient._deadline_cli import deadline_commands
 from pyclient.client import default_address
 from pyclient.models import RunStatus
 
@@ -78,7 +79,9 @@ A node's action defaults to its name. Prints the run id. With --key, at most one
 is made per (workflow name, key): a repeated submit prints the existing run's id.
 --start-at (an ISO 8601 time with a zone, or a delay such as 90s, 15m, 2h) makes the
 first steps claimable only then; --priority orders the run's steps among the ready
-ones, higher first (docs/flow-control.md).
+ones, higher first (docs/flow-control.md); at --deadline (a time or a delay, as
+--start-at) the run is cancelled (default: the workflow's default deadline, if any:
+cyclone workflow-deadline).
 """
 
 RESOLVE_HELP = """\
@@ -200,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         _operator_commands,
         _schedule_commands,
         _builds_commands,
+        deadline_commands,
         _event_commands,
         _journal_commands,
         _console_command,
@@ -223,6 +227,13 @@ def _submit_command(command: Command, common: argparse.ArgumentParser) -> None:
         type=_start_at_arg,
         metavar="TIME",
         help="not before TIME: ISO 8601 with a zone, or a delay (90s, 15m, 2h, 1d)",
+    )
+    p.add_argument(
+        "--deadline",
+        type=_start_at_arg,
+        metavar="TIME",
+        help="cancel the run at TIME: ISO 8601 with a zone, or a delay (90s, 15m, 2h, 1d); "
+        "default: the workflow's default deadline, if any",
     )
     p.add_argument(
         "--priority",

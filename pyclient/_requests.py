@@ -57,6 +57,7 @@ from pyclient.models import (
     Submitted,
     Workers,
     WorkerSummary,
+    WorkflowDeadline,
 )
 from pyclient.workflow import RetryPolicy, Workflow
 
@@ -394,6 +395,35 @@ class calls:
             from_build_id=from_build_id, to_build_id=to_build_id, reason=reason
         )
         return Call("admin", "MoveBuild", req, lambda r: BuildMoved(r.nodes_moved, r.runs_moved))
+
+    @staticmethod
+    def set_workflow_deadline(
+        workflow: str, deadline: float | dt.timedelta, reason: str
+    ) -> Call[WorkflowDeadline]:
+        req = admin_pb.SetWorkflowDeadlineRequest(workflow=workflow, reason=reason)
+        if isinstance(deadline, dt.timedelta):
+            req.deadline.FromTimedelta(deadline)
+        else:
+            req.deadline.FromNanoseconds(round(deadline * 1e9))
+        return Call(
+            "admin", "SetWorkflowDeadline", req, lambda r: WorkflowDeadline.from_proto(r.deadline)
+        )
+
+    @staticmethod
+    def clear_workflow_deadline(workflow: str, reason: str) -> Call[WorkflowDeadline]:
+        req = admin_pb.ClearWorkflowDeadlineRequest(workflow=workflow, reason=reason)
+        return Call(
+            "admin", "ClearWorkflowDeadline", req, lambda r: WorkflowDeadline.from_proto(r.deadline)
+        )
+
+    @staticmethod
+    def list_workflow_deadlines() -> Call[list[WorkflowDeadline]]:
+        return Call(
+            "admin",
+            "ListWorkflowDeadlines",
+            admin_pb.ListWorkflowDeadlinesRequest(),
+            lambda r: [WorkflowDeadline.from_proto(d) for d in r.deadlines],
+        )
 
 
 _OVERLAP = {"skip": schedule_pb.OVERLAP_POLICY_SKIP, "allow": schedule_pb.OVERLAP_POLICY_ALLOW}

@@ -39,6 +39,7 @@ from pyclient.models import (
     StepPage,
     Submitted,
     Workers,
+    WorkflowDeadline,
 )
 from pyclient.workflow import RetryPolicy, Workflow
 
@@ -283,6 +284,19 @@ class AsyncClient:
         self, from_build_id: str, to_build_id: str, reason: str = ""
     ) -> BuildMoved:
         return await self._invoke(calls.move_build(from_build_id, to_build_id, reason))
+
+    # Default deadlines of workflows (docs/time-and-events.md) ---------------------------
+
+    async def set_workflow_deadline(
+        self, workflow: str, deadline: float | dt.timedelta, reason: str = ""
+    ) -> WorkflowDeadline:
+        return await self._invoke(calls.set_workflow_deadline(workflow, deadline, reason))
+
+    async def clear_workflow_deadline(self, workflow: str, reason: str = "") -> WorkflowDeadline:
+        return await self._invoke(calls.clear_workflow_deadline(workflow, reason))
+
+    async def list_workflow_deadlines(self) -> list[WorkflowDeadline]:
+        return await self._invoke(calls.list_workflow_deadlines())
 
     async def create_schedule(
         self,

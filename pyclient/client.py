@@ -47,6 +47,7 @@ from pyclient.models import (
     StepPage,
     Submitted,
     Workers,
+    WorkflowDeadline,
 )
 from pyclient.workflow import RetryPolicy, Workflow
 
@@ -356,6 +357,23 @@ class Client:
     def move_build(self, from_build_id: str, to_build_id: str, reason: str = "") -> BuildMoved:
         """Move the unfinished nodes pinned to a retired build to another build."""
         return self._invoke(calls.move_build(from_build_id, to_build_id, reason))
+
+    # Default deadlines of workflows (docs/time-and-events.md) ---------------------------
+
+    def set_workflow_deadline(
+        self, workflow: str, deadline: float | dt.timedelta, reason: str = ""
+    ) -> WorkflowDeadline:
+        """Set the default deadline of ``workflow`` (seconds, or a timedelta): its runs
+        submitted without a deadline are cancelled this long after their submit."""
+        return self._invoke(calls.set_workflow_deadline(workflow, deadline, reason))
+
+    def clear_workflow_deadline(self, workflow: str, reason: str = "") -> WorkflowDeadline:
+        """Clear the default deadline of ``workflow``; the one cleared (NotFound if none)."""
+        return self._invoke(calls.clear_workflow_deadline(workflow, reason))
+
+    def list_workflow_deadlines(self) -> list[WorkflowDeadline]:
+        """Every workflow's default deadline, by name."""
+        return self._invoke(calls.list_workflow_deadlines())
 
     # Schedules (docs/schedules.md) ---------------------------------------------------
 
