@@ -95,6 +95,7 @@ DELETE FROM cyclone.submit_keys;
 DELETE FROM cyclone.action_claims;
 DELETE FROM cyclone.action_rates;
 DELETE FROM cyclone.schedules;
+DELETE FROM cyclone.workflow_deadlines;
 UPDATE cyclone.clock SET offset_by = '0';
 DO $$
 DECLARE
