@@ -18,7 +18,7 @@ CREATE INDEX runs_deadline_idx ON cyclone.runs (deadline)
 
 -- Cancels up to p_limit running runs whose deadline has passed, earliest first, each
 -- through run_cancel (its unfinished steps cancelled, so that a running handler is told
--- by its next heartbeat or on its Work stream; its descendant runs cancelled with it;
+-- by the answer to its next heartbeat; its descendant runs cancelled with it;
 -- a parent waiting for it woken), with actor 'cyclone' and the reason "deadline
 -- exceeded at <deadline>" in the run's audit. The candidates are read without locks;
 -- each run is then taken only if no other transaction holds it (FOR NO KEY UPDATE SKIP
