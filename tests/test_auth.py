@@ -206,7 +206,14 @@ def call(server: Any, method: str, streaming: tuple[bool, bool], metadata: tuple
 
 
 #: The reads whose fields are all optional: an empty request is a valid one.
-OPTIONAL_READS = ("/ListRuns", "/CountRuns", "/ListWorkers", "/ListSchedules", "/ListBuilds")
+OPTIONAL_READS = (
+    "/ListRuns",
+    "/CountRuns",
+    "/ListWorkers",
+    "/ListSchedules",
+    "/ListBuilds",
+    "/ListWorkflowDeadlines",
+)
 
 
 def test_every_method_the_server_serves_refuses_exactly_the_callers_its_roles_leave_out(
