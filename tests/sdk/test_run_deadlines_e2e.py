@@ -22,15 +22,13 @@ def _worker(server: Any) -> Worker:
     return Worker(server.address, concurrency=2, lease=3.0, claim_wait=2.0, shutdown_grace=5.0)
 
 
-def test_a_handler_is_told_at_its_runs_deadline_and_reads_it(server_factory: Any) -> None:
+def test_a_handler_is_told_at_its_runs_deadline(server_factory: Any) -> None:
     server = server_factory(deadline_interval_s=0.2)
     worker = _worker(server)
     started, told = threading.Event(), threading.Event()
-    seen: list[Any] = []
 
     @worker.action("slow")
     def slow(ctx: Any) -> str:
-        seen.append(ctx.run_deadline)
         started.set()
         if ctx.cancelled.wait(PATIENCE):  # only the deadline's cancel ends it
             told.set()
@@ -46,6 +44,21 @@ def test_a_handler_is_told_at_its_runs_deadline_and_reads_it(server_factory: Any
     assert run.status == RunStatus.CANCELLED
     [entry] = [a for a in run.audit if a.action == "cancel"]
     assert entry.actor == "cyclone" and entry.reason.startswith("deadline exceeded at ")
+
+
+def test_a_handler_reads_its_runs_deadline(client: Client, make_worker: Any) -> None:
+    worker = make_worker()
+    seen: list[Any] = []
+
+    @worker.action("read")
+    def read(ctx: Any) -> None:
+        seen.append(ctx.run_deadline)
+
+    wf = Workflow("w")
+    wf.node("read")
+    with running(worker):
+        run = client.wait(client.submit(wf, deadline=dt.timedelta(hours=1)), timeout=PATIENCE)
+    assert run.status == RunStatus.COMPLETED
     assert run.deadline is not None and seen == [run.deadline]
 
 
