@@ -170,7 +170,7 @@ def migrate(
 
 
 #: The roles the schema grants to (service/schema/90_roles.sql), created where missing.
-_ROLES = ("cyclone_worker",)
+_ROLES = ("cyclone_worker", "cyclone_client")
 # Run on a worker: with propagation off there, a worker would pass the CREATE ROLE on to
 # the other nodes, the coordinator among them, whose own command is waiting for it.
 _CREATE_ROLE = """DO $$

@@ -20,6 +20,7 @@ __all__ = [
     "ENGINE_SQLSTATES",
     "FORBIDDEN_TRANSITION",
     "INVALID_INPUT",
+    "INVALID_WORKFLOW",
     "LEASE_LOST",
     "SQLSTATE_KINDS",
     "UNKNOWN_STEP",
@@ -36,6 +37,8 @@ UNKNOWN_STEP = "CY002"
 FORBIDDEN_TRANSITION = "CY003"
 #: An argument the function refuses (e.g. an unknown resolution).
 INVALID_INPUT = "CY004"
+#: cyclone.submit refused the workflow or another of its arguments (docs/submit-from-sql.md).
+INVALID_WORKFLOW = "CY006"
 #: cyclone.step_complete with the token that already completed the step: a repeat.
 ALREADY_COMPLETED = "CY005"
 
@@ -63,6 +66,7 @@ ENGINE_SQLSTATES: dict[str, ErrorKind] = {
     UNKNOWN_STEP: ErrorKind.NOT_FOUND,
     FORBIDDEN_TRANSITION: ErrorKind.FAILED_PRECONDITION,
     INVALID_INPUT: ErrorKind.INVALID_ARGUMENT,
+    INVALID_WORKFLOW: ErrorKind.INVALID_ARGUMENT,
 }
 
 #: Every SQLSTATE with a meaning to Cyclone: the engine's, and Postgres' own that say

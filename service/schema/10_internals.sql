@@ -11,6 +11,7 @@
 --   CY003 wrong state    (gRPC FAILED_PRECONDITION)
 --   CY004 unknown resolution (gRPC INVALID_ARGUMENT; step_resolve)
 --   CY005 step_complete repeated a committed completion (the worker rolls back)
+--   CY006 invalid workflow or submit argument (gRPC INVALID_ARGUMENT; cyclone.submit)
 
 -- Locks a run row and returns its status; CY002 when there is no such run. The
 -- transitions on one run call it first (_step_complete, _step_fail_unheld,

@@ -26,6 +26,24 @@ EXCEPTION
 END;
 $$;
 
+-- The client's role: an application that creates runs in its own transactions
+-- (docs/submit-from-sql.md) logs in as a member of cyclone_client, which may call
+-- cyclone.submit and nothing else.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'cyclone_client') THEN
+        CREATE ROLE cyclone_client NOLOGIN;
+    END IF;
+EXCEPTION
+    WHEN duplicate_object OR unique_violation THEN
+        NULL;
+    WHEN insufficient_privilege THEN
+        RAISE EXCEPTION 'cannot create role cyclone_client: %', SQLERRM
+            USING HINT = 'Create it once as a superuser (CREATE ROLE cyclone_client NOLOGIN), '
+                         'or run the migrations as a role with CREATEROLE.';
+END;
+$$;
+
 -- Functions are executable by PUBLIC unless that is revoked: no Cyclone function is for
 -- PUBLIC. (service/migrate.py revokes it again after every migrate, for functions a
 -- later migration adds.)
@@ -36,3 +54,7 @@ GRANT EXECUTE ON FUNCTION cyclone.step_complete(uuid, text, uuid, jsonb) TO cycl
 GRANT EXECUTE ON FUNCTION cyclone.step_call_record(uuid, text, uuid, text, integer, text, jsonb,
                                                    text)
     TO cyclone_worker;
+
+GRANT USAGE ON SCHEMA cyclone TO cyclone_client;
+GRANT EXECUTE ON FUNCTION cyclone.submit(jsonb, jsonb, text, timestamptz, integer, jsonb)
+    TO cyclone_client;
