@@ -234,7 +234,7 @@ def rare_parts(r: ClaimedStep) -> worker_pb.ClaimedStep | None:
         return None
     step = worker_pb.ClaimedStep()
     if r.run_deadline is not None:
-        step.run_deadline.CopyFrom(convert.timestamp(r.run_deadline))
+        step.run_deadline.FromDatetime(r.run_deadline)
     if r.traceparent:
         step.traceparent = r.traceparent
     for u in r.upstream_failures or ():
