@@ -295,6 +295,28 @@ class BuildRun:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkflowDeadline:
+    """A workflow's default deadline (set_workflow_deadline): a run of it submitted
+    without a deadline is cancelled this long after its submit; who set it, when, why."""
+
+    workflow: str
+    deadline: dt.timedelta
+    set_by: str
+    set_at: dt.datetime | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: the deadline in seconds, times in ISO 8601."""
+        ready: dict[str, Any] = _jsonable(dataclasses.asdict(self))
+        ready["deadline"] = self.deadline.total_seconds()
+        return ready
+
+    @classmethod
+    def from_proto(cls, p: admin_service_pb2.WorkflowDeadline) -> WorkflowDeadline:
+        return _build(cls, p, deadline=p.deadline.ToTimedelta())
+
+
+@dataclass(frozen=True, slots=True)
 class BuildMoved:
     """What move_build moved: unfinished nodes, and the runs they belong to."""
 

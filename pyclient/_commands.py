@@ -161,7 +161,8 @@ def _workflow_and_input(args: argparse.Namespace) -> tuple[Workflow, Any]:
 def _submit(client: Client, args: argparse.Namespace) -> Any:
     workflow, run_input = _workflow_and_input(args)
     # Only what was given, so that a submit without them is the plain call.
-    flow = {k: v for k, v in (("start_at", args.start_at), ("priority", args.priority)) if v}
+    given = (("start_at", args.start_at), ("priority", args.priority), ("deadline", args.deadline))
+    flow = {k: v for k, v in given if v}
     if args.tag:
         flow["tags"] = _tags(args.tag)
     if args.key:

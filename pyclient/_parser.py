@@ -42,6 +42,7 @@ from pyclient._commands import (
     run_filter_flags,
     status_flag,
 )
+from pyclient._deadline_cli import deadline_commands
 from pyclient._pause_cli import pause_commands
 from pyclient.client import default_address
 
@@ -83,7 +84,9 @@ is made per (workflow name, key): a repeated submit prints the existing run's id
 --start-at (an ISO 8601 time with a zone, or a delay such as 90s, 15m, 2h) makes the
 first steps claimable only then; --priority orders the run's steps among the ready
 ones, higher first (docs/flow-control.md). --tag KEY=VALUE (repeated, at most 16)
-tags the run: `cyclone runs list --tag KEY=VALUE` finds it.
+tags the run: `cyclone runs list --tag KEY=VALUE` finds it. At --deadline (a time or a
+delay, as --start-at) the run is cancelled (default: the workflow's default deadline,
+if any: cyclone workflow-deadline).
 """
 
 RESOLVE_HELP = """\
@@ -207,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         bulk_commands,
         _schedule_commands,
         _builds_commands,
+        deadline_commands,
         _event_commands,
         _journal_commands,
         _console_command,
@@ -230,6 +234,13 @@ def _submit_command(command: Command, common: argparse.ArgumentParser) -> None:
         type=_start_at_arg,
         metavar="TIME",
         help="not before TIME: ISO 8601 with a zone, or a delay (90s, 15m, 2h, 1d)",
+    )
+    p.add_argument(
+        "--deadline",
+        type=_start_at_arg,
+        metavar="TIME",
+        help="cancel the run at TIME: ISO 8601 with a zone, or a delay (90s, 15m, 2h, 1d); "
+        "default: the workflow's default deadline, if any",
     )
     p.add_argument(
         "--priority",

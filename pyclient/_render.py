@@ -167,6 +167,8 @@ def run_view(run: Run) -> Group:
         times += f"  finished {when(run.finished_at, run.created_at)}"
     if run.submit_key:
         times += f"  key {run.submit_key}"
+    if run.deadline is not None:
+        times += f"  deadline {when(run.deadline, run.created_at)}"
     parts.append(Text(times))
     if run.tags:
         parts.append(Text("  tags " + "  ".join(f"{k}={v}" for k, v in sorted(run.tags.items()))))

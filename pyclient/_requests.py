@@ -1,8 +1,8 @@
 """What each method of Client and AsyncClient does, described once: the request it
 builds (checked as the server checks it), the RPC, how to read the answer
-(:class:`calls`, :class:`schedule_calls`); with the polling schedule of ``wait()`` and
-the address and metadata every client uses. The two classes only differ in how they
-wait."""
+(:class:`calls`; the schedules' are in pyclient._schedule_calls); with the polling
+schedule of ``wait()`` and the address and metadata every client uses. The two classes
+only differ in how they wait."""
 
 from __future__ import annotations
 
@@ -22,9 +22,6 @@ from cyclone.v1 import (
 )
 from cyclone.v1 import (
     admin_service_pb2_grpc as admin_grpc,
-)
-from cyclone.v1 import (
-    schedule_service_pb2 as schedule_pb,
 )
 from cyclone.v1 import (
     schedule_service_pb2_grpc as schedule_grpc,
@@ -55,14 +52,13 @@ from pyclient.models import (
     RunPause,
     RunStatus,
     RunStep,
-    Schedule,
-    SchedulePage,
     Step,
     StepPage,
     StepStatus,
     Submitted,
     Workers,
     WorkerSummary,
+    WorkflowDeadline,
 )
 from pyclient.workflow import RetryPolicy, Workflow
 
@@ -102,22 +98,35 @@ def _set_tags(tags: Mapping[str, str] | None, into: Any) -> None:
         into[key] = value
 
 
-def _set_flow(
-    req: wf_pb.SubmitRequest | wf_pb.SubmitOnceRequest, start_at: StartAt | None, priority: int
+def _set_time(
+    req: wf_pb.SubmitRequest | wf_pb.SubmitOnceRequest, field: str, when: StartAt | None
 ) -> None:
-    """Start time and priority of a submit, checked as the server checks them."""
+    """A time field of a submit (start_at, deadline): an aware datetime, or a delay from
+    now."""
+    if when is None:
+        return
+    if isinstance(when, dt.timedelta):
+        when = dt.datetime.now(dt.UTC) + when
+    if when.tzinfo is None:
+        raise InvalidArgument(f"{field} must be an aware datetime (with a time zone)")
+    getattr(req, field).FromDatetime(when)
+
+
+def _set_flow(
+    req: wf_pb.SubmitRequest | wf_pb.SubmitOnceRequest,
+    start_at: StartAt | None,
+    priority: int,
+    deadline: StartAt | None = None,
+) -> None:
+    """Start time, priority and deadline of a submit, checked as the server checks
+    them."""
     try:
         flow.check_priority("run", priority)
     except dag.InvalidWorkflow as exc:
         raise InvalidArgument(str(exc)) from None
     req.priority = priority
-    if start_at is None:
-        return
-    if isinstance(start_at, dt.timedelta):
-        start_at = dt.datetime.now(dt.UTC) + start_at
-    if start_at.tzinfo is None:
-        raise InvalidArgument("start_at must be an aware datetime (with a time zone)")
-    req.start_at.FromDatetime(start_at)
+    _set_time(req, "start_at", start_at)
+    _set_time(req, "deadline", deadline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,10 +167,11 @@ class calls:
         start_at: StartAt | None = None,
         priority: int = 0,
         tags: Mapping[str, str] | None = None,
+        deadline: StartAt | None = None,
     ) -> Call[str]:
         req = wf_pb.SubmitRequest(workflow=workflow.to_proto())
         _set_value(req, "input", input, "run input")
-        _set_flow(req, start_at, priority)
+        _set_flow(req, start_at, priority, deadline)
         _set_tags(tags, req.tags)
         return Call("workflow", "Submit", req, lambda r: r.run_id)
 
@@ -173,6 +183,7 @@ class calls:
         start_at: StartAt | None = None,
         priority: int = 0,
         tags: Mapping[str, str] | None = None,
+        deadline: StartAt | None = None,
     ) -> Call[Submitted]:
         try:
             dag.check_submit_key(key)
@@ -180,7 +191,7 @@ class calls:
             raise InvalidArgument(str(exc)) from None
         req = wf_pb.SubmitOnceRequest(workflow=workflow.to_proto(), key=key)
         _set_value(req, "input", input, "run input")
-        _set_flow(req, start_at, priority)
+        _set_flow(req, start_at, priority, deadline)
         _set_tags(tags, req.tags)
         return Call("workflow", "SubmitOnce", req, lambda r: Submitted(r.run_id, r.created))
 
@@ -447,69 +458,34 @@ class calls:
             ],
         )
 
-
-_OVERLAP = {"skip": schedule_pb.OVERLAP_POLICY_SKIP, "allow": schedule_pb.OVERLAP_POLICY_ALLOW}
-_CATCH_UP = {"skip": schedule_pb.CATCH_UP_POLICY_SKIP, "all": schedule_pb.CATCH_UP_POLICY_ALL}
-
-
-class schedule_calls:
     @staticmethod
-    def create(
-        name: str,
-        workflow: Workflow,
-        input: Any,
-        cron: str | None,
-        time_zone: str | None,
-        every: float | dt.timedelta | None,
-        overlap: str,
-        catch_up: str,
-        paused: bool,
-    ) -> Call[Schedule]:
-        if (cron is None) == (every is None):
-            raise InvalidArgument("give exactly one of cron and every")
-        if overlap not in _OVERLAP:
-            raise InvalidArgument(f"overlap must be one of {sorted(_OVERLAP)}, got {overlap!r}")
-        if catch_up not in _CATCH_UP:
-            raise InvalidArgument(f"catch_up must be one of {sorted(_CATCH_UP)}, got {catch_up!r}")
-        s = schedule_pb.Schedule(
-            name=name,
-            workflow=workflow.to_proto(),
-            time_zone=time_zone or "",
-            overlap=_OVERLAP[overlap],
-            catch_up=_CATCH_UP[catch_up],
-            paused=paused,
-        )
-        if cron is not None:
-            s.cron = cron
+    def set_workflow_deadline(
+        workflow: str, deadline: float | dt.timedelta, reason: str
+    ) -> Call[WorkflowDeadline]:
+        req = admin_pb.SetWorkflowDeadlineRequest(workflow=workflow, reason=reason)
+        if isinstance(deadline, dt.timedelta):
+            req.deadline.FromTimedelta(deadline)
         else:
-            seconds = every.total_seconds() if isinstance(every, dt.timedelta) else every
-            s.interval.FromNanoseconds(round(float(seconds or 0) * 1e9))
-        _set_value(s, "input", input, "run input")
-        req = schedule_pb.CreateScheduleRequest(schedule=s)
-        return Call("schedule", "CreateSchedule", req, _schedule)
-
-    @staticmethod
-    def one(method: str, name: str) -> Call[Schedule]:
-        req = getattr(schedule_pb, f"{method}Request")(name=name)
-        return Call("schedule", method, req, _schedule)
-
-    @staticmethod
-    def list(page_size: int | None, page_token: str | None) -> Call[SchedulePage]:
-        req = schedule_pb.ListSchedulesRequest(
-            page_size=page_size or 0, page_token=page_token or ""
+            req.deadline.FromNanoseconds(round(deadline * 1e9))
+        return Call(
+            "admin", "SetWorkflowDeadline", req, lambda r: WorkflowDeadline.from_proto(r.deadline)
         )
 
-        def parse(r: schedule_pb.ListSchedulesResponse) -> SchedulePage:
-            return SchedulePage(
-                tuple(Schedule.from_proto(s) for s in r.schedules), r.next_page_token
-            )
-
-        return Call("schedule", "ListSchedules", req, parse)
+    @staticmethod
+    def clear_workflow_deadline(workflow: str, reason: str) -> Call[WorkflowDeadline]:
+        req = admin_pb.ClearWorkflowDeadlineRequest(workflow=workflow, reason=reason)
+        return Call(
+            "admin", "ClearWorkflowDeadline", req, lambda r: WorkflowDeadline.from_proto(r.deadline)
+        )
 
     @staticmethod
-    def delete(name: str) -> Call[None]:
-        req = schedule_pb.DeleteScheduleRequest(name=name)
-        return Call("schedule", "DeleteSchedule", req, lambda r: None)
+    def list_workflow_deadlines() -> Call[list[WorkflowDeadline]]:
+        return Call(
+            "admin",
+            "ListWorkflowDeadlines",
+            admin_pb.ListWorkflowDeadlinesRequest(),
+            lambda r: [WorkflowDeadline.from_proto(d) for d in r.deadlines],
+        )
 
 
 #: The prefix filters of list_runs and count_runs.
@@ -545,10 +521,6 @@ def _set_run_filters(
         req.created_after.FromDatetime(created_after)
     if created_before is not None:
         req.created_before.FromDatetime(created_before)
-
-
-def _schedule(r: Any) -> Schedule:
-    return Schedule.from_proto(r.schedule)
 
 
 def _set_value(

@@ -411,6 +411,9 @@ class Run:
     pause: RunPause | None = None
     #: The run's tags (key = value), given to submit; changed only by set_run_tags.
     tags: Mapping[str, str] = field(default_factory=dict)
+    #: The run's deadline (given to submit, or its workflow's default): at it the run is
+    #: cancelled. None: none.
+    deadline: dt.datetime | None = None
 
     def step(self, node: str) -> Step:
         """The step of ``node``; KeyError when the run has none (or steps were not loaded)."""

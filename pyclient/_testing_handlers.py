@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import json
 import threading
 import uuid
@@ -43,6 +44,7 @@ def make_context(
     effect_uncertain: bool = False,
     upstream_failures: Sequence[UpstreamFailure] = (),
     completion_conn: Any = None,
+    run_deadline: dt.datetime | None = None,
 ) -> Context:
     """A context for a handler under test; ``run_id`` defaults to a fresh UUID.
 
@@ -50,6 +52,7 @@ def make_context(
     ``[UpstreamFailure("charge", StepStatus.DISCARDED, StepError(...))]``.
     ``completion_conn`` (e.g. a psycopg connection of your test database) is what
     ``ctx.completion_tx()`` returns; this helper neither commits nor rolls it back.
+    ``run_deadline`` is the run's deadline the handler reads (``ctx.run_deadline``).
     """
     given = _GivenConnection(completion_conn) if completion_conn is not None else None
     # Only its connection() is used outside the worker.
@@ -68,6 +71,7 @@ def make_context(
         effect_uncertain=effect_uncertain,
         upstream_failures=tuple(upstream_failures),
         worker_id="pyclient.testing",
+        run_deadline=run_deadline,
         _control=control,
     )
 

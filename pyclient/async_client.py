@@ -21,9 +21,9 @@ from pyclient._requests import (
     call_metadata,
     calls,
     default_address,
-    schedule_calls,
     stubs,
 )
+from pyclient._schedule_calls import schedule_calls
 from pyclient.errors import from_rpc_error
 from pyclient.models import (
     Build,
@@ -45,6 +45,7 @@ from pyclient.models import (
     StepPage,
     Submitted,
     Workers,
+    WorkflowDeadline,
 )
 from pyclient.workflow import RetryPolicy, Workflow
 
@@ -99,8 +100,9 @@ class AsyncClient:
         start_at: StartAt | None = None,
         priority: int = 0,
         tags: Mapping[str, str] | None = None,
+        deadline: StartAt | None = None,
     ) -> str:
-        return await self._invoke(calls.submit(workflow, input, start_at, priority, tags))
+        return await self._invoke(calls.submit(workflow, input, start_at, priority, tags, deadline))
 
     async def submit_once(
         self,
@@ -111,8 +113,11 @@ class AsyncClient:
         start_at: StartAt | None = None,
         priority: int = 0,
         tags: Mapping[str, str] | None = None,
+        deadline: StartAt | None = None,
     ) -> Submitted:
-        return await self._invoke(calls.submit_once(workflow, key, input, start_at, priority, tags))
+        return await self._invoke(
+            calls.submit_once(workflow, key, input, start_at, priority, tags, deadline)
+        )
 
     async def start(
         self,
@@ -366,6 +371,19 @@ class AsyncClient:
 
     async def list_pauses(self) -> list[NamePause]:
         return await self._invoke(calls.list_pauses())
+
+    # Default deadlines of workflows (docs/time-and-events.md) ---------------------------
+
+    async def set_workflow_deadline(
+        self, workflow: str, deadline: float | dt.timedelta, reason: str = ""
+    ) -> WorkflowDeadline:
+        return await self._invoke(calls.set_workflow_deadline(workflow, deadline, reason))
+
+    async def clear_workflow_deadline(self, workflow: str, reason: str = "") -> WorkflowDeadline:
+        return await self._invoke(calls.clear_workflow_deadline(workflow, reason))
+
+    async def list_workflow_deadlines(self) -> list[WorkflowDeadline]:
+        return await self._invoke(calls.list_workflow_deadlines())
 
     async def create_schedule(
         self,

@@ -28,9 +28,9 @@ from pyclient._requests import (
     call_metadata,
     calls,
     default_address,
-    schedule_calls,
     stubs,
 )
+from pyclient._schedule_calls import schedule_calls
 from pyclient.async_client import AsyncClient
 from pyclient.errors import from_rpc_error
 from pyclient.models import (
@@ -53,6 +53,7 @@ from pyclient.models import (
     StepPage,
     Submitted,
     Workers,
+    WorkflowDeadline,
 )
 from pyclient.workflow import RetryPolicy, Workflow
 
@@ -123,13 +124,16 @@ class Client:
         start_at: StartAt | None = None,
         priority: int = 0,
         tags: Mapping[str, str] | None = None,
+        deadline: StartAt | None = None,
     ) -> str:
         """Validate ``workflow``, start a new run with ``input``, return its run id.
         ``start_at`` (an aware datetime, or a timedelta from now) makes its first steps
         claimable only then; ``priority`` orders its steps among the ready ones (higher
         first; docs/flow-control.md); ``tags`` (key = value strings, at most 16) label it
-        for list_runs and count_runs."""
-        return self._invoke(calls.submit(workflow, input, start_at, priority, tags))
+        for list_runs and count_runs; at ``deadline`` (an aware datetime, or a timedelta
+        from now; default: the workflow's default deadline, if any) the run is
+        cancelled (docs/time-and-events.md)."""
+        return self._invoke(calls.submit(workflow, input, start_at, priority, tags, deadline))
 
     def submit_once(
         self,
@@ -140,11 +144,14 @@ class Client:
         start_at: StartAt | None = None,
         priority: int = 0,
         tags: Mapping[str, str] | None = None,
+        deadline: StartAt | None = None,
     ) -> Submitted:
         """At most one run per (workflow name, key): the new run or the existing one
-        (which keeps its own tags). ``start_at``, ``priority`` and ``tags`` as for
-        :meth:`submit`."""
-        return self._invoke(calls.submit_once(workflow, key, input, start_at, priority, tags))
+        (which keeps its own tags). ``start_at``, ``priority``, ``tags`` and ``deadline``
+        as for :meth:`submit`."""
+        return self._invoke(
+            calls.submit_once(workflow, key, input, start_at, priority, tags, deadline)
+        )
 
     def start(
         self,
@@ -453,6 +460,23 @@ class Client:
     def list_pauses(self) -> list[NamePause]:
         """The workflows and actions paused now: workflows first, each by name."""
         return self._invoke(calls.list_pauses())
+
+    # Default deadlines of workflows (docs/time-and-events.md) ---------------------------
+
+    def set_workflow_deadline(
+        self, workflow: str, deadline: float | dt.timedelta, reason: str = ""
+    ) -> WorkflowDeadline:
+        """Set the default deadline of ``workflow`` (seconds, or a timedelta): its runs
+        submitted without a deadline are cancelled this long after their submit."""
+        return self._invoke(calls.set_workflow_deadline(workflow, deadline, reason))
+
+    def clear_workflow_deadline(self, workflow: str, reason: str = "") -> WorkflowDeadline:
+        """Clear the default deadline of ``workflow``; the one cleared (NotFound if none)."""
+        return self._invoke(calls.clear_workflow_deadline(workflow, reason))
+
+    def list_workflow_deadlines(self) -> list[WorkflowDeadline]:
+        """Every workflow's default deadline, by name."""
+        return self._invoke(calls.list_workflow_deadlines())
 
     # Schedules (docs/schedules.md) ---------------------------------------------------
 

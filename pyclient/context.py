@@ -227,6 +227,9 @@ class Context:
     #: Inside a step call of a durable function: the call's step id (``charge``,
     #: ``charge#2``); None elsewhere.
     step_id: str | None = None
+    #: The run's deadline (given to submit, or its workflow's default): at it the run
+    #: is cancelled and ``cancelled`` is set. None: the run has none. For budgeting work.
+    run_deadline: dt.datetime | None = None
     _control: StepControl = field(default_factory=StepControl, repr=False, compare=False)
     #: The replay of a durable function's step calls (a pyclient.durable Replay, read
     #: through ``replay_of``); None for a plain handler.
@@ -344,6 +347,7 @@ _new_object = object.__new__
     _set_worker_id,
     _set_upstream_failures,
     _set_step_id,
+    _set_run_deadline,
     _set_control,
     _set_durable,
     _set_scope,
@@ -365,13 +369,14 @@ _new_object = object.__new__
         "worker_id",
         "upstream_failures",
         "step_id",
+        "run_deadline",
         "_control",
         "_durable",
         "_scope",
     )
 )
 # A field added to Context must be set by claimed_context too.
-assert len(_SET) == 18, "claimed_context sets every field of Context"
+assert len(_SET) == 19, "claimed_context sets every field of Context"
 
 
 def claimed_context(
@@ -392,10 +397,11 @@ def claimed_context(
     upstream_failures: tuple[UpstreamFailure, ...],
     control: StepControl,
     durable: object | None,
+    run_deadline: dt.datetime | None = None,
 ) -> Context:
     """The Context of a claimed step, as ``Context(...)`` makes it with these fields
     (no step call, ``step_id`` None), at a third of the cost: the worker makes one per
-    step, and the frozen dataclass's ``__init__`` sets each of its 18 fields through
+    step, and the frozen dataclass's ``__init__`` sets each of its 19 fields through
     ``object.__setattr__`` by name and then runs ``__post_init__``. Here each slot is
     set directly; ``upstream`` must already be a MappingProxyType and
     ``upstream_failures`` a tuple (what ``__post_init__`` would make them).
@@ -416,6 +422,7 @@ def claimed_context(
     _set_worker_id(ctx, worker_id)
     _set_upstream_failures(ctx, upstream_failures)
     _set_step_id(ctx, None)
+    _set_run_deadline(ctx, run_deadline)
     _set_control(ctx, control)
     _set_durable(ctx, durable)
     _set_scope(ctx, None)

@@ -28,6 +28,7 @@ from pyclient._answers import (
     StepPage,
     Workers,
     WorkerSummary,
+    WorkflowDeadline,
 )
 from pyclient._runs import (
     CHILD_START_FUNCTION,
@@ -92,6 +93,7 @@ __all__ = [
     "UpstreamFailure",
     "WorkerSummary",
     "Workers",
+    "WorkflowDeadline",
     "time_field",
     "timestamp_datetime",
     "trigger_rule_name",

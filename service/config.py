@@ -54,6 +54,7 @@ class Settings:
     sweep_batch: int = 1000
     max_recoveries: int = 10
     schedule_interval_s: float = 0.5
+    deadline_interval_s: float = 1.0
     pool_size: int = 10
     statement_timeout_ms: int = 30_000
     max_message_bytes: int = 16 << 20
@@ -105,6 +106,8 @@ _HELP = {
     "the step's deadline with no outcome) before it is discarded; these attempts do not "
     "count against the node's retry policy",
     "schedule_interval_s": "seconds between passes of the loop that fires due schedules",
+    "deadline_interval_s": "seconds between passes of the loop that cancels runs past their "
+    "deadline",
     "pool_size": "database connections kept per server process",
     "statement_timeout_ms": "database statement timeout in ms (0: none)",
     "max_message_bytes": "largest gRPC message accepted, in bytes",

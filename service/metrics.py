@@ -293,6 +293,11 @@ class Metrics:
             ["cause"],
             registry=r,
         )
+        self.deadlines_exceeded = Counter(
+            "cyclone_runs_deadline_exceeded",
+            "Runs cancelled by this server's upkeep at their deadline",
+            registry=r,
+        )
         self.lease_expiries = _ByName(
             Counter(
                 "cyclone_lease_expiries",

@@ -129,6 +129,7 @@ class CycloneServer:
             ("sweep", self.sweep, self.settings.sweep_interval_s, 0.5),
             ("report of worker activity", self.report_activity, ACTIVITY_REPORT_S, 0.0),
             ("schedule firing", self.fire_schedules, self.settings.schedule_interval_s, 0.5),
+            ("deadline firing", self.fire_deadlines, self.settings.deadline_interval_s, 0.5),
         ]
         s = self.settings
         if s.retention_s or s.retention_failed_s or s.key_retention_s:
@@ -183,6 +184,10 @@ class CycloneServer:
         """Fire the due schedules once (service.engine.schedules); returns how many runs
         the firings submitted."""
         return await fire_due(self.db, self.metrics, self.keyed)
+
+    async def fire_deadlines(self) -> int:
+        """Cancel the runs past their deadline once; returns how many."""
+        return await self.upkeep.fire_deadlines()
 
     async def purge(self) -> int:
         """One retention pass; returns how many runs it deleted."""

@@ -224,6 +224,9 @@ TEST_SETTINGS = Settings(
     sweep_interval_s=3600,
     # Schedules fire when a test says (RunningServer.server.fire_schedules).
     schedule_interval_s=3600,
+    # Deadlines fire when a test says (RunningServer.server.fire_deadlines), or at the
+    # interval a test of deadlines sets.
+    deadline_interval_s=3600,
     retention_interval_s=3600,
     # A waiting Claim ends only when woken (or at a backoff coming due), never by the
     # periodic re-check that covers a lost notification: a broken wake-up fails a test

@@ -214,6 +214,7 @@ OPTIONAL_READS = (
     "/ListBuilds",
     "/ListPauses",
     "/ListBulkActions",
+    "/ListWorkflowDeadlines",
 )
 
 

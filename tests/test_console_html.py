@@ -4,6 +4,7 @@ same console in Chromium (make test-all); these run in `make test`."""
 
 from __future__ import annotations
 
+import datetime as dt
 import html
 import re
 import urllib.error
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from cyclone.v1 import workflow_service_pb2
 from tests.console_thread import ConsoleThread
 from tests.helpers import claim, get_run, node, run_status, submit, workflow
 from tests.test_auth import write_tokens
@@ -104,6 +106,16 @@ def test_the_runs_page_lists_a_run_and_its_page_names_the_nodes_with_input_escap
     assert "fetch" in page.text and "build" in page.text
     assert HOSTILE not in page.text
     assert html.escape(HOSTILE, quote=False) in page.text
+
+
+def test_a_run_page_shows_the_runs_deadline(cyclone_server: Any, visitor: Browserless) -> None:
+    request = workflow_service_pb2.SubmitRequest(workflow=workflow("report", node("fetch")))
+    request.deadline.FromDatetime(dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+    with_deadline = cyclone_server.workflows.Submit(request).run_id
+    without = submit(cyclone_server, workflow("report", node("fetch")))
+    page = visitor.get(f"/runs/{with_deadline}")
+    assert page.status == 200 and "<dt>Deadline</dt>" in page.text
+    assert "<dt>Deadline</dt>" not in visitor.get(f"/runs/{without}").text
 
 
 def test_a_cancel_posted_with_the_pages_csrf_token_cancels_and_a_forged_one_is_refused(

@@ -138,6 +138,9 @@ class StepRunner:
             else (),
             control=control,
             durable=replay,
+            run_deadline=self._datetime(step.run_deadline)
+            if step.HasField("run_deadline")
+            else None,
         )
 
 

@@ -1,6 +1,6 @@
 """AdminService: retry and resolve steps and step calls of blocked runs, change a run's
 tags; the builds' RPCs are in service.api.builds, the pauses' in service.api.pauses, the
-bulk actions' in service.api.bulk."""
+bulk actions' in service.api.bulk, the default deadlines' in service.api.deadlines."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from service import errors
 from service.api.build import attempt_of, run_proto
 from service.api.builds import BuildsAdmin
 from service.api.bulk import BulkAdmin
+from service.api.deadlines import DeadlinesAdmin
 from service.api.ids import parse_uuid
 from service.api.pauses import PausesAdmin
 from service.api.status import rpc
@@ -43,7 +44,9 @@ from service.db import Database
 log = logging.getLogger("cyclone")
 
 
-class AdminServicer(BuildsAdmin, PausesAdmin, BulkAdmin, admin_grpc.AdminServiceServicer):
+class AdminServicer(
+    BuildsAdmin, PausesAdmin, BulkAdmin, DeadlinesAdmin, admin_grpc.AdminServiceServicer
+):
     def __init__(self, db: Database, settings: Settings) -> None:
         self.db = db
         self.payloads = payloads_of(settings)

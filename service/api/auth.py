@@ -88,11 +88,20 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "StartBulkAction",
             "CancelBulkAction",
             "SetRunTags",
+            "SetWorkflowDeadline",
+            "ClearWorkflowDeadline",
         )
     },
     **{
         _ADMIN + m: frozenset({"client", "admin"})
-        for m in ("ListBuilds", "ListBuildRuns", "ListPauses", "GetBulkAction", "ListBulkActions")
+        for m in (
+            "ListBuilds",
+            "ListBuildRuns",
+            "ListPauses",
+            "GetBulkAction",
+            "ListBulkActions",
+            "ListWorkflowDeadlines",
+        )
     },
     **{_SCHEDULE + m: frozenset({"client", "admin"}) for m in ("GetSchedule", "ListSchedules")},
     **{

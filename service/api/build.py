@@ -73,6 +73,8 @@ def run_summary(row: RunSummary) -> types_pb2.Run:
         run.step_counts[status] = n
     if row.start_at is not None:
         run.start_at.FromDatetime(row.start_at)
+    if row.deadline is not None:
+        run.deadline.FromDatetime(row.deadline)
     return run
 
 
@@ -175,6 +177,8 @@ def run_proto(row: RunRow) -> types_pb2.Run:
     run.priority = row.priority
     if row.start_at is not None:
         run.start_at.FromDatetime(row.start_at)
+    if row.deadline is not None:
+        run.deadline.FromDatetime(row.deadline)
     errors_by_node: dict[str, list[types_pb2.StepError]] = {}
     for e in row.errors:
         errors_by_node.setdefault(e["node"], []).append(step_error(e))

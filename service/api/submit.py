@@ -105,6 +105,34 @@ def start_time(
     return start_at
 
 
+def deadline_time(
+    request: workflow_pb.SubmitRequest | workflow_pb.SubmitOnceRequest,
+    start_at: datetime | None,
+) -> datetime | None:
+    """The run's deadline (None: the workflow's default, if any); INVALID_ARGUMENT when
+    it is not in the future, is past flow.MAX_START_AHEAD_S from now, or comes before
+    the run's start time."""
+    if not request.HasField("deadline"):
+        return None
+    deadline = convert.to_datetime(request.deadline, "deadline")
+    now = datetime.now(UTC)
+    if deadline <= now:
+        raise errors.InvalidArgument(
+            f"deadline {deadline.isoformat()} is not in the future (now {now.isoformat()})"
+        )
+    ahead = (deadline - now).total_seconds()
+    if ahead > flow.MAX_START_AHEAD_S:
+        raise errors.InvalidArgument(
+            f"deadline is {ahead / 86400:.0f} days ahead; the limit is "
+            f"{flow.MAX_START_AHEAD_S / 86400:.0f} days"
+        )
+    if start_at is not None and deadline <= start_at:
+        raise errors.InvalidArgument(
+            f"deadline {deadline.isoformat()} is not after start_at {start_at.isoformat()}"
+        )
+    return deadline
+
+
 def _validated(
     workflow: types_pb2.Workflow, limits: dag.Limits, payloads: convert.Payloads
 ) -> list[dag.NodeSpec]:

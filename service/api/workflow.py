@@ -31,7 +31,7 @@ from service.api.build import (
 )
 from service.api.ids import parse_uuid
 from service.api.status import rpc
-from service.api.submit import new_run_of, start_time
+from service.api.submit import deadline_time, new_run_of, start_time
 from service.api.validate import (
     DEFAULT_COUNT_LIMIT,
     MAX_COUNT_LIMIT,
@@ -88,10 +88,9 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         if not request.HasField("workflow"):
             raise errors.InvalidArgument("workflow is required")
         flow.check_priority("run", request.priority)
-        if request.HasField("deadline"):
-            raise errors.InvalidArgument("deadline: this server does not take it yet")
         tags = tags_json(request.tags, "tags")
         start_at = start_time(request)
+        deadline = deadline_time(request, start_at)
         run = await new_run_of(request, self.limits, self.payloads)
         nodes = run.nodes
         run_id, created = await self.db.runs.run_submit(
@@ -102,6 +101,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             start_at=start_at,
             priority=request.priority,
             tags_json=tags,
+            deadline=deadline,
         )
         if created:
             self.metrics.submitted.labels(request.workflow.name).inc()

@@ -56,6 +56,17 @@ class TagsSet(NamedTuple):
     tags: dict[str, str]
 
 
+class WorkflowDeadline(NamedTuple):
+    """workflow_deadline_set, workflow_deadline_clear, workflow_deadlines_list: a
+    workflow's default deadline, in seconds, and who set it, when and why."""
+
+    workflow: str
+    seconds: float
+    set_by: str
+    set_at: datetime
+    reason: str
+
+
 class Operator(Repository):
     """What operators do to runs: cancel, retry, resolve."""
 
@@ -183,3 +194,26 @@ class Operator(Repository):
         )
         assert row is not None
         return row.tags
+
+    async def workflow_deadline_set(
+        self, workflow: str, seconds: float, *, actor: str, reason: str
+    ) -> WorkflowDeadline:
+        """Set (or replace) the default deadline of runs of ``workflow``."""
+        row = await self._one(
+            "workflow_deadline_set",
+            WorkflowDeadline,
+            workflow=workflow,
+            seconds=seconds,
+            actor=actor,
+            reason=reason,
+        )
+        assert row is not None
+        return row
+
+    async def workflow_deadline_clear(self, workflow: str) -> WorkflowDeadline | None:
+        """Clear the default deadline of ``workflow``; the one cleared, None if none."""
+        return await self._one("workflow_deadline_clear", WorkflowDeadline, workflow=workflow)
+
+    async def workflow_deadlines_list(self) -> list[WorkflowDeadline]:
+        """Every workflow's default deadline, by name."""
+        return await self._all("workflow_deadlines_list", WorkflowDeadline)

@@ -49,3 +49,26 @@ SELECT p.kind, p.name, p.actor, p.reason, p.at
 SELECT run_tags_set AS tags
   FROM cyclone.run_tags_set(CAST(:run_id AS uuid), CAST(:set AS jsonb),
                             CAST(:remove AS text[]), :max, :actor, :reason) AS run_tags_set;
+
+-- name: workflow_deadline_set
+-- Sets (or replaces) the default deadline of a workflow name.
+INSERT INTO cyclone.workflow_deadlines AS d (workflow, deadline, set_by, set_at, reason)
+VALUES (:workflow, make_interval(secs => :seconds), :actor, cyclone.now(), :reason)
+    ON CONFLICT (workflow) DO UPDATE
+   SET deadline = EXCLUDED.deadline, set_by = EXCLUDED.set_by, set_at = EXCLUDED.set_at,
+       reason = EXCLUDED.reason
+RETURNING d.workflow, extract(epoch FROM d.deadline)::float8 AS seconds, d.set_by, d.set_at,
+          d.reason;
+
+-- name: workflow_deadline_clear
+-- Clears the default deadline of a workflow name; no row when it had none.
+DELETE FROM cyclone.workflow_deadlines d WHERE d.workflow = :workflow
+RETURNING d.workflow, extract(epoch FROM d.deadline)::float8 AS seconds, d.set_by, d.set_at,
+          d.reason;
+
+-- name: workflow_deadlines_list
+-- Every default deadline, by workflow name.
+SELECT d.workflow, extract(epoch FROM d.deadline)::float8 AS seconds, d.set_by, d.set_at,
+       d.reason
+  FROM cyclone.workflow_deadlines d
+ ORDER BY d.workflow;

@@ -4,6 +4,7 @@ and the purges of finished runs and old SubmitOnce keys."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import NamedTuple
 
 from service.db.pool import Repository
@@ -38,6 +39,14 @@ class Swept(NamedTuple):
     ready: str | None
 
 
+class DeadlineFired(NamedTuple):
+    """run_deadlines_fire: a run cancelled at its deadline."""
+
+    run_id: uuid.UUID
+    deadline: datetime
+    ready: str | None
+
+
 class Retention(Repository):
     """The sweep, the releases in progress and the purges."""
 
@@ -55,6 +64,10 @@ class Retention(Repository):
         """Reclaim expired leases; one row per step. A step that lost its worker more
         than ``max_recoveries`` times is discarded."""
         return await self._all("sweep", Swept, limit=limit, max_recoveries=max_recoveries)
+
+    async def run_deadlines_fire(self, limit: int = 1000) -> list[DeadlineFired]:
+        """Cancel up to ``limit`` running runs past their deadline; one row per run."""
+        return await self._all("run_deadlines_fire", DeadlineFired, limit=limit)
 
     async def submit_keys_purge(self, *, age_s: float, limit: int) -> int:
         """Forget up to ``limit`` SubmitOnce keys older than ``age_s`` whose run is gone."""

@@ -34,3 +34,9 @@ SELECT cyclone.runs_purge_sharded(make_interval(secs => :age_s), :failed, :limit
 
 -- name: submit_keys_purge_sharded
 SELECT cyclone.submit_keys_purge_sharded(make_interval(secs => :age_s), :limit) AS deleted;
+
+-- name: run_deadlines_fire
+-- Cancels up to :limit running runs whose deadline has passed (each once, whatever
+-- other servers fire at the same time); one row per run cancelled.
+SELECT f.run_id, f.deadline, current_setting('cyclone.ready', true) AS ready
+  FROM cyclone.run_deadlines_fire(:limit) f;

@@ -62,6 +62,7 @@ class RunRow(NamedTuple):
     paused_by: str | None
     pause_reason: str | None
     tags: dict[str, str] | None
+    deadline: datetime | None
 
 
 class RunSummary(NamedTuple):
@@ -85,6 +86,7 @@ class RunSummary(NamedTuple):
     paused_by: str | None
     pause_reason: str | None
     tags: dict[str, str] | None
+    deadline: datetime | None
 
 
 class WorkflowName(NamedTuple):

@@ -147,7 +147,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
                    'action', a.action, 'node', a.node, 'actor', a.actor, 'reason', a.reason,
                    'details', a.details, 'at', a.at) ORDER BY a.id), '[]')
           FROM cyclone.audit a WHERE a.run_id = r.run_id) AS audit,
-       r.priority, r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags
+       r.priority, r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags, r.deadline
   FROM cyclone.runs r
  WHERE r.run_id = CAST(:run_id AS uuid);
 
@@ -164,7 +164,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
        (SELECT jsonb_object_agg(c.status, c.n)
           FROM (SELECT s.status, count(*) AS n FROM cyclone.steps s
                  WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts,
-       r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags
+       r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags, r.deadline
   FROM cyclone.runs r
  WHERE (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
    AND (CAST(:statuses AS text[]) IS NULL OR r.status = ANY (CAST(:statuses AS text[])))
@@ -189,7 +189,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
        (SELECT jsonb_object_agg(c.status, c.n)
           FROM (SELECT s.status, count(*) AS n FROM cyclone.steps s
                  WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts,
-       r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags
+       r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags, r.deadline
   FROM cyclone.runs r
  WHERE (CAST(:workflow AS text) IS NULL OR r.workflow = :workflow)
    AND (CAST(:statuses AS text[]) IS NULL OR r.status = ANY (CAST(:statuses AS text[])))

@@ -1,7 +1,7 @@
 """The server's upkeep, each pass run in a loop by the wiring: the recovery sweep of
-expired leases, the release loop (a wide fan-out's dependents released in chunks),
-retention, the reports of worker activity (for Explain), and the bulk actions' jobs
-(service.engine.bulk)."""
+expired leases, the cancel of runs past their deadline, the release loop (a wide
+fan-out's dependents released in chunks), retention, the reports of worker activity
+(for Explain), and the bulk actions' jobs (service.engine.bulk)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,26 @@ class Upkeep:
             if delivered:
                 log.info("sweep delivered %d parent wake(s) owed by child runs", delivered)
         return len(reclaimed)
+
+    async def fire_deadlines(self) -> int:
+        """Cancel the running runs whose deadline has passed, a batch per transaction,
+        until none is due (run_deadlines_fire: each run once, whatever other servers do
+        meanwhile); returns how many."""
+        total = 0
+        while True:
+            fired = await self.db.retention.run_deadlines_fire(self.settings.sweep_batch)
+            for run in fired:
+                self.metrics.deadlines_exceeded.inc()
+                log.warning(
+                    "run %s cancelled: deadline exceeded at %s",
+                    run.run_id,
+                    run.deadline.isoformat(),
+                    extra={"run_id": str(run.run_id)},
+                )
+            total += len(fired)
+            if len(fired) < self.settings.sweep_batch:
+                return total
+            await asyncio.sleep(0)  # let the calls in progress have the loop
 
     async def releases(self) -> None:
         """Until cancelled: continue each release in progress (cyclone.releases: the

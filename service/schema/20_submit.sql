@@ -12,7 +12,9 @@
 -- (service/db/runs.py), each with its priority (the node's, else p_priority) and its
 -- evaluated concurrency key and limit, if any. p_tags, p_deadline and p_traceparent are
 -- stored with the run as given (validated by the server), p_tags also a row per tag in
--- cyclone.run_tags. RPCs: Submit, SubmitOnce.
+-- cyclone.run_tags; without p_deadline, a workflow with a default deadline
+-- (workflow_deadlines, 72_deadlines.sql) gets created_at + that default. RPCs: Submit,
+-- SubmitOnce.
 CREATE FUNCTION cyclone.run_submit(
     p_run_id uuid, p_workflow text, p_submit_key text, p_input jsonb, p_nodes jsonb,
     p_start_at timestamptz DEFAULT NULL, p_priority integer DEFAULT 0,
@@ -26,6 +28,7 @@ DECLARE
     v_count integer := jsonb_array_length(p_nodes);
     v_ready timestamptz := greatest(v_now, coalesce(p_start_at, v_now));
     v_key   record;
+    v_deadline timestamptz;
 BEGIN
     IF p_submit_key IS NOT NULL THEN
         p_run_id := cyclone.submit_key_id(p_workflow, p_submit_key);
@@ -47,11 +50,15 @@ BEGIN
         END IF;
     END IF;
 
+    -- Read first: Citus takes no subquery in an INSERT.
+    v_deadline := coalesce(p_deadline, v_now + (SELECT d.deadline
+                                                  FROM cyclone.workflow_deadlines d
+                                                 WHERE d.workflow = p_workflow));
     INSERT INTO cyclone.runs (run_id, workflow, submit_key, status, input, steps_total,
                               steps_open, created_at, updated_at, priority, start_at, tags,
                               deadline, traceparent)
     VALUES (p_run_id, p_workflow, p_submit_key, 'running', p_input, v_count, v_count,
-            v_now, v_now, coalesce(p_priority, 0), p_start_at, p_tags, p_deadline,
+            v_now, v_now, coalesce(p_priority, 0), p_start_at, p_tags, v_deadline,
             p_traceparent);
     IF p_tags IS NOT NULL THEN
         INSERT INTO cyclone.run_tags (run_id, key, value, created_at)

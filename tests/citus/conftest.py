@@ -98,6 +98,7 @@ DELETE FROM cyclone.schedules;
 DELETE FROM cyclone.pauses;
 DELETE FROM cyclone.pause_log;
 DELETE FROM cyclone.bulk_actions;
+DELETE FROM cyclone.workflow_deadlines;
 UPDATE cyclone.clock SET offset_by = '0';
 DO $$
 DECLARE

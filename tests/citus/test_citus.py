@@ -52,6 +52,7 @@ REFERENCE_TABLES = {
     "schema_migrations",
     "worker_health",
     "workers_seen",
+    "workflow_deadlines",
 }
 
 

@@ -6,8 +6,10 @@ is refused), Retry / RetryAll / Resolve, durable functions (step calls, their jo
 resolving them), CompleteMany, retention of runs and keys, run tags (stored, filtered,
 paged, changed by SetRunTags, purged), waits and events, child runs (whose parent lives
 on another shard), a wide fan-out's release in chunks, claims that hand a worker marked
-unhealthy nothing, pauses of runs, workflows and actions, and bulk actions (a batch of
-runs on many shards acted on and the job's cursor moved in one transaction).
+unhealthy nothing, pauses of runs, workflows and actions, bulk actions (a batch of
+runs on many shards acted on and the job's cursor moved in one transaction), and run
+deadlines (a workflow's default applied where the run lives, the cancel at the deadline
+fired by several servers, reaching a child on another shard).
 The completion transaction from a worker, and what is Citus's own, are in
 test_citus.py."""
 
@@ -64,6 +66,14 @@ from tests.test_retention import (  # noqa: F401
     test_a_key_is_never_forgotten_while_its_run_exists,
     test_a_submit_once_key_outlives_its_deleted_run_for_the_key_retention,
     test_finished_runs_past_the_age_go_with_their_steps_and_the_rest_stay,
+)
+from tests.test_run_deadlines import (  # noqa: F401
+    test_a_due_run_is_cancelled_by_one_pass_and_the_next_finds_nothing,
+    test_a_run_finished_before_its_deadline_is_left_alone,
+    test_a_run_is_cancelled_at_its_deadline_its_step_told_and_its_children_cancelled,
+    test_a_workflow_default_applies_without_a_deadline_and_an_explicit_one_overrides_it,
+    test_default_deadlines_are_set_replaced_listed_and_cleared,
+    test_three_servers_cancel_each_run_at_its_deadline_once,
 )
 from tests.test_step_calls import (  # noqa: F401
     test_a_stale_token_is_aborted_and_writes_nothing,

@@ -4,6 +4,7 @@ from cyclone.v1 import types_pb2 as _types_pb2
 from cyclone.v1 import workflow_service_pb2 as _workflow_service_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -34,6 +35,60 @@ BULK_ACTION_STATE_UNSPECIFIED: BulkActionState
 BULK_ACTION_STATE_RUNNING: BulkActionState
 BULK_ACTION_STATE_DONE: BulkActionState
 BULK_ACTION_STATE_CANCELLED: BulkActionState
+
+class WorkflowDeadline(_message.Message):
+    __slots__ = ("workflow", "deadline", "set_by", "set_at", "reason")
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    SET_BY_FIELD_NUMBER: _ClassVar[int]
+    SET_AT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    workflow: str
+    deadline: _duration_pb2.Duration
+    set_by: str
+    set_at: _timestamp_pb2.Timestamp
+    reason: str
+    def __init__(self, workflow: _Optional[str] = ..., deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., set_by: _Optional[str] = ..., set_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetWorkflowDeadlineRequest(_message.Message):
+    __slots__ = ("workflow", "deadline", "reason")
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    workflow: str
+    deadline: _duration_pb2.Duration
+    reason: str
+    def __init__(self, workflow: _Optional[str] = ..., deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetWorkflowDeadlineResponse(_message.Message):
+    __slots__ = ("deadline",)
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    deadline: WorkflowDeadline
+    def __init__(self, deadline: _Optional[_Union[WorkflowDeadline, _Mapping]] = ...) -> None: ...
+
+class ClearWorkflowDeadlineRequest(_message.Message):
+    __slots__ = ("workflow", "reason")
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    workflow: str
+    reason: str
+    def __init__(self, workflow: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ClearWorkflowDeadlineResponse(_message.Message):
+    __slots__ = ("deadline",)
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    deadline: WorkflowDeadline
+    def __init__(self, deadline: _Optional[_Union[WorkflowDeadline, _Mapping]] = ...) -> None: ...
+
+class ListWorkflowDeadlinesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListWorkflowDeadlinesResponse(_message.Message):
+    __slots__ = ("deadlines",)
+    DEADLINES_FIELD_NUMBER: _ClassVar[int]
+    deadlines: _containers.RepeatedCompositeFieldContainer[WorkflowDeadline]
+    def __init__(self, deadlines: _Optional[_Iterable[_Union[WorkflowDeadline, _Mapping]]] = ...) -> None: ...
 
 class Build(_message.Message):
     __slots__ = ("build_id", "compatible", "workers", "pinned_nodes", "pinned_runs", "retired", "retired_at", "created_at")

@@ -135,6 +135,21 @@ class AdminServiceStub:
                 request_serializer=cyclone_dot_v1_dot_admin__service__pb2.CancelBulkActionRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.CancelBulkActionResponse.FromString,
                 _registered_method=True)
+        self.SetWorkflowDeadline = channel.unary_unary(
+                '/cyclone.v1.AdminService/SetWorkflowDeadline',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.SetWorkflowDeadlineRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.SetWorkflowDeadlineResponse.FromString,
+                _registered_method=True)
+        self.ClearWorkflowDeadline = channel.unary_unary(
+                '/cyclone.v1.AdminService/ClearWorkflowDeadline',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ClearWorkflowDeadlineRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ClearWorkflowDeadlineResponse.FromString,
+                _registered_method=True)
+        self.ListWorkflowDeadlines = channel.unary_unary(
+                '/cyclone.v1.AdminService/ListWorkflowDeadlines',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListWorkflowDeadlinesRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListWorkflowDeadlinesResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -332,6 +347,32 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetWorkflowDeadline(self, request, context):
+        """Sets the default deadline of a workflow name, replacing the one set before: a run of
+        that workflow submitted without a deadline (SubmitRequest.deadline) gets its
+        created_at plus this duration; runs submitted before keep theirs. Who set it, when
+        and why is kept with it (ListWorkflowDeadlines) and logged. INVALID_ARGUMENT for a
+        bad workflow name, or a duration not above zero or beyond 366 days.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearWorkflowDeadline(self, request, context):
+        """Clears the default deadline of a workflow name: its runs submitted from then on
+        without a deadline have none. NOT_FOUND when it has no default deadline.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkflowDeadlines(self, request, context):
+        """Every default deadline of a workflow name, by name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -434,6 +475,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.CancelBulkAction,
                     request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.CancelBulkActionRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_admin__service__pb2.CancelBulkActionResponse.SerializeToString,
+            ),
+            'SetWorkflowDeadline': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWorkflowDeadline,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.SetWorkflowDeadlineRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.SetWorkflowDeadlineResponse.SerializeToString,
+            ),
+            'ClearWorkflowDeadline': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearWorkflowDeadline,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ClearWorkflowDeadlineRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ClearWorkflowDeadlineResponse.SerializeToString,
+            ),
+            'ListWorkflowDeadlines': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkflowDeadlines,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListWorkflowDeadlinesRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListWorkflowDeadlinesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -977,6 +1033,87 @@ class AdminService:
             '/cyclone.v1.AdminService/CancelBulkAction',
             cyclone_dot_v1_dot_admin__service__pb2.CancelBulkActionRequest.SerializeToString,
             cyclone_dot_v1_dot_admin__service__pb2.CancelBulkActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWorkflowDeadline(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/SetWorkflowDeadline',
+            cyclone_dot_v1_dot_admin__service__pb2.SetWorkflowDeadlineRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.SetWorkflowDeadlineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearWorkflowDeadline(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/ClearWorkflowDeadline',
+            cyclone_dot_v1_dot_admin__service__pb2.ClearWorkflowDeadlineRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.ClearWorkflowDeadlineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkflowDeadlines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/ListWorkflowDeadlines',
+            cyclone_dot_v1_dot_admin__service__pb2.ListWorkflowDeadlinesRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.ListWorkflowDeadlinesResponse.FromString,
             options,
             channel_credentials,
             insecure,

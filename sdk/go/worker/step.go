@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -37,6 +38,16 @@ type Step struct {
 // Key is the step's idempotency key, "run_id:node": the same on every attempt, so an
 // outside system can use it to drop a repeated effect.
 func (s *Step) Key() string { return s.RunId + ":" + s.Node }
+
+// RunDeadlineAt is the run's deadline (given to Submit, or its workflow's default) and
+// true, or false when the run has none. At it the run is cancelled and the handler's
+// context is cancelled with it; read it to budget the work.
+func (s *Step) RunDeadlineAt() (time.Time, bool) {
+	if s.GetRunDeadline() == nil {
+		return time.Time{}, false
+	}
+	return s.GetRunDeadline().AsTime(), true
+}
 
 // DecodeInput decodes the node's static input into v (a pointer, as for json.Unmarshal).
 func (s *Step) DecodeInput(v any) error { return decode(s.Input, v) }

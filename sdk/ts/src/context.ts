@@ -80,6 +80,11 @@ export class StepContext {
   /** The handler's deadline (the node's timeout, counted from this claim). */
   readonly deadline: Date;
   /**
+   * The run's deadline (given to submit, or its workflow's default), or undefined when
+   * the run has none. At it the run is cancelled and `signal` aborts; read it to budget work.
+   */
+  readonly runDeadline: Date | undefined;
+  /**
    * Aborts when the step must stop: the lease is lost, the run cancelled, the deadline
    * passed, or the worker stops hard. `signal.reason` says which.
    */
@@ -132,6 +137,7 @@ export class StepContext {
     this.effectUncertain = claimed.effectUncertain;
     this.leaseToken = claimed.leaseToken;
     this.deadline = claimed.deadline ? new Date(timestampMs(claimed.deadline)) : new Date(Date.now() + 3600_000);
+    this.runDeadline = claimed.runDeadline ? new Date(timestampMs(claimed.runDeadline)) : undefined;
     this.signalOf = typeof signal === "function" ? signal : () => signal;
     this.journal = journal;
     journal.takeLogs = () => logs.take();

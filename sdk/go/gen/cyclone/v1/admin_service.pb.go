@@ -9,6 +9,7 @@ package cyclonev1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
@@ -138,6 +139,382 @@ func (BulkActionState) EnumDescriptor() ([]byte, []int) {
 	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{1}
 }
 
+// A workflow's default deadline, as SetWorkflowDeadline set it.
+type WorkflowDeadline struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The workflow name (Workflow.name).
+	Workflow string `protobuf:"bytes,1,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// How long after its submit a run of it is cancelled.
+	Deadline *durationpb.Duration `protobuf:"bytes,2,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// Who set it (the caller's identity).
+	SetBy string `protobuf:"bytes,3,opt,name=set_by,json=setBy,proto3" json:"set_by,omitempty"`
+	// When it was set.
+	SetAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=set_at,json=setAt,proto3" json:"set_at,omitempty"`
+	// Why, as given.
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkflowDeadline) Reset() {
+	*x = WorkflowDeadline{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkflowDeadline) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkflowDeadline) ProtoMessage() {}
+
+func (x *WorkflowDeadline) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkflowDeadline.ProtoReflect.Descriptor instead.
+func (*WorkflowDeadline) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WorkflowDeadline) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+func (x *WorkflowDeadline) GetDeadline() *durationpb.Duration {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+func (x *WorkflowDeadline) GetSetBy() string {
+	if x != nil {
+		return x.SetBy
+	}
+	return ""
+}
+
+func (x *WorkflowDeadline) GetSetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SetAt
+	}
+	return nil
+}
+
+func (x *WorkflowDeadline) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Arguments of AdminService.SetWorkflowDeadline.
+type SetWorkflowDeadlineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The workflow name.
+	Workflow string `protobuf:"bytes,1,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// The default deadline: above zero, at most 366 days.
+	Deadline *durationpb.Duration `protobuf:"bytes,2,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// Why, kept with it and logged.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetWorkflowDeadlineRequest) Reset() {
+	*x = SetWorkflowDeadlineRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetWorkflowDeadlineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetWorkflowDeadlineRequest) ProtoMessage() {}
+
+func (x *SetWorkflowDeadlineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetWorkflowDeadlineRequest.ProtoReflect.Descriptor instead.
+func (*SetWorkflowDeadlineRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SetWorkflowDeadlineRequest) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+func (x *SetWorkflowDeadlineRequest) GetDeadline() *durationpb.Duration {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+func (x *SetWorkflowDeadlineRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.SetWorkflowDeadline.
+type SetWorkflowDeadlineResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The default deadline as it is now.
+	Deadline      *WorkflowDeadline `protobuf:"bytes,1,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetWorkflowDeadlineResponse) Reset() {
+	*x = SetWorkflowDeadlineResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetWorkflowDeadlineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetWorkflowDeadlineResponse) ProtoMessage() {}
+
+func (x *SetWorkflowDeadlineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetWorkflowDeadlineResponse.ProtoReflect.Descriptor instead.
+func (*SetWorkflowDeadlineResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SetWorkflowDeadlineResponse) GetDeadline() *WorkflowDeadline {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+// Arguments of AdminService.ClearWorkflowDeadline.
+type ClearWorkflowDeadlineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The workflow name.
+	Workflow string `protobuf:"bytes,1,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// Why, for the server's log.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearWorkflowDeadlineRequest) Reset() {
+	*x = ClearWorkflowDeadlineRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearWorkflowDeadlineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearWorkflowDeadlineRequest) ProtoMessage() {}
+
+func (x *ClearWorkflowDeadlineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearWorkflowDeadlineRequest.ProtoReflect.Descriptor instead.
+func (*ClearWorkflowDeadlineRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ClearWorkflowDeadlineRequest) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+func (x *ClearWorkflowDeadlineRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Result of AdminService.ClearWorkflowDeadline.
+type ClearWorkflowDeadlineResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The default deadline that was cleared.
+	Deadline      *WorkflowDeadline `protobuf:"bytes,1,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearWorkflowDeadlineResponse) Reset() {
+	*x = ClearWorkflowDeadlineResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearWorkflowDeadlineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearWorkflowDeadlineResponse) ProtoMessage() {}
+
+func (x *ClearWorkflowDeadlineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearWorkflowDeadlineResponse.ProtoReflect.Descriptor instead.
+func (*ClearWorkflowDeadlineResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ClearWorkflowDeadlineResponse) GetDeadline() *WorkflowDeadline {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+// Arguments of AdminService.ListWorkflowDeadlines.
+type ListWorkflowDeadlinesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorkflowDeadlinesRequest) Reset() {
+	*x = ListWorkflowDeadlinesRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorkflowDeadlinesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkflowDeadlinesRequest) ProtoMessage() {}
+
+func (x *ListWorkflowDeadlinesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkflowDeadlinesRequest.ProtoReflect.Descriptor instead.
+func (*ListWorkflowDeadlinesRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{5}
+}
+
+// Result of AdminService.ListWorkflowDeadlines.
+type ListWorkflowDeadlinesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every default deadline, by workflow name.
+	Deadlines     []*WorkflowDeadline `protobuf:"bytes,1,rep,name=deadlines,proto3" json:"deadlines,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorkflowDeadlinesResponse) Reset() {
+	*x = ListWorkflowDeadlinesResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorkflowDeadlinesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkflowDeadlinesResponse) ProtoMessage() {}
+
+func (x *ListWorkflowDeadlinesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkflowDeadlinesResponse.ProtoReflect.Descriptor instead.
+func (*ListWorkflowDeadlinesResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ListWorkflowDeadlinesResponse) GetDeadlines() []*WorkflowDeadline {
+	if x != nil {
+		return x.Deadlines
+	}
+	return nil
+}
+
 // A build, as ListBuilds shows it.
 type Build struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -163,7 +540,7 @@ type Build struct {
 
 func (x *Build) Reset() {
 	*x = Build{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[0]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -175,7 +552,7 @@ func (x *Build) String() string {
 func (*Build) ProtoMessage() {}
 
 func (x *Build) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[0]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -188,7 +565,7 @@ func (x *Build) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Build.ProtoReflect.Descriptor instead.
 func (*Build) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{0}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Build) GetBuildId() string {
@@ -260,7 +637,7 @@ type BuildWorker struct {
 
 func (x *BuildWorker) Reset() {
 	*x = BuildWorker{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[1]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -272,7 +649,7 @@ func (x *BuildWorker) String() string {
 func (*BuildWorker) ProtoMessage() {}
 
 func (x *BuildWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[1]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -285,7 +662,7 @@ func (x *BuildWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildWorker.ProtoReflect.Descriptor instead.
 func (*BuildWorker) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{1}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BuildWorker) GetWorkerId() string {
@@ -311,7 +688,7 @@ type ListBuildsRequest struct {
 
 func (x *ListBuildsRequest) Reset() {
 	*x = ListBuildsRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[2]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -323,7 +700,7 @@ func (x *ListBuildsRequest) String() string {
 func (*ListBuildsRequest) ProtoMessage() {}
 
 func (x *ListBuildsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[2]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -336,7 +713,7 @@ func (x *ListBuildsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBuildsRequest.ProtoReflect.Descriptor instead.
 func (*ListBuildsRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{2}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{9}
 }
 
 // Result of AdminService.ListBuilds.
@@ -350,7 +727,7 @@ type ListBuildsResponse struct {
 
 func (x *ListBuildsResponse) Reset() {
 	*x = ListBuildsResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[3]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -362,7 +739,7 @@ func (x *ListBuildsResponse) String() string {
 func (*ListBuildsResponse) ProtoMessage() {}
 
 func (x *ListBuildsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[3]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -375,7 +752,7 @@ func (x *ListBuildsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBuildsResponse.ProtoReflect.Descriptor instead.
 func (*ListBuildsResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{3}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListBuildsResponse) GetBuilds() []*Build {
@@ -398,7 +775,7 @@ type ListBuildRunsRequest struct {
 
 func (x *ListBuildRunsRequest) Reset() {
 	*x = ListBuildRunsRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -410,7 +787,7 @@ func (x *ListBuildRunsRequest) String() string {
 func (*ListBuildRunsRequest) ProtoMessage() {}
 
 func (x *ListBuildRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[4]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -423,7 +800,7 @@ func (x *ListBuildRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBuildRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListBuildRunsRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{4}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListBuildRunsRequest) GetBuildId() string {
@@ -455,7 +832,7 @@ type BuildRun struct {
 
 func (x *BuildRun) Reset() {
 	*x = BuildRun{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -467,7 +844,7 @@ func (x *BuildRun) String() string {
 func (*BuildRun) ProtoMessage() {}
 
 func (x *BuildRun) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[5]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -480,7 +857,7 @@ func (x *BuildRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildRun.ProtoReflect.Descriptor instead.
 func (*BuildRun) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{5}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BuildRun) GetRunId() string {
@@ -515,7 +892,7 @@ type ListBuildRunsResponse struct {
 
 func (x *ListBuildRunsResponse) Reset() {
 	*x = ListBuildRunsResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[6]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +904,7 @@ func (x *ListBuildRunsResponse) String() string {
 func (*ListBuildRunsResponse) ProtoMessage() {}
 
 func (x *ListBuildRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[6]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,7 +917,7 @@ func (x *ListBuildRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBuildRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListBuildRunsResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{6}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListBuildRunsResponse) GetRuns() []*BuildRun {
@@ -565,7 +942,7 @@ type SetBuildCompatibleRequest struct {
 
 func (x *SetBuildCompatibleRequest) Reset() {
 	*x = SetBuildCompatibleRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[7]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -577,7 +954,7 @@ func (x *SetBuildCompatibleRequest) String() string {
 func (*SetBuildCompatibleRequest) ProtoMessage() {}
 
 func (x *SetBuildCompatibleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[7]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -590,7 +967,7 @@ func (x *SetBuildCompatibleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBuildCompatibleRequest.ProtoReflect.Descriptor instead.
 func (*SetBuildCompatibleRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{7}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetBuildCompatibleRequest) GetBuildId() string {
@@ -625,7 +1002,7 @@ type SetBuildCompatibleResponse struct {
 
 func (x *SetBuildCompatibleResponse) Reset() {
 	*x = SetBuildCompatibleResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[8]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -637,7 +1014,7 @@ func (x *SetBuildCompatibleResponse) String() string {
 func (*SetBuildCompatibleResponse) ProtoMessage() {}
 
 func (x *SetBuildCompatibleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[8]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -650,7 +1027,7 @@ func (x *SetBuildCompatibleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBuildCompatibleResponse.ProtoReflect.Descriptor instead.
 func (*SetBuildCompatibleResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{8}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SetBuildCompatibleResponse) GetBuild() *Build {
@@ -673,7 +1050,7 @@ type RetireBuildRequest struct {
 
 func (x *RetireBuildRequest) Reset() {
 	*x = RetireBuildRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[9]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +1062,7 @@ func (x *RetireBuildRequest) String() string {
 func (*RetireBuildRequest) ProtoMessage() {}
 
 func (x *RetireBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[9]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +1075,7 @@ func (x *RetireBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireBuildRequest.ProtoReflect.Descriptor instead.
 func (*RetireBuildRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{9}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RetireBuildRequest) GetBuildId() string {
@@ -726,7 +1103,7 @@ type RetireBuildResponse struct {
 
 func (x *RetireBuildResponse) Reset() {
 	*x = RetireBuildResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[10]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -738,7 +1115,7 @@ func (x *RetireBuildResponse) String() string {
 func (*RetireBuildResponse) ProtoMessage() {}
 
 func (x *RetireBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[10]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -751,7 +1128,7 @@ func (x *RetireBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireBuildResponse.ProtoReflect.Descriptor instead.
 func (*RetireBuildResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{10}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RetireBuildResponse) GetBuild() *Build {
@@ -776,7 +1153,7 @@ type MoveBuildRequest struct {
 
 func (x *MoveBuildRequest) Reset() {
 	*x = MoveBuildRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[11]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -788,7 +1165,7 @@ func (x *MoveBuildRequest) String() string {
 func (*MoveBuildRequest) ProtoMessage() {}
 
 func (x *MoveBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[11]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -801,7 +1178,7 @@ func (x *MoveBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveBuildRequest.ProtoReflect.Descriptor instead.
 func (*MoveBuildRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{11}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *MoveBuildRequest) GetFromBuildId() string {
@@ -838,7 +1215,7 @@ type MoveBuildResponse struct {
 
 func (x *MoveBuildResponse) Reset() {
 	*x = MoveBuildResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +1227,7 @@ func (x *MoveBuildResponse) String() string {
 func (*MoveBuildResponse) ProtoMessage() {}
 
 func (x *MoveBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[12]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,7 +1240,7 @@ func (x *MoveBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveBuildResponse.ProtoReflect.Descriptor instead.
 func (*MoveBuildResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{12}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *MoveBuildResponse) GetNodesMoved() int64 {
@@ -895,7 +1272,7 @@ type RetryRequest struct {
 
 func (x *RetryRequest) Reset() {
 	*x = RetryRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +1284,7 @@ func (x *RetryRequest) String() string {
 func (*RetryRequest) ProtoMessage() {}
 
 func (x *RetryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[13]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +1297,7 @@ func (x *RetryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryRequest.ProtoReflect.Descriptor instead.
 func (*RetryRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{13}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RetryRequest) GetRunId() string {
@@ -955,7 +1332,7 @@ type RetryResponse struct {
 
 func (x *RetryResponse) Reset() {
 	*x = RetryResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1344,7 @@ func (x *RetryResponse) String() string {
 func (*RetryResponse) ProtoMessage() {}
 
 func (x *RetryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[14]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1357,7 @@ func (x *RetryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryResponse.ProtoReflect.Descriptor instead.
 func (*RetryResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{14}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RetryResponse) GetRun() *Run {
@@ -1003,7 +1380,7 @@ type RetryAllRequest struct {
 
 func (x *RetryAllRequest) Reset() {
 	*x = RetryAllRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1392,7 @@ func (x *RetryAllRequest) String() string {
 func (*RetryAllRequest) ProtoMessage() {}
 
 func (x *RetryAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[15]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1405,7 @@ func (x *RetryAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAllRequest.ProtoReflect.Descriptor instead.
 func (*RetryAllRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{15}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RetryAllRequest) GetRunId() string {
@@ -1058,7 +1435,7 @@ type RetryAllResponse struct {
 
 func (x *RetryAllResponse) Reset() {
 	*x = RetryAllResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1447,7 @@ func (x *RetryAllResponse) String() string {
 func (*RetryAllResponse) ProtoMessage() {}
 
 func (x *RetryAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[16]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1460,7 @@ func (x *RetryAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAllResponse.ProtoReflect.Descriptor instead.
 func (*RetryAllResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{16}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RetryAllResponse) GetNodes() []string {
@@ -1129,7 +1506,7 @@ type ResolveRequest struct {
 
 func (x *ResolveRequest) Reset() {
 	*x = ResolveRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1141,7 +1518,7 @@ func (x *ResolveRequest) String() string {
 func (*ResolveRequest) ProtoMessage() {}
 
 func (x *ResolveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[17]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1154,7 +1531,7 @@ func (x *ResolveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{17}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResolveRequest) GetRunId() string {
@@ -1255,7 +1632,7 @@ type ResolveResponse struct {
 
 func (x *ResolveResponse) Reset() {
 	*x = ResolveResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[18]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1267,7 +1644,7 @@ func (x *ResolveResponse) String() string {
 func (*ResolveResponse) ProtoMessage() {}
 
 func (x *ResolveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[18]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1280,7 +1657,7 @@ func (x *ResolveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveResponse.ProtoReflect.Descriptor instead.
 func (*ResolveResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{18}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResolveResponse) GetRun() *Run {
@@ -1303,7 +1680,7 @@ type PauseRunRequest struct {
 
 func (x *PauseRunRequest) Reset() {
 	*x = PauseRunRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[19]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1692,7 @@ func (x *PauseRunRequest) String() string {
 func (*PauseRunRequest) ProtoMessage() {}
 
 func (x *PauseRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[19]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1705,7 @@ func (x *PauseRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRunRequest.ProtoReflect.Descriptor instead.
 func (*PauseRunRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{19}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PauseRunRequest) GetRunId() string {
@@ -1358,7 +1735,7 @@ type PauseRunResponse struct {
 
 func (x *PauseRunResponse) Reset() {
 	*x = PauseRunResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[20]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1370,7 +1747,7 @@ func (x *PauseRunResponse) String() string {
 func (*PauseRunResponse) ProtoMessage() {}
 
 func (x *PauseRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[20]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1383,7 +1760,7 @@ func (x *PauseRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRunResponse.ProtoReflect.Descriptor instead.
 func (*PauseRunResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{20}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PauseRunResponse) GetRun() *Run {
@@ -1413,7 +1790,7 @@ type ResumeRunRequest struct {
 
 func (x *ResumeRunRequest) Reset() {
 	*x = ResumeRunRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[21]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1425,7 +1802,7 @@ func (x *ResumeRunRequest) String() string {
 func (*ResumeRunRequest) ProtoMessage() {}
 
 func (x *ResumeRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[21]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1438,7 +1815,7 @@ func (x *ResumeRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRunRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRunRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{21}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResumeRunRequest) GetRunId() string {
@@ -1468,7 +1845,7 @@ type ResumeRunResponse struct {
 
 func (x *ResumeRunResponse) Reset() {
 	*x = ResumeRunResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[22]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1857,7 @@ func (x *ResumeRunResponse) String() string {
 func (*ResumeRunResponse) ProtoMessage() {}
 
 func (x *ResumeRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[22]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1870,7 @@ func (x *ResumeRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRunResponse.ProtoReflect.Descriptor instead.
 func (*ResumeRunResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{22}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ResumeRunResponse) GetRun() *Run {
@@ -1523,7 +1900,7 @@ type PauseWorkflowRequest struct {
 
 func (x *PauseWorkflowRequest) Reset() {
 	*x = PauseWorkflowRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[23]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1912,7 @@ func (x *PauseWorkflowRequest) String() string {
 func (*PauseWorkflowRequest) ProtoMessage() {}
 
 func (x *PauseWorkflowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[23]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +1925,7 @@ func (x *PauseWorkflowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseWorkflowRequest.ProtoReflect.Descriptor instead.
 func (*PauseWorkflowRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{23}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PauseWorkflowRequest) GetName() string {
@@ -1578,7 +1955,7 @@ type PauseWorkflowResponse struct {
 
 func (x *PauseWorkflowResponse) Reset() {
 	*x = PauseWorkflowResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[24]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1590,7 +1967,7 @@ func (x *PauseWorkflowResponse) String() string {
 func (*PauseWorkflowResponse) ProtoMessage() {}
 
 func (x *PauseWorkflowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[24]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1603,7 +1980,7 @@ func (x *PauseWorkflowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseWorkflowResponse.ProtoReflect.Descriptor instead.
 func (*PauseWorkflowResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{24}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PauseWorkflowResponse) GetChanged() bool {
@@ -1633,7 +2010,7 @@ type ResumeWorkflowRequest struct {
 
 func (x *ResumeWorkflowRequest) Reset() {
 	*x = ResumeWorkflowRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[25]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +2022,7 @@ func (x *ResumeWorkflowRequest) String() string {
 func (*ResumeWorkflowRequest) ProtoMessage() {}
 
 func (x *ResumeWorkflowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[25]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +2035,7 @@ func (x *ResumeWorkflowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeWorkflowRequest.ProtoReflect.Descriptor instead.
 func (*ResumeWorkflowRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{25}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ResumeWorkflowRequest) GetName() string {
@@ -1686,7 +2063,7 @@ type ResumeWorkflowResponse struct {
 
 func (x *ResumeWorkflowResponse) Reset() {
 	*x = ResumeWorkflowResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[26]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1698,7 +2075,7 @@ func (x *ResumeWorkflowResponse) String() string {
 func (*ResumeWorkflowResponse) ProtoMessage() {}
 
 func (x *ResumeWorkflowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[26]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1711,7 +2088,7 @@ func (x *ResumeWorkflowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeWorkflowResponse.ProtoReflect.Descriptor instead.
 func (*ResumeWorkflowResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{26}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ResumeWorkflowResponse) GetChanged() bool {
@@ -1734,7 +2111,7 @@ type PauseActionRequest struct {
 
 func (x *PauseActionRequest) Reset() {
 	*x = PauseActionRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[27]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +2123,7 @@ func (x *PauseActionRequest) String() string {
 func (*PauseActionRequest) ProtoMessage() {}
 
 func (x *PauseActionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[27]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +2136,7 @@ func (x *PauseActionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseActionRequest.ProtoReflect.Descriptor instead.
 func (*PauseActionRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{27}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PauseActionRequest) GetName() string {
@@ -1789,7 +2166,7 @@ type PauseActionResponse struct {
 
 func (x *PauseActionResponse) Reset() {
 	*x = PauseActionResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[28]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +2178,7 @@ func (x *PauseActionResponse) String() string {
 func (*PauseActionResponse) ProtoMessage() {}
 
 func (x *PauseActionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[28]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +2191,7 @@ func (x *PauseActionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseActionResponse.ProtoReflect.Descriptor instead.
 func (*PauseActionResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{28}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PauseActionResponse) GetChanged() bool {
@@ -1844,7 +2221,7 @@ type ResumeActionRequest struct {
 
 func (x *ResumeActionRequest) Reset() {
 	*x = ResumeActionRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[29]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1856,7 +2233,7 @@ func (x *ResumeActionRequest) String() string {
 func (*ResumeActionRequest) ProtoMessage() {}
 
 func (x *ResumeActionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[29]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1869,7 +2246,7 @@ func (x *ResumeActionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeActionRequest.ProtoReflect.Descriptor instead.
 func (*ResumeActionRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{29}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ResumeActionRequest) GetName() string {
@@ -1897,7 +2274,7 @@ type ResumeActionResponse struct {
 
 func (x *ResumeActionResponse) Reset() {
 	*x = ResumeActionResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[30]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2286,7 @@ func (x *ResumeActionResponse) String() string {
 func (*ResumeActionResponse) ProtoMessage() {}
 
 func (x *ResumeActionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[30]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2299,7 @@ func (x *ResumeActionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeActionResponse.ProtoReflect.Descriptor instead.
 func (*ResumeActionResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{30}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ResumeActionResponse) GetChanged() bool {
@@ -1941,7 +2318,7 @@ type ListPausesRequest struct {
 
 func (x *ListPausesRequest) Reset() {
 	*x = ListPausesRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[31]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1953,7 +2330,7 @@ func (x *ListPausesRequest) String() string {
 func (*ListPausesRequest) ProtoMessage() {}
 
 func (x *ListPausesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[31]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1966,7 +2343,7 @@ func (x *ListPausesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPausesRequest.ProtoReflect.Descriptor instead.
 func (*ListPausesRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{31}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{38}
 }
 
 // Result of AdminService.ListPauses.
@@ -1980,7 +2357,7 @@ type ListPausesResponse struct {
 
 func (x *ListPausesResponse) Reset() {
 	*x = ListPausesResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[32]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1992,7 +2369,7 @@ func (x *ListPausesResponse) String() string {
 func (*ListPausesResponse) ProtoMessage() {}
 
 func (x *ListPausesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[32]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2005,7 +2382,7 @@ func (x *ListPausesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPausesResponse.ProtoReflect.Descriptor instead.
 func (*ListPausesResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{32}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListPausesResponse) GetPauses() []*Pause {
@@ -2056,7 +2433,7 @@ type BulkAction struct {
 
 func (x *BulkAction) Reset() {
 	*x = BulkAction{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[33]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2445,7 @@ func (x *BulkAction) String() string {
 func (*BulkAction) ProtoMessage() {}
 
 func (x *BulkAction) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[33]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2458,7 @@ func (x *BulkAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BulkAction.ProtoReflect.Descriptor instead.
 func (*BulkAction) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{33}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *BulkAction) GetJobId() string {
@@ -2215,7 +2592,7 @@ type StartBulkActionRequest struct {
 
 func (x *StartBulkActionRequest) Reset() {
 	*x = StartBulkActionRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[34]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2227,7 +2604,7 @@ func (x *StartBulkActionRequest) String() string {
 func (*StartBulkActionRequest) ProtoMessage() {}
 
 func (x *StartBulkActionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[34]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2240,7 +2617,7 @@ func (x *StartBulkActionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartBulkActionRequest.ProtoReflect.Descriptor instead.
 func (*StartBulkActionRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{34}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StartBulkActionRequest) GetAction() BulkActionKind {
@@ -2293,7 +2670,7 @@ type StartBulkActionResponse struct {
 
 func (x *StartBulkActionResponse) Reset() {
 	*x = StartBulkActionResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[35]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2305,7 +2682,7 @@ func (x *StartBulkActionResponse) String() string {
 func (*StartBulkActionResponse) ProtoMessage() {}
 
 func (x *StartBulkActionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[35]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2318,7 +2695,7 @@ func (x *StartBulkActionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartBulkActionResponse.ProtoReflect.Descriptor instead.
 func (*StartBulkActionResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{35}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *StartBulkActionResponse) GetJob() *BulkAction {
@@ -2353,7 +2730,7 @@ type GetBulkActionRequest struct {
 
 func (x *GetBulkActionRequest) Reset() {
 	*x = GetBulkActionRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[36]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2365,7 +2742,7 @@ func (x *GetBulkActionRequest) String() string {
 func (*GetBulkActionRequest) ProtoMessage() {}
 
 func (x *GetBulkActionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[36]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2378,7 +2755,7 @@ func (x *GetBulkActionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBulkActionRequest.ProtoReflect.Descriptor instead.
 func (*GetBulkActionRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{36}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetBulkActionRequest) GetJobId() string {
@@ -2399,7 +2776,7 @@ type GetBulkActionResponse struct {
 
 func (x *GetBulkActionResponse) Reset() {
 	*x = GetBulkActionResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[37]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +2788,7 @@ func (x *GetBulkActionResponse) String() string {
 func (*GetBulkActionResponse) ProtoMessage() {}
 
 func (x *GetBulkActionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[37]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +2801,7 @@ func (x *GetBulkActionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBulkActionResponse.ProtoReflect.Descriptor instead.
 func (*GetBulkActionResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{37}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetBulkActionResponse) GetJob() *BulkAction {
@@ -2447,7 +2824,7 @@ type ListBulkActionsRequest struct {
 
 func (x *ListBulkActionsRequest) Reset() {
 	*x = ListBulkActionsRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[38]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2459,7 +2836,7 @@ func (x *ListBulkActionsRequest) String() string {
 func (*ListBulkActionsRequest) ProtoMessage() {}
 
 func (x *ListBulkActionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[38]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2472,7 +2849,7 @@ func (x *ListBulkActionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBulkActionsRequest.ProtoReflect.Descriptor instead.
 func (*ListBulkActionsRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{38}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListBulkActionsRequest) GetPageSize() int32 {
@@ -2502,7 +2879,7 @@ type ListBulkActionsResponse struct {
 
 func (x *ListBulkActionsResponse) Reset() {
 	*x = ListBulkActionsResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[39]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2514,7 +2891,7 @@ func (x *ListBulkActionsResponse) String() string {
 func (*ListBulkActionsResponse) ProtoMessage() {}
 
 func (x *ListBulkActionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[39]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2527,7 +2904,7 @@ func (x *ListBulkActionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBulkActionsResponse.ProtoReflect.Descriptor instead.
 func (*ListBulkActionsResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{39}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListBulkActionsResponse) GetJobs() []*BulkAction {
@@ -2555,7 +2932,7 @@ type CancelBulkActionRequest struct {
 
 func (x *CancelBulkActionRequest) Reset() {
 	*x = CancelBulkActionRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[40]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2567,7 +2944,7 @@ func (x *CancelBulkActionRequest) String() string {
 func (*CancelBulkActionRequest) ProtoMessage() {}
 
 func (x *CancelBulkActionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[40]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2580,7 +2957,7 @@ func (x *CancelBulkActionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelBulkActionRequest.ProtoReflect.Descriptor instead.
 func (*CancelBulkActionRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{40}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CancelBulkActionRequest) GetJobId() string {
@@ -2601,7 +2978,7 @@ type CancelBulkActionResponse struct {
 
 func (x *CancelBulkActionResponse) Reset() {
 	*x = CancelBulkActionResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[41]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2613,7 +2990,7 @@ func (x *CancelBulkActionResponse) String() string {
 func (*CancelBulkActionResponse) ProtoMessage() {}
 
 func (x *CancelBulkActionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[41]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2626,7 +3003,7 @@ func (x *CancelBulkActionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelBulkActionResponse.ProtoReflect.Descriptor instead.
 func (*CancelBulkActionResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{41}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CancelBulkActionResponse) GetJob() *BulkAction {
@@ -2653,7 +3030,7 @@ type SetRunTagsRequest struct {
 
 func (x *SetRunTagsRequest) Reset() {
 	*x = SetRunTagsRequest{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[42]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2665,7 +3042,7 @@ func (x *SetRunTagsRequest) String() string {
 func (*SetRunTagsRequest) ProtoMessage() {}
 
 func (x *SetRunTagsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[42]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2678,7 +3055,7 @@ func (x *SetRunTagsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRunTagsRequest.ProtoReflect.Descriptor instead.
 func (*SetRunTagsRequest) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{42}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SetRunTagsRequest) GetRunId() string {
@@ -2720,7 +3097,7 @@ type SetRunTagsResponse struct {
 
 func (x *SetRunTagsResponse) Reset() {
 	*x = SetRunTagsResponse{}
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[43]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2732,7 +3109,7 @@ func (x *SetRunTagsResponse) String() string {
 func (*SetRunTagsResponse) ProtoMessage() {}
 
 func (x *SetRunTagsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cyclone_v1_admin_service_proto_msgTypes[43]
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2745,7 +3122,7 @@ func (x *SetRunTagsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRunTagsResponse.ProtoReflect.Descriptor instead.
 func (*SetRunTagsResponse) Descriptor() ([]byte, []int) {
-	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{43}
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *SetRunTagsResponse) GetRun() *Run {
@@ -2760,7 +3137,27 @@ var File_cyclone_v1_admin_service_proto protoreflect.FileDescriptor
 const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
 	"\x1ecyclone/v1/admin_service.proto\x12\n" +
-	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a!cyclone/v1/workflow_service.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x02\n" +
+	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a!cyclone/v1/workflow_service.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/duration.proto\"\xc7\x01\n" +
+	"\x10WorkflowDeadline\x12\x1a\n" +
+	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x125\n" +
+	"\bdeadline\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12\x15\n" +
+	"\x06set_by\x18\x03 \x01(\tR\x05setBy\x121\n" +
+	"\x06set_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05setAt\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x87\x01\n" +
+	"\x1aSetWorkflowDeadlineRequest\x12\x1a\n" +
+	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x125\n" +
+	"\bdeadline\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"W\n" +
+	"\x1bSetWorkflowDeadlineResponse\x128\n" +
+	"\bdeadline\x18\x01 \x01(\v2\x1c.cyclone.v1.WorkflowDeadlineR\bdeadline\"R\n" +
+	"\x1cClearWorkflowDeadlineRequest\x12\x1a\n" +
+	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"Y\n" +
+	"\x1dClearWorkflowDeadlineResponse\x128\n" +
+	"\bdeadline\x18\x01 \x01(\v2\x1c.cyclone.v1.WorkflowDeadlineR\bdeadline\"\x1e\n" +
+	"\x1cListWorkflowDeadlinesRequest\"[\n" +
+	"\x1dListWorkflowDeadlinesResponse\x12:\n" +
+	"\tdeadlines\x18\x01 \x03(\v2\x1c.cyclone.v1.WorkflowDeadlineR\tdeadlines\"\xc9\x02\n" +
 	"\x05Build\x12\x19\n" +
 	"\bbuild_id\x18\x01 \x01(\tR\abuildId\x12\x1e\n" +
 	"\n" +
@@ -2940,7 +3337,7 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\x1dBULK_ACTION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19BULK_ACTION_STATE_RUNNING\x10\x01\x12\x1a\n" +
 	"\x16BULK_ACTION_STATE_DONE\x10\x02\x12\x1f\n" +
-	"\x1bBULK_ACTION_STATE_CANCELLED\x10\x032\xe3\f\n" +
+	"\x1bBULK_ACTION_STATE_CANCELLED\x10\x032\xa7\x0f\n" +
 	"\fAdminService\x12<\n" +
 	"\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12E\n" +
 	"\bRetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12B\n" +
@@ -2964,7 +3361,10 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\x0fStartBulkAction\x12\".cyclone.v1.StartBulkActionRequest\x1a#.cyclone.v1.StartBulkActionResponse\x12T\n" +
 	"\rGetBulkAction\x12 .cyclone.v1.GetBulkActionRequest\x1a!.cyclone.v1.GetBulkActionResponse\x12Z\n" +
 	"\x0fListBulkActions\x12\".cyclone.v1.ListBulkActionsRequest\x1a#.cyclone.v1.ListBulkActionsResponse\x12]\n" +
-	"\x10CancelBulkAction\x12#.cyclone.v1.CancelBulkActionRequest\x1a$.cyclone.v1.CancelBulkActionResponseb\x06proto3"
+	"\x10CancelBulkAction\x12#.cyclone.v1.CancelBulkActionRequest\x1a$.cyclone.v1.CancelBulkActionResponse\x12f\n" +
+	"\x13SetWorkflowDeadline\x12&.cyclone.v1.SetWorkflowDeadlineRequest\x1a'.cyclone.v1.SetWorkflowDeadlineResponse\x12l\n" +
+	"\x15ClearWorkflowDeadline\x12(.cyclone.v1.ClearWorkflowDeadlineRequest\x1a).cyclone.v1.ClearWorkflowDeadlineResponse\x12l\n" +
+	"\x15ListWorkflowDeadlines\x12(.cyclone.v1.ListWorkflowDeadlinesRequest\x1a).cyclone.v1.ListWorkflowDeadlinesResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_admin_service_proto_rawDescOnce sync.Once
@@ -2979,139 +3379,159 @@ func file_cyclone_v1_admin_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_admin_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_cyclone_v1_admin_service_proto_goTypes = []any{
-	(BulkActionKind)(0),                // 0: cyclone.v1.BulkActionKind
-	(BulkActionState)(0),               // 1: cyclone.v1.BulkActionState
-	(*Build)(nil),                      // 2: cyclone.v1.Build
-	(*BuildWorker)(nil),                // 3: cyclone.v1.BuildWorker
-	(*ListBuildsRequest)(nil),          // 4: cyclone.v1.ListBuildsRequest
-	(*ListBuildsResponse)(nil),         // 5: cyclone.v1.ListBuildsResponse
-	(*ListBuildRunsRequest)(nil),       // 6: cyclone.v1.ListBuildRunsRequest
-	(*BuildRun)(nil),                   // 7: cyclone.v1.BuildRun
-	(*ListBuildRunsResponse)(nil),      // 8: cyclone.v1.ListBuildRunsResponse
-	(*SetBuildCompatibleRequest)(nil),  // 9: cyclone.v1.SetBuildCompatibleRequest
-	(*SetBuildCompatibleResponse)(nil), // 10: cyclone.v1.SetBuildCompatibleResponse
-	(*RetireBuildRequest)(nil),         // 11: cyclone.v1.RetireBuildRequest
-	(*RetireBuildResponse)(nil),        // 12: cyclone.v1.RetireBuildResponse
-	(*MoveBuildRequest)(nil),           // 13: cyclone.v1.MoveBuildRequest
-	(*MoveBuildResponse)(nil),          // 14: cyclone.v1.MoveBuildResponse
-	(*RetryRequest)(nil),               // 15: cyclone.v1.RetryRequest
-	(*RetryResponse)(nil),              // 16: cyclone.v1.RetryResponse
-	(*RetryAllRequest)(nil),            // 17: cyclone.v1.RetryAllRequest
-	(*RetryAllResponse)(nil),           // 18: cyclone.v1.RetryAllResponse
-	(*ResolveRequest)(nil),             // 19: cyclone.v1.ResolveRequest
-	(*ResolveResponse)(nil),            // 20: cyclone.v1.ResolveResponse
-	(*PauseRunRequest)(nil),            // 21: cyclone.v1.PauseRunRequest
-	(*PauseRunResponse)(nil),           // 22: cyclone.v1.PauseRunResponse
-	(*ResumeRunRequest)(nil),           // 23: cyclone.v1.ResumeRunRequest
-	(*ResumeRunResponse)(nil),          // 24: cyclone.v1.ResumeRunResponse
-	(*PauseWorkflowRequest)(nil),       // 25: cyclone.v1.PauseWorkflowRequest
-	(*PauseWorkflowResponse)(nil),      // 26: cyclone.v1.PauseWorkflowResponse
-	(*ResumeWorkflowRequest)(nil),      // 27: cyclone.v1.ResumeWorkflowRequest
-	(*ResumeWorkflowResponse)(nil),     // 28: cyclone.v1.ResumeWorkflowResponse
-	(*PauseActionRequest)(nil),         // 29: cyclone.v1.PauseActionRequest
-	(*PauseActionResponse)(nil),        // 30: cyclone.v1.PauseActionResponse
-	(*ResumeActionRequest)(nil),        // 31: cyclone.v1.ResumeActionRequest
-	(*ResumeActionResponse)(nil),       // 32: cyclone.v1.ResumeActionResponse
-	(*ListPausesRequest)(nil),          // 33: cyclone.v1.ListPausesRequest
-	(*ListPausesResponse)(nil),         // 34: cyclone.v1.ListPausesResponse
-	(*BulkAction)(nil),                 // 35: cyclone.v1.BulkAction
-	(*StartBulkActionRequest)(nil),     // 36: cyclone.v1.StartBulkActionRequest
-	(*StartBulkActionResponse)(nil),    // 37: cyclone.v1.StartBulkActionResponse
-	(*GetBulkActionRequest)(nil),       // 38: cyclone.v1.GetBulkActionRequest
-	(*GetBulkActionResponse)(nil),      // 39: cyclone.v1.GetBulkActionResponse
-	(*ListBulkActionsRequest)(nil),     // 40: cyclone.v1.ListBulkActionsRequest
-	(*ListBulkActionsResponse)(nil),    // 41: cyclone.v1.ListBulkActionsResponse
-	(*CancelBulkActionRequest)(nil),    // 42: cyclone.v1.CancelBulkActionRequest
-	(*CancelBulkActionResponse)(nil),   // 43: cyclone.v1.CancelBulkActionResponse
-	(*SetRunTagsRequest)(nil),          // 44: cyclone.v1.SetRunTagsRequest
-	(*SetRunTagsResponse)(nil),         // 45: cyclone.v1.SetRunTagsResponse
-	nil,                                // 46: cyclone.v1.SetRunTagsRequest.SetTagsEntry
-	(*timestamppb.Timestamp)(nil),      // 47: google.protobuf.Timestamp
-	(*Run)(nil),                        // 48: cyclone.v1.Run
-	(*structpb.Value)(nil),             // 49: google.protobuf.Value
-	(*RunPause)(nil),                   // 50: cyclone.v1.RunPause
-	(*Pause)(nil),                      // 51: cyclone.v1.Pause
-	(*ListRunsRequest)(nil),            // 52: cyclone.v1.ListRunsRequest
+	(BulkActionKind)(0),                   // 0: cyclone.v1.BulkActionKind
+	(BulkActionState)(0),                  // 1: cyclone.v1.BulkActionState
+	(*WorkflowDeadline)(nil),              // 2: cyclone.v1.WorkflowDeadline
+	(*SetWorkflowDeadlineRequest)(nil),    // 3: cyclone.v1.SetWorkflowDeadlineRequest
+	(*SetWorkflowDeadlineResponse)(nil),   // 4: cyclone.v1.SetWorkflowDeadlineResponse
+	(*ClearWorkflowDeadlineRequest)(nil),  // 5: cyclone.v1.ClearWorkflowDeadlineRequest
+	(*ClearWorkflowDeadlineResponse)(nil), // 6: cyclone.v1.ClearWorkflowDeadlineResponse
+	(*ListWorkflowDeadlinesRequest)(nil),  // 7: cyclone.v1.ListWorkflowDeadlinesRequest
+	(*ListWorkflowDeadlinesResponse)(nil), // 8: cyclone.v1.ListWorkflowDeadlinesResponse
+	(*Build)(nil),                         // 9: cyclone.v1.Build
+	(*BuildWorker)(nil),                   // 10: cyclone.v1.BuildWorker
+	(*ListBuildsRequest)(nil),             // 11: cyclone.v1.ListBuildsRequest
+	(*ListBuildsResponse)(nil),            // 12: cyclone.v1.ListBuildsResponse
+	(*ListBuildRunsRequest)(nil),          // 13: cyclone.v1.ListBuildRunsRequest
+	(*BuildRun)(nil),                      // 14: cyclone.v1.BuildRun
+	(*ListBuildRunsResponse)(nil),         // 15: cyclone.v1.ListBuildRunsResponse
+	(*SetBuildCompatibleRequest)(nil),     // 16: cyclone.v1.SetBuildCompatibleRequest
+	(*SetBuildCompatibleResponse)(nil),    // 17: cyclone.v1.SetBuildCompatibleResponse
+	(*RetireBuildRequest)(nil),            // 18: cyclone.v1.RetireBuildRequest
+	(*RetireBuildResponse)(nil),           // 19: cyclone.v1.RetireBuildResponse
+	(*MoveBuildRequest)(nil),              // 20: cyclone.v1.MoveBuildRequest
+	(*MoveBuildResponse)(nil),             // 21: cyclone.v1.MoveBuildResponse
+	(*RetryRequest)(nil),                  // 22: cyclone.v1.RetryRequest
+	(*RetryResponse)(nil),                 // 23: cyclone.v1.RetryResponse
+	(*RetryAllRequest)(nil),               // 24: cyclone.v1.RetryAllRequest
+	(*RetryAllResponse)(nil),              // 25: cyclone.v1.RetryAllResponse
+	(*ResolveRequest)(nil),                // 26: cyclone.v1.ResolveRequest
+	(*ResolveResponse)(nil),               // 27: cyclone.v1.ResolveResponse
+	(*PauseRunRequest)(nil),               // 28: cyclone.v1.PauseRunRequest
+	(*PauseRunResponse)(nil),              // 29: cyclone.v1.PauseRunResponse
+	(*ResumeRunRequest)(nil),              // 30: cyclone.v1.ResumeRunRequest
+	(*ResumeRunResponse)(nil),             // 31: cyclone.v1.ResumeRunResponse
+	(*PauseWorkflowRequest)(nil),          // 32: cyclone.v1.PauseWorkflowRequest
+	(*PauseWorkflowResponse)(nil),         // 33: cyclone.v1.PauseWorkflowResponse
+	(*ResumeWorkflowRequest)(nil),         // 34: cyclone.v1.ResumeWorkflowRequest
+	(*ResumeWorkflowResponse)(nil),        // 35: cyclone.v1.ResumeWorkflowResponse
+	(*PauseActionRequest)(nil),            // 36: cyclone.v1.PauseActionRequest
+	(*PauseActionResponse)(nil),           // 37: cyclone.v1.PauseActionResponse
+	(*ResumeActionRequest)(nil),           // 38: cyclone.v1.ResumeActionRequest
+	(*ResumeActionResponse)(nil),          // 39: cyclone.v1.ResumeActionResponse
+	(*ListPausesRequest)(nil),             // 40: cyclone.v1.ListPausesRequest
+	(*ListPausesResponse)(nil),            // 41: cyclone.v1.ListPausesResponse
+	(*BulkAction)(nil),                    // 42: cyclone.v1.BulkAction
+	(*StartBulkActionRequest)(nil),        // 43: cyclone.v1.StartBulkActionRequest
+	(*StartBulkActionResponse)(nil),       // 44: cyclone.v1.StartBulkActionResponse
+	(*GetBulkActionRequest)(nil),          // 45: cyclone.v1.GetBulkActionRequest
+	(*GetBulkActionResponse)(nil),         // 46: cyclone.v1.GetBulkActionResponse
+	(*ListBulkActionsRequest)(nil),        // 47: cyclone.v1.ListBulkActionsRequest
+	(*ListBulkActionsResponse)(nil),       // 48: cyclone.v1.ListBulkActionsResponse
+	(*CancelBulkActionRequest)(nil),       // 49: cyclone.v1.CancelBulkActionRequest
+	(*CancelBulkActionResponse)(nil),      // 50: cyclone.v1.CancelBulkActionResponse
+	(*SetRunTagsRequest)(nil),             // 51: cyclone.v1.SetRunTagsRequest
+	(*SetRunTagsResponse)(nil),            // 52: cyclone.v1.SetRunTagsResponse
+	nil,                                   // 53: cyclone.v1.SetRunTagsRequest.SetTagsEntry
+	(*durationpb.Duration)(nil),           // 54: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),         // 55: google.protobuf.Timestamp
+	(*Run)(nil),                           // 56: cyclone.v1.Run
+	(*structpb.Value)(nil),                // 57: google.protobuf.Value
+	(*RunPause)(nil),                      // 58: cyclone.v1.RunPause
+	(*Pause)(nil),                         // 59: cyclone.v1.Pause
+	(*ListRunsRequest)(nil),               // 60: cyclone.v1.ListRunsRequest
 }
 var file_cyclone_v1_admin_service_proto_depIdxs = []int32{
-	3,  // 0: cyclone.v1.Build.workers:type_name -> cyclone.v1.BuildWorker
-	47, // 1: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
-	47, // 2: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
-	47, // 3: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
-	2,  // 4: cyclone.v1.ListBuildsResponse.builds:type_name -> cyclone.v1.Build
-	7,  // 5: cyclone.v1.ListBuildRunsResponse.runs:type_name -> cyclone.v1.BuildRun
-	2,  // 6: cyclone.v1.SetBuildCompatibleResponse.build:type_name -> cyclone.v1.Build
-	2,  // 7: cyclone.v1.RetireBuildResponse.build:type_name -> cyclone.v1.Build
-	48, // 8: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
-	48, // 9: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
-	49, // 10: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
-	48, // 11: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
-	48, // 12: cyclone.v1.PauseRunResponse.run:type_name -> cyclone.v1.Run
-	48, // 13: cyclone.v1.ResumeRunResponse.run:type_name -> cyclone.v1.Run
-	50, // 14: cyclone.v1.PauseWorkflowResponse.pause:type_name -> cyclone.v1.RunPause
-	50, // 15: cyclone.v1.PauseActionResponse.pause:type_name -> cyclone.v1.RunPause
-	51, // 16: cyclone.v1.ListPausesResponse.pauses:type_name -> cyclone.v1.Pause
-	0,  // 17: cyclone.v1.BulkAction.action:type_name -> cyclone.v1.BulkActionKind
-	52, // 18: cyclone.v1.BulkAction.filter:type_name -> cyclone.v1.ListRunsRequest
-	1,  // 19: cyclone.v1.BulkAction.state:type_name -> cyclone.v1.BulkActionState
-	47, // 20: cyclone.v1.BulkAction.created_at:type_name -> google.protobuf.Timestamp
-	47, // 21: cyclone.v1.BulkAction.updated_at:type_name -> google.protobuf.Timestamp
-	47, // 22: cyclone.v1.BulkAction.finished_at:type_name -> google.protobuf.Timestamp
-	0,  // 23: cyclone.v1.StartBulkActionRequest.action:type_name -> cyclone.v1.BulkActionKind
-	52, // 24: cyclone.v1.StartBulkActionRequest.filter:type_name -> cyclone.v1.ListRunsRequest
-	35, // 25: cyclone.v1.StartBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
-	35, // 26: cyclone.v1.GetBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
-	35, // 27: cyclone.v1.ListBulkActionsResponse.jobs:type_name -> cyclone.v1.BulkAction
-	35, // 28: cyclone.v1.CancelBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
-	46, // 29: cyclone.v1.SetRunTagsRequest.set_tags:type_name -> cyclone.v1.SetRunTagsRequest.SetTagsEntry
-	48, // 30: cyclone.v1.SetRunTagsResponse.run:type_name -> cyclone.v1.Run
-	15, // 31: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
-	17, // 32: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
-	19, // 33: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
-	4,  // 34: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
-	6,  // 35: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
-	9,  // 36: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
-	11, // 37: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
-	13, // 38: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
-	44, // 39: cyclone.v1.AdminService.SetRunTags:input_type -> cyclone.v1.SetRunTagsRequest
-	21, // 40: cyclone.v1.AdminService.PauseRun:input_type -> cyclone.v1.PauseRunRequest
-	23, // 41: cyclone.v1.AdminService.ResumeRun:input_type -> cyclone.v1.ResumeRunRequest
-	25, // 42: cyclone.v1.AdminService.PauseWorkflow:input_type -> cyclone.v1.PauseWorkflowRequest
-	27, // 43: cyclone.v1.AdminService.ResumeWorkflow:input_type -> cyclone.v1.ResumeWorkflowRequest
-	29, // 44: cyclone.v1.AdminService.PauseAction:input_type -> cyclone.v1.PauseActionRequest
-	31, // 45: cyclone.v1.AdminService.ResumeAction:input_type -> cyclone.v1.ResumeActionRequest
-	33, // 46: cyclone.v1.AdminService.ListPauses:input_type -> cyclone.v1.ListPausesRequest
-	36, // 47: cyclone.v1.AdminService.StartBulkAction:input_type -> cyclone.v1.StartBulkActionRequest
-	38, // 48: cyclone.v1.AdminService.GetBulkAction:input_type -> cyclone.v1.GetBulkActionRequest
-	40, // 49: cyclone.v1.AdminService.ListBulkActions:input_type -> cyclone.v1.ListBulkActionsRequest
-	42, // 50: cyclone.v1.AdminService.CancelBulkAction:input_type -> cyclone.v1.CancelBulkActionRequest
-	16, // 51: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
-	18, // 52: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
-	20, // 53: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
-	5,  // 54: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
-	8,  // 55: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
-	10, // 56: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
-	12, // 57: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
-	14, // 58: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
-	45, // 59: cyclone.v1.AdminService.SetRunTags:output_type -> cyclone.v1.SetRunTagsResponse
-	22, // 60: cyclone.v1.AdminService.PauseRun:output_type -> cyclone.v1.PauseRunResponse
-	24, // 61: cyclone.v1.AdminService.ResumeRun:output_type -> cyclone.v1.ResumeRunResponse
-	26, // 62: cyclone.v1.AdminService.PauseWorkflow:output_type -> cyclone.v1.PauseWorkflowResponse
-	28, // 63: cyclone.v1.AdminService.ResumeWorkflow:output_type -> cyclone.v1.ResumeWorkflowResponse
-	30, // 64: cyclone.v1.AdminService.PauseAction:output_type -> cyclone.v1.PauseActionResponse
-	32, // 65: cyclone.v1.AdminService.ResumeAction:output_type -> cyclone.v1.ResumeActionResponse
-	34, // 66: cyclone.v1.AdminService.ListPauses:output_type -> cyclone.v1.ListPausesResponse
-	37, // 67: cyclone.v1.AdminService.StartBulkAction:output_type -> cyclone.v1.StartBulkActionResponse
-	39, // 68: cyclone.v1.AdminService.GetBulkAction:output_type -> cyclone.v1.GetBulkActionResponse
-	41, // 69: cyclone.v1.AdminService.ListBulkActions:output_type -> cyclone.v1.ListBulkActionsResponse
-	43, // 70: cyclone.v1.AdminService.CancelBulkAction:output_type -> cyclone.v1.CancelBulkActionResponse
-	51, // [51:71] is the sub-list for method output_type
-	31, // [31:51] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	54, // 0: cyclone.v1.WorkflowDeadline.deadline:type_name -> google.protobuf.Duration
+	55, // 1: cyclone.v1.WorkflowDeadline.set_at:type_name -> google.protobuf.Timestamp
+	54, // 2: cyclone.v1.SetWorkflowDeadlineRequest.deadline:type_name -> google.protobuf.Duration
+	2,  // 3: cyclone.v1.SetWorkflowDeadlineResponse.deadline:type_name -> cyclone.v1.WorkflowDeadline
+	2,  // 4: cyclone.v1.ClearWorkflowDeadlineResponse.deadline:type_name -> cyclone.v1.WorkflowDeadline
+	2,  // 5: cyclone.v1.ListWorkflowDeadlinesResponse.deadlines:type_name -> cyclone.v1.WorkflowDeadline
+	10, // 6: cyclone.v1.Build.workers:type_name -> cyclone.v1.BuildWorker
+	55, // 7: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
+	55, // 8: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
+	55, // 9: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
+	9,  // 10: cyclone.v1.ListBuildsResponse.builds:type_name -> cyclone.v1.Build
+	14, // 11: cyclone.v1.ListBuildRunsResponse.runs:type_name -> cyclone.v1.BuildRun
+	9,  // 12: cyclone.v1.SetBuildCompatibleResponse.build:type_name -> cyclone.v1.Build
+	9,  // 13: cyclone.v1.RetireBuildResponse.build:type_name -> cyclone.v1.Build
+	56, // 14: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
+	56, // 15: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
+	57, // 16: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
+	56, // 17: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
+	56, // 18: cyclone.v1.PauseRunResponse.run:type_name -> cyclone.v1.Run
+	56, // 19: cyclone.v1.ResumeRunResponse.run:type_name -> cyclone.v1.Run
+	58, // 20: cyclone.v1.PauseWorkflowResponse.pause:type_name -> cyclone.v1.RunPause
+	58, // 21: cyclone.v1.PauseActionResponse.pause:type_name -> cyclone.v1.RunPause
+	59, // 22: cyclone.v1.ListPausesResponse.pauses:type_name -> cyclone.v1.Pause
+	0,  // 23: cyclone.v1.BulkAction.action:type_name -> cyclone.v1.BulkActionKind
+	60, // 24: cyclone.v1.BulkAction.filter:type_name -> cyclone.v1.ListRunsRequest
+	1,  // 25: cyclone.v1.BulkAction.state:type_name -> cyclone.v1.BulkActionState
+	55, // 26: cyclone.v1.BulkAction.created_at:type_name -> google.protobuf.Timestamp
+	55, // 27: cyclone.v1.BulkAction.updated_at:type_name -> google.protobuf.Timestamp
+	55, // 28: cyclone.v1.BulkAction.finished_at:type_name -> google.protobuf.Timestamp
+	0,  // 29: cyclone.v1.StartBulkActionRequest.action:type_name -> cyclone.v1.BulkActionKind
+	60, // 30: cyclone.v1.StartBulkActionRequest.filter:type_name -> cyclone.v1.ListRunsRequest
+	42, // 31: cyclone.v1.StartBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
+	42, // 32: cyclone.v1.GetBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
+	42, // 33: cyclone.v1.ListBulkActionsResponse.jobs:type_name -> cyclone.v1.BulkAction
+	42, // 34: cyclone.v1.CancelBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
+	53, // 35: cyclone.v1.SetRunTagsRequest.set_tags:type_name -> cyclone.v1.SetRunTagsRequest.SetTagsEntry
+	56, // 36: cyclone.v1.SetRunTagsResponse.run:type_name -> cyclone.v1.Run
+	22, // 37: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
+	24, // 38: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
+	26, // 39: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
+	11, // 40: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
+	13, // 41: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
+	16, // 42: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
+	18, // 43: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
+	20, // 44: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
+	51, // 45: cyclone.v1.AdminService.SetRunTags:input_type -> cyclone.v1.SetRunTagsRequest
+	28, // 46: cyclone.v1.AdminService.PauseRun:input_type -> cyclone.v1.PauseRunRequest
+	30, // 47: cyclone.v1.AdminService.ResumeRun:input_type -> cyclone.v1.ResumeRunRequest
+	32, // 48: cyclone.v1.AdminService.PauseWorkflow:input_type -> cyclone.v1.PauseWorkflowRequest
+	34, // 49: cyclone.v1.AdminService.ResumeWorkflow:input_type -> cyclone.v1.ResumeWorkflowRequest
+	36, // 50: cyclone.v1.AdminService.PauseAction:input_type -> cyclone.v1.PauseActionRequest
+	38, // 51: cyclone.v1.AdminService.ResumeAction:input_type -> cyclone.v1.ResumeActionRequest
+	40, // 52: cyclone.v1.AdminService.ListPauses:input_type -> cyclone.v1.ListPausesRequest
+	43, // 53: cyclone.v1.AdminService.StartBulkAction:input_type -> cyclone.v1.StartBulkActionRequest
+	45, // 54: cyclone.v1.AdminService.GetBulkAction:input_type -> cyclone.v1.GetBulkActionRequest
+	47, // 55: cyclone.v1.AdminService.ListBulkActions:input_type -> cyclone.v1.ListBulkActionsRequest
+	49, // 56: cyclone.v1.AdminService.CancelBulkAction:input_type -> cyclone.v1.CancelBulkActionRequest
+	3,  // 57: cyclone.v1.AdminService.SetWorkflowDeadline:input_type -> cyclone.v1.SetWorkflowDeadlineRequest
+	5,  // 58: cyclone.v1.AdminService.ClearWorkflowDeadline:input_type -> cyclone.v1.ClearWorkflowDeadlineRequest
+	7,  // 59: cyclone.v1.AdminService.ListWorkflowDeadlines:input_type -> cyclone.v1.ListWorkflowDeadlinesRequest
+	23, // 60: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
+	25, // 61: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
+	27, // 62: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
+	12, // 63: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
+	15, // 64: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
+	17, // 65: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
+	19, // 66: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
+	21, // 67: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
+	52, // 68: cyclone.v1.AdminService.SetRunTags:output_type -> cyclone.v1.SetRunTagsResponse
+	29, // 69: cyclone.v1.AdminService.PauseRun:output_type -> cyclone.v1.PauseRunResponse
+	31, // 70: cyclone.v1.AdminService.ResumeRun:output_type -> cyclone.v1.ResumeRunResponse
+	33, // 71: cyclone.v1.AdminService.PauseWorkflow:output_type -> cyclone.v1.PauseWorkflowResponse
+	35, // 72: cyclone.v1.AdminService.ResumeWorkflow:output_type -> cyclone.v1.ResumeWorkflowResponse
+	37, // 73: cyclone.v1.AdminService.PauseAction:output_type -> cyclone.v1.PauseActionResponse
+	39, // 74: cyclone.v1.AdminService.ResumeAction:output_type -> cyclone.v1.ResumeActionResponse
+	41, // 75: cyclone.v1.AdminService.ListPauses:output_type -> cyclone.v1.ListPausesResponse
+	44, // 76: cyclone.v1.AdminService.StartBulkAction:output_type -> cyclone.v1.StartBulkActionResponse
+	46, // 77: cyclone.v1.AdminService.GetBulkAction:output_type -> cyclone.v1.GetBulkActionResponse
+	48, // 78: cyclone.v1.AdminService.ListBulkActions:output_type -> cyclone.v1.ListBulkActionsResponse
+	50, // 79: cyclone.v1.AdminService.CancelBulkAction:output_type -> cyclone.v1.CancelBulkActionResponse
+	4,  // 80: cyclone.v1.AdminService.SetWorkflowDeadline:output_type -> cyclone.v1.SetWorkflowDeadlineResponse
+	6,  // 81: cyclone.v1.AdminService.ClearWorkflowDeadline:output_type -> cyclone.v1.ClearWorkflowDeadlineResponse
+	8,  // 82: cyclone.v1.AdminService.ListWorkflowDeadlines:output_type -> cyclone.v1.ListWorkflowDeadlinesResponse
+	60, // [60:83] is the sub-list for method output_type
+	37, // [37:60] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_admin_service_proto_init() }
@@ -3121,7 +3541,7 @@ func file_cyclone_v1_admin_service_proto_init() {
 	}
 	file_cyclone_v1_types_proto_init()
 	file_cyclone_v1_workflow_service_proto_init()
-	file_cyclone_v1_admin_service_proto_msgTypes[17].OneofWrappers = []any{
+	file_cyclone_v1_admin_service_proto_msgTypes[24].OneofWrappers = []any{
 		(*ResolveRequest_Result)(nil),
 		(*ResolveRequest_Error)(nil),
 		(*ResolveRequest_Discard)(nil),
@@ -3132,7 +3552,7 @@ func file_cyclone_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_admin_service_proto_rawDesc), len(file_cyclone_v1_admin_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   45,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

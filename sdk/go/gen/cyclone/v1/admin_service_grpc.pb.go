@@ -19,26 +19,29 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_Retry_FullMethodName              = "/cyclone.v1.AdminService/Retry"
-	AdminService_RetryAll_FullMethodName           = "/cyclone.v1.AdminService/RetryAll"
-	AdminService_Resolve_FullMethodName            = "/cyclone.v1.AdminService/Resolve"
-	AdminService_ListBuilds_FullMethodName         = "/cyclone.v1.AdminService/ListBuilds"
-	AdminService_ListBuildRuns_FullMethodName      = "/cyclone.v1.AdminService/ListBuildRuns"
-	AdminService_SetBuildCompatible_FullMethodName = "/cyclone.v1.AdminService/SetBuildCompatible"
-	AdminService_RetireBuild_FullMethodName        = "/cyclone.v1.AdminService/RetireBuild"
-	AdminService_MoveBuild_FullMethodName          = "/cyclone.v1.AdminService/MoveBuild"
-	AdminService_SetRunTags_FullMethodName         = "/cyclone.v1.AdminService/SetRunTags"
-	AdminService_PauseRun_FullMethodName           = "/cyclone.v1.AdminService/PauseRun"
-	AdminService_ResumeRun_FullMethodName          = "/cyclone.v1.AdminService/ResumeRun"
-	AdminService_PauseWorkflow_FullMethodName      = "/cyclone.v1.AdminService/PauseWorkflow"
-	AdminService_ResumeWorkflow_FullMethodName     = "/cyclone.v1.AdminService/ResumeWorkflow"
-	AdminService_PauseAction_FullMethodName        = "/cyclone.v1.AdminService/PauseAction"
-	AdminService_ResumeAction_FullMethodName       = "/cyclone.v1.AdminService/ResumeAction"
-	AdminService_ListPauses_FullMethodName         = "/cyclone.v1.AdminService/ListPauses"
-	AdminService_StartBulkAction_FullMethodName    = "/cyclone.v1.AdminService/StartBulkAction"
-	AdminService_GetBulkAction_FullMethodName      = "/cyclone.v1.AdminService/GetBulkAction"
-	AdminService_ListBulkActions_FullMethodName    = "/cyclone.v1.AdminService/ListBulkActions"
-	AdminService_CancelBulkAction_FullMethodName   = "/cyclone.v1.AdminService/CancelBulkAction"
+	AdminService_Retry_FullMethodName                 = "/cyclone.v1.AdminService/Retry"
+	AdminService_RetryAll_FullMethodName              = "/cyclone.v1.AdminService/RetryAll"
+	AdminService_Resolve_FullMethodName               = "/cyclone.v1.AdminService/Resolve"
+	AdminService_ListBuilds_FullMethodName            = "/cyclone.v1.AdminService/ListBuilds"
+	AdminService_ListBuildRuns_FullMethodName         = "/cyclone.v1.AdminService/ListBuildRuns"
+	AdminService_SetBuildCompatible_FullMethodName    = "/cyclone.v1.AdminService/SetBuildCompatible"
+	AdminService_RetireBuild_FullMethodName           = "/cyclone.v1.AdminService/RetireBuild"
+	AdminService_MoveBuild_FullMethodName             = "/cyclone.v1.AdminService/MoveBuild"
+	AdminService_SetRunTags_FullMethodName            = "/cyclone.v1.AdminService/SetRunTags"
+	AdminService_PauseRun_FullMethodName              = "/cyclone.v1.AdminService/PauseRun"
+	AdminService_ResumeRun_FullMethodName             = "/cyclone.v1.AdminService/ResumeRun"
+	AdminService_PauseWorkflow_FullMethodName         = "/cyclone.v1.AdminService/PauseWorkflow"
+	AdminService_ResumeWorkflow_FullMethodName        = "/cyclone.v1.AdminService/ResumeWorkflow"
+	AdminService_PauseAction_FullMethodName           = "/cyclone.v1.AdminService/PauseAction"
+	AdminService_ResumeAction_FullMethodName          = "/cyclone.v1.AdminService/ResumeAction"
+	AdminService_ListPauses_FullMethodName            = "/cyclone.v1.AdminService/ListPauses"
+	AdminService_StartBulkAction_FullMethodName       = "/cyclone.v1.AdminService/StartBulkAction"
+	AdminService_GetBulkAction_FullMethodName         = "/cyclone.v1.AdminService/GetBulkAction"
+	AdminService_ListBulkActions_FullMethodName       = "/cyclone.v1.AdminService/ListBulkActions"
+	AdminService_CancelBulkAction_FullMethodName      = "/cyclone.v1.AdminService/CancelBulkAction"
+	AdminService_SetWorkflowDeadline_FullMethodName   = "/cyclone.v1.AdminService/SetWorkflowDeadline"
+	AdminService_ClearWorkflowDeadline_FullMethodName = "/cyclone.v1.AdminService/ClearWorkflowDeadline"
+	AdminService_ListWorkflowDeadlines_FullMethodName = "/cyclone.v1.AdminService/ListWorkflowDeadlines"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -138,6 +141,17 @@ type AdminServiceClient interface {
 	// first), and the runs it acted on stay as they are. NOT_FOUND for an unknown job,
 	// FAILED_PRECONDITION when it is no longer running.
 	CancelBulkAction(ctx context.Context, in *CancelBulkActionRequest, opts ...grpc.CallOption) (*CancelBulkActionResponse, error)
+	// Sets the default deadline of a workflow name, replacing the one set before: a run of
+	// that workflow submitted without a deadline (SubmitRequest.deadline) gets its
+	// created_at plus this duration; runs submitted before keep theirs. Who set it, when
+	// and why is kept with it (ListWorkflowDeadlines) and logged. INVALID_ARGUMENT for a
+	// bad workflow name, or a duration not above zero or beyond 366 days.
+	SetWorkflowDeadline(ctx context.Context, in *SetWorkflowDeadlineRequest, opts ...grpc.CallOption) (*SetWorkflowDeadlineResponse, error)
+	// Clears the default deadline of a workflow name: its runs submitted from then on
+	// without a deadline have none. NOT_FOUND when it has no default deadline.
+	ClearWorkflowDeadline(ctx context.Context, in *ClearWorkflowDeadlineRequest, opts ...grpc.CallOption) (*ClearWorkflowDeadlineResponse, error)
+	// Every default deadline of a workflow name, by name.
+	ListWorkflowDeadlines(ctx context.Context, in *ListWorkflowDeadlinesRequest, opts ...grpc.CallOption) (*ListWorkflowDeadlinesResponse, error)
 }
 
 type adminServiceClient struct {
@@ -348,6 +362,36 @@ func (c *adminServiceClient) CancelBulkAction(ctx context.Context, in *CancelBul
 	return out, nil
 }
 
+func (c *adminServiceClient) SetWorkflowDeadline(ctx context.Context, in *SetWorkflowDeadlineRequest, opts ...grpc.CallOption) (*SetWorkflowDeadlineResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetWorkflowDeadlineResponse)
+	err := c.cc.Invoke(ctx, AdminService_SetWorkflowDeadline_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ClearWorkflowDeadline(ctx context.Context, in *ClearWorkflowDeadlineRequest, opts ...grpc.CallOption) (*ClearWorkflowDeadlineResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClearWorkflowDeadlineResponse)
+	err := c.cc.Invoke(ctx, AdminService_ClearWorkflowDeadline_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListWorkflowDeadlines(ctx context.Context, in *ListWorkflowDeadlinesRequest, opts ...grpc.CallOption) (*ListWorkflowDeadlinesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListWorkflowDeadlinesResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListWorkflowDeadlines_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -445,6 +489,17 @@ type AdminServiceServer interface {
 	// first), and the runs it acted on stay as they are. NOT_FOUND for an unknown job,
 	// FAILED_PRECONDITION when it is no longer running.
 	CancelBulkAction(context.Context, *CancelBulkActionRequest) (*CancelBulkActionResponse, error)
+	// Sets the default deadline of a workflow name, replacing the one set before: a run of
+	// that workflow submitted without a deadline (SubmitRequest.deadline) gets its
+	// created_at plus this duration; runs submitted before keep theirs. Who set it, when
+	// and why is kept with it (ListWorkflowDeadlines) and logged. INVALID_ARGUMENT for a
+	// bad workflow name, or a duration not above zero or beyond 366 days.
+	SetWorkflowDeadline(context.Context, *SetWorkflowDeadlineRequest) (*SetWorkflowDeadlineResponse, error)
+	// Clears the default deadline of a workflow name: its runs submitted from then on
+	// without a deadline have none. NOT_FOUND when it has no default deadline.
+	ClearWorkflowDeadline(context.Context, *ClearWorkflowDeadlineRequest) (*ClearWorkflowDeadlineResponse, error)
+	// Every default deadline of a workflow name, by name.
+	ListWorkflowDeadlines(context.Context, *ListWorkflowDeadlinesRequest) (*ListWorkflowDeadlinesResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -514,6 +569,15 @@ func (UnimplementedAdminServiceServer) ListBulkActions(context.Context, *ListBul
 }
 func (UnimplementedAdminServiceServer) CancelBulkAction(context.Context, *CancelBulkActionRequest) (*CancelBulkActionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelBulkAction not implemented")
+}
+func (UnimplementedAdminServiceServer) SetWorkflowDeadline(context.Context, *SetWorkflowDeadlineRequest) (*SetWorkflowDeadlineResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetWorkflowDeadline not implemented")
+}
+func (UnimplementedAdminServiceServer) ClearWorkflowDeadline(context.Context, *ClearWorkflowDeadlineRequest) (*ClearWorkflowDeadlineResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClearWorkflowDeadline not implemented")
+}
+func (UnimplementedAdminServiceServer) ListWorkflowDeadlines(context.Context, *ListWorkflowDeadlinesRequest) (*ListWorkflowDeadlinesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListWorkflowDeadlines not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -896,6 +960,60 @@ func _AdminService_CancelBulkAction_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_SetWorkflowDeadline_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetWorkflowDeadlineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SetWorkflowDeadline(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SetWorkflowDeadline_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SetWorkflowDeadline(ctx, req.(*SetWorkflowDeadlineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ClearWorkflowDeadline_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClearWorkflowDeadlineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ClearWorkflowDeadline(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ClearWorkflowDeadline_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ClearWorkflowDeadline(ctx, req.(*ClearWorkflowDeadlineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListWorkflowDeadlines_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWorkflowDeadlinesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListWorkflowDeadlines(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListWorkflowDeadlines_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListWorkflowDeadlines(ctx, req.(*ListWorkflowDeadlinesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -982,6 +1100,18 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CancelBulkAction",
 			Handler:    _AdminService_CancelBulkAction_Handler,
+		},
+		{
+			MethodName: "SetWorkflowDeadline",
+			Handler:    _AdminService_SetWorkflowDeadline_Handler,
+		},
+		{
+			MethodName: "ClearWorkflowDeadline",
+			Handler:    _AdminService_ClearWorkflowDeadline_Handler,
+		},
+		{
+			MethodName: "ListWorkflowDeadlines",
+			Handler:    _AdminService_ListWorkflowDeadlines_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

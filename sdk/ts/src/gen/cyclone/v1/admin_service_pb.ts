@@ -8,15 +8,205 @@ import type { Pause, Run, RunPause } from "./types_pb.js";
 import { file_cyclone_v1_types } from "./types_pb.js";
 import type { ListRunsRequest } from "./workflow_service_pb.js";
 import { file_cyclone_v1_workflow_service } from "./workflow_service_pb.js";
-import type { Timestamp, Value } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import type { Duration, Timestamp, Value } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file cyclone/v1/admin_service.proto.
  */
 export const file_cyclone_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEi8wEKBUJ1aWxkEhAKCGJ1aWxkX2lkGAEgASgJEhIKCmNvbXBhdGlibGUYAiADKAkSKAoHd29ya2VycxgDIAMoCzIXLmN5Y2xvbmUudjEuQnVpbGRXb3JrZXISFAoMcGlubmVkX25vZGVzGAQgASgDEhMKC3Bpbm5lZF9ydW5zGAUgASgDEg8KB3JldGlyZWQYBiABKAgSLgoKcmV0aXJlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoLQnVpbGRXb3JrZXISEQoJd29ya2VyX2lkGAEgASgJEisKB3NlZW5fYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhMKEUxpc3RCdWlsZHNSZXF1ZXN0IjcKEkxpc3RCdWlsZHNSZXNwb25zZRIhCgZidWlsZHMYASADKAsyES5jeWNsb25lLnYxLkJ1aWxkIjcKFExpc3RCdWlsZFJ1bnNSZXF1ZXN0EhAKCGJ1aWxkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFIjsKCEJ1aWxkUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRINCgVub2RlcxgDIAMoCSI7ChVMaXN0QnVpbGRSdW5zUmVzcG9uc2USIgoEcnVucxgBIAMoCzIULmN5Y2xvbmUudjEuQnVpbGRSdW4iVgoZU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBIQCghidWlsZF9pZBgBIAEoCRIXCg9jb21wYXRpYmxlX3dpdGgYAiABKAkSDgoGcmVhc29uGAMgASgJIj4KGlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEiAKBWJ1aWxkGAEgASgLMhEuY3ljbG9uZS52MS5CdWlsZCI2ChJSZXRpcmVCdWlsZFJlcXVlc3QSEAoIYnVpbGRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjcKE1JldGlyZUJ1aWxkUmVzcG9uc2USIAoFYnVpbGQYASABKAsyES5jeWNsb25lLnYxLkJ1aWxkIk4KEE1vdmVCdWlsZFJlcXVlc3QSFQoNZnJvbV9idWlsZF9pZBgBIAEoCRITCgt0b19idWlsZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPAoRTW92ZUJ1aWxkUmVzcG9uc2USEwoLbm9kZXNfbW92ZWQYASABKAMSEgoKcnVuc19tb3ZlZBgCIAEoAyI8CgxSZXRyeVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDgoGcmVhc29uGAMgASgJIi0KDVJldHJ5UmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUmV0cnlBbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiPwoQUmV0cnlBbGxSZXNwb25zZRINCgVub2RlcxgBIAMoCRIcCgNydW4YAiABKAsyDy5jeWNsb25lLnYxLlJ1biKrAQoOUmVzb2x2ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSKAoGcmVzdWx0GAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASDwoFZXJyb3IYBCABKAlIABIRCgdkaXNjYXJkGAUgASgISAASDgoGcmVhc29uGAYgASgJEg8KB3N0ZXBfaWQYByABKAlCDAoKcmVzb2x1dGlvbiIvCg9SZXNvbHZlUmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUGF1c2VSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoQUGF1c2VSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjIKEFJlc3VtZVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJCChFSZXN1bWVSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjQKFFBhdXNlV29ya2Zsb3dSZXF1ZXN0EgwKBG5hbWUYASABKAkSDgoGcmVhc29uGAIgASgJIk0KFVBhdXNlV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIEiMKBXBhdXNlGAIgASgLMhQuY3ljbG9uZS52MS5SdW5QYXVzZSI1ChVSZXN1bWVXb3JrZmxvd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiKQoWUmVzdW1lV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIIjIKElBhdXNlQWN0aW9uUmVxdWVzdBIMCgRuYW1lGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJLChNQYXVzZUFjdGlvblJlc3BvbnNlEg8KB2NoYW5nZWQYASABKAgSIwoFcGF1c2UYAiABKAsyFC5jeWNsb25lLnYxLlJ1blBhdXNlIjMKE1Jlc3VtZUFjdGlvblJlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiJwoUUmVzdW1lQWN0aW9uUmVzcG9uc2USDwoHY2hhbmdlZBgBIAEoCCITChFMaXN0UGF1c2VzUmVxdWVzdCI3ChJMaXN0UGF1c2VzUmVzcG9uc2USIQoGcGF1c2VzGAEgAygLMhEuY3ljbG9uZS52MS5QYXVzZSLUAwoKQnVsa0FjdGlvbhIOCgZqb2JfaWQYASABKAkSKgoGYWN0aW9uGAIgASgOMhouY3ljbG9uZS52MS5CdWxrQWN0aW9uS2luZBIrCgZmaWx0ZXIYAyABKAsyGy5jeWNsb25lLnYxLkxpc3RSdW5zUmVxdWVzdBIOCgZyZWFzb24YBCABKAkSDQoFYWN0b3IYBSABKAkSKgoFc3RhdGUYBiABKA4yGy5jeWNsb25lLnYxLkJ1bGtBY3Rpb25TdGF0ZRINCgV0b3RhbBgHIAEoAxIWCg50b3RhbF9hdF9sZWFzdBgIIAEoCBIPCgd0b3VjaGVkGAkgASgDEg8KB3NraXBwZWQYCiABKAMSDgoGZmFpbGVkGAsgASgDEhIKCmxhc3RfZXJyb3IYDCABKAkSFAoMY2FuY2VsbGVkX2J5GA0gASgJEi4KCmNyZWF0ZWRfYXQYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYDyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKnAQoWU3RhcnRCdWxrQWN0aW9uUmVxdWVzdBIqCgZhY3Rpb24YASABKA4yGi5jeWNsb25lLnYxLkJ1bGtBY3Rpb25LaW5kEisKBmZpbHRlchgCIAEoCzIbLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXF1ZXN0Eg4KBnJlYXNvbhgDIAEoCRIPCgdkcnlfcnVuGAQgASgIEhMKC2NvbmZpcm1fYWxsGAUgASgIImkKF1N0YXJ0QnVsa0FjdGlvblJlc3BvbnNlEiMKA2pvYhgBIAEoCzIWLmN5Y2xvbmUudjEuQnVsa0FjdGlvbhIPCgdtYXRjaGVkGAIgASgDEhgKEG1hdGNoZWRfYXRfbGVhc3QYAyABKAgiJgoUR2V0QnVsa0FjdGlvblJlcXVlc3QSDgoGam9iX2lkGAEgASgJIjwKFUdldEJ1bGtBY3Rpb25SZXNwb25zZRIjCgNqb2IYASABKAsyFi5jeWNsb25lLnYxLkJ1bGtBY3Rpb24iPwoWTGlzdEJ1bGtBY3Rpb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJYChdMaXN0QnVsa0FjdGlvbnNSZXNwb25zZRIkCgRqb2JzGAEgAygLMhYuY3ljbG9uZS52MS5CdWxrQWN0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIpChdDYW5jZWxCdWxrQWN0aW9uUmVxdWVzdBIOCgZqb2JfaWQYASABKAkiPwoYQ2FuY2VsQnVsa0FjdGlvblJlc3BvbnNlEiMKA2pvYhgBIAEoCzIWLmN5Y2xvbmUudjEuQnVsa0FjdGlvbiK2AQoRU2V0UnVuVGFnc1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEjwKCHNldF90YWdzGAIgAygLMiouY3ljbG9uZS52MS5TZXRSdW5UYWdzUmVxdWVzdC5TZXRUYWdzRW50cnkSEwoLcmVtb3ZlX2tleXMYAyADKAkSDgoGcmVhc29uGAQgASgJGi4KDFNldFRhZ3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjIKElNldFJ1blRhZ3NSZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biqRAQoOQnVsa0FjdGlvbktpbmQSIAocQlVMS19BQ1RJT05fS0lORF9VTlNQRUNJRklFRBAAEhsKF0JVTEtfQUNUSU9OX0tJTkRfQ0FOQ0VMEAESGgoWQlVMS19BQ1RJT05fS0lORF9SRVRSWRACEiQKIEJVTEtfQUNUSU9OX0tJTkRfUkVTT0xWRV9ESVNDQVJEEAMqkAEKD0J1bGtBY3Rpb25TdGF0ZRIhCh1CVUxLX0FDVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEh0KGUJVTEtfQUNUSU9OX1NUQVRFX1JVTk5JTkcQARIaChZCVUxLX0FDVElPTl9TVEFURV9ET05FEAISHwobQlVMS19BQ1RJT05fU1RBVEVfQ0FOQ0VMTEVEEAMy4wwKDEFkbWluU2VydmljZRI8CgVSZXRyeRIYLmN5Y2xvbmUudjEuUmV0cnlSZXF1ZXN0GhkuY3ljbG9uZS52MS5SZXRyeVJlc3BvbnNlEkUKCFJldHJ5QWxsEhsuY3ljbG9uZS52MS5SZXRyeUFsbFJlcXVlc3QaHC5jeWNsb25lLnYxLlJldHJ5QWxsUmVzcG9uc2USQgoHUmVzb2x2ZRIaLmN5Y2xvbmUudjEuUmVzb2x2ZVJlcXVlc3QaGy5jeWNsb25lLnYxLlJlc29sdmVSZXNwb25zZRJLCgpMaXN0QnVpbGRzEh0uY3ljbG9uZS52MS5MaXN0QnVpbGRzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdEJ1aWxkc1Jlc3BvbnNlElQKDUxpc3RCdWlsZFJ1bnMSIC5jeWNsb25lLnYxLkxpc3RCdWlsZFJ1bnNSZXF1ZXN0GiEuY3ljbG9uZS52MS5MaXN0QnVpbGRSdW5zUmVzcG9uc2USYwoSU2V0QnVpbGRDb21wYXRpYmxlEiUuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXF1ZXN0GiYuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXNwb25zZRJOCgtSZXRpcmVCdWlsZBIeLmN5Y2xvbmUudjEuUmV0aXJlQnVpbGRSZXF1ZXN0Gh8uY3ljbG9uZS52MS5SZXRpcmVCdWlsZFJlc3BvbnNlEkgKCU1vdmVCdWlsZBIcLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVxdWVzdBodLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVzcG9uc2USSwoKU2V0UnVuVGFncxIdLmN5Y2xvbmUudjEuU2V0UnVuVGFnc1JlcXVlc3QaHi5jeWNsb25lLnYxLlNldFJ1blRhZ3NSZXNwb25zZRJFCghQYXVzZVJ1bhIbLmN5Y2xvbmUudjEuUGF1c2VSdW5SZXF1ZXN0GhwuY3ljbG9uZS52MS5QYXVzZVJ1blJlc3BvbnNlEkgKCVJlc3VtZVJ1bhIcLmN5Y2xvbmUudjEuUmVzdW1lUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuUmVzdW1lUnVuUmVzcG9uc2USVAoNUGF1c2VXb3JrZmxvdxIgLmN5Y2xvbmUudjEuUGF1c2VXb3JrZmxvd1JlcXVlc3QaIS5jeWNsb25lLnYxLlBhdXNlV29ya2Zsb3dSZXNwb25zZRJXCg5SZXN1bWVXb3JrZmxvdxIhLmN5Y2xvbmUudjEuUmVzdW1lV29ya2Zsb3dSZXF1ZXN0GiIuY3ljbG9uZS52MS5SZXN1bWVXb3JrZmxvd1Jlc3BvbnNlEk4KC1BhdXNlQWN0aW9uEh4uY3ljbG9uZS52MS5QYXVzZUFjdGlvblJlcXVlc3QaHy5jeWNsb25lLnYxLlBhdXNlQWN0aW9uUmVzcG9uc2USUQoMUmVzdW1lQWN0aW9uEh8uY3ljbG9uZS52MS5SZXN1bWVBY3Rpb25SZXF1ZXN0GiAuY3ljbG9uZS52MS5SZXN1bWVBY3Rpb25SZXNwb25zZRJLCgpMaXN0UGF1c2VzEh0uY3ljbG9uZS52MS5MaXN0UGF1c2VzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdFBhdXNlc1Jlc3BvbnNlEloKD1N0YXJ0QnVsa0FjdGlvbhIiLmN5Y2xvbmUudjEuU3RhcnRCdWxrQWN0aW9uUmVxdWVzdBojLmN5Y2xvbmUudjEuU3RhcnRCdWxrQWN0aW9uUmVzcG9uc2USVAoNR2V0QnVsa0FjdGlvbhIgLmN5Y2xvbmUudjEuR2V0QnVsa0FjdGlvblJlcXVlc3QaIS5jeWNsb25lLnYxLkdldEJ1bGtBY3Rpb25SZXNwb25zZRJaCg9MaXN0QnVsa0FjdGlvbnMSIi5jeWNsb25lLnYxLkxpc3RCdWxrQWN0aW9uc1JlcXVlc3QaIy5jeWNsb25lLnYxLkxpc3RCdWxrQWN0aW9uc1Jlc3BvbnNlEl0KEENhbmNlbEJ1bGtBY3Rpb24SIy5jeWNsb25lLnYxLkNhbmNlbEJ1bGtBY3Rpb25SZXF1ZXN0GiQuY3ljbG9uZS52MS5DYW5jZWxCdWxrQWN0aW9uUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_cyclone_v1_workflow_service, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEinQEKEFdvcmtmbG93RGVhZGxpbmUSEAoId29ya2Zsb3cYASABKAkSKwoIZGVhZGxpbmUYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGc2V0X2J5GAMgASgJEioKBnNldF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGcmVhc29uGAUgASgJImsKGlNldFdvcmtmbG93RGVhZGxpbmVSZXF1ZXN0EhAKCHdvcmtmbG93GAEgASgJEisKCGRlYWRsaW5lGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBnJlYXNvbhgDIAEoCSJNChtTZXRXb3JrZmxvd0RlYWRsaW5lUmVzcG9uc2USLgoIZGVhZGxpbmUYASABKAsyHC5jeWNsb25lLnYxLldvcmtmbG93RGVhZGxpbmUiQAocQ2xlYXJXb3JrZmxvd0RlYWRsaW5lUmVxdWVzdBIQCgh3b3JrZmxvdxgBIAEoCRIOCgZyZWFzb24YAiABKAkiTwodQ2xlYXJXb3JrZmxvd0RlYWRsaW5lUmVzcG9uc2USLgoIZGVhZGxpbmUYASABKAsyHC5jeWNsb25lLnYxLldvcmtmbG93RGVhZGxpbmUiHgocTGlzdFdvcmtmbG93RGVhZGxpbmVzUmVxdWVzdCJQCh1MaXN0V29ya2Zsb3dEZWFkbGluZXNSZXNwb25zZRIvCglkZWFkbGluZXMYASADKAsyHC5jeWNsb25lLnYxLldvcmtmbG93RGVhZGxpbmUi8wEKBUJ1aWxkEhAKCGJ1aWxkX2lkGAEgASgJEhIKCmNvbXBhdGlibGUYAiADKAkSKAoHd29ya2VycxgDIAMoCzIXLmN5Y2xvbmUudjEuQnVpbGRXb3JrZXISFAoMcGlubmVkX25vZGVzGAQgASgDEhMKC3Bpbm5lZF9ydW5zGAUgASgDEg8KB3JldGlyZWQYBiABKAgSLgoKcmV0aXJlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoLQnVpbGRXb3JrZXISEQoJd29ya2VyX2lkGAEgASgJEisKB3NlZW5fYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhMKEUxpc3RCdWlsZHNSZXF1ZXN0IjcKEkxpc3RCdWlsZHNSZXNwb25zZRIhCgZidWlsZHMYASADKAsyES5jeWNsb25lLnYxLkJ1aWxkIjcKFExpc3RCdWlsZFJ1bnNSZXF1ZXN0EhAKCGJ1aWxkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFIjsKCEJ1aWxkUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRINCgVub2RlcxgDIAMoCSI7ChVMaXN0QnVpbGRSdW5zUmVzcG9uc2USIgoEcnVucxgBIAMoCzIULmN5Y2xvbmUudjEuQnVpbGRSdW4iVgoZU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBIQCghidWlsZF9pZBgBIAEoCRIXCg9jb21wYXRpYmxlX3dpdGgYAiABKAkSDgoGcmVhc29uGAMgASgJIj4KGlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEiAKBWJ1aWxkGAEgASgLMhEuY3ljbG9uZS52MS5CdWlsZCI2ChJSZXRpcmVCdWlsZFJlcXVlc3QSEAoIYnVpbGRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjcKE1JldGlyZUJ1aWxkUmVzcG9uc2USIAoFYnVpbGQYASABKAsyES5jeWNsb25lLnYxLkJ1aWxkIk4KEE1vdmVCdWlsZFJlcXVlc3QSFQoNZnJvbV9idWlsZF9pZBgBIAEoCRITCgt0b19idWlsZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPAoRTW92ZUJ1aWxkUmVzcG9uc2USEwoLbm9kZXNfbW92ZWQYASABKAMSEgoKcnVuc19tb3ZlZBgCIAEoAyI8CgxSZXRyeVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDgoGcmVhc29uGAMgASgJIi0KDVJldHJ5UmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUmV0cnlBbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiPwoQUmV0cnlBbGxSZXNwb25zZRINCgVub2RlcxgBIAMoCRIcCgNydW4YAiABKAsyDy5jeWNsb25lLnYxLlJ1biKrAQoOUmVzb2x2ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSKAoGcmVzdWx0GAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASDwoFZXJyb3IYBCABKAlIABIRCgdkaXNjYXJkGAUgASgISAASDgoGcmVhc29uGAYgASgJEg8KB3N0ZXBfaWQYByABKAlCDAoKcmVzb2x1dGlvbiIvCg9SZXNvbHZlUmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUGF1c2VSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoQUGF1c2VSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjIKEFJlc3VtZVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJCChFSZXN1bWVSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjQKFFBhdXNlV29ya2Zsb3dSZXF1ZXN0EgwKBG5hbWUYASABKAkSDgoGcmVhc29uGAIgASgJIk0KFVBhdXNlV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIEiMKBXBhdXNlGAIgASgLMhQuY3ljbG9uZS52MS5SdW5QYXVzZSI1ChVSZXN1bWVXb3JrZmxvd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiKQoWUmVzdW1lV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIIjIKElBhdXNlQWN0aW9uUmVxdWVzdBIMCgRuYW1lGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJLChNQYXVzZUFjdGlvblJlc3BvbnNlEg8KB2NoYW5nZWQYASABKAgSIwoFcGF1c2UYAiABKAsyFC5jeWNsb25lLnYxLlJ1blBhdXNlIjMKE1Jlc3VtZUFjdGlvblJlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiJwoUUmVzdW1lQWN0aW9uUmVzcG9uc2USDwoHY2hhbmdlZBgBIAEoCCITChFMaXN0UGF1c2VzUmVxdWVzdCI3ChJMaXN0UGF1c2VzUmVzcG9uc2USIQoGcGF1c2VzGAEgAygLMhEuY3ljbG9uZS52MS5QYXVzZSLUAwoKQnVsa0FjdGlvbhIOCgZqb2JfaWQYASABKAkSKgoGYWN0aW9uGAIgASgOMhouY3ljbG9uZS52MS5CdWxrQWN0aW9uS2luZBIrCgZmaWx0ZXIYAyABKAsyGy5jeWNsb25lLnYxLkxpc3RSdW5zUmVxdWVzdBIOCgZyZWFzb24YBCABKAkSDQoFYWN0b3IYBSABKAkSKgoFc3RhdGUYBiABKA4yGy5jeWNsb25lLnYxLkJ1bGtBY3Rpb25TdGF0ZRINCgV0b3RhbBgHIAEoAxIWCg50b3RhbF9hdF9sZWFzdBgIIAEoCBIPCgd0b3VjaGVkGAkgASgDEg8KB3NraXBwZWQYCiABKAMSDgoGZmFpbGVkGAsgASgDEhIKCmxhc3RfZXJyb3IYDCABKAkSFAoMY2FuY2VsbGVkX2J5GA0gASgJEi4KCmNyZWF0ZWRfYXQYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYDyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKnAQoWU3RhcnRCdWxrQWN0aW9uUmVxdWVzdBIqCgZhY3Rpb24YASABKA4yGi5jeWNsb25lLnYxLkJ1bGtBY3Rpb25LaW5kEisKBmZpbHRlchgCIAEoCzIbLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXF1ZXN0Eg4KBnJlYXNvbhgDIAEoCRIPCgdkcnlfcnVuGAQgASgIEhMKC2NvbmZpcm1fYWxsGAUgASgIImkKF1N0YXJ0QnVsa0FjdGlvblJlc3BvbnNlEiMKA2pvYhgBIAEoCzIWLmN5Y2xvbmUudjEuQnVsa0FjdGlvbhIPCgdtYXRjaGVkGAIgASgDEhgKEG1hdGNoZWRfYXRfbGVhc3QYAyABKAgiJgoUR2V0QnVsa0FjdGlvblJlcXVlc3QSDgoGam9iX2lkGAEgASgJIjwKFUdldEJ1bGtBY3Rpb25SZXNwb25zZRIjCgNqb2IYASABKAsyFi5jeWNsb25lLnYxLkJ1bGtBY3Rpb24iPwoWTGlzdEJ1bGtBY3Rpb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJYChdMaXN0QnVsa0FjdGlvbnNSZXNwb25zZRIkCgRqb2JzGAEgAygLMhYuY3ljbG9uZS52MS5CdWxrQWN0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIpChdDYW5jZWxCdWxrQWN0aW9uUmVxdWVzdBIOCgZqb2JfaWQYASABKAkiPwoYQ2FuY2VsQnVsa0FjdGlvblJlc3BvbnNlEiMKA2pvYhgBIAEoCzIWLmN5Y2xvbmUudjEuQnVsa0FjdGlvbiK2AQoRU2V0UnVuVGFnc1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEjwKCHNldF90YWdzGAIgAygLMiouY3ljbG9uZS52MS5TZXRSdW5UYWdzUmVxdWVzdC5TZXRUYWdzRW50cnkSEwoLcmVtb3ZlX2tleXMYAyADKAkSDgoGcmVhc29uGAQgASgJGi4KDFNldFRhZ3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjIKElNldFJ1blRhZ3NSZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biqRAQoOQnVsa0FjdGlvbktpbmQSIAocQlVMS19BQ1RJT05fS0lORF9VTlNQRUNJRklFRBAAEhsKF0JVTEtfQUNUSU9OX0tJTkRfQ0FOQ0VMEAESGgoWQlVMS19BQ1RJT05fS0lORF9SRVRSWRACEiQKIEJVTEtfQUNUSU9OX0tJTkRfUkVTT0xWRV9ESVNDQVJEEAMqkAEKD0J1bGtBY3Rpb25TdGF0ZRIhCh1CVUxLX0FDVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEh0KGUJVTEtfQUNUSU9OX1NUQVRFX1JVTk5JTkcQARIaChZCVUxLX0FDVElPTl9TVEFURV9ET05FEAISHwobQlVMS19BQ1RJT05fU1RBVEVfQ0FOQ0VMTEVEEAMypw8KDEFkbWluU2VydmljZRI8CgVSZXRyeRIYLmN5Y2xvbmUudjEuUmV0cnlSZXF1ZXN0GhkuY3ljbG9uZS52MS5SZXRyeVJlc3BvbnNlEkUKCFJldHJ5QWxsEhsuY3ljbG9uZS52MS5SZXRyeUFsbFJlcXVlc3QaHC5jeWNsb25lLnYxLlJldHJ5QWxsUmVzcG9uc2USQgoHUmVzb2x2ZRIaLmN5Y2xvbmUudjEuUmVzb2x2ZVJlcXVlc3QaGy5jeWNsb25lLnYxLlJlc29sdmVSZXNwb25zZRJLCgpMaXN0QnVpbGRzEh0uY3ljbG9uZS52MS5MaXN0QnVpbGRzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdEJ1aWxkc1Jlc3BvbnNlElQKDUxpc3RCdWlsZFJ1bnMSIC5jeWNsb25lLnYxLkxpc3RCdWlsZFJ1bnNSZXF1ZXN0GiEuY3ljbG9uZS52MS5MaXN0QnVpbGRSdW5zUmVzcG9uc2USYwoSU2V0QnVpbGRDb21wYXRpYmxlEiUuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXF1ZXN0GiYuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXNwb25zZRJOCgtSZXRpcmVCdWlsZBIeLmN5Y2xvbmUudjEuUmV0aXJlQnVpbGRSZXF1ZXN0Gh8uY3ljbG9uZS52MS5SZXRpcmVCdWlsZFJlc3BvbnNlEkgKCU1vdmVCdWlsZBIcLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVxdWVzdBodLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVzcG9uc2USSwoKU2V0UnVuVGFncxIdLmN5Y2xvbmUudjEuU2V0UnVuVGFnc1JlcXVlc3QaHi5jeWNsb25lLnYxLlNldFJ1blRhZ3NSZXNwb25zZRJFCghQYXVzZVJ1bhIbLmN5Y2xvbmUudjEuUGF1c2VSdW5SZXF1ZXN0GhwuY3ljbG9uZS52MS5QYXVzZVJ1blJlc3BvbnNlEkgKCVJlc3VtZVJ1bhIcLmN5Y2xvbmUudjEuUmVzdW1lUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuUmVzdW1lUnVuUmVzcG9uc2USVAoNUGF1c2VXb3JrZmxvdxIgLmN5Y2xvbmUudjEuUGF1c2VXb3JrZmxvd1JlcXVlc3QaIS5jeWNsb25lLnYxLlBhdXNlV29ya2Zsb3dSZXNwb25zZRJXCg5SZXN1bWVXb3JrZmxvdxIhLmN5Y2xvbmUudjEuUmVzdW1lV29ya2Zsb3dSZXF1ZXN0GiIuY3ljbG9uZS52MS5SZXN1bWVXb3JrZmxvd1Jlc3BvbnNlEk4KC1BhdXNlQWN0aW9uEh4uY3ljbG9uZS52MS5QYXVzZUFjdGlvblJlcXVlc3QaHy5jeWNsb25lLnYxLlBhdXNlQWN0aW9uUmVzcG9uc2USUQoMUmVzdW1lQWN0aW9uEh8uY3ljbG9uZS52MS5SZXN1bWVBY3Rpb25SZXF1ZXN0GiAuY3ljbG9uZS52MS5SZXN1bWVBY3Rpb25SZXNwb25zZRJLCgpMaXN0UGF1c2VzEh0uY3ljbG9uZS52MS5MaXN0UGF1c2VzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdFBhdXNlc1Jlc3BvbnNlEloKD1N0YXJ0QnVsa0FjdGlvbhIiLmN5Y2xvbmUudjEuU3RhcnRCdWxrQWN0aW9uUmVxdWVzdBojLmN5Y2xvbmUudjEuU3RhcnRCdWxrQWN0aW9uUmVzcG9uc2USVAoNR2V0QnVsa0FjdGlvbhIgLmN5Y2xvbmUudjEuR2V0QnVsa0FjdGlvblJlcXVlc3QaIS5jeWNsb25lLnYxLkdldEJ1bGtBY3Rpb25SZXNwb25zZRJaCg9MaXN0QnVsa0FjdGlvbnMSIi5jeWNsb25lLnYxLkxpc3RCdWxrQWN0aW9uc1JlcXVlc3QaIy5jeWNsb25lLnYxLkxpc3RCdWxrQWN0aW9uc1Jlc3BvbnNlEl0KEENhbmNlbEJ1bGtBY3Rpb24SIy5jeWNsb25lLnYxLkNhbmNlbEJ1bGtBY3Rpb25SZXF1ZXN0GiQuY3ljbG9uZS52MS5DYW5jZWxCdWxrQWN0aW9uUmVzcG9uc2USZgoTU2V0V29ya2Zsb3dEZWFkbGluZRImLmN5Y2xvbmUudjEuU2V0V29ya2Zsb3dEZWFkbGluZVJlcXVlc3QaJy5jeWNsb25lLnYxLlNldFdvcmtmbG93RGVhZGxpbmVSZXNwb25zZRJsChVDbGVhcldvcmtmbG93RGVhZGxpbmUSKC5jeWNsb25lLnYxLkNsZWFyV29ya2Zsb3dEZWFkbGluZVJlcXVlc3QaKS5jeWNsb25lLnYxLkNsZWFyV29ya2Zsb3dEZWFkbGluZVJlc3BvbnNlEmwKFUxpc3RXb3JrZmxvd0RlYWRsaW5lcxIoLmN5Y2xvbmUudjEuTGlzdFdvcmtmbG93RGVhZGxpbmVzUmVxdWVzdBopLmN5Y2xvbmUudjEuTGlzdFdvcmtmbG93RGVhZGxpbmVzUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_cyclone_v1_workflow_service, file_google_protobuf_struct, file_google_protobuf_timestamp, file_google_protobuf_duration]);
+
+/**
+ * A workflow's default deadline, as SetWorkflowDeadline set it.
+ *
+ * @generated from message cyclone.v1.WorkflowDeadline
+ */
+export type WorkflowDeadline = Message<"cyclone.v1.WorkflowDeadline"> & {
+  /**
+   * The workflow name (Workflow.name).
+   *
+   * @generated from field: string workflow = 1;
+   */
+  workflow: string;
+
+  /**
+   * How long after its submit a run of it is cancelled.
+   *
+   * @generated from field: google.protobuf.Duration deadline = 2;
+   */
+  deadline?: Duration | undefined;
+
+  /**
+   * Who set it (the caller's identity).
+   *
+   * @generated from field: string set_by = 3;
+   */
+  setBy: string;
+
+  /**
+   * When it was set.
+   *
+   * @generated from field: google.protobuf.Timestamp set_at = 4;
+   */
+  setAt?: Timestamp | undefined;
+
+  /**
+   * Why, as given.
+   *
+   * @generated from field: string reason = 5;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.WorkflowDeadline.
+ * Use `create(WorkflowDeadlineSchema)` to create a new message.
+ */
+export const WorkflowDeadlineSchema: GenMessage<WorkflowDeadline> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 0);
+
+/**
+ * Arguments of AdminService.SetWorkflowDeadline.
+ *
+ * @generated from message cyclone.v1.SetWorkflowDeadlineRequest
+ */
+export type SetWorkflowDeadlineRequest = Message<"cyclone.v1.SetWorkflowDeadlineRequest"> & {
+  /**
+   * The workflow name.
+   *
+   * @generated from field: string workflow = 1;
+   */
+  workflow: string;
+
+  /**
+   * The default deadline: above zero, at most 366 days.
+   *
+   * @generated from field: google.protobuf.Duration deadline = 2;
+   */
+  deadline?: Duration | undefined;
+
+  /**
+   * Why, kept with it and logged.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.SetWorkflowDeadlineRequest.
+ * Use `create(SetWorkflowDeadlineRequestSchema)` to create a new message.
+ */
+export const SetWorkflowDeadlineRequestSchema: GenMessage<SetWorkflowDeadlineRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 1);
+
+/**
+ * Result of AdminService.SetWorkflowDeadline.
+ *
+ * @generated from message cyclone.v1.SetWorkflowDeadlineResponse
+ */
+export type SetWorkflowDeadlineResponse = Message<"cyclone.v1.SetWorkflowDeadlineResponse"> & {
+  /**
+   * The default deadline as it is now.
+   *
+   * @generated from field: cyclone.v1.WorkflowDeadline deadline = 1;
+   */
+  deadline?: WorkflowDeadline | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.SetWorkflowDeadlineResponse.
+ * Use `create(SetWorkflowDeadlineResponseSchema)` to create a new message.
+ */
+export const SetWorkflowDeadlineResponseSchema: GenMessage<SetWorkflowDeadlineResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 2);
+
+/**
+ * Arguments of AdminService.ClearWorkflowDeadline.
+ *
+ * @generated from message cyclone.v1.ClearWorkflowDeadlineRequest
+ */
+export type ClearWorkflowDeadlineRequest = Message<"cyclone.v1.ClearWorkflowDeadlineRequest"> & {
+  /**
+   * The workflow name.
+   *
+   * @generated from field: string workflow = 1;
+   */
+  workflow: string;
+
+  /**
+   * Why, for the server's log.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message cyclone.v1.ClearWorkflowDeadlineRequest.
+ * Use `create(ClearWorkflowDeadlineRequestSchema)` to create a new message.
+ */
+export const ClearWorkflowDeadlineRequestSchema: GenMessage<ClearWorkflowDeadlineRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 3);
+
+/**
+ * Result of AdminService.ClearWorkflowDeadline.
+ *
+ * @generated from message cyclone.v1.ClearWorkflowDeadlineResponse
+ */
+export type ClearWorkflowDeadlineResponse = Message<"cyclone.v1.ClearWorkflowDeadlineResponse"> & {
+  /**
+   * The default deadline that was cleared.
+   *
+   * @generated from field: cyclone.v1.WorkflowDeadline deadline = 1;
+   */
+  deadline?: WorkflowDeadline | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.ClearWorkflowDeadlineResponse.
+ * Use `create(ClearWorkflowDeadlineResponseSchema)` to create a new message.
+ */
+export const ClearWorkflowDeadlineResponseSchema: GenMessage<ClearWorkflowDeadlineResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 4);
+
+/**
+ * Arguments of AdminService.ListWorkflowDeadlines.
+ *
+ * @generated from message cyclone.v1.ListWorkflowDeadlinesRequest
+ */
+export type ListWorkflowDeadlinesRequest = Message<"cyclone.v1.ListWorkflowDeadlinesRequest"> & {
+};
+
+/**
+ * Describes the message cyclone.v1.ListWorkflowDeadlinesRequest.
+ * Use `create(ListWorkflowDeadlinesRequestSchema)` to create a new message.
+ */
+export const ListWorkflowDeadlinesRequestSchema: GenMessage<ListWorkflowDeadlinesRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 5);
+
+/**
+ * Result of AdminService.ListWorkflowDeadlines.
+ *
+ * @generated from message cyclone.v1.ListWorkflowDeadlinesResponse
+ */
+export type ListWorkflowDeadlinesResponse = Message<"cyclone.v1.ListWorkflowDeadlinesResponse"> & {
+  /**
+   * Every default deadline, by workflow name.
+   *
+   * @generated from field: repeated cyclone.v1.WorkflowDeadline deadlines = 1;
+   */
+  deadlines: WorkflowDeadline[];
+};
+
+/**
+ * Describes the message cyclone.v1.ListWorkflowDeadlinesResponse.
+ * Use `create(ListWorkflowDeadlinesResponseSchema)` to create a new message.
+ */
+export const ListWorkflowDeadlinesResponseSchema: GenMessage<ListWorkflowDeadlinesResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 6);
 
 /**
  * A build, as ListBuilds shows it.
@@ -86,7 +276,7 @@ export type Build = Message<"cyclone.v1.Build"> & {
  * Use `create(BuildSchema)` to create a new message.
  */
 export const BuildSchema: GenMessage<Build> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 0);
+  messageDesc(file_cyclone_v1_admin_service, 7);
 
 /**
  * A worker seen declaring a build.
@@ -114,7 +304,7 @@ export type BuildWorker = Message<"cyclone.v1.BuildWorker"> & {
  * Use `create(BuildWorkerSchema)` to create a new message.
  */
 export const BuildWorkerSchema: GenMessage<BuildWorker> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 1);
+  messageDesc(file_cyclone_v1_admin_service, 8);
 
 /**
  * Arguments of AdminService.ListBuilds.
@@ -129,7 +319,7 @@ export type ListBuildsRequest = Message<"cyclone.v1.ListBuildsRequest"> & {
  * Use `create(ListBuildsRequestSchema)` to create a new message.
  */
 export const ListBuildsRequestSchema: GenMessage<ListBuildsRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 2);
+  messageDesc(file_cyclone_v1_admin_service, 9);
 
 /**
  * Result of AdminService.ListBuilds.
@@ -150,7 +340,7 @@ export type ListBuildsResponse = Message<"cyclone.v1.ListBuildsResponse"> & {
  * Use `create(ListBuildsResponseSchema)` to create a new message.
  */
 export const ListBuildsResponseSchema: GenMessage<ListBuildsResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 3);
+  messageDesc(file_cyclone_v1_admin_service, 10);
 
 /**
  * Arguments of AdminService.ListBuildRuns.
@@ -178,7 +368,7 @@ export type ListBuildRunsRequest = Message<"cyclone.v1.ListBuildRunsRequest"> & 
  * Use `create(ListBuildRunsRequestSchema)` to create a new message.
  */
 export const ListBuildRunsRequestSchema: GenMessage<ListBuildRunsRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 4);
+  messageDesc(file_cyclone_v1_admin_service, 11);
 
 /**
  * A run with unfinished nodes pinned to a build.
@@ -213,7 +403,7 @@ export type BuildRun = Message<"cyclone.v1.BuildRun"> & {
  * Use `create(BuildRunSchema)` to create a new message.
  */
 export const BuildRunSchema: GenMessage<BuildRun> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 5);
+  messageDesc(file_cyclone_v1_admin_service, 12);
 
 /**
  * Result of AdminService.ListBuildRuns.
@@ -234,7 +424,7 @@ export type ListBuildRunsResponse = Message<"cyclone.v1.ListBuildRunsResponse"> 
  * Use `create(ListBuildRunsResponseSchema)` to create a new message.
  */
 export const ListBuildRunsResponseSchema: GenMessage<ListBuildRunsResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 6);
+  messageDesc(file_cyclone_v1_admin_service, 13);
 
 /**
  * Arguments of AdminService.SetBuildCompatible.
@@ -269,7 +459,7 @@ export type SetBuildCompatibleRequest = Message<"cyclone.v1.SetBuildCompatibleRe
  * Use `create(SetBuildCompatibleRequestSchema)` to create a new message.
  */
 export const SetBuildCompatibleRequestSchema: GenMessage<SetBuildCompatibleRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 7);
+  messageDesc(file_cyclone_v1_admin_service, 14);
 
 /**
  * Result of AdminService.SetBuildCompatible.
@@ -290,7 +480,7 @@ export type SetBuildCompatibleResponse = Message<"cyclone.v1.SetBuildCompatibleR
  * Use `create(SetBuildCompatibleResponseSchema)` to create a new message.
  */
 export const SetBuildCompatibleResponseSchema: GenMessage<SetBuildCompatibleResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 8);
+  messageDesc(file_cyclone_v1_admin_service, 15);
 
 /**
  * Arguments of AdminService.RetireBuild.
@@ -318,7 +508,7 @@ export type RetireBuildRequest = Message<"cyclone.v1.RetireBuildRequest"> & {
  * Use `create(RetireBuildRequestSchema)` to create a new message.
  */
 export const RetireBuildRequestSchema: GenMessage<RetireBuildRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 9);
+  messageDesc(file_cyclone_v1_admin_service, 16);
 
 /**
  * Result of AdminService.RetireBuild.
@@ -339,7 +529,7 @@ export type RetireBuildResponse = Message<"cyclone.v1.RetireBuildResponse"> & {
  * Use `create(RetireBuildResponseSchema)` to create a new message.
  */
 export const RetireBuildResponseSchema: GenMessage<RetireBuildResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 10);
+  messageDesc(file_cyclone_v1_admin_service, 17);
 
 /**
  * Arguments of AdminService.MoveBuild.
@@ -374,7 +564,7 @@ export type MoveBuildRequest = Message<"cyclone.v1.MoveBuildRequest"> & {
  * Use `create(MoveBuildRequestSchema)` to create a new message.
  */
 export const MoveBuildRequestSchema: GenMessage<MoveBuildRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 11);
+  messageDesc(file_cyclone_v1_admin_service, 18);
 
 /**
  * Result of AdminService.MoveBuild.
@@ -402,7 +592,7 @@ export type MoveBuildResponse = Message<"cyclone.v1.MoveBuildResponse"> & {
  * Use `create(MoveBuildResponseSchema)` to create a new message.
  */
 export const MoveBuildResponseSchema: GenMessage<MoveBuildResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 12);
+  messageDesc(file_cyclone_v1_admin_service, 19);
 
 /**
  * Arguments of AdminService.Retry.
@@ -437,7 +627,7 @@ export type RetryRequest = Message<"cyclone.v1.RetryRequest"> & {
  * Use `create(RetryRequestSchema)` to create a new message.
  */
 export const RetryRequestSchema: GenMessage<RetryRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 13);
+  messageDesc(file_cyclone_v1_admin_service, 20);
 
 /**
  * Result of AdminService.Retry.
@@ -458,7 +648,7 @@ export type RetryResponse = Message<"cyclone.v1.RetryResponse"> & {
  * Use `create(RetryResponseSchema)` to create a new message.
  */
 export const RetryResponseSchema: GenMessage<RetryResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 14);
+  messageDesc(file_cyclone_v1_admin_service, 21);
 
 /**
  * Arguments of AdminService.RetryAll.
@@ -486,7 +676,7 @@ export type RetryAllRequest = Message<"cyclone.v1.RetryAllRequest"> & {
  * Use `create(RetryAllRequestSchema)` to create a new message.
  */
 export const RetryAllRequestSchema: GenMessage<RetryAllRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 15);
+  messageDesc(file_cyclone_v1_admin_service, 22);
 
 /**
  * Result of AdminService.RetryAll.
@@ -514,7 +704,7 @@ export type RetryAllResponse = Message<"cyclone.v1.RetryAllResponse"> & {
  * Use `create(RetryAllResponseSchema)` to create a new message.
  */
 export const RetryAllResponseSchema: GenMessage<RetryAllResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 16);
+  messageDesc(file_cyclone_v1_admin_service, 23);
 
 /**
  * Arguments of AdminService.Resolve.
@@ -591,7 +781,7 @@ export type ResolveRequest = Message<"cyclone.v1.ResolveRequest"> & {
  * Use `create(ResolveRequestSchema)` to create a new message.
  */
 export const ResolveRequestSchema: GenMessage<ResolveRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 17);
+  messageDesc(file_cyclone_v1_admin_service, 24);
 
 /**
  * Result of AdminService.Resolve.
@@ -612,7 +802,7 @@ export type ResolveResponse = Message<"cyclone.v1.ResolveResponse"> & {
  * Use `create(ResolveResponseSchema)` to create a new message.
  */
 export const ResolveResponseSchema: GenMessage<ResolveResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 18);
+  messageDesc(file_cyclone_v1_admin_service, 25);
 
 /**
  * Arguments of AdminService.PauseRun.
@@ -640,7 +830,7 @@ export type PauseRunRequest = Message<"cyclone.v1.PauseRunRequest"> & {
  * Use `create(PauseRunRequestSchema)` to create a new message.
  */
 export const PauseRunRequestSchema: GenMessage<PauseRunRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 19);
+  messageDesc(file_cyclone_v1_admin_service, 26);
 
 /**
  * Result of AdminService.PauseRun.
@@ -668,7 +858,7 @@ export type PauseRunResponse = Message<"cyclone.v1.PauseRunResponse"> & {
  * Use `create(PauseRunResponseSchema)` to create a new message.
  */
 export const PauseRunResponseSchema: GenMessage<PauseRunResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 20);
+  messageDesc(file_cyclone_v1_admin_service, 27);
 
 /**
  * Arguments of AdminService.ResumeRun.
@@ -696,7 +886,7 @@ export type ResumeRunRequest = Message<"cyclone.v1.ResumeRunRequest"> & {
  * Use `create(ResumeRunRequestSchema)` to create a new message.
  */
 export const ResumeRunRequestSchema: GenMessage<ResumeRunRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 21);
+  messageDesc(file_cyclone_v1_admin_service, 28);
 
 /**
  * Result of AdminService.ResumeRun.
@@ -724,7 +914,7 @@ export type ResumeRunResponse = Message<"cyclone.v1.ResumeRunResponse"> & {
  * Use `create(ResumeRunResponseSchema)` to create a new message.
  */
 export const ResumeRunResponseSchema: GenMessage<ResumeRunResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 22);
+  messageDesc(file_cyclone_v1_admin_service, 29);
 
 /**
  * Arguments of AdminService.PauseWorkflow.
@@ -752,7 +942,7 @@ export type PauseWorkflowRequest = Message<"cyclone.v1.PauseWorkflowRequest"> & 
  * Use `create(PauseWorkflowRequestSchema)` to create a new message.
  */
 export const PauseWorkflowRequestSchema: GenMessage<PauseWorkflowRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 23);
+  messageDesc(file_cyclone_v1_admin_service, 30);
 
 /**
  * Result of AdminService.PauseWorkflow.
@@ -780,7 +970,7 @@ export type PauseWorkflowResponse = Message<"cyclone.v1.PauseWorkflowResponse"> 
  * Use `create(PauseWorkflowResponseSchema)` to create a new message.
  */
 export const PauseWorkflowResponseSchema: GenMessage<PauseWorkflowResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 24);
+  messageDesc(file_cyclone_v1_admin_service, 31);
 
 /**
  * Arguments of AdminService.ResumeWorkflow.
@@ -808,7 +998,7 @@ export type ResumeWorkflowRequest = Message<"cyclone.v1.ResumeWorkflowRequest"> 
  * Use `create(ResumeWorkflowRequestSchema)` to create a new message.
  */
 export const ResumeWorkflowRequestSchema: GenMessage<ResumeWorkflowRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 25);
+  messageDesc(file_cyclone_v1_admin_service, 32);
 
 /**
  * Result of AdminService.ResumeWorkflow.
@@ -829,7 +1019,7 @@ export type ResumeWorkflowResponse = Message<"cyclone.v1.ResumeWorkflowResponse"
  * Use `create(ResumeWorkflowResponseSchema)` to create a new message.
  */
 export const ResumeWorkflowResponseSchema: GenMessage<ResumeWorkflowResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 26);
+  messageDesc(file_cyclone_v1_admin_service, 33);
 
 /**
  * Arguments of AdminService.PauseAction.
@@ -857,7 +1047,7 @@ export type PauseActionRequest = Message<"cyclone.v1.PauseActionRequest"> & {
  * Use `create(PauseActionRequestSchema)` to create a new message.
  */
 export const PauseActionRequestSchema: GenMessage<PauseActionRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 27);
+  messageDesc(file_cyclone_v1_admin_service, 34);
 
 /**
  * Result of AdminService.PauseAction.
@@ -885,7 +1075,7 @@ export type PauseActionResponse = Message<"cyclone.v1.PauseActionResponse"> & {
  * Use `create(PauseActionResponseSchema)` to create a new message.
  */
 export const PauseActionResponseSchema: GenMessage<PauseActionResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 28);
+  messageDesc(file_cyclone_v1_admin_service, 35);
 
 /**
  * Arguments of AdminService.ResumeAction.
@@ -913,7 +1103,7 @@ export type ResumeActionRequest = Message<"cyclone.v1.ResumeActionRequest"> & {
  * Use `create(ResumeActionRequestSchema)` to create a new message.
  */
 export const ResumeActionRequestSchema: GenMessage<ResumeActionRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 29);
+  messageDesc(file_cyclone_v1_admin_service, 36);
 
 /**
  * Result of AdminService.ResumeAction.
@@ -934,7 +1124,7 @@ export type ResumeActionResponse = Message<"cyclone.v1.ResumeActionResponse"> & 
  * Use `create(ResumeActionResponseSchema)` to create a new message.
  */
 export const ResumeActionResponseSchema: GenMessage<ResumeActionResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 30);
+  messageDesc(file_cyclone_v1_admin_service, 37);
 
 /**
  * Arguments of AdminService.ListPauses.
@@ -949,7 +1139,7 @@ export type ListPausesRequest = Message<"cyclone.v1.ListPausesRequest"> & {
  * Use `create(ListPausesRequestSchema)` to create a new message.
  */
 export const ListPausesRequestSchema: GenMessage<ListPausesRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 31);
+  messageDesc(file_cyclone_v1_admin_service, 38);
 
 /**
  * Result of AdminService.ListPauses.
@@ -970,7 +1160,7 @@ export type ListPausesResponse = Message<"cyclone.v1.ListPausesResponse"> & {
  * Use `create(ListPausesResponseSchema)` to create a new message.
  */
 export const ListPausesResponseSchema: GenMessage<ListPausesResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 32);
+  messageDesc(file_cyclone_v1_admin_service, 39);
 
 /**
  * A bulk action's job.
@@ -1096,7 +1286,7 @@ export type BulkAction = Message<"cyclone.v1.BulkAction"> & {
  * Use `create(BulkActionSchema)` to create a new message.
  */
 export const BulkActionSchema: GenMessage<BulkAction> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 33);
+  messageDesc(file_cyclone_v1_admin_service, 40);
 
 /**
  * Arguments of AdminService.StartBulkAction.
@@ -1145,7 +1335,7 @@ export type StartBulkActionRequest = Message<"cyclone.v1.StartBulkActionRequest"
  * Use `create(StartBulkActionRequestSchema)` to create a new message.
  */
 export const StartBulkActionRequestSchema: GenMessage<StartBulkActionRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 34);
+  messageDesc(file_cyclone_v1_admin_service, 41);
 
 /**
  * Result of AdminService.StartBulkAction.
@@ -1180,7 +1370,7 @@ export type StartBulkActionResponse = Message<"cyclone.v1.StartBulkActionRespons
  * Use `create(StartBulkActionResponseSchema)` to create a new message.
  */
 export const StartBulkActionResponseSchema: GenMessage<StartBulkActionResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 35);
+  messageDesc(file_cyclone_v1_admin_service, 42);
 
 /**
  * Arguments of AdminService.GetBulkAction.
@@ -1201,7 +1391,7 @@ export type GetBulkActionRequest = Message<"cyclone.v1.GetBulkActionRequest"> & 
  * Use `create(GetBulkActionRequestSchema)` to create a new message.
  */
 export const GetBulkActionRequestSchema: GenMessage<GetBulkActionRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 36);
+  messageDesc(file_cyclone_v1_admin_service, 43);
 
 /**
  * Result of AdminService.GetBulkAction.
@@ -1222,7 +1412,7 @@ export type GetBulkActionResponse = Message<"cyclone.v1.GetBulkActionResponse"> 
  * Use `create(GetBulkActionResponseSchema)` to create a new message.
  */
 export const GetBulkActionResponseSchema: GenMessage<GetBulkActionResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 37);
+  messageDesc(file_cyclone_v1_admin_service, 44);
 
 /**
  * Arguments of AdminService.ListBulkActions.
@@ -1250,7 +1440,7 @@ export type ListBulkActionsRequest = Message<"cyclone.v1.ListBulkActionsRequest"
  * Use `create(ListBulkActionsRequestSchema)` to create a new message.
  */
 export const ListBulkActionsRequestSchema: GenMessage<ListBulkActionsRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 38);
+  messageDesc(file_cyclone_v1_admin_service, 45);
 
 /**
  * Result of AdminService.ListBulkActions.
@@ -1278,7 +1468,7 @@ export type ListBulkActionsResponse = Message<"cyclone.v1.ListBulkActionsRespons
  * Use `create(ListBulkActionsResponseSchema)` to create a new message.
  */
 export const ListBulkActionsResponseSchema: GenMessage<ListBulkActionsResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 39);
+  messageDesc(file_cyclone_v1_admin_service, 46);
 
 /**
  * Arguments of AdminService.CancelBulkAction.
@@ -1299,7 +1489,7 @@ export type CancelBulkActionRequest = Message<"cyclone.v1.CancelBulkActionReques
  * Use `create(CancelBulkActionRequestSchema)` to create a new message.
  */
 export const CancelBulkActionRequestSchema: GenMessage<CancelBulkActionRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 40);
+  messageDesc(file_cyclone_v1_admin_service, 47);
 
 /**
  * Result of AdminService.CancelBulkAction.
@@ -1320,7 +1510,7 @@ export type CancelBulkActionResponse = Message<"cyclone.v1.CancelBulkActionRespo
  * Use `create(CancelBulkActionResponseSchema)` to create a new message.
  */
 export const CancelBulkActionResponseSchema: GenMessage<CancelBulkActionResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 41);
+  messageDesc(file_cyclone_v1_admin_service, 48);
 
 /**
  * Arguments of AdminService.SetRunTags.
@@ -1362,7 +1552,7 @@ export type SetRunTagsRequest = Message<"cyclone.v1.SetRunTagsRequest"> & {
  * Use `create(SetRunTagsRequestSchema)` to create a new message.
  */
 export const SetRunTagsRequestSchema: GenMessage<SetRunTagsRequest> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 42);
+  messageDesc(file_cyclone_v1_admin_service, 49);
 
 /**
  * Result of AdminService.SetRunTags.
@@ -1383,7 +1573,7 @@ export type SetRunTagsResponse = Message<"cyclone.v1.SetRunTagsResponse"> & {
  * Use `create(SetRunTagsResponseSchema)` to create a new message.
  */
 export const SetRunTagsResponseSchema: GenMessage<SetRunTagsResponse> = /*@__PURE__*/
-  messageDesc(file_cyclone_v1_admin_service, 43);
+  messageDesc(file_cyclone_v1_admin_service, 50);
 
 /**
  * What a bulk action does to each run.
@@ -1724,6 +1914,41 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof CancelBulkActionRequestSchema;
     output: typeof CancelBulkActionResponseSchema;
+  },
+  /**
+   * Sets the default deadline of a workflow name, replacing the one set before: a run of
+   * that workflow submitted without a deadline (SubmitRequest.deadline) gets its
+   * created_at plus this duration; runs submitted before keep theirs. Who set it, when
+   * and why is kept with it (ListWorkflowDeadlines) and logged. INVALID_ARGUMENT for a
+   * bad workflow name, or a duration not above zero or beyond 366 days.
+   *
+   * @generated from rpc cyclone.v1.AdminService.SetWorkflowDeadline
+   */
+  setWorkflowDeadline: {
+    methodKind: "unary";
+    input: typeof SetWorkflowDeadlineRequestSchema;
+    output: typeof SetWorkflowDeadlineResponseSchema;
+  },
+  /**
+   * Clears the default deadline of a workflow name: its runs submitted from then on
+   * without a deadline have none. NOT_FOUND when it has no default deadline.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ClearWorkflowDeadline
+   */
+  clearWorkflowDeadline: {
+    methodKind: "unary";
+    input: typeof ClearWorkflowDeadlineRequestSchema;
+    output: typeof ClearWorkflowDeadlineResponseSchema;
+  },
+  /**
+   * Every default deadline of a workflow name, by name.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ListWorkflowDeadlines
+   */
+  listWorkflowDeadlines: {
+    methodKind: "unary";
+    input: typeof ListWorkflowDeadlinesRequestSchema;
+    output: typeof ListWorkflowDeadlinesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_admin_service, 0);
