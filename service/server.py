@@ -96,8 +96,11 @@ class CycloneServer:
         ]
         self.interceptors = [self.metrics.interceptor(), *gate.interceptors(settings)]
         if self.tracing is not None:
-            # Innermost: behind the gate, requests are decoded (their run and node read).
-            self.interceptors.append(self.tracing.interceptor())
+            # Imported only now: it needs OpenTelemetry. Innermost: behind the gate,
+            # requests are decoded (their run and node read).
+            from service.api.tracing import Interceptor
+
+            self.interceptors.append(Interceptor(self.tracing.tracer))
         self.grpc = grpc.aio.server(options=options, interceptors=self.interceptors)
         self.worker = WorkerServicer(
             self.db, self.dispatcher, settings, self.metrics, self.activity, self.handouts

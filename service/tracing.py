@@ -7,7 +7,7 @@ by the standard OTEL_EXPORTER_OTLP_* variables) or to the console, and:
 
 - each unary RPC is a SERVER span, a child of the W3C trace context the caller sent in
   its metadata (``traceparent``, ``tracestate``), with the run, node and workflow the
-  request names as attributes (:class:`Interceptor`);
+  request names as attributes (service.api.tracing);
 - Submit stores its span's traceparent with the run, so that the steps of the run,
   handed out later and elsewhere, continue its trace;
 - each step handed out with a traceparent gets a "claim" span, and its outcome a
@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeAlias
-
-import grpc
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -34,14 +32,6 @@ CHOICES = ("off", "otlp", "otlp-http", "console")
 TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 #: Longest tracestate header taken from a caller (the W3C's advice: at least 512 kept).
 MAX_TRACESTATE = 512
-#: Services whose calls are not traced: health checks and reflection are noise.
-UNTRACED = ("/grpc.health.", "/grpc.reflection.")
-#: Request fields copied to a span's attributes.
-ATTRIBUTES = (("run_id", "cyclone.run_id"), ("node", "cyclone.node"))
-
-Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
-#: What an interceptor calls for the next one's handler.
-Next: TypeAlias = "Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]]"
 
 
 class Unavailable(Exception):
@@ -124,9 +114,6 @@ class Tracing:
         self.provider.add_span_processor(BatchSpanProcessor(span_exporter))
         self.tracer: Tracer = self.provider.get_tracer("cyclone.server")
 
-    def interceptor(self) -> grpc.aio.ServerInterceptor:
-        return Interceptor(self.tracer)
-
     def steps(self) -> StepSpans:
         return StepSpans(self.tracer)
 
@@ -145,90 +132,6 @@ def submit_traceparent() -> str | None:
     from opentelemetry import trace
 
     return format_traceparent(trace.get_current_span())
-
-
-class Interceptor(grpc.aio.ServerInterceptor):
-    """A SERVER span around each unary RPC, in the caller's trace when it sent one."""
-
-    def __init__(self, tracer: Tracer) -> None:
-        self.tracer = tracer
-        self._handlers: dict[str, Handler | None] = {}
-
-    async def intercept_service(self, continuation: Next, call: grpc.HandlerCallDetails) -> Any:
-        name = call.method
-        if name in self._handlers:
-            return self._handlers[name]
-        handler = await continuation(call)
-        if handler is None or handler.unary_unary is None or name.startswith(UNTRACED):
-            return handler
-        wrapped = grpc.unary_unary_rpc_method_handler(
-            self._traced(name, handler.unary_unary),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-        self._handlers[name] = wrapped
-        return wrapped
-
-    def _traced(self, name: str, inner: Any) -> Any:
-        from opentelemetry.trace import SpanKind, Status, StatusCode
-
-        service, _, method = name.lstrip("/").partition("/")
-        span_name = f"{service}/{method}"
-        tracer = self.tracer
-        extract = propagator().extract
-
-        async def traced(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            parent = extract(carrier(context.invocation_metadata()))
-            with tracer.start_as_current_span(
-                span_name,
-                context=parent,
-                kind=SpanKind.SERVER,
-                record_exception=False,
-                set_status_on_exception=False,
-            ) as span:
-                span.set_attributes(
-                    {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
-                )
-                span.set_attributes(request_attributes(request))
-                try:
-                    response = await inner(request, context)
-                except BaseException as exc:
-                    code = _code(context, exc)
-                    span.set_attribute("rpc.grpc.status_code", code.value[0])
-                    span.set_status(Status(StatusCode.ERROR, f"{code.name}: {context.details()}"))
-                    raise
-                span.set_attribute("rpc.grpc.status_code", grpc.StatusCode.OK.value[0])
-                return response
-
-        return traced
-
-
-def _code(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> grpc.StatusCode:
-    """The status a call ended with, as far as its context knows."""
-    code: Any = context.code()
-    if isinstance(code, grpc.StatusCode):
-        return code
-    for known in grpc.StatusCode:
-        if known.value[0] == code:
-            return known
-    return grpc.StatusCode.UNKNOWN if isinstance(exc, Exception) else grpc.StatusCode.CANCELLED
-
-
-def request_attributes(request: Any) -> dict[str, str]:
-    """cyclone.run_id, cyclone.node and cyclone.workflow, of the request fields that
-    name them."""
-    found: dict[str, str] = {}
-    for field, attribute in ATTRIBUTES:
-        value = getattr(request, field, None)
-        if isinstance(value, str) and value:
-            found[attribute] = value
-    workflow = getattr(request, "workflow", None)
-    if isinstance(workflow, str):
-        if workflow:
-            found["cyclone.workflow"] = workflow
-    elif isinstance(name := getattr(workflow, "name", None), str) and name:
-        found["cyclone.workflow"] = name
-    return found
 
 
 class StepSpans:
