@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +29,7 @@ from tests.helpers import PATIENCE, eventually
 from tests.sdk.conftest import running
 
 #: Where test_a_trace_spans_client_server_and_worker writes the spans it saw, as JSON
-#: lines, when set (docs/trace_picture.py draws docs/tracing-trace.svg from them).
+#: lines, when set (tests/trace_picture.py draws docs/tracing-trace.svg from them).
 SPANS_OUT = os.environ.get("CYCLONE_TRACE_SPANS_OUT")
 
 
@@ -154,7 +156,7 @@ def _write_spans(path: str, spans: list[Any], trace_id: int) -> None:
             if span.context.trace_id != trace_id:
                 continue
             record = json.loads(span.to_json())
-            record["service"] = span.resource.attributes.get("service.name", "")
+            record["scope"] = span.instrumentation_scope.name if span.instrumentation_scope else ""
             out.write(json.dumps(record) + "\n")
 
 
@@ -267,3 +269,22 @@ def test_tracing_takes_only_its_modes(capsys) -> None:
     with pytest.raises(SystemExit):
         config.parse(["--tracing", "jaeger"])
     assert "--tracing must be off, otlp, otlp-http or console" in capsys.readouterr().err
+
+
+def test_the_sdk_and_the_server_import_no_opentelemetry_until_asked() -> None:
+    """Off (and with OpenTelemetry not installed) nothing of it is loaded: the client,
+    the worker and the server import it only once tracing is on."""
+    code = (
+        "import sys\n"
+        "import pyclient, pyclient.worker, pyclient.client, service.server, service.main\n"
+        "from service import config\n"
+        "config.parse([])\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
+        "assert not loaded, loaded\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": f"{root}:{root}/core"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
