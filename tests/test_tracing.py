@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from cyclone.v1 import workflow_service_pb2 as wf_pb
+from cyclone.v1 import workflow_service_pb2_grpc as wf_pb_grpc
 from pyclient import Client, NonRetryableError, Worker, Workflow
 from service import config, tracing
 from tests.helpers import PATIENCE, eventually
@@ -288,3 +289,23 @@ def test_the_sdk_and_the_server_import_no_opentelemetry_until_asked() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_a_server_process_prints_its_spans_with_tracing_console(server_process) -> None:
+    """--tracing console, end to end in a real process: the Submit span of a client's
+    trace is printed, by the exporter's thread, at the latest when the server stops."""
+    server = server_process("--tracing", "console")
+    wf = Workflow("printed")
+    wf.node("a")
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with grpc.insecure_channel(server.address) as channel:
+        stub = wf_pb_grpc.WorkflowServiceStub(channel)
+        request = wf_pb.SubmitRequest(workflow=wf.to_proto())
+        run_id = stub.Submit(request, metadata=(("traceparent", parent),)).run_id
+    server.stop()
+    printed = "".join(server.output)
+    assert '"name": "cyclone.v1.WorkflowService/Submit"' in printed
+    assert '"trace_id": "0x4bf92f3577b34da6a3ce929d0e0e4736"' in printed
+    assert '"cyclone.workflow": "printed"' in printed
+    assert run_id
+    assert '"service.name": "cyclone-server"' in printed
