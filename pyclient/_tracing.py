@@ -82,6 +82,33 @@ def step_span(tracer: Any, step: Any, worker_id: str) -> Any:
     return span
 
 
+def in_span(action: Any, span: Any) -> Any:
+    """``action`` (an Action) with its handler run with ``span`` as the current span, so
+    that the spans the handler makes are children of its step's."""
+    import dataclasses
+
+    from opentelemetry import context, trace
+
+    current = trace.set_span_in_context(span)
+    fn = action.fn
+
+    async def traced_async(*args: Any) -> Any:
+        token = context.attach(current)
+        try:
+            return await fn(*args)
+        finally:
+            context.detach(token)
+
+    def traced(*args: Any) -> Any:
+        token = context.attach(current)
+        try:
+            return fn(*args)
+        finally:
+            context.detach(token)
+
+    return dataclasses.replace(action, fn=traced_async if action.is_async else traced)
+
+
 def end_step_span(span: Any, outcome: str, error: BaseException | None = None) -> None:
     """End a step's span: ``outcome`` (completed, failed, dropped, stopped) as an
     attribute, the status ERROR with the exception for a failure."""

@@ -84,18 +84,23 @@ def test_a_trace_spans_client_server_and_worker(traced_server, sdk_spans) -> Non
     sdk_spans.clear()
     worker = _worker(server.address)
 
+    tracer = trace.get_tracer("tests")
+
+    # The step's span is current in its handler, sync or async: the handler's own spans
+    # are its children.
     @worker.action("charge")
     def charge(ctx, amount: int) -> dict[str, int]:
-        return {"charged": amount}
+        with tracer.start_as_current_span("charge card"):
+            return {"charged": amount}
 
     @worker.action("notify")
-    def notify(ctx) -> None:
-        raise NonRetryableError("the mail server said no")
+    async def notify(ctx) -> None:
+        with tracer.start_as_current_span("send mail"):
+            raise NonRetryableError("the mail server said no")
 
     wf = Workflow("traced")
     wf.node("charge")
     wf.node("notify", depends_on="charge")
-    tracer = trace.get_tracer("tests")
     with running(worker), Client(server.address) as client:
         with tracer.start_as_current_span("checkout") as root:
             run_id = client.submit(wf, 42)
@@ -127,6 +132,8 @@ def test_a_trace_spans_client_server_and_worker(traced_server, sdk_spans) -> Non
         assert step.attributes["cyclone.action"] == node
         assert step.attributes["cyclone.attempt"] == 1
         assert step.attributes["cyclone.workflow"] == "traced"
+    for inner, step in (("charge card", "step charge"), ("send mail", "step notify")):
+        assert _parent(_named(worker_spans, inner)) == steps[step].context.span_id
     assert steps["step charge"].status.status_code == StatusCode.OK
     assert steps["step charge"].attributes["cyclone.outcome"] == "completed"
     assert steps["step notify"].status.status_code == StatusCode.ERROR

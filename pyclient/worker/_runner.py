@@ -114,6 +114,7 @@ class StepRunner:
             run = StepRun(self, step, action, control, replay, release, slog)
         else:
             run = TracedStepRun(self, step, action, control, replay, release, slog)
+            action = _tracing.in_span(action, run.span)  # the handler's current span
         if log.isEnabledFor(logging.INFO):
             slog.info("running %s (budget %.1fs)", action.name, budget)
         watch = run.watch = Watch(self.watching, step, control, slog, budget, action)
