@@ -1,5 +1,6 @@
 """OpenTelemetry in the SDK, when it is installed and the program set a tracer provider
-(docs/tracing.md). The SDK never requires it: it is imported here only, on first use.
+(docs/tracing.md). The SDK never requires it, nor loads it: only once the program has
+loaded OpenTelemetry's API does this module use it.
 
 - A client's Submit and SubmitOnce carry the current trace context in their metadata
   (the standard propagator's ``traceparent`` and ``tracestate``): :func:`with_context`.
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 #: The calls that carry the trace context: the run continues the caller's trace.
@@ -19,20 +21,16 @@ SUBMITS = frozenset({"Submit", "SubmitOnce"})
 Metadata = tuple[tuple[str, str], ...]
 
 _inject: Any = None
-_looked = False
 
 
 def _injector() -> Any:
-    """OpenTelemetry's inject, or None when it is not installed (looked up once)."""
-    global _inject, _looked
-    if not _looked:
-        _looked = True
-        try:
-            from opentelemetry import propagate
-        except ImportError:
-            _inject = None
-        else:
-            _inject = propagate.inject
+    """OpenTelemetry's inject, or None while the program has not loaded OpenTelemetry's
+    API (a program with a span has): the SDK never loads it itself."""
+    global _inject
+    if _inject is None and "opentelemetry.trace" in sys.modules:
+        from opentelemetry import propagate
+
+        _inject = propagate.inject
     return _inject
 
 
@@ -51,9 +49,8 @@ def with_context(metadata: Metadata) -> Metadata:
 def step_tracer() -> Any:
     """The tracer of step spans: None when OpenTelemetry is not installed or no tracer
     provider was set (then steps cost nothing more)."""
-    try:
-        from opentelemetry import trace
-    except ImportError:
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:  # the program never loaded it, so it set no tracer provider
         return None
     provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
