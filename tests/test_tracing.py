@@ -142,7 +142,7 @@ def test_a_trace_spans_client_server_and_worker(traced_server, sdk_spans) -> Non
 
     # The server's claim and completion of each step are in the same trace too.
     finished = server_spans.get_finished_spans()
-    for node, step_status in (("charge", "completed"), ("notify", "failed")):
+    for node, step_status in (("charge", "completed"), ("notify", "discarded")):
         claim = _named(finished, f"claim {node}")
         complete = _named(finished, f"complete {node}")
         for span in (claim, complete):

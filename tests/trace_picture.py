@@ -22,7 +22,7 @@ SCOPES = {
     "cyclone.server": ("server", "#4c78a8"),
     "cyclone.worker": ("worker", "#59a14f"),
 }
-CLIENT = ("client", "#e15759")
+CLIENT = ("app", "#e15759")
 ROW, LABEL_W, BAR_W, TOP = 26, 430, 560, 40
 #: Attributes shown beside a bar, in this order.
 SHOWN = ("cyclone.node", "cyclone.attempt", "cyclone.outcome", "cyclone.step_status")
