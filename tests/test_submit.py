@@ -212,3 +212,24 @@ def test_a_join_after_a_fan_out_to_1000_is_released_once_every_leaf_completed(cy
     complete(cyclone_server, join)
     [(status,)] = cyclone_server.sql("SELECT status FROM cyclone.runs WHERE run_id = %s", run_id)
     assert status == "completed"
+
+
+def test_a_claimed_step_carries_its_runs_deadline_and_traceparent(cyclone_server):
+    wf = workflow("w", node("a"), node("b", deps=["a"]))
+    plain, marked = submit(cyclone_server, wf), submit(cyclone_server, wf)
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    cyclone_server.sql(
+        "UPDATE cyclone.runs SET deadline = '2100-01-02T03:04:05Z', traceparent = %s"
+        " WHERE run_id = %s",
+        parent,
+        marked,
+    )
+    # Both paths of the claim: roots (no upstream) first, then a node with upstream.
+    for _ in range(2):
+        steps = {s.run_id: s for s in claim(cyclone_server, n=10)}
+        assert not steps[plain].HasField("run_deadline") and not steps[plain].traceparent
+        step = steps[marked]
+        assert step.run_deadline.ToJsonString() == "2100-01-02T03:04:05Z"
+        assert step.traceparent == parent
+        for s in steps.values():
+            complete(cyclone_server, s)

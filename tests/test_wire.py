@@ -107,6 +107,8 @@ def row(**changes: Any) -> ClaimedStep:
         waited_s=0.25,
         upstream_failures=None,
         journal=None,
+        run_deadline=None,
+        traceparent=None,
     )
     values.update(changes)
     return ClaimedStep(**values)
@@ -184,6 +186,7 @@ ROWS = [
         ]
     ),
     row(journal=JOURNAL, run_input={"deep": nested(30)}),
+    row(run_deadline=AT, traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
     # A fan-out's leaves in one claim: the same upstream and run input (written once),
     # then another; and a run input of JSON null, written as none (as SQL NULL).
     row(node="leaf1", upstream={"root": [1, "☃"]}, run_input={"batch": 3}),

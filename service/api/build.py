@@ -225,10 +225,14 @@ def refusal(refused: Refused) -> worker_pb.CompleteError:
 
 def rare_parts(r: ClaimedStep) -> worker_pb.ClaimedStep | None:
     """The parts of a claimed step that service.api.wire leaves to the Python API (its
-    upstream failures and journal), or None when it has none."""
-    if not r.upstream_failures and not r.journal:
+    upstream failures, journal, run deadline and traceparent), or None when it has none."""
+    if not r.upstream_failures and not r.journal and r.run_deadline is None and not r.traceparent:
         return None
     step = worker_pb.ClaimedStep()
+    if r.run_deadline is not None:
+        step.run_deadline.CopyFrom(convert.timestamp(r.run_deadline))
+    if r.traceparent:
+        step.traceparent = r.traceparent
     for u in r.upstream_failures or ():
         failure = step.upstream_failures.add(
             node=u["node"], status=convert.STEP_STATUS[u["status"]]

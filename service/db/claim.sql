@@ -9,7 +9,7 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
        c.input, c.run_input::text AS run_input, c.upstream::text AS upstream,
        c.lease_token::text AS lease_token,
        c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
-       c.waited_s, c.upstream_failures, c.journal
+       c.waited_s, c.upstream_failures, c.journal, c.run_deadline, c.traceparent
   FROM cyclone.step_claim(:worker_id, CAST(:actions AS text[]), CAST(:unsafe AS text[]),
                           :limit, make_interval(secs => :lease_s),
                           CAST(:rate_actions AS text[]), CAST(:rate_counts AS integer[]),

@@ -181,6 +181,9 @@ class ClaimedStep(NamedTuple):
     waited_s: float
     upstream_failures: list[UpstreamFailureJson] | None
     journal: list[StepCallJson] | None
+    # The run's deadline and the submitting client's traceparent; None when it has none.
+    run_deadline: datetime | None
+    traceparent: str | None
 
 
 class Ready(NamedTuple):

@@ -42,7 +42,7 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
        c.input, c.run_input::text AS run_input, c.upstream::text AS upstream,
        c.lease_token::text AS lease_token,
        c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
-       c.waited_s, c.upstream_failures, c.journal
+       c.waited_s, c.upstream_failures, c.journal, c.run_deadline, c.traceparent
   FROM cyclone.step_claim_shard(CAST(:run_id AS uuid), CAST(:runs AS uuid[]),
                                 CAST(:nodes AS text[]), :worker_id, CAST(:unsafe AS text[]),
                                 make_interval(secs => :lease_s), CAST(:build_id AS text),
@@ -54,7 +54,7 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
        c.input, c.run_input::text AS run_input, c.upstream::text AS upstream,
        c.lease_token::text AS lease_token,
        c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
-       c.waited_s, c.upstream_failures, c.journal
+       c.waited_s, c.upstream_failures, c.journal, c.run_deadline, c.traceparent
   FROM cyclone.step_claim_flow(CAST(:runs AS uuid[]), CAST(:nodes AS text[]),
                                CAST(:actions AS text[]), CAST(:keys AS text[]),
                                CAST(:limits AS integer[]), :worker_id, CAST(:unsafe AS text[]),

@@ -101,7 +101,7 @@ RETURNS TABLE (
     max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
     lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
     effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
-    journal jsonb)
+    journal jsonb, run_deadline timestamptz, traceparent text)
 LANGUAGE plpgsql
 -- The plan is the same walk of the ready index for every argument, each join a lookup
 -- by key or ctid (see above).
@@ -143,7 +143,8 @@ BEGIN
         RETURN QUERY SELECT b.run_id, b.node, b.action, b.workflow, b.attempt, b.max_attempts,
                             NULL::jsonb, NULL::jsonb, NULL::jsonb, NULL::uuid,
                             NULL::timestamptz, NULL::timestamptz, NULL::jsonb, true, true,
-                            NULL::float8, NULL::jsonb, NULL::jsonb
+                            NULL::float8, NULL::jsonb, NULL::jsonb, NULL::timestamptz,
+                            NULL::text
                        FROM cyclone._block_uncertain(p_unsafe) b;
     END IF;
 
@@ -293,7 +294,7 @@ BEGIN
                       s.progress,
                       cardinality(v_uncertain) > 0 AND s.run_id::text || s.node = ANY (v_uncertain),
                       false, date_part('epoch', v_now - s.available_at), NULL::jsonb,
-                      NULL::jsonb;
+                      NULL::jsonb, r.deadline, r.traceparent;
         RETURN;
     END IF;
 
@@ -335,7 +336,8 @@ BEGIN
               FROM cyclone.runs r
              WHERE s.ctid = ANY (v_rows) AND r.run_id = s.run_id
             RETURNING s.run_id, s.node, s.action, r.workflow, s.attempt, s.max_attempts,
-               s.input, r.input AS run_input, s.depends_on, s.lease_token, s.lease_expires_at,
+               s.input, r.input AS run_input, r.deadline AS run_deadline, r.traceparent,
+               s.depends_on, s.lease_token, s.lease_expires_at,
                s.deadline_at, s.progress,
                -- A run_id's text has a fixed length: run_id || node names one step.
                cardinality(v_uncertain) > 0 AND s.run_id::text || s.node = ANY (v_uncertain)
@@ -370,7 +372,8 @@ BEGIN
         )
         SELECT c.run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts, c.input,
                c.run_input, up.outputs, c.lease_token, c.lease_expires_at, c.deadline_at,
-               c.progress, c.uncertain, false, c.waited_s, c.failures, c.journal
+               c.progress, c.uncertain, false, c.waited_s, c.failures, c.journal,
+               c.run_deadline, c.traceparent
           FROM claimed c
           -- A node with no upstream gets no row here: outputs NULL, as before.
           LEFT JOIN LATERAL (

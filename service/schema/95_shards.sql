@@ -61,7 +61,7 @@ RETURNS TABLE (
     max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
     lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
     effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
-    journal jsonb)
+    journal jsonb, run_deadline timestamptz, traceparent text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -104,7 +104,8 @@ BEGIN
         RETURN QUERY SELECT p_run_id, v_step.node, v_step.action, workflow, v_step.attempt,
                             v_step.max_attempts, NULL::jsonb, NULL::jsonb, NULL::jsonb,
                             NULL::uuid, NULL::timestamptz, NULL::timestamptz, NULL::jsonb,
-                            true, true, NULL::float8, NULL::jsonb, NULL::jsonb;
+                            true, true, NULL::float8, NULL::jsonb, NULL::jsonb,
+                            NULL::timestamptz, NULL::text;
     END LOOP;
 
     FOR v_step IN
@@ -199,11 +200,13 @@ BEGIN
            CASE WHEN c.attempt > 1 THEN (
                SELECT jsonb_agg(to_jsonb(j) - 'run_id' - 'node' ORDER BY j.seq)
                  FROM cyclone.step_calls j
-                WHERE j.run_id = p_run_id AND j.node = c.node) END
+                WHERE j.run_id = p_run_id AND j.node = c.node) END,
+           r.deadline, r.traceparent
       FROM cyclone.steps c
       JOIN unnest(v_nodes, v_tokens, v_unsure, v_since) AS t(node, token, uncertain, since)
         ON t.node = c.node AND t.token = c.lease_token
-     CROSS JOIN (SELECT r.workflow, r.input FROM cyclone.runs r WHERE r.run_id = p_run_id) r
+     CROSS JOIN (SELECT r.workflow, r.input, r.deadline, r.traceparent
+                   FROM cyclone.runs r WHERE r.run_id = p_run_id) r
      WHERE c.run_id = p_run_id AND c.status = 'running';
 END;
 $$;
@@ -418,7 +421,7 @@ RETURNS TABLE (
     max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
     lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
     effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
-    journal jsonb)
+    journal jsonb, run_deadline timestamptz, traceparent text)
 LANGUAGE plpgsql
 -- Each step is found by its key (step_complete_many says why).
 SET enable_hashjoin = off
@@ -563,7 +566,8 @@ BEGIN
                       FROM %2$s j
                       LEFT JOIN slept w
                         ON w.run_id = j.run_id AND w.node = j.node AND w.step_id = j.step_id
-                     WHERE j.run_id = c.run_id AND j.node = c.node) END
+                     WHERE j.run_id = c.run_id AND j.node = c.node) END,
+                   r.deadline, r.traceparent
               FROM claimed c
               JOIN picked p ON p.run_id = c.run_id AND p.node = c.node
               JOIN %4$s r ON r.run_id = c.run_id
@@ -598,7 +602,7 @@ RETURNS TABLE (
     max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
     lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
     effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
-    journal jsonb)
+    journal jsonb, run_deadline timestamptz, traceparent text)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now    timestamptz := cyclone.now();
