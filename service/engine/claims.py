@@ -235,7 +235,7 @@ class Claims:
         spans, handouts = self.handouts.spans, self.handouts
         assert spans is not None
         for r in rows:
-            traceparent = getattr(r, "traceparent", None)
+            traceparent = r.traceparent
             if traceparent:
                 spans.claimed(traceparent, r.run_id, r.node, r.action, r.attempt)
                 handouts.trace(r.lease_token, traceparent)
