@@ -31,6 +31,7 @@ from pyclient._requests import (
     stubs,
 )
 from pyclient._schedule_calls import schedule_calls
+from pyclient._tracing import SUBMITS, with_context
 from pyclient.async_client import AsyncClient
 from pyclient.errors import from_rpc_error
 from pyclient.models import (
@@ -111,7 +112,10 @@ class Client:
     def _invoke(self, call: Call[T]) -> T:
         rpc = getattr(self._stubs[call.service], call.method)
         try:
-            response = rpc(call.request, timeout=self.timeout, metadata=self._metadata)
+            metadata = self._metadata
+            if call.method in SUBMITS:  # the run continues the caller's trace
+                metadata = with_context(metadata)
+            response = rpc(call.request, timeout=self.timeout, metadata=metadata)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         return call.parse(response)

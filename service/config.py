@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any, NoReturn
 
 from cyclone import dag
-from service import loop
+from service import loop, tracing
 
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
 _AGE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -80,6 +80,8 @@ class Settings:
     citus: str = "auto"
     citus_shards: int = 0
     event_loop: str = "auto"
+    # OpenTelemetry spans (service.tracing; docs/tracing.md).
+    tracing: str = "off"
     # Security (service.api.auth, service.api.gate, service.tls; docs/security.md).
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -145,6 +147,10 @@ _HELP = {
     "let the runs spread over more nodes later (docs/scaling.md)",
     "event_loop": "the asyncio event loop: uvloop (installed with the server extra), "
     "asyncio (the standard library's), or auto: uvloop when it is installed",
+    "tracing": "OpenTelemetry spans of every RPC and step (docs/tracing.md): off, otlp "
+    "(OTLP over gRPC), otlp-http (OTLP over HTTP), or console (printed, for trying); the "
+    "OTLP exporters read the standard OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME "
+    "names the service. Needs the tracing extra",
     "tls_cert": "PEM certificate chain of the server: serve TLS (with --tls-key)",
     "tls_key": "PEM private key of --tls-cert",
     "tls_client_ca": "PEM CA that signs client certificates: require mutual TLS",
@@ -224,6 +230,8 @@ def parse(argv: list[str] | None = None) -> Settings:
         parser.error(f"--citus-shards must be from 0 to 4096, not {settings.citus_shards}")
     if settings.event_loop not in loop.CHOICES:
         parser.error(f"--event-loop must be auto, uvloop or asyncio, not {settings.event_loop!r}")
+    if settings.tracing not in tracing.CHOICES:
+        parser.error(f"--tracing must be off, otlp, otlp-http or console, not {settings.tracing!r}")
     return settings
 
 

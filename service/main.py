@@ -9,7 +9,7 @@ import sys
 
 import psycopg
 
-from service import config, embedded, logs, metrics, tls
+from service import config, embedded, logs, metrics, tls, tracing
 from service import loop as event_loop
 from service.api import auth
 from service.migrate import migrate
@@ -79,7 +79,7 @@ def _start(settings: config.Settings) -> None:
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(_serve(settings, database_url))
-    except tls.ListenError as exc:  # the port, bound once the server is built
+    except (tls.ListenError, tracing.Unavailable) as exc:  # once the server is built
         raise StartupError(exc) from None
     finally:
         if local is not None:

@@ -24,7 +24,7 @@ from cyclone.v1 import (
     workflow_service_pb2,
     workflow_service_pb2_grpc,
 )
-from service import config, errors, tls
+from service import config, errors, tls, tracing
 from service.api import gate
 from service.api.admin import AdminServicer
 from service.api.reflection import DocumentedReflectionServicer
@@ -80,6 +80,10 @@ class CycloneServer:
         self.metrics.watch_pool(self.db.pool_status, settings.pool_size)
         self.activity = ActionActivity()
         self.handouts = Handouts()
+        #: OpenTelemetry spans, when --tracing is on (None: no tracing code runs).
+        self.tracing = tracing.start(settings.tracing)
+        if self.tracing is not None:
+            self.handouts.spans = self.tracing.steps()
         self.upkeep = Upkeep(
             self.db, self.dispatcher, settings, self.metrics, self.activity, self.handouts
         )
@@ -91,6 +95,12 @@ class CycloneServer:
             ("grpc.so_reuseport", 0),
         ]
         self.interceptors = [self.metrics.interceptor(), *gate.interceptors(settings)]
+        if self.tracing is not None:
+            # Imported only now: it needs OpenTelemetry. Innermost: behind the gate,
+            # requests are decoded (their run and node read).
+            from service.api.tracing import Interceptor
+
+            self.interceptors.append(Interceptor(self.tracing.tracer))
         self.grpc = grpc.aio.server(options=options, interceptors=self.interceptors)
         self.worker = WorkerServicer(
             self.db, self.dispatcher, settings, self.metrics, self.activity, self.handouts
@@ -168,6 +178,8 @@ class CycloneServer:
         await self.dispatcher.stop()
         await metrics_closed
         await self.db.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)
 
     async def wait(self) -> None:
         await self.grpc.wait_for_termination()

@@ -15,6 +15,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from cyclone.jsonvalue import from_value
 from cyclone.v1 import worker_service_pb2 as pb
+from pyclient import _tracing
 from pyclient.actions import Action
 from pyclient.completion import CompletionTx
 from pyclient.context import Context, StepControl, claimed_context
@@ -62,6 +63,8 @@ class StepRunner:
         self.policy = watching.policy
         #: What step calls are checked against: the server's limits once announced.
         self.limits: Limits = worker_limits(config)
+        #: Step spans' tracer: None without OpenTelemetry or a tracer provider.
+        self.tracer = _tracing.step_tracer()
         self._last_time: tuple[tuple[int, int], dt.datetime] = (
             (0, 0),
             timestamp_datetime(Timestamp()),
@@ -107,7 +110,11 @@ class StepRunner:
         ctx = self._context(step, control, replay)
         budget = self.policy.budget(lease_end, deadline, action)
         slog = StepLog(log, step)
-        run = StepRun(self, step, action, control, replay, release, slog)
+        if self.tracer is None or not step.traceparent:
+            run = StepRun(self, step, action, control, replay, release, slog)
+        else:
+            run = TracedStepRun(self, step, action, control, replay, release, slog)
+            action = _tracing.in_span(action, run.span)  # the handler's current span
         if log.isEnabledFor(logging.INFO):
             slog.info("running %s (budget %.1fs)", action.name, budget)
         watch = run.watch = Watch(self.watching, step, control, slog, budget, action)
@@ -263,6 +270,37 @@ class StepRun:
         policy, completer = self.runner.policy, self.runner.completer
         uncertain = policy.uncertain_failure(self.action, error)
         return completer.report(step, control, output, error, self.slog, uncertain=uncertain)
+
+
+class TracedStepRun(StepRun):
+    """A step of a traced run: its handler's span, a child of the run's trace context,
+    from its start until its outcome (docs/tracing.md)."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, runner: StepRunner, step: pb.ClaimedStep, *rest: Any) -> None:
+        super().__init__(runner, step, *rest)
+        self.span = _tracing.step_span(runner.tracer, step, runner.config.worker_id)
+
+    def settle(self, output: Any, error: BaseException | None) -> None:
+        if not self.ended:
+            if error is None:
+                _tracing.end_step_span(self.span, "completed")
+            elif isinstance(error, Suspended):  # a durable function waits, not a failure
+                _tracing.end_step_span(self.span, "suspended")
+            else:
+                _tracing.end_step_span(self.span, "failed", error)
+        super().settle(output, error)
+
+    def drop(self) -> None:
+        if not self.ended:
+            _tracing.end_step_span(self.span, "dropped")
+        StepRun.settle(self, None, None)
+
+    async def stop(self) -> None:
+        if not self.ended:
+            _tracing.end_step_span(self.span, "stopped")
+        await super().stop()
 
 
 async def _roll_back(control: StepControl) -> None:

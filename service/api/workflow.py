@@ -18,7 +18,7 @@ from cyclone.v1 import (
 from cyclone.v1 import (
     workflow_service_pb2_grpc as workflow_grpc,
 )
-from service import errors
+from service import errors, tracing
 from service.api import convert
 from service.api.build import (
     EXPLAIN_REASON,
@@ -79,6 +79,8 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         # Writes this server's latest news of workers first, so that Explain on a
         # single server is exact; other servers' news is at most a few seconds old.
         self.report_activity = report_activity
+        # With tracing on, each run keeps the traceparent of the span that submitted it.
+        self.traceparent = tracing.submit_traceparent if settings.tracing != "off" else None
 
     async def _submit(
         self,
@@ -102,6 +104,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
             priority=request.priority,
             tags_json=tags,
             deadline=deadline,
+            traceparent=self.traceparent() if self.traceparent is not None else None,
         )
         if created:
             self.metrics.submitted.labels(request.workflow.name).inc()

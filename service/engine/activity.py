@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from service.db.workers import ActionSeen, WorkerSeen
+
+if TYPE_CHECKING:
+    from service.tracing import StepSpans
 
 #: Longest a handout is kept after its deadline (the lease cannot outlive the
 #: deadline, so an outcome arriving later is refused anyway).
@@ -32,6 +35,8 @@ class Handout(NamedTuple):
     claimed: float
     #: time.monotonic() after which no outcome can count any more.
     expires: float
+    #: The run's traceparent, when tracing is on and the run has one.
+    traceparent: str | None = None
 
 
 class Handouts:
@@ -45,6 +50,8 @@ class Handouts:
     def __init__(self, limit: int = 100_000) -> None:
         self.limit = limit
         self._by_token: dict[str, Handout] = {}
+        #: Spans of steps in their run's trace, when tracing is on (service.tracing).
+        self.spans: StepSpans | None = None
 
     def __len__(self) -> int:
         return len(self._by_token)
@@ -58,6 +65,12 @@ class Handouts:
         if now is None:
             now = time.monotonic()
         self._by_token[token] = Handout(action, attempt, now, now + lifetime_s + _SLACK_S)
+
+    def trace(self, token: str, traceparent: str) -> None:
+        """Keep the run's traceparent with a handout, for its outcome's span."""
+        handout = self._by_token.get(token)
+        if handout is not None:
+            self._by_token[token] = handout._replace(traceparent=traceparent)
 
     def pop(self, token: str) -> Handout | None:
         return self._by_token.pop(token, None)

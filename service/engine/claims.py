@@ -227,6 +227,18 @@ class Claims:
                 )
         for action, n in claimed.items():
             actions[action].claimed.inc(n)
+        if self.handouts.spans is not None:
+            self.traced(rows)
+
+    def traced(self, rows: Sequence[ClaimedStep]) -> None:
+        """A span in its run's trace for each step handed out of a run that has one."""
+        spans, handouts = self.handouts.spans, self.handouts
+        assert spans is not None
+        for r in rows:
+            traceparent = r.traceparent
+            if traceparent:
+                spans.claimed(traceparent, r.run_id, r.node, r.action, r.attempt)
+                handouts.trace(r.lease_token, traceparent)
 
     def blocked(self, row: ClaimedStep) -> bool:
         if row.blocked:

@@ -91,6 +91,10 @@ class Outcomes:
             else:
                 finished[done.run_status] = finished.get(done.run_status, 0) + 1
         handout = self.handouts.pop(outcome.lease_token)
+        if handout is not None and handout.traceparent and self.handouts.spans is not None:
+            self.handouts.spans.completed(
+                handout.traceparent, outcome.run_id, outcome.node, done.step_status, done.run_status
+            )
         if done.step_status == "uncertain":
             # An unsafe handler stopped without an outcome: the run is blocked now.
             m.blocked.labels(handout.action if handout else "").inc()
