@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 from pyclient.actions import Action
-from pyclient.context import Context, bind
+from pyclient.context import Context, bind, set_current
 from pyclient.worker._common import Ending, HandlerTimeout
 from pyclient.worker._mailbox import Mailbox
 
@@ -195,9 +195,11 @@ class AsyncCall:
         self.task.add_done_callback(self._done)
 
     async def _call(self, action: Action, ctx: Context) -> Any:
-        bind(ctx)  # this coroutine runs in a context of its own
+        set_current(ctx)  # bind(ctx): this coroutine runs in a context of its own
         try:
-            return await action.fn(*action.arguments(ctx))
+            if action.takes_input:
+                return await action.fn(*action.arguments(ctx))
+            return await action.fn(ctx)
         except asyncio.CancelledError:
             if self.timed_out:
                 raise HandlerTimeout(

@@ -21,7 +21,7 @@ from pyclient.context import Context, StepControl, claimed_context
 from pyclient.durable._calls import Limits
 from pyclient.durable._errors import Suspended
 from pyclient.durable._replay import Replay
-from pyclient.models import StepCall, UpstreamFailure, timestamp_datetime, value_field
+from pyclient.models import StepCall, UpstreamFailure, timestamp_datetime
 from pyclient.worker._common import StepLog, log
 from pyclient.worker._completer import Completer
 from pyclient.worker._config import WorkerConfig, worker_limits
@@ -31,11 +31,6 @@ from pyclient.worker._watch import Watch, Watching
 
 #: The upstream outputs of a step that has none (most).
 NO_UPSTREAM: MappingProxyType[str, Any] = MappingProxyType({})
-
-
-def seconds(ts: Timestamp) -> float:
-    """A Timestamp as seconds since the epoch."""
-    return ts.seconds + ts.nanos * 1e-9
 
 
 class StepRunner:
@@ -77,23 +72,30 @@ class StepRunner:
     def start(self, step: pb.ClaimedStep, release: Callable[[StepRun], None]) -> StepRun | None:
         """Start one claimed step: its context, its handler under watch. What runs it
         from then on is the returned :class:`StepRun`, which calls ``release`` once its
-        outcome is reported (or dropped)."""
+        outcome is reported (or dropped).
+
+        The worker's hottest path, one call per step: what it needs is read inline."""
         action = self.config.actions.get(step.action)
         if action is None:  # the server only hands out the actions we named
             StepLog(log, step).error("no handler for action %r", step.action)
             return None
+        pool = self.pool
         tx = (
-            CompletionTx(self.pool, step.run_id, step.node, step.lease_token)
-            if self.pool is not None
+            CompletionTx(pool, step.run_id, step.node, step.lease_token)
+            if pool is not None
             else None
         )
-        control = StepControl(completion_tx=tx)
         lease_end = deadline = None
         if step.HasField("lease_expires_at"):
-            control.lease_until(step.lease_expires_at)
-            lease_end = seconds(step.lease_expires_at)
-        if step.HasField("deadline"):
-            deadline = seconds(step.deadline)
+            ts = step.lease_expires_at
+            control = StepControl(completion_tx=tx, lease_timestamp=ts)
+            lease_end = ts.seconds + ts.nanos * 1e-9
+        else:
+            control = StepControl(completion_tx=tx)
+        has_deadline = step.HasField("deadline")
+        if has_deadline:
+            ts = step.deadline
+            deadline = ts.seconds + ts.nanos * 1e-9
         replay = (
             Replay(
                 map(StepCall.from_proto, step.journal),
@@ -104,7 +106,7 @@ class StepRunner:
             if action.durable
             else None
         )
-        ctx = self._context(step, control, replay)
+        ctx = self._context(step, control, replay, has_deadline)
         budget = self.policy.budget(lease_end, deadline, action)
         slog = StepLog(log, step)
         run = StepRun(self, step, action, control, replay, release, slog)
@@ -115,8 +117,9 @@ class StepRunner:
         return run
 
     def _context(
-        self, step: pb.ClaimedStep, control: StepControl, replay: Replay | None
+        self, step: pb.ClaimedStep, control: StepControl, replay: Replay | None, has_deadline: bool
     ) -> Context:
+        has = step.HasField
         return claimed_context(
             run_id=step.run_id,
             node=step.node,
@@ -124,13 +127,13 @@ class StepRunner:
             workflow=step.workflow,
             attempt=step.attempt,
             max_attempts=step.max_attempts,
-            input=value_field(step, "input"),
-            run_input=value_field(step, "run_input"),
+            input=from_value(step.input) if has("input") else None,
+            run_input=from_value(step.run_input) if has("run_input") else None,
             upstream=MappingProxyType({k: from_value(v) for k, v in step.upstream_outputs.items()})
             if step.upstream_outputs
             else NO_UPSTREAM,
-            deadline=self._datetime(step.deadline) if step.HasField("deadline") else None,
-            progress=value_field(step, "progress"),
+            deadline=self._datetime(step.deadline) if has_deadline else None,
+            progress=from_value(step.progress) if has("progress") else None,
             effect_uncertain=step.effect_uncertain,
             worker_id=self.config.worker_id,
             upstream_failures=tuple(map(UpstreamFailure.from_proto, step.upstream_failures))
@@ -189,13 +192,21 @@ class StepRun:
         if self.ended:
             return
         self.ended = True
-        self._over()
         watch = self.watch
-        if watch is not None and watch.abandoned:
-            self.slog.warning("late outcome not reported: the step was reported uncertain")
-            self._then(_roll_back(self.control) if self._has_tx() else None)
-            return
-        self._then(self._report(output, error))
+        if watch is not None:  # as _over(), without the call
+            watch.stop()
+            watch.call = None
+            if watch.abandoned:
+                self.control.stop()
+                self.slog.warning("late outcome not reported: the step was reported uncertain")
+                self._then(_roll_back(self.control) if self._has_tx() else None)
+                return
+        self.control.stop()
+        rest = self._report(output, error)
+        if rest is None:
+            self.release(self)
+        else:
+            self._then(rest)
 
     def drop(self) -> None:
         """The handler's outcome is given up on (a lost lease, a cancelled run)."""
@@ -257,9 +268,9 @@ class StepRun:
                 return _roll_back(control) if self._has_tx() else None
             if replay.failure is not None:  # whatever the body made of it
                 output, error = None, replay.failure
-        policy, completer = self.runner.policy, self.runner.completer
-        uncertain = policy.uncertain_failure(self.action, error)
-        return completer.report(step, control, output, error, self.slog, uncertain=uncertain)
+        runner = self.runner
+        uncertain = error is not None and runner.policy.uncertain_failure(self.action, error)
+        return runner.completer.report(step, control, output, error, self.slog, uncertain=uncertain)
 
 
 async def _roll_back(control: StepControl) -> None:

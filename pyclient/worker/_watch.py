@@ -25,7 +25,6 @@ from pyclient.errors import LeaseLost, from_rpc_error
 from pyclient.worker import _logs as step_logs
 from pyclient.worker._common import HandlerTimeout, StepLog
 from pyclient.worker._executor import AsyncCall
-from pyclient.worker._timers import Alarm
 from pyclient.workflow import duration
 
 if TYPE_CHECKING:
@@ -132,20 +131,21 @@ class Watch:
     and ends the handler's time at its budget.
 
     Most steps end before any of this is due, so a step has one alarm, for whichever
-    is due first; the task that heartbeats starts when the first heartbeat is due or
-    the handler asks for one.
+    is due first (the watch is its own entry in the worker's alarms); the task that
+    heartbeats starts when the first heartbeat is due or the handler asks for one.
     """
 
     __slots__ = (
         "abandoned",
         "abandoning",
-        "alarm",
         "alarm_at",
+        "armed",
         "beat_at",
         "budget",
         "call",
         "control",
         "give_up_at",
+        "grain",
         "policy",
         "shared",
         "slog",
@@ -179,16 +179,23 @@ class Watch:
         #: The async handler, once started.
         self.call: AsyncCall | None = None
         now = shared.loop.time()
-        self.beat_at = now + policy.interval
-        self.time_out_at, self.give_up_at = policy.limits(now, budget, action.is_async)
-        self.alarm: Alarm | None = None
-        self.alarm_at = math.inf
+        self.beat_at = beat_at = now + policy.interval
+        self.time_out_at, self.give_up_at = time_out_at, give_up_at = policy.limits(
+            now, budget, action.is_async
+        )
+        #: Set for ``alarm_at`` in the worker's alarms (this watch is its own entry).
+        self.armed = False
+        self.grain = 0
         self.task: asyncio.Task[None] | None = None
         self.abandoning: asyncio.Task[None] | None = None
         self.wake: asyncio.Event | None = None
         self.stopped = False
         control.on_heartbeat = self.request
-        self._arm()
+        # As _arm(), without the call: the first alarm of every step.
+        self.alarm_at = at = min(beat_at, time_out_at, give_up_at)
+        if at != math.inf:
+            shared.alarms.add(self, at)
+            self.armed = True
 
     def request(self) -> None:
         """Heartbeat now (from any thread)."""
@@ -202,8 +209,9 @@ class Watch:
     def stop(self) -> None:
         """No more heartbeats, nor time limits: the step is over or given up on."""
         self.stopped = True
-        if self.alarm is not None:
-            self.alarm.cancel()
+        if self.armed:
+            self.armed = False
+            self.shared.alarms.remove(self)
         self.control.on_heartbeat = None  # (a reference cycle, broken)
         if self.task is not None:
             self.task.cancel()
@@ -211,10 +219,12 @@ class Watch:
     def _arm(self) -> None:
         self.alarm_at = min(self.beat_at, self.time_out_at, self.give_up_at)
         if self.alarm_at != math.inf:
-            self.alarm = self.shared.alarms.at(self.alarm_at, self._ring)
+            self.shared.alarms.add(self, self.alarm_at)
+            self.armed = True
 
-    def _ring(self) -> None:
-        due, self.alarm = self.alarm_at, None
+    def ring(self) -> None:
+        """The alarm is due (on the worker's loop)."""
+        due, self.armed = self.alarm_at, False
         if self.give_up_at <= due:
             self.stop()
             self.control.stop()
@@ -246,8 +256,9 @@ class Watch:
         if self.wake is not None:
             self.wake.set()
             return
-        if self.alarm is not None:
-            self.alarm.cancel()
+        if self.armed:
+            self.armed = False
+            self.shared.alarms.remove(self)
         self._start()
         self._arm()
 
