@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from types import MappingProxyType
 from typing import Any
@@ -25,9 +26,9 @@ from pyclient.models import StepCall, UpstreamFailure, timestamp_datetime
 from pyclient.worker._common import StepLog, log
 from pyclient.worker._completer import Completer
 from pyclient.worker._config import WorkerConfig, worker_limits
-from pyclient.worker._executor import Executor
+from pyclient.worker._executor import AsyncCall, Executor
 from pyclient.worker._journal import GrpcJournal, Journaling
-from pyclient.worker._watch import Watch, Watching
+from pyclient.worker._watch import Times, Watch, Watching
 
 #: The upstream outputs of a step that has none (most).
 NO_UPSTREAM: MappingProxyType[str, Any] = MappingProxyType({})
@@ -107,13 +108,27 @@ class StepRunner:
             else None
         )
         ctx = self._context(step, control, replay, has_deadline)
-        budget = self.policy.budget(lease_end, deadline, action)
+        policy = self.policy
+        budget = policy.budget(lease_end, deadline, action)
         slog = StepLog(log, step)
         run = StepRun(self, step, action, control, replay, release, slog)
         if log.isEnabledFor(logging.INFO):
             slog.info("running %s (budget %.1fs)", action.name, budget)
-        watch = run.watch = Watch(self.watching, step, control, slog, budget, action)
-        watch.call = self.executor.start(action, ctx, budget, run)
+        run.budget = budget
+        watching = self.watching
+        run.times = times = policy.times(watching.loop.time(), budget, action.is_async)
+        # One alarm, for whatever is due first; the step's Watch is made only if it
+        # rings or the handler asks for a heartbeat (most steps end before either).
+        run.alarm_at = at = min(times)
+        if at != math.inf:
+            watching.alarms.add(run, at)
+            run.armed = True
+        control.on_heartbeat = run.heartbeat
+        handler_loop = self.executor.handler_loop
+        if action.is_async and handler_loop is not None:  # as Executor.start, inline
+            run.call = AsyncCall(action, ctx, budget, run, handler_loop)
+        else:
+            run.call = self.executor.start(action, ctx, budget, run)
         return run
 
     def _context(
@@ -153,14 +168,20 @@ class StepRun:
 
     __slots__ = (
         "action",
+        "alarm_at",
+        "armed",
+        "budget",
+        "call",
         "control",
         "ended",
         "finishing",
+        "grain",
         "release",
         "replay",
         "runner",
         "slog",
         "step",
+        "times",
         "watch",
     )
 
@@ -180,28 +201,82 @@ class StepRun:
         self.control = control
         self.replay = replay
         self.release = release
+        #: The step's watch, once made (:meth:`_watched`).
         self.watch: Watch | None = None
+        #: The async handler (None for a sync one).
+        self.call: AsyncCall | None = None
+        #: The handler's time budget, and when its first heartbeat, cancel and give-up
+        #: fall due (WatchPolicy.times); the first of them is this step's alarm, set
+        #: in the worker's alarms (at ``grain``) until it rings or the step ends.
+        self.budget = 0.0
+        self.times: Times = (math.inf, math.inf, math.inf)
+        self.alarm_at = math.inf
+        self.armed = False
+        self.grain = 0
         #: The handler's outcome came (or was given up on): later ones are ignored.
         self.ended = False
         #: The task finishing the report, when it needs one.
         self.finishing: asyncio.Task[None] | None = None
         self.slog = slog
 
+    # -- the watch, made when first needed
+
+    def ring(self) -> None:
+        """The step's alarm is due (on the worker's loop): its watch takes over."""
+        self.armed = False
+        self._watched().ring()
+
+    def heartbeat(self) -> None:
+        """``ctx.heartbeat()`` (from any thread): heartbeat now."""
+        self.runner.watching.inbox.post(self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        if not self.ended:
+            self._watched().requested()
+
+    def _watched(self) -> Watch:
+        watch = self.watch
+        if watch is None:
+            if self.armed:
+                self.armed = False
+                self.runner.watching.alarms.remove(self)
+            watch = self.watch = Watch(
+                self.runner.watching,
+                self.step,
+                self.control,
+                self.slog,
+                self.budget,
+                self.action,
+                self.times,
+                self.alarm_at,
+            )
+            watch.call = self.call
+        return watch
+
+    # -- the outcome
+
     def settle(self, output: Any, error: BaseException | None) -> None:
         """The handler ended with ``output`` or ``error``."""
         if self.ended:
             return
         self.ended = True
+        # As _over(), without the call.
+        if self.armed:
+            self.armed = False
+            self.runner.watching.alarms.remove(self)
+        self.call = None  # (a reference cycle, broken)
+        control = self.control
+        control.on_heartbeat = None  # (another)
         watch = self.watch
-        if watch is not None:  # as _over(), without the call
+        if watch is not None:
             watch.stop()
             watch.call = None
             if watch.abandoned:
-                self.control.stop()
+                control.stop()
                 self.slog.warning("late outcome not reported: the step was reported uncertain")
-                self._then(_roll_back(self.control) if self._has_tx() else None)
+                self._then(_roll_back(control) if self._has_tx() else None)
                 return
-        self.control.stop()
+        control.stop()
         rest = self._report(output, error)
         if rest is None:
             self.release(self)
@@ -223,8 +298,7 @@ class StepRun:
                     await self.finishing
             return
         self.ended = True
-        watch = self.watch
-        call = watch.call if watch is not None else None
+        call = self.call
         self._over()
         if call is not None:
             call.cancel()
@@ -233,10 +307,15 @@ class StepRun:
 
     def _over(self) -> None:
         """No more heartbeats nor time limits; ctx.should_stop is set."""
+        if self.armed:
+            self.armed = False
+            self.runner.watching.alarms.remove(self)
+        self.call = None  # (a reference cycle, broken)
+        self.control.on_heartbeat = None  # (another)
         watch = self.watch
         if watch is not None:
             watch.stop()
-            watch.call = None  # (a reference cycle, broken)
+            watch.call = None
         self.control.stop()
 
     def _has_tx(self) -> bool:
