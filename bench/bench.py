@@ -783,15 +783,12 @@ def vacuumed(database_url: str) -> None:
 
 
 def scenario_throughput(
-    server: Server,
-    database_url: str,
-    runs: int,
-    action: str,
-    stream: bool = True,
-    concurrency: int = 64,
+    server: Server, database_url: str, runs: int, action: str, **drain: Any
 ) -> dict:
+    """``runs`` one-node runs submitted, then drained (``drain``: measured_drain's
+    stream and concurrency)."""
     submit_many(server.address, [one_node("one", action)] * runs)
-    return measured_drain(server, database_url, runs, action, stream, concurrency)
+    return measured_drain(server, database_url, runs, action, **drain)
 
 
 def measured_drain(
