@@ -57,6 +57,8 @@ class Producer:
         self.look_again = asyncio.Event()
         #: The claim loop runs (it alone waits on look_again).
         self.claiming = False
+        #: What each step calls once it no longer needs its slot (bound once).
+        self._release_run = self._release
         #: The steps running (each takes a slot; so does each outcome not yet answered,
         #: Completer.holding).
         self.inflight: set[StepRun] = set()
@@ -140,7 +142,7 @@ class Producer:
     def start(self, step: pb.ClaimedStep) -> None:
         """Start a step handed out (by a claim or on a Work stream); it holds its slot
         until it is over."""
-        run = self.start_step(step, self._release)
+        run = self.start_step(step, self._release_run)
         if run is not None:
             self.inflight.add(run)
         else:
