@@ -783,14 +783,21 @@ def vacuumed(database_url: str) -> None:
 
 
 def scenario_throughput(
-    server: Server, database_url: str, runs: int, action: str, stream: bool = True
+    server: Server, database_url: str, runs: int, action: str, **drain: Any
 ) -> dict:
+    """``runs`` one-node runs submitted, then drained (``drain``: measured_drain's
+    stream and concurrency)."""
     submit_many(server.address, [one_node("one", action)] * runs)
-    return measured_drain(server, database_url, runs, action, stream)
+    return measured_drain(server, database_url, runs, action, **drain)
 
 
 def measured_drain(
-    server: Server, database_url: str, runs: int, action: str, stream: bool = True
+    server: Server,
+    database_url: str,
+    runs: int,
+    action: str,
+    stream: bool = True,
+    concurrency: int = 64,
 ) -> dict:
     """The submitted runs of ``action`` drained by the bare-stub workers, measured: steps
     per second, CPU per step by part, WAL and commits per step. Every scenario compared
@@ -800,7 +807,7 @@ def measured_drain(
     with DbMeter(database_url) as db:
         wal_before = wal_lsn(database_url)
         with CpuMeter(server) as cpu:
-            join(start_workers(server.address, action, stream=stream))
+            join(start_workers(server.address, action, concurrency=concurrency, stream=stream))
         wal_bytes = wal_lsn(database_url) - wal_before
     n, rate = steps_per_second(database_url, action)
     assert n == runs, f"{n} of {runs} steps completed"
@@ -1384,6 +1391,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=20_000)
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=64,
+        help="handler slots of each worker process of `throughput` and `sdk` (default 64)",
+    )
     parser.add_argument("--dag-runs", type=int, default=500)
     parser.add_argument("--pickups", type=int, default=200)
     parser.add_argument(
@@ -1530,7 +1543,9 @@ def main() -> None:
             results["big"] = scenario_big(server.address)
             print("big", results["big"], flush=True)
         if wanted("throughput"):
-            results["throughput"] = scenario_throughput(server, database_url, args.runs, "noop")
+            results["throughput"] = scenario_throughput(
+                server, database_url, args.runs, "noop", concurrency=args.slots
+            )
             base_result = scenario_baseline(database_url, args.runs)
             results["throughput"]["baseline_jobs_per_s"] = base_result["jobs_per_s"]
             results["throughput"]["baseline_cpu_ms_per_job"] = base_result["cpu_ms_per_job"]
@@ -1561,7 +1576,9 @@ def main() -> None:
                 )
             print("flow", results["flow"], flush=True)
         if wanted("sdk"):
-            results["sdk"] = scenario_sdk(server, database_url, args.runs, "sdk-noop")
+            results["sdk"] = scenario_sdk(
+                server, database_url, args.runs, "sdk-noop", concurrency=args.slots
+            )
             if "throughput" in results:
                 results["sdk"]["ratio"] = round(
                     results["sdk"]["steps_per_s"] / results["throughput"]["baseline_jobs_per_s"], 2

@@ -30,6 +30,8 @@ _current: contextvars.ContextVar[Context] = contextvars.ContextVar("cyclone_cont
 
 #: The events of a StepControl, as bits.
 _CANCELLED, _LEASE_LOST, _SHOULD_STOP = 1, 2, 4
+#: The bits of a step whose outcome is not reported (``StepControl.raised & LOST``).
+LOST = _CANCELLED | _LEASE_LOST
 
 
 class StepControl:
@@ -48,7 +50,6 @@ class StepControl:
         "_lease_expires_at",
         "_lease_timestamp",
         "_lock",
-        "_raised",
         "_recorded",
         "_taken",
         "completion_tx",
@@ -56,6 +57,7 @@ class StepControl:
         "on_heartbeat",
         "progress",
         "progress_set",
+        "raised",
     )
 
     def __init__(
@@ -64,10 +66,12 @@ class StepControl:
         lease_expires_at: dt.datetime | None = None,
         completion_tx: CompletionTx | None = None,
         on_heartbeat: Callable[[], None] | None = None,
+        lease_timestamp: Timestamp | None = None,
     ):
         self._lease_expires_at = lease_expires_at
-        #: The lease expiry as the server sent it, made a datetime when first read.
-        self._lease_timestamp: Timestamp | None = None
+        #: The lease expiry as the server sent it, made a datetime when first read
+        #: (``lease_timestamp``: as :meth:`lease_until` would set it, without the lock).
+        self._lease_timestamp = lease_timestamp
         self.completion_tx = completion_tx
         #: What the handler logged and was not sent yet (the worker's StepLines).
         self.log_lines: Any = None
@@ -76,8 +80,8 @@ class StepControl:
         self.progress_set = False
         # Versions of the progress value: recorded, taken by a heartbeat, delivered.
         self._recorded = self._taken = self._delivered = 0
-        # The events raised (only the worker's loop raises them), and those made.
-        self._raised = 0
+        #: The events raised, as bits (only the worker's loop raises them); and those made.
+        self.raised = 0
         self._events: dict[int, threading.Event] | None = None
         self._lock = threading.Lock()
 
@@ -116,15 +120,15 @@ class StepControl:
     # The same, read without making the event.
     @property
     def is_cancelled(self) -> bool:
-        return bool(self._raised & _CANCELLED)
+        return bool(self.raised & _CANCELLED)
 
     @property
     def is_lease_lost(self) -> bool:
-        return bool(self._raised & _LEASE_LOST)
+        return bool(self.raised & _LEASE_LOST)
 
     @property
     def is_stopped(self) -> bool:
-        return bool(self._raised & _SHOULD_STOP)
+        return bool(self.raised & _SHOULD_STOP)
 
     def cancel(self) -> None:
         self._raise(_CANCELLED | _SHOULD_STOP)
@@ -134,7 +138,9 @@ class StepControl:
 
     def stop(self) -> None:
         """The worker gives up on the handler, or the step is over."""
-        self._raise(_SHOULD_STOP)
+        self.raised |= _SHOULD_STOP  # as _raise(), without its call: once per step
+        if self._events is not None:
+            self._raise(_SHOULD_STOP)
 
     def _event(self, bit: int) -> threading.Event:
         with self._lock:
@@ -145,12 +151,12 @@ class StepControl:
                 # Made before the raised bits are read, which _raise sets before it
                 # looks for events: one of the two sets the event.
                 event = self._events[bit] = threading.Event()
-                if self._raised & bit:
+                if self.raised & bit:
                     event.set()
             return event
 
     def _raise(self, bits: int) -> None:
-        self._raised |= bits
+        self.raised |= bits
         if self._events is not None:
             with self._lock:
                 made = [event for bit, event in self._events.items() if bit & bits]
@@ -445,6 +451,10 @@ def active() -> Context | None:
 def bind(ctx: Context) -> contextvars.Token[Context]:
     """Make ``ctx`` current (used by the worker and pyclient.testing)."""
     return _current.set(ctx)
+
+
+#: bind() without its call, for the worker's async handlers (one per step).
+set_current = _current.set
 
 
 def unbind(token: contextvars.Token[Context]) -> None:

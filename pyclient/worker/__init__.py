@@ -479,6 +479,7 @@ class _Run:
             completer=completer,
             on_limits=_adopter(config, runner, completer),
         )
+        producer.regrant = session.regrant  # (the closure's call saved, once per step)
         return producer, completer, session
 
     async def _drain(self, producer: Producer, completer: Completer) -> None:

@@ -40,7 +40,10 @@ class StepLog(logging.LoggerAdapter):  # type: ignore[type-arg]
     only when a message is logged (most steps log none)."""
 
     def __init__(self, logger: logging.Logger, step: Any):
-        super().__init__(logger)
+        # What LoggerAdapter.__init__ sets, without its call (one adapter per step).
+        self.logger = logger
+        self.extra = None
+        self.merge_extra = False  # (read by LoggerAdapter.process from 3.13, not ours)
         self.step = step
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:

@@ -21,7 +21,7 @@ from google.protobuf import struct_pb2
 
 from cyclone.jsonvalue import dumps, json_value, to_value
 from cyclone.v1 import worker_service_pb2 as pb
-from pyclient.context import StepControl
+from pyclient.context import LOST, StepControl
 from pyclient.durable._calls import MAX_PAYLOAD_BYTES
 from pyclient.durable._errors import StepFailed
 from pyclient.errors import (
@@ -58,6 +58,9 @@ class Answer(Protocol):
 
     def set_exception(self, error: BaseException) -> None: ...
 
+
+ClaimedStep = pb.ClaimedStep
+NULL = struct_pb2.NULL_VALUE
 
 #: Most outcomes sent in one CompleteMany (the server accepts up to 1,000).
 MAX_COMPLETIONS = 500
@@ -96,7 +99,10 @@ class Completer:
         self.reconnect_max_delay = reconnect_max_delay
         self.send_on_stream = send_on_stream
         self.on_answered = on_answered
-        self.outbox: list[tuple[pb.CompleteRequest, StepLog]] = []
+        #: Outcomes to send: a Complete request, or for a step that succeeded with a
+        #: null output and logged nothing (most), the step itself (its Complete is
+        #: written straight into the next CompleteMany).
+        self.outbox: list[tuple[pb.CompleteRequest | pb.ClaimedStep, StepLog]] = []
         #: Outcomes queued or on their way: each keeps its step's handler slot taken
         #: until its CompleteMany is answered (the producer counts them).
         self.holding = 0
@@ -147,7 +153,18 @@ class Completer:
         """
         tx = control.completion_tx
         opened = tx is not None and tx.opened
-        if control.is_cancelled or control.is_lease_lost:
+        lost = control.raised & LOST
+        if output is None and error is None and not opened and not lost:
+            lines = control.log_lines
+            if lines is None or not lines.pending():
+                # What most handlers end with: queued as it is, no request made yet.
+                self.outbox.append((step, slog))
+                self.holding += 1
+                flusher = self.flusher
+                if flusher is None or flusher.done():
+                    self.flusher = asyncio.create_task(self._flush())
+                return None
+        if lost:
             why = "the run was cancelled" if control.is_cancelled else "the lease was lost"
             slog.info("outcome not reported: %s", why)
             return _rolled_back(control) if opened else None
@@ -358,7 +375,9 @@ class Completer:
 
     @staticmethod
     def _log_result(
-        request: pb.CompleteRequest, slog: StepLog, result: pb.CompleteResult | CycloneError
+        done: pb.CompleteRequest | pb.ClaimedStep,
+        slog: StepLog,
+        result: pb.CompleteResult | CycloneError,
     ) -> None:
         if isinstance(result, CycloneError):
             slog.error("completion not delivered: %s", result)
@@ -366,7 +385,9 @@ class Completer:
             refusal = error_for_code(result.error.code, result.error.message)
             level = logging.WARNING if isinstance(refusal, LeaseLost) else logging.ERROR
             slog.log(level, "completion refused: %s", refusal)
-        elif request.HasField("output") and slog.isEnabledFor(logging.INFO):
+        elif (isinstance(done, pb.ClaimedStep) or done.HasField("output")) and slog.isEnabledFor(
+            logging.INFO
+        ):
             slog.info("completed; the run is %s", run_status(result.response.run_status))
 
     async def settled(self) -> None:
@@ -387,9 +408,8 @@ class Completer:
             if batch and self.carrying:
                 # Ends that left with batches of begins land before these completions.
                 await asyncio.wait(list(self.carrying))
-            request = pb.CompleteManyRequest(
-                completions=[r for r, _ in batch], step_call_ends=[e for e, _ in ends], brief=True
-            )
+            request = pb.CompleteManyRequest(step_call_ends=[e for e, _ in ends], brief=True)
+            _add_completions(request, batch)
             try:
                 reply = await self._send(request, stream=True)
             finally:
@@ -399,8 +419,10 @@ class Completer:
                 for done, slog in batch:
                     self._log_result(done, slog, reply)
             else:
+                info = log.isEnabledFor(logging.INFO)
                 for (done, slog), result in zip(batch, reply.results, strict=True):
-                    self._log_result(done, slog, result)
+                    if info or result.HasField("error"):
+                        self._log_result(done, slog, result)
 
     async def _flush_begins(self) -> None:
         """Send step call begins in batches (up to BEGIN_BATCHES at once), beside the
@@ -514,6 +536,21 @@ class Completer:
     def _answered(self) -> None:
         self.reports += 1
         self.on_answered()
+
+
+def _add_completions(
+    request: pb.CompleteManyRequest, batch: list[tuple[pb.CompleteRequest | pb.ClaimedStep, Any]]
+) -> None:
+    """Write the batch's outcomes into ``request``: a step queued as it is completes
+    with a null output."""
+    completions = request.completions
+    add, append = completions.add, completions.append
+    for done, _ in batch:
+        if isinstance(done, ClaimedStep):
+            completion = add(run_id=done.run_id, node=done.node, lease_token=done.lease_token)
+            completion.output.null_value = NULL
+        else:
+            append(done)
 
 
 async def _rolled_back(control: StepControl) -> None:

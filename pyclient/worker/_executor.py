@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 from pyclient.actions import Action
-from pyclient.context import Context, bind
+from pyclient.context import Context, bind, set_current
 from pyclient.worker._common import Ending, HandlerTimeout
 from pyclient.worker._mailbox import Mailbox
 
@@ -181,9 +181,11 @@ class AsyncCall:
             self.cancel()
 
     def _start(self, action: Action, ctx: Context) -> None:
+        # The handler's coroutine runs in a context of its own, where ctx is current.
         context = contextvars.Context()
-        coro = self._call(action, ctx)
+        context.run(set_current, ctx)
         try:
+            coro = action.fn(*action.arguments(ctx)) if action.takes_input else action.fn(ctx)
             yielded = context.run(coro.send, None)
         except StopIteration as stop:
             self.results.post(self.run.settle, stop.value, None)
@@ -191,13 +193,13 @@ class AsyncCall:
         except BaseException as exc:  # reported as the step's failure, whatever it is
             self.results.post(self.run.settle, None, exc)
             return
-        self.task = self.handlers.loop.create_task(_resumed(coro, yielded), context=context)
+        self.task = self.handlers.loop.create_task(self._resumed(coro, yielded), context=context)
         self.task.add_done_callback(self._done)
 
-    async def _call(self, action: Action, ctx: Context) -> Any:
-        bind(ctx)  # this coroutine runs in a context of its own
+    async def _resumed(self, coro: Coroutine[Any, Any, Any], first: Any) -> Any:
+        """The rest of the handler, once it suspended: only a task can be cancelled."""
         try:
-            return await action.fn(*action.arguments(ctx))
+            return await _Resumed(coro, first)
         except asyncio.CancelledError:
             if self.timed_out:
                 raise HandlerTimeout(
@@ -248,10 +250,6 @@ class _Resumed:
                     yielded = coro.send(sent)
                 except StopIteration as stop:
                     return stop.value
-
-
-async def _resumed(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
-    return await _Resumed(coro, first)
 
 
 def call_sync(action: Action, ctx: Context, run: Ending, results: Mailbox) -> None:

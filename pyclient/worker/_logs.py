@@ -56,6 +56,11 @@ class StepLines:
                 self._count += 1
                 self._lines.append(line)
 
+    def pending(self) -> bool:
+        """Lines are waiting (a read without the lock: the handler that logs them has
+        returned when its outcome asks)."""
+        return bool(self._lines)
+
     def take(self) -> list[types_pb2.LogLine]:
         with self._lock:
             lines, self._lines = self._lines, []

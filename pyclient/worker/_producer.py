@@ -55,6 +55,10 @@ class Producer:
         #: Set when the claim loop should look again: a slot freed, a report answered
         #: (:meth:`freed`).
         self.look_again = asyncio.Event()
+        #: The claim loop runs (it alone waits on look_again).
+        self.claiming = False
+        #: What each step calls once it no longer needs its slot (bound once).
+        self._release_run = self._release
         #: The steps running (each takes a slot; so does each outcome not yet answered,
         #: Completer.holding).
         self.inflight: set[StepRun] = set()
@@ -95,6 +99,7 @@ class Producer:
     async def claim_loop(self) -> None:
         w, server = self.w, self.server
         backoff = Backoff(w.reconnect_max_delay, jitter=True)
+        self.claiming = True
         while not self.stopping.is_set():
             # A slot is taken by a step running, or reported and not yet answered.
             free = w.concurrency - len(self.inflight) - self.completer.holding
@@ -137,7 +142,7 @@ class Producer:
     def start(self, step: pb.ClaimedStep) -> None:
         """Start a step handed out (by a claim or on a Work stream); it holds its slot
         until it is over."""
-        run = self.start_step(step, self._release)
+        run = self.start_step(step, self._release_run)
         if run is not None:
             self.inflight.add(run)
         else:
@@ -153,7 +158,8 @@ class Producer:
     def freed(self) -> None:
         """A slot may have come free (a step ended, a report was answered): claim for
         it, or grant it as credit on the Work stream."""
-        self.look_again.set()
+        if self.claiming:
+            self.look_again.set()
         self.regrant()
 
     def _more_slots_coming(self) -> bool:
@@ -175,10 +181,14 @@ class Producer:
         return False
 
     def _release(self, run: StepRun) -> None:
-        self.inflight.discard(run)
-        if not self.inflight and self._all_over is not None and not self._all_over.done():
+        inflight = self.inflight
+        inflight.discard(run)
+        if not inflight and self._all_over is not None and not self._all_over.done():
             self._all_over.set_result(None)
-        self.freed()
+        # As freed(), without the call (once per step).
+        if self.claiming:
+            self.look_again.set()
+        self.regrant()
 
 
 def _spec(a: Action) -> pb.ActionSpec:

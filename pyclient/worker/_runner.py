@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from types import MappingProxyType
 from typing import Any
@@ -22,21 +23,16 @@ from pyclient.context import Context, StepControl, claimed_context
 from pyclient.durable._calls import Limits
 from pyclient.durable._errors import Suspended
 from pyclient.durable._replay import Replay
-from pyclient.models import StepCall, UpstreamFailure, timestamp_datetime, value_field
+from pyclient.models import StepCall, UpstreamFailure, timestamp_datetime
 from pyclient.worker._common import StepLog, log
 from pyclient.worker._completer import Completer
 from pyclient.worker._config import WorkerConfig, worker_limits
-from pyclient.worker._executor import Executor
+from pyclient.worker._executor import AsyncCall, Executor
 from pyclient.worker._journal import GrpcJournal, Journaling
-from pyclient.worker._watch import Watch, Watching
+from pyclient.worker._watch import Times, Watch, Watching
 
 #: The upstream outputs of a step that has none (most).
 NO_UPSTREAM: MappingProxyType[str, Any] = MappingProxyType({})
-
-
-def seconds(ts: Timestamp) -> float:
-    """A Timestamp as seconds since the epoch."""
-    return ts.seconds + ts.nanos * 1e-9
 
 
 class StepRunner:
@@ -80,23 +76,30 @@ class StepRunner:
     def start(self, step: pb.ClaimedStep, release: Callable[[StepRun], None]) -> StepRun | None:
         """Start one claimed step: its context, its handler under watch. What runs it
         from then on is the returned :class:`StepRun`, which calls ``release`` once its
-        outcome is reported (or dropped)."""
+        outcome is reported (or dropped).
+
+        The worker's hottest path, one call per step: what it needs is read inline."""
         action = self.config.actions.get(step.action)
         if action is None:  # the server only hands out the actions we named
             StepLog(log, step).error("no handler for action %r", step.action)
             return None
+        pool = self.pool
         tx = (
-            CompletionTx(self.pool, step.run_id, step.node, step.lease_token)
-            if self.pool is not None
+            CompletionTx(pool, step.run_id, step.node, step.lease_token)
+            if pool is not None
             else None
         )
-        control = StepControl(completion_tx=tx)
         lease_end = deadline = None
         if step.HasField("lease_expires_at"):
-            control.lease_until(step.lease_expires_at)
-            lease_end = seconds(step.lease_expires_at)
-        if step.HasField("deadline"):
-            deadline = seconds(step.deadline)
+            ts = step.lease_expires_at
+            control = StepControl(completion_tx=tx, lease_timestamp=ts)
+            lease_end = ts.seconds + ts.nanos * 1e-9
+        else:
+            control = StepControl(completion_tx=tx)
+        has_deadline = step.HasField("deadline")
+        if has_deadline:
+            ts = step.deadline
+            deadline = ts.seconds + ts.nanos * 1e-9
         replay = (
             Replay(
                 map(StepCall.from_proto, step.journal),
@@ -107,8 +110,9 @@ class StepRunner:
             if action.durable
             else None
         )
-        ctx = self._context(step, control, replay)
-        budget = self.policy.budget(lease_end, deadline, action)
+        ctx = self._context(step, control, replay, has_deadline)
+        policy = self.policy
+        budget = policy.budget(lease_end, deadline, action)
         slog = StepLog(log, step)
         if self.tracer is None or not step.traceparent:
             run = StepRun(self, step, action, control, replay, release, slog)
@@ -117,13 +121,27 @@ class StepRunner:
             action = _tracing.in_span(action, run.span)  # the handler's current span
         if log.isEnabledFor(logging.INFO):
             slog.info("running %s (budget %.1fs)", action.name, budget)
-        watch = run.watch = Watch(self.watching, step, control, slog, budget, action)
-        watch.call = self.executor.start(action, ctx, budget, run)
+        run.budget = budget
+        watching = self.watching
+        run.times = times = policy.times(watching.loop.time(), budget, action.is_async)
+        # One alarm, for whatever is due first; the step's Watch is made only if it
+        # rings or the handler asks for a heartbeat (most steps end before either).
+        run.alarm_at = at = min(times)
+        if at != math.inf:
+            watching.alarms.add(run, at)
+            run.armed = True
+        control.on_heartbeat = run.heartbeat
+        handler_loop = self.executor.handler_loop
+        if action.is_async and handler_loop is not None:  # as Executor.start, inline
+            run.call = AsyncCall(action, ctx, budget, run, handler_loop)
+        else:
+            run.call = self.executor.start(action, ctx, budget, run)
         return run
 
     def _context(
-        self, step: pb.ClaimedStep, control: StepControl, replay: Replay | None
+        self, step: pb.ClaimedStep, control: StepControl, replay: Replay | None, has_deadline: bool
     ) -> Context:
+        has = step.HasField
         return claimed_context(
             run_id=step.run_id,
             node=step.node,
@@ -131,13 +149,13 @@ class StepRunner:
             workflow=step.workflow,
             attempt=step.attempt,
             max_attempts=step.max_attempts,
-            input=value_field(step, "input"),
-            run_input=value_field(step, "run_input"),
+            input=from_value(step.input) if has("input") else None,
+            run_input=from_value(step.run_input) if has("run_input") else None,
             upstream=MappingProxyType({k: from_value(v) for k, v in step.upstream_outputs.items()})
             if step.upstream_outputs
             else NO_UPSTREAM,
-            deadline=self._datetime(step.deadline) if step.HasField("deadline") else None,
-            progress=value_field(step, "progress"),
+            deadline=self._datetime(step.deadline) if has_deadline else None,
+            progress=from_value(step.progress) if has("progress") else None,
             effect_uncertain=step.effect_uncertain,
             worker_id=self.config.worker_id,
             upstream_failures=tuple(map(UpstreamFailure.from_proto, step.upstream_failures))
@@ -160,14 +178,20 @@ class StepRun:
 
     __slots__ = (
         "action",
+        "alarm_at",
+        "armed",
+        "budget",
+        "call",
         "control",
         "ended",
         "finishing",
+        "grain",
         "release",
         "replay",
         "runner",
         "slog",
         "step",
+        "times",
         "watch",
     )
 
@@ -187,25 +211,87 @@ class StepRun:
         self.control = control
         self.replay = replay
         self.release = release
+        #: The step's watch, once made (:meth:`_watched`).
         self.watch: Watch | None = None
+        #: The async handler (None for a sync one).
+        self.call: AsyncCall | None = None
+        #: The handler's time budget, and when its first heartbeat, cancel and give-up
+        #: fall due (WatchPolicy.times); the first of them is this step's alarm, set
+        #: in the worker's alarms (at ``grain``) until it rings or the step ends.
+        self.budget = 0.0
+        self.times: Times = (math.inf, math.inf, math.inf)
+        self.alarm_at = math.inf
+        self.armed = False
+        self.grain = 0
         #: The handler's outcome came (or was given up on): later ones are ignored.
         self.ended = False
         #: The task finishing the report, when it needs one.
         self.finishing: asyncio.Task[None] | None = None
         self.slog = slog
 
+    # -- the watch, made when first needed
+
+    def ring(self) -> None:
+        """The step's alarm is due (on the worker's loop): its watch takes over."""
+        self.armed = False
+        self._watched().ring()
+
+    def heartbeat(self) -> None:
+        """``ctx.heartbeat()`` (from any thread): heartbeat now."""
+        self.runner.watching.inbox.post(self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        if not self.ended:
+            self._watched().requested()
+
+    def _watched(self) -> Watch:
+        watch = self.watch
+        if watch is None:
+            if self.armed:
+                self.armed = False
+                self.runner.watching.alarms.remove(self)
+            watch = self.watch = Watch(
+                self.runner.watching,
+                self.step,
+                self.control,
+                self.slog,
+                self.budget,
+                self.action,
+                self.times,
+                self.alarm_at,
+            )
+            watch.call = self.call
+        return watch
+
+    # -- the outcome
+
     def settle(self, output: Any, error: BaseException | None) -> None:
         """The handler ended with ``output`` or ``error``."""
         if self.ended:
             return
         self.ended = True
-        self._over()
+        # As _over(), without the call.
+        if self.armed:
+            self.armed = False
+            self.runner.watching.alarms.remove(self)
+        self.call = None  # (a reference cycle, broken)
+        control = self.control
+        control.on_heartbeat = None  # (another)
         watch = self.watch
-        if watch is not None and watch.abandoned:
-            self.slog.warning("late outcome not reported: the step was reported uncertain")
-            self._then(_roll_back(self.control) if self._has_tx() else None)
-            return
-        self._then(self._report(output, error))
+        if watch is not None:
+            watch.stop()
+            watch.call = None
+            if watch.abandoned:
+                control.stop()
+                self.slog.warning("late outcome not reported: the step was reported uncertain")
+                self._then(_roll_back(control) if self._has_tx() else None)
+                return
+        control.stop()
+        rest = self._report(output, error)
+        if rest is None:
+            self.release(self)
+        else:
+            self._then(rest)
 
     def drop(self) -> None:
         """The handler's outcome is given up on (a lost lease, a cancelled run)."""
@@ -222,8 +308,7 @@ class StepRun:
                     await self.finishing
             return
         self.ended = True
-        watch = self.watch
-        call = watch.call if watch is not None else None
+        call = self.call
         self._over()
         if call is not None:
             call.cancel()
@@ -232,10 +317,15 @@ class StepRun:
 
     def _over(self) -> None:
         """No more heartbeats nor time limits; ctx.should_stop is set."""
+        if self.armed:
+            self.armed = False
+            self.runner.watching.alarms.remove(self)
+        self.call = None  # (a reference cycle, broken)
+        self.control.on_heartbeat = None  # (another)
         watch = self.watch
         if watch is not None:
             watch.stop()
-            watch.call = None  # (a reference cycle, broken)
+            watch.call = None
         self.control.stop()
 
     def _has_tx(self) -> bool:
@@ -267,9 +357,9 @@ class StepRun:
                 return _roll_back(control) if self._has_tx() else None
             if replay.failure is not None:  # whatever the body made of it
                 output, error = None, replay.failure
-        policy, completer = self.runner.policy, self.runner.completer
-        uncertain = policy.uncertain_failure(self.action, error)
-        return completer.report(step, control, output, error, self.slog, uncertain=uncertain)
+        runner = self.runner
+        uncertain = error is not None and runner.policy.uncertain_failure(self.action, error)
+        return runner.completer.report(step, control, output, error, self.slog, uncertain=uncertain)
 
 
 class TracedStepRun(StepRun):

@@ -25,13 +25,15 @@ from pyclient.errors import LeaseLost, from_rpc_error
 from pyclient.worker import _logs as step_logs
 from pyclient.worker._common import HandlerTimeout, StepLog
 from pyclient.worker._executor import AsyncCall
-from pyclient.worker._timers import Alarm
 from pyclient.workflow import duration
 
 if TYPE_CHECKING:
     from pyclient.worker._config import Server
     from pyclient.worker._mailbox import Mailbox
     from pyclient.worker._timers import Alarms
+
+#: When a step's first heartbeat is due, its handler cancelled, and given up on.
+Times = tuple[float, float, float]
 
 #: Reports that an unsafe step's handler stopped without an outcome (kind, why).
 Abandon = Callable[[pb.ClaimedStep, str, str, StepLog], Coroutine[Any, Any, None]]
@@ -82,11 +84,12 @@ class WatchPolicy:
             budget = min(budget, action.timeout)
         return max(budget, 0.0)
 
-    def limits(self, now: float, budget: float, is_async: bool) -> tuple[float, float]:
-        """When (loop time) to cancel the handler, and when to give up on it."""
+    def times(self, now: float, budget: float, is_async: bool) -> Times:
+        """When (loop time) a step started at ``now`` first heartbeats, when its handler
+        is cancelled, and when it is given up on."""
         if is_async:
-            return now + budget, now + budget + self.cancel_grace
-        return math.inf, now + budget
+            return now + self.interval, now + budget, now + budget + self.cancel_grace
+        return now + self.interval, math.inf, now + budget
 
     @staticmethod
     def abandons(action: Action) -> bool:
@@ -131,21 +134,24 @@ class Watch:
     heartbeats every interval (and at once when the handler asks, ``ctx.heartbeat()``),
     and ends the handler's time at its budget.
 
-    Most steps end before any of this is due, so a step has one alarm, for whichever
-    is due first; the task that heartbeats starts when the first heartbeat is due or
-    the handler asks for one.
+    Most steps end before any of this is due: a step sets one alarm, for whichever is
+    due first, and its watch is made only when that rings or the handler asks for a
+    heartbeat (:class:`~._runner.StepRun`). From then on the watch is its own entry in
+    the worker's alarms; the task that heartbeats starts when the first heartbeat is
+    due or the handler asks for one.
     """
 
     __slots__ = (
         "abandoned",
         "abandoning",
-        "alarm",
         "alarm_at",
+        "armed",
         "beat_at",
         "budget",
         "call",
         "control",
         "give_up_at",
+        "grain",
         "policy",
         "shared",
         "slog",
@@ -165,7 +171,12 @@ class Watch:
         slog: StepLog,
         budget: float,
         action: Action,
+        times: Times,
+        alarm_at: float,
     ):
+        """``times``: when the step's first heartbeat, cancel and give-up fall due
+        (:meth:`WatchPolicy.times`); ``alarm_at``: the first of them, whose alarm its
+        step set. The watch is armed by :meth:`ring` or :meth:`requested`."""
         policy = shared.policy
         self.policy = policy
         self.unsafe = policy.abandons(action)
@@ -178,21 +189,15 @@ class Watch:
         self.budget = budget
         #: The async handler, once started.
         self.call: AsyncCall | None = None
-        now = shared.loop.time()
-        self.beat_at = now + policy.interval
-        self.time_out_at, self.give_up_at = policy.limits(now, budget, action.is_async)
-        self.alarm: Alarm | None = None
-        self.alarm_at = math.inf
+        self.beat_at, self.time_out_at, self.give_up_at = times
+        #: Set for ``alarm_at`` in the worker's alarms (this watch is its own entry).
+        self.armed = False
+        self.grain = 0
+        self.alarm_at = alarm_at
         self.task: asyncio.Task[None] | None = None
         self.abandoning: asyncio.Task[None] | None = None
         self.wake: asyncio.Event | None = None
         self.stopped = False
-        control.on_heartbeat = self.request
-        self._arm()
-
-    def request(self) -> None:
-        """Heartbeat now (from any thread)."""
-        self.shared.inbox.post(self._requested)
 
     def abort(self) -> None:
         """Cancel the handler if it is async and has not ended."""
@@ -202,8 +207,9 @@ class Watch:
     def stop(self) -> None:
         """No more heartbeats, nor time limits: the step is over or given up on."""
         self.stopped = True
-        if self.alarm is not None:
-            self.alarm.cancel()
+        if self.armed:
+            self.armed = False
+            self.shared.alarms.remove(self)
         self.control.on_heartbeat = None  # (a reference cycle, broken)
         if self.task is not None:
             self.task.cancel()
@@ -211,10 +217,12 @@ class Watch:
     def _arm(self) -> None:
         self.alarm_at = min(self.beat_at, self.time_out_at, self.give_up_at)
         if self.alarm_at != math.inf:
-            self.alarm = self.shared.alarms.at(self.alarm_at, self._ring)
+            self.shared.alarms.add(self, self.alarm_at)
+            self.armed = True
 
-    def _ring(self) -> None:
-        due, self.alarm = self.alarm_at, None
+    def ring(self) -> None:
+        """The alarm is due (on the worker's loop)."""
+        due, self.armed = self.alarm_at, False
         if self.give_up_at <= due:
             self.stop()
             self.control.stop()
@@ -240,14 +248,16 @@ class Watch:
             self._start()
         self._arm()
 
-    def _requested(self) -> None:
+    def requested(self) -> None:
+        """Heartbeat now (on the worker's loop: ``ctx.heartbeat()`` posts it)."""
         if self.stopped:
             return
         if self.wake is not None:
             self.wake.set()
             return
-        if self.alarm is not None:
-            self.alarm.cancel()
+        if self.armed:
+            self.armed = False
+            self.shared.alarms.remove(self)
         self._start()
         self._arm()
 
