@@ -217,7 +217,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
        (SELECT jsonb_object_agg(c.status, c.n)
           FROM (SELECT s.status, count(*) AS n FROM cyclone.steps s
                  WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts,
-       r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags
+       r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags, r.deadline
   FROM cyclone.run_tags t
   JOIN cyclone.runs r ON r.run_id = t.run_id
  WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
@@ -244,7 +244,7 @@ SELECT r.run_id, r.workflow, r.status, r.input, r.error, r.submit_key, r.created
        (SELECT jsonb_object_agg(c.status, c.n)
           FROM (SELECT s.status, count(*) AS n FROM cyclone.steps s
                  WHERE s.run_id = r.run_id GROUP BY s.status) c) AS step_counts,
-       r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags
+       r.start_at, r.paused_at, r.paused_by, r.pause_reason, r.tags, r.deadline
   FROM cyclone.run_tags t
   JOIN cyclone.runs r ON r.run_id = t.run_id
  WHERE t.key = :tag_key AND t.value = :tag_value AND r.tags @> CAST(:tags AS jsonb)
