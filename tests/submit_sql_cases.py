@@ -20,7 +20,8 @@ class Case:
     #: A part of the message both give (most often all of it).
     message: str
     run_input: Any = None
-    #: cyclone.submit's other arguments (key, priority, start_at), SubmitOnce with a key.
+    #: cyclone.submit's other arguments (key, priority, start_at, deadline), SubmitOnce
+    #: with a key.
     args: dict[str, Any] = field(default_factory=dict)
     #: The status Submit answers.
     code: str = "INVALID_ARGUMENT"
@@ -37,6 +38,10 @@ def nested(levels: int) -> Any:
         value = [value]
     return value
 
+
+#: A start time and a deadline before it (with microseconds, which both write).
+_START = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(days=10)
+_DEADLINE = _START - dt.timedelta(days=1, microseconds=-250000)
 
 CASES = [
     Case(
@@ -228,6 +233,24 @@ CASES = [
         one(),
         "start_at is 400 days ahead; the limit is 366 days",
         args={"start_at": dt.datetime.now(dt.UTC) + dt.timedelta(days=400)},
+    ),
+    Case(
+        "deadline past",
+        one(),
+        "deadline 2020-01-01T00:00:00+00:00 is not in the future (now ",
+        args={"deadline": dt.datetime(2020, 1, 1, tzinfo=dt.UTC)},
+    ),
+    Case(
+        "deadline too far",
+        one(),
+        "deadline is 400 days ahead; the limit is 366 days",
+        args={"deadline": dt.datetime.now(dt.UTC) + dt.timedelta(days=400, hours=1)},
+    ),
+    Case(
+        "deadline before start",
+        one(),
+        f"deadline {_DEADLINE.isoformat()} is not after start_at {_START.isoformat()}",
+        args={"start_at": _START, "deadline": _DEADLINE},
     ),
     Case("empty key", one(), "submit key is empty", args={"key": ""}),
     Case(

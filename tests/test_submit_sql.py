@@ -5,6 +5,7 @@ is refused too, with SQLSTATE CY006, the same message, and nothing written."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -15,8 +16,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from cyclone.v1 import types_pb2, workflow_service_pb2
-from tests.helpers import claim, complete, get_run, table_counts, value
+from cyclone.v1 import admin_service_pb2, types_pb2, workflow_service_pb2
+from tests.helpers import claim, complete, get_run, seconds, table_counts, value
 from tests.roles import login
 from tests.submit_sql_cases import CASES, Case, as_proto
 
@@ -30,7 +31,7 @@ ORDER = {
 
 SUBMIT = """SELECT run_id, created FROM cyclone.submit(
     workflow => %(workflow)s, input => %(input)s, key => %(key)s, start_at => %(start_at)s,
-    priority => %(priority)s, tags => %(tags)s)"""
+    priority => %(priority)s, tags => %(tags)s, deadline => %(deadline)s)"""
 
 
 def sql_submit(conn: psycopg.Connection, wf: Any, run_input: Any = None, **args: Any) -> tuple:
@@ -42,6 +43,7 @@ def sql_submit(conn: psycopg.Connection, wf: Any, run_input: Any = None, **args:
         "start_at": args.get("start_at"),
         "priority": args.get("priority", 0),
         "tags": None if args.get("tags") is None else Jsonb(args["tags"]),
+        "deadline": args.get("deadline"),
     }
     row = conn.execute(SUBMIT, params).fetchone()
     assert row is not None
@@ -145,6 +147,30 @@ def test_a_run_that_starts_later_and_its_arguments_are_stored(cyclone_server, ap
         ("charge", "available", 3, 30.0, ["receipt"]),
         ("receipt", "pending", 3, 300.0, []),
     ]
+
+
+def test_a_deadline_is_stored_and_without_one_the_workflows_default_applies(cyclone_server, app):
+    deadline = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(hours=2)
+    with psycopg.connect(app) as conn:
+        given, _ = sql_submit(conn, ORDER, deadline=deadline)
+    cyclone_server.admin.SetWorkflowDeadline(
+        admin_service_pb2.SetWorkflowDeadlineRequest(workflow="order", deadline=seconds(600))
+    )
+    with psycopg.connect(app) as conn:
+        before = conn.execute("SELECT now()").fetchone()[0]
+        defaulted, _ = sql_submit(conn, ORDER)
+        overridden, _ = sql_submit(conn, ORDER, deadline=deadline)
+    deadlines = dict(
+        cyclone_server.sql(
+            "SELECT run_id, deadline FROM cyclone.runs WHERE run_id = ANY(%s)",
+            [given, defaulted, overridden],
+        )
+    )
+    assert deadlines[given] == deadline
+    assert deadlines[overridden] == deadline
+    # The workflow's default: ten minutes from the submit.
+    assert 599 <= (deadlines[defaulted] - before).total_seconds() <= 3600
+    assert get_run(cyclone_server, str(given)).deadline.ToDatetime(dt.UTC) == deadline
 
 
 def test_sql_and_grpc_store_the_same_steps(cyclone_server, app):
@@ -253,7 +279,12 @@ def test_the_client_role_may_execute_submit_and_no_other_function(cyclone_server
         " WHERE n.nspname = 'cyclone'"
         " AND has_function_privilege('cyclone_client', p.oid, 'EXECUTE') ORDER BY 1"
     )
-    assert rows == [("cyclone.submit(jsonb,jsonb,text,timestamp with time zone,integer,jsonb)",)]
+    assert rows == [
+        (
+            "cyclone.submit(jsonb,jsonb,text,timestamp with time zone,integer,jsonb,"
+            "timestamp with time zone)",
+        )
+    ]
 
 
 # Refusals ------------------------------------------------------------------------------
@@ -270,6 +301,8 @@ def _grpc_refusal(server: Any, case: Case) -> grpc.RpcError:
     request.priority = case.args.get("priority", 0)
     if "start_at" in case.args:
         request.start_at.FromDatetime(case.args["start_at"])
+    if "deadline" in case.args:
+        request.deadline.FromDatetime(case.args["deadline"])
     if case.run_input is not None:
         request.input.CopyFrom(value(case.run_input))
     call = server.workflows.SubmitOnce if key is not None else server.workflows.Submit

@@ -56,5 +56,6 @@ GRANT EXECUTE ON FUNCTION cyclone.step_call_record(uuid, text, uuid, text, integ
     TO cyclone_worker;
 
 GRANT USAGE ON SCHEMA cyclone TO cyclone_client;
-GRANT EXECUTE ON FUNCTION cyclone.submit(jsonb, jsonb, text, timestamptz, integer, jsonb)
+GRANT EXECUTE ON FUNCTION cyclone.submit(jsonb, jsonb, text, timestamptz, integer, jsonb,
+                                         timestamptz)
     TO cyclone_client;
