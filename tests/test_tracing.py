@@ -22,11 +22,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from cyclone.v1 import worker_service_pb2
 from cyclone.v1 import workflow_service_pb2 as wf_pb
 from cyclone.v1 import workflow_service_pb2_grpc as wf_pb_grpc
 from pyclient import Client, NonRetryableError, Worker, Workflow
 from service import config, tracing
-from tests.helpers import PATIENCE, eventually
+from tests.helpers import PATIENCE, claim, eventually
 from tests.sdk.conftest import running
 
 #: Where test_a_trace_spans_client_server_and_worker writes the spans it saw, as JSON
@@ -238,6 +239,34 @@ def test_a_well_formed_traceparent_and_tracestate_are_continued(traced_server) -
     assert _parent(submit) == 0x00F067AA0BA902B7
     assert submit.context.trace_state.get("vendor") == "abc"
     assert _stored_traceparent(server, run_id).startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
+
+
+def test_a_child_run_continues_its_parents_trace(traced_server) -> None:
+    server, _ = traced_server
+    parent = Workflow("traced_parent")
+    parent.node("body", action="traced_body")
+    metadata = (("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),)
+    run_id = server.workflows.Submit(
+        wf_pb.SubmitRequest(workflow=parent.to_proto()), metadata=metadata
+    ).run_id
+    [step] = claim(server, "traced_body")
+    child = Workflow("traced_child")
+    child.node("k")
+    started = server.workers.StartChild(
+        worker_service_pb2.StartChildRequest(
+            run_id=run_id,
+            node="body",
+            lease_token=step.lease_token,
+            step_id="child",
+            seq=1,
+            workflow=child.to_proto(),
+        )
+    )
+    stored = _stored_traceparent(server, run_id)
+    assert stored is not None and stored.startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
+    assert _stored_traceparent(server, started.child_run_id) == stored
+    [kid] = claim(server, "k")
+    assert kid.traceparent == stored
 
 
 def test_a_refused_call_is_a_span_with_its_status(traced_server) -> None:

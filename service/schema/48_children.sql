@@ -13,7 +13,8 @@
 -- Starts a child run from the held step (run_id, node) as its step call p_step_id
 -- (function cyclone.start_child), in one transaction: the child is submitted (run_submit,
 -- p_nodes validated by the server as for Submit) with its parent link, and the call
--- recorded succeeded with the output {"run_id": child}. When the call is recorded
+-- recorded succeeded with the output {"run_id": child}; the child keeps its parent's
+-- traceparent, so one trace holds both. When the call is recorded
 -- already, nothing is submitted and the recorded child is answered (created = false):
 -- a replay, or a repeated call, never starts a second child. The parent's run lock is
 -- taken first, as run_cancel takes it: a cancel of the parent either finds the child
@@ -30,6 +31,7 @@ DECLARE
     v_now     timestamptz := cyclone.now();
     v_attempt integer;
     v_call    cyclone.step_calls;
+    v_trace   text;
 BEGIN
     PERFORM cyclone._step_call_check(p_step_id, p_seq, 'cyclone.start_child');
     PERFORM cyclone._run_lock(p_run_id);
@@ -52,7 +54,11 @@ BEGIN
     VALUES (p_run_id, p_node, p_step_id, p_seq, 'cyclone.start_child', 'succeeded', false,
             jsonb_build_object('run_id', p_child_run_id), v_attempt, v_now, v_now)
     RETURNING c.* INTO v_call;
-    PERFORM cyclone.run_submit(p_child_run_id, p_workflow, NULL, p_input, p_nodes);
+    -- The child continues its parent's trace (docs/tracing.md): read first, as Citus
+    -- takes no subquery in run_submit's INSERT.
+    SELECT r.traceparent INTO v_trace FROM cyclone.runs r WHERE r.run_id = p_run_id;
+    PERFORM cyclone.run_submit(p_child_run_id, p_workflow, NULL, p_input, p_nodes,
+                               p_traceparent => v_trace);
     UPDATE cyclone.runs r
        SET parent_run_id = p_run_id, parent_node = p_node, parent_step_id = p_step_id
      WHERE r.run_id = p_child_run_id;
