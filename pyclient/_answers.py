@@ -47,6 +47,8 @@ class Schedule:
     last_run_id: str
     created_at: dt.datetime | None
     updated_at: dt.datetime | None
+    #: The tags each run it submits carries.
+    tags: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: times in ISO 8601, the interval in seconds."""

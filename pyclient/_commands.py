@@ -445,6 +445,7 @@ def _schedule_create(client: Client, args: argparse.Namespace) -> Any:
         overlap=args.overlap,
         catch_up=args.catch_up,
         paused=args.paused,
+        tags=_tags(args.tag) or None,
     )
 
 

@@ -468,6 +468,13 @@ def _schedule_commands(command: Command, common: argparse.ArgumentParser) -> Non
     create.add_argument("--overlap", choices=["skip", "allow"], default="skip")
     create.add_argument("--catch-up", choices=["skip", "all"], default="skip")
     create.add_argument("--paused", action="store_true", help="create it paused")
+    create.add_argument(
+        "--tag",
+        type=_tag_arg,
+        action="append",
+        metavar="KEY=VALUE",
+        help="a tag of each run it submits (repeated, at most 16)",
+    )
     create.set_defaults(handler=_schedule_create)
     schedule_command("get", "show a schedule").set_defaults(
         handler=lambda c, a: c.get_schedule(a.name)

@@ -393,6 +393,11 @@ def schedule_view(s: Schedule) -> Text:
         f"  submits    {s.workflow}" + (f" with input {json.dumps(s.input)}" if s.input else ""),
         f"  when       {how}",
         f"  policies   overlap {s.overlap}, catch-up {s.catch_up}",
+        *(
+            [f"  tags       {', '.join(f'{k}={v}' for k, v in sorted(s.tags.items()))}"]
+            if s.tags
+            else []
+        ),
         f"  next       {'-' if s.paused else when(s.next_fire_at)}",
         f"  last       {when(s.last_fire_at)}"
         + (f"  run {s.last_run_id}" if s.last_run_id else ""),

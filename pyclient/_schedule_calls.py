@@ -4,10 +4,11 @@ async clients send them (pyclient._requests holds the others)."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 from cyclone.v1 import schedule_service_pb2 as schedule_pb
-from pyclient._requests import Call, _set_value
+from pyclient._requests import Call, _set_tags, _set_value
 from pyclient.errors import InvalidArgument
 from pyclient.models import Schedule, SchedulePage
 from pyclient.workflow import Workflow
@@ -28,6 +29,7 @@ class schedule_calls:
         overlap: str,
         catch_up: str,
         paused: bool,
+        tags: Mapping[str, str] | None = None,
     ) -> Call[Schedule]:
         if (cron is None) == (every is None):
             raise InvalidArgument("give exactly one of cron and every")
@@ -49,6 +51,7 @@ class schedule_calls:
             seconds = every.total_seconds() if isinstance(every, dt.timedelta) else every
             s.interval.FromNanoseconds(round(float(seconds or 0) * 1e9))
         _set_value(s, "input", input, "run input")
+        _set_tags(tags, s.tags)
         req = schedule_pb.CreateScheduleRequest(schedule=s)
         return Call("schedule", "CreateSchedule", req, _schedule)
 

@@ -401,10 +401,11 @@ class AsyncClient:
         overlap: str = "skip",
         catch_up: str = "skip",
         paused: bool = False,
+        tags: Mapping[str, str] | None = None,
     ) -> Schedule:
         return await self._invoke(
             schedule_calls.create(
-                name, workflow, input, cron, time_zone, every, overlap, catch_up, paused
+                name, workflow, input, cron, time_zone, every, overlap, catch_up, paused, tags
             )
         )
 

@@ -496,16 +496,18 @@ class Client:
         overlap: str = "skip",
         catch_up: str = "skip",
         paused: bool = False,
+        tags: Mapping[str, str] | None = None,
     ) -> Schedule:
         """Keep a schedule on the server that submits ``workflow`` with ``input``: on
         ``cron`` (five fields, or six with seconds first) in ``time_zone`` (IANA, default
         UTC), or ``every`` so many seconds (whole seconds, at multiples of the interval
         since the epoch). ``overlap``: ``"skip"`` a firing while the last run still
         runs, or ``"allow"`` it; ``catch_up``: ``"skip"`` firings missed during
-        downtime, or submit ``"all"`` of them (the 100 most recent at most)."""
+        downtime, or submit ``"all"`` of them (the 100 most recent at most). ``tags``:
+        what each run it submits carries, as :meth:`submit`'s."""
         return self._invoke(
             schedule_calls.create(
-                name, workflow, input, cron, time_zone, every, overlap, catch_up, paused
+                name, workflow, input, cron, time_zone, every, overlap, catch_up, paused, tags
             )
         )
 

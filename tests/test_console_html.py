@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from cyclone.v1 import schedule_service_pb2 as schedule_pb
 from cyclone.v1 import workflow_service_pb2
 from tests.console_thread import ConsoleThread
 from tests.helpers import claim, get_run, node, run_status, submit, workflow
@@ -116,6 +117,20 @@ def test_a_run_page_shows_the_runs_deadline(cyclone_server: Any, visitor: Browse
     page = visitor.get(f"/runs/{with_deadline}")
     assert page.status == 200 and "<dt>Deadline</dt>" in page.text
     assert "<dt>Deadline</dt>" not in visitor.get(f"/runs/{without}").text
+
+
+def test_the_schedules_page_shows_the_tags_of_a_schedules_runs(
+    cyclone_server: Any, visitor: Browserless
+) -> None:
+    s = schedule_pb.Schedule(name="tagged", workflow=workflow("report", node("fetch")))
+    s.interval.FromSeconds(3600)
+    s.tags.update({"team": "billing", "x": HOSTILE})
+    cyclone_server.schedules.CreateSchedule(schedule_pb.CreateScheduleRequest(schedule=s))
+    page = visitor.get("/schedules")
+    row = re.search(r'<tr data-schedule="tagged">(.*?)</tr>', page.text, re.S)
+    assert page.status == 200 and row, page.text
+    assert '<code class="tag">team=billing</code>' in row.group(1)
+    assert HOSTILE not in page.text
 
 
 def test_a_cancel_posted_with_the_pages_csrf_token_cancels_and_a_forged_one_is_refused(

@@ -201,6 +201,46 @@ def test_a_due_interval_schedule_submits_one_run_keyed_by_its_fire_time(cyclone_
     assert got.next_fire_at.ToDatetime(tzinfo=UTC) == fire_at + timedelta(seconds=60)
 
 
+def test_a_schedules_tags_are_shown_and_carried_by_each_run_it_submits(cyclone_server):
+    s = schedule("tagged", every=60)
+    s.tags.update({"team": "billing", "source": "nightly"})
+    made = create(cyclone_server, s)
+    assert dict(made.tags) == {"team": "billing", "source": "nightly"}
+    got = cyclone_server.schedules.GetSchedule(pb.GetScheduleRequest(name="tagged")).schedule
+    assert dict(got.tags) == dict(made.tags)
+    listed = cyclone_server.schedules.ListSchedules(pb.ListSchedulesRequest()).schedules
+    assert [dict(x.tags) for x in listed] == [dict(made.tags)]
+    to_next_firing(cyclone_server, "tagged")
+    assert cyclone_server.fire_schedules() == 1
+    [(run_id, tags)] = cyclone_server.sql(
+        "SELECT run_id, tags FROM cyclone.runs WHERE submit_key LIKE %s", "schedule:tagged:%"
+    )
+    assert tags == {"team": "billing", "source": "nightly"}
+    # The run is found by its tags, as a submitted one is.
+    found = cyclone_server.sql(
+        "SELECT run_id FROM cyclone.run_tags WHERE key = 'source' AND value = 'nightly'"
+    )
+    assert found == [(run_id,)]
+
+
+@pytest.mark.parametrize(
+    ("tags", "message"),
+    [
+        ({f"k{i}": "v" for i in range(17)}, "17 tags"),
+        ({"bad key!": "v"}, "tag key"),
+        ({"k": "v" * 257}, "257 characters"),
+        ({"k": "a\x00b"}, "NUL"),
+    ],
+)
+def test_a_schedules_hostile_tags_are_invalid_and_leave_nothing(cyclone_server, tags, message):
+    s = schedule(every=60)
+    s.tags.update(tags)
+    err = rpc_error(cyclone_server.schedules.CreateSchedule, pb.CreateScheduleRequest(schedule=s))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert message in err.details()
+    assert cyclone_server.sql("SELECT count(*) FROM cyclone.schedules") == [(0,)]
+
+
 def test_after_downtime_skip_drops_missed_firings_and_catch_up_submits_each(cyclone_server):
     create(cyclone_server, schedule("skipper", every=60))
     create(cyclone_server, schedule("catcher", every=60, catch_up=pb.CATCH_UP_POLICY_ALL))

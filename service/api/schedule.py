@@ -21,7 +21,7 @@ from service import errors
 from service.api import convert
 from service.api.status import rpc
 from service.api.submit import new_run, new_run_of
-from service.api.validate import Context, limits_of, page_size, payloads_of
+from service.api.validate import Context, limits_of, page_size, payloads_of, tags_json
 from service.config import Settings
 from service.db import Database
 from service.db.runs import nodes_json
@@ -113,6 +113,7 @@ def schedule_proto(row: ScheduleRow) -> schedule_pb.Schedule:
         updated_at=convert.timestamp(row.updated_at),
     )
     convert.set_json(s, "input", row.input)
+    s.tags.update(row.tags or {})
     if row.cron is not None:
         s.cron = row.cron
         s.time_zone = row.time_zone or ""
@@ -157,6 +158,7 @@ class ScheduleServicer(schedule_grpc.ScheduleServiceServicer):
             catch_up=CATCH_UP[s.catch_up],
             paused=s.paused,
             next_fire_at=when.after(await self.db.schedules.clock_now()),
+            tags=tags_json(s.tags, "tags"),
         )
         log.info(
             "schedule %s created (workflow %s, %s), first firing at %s",

@@ -45,6 +45,8 @@ class ScheduleRow(NamedTuple):
     last_run_id: uuid.UUID | None
     created_at: datetime
     updated_at: datetime
+    # The tags each firing's run carries (a JSON object); None for none.
+    tags: dict[str, str] | None
 
 
 class DueSchedule(NamedTuple):

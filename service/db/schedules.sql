@@ -12,25 +12,25 @@ SELECT cyclone.now() AS now;
 -- Nothing when a schedule has the name already.
 INSERT INTO cyclone.schedules AS s (name, workflow, workflow_name, nodes, input, cron,
                                     time_zone, interval_s, overlap, catch_up, paused,
-                                    next_fire_at, created_at, updated_at)
+                                    next_fire_at, created_at, updated_at, tags)
 VALUES (:schedule, CAST(:workflow AS jsonb), :workflow_name, CAST(:nodes AS jsonb),
         CAST(:input AS jsonb), :cron, :time_zone, :interval_s, :overlap, :catch_up, :paused,
-        :next_fire_at, cyclone.now(), cyclone.now())
+        :next_fire_at, cyclone.now(), cyclone.now(), CAST(:tags AS jsonb))
     ON CONFLICT (name) DO NOTHING
 RETURNING s.name, s.workflow, s.input, s.cron, s.time_zone, s.interval_s, s.overlap,
           s.catch_up, s.paused, s.next_fire_at, s.last_fire_at, s.last_run_id, s.created_at,
-          s.updated_at;
+          s.updated_at, s.tags;
 
 -- name: schedule_get
 SELECT name, workflow, input, cron, time_zone, interval_s, overlap, catch_up, paused,
-       next_fire_at, last_fire_at, last_run_id, created_at, updated_at
+       next_fire_at, last_fire_at, last_run_id, created_at, updated_at, tags
   FROM cyclone.schedules
  WHERE name = :schedule;
 
 -- name: schedules_list
 -- In name order, after :after (the last name of the previous page).
 SELECT name, workflow, input, cron, time_zone, interval_s, overlap, catch_up, paused,
-       next_fire_at, last_fire_at, last_run_id, created_at, updated_at
+       next_fire_at, last_fire_at, last_run_id, created_at, updated_at, tags
   FROM cyclone.schedules
  WHERE CAST(:after AS text) IS NULL OR name > :after
  ORDER BY name
@@ -45,7 +45,7 @@ UPDATE cyclone.schedules AS s
  WHERE s.name = :schedule
 RETURNING s.name, s.workflow, s.input, s.cron, s.time_zone, s.interval_s, s.overlap,
           s.catch_up, s.paused, s.next_fire_at, s.last_fire_at, s.last_run_id, s.created_at,
-          s.updated_at;
+          s.updated_at, s.tags;
 
 -- name: schedule_resume
 -- A paused schedule fires next at :next_fire_at (its first fire time after now); one
@@ -58,7 +58,7 @@ UPDATE cyclone.schedules AS s
  WHERE s.name = :schedule
 RETURNING s.name, s.workflow, s.input, s.cron, s.time_zone, s.interval_s, s.overlap,
           s.catch_up, s.paused, s.next_fire_at, s.last_fire_at, s.last_run_id, s.created_at,
-          s.updated_at;
+          s.updated_at, s.tags;
 
 -- name: schedule_delete
 DELETE FROM cyclone.schedules WHERE name = :schedule RETURNING name;

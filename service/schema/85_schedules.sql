@@ -41,6 +41,9 @@ CREATE TABLE cyclone.schedules (
     -- key templates as written: the firing pass evaluates its keys from workflow and
     -- input, stores them and sets this, before its next firing submits anything.
     nodes_keyed   boolean     NOT NULL DEFAULT true,
+    -- The tags of each run a firing submits (a JSON object, checked as Submit checks
+    -- a run's); NULL for none.
+    tags          jsonb,
     CONSTRAINT schedules_name_valid CHECK (name ~ '^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$'),
     CONSTRAINT schedules_workflow_named CHECK (workflow ->> 'name' = workflow_name),
     CONSTRAINT schedules_nodes_array
@@ -103,7 +106,7 @@ BEGIN
         ELSE
             SELECT r.run_id, r.created INTO run_id, v_created
               FROM cyclone.run_submit(p_run_ids[i], v_s.workflow_name, submit_key, v_s.input,
-                                      v_s.nodes) r;
+                                      v_s.nodes, p_tags => v_s.tags) r;
             outcome := CASE WHEN v_created THEN 'submitted' ELSE 'existing' END;
             v_s.last_run_id := run_id;
             v_open := EXISTS (SELECT 1 FROM cyclone.runs r

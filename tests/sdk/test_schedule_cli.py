@@ -28,9 +28,16 @@ def test_client_schedules_end_to_end(client, cyclone_server):
     assert (made.overlap, made.catch_up, made.paused) == ("skip", "skip", False)
     assert made.input == {"full": True} and made.workflow == "report"
     every = client.create_schedule(
-        "poll", wf, every=dt.timedelta(minutes=5), overlap="allow", catch_up="all", paused=True
+        "poll",
+        wf,
+        every=dt.timedelta(minutes=5),
+        overlap="allow",
+        catch_up="all",
+        paused=True,
+        tags={"team": "billing"},
     )
     assert every.interval == dt.timedelta(minutes=5) and every.paused
+    assert every.tags == {"team": "billing"} and made.tags == {}
     assert (every.overlap, every.catch_up) == ("allow", "all")
     assert client.get_schedule("nightly") == made
     page = client.list_schedules(page_size=1)
@@ -49,6 +56,7 @@ def test_client_schedules_end_to_end(client, cyclone_server):
     fired = client.get_schedule("poll")
     run = client.get_run(fired.last_run_id)
     assert run.submit_key == f"schedule:poll:{resumed.next_fire_at:%Y-%m-%dT%H:%M:%SZ}"
+    assert run.tags == {"team": "billing"}
     assert fired.last_fire_at == resumed.next_fire_at
 
     client.delete_schedule("poll")
@@ -81,9 +89,21 @@ def test_cli_schedule_commands(capsys, cyclone_server, tmp_path: Path):
     assert "schedule nightly" in out and "cron '0 9 * * 1-5' in America/New_York" in out
     assert "overlap skip, catch-up all" in out
     code, out, _ = _cli(
-        capsys, cyclone_server, "schedule", "create", "poll", str(path), "--every", "60"
+        capsys,
+        cyclone_server,
+        "schedule",
+        "create",
+        "poll",
+        str(path),
+        "--every",
+        "60",
+        "--tag",
+        "team=ops",
+        "--tag",
+        "kind=poll",
     )
     assert code == 0 and "every 60s" in out
+    assert "tags       kind=poll, team=ops" in out
 
     code, out, _ = _cli(capsys, cyclone_server, "schedule", "list")
     lines = out.splitlines()
@@ -95,6 +115,7 @@ def test_cli_schedule_commands(capsys, cyclone_server, tmp_path: Path):
     code, out, _ = _cli(capsys, cyclone_server, "schedule", "get", "poll", "--json")
     got = json.loads(out)
     assert got["paused"] is True and got["interval"] == 60.0 and got["input"] == {"full": True}
+    assert got["tags"] == {"team": "ops", "kind": "poll"}
     code, out, _ = _cli(capsys, cyclone_server, "schedule", "resume", "poll")
     assert code == 0 and "(paused)" not in out
     code, out, _ = _cli(capsys, cyclone_server, "schedule", "delete", "poll")

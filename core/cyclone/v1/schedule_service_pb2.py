@@ -28,43 +28,47 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cyclone/v1/schedule_service.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x83\x04\n\x08Schedule\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x08workflow\x18\x02 \x01(\x0b\x32\x14.cyclone.v1.Workflow\x12%\n\x05input\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x0e\n\x04\x63ron\x18\x04 \x01(\tH\x00\x12-\n\x08interval\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x11\n\ttime_zone\x18\x06 \x01(\t\x12*\n\x07overlap\x18\x07 \x01(\x0e\x32\x19.cyclone.v1.OverlapPolicy\x12+\n\x08\x63\x61tch_up\x18\x08 \x01(\x0e\x32\x19.cyclone.v1.CatchUpPolicy\x12\x0e\n\x06paused\x18\t \x01(\x08\x12\x30\n\x0cnext_fire_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clast_fire_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0blast_run_id\x18\x0c \x01(\t\x12.\n\ncreated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x06\n\x04spec\"?\n\x15\x43reateScheduleRequest\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Schedule\"@\n\x16\x43reateScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Schedule\"\"\n\x12GetScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"=\n\x13GetScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Schedule\"=\n\x14ListSchedulesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"Y\n\x15ListSchedulesResponse\x12\'\n\tschedules\x18\x01 \x03(\x0b\x32\x14.cyclone.v1.Schedule\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"$\n\x14PauseScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"?\n\x15PauseScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Schedule\"%\n\x15ResumeScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"@\n\x16ResumeScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Schedule\"%\n\x15\x44\x65leteScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteScheduleResponse*b\n\rOverlapPolicy\x12\x1e\n\x1aOVERLAP_POLICY_UNSPECIFIED\x10\x00\x12\x17\n\x13OVERLAP_POLICY_SKIP\x10\x01\x12\x18\n\x14OVERLAP_POLICY_ALLOW\x10\x02*c\n\rCatchUpPolicy\x12\x1f\n\x1b\x43\x41TCH_UP_POLICY_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43\x41TCH_UP_POLICY_SKIP\x10\x01\x12\x17\n\x13\x43\x41TCH_UP_POLICY_ALL\x10\x02\x32\x98\x04\n\x0fScheduleService\x12W\n\x0e\x43reateSchedule\x12!.cyclone.v1.CreateScheduleRequest\x1a\".cyclone.v1.CreateScheduleResponse\x12N\n\x0bGetSchedule\x12\x1e.cyclone.v1.GetScheduleRequest\x1a\x1f.cyclone.v1.GetScheduleResponse\x12T\n\rListSchedules\x12 .cyclone.v1.ListSchedulesRequest\x1a!.cyclone.v1.ListSchedulesResponse\x12T\n\rPauseSchedule\x12 .cyclone.v1.PauseScheduleRequest\x1a!.cyclone.v1.PauseScheduleResponse\x12W\n\x0eResumeSchedule\x12!.cyclone.v1.ResumeScheduleRequest\x1a\".cyclone.v1.ResumeScheduleResponse\x12W\n\x0e\x44\x65leteSchedule\x12!.cyclone.v1.DeleteScheduleRequest\x1a\".cyclone.v1.DeleteScheduleResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cyclone/v1/schedule_service.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xde\x04\n\x08Schedule\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x08workflow\x18\x02 \x01(\x0b\x32\x14.cyclone.v1.Workflow\x12%\n\x05input\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x0e\n\x04\x63ron\x18\x04 \x01(\tH\x00\x12-\n\x08interval\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x11\n\ttime_zone\x18\x06 \x01(\t\x12*\n\x07overlap\x18\x07 \x01(\x0e\x32\x19.cyclone.v1.OverlapPolicy\x12+\n\x08\x63\x61tch_up\x18\x08 \x01(\x0e\x32\x19.cyclone.v1.CatchUpPolicy\x12\x0e\n\x06paused\x18\t \x01(\x08\x12\x30\n\x0cnext_fire_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clast_fire_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0blast_run_id\x18\x0c \x01(\t\x12.\n\ncreated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x04tags\x18\x0f \x03(\x0b\x32\x1e.cyclone.v1.Schedule.TagsEntry\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04spec\"?\n\x15\x43reateScheduleRequest\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Schedule\"@\n\x16\x43reateScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Schedule\"\"\n\x12GetScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"=\n\x13GetScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Schedule\"=\n\x14ListSchedulesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"Y\n\x15ListSchedulesResponse\x12\'\n\tschedules\x18\x01 \x03(\x0b\x32\x14.cyclone.v1.Schedule\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"$\n\x14PauseScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"?\n\x15PauseScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Schedule\"%\n\x15ResumeScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"@\n\x16ResumeScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Schedule\"%\n\x15\x44\x65leteScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteScheduleResponse*b\n\rOverlapPolicy\x12\x1e\n\x1aOVERLAP_POLICY_UNSPECIFIED\x10\x00\x12\x17\n\x13OVERLAP_POLICY_SKIP\x10\x01\x12\x18\n\x14OVERLAP_POLICY_ALLOW\x10\x02*c\n\rCatchUpPolicy\x12\x1f\n\x1b\x43\x41TCH_UP_POLICY_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43\x41TCH_UP_POLICY_SKIP\x10\x01\x12\x17\n\x13\x43\x41TCH_UP_POLICY_ALL\x10\x02\x32\x98\x04\n\x0fScheduleService\x12W\n\x0e\x43reateSchedule\x12!.cyclone.v1.CreateScheduleRequest\x1a\".cyclone.v1.CreateScheduleResponse\x12N\n\x0bGetSchedule\x12\x1e.cyclone.v1.GetScheduleRequest\x1a\x1f.cyclone.v1.GetScheduleResponse\x12T\n\rListSchedules\x12 .cyclone.v1.ListSchedulesRequest\x1a!.cyclone.v1.ListSchedulesResponse\x12T\n\rPauseSchedule\x12 .cyclone.v1.PauseScheduleRequest\x1a!.cyclone.v1.PauseScheduleResponse\x12W\n\x0eResumeSchedule\x12!.cyclone.v1.ResumeScheduleRequest\x1a\".cyclone.v1.ResumeScheduleResponse\x12W\n\x0e\x44\x65leteSchedule\x12!.cyclone.v1.DeleteScheduleRequest\x1a\".cyclone.v1.DeleteScheduleResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cyclone.v1.schedule_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OVERLAPPOLICY']._serialized_start=1343
-  _globals['_OVERLAPPOLICY']._serialized_end=1441
-  _globals['_CATCHUPPOLICY']._serialized_start=1443
-  _globals['_CATCHUPPOLICY']._serialized_end=1542
+  _globals['_SCHEDULE_TAGSENTRY']._loaded_options = None
+  _globals['_SCHEDULE_TAGSENTRY']._serialized_options = b'8\001'
+  _globals['_OVERLAPPOLICY']._serialized_start=1434
+  _globals['_OVERLAPPOLICY']._serialized_end=1532
+  _globals['_CATCHUPPOLICY']._serialized_start=1534
+  _globals['_CATCHUPPOLICY']._serialized_end=1633
   _globals['_SCHEDULE']._serialized_start=169
-  _globals['_SCHEDULE']._serialized_end=684
-  _globals['_CREATESCHEDULEREQUEST']._serialized_start=686
-  _globals['_CREATESCHEDULEREQUEST']._serialized_end=749
-  _globals['_CREATESCHEDULERESPONSE']._serialized_start=751
-  _globals['_CREATESCHEDULERESPONSE']._serialized_end=815
-  _globals['_GETSCHEDULEREQUEST']._serialized_start=817
-  _globals['_GETSCHEDULEREQUEST']._serialized_end=851
-  _globals['_GETSCHEDULERESPONSE']._serialized_start=853
-  _globals['_GETSCHEDULERESPONSE']._serialized_end=914
-  _globals['_LISTSCHEDULESREQUEST']._serialized_start=916
-  _globals['_LISTSCHEDULESREQUEST']._serialized_end=977
-  _globals['_LISTSCHEDULESRESPONSE']._serialized_start=979
-  _globals['_LISTSCHEDULESRESPONSE']._serialized_end=1068
-  _globals['_PAUSESCHEDULEREQUEST']._serialized_start=1070
-  _globals['_PAUSESCHEDULEREQUEST']._serialized_end=1106
-  _globals['_PAUSESCHEDULERESPONSE']._serialized_start=1108
-  _globals['_PAUSESCHEDULERESPONSE']._serialized_end=1171
-  _globals['_RESUMESCHEDULEREQUEST']._serialized_start=1173
-  _globals['_RESUMESCHEDULEREQUEST']._serialized_end=1210
-  _globals['_RESUMESCHEDULERESPONSE']._serialized_start=1212
-  _globals['_RESUMESCHEDULERESPONSE']._serialized_end=1276
-  _globals['_DELETESCHEDULEREQUEST']._serialized_start=1278
-  _globals['_DELETESCHEDULEREQUEST']._serialized_end=1315
-  _globals['_DELETESCHEDULERESPONSE']._serialized_start=1317
-  _globals['_DELETESCHEDULERESPONSE']._serialized_end=1341
-  _globals['_SCHEDULESERVICE']._serialized_start=1545
-  _globals['_SCHEDULESERVICE']._serialized_end=2081
+  _globals['_SCHEDULE']._serialized_end=775
+  _globals['_SCHEDULE_TAGSENTRY']._serialized_start=724
+  _globals['_SCHEDULE_TAGSENTRY']._serialized_end=767
+  _globals['_CREATESCHEDULEREQUEST']._serialized_start=777
+  _globals['_CREATESCHEDULEREQUEST']._serialized_end=840
+  _globals['_CREATESCHEDULERESPONSE']._serialized_start=842
+  _globals['_CREATESCHEDULERESPONSE']._serialized_end=906
+  _globals['_GETSCHEDULEREQUEST']._serialized_start=908
+  _globals['_GETSCHEDULEREQUEST']._serialized_end=942
+  _globals['_GETSCHEDULERESPONSE']._serialized_start=944
+  _globals['_GETSCHEDULERESPONSE']._serialized_end=1005
+  _globals['_LISTSCHEDULESREQUEST']._serialized_start=1007
+  _globals['_LISTSCHEDULESREQUEST']._serialized_end=1068
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_start=1070
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_end=1159
+  _globals['_PAUSESCHEDULEREQUEST']._serialized_start=1161
+  _globals['_PAUSESCHEDULEREQUEST']._serialized_end=1197
+  _globals['_PAUSESCHEDULERESPONSE']._serialized_start=1199
+  _globals['_PAUSESCHEDULERESPONSE']._serialized_end=1262
+  _globals['_RESUMESCHEDULEREQUEST']._serialized_start=1264
+  _globals['_RESUMESCHEDULEREQUEST']._serialized_end=1301
+  _globals['_RESUMESCHEDULERESPONSE']._serialized_start=1303
+  _globals['_RESUMESCHEDULERESPONSE']._serialized_end=1367
+  _globals['_DELETESCHEDULEREQUEST']._serialized_start=1369
+  _globals['_DELETESCHEDULEREQUEST']._serialized_end=1406
+  _globals['_DELETESCHEDULERESPONSE']._serialized_start=1408
+  _globals['_DELETESCHEDULERESPONSE']._serialized_end=1432
+  _globals['_SCHEDULESERVICE']._serialized_start=1636
+  _globals['_SCHEDULESERVICE']._serialized_end=2172
 # @@protoc_insertion_point(module_scope)

@@ -172,7 +172,10 @@ type Schedule struct {
 	// Output only: when the schedule was created.
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// Output only: when it last changed (created, paused, resumed or fired).
-	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// Tags that each run this schedule submits carries (Run.tags; ListRuns filters by
+	// them): at most 16, as SubmitRequest.tags. Fixed at creation.
+	Tags          map[string]string `protobuf:"bytes,15,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -312,6 +315,13 @@ func (x *Schedule) GetCreatedAt() *timestamppb.Timestamp {
 func (x *Schedule) GetUpdatedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *Schedule) GetTags() map[string]string {
+	if x != nil {
+		return x.Tags
 	}
 	return nil
 }
@@ -905,7 +915,7 @@ var File_cyclone_v1_schedule_service_proto protoreflect.FileDescriptor
 const file_cyclone_v1_schedule_service_proto_rawDesc = "" +
 	"\n" +
 	"!cyclone/v1/schedule_service.proto\x12\n" +
-	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x05\n" +
+	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf4\x05\n" +
 	"\bSchedule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
 	"\bworkflow\x18\x02 \x01(\v2\x14.cyclone.v1.WorkflowR\bworkflow\x12,\n" +
@@ -925,7 +935,11 @@ const file_cyclone_v1_schedule_service_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"updated_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAtB\x06\n" +
+	"updated_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x122\n" +
+	"\x04tags\x18\x0f \x03(\v2\x1e.cyclone.v1.Schedule.TagsEntryR\x04tags\x1a7\n" +
+	"\tTagsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x06\n" +
 	"\x04spec\"I\n" +
 	"\x15CreateScheduleRequest\x120\n" +
 	"\bschedule\x18\x01 \x01(\v2\x14.cyclone.v1.ScheduleR\bschedule\"J\n" +
@@ -982,7 +996,7 @@ func file_cyclone_v1_schedule_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_schedule_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cyclone_v1_schedule_service_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_cyclone_v1_schedule_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_cyclone_v1_schedule_service_proto_goTypes = []any{
 	(OverlapPolicy)(0),             // 0: cyclone.v1.OverlapPolicy
 	(CatchUpPolicy)(0),             // 1: cyclone.v1.CatchUpPolicy
@@ -999,44 +1013,46 @@ var file_cyclone_v1_schedule_service_proto_goTypes = []any{
 	(*ResumeScheduleResponse)(nil), // 12: cyclone.v1.ResumeScheduleResponse
 	(*DeleteScheduleRequest)(nil),  // 13: cyclone.v1.DeleteScheduleRequest
 	(*DeleteScheduleResponse)(nil), // 14: cyclone.v1.DeleteScheduleResponse
-	(*Workflow)(nil),               // 15: cyclone.v1.Workflow
-	(*structpb.Value)(nil),         // 16: google.protobuf.Value
-	(*durationpb.Duration)(nil),    // 17: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 18: google.protobuf.Timestamp
+	nil,                            // 15: cyclone.v1.Schedule.TagsEntry
+	(*Workflow)(nil),               // 16: cyclone.v1.Workflow
+	(*structpb.Value)(nil),         // 17: google.protobuf.Value
+	(*durationpb.Duration)(nil),    // 18: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 19: google.protobuf.Timestamp
 }
 var file_cyclone_v1_schedule_service_proto_depIdxs = []int32{
-	15, // 0: cyclone.v1.Schedule.workflow:type_name -> cyclone.v1.Workflow
-	16, // 1: cyclone.v1.Schedule.input:type_name -> google.protobuf.Value
-	17, // 2: cyclone.v1.Schedule.interval:type_name -> google.protobuf.Duration
+	16, // 0: cyclone.v1.Schedule.workflow:type_name -> cyclone.v1.Workflow
+	17, // 1: cyclone.v1.Schedule.input:type_name -> google.protobuf.Value
+	18, // 2: cyclone.v1.Schedule.interval:type_name -> google.protobuf.Duration
 	0,  // 3: cyclone.v1.Schedule.overlap:type_name -> cyclone.v1.OverlapPolicy
 	1,  // 4: cyclone.v1.Schedule.catch_up:type_name -> cyclone.v1.CatchUpPolicy
-	18, // 5: cyclone.v1.Schedule.next_fire_at:type_name -> google.protobuf.Timestamp
-	18, // 6: cyclone.v1.Schedule.last_fire_at:type_name -> google.protobuf.Timestamp
-	18, // 7: cyclone.v1.Schedule.created_at:type_name -> google.protobuf.Timestamp
-	18, // 8: cyclone.v1.Schedule.updated_at:type_name -> google.protobuf.Timestamp
-	2,  // 9: cyclone.v1.CreateScheduleRequest.schedule:type_name -> cyclone.v1.Schedule
-	2,  // 10: cyclone.v1.CreateScheduleResponse.schedule:type_name -> cyclone.v1.Schedule
-	2,  // 11: cyclone.v1.GetScheduleResponse.schedule:type_name -> cyclone.v1.Schedule
-	2,  // 12: cyclone.v1.ListSchedulesResponse.schedules:type_name -> cyclone.v1.Schedule
-	2,  // 13: cyclone.v1.PauseScheduleResponse.schedule:type_name -> cyclone.v1.Schedule
-	2,  // 14: cyclone.v1.ResumeScheduleResponse.schedule:type_name -> cyclone.v1.Schedule
-	3,  // 15: cyclone.v1.ScheduleService.CreateSchedule:input_type -> cyclone.v1.CreateScheduleRequest
-	5,  // 16: cyclone.v1.ScheduleService.GetSchedule:input_type -> cyclone.v1.GetScheduleRequest
-	7,  // 17: cyclone.v1.ScheduleService.ListSchedules:input_type -> cyclone.v1.ListSchedulesRequest
-	9,  // 18: cyclone.v1.ScheduleService.PauseSchedule:input_type -> cyclone.v1.PauseScheduleRequest
-	11, // 19: cyclone.v1.ScheduleService.ResumeSchedule:input_type -> cyclone.v1.ResumeScheduleRequest
-	13, // 20: cyclone.v1.ScheduleService.DeleteSchedule:input_type -> cyclone.v1.DeleteScheduleRequest
-	4,  // 21: cyclone.v1.ScheduleService.CreateSchedule:output_type -> cyclone.v1.CreateScheduleResponse
-	6,  // 22: cyclone.v1.ScheduleService.GetSchedule:output_type -> cyclone.v1.GetScheduleResponse
-	8,  // 23: cyclone.v1.ScheduleService.ListSchedules:output_type -> cyclone.v1.ListSchedulesResponse
-	10, // 24: cyclone.v1.ScheduleService.PauseSchedule:output_type -> cyclone.v1.PauseScheduleResponse
-	12, // 25: cyclone.v1.ScheduleService.ResumeSchedule:output_type -> cyclone.v1.ResumeScheduleResponse
-	14, // 26: cyclone.v1.ScheduleService.DeleteSchedule:output_type -> cyclone.v1.DeleteScheduleResponse
-	21, // [21:27] is the sub-list for method output_type
-	15, // [15:21] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	19, // 5: cyclone.v1.Schedule.next_fire_at:type_name -> google.protobuf.Timestamp
+	19, // 6: cyclone.v1.Schedule.last_fire_at:type_name -> google.protobuf.Timestamp
+	19, // 7: cyclone.v1.Schedule.created_at:type_name -> google.protobuf.Timestamp
+	19, // 8: cyclone.v1.Schedule.updated_at:type_name -> google.protobuf.Timestamp
+	15, // 9: cyclone.v1.Schedule.tags:type_name -> cyclone.v1.Schedule.TagsEntry
+	2,  // 10: cyclone.v1.CreateScheduleRequest.schedule:type_name -> cyclone.v1.Schedule
+	2,  // 11: cyclone.v1.CreateScheduleResponse.schedule:type_name -> cyclone.v1.Schedule
+	2,  // 12: cyclone.v1.GetScheduleResponse.schedule:type_name -> cyclone.v1.Schedule
+	2,  // 13: cyclone.v1.ListSchedulesResponse.schedules:type_name -> cyclone.v1.Schedule
+	2,  // 14: cyclone.v1.PauseScheduleResponse.schedule:type_name -> cyclone.v1.Schedule
+	2,  // 15: cyclone.v1.ResumeScheduleResponse.schedule:type_name -> cyclone.v1.Schedule
+	3,  // 16: cyclone.v1.ScheduleService.CreateSchedule:input_type -> cyclone.v1.CreateScheduleRequest
+	5,  // 17: cyclone.v1.ScheduleService.GetSchedule:input_type -> cyclone.v1.GetScheduleRequest
+	7,  // 18: cyclone.v1.ScheduleService.ListSchedules:input_type -> cyclone.v1.ListSchedulesRequest
+	9,  // 19: cyclone.v1.ScheduleService.PauseSchedule:input_type -> cyclone.v1.PauseScheduleRequest
+	11, // 20: cyclone.v1.ScheduleService.ResumeSchedule:input_type -> cyclone.v1.ResumeScheduleRequest
+	13, // 21: cyclone.v1.ScheduleService.DeleteSchedule:input_type -> cyclone.v1.DeleteScheduleRequest
+	4,  // 22: cyclone.v1.ScheduleService.CreateSchedule:output_type -> cyclone.v1.CreateScheduleResponse
+	6,  // 23: cyclone.v1.ScheduleService.GetSchedule:output_type -> cyclone.v1.GetScheduleResponse
+	8,  // 24: cyclone.v1.ScheduleService.ListSchedules:output_type -> cyclone.v1.ListSchedulesResponse
+	10, // 25: cyclone.v1.ScheduleService.PauseSchedule:output_type -> cyclone.v1.PauseScheduleResponse
+	12, // 26: cyclone.v1.ScheduleService.ResumeSchedule:output_type -> cyclone.v1.ResumeScheduleResponse
+	14, // 27: cyclone.v1.ScheduleService.DeleteSchedule:output_type -> cyclone.v1.DeleteScheduleResponse
+	22, // [22:28] is the sub-list for method output_type
+	16, // [16:22] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_schedule_service_proto_init() }
@@ -1055,7 +1071,7 @@ func file_cyclone_v1_schedule_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_schedule_service_proto_rawDesc), len(file_cyclone_v1_schedule_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
