@@ -250,6 +250,10 @@ func (w *Worker) runStepThen(step *Step, report reporter) {
 	base, stop := context.WithCancelCause(context.Background())
 	ctx, cancel := context.WithDeadline(base, step.GetDeadline().AsTime())
 	defer cancel()
+	// A traced run's step: its handler runs in a span, ended with the outcome below.
+	ctx, span := startStepSpan(ctx, step, w.opts.ID)
+	outcome, spanErr := "dropped", error(nil)
+	defer func() { endStepSpan(span, outcome, spanErr) }()
 	step.cancel = stop // a durable function's step calls may stop it too
 	beating := make(chan struct{})
 	go func() {
@@ -268,10 +272,12 @@ func (w *Worker) runStepThen(step *Step, report reporter) {
 
 	switch {
 	case step.completedInTx:
+		outcome = "completed"
 		log.Info("step completed in its transaction")
 	case errors.Is(err, ErrLeaseLost) || errors.Is(cause, ErrLeaseLost):
 		log.Warn("lease lost: outcome dropped, the step runs again elsewhere", "error", err)
 	case errors.Is(err, ErrSuspended):
+		outcome = "suspended"
 		log.Info("waiting: the node gave up its lease until it can go on", "wait", err)
 	case errors.Is(err, ErrEffectUncertain):
 		log.Warn("effect uncertain: the run is blocked until an operator resolves it; node dropped", "error", err)
@@ -286,6 +292,7 @@ func (w *Worker) runStepThen(step *Step, report reporter) {
 			if err == nil {
 				req := completeRequest(step)
 				req.Outcome = &cyclonev1.CompleteRequest_Output{Output: value}
+				outcome = "completed"
 				report(req, step, log)
 				return
 			}
@@ -294,6 +301,7 @@ func (w *Worker) runStepThen(step *Step, report reporter) {
 			err = &Failure{Type: "HandlerTimeout", Message: "the handler ran past the node's timeout"}
 		}
 		log.Warn("step failed", "error", err)
+		outcome, spanErr = "failed", err
 		req := completeRequest(step)
 		req.Outcome = &cyclonev1.CompleteRequest_Failure{Failure: failure(err)}
 		report(req, step, log)

@@ -30,9 +30,11 @@ import {
   nonRetryable,
   outputTooLarge,
   RunCancelled,
+  Suspended,
 } from "./errors.js";
 import { DEFAULT_LIMITS, Journal, retryUnavailable, sleepFor as sleep, type JournalLimits } from "./journal.js";
 import { NotJsonError, toValue, valueSize } from "./json.js";
+import { endStepSpan, inStepSpan, startStepSpan } from "./tracing.js";
 import { makeTransport, type ConnectOptions } from "./transport.js";
 
 /** A handler: its return value is the step's output (JSON); a throw is its failure. */
@@ -477,8 +479,9 @@ export class Worker {
     let output: unknown;
     let error: unknown;
     let failed = false;
+    const traced = startStepSpan(step, this.id); // undefined unless the run is traced
     try {
-      output = await action.handler(ctx);
+      output = await inStepSpan(traced, () => action.handler(ctx));
     } catch (thrown) {
       failed = true;
       error = thrown;
@@ -491,19 +494,23 @@ export class Worker {
     const stopped = journal.stopped; // a durable call stopped the body: that decides
     if (ctx.completedInTx) {
       this.log.info("step completed in its transaction", fields);
+      endStepSpan(traced, "completed");
       await this.release(undefined);
     } else if (stopped instanceof NodeStopped || reason instanceof NodeStopped || error instanceof NodeStopped) {
       const why = stopped ?? (reason instanceof NodeStopped ? reason : (error as Error));
+      endStepSpan(traced, why instanceof Suspended ? "suspended" : "dropped");
       if (why instanceof LeaseLost) this.log.warn("lease lost: outcome dropped, the step runs again elsewhere", { ...fields, error: why.message });
       else if (why instanceof RunCancelled) this.log.info("run cancelled: outcome dropped", fields);
       else this.log.warn(`${why.message}; node dropped`, fields);
       await this.release(undefined);
     } else if (stopped) {
       this.log.warn("step failed", { ...fields, error: describe(stopped) });
+      endStepSpan(traced, "failed", stopped);
       await this.release(this.failure(step, stopped, logs));
     } else if (failed || reason !== undefined) {
       const why = reason instanceof Failure && reason.type === "HandlerTimeout" ? reason : error;
       this.log.warn("step failed", { ...fields, error: describe(why) });
+      endStepSpan(traced, "failed", why);
       await this.release(this.failure(step, why, logs));
     } else {
       let request: CompleteRequest;
@@ -522,10 +529,12 @@ export class Worker {
         const failure =
           bad instanceof NotJsonError ? nonRetryable("OutputNotJson", `the handler's output is not JSON: ${bad.message}`) : bad;
         this.log.warn("step failed", { ...fields, error: describe(failure) });
+        endStepSpan(traced, "failed", failure);
         await this.release(this.failure(step, failure, logs));
         return;
       }
       this.log.info("step succeeded", fields);
+      endStepSpan(traced, "completed");
       await this.release(request);
     }
   }
