@@ -298,6 +298,19 @@ class Metrics:
             "Runs cancelled by this server's upkeep at their deadline",
             registry=r,
         )
+        self.bulk_runs = Counter(
+            "cyclone_bulk_runs",
+            "Runs worked by this server's share of the bulk actions, by action (cancel, "
+            "retry, resolve_discard) and outcome (touched, skipped, failed)",
+            ["action", "outcome"],
+            registry=r,
+        )
+        self.bulk_finished = Counter(
+            "cyclone_bulk_actions_finished",
+            "Bulk actions this server worked to their end, by how they ended (done, cancelled)",
+            ["state"],
+            registry=r,
+        )
         self.lease_expiries = _ByName(
             Counter(
                 "cyclone_lease_expiries",

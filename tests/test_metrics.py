@@ -204,3 +204,27 @@ def test_the_grafana_dashboard_queries_only_metrics_the_server_exports(metered):
     assert used - exported == set(), "queries name metrics the server does not export"
     missing = {f for f, names in families.items() if not names & used}
     assert missing == NOT_ON_THE_DASHBOARD, "exported metrics missing from the dashboard"
+
+
+def test_bulk_actions_count_the_runs_they_work_and_how_they_end(metered):
+    from cyclone.v1 import admin_service_pb2 as admin_pb
+    from cyclone.v1 import workflow_service_pb2 as workflow_pb
+
+    for _ in range(5):
+        submit(metered, workflow("billing", node("a")))
+    started = metered.admin.StartBulkAction(
+        admin_pb.StartBulkActionRequest(
+            action=admin_pb.BULK_ACTION_KIND_CANCEL,
+            filter=workflow_pb.ListRunsRequest(workflow="billing"),
+            reason="bad deploy",
+        )
+    )
+
+    def counted() -> Any:
+        samples = scrape(metered.server.metrics_port)
+        ended = value(samples, "cyclone_bulk_actions_finished_total", state="done") == 1
+        return samples if ended else None
+
+    m = eventually(counted, f"bulk action {started.job.job_id} counted as done")
+    assert value(m, "cyclone_bulk_runs_total", action="cancel", outcome="touched") == 5
+    assert value(m, "cyclone_bulk_runs_total", action="cancel", outcome="skipped") == 0

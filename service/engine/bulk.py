@@ -20,6 +20,7 @@ from service.config import Settings
 from service.db import Database
 from service.db.bulk import BulkJob, query_of
 from service.engine.notify import Dispatcher
+from service.metrics import Metrics
 
 log = logging.getLogger("cyclone")
 
@@ -37,10 +38,13 @@ def batch_size(rate: int) -> int:
 class BulkWorker:
     """This server's share of the bulk actions."""
 
-    def __init__(self, db: Database, dispatcher: Dispatcher, settings: Settings) -> None:
+    def __init__(
+        self, db: Database, dispatcher: Dispatcher, settings: Settings, metrics: Metrics
+    ) -> None:
         self.db = db
         self.dispatcher = dispatcher
         self.settings = settings
+        self.metrics = metrics
         #: Who holds a job's lease: this process, whatever its restarts reuse.
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
@@ -83,6 +87,7 @@ class BulkWorker:
             after = (job.cursor_at, job.cursor_run) if job.cursor_at and job.cursor_run else None
             rows = await self.db.runs.runs_list(**query, after=after, limit=size)
             cursor = (rows[-1].created_at, rows[-1].run_id) if rows else after
+            before = job
             job = await self.db.bulk.bulk_apply(
                 job,
                 owner=self.owner,
@@ -91,9 +96,19 @@ class BulkWorker:
                 cursor=cursor,
                 done=len(rows) < size,
             )
+            self._count(before, job)
             await asyncio.sleep(max(0.0, len(rows) / rate - (loop.time() - started)))
         _log_end(job)
+        if job.state in ("done", "cancelled"):
+            self.metrics.bulk_finished.labels(job.state).inc()
         return True
+
+    def _count(self, before: BulkJob, after: BulkJob) -> None:
+        """The runs one batch worked, in cyclone_bulk_runs."""
+        for outcome in ("touched", "skipped", "failed"):
+            worked = getattr(after, outcome) - getattr(before, outcome)
+            if worked > 0:
+                self.metrics.bulk_runs.labels(after.action, outcome).inc(worked)
 
 
 def _log_end(job: BulkJob) -> None:

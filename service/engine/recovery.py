@@ -147,7 +147,7 @@ class Upkeep:
     async def bulk_actions(self) -> None:
         """Until cancelled: take the bulk actions nobody works on and work them through,
         a batch per transaction, at most --bulk-rate runs a second."""
-        await BulkWorker(self.db, self.dispatcher, self.settings).run()
+        await BulkWorker(self.db, self.dispatcher, self.settings, self.metrics).run()
 
     async def purge(self) -> int:
         """One retention pass: delete runs past their age, a batch per statement, until
