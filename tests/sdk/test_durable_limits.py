@@ -175,7 +175,8 @@ def test_the_call_past_the_journals_10000_fails_the_node_for_good(client, make_w
         return "unreachable"
 
     with running(worker):
-        run = client.wait(client.start("ten_thousand", retry=AT_ONCE), timeout=PATIENCE)
+        # Ten thousand records: more time than one call's patience on a busy machine.
+        run = client.wait(client.start("ten_thousand", retry=AT_ONCE), timeout=PATIENCE * 6)
     assert run.status == "failed"
     node = run.step("ten_thousand")
     error = node.last_error
