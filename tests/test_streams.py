@@ -1,0 +1,257 @@
+"""Output streams: handlers emit chunks (ctx.emit, EmitChunks), readers follow them
+(ReadStream, Client.read_stream, AsyncClient.read_stream, `cyclone stream`).
+
+Chunks are stored in order with who wrote them; a live reader gets each as it is stored
+and ends when the run ends; a chunk emitted again with the same identity (a replay) is
+not stored twice; only the holder of the node's lease writes; the server's bounds refuse
+what is past them, and the handler sees it; retention deletes the chunks with their run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+import grpc
+
+from cyclone.v1 import worker_service_pb2, workflow_service_pb2
+from pyclient import AsyncClient, Client, RetryPolicy, StreamFull, Worker, Workflow, step
+from tests.helpers import PATIENCE, claim, complete, eventually, node, rpc_error, submit, workflow
+from tests.sdk.conftest import running
+
+
+def emit(server: Any, step_: Any, *chunks: tuple[str, str, int, Any], token: str | None = None):
+    """EmitChunks for a claimed step: each chunk (stream, step_id, seq, data); a str is
+    text, anything else JSON."""
+    items = []
+    for stream, step_id, seq, data in chunks:
+        item = worker_service_pb2.ChunkToEmit(stream=stream, step_id=step_id, seq=seq)
+        if isinstance(data, str):
+            item.text = data
+        else:
+            item.json = json.dumps(data)
+        items.append(item)
+    return server.workers.EmitChunks(
+        worker_service_pb2.EmitChunksRequest(
+            run_id=step_.run_id,
+            node=step_.node,
+            lease_token=token or step_.lease_token,
+            chunks=items,
+        )
+    )
+
+
+def read(server: Any, run_id: str, stream: str, offset: int = 0, wait: bool = False) -> list:
+    request = workflow_service_pb2.ReadStreamRequest(
+        run_id=run_id, stream=stream, from_offset=offset, no_wait=not wait
+    )
+    return list(server.workflows.ReadStream(request, timeout=PATIENCE))
+
+
+def texts(chunks: list) -> list[str]:
+    return [c.text if c.WhichOneof("data") == "text" else json.loads(c.json) for c in chunks]
+
+
+def test_chunks_are_stored_in_order_with_who_wrote_them_and_a_repeat_is_a_duplicate(
+    cyclone_server,
+):
+    run_id = submit(cyclone_server, workflow("s", node("a"), node("b")))
+    a, b = sorted(claim(cyclone_server), key=lambda s: s.node)
+    first = emit(cyclone_server, a, ("tokens", "", 1, "Hel"), ("tokens", "", 2, "lo"))
+    assert list(first.offsets) == [0, 1] and list(first.duplicate) == [False, False]
+    # Another node's chunks take the next offsets of the same stream.
+    assert list(emit(cyclone_server, b, ("tokens", "", 1, {"n": 1})).offsets) == [2]
+    # A replay of node a sends its two chunks again, then a new one inside a step call.
+    again = emit(
+        cyclone_server,
+        a,
+        ("tokens", "", 1, "Hel"),
+        ("tokens", "", 2, "lo"),
+        ("tokens", "f", 1, "!"),
+    )
+    assert list(again.offsets) == [0, 1, 3] and list(again.duplicate) == [True, True, False]
+    got = read(cyclone_server, run_id, "tokens")
+    assert texts(got) == ["Hel", "lo", {"n": 1}, "!"]
+    assert [(c.offset, c.node, c.step_id, c.attempt) for c in got] == [
+        (0, "a", "", 1),
+        (1, "a", "", 1),
+        (2, "b", "", 1),
+        (3, "a", "f", 1),
+    ]
+    assert all(c.HasField("emitted_at") for c in got)
+    # From an offset; another stream is empty, not an error.
+    assert texts(read(cyclone_server, run_id, "tokens", 2)) == [{"n": 1}, "!"]
+    assert read(cyclone_server, run_id, "other") == []
+    listed = cyclone_server.workflows.ListStreams(
+        workflow_service_pb2.ListStreamsRequest(run_id=run_id)
+    )
+    assert [(s.name, s.chunks, s.bytes) for s in listed.streams] == [("tokens", 4, 14)]
+
+
+def test_only_the_holder_of_the_lease_writes(cyclone_server):
+    run_id = submit(cyclone_server, workflow("s", node("a")))
+    [held] = claim(cyclone_server, lease=5)
+    stale = "00000000-0000-4000-8000-000000000000"
+    error = rpc_error(emit, cyclone_server, held, ("out", "", 1, "x"), token=stale)
+    assert error.code() == grpc.StatusCode.ABORTED
+    # Once the lease ran out, the attempt that held it writes nothing either.
+    cyclone_server.advance_clock(6)
+    error = rpc_error(emit, cyclone_server, held, ("out", "", 1, "x"))
+    assert error.code() == grpc.StatusCode.ABORTED
+    assert read(cyclone_server, run_id, "out") == []
+    assert cyclone_server.sql("SELECT count(*) FROM cyclone.stream_chunks") == [(0,)]
+
+
+def test_bounds_refuse_the_whole_call_and_say_which(server_factory):
+    server = server_factory(
+        max_stream_chunk_bytes=10, max_stream_bytes_per_run=25, max_stream_chunks_per_run=4
+    )
+    run_id = submit(server, workflow("s", node("a")))
+    [held] = claim(server)
+    error = rpc_error(emit, server, held, ("out", "", 1, "x" * 11))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--max-stream-chunk-bytes" in error.details()
+    emit(server, held, ("out", "", 1, "x" * 10), ("out", "", 2, "y" * 10))
+    # 5 more bytes fit; 6 do not, and nothing of the call is stored.
+    error = rpc_error(emit, server, held, ("out", "", 3, "z"), ("out", "", 4, "z" * 5))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "full" in error.details() and "25 bytes" in error.details()
+    assert texts(read(server, run_id, "out")) == ["x" * 10, "y" * 10]
+    emit(server, held, ("out", "", 3, "z"), ("b", "", 1, "w"))
+    error = rpc_error(emit, server, held, ("c", "", 1, ""))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "4 chunks" in error.details()
+    # A repeat of a stored chunk is answered even when the streams are full.
+    assert list(emit(server, held, ("out", "", 1, "x" * 10)).duplicate) == [True]
+
+
+def test_bad_chunks_are_invalid(cyclone_server):
+    submit(cyclone_server, workflow("s", node("a")))
+    [held] = claim(cyclone_server)
+    for chunk in [("", "", 1, "x"), ("out", "", 0, "x"), ("bad\nname", "", 1, "x")]:
+        error = rpc_error(emit, cyclone_server, held, chunk)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, chunk
+    bad_json = worker_service_pb2.ChunkToEmit(stream="out", seq=1, json="{nope")
+    error = rpc_error(
+        cyclone_server.workers.EmitChunks,
+        worker_service_pb2.EmitChunksRequest(
+            run_id=held.run_id, node=held.node, lease_token=held.lease_token, chunks=[bad_json]
+        ),
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "JSON" in error.details()
+    unknown = workflow_service_pb2.ReadStreamRequest(
+        run_id="00000000-0000-4000-8000-000000000000", stream="out"
+    )
+    error = rpc_error(lambda r: list(cyclone_server.workflows.ReadStream(r)), unknown)
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_live_reader_gets_each_chunk_as_it_is_stored_and_ends_with_the_run(cyclone_server):
+    run_id = submit(cyclone_server, workflow("s", node("a")))
+    [held] = claim(cyclone_server)
+    got: list[str] = []
+    done = threading.Event()
+
+    def follow() -> None:
+        with Client(cyclone_server.address) as client:
+            for chunk in client.read_stream(run_id, "tokens"):
+                got.append(chunk.data)
+        done.set()
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    for i in range(1, 4):
+        emit(cyclone_server, held, ("tokens", "", i, f"t{i}"))
+        # Each chunk reaches the reader while the run is still running.
+        eventually(lambda i=i: len(got) == i, f"chunk {i} read live")
+    assert not done.is_set()
+    complete(cyclone_server, held, "ok")
+    assert done.wait(PATIENCE), "the reader ended with the run"
+    assert got == ["t1", "t2", "t3"]
+    # A late reader from offset 0 gets everything, and ends at once: the run is over.
+    with Client(cyclone_server.address) as client:
+        assert [c.data for c in client.read_stream(run_id, "tokens")] == ["t1", "t2", "t3"]
+        assert [c.offset for c in client.read_stream(run_id, "tokens", offset=1)] == [1, 2]
+        [summary] = client.list_streams(run_id)
+        assert (summary.name, summary.chunks) == ("tokens", 3)
+
+
+def test_a_worker_handler_and_a_durable_body_emit_and_async_readers_follow(cyclone_server):
+    worker = Worker(cyclone_server.address, concurrency=2, lease=10.0, claim_wait=1.0)
+    gate = threading.Event()
+
+    @step
+    def shout(word: str) -> str:
+        from pyclient import current
+
+        current().emit("tokens", word.upper())  # inside the step call "shout"
+        return word.upper()
+
+    @worker.workflow("story")
+    def story(ctx, data: dict) -> str:
+        ctx.emit("tokens", "once")
+        gate.wait(PATIENCE)
+        loud = shout("upon")
+        ctx.emit("tokens", {"done": True})
+        return loud
+
+    @worker.action("plain")
+    def plain(ctx) -> None:
+        ctx.emit("log", "plain handler")
+
+    async def follow(run_id: str) -> list[Any]:
+        async with AsyncClient(cyclone_server.address) as client:
+            return [(c.data, c.step_id) async for c in client.read_stream(run_id, "tokens")]
+
+    with Client(cyclone_server.address) as client, running(worker):
+        run_id = client.start("story", {})
+        eventually(lambda: client.list_streams(run_id) != [], "the first chunk")
+        gate.set()
+        got = asyncio.run(follow(run_id))
+        wf = Workflow("plain")
+        wf.node("plain", action="plain")
+        plain_run = client.submit(wf)
+        assert client.wait(plain_run, timeout=PATIENCE).status == "completed"
+        assert [c.data for c in client.read_stream(plain_run, "log")] == ["plain handler"]
+    assert got == [("once", ""), ("UPON", "shout"), ({"done": True}, "")]
+
+
+def test_a_handler_sees_a_full_stream_as_an_exception(server_factory):
+    server = server_factory(max_stream_chunks_per_run=2)
+    worker = Worker(server.address, concurrency=1, lease=10.0, claim_wait=1.0)
+    seen: list[str] = []
+
+    @worker.action("chatty")
+    def chatty(ctx) -> int:
+        for i in range(5):
+            try:
+                ctx.emit("out", f"line {i}")
+            except StreamFull as exc:
+                seen.append(str(exc))
+                raise
+        return 0
+
+    wf = Workflow("chatty")
+    wf.node("chatty", action="chatty", retry=RetryPolicy(max_attempts=3))
+    with Client(server.address) as client, running(worker):
+        run = client.wait(client.submit(wf), timeout=PATIENCE)
+        # Refused for good: StreamFull fails the node without retries.
+        assert run.status == "failed" and run.step("chatty").attempt == 1
+        assert [c.data for c in client.read_stream(run.run_id, "out")] == ["line 0", "line 1"]
+    assert len(seen) == 1 and "full" in seen[0]
+
+
+def test_retention_deletes_the_chunks_with_their_run(cyclone_server):
+    run_id = submit(cyclone_server, workflow("s", node("a")))
+    [held] = claim(cyclone_server)
+    emit(cyclone_server, held, ("out", "", 1, "x"), ("out", "", 2, "y"))
+    complete(cyclone_server, held, "ok")
+    assert cyclone_server.sql("SELECT count(*) FROM cyclone.stream_chunks") == [(2,)]
+    cyclone_server.advance_clock(8 * 86400)
+    assert cyclone_server.call(cyclone_server.server.purge) == 1
+    assert cyclone_server.sql("SELECT count(*) FROM cyclone.stream_chunks") == [(0,)]
+    assert cyclone_server.sql("SELECT count(*) FROM cyclone.stream_usage") == [(0,)]
+    request = workflow_service_pb2.ReadStreamRequest(run_id=run_id, stream="out")
+    error = rpc_error(lambda r: list(cyclone_server.workflows.ReadStream(r)), request)
+    assert error.code() == grpc.StatusCode.NOT_FOUND
