@@ -10,7 +10,9 @@ what is past them, and the handler sees it; retention deletes the chunks with th
 from __future__ import annotations
 
 import asyncio
+import html
 import json
+import re
 import threading
 from typing import Any
 
@@ -18,8 +20,11 @@ import grpc
 
 from cyclone.v1 import worker_service_pb2, workflow_service_pb2
 from pyclient import AsyncClient, Client, RetryPolicy, StreamFull, Worker, Workflow, step
+from pyclient.cli import main
+from tests.console_thread import ConsoleThread
 from tests.helpers import PATIENCE, claim, complete, eventually, node, rpc_error, submit, workflow
 from tests.sdk.conftest import running
+from tests.test_console_html import Browserless
 
 
 def emit(server: Any, step_: Any, *chunks: tuple[str, str, int, Any], token: str | None = None):
@@ -255,3 +260,50 @@ def test_retention_deletes_the_chunks_with_their_run(cyclone_server):
     request = workflow_service_pb2.ReadStreamRequest(run_id=run_id, stream="out")
     error = rpc_error(lambda r: list(cyclone_server.workflows.ReadStream(r)), request)
     assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_cli_prints_a_stream_live_until_the_run_ends(cyclone_server, capsys):
+    run_id = submit(cyclone_server, workflow("s", node("a")))
+    [held] = claim(cyclone_server)
+    emit(cyclone_server, held, ("tokens", "", 1, "Hello, "), ("tokens", "", 2, {"k": 1}))
+    status: list[int] = []
+    with Client(cyclone_server.address) as client:
+        printing = threading.Thread(
+            target=lambda: status.append(main(["stream", run_id, "tokens"], client=client)),
+            daemon=True,
+        )
+        printing.start()
+        emit(cyclone_server, held, ("tokens", "", 3, "world"))
+        complete(cyclone_server, held, "ok")
+        printing.join(PATIENCE)
+        assert not printing.is_alive() and status == [0]
+        assert capsys.readouterr().out == 'Hello, \n{"k": 1}\nworld\n'
+        # --from and --json: one object per chunk.
+        assert main(["stream", run_id, "tokens", "--from", "2", "--json"], client=client) == 0
+        [line] = capsys.readouterr().out.splitlines()
+        assert json.loads(line)["data"] == "world" and json.loads(line)["offset"] == 2
+
+
+def test_the_console_shows_a_runs_streams_and_refreshes_them_while_it_runs(cyclone_server):
+    run_id = submit(cyclone_server, workflow("s", node("a")))
+    [held] = claim(cyclone_server)
+    emit(cyclone_server, held, ("tokens", "", 1, "<b>bold</b> "), ("tokens", "", 2, {"n": 2}))
+    console = ConsoleThread(cyclone_server.address)
+    try:
+        visitor = Browserless(console.url)
+        page = visitor.get(f"/runs/{run_id}")
+        assert page.status == 200 and 'id="run-streams"' in page.text
+        assert f'hx-get="/runs/{run_id}/streams"' in page.text  # live: polled
+        shown = re.search(
+            r'<pre class="stream" data-stream="tokens"[^>]*>(.*?)</pre>', page.text, re.S
+        )
+        assert shown, page.text
+        assert html.unescape(shown.group(1)) == '<b>bold</b> \n{"n": 2}\n'
+        assert "<b>bold</b>" not in page.text  # escaped
+        emit(cyclone_server, held, ("tokens", "", 3, "more"))
+        complete(cyclone_server, held, "ok")
+        fragment = visitor.get(f"/runs/{run_id}/streams")
+        assert fragment.status == 200 and "more" in fragment.text
+        assert "hx-get" not in fragment.text  # the run is over: no more polls
+    finally:
+        console.stop()
