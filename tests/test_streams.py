@@ -13,12 +13,18 @@ import asyncio
 import html
 import json
 import re
+import socket
 import threading
 from typing import Any
 
 import grpc
 
-from cyclone.v1 import worker_service_pb2, workflow_service_pb2
+from cyclone.v1 import (
+    worker_service_pb2,
+    worker_service_pb2_grpc,
+    workflow_service_pb2,
+    workflow_service_pb2_grpc,
+)
 from pyclient import AsyncClient, Client, RetryPolicy, StreamFull, Worker, Workflow, step
 from pyclient.cli import main
 from tests.console_thread import ConsoleThread
@@ -307,3 +313,78 @@ def test_the_console_shows_a_runs_streams_and_refreshes_them_while_it_runs(cyclo
         assert "hx-get" not in fragment.text  # the run is over: no more polls
     finally:
         console.stop()
+
+
+def test_pyclient_testing_keeps_what_a_handler_emits_as_the_server_would():
+    from pyclient import testing
+
+    def chatty(ctx) -> str:
+        ctx.emit("out", "one")
+        ctx.emit("out", {"two": 2})
+        return "ok"
+
+    ctx = testing.make_context()
+    assert testing.run(chatty, ctx) == "ok"
+    # A retry emits the same chunks again: stored once, as the server stores them.
+    testing.run_twice(chatty, ctx)
+    assert testing.emitted(ctx) == {"out": ["one", {"two": 2}]}
+
+    @step
+    def loud(word: str) -> str:
+        from pyclient import current
+
+        current().emit("out", word.upper())
+        return word.upper()
+
+    def body(ctx, data: dict) -> str:
+        ctx.emit("out", "start")
+        said = loud("hi")
+        ctx.emit("out", "end")
+        return said
+
+    node = testing.DurableNode(body, input={})
+    assert node.run(crash="loud", when="after_record").status == "crashed"
+    assert node.run().status == "completed"
+    assert testing.emitted(node) == {"out": ["start", "HI", "end"]}
+
+
+class Stubs:
+    """The stubs the raw-API helpers call, on a server process's address."""
+
+    def __init__(self, address: str) -> None:
+        # A subchannel of its own: not one that the stopped server left in backoff.
+        self.channel = grpc.insecure_channel(
+            address, options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        self.workflows = workflow_service_pb2_grpc.WorkflowServiceStub(self.channel)
+        self.workers = worker_service_pb2_grpc.WorkerServiceStub(self.channel)
+
+
+def test_a_reader_goes_on_from_where_it_was_when_its_server_restarts(server_process):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flags = ("--listen", f"127.0.0.1:{port}", "--metrics-listen", "off")
+    first = server_process(*flags)
+    server = Stubs(first.address)
+    run_id = submit(server, workflow("s", node("a")))
+    [held] = claim(server)
+    emit(server, held, ("out", "", 1, "before"))
+    got: list[str] = []
+
+    def follow() -> None:
+        with Client(first.address) as client:
+            got.extend(c.data for c in client.read_stream(run_id, "out"))
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    eventually(lambda: got == ["before"], "the first chunk read")
+    first.stop()  # SIGTERM: the stopping server ends its readers with UNAVAILABLE
+    server_process(*flags)  # back on the same address
+    server.channel.close()
+    server = Stubs(first.address)
+    emit(server, held, ("out", "", 2, "after"))
+    complete(server, held, "ok")
+    reader.join(PATIENCE)
+    assert not reader.is_alive() and got == ["before", "after"]
+    server.channel.close()

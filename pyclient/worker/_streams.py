@@ -15,13 +15,12 @@ is unavailable, for up to a lease: a repeat of a stored chunk is a duplicate.
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from cyclone.v1 import worker_service_pb2 as pb
-from pyclient._streams import chunk_data
+from pyclient._streams import Sequencer
 from pyclient.errors import StreamFull, Unavailable, from_rpc_error
 from pyclient.worker._common import RPC_TIMEOUT
 from pyclient.worker._retry import Backoff
@@ -30,21 +29,16 @@ if TYPE_CHECKING:
     from pyclient.worker._journal import Journaling
 
 
-class StepStreams:
+class StepStreams(Sequencer):
     """The output streams of one claimed step (an attempt of a node)."""
 
     def __init__(self, shared: Journaling, step: pb.ClaimedStep):
+        super().__init__()
         self.shared = shared
         self.step = step
-        self._seqs: dict[tuple[str, str], int] = {}
-        self._lock = threading.Lock()
 
     def _request(self, stream: str, chunk: Any, step_id: str) -> pb.EmitChunksRequest:
-        if not isinstance(stream, str) or not stream:
-            raise ValueError("a stream's name is a non-empty str")
-        kind, data = chunk_data(chunk)
-        with self._lock:
-            seq = self._seqs[stream, step_id] = self._seqs.get((stream, step_id), 0) + 1
+        kind, data, seq = self.identify(stream, chunk, step_id)
         step = self.step
         item = pb.ChunkToEmit(stream=stream, step_id=step_id, seq=seq)
         setattr(item, kind, data)

@@ -93,7 +93,7 @@ async def emit_chunks(
 
 async def read_stream(
     db: Database, hub: StreamHub, request: workflow_pb.ReadStreamRequest, context: Context
-) -> AsyncIterator[workflow_pb.StreamChunk]:
+) -> AsyncIterator[workflow_pb.ReadStreamResponse]:
     """ReadStream: what is stored from the offset, then, unless no_wait, each new chunk
     as it is stored, until the run is finished and all of it was sent."""
     run_id = uuid_text(request.run_id)
@@ -111,7 +111,7 @@ async def read_stream(
             for row in rows:
                 if row.pos is None:
                     break
-                chunk = workflow_pb.StreamChunk(
+                chunk = workflow_pb.ReadStreamResponse(
                     offset=row.pos,
                     node=row.node,
                     step_id=row.step_id,
@@ -127,10 +127,13 @@ async def read_stream(
                 sent += 1
             if sent == READ_BATCH:
                 continue  # more may be stored already
-            if request.no_wait or rows[0].status in FINISHED or hub.stopping:
+            if request.no_wait or rows[0].status in FINISHED:
                 return
-            if context.done():
-                return
+            if hub.stopping:
+                raise errors.Unavailable(
+                    f"the server is stopping: read again from offset {offset} (another "
+                    "server, or this one once it is back)"
+                )
             await news.wait()
 
 

@@ -125,7 +125,7 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
     @stream_rpc
     async def ReadStream(
         self, request: workflow_pb.ReadStreamRequest, context: Context
-    ) -> AsyncIterator[workflow_pb.StreamChunk]:
+    ) -> AsyncIterator[workflow_pb.ReadStreamResponse]:
         async for chunk in read_stream(self.db, self.hub, request, context):
             yield chunk
 

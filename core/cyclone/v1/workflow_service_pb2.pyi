@@ -399,7 +399,7 @@ class ReadStreamRequest(_message.Message):
     no_wait: bool
     def __init__(self, run_id: _Optional[str] = ..., stream: _Optional[str] = ..., from_offset: _Optional[int] = ..., no_wait: _Optional[bool] = ...) -> None: ...
 
-class StreamChunk(_message.Message):
+class ReadStreamResponse(_message.Message):
     __slots__ = ("offset", "node", "step_id", "attempt", "emitted_at", "text", "json")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]

@@ -88,7 +88,7 @@ class WorkflowServiceStub:
         self.ReadStream = channel.unary_stream(
                 '/cyclone.v1.WorkflowService/ReadStream',
                 request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ReadStreamRequest.SerializeToString,
-                response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.StreamChunk.FromString,
+                response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ReadStreamResponse.FromString,
                 _registered_method=True)
         self.ListStreams = channel.unary_unary(
                 '/cyclone.v1.WorkflowService/ListStreams',
@@ -271,7 +271,7 @@ def add_WorkflowServiceServicer_to_server(servicer, server):
             'ReadStream': grpc.unary_stream_rpc_method_handler(
                     servicer.ReadStream,
                     request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ReadStreamRequest.FromString,
-                    response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.StreamChunk.SerializeToString,
+                    response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ReadStreamResponse.SerializeToString,
             ),
             'ListStreams': grpc.unary_unary_rpc_method_handler(
                     servicer.ListStreams,
@@ -576,7 +576,7 @@ class WorkflowService:
             target,
             '/cyclone.v1.WorkflowService/ReadStream',
             cyclone_dot_v1_dot_workflow__service__pb2.ReadStreamRequest.SerializeToString,
-            cyclone_dot_v1_dot_workflow__service__pb2.StreamChunk.FromString,
+            cyclone_dot_v1_dot_workflow__service__pb2.ReadStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2785,7 +2785,7 @@ type ChunkToEmit struct {
 	// the code emits them: the same on every attempt of the node, so that a replay's
 	// chunks are recognized.
 	Seq int32 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
-	// The chunk: text, or a JSON value as its JSON text.
+	// The chunk.
 	//
 	// Types that are valid to be assigned to Data:
 	//
@@ -2877,10 +2877,12 @@ type isChunkToEmit_Data interface {
 }
 
 type ChunkToEmit_Text struct {
+	// Text.
 	Text string `protobuf:"bytes,4,opt,name=text,proto3,oneof"`
 }
 
 type ChunkToEmit_Json struct {
+	// A JSON value, as its JSON text.
 	Json string `protobuf:"bytes,5,opt,name=json,proto3,oneof"`
 }
 
@@ -2891,9 +2893,11 @@ func (*ChunkToEmit_Json) isChunkToEmit_Data() {}
 // Arguments of WorkerService.EmitChunks.
 type EmitChunksRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The held node, with its lease token from ClaimedStep.
-	RunId      string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	Node       string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The held node's run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The held node.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// Its lease token, from ClaimedStep.
 	LeaseToken string `protobuf:"bytes,3,opt,name=lease_token,json=leaseToken,proto3" json:"lease_token,omitempty"`
 	// The chunks, in the order they were emitted (at most 1000).
 	Chunks        []*ChunkToEmit `protobuf:"bytes,4,rep,name=chunks,proto3" json:"chunks,omitempty"`

@@ -137,9 +137,9 @@ type WorkerServiceClient interface {
 	// answered duplicate = true with its offset, so a durable body that replays after a
 	// crash, emitting the same chunks in the same order, adds none twice. New chunks take
 	// the next offsets of their streams, in the order sent. All or nothing: a chunk past
-	// --max-stream-chunk-bytes is INVALID_ARGUMENT, and a call that would take the run's
-	// streams past --max-stream-bytes-per-run or --max-stream-chunks-per-run is
-	// RESOURCE_EXHAUSTED; then nothing of it is stored.
+	// --max-stream-chunk-bytes, or a call that would take the run's streams past
+	// --max-stream-bytes-per-run or --max-stream-chunks-per-run, is RESOURCE_EXHAUSTED,
+	// and then nothing of it is stored.
 	EmitChunks(ctx context.Context, in *EmitChunksRequest, opts ...grpc.CallOption) (*EmitChunksResponse, error)
 }
 
@@ -360,9 +360,9 @@ type WorkerServiceServer interface {
 	// answered duplicate = true with its offset, so a durable body that replays after a
 	// crash, emitting the same chunks in the same order, adds none twice. New chunks take
 	// the next offsets of their streams, in the order sent. All or nothing: a chunk past
-	// --max-stream-chunk-bytes is INVALID_ARGUMENT, and a call that would take the run's
-	// streams past --max-stream-bytes-per-run or --max-stream-chunks-per-run is
-	// RESOURCE_EXHAUSTED; then nothing of it is stored.
+	// --max-stream-chunk-bytes, or a call that would take the run's streams past
+	// --max-stream-bytes-per-run or --max-stream-chunks-per-run, is RESOURCE_EXHAUSTED,
+	// and then nothing of it is stored.
 	EmitChunks(context.Context, *EmitChunksRequest) (*EmitChunksResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
 }

@@ -2053,7 +2053,8 @@ func (x *WorkerSummary) GetServes() []string {
 // Arguments of WorkflowService.ReadStream.
 type ReadStreamRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The run whose stream to read.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// The stream's name.
 	Stream string `protobuf:"bytes,2,opt,name=stream,proto3" json:"stream,omitempty"`
 	// The offset of the first chunk to send (0: from the start).
@@ -2122,43 +2123,45 @@ func (x *ReadStreamRequest) GetNoWait() bool {
 	return false
 }
 
-// One chunk of an output stream (WorkflowService.ReadStream).
-type StreamChunk struct {
+// One chunk of an output stream: each message of WorkflowService.ReadStream.
+type ReadStreamResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Its place in the stream: 0 for the first.
 	Offset int64 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
-	// The node that emitted it, the step call it was emitted in (empty: the body or a
-	// plain handler), and the node's attempt that stored it.
-	Node    string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
-	StepId  string `protobuf:"bytes,3,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
-	Attempt int32  `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The node that emitted it.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The step call it was emitted in; empty for the body of a durable function or a
+	// plain handler.
+	StepId string `protobuf:"bytes,3,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The node's attempt that stored it.
+	Attempt int32 `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// When it was stored.
 	EmittedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=emitted_at,json=emittedAt,proto3" json:"emitted_at,omitempty"`
-	// The chunk: text, or a JSON value as its JSON text.
+	// The chunk.
 	//
 	// Types that are valid to be assigned to Data:
 	//
-	//	*StreamChunk_Text
-	//	*StreamChunk_Json
-	Data          isStreamChunk_Data `protobuf_oneof:"data"`
+	//	*ReadStreamResponse_Text
+	//	*ReadStreamResponse_Json
+	Data          isReadStreamResponse_Data `protobuf_oneof:"data"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *StreamChunk) Reset() {
-	*x = StreamChunk{}
+func (x *ReadStreamResponse) Reset() {
+	*x = ReadStreamResponse{}
 	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *StreamChunk) String() string {
+func (x *ReadStreamResponse) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*StreamChunk) ProtoMessage() {}
+func (*ReadStreamResponse) ProtoMessage() {}
 
-func (x *StreamChunk) ProtoReflect() protoreflect.Message {
+func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
 	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -2170,91 +2173,94 @@ func (x *StreamChunk) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use StreamChunk.ProtoReflect.Descriptor instead.
-func (*StreamChunk) Descriptor() ([]byte, []int) {
+// Deprecated: Use ReadStreamResponse.ProtoReflect.Descriptor instead.
+func (*ReadStreamResponse) Descriptor() ([]byte, []int) {
 	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{26}
 }
 
-func (x *StreamChunk) GetOffset() int64 {
+func (x *ReadStreamResponse) GetOffset() int64 {
 	if x != nil {
 		return x.Offset
 	}
 	return 0
 }
 
-func (x *StreamChunk) GetNode() string {
+func (x *ReadStreamResponse) GetNode() string {
 	if x != nil {
 		return x.Node
 	}
 	return ""
 }
 
-func (x *StreamChunk) GetStepId() string {
+func (x *ReadStreamResponse) GetStepId() string {
 	if x != nil {
 		return x.StepId
 	}
 	return ""
 }
 
-func (x *StreamChunk) GetAttempt() int32 {
+func (x *ReadStreamResponse) GetAttempt() int32 {
 	if x != nil {
 		return x.Attempt
 	}
 	return 0
 }
 
-func (x *StreamChunk) GetEmittedAt() *timestamppb.Timestamp {
+func (x *ReadStreamResponse) GetEmittedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.EmittedAt
 	}
 	return nil
 }
 
-func (x *StreamChunk) GetData() isStreamChunk_Data {
+func (x *ReadStreamResponse) GetData() isReadStreamResponse_Data {
 	if x != nil {
 		return x.Data
 	}
 	return nil
 }
 
-func (x *StreamChunk) GetText() string {
+func (x *ReadStreamResponse) GetText() string {
 	if x != nil {
-		if x, ok := x.Data.(*StreamChunk_Text); ok {
+		if x, ok := x.Data.(*ReadStreamResponse_Text); ok {
 			return x.Text
 		}
 	}
 	return ""
 }
 
-func (x *StreamChunk) GetJson() string {
+func (x *ReadStreamResponse) GetJson() string {
 	if x != nil {
-		if x, ok := x.Data.(*StreamChunk_Json); ok {
+		if x, ok := x.Data.(*ReadStreamResponse_Json); ok {
 			return x.Json
 		}
 	}
 	return ""
 }
 
-type isStreamChunk_Data interface {
-	isStreamChunk_Data()
+type isReadStreamResponse_Data interface {
+	isReadStreamResponse_Data()
 }
 
-type StreamChunk_Text struct {
+type ReadStreamResponse_Text struct {
+	// Text.
 	Text string `protobuf:"bytes,6,opt,name=text,proto3,oneof"`
 }
 
-type StreamChunk_Json struct {
+type ReadStreamResponse_Json struct {
+	// A JSON value, as its JSON text.
 	Json string `protobuf:"bytes,7,opt,name=json,proto3,oneof"`
 }
 
-func (*StreamChunk_Text) isStreamChunk_Data() {}
+func (*ReadStreamResponse_Text) isReadStreamResponse_Data() {}
 
-func (*StreamChunk_Json) isStreamChunk_Data() {}
+func (*ReadStreamResponse_Json) isReadStreamResponse_Data() {}
 
 // Arguments of WorkflowService.ListStreams.
 type ListStreamsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run whose streams to list.
+	RunId         string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2345,7 +2351,8 @@ func (x *ListStreamsResponse) GetStreams() []*StreamSummary {
 // One output stream of a run.
 type StreamSummary struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The stream's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// How many chunks it holds (the next chunk's offset).
 	Chunks int64 `protobuf:"varint,2,opt,name=chunks,proto3" json:"chunks,omitempty"`
 	// The bytes of its chunks' data.
@@ -2575,8 +2582,8 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x06stream\x18\x02 \x01(\tR\x06stream\x12\x1f\n" +
 	"\vfrom_offset\x18\x03 \x01(\x03R\n" +
 	"fromOffset\x12\x17\n" +
-	"\ano_wait\x18\x04 \x01(\bR\x06noWait\"\xdb\x01\n" +
-	"\vStreamChunk\x12\x16\n" +
+	"\ano_wait\x18\x04 \x01(\bR\x06noWait\"\xe2\x01\n" +
+	"\x12ReadStreamResponse\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x17\n" +
 	"\astep_id\x18\x03 \x01(\tR\x06stepId\x12\x18\n" +
@@ -2614,7 +2621,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x1bEXPLAIN_REASON_RATE_LIMITED\x10\x0e\x12\x1a\n" +
 	"\x16EXPLAIN_REASON_WAITING\x10<\x12\x1d\n" +
 	"\x19EXPLAIN_REASON_NOT_BEFORE\x10=\x12\x1a\n" +
-	"\x15EXPLAIN_REASON_PAUSED\x10\xc8\x012\xfb\x06\n" +
+	"\x15EXPLAIN_REASON_PAUSED\x10\xc8\x012\x82\a\n" +
 	"\x0fWorkflowService\x12?\n" +
 	"\x06Submit\x12\x19.cyclone.v1.SubmitRequest\x1a\x1a.cyclone.v1.SubmitResponse\x12K\n" +
 	"\n" +
@@ -2626,9 +2633,9 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\tSendEvent\x12\x1c.cyclone.v1.SendEventRequest\x1a\x1d.cyclone.v1.SendEventResponse\x12H\n" +
 	"\tCountRuns\x12\x1c.cyclone.v1.CountRunsRequest\x1a\x1d.cyclone.v1.CountRunsResponse\x12H\n" +
 	"\tListSteps\x12\x1c.cyclone.v1.ListStepsRequest\x1a\x1d.cyclone.v1.ListStepsResponse\x12N\n" +
-	"\vListWorkers\x12\x1e.cyclone.v1.ListWorkersRequest\x1a\x1f.cyclone.v1.ListWorkersResponse\x12F\n" +
+	"\vListWorkers\x12\x1e.cyclone.v1.ListWorkersRequest\x1a\x1f.cyclone.v1.ListWorkersResponse\x12M\n" +
 	"\n" +
-	"ReadStream\x12\x1d.cyclone.v1.ReadStreamRequest\x1a\x17.cyclone.v1.StreamChunk0\x01\x12N\n" +
+	"ReadStream\x12\x1d.cyclone.v1.ReadStreamRequest\x1a\x1e.cyclone.v1.ReadStreamResponse0\x01\x12N\n" +
 	"\vListStreams\x12\x1e.cyclone.v1.ListStreamsRequest\x1a\x1f.cyclone.v1.ListStreamsResponseb\x06proto3"
 
 var (
@@ -2673,7 +2680,7 @@ var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(*ListWorkersResponse)(nil),   // 24: cyclone.v1.ListWorkersResponse
 	(*WorkerSummary)(nil),         // 25: cyclone.v1.WorkerSummary
 	(*ReadStreamRequest)(nil),     // 26: cyclone.v1.ReadStreamRequest
-	(*StreamChunk)(nil),           // 27: cyclone.v1.StreamChunk
+	(*ReadStreamResponse)(nil),    // 27: cyclone.v1.ReadStreamResponse
 	(*ListStreamsRequest)(nil),    // 28: cyclone.v1.ListStreamsRequest
 	(*ListStreamsResponse)(nil),   // 29: cyclone.v1.ListStreamsResponse
 	(*StreamSummary)(nil),         // 30: cyclone.v1.StreamSummary
@@ -2734,7 +2741,7 @@ var file_cyclone_v1_workflow_service_proto_depIdxs = []int32{
 	37, // 39: cyclone.v1.WorkerSummary.last_heartbeat_at:type_name -> google.protobuf.Timestamp
 	37, // 40: cyclone.v1.WorkerSummary.unhealthy_since:type_name -> google.protobuf.Timestamp
 	37, // 41: cyclone.v1.WorkerSummary.last_seen_at:type_name -> google.protobuf.Timestamp
-	37, // 42: cyclone.v1.StreamChunk.emitted_at:type_name -> google.protobuf.Timestamp
+	37, // 42: cyclone.v1.ReadStreamResponse.emitted_at:type_name -> google.protobuf.Timestamp
 	30, // 43: cyclone.v1.ListStreamsResponse.streams:type_name -> cyclone.v1.StreamSummary
 	37, // 44: cyclone.v1.StreamSummary.last_emitted_at:type_name -> google.protobuf.Timestamp
 	1,  // 45: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
@@ -2759,7 +2766,7 @@ var file_cyclone_v1_workflow_service_proto_depIdxs = []int32{
 	18, // 64: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
 	21, // 65: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
 	24, // 66: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
-	27, // 67: cyclone.v1.WorkflowService.ReadStream:output_type -> cyclone.v1.StreamChunk
+	27, // 67: cyclone.v1.WorkflowService.ReadStream:output_type -> cyclone.v1.ReadStreamResponse
 	29, // 68: cyclone.v1.WorkflowService.ListStreams:output_type -> cyclone.v1.ListStreamsResponse
 	57, // [57:69] is the sub-list for method output_type
 	45, // [45:57] is the sub-list for method input_type
@@ -2775,8 +2782,8 @@ func file_cyclone_v1_workflow_service_proto_init() {
 	}
 	file_cyclone_v1_types_proto_init()
 	file_cyclone_v1_workflow_service_proto_msgTypes[26].OneofWrappers = []any{
-		(*StreamChunk_Text)(nil),
-		(*StreamChunk_Json)(nil),
+		(*ReadStreamResponse_Text)(nil),
+		(*ReadStreamResponse_Json)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -89,7 +89,7 @@ type WorkflowServiceClient interface {
 	// sent; then the call ends OK. A stream nobody wrote (yet) is empty, not an error.
 	// Live readers wait on the server's notifications, not on queries of their own.
 	// NOT_FOUND for an unknown run. Reads only.
-	ReadStream(ctx context.Context, in *ReadStreamRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamChunk], error)
+	ReadStream(ctx context.Context, in *ReadStreamRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadStreamResponse], error)
 	// The output streams of a run, by name, with how many chunks and bytes each holds.
 	// NOT_FOUND for an unknown run. Reads only.
 	ListStreams(ctx context.Context, in *ListStreamsRequest, opts ...grpc.CallOption) (*ListStreamsResponse, error)
@@ -203,13 +203,13 @@ func (c *workflowServiceClient) ListWorkers(ctx context.Context, in *ListWorkers
 	return out, nil
 }
 
-func (c *workflowServiceClient) ReadStream(ctx context.Context, in *ReadStreamRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamChunk], error) {
+func (c *workflowServiceClient) ReadStream(ctx context.Context, in *ReadStreamRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadStreamResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &WorkflowService_ServiceDesc.Streams[0], WorkflowService_ReadStream_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[ReadStreamRequest, StreamChunk]{ClientStream: stream}
+	x := &grpc.GenericClientStream[ReadStreamRequest, ReadStreamResponse]{ClientStream: stream}
 	if err := x.ClientStream.SendMsg(in); err != nil {
 		return nil, err
 	}
@@ -220,7 +220,7 @@ func (c *workflowServiceClient) ReadStream(ctx context.Context, in *ReadStreamRe
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type WorkflowService_ReadStreamClient = grpc.ServerStreamingClient[StreamChunk]
+type WorkflowService_ReadStreamClient = grpc.ServerStreamingClient[ReadStreamResponse]
 
 func (c *workflowServiceClient) ListStreams(ctx context.Context, in *ListStreamsRequest, opts ...grpc.CallOption) (*ListStreamsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -288,7 +288,7 @@ type WorkflowServiceServer interface {
 	// sent; then the call ends OK. A stream nobody wrote (yet) is empty, not an error.
 	// Live readers wait on the server's notifications, not on queries of their own.
 	// NOT_FOUND for an unknown run. Reads only.
-	ReadStream(*ReadStreamRequest, grpc.ServerStreamingServer[StreamChunk]) error
+	ReadStream(*ReadStreamRequest, grpc.ServerStreamingServer[ReadStreamResponse]) error
 	// The output streams of a run, by name, with how many chunks and bytes each holds.
 	// NOT_FOUND for an unknown run. Reads only.
 	ListStreams(context.Context, *ListStreamsRequest) (*ListStreamsResponse, error)
@@ -332,7 +332,7 @@ func (UnimplementedWorkflowServiceServer) ListSteps(context.Context, *ListStepsR
 func (UnimplementedWorkflowServiceServer) ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListWorkers not implemented")
 }
-func (UnimplementedWorkflowServiceServer) ReadStream(*ReadStreamRequest, grpc.ServerStreamingServer[StreamChunk]) error {
+func (UnimplementedWorkflowServiceServer) ReadStream(*ReadStreamRequest, grpc.ServerStreamingServer[ReadStreamResponse]) error {
 	return status.Error(codes.Unimplemented, "method ReadStream not implemented")
 }
 func (UnimplementedWorkflowServiceServer) ListStreams(context.Context, *ListStreamsRequest) (*ListStreamsResponse, error) {
@@ -544,11 +544,11 @@ func _WorkflowService_ReadStream_Handler(srv interface{}, stream grpc.ServerStre
 	if err := stream.RecvMsg(m); err != nil {
 		return err
 	}
-	return srv.(WorkflowServiceServer).ReadStream(m, &grpc.GenericServerStream[ReadStreamRequest, StreamChunk]{ServerStream: stream})
+	return srv.(WorkflowServiceServer).ReadStream(m, &grpc.GenericServerStream[ReadStreamRequest, ReadStreamResponse]{ServerStream: stream})
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type WorkflowService_ReadStreamServer = grpc.ServerStreamingServer[StreamChunk]
+type WorkflowService_ReadStreamServer = grpc.ServerStreamingServer[ReadStreamResponse]
 
 func _WorkflowService_ListStreams_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListStreamsRequest)

@@ -1569,18 +1569,22 @@ export type ChunkToEmit = Message<"cyclone.v1.ChunkToEmit"> & {
   seq: number;
 
   /**
-   * The chunk: text, or a JSON value as its JSON text.
+   * The chunk.
    *
    * @generated from oneof cyclone.v1.ChunkToEmit.data
    */
   data: {
     /**
+     * Text.
+     *
      * @generated from field: string text = 4;
      */
     value: string;
     case: "text";
   } | {
     /**
+     * A JSON value, as its JSON text.
+     *
      * @generated from field: string json = 5;
      */
     value: string;
@@ -1602,18 +1606,22 @@ export const ChunkToEmitSchema: GenMessage<ChunkToEmit> = /*@__PURE__*/
  */
 export type EmitChunksRequest = Message<"cyclone.v1.EmitChunksRequest"> & {
   /**
-   * The held node, with its lease token from ClaimedStep.
+   * The held node's run.
    *
    * @generated from field: string run_id = 1;
    */
   runId: string;
 
   /**
+   * The held node.
+   *
    * @generated from field: string node = 2;
    */
   node: string;
 
   /**
+   * Its lease token, from ClaimedStep.
+   *
    * @generated from field: string lease_token = 3;
    */
   leaseToken: string;
@@ -1919,9 +1927,9 @@ export const WorkerService: GenService<{
    * answered duplicate = true with its offset, so a durable body that replays after a
    * crash, emitting the same chunks in the same order, adds none twice. New chunks take
    * the next offsets of their streams, in the order sent. All or nothing: a chunk past
-   * --max-stream-chunk-bytes is INVALID_ARGUMENT, and a call that would take the run's
-   * streams past --max-stream-bytes-per-run or --max-stream-chunks-per-run is
-   * RESOURCE_EXHAUSTED; then nothing of it is stored.
+   * --max-stream-chunk-bytes, or a call that would take the run's streams past
+   * --max-stream-bytes-per-run or --max-stream-chunks-per-run, is RESOURCE_EXHAUSTED,
+   * and then nothing of it is stored.
    *
    * @generated from rpc cyclone.v1.WorkerService.EmitChunks
    */
