@@ -17,8 +17,11 @@ from console.pages import MAX_SHOWN, client_of, render
 from pyclient.async_client import AsyncClient
 from pyclient.models import RunStatus
 
-#: The chunks of a stream read for its text: its last ones.
-LAST_CHUNKS = 2000
+#: The last chunks of a stream read for its text: first this many, then four times
+#: more at each try while the text is shorter than what the page shows, up to
+#: MOST_CHUNKS (a chunk holds up to 64 KiB: the first try reads at most 1 MiB).
+FIRST_CHUNKS = 16
+MOST_CHUNKS = 4096
 #: Seconds between refreshes of a live run's streams.
 POLL_S = 2
 
@@ -49,9 +52,14 @@ def text_of(data: list[Any]) -> str:
 async def streams_of(client: AsyncClient, run_id: str) -> list[StreamText]:
     found = []
     for summary in await client.list_streams(run_id):
-        start = max(0, summary.chunks - LAST_CHUNKS)
-        data = [c.data async for c in client.read_stream(run_id, summary.name, start, wait=False)]
-        text = text_of(data)
+        window = FIRST_CHUNKS
+        while True:
+            start = max(0, summary.chunks - window)
+            read = client.read_stream(run_id, summary.name, start, wait=False)
+            text = text_of([c.data async for c in read])
+            if start == 0 or len(text) >= MAX_SHOWN or window >= MOST_CHUNKS:
+                break
+            window *= 4
         cut = start > 0 or len(text) > MAX_SHOWN
         found.append(
             StreamText(summary.name, summary.chunks, summary.bytes, text[-MAX_SHOWN:], cut)

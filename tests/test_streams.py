@@ -388,3 +388,25 @@ def test_a_reader_goes_on_from_where_it_was_when_its_server_restarts(server_proc
     reader.join(PATIENCE)
     assert not reader.is_alive() and got == ["before", "after"]
     server.channel.close()
+
+
+def test_the_console_shows_the_end_of_a_long_stream(cyclone_server):
+    run_id = submit(cyclone_server, workflow("s", node("a")))
+    [held] = claim(cyclone_server)
+    lines = [f"line {i:05}\n" for i in range(3000)]  # 33,000 characters
+    for start in range(0, len(lines), 1000):
+        batch = lines[start : start + 1000]
+        emit(cyclone_server, held, *(("log", "", start + i + 1, t) for i, t in enumerate(batch)))
+    console = ConsoleThread(cyclone_server.address)
+    try:
+        page = Browserless(console.url).get(f"/runs/{run_id}")
+        pre = r'<pre class="stream" data-stream="log"[^>]*>(.*?)</pre>'
+        shown = html.unescape(re.search(pre, page.text, re.S).group(1))
+        assert shown.endswith("line 02999\n") and len(shown) <= 20_000
+        assert (
+            "line 00000" not in shown
+            and "3,000 chunks" in page.text
+            and "the last of it" in page.text
+        )
+    finally:
+        console.stop()
