@@ -2056,6 +2056,11 @@ def print_table(r: dict, out: Path) -> None:
                 f"{s['steps_per_s_without']['after']} after)",
             ),
             ("  with readers / without (target >= 0.9)", s["ratio"]),
+            ("  server CPU per step, with readers / without", s["server_cpu_ratio"]),
+            (
+                "  server CPU with only the readers open, % of a CPU",
+                s["server_idle_cpu_pct_with_readers"],
+            ),
         ]
     if "big" in r:
         b = r["big"]

@@ -3,7 +3,10 @@ streams cost the claims. Throughput is measured as `throughput` measures it (one
 runs drained by the bare-stub workers), without readers, then with ``readers`` ReadStream
 calls open on the same server, each following the stream of a run of its own that stays
 running, then without again; the figure is the rate with readers over the mean of the
-two without (target >= 0.9: readers slow claims by at most a tenth).
+two without (target >= 0.9: readers slow claims by at most a tenth). Also reported: the
+server's CPU per step with readers over without (``server_cpu_ratio``), which a machine
+busy with other work disturbs less than the rate, and the server's CPU while only the
+readers are open.
 
 Each followed run holds one chunk (stored from SQL, as EmitChunks would store it), so
 that a reader's first answer says it is open and waiting; the readers run in a process
@@ -18,6 +21,7 @@ import time
 from typing import Any
 
 import grpc
+import psutil
 import psycopg
 
 from cyclone.v1 import workflow_service_pb2, workflow_service_pb2_grpc
@@ -96,6 +100,7 @@ def scenario(bench: Any, server: Any, database_url: str, runs: int, readers: int
             raise RuntimeError(f"only {ready.value} of {readers} stream readers opened")
         time.sleep(0.1)
     try:
+        idle = idle_cpu(server.proc.pid)
         during = bench.scenario_throughput(server, database_url, runs, "stream-during")
         still_open = ready.value == readers and process.is_alive()
     finally:
@@ -103,6 +108,7 @@ def scenario(bench: Any, server: Any, database_url: str, runs: int, readers: int
         process.join(60)
     after = bench.scenario_throughput(server, database_url, runs, "stream-after")
     without = (before["steps_per_s"] + after["steps_per_s"]) / 2
+    cpu_without = (before["cpu_ms_per_step"]["server"] + after["cpu_ms_per_step"]["server"]) / 2
     return {
         "readers": readers,
         "readers_open_throughout": still_open,
@@ -111,4 +117,17 @@ def scenario(bench: Any, server: Any, database_url: str, runs: int, readers: int
         "cpu_ms_per_step_without": before["cpu_ms_per_step"],
         "cpu_ms_per_step_with": during["cpu_ms_per_step"],
         "ratio": round(during["steps_per_s"] / without, 2),
+        # The server's CPU per step with readers over without: what they cost the claims,
+        # less sensitive than the rate to a machine shared with other work.
+        "server_cpu_ratio": round(during["cpu_ms_per_step"]["server"] / cpu_without, 2),
+        # The server's CPU while the readers wait and nothing else runs (% of one CPU).
+        "server_idle_cpu_pct_with_readers": idle,
     }
+
+
+def idle_cpu(pid: int, seconds: float = 5.0) -> float:
+    """The CPU a process spends in ``seconds`` of quiet, as a percentage of one CPU."""
+    process = psutil.Process(pid)
+    start = sum(process.cpu_times()[:2])
+    time.sleep(seconds)
+    return round(100 * (sum(process.cpu_times()[:2]) - start) / seconds, 1)

@@ -326,7 +326,7 @@ class Context:
     def _streams(self) -> Any:
         streams = self._control.streams
         if streams is None:
-            raise RuntimeError("emit() sends chunks to a server: it works in a Worker's handler")
+            raise RuntimeError("emit() works in the handlers a Worker or pyclient.testing runs")
         return streams
 
     def record_step_call(self, conn: psycopg.Connection, output: Any = None) -> None:

@@ -228,6 +228,28 @@ def test_a_worker_handler_and_a_durable_body_emit_and_async_readers_follow(cyclo
     assert got == [("once", ""), ("UPON", "shout"), ({"done": True}, "")]
 
 
+def test_an_async_handler_emits_with_emit_async_and_not_with_the_blocking_emit(cyclone_server):
+    worker = Worker(cyclone_server.address, concurrency=2, lease=10.0, claim_wait=1.0)
+    refused: list[str] = []
+
+    @worker.action("poet")
+    async def poet(ctx) -> int:
+        offsets = [await ctx.emit_async("verse", word) for word in ("roses", "are", "red")]
+        try:
+            ctx.emit("verse", "blocked")  # would block the handlers' loop
+        except RuntimeError as exc:
+            refused.append(str(exc))
+        return offsets[-1]
+
+    wf = Workflow("poet")
+    wf.node("poet", action="poet")
+    with Client(cyclone_server.address) as client, running(worker):
+        run = client.wait(client.submit(wf), timeout=PATIENCE)
+        assert run.status == "completed" and run.step("poet").output == 2
+        assert [c.data for c in client.read_stream(run.run_id, "verse")] == ["roses", "are", "red"]
+    assert refused and "emit_async" in refused[0]
+
+
 def test_a_handler_sees_a_full_stream_as_an_exception(server_factory):
     server = server_factory(max_stream_chunks_per_run=2)
     worker = Worker(server.address, concurrency=1, lease=10.0, claim_wait=1.0)
