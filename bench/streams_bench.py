@@ -101,7 +101,13 @@ def scenario(bench: Any, server: Any, database_url: str, runs: int, readers: int
         time.sleep(0.1)
     try:
         idle = idle_cpu(server.proc.pid)
+        readers_cpu = psutil.Process(process.pid)
+        readers_start, started = sum(readers_cpu.cpu_times()[:2]), time.monotonic()
         during = bench.scenario_throughput(server, database_url, runs, "stream-during")
+        readers_pct = round(
+            100 * (sum(readers_cpu.cpu_times()[:2]) - readers_start) / (time.monotonic() - started),
+            1,
+        )
         still_open = ready.value == readers and process.is_alive()
     finally:
         stop.set()
@@ -122,6 +128,9 @@ def scenario(bench: Any, server: Any, database_url: str, runs: int, readers: int
         "server_cpu_ratio": round(during["cpu_ms_per_step"]["server"] / cpu_without, 2),
         # The server's CPU while the readers wait and nothing else runs (% of one CPU).
         "server_idle_cpu_pct_with_readers": idle,
+        # The readers' own process (the bench's clients) meanwhile, % of a CPU: on a
+        # small machine it competes with the server, the workers and Postgres.
+        "readers_process_cpu_pct": readers_pct,
     }
 
 
