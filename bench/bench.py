@@ -41,6 +41,10 @@ Scenarios (fixed counts, every loop bounded in count and time):
               before the workers start, drained as throughput: steps/s over the first
               100,000 completed (--backlog-measure; 0 drains all), ratio to throughput
   submit      runs submitted per second by 4 concurrent clients
+  streams     throughput without live stream readers, with --stream-readers (1,000)
+              ReadStream calls open on the server, and without again
+              (bench/streams_bench.py): the rate with them over the mean without
+              (target >= 0.9)
   big         health checks answered while one Submit at the default caps (2,000 nodes,
               ~100,000 edges) is validated and stored: their latency, and the Submit's own
 
@@ -81,6 +85,7 @@ import languages
 import peer
 import psutil
 import psycopg
+import streams_bench
 
 from cyclone.v1 import (
     types_pb2,
@@ -1431,6 +1436,12 @@ def main() -> None:
     parser.add_argument(
         "--fan-width", type=int, default=FAN_WIDTH, help="leaves of the fan scenario's run"
     )
+    parser.add_argument(
+        "--stream-readers",
+        type=int,
+        default=1000,
+        help="live ReadStream calls open during the streams scenario (default 1,000)",
+    )
     parser.add_argument("--only", default="", help="comma-separated scenarios to run")
     parser.add_argument(
         "--database",
@@ -1624,6 +1635,12 @@ def main() -> None:
                 "ratio": round(again["steps_per_s"] / results["throughput"]["steps_per_s"], 2),
             }
             print("history", results["history"], flush=True)
+        if wanted("streams"):
+            this = sys.modules[__name__]
+            results["streams"] = streams_bench.scenario(
+                this, server, database_url, args.runs, args.stream_readers
+            )
+            print("streams", results["streams"], flush=True)
         if wanted("backlog"):
             # Last: the rest of the backlog stays in the tables, ready.
             results["backlog"] = scenario_backlog(
@@ -2030,6 +2047,21 @@ def print_table(r: dict, out: Path) -> None:
         ]
         if "ratio" in b:
             rows.append(("  backlog / throughput (target >= 0.9)", b["ratio"]))
+    if "streams" in r:
+        s = r["streams"]
+        rows += [
+            (
+                f"throughput with {s['readers']:,} live stream readers, steps/s (without)",
+                f"{s['steps_per_s_with']} ({s['steps_per_s_without']['before']} before, "
+                f"{s['steps_per_s_without']['after']} after)",
+            ),
+            ("  with readers / without (target >= 0.9)", s["ratio"]),
+            ("  server CPU per step, with readers / without", s["server_cpu_ratio"]),
+            (
+                "  server CPU with only the readers open, % of a CPU",
+                s["server_idle_cpu_pct_with_readers"],
+            ),
+        ]
     if "big" in r:
         b = r["big"]
         rows.append(

@@ -20,7 +20,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from console import actions, bulk, views
+from console import actions, bulk, streams, views
 from console.pages import HERE, Console, http_status, render
 from console.sessions import COOKIE, Session, Sessions
 from pyclient.errors import CycloneError, Unauthenticated
@@ -126,6 +126,7 @@ def create_app(
         routes=[
             *actions.routes,
             *bulk.routes,
+            *streams.routes,
             *views.routes,
             Mount("/static", StaticFiles(directory=HERE / "static")),
         ],

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from console import graph, survey
+from console import graph, streams, survey
 from console.pages import Console, client_of, form_of, render, session_of
 from console.sessions import Sessions
 from pyclient import _states as states
@@ -191,6 +191,9 @@ async def _run(request: Request, template: str) -> Response:
         "done": request.query_params.get("done", ""),
         "poll_s": POLL_S,
     }
+    if template == "run.html":
+        live = not RunStatus(run.status).finished
+        context |= await streams.context_of(client, run.run_id, live)
     return render(request, template, context)
 
 

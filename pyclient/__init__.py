@@ -13,6 +13,7 @@ package ``cyclone``; pyclient.dag re-exports its workflow validation.
 
 # First: refuses an environment that holds PyPI's other "cyclone" (see there).
 import cyclone.distribution  # noqa: F401
+from pyclient._streams import StreamChunk, StreamSummary
 from pyclient.actions import Action, InputMismatch, RateLimit
 from pyclient.client import AsyncClient, Client
 from pyclient.context import Context, current
@@ -54,6 +55,7 @@ from pyclient.errors import (
     PermissionDenied,
     RetryAfter,
     StepResultTooLarge,
+    StreamFull,
     Unauthenticated,
     Unavailable,
     WaitTimeout,
@@ -151,6 +153,9 @@ __all__ = [
     "StepResultTooLarge",
     "StepStatus",
     "StepTimeout",
+    "StreamChunk",
+    "StreamFull",
+    "StreamSummary",
     "Submitted",
     "Suspended",
     "Unauthenticated",

@@ -44,6 +44,7 @@ from pyclient._commands import (
 )
 from pyclient._deadline_cli import deadline_commands
 from pyclient._pause_cli import pause_commands
+from pyclient._stream_cli import stream_commands
 from pyclient.client import default_address
 
 DESCRIPTION = """\
@@ -204,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         _submit_command,
         _run_commands,
         _logs_command,
+        stream_commands,
         _runs_commands,
         _operator_commands,
         pause_commands,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cyclone.jsonvalue import dumps
+from pyclient._streams import MemoryStreams, StreamStore
 from pyclient.actions import Action
 from pyclient.context import Context, StepControl, bind, unbind
 from pyclient.models import UpstreamFailure
@@ -57,6 +58,7 @@ def make_context(
     given = _GivenConnection(completion_conn) if completion_conn is not None else None
     # Only its connection() is used outside the worker.
     control = StepControl(completion_tx=given)  # type: ignore[arg-type]
+    control.streams = MemoryStreams(StreamStore(), node)
     return Context(
         run_id=run_id or str(uuid.uuid4()),
         node=node,
@@ -87,6 +89,8 @@ def run(handler: Callable[..., Any], ctx: Context | None = None, **context: Any)
     elif context:
         raise TypeError("pass either a context or context fields, not both")
     action = Action.of(ctx.action, handler)
+    # Each call is an attempt of its own: its chunks are identified from the first.
+    ctx._control.streams = _streams_again(ctx)
     token = bind(ctx)
     try:
         if action.is_async:
@@ -173,7 +177,28 @@ def run_twice(
 
 
 def _fresh_control(ctx: Context) -> StepControl:
-    return StepControl(completion_tx=ctx._control.completion_tx)
+    """The control of the node's next attempt: the same completion transaction and
+    streams (a retry's chunks are identified anew, as a worker's are)."""
+    control = StepControl(completion_tx=ctx._control.completion_tx)
+    control.streams = _streams_again(ctx)
+    return control
+
+
+def _streams_again(ctx: Context) -> Any:
+    streams = ctx._control.streams
+    return streams.again() if isinstance(streams, MemoryStreams) else streams
+
+
+def emitted(ctx: Any) -> dict[str, list[Any]]:
+    """What the handler of ``ctx`` (a context of :func:`make_context`, a
+    :class:`HandlerEnvironment` or a DurableNode) emitted with ``ctx.emit``, by stream:
+    each stream's chunks in order, as readers would get them (a chunk emitted again by a
+    retry or a replay is there once)."""
+    context = getattr(ctx, "ctx", ctx)
+    streams = context._control.streams
+    if not isinstance(streams, MemoryStreams):
+        raise TypeError("emitted() reads the streams of a context made by pyclient.testing")
+    return {name: list(chunks) for name, chunks in streams.store.streams.items()}
 
 
 class HandlerEnvironment:
@@ -205,6 +230,7 @@ class HandlerEnvironment:
             completion_tx=ctx._control.completion_tx,
             on_heartbeat=self._heartbeat,
         )
+        self._control.streams = ctx._control.streams
         #: The context the handler gets.
         self.ctx: Context = dataclasses.replace(ctx, _control=self._control)
         #: How many times the handler called ``ctx.heartbeat()``.

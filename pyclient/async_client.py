@@ -24,6 +24,7 @@ from pyclient._requests import (
     stubs,
 )
 from pyclient._schedule_calls import schedule_calls
+from pyclient._streams import StreamChunk, StreamSummary, list_call, read_async, read_request
 from pyclient._tracing import SUBMITS, with_context
 from pyclient.errors import from_rpc_error
 from pyclient.models import (
@@ -425,6 +426,26 @@ class AsyncClient:
 
     async def delete_schedule(self, name: str) -> None:
         await self._invoke(schedule_calls.delete(name))
+
+    def read_stream(
+        self,
+        run_id: str,
+        name: str,
+        offset: int = 0,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+    ) -> AsyncIterator[StreamChunk]:
+        """The chunks of the run's output stream ``name`` from ``offset``, as an async
+        iterator: those stored, then (with ``wait``) each new one as it is stored, until
+        the run is finished and all were read (docs/streams.md). See
+        :meth:`Client.read_stream`."""
+        request = read_request(run_id, name, offset, wait)
+        return read_async(self._stubs["workflow"], request, self._metadata, timeout)
+
+    async def list_streams(self, run_id: str) -> list[StreamSummary]:
+        """The run's output streams by name, with their chunks and bytes."""
+        return await self._invoke(list_call(run_id))
 
     async def wait(
         self, run_id: str, timeout: float | None = None, *, poll_cap: float = 1.0

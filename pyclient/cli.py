@@ -54,6 +54,8 @@ READER_GONE = 141
 
 
 def _print(result: Any, as_json: bool, out: TextIO) -> None:
+    if result is None:  # the command printed its output itself (cyclone stream)
+        return
     if as_json:
         if isinstance(result, Run | Explanation | Schedule):
             result = result.to_dict()

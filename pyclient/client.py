@@ -31,6 +31,7 @@ from pyclient._requests import (
     stubs,
 )
 from pyclient._schedule_calls import schedule_calls
+from pyclient._streams import StreamChunk, StreamSummary, list_call, read_request, read_sync
 from pyclient._tracing import SUBMITS, with_context
 from pyclient.async_client import AsyncClient
 from pyclient.errors import from_rpc_error
@@ -531,6 +532,27 @@ class Client:
     def delete_schedule(self, name: str) -> None:
         """Delete the schedule; the runs it submitted stay."""
         self._invoke(schedule_calls.delete(name))
+
+    def read_stream(
+        self,
+        run_id: str,
+        name: str,
+        offset: int = 0,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+    ) -> Iterator[StreamChunk]:
+        """The chunks of the run's output stream ``name`` from ``offset``, in order: those
+        stored, then (with ``wait``) each new one as it is stored, until the run is
+        finished and all were read (docs/streams.md). ``wait=False`` stops after those
+        stored now. ``timeout`` bounds the whole read (None: none). Stopping the
+        iteration early ends the call."""
+        request = read_request(run_id, name, offset, wait)
+        return read_sync(self._stubs["workflow"], request, self._metadata, timeout)
+
+    def list_streams(self, run_id: str) -> list[StreamSummary]:
+        """The run's output streams by name, with their chunks and bytes."""
+        return self._invoke(list_call(run_id))
 
     def wait(self, run_id: str, timeout: float | None = None, *, poll_cap: float = 1.0) -> Run:
         """Poll until the run is completed, failed, cancelled or blocked; return it.

@@ -58,6 +58,7 @@ class StepControl:
         "progress",
         "progress_set",
         "raised",
+        "streams",
     )
 
     def __init__(
@@ -82,6 +83,8 @@ class StepControl:
         self._recorded = self._taken = self._delivered = 0
         #: The events raised, as bits (only the worker's loop raises them); and those made.
         self.raised = 0
+        #: Where ctx.emit sends chunks (the worker's StepStreams); None: nowhere.
+        self.streams: Any = None
         self._events: dict[int, threading.Event] | None = None
         self._lock = threading.Lock()
 
@@ -299,6 +302,32 @@ class Context:
         reported, so recording progress and then raising keeps it.
         """
         self._control.request_heartbeat(progress, progress is not _NO_PROGRESS)
+
+    def emit(self, stream: str, chunk: Any) -> int:
+        """Append ``chunk`` to the run's output stream ``stream`` and return its offset
+        (docs/streams.md). ``chunk`` is a str (text) or any other JSON value (sent as JSON
+        and read back as the same value). Returns once the chunk is stored; readers of
+        the stream (``Client.read_stream``, ``cyclone stream``) see it at once.
+
+        In a durable function each chunk is tied to where the body emitted it (the step
+        call it runs in, or the body, and its order there): a replay after a crash
+        emits the chunks stored already again, and they are not stored twice. Raises
+        StreamFull when the run's streams are full (the server's bounds) and LeaseLost
+        when this attempt no longer holds the node. In an async handler use
+        :meth:`emit_async`. RuntimeError outside a worker's handler."""
+        offset: int = self._streams().emit(stream, chunk, self.step_id or "")
+        return offset
+
+    async def emit_async(self, stream: str, chunk: Any) -> int:
+        """:meth:`emit` for an async handler: the same, awaited."""
+        offset: int = await self._streams().emit_async(stream, chunk, self.step_id or "")
+        return offset
+
+    def _streams(self) -> Any:
+        streams = self._control.streams
+        if streams is None:
+            raise RuntimeError("emit() works in the handlers a Worker or pyclient.testing runs")
+        return streams
 
     def record_step_call(self, conn: psycopg.Connection, output: Any = None) -> None:
         """Inside a step call: record the call's success with ``output`` in ``conn``'s

@@ -161,6 +161,13 @@ class JournalFull(CycloneError, NonRetryableError):
     fails for good with this error."""
 
 
+class StreamFull(CycloneError, NonRetryableError):
+    """``ctx.emit`` was refused: the run's output streams hold as many bytes or chunks as
+    the server allows (--max-stream-bytes-per-run, --max-stream-chunks-per-run), or the
+    chunk is larger than one may be (--max-stream-chunk-bytes). Nothing of that emit
+    was stored. Uncaught, it fails the node for good: its retries would be refused too."""
+
+
 class RetryAfter(Exception):
     """Raised by a handler: the step failed, retry it no sooner than ``seconds`` from now.
 

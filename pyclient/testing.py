@@ -27,6 +27,10 @@ answer.
         assert env.run(export) == {"stopped_at": 30}
         assert env.ctx.cancelled.is_set() and not env.outcome_reported
 
+What a handler emits with ``ctx.emit`` is kept in memory as the server keeps it
+(a chunk emitted again by a retry or a replay is there once); :func:`emitted` reads
+it, by stream.
+
 Durable functions run on :class:`DurableNode`: the worker's replay engine on a
 journal kept in memory, with a crash injected around any step call, replays, blocks
 on unsafe calls and their resolution. :func:`explore` tries every crash point:
@@ -63,6 +67,7 @@ from pyclient._testing_durable import (
 from pyclient._testing_handlers import (
     HandlerEnvironment,
     RepeatReport,
+    emitted,
     make_context,
     run,
     run_twice,
@@ -81,6 +86,7 @@ __all__ = [
     "ReplayReport",
     "Scenario",
     "SimulatedCrash",
+    "emitted",
     "explore",
     "make_context",
     "replay",

@@ -60,6 +60,11 @@ class Settings:
     max_message_bytes: int = 16 << 20
     max_payload_bytes: int = 1 << 20
     max_json_depth: int = 32
+    # Output streams (service.api.streams; docs/streams.md).
+    max_stream_chunk_bytes: int = 64 << 10
+    max_stream_bytes_per_run: int = 16 << 20
+    max_stream_chunks_per_run: int = 100_000
+    stream_recheck_s: float = 1.0
     max_nodes: int = dag.MAX_NODES
     max_dependencies: int = dag.MAX_DEPENDENCIES
     max_dependents: int = dag.MAX_DEPENDENTS
@@ -115,6 +120,14 @@ _HELP = {
     "max_message_bytes": "largest gRPC message accepted, in bytes",
     "max_payload_bytes": "largest JSON payload (input, output, result), in bytes",
     "max_json_depth": "deepest nesting of a JSON payload",
+    "max_stream_chunk_bytes": "largest chunk of an output stream (EmitChunks), in bytes",
+    "max_stream_bytes_per_run": "most bytes the output streams of one run hold, over all "
+    "of them; past it EmitChunks is RESOURCE_EXHAUSTED",
+    "max_stream_chunks_per_run": "most chunks the output streams of one run hold, over "
+    "all of them; past it EmitChunks is RESOURCE_EXHAUSTED",
+    "stream_recheck_s": "seconds between the looks of a server at whether the runs its "
+    "live stream readers follow have finished (one statement for all of them; new "
+    "chunks wake readers at once by NOTIFY)",
     "max_nodes": "most nodes in one workflow",
     "max_dependencies": "most dependencies of one node (fan-in)",
     "max_dependents": "most nodes that depend on one node (fan-out)",
@@ -222,6 +235,10 @@ def parse(argv: list[str] | None = None) -> Settings:
         parser.error("--bulk-rate must be 1 or more runs a second")
     if settings.bulk_lease_s <= 0:
         parser.error("--bulk-lease must be more than 0 seconds")
+    if settings.stream_recheck_s <= 0:
+        parser.error("--stream-recheck must be more than 0 seconds")
+    if min(settings.max_stream_chunk_bytes, settings.max_stream_bytes_per_run) < 1:
+        parser.error("--max-stream-chunk-bytes and --max-stream-bytes-per-run must be 1 or more")
     if settings.max_recoveries < 0:
         parser.error("--max-recoveries must be 0 or more")
     if settings.citus not in ("auto", "on", "off"):

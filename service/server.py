@@ -37,6 +37,7 @@ from service.engine.activity import ActionActivity, Handouts
 from service.engine.notify import Dispatcher
 from service.engine.recovery import Upkeep
 from service.engine.schedules import fire_due
+from service.engine.streams import StreamHub
 from service.engine.waits import EventNodes
 from service.metrics import Metrics
 
@@ -78,6 +79,9 @@ class CycloneServer:
             on_acquire=self.metrics.pool_wait.observe,
         )
         self.metrics.watch_pool(self.db.pool_status, settings.pool_size)
+        #: Live readers of output streams, woken by cyclone_stream notifications.
+        self.streams = StreamHub(self.db, settings.stream_recheck_s)
+        self.dispatcher.on_stream = self.streams.stored
         self.activity = ActionActivity()
         self.handouts = Handouts()
         #: OpenTelemetry spans, when --tracing is on (None: no tracing code runs).
@@ -103,10 +107,16 @@ class CycloneServer:
             self.interceptors.append(Interceptor(self.tracing.tracer))
         self.grpc = grpc.aio.server(options=options, interceptors=self.interceptors)
         self.worker = WorkerServicer(
-            self.db, self.dispatcher, settings, self.metrics, self.activity, self.handouts
+            self.db,
+            self.dispatcher,
+            settings,
+            self.metrics,
+            self.activity,
+            self.handouts,
+            self.streams,
         )
         workflow_service_pb2_grpc.add_WorkflowServiceServicer_to_server(
-            WorkflowServicer(self.db, settings, self.metrics, self.report_activity),
+            WorkflowServicer(self.db, settings, self.metrics, self.report_activity, self.streams),
             self.grpc,
         )
         worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(self.worker, self.grpc)
@@ -127,6 +137,7 @@ class CycloneServer:
         # Whether the database is sharded decides how steps are claimed: asked once.
         await self.db.start()
         self.dispatcher.start()
+        self.streams.start()
         self.metrics.watch_database(self.db.workers.metrics_gauges, asyncio.get_running_loop())
         listen = config.metrics_listen(self.settings)
         self.metrics_port = self.metrics.serve(listen)
@@ -170,12 +181,15 @@ class CycloneServer:
         await self.health.enter_graceful_shutdown()
         self.worker.stopping.set()
         self.dispatcher.wake_all()  # waiting claims answer now
+        self.streams.stopping = True
+        self.streams.wake_all()  # live stream readers end
         await self.grpc.stop(grace)
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.dispatcher.stop()
+        await self.streams.stop()
         await metrics_closed
         await self.db.close()
         if self.tracing is not None:

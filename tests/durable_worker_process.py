@@ -31,6 +31,10 @@ Durable functions (actions):
     ``{"charged": false, "error": ...}`` otherwise; on success ``receipt`` runs.
     ``--hang before-effect`` / ``after-effect`` hangs charge_card before or after its
     effect line.
+``streamer``
+    emits the words of ``before`` to the stream ``tokens``, then calls ``shout`` (whose
+    step call emits its word in capitals), emits ``{"after": ...}``, then the words of
+    ``after``. ``--hang mid-stream`` hangs the body before the words of ``after``.
 ``ledger``
     ``count`` steps (input ``{"count": n}``), each inserting one row into the table
     ``ledger`` in its own transaction, which records the step call's success with
@@ -70,6 +74,7 @@ def main() -> None:
             "before-wait",
             "after-wait",
             "after-start",
+            "mid-stream",
         ],
     )
     parser.add_argument("--safe", action="store_true")
@@ -191,6 +196,25 @@ def main() -> None:
             return {"charged": False, "error": error}
         receipt(charge)
         return {"charged": True, "charge": charge}
+
+    # -- streamer ---------------------------------------------------------------------
+
+    @step
+    def shout(word: str) -> str:
+        current().emit("tokens", word.upper())  # a chunk of the step call "shout"
+        record("shout", detail=word)
+        return word.upper()
+
+    @worker.workflow("streamer")
+    def streamer(ctx, data: dict) -> str:
+        for word in data["before"]:
+            ctx.emit("tokens", word)
+        loud = shout("loud")
+        ctx.emit("tokens", {"after": loud})
+        hang_at("mid-stream", "streamer")
+        for word in data["after"]:
+            ctx.emit("tokens", word)
+        return loud
 
     # -- ledger -----------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -401,3 +402,41 @@ def test_a_body_run_as_a_script_replays_when_a_worker_imports_it_and_sees_the_sa
     )
     [step_row] = [s for s in get_run(lab.server, run_id).steps if s.node == "features"]
     assert [c.function for c in step_row.journal] == ["lookup", "pay", "finish"]
+
+
+def test_a_body_killed_mid_stream_replays_without_a_chunk_twice_or_one_lost(lab):
+    run_id = lab.client.start("streamer", {"before": ["a", "b"], "after": ["c", "d"]})
+    read: list[Any] = []
+
+    def follow() -> None:  # a live reader, from before the crash to the run's end
+        with Client(lab.server.address) as client:
+            read.extend((c.offset, c.data) for c in client.read_stream(run_id, "tokens"))
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    following = lab.crash(run_id, "mid-stream", recorded=("streamer", 1))
+    stored = [
+        (c.offset, c.data, c.attempt) for c in lab.client.read_stream(run_id, "tokens", wait=False)
+    ]
+    # Killed with four chunks stored, the step call's among them.
+    assert stored == [(0, "a", 1), (1, "b", 1), (2, "LOUD", 1), (3, {"after": "LOUD"}, 1)]
+
+    lab.release(following)
+    assert lab.wait(run_id).status == "completed"
+    reader.join(PATIENCE)
+    assert not reader.is_alive(), "the reader ends with the run"
+    # The replay emitted a, b and {"after"} again (shout was replayed from the journal):
+    # none stored twice, and the new chunks follow, written by attempt 2.
+    whole = [
+        (c.offset, c.data, c.step_id, c.attempt) for c in lab.client.read_stream(run_id, "tokens")
+    ]
+    assert whole == [
+        (0, "a", "", 1),
+        (1, "b", "", 1),
+        (2, "LOUD", "shout", 1),
+        (3, {"after": "LOUD"}, "", 1),
+        (4, "c", "", 2),
+        (5, "d", "", 2),
+    ]
+    assert read == [(offset, data) for offset, data, _, _ in whole]
+    assert lab.effects() == {"shout": 1}

@@ -76,6 +76,7 @@ SQLSTATE_KINDS: dict[str, ErrorKind] = {
     "22P02": ErrorKind.INVALID_ARGUMENT,  # invalid text representation (e.g. a bad UUID)
     "22001": ErrorKind.INVALID_ARGUMENT,  # string too long
     "54001": ErrorKind.INVALID_ARGUMENT,  # statement too complex
+    "54000": ErrorKind.RESOURCE_EXHAUSTED,  # a bound of the server's (a run's streams)
     "57014": ErrorKind.UNAVAILABLE,  # statement timeout
     "08006": ErrorKind.UNAVAILABLE,  # connection failure
     "08001": ErrorKind.UNAVAILABLE,  # cannot connect

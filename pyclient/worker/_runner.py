@@ -29,6 +29,7 @@ from pyclient.worker._completer import Completer
 from pyclient.worker._config import WorkerConfig, worker_limits
 from pyclient.worker._executor import AsyncCall, Executor
 from pyclient.worker._journal import GrpcJournal, Journaling
+from pyclient.worker._streams import StepStreams
 from pyclient.worker._watch import Times, Watch, Watching
 
 #: The upstream outputs of a step that has none (most).
@@ -96,6 +97,7 @@ class StepRunner:
             lease_end = ts.seconds + ts.nanos * 1e-9
         else:
             control = StepControl(completion_tx=tx)
+        control.streams = StepStreams(self.journaling, step)
         has_deadline = step.HasField("deadline")
         if has_deadline:
             ts = step.deadline

@@ -25,6 +25,7 @@ from service.api.build import (
     result_bytes,
 )
 from service.api.status import rpc
+from service.api.streams import emit_chunks
 from service.api.submit import new_run_of
 from service.api.validate import (
     Context,
@@ -48,6 +49,7 @@ from service.engine.activity import ActionActivity, Handouts
 from service.engine.claims import Claims
 from service.engine.notify import Dispatcher
 from service.engine.reports import Outcomes, log_outcome
+from service.engine.streams import StreamHub
 from service.metrics import Metrics
 
 log = logging.getLogger("cyclone")
@@ -62,9 +64,12 @@ class WorkerServicer(WorkStream, WorkerRequests, worker_grpc.WorkerServiceServic
         metrics: Metrics,
         activity: ActionActivity,
         handouts: Handouts,
+        hub: StreamHub | None = None,
     ) -> None:
         self.db = db
         self.dispatcher = dispatcher
+        #: Told of the chunks EmitChunks stores (this server's live readers).
+        self.hub = hub if hub is not None else StreamHub(db, settings.stream_recheck_s)
         self.settings = settings
         self.metrics = metrics
         self.handouts = handouts
@@ -169,6 +174,16 @@ class WorkerServicer(WorkStream, WorkerRequests, worker_grpc.WorkerServiceServic
             self.metrics.refused.inc()
             raise
         return self._begun(call, row)
+
+    @rpc
+    async def EmitChunks(
+        self, request: worker_pb.EmitChunksRequest, context: Context
+    ) -> worker_pb.EmitChunksResponse:
+        try:
+            return await emit_chunks(self.db, self.hub, self.settings, request)
+        except (errors.LeaseLost, errors.NotFound):
+            self.metrics.refused.inc()
+            raise
 
     @rpc
     async def Wait(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC
 from typing import Any
 
@@ -30,7 +30,8 @@ from service.api.build import (
     step_proto,
 )
 from service.api.ids import parse_uuid
-from service.api.status import rpc
+from service.api.status import rpc, stream_rpc
+from service.api.streams import list_streams, read_stream
 from service.api.submit import deadline_time, new_run_of, start_time
 from service.api.validate import (
     DEFAULT_COUNT_LIMIT,
@@ -57,6 +58,7 @@ from service.api.validate import (
 from service.config import Settings
 from service.db import Database
 from service.engine.explain import explain
+from service.engine.streams import StreamHub
 from service.engine.waits import RESERVED_PREFIX
 from service.metrics import Metrics
 
@@ -70,8 +72,11 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
         settings: Settings,
         metrics: Metrics,
         report_activity: Callable[[], Awaitable[None]],
+        hub: StreamHub | None = None,
     ) -> None:
         self.db = db
+        #: The live readers of output streams (ReadStream).
+        self.hub = hub if hub is not None else StreamHub(db, settings.stream_recheck_s)
         self.settings = settings
         self.limits = limits_of(settings)
         self.payloads = payloads_of(settings)
@@ -116,6 +121,19 @@ class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
                 extra={"run_id": str(run_id), "workflow": request.workflow.name},
             )
         return run_id, created
+
+    @stream_rpc
+    async def ReadStream(
+        self, request: workflow_pb.ReadStreamRequest, context: Context
+    ) -> AsyncIterator[workflow_pb.ReadStreamResponse]:
+        async for chunk in read_stream(self.db, self.hub, request, context):
+            yield chunk
+
+    @rpc
+    async def ListStreams(
+        self, request: workflow_pb.ListStreamsRequest, context: Context
+    ) -> workflow_pb.ListStreamsResponse:
+        return await list_streams(self.db, request)
 
     @rpc
     async def Submit(

@@ -19,6 +19,7 @@ from service.db.retention import Retention
 from service.db.runs import Runs
 from service.db.schedules import Schedules
 from service.db.shard_reports import ShardReports
+from service.db.streams import Streams
 from service.db.waits import Waits
 from service.db.workers import Workers
 
@@ -53,6 +54,7 @@ class Database:
         self.schedules = Schedules(self.pool)
         self.builds = Builds(self.pool)
         self.bulk = Bulk(self.pool)
+        self.streams = Streams(self.pool)
 
     async def start(self) -> None:
         """Ask the database once whether it is sharded (Citus), and serve it so."""

@@ -19,6 +19,9 @@ from psycopg.conninfo import make_conninfo
 log = logging.getLogger(__name__)
 
 CHANNEL = "cyclone_ready"
+#: The channel cyclone.stream_emit notifies, with the run id, when it stored chunks
+#: (service.engine.streams wakes the live readers of that run).
+STREAM_CHANNEL = "cyclone_stream"
 
 # The coordinator of the Citus cluster this database is a worker node of (no row on a
 # coordinator, or without Citus).
@@ -58,8 +61,9 @@ async def connect(database_url: str) -> psycopg.AsyncConnection[Any]:
 
 
 async def listen(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Start hearing the channel on ``conn`` (conn.notifies() then yields each)."""
+    """Start hearing the channels on ``conn`` (conn.notifies() then yields each)."""
     await conn.execute(f"LISTEN {CHANNEL}")
+    await conn.execute(f"LISTEN {STREAM_CHANNEL}")
 
 
 async def announce(conn: psycopg.AsyncConnection[Any], actions: Iterable[str]) -> None:

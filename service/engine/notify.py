@@ -6,6 +6,10 @@ coalesced ``NOTIFY cyclone_ready, '<action>'`` per action tells the other server
 sent from a connection that writes nothing, so it never holds up a commit (see
 0003_deferred_notify.sql). Transitions made elsewhere (a worker's own completion
 transaction) notify inline. Every server holds one LISTEN connection here.
+
+The same connection hears ``cyclone_stream``, which cyclone.stream_emit notifies with
+the run id when it stored chunks of an output stream: handed to ``on_stream`` (the
+server's service.engine.streams.StreamHub), which wakes that run's live readers.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ class Dispatcher:
         self.connected = asyncio.Event()
         #: The backend of the connection that sends this server's notifications.
         self._own_pid: int | None = None
+        #: Told the run id of each cyclone_stream notification; with None, when
+        #: notifications may have been missed (the LISTEN connection was (re)made).
+        self.on_stream: Callable[[str | None], None] | None = None
 
     def start(self) -> None:
         self._tasks = [
@@ -128,9 +135,15 @@ class Dispatcher:
             try:
                 # Anything may have become ready while we were not listening.
                 self.wake_all()
+                on_stream = self.on_stream
+                if on_stream is not None:
+                    on_stream(None)
                 async for notify in conn.notifies():
+                    if notify.channel == channel.STREAM_CHANNEL:
+                        if on_stream is not None:
+                            on_stream(notify.payload)
                     # Our own notifications: publish woke our claims already.
-                    if notify.pid != self._own_pid:
+                    elif notify.pid != self._own_pid:
                         self.wake(notify.payload)
             finally:
                 self.connected.clear()

@@ -437,3 +437,37 @@ class WaitResponse(_message.Message):
     decision: WaitDecision
     call: _types_pb2.StepCall
     def __init__(self, decision: _Optional[_Union[WaitDecision, str]] = ..., call: _Optional[_Union[_types_pb2.StepCall, _Mapping]] = ...) -> None: ...
+
+class ChunkToEmit(_message.Message):
+    __slots__ = ("stream", "step_id", "seq", "text", "json")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    step_id: str
+    seq: int
+    text: str
+    json: str
+    def __init__(self, stream: _Optional[str] = ..., step_id: _Optional[str] = ..., seq: _Optional[int] = ..., text: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...
+
+class EmitChunksRequest(_message.Message):
+    __slots__ = ("run_id", "node", "lease_token", "chunks")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    lease_token: str
+    chunks: _containers.RepeatedCompositeFieldContainer[ChunkToEmit]
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[ChunkToEmit, _Mapping]]] = ...) -> None: ...
+
+class EmitChunksResponse(_message.Message):
+    __slots__ = ("offsets", "duplicate")
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    duplicate: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, offsets: _Optional[_Iterable[int]] = ..., duplicate: _Optional[_Iterable[bool]] = ...) -> None: ...

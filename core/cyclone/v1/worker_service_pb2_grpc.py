@@ -81,6 +81,11 @@ class WorkerServiceStub:
                 request_serializer=cyclone_dot_v1_dot_worker__service__pb2.WorkRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.WorkResponse.FromString,
                 _registered_method=True)
+        self.EmitChunks = channel.unary_unary(
+                '/cyclone.v1.WorkerService/EmitChunks',
+                request_serializer=cyclone_dot_v1_dot_worker__service__pb2.EmitChunksRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.EmitChunksResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -225,6 +230,22 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EmitChunks(self, request, context):
+        """Appends chunks to the run's output streams (docs/streams.md), fenced by the node's
+        lease token as BeginStepCall: only the holder of the node's lease writes, a stale
+        token is ABORTED and writes nothing. Each chunk is identified by (node, stream,
+        step_id, seq): one whose identity is stored already is not stored again and is
+        answered duplicate = true with its offset, so a durable body that replays after a
+        crash, emitting the same chunks in the same order, adds none twice. New chunks take
+        the next offsets of their streams, in the order sent. All or nothing: a chunk past
+        --max-stream-chunk-bytes, or a call that would take the run's streams past
+        --max-stream-bytes-per-run or --max-stream-chunks-per-run, is RESOURCE_EXHAUSTED,
+        and then nothing of it is stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -272,6 +293,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Work,
                     request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.WorkRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_worker__service__pb2.WorkResponse.SerializeToString,
+            ),
+            'EmitChunks': grpc.unary_unary_rpc_method_handler(
+                    servicer.EmitChunks,
+                    request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.EmitChunksRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_worker__service__pb2.EmitChunksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -519,6 +545,33 @@ class WorkerService:
             '/cyclone.v1.WorkerService/Work',
             cyclone_dot_v1_dot_worker__service__pb2.WorkRequest.SerializeToString,
             cyclone_dot_v1_dot_worker__service__pb2.WorkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EmitChunks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkerService/EmitChunks',
+            cyclone_dot_v1_dot_worker__service__pb2.EmitChunksRequest.SerializeToString,
+            cyclone_dot_v1_dot_worker__service__pb2.EmitChunksResponse.FromString,
             options,
             channel_credentials,
             insecure,

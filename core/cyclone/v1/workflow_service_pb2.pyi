@@ -386,3 +386,57 @@ class WorkerSummary(_message.Message):
     last_seen_at: _timestamp_pb2.Timestamp
     serves: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., running: _Optional[int] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expired: _Optional[int] = ..., unhealthy: _Optional[bool] = ..., unhealthy_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., build_id: _Optional[str] = ..., last_seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., serves: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReadStreamRequest(_message.Message):
+    __slots__ = ("run_id", "stream", "from_offset", "no_wait")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NO_WAIT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    stream: str
+    from_offset: int
+    no_wait: bool
+    def __init__(self, run_id: _Optional[str] = ..., stream: _Optional[str] = ..., from_offset: _Optional[int] = ..., no_wait: _Optional[bool] = ...) -> None: ...
+
+class ReadStreamResponse(_message.Message):
+    __slots__ = ("offset", "node", "step_id", "attempt", "emitted_at", "text", "json")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    EMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    node: str
+    step_id: str
+    attempt: int
+    emitted_at: _timestamp_pb2.Timestamp
+    text: str
+    json: str
+    def __init__(self, offset: _Optional[int] = ..., node: _Optional[str] = ..., step_id: _Optional[str] = ..., attempt: _Optional[int] = ..., emitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., text: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...
+
+class ListStreamsRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class ListStreamsResponse(_message.Message):
+    __slots__ = ("streams",)
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    streams: _containers.RepeatedCompositeFieldContainer[StreamSummary]
+    def __init__(self, streams: _Optional[_Iterable[_Union[StreamSummary, _Mapping]]] = ...) -> None: ...
+
+class StreamSummary(_message.Message):
+    __slots__ = ("name", "chunks", "bytes", "last_emitted_at")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_EMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    chunks: int
+    bytes: int
+    last_emitted_at: _timestamp_pb2.Timestamp
+    def __init__(self, name: _Optional[str] = ..., chunks: _Optional[int] = ..., bytes: _Optional[int] = ..., last_emitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -85,6 +85,16 @@ class WorkflowServiceStub:
                 request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
+        self.ReadStream = channel.unary_stream(
+                '/cyclone.v1.WorkflowService/ReadStream',
+                request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ReadStreamRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ReadStreamResponse.FromString,
+                _registered_method=True)
+        self.ListStreams = channel.unary_unary(
+                '/cyclone.v1.WorkflowService/ListStreams',
+                request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ListStreamsRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ListStreamsResponse.FromString,
+                _registered_method=True)
 
 
 class WorkflowServiceServicer:
@@ -185,6 +195,26 @@ class WorkflowServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadStream(self, request, context):
+        """The chunks of one of a run's output streams (docs/streams.md), in order, from
+        from_offset: those stored, then, unless no_wait, each new one as it is stored, until
+        the run is finished (completed, failed or cancelled) and every chunk it stored was
+        sent; then the call ends OK. A stream nobody wrote (yet) is empty, not an error.
+        Live readers wait on the server's notifications, not on queries of their own.
+        NOT_FOUND for an unknown run. Reads only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListStreams(self, request, context):
+        """The output streams of a run, by name, with how many chunks and bytes each holds.
+        NOT_FOUND for an unknown run. Reads only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -237,6 +267,16 @@ def add_WorkflowServiceServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ListWorkersRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'ReadStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadStream,
+                    request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ReadStreamRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ReadStreamResponse.SerializeToString,
+            ),
+            'ListStreams': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStreams,
+                    request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ListStreamsRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ListStreamsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -510,6 +550,60 @@ class WorkflowService:
             '/cyclone.v1.WorkflowService/ListWorkers',
             cyclone_dot_v1_dot_workflow__service__pb2.ListWorkersRequest.SerializeToString,
             cyclone_dot_v1_dot_workflow__service__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/cyclone.v1.WorkflowService/ReadStream',
+            cyclone_dot_v1_dot_workflow__service__pb2.ReadStreamRequest.SerializeToString,
+            cyclone_dot_v1_dot_workflow__service__pb2.ReadStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStreams(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkflowService/ListStreams',
+            cyclone_dot_v1_dot_workflow__service__pb2.ListStreamsRequest.SerializeToString,
+            cyclone_dot_v1_dot_workflow__service__pb2.ListStreamsResponse.FromString,
             options,
             channel_credentials,
             insecure,

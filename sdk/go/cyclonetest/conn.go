@@ -94,6 +94,8 @@ func (c *conn) Invoke(_ context.Context, method string, args, reply any, _ ...gr
 		resp, err = c.wait(in)
 	case *cyclonev1.StartChildRequest:
 		resp, err = c.startChild(in)
+	case *cyclonev1.EmitChunksRequest:
+		resp = c.emit(in)
 	default:
 		return status.Errorf(codes.Unimplemented, "cyclonetest does not serve %s", method)
 	}
@@ -176,4 +178,22 @@ func (c *conn) complete(in *cyclonev1.CompleteRequest) (proto.Message, error) {
 		a.Status, a.Output = Completed, in.GetOutput()
 	}
 	return &cyclonev1.CompleteResponse{}, nil
+}
+
+// emit stores chunks as the server does: by identity, a repeat answered duplicate.
+func (c *conn) emit(in *cyclonev1.EmitChunksRequest) proto.Message {
+	n := c.node
+	resp := &cyclonev1.EmitChunksResponse{}
+	for _, chunk := range in.Chunks {
+		id := fmt.Sprintf("%s\x00%s\x00%s\x00%d", in.Node, chunk.Stream, chunk.StepId, chunk.Seq)
+		offset, dup := n.chunkIDs[id]
+		if !dup {
+			offset = int64(len(n.streams[chunk.Stream]))
+			n.chunkIDs[id] = offset
+			n.streams[chunk.Stream] = append(n.streams[chunk.Stream], chunk.GetText()+chunk.GetJson())
+		}
+		resp.Offsets = append(resp.Offsets, offset)
+		resp.Duplicate = append(resp.Duplicate, dup)
+	}
+	return resp
 }

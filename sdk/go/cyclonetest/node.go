@@ -134,6 +134,8 @@ type Node struct {
 	children   map[string]*child
 	crash      *Crash
 	current    *Attempt
+	streams    map[string][]string // the chunks emitted, by stream: text, or JSON text
+	chunkIDs   map[string]int64    // the offsets of the chunks stored, by identity
 }
 
 // NewNode makes a node whose handler is h. An option that cannot be applied (an input
@@ -153,6 +155,8 @@ func NewNode(h worker.Handler, opts ...Option) (*Node, error) {
 		executions: map[string]int{},
 		events:     map[string][]*structpb.Value{},
 		children:   map[string]*child{},
+		streams:    map[string][]string{},
+		chunkIDs:   map[string]int64{},
 	}
 	for _, opt := range opts {
 		if err := opt(n); err != nil {
@@ -312,4 +316,17 @@ func (n *Node) resolve(stepID string, set func(*cyclonev1.StepCall)) error {
 	}
 	n.blockedOn = ""
 	return nil
+}
+
+// Emitted is what the node's handler emitted (Step.Emit) over its attempts, by stream,
+// as the server stores it: a chunk emitted again under the same identity (by a replay)
+// is there once. Each chunk is its text, or its JSON text.
+func (n *Node) Emitted() map[string][]string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make(map[string][]string, len(n.streams))
+	for name, chunks := range n.streams {
+		out[name] = append([]string(nil), chunks...)
+	}
+	return out
 }

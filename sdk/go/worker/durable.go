@@ -116,7 +116,8 @@ func Call[T any](ctx context.Context, s *Step, name string, fn func(context.Cont
 	if err != nil || c.recorded != nil {
 		return replayed[T](c, err)
 	}
-	out, fnErr := fn(ctx)
+	// The function's chunks (Step.Emit) are identified by the call's step id.
+	out, fnErr := fn(context.WithValue(ctx, stepCallKey{}, c.id))
 	if fnErr != nil && ctx.Err() != nil {
 		// The node is stopping (lease lost, cancelled, deadline): record nothing. A
 		// safe call runs again in the next attempt; an unsafe one is uncertain there.

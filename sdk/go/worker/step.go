@@ -29,6 +29,8 @@ type Step struct {
 	steps       *journal // the step calls of a durable function; see Call
 	limits      Limits   // checked before anything is sent; zero fields: the defaults
 
+	emits emitted // the chunks this attempt emitted, counted for their identities
+
 	log        *slog.Logger // the worker's, with the step's ids
 	logs       stepLogs     // lines for the next heartbeat or the completion
 	loggerOnce sync.Once

@@ -183,6 +183,17 @@ export class StepContext {
     return this.journal.step(name, fn, { ...options, unsafe: true });
   }
 
+  /**
+   * Appends `chunk` (a string, or any JSON value) to the run's output stream `stream`
+   * and returns its offset once it is stored (docs/streams.md). Inside a step call's
+   * function the chunk belongs to that call: a replay that answers the call from the
+   * journal does not store it again. Past the server's bounds it throws a
+   * non-retryable Failure of type StreamFull.
+   */
+  emit(stream: string, chunk: unknown): Promise<number> {
+    return this.journal.emit(stream, chunk);
+  }
+
   /** Whether this run takes the new path of patch `id` (see durable functions, patches). */
   patched(id: string): Promise<boolean> {
     return this.journal.patched(id);

@@ -19,8 +19,12 @@ import {
   type StepCallError,
   type Workflow,
 } from "./gen/cyclone/v1/types_pb.js";
+import { AsyncLocalStorage } from "node:async_hooks";
+
 import {
   BeginStepCallRequestSchema,
+  ChunkToEmitSchema,
+  EmitChunksRequestSchema,
   EndStepCallRequestSchema,
   StartChildRequestSchema,
   StepCallDecision,
@@ -28,6 +32,8 @@ import {
   WaitRequestSchema,
   type BeginStepCallRequest,
   type BeginStepCallResponse,
+  type EmitChunksRequest,
+  type EmitChunksResponse,
   type EndStepCallRequest,
   type EndStepCallResponse,
   type StartChildRequest,
@@ -73,7 +79,12 @@ export interface StepCallTransport {
   endStepCall(request: EndStepCallRequest, options?: CallOptions): Promise<EndStepCallResponse>;
   wait(request: WaitRequest, options?: CallOptions): Promise<WaitResponse>;
   startChild(request: StartChildRequest, options?: CallOptions): Promise<StartChildResponse>;
+  /** Output streams (ctx.emit); a transport without it cannot emit. */
+  emitChunks?(request: EmitChunksRequest, options?: CallOptions): Promise<EmitChunksResponse>;
 }
+
+/** The step id of the step call whose function runs here (ctx.emit's chunks are its). */
+const runningCall = new AsyncLocalStorage<string>();
 
 /** The node a journal belongs to, and the lease its calls present. */
 export interface NodeLease {
@@ -186,6 +197,8 @@ export class Journal {
   private seq = 0;
   private readonly occurred = new Map<string, number>();
   private readonly used = new Set<string>();
+  /** The chunks this attempt emitted, by stream and step call: their seqs. */
+  private readonly emitted = new Map<string, number>();
   /** Why the body must stop; every later call throws it. */
   stopped: Error | undefined;
   /** The step's log lines not sent yet: a Wait carries them (a suspended node reports nothing). */
@@ -227,6 +240,39 @@ export class Journal {
     return [...this.bySeq.values()].sort((a, b) => a.seq - b.seq);
   }
 
+  /**
+   * Appends `chunk` to the run's output stream `stream` (docs/streams.md) and returns
+   * its offset once it is stored. Identified by the step call it is emitted in (none
+   * for the body) and its order there, so that a replay does not store it twice.
+   */
+  async emit(stream: string, chunk: unknown): Promise<number> {
+    if (!stream) throw new Error("a stream's name is a non-empty string");
+    const send = this.transport.emitChunks?.bind(this.transport);
+    if (send === undefined) throw new Error("emit needs a server: this transport has no EmitChunks");
+    const item = create(ChunkToEmitSchema, { stream, stepId: runningCall.getStore() ?? "" });
+    if (typeof chunk === "string") {
+      item.data = { case: "text", value: chunk };
+    } else {
+      const json = JSON.stringify(chunk);
+      if (json === undefined) throw new TypeError("a stream chunk is a string or a JSON value");
+      item.data = { case: "json", value: json };
+    }
+    const key = `${stream}\u0000${item.stepId}`;
+    item.seq = (this.emitted.get(key) ?? 0) + 1;
+    this.emitted.set(key, item.seq);
+    const request = create(EmitChunksRequestSchema, { ...this.leaseIds(), chunks: [item] });
+    try {
+      const response = await retryUnavailable(() => send(request, this.callOptions), this.signal);
+      return Number(response.offsets[0]);
+    } catch (error) {
+      if (error instanceof ConnectError) {
+        if (error.code === Code.ResourceExhausted) throw nonRetryable("StreamFull", error.rawMessage);
+        if (error.code === Code.Aborted) throw this.stop(new LeaseLost(`lease lost: ${error.rawMessage}`));
+      }
+      throw error;
+    }
+  }
+
   /** Stops the body: this and every later call throw `reason`. */
   stop(reason: Error): Error {
     if (this.stopped === undefined) {
@@ -249,7 +295,7 @@ export class Journal {
     let failure: unknown;
     let failed = false;
     try {
-      output = await fn(signal);
+      output = await runningCall.run(call.id, () => fn(signal));
     } catch (error) {
       failed = true;
       failure = error;

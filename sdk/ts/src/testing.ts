@@ -22,6 +22,7 @@ import { StepCallErrorSchema, StepCallSchema, StepCallStatus, type StepCall } fr
 import {
   BeginStepCallResponseSchema,
   ClaimedStepSchema,
+  EmitChunksResponseSchema,
   EndStepCallResponseSchema,
   StartChildResponseSchema,
   StepCallDecision,
@@ -29,6 +30,8 @@ import {
   WaitResponseSchema,
   type BeginStepCallRequest,
   type BeginStepCallResponse,
+  type EmitChunksRequest,
+  type EmitChunksResponse,
   type EndStepCallRequest,
   type EndStepCallResponse,
   type StartChildRequest,
@@ -113,6 +116,12 @@ export class DurableNode implements StepCallTransport {
   readonly attempts: AttemptResult[] = [];
   /** The fake clock of sleeps and event timeouts, in ms. */
   now = Date.UTC(2026, 0, 1);
+  /**
+   * What the body emitted (ctx.emit), by stream, as the server stores it: a chunk that
+   * a replay emits again is there once.
+   */
+  readonly streams: Record<string, JsonValue[]> = {};
+  private readonly chunkOffsets = new Map<string, number>();
   /** Child runs started, by run id. */
   readonly children = new Map<string, { workflow: string; input: JsonValue; result?: JsonValue; failed?: string }>();
 
@@ -285,6 +294,25 @@ export class DurableNode implements StepCallTransport {
     started.status = StepCallStatus.STARTED;
     this.journal.set(started.seq, started);
     return answer(StepCallDecision.RUN, started);
+  }
+
+  async emitChunks(request: EmitChunksRequest): Promise<EmitChunksResponse> {
+    this.checkLease(request.leaseToken);
+    const offsets: bigint[] = [];
+    const duplicate: boolean[] = [];
+    for (const chunk of request.chunks) {
+      const id = [request.node, chunk.stream, chunk.stepId, chunk.seq].join("\u0000");
+      let offset = this.chunkOffsets.get(id);
+      duplicate.push(offset !== undefined);
+      if (offset === undefined) {
+        const chunks = (this.streams[chunk.stream] ??= []);
+        const data = chunk.data.case === "json" ? (JSON.parse(chunk.data.value) as JsonValue) : (chunk.data.value ?? "");
+        offset = chunks.push(data) - 1;
+        this.chunkOffsets.set(id, offset);
+      }
+      offsets.push(BigInt(offset));
+    }
+    return create(EmitChunksResponseSchema, { offsets, duplicate });
   }
 
   async endStepCall(request: EndStepCallRequest): Promise<EndStepCallResponse> {

@@ -84,3 +84,18 @@ test("a handler output that JSON cannot carry fails with an Error naming the cau
   assert.equal(result.status, "failed");
   assert.match(result.failure?.message ?? "", /BigInt/);
 });
+
+test("a replay after a crash stores no chunk twice, and a step call's chunks are its own", async () => {
+  const node = new DurableNode(async (ctx) => {
+    await ctx.emit("tokens", "once");
+    const loud = await ctx.step("shout", async () => {
+      await ctx.emit("tokens", "UPON");
+      return "UPON";
+    });
+    await ctx.emit("tokens", { said: loud });
+    return loud;
+  });
+  assert.equal((await node.run({ crashAfter: "shout" })).status, "crashed");
+  assert.equal((await node.run()).status, "completed");
+  assert.deepEqual(node.streams, { tokens: ["once", "UPON", { said: "UPON" }] });
+});

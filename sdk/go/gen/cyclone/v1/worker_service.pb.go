@@ -2773,6 +2773,251 @@ func (x *WaitResponse) GetCall() *StepCall {
 	return nil
 }
 
+// One chunk of WorkerService.EmitChunks.
+type ChunkToEmit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stream's name: 1 to 200 printable characters.
+	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	// The step call of a durable function the chunk was emitted in (its step id), empty
+	// for the function's body or a plain handler.
+	StepId string `protobuf:"bytes,2,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The chunk's place among the chunks of (node, stream, step_id), from 1, in the order
+	// the code emits them: the same on every attempt of the node, so that a replay's
+	// chunks are recognized.
+	Seq int32 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The chunk.
+	//
+	// Types that are valid to be assigned to Data:
+	//
+	//	*ChunkToEmit_Text
+	//	*ChunkToEmit_Json
+	Data          isChunkToEmit_Data `protobuf_oneof:"data"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkToEmit) Reset() {
+	*x = ChunkToEmit{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkToEmit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkToEmit) ProtoMessage() {}
+
+func (x *ChunkToEmit) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkToEmit.ProtoReflect.Descriptor instead.
+func (*ChunkToEmit) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ChunkToEmit) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ChunkToEmit) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *ChunkToEmit) GetSeq() int32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ChunkToEmit) GetData() isChunkToEmit_Data {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ChunkToEmit) GetText() string {
+	if x != nil {
+		if x, ok := x.Data.(*ChunkToEmit_Text); ok {
+			return x.Text
+		}
+	}
+	return ""
+}
+
+func (x *ChunkToEmit) GetJson() string {
+	if x != nil {
+		if x, ok := x.Data.(*ChunkToEmit_Json); ok {
+			return x.Json
+		}
+	}
+	return ""
+}
+
+type isChunkToEmit_Data interface {
+	isChunkToEmit_Data()
+}
+
+type ChunkToEmit_Text struct {
+	// Text.
+	Text string `protobuf:"bytes,4,opt,name=text,proto3,oneof"`
+}
+
+type ChunkToEmit_Json struct {
+	// A JSON value, as its JSON text.
+	Json string `protobuf:"bytes,5,opt,name=json,proto3,oneof"`
+}
+
+func (*ChunkToEmit_Text) isChunkToEmit_Data() {}
+
+func (*ChunkToEmit_Json) isChunkToEmit_Data() {}
+
+// Arguments of WorkerService.EmitChunks.
+type EmitChunksRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The held node's run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The held node.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// Its lease token, from ClaimedStep.
+	LeaseToken string `protobuf:"bytes,3,opt,name=lease_token,json=leaseToken,proto3" json:"lease_token,omitempty"`
+	// The chunks, in the order they were emitted (at most 1000).
+	Chunks        []*ChunkToEmit `protobuf:"bytes,4,rep,name=chunks,proto3" json:"chunks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EmitChunksRequest) Reset() {
+	*x = EmitChunksRequest{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmitChunksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmitChunksRequest) ProtoMessage() {}
+
+func (x *EmitChunksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmitChunksRequest.ProtoReflect.Descriptor instead.
+func (*EmitChunksRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *EmitChunksRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *EmitChunksRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *EmitChunksRequest) GetLeaseToken() string {
+	if x != nil {
+		return x.LeaseToken
+	}
+	return ""
+}
+
+func (x *EmitChunksRequest) GetChunks() []*ChunkToEmit {
+	if x != nil {
+		return x.Chunks
+	}
+	return nil
+}
+
+// Result of WorkerService.EmitChunks: one entry per chunk sent, in order.
+type EmitChunksResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The offset of each chunk in its stream.
+	Offsets []int64 `protobuf:"varint,1,rep,packed,name=offsets,proto3" json:"offsets,omitempty"`
+	// Whether each chunk was stored already (by an earlier attempt or call).
+	Duplicate     []bool `protobuf:"varint,2,rep,packed,name=duplicate,proto3" json:"duplicate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EmitChunksResponse) Reset() {
+	*x = EmitChunksResponse{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmitChunksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmitChunksResponse) ProtoMessage() {}
+
+func (x *EmitChunksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmitChunksResponse.ProtoReflect.Descriptor instead.
+func (*EmitChunksResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *EmitChunksResponse) GetOffsets() []int64 {
+	if x != nil {
+		return x.Offsets
+	}
+	return nil
+}
+
+func (x *EmitChunksResponse) GetDuplicate() []bool {
+	if x != nil {
+		return x.Duplicate
+	}
+	return nil
+}
+
 var File_cyclone_v1_worker_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_worker_service_proto_rawDesc = "" +
@@ -2974,7 +3219,23 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\x05until\"n\n" +
 	"\fWaitResponse\x124\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x18.cyclone.v1.WaitDecisionR\bdecision\x12(\n" +
-	"\x04call\x18\x02 \x01(\v2\x14.cyclone.v1.StepCallR\x04call*\x95\x01\n" +
+	"\x04call\x18\x02 \x01(\v2\x14.cyclone.v1.StepCallR\x04call\"\x84\x01\n" +
+	"\vChunkToEmit\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x17\n" +
+	"\astep_id\x18\x02 \x01(\tR\x06stepId\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x05R\x03seq\x12\x14\n" +
+	"\x04text\x18\x04 \x01(\tH\x00R\x04text\x12\x14\n" +
+	"\x04json\x18\x05 \x01(\tH\x00R\x04jsonB\x06\n" +
+	"\x04data\"\x90\x01\n" +
+	"\x11EmitChunksRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
+	"\vlease_token\x18\x03 \x01(\tR\n" +
+	"leaseToken\x12/\n" +
+	"\x06chunks\x18\x04 \x03(\v2\x17.cyclone.v1.ChunkToEmitR\x06chunks\"L\n" +
+	"\x12EmitChunksResponse\x12\x18\n" +
+	"\aoffsets\x18\x01 \x03(\x03R\aoffsets\x12\x1c\n" +
+	"\tduplicate\x18\x02 \x03(\bR\tduplicate*\x95\x01\n" +
 	"\x10StepCallDecision\x12\"\n" +
 	"\x1eSTEP_CALL_DECISION_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16STEP_CALL_DECISION_RUN\x10\x01\x12\x1f\n" +
@@ -2983,7 +3244,7 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\fWaitDecision\x12\x1d\n" +
 	"\x19WAIT_DECISION_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13WAIT_DECISION_READY\x10\x01\x12\x1b\n" +
-	"\x17WAIT_DECISION_SUSPENDED\x10\x022\x9e\x05\n" +
+	"\x17WAIT_DECISION_SUSPENDED\x10\x022\xeb\x05\n" +
 	"\rWorkerService\x12<\n" +
 	"\x05Claim\x12\x18.cyclone.v1.ClaimRequest\x1a\x19.cyclone.v1.ClaimResponse\x12H\n" +
 	"\tHeartbeat\x12\x1c.cyclone.v1.HeartbeatRequest\x1a\x1d.cyclone.v1.HeartbeatResponse\x12E\n" +
@@ -2994,7 +3255,9 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\n" +
 	"StartChild\x12\x1d.cyclone.v1.StartChildRequest\x1a\x1e.cyclone.v1.StartChildResponse\x129\n" +
 	"\x04Wait\x12\x17.cyclone.v1.WaitRequest\x1a\x18.cyclone.v1.WaitResponse\x12=\n" +
-	"\x04Work\x12\x17.cyclone.v1.WorkRequest\x1a\x18.cyclone.v1.WorkResponse(\x010\x01b\x06proto3"
+	"\x04Work\x12\x17.cyclone.v1.WorkRequest\x1a\x18.cyclone.v1.WorkResponse(\x010\x01\x12K\n" +
+	"\n" +
+	"EmitChunks\x12\x1d.cyclone.v1.EmitChunksRequest\x1a\x1e.cyclone.v1.EmitChunksResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_worker_service_proto_rawDescOnce sync.Once
@@ -3009,7 +3272,7 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
 	(WaitDecision)(0),             // 1: cyclone.v1.WaitDecision
@@ -3043,49 +3306,52 @@ var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(*StartChildResponse)(nil),    // 29: cyclone.v1.StartChildResponse
 	(*WaitRequest)(nil),           // 30: cyclone.v1.WaitRequest
 	(*WaitResponse)(nil),          // 31: cyclone.v1.WaitResponse
-	nil,                           // 32: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 34: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
-	(*StepCall)(nil),              // 36: cyclone.v1.StepCall
-	(StepStatus)(0),               // 37: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 38: cyclone.v1.StepError
-	(*LogLine)(nil),               // 39: cyclone.v1.LogLine
-	(RunStatus)(0),                // 40: cyclone.v1.RunStatus
-	(*StepCallError)(nil),         // 41: cyclone.v1.StepCallError
-	(*Workflow)(nil),              // 42: cyclone.v1.Workflow
-	(*EventWait)(nil),             // 43: cyclone.v1.EventWait
+	(*ChunkToEmit)(nil),           // 32: cyclone.v1.ChunkToEmit
+	(*EmitChunksRequest)(nil),     // 33: cyclone.v1.EmitChunksRequest
+	(*EmitChunksResponse)(nil),    // 34: cyclone.v1.EmitChunksResponse
+	nil,                           // 35: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),   // 36: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 37: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
+	(*StepCall)(nil),              // 39: cyclone.v1.StepCall
+	(StepStatus)(0),               // 40: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 41: cyclone.v1.StepError
+	(*LogLine)(nil),               // 42: cyclone.v1.LogLine
+	(RunStatus)(0),                // 43: cyclone.v1.RunStatus
+	(*StepCallError)(nil),         // 44: cyclone.v1.StepCallError
+	(*Workflow)(nil),              // 45: cyclone.v1.Workflow
+	(*EventWait)(nil),             // 46: cyclone.v1.EventWait
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	3,  // 0: cyclone.v1.ActionSpec.rate_limit:type_name -> cyclone.v1.RateLimit
-	33, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
+	36, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
 	2,  // 2: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	33, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	33, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	36, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	36, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
 	7,  // 5: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
 	6,  // 6: cyclone.v1.ClaimResponse.blocked:type_name -> cyclone.v1.BlockedStep
-	34, // 7: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	34, // 8: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	32, // 9: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	35, // 10: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	35, // 11: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	34, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	37, // 7: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	37, // 8: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	35, // 9: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	38, // 10: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	38, // 11: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	37, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
 	8,  // 13: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	36, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	35, // 15: cyclone.v1.ClaimedStep.run_deadline:type_name -> google.protobuf.Timestamp
-	37, // 16: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	38, // 17: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	34, // 18: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	33, // 19: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	39, // 20: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
-	35, // 21: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	34, // 22: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	39, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	38, // 15: cyclone.v1.ClaimedStep.run_deadline:type_name -> google.protobuf.Timestamp
+	40, // 16: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	41, // 17: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	37, // 18: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	36, // 19: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	42, // 20: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
+	38, // 21: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	37, // 22: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
 	12, // 23: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	39, // 24: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
-	33, // 25: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	37, // 26: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	35, // 27: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	40, // 28: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	42, // 24: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
+	36, // 25: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	40, // 26: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	38, // 27: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	43, // 28: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
 	11, // 29: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
 	26, // 30: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
 	24, // 31: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
@@ -3101,49 +3367,52 @@ var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	21, // 41: cyclone.v1.WorkRequest.open:type_name -> cyclone.v1.WorkOpen
 	14, // 42: cyclone.v1.WorkRequest.report:type_name -> cyclone.v1.CompleteManyRequest
 	2,  // 43: cyclone.v1.WorkOpen.actions:type_name -> cyclone.v1.ActionSpec
-	33, // 44: cyclone.v1.WorkOpen.lease:type_name -> google.protobuf.Duration
+	36, // 44: cyclone.v1.WorkOpen.lease:type_name -> google.protobuf.Duration
 	7,  // 45: cyclone.v1.WorkResponse.steps:type_name -> cyclone.v1.ClaimedStep
 	6,  // 46: cyclone.v1.WorkResponse.blocked:type_name -> cyclone.v1.BlockedStep
 	15, // 47: cyclone.v1.WorkResponse.report:type_name -> cyclone.v1.CompleteManyResponse
 	23, // 48: cyclone.v1.WorkResponse.limits:type_name -> cyclone.v1.ServerLimits
 	0,  // 49: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	36, // 50: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	40, // 51: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	34, // 52: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	41, // 53: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	36, // 54: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	42, // 55: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
-	34, // 56: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
-	36, // 57: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
-	35, // 58: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
-	43, // 59: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
-	39, // 60: cyclone.v1.WaitRequest.logs:type_name -> cyclone.v1.LogLine
+	39, // 50: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	43, // 51: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	37, // 52: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	44, // 53: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	39, // 54: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	45, // 55: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
+	37, // 56: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
+	39, // 57: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
+	38, // 58: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
+	46, // 59: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
+	42, // 60: cyclone.v1.WaitRequest.logs:type_name -> cyclone.v1.LogLine
 	1,  // 61: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
-	36, // 62: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
-	34, // 63: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	4,  // 64: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	9,  // 65: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	11, // 66: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	14, // 67: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	24, // 68: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	26, // 69: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	28, // 70: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
-	30, // 71: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
-	20, // 72: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
-	5,  // 73: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	10, // 74: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	13, // 75: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	15, // 76: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	25, // 77: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	27, // 78: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	29, // 79: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
-	31, // 80: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
-	22, // 81: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
-	73, // [73:82] is the sub-list for method output_type
-	64, // [64:73] is the sub-list for method input_type
-	64, // [64:64] is the sub-list for extension type_name
-	64, // [64:64] is the sub-list for extension extendee
-	0,  // [0:64] is the sub-list for field type_name
+	39, // 62: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
+	32, // 63: cyclone.v1.EmitChunksRequest.chunks:type_name -> cyclone.v1.ChunkToEmit
+	37, // 64: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	4,  // 65: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	9,  // 66: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	11, // 67: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	14, // 68: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	24, // 69: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	26, // 70: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	28, // 71: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
+	30, // 72: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
+	20, // 73: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
+	33, // 74: cyclone.v1.WorkerService.EmitChunks:input_type -> cyclone.v1.EmitChunksRequest
+	5,  // 75: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	10, // 76: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	13, // 77: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	15, // 78: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	25, // 79: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	27, // 80: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	29, // 81: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
+	31, // 82: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
+	22, // 83: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
+	34, // 84: cyclone.v1.WorkerService.EmitChunks:output_type -> cyclone.v1.EmitChunksResponse
+	75, // [75:85] is the sub-list for method output_type
+	65, // [65:75] is the sub-list for method input_type
+	65, // [65:65] is the sub-list for extension type_name
+	65, // [65:65] is the sub-list for extension extendee
+	0,  // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -3177,13 +3446,17 @@ func file_cyclone_v1_worker_service_proto_init() {
 		(*WaitRequest_Event)(nil),
 		(*WaitRequest_ChildRunId)(nil),
 	}
+	file_cyclone_v1_worker_service_proto_msgTypes[30].OneofWrappers = []any{
+		(*ChunkToEmit_Text)(nil),
+		(*ChunkToEmit_Json)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   31,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@ const (
 	WorkerService_StartChild_FullMethodName    = "/cyclone.v1.WorkerService/StartChild"
 	WorkerService_Wait_FullMethodName          = "/cyclone.v1.WorkerService/Wait"
 	WorkerService_Work_FullMethodName          = "/cyclone.v1.WorkerService/Work"
+	WorkerService_EmitChunks_FullMethodName    = "/cyclone.v1.WorkerService/EmitChunks"
 )
 
 // WorkerServiceClient is the client API for WorkerService service.
@@ -129,6 +130,17 @@ type WorkerServiceClient interface {
 	// however their stream ends: Heartbeat them as usual, and complete them on any
 	// stream or with CompleteMany.
 	Work(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[WorkRequest, WorkResponse], error)
+	// Appends chunks to the run's output streams (docs/streams.md), fenced by the node's
+	// lease token as BeginStepCall: only the holder of the node's lease writes, a stale
+	// token is ABORTED and writes nothing. Each chunk is identified by (node, stream,
+	// step_id, seq): one whose identity is stored already is not stored again and is
+	// answered duplicate = true with its offset, so a durable body that replays after a
+	// crash, emitting the same chunks in the same order, adds none twice. New chunks take
+	// the next offsets of their streams, in the order sent. All or nothing: a chunk past
+	// --max-stream-chunk-bytes, or a call that would take the run's streams past
+	// --max-stream-bytes-per-run or --max-stream-chunks-per-run, is RESOURCE_EXHAUSTED,
+	// and then nothing of it is stored.
+	EmitChunks(ctx context.Context, in *EmitChunksRequest, opts ...grpc.CallOption) (*EmitChunksResponse, error)
 }
 
 type workerServiceClient struct {
@@ -232,6 +244,16 @@ func (c *workerServiceClient) Work(ctx context.Context, opts ...grpc.CallOption)
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type WorkerService_WorkClient = grpc.BidiStreamingClient[WorkRequest, WorkResponse]
 
+func (c *workerServiceClient) EmitChunks(ctx context.Context, in *EmitChunksRequest, opts ...grpc.CallOption) (*EmitChunksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EmitChunksResponse)
+	err := c.cc.Invoke(ctx, WorkerService_EmitChunks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServiceServer is the server API for WorkerService service.
 // All implementations must embed UnimplementedWorkerServiceServer
 // for forward compatibility.
@@ -331,6 +353,17 @@ type WorkerServiceServer interface {
 	// however their stream ends: Heartbeat them as usual, and complete them on any
 	// stream or with CompleteMany.
 	Work(grpc.BidiStreamingServer[WorkRequest, WorkResponse]) error
+	// Appends chunks to the run's output streams (docs/streams.md), fenced by the node's
+	// lease token as BeginStepCall: only the holder of the node's lease writes, a stale
+	// token is ABORTED and writes nothing. Each chunk is identified by (node, stream,
+	// step_id, seq): one whose identity is stored already is not stored again and is
+	// answered duplicate = true with its offset, so a durable body that replays after a
+	// crash, emitting the same chunks in the same order, adds none twice. New chunks take
+	// the next offsets of their streams, in the order sent. All or nothing: a chunk past
+	// --max-stream-chunk-bytes, or a call that would take the run's streams past
+	// --max-stream-bytes-per-run or --max-stream-chunks-per-run, is RESOURCE_EXHAUSTED,
+	// and then nothing of it is stored.
+	EmitChunks(context.Context, *EmitChunksRequest) (*EmitChunksResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
 }
 
@@ -367,6 +400,9 @@ func (UnimplementedWorkerServiceServer) Wait(context.Context, *WaitRequest) (*Wa
 }
 func (UnimplementedWorkerServiceServer) Work(grpc.BidiStreamingServer[WorkRequest, WorkResponse]) error {
 	return status.Error(codes.Unimplemented, "method Work not implemented")
+}
+func (UnimplementedWorkerServiceServer) EmitChunks(context.Context, *EmitChunksRequest) (*EmitChunksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EmitChunks not implemented")
 }
 func (UnimplementedWorkerServiceServer) mustEmbedUnimplementedWorkerServiceServer() {}
 func (UnimplementedWorkerServiceServer) testEmbeddedByValue()                       {}
@@ -540,6 +576,24 @@ func _WorkerService_Work_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type WorkerService_WorkServer = grpc.BidiStreamingServer[WorkRequest, WorkResponse]
 
+func _WorkerService_EmitChunks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EmitChunksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).EmitChunks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_EmitChunks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).EmitChunks(ctx, req.(*EmitChunksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkerService_ServiceDesc is the grpc.ServiceDesc for WorkerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -578,6 +632,10 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Wait",
 			Handler:    _WorkerService_Wait_Handler,
+		},
+		{
+			MethodName: "EmitChunks",
+			Handler:    _WorkerService_EmitChunks_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

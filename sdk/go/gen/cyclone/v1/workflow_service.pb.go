@@ -2050,6 +2050,377 @@ func (x *WorkerSummary) GetServes() []string {
 	return nil
 }
 
+// Arguments of WorkflowService.ReadStream.
+type ReadStreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run whose stream to read.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The stream's name.
+	Stream string `protobuf:"bytes,2,opt,name=stream,proto3" json:"stream,omitempty"`
+	// The offset of the first chunk to send (0: from the start).
+	FromOffset int64 `protobuf:"varint,3,opt,name=from_offset,json=fromOffset,proto3" json:"from_offset,omitempty"`
+	// End once the chunks stored now were sent, without waiting for more.
+	NoWait        bool `protobuf:"varint,4,opt,name=no_wait,json=noWait,proto3" json:"no_wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadStreamRequest) Reset() {
+	*x = ReadStreamRequest{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadStreamRequest) ProtoMessage() {}
+
+func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadStreamRequest.ProtoReflect.Descriptor instead.
+func (*ReadStreamRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ReadStreamRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ReadStreamRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ReadStreamRequest) GetFromOffset() int64 {
+	if x != nil {
+		return x.FromOffset
+	}
+	return 0
+}
+
+func (x *ReadStreamRequest) GetNoWait() bool {
+	if x != nil {
+		return x.NoWait
+	}
+	return false
+}
+
+// One chunk of an output stream: each message of WorkflowService.ReadStream.
+type ReadStreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its place in the stream: 0 for the first.
+	Offset int64 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	// The node that emitted it.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The step call it was emitted in; empty for the body of a durable function or a
+	// plain handler.
+	StepId string `protobuf:"bytes,3,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The node's attempt that stored it.
+	Attempt int32 `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// When it was stored.
+	EmittedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=emitted_at,json=emittedAt,proto3" json:"emitted_at,omitempty"`
+	// The chunk.
+	//
+	// Types that are valid to be assigned to Data:
+	//
+	//	*ReadStreamResponse_Text
+	//	*ReadStreamResponse_Json
+	Data          isReadStreamResponse_Data `protobuf_oneof:"data"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadStreamResponse) Reset() {
+	*x = ReadStreamResponse{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadStreamResponse) ProtoMessage() {}
+
+func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadStreamResponse.ProtoReflect.Descriptor instead.
+func (*ReadStreamResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ReadStreamResponse) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ReadStreamResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ReadStreamResponse) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *ReadStreamResponse) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *ReadStreamResponse) GetEmittedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EmittedAt
+	}
+	return nil
+}
+
+func (x *ReadStreamResponse) GetData() isReadStreamResponse_Data {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ReadStreamResponse) GetText() string {
+	if x != nil {
+		if x, ok := x.Data.(*ReadStreamResponse_Text); ok {
+			return x.Text
+		}
+	}
+	return ""
+}
+
+func (x *ReadStreamResponse) GetJson() string {
+	if x != nil {
+		if x, ok := x.Data.(*ReadStreamResponse_Json); ok {
+			return x.Json
+		}
+	}
+	return ""
+}
+
+type isReadStreamResponse_Data interface {
+	isReadStreamResponse_Data()
+}
+
+type ReadStreamResponse_Text struct {
+	// Text.
+	Text string `protobuf:"bytes,6,opt,name=text,proto3,oneof"`
+}
+
+type ReadStreamResponse_Json struct {
+	// A JSON value, as its JSON text.
+	Json string `protobuf:"bytes,7,opt,name=json,proto3,oneof"`
+}
+
+func (*ReadStreamResponse_Text) isReadStreamResponse_Data() {}
+
+func (*ReadStreamResponse_Json) isReadStreamResponse_Data() {}
+
+// Arguments of WorkflowService.ListStreams.
+type ListStreamsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run whose streams to list.
+	RunId         string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListStreamsRequest) Reset() {
+	*x = ListStreamsRequest{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListStreamsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListStreamsRequest) ProtoMessage() {}
+
+func (x *ListStreamsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListStreamsRequest.ProtoReflect.Descriptor instead.
+func (*ListStreamsRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ListStreamsRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+// Result of WorkflowService.ListStreams.
+type ListStreamsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run's streams, by name.
+	Streams       []*StreamSummary `protobuf:"bytes,1,rep,name=streams,proto3" json:"streams,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListStreamsResponse) Reset() {
+	*x = ListStreamsResponse{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListStreamsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListStreamsResponse) ProtoMessage() {}
+
+func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListStreamsResponse.ProtoReflect.Descriptor instead.
+func (*ListStreamsResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ListStreamsResponse) GetStreams() []*StreamSummary {
+	if x != nil {
+		return x.Streams
+	}
+	return nil
+}
+
+// One output stream of a run.
+type StreamSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stream's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// How many chunks it holds (the next chunk's offset).
+	Chunks int64 `protobuf:"varint,2,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	// The bytes of its chunks' data.
+	Bytes int64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// When its last chunk was stored.
+	LastEmittedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_emitted_at,json=lastEmittedAt,proto3" json:"last_emitted_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamSummary) Reset() {
+	*x = StreamSummary{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamSummary) ProtoMessage() {}
+
+func (x *StreamSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamSummary.ProtoReflect.Descriptor instead.
+func (*StreamSummary) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *StreamSummary) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *StreamSummary) GetChunks() int64 {
+	if x != nil {
+		return x.Chunks
+	}
+	return 0
+}
+
+func (x *StreamSummary) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *StreamSummary) GetLastEmittedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastEmittedAt
+	}
+	return nil
+}
+
 var File_cyclone_v1_workflow_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
@@ -2205,7 +2576,32 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\bbuild_id\x18d \x01(\tR\abuildId\x12<\n" +
 	"\flast_seen_at\x18e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastSeenAt\x12\x16\n" +
-	"\x06serves\x18f \x03(\tR\x06serves*\xba\x04\n" +
+	"\x06serves\x18f \x03(\tR\x06serves\"|\n" +
+	"\x11ReadStreamRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06stream\x18\x02 \x01(\tR\x06stream\x12\x1f\n" +
+	"\vfrom_offset\x18\x03 \x01(\x03R\n" +
+	"fromOffset\x12\x17\n" +
+	"\ano_wait\x18\x04 \x01(\bR\x06noWait\"\xe2\x01\n" +
+	"\x12ReadStreamResponse\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x17\n" +
+	"\astep_id\x18\x03 \x01(\tR\x06stepId\x12\x18\n" +
+	"\aattempt\x18\x04 \x01(\x05R\aattempt\x129\n" +
+	"\n" +
+	"emitted_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\temittedAt\x12\x14\n" +
+	"\x04text\x18\x06 \x01(\tH\x00R\x04text\x12\x14\n" +
+	"\x04json\x18\a \x01(\tH\x00R\x04jsonB\x06\n" +
+	"\x04data\"+\n" +
+	"\x12ListStreamsRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\"J\n" +
+	"\x13ListStreamsResponse\x123\n" +
+	"\astreams\x18\x01 \x03(\v2\x19.cyclone.v1.StreamSummaryR\astreams\"\x95\x01\n" +
+	"\rStreamSummary\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06chunks\x18\x02 \x01(\x03R\x06chunks\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x03R\x05bytes\x12B\n" +
+	"\x0flast_emitted_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rlastEmittedAt*\xba\x04\n" +
 	"\rExplainReason\x12\x1e\n" +
 	"\x1aEXPLAIN_REASON_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"EXPLAIN_REASON_WAITING_ON_UPSTREAM\x10\x01\x12\x1e\n" +
@@ -2225,7 +2621,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x1bEXPLAIN_REASON_RATE_LIMITED\x10\x0e\x12\x1a\n" +
 	"\x16EXPLAIN_REASON_WAITING\x10<\x12\x1d\n" +
 	"\x19EXPLAIN_REASON_NOT_BEFORE\x10=\x12\x1a\n" +
-	"\x15EXPLAIN_REASON_PAUSED\x10\xc8\x012\xe3\x05\n" +
+	"\x15EXPLAIN_REASON_PAUSED\x10\xc8\x012\x82\a\n" +
 	"\x0fWorkflowService\x12?\n" +
 	"\x06Submit\x12\x19.cyclone.v1.SubmitRequest\x1a\x1a.cyclone.v1.SubmitResponse\x12K\n" +
 	"\n" +
@@ -2237,7 +2633,10 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\tSendEvent\x12\x1c.cyclone.v1.SendEventRequest\x1a\x1d.cyclone.v1.SendEventResponse\x12H\n" +
 	"\tCountRuns\x12\x1c.cyclone.v1.CountRunsRequest\x1a\x1d.cyclone.v1.CountRunsResponse\x12H\n" +
 	"\tListSteps\x12\x1c.cyclone.v1.ListStepsRequest\x1a\x1d.cyclone.v1.ListStepsResponse\x12N\n" +
-	"\vListWorkers\x12\x1e.cyclone.v1.ListWorkersRequest\x1a\x1f.cyclone.v1.ListWorkersResponseb\x06proto3"
+	"\vListWorkers\x12\x1e.cyclone.v1.ListWorkersRequest\x1a\x1f.cyclone.v1.ListWorkersResponse\x12M\n" +
+	"\n" +
+	"ReadStream\x12\x1d.cyclone.v1.ReadStreamRequest\x1a\x1e.cyclone.v1.ReadStreamResponse0\x01\x12N\n" +
+	"\vListStreams\x12\x1e.cyclone.v1.ListStreamsRequest\x1a\x1f.cyclone.v1.ListStreamsResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_workflow_service_proto_rawDescOnce sync.Once
@@ -2252,7 +2651,7 @@ func file_cyclone_v1_workflow_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_workflow_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(ExplainReason)(0),            // 0: cyclone.v1.ExplainReason
 	(*SubmitRequest)(nil),         // 1: cyclone.v1.SubmitRequest
@@ -2280,88 +2679,100 @@ var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(*ListWorkersRequest)(nil),    // 23: cyclone.v1.ListWorkersRequest
 	(*ListWorkersResponse)(nil),   // 24: cyclone.v1.ListWorkersResponse
 	(*WorkerSummary)(nil),         // 25: cyclone.v1.WorkerSummary
-	nil,                           // 26: cyclone.v1.SubmitRequest.TagsEntry
-	nil,                           // 27: cyclone.v1.SubmitOnceRequest.TagsEntry
-	nil,                           // 28: cyclone.v1.ListRunsRequest.TagsEntry
-	nil,                           // 29: cyclone.v1.CountRunsRequest.TagsEntry
-	(*Workflow)(nil),              // 30: cyclone.v1.Workflow
-	(*structpb.Value)(nil),        // 31: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
-	(*Run)(nil),                   // 33: cyclone.v1.Run
-	(RunStatus)(0),                // 34: cyclone.v1.RunStatus
-	(*Step)(nil),                  // 35: cyclone.v1.Step
-	(*RunError)(nil),              // 36: cyclone.v1.RunError
-	(StepStatus)(0),               // 37: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 38: cyclone.v1.StepError
+	(*ReadStreamRequest)(nil),     // 26: cyclone.v1.ReadStreamRequest
+	(*ReadStreamResponse)(nil),    // 27: cyclone.v1.ReadStreamResponse
+	(*ListStreamsRequest)(nil),    // 28: cyclone.v1.ListStreamsRequest
+	(*ListStreamsResponse)(nil),   // 29: cyclone.v1.ListStreamsResponse
+	(*StreamSummary)(nil),         // 30: cyclone.v1.StreamSummary
+	nil,                           // 31: cyclone.v1.SubmitRequest.TagsEntry
+	nil,                           // 32: cyclone.v1.SubmitOnceRequest.TagsEntry
+	nil,                           // 33: cyclone.v1.ListRunsRequest.TagsEntry
+	nil,                           // 34: cyclone.v1.CountRunsRequest.TagsEntry
+	(*Workflow)(nil),              // 35: cyclone.v1.Workflow
+	(*structpb.Value)(nil),        // 36: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
+	(*Run)(nil),                   // 38: cyclone.v1.Run
+	(RunStatus)(0),                // 39: cyclone.v1.RunStatus
+	(*Step)(nil),                  // 40: cyclone.v1.Step
+	(*RunError)(nil),              // 41: cyclone.v1.RunError
+	(StepStatus)(0),               // 42: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 43: cyclone.v1.StepError
 }
 var file_cyclone_v1_workflow_service_proto_depIdxs = []int32{
-	30, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
-	31, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
-	32, // 2: cyclone.v1.SubmitRequest.start_at:type_name -> google.protobuf.Timestamp
-	26, // 3: cyclone.v1.SubmitRequest.tags:type_name -> cyclone.v1.SubmitRequest.TagsEntry
-	32, // 4: cyclone.v1.SubmitRequest.deadline:type_name -> google.protobuf.Timestamp
-	30, // 5: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
-	31, // 6: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
-	32, // 7: cyclone.v1.SubmitOnceRequest.start_at:type_name -> google.protobuf.Timestamp
-	27, // 8: cyclone.v1.SubmitOnceRequest.tags:type_name -> cyclone.v1.SubmitOnceRequest.TagsEntry
-	32, // 9: cyclone.v1.SubmitOnceRequest.deadline:type_name -> google.protobuf.Timestamp
-	33, // 10: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
-	34, // 11: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
-	32, // 12: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
-	32, // 13: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
-	28, // 14: cyclone.v1.ListRunsRequest.tags:type_name -> cyclone.v1.ListRunsRequest.TagsEntry
-	33, // 15: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
-	33, // 16: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
+	35, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
+	36, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
+	37, // 2: cyclone.v1.SubmitRequest.start_at:type_name -> google.protobuf.Timestamp
+	31, // 3: cyclone.v1.SubmitRequest.tags:type_name -> cyclone.v1.SubmitRequest.TagsEntry
+	37, // 4: cyclone.v1.SubmitRequest.deadline:type_name -> google.protobuf.Timestamp
+	35, // 5: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
+	36, // 6: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
+	37, // 7: cyclone.v1.SubmitOnceRequest.start_at:type_name -> google.protobuf.Timestamp
+	32, // 8: cyclone.v1.SubmitOnceRequest.tags:type_name -> cyclone.v1.SubmitOnceRequest.TagsEntry
+	37, // 9: cyclone.v1.SubmitOnceRequest.deadline:type_name -> google.protobuf.Timestamp
+	38, // 10: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
+	39, // 11: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
+	37, // 12: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
+	37, // 13: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
+	33, // 14: cyclone.v1.ListRunsRequest.tags:type_name -> cyclone.v1.ListRunsRequest.TagsEntry
+	38, // 15: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
+	38, // 16: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
 	0,  // 17: cyclone.v1.ExplainResponse.reason:type_name -> cyclone.v1.ExplainReason
-	35, // 18: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
-	34, // 19: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
-	36, // 20: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
+	40, // 18: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
+	39, // 19: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
+	41, // 20: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
 	13, // 21: cyclone.v1.ExplainResponse.upstream:type_name -> cyclone.v1.NodeState
 	14, // 22: cyclone.v1.ExplainResponse.action:type_name -> cyclone.v1.ActionActivity
-	37, // 23: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
-	38, // 24: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
-	32, // 25: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
-	32, // 26: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
-	31, // 27: cyclone.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
-	34, // 28: cyclone.v1.CountRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
-	32, // 29: cyclone.v1.CountRunsRequest.created_after:type_name -> google.protobuf.Timestamp
-	32, // 30: cyclone.v1.CountRunsRequest.created_before:type_name -> google.protobuf.Timestamp
-	29, // 31: cyclone.v1.CountRunsRequest.tags:type_name -> cyclone.v1.CountRunsRequest.TagsEntry
+	42, // 23: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
+	43, // 24: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
+	37, // 25: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
+	37, // 26: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
+	36, // 27: cyclone.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
+	39, // 28: cyclone.v1.CountRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
+	37, // 29: cyclone.v1.CountRunsRequest.created_after:type_name -> google.protobuf.Timestamp
+	37, // 30: cyclone.v1.CountRunsRequest.created_before:type_name -> google.protobuf.Timestamp
+	34, // 31: cyclone.v1.CountRunsRequest.tags:type_name -> cyclone.v1.CountRunsRequest.TagsEntry
 	19, // 32: cyclone.v1.CountRunsResponse.counts:type_name -> cyclone.v1.RunCount
-	34, // 33: cyclone.v1.RunCount.status:type_name -> cyclone.v1.RunStatus
-	37, // 34: cyclone.v1.ListStepsRequest.status:type_name -> cyclone.v1.StepStatus
+	39, // 33: cyclone.v1.RunCount.status:type_name -> cyclone.v1.RunStatus
+	42, // 34: cyclone.v1.ListStepsRequest.status:type_name -> cyclone.v1.StepStatus
 	22, // 35: cyclone.v1.ListStepsResponse.steps:type_name -> cyclone.v1.RunStep
-	35, // 36: cyclone.v1.RunStep.step:type_name -> cyclone.v1.Step
+	40, // 36: cyclone.v1.RunStep.step:type_name -> cyclone.v1.Step
 	25, // 37: cyclone.v1.ListWorkersResponse.workers:type_name -> cyclone.v1.WorkerSummary
 	14, // 38: cyclone.v1.ListWorkersResponse.actions:type_name -> cyclone.v1.ActionActivity
-	32, // 39: cyclone.v1.WorkerSummary.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	32, // 40: cyclone.v1.WorkerSummary.unhealthy_since:type_name -> google.protobuf.Timestamp
-	32, // 41: cyclone.v1.WorkerSummary.last_seen_at:type_name -> google.protobuf.Timestamp
-	1,  // 42: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
-	3,  // 43: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
-	5,  // 44: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
-	7,  // 45: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
-	9,  // 46: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
-	11, // 47: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
-	15, // 48: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
-	17, // 49: cyclone.v1.WorkflowService.CountRuns:input_type -> cyclone.v1.CountRunsRequest
-	20, // 50: cyclone.v1.WorkflowService.ListSteps:input_type -> cyclone.v1.ListStepsRequest
-	23, // 51: cyclone.v1.WorkflowService.ListWorkers:input_type -> cyclone.v1.ListWorkersRequest
-	2,  // 52: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
-	4,  // 53: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
-	6,  // 54: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
-	8,  // 55: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
-	10, // 56: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
-	12, // 57: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
-	16, // 58: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
-	18, // 59: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
-	21, // 60: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
-	24, // 61: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
-	52, // [52:62] is the sub-list for method output_type
-	42, // [42:52] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	37, // 39: cyclone.v1.WorkerSummary.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	37, // 40: cyclone.v1.WorkerSummary.unhealthy_since:type_name -> google.protobuf.Timestamp
+	37, // 41: cyclone.v1.WorkerSummary.last_seen_at:type_name -> google.protobuf.Timestamp
+	37, // 42: cyclone.v1.ReadStreamResponse.emitted_at:type_name -> google.protobuf.Timestamp
+	30, // 43: cyclone.v1.ListStreamsResponse.streams:type_name -> cyclone.v1.StreamSummary
+	37, // 44: cyclone.v1.StreamSummary.last_emitted_at:type_name -> google.protobuf.Timestamp
+	1,  // 45: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
+	3,  // 46: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
+	5,  // 47: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
+	7,  // 48: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
+	9,  // 49: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
+	11, // 50: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
+	15, // 51: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
+	17, // 52: cyclone.v1.WorkflowService.CountRuns:input_type -> cyclone.v1.CountRunsRequest
+	20, // 53: cyclone.v1.WorkflowService.ListSteps:input_type -> cyclone.v1.ListStepsRequest
+	23, // 54: cyclone.v1.WorkflowService.ListWorkers:input_type -> cyclone.v1.ListWorkersRequest
+	26, // 55: cyclone.v1.WorkflowService.ReadStream:input_type -> cyclone.v1.ReadStreamRequest
+	28, // 56: cyclone.v1.WorkflowService.ListStreams:input_type -> cyclone.v1.ListStreamsRequest
+	2,  // 57: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
+	4,  // 58: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
+	6,  // 59: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
+	8,  // 60: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
+	10, // 61: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
+	12, // 62: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
+	16, // 63: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
+	18, // 64: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
+	21, // 65: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
+	24, // 66: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
+	27, // 67: cyclone.v1.WorkflowService.ReadStream:output_type -> cyclone.v1.ReadStreamResponse
+	29, // 68: cyclone.v1.WorkflowService.ListStreams:output_type -> cyclone.v1.ListStreamsResponse
+	57, // [57:69] is the sub-list for method output_type
+	45, // [45:57] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_workflow_service_proto_init() }
@@ -2370,13 +2781,17 @@ func file_cyclone_v1_workflow_service_proto_init() {
 		return
 	}
 	file_cyclone_v1_types_proto_init()
+	file_cyclone_v1_workflow_service_proto_msgTypes[26].OneofWrappers = []any{
+		(*ReadStreamResponse_Text)(nil),
+		(*ReadStreamResponse_Json)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_workflow_service_proto_rawDesc), len(file_cyclone_v1_workflow_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   29,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

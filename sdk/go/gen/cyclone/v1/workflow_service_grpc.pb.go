@@ -29,6 +29,8 @@ const (
 	WorkflowService_CountRuns_FullMethodName   = "/cyclone.v1.WorkflowService/CountRuns"
 	WorkflowService_ListSteps_FullMethodName   = "/cyclone.v1.WorkflowService/ListSteps"
 	WorkflowService_ListWorkers_FullMethodName = "/cyclone.v1.WorkflowService/ListWorkers"
+	WorkflowService_ReadStream_FullMethodName  = "/cyclone.v1.WorkflowService/ReadStream"
+	WorkflowService_ListStreams_FullMethodName = "/cyclone.v1.WorkflowService/ListStreams"
 )
 
 // WorkflowServiceClient is the client API for WorkflowService service.
@@ -81,6 +83,16 @@ type WorkflowServiceClient interface {
 	// The workers holding steps now (grouped by worker_id) and, per action, the last
 	// Claim that named it and the last one that got a step of it. Reads only.
 	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
+	// The chunks of one of a run's output streams (docs/streams.md), in order, from
+	// from_offset: those stored, then, unless no_wait, each new one as it is stored, until
+	// the run is finished (completed, failed or cancelled) and every chunk it stored was
+	// sent; then the call ends OK. A stream nobody wrote (yet) is empty, not an error.
+	// Live readers wait on the server's notifications, not on queries of their own.
+	// NOT_FOUND for an unknown run. Reads only.
+	ReadStream(ctx context.Context, in *ReadStreamRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadStreamResponse], error)
+	// The output streams of a run, by name, with how many chunks and bytes each holds.
+	// NOT_FOUND for an unknown run. Reads only.
+	ListStreams(ctx context.Context, in *ListStreamsRequest, opts ...grpc.CallOption) (*ListStreamsResponse, error)
 }
 
 type workflowServiceClient struct {
@@ -191,6 +203,35 @@ func (c *workflowServiceClient) ListWorkers(ctx context.Context, in *ListWorkers
 	return out, nil
 }
 
+func (c *workflowServiceClient) ReadStream(ctx context.Context, in *ReadStreamRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &WorkflowService_ServiceDesc.Streams[0], WorkflowService_ReadStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReadStreamRequest, ReadStreamResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type WorkflowService_ReadStreamClient = grpc.ServerStreamingClient[ReadStreamResponse]
+
+func (c *workflowServiceClient) ListStreams(ctx context.Context, in *ListStreamsRequest, opts ...grpc.CallOption) (*ListStreamsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListStreamsResponse)
+	err := c.cc.Invoke(ctx, WorkflowService_ListStreams_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkflowServiceServer is the server API for WorkflowService service.
 // All implementations must embed UnimplementedWorkflowServiceServer
 // for forward compatibility.
@@ -241,6 +282,16 @@ type WorkflowServiceServer interface {
 	// The workers holding steps now (grouped by worker_id) and, per action, the last
 	// Claim that named it and the last one that got a step of it. Reads only.
 	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
+	// The chunks of one of a run's output streams (docs/streams.md), in order, from
+	// from_offset: those stored, then, unless no_wait, each new one as it is stored, until
+	// the run is finished (completed, failed or cancelled) and every chunk it stored was
+	// sent; then the call ends OK. A stream nobody wrote (yet) is empty, not an error.
+	// Live readers wait on the server's notifications, not on queries of their own.
+	// NOT_FOUND for an unknown run. Reads only.
+	ReadStream(*ReadStreamRequest, grpc.ServerStreamingServer[ReadStreamResponse]) error
+	// The output streams of a run, by name, with how many chunks and bytes each holds.
+	// NOT_FOUND for an unknown run. Reads only.
+	ListStreams(context.Context, *ListStreamsRequest) (*ListStreamsResponse, error)
 	mustEmbedUnimplementedWorkflowServiceServer()
 }
 
@@ -280,6 +331,12 @@ func (UnimplementedWorkflowServiceServer) ListSteps(context.Context, *ListStepsR
 }
 func (UnimplementedWorkflowServiceServer) ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListWorkers not implemented")
+}
+func (UnimplementedWorkflowServiceServer) ReadStream(*ReadStreamRequest, grpc.ServerStreamingServer[ReadStreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method ReadStream not implemented")
+}
+func (UnimplementedWorkflowServiceServer) ListStreams(context.Context, *ListStreamsRequest) (*ListStreamsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListStreams not implemented")
 }
 func (UnimplementedWorkflowServiceServer) mustEmbedUnimplementedWorkflowServiceServer() {}
 func (UnimplementedWorkflowServiceServer) testEmbeddedByValue()                         {}
@@ -482,6 +539,35 @@ func _WorkflowService_ListWorkers_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkflowService_ReadStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReadStreamRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(WorkflowServiceServer).ReadStream(m, &grpc.GenericServerStream[ReadStreamRequest, ReadStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type WorkflowService_ReadStreamServer = grpc.ServerStreamingServer[ReadStreamResponse]
+
+func _WorkflowService_ListStreams_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListStreamsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkflowServiceServer).ListStreams(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkflowService_ListStreams_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkflowServiceServer).ListStreams(ctx, req.(*ListStreamsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkflowService_ServiceDesc is the grpc.ServiceDesc for WorkflowService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -529,7 +615,17 @@ var WorkflowService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListWorkers",
 			Handler:    _WorkflowService_ListWorkers_Handler,
 		},
+		{
+			MethodName: "ListStreams",
+			Handler:    _WorkflowService_ListStreams_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ReadStream",
+			Handler:       _WorkflowService_ReadStream_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "cyclone/v1/workflow_service.proto",
 }

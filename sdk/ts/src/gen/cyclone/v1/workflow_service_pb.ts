@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/workflow_service.proto.
  */
 export const file_cyclone_v1_workflow_service: GenFile = /*@__PURE__*/
-  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEirAIKDVN1Ym1pdFJlcXVlc3QSJgoId29ya2Zsb3cYASABKAsyFC5jeWNsb25lLnYxLldvcmtmbG93EiUKBWlucHV0GAIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiwKCHN0YXJ0X2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgEIAEoBRIxCgR0YWdzGAUgAygLMiMuY3ljbG9uZS52MS5TdWJtaXRSZXF1ZXN0LlRhZ3NFbnRyeRIsCghkZWFkbGluZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAaKwoJVGFnc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiIAoOU3VibWl0UmVzcG9uc2USDgoGcnVuX2lkGAEgASgJIsECChFTdWJtaXRPbmNlUmVxdWVzdBImCgh3b3JrZmxvdxgBIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSCwoDa2V5GAMgASgJEiwKCHN0YXJ0X2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgFIAEoBRI1CgR0YWdzGAYgAygLMicuY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVxdWVzdC5UYWdzRW50cnkSLAoIZGVhZGxpbmUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGisKCVRhZ3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjUKElN1Ym1pdE9uY2VSZXNwb25zZRIOCgZydW5faWQYASABKAkSDwoHY3JlYXRlZBgCIAEoCCJACg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRsb2dzGAIgASgIEhEKCWxvZ3Nfbm9kZRg8IAEoCSIuCg5HZXRSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biKNAwoPTGlzdFJ1bnNSZXF1ZXN0EhAKCHdvcmtmbG93GAEgASgJEicKCHN0YXR1c2VzGAIgAygOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCXBhZ2Vfc2l6ZRgFIAEoBRISCgpwYWdlX3Rva2VuGAYgASgJEgsKA2tleRgHIAEoCRIVCg1ydW5faWRfcHJlZml4GGQgASgJEhcKD3dvcmtmbG93X3ByZWZpeBhlIAEoCRISCgprZXlfcHJlZml4GGYgASgJEjMKBHRhZ3MYZyADKAsyJS5jeWNsb25lLnYxLkxpc3RSdW5zUmVxdWVzdC5UYWdzRW50cnkaKwoJVGFnc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiYwoQTGlzdFJ1bnNSZXNwb25zZRIdCgRydW5zGAEgAygLMg8uY3ljbG9uZS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhcKD3ByZXZfcGFnZV90b2tlbhhkIAEoCSJJChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkSFQoNa2VlcF9jaGlsZHJlbhgDIAEoCCIxChFDYW5jZWxSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biIuCg5FeHBsYWluUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCSKWAgoPRXhwbGFpblJlc3BvbnNlEikKBnJlYXNvbhgBIAEoDjIZLmN5Y2xvbmUudjEuRXhwbGFpblJlYXNvbhIPCgdtZXNzYWdlGAIgASgJEh4KBHN0ZXAYAyABKAsyEC5jeWNsb25lLnYxLlN0ZXASKQoKcnVuX3N0YXR1cxgEIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzEicKCXJ1bl9lcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISJwoIdXBzdHJlYW0YBiADKAsyFS5jeWNsb25lLnYxLk5vZGVTdGF0ZRIqCgZhY3Rpb24YByABKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5In0KCU5vZGVTdGF0ZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIPCgdhdHRlbXB0GAMgASgFEikKCmxhc3RfZXJyb3IYBCABKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvciL6AQoOQWN0aW9uQWN0aXZpdHkSDgoGYWN0aW9uGAEgASgJEjIKDmxhc3RfcG9sbGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5sYXN0X3BvbGxlZF9ieRgDIAEoCRIzCg9sYXN0X2NsYWltZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2xhc3RfY2xhaW1lZF9ieRgFIAEoCRITCgtyZWFkeV9haGVhZBgGIAEoBRIPCgdydW5uaW5nGAcgASgFEhgKEHNlcnZlZF9ieV9zZXJ2ZXIYZCABKAgiZgoQU2VuZEV2ZW50UmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbmFtZRgCIAEoCRInCgdwYXlsb2FkGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEgsKA2tleRgEIAEoCSI2ChFTZW5kRXZlbnRSZXNwb25zZRIQCghldmVudF9pZBgBIAEoAxIPCgdjcmVhdGVkGAIgASgIIvcCChBDb3VudFJ1bnNSZXF1ZXN0EhAKCHdvcmtmbG93GAEgASgJEicKCHN0YXR1c2VzGAIgAygOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgsKA2tleRgFIAEoCRINCgVsaW1pdBgGIAEoBRIVCg1ydW5faWRfcHJlZml4GGQgASgJEhcKD3dvcmtmbG93X3ByZWZpeBhlIAEoCRISCgprZXlfcHJlZml4GGYgASgJEjQKBHRhZ3MYZyADKAsyJi5jeWNsb25lLnYxLkNvdW50UnVuc1JlcXVlc3QuVGFnc0VudHJ5GisKCVRhZ3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjkKEUNvdW50UnVuc1Jlc3BvbnNlEiQKBmNvdW50cxgBIAMoCzIULmN5Y2xvbmUudjEuUnVuQ291bnQiUgoIUnVuQ291bnQSJQoGc3RhdHVzGAEgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSDQoFY291bnQYAiABKAMSEAoIYXRfbGVhc3QYAyABKAgivwEKEExpc3RTdGVwc1JlcXVlc3QSJgoGc3RhdHVzGAEgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEhUKDWxlYXNlX2V4cGlyZWQYAiABKAgSEwoLYmFja2luZ19vZmYYAyABKAgSEQoJd29ya2VyX2lkGAQgASgJEg4KBmFjdGlvbhgFIAEoCRIRCglwYWdlX3NpemUYBiABKAUSEgoKcGFnZV90b2tlbhgHIAEoCRINCgVyZWFkeRhkIAEoCCJQChFMaXN0U3RlcHNSZXNwb25zZRIiCgVzdGVwcxgBIAMoCzITLmN5Y2xvbmUudjEuUnVuU3RlcBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiSwoHUnVuU3RlcBIOCgZydW5faWQYASABKAkSEAoId29ya2Zsb3cYAiABKAkSHgoEc3RlcBgDIAEoCzIQLmN5Y2xvbmUudjEuU3RlcCIUChJMaXN0V29ya2Vyc1JlcXVlc3QibgoTTGlzdFdvcmtlcnNSZXNwb25zZRIqCgd3b3JrZXJzGAEgAygLMhkuY3ljbG9uZS52MS5Xb3JrZXJTdW1tYXJ5EisKB2FjdGlvbnMYAiADKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5Iq4CCg1Xb3JrZXJTdW1tYXJ5EhEKCXdvcmtlcl9pZBgBIAEoCRIPCgdhY3Rpb25zGAIgAygJEg8KB3J1bm5pbmcYAyABKAUSNQoRbGFzdF9oZWFydGJlYXRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDWxlYXNlX2V4cGlyZWQYBSABKAUSEQoJdW5oZWFsdGh5GAYgASgIEjMKD3VuaGVhbHRoeV9zaW5jZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIYnVpbGRfaWQYZCABKAkSMAoMbGFzdF9zZWVuX2F0GGUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZzZXJ2ZXMYZiADKAkqugQKDUV4cGxhaW5SZWFzb24SHgoaRVhQTEFJTl9SRUFTT05fVU5TUEVDSUZJRUQQABImCiJFWFBMQUlOX1JFQVNPTl9XQUlUSU5HX09OX1VQU1RSRUFNEAESHgoaRVhQTEFJTl9SRUFTT05fQkFDS0lOR19PRkYQAhIYChRFWFBMQUlOX1JFQVNPTl9SRUFEWRADEhkKFUVYUExBSU5fUkVBU09OX1FVRVVFRBAEEhwKGEVYUExBSU5fUkVBU09OX05PX1dPUktFUhAFEhoKFkVYUExBSU5fUkVBU09OX1JVTk5JTkcQBhIgChxFWFBMQUlOX1JFQVNPTl9MRUFTRV9FWFBJUkVEEAcSGgoWRVhQTEFJTl9SRUFTT05fQkxPQ0tFRBAIEhwKGEVYUExBSU5fUkVBU09OX0RJU0NBUkRFRBAJEhoKFkVYUExBSU5fUkVBU09OX1NLSVBQRUQQChIcChhFWFBMQUlOX1JFQVNPTl9DQU5DRUxMRUQQCxIcChhFWFBMQUlOX1JFQVNPTl9DT01QTEVURUQQDBImCiJFWFBMQUlOX1JFQVNPTl9DT05DVVJSRU5DWV9MSU1JVEVEEA0SHwobRVhQTEFJTl9SRUFTT05fUkFURV9MSU1JVEVEEA4SGgoWRVhQTEFJTl9SRUFTT05fV0FJVElORxA8Eh0KGUVYUExBSU5fUkVBU09OX05PVF9CRUZPUkUQPRIaChVFWFBMQUlOX1JFQVNPTl9QQVVTRUQQyAEy4wUKD1dvcmtmbG93U2VydmljZRI/CgZTdWJtaXQSGS5jeWNsb25lLnYxLlN1Ym1pdFJlcXVlc3QaGi5jeWNsb25lLnYxLlN1Ym1pdFJlc3BvbnNlEksKClN1Ym1pdE9uY2USHS5jeWNsb25lLnYxLlN1Ym1pdE9uY2VSZXF1ZXN0Gh4uY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVzcG9uc2USPwoGR2V0UnVuEhkuY3ljbG9uZS52MS5HZXRSdW5SZXF1ZXN0GhouY3ljbG9uZS52MS5HZXRSdW5SZXNwb25zZRJFCghMaXN0UnVucxIbLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXF1ZXN0GhwuY3ljbG9uZS52MS5MaXN0UnVuc1Jlc3BvbnNlEkgKCUNhbmNlbFJ1bhIcLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVzcG9uc2USQgoHRXhwbGFpbhIaLmN5Y2xvbmUudjEuRXhwbGFpblJlcXVlc3QaGy5jeWNsb25lLnYxLkV4cGxhaW5SZXNwb25zZRJICglTZW5kRXZlbnQSHC5jeWNsb25lLnYxLlNlbmRFdmVudFJlcXVlc3QaHS5jeWNsb25lLnYxLlNlbmRFdmVudFJlc3BvbnNlEkgKCUNvdW50UnVucxIcLmN5Y2xvbmUudjEuQ291bnRSdW5zUmVxdWVzdBodLmN5Y2xvbmUudjEuQ291bnRSdW5zUmVzcG9uc2USSAoJTGlzdFN0ZXBzEhwuY3ljbG9uZS52MS5MaXN0U3RlcHNSZXF1ZXN0Gh0uY3ljbG9uZS52MS5MaXN0U3RlcHNSZXNwb25zZRJOCgtMaXN0V29ya2VycxIeLmN5Y2xvbmUudjEuTGlzdFdvcmtlcnNSZXF1ZXN0Gh8uY3ljbG9uZS52MS5MaXN0V29ya2Vyc1Jlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEirAIKDVN1Ym1pdFJlcXVlc3QSJgoId29ya2Zsb3cYASABKAsyFC5jeWNsb25lLnYxLldvcmtmbG93EiUKBWlucHV0GAIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiwKCHN0YXJ0X2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgEIAEoBRIxCgR0YWdzGAUgAygLMiMuY3ljbG9uZS52MS5TdWJtaXRSZXF1ZXN0LlRhZ3NFbnRyeRIsCghkZWFkbGluZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAaKwoJVGFnc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiIAoOU3VibWl0UmVzcG9uc2USDgoGcnVuX2lkGAEgASgJIsECChFTdWJtaXRPbmNlUmVxdWVzdBImCgh3b3JrZmxvdxgBIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSCwoDa2V5GAMgASgJEiwKCHN0YXJ0X2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgFIAEoBRI1CgR0YWdzGAYgAygLMicuY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVxdWVzdC5UYWdzRW50cnkSLAoIZGVhZGxpbmUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGisKCVRhZ3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjUKElN1Ym1pdE9uY2VSZXNwb25zZRIOCgZydW5faWQYASABKAkSDwoHY3JlYXRlZBgCIAEoCCJACg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRsb2dzGAIgASgIEhEKCWxvZ3Nfbm9kZRg8IAEoCSIuCg5HZXRSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biKNAwoPTGlzdFJ1bnNSZXF1ZXN0EhAKCHdvcmtmbG93GAEgASgJEicKCHN0YXR1c2VzGAIgAygOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCXBhZ2Vfc2l6ZRgFIAEoBRISCgpwYWdlX3Rva2VuGAYgASgJEgsKA2tleRgHIAEoCRIVCg1ydW5faWRfcHJlZml4GGQgASgJEhcKD3dvcmtmbG93X3ByZWZpeBhlIAEoCRISCgprZXlfcHJlZml4GGYgASgJEjMKBHRhZ3MYZyADKAsyJS5jeWNsb25lLnYxLkxpc3RSdW5zUmVxdWVzdC5UYWdzRW50cnkaKwoJVGFnc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiYwoQTGlzdFJ1bnNSZXNwb25zZRIdCgRydW5zGAEgAygLMg8uY3ljbG9uZS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhcKD3ByZXZfcGFnZV90b2tlbhhkIAEoCSJJChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkSFQoNa2VlcF9jaGlsZHJlbhgDIAEoCCIxChFDYW5jZWxSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biIuCg5FeHBsYWluUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCSKWAgoPRXhwbGFpblJlc3BvbnNlEikKBnJlYXNvbhgBIAEoDjIZLmN5Y2xvbmUudjEuRXhwbGFpblJlYXNvbhIPCgdtZXNzYWdlGAIgASgJEh4KBHN0ZXAYAyABKAsyEC5jeWNsb25lLnYxLlN0ZXASKQoKcnVuX3N0YXR1cxgEIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzEicKCXJ1bl9lcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISJwoIdXBzdHJlYW0YBiADKAsyFS5jeWNsb25lLnYxLk5vZGVTdGF0ZRIqCgZhY3Rpb24YByABKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5In0KCU5vZGVTdGF0ZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIPCgdhdHRlbXB0GAMgASgFEikKCmxhc3RfZXJyb3IYBCABKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvciL6AQoOQWN0aW9uQWN0aXZpdHkSDgoGYWN0aW9uGAEgASgJEjIKDmxhc3RfcG9sbGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5sYXN0X3BvbGxlZF9ieRgDIAEoCRIzCg9sYXN0X2NsYWltZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2xhc3RfY2xhaW1lZF9ieRgFIAEoCRITCgtyZWFkeV9haGVhZBgGIAEoBRIPCgdydW5uaW5nGAcgASgFEhgKEHNlcnZlZF9ieV9zZXJ2ZXIYZCABKAgiZgoQU2VuZEV2ZW50UmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbmFtZRgCIAEoCRInCgdwYXlsb2FkGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEgsKA2tleRgEIAEoCSI2ChFTZW5kRXZlbnRSZXNwb25zZRIQCghldmVudF9pZBgBIAEoAxIPCgdjcmVhdGVkGAIgASgIIvcCChBDb3VudFJ1bnNSZXF1ZXN0EhAKCHdvcmtmbG93GAEgASgJEicKCHN0YXR1c2VzGAIgAygOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgsKA2tleRgFIAEoCRINCgVsaW1pdBgGIAEoBRIVCg1ydW5faWRfcHJlZml4GGQgASgJEhcKD3dvcmtmbG93X3ByZWZpeBhlIAEoCRISCgprZXlfcHJlZml4GGYgASgJEjQKBHRhZ3MYZyADKAsyJi5jeWNsb25lLnYxLkNvdW50UnVuc1JlcXVlc3QuVGFnc0VudHJ5GisKCVRhZ3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjkKEUNvdW50UnVuc1Jlc3BvbnNlEiQKBmNvdW50cxgBIAMoCzIULmN5Y2xvbmUudjEuUnVuQ291bnQiUgoIUnVuQ291bnQSJQoGc3RhdHVzGAEgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSDQoFY291bnQYAiABKAMSEAoIYXRfbGVhc3QYAyABKAgivwEKEExpc3RTdGVwc1JlcXVlc3QSJgoGc3RhdHVzGAEgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEhUKDWxlYXNlX2V4cGlyZWQYAiABKAgSEwoLYmFja2luZ19vZmYYAyABKAgSEQoJd29ya2VyX2lkGAQgASgJEg4KBmFjdGlvbhgFIAEoCRIRCglwYWdlX3NpemUYBiABKAUSEgoKcGFnZV90b2tlbhgHIAEoCRINCgVyZWFkeRhkIAEoCCJQChFMaXN0U3RlcHNSZXNwb25zZRIiCgVzdGVwcxgBIAMoCzITLmN5Y2xvbmUudjEuUnVuU3RlcBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiSwoHUnVuU3RlcBIOCgZydW5faWQYASABKAkSEAoId29ya2Zsb3cYAiABKAkSHgoEc3RlcBgDIAEoCzIQLmN5Y2xvbmUudjEuU3RlcCIUChJMaXN0V29ya2Vyc1JlcXVlc3QibgoTTGlzdFdvcmtlcnNSZXNwb25zZRIqCgd3b3JrZXJzGAEgAygLMhkuY3ljbG9uZS52MS5Xb3JrZXJTdW1tYXJ5EisKB2FjdGlvbnMYAiADKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5Iq4CCg1Xb3JrZXJTdW1tYXJ5EhEKCXdvcmtlcl9pZBgBIAEoCRIPCgdhY3Rpb25zGAIgAygJEg8KB3J1bm5pbmcYAyABKAUSNQoRbGFzdF9oZWFydGJlYXRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDWxlYXNlX2V4cGlyZWQYBSABKAUSEQoJdW5oZWFsdGh5GAYgASgIEjMKD3VuaGVhbHRoeV9zaW5jZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIYnVpbGRfaWQYZCABKAkSMAoMbGFzdF9zZWVuX2F0GGUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZzZXJ2ZXMYZiADKAkiWQoRUmVhZFN0cmVhbVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnN0cmVhbRgCIAEoCRITCgtmcm9tX29mZnNldBgDIAEoAxIPCgdub193YWl0GAQgASgIIqwBChJSZWFkU3RyZWFtUmVzcG9uc2USDgoGb2Zmc2V0GAEgASgDEgwKBG5vZGUYAiABKAkSDwoHc3RlcF9pZBgDIAEoCRIPCgdhdHRlbXB0GAQgASgFEi4KCmVtaXR0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBHRleHQYBiABKAlIABIOCgRqc29uGAcgASgJSABCBgoEZGF0YSIkChJMaXN0U3RyZWFtc1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJIkEKE0xpc3RTdHJlYW1zUmVzcG9uc2USKgoHc3RyZWFtcxgBIAMoCzIZLmN5Y2xvbmUudjEuU3RyZWFtU3VtbWFyeSJxCg1TdHJlYW1TdW1tYXJ5EgwKBG5hbWUYASABKAkSDgoGY2h1bmtzGAIgASgDEg0KBWJ5dGVzGAMgASgDEjMKD2xhc3RfZW1pdHRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAqugQKDUV4cGxhaW5SZWFzb24SHgoaRVhQTEFJTl9SRUFTT05fVU5TUEVDSUZJRUQQABImCiJFWFBMQUlOX1JFQVNPTl9XQUlUSU5HX09OX1VQU1RSRUFNEAESHgoaRVhQTEFJTl9SRUFTT05fQkFDS0lOR19PRkYQAhIYChRFWFBMQUlOX1JFQVNPTl9SRUFEWRADEhkKFUVYUExBSU5fUkVBU09OX1FVRVVFRBAEEhwKGEVYUExBSU5fUkVBU09OX05PX1dPUktFUhAFEhoKFkVYUExBSU5fUkVBU09OX1JVTk5JTkcQBhIgChxFWFBMQUlOX1JFQVNPTl9MRUFTRV9FWFBJUkVEEAcSGgoWRVhQTEFJTl9SRUFTT05fQkxPQ0tFRBAIEhwKGEVYUExBSU5fUkVBU09OX0RJU0NBUkRFRBAJEhoKFkVYUExBSU5fUkVBU09OX1NLSVBQRUQQChIcChhFWFBMQUlOX1JFQVNPTl9DQU5DRUxMRUQQCxIcChhFWFBMQUlOX1JFQVNPTl9DT01QTEVURUQQDBImCiJFWFBMQUlOX1JFQVNPTl9DT05DVVJSRU5DWV9MSU1JVEVEEA0SHwobRVhQTEFJTl9SRUFTT05fUkFURV9MSU1JVEVEEA4SGgoWRVhQTEFJTl9SRUFTT05fV0FJVElORxA8Eh0KGUVYUExBSU5fUkVBU09OX05PVF9CRUZPUkUQPRIaChVFWFBMQUlOX1JFQVNPTl9QQVVTRUQQyAEyggcKD1dvcmtmbG93U2VydmljZRI/CgZTdWJtaXQSGS5jeWNsb25lLnYxLlN1Ym1pdFJlcXVlc3QaGi5jeWNsb25lLnYxLlN1Ym1pdFJlc3BvbnNlEksKClN1Ym1pdE9uY2USHS5jeWNsb25lLnYxLlN1Ym1pdE9uY2VSZXF1ZXN0Gh4uY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVzcG9uc2USPwoGR2V0UnVuEhkuY3ljbG9uZS52MS5HZXRSdW5SZXF1ZXN0GhouY3ljbG9uZS52MS5HZXRSdW5SZXNwb25zZRJFCghMaXN0UnVucxIbLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXF1ZXN0GhwuY3ljbG9uZS52MS5MaXN0UnVuc1Jlc3BvbnNlEkgKCUNhbmNlbFJ1bhIcLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVzcG9uc2USQgoHRXhwbGFpbhIaLmN5Y2xvbmUudjEuRXhwbGFpblJlcXVlc3QaGy5jeWNsb25lLnYxLkV4cGxhaW5SZXNwb25zZRJICglTZW5kRXZlbnQSHC5jeWNsb25lLnYxLlNlbmRFdmVudFJlcXVlc3QaHS5jeWNsb25lLnYxLlNlbmRFdmVudFJlc3BvbnNlEkgKCUNvdW50UnVucxIcLmN5Y2xvbmUudjEuQ291bnRSdW5zUmVxdWVzdBodLmN5Y2xvbmUudjEuQ291bnRSdW5zUmVzcG9uc2USSAoJTGlzdFN0ZXBzEhwuY3ljbG9uZS52MS5MaXN0U3RlcHNSZXF1ZXN0Gh0uY3ljbG9uZS52MS5MaXN0U3RlcHNSZXNwb25zZRJOCgtMaXN0V29ya2VycxIeLmN5Y2xvbmUudjEuTGlzdFdvcmtlcnNSZXF1ZXN0Gh8uY3ljbG9uZS52MS5MaXN0V29ya2Vyc1Jlc3BvbnNlEk0KClJlYWRTdHJlYW0SHS5jeWNsb25lLnYxLlJlYWRTdHJlYW1SZXF1ZXN0Gh4uY3ljbG9uZS52MS5SZWFkU3RyZWFtUmVzcG9uc2UwARJOCgtMaXN0U3RyZWFtcxIeLmN5Y2xvbmUudjEuTGlzdFN0cmVhbXNSZXF1ZXN0Gh8uY3ljbG9uZS52MS5MaXN0U3RyZWFtc1Jlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * Arguments of WorkflowService.Submit.
@@ -1141,6 +1141,205 @@ export const WorkerSummarySchema: GenMessage<WorkerSummary> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_workflow_service, 24);
 
 /**
+ * Arguments of WorkflowService.ReadStream.
+ *
+ * @generated from message cyclone.v1.ReadStreamRequest
+ */
+export type ReadStreamRequest = Message<"cyclone.v1.ReadStreamRequest"> & {
+  /**
+   * The run whose stream to read.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The stream's name.
+   *
+   * @generated from field: string stream = 2;
+   */
+  stream: string;
+
+  /**
+   * The offset of the first chunk to send (0: from the start).
+   *
+   * @generated from field: int64 from_offset = 3;
+   */
+  fromOffset: bigint;
+
+  /**
+   * End once the chunks stored now were sent, without waiting for more.
+   *
+   * @generated from field: bool no_wait = 4;
+   */
+  noWait: boolean;
+};
+
+/**
+ * Describes the message cyclone.v1.ReadStreamRequest.
+ * Use `create(ReadStreamRequestSchema)` to create a new message.
+ */
+export const ReadStreamRequestSchema: GenMessage<ReadStreamRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 25);
+
+/**
+ * One chunk of an output stream: each message of WorkflowService.ReadStream.
+ *
+ * @generated from message cyclone.v1.ReadStreamResponse
+ */
+export type ReadStreamResponse = Message<"cyclone.v1.ReadStreamResponse"> & {
+  /**
+   * Its place in the stream: 0 for the first.
+   *
+   * @generated from field: int64 offset = 1;
+   */
+  offset: bigint;
+
+  /**
+   * The node that emitted it.
+   *
+   * @generated from field: string node = 2;
+   */
+  node: string;
+
+  /**
+   * The step call it was emitted in; empty for the body of a durable function or a
+   * plain handler.
+   *
+   * @generated from field: string step_id = 3;
+   */
+  stepId: string;
+
+  /**
+   * The node's attempt that stored it.
+   *
+   * @generated from field: int32 attempt = 4;
+   */
+  attempt: number;
+
+  /**
+   * When it was stored.
+   *
+   * @generated from field: google.protobuf.Timestamp emitted_at = 5;
+   */
+  emittedAt?: Timestamp | undefined;
+
+  /**
+   * The chunk.
+   *
+   * @generated from oneof cyclone.v1.ReadStreamResponse.data
+   */
+  data: {
+    /**
+     * Text.
+     *
+     * @generated from field: string text = 6;
+     */
+    value: string;
+    case: "text";
+  } | {
+    /**
+     * A JSON value, as its JSON text.
+     *
+     * @generated from field: string json = 7;
+     */
+    value: string;
+    case: "json";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message cyclone.v1.ReadStreamResponse.
+ * Use `create(ReadStreamResponseSchema)` to create a new message.
+ */
+export const ReadStreamResponseSchema: GenMessage<ReadStreamResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 26);
+
+/**
+ * Arguments of WorkflowService.ListStreams.
+ *
+ * @generated from message cyclone.v1.ListStreamsRequest
+ */
+export type ListStreamsRequest = Message<"cyclone.v1.ListStreamsRequest"> & {
+  /**
+   * The run whose streams to list.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+};
+
+/**
+ * Describes the message cyclone.v1.ListStreamsRequest.
+ * Use `create(ListStreamsRequestSchema)` to create a new message.
+ */
+export const ListStreamsRequestSchema: GenMessage<ListStreamsRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 27);
+
+/**
+ * Result of WorkflowService.ListStreams.
+ *
+ * @generated from message cyclone.v1.ListStreamsResponse
+ */
+export type ListStreamsResponse = Message<"cyclone.v1.ListStreamsResponse"> & {
+  /**
+   * The run's streams, by name.
+   *
+   * @generated from field: repeated cyclone.v1.StreamSummary streams = 1;
+   */
+  streams: StreamSummary[];
+};
+
+/**
+ * Describes the message cyclone.v1.ListStreamsResponse.
+ * Use `create(ListStreamsResponseSchema)` to create a new message.
+ */
+export const ListStreamsResponseSchema: GenMessage<ListStreamsResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 28);
+
+/**
+ * One output stream of a run.
+ *
+ * @generated from message cyclone.v1.StreamSummary
+ */
+export type StreamSummary = Message<"cyclone.v1.StreamSummary"> & {
+  /**
+   * The stream's name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * How many chunks it holds (the next chunk's offset).
+   *
+   * @generated from field: int64 chunks = 2;
+   */
+  chunks: bigint;
+
+  /**
+   * The bytes of its chunks' data.
+   *
+   * @generated from field: int64 bytes = 3;
+   */
+  bytes: bigint;
+
+  /**
+   * When its last chunk was stored.
+   *
+   * @generated from field: google.protobuf.Timestamp last_emitted_at = 4;
+   */
+  lastEmittedAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.StreamSummary.
+ * Use `create(StreamSummarySchema)` to create a new message.
+ */
+export const StreamSummarySchema: GenMessage<StreamSummary> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 29);
+
+/**
  * Why a node is not running now (ExplainResponse.reason).
  *
  * @generated from enum cyclone.v1.ExplainReason
@@ -1416,6 +1615,32 @@ export const WorkflowService: GenService<{
     methodKind: "unary";
     input: typeof ListWorkersRequestSchema;
     output: typeof ListWorkersResponseSchema;
+  },
+  /**
+   * The chunks of one of a run's output streams (docs/streams.md), in order, from
+   * from_offset: those stored, then, unless no_wait, each new one as it is stored, until
+   * the run is finished (completed, failed or cancelled) and every chunk it stored was
+   * sent; then the call ends OK. A stream nobody wrote (yet) is empty, not an error.
+   * Live readers wait on the server's notifications, not on queries of their own.
+   * NOT_FOUND for an unknown run. Reads only.
+   *
+   * @generated from rpc cyclone.v1.WorkflowService.ReadStream
+   */
+  readStream: {
+    methodKind: "server_streaming";
+    input: typeof ReadStreamRequestSchema;
+    output: typeof ReadStreamResponseSchema;
+  },
+  /**
+   * The output streams of a run, by name, with how many chunks and bytes each holds.
+   * NOT_FOUND for an unknown run. Reads only.
+   *
+   * @generated from rpc cyclone.v1.WorkflowService.ListStreams
+   */
+  listStreams: {
+    methodKind: "unary";
+    input: typeof ListStreamsRequestSchema;
+    output: typeof ListStreamsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_workflow_service, 0);
