@@ -17,6 +17,7 @@ from pyclient.actions import Action, InputMismatch, RateLimit
 from pyclient.client import AsyncClient, Client
 from pyclient.context import Context, current
 from pyclient.durable import (
+    Approval,
     ArgumentsNotJson,
     BodyStopped,
     ChildFailed,
@@ -37,6 +38,7 @@ from pyclient.durable import (
     sleep_until,
     start_child,
     step,
+    wait_for_approval,
     wait_for_event,
 )
 from pyclient.errors import (
@@ -93,6 +95,7 @@ from pyclient.workflow import Concurrency, Node, RetryPolicy, Workflow
 __all__ = [
     "Action",
     "ActionActivity",
+    "Approval",
     "ArgumentsNotJson",
     "AsyncClient",
     "AuditEntry",
@@ -168,5 +171,6 @@ __all__ = [
     "sleep_until",
     "start_child",
     "step",
+    "wait_for_approval",
     "wait_for_event",
 ]

@@ -21,6 +21,8 @@ import datetime as dt
 import inspect
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pyclient.context import active
@@ -111,3 +113,112 @@ def wait_for_event(name: str, timeout: float | None = None, *, step_id: str | No
         raise OutsideHandler("wait_for_event() waits inside a durable function only")
     fn = WaitFn(f"event:{name}"[: MAX_EVENT_NAME - 7], "cyclone.event")
     return _wait(replay, fn, step_id, Until(event=name, timeout=timeout))
+
+
+#: The function of an approval call (CreateApproval), and the base of its step ids:
+#: "approval", "approval#2"...; its wait is "<step id>.wait" (function cyclone.event).
+APPROVAL_FUNCTION = "cyclone.approval"
+_APPROVAL_WAIT = ".wait"
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """An approval a durable function asks for, as its ``send`` callback gets it:
+    ``url`` (POST a JSON decision to it once), the bare ``token``, the approval's
+    ``approval_id`` and when the token expires (``expires_at``, an aware datetime)."""
+
+    approval_id: str
+    url: str
+    token: str
+    expires_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class _ApprovalCall:
+    """The approval call as the replay engine runs a step: CreateApproval, then the
+    body's ``send`` with the Approval."""
+
+    fn: Callable[[], Any]
+    name: str = "approval"
+    function: str = APPROVAL_FUNCTION
+    is_async: bool = False
+    unsafe_to_repeat: bool = False
+    on_args_change: str = "allow"
+
+    @property
+    def runner(self) -> Callable[[], Any]:
+        return self.fn
+
+
+def wait_for_approval(
+    send: Callable[[Approval], Any],
+    *,
+    timeout: float | None = None,
+    title: str = "",
+    step_id: str | None = None,
+) -> Any:
+    """Ask a person for a decision through a one-time URL, and wait for it without a
+    worker slot; returns the JSON the decision carried (``{"approved": true,
+    "comment": ...}`` from the console, or whatever was POSTed to the URL).
+
+    ``send(approval)`` hands the URL out (a mail, a chat message): it runs once, as a
+    step does, when the approval is created (again only if its attempt is lost before
+    its outcome is recorded: the approval then gets a new token and the old one stops
+    working); steps called inside it are plain calls. A replay neither creates the
+    approval nor sends it again. The token is valid for ``timeout`` seconds (the
+    server's ``--approval-timeout``, 7 days, by default); when it expires with no
+    decision, :class:`EventTimeout` is raised, as for ``wait_for_event``. ``title`` is
+    what the console shows. Step ids ``approval``, ``approval#2``... (the wait:
+    ``approval.wait``) unless ``step_id`` names it. Only in a sync durable function
+    whose worker's server has an HTTP listener (``--http-listen``).
+
+        @worker.workflow("refund")
+        def refund(ctx, claim):
+            decision = wait_for_approval(
+                lambda approval: mail(claim["manager"], approval.url),
+                timeout=2 * 86400,
+                title=f"refund {claim['amount']} to {claim['customer']}",
+            )
+            if decision.get("approved"):
+                pay_back(claim)
+    """
+    if not callable(send):
+        raise InvalidArgument(f"wait_for_approval takes a send callable, got {send!r}")
+    if timeout is not None and not 1 <= timeout <= 366 * 86400:
+        raise InvalidArgument(f"an approval timeout must be 1s to 366 days, got {timeout!r}")
+    if not isinstance(title, str) or len(title) > 1000:
+        raise InvalidArgument("an approval's title must be a string of at most 1000 characters")
+    if step_id is not None and len(step_id) > MAX_EVENT_NAME - len(_APPROVAL_WAIT):
+        raise InvalidArgument("an approval's step id must be at most 195 characters")
+    ctx = active()
+    replay = _replay()
+    if ctx is None or replay is None:
+        raise OutsideHandler("wait_for_approval() waits inside a durable function only")
+    if replay.is_async:
+        raise TypeError("wait_for_approval() is for sync durable functions")
+    create = getattr(replay.backend, "create_approval", None)
+    if create is None:
+        raise OutsideHandler("wait_for_approval() needs a worker connected to a Cyclone server")
+
+    spec = _ApprovalCall(lambda: ask())
+    call_id = step_id if step_id is not None else replay.name_call(spec)
+
+    def ask() -> dict[str, Any]:
+        made = create(call_id, title, timeout)
+        expires_at = made.expires_at.ToDatetime(tzinfo=dt.UTC)
+        if not made.decided:
+            send(Approval(made.approval_id, made.url, made.token, expires_at))
+        return {
+            "approval_id": made.approval_id,
+            "event": made.event,
+            "expires_at": expires_at.isoformat(),
+        }
+
+    asked = replay.call(ctx, spec, call_id, (), {})
+    if not isinstance(asked, dict) or not isinstance(asked.get("event"), str):
+        raise InvalidArgument(f"the approval call is recorded as {asked!r}, not as an approval")
+    expires_at = dt.datetime.fromisoformat(asked["expires_at"])
+    left = (expires_at - dt.datetime.now(dt.UTC)).total_seconds()
+    fn = WaitFn("approval", "cyclone.event")
+    until = Until(event=asked["event"], timeout=min(max(left, 0.001), 366 * 86400))
+    return _wait(replay, fn, call_id + _APPROVAL_WAIT, until)

@@ -331,6 +331,34 @@ class GrpcJournal:
         )
         return StepCall.from_proto(reply.call)
 
+    # -- approvals
+
+    def create_approval(
+        self, step_id: str, title: str, timeout: float | None
+    ) -> pb.CreateApprovalResponse:
+        """CreateApproval for the approval call ``step_id`` (its token is answered
+        here, once)."""
+        step = self.step
+        request = pb.CreateApprovalRequest(
+            run_id=step.run_id,
+            node=step.node,
+            lease_token=step.lease_token,
+            step_id=step_id,
+            title=title,
+        )
+        if timeout is not None:
+            request.timeout.FromMilliseconds(round(timeout * 1000))
+        shared = self.shared
+        made = asyncio.run_coroutine_threadsafe(
+            _retried(shared, shared.server.stub.CreateApproval, request), shared.loop
+        )
+        try:
+            reply: pb.CreateApprovalResponse = made.result(timeout=self._patience)
+        except concurrent.futures.TimeoutError:
+            made.cancel()
+            raise Unavailable("CreateApproval was not answered in time") from None
+        return reply
+
     # -- requests and answers
 
     def _request(self, cls: type[R], call: Call) -> R:

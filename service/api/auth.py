@@ -52,6 +52,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "EndStepCall",
             "StartChild",
             "Wait",
+            "CreateApproval",
             "Work",
         )
     },
@@ -90,6 +91,9 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "SetRunTags",
             "SetWorkflowDeadline",
             "ClearWorkflowDeadline",
+            "DecideApproval",
+            "CreateWebhook",
+            "DeleteWebhook",
         )
     },
     **{
@@ -101,6 +105,8 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "GetBulkAction",
             "ListBulkActions",
             "ListWorkflowDeadlines",
+            "ListApprovals",
+            "ListWebhooks",
         )
     },
     **{_SCHEDULE + m: frozenset({"client", "admin"}) for m in ("GetSchedule", "ListSchedules")},

@@ -2773,6 +2773,193 @@ func (x *WaitResponse) GetCall() *StepCall {
 	return nil
 }
 
+// Arguments of WorkerService.CreateApproval. The node is named by run_id and node;
+// lease_token is the one its Claim returned.
+type CreateApprovalRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run of the held step.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node of the held step, whose body asks for the approval.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The lease token from Claim.
+	LeaseToken string `protobuf:"bytes,3,opt,name=lease_token,json=leaseToken,proto3" json:"lease_token,omitempty"`
+	// The approval call's step id ("approval", "approval#2", or a name given): one
+	// approval per step call of the node.
+	StepId string `protobuf:"bytes,4,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// How long the token is valid; unset: the server's --approval-timeout (7 days by
+	// default). 1 s to 366 days.
+	Timeout *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// What is asked, shown by the console (at most 1000 characters).
+	Title         string `protobuf:"bytes,6,opt,name=title,proto3" json:"title,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateApprovalRequest) Reset() {
+	*x = CreateApprovalRequest{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateApprovalRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateApprovalRequest) ProtoMessage() {}
+
+func (x *CreateApprovalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateApprovalRequest.ProtoReflect.Descriptor instead.
+func (*CreateApprovalRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *CreateApprovalRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *CreateApprovalRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *CreateApprovalRequest) GetLeaseToken() string {
+	if x != nil {
+		return x.LeaseToken
+	}
+	return ""
+}
+
+func (x *CreateApprovalRequest) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *CreateApprovalRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *CreateApprovalRequest) GetTitle() string {
+	if x != nil {
+		return x.Title
+	}
+	return ""
+}
+
+// Result of WorkerService.CreateApproval.
+type CreateApprovalResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The approval's id (UUID).
+	ApprovalId string `protobuf:"bytes,1,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	// The one-time token (URL-safe). Only its SHA-256 is stored: it cannot be read back.
+	Token string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	// Where to POST the decision: --public-url + "/callbacks/" + token, or the path
+	// alone when the server has no --public-url.
+	Url string `protobuf:"bytes,3,opt,name=url,proto3" json:"url,omitempty"`
+	// When the token stops working.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// The event the body waits for: "approval:" + approval_id.
+	Event string `protobuf:"bytes,5,opt,name=event,proto3" json:"event,omitempty"`
+	// True when the approval was decided already (its wait finds the decision); token
+	// and url are then empty.
+	Decided       bool `protobuf:"varint,6,opt,name=decided,proto3" json:"decided,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateApprovalResponse) Reset() {
+	*x = CreateApprovalResponse{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateApprovalResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateApprovalResponse) ProtoMessage() {}
+
+func (x *CreateApprovalResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateApprovalResponse.ProtoReflect.Descriptor instead.
+func (*CreateApprovalResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *CreateApprovalResponse) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
+func (x *CreateApprovalResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *CreateApprovalResponse) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *CreateApprovalResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *CreateApprovalResponse) GetEvent() string {
+	if x != nil {
+		return x.Event
+	}
+	return ""
+}
+
+func (x *CreateApprovalResponse) GetDecided() bool {
+	if x != nil {
+		return x.Decided
+	}
+	return false
+}
+
 var File_cyclone_v1_worker_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_worker_service_proto_rawDesc = "" +
@@ -2974,7 +3161,24 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\x05until\"n\n" +
 	"\fWaitResponse\x124\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x18.cyclone.v1.WaitDecisionR\bdecision\x12(\n" +
-	"\x04call\x18\x02 \x01(\v2\x14.cyclone.v1.StepCallR\x04call*\x95\x01\n" +
+	"\x04call\x18\x02 \x01(\v2\x14.cyclone.v1.StepCallR\x04call\"\xc7\x01\n" +
+	"\x15CreateApprovalRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
+	"\vlease_token\x18\x03 \x01(\tR\n" +
+	"leaseToken\x12\x17\n" +
+	"\astep_id\x18\x04 \x01(\tR\x06stepId\x123\n" +
+	"\atimeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x14\n" +
+	"\x05title\x18\x06 \x01(\tR\x05title\"\xcc\x01\n" +
+	"\x16CreateApprovalResponse\x12\x1f\n" +
+	"\vapproval_id\x18\x01 \x01(\tR\n" +
+	"approvalId\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\x12\x10\n" +
+	"\x03url\x18\x03 \x01(\tR\x03url\x129\n" +
+	"\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x14\n" +
+	"\x05event\x18\x05 \x01(\tR\x05event\x12\x18\n" +
+	"\adecided\x18\x06 \x01(\bR\adecided*\x95\x01\n" +
 	"\x10StepCallDecision\x12\"\n" +
 	"\x1eSTEP_CALL_DECISION_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16STEP_CALL_DECISION_RUN\x10\x01\x12\x1f\n" +
@@ -2983,7 +3187,7 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\fWaitDecision\x12\x1d\n" +
 	"\x19WAIT_DECISION_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13WAIT_DECISION_READY\x10\x01\x12\x1b\n" +
-	"\x17WAIT_DECISION_SUSPENDED\x10\x022\x9e\x05\n" +
+	"\x17WAIT_DECISION_SUSPENDED\x10\x022\xf7\x05\n" +
 	"\rWorkerService\x12<\n" +
 	"\x05Claim\x12\x18.cyclone.v1.ClaimRequest\x1a\x19.cyclone.v1.ClaimResponse\x12H\n" +
 	"\tHeartbeat\x12\x1c.cyclone.v1.HeartbeatRequest\x1a\x1d.cyclone.v1.HeartbeatResponse\x12E\n" +
@@ -2993,7 +3197,8 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\vEndStepCall\x12\x1e.cyclone.v1.EndStepCallRequest\x1a\x1f.cyclone.v1.EndStepCallResponse\x12K\n" +
 	"\n" +
 	"StartChild\x12\x1d.cyclone.v1.StartChildRequest\x1a\x1e.cyclone.v1.StartChildResponse\x129\n" +
-	"\x04Wait\x12\x17.cyclone.v1.WaitRequest\x1a\x18.cyclone.v1.WaitResponse\x12=\n" +
+	"\x04Wait\x12\x17.cyclone.v1.WaitRequest\x1a\x18.cyclone.v1.WaitResponse\x12W\n" +
+	"\x0eCreateApproval\x12!.cyclone.v1.CreateApprovalRequest\x1a\".cyclone.v1.CreateApprovalResponse\x12=\n" +
 	"\x04Work\x12\x17.cyclone.v1.WorkRequest\x1a\x18.cyclone.v1.WorkResponse(\x010\x01b\x06proto3"
 
 var (
@@ -3009,83 +3214,85 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
-	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
-	(WaitDecision)(0),             // 1: cyclone.v1.WaitDecision
-	(*ActionSpec)(nil),            // 2: cyclone.v1.ActionSpec
-	(*RateLimit)(nil),             // 3: cyclone.v1.RateLimit
-	(*ClaimRequest)(nil),          // 4: cyclone.v1.ClaimRequest
-	(*ClaimResponse)(nil),         // 5: cyclone.v1.ClaimResponse
-	(*BlockedStep)(nil),           // 6: cyclone.v1.BlockedStep
-	(*ClaimedStep)(nil),           // 7: cyclone.v1.ClaimedStep
-	(*UpstreamFailure)(nil),       // 8: cyclone.v1.UpstreamFailure
-	(*HeartbeatRequest)(nil),      // 9: cyclone.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 10: cyclone.v1.HeartbeatResponse
-	(*CompleteRequest)(nil),       // 11: cyclone.v1.CompleteRequest
-	(*Failure)(nil),               // 12: cyclone.v1.Failure
-	(*CompleteResponse)(nil),      // 13: cyclone.v1.CompleteResponse
-	(*CompleteManyRequest)(nil),   // 14: cyclone.v1.CompleteManyRequest
-	(*CompleteManyResponse)(nil),  // 15: cyclone.v1.CompleteManyResponse
-	(*StepCallEndResult)(nil),     // 16: cyclone.v1.StepCallEndResult
-	(*StepCallBeginResult)(nil),   // 17: cyclone.v1.StepCallBeginResult
-	(*CompleteResult)(nil),        // 18: cyclone.v1.CompleteResult
-	(*CompleteError)(nil),         // 19: cyclone.v1.CompleteError
-	(*WorkRequest)(nil),           // 20: cyclone.v1.WorkRequest
-	(*WorkOpen)(nil),              // 21: cyclone.v1.WorkOpen
-	(*WorkResponse)(nil),          // 22: cyclone.v1.WorkResponse
-	(*ServerLimits)(nil),          // 23: cyclone.v1.ServerLimits
-	(*BeginStepCallRequest)(nil),  // 24: cyclone.v1.BeginStepCallRequest
-	(*BeginStepCallResponse)(nil), // 25: cyclone.v1.BeginStepCallResponse
-	(*EndStepCallRequest)(nil),    // 26: cyclone.v1.EndStepCallRequest
-	(*EndStepCallResponse)(nil),   // 27: cyclone.v1.EndStepCallResponse
-	(*StartChildRequest)(nil),     // 28: cyclone.v1.StartChildRequest
-	(*StartChildResponse)(nil),    // 29: cyclone.v1.StartChildResponse
-	(*WaitRequest)(nil),           // 30: cyclone.v1.WaitRequest
-	(*WaitResponse)(nil),          // 31: cyclone.v1.WaitResponse
-	nil,                           // 32: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 34: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
-	(*StepCall)(nil),              // 36: cyclone.v1.StepCall
-	(StepStatus)(0),               // 37: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 38: cyclone.v1.StepError
-	(*LogLine)(nil),               // 39: cyclone.v1.LogLine
-	(RunStatus)(0),                // 40: cyclone.v1.RunStatus
-	(*StepCallError)(nil),         // 41: cyclone.v1.StepCallError
-	(*Workflow)(nil),              // 42: cyclone.v1.Workflow
-	(*EventWait)(nil),             // 43: cyclone.v1.EventWait
+	(StepCallDecision)(0),          // 0: cyclone.v1.StepCallDecision
+	(WaitDecision)(0),              // 1: cyclone.v1.WaitDecision
+	(*ActionSpec)(nil),             // 2: cyclone.v1.ActionSpec
+	(*RateLimit)(nil),              // 3: cyclone.v1.RateLimit
+	(*ClaimRequest)(nil),           // 4: cyclone.v1.ClaimRequest
+	(*ClaimResponse)(nil),          // 5: cyclone.v1.ClaimResponse
+	(*BlockedStep)(nil),            // 6: cyclone.v1.BlockedStep
+	(*ClaimedStep)(nil),            // 7: cyclone.v1.ClaimedStep
+	(*UpstreamFailure)(nil),        // 8: cyclone.v1.UpstreamFailure
+	(*HeartbeatRequest)(nil),       // 9: cyclone.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),      // 10: cyclone.v1.HeartbeatResponse
+	(*CompleteRequest)(nil),        // 11: cyclone.v1.CompleteRequest
+	(*Failure)(nil),                // 12: cyclone.v1.Failure
+	(*CompleteResponse)(nil),       // 13: cyclone.v1.CompleteResponse
+	(*CompleteManyRequest)(nil),    // 14: cyclone.v1.CompleteManyRequest
+	(*CompleteManyResponse)(nil),   // 15: cyclone.v1.CompleteManyResponse
+	(*StepCallEndResult)(nil),      // 16: cyclone.v1.StepCallEndResult
+	(*StepCallBeginResult)(nil),    // 17: cyclone.v1.StepCallBeginResult
+	(*CompleteResult)(nil),         // 18: cyclone.v1.CompleteResult
+	(*CompleteError)(nil),          // 19: cyclone.v1.CompleteError
+	(*WorkRequest)(nil),            // 20: cyclone.v1.WorkRequest
+	(*WorkOpen)(nil),               // 21: cyclone.v1.WorkOpen
+	(*WorkResponse)(nil),           // 22: cyclone.v1.WorkResponse
+	(*ServerLimits)(nil),           // 23: cyclone.v1.ServerLimits
+	(*BeginStepCallRequest)(nil),   // 24: cyclone.v1.BeginStepCallRequest
+	(*BeginStepCallResponse)(nil),  // 25: cyclone.v1.BeginStepCallResponse
+	(*EndStepCallRequest)(nil),     // 26: cyclone.v1.EndStepCallRequest
+	(*EndStepCallResponse)(nil),    // 27: cyclone.v1.EndStepCallResponse
+	(*StartChildRequest)(nil),      // 28: cyclone.v1.StartChildRequest
+	(*StartChildResponse)(nil),     // 29: cyclone.v1.StartChildResponse
+	(*WaitRequest)(nil),            // 30: cyclone.v1.WaitRequest
+	(*WaitResponse)(nil),           // 31: cyclone.v1.WaitResponse
+	(*CreateApprovalRequest)(nil),  // 32: cyclone.v1.CreateApprovalRequest
+	(*CreateApprovalResponse)(nil), // 33: cyclone.v1.CreateApprovalResponse
+	nil,                            // 34: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),    // 35: google.protobuf.Duration
+	(*structpb.Value)(nil),         // 36: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil),  // 37: google.protobuf.Timestamp
+	(*StepCall)(nil),               // 38: cyclone.v1.StepCall
+	(StepStatus)(0),                // 39: cyclone.v1.StepStatus
+	(*StepError)(nil),              // 40: cyclone.v1.StepError
+	(*LogLine)(nil),                // 41: cyclone.v1.LogLine
+	(RunStatus)(0),                 // 42: cyclone.v1.RunStatus
+	(*StepCallError)(nil),          // 43: cyclone.v1.StepCallError
+	(*Workflow)(nil),               // 44: cyclone.v1.Workflow
+	(*EventWait)(nil),              // 45: cyclone.v1.EventWait
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	3,  // 0: cyclone.v1.ActionSpec.rate_limit:type_name -> cyclone.v1.RateLimit
-	33, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
+	35, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
 	2,  // 2: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	33, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	33, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	35, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	35, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
 	7,  // 5: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
 	6,  // 6: cyclone.v1.ClaimResponse.blocked:type_name -> cyclone.v1.BlockedStep
-	34, // 7: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	34, // 8: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	32, // 9: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	35, // 10: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	35, // 11: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	34, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	36, // 7: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	36, // 8: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	34, // 9: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	37, // 10: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	37, // 11: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	36, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
 	8,  // 13: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	36, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	35, // 15: cyclone.v1.ClaimedStep.run_deadline:type_name -> google.protobuf.Timestamp
-	37, // 16: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	38, // 17: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	34, // 18: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	33, // 19: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	39, // 20: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
-	35, // 21: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	34, // 22: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	38, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	37, // 15: cyclone.v1.ClaimedStep.run_deadline:type_name -> google.protobuf.Timestamp
+	39, // 16: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	40, // 17: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	36, // 18: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	35, // 19: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	41, // 20: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
+	37, // 21: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	36, // 22: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
 	12, // 23: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	39, // 24: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
-	33, // 25: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	37, // 26: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	35, // 27: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	40, // 28: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	41, // 24: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
+	35, // 25: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	39, // 26: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	37, // 27: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	42, // 28: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
 	11, // 29: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
 	26, // 30: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
 	24, // 31: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
@@ -3101,49 +3308,53 @@ var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	21, // 41: cyclone.v1.WorkRequest.open:type_name -> cyclone.v1.WorkOpen
 	14, // 42: cyclone.v1.WorkRequest.report:type_name -> cyclone.v1.CompleteManyRequest
 	2,  // 43: cyclone.v1.WorkOpen.actions:type_name -> cyclone.v1.ActionSpec
-	33, // 44: cyclone.v1.WorkOpen.lease:type_name -> google.protobuf.Duration
+	35, // 44: cyclone.v1.WorkOpen.lease:type_name -> google.protobuf.Duration
 	7,  // 45: cyclone.v1.WorkResponse.steps:type_name -> cyclone.v1.ClaimedStep
 	6,  // 46: cyclone.v1.WorkResponse.blocked:type_name -> cyclone.v1.BlockedStep
 	15, // 47: cyclone.v1.WorkResponse.report:type_name -> cyclone.v1.CompleteManyResponse
 	23, // 48: cyclone.v1.WorkResponse.limits:type_name -> cyclone.v1.ServerLimits
 	0,  // 49: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	36, // 50: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	40, // 51: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	34, // 52: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	41, // 53: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	36, // 54: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	42, // 55: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
-	34, // 56: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
-	36, // 57: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
-	35, // 58: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
-	43, // 59: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
-	39, // 60: cyclone.v1.WaitRequest.logs:type_name -> cyclone.v1.LogLine
+	38, // 50: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	42, // 51: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	36, // 52: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	43, // 53: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	38, // 54: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	44, // 55: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
+	36, // 56: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
+	38, // 57: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
+	37, // 58: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
+	45, // 59: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
+	41, // 60: cyclone.v1.WaitRequest.logs:type_name -> cyclone.v1.LogLine
 	1,  // 61: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
-	36, // 62: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
-	34, // 63: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	4,  // 64: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	9,  // 65: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	11, // 66: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	14, // 67: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	24, // 68: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	26, // 69: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	28, // 70: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
-	30, // 71: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
-	20, // 72: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
-	5,  // 73: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	10, // 74: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	13, // 75: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	15, // 76: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	25, // 77: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	27, // 78: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	29, // 79: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
-	31, // 80: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
-	22, // 81: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
-	73, // [73:82] is the sub-list for method output_type
-	64, // [64:73] is the sub-list for method input_type
-	64, // [64:64] is the sub-list for extension type_name
-	64, // [64:64] is the sub-list for extension extendee
-	0,  // [0:64] is the sub-list for field type_name
+	38, // 62: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
+	35, // 63: cyclone.v1.CreateApprovalRequest.timeout:type_name -> google.protobuf.Duration
+	37, // 64: cyclone.v1.CreateApprovalResponse.expires_at:type_name -> google.protobuf.Timestamp
+	36, // 65: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	4,  // 66: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	9,  // 67: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	11, // 68: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	14, // 69: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	24, // 70: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	26, // 71: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	28, // 72: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
+	30, // 73: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
+	32, // 74: cyclone.v1.WorkerService.CreateApproval:input_type -> cyclone.v1.CreateApprovalRequest
+	20, // 75: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
+	5,  // 76: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	10, // 77: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	13, // 78: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	15, // 79: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	25, // 80: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	27, // 81: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	29, // 82: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
+	31, // 83: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
+	33, // 84: cyclone.v1.WorkerService.CreateApproval:output_type -> cyclone.v1.CreateApprovalResponse
+	22, // 85: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
+	76, // [76:86] is the sub-list for method output_type
+	66, // [66:76] is the sub-list for method input_type
+	66, // [66:66] is the sub-list for extension type_name
+	66, // [66:66] is the sub-list for extension extendee
+	0,  // [0:66] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -3183,7 +3394,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   31,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,233 @@
+"""Approvals by token: a durable function asks for a decision with wait_for_approval,
+hands its URL out, and waits without a worker; POST /callbacks/<token> on the server's
+HTTP listener (or AdminService.DecideApproval) decides it once."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from cyclone.v1 import admin_service_pb2
+from pyclient import Client, EventTimeout, Worker, step, wait_for_approval
+from tests.helpers import PATIENCE, eventually
+
+#: The URLs each run's body handed out, by run id (what a mail would carry).
+SENT: dict[str, list[str]] = {}
+#: How many times each run's follow-up step ran.
+AFTER: dict[str, int] = {}
+LOCK = threading.Lock()
+
+
+@step
+def mail(run_id: str, url: str) -> None:
+    with LOCK:
+        SENT.setdefault(run_id, []).append(url)
+
+
+@step
+def book(run_id: str, decision: Any) -> str:
+    with LOCK:
+        AFTER[run_id] = AFTER.get(run_id, 0) + 1
+    return "booked" if decision.get("approved") else "refused"
+
+
+def post(url: str, body: Any) -> tuple[int, dict[str, Any]]:
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        with refused:
+            return refused.code, json.loads(refused.read())
+
+
+@pytest.fixture
+def ingress(server_factory: Any) -> Any:
+    return server_factory(http_listen="127.0.0.1:0")
+
+
+@pytest.fixture
+def worker(ingress: Any) -> Iterator[Worker]:
+    w = Worker(ingress.address)
+
+    @w.workflow("trip")
+    def trip(ctx: Any, plan: dict[str, Any]) -> str:
+        decision = wait_for_approval(
+            lambda approval: mail(ctx.run_id, approval.url),
+            timeout=plan.get("timeout"),
+            title=f"trip to {plan['to']}",
+        )
+        return book(ctx.run_id, decision)
+
+    @w.workflow("expiring")
+    def expiring(ctx: Any, plan: dict[str, Any]) -> str:
+        try:
+            wait_for_approval(lambda a: mail(ctx.run_id, a.url), timeout=1)
+        except EventTimeout:
+            return "expired"
+        return "decided"
+
+    thread = threading.Thread(target=w.run, kwargs={"handle_signals": False}, daemon=True)
+    thread.start()
+    yield w
+    w.stop()
+    thread.join(30)
+
+
+def url_of(run_id: str) -> str:
+    eventually(lambda: SENT.get(run_id), "the body sent the approval's URL")
+    [url] = SENT[run_id]
+    return url
+
+
+def waiting(server: Any, run_id: str) -> bool:
+    rows = server.sql(
+        "SELECT status FROM cyclone.step_calls WHERE run_id = %s AND step_id = 'approval.wait'",
+        run_id,
+    )
+    return rows == [("waiting",)]
+
+
+def test_the_body_waits_for_the_approval_and_goes_on_with_its_payload(ingress, worker):
+    with Client(ingress.address) as client:
+        run_id = client.start("trip", {"to": "Lyon"})
+        url = url_of(run_id)
+        assert url.startswith(f"http://127.0.0.1:{ingress.server.http.port}/callbacks/")
+        eventually(lambda: waiting(ingress, run_id), "the body waits for the decision")
+        # The token is stored only as its hash.
+        token = url.rsplit("/", 1)[1]
+        [(stored,)] = ingress.sql("SELECT token_sha256 FROM cyclone.approvals")
+        assert bytes(stored) == hashlib.sha256(token.encode()).digest()
+        assert token not in json.dumps(ingress.sql("SELECT * FROM cyclone.step_calls"), default=str)
+
+        status, answer = post(url, {"approved": True, "comment": "have fun"})
+        assert status == 200 and answer["status"] == "decided"
+        assert answer["run_id"] == run_id
+        run = client.wait(run_id, timeout=PATIENCE)
+        assert run.step("trip").output == "booked"
+        assert SENT[run_id] == [url]  # the replay did not send it again
+        assert AFTER[run_id] == 1
+        [(actor, details)] = ingress.sql(
+            "SELECT actor, details FROM cyclone.audit WHERE run_id = %s "
+            "AND action = 'decide_approval'",
+            run_id,
+        )
+        assert actor == "callback" and details["approved"] is True
+
+        # Replayed: already done, and nothing changes.
+        status, answer = post(url, {"approved": False})
+        assert status == 409 and answer["error"] == "already_decided"
+        assert ingress.sql("SELECT decision FROM cyclone.approvals") == [
+            ({"approved": True, "comment": "have fun"},)
+        ]
+
+
+def test_concurrent_posts_decide_once(ingress, worker):
+    with Client(ingress.address) as client:
+        run_id = client.start("trip", {"to": "Oslo"})
+        url = url_of(run_id)
+        eventually(lambda: waiting(ingress, run_id), "the body waits for the decision")
+        bodies = [{"approved": i % 2 == 0, "n": i} for i in range(8)]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda b: post(url, b), bodies))
+        codes = sorted(status for status, _ in answers)
+        assert codes == [200] + [409] * 7, answers
+        [winner] = [
+            body for body, (status, _) in zip(bodies, answers, strict=True) if status == 200
+        ]
+        run = client.wait(run_id, timeout=PATIENCE)
+        assert run.step("trip").output == ("booked" if winner["approved"] else "refused")
+        events = ingress.sql("SELECT payload FROM cyclone.events WHERE run_id = %s", run_id)
+        assert events == [(winner,)]
+        assert AFTER[run_id] == 1
+
+
+def test_forged_and_unknown_tokens_are_refused(ingress, worker):
+    with Client(ingress.address) as client:
+        run_id = client.start("trip", {"to": "Rome"})
+        url = url_of(run_id)
+        eventually(lambda: waiting(ingress, run_id), "the body waits for the decision")
+        base = url.rsplit("/", 1)[0]
+        token = url.rsplit("/", 1)[1]
+        forged = token[:-1] + ("A" if token[-1] != "A" else "B")
+        for bad in (forged, "x" * 43, "short", "..%2F..%2Fetc"):
+            status, answer = post(f"{base}/{bad}", {"approved": True})
+            assert status == 404 and answer["error"] == "not_found", (bad, answer)
+        assert ingress.sql("SELECT count(*) FROM cyclone.events") == [(0,)]
+        assert ingress.sql("SELECT decided_at FROM cyclone.approvals") == [(None,)]
+        # Not JSON: refused, nothing decided.
+        request = urllib.request.Request(url, data=b"{nope", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        with refused.value:
+            assert refused.value.code == 400
+        assert ingress.sql("SELECT decided_at FROM cyclone.approvals") == [(None,)]
+
+
+def test_an_expired_token_is_refused_and_the_body_gets_event_timeout(ingress, worker):
+    with Client(ingress.address) as client:
+        run_id = client.start("expiring", {})
+        url = url_of(run_id)
+        run = client.wait(run_id, timeout=PATIENCE)
+        assert run.step("expiring").output == "expired"
+        status, answer = post(url, {"approved": True})
+        assert status == 410 and answer["error"] in ("expired", "run_finished")
+        assert ingress.sql("SELECT count(*) FROM cyclone.events") == [(0,)]
+
+
+def test_a_token_past_its_expiry_is_refused(ingress, worker):
+    with Client(ingress.address) as client:
+        run_id = client.start("trip", {"to": "Bern", "timeout": 3600})
+        url = url_of(run_id)
+        eventually(lambda: waiting(ingress, run_id), "the body waits for the decision")
+        ingress.advance_clock(3601)
+        status, answer = post(url, {"approved": True})
+        assert status == 410 and answer["error"] == "expired", answer
+        assert ingress.sql("SELECT decided_at FROM cyclone.approvals") == [(None,)]
+
+
+def test_decide_approval_over_grpc_is_audited_with_the_actor(ingress, worker):
+    with Client(ingress.address) as client:
+        run_id = client.start("trip", {"to": "Porto"})
+        url_of(run_id)
+        eventually(lambda: waiting(ingress, run_id), "the body waits for the decision")
+        listed = ingress.admin.ListApprovals(admin_service_pb2.ListApprovalsRequest())
+        [approval] = listed.approvals
+        assert (approval.run_id, approval.title, approval.workflow) == (
+            run_id,
+            "trip to Porto",
+            "trip",
+        )
+        decided = ingress.admin.DecideApproval(
+            admin_service_pb2.DecideApprovalRequest(
+                approval_id=approval.approval_id, approved=False, comment="too far"
+            ),
+            metadata=[("cyclone-actor", "ops@example")],
+        )
+        assert decided.approval.decided_by == "ops@example"
+        run = client.wait(run_id, timeout=PATIENCE)
+        assert run.step("trip").output == "refused"
+        with pytest.raises(grpc.RpcError) as again:
+            ingress.admin.DecideApproval(
+                admin_service_pb2.DecideApprovalRequest(
+                    approval_id=approval.approval_id, approved=True
+                )
+            )
+        assert again.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert ingress.admin.ListApprovals(admin_service_pb2.ListApprovalsRequest()).approvals == []
+        [(actor, reason)] = ingress.sql(
+            "SELECT actor, reason FROM cyclone.audit WHERE action = 'decide_approval'"
+        )
+        assert (actor, reason) == ("ops@example", "too far")
