@@ -239,3 +239,51 @@ def test_webhooks_are_listed_without_secrets_and_deleted(ingress):
     with pytest.raises(grpc.RpcError) as short:
         create(ingress, secret="short", name="s", send_event=admin_pb.WebhookSendEvent(event="go"))
     assert short.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_the_cli_creates_lists_and_deletes_webhooks(ingress, capsys):
+    from pyclient import cli
+
+    address = ["--address", ingress.address, "--actor", "ops@example"]
+    assert (
+        cli.main(
+            [
+                "webhook",
+                "create",
+                "orders",
+                "--submit-once",
+                "order",
+                "--key-pointer",
+                "/order/id",
+                *address,
+            ]
+        )
+        == 0
+    )
+    made = capsys.readouterr().out
+    assert "orders  submit_once order, key at /order/id" in made
+    secret = made.split("secret (shown once): ")[1].strip()
+    body = json.dumps({"order": {"id": "c-1"}}).encode()
+    status, answer = deliver(
+        ingress, "orders", None, raw=body, signature=signed(body, secret=secret)
+    )
+    assert status == 200 and answer["created"] is True
+    assert (
+        cli.main(
+            ["webhook", "create", "carrier", "--event", "delivered", "--secret", SECRET, *address]
+        )
+        == 0
+    )
+    assert "secret" not in capsys.readouterr().out
+    assert cli.main(["webhook", "list", "--json", *address]) == 0
+    listed = json.loads(capsys.readouterr().out)["webhooks"]
+    assert [(h["name"], h["created_by"]) for h in listed] == [
+        ("carrier", "ops@example"),
+        ("orders", "ops@example"),
+    ]
+    assert secret not in json.dumps(listed) and SECRET not in json.dumps(listed)
+    assert cli.main(["webhook", "delete", "orders", *address]) == 0
+    assert capsys.readouterr().out.strip() == "webhook orders deleted"
+    assert [
+        h.name for h in ingress.admin.ListWebhooks(admin_pb.ListWebhooksRequest()).webhooks
+    ] == ["carrier"]
