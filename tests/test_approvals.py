@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -231,3 +232,98 @@ def test_decide_approval_over_grpc_is_audited_with_the_actor(ingress, worker):
             "SELECT actor, reason FROM cyclone.audit WHERE action = 'decide_approval'"
         )
         assert (actor, reason) == ("ops@example", "too far")
+
+
+def test_the_console_lists_pending_approvals_and_approve_is_audited(ingress, worker):
+    from tests.console_thread import ConsoleThread
+    from tests.test_console_html import Browserless, csrf_of
+
+    console = ConsoleThread(ingress.address)
+    try:
+        visitor = Browserless(console.url)
+        with Client(ingress.address) as client:
+            run_id = client.start("trip", {"to": "<b>Graz</b>"})
+            url_of(run_id)
+            eventually(lambda: waiting(ingress, run_id), "the body waits for the decision")
+            page = visitor.get("/approvals")
+            assert page.status == 200
+            assert "trip to &lt;b&gt;Graz&lt;/b&gt;" in page.text and "<b>Graz" not in page.text
+            [approval_id] = re.findall(r'data-approval="([^"]+)"', page.text)
+            path = f"/approvals/{approval_id}"
+            form = {"decision": "approve", "comment": "enjoy"}
+            assert visitor.post(path, form).status == 403  # no CSRF token
+            assert visitor.post(path, {**form, "csrf": "guess"}).status == 403
+            assert ingress.sql("SELECT decided_at FROM cyclone.approvals") == [(None,)]
+
+            done = visitor.post(path, {**form, "csrf": csrf_of(page)})
+            assert done.status == 303
+            run = client.wait(run_id, timeout=PATIENCE)
+            assert run.step("trip").output == "booked"
+            audit = [(a.action, a.actor, a.reason) for a in run.audit]
+            assert ("decide_approval", "console-test", "enjoy") in audit
+            after = visitor.get("/approvals")
+            assert "No approval is pending" in after.text
+            # Decided already: the console shows the server's refusal.
+            again = visitor.post(path, {**form, "csrf": csrf_of(page)})
+            assert again.status == 409 and "decided already" in again.text
+    finally:
+        console.stop()
+
+
+def test_a_client_token_cannot_decide_an_approval_in_the_console(server_factory, tmp_path):
+    from cyclone.v1 import worker_service_pb2, workflow_service_pb2
+    from tests.console_thread import ConsoleThread
+    from tests.helpers import node, workflow
+    from tests.test_auth import TOKENS, bearer, write_tokens
+    from tests.test_console_html import csrf_of, signed_in
+
+    server = server_factory(
+        token_file=write_tokens(tmp_path / "tokens.txt"), http_listen="127.0.0.1:0"
+    )
+    admin = bearer(TOKENS["admin"])
+    run_id = server.workflows.Submit(
+        workflow_service_pb2.SubmitRequest(workflow=workflow("refund", node("ask", action="ask"))),
+        metadata=admin,
+    ).run_id
+    [held] = server.workers.Claim(
+        worker_service_pb2.ClaimRequest(
+            worker_id="w", actions=[worker_service_pb2.ActionSpec(name="ask")], max_steps=1
+        ),
+        metadata=admin,
+    ).steps
+    made = server.workers.CreateApproval(
+        worker_service_pb2.CreateApprovalRequest(
+            run_id=run_id,
+            node="ask",
+            lease_token=held.lease_token,
+            step_id="approval",
+            title="refund 30 EUR",
+        ),
+        metadata=bearer(TOKENS["worker"]),
+    )
+    assert made.url.endswith("/callbacks/" + made.token) and made.event == (
+        "approval:" + made.approval_id
+    )
+    console = ConsoleThread(server.address)
+    try:
+        carl = signed_in(console.url, TOKENS["client"])
+        page = carl.get("/approvals")
+        assert "refund 30 EUR" in page.text
+        refused = carl.post(
+            f"/approvals/{made.approval_id}",
+            {"decision": "approve", "csrf": csrf_of(page)},
+        )
+        assert refused.status == 403 and "PERMISSION_DENIED" in refused.text
+        assert server.sql("SELECT decided_at FROM cyclone.approvals") == [(None,)]
+        assert server.sql("SELECT count(*) FROM cyclone.audit") == [(0,)]
+        alice = signed_in(console.url, TOKENS["admin"])
+        page = alice.get("/approvals")
+        done = alice.post(
+            f"/approvals/{made.approval_id}", {"decision": "reject", "csrf": csrf_of(page)}
+        )
+        assert done.status == 303
+        [(actor, decision)] = server.sql("SELECT decided_by, decision FROM cyclone.approvals")
+        assert actor == "alice"
+        assert decision == {"approved": False, "comment": "", "decided_by": "alice"}
+    finally:
+        console.stop()
