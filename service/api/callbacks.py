@@ -285,6 +285,11 @@ class CallbacksAdmin:
     async def DeleteWebhook(
         self, request: admin_pb.DeleteWebhookRequest, context: Context
     ) -> admin_pb.DeleteWebhookResponse:
+        if not WEBHOOK_NAME.fullmatch(request.name):
+            raise errors.InvalidArgument(
+                f"a webhook's name is 1 to 100 letters, digits, '-', '_' or '.', got "
+                f"{dag.excerpt(request.name)}"
+            )
         row = await self.db.callbacks.webhook_delete(request.name)
         if row is None:
             raise errors.NotFound(f"webhook {dag.excerpt(request.name)} not found")
