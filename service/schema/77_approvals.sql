@@ -7,10 +7,12 @@
 -- One approval per approval call of a node's journal (run, node, step_id). Deleted
 -- with its run.
 CREATE TABLE cyclone.approvals (
-    approval_id  uuid        PRIMARY KEY,
-    -- SHA-256 of the token; the token itself is given out once and never stored.
-    token_sha256 bytea       NOT NULL UNIQUE CHECK (length(token_sha256) = 32),
     run_id       uuid        NOT NULL REFERENCES cyclone.runs ON DELETE CASCADE,
+    approval_id  uuid        NOT NULL,
+    -- SHA-256 of the token; the token itself is given out once and never stored. Not a
+    -- unique constraint (with runs sharded by run_id one could not span the shards):
+    -- 256 random bits do not collide.
+    token_sha256 bytea       NOT NULL CHECK (length(token_sha256) = 32),
     node         text        NOT NULL,
     step_id      text        NOT NULL,
     -- What is asked, as the body gave it (shown by the console).
@@ -22,13 +24,17 @@ CREATE TABLE cyclone.approvals (
     decided_at   timestamptz,
     decided_by   text,
     decision     jsonb,
+    PRIMARY KEY (run_id, approval_id),
     UNIQUE (run_id, node, step_id),
     CONSTRAINT approvals_decided_together
         CHECK ((decided_at IS NULL) = (decided_by IS NULL)
                AND (decided_by IS NULL) = (decision IS NULL))
 );
--- The pending approvals, by expiry (the console's list).
-CREATE INDEX approvals_pending_idx ON cyclone.approvals (expires_at)
+-- A callback finds its approval by the token's hash; DecideApproval by its id.
+CREATE INDEX approvals_token_idx ON cyclone.approvals (token_sha256);
+CREATE INDEX approvals_id_idx ON cyclone.approvals (approval_id);
+-- The pending approvals, newest first (the console's list).
+CREATE INDEX approvals_pending_idx ON cyclone.approvals (created_at)
     WHERE decided_at IS NULL;
 
 -- Creates the approval of an approval call, fenced by the node's lease (CY001; the
@@ -70,7 +76,7 @@ BEGIN
         UPDATE cyclone.approvals a
            SET token_sha256 = p_token_sha256, title = coalesce(p_title, ''),
                expires_at = v_now + p_ttl
-         WHERE a.approval_id = v_row.approval_id
+         WHERE a.run_id = p_run_id AND a.approval_id = v_row.approval_id
         RETURNING a.* INTO v_row;
     END IF;
     RETURN QUERY SELECT v_row.approval_id, v_row.expires_at, v_row.decided_at IS NOT NULL;
@@ -139,7 +145,7 @@ BEGIN
                                'approval:' || v_row.approval_id, p_actor);
     UPDATE cyclone.approvals a
        SET decided_at = v_now, decided_by = p_actor, decision = coalesce(p_payload, 'null')
-     WHERE a.approval_id = v_row.approval_id;
+     WHERE a.run_id = v_row.run_id AND a.approval_id = v_row.approval_id;
     INSERT INTO cyclone.audit (run_id, node, action, actor, reason, details, at)
     VALUES (v_row.run_id, v_row.node, 'decide_approval', p_actor,
             left(coalesce(p_payload->>'comment', ''), 1000),
