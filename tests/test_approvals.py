@@ -80,6 +80,14 @@ def worker(ingress: Any) -> Iterator[Worker]:
             return "expired"
         return "decided"
 
+    @w.workflow("trip_async")
+    async def trip_async(ctx: Any, plan: dict[str, Any]) -> str:
+        async def send(approval: Any) -> None:
+            mail(ctx.run_id, approval.url)
+
+        decision = await wait_for_approval(send, title=f"trip to {plan['to']}")
+        return book(ctx.run_id, decision)
+
     thread = threading.Thread(target=w.run, kwargs={"handle_signals": False}, daemon=True)
     thread.start()
     yield w
@@ -132,6 +140,32 @@ def test_the_body_waits_for_the_approval_and_goes_on_with_its_payload(ingress, w
         assert status == 409 and answer["error"] == "already_decided"
         assert ingress.sql("SELECT decision FROM cyclone.approvals") == [
             ({"approved": True, "comment": "have fun"},)
+        ]
+
+
+def test_an_async_body_waits_for_its_approval_too(ingress, worker):
+    with Client(ingress.address) as client:
+        run_id = client.start("trip_async", {"to": "Riga"})
+        url = url_of(run_id)
+        eventually(lambda: waiting(ingress, run_id), "the body waits for the decision")
+        status, answer = post(url, {"approved": True})
+        assert status == 200, answer
+        run = client.wait(run_id, timeout=PATIENCE)
+        assert run.step("trip_async").output == "booked"
+        assert SENT[run_id] == [url] and AFTER[run_id] == 1
+        journal = ingress.sql(
+            "SELECT step_id, function, status FROM cyclone.step_calls WHERE run_id = %s "
+            "ORDER BY seq",
+            run_id,
+        )
+        assert [(step_id, status) for step_id, _, status in journal] == [
+            ("approval", "succeeded"),
+            ("approval.wait", "succeeded"),
+            ("book", "succeeded"),
+        ]
+        assert [function for _, function, _ in journal][:2] == [
+            "cyclone.approval",
+            "cyclone.event",
         ]
 
 

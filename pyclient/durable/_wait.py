@@ -169,8 +169,10 @@ def wait_for_approval(
     server's ``--approval-timeout``, 7 days, by default); when it expires with no
     decision, :class:`EventTimeout` is raised, as for ``wait_for_event``. ``title`` is
     what the console shows. Step ids ``approval``, ``approval#2``... (the wait:
-    ``approval.wait``) unless ``step_id`` names it. Only in a sync durable function
-    whose worker's server has an HTTP listener (``--http-listen``).
+    ``approval.wait``) unless ``step_id`` names it. In an async body, ``await
+    wait_for_approval(...)``; ``send`` may then be a coroutine function. Only in a
+    durable function run by a worker whose server has an HTTP listener
+    (``--http-listen``).
 
         @worker.workflow("refund")
         def refund(ctx, claim):
@@ -194,31 +196,72 @@ def wait_for_approval(
     replay = _replay()
     if ctx is None or replay is None:
         raise OutsideHandler("wait_for_approval() waits inside a durable function only")
-    if replay.is_async:
-        raise TypeError("wait_for_approval() is for sync durable functions")
-    create = getattr(replay.backend, "create_approval", None)
+    backend = replay.backend
+    create = getattr(
+        backend, "create_approval_async" if replay.is_async else "create_approval", None
+    )
     if create is None:
         raise OutsideHandler("wait_for_approval() needs a worker connected to a Cyclone server")
 
-    spec = _ApprovalCall(lambda: ask())
-    call_id = step_id if step_id is not None else replay.name_call(spec)
-
-    def ask() -> dict[str, Any]:
-        made = create(call_id, title, timeout)
-        expires_at = made.expires_at.ToDatetime(tzinfo=dt.UTC)
-        if not made.decided:
-            send(Approval(made.approval_id, made.url, made.token, expires_at))
-        return {
-            "approval_id": made.approval_id,
-            "event": made.event,
+    def made(reply: Any) -> tuple[Approval | None, dict[str, Any]]:
+        expires_at = reply.expires_at.ToDatetime(tzinfo=dt.UTC)
+        approval = (
+            None
+            if reply.decided
+            else Approval(reply.approval_id, reply.url, reply.token, expires_at)
+        )
+        asked = {
+            "approval_id": reply.approval_id,
+            "event": reply.event,
             "expires_at": expires_at.isoformat(),
         }
+        return approval, asked
 
+    if replay.is_async:
+
+        async def ask_async() -> dict[str, Any]:
+            approval, asked = made(await create(call_id, title, timeout))
+            if approval is not None:
+                sent = send(approval)
+                if inspect.isawaitable(sent):
+                    await sent
+            return asked
+
+        spec = _ApprovalCall(ask_async, is_async=True)
+        call_id = step_id if step_id is not None else replay.name_call(spec)
+        # Both calls are numbered now, when the body calls, as async step calls are.
+        call, entry = replay.open(spec, call_id)
+        waiting = replay.open(_APPROVAL_WAIT_FN, call_id + _APPROVAL_WAIT)
+        return _approval_async(replay, ctx, spec, call, entry, waiting)
+
+    def ask() -> dict[str, Any]:
+        approval, asked = made(create(call_id, title, timeout))
+        if approval is not None:
+            send(approval)
+        return asked
+
+    spec = _ApprovalCall(ask)
+    call_id = step_id if step_id is not None else replay.name_call(spec)
     asked = replay.call(ctx, spec, call_id, (), {})
+    return _wait(replay, _APPROVAL_WAIT_FN, call_id + _APPROVAL_WAIT, _until(asked))
+
+
+#: The wait of an approval call: for the event the approval names.
+_APPROVAL_WAIT_FN = WaitFn("approval", "cyclone.event")
+
+
+def _until(asked: Any) -> Until:
+    """The wait of a recorded approval call: its event, until its expiry."""
     if not isinstance(asked, dict) or not isinstance(asked.get("event"), str):
         raise InvalidArgument(f"the approval call is recorded as {asked!r}, not as an approval")
     expires_at = dt.datetime.fromisoformat(asked["expires_at"])
     left = (expires_at - dt.datetime.now(dt.UTC)).total_seconds()
-    fn = WaitFn("approval", "cyclone.event")
-    until = Until(event=asked["event"], timeout=min(max(left, 0.001), 366 * 86400))
-    return _wait(replay, fn, call_id + _APPROVAL_WAIT, until)
+    return Until(event=asked["event"], timeout=min(max(left, 0.001), 366 * 86400))
+
+
+async def _approval_async(
+    replay: Replay, ctx: Any, spec: _ApprovalCall, call: Any, entry: Any, waiting: Any
+) -> Any:
+    asked = await replay.call_async(ctx, spec, call, entry, (), {})
+    wait_call, wait_entry = waiting
+    return await replay.wait_async(wait_call, wait_entry, _until(asked))
