@@ -279,7 +279,9 @@ def test_the_console_lists_pending_approvals_and_approve_is_audited(ingress, wor
             run_id = client.start("trip", {"to": "<b>Graz</b>"})
             url_of(run_id)
             eventually(lambda: waiting(ingress, run_id), "the body waits for the decision")
-            page = visitor.get("/approvals")
+            run_page = visitor.get(f"/runs/{run_id}?node=trip")
+            assert f'href="/approvals?run={run_id}">Approve or reject</a>' in run_page.text
+            page = visitor.get(f"/approvals?run={run_id}")
             assert page.status == 200
             assert "trip to &lt;b&gt;Graz&lt;/b&gt;" in page.text and "<b>Graz" not in page.text
             [approval_id] = re.findall(r'data-approval="([^"]+)"', page.text)
