@@ -4,7 +4,10 @@ their one-time URL and signed webhooks.
 - ``POST /callbacks/<token>``: the JSON body (empty: null) decides the approval whose
   token it is, once (approval_decide): 200 when this request decided it, 409 when it
   was decided already, 410 when it expired or its run finished, 404 for a token that
-  is not (or no longer) one.
+  is not (or no longer) one. ``GET /callbacks/<token>`` shows a person a page with
+  what is asked and Approve and Reject buttons, which POST the form
+  (``application/x-www-form-urlencoded``: the decision is then ``{"approved": bool,
+  "comment": text}`` and the answer a page); a GET decides nothing.
 - ``POST /webhooks/<name>``: a delivery signed with the webhook's secret
   (``Cyclone-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">``), its
   timestamp within ``--webhook-tolerance`` of the server's clock, its delivery id
@@ -13,7 +16,7 @@ their one-time URL and signed webhooks.
   signature or timestamp is 401 and a delivery seen before 409, with nothing
   recorded. docs/webhooks.md.
 
-Every answer is a JSON object: ``{"status": ...}`` on success, ``{"error": code,
+Every other answer is a JSON object: ``{"status": ...}`` on success, ``{"error": code,
 "message": text}`` otherwise.
 
 The server's dependencies hold no HTTP server framework, so this is the standard
@@ -26,17 +29,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import html
 import json
 import logging
 import re
 import ssl
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Coroutine
+from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 from service import errors
 from service.api.callbacks import WEBHOOK_NAME, token_sha256
@@ -45,6 +51,8 @@ from service.db import Database
 from service.db.callbacks import WebhookRow
 
 log = logging.getLogger("cyclone")
+
+T = TypeVar("T")
 
 #: The signature header of a webhook delivery, and the optional delivery id header.
 SIGNATURE_HEADER = "Cyclone-Signature"
@@ -140,6 +148,45 @@ def _json_body(body: bytes) -> Any:
         raise Refused(HTTPStatus.BAD_REQUEST, "bad_json", f"the body is not JSON: {exc}") from None
 
 
+#: The page GET /callbacks/<token> shows a person: what is asked, and a form that POSTs
+#: the decision (a GET decides nothing, so that a mail scanner that follows the link
+#: does not decide for them).
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="referrer" content="no-referrer">
+<title>{title}</title>
+<style>body{{font:16px/1.5 system-ui,sans-serif;max-width:36rem;margin:3rem auto;padding:0 1rem}}
+textarea{{width:100%}}button{{font-size:1rem;padding:.4rem 1.2rem;margin-right:.5rem}}</style>
+</head><body><main>
+<h1>{title}</h1>
+{body}
+</main></body></html>
+"""
+
+_FORM = """<p>Run <code>{run_id}</code> ({workflow}, node {node}) asks for your decision, until
+{expires} UTC. It can be given once.</p>
+<form method="post">
+<label for="comment">Comment (optional)</label>
+<textarea id="comment" name="comment" rows="3" maxlength="1000"></textarea>
+<p><button type="submit" name="approved" value="true">Approve</button>
+<button type="submit" name="approved" value="false">Reject</button></p>
+</form>"""
+
+
+def _html(title: str, body: str) -> bytes:
+    return _PAGE.format(title=html.escape(title), body=body).encode()
+
+
+def _form_payload(body: bytes) -> dict[str, Any]:
+    """The decision a person's form POSTed: {"approved": bool, "comment": text}."""
+    fields = urllib.parse.parse_qs(body.decode("utf-8", "replace"), max_num_fields=10)
+    approved = fields.get("approved", [""])[0]
+    if approved not in ("true", "false"):
+        raise Refused(HTTPStatus.BAD_REQUEST, "bad_form", "choose Approve or Reject")
+    return {"approved": approved == "true", "comment": fields.get("comment", [""])[0][:1000]}
+
+
 class Ingress:
     """What the HTTP requests do, on the server's event loop."""
 
@@ -147,11 +194,36 @@ class Ingress:
         self.db = db
         self.settings = settings
 
-    async def callback(self, token: str, body: bytes) -> dict[str, Any]:
-        """POST /callbacks/<token>."""
+    async def callback_page(self, token: str) -> tuple[HTTPStatus, bytes]:
+        """GET /callbacks/<token>: the approval's form, or why there is none."""
+        row = None
+        if _TOKEN.fullmatch(token):
+            row = await self.db.callbacks.approval_by_token(token_sha256(token))
+        if row is None:
+            return HTTPStatus.NOT_FOUND, _html(
+                "Not found", "<p>This link does not name an approval (any more).</p>"
+            )
+        title = row.title or "Approval"
+        if row.decided_at is not None:
+            when = f"{row.decided_at:%Y-%m-%d %H:%M}"
+            return HTTPStatus.CONFLICT, _html(
+                title, f"<p>This was decided already, at {when} UTC.</p>"
+            )
+        if row.expires_at <= datetime.now(UTC):
+            return HTTPStatus.GONE, _html(title, "<p>This approval has expired.</p>")
+        form = _FORM.format(
+            run_id=html.escape(str(row.run_id)),
+            workflow=html.escape(row.workflow),
+            node=html.escape(row.node),
+            expires=f"{row.expires_at:%Y-%m-%d %H:%M}",
+        )
+        return HTTPStatus.OK, _html(title, form)
+
+    async def callback(self, token: str, body: bytes, *, form: bool = False) -> dict[str, Any]:
+        """POST /callbacks/<token>: a JSON body, or a person's form (``form``)."""
         if not _TOKEN.fullmatch(token):
             raise Refused(HTTPStatus.NOT_FOUND, "not_found", "no approval has this token")
-        payload = _json_body(body)
+        payload = _form_payload(body) if form else _json_body(body)
         row = await self.db.callbacks.approval_decide(
             token_sha256=token_sha256(token),
             approval_id=None,
@@ -273,8 +345,17 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         try:
             answer = self._answer()
-            self._send(HTTPStatus.OK, answer)
+            if self._is_form():
+                self._send_html(
+                    HTTPStatus.OK, _html("Thank you", "<p>Your decision is recorded.</p>")
+                )
+            else:
+                self._send(HTTPStatus.OK, answer)
         except Refused as refused:
+            if self._is_form():
+                why = f"<p>{html.escape(str(refused))}.</p>"
+                self._send_html(refused.status, _html("Not recorded", why))
+                return
             self._send(
                 refused.status,
                 {"error": refused.code, "message": str(refused), **refused.extra},
@@ -292,11 +373,39 @@ class _Handler(BaseHTTPRequestHandler):
             )
 
     def do_GET(self) -> None:
-        self._send(
-            HTTPStatus.METHOD_NOT_ALLOWED,
-            {"error": "method_not_allowed", "message": "POST a JSON body"},
-            allow="POST",
+        path = self.path.split("?", 1)[0]
+        kind, _, token = path.lstrip("/").partition("/")
+        if kind != "callbacks" or not token or "/" in token:
+            self._send(
+                HTTPStatus.METHOD_NOT_ALLOWED,
+                {"error": "method_not_allowed", "message": "POST a JSON body"},
+                allow="POST",
+            )
+            return
+        try:
+            status, page = self._on_loop(self.server.ingress.callback_page(token))
+        except Exception:
+            log.exception("HTTP ingress: the page of an approval failed")
+            status, page = HTTPStatus.INTERNAL_SERVER_ERROR, _html("Error", "<p>Try again.</p>")
+        self._send_html(status, page)
+
+    def _is_form(self) -> bool:
+        kind = self.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+        return kind == "application/x-www-form-urlencoded" and self.path.startswith("/callbacks/")
+
+    def _send_html(self, status: HTTPStatus, page: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(page)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("X-Frame-Options", "DENY")
+        self.send_header(
+            "Content-Security-Policy",
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'",
         )
+        self.end_headers()
+        self.wfile.write(page)
 
     def _answer(self) -> dict[str, Any]:
         path = self.path.split("?", 1)[0]
@@ -306,7 +415,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         ingress = self.server.ingress
         if kind == "callbacks":
-            return self._on_loop(ingress.callback(rest, body))
+            return self._on_loop(ingress.callback(rest, body, form=self._is_form()))
         return self._on_loop(ingress.webhook(rest, self.headers, body))
 
     def _body(self) -> bytes:
@@ -321,7 +430,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
         return self.rfile.read(int(length))
 
-    def _on_loop(self, work: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    def _on_loop(self, work: Coroutine[Any, Any, T]) -> T:
         future = asyncio.run_coroutine_threadsafe(work, self.server.loop)
         return future.result(REQUEST_TIMEOUT_S)
 

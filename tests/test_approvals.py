@@ -10,6 +10,7 @@ import json
 import re
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -363,3 +364,36 @@ def test_a_client_token_cannot_decide_an_approval_in_the_console(server_factory,
         assert decision == {"approved": False, "comment": "", "decided_by": "alice"}
     finally:
         console.stop()
+
+
+def test_a_person_opens_the_url_and_decides_with_the_form(ingress, worker):
+    with Client(ingress.address) as client:
+        run_id = client.start("trip", {"to": "<script>x</script>"})
+        url = url_of(run_id)
+        eventually(lambda: waiting(ingress, run_id), "the body waits for the decision")
+        for _ in range(2):  # opening the link (or a scanner following it) decides nothing
+            with urllib.request.urlopen(url, timeout=30) as page:
+                text = page.read().decode()
+                assert page.status == 200
+                assert page.headers["Referrer-Policy"] == "no-referrer"
+        assert "trip to &lt;script&gt;" in text and "<script>x" not in text
+        assert 'value="true">Approve</button>' in text
+        assert ingress.sql("SELECT decided_at FROM cyclone.approvals") == [(None,)]
+
+        form = urllib.parse.urlencode({"approved": "false", "comment": "not now"}).encode()
+        request = urllib.request.Request(url, data=form, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200 and "Your decision is recorded" in answer.read().decode()
+        run = client.wait(run_id, timeout=PATIENCE)
+        assert run.step("trip").output == "refused"
+        [(decision,)] = ingress.sql("SELECT decision FROM cyclone.approvals")
+        assert decision == {"approved": False, "comment": "not now"}
+        with pytest.raises(urllib.error.HTTPError) as decided:
+            urllib.request.urlopen(url, timeout=30)
+        with decided.value:
+            assert decided.value.code == 409
+            assert "decided already" in decided.value.read().decode()
+        with pytest.raises(urllib.error.HTTPError) as forged:
+            urllib.request.urlopen(url[:-3] + "abc", timeout=30)
+        with forged.value:
+            assert forged.value.code == 404

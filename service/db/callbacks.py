@@ -133,6 +133,9 @@ class Callbacks(Repository):
     async def approval_get(self, approval_id: uuid.UUID) -> ApprovalRow | None:
         return await self._one("approval_get", ApprovalRow, approval_id=str(approval_id))
 
+    async def approval_by_token(self, token_sha256: bytes) -> ApprovalRow | None:
+        return await self._one("approval_by_token", ApprovalRow, token_sha256=token_sha256)
+
     async def webhook_create(
         self,
         *,

@@ -65,3 +65,10 @@ SELECT d.outcome, d.run_id, d.created, d.event_id, current_setting('cyclone.read
   FROM cyclone.webhook_deliver(:hook, :delivery_id, CAST(:payload AS jsonb),
                                CAST(:run_id AS uuid), :key,
                                make_interval(secs => :keep_s)) d;
+
+-- name: approval_by_token
+-- GET /callbacks/<token>: the approval a token names, to show its form (reads only).
+SELECT a.approval_id, a.run_id, a.node, a.step_id, a.title, a.created_at, a.expires_at,
+       a.decided_at, a.decided_by, a.decision, r.workflow
+  FROM cyclone.approvals a JOIN cyclone.runs r ON r.run_id = a.run_id
+ WHERE a.token_sha256 = :token_sha256;
