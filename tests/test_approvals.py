@@ -397,3 +397,49 @@ def test_a_person_opens_the_url_and_decides_with_the_form(ingress, worker):
             urllib.request.urlopen(url[:-3] + "abc", timeout=30)
         with forged.value:
             assert forged.value.code == 404
+
+
+def test_create_approval_again_replaces_the_token_and_keeps_a_decision(ingress):
+    from cyclone.v1 import worker_service_pb2
+    from tests.helpers import claim, node, submit, workflow
+
+    run_id = submit(ingress, workflow("refund", node("ask", action="ask")))
+    [held] = claim(ingress, "ask")
+
+    def create(lease_token: str) -> worker_service_pb2.CreateApprovalResponse:
+        return ingress.workers.CreateApproval(
+            worker_service_pb2.CreateApprovalRequest(
+                run_id=run_id, node="ask", lease_token=lease_token, step_id="approval"
+            )
+        )
+
+    first = create(held.lease_token)
+    # The attempt is lost before the call's outcome is recorded: its retry asks again.
+    second = create(held.lease_token)
+    assert second.approval_id == first.approval_id and second.token != first.token
+    assert post(first.url, {"approved": True})[0] == 404  # replaced: no longer a token
+    assert ingress.sql("SELECT count(*) FROM cyclone.approvals") == [(1,)]
+    # A stale lease token is refused, and nothing changes.
+    with pytest.raises(grpc.RpcError) as stale:
+        create("00000000-0000-4000-8000-000000000000")
+    assert stale.value.code() == grpc.StatusCode.ABORTED
+    [(stored,)] = ingress.sql("SELECT token_sha256 FROM cyclone.approvals")
+    assert bytes(stored) == hashlib.sha256(second.token.encode()).digest()
+    # The default expiry is the server's --approval-timeout (7 days).
+    [(days,)] = ingress.sql(
+        "SELECT extract(day FROM expires_at - created_at) FROM cyclone.approvals"
+    )
+    assert days == 7
+
+    assert post(second.url, {"approved": True})[0] == 200
+    third = create(held.lease_token)
+    assert third.decided and third.token == "" and third.url == ""
+    assert third.approval_id == first.approval_id
+    for bad in (0.5, 366 * 86400 + 1):
+        request = worker_service_pb2.CreateApprovalRequest(
+            run_id=run_id, node="ask", lease_token=held.lease_token, step_id="other"
+        )
+        request.timeout.FromMilliseconds(round(bad * 1000))
+        with pytest.raises(grpc.RpcError) as refused:
+            ingress.workers.CreateApproval(request)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
