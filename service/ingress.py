@@ -49,6 +49,7 @@ from service.api.callbacks import WEBHOOK_NAME, token_sha256
 from service.config import Settings
 from service.db import Database
 from service.db.callbacks import WebhookRow
+from service.tls import ListenError
 
 log = logging.getLogger("cyclone")
 
@@ -470,7 +471,12 @@ class HttpIngress:
     def start(self, listen: str, loop: asyncio.AbstractEventLoop) -> int:
         """Listen on ``host:port`` (TLS with --tls-cert/--tls-key); the port bound."""
         host, _, port = listen.rpartition(":")
-        server = _Server((host.strip("[]") or "127.0.0.1", int(port)), _Handler)
+        try:
+            server = _Server((host.strip("[]") or "127.0.0.1", int(port)), _Handler)
+        except OSError as exc:
+            raise ListenError(
+                f"cannot serve --http-listen {listen}: {exc.strerror or exc}"
+            ) from None
         server.ingress = self.ingress
         server.loop = loop
         server.max_body = self.settings.max_payload_bytes
