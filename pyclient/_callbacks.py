@@ -216,5 +216,29 @@ class AsyncCallbackMethods:
     ) -> ApprovalState:
         return await self._invoke(callback_calls.decide_approval(approval_id, approved, comment))
 
+    async def create_webhook(
+        self,
+        name: str,
+        *,
+        secret: str = "",
+        event: str | None = None,
+        run_id_pointer: str = "/run_id",
+        workflow: str | None = None,
+        key_pointer: str | None = None,
+    ) -> Webhook:
+        return await self._invoke(
+            callback_calls.create_webhook(
+                name,
+                secret=secret,
+                event=event,
+                run_id_pointer=run_id_pointer,
+                workflow=workflow,
+                key_pointer=key_pointer,
+            )
+        )
+
     async def list_webhooks(self) -> list[Webhook]:
         return await self._invoke(callback_calls.list_webhooks())
+
+    async def delete_webhook(self, name: str) -> Webhook:
+        return await self._invoke(callback_calls.delete_webhook(name))
