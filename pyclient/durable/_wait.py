@@ -200,8 +200,6 @@ def wait_for_approval(
     create = getattr(
         backend, "create_approval_async" if replay.is_async else "create_approval", None
     )
-    if create is None:
-        raise OutsideHandler("wait_for_approval() needs a worker connected to a Cyclone server")
 
     def made(reply: Any) -> tuple[Approval | None, dict[str, Any]]:
         expires_at = reply.expires_at.ToDatetime(tzinfo=dt.UTC)
@@ -220,6 +218,8 @@ def wait_for_approval(
     if replay.is_async:
 
         async def ask_async() -> dict[str, Any]:
+            if create is None:
+                raise _no_server()
             approval, asked = made(await create(call_id, title, timeout))
             if approval is not None:
                 sent = send(approval)
@@ -235,6 +235,8 @@ def wait_for_approval(
         return _approval_async(replay, ctx, spec, call, entry, waiting)
 
     def ask() -> dict[str, Any]:
+        if create is None:
+            raise _no_server()
         approval, asked = made(create(call_id, title, timeout))
         if approval is not None:
             send(approval)
@@ -244,6 +246,11 @@ def wait_for_approval(
     call_id = step_id if step_id is not None else replay.name_call(spec)
     asked = replay.call(ctx, spec, call_id, (), {})
     return _wait(replay, _APPROVAL_WAIT_FN, call_id + _APPROVAL_WAIT, _until(asked))
+
+
+def _no_server() -> OutsideHandler:
+    """A recorded approval call replays anywhere; making one needs a server."""
+    return OutsideHandler("wait_for_approval() needs a worker connected to a Cyclone server")
 
 
 #: The wait of an approval call: for the event the approval names.
