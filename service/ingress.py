@@ -395,6 +395,7 @@ class _Handler(BaseHTTPRequestHandler):
         return kind == "application/x-www-form-urlencoded" and self.path.startswith("/callbacks/")
 
     def _send_html(self, status: HTTPStatus, page: bytes) -> None:
+        self._count("page" if status == HTTPStatus.OK else str(status.value))
         self.send_response(status)
         self.send_header("Content-Type", "text/html; charset=utf-8")
         self.send_header("Content-Length", str(len(page)))
@@ -435,7 +436,16 @@ class _Handler(BaseHTTPRequestHandler):
         future = asyncio.run_coroutine_threadsafe(work, self.server.loop)
         return future.result(REQUEST_TIMEOUT_S)
 
+    def _count(self, outcome: str) -> None:
+        counted = self.server.counted
+        if counted is None:
+            return
+        kind = self.path.lstrip("/").partition("/")[0]
+        endpoint = kind if kind in ("callbacks", "webhooks") else "other"
+        counted.labels(endpoint, outcome).inc()
+
     def _send(self, status: HTTPStatus, answer: dict[str, Any], **headers: str) -> None:
+        self._count(str(answer.get("status") or answer.get("error") or status.value))
         data = json.dumps(answer).encode() + b"\n"
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -456,14 +466,18 @@ class _Server(ThreadingHTTPServer):
     ingress: Ingress
     loop: asyncio.AbstractEventLoop
     max_body: int
+    #: cyclone_http_requests_total (endpoint, outcome), or None.
+    counted: Any
 
 
 class HttpIngress:
     """The listener: started on the server's loop, stopped with the server."""
 
-    def __init__(self, db: Database, settings: Settings) -> None:
+    def __init__(self, db: Database, settings: Settings, counted: Any = None) -> None:
         self.ingress = Ingress(db, settings)
         self.settings = settings
+        #: A counter by endpoint and outcome (Metrics.http_requests), or None.
+        self.counted = counted
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self.port: int | None = None
@@ -478,6 +492,7 @@ class HttpIngress:
                 f"cannot serve --http-listen {listen}: {exc.strerror or exc}"
             ) from None
         server.ingress = self.ingress
+        server.counted = self.counted
         server.loop = loop
         server.max_body = self.settings.max_payload_bytes
         if self.settings.tls_cert and self.settings.tls_key:

@@ -123,7 +123,7 @@ class CycloneServer:
         #: Where /metrics is served, once started (None when off or unavailable).
         self.metrics_url: str | None = None
         #: The HTTP ingress (approvals' URLs, webhooks), when --http-listen is set.
-        self.http = HttpIngress(self.db, settings)
+        self.http = HttpIngress(self.db, settings, self.metrics.http_requests)
         #: Where it is served, once started (None when off).
         self.http_url: str | None = None
         self._tasks: list[asyncio.Task[None]] = []

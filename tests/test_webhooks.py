@@ -287,3 +287,21 @@ def test_the_cli_creates_lists_and_deletes_webhooks(ingress, capsys):
     assert [
         h.name for h in ingress.admin.ListWebhooks(admin_pb.ListWebhooksRequest()).webhooks
     ] == ["carrier"]
+
+
+def test_http_requests_are_counted_by_endpoint_and_outcome(ingress):
+    orders_hook(ingress)
+    body = json.dumps({"order": {"id": "m-1"}}).encode()
+    assert deliver(ingress, "orders", None, raw=body, signature=signed(body, secret="x" * 20))[
+        0
+    ] == (401)
+    assert deliver(ingress, "orders", None, raw=body)[0] == 200
+    registry = ingress.server.metrics.registry
+
+    def count(endpoint: str, outcome: str) -> float | None:
+        labels = {"endpoint": endpoint, "outcome": outcome}
+        return registry.get_sample_value("cyclone_http_requests_total", labels)
+
+    assert count("webhooks", "bad_signature") == 1
+    assert count("webhooks", "submitted") == 1
+    assert count("callbacks", "decided") is None
