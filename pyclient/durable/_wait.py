@@ -184,60 +184,20 @@ def wait_for_approval(
             if decision.get("approved"):
                 pay_back(claim)
     """
-    if not callable(send):
-        raise InvalidArgument(f"wait_for_approval takes a send callable, got {send!r}")
-    if timeout is not None and not 1 <= timeout <= 366 * 86400:
-        raise InvalidArgument(f"an approval timeout must be 1s to 366 days, got {timeout!r}")
-    if not isinstance(title, str) or len(title) > 1000:
-        raise InvalidArgument("an approval's title must be a string of at most 1000 characters")
-    if step_id is not None and len(step_id) > MAX_EVENT_NAME - len(_APPROVAL_WAIT):
-        raise InvalidArgument("an approval's step id must be at most 195 characters")
+    _check_approval(send, timeout, title, step_id)
     ctx = active()
     replay = _replay()
     if ctx is None or replay is None:
         raise OutsideHandler("wait_for_approval() waits inside a durable function only")
-    backend = replay.backend
-    create = getattr(
-        backend, "create_approval_async" if replay.is_async else "create_approval", None
-    )
-
-    def made(reply: Any) -> tuple[Approval | None, dict[str, Any]]:
-        expires_at = reply.expires_at.ToDatetime(tzinfo=dt.UTC)
-        approval = (
-            None
-            if reply.decided
-            else Approval(reply.approval_id, reply.url, reply.token, expires_at)
-        )
-        asked = {
-            "approval_id": reply.approval_id,
-            "event": reply.event,
-            "expires_at": expires_at.isoformat(),
-        }
-        return approval, asked
-
+    method = "create_approval_async" if replay.is_async else "create_approval"
+    create = getattr(replay.backend, method, None)
     if replay.is_async:
-
-        async def ask_async() -> dict[str, Any]:
-            if create is None:
-                raise _no_server()
-            approval, asked = made(await create(call_id, title, timeout))
-            if approval is not None:
-                sent = send(approval)
-                if inspect.isawaitable(sent):
-                    await sent
-            return asked
-
-        spec = _ApprovalCall(ask_async, is_async=True)
-        call_id = step_id if step_id is not None else replay.name_call(spec)
-        # Both calls are numbered now, when the body calls, as async step calls are.
-        call, entry = replay.open(spec, call_id)
-        waiting = replay.open(_APPROVAL_WAIT_FN, call_id + _APPROVAL_WAIT)
-        return _approval_async(replay, ctx, spec, call, entry, waiting)
+        return _approval_async(replay, ctx, send, create, (title, timeout), step_id)
 
     def ask() -> dict[str, Any]:
         if create is None:
             raise _no_server()
-        approval, asked = made(create(call_id, title, timeout))
+        approval, asked = _made(create(call_id, title, timeout))
         if approval is not None:
             send(approval)
         return asked
@@ -248,9 +208,65 @@ def wait_for_approval(
     return _wait(replay, _APPROVAL_WAIT_FN, call_id + _APPROVAL_WAIT, _until(asked))
 
 
+def _check_approval(send: Any, timeout: float | None, title: Any, step_id: str | None) -> None:
+    """wait_for_approval's arguments, checked before anything is journaled."""
+    if not callable(send):
+        raise InvalidArgument(f"wait_for_approval takes a send callable, got {send!r}")
+    if timeout is not None and not 1 <= timeout <= 366 * 86400:
+        raise InvalidArgument(f"an approval timeout must be 1s to 366 days, got {timeout!r}")
+    if not isinstance(title, str) or len(title) > 1000:
+        raise InvalidArgument("an approval's title must be a string of at most 1000 characters")
+    if step_id is not None and len(step_id) > MAX_EVENT_NAME - len(_APPROVAL_WAIT):
+        raise InvalidArgument("an approval's step id must be at most 195 characters")
+
+
+def _made(reply: Any) -> tuple[Approval | None, dict[str, Any]]:
+    """CreateApproval's answer: the Approval to send (None when it is decided already)
+    and what the approval call records (never the token)."""
+    expires_at = reply.expires_at.ToDatetime(tzinfo=dt.UTC)
+    approval = (
+        None if reply.decided else Approval(reply.approval_id, reply.url, reply.token, expires_at)
+    )
+    asked = {
+        "approval_id": reply.approval_id,
+        "event": reply.event,
+        "expires_at": expires_at.isoformat(),
+    }
+    return approval, asked
+
+
 def _no_server() -> OutsideHandler:
     """A recorded approval call replays anywhere; making one needs a server."""
     return OutsideHandler("wait_for_approval() needs a worker connected to a Cyclone server")
+
+
+def _approval_async(
+    replay: Replay,
+    ctx: Any,
+    send: Callable[[Approval], Any],
+    create: Any,
+    asked_for: tuple[str, float | None],
+    step_id: str | None,
+) -> Any:
+    """wait_for_approval in an async body: both calls are numbered now, when the body
+    calls, as async step calls are; the awaitable makes them."""
+    title, timeout = asked_for
+
+    async def ask() -> dict[str, Any]:
+        if create is None:
+            raise _no_server()
+        approval, asked = _made(await create(call_id, title, timeout))
+        if approval is not None:
+            sent = send(approval)
+            if inspect.isawaitable(sent):
+                await sent
+        return asked
+
+    spec = _ApprovalCall(ask, is_async=True)
+    call_id = step_id if step_id is not None else replay.name_call(spec)
+    call, entry = replay.open(spec, call_id)
+    waiting = replay.open(_APPROVAL_WAIT_FN, call_id + _APPROVAL_WAIT)
+    return _approved_async(replay, ctx, spec, call, entry, waiting)
 
 
 #: The wait of an approval call: for the event the approval names.
@@ -266,7 +282,7 @@ def _until(asked: Any) -> Until:
     return Until(event=asked["event"], timeout=min(max(left, 0.001), 366 * 86400))
 
 
-async def _approval_async(
+async def _approved_async(
     replay: Replay, ctx: Any, spec: _ApprovalCall, call: Any, entry: Any, waiting: Any
 ) -> Any:
     asked = await replay.call_async(ctx, spec, call, entry, (), {})
