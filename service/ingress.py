@@ -39,7 +39,6 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Coroutine
-from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
@@ -210,7 +209,7 @@ class Ingress:
             return HTTPStatus.CONFLICT, _html(
                 title, f"<p>This was decided already, at {when} UTC.</p>"
             )
-        if row.expires_at <= datetime.now(UTC):
+        if row.expired:
             return HTTPStatus.GONE, _html(title, "<p>This approval has expired.</p>")
         form = _FORM.format(
             run_id=html.escape(str(row.run_id)),

@@ -229,6 +229,10 @@ def test_a_token_past_its_expiry_is_refused(ingress, worker):
         url = url_of(run_id)
         eventually(lambda: waiting(ingress, run_id), "the body waits for the decision")
         ingress.advance_clock(3601)
+        with pytest.raises(urllib.error.HTTPError) as page:
+            urllib.request.urlopen(url, timeout=30)
+        with page.value:
+            assert page.value.code == 410 and "expired" in page.value.read().decode()
         status, answer = post(url, {"approved": True})
         assert status == 410 and answer["error"] == "expired", answer
         assert ingress.sql("SELECT decided_at FROM cyclone.approvals") == [(None,)]

@@ -46,6 +46,19 @@ class ApprovalRow(NamedTuple):
     workflow: str
 
 
+class ApprovalPage(NamedTuple):
+    """approval_by_token: what an approval's page shows, and whether it expired (by
+    the database's clock, as approval_decide decides)."""
+
+    run_id: uuid.UUID
+    node: str
+    title: str
+    expires_at: datetime
+    decided_at: datetime | None
+    workflow: str
+    expired: bool
+
+
 class WebhookRow(NamedTuple):
     """A webhook endpoint as stored (its secret included: for the HTTP ingress only)."""
 
@@ -133,8 +146,8 @@ class Callbacks(Repository):
     async def approval_get(self, approval_id: uuid.UUID) -> ApprovalRow | None:
         return await self._one("approval_get", ApprovalRow, approval_id=str(approval_id))
 
-    async def approval_by_token(self, token_sha256: bytes) -> ApprovalRow | None:
-        return await self._one("approval_by_token", ApprovalRow, token_sha256=token_sha256)
+    async def approval_by_token(self, token_sha256: bytes) -> ApprovalPage | None:
+        return await self._one("approval_by_token", ApprovalPage, token_sha256=token_sha256)
 
     async def webhook_create(
         self,

@@ -68,7 +68,7 @@ SELECT d.outcome, d.run_id, d.created, d.event_id, current_setting('cyclone.read
 
 -- name: approval_by_token
 -- GET /callbacks/<token>: the approval a token names, to show its form (reads only).
-SELECT a.approval_id, a.run_id, a.node, a.step_id, a.title, a.created_at, a.expires_at,
-       a.decided_at, a.decided_by, a.decision, r.workflow
+SELECT a.run_id, a.node, a.title, a.expires_at, a.decided_at, r.workflow,
+       a.expires_at <= cyclone.now() AS expired
   FROM cyclone.approvals a JOIN cyclone.runs r ON r.run_id = a.run_id
  WHERE a.token_sha256 = :token_sha256;
