@@ -20,7 +20,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from console import actions, bulk, streams, views
+from console import actions, approvals, bulk, streams, views
 from console.pages import HERE, Console, http_status, render
 from console.sessions import COOKIE, Session, Sessions
 from pyclient.errors import CycloneError, Unauthenticated
@@ -125,6 +125,7 @@ def create_app(
     app = Starlette(
         routes=[
             *actions.routes,
+            *approvals.routes,
             *bulk.routes,
             *streams.routes,
             *views.routes,

@@ -18,6 +18,7 @@ from pyclient.actions import Action, InputMismatch, RateLimit
 from pyclient.client import AsyncClient, Client
 from pyclient.context import Context, current
 from pyclient.durable import (
+    Approval,
     ArgumentsNotJson,
     BodyStopped,
     ChildFailed,
@@ -38,6 +39,7 @@ from pyclient.durable import (
     sleep_until,
     start_child,
     step,
+    wait_for_approval,
     wait_for_event,
 )
 from pyclient.errors import (
@@ -95,6 +97,7 @@ from pyclient.workflow import Concurrency, Node, RetryPolicy, Workflow
 __all__ = [
     "Action",
     "ActionActivity",
+    "Approval",
     "ArgumentsNotJson",
     "AsyncClient",
     "AuditEntry",
@@ -173,5 +176,6 @@ __all__ = [
     "sleep_until",
     "start_child",
     "step",
+    "wait_for_approval",
     "wait_for_event",
 ]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pyclient._bulk_cli import bulk_commands
+from pyclient._callbacks_cli import callback_commands
 from pyclient._commands import (
     _builds_compatible,
     _builds_list,
@@ -214,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         _builds_commands,
         deadline_commands,
         _event_commands,
+        callback_commands,
         _journal_commands,
         _console_command,
     ):

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from pyclient._bulk import bulk_calls
+from pyclient._callbacks import AsyncCallbackMethods
 from pyclient._requests import (
     DEFAULT_CALL_TIMEOUT,
     UNSET,
@@ -52,7 +53,7 @@ from pyclient.models import (
 from pyclient.workflow import RetryPolicy, Workflow
 
 
-class AsyncClient:
+class AsyncClient(AsyncCallbackMethods):
     """The asyncio twin of :class:`Client`, on a ``grpc.aio`` channel."""
 
     def __init__(

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from pyclient._bulk import bulk_calls
+from pyclient._callbacks import CallbackMethods
 from pyclient._requests import (
     DEFAULT_ADDRESS,
     DEFAULT_CALL_TIMEOUT,
@@ -70,7 +71,7 @@ __all__ = [
 ]
 
 
-class Client:
+class Client(CallbackMethods):
     """A synchronous client. Use as a context manager, or call :meth:`close`.
 
     ``token`` is sent as ``authorization: Bearer <token>``; ``actor`` as

@@ -71,6 +71,11 @@ class Settings:
     max_edges: int = dag.MAX_EDGES
     grace_s: float = 10.0
     metrics_listen: str = "auto"
+    # The HTTP ingress (service.ingress): approvals' URLs and signed webhooks.
+    http_listen: str = "off"
+    public_url: str = ""
+    approval_timeout_s: float = 7 * 86400.0
+    webhook_tolerance_s: float = 300.0
     console_url: str = ""
     retention_s: float | None = 7 * 86400.0
     retention_failed_s: float | None = None
@@ -135,6 +140,15 @@ _HELP = {
     "grace_s": "seconds in-flight calls get to finish on SIGTERM",
     "metrics_listen": "host:port of the Prometheus metrics endpoint (/metrics); auto: the "
     "host of --listen and its port + 2 (50051: 50053; the console takes + 1); off to disable",
+    "http_listen": "host:port of the HTTP ingress: POST /callbacks/<token> decides an "
+    "approval, POST /webhooks/<name> takes a signed webhook (docs/webhooks.md); off to "
+    "disable. TLS with --tls-cert and --tls-key",
+    "public_url": "the URL at which the HTTP ingress is reached from outside (e.g. "
+    "https://cyclone.example.com): the base of approvals' URLs; empty: the listener's own",
+    "approval_timeout_s": "seconds an approval's token is valid when the body gives no "
+    "timeout (1 to 31622400)",
+    "webhook_tolerance_s": "seconds a webhook signature's timestamp may be away from the "
+    "server's clock; deliveries are remembered for twice as long to refuse replays",
     "console_url": "the URL of this server's web console (`cyclone console`), printed when "
     "the server starts serving (make run sets it)",
     "retention_s": "delete completed and cancelled runs this long after they finished "
@@ -247,6 +261,12 @@ def parse(argv: list[str] | None = None) -> Settings:
         parser.error(f"--citus-shards must be from 0 to 4096, not {settings.citus_shards}")
     if settings.event_loop not in loop.CHOICES:
         parser.error(f"--event-loop must be auto, uvloop or asyncio, not {settings.event_loop!r}")
+    if not 1 <= settings.approval_timeout_s <= 366 * 86400:
+        parser.error("--approval-timeout must be from 1 second to 366 days")
+    if not 1 <= settings.webhook_tolerance_s <= 86400:
+        parser.error("--webhook-tolerance must be from 1 second to a day")
+    if settings.http_listen.strip().lower() != "off" and port_of(settings.http_listen) is None:
+        parser.error(f"--http-listen must be host:port or off, not {settings.http_listen!r}")
     if settings.tracing not in tracing.CHOICES:
         parser.error(f"--tracing must be off, otlp, otlp-http or console, not {settings.tracing!r}")
     return settings
@@ -284,3 +304,9 @@ def metrics_listen(settings: Settings) -> str:
         )
     host = settings.listen.rpartition(":")[0]
     return f"{host}:{port + 2 if port else 0}"
+
+
+def http_listen(settings: Settings) -> str | None:
+    """Where the HTTP ingress listens, or None when it is off."""
+    value = settings.http_listen.strip()
+    return None if value.lower() == "off" or not value else value

@@ -101,13 +101,15 @@ async def _serve(settings: config.Settings, database_url: str) -> None:
     host = settings.listen.rsplit(":", 1)[0]
     address = f"{host}:{server.port}"
     log.info("Cyclone serving on %s (event loop: %s)", address, event_loop.name(loop))
-    print(_banner(settings, address, server.metrics_url), flush=True)
+    print(_banner(settings, address, server.metrics_url, server.http_url), flush=True)
     await stop.wait()
     log.info("shutting down: finishing in-flight calls (grace %.0fs)", settings.grace_s)
     await server.stop()
 
 
-def _banner(settings: config.Settings, address: str, metrics_url: str | None) -> str:
+def _banner(
+    settings: config.Settings, address: str, metrics_url: str | None, http_url: str | None = None
+) -> str:
     """What the server prints once it serves: every address it answers on, then grpcurl
     commands to try (with the flags this server needs: TLS, a client certificate, a
     token)."""
@@ -120,11 +122,13 @@ def _banner(settings: config.Settings, address: str, metrics_url: str | None) ->
         f"not served by this process: cyclone console --address {address} serves it"
     )
     metrics = metrics_url or "off (--metrics-listen)"
+    http = http_url or "off (--http-listen)"
     return (
         f"\nCyclone is serving on {address}.\n"
         f"  gRPC     {address}\n"
         f"  console  {console}\n"
         f"  metrics  {metrics}\n"
+        f"  http     {http}  (approvals' URLs, webhooks)\n"
         "Try (`make grpcurl` puts grpcurl in .tools/bin):\n"
         f"  .tools/bin/grpcurl {flags} {address} list\n"
         f'  .tools/bin/grpcurl {flags} -d \'{{"workflow": {{"name": "hello", '

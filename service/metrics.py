@@ -322,6 +322,14 @@ class Metrics:
 
     def _upkeep(self, r: CollectorRegistry) -> None:
         """Refusals, retention, the pool and the waiting claims and Work streams."""
+        self.http_requests = Counter(
+            "cyclone_http_requests",
+            "Requests to the HTTP listener (--http-listen), by endpoint (callbacks, "
+            "webhooks, other) and outcome (decided, event_sent, submitted, page, or the "
+            "error code answered)",
+            ["endpoint", "outcome"],
+            registry=r,
+        )
         self.refused = Counter(
             "cyclone_completions_refused",
             "Completions refused because the lease was lost or the step is unknown",

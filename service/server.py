@@ -39,6 +39,7 @@ from service.engine.recovery import Upkeep
 from service.engine.schedules import fire_due
 from service.engine.streams import StreamHub
 from service.engine.waits import EventNodes
+from service.ingress import HttpIngress
 from service.metrics import Metrics
 
 log = logging.getLogger("cyclone")
@@ -131,6 +132,10 @@ class CycloneServer:
         self.metrics_port: int | None = None
         #: Where /metrics is served, once started (None when off or unavailable).
         self.metrics_url: str | None = None
+        #: The HTTP ingress (approvals' URLs, webhooks), when --http-listen is set.
+        self.http = HttpIngress(self.db, settings, self.metrics.http_requests)
+        #: Where it is served, once started (None when off).
+        self.http_url: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -145,6 +150,14 @@ class CycloneServer:
             host = listen.rpartition(":")[0] or "127.0.0.1"
             self.metrics_url = f"http://{host}:{self.metrics_port}/metrics"
             log.info("metrics on %s", self.metrics_url)
+        http_listen = config.http_listen(self.settings)
+        if http_listen is not None:
+            port = self.http.start(http_listen, asyncio.get_running_loop())
+            host = http_listen.rpartition(":")[0] or "127.0.0.1"
+            scheme = "https" if self.settings.tls_cert else "http"
+            self.http_url = f"{scheme}://{host}:{port}"
+            self.worker.callback_base = self.settings.public_url or self.http_url
+            log.info("HTTP ingress on %s", self.http_url)
         # Jitter keeps several servers from sweeping (or purging) in lockstep.
         loops = [
             ("sweep", self.sweep, self.settings.sweep_interval_s, 0.5),
@@ -184,6 +197,7 @@ class CycloneServer:
         self.streams.stopping = True
         self.streams.wake_all()  # live stream readers end
         await self.grpc.stop(grace)
+        await asyncio.to_thread(self.http.close)
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -215,6 +215,8 @@ OPTIONAL_READS = (
     "/ListPauses",
     "/ListBulkActions",
     "/ListWorkflowDeadlines",
+    "/ListApprovals",
+    "/ListWebhooks",
 )
 
 

@@ -226,7 +226,7 @@ def test_every_command_of_the_grpcurl_page_works_as_written(cyclone_server, grpc
     shell = Shell(shell_env(grpcurl, tmp_path), tmp_path)
     try:
         ran = run_page("docs/grpcurl.md", page, cyclone_server, shell)
-        names = ("RUN", "RUN_A", "RUN_B", "RUN_C", "RUN_D", "RUN_E", "RUN_W")
+        names = ("RUN", "RUN_A", "RUN_B", "RUN_C", "RUN_D", "RUN_E", "RUN_F", "RUN_W")
         ids = {name: shell.value(name) for name in names}
     finally:
         shell.close()
@@ -303,6 +303,15 @@ def test_every_command_of_the_grpcurl_page_works_as_written(cyclone_server, grpc
         ids["RUN_E"],
     ) == [("sleep", "succeeded", None), ("event:confirmed", "succeeded", {"by": "dave"})]
     assert audit(cyclone_server, ids["RUN_E"]) == [("send_event", "dave")]
+    # The approval: decided once, by alice; the body got the decision.
+    assert run_status(cyclone_server, ids["RUN_F"]) == "completed"
+    assert audit(cyclone_server, ids["RUN_F"]) == [
+        ("send_event", "alice"),
+        ("decide_approval", "alice"),
+    ]
+    [(decision,)] = cyclone_server.sql("SELECT decision FROM cyclone.approvals")
+    assert decision == {"approved": True, "comment": "fine", "decided_by": "alice"}
+    assert cyclone_server.sql("SELECT count(*) FROM cyclone.webhooks") == [(0,)]
 
 
 def test_the_readme_example_works_as_written(cyclone_server, grpcurl, tmp_path):

@@ -189,7 +189,14 @@ def _banner(proc: subprocess.Popen[str]) -> list[str]:
 
 
 def test_the_banner_names_every_address_the_server_answers_on(database_url: str) -> None:
-    argv = [*SERVER[:-1], "auto", "--console-url", "http://127.0.0.1:8080/"]
+    argv = [
+        *SERVER[:-1],
+        "auto",
+        "--console-url",
+        "http://127.0.0.1:8080/",
+        "--http-listen",
+        "127.0.0.1:0",
+    ]
     proc = subprocess.Popen(
         argv,
         env={**os.environ, "CYCLONE_DATABASE_URL": database_url},
@@ -209,6 +216,7 @@ def test_the_banner_names_every_address_the_server_answers_on(database_url: str)
     assert rows["gRPC"] == address.group(1)
     assert rows["console"] == "http://127.0.0.1:8080/"
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics", rows["metrics"]), rows
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+", rows["http"]), rows
 
 
 MAKE_RUN = ["make", "--no-print-directory", "-o", ".venv/.serve-stamp", "run"]
@@ -269,3 +277,18 @@ def test_make_run_with_the_console_port_taken_is_one_line_and_serves_nothing(
     assert "Cyclone is serving" not in out  # no server without its console
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_an_http_listen_address_in_use_is_one_line_that_names_the_setting(
+    database_url: str,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = start(database_url, "--http-listen", f"127.0.0.1:{port}")
+    assert code != 0
+    assert f"cyclone-server: cannot serve --http-listen 127.0.0.1:{port}" in err, err
+    assert "Traceback" not in err
+    code, err = start(database_url, "--http-listen", "nowhere")
+    assert code == 2 and "--http-listen must be host:port or off" in err, err

@@ -225,3 +225,31 @@ def test_half_a_tls_configuration_is_refused(pki: dict[str, Any], tmp_path: Path
     tokens = tmp_path / "tokens.txt"
     tokens.write_text("")
     tls.check(replace(TEST_SETTINGS, listen="0.0.0.0:1", token_file=str(tokens)))
+
+
+def test_the_http_listener_serves_https_with_the_servers_certificate(
+    server_factory: Any, pki: dict[str, Any]
+) -> None:
+    import json
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    server = server_factory(http_listen="127.0.0.1:0", **tls_settings(pki))
+    assert server.server.http_url is not None and server.server.http_url.startswith("https://")
+    trusting = ssl.create_default_context(cadata=pki["pem"]["ca"].cert.decode())
+    request = urllib.request.Request(
+        f"{server.server.http_url}/callbacks/{'x' * 43}",
+        data=b"{}",
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10, context=trusting)
+    with refused.value:
+        assert refused.value.code == 404
+        assert json.loads(refused.value.read())["error"] == "not_found"
+    # A client that does not trust the server's CA does not get through.
+    with pytest.raises(urllib.error.URLError) as untrusted:
+        urllib.request.urlopen(request, timeout=10, context=ssl.create_default_context())
+    assert isinstance(untrusted.value.reason, ssl.SSLCertVerificationError)

@@ -43,9 +43,10 @@ from pyclient.durable._errors import (
 )
 from pyclient.durable._patch import deprecate_patch, patched
 from pyclient.durable._step import StepFunction, step
-from pyclient.durable._wait import sleep, sleep_until, wait_for_event
+from pyclient.durable._wait import Approval, sleep, sleep_until, wait_for_approval, wait_for_event
 
 __all__ = [
+    "Approval",
     "ArgumentsNotJson",
     "BodyStopped",
     "ChildFailed",
@@ -66,5 +67,6 @@ __all__ = [
     "sleep_until",
     "start_child",
     "step",
+    "wait_for_approval",
     "wait_for_event",
 ]

@@ -331,6 +331,53 @@ class GrpcJournal:
         )
         return StepCall.from_proto(reply.call)
 
+    # -- approvals
+
+    def _approval_request(
+        self, step_id: str, title: str, timeout: float | None
+    ) -> pb.CreateApprovalRequest:
+        step = self.step
+        request = pb.CreateApprovalRequest(
+            run_id=step.run_id,
+            node=step.node,
+            lease_token=step.lease_token,
+            step_id=step_id,
+            title=title,
+        )
+        if timeout is not None:
+            request.timeout.FromMilliseconds(round(timeout * 1000))
+        return request
+
+    def create_approval(
+        self, step_id: str, title: str, timeout: float | None
+    ) -> pb.CreateApprovalResponse:
+        """CreateApproval for the approval call ``step_id`` (its token is answered
+        here, once), retried while the server is unavailable: it is idempotent by the
+        step call but for the token, which a repeat replaces."""
+        request = self._approval_request(step_id, title, timeout)
+        shared = self.shared
+        made = asyncio.run_coroutine_threadsafe(
+            _retried(shared, shared.server.stub.CreateApproval, request), shared.loop
+        )
+        try:
+            reply: pb.CreateApprovalResponse = made.result(timeout=self._patience)
+        except concurrent.futures.TimeoutError:
+            made.cancel()
+            raise Unavailable("CreateApproval was not answered in time") from None
+        return reply
+
+    async def create_approval_async(
+        self, step_id: str, title: str, timeout: float | None
+    ) -> pb.CreateApprovalResponse:
+        # The stub belongs to the worker's loop; an async body runs on the handler loop.
+        request = self._approval_request(step_id, title, timeout)
+        shared = self.shared
+        made = asyncio.run_coroutine_threadsafe(
+            _retried(shared, shared.server.stub.CreateApproval, request), shared.loop
+        )
+        reply: pb.CreateApprovalResponse = await asyncio.wrap_future(made)
+        return reply
+
     # -- requests and answers
 
     def _request(self, cls: type[R], call: Call) -> R:

@@ -21,6 +21,7 @@ from service import errors
 from service.api.build import attempt_of, run_proto
 from service.api.builds import BuildsAdmin
 from service.api.bulk import BulkAdmin
+from service.api.callbacks import CallbacksAdmin
 from service.api.deadlines import DeadlinesAdmin
 from service.api.ids import parse_uuid
 from service.api.pauses import PausesAdmin
@@ -45,7 +46,12 @@ log = logging.getLogger("cyclone")
 
 
 class AdminServicer(
-    BuildsAdmin, PausesAdmin, BulkAdmin, DeadlinesAdmin, admin_grpc.AdminServiceServicer
+    BuildsAdmin,
+    PausesAdmin,
+    BulkAdmin,
+    DeadlinesAdmin,
+    CallbacksAdmin,
+    admin_grpc.AdminServiceServicer,
 ):
     def __init__(self, db: Database, settings: Settings) -> None:
         self.db = db

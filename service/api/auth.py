@@ -52,6 +52,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "EndStepCall",
             "StartChild",
             "Wait",
+            "CreateApproval",
             "Work",
             "EmitChunks",
         )
@@ -93,6 +94,9 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "SetRunTags",
             "SetWorkflowDeadline",
             "ClearWorkflowDeadline",
+            "DecideApproval",
+            "CreateWebhook",
+            "DeleteWebhook",
         )
     },
     **{
@@ -104,6 +108,8 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "GetBulkAction",
             "ListBulkActions",
             "ListWorkflowDeadlines",
+            "ListApprovals",
+            "ListWebhooks",
         )
     },
     **{_SCHEDULE + m: frozenset({"client", "admin"}) for m in ("GetSchedule", "ListSchedules")},

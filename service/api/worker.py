@@ -24,6 +24,7 @@ from service.api.build import (
     refusal,
     result_bytes,
 )
+from service.api.callbacks import CallbacksWorker
 from service.api.status import rpc
 from service.api.streams import emit_chunks
 from service.api.submit import new_run_of
@@ -55,7 +56,9 @@ from service.metrics import Metrics
 log = logging.getLogger("cyclone")
 
 
-class WorkerServicer(WorkStream, WorkerRequests, worker_grpc.WorkerServiceServicer):
+class WorkerServicer(
+    WorkStream, WorkerRequests, CallbacksWorker, worker_grpc.WorkerServiceServicer
+):
     def __init__(
         self,
         db: Database,

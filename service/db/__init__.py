@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from service.db.builds import Builds
 from service.db.bulk import Bulk
+from service.db.callbacks import Callbacks
 from service.db.claim import Steps
 from service.db.completion import Reports
 from service.db.operator import Operator
@@ -55,6 +56,7 @@ class Database:
         self.builds = Builds(self.pool)
         self.bulk = Bulk(self.pool)
         self.streams = Streams(self.pool)
+        self.callbacks = Callbacks(self.pool)
 
     async def start(self) -> None:
         """Ask the database once whether it is sharded (Citus), and serve it so."""

@@ -51,6 +51,7 @@ FAMILIES = (
     "builds",
     "bulk",
     "streams",
+    "callbacks",
 )
 
 #: Reads with optional filters written "(:x IS NULL OR column = :x)": never prepared, so

@@ -482,3 +482,129 @@ class SetRunTagsResponse(_message.Message):
     RUN_FIELD_NUMBER: _ClassVar[int]
     run: _types_pb2.Run
     def __init__(self, run: _Optional[_Union[_types_pb2.Run, _Mapping]] = ...) -> None: ...
+
+class Approval(_message.Message):
+    __slots__ = ("approval_id", "run_id", "node", "step_id", "title", "created_at", "expires_at", "decided_at", "decided_by", "decision", "workflow")
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    approval_id: str
+    run_id: str
+    node: str
+    step_id: str
+    title: str
+    created_at: _timestamp_pb2.Timestamp
+    expires_at: _timestamp_pb2.Timestamp
+    decided_at: _timestamp_pb2.Timestamp
+    decided_by: str
+    decision: _struct_pb2.Value
+    workflow: str
+    def __init__(self, approval_id: _Optional[str] = ..., run_id: _Optional[str] = ..., node: _Optional[str] = ..., step_id: _Optional[str] = ..., title: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decided_by: _Optional[str] = ..., decision: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., workflow: _Optional[str] = ...) -> None: ...
+
+class ListApprovalsRequest(_message.Message):
+    __slots__ = ("run_id", "all", "limit")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    all: bool
+    limit: int
+    def __init__(self, run_id: _Optional[str] = ..., all: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListApprovalsResponse(_message.Message):
+    __slots__ = ("approvals",)
+    APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    approvals: _containers.RepeatedCompositeFieldContainer[Approval]
+    def __init__(self, approvals: _Optional[_Iterable[_Union[Approval, _Mapping]]] = ...) -> None: ...
+
+class DecideApprovalRequest(_message.Message):
+    __slots__ = ("approval_id", "approved", "comment")
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    APPROVED_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    approval_id: str
+    approved: bool
+    comment: str
+    def __init__(self, approval_id: _Optional[str] = ..., approved: _Optional[bool] = ..., comment: _Optional[str] = ...) -> None: ...
+
+class DecideApprovalResponse(_message.Message):
+    __slots__ = ("approval",)
+    APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    approval: Approval
+    def __init__(self, approval: _Optional[_Union[Approval, _Mapping]] = ...) -> None: ...
+
+class Webhook(_message.Message):
+    __slots__ = ("name", "send_event", "submit_once", "created_by", "created_at")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SEND_EVENT_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_ONCE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    send_event: WebhookSendEvent
+    submit_once: WebhookSubmitOnce
+    created_by: str
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, name: _Optional[str] = ..., send_event: _Optional[_Union[WebhookSendEvent, _Mapping]] = ..., submit_once: _Optional[_Union[WebhookSubmitOnce, _Mapping]] = ..., created_by: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class WebhookSendEvent(_message.Message):
+    __slots__ = ("run_id_pointer", "event")
+    RUN_ID_POINTER_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    run_id_pointer: str
+    event: str
+    def __init__(self, run_id_pointer: _Optional[str] = ..., event: _Optional[str] = ...) -> None: ...
+
+class WebhookSubmitOnce(_message.Message):
+    __slots__ = ("workflow", "key_pointer")
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    KEY_POINTER_FIELD_NUMBER: _ClassVar[int]
+    workflow: str
+    key_pointer: str
+    def __init__(self, workflow: _Optional[str] = ..., key_pointer: _Optional[str] = ...) -> None: ...
+
+class CreateWebhookRequest(_message.Message):
+    __slots__ = ("webhook", "secret")
+    WEBHOOK_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    webhook: Webhook
+    secret: str
+    def __init__(self, webhook: _Optional[_Union[Webhook, _Mapping]] = ..., secret: _Optional[str] = ...) -> None: ...
+
+class CreateWebhookResponse(_message.Message):
+    __slots__ = ("webhook", "secret")
+    WEBHOOK_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    webhook: Webhook
+    secret: str
+    def __init__(self, webhook: _Optional[_Union[Webhook, _Mapping]] = ..., secret: _Optional[str] = ...) -> None: ...
+
+class ListWebhooksRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListWebhooksResponse(_message.Message):
+    __slots__ = ("webhooks",)
+    WEBHOOKS_FIELD_NUMBER: _ClassVar[int]
+    webhooks: _containers.RepeatedCompositeFieldContainer[Webhook]
+    def __init__(self, webhooks: _Optional[_Iterable[_Union[Webhook, _Mapping]]] = ...) -> None: ...
+
+class DeleteWebhookRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteWebhookResponse(_message.Message):
+    __slots__ = ("webhook",)
+    WEBHOOK_FIELD_NUMBER: _ClassVar[int]
+    webhook: Webhook
+    def __init__(self, webhook: _Optional[_Union[Webhook, _Mapping]] = ...) -> None: ...

@@ -150,6 +150,31 @@ class AdminServiceStub:
                 request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListWorkflowDeadlinesRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListWorkflowDeadlinesResponse.FromString,
                 _registered_method=True)
+        self.ListApprovals = channel.unary_unary(
+                '/cyclone.v1.AdminService/ListApprovals',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListApprovalsRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListApprovalsResponse.FromString,
+                _registered_method=True)
+        self.DecideApproval = channel.unary_unary(
+                '/cyclone.v1.AdminService/DecideApproval',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.DecideApprovalRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.DecideApprovalResponse.FromString,
+                _registered_method=True)
+        self.CreateWebhook = channel.unary_unary(
+                '/cyclone.v1.AdminService/CreateWebhook',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.CreateWebhookRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.CreateWebhookResponse.FromString,
+                _registered_method=True)
+        self.ListWebhooks = channel.unary_unary(
+                '/cyclone.v1.AdminService/ListWebhooks',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListWebhooksRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListWebhooksResponse.FromString,
+                _registered_method=True)
+        self.DeleteWebhook = channel.unary_unary(
+                '/cyclone.v1.AdminService/DeleteWebhook',
+                request_serializer=cyclone_dot_v1_dot_admin__service__pb2.DeleteWebhookRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__service__pb2.DeleteWebhookResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -373,6 +398,54 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListApprovals(self, request, context):
+        """The approvals of durable functions (WorkerService.CreateApproval), newest first:
+        the pending ones (not decided, not expired, their run running or blocked), or
+        with all = true every one, decided and expired included. With run_id, those of one
+        run. Reads only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecideApproval(self, request, context):
+        """Decides a pending approval as its callback URL would, once: the body waiting for
+        it gets {"approved": approved, "comment": comment, "decided_by": actor}. Recorded
+        in the run's audit trail (decide_approval, with the actor). NOT_FOUND for an
+        unknown approval; FAILED_PRECONDITION when it is decided already, expired, or its
+        run finished.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateWebhook(self, request, context):
+        """Defines a webhook endpoint: POST /webhooks/<name> on the server's HTTP listener,
+        signed with HMAC-SHA256 (docs/webhooks.md), sends an event to a run or submits a
+        run once per key. The secret is answered once, when the server made it.
+        INVALID_ARGUMENT for a bad name, secret (16 to 200 characters), JSON pointer,
+        event or workflow name, or when not exactly one action is given; ALREADY_EXISTS
+        for a name in use.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWebhooks(self, request, context):
+        """The webhook endpoints, by name, without their secrets.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteWebhook(self, request, context):
+        """Deletes a webhook endpoint: its deliveries are refused from then on (404).
+        NOT_FOUND for an unknown name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -490,6 +563,31 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListWorkflowDeadlines,
                     request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListWorkflowDeadlinesRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListWorkflowDeadlinesResponse.SerializeToString,
+            ),
+            'ListApprovals': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListApprovals,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListApprovalsRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListApprovalsResponse.SerializeToString,
+            ),
+            'DecideApproval': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecideApproval,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.DecideApprovalRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.DecideApprovalResponse.SerializeToString,
+            ),
+            'CreateWebhook': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateWebhook,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.CreateWebhookRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.CreateWebhookResponse.SerializeToString,
+            ),
+            'ListWebhooks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWebhooks,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.ListWebhooksRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.ListWebhooksResponse.SerializeToString,
+            ),
+            'DeleteWebhook': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteWebhook,
+                    request_deserializer=cyclone_dot_v1_dot_admin__service__pb2.DeleteWebhookRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__service__pb2.DeleteWebhookResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1114,6 +1212,141 @@ class AdminService:
             '/cyclone.v1.AdminService/ListWorkflowDeadlines',
             cyclone_dot_v1_dot_admin__service__pb2.ListWorkflowDeadlinesRequest.SerializeToString,
             cyclone_dot_v1_dot_admin__service__pb2.ListWorkflowDeadlinesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListApprovals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/ListApprovals',
+            cyclone_dot_v1_dot_admin__service__pb2.ListApprovalsRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.ListApprovalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecideApproval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/DecideApproval',
+            cyclone_dot_v1_dot_admin__service__pb2.DecideApprovalRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.DecideApprovalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateWebhook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/CreateWebhook',
+            cyclone_dot_v1_dot_admin__service__pb2.CreateWebhookRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.CreateWebhookResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWebhooks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/ListWebhooks',
+            cyclone_dot_v1_dot_admin__service__pb2.ListWebhooksRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.ListWebhooksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteWebhook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.AdminService/DeleteWebhook',
+            cyclone_dot_v1_dot_admin__service__pb2.DeleteWebhookRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__service__pb2.DeleteWebhookResponse.FromString,
             options,
             channel_credentials,
             insecure,

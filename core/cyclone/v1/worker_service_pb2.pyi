@@ -471,3 +471,35 @@ class EmitChunksResponse(_message.Message):
     offsets: _containers.RepeatedScalarFieldContainer[int]
     duplicate: _containers.RepeatedScalarFieldContainer[bool]
     def __init__(self, offsets: _Optional[_Iterable[int]] = ..., duplicate: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class CreateApprovalRequest(_message.Message):
+    __slots__ = ("run_id", "node", "lease_token", "step_id", "timeout", "title")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    lease_token: str
+    step_id: str
+    timeout: _duration_pb2.Duration
+    title: str
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., lease_token: _Optional[str] = ..., step_id: _Optional[str] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., title: _Optional[str] = ...) -> None: ...
+
+class CreateApprovalResponse(_message.Message):
+    __slots__ = ("approval_id", "token", "url", "expires_at", "event", "decided")
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_FIELD_NUMBER: _ClassVar[int]
+    approval_id: str
+    token: str
+    url: str
+    expires_at: _timestamp_pb2.Timestamp
+    event: str
+    decided: bool
+    def __init__(self, approval_id: _Optional[str] = ..., token: _Optional[str] = ..., url: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., event: _Optional[str] = ..., decided: _Optional[bool] = ...) -> None: ...

@@ -76,6 +76,11 @@ class WorkerServiceStub:
                 request_serializer=cyclone_dot_v1_dot_worker__service__pb2.WaitRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.WaitResponse.FromString,
                 _registered_method=True)
+        self.CreateApproval = channel.unary_unary(
+                '/cyclone.v1.WorkerService/CreateApproval',
+                request_serializer=cyclone_dot_v1_dot_worker__service__pb2.CreateApprovalRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.CreateApprovalResponse.FromString,
+                _registered_method=True)
         self.Work = channel.stream_stream(
                 '/cyclone.v1.WorkerService/Work',
                 request_serializer=cyclone_dot_v1_dot_worker__service__pb2.WorkRequest.SerializeToString,
@@ -205,6 +210,22 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateApproval(self, request, context):
+        """Creates the approval of an approval call of a durable function (wait_for_approval
+        in Python; docs/time-and-events.md), fenced by the node's lease token: a stale
+        token is ABORTED and writes nothing. Answers a fresh random token, given out only
+        here (the server keeps its SHA-256), the URL that decides the approval (POST
+        /callbacks/<token> on the server's HTTP listener), the approval's id and its
+        expiry. The body then waits for the event "approval:<approval_id>", which the
+        callback (or AdminService.DecideApproval) sends once. Called again for the same
+        step call (its attempt was lost before its outcome was recorded), it keeps the
+        approval's id and issues a new token: the older one stops working. INVALID_ARGUMENT
+        for a timeout outside 1 s to 366 days or a title over 1000 characters.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Work(self, request_iterator, context):
         """A worker's session on one stream: Claim and CompleteMany for a worker that runs
         many steps, with one message each way per batch instead of two calls (in Python a
@@ -288,6 +309,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Wait,
                     request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.WaitRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_worker__service__pb2.WaitResponse.SerializeToString,
+            ),
+            'CreateApproval': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateApproval,
+                    request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.CreateApprovalRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_worker__service__pb2.CreateApprovalResponse.SerializeToString,
             ),
             'Work': grpc.stream_stream_rpc_method_handler(
                     servicer.Work,
@@ -518,6 +544,33 @@ class WorkerService:
             '/cyclone.v1.WorkerService/Wait',
             cyclone_dot_v1_dot_worker__service__pb2.WaitRequest.SerializeToString,
             cyclone_dot_v1_dot_worker__service__pb2.WaitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateApproval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkerService/CreateApproval',
+            cyclone_dot_v1_dot_worker__service__pb2.CreateApprovalRequest.SerializeToString,
+            cyclone_dot_v1_dot_worker__service__pb2.CreateApprovalResponse.FromString,
             options,
             channel_credentials,
             insecure,

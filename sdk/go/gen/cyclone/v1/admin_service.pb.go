@@ -3132,6 +3132,844 @@ func (x *SetRunTagsResponse) GetRun() *Run {
 	return nil
 }
 
+// An approval a durable function asked for (WorkerService.CreateApproval).
+type Approval struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its id.
+	ApprovalId string `protobuf:"bytes,1,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	// The run that asked for it.
+	RunId string `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node whose body asked for it.
+	Node string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// The approval call's step id in that node's journal.
+	StepId string `protobuf:"bytes,4,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// What is asked, as the body gave it.
+	Title string `protobuf:"bytes,5,opt,name=title,proto3" json:"title,omitempty"`
+	// When it was created (or its token last replaced).
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// When its token stops working.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// When it was decided (unset while pending).
+	DecidedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	// Who decided it: "callback" for its URL, or the actor of DecideApproval.
+	DecidedBy string `protobuf:"bytes,9,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	// The payload the body got (null while pending).
+	Decision *structpb.Value `protobuf:"bytes,10,opt,name=decision,proto3" json:"decision,omitempty"`
+	// The run's workflow name.
+	Workflow      string `protobuf:"bytes,11,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Approval) Reset() {
+	*x = Approval{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Approval) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Approval) ProtoMessage() {}
+
+func (x *Approval) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Approval.ProtoReflect.Descriptor instead.
+func (*Approval) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *Approval) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
+func (x *Approval) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *Approval) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Approval) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *Approval) GetTitle() string {
+	if x != nil {
+		return x.Title
+	}
+	return ""
+}
+
+func (x *Approval) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Approval) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *Approval) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
+}
+
+func (x *Approval) GetDecidedBy() string {
+	if x != nil {
+		return x.DecidedBy
+	}
+	return ""
+}
+
+func (x *Approval) GetDecision() *structpb.Value {
+	if x != nil {
+		return x.Decision
+	}
+	return nil
+}
+
+func (x *Approval) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+// Arguments of AdminService.ListApprovals.
+type ListApprovalsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this run's approvals (empty: every run's).
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Every approval, not only the pending ones.
+	All bool `protobuf:"varint,2,opt,name=all,proto3" json:"all,omitempty"`
+	// At most this many (0: 100; at most 1000).
+	Limit         int32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListApprovalsRequest) Reset() {
+	*x = ListApprovalsRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListApprovalsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListApprovalsRequest) ProtoMessage() {}
+
+func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListApprovalsRequest.ProtoReflect.Descriptor instead.
+func (*ListApprovalsRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *ListApprovalsRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ListApprovalsRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *ListApprovalsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// Result of AdminService.ListApprovals.
+type ListApprovalsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The approvals, newest first.
+	Approvals     []*Approval `protobuf:"bytes,1,rep,name=approvals,proto3" json:"approvals,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListApprovalsResponse) Reset() {
+	*x = ListApprovalsResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListApprovalsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListApprovalsResponse) ProtoMessage() {}
+
+func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListApprovalsResponse.ProtoReflect.Descriptor instead.
+func (*ListApprovalsResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *ListApprovalsResponse) GetApprovals() []*Approval {
+	if x != nil {
+		return x.Approvals
+	}
+	return nil
+}
+
+// Arguments of AdminService.DecideApproval.
+type DecideApprovalRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The approval, by id.
+	ApprovalId string `protobuf:"bytes,1,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	// Approve (true) or reject (false).
+	Approved bool `protobuf:"varint,2,opt,name=approved,proto3" json:"approved,omitempty"`
+	// A comment for the body (at most 1000 characters).
+	Comment       string `protobuf:"bytes,3,opt,name=comment,proto3" json:"comment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideApprovalRequest) Reset() {
+	*x = DecideApprovalRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideApprovalRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideApprovalRequest) ProtoMessage() {}
+
+func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideApprovalRequest.ProtoReflect.Descriptor instead.
+func (*DecideApprovalRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *DecideApprovalRequest) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
+func (x *DecideApprovalRequest) GetApproved() bool {
+	if x != nil {
+		return x.Approved
+	}
+	return false
+}
+
+func (x *DecideApprovalRequest) GetComment() string {
+	if x != nil {
+		return x.Comment
+	}
+	return ""
+}
+
+// Result of AdminService.DecideApproval.
+type DecideApprovalResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The approval after the decision.
+	Approval      *Approval `protobuf:"bytes,1,opt,name=approval,proto3" json:"approval,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideApprovalResponse) Reset() {
+	*x = DecideApprovalResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideApprovalResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideApprovalResponse) ProtoMessage() {}
+
+func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideApprovalResponse.ProtoReflect.Descriptor instead.
+func (*DecideApprovalResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *DecideApprovalResponse) GetApproval() *Approval {
+	if x != nil {
+		return x.Approval
+	}
+	return nil
+}
+
+// A webhook endpoint (AdminService.CreateWebhook). Exactly one of send_event and
+// submit_once.
+type Webhook struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its name: POST /webhooks/<name>. 1 to 100 letters, digits, "-", "_" or ".".
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Sends an event to a run.
+	SendEvent *WebhookSendEvent `protobuf:"bytes,2,opt,name=send_event,json=sendEvent,proto3" json:"send_event,omitempty"`
+	// Submits a run once per key.
+	SubmitOnce *WebhookSubmitOnce `protobuf:"bytes,3,opt,name=submit_once,json=submitOnce,proto3" json:"submit_once,omitempty"`
+	// Who made it.
+	CreatedBy string `protobuf:"bytes,4,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	// When it was made.
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Webhook) Reset() {
+	*x = Webhook{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Webhook) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Webhook) ProtoMessage() {}
+
+func (x *Webhook) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Webhook.ProtoReflect.Descriptor instead.
+func (*Webhook) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *Webhook) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Webhook) GetSendEvent() *WebhookSendEvent {
+	if x != nil {
+		return x.SendEvent
+	}
+	return nil
+}
+
+func (x *Webhook) GetSubmitOnce() *WebhookSubmitOnce {
+	if x != nil {
+		return x.SubmitOnce
+	}
+	return nil
+}
+
+func (x *Webhook) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+func (x *Webhook) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+// A webhook that sends the event `event`, with the delivery's JSON body as its payload,
+// to the run whose id is at run_id_pointer in that body.
+type WebhookSendEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A JSON pointer (RFC 6901), e.g. "/run_id".
+	RunIdPointer string `protobuf:"bytes,1,opt,name=run_id_pointer,json=runIdPointer,proto3" json:"run_id_pointer,omitempty"`
+	// The event's name.
+	Event         string `protobuf:"bytes,2,opt,name=event,proto3" json:"event,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WebhookSendEvent) Reset() {
+	*x = WebhookSendEvent{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WebhookSendEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WebhookSendEvent) ProtoMessage() {}
+
+func (x *WebhookSendEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WebhookSendEvent.ProtoReflect.Descriptor instead.
+func (*WebhookSendEvent) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *WebhookSendEvent) GetRunIdPointer() string {
+	if x != nil {
+		return x.RunIdPointer
+	}
+	return ""
+}
+
+func (x *WebhookSendEvent) GetEvent() string {
+	if x != nil {
+		return x.Event
+	}
+	return ""
+}
+
+// A webhook that submits a run of `workflow` (the one-node workflow of a durable
+// function, as `client.start` submits it) with the delivery's JSON body as its input,
+// at most one per key: the value at key_pointer in the body (SubmitOnce).
+type WebhookSubmitOnce struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The workflow (and action) name.
+	Workflow string `protobuf:"bytes,1,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// A JSON pointer (RFC 6901), e.g. "/order/id": a string or a number.
+	KeyPointer    string `protobuf:"bytes,2,opt,name=key_pointer,json=keyPointer,proto3" json:"key_pointer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WebhookSubmitOnce) Reset() {
+	*x = WebhookSubmitOnce{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WebhookSubmitOnce) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WebhookSubmitOnce) ProtoMessage() {}
+
+func (x *WebhookSubmitOnce) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WebhookSubmitOnce.ProtoReflect.Descriptor instead.
+func (*WebhookSubmitOnce) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *WebhookSubmitOnce) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+func (x *WebhookSubmitOnce) GetKeyPointer() string {
+	if x != nil {
+		return x.KeyPointer
+	}
+	return ""
+}
+
+// Arguments of AdminService.CreateWebhook.
+type CreateWebhookRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The endpoint: name and one action (created_by and created_at are ignored).
+	Webhook *Webhook `protobuf:"bytes,1,opt,name=webhook,proto3" json:"webhook,omitempty"`
+	// The HMAC-SHA256 key of its signatures, 16 to 200 characters; empty: the server
+	// makes one (answered once).
+	Secret        string `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateWebhookRequest) Reset() {
+	*x = CreateWebhookRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateWebhookRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateWebhookRequest) ProtoMessage() {}
+
+func (x *CreateWebhookRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateWebhookRequest.ProtoReflect.Descriptor instead.
+func (*CreateWebhookRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *CreateWebhookRequest) GetWebhook() *Webhook {
+	if x != nil {
+		return x.Webhook
+	}
+	return nil
+}
+
+func (x *CreateWebhookRequest) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+// Result of AdminService.CreateWebhook.
+type CreateWebhookResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The endpoint made.
+	Webhook *Webhook `protobuf:"bytes,1,opt,name=webhook,proto3" json:"webhook,omitempty"`
+	// The secret, when the server made it (empty when the request gave one).
+	Secret        string `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateWebhookResponse) Reset() {
+	*x = CreateWebhookResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateWebhookResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateWebhookResponse) ProtoMessage() {}
+
+func (x *CreateWebhookResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateWebhookResponse.ProtoReflect.Descriptor instead.
+func (*CreateWebhookResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *CreateWebhookResponse) GetWebhook() *Webhook {
+	if x != nil {
+		return x.Webhook
+	}
+	return nil
+}
+
+func (x *CreateWebhookResponse) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+// Arguments of AdminService.ListWebhooks.
+type ListWebhooksRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWebhooksRequest) Reset() {
+	*x = ListWebhooksRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWebhooksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWebhooksRequest) ProtoMessage() {}
+
+func (x *ListWebhooksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWebhooksRequest.ProtoReflect.Descriptor instead.
+func (*ListWebhooksRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{61}
+}
+
+// Result of AdminService.ListWebhooks.
+type ListWebhooksResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The endpoints, by name.
+	Webhooks      []*Webhook `protobuf:"bytes,1,rep,name=webhooks,proto3" json:"webhooks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWebhooksResponse) Reset() {
+	*x = ListWebhooksResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWebhooksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWebhooksResponse) ProtoMessage() {}
+
+func (x *ListWebhooksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWebhooksResponse.ProtoReflect.Descriptor instead.
+func (*ListWebhooksResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ListWebhooksResponse) GetWebhooks() []*Webhook {
+	if x != nil {
+		return x.Webhooks
+	}
+	return nil
+}
+
+// Arguments of AdminService.DeleteWebhook.
+type DeleteWebhookRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The endpoint, by name.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteWebhookRequest) Reset() {
+	*x = DeleteWebhookRequest{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteWebhookRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteWebhookRequest) ProtoMessage() {}
+
+func (x *DeleteWebhookRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteWebhookRequest.ProtoReflect.Descriptor instead.
+func (*DeleteWebhookRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *DeleteWebhookRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// Result of AdminService.DeleteWebhook.
+type DeleteWebhookResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The endpoint deleted.
+	Webhook       *Webhook `protobuf:"bytes,1,opt,name=webhook,proto3" json:"webhook,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteWebhookResponse) Reset() {
+	*x = DeleteWebhookResponse{}
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteWebhookResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteWebhookResponse) ProtoMessage() {}
+
+func (x *DeleteWebhookResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_admin_service_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteWebhookResponse.ProtoReflect.Descriptor instead.
+func (*DeleteWebhookResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_admin_service_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *DeleteWebhookResponse) GetWebhook() *Webhook {
+	if x != nil {
+		return x.Webhook
+	}
+	return nil
+}
+
 var File_cyclone_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_admin_service_proto_rawDesc = "" +
@@ -3327,7 +4165,68 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"7\n" +
 	"\x12SetRunTagsResponse\x12!\n" +
-	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run*\x91\x01\n" +
+	"\x03run\x18\x01 \x01(\v2\x0f.cyclone.v1.RunR\x03run\"\xa5\x03\n" +
+	"\bApproval\x12\x1f\n" +
+	"\vapproval_id\x18\x01 \x01(\tR\n" +
+	"approvalId\x12\x15\n" +
+	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x17\n" +
+	"\astep_id\x18\x04 \x01(\tR\x06stepId\x12\x14\n" +
+	"\x05title\x18\x05 \x01(\tR\x05title\x129\n" +
+	"\n" +
+	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"expires_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x129\n" +
+	"\n" +
+	"decided_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12\x1d\n" +
+	"\n" +
+	"decided_by\x18\t \x01(\tR\tdecidedBy\x122\n" +
+	"\bdecision\x18\n" +
+	" \x01(\v2\x16.google.protobuf.ValueR\bdecision\x12\x1a\n" +
+	"\bworkflow\x18\v \x01(\tR\bworkflow\"U\n" +
+	"\x14ListApprovalsRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x10\n" +
+	"\x03all\x18\x02 \x01(\bR\x03all\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\"K\n" +
+	"\x15ListApprovalsResponse\x122\n" +
+	"\tapprovals\x18\x01 \x03(\v2\x14.cyclone.v1.ApprovalR\tapprovals\"n\n" +
+	"\x15DecideApprovalRequest\x12\x1f\n" +
+	"\vapproval_id\x18\x01 \x01(\tR\n" +
+	"approvalId\x12\x1a\n" +
+	"\bapproved\x18\x02 \x01(\bR\bapproved\x12\x18\n" +
+	"\acomment\x18\x03 \x01(\tR\acomment\"J\n" +
+	"\x16DecideApprovalResponse\x120\n" +
+	"\bapproval\x18\x01 \x01(\v2\x14.cyclone.v1.ApprovalR\bapproval\"\xf4\x01\n" +
+	"\aWebhook\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12;\n" +
+	"\n" +
+	"send_event\x18\x02 \x01(\v2\x1c.cyclone.v1.WebhookSendEventR\tsendEvent\x12>\n" +
+	"\vsubmit_once\x18\x03 \x01(\v2\x1d.cyclone.v1.WebhookSubmitOnceR\n" +
+	"submitOnce\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\x04 \x01(\tR\tcreatedBy\x129\n" +
+	"\n" +
+	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"N\n" +
+	"\x10WebhookSendEvent\x12$\n" +
+	"\x0erun_id_pointer\x18\x01 \x01(\tR\frunIdPointer\x12\x14\n" +
+	"\x05event\x18\x02 \x01(\tR\x05event\"P\n" +
+	"\x11WebhookSubmitOnce\x12\x1a\n" +
+	"\bworkflow\x18\x01 \x01(\tR\bworkflow\x12\x1f\n" +
+	"\vkey_pointer\x18\x02 \x01(\tR\n" +
+	"keyPointer\"]\n" +
+	"\x14CreateWebhookRequest\x12-\n" +
+	"\awebhook\x18\x01 \x01(\v2\x13.cyclone.v1.WebhookR\awebhook\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"^\n" +
+	"\x15CreateWebhookResponse\x12-\n" +
+	"\awebhook\x18\x01 \x01(\v2\x13.cyclone.v1.WebhookR\awebhook\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"\x15\n" +
+	"\x13ListWebhooksRequest\"G\n" +
+	"\x14ListWebhooksResponse\x12/\n" +
+	"\bwebhooks\x18\x01 \x03(\v2\x13.cyclone.v1.WebhookR\bwebhooks\"*\n" +
+	"\x14DeleteWebhookRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"F\n" +
+	"\x15DeleteWebhookResponse\x12-\n" +
+	"\awebhook\x18\x01 \x01(\v2\x13.cyclone.v1.WebhookR\awebhook*\x91\x01\n" +
 	"\x0eBulkActionKind\x12 \n" +
 	"\x1cBULK_ACTION_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17BULK_ACTION_KIND_CANCEL\x10\x01\x12\x1a\n" +
@@ -3337,7 +4236,7 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\x1dBULK_ACTION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19BULK_ACTION_STATE_RUNNING\x10\x01\x12\x1a\n" +
 	"\x16BULK_ACTION_STATE_DONE\x10\x02\x12\x1f\n" +
-	"\x1bBULK_ACTION_STATE_CANCELLED\x10\x032\xa7\x0f\n" +
+	"\x1bBULK_ACTION_STATE_CANCELLED\x10\x032\xd5\x12\n" +
 	"\fAdminService\x12<\n" +
 	"\x05Retry\x12\x18.cyclone.v1.RetryRequest\x1a\x19.cyclone.v1.RetryResponse\x12E\n" +
 	"\bRetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1c.cyclone.v1.RetryAllResponse\x12B\n" +
@@ -3364,7 +4263,12 @@ const file_cyclone_v1_admin_service_proto_rawDesc = "" +
 	"\x10CancelBulkAction\x12#.cyclone.v1.CancelBulkActionRequest\x1a$.cyclone.v1.CancelBulkActionResponse\x12f\n" +
 	"\x13SetWorkflowDeadline\x12&.cyclone.v1.SetWorkflowDeadlineRequest\x1a'.cyclone.v1.SetWorkflowDeadlineResponse\x12l\n" +
 	"\x15ClearWorkflowDeadline\x12(.cyclone.v1.ClearWorkflowDeadlineRequest\x1a).cyclone.v1.ClearWorkflowDeadlineResponse\x12l\n" +
-	"\x15ListWorkflowDeadlines\x12(.cyclone.v1.ListWorkflowDeadlinesRequest\x1a).cyclone.v1.ListWorkflowDeadlinesResponseb\x06proto3"
+	"\x15ListWorkflowDeadlines\x12(.cyclone.v1.ListWorkflowDeadlinesRequest\x1a).cyclone.v1.ListWorkflowDeadlinesResponse\x12T\n" +
+	"\rListApprovals\x12 .cyclone.v1.ListApprovalsRequest\x1a!.cyclone.v1.ListApprovalsResponse\x12W\n" +
+	"\x0eDecideApproval\x12!.cyclone.v1.DecideApprovalRequest\x1a\".cyclone.v1.DecideApprovalResponse\x12T\n" +
+	"\rCreateWebhook\x12 .cyclone.v1.CreateWebhookRequest\x1a!.cyclone.v1.CreateWebhookResponse\x12Q\n" +
+	"\fListWebhooks\x12\x1f.cyclone.v1.ListWebhooksRequest\x1a .cyclone.v1.ListWebhooksResponse\x12T\n" +
+	"\rDeleteWebhook\x12 .cyclone.v1.DeleteWebhookRequest\x1a!.cyclone.v1.DeleteWebhookResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_admin_service_proto_rawDescOnce sync.Once
@@ -3379,7 +4283,7 @@ func file_cyclone_v1_admin_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_admin_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_cyclone_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
 var file_cyclone_v1_admin_service_proto_goTypes = []any{
 	(BulkActionKind)(0),                   // 0: cyclone.v1.BulkActionKind
 	(BulkActionState)(0),                  // 1: cyclone.v1.BulkActionState
@@ -3434,104 +4338,141 @@ var file_cyclone_v1_admin_service_proto_goTypes = []any{
 	(*CancelBulkActionResponse)(nil),      // 50: cyclone.v1.CancelBulkActionResponse
 	(*SetRunTagsRequest)(nil),             // 51: cyclone.v1.SetRunTagsRequest
 	(*SetRunTagsResponse)(nil),            // 52: cyclone.v1.SetRunTagsResponse
-	nil,                                   // 53: cyclone.v1.SetRunTagsRequest.SetTagsEntry
-	(*durationpb.Duration)(nil),           // 54: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),         // 55: google.protobuf.Timestamp
-	(*Run)(nil),                           // 56: cyclone.v1.Run
-	(*structpb.Value)(nil),                // 57: google.protobuf.Value
-	(*RunPause)(nil),                      // 58: cyclone.v1.RunPause
-	(*Pause)(nil),                         // 59: cyclone.v1.Pause
-	(*ListRunsRequest)(nil),               // 60: cyclone.v1.ListRunsRequest
+	(*Approval)(nil),                      // 53: cyclone.v1.Approval
+	(*ListApprovalsRequest)(nil),          // 54: cyclone.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),         // 55: cyclone.v1.ListApprovalsResponse
+	(*DecideApprovalRequest)(nil),         // 56: cyclone.v1.DecideApprovalRequest
+	(*DecideApprovalResponse)(nil),        // 57: cyclone.v1.DecideApprovalResponse
+	(*Webhook)(nil),                       // 58: cyclone.v1.Webhook
+	(*WebhookSendEvent)(nil),              // 59: cyclone.v1.WebhookSendEvent
+	(*WebhookSubmitOnce)(nil),             // 60: cyclone.v1.WebhookSubmitOnce
+	(*CreateWebhookRequest)(nil),          // 61: cyclone.v1.CreateWebhookRequest
+	(*CreateWebhookResponse)(nil),         // 62: cyclone.v1.CreateWebhookResponse
+	(*ListWebhooksRequest)(nil),           // 63: cyclone.v1.ListWebhooksRequest
+	(*ListWebhooksResponse)(nil),          // 64: cyclone.v1.ListWebhooksResponse
+	(*DeleteWebhookRequest)(nil),          // 65: cyclone.v1.DeleteWebhookRequest
+	(*DeleteWebhookResponse)(nil),         // 66: cyclone.v1.DeleteWebhookResponse
+	nil,                                   // 67: cyclone.v1.SetRunTagsRequest.SetTagsEntry
+	(*durationpb.Duration)(nil),           // 68: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),         // 69: google.protobuf.Timestamp
+	(*Run)(nil),                           // 70: cyclone.v1.Run
+	(*structpb.Value)(nil),                // 71: google.protobuf.Value
+	(*RunPause)(nil),                      // 72: cyclone.v1.RunPause
+	(*Pause)(nil),                         // 73: cyclone.v1.Pause
+	(*ListRunsRequest)(nil),               // 74: cyclone.v1.ListRunsRequest
 }
 var file_cyclone_v1_admin_service_proto_depIdxs = []int32{
-	54, // 0: cyclone.v1.WorkflowDeadline.deadline:type_name -> google.protobuf.Duration
-	55, // 1: cyclone.v1.WorkflowDeadline.set_at:type_name -> google.protobuf.Timestamp
-	54, // 2: cyclone.v1.SetWorkflowDeadlineRequest.deadline:type_name -> google.protobuf.Duration
+	68, // 0: cyclone.v1.WorkflowDeadline.deadline:type_name -> google.protobuf.Duration
+	69, // 1: cyclone.v1.WorkflowDeadline.set_at:type_name -> google.protobuf.Timestamp
+	68, // 2: cyclone.v1.SetWorkflowDeadlineRequest.deadline:type_name -> google.protobuf.Duration
 	2,  // 3: cyclone.v1.SetWorkflowDeadlineResponse.deadline:type_name -> cyclone.v1.WorkflowDeadline
 	2,  // 4: cyclone.v1.ClearWorkflowDeadlineResponse.deadline:type_name -> cyclone.v1.WorkflowDeadline
 	2,  // 5: cyclone.v1.ListWorkflowDeadlinesResponse.deadlines:type_name -> cyclone.v1.WorkflowDeadline
 	10, // 6: cyclone.v1.Build.workers:type_name -> cyclone.v1.BuildWorker
-	55, // 7: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
-	55, // 8: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
-	55, // 9: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
+	69, // 7: cyclone.v1.Build.retired_at:type_name -> google.protobuf.Timestamp
+	69, // 8: cyclone.v1.Build.created_at:type_name -> google.protobuf.Timestamp
+	69, // 9: cyclone.v1.BuildWorker.seen_at:type_name -> google.protobuf.Timestamp
 	9,  // 10: cyclone.v1.ListBuildsResponse.builds:type_name -> cyclone.v1.Build
 	14, // 11: cyclone.v1.ListBuildRunsResponse.runs:type_name -> cyclone.v1.BuildRun
 	9,  // 12: cyclone.v1.SetBuildCompatibleResponse.build:type_name -> cyclone.v1.Build
 	9,  // 13: cyclone.v1.RetireBuildResponse.build:type_name -> cyclone.v1.Build
-	56, // 14: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
-	56, // 15: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
-	57, // 16: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
-	56, // 17: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
-	56, // 18: cyclone.v1.PauseRunResponse.run:type_name -> cyclone.v1.Run
-	56, // 19: cyclone.v1.ResumeRunResponse.run:type_name -> cyclone.v1.Run
-	58, // 20: cyclone.v1.PauseWorkflowResponse.pause:type_name -> cyclone.v1.RunPause
-	58, // 21: cyclone.v1.PauseActionResponse.pause:type_name -> cyclone.v1.RunPause
-	59, // 22: cyclone.v1.ListPausesResponse.pauses:type_name -> cyclone.v1.Pause
+	70, // 14: cyclone.v1.RetryResponse.run:type_name -> cyclone.v1.Run
+	70, // 15: cyclone.v1.RetryAllResponse.run:type_name -> cyclone.v1.Run
+	71, // 16: cyclone.v1.ResolveRequest.result:type_name -> google.protobuf.Value
+	70, // 17: cyclone.v1.ResolveResponse.run:type_name -> cyclone.v1.Run
+	70, // 18: cyclone.v1.PauseRunResponse.run:type_name -> cyclone.v1.Run
+	70, // 19: cyclone.v1.ResumeRunResponse.run:type_name -> cyclone.v1.Run
+	72, // 20: cyclone.v1.PauseWorkflowResponse.pause:type_name -> cyclone.v1.RunPause
+	72, // 21: cyclone.v1.PauseActionResponse.pause:type_name -> cyclone.v1.RunPause
+	73, // 22: cyclone.v1.ListPausesResponse.pauses:type_name -> cyclone.v1.Pause
 	0,  // 23: cyclone.v1.BulkAction.action:type_name -> cyclone.v1.BulkActionKind
-	60, // 24: cyclone.v1.BulkAction.filter:type_name -> cyclone.v1.ListRunsRequest
+	74, // 24: cyclone.v1.BulkAction.filter:type_name -> cyclone.v1.ListRunsRequest
 	1,  // 25: cyclone.v1.BulkAction.state:type_name -> cyclone.v1.BulkActionState
-	55, // 26: cyclone.v1.BulkAction.created_at:type_name -> google.protobuf.Timestamp
-	55, // 27: cyclone.v1.BulkAction.updated_at:type_name -> google.protobuf.Timestamp
-	55, // 28: cyclone.v1.BulkAction.finished_at:type_name -> google.protobuf.Timestamp
+	69, // 26: cyclone.v1.BulkAction.created_at:type_name -> google.protobuf.Timestamp
+	69, // 27: cyclone.v1.BulkAction.updated_at:type_name -> google.protobuf.Timestamp
+	69, // 28: cyclone.v1.BulkAction.finished_at:type_name -> google.protobuf.Timestamp
 	0,  // 29: cyclone.v1.StartBulkActionRequest.action:type_name -> cyclone.v1.BulkActionKind
-	60, // 30: cyclone.v1.StartBulkActionRequest.filter:type_name -> cyclone.v1.ListRunsRequest
+	74, // 30: cyclone.v1.StartBulkActionRequest.filter:type_name -> cyclone.v1.ListRunsRequest
 	42, // 31: cyclone.v1.StartBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
 	42, // 32: cyclone.v1.GetBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
 	42, // 33: cyclone.v1.ListBulkActionsResponse.jobs:type_name -> cyclone.v1.BulkAction
 	42, // 34: cyclone.v1.CancelBulkActionResponse.job:type_name -> cyclone.v1.BulkAction
-	53, // 35: cyclone.v1.SetRunTagsRequest.set_tags:type_name -> cyclone.v1.SetRunTagsRequest.SetTagsEntry
-	56, // 36: cyclone.v1.SetRunTagsResponse.run:type_name -> cyclone.v1.Run
-	22, // 37: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
-	24, // 38: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
-	26, // 39: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
-	11, // 40: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
-	13, // 41: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
-	16, // 42: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
-	18, // 43: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
-	20, // 44: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
-	51, // 45: cyclone.v1.AdminService.SetRunTags:input_type -> cyclone.v1.SetRunTagsRequest
-	28, // 46: cyclone.v1.AdminService.PauseRun:input_type -> cyclone.v1.PauseRunRequest
-	30, // 47: cyclone.v1.AdminService.ResumeRun:input_type -> cyclone.v1.ResumeRunRequest
-	32, // 48: cyclone.v1.AdminService.PauseWorkflow:input_type -> cyclone.v1.PauseWorkflowRequest
-	34, // 49: cyclone.v1.AdminService.ResumeWorkflow:input_type -> cyclone.v1.ResumeWorkflowRequest
-	36, // 50: cyclone.v1.AdminService.PauseAction:input_type -> cyclone.v1.PauseActionRequest
-	38, // 51: cyclone.v1.AdminService.ResumeAction:input_type -> cyclone.v1.ResumeActionRequest
-	40, // 52: cyclone.v1.AdminService.ListPauses:input_type -> cyclone.v1.ListPausesRequest
-	43, // 53: cyclone.v1.AdminService.StartBulkAction:input_type -> cyclone.v1.StartBulkActionRequest
-	45, // 54: cyclone.v1.AdminService.GetBulkAction:input_type -> cyclone.v1.GetBulkActionRequest
-	47, // 55: cyclone.v1.AdminService.ListBulkActions:input_type -> cyclone.v1.ListBulkActionsRequest
-	49, // 56: cyclone.v1.AdminService.CancelBulkAction:input_type -> cyclone.v1.CancelBulkActionRequest
-	3,  // 57: cyclone.v1.AdminService.SetWorkflowDeadline:input_type -> cyclone.v1.SetWorkflowDeadlineRequest
-	5,  // 58: cyclone.v1.AdminService.ClearWorkflowDeadline:input_type -> cyclone.v1.ClearWorkflowDeadlineRequest
-	7,  // 59: cyclone.v1.AdminService.ListWorkflowDeadlines:input_type -> cyclone.v1.ListWorkflowDeadlinesRequest
-	23, // 60: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
-	25, // 61: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
-	27, // 62: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
-	12, // 63: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
-	15, // 64: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
-	17, // 65: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
-	19, // 66: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
-	21, // 67: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
-	52, // 68: cyclone.v1.AdminService.SetRunTags:output_type -> cyclone.v1.SetRunTagsResponse
-	29, // 69: cyclone.v1.AdminService.PauseRun:output_type -> cyclone.v1.PauseRunResponse
-	31, // 70: cyclone.v1.AdminService.ResumeRun:output_type -> cyclone.v1.ResumeRunResponse
-	33, // 71: cyclone.v1.AdminService.PauseWorkflow:output_type -> cyclone.v1.PauseWorkflowResponse
-	35, // 72: cyclone.v1.AdminService.ResumeWorkflow:output_type -> cyclone.v1.ResumeWorkflowResponse
-	37, // 73: cyclone.v1.AdminService.PauseAction:output_type -> cyclone.v1.PauseActionResponse
-	39, // 74: cyclone.v1.AdminService.ResumeAction:output_type -> cyclone.v1.ResumeActionResponse
-	41, // 75: cyclone.v1.AdminService.ListPauses:output_type -> cyclone.v1.ListPausesResponse
-	44, // 76: cyclone.v1.AdminService.StartBulkAction:output_type -> cyclone.v1.StartBulkActionResponse
-	46, // 77: cyclone.v1.AdminService.GetBulkAction:output_type -> cyclone.v1.GetBulkActionResponse
-	48, // 78: cyclone.v1.AdminService.ListBulkActions:output_type -> cyclone.v1.ListBulkActionsResponse
-	50, // 79: cyclone.v1.AdminService.CancelBulkAction:output_type -> cyclone.v1.CancelBulkActionResponse
-	4,  // 80: cyclone.v1.AdminService.SetWorkflowDeadline:output_type -> cyclone.v1.SetWorkflowDeadlineResponse
-	6,  // 81: cyclone.v1.AdminService.ClearWorkflowDeadline:output_type -> cyclone.v1.ClearWorkflowDeadlineResponse
-	8,  // 82: cyclone.v1.AdminService.ListWorkflowDeadlines:output_type -> cyclone.v1.ListWorkflowDeadlinesResponse
-	60, // [60:83] is the sub-list for method output_type
-	37, // [37:60] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	67, // 35: cyclone.v1.SetRunTagsRequest.set_tags:type_name -> cyclone.v1.SetRunTagsRequest.SetTagsEntry
+	70, // 36: cyclone.v1.SetRunTagsResponse.run:type_name -> cyclone.v1.Run
+	69, // 37: cyclone.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	69, // 38: cyclone.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	69, // 39: cyclone.v1.Approval.decided_at:type_name -> google.protobuf.Timestamp
+	71, // 40: cyclone.v1.Approval.decision:type_name -> google.protobuf.Value
+	53, // 41: cyclone.v1.ListApprovalsResponse.approvals:type_name -> cyclone.v1.Approval
+	53, // 42: cyclone.v1.DecideApprovalResponse.approval:type_name -> cyclone.v1.Approval
+	59, // 43: cyclone.v1.Webhook.send_event:type_name -> cyclone.v1.WebhookSendEvent
+	60, // 44: cyclone.v1.Webhook.submit_once:type_name -> cyclone.v1.WebhookSubmitOnce
+	69, // 45: cyclone.v1.Webhook.created_at:type_name -> google.protobuf.Timestamp
+	58, // 46: cyclone.v1.CreateWebhookRequest.webhook:type_name -> cyclone.v1.Webhook
+	58, // 47: cyclone.v1.CreateWebhookResponse.webhook:type_name -> cyclone.v1.Webhook
+	58, // 48: cyclone.v1.ListWebhooksResponse.webhooks:type_name -> cyclone.v1.Webhook
+	58, // 49: cyclone.v1.DeleteWebhookResponse.webhook:type_name -> cyclone.v1.Webhook
+	22, // 50: cyclone.v1.AdminService.Retry:input_type -> cyclone.v1.RetryRequest
+	24, // 51: cyclone.v1.AdminService.RetryAll:input_type -> cyclone.v1.RetryAllRequest
+	26, // 52: cyclone.v1.AdminService.Resolve:input_type -> cyclone.v1.ResolveRequest
+	11, // 53: cyclone.v1.AdminService.ListBuilds:input_type -> cyclone.v1.ListBuildsRequest
+	13, // 54: cyclone.v1.AdminService.ListBuildRuns:input_type -> cyclone.v1.ListBuildRunsRequest
+	16, // 55: cyclone.v1.AdminService.SetBuildCompatible:input_type -> cyclone.v1.SetBuildCompatibleRequest
+	18, // 56: cyclone.v1.AdminService.RetireBuild:input_type -> cyclone.v1.RetireBuildRequest
+	20, // 57: cyclone.v1.AdminService.MoveBuild:input_type -> cyclone.v1.MoveBuildRequest
+	51, // 58: cyclone.v1.AdminService.SetRunTags:input_type -> cyclone.v1.SetRunTagsRequest
+	28, // 59: cyclone.v1.AdminService.PauseRun:input_type -> cyclone.v1.PauseRunRequest
+	30, // 60: cyclone.v1.AdminService.ResumeRun:input_type -> cyclone.v1.ResumeRunRequest
+	32, // 61: cyclone.v1.AdminService.PauseWorkflow:input_type -> cyclone.v1.PauseWorkflowRequest
+	34, // 62: cyclone.v1.AdminService.ResumeWorkflow:input_type -> cyclone.v1.ResumeWorkflowRequest
+	36, // 63: cyclone.v1.AdminService.PauseAction:input_type -> cyclone.v1.PauseActionRequest
+	38, // 64: cyclone.v1.AdminService.ResumeAction:input_type -> cyclone.v1.ResumeActionRequest
+	40, // 65: cyclone.v1.AdminService.ListPauses:input_type -> cyclone.v1.ListPausesRequest
+	43, // 66: cyclone.v1.AdminService.StartBulkAction:input_type -> cyclone.v1.StartBulkActionRequest
+	45, // 67: cyclone.v1.AdminService.GetBulkAction:input_type -> cyclone.v1.GetBulkActionRequest
+	47, // 68: cyclone.v1.AdminService.ListBulkActions:input_type -> cyclone.v1.ListBulkActionsRequest
+	49, // 69: cyclone.v1.AdminService.CancelBulkAction:input_type -> cyclone.v1.CancelBulkActionRequest
+	3,  // 70: cyclone.v1.AdminService.SetWorkflowDeadline:input_type -> cyclone.v1.SetWorkflowDeadlineRequest
+	5,  // 71: cyclone.v1.AdminService.ClearWorkflowDeadline:input_type -> cyclone.v1.ClearWorkflowDeadlineRequest
+	7,  // 72: cyclone.v1.AdminService.ListWorkflowDeadlines:input_type -> cyclone.v1.ListWorkflowDeadlinesRequest
+	54, // 73: cyclone.v1.AdminService.ListApprovals:input_type -> cyclone.v1.ListApprovalsRequest
+	56, // 74: cyclone.v1.AdminService.DecideApproval:input_type -> cyclone.v1.DecideApprovalRequest
+	61, // 75: cyclone.v1.AdminService.CreateWebhook:input_type -> cyclone.v1.CreateWebhookRequest
+	63, // 76: cyclone.v1.AdminService.ListWebhooks:input_type -> cyclone.v1.ListWebhooksRequest
+	65, // 77: cyclone.v1.AdminService.DeleteWebhook:input_type -> cyclone.v1.DeleteWebhookRequest
+	23, // 78: cyclone.v1.AdminService.Retry:output_type -> cyclone.v1.RetryResponse
+	25, // 79: cyclone.v1.AdminService.RetryAll:output_type -> cyclone.v1.RetryAllResponse
+	27, // 80: cyclone.v1.AdminService.Resolve:output_type -> cyclone.v1.ResolveResponse
+	12, // 81: cyclone.v1.AdminService.ListBuilds:output_type -> cyclone.v1.ListBuildsResponse
+	15, // 82: cyclone.v1.AdminService.ListBuildRuns:output_type -> cyclone.v1.ListBuildRunsResponse
+	17, // 83: cyclone.v1.AdminService.SetBuildCompatible:output_type -> cyclone.v1.SetBuildCompatibleResponse
+	19, // 84: cyclone.v1.AdminService.RetireBuild:output_type -> cyclone.v1.RetireBuildResponse
+	21, // 85: cyclone.v1.AdminService.MoveBuild:output_type -> cyclone.v1.MoveBuildResponse
+	52, // 86: cyclone.v1.AdminService.SetRunTags:output_type -> cyclone.v1.SetRunTagsResponse
+	29, // 87: cyclone.v1.AdminService.PauseRun:output_type -> cyclone.v1.PauseRunResponse
+	31, // 88: cyclone.v1.AdminService.ResumeRun:output_type -> cyclone.v1.ResumeRunResponse
+	33, // 89: cyclone.v1.AdminService.PauseWorkflow:output_type -> cyclone.v1.PauseWorkflowResponse
+	35, // 90: cyclone.v1.AdminService.ResumeWorkflow:output_type -> cyclone.v1.ResumeWorkflowResponse
+	37, // 91: cyclone.v1.AdminService.PauseAction:output_type -> cyclone.v1.PauseActionResponse
+	39, // 92: cyclone.v1.AdminService.ResumeAction:output_type -> cyclone.v1.ResumeActionResponse
+	41, // 93: cyclone.v1.AdminService.ListPauses:output_type -> cyclone.v1.ListPausesResponse
+	44, // 94: cyclone.v1.AdminService.StartBulkAction:output_type -> cyclone.v1.StartBulkActionResponse
+	46, // 95: cyclone.v1.AdminService.GetBulkAction:output_type -> cyclone.v1.GetBulkActionResponse
+	48, // 96: cyclone.v1.AdminService.ListBulkActions:output_type -> cyclone.v1.ListBulkActionsResponse
+	50, // 97: cyclone.v1.AdminService.CancelBulkAction:output_type -> cyclone.v1.CancelBulkActionResponse
+	4,  // 98: cyclone.v1.AdminService.SetWorkflowDeadline:output_type -> cyclone.v1.SetWorkflowDeadlineResponse
+	6,  // 99: cyclone.v1.AdminService.ClearWorkflowDeadline:output_type -> cyclone.v1.ClearWorkflowDeadlineResponse
+	8,  // 100: cyclone.v1.AdminService.ListWorkflowDeadlines:output_type -> cyclone.v1.ListWorkflowDeadlinesResponse
+	55, // 101: cyclone.v1.AdminService.ListApprovals:output_type -> cyclone.v1.ListApprovalsResponse
+	57, // 102: cyclone.v1.AdminService.DecideApproval:output_type -> cyclone.v1.DecideApprovalResponse
+	62, // 103: cyclone.v1.AdminService.CreateWebhook:output_type -> cyclone.v1.CreateWebhookResponse
+	64, // 104: cyclone.v1.AdminService.ListWebhooks:output_type -> cyclone.v1.ListWebhooksResponse
+	66, // 105: cyclone.v1.AdminService.DeleteWebhook:output_type -> cyclone.v1.DeleteWebhookResponse
+	78, // [78:106] is the sub-list for method output_type
+	50, // [50:78] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_admin_service_proto_init() }
@@ -3552,7 +4493,7 @@ func file_cyclone_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_admin_service_proto_rawDesc), len(file_cyclone_v1_admin_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   52,
+			NumMessages:   66,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,6 +42,11 @@ const (
 	AdminService_SetWorkflowDeadline_FullMethodName   = "/cyclone.v1.AdminService/SetWorkflowDeadline"
 	AdminService_ClearWorkflowDeadline_FullMethodName = "/cyclone.v1.AdminService/ClearWorkflowDeadline"
 	AdminService_ListWorkflowDeadlines_FullMethodName = "/cyclone.v1.AdminService/ListWorkflowDeadlines"
+	AdminService_ListApprovals_FullMethodName         = "/cyclone.v1.AdminService/ListApprovals"
+	AdminService_DecideApproval_FullMethodName        = "/cyclone.v1.AdminService/DecideApproval"
+	AdminService_CreateWebhook_FullMethodName         = "/cyclone.v1.AdminService/CreateWebhook"
+	AdminService_ListWebhooks_FullMethodName          = "/cyclone.v1.AdminService/ListWebhooks"
+	AdminService_DeleteWebhook_FullMethodName         = "/cyclone.v1.AdminService/DeleteWebhook"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -152,6 +157,29 @@ type AdminServiceClient interface {
 	ClearWorkflowDeadline(ctx context.Context, in *ClearWorkflowDeadlineRequest, opts ...grpc.CallOption) (*ClearWorkflowDeadlineResponse, error)
 	// Every default deadline of a workflow name, by name.
 	ListWorkflowDeadlines(ctx context.Context, in *ListWorkflowDeadlinesRequest, opts ...grpc.CallOption) (*ListWorkflowDeadlinesResponse, error)
+	// The approvals of durable functions (WorkerService.CreateApproval), newest first:
+	// the pending ones (not decided, not expired, their run running or blocked), or
+	// with all = true every one, decided and expired included. With run_id, those of one
+	// run. Reads only.
+	ListApprovals(ctx context.Context, in *ListApprovalsRequest, opts ...grpc.CallOption) (*ListApprovalsResponse, error)
+	// Decides a pending approval as its callback URL would, once: the body waiting for
+	// it gets {"approved": approved, "comment": comment, "decided_by": actor}. Recorded
+	// in the run's audit trail (decide_approval, with the actor). NOT_FOUND for an
+	// unknown approval; FAILED_PRECONDITION when it is decided already, expired, or its
+	// run finished.
+	DecideApproval(ctx context.Context, in *DecideApprovalRequest, opts ...grpc.CallOption) (*DecideApprovalResponse, error)
+	// Defines a webhook endpoint: POST /webhooks/<name> on the server's HTTP listener,
+	// signed with HMAC-SHA256 (docs/webhooks.md), sends an event to a run or submits a
+	// run once per key. The secret is answered once, when the server made it.
+	// INVALID_ARGUMENT for a bad name, secret (16 to 200 characters), JSON pointer,
+	// event or workflow name, or when not exactly one action is given; ALREADY_EXISTS
+	// for a name in use.
+	CreateWebhook(ctx context.Context, in *CreateWebhookRequest, opts ...grpc.CallOption) (*CreateWebhookResponse, error)
+	// The webhook endpoints, by name, without their secrets.
+	ListWebhooks(ctx context.Context, in *ListWebhooksRequest, opts ...grpc.CallOption) (*ListWebhooksResponse, error)
+	// Deletes a webhook endpoint: its deliveries are refused from then on (404).
+	// NOT_FOUND for an unknown name.
+	DeleteWebhook(ctx context.Context, in *DeleteWebhookRequest, opts ...grpc.CallOption) (*DeleteWebhookResponse, error)
 }
 
 type adminServiceClient struct {
@@ -392,6 +420,56 @@ func (c *adminServiceClient) ListWorkflowDeadlines(ctx context.Context, in *List
 	return out, nil
 }
 
+func (c *adminServiceClient) ListApprovals(ctx context.Context, in *ListApprovalsRequest, opts ...grpc.CallOption) (*ListApprovalsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListApprovalsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListApprovals_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) DecideApproval(ctx context.Context, in *DecideApprovalRequest, opts ...grpc.CallOption) (*DecideApprovalResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DecideApprovalResponse)
+	err := c.cc.Invoke(ctx, AdminService_DecideApproval_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) CreateWebhook(ctx context.Context, in *CreateWebhookRequest, opts ...grpc.CallOption) (*CreateWebhookResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateWebhookResponse)
+	err := c.cc.Invoke(ctx, AdminService_CreateWebhook_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListWebhooks(ctx context.Context, in *ListWebhooksRequest, opts ...grpc.CallOption) (*ListWebhooksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListWebhooksResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListWebhooks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) DeleteWebhook(ctx context.Context, in *DeleteWebhookRequest, opts ...grpc.CallOption) (*DeleteWebhookResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteWebhookResponse)
+	err := c.cc.Invoke(ctx, AdminService_DeleteWebhook_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -500,6 +578,29 @@ type AdminServiceServer interface {
 	ClearWorkflowDeadline(context.Context, *ClearWorkflowDeadlineRequest) (*ClearWorkflowDeadlineResponse, error)
 	// Every default deadline of a workflow name, by name.
 	ListWorkflowDeadlines(context.Context, *ListWorkflowDeadlinesRequest) (*ListWorkflowDeadlinesResponse, error)
+	// The approvals of durable functions (WorkerService.CreateApproval), newest first:
+	// the pending ones (not decided, not expired, their run running or blocked), or
+	// with all = true every one, decided and expired included. With run_id, those of one
+	// run. Reads only.
+	ListApprovals(context.Context, *ListApprovalsRequest) (*ListApprovalsResponse, error)
+	// Decides a pending approval as its callback URL would, once: the body waiting for
+	// it gets {"approved": approved, "comment": comment, "decided_by": actor}. Recorded
+	// in the run's audit trail (decide_approval, with the actor). NOT_FOUND for an
+	// unknown approval; FAILED_PRECONDITION when it is decided already, expired, or its
+	// run finished.
+	DecideApproval(context.Context, *DecideApprovalRequest) (*DecideApprovalResponse, error)
+	// Defines a webhook endpoint: POST /webhooks/<name> on the server's HTTP listener,
+	// signed with HMAC-SHA256 (docs/webhooks.md), sends an event to a run or submits a
+	// run once per key. The secret is answered once, when the server made it.
+	// INVALID_ARGUMENT for a bad name, secret (16 to 200 characters), JSON pointer,
+	// event or workflow name, or when not exactly one action is given; ALREADY_EXISTS
+	// for a name in use.
+	CreateWebhook(context.Context, *CreateWebhookRequest) (*CreateWebhookResponse, error)
+	// The webhook endpoints, by name, without their secrets.
+	ListWebhooks(context.Context, *ListWebhooksRequest) (*ListWebhooksResponse, error)
+	// Deletes a webhook endpoint: its deliveries are refused from then on (404).
+	// NOT_FOUND for an unknown name.
+	DeleteWebhook(context.Context, *DeleteWebhookRequest) (*DeleteWebhookResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -578,6 +679,21 @@ func (UnimplementedAdminServiceServer) ClearWorkflowDeadline(context.Context, *C
 }
 func (UnimplementedAdminServiceServer) ListWorkflowDeadlines(context.Context, *ListWorkflowDeadlinesRequest) (*ListWorkflowDeadlinesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListWorkflowDeadlines not implemented")
+}
+func (UnimplementedAdminServiceServer) ListApprovals(context.Context, *ListApprovalsRequest) (*ListApprovalsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListApprovals not implemented")
+}
+func (UnimplementedAdminServiceServer) DecideApproval(context.Context, *DecideApprovalRequest) (*DecideApprovalResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DecideApproval not implemented")
+}
+func (UnimplementedAdminServiceServer) CreateWebhook(context.Context, *CreateWebhookRequest) (*CreateWebhookResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateWebhook not implemented")
+}
+func (UnimplementedAdminServiceServer) ListWebhooks(context.Context, *ListWebhooksRequest) (*ListWebhooksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListWebhooks not implemented")
+}
+func (UnimplementedAdminServiceServer) DeleteWebhook(context.Context, *DeleteWebhookRequest) (*DeleteWebhookResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteWebhook not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -1014,6 +1130,96 @@ func _AdminService_ListWorkflowDeadlines_Handler(srv interface{}, ctx context.Co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListApprovals_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListApprovalsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListApprovals(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListApprovals_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListApprovals(ctx, req.(*ListApprovalsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_DecideApproval_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DecideApprovalRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DecideApproval(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DecideApproval_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DecideApproval(ctx, req.(*DecideApprovalRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_CreateWebhook_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateWebhookRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).CreateWebhook(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_CreateWebhook_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).CreateWebhook(ctx, req.(*CreateWebhookRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListWebhooks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWebhooksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListWebhooks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListWebhooks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListWebhooks(ctx, req.(*ListWebhooksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_DeleteWebhook_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteWebhookRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DeleteWebhook(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DeleteWebhook_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DeleteWebhook(ctx, req.(*DeleteWebhookRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1112,6 +1318,26 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListWorkflowDeadlines",
 			Handler:    _AdminService_ListWorkflowDeadlines_Handler,
+		},
+		{
+			MethodName: "ListApprovals",
+			Handler:    _AdminService_ListApprovals_Handler,
+		},
+		{
+			MethodName: "DecideApproval",
+			Handler:    _AdminService_DecideApproval_Handler,
+		},
+		{
+			MethodName: "CreateWebhook",
+			Handler:    _AdminService_CreateWebhook_Handler,
+		},
+		{
+			MethodName: "ListWebhooks",
+			Handler:    _AdminService_ListWebhooks_Handler,
+		},
+		{
+			MethodName: "DeleteWebhook",
+			Handler:    _AdminService_DeleteWebhook_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -3018,6 +3018,193 @@ func (x *EmitChunksResponse) GetDuplicate() []bool {
 	return nil
 }
 
+// Arguments of WorkerService.CreateApproval. The node is named by run_id and node;
+// lease_token is the one its Claim returned.
+type CreateApprovalRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run of the held step.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node of the held step, whose body asks for the approval.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The lease token from Claim.
+	LeaseToken string `protobuf:"bytes,3,opt,name=lease_token,json=leaseToken,proto3" json:"lease_token,omitempty"`
+	// The approval call's step id ("approval", "approval#2", or a name given): one
+	// approval per step call of the node.
+	StepId string `protobuf:"bytes,4,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// How long the token is valid; unset: the server's --approval-timeout (7 days by
+	// default). 1 s to 366 days.
+	Timeout *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// What is asked, shown by the console (at most 1000 characters).
+	Title         string `protobuf:"bytes,6,opt,name=title,proto3" json:"title,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateApprovalRequest) Reset() {
+	*x = CreateApprovalRequest{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateApprovalRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateApprovalRequest) ProtoMessage() {}
+
+func (x *CreateApprovalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateApprovalRequest.ProtoReflect.Descriptor instead.
+func (*CreateApprovalRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *CreateApprovalRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *CreateApprovalRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *CreateApprovalRequest) GetLeaseToken() string {
+	if x != nil {
+		return x.LeaseToken
+	}
+	return ""
+}
+
+func (x *CreateApprovalRequest) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *CreateApprovalRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *CreateApprovalRequest) GetTitle() string {
+	if x != nil {
+		return x.Title
+	}
+	return ""
+}
+
+// Result of WorkerService.CreateApproval.
+type CreateApprovalResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The approval's id (UUID).
+	ApprovalId string `protobuf:"bytes,1,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	// The one-time token (URL-safe). Only its SHA-256 is stored: it cannot be read back.
+	Token string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	// Where to POST the decision: --public-url + "/callbacks/" + token, or the path
+	// alone when the server has no --public-url.
+	Url string `protobuf:"bytes,3,opt,name=url,proto3" json:"url,omitempty"`
+	// When the token stops working.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// The event the body waits for: "approval:" + approval_id.
+	Event string `protobuf:"bytes,5,opt,name=event,proto3" json:"event,omitempty"`
+	// True when the approval was decided already (its wait finds the decision); token
+	// and url are then empty.
+	Decided       bool `protobuf:"varint,6,opt,name=decided,proto3" json:"decided,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateApprovalResponse) Reset() {
+	*x = CreateApprovalResponse{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateApprovalResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateApprovalResponse) ProtoMessage() {}
+
+func (x *CreateApprovalResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateApprovalResponse.ProtoReflect.Descriptor instead.
+func (*CreateApprovalResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *CreateApprovalResponse) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
+func (x *CreateApprovalResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *CreateApprovalResponse) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *CreateApprovalResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *CreateApprovalResponse) GetEvent() string {
+	if x != nil {
+		return x.Event
+	}
+	return ""
+}
+
+func (x *CreateApprovalResponse) GetDecided() bool {
+	if x != nil {
+		return x.Decided
+	}
+	return false
+}
+
 var File_cyclone_v1_worker_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_worker_service_proto_rawDesc = "" +
@@ -3235,7 +3422,24 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\x06chunks\x18\x04 \x03(\v2\x17.cyclone.v1.ChunkToEmitR\x06chunks\"L\n" +
 	"\x12EmitChunksResponse\x12\x18\n" +
 	"\aoffsets\x18\x01 \x03(\x03R\aoffsets\x12\x1c\n" +
-	"\tduplicate\x18\x02 \x03(\bR\tduplicate*\x95\x01\n" +
+	"\tduplicate\x18\x02 \x03(\bR\tduplicate\"\xc7\x01\n" +
+	"\x15CreateApprovalRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
+	"\vlease_token\x18\x03 \x01(\tR\n" +
+	"leaseToken\x12\x17\n" +
+	"\astep_id\x18\x04 \x01(\tR\x06stepId\x123\n" +
+	"\atimeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x14\n" +
+	"\x05title\x18\x06 \x01(\tR\x05title\"\xcc\x01\n" +
+	"\x16CreateApprovalResponse\x12\x1f\n" +
+	"\vapproval_id\x18\x01 \x01(\tR\n" +
+	"approvalId\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\x12\x10\n" +
+	"\x03url\x18\x03 \x01(\tR\x03url\x129\n" +
+	"\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x14\n" +
+	"\x05event\x18\x05 \x01(\tR\x05event\x12\x18\n" +
+	"\adecided\x18\x06 \x01(\bR\adecided*\x95\x01\n" +
 	"\x10StepCallDecision\x12\"\n" +
 	"\x1eSTEP_CALL_DECISION_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16STEP_CALL_DECISION_RUN\x10\x01\x12\x1f\n" +
@@ -3244,7 +3448,7 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\fWaitDecision\x12\x1d\n" +
 	"\x19WAIT_DECISION_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13WAIT_DECISION_READY\x10\x01\x12\x1b\n" +
-	"\x17WAIT_DECISION_SUSPENDED\x10\x022\xeb\x05\n" +
+	"\x17WAIT_DECISION_SUSPENDED\x10\x022\xc4\x06\n" +
 	"\rWorkerService\x12<\n" +
 	"\x05Claim\x12\x18.cyclone.v1.ClaimRequest\x1a\x19.cyclone.v1.ClaimResponse\x12H\n" +
 	"\tHeartbeat\x12\x1c.cyclone.v1.HeartbeatRequest\x1a\x1d.cyclone.v1.HeartbeatResponse\x12E\n" +
@@ -3254,7 +3458,8 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\vEndStepCall\x12\x1e.cyclone.v1.EndStepCallRequest\x1a\x1f.cyclone.v1.EndStepCallResponse\x12K\n" +
 	"\n" +
 	"StartChild\x12\x1d.cyclone.v1.StartChildRequest\x1a\x1e.cyclone.v1.StartChildResponse\x129\n" +
-	"\x04Wait\x12\x17.cyclone.v1.WaitRequest\x1a\x18.cyclone.v1.WaitResponse\x12=\n" +
+	"\x04Wait\x12\x17.cyclone.v1.WaitRequest\x1a\x18.cyclone.v1.WaitResponse\x12W\n" +
+	"\x0eCreateApproval\x12!.cyclone.v1.CreateApprovalRequest\x1a\".cyclone.v1.CreateApprovalResponse\x12=\n" +
 	"\x04Work\x12\x17.cyclone.v1.WorkRequest\x1a\x18.cyclone.v1.WorkResponse(\x010\x01\x12K\n" +
 	"\n" +
 	"EmitChunks\x12\x1d.cyclone.v1.EmitChunksRequest\x1a\x1e.cyclone.v1.EmitChunksResponseb\x06proto3"
@@ -3272,86 +3477,88 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
-	(StepCallDecision)(0),         // 0: cyclone.v1.StepCallDecision
-	(WaitDecision)(0),             // 1: cyclone.v1.WaitDecision
-	(*ActionSpec)(nil),            // 2: cyclone.v1.ActionSpec
-	(*RateLimit)(nil),             // 3: cyclone.v1.RateLimit
-	(*ClaimRequest)(nil),          // 4: cyclone.v1.ClaimRequest
-	(*ClaimResponse)(nil),         // 5: cyclone.v1.ClaimResponse
-	(*BlockedStep)(nil),           // 6: cyclone.v1.BlockedStep
-	(*ClaimedStep)(nil),           // 7: cyclone.v1.ClaimedStep
-	(*UpstreamFailure)(nil),       // 8: cyclone.v1.UpstreamFailure
-	(*HeartbeatRequest)(nil),      // 9: cyclone.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 10: cyclone.v1.HeartbeatResponse
-	(*CompleteRequest)(nil),       // 11: cyclone.v1.CompleteRequest
-	(*Failure)(nil),               // 12: cyclone.v1.Failure
-	(*CompleteResponse)(nil),      // 13: cyclone.v1.CompleteResponse
-	(*CompleteManyRequest)(nil),   // 14: cyclone.v1.CompleteManyRequest
-	(*CompleteManyResponse)(nil),  // 15: cyclone.v1.CompleteManyResponse
-	(*StepCallEndResult)(nil),     // 16: cyclone.v1.StepCallEndResult
-	(*StepCallBeginResult)(nil),   // 17: cyclone.v1.StepCallBeginResult
-	(*CompleteResult)(nil),        // 18: cyclone.v1.CompleteResult
-	(*CompleteError)(nil),         // 19: cyclone.v1.CompleteError
-	(*WorkRequest)(nil),           // 20: cyclone.v1.WorkRequest
-	(*WorkOpen)(nil),              // 21: cyclone.v1.WorkOpen
-	(*WorkResponse)(nil),          // 22: cyclone.v1.WorkResponse
-	(*ServerLimits)(nil),          // 23: cyclone.v1.ServerLimits
-	(*BeginStepCallRequest)(nil),  // 24: cyclone.v1.BeginStepCallRequest
-	(*BeginStepCallResponse)(nil), // 25: cyclone.v1.BeginStepCallResponse
-	(*EndStepCallRequest)(nil),    // 26: cyclone.v1.EndStepCallRequest
-	(*EndStepCallResponse)(nil),   // 27: cyclone.v1.EndStepCallResponse
-	(*StartChildRequest)(nil),     // 28: cyclone.v1.StartChildRequest
-	(*StartChildResponse)(nil),    // 29: cyclone.v1.StartChildResponse
-	(*WaitRequest)(nil),           // 30: cyclone.v1.WaitRequest
-	(*WaitResponse)(nil),          // 31: cyclone.v1.WaitResponse
-	(*ChunkToEmit)(nil),           // 32: cyclone.v1.ChunkToEmit
-	(*EmitChunksRequest)(nil),     // 33: cyclone.v1.EmitChunksRequest
-	(*EmitChunksResponse)(nil),    // 34: cyclone.v1.EmitChunksResponse
-	nil,                           // 35: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),   // 36: google.protobuf.Duration
-	(*structpb.Value)(nil),        // 37: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
-	(*StepCall)(nil),              // 39: cyclone.v1.StepCall
-	(StepStatus)(0),               // 40: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 41: cyclone.v1.StepError
-	(*LogLine)(nil),               // 42: cyclone.v1.LogLine
-	(RunStatus)(0),                // 43: cyclone.v1.RunStatus
-	(*StepCallError)(nil),         // 44: cyclone.v1.StepCallError
-	(*Workflow)(nil),              // 45: cyclone.v1.Workflow
-	(*EventWait)(nil),             // 46: cyclone.v1.EventWait
+	(StepCallDecision)(0),          // 0: cyclone.v1.StepCallDecision
+	(WaitDecision)(0),              // 1: cyclone.v1.WaitDecision
+	(*ActionSpec)(nil),             // 2: cyclone.v1.ActionSpec
+	(*RateLimit)(nil),              // 3: cyclone.v1.RateLimit
+	(*ClaimRequest)(nil),           // 4: cyclone.v1.ClaimRequest
+	(*ClaimResponse)(nil),          // 5: cyclone.v1.ClaimResponse
+	(*BlockedStep)(nil),            // 6: cyclone.v1.BlockedStep
+	(*ClaimedStep)(nil),            // 7: cyclone.v1.ClaimedStep
+	(*UpstreamFailure)(nil),        // 8: cyclone.v1.UpstreamFailure
+	(*HeartbeatRequest)(nil),       // 9: cyclone.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),      // 10: cyclone.v1.HeartbeatResponse
+	(*CompleteRequest)(nil),        // 11: cyclone.v1.CompleteRequest
+	(*Failure)(nil),                // 12: cyclone.v1.Failure
+	(*CompleteResponse)(nil),       // 13: cyclone.v1.CompleteResponse
+	(*CompleteManyRequest)(nil),    // 14: cyclone.v1.CompleteManyRequest
+	(*CompleteManyResponse)(nil),   // 15: cyclone.v1.CompleteManyResponse
+	(*StepCallEndResult)(nil),      // 16: cyclone.v1.StepCallEndResult
+	(*StepCallBeginResult)(nil),    // 17: cyclone.v1.StepCallBeginResult
+	(*CompleteResult)(nil),         // 18: cyclone.v1.CompleteResult
+	(*CompleteError)(nil),          // 19: cyclone.v1.CompleteError
+	(*WorkRequest)(nil),            // 20: cyclone.v1.WorkRequest
+	(*WorkOpen)(nil),               // 21: cyclone.v1.WorkOpen
+	(*WorkResponse)(nil),           // 22: cyclone.v1.WorkResponse
+	(*ServerLimits)(nil),           // 23: cyclone.v1.ServerLimits
+	(*BeginStepCallRequest)(nil),   // 24: cyclone.v1.BeginStepCallRequest
+	(*BeginStepCallResponse)(nil),  // 25: cyclone.v1.BeginStepCallResponse
+	(*EndStepCallRequest)(nil),     // 26: cyclone.v1.EndStepCallRequest
+	(*EndStepCallResponse)(nil),    // 27: cyclone.v1.EndStepCallResponse
+	(*StartChildRequest)(nil),      // 28: cyclone.v1.StartChildRequest
+	(*StartChildResponse)(nil),     // 29: cyclone.v1.StartChildResponse
+	(*WaitRequest)(nil),            // 30: cyclone.v1.WaitRequest
+	(*WaitResponse)(nil),           // 31: cyclone.v1.WaitResponse
+	(*ChunkToEmit)(nil),            // 32: cyclone.v1.ChunkToEmit
+	(*EmitChunksRequest)(nil),      // 33: cyclone.v1.EmitChunksRequest
+	(*EmitChunksResponse)(nil),     // 34: cyclone.v1.EmitChunksResponse
+	(*CreateApprovalRequest)(nil),  // 35: cyclone.v1.CreateApprovalRequest
+	(*CreateApprovalResponse)(nil), // 36: cyclone.v1.CreateApprovalResponse
+	nil,                            // 37: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),    // 38: google.protobuf.Duration
+	(*structpb.Value)(nil),         // 39: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil),  // 40: google.protobuf.Timestamp
+	(*StepCall)(nil),               // 41: cyclone.v1.StepCall
+	(StepStatus)(0),                // 42: cyclone.v1.StepStatus
+	(*StepError)(nil),              // 43: cyclone.v1.StepError
+	(*LogLine)(nil),                // 44: cyclone.v1.LogLine
+	(RunStatus)(0),                 // 45: cyclone.v1.RunStatus
+	(*StepCallError)(nil),          // 46: cyclone.v1.StepCallError
+	(*Workflow)(nil),               // 47: cyclone.v1.Workflow
+	(*EventWait)(nil),              // 48: cyclone.v1.EventWait
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	3,  // 0: cyclone.v1.ActionSpec.rate_limit:type_name -> cyclone.v1.RateLimit
-	36, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
+	38, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
 	2,  // 2: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	36, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	36, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	38, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	38, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
 	7,  // 5: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
 	6,  // 6: cyclone.v1.ClaimResponse.blocked:type_name -> cyclone.v1.BlockedStep
-	37, // 7: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	37, // 8: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	35, // 9: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	38, // 10: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	38, // 11: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	37, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	39, // 7: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	39, // 8: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	37, // 9: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	40, // 10: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	40, // 11: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	39, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
 	8,  // 13: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	39, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	38, // 15: cyclone.v1.ClaimedStep.run_deadline:type_name -> google.protobuf.Timestamp
-	40, // 16: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	41, // 17: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	37, // 18: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	36, // 19: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	42, // 20: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
-	38, // 21: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	37, // 22: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	41, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	40, // 15: cyclone.v1.ClaimedStep.run_deadline:type_name -> google.protobuf.Timestamp
+	42, // 16: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	43, // 17: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	39, // 18: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	38, // 19: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	44, // 20: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
+	40, // 21: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	39, // 22: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
 	12, // 23: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	42, // 24: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
-	36, // 25: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	40, // 26: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	38, // 27: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	43, // 28: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	44, // 24: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
+	38, // 25: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	42, // 26: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	40, // 27: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	45, // 28: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
 	11, // 29: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
 	26, // 30: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
 	24, // 31: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
@@ -3367,52 +3574,56 @@ var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	21, // 41: cyclone.v1.WorkRequest.open:type_name -> cyclone.v1.WorkOpen
 	14, // 42: cyclone.v1.WorkRequest.report:type_name -> cyclone.v1.CompleteManyRequest
 	2,  // 43: cyclone.v1.WorkOpen.actions:type_name -> cyclone.v1.ActionSpec
-	36, // 44: cyclone.v1.WorkOpen.lease:type_name -> google.protobuf.Duration
+	38, // 44: cyclone.v1.WorkOpen.lease:type_name -> google.protobuf.Duration
 	7,  // 45: cyclone.v1.WorkResponse.steps:type_name -> cyclone.v1.ClaimedStep
 	6,  // 46: cyclone.v1.WorkResponse.blocked:type_name -> cyclone.v1.BlockedStep
 	15, // 47: cyclone.v1.WorkResponse.report:type_name -> cyclone.v1.CompleteManyResponse
 	23, // 48: cyclone.v1.WorkResponse.limits:type_name -> cyclone.v1.ServerLimits
 	0,  // 49: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	39, // 50: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	43, // 51: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	37, // 52: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	44, // 53: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	39, // 54: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	45, // 55: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
-	37, // 56: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
-	39, // 57: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
-	38, // 58: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
-	46, // 59: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
-	42, // 60: cyclone.v1.WaitRequest.logs:type_name -> cyclone.v1.LogLine
+	41, // 50: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	45, // 51: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	39, // 52: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	46, // 53: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	41, // 54: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	47, // 55: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
+	39, // 56: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
+	41, // 57: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
+	40, // 58: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
+	48, // 59: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
+	44, // 60: cyclone.v1.WaitRequest.logs:type_name -> cyclone.v1.LogLine
 	1,  // 61: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
-	39, // 62: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
+	41, // 62: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
 	32, // 63: cyclone.v1.EmitChunksRequest.chunks:type_name -> cyclone.v1.ChunkToEmit
-	37, // 64: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	4,  // 65: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	9,  // 66: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	11, // 67: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	14, // 68: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	24, // 69: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	26, // 70: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	28, // 71: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
-	30, // 72: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
-	20, // 73: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
-	33, // 74: cyclone.v1.WorkerService.EmitChunks:input_type -> cyclone.v1.EmitChunksRequest
-	5,  // 75: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	10, // 76: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	13, // 77: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	15, // 78: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	25, // 79: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	27, // 80: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	29, // 81: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
-	31, // 82: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
-	22, // 83: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
-	34, // 84: cyclone.v1.WorkerService.EmitChunks:output_type -> cyclone.v1.EmitChunksResponse
-	75, // [75:85] is the sub-list for method output_type
-	65, // [65:75] is the sub-list for method input_type
-	65, // [65:65] is the sub-list for extension type_name
-	65, // [65:65] is the sub-list for extension extendee
-	0,  // [0:65] is the sub-list for field type_name
+	38, // 64: cyclone.v1.CreateApprovalRequest.timeout:type_name -> google.protobuf.Duration
+	40, // 65: cyclone.v1.CreateApprovalResponse.expires_at:type_name -> google.protobuf.Timestamp
+	39, // 66: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	4,  // 67: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	9,  // 68: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	11, // 69: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	14, // 70: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	24, // 71: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	26, // 72: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	28, // 73: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
+	30, // 74: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
+	35, // 75: cyclone.v1.WorkerService.CreateApproval:input_type -> cyclone.v1.CreateApprovalRequest
+	20, // 76: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
+	33, // 77: cyclone.v1.WorkerService.EmitChunks:input_type -> cyclone.v1.EmitChunksRequest
+	5,  // 78: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	10, // 79: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	13, // 80: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	15, // 81: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	25, // 82: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	27, // 83: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	29, // 84: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
+	31, // 85: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
+	36, // 86: cyclone.v1.WorkerService.CreateApproval:output_type -> cyclone.v1.CreateApprovalResponse
+	22, // 87: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
+	34, // 88: cyclone.v1.WorkerService.EmitChunks:output_type -> cyclone.v1.EmitChunksResponse
+	78, // [78:89] is the sub-list for method output_type
+	67, // [67:78] is the sub-list for method input_type
+	67, // [67:67] is the sub-list for extension type_name
+	67, // [67:67] is the sub-list for extension extendee
+	0,  // [0:67] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -3456,7 +3667,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

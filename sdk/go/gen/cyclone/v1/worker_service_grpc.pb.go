@@ -19,16 +19,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	WorkerService_Claim_FullMethodName         = "/cyclone.v1.WorkerService/Claim"
-	WorkerService_Heartbeat_FullMethodName     = "/cyclone.v1.WorkerService/Heartbeat"
-	WorkerService_Complete_FullMethodName      = "/cyclone.v1.WorkerService/Complete"
-	WorkerService_CompleteMany_FullMethodName  = "/cyclone.v1.WorkerService/CompleteMany"
-	WorkerService_BeginStepCall_FullMethodName = "/cyclone.v1.WorkerService/BeginStepCall"
-	WorkerService_EndStepCall_FullMethodName   = "/cyclone.v1.WorkerService/EndStepCall"
-	WorkerService_StartChild_FullMethodName    = "/cyclone.v1.WorkerService/StartChild"
-	WorkerService_Wait_FullMethodName          = "/cyclone.v1.WorkerService/Wait"
-	WorkerService_Work_FullMethodName          = "/cyclone.v1.WorkerService/Work"
-	WorkerService_EmitChunks_FullMethodName    = "/cyclone.v1.WorkerService/EmitChunks"
+	WorkerService_Claim_FullMethodName          = "/cyclone.v1.WorkerService/Claim"
+	WorkerService_Heartbeat_FullMethodName      = "/cyclone.v1.WorkerService/Heartbeat"
+	WorkerService_Complete_FullMethodName       = "/cyclone.v1.WorkerService/Complete"
+	WorkerService_CompleteMany_FullMethodName   = "/cyclone.v1.WorkerService/CompleteMany"
+	WorkerService_BeginStepCall_FullMethodName  = "/cyclone.v1.WorkerService/BeginStepCall"
+	WorkerService_EndStepCall_FullMethodName    = "/cyclone.v1.WorkerService/EndStepCall"
+	WorkerService_StartChild_FullMethodName     = "/cyclone.v1.WorkerService/StartChild"
+	WorkerService_Wait_FullMethodName           = "/cyclone.v1.WorkerService/Wait"
+	WorkerService_CreateApproval_FullMethodName = "/cyclone.v1.WorkerService/CreateApproval"
+	WorkerService_Work_FullMethodName           = "/cyclone.v1.WorkerService/Work"
+	WorkerService_EmitChunks_FullMethodName     = "/cyclone.v1.WorkerService/EmitChunks"
 )
 
 // WorkerServiceClient is the client API for WorkerService service.
@@ -110,6 +111,17 @@ type WorkerServiceClient interface {
 	// up an attempt (Step.resumes). The first Wait of a call fixes its wake time and
 	// deadline: a replay keeps them.
 	Wait(ctx context.Context, in *WaitRequest, opts ...grpc.CallOption) (*WaitResponse, error)
+	// Creates the approval of an approval call of a durable function (wait_for_approval
+	// in Python; docs/time-and-events.md), fenced by the node's lease token: a stale
+	// token is ABORTED and writes nothing. Answers a fresh random token, given out only
+	// here (the server keeps its SHA-256), the URL that decides the approval (POST
+	// /callbacks/<token> on the server's HTTP listener), the approval's id and its
+	// expiry. The body then waits for the event "approval:<approval_id>", which the
+	// callback (or AdminService.DecideApproval) sends once. Called again for the same
+	// step call (its attempt was lost before its outcome was recorded), it keeps the
+	// approval's id and issues a new token: the older one stops working. INVALID_ARGUMENT
+	// for a timeout outside 1 s to 366 days or a title over 1000 characters.
+	CreateApproval(ctx context.Context, in *CreateApprovalRequest, opts ...grpc.CallOption) (*CreateApprovalResponse, error)
 	// A worker's session on one stream: Claim and CompleteMany for a worker that runs
 	// many steps, with one message each way per batch instead of two calls (in Python a
 	// call costs the server several times what a message on an open stream does). The
@@ -231,6 +243,16 @@ func (c *workerServiceClient) Wait(ctx context.Context, in *WaitRequest, opts ..
 	return out, nil
 }
 
+func (c *workerServiceClient) CreateApproval(ctx context.Context, in *CreateApprovalRequest, opts ...grpc.CallOption) (*CreateApprovalResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateApprovalResponse)
+	err := c.cc.Invoke(ctx, WorkerService_CreateApproval_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *workerServiceClient) Work(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[WorkRequest, WorkResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &WorkerService_ServiceDesc.Streams[0], WorkerService_Work_FullMethodName, cOpts...)
@@ -333,6 +355,17 @@ type WorkerServiceServer interface {
 	// up an attempt (Step.resumes). The first Wait of a call fixes its wake time and
 	// deadline: a replay keeps them.
 	Wait(context.Context, *WaitRequest) (*WaitResponse, error)
+	// Creates the approval of an approval call of a durable function (wait_for_approval
+	// in Python; docs/time-and-events.md), fenced by the node's lease token: a stale
+	// token is ABORTED and writes nothing. Answers a fresh random token, given out only
+	// here (the server keeps its SHA-256), the URL that decides the approval (POST
+	// /callbacks/<token> on the server's HTTP listener), the approval's id and its
+	// expiry. The body then waits for the event "approval:<approval_id>", which the
+	// callback (or AdminService.DecideApproval) sends once. Called again for the same
+	// step call (its attempt was lost before its outcome was recorded), it keeps the
+	// approval's id and issues a new token: the older one stops working. INVALID_ARGUMENT
+	// for a timeout outside 1 s to 366 days or a title over 1000 characters.
+	CreateApproval(context.Context, *CreateApprovalRequest) (*CreateApprovalResponse, error)
 	// A worker's session on one stream: Claim and CompleteMany for a worker that runs
 	// many steps, with one message each way per batch instead of two calls (in Python a
 	// call costs the server several times what a message on an open stream does). The
@@ -397,6 +430,9 @@ func (UnimplementedWorkerServiceServer) StartChild(context.Context, *StartChildR
 }
 func (UnimplementedWorkerServiceServer) Wait(context.Context, *WaitRequest) (*WaitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Wait not implemented")
+}
+func (UnimplementedWorkerServiceServer) CreateApproval(context.Context, *CreateApprovalRequest) (*CreateApprovalResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateApproval not implemented")
 }
 func (UnimplementedWorkerServiceServer) Work(grpc.BidiStreamingServer[WorkRequest, WorkResponse]) error {
 	return status.Error(codes.Unimplemented, "method Work not implemented")
@@ -569,6 +605,24 @@ func _WorkerService_Wait_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkerService_CreateApproval_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateApprovalRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).CreateApproval(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_CreateApproval_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).CreateApproval(ctx, req.(*CreateApprovalRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _WorkerService_Work_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(WorkerServiceServer).Work(&grpc.GenericServerStream[WorkRequest, WorkResponse]{ServerStream: stream})
 }
@@ -632,6 +686,10 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Wait",
 			Handler:    _WorkerService_Wait_Handler,
+		},
+		{
+			MethodName: "CreateApproval",
+			Handler:    _WorkerService_CreateApproval_Handler,
 		},
 		{
 			MethodName: "EmitChunks",

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/admin_service.proto.
  */
 export const file_cyclone_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEinQEKEFdvcmtmbG93RGVhZGxpbmUSEAoId29ya2Zsb3cYASABKAkSKwoIZGVhZGxpbmUYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGc2V0X2J5GAMgASgJEioKBnNldF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGcmVhc29uGAUgASgJImsKGlNldFdvcmtmbG93RGVhZGxpbmVSZXF1ZXN0EhAKCHdvcmtmbG93GAEgASgJEisKCGRlYWRsaW5lGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBnJlYXNvbhgDIAEoCSJNChtTZXRXb3JrZmxvd0RlYWRsaW5lUmVzcG9uc2USLgoIZGVhZGxpbmUYASABKAsyHC5jeWNsb25lLnYxLldvcmtmbG93RGVhZGxpbmUiQAocQ2xlYXJXb3JrZmxvd0RlYWRsaW5lUmVxdWVzdBIQCgh3b3JrZmxvdxgBIAEoCRIOCgZyZWFzb24YAiABKAkiTwodQ2xlYXJXb3JrZmxvd0RlYWRsaW5lUmVzcG9uc2USLgoIZGVhZGxpbmUYASABKAsyHC5jeWNsb25lLnYxLldvcmtmbG93RGVhZGxpbmUiHgocTGlzdFdvcmtmbG93RGVhZGxpbmVzUmVxdWVzdCJQCh1MaXN0V29ya2Zsb3dEZWFkbGluZXNSZXNwb25zZRIvCglkZWFkbGluZXMYASADKAsyHC5jeWNsb25lLnYxLldvcmtmbG93RGVhZGxpbmUi8wEKBUJ1aWxkEhAKCGJ1aWxkX2lkGAEgASgJEhIKCmNvbXBhdGlibGUYAiADKAkSKAoHd29ya2VycxgDIAMoCzIXLmN5Y2xvbmUudjEuQnVpbGRXb3JrZXISFAoMcGlubmVkX25vZGVzGAQgASgDEhMKC3Bpbm5lZF9ydW5zGAUgASgDEg8KB3JldGlyZWQYBiABKAgSLgoKcmV0aXJlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoLQnVpbGRXb3JrZXISEQoJd29ya2VyX2lkGAEgASgJEisKB3NlZW5fYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhMKEUxpc3RCdWlsZHNSZXF1ZXN0IjcKEkxpc3RCdWlsZHNSZXNwb25zZRIhCgZidWlsZHMYASADKAsyES5jeWNsb25lLnYxLkJ1aWxkIjcKFExpc3RCdWlsZFJ1bnNSZXF1ZXN0EhAKCGJ1aWxkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFIjsKCEJ1aWxkUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRINCgVub2RlcxgDIAMoCSI7ChVMaXN0QnVpbGRSdW5zUmVzcG9uc2USIgoEcnVucxgBIAMoCzIULmN5Y2xvbmUudjEuQnVpbGRSdW4iVgoZU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBIQCghidWlsZF9pZBgBIAEoCRIXCg9jb21wYXRpYmxlX3dpdGgYAiABKAkSDgoGcmVhc29uGAMgASgJIj4KGlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEiAKBWJ1aWxkGAEgASgLMhEuY3ljbG9uZS52MS5CdWlsZCI2ChJSZXRpcmVCdWlsZFJlcXVlc3QSEAoIYnVpbGRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjcKE1JldGlyZUJ1aWxkUmVzcG9uc2USIAoFYnVpbGQYASABKAsyES5jeWNsb25lLnYxLkJ1aWxkIk4KEE1vdmVCdWlsZFJlcXVlc3QSFQoNZnJvbV9idWlsZF9pZBgBIAEoCRITCgt0b19idWlsZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPAoRTW92ZUJ1aWxkUmVzcG9uc2USEwoLbm9kZXNfbW92ZWQYASABKAMSEgoKcnVuc19tb3ZlZBgCIAEoAyI8CgxSZXRyeVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDgoGcmVhc29uGAMgASgJIi0KDVJldHJ5UmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUmV0cnlBbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiPwoQUmV0cnlBbGxSZXNwb25zZRINCgVub2RlcxgBIAMoCRIcCgNydW4YAiABKAsyDy5jeWNsb25lLnYxLlJ1biKrAQoOUmVzb2x2ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSKAoGcmVzdWx0GAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASDwoFZXJyb3IYBCABKAlIABIRCgdkaXNjYXJkGAUgASgISAASDgoGcmVhc29uGAYgASgJEg8KB3N0ZXBfaWQYByABKAlCDAoKcmVzb2x1dGlvbiIvCg9SZXNvbHZlUmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUGF1c2VSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoQUGF1c2VSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjIKEFJlc3VtZVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJCChFSZXN1bWVSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjQKFFBhdXNlV29ya2Zsb3dSZXF1ZXN0EgwKBG5hbWUYASABKAkSDgoGcmVhc29uGAIgASgJIk0KFVBhdXNlV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIEiMKBXBhdXNlGAIgASgLMhQuY3ljbG9uZS52MS5SdW5QYXVzZSI1ChVSZXN1bWVXb3JrZmxvd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiKQoWUmVzdW1lV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIIjIKElBhdXNlQWN0aW9uUmVxdWVzdBIMCgRuYW1lGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJLChNQYXVzZUFjdGlvblJlc3BvbnNlEg8KB2NoYW5nZWQYASABKAgSIwoFcGF1c2UYAiABKAsyFC5jeWNsb25lLnYxLlJ1blBhdXNlIjMKE1Jlc3VtZUFjdGlvblJlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiJwoUUmVzdW1lQWN0aW9uUmVzcG9uc2USDwoHY2hhbmdlZBgBIAEoCCITChFMaXN0UGF1c2VzUmVxdWVzdCI3ChJMaXN0UGF1c2VzUmVzcG9uc2USIQoGcGF1c2VzGAEgAygLMhEuY3ljbG9uZS52MS5QYXVzZSLUAwoKQnVsa0FjdGlvbhIOCgZqb2JfaWQYASABKAkSKgoGYWN0aW9uGAIgASgOMhouY3ljbG9uZS52MS5CdWxrQWN0aW9uS2luZBIrCgZmaWx0ZXIYAyABKAsyGy5jeWNsb25lLnYxLkxpc3RSdW5zUmVxdWVzdBIOCgZyZWFzb24YBCABKAkSDQoFYWN0b3IYBSABKAkSKgoFc3RhdGUYBiABKA4yGy5jeWNsb25lLnYxLkJ1bGtBY3Rpb25TdGF0ZRINCgV0b3RhbBgHIAEoAxIWCg50b3RhbF9hdF9sZWFzdBgIIAEoCBIPCgd0b3VjaGVkGAkgASgDEg8KB3NraXBwZWQYCiABKAMSDgoGZmFpbGVkGAsgASgDEhIKCmxhc3RfZXJyb3IYDCABKAkSFAoMY2FuY2VsbGVkX2J5GA0gASgJEi4KCmNyZWF0ZWRfYXQYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYDyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKnAQoWU3RhcnRCdWxrQWN0aW9uUmVxdWVzdBIqCgZhY3Rpb24YASABKA4yGi5jeWNsb25lLnYxLkJ1bGtBY3Rpb25LaW5kEisKBmZpbHRlchgCIAEoCzIbLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXF1ZXN0Eg4KBnJlYXNvbhgDIAEoCRIPCgdkcnlfcnVuGAQgASgIEhMKC2NvbmZpcm1fYWxsGAUgASgIImkKF1N0YXJ0QnVsa0FjdGlvblJlc3BvbnNlEiMKA2pvYhgBIAEoCzIWLmN5Y2xvbmUudjEuQnVsa0FjdGlvbhIPCgdtYXRjaGVkGAIgASgDEhgKEG1hdGNoZWRfYXRfbGVhc3QYAyABKAgiJgoUR2V0QnVsa0FjdGlvblJlcXVlc3QSDgoGam9iX2lkGAEgASgJIjwKFUdldEJ1bGtBY3Rpb25SZXNwb25zZRIjCgNqb2IYASABKAsyFi5jeWNsb25lLnYxLkJ1bGtBY3Rpb24iPwoWTGlzdEJ1bGtBY3Rpb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJYChdMaXN0QnVsa0FjdGlvbnNSZXNwb25zZRIkCgRqb2JzGAEgAygLMhYuY3ljbG9uZS52MS5CdWxrQWN0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIpChdDYW5jZWxCdWxrQWN0aW9uUmVxdWVzdBIOCgZqb2JfaWQYASABKAkiPwoYQ2FuY2VsQnVsa0FjdGlvblJlc3BvbnNlEiMKA2pvYhgBIAEoCzIWLmN5Y2xvbmUudjEuQnVsa0FjdGlvbiK2AQoRU2V0UnVuVGFnc1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEjwKCHNldF90YWdzGAIgAygLMiouY3ljbG9uZS52MS5TZXRSdW5UYWdzUmVxdWVzdC5TZXRUYWdzRW50cnkSEwoLcmVtb3ZlX2tleXMYAyADKAkSDgoGcmVhc29uGAQgASgJGi4KDFNldFRhZ3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjIKElNldFJ1blRhZ3NSZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biqRAQoOQnVsa0FjdGlvbktpbmQSIAocQlVMS19BQ1RJT05fS0lORF9VTlNQRUNJRklFRBAAEhsKF0JVTEtfQUNUSU9OX0tJTkRfQ0FOQ0VMEAESGgoWQlVMS19BQ1RJT05fS0lORF9SRVRSWRACEiQKIEJVTEtfQUNUSU9OX0tJTkRfUkVTT0xWRV9ESVNDQVJEEAMqkAEKD0J1bGtBY3Rpb25TdGF0ZRIhCh1CVUxLX0FDVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEh0KGUJVTEtfQUNUSU9OX1NUQVRFX1JVTk5JTkcQARIaChZCVUxLX0FDVElPTl9TVEFURV9ET05FEAISHwobQlVMS19BQ1RJT05fU1RBVEVfQ0FOQ0VMTEVEEAMypw8KDEFkbWluU2VydmljZRI8CgVSZXRyeRIYLmN5Y2xvbmUudjEuUmV0cnlSZXF1ZXN0GhkuY3ljbG9uZS52MS5SZXRyeVJlc3BvbnNlEkUKCFJldHJ5QWxsEhsuY3ljbG9uZS52MS5SZXRyeUFsbFJlcXVlc3QaHC5jeWNsb25lLnYxLlJldHJ5QWxsUmVzcG9uc2USQgoHUmVzb2x2ZRIaLmN5Y2xvbmUudjEuUmVzb2x2ZVJlcXVlc3QaGy5jeWNsb25lLnYxLlJlc29sdmVSZXNwb25zZRJLCgpMaXN0QnVpbGRzEh0uY3ljbG9uZS52MS5MaXN0QnVpbGRzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdEJ1aWxkc1Jlc3BvbnNlElQKDUxpc3RCdWlsZFJ1bnMSIC5jeWNsb25lLnYxLkxpc3RCdWlsZFJ1bnNSZXF1ZXN0GiEuY3ljbG9uZS52MS5MaXN0QnVpbGRSdW5zUmVzcG9uc2USYwoSU2V0QnVpbGRDb21wYXRpYmxlEiUuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXF1ZXN0GiYuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXNwb25zZRJOCgtSZXRpcmVCdWlsZBIeLmN5Y2xvbmUudjEuUmV0aXJlQnVpbGRSZXF1ZXN0Gh8uY3ljbG9uZS52MS5SZXRpcmVCdWlsZFJlc3BvbnNlEkgKCU1vdmVCdWlsZBIcLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVxdWVzdBodLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVzcG9uc2USSwoKU2V0UnVuVGFncxIdLmN5Y2xvbmUudjEuU2V0UnVuVGFnc1JlcXVlc3QaHi5jeWNsb25lLnYxLlNldFJ1blRhZ3NSZXNwb25zZRJFCghQYXVzZVJ1bhIbLmN5Y2xvbmUudjEuUGF1c2VSdW5SZXF1ZXN0GhwuY3ljbG9uZS52MS5QYXVzZVJ1blJlc3BvbnNlEkgKCVJlc3VtZVJ1bhIcLmN5Y2xvbmUudjEuUmVzdW1lUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuUmVzdW1lUnVuUmVzcG9uc2USVAoNUGF1c2VXb3JrZmxvdxIgLmN5Y2xvbmUudjEuUGF1c2VXb3JrZmxvd1JlcXVlc3QaIS5jeWNsb25lLnYxLlBhdXNlV29ya2Zsb3dSZXNwb25zZRJXCg5SZXN1bWVXb3JrZmxvdxIhLmN5Y2xvbmUudjEuUmVzdW1lV29ya2Zsb3dSZXF1ZXN0GiIuY3ljbG9uZS52MS5SZXN1bWVXb3JrZmxvd1Jlc3BvbnNlEk4KC1BhdXNlQWN0aW9uEh4uY3ljbG9uZS52MS5QYXVzZUFjdGlvblJlcXVlc3QaHy5jeWNsb25lLnYxLlBhdXNlQWN0aW9uUmVzcG9uc2USUQoMUmVzdW1lQWN0aW9uEh8uY3ljbG9uZS52MS5SZXN1bWVBY3Rpb25SZXF1ZXN0GiAuY3ljbG9uZS52MS5SZXN1bWVBY3Rpb25SZXNwb25zZRJLCgpMaXN0UGF1c2VzEh0uY3ljbG9uZS52MS5MaXN0UGF1c2VzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdFBhdXNlc1Jlc3BvbnNlEloKD1N0YXJ0QnVsa0FjdGlvbhIiLmN5Y2xvbmUudjEuU3RhcnRCdWxrQWN0aW9uUmVxdWVzdBojLmN5Y2xvbmUudjEuU3RhcnRCdWxrQWN0aW9uUmVzcG9uc2USVAoNR2V0QnVsa0FjdGlvbhIgLmN5Y2xvbmUudjEuR2V0QnVsa0FjdGlvblJlcXVlc3QaIS5jeWNsb25lLnYxLkdldEJ1bGtBY3Rpb25SZXNwb25zZRJaCg9MaXN0QnVsa0FjdGlvbnMSIi5jeWNsb25lLnYxLkxpc3RCdWxrQWN0aW9uc1JlcXVlc3QaIy5jeWNsb25lLnYxLkxpc3RCdWxrQWN0aW9uc1Jlc3BvbnNlEl0KEENhbmNlbEJ1bGtBY3Rpb24SIy5jeWNsb25lLnYxLkNhbmNlbEJ1bGtBY3Rpb25SZXF1ZXN0GiQuY3ljbG9uZS52MS5DYW5jZWxCdWxrQWN0aW9uUmVzcG9uc2USZgoTU2V0V29ya2Zsb3dEZWFkbGluZRImLmN5Y2xvbmUudjEuU2V0V29ya2Zsb3dEZWFkbGluZVJlcXVlc3QaJy5jeWNsb25lLnYxLlNldFdvcmtmbG93RGVhZGxpbmVSZXNwb25zZRJsChVDbGVhcldvcmtmbG93RGVhZGxpbmUSKC5jeWNsb25lLnYxLkNsZWFyV29ya2Zsb3dEZWFkbGluZVJlcXVlc3QaKS5jeWNsb25lLnYxLkNsZWFyV29ya2Zsb3dEZWFkbGluZVJlc3BvbnNlEmwKFUxpc3RXb3JrZmxvd0RlYWRsaW5lcxIoLmN5Y2xvbmUudjEuTGlzdFdvcmtmbG93RGVhZGxpbmVzUmVxdWVzdBopLmN5Y2xvbmUudjEuTGlzdFdvcmtmbG93RGVhZGxpbmVzUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_cyclone_v1_workflow_service, file_google_protobuf_struct, file_google_protobuf_timestamp, file_google_protobuf_duration]);
+  fileDesc("Ch5jeWNsb25lL3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEinQEKEFdvcmtmbG93RGVhZGxpbmUSEAoId29ya2Zsb3cYASABKAkSKwoIZGVhZGxpbmUYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGc2V0X2J5GAMgASgJEioKBnNldF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGcmVhc29uGAUgASgJImsKGlNldFdvcmtmbG93RGVhZGxpbmVSZXF1ZXN0EhAKCHdvcmtmbG93GAEgASgJEisKCGRlYWRsaW5lGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBnJlYXNvbhgDIAEoCSJNChtTZXRXb3JrZmxvd0RlYWRsaW5lUmVzcG9uc2USLgoIZGVhZGxpbmUYASABKAsyHC5jeWNsb25lLnYxLldvcmtmbG93RGVhZGxpbmUiQAocQ2xlYXJXb3JrZmxvd0RlYWRsaW5lUmVxdWVzdBIQCgh3b3JrZmxvdxgBIAEoCRIOCgZyZWFzb24YAiABKAkiTwodQ2xlYXJXb3JrZmxvd0RlYWRsaW5lUmVzcG9uc2USLgoIZGVhZGxpbmUYASABKAsyHC5jeWNsb25lLnYxLldvcmtmbG93RGVhZGxpbmUiHgocTGlzdFdvcmtmbG93RGVhZGxpbmVzUmVxdWVzdCJQCh1MaXN0V29ya2Zsb3dEZWFkbGluZXNSZXNwb25zZRIvCglkZWFkbGluZXMYASADKAsyHC5jeWNsb25lLnYxLldvcmtmbG93RGVhZGxpbmUi8wEKBUJ1aWxkEhAKCGJ1aWxkX2lkGAEgASgJEhIKCmNvbXBhdGlibGUYAiADKAkSKAoHd29ya2VycxgDIAMoCzIXLmN5Y2xvbmUudjEuQnVpbGRXb3JrZXISFAoMcGlubmVkX25vZGVzGAQgASgDEhMKC3Bpbm5lZF9ydW5zGAUgASgDEg8KB3JldGlyZWQYBiABKAgSLgoKcmV0aXJlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoLQnVpbGRXb3JrZXISEQoJd29ya2VyX2lkGAEgASgJEisKB3NlZW5fYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhMKEUxpc3RCdWlsZHNSZXF1ZXN0IjcKEkxpc3RCdWlsZHNSZXNwb25zZRIhCgZidWlsZHMYASADKAsyES5jeWNsb25lLnYxLkJ1aWxkIjcKFExpc3RCdWlsZFJ1bnNSZXF1ZXN0EhAKCGJ1aWxkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgFIjsKCEJ1aWxkUnVuEg4KBnJ1bl9pZBgBIAEoCRIQCgh3b3JrZmxvdxgCIAEoCRINCgVub2RlcxgDIAMoCSI7ChVMaXN0QnVpbGRSdW5zUmVzcG9uc2USIgoEcnVucxgBIAMoCzIULmN5Y2xvbmUudjEuQnVpbGRSdW4iVgoZU2V0QnVpbGRDb21wYXRpYmxlUmVxdWVzdBIQCghidWlsZF9pZBgBIAEoCRIXCg9jb21wYXRpYmxlX3dpdGgYAiABKAkSDgoGcmVhc29uGAMgASgJIj4KGlNldEJ1aWxkQ29tcGF0aWJsZVJlc3BvbnNlEiAKBWJ1aWxkGAEgASgLMhEuY3ljbG9uZS52MS5CdWlsZCI2ChJSZXRpcmVCdWlsZFJlcXVlc3QSEAoIYnVpbGRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjcKE1JldGlyZUJ1aWxkUmVzcG9uc2USIAoFYnVpbGQYASABKAsyES5jeWNsb25lLnYxLkJ1aWxkIk4KEE1vdmVCdWlsZFJlcXVlc3QSFQoNZnJvbV9idWlsZF9pZBgBIAEoCRITCgt0b19idWlsZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPAoRTW92ZUJ1aWxkUmVzcG9uc2USEwoLbm9kZXNfbW92ZWQYASABKAMSEgoKcnVuc19tb3ZlZBgCIAEoAyI8CgxSZXRyeVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDgoGcmVhc29uGAMgASgJIi0KDVJldHJ5UmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUmV0cnlBbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiPwoQUmV0cnlBbGxSZXNwb25zZRINCgVub2RlcxgBIAMoCRIcCgNydW4YAiABKAsyDy5jeWNsb25lLnYxLlJ1biKrAQoOUmVzb2x2ZVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSKAoGcmVzdWx0GAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASDwoFZXJyb3IYBCABKAlIABIRCgdkaXNjYXJkGAUgASgISAASDgoGcmVhc29uGAYgASgJEg8KB3N0ZXBfaWQYByABKAlCDAoKcmVzb2x1dGlvbiIvCg9SZXNvbHZlUmVzcG9uc2USHAoDcnVuGAEgASgLMg8uY3ljbG9uZS52MS5SdW4iMQoPUGF1c2VSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoQUGF1c2VSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjIKEFJlc3VtZVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJCChFSZXN1bWVSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIIjQKFFBhdXNlV29ya2Zsb3dSZXF1ZXN0EgwKBG5hbWUYASABKAkSDgoGcmVhc29uGAIgASgJIk0KFVBhdXNlV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIEiMKBXBhdXNlGAIgASgLMhQuY3ljbG9uZS52MS5SdW5QYXVzZSI1ChVSZXN1bWVXb3JrZmxvd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiKQoWUmVzdW1lV29ya2Zsb3dSZXNwb25zZRIPCgdjaGFuZ2VkGAEgASgIIjIKElBhdXNlQWN0aW9uUmVxdWVzdBIMCgRuYW1lGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJLChNQYXVzZUFjdGlvblJlc3BvbnNlEg8KB2NoYW5nZWQYASABKAgSIwoFcGF1c2UYAiABKAsyFC5jeWNsb25lLnYxLlJ1blBhdXNlIjMKE1Jlc3VtZUFjdGlvblJlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZyZWFzb24YAiABKAkiJwoUUmVzdW1lQWN0aW9uUmVzcG9uc2USDwoHY2hhbmdlZBgBIAEoCCITChFMaXN0UGF1c2VzUmVxdWVzdCI3ChJMaXN0UGF1c2VzUmVzcG9uc2USIQoGcGF1c2VzGAEgAygLMhEuY3ljbG9uZS52MS5QYXVzZSLUAwoKQnVsa0FjdGlvbhIOCgZqb2JfaWQYASABKAkSKgoGYWN0aW9uGAIgASgOMhouY3ljbG9uZS52MS5CdWxrQWN0aW9uS2luZBIrCgZmaWx0ZXIYAyABKAsyGy5jeWNsb25lLnYxLkxpc3RSdW5zUmVxdWVzdBIOCgZyZWFzb24YBCABKAkSDQoFYWN0b3IYBSABKAkSKgoFc3RhdGUYBiABKA4yGy5jeWNsb25lLnYxLkJ1bGtBY3Rpb25TdGF0ZRINCgV0b3RhbBgHIAEoAxIWCg50b3RhbF9hdF9sZWFzdBgIIAEoCBIPCgd0b3VjaGVkGAkgASgDEg8KB3NraXBwZWQYCiABKAMSDgoGZmFpbGVkGAsgASgDEhIKCmxhc3RfZXJyb3IYDCABKAkSFAoMY2FuY2VsbGVkX2J5GA0gASgJEi4KCmNyZWF0ZWRfYXQYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYDyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKnAQoWU3RhcnRCdWxrQWN0aW9uUmVxdWVzdBIqCgZhY3Rpb24YASABKA4yGi5jeWNsb25lLnYxLkJ1bGtBY3Rpb25LaW5kEisKBmZpbHRlchgCIAEoCzIbLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXF1ZXN0Eg4KBnJlYXNvbhgDIAEoCRIPCgdkcnlfcnVuGAQgASgIEhMKC2NvbmZpcm1fYWxsGAUgASgIImkKF1N0YXJ0QnVsa0FjdGlvblJlc3BvbnNlEiMKA2pvYhgBIAEoCzIWLmN5Y2xvbmUudjEuQnVsa0FjdGlvbhIPCgdtYXRjaGVkGAIgASgDEhgKEG1hdGNoZWRfYXRfbGVhc3QYAyABKAgiJgoUR2V0QnVsa0FjdGlvblJlcXVlc3QSDgoGam9iX2lkGAEgASgJIjwKFUdldEJ1bGtBY3Rpb25SZXNwb25zZRIjCgNqb2IYASABKAsyFi5jeWNsb25lLnYxLkJ1bGtBY3Rpb24iPwoWTGlzdEJ1bGtBY3Rpb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJYChdMaXN0QnVsa0FjdGlvbnNSZXNwb25zZRIkCgRqb2JzGAEgAygLMhYuY3ljbG9uZS52MS5CdWxrQWN0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIpChdDYW5jZWxCdWxrQWN0aW9uUmVxdWVzdBIOCgZqb2JfaWQYASABKAkiPwoYQ2FuY2VsQnVsa0FjdGlvblJlc3BvbnNlEiMKA2pvYhgBIAEoCzIWLmN5Y2xvbmUudjEuQnVsa0FjdGlvbiK2AQoRU2V0UnVuVGFnc1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEjwKCHNldF90YWdzGAIgAygLMiouY3ljbG9uZS52MS5TZXRSdW5UYWdzUmVxdWVzdC5TZXRUYWdzRW50cnkSEwoLcmVtb3ZlX2tleXMYAyADKAkSDgoGcmVhc29uGAQgASgJGi4KDFNldFRhZ3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjIKElNldFJ1blRhZ3NSZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biK9AgoIQXBwcm92YWwSEwoLYXBwcm92YWxfaWQYASABKAkSDgoGcnVuX2lkGAIgASgJEgwKBG5vZGUYAyABKAkSDwoHc3RlcF9pZBgEIAEoCRINCgV0aXRsZRgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpleHBpcmVzX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpkZWNpZGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpkZWNpZGVkX2J5GAkgASgJEigKCGRlY2lzaW9uGAogASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhAKCHdvcmtmbG93GAsgASgJIkIKFExpc3RBcHByb3ZhbHNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRILCgNhbGwYAiABKAgSDQoFbGltaXQYAyABKAUiQAoVTGlzdEFwcHJvdmFsc1Jlc3BvbnNlEicKCWFwcHJvdmFscxgBIAMoCzIULmN5Y2xvbmUudjEuQXBwcm92YWwiTwoVRGVjaWRlQXBwcm92YWxSZXF1ZXN0EhMKC2FwcHJvdmFsX2lkGAEgASgJEhAKCGFwcHJvdmVkGAIgASgIEg8KB2NvbW1lbnQYAyABKAkiQAoWRGVjaWRlQXBwcm92YWxSZXNwb25zZRImCghhcHByb3ZhbBgBIAEoCzIULmN5Y2xvbmUudjEuQXBwcm92YWwiwQEKB1dlYmhvb2sSDAoEbmFtZRgBIAEoCRIwCgpzZW5kX2V2ZW50GAIgASgLMhwuY3ljbG9uZS52MS5XZWJob29rU2VuZEV2ZW50EjIKC3N1Ym1pdF9vbmNlGAMgASgLMh0uY3ljbG9uZS52MS5XZWJob29rU3VibWl0T25jZRISCgpjcmVhdGVkX2J5GAQgASgJEi4KCmNyZWF0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjkKEFdlYmhvb2tTZW5kRXZlbnQSFgoOcnVuX2lkX3BvaW50ZXIYASABKAkSDQoFZXZlbnQYAiABKAkiOgoRV2ViaG9va1N1Ym1pdE9uY2USEAoId29ya2Zsb3cYASABKAkSEwoLa2V5X3BvaW50ZXIYAiABKAkiTAoUQ3JlYXRlV2ViaG9va1JlcXVlc3QSJAoHd2ViaG9vaxgBIAEoCzITLmN5Y2xvbmUudjEuV2ViaG9vaxIOCgZzZWNyZXQYAiABKAkiTQoVQ3JlYXRlV2ViaG9va1Jlc3BvbnNlEiQKB3dlYmhvb2sYASABKAsyEy5jeWNsb25lLnYxLldlYmhvb2sSDgoGc2VjcmV0GAIgASgJIhUKE0xpc3RXZWJob29rc1JlcXVlc3QiPQoUTGlzdFdlYmhvb2tzUmVzcG9uc2USJQoId2ViaG9va3MYASADKAsyEy5jeWNsb25lLnYxLldlYmhvb2siJAoURGVsZXRlV2ViaG9va1JlcXVlc3QSDAoEbmFtZRgBIAEoCSI9ChVEZWxldGVXZWJob29rUmVzcG9uc2USJAoHd2ViaG9vaxgBIAEoCzITLmN5Y2xvbmUudjEuV2ViaG9vayqRAQoOQnVsa0FjdGlvbktpbmQSIAocQlVMS19BQ1RJT05fS0lORF9VTlNQRUNJRklFRBAAEhsKF0JVTEtfQUNUSU9OX0tJTkRfQ0FOQ0VMEAESGgoWQlVMS19BQ1RJT05fS0lORF9SRVRSWRACEiQKIEJVTEtfQUNUSU9OX0tJTkRfUkVTT0xWRV9ESVNDQVJEEAMqkAEKD0J1bGtBY3Rpb25TdGF0ZRIhCh1CVUxLX0FDVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEh0KGUJVTEtfQUNUSU9OX1NUQVRFX1JVTk5JTkcQARIaChZCVUxLX0FDVElPTl9TVEFURV9ET05FEAISHwobQlVMS19BQ1RJT05fU1RBVEVfQ0FOQ0VMTEVEEAMy1RIKDEFkbWluU2VydmljZRI8CgVSZXRyeRIYLmN5Y2xvbmUudjEuUmV0cnlSZXF1ZXN0GhkuY3ljbG9uZS52MS5SZXRyeVJlc3BvbnNlEkUKCFJldHJ5QWxsEhsuY3ljbG9uZS52MS5SZXRyeUFsbFJlcXVlc3QaHC5jeWNsb25lLnYxLlJldHJ5QWxsUmVzcG9uc2USQgoHUmVzb2x2ZRIaLmN5Y2xvbmUudjEuUmVzb2x2ZVJlcXVlc3QaGy5jeWNsb25lLnYxLlJlc29sdmVSZXNwb25zZRJLCgpMaXN0QnVpbGRzEh0uY3ljbG9uZS52MS5MaXN0QnVpbGRzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdEJ1aWxkc1Jlc3BvbnNlElQKDUxpc3RCdWlsZFJ1bnMSIC5jeWNsb25lLnYxLkxpc3RCdWlsZFJ1bnNSZXF1ZXN0GiEuY3ljbG9uZS52MS5MaXN0QnVpbGRSdW5zUmVzcG9uc2USYwoSU2V0QnVpbGRDb21wYXRpYmxlEiUuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXF1ZXN0GiYuY3ljbG9uZS52MS5TZXRCdWlsZENvbXBhdGlibGVSZXNwb25zZRJOCgtSZXRpcmVCdWlsZBIeLmN5Y2xvbmUudjEuUmV0aXJlQnVpbGRSZXF1ZXN0Gh8uY3ljbG9uZS52MS5SZXRpcmVCdWlsZFJlc3BvbnNlEkgKCU1vdmVCdWlsZBIcLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVxdWVzdBodLmN5Y2xvbmUudjEuTW92ZUJ1aWxkUmVzcG9uc2USSwoKU2V0UnVuVGFncxIdLmN5Y2xvbmUudjEuU2V0UnVuVGFnc1JlcXVlc3QaHi5jeWNsb25lLnYxLlNldFJ1blRhZ3NSZXNwb25zZRJFCghQYXVzZVJ1bhIbLmN5Y2xvbmUudjEuUGF1c2VSdW5SZXF1ZXN0GhwuY3ljbG9uZS52MS5QYXVzZVJ1blJlc3BvbnNlEkgKCVJlc3VtZVJ1bhIcLmN5Y2xvbmUudjEuUmVzdW1lUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuUmVzdW1lUnVuUmVzcG9uc2USVAoNUGF1c2VXb3JrZmxvdxIgLmN5Y2xvbmUudjEuUGF1c2VXb3JrZmxvd1JlcXVlc3QaIS5jeWNsb25lLnYxLlBhdXNlV29ya2Zsb3dSZXNwb25zZRJXCg5SZXN1bWVXb3JrZmxvdxIhLmN5Y2xvbmUudjEuUmVzdW1lV29ya2Zsb3dSZXF1ZXN0GiIuY3ljbG9uZS52MS5SZXN1bWVXb3JrZmxvd1Jlc3BvbnNlEk4KC1BhdXNlQWN0aW9uEh4uY3ljbG9uZS52MS5QYXVzZUFjdGlvblJlcXVlc3QaHy5jeWNsb25lLnYxLlBhdXNlQWN0aW9uUmVzcG9uc2USUQoMUmVzdW1lQWN0aW9uEh8uY3ljbG9uZS52MS5SZXN1bWVBY3Rpb25SZXF1ZXN0GiAuY3ljbG9uZS52MS5SZXN1bWVBY3Rpb25SZXNwb25zZRJLCgpMaXN0UGF1c2VzEh0uY3ljbG9uZS52MS5MaXN0UGF1c2VzUmVxdWVzdBoeLmN5Y2xvbmUudjEuTGlzdFBhdXNlc1Jlc3BvbnNlEloKD1N0YXJ0QnVsa0FjdGlvbhIiLmN5Y2xvbmUudjEuU3RhcnRCdWxrQWN0aW9uUmVxdWVzdBojLmN5Y2xvbmUudjEuU3RhcnRCdWxrQWN0aW9uUmVzcG9uc2USVAoNR2V0QnVsa0FjdGlvbhIgLmN5Y2xvbmUudjEuR2V0QnVsa0FjdGlvblJlcXVlc3QaIS5jeWNsb25lLnYxLkdldEJ1bGtBY3Rpb25SZXNwb25zZRJaCg9MaXN0QnVsa0FjdGlvbnMSIi5jeWNsb25lLnYxLkxpc3RCdWxrQWN0aW9uc1JlcXVlc3QaIy5jeWNsb25lLnYxLkxpc3RCdWxrQWN0aW9uc1Jlc3BvbnNlEl0KEENhbmNlbEJ1bGtBY3Rpb24SIy5jeWNsb25lLnYxLkNhbmNlbEJ1bGtBY3Rpb25SZXF1ZXN0GiQuY3ljbG9uZS52MS5DYW5jZWxCdWxrQWN0aW9uUmVzcG9uc2USZgoTU2V0V29ya2Zsb3dEZWFkbGluZRImLmN5Y2xvbmUudjEuU2V0V29ya2Zsb3dEZWFkbGluZVJlcXVlc3QaJy5jeWNsb25lLnYxLlNldFdvcmtmbG93RGVhZGxpbmVSZXNwb25zZRJsChVDbGVhcldvcmtmbG93RGVhZGxpbmUSKC5jeWNsb25lLnYxLkNsZWFyV29ya2Zsb3dEZWFkbGluZVJlcXVlc3QaKS5jeWNsb25lLnYxLkNsZWFyV29ya2Zsb3dEZWFkbGluZVJlc3BvbnNlEmwKFUxpc3RXb3JrZmxvd0RlYWRsaW5lcxIoLmN5Y2xvbmUudjEuTGlzdFdvcmtmbG93RGVhZGxpbmVzUmVxdWVzdBopLmN5Y2xvbmUudjEuTGlzdFdvcmtmbG93RGVhZGxpbmVzUmVzcG9uc2USVAoNTGlzdEFwcHJvdmFscxIgLmN5Y2xvbmUudjEuTGlzdEFwcHJvdmFsc1JlcXVlc3QaIS5jeWNsb25lLnYxLkxpc3RBcHByb3ZhbHNSZXNwb25zZRJXCg5EZWNpZGVBcHByb3ZhbBIhLmN5Y2xvbmUudjEuRGVjaWRlQXBwcm92YWxSZXF1ZXN0GiIuY3ljbG9uZS52MS5EZWNpZGVBcHByb3ZhbFJlc3BvbnNlElQKDUNyZWF0ZVdlYmhvb2sSIC5jeWNsb25lLnYxLkNyZWF0ZVdlYmhvb2tSZXF1ZXN0GiEuY3ljbG9uZS52MS5DcmVhdGVXZWJob29rUmVzcG9uc2USUQoMTGlzdFdlYmhvb2tzEh8uY3ljbG9uZS52MS5MaXN0V2ViaG9va3NSZXF1ZXN0GiAuY3ljbG9uZS52MS5MaXN0V2ViaG9va3NSZXNwb25zZRJUCg1EZWxldGVXZWJob29rEiAuY3ljbG9uZS52MS5EZWxldGVXZWJob29rUmVxdWVzdBohLmN5Y2xvbmUudjEuRGVsZXRlV2ViaG9va1Jlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_cyclone_v1_workflow_service, file_google_protobuf_struct, file_google_protobuf_timestamp, file_google_protobuf_duration]);
 
 /**
  * A workflow's default deadline, as SetWorkflowDeadline set it.
@@ -1576,6 +1576,453 @@ export const SetRunTagsResponseSchema: GenMessage<SetRunTagsResponse> = /*@__PUR
   messageDesc(file_cyclone_v1_admin_service, 50);
 
 /**
+ * An approval a durable function asked for (WorkerService.CreateApproval).
+ *
+ * @generated from message cyclone.v1.Approval
+ */
+export type Approval = Message<"cyclone.v1.Approval"> & {
+  /**
+   * Its id.
+   *
+   * @generated from field: string approval_id = 1;
+   */
+  approvalId: string;
+
+  /**
+   * The run that asked for it.
+   *
+   * @generated from field: string run_id = 2;
+   */
+  runId: string;
+
+  /**
+   * The node whose body asked for it.
+   *
+   * @generated from field: string node = 3;
+   */
+  node: string;
+
+  /**
+   * The approval call's step id in that node's journal.
+   *
+   * @generated from field: string step_id = 4;
+   */
+  stepId: string;
+
+  /**
+   * What is asked, as the body gave it.
+   *
+   * @generated from field: string title = 5;
+   */
+  title: string;
+
+  /**
+   * When it was created (or its token last replaced).
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 6;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * When its token stops working.
+   *
+   * @generated from field: google.protobuf.Timestamp expires_at = 7;
+   */
+  expiresAt?: Timestamp | undefined;
+
+  /**
+   * When it was decided (unset while pending).
+   *
+   * @generated from field: google.protobuf.Timestamp decided_at = 8;
+   */
+  decidedAt?: Timestamp | undefined;
+
+  /**
+   * Who decided it: "callback" for its URL, or the actor of DecideApproval.
+   *
+   * @generated from field: string decided_by = 9;
+   */
+  decidedBy: string;
+
+  /**
+   * The payload the body got (null while pending).
+   *
+   * @generated from field: google.protobuf.Value decision = 10;
+   */
+  decision?: Value | undefined;
+
+  /**
+   * The run's workflow name.
+   *
+   * @generated from field: string workflow = 11;
+   */
+  workflow: string;
+};
+
+/**
+ * Describes the message cyclone.v1.Approval.
+ * Use `create(ApprovalSchema)` to create a new message.
+ */
+export const ApprovalSchema: GenMessage<Approval> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 51);
+
+/**
+ * Arguments of AdminService.ListApprovals.
+ *
+ * @generated from message cyclone.v1.ListApprovalsRequest
+ */
+export type ListApprovalsRequest = Message<"cyclone.v1.ListApprovalsRequest"> & {
+  /**
+   * Only this run's approvals (empty: every run's).
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * Every approval, not only the pending ones.
+   *
+   * @generated from field: bool all = 2;
+   */
+  all: boolean;
+
+  /**
+   * At most this many (0: 100; at most 1000).
+   *
+   * @generated from field: int32 limit = 3;
+   */
+  limit: number;
+};
+
+/**
+ * Describes the message cyclone.v1.ListApprovalsRequest.
+ * Use `create(ListApprovalsRequestSchema)` to create a new message.
+ */
+export const ListApprovalsRequestSchema: GenMessage<ListApprovalsRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 52);
+
+/**
+ * Result of AdminService.ListApprovals.
+ *
+ * @generated from message cyclone.v1.ListApprovalsResponse
+ */
+export type ListApprovalsResponse = Message<"cyclone.v1.ListApprovalsResponse"> & {
+  /**
+   * The approvals, newest first.
+   *
+   * @generated from field: repeated cyclone.v1.Approval approvals = 1;
+   */
+  approvals: Approval[];
+};
+
+/**
+ * Describes the message cyclone.v1.ListApprovalsResponse.
+ * Use `create(ListApprovalsResponseSchema)` to create a new message.
+ */
+export const ListApprovalsResponseSchema: GenMessage<ListApprovalsResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 53);
+
+/**
+ * Arguments of AdminService.DecideApproval.
+ *
+ * @generated from message cyclone.v1.DecideApprovalRequest
+ */
+export type DecideApprovalRequest = Message<"cyclone.v1.DecideApprovalRequest"> & {
+  /**
+   * The approval, by id.
+   *
+   * @generated from field: string approval_id = 1;
+   */
+  approvalId: string;
+
+  /**
+   * Approve (true) or reject (false).
+   *
+   * @generated from field: bool approved = 2;
+   */
+  approved: boolean;
+
+  /**
+   * A comment for the body (at most 1000 characters).
+   *
+   * @generated from field: string comment = 3;
+   */
+  comment: string;
+};
+
+/**
+ * Describes the message cyclone.v1.DecideApprovalRequest.
+ * Use `create(DecideApprovalRequestSchema)` to create a new message.
+ */
+export const DecideApprovalRequestSchema: GenMessage<DecideApprovalRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 54);
+
+/**
+ * Result of AdminService.DecideApproval.
+ *
+ * @generated from message cyclone.v1.DecideApprovalResponse
+ */
+export type DecideApprovalResponse = Message<"cyclone.v1.DecideApprovalResponse"> & {
+  /**
+   * The approval after the decision.
+   *
+   * @generated from field: cyclone.v1.Approval approval = 1;
+   */
+  approval?: Approval | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.DecideApprovalResponse.
+ * Use `create(DecideApprovalResponseSchema)` to create a new message.
+ */
+export const DecideApprovalResponseSchema: GenMessage<DecideApprovalResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 55);
+
+/**
+ * A webhook endpoint (AdminService.CreateWebhook). Exactly one of send_event and
+ * submit_once.
+ *
+ * @generated from message cyclone.v1.Webhook
+ */
+export type Webhook = Message<"cyclone.v1.Webhook"> & {
+  /**
+   * Its name: POST /webhooks/<name>. 1 to 100 letters, digits, "-", "_" or ".".
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Sends an event to a run.
+   *
+   * @generated from field: cyclone.v1.WebhookSendEvent send_event = 2;
+   */
+  sendEvent?: WebhookSendEvent | undefined;
+
+  /**
+   * Submits a run once per key.
+   *
+   * @generated from field: cyclone.v1.WebhookSubmitOnce submit_once = 3;
+   */
+  submitOnce?: WebhookSubmitOnce | undefined;
+
+  /**
+   * Who made it.
+   *
+   * @generated from field: string created_by = 4;
+   */
+  createdBy: string;
+
+  /**
+   * When it was made.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 5;
+   */
+  createdAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.Webhook.
+ * Use `create(WebhookSchema)` to create a new message.
+ */
+export const WebhookSchema: GenMessage<Webhook> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 56);
+
+/**
+ * A webhook that sends the event `event`, with the delivery's JSON body as its payload,
+ * to the run whose id is at run_id_pointer in that body.
+ *
+ * @generated from message cyclone.v1.WebhookSendEvent
+ */
+export type WebhookSendEvent = Message<"cyclone.v1.WebhookSendEvent"> & {
+  /**
+   * A JSON pointer (RFC 6901), e.g. "/run_id".
+   *
+   * @generated from field: string run_id_pointer = 1;
+   */
+  runIdPointer: string;
+
+  /**
+   * The event's name.
+   *
+   * @generated from field: string event = 2;
+   */
+  event: string;
+};
+
+/**
+ * Describes the message cyclone.v1.WebhookSendEvent.
+ * Use `create(WebhookSendEventSchema)` to create a new message.
+ */
+export const WebhookSendEventSchema: GenMessage<WebhookSendEvent> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 57);
+
+/**
+ * A webhook that submits a run of `workflow` (the one-node workflow of a durable
+ * function, as `client.start` submits it) with the delivery's JSON body as its input,
+ * at most one per key: the value at key_pointer in the body (SubmitOnce).
+ *
+ * @generated from message cyclone.v1.WebhookSubmitOnce
+ */
+export type WebhookSubmitOnce = Message<"cyclone.v1.WebhookSubmitOnce"> & {
+  /**
+   * The workflow (and action) name.
+   *
+   * @generated from field: string workflow = 1;
+   */
+  workflow: string;
+
+  /**
+   * A JSON pointer (RFC 6901), e.g. "/order/id": a string or a number.
+   *
+   * @generated from field: string key_pointer = 2;
+   */
+  keyPointer: string;
+};
+
+/**
+ * Describes the message cyclone.v1.WebhookSubmitOnce.
+ * Use `create(WebhookSubmitOnceSchema)` to create a new message.
+ */
+export const WebhookSubmitOnceSchema: GenMessage<WebhookSubmitOnce> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 58);
+
+/**
+ * Arguments of AdminService.CreateWebhook.
+ *
+ * @generated from message cyclone.v1.CreateWebhookRequest
+ */
+export type CreateWebhookRequest = Message<"cyclone.v1.CreateWebhookRequest"> & {
+  /**
+   * The endpoint: name and one action (created_by and created_at are ignored).
+   *
+   * @generated from field: cyclone.v1.Webhook webhook = 1;
+   */
+  webhook?: Webhook | undefined;
+
+  /**
+   * The HMAC-SHA256 key of its signatures, 16 to 200 characters; empty: the server
+   * makes one (answered once).
+   *
+   * @generated from field: string secret = 2;
+   */
+  secret: string;
+};
+
+/**
+ * Describes the message cyclone.v1.CreateWebhookRequest.
+ * Use `create(CreateWebhookRequestSchema)` to create a new message.
+ */
+export const CreateWebhookRequestSchema: GenMessage<CreateWebhookRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 59);
+
+/**
+ * Result of AdminService.CreateWebhook.
+ *
+ * @generated from message cyclone.v1.CreateWebhookResponse
+ */
+export type CreateWebhookResponse = Message<"cyclone.v1.CreateWebhookResponse"> & {
+  /**
+   * The endpoint made.
+   *
+   * @generated from field: cyclone.v1.Webhook webhook = 1;
+   */
+  webhook?: Webhook | undefined;
+
+  /**
+   * The secret, when the server made it (empty when the request gave one).
+   *
+   * @generated from field: string secret = 2;
+   */
+  secret: string;
+};
+
+/**
+ * Describes the message cyclone.v1.CreateWebhookResponse.
+ * Use `create(CreateWebhookResponseSchema)` to create a new message.
+ */
+export const CreateWebhookResponseSchema: GenMessage<CreateWebhookResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 60);
+
+/**
+ * Arguments of AdminService.ListWebhooks.
+ *
+ * @generated from message cyclone.v1.ListWebhooksRequest
+ */
+export type ListWebhooksRequest = Message<"cyclone.v1.ListWebhooksRequest"> & {
+};
+
+/**
+ * Describes the message cyclone.v1.ListWebhooksRequest.
+ * Use `create(ListWebhooksRequestSchema)` to create a new message.
+ */
+export const ListWebhooksRequestSchema: GenMessage<ListWebhooksRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 61);
+
+/**
+ * Result of AdminService.ListWebhooks.
+ *
+ * @generated from message cyclone.v1.ListWebhooksResponse
+ */
+export type ListWebhooksResponse = Message<"cyclone.v1.ListWebhooksResponse"> & {
+  /**
+   * The endpoints, by name.
+   *
+   * @generated from field: repeated cyclone.v1.Webhook webhooks = 1;
+   */
+  webhooks: Webhook[];
+};
+
+/**
+ * Describes the message cyclone.v1.ListWebhooksResponse.
+ * Use `create(ListWebhooksResponseSchema)` to create a new message.
+ */
+export const ListWebhooksResponseSchema: GenMessage<ListWebhooksResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 62);
+
+/**
+ * Arguments of AdminService.DeleteWebhook.
+ *
+ * @generated from message cyclone.v1.DeleteWebhookRequest
+ */
+export type DeleteWebhookRequest = Message<"cyclone.v1.DeleteWebhookRequest"> & {
+  /**
+   * The endpoint, by name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+};
+
+/**
+ * Describes the message cyclone.v1.DeleteWebhookRequest.
+ * Use `create(DeleteWebhookRequestSchema)` to create a new message.
+ */
+export const DeleteWebhookRequestSchema: GenMessage<DeleteWebhookRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 63);
+
+/**
+ * Result of AdminService.DeleteWebhook.
+ *
+ * @generated from message cyclone.v1.DeleteWebhookResponse
+ */
+export type DeleteWebhookResponse = Message<"cyclone.v1.DeleteWebhookResponse"> & {
+  /**
+   * The endpoint deleted.
+   *
+   * @generated from field: cyclone.v1.Webhook webhook = 1;
+   */
+  webhook?: Webhook | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.DeleteWebhookResponse.
+ * Use `create(DeleteWebhookResponseSchema)` to create a new message.
+ */
+export const DeleteWebhookResponseSchema: GenMessage<DeleteWebhookResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_admin_service, 64);
+
+/**
  * What a bulk action does to each run.
  *
  * @generated from enum cyclone.v1.BulkActionKind
@@ -1949,6 +2396,69 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof ListWorkflowDeadlinesRequestSchema;
     output: typeof ListWorkflowDeadlinesResponseSchema;
+  },
+  /**
+   * The approvals of durable functions (WorkerService.CreateApproval), newest first:
+   * the pending ones (not decided, not expired, their run running or blocked), or
+   * with all = true every one, decided and expired included. With run_id, those of one
+   * run. Reads only.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ListApprovals
+   */
+  listApprovals: {
+    methodKind: "unary";
+    input: typeof ListApprovalsRequestSchema;
+    output: typeof ListApprovalsResponseSchema;
+  },
+  /**
+   * Decides a pending approval as its callback URL would, once: the body waiting for
+   * it gets {"approved": approved, "comment": comment, "decided_by": actor}. Recorded
+   * in the run's audit trail (decide_approval, with the actor). NOT_FOUND for an
+   * unknown approval; FAILED_PRECONDITION when it is decided already, expired, or its
+   * run finished.
+   *
+   * @generated from rpc cyclone.v1.AdminService.DecideApproval
+   */
+  decideApproval: {
+    methodKind: "unary";
+    input: typeof DecideApprovalRequestSchema;
+    output: typeof DecideApprovalResponseSchema;
+  },
+  /**
+   * Defines a webhook endpoint: POST /webhooks/<name> on the server's HTTP listener,
+   * signed with HMAC-SHA256 (docs/webhooks.md), sends an event to a run or submits a
+   * run once per key. The secret is answered once, when the server made it.
+   * INVALID_ARGUMENT for a bad name, secret (16 to 200 characters), JSON pointer,
+   * event or workflow name, or when not exactly one action is given; ALREADY_EXISTS
+   * for a name in use.
+   *
+   * @generated from rpc cyclone.v1.AdminService.CreateWebhook
+   */
+  createWebhook: {
+    methodKind: "unary";
+    input: typeof CreateWebhookRequestSchema;
+    output: typeof CreateWebhookResponseSchema;
+  },
+  /**
+   * The webhook endpoints, by name, without their secrets.
+   *
+   * @generated from rpc cyclone.v1.AdminService.ListWebhooks
+   */
+  listWebhooks: {
+    methodKind: "unary";
+    input: typeof ListWebhooksRequestSchema;
+    output: typeof ListWebhooksResponseSchema;
+  },
+  /**
+   * Deletes a webhook endpoint: its deliveries are refused from then on (404).
+   * NOT_FOUND for an unknown name.
+   *
+   * @generated from rpc cyclone.v1.AdminService.DeleteWebhook
+   */
+  deleteWebhook: {
+    methodKind: "unary";
+    input: typeof DeleteWebhookRequestSchema;
+    output: typeof DeleteWebhookResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_admin_service, 0);
