@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,54 @@ def test_refund_example_runs_its_durable_function_against_a_real_server(cyclone_
     ], first
     assert "mail: order o-1001 refunded 2000 in 2 refund(s)" in stderr
     assert stderr.count("refunded mug of o-1001") == 1
+
+
+def test_agent_example_streams_its_draft_and_sends_it_once_approved_by_url(server_factory):
+    """examples/python/agent.py: the draft's tokens reach the reader live, the approval
+    URL the body hands out decides the run once, and the reply is sent once."""
+    server = server_factory(http_listen="127.0.0.1:0")
+    worker = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "agent.py"), "worker", "--address", server.address],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    start = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "agent.py"), "start", "--address", server.address],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert start.stdout is not None
+        lines = []
+        for line in start.stdout:
+            lines.append(line)
+            if line.startswith("approve or reject: "):
+                break
+        url = lines[-1].removeprefix("approve or reject: ").strip()
+        assert url.startswith(f"http://127.0.0.1:{server.server.http.port}/callbacks/"), lines
+        body = json.dumps({"approved": True, "comment": "ok"}).encode()
+        request = urllib.request.Request(
+            url, data=body, method="POST", headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=PATIENCE) as answer:
+            assert answer.status == 200
+        out, _ = start.communicate(timeout=PATIENCE * 3)
+    finally:
+        if start.poll() is None:
+            start.kill()
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=PATIENCE)
+    assert start.returncode == 0, "".join(lines) + out
+    printed = "".join(lines)
+    assert "Thank you for asking about my broken order." in printed
+    assert "run completed:" in out and '"sent": true' in out
+    assert stderr.count("reply sent to") == 1, stderr
+    run_id = lines[0].split()[1]
+    [(stored, chunks)] = server.sql(
+        "SELECT string_agg(data, '' ORDER BY pos), count(*) FROM cyclone.stream_chunks"
+        " WHERE run_id = %s AND stream = 'tokens'",
+        run_id,
+    )
+    assert chunks > 10 and printed.count(stored) == 1  # each token once, in order
