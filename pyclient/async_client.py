@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from pyclient import _run_messages as run_messages
 from pyclient._bulk import bulk_calls
 from pyclient._requests import (
     DEFAULT_CALL_TIMEOUT,
@@ -23,6 +24,7 @@ from pyclient._requests import (
     default_address,
     stubs,
 )
+from pyclient._run_messages import QueryAnswer, UpdateResult
 from pyclient._schedule_calls import schedule_calls
 from pyclient._tracing import SUBMITS, with_context
 from pyclient.errors import from_rpc_error
@@ -91,7 +93,7 @@ class AsyncClient:
             metadata = self._metadata
             if call.method in SUBMITS:  # the run continues the caller's trace
                 metadata = with_context(metadata)
-            response = await rpc(call.request, timeout=self.timeout, metadata=metadata)
+            response = await rpc(call.request, timeout=self.timeout + call.wait, metadata=metadata)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         return call.parse(response)
@@ -248,6 +250,26 @@ class AsyncClient:
         self, run_id: str, name: str, payload: Any = None, key: str | None = None
     ) -> EventSent:
         return await self._invoke(calls.send_event(run_id, name, payload, key))
+
+    async def query(
+        self, run_id: str, node: str, name: str, *args: Any, timeout: float | None = None
+    ) -> QueryAnswer:
+        """As Client.query."""
+        return await self._invoke(run_messages.query_run(run_id, node, name, args, timeout))
+
+    async def update(
+        self,
+        run_id: str,
+        node: str,
+        name: str,
+        *args: Any,
+        update_id: str | None = None,
+        timeout: float | None = None,
+    ) -> UpdateResult:
+        """As Client.update."""
+        return await self._invoke(
+            run_messages.update_run(run_id, node, name, args, update_id, timeout)
+        )
 
     async def explain(self, run_id: str, node: str) -> Explanation:
         return await self._invoke(calls.explain(run_id, node))

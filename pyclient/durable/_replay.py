@@ -57,6 +57,7 @@ from pyclient.durable._errors import (
     Suspended,
 )
 from pyclient.durable._failure import record_error, step_failed
+from pyclient.durable._handlers import UPDATE_FUNCTION, UPDATE_PREFIX, BodyHandlers
 from pyclient.durable._mismatch import (
     MAX_PATCH_ID,
     PATCH_FUNCTION,
@@ -149,6 +150,11 @@ class Replay:
         self.ran: list[str] = []
         #: Step ids answered from the journal in this attempt.
         self.replayed: list[str] = []
+        #: The body's query and update handlers, and the updates delivered to it.
+        self.handlers = BodyHandlers()
+        #: The journal's last seq, and whether it records an update's application.
+        self._last_seq = max(self._by_seq, default=0)
+        self._has_updates = any(e.function == UPDATE_FUNCTION for e in entries)
 
     @property
     def uncertain(self) -> StepCall | None:
@@ -317,15 +323,72 @@ class Replay:
             await self._ajournal(self.backend.flush_async())
             self._marker_unsent = False
 
-    def _record_marker(self, call: Call) -> None:
+    # -- updates: applied at journal points, recorded there
+
+    def _then_updates(self, method: Any, *args: Any) -> Any:
+        """``method(*args)`` (a recorded outcome: its value, or its failure raised),
+        with the updates due at this point applied first."""
+        try:
+            value = method(*args)
+        except StepFailed:
+            self.updates_point()
+            raise
+        self.updates_point()
+        return value
+
+    def updates_point(self) -> None:
+        """A journal point (a step call returns, a wait is reached): the updates the
+        journal records next are applied again (a replay); past the journal's end, the
+        updates delivered since the last point are applied and recorded, each an entry
+        after the call's (its output: the update's name, args and result or error).
+        Then the queries' values are published."""
+        if self.stopped is not None or self.failure is not None:
+            return
+        handlers = self.handlers
+        if not (self._has_updates or handlers.pending or handlers.queries):
+            return
+        while self._has_updates:
+            with self._lock:
+                seq = self._seq + 1
+                entry = self._by_seq.get(seq)
+                if entry is None or entry.function != UPDATE_FUNCTION:
+                    break
+                self._seq = seq
+                self._used.add(entry.step_id)
+            self.replayed.append(entry.step_id)
+            handlers.reapply(entry.output, entry.step_id)
+        if handlers.pending and self._seq >= self._last_seq:
+            for update in handlers.take():
+                step_id = UPDATE_PREFIX + update.update_id
+                if step_id in self._by_id or step_id in self._used:
+                    continue  # recorded already: applied (or refused) once
+                recorded = handlers.apply(update)
+                try:
+                    output = json_value(dumps(recorded))
+                except (TypeError, ValueError) as exc:  # args not JSON: cannot be
+                    recorded = {
+                        "update": update.name,
+                        "args": [],
+                        "error": {"type": "TypeError", "message": str(exc)},
+                    }
+                    output = json_value(dumps(recorded))
+                with self._lock:
+                    self._seq += 1
+                    self._used.add(step_id)
+                    call = Call(step_id, self._seq, UPDATE_FUNCTION, False)
+                self._record_marker(call, output)
+                self._marker_unsent = True
+        handlers.publish()
+
+    def _record_marker(self, call: Call, output: Outcome = _PATCH_OUTPUT) -> None:
         """Record a patch marker as a safe call's end, before the body goes on. In an
         async body through ``end_async``, which posts the End and does not suspend
         (patched() returns a bool, not an awaitable), so that the marker is sent in
         order with the body's other ends."""
         if not self.is_async:
-            self._journal(self.backend.end, call, _PATCH_OUTPUT)
+            self._journal(self.backend.end, call, output)
             return
-        pending = self.backend.end_async(call, _PATCH_OUTPUT)
+        pending = self.backend.end_async(call, output)
         try:
             pending.send(None)
         except StopIteration:
@@ -373,12 +436,12 @@ class Replay:
     ) -> Any:
         call, entry = self.open(fn, step_id, digest)
         if entry is not None and entry.status != StepCallStatus.STARTED:
-            return self._replayed(entry, call)
+            return self._then_updates(self._replayed, entry, call)
         self.markers_flushed()
         if call.unsafe:
             decision, recorded = self._journal(self.backend.begin, call)
             if decision is not Decision.RUN:
-                return self._decided(call, decision, recorded)
+                return self._then_updates(self._decided, call, decision, recorded)
         self._journal(self.backend.before_run, call)
         with self._running(ctx, call) as scope:
             try:
@@ -388,6 +451,7 @@ class Replay:
         result = self._settle(scope, call, result)
         if not result.recorded:
             self._journal(self.backend.end, call, result.outcome)
+        self.updates_point()
         return result.deliver()
 
     # -- an async step call (numbered by open() when called, run when awaited)
@@ -402,13 +466,13 @@ class Replay:
         kwargs: dict[str, Any],
     ) -> Any:
         if entry is not None and entry.status != StepCallStatus.STARTED:
-            return self._replayed(entry, call)
+            return self._then_updates(self._replayed, entry, call)
         self._raise_if_over()
         await self.markers_flushed_async()
         if call.unsafe:
             decision, recorded = await self._ajournal(self.backend.begin_async(call))
             if decision is not Decision.RUN:
-                return self._decided(call, decision, recorded)
+                return self._then_updates(self._decided, call, decision, recorded)
         await self._ajournal(self.backend.before_run_async(call))
         with self._running(ctx, call) as scope:
             try:
@@ -418,17 +482,29 @@ class Replay:
         result = self._settle(scope, call, result)
         if not result.recorded:
             await self._ajournal(self.backend.end_async(call, result.outcome))
+        self.updates_point()
         return result.deliver()
 
     # -- a wait (sleep, event, child): numbered by open() when called
 
     def wait(self, call: Call, entry: StepCall | None, until: Until) -> Any:
+        # Updates apply before the wait is asked (the node holds its lease until then)
+        # or its recorded outcome returns: a replay applies them at the same point. The
+        # ones sent meanwhile are fetched first: the node gives up its lease with the wait.
+        fetch = getattr(self.backend, "fetch_updates", None)
+        if fetch is not None and (entry is None or entry.status in _NOT_OVER):
+            self._journal(fetch)
+        self.updates_point()
         if entry is not None and entry.status not in _NOT_OVER:
             return self._waited(entry)
         self._raise_if_over()
         return self._wait_answer(*self._journal(self.backend.wait, call, until))
 
     async def wait_async(self, call: Call, entry: StepCall | None, until: Until) -> Any:
+        fetch = getattr(self.backend, "fetch_updates_async", None)
+        if fetch is not None and (entry is None or entry.status in _NOT_OVER):
+            await self._ajournal(fetch())
+        self.updates_point()
         if entry is not None and entry.status not in _NOT_OVER:
             return self._waited(entry)
         self._raise_if_over()

@@ -53,6 +53,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "StartChild",
             "Wait",
             "Work",
+            "Inbox",
         )
     },
     **{
@@ -68,6 +69,8 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "CountRuns",
             "ListSteps",
             "ListWorkers",
+            "QueryRun",
+            "UpdateRun",
         )
     },
     **{

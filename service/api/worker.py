@@ -24,6 +24,7 @@ from service.api.build import (
     refusal,
     result_bytes,
 )
+from service.api.queries import WorkerInbox
 from service.api.status import rpc
 from service.api.submit import new_run_of
 from service.api.validate import (
@@ -53,7 +54,7 @@ from service.metrics import Metrics
 log = logging.getLogger("cyclone")
 
 
-class WorkerServicer(WorkStream, WorkerRequests, worker_grpc.WorkerServiceServicer):
+class WorkerServicer(WorkStream, WorkerRequests, WorkerInbox, worker_grpc.WorkerServiceServicer):
     def __init__(
         self,
         db: Database,

@@ -15,6 +15,7 @@ from service.db.claim import Steps
 from service.db.completion import Reports
 from service.db.operator import Operator
 from service.db.pool import Pool
+from service.db.queries import Queries
 from service.db.retention import Retention
 from service.db.runs import Runs
 from service.db.schedules import Schedules
@@ -53,6 +54,7 @@ class Database:
         self.schedules = Schedules(self.pool)
         self.builds = Builds(self.pool)
         self.bulk = Bulk(self.pool)
+        self.queries = Queries(self.pool)
 
     async def start(self) -> None:
         """Ask the database once whether it is sharded (Citus), and serve it so."""

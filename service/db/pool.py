@@ -50,6 +50,7 @@ FAMILIES = (
     "schedules",
     "builds",
     "bulk",
+    "queries",
 )
 
 #: Reads with optional filters written "(:x IS NULL OR column = :x)": never prepared, so

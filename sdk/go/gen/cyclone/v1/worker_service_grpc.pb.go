@@ -28,6 +28,7 @@ const (
 	WorkerService_StartChild_FullMethodName    = "/cyclone.v1.WorkerService/StartChild"
 	WorkerService_Wait_FullMethodName          = "/cyclone.v1.WorkerService/Wait"
 	WorkerService_Work_FullMethodName          = "/cyclone.v1.WorkerService/Work"
+	WorkerService_Inbox_FullMethodName         = "/cyclone.v1.WorkerService/Inbox"
 )
 
 // WorkerServiceClient is the client API for WorkerService service.
@@ -129,6 +130,15 @@ type WorkerServiceClient interface {
 	// however their stream ends: Heartbeat them as usual, and complete them on any
 	// stream or with CompleteMany.
 	Work(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[WorkRequest, WorkResponse], error)
+	// The mailbox of the durable functions a worker runs (queries and updates, see
+	// WorkflowService.QueryRun and UpdateRun). The request carries the worker's answers
+	// to queries handed out before and the values its bodies' query handlers have now
+	// (published; a value of an older attempt than the last published is skipped), and names
+	// the nodes whose bodies it runs. The response hands out the queries asked of those
+	// nodes that no Inbox handed out yet (each once), and their updates past each
+	// node's cursor (after_update) that their journal does not record yet. When there
+	// are none it waits up to `wait` (at most 30s) for one to arrive.
+	Inbox(ctx context.Context, in *InboxRequest, opts ...grpc.CallOption) (*InboxResponse, error)
 }
 
 type workerServiceClient struct {
@@ -232,6 +242,16 @@ func (c *workerServiceClient) Work(ctx context.Context, opts ...grpc.CallOption)
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type WorkerService_WorkClient = grpc.BidiStreamingClient[WorkRequest, WorkResponse]
 
+func (c *workerServiceClient) Inbox(ctx context.Context, in *InboxRequest, opts ...grpc.CallOption) (*InboxResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InboxResponse)
+	err := c.cc.Invoke(ctx, WorkerService_Inbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServiceServer is the server API for WorkerService service.
 // All implementations must embed UnimplementedWorkerServiceServer
 // for forward compatibility.
@@ -331,6 +351,15 @@ type WorkerServiceServer interface {
 	// however their stream ends: Heartbeat them as usual, and complete them on any
 	// stream or with CompleteMany.
 	Work(grpc.BidiStreamingServer[WorkRequest, WorkResponse]) error
+	// The mailbox of the durable functions a worker runs (queries and updates, see
+	// WorkflowService.QueryRun and UpdateRun). The request carries the worker's answers
+	// to queries handed out before and the values its bodies' query handlers have now
+	// (published; a value of an older attempt than the last published is skipped), and names
+	// the nodes whose bodies it runs. The response hands out the queries asked of those
+	// nodes that no Inbox handed out yet (each once), and their updates past each
+	// node's cursor (after_update) that their journal does not record yet. When there
+	// are none it waits up to `wait` (at most 30s) for one to arrive.
+	Inbox(context.Context, *InboxRequest) (*InboxResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
 }
 
@@ -367,6 +396,9 @@ func (UnimplementedWorkerServiceServer) Wait(context.Context, *WaitRequest) (*Wa
 }
 func (UnimplementedWorkerServiceServer) Work(grpc.BidiStreamingServer[WorkRequest, WorkResponse]) error {
 	return status.Error(codes.Unimplemented, "method Work not implemented")
+}
+func (UnimplementedWorkerServiceServer) Inbox(context.Context, *InboxRequest) (*InboxResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Inbox not implemented")
 }
 func (UnimplementedWorkerServiceServer) mustEmbedUnimplementedWorkerServiceServer() {}
 func (UnimplementedWorkerServiceServer) testEmbeddedByValue()                       {}
@@ -540,6 +572,24 @@ func _WorkerService_Work_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type WorkerService_WorkServer = grpc.BidiStreamingServer[WorkRequest, WorkResponse]
 
+func _WorkerService_Inbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InboxRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).Inbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_Inbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).Inbox(ctx, req.(*InboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkerService_ServiceDesc is the grpc.ServiceDesc for WorkerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -578,6 +628,10 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Wait",
 			Handler:    _WorkerService_Wait_Handler,
+		},
+		{
+			MethodName: "Inbox",
+			Handler:    _WorkerService_Inbox_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -9,6 +9,7 @@ package cyclonev1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
@@ -2050,12 +2051,324 @@ func (x *WorkerSummary) GetServes() []string {
 	return nil
 }
 
+// Arguments of WorkflowService.QueryRun.
+type QueryRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, by id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node whose body is asked.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The query handler's name: 1-200 printable characters.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The handler's positional arguments (JSON values); empty: none.
+	Args *structpb.ListValue `protobuf:"bytes,4,opt,name=args,proto3" json:"args,omitempty"`
+	// How long to wait for the worker's answer: 1ms-60s. Default 10s.
+	Timeout       *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueryRunRequest) Reset() {
+	*x = QueryRunRequest{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueryRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueryRunRequest) ProtoMessage() {}
+
+func (x *QueryRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueryRunRequest.ProtoReflect.Descriptor instead.
+func (*QueryRunRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *QueryRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *QueryRunRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *QueryRunRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *QueryRunRequest) GetArgs() *structpb.ListValue {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *QueryRunRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// Result of WorkflowService.QueryRun.
+type QueryRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The handler's value.
+	Result *structpb.Value `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	// True when no worker runs the node and the answer is the value its body last
+	// published; false when the worker running the body answered.
+	Published bool `protobuf:"varint,2,opt,name=published,proto3" json:"published,omitempty"`
+	// When that value was published (published = true only).
+	PublishedAt   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=published_at,json=publishedAt,proto3" json:"published_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueryRunResponse) Reset() {
+	*x = QueryRunResponse{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueryRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueryRunResponse) ProtoMessage() {}
+
+func (x *QueryRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueryRunResponse.ProtoReflect.Descriptor instead.
+func (*QueryRunResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *QueryRunResponse) GetResult() *structpb.Value {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *QueryRunResponse) GetPublished() bool {
+	if x != nil {
+		return x.Published
+	}
+	return false
+}
+
+func (x *QueryRunResponse) GetPublishedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PublishedAt
+	}
+	return nil
+}
+
+// Arguments of WorkflowService.UpdateRun.
+type UpdateRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, by id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node whose body applies the update.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The update handler's name: 1-200 printable characters.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The handler's positional arguments (JSON values); empty: none.
+	Args *structpb.ListValue `protobuf:"bytes,4,opt,name=args,proto3" json:"args,omitempty"`
+	// The update's idempotency key, 1-150 printable characters, unique per node. Unset:
+	// the server makes one (a UUID), returned in the response.
+	UpdateId string `protobuf:"bytes,5,opt,name=update_id,json=updateId,proto3" json:"update_id,omitempty"`
+	// How long to wait for the update to be applied: 1ms-300s. Default 30s.
+	Timeout       *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateRunRequest) Reset() {
+	*x = UpdateRunRequest{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateRunRequest) ProtoMessage() {}
+
+func (x *UpdateRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateRunRequest.ProtoReflect.Descriptor instead.
+func (*UpdateRunRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *UpdateRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *UpdateRunRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *UpdateRunRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UpdateRunRequest) GetArgs() *structpb.ListValue {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *UpdateRunRequest) GetUpdateId() string {
+	if x != nil {
+		return x.UpdateId
+	}
+	return ""
+}
+
+func (x *UpdateRunRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// Result of WorkflowService.UpdateRun.
+type UpdateRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The update handler's return value.
+	Result *structpb.Value `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	// The update's id (the one given, or the one the server made).
+	UpdateId string `protobuf:"bytes,2,opt,name=update_id,json=updateId,proto3" json:"update_id,omitempty"`
+	// False when update_id named an update sent before: this call sent nothing.
+	Created bool `protobuf:"varint,3,opt,name=created,proto3" json:"created,omitempty"`
+	// The journal position (seq) at which the body applied it.
+	Seq           int32 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateRunResponse) Reset() {
+	*x = UpdateRunResponse{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateRunResponse) ProtoMessage() {}
+
+func (x *UpdateRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateRunResponse.ProtoReflect.Descriptor instead.
+func (*UpdateRunResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *UpdateRunResponse) GetResult() *structpb.Value {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *UpdateRunResponse) GetUpdateId() string {
+	if x != nil {
+		return x.UpdateId
+	}
+	return ""
+}
+
+func (x *UpdateRunResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+func (x *UpdateRunResponse) GetSeq() int32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 var File_cyclone_v1_workflow_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\n" +
 	"!cyclone/v1/workflow_service.proto\x12\n" +
-	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xec\x02\n" +
+	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xec\x02\n" +
 	"\rSubmitRequest\x120\n" +
 	"\bworkflow\x18\x01 \x01(\v2\x14.cyclone.v1.WorkflowR\bworkflow\x12,\n" +
 	"\x05input\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05input\x125\n" +
@@ -2205,7 +2518,29 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\bbuild_id\x18d \x01(\tR\abuildId\x12<\n" +
 	"\flast_seen_at\x18e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastSeenAt\x12\x16\n" +
-	"\x06serves\x18f \x03(\tR\x06serves*\xba\x04\n" +
+	"\x06serves\x18f \x03(\tR\x06serves\"\xb5\x01\n" +
+	"\x0fQueryRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12.\n" +
+	"\x04args\x18\x04 \x01(\v2\x1a.google.protobuf.ListValueR\x04args\x123\n" +
+	"\atimeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x9f\x01\n" +
+	"\x10QueryRunResponse\x12.\n" +
+	"\x06result\x18\x01 \x01(\v2\x16.google.protobuf.ValueR\x06result\x12\x1c\n" +
+	"\tpublished\x18\x02 \x01(\bR\tpublished\x12=\n" +
+	"\fpublished_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vpublishedAt\"\xd3\x01\n" +
+	"\x10UpdateRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12.\n" +
+	"\x04args\x18\x04 \x01(\v2\x1a.google.protobuf.ListValueR\x04args\x12\x1b\n" +
+	"\tupdate_id\x18\x05 \x01(\tR\bupdateId\x123\n" +
+	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x8c\x01\n" +
+	"\x11UpdateRunResponse\x12.\n" +
+	"\x06result\x18\x01 \x01(\v2\x16.google.protobuf.ValueR\x06result\x12\x1b\n" +
+	"\tupdate_id\x18\x02 \x01(\tR\bupdateId\x12\x18\n" +
+	"\acreated\x18\x03 \x01(\bR\acreated\x12\x10\n" +
+	"\x03seq\x18\x04 \x01(\x05R\x03seq*\xba\x04\n" +
 	"\rExplainReason\x12\x1e\n" +
 	"\x1aEXPLAIN_REASON_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"EXPLAIN_REASON_WAITING_ON_UPSTREAM\x10\x01\x12\x1e\n" +
@@ -2225,7 +2560,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x1bEXPLAIN_REASON_RATE_LIMITED\x10\x0e\x12\x1a\n" +
 	"\x16EXPLAIN_REASON_WAITING\x10<\x12\x1d\n" +
 	"\x19EXPLAIN_REASON_NOT_BEFORE\x10=\x12\x1a\n" +
-	"\x15EXPLAIN_REASON_PAUSED\x10\xc8\x012\xe3\x05\n" +
+	"\x15EXPLAIN_REASON_PAUSED\x10\xc8\x012\xf4\x06\n" +
 	"\x0fWorkflowService\x12?\n" +
 	"\x06Submit\x12\x19.cyclone.v1.SubmitRequest\x1a\x1a.cyclone.v1.SubmitResponse\x12K\n" +
 	"\n" +
@@ -2237,7 +2572,9 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\tSendEvent\x12\x1c.cyclone.v1.SendEventRequest\x1a\x1d.cyclone.v1.SendEventResponse\x12H\n" +
 	"\tCountRuns\x12\x1c.cyclone.v1.CountRunsRequest\x1a\x1d.cyclone.v1.CountRunsResponse\x12H\n" +
 	"\tListSteps\x12\x1c.cyclone.v1.ListStepsRequest\x1a\x1d.cyclone.v1.ListStepsResponse\x12N\n" +
-	"\vListWorkers\x12\x1e.cyclone.v1.ListWorkersRequest\x1a\x1f.cyclone.v1.ListWorkersResponseb\x06proto3"
+	"\vListWorkers\x12\x1e.cyclone.v1.ListWorkersRequest\x1a\x1f.cyclone.v1.ListWorkersResponse\x12E\n" +
+	"\bQueryRun\x12\x1b.cyclone.v1.QueryRunRequest\x1a\x1c.cyclone.v1.QueryRunResponse\x12H\n" +
+	"\tUpdateRun\x12\x1c.cyclone.v1.UpdateRunRequest\x1a\x1d.cyclone.v1.UpdateRunResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_workflow_service_proto_rawDescOnce sync.Once
@@ -2252,7 +2589,7 @@ func file_cyclone_v1_workflow_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_workflow_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(ExplainReason)(0),            // 0: cyclone.v1.ExplainReason
 	(*SubmitRequest)(nil),         // 1: cyclone.v1.SubmitRequest
@@ -2280,88 +2617,105 @@ var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(*ListWorkersRequest)(nil),    // 23: cyclone.v1.ListWorkersRequest
 	(*ListWorkersResponse)(nil),   // 24: cyclone.v1.ListWorkersResponse
 	(*WorkerSummary)(nil),         // 25: cyclone.v1.WorkerSummary
-	nil,                           // 26: cyclone.v1.SubmitRequest.TagsEntry
-	nil,                           // 27: cyclone.v1.SubmitOnceRequest.TagsEntry
-	nil,                           // 28: cyclone.v1.ListRunsRequest.TagsEntry
-	nil,                           // 29: cyclone.v1.CountRunsRequest.TagsEntry
-	(*Workflow)(nil),              // 30: cyclone.v1.Workflow
-	(*structpb.Value)(nil),        // 31: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
-	(*Run)(nil),                   // 33: cyclone.v1.Run
-	(RunStatus)(0),                // 34: cyclone.v1.RunStatus
-	(*Step)(nil),                  // 35: cyclone.v1.Step
-	(*RunError)(nil),              // 36: cyclone.v1.RunError
-	(StepStatus)(0),               // 37: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 38: cyclone.v1.StepError
+	(*QueryRunRequest)(nil),       // 26: cyclone.v1.QueryRunRequest
+	(*QueryRunResponse)(nil),      // 27: cyclone.v1.QueryRunResponse
+	(*UpdateRunRequest)(nil),      // 28: cyclone.v1.UpdateRunRequest
+	(*UpdateRunResponse)(nil),     // 29: cyclone.v1.UpdateRunResponse
+	nil,                           // 30: cyclone.v1.SubmitRequest.TagsEntry
+	nil,                           // 31: cyclone.v1.SubmitOnceRequest.TagsEntry
+	nil,                           // 32: cyclone.v1.ListRunsRequest.TagsEntry
+	nil,                           // 33: cyclone.v1.CountRunsRequest.TagsEntry
+	(*Workflow)(nil),              // 34: cyclone.v1.Workflow
+	(*structpb.Value)(nil),        // 35: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(*Run)(nil),                   // 37: cyclone.v1.Run
+	(RunStatus)(0),                // 38: cyclone.v1.RunStatus
+	(*Step)(nil),                  // 39: cyclone.v1.Step
+	(*RunError)(nil),              // 40: cyclone.v1.RunError
+	(StepStatus)(0),               // 41: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 42: cyclone.v1.StepError
+	(*structpb.ListValue)(nil),    // 43: google.protobuf.ListValue
+	(*durationpb.Duration)(nil),   // 44: google.protobuf.Duration
 }
 var file_cyclone_v1_workflow_service_proto_depIdxs = []int32{
-	30, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
-	31, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
-	32, // 2: cyclone.v1.SubmitRequest.start_at:type_name -> google.protobuf.Timestamp
-	26, // 3: cyclone.v1.SubmitRequest.tags:type_name -> cyclone.v1.SubmitRequest.TagsEntry
-	32, // 4: cyclone.v1.SubmitRequest.deadline:type_name -> google.protobuf.Timestamp
-	30, // 5: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
-	31, // 6: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
-	32, // 7: cyclone.v1.SubmitOnceRequest.start_at:type_name -> google.protobuf.Timestamp
-	27, // 8: cyclone.v1.SubmitOnceRequest.tags:type_name -> cyclone.v1.SubmitOnceRequest.TagsEntry
-	32, // 9: cyclone.v1.SubmitOnceRequest.deadline:type_name -> google.protobuf.Timestamp
-	33, // 10: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
-	34, // 11: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
-	32, // 12: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
-	32, // 13: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
-	28, // 14: cyclone.v1.ListRunsRequest.tags:type_name -> cyclone.v1.ListRunsRequest.TagsEntry
-	33, // 15: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
-	33, // 16: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
+	34, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
+	35, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
+	36, // 2: cyclone.v1.SubmitRequest.start_at:type_name -> google.protobuf.Timestamp
+	30, // 3: cyclone.v1.SubmitRequest.tags:type_name -> cyclone.v1.SubmitRequest.TagsEntry
+	36, // 4: cyclone.v1.SubmitRequest.deadline:type_name -> google.protobuf.Timestamp
+	34, // 5: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
+	35, // 6: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
+	36, // 7: cyclone.v1.SubmitOnceRequest.start_at:type_name -> google.protobuf.Timestamp
+	31, // 8: cyclone.v1.SubmitOnceRequest.tags:type_name -> cyclone.v1.SubmitOnceRequest.TagsEntry
+	36, // 9: cyclone.v1.SubmitOnceRequest.deadline:type_name -> google.protobuf.Timestamp
+	37, // 10: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
+	38, // 11: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
+	36, // 12: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
+	36, // 13: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
+	32, // 14: cyclone.v1.ListRunsRequest.tags:type_name -> cyclone.v1.ListRunsRequest.TagsEntry
+	37, // 15: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
+	37, // 16: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
 	0,  // 17: cyclone.v1.ExplainResponse.reason:type_name -> cyclone.v1.ExplainReason
-	35, // 18: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
-	34, // 19: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
-	36, // 20: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
+	39, // 18: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
+	38, // 19: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
+	40, // 20: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
 	13, // 21: cyclone.v1.ExplainResponse.upstream:type_name -> cyclone.v1.NodeState
 	14, // 22: cyclone.v1.ExplainResponse.action:type_name -> cyclone.v1.ActionActivity
-	37, // 23: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
-	38, // 24: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
-	32, // 25: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
-	32, // 26: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
-	31, // 27: cyclone.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
-	34, // 28: cyclone.v1.CountRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
-	32, // 29: cyclone.v1.CountRunsRequest.created_after:type_name -> google.protobuf.Timestamp
-	32, // 30: cyclone.v1.CountRunsRequest.created_before:type_name -> google.protobuf.Timestamp
-	29, // 31: cyclone.v1.CountRunsRequest.tags:type_name -> cyclone.v1.CountRunsRequest.TagsEntry
+	41, // 23: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
+	42, // 24: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
+	36, // 25: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
+	36, // 26: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
+	35, // 27: cyclone.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
+	38, // 28: cyclone.v1.CountRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
+	36, // 29: cyclone.v1.CountRunsRequest.created_after:type_name -> google.protobuf.Timestamp
+	36, // 30: cyclone.v1.CountRunsRequest.created_before:type_name -> google.protobuf.Timestamp
+	33, // 31: cyclone.v1.CountRunsRequest.tags:type_name -> cyclone.v1.CountRunsRequest.TagsEntry
 	19, // 32: cyclone.v1.CountRunsResponse.counts:type_name -> cyclone.v1.RunCount
-	34, // 33: cyclone.v1.RunCount.status:type_name -> cyclone.v1.RunStatus
-	37, // 34: cyclone.v1.ListStepsRequest.status:type_name -> cyclone.v1.StepStatus
+	38, // 33: cyclone.v1.RunCount.status:type_name -> cyclone.v1.RunStatus
+	41, // 34: cyclone.v1.ListStepsRequest.status:type_name -> cyclone.v1.StepStatus
 	22, // 35: cyclone.v1.ListStepsResponse.steps:type_name -> cyclone.v1.RunStep
-	35, // 36: cyclone.v1.RunStep.step:type_name -> cyclone.v1.Step
+	39, // 36: cyclone.v1.RunStep.step:type_name -> cyclone.v1.Step
 	25, // 37: cyclone.v1.ListWorkersResponse.workers:type_name -> cyclone.v1.WorkerSummary
 	14, // 38: cyclone.v1.ListWorkersResponse.actions:type_name -> cyclone.v1.ActionActivity
-	32, // 39: cyclone.v1.WorkerSummary.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	32, // 40: cyclone.v1.WorkerSummary.unhealthy_since:type_name -> google.protobuf.Timestamp
-	32, // 41: cyclone.v1.WorkerSummary.last_seen_at:type_name -> google.protobuf.Timestamp
-	1,  // 42: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
-	3,  // 43: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
-	5,  // 44: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
-	7,  // 45: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
-	9,  // 46: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
-	11, // 47: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
-	15, // 48: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
-	17, // 49: cyclone.v1.WorkflowService.CountRuns:input_type -> cyclone.v1.CountRunsRequest
-	20, // 50: cyclone.v1.WorkflowService.ListSteps:input_type -> cyclone.v1.ListStepsRequest
-	23, // 51: cyclone.v1.WorkflowService.ListWorkers:input_type -> cyclone.v1.ListWorkersRequest
-	2,  // 52: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
-	4,  // 53: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
-	6,  // 54: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
-	8,  // 55: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
-	10, // 56: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
-	12, // 57: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
-	16, // 58: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
-	18, // 59: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
-	21, // 60: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
-	24, // 61: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
-	52, // [52:62] is the sub-list for method output_type
-	42, // [42:52] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	36, // 39: cyclone.v1.WorkerSummary.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	36, // 40: cyclone.v1.WorkerSummary.unhealthy_since:type_name -> google.protobuf.Timestamp
+	36, // 41: cyclone.v1.WorkerSummary.last_seen_at:type_name -> google.protobuf.Timestamp
+	43, // 42: cyclone.v1.QueryRunRequest.args:type_name -> google.protobuf.ListValue
+	44, // 43: cyclone.v1.QueryRunRequest.timeout:type_name -> google.protobuf.Duration
+	35, // 44: cyclone.v1.QueryRunResponse.result:type_name -> google.protobuf.Value
+	36, // 45: cyclone.v1.QueryRunResponse.published_at:type_name -> google.protobuf.Timestamp
+	43, // 46: cyclone.v1.UpdateRunRequest.args:type_name -> google.protobuf.ListValue
+	44, // 47: cyclone.v1.UpdateRunRequest.timeout:type_name -> google.protobuf.Duration
+	35, // 48: cyclone.v1.UpdateRunResponse.result:type_name -> google.protobuf.Value
+	1,  // 49: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
+	3,  // 50: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
+	5,  // 51: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
+	7,  // 52: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
+	9,  // 53: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
+	11, // 54: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
+	15, // 55: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
+	17, // 56: cyclone.v1.WorkflowService.CountRuns:input_type -> cyclone.v1.CountRunsRequest
+	20, // 57: cyclone.v1.WorkflowService.ListSteps:input_type -> cyclone.v1.ListStepsRequest
+	23, // 58: cyclone.v1.WorkflowService.ListWorkers:input_type -> cyclone.v1.ListWorkersRequest
+	26, // 59: cyclone.v1.WorkflowService.QueryRun:input_type -> cyclone.v1.QueryRunRequest
+	28, // 60: cyclone.v1.WorkflowService.UpdateRun:input_type -> cyclone.v1.UpdateRunRequest
+	2,  // 61: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
+	4,  // 62: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
+	6,  // 63: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
+	8,  // 64: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
+	10, // 65: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
+	12, // 66: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
+	16, // 67: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
+	18, // 68: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
+	21, // 69: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
+	24, // 70: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
+	27, // 71: cyclone.v1.WorkflowService.QueryRun:output_type -> cyclone.v1.QueryRunResponse
+	29, // 72: cyclone.v1.WorkflowService.UpdateRun:output_type -> cyclone.v1.UpdateRunResponse
+	61, // [61:73] is the sub-list for method output_type
+	49, // [49:61] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_workflow_service_proto_init() }
@@ -2376,7 +2730,7 @@ func file_cyclone_v1_workflow_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_workflow_service_proto_rawDesc), len(file_cyclone_v1_workflow_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   29,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
