@@ -43,6 +43,7 @@ from pyclient._commands import (
     status_flag,
 )
 from pyclient._deadline_cli import deadline_commands
+from pyclient._messages_cli import message_commands
 from pyclient._pause_cli import pause_commands
 from pyclient.client import default_address
 
@@ -212,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         _builds_commands,
         deadline_commands,
         _event_commands,
+        message_commands,
         _journal_commands,
         _console_command,
     ):

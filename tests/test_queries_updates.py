@@ -4,13 +4,14 @@ recorded in the journal, answered with the handler's result, exactly once."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
 import grpc
 import pytest
 
-from pyclient import Client, Worker, step, wait_for_event
+from pyclient import Client, Worker, cli, step, wait_for_event
 from pyclient.errors import CycloneError, FailedPrecondition, NotFound
 from tests.helpers import PATIENCE, eventually
 from tests.sdk.conftest import running
@@ -150,3 +151,30 @@ def test_a_query_is_answered_by_the_worker_running_the_body(cyclone_server):
             client.query(run_id, "looping", "other")
         GATE.set()
         assert client.wait(run_id, timeout=PATIENCE).step("looping").output == 3
+
+
+def test_the_cli_queries_and_updates(cyclone_server, capsys):
+    address = ["--address", cyclone_server.address]
+    with running(_worker(cyclone_server.address)), Client(cyclone_server.address) as client:
+        run_id = client.start("cart", "cy")
+        eventually(lambda: _waiting(client, run_id, "cart"), "the body waits for checkout")
+        capsys.readouterr()
+
+        assert cli.main(["update", run_id, "cart", "add_item", '"fig"', "--id", "f", *address]) == 0
+        assert capsys.readouterr().out == "1\n"
+        assert cli.main(["update", run_id, "cart", "add_item", '"fig"', "--id", "f", *address]) == 0
+        assert "was sent before" in capsys.readouterr().out
+
+        def published() -> Any:
+            if cli.main(["query", run_id, "cart", "items", "--json", *address]) != 0:
+                return None
+            answer = json.loads(capsys.readouterr().out)
+            return answer if answer["result"] == ["fig"] else None
+
+        assert eventually(published, "the published items")["published"] is True
+        assert cli.main(["query", run_id, "cart", "has", '"fig"', *address]) == 1
+        assert "a query with arguments needs one" in capsys.readouterr().err
+        assert cli.main(["update", run_id, "cart", "add_item", "{bad", *address]) == 1
+        assert "is not valid JSON" in capsys.readouterr().err
+        client.send_event(run_id, "checkout")
+        client.wait(run_id, timeout=PATIENCE)
