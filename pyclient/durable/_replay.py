@@ -57,7 +57,7 @@ from pyclient.durable._errors import (
     Suspended,
 )
 from pyclient.durable._failure import record_error, step_failed
-from pyclient.durable._handlers import UPDATE_FUNCTION, UPDATE_PREFIX, BodyHandlers
+from pyclient.durable._handlers import UPDATE_FUNCTION, BodyHandlers
 from pyclient.durable._mismatch import (
     MAX_PATCH_ID,
     PATCH_FUNCTION,
@@ -68,6 +68,7 @@ from pyclient.durable._mismatch import (
     named,
     now_making,
 )
+from pyclient.durable._points import NOT_OVER, JournalPoints
 from pyclient.durable._scope import StepScope
 from pyclient.errors import (
     CycloneError,
@@ -80,11 +81,6 @@ from pyclient.models import StepCall, StepCallError, StepCallStatus
 
 T = TypeVar("T")
 
-#: What a patch marker records as its output.
-_PATCH_OUTPUT = json_value("true")
-#: A wait's entry that has no outcome: not over, or never over (GetRun shows a wait of a
-#: cancelled run as cancelled, as a replay check reads it).
-_NOT_OVER = (StepCallStatus.WAITING, StepCallStatus.CANCELLED)
 
 log = logging.getLogger("pyclient.durable")
 
@@ -111,7 +107,7 @@ class _Result:
         return self.value
 
 
-class Replay:
+class Replay(JournalPoints):
     """The step calls of one attempt of a durable function, against its journal.
 
     ``journal`` is the node's journal as claimed; ``is_async`` whether the body is a
@@ -309,97 +305,6 @@ class Replay:
         self._marker_unsent = True
         return True
 
-    def markers_flushed(self) -> None:
-        """Before a call runs: the patch markers recorded so far are durable. A call may
-        record itself out of the order of the ends (its own transaction, a child's
-        start); were it recorded and the marker before it lost, a replay would find a
-        later entry and no marker, and take the old path."""
-        if self._marker_unsent:
-            self._journal(self.backend.flush)
-            self._marker_unsent = False
-
-    async def markers_flushed_async(self) -> None:
-        if self._marker_unsent:
-            await self._ajournal(self.backend.flush_async())
-            self._marker_unsent = False
-
-    # -- updates: applied at journal points, recorded there
-
-    def _then_updates(self, method: Any, *args: Any) -> Any:
-        """``method(*args)`` (a recorded outcome: its value, or its failure raised),
-        with the updates due at this point applied first."""
-        try:
-            value = method(*args)
-        except StepFailed:
-            self.updates_point()
-            raise
-        self.updates_point()
-        return value
-
-    def updates_point(self) -> None:
-        """A journal point (a step call returns, a wait is reached): the updates the
-        journal records next are applied again (a replay); past the journal's end, the
-        updates delivered since the last point are applied and recorded, each an entry
-        after the call's (its output: the update's name, args and result or error).
-        Then the queries' values are published."""
-        if self.stopped is not None or self.failure is not None:
-            return
-        handlers = self.handlers
-        if not (self._has_updates or handlers.pending or handlers.queries):
-            return
-        while self._has_updates:
-            with self._lock:
-                seq = self._seq + 1
-                entry = self._by_seq.get(seq)
-                if entry is None or entry.function != UPDATE_FUNCTION:
-                    break
-                self._seq = seq
-                self._used.add(entry.step_id)
-            self.replayed.append(entry.step_id)
-            handlers.reapply(entry.output, entry.step_id)
-        if handlers.pending and self._seq >= self._last_seq:
-            for update in handlers.take():
-                step_id = UPDATE_PREFIX + update.update_id
-                if step_id in self._by_id or step_id in self._used:
-                    continue  # recorded already: applied (or refused) once
-                recorded = handlers.apply(update)
-                try:
-                    output = json_value(dumps(recorded))
-                except (TypeError, ValueError) as exc:  # args not JSON: cannot be
-                    recorded = {
-                        "update": update.name,
-                        "args": [],
-                        "error": {"type": "TypeError", "message": str(exc)},
-                    }
-                    output = json_value(dumps(recorded))
-                with self._lock:
-                    self._seq += 1
-                    self._used.add(step_id)
-                    call = Call(step_id, self._seq, UPDATE_FUNCTION, False)
-                self._record_marker(call, output)
-                self._marker_unsent = True
-        handlers.publish()
-
-    def _record_marker(self, call: Call, output: Outcome = _PATCH_OUTPUT) -> None:
-        """Record a patch marker as a safe call's end, before the body goes on. In an
-        async body through ``end_async``, which posts the End and does not suspend
-        (patched() returns a bool, not an awaitable), so that the marker is sent in
-        order with the body's other ends."""
-        if not self.is_async:
-            self._journal(self.backend.end, call, output)
-            return
-        pending = self.backend.end_async(call, output)
-        try:
-            pending.send(None)
-        except StopIteration:
-            return
-        except BaseException as exc:
-            raise self._refused(exc)  # noqa: B904 (the refusal is chained to exc)
-        pending.close()
-        raise self._fail(
-            RuntimeError("the journal backend's end_async suspended on a patch marker")
-        )
-
     def _arguments_changed(self, call: Call, entry: StepCall, on_change: str) -> None:
         what = arguments_changed(call, entry)
         if on_change != "allow":
@@ -491,21 +396,17 @@ class Replay:
         # Updates apply before the wait is asked (the node holds its lease until then)
         # or its recorded outcome returns: a replay applies them at the same point. The
         # ones sent meanwhile are fetched first: the node gives up its lease with the wait.
-        fetch = getattr(self.backend, "fetch_updates", None)
-        if fetch is not None and (entry is None or entry.status in _NOT_OVER):
-            self._journal(fetch)
+        self._fetch_before_wait(entry)
         self.updates_point()
-        if entry is not None and entry.status not in _NOT_OVER:
+        if entry is not None and entry.status not in NOT_OVER:
             return self._waited(entry)
         self._raise_if_over()
         return self._wait_answer(*self._journal(self.backend.wait, call, until))
 
     async def wait_async(self, call: Call, entry: StepCall | None, until: Until) -> Any:
-        fetch = getattr(self.backend, "fetch_updates_async", None)
-        if fetch is not None and (entry is None or entry.status in _NOT_OVER):
-            await self._ajournal(fetch())
+        await self._fetch_before_wait_async(entry)
         self.updates_point()
-        if entry is not None and entry.status not in _NOT_OVER:
+        if entry is not None and entry.status not in NOT_OVER:
             return self._waited(entry)
         self._raise_if_over()
         return self._wait_answer(*await self._ajournal(self.backend.wait_async(call, until)))

@@ -83,8 +83,6 @@ def _handler_error(error: dict[str, Any], kind: str, name: str, node: str) -> er
     """The status of a handler's error as the worker or the journal recorded it."""
     etype = str(error.get("type") or "Error")
     message = str(error.get("message") or "")
-    if etype == "NotRunning":
-        return errors.FailedPrecondition(message)
     if etype in ("UnknownQuery", "UnknownUpdate"):
         return errors.NotFound(message or f"the body of node {node} has no {kind} handler {name!r}")
     return errors.FailedPrecondition(
@@ -123,19 +121,34 @@ class RunMessages:
                     f"the worker running node {node} of run {run_id} did not answer query "
                     f"{name!r} within {wait:g}s"
                 )
-            if answer.error is not None:
-                raise _handler_error(answer.error, "query", name, node)
-            return workflow_pb.QueryRunResponse(result=_value(answer.result))
+            stopped = answer.error is not None and answer.error.get("type") == "NotRunning"
+            if not stopped:
+                if answer.error is not None:
+                    raise _handler_error(answer.error, "query", name, node)
+                return workflow_pb.QueryRunResponse(result=_value(answer.result))
+            # The body stopped on its worker meanwhile (it waits now, say): what it
+            # published answers, as for a node no worker runs.
+        return await self._published(run_id, node, name, request, where.node_status)
+
+    async def _published(
+        self,
+        run_id: uuid.UUID,
+        node: str,
+        name: str,
+        request: workflow_pb.QueryRunRequest,
+        node_status: str,
+    ) -> workflow_pb.QueryRunResponse:
+        """QueryRun when no worker runs the node: the value its body last published."""
         if len(request.args.values):
             raise errors.FailedPrecondition(
-                f"no worker is running node {node} of run {run_id} (it is {where.node_status}): "
+                f"no worker is running node {node} of run {run_id} (it is {node_status}): "
                 "a query with arguments needs one; without arguments it is answered from the "
                 "values the body published"
             )
         published = await self.db.queries.query_state_get(run_id, node, name)
         if published is None:
             raise errors.FailedPrecondition(
-                f"no worker is running node {node} of run {run_id} (it is {where.node_status}) "
+                f"no worker is running node {node} of run {run_id} (it is {node_status}) "
                 f"and its body published no value for query {name!r}"
             )
         return workflow_pb.QueryRunResponse(
