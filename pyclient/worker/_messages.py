@@ -158,7 +158,7 @@ class BodyMessages:
             args = [from_value(v) for v in update.args.values]
             body.handlers.deliver(Delivered(update.update_id, update.name, args))
         for query in response.queries:
-            answer = pb.QueryAnswer(query_id=query.query_id)
+            answer = pb.QueryAnswer(query_id=query.query_id, run_id=query.run_id)
             body = self.bodies.get((query.run_id, query.node))
             if body is None:
                 answer.error_type = "NotRunning"

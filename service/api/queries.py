@@ -21,7 +21,15 @@ from service import errors
 from service.api import convert
 from service.api.ids import parse_uuid
 from service.api.status import rpc
-from service.api.validate import Context, actor_of, node_name, seconds, step_call_name, text
+from service.api.validate import (
+    MAX_ERROR_TEXT,
+    Context,
+    actor_of,
+    node_name,
+    seconds,
+    step_call_name,
+    text,
+)
 from service.db import Database
 from service.engine.notify import Dispatcher
 
@@ -113,9 +121,11 @@ class RunMessages:
         if where.node_status == "running":
             query_id = await self.db.queries.query_ask(run_id, node, name, args, wait)
             try:
-                answer = await _polled(lambda: self._answered(query_id), time.monotonic() + wait)
+                answer = await _polled(
+                    lambda: self._answered(run_id, query_id), time.monotonic() + wait
+                )
             finally:
-                await self.db.queries.query_forget(query_id)
+                await self.db.queries.query_forget(run_id, query_id)
             if answer is None:
                 raise errors.DeadlineExceeded(
                     f"the worker running node {node} of run {run_id} did not answer query "
@@ -157,8 +167,8 @@ class RunMessages:
             published_at=convert.timestamp(published.published_at),
         )
 
-    async def _answered(self, query_id: int) -> Any:
-        row = await self.db.queries.query_answer(query_id)
+    async def _answered(self, run_id: uuid.UUID, query_id: int) -> Any:
+        row = await self.db.queries.query_answer(run_id, query_id)
         return row if row is not None and row.answered else None
 
     @rpc
@@ -241,12 +251,16 @@ class WorkerInbox:
             )
         answers = []
         for a in request.answers:
+            answer: dict[str, Any] = {"run_id": str(parse_uuid(a.run_id)), "query_id": a.query_id}
             if a.error_type:
-                error = {"type": a.error_type, "message": a.error_message}
-                answers.append({"query_id": a.query_id, "result": None, "error": error})
+                error = {
+                    "type": text(a.error_type, "error_type", 200),
+                    "message": text(a.error_message, "error_message", MAX_ERROR_TEXT),
+                }
+                answers.append({**answer, "result": None, "error": error})
             else:
                 result = self.payloads.to_python(a.result, "a query's result")
-                answers.append({"query_id": a.query_id, "result": result, "error": None})
+                answers.append({**answer, "result": result, "error": None})
         await self.db.queries.inbox_answer(answers)
         published = [
             {

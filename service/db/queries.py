@@ -129,11 +129,11 @@ class Queries(Repository):
         assert row is not None
         return row.query_id
 
-    async def query_answer(self, query_id: int) -> Answer | None:
-        return await self._one("query_answer", Answer, query_id=query_id)
+    async def query_answer(self, run_id: uuid.UUID, query_id: int) -> Answer | None:
+        return await self._one("query_answer", Answer, run_id=str(run_id), query_id=query_id)
 
-    async def query_forget(self, query_id: int) -> None:
-        await self._all("query_forget", Forgotten, query_id=query_id)
+    async def query_forget(self, run_id: uuid.UUID, query_id: int) -> None:
+        await self._all("query_forget", Forgotten, run_id=str(run_id), query_id=query_id)
 
     async def query_state_get(self, run_id: uuid.UUID, node: str, name: str) -> Published | None:
         return await self._one(

@@ -33,10 +33,12 @@ RETURNING query_id, 'cyclone.inbox:' || run_id AS ready;
 -- name: query_answer
 SELECT q.answered_at IS NOT NULL AS answered, q.result, q.error
   FROM cyclone.run_queries q
- WHERE q.query_id = :query_id;
+ WHERE q.run_id = CAST(:run_id AS uuid) AND q.query_id = :query_id;
 
 -- name: query_forget
-DELETE FROM cyclone.run_queries q WHERE q.query_id = :query_id RETURNING q.query_id;
+DELETE FROM cyclone.run_queries q
+ WHERE q.run_id = CAST(:run_id AS uuid) AND q.query_id = :query_id
+RETURNING q.query_id;
 
 -- name: query_state_get
 SELECT q.value, q.published_at
@@ -44,11 +46,12 @@ SELECT q.value, q.published_at
  WHERE q.run_id = CAST(:run_id AS uuid) AND q.node = :node AND q.name = :query_name;
 
 -- name: inbox_answer
--- A worker's answers: items [{query_id, result, error}]; the runs answered.
+-- A worker's answers: items [{run_id, query_id, result, error}]; the runs answered.
 UPDATE cyclone.run_queries q
    SET answered_at = cyclone.now(), result = a.result, error = a.error
-  FROM jsonb_to_recordset(CAST(:items AS jsonb)) a(query_id bigint, result jsonb, error jsonb)
- WHERE q.query_id = a.query_id AND q.answered_at IS NULL
+  FROM jsonb_to_recordset(CAST(:items AS jsonb))
+       a(run_id uuid, query_id bigint, result jsonb, error jsonb)
+ WHERE q.run_id = a.run_id AND q.query_id = a.query_id AND q.answered_at IS NULL
 RETURNING q.run_id;
 
 -- name: inbox_publish

@@ -9,9 +9,10 @@
 
 -- One question to the worker running a node, from QueryRun: asked, handed out once
 -- (delivered_at), answered (answered_at, with result or error {type, message}). The
--- server that asked deletes the row once answered or timed out.
+-- server that asked deletes the row once answered or timed out. Keyed by run_id first,
+-- as every run-level table (shard-ready for Citus).
 CREATE TABLE cyclone.run_queries (
-    query_id     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    query_id     bigint      GENERATED ALWAYS AS IDENTITY,
     run_id       uuid        NOT NULL,
     node         text        COLLATE "C" NOT NULL,
     name         text        NOT NULL,
@@ -22,6 +23,7 @@ CREATE TABLE cyclone.run_queries (
     answered_at  timestamptz,
     result       jsonb,
     error        jsonb,
+    PRIMARY KEY (run_id, query_id),
     FOREIGN KEY (run_id, node) REFERENCES cyclone.steps ON DELETE CASCADE
 );
 

@@ -461,16 +461,18 @@ class InboxNode(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., after_update: _Optional[int] = ...) -> None: ...
 
 class QueryAnswer(_message.Message):
-    __slots__ = ("query_id", "result", "error_type", "error_message")
+    __slots__ = ("query_id", "result", "error_type", "error_message", "run_id")
     QUERY_ID_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     query_id: int
     result: _struct_pb2.Value
     error_type: str
     error_message: str
-    def __init__(self, query_id: _Optional[int] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error_type: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+    run_id: str
+    def __init__(self, query_id: _Optional[int] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error_type: _Optional[str] = ..., error_message: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class PublishedQuery(_message.Message):
     __slots__ = ("run_id", "node", "attempt", "name", "value")

@@ -2922,7 +2922,9 @@ type QueryAnswer struct {
 	// raised (its exception's class name); result is then unset.
 	ErrorType string `protobuf:"bytes,3,opt,name=error_type,json=errorType,proto3" json:"error_type,omitempty"`
 	// The error's message.
-	ErrorMessage  string `protobuf:"bytes,4,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	ErrorMessage string `protobuf:"bytes,4,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	// InboxQuery.run_id.
+	RunId         string `protobuf:"bytes,5,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2981,6 +2983,13 @@ func (x *QueryAnswer) GetErrorType() string {
 func (x *QueryAnswer) GetErrorMessage() string {
 	if x != nil {
 		return x.ErrorMessage
+	}
+	return ""
+}
+
+func (x *QueryAnswer) GetRunId() string {
+	if x != nil {
+		return x.RunId
 	}
 	return ""
 }
@@ -3510,13 +3519,14 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\tInboxNode\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12!\n" +
-	"\fafter_update\x18\x03 \x01(\x03R\vafterUpdate\"\x9c\x01\n" +
+	"\fafter_update\x18\x03 \x01(\x03R\vafterUpdate\"\xb3\x01\n" +
 	"\vQueryAnswer\x12\x19\n" +
 	"\bquery_id\x18\x01 \x01(\x03R\aqueryId\x12.\n" +
 	"\x06result\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x06result\x12\x1d\n" +
 	"\n" +
 	"error_type\x18\x03 \x01(\tR\terrorType\x12#\n" +
-	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"\x97\x01\n" +
+	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\x12\x15\n" +
+	"\x06run_id\x18\x05 \x01(\tR\x05runId\"\x97\x01\n" +
 	"\x0ePublishedQuery\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x18\n" +
