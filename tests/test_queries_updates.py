@@ -4,6 +4,7 @@ recorded in the journal, answered with the handler's result, exactly once."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 from typing import Any
@@ -71,8 +72,11 @@ def _worker(address: str) -> Worker:
 
 
 def _waiting(client: Client, run_id: str, node: str) -> bool:
+    """The node waits for its event, suspended (not woken to be claimed again)."""
     step = client.get_run(run_id).step(node)
-    return step.status == "available" and bool(step.waiting_for)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    woken = step.available_at is None or step.available_at < later
+    return step.status == "available" and bool(step.waiting_for) and not woken
 
 
 def test_an_update_is_applied_recorded_and_answered_and_queries_see_it(cyclone_server):
@@ -89,7 +93,9 @@ def test_an_update_is_applied_recorded_and_answered_and_queries_see_it(cyclone_s
         again = client.update(run_id, "cart", "add_item", "apple", update_id="u-1")
         assert (again.result, again.created, again.seq) == (1, False, first.seq)
 
-        # The node waits (no worker runs it): the value its body last published.
+        # Once the node waits (no worker runs it): the value its body last published.
+        eventually(lambda: _waiting(client, run_id, "cart"), "the body waits again")
+
         def published_both() -> Any:
             answer = client.query(run_id, "cart", "items")
             return answer if answer.result == ["apple", "pear"] else None
@@ -123,6 +129,7 @@ def test_refusals_name_what_happened(cyclone_server):
             client.update(run_id, "cart", "add_item", "kiwi", update_id="u-2")
             client.update(run_id, "cart", "add_item", "plum", update_id="u-2")
         assert exists.value.code == grpc.StatusCode.ALREADY_EXISTS
+        eventually(lambda: _waiting(client, run_id, "cart"), "the body waits again")
         with pytest.raises(FailedPrecondition, match="published no value for query 'nothing'"):
             client.query(run_id, "cart", "nothing")
         with pytest.raises(FailedPrecondition, match="a query with arguments needs one"):
@@ -164,6 +171,7 @@ def test_the_cli_queries_and_updates(cyclone_server, capsys):
         assert capsys.readouterr().out == "1\n"
         assert cli.main(["update", run_id, "cart", "add_item", '"fig"', "--id", "f", *address]) == 0
         assert "was sent before" in capsys.readouterr().out
+        eventually(lambda: _waiting(client, run_id, "cart"), "the body waits again")
 
         def published() -> Any:
             if cli.main(["query", run_id, "cart", "items", "--json", *address]) != 0:

@@ -54,15 +54,20 @@ class JournalPoints:
 
     def _fetch_before_wait(self, entry: StepCall | None) -> None:
         """A wait is about to be asked (the node gives up its lease with it): the
-        updates sent to the node are fetched first, to be applied at this point."""
+        updates sent to the node are fetched first, to be applied at this point (by a
+        body that takes updates: one with an update handler)."""
         fetch = getattr(self.backend, "fetch_updates", None)
-        if fetch is not None and (entry is None or entry.status in NOT_OVER):
+        if self._fetches(fetch, entry):
             self._journal(fetch)
 
     async def _fetch_before_wait_async(self, entry: StepCall | None) -> None:
         fetch = getattr(self.backend, "fetch_updates_async", None)
-        if fetch is not None and (entry is None or entry.status in NOT_OVER):
+        if fetch is not None and self._fetches(fetch, entry):
             await self._ajournal(fetch())
+
+    def _fetches(self, fetch: Any, entry: StepCall | None) -> bool:
+        asked = entry is None or entry.status in NOT_OVER
+        return fetch is not None and asked and bool(self.handlers.updates)
 
     def markers_flushed(self) -> None:
         """Before a call runs: the patch markers recorded so far are durable. A call may

@@ -66,12 +66,16 @@ CREATE TABLE cyclone.run_updates (
 
 CREATE INDEX run_updates_seq_idx ON cyclone.run_updates (run_id, node, seq);
 
--- Whether updates sent to the node wait to be applied (no journal entry yet): a wait
--- that suspends the node then makes it available at once (step_wait).
-CREATE FUNCTION cyclone._updates_waiting(p_run_id uuid, p_node text) RETURNS boolean
+-- Whether updates sent to the node after p_since (its attempt's claim) wait to be
+-- applied (no journal entry yet): a wait that suspends the node then makes it
+-- available at once (step_wait). Those sent before were there for the attempt to take:
+-- a body that has no update handler leaves them, and is not woken again and again.
+CREATE FUNCTION cyclone._updates_waiting(p_run_id uuid, p_node text, p_since timestamptz)
+RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM cyclone.run_updates u
                     WHERE u.run_id = p_run_id AND u.node = p_node
+                      AND u.created_at > p_since
                       AND NOT EXISTS (SELECT 1 FROM cyclone.step_calls c
                                        WHERE c.run_id = u.run_id AND c.node = u.node
                                          AND c.step_id = 'update:' || u.update_id))
@@ -256,10 +260,12 @@ BEGIN
     UPDATE cyclone.steps s
        SET status = CASE WHEN v_status = 'running' AND NOT v_paused THEN 'available'
                          ELSE 'pending' END,
-           -- An update sent while the body ran and not applied yet (update_send could
-           -- not wake a running node): available at once, to apply it at this wait.
+           -- An update sent while this attempt ran and not applied yet (update_send
+           -- could not wake a running node; the body fetched the updates sent before
+           -- it asked): available at once, for the next attempt to apply it here.
            available_at = CASE WHEN v_status <> 'running' THEN NULL
-                               WHEN cyclone._updates_waiting(p_run_id, p_node) THEN v_now
+                               WHEN cyclone._updates_waiting(p_run_id, p_node, s.started_at)
+                               THEN v_now
                                ELSE coalesce(v_call.wake_at, cyclone._wait_forever()) END,
            lease_token = NULL, lease_expires_at = NULL, resumes = s.resumes + 1,
            waiting_for = v_for
