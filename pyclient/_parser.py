@@ -44,6 +44,7 @@ from pyclient._commands import (
     status_flag,
 )
 from pyclient._deadline_cli import deadline_commands
+from pyclient._messages_cli import message_commands
 from pyclient._pause_cli import pause_commands
 from pyclient._stream_cli import stream_commands
 from pyclient.client import default_address
@@ -216,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
         deadline_commands,
         _event_commands,
         callback_commands,
+        message_commands,
         _journal_commands,
         _console_command,
     ):

@@ -137,6 +137,9 @@ class Call(Generic[T]):
     method: str
     request: pb_message.Message
     parse: Callable[[Any], T]
+    #: Seconds the server may wait before it answers (QueryRun, UpdateRun's timeout),
+    #: added to the client's call timeout.
+    wait: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

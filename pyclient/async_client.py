@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from pyclient import _run_messages as run_messages
 from pyclient._bulk import bulk_calls
 from pyclient._callbacks import AsyncCallbackMethods
 from pyclient._requests import (
@@ -24,6 +25,7 @@ from pyclient._requests import (
     default_address,
     stubs,
 )
+from pyclient._run_messages import QueryAnswer, UpdateResult
 from pyclient._schedule_calls import schedule_calls
 from pyclient._streams import StreamChunk, StreamSummary, list_call, read_async, read_request
 from pyclient._tracing import SUBMITS, with_context
@@ -93,7 +95,7 @@ class AsyncClient(AsyncCallbackMethods):
             metadata = self._metadata
             if call.method in SUBMITS:  # the run continues the caller's trace
                 metadata = with_context(metadata)
-            response = await rpc(call.request, timeout=self.timeout, metadata=metadata)
+            response = await rpc(call.request, timeout=self.timeout + call.wait, metadata=metadata)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         return call.parse(response)
@@ -250,6 +252,26 @@ class AsyncClient(AsyncCallbackMethods):
         self, run_id: str, name: str, payload: Any = None, key: str | None = None
     ) -> EventSent:
         return await self._invoke(calls.send_event(run_id, name, payload, key))
+
+    async def query(
+        self, run_id: str, node: str, name: str, *args: Any, timeout: float | None = None
+    ) -> QueryAnswer:
+        """As Client.query."""
+        return await self._invoke(run_messages.query_run(run_id, node, name, args, timeout))
+
+    async def update(
+        self,
+        run_id: str,
+        node: str,
+        name: str,
+        *args: Any,
+        update_id: str | None = None,
+        timeout: float | None = None,
+    ) -> UpdateResult:
+        """As Client.update."""
+        return await self._invoke(
+            run_messages.update_run(run_id, node, name, args, update_id, timeout)
+        )
 
     async def explain(self, run_id: str, node: str) -> Explanation:
         return await self._invoke(calls.explain(run_id, node))

@@ -31,7 +31,7 @@ from pyclient._render import (
     to_text,
 )
 from pyclient.client import Client
-from pyclient.errors import CycloneError, Unavailable
+from pyclient.errors import CycloneError, DeadlineExceeded, Unavailable
 from pyclient.models import Explanation, Run, RunStatus, Schedule
 
 __all__ = ["EXIT_STATUS", "build_parser", "load_workflow_file", "main", "render_run"]
@@ -121,6 +121,9 @@ def main(argv: Sequence[str] | None = None, *, client: Client | None = None) -> 
         # run wait names its run from the start; other commands had none to name yet.
         _interrupted(getattr(args, "run_id", None) if getattr(args, "settles", False) else None)
         return INTERRUPTED
+    except DeadlineExceeded as exc:  # the server's own (a query, an update), or the call's
+        print(f"cyclone: error: {exc.message}", file=sys.stderr)
+        return 1
     except Unavailable as exc:
         print(
             f"cyclone: error: cannot reach a Cyclone server at {args.address} ({exc.message}). "

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from pyclient import _run_messages as run_messages
 from pyclient._bulk import bulk_calls
 from pyclient._callbacks import CallbackMethods
 from pyclient._requests import (
@@ -31,6 +32,7 @@ from pyclient._requests import (
     default_address,
     stubs,
 )
+from pyclient._run_messages import QueryAnswer, UpdateResult
 from pyclient._schedule_calls import schedule_calls
 from pyclient._streams import StreamChunk, StreamSummary, list_call, read_request, read_sync
 from pyclient._tracing import SUBMITS, with_context
@@ -117,7 +119,7 @@ class Client(CallbackMethods):
             metadata = self._metadata
             if call.method in SUBMITS:  # the run continues the caller's trace
                 metadata = with_context(metadata)
-            response = rpc(call.request, timeout=self.timeout, metadata=metadata)
+            response = rpc(call.request, timeout=self.timeout + call.wait, metadata=metadata)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         return call.parse(response)
@@ -303,6 +305,36 @@ class Client(CallbackMethods):
         each event once; a node waiting for it resumes at once. With ``key``, a repeat
         sends nothing and returns the first event (``created`` False)."""
         return self._invoke(calls.send_event(run_id, name, payload, key))
+
+    def query(
+        self, run_id: str, node: str, name: str, *args: Any, timeout: float | None = None
+    ) -> QueryAnswer:
+        """Ask the query handler ``name`` of the durable function running ``node``
+        (registered with ``ctx.query``), with JSON ``args``: answered by the worker
+        running the body (read-only, not journaled) or, when none runs it, from the
+        value the body last published (``published`` True). NotFound for an unknown
+        handler; FailedPrecondition when nothing can answer; DeadlineExceeded when the
+        worker did not answer within ``timeout`` seconds (default 10)."""
+        return self._invoke(run_messages.query_run(run_id, node, name, args, timeout))
+
+    def update(
+        self,
+        run_id: str,
+        node: str,
+        name: str,
+        *args: Any,
+        update_id: str | None = None,
+        timeout: float | None = None,
+    ) -> UpdateResult:
+        """Send the update ``name`` with JSON ``args`` to the durable function running
+        ``node``; its handler (``ctx.update``) applies it at the body's next journal
+        point, recorded in the journal (exactly once, also across crashes), and its
+        return value is ``.result``. ``update_id`` is the idempotency key: a repeat
+        sends nothing and returns the first update's outcome. FailedPrecondition when
+        the handler raised or the run or node is finished; NotFound for an unknown
+        handler; DeadlineExceeded when it was not applied within ``timeout`` seconds
+        (default 30; it stays recorded: call again with the same id)."""
+        return self._invoke(run_messages.update_run(run_id, node, name, args, update_id, timeout))
 
     def explain(self, run_id: str, node: str) -> Explanation:
         """Why ``node`` is not running now: waiting on upstream nodes, backing off,

@@ -14,10 +14,12 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pyclient.errors import OutsideHandler
 from pyclient.models import timestamp_datetime
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
     import psycopg
@@ -339,6 +341,33 @@ class Context:
         if self._scope is None:
             raise RuntimeError("record_step_call() exists only inside a step call")
         self._scope.record(conn, output)
+
+    def query(self, name: str) -> Callable[[_F], _F]:
+        """Decorator: register a query handler of this durable function, answered for
+        QueryRun (``client.query``) while the body runs, without journaling; a handler
+        that takes no arguments also has its value published at each journal point, for
+        the queries asked when no worker runs the body. Call it in the body, before its
+        first step call (docs/durable-functions.md, "Queries and updates")."""
+        register: Callable[[_F], _F] = self._body_handlers("query").query(name)
+        return register
+
+    def update(self, name: str) -> Callable[[_F], _F]:
+        """Decorator: register an update handler of this durable function (a plain
+        function), for UpdateRun (``client.update``): the body applies each update at
+        its next journal point and records it there, so that a replay applies it again
+        at the same point; the caller gets the handler's return value. Call it in the
+        body, before its first step call."""
+        register: Callable[[_F], _F] = self._body_handlers("update").update(name)
+        return register
+
+    def _body_handlers(self, kind: str) -> Any:
+        handlers = getattr(self._durable, "handlers", None)
+        if handlers is None or self.step_id is not None:
+            raise OutsideHandler(
+                f"ctx.{kind}() registers a handler of a durable function: call it in the "
+                "body of a @worker.workflow (not in a step or a plain action)"
+            )
+        return handlers
 
     def completion_tx(self) -> psycopg.Connection:
         """A psycopg connection in the transaction that will complete this step.

@@ -84,6 +84,12 @@ class Unavailable(CycloneError):
     kind = ErrorKind.UNAVAILABLE
 
 
+class DeadlineExceeded(CycloneError):
+    """It did not happen in time."""
+
+    kind = ErrorKind.DEADLINE_EXCEEDED
+
+
 _BY_KIND: dict[ErrorKind, type[CycloneError]] = {
     cls.kind: cls
     for cls in (InvalidArgument, NotFound, FailedPrecondition, ResourceExhausted, Unavailable)

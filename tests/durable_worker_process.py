@@ -20,6 +20,11 @@ Durable functions (actions):
     ``"event": true`` in the input, ``wait_for_event("go")``, then ``third``.
     ``--hang before-wait`` / ``after-wait`` hangs the body just before the wait, or
     just after it returned (on the attempt that resumed).
+``counter``
+    ``first``, then ``wait_for_event("go")``, then ``third``; its update handler
+    ``add(k)`` adds ``k`` to a total (writing a line of phase "applied" each time it
+    runs, first time or replay), its query handler ``total`` reads it.
+    ``--hang after-wait`` hangs the body just after the wait returned.
 ``parent``
     ``first``, then ``start_child("kid", {"n": ...})`` (a child run of ``kid``, which
     doubles ``n``), then waits for its result and returns it with the child's id.
@@ -144,6 +149,27 @@ def main() -> None:
         got = wait_for_event("go") if data.get("event") else sleep(data.get("sleep", 1))
         hang_at("after-wait", "napper")
         return {"a": a, "got": got, "c": third(a)}
+
+    # -- counter ----------------------------------------------------------------------
+
+    @worker.workflow("counter")
+    def counter(ctx, data: dict) -> dict:
+        state = {"total": 0}
+
+        @ctx.update("add")
+        def add(k: int) -> int:
+            state["total"] += k
+            record("add", "applied", k)
+            return state["total"]
+
+        @ctx.query("total")
+        def total() -> int:
+            return state["total"]
+
+        a = first(data["n"])
+        got = wait_for_event("go")
+        hang_at("after-wait", "counter")
+        return {"a": a, "got": got, "total": state["total"], "c": third(a)}
 
     # -- parent -----------------------------------------------------------------------
 

@@ -205,8 +205,10 @@ def call(server: Any, method: str, streaming: tuple[bool, bool], metadata: tuple
     return grpc.StatusCode.OK, ""
 
 
-#: The reads whose fields are all optional: an empty request is a valid one.
+#: The reads whose fields are all optional: an empty request is a valid one (and
+#: Inbox: a worker's mailbox naming no node, holding no answer, is an empty look).
 OPTIONAL_READS = (
+    "/Inbox",
     "/ListRuns",
     "/CountRuns",
     "/ListWorkers",

@@ -39,7 +39,7 @@ def _commands() -> list[str]:
 @pytest.mark.parametrize("line", _commands())
 def test_command_parses_with_the_real_command_line(line):
     args = cli.build_parser().parse_args(shlex.split(line.replace("<run_id>", "RUN"))[1:])
-    assert args.command in ("resolve", "run", "journal")
+    assert args.command in ("resolve", "run", "journal", "query", "update")
 
 
 class Fake:

@@ -166,6 +166,44 @@ def test_a_body_killed_at_an_event_wait_gets_the_event_sent_meanwhile(lab):
     assert lab.effects() == {"first": 1, "third": 1}
 
 
+def test_an_update_applied_before_a_kill_is_replayed_from_the_journal_not_applied_again(lab):
+    run_id = lab.client.start("counter", {"n": 1})
+    proc = lab.start_worker("--hang", "after-wait")
+    following = lab.start_worker(gated=True)
+    eventually(
+        lambda: lab.journal(run_id, "counter")[-1:] == [("event:go", 2, "waiting")],
+        "the body to wait for go",
+    )
+    # The update wakes the waiting node; its body applies it at the wait and records it.
+    added = lab.client.update(run_id, "counter", "add", 5, update_id="add-5")
+    assert (added.result, added.seq, added.created) == (5, 3, True)
+    lab.client.send_event(run_id, "go", "now")
+    eventually(lab.paused, "the body to pass its wait")  # the update replayed, then killed
+    lab.kill(proc)
+    lab.expire_leases()
+    # No worker runs the body: the total it published.
+    answer = eventually(
+        lambda: (a := lab.client.query(run_id, "counter", "total")).result == 5 and a,
+        "the published total",
+    )
+    assert answer.published
+    lab.release(following)
+    run = lab.wait(run_id)
+    assert run.status == "completed"
+    assert run.step("counter").output == {"a": 2, "got": "now", "total": 5, "c": 5}
+    assert [e for e in lab.journal(run_id, "counter") if e[0].startswith("update:")] == [
+        ("update:add-5", 3, "succeeded")
+    ]
+    # Applied once, then replayed from the journal by each later attempt (the killed one
+    # and the next worker's): never taken from the queue a second time.
+    applied = [line for line in lab.lines() if line["phase"] == "applied"]
+    assert [line["detail"] for line in applied] == [5, 5, 5]
+    assert len({line["pid"] for line in applied}) == 2
+    # The same update id again: nothing sent, the recorded outcome answered.
+    again = lab.client.update(run_id, "counter", "add", 5, update_id="add-5")
+    assert (again.result, again.created) == (5, False)
+
+
 def test_a_body_killed_after_its_event_wait_replays_the_payload_without_consuming_again(lab):
     run_id = lab.client.start("napper", {"n": 1, "event": True})
     lab.client.send_event(run_id, "go", "first")

@@ -53,6 +53,7 @@ class ErrorKind(enum.Enum):
     LEASE_LOST = grpc.StatusCode.ABORTED
     RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
     UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+    DEADLINE_EXCEEDED = grpc.StatusCode.DEADLINE_EXCEEDED
     INTERNAL = grpc.StatusCode.INTERNAL
 
     @property

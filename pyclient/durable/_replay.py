@@ -57,6 +57,7 @@ from pyclient.durable._errors import (
     Suspended,
 )
 from pyclient.durable._failure import record_error, step_failed
+from pyclient.durable._handlers import UPDATE_FUNCTION, BodyHandlers
 from pyclient.durable._mismatch import (
     MAX_PATCH_ID,
     PATCH_FUNCTION,
@@ -67,6 +68,7 @@ from pyclient.durable._mismatch import (
     named,
     now_making,
 )
+from pyclient.durable._points import NOT_OVER, JournalPoints
 from pyclient.durable._scope import StepScope
 from pyclient.errors import (
     CycloneError,
@@ -79,11 +81,6 @@ from pyclient.models import StepCall, StepCallError, StepCallStatus
 
 T = TypeVar("T")
 
-#: What a patch marker records as its output.
-_PATCH_OUTPUT = json_value("true")
-#: A wait's entry that has no outcome: not over, or never over (GetRun shows a wait of a
-#: cancelled run as cancelled, as a replay check reads it).
-_NOT_OVER = (StepCallStatus.WAITING, StepCallStatus.CANCELLED)
 
 log = logging.getLogger("pyclient.durable")
 
@@ -110,7 +107,7 @@ class _Result:
         return self.value
 
 
-class Replay:
+class Replay(JournalPoints):
     """The step calls of one attempt of a durable function, against its journal.
 
     ``journal`` is the node's journal as claimed; ``is_async`` whether the body is a
@@ -149,6 +146,11 @@ class Replay:
         self.ran: list[str] = []
         #: Step ids answered from the journal in this attempt.
         self.replayed: list[str] = []
+        #: The body's query and update handlers, and the updates delivered to it.
+        self.handlers = BodyHandlers()
+        #: The journal's last seq, and whether it records an update's application.
+        self._last_seq = max(self._by_seq, default=0)
+        self._has_updates = any(e.function == UPDATE_FUNCTION for e in entries)
 
     @property
     def uncertain(self) -> StepCall | None:
@@ -303,40 +305,6 @@ class Replay:
         self._marker_unsent = True
         return True
 
-    def markers_flushed(self) -> None:
-        """Before a call runs: the patch markers recorded so far are durable. A call may
-        record itself out of the order of the ends (its own transaction, a child's
-        start); were it recorded and the marker before it lost, a replay would find a
-        later entry and no marker, and take the old path."""
-        if self._marker_unsent:
-            self._journal(self.backend.flush)
-            self._marker_unsent = False
-
-    async def markers_flushed_async(self) -> None:
-        if self._marker_unsent:
-            await self._ajournal(self.backend.flush_async())
-            self._marker_unsent = False
-
-    def _record_marker(self, call: Call) -> None:
-        """Record a patch marker as a safe call's end, before the body goes on. In an
-        async body through ``end_async``, which posts the End and does not suspend
-        (patched() returns a bool, not an awaitable), so that the marker is sent in
-        order with the body's other ends."""
-        if not self.is_async:
-            self._journal(self.backend.end, call, _PATCH_OUTPUT)
-            return
-        pending = self.backend.end_async(call, _PATCH_OUTPUT)
-        try:
-            pending.send(None)
-        except StopIteration:
-            return
-        except BaseException as exc:
-            raise self._refused(exc)  # noqa: B904 (the refusal is chained to exc)
-        pending.close()
-        raise self._fail(
-            RuntimeError("the journal backend's end_async suspended on a patch marker")
-        )
-
     def _arguments_changed(self, call: Call, entry: StepCall, on_change: str) -> None:
         what = arguments_changed(call, entry)
         if on_change != "allow":
@@ -373,12 +341,12 @@ class Replay:
     ) -> Any:
         call, entry = self.open(fn, step_id, digest)
         if entry is not None and entry.status != StepCallStatus.STARTED:
-            return self._replayed(entry, call)
+            return self._then_updates(self._replayed, entry, call)
         self.markers_flushed()
         if call.unsafe:
             decision, recorded = self._journal(self.backend.begin, call)
             if decision is not Decision.RUN:
-                return self._decided(call, decision, recorded)
+                return self._then_updates(self._decided, call, decision, recorded)
         self._journal(self.backend.before_run, call)
         with self._running(ctx, call) as scope:
             try:
@@ -388,6 +356,7 @@ class Replay:
         result = self._settle(scope, call, result)
         if not result.recorded:
             self._journal(self.backend.end, call, result.outcome)
+        self.updates_point()
         return result.deliver()
 
     # -- an async step call (numbered by open() when called, run when awaited)
@@ -402,13 +371,13 @@ class Replay:
         kwargs: dict[str, Any],
     ) -> Any:
         if entry is not None and entry.status != StepCallStatus.STARTED:
-            return self._replayed(entry, call)
+            return self._then_updates(self._replayed, entry, call)
         self._raise_if_over()
         await self.markers_flushed_async()
         if call.unsafe:
             decision, recorded = await self._ajournal(self.backend.begin_async(call))
             if decision is not Decision.RUN:
-                return self._decided(call, decision, recorded)
+                return self._then_updates(self._decided, call, decision, recorded)
         await self._ajournal(self.backend.before_run_async(call))
         with self._running(ctx, call) as scope:
             try:
@@ -418,18 +387,26 @@ class Replay:
         result = self._settle(scope, call, result)
         if not result.recorded:
             await self._ajournal(self.backend.end_async(call, result.outcome))
+        self.updates_point()
         return result.deliver()
 
     # -- a wait (sleep, event, child): numbered by open() when called
 
     def wait(self, call: Call, entry: StepCall | None, until: Until) -> Any:
-        if entry is not None and entry.status not in _NOT_OVER:
+        # Updates apply before the wait is asked (the node holds its lease until then)
+        # or its recorded outcome returns: a replay applies them at the same point. The
+        # ones sent meanwhile are fetched first: the node gives up its lease with the wait.
+        self._fetch_before_wait(entry)
+        self.updates_point()
+        if entry is not None and entry.status not in NOT_OVER:
             return self._waited(entry)
         self._raise_if_over()
         return self._wait_answer(*self._journal(self.backend.wait, call, until))
 
     async def wait_async(self, call: Call, entry: StepCall | None, until: Until) -> Any:
-        if entry is not None and entry.status not in _NOT_OVER:
+        await self._fetch_before_wait_async(entry)
+        self.updates_point()
+        if entry is not None and entry.status not in NOT_OVER:
             return self._waited(entry)
         self._raise_if_over()
         return self._wait_answer(*await self._ajournal(self.backend.wait_async(call, until)))

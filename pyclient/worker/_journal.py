@@ -91,6 +91,8 @@ class GrpcJournal:
         #: body's): the next call's function waits for them.
         self._unrecorded: list[concurrent.futures.Future[None]] = []
         self._unrecorded_async: _Unrecorded | None = None
+        #: The worker's queries and updates (pyclient.worker._messages.BodyMessages).
+        self.messages: Any = None
 
     def before_run(self, call: Call) -> None:
         """The node's earlier ends are recorded (durably), then the function of
@@ -181,6 +183,26 @@ class GrpcJournal:
             answer.set_exception(exc)
         else:
             answer.set_result(None)
+
+    def fetch_updates(self) -> None:
+        """Before a wait is asked: the updates sent to the node, handed to its body."""
+        if self.messages is None:
+            return
+        pending = asyncio.run_coroutine_threadsafe(
+            self.messages.fetch(self.step.run_id, self.step.node), self.shared.loop
+        )
+        try:
+            pending.result(timeout=self._patience)
+        except concurrent.futures.TimeoutError:
+            pending.cancel()
+
+    async def fetch_updates_async(self) -> None:
+        if self.messages is None:
+            return
+        pending = asyncio.run_coroutine_threadsafe(
+            self.messages.fetch(self.step.run_id, self.step.node), self.shared.loop
+        )
+        await asyncio.wrap_future(pending)
 
     def wait(self, call: Call, until: Until) -> tuple[WaitDecision, StepCall]:
         answer: concurrent.futures.Future[pb.WaitResponse] = concurrent.futures.Future()

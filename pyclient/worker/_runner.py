@@ -30,6 +30,7 @@ from pyclient.worker._config import WorkerConfig, worker_limits
 from pyclient.worker._executor import AsyncCall, Executor
 from pyclient.worker._journal import GrpcJournal, Journaling
 from pyclient.worker._streams import StepStreams
+from pyclient.worker._messages import BodyMessages
 from pyclient.worker._watch import Times, Watch, Watching
 
 #: The upstream outputs of a step that has none (most).
@@ -57,6 +58,8 @@ class StepRunner:
         self.pool = pool
         self.watching = watching
         self.journaling = journaling
+        #: The queries and updates of the bodies running here.
+        self.messages = BodyMessages(journaling)
         self.policy = watching.policy
         #: What step calls are checked against: the server's limits once announced.
         self.limits: Limits = worker_limits(config)
@@ -102,16 +105,17 @@ class StepRunner:
         if has_deadline:
             ts = step.deadline
             deadline = ts.seconds + ts.nanos * 1e-9
-        replay = (
-            Replay(
+        replay = None
+        if action.durable:
+            journal = GrpcJournal(self.journaling, step, control)
+            journal.messages = self.messages
+            replay = Replay(
                 map(StepCall.from_proto, step.journal),
-                GrpcJournal(self.journaling, step, control),
+                journal,
                 is_async=action.is_async,
                 limits=self.limits,
             )
-            if action.durable
-            else None
-        )
+            self.messages.add(step, replay.handlers)
         ctx = self._context(step, control, replay, has_deadline)
         policy = self.policy
         budget = policy.budget(lease_end, deadline, action)
@@ -272,6 +276,8 @@ class StepRun:
         if self.ended:
             return
         self.ended = True
+        if self.replay is not None:
+            self.runner.messages.remove(self.step, self.replay.handlers)
         # As _over(), without the call.
         if self.armed:
             self.armed = False
@@ -310,6 +316,8 @@ class StepRun:
                     await self.finishing
             return
         self.ended = True
+        if self.replay is not None:
+            self.runner.messages.remove(self.step, self.replay.handlers)
         call = self.call
         self._over()
         if call is not None:

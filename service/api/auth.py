@@ -55,6 +55,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "CreateApproval",
             "Work",
             "EmitChunks",
+            "Inbox",
         )
     },
     **{
@@ -72,6 +73,8 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
             "ListWorkers",
             "ReadStream",
             "ListStreams",
+            "QueryRun",
+            "UpdateRun",
         )
     },
     **{

@@ -25,6 +25,7 @@ from service.api.build import (
     result_bytes,
 )
 from service.api.callbacks import CallbacksWorker
+from service.api.queries import WorkerInbox
 from service.api.status import rpc
 from service.api.streams import emit_chunks
 from service.api.submit import new_run_of
@@ -57,7 +58,7 @@ log = logging.getLogger("cyclone")
 
 
 class WorkerServicer(
-    WorkStream, WorkerRequests, CallbacksWorker, worker_grpc.WorkerServiceServicer
+    WorkStream, WorkerRequests, CallbacksWorker, WorkerInbox, worker_grpc.WorkerServiceServicer
 ):
     def __init__(
         self,

@@ -30,6 +30,7 @@ from service.api.build import (
     step_proto,
 )
 from service.api.ids import parse_uuid
+from service.api.queries import RunMessages
 from service.api.status import rpc, stream_rpc
 from service.api.streams import list_streams, read_stream
 from service.api.submit import deadline_time, new_run_of, start_time
@@ -65,7 +66,7 @@ from service.metrics import Metrics
 log = logging.getLogger("cyclone")
 
 
-class WorkflowServicer(workflow_grpc.WorkflowServiceServicer):
+class WorkflowServicer(RunMessages, workflow_grpc.WorkflowServiceServicer):
     def __init__(
         self,
         db: Database,

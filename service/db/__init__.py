@@ -16,6 +16,7 @@ from service.db.claim import Steps
 from service.db.completion import Reports
 from service.db.operator import Operator
 from service.db.pool import Pool
+from service.db.queries import Queries
 from service.db.retention import Retention
 from service.db.runs import Runs
 from service.db.schedules import Schedules
@@ -57,6 +58,7 @@ class Database:
         self.bulk = Bulk(self.pool)
         self.streams = Streams(self.pool)
         self.callbacks = Callbacks(self.pool)
+        self.queries = Queries(self.pool)
 
     async def start(self) -> None:
         """Ask the database once whether it is sharded (Citus), and serve it so."""

@@ -52,6 +52,7 @@ FAMILIES = (
     "bulk",
     "streams",
     "callbacks",
+    "queries",
 )
 
 #: Reads with optional filters written "(:x IS NULL OR column = :x)": never prepared, so

@@ -198,8 +198,13 @@ BEGIN
     UPDATE cyclone.steps s
        SET status = CASE WHEN v_status = 'running' AND NOT v_paused THEN 'available'
                          ELSE 'pending' END,
-           available_at = CASE WHEN v_status = 'running'
-                               THEN coalesce(v_call.wake_at, cyclone._wait_forever()) END,
+           -- An update sent while this attempt ran and not applied yet (update_send
+           -- could not wake a running node; the body fetched the updates sent before
+           -- it asked): available at once, for the next attempt to apply it here.
+           available_at = CASE WHEN v_status <> 'running' THEN NULL
+                               WHEN cyclone._updates_waiting(p_run_id, p_node, s.started_at)
+                               THEN v_now
+                               ELSE coalesce(v_call.wake_at, cyclone._wait_forever()) END,
            lease_token = NULL, lease_expires_at = NULL, resumes = s.resumes + 1,
            waiting_for = v_for
      WHERE s.run_id = p_run_id AND s.node = p_node

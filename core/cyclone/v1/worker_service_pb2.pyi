@@ -503,3 +503,91 @@ class CreateApprovalResponse(_message.Message):
     event: str
     decided: bool
     def __init__(self, approval_id: _Optional[str] = ..., token: _Optional[str] = ..., url: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., event: _Optional[str] = ..., decided: _Optional[bool] = ...) -> None: ...
+
+class InboxRequest(_message.Message):
+    __slots__ = ("nodes", "answers", "published", "wait")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[InboxNode]
+    answers: _containers.RepeatedCompositeFieldContainer[QueryAnswer]
+    published: _containers.RepeatedCompositeFieldContainer[PublishedQuery]
+    wait: _duration_pb2.Duration
+    def __init__(self, nodes: _Optional[_Iterable[_Union[InboxNode, _Mapping]]] = ..., answers: _Optional[_Iterable[_Union[QueryAnswer, _Mapping]]] = ..., published: _Optional[_Iterable[_Union[PublishedQuery, _Mapping]]] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class InboxNode(_message.Message):
+    __slots__ = ("run_id", "node", "after_update")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_UPDATE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    after_update: int
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., after_update: _Optional[int] = ...) -> None: ...
+
+class QueryAnswer(_message.Message):
+    __slots__ = ("query_id", "result", "error_type", "error_message", "run_id")
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    query_id: int
+    result: _struct_pb2.Value
+    error_type: str
+    error_message: str
+    run_id: str
+    def __init__(self, query_id: _Optional[int] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error_type: _Optional[str] = ..., error_message: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class PublishedQuery(_message.Message):
+    __slots__ = ("run_id", "node", "attempt", "name", "value")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    attempt: int
+    name: str
+    value: _struct_pb2.Value
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., attempt: _Optional[int] = ..., name: _Optional[str] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+
+class InboxResponse(_message.Message):
+    __slots__ = ("queries", "updates")
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    queries: _containers.RepeatedCompositeFieldContainer[InboxQuery]
+    updates: _containers.RepeatedCompositeFieldContainer[InboxUpdate]
+    def __init__(self, queries: _Optional[_Iterable[_Union[InboxQuery, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[InboxUpdate, _Mapping]]] = ...) -> None: ...
+
+class InboxQuery(_message.Message):
+    __slots__ = ("query_id", "run_id", "node", "name", "args")
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    query_id: int
+    run_id: str
+    node: str
+    name: str
+    args: _struct_pb2.ListValue
+    def __init__(self, query_id: _Optional[int] = ..., run_id: _Optional[str] = ..., node: _Optional[str] = ..., name: _Optional[str] = ..., args: _Optional[_Union[_struct_pb2.ListValue, _Mapping]] = ...) -> None: ...
+
+class InboxUpdate(_message.Message):
+    __slots__ = ("seq", "run_id", "node", "update_id", "name", "args")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    run_id: str
+    node: str
+    update_id: str
+    name: str
+    args: _struct_pb2.ListValue
+    def __init__(self, seq: _Optional[int] = ..., run_id: _Optional[str] = ..., node: _Optional[str] = ..., update_id: _Optional[str] = ..., name: _Optional[str] = ..., args: _Optional[_Union[_struct_pb2.ListValue, _Mapping]] = ...) -> None: ...

@@ -91,6 +91,11 @@ class WorkerServiceStub:
                 request_serializer=cyclone_dot_v1_dot_worker__service__pb2.EmitChunksRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.EmitChunksResponse.FromString,
                 _registered_method=True)
+        self.Inbox = channel.unary_unary(
+                '/cyclone.v1.WorkerService/Inbox',
+                request_serializer=cyclone_dot_v1_dot_worker__service__pb2.InboxRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_worker__service__pb2.InboxResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -267,6 +272,20 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Inbox(self, request, context):
+        """The mailbox of the durable functions a worker runs (queries and updates, see
+        WorkflowService.QueryRun and UpdateRun). The request carries the worker's answers
+        to queries handed out before and the values its bodies' query handlers have now
+        (published; a value of an older attempt than the last published is skipped), and names
+        the nodes whose bodies it runs. The response hands out the queries asked of those
+        nodes that no Inbox handed out yet (each once), and their updates past each
+        node's cursor (after_update) that their journal does not record yet. When there
+        are none it waits up to `wait` (at most 30s) for one to arrive.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -324,6 +343,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.EmitChunks,
                     request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.EmitChunksRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_worker__service__pb2.EmitChunksResponse.SerializeToString,
+            ),
+            'Inbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.Inbox,
+                    request_deserializer=cyclone_dot_v1_dot_worker__service__pb2.InboxRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_worker__service__pb2.InboxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -625,6 +649,33 @@ class WorkerService:
             '/cyclone.v1.WorkerService/EmitChunks',
             cyclone_dot_v1_dot_worker__service__pb2.EmitChunksRequest.SerializeToString,
             cyclone_dot_v1_dot_worker__service__pb2.EmitChunksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Inbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkerService/Inbox',
+            cyclone_dot_v1_dot_worker__service__pb2.InboxRequest.SerializeToString,
+            cyclone_dot_v1_dot_worker__service__pb2.InboxResponse.FromString,
             options,
             channel_credentials,
             insecure,

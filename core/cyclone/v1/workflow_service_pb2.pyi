@@ -1,6 +1,7 @@
 import datetime
 
 from cyclone.v1 import types_pb2 as _types_pb2
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -440,3 +441,55 @@ class StreamSummary(_message.Message):
     bytes: int
     last_emitted_at: _timestamp_pb2.Timestamp
     def __init__(self, name: _Optional[str] = ..., chunks: _Optional[int] = ..., bytes: _Optional[int] = ..., last_emitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class QueryRunRequest(_message.Message):
+    __slots__ = ("run_id", "node", "name", "args", "timeout")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    name: str
+    args: _struct_pb2.ListValue
+    timeout: _duration_pb2.Duration
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., name: _Optional[str] = ..., args: _Optional[_Union[_struct_pb2.ListValue, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class QueryRunResponse(_message.Message):
+    __slots__ = ("result", "published", "published_at")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    result: _struct_pb2.Value
+    published: bool
+    published_at: _timestamp_pb2.Timestamp
+    def __init__(self, result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., published: _Optional[bool] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class UpdateRunRequest(_message.Message):
+    __slots__ = ("run_id", "node", "name", "args", "update_id", "timeout")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node: str
+    name: str
+    args: _struct_pb2.ListValue
+    update_id: str
+    timeout: _duration_pb2.Duration
+    def __init__(self, run_id: _Optional[str] = ..., node: _Optional[str] = ..., name: _Optional[str] = ..., args: _Optional[_Union[_struct_pb2.ListValue, _Mapping]] = ..., update_id: _Optional[str] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class UpdateRunResponse(_message.Message):
+    __slots__ = ("result", "update_id", "created", "seq")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    result: _struct_pb2.Value
+    update_id: str
+    created: bool
+    seq: int
+    def __init__(self, result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., update_id: _Optional[str] = ..., created: _Optional[bool] = ..., seq: _Optional[int] = ...) -> None: ...

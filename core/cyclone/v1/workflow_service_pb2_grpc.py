@@ -95,6 +95,16 @@ class WorkflowServiceStub:
                 request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ListStreamsRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ListStreamsResponse.FromString,
                 _registered_method=True)
+        self.QueryRun = channel.unary_unary(
+                '/cyclone.v1.WorkflowService/QueryRun',
+                request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.QueryRunRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.QueryRunResponse.FromString,
+                _registered_method=True)
+        self.UpdateRun = channel.unary_unary(
+                '/cyclone.v1.WorkflowService/UpdateRun',
+                request_serializer=cyclone_dot_v1_dot_workflow__service__pb2.UpdateRunRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.UpdateRunResponse.FromString,
+                _registered_method=True)
 
 
 class WorkflowServiceServicer:
@@ -215,6 +225,43 @@ class WorkflowServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QueryRun(self, request, context):
+        """Asks a durable function's query handler (registered by its body with
+        ctx.query(name)) for a value; read-only, nothing is journaled. When a worker runs
+        the node, the question goes to it (WorkerService.Inbox) and its answer comes back;
+        otherwise (the node waits, is between attempts, or finished) the answer is the
+        value the handler had at the body's last journal point, as its worker published it
+        (published = true; only handlers that take no arguments publish). NOT_FOUND for an
+        unknown run or node, or a handler the body does not have; FAILED_PRECONDITION when
+        no worker runs the node and nothing was published for that name (or args were
+        given), or when the handler raised (its type and message); DEADLINE_EXCEEDED when
+        the worker did not answer within the timeout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateRun(self, request, context):
+        """Sends an update to a durable function and waits for its outcome. The update is
+        recorded durably first (unique by update_id per node: a repeated call with the
+        same id sends nothing and answers the first update's outcome), then delivered to
+        the body, whose update handler (ctx.update(name)) applies it at its next journal
+        point (a step call's return, a wait); the application is recorded in the node's
+        journal (step_id "update:<update_id>", function "cyclone.update") with the
+        handler's result, so a replay applies it again at the same point and it is never
+        applied twice. A waiting node is woken to apply it. Answers the handler's result;
+        FAILED_PRECONDITION when the handler raised (its type and message), when the run is
+        completed, failed or cancelled, or the node finished (also one that finished before
+        applying the update); NOT_FOUND for an unknown run or node, or a handler the body
+        does not have (recorded in the journal as refused); ALREADY_EXISTS when update_id
+        was used for another name or other args; DEADLINE_EXCEEDED when it was not applied
+        within the timeout (it stays recorded: call again with the same update_id to get
+        its outcome).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -277,6 +324,16 @@ def add_WorkflowServiceServicer_to_server(servicer, server):
                     servicer.ListStreams,
                     request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.ListStreamsRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.ListStreamsResponse.SerializeToString,
+            ),
+            'QueryRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryRun,
+                    request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.QueryRunRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.QueryRunResponse.SerializeToString,
+            ),
+            'UpdateRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateRun,
+                    request_deserializer=cyclone_dot_v1_dot_workflow__service__pb2.UpdateRunRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_workflow__service__pb2.UpdateRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -604,6 +661,60 @@ class WorkflowService:
             '/cyclone.v1.WorkflowService/ListStreams',
             cyclone_dot_v1_dot_workflow__service__pb2.ListStreamsRequest.SerializeToString,
             cyclone_dot_v1_dot_workflow__service__pb2.ListStreamsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkflowService/QueryRun',
+            cyclone_dot_v1_dot_workflow__service__pb2.QueryRunRequest.SerializeToString,
+            cyclone_dot_v1_dot_workflow__service__pb2.QueryRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.WorkflowService/UpdateRun',
+            cyclone_dot_v1_dot_workflow__service__pb2.UpdateRunRequest.SerializeToString,
+            cyclone_dot_v1_dot_workflow__service__pb2.UpdateRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

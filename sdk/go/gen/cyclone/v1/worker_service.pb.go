@@ -3205,6 +3205,542 @@ func (x *CreateApprovalResponse) GetDecided() bool {
 	return false
 }
 
+// Arguments of WorkerService.Inbox.
+type InboxRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The nodes whose bodies the worker runs now (at most 10,000).
+	Nodes []*InboxNode `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// Answers to queries handed out by an earlier Inbox.
+	Answers []*QueryAnswer `protobuf:"bytes,2,rep,name=answers,proto3" json:"answers,omitempty"`
+	// Query handlers' values to publish, each fenced by its node's lease token.
+	Published []*PublishedQuery `protobuf:"bytes,3,rep,name=published,proto3" json:"published,omitempty"`
+	// How long to wait for a query or an update when there is none: 0-30s. Default 0.
+	Wait          *durationpb.Duration `protobuf:"bytes,4,opt,name=wait,proto3" json:"wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InboxRequest) Reset() {
+	*x = InboxRequest{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InboxRequest) ProtoMessage() {}
+
+func (x *InboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InboxRequest.ProtoReflect.Descriptor instead.
+func (*InboxRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *InboxRequest) GetNodes() []*InboxNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *InboxRequest) GetAnswers() []*QueryAnswer {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
+func (x *InboxRequest) GetPublished() []*PublishedQuery {
+	if x != nil {
+		return x.Published
+	}
+	return nil
+}
+
+func (x *InboxRequest) GetWait() *durationpb.Duration {
+	if x != nil {
+		return x.Wait
+	}
+	return nil
+}
+
+// A node a worker runs the body of, in InboxRequest.
+type InboxNode struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// Hand out only the updates of this node past this cursor (InboxUpdate.seq); 0 for
+	// all.
+	AfterUpdate   int64 `protobuf:"varint,3,opt,name=after_update,json=afterUpdate,proto3" json:"after_update,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InboxNode) Reset() {
+	*x = InboxNode{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InboxNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InboxNode) ProtoMessage() {}
+
+func (x *InboxNode) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InboxNode.ProtoReflect.Descriptor instead.
+func (*InboxNode) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *InboxNode) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *InboxNode) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *InboxNode) GetAfterUpdate() int64 {
+	if x != nil {
+		return x.AfterUpdate
+	}
+	return 0
+}
+
+// A worker's answer to a query (InboxQuery), in InboxRequest.
+type QueryAnswer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// InboxQuery.query_id.
+	QueryId int64 `protobuf:"varint,1,opt,name=query_id,json=queryId,proto3" json:"query_id,omitempty"`
+	// The handler's value.
+	Result *structpb.Value `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
+	// Set when the body has no handler of that name ("UnknownQuery") or the handler
+	// raised (its exception's class name); result is then unset.
+	ErrorType string `protobuf:"bytes,3,opt,name=error_type,json=errorType,proto3" json:"error_type,omitempty"`
+	// The error's message.
+	ErrorMessage string `protobuf:"bytes,4,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	// InboxQuery.run_id.
+	RunId         string `protobuf:"bytes,5,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueryAnswer) Reset() {
+	*x = QueryAnswer{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueryAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueryAnswer) ProtoMessage() {}
+
+func (x *QueryAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueryAnswer.ProtoReflect.Descriptor instead.
+func (*QueryAnswer) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *QueryAnswer) GetQueryId() int64 {
+	if x != nil {
+		return x.QueryId
+	}
+	return 0
+}
+
+func (x *QueryAnswer) GetResult() *structpb.Value {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *QueryAnswer) GetErrorType() string {
+	if x != nil {
+		return x.ErrorType
+	}
+	return ""
+}
+
+func (x *QueryAnswer) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+func (x *QueryAnswer) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+// A query handler's value, published for QueryRun to answer when no worker runs the
+// node.
+type PublishedQuery struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The attempt of the node whose body had this value (ClaimedStep.attempt): a value
+	// of an earlier attempt than the one published last is not stored.
+	Attempt int32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The handler's name.
+	Name string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	// Its value.
+	Value         *structpb.Value `protobuf:"bytes,5,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishedQuery) Reset() {
+	*x = PublishedQuery{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishedQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishedQuery) ProtoMessage() {}
+
+func (x *PublishedQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishedQuery.ProtoReflect.Descriptor instead.
+func (*PublishedQuery) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *PublishedQuery) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *PublishedQuery) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *PublishedQuery) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *PublishedQuery) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PublishedQuery) GetValue() *structpb.Value {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+// Result of WorkerService.Inbox.
+type InboxResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Queries to answer (in the next InboxRequest's answers).
+	Queries []*InboxQuery `protobuf:"bytes,1,rep,name=queries,proto3" json:"queries,omitempty"`
+	// Updates to apply, oldest first per node.
+	Updates       []*InboxUpdate `protobuf:"bytes,2,rep,name=updates,proto3" json:"updates,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InboxResponse) Reset() {
+	*x = InboxResponse{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InboxResponse) ProtoMessage() {}
+
+func (x *InboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InboxResponse.ProtoReflect.Descriptor instead.
+func (*InboxResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *InboxResponse) GetQueries() []*InboxQuery {
+	if x != nil {
+		return x.Queries
+	}
+	return nil
+}
+
+func (x *InboxResponse) GetUpdates() []*InboxUpdate {
+	if x != nil {
+		return x.Updates
+	}
+	return nil
+}
+
+// A query asked of a node the worker runs.
+type InboxQuery struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its id, for QueryAnswer.
+	QueryId int64 `protobuf:"varint,1,opt,name=query_id,json=queryId,proto3" json:"query_id,omitempty"`
+	// The run.
+	RunId string `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node.
+	Node string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// The query handler's name.
+	Name string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	// Its arguments.
+	Args          *structpb.ListValue `protobuf:"bytes,5,opt,name=args,proto3" json:"args,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InboxQuery) Reset() {
+	*x = InboxQuery{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InboxQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InboxQuery) ProtoMessage() {}
+
+func (x *InboxQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InboxQuery.ProtoReflect.Descriptor instead.
+func (*InboxQuery) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *InboxQuery) GetQueryId() int64 {
+	if x != nil {
+		return x.QueryId
+	}
+	return 0
+}
+
+func (x *InboxQuery) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *InboxQuery) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *InboxQuery) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *InboxQuery) GetArgs() *structpb.ListValue {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+// An update sent to a node the worker runs: the body applies it at its next journal
+// point and records it there (step_id "update:<update_id>", function
+// "cyclone.update", output {"update": name, "args": [...], "result": value} or, when
+// the handler raised or is unknown, {"update", "args", "error": {"type", "message"}}).
+type InboxUpdate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's delivery cursor: pass the highest seen as InboxNode.after_update.
+	Seq int64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The run.
+	RunId string `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node.
+	Node string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// The update's id.
+	UpdateId string `protobuf:"bytes,4,opt,name=update_id,json=updateId,proto3" json:"update_id,omitempty"`
+	// The update handler's name.
+	Name string `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	// Its arguments.
+	Args          *structpb.ListValue `protobuf:"bytes,6,opt,name=args,proto3" json:"args,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InboxUpdate) Reset() {
+	*x = InboxUpdate{}
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InboxUpdate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InboxUpdate) ProtoMessage() {}
+
+func (x *InboxUpdate) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_worker_service_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InboxUpdate.ProtoReflect.Descriptor instead.
+func (*InboxUpdate) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_worker_service_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *InboxUpdate) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *InboxUpdate) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *InboxUpdate) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *InboxUpdate) GetUpdateId() string {
+	if x != nil {
+		return x.UpdateId
+	}
+	return ""
+}
+
+func (x *InboxUpdate) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *InboxUpdate) GetArgs() *structpb.ListValue {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
 var File_cyclone_v1_worker_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_worker_service_proto_rawDesc = "" +
@@ -3439,7 +3975,46 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x14\n" +
 	"\x05event\x18\x05 \x01(\tR\x05event\x12\x18\n" +
-	"\adecided\x18\x06 \x01(\bR\adecided*\x95\x01\n" +
+	"\adecided\x18\x06 \x01(\bR\adecided\"\xd7\x01\n" +
+	"\fInboxRequest\x12+\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x15.cyclone.v1.InboxNodeR\x05nodes\x121\n" +
+	"\aanswers\x18\x02 \x03(\v2\x17.cyclone.v1.QueryAnswerR\aanswers\x128\n" +
+	"\tpublished\x18\x03 \x03(\v2\x1a.cyclone.v1.PublishedQueryR\tpublished\x12-\n" +
+	"\x04wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04wait\"Y\n" +
+	"\tInboxNode\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12!\n" +
+	"\fafter_update\x18\x03 \x01(\x03R\vafterUpdate\"\xb3\x01\n" +
+	"\vQueryAnswer\x12\x19\n" +
+	"\bquery_id\x18\x01 \x01(\x03R\aqueryId\x12.\n" +
+	"\x06result\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x06result\x12\x1d\n" +
+	"\n" +
+	"error_type\x18\x03 \x01(\tR\terrorType\x12#\n" +
+	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\x12\x15\n" +
+	"\x06run_id\x18\x05 \x01(\tR\x05runId\"\x97\x01\n" +
+	"\x0ePublishedQuery\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\x05R\aattempt\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12,\n" +
+	"\x05value\x18\x05 \x01(\v2\x16.google.protobuf.ValueR\x05value\"t\n" +
+	"\rInboxResponse\x120\n" +
+	"\aqueries\x18\x01 \x03(\v2\x16.cyclone.v1.InboxQueryR\aqueries\x121\n" +
+	"\aupdates\x18\x02 \x03(\v2\x17.cyclone.v1.InboxUpdateR\aupdates\"\x96\x01\n" +
+	"\n" +
+	"InboxQuery\x12\x19\n" +
+	"\bquery_id\x18\x01 \x01(\x03R\aqueryId\x12\x15\n" +
+	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12.\n" +
+	"\x04args\x18\x05 \x01(\v2\x1a.google.protobuf.ListValueR\x04args\"\xab\x01\n" +
+	"\vInboxUpdate\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x15\n" +
+	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x1b\n" +
+	"\tupdate_id\x18\x04 \x01(\tR\bupdateId\x12\x12\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\x12.\n" +
+	"\x04args\x18\x06 \x01(\v2\x1a.google.protobuf.ListValueR\x04args*\x95\x01\n" +
 	"\x10StepCallDecision\x12\"\n" +
 	"\x1eSTEP_CALL_DECISION_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16STEP_CALL_DECISION_RUN\x10\x01\x12\x1f\n" +
@@ -3448,7 +4023,7 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\fWaitDecision\x12\x1d\n" +
 	"\x19WAIT_DECISION_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13WAIT_DECISION_READY\x10\x01\x12\x1b\n" +
-	"\x17WAIT_DECISION_SUSPENDED\x10\x022\xc4\x06\n" +
+	"\x17WAIT_DECISION_SUSPENDED\x10\x022\x82\a\n" +
 	"\rWorkerService\x12<\n" +
 	"\x05Claim\x12\x18.cyclone.v1.ClaimRequest\x1a\x19.cyclone.v1.ClaimResponse\x12H\n" +
 	"\tHeartbeat\x12\x1c.cyclone.v1.HeartbeatRequest\x1a\x1d.cyclone.v1.HeartbeatResponse\x12E\n" +
@@ -3462,7 +4037,8 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\x0eCreateApproval\x12!.cyclone.v1.CreateApprovalRequest\x1a\".cyclone.v1.CreateApprovalResponse\x12=\n" +
 	"\x04Work\x12\x17.cyclone.v1.WorkRequest\x1a\x18.cyclone.v1.WorkResponse(\x010\x01\x12K\n" +
 	"\n" +
-	"EmitChunks\x12\x1d.cyclone.v1.EmitChunksRequest\x1a\x1e.cyclone.v1.EmitChunksResponseb\x06proto3"
+	"EmitChunks\x12\x1d.cyclone.v1.EmitChunksRequest\x1a\x1e.cyclone.v1.EmitChunksResponse\x12<\n" +
+	"\x05Inbox\x12\x18.cyclone.v1.InboxRequest\x1a\x19.cyclone.v1.InboxResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_worker_service_proto_rawDescOnce sync.Once
@@ -3477,7 +4053,7 @@ func file_cyclone_v1_worker_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_worker_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_cyclone_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(StepCallDecision)(0),          // 0: cyclone.v1.StepCallDecision
 	(WaitDecision)(0),              // 1: cyclone.v1.WaitDecision
@@ -3516,49 +4092,57 @@ var file_cyclone_v1_worker_service_proto_goTypes = []any{
 	(*EmitChunksResponse)(nil),     // 34: cyclone.v1.EmitChunksResponse
 	(*CreateApprovalRequest)(nil),  // 35: cyclone.v1.CreateApprovalRequest
 	(*CreateApprovalResponse)(nil), // 36: cyclone.v1.CreateApprovalResponse
-	nil,                            // 37: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	(*durationpb.Duration)(nil),    // 38: google.protobuf.Duration
-	(*structpb.Value)(nil),         // 39: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil),  // 40: google.protobuf.Timestamp
-	(*StepCall)(nil),               // 41: cyclone.v1.StepCall
-	(StepStatus)(0),                // 42: cyclone.v1.StepStatus
-	(*StepError)(nil),              // 43: cyclone.v1.StepError
-	(*LogLine)(nil),                // 44: cyclone.v1.LogLine
-	(RunStatus)(0),                 // 45: cyclone.v1.RunStatus
-	(*StepCallError)(nil),          // 46: cyclone.v1.StepCallError
-	(*Workflow)(nil),               // 47: cyclone.v1.Workflow
-	(*EventWait)(nil),              // 48: cyclone.v1.EventWait
+	(*InboxRequest)(nil),           // 37: cyclone.v1.InboxRequest
+	(*InboxNode)(nil),              // 38: cyclone.v1.InboxNode
+	(*QueryAnswer)(nil),            // 39: cyclone.v1.QueryAnswer
+	(*PublishedQuery)(nil),         // 40: cyclone.v1.PublishedQuery
+	(*InboxResponse)(nil),          // 41: cyclone.v1.InboxResponse
+	(*InboxQuery)(nil),             // 42: cyclone.v1.InboxQuery
+	(*InboxUpdate)(nil),            // 43: cyclone.v1.InboxUpdate
+	nil,                            // 44: cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	(*durationpb.Duration)(nil),    // 45: google.protobuf.Duration
+	(*structpb.Value)(nil),         // 46: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil),  // 47: google.protobuf.Timestamp
+	(*StepCall)(nil),               // 48: cyclone.v1.StepCall
+	(StepStatus)(0),                // 49: cyclone.v1.StepStatus
+	(*StepError)(nil),              // 50: cyclone.v1.StepError
+	(*LogLine)(nil),                // 51: cyclone.v1.LogLine
+	(RunStatus)(0),                 // 52: cyclone.v1.RunStatus
+	(*StepCallError)(nil),          // 53: cyclone.v1.StepCallError
+	(*Workflow)(nil),               // 54: cyclone.v1.Workflow
+	(*EventWait)(nil),              // 55: cyclone.v1.EventWait
+	(*structpb.ListValue)(nil),     // 56: google.protobuf.ListValue
 }
 var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	3,  // 0: cyclone.v1.ActionSpec.rate_limit:type_name -> cyclone.v1.RateLimit
-	38, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
+	45, // 1: cyclone.v1.RateLimit.period:type_name -> google.protobuf.Duration
 	2,  // 2: cyclone.v1.ClaimRequest.actions:type_name -> cyclone.v1.ActionSpec
-	38, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	38, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	45, // 3: cyclone.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	45, // 4: cyclone.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
 	7,  // 5: cyclone.v1.ClaimResponse.steps:type_name -> cyclone.v1.ClaimedStep
 	6,  // 6: cyclone.v1.ClaimResponse.blocked:type_name -> cyclone.v1.BlockedStep
-	39, // 7: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
-	39, // 8: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
-	37, // 9: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
-	40, // 10: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
-	40, // 11: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
-	39, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
+	46, // 7: cyclone.v1.ClaimedStep.input:type_name -> google.protobuf.Value
+	46, // 8: cyclone.v1.ClaimedStep.run_input:type_name -> google.protobuf.Value
+	44, // 9: cyclone.v1.ClaimedStep.upstream_outputs:type_name -> cyclone.v1.ClaimedStep.UpstreamOutputsEntry
+	47, // 10: cyclone.v1.ClaimedStep.lease_expires_at:type_name -> google.protobuf.Timestamp
+	47, // 11: cyclone.v1.ClaimedStep.deadline:type_name -> google.protobuf.Timestamp
+	46, // 12: cyclone.v1.ClaimedStep.progress:type_name -> google.protobuf.Value
 	8,  // 13: cyclone.v1.ClaimedStep.upstream_failures:type_name -> cyclone.v1.UpstreamFailure
-	41, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
-	40, // 15: cyclone.v1.ClaimedStep.run_deadline:type_name -> google.protobuf.Timestamp
-	42, // 16: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
-	43, // 17: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
-	39, // 18: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
-	38, // 19: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	44, // 20: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
-	40, // 21: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	39, // 22: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
+	48, // 14: cyclone.v1.ClaimedStep.journal:type_name -> cyclone.v1.StepCall
+	47, // 15: cyclone.v1.ClaimedStep.run_deadline:type_name -> google.protobuf.Timestamp
+	49, // 16: cyclone.v1.UpstreamFailure.status:type_name -> cyclone.v1.StepStatus
+	50, // 17: cyclone.v1.UpstreamFailure.error:type_name -> cyclone.v1.StepError
+	46, // 18: cyclone.v1.HeartbeatRequest.progress:type_name -> google.protobuf.Value
+	45, // 19: cyclone.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	51, // 20: cyclone.v1.HeartbeatRequest.logs:type_name -> cyclone.v1.LogLine
+	47, // 21: cyclone.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	46, // 22: cyclone.v1.CompleteRequest.output:type_name -> google.protobuf.Value
 	12, // 23: cyclone.v1.CompleteRequest.failure:type_name -> cyclone.v1.Failure
-	44, // 24: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
-	38, // 25: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
-	42, // 26: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
-	40, // 27: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
-	45, // 28: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
+	51, // 24: cyclone.v1.CompleteRequest.logs:type_name -> cyclone.v1.LogLine
+	45, // 25: cyclone.v1.Failure.retry_after:type_name -> google.protobuf.Duration
+	49, // 26: cyclone.v1.CompleteResponse.status:type_name -> cyclone.v1.StepStatus
+	47, // 27: cyclone.v1.CompleteResponse.retry_at:type_name -> google.protobuf.Timestamp
+	52, // 28: cyclone.v1.CompleteResponse.run_status:type_name -> cyclone.v1.RunStatus
 	11, // 29: cyclone.v1.CompleteManyRequest.completions:type_name -> cyclone.v1.CompleteRequest
 	26, // 30: cyclone.v1.CompleteManyRequest.step_call_ends:type_name -> cyclone.v1.EndStepCallRequest
 	24, // 31: cyclone.v1.CompleteManyRequest.step_call_begins:type_name -> cyclone.v1.BeginStepCallRequest
@@ -3574,56 +4158,68 @@ var file_cyclone_v1_worker_service_proto_depIdxs = []int32{
 	21, // 41: cyclone.v1.WorkRequest.open:type_name -> cyclone.v1.WorkOpen
 	14, // 42: cyclone.v1.WorkRequest.report:type_name -> cyclone.v1.CompleteManyRequest
 	2,  // 43: cyclone.v1.WorkOpen.actions:type_name -> cyclone.v1.ActionSpec
-	38, // 44: cyclone.v1.WorkOpen.lease:type_name -> google.protobuf.Duration
+	45, // 44: cyclone.v1.WorkOpen.lease:type_name -> google.protobuf.Duration
 	7,  // 45: cyclone.v1.WorkResponse.steps:type_name -> cyclone.v1.ClaimedStep
 	6,  // 46: cyclone.v1.WorkResponse.blocked:type_name -> cyclone.v1.BlockedStep
 	15, // 47: cyclone.v1.WorkResponse.report:type_name -> cyclone.v1.CompleteManyResponse
 	23, // 48: cyclone.v1.WorkResponse.limits:type_name -> cyclone.v1.ServerLimits
 	0,  // 49: cyclone.v1.BeginStepCallResponse.decision:type_name -> cyclone.v1.StepCallDecision
-	41, // 50: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	45, // 51: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
-	39, // 52: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
-	46, // 53: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
-	41, // 54: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
-	47, // 55: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
-	39, // 56: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
-	41, // 57: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
-	40, // 58: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
-	48, // 59: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
-	44, // 60: cyclone.v1.WaitRequest.logs:type_name -> cyclone.v1.LogLine
+	48, // 50: cyclone.v1.BeginStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	52, // 51: cyclone.v1.BeginStepCallResponse.run_status:type_name -> cyclone.v1.RunStatus
+	46, // 52: cyclone.v1.EndStepCallRequest.output:type_name -> google.protobuf.Value
+	53, // 53: cyclone.v1.EndStepCallRequest.error:type_name -> cyclone.v1.StepCallError
+	48, // 54: cyclone.v1.EndStepCallResponse.call:type_name -> cyclone.v1.StepCall
+	54, // 55: cyclone.v1.StartChildRequest.workflow:type_name -> cyclone.v1.Workflow
+	46, // 56: cyclone.v1.StartChildRequest.input:type_name -> google.protobuf.Value
+	48, // 57: cyclone.v1.StartChildResponse.call:type_name -> cyclone.v1.StepCall
+	47, // 58: cyclone.v1.WaitRequest.wake_at:type_name -> google.protobuf.Timestamp
+	55, // 59: cyclone.v1.WaitRequest.event:type_name -> cyclone.v1.EventWait
+	51, // 60: cyclone.v1.WaitRequest.logs:type_name -> cyclone.v1.LogLine
 	1,  // 61: cyclone.v1.WaitResponse.decision:type_name -> cyclone.v1.WaitDecision
-	41, // 62: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
+	48, // 62: cyclone.v1.WaitResponse.call:type_name -> cyclone.v1.StepCall
 	32, // 63: cyclone.v1.EmitChunksRequest.chunks:type_name -> cyclone.v1.ChunkToEmit
-	38, // 64: cyclone.v1.CreateApprovalRequest.timeout:type_name -> google.protobuf.Duration
-	40, // 65: cyclone.v1.CreateApprovalResponse.expires_at:type_name -> google.protobuf.Timestamp
-	39, // 66: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
-	4,  // 67: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
-	9,  // 68: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
-	11, // 69: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
-	14, // 70: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
-	24, // 71: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
-	26, // 72: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
-	28, // 73: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
-	30, // 74: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
-	35, // 75: cyclone.v1.WorkerService.CreateApproval:input_type -> cyclone.v1.CreateApprovalRequest
-	20, // 76: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
-	33, // 77: cyclone.v1.WorkerService.EmitChunks:input_type -> cyclone.v1.EmitChunksRequest
-	5,  // 78: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
-	10, // 79: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
-	13, // 80: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
-	15, // 81: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
-	25, // 82: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
-	27, // 83: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
-	29, // 84: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
-	31, // 85: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
-	36, // 86: cyclone.v1.WorkerService.CreateApproval:output_type -> cyclone.v1.CreateApprovalResponse
-	22, // 87: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
-	34, // 88: cyclone.v1.WorkerService.EmitChunks:output_type -> cyclone.v1.EmitChunksResponse
-	78, // [78:89] is the sub-list for method output_type
-	67, // [67:78] is the sub-list for method input_type
-	67, // [67:67] is the sub-list for extension type_name
-	67, // [67:67] is the sub-list for extension extendee
-	0,  // [0:67] is the sub-list for field type_name
+	45, // 64: cyclone.v1.CreateApprovalRequest.timeout:type_name -> google.protobuf.Duration
+	47, // 65: cyclone.v1.CreateApprovalResponse.expires_at:type_name -> google.protobuf.Timestamp
+	38, // 66: cyclone.v1.InboxRequest.nodes:type_name -> cyclone.v1.InboxNode
+	39, // 67: cyclone.v1.InboxRequest.answers:type_name -> cyclone.v1.QueryAnswer
+	40, // 68: cyclone.v1.InboxRequest.published:type_name -> cyclone.v1.PublishedQuery
+	45, // 69: cyclone.v1.InboxRequest.wait:type_name -> google.protobuf.Duration
+	46, // 70: cyclone.v1.QueryAnswer.result:type_name -> google.protobuf.Value
+	46, // 71: cyclone.v1.PublishedQuery.value:type_name -> google.protobuf.Value
+	42, // 72: cyclone.v1.InboxResponse.queries:type_name -> cyclone.v1.InboxQuery
+	43, // 73: cyclone.v1.InboxResponse.updates:type_name -> cyclone.v1.InboxUpdate
+	56, // 74: cyclone.v1.InboxQuery.args:type_name -> google.protobuf.ListValue
+	56, // 75: cyclone.v1.InboxUpdate.args:type_name -> google.protobuf.ListValue
+	46, // 76: cyclone.v1.ClaimedStep.UpstreamOutputsEntry.value:type_name -> google.protobuf.Value
+	4,  // 77: cyclone.v1.WorkerService.Claim:input_type -> cyclone.v1.ClaimRequest
+	9,  // 78: cyclone.v1.WorkerService.Heartbeat:input_type -> cyclone.v1.HeartbeatRequest
+	11, // 79: cyclone.v1.WorkerService.Complete:input_type -> cyclone.v1.CompleteRequest
+	14, // 80: cyclone.v1.WorkerService.CompleteMany:input_type -> cyclone.v1.CompleteManyRequest
+	24, // 81: cyclone.v1.WorkerService.BeginStepCall:input_type -> cyclone.v1.BeginStepCallRequest
+	26, // 82: cyclone.v1.WorkerService.EndStepCall:input_type -> cyclone.v1.EndStepCallRequest
+	28, // 83: cyclone.v1.WorkerService.StartChild:input_type -> cyclone.v1.StartChildRequest
+	30, // 84: cyclone.v1.WorkerService.Wait:input_type -> cyclone.v1.WaitRequest
+	35, // 85: cyclone.v1.WorkerService.CreateApproval:input_type -> cyclone.v1.CreateApprovalRequest
+	20, // 86: cyclone.v1.WorkerService.Work:input_type -> cyclone.v1.WorkRequest
+	33, // 87: cyclone.v1.WorkerService.EmitChunks:input_type -> cyclone.v1.EmitChunksRequest
+	37, // 88: cyclone.v1.WorkerService.Inbox:input_type -> cyclone.v1.InboxRequest
+	5,  // 89: cyclone.v1.WorkerService.Claim:output_type -> cyclone.v1.ClaimResponse
+	10, // 90: cyclone.v1.WorkerService.Heartbeat:output_type -> cyclone.v1.HeartbeatResponse
+	13, // 91: cyclone.v1.WorkerService.Complete:output_type -> cyclone.v1.CompleteResponse
+	15, // 92: cyclone.v1.WorkerService.CompleteMany:output_type -> cyclone.v1.CompleteManyResponse
+	25, // 93: cyclone.v1.WorkerService.BeginStepCall:output_type -> cyclone.v1.BeginStepCallResponse
+	27, // 94: cyclone.v1.WorkerService.EndStepCall:output_type -> cyclone.v1.EndStepCallResponse
+	29, // 95: cyclone.v1.WorkerService.StartChild:output_type -> cyclone.v1.StartChildResponse
+	31, // 96: cyclone.v1.WorkerService.Wait:output_type -> cyclone.v1.WaitResponse
+	36, // 97: cyclone.v1.WorkerService.CreateApproval:output_type -> cyclone.v1.CreateApprovalResponse
+	22, // 98: cyclone.v1.WorkerService.Work:output_type -> cyclone.v1.WorkResponse
+	34, // 99: cyclone.v1.WorkerService.EmitChunks:output_type -> cyclone.v1.EmitChunksResponse
+	41, // 100: cyclone.v1.WorkerService.Inbox:output_type -> cyclone.v1.InboxResponse
+	89, // [89:101] is the sub-list for method output_type
+	77, // [77:89] is the sub-list for method input_type
+	77, // [77:77] is the sub-list for extension type_name
+	77, // [77:77] is the sub-list for extension extendee
+	0,  // [0:77] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_worker_service_proto_init() }
@@ -3667,7 +4263,7 @@ func file_cyclone_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_worker_service_proto_rawDesc), len(file_cyclone_v1_worker_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   36,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ const (
 	WorkerService_CreateApproval_FullMethodName = "/cyclone.v1.WorkerService/CreateApproval"
 	WorkerService_Work_FullMethodName           = "/cyclone.v1.WorkerService/Work"
 	WorkerService_EmitChunks_FullMethodName     = "/cyclone.v1.WorkerService/EmitChunks"
+	WorkerService_Inbox_FullMethodName          = "/cyclone.v1.WorkerService/Inbox"
 )
 
 // WorkerServiceClient is the client API for WorkerService service.
@@ -153,6 +154,15 @@ type WorkerServiceClient interface {
 	// --max-stream-bytes-per-run or --max-stream-chunks-per-run, is RESOURCE_EXHAUSTED,
 	// and then nothing of it is stored.
 	EmitChunks(ctx context.Context, in *EmitChunksRequest, opts ...grpc.CallOption) (*EmitChunksResponse, error)
+	// The mailbox of the durable functions a worker runs (queries and updates, see
+	// WorkflowService.QueryRun and UpdateRun). The request carries the worker's answers
+	// to queries handed out before and the values its bodies' query handlers have now
+	// (published; a value of an older attempt than the last published is skipped), and names
+	// the nodes whose bodies it runs. The response hands out the queries asked of those
+	// nodes that no Inbox handed out yet (each once), and their updates past each
+	// node's cursor (after_update) that their journal does not record yet. When there
+	// are none it waits up to `wait` (at most 30s) for one to arrive.
+	Inbox(ctx context.Context, in *InboxRequest, opts ...grpc.CallOption) (*InboxResponse, error)
 }
 
 type workerServiceClient struct {
@@ -270,6 +280,16 @@ func (c *workerServiceClient) EmitChunks(ctx context.Context, in *EmitChunksRequ
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(EmitChunksResponse)
 	err := c.cc.Invoke(ctx, WorkerService_EmitChunks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workerServiceClient) Inbox(ctx context.Context, in *InboxRequest, opts ...grpc.CallOption) (*InboxResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InboxResponse)
+	err := c.cc.Invoke(ctx, WorkerService_Inbox_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -397,6 +417,15 @@ type WorkerServiceServer interface {
 	// --max-stream-bytes-per-run or --max-stream-chunks-per-run, is RESOURCE_EXHAUSTED,
 	// and then nothing of it is stored.
 	EmitChunks(context.Context, *EmitChunksRequest) (*EmitChunksResponse, error)
+	// The mailbox of the durable functions a worker runs (queries and updates, see
+	// WorkflowService.QueryRun and UpdateRun). The request carries the worker's answers
+	// to queries handed out before and the values its bodies' query handlers have now
+	// (published; a value of an older attempt than the last published is skipped), and names
+	// the nodes whose bodies it runs. The response hands out the queries asked of those
+	// nodes that no Inbox handed out yet (each once), and their updates past each
+	// node's cursor (after_update) that their journal does not record yet. When there
+	// are none it waits up to `wait` (at most 30s) for one to arrive.
+	Inbox(context.Context, *InboxRequest) (*InboxResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
 }
 
@@ -439,6 +468,9 @@ func (UnimplementedWorkerServiceServer) Work(grpc.BidiStreamingServer[WorkReques
 }
 func (UnimplementedWorkerServiceServer) EmitChunks(context.Context, *EmitChunksRequest) (*EmitChunksResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method EmitChunks not implemented")
+}
+func (UnimplementedWorkerServiceServer) Inbox(context.Context, *InboxRequest) (*InboxResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Inbox not implemented")
 }
 func (UnimplementedWorkerServiceServer) mustEmbedUnimplementedWorkerServiceServer() {}
 func (UnimplementedWorkerServiceServer) testEmbeddedByValue()                       {}
@@ -648,6 +680,24 @@ func _WorkerService_EmitChunks_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkerService_Inbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InboxRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).Inbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_Inbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).Inbox(ctx, req.(*InboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkerService_ServiceDesc is the grpc.ServiceDesc for WorkerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -694,6 +744,10 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EmitChunks",
 			Handler:    _WorkerService_EmitChunks_Handler,
+		},
+		{
+			MethodName: "Inbox",
+			Handler:    _WorkerService_Inbox_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -9,6 +9,7 @@ package cyclonev1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
@@ -2421,12 +2422,324 @@ func (x *StreamSummary) GetLastEmittedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// Arguments of WorkflowService.QueryRun.
+type QueryRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, by id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node whose body is asked.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The query handler's name: 1-200 printable characters.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The handler's positional arguments (JSON values); empty: none.
+	Args *structpb.ListValue `protobuf:"bytes,4,opt,name=args,proto3" json:"args,omitempty"`
+	// How long to wait for the worker's answer: 1ms-60s. Default 10s.
+	Timeout       *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueryRunRequest) Reset() {
+	*x = QueryRunRequest{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueryRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueryRunRequest) ProtoMessage() {}
+
+func (x *QueryRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueryRunRequest.ProtoReflect.Descriptor instead.
+func (*QueryRunRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *QueryRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *QueryRunRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *QueryRunRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *QueryRunRequest) GetArgs() *structpb.ListValue {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *QueryRunRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// Result of WorkflowService.QueryRun.
+type QueryRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The handler's value.
+	Result *structpb.Value `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	// True when no worker runs the node and the answer is the value its body last
+	// published; false when the worker running the body answered.
+	Published bool `protobuf:"varint,2,opt,name=published,proto3" json:"published,omitempty"`
+	// When that value was published (published = true only).
+	PublishedAt   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=published_at,json=publishedAt,proto3" json:"published_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueryRunResponse) Reset() {
+	*x = QueryRunResponse{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueryRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueryRunResponse) ProtoMessage() {}
+
+func (x *QueryRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueryRunResponse.ProtoReflect.Descriptor instead.
+func (*QueryRunResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *QueryRunResponse) GetResult() *structpb.Value {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *QueryRunResponse) GetPublished() bool {
+	if x != nil {
+		return x.Published
+	}
+	return false
+}
+
+func (x *QueryRunResponse) GetPublishedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PublishedAt
+	}
+	return nil
+}
+
+// Arguments of WorkflowService.UpdateRun.
+type UpdateRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, by id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The node whose body applies the update.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The update handler's name: 1-200 printable characters.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The handler's positional arguments (JSON values); empty: none.
+	Args *structpb.ListValue `protobuf:"bytes,4,opt,name=args,proto3" json:"args,omitempty"`
+	// The update's idempotency key, 1-150 printable characters, unique per node. Unset:
+	// the server makes one (a UUID), returned in the response.
+	UpdateId string `protobuf:"bytes,5,opt,name=update_id,json=updateId,proto3" json:"update_id,omitempty"`
+	// How long to wait for the update to be applied: 1ms-300s. Default 30s.
+	Timeout       *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateRunRequest) Reset() {
+	*x = UpdateRunRequest{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateRunRequest) ProtoMessage() {}
+
+func (x *UpdateRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateRunRequest.ProtoReflect.Descriptor instead.
+func (*UpdateRunRequest) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *UpdateRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *UpdateRunRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *UpdateRunRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UpdateRunRequest) GetArgs() *structpb.ListValue {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *UpdateRunRequest) GetUpdateId() string {
+	if x != nil {
+		return x.UpdateId
+	}
+	return ""
+}
+
+func (x *UpdateRunRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// Result of WorkflowService.UpdateRun.
+type UpdateRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The update handler's return value.
+	Result *structpb.Value `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	// The update's id (the one given, or the one the server made).
+	UpdateId string `protobuf:"bytes,2,opt,name=update_id,json=updateId,proto3" json:"update_id,omitempty"`
+	// False when update_id named an update sent before: this call sent nothing.
+	Created bool `protobuf:"varint,3,opt,name=created,proto3" json:"created,omitempty"`
+	// The journal position (seq) at which the body applied it.
+	Seq           int32 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateRunResponse) Reset() {
+	*x = UpdateRunResponse{}
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateRunResponse) ProtoMessage() {}
+
+func (x *UpdateRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cyclone_v1_workflow_service_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateRunResponse.ProtoReflect.Descriptor instead.
+func (*UpdateRunResponse) Descriptor() ([]byte, []int) {
+	return file_cyclone_v1_workflow_service_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *UpdateRunResponse) GetResult() *structpb.Value {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *UpdateRunResponse) GetUpdateId() string {
+	if x != nil {
+		return x.UpdateId
+	}
+	return ""
+}
+
+func (x *UpdateRunResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+func (x *UpdateRunResponse) GetSeq() int32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 var File_cyclone_v1_workflow_service_proto protoreflect.FileDescriptor
 
 const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\n" +
 	"!cyclone/v1/workflow_service.proto\x12\n" +
-	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xec\x02\n" +
+	"cyclone.v1\x1a\x16cyclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xec\x02\n" +
 	"\rSubmitRequest\x120\n" +
 	"\bworkflow\x18\x01 \x01(\v2\x14.cyclone.v1.WorkflowR\bworkflow\x12,\n" +
 	"\x05input\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05input\x125\n" +
@@ -2601,7 +2914,29 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06chunks\x18\x02 \x01(\x03R\x06chunks\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\x03R\x05bytes\x12B\n" +
-	"\x0flast_emitted_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rlastEmittedAt*\xba\x04\n" +
+	"\x0flast_emitted_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rlastEmittedAt\"\xb5\x01\n" +
+	"\x0fQueryRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12.\n" +
+	"\x04args\x18\x04 \x01(\v2\x1a.google.protobuf.ListValueR\x04args\x123\n" +
+	"\atimeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x9f\x01\n" +
+	"\x10QueryRunResponse\x12.\n" +
+	"\x06result\x18\x01 \x01(\v2\x16.google.protobuf.ValueR\x06result\x12\x1c\n" +
+	"\tpublished\x18\x02 \x01(\bR\tpublished\x12=\n" +
+	"\fpublished_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vpublishedAt\"\xd3\x01\n" +
+	"\x10UpdateRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12.\n" +
+	"\x04args\x18\x04 \x01(\v2\x1a.google.protobuf.ListValueR\x04args\x12\x1b\n" +
+	"\tupdate_id\x18\x05 \x01(\tR\bupdateId\x123\n" +
+	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x8c\x01\n" +
+	"\x11UpdateRunResponse\x12.\n" +
+	"\x06result\x18\x01 \x01(\v2\x16.google.protobuf.ValueR\x06result\x12\x1b\n" +
+	"\tupdate_id\x18\x02 \x01(\tR\bupdateId\x12\x18\n" +
+	"\acreated\x18\x03 \x01(\bR\acreated\x12\x10\n" +
+	"\x03seq\x18\x04 \x01(\x05R\x03seq*\xba\x04\n" +
 	"\rExplainReason\x12\x1e\n" +
 	"\x1aEXPLAIN_REASON_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"EXPLAIN_REASON_WAITING_ON_UPSTREAM\x10\x01\x12\x1e\n" +
@@ -2621,7 +2956,7 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\x1bEXPLAIN_REASON_RATE_LIMITED\x10\x0e\x12\x1a\n" +
 	"\x16EXPLAIN_REASON_WAITING\x10<\x12\x1d\n" +
 	"\x19EXPLAIN_REASON_NOT_BEFORE\x10=\x12\x1a\n" +
-	"\x15EXPLAIN_REASON_PAUSED\x10\xc8\x012\x82\a\n" +
+	"\x15EXPLAIN_REASON_PAUSED\x10\xc8\x012\x93\b\n" +
 	"\x0fWorkflowService\x12?\n" +
 	"\x06Submit\x12\x19.cyclone.v1.SubmitRequest\x1a\x1a.cyclone.v1.SubmitResponse\x12K\n" +
 	"\n" +
@@ -2636,7 +2971,9 @@ const file_cyclone_v1_workflow_service_proto_rawDesc = "" +
 	"\vListWorkers\x12\x1e.cyclone.v1.ListWorkersRequest\x1a\x1f.cyclone.v1.ListWorkersResponse\x12M\n" +
 	"\n" +
 	"ReadStream\x12\x1d.cyclone.v1.ReadStreamRequest\x1a\x1e.cyclone.v1.ReadStreamResponse0\x01\x12N\n" +
-	"\vListStreams\x12\x1e.cyclone.v1.ListStreamsRequest\x1a\x1f.cyclone.v1.ListStreamsResponseb\x06proto3"
+	"\vListStreams\x12\x1e.cyclone.v1.ListStreamsRequest\x1a\x1f.cyclone.v1.ListStreamsResponse\x12E\n" +
+	"\bQueryRun\x12\x1b.cyclone.v1.QueryRunRequest\x1a\x1c.cyclone.v1.QueryRunResponse\x12H\n" +
+	"\tUpdateRun\x12\x1c.cyclone.v1.UpdateRunRequest\x1a\x1d.cyclone.v1.UpdateRunResponseb\x06proto3"
 
 var (
 	file_cyclone_v1_workflow_service_proto_rawDescOnce sync.Once
@@ -2651,7 +2988,7 @@ func file_cyclone_v1_workflow_service_proto_rawDescGZIP() []byte {
 }
 
 var file_cyclone_v1_workflow_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_cyclone_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(ExplainReason)(0),            // 0: cyclone.v1.ExplainReason
 	(*SubmitRequest)(nil),         // 1: cyclone.v1.SubmitRequest
@@ -2684,95 +3021,112 @@ var file_cyclone_v1_workflow_service_proto_goTypes = []any{
 	(*ListStreamsRequest)(nil),    // 28: cyclone.v1.ListStreamsRequest
 	(*ListStreamsResponse)(nil),   // 29: cyclone.v1.ListStreamsResponse
 	(*StreamSummary)(nil),         // 30: cyclone.v1.StreamSummary
-	nil,                           // 31: cyclone.v1.SubmitRequest.TagsEntry
-	nil,                           // 32: cyclone.v1.SubmitOnceRequest.TagsEntry
-	nil,                           // 33: cyclone.v1.ListRunsRequest.TagsEntry
-	nil,                           // 34: cyclone.v1.CountRunsRequest.TagsEntry
-	(*Workflow)(nil),              // 35: cyclone.v1.Workflow
-	(*structpb.Value)(nil),        // 36: google.protobuf.Value
-	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
-	(*Run)(nil),                   // 38: cyclone.v1.Run
-	(RunStatus)(0),                // 39: cyclone.v1.RunStatus
-	(*Step)(nil),                  // 40: cyclone.v1.Step
-	(*RunError)(nil),              // 41: cyclone.v1.RunError
-	(StepStatus)(0),               // 42: cyclone.v1.StepStatus
-	(*StepError)(nil),             // 43: cyclone.v1.StepError
+	(*QueryRunRequest)(nil),       // 31: cyclone.v1.QueryRunRequest
+	(*QueryRunResponse)(nil),      // 32: cyclone.v1.QueryRunResponse
+	(*UpdateRunRequest)(nil),      // 33: cyclone.v1.UpdateRunRequest
+	(*UpdateRunResponse)(nil),     // 34: cyclone.v1.UpdateRunResponse
+	nil,                           // 35: cyclone.v1.SubmitRequest.TagsEntry
+	nil,                           // 36: cyclone.v1.SubmitOnceRequest.TagsEntry
+	nil,                           // 37: cyclone.v1.ListRunsRequest.TagsEntry
+	nil,                           // 38: cyclone.v1.CountRunsRequest.TagsEntry
+	(*Workflow)(nil),              // 39: cyclone.v1.Workflow
+	(*structpb.Value)(nil),        // 40: google.protobuf.Value
+	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
+	(*Run)(nil),                   // 42: cyclone.v1.Run
+	(RunStatus)(0),                // 43: cyclone.v1.RunStatus
+	(*Step)(nil),                  // 44: cyclone.v1.Step
+	(*RunError)(nil),              // 45: cyclone.v1.RunError
+	(StepStatus)(0),               // 46: cyclone.v1.StepStatus
+	(*StepError)(nil),             // 47: cyclone.v1.StepError
+	(*structpb.ListValue)(nil),    // 48: google.protobuf.ListValue
+	(*durationpb.Duration)(nil),   // 49: google.protobuf.Duration
 }
 var file_cyclone_v1_workflow_service_proto_depIdxs = []int32{
-	35, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
-	36, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
-	37, // 2: cyclone.v1.SubmitRequest.start_at:type_name -> google.protobuf.Timestamp
-	31, // 3: cyclone.v1.SubmitRequest.tags:type_name -> cyclone.v1.SubmitRequest.TagsEntry
-	37, // 4: cyclone.v1.SubmitRequest.deadline:type_name -> google.protobuf.Timestamp
-	35, // 5: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
-	36, // 6: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
-	37, // 7: cyclone.v1.SubmitOnceRequest.start_at:type_name -> google.protobuf.Timestamp
-	32, // 8: cyclone.v1.SubmitOnceRequest.tags:type_name -> cyclone.v1.SubmitOnceRequest.TagsEntry
-	37, // 9: cyclone.v1.SubmitOnceRequest.deadline:type_name -> google.protobuf.Timestamp
-	38, // 10: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
-	39, // 11: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
-	37, // 12: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
-	37, // 13: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
-	33, // 14: cyclone.v1.ListRunsRequest.tags:type_name -> cyclone.v1.ListRunsRequest.TagsEntry
-	38, // 15: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
-	38, // 16: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
+	39, // 0: cyclone.v1.SubmitRequest.workflow:type_name -> cyclone.v1.Workflow
+	40, // 1: cyclone.v1.SubmitRequest.input:type_name -> google.protobuf.Value
+	41, // 2: cyclone.v1.SubmitRequest.start_at:type_name -> google.protobuf.Timestamp
+	35, // 3: cyclone.v1.SubmitRequest.tags:type_name -> cyclone.v1.SubmitRequest.TagsEntry
+	41, // 4: cyclone.v1.SubmitRequest.deadline:type_name -> google.protobuf.Timestamp
+	39, // 5: cyclone.v1.SubmitOnceRequest.workflow:type_name -> cyclone.v1.Workflow
+	40, // 6: cyclone.v1.SubmitOnceRequest.input:type_name -> google.protobuf.Value
+	41, // 7: cyclone.v1.SubmitOnceRequest.start_at:type_name -> google.protobuf.Timestamp
+	36, // 8: cyclone.v1.SubmitOnceRequest.tags:type_name -> cyclone.v1.SubmitOnceRequest.TagsEntry
+	41, // 9: cyclone.v1.SubmitOnceRequest.deadline:type_name -> google.protobuf.Timestamp
+	42, // 10: cyclone.v1.GetRunResponse.run:type_name -> cyclone.v1.Run
+	43, // 11: cyclone.v1.ListRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
+	41, // 12: cyclone.v1.ListRunsRequest.created_after:type_name -> google.protobuf.Timestamp
+	41, // 13: cyclone.v1.ListRunsRequest.created_before:type_name -> google.protobuf.Timestamp
+	37, // 14: cyclone.v1.ListRunsRequest.tags:type_name -> cyclone.v1.ListRunsRequest.TagsEntry
+	42, // 15: cyclone.v1.ListRunsResponse.runs:type_name -> cyclone.v1.Run
+	42, // 16: cyclone.v1.CancelRunResponse.run:type_name -> cyclone.v1.Run
 	0,  // 17: cyclone.v1.ExplainResponse.reason:type_name -> cyclone.v1.ExplainReason
-	40, // 18: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
-	39, // 19: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
-	41, // 20: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
+	44, // 18: cyclone.v1.ExplainResponse.step:type_name -> cyclone.v1.Step
+	43, // 19: cyclone.v1.ExplainResponse.run_status:type_name -> cyclone.v1.RunStatus
+	45, // 20: cyclone.v1.ExplainResponse.run_error:type_name -> cyclone.v1.RunError
 	13, // 21: cyclone.v1.ExplainResponse.upstream:type_name -> cyclone.v1.NodeState
 	14, // 22: cyclone.v1.ExplainResponse.action:type_name -> cyclone.v1.ActionActivity
-	42, // 23: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
-	43, // 24: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
-	37, // 25: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
-	37, // 26: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
-	36, // 27: cyclone.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
-	39, // 28: cyclone.v1.CountRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
-	37, // 29: cyclone.v1.CountRunsRequest.created_after:type_name -> google.protobuf.Timestamp
-	37, // 30: cyclone.v1.CountRunsRequest.created_before:type_name -> google.protobuf.Timestamp
-	34, // 31: cyclone.v1.CountRunsRequest.tags:type_name -> cyclone.v1.CountRunsRequest.TagsEntry
+	46, // 23: cyclone.v1.NodeState.status:type_name -> cyclone.v1.StepStatus
+	47, // 24: cyclone.v1.NodeState.last_error:type_name -> cyclone.v1.StepError
+	41, // 25: cyclone.v1.ActionActivity.last_polled_at:type_name -> google.protobuf.Timestamp
+	41, // 26: cyclone.v1.ActionActivity.last_claimed_at:type_name -> google.protobuf.Timestamp
+	40, // 27: cyclone.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
+	43, // 28: cyclone.v1.CountRunsRequest.statuses:type_name -> cyclone.v1.RunStatus
+	41, // 29: cyclone.v1.CountRunsRequest.created_after:type_name -> google.protobuf.Timestamp
+	41, // 30: cyclone.v1.CountRunsRequest.created_before:type_name -> google.protobuf.Timestamp
+	38, // 31: cyclone.v1.CountRunsRequest.tags:type_name -> cyclone.v1.CountRunsRequest.TagsEntry
 	19, // 32: cyclone.v1.CountRunsResponse.counts:type_name -> cyclone.v1.RunCount
-	39, // 33: cyclone.v1.RunCount.status:type_name -> cyclone.v1.RunStatus
-	42, // 34: cyclone.v1.ListStepsRequest.status:type_name -> cyclone.v1.StepStatus
+	43, // 33: cyclone.v1.RunCount.status:type_name -> cyclone.v1.RunStatus
+	46, // 34: cyclone.v1.ListStepsRequest.status:type_name -> cyclone.v1.StepStatus
 	22, // 35: cyclone.v1.ListStepsResponse.steps:type_name -> cyclone.v1.RunStep
-	40, // 36: cyclone.v1.RunStep.step:type_name -> cyclone.v1.Step
+	44, // 36: cyclone.v1.RunStep.step:type_name -> cyclone.v1.Step
 	25, // 37: cyclone.v1.ListWorkersResponse.workers:type_name -> cyclone.v1.WorkerSummary
 	14, // 38: cyclone.v1.ListWorkersResponse.actions:type_name -> cyclone.v1.ActionActivity
-	37, // 39: cyclone.v1.WorkerSummary.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	37, // 40: cyclone.v1.WorkerSummary.unhealthy_since:type_name -> google.protobuf.Timestamp
-	37, // 41: cyclone.v1.WorkerSummary.last_seen_at:type_name -> google.protobuf.Timestamp
-	37, // 42: cyclone.v1.ReadStreamResponse.emitted_at:type_name -> google.protobuf.Timestamp
+	41, // 39: cyclone.v1.WorkerSummary.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	41, // 40: cyclone.v1.WorkerSummary.unhealthy_since:type_name -> google.protobuf.Timestamp
+	41, // 41: cyclone.v1.WorkerSummary.last_seen_at:type_name -> google.protobuf.Timestamp
+	41, // 42: cyclone.v1.ReadStreamResponse.emitted_at:type_name -> google.protobuf.Timestamp
 	30, // 43: cyclone.v1.ListStreamsResponse.streams:type_name -> cyclone.v1.StreamSummary
-	37, // 44: cyclone.v1.StreamSummary.last_emitted_at:type_name -> google.protobuf.Timestamp
-	1,  // 45: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
-	3,  // 46: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
-	5,  // 47: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
-	7,  // 48: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
-	9,  // 49: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
-	11, // 50: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
-	15, // 51: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
-	17, // 52: cyclone.v1.WorkflowService.CountRuns:input_type -> cyclone.v1.CountRunsRequest
-	20, // 53: cyclone.v1.WorkflowService.ListSteps:input_type -> cyclone.v1.ListStepsRequest
-	23, // 54: cyclone.v1.WorkflowService.ListWorkers:input_type -> cyclone.v1.ListWorkersRequest
-	26, // 55: cyclone.v1.WorkflowService.ReadStream:input_type -> cyclone.v1.ReadStreamRequest
-	28, // 56: cyclone.v1.WorkflowService.ListStreams:input_type -> cyclone.v1.ListStreamsRequest
-	2,  // 57: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
-	4,  // 58: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
-	6,  // 59: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
-	8,  // 60: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
-	10, // 61: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
-	12, // 62: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
-	16, // 63: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
-	18, // 64: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
-	21, // 65: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
-	24, // 66: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
-	27, // 67: cyclone.v1.WorkflowService.ReadStream:output_type -> cyclone.v1.ReadStreamResponse
-	29, // 68: cyclone.v1.WorkflowService.ListStreams:output_type -> cyclone.v1.ListStreamsResponse
-	57, // [57:69] is the sub-list for method output_type
-	45, // [45:57] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	41, // 44: cyclone.v1.StreamSummary.last_emitted_at:type_name -> google.protobuf.Timestamp
+	48, // 45: cyclone.v1.QueryRunRequest.args:type_name -> google.protobuf.ListValue
+	49, // 46: cyclone.v1.QueryRunRequest.timeout:type_name -> google.protobuf.Duration
+	40, // 47: cyclone.v1.QueryRunResponse.result:type_name -> google.protobuf.Value
+	41, // 48: cyclone.v1.QueryRunResponse.published_at:type_name -> google.protobuf.Timestamp
+	48, // 49: cyclone.v1.UpdateRunRequest.args:type_name -> google.protobuf.ListValue
+	49, // 50: cyclone.v1.UpdateRunRequest.timeout:type_name -> google.protobuf.Duration
+	40, // 51: cyclone.v1.UpdateRunResponse.result:type_name -> google.protobuf.Value
+	1,  // 52: cyclone.v1.WorkflowService.Submit:input_type -> cyclone.v1.SubmitRequest
+	3,  // 53: cyclone.v1.WorkflowService.SubmitOnce:input_type -> cyclone.v1.SubmitOnceRequest
+	5,  // 54: cyclone.v1.WorkflowService.GetRun:input_type -> cyclone.v1.GetRunRequest
+	7,  // 55: cyclone.v1.WorkflowService.ListRuns:input_type -> cyclone.v1.ListRunsRequest
+	9,  // 56: cyclone.v1.WorkflowService.CancelRun:input_type -> cyclone.v1.CancelRunRequest
+	11, // 57: cyclone.v1.WorkflowService.Explain:input_type -> cyclone.v1.ExplainRequest
+	15, // 58: cyclone.v1.WorkflowService.SendEvent:input_type -> cyclone.v1.SendEventRequest
+	17, // 59: cyclone.v1.WorkflowService.CountRuns:input_type -> cyclone.v1.CountRunsRequest
+	20, // 60: cyclone.v1.WorkflowService.ListSteps:input_type -> cyclone.v1.ListStepsRequest
+	23, // 61: cyclone.v1.WorkflowService.ListWorkers:input_type -> cyclone.v1.ListWorkersRequest
+	26, // 62: cyclone.v1.WorkflowService.ReadStream:input_type -> cyclone.v1.ReadStreamRequest
+	28, // 63: cyclone.v1.WorkflowService.ListStreams:input_type -> cyclone.v1.ListStreamsRequest
+	31, // 64: cyclone.v1.WorkflowService.QueryRun:input_type -> cyclone.v1.QueryRunRequest
+	33, // 65: cyclone.v1.WorkflowService.UpdateRun:input_type -> cyclone.v1.UpdateRunRequest
+	2,  // 66: cyclone.v1.WorkflowService.Submit:output_type -> cyclone.v1.SubmitResponse
+	4,  // 67: cyclone.v1.WorkflowService.SubmitOnce:output_type -> cyclone.v1.SubmitOnceResponse
+	6,  // 68: cyclone.v1.WorkflowService.GetRun:output_type -> cyclone.v1.GetRunResponse
+	8,  // 69: cyclone.v1.WorkflowService.ListRuns:output_type -> cyclone.v1.ListRunsResponse
+	10, // 70: cyclone.v1.WorkflowService.CancelRun:output_type -> cyclone.v1.CancelRunResponse
+	12, // 71: cyclone.v1.WorkflowService.Explain:output_type -> cyclone.v1.ExplainResponse
+	16, // 72: cyclone.v1.WorkflowService.SendEvent:output_type -> cyclone.v1.SendEventResponse
+	18, // 73: cyclone.v1.WorkflowService.CountRuns:output_type -> cyclone.v1.CountRunsResponse
+	21, // 74: cyclone.v1.WorkflowService.ListSteps:output_type -> cyclone.v1.ListStepsResponse
+	24, // 75: cyclone.v1.WorkflowService.ListWorkers:output_type -> cyclone.v1.ListWorkersResponse
+	27, // 76: cyclone.v1.WorkflowService.ReadStream:output_type -> cyclone.v1.ReadStreamResponse
+	29, // 77: cyclone.v1.WorkflowService.ListStreams:output_type -> cyclone.v1.ListStreamsResponse
+	32, // 78: cyclone.v1.WorkflowService.QueryRun:output_type -> cyclone.v1.QueryRunResponse
+	34, // 79: cyclone.v1.WorkflowService.UpdateRun:output_type -> cyclone.v1.UpdateRunResponse
+	66, // [66:80] is the sub-list for method output_type
+	52, // [52:66] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_cyclone_v1_workflow_service_proto_init() }
@@ -2791,7 +3145,7 @@ func file_cyclone_v1_workflow_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cyclone_v1_workflow_service_proto_rawDesc), len(file_cyclone_v1_workflow_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,8 @@ const (
 	WorkflowService_ListWorkers_FullMethodName = "/cyclone.v1.WorkflowService/ListWorkers"
 	WorkflowService_ReadStream_FullMethodName  = "/cyclone.v1.WorkflowService/ReadStream"
 	WorkflowService_ListStreams_FullMethodName = "/cyclone.v1.WorkflowService/ListStreams"
+	WorkflowService_QueryRun_FullMethodName    = "/cyclone.v1.WorkflowService/QueryRun"
+	WorkflowService_UpdateRun_FullMethodName   = "/cyclone.v1.WorkflowService/UpdateRun"
 )
 
 // WorkflowServiceClient is the client API for WorkflowService service.
@@ -93,6 +95,33 @@ type WorkflowServiceClient interface {
 	// The output streams of a run, by name, with how many chunks and bytes each holds.
 	// NOT_FOUND for an unknown run. Reads only.
 	ListStreams(ctx context.Context, in *ListStreamsRequest, opts ...grpc.CallOption) (*ListStreamsResponse, error)
+	// Asks a durable function's query handler (registered by its body with
+	// ctx.query(name)) for a value; read-only, nothing is journaled. When a worker runs
+	// the node, the question goes to it (WorkerService.Inbox) and its answer comes back;
+	// otherwise (the node waits, is between attempts, or finished) the answer is the
+	// value the handler had at the body's last journal point, as its worker published it
+	// (published = true; only handlers that take no arguments publish). NOT_FOUND for an
+	// unknown run or node, or a handler the body does not have; FAILED_PRECONDITION when
+	// no worker runs the node and nothing was published for that name (or args were
+	// given), or when the handler raised (its type and message); DEADLINE_EXCEEDED when
+	// the worker did not answer within the timeout.
+	QueryRun(ctx context.Context, in *QueryRunRequest, opts ...grpc.CallOption) (*QueryRunResponse, error)
+	// Sends an update to a durable function and waits for its outcome. The update is
+	// recorded durably first (unique by update_id per node: a repeated call with the
+	// same id sends nothing and answers the first update's outcome), then delivered to
+	// the body, whose update handler (ctx.update(name)) applies it at its next journal
+	// point (a step call's return, a wait); the application is recorded in the node's
+	// journal (step_id "update:<update_id>", function "cyclone.update") with the
+	// handler's result, so a replay applies it again at the same point and it is never
+	// applied twice. A waiting node is woken to apply it. Answers the handler's result;
+	// FAILED_PRECONDITION when the handler raised (its type and message), when the run is
+	// completed, failed or cancelled, or the node finished (also one that finished before
+	// applying the update); NOT_FOUND for an unknown run or node, or a handler the body
+	// does not have (recorded in the journal as refused); ALREADY_EXISTS when update_id
+	// was used for another name or other args; DEADLINE_EXCEEDED when it was not applied
+	// within the timeout (it stays recorded: call again with the same update_id to get
+	// its outcome).
+	UpdateRun(ctx context.Context, in *UpdateRunRequest, opts ...grpc.CallOption) (*UpdateRunResponse, error)
 }
 
 type workflowServiceClient struct {
@@ -232,6 +261,26 @@ func (c *workflowServiceClient) ListStreams(ctx context.Context, in *ListStreams
 	return out, nil
 }
 
+func (c *workflowServiceClient) QueryRun(ctx context.Context, in *QueryRunRequest, opts ...grpc.CallOption) (*QueryRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(QueryRunResponse)
+	err := c.cc.Invoke(ctx, WorkflowService_QueryRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workflowServiceClient) UpdateRun(ctx context.Context, in *UpdateRunRequest, opts ...grpc.CallOption) (*UpdateRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateRunResponse)
+	err := c.cc.Invoke(ctx, WorkflowService_UpdateRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkflowServiceServer is the server API for WorkflowService service.
 // All implementations must embed UnimplementedWorkflowServiceServer
 // for forward compatibility.
@@ -292,6 +341,33 @@ type WorkflowServiceServer interface {
 	// The output streams of a run, by name, with how many chunks and bytes each holds.
 	// NOT_FOUND for an unknown run. Reads only.
 	ListStreams(context.Context, *ListStreamsRequest) (*ListStreamsResponse, error)
+	// Asks a durable function's query handler (registered by its body with
+	// ctx.query(name)) for a value; read-only, nothing is journaled. When a worker runs
+	// the node, the question goes to it (WorkerService.Inbox) and its answer comes back;
+	// otherwise (the node waits, is between attempts, or finished) the answer is the
+	// value the handler had at the body's last journal point, as its worker published it
+	// (published = true; only handlers that take no arguments publish). NOT_FOUND for an
+	// unknown run or node, or a handler the body does not have; FAILED_PRECONDITION when
+	// no worker runs the node and nothing was published for that name (or args were
+	// given), or when the handler raised (its type and message); DEADLINE_EXCEEDED when
+	// the worker did not answer within the timeout.
+	QueryRun(context.Context, *QueryRunRequest) (*QueryRunResponse, error)
+	// Sends an update to a durable function and waits for its outcome. The update is
+	// recorded durably first (unique by update_id per node: a repeated call with the
+	// same id sends nothing and answers the first update's outcome), then delivered to
+	// the body, whose update handler (ctx.update(name)) applies it at its next journal
+	// point (a step call's return, a wait); the application is recorded in the node's
+	// journal (step_id "update:<update_id>", function "cyclone.update") with the
+	// handler's result, so a replay applies it again at the same point and it is never
+	// applied twice. A waiting node is woken to apply it. Answers the handler's result;
+	// FAILED_PRECONDITION when the handler raised (its type and message), when the run is
+	// completed, failed or cancelled, or the node finished (also one that finished before
+	// applying the update); NOT_FOUND for an unknown run or node, or a handler the body
+	// does not have (recorded in the journal as refused); ALREADY_EXISTS when update_id
+	// was used for another name or other args; DEADLINE_EXCEEDED when it was not applied
+	// within the timeout (it stays recorded: call again with the same update_id to get
+	// its outcome).
+	UpdateRun(context.Context, *UpdateRunRequest) (*UpdateRunResponse, error)
 	mustEmbedUnimplementedWorkflowServiceServer()
 }
 
@@ -337,6 +413,12 @@ func (UnimplementedWorkflowServiceServer) ReadStream(*ReadStreamRequest, grpc.Se
 }
 func (UnimplementedWorkflowServiceServer) ListStreams(context.Context, *ListStreamsRequest) (*ListStreamsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListStreams not implemented")
+}
+func (UnimplementedWorkflowServiceServer) QueryRun(context.Context, *QueryRunRequest) (*QueryRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method QueryRun not implemented")
+}
+func (UnimplementedWorkflowServiceServer) UpdateRun(context.Context, *UpdateRunRequest) (*UpdateRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateRun not implemented")
 }
 func (UnimplementedWorkflowServiceServer) mustEmbedUnimplementedWorkflowServiceServer() {}
 func (UnimplementedWorkflowServiceServer) testEmbeddedByValue()                         {}
@@ -568,6 +650,42 @@ func _WorkflowService_ListStreams_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkflowService_QueryRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(QueryRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkflowServiceServer).QueryRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkflowService_QueryRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkflowServiceServer).QueryRun(ctx, req.(*QueryRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _WorkflowService_UpdateRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkflowServiceServer).UpdateRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkflowService_UpdateRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkflowServiceServer).UpdateRun(ctx, req.(*UpdateRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkflowService_ServiceDesc is the grpc.ServiceDesc for WorkflowService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -618,6 +736,14 @@ var WorkflowService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListStreams",
 			Handler:    _WorkflowService_ListStreams_Handler,
+		},
+		{
+			MethodName: "QueryRun",
+			Handler:    _WorkflowService_QueryRun_Handler,
+		},
+		{
+			MethodName: "UpdateRun",
+			Handler:    _WorkflowService_UpdateRun_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

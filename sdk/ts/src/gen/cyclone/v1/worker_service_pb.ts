@@ -6,7 +6,7 @@ import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobu
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { EventWait, LogLine, RunStatus, StepCall, StepCallError, StepError, StepStatus, Workflow } from "./types_pb.js";
 import { file_cyclone_v1_types } from "./types_pb.js";
-import type { Duration, Timestamp, Value } from "@bufbuild/protobuf/wkt";
+import type { Duration, ListValue, Timestamp, Value } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cyclone/v1/worker_service.proto.
  */
 export const file_cyclone_v1_worker_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIl8KCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIEikKCnJhdGVfbGltaXQYAyABKAsyFS5jeWNsb25lLnYxLlJhdGVMaW1pdCJFCglSYXRlTGltaXQSDQoFY291bnQYASABKAUSKQoGcGVyaW9kGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIsIBCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEAoIYnVpbGRfaWQYBiABKAkiYQoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXASKAoHYmxvY2tlZBgCIAMoCzIXLmN5Y2xvbmUudjEuQmxvY2tlZFN0ZXAibQoLQmxvY2tlZFN0ZXASDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDwoHYXR0ZW1wdBgDIAEoBRIPCgdzdGVwX2lkGAQgASgJEg4KBnJlYXNvbhgFIAEoCRIOCgZhY3Rpb24YBiABKAkiwQUKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIwCgxydW5fZGVhZGxpbmUYESABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GBIgASgJGk4KFFVwc3RyZWFtT3V0cHV0c0VudHJ5EgsKA2tleRgBIAEoCRIlCgV2YWx1ZRgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZToCOAEibQoPVXBzdHJlYW1GYWlsdXJlEgwKBG5vZGUYASABKAkSJgoGc3RhdHVzGAIgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEiQKBWVycm9yGAMgASgLMhUuY3ljbG9uZS52MS5TdGVwRXJyb3IivAEKEEhlYXJ0YmVhdFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSKAoIcHJvZ3Jlc3MYBCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SIQoEbG9ncxgGIAMoCzITLmN5Y2xvbmUudjEuTG9nTGluZSJcChFIZWFydGJlYXRSZXNwb25zZRI0ChBsZWFzZV9leHBpcmVzX2F0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCgljYW5jZWxsZWQYAiABKAgixAEKD0NvbXBsZXRlUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIoCgZvdXRwdXQYBCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVIABImCgdmYWlsdXJlGAUgASgLMhMuY3ljbG9uZS52MS5GYWlsdXJlSAASIQoEbG9ncxgGIAMoCzITLmN5Y2xvbmUudjEuTG9nTGluZUIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiygEKE0NvbXBsZXRlTWFueVJlcXVlc3QSMAoLY29tcGxldGlvbnMYASADKAsyGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBI2Cg5zdGVwX2NhbGxfZW5kcxgCIAMoCzIeLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXF1ZXN0EjoKEHN0ZXBfY2FsbF9iZWdpbnMYAyADKAsyIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0Eg0KBWJyaWVmGAQgASgIIsMBChRDb21wbGV0ZU1hbnlSZXNwb25zZRIrCgdyZXN1bHRzGAEgAygLMhouY3ljbG9uZS52MS5Db21wbGV0ZVJlc3VsdBI8ChVzdGVwX2NhbGxfZW5kX3Jlc3VsdHMYAiADKAsyHS5jeWNsb25lLnYxLlN0ZXBDYWxsRW5kUmVzdWx0EkAKF3N0ZXBfY2FsbF9iZWdpbl9yZXN1bHRzGAMgAygLMh8uY3ljbG9uZS52MS5TdGVwQ2FsbEJlZ2luUmVzdWx0In4KEVN0ZXBDYWxsRW5kUmVzdWx0EjMKCHJlc3BvbnNlGAEgASgLMh8uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiggEKE1N0ZXBDYWxsQmVnaW5SZXN1bHQSNQoIcmVzcG9uc2UYASABKAsyIS5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IngKDkNvbXBsZXRlUmVzdWx0EjAKCHJlc3BvbnNlGAEgASgLMhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiRwoNQ29tcGxldGVFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSFwoPY3VycmVudF9hdHRlbXB0GAMgASgFInIKC1dvcmtSZXF1ZXN0EiIKBG9wZW4YASABKAsyFC5jeWNsb25lLnYxLldvcmtPcGVuEg4KBmNyZWRpdBgCIAEoBRIvCgZyZXBvcnQYAyABKAsyHy5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlcXVlc3QiggEKCFdvcmtPcGVuEhEKCXdvcmtlcl9pZBgBIAEoCRInCgdhY3Rpb25zGAIgAygLMhYuY3ljbG9uZS52MS5BY3Rpb25TcGVjEigKBWxlYXNlGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhAKCGJ1aWxkX2lkGAQgASgJIrwBCgxXb3JrUmVzcG9uc2USJgoFc3RlcHMYASADKAsyFy5jeWNsb25lLnYxLkNsYWltZWRTdGVwEigKB2Jsb2NrZWQYAiADKAsyFy5jeWNsb25lLnYxLkJsb2NrZWRTdGVwEjAKBnJlcG9ydBgDIAEoCzIgLmN5Y2xvbmUudjEuQ29tcGxldGVNYW55UmVzcG9uc2USKAoGbGltaXRzGAQgASgLMhguY3ljbG9uZS52MS5TZXJ2ZXJMaW1pdHMidQoMU2VydmVyTGltaXRzEhkKEW1heF9wYXlsb2FkX2J5dGVzGAEgASgDEhYKDm1heF9zdGVwX2NhbGxzGAIgASgFEhYKDm1heF9lcnJvcl90ZXh0GAMgASgFEhoKEm1heF9zdGVwX2NhbGxfbmFtZRgEIAEoBSKoAQoUQmVnaW5TdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCBITCgthcmdzX2RpZ2VzdBgIIAEoCSKWAQoVQmVnaW5TdGVwQ2FsbFJlc3BvbnNlEi4KCGRlY2lzaW9uGAEgASgOMhwuY3ljbG9uZS52MS5TdGVwQ2FsbERlY2lzaW9uEiIKBGNhbGwYAiABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cyKHAgoSRW5kU3RlcENhbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEhAKCGZ1bmN0aW9uGAYgASgJEhgKEHVuc2FmZV90b19yZXBlYXQYByABKAgSKAoGb3V0cHV0GAggASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASKgoFZXJyb3IYCSABKAsyGS5jeWNsb25lLnYxLlN0ZXBDYWxsRXJyb3JIABITCgthcmdzX2RpZ2VzdBgKIAEoCUIJCgdvdXRjb21lIkwKE0VuZFN0ZXBDYWxsUmVzcG9uc2USIgoEY2FsbBgBIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSEQoJZHVwbGljYXRlGAIgASgIIrMBChFTdGFydENoaWxkUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRImCgh3b3JrZmxvdxgGIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYByABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiXwoSU3RhcnRDaGlsZFJlc3BvbnNlEhQKDGNoaWxkX3J1bl9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIEiIKBGNhbGwYAyABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsIvkBCgtXYWl0UmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRItCgd3YWtlX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAEiYKBWV2ZW50GAcgASgLMhUuY3ljbG9uZS52MS5FdmVudFdhaXRIABIWCgxjaGlsZF9ydW5faWQYCCABKAlIABIhCgRsb2dzGDwgAygLMhMuY3ljbG9uZS52MS5Mb2dMaW5lQgcKBXVudGlsIl4KDFdhaXRSZXNwb25zZRIqCghkZWNpc2lvbhgBIAEoDjIYLmN5Y2xvbmUudjEuV2FpdERlY2lzaW9uEiIKBGNhbGwYAiABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsImMKC0NodW5rVG9FbWl0Eg4KBnN0cmVhbRgBIAEoCRIPCgdzdGVwX2lkGAIgASgJEgsKA3NlcRgDIAEoBRIOCgR0ZXh0GAQgASgJSAASDgoEanNvbhgFIAEoCUgAQgYKBGRhdGEibwoRRW1pdENodW5rc1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSJwoGY2h1bmtzGAQgAygLMhcuY3ljbG9uZS52MS5DaHVua1RvRW1pdCI4ChJFbWl0Q2h1bmtzUmVzcG9uc2USDwoHb2Zmc2V0cxgBIAMoAxIRCglkdXBsaWNhdGUYAiADKAgilgEKFUNyZWF0ZUFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEioKB3RpbWVvdXQYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDQoFdGl0bGUYBiABKAkimQEKFkNyZWF0ZUFwcHJvdmFsUmVzcG9uc2USEwoLYXBwcm92YWxfaWQYASABKAkSDQoFdG9rZW4YAiABKAkSCwoDdXJsGAMgASgJEi4KCmV4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBWV2ZW50GAUgASgJEg8KB2RlY2lkZWQYBiABKAgqlQEKEFN0ZXBDYWxsRGVjaXNpb24SIgoeU1RFUF9DQUxMX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASGgoWU1RFUF9DQUxMX0RFQ0lTSU9OX1JVThABEh8KG1NURVBfQ0FMTF9ERUNJU0lPTl9SRUNPUkRFRBACEiAKHFNURVBfQ0FMTF9ERUNJU0lPTl9VTkNFUlRBSU4QAypjCgxXYWl0RGVjaXNpb24SHQoZV0FJVF9ERUNJU0lPTl9VTlNQRUNJRklFRBAAEhcKE1dBSVRfREVDSVNJT05fUkVBRFkQARIbChdXQUlUX0RFQ0lTSU9OX1NVU1BFTkRFRBACMsQGCg1Xb3JrZXJTZXJ2aWNlEjwKBUNsYWltEhguY3ljbG9uZS52MS5DbGFpbVJlcXVlc3QaGS5jeWNsb25lLnYxLkNsYWltUmVzcG9uc2USSAoJSGVhcnRiZWF0EhwuY3ljbG9uZS52MS5IZWFydGJlYXRSZXF1ZXN0Gh0uY3ljbG9uZS52MS5IZWFydGJlYXRSZXNwb25zZRJFCghDb21wbGV0ZRIbLmN5Y2xvbmUudjEuQ29tcGxldGVSZXF1ZXN0GhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlElEKDENvbXBsZXRlTWFueRIfLmN5Y2xvbmUudjEuQ29tcGxldGVNYW55UmVxdWVzdBogLmN5Y2xvbmUudjEuQ29tcGxldGVNYW55UmVzcG9uc2USVAoNQmVnaW5TdGVwQ2FsbBIgLmN5Y2xvbmUudjEuQmVnaW5TdGVwQ2FsbFJlcXVlc3QaIS5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXNwb25zZRJOCgtFbmRTdGVwQ2FsbBIeLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXF1ZXN0Gh8uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlc3BvbnNlEksKClN0YXJ0Q2hpbGQSHS5jeWNsb25lLnYxLlN0YXJ0Q2hpbGRSZXF1ZXN0Gh4uY3ljbG9uZS52MS5TdGFydENoaWxkUmVzcG9uc2USOQoEV2FpdBIXLmN5Y2xvbmUudjEuV2FpdFJlcXVlc3QaGC5jeWNsb25lLnYxLldhaXRSZXNwb25zZRJXCg5DcmVhdGVBcHByb3ZhbBIhLmN5Y2xvbmUudjEuQ3JlYXRlQXBwcm92YWxSZXF1ZXN0GiIuY3ljbG9uZS52MS5DcmVhdGVBcHByb3ZhbFJlc3BvbnNlEj0KBFdvcmsSFy5jeWNsb25lLnYxLldvcmtSZXF1ZXN0GhguY3ljbG9uZS52MS5Xb3JrUmVzcG9uc2UoATABEksKCkVtaXRDaHVua3MSHS5jeWNsb25lLnYxLkVtaXRDaHVua3NSZXF1ZXN0Gh4uY3ljbG9uZS52MS5FbWl0Q2h1bmtzUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch9jeWNsb25lL3YxL3dvcmtlcl9zZXJ2aWNlLnByb3RvEgpjeWNsb25lLnYxIl8KCkFjdGlvblNwZWMSDAoEbmFtZRgBIAEoCRIYChB1bnNhZmVfdG9fcmVwZWF0GAIgASgIEikKCnJhdGVfbGltaXQYAyABKAsyFS5jeWNsb25lLnYxLlJhdGVMaW1pdCJFCglSYXRlTGltaXQSDQoFY291bnQYASABKAUSKQoGcGVyaW9kGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIsIBCgxDbGFpbVJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEicKB2FjdGlvbnMYAiADKAsyFi5jeWNsb25lLnYxLkFjdGlvblNwZWMSEQoJbWF4X3N0ZXBzGAMgASgFEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEAoIYnVpbGRfaWQYBiABKAkiYQoNQ2xhaW1SZXNwb25zZRImCgVzdGVwcxgBIAMoCzIXLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXASKAoHYmxvY2tlZBgCIAMoCzIXLmN5Y2xvbmUudjEuQmxvY2tlZFN0ZXAibQoLQmxvY2tlZFN0ZXASDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDwoHYXR0ZW1wdBgDIAEoBRIPCgdzdGVwX2lkGAQgASgJEg4KBnJlYXNvbhgFIAEoCRIOCgZhY3Rpb24YBiABKAkiwQUKC0NsYWltZWRTdGVwEg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEg4KBmFjdGlvbhgDIAEoCRIQCgh3b3JrZmxvdxgEIAEoCRIPCgdhdHRlbXB0GAUgASgFEhQKDG1heF9hdHRlbXB0cxgGIAEoBRIlCgVpbnB1dBgHIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIpCglydW5faW5wdXQYCCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSRgoQdXBzdHJlYW1fb3V0cHV0cxgJIAMoCzIsLmN5Y2xvbmUudjEuQ2xhaW1lZFN0ZXAuVXBzdHJlYW1PdXRwdXRzRW50cnkSEwoLbGVhc2VfdG9rZW4YCiABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZGVhZGxpbmUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCHByb2dyZXNzGA0gASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhgKEGVmZmVjdF91bmNlcnRhaW4YDiABKAgSNgoRdXBzdHJlYW1fZmFpbHVyZXMYDyADKAsyGy5jeWNsb25lLnYxLlVwc3RyZWFtRmFpbHVyZRIlCgdqb3VybmFsGBAgAygLMhQuY3ljbG9uZS52MS5TdGVwQ2FsbBIwCgxydW5fZGVhZGxpbmUYESABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GBIgASgJGk4KFFVwc3RyZWFtT3V0cHV0c0VudHJ5EgsKA2tleRgBIAEoCRIlCgV2YWx1ZRgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZToCOAEibQoPVXBzdHJlYW1GYWlsdXJlEgwKBG5vZGUYASABKAkSJgoGc3RhdHVzGAIgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEiQKBWVycm9yGAMgASgLMhUuY3ljbG9uZS52MS5TdGVwRXJyb3IivAEKEEhlYXJ0YmVhdFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSKAoIcHJvZ3Jlc3MYBCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSKAoFbGVhc2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SIQoEbG9ncxgGIAMoCzITLmN5Y2xvbmUudjEuTG9nTGluZSJcChFIZWFydGJlYXRSZXNwb25zZRI0ChBsZWFzZV9leHBpcmVzX2F0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCgljYW5jZWxsZWQYAiABKAgixAEKD0NvbXBsZXRlUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIoCgZvdXRwdXQYBCABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVIABImCgdmYWlsdXJlGAUgASgLMhMuY3ljbG9uZS52MS5GYWlsdXJlSAASIQoEbG9ncxgGIAMoCzITLmN5Y2xvbmUudjEuTG9nTGluZUIJCgdvdXRjb21lIpoBCgdGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkSDAoEdHlwZRgCIAEoCRIPCgdkZXRhaWxzGAMgASgJEhUKDW5vbl9yZXRyeWFibGUYBCABKAgSLgoLcmV0cnlfYWZ0ZXIYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQZWZmZWN0X3VuY2VydGFpbhgGIAEoCCKmAQoQQ29tcGxldGVSZXNwb25zZRImCgZzdGF0dXMYASABKA4yFi5jeWNsb25lLnYxLlN0ZXBTdGF0dXMSLAoIcmV0cnlfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cxIRCglkdXBsaWNhdGUYBCABKAgiygEKE0NvbXBsZXRlTWFueVJlcXVlc3QSMAoLY29tcGxldGlvbnMYASADKAsyGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBI2Cg5zdGVwX2NhbGxfZW5kcxgCIAMoCzIeLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXF1ZXN0EjoKEHN0ZXBfY2FsbF9iZWdpbnMYAyADKAsyIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0Eg0KBWJyaWVmGAQgASgIIsMBChRDb21wbGV0ZU1hbnlSZXNwb25zZRIrCgdyZXN1bHRzGAEgAygLMhouY3ljbG9uZS52MS5Db21wbGV0ZVJlc3VsdBI8ChVzdGVwX2NhbGxfZW5kX3Jlc3VsdHMYAiADKAsyHS5jeWNsb25lLnYxLlN0ZXBDYWxsRW5kUmVzdWx0EkAKF3N0ZXBfY2FsbF9iZWdpbl9yZXN1bHRzGAMgAygLMh8uY3ljbG9uZS52MS5TdGVwQ2FsbEJlZ2luUmVzdWx0In4KEVN0ZXBDYWxsRW5kUmVzdWx0EjMKCHJlc3BvbnNlGAEgASgLMh8uY3ljbG9uZS52MS5FbmRTdGVwQ2FsbFJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiggEKE1N0ZXBDYWxsQmVnaW5SZXN1bHQSNQoIcmVzcG9uc2UYASABKAsyIS5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXNwb25zZUgAEioKBWVycm9yGAIgASgLMhkuY3ljbG9uZS52MS5Db21wbGV0ZUVycm9ySABCCAoGcmVzdWx0IngKDkNvbXBsZXRlUmVzdWx0EjAKCHJlc3BvbnNlGAEgASgLMhwuY3ljbG9uZS52MS5Db21wbGV0ZVJlc3BvbnNlSAASKgoFZXJyb3IYAiABKAsyGS5jeWNsb25lLnYxLkNvbXBsZXRlRXJyb3JIAEIICgZyZXN1bHQiRwoNQ29tcGxldGVFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSFwoPY3VycmVudF9hdHRlbXB0GAMgASgFInIKC1dvcmtSZXF1ZXN0EiIKBG9wZW4YASABKAsyFC5jeWNsb25lLnYxLldvcmtPcGVuEg4KBmNyZWRpdBgCIAEoBRIvCgZyZXBvcnQYAyABKAsyHy5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlcXVlc3QiggEKCFdvcmtPcGVuEhEKCXdvcmtlcl9pZBgBIAEoCRInCgdhY3Rpb25zGAIgAygLMhYuY3ljbG9uZS52MS5BY3Rpb25TcGVjEigKBWxlYXNlGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhAKCGJ1aWxkX2lkGAQgASgJIrwBCgxXb3JrUmVzcG9uc2USJgoFc3RlcHMYASADKAsyFy5jeWNsb25lLnYxLkNsYWltZWRTdGVwEigKB2Jsb2NrZWQYAiADKAsyFy5jeWNsb25lLnYxLkJsb2NrZWRTdGVwEjAKBnJlcG9ydBgDIAEoCzIgLmN5Y2xvbmUudjEuQ29tcGxldGVNYW55UmVzcG9uc2USKAoGbGltaXRzGAQgASgLMhguY3ljbG9uZS52MS5TZXJ2ZXJMaW1pdHMidQoMU2VydmVyTGltaXRzEhkKEW1heF9wYXlsb2FkX2J5dGVzGAEgASgDEhYKDm1heF9zdGVwX2NhbGxzGAIgASgFEhYKDm1heF9lcnJvcl90ZXh0GAMgASgFEhoKEm1heF9zdGVwX2NhbGxfbmFtZRgEIAEoBSKoAQoUQmVnaW5TdGVwQ2FsbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSDwoHc3RlcF9pZBgEIAEoCRILCgNzZXEYBSABKAUSEAoIZnVuY3Rpb24YBiABKAkSGAoQdW5zYWZlX3RvX3JlcGVhdBgHIAEoCBITCgthcmdzX2RpZ2VzdBgIIAEoCSKWAQoVQmVnaW5TdGVwQ2FsbFJlc3BvbnNlEi4KCGRlY2lzaW9uGAEgASgOMhwuY3ljbG9uZS52MS5TdGVwQ2FsbERlY2lzaW9uEiIKBGNhbGwYAiABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsEikKCnJ1bl9zdGF0dXMYAyABKA4yFS5jeWNsb25lLnYxLlJ1blN0YXR1cyKHAgoSRW5kU3RlcENhbGxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRub2RlGAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEg8KB3N0ZXBfaWQYBCABKAkSCwoDc2VxGAUgASgFEhAKCGZ1bmN0aW9uGAYgASgJEhgKEHVuc2FmZV90b19yZXBlYXQYByABKAgSKAoGb3V0cHV0GAggASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlSAASKgoFZXJyb3IYCSABKAsyGS5jeWNsb25lLnYxLlN0ZXBDYWxsRXJyb3JIABITCgthcmdzX2RpZ2VzdBgKIAEoCUIJCgdvdXRjb21lIkwKE0VuZFN0ZXBDYWxsUmVzcG9uc2USIgoEY2FsbBgBIAEoCzIULmN5Y2xvbmUudjEuU3RlcENhbGwSEQoJZHVwbGljYXRlGAIgASgIIrMBChFTdGFydENoaWxkUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRImCgh3b3JrZmxvdxgGIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYByABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiXwoSU3RhcnRDaGlsZFJlc3BvbnNlEhQKDGNoaWxkX3J1bl9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIEiIKBGNhbGwYAyABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsIvkBCgtXYWl0UmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEgsKA3NlcRgFIAEoBRItCgd3YWtlX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAEiYKBWV2ZW50GAcgASgLMhUuY3ljbG9uZS52MS5FdmVudFdhaXRIABIWCgxjaGlsZF9ydW5faWQYCCABKAlIABIhCgRsb2dzGDwgAygLMhMuY3ljbG9uZS52MS5Mb2dMaW5lQgcKBXVudGlsIl4KDFdhaXRSZXNwb25zZRIqCghkZWNpc2lvbhgBIAEoDjIYLmN5Y2xvbmUudjEuV2FpdERlY2lzaW9uEiIKBGNhbGwYAiABKAsyFC5jeWNsb25lLnYxLlN0ZXBDYWxsImMKC0NodW5rVG9FbWl0Eg4KBnN0cmVhbRgBIAEoCRIPCgdzdGVwX2lkGAIgASgJEgsKA3NlcRgDIAEoBRIOCgR0ZXh0GAQgASgJSAASDgoEanNvbhgFIAEoCUgAQgYKBGRhdGEibwoRRW1pdENodW5rc1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAkSJwoGY2h1bmtzGAQgAygLMhcuY3ljbG9uZS52MS5DaHVua1RvRW1pdCI4ChJFbWl0Q2h1bmtzUmVzcG9uc2USDwoHb2Zmc2V0cxgBIAMoAxIRCglkdXBsaWNhdGUYAiADKAgilgEKFUNyZWF0ZUFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIPCgdzdGVwX2lkGAQgASgJEioKB3RpbWVvdXQYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDQoFdGl0bGUYBiABKAkimQEKFkNyZWF0ZUFwcHJvdmFsUmVzcG9uc2USEwoLYXBwcm92YWxfaWQYASABKAkSDQoFdG9rZW4YAiABKAkSCwoDdXJsGAMgASgJEi4KCmV4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBWV2ZW50GAUgASgJEg8KB2RlY2lkZWQYBiABKAgitgEKDEluYm94UmVxdWVzdBIkCgVub2RlcxgBIAMoCzIVLmN5Y2xvbmUudjEuSW5ib3hOb2RlEigKB2Fuc3dlcnMYAiADKAsyFy5jeWNsb25lLnYxLlF1ZXJ5QW5zd2VyEi0KCXB1Ymxpc2hlZBgDIAMoCzIaLmN5Y2xvbmUudjEuUHVibGlzaGVkUXVlcnkSJwoEd2FpdBgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiI/CglJbmJveE5vZGUSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSFAoMYWZ0ZXJfdXBkYXRlGAMgASgDIoIBCgtRdWVyeUFuc3dlchIQCghxdWVyeV9pZBgBIAEoAxImCgZyZXN1bHQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSEgoKZXJyb3JfdHlwZRgDIAEoCRIVCg1lcnJvcl9tZXNzYWdlGAQgASgJEg4KBnJ1bl9pZBgFIAEoCSJ0Cg5QdWJsaXNoZWRRdWVyeRIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRIPCgdhdHRlbXB0GAMgASgFEgwKBG5hbWUYBCABKAkSJQoFdmFsdWUYBSABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiYgoNSW5ib3hSZXNwb25zZRInCgdxdWVyaWVzGAEgAygLMhYuY3ljbG9uZS52MS5JbmJveFF1ZXJ5EigKB3VwZGF0ZXMYAiADKAsyFy5jeWNsb25lLnYxLkluYm94VXBkYXRlInQKCkluYm94UXVlcnkSEAoIcXVlcnlfaWQYASABKAMSDgoGcnVuX2lkGAIgASgJEgwKBG5vZGUYAyABKAkSDAoEbmFtZRgEIAEoCRIoCgRhcmdzGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLkxpc3RWYWx1ZSKDAQoLSW5ib3hVcGRhdGUSCwoDc2VxGAEgASgDEg4KBnJ1bl9pZBgCIAEoCRIMCgRub2RlGAMgASgJEhEKCXVwZGF0ZV9pZBgEIAEoCRIMCgRuYW1lGAUgASgJEigKBGFyZ3MYBiABKAsyGi5nb29nbGUucHJvdG9idWYuTGlzdFZhbHVlKpUBChBTdGVwQ2FsbERlY2lzaW9uEiIKHlNURVBfQ0FMTF9ERUNJU0lPTl9VTlNQRUNJRklFRBAAEhoKFlNURVBfQ0FMTF9ERUNJU0lPTl9SVU4QARIfChtTVEVQX0NBTExfREVDSVNJT05fUkVDT1JERUQQAhIgChxTVEVQX0NBTExfREVDSVNJT05fVU5DRVJUQUlOEAMqYwoMV2FpdERlY2lzaW9uEh0KGVdBSVRfREVDSVNJT05fVU5TUEVDSUZJRUQQABIXChNXQUlUX0RFQ0lTSU9OX1JFQURZEAESGwoXV0FJVF9ERUNJU0lPTl9TVVNQRU5ERUQQAjKCBwoNV29ya2VyU2VydmljZRI8CgVDbGFpbRIYLmN5Y2xvbmUudjEuQ2xhaW1SZXF1ZXN0GhkuY3ljbG9uZS52MS5DbGFpbVJlc3BvbnNlEkgKCUhlYXJ0YmVhdBIcLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVxdWVzdBodLmN5Y2xvbmUudjEuSGVhcnRiZWF0UmVzcG9uc2USRQoIQ29tcGxldGUSGy5jeWNsb25lLnYxLkNvbXBsZXRlUmVxdWVzdBocLmN5Y2xvbmUudjEuQ29tcGxldGVSZXNwb25zZRJRCgxDb21wbGV0ZU1hbnkSHy5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlcXVlc3QaIC5jeWNsb25lLnYxLkNvbXBsZXRlTWFueVJlc3BvbnNlElQKDUJlZ2luU3RlcENhbGwSIC5jeWNsb25lLnYxLkJlZ2luU3RlcENhbGxSZXF1ZXN0GiEuY3ljbG9uZS52MS5CZWdpblN0ZXBDYWxsUmVzcG9uc2USTgoLRW5kU3RlcENhbGwSHi5jeWNsb25lLnYxLkVuZFN0ZXBDYWxsUmVxdWVzdBofLmN5Y2xvbmUudjEuRW5kU3RlcENhbGxSZXNwb25zZRJLCgpTdGFydENoaWxkEh0uY3ljbG9uZS52MS5TdGFydENoaWxkUmVxdWVzdBoeLmN5Y2xvbmUudjEuU3RhcnRDaGlsZFJlc3BvbnNlEjkKBFdhaXQSFy5jeWNsb25lLnYxLldhaXRSZXF1ZXN0GhguY3ljbG9uZS52MS5XYWl0UmVzcG9uc2USVwoOQ3JlYXRlQXBwcm92YWwSIS5jeWNsb25lLnYxLkNyZWF0ZUFwcHJvdmFsUmVxdWVzdBoiLmN5Y2xvbmUudjEuQ3JlYXRlQXBwcm92YWxSZXNwb25zZRI9CgRXb3JrEhcuY3ljbG9uZS52MS5Xb3JrUmVxdWVzdBoYLmN5Y2xvbmUudjEuV29ya1Jlc3BvbnNlKAEwARJLCgpFbWl0Q2h1bmtzEh0uY3ljbG9uZS52MS5FbWl0Q2h1bmtzUmVxdWVzdBoeLmN5Y2xvbmUudjEuRW1pdENodW5rc1Jlc3BvbnNlEjwKBUluYm94EhguY3ljbG9uZS52MS5JbmJveFJlcXVlc3QaGS5jeWNsb25lLnYxLkluYm94UmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * An action a worker serves.
@@ -1787,6 +1787,321 @@ export const CreateApprovalResponseSchema: GenMessage<CreateApprovalResponse> = 
   messageDesc(file_cyclone_v1_worker_service, 34);
 
 /**
+ * Arguments of WorkerService.Inbox.
+ *
+ * @generated from message cyclone.v1.InboxRequest
+ */
+export type InboxRequest = Message<"cyclone.v1.InboxRequest"> & {
+  /**
+   * The nodes whose bodies the worker runs now (at most 10,000).
+   *
+   * @generated from field: repeated cyclone.v1.InboxNode nodes = 1;
+   */
+  nodes: InboxNode[];
+
+  /**
+   * Answers to queries handed out by an earlier Inbox.
+   *
+   * @generated from field: repeated cyclone.v1.QueryAnswer answers = 2;
+   */
+  answers: QueryAnswer[];
+
+  /**
+   * Query handlers' values to publish, each fenced by its node's lease token.
+   *
+   * @generated from field: repeated cyclone.v1.PublishedQuery published = 3;
+   */
+  published: PublishedQuery[];
+
+  /**
+   * How long to wait for a query or an update when there is none: 0-30s. Default 0.
+   *
+   * @generated from field: google.protobuf.Duration wait = 4;
+   */
+  wait?: Duration | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.InboxRequest.
+ * Use `create(InboxRequestSchema)` to create a new message.
+ */
+export const InboxRequestSchema: GenMessage<InboxRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 35);
+
+/**
+ * A node a worker runs the body of, in InboxRequest.
+ *
+ * @generated from message cyclone.v1.InboxNode
+ */
+export type InboxNode = Message<"cyclone.v1.InboxNode"> & {
+  /**
+   * The run.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The node.
+   *
+   * @generated from field: string node = 2;
+   */
+  node: string;
+
+  /**
+   * Hand out only the updates of this node past this cursor (InboxUpdate.seq); 0 for
+   * all.
+   *
+   * @generated from field: int64 after_update = 3;
+   */
+  afterUpdate: bigint;
+};
+
+/**
+ * Describes the message cyclone.v1.InboxNode.
+ * Use `create(InboxNodeSchema)` to create a new message.
+ */
+export const InboxNodeSchema: GenMessage<InboxNode> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 36);
+
+/**
+ * A worker's answer to a query (InboxQuery), in InboxRequest.
+ *
+ * @generated from message cyclone.v1.QueryAnswer
+ */
+export type QueryAnswer = Message<"cyclone.v1.QueryAnswer"> & {
+  /**
+   * InboxQuery.query_id.
+   *
+   * @generated from field: int64 query_id = 1;
+   */
+  queryId: bigint;
+
+  /**
+   * The handler's value.
+   *
+   * @generated from field: google.protobuf.Value result = 2;
+   */
+  result?: Value | undefined;
+
+  /**
+   * Set when the body has no handler of that name ("UnknownQuery") or the handler
+   * raised (its exception's class name); result is then unset.
+   *
+   * @generated from field: string error_type = 3;
+   */
+  errorType: string;
+
+  /**
+   * The error's message.
+   *
+   * @generated from field: string error_message = 4;
+   */
+  errorMessage: string;
+
+  /**
+   * InboxQuery.run_id.
+   *
+   * @generated from field: string run_id = 5;
+   */
+  runId: string;
+};
+
+/**
+ * Describes the message cyclone.v1.QueryAnswer.
+ * Use `create(QueryAnswerSchema)` to create a new message.
+ */
+export const QueryAnswerSchema: GenMessage<QueryAnswer> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 37);
+
+/**
+ * A query handler's value, published for QueryRun to answer when no worker runs the
+ * node.
+ *
+ * @generated from message cyclone.v1.PublishedQuery
+ */
+export type PublishedQuery = Message<"cyclone.v1.PublishedQuery"> & {
+  /**
+   * The run.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The node.
+   *
+   * @generated from field: string node = 2;
+   */
+  node: string;
+
+  /**
+   * The attempt of the node whose body had this value (ClaimedStep.attempt): a value
+   * of an earlier attempt than the one published last is not stored.
+   *
+   * @generated from field: int32 attempt = 3;
+   */
+  attempt: number;
+
+  /**
+   * The handler's name.
+   *
+   * @generated from field: string name = 4;
+   */
+  name: string;
+
+  /**
+   * Its value.
+   *
+   * @generated from field: google.protobuf.Value value = 5;
+   */
+  value?: Value | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.PublishedQuery.
+ * Use `create(PublishedQuerySchema)` to create a new message.
+ */
+export const PublishedQuerySchema: GenMessage<PublishedQuery> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 38);
+
+/**
+ * Result of WorkerService.Inbox.
+ *
+ * @generated from message cyclone.v1.InboxResponse
+ */
+export type InboxResponse = Message<"cyclone.v1.InboxResponse"> & {
+  /**
+   * Queries to answer (in the next InboxRequest's answers).
+   *
+   * @generated from field: repeated cyclone.v1.InboxQuery queries = 1;
+   */
+  queries: InboxQuery[];
+
+  /**
+   * Updates to apply, oldest first per node.
+   *
+   * @generated from field: repeated cyclone.v1.InboxUpdate updates = 2;
+   */
+  updates: InboxUpdate[];
+};
+
+/**
+ * Describes the message cyclone.v1.InboxResponse.
+ * Use `create(InboxResponseSchema)` to create a new message.
+ */
+export const InboxResponseSchema: GenMessage<InboxResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 39);
+
+/**
+ * A query asked of a node the worker runs.
+ *
+ * @generated from message cyclone.v1.InboxQuery
+ */
+export type InboxQuery = Message<"cyclone.v1.InboxQuery"> & {
+  /**
+   * Its id, for QueryAnswer.
+   *
+   * @generated from field: int64 query_id = 1;
+   */
+  queryId: bigint;
+
+  /**
+   * The run.
+   *
+   * @generated from field: string run_id = 2;
+   */
+  runId: string;
+
+  /**
+   * The node.
+   *
+   * @generated from field: string node = 3;
+   */
+  node: string;
+
+  /**
+   * The query handler's name.
+   *
+   * @generated from field: string name = 4;
+   */
+  name: string;
+
+  /**
+   * Its arguments.
+   *
+   * @generated from field: google.protobuf.ListValue args = 5;
+   */
+  args?: ListValue | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.InboxQuery.
+ * Use `create(InboxQuerySchema)` to create a new message.
+ */
+export const InboxQuerySchema: GenMessage<InboxQuery> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 40);
+
+/**
+ * An update sent to a node the worker runs: the body applies it at its next journal
+ * point and records it there (step_id "update:<update_id>", function
+ * "cyclone.update", output {"update": name, "args": [...], "result": value} or, when
+ * the handler raised or is unknown, {"update", "args", "error": {"type", "message"}}).
+ *
+ * @generated from message cyclone.v1.InboxUpdate
+ */
+export type InboxUpdate = Message<"cyclone.v1.InboxUpdate"> & {
+  /**
+   * The node's delivery cursor: pass the highest seen as InboxNode.after_update.
+   *
+   * @generated from field: int64 seq = 1;
+   */
+  seq: bigint;
+
+  /**
+   * The run.
+   *
+   * @generated from field: string run_id = 2;
+   */
+  runId: string;
+
+  /**
+   * The node.
+   *
+   * @generated from field: string node = 3;
+   */
+  node: string;
+
+  /**
+   * The update's id.
+   *
+   * @generated from field: string update_id = 4;
+   */
+  updateId: string;
+
+  /**
+   * The update handler's name.
+   *
+   * @generated from field: string name = 5;
+   */
+  name: string;
+
+  /**
+   * Its arguments.
+   *
+   * @generated from field: google.protobuf.ListValue args = 6;
+   */
+  args?: ListValue | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.InboxUpdate.
+ * Use `create(InboxUpdateSchema)` to create a new message.
+ */
+export const InboxUpdateSchema: GenMessage<InboxUpdate> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_worker_service, 41);
+
+/**
  * What the caller of BeginStepCall must do.
  *
  * @generated from enum cyclone.v1.StepCallDecision
@@ -2073,6 +2388,23 @@ export const WorkerService: GenService<{
     methodKind: "unary";
     input: typeof EmitChunksRequestSchema;
     output: typeof EmitChunksResponseSchema;
+  },
+  /**
+   * The mailbox of the durable functions a worker runs (queries and updates, see
+   * WorkflowService.QueryRun and UpdateRun). The request carries the worker's answers
+   * to queries handed out before and the values its bodies' query handlers have now
+   * (published; a value of an older attempt than the last published is skipped), and names
+   * the nodes whose bodies it runs. The response hands out the queries asked of those
+   * nodes that no Inbox handed out yet (each once), and their updates past each
+   * node's cursor (after_update) that their journal does not record yet. When there
+   * are none it waits up to `wait` (at most 30s) for one to arrive.
+   *
+   * @generated from rpc cyclone.v1.WorkerService.Inbox
+   */
+  inbox: {
+    methodKind: "unary";
+    input: typeof InboxRequestSchema;
+    output: typeof InboxResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_worker_service, 0);

@@ -6,15 +6,15 @@ import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobu
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Run, RunError, RunStatus, Step, StepError, StepStatus, Workflow } from "./types_pb.js";
 import { file_cyclone_v1_types } from "./types_pb.js";
-import type { Timestamp, Value } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import type { Duration, ListValue, Timestamp, Value } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file cyclone/v1/workflow_service.proto.
  */
 export const file_cyclone_v1_workflow_service: GenFile = /*@__PURE__*/
-  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEirAIKDVN1Ym1pdFJlcXVlc3QSJgoId29ya2Zsb3cYASABKAsyFC5jeWNsb25lLnYxLldvcmtmbG93EiUKBWlucHV0GAIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiwKCHN0YXJ0X2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgEIAEoBRIxCgR0YWdzGAUgAygLMiMuY3ljbG9uZS52MS5TdWJtaXRSZXF1ZXN0LlRhZ3NFbnRyeRIsCghkZWFkbGluZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAaKwoJVGFnc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiIAoOU3VibWl0UmVzcG9uc2USDgoGcnVuX2lkGAEgASgJIsECChFTdWJtaXRPbmNlUmVxdWVzdBImCgh3b3JrZmxvdxgBIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSCwoDa2V5GAMgASgJEiwKCHN0YXJ0X2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgFIAEoBRI1CgR0YWdzGAYgAygLMicuY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVxdWVzdC5UYWdzRW50cnkSLAoIZGVhZGxpbmUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGisKCVRhZ3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjUKElN1Ym1pdE9uY2VSZXNwb25zZRIOCgZydW5faWQYASABKAkSDwoHY3JlYXRlZBgCIAEoCCJACg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRsb2dzGAIgASgIEhEKCWxvZ3Nfbm9kZRg8IAEoCSIuCg5HZXRSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biKNAwoPTGlzdFJ1bnNSZXF1ZXN0EhAKCHdvcmtmbG93GAEgASgJEicKCHN0YXR1c2VzGAIgAygOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCXBhZ2Vfc2l6ZRgFIAEoBRISCgpwYWdlX3Rva2VuGAYgASgJEgsKA2tleRgHIAEoCRIVCg1ydW5faWRfcHJlZml4GGQgASgJEhcKD3dvcmtmbG93X3ByZWZpeBhlIAEoCRISCgprZXlfcHJlZml4GGYgASgJEjMKBHRhZ3MYZyADKAsyJS5jeWNsb25lLnYxLkxpc3RSdW5zUmVxdWVzdC5UYWdzRW50cnkaKwoJVGFnc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiYwoQTGlzdFJ1bnNSZXNwb25zZRIdCgRydW5zGAEgAygLMg8uY3ljbG9uZS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhcKD3ByZXZfcGFnZV90b2tlbhhkIAEoCSJJChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkSFQoNa2VlcF9jaGlsZHJlbhgDIAEoCCIxChFDYW5jZWxSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biIuCg5FeHBsYWluUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCSKWAgoPRXhwbGFpblJlc3BvbnNlEikKBnJlYXNvbhgBIAEoDjIZLmN5Y2xvbmUudjEuRXhwbGFpblJlYXNvbhIPCgdtZXNzYWdlGAIgASgJEh4KBHN0ZXAYAyABKAsyEC5jeWNsb25lLnYxLlN0ZXASKQoKcnVuX3N0YXR1cxgEIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzEicKCXJ1bl9lcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISJwoIdXBzdHJlYW0YBiADKAsyFS5jeWNsb25lLnYxLk5vZGVTdGF0ZRIqCgZhY3Rpb24YByABKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5In0KCU5vZGVTdGF0ZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIPCgdhdHRlbXB0GAMgASgFEikKCmxhc3RfZXJyb3IYBCABKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvciL6AQoOQWN0aW9uQWN0aXZpdHkSDgoGYWN0aW9uGAEgASgJEjIKDmxhc3RfcG9sbGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5sYXN0X3BvbGxlZF9ieRgDIAEoCRIzCg9sYXN0X2NsYWltZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2xhc3RfY2xhaW1lZF9ieRgFIAEoCRITCgtyZWFkeV9haGVhZBgGIAEoBRIPCgdydW5uaW5nGAcgASgFEhgKEHNlcnZlZF9ieV9zZXJ2ZXIYZCABKAgiZgoQU2VuZEV2ZW50UmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbmFtZRgCIAEoCRInCgdwYXlsb2FkGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEgsKA2tleRgEIAEoCSI2ChFTZW5kRXZlbnRSZXNwb25zZRIQCghldmVudF9pZBgBIAEoAxIPCgdjcmVhdGVkGAIgASgIIvcCChBDb3VudFJ1bnNSZXF1ZXN0EhAKCHdvcmtmbG93GAEgASgJEicKCHN0YXR1c2VzGAIgAygOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgsKA2tleRgFIAEoCRINCgVsaW1pdBgGIAEoBRIVCg1ydW5faWRfcHJlZml4GGQgASgJEhcKD3dvcmtmbG93X3ByZWZpeBhlIAEoCRISCgprZXlfcHJlZml4GGYgASgJEjQKBHRhZ3MYZyADKAsyJi5jeWNsb25lLnYxLkNvdW50UnVuc1JlcXVlc3QuVGFnc0VudHJ5GisKCVRhZ3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjkKEUNvdW50UnVuc1Jlc3BvbnNlEiQKBmNvdW50cxgBIAMoCzIULmN5Y2xvbmUudjEuUnVuQ291bnQiUgoIUnVuQ291bnQSJQoGc3RhdHVzGAEgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSDQoFY291bnQYAiABKAMSEAoIYXRfbGVhc3QYAyABKAgivwEKEExpc3RTdGVwc1JlcXVlc3QSJgoGc3RhdHVzGAEgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEhUKDWxlYXNlX2V4cGlyZWQYAiABKAgSEwoLYmFja2luZ19vZmYYAyABKAgSEQoJd29ya2VyX2lkGAQgASgJEg4KBmFjdGlvbhgFIAEoCRIRCglwYWdlX3NpemUYBiABKAUSEgoKcGFnZV90b2tlbhgHIAEoCRINCgVyZWFkeRhkIAEoCCJQChFMaXN0U3RlcHNSZXNwb25zZRIiCgVzdGVwcxgBIAMoCzITLmN5Y2xvbmUudjEuUnVuU3RlcBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiSwoHUnVuU3RlcBIOCgZydW5faWQYASABKAkSEAoId29ya2Zsb3cYAiABKAkSHgoEc3RlcBgDIAEoCzIQLmN5Y2xvbmUudjEuU3RlcCIUChJMaXN0V29ya2Vyc1JlcXVlc3QibgoTTGlzdFdvcmtlcnNSZXNwb25zZRIqCgd3b3JrZXJzGAEgAygLMhkuY3ljbG9uZS52MS5Xb3JrZXJTdW1tYXJ5EisKB2FjdGlvbnMYAiADKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5Iq4CCg1Xb3JrZXJTdW1tYXJ5EhEKCXdvcmtlcl9pZBgBIAEoCRIPCgdhY3Rpb25zGAIgAygJEg8KB3J1bm5pbmcYAyABKAUSNQoRbGFzdF9oZWFydGJlYXRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDWxlYXNlX2V4cGlyZWQYBSABKAUSEQoJdW5oZWFsdGh5GAYgASgIEjMKD3VuaGVhbHRoeV9zaW5jZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIYnVpbGRfaWQYZCABKAkSMAoMbGFzdF9zZWVuX2F0GGUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZzZXJ2ZXMYZiADKAkiWQoRUmVhZFN0cmVhbVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnN0cmVhbRgCIAEoCRITCgtmcm9tX29mZnNldBgDIAEoAxIPCgdub193YWl0GAQgASgIIqwBChJSZWFkU3RyZWFtUmVzcG9uc2USDgoGb2Zmc2V0GAEgASgDEgwKBG5vZGUYAiABKAkSDwoHc3RlcF9pZBgDIAEoCRIPCgdhdHRlbXB0GAQgASgFEi4KCmVtaXR0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBHRleHQYBiABKAlIABIOCgRqc29uGAcgASgJSABCBgoEZGF0YSIkChJMaXN0U3RyZWFtc1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJIkEKE0xpc3RTdHJlYW1zUmVzcG9uc2USKgoHc3RyZWFtcxgBIAMoCzIZLmN5Y2xvbmUudjEuU3RyZWFtU3VtbWFyeSJxCg1TdHJlYW1TdW1tYXJ5EgwKBG5hbWUYASABKAkSDgoGY2h1bmtzGAIgASgDEg0KBWJ5dGVzGAMgASgDEjMKD2xhc3RfZW1pdHRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAqugQKDUV4cGxhaW5SZWFzb24SHgoaRVhQTEFJTl9SRUFTT05fVU5TUEVDSUZJRUQQABImCiJFWFBMQUlOX1JFQVNPTl9XQUlUSU5HX09OX1VQU1RSRUFNEAESHgoaRVhQTEFJTl9SRUFTT05fQkFDS0lOR19PRkYQAhIYChRFWFBMQUlOX1JFQVNPTl9SRUFEWRADEhkKFUVYUExBSU5fUkVBU09OX1FVRVVFRBAEEhwKGEVYUExBSU5fUkVBU09OX05PX1dPUktFUhAFEhoKFkVYUExBSU5fUkVBU09OX1JVTk5JTkcQBhIgChxFWFBMQUlOX1JFQVNPTl9MRUFTRV9FWFBJUkVEEAcSGgoWRVhQTEFJTl9SRUFTT05fQkxPQ0tFRBAIEhwKGEVYUExBSU5fUkVBU09OX0RJU0NBUkRFRBAJEhoKFkVYUExBSU5fUkVBU09OX1NLSVBQRUQQChIcChhFWFBMQUlOX1JFQVNPTl9DQU5DRUxMRUQQCxIcChhFWFBMQUlOX1JFQVNPTl9DT01QTEVURUQQDBImCiJFWFBMQUlOX1JFQVNPTl9DT05DVVJSRU5DWV9MSU1JVEVEEA0SHwobRVhQTEFJTl9SRUFTT05fUkFURV9MSU1JVEVEEA4SGgoWRVhQTEFJTl9SRUFTT05fV0FJVElORxA8Eh0KGUVYUExBSU5fUkVBU09OX05PVF9CRUZPUkUQPRIaChVFWFBMQUlOX1JFQVNPTl9QQVVTRUQQyAEyggcKD1dvcmtmbG93U2VydmljZRI/CgZTdWJtaXQSGS5jeWNsb25lLnYxLlN1Ym1pdFJlcXVlc3QaGi5jeWNsb25lLnYxLlN1Ym1pdFJlc3BvbnNlEksKClN1Ym1pdE9uY2USHS5jeWNsb25lLnYxLlN1Ym1pdE9uY2VSZXF1ZXN0Gh4uY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVzcG9uc2USPwoGR2V0UnVuEhkuY3ljbG9uZS52MS5HZXRSdW5SZXF1ZXN0GhouY3ljbG9uZS52MS5HZXRSdW5SZXNwb25zZRJFCghMaXN0UnVucxIbLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXF1ZXN0GhwuY3ljbG9uZS52MS5MaXN0UnVuc1Jlc3BvbnNlEkgKCUNhbmNlbFJ1bhIcLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuQ2FuY2VsUnVuUmVzcG9uc2USQgoHRXhwbGFpbhIaLmN5Y2xvbmUudjEuRXhwbGFpblJlcXVlc3QaGy5jeWNsb25lLnYxLkV4cGxhaW5SZXNwb25zZRJICglTZW5kRXZlbnQSHC5jeWNsb25lLnYxLlNlbmRFdmVudFJlcXVlc3QaHS5jeWNsb25lLnYxLlNlbmRFdmVudFJlc3BvbnNlEkgKCUNvdW50UnVucxIcLmN5Y2xvbmUudjEuQ291bnRSdW5zUmVxdWVzdBodLmN5Y2xvbmUudjEuQ291bnRSdW5zUmVzcG9uc2USSAoJTGlzdFN0ZXBzEhwuY3ljbG9uZS52MS5MaXN0U3RlcHNSZXF1ZXN0Gh0uY3ljbG9uZS52MS5MaXN0U3RlcHNSZXNwb25zZRJOCgtMaXN0V29ya2VycxIeLmN5Y2xvbmUudjEuTGlzdFdvcmtlcnNSZXF1ZXN0Gh8uY3ljbG9uZS52MS5MaXN0V29ya2Vyc1Jlc3BvbnNlEk0KClJlYWRTdHJlYW0SHS5jeWNsb25lLnYxLlJlYWRTdHJlYW1SZXF1ZXN0Gh4uY3ljbG9uZS52MS5SZWFkU3RyZWFtUmVzcG9uc2UwARJOCgtMaXN0U3RyZWFtcxIeLmN5Y2xvbmUudjEuTGlzdFN0cmVhbXNSZXF1ZXN0Gh8uY3ljbG9uZS52MS5MaXN0U3RyZWFtc1Jlc3BvbnNlYgZwcm90bzM", [file_cyclone_v1_types, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("CiFjeWNsb25lL3YxL3dvcmtmbG93X3NlcnZpY2UucHJvdG8SCmN5Y2xvbmUudjEirAIKDVN1Ym1pdFJlcXVlc3QSJgoId29ya2Zsb3cYASABKAsyFC5jeWNsb25lLnYxLldvcmtmbG93EiUKBWlucHV0GAIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiwKCHN0YXJ0X2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgEIAEoBRIxCgR0YWdzGAUgAygLMiMuY3ljbG9uZS52MS5TdWJtaXRSZXF1ZXN0LlRhZ3NFbnRyeRIsCghkZWFkbGluZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAaKwoJVGFnc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiIAoOU3VibWl0UmVzcG9uc2USDgoGcnVuX2lkGAEgASgJIsECChFTdWJtaXRPbmNlUmVxdWVzdBImCgh3b3JrZmxvdxgBIAEoCzIULmN5Y2xvbmUudjEuV29ya2Zsb3cSJQoFaW5wdXQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSCwoDa2V5GAMgASgJEiwKCHN0YXJ0X2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgFIAEoBRI1CgR0YWdzGAYgAygLMicuY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVxdWVzdC5UYWdzRW50cnkSLAoIZGVhZGxpbmUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGisKCVRhZ3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjUKElN1Ym1pdE9uY2VSZXNwb25zZRIOCgZydW5faWQYASABKAkSDwoHY3JlYXRlZBgCIAEoCCJACg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgRsb2dzGAIgASgIEhEKCWxvZ3Nfbm9kZRg8IAEoCSIuCg5HZXRSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biKNAwoPTGlzdFJ1bnNSZXF1ZXN0EhAKCHdvcmtmbG93GAEgASgJEicKCHN0YXR1c2VzGAIgAygOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCXBhZ2Vfc2l6ZRgFIAEoBRISCgpwYWdlX3Rva2VuGAYgASgJEgsKA2tleRgHIAEoCRIVCg1ydW5faWRfcHJlZml4GGQgASgJEhcKD3dvcmtmbG93X3ByZWZpeBhlIAEoCRISCgprZXlfcHJlZml4GGYgASgJEjMKBHRhZ3MYZyADKAsyJS5jeWNsb25lLnYxLkxpc3RSdW5zUmVxdWVzdC5UYWdzRW50cnkaKwoJVGFnc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiYwoQTGlzdFJ1bnNSZXNwb25zZRIdCgRydW5zGAEgAygLMg8uY3ljbG9uZS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEhcKD3ByZXZfcGFnZV90b2tlbhhkIAEoCSJJChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkSFQoNa2VlcF9jaGlsZHJlbhgDIAEoCCIxChFDYW5jZWxSdW5SZXNwb25zZRIcCgNydW4YASABKAsyDy5jeWNsb25lLnYxLlJ1biIuCg5FeHBsYWluUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCSKWAgoPRXhwbGFpblJlc3BvbnNlEikKBnJlYXNvbhgBIAEoDjIZLmN5Y2xvbmUudjEuRXhwbGFpblJlYXNvbhIPCgdtZXNzYWdlGAIgASgJEh4KBHN0ZXAYAyABKAsyEC5jeWNsb25lLnYxLlN0ZXASKQoKcnVuX3N0YXR1cxgEIAEoDjIVLmN5Y2xvbmUudjEuUnVuU3RhdHVzEicKCXJ1bl9lcnJvchgFIAEoCzIULmN5Y2xvbmUudjEuUnVuRXJyb3ISJwoIdXBzdHJlYW0YBiADKAsyFS5jeWNsb25lLnYxLk5vZGVTdGF0ZRIqCgZhY3Rpb24YByABKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5In0KCU5vZGVTdGF0ZRIMCgRub2RlGAEgASgJEiYKBnN0YXR1cxgCIAEoDjIWLmN5Y2xvbmUudjEuU3RlcFN0YXR1cxIPCgdhdHRlbXB0GAMgASgFEikKCmxhc3RfZXJyb3IYBCABKAsyFS5jeWNsb25lLnYxLlN0ZXBFcnJvciL6AQoOQWN0aW9uQWN0aXZpdHkSDgoGYWN0aW9uGAEgASgJEjIKDmxhc3RfcG9sbGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5sYXN0X3BvbGxlZF9ieRgDIAEoCRIzCg9sYXN0X2NsYWltZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2xhc3RfY2xhaW1lZF9ieRgFIAEoCRITCgtyZWFkeV9haGVhZBgGIAEoBRIPCgdydW5uaW5nGAcgASgFEhgKEHNlcnZlZF9ieV9zZXJ2ZXIYZCABKAgiZgoQU2VuZEV2ZW50UmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbmFtZRgCIAEoCRInCgdwYXlsb2FkGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEgsKA2tleRgEIAEoCSI2ChFTZW5kRXZlbnRSZXNwb25zZRIQCghldmVudF9pZBgBIAEoAxIPCgdjcmVhdGVkGAIgASgIIvcCChBDb3VudFJ1bnNSZXF1ZXN0EhAKCHdvcmtmbG93GAEgASgJEicKCHN0YXR1c2VzGAIgAygOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSMQoNY3JlYXRlZF9hZnRlchgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgsKA2tleRgFIAEoCRINCgVsaW1pdBgGIAEoBRIVCg1ydW5faWRfcHJlZml4GGQgASgJEhcKD3dvcmtmbG93X3ByZWZpeBhlIAEoCRISCgprZXlfcHJlZml4GGYgASgJEjQKBHRhZ3MYZyADKAsyJi5jeWNsb25lLnYxLkNvdW50UnVuc1JlcXVlc3QuVGFnc0VudHJ5GisKCVRhZ3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjkKEUNvdW50UnVuc1Jlc3BvbnNlEiQKBmNvdW50cxgBIAMoCzIULmN5Y2xvbmUudjEuUnVuQ291bnQiUgoIUnVuQ291bnQSJQoGc3RhdHVzGAEgASgOMhUuY3ljbG9uZS52MS5SdW5TdGF0dXMSDQoFY291bnQYAiABKAMSEAoIYXRfbGVhc3QYAyABKAgivwEKEExpc3RTdGVwc1JlcXVlc3QSJgoGc3RhdHVzGAEgASgOMhYuY3ljbG9uZS52MS5TdGVwU3RhdHVzEhUKDWxlYXNlX2V4cGlyZWQYAiABKAgSEwoLYmFja2luZ19vZmYYAyABKAgSEQoJd29ya2VyX2lkGAQgASgJEg4KBmFjdGlvbhgFIAEoCRIRCglwYWdlX3NpemUYBiABKAUSEgoKcGFnZV90b2tlbhgHIAEoCRINCgVyZWFkeRhkIAEoCCJQChFMaXN0U3RlcHNSZXNwb25zZRIiCgVzdGVwcxgBIAMoCzITLmN5Y2xvbmUudjEuUnVuU3RlcBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiSwoHUnVuU3RlcBIOCgZydW5faWQYASABKAkSEAoId29ya2Zsb3cYAiABKAkSHgoEc3RlcBgDIAEoCzIQLmN5Y2xvbmUudjEuU3RlcCIUChJMaXN0V29ya2Vyc1JlcXVlc3QibgoTTGlzdFdvcmtlcnNSZXNwb25zZRIqCgd3b3JrZXJzGAEgAygLMhkuY3ljbG9uZS52MS5Xb3JrZXJTdW1tYXJ5EisKB2FjdGlvbnMYAiADKAsyGi5jeWNsb25lLnYxLkFjdGlvbkFjdGl2aXR5Iq4CCg1Xb3JrZXJTdW1tYXJ5EhEKCXdvcmtlcl9pZBgBIAEoCRIPCgdhY3Rpb25zGAIgAygJEg8KB3J1bm5pbmcYAyABKAUSNQoRbGFzdF9oZWFydGJlYXRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDWxlYXNlX2V4cGlyZWQYBSABKAUSEQoJdW5oZWFsdGh5GAYgASgIEjMKD3VuaGVhbHRoeV9zaW5jZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIYnVpbGRfaWQYZCABKAkSMAoMbGFzdF9zZWVuX2F0GGUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZzZXJ2ZXMYZiADKAkiWQoRUmVhZFN0cmVhbVJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnN0cmVhbRgCIAEoCRITCgtmcm9tX29mZnNldBgDIAEoAxIPCgdub193YWl0GAQgASgIIqwBChJSZWFkU3RyZWFtUmVzcG9uc2USDgoGb2Zmc2V0GAEgASgDEgwKBG5vZGUYAiABKAkSDwoHc3RlcF9pZBgDIAEoCRIPCgdhdHRlbXB0GAQgASgFEi4KCmVtaXR0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBHRleHQYBiABKAlIABIOCgRqc29uGAcgASgJSABCBgoEZGF0YSIkChJMaXN0U3RyZWFtc1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJIkEKE0xpc3RTdHJlYW1zUmVzcG9uc2USKgoHc3RyZWFtcxgBIAMoCzIZLmN5Y2xvbmUudjEuU3RyZWFtU3VtbWFyeSJxCg1TdHJlYW1TdW1tYXJ5EgwKBG5hbWUYASABKAkSDgoGY2h1bmtzGAIgASgDEg0KBWJ5dGVzGAMgASgDEjMKD2xhc3RfZW1pdHRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAikwEKD1F1ZXJ5UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSDAoEbm9kZRgCIAEoCRIMCgRuYW1lGAMgASgJEigKBGFyZ3MYBCABKAsyGi5nb29nbGUucHJvdG9idWYuTGlzdFZhbHVlEioKB3RpbWVvdXQYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24ifwoQUXVlcnlSdW5SZXNwb25zZRImCgZyZXN1bHQYASABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSEQoJcHVibGlzaGVkGAIgASgIEjAKDHB1Ymxpc2hlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAipwEKEFVwZGF0ZVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBG5vZGUYAiABKAkSDAoEbmFtZRgDIAEoCRIoCgRhcmdzGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLkxpc3RWYWx1ZRIRCgl1cGRhdGVfaWQYBSABKAkSKgoHdGltZW91dBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJsChFVcGRhdGVSdW5SZXNwb25zZRImCgZyZXN1bHQYASABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSEQoJdXBkYXRlX2lkGAIgASgJEg8KB2NyZWF0ZWQYAyABKAgSCwoDc2VxGAQgASgFKroECg1FeHBsYWluUmVhc29uEh4KGkVYUExBSU5fUkVBU09OX1VOU1BFQ0lGSUVEEAASJgoiRVhQTEFJTl9SRUFTT05fV0FJVElOR19PTl9VUFNUUkVBTRABEh4KGkVYUExBSU5fUkVBU09OX0JBQ0tJTkdfT0ZGEAISGAoURVhQTEFJTl9SRUFTT05fUkVBRFkQAxIZChVFWFBMQUlOX1JFQVNPTl9RVUVVRUQQBBIcChhFWFBMQUlOX1JFQVNPTl9OT19XT1JLRVIQBRIaChZFWFBMQUlOX1JFQVNPTl9SVU5OSU5HEAYSIAocRVhQTEFJTl9SRUFTT05fTEVBU0VfRVhQSVJFRBAHEhoKFkVYUExBSU5fUkVBU09OX0JMT0NLRUQQCBIcChhFWFBMQUlOX1JFQVNPTl9ESVNDQVJERUQQCRIaChZFWFBMQUlOX1JFQVNPTl9TS0lQUEVEEAoSHAoYRVhQTEFJTl9SRUFTT05fQ0FOQ0VMTEVEEAsSHAoYRVhQTEFJTl9SRUFTT05fQ09NUExFVEVEEAwSJgoiRVhQTEFJTl9SRUFTT05fQ09OQ1VSUkVOQ1lfTElNSVRFRBANEh8KG0VYUExBSU5fUkVBU09OX1JBVEVfTElNSVRFRBAOEhoKFkVYUExBSU5fUkVBU09OX1dBSVRJTkcQPBIdChlFWFBMQUlOX1JFQVNPTl9OT1RfQkVGT1JFED0SGgoVRVhQTEFJTl9SRUFTT05fUEFVU0VEEMgBMpMICg9Xb3JrZmxvd1NlcnZpY2USPwoGU3VibWl0EhkuY3ljbG9uZS52MS5TdWJtaXRSZXF1ZXN0GhouY3ljbG9uZS52MS5TdWJtaXRSZXNwb25zZRJLCgpTdWJtaXRPbmNlEh0uY3ljbG9uZS52MS5TdWJtaXRPbmNlUmVxdWVzdBoeLmN5Y2xvbmUudjEuU3VibWl0T25jZVJlc3BvbnNlEj8KBkdldFJ1bhIZLmN5Y2xvbmUudjEuR2V0UnVuUmVxdWVzdBoaLmN5Y2xvbmUudjEuR2V0UnVuUmVzcG9uc2USRQoITGlzdFJ1bnMSGy5jeWNsb25lLnYxLkxpc3RSdW5zUmVxdWVzdBocLmN5Y2xvbmUudjEuTGlzdFJ1bnNSZXNwb25zZRJICglDYW5jZWxSdW4SHC5jeWNsb25lLnYxLkNhbmNlbFJ1blJlcXVlc3QaHS5jeWNsb25lLnYxLkNhbmNlbFJ1blJlc3BvbnNlEkIKB0V4cGxhaW4SGi5jeWNsb25lLnYxLkV4cGxhaW5SZXF1ZXN0GhsuY3ljbG9uZS52MS5FeHBsYWluUmVzcG9uc2USSAoJU2VuZEV2ZW50EhwuY3ljbG9uZS52MS5TZW5kRXZlbnRSZXF1ZXN0Gh0uY3ljbG9uZS52MS5TZW5kRXZlbnRSZXNwb25zZRJICglDb3VudFJ1bnMSHC5jeWNsb25lLnYxLkNvdW50UnVuc1JlcXVlc3QaHS5jeWNsb25lLnYxLkNvdW50UnVuc1Jlc3BvbnNlEkgKCUxpc3RTdGVwcxIcLmN5Y2xvbmUudjEuTGlzdFN0ZXBzUmVxdWVzdBodLmN5Y2xvbmUudjEuTGlzdFN0ZXBzUmVzcG9uc2USTgoLTGlzdFdvcmtlcnMSHi5jeWNsb25lLnYxLkxpc3RXb3JrZXJzUmVxdWVzdBofLmN5Y2xvbmUudjEuTGlzdFdvcmtlcnNSZXNwb25zZRJNCgpSZWFkU3RyZWFtEh0uY3ljbG9uZS52MS5SZWFkU3RyZWFtUmVxdWVzdBoeLmN5Y2xvbmUudjEuUmVhZFN0cmVhbVJlc3BvbnNlMAESTgoLTGlzdFN0cmVhbXMSHi5jeWNsb25lLnYxLkxpc3RTdHJlYW1zUmVxdWVzdBofLmN5Y2xvbmUudjEuTGlzdFN0cmVhbXNSZXNwb25zZRJFCghRdWVyeVJ1bhIbLmN5Y2xvbmUudjEuUXVlcnlSdW5SZXF1ZXN0GhwuY3ljbG9uZS52MS5RdWVyeVJ1blJlc3BvbnNlEkgKCVVwZGF0ZVJ1bhIcLmN5Y2xvbmUudjEuVXBkYXRlUnVuUmVxdWVzdBodLmN5Y2xvbmUudjEuVXBkYXRlUnVuUmVzcG9uc2ViBnByb3RvMw", [file_cyclone_v1_types, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * Arguments of WorkflowService.Submit.
@@ -1340,6 +1340,190 @@ export const StreamSummarySchema: GenMessage<StreamSummary> = /*@__PURE__*/
   messageDesc(file_cyclone_v1_workflow_service, 29);
 
 /**
+ * Arguments of WorkflowService.QueryRun.
+ *
+ * @generated from message cyclone.v1.QueryRunRequest
+ */
+export type QueryRunRequest = Message<"cyclone.v1.QueryRunRequest"> & {
+  /**
+   * The run, by id.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The node whose body is asked.
+   *
+   * @generated from field: string node = 2;
+   */
+  node: string;
+
+  /**
+   * The query handler's name: 1-200 printable characters.
+   *
+   * @generated from field: string name = 3;
+   */
+  name: string;
+
+  /**
+   * The handler's positional arguments (JSON values); empty: none.
+   *
+   * @generated from field: google.protobuf.ListValue args = 4;
+   */
+  args?: ListValue | undefined;
+
+  /**
+   * How long to wait for the worker's answer: 1ms-60s. Default 10s.
+   *
+   * @generated from field: google.protobuf.Duration timeout = 5;
+   */
+  timeout?: Duration | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.QueryRunRequest.
+ * Use `create(QueryRunRequestSchema)` to create a new message.
+ */
+export const QueryRunRequestSchema: GenMessage<QueryRunRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 30);
+
+/**
+ * Result of WorkflowService.QueryRun.
+ *
+ * @generated from message cyclone.v1.QueryRunResponse
+ */
+export type QueryRunResponse = Message<"cyclone.v1.QueryRunResponse"> & {
+  /**
+   * The handler's value.
+   *
+   * @generated from field: google.protobuf.Value result = 1;
+   */
+  result?: Value | undefined;
+
+  /**
+   * True when no worker runs the node and the answer is the value its body last
+   * published; false when the worker running the body answered.
+   *
+   * @generated from field: bool published = 2;
+   */
+  published: boolean;
+
+  /**
+   * When that value was published (published = true only).
+   *
+   * @generated from field: google.protobuf.Timestamp published_at = 3;
+   */
+  publishedAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.QueryRunResponse.
+ * Use `create(QueryRunResponseSchema)` to create a new message.
+ */
+export const QueryRunResponseSchema: GenMessage<QueryRunResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 31);
+
+/**
+ * Arguments of WorkflowService.UpdateRun.
+ *
+ * @generated from message cyclone.v1.UpdateRunRequest
+ */
+export type UpdateRunRequest = Message<"cyclone.v1.UpdateRunRequest"> & {
+  /**
+   * The run, by id.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The node whose body applies the update.
+   *
+   * @generated from field: string node = 2;
+   */
+  node: string;
+
+  /**
+   * The update handler's name: 1-200 printable characters.
+   *
+   * @generated from field: string name = 3;
+   */
+  name: string;
+
+  /**
+   * The handler's positional arguments (JSON values); empty: none.
+   *
+   * @generated from field: google.protobuf.ListValue args = 4;
+   */
+  args?: ListValue | undefined;
+
+  /**
+   * The update's idempotency key, 1-150 printable characters, unique per node. Unset:
+   * the server makes one (a UUID), returned in the response.
+   *
+   * @generated from field: string update_id = 5;
+   */
+  updateId: string;
+
+  /**
+   * How long to wait for the update to be applied: 1ms-300s. Default 30s.
+   *
+   * @generated from field: google.protobuf.Duration timeout = 6;
+   */
+  timeout?: Duration | undefined;
+};
+
+/**
+ * Describes the message cyclone.v1.UpdateRunRequest.
+ * Use `create(UpdateRunRequestSchema)` to create a new message.
+ */
+export const UpdateRunRequestSchema: GenMessage<UpdateRunRequest> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 32);
+
+/**
+ * Result of WorkflowService.UpdateRun.
+ *
+ * @generated from message cyclone.v1.UpdateRunResponse
+ */
+export type UpdateRunResponse = Message<"cyclone.v1.UpdateRunResponse"> & {
+  /**
+   * The update handler's return value.
+   *
+   * @generated from field: google.protobuf.Value result = 1;
+   */
+  result?: Value | undefined;
+
+  /**
+   * The update's id (the one given, or the one the server made).
+   *
+   * @generated from field: string update_id = 2;
+   */
+  updateId: string;
+
+  /**
+   * False when update_id named an update sent before: this call sent nothing.
+   *
+   * @generated from field: bool created = 3;
+   */
+  created: boolean;
+
+  /**
+   * The journal position (seq) at which the body applied it.
+   *
+   * @generated from field: int32 seq = 4;
+   */
+  seq: number;
+};
+
+/**
+ * Describes the message cyclone.v1.UpdateRunResponse.
+ * Use `create(UpdateRunResponseSchema)` to create a new message.
+ */
+export const UpdateRunResponseSchema: GenMessage<UpdateRunResponse> = /*@__PURE__*/
+  messageDesc(file_cyclone_v1_workflow_service, 33);
+
+/**
  * Why a node is not running now (ExplainResponse.reason).
  *
  * @generated from enum cyclone.v1.ExplainReason
@@ -1641,6 +1825,49 @@ export const WorkflowService: GenService<{
     methodKind: "unary";
     input: typeof ListStreamsRequestSchema;
     output: typeof ListStreamsResponseSchema;
+  },
+  /**
+   * Asks a durable function's query handler (registered by its body with
+   * ctx.query(name)) for a value; read-only, nothing is journaled. When a worker runs
+   * the node, the question goes to it (WorkerService.Inbox) and its answer comes back;
+   * otherwise (the node waits, is between attempts, or finished) the answer is the
+   * value the handler had at the body's last journal point, as its worker published it
+   * (published = true; only handlers that take no arguments publish). NOT_FOUND for an
+   * unknown run or node, or a handler the body does not have; FAILED_PRECONDITION when
+   * no worker runs the node and nothing was published for that name (or args were
+   * given), or when the handler raised (its type and message); DEADLINE_EXCEEDED when
+   * the worker did not answer within the timeout.
+   *
+   * @generated from rpc cyclone.v1.WorkflowService.QueryRun
+   */
+  queryRun: {
+    methodKind: "unary";
+    input: typeof QueryRunRequestSchema;
+    output: typeof QueryRunResponseSchema;
+  },
+  /**
+   * Sends an update to a durable function and waits for its outcome. The update is
+   * recorded durably first (unique by update_id per node: a repeated call with the
+   * same id sends nothing and answers the first update's outcome), then delivered to
+   * the body, whose update handler (ctx.update(name)) applies it at its next journal
+   * point (a step call's return, a wait); the application is recorded in the node's
+   * journal (step_id "update:<update_id>", function "cyclone.update") with the
+   * handler's result, so a replay applies it again at the same point and it is never
+   * applied twice. A waiting node is woken to apply it. Answers the handler's result;
+   * FAILED_PRECONDITION when the handler raised (its type and message), when the run is
+   * completed, failed or cancelled, or the node finished (also one that finished before
+   * applying the update); NOT_FOUND for an unknown run or node, or a handler the body
+   * does not have (recorded in the journal as refused); ALREADY_EXISTS when update_id
+   * was used for another name or other args; DEADLINE_EXCEEDED when it was not applied
+   * within the timeout (it stays recorded: call again with the same update_id to get
+   * its outcome).
+   *
+   * @generated from rpc cyclone.v1.WorkflowService.UpdateRun
+   */
+  updateRun: {
+    methodKind: "unary";
+    input: typeof UpdateRunRequestSchema;
+    output: typeof UpdateRunResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_cyclone_v1_workflow_service, 0);
