@@ -29,8 +29,8 @@ from pyclient.worker._completer import Completer
 from pyclient.worker._config import WorkerConfig, worker_limits
 from pyclient.worker._executor import AsyncCall, Executor
 from pyclient.worker._journal import GrpcJournal, Journaling
-from pyclient.worker._streams import StepStreams
 from pyclient.worker._messages import BodyMessages
+from pyclient.worker._streams import StepStreams
 from pyclient.worker._watch import Times, Watch, Watching
 
 #: The upstream outputs of a step that has none (most).
