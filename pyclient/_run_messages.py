@@ -13,7 +13,7 @@ from google.protobuf import struct_pb2
 
 from cyclone.jsonvalue import from_value, to_value
 from cyclone.v1 import workflow_service_pb2 as wf_pb
-from pyclient._requests import Call
+from pyclient._requests import Call, T
 from pyclient.errors import InvalidArgument
 from pyclient.models import timestamp_datetime
 
@@ -91,3 +91,40 @@ def update_run(
         return UpdateResult(from_value(r.result), r.update_id, bool(r.created), int(r.seq))
 
     return Call("workflow", "UpdateRun", req, parse, wait=wait)
+
+
+class RunMessageMethods:
+    """Client's methods for queries and updates (mixed into Client)."""
+
+    def _invoke(self, call: Call[T]) -> T:
+        raise NotImplementedError
+
+    def query(
+        self, run_id: str, node: str, name: str, *args: Any, timeout: float | None = None
+    ) -> QueryAnswer:
+        """Ask the query handler ``name`` of the durable function running ``node``
+        (registered with ``ctx.query``), with JSON ``args``: answered by the worker
+        running the body (read-only, not journaled) or, when none runs it, from the
+        value the body last published (``published`` True). NotFound for an unknown
+        handler; FailedPrecondition when nothing can answer; DeadlineExceeded when the
+        worker did not answer within ``timeout`` seconds (default 10)."""
+        return self._invoke(query_run(run_id, node, name, args, timeout))
+
+    def update(
+        self,
+        run_id: str,
+        node: str,
+        name: str,
+        *args: Any,
+        update_id: str | None = None,
+        timeout: float | None = None,
+    ) -> UpdateResult:
+        """Send the update ``name`` with JSON ``args`` to the durable function running
+        ``node``; its handler (``ctx.update``) applies it at the body's next journal
+        point, recorded in the journal (exactly once, also across crashes), and its
+        return value is ``.result``. ``update_id`` is the idempotency key: a repeat
+        sends nothing and returns the first update's outcome. FailedPrecondition when
+        the handler raised or the run or node is finished; NotFound for an unknown
+        handler; DeadlineExceeded when it was not applied within ``timeout`` seconds
+        (default 30; it stays recorded: call again with the same id)."""
+        return self._invoke(update_run(run_id, node, name, args, update_id, timeout))

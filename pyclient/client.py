@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 
-from pyclient import _run_messages as run_messages
 from pyclient._bulk import bulk_calls
 from pyclient._callbacks import CallbackMethods
 from pyclient._requests import (
@@ -32,7 +31,7 @@ from pyclient._requests import (
     default_address,
     stubs,
 )
-from pyclient._run_messages import QueryAnswer, UpdateResult
+from pyclient._run_messages import RunMessageMethods
 from pyclient._schedule_calls import schedule_calls
 from pyclient._streams import StreamChunk, StreamSummary, list_call, read_request, read_sync
 from pyclient._tracing import SUBMITS, with_context
@@ -73,7 +72,7 @@ __all__ = [
 ]
 
 
-class Client(CallbackMethods):
+class Client(CallbackMethods, RunMessageMethods):
     """A synchronous client. Use as a context manager, or call :meth:`close`.
 
     ``token`` is sent as ``authorization: Bearer <token>``; ``actor`` as
@@ -306,36 +305,6 @@ class Client(CallbackMethods):
         sends nothing and returns the first event (``created`` False)."""
         return self._invoke(calls.send_event(run_id, name, payload, key))
 
-    def query(
-        self, run_id: str, node: str, name: str, *args: Any, timeout: float | None = None
-    ) -> QueryAnswer:
-        """Ask the query handler ``name`` of the durable function running ``node``
-        (registered with ``ctx.query``), with JSON ``args``: answered by the worker
-        running the body (read-only, not journaled) or, when none runs it, from the
-        value the body last published (``published`` True). NotFound for an unknown
-        handler; FailedPrecondition when nothing can answer; DeadlineExceeded when the
-        worker did not answer within ``timeout`` seconds (default 10)."""
-        return self._invoke(run_messages.query_run(run_id, node, name, args, timeout))
-
-    def update(
-        self,
-        run_id: str,
-        node: str,
-        name: str,
-        *args: Any,
-        update_id: str | None = None,
-        timeout: float | None = None,
-    ) -> UpdateResult:
-        """Send the update ``name`` with JSON ``args`` to the durable function running
-        ``node``; its handler (``ctx.update``) applies it at the body's next journal
-        point, recorded in the journal (exactly once, also across crashes), and its
-        return value is ``.result``. ``update_id`` is the idempotency key: a repeat
-        sends nothing and returns the first update's outcome. FailedPrecondition when
-        the handler raised or the run or node is finished; NotFound for an unknown
-        handler; DeadlineExceeded when it was not applied within ``timeout`` seconds
-        (default 30; it stays recorded: call again with the same id)."""
-        return self._invoke(run_messages.update_run(run_id, node, name, args, update_id, timeout))
-
     def explain(self, run_id: str, node: str) -> Explanation:
         """Why ``node`` is not running now: waiting on upstream nodes, backing off,
         leased (to whom, last heartbeat), blocked, skipped (because of which failure),
@@ -532,13 +501,12 @@ class Client(CallbackMethods):
         paused: bool = False,
         tags: Mapping[str, str] | None = None,
     ) -> Schedule:
-        """Keep a schedule on the server that submits ``workflow`` with ``input``: on
-        ``cron`` (five fields, or six with seconds first) in ``time_zone`` (IANA, default
-        UTC), or ``every`` so many seconds (whole seconds, at multiples of the interval
-        since the epoch). ``overlap``: ``"skip"`` a firing while the last run still
-        runs, or ``"allow"`` it; ``catch_up``: ``"skip"`` firings missed during
-        downtime, or submit ``"all"`` of them (the 100 most recent at most). ``tags``:
-        what each run it submits carries, as :meth:`submit`'s."""
+        """Keep a schedule on the server that submits ``workflow`` with ``input`` and
+        ``tags`` (as :meth:`submit`'s): on ``cron`` (5 fields, or 6 with seconds first)
+        in ``time_zone`` (IANA, default UTC), or ``every`` so many whole seconds (at
+        multiples of it since the epoch). ``overlap``: ``"skip"`` a firing while the
+        last run runs, or ``"allow"`` it; ``catch_up``: ``"skip"`` firings missed in
+        downtime, or submit ``"all"`` (the 100 most recent at most)."""
         return self._invoke(
             schedule_calls.create(
                 name, workflow, input, cron, time_zone, every, overlap, catch_up, paused, tags
