@@ -174,9 +174,17 @@ def test_an_update_applied_before_a_kill_is_replayed_from_the_journal_not_applie
         lambda: lab.journal(run_id, "counter")[-1:] == [("event:go", 2, "waiting")],
         "the body to wait for go",
     )
+    held = "SELECT resumes, lease_token IS NULL FROM cyclone.steps WHERE run_id = %s"
+    [(resumes, _)] = lab.server.sql(held, run_id)
     # The update wakes the waiting node; its body applies it at the wait and records it.
     added = lab.client.update(run_id, "counter", "add", 5, update_id="add-5")
     assert (added.result, added.seq, added.created) == (5, 3, True)
+    # The body waits for go again (its node given back) before go is sent: the event
+    # then resumes it in an attempt of its own, which replays the update.
+    eventually(
+        lambda: lab.server.sql(held, run_id) == [(resumes + 1, True)],
+        "the body to wait for go again",
+    )
     lab.client.send_event(run_id, "go", "now")
     eventually(lab.paused, "the body to pass its wait")  # the update replayed, then killed
     lab.kill(proc)
