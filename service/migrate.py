@@ -248,9 +248,10 @@ def has_citus(conn: psycopg.Connection) -> bool:
 # Citus: every table with a run_id is distributed by it, co-located with cyclone.runs, so
 # that a run and all its rows live on one shard; the key table by its key's id, which
 # is the run_id of the run the key made (submit_key_id). The tables referenced by others
-# come first (builds: build_workers refers to it). Every other table of the schema is
-# small and becomes a reference table (a copy on every node). docs/scaling.md.
-_DISTRIBUTED_FIRST = ("runs", "steps", "builds")
+# come first (builds: build_workers refers to it; webhooks: webhook_deliveries). Every
+# other table of the schema is small and becomes a reference table (a copy on every
+# node). docs/scaling.md.
+_DISTRIBUTED_FIRST = ("runs", "steps", "builds", "webhooks")
 _DISTRIBUTION_COLUMN = {"submit_keys": "key_id"}
 
 # Transitions that never touch another shard are distributed by their p_run_id: a call

@@ -95,6 +95,7 @@ DECLARE
     v_now     timestamptz := cyclone.now();
     v_status  text;
     v_paused  boolean;
+    v_updates boolean;
     v_attempt integer;
     v_for     text;
     v_call    cyclone.step_calls;
@@ -195,6 +196,10 @@ BEGIN
 
     -- In a paused run the node is held pending with its wake time (run_resume).
     v_paused := (SELECT r.paused_at IS NOT NULL FROM cyclone.runs r WHERE r.run_id = p_run_id);
+    -- Read first: Citus takes no function but an immutable one in a CASE of an UPDATE.
+    v_updates := cyclone._updates_waiting(
+        p_run_id, p_node,
+        (SELECT s.started_at FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node));
     UPDATE cyclone.steps s
        SET status = CASE WHEN v_status = 'running' AND NOT v_paused THEN 'available'
                          ELSE 'pending' END,
@@ -202,7 +207,7 @@ BEGIN
            -- could not wake a running node; the body fetched the updates sent before
            -- it asked): available at once, for the next attempt to apply it here.
            available_at = CASE WHEN v_status <> 'running' THEN NULL
-                               WHEN cyclone._updates_waiting(p_run_id, p_node, s.started_at)
+                               WHEN v_updates
                                THEN v_now
                                ELSE coalesce(v_call.wake_at, cyclone._wait_forever()) END,
            lease_token = NULL, lease_expires_at = NULL, resumes = s.resumes + 1,

@@ -38,6 +38,12 @@ RUN_TABLES = {
     "releases": "run_id",
     "child_wakes": "run_id",
     "submit_keys": "key_id",
+    "stream_chunks": "run_id",
+    "stream_usage": "run_id",
+    "approvals": "run_id",
+    "run_queries": "run_id",
+    "query_state": "run_id",
+    "run_updates": "run_id",
 }
 REFERENCE_TABLES = {
     "action_claims",
@@ -50,6 +56,8 @@ REFERENCE_TABLES = {
     "pauses",
     "schedules",
     "schema_migrations",
+    "webhook_deliveries",
+    "webhooks",
     "worker_health",
     "workers_seen",
     "workflow_deadlines",
