@@ -66,21 +66,6 @@ CREATE TABLE cyclone.run_updates (
 
 CREATE INDEX run_updates_seq_idx ON cyclone.run_updates (run_id, node, seq);
 
--- Whether updates sent to the node after p_since (its attempt's claim) wait to be
--- applied (no journal entry yet): a wait that suspends the node then makes it
--- available at once (step_wait). Those sent before were there for the attempt to take:
--- a body that has no update handler leaves them, and is not woken again and again.
-CREATE FUNCTION cyclone._updates_waiting(p_run_id uuid, p_node text, p_since timestamptz)
-RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM cyclone.run_updates u
-                    WHERE u.run_id = p_run_id AND u.node = p_node
-                      AND u.created_at > p_since
-                      AND NOT EXISTS (SELECT 1 FROM cyclone.step_calls c
-                                       WHERE c.run_id = u.run_id AND c.node = u.node
-                                         AND c.step_id = 'update:' || u.update_id))
-$$;
-
 -- Sends an update to a node: recorded, unless its id was sent before (then created =
 -- false and the first update's name and args are returned, nothing changes). CY002 for
 -- an unknown run or node; CY003 when the run is completed, failed or cancelled, or the
@@ -158,6 +143,7 @@ DECLARE
     v_status  text;
     v_paused  boolean;
     v_updates boolean;
+    v_started timestamptz;
     v_attempt integer;
     v_for     text;
     v_call    cyclone.step_calls;
@@ -258,10 +244,16 @@ BEGIN
 
     -- In a paused run the node is held pending with its wake time (run_resume).
     v_paused := (SELECT r.paused_at IS NOT NULL FROM cyclone.runs r WHERE r.run_id = p_run_id);
-    -- Read first: Citus takes no function but an immutable one in a CASE of an UPDATE.
-    v_updates := cyclone._updates_waiting(
-        p_run_id, p_node,
-        (SELECT s.started_at FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node));
+    -- Updates sent since this attempt started and not applied yet, read
+    -- first: Citus takes no function but an immutable one in a CASE of an UPDATE.
+    SELECT s.started_at INTO v_started FROM cyclone.steps s
+     WHERE s.run_id = p_run_id AND s.node = p_node;
+    v_updates := EXISTS (
+        SELECT 1 FROM cyclone.run_updates u
+         WHERE u.run_id = p_run_id AND u.node = p_node AND u.created_at > v_started
+           AND NOT EXISTS (SELECT 1 FROM cyclone.step_calls c
+                            WHERE c.run_id = p_run_id AND c.node = p_node
+                              AND c.step_id = 'update:' || u.update_id));
     UPDATE cyclone.steps s
        SET status = CASE WHEN v_status = 'running' AND NOT v_paused THEN 'available'
                          ELSE 'pending' END,

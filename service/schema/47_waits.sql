@@ -96,6 +96,7 @@ DECLARE
     v_status  text;
     v_paused  boolean;
     v_updates boolean;
+    v_started timestamptz;
     v_attempt integer;
     v_for     text;
     v_call    cyclone.step_calls;
@@ -196,10 +197,16 @@ BEGIN
 
     -- In a paused run the node is held pending with its wake time (run_resume).
     v_paused := (SELECT r.paused_at IS NOT NULL FROM cyclone.runs r WHERE r.run_id = p_run_id);
-    -- Read first: Citus takes no function but an immutable one in a CASE of an UPDATE.
-    v_updates := cyclone._updates_waiting(
-        p_run_id, p_node,
-        (SELECT s.started_at FROM cyclone.steps s WHERE s.run_id = p_run_id AND s.node = p_node));
+    -- Updates sent since this attempt started and not applied yet, read
+    -- first: Citus takes no function but an immutable one in a CASE of an UPDATE.
+    SELECT s.started_at INTO v_started FROM cyclone.steps s
+     WHERE s.run_id = p_run_id AND s.node = p_node;
+    v_updates := EXISTS (
+        SELECT 1 FROM cyclone.run_updates u
+         WHERE u.run_id = p_run_id AND u.node = p_node AND u.created_at > v_started
+           AND NOT EXISTS (SELECT 1 FROM cyclone.step_calls c
+                            WHERE c.run_id = p_run_id AND c.node = p_node
+                              AND c.step_id = 'update:' || u.update_id));
     UPDATE cyclone.steps s
        SET status = CASE WHEN v_status = 'running' AND NOT v_paused THEN 'available'
                          ELSE 'pending' END,

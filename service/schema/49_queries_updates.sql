@@ -62,21 +62,6 @@ CREATE TABLE cyclone.run_updates (
 
 CREATE INDEX run_updates_seq_idx ON cyclone.run_updates (run_id, node, seq);
 
--- Whether updates sent to the node after p_since (its attempt's claim) wait to be
--- applied (no journal entry yet): a wait that suspends the node then makes it
--- available at once (step_wait). Those sent before were there for the attempt to take:
--- a body that has no update handler leaves them, and is not woken again and again.
-CREATE FUNCTION cyclone._updates_waiting(p_run_id uuid, p_node text, p_since timestamptz)
-RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM cyclone.run_updates u
-                    WHERE u.run_id = p_run_id AND u.node = p_node
-                      AND u.created_at > p_since
-                      AND NOT EXISTS (SELECT 1 FROM cyclone.step_calls c
-                                       WHERE c.run_id = u.run_id AND c.node = u.node
-                                         AND c.step_id = 'update:' || u.update_id))
-$$;
-
 -- Sends an update to a node: recorded, unless its id was sent before (then created =
 -- false and the first update's name and args are returned, nothing changes). CY002 for
 -- an unknown run or node; CY003 when the run is completed, failed or cancelled, or the
