@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from pyclient import Client, Worker, cli, step, wait_for_event
+from pyclient import Client, Worker, Workflow, cli, step, wait_for_event
 from pyclient.errors import CycloneError, FailedPrecondition, NotFound
 from tests.helpers import PATIENCE, eventually
 from tests.sdk.conftest import running
@@ -67,6 +67,18 @@ def _worker(address: str) -> Worker:
             if i >= 2:
                 return len(seen)
         return -1
+
+    @worker.workflow("quiet")
+    def quiet(ctx: Any) -> int:  # a body that registers no handler
+        tick(0)
+        if not GATE.wait(PATIENCE):
+            return -1
+        return tick(1)
+
+    @worker.action("plain")
+    def plain(ctx: Any) -> str:  # not a durable function: nothing to ask
+        GATE.wait(PATIENCE)
+        return "done"
 
     return worker
 
@@ -158,6 +170,38 @@ def test_a_query_is_answered_by_the_worker_running_the_body(cyclone_server):
             client.query(run_id, "looping", "other")
         GATE.set()
         assert client.wait(run_id, timeout=PATIENCE).step("looping").output == 3
+
+
+def test_work_that_takes_no_queries_refuses_them_rather_than_time_out(cyclone_server):
+    GATE.clear()
+    with running(_worker(cyclone_server.address)), Client(cyclone_server.address) as client:
+        body = client.start("quiet")
+        wf = Workflow("plain-one")
+        wf.node("work", action="plain")
+        plain = client.submit(wf)
+        for run_id, node in ((body, "quiet"), (plain, "work")):
+            eventually(
+                lambda r=run_id, n=node: client.get_run(r).step(n).status == "running",
+                f"{node} runs",
+            )
+        # The worker running the body answers for it, though it has no handlers.
+        with pytest.raises(NotFound, match="no query handler 'state' \\(it has: none\\)"):
+            client.query(body, "quiet", "state", timeout=30)
+        # A plain handler's worker takes no queries: the server says so once none took it.
+        with pytest.raises(FailedPrecondition, match="no worker took query 'state'") as refused:
+            client.query(plain, "work", "state", timeout=30)
+        assert "plain handler" in str(refused.value)
+        with pytest.raises(FailedPrecondition, match="a query with arguments needs one"):
+            client.query(plain, "work", "state", 1, timeout=30)
+        # An update reaches the body and is refused at its next journal point.
+        with pytest.raises(CycloneError, match="recorded but was not applied") as pending:
+            client.update(body, "quiet", "reset", update_id="r-1", timeout=0.5)
+        assert pending.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        GATE.set()
+        with pytest.raises(NotFound, match="no update handler 'reset' \\(it has: none\\)"):
+            client.update(body, "quiet", "reset", update_id="r-1", timeout=60)
+        assert client.wait(body, timeout=PATIENCE).step("quiet").output == 1
+        assert client.wait(plain, timeout=PATIENCE).status == "completed"
 
 
 def test_the_cli_queries_and_updates(cyclone_server, capsys):

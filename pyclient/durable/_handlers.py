@@ -84,9 +84,6 @@ class BodyHandlers:
         #: Set by the worker: called with the changed values (JSON text, by name) of the
         #: queries that take no arguments, at each journal point (None: none published).
         self.on_publish: Callable[[dict[str, str]], None] | None = None
-        #: Set by the worker: called once, when the body registers its first handler
-        #: (a body without handlers costs the worker nothing here).
-        self.on_register: Callable[[], None] | None = None
 
     # -- registration (from the body)
 
@@ -95,7 +92,6 @@ class BodyHandlers:
             self.queries[_checked_name(name, "query")] = fn
             if _publishable(fn):
                 self._publish.add(name)
-            self._registered()
             return fn
 
         return register
@@ -105,15 +101,9 @@ class BodyHandlers:
             if inspect.iscoroutinefunction(fn):
                 raise TypeError(f"update handler {name!r} must be a plain function, not async")
             self.updates[_checked_name(name, "update")] = fn
-            self._registered()
             return fn
 
         return register
-
-    def _registered(self) -> None:
-        told, self.on_register = self.on_register, None
-        if told is not None:
-            told()
 
     # -- queries (from the worker's loop)
 

@@ -1,12 +1,13 @@
 """Queries and updates of the durable functions a worker runs, through
 WorkerService.Inbox (docs/durable-functions.md, "Queries and updates").
 
-While the worker runs bodies that registered handlers, one task on its loop long-polls
-Inbox with their nodes (a body without handlers costs nothing here): the queries asked
-of them are answered at once, here, by the bodies' query
-handlers (read-only); the updates sent to them are handed to their bodies, which apply
-and record them at their next journal point. Answers and published query values go in
-a short Inbox of their own as soon as they are ready.
+While the worker runs bodies, one task on its loop long-polls Inbox with their nodes
+(one call at a time for all of them, renewed at least every POLL_WAIT): the queries
+asked of them are answered at once, here, by the bodies' query handlers (read-only; a
+body without a handler of that name answers UnknownQuery); the updates sent to them are
+handed to their bodies, which apply and record them at their next journal point.
+Answers and published query values go in a short Inbox of their own as soon as they
+are ready.
 """
 
 from __future__ import annotations
@@ -45,8 +46,6 @@ class BodyMessages:
     def __init__(self, journaling: Journaling):
         self.shared = journaling
         self.bodies: dict[tuple[str, str], _Body] = {}
-        #: The bodies that registered a handler: the nodes the poller names.
-        self.active: set[tuple[str, str]] = set()
         self._answers: list[pb.QueryAnswer] = []
         self._published: dict[tuple[str, str, str], pb.PublishedQuery] = {}
         self._poller: asyncio.Task[None] | None = None
@@ -62,18 +61,7 @@ class BodyMessages:
         def publish(values: dict[str, str]) -> None:
             loop.call_soon_threadsafe(self._publish, key, attempt, values)
 
-        def registered() -> None:
-            loop.call_soon_threadsafe(self._activate, key, handlers)
-
         handlers.on_publish = publish
-        handlers.on_register = registered
-
-    def _activate(self, key: tuple[str, str], handlers: BodyHandlers) -> None:
-        """The body registered its first handler: it takes queries and updates."""
-        body = self.bodies.get(key)
-        if body is None or body.handlers is not handlers:
-            return
-        self.active.add(key)
         if self._poller is None or self._poller.done():
             self._poller = self.shared.loop.create_task(self._poll())
 
@@ -84,11 +72,9 @@ class BodyMessages:
         body = self.bodies.get(key)
         if body is not None and body.handlers is handlers:
             del self.bodies[key]
-            self.active.discard(key)
         with contextlib.suppress(Exception):
             handlers.publish()
         handlers.on_publish = None
-        handlers.on_register = None
 
     # -- sending
 
@@ -142,13 +128,14 @@ class BodyMessages:
     # -- receiving
 
     async def _poll(self) -> None:
-        """Long-poll Inbox while the worker runs bodies."""
+        """Long-poll Inbox while the worker runs bodies (every body it runs: a query of
+        one without handlers is answered UnknownQuery, an update sent to it refused at
+        its next journal point, rather than left to time out)."""
         failures = 0
-        while self.active:
+        while self.bodies:
             request = pb.InboxRequest()
             request.wait.FromSeconds(int(POLL_WAIT))
-            for run_id, node in list(self.active):
-                body = self.bodies[run_id, node]
+            for (run_id, node), body in list(self.bodies.items()):
                 request.nodes.add(run_id=run_id, node=node, after_update=body.cursor)
             try:
                 response = await self._inbox(request)

@@ -36,6 +36,10 @@ from service.engine.notify import Dispatcher
 #: QueryRun's default and longest wait for the worker's answer, in seconds.
 QUERY_TIMEOUT = 10.0
 MAX_QUERY_TIMEOUT = 60.0
+#: How long a query may wait to be taken by the worker running its node. Workers that
+#: serve queries long-poll Inbox with every body they run and renew the poll at least
+#: every 2s; a query nobody took by then goes to no worker that can answer it.
+QUERY_DELIVERY = 5.0
 #: UpdateRun's default and longest wait for the update to be applied, in seconds.
 UPDATE_TIMEOUT = 30.0
 MAX_UPDATE_TIMEOUT = 300.0
@@ -51,6 +55,8 @@ INBOX_PREFIX = "cyclone.inbox:"
 #: Node statuses in which the node is over.
 _FINISHED = frozenset({"completed", "discarded", "skipped", "cancelled"})
 _RUN_OVER = frozenset({"completed", "failed", "cancelled"})
+#: _answered's "no worker took the query within QUERY_DELIVERY".
+_UNTAKEN = object()
 
 
 def _timeout(message: Any, default: float, longest: float) -> float:
@@ -120,9 +126,10 @@ class RunMessages:
             raise errors.NotFound(f"run {run_id} has no node {node}")
         if where.node_status == "running":
             query_id = await self.db.queries.query_ask(run_id, node, name, args, wait)
+            asked = time.monotonic()
             try:
                 answer = await _polled(
-                    lambda: self._answered(run_id, query_id), time.monotonic() + wait
+                    lambda: self._answered(run_id, query_id, asked), asked + wait
                 )
             finally:
                 await self.db.queries.query_forget(run_id, query_id)
@@ -131,6 +138,8 @@ class RunMessages:
                     f"the worker running node {node} of run {run_id} did not answer query "
                     f"{name!r} within {wait:g}s"
                 )
+            if answer is _UNTAKEN:
+                return await self._published(run_id, node, name, request, untaken=True)
             stopped = answer.error is not None and answer.error.get("type") == "NotRunning"
             if not stopped:
                 if answer.error is not None:
@@ -138,7 +147,7 @@ class RunMessages:
                 return workflow_pb.QueryRunResponse(result=_value(answer.result))
             # The body stopped on its worker meanwhile (it waits now, say): what it
             # published answers, as for a node no worker runs.
-        return await self._published(run_id, node, name, request, where.node_status)
+        return await self._published(run_id, node, name, request, status=where.node_status)
 
     async def _published(
         self,
@@ -146,20 +155,29 @@ class RunMessages:
         node: str,
         name: str,
         request: workflow_pb.QueryRunRequest,
-        node_status: str,
+        *,
+        status: str = "running",
+        untaken: bool = False,
     ) -> workflow_pb.QueryRunResponse:
-        """QueryRun when no worker runs the node: the value its body last published."""
+        """QueryRun when no worker runs the node, or none took the query (``untaken``):
+        the value its body last published."""
+        if untaken:
+            why = (
+                f"no worker took query {name!r} of node {node} of run {run_id} within "
+                f"{QUERY_DELIVERY:g}s: the node runs a plain handler, or a durable function "
+                "whose worker serves no queries (its SDK has none, or it cannot reach Inbox)"
+            )
+        else:
+            why = f"no worker is running node {node} of run {run_id} (it is {status})"
         if len(request.args.values):
             raise errors.FailedPrecondition(
-                f"no worker is running node {node} of run {run_id} (it is {node_status}): "
-                "a query with arguments needs one; without arguments it is answered from the "
-                "values the body published"
+                f"{why}: a query with arguments needs one; without arguments it is answered "
+                "from the values the body published"
             )
         published = await self.db.queries.query_state_get(run_id, node, name)
         if published is None:
             raise errors.FailedPrecondition(
-                f"no worker is running node {node} of run {run_id} (it is {node_status}) "
-                f"and its body published no value for query {name!r}"
+                f"{why}, and its body published no value for query {name!r}"
             )
         return workflow_pb.QueryRunResponse(
             result=_value(published.value),
@@ -167,9 +185,14 @@ class RunMessages:
             published_at=convert.timestamp(published.published_at),
         )
 
-    async def _answered(self, run_id: uuid.UUID, query_id: int) -> Any:
+    async def _answered(self, run_id: uuid.UUID, query_id: int, asked: float) -> Any:
+        """The answer once there; _UNTAKEN when no worker took the query in time."""
         row = await self.db.queries.query_answer(run_id, query_id)
-        return row if row is not None and row.answered else None
+        if row is not None and row.answered:
+            return row
+        if (row is None or not row.delivered) and time.monotonic() - asked >= QUERY_DELIVERY:
+            return _UNTAKEN
+        return None
 
     @rpc
     async def UpdateRun(

@@ -47,6 +47,7 @@ class Asked(NamedTuple):
 
 class Answer(NamedTuple):
     answered: bool
+    delivered: bool
     result: Any
     error: Any
 

@@ -31,7 +31,8 @@ VALUES (CAST(:run_id AS uuid), :node, :query_name, CAST(:args AS jsonb), cyclone
 RETURNING query_id, 'cyclone.inbox:' || run_id AS ready;
 
 -- name: query_answer
-SELECT q.answered_at IS NOT NULL AS answered, q.result, q.error
+SELECT q.answered_at IS NOT NULL AS answered, q.delivered_at IS NOT NULL AS delivered,
+       q.result, q.error
   FROM cyclone.run_queries q
  WHERE q.run_id = CAST(:run_id AS uuid) AND q.query_id = :query_id;
 

@@ -102,9 +102,10 @@ type WorkflowServiceClient interface {
 	// value the handler had at the body's last journal point, as its worker published it
 	// (published = true; only handlers that take no arguments publish). NOT_FOUND for an
 	// unknown run or node, or a handler the body does not have; FAILED_PRECONDITION when
-	// no worker runs the node and nothing was published for that name (or args were
-	// given), or when the handler raised (its type and message); DEADLINE_EXCEEDED when
-	// the worker did not answer within the timeout.
+	// no worker runs the node, or none took the question within 5s (a plain handler, a
+	// worker that serves no queries), and nothing was published for that name (or args
+	// were given), or when the handler raised (its type and message); DEADLINE_EXCEEDED
+	// when the worker did not answer within the timeout.
 	QueryRun(ctx context.Context, in *QueryRunRequest, opts ...grpc.CallOption) (*QueryRunResponse, error)
 	// Sends an update to a durable function and waits for its outcome. The update is
 	// recorded durably first (unique by update_id per node: a repeated call with the
@@ -348,9 +349,10 @@ type WorkflowServiceServer interface {
 	// value the handler had at the body's last journal point, as its worker published it
 	// (published = true; only handlers that take no arguments publish). NOT_FOUND for an
 	// unknown run or node, or a handler the body does not have; FAILED_PRECONDITION when
-	// no worker runs the node and nothing was published for that name (or args were
-	// given), or when the handler raised (its type and message); DEADLINE_EXCEEDED when
-	// the worker did not answer within the timeout.
+	// no worker runs the node, or none took the question within 5s (a plain handler, a
+	// worker that serves no queries), and nothing was published for that name (or args
+	// were given), or when the handler raised (its type and message); DEADLINE_EXCEEDED
+	// when the worker did not answer within the timeout.
 	QueryRun(context.Context, *QueryRunRequest) (*QueryRunResponse, error)
 	// Sends an update to a durable function and waits for its outcome. The update is
 	// recorded durably first (unique by update_id per node: a repeated call with the

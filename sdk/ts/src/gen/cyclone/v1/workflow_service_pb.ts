@@ -1834,9 +1834,10 @@ export const WorkflowService: GenService<{
    * value the handler had at the body's last journal point, as its worker published it
    * (published = true; only handlers that take no arguments publish). NOT_FOUND for an
    * unknown run or node, or a handler the body does not have; FAILED_PRECONDITION when
-   * no worker runs the node and nothing was published for that name (or args were
-   * given), or when the handler raised (its type and message); DEADLINE_EXCEEDED when
-   * the worker did not answer within the timeout.
+   * no worker runs the node, or none took the question within 5s (a plain handler, a
+   * worker that serves no queries), and nothing was published for that name (or args
+   * were given), or when the handler raised (its type and message); DEADLINE_EXCEEDED
+   * when the worker did not answer within the timeout.
    *
    * @generated from rpc cyclone.v1.WorkflowService.QueryRun
    */
