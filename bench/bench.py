@@ -2052,10 +2052,12 @@ def print_table(r: dict, out: Path) -> None:
         rows += [
             (
                 f"throughput with {s['readers']:,} live stream readers, steps/s (without)",
-                f"{s['steps_per_s_with']} ({s['steps_per_s_without']['before']} before, "
-                f"{s['steps_per_s_without']['after']} after)",
+                f"{s['steps_per_s_with']} ({s['steps_per_s_without']})",
             ),
-            ("  with readers / without (target >= 0.9)", s["ratio"]),
+            (
+                "  with readers / without (target >= 0.9)",
+                f"{s['ratio']} (rounds: {', '.join(map(str, s.get('round_ratios', [])))})",
+            ),
             ("  server CPU per step, with readers / without", s["server_cpu_ratio"]),
             (
                 "  server CPU with only the readers open, % of a CPU",

@@ -1,9 +1,10 @@
 """The `streams` scenario of `make bench` (bench/bench.py): what live readers of output
 streams cost the claims. Throughput is measured as `throughput` measures it (one-node
-runs drained by the bare-stub workers), without readers, then with ``readers`` ReadStream
+runs drained by the bare-stub workers), without readers and with ``readers`` ReadStream
 calls open on the same server, each following the stream of a run of its own that stays
-running, then without again; the figure is the rate with readers over the mean of the
-two without (target >= 0.9: readers slow claims by at most a tenth). Also reported: the
+running, in turns (without, then three times with and without); the figure is the
+median over the rounds of the rate with readers over the mean of the drains without on
+either side (target >= 0.9: readers slow claims by at most a tenth). Also reported: the
 server's CPU per step with readers over without (``server_cpu_ratio``), which a machine
 busy with other work disturbs less than the rate, and the server's CPU while only the
 readers are open.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import statistics
 import time
 from typing import Any
 
@@ -86,50 +88,88 @@ def readers_process(address: str, run_ids: list, ready, stop) -> None:
     asyncio.run(main())
 
 
-def scenario(bench: Any, server: Any, database_url: str, runs: int, readers: int) -> dict:
-    """Throughput without readers, with ``readers`` open, and without again."""
-    run_ids = hold_runs(database_url, bench.submit_many, bench.one_node, server.address, readers)
-    before = bench.scenario_throughput(server, database_url, runs, "stream-before")
+#: Rounds of (readers open, readers closed) after the first drain without readers.
+ROUNDS = 3
+
+
+def _open_readers(address: str, run_ids: list) -> tuple[Any, Any, Any]:
+    """A process of ``len(run_ids)`` readers, each waiting on its stream: (process,
+    ready, stop)."""
     ctx = multiprocessing.get_context("spawn")
     ready, stop = ctx.Value("i", 0), ctx.Event()
-    process = ctx.Process(target=readers_process, args=(server.address, run_ids, ready, stop))
+    process = ctx.Process(target=readers_process, args=(address, run_ids, ready, stop))
     process.start()
     give_up = time.monotonic() + 120
-    while ready.value < readers:
+    while ready.value < len(run_ids):
         if time.monotonic() > give_up or not process.is_alive():
-            raise RuntimeError(f"only {ready.value} of {readers} stream readers opened")
+            stop.set()
+            raise RuntimeError(f"only {ready.value} of {len(run_ids)} stream readers opened")
         time.sleep(0.1)
-    try:
-        idle = idle_cpu(server.proc.pid)
-        readers_cpu = psutil.Process(process.pid)
-        readers_start, started = sum(readers_cpu.cpu_times()[:2]), time.monotonic()
-        during = bench.scenario_throughput(server, database_url, runs, "stream-during")
-        readers_pct = round(
-            100 * (sum(readers_cpu.cpu_times()[:2]) - readers_start) / (time.monotonic() - started),
-            1,
+    return process, ready, stop
+
+
+def scenario(bench: Any, server: Any, database_url: str, runs: int, readers: int) -> dict:
+    """Drains without readers and with ``readers`` open, taking turns: without, then
+    ROUNDS times (with, without). Each drain with readers is compared with the mean of
+    the drains without on either side of it; the figures are the medians of the
+    rounds', so that one burst of other work on the machine moves one round only."""
+    run_ids = hold_runs(database_url, bench.submit_many, bench.one_node, server.address, readers)
+    without = [bench.scenario_throughput(server, database_url, runs, "stream-without-0")]
+    during: list[dict] = []
+    idle = readers_pct = 0.0
+    still_open = True
+    for turn in range(ROUNDS):
+        process, ready, stop = _open_readers(server.address, run_ids)
+        try:
+            if turn == 0:
+                idle = idle_cpu(server.proc.pid)
+            readers_cpu = psutil.Process(process.pid)
+            readers_start, started = sum(readers_cpu.cpu_times()[:2]), time.monotonic()
+            during.append(
+                bench.scenario_throughput(server, database_url, runs, f"stream-with-{turn}")
+            )
+            used = sum(readers_cpu.cpu_times()[:2]) - readers_start
+            readers_pct = max(readers_pct, round(100 * used / (time.monotonic() - started), 1))
+            still_open = still_open and ready.value == readers and process.is_alive()
+        finally:
+            stop.set()
+            process.join(60)
+        without.append(
+            bench.scenario_throughput(server, database_url, runs, f"stream-without-{turn + 1}")
         )
-        still_open = ready.value == readers and process.is_alive()
-    finally:
-        stop.set()
-        process.join(60)
-    after = bench.scenario_throughput(server, database_url, runs, "stream-after")
-    without = (before["steps_per_s"] + after["steps_per_s"]) / 2
-    cpu_without = (before["cpu_ms_per_step"]["server"] + after["cpu_ms_per_step"]["server"]) / 2
+
+    def rate(d: dict) -> float:
+        return d["steps_per_s"]
+
+    def server_cpu(d: dict) -> float:
+        return d["cpu_ms_per_step"]["server"]
+
+    def ratios(of: Any) -> list[float]:
+        return [
+            round(of(w) / ((of(without[i]) + of(without[i + 1])) / 2), 2)
+            for i, w in enumerate(during)
+        ]
+
+    rate_ratios, cpu_ratios = ratios(rate), ratios(server_cpu)
     return {
         "readers": readers,
+        "rounds": ROUNDS,
         "readers_open_throughout": still_open,
-        "steps_per_s_without": {"before": before["steps_per_s"], "after": after["steps_per_s"]},
-        "steps_per_s_with": during["steps_per_s"],
-        "cpu_ms_per_step_without": before["cpu_ms_per_step"],
-        "cpu_ms_per_step_with": during["cpu_ms_per_step"],
-        "ratio": round(during["steps_per_s"] / without, 2),
+        "steps_per_s_without": round(statistics.median(map(rate, without)), 1),
+        "steps_per_s_with": round(statistics.median(map(rate, during)), 1),
+        "cpu_ms_per_step_without": without[0]["cpu_ms_per_step"],
+        "cpu_ms_per_step_with": during[0]["cpu_ms_per_step"],
+        "ratio": statistics.median(rate_ratios),
+        "round_ratios": rate_ratios,
         # The server's CPU per step with readers over without: what they cost the claims,
         # less sensitive than the rate to a machine shared with other work.
-        "server_cpu_ratio": round(during["cpu_ms_per_step"]["server"] / cpu_without, 2),
+        "server_cpu_ratio": statistics.median(cpu_ratios),
+        "round_server_cpu_ratios": cpu_ratios,
         # The server's CPU while the readers wait and nothing else runs (% of one CPU).
         "server_idle_cpu_pct_with_readers": idle,
-        # The readers' own process (the bench's clients) meanwhile, % of a CPU: on a
-        # small machine it competes with the server, the workers and Postgres.
+        # The readers' own process (the bench's clients) during a drain, % of a CPU (the
+        # most of the rounds): on a small machine it competes with the server, the
+        # workers and Postgres.
         "readers_process_cpu_pct": readers_pct,
     }
 
