@@ -168,10 +168,10 @@ test: $(VENV)/.stamp ## The fast tests: engine, server, SDK, CLI, console HTML o
 test-all test-pg15 test-citus: export CYCLONE_TEST_ALL := 1
 
 .PHONY: test-all
-test-all: $(VENV)/.stamp tools ## What CI runs: every test, then the engine's on PostgreSQL 15, then on Citus
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
-	tests/pg15.sh $(PG15_PYTEST_ARGS)
-	tests/citus.sh $(CITUS_PYTEST_ARGS)
+test-all: $(VENV)/.stamp tools ## What CI runs: every test, then the engine's on PostgreSQL 15 and on Citus, side by side
+	$(VENV)/bin/pytest --durations=20 $(PYTEST_ARGS)
+	tests/together.sh "tests/pg15.sh --durations=10 $(PG15_PYTEST_ARGS)" \
+	    "tests/citus.sh --durations=10 $(CITUS_PYTEST_ARGS)"
 
 .PHONY: test-pg15
 test-pg15: $(VENV)/.stamp tools ## Only the engine's tests, on a throwaway PostgreSQL 15 cluster (PG15_BIN)
