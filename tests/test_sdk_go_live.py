@@ -23,6 +23,7 @@ GO_SDK = Path(__file__).resolve().parent.parent / "sdk" / "go"
 LIVE_TESTS = {
     "TestLiveAStreamIsReadAsItIsWrittenUntilTheRunEnds",
     "TestLiveRefusalsCarryTheirStatusAndNameTheCall",
+    "TestLiveABodyWaitsForTwoApprovalsAndSendsEachOnce",
 }
 
 

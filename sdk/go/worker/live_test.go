@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/cyclone-workflows/cyclone/sdk/go/client"
 	"github.com/cyclone-workflows/cyclone/sdk/go/worker"
@@ -89,3 +90,5 @@ func (l *live) done(runID string, output any) {
 		}
 	}
 }
+
+func decodeValue(in *structpb.Value, v any) error { return client.Decode(in, v) }
