@@ -1,7 +1,8 @@
 """The Go SDK against a real server: the Go tests named TestLive* (sdk/go/worker,
 live_*_test.go) skip without a server; here they run on this test's server, with a
 Go worker and the Go client talking to running work (output streams, queries and
-updates, approvals). They need Go: `make test` leaves them out (marker `polyglot`)."""
+updates, approvals). They need Go: `make test` leaves them out (marker `polyglot`).
+GO_TEST_FLAGS adds flags to `go test` (GO_TEST_FLAGS=-race)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ LIVE_TESTS = {
     "TestLiveAStreamIsReadAsItIsWrittenUntilTheRunEnds",
     "TestLiveRefusalsCarryTheirStatusAndNameTheCall",
     "TestLiveABodyWaitsForTwoApprovalsAndSendsEachOnce",
+    "TestLiveUpdatesChangeAWaitingBodyAndQueriesReadIt",
 }
 
 
@@ -32,7 +34,16 @@ def test_the_go_sdk_live_tests_pass_on_a_real_server(cyclone_server):
     if go is None:
         missing_tool("go is not installed: the polyglot tests need Go")
     out = subprocess.run(
-        [go, "test", "-count=1", "-v", "-run", "^TestLive", "./worker/"],
+        [
+            go,
+            "test",
+            *os.environ.get("GO_TEST_FLAGS", "").split(),
+            "-count=1",
+            "-v",
+            "-run",
+            "^TestLive",
+            "./worker/",
+        ],
         cwd=GO_SDK,
         env={**os.environ, "CYCLONE_TEST_ADDRESS": cyclone_server.address},
         capture_output=True,

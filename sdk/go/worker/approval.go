@@ -108,6 +108,9 @@ func WaitForApproval[T any](ctx context.Context, s *Step, send func(Approval) er
 			return zero, err
 		}
 	}
+	if c, err = c.atPoint(ctx, nil); err != nil {
+		return zero, err
+	}
 	asked, err := replayed[approvalCall](c, nil)
 	if err != nil {
 		return zero, err
