@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -17,8 +16,8 @@ import (
 )
 
 // cartBody keeps a cart that updates fill: it waits for "checkout", bills in a step
-// call that waits for release, then waits for "done".
-func cartBody(release <-chan struct{}) worker.Handler {
+// call that says so on billing and waits for release, then waits for "done".
+func cartBody(billing chan<- struct{}, release <-chan struct{}) worker.Handler {
 	return func(ctx context.Context, step *worker.Step) (any, error) {
 		var mu sync.Mutex
 		items := []string{}
@@ -61,6 +60,10 @@ func cartBody(release <-chan struct{}) worker.Handler {
 		}
 		if _, err := worker.Call(ctx, step, "bill", func(ctx context.Context) (bool, error) {
 			select {
+			case billing <- struct{}{}:
+			default:
+			}
+			select {
 			case <-release:
 				return true, nil
 			case <-ctx.Done():
@@ -80,8 +83,11 @@ func cartBody(release <-chan struct{}) worker.Handler {
 
 func TestLiveUpdatesChangeAWaitingBodyAndQueriesReadIt(t *testing.T) {
 	l := liveServer(t)
-	release := make(chan struct{})
-	l.serve(worker.Action{Name: "live.messages.cart", Handler: cartBody(release)})
+	billing, release := make(chan struct{}, 1), make(chan struct{})
+	var released sync.Once
+	// A test that fails before it releases the bill must not leave it running.
+	t.Cleanup(func() { released.Do(func() { close(release) }) })
+	l.serve(worker.Action{Name: "live.messages.cart", Handler: cartBody(billing, release)})
 	runID := l.submit("live.messages.cart", nil)
 	add := func(item, id string) (*client.UpdateResult, error) {
 		var opts []client.UpdateOption
@@ -98,6 +104,7 @@ func TestLiveUpdatesChangeAWaitingBodyAndQueriesReadIt(t *testing.T) {
 	}
 
 	// The body waits for "checkout": each update wakes it and is applied at its wait.
+	l.suspended(runID)
 	first, err := add("tea", "u-tea")
 	if err != nil || count(first) != 1 || !first.Created || first.UpdateID != "u-tea" {
 		t.Fatalf("the first update: %+v, %v", first, err)
@@ -118,6 +125,7 @@ func TestLiveUpdatesChangeAWaitingBodyAndQueriesReadIt(t *testing.T) {
 	}
 
 	// Waiting, the body runs nowhere: the published value answers.
+	l.suspended(runID)
 	answer, err := l.client.Query(l.ctx, runID, "body", "items", nil)
 	var items []string
 	if err != nil || answer.Decode(&items) != nil || !answer.Published || !reflect.DeepEqual(items, []string{"tea", "scone"}) {
@@ -131,14 +139,13 @@ func TestLiveUpdatesChangeAWaitingBodyAndQueriesReadIt(t *testing.T) {
 	if _, err := l.client.SendEvent(l.ctx, runID, "checkout", nil, ""); err != nil {
 		t.Fatal(err)
 	}
-	var has bool
-	for {
-		answer, err = l.client.Query(l.ctx, runID, "body", "has", []any{"scone"})
-		if status.Code(err) != codes.FailedPrecondition { // until the worker runs the body again
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-billing: // the replay is past the wait, where it applied the updates again
+	case <-l.ctx.Done():
+		t.Fatal("the body never billed")
 	}
+	var has bool
+	answer, err = l.client.Query(l.ctx, runID, "body", "has", []any{"scone"})
 	if err != nil || answer.Published || answer.Decode(&has) != nil || !has {
 		t.Fatalf("a query of the running body: %+v, %v", answer, err)
 	}
@@ -156,7 +163,7 @@ func TestLiveUpdatesChangeAWaitingBodyAndQueriesReadIt(t *testing.T) {
 		}
 		third <- r
 	}()
-	close(release)
+	released.Do(func() { close(release) })
 	if r := <-third; r == nil || count(r) != 3 {
 		t.Fatalf("the third update: %+v", r)
 	}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/cyclone-workflows/cyclone/sdk/go/client"
+	cyclonev1 "github.com/cyclone-workflows/cyclone/sdk/go/gen/cyclone/v1"
 	"github.com/cyclone-workflows/cyclone/sdk/go/worker"
 )
 
@@ -92,3 +93,25 @@ func (l *live) done(runID string, output any) {
 }
 
 func decodeValue(in *structpb.Value, v any) error { return client.Decode(in, v) }
+
+// suspended waits until the run's node waits with no worker running it (and is not
+// woken to run again).
+func (l *live) suspended(runID string) {
+	l.t.Helper()
+	for {
+		run, err := l.client.GetRun(l.ctx, runID, false)
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		step := run.Steps[0]
+		woken := step.AvailableAt == nil || step.AvailableAt.AsTime().Before(time.Now().Add(24*time.Hour))
+		if step.Status == cyclonev1.StepStatus_STEP_STATUS_AVAILABLE && step.WaitingFor != "" && !woken {
+			return
+		}
+		select {
+		case <-l.ctx.Done():
+			l.t.Fatalf("run %s never waited: %v", runID, step)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
