@@ -96,7 +96,7 @@ func CallInTx[T any](ctx context.Context, s *Step, db TxStarter, name string, fn
 	if s != nil {
 		var err error
 		if c, err = s.begin(ctx, name, fn, opts); err != nil || c.recorded != nil {
-			return replayed[T](c, err)
+			return replayed[T](c.atPoint(ctx, err))
 		}
 	}
 	tx, err := db.Begin(ctx)
@@ -110,7 +110,7 @@ func CallInTx[T any](ctx context.Context, s *Step, db TxStarter, name string, fn
 		if s == nil || ctx.Err() != nil {
 			return zero, fnErr
 		}
-		return replayed[T](c.end(ctx, nil, fnErr))
+		return replayed[T](c.endAtPoint(ctx, nil, fnErr))
 	}
 	if s == nil {
 		return out, tx.Commit(ctx)
@@ -122,7 +122,7 @@ func CallInTx[T any](ctx context.Context, s *Step, db TxStarter, name string, fn
 	if tooLarge := c.tooLarge(value); tooLarge != nil {
 		// Recorded as the call's failure, and its writes undone with the transaction.
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return replayed[T](c.end(ctx, nil, tooLarge))
+		return replayed[T](c.endAtPoint(ctx, nil, tooLarge))
 	}
 	raw, err := value.MarshalJSON()
 	if err != nil {
@@ -147,7 +147,7 @@ func CallInTx[T any](ctx context.Context, s *Step, db TxStarter, name string, fn
 		if err != nil {
 			return zero, s.refused("BeginStepCall", c, err)
 		}
-		return replayed[T](c.remember(resp.Call), nil)
+		return replayed[T](c.remember(resp.Call).atPoint(ctx, nil))
 	case err != nil:
 		return zero, fmt.Errorf("cyclone.step_call_record: %w", err)
 	}
@@ -158,5 +158,5 @@ func CallInTx[T any](ctx context.Context, s *Step, db TxStarter, name string, fn
 		StepId: c.id, Seq: c.seq, Function: c.function, UnsafeToRepeat: c.unsafe,
 		Status: cyclonev1.StepCallStatus_STEP_CALL_STATUS_SUCCEEDED, Output: value, Attempt: s.Attempt,
 		ArgsDigest: c.digest,
-	}), nil)
+	}).atPoint(ctx, nil))
 }

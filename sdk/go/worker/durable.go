@@ -57,12 +57,14 @@ func WithStepID(id string) CallOption { return func(o *callOptions) { o.stepID =
 // journal is a node's step calls as this attempt knows them, and the counters that
 // give each new call its seq and step id.
 type journal struct {
-	mu       sync.Mutex
-	byID     map[string]*cyclonev1.StepCall
-	bySeq    map[int32]*cyclonev1.StepCall
-	seq      int32
-	occurred map[string]int
-	used     map[string]bool // the step ids of this attempt's calls and patch markers
+	mu         sync.Mutex
+	byID       map[string]*cyclonev1.StepCall
+	bySeq      map[int32]*cyclonev1.StepCall
+	seq        int32
+	occurred   map[string]int
+	used       map[string]bool // the step ids of this attempt's calls and patch markers
+	lastSeq    int32           // the claimed journal's last seq
+	hasUpdates bool            // the claimed journal records the application of an update
 	// The node must stop: its effect is uncertain, its lease is lost, or the body
 	// called steps out of the recorded order. Every later call returns it.
 	stopped error
@@ -79,6 +81,8 @@ func (s *Step) journal() *journal {
 		for _, c := range s.Journal {
 			j.byID[c.StepId] = c
 			j.bySeq[c.Seq] = c
+			j.lastSeq = max(j.lastSeq, c.Seq)
+			j.hasUpdates = j.hasUpdates || c.Function == updateFunction
 		}
 		s.steps = j
 	})
@@ -114,7 +118,7 @@ func Call[T any](ctx context.Context, s *Step, name string, fn func(context.Cont
 	}
 	c, err := s.begin(ctx, name, fn, opts)
 	if err != nil || c.recorded != nil {
-		return replayed[T](c, err)
+		return replayed[T](c.atPoint(ctx, err))
 	}
 	// The function's chunks (Step.Emit) are identified by the call's step id.
 	out, fnErr := fn(context.WithValue(ctx, stepCallKey{}, c.id))
@@ -132,7 +136,8 @@ func Call[T any](ctx context.Context, s *Step, name string, fn func(context.Cont
 			value = nil
 		}
 	}
-	return replayed[T](c.end(ctx, value, fnErr))
+	c, err = c.end(ctx, value, fnErr)
+	return replayed[T](c.atPoint(ctx, err))
 }
 
 // tooLarge is the failure of the call when its result is over the payload limit:

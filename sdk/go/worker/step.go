@@ -31,6 +31,10 @@ type Step struct {
 
 	emits emitted // the chunks this attempt emitted, counted for their identities
 
+	inbox        *inbox // the worker's queries and updates; nil outside a worker
+	handlersOnce sync.Once
+	handlers     *bodyHandlers // the query and update handlers the body registered; see Query
+
 	log        *slog.Logger // the worker's, with the step's ids
 	logs       stepLogs     // lines for the next heartbeat or the completion
 	loggerOnce sync.Once

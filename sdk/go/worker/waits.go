@@ -160,9 +160,23 @@ func (s *Step) wait(ctx context.Context, function, base string, opts []CallOptio
 	if err != nil {
 		return nil, err
 	}
-	switch c.recorded.GetStatus() {
-	case cyclonev1.StepCallStatus_STEP_CALL_STATUS_SUCCEEDED, cyclonev1.StepCallStatus_STEP_CALL_STATUS_FAILED:
+	// A journal point: the updates sent to the node apply before the wait is asked
+	// (the node holds its lease until then) or its recorded outcome returns, so that a
+	// replay applies them at the same point; the ones sent meanwhile are fetched first.
+	over := isOver(c.recorded)
+	if !over {
+		s.fetchUpdates(ctx)
+	}
+	if err := s.updatesPoint(ctx); err != nil {
+		return nil, err
+	}
+	if over {
 		return c, nil
+	}
+	if s.handlers != nil && s.inbox != nil {
+		// The node may give up its lease with the wait: its queries' values are then
+		// answered from what it published, which must be stored first.
+		s.inbox.flush()
 	}
 	req := &cyclonev1.WaitRequest{RunId: s.RunId, Node: s.Node, LeaseToken: s.LeaseToken, StepId: c.id, Seq: c.seq,
 		Logs: s.logs.take()}

@@ -66,6 +66,7 @@ type Worker struct {
 	actions map[string]Action
 	opts    Options
 	log     *slog.Logger
+	inbox   *inbox
 }
 
 // New makes a worker of actions on a gRPC connection to a Cyclone server (see
@@ -111,6 +112,7 @@ func New(conn grpc.ClientConnInterface, opts Options, actions ...Action) (*Worke
 		opts:    opts,
 		log:     opts.Logger.With("worker", opts.ID),
 	}
+	w.inbox = newInbox(w.client, w.log)
 	for _, a := range actions {
 		switch _, twice := w.actions[a.Name]; {
 		case a.Name == "":
@@ -240,6 +242,7 @@ type reporter func(req *cyclonev1.CompleteRequest, step *Step, log *slog.Logger)
 func (w *Worker) runStepThen(step *Step, report reporter) {
 	log := w.log.With("run_id", step.RunId, "node", step.Node, "attempt", step.Attempt)
 	step.log = log
+	step.inbox = w.inbox
 	action, ok := w.actions[step.Action]
 	if !ok { // the server only hands out the actions we claimed
 		log.Error("claimed a step of an action this worker does not serve", "action", step.Action)
@@ -266,6 +269,7 @@ func (w *Worker) runStepThen(step *Step, report reporter) {
 	cause := context.Cause(ctx)
 	stop(nil) // the handler returned: stop heartbeating
 	<-beating
+	w.inbox.finish(step) // its queries' last values are published before its outcome
 	if stopped := step.stopped(); stopped != nil {
 		err = stopped // a step call stopped the body: that decides, not what it returned
 	}
