@@ -2,6 +2,8 @@
 
 export { Client, describeRun, jsonToValue, parseRunStatus, runStatusName, runToJson, stepOutput, stepStatusName, WaitTimeout } from "./client.js";
 export type { Resolution, RunFilter } from "./client.js";
+export { QUERY_TIMEOUT_MS, RunMessages, UPDATE_TIMEOUT_MS } from "./talk.js";
+export type { ApprovalInfo, QueryAnswer, ReadStreamOptions, StreamChunk, StreamSummary, UpdateResult } from "./talk.js";
 export { ChildRun, LogBuffer, StepContext } from "./context.js";
 export type { StepLogger, UpstreamFailure } from "./context.js";
 export {

@@ -1,0 +1,147 @@
+"""The TypeScript SDK talking to running work, against a real server: its client reads
+a run's output streams (live, until the run ends) and lists them, queries and updates
+durable functions, and lists and decides approvals. They need Node.js (marker
+`polyglot`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from pyclient import Workflow
+from tests import test_polyglot as polyglot
+from tests.helpers import PATIENCE, eventually
+from tests.sdk.conftest import running
+from tests.test_polyglot import ROOT, Process, _tool
+from tests.test_queries_updates import _waiting
+from tests.test_queries_updates import _worker as python_worker
+
+pytestmark = [pytest.mark.slow, pytest.mark.polyglot, pytest.mark.timeout(600)]
+
+# The fixtures of the polyglot tests, shared.
+start_process = polyglot.start_process
+ts_sdk = polyglot.ts_sdk
+operator = polyglot.operator
+
+CLIENT = ROOT / "tests" / "ts_talk_client.mjs"
+WORKER = ROOT / "tests" / "ts_talk_worker.mjs"
+
+
+@pytest.fixture
+def ts_client(cyclone_server, ts_sdk) -> Callable[..., Any]:
+    """Runs one command of tests/ts_talk_client.mjs; its JSON lines (one value for one line)."""
+
+    def call(*args: str) -> Any:
+        out = subprocess.run(
+            [_tool("node"), str(CLIENT), cyclone_server.address, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert out.returncode in (0, 3), out.stdout + out.stderr
+        lines = [json.loads(line) for line in out.stdout.splitlines()]
+        return lines[0] if len(lines) == 1 else lines
+
+    return call
+
+
+@pytest.fixture
+def ts_worker(cyclone_server, start_process, ts_sdk) -> Process:
+    return start_process("ts-talk-worker", _tool("node"), WORKER, cyclone_server.address)
+
+
+def _lines(process: Process) -> list[Any]:
+    return [json.loads(line) for line in process.log.splitlines() if line.startswith("{")]
+
+
+# -- output streams ----------------------------------------------------------------------
+
+
+def test_a_ts_client_reads_a_stream_live_until_the_run_ends(
+    cyclone_server, ts_worker, ts_client, start_process, operator
+):
+    wf = Workflow("emitting")
+    wf.node("body", action="ts.emitter")
+    run_id = operator.submit(wf, None)
+    reader = start_process(
+        "ts-reader", _tool("node"), CLIENT, cyclone_server.address, "stream", run_id, "tokens"
+    )
+    eventually(
+        lambda: len(_lines(reader)) >= 2,
+        "the reader to get the chunks stored before the wait",
+        PATIENCE,
+        detail=lambda: reader.log + ts_worker.log,
+    )
+    [listed] = ts_client("streams", run_id)
+    assert (listed["name"], listed["chunks"]) == ("tokens", 2)
+    assert listed["bytes"] > 0
+    assert reader.popen.poll() is None  # the run is not finished: the read goes on
+
+    operator.send_event(run_id, "go")
+    assert operator.wait(run_id, timeout=PATIENCE).status == "completed", ts_worker.log
+    assert reader.popen.wait(PATIENCE) == 0, reader.log
+    chunks = _lines(reader)
+    assert chunks[-1] == {"end": True}
+    assert [(c["offset"], c["kind"], c["value"], c["stepId"]) for c in chunks[:-1]] == [
+        (0, "text", "hello", ""),
+        (1, "json", {"n": 1}, "mark"),
+        (2, "text", "bye", ""),
+    ]
+    assert {c["node"] for c in chunks[:-1]} == {"body"}
+
+    # From an offset, without waiting; a stream nobody wrote is empty.
+    later = ts_client("stream", run_id, "tokens", "1", "--no-wait")
+    assert [c["value"] for c in later[:-1]] == [{"n": 1}, "bye"]
+    assert ts_client("stream", run_id, "nothing", "0", "--no-wait") == {"end": True}
+    ts_worker.stop()
+
+
+def test_a_ts_client_names_an_unknown_run_with_its_status(ts_client):
+    unknown = "00000000-0000-0000-0000-000000000000"
+    assert ts_client("streams", unknown)["error"] == "NotFound"
+    assert ts_client("stream", unknown, "tokens")["error"] == "NotFound"
+
+
+# -- queries and updates -----------------------------------------------------------------
+
+
+def test_a_ts_client_queries_and_updates_a_durable_function(cyclone_server, ts_client, operator):
+    with running(python_worker(cyclone_server.address)):
+        run_id = operator.start("cart", "ann")
+        eventually(lambda: _waiting(operator, run_id, "cart"), "the body waits for checkout")
+
+        first = ts_client("update", run_id, "cart", "add_item", '["apple"]', "u-1")
+        assert (first["result"], first["updateId"], first["created"]) == (1, "u-1", True)
+        second = ts_client("update", run_id, "cart", "add_item", '["pear"]')
+        assert second["result"] == 2 and second["created"] and second["updateId"] != "u-1"
+        again = ts_client("update", run_id, "cart", "add_item", '["apple"]', "u-1")
+        assert (again["result"], again["created"], again["seq"]) == (1, False, first["seq"])
+
+        def both() -> Any:
+            answer = ts_client("query", run_id, "cart", "items")
+            return answer if answer.get("result") == ["apple", "pear"] else None
+
+        answer = eventually(both, "the items after the updates")
+        assert set(answer) == {"result", "published", "publishedAt"}
+
+        # Refusals carry their status.
+        unknown = ts_client("query", run_id, "cart", "nope")
+        assert unknown["error"] == "FailedPrecondition"
+        assert "published no value for query 'nope'" in unknown["message"]
+        nowhere = ts_client("query", run_id, "nowhere", "items")
+        assert nowhere["error"] == "NotFound" and "has no node nowhere" in nowhere["message"]
+        missing = ts_client("update", run_id, "cart", "remove_item", '["apple"]')
+        assert missing["error"] == "NotFound"
+        assert "no update handler 'remove_item'" in missing["message"]
+        refused = ts_client("update", run_id, "cart", "add_item", '[""]')
+        assert refused["error"] == "FailedPrecondition"
+        assert "an item needs a name" in refused["message"]
+
+        operator.send_event(run_id, "checkout")
+        run = operator.wait(run_id, timeout=PATIENCE)
+        assert run.step("cart").output == {"user": "ann", "items": ["apple", "pear"]}
