@@ -1,10 +1,11 @@
 """The TypeScript SDK talking to running work, against a real server: its client reads
 a run's output streams (live, until the run ends) and lists them, queries and updates
-durable functions, and lists and decides approvals. They need Node.js (marker
-`polyglot`)."""
+durable functions, and lists and decides approvals; its bodies wait for approvals,
+journaled as the Python SDK journals them. They need Node.js (marker `polyglot`)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from pyclient import Workflow
 from tests import test_polyglot as polyglot
 from tests.helpers import PATIENCE, eventually
 from tests.sdk.conftest import running
+from tests.test_approvals import post
 from tests.test_polyglot import ROOT, Process, _tool
 from tests.test_queries_updates import _waiting
 from tests.test_queries_updates import _worker as python_worker
@@ -29,6 +31,12 @@ operator = polyglot.operator
 
 CLIENT = ROOT / "tests" / "ts_talk_client.mjs"
 WORKER = ROOT / "tests" / "ts_talk_worker.mjs"
+
+
+@pytest.fixture
+def cyclone_server(server_factory: Any) -> Any:
+    """A server with an HTTP listener: approvals' URLs are on it."""
+    return server_factory(http_listen="127.0.0.1:0")
 
 
 @pytest.fixture
@@ -145,3 +153,69 @@ def test_a_ts_client_queries_and_updates_a_durable_function(cyclone_server, ts_c
         operator.send_event(run_id, "checkout")
         run = operator.wait(run_id, timeout=PATIENCE)
         assert run.step("cart").output == {"user": "ann", "items": ["apple", "pear"]}
+
+
+# -- approvals ---------------------------------------------------------------------------
+
+
+def _sent(worker: Process, run_id: str) -> list[dict[str, Any]]:
+    return [line for line in _lines(worker) if line.get("run") == run_id and "sent" in line]
+
+
+def test_a_ts_body_waits_for_approvals_sent_once_and_decided_by_a_ts_client_and_a_url(
+    cyclone_server, ts_worker, ts_client, operator
+):
+    wf = Workflow("approving")
+    wf.node("body", action="ts.approve")
+    run_id = operator.submit(wf, {"amount": 20})
+    eventually(lambda: _sent(ts_worker, run_id), "the body to send its first URL", PATIENCE)
+
+    [pending] = eventually(
+        lambda: ts_client("approvals", run_id) or None, "the pending approval", PATIENCE
+    )
+    assert (pending["stepId"], pending["title"], pending["node"]) == (
+        "approval",
+        "refund 20",
+        "body",
+    )
+    assert "decidedAt" not in pending and pending["decision"] is None
+    decided = ts_client("decide", pending["approvalId"], "yes", "fine")
+    assert decided["decidedBy"] == "ts-client"
+    assert decided["decision"] == {"approved": True, "comment": "fine", "decided_by": "ts-client"}
+    again = ts_client("decide", pending["approvalId"], "no")
+    assert again["error"] == "FailedPrecondition"
+
+    # The second approval, by its URL.
+    eventually(
+        lambda: len(_sent(ts_worker, run_id)) == 2, "the body to send its second URL", PATIENCE
+    )
+    second = _sent(ts_worker, run_id)[1]
+    assert second["step"] == "boss"
+    status, answer = post(second["sent"], {"approved": False})
+    assert status == 200 and answer["status"] == "decided", answer
+
+    run = operator.wait(run_id, timeout=PATIENCE)
+    assert run.status == "completed", ts_worker.log
+    assert run.step("body").output == {
+        "first": {"approved": True, "comment": "fine", "decided_by": "ts-client"},
+        "second": {"approved": False},
+    }
+    # Each URL was sent once: the replays after each wait sent nothing.
+    assert [s["step"] for s in _sent(ts_worker, run_id)] == ["approval", "boss"]
+    journal = run.step("body").journal
+    assert [(c.step_id, c.function) for c in journal] == [
+        ("approval", "cyclone.approval"),
+        ("approval.wait", "cyclone.event"),
+        ("boss", "cyclone.approval"),
+        ("boss.wait", "cyclone.event"),
+    ]
+    # What the approval call records is what the Python SDK records (never the token).
+    asked = journal[0].output
+    assert set(asked) == {"approval_id", "event", "expires_at"}
+    assert asked["approval_id"] == pending["approvalId"]
+    assert asked["event"] == f"approval:{pending['approvalId']}"
+    expires = dt.datetime.fromisoformat(asked["expires_at"])
+    assert dt.timedelta(minutes=50) < expires - dt.datetime.now(dt.UTC) <= dt.timedelta(hours=1)
+    listed = ts_client("approvals", run_id, "--all")
+    assert sorted(a["decidedBy"] for a in listed) == ["callback", "ts-client"]
+    ts_worker.stop()

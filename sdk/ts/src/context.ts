@@ -8,7 +8,7 @@ import { timestampFromDate, timestampMs } from "@bufbuild/protobuf/wkt";
 import { LogLineSchema, StepStatus, type LogLine, type Workflow } from "./gen/cyclone/v1/types_pb.js";
 import type { ClaimedStep } from "./gen/cyclone/v1/worker_service_pb.js";
 import { clip, Failure } from "./errors.js";
-import { Journal, type StepOptions } from "./journal.js";
+import { Journal, type Approval, type ApprovalOptions, type StepOptions } from "./journal.js";
 import { fromValue, type JsonValue } from "./json.js";
 import { toWorkflowMessage, type WorkflowInit } from "./workflow.js";
 
@@ -220,6 +220,21 @@ export class StepContext {
    */
   waitForEvent(name: string, options: { timeoutMs?: number; stepId?: string } = {}): Promise<JsonValue> {
     return this.journal.waitForEvent(name, options.timeoutMs, options.stepId);
+  }
+
+  /**
+   * Asks a person for a decision through a one-time URL and waits for it without
+   * holding a worker slot; returns the JSON the decision carried (`{ approved,
+   * comment, decided_by }` from DecideApproval or the console, or whatever was POSTed
+   * to the URL). `send(approval)` hands the URL out (a mail, a chat message): it runs
+   * once, when the approval is created, as a step's function does; a replay neither
+   * creates the approval nor sends it again. With no decision before the token expires
+   * (`timeoutMs`, default the server's --approval-timeout), a Failure of type
+   * EventTimeout. Step ids "approval", "approval#2"... (its wait "approval.wait")
+   * unless `stepId` names it. Needs a server with an HTTP listener (--http-listen).
+   */
+  waitForApproval(send: (approval: Approval) => unknown, options: ApprovalOptions = {}): Promise<JsonValue> {
+    return this.journal.waitForApproval(send, options);
   }
 
   /** Starts a child run, once: a replay gets the same child back. */

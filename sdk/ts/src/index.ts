@@ -21,7 +21,8 @@ export {
 } from "./errors.js";
 export type { FailureInit } from "./errors.js";
 export { Journal } from "./journal.js";
-export type { JournalLimits, NodeLease, StepCallTransport, StepOptions } from "./journal.js";
+export { APPROVAL_FUNCTION } from "./journal.js";
+export type { Approval, ApprovalOptions, JournalLimits, NodeLease, StepCallTransport, StepOptions } from "./journal.js";
 export { fromValue, NotJsonError, toPlainJson, toValue, valueSize } from "./json.js";
 export type { JsonValue } from "./json.js";
 export { DEFAULT_ADDRESS, defaultAddress, makeTransport } from "./transport.js";

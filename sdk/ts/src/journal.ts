@@ -9,7 +9,7 @@
 // WorkerService client in a worker, an in-memory journal in the testing helper.
 
 import { create } from "@bufbuild/protobuf";
-import { timestampFromMs, type Value } from "@bufbuild/protobuf/wkt";
+import { durationFromMs, timestampDate, timestampFromMs, type Timestamp, type Value } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError } from "@connectrpc/connect";
 
 import {
@@ -24,6 +24,7 @@ import { AsyncLocalStorage } from "node:async_hooks";
 import {
   BeginStepCallRequestSchema,
   ChunkToEmitSchema,
+  CreateApprovalRequestSchema,
   EmitChunksRequestSchema,
   EndStepCallRequestSchema,
   StartChildRequestSchema,
@@ -32,6 +33,8 @@ import {
   WaitRequestSchema,
   type BeginStepCallRequest,
   type BeginStepCallResponse,
+  type CreateApprovalRequest,
+  type CreateApprovalResponse,
   type EmitChunksRequest,
   type EmitChunksResponse,
   type EndStepCallRequest,
@@ -81,6 +84,29 @@ export interface StepCallTransport {
   startChild(request: StartChildRequest, options?: CallOptions): Promise<StartChildResponse>;
   /** Output streams (ctx.emit); a transport without it cannot emit. */
   emitChunks?(request: EmitChunksRequest, options?: CallOptions): Promise<EmitChunksResponse>;
+  /** Approvals (ctx.waitForApproval); a transport without it cannot ask for one. */
+  createApproval?(request: CreateApprovalRequest, options?: CallOptions): Promise<CreateApprovalResponse>;
+}
+
+/**
+ * An approval a durable function asks for, as its `send` callback gets it: the `url`
+ * to POST a JSON decision to (once), the bare `token`, the approval's id, and when the
+ * token expires.
+ */
+export interface Approval {
+  approvalId: string;
+  url: string;
+  token: string;
+  expiresAt: Date;
+}
+
+export interface ApprovalOptions {
+  /** How long the token is valid, 1 s to 366 days; default the server's --approval-timeout (7 days). */
+  timeoutMs?: number;
+  /** What is asked, as the console shows it (at most 1000 characters). */
+  title?: string;
+  /** The approval call's step id instead of "approval", "approval#2"... (its wait: "<id>.wait"). */
+  stepId?: string;
 }
 
 /** The step id of the step call whose function runs here (ctx.emit's chunks are its). */
@@ -132,6 +158,12 @@ export const SLEEP_FUNCTION = "cyclone.sleep";
 export const EVENT_FUNCTION = "cyclone.event";
 export const START_CHILD_FUNCTION = "cyclone.start_child";
 export const CHILD_FUNCTION = "cyclone.child";
+/** The function of an approval call (CreateApproval and the body's send), and the base of its step ids. */
+export const APPROVAL_FUNCTION = "cyclone.approval";
+const APPROVAL_BASE = "approval";
+/** What an approval call's step id gets for its wait (function cyclone.event). */
+const APPROVAL_WAIT = ".wait";
+const MAX_WAIT_MS = 366 * 86_400_000;
 
 /** A call of the body: its place, and what the journal says of it. */
 interface Call {
@@ -290,6 +322,11 @@ export class Journal {
   async step<T>(name: string, fn: (signal: AbortSignal) => T | Promise<T>, options: StepOptions = {}): Promise<T> {
     const call = await this.begin(name, options);
     if (call.recorded) return replayed(call.recorded) as T;
+    return (await this.run(call, fn)) as T;
+  }
+
+  /** Runs the function of a call that has no outcome, and records the outcome; the value as a replay reads it. */
+  private async run(call: Call, fn: (signal: AbortSignal) => unknown): Promise<JsonValue> {
     const signal = this.signal ?? new AbortController().signal;
     let output: unknown;
     let failure: unknown;
@@ -318,19 +355,19 @@ export class Journal {
       }
     }
     const entry = await this.end(call, value, failed ? errorRecord(failure) : undefined);
-    return replayed(entry) as T;
+    return replayed(entry);
   }
 
   /**
    * Gives a call of the body its seq and step id, checks that the journal agrees, and
    * finds its outcome: from the journal, or for an unsafe call from BeginStepCall.
    */
-  async begin(name: string, options: StepOptions = {}, base?: string): Promise<Call> {
+  async begin(name: string, options: StepOptions = {}, base?: string, counted = true): Promise<Call> {
     const problem =
       badName("step name", name, MAX_NAME - OCCURRENCE_ROOM) ??
       (options.stepId === undefined ? undefined : badName("step id", options.stepId, MAX_NAME));
     if (problem) throw this.stop(nonRetryable("InvalidStepName", problem));
-    const call = this.take(base ?? name, name, options);
+    const call = this.take(base ?? name, name, options, counted);
     if (call.recorded?.status === StepCallStatus.STARTED) {
       // Begun by an unsafe call with no outcome: only BeginStepCall decides whether it
       // runs again; a call the code no longer marks unsafe simply runs.
@@ -362,7 +399,7 @@ export class Journal {
   }
 
   /** The next seq and step id, checked against the journal. */
-  private take(base: string, fn: string, options: StepOptions): Call {
+  private take(base: string, fn: string, options: StepOptions, counted = true): Call {
     if (this.stopped) throw this.stopped;
     let id = options.stepId;
     if (id === undefined) {
@@ -380,7 +417,7 @@ export class Journal {
     const digest = this.digest(id, fn, options.args);
     this.next(id);
     this.used.add(id);
-    this.occurred.set(base, (this.occurred.get(base) ?? 0) + 1);
+    if (counted) this.occurred.set(base, (this.occurred.get(base) ?? 0) + 1);
     const call: Call = { id, seq: this.seq, fn, unsafe: options.unsafe ?? false, digest, recorded: this.byId.get(id) };
     const atSeq = this.bySeq.get(call.seq);
     const mismatch = this.mismatch(call, atSeq);
@@ -612,8 +649,9 @@ export class Journal {
     fn: string,
     until: WaitRequest["until"],
     stepId: string | undefined,
+    counted = true,
   ): Promise<JsonValue> {
-    const call = this.take(base, fn, { stepId });
+    const call = this.take(base, fn, { stepId }, counted);
     if (hasOutcome(call.recorded)) return replayed(call.recorded);
     const request = create(WaitRequestSchema, {
       ...this.leaseIds(),
@@ -672,10 +710,76 @@ export class Journal {
     return { runId: response.childRunId, stepId: call.id };
   }
 
+  /**
+   * Asks for an approval and waits for its decision without holding the node: the
+   * approval call (step id "approval", "approval#2"... or `stepId`; function
+   * cyclone.approval) creates the approval with CreateApproval and hands it to `send`,
+   * once: a replay answers it from the journal, which records `{ approval_id, event,
+   * expires_at }` and never the token. Then the wait "<id>.wait" (cyclone.event) for
+   * the approval's event, until the token expires: the decision's payload, or a Failure
+   * of type EventTimeout.
+   */
+  async waitForApproval(send: (approval: Approval) => unknown, options: ApprovalOptions = {}): Promise<JsonValue> {
+    const { timeoutMs, title = "", stepId } = options;
+    let problem: string | undefined;
+    if (typeof send !== "function") problem = "waitForApproval takes a send function";
+    else if (timeoutMs !== undefined && !(timeoutMs >= 1000 && timeoutMs <= MAX_WAIT_MS)) {
+      problem = `an approval timeout must be 1 s to 366 days, got ${timeoutMs} ms`;
+    } else if (typeof title !== "string" || title.length > 1000) problem = "an approval's title must be a string of at most 1000 characters";
+    else if (stepId !== undefined && stepId.length > MAX_NAME - APPROVAL_WAIT.length) {
+      problem = `an approval's step id must be at most ${MAX_NAME - APPROVAL_WAIT.length} characters`;
+    }
+    if (problem) throw this.stop(nonRetryable("InvalidArgument", problem));
+    const call = await this.begin(APPROVAL_FUNCTION, { stepId }, APPROVAL_BASE, stepId === undefined);
+    const asked = call.recorded ? replayed(call.recorded) : await this.run(call, () => this.ask(call.id, title, timeoutMs, send));
+    const recorded = asked as { event?: unknown; expires_at?: unknown } | null;
+    if (typeof recorded?.event !== "string" || typeof recorded.expires_at !== "string") {
+      throw this.stop(nonRetryable("InvalidArgument", `the approval call ${call.id} is recorded as ${JSON.stringify(asked)}, not as an approval`));
+    }
+    const left = Date.parse(recorded.expires_at) - Date.now();
+    const timeout = durationFromMs(Math.min(Math.max(Number.isFinite(left) ? left : 1, 1), MAX_WAIT_MS));
+    const until = { case: "event" as const, value: { $typeName: "cyclone.v1.EventWait" as const, name: recorded.event, timeout } };
+    const waitId = call.id + APPROVAL_WAIT;
+    return this.wait(waitId, EVENT_FUNCTION, until, waitId, false);
+  }
+
+  /** The approval call's function: CreateApproval, then `send` unless it is decided already. */
+  private async ask(stepId: string, title: string, timeoutMs: number | undefined, send: (approval: Approval) => unknown): Promise<JsonValue> {
+    const create_ = this.transport.createApproval?.bind(this.transport);
+    if (create_ === undefined) throw this.stop(nonRetryable("OutsideHandler", "waitForApproval needs a worker connected to a Cyclone server"));
+    const request = create(CreateApprovalRequestSchema, {
+      ...this.leaseIds(),
+      stepId,
+      title,
+      timeout: timeoutMs === undefined ? undefined : durationFromMs(Math.round(timeoutMs)),
+    });
+    let reply: CreateApprovalResponse;
+    try {
+      reply = await retryUnavailable(() => create_(request, this.callOptions), this.signal);
+    } catch (error) {
+      if (error instanceof ConnectError && (error.code === Code.Aborted || error.code === Code.NotFound)) {
+        throw this.stop(new LeaseLost(`lease lost: ${error.rawMessage}`));
+      }
+      throw error;
+    }
+    const expiresAt = reply.expiresAt ?? timestampFromMs(Date.now());
+    if (!reply.decided) {
+      await send({ approvalId: reply.approvalId, url: reply.url, token: reply.token, expiresAt: timestampDate(expiresAt) });
+    }
+    return { approval_id: reply.approvalId, event: reply.event, expires_at: isoformat(expiresAt) };
+  }
+
   /** Waits for a child run's outcome: `{ run_id, status, outputs }`, or a ChildFailed failure. */
   childResult(childRunId: string, startStepId: string): Promise<JsonValue> {
     return this.wait(`${startStepId}.result`, CHILD_FUNCTION, { case: "childRunId", value: childRunId }, `${startStepId}.result`);
   }
+}
+
+/** A Timestamp as Python's datetime.isoformat() writes an aware UTC time (what the journal records). */
+function isoformat(at: Timestamp): string {
+  const base = timestampDate({ ...at, nanos: 0 }).toISOString().slice(0, 19);
+  const micros = Math.floor(at.nanos / 1000);
+  return `${base}${micros ? "." + String(micros).padStart(6, "0") : ""}+00:00`;
 }
 
 export type { Call as JournalCall };

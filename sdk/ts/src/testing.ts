@@ -22,6 +22,7 @@ import { StepCallErrorSchema, StepCallSchema, StepCallStatus, type StepCall } fr
 import {
   BeginStepCallResponseSchema,
   ClaimedStepSchema,
+  CreateApprovalResponseSchema,
   EmitChunksResponseSchema,
   EndStepCallResponseSchema,
   StartChildResponseSchema,
@@ -30,6 +31,8 @@ import {
   WaitResponseSchema,
   type BeginStepCallRequest,
   type BeginStepCallResponse,
+  type CreateApprovalRequest,
+  type CreateApprovalResponse,
   type EmitChunksRequest,
   type EmitChunksResponse,
   type EndStepCallRequest,
@@ -124,6 +127,13 @@ export class DurableNode implements StepCallTransport {
   private readonly chunkOffsets = new Map<string, number>();
   /** Child runs started, by run id. */
   readonly children = new Map<string, { workflow: string; input: JsonValue; result?: JsonValue; failed?: string }>();
+
+  /**
+   * The approvals the body asked for (ctx.waitForApproval), by the approval call's step
+   * id: its id, title, the token given out last and how many were (a repeat of the call
+   * keeps the id and issues a new token). Decide one with `sendEvent(approval.event, decision)`.
+   */
+  readonly approvals = new Map<string, { approvalId: string; event: string; title: string; token: string; tokens: number }>();
 
   private readonly events: { name: string; payload: JsonValue }[] = [];
   private attempt = 0;
@@ -313,6 +323,29 @@ export class DurableNode implements StepCallTransport {
       offsets.push(BigInt(offset));
     }
     return create(EmitChunksResponseSchema, { offsets, duplicate });
+  }
+
+  async createApproval(request: CreateApprovalRequest): Promise<CreateApprovalResponse> {
+    this.checkLease(request.leaseToken);
+    const approval = this.approvals.get(request.stepId) ?? {
+      approvalId: `approval-${this.approvals.size + 1}`,
+      event: `approval:approval-${this.approvals.size + 1}`,
+      title: request.title,
+      token: "",
+      tokens: 0,
+    };
+    approval.tokens += 1;
+    approval.token = `token-${approval.approvalId}-${approval.tokens}`;
+    this.approvals.set(request.stepId, approval);
+    const timeoutMs = request.timeout ? Number(request.timeout.seconds) * 1000 + request.timeout.nanos / 1e6 : 7 * 86_400_000;
+    return create(CreateApprovalResponseSchema, {
+      approvalId: approval.approvalId,
+      token: approval.token,
+      url: `/callbacks/${approval.token}`,
+      expiresAt: timestampFromMs(Date.now() + timeoutMs),
+      event: approval.event,
+      decided: false,
+    });
   }
 
   async endStepCall(request: EndStepCallRequest): Promise<EndStepCallResponse> {
