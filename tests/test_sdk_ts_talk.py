@@ -1,7 +1,9 @@
 """The TypeScript SDK talking to running work, against a real server: its client reads
 a run's output streams (live, until the run ends) and lists them, queries and updates
 durable functions, and lists and decides approvals; its bodies wait for approvals,
-journaled as the Python SDK journals them. They need Node.js (marker `polyglot`)."""
+journaled as the Python SDK journals them, and answer queries and apply updates with
+handlers they register, recorded as the Python SDK records them. They need Node.js
+(marker `polyglot`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 
 from pyclient import Workflow
+from pyclient.errors import FailedPrecondition, NotFound
 from tests import test_polyglot as polyglot
 from tests.helpers import PATIENCE, eventually
 from tests.sdk.conftest import running
@@ -218,4 +221,93 @@ def test_a_ts_body_waits_for_approvals_sent_once_and_decided_by_a_ts_client_and_
     assert dt.timedelta(minutes=50) < expires - dt.datetime.now(dt.UTC) <= dt.timedelta(hours=1)
     listed = ts_client("approvals", run_id, "--all")
     assert sorted(a["decidedBy"] for a in listed) == ["callback", "ts-client"]
+    ts_worker.stop()
+
+
+# -- query and update handlers of a TypeScript body ---------------------------------------
+
+
+def test_a_ts_body_applies_updates_at_its_wait_records_them_and_publishes_its_queries(
+    cyclone_server, ts_worker, ts_client, operator
+):
+    wf = Workflow("ts-cart")
+    wf.node("body", action="ts.cart")
+    run_id = operator.submit(wf, "ann")
+    eventually(
+        lambda: _waiting(operator, run_id, "body"),
+        "the body waits for checkout",
+        PATIENCE,
+        detail=lambda: ts_worker.log,
+    )
+
+    first = operator.update(run_id, "body", "add_item", "apple", update_id="u-1")
+    assert (first.result, first.update_id, first.created) == (1, "u-1", True)
+    second = ts_client("update", run_id, "body", "add_item", '["pear"]')
+    assert second["result"] == 2 and second["created"] and second["updateId"] != "u-1"
+    again = operator.update(run_id, "body", "add_item", "apple", update_id="u-1")
+    assert (again.result, again.created, again.seq) == (1, False, first.seq)
+
+    # Once the node waits again (no worker runs it): the value its body last published.
+    eventually(lambda: _waiting(operator, run_id, "body"), "the body waits again", PATIENCE)
+
+    def published_both() -> Any:
+        answer = operator.query(run_id, "body", "items")
+        return answer if answer.result == ["apple", "pear"] else None
+
+    answer = eventually(published_both, "the published items", PATIENCE)
+    assert answer.published and answer.published_at is not None
+
+    # The journal records each application once, as the Python SDK records it.
+    journal = operator.get_run(run_id).step("body").journal
+    updates = [e for e in journal if e.function == "cyclone.update"]
+    assert [e.step_id for e in updates] == ["update:u-1", f"update:{second['updateId']}"]
+    assert updates[0].output == {"update": "add_item", "args": ["apple"], "result": 1}
+    assert [e.seq for e in updates] == [first.seq, second["seq"]]
+
+    with pytest.raises(NotFound, match="no update handler"):
+        operator.update(run_id, "body", "remove_item", "apple")
+    with pytest.raises(FailedPrecondition, match="an item needs a name"):
+        operator.update(run_id, "body", "add_item", "")
+    eventually(lambda: _waiting(operator, run_id, "body"), "the body waits again", PATIENCE)
+    with pytest.raises(FailedPrecondition, match="a query with arguments needs one"):
+        operator.query(run_id, "body", "has", "kiwi")
+
+    operator.send_event(run_id, "checkout")
+    run = operator.wait(run_id, timeout=PATIENCE)
+    assert run.status == "completed", ts_worker.log
+    # The replay after the event applied the updates again from the journal.
+    assert run.step("body").output == {"user": "ann", "items": ["apple", "pear"]}
+    assert operator.query(run_id, "body", "items").result == ["apple", "pear"]
+    ts_worker.stop()
+
+
+def test_a_running_ts_body_answers_queries_and_applies_an_update_when_its_step_returns(
+    cyclone_server, ts_worker, operator
+):
+    wf = Workflow("ts-live")
+    wf.node("body", action="ts.live")
+    run_id = operator.submit(wf, None)
+
+    def answered_live() -> Any:
+        try:
+            answer = operator.query(run_id, "body", "seen")
+        except FailedPrecondition:  # nothing runs the body yet, nothing published
+            return None
+        return answer if answer.result == [1] and not answer.published else None
+
+    eventually(answered_live, "the worker to answer", PATIENCE, detail=lambda: ts_worker.log)
+    with pytest.raises(NotFound, match='no query handler "other"'):
+        operator.query(run_id, "body", "other")
+
+    # Delivered while the step "gate" runs (which returns once it is), applied when it returns.
+    pushed = operator.update(run_id, "body", "push", 5, update_id="u-5")
+    assert (pushed.result, pushed.seq) == (2, 3)
+    run = operator.wait(run_id, timeout=PATIENCE)
+    assert run.status == "completed", ts_worker.log
+    assert run.step("body").output == [1, 5]
+    assert [(c.step_id, c.function) for c in run.step("body").journal] == [
+        ("first", "first"),
+        ("gate", "gate"),
+        ("update:u-5", "cyclone.update"),
+    ]
     ts_worker.stop()

@@ -1,6 +1,7 @@
 // A worker of the TypeScript SDK for tests/test_sdk_ts_talk.py, in plain JavaScript on
 // the SDK's build (sdk/ts/dist): a body that emits to an output stream, and one that
-// waits for two approvals (each URL it sends is printed as a JSON line).
+// waits for two approvals (each URL it sends is printed as a JSON line), and bodies
+// with query and update handlers.
 //
 //   node tests/ts_talk_worker.mjs ADDRESS
 
@@ -25,6 +26,33 @@ async function approve(ctx) {
   return { first, second };
 }
 
-const actions = { "ts.emitter": emitter, "ts.approve": approve };
+async function cart(ctx) {
+  const items = [];
+  ctx.query("items", () => [...items]);
+  ctx.query("has", (item) => items.includes(item));
+  ctx.update("add_item", (item) => {
+    if (!item) throw new Error("an item needs a name");
+    items.push(item);
+    return items.length;
+  });
+  await ctx.step("tick", () => 0);
+  await ctx.waitForEvent("checkout");
+  return { user: ctx.runInput, items };
+}
+
+// Its step "gate" returns once an update was delivered to the body: the update is
+// applied when the step returns.
+async function live(ctx) {
+  const seen = [];
+  ctx.query("seen", () => seen);
+  ctx.update("push", (x) => seen.push(x));
+  seen.push(await ctx.step("first", () => 1));
+  await ctx.step("gate", async () => {
+    while (!ctx.journal.handlers.pending) await new Promise((resolve) => setTimeout(resolve, 20));
+  });
+  return seen;
+}
+
+const actions = { "ts.emitter": emitter, "ts.approve": approve, "ts.cart": cart, "ts.live": live };
 const worker = new Worker({ address, claimWaitMs: 2000, actions });
 await worker.run({ handleSignals: true });

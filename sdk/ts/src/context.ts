@@ -8,6 +8,7 @@ import { timestampFromDate, timestampMs } from "@bufbuild/protobuf/wkt";
 import { LogLineSchema, StepStatus, type LogLine, type Workflow } from "./gen/cyclone/v1/types_pb.js";
 import type { ClaimedStep } from "./gen/cyclone/v1/worker_service_pb.js";
 import { clip, Failure } from "./errors.js";
+import type { MessageHandler } from "./handlers.js";
 import { Journal, type Approval, type ApprovalOptions, type StepOptions } from "./journal.js";
 import { fromValue, type JsonValue } from "./json.js";
 import { toWorkflowMessage, type WorkflowInit } from "./workflow.js";
@@ -235,6 +236,28 @@ export class StepContext {
    */
   waitForApproval(send: (approval: Approval) => unknown, options: ApprovalOptions = {}): Promise<JsonValue> {
     return this.journal.waitForApproval(send, options);
+  }
+
+  /**
+   * Registers the query handler `name`: a client's query (Client.query) is answered
+   * with its return value, at once, by the worker running the body; it reads the
+   * body's state and must answer synchronously. A handler that takes no arguments has
+   * its value published at the body's journal points (when it changed) and when the
+   * body ends, for queries asked while no worker runs the body.
+   */
+  query(name: string, fn: MessageHandler): void {
+    this.journal.handlers.query(name, fn);
+  }
+
+  /**
+   * Registers the update handler `name` (a plain function, not async): an update sent
+   * to the body (Client.update) runs it at the body's next journal point (a step call
+   * returning, a wait), recorded in the journal with its arguments and result, and its
+   * return value is the sender's result; a throw is the sender's FailedPrecondition. A
+   * replay runs it again with the recorded arguments at the same point.
+   */
+  update(name: string, fn: MessageHandler): void {
+    this.journal.handlers.update(name, fn);
   }
 
   /** Starts a child run, once: a replay gets the same child back. */

@@ -21,6 +21,8 @@ export {
 } from "./errors.js";
 export type { FailureInit } from "./errors.js";
 export { Journal } from "./journal.js";
+export { BodyHandlers, UPDATE_FUNCTION, UPDATE_PREFIX } from "./handlers.js";
+export type { AppliedUpdate, DeliveredUpdate, HandlerError, MessageHandler } from "./handlers.js";
 export { APPROVAL_FUNCTION } from "./journal.js";
 export type { Approval, ApprovalOptions, JournalLimits, NodeLease, StepCallTransport, StepOptions } from "./journal.js";
 export { fromValue, NotJsonError, toPlainJson, toValue, valueSize } from "./json.js";

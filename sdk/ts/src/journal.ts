@@ -60,6 +60,7 @@ import {
   Suspended,
 } from "./errors.js";
 import { argsDigest } from "./digest.js";
+import { BodyHandlers, UPDATE_FUNCTION, UPDATE_PREFIX } from "./handlers.js";
 import { fromValue, NotJsonError, toValue, valueSize, type JsonValue } from "./json.js";
 
 /**
@@ -235,6 +236,19 @@ export class Journal {
   stopped: Error | undefined;
   /** The step's log lines not sent yet: a Wait carries them (a suspended node reports nothing). */
   takeLogs: (() => LogLine[]) | undefined;
+  /** The query and update handlers the body registers (ctx.query, ctx.update). */
+  readonly handlers = new BodyHandlers();
+  /**
+   * Set by the worker: fetches the updates sent to the node and hands them to
+   * `handlers`, before a wait gives the node's lease back.
+   */
+  fetchUpdates: (() => Promise<void>) | undefined;
+  /** Set by the worker: what the journal has to say that is not the body's failure. */
+  warn: ((message: string) => void) | undefined;
+  /** The highest seq of the journal this attempt was given: updates apply past it. */
+  private readonly lastSeq: number;
+  /** Whether that journal records applications of updates (a replay applies them again). */
+  private readonly hasUpdates: boolean;
   private readonly signalOf: () => AbortSignal | undefined;
 
   private get signal(): AbortSignal | undefined {
@@ -261,10 +275,16 @@ export class Journal {
     private readonly callTimeoutMs: number = CALL_TIMEOUT_MS,
   ) {
     this.signalOf = typeof signal === "function" ? signal : () => signal;
+    let lastSeq = 0;
+    let hasUpdates = false;
     for (const entry of entries) {
       this.byId.set(entry.stepId, entry);
       this.bySeq.set(entry.seq, entry);
+      lastSeq = Math.max(lastSeq, entry.seq);
+      hasUpdates ||= entry.function === UPDATE_FUNCTION;
     }
+    this.lastSeq = lastSeq;
+    this.hasUpdates = hasUpdates;
   }
 
   /** The entries as this attempt knows them, in seq order. */
@@ -321,12 +341,13 @@ export class Journal {
    */
   async step<T>(name: string, fn: (signal: AbortSignal) => T | Promise<T>, options: StepOptions = {}): Promise<T> {
     const call = await this.begin(name, options);
-    if (call.recorded) return replayed(call.recorded) as T;
-    return (await this.run(call, fn)) as T;
+    const entry = call.recorded ?? (await this.run(call, fn));
+    await this.updatesPoint();
+    return replayed(entry) as T;
   }
 
-  /** Runs the function of a call that has no outcome, and records the outcome; the value as a replay reads it. */
-  private async run(call: Call, fn: (signal: AbortSignal) => unknown): Promise<JsonValue> {
+  /** Runs the function of a call that has no outcome, and records the outcome; the entry as recorded. */
+  private async run(call: Call, fn: (signal: AbortSignal) => unknown): Promise<StepCall> {
     const signal = this.signal ?? new AbortController().signal;
     let output: unknown;
     let failure: unknown;
@@ -354,8 +375,55 @@ export class Journal {
         value = undefined;
       }
     }
-    const entry = await this.end(call, value, failed ? errorRecord(failure) : undefined);
-    return replayed(entry);
+    return this.end(call, value, failed ? errorRecord(failure) : undefined);
+  }
+
+  // -- updates: applied at journal points, recorded there ----------------------------
+
+  /**
+   * A journal point (a step call returns, a wait is reached): the updates the journal
+   * records next are applied again (a replay); past the journal's end, the updates
+   * delivered since the last point are applied and recorded, each an entry after the
+   * call's (step id "update:<id>", function cyclone.update, its output the update's
+   * name, args and result or error). Then the queries' values are published.
+   */
+  async updatesPoint(): Promise<void> {
+    if (this.stopped) return;
+    const handlers = this.handlers;
+    if (!(this.hasUpdates || handlers.pending || handlers.queries.size > 0)) return;
+    while (this.hasUpdates) {
+      const entry = this.bySeq.get(this.seq + 1);
+      if (entry === undefined || entry.function !== UPDATE_FUNCTION) break;
+      this.seq++;
+      this.used.add(entry.stepId);
+      const problem = handlers.reapply(fromValue(entry.output));
+      if (problem) this.warn?.(`journal entry ${entry.stepId}: ${problem}`);
+    }
+    if (handlers.pending && this.seq >= this.lastSeq) {
+      for (const update of handlers.take()) {
+        const stepId = UPDATE_PREFIX + update.updateId;
+        if (this.byId.has(stepId) || this.used.has(stepId)) continue; // recorded already: applied (or refused) once
+        let value: Value;
+        try {
+          value = toValue(handlers.apply(update));
+        } catch (error) {
+          value = toValue({ update: update.name, args: [], error: { type: "TypeError", message: String(error) } });
+        }
+        this.next(stepId);
+        this.used.add(stepId);
+        await this.end({ id: stepId, seq: this.seq, fn: UPDATE_FUNCTION, unsafe: false, digest: "", recorded: undefined }, value, undefined);
+      }
+    }
+    handlers.publish();
+  }
+
+  /**
+   * A wait is about to be asked (the node gives its lease back with it): the updates
+   * sent to the node are fetched first, to be applied at this point, by a body that
+   * takes updates.
+   */
+  private async fetchBeforeWait(entry: StepCall | undefined): Promise<void> {
+    if (this.fetchUpdates && !hasOutcome(entry) && this.handlers.updates.size > 0) await this.fetchUpdates();
   }
 
   /**
@@ -652,6 +720,11 @@ export class Journal {
     counted = true,
   ): Promise<JsonValue> {
     const call = this.take(base, fn, { stepId }, counted);
+    // Updates apply before the wait is asked (the node holds its lease until then) or
+    // its recorded outcome returns: a replay applies them at the same point.
+    await this.fetchBeforeWait(call.recorded);
+    await this.updatesPoint();
+    if (this.stopped) throw this.stopped;
     if (hasOutcome(call.recorded)) return replayed(call.recorded);
     const request = create(WaitRequestSchema, {
       ...this.leaseIds(),
@@ -731,7 +804,9 @@ export class Journal {
     }
     if (problem) throw this.stop(nonRetryable("InvalidArgument", problem));
     const call = await this.begin(APPROVAL_FUNCTION, { stepId }, APPROVAL_BASE, stepId === undefined);
-    const asked = call.recorded ? replayed(call.recorded) : await this.run(call, () => this.ask(call.id, title, timeoutMs, send));
+    const entry = call.recorded ?? (await this.run(call, () => this.ask(call.id, title, timeoutMs, send)));
+    await this.updatesPoint();
+    const asked = replayed(entry);
     const recorded = asked as { event?: unknown; expires_at?: unknown } | null;
     if (typeof recorded?.event !== "string" || typeof recorded.expires_at !== "string") {
       throw this.stop(nonRetryable("InvalidArgument", `the approval call ${call.id} is recorded as ${JSON.stringify(asked)}, not as an approval`));
