@@ -7,10 +7,11 @@ handlers they register, recorded as the Python SDK records them. They need Node.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -311,3 +312,48 @@ def test_a_running_ts_body_answers_queries_and_applies_an_update_when_its_step_r
         ("update:u-5", "cyclone.update"),
     ]
     ts_worker.stop()
+
+
+@contextlib.contextmanager
+def _serving_cart(language: str, server: Any, start_process: Any) -> Iterator[Process | None]:
+    """A worker of `language` serving the action "cart" for the block."""
+    if language == "python":
+        with running(python_worker(server.address)):
+            yield None
+        return
+    worker = start_process("ts-talk-worker", _tool("node"), WORKER, server.address)
+    yield worker
+    worker.stop()
+
+
+@pytest.mark.parametrize(("first", "then"), [("python", "ts"), ("ts", "python")])
+def test_a_body_resumes_the_other_sdks_journal_of_updates_and_applies_more(
+    cyclone_server, start_process, ts_sdk, operator, first, then
+):
+    # One SDK's "cart" applies two updates and waits; then only the other SDK's worker
+    # serves the action "cart", and its body replays that journal.
+    with _serving_cart(first, cyclone_server, start_process):
+        run_id = operator.start("cart", "ann")
+        eventually(lambda: _waiting(operator, run_id, "cart"), "the body waits", PATIENCE)
+        assert operator.update(run_id, "cart", "add_item", "apple", update_id="u-1").result == 1
+        assert operator.update(run_id, "cart", "add_item", "pear", update_id="u-2").result == 2
+        eventually(lambda: _waiting(operator, run_id, "cart"), "the body waits again", PATIENCE)
+
+    with _serving_cart(then, cyclone_server, start_process) as worker:
+        # The other body rebuilds the items from the journal, then applies a third.
+        third = operator.update(run_id, "cart", "add_item", "kiwi", update_id="u-3")
+        assert third.result == 3, worker.log if worker else ""
+        eventually(lambda: _waiting(operator, run_id, "cart"), "the body waits again", PATIENCE)
+        operator.send_event(run_id, "checkout")
+        run = operator.wait(run_id, timeout=PATIENCE)
+        assert run.status == "completed", worker.log if worker else ""
+    assert run.step("cart").output == {"user": "ann", "items": ["apple", "pear", "kiwi"]}
+    journal = run.step("cart").journal
+    assert [e.step_id for e in journal] == [
+        "tick",
+        "event:checkout",
+        "update:u-1",
+        "update:u-2",
+        "update:u-3",
+    ]
+    assert journal[-1].output == {"update": "add_item", "args": ["kiwi"], "result": 3}

@@ -53,6 +53,8 @@ async function live(ctx) {
   return seen;
 }
 
-const actions = { "ts.emitter": emitter, "ts.approve": approve, "ts.cart": cart, "ts.live": live };
+// "cart" is also the action of the Python SDK's durable function "cart"
+// (tests/test_queries_updates.py): this body resumes its journal.
+const actions = { "ts.emitter": emitter, "ts.approve": approve, "ts.cart": cart, "ts.live": live, cart };
 const worker = new Worker({ address, claimWaitMs: 2000, actions });
 await worker.run({ handleSignals: true });
