@@ -299,6 +299,9 @@ def test_a_running_ts_body_answers_queries_and_applies_an_update_when_its_step_r
     eventually(answered_live, "the worker to answer", PATIENCE, detail=lambda: ts_worker.log)
     with pytest.raises(NotFound, match='no query handler "other"'):
         operator.query(run_id, "body", "other")
+    assert operator.query(run_id, "body", "page", 1).result == 1  # with arguments, live
+    with pytest.raises(FailedPrecondition, match=r"RangeError.*no page 7"):
+        operator.query(run_id, "body", "page", 7)
 
     # Delivered while the step "gate" runs (which returns once it is), applied when it returns.
     pushed = operator.update(run_id, "body", "push", 5, update_id="u-5")

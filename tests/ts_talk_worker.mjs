@@ -45,6 +45,10 @@ async function cart(ctx) {
 async function live(ctx) {
   const seen = [];
   ctx.query("seen", () => seen);
+  ctx.query("page", (n) => {
+    if (n > seen.length) throw new RangeError(`no page ${n}`);
+    return seen[n - 1];
+  });
   ctx.update("push", (x) => seen.push(x));
   seen.push(await ctx.step("first", () => 1));
   await ctx.step("gate", async () => {
