@@ -9,7 +9,8 @@ import { LogLineSchema, StepStatus, type LogLine, type Workflow } from "./gen/cy
 import type { ClaimedStep } from "./gen/cyclone/v1/worker_service_pb.js";
 import { clip, Failure } from "./errors.js";
 import type { MessageHandler } from "./handlers.js";
-import { Journal, type Approval, type ApprovalOptions, type StepOptions } from "./journal.js";
+import type { Approval, ApprovalOptions } from "./approvals.js";
+import { Journal, type StepOptions } from "./journal.js";
 import { fromValue, type JsonValue } from "./json.js";
 import { toWorkflowMessage, type WorkflowInit } from "./workflow.js";
 

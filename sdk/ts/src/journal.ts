@@ -9,7 +9,7 @@
 // WorkerService client in a worker, an in-memory journal in the testing helper.
 
 import { create } from "@bufbuild/protobuf";
-import { durationFromMs, timestampDate, timestampFromMs, type Timestamp, type Value } from "@bufbuild/protobuf/wkt";
+import { durationFromMs, timestampDate, timestampFromMs, type Value } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError } from "@connectrpc/connect";
 
 import {
@@ -61,6 +61,16 @@ import {
 } from "./errors.js";
 import { argsDigest } from "./digest.js";
 import { BodyHandlers, UPDATE_FUNCTION, UPDATE_PREFIX } from "./handlers.js";
+import {
+  APPROVAL_BASE,
+  APPROVAL_FUNCTION,
+  APPROVAL_WAIT,
+  approvalProblem,
+  approvalWait,
+  askedRecord,
+  type Approval,
+  type ApprovalOptions,
+} from "./approvals.js";
 import { fromValue, NotJsonError, toValue, valueSize, type JsonValue } from "./json.js";
 
 /**
@@ -87,27 +97,6 @@ export interface StepCallTransport {
   emitChunks?(request: EmitChunksRequest, options?: CallOptions): Promise<EmitChunksResponse>;
   /** Approvals (ctx.waitForApproval); a transport without it cannot ask for one. */
   createApproval?(request: CreateApprovalRequest, options?: CallOptions): Promise<CreateApprovalResponse>;
-}
-
-/**
- * An approval a durable function asks for, as its `send` callback gets it: the `url`
- * to POST a JSON decision to (once), the bare `token`, the approval's id, and when the
- * token expires.
- */
-export interface Approval {
-  approvalId: string;
-  url: string;
-  token: string;
-  expiresAt: Date;
-}
-
-export interface ApprovalOptions {
-  /** How long the token is valid, 1 s to 366 days; default the server's --approval-timeout (7 days). */
-  timeoutMs?: number;
-  /** What is asked, as the console shows it (at most 1000 characters). */
-  title?: string;
-  /** The approval call's step id instead of "approval", "approval#2"... (its wait: "<id>.wait"). */
-  stepId?: string;
 }
 
 /** The step id of the step call whose function runs here (ctx.emit's chunks are its). */
@@ -159,12 +148,6 @@ export const SLEEP_FUNCTION = "cyclone.sleep";
 export const EVENT_FUNCTION = "cyclone.event";
 export const START_CHILD_FUNCTION = "cyclone.start_child";
 export const CHILD_FUNCTION = "cyclone.child";
-/** The function of an approval call (CreateApproval and the body's send), and the base of its step ids. */
-export const APPROVAL_FUNCTION = "cyclone.approval";
-const APPROVAL_BASE = "approval";
-/** What an approval call's step id gets for its wait (function cyclone.event). */
-const APPROVAL_WAIT = ".wait";
-const MAX_WAIT_MS = 366 * 86_400_000;
 
 /** A call of the body: its place, and what the journal says of it. */
 interface Call {
@@ -794,26 +777,16 @@ export class Journal {
    */
   async waitForApproval(send: (approval: Approval) => unknown, options: ApprovalOptions = {}): Promise<JsonValue> {
     const { timeoutMs, title = "", stepId } = options;
-    let problem: string | undefined;
-    if (typeof send !== "function") problem = "waitForApproval takes a send function";
-    else if (timeoutMs !== undefined && !(timeoutMs >= 1000 && timeoutMs <= MAX_WAIT_MS)) {
-      problem = `an approval timeout must be 1 s to 366 days, got ${timeoutMs} ms`;
-    } else if (typeof title !== "string" || title.length > 1000) problem = "an approval's title must be a string of at most 1000 characters";
-    else if (stepId !== undefined && stepId.length > MAX_NAME - APPROVAL_WAIT.length) {
-      problem = `an approval's step id must be at most ${MAX_NAME - APPROVAL_WAIT.length} characters`;
-    }
+    const problem = approvalProblem(send, options);
     if (problem) throw this.stop(nonRetryable("InvalidArgument", problem));
     const call = await this.begin(APPROVAL_FUNCTION, { stepId }, APPROVAL_BASE, stepId === undefined);
     const entry = call.recorded ?? (await this.run(call, () => this.ask(call.id, title, timeoutMs, send)));
     await this.updatesPoint();
     const asked = replayed(entry);
-    const recorded = asked as { event?: unknown; expires_at?: unknown } | null;
-    if (typeof recorded?.event !== "string" || typeof recorded.expires_at !== "string") {
+    const until = approvalWait(asked);
+    if (until === undefined) {
       throw this.stop(nonRetryable("InvalidArgument", `the approval call ${call.id} is recorded as ${JSON.stringify(asked)}, not as an approval`));
     }
-    const left = Date.parse(recorded.expires_at) - Date.now();
-    const timeout = durationFromMs(Math.min(Math.max(Number.isFinite(left) ? left : 1, 1), MAX_WAIT_MS));
-    const until = { case: "event" as const, value: { $typeName: "cyclone.v1.EventWait" as const, name: recorded.event, timeout } };
     const waitId = call.id + APPROVAL_WAIT;
     return this.wait(waitId, EVENT_FUNCTION, until, waitId, false);
   }
@@ -841,20 +814,13 @@ export class Journal {
     if (!reply.decided) {
       await send({ approvalId: reply.approvalId, url: reply.url, token: reply.token, expiresAt: timestampDate(expiresAt) });
     }
-    return { approval_id: reply.approvalId, event: reply.event, expires_at: isoformat(expiresAt) };
+    return askedRecord(reply.approvalId, reply.event, expiresAt);
   }
 
   /** Waits for a child run's outcome: `{ run_id, status, outputs }`, or a ChildFailed failure. */
   childResult(childRunId: string, startStepId: string): Promise<JsonValue> {
     return this.wait(`${startStepId}.result`, CHILD_FUNCTION, { case: "childRunId", value: childRunId }, `${startStepId}.result`);
   }
-}
-
-/** A Timestamp as Python's datetime.isoformat() writes an aware UTC time (what the journal records). */
-function isoformat(at: Timestamp): string {
-  const base = timestampDate({ ...at, nanos: 0 }).toISOString().slice(0, 19);
-  const micros = Math.floor(at.nanos / 1000);
-  return `${base}${micros ? "." + String(micros).padStart(6, "0") : ""}+00:00`;
 }
 
 export type { Call as JournalCall };
