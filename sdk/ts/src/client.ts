@@ -4,12 +4,13 @@
 
 import { fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
 import { timestampDate, ValueSchema } from "@bufbuild/protobuf/wkt";
-import { createClient, type Client as ServiceClient } from "@connectrpc/connect";
+import { createClient } from "@connectrpc/connect";
 
 import { AdminService } from "./gen/cyclone/v1/admin_service_pb.js";
 import { RunSchema, RunStatus, StepStatus, type Run } from "./gen/cyclone/v1/types_pb.js";
 import { WorkflowService } from "./gen/cyclone/v1/workflow_service_pb.js";
 import { toPlainJson, toValue } from "./json.js";
+import { RunMessages } from "./talk.js";
 import { makeTransport, type ConnectOptions } from "./transport.js";
 import { toWorkflowMessage, type WorkflowInit } from "./workflow.js";
 
@@ -37,14 +38,10 @@ export interface RunFilter {
 /** How an operator resolves an uncertain step call: exactly one of the three. */
 export type Resolution = { result: unknown } | { error: string } | { discard: true };
 
-export class Client {
-  readonly workflows: ServiceClient<typeof WorkflowService>;
-  readonly admin: ServiceClient<typeof AdminService>;
-
+export class Client extends RunMessages {
   constructor(options: ConnectOptions = {}) {
     const transport = makeTransport(options);
-    this.workflows = createClient(WorkflowService, transport);
-    this.admin = createClient(AdminService, transport);
+    super(createClient(WorkflowService, transport), createClient(AdminService, transport));
   }
 
   /**

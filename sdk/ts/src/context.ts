@@ -8,6 +8,8 @@ import { timestampFromDate, timestampMs } from "@bufbuild/protobuf/wkt";
 import { LogLineSchema, StepStatus, type LogLine, type Workflow } from "./gen/cyclone/v1/types_pb.js";
 import type { ClaimedStep } from "./gen/cyclone/v1/worker_service_pb.js";
 import { clip, Failure } from "./errors.js";
+import type { MessageHandler } from "./handlers.js";
+import type { Approval, ApprovalOptions } from "./approvals.js";
 import { Journal, type StepOptions } from "./journal.js";
 import { fromValue, type JsonValue } from "./json.js";
 import { toWorkflowMessage, type WorkflowInit } from "./workflow.js";
@@ -220,6 +222,43 @@ export class StepContext {
    */
   waitForEvent(name: string, options: { timeoutMs?: number; stepId?: string } = {}): Promise<JsonValue> {
     return this.journal.waitForEvent(name, options.timeoutMs, options.stepId);
+  }
+
+  /**
+   * Asks a person for a decision through a one-time URL and waits for it without
+   * holding a worker slot; returns the JSON the decision carried (`{ approved,
+   * comment, decided_by }` from DecideApproval or the console, or whatever was POSTed
+   * to the URL). `send(approval)` hands the URL out (a mail, a chat message): it runs
+   * once, when the approval is created, as a step's function does; a replay neither
+   * creates the approval nor sends it again. With no decision before the token expires
+   * (`timeoutMs`, default the server's --approval-timeout), a Failure of type
+   * EventTimeout. Step ids "approval", "approval#2"... (its wait "approval.wait")
+   * unless `stepId` names it. Needs a server with an HTTP listener (--http-listen).
+   */
+  waitForApproval(send: (approval: Approval) => unknown, options: ApprovalOptions = {}): Promise<JsonValue> {
+    return this.journal.waitForApproval(send, options);
+  }
+
+  /**
+   * Registers the query handler `name`: a client's query (Client.query) is answered
+   * with its return value, at once, by the worker running the body; it reads the
+   * body's state and must answer synchronously. A handler that takes no arguments has
+   * its value published at the body's journal points (when it changed) and when the
+   * body ends, for queries asked while no worker runs the body.
+   */
+  query(name: string, fn: MessageHandler): void {
+    this.journal.handlers.query(name, fn);
+  }
+
+  /**
+   * Registers the update handler `name` (a plain function, not async): an update sent
+   * to the body (Client.update) runs it at the body's next journal point (a step call
+   * returning, a wait), recorded in the journal with its arguments and result, and its
+   * return value is the sender's result; a throw is the sender's FailedPrecondition. A
+   * replay runs it again with the recorded arguments at the same point.
+   */
+  update(name: string, fn: MessageHandler): void {
+    this.journal.handlers.update(name, fn);
   }
 
   /** Starts a child run, once: a replay gets the same child back. */

@@ -2,6 +2,8 @@
 
 export { Client, describeRun, jsonToValue, parseRunStatus, runStatusName, runToJson, stepOutput, stepStatusName, WaitTimeout } from "./client.js";
 export type { Resolution, RunFilter } from "./client.js";
+export { QUERY_TIMEOUT_MS, RunMessages, UPDATE_TIMEOUT_MS } from "./talk.js";
+export type { ApprovalInfo, QueryAnswer, ReadStreamOptions, StreamChunk, StreamSummary, UpdateResult } from "./talk.js";
 export { ChildRun, LogBuffer, StepContext } from "./context.js";
 export type { StepLogger, UpstreamFailure } from "./context.js";
 export {
@@ -19,7 +21,11 @@ export {
 } from "./errors.js";
 export type { FailureInit } from "./errors.js";
 export { Journal } from "./journal.js";
+export { BodyHandlers, UPDATE_FUNCTION, UPDATE_PREFIX } from "./handlers.js";
+export type { AppliedUpdate, DeliveredUpdate, HandlerError, MessageHandler } from "./handlers.js";
 export type { JournalLimits, NodeLease, StepCallTransport, StepOptions } from "./journal.js";
+export { APPROVAL_FUNCTION } from "./approvals.js";
+export type { Approval, ApprovalOptions } from "./approvals.js";
 export { fromValue, NotJsonError, toPlainJson, toValue, valueSize } from "./json.js";
 export type { JsonValue } from "./json.js";
 export { DEFAULT_ADDRESS, defaultAddress, makeTransport } from "./transport.js";

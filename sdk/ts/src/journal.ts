@@ -9,7 +9,7 @@
 // WorkerService client in a worker, an in-memory journal in the testing helper.
 
 import { create } from "@bufbuild/protobuf";
-import { timestampFromMs, type Value } from "@bufbuild/protobuf/wkt";
+import { durationFromMs, timestampDate, timestampFromMs, type Value } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError } from "@connectrpc/connect";
 
 import {
@@ -24,6 +24,7 @@ import { AsyncLocalStorage } from "node:async_hooks";
 import {
   BeginStepCallRequestSchema,
   ChunkToEmitSchema,
+  CreateApprovalRequestSchema,
   EmitChunksRequestSchema,
   EndStepCallRequestSchema,
   StartChildRequestSchema,
@@ -32,6 +33,8 @@ import {
   WaitRequestSchema,
   type BeginStepCallRequest,
   type BeginStepCallResponse,
+  type CreateApprovalRequest,
+  type CreateApprovalResponse,
   type EmitChunksRequest,
   type EmitChunksResponse,
   type EndStepCallRequest,
@@ -57,6 +60,17 @@ import {
   Suspended,
 } from "./errors.js";
 import { argsDigest } from "./digest.js";
+import { BodyHandlers, UPDATE_FUNCTION, UPDATE_PREFIX } from "./handlers.js";
+import {
+  APPROVAL_BASE,
+  APPROVAL_FUNCTION,
+  APPROVAL_WAIT,
+  approvalProblem,
+  approvalWait,
+  askedRecord,
+  type Approval,
+  type ApprovalOptions,
+} from "./approvals.js";
 import { fromValue, NotJsonError, toValue, valueSize, type JsonValue } from "./json.js";
 
 /**
@@ -81,6 +95,8 @@ export interface StepCallTransport {
   startChild(request: StartChildRequest, options?: CallOptions): Promise<StartChildResponse>;
   /** Output streams (ctx.emit); a transport without it cannot emit. */
   emitChunks?(request: EmitChunksRequest, options?: CallOptions): Promise<EmitChunksResponse>;
+  /** Approvals (ctx.waitForApproval); a transport without it cannot ask for one. */
+  createApproval?(request: CreateApprovalRequest, options?: CallOptions): Promise<CreateApprovalResponse>;
 }
 
 /** The step id of the step call whose function runs here (ctx.emit's chunks are its). */
@@ -203,6 +219,19 @@ export class Journal {
   stopped: Error | undefined;
   /** The step's log lines not sent yet: a Wait carries them (a suspended node reports nothing). */
   takeLogs: (() => LogLine[]) | undefined;
+  /** The query and update handlers the body registers (ctx.query, ctx.update). */
+  readonly handlers = new BodyHandlers();
+  /**
+   * Set by the worker: fetches the updates sent to the node and hands them to
+   * `handlers`, before a wait gives the node's lease back.
+   */
+  fetchUpdates: (() => Promise<void>) | undefined;
+  /** Set by the worker: what the journal has to say that is not the body's failure. */
+  warn: ((message: string) => void) | undefined;
+  /** The highest seq of the journal this attempt was given: updates apply past it. */
+  private readonly lastSeq: number;
+  /** Whether that journal records applications of updates (a replay applies them again). */
+  private readonly hasUpdates: boolean;
   private readonly signalOf: () => AbortSignal | undefined;
 
   private get signal(): AbortSignal | undefined {
@@ -229,10 +258,16 @@ export class Journal {
     private readonly callTimeoutMs: number = CALL_TIMEOUT_MS,
   ) {
     this.signalOf = typeof signal === "function" ? signal : () => signal;
+    let lastSeq = 0;
+    let hasUpdates = false;
     for (const entry of entries) {
       this.byId.set(entry.stepId, entry);
       this.bySeq.set(entry.seq, entry);
+      lastSeq = Math.max(lastSeq, entry.seq);
+      hasUpdates ||= entry.function === UPDATE_FUNCTION;
     }
+    this.lastSeq = lastSeq;
+    this.hasUpdates = hasUpdates;
   }
 
   /** The entries as this attempt knows them, in seq order. */
@@ -289,7 +324,13 @@ export class Journal {
    */
   async step<T>(name: string, fn: (signal: AbortSignal) => T | Promise<T>, options: StepOptions = {}): Promise<T> {
     const call = await this.begin(name, options);
-    if (call.recorded) return replayed(call.recorded) as T;
+    const entry = call.recorded ?? (await this.run(call, fn));
+    await this.updatesPoint();
+    return replayed(entry) as T;
+  }
+
+  /** Runs the function of a call that has no outcome, and records the outcome; the entry as recorded. */
+  private async run(call: Call, fn: (signal: AbortSignal) => unknown): Promise<StepCall> {
     const signal = this.signal ?? new AbortController().signal;
     let output: unknown;
     let failure: unknown;
@@ -317,20 +358,67 @@ export class Journal {
         value = undefined;
       }
     }
-    const entry = await this.end(call, value, failed ? errorRecord(failure) : undefined);
-    return replayed(entry) as T;
+    return this.end(call, value, failed ? errorRecord(failure) : undefined);
+  }
+
+  // -- updates: applied at journal points, recorded there ----------------------------
+
+  /**
+   * A journal point (a step call returns, a wait is reached): the updates the journal
+   * records next are applied again (a replay); past the journal's end, the updates
+   * delivered since the last point are applied and recorded, each an entry after the
+   * call's (step id "update:<id>", function cyclone.update, its output the update's
+   * name, args and result or error). Then the queries' values are published.
+   */
+  async updatesPoint(): Promise<void> {
+    if (this.stopped) return;
+    const handlers = this.handlers;
+    if (!(this.hasUpdates || handlers.pending || handlers.queries.size > 0)) return;
+    while (this.hasUpdates) {
+      const entry = this.bySeq.get(this.seq + 1);
+      if (entry === undefined || entry.function !== UPDATE_FUNCTION) break;
+      this.seq++;
+      this.used.add(entry.stepId);
+      const problem = handlers.reapply(fromValue(entry.output));
+      if (problem) this.warn?.(`journal entry ${entry.stepId}: ${problem}`);
+    }
+    if (handlers.pending && this.seq >= this.lastSeq) {
+      for (const update of handlers.take()) {
+        const stepId = UPDATE_PREFIX + update.updateId;
+        if (this.byId.has(stepId) || this.used.has(stepId)) continue; // recorded already: applied (or refused) once
+        let value: Value;
+        try {
+          value = toValue(handlers.apply(update));
+        } catch (error) {
+          value = toValue({ update: update.name, args: [], error: { type: "TypeError", message: String(error) } });
+        }
+        this.next(stepId);
+        this.used.add(stepId);
+        await this.end({ id: stepId, seq: this.seq, fn: UPDATE_FUNCTION, unsafe: false, digest: "", recorded: undefined }, value, undefined);
+      }
+    }
+    handlers.publish();
+  }
+
+  /**
+   * A wait is about to be asked (the node gives its lease back with it): the updates
+   * sent to the node are fetched first, to be applied at this point, by a body that
+   * takes updates.
+   */
+  private async fetchBeforeWait(entry: StepCall | undefined): Promise<void> {
+    if (this.fetchUpdates && !hasOutcome(entry) && this.handlers.updates.size > 0) await this.fetchUpdates();
   }
 
   /**
    * Gives a call of the body its seq and step id, checks that the journal agrees, and
    * finds its outcome: from the journal, or for an unsafe call from BeginStepCall.
    */
-  async begin(name: string, options: StepOptions = {}, base?: string): Promise<Call> {
+  async begin(name: string, options: StepOptions = {}, base?: string, counted = true): Promise<Call> {
     const problem =
       badName("step name", name, MAX_NAME - OCCURRENCE_ROOM) ??
       (options.stepId === undefined ? undefined : badName("step id", options.stepId, MAX_NAME));
     if (problem) throw this.stop(nonRetryable("InvalidStepName", problem));
-    const call = this.take(base ?? name, name, options);
+    const call = this.take(base ?? name, name, options, counted);
     if (call.recorded?.status === StepCallStatus.STARTED) {
       // Begun by an unsafe call with no outcome: only BeginStepCall decides whether it
       // runs again; a call the code no longer marks unsafe simply runs.
@@ -362,7 +450,7 @@ export class Journal {
   }
 
   /** The next seq and step id, checked against the journal. */
-  private take(base: string, fn: string, options: StepOptions): Call {
+  private take(base: string, fn: string, options: StepOptions, counted = true): Call {
     if (this.stopped) throw this.stopped;
     let id = options.stepId;
     if (id === undefined) {
@@ -380,7 +468,7 @@ export class Journal {
     const digest = this.digest(id, fn, options.args);
     this.next(id);
     this.used.add(id);
-    this.occurred.set(base, (this.occurred.get(base) ?? 0) + 1);
+    if (counted) this.occurred.set(base, (this.occurred.get(base) ?? 0) + 1);
     const call: Call = { id, seq: this.seq, fn, unsafe: options.unsafe ?? false, digest, recorded: this.byId.get(id) };
     const atSeq = this.bySeq.get(call.seq);
     const mismatch = this.mismatch(call, atSeq);
@@ -612,8 +700,14 @@ export class Journal {
     fn: string,
     until: WaitRequest["until"],
     stepId: string | undefined,
+    counted = true,
   ): Promise<JsonValue> {
-    const call = this.take(base, fn, { stepId });
+    const call = this.take(base, fn, { stepId }, counted);
+    // Updates apply before the wait is asked (the node holds its lease until then) or
+    // its recorded outcome returns: a replay applies them at the same point.
+    await this.fetchBeforeWait(call.recorded);
+    await this.updatesPoint();
+    if (this.stopped) throw this.stopped;
     if (hasOutcome(call.recorded)) return replayed(call.recorded);
     const request = create(WaitRequestSchema, {
       ...this.leaseIds(),
@@ -670,6 +764,57 @@ export class Journal {
     const response = await this.rpc("StartChild", call, () => this.transport.startChild(request, this.callOptions));
     if (response.call) this.remember(response.call);
     return { runId: response.childRunId, stepId: call.id };
+  }
+
+  /**
+   * Asks for an approval and waits for its decision without holding the node: the
+   * approval call (step id "approval", "approval#2"... or `stepId`; function
+   * cyclone.approval) creates the approval with CreateApproval and hands it to `send`,
+   * once: a replay answers it from the journal, which records `{ approval_id, event,
+   * expires_at }` and never the token. Then the wait "<id>.wait" (cyclone.event) for
+   * the approval's event, until the token expires: the decision's payload, or a Failure
+   * of type EventTimeout.
+   */
+  async waitForApproval(send: (approval: Approval) => unknown, options: ApprovalOptions = {}): Promise<JsonValue> {
+    const { timeoutMs, title = "", stepId } = options;
+    const problem = approvalProblem(send, options);
+    if (problem) throw this.stop(nonRetryable("InvalidArgument", problem));
+    const call = await this.begin(APPROVAL_FUNCTION, { stepId }, APPROVAL_BASE, stepId === undefined);
+    const entry = call.recorded ?? (await this.run(call, () => this.ask(call.id, title, timeoutMs, send)));
+    await this.updatesPoint();
+    const asked = replayed(entry);
+    const until = approvalWait(asked);
+    if (until === undefined) {
+      throw this.stop(nonRetryable("InvalidArgument", `the approval call ${call.id} is recorded as ${JSON.stringify(asked)}, not as an approval`));
+    }
+    const waitId = call.id + APPROVAL_WAIT;
+    return this.wait(waitId, EVENT_FUNCTION, until, waitId, false);
+  }
+
+  /** The approval call's function: CreateApproval, then `send` unless it is decided already. */
+  private async ask(stepId: string, title: string, timeoutMs: number | undefined, send: (approval: Approval) => unknown): Promise<JsonValue> {
+    const create_ = this.transport.createApproval?.bind(this.transport);
+    if (create_ === undefined) throw this.stop(nonRetryable("OutsideHandler", "waitForApproval needs a worker connected to a Cyclone server"));
+    const request = create(CreateApprovalRequestSchema, {
+      ...this.leaseIds(),
+      stepId,
+      title,
+      timeout: timeoutMs === undefined ? undefined : durationFromMs(Math.round(timeoutMs)),
+    });
+    let reply: CreateApprovalResponse;
+    try {
+      reply = await retryUnavailable(() => create_(request, this.callOptions), this.signal);
+    } catch (error) {
+      if (error instanceof ConnectError && (error.code === Code.Aborted || error.code === Code.NotFound)) {
+        throw this.stop(new LeaseLost(`lease lost: ${error.rawMessage}`));
+      }
+      throw error;
+    }
+    const expiresAt = reply.expiresAt ?? timestampFromMs(Date.now());
+    if (!reply.decided) {
+      await send({ approvalId: reply.approvalId, url: reply.url, token: reply.token, expiresAt: timestampDate(expiresAt) });
+    }
+    return askedRecord(reply.approvalId, reply.event, expiresAt);
   }
 
   /** Waits for a child run's outcome: `{ run_id, status, outputs }`, or a ChildFailed failure. */

@@ -7,8 +7,8 @@ import { create } from "@bufbuild/protobuf";
 
 import type { StepContext } from "./context.js";
 import { errorRecord, LeaseLost, nonRetryable, outputTooLarge, StepResultTooLarge } from "./errors.js";
-import { StepCallSchema, StepCallStatus } from "./gen/cyclone/v1/types_pb.js";
-import type { StepOptions } from "./journal.js";
+import { StepCallSchema, StepCallStatus, type StepCall } from "./gen/cyclone/v1/types_pb.js";
+import type { JournalCall, StepOptions } from "./journal.js";
 import { fromValue, NotJsonError, toValue, valueSize } from "./json.js";
 
 /** SQLSTATEs of the Cyclone SQL functions. */
@@ -120,17 +120,24 @@ export async function stepInTx<T>(
 ): Promise<T> {
   const journal = ctx.journal;
   const call = await journal.begin(name, options);
-  if (call.recorded) return journal.replay(call.recorded) as T;
+  const entry = call.recorded ?? (await recordInTx(ctx, pool, call, fn));
+  await journal.updatesPoint(); // a journal point: the updates delivered meanwhile apply here
+  return journal.replay(entry) as T;
+}
+
+/** Runs a step call's `fn` in a transaction that records its success; the entry as recorded. */
+async function recordInTx(ctx: StepContext, pool: ClientPool, call: JournalCall, fn: (client: Queryable) => Promise<unknown>): Promise<StepCall> {
+  const journal = ctx.journal;
   const client = await pool.connect();
   try {
     await client.query("BEGIN");
-    let output: T;
+    let output: unknown;
     try {
       output = await fn(client);
     } catch (error) {
       await rollback(client);
       if (ctx.signal.aborted) throw error; // the node is stopping: record nothing
-      return journal.replay(await journal.end(call, undefined, errorRecord(error))) as T;
+      return await journal.end(call, undefined, errorRecord(error));
     }
     let value;
     try {
@@ -143,7 +150,7 @@ export async function stepInTx<T>(
     if (size > journal.maxPayloadBytes) {
       await rollback(client); // its writes go with it
       const tooLarge = new StepResultTooLarge(call.id, call.fn, size, journal.maxPayloadBytes);
-      return journal.replay(await journal.end(call, undefined, errorRecord(tooLarge))) as T;
+      return await journal.end(call, undefined, errorRecord(tooLarge));
     }
     const { runId, node, leaseToken } = journal.ids;
     try {
@@ -161,7 +168,7 @@ export async function stepInTx<T>(
       await rollback(client);
       const state = sqlState(error);
       if (state === SQLSTATE_LEASE_LOST) throw journal.stop(new LeaseLost(`lease lost: ${(error as Error).message}`));
-      if (state === SQLSTATE_ALREADY_COMPLETED) return journal.replay(await journal.recordedElsewhere(call)) as T;
+      if (state === SQLSTATE_ALREADY_COMPLETED) return await journal.recordedElsewhere(call);
       throw new Error(`cyclone.step_call_record: ${(error as Error).message}`, { cause: error });
     }
     await client.query("COMMIT");
@@ -175,7 +182,7 @@ export async function stepInTx<T>(
       attempt: journal.ids.attempt,
       argsDigest: call.digest,
     });
-    return journal.replay(journal.remember(entry)) as T;
+    return journal.remember(entry);
   } finally {
     client.release();
   }

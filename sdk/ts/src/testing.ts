@@ -22,6 +22,7 @@ import { StepCallErrorSchema, StepCallSchema, StepCallStatus, type StepCall } fr
 import {
   BeginStepCallResponseSchema,
   ClaimedStepSchema,
+  CreateApprovalResponseSchema,
   EmitChunksResponseSchema,
   EndStepCallResponseSchema,
   StartChildResponseSchema,
@@ -30,6 +31,8 @@ import {
   WaitResponseSchema,
   type BeginStepCallRequest,
   type BeginStepCallResponse,
+  type CreateApprovalRequest,
+  type CreateApprovalResponse,
   type EmitChunksRequest,
   type EmitChunksResponse,
   type EndStepCallRequest,
@@ -39,6 +42,7 @@ import {
   type WaitRequest,
   type WaitResponse,
 } from "./gen/cyclone/v1/worker_service_pb.js";
+import { UPDATE_PREFIX, type BodyHandlers, type DeliveredUpdate, type HandlerError } from "./handlers.js";
 import { DEFAULT_LIMITS, Journal, type JournalLimits, type StepCallTransport, type StepOptions } from "./journal.js";
 import { fromValue, toValue, valueSize, type JsonValue } from "./json.js";
 import type { Handler } from "./worker.js";
@@ -125,7 +129,18 @@ export class DurableNode implements StepCallTransport {
   /** Child runs started, by run id. */
   readonly children = new Map<string, { workflow: string; input: JsonValue; result?: JsonValue; failed?: string }>();
 
+  /**
+   * The approvals the body asked for (ctx.waitForApproval), by the approval call's step
+   * id: its id, title, the token given out last and how many were (a repeat of the call
+   * keeps the id and issues a new token). Decide one with `sendEvent(approval.event, decision)`.
+   */
+  readonly approvals = new Map<string, { approvalId: string; event: string; title: string; token: string; tokens: number }>();
+
   private readonly events: { name: string; payload: JsonValue }[] = [];
+  /** The updates sent to the node (sendUpdate): each attempt gets those its journal does not record. */
+  private readonly updates: DeliveredUpdate[] = [];
+  /** The handlers the last attempt's body registered. */
+  private handlers: BodyHandlers | undefined;
   private attempt = 0;
   private crashAfter: string | undefined;
   private crashed = false;
@@ -162,6 +177,10 @@ export class DurableNode implements StepCallTransport {
     const controller = new AbortController();
     const lease = { runId: this.options.runId ?? "00000000-0000-7000-8000-000000000001", node: this.options.node ?? "node", leaseToken: `lease-${this.attempt}`, attempt: this.attempt };
     const journal = new Journal(this.entries(), lease, this, this.limits, (reason) => controller.abort(reason), controller.signal);
+    for (const update of this.updates) {
+      if (!this.entry(UPDATE_PREFIX + update.updateId)) journal.handlers.deliver(update);
+    }
+    this.handlers = journal.handlers;
     const claimed = create(ClaimedStepSchema, {
       runId: lease.runId,
       node: lease.node,
@@ -227,6 +246,28 @@ export class DurableNode implements StepCallTransport {
       this.journal.delete(entry.seq);
     }
     this.blockedOn = undefined;
+  }
+
+  /**
+   * Sends an update to the body (as Client.update does): the next attempt's body
+   * applies it at its first journal point and records it (see `updateOutcome`). Its id.
+   */
+  sendUpdate(name: string, args: JsonValue[] = [], options: { updateId?: string } = {}): string {
+    const updateId = options.updateId ?? `update-${this.updates.length + 1}`;
+    this.updates.push({ updateId, name, args });
+    return updateId;
+  }
+
+  /** What the journal records of an update's application, or undefined while it is not applied. */
+  updateOutcome(updateId: string): JsonValue | undefined {
+    const entry = this.entry(UPDATE_PREFIX + updateId);
+    return entry ? fromValue(entry.output) : undefined;
+  }
+
+  /** Asks the query handler `name` of the last attempt's body, as its worker would answer. */
+  query(name: string, args: JsonValue[] = []): { value: JsonValue } | { error: HandlerError } {
+    if (!this.handlers) throw new Error("the node has not run: no body registered a handler");
+    return this.handlers.answer(name, args);
   }
 
   /** Sends an event to the run, for waitForEvent. */
@@ -313,6 +354,29 @@ export class DurableNode implements StepCallTransport {
       offsets.push(BigInt(offset));
     }
     return create(EmitChunksResponseSchema, { offsets, duplicate });
+  }
+
+  async createApproval(request: CreateApprovalRequest): Promise<CreateApprovalResponse> {
+    this.checkLease(request.leaseToken);
+    const approval = this.approvals.get(request.stepId) ?? {
+      approvalId: `approval-${this.approvals.size + 1}`,
+      event: `approval:approval-${this.approvals.size + 1}`,
+      title: request.title,
+      token: "",
+      tokens: 0,
+    };
+    approval.tokens += 1;
+    approval.token = `token-${approval.approvalId}-${approval.tokens}`;
+    this.approvals.set(request.stepId, approval);
+    const timeoutMs = request.timeout ? Number(request.timeout.seconds) * 1000 + request.timeout.nanos / 1e6 : 7 * 86_400_000;
+    return create(CreateApprovalResponseSchema, {
+      approvalId: approval.approvalId,
+      token: approval.token,
+      url: `/callbacks/${approval.token}`,
+      expiresAt: timestampFromMs(Date.now() + timeoutMs),
+      event: approval.event,
+      decided: false,
+    });
   }
 
   async endStepCall(request: EndStepCallRequest): Promise<EndStepCallResponse> {

@@ -22,6 +22,7 @@ import {
   type WorkRequest,
 } from "./gen/cyclone/v1/worker_service_pb.js";
 import { LogBuffer, StepContext } from "./context.js";
+import { BodyMessages } from "./inbox.js";
 import {
   failureMessage,
   Failure,
@@ -203,6 +204,8 @@ export class Worker {
   private session: Session | undefined;
   private slotFreed: (() => void) | undefined;
   private started = false;
+  /** The queries and updates of the bodies running here. */
+  private readonly messages: BodyMessages;
 
   constructor(options: WorkerOptions) {
     this.id = options.id ?? `${hostname()}:${process.pid}`;
@@ -223,6 +226,7 @@ export class Worker {
     this.limits = { ...DEFAULT_LIMITS, ...this.ownLimits };
     this.useWork = options.workStream ?? true;
     this.buildId = options.buildId ?? "";
+    this.messages = new BodyMessages(this.client, this.log);
     const { maxPayloadBytes, maxStepCalls } = this.limits;
     if (!(maxPayloadBytes > 0) || !(maxStepCalls > 0) || maxStepCalls > DEFAULT_LIMITS.maxStepCalls) {
       throw new Error(`limits: maxPayloadBytes must be positive, maxStepCalls 1-${DEFAULT_LIMITS.maxStepCalls}`);
@@ -263,6 +267,7 @@ export class Worker {
       }
       this.log.info("worker stopping: waiting for the handlers in flight", { running: this.running });
       while (this.inFlight.size > 0) await Promise.allSettled([...this.inFlight]);
+      await this.messages.drain();
       this.log.info("worker stopped");
     } finally {
       cleanup();
@@ -471,6 +476,8 @@ export class Worker {
       abort,
       stop.signal,
     );
+    journal.warn = (message) => this.log.warn(message, fields);
+    this.messages.add(step, journal);
     const ctx = new StepContext(step, journal, stop.signal, logs);
     ctx.flushLogs = () => this.beat(ctx).then(() => undefined, () => undefined);
     const stopBeating = this.heartbeat(ctx, abort, stop.stopped);
@@ -490,6 +497,7 @@ export class Worker {
     const reason: unknown = stop.reason;
     stop.returned();
     await stopBeating();
+    this.messages.remove(step, journal);
 
     const stopped = journal.stopped; // a durable call stopped the body: that decides
     if (ctx.completedInTx) {

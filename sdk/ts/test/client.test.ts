@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { createServer } from "node:net";
 import { test } from "node:test";
 
-import { Client, Code, ConnectError } from "../src/index.js";
+import { Client, Code, ConnectError, NotJsonError } from "../src/index.js";
 
 /** A local port nobody listens on (taken, then given back). */
 async function deadPort(): Promise<number> {
@@ -24,4 +24,15 @@ test("a call to a server that is gone rejects with Unavailable, naming the conne
     (error: unknown) =>
       error instanceof ConnectError && error.code === Code.Unavailable && error.message.includes(`127.0.0.1:${port}`),
   );
+});
+
+test("a query or update argument that JSON cannot carry is refused before anything is sent, naming it", async () => {
+  const port = await deadPort(); // nothing may be sent: a call would fail with Unavailable
+  const client = new Client({ address: `127.0.0.1:${port}` });
+  await assert.rejects(client.query("r", "n", "items", ["ok", 10n]), (error: unknown) => {
+    assert.ok(error instanceof NotJsonError);
+    assert.match(error.message, /BigInt \(10n\).*at argument 2 \$/);
+    return true;
+  });
+  await assert.rejects(client.update("r", "n", "add", [new Map()]), NotJsonError);
 });

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { Failure, type StepContext } from "../src/index.js";
+import { Failure, fromValue, type StepContext } from "../src/index.js";
 import { DurableNode, explore } from "../src/testing.js";
 
 async function checkout(ctx: StepContext): Promise<unknown> {
@@ -98,4 +98,68 @@ test("a replay after a crash stores no chunk twice, and a step call's chunks are
   assert.equal((await node.run({ crashAfter: "shout" })).status, "crashed");
   assert.equal((await node.run()).status, "completed");
   assert.deepEqual(node.streams, { tokens: ["once", "UPON", { said: "UPON" }] });
+});
+
+test("an approval is created and sent once, its wait resumes with the decision, and a replay sends nothing", async () => {
+  const sent: string[] = [];
+  const body = async (ctx: StepContext) => {
+    const decision = await ctx.waitForApproval((approval) => void sent.push(approval.url), { title: "refund 20", timeoutMs: 3_600_000 });
+    const second = await ctx.waitForApproval((approval) => void sent.push(approval.url), { stepId: "boss" });
+    const third = await ctx.waitForApproval((approval) => void sent.push(approval.url));
+    return { decision, second, third };
+  };
+  const node = new DurableNode(body);
+  assert.equal((await node.run({ crashAfter: "approval" })).status, "crashed");
+  assert.deepEqual(sent, ["/callbacks/token-approval-1-1"]);
+  // The attempt was lost before the call's outcome was recorded: it runs again, with a new token.
+  assert.equal((await node.run()).status, "suspended");
+  assert.deepEqual(sent, ["/callbacks/token-approval-1-1", "/callbacks/token-approval-1-2"]);
+  assert.equal(node.approvals.get("approval")?.title, "refund 20");
+  node.sendEvent("approval:approval-1", { approved: true });
+  assert.equal((await node.run()).status, "suspended"); // at the second approval
+  node.sendEvent("approval:approval-2", { approved: false });
+  assert.equal((await node.run()).status, "suspended"); // at the third
+  node.sendEvent("approval:approval-3", "ok");
+  const done = await node.run();
+  assert.equal(done.status, "completed");
+  assert.deepEqual(done.output, { decision: { approved: true }, second: { approved: false }, third: "ok" });
+  assert.equal(sent.length, 4); // each approval sent once past the crash: no replay sent one again
+  assert.deepEqual(
+    node.entries().map((e) => [e.stepId, e.function]),
+    [
+      ["approval", "cyclone.approval"],
+      ["approval.wait", "cyclone.event"],
+      ["boss", "cyclone.approval"],
+      ["boss.wait", "cyclone.event"],
+      ["approval#2", "cyclone.approval"],
+      ["approval#2.wait", "cyclone.event"],
+    ],
+  );
+  const asked = node.entry("approval");
+  assert.ok(asked?.output);
+  const recorded = JSON.parse(JSON.stringify(fromValue(asked.output))) as Record<string, string>;
+  assert.deepEqual(Object.keys(recorded).sort(), ["approval_id", "event", "expires_at"]); // never the token
+  assert.match(recorded.expires_at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?\+00:00$/);
+});
+
+test("an approval's wait that outlives its token throws EventTimeout", async () => {
+  const node = new DurableNode(async (ctx) => {
+    try {
+      return await ctx.waitForApproval(() => {}, { timeoutMs: 60_000 });
+    } catch (error) {
+      return error instanceof Failure ? error.type : "other";
+    }
+  });
+  assert.equal((await node.run()).status, "suspended");
+  node.advance(120_000);
+  const done = await node.run();
+  assert.equal(done.output, "EventTimeout");
+});
+
+test("an approval with a timeout under a second is refused before anything is journaled", async () => {
+  const node = new DurableNode(async (ctx) => ctx.waitForApproval(() => {}, { timeoutMs: 10 }));
+  const result = await node.run();
+  assert.equal(result.status, "failed");
+  assert.ok(result.failure instanceof Failure && result.failure.type === "InvalidArgument");
+  assert.deepEqual(node.entries(), []);
 });
