@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 
 from pyclient import Client, Worker, Workflow, cli, step, wait_for_event
@@ -202,6 +203,52 @@ def test_work_that_takes_no_queries_refuses_them_rather_than_time_out(cyclone_se
             client.update(body, "quiet", "reset", update_id="r-1", timeout=60)
         assert client.wait(body, timeout=PATIENCE).step("quiet").output == 1
         assert client.wait(plain, timeout=PATIENCE).status == "completed"
+
+
+def test_an_update_sent_while_its_node_is_claimed_counts_for_the_new_attempt(
+    cyclone_server, database_url
+):
+    """update_send waits for a claim of the node under way and records the update after
+    the attempt's start: step_wait then knows the attempt has not applied it."""
+    with Client(cyclone_server.address) as client:
+        run_id = client.start("quiet")  # no worker: the claim below is made by hand
+        with psycopg.connect(database_url) as claim:
+            claim.execute(
+                "UPDATE cyclone.steps SET status = 'running', attempt = attempt + 1, "
+                "lease_token = gen_random_uuid(), lease_expires_at = cyclone.now() + "
+                "interval '1 hour', started_at = cyclone.now() + interval '1 minute', "
+                "last_heartbeat_at = cyclone.now(), "
+                "deadline_at = cyclone.now() + interval '1 hour' "
+                "WHERE run_id = %s AND node = 'quiet'",
+                (run_id,),
+            )
+            sent: list[BaseException] = []
+
+            def send() -> None:
+                try:
+                    client.update(run_id, "quiet", "reset", update_id="u-claimed", timeout=0.2)
+                except CycloneError as exc:
+                    sent.append(exc)
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            with psycopg.connect(database_url, autocommit=True) as look:
+                eventually(
+                    lambda: look.execute(
+                        "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND query LIKE '%update_send%'"
+                    ).fetchone(),
+                    "UpdateRun waits for the claim's commit",
+                )
+            claim.commit()
+            sender.join(PATIENCE)
+        assert len(sent) == 1 and "not applied within" in str(sent[0])
+        with psycopg.connect(database_url) as conn:
+            created, started = conn.execute(
+                "SELECT u.created_at, s.started_at FROM cyclone.run_updates u "
+                "JOIN cyclone.steps s USING (run_id, node) WHERE u.update_id = 'u-claimed'"
+            ).fetchone()
+        assert created > started
 
 
 def test_the_cli_queries_and_updates(cyclone_server, capsys):

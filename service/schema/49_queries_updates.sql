@@ -81,6 +81,8 @@ DECLARE
     v_step   text;
     v_action text;
     v_found  cyclone.run_updates;
+    v_started timestamptz;
+    v_at     timestamptz;
 BEGIN
     v_status := cyclone._run_lock(p_run_id);
     SELECT * INTO v_found FROM cyclone.run_updates u
@@ -89,8 +91,12 @@ BEGIN
         RETURN QUERY SELECT false, v_found.name, v_found.args;
         RETURN;
     END IF;
-    SELECT s.status, s.action INTO v_step, v_action FROM cyclone.steps s
-     WHERE s.run_id = p_run_id AND s.node = p_node;
+    -- The node's row, locked: a claim of it under way is committed first, so that the
+    -- attempt read here is the one running when the update is recorded.
+    SELECT s.status, s.action, s.started_at INTO v_step, v_action, v_started
+      FROM cyclone.steps s
+     WHERE s.run_id = p_run_id AND s.node = p_node
+       FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run % has no node %', p_run_id, p_node USING ERRCODE = 'CY002';
     END IF;
@@ -106,9 +112,14 @@ BEGIN
         RAISE EXCEPTION 'node % of run % is %: it takes no more updates', p_node, p_run_id,
             v_step USING ERRCODE = 'CY003';
     END IF;
+    -- Sent during the running attempt: later than its start, even when this statement
+    -- began before the claim that started it (step_wait counts the updates sent since
+    -- the attempt started and not applied, and wakes the node for them).
+    v_at := CASE WHEN v_step = 'running' AND v_started >= v_now
+                 THEN v_started + interval '1 microsecond' ELSE v_now END;
     INSERT INTO cyclone.run_updates AS u (run_id, node, update_id, name, args, created_at,
                                           created_by)
-    VALUES (p_run_id, p_node, p_update_id, p_name, coalesce(p_args, '[]'::jsonb), v_now,
+    VALUES (p_run_id, p_node, p_update_id, p_name, coalesce(p_args, '[]'::jsonb), v_at,
             p_actor);
     INSERT INTO cyclone.audit (run_id, node, action, actor, details, at)
     VALUES (p_run_id, p_node, 'update', p_actor,
