@@ -168,9 +168,9 @@ test: $(VENV)/.stamp ## The fast tests: engine, server, SDK, CLI, console HTML o
 test-all test-pg15 test-citus: export CYCLONE_TEST_ALL := 1
 
 .PHONY: test-all
-test-all: $(VENV)/.stamp tools ## What CI runs: every test, then the engine's on PostgreSQL 15 and on Citus, side by side
-	$(VENV)/bin/pytest --durations=20 $(PYTEST_ARGS)
-	tests/together.sh "tests/pg15.sh --durations=10 $(PG15_PYTEST_ARGS)" \
+test-all: $(VENV)/.stamp tools ## What CI runs: every test, the engine's on PostgreSQL 15 and on Citus, side by side
+	tests/together.sh "$(VENV)/bin/pytest --durations=20 $(PYTEST_ARGS)" \
+	    "tests/pg15.sh --durations=10 $(PG15_PYTEST_ARGS)" \
 	    "tests/citus.sh --durations=10 $(CITUS_PYTEST_ARGS)"
 
 .PHONY: test-pg15

@@ -6,8 +6,10 @@
 #   tests/pg15.sh [more pytest arguments]
 #
 # runs tests/ without tests/sdk (the SDK does not see the server's Postgres), the chaos
-# soak (which brings its own Postgres) and the browser tests; PG15_TESTS replaces that
-# selection. PG15_BIN names the directory of initdb and pg_ctl (default: Debian's
+# soak (which brings its own Postgres), the browser tests and the tests of the Go and
+# TypeScript SDKs (markers browser and polyglot: the console and the other languages
+# reach the engine through the same RPCs and SQL functions that the Python tests of
+# this pass call); PG15_TESTS replaces that selection. PG15_BIN names the directory of initdb and pg_ctl (default: Debian's
 # /usr/lib/postgresql/15/bin). The cluster listens on a private Unix socket only, with
 # trust authentication, under a temporary directory removed at exit. initdb refuses to
 # run as root, so as root the cluster runs as the postgres user.
@@ -48,4 +50,6 @@ trap stop EXIT
 export CYCLONE_TEST_DATABASE_URL="postgresql://postgres@/postgres?host=$dir&port=$port"
 echo "== engine tests on $("$BIN/postgres" --version)"
 read -r -a selection <<<"${PG15_TESTS:-tests --ignore=tests/sdk --ignore=tests/test_chaos.py --ignore=tests/test_console.py}"
-.venv/bin/pytest "${selection[@]}" "$@"
+markers=(-m "not browser and not polyglot")
+[[ -z ${PG15_TESTS:-} ]] || markers=()
+.venv/bin/pytest "${selection[@]}" "${markers[@]}" "$@"
