@@ -346,6 +346,11 @@ class Completer:
 
     def _ends_answered(self, first: int, n: int) -> None:
         """The batch of ``n`` ends numbered from ``first`` is answered."""
+        if not n:
+            # A batch without ends has the number of the next batch that has some:
+            # counted, it could overwrite that batch's count and hold every later end
+            # (and every begin waiting for them) unanswered for good.
+            return
         self.answered_ahead[first] = n
         while self.ends_answered in self.answered_ahead:
             self.ends_answered += self.answered_ahead.pop(self.ends_answered)

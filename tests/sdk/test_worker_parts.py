@@ -160,25 +160,48 @@ def test_a_finished_step_is_freed_without_the_cycle_collector(client, make_worke
         gc.enable()
 
 
+def _unconnected_completer() -> _completer.Completer:
+    """A completer on the running loop that sends nothing (its counting alone)."""
+    return _completer.Completer(
+        server=None,  # type: ignore[arg-type]  # nothing is sent here
+        loop=asyncio.get_running_loop(),
+        policy=WatchPolicy(lease=30.0),
+        reconnect_max_delay=1.0,
+        send_on_stream=None,  # type: ignore[arg-type]
+        on_answered=lambda: None,
+    )
+
+
 def test_ends_count_as_answered_only_once_every_earlier_end_is():
     """Two batches of ends are in flight at once: the later may be answered first. A
     node's completion waits for the ends queued before it, so they count in order."""
 
     async def scenario() -> None:
-        completer = _completer.Completer(
-            server=None,  # type: ignore[arg-type]  # nothing is sent here
-            loop=asyncio.get_running_loop(),
-            policy=WatchPolicy(lease=30.0),
-            reconnect_max_delay=1.0,
-            send_on_stream=None,  # type: ignore[arg-type]
-            on_answered=lambda: None,
-        )
+        completer = _unconnected_completer()
         completer.ends_queued = 8
         waiting = asyncio.ensure_future(completer.ends_sent())
         completer._ends_answered(5, 3)  # the second batch: ends 5 to 7
         await asyncio.sleep(0)
         assert completer.ends_answered == 0 and not waiting.done()
         completer._ends_answered(0, 5)  # the first: ends 0 to 4
+        await asyncio.wait_for(waiting, PATIENCE)
+        assert completer.ends_answered == 8 and completer.answered_ahead == {}
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_without_ends_does_not_hide_the_next():
+    """A batch of begins that carried no ends has the number of the next batch of ends;
+    answered after that batch, it must not overwrite its count (the ends would never
+    count as answered, and every begin waiting for them would wait for good)."""
+
+    async def scenario() -> None:
+        completer = _unconnected_completer()
+        completer.ends_queued = 8
+        waiting = asyncio.ensure_future(completer.ends_sent())
+        completer._ends_answered(5, 3)  # ends 5 to 7, answered first
+        completer._ends_answered(5, 0)  # begins taken between the two batches, no ends
+        completer._ends_answered(0, 5)  # ends 0 to 4
         await asyncio.wait_for(waiting, PATIENCE)
         assert completer.ends_answered == 8 and completer.answered_ahead == {}
 
