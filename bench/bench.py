@@ -15,8 +15,10 @@ Scenarios (fixed counts, every loop bounded in count and time):
               2 processes of 64 slots; Python, Go, TypeScript): steps/s and worker CPU
               per step, each as a ratio to the Python SDK's
   peer        the same 20,000 jobs drained by pgqueuer (bench/peer.py: 5 queue
-              managers, batches of 50), between `throughput` and `sdk`; both are
-              reported as ratios to it (rate, and total CPU per job)
+              managers, batches of 50: 250 jobs in flight), then by bare stubs and by
+              the SDK's Worker holding as many (2 processes of PEER_SLOTS = 128 slots);
+              both reported as ratios to it (rate, and total CPU per job), and the SDK
+              to the bare stubs
   dag         500 runs of a 20-node workflow (root, fan-out of 18, join)
   durable     one-node runs whose node is a durable function of 10 no-op step calls,
               safe, then unsafe_to_repeat; 12,000 drained by the SDK's Worker (1,024
@@ -835,8 +837,10 @@ def scenario_sdk(
     processes: int = 2,
     concurrency: int = 64,
 ) -> dict:
-    """The throughput scenario drained by the SDK's Worker instead of bare stubs."""
+    """The throughput scenario drained by the SDK's Worker instead of bare stubs, from
+    the same state as measured_drain's (the database vacuumed, then settled)."""
     submit_many(server.address, [one_node("one", action)] * runs)
+    vacuumed(database_url)
     with DbMeter(database_url) as db:
         wal_before = wal_lsn(database_url)
         with CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
@@ -872,17 +876,31 @@ def compare_sdk(sdk: dict, bare: dict) -> None:
     )
 
 
-def compare_peer(results: dict) -> None:
-    """Cyclone's bare stubs and SDK Worker against the peer in the same run: rate, and
-    total CPU per step over the peer's per job."""
-    p = results["peer"]
-    for name in ("throughput", "sdk"):
-        if name in results:
-            r = results[name]
-            p[f"{name}_rate_ratio"] = round(r["steps_per_s"] / p["jobs_per_s"], 2)
-            p[f"{name}_cpu_ratio"] = round(
-                r["cpu_ms_per_step"]["total"] / p["cpu_ms_per_job"]["total"], 2
-            )
+#: Slots of each of the 2 worker processes of the drains compared with the peer: 256
+#: steps in flight, as many as pgqueuer's 5 queue managers take at a time (5 x 50).
+#: The other scenarios keep --slots (64): their ratios are to `throughput` at 64.
+PEER_SLOTS = 128
+
+
+def scenario_peer(server: Server, database_url: str, runs: int) -> dict:
+    """pgqueuer draining ``runs`` no-op jobs, then bare stubs and the SDK's Worker
+    draining as many one-node runs with as many jobs in flight (PEER_SLOTS), one after
+    the other on the same database: each Cyclone drain as ratios to pgqueuer's (rate,
+    total CPU per step over its per job), and the SDK's to the bare stubs'."""
+    peer.install(database_url)
+    p = peer.scenario_pgqueuer(database_url, runs, CpuMeter)
+    print("peer pgqueuer", p, flush=True)
+    p["slots"] = PEER_SLOTS
+    p["bare"] = scenario_throughput(server, database_url, runs, "peer-noop", concurrency=PEER_SLOTS)
+    p["sdk"] = scenario_sdk(server, database_url, runs, "peer-sdk-noop", concurrency=PEER_SLOTS)
+    for name in ("bare", "sdk"):
+        r = p[name]
+        p[f"{name}_rate_ratio"] = round(r["steps_per_s"] / p["jobs_per_s"], 2)
+        p[f"{name}_cpu_ratio"] = round(
+            r["cpu_ms_per_step"]["total"] / p["cpu_ms_per_job"]["total"], 2
+        )
+    compare_sdk(p["sdk"], p["bare"])
+    return p
 
 
 def drain_with_sdk(
@@ -1565,9 +1583,7 @@ def main() -> None:
             )
             print("throughput", results["throughput"], flush=True)
         if wanted("peer") and not args.citus:
-            # Beside `throughput`, before `sdk`: each is compared with it, run by run.
-            peer.install(database_url)
-            results["peer"] = peer.scenario_pgqueuer(database_url, args.runs, CpuMeter)
+            results["peer"] = scenario_peer(server, database_url, args.runs)
             print("peer", results["peer"], flush=True)
         if wanted("unary"):
             results["unary"] = scenario_throughput(
@@ -1597,8 +1613,6 @@ def main() -> None:
             if "throughput" in results:
                 compare_sdk(results["sdk"], results["throughput"])
             print("sdk", results["sdk"], flush=True)
-        if "peer" in results:
-            compare_peer(results)
         if wanted("languages") and not args.citus:
             this = sys.modules[__name__]
             results["languages"] = languages.scenario(this, server, database_url, args.runs)
@@ -1911,15 +1925,25 @@ def print_table(r: dict, out: Path) -> None:
             ),
             ("  CPU ms per job: queue managers / Postgres = total", cpu_split(p["cpu_ms_per_job"])),
         ]
-        for name, title, target in (("throughput", "bare stubs", 1.0), ("sdk", "SDK", 0.8)):
+        slots = p.get("slots", PEER_SLOTS)
+        for name, title, target in (("bare", "bare stubs", 1.0), ("sdk", "SDK", 0.8)):
             if f"{name}_rate_ratio" in p:
                 rows += [
+                    (f"  {title}, 2 x {slots} slots, steps/s", p[name]["steps_per_s"]),
                     (
                         f"  {title} / pgqueuer, steps/s (target >= {target})",
                         p[f"{name}_rate_ratio"],
                     ),
                     (f"  {title} / pgqueuer, total CPU per step", p[f"{name}_cpu_ratio"]),
                 ]
+        if "vs_bare" in p.get("sdk", {}):
+            rows += [
+                (f"  SDK / bare stubs at {slots} slots, steps/s", p["sdk"]["vs_bare"]),
+                (
+                    f"  SDK / bare stubs at {slots} slots, worker CPU per step",
+                    p["sdk"]["workers_cpu_vs_bare"],
+                ),
+            ]
     for name, d in r.get("languages", {}).items():
         rows += [
             (
