@@ -41,22 +41,32 @@ def chunk_data(chunk: Any) -> tuple[str, str]:
         raise TypeError(f"a stream chunk is a str or a JSON value: {exc}") from None
 
 
+_SEQUENCE_LOCK = threading.Lock()
+
+
 class Sequencer:
     """The identity of each chunk one attempt of a node emits: (stream, step_id, seq),
     seq counting the chunks of each (stream, step_id) from 1 in the order emitted. The
     same code emitting in the same order gets the same identities on every attempt."""
 
+    # The worker makes one per claimed step, and most steps emit nothing: the counts
+    # are made at the first emit, and every sequencer shares one lock (held for a
+    # dictionary update).
+    __slots__ = ("_seqs",)
+
     def __init__(self) -> None:
-        self._seqs: dict[tuple[str, str], int] = {}
-        self._lock = threading.Lock()
+        self._seqs: dict[tuple[str, str], int] | None = None
 
     def identify(self, stream: str, chunk: Any, step_id: str) -> tuple[str, str, int]:
         """(kind, data, seq) of a chunk emitted now: kind "text" or "json"."""
         if not isinstance(stream, str) or not stream:
             raise ValueError("a stream's name is a non-empty str")
         kind, data = chunk_data(chunk)
-        with self._lock:
-            seq = self._seqs[stream, step_id] = self._seqs.get((stream, step_id), 0) + 1
+        with _SEQUENCE_LOCK:
+            seqs = self._seqs
+            if seqs is None:
+                seqs = self._seqs = {}
+            seq = seqs[stream, step_id] = seqs.get((stream, step_id), 0) + 1
         return kind, data, seq
 
 
@@ -82,6 +92,8 @@ class StreamStore:
 
 class MemoryStreams(Sequencer):
     """ctx.emit of one attempt under pyclient.testing: into a StreamStore."""
+
+    __slots__ = ("node", "store")
 
     def __init__(self, store: StreamStore, node: str) -> None:
         super().__init__()

@@ -32,8 +32,10 @@ if TYPE_CHECKING:
 class StepStreams(Sequencer):
     """The output streams of one claimed step (an attempt of a node)."""
 
+    __slots__ = ("shared", "step")
+
     def __init__(self, shared: Journaling, step: pb.ClaimedStep):
-        super().__init__()
+        self._seqs = None  # Sequencer.__init__, without its call (one per step)
         self.shared = shared
         self.step = step
 
