@@ -72,6 +72,7 @@ The package, one module per job (the worker's seams):
   calls, sent from the worker's loop for the replay engine of :mod:`pyclient.durable`.
 - ``_timers``, ``_mailbox``, ``_common``: alarms on the worker's loop, calls handed
   between threads, and what they all share (logger, HandlerTimeout).
+- ``_gc``: the cycle collector's first threshold, raised while a worker serves.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ from pyclient.worker._common import HandlerTimeout, log
 from pyclient.worker._completer import Completer
 from pyclient.worker._config import Server, WorkerConfig, worker_limits
 from pyclient.worker._executor import Executor
+from pyclient.worker._gc import fewer_collections
 from pyclient.worker._journal import Journaling
 from pyclient.worker._mailbox import Mailbox
 from pyclient.worker._producer import Producer
@@ -312,7 +314,8 @@ class Worker:
             for sig in signals:
                 loop.add_signal_handler(sig, self._on_signal, sig)
         try:
-            await runtime.serve()
+            with fewer_collections():
+                await runtime.serve()
         finally:
             if handle_signals:
                 for sig in signals:

@@ -11,7 +11,7 @@ import threading
 import weakref
 
 from pyclient import Workflow
-from pyclient.worker import _completer, _executor, _timers
+from pyclient.worker import _completer, _executor, _gc, _timers
 from pyclient.worker._watch import WatchPolicy
 from tests.helpers import PATIENCE, eventually
 from tests.sdk.conftest import running
@@ -206,3 +206,33 @@ def test_a_batch_without_ends_does_not_hide_the_next():
         assert completer.ends_answered == 8 and completer.answered_ahead == {}
 
     asyncio.run(scenario())
+
+
+def test_a_serving_worker_collects_less_often_unless_the_program_chose(client, make_worker):
+    """While a worker serves, the cycle collector's first threshold is raised from the
+    interpreter's default, and put back when it stops; one the program set is kept."""
+    before = gc.get_threshold()
+    seen: list[tuple[int, ...]] = []
+
+    def serve_one(first: int) -> tuple[int, ...]:
+        gc.set_threshold(first, *before[1:])
+        w = make_worker(concurrency=1)
+
+        @w.action("look")
+        def look(ctx):
+            seen.append(gc.get_threshold())
+
+        wf = Workflow("gc")
+        wf.node("a", action="look")
+        with running(w):
+            assert client.wait(client.submit(wf), timeout=PATIENCE).status == "completed"
+        return gc.get_threshold()
+
+    try:
+        after = serve_one(_gc.PYTHON_DEFAULT_GEN0)
+        assert seen[-1][0] == _gc.GEN0_THRESHOLD
+        assert after[0] == _gc.PYTHON_DEFAULT_GEN0
+        after = serve_one(5_000)
+        assert seen[-1][0] == 5_000 and after[0] == 5_000
+    finally:
+        gc.set_threshold(*before)
