@@ -12,7 +12,8 @@ import contextvars
 import datetime as dt
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
+from operator import attrgetter
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -255,6 +256,11 @@ class Context:
         if not isinstance(failures, tuple):
             object.__setattr__(self, "upstream_failures", tuple(self.upstream_failures))
 
+    def _in_call(self, step_id: str, scope: StepCallScope) -> Context:
+        """This context inside the step call ``step_id`` (the replay binds it while the
+        call's function runs)."""
+        return in_step_call(self, step_id, scope)
+
     @property
     def idempotency_key(self) -> str:
         """``"run_id:node"``: the same on every attempt, retry and reclaim of this node."""
@@ -392,105 +398,42 @@ class Context:
         return self._control.completion_tx.connection()
 
 
-#: Each field of Context as its slot's setter (claimed_context).
+#: Each field of Context as its slot's setter.
 _SET = {f.name: getattr(Context, f.name).__set__ for f in fields(Context)}
-_new_object = object.__new__
-(
-    _set_run_id,
-    _set_node,
-    _set_action,
-    _set_workflow,
-    _set_attempt,
-    _set_max_attempts,
-    _set_input,
-    _set_run_input,
-    _set_upstream,
-    _set_deadline,
-    _set_progress,
-    _set_effect_uncertain,
-    _set_worker_id,
-    _set_upstream_failures,
-    _set_step_id,
-    _set_run_deadline,
-    _set_control,
-    _set_durable,
-    _set_scope,
-) = (
-    _SET[name]
-    for name in (
-        "run_id",
-        "node",
-        "action",
-        "workflow",
-        "attempt",
-        "max_attempts",
-        "input",
-        "run_input",
-        "upstream",
-        "deadline",
-        "progress",
-        "effect_uncertain",
-        "worker_id",
-        "upstream_failures",
-        "step_id",
-        "run_deadline",
-        "_control",
-        "_durable",
-        "_scope",
-    )
+_SETTERS = tuple(_SET.values())
+_values = attrgetter(*_SET)
+_set_worker_id, _set_step_id, _set_control, _set_durable, _set_scope = (
+    _SET[name] for name in ("worker_id", "step_id", "_control", "_durable", "_scope")
 )
-# A field added to Context must be set by claimed_context too.
-assert len(_SET) == 19, "claimed_context sets every field of Context"
+_new_object = object.__new__
 
 
-def claimed_context(
-    *,
-    run_id: str,
-    node: str,
-    action: str,
-    workflow: str,
-    attempt: int,
-    max_attempts: int,
-    input: Any,
-    run_input: Any,
-    upstream: MappingProxyType[str, Any],
-    deadline: dt.datetime | None,
-    progress: Any,
-    effect_uncertain: bool,
-    worker_id: str,
-    upstream_failures: tuple[UpstreamFailure, ...],
-    control: StepControl,
-    durable: object | None,
-    run_deadline: dt.datetime | None = None,
-) -> Context:
-    """The Context of a claimed step, as ``Context(...)`` makes it with these fields
-    (no step call, ``step_id`` None), at a third of the cost: the worker makes one per
-    step, and the frozen dataclass's ``__init__`` sets each of its 19 fields through
-    ``object.__setattr__`` by name and then runs ``__post_init__``. Here each slot is
-    set directly; ``upstream`` must already be a MappingProxyType and
-    ``upstream_failures`` a tuple (what ``__post_init__`` would make them).
-    """
-    ctx: Context = _new_object(Context)
-    _set_run_id(ctx, run_id)
-    _set_node(ctx, node)
-    _set_action(ctx, action)
-    _set_workflow(ctx, workflow)
-    _set_attempt(ctx, attempt)
-    _set_max_attempts(ctx, max_attempts)
-    _set_input(ctx, input)
-    _set_run_input(ctx, run_input)
-    _set_upstream(ctx, upstream)
-    _set_deadline(ctx, deadline)
-    _set_progress(ctx, progress)
-    _set_effect_uncertain(ctx, effect_uncertain)
+def context_fields() -> tuple[Field[Any], ...]:
+    """Context's fields, in order."""
+    return fields(Context)
+
+
+def in_step_call(ctx: Context, step_id: str | None, scope: StepCallScope | None) -> Context:
+    """``ctx`` inside a step call: what ``dataclasses.replace(ctx, step_id=step_id,
+    _scope=scope)`` makes, at a third of its cost (a durable body makes one per call).
+    Each slot is copied directly: ctx's values are already what ``__post_init__``
+    would make them."""
+    new: Context = _new_object(Context)
+    for put, value in zip(_SETTERS, _values(ctx), strict=True):
+        put(new, value)
+    _set_step_id(new, step_id)
+    _set_scope(new, scope)
+    return new
+
+
+def set_fields(ctx: Context, worker_id: str, control: StepControl, durable: object | None) -> None:
+    """Set the fields of a Context a worker makes that are not the claimed step's (the
+    worker's ``ClaimedContext``): no step call, ``step_id`` None."""
     _set_worker_id(ctx, worker_id)
-    _set_upstream_failures(ctx, upstream_failures)
     _set_step_id(ctx, None)
-    _set_run_deadline(ctx, run_deadline)
     _set_control(ctx, control)
     _set_durable(ctx, durable)
     _set_scope(ctx, None)
-    return ctx
 
 
 def current() -> Context:

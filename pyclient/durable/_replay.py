@@ -435,7 +435,7 @@ class Replay(JournalPoints):
         when it is cut off (cancelled, stopped) the writes of its transaction are
         undone."""
         scope = StepScope(call, self.backend)
-        token = bind(dataclasses.replace(ctx, step_id=call.step_id, _scope=scope))
+        token = bind(ctx._in_call(call.step_id, scope))
         try:
             yield scope
         except BaseException:

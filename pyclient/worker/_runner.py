@@ -5,36 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import math
 from collections.abc import Callable, Coroutine
-from types import MappingProxyType
 from typing import Any
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
-from cyclone.jsonvalue import from_value
 from cyclone.v1 import worker_service_pb2 as pb
 from pyclient import _tracing
 from pyclient.actions import Action
 from pyclient.completion import CompletionTx
-from pyclient.context import Context, StepControl, claimed_context
+from pyclient.context import StepControl
 from pyclient.durable._calls import Limits
 from pyclient.durable._errors import Suspended
 from pyclient.durable._replay import Replay
-from pyclient.models import StepCall, UpstreamFailure, timestamp_datetime
+from pyclient.models import StepCall
 from pyclient.worker._common import StepLog, log
 from pyclient.worker._completer import Completer
 from pyclient.worker._config import WorkerConfig, worker_limits
+from pyclient.worker._context import claimed
 from pyclient.worker._executor import AsyncCall, Executor
 from pyclient.worker._journal import GrpcJournal, Journaling
 from pyclient.worker._messages import BodyMessages
 from pyclient.worker._streams import StepStreams
 from pyclient.worker._watch import Times, Watch, Watching
-
-#: The upstream outputs of a step that has none (most).
-NO_UPSTREAM: MappingProxyType[str, Any] = MappingProxyType({})
 
 
 class StepRunner:
@@ -65,17 +58,6 @@ class StepRunner:
         self.limits: Limits = worker_limits(config)
         #: Step spans' tracer: None without OpenTelemetry or a tracer provider.
         self.tracer = _tracing.step_tracer()
-        self._last_time: tuple[tuple[int, int], dt.datetime] = (
-            (0, 0),
-            timestamp_datetime(Timestamp()),
-        )
-
-    def _datetime(self, ts: Timestamp) -> dt.datetime:
-        """``ts`` as a datetime; the steps of a claim share their deadline, made once."""
-        key = (ts.seconds, ts.nanos)
-        if key != self._last_time[0]:
-            self._last_time = (key, timestamp_datetime(ts))
-        return self._last_time[1]
 
     def start(self, step: pb.ClaimedStep, release: Callable[[StepRun], None]) -> StepRun | None:
         """Start one claimed step: its context, its handler under watch. What runs it
@@ -101,8 +83,7 @@ class StepRunner:
         else:
             control = StepControl(completion_tx=tx)
         control.streams = StepStreams(self.journaling, step)
-        has_deadline = step.HasField("deadline")
-        if has_deadline:
+        if step.HasField("deadline"):
             ts = step.deadline
             deadline = ts.seconds + ts.nanos * 1e-9
         replay = None
@@ -116,7 +97,7 @@ class StepRunner:
                 limits=self.limits,
             )
             self.messages.add(step, replay.handlers)
-        ctx = self._context(step, control, replay, has_deadline)
+        ctx = claimed(step, self.config.worker_id, control, replay)
         policy = self.policy
         budget = policy.budget(lease_end, deadline, action)
         slog = StepLog(log, step)
@@ -143,36 +124,6 @@ class StepRunner:
         else:
             run.call = self.executor.start(action, ctx, budget, run)
         return run
-
-    def _context(
-        self, step: pb.ClaimedStep, control: StepControl, replay: Replay | None, has_deadline: bool
-    ) -> Context:
-        has = step.HasField
-        return claimed_context(
-            run_id=step.run_id,
-            node=step.node,
-            action=step.action,
-            workflow=step.workflow,
-            attempt=step.attempt,
-            max_attempts=step.max_attempts,
-            input=from_value(step.input) if has("input") else None,
-            run_input=from_value(step.run_input) if has("run_input") else None,
-            upstream=MappingProxyType({k: from_value(v) for k, v in step.upstream_outputs.items()})
-            if step.upstream_outputs
-            else NO_UPSTREAM,
-            deadline=self._datetime(step.deadline) if has_deadline else None,
-            progress=from_value(step.progress) if has("progress") else None,
-            effect_uncertain=step.effect_uncertain,
-            worker_id=self.config.worker_id,
-            upstream_failures=tuple(map(UpstreamFailure.from_proto, step.upstream_failures))
-            if step.upstream_failures
-            else (),
-            control=control,
-            durable=replay,
-            run_deadline=self._datetime(step.run_deadline)
-            if step.HasField("run_deadline")
-            else None,
-        )
 
 
 class StepRun:

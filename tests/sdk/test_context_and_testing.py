@@ -326,18 +326,36 @@ def test_progress_that_is_not_json_fails_the_heartbeat_under_test():
         env.run(lambda ctx: ctx.heartbeat({"at": object()}))
 
 
-def test_the_workers_context_of_a_claimed_step_is_the_one_context_makes():
-    # The worker builds each step's Context with claimed_context (its slots set
-    # directly); it must be the very value Context(...) makes of the same fields, and
-    # behave as one: frozen, read-only upstream, equal, replaceable.
-    from types import MappingProxyType
+def _claimed_step():
+    """A claimed step with every field a Context reads from it, and what each becomes."""
+    import datetime as dt
 
-    from pyclient.context import Context, claimed_context
+    from google.protobuf import json_format, struct_pb2
 
-    control = StepControl()
-    failures = (UpstreamFailure(node="a", status=StepStatus.SKIPPED, error=None),)
-    upstream = MappingProxyType({"a": {"x": [1, 2]}})
-    values = dict(
+    from cyclone.v1 import types_pb2
+    from cyclone.v1 import worker_service_pb2 as pb
+
+    def value(v):
+        return json_format.ParseDict(v, struct_pb2.Value())
+
+    step = pb.ClaimedStep(
+        run_id="r1",
+        node="charge",
+        action="pay",
+        workflow="orders",
+        attempt=2,
+        max_attempts=5,
+        lease_token="t",
+        input=value({"amount": 3}),
+        run_input=value(["run", None]),
+        progress=value({"done": 1}),
+        effect_uncertain=True,
+        upstream_outputs={"a": value({"x": [1, 2]})},
+        upstream_failures=[pb.UpstreamFailure(node="b", status=types_pb2.STEP_STATUS_SKIPPED)],
+    )
+    step.deadline.FromSeconds(1_900_000_000)
+    step.run_deadline.FromSeconds(1_900_000_100)
+    fields = dict(
         run_id="r1",
         node="charge",
         action="pay",
@@ -346,24 +364,62 @@ def test_the_workers_context_of_a_claimed_step_is_the_one_context_makes():
         max_attempts=5,
         input={"amount": 3},
         run_input=["run", None],
-        upstream=upstream,
-        deadline=None,
+        upstream={"a": {"x": [1, 2]}},
+        deadline=dt.datetime.fromtimestamp(1_900_000_000, dt.UTC),
         progress={"done": 1},
         effect_uncertain=True,
         worker_id="w1",
-        upstream_failures=failures,
+        upstream_failures=(UpstreamFailure(node="b", status=StepStatus.SKIPPED, error=None),),
+        run_deadline=dt.datetime.fromtimestamp(1_900_000_100, dt.UTC),
     )
+    return step, fields
+
+
+def test_the_workers_context_of_a_claimed_step_is_the_one_context_makes():
+    # The worker's Context reads its fields from the claimed step when first asked: it
+    # must hold the very values Context(...) makes of them, and behave as that value
+    # does: frozen, read-only upstream, equal, replaceable, copied as a Context.
+    import copy
+
+    from pyclient.context import Context
+    from pyclient.worker._context import claimed
+
+    step, values = _claimed_step()
+    control = StepControl()
     made = Context(**values, _control=control, _durable=None)
-    fast = claimed_context(**values, control=control, durable=None)
-    assert type(fast) is Context
+    lazy = claimed(step, "w1", control, None)
+    assert isinstance(lazy, Context)
     for f in dataclasses.fields(Context):
-        assert getattr(fast, f.name) == getattr(made, f.name), f.name
-    assert fast == made
-    assert fast.step_id is None
-    assert fast.idempotency_key == "r1:charge"
-    assert fast.should_stop is control.should_stop
+        assert getattr(lazy, f.name) == getattr(made, f.name), f.name
+    assert lazy.input is lazy.input  # made once, the same object after
+    assert lazy == made and made == lazy
+    assert repr(lazy) == repr(made)
+    assert lazy.step_id is None
+    assert lazy.idempotency_key == "r1:charge"
+    assert lazy.should_stop is control.should_stop
     with pytest.raises(dataclasses.FrozenInstanceError):
-        fast.input = 1  # type: ignore[misc]
+        lazy.input = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
-        fast.upstream["b"] = 1  # type: ignore[index]
-    assert dataclasses.replace(fast, attempt=3).attempt == 3
+        lazy.upstream["b"] = 1  # type: ignore[index]
+    replaced = dataclasses.replace(lazy, attempt=3)
+    assert type(replaced) is Context and replaced.attempt == 3
+    assert replaced.input == {"amount": 3}
+    assert type(copy.copy(lazy)) is Context and copy.copy(lazy) == made
+
+
+def test_a_step_calls_context_is_its_nodes_with_the_call():
+    # A durable body's step call runs with its node's context and the call's step id:
+    # what dataclasses.replace would make, from the worker's context or a plain one.
+    from pyclient.context import Context
+    from pyclient.worker._context import claimed
+
+    step, values = _claimed_step()
+    control = StepControl()
+    scope = object()
+    for ctx in (claimed(step, "w1", control, None), Context(**values, _control=control)):
+        inside = ctx._in_call("charge#2", scope)  # type: ignore[arg-type]
+        assert type(inside) is Context
+        assert inside == dataclasses.replace(ctx, step_id="charge#2")
+        assert inside.step_key == "r1:charge:charge#2"
+        assert inside._scope is scope and inside._control is control
+        assert ctx.step_id is None  # the node's own is unchanged
