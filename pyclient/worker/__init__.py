@@ -56,6 +56,7 @@ The package, one module per job (the worker's seams):
   parts call it (stub and metadata). No part holds a reference to the run or the
   Worker: each takes its collaborators (events, callbacks, other parts) by argument.
 - ``_runner``: each claimed step's life (:meth:`StepRunner.start`, :class:`StepRun`).
+- ``_context``: a claimed step's Context, each field read from the claim when asked.
 - ``_session``: the Work stream: steps handed out within the credit of the free
   slots, reports answered on it, reopened with backoff, failed over to CompleteMany.
 - ``_producer``: the handler slots, and the long-poll claims of a server without
