@@ -89,6 +89,7 @@ class Settings:
     migrate_only: bool = False
     citus: str = "auto"
     citus_shards: int = 0
+    citus_route: str = "on"
     event_loop: str = "auto"
     # OpenTelemetry spans (service.tracing; docs/tracing.md).
     tracing: str = "off"
@@ -172,6 +173,10 @@ _HELP = {
     "citus_shards": "shards of the runs when a Citus database is distributed first (0: "
     "Citus's citus.shard_count); fewer shards make claims and completions cheaper, more "
     "let the runs spread over more nodes later (docs/scaling.md)",
+    "citus_route": "on Citus, send the calls of one shard's runs (a claim's part of the "
+    "shard, its outcomes, heartbeats) straight to the node that holds the shard, over a "
+    "pool of --pool-size connections to each node: on or off (every call through the node "
+    "of the database URL, which forwards it)",
     "event_loop": "the asyncio event loop: uvloop (installed with the server extra), "
     "asyncio (the standard library's), or auto: uvloop when it is installed",
     "tracing": "OpenTelemetry spans of every RPC and step (docs/tracing.md): off, otlp "
@@ -257,6 +262,8 @@ def parse(argv: list[str] | None = None) -> Settings:
         parser.error("--max-recoveries must be 0 or more")
     if settings.citus not in ("auto", "on", "off"):
         parser.error(f"--citus must be auto, on or off, not {settings.citus!r}")
+    if settings.citus_route not in ("on", "off"):
+        parser.error(f"--citus-route must be on or off, not {settings.citus_route!r}")
     if not 0 <= settings.citus_shards <= 4096:
         parser.error(f"--citus-shards must be from 0 to 4096, not {settings.citus_shards}")
     if settings.event_loop not in loop.CHOICES:

@@ -78,6 +78,7 @@ class CycloneServer:
             statement_timeout_ms=settings.statement_timeout_ms,
             on_ready=self.dispatcher.publish,
             on_acquire=self.metrics.pool_wait.observe,
+            route_shards=settings.citus_route == "on",
         )
         self.metrics.watch_pool(self.db.pool_status, settings.pool_size)
         #: Live readers of output streams, woken by cyclone_stream notifications.

@@ -37,7 +37,10 @@ class Database:
         statement_timeout_ms: int = 0,
         on_ready: Callable[[set[str]], None] | None = None,
         on_acquire: Callable[[float], None] | None = None,
+        route_shards: bool = True,
     ) -> None:
+        #: On Citus: send each shard's calls to the node that holds it (Pool.route).
+        self.route_shards = route_shards
         self.pool = Pool(
             database_url,
             pool_size=pool_size,
@@ -61,8 +64,12 @@ class Database:
         self.queries = Queries(self.pool)
 
     async def start(self) -> None:
-        """Ask the database once whether it is sharded (Citus), and serve it so."""
-        self.shard(await self.pool.is_sharded())
+        """Ask the database once whether it is sharded (Citus), and serve it so; on
+        Citus, read where its shards live to route calls there (route_shards)."""
+        sharded = await self.pool.is_sharded()
+        self.shard(sharded)
+        if sharded and self.route_shards:
+            await self.pool.route()
 
     def shard(self, sharded: bool) -> None:
         """Serve a sharded database, or a plain one: the claim is chosen here, and the

@@ -176,18 +176,20 @@ class Steps(Repository):
         logs_json: str | None = None,
     ) -> Heartbeat:
         """``logs_json``: the handler's log lines (a JSON array), stored with it."""
-        logs = None
-        if logs_json is not None:
-            logs = logs_items([Outcome(run_id, node, lease_token, logs_json=logs_json)])
+        key = {"run_id": run_id, "node": node, "lease_token": lease_token}
+        if logs_json is None:  # one call: on the node of the run's shard, if known
+            [row] = await self._all_on(
+                self.pool.shard_of.get(run_id),
+                "step_heartbeat",
+                Heartbeat,
+                **key,
+                lease_s=lease_s,
+                progress=progress_json,
+            )
+            return row
+        logs = logs_items([Outcome(run_id, node, lease_token, logs_json=logs_json)])
         [row] = await self._logged(
-            "step_heartbeat",
-            Heartbeat,
-            logs,
-            run_id=run_id,
-            node=node,
-            lease_token=lease_token,
-            lease_s=lease_s,
-            progress=progress_json,
+            "step_heartbeat", Heartbeat, logs, **key, lease_s=lease_s, progress=progress_json
         )
         return row
 

@@ -13,8 +13,11 @@ service/schema/10_internals.sql), read in the same statement.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -31,7 +34,14 @@ from sqlalchemy.util import greenlet_spawn
 
 from cyclone import codes
 from service import errors
-from service.db.records import Kept, Sharded
+from service.db.records import Kept, Placement, Sharded
+
+log = logging.getLogger("cyclone")
+
+#: On a Citus cluster that the server routes on: how old its map of the shards'
+#: nodes may grow before it is read again (a stale map costs a hop, never a wrong
+#: answer: any node runs a call for any shard).
+ROUTES_REFRESH_S = 60.0
 
 #: A row type: a NamedTuple of the query's columns, in order.
 R = TypeVar("R", bound=tuple[Any, ...])
@@ -169,6 +179,25 @@ class Pool:
         self.on_ready = on_ready
         # Hears how long each statement waited for a pooled connection (a metric).
         self.on_acquire = on_acquire
+        self.database_url = database_url
+        # Another node's pool is made alike (route).
+        self._node_pool = functools.partial(
+            Pool,
+            pool_size=pool_size,
+            statement_timeout_ms=statement_timeout_ms,
+            on_ready=on_ready,
+            on_acquire=on_acquire,
+        )
+        # On Citus, with routing on (Pool.route): the pool of the node that holds each
+        # shard of the runs, for the shards that are not on the node this pool
+        # connects to, and the pools by node. Empty otherwise: every call goes here.
+        self.nodes: dict[int, Pool] = {}
+        self._node_pools: dict[tuple[str, int], Pool] = {}
+        self._routing = False
+        self._routes_due = 0.0
+        self._reading_routes: asyncio.Future[None] | None = None
+        #: Connections taken from the pool so far.
+        self.checkouts = 0
         # Whether the database is sharded (Citus); asked once, on first need.
         self.sharded: bool | None = None
         # On a sharded database: the shard of runs this server met (run id text ->
@@ -206,7 +235,83 @@ class Pool:
         self._pool = self.engine.sync_engine.pool
 
     async def close(self) -> None:
+        if self._reading_routes is not None:
+            self._reading_routes.cancel()
+        for node in self._node_pools.values():
+            await node.close()
         await self.engine.dispose()
+
+    async def route(self) -> None:
+        """Send the calls that one shard serves (a claim's part of a shard, a shard's
+        outcomes, a heartbeat) straight to the node that holds the shard, each node
+        over a pool of its own, instead of through the node this pool connects to
+        (Citus; docs/scaling.md). The map of the shards' nodes is read now and again
+        every ROUTES_REFRESH_S."""
+        self._routing = True
+        await self._read_routes()
+
+    async def _read_routes(self) -> None:
+        rows = await self._all("shard_placements", Placement)
+        nodes: dict[int, Pool] = {}
+        for row in rows:
+            if row.local:
+                continue
+            where = (row.host, row.port)
+            node = self._node_pools.get(where)
+            if node is None:
+                url = sa.engine.make_url(sql_url(self.database_url)).set(
+                    host=row.host, port=row.port
+                )
+                node = self._node_pool(url.render_as_string(hide_password=False))
+                node.sharded = True
+                self._node_pools[where] = node
+            nodes[row.shard] = node
+        self.nodes = nodes
+        self._routes_due = time.monotonic() + ROUTES_REFRESH_S
+
+    async def _reread_routes(self) -> None:
+        try:
+            await self._read_routes()
+        except Exception as exc:  # the map in use stays; tried again at the next due
+            self._routes_due = time.monotonic() + ROUTES_REFRESH_S
+            log.warning("could not read the nodes of the shards: %s", exc)
+
+    def node_pools(self) -> list[Pool]:
+        """The pools of the other nodes (route)."""
+        return list(self._node_pools.values())
+
+    def node_of(self, shard: int | None) -> Pool | None:
+        """The pool of the node that holds ``shard``, when the server routes and that
+        is not the node of this pool; else None."""
+        if not self._routing:
+            return None
+        if time.monotonic() > self._routes_due and (
+            self._reading_routes is None or self._reading_routes.done()
+        ):
+            self._routes_due = time.monotonic() + ROUTES_REFRESH_S
+            self._reading_routes = asyncio.ensure_future(self._reread_routes())
+        return self.nodes.get(shard) if shard is not None else None
+
+    async def _all_on(self, shard: int | None, name: str, row: type[R], **params: Any) -> list[R]:
+        """_all for a call of one shard, on the node that holds it (node_of)."""
+        node = self.node_of(shard)
+        return await (self if node is None else node)._all(name, row, **params)
+
+    async def _on_shard(
+        self,
+        driver: psycopg.AsyncConnection[Any],
+        shard: int | None,
+        name: str,
+        row: type[R],
+        **params: Any,
+    ) -> list[R]:
+        """_run for a call of one shard: on the node that holds it (node_of), else on
+        ``driver``."""
+        node = self.node_of(shard)
+        if node is None:
+            return await self._run(driver, name, row, **params)
+        async with node._connection() as routed:
+            return await self._run(routed, name, row, **params)
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -215,6 +320,7 @@ class Pool:
         # itself runs on the psycopg connection underneath. Its execution layer cost
         # more CPU than the hot transitions themselves, and so did engine.connect()'s
         # wrappers around a check-out (docs/performance.md): the pool is used directly.
+        self.checkouts += 1
         try:
             asked = time.perf_counter()
             pooled = await greenlet_spawn(self._pool.connect)
@@ -326,6 +432,8 @@ class Repository:
         self._all = pool._all
         self._one = pool._one
         self._logged = pool._logged
+        self._on_shard = pool._on_shard
+        self._all_on = pool._all_on
         self._published = pool._published
         self.is_sharded = pool.is_sharded
 

@@ -279,6 +279,16 @@ class Refused:
     error: CycloneError
 
 
+class Placement(NamedTuple):
+    """shard_placements: the node that holds a shard of the runs, and whether it is the
+    node the server is connected to."""
+
+    shard: int
+    host: str
+    port: int
+    local: bool
+
+
 class Sharded(NamedTuple):
     """sharded: whether the run-level tables are distributed (Citus)."""
 

@@ -81,16 +81,17 @@ class ShardReports(Repository):
         before it committed: a worker that sends the batch again is answered duplicate
         for those."""
         shards = await self._shards([o.run_id for o in outcomes])
-        groups: dict[int, list[int]] = {}
+        groups: dict[int | None, list[int]] = {}
         for index, shard in enumerate(shards):
             groups.setdefault(shard, []).append(index)
         answers: list[Completion | Refused | None] = [None] * len(outcomes)
         woken: list[str] = []
         async with self._connection() as driver:
-            for indexes in groups.values():
+            for shard, indexes in groups.items():
                 group = [outcomes[k] for k in indexes]
-                rows = await self._run(
+                rows = await self._on_shard(
                     driver,
+                    shard,
                     "step_complete_shard",
                     ShardRow,
                     run_id=group[0].run_id,
@@ -107,11 +108,11 @@ class ShardReports(Repository):
         assert all(a is not None for a in answers)
         return answers  # type: ignore[return-value]
 
-    async def _shards(self, runs: list[str]) -> list[int]:
-        """The shard of each run: remembered from claims, else asked once for all (none
-        for a batch of one run)."""
+    async def _shards(self, runs: list[str]) -> list[int | None]:
+        """The shard of each run: remembered from claims, else asked once for all (for
+        a batch of one run, the remembered one or None: the call finds it)."""
         if len(set(runs)) == 1:
-            return [0] * len(runs)
+            return [self.pool.shard_of.get(runs[0])] * len(runs)
         kept = self.pool.shard_of
         unknown = [r for r in runs if r not in kept]
         if unknown:

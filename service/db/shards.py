@@ -63,7 +63,7 @@ class _Tolerant:
     on their nodes)."""
 
     def __init__(self) -> None:
-        self.down: list[psycopg.Error] = []
+        self.down: list[Exception] = []
         self.answered = 0
 
     async def __call__(self, call: Callable[[], Awaitable[list[T]]]) -> list[T]:
@@ -72,6 +72,9 @@ class _Tolerant:
         except psycopg.Error as exc:
             if not _node_down(exc):
                 raise
+            self.down.append(exc)
+            return []
+        except errors.Unavailable as exc:  # from a node the call was routed to
             self.down.append(exc)
             return []
         self.answered += 1
@@ -126,10 +129,11 @@ class ShardedClaim(Repository):
                 for c in pending[:left]:
                     by_shard.setdefault(c.shard, []).append(c)
                 pending = pending[left:]
-                for group in by_shard.values():
+                for shard, group in by_shard.items():
                     claimed += await tolerant(
-                        lambda group=group: self._run(  # type: ignore[misc]
+                        lambda shard=shard, group=group: self._on_shard(  # type: ignore[misc]
                             driver,
+                            shard,
                             "step_claim_shard",
                             ClaimedStep,
                             run_id=str(group[0].run_id),
@@ -165,7 +169,10 @@ class ShardedClaim(Repository):
                     )
                 )
         if tolerant.down and not tolerant.answered:
-            raise errors.Unavailable(detail=f"database unavailable: {tolerant.down[0]}")
+            first = tolerant.down[0]
+            if isinstance(first, errors.Unavailable):
+                raise first
+            raise errors.Unavailable(detail=f"database unavailable: {first}")
         return claimed
 
     async def _candidates(

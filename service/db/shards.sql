@@ -67,3 +67,14 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
 
 -- name: sharded
 SELECT cyclone.sharded() AS sharded;
+
+-- name: shard_placements
+-- Where each shard of the runs lives (Citus's metadata, on every node): its primary
+-- node, and whether that is the node this connection is on.
+SELECT s.shardid AS shard, n.nodename AS host, n.nodeport AS port,
+       n.groupid = (SELECT groupid FROM pg_dist_local_group) AS local
+  FROM pg_dist_shard s
+  JOIN pg_dist_placement p ON p.shardid = s.shardid
+  JOIN pg_dist_node n ON n.groupid = p.groupid AND n.noderole = 'primary' AND n.isactive
+ WHERE s.logicalrelid = 'cyclone.runs'::regclass
+ ORDER BY s.shardid;

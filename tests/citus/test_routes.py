@@ -1,0 +1,87 @@
+"""Calls sent where their shard lives: a server on Citus sends a claim's part of each
+shard, a shard's outcomes and a heartbeat straight to the node that holds the shard,
+over a pool of its own to each node (--citus-route, docs/scaling.md)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from cyclone.v1 import worker_service_pb2 as worker_pb
+from tests.conftest import TEST_SETTINGS, RunningServer
+from tests.helpers import claim, complete, get_run, node, run_status, submit, workflow
+
+
+def _placements(server: Any) -> dict[int, int]:
+    """Each shard of the runs and the port of the node that holds it."""
+    rows = server.sql(
+        "SELECT s.shardid, n.nodeport FROM pg_dist_shard s"
+        " JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n USING (groupid)"
+        " WHERE s.logicalrelid = 'cyclone.runs'::regclass AND n.noderole = 'primary'"
+    )
+    return {shard: port for shard, port in rows}
+
+
+def _node_port(pool: Any) -> int:
+    return int(pool.engine.url.port)
+
+
+def _drain(server: Any, runs: int = 12) -> list[str]:
+    """Runs submitted, claimed, heartbeated and completed through ``server``; their ids."""
+    ids = [submit(server, workflow("w", node("a"))) for _ in range(runs)]
+    steps = claim(server, n=runs * 2)
+    assert sorted(s.run_id for s in steps) == sorted(ids)
+    for step in steps:
+        answer = server.workers.Heartbeat(
+            worker_pb.HeartbeatRequest(
+                run_id=step.run_id, node=step.node, lease_token=step.lease_token
+            )
+        )
+        assert answer.lease_expires_at.seconds > 0
+    for step in steps:
+        complete(server, step, step.run_id)
+    for run_id in ids:
+        assert run_status(get_run(server, run_id)) == "completed"
+    return ids
+
+
+def test_a_shards_calls_go_to_the_node_that_holds_it(cyclone_server: Any) -> None:
+    """Every shard on a worker node is mapped to a pool of that node's, and a drain's
+    claims, heartbeats and completions are sent over them."""
+    pool = cyclone_server.server.db.pool
+    placements = _placements(cyclone_server)
+    assert {shard: _node_port(p) for shard, p in pool.nodes.items()} == placements
+    assert len(set(placements.values())) == 2
+    used = _checkouts(pool)
+    _drain(cyclone_server)
+    for port, calls in _checkouts(pool).items():
+        assert calls > used.get(port, 0), f"nothing was sent to the node on {port}"
+
+
+def _checkouts(pool: Any) -> dict[int, int]:
+    """Connections each node's pool handed out so far, by the node's port."""
+    return {_node_port(p): p.checkouts for p in pool.nodes.values()}
+
+
+def test_a_stale_map_of_the_shards_costs_a_hop_not_an_answer(cyclone_server: Any) -> None:
+    """A shard that moved since the map was read is reached through the node the call
+    went to (any node runs a call for any shard): the map is only ever an optimisation."""
+    pool = cyclone_server.server.db.pool
+    nodes = sorted({id(p): p for p in pool.nodes.values()}.values(), key=_node_port)
+    assert len(nodes) == 2
+    wrong = {shard: nodes[1] if p is nodes[0] else nodes[0] for shard, p in pool.nodes.items()}
+    pool.nodes = wrong
+    _drain(cyclone_server)
+
+
+def test_with_routing_off_every_call_goes_through_the_servers_node(
+    database_url: str,
+) -> None:
+    server = RunningServer(database_url, replace(TEST_SETTINGS, citus_route="off")).start()
+    try:
+        pool = server.server.db.pool
+        assert pool.nodes == {}
+        _drain(server)
+        assert pool.nodes == {} and pool.node_pools() == []
+    finally:
+        server.stop()
