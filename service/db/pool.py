@@ -194,6 +194,8 @@ class Pool:
         self.nodes: dict[int, Pool] = {}
         self._node_pools: dict[tuple[str, int], Pool] = {}
         self._routing = False
+        # Whether the node this pool connects to holds shards of the runs (route).
+        self.holds_shards = False
         self._routes_due = 0.0
         self._reading_routes: asyncio.Future[None] | None = None
         #: Connections taken from the pool so far.
@@ -253,6 +255,7 @@ class Pool:
     async def _read_routes(self) -> None:
         rows = await self._all("shard_placements", Placement)
         nodes: dict[int, Pool] = {}
+        self.holds_shards = any(row.local for row in rows)
         for row in rows:
             if row.local:
                 continue
@@ -279,6 +282,15 @@ class Pool:
     def node_pools(self) -> list[Pool]:
         """The pools of the other nodes (route)."""
         return list(self._node_pools.values())
+
+    def shard_holders(self) -> list[Pool]:
+        """When the server routes: the pools of the nodes that hold shards of the runs,
+        this one among them if its node does (empty when it does not route)."""
+        if not self._routing:
+            return []
+        self.node_of(None)  # the map read again when due
+        holders = list(dict.fromkeys(self.nodes.values()))
+        return [self, *holders] if self.holds_shards else holders
 
     def node_of(self, shard: int | None) -> Pool | None:
         """The pool of the node that holds ``shard``, when the server routes and that

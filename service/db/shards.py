@@ -3,6 +3,7 @@ the same seam (service.db.claim.Claim) as the plain one."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
@@ -11,7 +12,7 @@ import psycopg
 
 from service import errors
 from service.db.builds import BuildSet
-from service.db.pool import Repository
+from service.db.pool import Pool, Repository
 from service.db.records import ClaimedStep
 from service.db.shard_reports import remember_shards
 
@@ -183,7 +184,14 @@ class ShardedClaim(Repository):
         builds: list[str],
         flow: Mapping[str, list[Any]],
     ) -> list[Candidate]:
-        """The claim's first read, across shards; shard by shard while a node is down."""
+        """The claim's first read, across shards: from each node that holds shards when
+        the server routes (unless a keyed step is met), else through the node of the
+        server's URL; shard by shard while a node is down."""
+        holders = self.pool.shard_holders()
+        if holders:
+            found = await self._candidates_by_node(holders, worker_id, actions, limit, builds, flow)
+            if found is not None:
+                return found
         try:
             return await self._all(
                 "step_candidates_sharded",
@@ -197,6 +205,51 @@ class ShardedClaim(Repository):
         except errors.Unavailable:
             # A node is down: the shards on the others, read one by one, go on.
             return await self._candidates_by_shard(actions, limit, builds, flow)
+
+    async def _candidates_by_node(
+        self,
+        holders: list[Pool],
+        worker_id: str,
+        actions: list[str],
+        limit: int,
+        builds: list[str],
+        flow: Mapping[str, list[Any]],
+    ) -> list[Candidate] | None:
+        """step_candidates_sharded's answer made from each node's own shards
+        (step_candidates_local, the nodes asked at once), merged in claim order; the
+        nodes that do not answer are passed over, and Unavailable is raised when none
+        does. None when a step with a concurrency key is met: then the read across
+        shards, which passes over the keys already full, is made instead."""
+        answers = await asyncio.gather(
+            *(
+                node._all(
+                    "step_candidates_local",
+                    ShardCandidate,
+                    worker_id=worker_id,
+                    actions=actions,
+                    limit=limit,
+                    builds=builds,
+                    **flow,
+                )
+                for node in holders
+            ),
+            return_exceptions=True,
+        )
+        found: list[ShardCandidate] = []
+        failed: errors.Unavailable | None = None
+        for answer in answers:
+            if isinstance(answer, errors.Unavailable):
+                failed = answer
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                found += answer
+        if failed is not None and all(isinstance(a, BaseException) for a in answers):
+            raise failed
+        if any(c.concurrency_key is not None for c in found):
+            return None
+        found.sort(key=lambda c: (-c.priority, c.due))
+        return [Candidate(*c[:7]) for c in found[:limit]]
 
     async def _candidates_by_shard(
         self, actions: list[str], limit: int, builds: list[str], flow: Mapping[str, list[Any]]

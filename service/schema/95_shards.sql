@@ -976,53 +976,20 @@ BEGIN
 END;
 $$;
 
--- step_candidates_sharded for the one shard of p_run_id, when a multi-shard read cannot
--- be made (a worker node is down): up to p_limit ready steps of these actions on that
--- shard, in claim order, no locks, with their priority and due time so that the server
--- merges the shards' answers in claim order. Distributed by p_run_id (any run id of the
--- shard): delegated whole to the shard's node, which reads its tables directly. Keys
+-- Up to p_limit ready steps of these actions in one shard whose tables this node holds
+-- (p_tables: its steps, step_calls and runs), in claim order, no locks, with their
+-- priority and due time so that the server merges shards' answers in claim order. Keys
 -- already full are not passed over here (step_claim_flow counts them under their
--- locks); rated actions whose window is full are. Called by the server for each shard
--- while the read across shards fails, so that the runs on the nodes that are up go on.
--- The rates' periods are seconds: Citus delegates a call only when its arguments are
--- plain values.
-CREATE FUNCTION cyclone.step_candidates_on(
-    p_run_id uuid, p_actions text[], p_limit integer, p_rate_actions text[],
-    p_rate_counts integer[], p_rate_periods float8[], p_builds text[] DEFAULT '{}')
+-- locks); rated actions whose window is full (p_shut) and paused workflows (p_flows)
+-- are. Called by step_candidates_on and step_candidates_local.
+CREATE FUNCTION cyclone._step_candidates_in(
+    p_tables text[], p_shard bigint, p_actions text[], p_limit integer, p_now timestamptz,
+    p_shut text[], p_flows text[], p_rate_actions text[], p_builds text[])
 RETURNS TABLE (run_id uuid, node text, action text, shard bigint, concurrency_key text,
                concurrency_limit integer, flow boolean, priority integer,
                available_at timestamptz)
 LANGUAGE plpgsql STABLE AS $$
-#variable_conflict use_column
-DECLARE
-    v_now    timestamptz := cyclone.now();
-    -- Rate-limited actions whose window is full, and paused actions (75_pauses.sql).
-    v_shut   text[] := ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'action');
-    -- Paused workflows: their runs' steps are passed over.
-    v_flows  text[] := ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'workflow');
-    v_shard  bigint := 0;
-    v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.runs'];
 BEGIN
-    IF cardinality(p_rate_actions) > 0 THEN
-        v_shut := v_shut || ARRAY(
-            SELECT r.action
-              FROM unnest(p_rate_actions, p_rate_counts, p_rate_periods) AS r(action, count, period)
-              JOIN cyclone.action_rates t ON t.action = r.action
-             WHERE (SELECT coalesce(sum(b.n), 0) FROM unnest(t.lasts, t.counts) AS b(last, n)
-                     WHERE b.last > v_now - make_interval(secs => r.period)) >= r.count);
-    END IF;
-    IF cyclone.sharded() THEN
-        v_shard := get_shard_id_for_distribution_column('cyclone.runs', p_run_id);
-        v_tables := ARRAY(SELECT format('cyclone.%I', t.name || '_'
-                                        || get_shard_id_for_distribution_column(
-                                               ('cyclone.' || t.name)::regclass, p_run_id))
-                            FROM unnest(ARRAY['steps', 'step_calls', 'runs'])
-                                 WITH ORDINALITY AS t(name, i)
-                           ORDER BY t.i);
-        IF EXISTS (SELECT 1 FROM unnest(v_tables) n WHERE to_regclass(n) IS NULL) THEN
-            RETURN;  -- not on the shard's node: nothing is read
-        END IF;
-    END IF;
     RETURN QUERY EXECUTE format($q$
         SELECT s.run_id, s.node, s.action, $7, s.concurrency_key, s.concurrency_limit,
                s.concurrency_key IS NOT NULL OR s.action = ANY ($5), s.priority,
@@ -1038,7 +1005,116 @@ BEGIN
                                 WHERE w.run_id = s.run_id AND w.workflow = ANY ($8)))
          ORDER BY s.priority DESC, s.available_at
          LIMIT $4
-    $q$, v_tables[1], v_tables[2], v_tables[3])
-      USING p_actions, v_now, v_shut, p_limit, p_rate_actions, p_builds, v_shard, v_flows;
+    $q$, p_tables[1], p_tables[2], p_tables[3])
+      USING p_actions, p_now, p_shut, p_limit, p_rate_actions, p_builds, p_shard, p_flows;
+END;
+$$;
+
+-- The actions a claim passes over: paused ones (75_pauses.sql) and, of the rated ones
+-- the worker declares (p_rate_actions, p_rate_counts per p_rate_periods seconds), those
+-- whose window is full as last written. Called by step_candidates_on and
+-- step_candidates_local.
+CREATE FUNCTION cyclone._claim_shut(
+    p_now timestamptz, p_rate_actions text[], p_rate_counts integer[],
+    p_rate_periods float8[])
+RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'action')
+           || ARRAY(SELECT r.action
+                      FROM unnest(p_rate_actions, p_rate_counts, p_rate_periods)
+                           AS r(action, count, period)
+                      JOIN cyclone.action_rates t ON t.action = r.action
+                     WHERE (SELECT coalesce(sum(b.n), 0)
+                              FROM unnest(t.lasts, t.counts) AS b(last, n)
+                             WHERE b.last > p_now - make_interval(secs => r.period))
+                           >= r.count);
+$$;
+
+-- step_candidates_sharded for the one shard of p_run_id, when a multi-shard read cannot
+-- be made (a worker node is down): up to p_limit ready steps of these actions on that
+-- shard (_step_candidates_in). Distributed by p_run_id (any run id of the shard):
+-- delegated whole to the shard's node, which reads its tables directly. Called by the
+-- server for each shard while the read across shards fails, so that the runs on the
+-- nodes that are up go on. The rates' periods are seconds: Citus delegates a call only
+-- when its arguments are plain values.
+CREATE FUNCTION cyclone.step_candidates_on(
+    p_run_id uuid, p_actions text[], p_limit integer, p_rate_actions text[],
+    p_rate_counts integer[], p_rate_periods float8[], p_builds text[] DEFAULT '{}')
+RETURNS TABLE (run_id uuid, node text, action text, shard bigint, concurrency_key text,
+               concurrency_limit integer, flow boolean, priority integer,
+               available_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_shard  bigint := 0;
+    v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.runs'];
+BEGIN
+    IF cyclone.sharded() THEN
+        v_shard := get_shard_id_for_distribution_column('cyclone.runs', p_run_id);
+        v_tables := ARRAY(SELECT format('cyclone.%I', t.name || '_'
+                                        || get_shard_id_for_distribution_column(
+                                               ('cyclone.' || t.name)::regclass, p_run_id))
+                            FROM unnest(ARRAY['steps', 'step_calls', 'runs'])
+                                 WITH ORDINALITY AS t(name, i)
+                           ORDER BY t.i);
+        IF EXISTS (SELECT 1 FROM unnest(v_tables) n WHERE to_regclass(n) IS NULL) THEN
+            RETURN;  -- not on the shard's node: nothing is read
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT * FROM cyclone._step_candidates_in(
+        v_tables, v_shard, p_actions, p_limit, v_now,
+        cyclone._claim_shut(v_now, p_rate_actions, p_rate_counts, p_rate_periods),
+        ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'workflow'),
+        p_rate_actions, p_builds);
+END;
+$$;
+
+-- The claim's first read on one node, by a server that sends each node its part
+-- (--citus-route): up to p_limit ready steps of these actions in each shard of the
+-- runs that this node holds (_step_candidates_in, shard by shard: the server merges the
+-- nodes' answers in claim order). Not delegated: called on each node that holds
+-- shards, it reads that node's shards' tables directly, without a multi-shard query
+-- through the coordinator. Nothing on a node that holds none, or on a database that is
+-- not distributed.
+CREATE FUNCTION cyclone.step_candidates_local(
+    p_actions text[], p_limit integer, p_rate_actions text[], p_rate_counts integer[],
+    p_rate_periods float8[], p_builds text[] DEFAULT '{}')
+RETURNS TABLE (run_id uuid, node text, action text, shard bigint, concurrency_key text,
+               concurrency_limit integer, flow boolean, priority integer,
+               available_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_now   timestamptz := cyclone.now();
+    v_shut  text[];
+    v_flows text[] := ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'workflow');
+    r       record;
+BEGIN
+    IF NOT cyclone.sharded() THEN
+        RETURN;
+    END IF;
+    v_shut := cyclone._claim_shut(v_now, p_rate_actions, p_rate_counts, p_rate_periods);
+    -- Each shard of the runs placed on this node, with the shards of steps and
+    -- step_calls co-located with it (the same hash range).
+    FOR r IN
+        SELECT s.shardid AS shard,
+               ARRAY(SELECT format('cyclone.%I', t.name || '_' || c.shardid)
+                       FROM unnest(ARRAY['steps', 'step_calls']) WITH ORDINALITY AS t(name, i)
+                       JOIN pg_dist_shard c
+                         ON c.logicalrelid = ('cyclone.' || t.name)::regclass
+                        AND c.shardminvalue = s.shardminvalue
+                      ORDER BY t.i)
+               || format('cyclone.%I', 'runs_' || s.shardid) AS tables
+          FROM pg_dist_shard s
+          JOIN pg_dist_placement p ON p.shardid = s.shardid
+         WHERE s.logicalrelid = 'cyclone.runs'::regclass
+           AND p.groupid = (SELECT l.groupid FROM pg_dist_local_group l)
+         ORDER BY s.shardid
+    LOOP
+        RETURN QUERY
+        SELECT * FROM cyclone._step_candidates_in(
+            r.tables, r.shard, p_actions, p_limit, v_now, v_shut, v_flows, p_rate_actions,
+            p_builds);
+    END LOOP;
 END;
 $$;

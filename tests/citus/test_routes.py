@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from cyclone.v1 import worker_service_pb2 as worker_pb
+from cyclone.v1 import workflow_service_pb2 as wf_pb
 from tests.conftest import TEST_SETTINGS, RunningServer
 from tests.helpers import claim, complete, get_run, node, run_status, submit, workflow
 
@@ -85,3 +86,27 @@ def test_with_routing_off_every_call_goes_through_the_servers_node(
         assert pool.nodes == {} and pool.node_pools() == []
     finally:
         server.stop()
+
+
+def test_a_claim_reads_each_nodes_shards_and_hands_out_in_claim_order(
+    cyclone_server: Any,
+) -> None:
+    """The claim's first read asks each node for its own shards' ready steps and merges
+    them: highest priority first, then oldest, whichever node holds the run."""
+
+    def submitted(priority: int) -> str:
+        request = wf_pb.SubmitRequest(workflow=workflow("w", node("a")), priority=priority)
+        return str(cyclone_server.workflows.Submit(request).run_id)
+
+    low = [submitted(0) for _ in range(6)]
+    high = [submitted(5) for _ in range(6)]
+    pool = cyclone_server.server.db.pool
+    holders = pool.shard_holders()
+    used = [p.checkouts for p in holders]
+    first = claim(cyclone_server, n=6)
+    assert sorted(s.run_id for s in first) == sorted(high)
+    assert all(p.checkouts > n for p, n in zip(holders, used, strict=True))
+    rest = claim(cyclone_server, n=20)
+    assert sorted(s.run_id for s in rest) == sorted(low)
+    shards = {pool.shard_of[r] for r in high + low}
+    assert len({id(pool.nodes[s]) for s in shards}) == 2, "the runs are on both nodes"
