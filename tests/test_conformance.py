@@ -48,14 +48,29 @@ def _takes_over(scenario: dict[str, Any]) -> bool:
 
 
 def _cases() -> Iterator[Any]:
+    """Each scenario in each language and, for a takeover, each pair. A case with a
+    worker in another language than Python is marked polyglot: `make test-all` runs
+    those in its main suite only, which builds the Go and TypeScript workers once, and
+    not also in the suites it runs beside it (two builds of one checkout at a time
+    would rewrite the TypeScript worker under each other's running processes)."""
     for scenario in SCENARIOS:
         for name in LANGUAGES:
-            yield pytest.param(scenario, name, name, id=f"{scenario['name']}-{name}")
+            yield pytest.param(
+                scenario, name, name, id=f"{scenario['name']}-{name}", marks=_marks(name)
+            )
         if _takes_over(scenario):
             for first, second in permutations(LANGUAGES, 2):
                 yield pytest.param(
-                    scenario, first, second, id=f"{scenario['name']}-{first}-then-{second}"
+                    scenario,
+                    first,
+                    second,
+                    id=f"{scenario['name']}-{first}-then-{second}",
+                    marks=_marks(first, second),
                 )
+
+
+def _marks(*languages: str) -> list[Any]:
+    return [] if set(languages) == {"python"} else [pytest.mark.polyglot]
 
 
 @pytest.fixture(scope="session")

@@ -292,11 +292,19 @@ def test_the_db_wing_imports_neither_the_api_nor_the_engine():
 
 def _wing_query_names(path: Path) -> set[str]:
     """The names of the named queries a db module runs: the literal first argument of
-    _all, _one and _logged (the second of _run), or a literal assigned to ``name``."""
+    _all, _one and _logged (the second of _run and _all_on, the third of _on_shard), or
+    a literal assigned to ``name``."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            position = {"_all": 0, "_one": 0, "_logged": 0, "_run": 1}.get(node.func.attr)
+            position = {
+                "_all": 0,
+                "_one": 0,
+                "_logged": 0,
+                "_run": 1,
+                "_all_on": 1,
+                "_on_shard": 2,
+            }.get(node.func.attr)
             if position is not None and len(node.args) > position:
                 argument = node.args[position]
                 if isinstance(argument, ast.Constant) and isinstance(argument.value, str):

@@ -89,6 +89,14 @@ class _Tolerant:
         self.answered += 1
         return rows
 
+    def check(self) -> None:
+        """Unavailable when every call failed for its node being down."""
+        if self.down and not self.answered:
+            first = self.down[0]
+            if isinstance(first, errors.Unavailable):
+                raise first
+            raise errors.Unavailable(detail=f"database unavailable: {first}")
+
 
 class ShardedClaim(Repository):
     """Claims on a sharded database."""
@@ -111,9 +119,10 @@ class ShardedClaim(Repository):
         flow: Mapping[str, list[Any]],
         build_id: str | None,
     ) -> list[ClaimedStep]:
-        """A claim on a sharded database (95_shards.sql): one multi-shard read of the
-        ready steps (no locks), then each shard's taken in one delegated call, a
-        single-shard transaction (step_claim_shard), and those under flow control
+        """A claim on a sharded database (95_shards.sql): one read of the ready steps
+        across shards (no locks; _candidates), then each shard's taken in one delegated call, a
+        single-shard transaction (step_claim_shard, sent to the shard's node when the
+        server routes: Pool.route), and those under flow control
         admitted under their locks on the coordinator (step_claim_flow). Twice the steps
         asked are read, as other servers may take some first. A worker marked
         unhealthy (a lease of it lapsed) gets nothing: asked by the first read, and by
@@ -177,11 +186,7 @@ class ShardedClaim(Repository):
                         **flow,
                     )
                 )
-        if tolerant.down and not tolerant.answered:
-            first = tolerant.down[0]
-            if isinstance(first, errors.Unavailable):
-                raise first
-            raise errors.Unavailable(detail=f"database unavailable: {first}")
+        tolerant.check()
         return claimed
 
     async def _candidates(
