@@ -415,6 +415,29 @@ BEGIN
 END;
 $$;
 
+-- The name of this session's prepared statement of p_sql, whose parameters have the
+-- types p_types, prepared now if the session has none. The functions delegated to a
+-- shard's node address the shard's tables by name, so their statements are EXECUTEd
+-- from text, and Postgres would parse and plan each one at every call (about a
+-- millisecond for a claim's); a prepared statement keeps its plan for the session
+-- and is planned again only when its tables change. Its name is a hash of its text:
+-- another shard's statement, or one a later migration rewrites, is another statement.
+-- Run as EXECUTE format('EXECUTE %I(%L, ...)', name, values...): EXECUTE ... USING
+-- cannot pass parameters to a prepared statement. Called by step_claim_shard,
+-- step_complete_shard, step_candidates_on and step_candidates_local.
+CREATE FUNCTION cyclone._prepared(p_types text, p_sql text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text := 'cyclone_' || md5(p_types || ';' || p_sql);
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_statements p
+                    WHERE p.name = v_name) THEN
+        EXECUTE format('PREPARE %I (%s) AS %s', v_name, p_types, p_sql);
+    END IF;
+    RETURN v_name;
+END;
+$$;
+
 -- step_claim_run for the steps p_nodes of the runs p_runs (aligned), all of one shard,
 -- in one call: distributed by p_run_id (any of p_runs), a call is delegated whole to
 -- the node holding that shard and is one single-shard transaction there, one round trip
@@ -448,7 +471,8 @@ DECLARE
     v_nodes  text[];
     -- The tables as this node holds them: on Citus the shards of p_run_id's group,
     -- which this call (delegated to their node) reads and writes as the plain tables
-    -- they are, planned once per statement rather than twice.
+    -- they are, in a statement planned once per session (_prepared) rather than twice
+    -- at every call.
     v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.step_errors',
                              'cyclone.runs', 'cyclone.worker_health'];
     v_shards text[];
@@ -493,7 +517,9 @@ BEGIN
     -- distributed table), $4 the time, $5 the worker, $6 the lease, $7 the worker's build,
     -- $8 its set; %1$s steps, %2$s step_calls, %3$s step_errors, %4$s runs, %5$s
     -- worker_health (a reference table: its shard is on every node).
-    RETURN QUERY EXECUTE format($q$
+    RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L)',
+        cyclone._prepared('uuid[], text[], uuid[], timestamptz, text, interval, text, text[]',
+                          format($q$
             WITH picked AS (
                 SELECT s.run_id, s.node, t.token, s.effect_uncertain AS uncertain,
                        s.available_at AS since, s.waiting_for = 'sleep' AS slept, t.i,
@@ -586,9 +612,9 @@ BEGIN
               JOIN picked p ON p.run_id = c.run_id AND p.node = c.node
               JOIN %4$s r ON r.run_id = c.run_id
              ORDER BY p.i
-$q$, v_tables[1], v_tables[2], v_tables[3], v_tables[4], v_tables[5])
-        USING p_runs, p_nodes, ARRAY(SELECT gen_random_uuid() FROM unnest(p_nodes)), v_now,
-              p_worker, p_lease, p_build, p_builds;
+$q$, v_tables[1], v_tables[2], v_tables[3], v_tables[4], v_tables[5])),
+        p_runs, p_nodes, ARRAY(SELECT gen_random_uuid() FROM unnest(p_nodes)), v_now,
+        p_worker, p_lease, p_build, p_builds);
 END;
 $$;
 
@@ -781,8 +807,9 @@ DECLARE
     v_done     cyclone.completion;
     -- The shards of p_run_id's group that this node holds (runs, steps), when the call
     -- was delegated here: the first pass reads and writes them as the plain tables they
-    -- are, each statement planned once by Postgres, where Citus plans a statement on a
-    -- distributed table twice (as a distributed query, then its shard's).
+    -- are, each statement planned by Postgres once per session (_prepared), where Citus
+    -- plans a statement on a distributed table twice (as a distributed query, then its
+    -- shard's) at every call.
     v_shards   text[];
     v_applied  integer[] := '{}';
     v_run      uuid[];
@@ -810,10 +837,12 @@ BEGIN
     IF v_shards IS NOT NULL THEN
         -- The first pass, as step_complete_many's: lock the runs in run_id order, then
         -- every success whose lease holds in one statement.
-        EXECUTE format('SELECT 1 FROM %s r WHERE r.run_id = ANY ($1) ORDER BY r.run_id'
-                       ' FOR NO KEY UPDATE', v_shards[1])
-          USING ARRAY(SELECT DISTINCT (e->>'run_id')::uuid FROM jsonb_array_elements(p_items) e);
-        EXECUTE format($q$
+        EXECUTE format('EXECUTE %I(%L)',
+            cyclone._prepared('uuid[]', format(
+                'SELECT 1 FROM %s r WHERE r.run_id = ANY ($1) ORDER BY r.run_id'
+                ' FOR NO KEY UPDATE', v_shards[1])),
+            ARRAY(SELECT DISTINCT (e->>'run_id')::uuid FROM jsonb_array_elements(p_items) e));
+        EXECUTE format('EXECUTE %I(%L, %L)', cyclone._prepared('jsonb, timestamptz', format($q$
             WITH done AS (
                 UPDATE %s s
                    SET status = 'completed', output = coalesce(t.e->'output', 'null'::jsonb),
@@ -831,15 +860,15 @@ BEGIN
                    coalesce(array_agg(DISTINCT action)
                                 FILTER (WHERE concurrency_key IS NOT NULL), '{}')
               FROM done
-        $q$, v_shards[2])
-          INTO v_applied, v_run, v_node, v_has_deps, v_keyed
-          USING p_items, v_now;
+        $q$, v_shards[2])), p_items, v_now)
+          INTO v_applied, v_run, v_node, v_has_deps, v_keyed;
         -- A slot of a key is free: its action's claims look again (_key_wake on a
         -- worker node: a key is not counted across shards here).
         PERFORM cyclone._notify_ready(v_keyed);
         -- Runs where no completed step has a dependent: closed by the count, as
         -- _runs_close closes them; a child that finishes owes its parent a wake.
-        FOR v_closed IN EXECUTE format($q$
+        FOR v_closed IN EXECUTE format('EXECUTE %I(%L, %L, %L)',
+            cyclone._prepared('uuid[], boolean[], timestamptz', format($q$
             UPDATE %1$s r
                SET steps_open = r.steps_open - c.closed, updated_at = $3,
                    status = CASE WHEN NOT c.closing THEN r.status
@@ -866,7 +895,7 @@ BEGIN
                     OFFSET 0) c
              WHERE r.run_id = c.run_id
             RETURNING r.run_id, r.status, r.parent_run_id, c.closing
-        $q$, v_shards[1], v_shards[2]) USING v_run, v_has_deps, v_now
+        $q$, v_shards[1], v_shards[2])), v_run, v_has_deps, v_now)
         LOOP
             v_status := v_closed.status;
             IF v_closed.closing AND v_closed.parent_run_id IS NOT NULL THEN
@@ -1037,7 +1066,8 @@ CREATE FUNCTION cyclone.step_candidates_on(
 RETURNS TABLE (run_id uuid, node text, action text, shard bigint, concurrency_key text,
                concurrency_limit integer, flow boolean, priority integer,
                available_at timestamptz)
-LANGUAGE plpgsql STABLE AS $$
+-- Volatile: it may prepare its statement (_prepared).
+LANGUAGE plpgsql AS $$
 DECLARE
     v_now    timestamptz := cyclone.now();
     v_shard  bigint := 0;
@@ -1055,11 +1085,13 @@ BEGIN
             RETURN;  -- not on the shard's node: nothing is read
         END IF;
     END IF;
-    RETURN QUERY EXECUTE cyclone._step_candidates_sql(v_tables, v_shard)
-      USING p_actions, v_now,
-            cyclone._claim_shut(v_now, p_rate_actions, p_rate_counts, p_rate_periods),
-            p_limit, p_rate_actions, p_builds,
-            ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'workflow');
+    RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L)',
+        cyclone._prepared('text[], timestamptz, text[], integer, text[], text[], text[]',
+                          cyclone._step_candidates_sql(v_tables, v_shard)),
+        p_actions, v_now,
+        cyclone._claim_shut(v_now, p_rate_actions, p_rate_counts, p_rate_periods),
+        p_limit, p_rate_actions, p_builds,
+        ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'workflow'));
 END;
 $$;
 
@@ -1076,7 +1108,8 @@ CREATE FUNCTION cyclone.step_candidates_local(
 RETURNS TABLE (run_id uuid, node text, action text, shard bigint, concurrency_key text,
                concurrency_limit integer, flow boolean, priority integer,
                available_at timestamptz)
-LANGUAGE plpgsql STABLE AS $$
+-- Volatile: it may prepare its statement (_prepared).
+LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := cyclone.now();
     v_sql text;
@@ -1104,11 +1137,13 @@ BEGIN
     IF v_sql IS NULL THEN
         RETURN;
     END IF;
-    RETURN QUERY EXECUTE 'SELECT * FROM (' || v_sql
-                         || ') c ORDER BY c.priority DESC, c.available_at LIMIT $4'
-      USING p_actions, v_now,
-            cyclone._claim_shut(v_now, p_rate_actions, p_rate_counts, p_rate_periods),
-            p_limit, p_rate_actions, p_builds,
-            ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'workflow');
+    RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L)',
+        cyclone._prepared('text[], timestamptz, text[], integer, text[], text[], text[]',
+                          'SELECT * FROM (' || v_sql
+                          || ') c ORDER BY c.priority DESC, c.available_at LIMIT $4'),
+        p_actions, v_now,
+        cyclone._claim_shut(v_now, p_rate_actions, p_rate_counts, p_rate_periods),
+        p_limit, p_rate_actions, p_builds,
+        ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'workflow'));
 END;
 $$;

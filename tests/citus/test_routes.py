@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import psycopg
+
 from cyclone.v1 import worker_service_pb2 as worker_pb
 from cyclone.v1 import workflow_service_pb2 as wf_pb
 from tests.conftest import TEST_SETTINGS, RunningServer
@@ -110,3 +112,44 @@ def test_a_claim_reads_each_nodes_shards_and_hands_out_in_claim_order(
     assert sorted(s.run_id for s in rest) == sorted(low)
     shards = {pool.shard_of[r] for r in high + low}
     assert len({id(pool.nodes[s]) for s in shards}) == 2, "the runs are on both nodes"
+
+
+def test_a_nodes_statements_are_planned_once_per_session(cyclone_server: Any) -> None:
+    """On a worker node, the statements a delegated call EXECUTEs over its shard's
+    tables are prepared at the session's first call and reused by the next (_prepared):
+    the session's prepared statements do not grow with its calls, and the answers are
+    the same."""
+    ids = [submit(cyclone_server, workflow("w", node("a"))) for _ in range(8)]
+    pool = cyclone_server.server.db.pool
+    ports = sorted({_node_port(p) for p in pool.nodes.values()})
+    assert len(ports) == 2
+    url = cyclone_server.database_url
+    for port in ports:
+        with psycopg.connect(psycopg.conninfo.make_conninfo(url, port=port)) as conn:
+            conn.autocommit = True
+
+            def prepared() -> list[str]:
+                rows = conn.execute(
+                    "SELECT name FROM pg_prepared_statements WHERE name LIKE 'cyclone\\_%'"
+                ).fetchall()
+                return sorted(r[0] for r in rows)
+
+            def read() -> list[str]:
+                rows = conn.execute(
+                    "SELECT run_id FROM cyclone.step_candidates_local("
+                    "ARRAY['work'], 100, '{}', '{}', '{}')"
+                ).fetchall()
+                return sorted(str(r[0]) for r in rows)
+
+            assert prepared() == []
+            first = read()
+            assert first and set(first) <= set(ids)
+            once = prepared()
+            assert len(once) == 1
+            assert read() == first
+            assert prepared() == once
+    steps = claim(cyclone_server, n=16)
+    assert sorted(s.run_id for s in steps) == sorted(ids)
+    for step in steps:
+        complete(cyclone_server, step, step.run_id)
+    assert {run_status(get_run(cyclone_server, r)) for r in ids} == {"completed"}
