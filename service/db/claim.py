@@ -177,9 +177,9 @@ class Steps(Repository):
     ) -> Heartbeat:
         """``logs_json``: the handler's log lines (a JSON array), stored with it."""
         key = {"run_id": run_id, "node": node, "lease_token": lease_token}
-        if logs_json is None:  # one call: on the node of the run's shard, if known
+        if logs_json is None:  # one call: on the node of the run's shard
             [row] = await self._all_on(
-                self.pool.shard_of.get(run_id),
+                self.pool.shard_for(run_id),
                 "step_heartbeat",
                 Heartbeat,
                 **key,

@@ -35,6 +35,7 @@ from sqlalchemy.util import greenlet_spawn
 from cyclone import codes
 from service import errors
 from service.db.records import Kept, Placement, Sharded
+from service.db.shard_hash import ShardRanges
 
 log = logging.getLogger("cyclone")
 
@@ -196,6 +197,8 @@ class Pool:
         self._routing = False
         # Whether the node this pool connects to holds shards of the runs (route).
         self.holds_shards = False
+        # The hash ranges of the shards, to find the shard of any run (route).
+        self.ranges = ShardRanges()
         self._routes_due = 0.0
         self._reading_routes: asyncio.Future[None] | None = None
         #: Connections taken from the pool so far.
@@ -254,6 +257,7 @@ class Pool:
 
     async def _read_routes(self) -> None:
         rows = await self._all("shard_placements", Placement)
+        self.ranges = ShardRanges([(row.low, row.high, row.shard) for row in rows])
         nodes: dict[int, Pool] = {}
         self.holds_shards = any(row.local for row in rows)
         for row in rows:
@@ -303,6 +307,23 @@ class Pool:
             self._routes_due = time.monotonic() + ROUTES_REFRESH_S
             self._reading_routes = asyncio.ensure_future(self._reread_routes())
         return self.nodes.get(shard) if shard is not None else None
+
+    def shard_for(self, run_id: str) -> int | None:
+        """The shard that holds ``run_id`` (a new run's too), from its hash, when the
+        server routes; else None (the call then goes to the node of this pool)."""
+        if not self._routing:
+            return None
+        self.node_of(None)  # the map read again when due
+        return self.ranges.shard_of(run_id)
+
+    def by_node(self, shards: Iterable[int | None]) -> list[tuple[Pool | None, list[int | None]]]:
+        """``shards`` grouped by the node their calls are sent to (node_of: None for the
+        node of this pool), in the order of each group's first shard."""
+        groups: dict[int, tuple[Pool | None, list[int | None]]] = {}
+        for shard in shards:
+            node = self.node_of(shard)
+            groups.setdefault(id(node), (node, []))[1].append(shard)
+        return list(groups.values())
 
     async def _all_on(self, shard: int | None, name: str, row: type[R], **params: Any) -> list[R]:
         """_all for a call of one shard, on the node that holds it (node_of)."""

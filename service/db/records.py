@@ -280,13 +280,15 @@ class Refused:
 
 
 class Placement(NamedTuple):
-    """shard_placements: the node that holds a shard of the runs, and whether it is the
-    node the server is connected to."""
+    """shard_placements: the node that holds a shard of the runs, whether it is the
+    node the server is connected to, and the range of the run ids' hashes it holds."""
 
     shard: int
     host: str
     port: int
     local: bool
+    low: int
+    high: int
 
 
 class Sharded(NamedTuple):

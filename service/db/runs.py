@@ -305,12 +305,14 @@ class Runs(Repository):
         traceparent: str | None = None,
     ) -> tuple[uuid.UUID, bool]:
         encoded = await encoded_nodes(nodes)
-        row = await self._one(
+        # A keyed run's id is its key's: run_submit would take it anyway, and on Citus
+        # the call is routed by it, to the node of its shard (Pool.shard_for).
+        run_id = str(uuid7() if submit_key is None else submit_key_id(workflow, submit_key))
+        rows = await self._all_on(
+            self.pool.shard_for(run_id),
             "run_submit",
             Submitted,
-            # A keyed run's id is its key's: run_submit would take it anyway, and on
-            # Citus the call is routed by it.
-            run_id=str(uuid7() if submit_key is None else submit_key_id(workflow, submit_key)),
+            run_id=run_id,
             workflow=workflow,
             submit_key=submit_key,
             input=input_json,
@@ -321,8 +323,8 @@ class Runs(Repository):
             deadline=deadline,
             traceparent=traceparent,
         )
-        assert row is not None
-        return row.run_id, row.created
+        assert rows
+        return rows[0].run_id, rows[0].created
 
     async def run_get(self, run_id: uuid.UUID, node: str | None = None) -> RunRow:
         """The run with its steps (only ``node``'s when given), errors and audit trail."""

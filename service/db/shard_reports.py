@@ -77,27 +77,44 @@ class ShardReports(Repository):
     async def complete(self, outcomes: Sequence[Outcome]) -> list[Completion | Refused]:
         """Apply outcomes (step_complete_many's answers, in order): the outcomes of each
         shard in one delegated call, a single-shard transaction on its node, shard after
-        shard. A call that fails (its node down) fails the whole request once the shards
-        before it committed: a worker that sends the batch again is answered duplicate
-        for those."""
+        shard (when the server routes, those of the shards one node holds in one call
+        and one transaction there, step_complete_node). A call that fails (its node
+        down) fails the whole request once the calls before it committed: a worker that
+        sends the batch again is answered duplicate for those."""
         shards = await self._shards([o.run_id for o in outcomes])
         groups: dict[int | None, list[int]] = {}
         for index, shard in enumerate(shards):
             groups.setdefault(shard, []).append(index)
         answers: list[Completion | Refused | None] = [None] * len(outcomes)
         woken: list[str] = []
+        calls: list[tuple[Pool | None, int | None, list[int]]] = []
+        for node, held in self.pool.by_node(groups):
+            if node is not None and len(held) > 1:
+                calls.append((node, None, [k for s in held for k in groups[s]]))
+            else:
+                calls += [(None, s, groups[s]) for s in held]
         async with self._connection() as driver:
-            for shard, indexes in groups.items():
+            for node, shard, indexes in calls:
                 group = [outcomes[k] for k in indexes]
-                rows = await self._on_shard(
-                    driver,
-                    shard,
-                    "step_complete_shard",
-                    ShardRow,
-                    run_id=group[0].run_id,
-                    items=outcomes_json(group),
-                    logs=logs_items(group),
-                )
+                if node is not None:
+                    # Every shard of that node in one call (step_complete_node).
+                    rows = await node._all(
+                        "step_complete_node",
+                        ShardRow,
+                        items=outcomes_json(group),
+                        shards=[shards[k] for k in indexes],
+                        logs=logs_items(group),
+                    )
+                else:
+                    rows = await self._on_shard(
+                        driver,
+                        shard,
+                        "step_complete_shard",
+                        ShardRow,
+                        run_id=group[0].run_id,
+                        items=outcomes_json(group),
+                        logs=logs_items(group),
+                    )
                 for row in rows:
                     answers[indexes[row.i]] = batch_answer(row)
                 self._published(r.ready for r in rows)
@@ -109,17 +126,25 @@ class ShardReports(Repository):
         return answers  # type: ignore[return-value]
 
     async def _shards(self, runs: list[str]) -> list[int | None]:
-        """The shard of each run: remembered from claims, else asked once for all (for
-        a batch of one run, the remembered one or None: the call finds it)."""
-        if len(set(runs)) == 1:
-            return [self.pool.shard_of.get(runs[0])] * len(runs)
+        """The shard of each run: remembered from claims, else known from its id where
+        the server routes (Pool.shard_for), else asked once for all (for a batch of one
+        run, None: the call finds it)."""
         kept = self.pool.shard_of
-        unknown = [r for r in runs if r not in kept]
+
+        def known(run_id: str) -> int | None:
+            shard = kept.get(run_id)
+            return self.pool.shard_for(run_id) if shard is None else shard
+
+        if len(set(runs)) == 1:
+            return [known(runs[0])] * len(runs)
+        found = {r: known(r) for r in runs}
+        unknown = [r for r, shard in found.items() if shard is None]
         if unknown:
             row = await self._one("shards_of", Shards, runs=unknown)
             assert row is not None
+            found.update(zip(unknown, row.shards, strict=True))
             remember_shards(self.pool, list(zip(unknown, row.shards, strict=True)))
-        return [kept[r] for r in runs]
+        return [found[r] for r in runs]
 
     async def wake_parents(self, pairs: Sequence[str]) -> int:
         """Deliver the parent wakes ("parent:child") that finished child runs owe: the

@@ -12,6 +12,16 @@ SELECT i, step_status, run_status, duplicate, retry_at, error_state, error_messa
   FROM cyclone.step_complete_shard(CAST(:run_id AS uuid), CAST(:items AS jsonb),
                                    CAST(:logs AS jsonb));
 
+-- name: step_complete_node
+-- On the node that holds the shards of :shards (a routed call, not delegated): the
+-- settings read here are that node's transaction's.
+SELECT i, step_status, run_status, duplicate, retry_at, error_state, error_message,
+       error_detail,
+       current_setting('cyclone.ready', true) AS ready,
+       current_setting('cyclone.woken', true) AS woken
+  FROM cyclone.step_complete_node(CAST(:items AS jsonb), CAST(:shards AS bigint[]),
+                                  CAST(:logs AS jsonb));
+
 -- name: child_wake
 -- Delegated to the parent's node.
 SELECT current_setting('cyclone.ready', true) AS ready

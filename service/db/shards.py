@@ -19,14 +19,6 @@ from service.db.shard_reports import remember_shards
 T = TypeVar("T")
 
 
-#: A claim of at most this many steps, on a server that routes, reads each node's own
-#: shards (step_candidates_local): it waits on its round trips, and asking the nodes at
-#: once spares it the coordinator's hop and multi-shard query. A larger claim reads
-#: through the coordinator, which merges the shards' answers before they reach the
-#: server: fewer rows to the server and less CPU per step (docs/scaling.md).
-NODE_READ_MAX_STEPS = 8
-
-
 class Candidate(NamedTuple):
     """step_candidates_sharded: a ready step found on some shard (Citus claims), with
     its run's shard and whether flow control applies to it."""
@@ -120,14 +112,16 @@ class ShardedClaim(Repository):
         build_id: str | None,
     ) -> list[ClaimedStep]:
         """A claim on a sharded database (95_shards.sql): one read of the ready steps
-        across shards (no locks; _candidates), then each shard's taken in one delegated call, a
-        single-shard transaction (step_claim_shard, sent to the shard's node when the
-        server routes: Pool.route), and those under flow control
-        admitted under their locks on the coordinator (step_claim_flow). Twice the steps
-        asked are read, as other servers may take some first. A worker marked
-        unhealthy (a lease of it lapsed) gets nothing: asked by the first read, and by
-        the shards' functions in the snapshot of their pick. A worker's build set is
-        read first (on the coordinator, where the builds are) and passed to each."""
+        across shards (no locks; _candidates), then each shard's taken in one delegated
+        call, a single-shard transaction (step_claim_shard, sent to the shard's node
+        when the server routes: Pool.route; a node that holds several of the shards
+        takes them all in one call and one transaction, step_claim_node), and those
+        under flow control admitted under their locks on the coordinator
+        (step_claim_flow). Twice the steps asked are read, as other servers may take
+        some first. A worker marked unhealthy (a lease of it lapsed) gets nothing:
+        asked by the first read, and by the shards' functions in the snapshot of their
+        pick. A worker's build set is read first (on the coordinator, where the builds
+        are) and passed to each."""
         builds = await self._builds(build_id)
         if builds is None:
             return []
@@ -135,6 +129,13 @@ class ShardedClaim(Repository):
         remember_shards(self.pool, [(str(c.run_id), c.shard) for c in found])
         claimed: list[ClaimedStep] = []
         tolerant = _Tolerant()
+        asked = {
+            "worker_id": worker_id,
+            "unsafe": unsafe,
+            "lease_s": lease_s,
+            "build_id": build_id,
+            "builds": builds,
+        }
         async with self._connection() as driver:
             # The first candidates in claim order, each shard's in one call; the next
             # ones, in the same way, while other servers took some of these first.
@@ -143,27 +144,8 @@ class ShardedClaim(Repository):
                 left = limit - sum(not r.blocked for r in claimed)
                 if left <= 0:
                     break
-                by_shard: dict[int, list[Candidate]] = {}
-                for c in pending[:left]:
-                    by_shard.setdefault(c.shard, []).append(c)
+                claimed += await self._take(driver, tolerant, pending[:left], asked)
                 pending = pending[left:]
-                for shard, group in by_shard.items():
-                    claimed += await tolerant(
-                        lambda shard=shard, group=group: self._on_shard(  # type: ignore[misc]
-                            driver,
-                            shard,
-                            "step_claim_shard",
-                            ClaimedStep,
-                            run_id=str(group[0].run_id),
-                            runs=[str(c.run_id) for c in group],
-                            nodes=[c.node for c in group],
-                            worker_id=worker_id,
-                            unsafe=unsafe,
-                            lease_s=lease_s,
-                            build_id=build_id,
-                            builds=builds,
-                        )
-                    )
             held = [c for c in found if c.flow]
             left = limit - sum(not r.blocked for r in claimed)
             if held and left > 0:
@@ -189,6 +171,50 @@ class ShardedClaim(Repository):
         tolerant.check()
         return claimed
 
+    async def _take(
+        self,
+        driver: psycopg.AsyncConnection[Any],
+        tolerant: _Tolerant,
+        taking: list[Candidate],
+        asked: dict[str, Any],
+    ) -> list[ClaimedStep]:
+        """The candidates ``taking`` (in claim order) taken: each shard's in one call
+        (step_claim_shard), or those of every shard a node holds in one call to it
+        (step_claim_node). ``asked``: the worker and its claim's terms."""
+        by_shard: dict[int, list[Candidate]] = {}
+        for c in taking:
+            by_shard.setdefault(c.shard, []).append(c)
+        claimed: list[ClaimedStep] = []
+        for node, shards in self.pool.by_node(by_shard):
+            if node is not None and len(shards) > 1:
+                group = [c for c in taking if c.shard in shards]
+                claimed += await tolerant(
+                    lambda node=node, group=group: node._all(  # type: ignore[misc]
+                        "step_claim_node",
+                        ClaimedStep,
+                        runs=[str(c.run_id) for c in group],
+                        nodes=[c.node for c in group],
+                        shards=[c.shard for c in group],
+                        **asked,
+                    )
+                )
+                continue
+            for shard in shards:
+                group = by_shard[shard]  # type: ignore[index]
+                claimed += await tolerant(
+                    lambda shard=shard, group=group: self._on_shard(  # type: ignore[misc]
+                        driver,
+                        shard,
+                        "step_claim_shard",
+                        ClaimedStep,
+                        run_id=str(group[0].run_id),
+                        runs=[str(c.run_id) for c in group],
+                        nodes=[c.node for c in group],
+                        **asked,
+                    )
+                )
+        return claimed
+
     async def _candidates(
         self,
         worker_id: str,
@@ -198,10 +224,10 @@ class ShardedClaim(Repository):
         flow: Mapping[str, list[Any]],
     ) -> list[Candidate]:
         """The claim's first read, across shards (``limit``: twice the claim's steps):
-        for a small claim on a server that routes, from each node that holds shards
-        (unless a keyed step is met); else through the node of the server's URL; shard
-        by shard while a node is down."""
-        holders = self.pool.shard_holders() if limit <= 2 * NODE_READ_MAX_STEPS else []
+        on a server that routes, from each node that holds shards (unless a keyed step
+        is met); else through the node of the server's URL; shard by shard while a node
+        is down."""
+        holders = self.pool.shard_holders()
         if holders:
             found = await self._candidates_by_node(holders, worker_id, actions, limit, builds, flow)
             if found is not None:
@@ -233,7 +259,11 @@ class ShardedClaim(Repository):
         (step_candidates_local, the nodes asked at once), merged in claim order; the
         nodes that do not answer are passed over, and Unavailable is raised when none
         does. None when a step with a concurrency key is met: then the read across
-        shards, which passes over the keys already full, is made instead."""
+        shards, which passes over the keys already full, is made instead. With several
+        nodes each is asked for half of ``limit`` (the claim's steps): the first steps
+        in claim order are all there, and so are as many again for steps other servers
+        take first, in half the rows."""
+        each = limit if len(holders) == 1 else max(1, limit // 2)
         answers = await asyncio.gather(
             *(
                 node._all(
@@ -241,7 +271,7 @@ class ShardedClaim(Repository):
                     ShardCandidate,
                     worker_id=worker_id,
                     actions=actions,
-                    limit=limit,
+                    limit=each,
                     builds=builds,
                     **flow,
                 )

@@ -48,6 +48,19 @@ SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_
                                 make_interval(secs => :lease_s), CAST(:build_id AS text),
                                 CAST(:builds AS text[])) c;
 
+-- name: step_claim_node
+-- On the node that holds the shards of :shards (a routed call, not delegated). The
+-- columns of step_claim, ids as text.
+SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts,
+       c.input, c.run_input::text AS run_input, c.upstream::text AS upstream,
+       c.lease_token::text AS lease_token,
+       c.lease_expires_at, c.deadline_at, c.progress, c.effect_uncertain, c.blocked,
+       c.waited_s, c.upstream_failures, c.journal, c.run_deadline, c.traceparent
+  FROM cyclone.step_claim_node(CAST(:runs AS uuid[]), CAST(:nodes AS text[]),
+                               CAST(:shards AS bigint[]), :worker_id,
+                               CAST(:unsafe AS text[]), make_interval(secs => :lease_s),
+                               CAST(:build_id AS text), CAST(:builds AS text[])) c;
+
 -- name: step_claim_flow
 -- The columns of step_claim, ids as text.
 SELECT c.run_id::text AS run_id, c.node, c.action, c.workflow, c.attempt, c.max_attempts,
@@ -70,9 +83,11 @@ SELECT cyclone.sharded() AS sharded;
 
 -- name: shard_placements
 -- Where each shard of the runs lives (Citus's metadata, on every node): its primary
--- node, and whether that is the node this connection is on.
+-- node, whether that is the node this connection is on, and the range of the hashes
+-- of the run ids it holds (service/db/shard_hash.py).
 SELECT s.shardid AS shard, n.nodename AS host, n.nodeport AS port,
-       n.groupid = (SELECT groupid FROM pg_dist_local_group) AS local
+       n.groupid = (SELECT groupid FROM pg_dist_local_group) AS local,
+       s.shardminvalue::integer AS low, s.shardmaxvalue::integer AS high
   FROM pg_dist_shard s
   JOIN pg_dist_placement p ON p.shardid = s.shardid
   JOIN pg_dist_node n ON n.groupid = p.groupid AND n.noderole = 'primary' AND n.isactive

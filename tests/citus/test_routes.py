@@ -4,6 +4,7 @@ over a pool of its own to each node (--citus-route, docs/scaling.md)."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 from typing import Any
 
@@ -12,7 +13,7 @@ import psycopg
 from cyclone.v1 import worker_service_pb2 as worker_pb
 from cyclone.v1 import workflow_service_pb2 as wf_pb
 from tests.conftest import TEST_SETTINGS, RunningServer
-from tests.helpers import claim, complete, get_run, node, run_status, submit, workflow
+from tests.helpers import claim, complete, get_run, node, run_status, submit, value, workflow
 
 
 def _placements(server: Any) -> dict[int, int]:
@@ -153,3 +154,86 @@ def test_a_nodes_statements_are_planned_once_per_session(cyclone_server: Any) ->
     for step in steps:
         complete(cyclone_server, step, step.run_id)
     assert {run_status(get_run(cyclone_server, r)) for r in ids} == {"completed"}
+
+
+def test_a_node_takes_and_completes_its_shards_steps_in_one_call(cyclone_server: Any) -> None:
+    """A claim's part of the shards one node holds is one call to that node
+    (step_claim_node), and so are a batch's outcomes of those shards
+    (step_complete_node): besides the claim's read, one connection per node for the
+    claim and one for the batch, whatever the number of the runs' shards on each."""
+    pool = cyclone_server.server.db.pool
+    ids = [submit(cyclone_server, workflow("w", node("a"))) for _ in range(40)]
+    shards = {
+        r: int(s)
+        for r, s in cyclone_server.sql(
+            "SELECT run_id::text, get_shard_id_for_distribution_column('cyclone.runs', run_id)"
+            " FROM cyclone.runs"
+        )
+    }
+    by_node: dict[int, set[int]] = {}
+    for shard in set(shards.values()):
+        by_node.setdefault(id(pool.nodes[shard]), set()).add(shard)
+    assert len(by_node) == 2 and all(len(s) > 1 for s in by_node.values())
+    holders = pool.shard_holders()
+    before = [p.checkouts for p in holders]
+    steps = claim(cyclone_server, n=40)
+    assert sorted(s.run_id for s in steps) == sorted(ids)
+    # One read of each node's candidates, one call taking its steps.
+    assert [p.checkouts - n for p, n in zip(holders, before, strict=True)] == [2, 2]
+    before = [p.checkouts for p in holders]
+    request = worker_pb.CompleteManyRequest(
+        completions=[
+            worker_pb.CompleteRequest(
+                run_id=s.run_id, node=s.node, lease_token=s.lease_token, output=value(s.node)
+            )
+            for s in steps
+        ]
+    )
+    reply = cyclone_server.workers.CompleteMany(request)
+    assert [r.WhichOneof("result") for r in reply.results] == ["response"] * len(steps)
+    assert [p.checkouts - n for p, n in zip(holders, before, strict=True)] == [1, 1]
+    assert {run_status(get_run(cyclone_server, r)) for r in ids} == {"completed"}
+    # Sent again, each outcome is a duplicate, answered as such by its shard.
+    again = cyclone_server.workers.CompleteMany(request)
+    assert all(r.response.duplicate for r in again.results)
+
+
+def test_the_server_knows_a_runs_shard_from_its_id_and_submits_it_there(
+    cyclone_server: Any,
+) -> None:
+    """A run's shard is computed from its id as Citus places it (uuid_hash and the
+    shards' ranges), so a Submit goes straight to the node that holds the new run."""
+    pool = cyclone_server.server.db.pool
+    ids = [str(uuid.uuid4()) for _ in range(1000)]
+    rows = cyclone_server.sql(
+        "SELECT u::text, get_shard_id_for_distribution_column('cyclone.runs', u)"
+        " FROM unnest(%s::uuid[]) u",
+        ids,
+    )
+    assert {r: pool.shard_for(r) for r in ids} == {r: int(s) for r, s in rows}
+    sent: list[tuple[int, str]] = []  # (node port, run id) of each run_submit sent
+    nodes = {id(p): p for p in pool.nodes.values()}.values()
+    for p in nodes:
+        original = p._all
+
+        async def recording(name: str, row: Any, _p: Any = p, _all: Any = original, **kw: Any):
+            if name == "run_submit":
+                sent.append((_node_port(_p), kw["run_id"]))
+            return await _all(name, row, **kw)
+
+        p._all = recording  # type: ignore[method-assign]
+    try:
+        submitted = [submit(cyclone_server, workflow("w", node("a"))) for _ in range(12)]
+    finally:
+        for p in nodes:
+            del p._all
+    placed = cyclone_server.sql(
+        "SELECT u::text, n.nodeport FROM unnest(%s::uuid[]) u"
+        " JOIN pg_dist_placement p"
+        "   ON p.shardid = get_shard_id_for_distribution_column('cyclone.runs', u)"
+        " JOIN pg_dist_node n ON n.groupid = p.groupid",
+        submitted,
+    )
+    assert sorted(sent) == sorted((port, run_id) for run_id, port in placed)
+    steps = claim(cyclone_server, n=24)
+    assert sorted(s.run_id for s in steps) == sorted(submitted)
