@@ -193,9 +193,16 @@ def test_a_node_takes_and_completes_its_shards_steps_in_one_call(cyclone_server:
     assert [r.WhichOneof("result") for r in reply.results] == ["response"] * len(steps)
     assert [p.checkouts - n for p, n in zip(holders, before, strict=True)] == [1, 1]
     assert {run_status(get_run(cyclone_server, r)) for r in ids} == {"completed"}
-    # Sent again, each outcome is a duplicate, answered as such by its shard.
+    # Sent again, each outcome is a duplicate, answered as such by its shard; one with
+    # a token that was never handed out is refused alone, wherever it sits in the call.
+    stale = worker_pb.CompleteRequest(
+        run_id=steps[5].run_id, node=steps[5].node, lease_token=str(uuid.uuid4()), output=value(1)
+    )
+    request.completions.insert(3, stale)
     again = cyclone_server.workers.CompleteMany(request)
-    assert all(r.response.duplicate for r in again.results)
+    kinds = [r.WhichOneof("result") for r in again.results]
+    assert kinds == ["response"] * 3 + ["error"] + ["response"] * (len(steps) - 3)
+    assert all(r.response.duplicate for r in again.results if r.HasField("response"))
 
 
 def test_the_server_knows_a_runs_shard_from_its_id_and_submits_it_there(
