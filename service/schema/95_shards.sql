@@ -818,8 +818,10 @@ DECLARE
     v_keyed    text[];
     v_statuses jsonb := '{}';
     v_closed   record;
+    v_closes   record;
     v_group    record;
     v_status   text;
+    v_mode     text := current_setting('plan_cache_mode');
 BEGIN
     IF p_logs IS NOT NULL THEN
         PERFORM cyclone.step_logs_add(p_logs);
@@ -836,7 +838,13 @@ BEGIN
     END IF;
     IF v_shards IS NOT NULL THEN
         -- The first pass, as step_complete_many's: lock the runs in run_id order, then
-        -- every success whose lease holds in one statement.
+        -- every success whose lease holds in one statement. Its statements look rows
+        -- up by key in one shard's tables: their plans are generic, made once per
+        -- session, where Postgres would otherwise plan some of them again at every
+        -- call for the values given. Set for these statements only: the functions
+        -- called between them plan on the distributed tables with their arguments'
+        -- values (service/sql/citus.sql).
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
         EXECUTE format('EXECUTE %I(%L)',
             cyclone._prepared('uuid[]', format(
                 'SELECT 1 FROM %s r WHERE r.run_id = ANY ($1) ORDER BY r.run_id'
@@ -862,13 +870,16 @@ BEGIN
               FROM done
         $q$, v_shards[2])), p_items, v_now)
           INTO v_applied, v_run, v_node, v_has_deps, v_keyed;
+        PERFORM set_config('plan_cache_mode', v_mode, true);
         -- A slot of a key is free: its action's claims look again (_key_wake on a
         -- worker node: a key is not counted across shards here).
         PERFORM cyclone._notify_ready(v_keyed);
         -- Runs where no completed step has a dependent: closed by the count, as
         -- _runs_close closes them; a child that finishes owes its parent a wake.
-        FOR v_closed IN EXECUTE format('EXECUTE %I(%L, %L, %L)',
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+        EXECUTE format('EXECUTE %I(%L, %L, %L)',
             cyclone._prepared('uuid[], boolean[], timestamptz', format($q$
+          WITH closed AS (
             UPDATE %1$s r
                SET steps_open = r.steps_open - c.closed, updated_at = $3,
                    status = CASE WHEN NOT c.closing THEN r.status
@@ -894,8 +905,16 @@ BEGIN
                              FROM %1$s x WHERE x.run_id = c.run_id OFFSET 0) x
                     OFFSET 0) c
              WHERE r.run_id = c.run_id
-            RETURNING r.run_id, r.status, r.parent_run_id, c.closing
+            RETURNING r.run_id, r.status, r.parent_run_id, c.closing)
+          SELECT array_agg(run_id) AS runs, array_agg(status) AS statuses,
+                 array_agg(parent_run_id) AS parents, array_agg(closing) AS closings
+            FROM closed
         $q$, v_shards[1], v_shards[2])), v_run, v_has_deps, v_now)
+          INTO v_closes;
+        PERFORM set_config('plan_cache_mode', v_mode, true);
+        FOR v_closed IN
+            SELECT * FROM unnest(v_closes.runs, v_closes.statuses, v_closes.parents,
+                                 v_closes.closings) AS c(run_id, status, parent_run_id, closing)
         LOOP
             v_status := v_closed.status;
             IF v_closed.closing AND v_closed.parent_run_id IS NOT NULL THEN
@@ -1011,12 +1030,14 @@ $$;
 -- merged in claim order: a statement to EXECUTE with $1 the actions, $2 now, $3 the
 -- actions passed over (_claim_shut), $4 the limit, $5 the rated actions, $6 the
 -- worker's builds, $7 the paused workflows. Keys already full are not passed over
--- (step_claim_flow counts them under their locks). Called by step_candidates_on and
--- step_candidates_local.
+-- (step_claim_flow counts them under their locks). PL/pgSQL, which keeps its
+-- statement parsed for the session, where an SQL function's body is parsed at every
+-- call. Called by step_candidates_on and step_candidates_local.
 CREATE FUNCTION cyclone._step_candidates_sql(p_tables text[], p_shard bigint)
 RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT format($q$(
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN format($q$(
         SELECT s.run_id, s.node, s.action, %4$s::bigint AS shard, s.concurrency_key,
                s.concurrency_limit, s.concurrency_key IS NOT NULL OR s.action = ANY ($5),
                s.priority, s.available_at
@@ -1031,6 +1052,7 @@ LANGUAGE sql IMMUTABLE AS $$
                                 WHERE w.run_id = s.run_id AND w.workflow = ANY ($7)))
          ORDER BY s.priority DESC, s.available_at
          LIMIT $4)$q$, p_tables[1], p_tables[2], p_tables[3], p_shard);
+END;
 $$;
 
 -- The actions a claim passes over: paused ones (75_pauses.sql) and, of the rated ones
@@ -1066,8 +1088,12 @@ CREATE FUNCTION cyclone.step_candidates_on(
 RETURNS TABLE (run_id uuid, node text, action text, shard bigint, concurrency_key text,
                concurrency_limit integer, flow boolean, priority integer,
                available_at timestamptz)
--- Volatile: it may prepare its statement (_prepared).
-LANGUAGE plpgsql AS $$
+-- Volatile: it may prepare its statement (_prepared). The read's plan is generic,
+-- made once per session: Postgres would otherwise plan it again at every call for the
+-- values given (its LIMIT among them).
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     v_now    timestamptz := cyclone.now();
     v_shard  bigint := 0;
@@ -1108,8 +1134,12 @@ CREATE FUNCTION cyclone.step_candidates_local(
 RETURNS TABLE (run_id uuid, node text, action text, shard bigint, concurrency_key text,
                concurrency_limit integer, flow boolean, priority integer,
                available_at timestamptz)
--- Volatile: it may prepare its statement (_prepared).
-LANGUAGE plpgsql AS $$
+-- Volatile: it may prepare its statement (_prepared). The read's plan is generic,
+-- made once per session: Postgres would otherwise plan it again at every call for the
+-- values given (its LIMIT among them).
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     v_now timestamptz := cyclone.now();
     v_sql text;

@@ -117,9 +117,9 @@ def test_a_claim_reads_each_nodes_shards_and_hands_out_in_claim_order(
 
 def test_a_nodes_statements_are_planned_once_per_session(cyclone_server: Any) -> None:
     """On a worker node, the statements a delegated call EXECUTEs over its shard's
-    tables are prepared at the session's first call and reused by the next (_prepared):
-    the session's prepared statements do not grow with its calls, and the answers are
-    the same."""
+    tables are prepared at the session's first call and reused by the next (_prepared),
+    with one generic plan: the session's prepared statements do not grow with its
+    calls, and the answers are the same."""
     ids = [submit(cyclone_server, workflow("w", node("a"))) for _ in range(8)]
     pool = cyclone_server.server.db.pool
     ports = sorted({_node_port(p) for p in pool.nodes.values()})
@@ -149,6 +149,11 @@ def test_a_nodes_statements_are_planned_once_per_session(cyclone_server: Any) ->
             assert len(once) == 1
             assert read() == first
             assert prepared() == once
+            # Planned once for the session: a generic plan, never one for each call.
+            assert conn.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = %s",
+                once,
+            ).fetchall() == [(2, 0)]
     steps = claim(cyclone_server, n=16)
     assert sorted(s.run_id for s in steps) == sorted(ids)
     for step in steps:
