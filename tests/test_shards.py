@@ -83,3 +83,11 @@ def test_the_citus_switch_is_auto_on_or_off():
     assert parse(["--citus", "off"]).citus == "off"
     with pytest.raises(SystemExit):
         parse(["--citus", "maybe"])
+
+
+def test_a_plain_database_reads_its_reference_tables_by_their_own_names(cyclone_server):
+    """_here names a node's copy of a reference table on Citus (tests/citus/test_routes.py);
+    on a database that is not distributed, the table itself."""
+    assert cyclone_server.sql("SELECT cyclone._here(ARRAY['clock', 'pauses'])") == [
+        (["cyclone.clock", "cyclone.pauses"],)
+    ]

@@ -249,3 +249,21 @@ def test_the_server_knows_a_runs_shard_from_its_id_and_submits_it_there(
     assert sorted(sent) == sorted((port, run_id) for run_id, port in placed)
     steps = claim(cyclone_server, n=24)
     assert sorted(s.run_id for s in steps) == sorted(submitted)
+
+
+def test_a_node_reads_its_own_copy_of_the_clock(cyclone_server: Any) -> None:
+    """The functions that run on a node read the clock and the pauses from that node's
+    copies (_here), by their shard's name, and see what cyclone.now() sees."""
+    pool = cyclone_server.server.db.pool
+    cyclone_server.advance_clock(3600)
+    for port in sorted({_node_port(p) for p in pool.nodes.values()}):
+        url = psycopg.conninfo.make_conninfo(cyclone_server.database_url, port=port)
+        with psycopg.connect(url, autocommit=True) as conn:
+            [([clock, pauses],)] = conn.execute("SELECT cyclone._here(ARRAY['clock', 'pauses'])")
+            assert clock.startswith("cyclone.clock_") and pauses.startswith("cyclone.pauses_")
+            [(here, now)] = conn.execute(
+                f"SELECT statement_timestamp() + offset_by, cyclone.now() FROM {clock}"
+            )
+            assert here == now
+            [(ahead,)] = conn.execute(f"SELECT offset_by >= interval '1 hour' FROM {clock}")
+            assert ahead
