@@ -1,7 +1,16 @@
--- The functions that run on a shard's node read the reference tables they need (the
--- clock, the pauses) from that node's copy, by its shard's name (_here), instead of
--- through Citus, which plans each such read as a distributed query and runs it from
--- text at every call.
+-- Calls on Citus cost a shard's node less:
+-- * the statements that the functions run on a shard's node EXECUTE over the shard's
+--   tables are prepared once per session, with generic plans (_prepared), instead of
+--   being parsed and planned at every call;
+-- * those functions read the reference tables they need (the clock, the pauses) from
+--   the node's own copy (_here), not through Citus, which plans each such read as a
+--   distributed query and runs it from text at every call;
+-- * a server that sends each node its part (--citus-route) takes a claim's steps of
+--   all the shards one node holds in one call there (step_claim_node), and applies a
+--   batch's outcomes of those shards in one call (step_complete_node);
+-- * _step_candidates_sql is PL/pgSQL, whose statement stays parsed for the session;
+--   step_candidates_on and step_candidates_local become volatile, as preparing a
+--   statement requires.
 
 -- The names of this node's copies of the reference tables p_tables (Citus keeps one on
 -- every node, under the table's shard's name), to read them as the plain tables they
@@ -22,6 +31,60 @@ BEGIN
                            LEFT JOIN pg_dist_shard s
                              ON s.logicalrelid = ('cyclone.' || t.t)::regclass) c
                   ORDER BY c.i);
+END;
+$$;
+
+-- The name of this session's prepared statement of p_sql, whose parameters have the
+-- types p_types, prepared now if the session has none. The functions delegated to a
+-- shard's node address the shard's tables by name, so their statements are EXECUTEd
+-- from text, and Postgres would parse and plan each one at every call (about a
+-- millisecond for a claim's); a prepared statement keeps its plan for the session
+-- and is planned again only when its tables change. Its name is a hash of its text:
+-- another shard's statement, or one a later migration rewrites, is another statement.
+-- Run as EXECUTE format('EXECUTE %I(%L, ...)', name, values...): EXECUTE ... USING
+-- cannot pass parameters to a prepared statement. Called by step_claim_shard,
+-- step_complete_shard, step_candidates_on and step_candidates_local.
+CREATE FUNCTION cyclone._prepared(p_types text, p_sql text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text := 'cyclone_' || md5(p_types || ';' || p_sql);
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_statements p
+                    WHERE p.name = v_name) THEN
+        EXECUTE format('PREPARE %I (%s) AS %s', v_name, p_types, p_sql);
+    END IF;
+    RETURN v_name;
+END;
+$$;
+
+-- The read of up to $4 ready steps of these actions in one shard whose tables this
+-- node holds (p_tables: its steps, step_calls and runs; p_shard its id), in claim
+-- order, no locks, with their priority and due time so that shards' answers can be
+-- merged in claim order: a statement to EXECUTE with $1 the actions, $2 now, $3 the
+-- actions passed over (_claim_shut), $4 the limit, $5 the rated actions, $6 the
+-- worker's builds, $7 the paused workflows. Keys already full are not passed over
+-- (step_claim_flow counts them under their locks). PL/pgSQL, which keeps its
+-- statement parsed for the session, where an SQL function's body is parsed at every
+-- call. Called by step_candidates_on and step_candidates_local.
+CREATE OR REPLACE FUNCTION cyclone._step_candidates_sql(p_tables text[], p_shard bigint)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN format($q$(
+        SELECT s.run_id, s.node, s.action, %4$s::bigint AS shard, s.concurrency_key,
+               s.concurrency_limit, s.concurrency_key IS NOT NULL OR s.action = ANY ($5),
+               s.priority, s.available_at
+          FROM %1$s s
+         WHERE s.status = 'available' AND s.action = ANY ($1)
+           AND s.available_at <= $2 AND s.action <> ALL ($3)
+           AND cyclone._build_admits(s.build_id, $6, EXISTS (
+                   SELECT 1 FROM %2$s j
+                    WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
+           AND (cardinality($7) = 0
+                OR NOT EXISTS (SELECT 1 FROM %3$s w
+                                WHERE w.run_id = s.run_id AND w.workflow = ANY ($7)))
+         ORDER BY s.priority DESC, s.available_at
+         LIMIT $4)$q$, p_tables[1], p_tables[2], p_tables[3], p_shard);
 END;
 $$;
 
@@ -432,6 +495,52 @@ BEGIN
 END;
 $$;
 
+-- step_candidates_sharded for the one shard of p_run_id, when a multi-shard read cannot
+-- be made (a worker node is down): up to p_limit ready steps of these actions on that
+-- shard (_step_candidates_sql). Distributed by p_run_id (any run id of the shard):
+-- delegated whole to the shard's node, which reads its tables directly. Called by the
+-- server for each shard while the read across shards fails, so that the runs on the
+-- nodes that are up go on. The rates' periods are seconds: Citus delegates a call only
+-- when its arguments are plain values.
+CREATE OR REPLACE FUNCTION cyclone.step_candidates_on(
+    p_run_id uuid, p_actions text[], p_limit integer, p_rate_actions text[],
+    p_rate_counts integer[], p_rate_periods float8[], p_builds text[] DEFAULT '{}')
+RETURNS TABLE (run_id uuid, node text, action text, shard bigint, concurrency_key text,
+               concurrency_limit integer, flow boolean, priority integer,
+               available_at timestamptz)
+-- Volatile: it may prepare its statement (_prepared). The read's plan is generic,
+-- made once per session: Postgres would otherwise plan it again at every call for the
+-- values given (its LIMIT among them).
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_now    timestamptz := cyclone.now();
+    v_shard  bigint := 0;
+    v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.runs'];
+BEGIN
+    IF cyclone.sharded() THEN
+        v_shard := get_shard_id_for_distribution_column('cyclone.runs', p_run_id);
+        v_tables := ARRAY(SELECT format('cyclone.%I', t.name || '_'
+                                        || get_shard_id_for_distribution_column(
+                                               ('cyclone.' || t.name)::regclass, p_run_id))
+                            FROM unnest(ARRAY['steps', 'step_calls', 'runs'])
+                                 WITH ORDINALITY AS t(name, i)
+                           ORDER BY t.i);
+        IF EXISTS (SELECT 1 FROM unnest(v_tables) n WHERE to_regclass(n) IS NULL) THEN
+            RETURN;  -- not on the shard's node: nothing is read
+        END IF;
+    END IF;
+    RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L)',
+        cyclone._prepared('text[], timestamptz, text[], integer, text[], text[], text[]',
+                          cyclone._step_candidates_sql(v_tables, v_shard)),
+        p_actions, v_now,
+        cyclone._claim_shut(v_now, p_rate_actions, p_rate_counts, p_rate_periods),
+        p_limit, p_rate_actions, p_builds,
+        ARRAY(SELECT p.name FROM cyclone.pauses p WHERE p.kind = 'workflow'));
+END;
+$$;
+
 -- The claim's first read on one node, by a server that sends each node its part
 -- (--citus-route): up to p_limit ready steps of these actions in the shards of the runs
 -- that this node holds, in claim order (one statement over each shard's tables,
@@ -499,5 +608,72 @@ BEGIN
                           'SELECT * FROM (' || v_sql
                           || ') c ORDER BY c.priority DESC, c.available_at LIMIT $4'),
         p_actions, v_now, v_shut, p_limit, p_rate_actions, p_builds, v_paused);
+END;
+$$;
+
+-- A claim's part of every shard that one node holds, in one call and one transaction
+-- on that node, by a server that sends each node its part (--citus-route): the
+-- candidates p_runs / p_nodes (aligned with their shards p_shards, in claim order)
+-- taken shard by shard, in that order, as step_claim_shard takes each shard's. Not
+-- delegated: called on the node that holds the shards, where each step_claim_shard
+-- runs as the plain function it is over that node's shards' tables; a shard that moved
+-- away meanwhile is taken run by run through the distributed tables (step_claim_run),
+-- from wherever it now is. One round trip and one commit per node instead of per
+-- shard. RPC: Claim and Work, on Citus.
+CREATE FUNCTION cyclone.step_claim_node(
+    p_runs uuid[], p_nodes text[], p_shards bigint[], p_worker text, p_unsafe text[],
+    p_lease interval, p_build text DEFAULT NULL, p_builds text[] DEFAULT '{}')
+RETURNS TABLE (
+    run_id uuid, node text, action text, workflow text, attempt integer,
+    max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
+    lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
+    effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
+    journal jsonb, run_deadline timestamptz, traceparent text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_group record;
+BEGIN
+    FOR v_group IN
+        SELECT array_agg(u.r ORDER BY u.i) AS runs, array_agg(u.n ORDER BY u.i) AS nodes
+          FROM unnest(p_runs, p_nodes, p_shards) WITH ORDINALITY AS u(r, n, s, i)
+         GROUP BY u.s
+         ORDER BY min(u.i)
+    LOOP
+        RETURN QUERY
+        SELECT * FROM cyclone.step_claim_shard(v_group.runs[1], v_group.runs, v_group.nodes,
+                                               p_worker, p_unsafe, p_lease, p_build,
+                                               p_builds);
+    END LOOP;
+END;
+$$;
+
+-- The outcomes of every shard that one node holds, in one call and one transaction on
+-- that node (--citus-route): p_items as step_complete_shard's, p_shards the shard of
+-- each (by its "i"), applied shard by shard in shard order, each as step_complete_shard
+-- applies a shard's (its runs locked in run_id order: two such calls, or one and a
+-- shard's own, lock runs in the same order and never wait on each other in a cycle).
+-- Not delegated, as step_claim_node. Answers as step_complete_shard's, for every item.
+-- RPC: CompleteMany and Work, on Citus.
+CREATE FUNCTION cyclone.step_complete_node(p_items jsonb, p_shards bigint[], p_logs jsonb)
+RETURNS TABLE (i integer, step_status text, run_status text, duplicate boolean,
+               retry_at timestamptz, error_state text, error_message text,
+               error_detail text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_group record;
+BEGIN
+    IF p_logs IS NOT NULL THEN
+        PERFORM cyclone.step_logs_add(p_logs);
+    END IF;
+    FOR v_group IN
+        SELECT jsonb_agg(e ORDER BY (e->>'i')::integer) AS items
+          FROM jsonb_array_elements(p_items) e
+         GROUP BY p_shards[(e->>'i')::integer + 1]
+         ORDER BY p_shards[(e->>'i')::integer + 1]
+    LOOP
+        RETURN QUERY
+        SELECT * FROM cyclone.step_complete_shard((v_group.items->0->>'run_id')::uuid,
+                                                  v_group.items, NULL);
+    END LOOP;
 END;
 $$;
