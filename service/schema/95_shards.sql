@@ -423,17 +423,33 @@ $$;
 -- this node has no copy. Called by the functions that run on a shard's node.
 CREATE FUNCTION cyclone._here(p_tables text[]) RETURNS text[]
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_names text[] := '{}';
+    v_name  text;
+    v_table text;
 BEGIN
     IF NOT cyclone.sharded() THEN
         RETURN ARRAY(SELECT format('cyclone.%I', t) FROM unnest(p_tables) t);
     END IF;
-    RETURN ARRAY(SELECT CASE WHEN to_regclass(c.name) IS NOT NULL THEN c.name
-                             ELSE format('cyclone.%I', c.t) END
-                   FROM (SELECT t.t, t.i, format('cyclone.%I', t.t || '_' || s.shardid) AS name
-                           FROM unnest(p_tables) WITH ORDINALITY AS t(t, i)
-                           LEFT JOIN pg_dist_shard s
-                             ON s.logicalrelid = ('cyclone.' || t.t)::regclass) c
-                  ORDER BY c.i);
+    FOREACH v_table IN ARRAY p_tables LOOP
+        -- Kept for the session (cyclone.here_<table>): a reference table keeps its one
+        -- shard for its life, and a name no longer there (the schema made anew) is
+        -- looked up again. Looking it up costs more than the read it serves.
+        v_name := current_setting('cyclone.here_' || v_table, true);
+        IF coalesce(v_name, '') = '' OR to_regclass(v_name) IS NULL THEN
+            v_name := (SELECT format('cyclone.%I', v_table || '_' || s.shardid)
+                         FROM pg_dist_shard s
+                        WHERE s.logicalrelid = to_regclass('cyclone.' || v_table)
+                        LIMIT 1);
+            IF v_name IS NULL OR to_regclass(v_name) IS NULL THEN
+                v_name := format('cyclone.%I', v_table);
+            ELSE
+                PERFORM set_config('cyclone.here_' || v_table, v_name, false);
+            END IF;
+        END IF;
+        v_names := v_names || v_name;
+    END LOOP;
+    RETURN v_names;
 END;
 $$;
 
@@ -454,103 +470,40 @@ DECLARE
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_statements p
                     WHERE p.name = v_name) THEN
-        EXECUTE format('PREPARE %I (%s) AS %s', v_name, p_types, p_sql);
+        EXECUTE format('PREPARE %I %s AS %s', v_name,
+                       CASE WHEN p_types <> '' THEN '(' || p_types || ')' ELSE '' END, p_sql);
     END IF;
     RETURN v_name;
 END;
 $$;
 
--- step_claim_run for the steps p_nodes of the runs p_runs (aligned), all of one shard,
--- in one call: distributed by p_run_id (any of p_runs), a call is delegated whole to
--- the node holding that shard and is one single-shard transaction there, one round trip
--- for the shard's part of a claim. The same rows and changes as step_claim_run, in one
--- statement for all the runs instead of five per run, on the shard's own tables: on a
--- worker node Citus plans each statement on a distributed table twice (as a distributed
--- query, then as its shard's), which cost more than the work, and a statement over
--- several runs of a distributed table was planned for every shard. When the worker
--- marks actions unsafe, the runs are taken by step_claim_run (an uncertain step blocks
--- its run there). Only steps without flow control are passed here
--- (step_candidates_sharded's flow = false); the others go through step_claim_flow.
--- Builds as in step_claim_run. RPC: Claim, on Citus.
-CREATE FUNCTION cyclone.step_claim_shard(
-    p_run_id uuid, p_runs uuid[], p_nodes text[], p_worker text, p_unsafe text[],
-    p_lease interval, p_build text DEFAULT NULL, p_builds text[] DEFAULT '{}')
-RETURNS TABLE (
-    run_id uuid, node text, action text, workflow text, attempt integer,
-    max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
-    lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
-    effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
-    journal jsonb, run_deadline timestamptz, traceparent text)
-LANGUAGE plpgsql
--- Each step is found by its key (step_complete_many says why).
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-AS $$
-#variable_conflict use_column
+-- cyclone.now() read from this node's copy of the clock (_here) by a prepared
+-- statement: on a worker node Citus would plan cyclone.now()'s read of the reference
+-- table as a distributed query at every call, and a statement EXECUTEd from text is
+-- planned at every call too. Called by the functions that run on a shard's node.
+CREATE FUNCTION cyclone._now_here() RETURNS timestamptz
+LANGUAGE plpgsql AS $$
 DECLARE
-    v_now    timestamptz;
-    v_run    uuid;
-    v_nodes  text[];
-    -- The tables as this node holds them: on Citus the shards of p_run_id's group,
-    -- which this call (delegated to their node) reads and writes as the plain tables
-    -- they are, in a statement planned once per session (_prepared) rather than twice
-    -- at every call.
-    v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.step_errors',
-                             'cyclone.runs', 'cyclone.worker_health'];
-    v_shards text[];
+    v_now timestamptz;
 BEGIN
-    IF cardinality(p_unsafe) = 0 AND cyclone.sharded() THEN
-        v_shards := ARRAY(SELECT format('cyclone.%I', t.name || '_'
-                                        || get_shard_id_for_distribution_column(
-                                               ('cyclone.' || t.name)::regclass, p_run_id))
-                            FROM unnest(ARRAY['steps', 'step_calls', 'step_errors', 'runs',
-                                              'worker_health'])
-                                 WITH ORDINALITY AS t(name, i)
-                           ORDER BY t.i);
-        -- Not delegated (called in a transaction block, or the shard moved meanwhile):
-        -- the shards are elsewhere, and the runs are taken one by one below.
-        IF NOT EXISTS (SELECT 1 FROM unnest(v_shards) n WHERE to_regclass(n) IS NULL) THEN
-            v_tables := v_shards;
-        END IF;
-    END IF;
-    IF v_tables[1] = 'cyclone.steps' THEN
-        -- A worker whose lease lapsed is handed nothing (and again in the pick's
-        -- snapshot, which is all that the shards' own statement below needs).
-        IF EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = p_worker) THEN
-            RETURN;
-        END IF;
-        v_now := cyclone.now();
-    ELSE
-        -- cyclone.now(), from this node's copy of the clock (_here).
-        EXECUTE format('SELECT statement_timestamp() + offset_by FROM %s',
-                       (cyclone._here(ARRAY['clock']))[1])
-           INTO v_now;
-    END IF;
-    -- Run by run, by step_claim_run: when the worker marks actions unsafe, and on the
-    -- distributed tables, where a statement over several runs would be planned for
-    -- every shard and each of step_claim_run's names its run.
-    IF cardinality(p_unsafe) > 0 OR (cyclone.sharded() AND v_tables[1] = 'cyclone.steps') THEN
-        FOR v_run IN
-            SELECT u.r FROM unnest(p_runs) WITH ORDINALITY AS u(r, i) GROUP BY u.r
-             ORDER BY min(u.i)
-        LOOP
-            v_nodes := ARRAY(SELECT u.n
-                               FROM unnest(p_runs, p_nodes) WITH ORDINALITY AS u(r, n, i)
-                              WHERE u.r = v_run ORDER BY u.i);
-            RETURN QUERY
-            SELECT * FROM cyclone.step_claim_run(v_run, v_nodes, p_worker, p_unsafe, p_lease,
-                                                 p_build, p_builds);
-        END LOOP;
-        RETURN;
-    END IF;
-    -- One statement for every run; $1 the runs, $2 their nodes (aligned), $3 a lease token
-    -- for each, drawn here (Citus refuses a volatile function in an UPDATE of a
-    -- distributed table), $4 the time, $5 the worker, $6 the lease, $7 the worker's build,
-    -- $8 its set; %1$s steps, %2$s step_calls, %3$s step_errors, %4$s runs, %5$s
-    -- worker_health (a reference table: its shard is on every node).
-    RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L)',
-        cyclone._prepared('uuid[], text[], uuid[], timestamptz, text, interval, text, text[]',
-                          format($q$
+    EXECUTE format('EXECUTE %I', cyclone._prepared('', format(
+        'SELECT statement_timestamp() + offset_by FROM %s', (cyclone._here(ARRAY['clock']))[1])))
+       INTO v_now;
+    RETURN v_now;
+END;
+$$;
+
+-- The statement that takes the steps of several runs of one shard: $1 the runs, $2 their
+-- nodes (aligned), $3 a lease token for each, $4 the time, $5 the worker, $6 the lease,
+-- $7 the worker's build, $8 its set; p_tables the tables as this node holds them:
+-- steps, step_calls, step_errors, runs (a shard's, or the tables themselves), then
+-- worker_health (a reference table: its shard is on every node). Run with hash and merge
+-- joins off (each step is found by its key). The claimed steps' answers, in the order
+-- of $1. Called by step_claim_shard and step_claim_node.
+CREATE FUNCTION cyclone._step_claim_sql(p_tables text[]) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $f$
+BEGIN
+    RETURN format($q$
             WITH picked AS (
                 SELECT s.run_id, s.node, t.token, s.effect_uncertain AS uncertain,
                        s.available_at AS since, s.waiting_for = 'sleep' AS slept, t.i,
@@ -643,7 +596,95 @@ BEGIN
               JOIN picked p ON p.run_id = c.run_id AND p.node = c.node
               JOIN %4$s r ON r.run_id = c.run_id
              ORDER BY p.i
-$q$, v_tables[1], v_tables[2], v_tables[3], v_tables[4], v_tables[5])),
+$q$, p_tables[1], p_tables[2], p_tables[3], p_tables[4], p_tables[5]);
+END;
+$f$;
+
+-- step_claim_run for the steps p_nodes of the runs p_runs (aligned), all of one shard,
+-- in one call: distributed by p_run_id (any of p_runs), a call is delegated whole to
+-- the node holding that shard and is one single-shard transaction there, one round trip
+-- for the shard's part of a claim. The same rows and changes as step_claim_run, in one
+-- statement for all the runs instead of five per run, on the shard's own tables: on a
+-- worker node Citus plans each statement on a distributed table twice (as a distributed
+-- query, then as its shard's), which cost more than the work, and a statement over
+-- several runs of a distributed table was planned for every shard. When the worker
+-- marks actions unsafe, the runs are taken by step_claim_run (an uncertain step blocks
+-- its run there). Only steps without flow control are passed here
+-- (step_candidates_sharded's flow = false); the others go through step_claim_flow.
+-- Builds as in step_claim_run. RPC: Claim, on Citus.
+CREATE FUNCTION cyclone.step_claim_shard(
+    p_run_id uuid, p_runs uuid[], p_nodes text[], p_worker text, p_unsafe text[],
+    p_lease interval, p_build text DEFAULT NULL, p_builds text[] DEFAULT '{}')
+RETURNS TABLE (
+    run_id uuid, node text, action text, workflow text, attempt integer,
+    max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
+    lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
+    effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
+    journal jsonb, run_deadline timestamptz, traceparent text)
+LANGUAGE plpgsql
+-- Each step is found by its key (step_complete_many says why).
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz;
+    v_run    uuid;
+    v_nodes  text[];
+    -- The tables as this node holds them: on Citus the shards of p_run_id's group,
+    -- which this call (delegated to their node) reads and writes as the plain tables
+    -- they are, in a statement planned once per session (_prepared) rather than twice
+    -- at every call.
+    v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.step_errors',
+                             'cyclone.runs', 'cyclone.worker_health'];
+    v_shards text[];
+BEGIN
+    IF cardinality(p_unsafe) = 0 AND cyclone.sharded() THEN
+        v_shards := ARRAY(SELECT format('cyclone.%I', t.name || '_'
+                                        || get_shard_id_for_distribution_column(
+                                               ('cyclone.' || t.name)::regclass, p_run_id))
+                            FROM unnest(ARRAY['steps', 'step_calls', 'step_errors', 'runs',
+                                              'worker_health'])
+                                 WITH ORDINALITY AS t(name, i)
+                           ORDER BY t.i);
+        -- Not delegated (called in a transaction block, or the shard moved meanwhile):
+        -- the shards are elsewhere, and the runs are taken one by one below.
+        IF NOT EXISTS (SELECT 1 FROM unnest(v_shards) n WHERE to_regclass(n) IS NULL) THEN
+            v_tables := v_shards;
+        END IF;
+    END IF;
+    IF v_tables[1] = 'cyclone.steps' THEN
+        -- A worker whose lease lapsed is handed nothing (and again in the pick's
+        -- snapshot, which is all that the shards' own statement below needs).
+        IF EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = p_worker) THEN
+            RETURN;
+        END IF;
+        v_now := cyclone.now();
+    ELSE
+        v_now := cyclone._now_here();
+    END IF;
+    -- Run by run, by step_claim_run: when the worker marks actions unsafe, and on the
+    -- distributed tables, where a statement over several runs would be planned for
+    -- every shard and each of step_claim_run's names its run.
+    IF cardinality(p_unsafe) > 0 OR (cyclone.sharded() AND v_tables[1] = 'cyclone.steps') THEN
+        FOR v_run IN
+            SELECT u.r FROM unnest(p_runs) WITH ORDINALITY AS u(r, i) GROUP BY u.r
+             ORDER BY min(u.i)
+        LOOP
+            v_nodes := ARRAY(SELECT u.n
+                               FROM unnest(p_runs, p_nodes) WITH ORDINALITY AS u(r, n, i)
+                              WHERE u.r = v_run ORDER BY u.i);
+            RETURN QUERY
+            SELECT * FROM cyclone.step_claim_run(v_run, v_nodes, p_worker, p_unsafe, p_lease,
+                                                 p_build, p_builds);
+        END LOOP;
+        RETURN;
+    END IF;
+    -- One statement for every run (_step_claim_sql), with a lease token for each drawn
+    -- here: Citus refuses a volatile function in an UPDATE of a distributed table.
+    RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L)',
+        cyclone._prepared('uuid[], text[], uuid[], timestamptz, text, interval, text, text[]',
+                          cyclone._step_claim_sql(v_tables)),
         p_runs, p_nodes, ARRAY(SELECT gen_random_uuid() FROM unnest(p_nodes)), v_now,
         p_worker, p_lease, p_build, p_builds);
 END;
@@ -868,10 +909,7 @@ BEGIN
         END IF;
     END IF;
     IF v_shards IS NOT NULL THEN
-        -- cyclone.now(), from this node's copy of the clock (_here).
-        EXECUTE format('SELECT statement_timestamp() + offset_by FROM %s',
-                       (cyclone._here(ARRAY['clock']))[1])
-           INTO v_now;
+        v_now := cyclone._now_here();
         -- The first pass, as step_complete_many's: lock the runs in run_id order, then
         -- every success whose lease holds in one statement. Its statements look rows
         -- up by key in one shard's tables: their plans are generic, made once per
@@ -1226,15 +1264,42 @@ BEGIN
 END;
 $$;
 
+-- The tables p_names co-located with the runs' shard p_shard as this node holds them
+-- (their shards of the same hash range, by name), in the order of p_names; NULL when
+-- any of them is not on this node (the shard moved away, or this is not its node).
+-- Called by step_claim_node and step_complete_node, once for each shard of their call.
+CREATE FUNCTION cyclone._local_tables(p_shard bigint, p_names text[]) RETURNS text[]
+-- PL/pgSQL: Citus's catalog is not there on a database that is not distributed.
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT CASE WHEN count(*) = cardinality(p_names)
+                             AND bool_and(to_regclass(x.name) IS NOT NULL)
+                        THEN array_agg(x.name ORDER BY x.i) END
+              FROM (SELECT t.i, format('cyclone.%I', t.name || '_' || c.shardid) AS name
+                      -- Each name cast once, as in _here.
+                      FROM (SELECT u.name, u.i, ('cyclone.' || u.name)::regclass AS rel
+                              FROM unnest(p_names) WITH ORDINALITY AS u(name, i)
+                            OFFSET 0) t
+                      JOIN pg_dist_shard r ON r.shardid = p_shard
+                      JOIN pg_dist_placement l
+                        ON l.shardid = r.shardid
+                       AND l.groupid = (SELECT g.groupid FROM pg_dist_local_group g)
+                      JOIN pg_dist_shard c
+                        ON c.logicalrelid = t.rel AND c.shardminvalue = r.shardminvalue) x);
+END;
+$$;
+
 -- A claim's part of every shard that one node holds, in one call and one transaction
 -- on that node, by a server that sends each node its part (--citus-route): the
 -- candidates p_runs / p_nodes (aligned with their shards p_shards, in claim order)
 -- taken shard by shard, in that order, as step_claim_shard takes each shard's. Not
--- delegated: called on the node that holds the shards, where each step_claim_shard
--- runs as the plain function it is over that node's shards' tables; a shard that moved
--- away meanwhile is taken run by run through the distributed tables (step_claim_run),
--- from wherever it now is. One round trip and one commit per node instead of per
--- shard. RPC: Claim and Work, on Citus.
+-- delegated: called on the node that holds the shards. What step_claim_shard does
+-- for each shard (the clock read, the shards' names) is done here once for them all,
+-- and each shard's runs are taken by one prepared statement (_step_claim_sql) on its
+-- tables. A shard that moved away meanwhile, and every shard when the worker marks
+-- actions unsafe, goes through step_claim_shard (run by run through the distributed
+-- tables, step_claim_run, from wherever the shard now is). One round trip and one
+-- commit per node instead of per shard. RPC: Claim and Work, on Citus.
 CREATE FUNCTION cyclone.step_claim_node(
     p_runs uuid[], p_nodes text[], p_shards bigint[], p_worker text, p_unsafe text[],
     p_lease interval, p_build text DEFAULT NULL, p_builds text[] DEFAULT '{}')
@@ -1244,20 +1309,44 @@ RETURNS TABLE (
     lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
     effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
     journal jsonb, run_deadline timestamptz, traceparent text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- As step_claim_shard's.
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
 DECLARE
     v_group record;
+    v_refs  text[];
+    v_now   timestamptz;
 BEGIN
+    IF cardinality(p_unsafe) = 0 THEN
+        v_now := cyclone._now_here();
+        v_refs := cyclone._here(ARRAY['worker_health']);  -- this node's copy
+    END IF;
     FOR v_group IN
-        SELECT array_agg(u.r ORDER BY u.i) AS runs, array_agg(u.n ORDER BY u.i) AS nodes
+        SELECT array_agg(u.r ORDER BY u.i) AS runs, array_agg(u.n ORDER BY u.i) AS nodes,
+               CASE WHEN cardinality(p_unsafe) = 0
+                    THEN cyclone._local_tables(u.s, ARRAY['steps', 'step_calls',
+                                                          'step_errors', 'runs']) END
+                   AS tables
           FROM unnest(p_runs, p_nodes, p_shards) WITH ORDINALITY AS u(r, n, s, i)
          GROUP BY u.s
          ORDER BY min(u.i)
     LOOP
-        RETURN QUERY
-        SELECT * FROM cyclone.step_claim_shard(v_group.runs[1], v_group.runs, v_group.nodes,
-                                               p_worker, p_unsafe, p_lease, p_build,
-                                               p_builds);
+        IF v_group.tables IS NULL THEN
+            RETURN QUERY
+            SELECT * FROM cyclone.step_claim_shard(v_group.runs[1], v_group.runs,
+                                                   v_group.nodes, p_worker, p_unsafe,
+                                                   p_lease, p_build, p_builds);
+        ELSE
+            RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L)',
+                cyclone._prepared(
+                    'uuid[], text[], uuid[], timestamptz, text, interval, text, text[]',
+                    cyclone._step_claim_sql(v_group.tables || v_refs)),
+                v_group.runs, v_group.nodes,
+                ARRAY(SELECT gen_random_uuid() FROM unnest(v_group.nodes)), v_now,
+                p_worker, p_lease, p_build, p_builds);
+        END IF;
     END LOOP;
 END;
 $$;

@@ -267,3 +267,67 @@ def test_a_node_reads_its_own_copy_of_the_clock(cyclone_server: Any) -> None:
             assert here == now
             [(ahead,)] = conn.execute(f"SELECT offset_by >= interval '1 hour' FROM {clock}")
             assert ahead
+
+
+def test_a_node_keeps_its_copies_names_for_the_session_and_finds_a_lost_one_again(
+    cyclone_server: Any,
+) -> None:
+    """_here looks a copy's name up once per session (cyclone.here_<table>); a name that
+    is no longer there (the schema made anew) is looked up again, and the prepared read
+    of the clock (_now_here) sees what cyclone.now() sees."""
+    pool = cyclone_server.server.db.pool
+    for port in sorted({_node_port(p) for p in pool.nodes.values()}):
+        url = psycopg.conninfo.make_conninfo(cyclone_server.database_url, port=port)
+        with psycopg.connect(url, autocommit=True) as conn:
+            [([clock],)] = conn.execute("SELECT cyclone._here(ARRAY['clock'])")
+            [(kept,)] = conn.execute("SELECT current_setting('cyclone.here_clock')")
+            assert kept == clock and clock.startswith("cyclone.clock_")
+            conn.execute("SELECT set_config('cyclone.here_clock', 'cyclone.clock_1', false)")
+            assert conn.execute("SELECT cyclone._here(ARRAY['clock'])").fetchall() == [([clock],)]
+            [(kept,)] = conn.execute("SELECT current_setting('cyclone.here_clock')")
+            assert kept == clock
+            [(here, now)] = conn.execute("SELECT cyclone._now_here(), cyclone.now()")
+            assert here == now
+
+
+def test_a_nodes_claim_takes_each_shard_by_one_statement_and_a_moved_one_still_works(
+    cyclone_server: Any,
+) -> None:
+    """step_claim_node takes each of its shards' runs with one prepared statement, on
+    the node that holds them, without a call of step_claim_shard for each shard; sent to
+    a node that does not hold them (a shard moved since the server's map was read),
+    the same call still takes them, through step_claim_shard."""
+    pool = cyclone_server.server.db.pool
+    ids = [submit(cyclone_server, workflow("w", node("a"))) for _ in range(40)]
+    placed = _placements(cyclone_server)
+    shard = {r: pool.shard_for(r) for r in ids}
+    ports = sorted(set(placed.values()))
+    assert len(ports) == 2
+    for port in ports:
+        here = [r for r in ids if placed[shard[r]] == port]
+        assert len({shard[r] for r in here}) > 1, "the node's runs are on several shards"
+        for target, path in ((port, "statement"), (next(p for p in ports if p != port), "shard")):
+            taking = here[:3] if path == "statement" else here[3:6]
+            url = psycopg.conninfo.make_conninfo(cyclone_server.database_url, port=target)
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("SET track_functions = 'all'")
+                with conn.transaction():
+                    rows = conn.execute(
+                        "SELECT run_id::text FROM cyclone.step_claim_node("
+                        "%s::uuid[], %s::text[], %s::bigint[], 'w1', '{}', '30s')",
+                        (taking, ["a"] * len(taking), [shard[r] for r in taking]),
+                    ).fetchall()
+                    calls = dict(
+                        conn.execute(
+                            "SELECT funcname, calls FROM pg_stat_xact_user_functions"
+                            " WHERE funcname IN ('step_claim_node', 'step_claim_shard')"
+                        ).fetchall()
+                    )
+            assert [r[0] for r in rows] == taking
+            assert calls["step_claim_node"] == 1
+            if path == "statement":
+                assert "step_claim_shard" not in calls
+            else:
+                assert calls["step_claim_shard"] >= 1
+    [(running,)] = cyclone_server.sql("SELECT count(*) FROM cyclone.steps WHERE status = 'running'")
+    assert running == 12

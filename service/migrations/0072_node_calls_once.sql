@@ -1,0 +1,585 @@
+-- Calls on a shard's node spend less before their statements:
+-- * _here keeps, for the session, the names of this node's copies of the reference
+--   tables (it looked them up in Citus's catalog at every call, about 0.1 ms where a
+--   caller had hash joins off);
+-- * cyclone.now() on a node is a prepared read of the clock's copy (_now_here);
+-- * step_claim_node reads the clock and the shards' names once for all its shards
+--   and takes each shard's runs with the prepared statement (_step_claim_sql) that
+--   step_claim_shard also runs, instead of calling step_claim_shard for each shard.
+
+-- The name of this session's prepared statement of p_sql, whose parameters have the
+-- types p_types, prepared now if the session has none. The functions delegated to a
+-- shard's node address the shard's tables by name, so their statements are EXECUTEd
+-- from text, and Postgres would parse and plan each one at every call (about a
+-- millisecond for a claim's); a prepared statement keeps its plan for the session
+-- and is planned again only when its tables change. Its name is a hash of its text:
+-- another shard's statement, or one a later migration rewrites, is another statement.
+-- Run as EXECUTE format('EXECUTE %I(%L, ...)', name, values...): EXECUTE ... USING
+-- cannot pass parameters to a prepared statement. Called by step_claim_shard,
+-- step_complete_shard, step_candidates_on and step_candidates_local.
+CREATE OR REPLACE FUNCTION cyclone._prepared(p_types text, p_sql text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text := 'cyclone_' || md5(p_types || ';' || p_sql);
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_statements p
+                    WHERE p.name = v_name) THEN
+        EXECUTE format('PREPARE %I %s AS %s', v_name,
+                       CASE WHEN p_types <> '' THEN '(' || p_types || ')' ELSE '' END, p_sql);
+    END IF;
+    RETURN v_name;
+END;
+$$;
+
+-- The names of this node's copies of the reference tables p_tables (Citus keeps one on
+-- every node, under the table's shard's name), to read them as the plain tables they
+-- are: Citus plans a statement on a reference table as a distributed query and runs it
+-- locally from text at every call (0.1-0.45 ms for the reads of the clock, the pauses
+-- and the rates). A table's own name on a database that is not distributed, or where
+-- this node has no copy. Called by the functions that run on a shard's node.
+CREATE OR REPLACE FUNCTION cyclone._here(p_tables text[]) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_names text[] := '{}';
+    v_name  text;
+    v_table text;
+BEGIN
+    IF NOT cyclone.sharded() THEN
+        RETURN ARRAY(SELECT format('cyclone.%I', t) FROM unnest(p_tables) t);
+    END IF;
+    FOREACH v_table IN ARRAY p_tables LOOP
+        -- Kept for the session (cyclone.here_<table>): a reference table keeps its one
+        -- shard for its life, and a name no longer there (the schema made anew) is
+        -- looked up again. Looking it up costs more than the read it serves.
+        v_name := current_setting('cyclone.here_' || v_table, true);
+        IF coalesce(v_name, '') = '' OR to_regclass(v_name) IS NULL THEN
+            v_name := (SELECT format('cyclone.%I', v_table || '_' || s.shardid)
+                         FROM pg_dist_shard s
+                        WHERE s.logicalrelid = to_regclass('cyclone.' || v_table)
+                        LIMIT 1);
+            IF v_name IS NULL OR to_regclass(v_name) IS NULL THEN
+                v_name := format('cyclone.%I', v_table);
+            ELSE
+                PERFORM set_config('cyclone.here_' || v_table, v_name, false);
+            END IF;
+        END IF;
+        v_names := v_names || v_name;
+    END LOOP;
+    RETURN v_names;
+END;
+$$;
+
+-- cyclone.now() read from this node's copy of the clock (_here) by a prepared
+-- statement: on a worker node Citus would plan cyclone.now()'s read of the reference
+-- table as a distributed query at every call, and a statement EXECUTEd from text is
+-- planned at every call too. Called by the functions that run on a shard's node.
+CREATE FUNCTION cyclone._now_here() RETURNS timestamptz
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz;
+BEGIN
+    EXECUTE format('EXECUTE %I', cyclone._prepared('', format(
+        'SELECT statement_timestamp() + offset_by FROM %s', (cyclone._here(ARRAY['clock']))[1])))
+       INTO v_now;
+    RETURN v_now;
+END;
+$$;
+
+-- The statement that takes the steps of several runs of one shard: $1 the runs, $2 their
+-- nodes (aligned), $3 a lease token for each, $4 the time, $5 the worker, $6 the lease,
+-- $7 the worker's build, $8 its set; p_tables the tables as this node holds them:
+-- steps, step_calls, step_errors, runs (a shard's, or the tables themselves), then
+-- worker_health (a reference table: its shard is on every node). Run with hash and merge
+-- joins off (each step is found by its key). The claimed steps' answers, in the order
+-- of $1. Called by step_claim_shard and step_claim_node.
+CREATE FUNCTION cyclone._step_claim_sql(p_tables text[]) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $f$
+BEGIN
+    RETURN format($q$
+            WITH picked AS (
+                SELECT s.run_id, s.node, t.token, s.effect_uncertain AS uncertain,
+                       s.available_at AS since, s.waiting_for = 'sleep' AS slept, t.i,
+                       CASE WHEN s.build_id IS NOT NULL AND EXISTS (
+                                 SELECT 1 FROM %2$s j
+                                  WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0)
+                            THEN s.build_id ELSE $7 END AS pin
+                  FROM unnest($1, $2, $3) WITH ORDINALITY AS t(run_id, node, token, i)
+                  JOIN %1$s s ON s.run_id = t.run_id AND s.node = t.node
+                 WHERE s.status = 'available' AND s.available_at <= $4
+                   AND cyclone._build_admits(s.build_id, $8, EXISTS (
+                           SELECT 1 FROM %2$s j
+                            WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
+                   -- The worker's mark in the pick's snapshot (see step_claim_run).
+                   AND NOT EXISTS (SELECT 1 FROM %5$s h WHERE h.worker_id = $5)
+                   FOR UPDATE OF s SKIP LOCKED
+            ), claimed AS (
+                UPDATE %1$s s
+                   SET status = 'running',
+                       attempt = s.attempt + 1,
+                       lease_token = p.token,
+                       started_at = $4,
+                       last_heartbeat_at = $4,
+                       deadline_at = cyclone._later($4, s.timeout),
+                       lease_expires_at = cyclone._later($4, least($6, s.timeout)),
+                       worker_id = $5,
+                       unsafe = false,
+                       effect_uncertain = false,
+                       waiting_for = CASE WHEN s.waiting_for = 'sleep' THEN NULL
+                                          ELSE s.waiting_for END,
+                       build_id = p.pin
+                  FROM picked p
+                 WHERE s.run_id = p.run_id AND s.node = p.node
+                RETURNING s.run_id, s.node, s.action, s.attempt, s.max_attempts, s.input,
+                          s.depends_on, s.deps_failed, s.lease_token, s.lease_expires_at,
+                          s.deadline_at, s.progress
+            ), slept AS (
+                -- As in step_claim: a sleep is over once its node is claimed at its wake time.
+                UPDATE %2$s j
+                   SET status = 'succeeded', output = 'null', finished_at = $4,
+                       attempt = c.attempt
+                  FROM claimed c
+                  JOIN picked p ON p.run_id = c.run_id AND p.node = c.node AND p.slept
+                 WHERE j.run_id = c.run_id AND j.node = c.node
+                   AND j.status = 'waiting' AND j.function = 'cyclone.sleep'
+                   AND j.wake_at <= $4
+                RETURNING j.run_id, j.node, j.step_id
+            )
+            SELECT c.run_id, c.node, c.action, r.workflow, c.attempt, c.max_attempts, c.input,
+                   r.input,
+                   CASE WHEN cardinality(c.depends_on) > 0 THEN (
+                       SELECT jsonb_object_agg(u.node, u.output) FROM %1$s u
+                        WHERE u.run_id = c.run_id AND u.node = ANY (c.depends_on)
+                          AND u.status = 'completed') END,
+                   c.lease_token, c.lease_expires_at, c.deadline_at, c.progress,
+                   p.uncertain, false, extract(epoch FROM $4 - p.since)::float8,
+                   CASE WHEN c.deps_failed > 0 THEN (
+                       SELECT jsonb_agg(jsonb_build_object(
+                                  'node', u.node, 'status', u.status,
+                                  'error', CASE WHEN u.status = 'discarded' THEN (
+                                      SELECT jsonb_build_object(
+                                                 'attempt', e.attempt, 'kind', e.kind,
+                                                 'type', e.type, 'message', e.message,
+                                                 'details', e.details, 'retryable', e.retryable,
+                                                 'at', e.at)
+                                        FROM %3$s e
+                                       WHERE e.run_id = c.run_id AND e.node = u.node
+                                       ORDER BY e.at DESC, e.attempt DESC LIMIT 1) END)
+                              ORDER BY u.position)
+                         FROM %1$s u
+                        WHERE u.run_id = c.run_id AND u.node = ANY (c.depends_on)
+                          AND u.status IN ('discarded', 'skipped')) END,
+                   -- _step_call_json's shape (on Citus a shard's row has the shard's type); a
+                   -- sleep this claim ended, as slept left it (the statement still sees the
+                   -- old version of its row). A first claim has no journal (step_claim).
+                   CASE WHEN c.attempt > 1 THEN (SELECT jsonb_agg(CASE WHEN w.step_id IS NULL
+                                          THEN to_jsonb(j) - 'run_id' - 'node'
+                                          ELSE to_jsonb(j) - 'run_id' - 'node'
+                                               || jsonb_build_object('status', 'succeeded',
+                                                                     'output', 'null'::jsonb,
+                                                                     'finished_at', $4,
+                                                                     'attempt', c.attempt) END
+                                     ORDER BY j.seq)
+                      FROM %2$s j
+                      LEFT JOIN slept w
+                        ON w.run_id = j.run_id AND w.node = j.node AND w.step_id = j.step_id
+                     WHERE j.run_id = c.run_id AND j.node = c.node) END,
+                   r.deadline, r.traceparent
+              FROM claimed c
+              JOIN picked p ON p.run_id = c.run_id AND p.node = c.node
+              JOIN %4$s r ON r.run_id = c.run_id
+             ORDER BY p.i
+$q$, p_tables[1], p_tables[2], p_tables[3], p_tables[4], p_tables[5]);
+END;
+$f$;
+
+-- step_claim_run for the steps p_nodes of the runs p_runs (aligned), all of one shard,
+-- in one call: distributed by p_run_id (any of p_runs), a call is delegated whole to
+-- the node holding that shard and is one single-shard transaction there, one round trip
+-- for the shard's part of a claim. The same rows and changes as step_claim_run, in one
+-- statement for all the runs instead of five per run, on the shard's own tables: on a
+-- worker node Citus plans each statement on a distributed table twice (as a distributed
+-- query, then as its shard's), which cost more than the work, and a statement over
+-- several runs of a distributed table was planned for every shard. When the worker
+-- marks actions unsafe, the runs are taken by step_claim_run (an uncertain step blocks
+-- its run there). Only steps without flow control are passed here
+-- (step_candidates_sharded's flow = false); the others go through step_claim_flow.
+-- Builds as in step_claim_run. RPC: Claim, on Citus.
+CREATE OR REPLACE FUNCTION cyclone.step_claim_shard(
+    p_run_id uuid, p_runs uuid[], p_nodes text[], p_worker text, p_unsafe text[],
+    p_lease interval, p_build text DEFAULT NULL, p_builds text[] DEFAULT '{}')
+RETURNS TABLE (
+    run_id uuid, node text, action text, workflow text, attempt integer,
+    max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
+    lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
+    effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
+    journal jsonb, run_deadline timestamptz, traceparent text)
+LANGUAGE plpgsql
+-- Each step is found by its key (step_complete_many says why).
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz;
+    v_run    uuid;
+    v_nodes  text[];
+    -- The tables as this node holds them: on Citus the shards of p_run_id's group,
+    -- which this call (delegated to their node) reads and writes as the plain tables
+    -- they are, in a statement planned once per session (_prepared) rather than twice
+    -- at every call.
+    v_tables text[] := ARRAY['cyclone.steps', 'cyclone.step_calls', 'cyclone.step_errors',
+                             'cyclone.runs', 'cyclone.worker_health'];
+    v_shards text[];
+BEGIN
+    IF cardinality(p_unsafe) = 0 AND cyclone.sharded() THEN
+        v_shards := ARRAY(SELECT format('cyclone.%I', t.name || '_'
+                                        || get_shard_id_for_distribution_column(
+                                               ('cyclone.' || t.name)::regclass, p_run_id))
+                            FROM unnest(ARRAY['steps', 'step_calls', 'step_errors', 'runs',
+                                              'worker_health'])
+                                 WITH ORDINALITY AS t(name, i)
+                           ORDER BY t.i);
+        -- Not delegated (called in a transaction block, or the shard moved meanwhile):
+        -- the shards are elsewhere, and the runs are taken one by one below.
+        IF NOT EXISTS (SELECT 1 FROM unnest(v_shards) n WHERE to_regclass(n) IS NULL) THEN
+            v_tables := v_shards;
+        END IF;
+    END IF;
+    IF v_tables[1] = 'cyclone.steps' THEN
+        -- A worker whose lease lapsed is handed nothing (and again in the pick's
+        -- snapshot, which is all that the shards' own statement below needs).
+        IF EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = p_worker) THEN
+            RETURN;
+        END IF;
+        v_now := cyclone.now();
+    ELSE
+        v_now := cyclone._now_here();
+    END IF;
+    -- Run by run, by step_claim_run: when the worker marks actions unsafe, and on the
+    -- distributed tables, where a statement over several runs would be planned for
+    -- every shard and each of step_claim_run's names its run.
+    IF cardinality(p_unsafe) > 0 OR (cyclone.sharded() AND v_tables[1] = 'cyclone.steps') THEN
+        FOR v_run IN
+            SELECT u.r FROM unnest(p_runs) WITH ORDINALITY AS u(r, i) GROUP BY u.r
+             ORDER BY min(u.i)
+        LOOP
+            v_nodes := ARRAY(SELECT u.n
+                               FROM unnest(p_runs, p_nodes) WITH ORDINALITY AS u(r, n, i)
+                              WHERE u.r = v_run ORDER BY u.i);
+            RETURN QUERY
+            SELECT * FROM cyclone.step_claim_run(v_run, v_nodes, p_worker, p_unsafe, p_lease,
+                                                 p_build, p_builds);
+        END LOOP;
+        RETURN;
+    END IF;
+    -- One statement for every run (_step_claim_sql), with a lease token for each drawn
+    -- here: Citus refuses a volatile function in an UPDATE of a distributed table.
+    RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L)',
+        cyclone._prepared('uuid[], text[], uuid[], timestamptz, text, interval, text, text[]',
+                          cyclone._step_claim_sql(v_tables)),
+        p_runs, p_nodes, ARRAY(SELECT gen_random_uuid() FROM unnest(p_nodes)), v_now,
+        p_worker, p_lease, p_build, p_builds);
+END;
+$$;
+
+-- The tables p_names co-located with the runs' shard p_shard as this node holds them
+-- (their shards of the same hash range, by name), in the order of p_names; NULL when
+-- any of them is not on this node (the shard moved away, or this is not its node).
+-- Called by step_claim_node and step_complete_node, once for each shard of their call.
+CREATE FUNCTION cyclone._local_tables(p_shard bigint, p_names text[]) RETURNS text[]
+-- PL/pgSQL: Citus's catalog is not there on a database that is not distributed.
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT CASE WHEN count(*) = cardinality(p_names)
+                             AND bool_and(to_regclass(x.name) IS NOT NULL)
+                        THEN array_agg(x.name ORDER BY x.i) END
+              FROM (SELECT t.i, format('cyclone.%I', t.name || '_' || c.shardid) AS name
+                      -- Each name cast once, as in _here.
+                      FROM (SELECT u.name, u.i, ('cyclone.' || u.name)::regclass AS rel
+                              FROM unnest(p_names) WITH ORDINALITY AS u(name, i)
+                            OFFSET 0) t
+                      JOIN pg_dist_shard r ON r.shardid = p_shard
+                      JOIN pg_dist_placement l
+                        ON l.shardid = r.shardid
+                       AND l.groupid = (SELECT g.groupid FROM pg_dist_local_group g)
+                      JOIN pg_dist_shard c
+                        ON c.logicalrelid = t.rel AND c.shardminvalue = r.shardminvalue) x);
+END;
+$$;
+
+-- A claim's part of every shard that one node holds, in one call and one transaction
+-- on that node, by a server that sends each node its part (--citus-route): the
+-- candidates p_runs / p_nodes (aligned with their shards p_shards, in claim order)
+-- taken shard by shard, in that order, as step_claim_shard takes each shard's. Not
+-- delegated: called on the node that holds the shards. What step_claim_shard does
+-- for each shard (the clock read, the shards' names) is done here once for them all,
+-- and each shard's runs are taken by one prepared statement (_step_claim_sql) on its
+-- tables. A shard that moved away meanwhile, and every shard when the worker marks
+-- actions unsafe, goes through step_claim_shard (run by run through the distributed
+-- tables, step_claim_run, from wherever the shard now is). One round trip and one
+-- commit per node instead of per shard. RPC: Claim and Work, on Citus.
+CREATE OR REPLACE FUNCTION cyclone.step_claim_node(
+    p_runs uuid[], p_nodes text[], p_shards bigint[], p_worker text, p_unsafe text[],
+    p_lease interval, p_build text DEFAULT NULL, p_builds text[] DEFAULT '{}')
+RETURNS TABLE (
+    run_id uuid, node text, action text, workflow text, attempt integer,
+    max_attempts integer, input jsonb, run_input jsonb, upstream jsonb, lease_token uuid,
+    lease_expires_at timestamptz, deadline_at timestamptz, progress jsonb,
+    effect_uncertain boolean, blocked boolean, waited_s float8, upstream_failures jsonb,
+    journal jsonb, run_deadline timestamptz, traceparent text)
+LANGUAGE plpgsql
+-- As step_claim_shard's.
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    v_group record;
+    v_refs  text[];
+    v_now   timestamptz;
+BEGIN
+    IF cardinality(p_unsafe) = 0 THEN
+        v_now := cyclone._now_here();
+        v_refs := cyclone._here(ARRAY['worker_health']);  -- this node's copy
+    END IF;
+    FOR v_group IN
+        SELECT array_agg(u.r ORDER BY u.i) AS runs, array_agg(u.n ORDER BY u.i) AS nodes,
+               CASE WHEN cardinality(p_unsafe) = 0
+                    THEN cyclone._local_tables(u.s, ARRAY['steps', 'step_calls',
+                                                          'step_errors', 'runs']) END
+                   AS tables
+          FROM unnest(p_runs, p_nodes, p_shards) WITH ORDINALITY AS u(r, n, s, i)
+         GROUP BY u.s
+         ORDER BY min(u.i)
+    LOOP
+        IF v_group.tables IS NULL THEN
+            RETURN QUERY
+            SELECT * FROM cyclone.step_claim_shard(v_group.runs[1], v_group.runs,
+                                                   v_group.nodes, p_worker, p_unsafe,
+                                                   p_lease, p_build, p_builds);
+        ELSE
+            RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L)',
+                cyclone._prepared(
+                    'uuid[], text[], uuid[], timestamptz, text, interval, text, text[]',
+                    cyclone._step_claim_sql(v_group.tables || v_refs)),
+                v_group.runs, v_group.nodes,
+                ARRAY(SELECT gen_random_uuid() FROM unnest(v_group.nodes)), v_now,
+                p_worker, p_lease, p_build, p_builds);
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- CompleteMany on a sharded database: the outcomes p_items (step_complete_many's
+-- items) of runs all on the shard of p_run_id (any of them), and their log lines
+-- p_logs (step_logs_add's items, or NULL), in one call. Distributed by p_run_id, a
+-- call is delegated whole to the node holding that shard and is one single-shard
+-- transaction there: one round trip from the server. The items are applied as
+-- step_complete_many applies them: a first pass locks the runs and applies every
+-- success whose lease holds in one statement, closes runs by count and settles the
+-- others (the first pass only where the call was delegated, on the shards' node);
+-- then each item left (step_abandon, step_fail or _step_complete, in (run_id, node)
+-- order) in its own subtransaction so that a refusal stands alone in its row. What the
+-- call owes others once it commits is left in its transaction's settings, which the
+-- server's statement reads: cyclone.ready, the actions it made claimable, and
+-- cyclone.woken, the "parent:child" pairs of the child runs it finished on a worker
+-- node (child_wakes). RPC: CompleteMany and Complete, on Citus.
+CREATE OR REPLACE FUNCTION cyclone.step_complete_shard(p_run_id uuid, p_items jsonb, p_logs jsonb)
+RETURNS TABLE (i integer, step_status text, run_status text, duplicate boolean,
+               retry_at timestamptz, error_state text, error_message text,
+               error_detail text)
+LANGUAGE plpgsql
+-- Each item's step is found by its key (step_complete_many says why).
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now      timestamptz;
+    v_item     jsonb;
+    v_done     cyclone.completion;
+    -- The shards of p_run_id's group that this node holds (runs, steps), when the call
+    -- was delegated here: the first pass reads and writes them as the plain tables they
+    -- are, each statement planned by Postgres once per session (_prepared), where Citus
+    -- plans a statement on a distributed table twice (as a distributed query, then its
+    -- shard's) at every call.
+    v_shards   text[];
+    v_applied  integer[] := '{}';
+    v_run      uuid[];
+    v_node     text[];
+    v_has_deps boolean[];
+    v_keyed    text[];
+    v_statuses jsonb := '{}';
+    v_closed   record;
+    v_closes   record;
+    v_group    record;
+    v_status   text;
+    v_mode     text := current_setting('plan_cache_mode');
+BEGIN
+    IF p_logs IS NOT NULL THEN
+        PERFORM cyclone.step_logs_add(p_logs);
+    END IF;
+    IF cyclone.sharded() THEN
+        v_shards := ARRAY(SELECT format('cyclone.%I', t.name || '_'
+                                        || get_shard_id_for_distribution_column(
+                                               ('cyclone.' || t.name)::regclass, p_run_id))
+                            FROM unnest(ARRAY['runs', 'steps']) WITH ORDINALITY AS t(name, n)
+                           ORDER BY t.n);
+        IF EXISTS (SELECT 1 FROM unnest(v_shards) s WHERE to_regclass(s) IS NULL) THEN
+            v_shards := NULL;  -- not delegated: the shards are elsewhere
+        END IF;
+    END IF;
+    IF v_shards IS NOT NULL THEN
+        v_now := cyclone._now_here();
+        -- The first pass, as step_complete_many's: lock the runs in run_id order, then
+        -- every success whose lease holds in one statement. Its statements look rows
+        -- up by key in one shard's tables: their plans are generic, made once per
+        -- session, where Postgres would otherwise plan some of them again at every
+        -- call for the values given. Set for these statements only: the functions
+        -- called between them plan on the distributed tables with their arguments'
+        -- values (service/sql/citus.sql).
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+        EXECUTE format('EXECUTE %I(%L)',
+            cyclone._prepared('uuid[]', format(
+                'SELECT 1 FROM %s r WHERE r.run_id = ANY ($1) ORDER BY r.run_id'
+                ' FOR NO KEY UPDATE', v_shards[1])),
+            ARRAY(SELECT DISTINCT (e->>'run_id')::uuid FROM jsonb_array_elements(p_items) e));
+        EXECUTE format('EXECUTE %I(%L, %L)', cyclone._prepared('jsonb, timestamptz', format($q$
+            WITH done AS (
+                UPDATE %s s
+                   SET status = 'completed', output = coalesce(t.e->'output', 'null'::jsonb),
+                       finished_at = $2, lease_expires_at = NULL
+                  FROM jsonb_array_elements($1) t(e)
+                 WHERE NOT t.e ? 'failure'
+                   AND s.run_id = (t.e->>'run_id')::uuid AND s.node = t.e->>'node'
+                   AND s.lease_token::text = t.e->>'lease_token'
+                   AND CASE WHEN s.status = 'running' THEN s.lease_expires_at > $2 END
+                RETURNING (t.e->>'i')::integer AS i, s.run_id, s.node,
+                          cardinality(s.dependents) > 0 AS has_deps, s.action,
+                          s.concurrency_key)
+            SELECT coalesce(array_agg(i), '{}'), coalesce(array_agg(run_id), '{}'),
+                   coalesce(array_agg(node), '{}'), coalesce(array_agg(has_deps), '{}'),
+                   coalesce(array_agg(DISTINCT action)
+                                FILTER (WHERE concurrency_key IS NOT NULL), '{}')
+              FROM done
+        $q$, v_shards[2])), p_items, v_now)
+          INTO v_applied, v_run, v_node, v_has_deps, v_keyed;
+        PERFORM set_config('plan_cache_mode', v_mode, true);
+        -- A slot of a key is free: its action's claims look again (_key_wake on a
+        -- worker node: a key is not counted across shards here).
+        PERFORM cyclone._notify_ready(v_keyed);
+        -- Runs where no completed step has a dependent: closed by the count, as
+        -- _runs_close closes them; a child that finishes owes its parent a wake.
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+        EXECUTE format('EXECUTE %I(%L, %L, %L)',
+            cyclone._prepared('uuid[], boolean[], timestamptz', format($q$
+          WITH closed AS (
+            UPDATE %1$s r
+               SET steps_open = r.steps_open - c.closed, updated_at = $3,
+                   status = CASE WHEN NOT c.closing THEN r.status
+                                 WHEN c.error IS NULL THEN 'completed' ELSE 'failed' END,
+                   finished_at = CASE WHEN c.closing THEN $3 ELSE r.finished_at END,
+                   error = coalesce(c.error, r.error)
+              FROM (SELECT c.run_id, c.closed, x.closing,
+                           CASE WHEN x.closing THEN (
+                               SELECT jsonb_build_object(
+                                          'kind', 'StepDiscarded',
+                                          'message', format('node %%s was discarded at attempt %%s',
+                                                            s.node, s.attempt),
+                                          'node', s.node, 'attempt', s.attempt,
+                                          'started_at', s.started_at)
+                                 FROM %2$s s
+                                WHERE s.run_id = c.run_id AND s.status = 'discarded'
+                                ORDER BY s.finished_at, s.node LIMIT 1) END AS error
+                      FROM (SELECT d.run_id, count(*)::integer AS closed
+                              FROM unnest($1::uuid[], $2::boolean[]) d(run_id, has_deps)
+                             GROUP BY d.run_id HAVING NOT bool_or(d.has_deps)) c
+                     CROSS JOIN LATERAL (
+                           SELECT x.steps_open <= c.closed AND x.status = 'running' AS closing
+                             FROM %1$s x WHERE x.run_id = c.run_id OFFSET 0) x
+                    OFFSET 0) c
+             WHERE r.run_id = c.run_id
+            RETURNING r.run_id, r.status, r.parent_run_id, c.closing)
+          SELECT array_agg(run_id) AS runs, array_agg(status) AS statuses,
+                 array_agg(parent_run_id) AS parents, array_agg(closing) AS closings
+            FROM closed
+        $q$, v_shards[1], v_shards[2])), v_run, v_has_deps, v_now)
+          INTO v_closes;
+        PERFORM set_config('plan_cache_mode', v_mode, true);
+        FOR v_closed IN
+            SELECT * FROM unnest(v_closes.runs, v_closes.statuses, v_closes.parents,
+                                 v_closes.closings) AS c(run_id, status, parent_run_id, closing)
+        LOOP
+            v_status := v_closed.status;
+            IF v_closed.closing AND v_closed.parent_run_id IS NOT NULL THEN
+                v_status := cyclone._child_finished(v_closed.run_id, v_closed.parent_run_id,
+                                                    v_status);
+            END IF;
+            IF v_status IS DISTINCT FROM 'completed' THEN
+                v_statuses := v_statuses || jsonb_build_object(v_closed.run_id::text, v_status);
+            END IF;
+        END LOOP;
+        -- Runs with dependents to count: one graph walk per run, with all its finals.
+        FOR v_group IN
+            SELECT d.run_id, array_agg(d.node) AS nodes
+              FROM unnest(v_run, v_node, v_has_deps) d(run_id, node, has_deps)
+             GROUP BY d.run_id HAVING bool_or(d.has_deps)
+             ORDER BY d.run_id
+        LOOP
+            v_status := cyclone._settle(v_group.run_id, v_group.nodes, '{}',
+                                        cardinality(v_group.nodes));
+            IF v_status IS DISTINCT FROM 'completed' THEN
+                v_statuses := v_statuses || jsonb_build_object(v_group.run_id::text, v_status);
+            END IF;
+        END LOOP;
+        RETURN QUERY
+            SELECT d.i, 'completed'::text,
+                   coalesce(v_statuses->>(d.run_id::text), 'completed'), false,
+                   NULL::timestamptz, NULL::text, NULL::text, NULL::text
+              FROM unnest(v_applied, v_run) d(i, run_id);
+    END IF;
+    -- The rest, each in its own subtransaction so that a refusal stands alone: failures,
+    -- and successes the first pass did not apply (a lost lease, a repeat, an unknown
+    -- step), which _step_complete then explains; every item when not delegated.
+    FOR v_item IN
+        SELECT e FROM jsonb_array_elements(p_items) e
+         WHERE NOT (e->>'i')::integer = ANY (v_applied)
+         ORDER BY e->>'run_id', e->>'node', (e->>'i')::integer
+    LOOP
+        i := (v_item->>'i')::integer;
+        BEGIN
+            IF (v_item->'failure'->>'uncertain')::boolean THEN
+                v_done := cyclone.step_abandon(
+                    (v_item->>'run_id')::uuid, v_item->>'node', (v_item->>'lease_token')::uuid,
+                    v_item->'failure'->>'type', v_item->'failure'->>'message',
+                    v_item->'failure'->>'details');
+            ELSIF v_item ? 'failure' THEN
+                v_done := cyclone.step_fail(
+                    (v_item->>'run_id')::uuid, v_item->>'node', (v_item->>'lease_token')::uuid,
+                    v_item->'failure'->>'type', v_item->'failure'->>'message',
+                    v_item->'failure'->>'details', (v_item->'failure'->>'retryable')::boolean,
+                    make_interval(secs => (v_item->'failure'->>'retry_after_s')::float8));
+            ELSE
+                v_done := cyclone._step_complete(
+                    (v_item->>'run_id')::uuid, v_item->>'node', (v_item->>'lease_token')::uuid,
+                    v_item->'output');
+            END IF;
+            step_status := v_done.step_status;
+            run_status := v_done.run_status;
+            duplicate := v_done.duplicate;
+            retry_at := v_done.retry_at;
+            error_state := NULL;
+            error_message := NULL;
+            error_detail := NULL;
+        EXCEPTION WHEN SQLSTATE 'CY001' OR SQLSTATE 'CY002' OR SQLSTATE 'CY003' THEN
+            GET STACKED DIAGNOSTICS error_state = RETURNED_SQLSTATE,
+                                    error_message = MESSAGE_TEXT,
+                                    error_detail = PG_EXCEPTION_DETAIL;
+            step_status := NULL;
+            run_status := NULL;
+            duplicate := NULL;
+            retry_at := NULL;
+        END;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
