@@ -332,19 +332,27 @@ class Pool:
 
     async def _on_shard(
         self,
-        driver: psycopg.AsyncConnection[Any],
+        driver: psycopg.AsyncConnection[Any] | None,
         shard: int | None,
         name: str,
         row: type[R],
         **params: Any,
     ) -> list[R]:
         """_run for a call of one shard: on the node that holds it (node_of), else on
-        ``driver``."""
+        ``driver`` (which the caller checked out for such calls)."""
         node = self.node_of(shard)
         if node is None:
+            assert driver is not None
             return await self._run(driver, name, row, **params)
         async with node._connection() as routed:
             return await self._run(routed, name, row, **params)
+
+    def _connection_if(
+        self, needed: bool
+    ) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any] | None]:
+        """_connection when ``needed``, else None and nothing checked out: for a call
+        whose parts may all go to other nodes (_on_shard)."""
+        return self._connection() if needed else contextlib.nullcontext()
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -461,6 +469,7 @@ class Repository:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
         self._connection = pool._connection
+        self._connection_if = pool._connection_if
         self._run = pool._run
         self._all = pool._all
         self._one = pool._one

@@ -5,10 +5,13 @@ delivered after the commit (child_wakes, 95_shards.sql)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import psycopg
 
 from service import errors
 from service.db.completion import batch_answer, logs_items, outcomes_json
@@ -76,11 +79,12 @@ class ShardReports(Repository):
 
     async def complete(self, outcomes: Sequence[Outcome]) -> list[Completion | Refused]:
         """Apply outcomes (step_complete_many's answers, in order): the outcomes of each
-        shard in one delegated call, a single-shard transaction on its node, shard after
-        shard (when the server routes, those of the shards one node holds in one call
-        and one transaction there, step_complete_node). A call that fails (its node
-        down) fails the whole request once the calls before it committed: a worker that
-        sends the batch again is answered duplicate for those."""
+        shard in one delegated call, a single-shard transaction on its node (when the
+        server routes, those of the shards one node holds in one call and one
+        transaction there, step_complete_node; the nodes' calls at once). A call that
+        fails (its node down) fails the whole request once the other calls are
+        answered: those committed stay, a worker that sends the batch again is
+        answered duplicate for them, and the parent wakes they owe are delivered."""
         shards = await self._shards([o.run_id for o in outcomes])
         groups: dict[int | None, list[int]] = {}
         for index, shard in enumerate(shards):
@@ -93,37 +97,70 @@ class ShardReports(Repository):
                 calls.append((node, None, [k for s in held for k in groups[s]]))
             else:
                 calls += [(None, s, groups[s]) for s in held]
-        async with self._connection() as driver:
-            for node, shard, indexes in calls:
-                group = [outcomes[k] for k in indexes]
-                if node is not None:
-                    # Every shard of that node in one call (step_complete_node).
-                    rows = await node._all(
-                        "step_complete_node",
-                        ShardRow,
-                        items=outcomes_json(group),
-                        shards=[shards[k] for k in indexes],
-                        logs=logs_items(group),
-                    )
-                else:
-                    rows = await self._on_shard(
-                        driver,
-                        shard,
-                        "step_complete_shard",
-                        ShardRow,
-                        run_id=group[0].run_id,
-                        items=outcomes_json(group),
-                        logs=logs_items(group),
-                    )
-                for row in rows:
-                    answers[indexes[row.i]] = batch_answer(row)
-                self._published(r.ready for r in rows)
-                woken += {pair for r in rows if r.woken for pair in r.woken.split(",")}
+        # The calls to other nodes at once (each on a connection of its node's), then
+        # those of this pool's node one after the other on ``driver``; a call that
+        # fails fails the request once the others' answers are taken in.
+        routed = [c for c in calls if c[0] is not None or self.pool.node_of(c[1]) is not None]
+        async with self._connection_if(len(routed) < len(calls)) as driver:
+            done: list[list[ShardRow] | BaseException] = await asyncio.gather(
+                *(self._complete_call(driver, outcomes, shards, *c) for c in routed),
+                return_exceptions=True,
+            )
+            results = [(c[2], rows) for c, rows in zip(routed, done, strict=True)]
+            for c in calls:
+                if c in routed or any(isinstance(r, BaseException) for _, r in results):
+                    continue
+                try:
+                    results.append((c[2], await self._complete_call(driver, outcomes, shards, *c)))
+                except Exception as exc:
+                    results.append((c[2], exc))
+        failed: BaseException | None = None
+        for indexes, rows in results:
+            if isinstance(rows, BaseException):
+                failed = failed or rows
+                continue
+            for row in rows:
+                answers[indexes[row.i]] = batch_answer(row)
+            self._published(r.ready for r in rows)
+            woken += {pair for r in rows if r.woken for pair in r.woken.split(",")}
         if woken:
             await self.wake_parents(woken)
+        if failed is not None:
+            raise failed
         # A missing answer is a bug, answered INTERNAL.
         assert all(a is not None for a in answers)
         return answers  # type: ignore[return-value]
+
+    def _complete_call(
+        self,
+        driver: psycopg.AsyncConnection[Any] | None,
+        outcomes: Sequence[Outcome],
+        shards: list[int | None],
+        node: Pool | None,
+        shard: int | None,
+        indexes: list[int],
+    ) -> Awaitable[list[ShardRow]]:
+        """The call applying the outcomes ``indexes``: those of every shard ``node``
+        holds in one call there (step_complete_node), or those of ``shard`` in one call
+        on the node that holds it, else on ``driver`` (step_complete_shard)."""
+        group = [outcomes[k] for k in indexes]
+        if node is not None:
+            return node._all(
+                "step_complete_node",
+                ShardRow,
+                items=outcomes_json(group),
+                shards=[shards[k] for k in indexes],
+                logs=logs_items(group),
+            )
+        return self._on_shard(
+            driver,
+            shard,
+            "step_complete_shard",
+            ShardRow,
+            run_id=group[0].run_id,
+            items=outcomes_json(group),
+            logs=logs_items(group),
+        )
 
     async def _shards(self, runs: list[str]) -> list[int | None]:
         """The shard of each run: remembered from claims, else known from its id where

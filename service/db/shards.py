@@ -136,7 +136,9 @@ class ShardedClaim(Repository):
             "build_id": build_id,
             "builds": builds,
         }
-        async with self._connection() as driver:
+        # A connection of this pool's node only for what is taken there.
+        here = any(c.flow or self.pool.node_of(c.shard) is None for c in found)
+        async with self._connection_if(here) as driver:
             # The first candidates in claim order, each shard's in one call; the next
             # ones, in the same way, while other servers took some of these first.
             pending = [c for c in found if not c.flow]
@@ -149,6 +151,7 @@ class ShardedClaim(Repository):
             held = [c for c in found if c.flow]
             left = limit - sum(not r.blocked for r in claimed)
             if held and left > 0:
+                assert driver is not None  # checked out for these (``here``)
                 claimed += await tolerant(
                     lambda: self._run(
                         driver,
@@ -173,7 +176,7 @@ class ShardedClaim(Repository):
 
     async def _take(
         self,
-        driver: psycopg.AsyncConnection[Any],
+        driver: psycopg.AsyncConnection[Any] | None,
         tolerant: _Tolerant,
         taking: list[Candidate],
         asked: dict[str, Any],
@@ -184,36 +187,60 @@ class ShardedClaim(Repository):
         by_shard: dict[int, list[Candidate]] = {}
         for c in taking:
             by_shard.setdefault(c.shard, []).append(c)
-        claimed: list[ClaimedStep] = []
+        # The calls to other nodes at once (each on a connection of its node's): one
+        # round trip for the claim, not one per node; then those of this pool's node,
+        # one after the other on ``driver``.
+        routed: list[Awaitable[list[ClaimedStep]]] = []
+        here: list[int | None] = []
         for node, shards in self.pool.by_node(by_shard):
-            if node is not None and len(shards) > 1:
+            if node is None:
+                here += shards
+            elif len(shards) > 1:
                 group = [c for c in taking if c.shard in shards]
-                claimed += await tolerant(
-                    lambda node=node, group=group: node._all(  # type: ignore[misc]
-                        "step_claim_node",
-                        ClaimedStep,
-                        runs=[str(c.run_id) for c in group],
-                        nodes=[c.node for c in group],
-                        shards=[c.shard for c in group],
-                        **asked,
+                routed.append(
+                    tolerant(
+                        lambda node=node, group=group: node._all(  # type: ignore[misc]
+                            "step_claim_node",
+                            ClaimedStep,
+                            runs=[str(c.run_id) for c in group],
+                            nodes=[c.node for c in group],
+                            shards=[c.shard for c in group],
+                            **asked,
+                        )
                     )
                 )
-                continue
-            for shard in shards:
-                group = by_shard[shard]  # type: ignore[index]
-                claimed += await tolerant(
-                    lambda shard=shard, group=group: self._on_shard(  # type: ignore[misc]
-                        driver,
-                        shard,
-                        "step_claim_shard",
-                        ClaimedStep,
-                        run_id=str(group[0].run_id),
-                        runs=[str(c.run_id) for c in group],
-                        nodes=[c.node for c in group],
-                        **asked,
-                    )
-                )
+            else:
+                routed.append(self._take_shard(driver, tolerant, shards[0], by_shard, asked))
+        claimed: list[ClaimedStep] = []
+        for rows in await asyncio.gather(*routed):
+            claimed += rows
+        for shard in here:
+            claimed += await self._take_shard(driver, tolerant, shard, by_shard, asked)
         return claimed
+
+    async def _take_shard(
+        self,
+        driver: psycopg.AsyncConnection[Any] | None,
+        tolerant: _Tolerant,
+        shard: int | None,
+        by_shard: dict[int, list[Candidate]],
+        asked: dict[str, Any],
+    ) -> list[ClaimedStep]:
+        """One shard's candidates taken in one call (step_claim_shard), on the node that
+        holds it, else on ``driver``."""
+        group = by_shard[shard]  # type: ignore[index]
+        return await tolerant(
+            lambda: self._on_shard(
+                driver,
+                shard,
+                "step_claim_shard",
+                ClaimedStep,
+                run_id=str(group[0].run_id),
+                runs=[str(c.run_id) for c in group],
+                nodes=[c.node for c in group],
+                **asked,
+            )
+        )
 
     async def _candidates(
         self,
@@ -256,7 +283,7 @@ class ShardedClaim(Repository):
         flow: Mapping[str, list[Any]],
     ) -> list[Candidate] | None:
         """step_candidates_sharded's answer made from each node's own shards
-        (step_candidates_local, the nodes asked at once), merged in claim order; the
+        (step_candidates_node, the nodes asked at once), merged in claim order; the
         nodes that do not answer are passed over, and Unavailable is raised when none
         does. None when a step with a concurrency key is met: then the read across
         shards, which passes over the keys already full, is made instead. With several
@@ -267,7 +294,7 @@ class ShardedClaim(Repository):
         answers = await asyncio.gather(
             *(
                 node._all(
-                    "step_candidates_local",
+                    "step_candidates_node",
                     ShardCandidate,
                     worker_id=worker_id,
                     actions=actions,

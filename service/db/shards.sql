@@ -94,14 +94,13 @@ SELECT s.shardid AS shard, n.nodename AS host, n.nodeport AS port,
  WHERE s.logicalrelid = 'cyclone.runs'::regclass
  ORDER BY s.shardid;
 
--- name: step_candidates_local
+-- name: step_candidates_node
 -- On one node (not delegated): the ready steps of the shards it holds, each shard's in
 -- claim order; the server merges the nodes' answers. As step_candidates_sharded, a
 -- worker marked unhealthy is handed nothing (worker_health is on every node).
 SELECT run_id, node, action, shard, concurrency_key, concurrency_limit, flow, priority,
        extract(epoch FROM available_at)::float8 AS due
-  FROM cyclone.step_candidates_local(
-           CAST(:actions AS text[]), :limit, CAST(:rate_actions AS text[]),
+  FROM cyclone.step_candidates_node(
+           :worker_id, CAST(:actions AS text[]), :limit, CAST(:rate_actions AS text[]),
            CAST(:rate_counts AS integer[]), CAST(:rate_periods AS float8[]),
-           CAST(:builds AS text[]))
- WHERE NOT EXISTS (SELECT 1 FROM cyclone.worker_health h WHERE h.worker_id = :worker_id);
+           CAST(:builds AS text[]));

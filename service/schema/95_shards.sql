@@ -1264,6 +1264,34 @@ BEGIN
 END;
 $$;
 
+-- step_candidates_local for the worker p_worker, as the server that sends each node
+-- its part (--citus-route) asks for it: nothing for a worker whose lease lapsed, as
+-- worker_health says on this node's copy (_here), read by a prepared statement; a
+-- statement that named worker_health itself would be planned by Citus as a
+-- distributed query and run from text at every call (0.2 ms). Not delegated.
+CREATE FUNCTION cyclone.step_candidates_node(
+    p_worker text, p_actions text[], p_limit integer, p_rate_actions text[],
+    p_rate_counts integer[], p_rate_periods float8[], p_builds text[] DEFAULT '{}')
+RETURNS TABLE (run_id uuid, node text, action text, shard bigint, concurrency_key text,
+               concurrency_limit integer, flow boolean, priority integer,
+               available_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_lapsed boolean;
+BEGIN
+    EXECUTE format('EXECUTE %I(%L)', cyclone._prepared('text', format(
+        'SELECT EXISTS (SELECT 1 FROM %s h WHERE h.worker_id = $1)',
+        (cyclone._here(ARRAY['worker_health']))[1])), p_worker)
+       INTO v_lapsed;
+    IF v_lapsed THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT * FROM cyclone.step_candidates_local(p_actions, p_limit, p_rate_actions,
+                                                p_rate_counts, p_rate_periods, p_builds);
+END;
+$$;
+
 -- The tables p_names co-located with the runs' shard p_shard as this node holds them
 -- (their shards of the same hash range, by name), in the order of p_names; NULL when
 -- any of them is not on this node (the shard moved away, or this is not its node).

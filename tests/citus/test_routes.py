@@ -323,7 +323,7 @@ def test_a_nodes_claim_takes_each_shard_by_one_statement_and_a_moved_one_still_w
                             " WHERE funcname IN ('step_claim_node', 'step_claim_shard')"
                         ).fetchall()
                     )
-            assert [r[0] for r in rows] == taking
+            assert sorted(r[0] for r in rows) == sorted(taking)  # shard by shard
             assert calls["step_claim_node"] == 1
             if path == "statement":
                 assert "step_claim_shard" not in calls
@@ -331,3 +331,32 @@ def test_a_nodes_claim_takes_each_shard_by_one_statement_and_a_moved_one_still_w
                 assert calls["step_claim_shard"] >= 1
     [(running,)] = cyclone_server.sql("SELECT count(*) FROM cyclone.steps WHERE status = 'running'")
     assert running == 12
+
+
+def test_a_nodes_read_hands_a_worker_whose_lease_lapsed_nothing(cyclone_server: Any) -> None:
+    """step_candidates_node checks the worker's health on the node's own copy of
+    worker_health, by a prepared statement, before it reads: a worker marked there is
+    handed nothing, the others their steps."""
+    ids = [submit(cyclone_server, workflow("w", node("a"))) for _ in range(8)]
+    cyclone_server.sql(
+        "INSERT INTO cyclone.worker_health (worker_id, unhealthy_since) VALUES ('lapsed', now())"
+    )
+    pool = cyclone_server.server.db.pool
+    found: list[str] = []
+    for port in sorted({_node_port(p) for p in pool.nodes.values()}):
+        url = psycopg.conninfo.make_conninfo(cyclone_server.database_url, port=port)
+        with psycopg.connect(url, autocommit=True) as conn:
+
+            def read(worker: str) -> list[str]:
+                rows = conn.execute(
+                    "SELECT run_id::text FROM cyclone.step_candidates_node("
+                    "%s, ARRAY['work'], 100, '{}', '{}', '{}')",
+                    (worker,),
+                ).fetchall()
+                return [r[0] for r in rows]
+
+            assert read("lapsed") == []
+            found += read("well")
+            assert read("lapsed") == []
+    assert sorted(found) == sorted(ids)
+    cyclone_server.sql("DELETE FROM cyclone.worker_health WHERE worker_id = 'lapsed'")
