@@ -458,21 +458,34 @@ $$;
 -- shard's node address the shard's tables by name, so their statements are EXECUTEd
 -- from text, and Postgres would parse and plan each one at every call (about a
 -- millisecond for a claim's); a prepared statement keeps its plan for the session
--- and is planned again only when its tables change. Its name is a hash of its text:
--- another shard's statement, or one a later migration rewrites, is another statement.
--- Run as EXECUTE format('EXECUTE %I(%L, ...)', name, values...): EXECUTE ... USING
--- cannot pass parameters to a prepared statement. Called by step_claim_shard,
--- step_complete_shard, step_candidates_on and step_candidates_local.
+-- and is planned again only when its tables change. Its name is a 64-bit hash of its
+-- text: another shard's statement, or one a later migration rewrites, is another
+-- statement. The session's statements are listed once per transaction (in the
+-- setting cyclone.prepared, local to it): pg_prepared_statements writes out every
+-- statement's text each time it is read, and a call of ours asks for several
+-- statements (a client may deallocate them between transactions, never within
+-- one of our calls). Run as EXECUTE format('EXECUTE %I(%L, ...)', name, values...):
+-- EXECUTE ... USING cannot pass parameters to a prepared statement. Called by the
+-- functions that run on a shard's node.
 CREATE FUNCTION cyclone._prepared(p_types text, p_sql text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_name text := 'cyclone_' || md5(p_types || ';' || p_sql);
+    v_name  text := 'cyclone_' || to_hex(hashtextextended(p_types || ';' || p_sql, 0));
+    v_known text := current_setting('cyclone.prepared', true);
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_statements p
-                    WHERE p.name = v_name) THEN
+    IF coalesce(v_known, '') = '' THEN
+        v_known := ',' || coalesce((SELECT string_agg(p.name, ',')
+                                      FROM pg_catalog.pg_prepared_statements p
+                                     WHERE p.name LIKE 'cyclone\_%'), '') || ',';
+    ELSIF position(',' || v_name || ',' IN v_known) > 0 THEN
+        RETURN v_name;
+    END IF;
+    IF position(',' || v_name || ',' IN v_known) = 0 THEN
         EXECUTE format('PREPARE %I %s AS %s', v_name,
                        CASE WHEN p_types <> '' THEN '(' || p_types || ')' ELSE '' END, p_sql);
+        v_known := v_known || v_name || ',';
     END IF;
+    PERFORM set_config('cyclone.prepared', v_known, true);
     RETURN v_name;
 END;
 $$;
@@ -1102,28 +1115,40 @@ $$;
 -- order, no locks, with their priority and due time so that shards' answers can be
 -- merged in claim order: a statement to EXECUTE with $1 the actions, $2 now, $3 the
 -- actions passed over (_claim_shut), $4 the limit, $5 the rated actions, $6 the
--- worker's builds, $7 the paused workflows. Keys already full are not passed over
--- (step_claim_flow counts them under their locks). PL/pgSQL, which keeps its
--- statement parsed for the session, where an SQL function's body is parsed at every
--- call. Called by step_candidates_on and step_candidates_local.
+-- worker's builds, $7 the paused workflows. Each action's steps are walked in claim
+-- order along steps_ready_idx, $4 at most, as step_claim walks them: a read of
+-- "action = ANY ($1)" in claim order read and sorted every ready step of the shard.
+-- Keys already full are not passed over (step_claim_flow counts them under their
+-- locks). PL/pgSQL, which keeps its statement parsed for the session, where an SQL
+-- function's body is parsed at every call. Called by step_candidates_on and
+-- step_candidates_local.
 CREATE FUNCTION cyclone._step_candidates_sql(p_tables text[], p_shard bigint)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     RETURN format($q$(
-        SELECT s.run_id, s.node, s.action, %4$s::bigint AS shard, s.concurrency_key,
-               s.concurrency_limit, s.concurrency_key IS NOT NULL OR s.action = ANY ($5),
-               s.priority, s.available_at
-          FROM %1$s s
-         WHERE s.status = 'available' AND s.action = ANY ($1)
-           AND s.available_at <= $2 AND s.action <> ALL ($3)
-           AND cyclone._build_admits(s.build_id, $6, EXISTS (
-                   SELECT 1 FROM %2$s j
-                    WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
-           AND (cardinality($7) = 0
-                OR NOT EXISTS (SELECT 1 FROM %3$s w
-                                WHERE w.run_id = s.run_id AND w.workflow = ANY ($7)))
-         ORDER BY s.priority DESC, s.available_at
+        SELECT c.*
+          FROM (SELECT DISTINCT x FROM unnest($1) x WHERE x <> ALL ($3)) AS a(action)
+         CROSS JOIN LATERAL (
+               SELECT s.run_id, s.node, s.action, %4$s::bigint AS shard,
+                      s.concurrency_key, s.concurrency_limit,
+                      s.concurrency_key IS NOT NULL OR s.action = ANY ($5) AS flow,
+                      s.priority, s.available_at
+                 FROM %1$s s
+                WHERE s.status = 'available' AND s.action = a.action
+                  AND s.available_at <= $2
+                  AND cyclone._build_admits(s.build_id, $6, EXISTS (
+                          SELECT 1 FROM %2$s j
+                           WHERE j.run_id = s.run_id AND j.node = s.node OFFSET 0))
+                  -- The run looked up by key while a workflow is paused (a scalar
+                  -- lookup, as in step_claim: NOT EXISTS became a hashed subplan
+                  -- that read every run of the shard).
+                  AND (cardinality($7) = 0
+                       OR (SELECT w.workflow FROM %3$s w
+                            WHERE w.run_id = s.run_id OFFSET 0) <> ALL ($7))
+                ORDER BY s.priority DESC, s.available_at
+                LIMIT $4) c
+         ORDER BY c.priority DESC, c.available_at
          LIMIT $4)$q$, p_tables[1], p_tables[2], p_tables[3], p_shard);
 END;
 $$;
