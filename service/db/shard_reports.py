@@ -100,20 +100,24 @@ class ShardReports(Repository):
         # The calls to other nodes at once (each on a connection of its node's), then
         # those of this pool's node one after the other on ``driver``; a call that
         # fails fails the request once the others' answers are taken in.
-        routed = [c for c in calls if c[0] is not None or self.pool.node_of(c[1]) is not None]
-        async with self._connection_if(len(routed) < len(calls)) as driver:
+        routed: list[tuple[Pool | None, int | None, list[int]]] = []
+        local: list[tuple[Pool | None, int | None, list[int]]] = []
+        for c in calls:
+            (routed if c[0] is not None or self.pool.node_of(c[1]) is not None else local).append(c)
+        async with self._connection_if(bool(local)) as driver:
             done: list[list[ShardRow] | BaseException] = await asyncio.gather(
                 *(self._complete_call(driver, outcomes, shards, *c) for c in routed),
                 return_exceptions=True,
             )
-            results = [(c[2], rows) for c, rows in zip(routed, done, strict=True)]
-            for c in calls:
-                if c in routed or any(isinstance(r, BaseException) for _, r in results):
-                    continue
+            results = [(c[2], answer) for c, answer in zip(routed, done, strict=True)]
+            for c in local:
+                if any(isinstance(answer, BaseException) for answer in done):
+                    break
                 try:
                     results.append((c[2], await self._complete_call(driver, outcomes, shards, *c)))
                 except Exception as exc:
                     results.append((c[2], exc))
+                    break
         failed: BaseException | None = None
         for indexes, rows in results:
             if isinstance(rows, BaseException):
