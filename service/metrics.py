@@ -359,6 +359,20 @@ class Metrics:
             "Work streams open on this server (WorkerService.Work: a worker's session)",
             registry=r,
         )
+        work_seconds = Counter(
+            "cyclone_work_stream_seconds",
+            "Time the Work streams of this server spent, by phase: applying their "
+            "reports (report), claiming (claim), waiting for their workers with every "
+            "slot granted in use (worker), and waiting for a ready step with credit "
+            "left (idle)",
+            ["phase"],
+            registry=r,
+        )
+        #: The phases' children, looked up once: they are counted at every round.
+        self.work_report_s = work_seconds.labels("report")
+        self.work_claim_s = work_seconds.labels("claim")
+        self.work_worker_s = work_seconds.labels("worker")
+        self.work_idle_s = work_seconds.labels("idle")
 
     # -- wiring -------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -191,6 +192,31 @@ def test_a_report_is_answered_in_order_with_the_next_steps_and_commits_its_outco
     assert [r.response.duplicate for r in two.report.results] == [False, True]
     stream.close()
     assert stream.next() is None
+
+
+def test_a_stream_s_time_is_counted_by_phase(server: Any) -> None:
+    registry = server.server.metrics.registry
+
+    def seconds_in() -> dict[str, float]:
+        return {
+            phase: registry.get_sample_value("cyclone_work_stream_seconds_total", {"phase": phase})
+            or 0.0
+            for phase in ("report", "claim", "worker", "idle")
+        }
+
+    before = seconds_in()
+    one_node_runs(server, 1)
+    stream = Stream(server, opening(1, "work"))
+    [step] = stream.steps(1)
+    time.sleep(0.3)  # its one slot is in use: the stream waits on its worker
+    stream.send(report(step, credit=1))
+    assert stream.next().HasField("report")
+    time.sleep(0.3)  # credit left and nothing ready: the stream is idle
+    stream.close()
+    assert stream.next() is None
+    spent = {phase: s - before[phase] for phase, s in seconds_in().items()}
+    assert spent["worker"] >= 0.25 and spent["idle"] >= 0.25, spent
+    assert spent["report"] > 0 and spent["claim"] > 0, spent
 
 
 def test_a_stale_lease_in_a_report_is_refused_alone(server: Any) -> None:

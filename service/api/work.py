@@ -105,7 +105,7 @@ class WorkStream:
                             )
                         credit = _credit(credit, request.credit)
                         if request.HasField("report"):
-                            answer = await self._report(request.report)
+                            answer = await self._work_report(request.report)
                         request = None
                         # The next request is read meanwhile; its arrival wakes the wait.
                         reading = asyncio.ensure_future(anext(stream, None))
@@ -143,7 +143,7 @@ class WorkStream:
                         continue  # as many as asked: more may be ready
                     if not reading.done():
                         since = claimed_at if credit > 0 else None
-                        await self.claims.wait_for_work(who, ready, reading, since)
+                        await self._work_wait(who, ready, reading, since)
                     if reading.done():
                         request = reading.result()
                         if request is None:
@@ -166,11 +166,40 @@ class WorkStream:
             opened.build_id,
         )
 
+    async def _work_report(self, report: worker_pb.CompleteManyRequest) -> bytes:
+        """A report of a Work stream applied: its answer, serialized."""
+        started = time.perf_counter()
+        try:
+            return await self._report(report)
+        finally:
+            self.metrics.work_report_s.inc(time.perf_counter() - started)
+
+    async def _work_wait(
+        self,
+        who: Claimer,
+        ready: asyncio.Event,
+        reading: asyncio.Future[worker_pb.WorkRequest | None],
+        claimed_at: float | None,
+    ) -> None:
+        """Claims.wait_for_work, its time counted: on the worker while it has no credit
+        left (``claimed_at`` None), idle while it has."""
+        started = time.perf_counter()
+        try:
+            await self.claims.wait_for_work(who, ready, reading, claimed_at)
+        finally:
+            spent = time.perf_counter() - started
+            m = self.metrics
+            (m.work_worker_s if claimed_at is None else m.work_idle_s).inc(spent)
+
     async def _work_claim(self, who: Claimer, limit: int, heard: bool) -> tuple[bytes, int]:
         """One claim of a Work stream: the serialized steps and blocked runs of a
         WorkResponse, and how many steps it hands out. ``heard``: a message of the
         worker came since the last claim (Claims.take)."""
-        steps, blocked = await self.claims.take(who, limit, heard)
+        started = time.perf_counter()
+        try:
+            steps, blocked = await self.claims.take(who, limit, heard)
+        finally:
+            self.metrics.work_claim_s.inc(time.perf_counter() - started)
         out = b""
         if steps:
             out = wire.work_steps(steps, rare_parts)
