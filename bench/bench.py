@@ -77,6 +77,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -151,6 +152,8 @@ class Server:
             stderr=subprocess.STDOUT,
             text=True,
         )
+        #: Its Prometheus endpoint (the banner's metrics line), None when it has none.
+        self.metrics_url: str | None = None
         for line in self.proc.stdout:
             m = re.search(r"Cyclone is serving on (\S+)\.", line)
             if m:
@@ -158,6 +161,11 @@ class Server:
                 break
         else:
             raise RuntimeError("server did not start")
+        for line in self.proc.stdout:
+            m = re.match(r"\s+metrics\s+(\S+)", line)
+            if m:
+                self.metrics_url = m.group(1) if m.group(1).startswith("http") else None
+                break
         threading.Thread(target=lambda: self.proc.stdout.read(), daemon=True).start()
 
     def stop(self, wait: float = 30) -> None:
@@ -295,6 +303,44 @@ class CpuMeter:
         if not self.startup_processes:
             return None
         return round(self.startup_s * 1000 / self.startup_processes, 1)
+
+
+class StreamPhases:
+    """The server's Work streams over a span: the share of their time spent applying
+    reports, claiming and waiting on their workers (cyclone_work_stream_seconds_total;
+    the idle phase, credit left and nothing ready, is left out)."""
+
+    PHASES = ("report", "claim", "worker")
+
+    def __init__(self, server: Server) -> None:
+        self.url = server.metrics_url
+        self.shares: dict[str, float] = {}
+
+    def _read(self) -> dict[str, float]:
+        if self.url is None:
+            return {}
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.url, timeout=10) as reply:
+            text = reply.read().decode()
+        return {
+            sample.labels["phase"]: sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "cyclone_work_stream_seconds"
+            for sample in family.samples
+            if sample.name.endswith("_total")
+        }
+
+    def __enter__(self) -> StreamPhases:
+        self.before = self._read()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        after = self._read()
+        spent = {p: after.get(p, 0.0) - self.before.get(p, 0.0) for p in self.PHASES}
+        total = sum(spent.values())
+        if total > 0:
+            self.shares = {p: round(t / total, 2) for p, t in spent.items()}
 
 
 class DbMeter:
@@ -813,7 +859,7 @@ def measured_drain(
     vacuumed(database_url)
     with DbMeter(database_url) as db:
         wal_before = wal_lsn(database_url)
-        with CpuMeter(server) as cpu:
+        with CpuMeter(server) as cpu, StreamPhases(server) as phases:
             join(start_workers(server.address, action, concurrency=concurrency, stream=stream))
         wal_bytes = wal_lsn(database_url) - wal_before
     n, rate = steps_per_second(database_url, action)
@@ -822,6 +868,7 @@ def measured_drain(
         "steps": n,
         "steps_per_s": round(rate, 1),
         "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
+        **({"work_stream_shares": phases.shares} if phases.shares else {}),
         **({"postgres_cpu_ms_per_step_by_node": cpu.per_node(n)} if cpu.nodes_s else {}),
         "worker_startup_cpu_ms": cpu.startup_ms(),
         "wal_bytes_per_step": round(wal_bytes / n),
@@ -843,7 +890,11 @@ def scenario_sdk(
     vacuumed(database_url)
     with DbMeter(database_url) as db:
         wal_before = wal_lsn(database_url)
-        with CpuMeter(server) as cpu, psycopg.connect(database_url, autocommit=True) as conn:
+        with (
+            CpuMeter(server) as cpu,
+            StreamPhases(server) as phases,
+            psycopg.connect(database_url, autocommit=True) as conn,
+        ):
             drain_with_sdk(
                 conn,
                 action,
@@ -861,6 +912,7 @@ def scenario_sdk(
         "steps": n,
         "steps_per_s": round(rate, 1),
         "cpu_ms_per_step": cpu.per_step(n, "server", "workers", "postgres"),
+        **({"work_stream_shares": phases.shares} if phases.shares else {}),
         "worker_startup_cpu_ms": cpu.startup_ms(),
         "wal_bytes_per_step": round(wal_bytes / n),
         **db.per_step(n),
@@ -1856,6 +1908,20 @@ def drain_rows(d: dict, indent: str, target: float) -> list[tuple[str, object]]:
             f" {d.get('wal_records_per_step')}, {d.get('wal_fpi_per_step')}",
         ),
         ("  worker start-up CPU ms per process (not in the above)", d["worker_startup_cpu_ms"]),
+        *phase_rows(d, "  "),
+    ]
+
+
+def phase_rows(d: dict, indent: str) -> list[tuple[str, object]]:
+    """The Work streams' time by phase in a drain, when the server reported it."""
+    shares = d.get("work_stream_shares")
+    if not shares:
+        return []
+    return [
+        (
+            f"{indent}Work streams' time: reports / claims / waiting on workers",
+            " / ".join(str(shares.get(p, "")) for p in StreamPhases.PHASES),
+        )
     ]
 
 
@@ -1935,6 +2001,7 @@ def print_table(r: dict, out: Path) -> None:
                         p[f"{name}_rate_ratio"],
                     ),
                     (f"  {title} / pgqueuer, total CPU per step", p[f"{name}_cpu_ratio"]),
+                    *phase_rows(p[name], "    "),
                 ]
         if "vs_bare" in p.get("sdk", {}):
             rows += [
