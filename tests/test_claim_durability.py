@@ -12,6 +12,8 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -46,11 +48,30 @@ class CrashablePostgres:
     user: str | None
 
     def stop_wal_writer(self) -> None:
+        """Stop the WAL writer where it holds no lock. Stopped in the middle of a write,
+        it would keep WALWriteLock, and every commit's own flush would wait for it for
+        good: a durable commit after the stop shows that it does not; when none gets
+        through, the writer is let go on and stopped again."""
         with psycopg.connect(self.url, autocommit=True) as conn:
             [(pid,)] = conn.execute(
                 "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'"
             ).fetchall()
-        os.kill(pid, signal.SIGSTOP)
+        for _ in range(10):
+            os.kill(pid, signal.SIGSTOP)
+            probe = threading.Thread(target=self._commit_one, daemon=True)
+            probe.start()
+            probe.join(5.0)
+            if not probe.is_alive():
+                return
+            os.kill(pid, signal.SIGCONT)
+            probe.join(30.0)
+            time.sleep(0.1)
+        raise AssertionError("commits wait for the WAL writer whenever it is stopped")
+
+    def _commit_one(self) -> None:
+        """A transaction with an id, so that its commit flushes the WAL itself."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_current_xact_id()")
 
     def crash(self) -> None:
         """SIGKILL the postmaster and all its processes (the stopped WAL writer too)."""
