@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -161,7 +162,8 @@ class Server:
                 break
         else:
             raise RuntimeError("server did not start")
-        for line in self.proc.stdout:
+        # The banner's next lines (gRPC, console, metrics): never past them.
+        for line in itertools.islice(self.proc.stdout, 4):
             m = re.match(r"\s+metrics\s+(\S+)", line)
             if m:
                 self.metrics_url = m.group(1) if m.group(1).startswith("http") else None
