@@ -134,6 +134,11 @@ class Worker:
     ``CYCLONE_BUILD_ID``; none when unset), 1-200 printable characters: a durable
     body a worker of one build started replays only on workers of that build or of one
     declared compatible with it ("Build pinning" in docs/durable-functions.md).
+    ``shard_node`` (on Citus, default: the environment's ``CYCLONE_SHARD_NODE``; any
+    node when unset) is a node of the cluster, ``"host:port"`` as the cluster names
+    it: the worker takes only steps of the runs whose shards that node holds ("A
+    worker pinned to a node" in docs/scaling.md). A server that cannot honour it
+    refuses the worker's claims, and the worker stops, saying why.
     """
 
     def __init__(
@@ -152,7 +157,13 @@ class Worker:
         max_payload_bytes: int | None = None,
         max_step_calls: int | None = None,
         build_id: str | None = None,
+        shard_node: str | None = None,
     ):
+        if shard_node is None:
+            shard_node = os.environ.get("CYCLONE_SHARD_NODE") or None
+        if shard_node is not None and not shard_node.strip():
+            raise InvalidArgument("shard_node must name a node, host:port")
+        self.shard_node = shard_node
         if build_id is None:
             build_id = os.environ.get("CYCLONE_BUILD_ID") or None
         if build_id is not None:
@@ -302,6 +313,7 @@ class Worker:
             max_payload_bytes=self.max_payload_bytes,
             max_step_calls=self.max_step_calls,
             build_id=self.build_id or "",
+            shard_node=self.shard_node or "",
         )
         runtime = _Run(config, asyncio.get_running_loop(), self._token, self._credentials)
         with self._lock:
@@ -387,12 +399,13 @@ class _Run:
             Server(pb_grpc.WorkerServiceStub(channel), self.metadata), executor, inbox, pool
         )
         log.info(
-            "worker %s: serving %s on %s with %d slots%s",
+            "worker %s: serving %s on %s with %d slots%s%s",
             config.worker_id,
             ", ".join(sorted(config.actions)),
             config.address,
             config.concurrency,
             f", build {config.build_id}" if config.build_id else "",
+            f", the runs of node {config.shard_node}'s shards only" if config.shard_node else "",
         )
         try:
             with step_logs.capturing():

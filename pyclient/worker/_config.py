@@ -43,6 +43,8 @@ class WorkerConfig:
     max_step_calls: int | None = None
     #: The build of the worker's code ("": none), sent with every claim.
     build_id: str = ""
+    #: On Citus, the node whose shards' runs the worker takes ("": any).
+    shard_node: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,7 @@ class Producer:
             wait=duration(w.claim_wait),
             lease=duration(w.lease),
             build_id=w.build_id,
+            shard_node=w.shard_node,
         )
 
     async def until_stopping(self, aw: Any, timeout: float | None = None) -> Any:

@@ -214,6 +214,7 @@ class Session:
                         actions=self.producer.actions(),
                         lease=duration(self.w.lease),
                         build_id=self.w.build_id,
+                        shard_node=self.w.shard_node,
                     ),
                     credit=self._grant(),
                 )

@@ -36,6 +36,9 @@ T = TypeVar("T")
 
 MAX_WORKER_ID = 200
 
+#: The longest ClaimRequest.shard_node (a host name of up to 253 characters, a port).
+MAX_SHARD_NODE = 300
+
 MAX_REASON = 2000
 
 MAX_ERROR_TEXT = 64 * 1024

@@ -73,7 +73,7 @@ class WorkStream:
     # WorkerServicer's: a report applied and answered, and who claims what.
     _report: Callable[[worker_pb.CompleteManyRequest], Awaitable[bytes]]
     _claimer: Callable[
-        [str, Sequence[worker_pb.ActionSpec], duration_pb2.Duration | None, str], Claimer
+        [str, Sequence[worker_pb.ActionSpec], duration_pb2.Duration | None, str, str], Claimer
     ]
 
     @stream_rpc
@@ -164,6 +164,7 @@ class WorkStream:
             opened.actions,
             opened.lease if opened.HasField("lease") else None,
             opened.build_id,
+            opened.shard_node,
         )
 
     async def _work_report(self, report: worker_pb.CompleteManyRequest) -> bytes:

@@ -96,6 +96,7 @@ class WorkerServicer(
             request.actions,
             request.lease if request.HasField("lease") else None,
             request.build_id,
+            request.shard_node,
         )
         limit = request.max_steps or 1
         if not 1 <= limit <= self.settings.max_claim_batch:

@@ -25,6 +25,7 @@ from service.api.validate import (
     MAX_ERROR_DATA,
     MAX_ERROR_TEXT,
     MAX_NODE_NAMES,
+    MAX_SHARD_NODE,
     MAX_STEP_CALL_NAME,
     MAX_WORKER_ID,
     args_digest,
@@ -68,10 +69,13 @@ class WorkerRequests:
         specs: Sequence[worker_pb.ActionSpec],
         lease: duration_pb2.Duration | None,
         build_id: str,
+        shard_node: str,
     ) -> Claimer:
-        """Who claims and what, validated (ClaimRequest's and WorkOpen's fields)."""
+        """Who claims and what, validated (ClaimRequest's and WorkOpen's fields; the
+        shard node is checked against the cluster by the claim itself)."""
         if build_id:
             dag.check_build_id(build_id)
+        shard_node = text(shard_node, "shard_node", MAX_SHARD_NODE)
         worker_id = text(worker_id, "worker_id", MAX_WORKER_ID)
         if not worker_id:
             raise errors.InvalidArgument("worker_id is required")
@@ -101,7 +105,15 @@ class WorkerRequests:
                 flow.check_rate_limit(where, spec.rate_limit.count, period)
                 # The first declaration of an action counts, as for the rest of its spec.
                 rates.setdefault(spec.name, (spec.rate_limit.count, period))
-        return Claimer(worker_id, actions, unsafe, rates, self._lease(lease), build_id or None)
+        return Claimer(
+            worker_id,
+            actions,
+            unsafe,
+            rates,
+            self._lease(lease),
+            build_id or None,
+            shard_node or None,
+        )
 
     def _step_key(
         self,

@@ -66,6 +66,7 @@ class Claim(Protocol):
         lease_s: float,
         flow: Mapping[str, list[Any]],
         build_id: str | None,
+        shard_node: str | None,
     ) -> list[ClaimedStep]: ...
 
 
@@ -81,7 +82,13 @@ class PlainClaim(Repository):
         lease_s: float,
         flow: Mapping[str, list[Any]],
         build_id: str | None,
+        shard_node: str | None,
     ) -> list[ClaimedStep]:
+        if shard_node is not None:
+            raise errors.InvalidArgument(
+                f"shard_node {shard_node!r}: the database is not distributed (Citus), so "
+                "no node holds a part of the runs; leave shard_node empty"
+            )
         return await self._all(
             "step_claim",
             ClaimedStep,
@@ -118,9 +125,11 @@ class Steps(Repository):
         lease_s: float,
         rates: Mapping[str, tuple[int, float]] | None = None,
         build_id: str | None = None,
+        shard_node: str | None = None,
     ) -> list[ClaimedStep]:
         """rates: the actions the worker declares rate limited, with (count, period_s);
-        build_id: the worker's build (None: it declared none)."""
+        build_id: the worker's build (None: it declared none); shard_node: on Citus,
+        the node whose shards' runs are taken (None: any)."""
         rated = list((rates or {}).items())
         flow: dict[str, list[Any]] = {
             "rate_actions": [a for a, _ in rated],
@@ -130,7 +139,9 @@ class Steps(Repository):
         if self.claim is None:
             self.choose(await self.is_sharded())
             assert self.claim is not None
-        return await self.claim.claim(worker_id, actions, unsafe, limit, lease_s, flow, build_id)
+        return await self.claim.claim(
+            worker_id, actions, unsafe, limit, lease_s, flow, build_id, shard_node
+        )
 
     async def steps_release(self, claimed: Sequence[ClaimedStep]) -> int:
         """Hand back claimed steps that never reached their worker."""

@@ -194,6 +194,9 @@ class Pool:
         # connects to, and the pools by node. Empty otherwise: every call goes here.
         self.nodes: dict[int, Pool] = {}
         self._node_pools: dict[tuple[str, int], Pool] = {}
+        # The nodes that hold shards of the runs by name ("host:port", as
+        # pg_dist_node names them), this pool for its own node (route).
+        self.named: dict[str, Pool] = {}
         self._routing = False
         # Whether the node this pool connects to holds shards of the runs (route).
         self.holds_shards = False
@@ -259,9 +262,11 @@ class Pool:
         rows = await self._all("shard_placements", Placement)
         self.ranges = ShardRanges([(row.low, row.high, row.shard) for row in rows])
         nodes: dict[int, Pool] = {}
+        named: dict[str, Pool] = {}
         self.holds_shards = any(row.local for row in rows)
         for row in rows:
             if row.local:
+                named[f"{row.host}:{row.port}"] = self
                 continue
             where = (row.host, row.port)
             node = self._node_pools.get(where)
@@ -273,7 +278,9 @@ class Pool:
                 node.sharded = True
                 self._node_pools[where] = node
             nodes[row.shard] = node
+            named[f"{row.host}:{row.port}"] = node
         self.nodes = nodes
+        self.named = named
         self._routes_due = time.monotonic() + ROUTES_REFRESH_S
 
     async def _reread_routes(self) -> None:
@@ -295,6 +302,26 @@ class Pool:
         self.node_of(None)  # the map read again when due
         holders = list(dict.fromkeys(self.nodes.values()))
         return [self, *holders] if self.holds_shards else holders
+
+    def named_holder(self, name: str) -> Pool:
+        """The pool of the node called ``name`` ("host:port") that holds shards of the
+        runs, this one for its own node (ClaimRequest.shard_node); InvalidArgument when
+        the server does not route, or no such node holds any."""
+        if not self._routing:
+            raise errors.InvalidArgument(
+                f"shard_node {name!r}: this server sends every call through the node of "
+                "its database URL (--citus-route off), so it cannot claim from one node's "
+                "shards; start it with --citus-route on, or leave shard_node empty"
+            )
+        self.node_of(None)  # the map read again when due
+        node = self.named.get(name)
+        if node is None:
+            known = ", ".join(sorted(self.named)) or "none"
+            raise errors.InvalidArgument(
+                f"shard_node {name!r}: no such node holds shards of the runs (the nodes "
+                f"that do, as the cluster names them: {known})"
+            )
+        return node
 
     def node_of(self, shard: int | None) -> Pool | None:
         """The pool of the node that holds ``shard``, when the server routes and that

@@ -110,6 +110,7 @@ class ShardedClaim(Repository):
         lease_s: float,
         flow: Mapping[str, list[Any]],
         build_id: str | None,
+        shard_node: str | None = None,
     ) -> list[ClaimedStep]:
         """A claim on a sharded database (95_shards.sql): one read of the ready steps
         across shards (no locks; _candidates), then each shard's taken in one delegated
@@ -121,11 +122,13 @@ class ShardedClaim(Repository):
         some first. A worker marked unhealthy (a lease of it lapsed) gets nothing:
         asked by the first read, and by the shards' functions in the snapshot of their
         pick. A worker's build set is read first (on the coordinator, where the builds
-        are) and passed to each."""
+        are) and passed to each. A worker pinned to a node (``shard_node``) reads and
+        takes the runs of that node's shards only."""
+        pinned = self.pool.named_holder(shard_node) if shard_node is not None else None
         builds = await self._builds(build_id)
         if builds is None:
             return []
-        found = await self._candidates(worker_id, actions, limit * 2, builds, flow)
+        found = await self._candidates(worker_id, actions, limit * 2, builds, flow, pinned)
         remember_shards(self.pool, [(str(c.run_id), c.shard) for c in found])
         claimed: list[ClaimedStep] = []
         tolerant = _Tolerant()
@@ -249,16 +252,36 @@ class ShardedClaim(Repository):
         limit: int,
         builds: list[str],
         flow: Mapping[str, list[Any]],
+        pinned: Pool | None = None,
     ) -> list[Candidate]:
         """The claim's first read, across shards (``limit``: twice the claim's steps):
         on a server that routes, from each node that holds shards (unless a keyed step
         is met); else through the node of the server's URL; shard by shard while a node
-        is down."""
-        holders = self.pool.shard_holders()
+        is down. ``pinned``: only the shards of that node, read there."""
+        holders = self.pool.shard_holders() if pinned is None else [pinned]
         if holders:
             found = await self._candidates_by_node(holders, worker_id, actions, limit, builds, flow)
             if found is not None:
                 return found
+        if pinned is None:
+            return await self._across(worker_id, actions, limit, builds, flow)
+        # A keyed step met: the read across shards (which passes over the keys already
+        # full), as many candidates for each node, kept to the pinned node's shards.
+        pool = self.pool
+        each = limit * max(1, len(pool.shard_holders()))
+        found = await self._across(worker_id, actions, each, builds, flow)
+        return [c for c in found if (pool.node_of(c.shard) or pool) is pinned][:limit]
+
+    async def _across(
+        self,
+        worker_id: str,
+        actions: list[str],
+        limit: int,
+        builds: list[str],
+        flow: Mapping[str, list[Any]],
+    ) -> list[Candidate]:
+        """The claim's first read as one query across shards, through the node of the
+        server's URL; shard by shard while a node is down."""
         try:
             return await self._all(
                 "step_candidates_sharded",

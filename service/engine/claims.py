@@ -35,6 +35,9 @@ class Claimer(NamedTuple):
     lease_s: float
     #: The build it declares (ClaimRequest.build_id); None: none.
     build_id: str | None = None
+    #: On Citus, the node whose shards' runs it takes (ClaimRequest.shard_node);
+    #: None: any.
+    shard_node: str | None = None
 
 
 #: How often a worker's build is recorded again (ListBuilds' "workers seen") while it
@@ -65,13 +68,14 @@ class Claims:
         message since its last claim, so it is alive: a claim that finds nothing then
         clears its unhealthy mark, if it has one, and claims again (a marked worker is
         handed nothing; the mark costs a claim that finds steps no statement)."""
-        worker_id, actions, unsafe, rates, lease, build_id = who
+        worker_id, actions, unsafe, rates, lease, build_id, shard_node = who
         self.activity.polled(actions, worker_id, build_id)
         if build_id is not None:
             await self.build_seen(build_id, worker_id)
-        rows = await self.claim(worker_id, actions, unsafe, limit, lease, rates, build_id)
+        terms = (unsafe, limit, lease, rates, build_id, shard_node)
+        rows = await self.claim(worker_id, actions, *terms)
         if not rows and heard and await self.alive(worker_id):
-            rows = await self.claim(worker_id, actions, unsafe, limit, lease, rates, build_id)
+            rows = await self.claim(worker_id, actions, *terms)
         blocked = [r for r in rows if self.blocked(r)]
         steps = [r for r in rows if not r.blocked]
         if steps:
@@ -159,6 +163,7 @@ class Claims:
         lease: float,
         rates: Mapping[str, tuple[int, float]],
         build_id: str | None = None,
+        shard_node: str | None = None,
     ) -> Sequence[ClaimedStep]:
         """Claim, and if the caller goes away meanwhile, hand the steps back at once
         rather than leave them leased to nobody until the lease runs out."""
@@ -171,6 +176,7 @@ class Claims:
                 lease_s=lease,
                 rates=rates,
                 build_id=build_id,
+                shard_node=shard_node,
             )
         )
         try:

@@ -52,20 +52,22 @@ class RateLimit(_message.Message):
     def __init__(self, count: _Optional[int] = ..., period: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class ClaimRequest(_message.Message):
-    __slots__ = ("worker_id", "actions", "max_steps", "wait", "lease", "build_id")
+    __slots__ = ("worker_id", "actions", "max_steps", "wait", "lease", "build_id", "shard_node")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     BUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_NODE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     actions: _containers.RepeatedCompositeFieldContainer[ActionSpec]
     max_steps: int
     wait: _duration_pb2.Duration
     lease: _duration_pb2.Duration
     build_id: str
-    def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ..., max_steps: _Optional[int] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., build_id: _Optional[str] = ...) -> None: ...
+    shard_node: str
+    def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ..., max_steps: _Optional[int] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., build_id: _Optional[str] = ..., shard_node: _Optional[str] = ...) -> None: ...
 
 class ClaimResponse(_message.Message):
     __slots__ = ("steps", "blocked")
@@ -283,16 +285,18 @@ class WorkRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[WorkOpen, _Mapping]] = ..., credit: _Optional[int] = ..., report: _Optional[_Union[CompleteManyRequest, _Mapping]] = ...) -> None: ...
 
 class WorkOpen(_message.Message):
-    __slots__ = ("worker_id", "actions", "lease", "build_id")
+    __slots__ = ("worker_id", "actions", "lease", "build_id", "shard_node")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     BUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_NODE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     actions: _containers.RepeatedCompositeFieldContainer[ActionSpec]
     lease: _duration_pb2.Duration
     build_id: str
-    def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., build_id: _Optional[str] = ...) -> None: ...
+    shard_node: str
+    def __init__(self, worker_id: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., build_id: _Optional[str] = ..., shard_node: _Optional[str] = ...) -> None: ...
 
 class WorkResponse(_message.Message):
     __slots__ = ("steps", "blocked", "report", "limits")

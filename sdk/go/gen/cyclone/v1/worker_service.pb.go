@@ -282,7 +282,13 @@ type ClaimRequest struct {
 	// (AdminService.SetBuildCompatible); the first claim by a worker with a build pins
 	// the node to it. Empty: no build; such a worker takes only nodes that are not
 	// pinned, and the nodes it claims stay unpinned. See docs/durable-functions.md.
-	BuildId       string `protobuf:"bytes,6,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	BuildId string `protobuf:"bytes,6,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	// On Citus: take only steps of the runs whose shards this database node holds,
+	// named "host:port" as the cluster names it (pg_dist_node), e.g. "worker-1:5432".
+	// Only a server that sends calls to their shard's node (--citus-route) reads it; on
+	// any other a claim that sets it is refused with INVALID_ARGUMENT, and so is a node
+	// that holds no shard of the runs. Empty: any node. See docs/scaling.md.
+	ShardNode     string `protobuf:"bytes,7,opt,name=shard_node,json=shardNode,proto3" json:"shard_node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -355,6 +361,13 @@ func (x *ClaimRequest) GetLease() *durationpb.Duration {
 func (x *ClaimRequest) GetBuildId() string {
 	if x != nil {
 		return x.BuildId
+	}
+	return ""
+}
+
+func (x *ClaimRequest) GetShardNode() string {
+	if x != nil {
+		return x.ShardNode
 	}
 	return ""
 }
@@ -1775,7 +1788,9 @@ type WorkOpen struct {
 	// As in ClaimRequest: the lease of every step handed out. Default: the server's.
 	Lease *durationpb.Duration `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
 	// As in ClaimRequest: the worker's build, for every claim of the stream.
-	BuildId       string `protobuf:"bytes,4,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	BuildId string `protobuf:"bytes,4,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	// As in ClaimRequest: the node whose shards' runs every claim of the stream takes.
+	ShardNode     string `protobuf:"bytes,5,opt,name=shard_node,json=shardNode,proto3" json:"shard_node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1834,6 +1849,13 @@ func (x *WorkOpen) GetLease() *durationpb.Duration {
 func (x *WorkOpen) GetBuildId() string {
 	if x != nil {
 		return x.BuildId
+	}
+	return ""
+}
+
+func (x *WorkOpen) GetShardNode() string {
+	if x != nil {
+		return x.ShardNode
 	}
 	return ""
 }
@@ -3755,14 +3777,16 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"rate_limit\x18\x03 \x01(\v2\x15.cyclone.v1.RateLimitR\trateLimit\"T\n" +
 	"\tRateLimit\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\x05R\x05count\x121\n" +
-	"\x06period\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x06period\"\xf5\x01\n" +
+	"\x06period\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x06period\"\x94\x02\n" +
 	"\fClaimRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x120\n" +
 	"\aactions\x18\x02 \x03(\v2\x16.cyclone.v1.ActionSpecR\aactions\x12\x1b\n" +
 	"\tmax_steps\x18\x03 \x01(\x05R\bmaxSteps\x12-\n" +
 	"\x04wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12/\n" +
 	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x12\x19\n" +
-	"\bbuild_id\x18\x06 \x01(\tR\abuildId\"q\n" +
+	"\bbuild_id\x18\x06 \x01(\tR\abuildId\x12\x1d\n" +
+	"\n" +
+	"shard_node\x18\a \x01(\tR\tshardNode\"q\n" +
 	"\rClaimResponse\x12-\n" +
 	"\x05steps\x18\x01 \x03(\v2\x17.cyclone.v1.ClaimedStepR\x05steps\x121\n" +
 	"\ablocked\x18\x02 \x03(\v2\x17.cyclone.v1.BlockedStepR\ablocked\"\x9b\x01\n" +
@@ -3863,12 +3887,14 @@ const file_cyclone_v1_worker_service_proto_rawDesc = "" +
 	"\vWorkRequest\x12(\n" +
 	"\x04open\x18\x01 \x01(\v2\x14.cyclone.v1.WorkOpenR\x04open\x12\x16\n" +
 	"\x06credit\x18\x02 \x01(\x05R\x06credit\x127\n" +
-	"\x06report\x18\x03 \x01(\v2\x1f.cyclone.v1.CompleteManyRequestR\x06report\"\xa5\x01\n" +
+	"\x06report\x18\x03 \x01(\v2\x1f.cyclone.v1.CompleteManyRequestR\x06report\"\xc4\x01\n" +
 	"\bWorkOpen\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x120\n" +
 	"\aactions\x18\x02 \x03(\v2\x16.cyclone.v1.ActionSpecR\aactions\x12/\n" +
 	"\x05lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x12\x19\n" +
-	"\bbuild_id\x18\x04 \x01(\tR\abuildId\"\xdc\x01\n" +
+	"\bbuild_id\x18\x04 \x01(\tR\abuildId\x12\x1d\n" +
+	"\n" +
+	"shard_node\x18\x05 \x01(\tR\tshardNode\"\xdc\x01\n" +
 	"\fWorkResponse\x12-\n" +
 	"\x05steps\x18\x01 \x03(\v2\x17.cyclone.v1.ClaimedStepR\x05steps\x121\n" +
 	"\ablocked\x18\x02 \x03(\v2\x17.cyclone.v1.BlockedStepR\ablocked\x128\n" +
