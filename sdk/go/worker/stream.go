@@ -95,7 +95,8 @@ func (w *Worker) session(ctx context.Context, specs []*cyclonev1.ActionSpec, st 
 	}
 	st.alone = 0
 	err = stream.Send(&cyclonev1.WorkRequest{Credit: credit,
-		Open: &cyclonev1.WorkOpen{WorkerId: w.opts.ID, Actions: specs, Lease: durationpb.New(w.opts.Lease)}})
+		Open: &cyclonev1.WorkOpen{WorkerId: w.opts.ID, Actions: specs, Lease: durationpb.New(w.opts.Lease),
+			ShardNode: w.opts.ShardNode}})
 	if err != nil {
 		return false, err
 	}

@@ -29,6 +29,7 @@ type streamServer struct {
 	ready     []*cyclonev1.ClaimedStep
 	completed map[string]*cyclonev1.CompleteRequest
 	credit    []int32
+	pinned    []string // the shard node of each stream's open and each Claim
 	done      chan struct{}
 }
 
@@ -79,6 +80,9 @@ func (s *streamServer) Work(stream cyclonev1.WorkerService_WorkServer) error {
 		}
 		s.mu.Lock()
 		s.credit = append(s.credit, req.Credit)
+		if req.Open != nil {
+			s.pinned = append(s.pinned, req.Open.ShardNode)
+		}
 		s.mu.Unlock()
 		resp := &cyclonev1.WorkResponse{Steps: s.take(req.Credit)}
 		if req.Report != nil {
@@ -91,6 +95,9 @@ func (s *streamServer) Work(stream cyclonev1.WorkerService_WorkServer) error {
 }
 
 func (s *streamServer) Claim(_ context.Context, in *cyclonev1.ClaimRequest) (*cyclonev1.ClaimResponse, error) {
+	s.mu.Lock()
+	s.pinned = append(s.pinned, in.ShardNode)
+	s.mu.Unlock()
 	return &cyclonev1.ClaimResponse{Steps: s.take(in.MaxSteps)}, nil
 }
 
@@ -100,6 +107,13 @@ func (s *streamServer) Complete(_ context.Context, in *cyclonev1.CompleteRequest
 }
 
 func runAgainst(t *testing.T, s *streamServer) {
+	t.Helper()
+	runWith(t, s, "")
+}
+
+// runWith runs a worker against s until it completed its 5 steps, pinned to the
+// Citus node shardNode ("" for none).
+func runWith(t *testing.T, s *streamServer, shardNode string) {
 	t.Helper()
 	listener := bufconn.Listen(1 << 20)
 	server := grpc.NewServer()
@@ -114,8 +128,8 @@ func runAgainst(t *testing.T, s *streamServer) {
 	}
 	defer conn.Close()
 	echo := func(_ context.Context, step *Step) (any, error) { return step.Node, nil }
-	w, err := New(conn, Options{Concurrency: 2, ClaimWait: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)},
-		Action{Name: "echo", Handler: echo})
+	w, err := New(conn, Options{Concurrency: 2, ClaimWait: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+		ShardNode: shardNode}, Action{Name: "echo", Handler: echo})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,4 +169,19 @@ func TestTheWorkerRunsStepsOnTheWorkStreamWithinItsCredit(t *testing.T) {
 
 func TestTheWorkerClaimsWhereTheServerHasNoStream(t *testing.T) {
 	runAgainst(t, newStreamServer(5, true))
+}
+
+func TestAWorkerPinnedToANodeNamesItOnItsStreamAndItsClaims(t *testing.T) {
+	for _, noStream := range []bool{false, true} {
+		s := newStreamServer(5, noStream)
+		runWith(t, s, "worker-1:5432")
+		if len(s.pinned) == 0 {
+			t.Fatalf("noStream=%v: the server saw no open nor claim", noStream)
+		}
+		for _, node := range s.pinned {
+			if node != "worker-1:5432" {
+				t.Fatalf("noStream=%v: shard nodes sent %q", noStream, s.pinned)
+			}
+		}
+	}
 }

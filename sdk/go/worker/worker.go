@@ -58,6 +58,11 @@ type Options struct {
 	// UseClaim speaks the loop with Claim and Complete calls instead of the Work
 	// stream. Without it, the worker uses Claim only when the server has no stream.
 	UseClaim bool
+	// ShardNode pins the worker to one node of a Citus cluster, "host:port" as the
+	// cluster names it: it takes only the runs whose shards that node holds. A server
+	// that cannot honour it refuses the claims with InvalidArgument, and Run returns
+	// that error. Empty: any node. See docs/scaling.md.
+	ShardNode string
 }
 
 // Worker serves a set of actions. Run it with Run.
@@ -211,11 +216,12 @@ func (w *Worker) claim(ctx context.Context, specs []*cyclonev1.ActionSpec, n int
 	callCtx, cancel := context.WithTimeout(ctx, w.opts.ClaimWait+10*time.Second)
 	defer cancel()
 	resp, err := w.client.Claim(callCtx, &cyclonev1.ClaimRequest{
-		WorkerId: w.opts.ID,
-		Actions:  specs,
-		MaxSteps: int32(n),
-		Wait:     durationpb.New(w.opts.ClaimWait),
-		Lease:    durationpb.New(w.opts.Lease),
+		WorkerId:  w.opts.ID,
+		Actions:   specs,
+		MaxSteps:  int32(n),
+		Wait:      durationpb.New(w.opts.ClaimWait),
+		Lease:     durationpb.New(w.opts.Lease),
+		ShardNode: w.opts.ShardNode,
 	})
 	if err != nil {
 		return nil, err

@@ -86,6 +86,13 @@ export interface WorkerOptions extends ConnectOptions {
   limits?: Partial<JournalLimits>;
   /** A build id, sent with every claim. */
   buildId?: string;
+  /**
+   * On Citus, the node ("host:port", as the cluster names it) whose shards' runs this
+   * worker takes, and no others. A server that cannot honour it refuses the claims
+   * with InvalidArgument, which the worker logs at each retry. Default: any node
+   * (docs/scaling.md).
+   */
+  shardNode?: string;
 }
 
 type WorkerClient = Client<typeof WorkerService>;
@@ -197,6 +204,7 @@ export class Worker {
   private readonly ownLimits: Partial<JournalLimits>;
   private useWork: boolean;
   private readonly buildId: string;
+  private readonly shardNode: string;
 
   private running = 0;
   private readonly inFlight = new Set<Promise<void>>();
@@ -226,6 +234,7 @@ export class Worker {
     this.limits = { ...DEFAULT_LIMITS, ...this.ownLimits };
     this.useWork = options.workStream ?? true;
     this.buildId = options.buildId ?? "";
+    this.shardNode = options.shardNode ?? "";
     this.messages = new BodyMessages(this.client, this.log);
     const { maxPayloadBytes, maxStepCalls } = this.limits;
     if (!(maxPayloadBytes > 0) || !(maxStepCalls > 0) || maxStepCalls > DEFAULT_LIMITS.maxStepCalls) {
@@ -310,7 +319,13 @@ export class Worker {
     this.session = session;
     session.requests.push(
       create(WorkRequestSchema, {
-        open: { workerId: this.id, actions: this.specs(), lease: durationFromMs(this.leaseMs), buildId: this.buildId },
+        open: {
+          workerId: this.id,
+          actions: this.specs(),
+          lease: durationFromMs(this.leaseMs),
+          buildId: this.buildId,
+          shardNode: this.shardNode,
+        },
         credit: this.concurrency - this.running,
       }),
     );
@@ -416,6 +431,7 @@ export class Worker {
         wait: durationFromMs(this.claimWaitMs),
         lease: durationFromMs(this.leaseMs),
         buildId: this.buildId,
+        shardNode: this.shardNode,
       },
       { signal: this.stopping.signal, timeoutMs: this.claimWaitMs + 10_000 },
     );
