@@ -89,7 +89,7 @@ export interface WorkerOptions extends ConnectOptions {
   /**
    * On Citus, the node ("host:port", as the cluster names it) whose shards' runs this
    * worker takes, and no others. A server that cannot honour it refuses the claims
-   * with InvalidArgument, which the worker logs at each retry. Default: any node
+   * with InvalidArgument, and run() rejects with that error. Default: any node
    * (docs/scaling.md).
    */
   shardNode?: string;
@@ -203,6 +203,8 @@ export class Worker {
   private limits: JournalLimits;
   private readonly ownLimits: Partial<JournalLimits>;
   private useWork: boolean;
+  /** The last Work stream ended with a report on its way. */
+  private reportEnded = false;
   private readonly buildId: string;
   private readonly shardNode: string;
 
@@ -255,6 +257,7 @@ export class Worker {
     this.started = true;
     const cleanup = options.handleSignals ? this.handleSignals() : () => {};
     this.log.info("worker started", { worker: this.id, actions: [...this.actions.keys()].join(","), concurrency: this.concurrency });
+    let refused: ConnectError | undefined;
     try {
       let delay = 0;
       while (!this.stopping.signal.aborted) {
@@ -269,6 +272,12 @@ export class Worker {
             this.useWork = false;
             continue;
           }
+          if (this.refusedForGood(error)) {
+            refused = error as ConnectError;
+            this.log.error("the server refuses this worker's claims; stopping", { error: describe(error) });
+            this.stop();
+            break;
+          }
           delay = Math.min(Math.max(2 * delay, 100), 5000);
           this.log.warn("claiming failed; retrying", { error: describe(error), in_ms: delay });
           await sleep(delay, this.stopping.signal);
@@ -281,6 +290,19 @@ export class Worker {
     } finally {
       cleanup();
     }
+    if (refused !== undefined) throw refused;
+  }
+
+  /**
+   * A refusal that claiming again would meet again: a bad token, a missing role, or
+   * what the worker claims with (its actions, its build, its shard node) refused. An
+   * InvalidArgument that ended a stream with a report on its way is the report's
+   * (its outcomes go again by CompleteMany, which says so), not the claim's.
+   */
+  private refusedForGood(error: unknown): boolean {
+    if (!(error instanceof ConnectError)) return false;
+    if (error.code === Code.Unauthenticated || error.code === Code.PermissionDenied) return true;
+    return error.code === Code.InvalidArgument && !(this.useWork && this.reportEnded);
   }
 
   /** Stops claiming; run() returns once the handlers in flight have finished and reported. */
@@ -356,6 +378,7 @@ export class Worker {
       // The reports not answered, and the outcomes queued, go again by CompleteMany:
       // a repeated completion is answered duplicate.
       const unanswered = [...session.inFlight.flat(), ...session.queued];
+      this.reportEnded = session.inFlight.length > 0;
       session.inFlight = [];
       session.queued = [];
       session.requests.close();
