@@ -110,7 +110,7 @@ class ShardedClaim(Repository):
         lease_s: float,
         flow: Mapping[str, list[Any]],
         build_id: str | None,
-        shard_node: str | None = None,
+        shard_node: str | None,
     ) -> list[ClaimedStep]:
         """A claim on a sharded database (95_shards.sql): one read of the ready steps
         across shards (no locks; _candidates), then each shard's taken in one delegated

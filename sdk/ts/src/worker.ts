@@ -273,7 +273,7 @@ export class Worker {
             continue;
           }
           if (this.refusedForGood(error)) {
-            refused = error as ConnectError;
+            refused = error;
             this.log.error("the server refuses this worker's claims; stopping", { error: describe(error) });
             this.stop();
             break;
@@ -299,7 +299,7 @@ export class Worker {
    * InvalidArgument that ended a stream with a report on its way is the report's
    * (its outcomes go again by CompleteMany, which says so), not the claim's.
    */
-  private refusedForGood(error: unknown): boolean {
+  private refusedForGood(error: unknown): error is ConnectError {
     if (!(error instanceof ConnectError)) return false;
     if (error.code === Code.Unauthenticated || error.code === Code.PermissionDenied) return true;
     return error.code === Code.InvalidArgument && !(this.useWork && this.reportEnded);
