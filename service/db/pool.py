@@ -265,9 +265,8 @@ class Pool:
         named: dict[str, Pool] = {}
         self.holds_shards = any(row.local for row in rows)
         for row in rows:
-            name = f"{row.host}:{row.port}"
             if row.local:
-                named[name] = self
+                named[f"{row.host}:{row.port}"] = self
                 continue
             where = (row.host, row.port)
             node = self._node_pools.get(where)
@@ -279,7 +278,7 @@ class Pool:
                 node.sharded = True
                 self._node_pools[where] = node
             nodes[row.shard] = node
-            named[name] = node
+            named[f"{row.host}:{row.port}"] = node
         self.nodes = nodes
         self.named = named
         self._routes_due = time.monotonic() + ROUTES_REFRESH_S
